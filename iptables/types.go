@@ -1,0 +1,26 @@
+// Package iptables owns the proxy's netfilter state: the portal rule model,
+// its rendering into our chains, one iptables-restore per sync, repair of
+// rules someone else changed, and cleanup.
+package iptables
+
+import "net/netip"
+
+// Protocol of a portal, lower case as iptables spells it.
+type Protocol string
+
+const (
+	TCP Protocol = "tcp"
+	UDP Protocol = "udp"
+)
+
+// Portal sends traffic for one service address to one proxy socket.
+// A portal with NodePort set matches any local address (behind
+// --nodeport-addresses) on that port; otherwise it matches IP:Port.
+type Portal struct {
+	Name      string // "ns/svc:port", used as the rule comment
+	Protocol  Protocol
+	IP        netip.Addr // ClusterIP, externalIP or LoadBalancer ingress IP; zero for NodePorts
+	Port      int        // service port, or the node port when NodePort
+	NodePort  bool
+	ProxyPort int // where the proxy socket listens
+}

@@ -1,0 +1,67 @@
+// Package loadbalancer owns, per service port, the endpoints that may receive
+// traffic, the round-robin cursor and the ClientIP affinity table. It talks to
+// nothing but a clock, so every timing rule is testable with a fake clock.
+package loadbalancer
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// ServicePortName names one port of one Service, as kube-proxy does.
+type ServicePortName struct {
+	types.NamespacedName
+	Port     string // the port's name; may be empty for single-port Services
+	Protocol v1.Protocol
+}
+
+// String renders "ns/name:port" (":port" omitted when the port has no name),
+// the form used in iptables comments and logs.
+func (s ServicePortName) String() string {
+	if s.Port == "" {
+		return s.NamespacedName.String()
+	}
+	return fmt.Sprintf("%s:%s", s.NamespacedName.String(), s.Port)
+}
+
+// Endpoint is one backend of a service port, with the EndpointSlice
+// conditions that decide whether it may get new traffic.
+type Endpoint struct {
+	Addr        netip.AddrPort
+	Ready       bool
+	Serving     bool
+	Terminating bool
+	NodeName    string
+	Zone        string
+}
+
+// AffinityPolicy is a service port's sessionAffinity.
+type AffinityPolicy struct {
+	ClientIP bool
+	Timeout  time.Duration // meaningful when ClientIP; default 10800 s
+}
+
+// DefaultAffinityTimeout is the Kubernetes default for sessionAffinityConfig.clientIP.timeoutSeconds.
+const DefaultAffinityTimeout = 10800 * time.Second
+
+// ErrNoEndpoints is returned by Next when the service port has no usable endpoint.
+var ErrNoEndpoints = errors.New("no endpoints available")
+
+// AffinityEntry is one row of a service port's affinity table, for debugging output.
+type AffinityEntry struct {
+	ClientIP netip.Addr
+	Endpoint netip.AddrPort
+	LastUsed time.Time
+}
+
+// Snapshot is a copy of one service port's balancer state, for /debug/services.
+type Snapshot struct {
+	Endpoints []netip.AddrPort // in round-robin order, only those eligible for traffic
+	Affinity  AffinityPolicy
+	Clients   []AffinityEntry
+}
