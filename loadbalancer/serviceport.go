@@ -1,0 +1,173 @@
+package loadbalancer
+
+import (
+	"net/netip"
+	"slices"
+	"sync"
+
+	"k8s.io/utils/clock"
+)
+
+// ServicePort is the balancer state of one service port: its eligible
+// endpoints in round-robin order, the cursor and the ClientIP affinity
+// table. Proxy sockets keep the pointer and call Next on every new
+// connection; its own mutex is the only lock Next takes.
+type ServicePort struct {
+	clk     clock.PassiveClock
+	shuffle func([]netip.AddrPort)
+
+	mu        sync.Mutex
+	endpoints []netip.AddrPort // eligible only, in round-robin order
+	cursor    int              // index in endpoints of the next round-robin pick
+	policy    AffinityPolicy
+	clients   affinityTable // nil unless policy.ClientIP
+
+	// Lifecycle flags, guarded by LoadBalancer.mu rather than mu: only the
+	// LoadBalancer reads or writes them, when deciding whether to forget
+	// the entry.
+	hasService   bool
+	hasEndpoints bool
+}
+
+func newServicePort(clk clock.PassiveClock, shuffle func([]netip.AddrPort)) *ServicePort {
+	return &ServicePort{clk: clk, shuffle: shuffle}
+}
+
+// Next picks the endpoint for a new connection (TCP) or session (UDP) from
+// clientIP.
+//
+// With ClientIP affinity and resetAffinity false, an unexpired entry is
+// returned and its last-used time refreshed, so the timeout counts from the
+// last use. Otherwise round robin picks, and with affinity the client's
+// entry is (over)written. resetAffinity is for the retry after a failed
+// dial: the pinned endpoint is skipped (when there is another) and the
+// client is re-pinned to the one picked.
+//
+// Entries always point at eligible endpoints (SetEndpoints drops the others),
+// so Next need not check. It does not allocate once the client is known.
+func (sp *ServicePort) Next(clientIP netip.Addr, resetAffinity bool) (netip.AddrPort, error) {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+
+	if len(sp.endpoints) == 0 {
+		return netip.AddrPort{}, ErrNoEndpoints
+	}
+	if !sp.policy.ClientIP {
+		return sp.roundRobin(), nil
+	}
+
+	now := sp.clk.Now()
+	timeout := sp.policy.Timeout
+	pinned, havePin := sp.clients[clientIP]
+	if havePin && !resetAffinity && !pinned.expired(now, timeout) {
+		pinned.lastUsed = now
+		sp.clients[clientIP] = pinned
+		return pinned.endpoint, nil
+	}
+
+	ep := sp.roundRobin()
+	if resetAffinity && havePin && ep == pinned.endpoint && len(sp.endpoints) > 1 {
+		// Another client's pick may have moved the cursor onto the endpoint
+		// that just failed for this one; move past it.
+		ep = sp.roundRobin()
+	}
+	sp.clients.evictSome(now, timeout)
+	sp.clients[clientIP] = affinityEntry{endpoint: ep, lastUsed: now}
+	return ep, nil
+}
+
+// roundRobin returns the endpoint at the cursor and advances it. Callers
+// hold mu and have checked that endpoints is not empty.
+func (sp *ServicePort) roundRobin() netip.AddrPort {
+	ep := sp.endpoints[sp.cursor]
+	sp.cursor++
+	if sp.cursor == len(sp.endpoints) {
+		sp.cursor = 0
+	}
+	return ep
+}
+
+// setEndpoints installs eligible (already filtered and duplicate-free) and
+// reports whether the set changed. An unchanged set, in whatever order, keeps
+// the cursor and every pin; a changed one is shuffled, so that proxies on
+// different nodes do not all start on the same endpoint, and restarts the
+// cursor.
+func (sp *ServicePort) setEndpoints(eligible []netip.AddrPort) bool {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+
+	current := newAddrSet(sp.endpoints)
+	if current.equalTo(eligible) {
+		return false
+	}
+	sp.shuffle(eligible)
+	sp.endpoints = eligible
+	sp.cursor = 0
+	if sp.clients != nil {
+		sp.clients.dropUnless(newAddrSet(eligible))
+	}
+	return true
+}
+
+// setAffinity installs p. Entries only store the last-use time and the
+// timeout is applied when they are read, so a new timeout governs existing
+// entries at once (the legacy proxier kept the old one: kubernetes#107398).
+func (sp *ServicePort) setAffinity(p AffinityPolicy) {
+	p = normalizePolicy(p)
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+
+	sp.policy = p
+	switch {
+	case !p.ClientIP:
+		sp.clients = nil
+	case sp.clients == nil:
+		sp.clients = make(affinityTable)
+	}
+}
+
+// normalizePolicy fills in the default timeout and zeroes the timeout of a
+// policy without affinity, so that equal behaviour compares equal.
+func normalizePolicy(p AffinityPolicy) AffinityPolicy {
+	if !p.ClientIP {
+		return AffinityPolicy{}
+	}
+	if p.Timeout <= 0 {
+		p.Timeout = DefaultAffinityTimeout
+	}
+	return p
+}
+
+// sweep deletes the expired affinity entries and returns how many.
+func (sp *ServicePort) sweep() int {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if sp.clients == nil {
+		return 0
+	}
+	return sp.clients.sweep(sp.clk.Now(), sp.policy.Timeout)
+}
+
+// Snapshot copies the state for debugging output: endpoints in round-robin
+// order starting at the next pick, and the unexpired affinity entries sorted
+// by client IP.
+func (sp *ServicePort) Snapshot() Snapshot {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+
+	s := Snapshot{Affinity: sp.policy}
+	if n := len(sp.endpoints); n > 0 {
+		s.Endpoints = make([]netip.AddrPort, 0, n)
+		s.Endpoints = append(s.Endpoints, sp.endpoints[sp.cursor:]...)
+		s.Endpoints = append(s.Endpoints, sp.endpoints[:sp.cursor]...)
+	}
+	now := sp.clk.Now()
+	for ip, e := range sp.clients {
+		if e.expired(now, sp.policy.Timeout) {
+			continue
+		}
+		s.Clients = append(s.Clients, AffinityEntry{ClientIP: ip, Endpoint: e.endpoint, LastUsed: e.lastUsed})
+	}
+	slices.SortFunc(s.Clients, func(a, b AffinityEntry) int { return a.ClientIP.Compare(b.ClientIP) })
+	return s
+}
