@@ -1,0 +1,96 @@
+package iptables
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// Cleanup removes every jump and chain this proxy installs, for the
+// runner's family. It is safe when nothing exists, removes duplicate jumps
+// and jumps of other shapes (e.g. the legacy proxier's comments), and goes
+// on past errors so one failure does not leave the rest behind.
+func Cleanup(r Runner) error {
+	var errs []error
+	fail := func(err error) { errs = append(errs, fmt.Errorf("%v: %w", r.Family(), err)) }
+
+	exists := map[string]bool{}
+	for _, c := range ownedChains {
+		ok, err := r.ChainExists(c.table, c.name)
+		if err != nil {
+			fail(err)
+		}
+		exists[c.name] = ok
+	}
+
+	// The jumps table first: iptables -C matches semantically, whatever the
+	// printing. A missing chain cannot have jumps (iptables refuses to delete
+	// a referenced chain), and -C on it would fail.
+	for _, j := range jumps {
+		if !exists[j.to] {
+			continue
+		}
+		for range maxDuplicates {
+			ok, err := r.RuleExists(j.table, j.from, j.spec()...)
+			if err != nil {
+				fail(err)
+			}
+			if !ok || err != nil {
+				break
+			}
+			if err := r.DeleteRule(j.table, j.from, j.spec()...); err != nil {
+				fail(err)
+				break
+			}
+		}
+	}
+
+	// Then anything else still jumping to our chains.
+	for _, table := range []Table{TableNAT, TableFilter} {
+		data, err := r.Save(table)
+		if err != nil {
+			fail(err)
+			continue
+		}
+		saved, err := parseSave(data, table)
+		if err != nil {
+			fail(err)
+			continue
+		}
+		for chain, rules := range saved.rules {
+			if isOwned(table, chain) {
+				continue
+			}
+			for _, rule := range rules {
+				if !isOwned(table, ruleTarget(rule)) {
+					continue
+				}
+				args, err := splitRule(rule)
+				if err == nil {
+					err = r.DeleteRule(table, chain, args...)
+				}
+				if err != nil {
+					fail(err)
+				}
+			}
+		}
+	}
+
+	for _, c := range ownedChains {
+		if !exists[c.name] {
+			continue
+		}
+		if err := r.DeleteChain(c.table, c.name); err != nil {
+			fail(err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// maxDuplicates bounds the delete loop per jump, in case a delete reports
+// success without removing anything.
+const maxDuplicates = 100
+
+func isOwned(table Table, chain string) bool {
+	return slices.Contains(ownedChains, ownedChain{table, chain})
+}

@@ -1,0 +1,92 @@
+package iptables
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+)
+
+// Family is the IP family one set of rules (and one Runner) serves:
+// iptables for IPv4, ip6tables for IPv6. Dual-stack Services get a portal in
+// each family, programmed by two independent Rules.
+type Family int
+
+const (
+	IPv4 Family = iota
+	IPv6
+)
+
+func (f Family) String() string {
+	switch f {
+	case IPv4:
+		return "IPv4"
+	case IPv6:
+		return "IPv6"
+	}
+	return fmt.Sprintf("Family(%d)", int(f))
+}
+
+// hostBits is the prefix length of a single address in this family.
+func (f Family) hostBits() int {
+	if f == IPv6 {
+		return 128
+	}
+	return 32
+}
+
+// owns reports whether addr belongs to this family (4-in-6 counts as IPv4).
+func (f Family) owns(addr netip.Addr) bool {
+	if !addr.IsValid() {
+		return false
+	}
+	return addr.Unmap().Is4() == (f == IPv4)
+}
+
+// Config says where the proxy sockets of one family listen and which
+// addresses NodePorts answer on.
+type Config struct {
+	Family Family
+	// BindAddress is where proxy sockets listen. Unspecified (0.0.0.0 or ::)
+	// or zero: traffic from other hosts and pods is REDIRECTed; otherwise it
+	// is DNATed to BindAddress:proxyPort from both PREROUTING and OUTPUT.
+	BindAddress netip.Addr
+	// NodeIP is the DNAT target for traffic the node itself sends (OUTPUT)
+	// when BindAddress is unspecified. When it is zero too, OUTPUT falls back
+	// to REDIRECT (to the loopback address), which needs no route_localnet
+	// because such packets never leave the node.
+	NodeIP netip.Addr
+	// NodePortAddresses limits NodePorts to these CIDRs (those of other
+	// families are ignored). Empty, or none of this family, means every local
+	// address (addrtype LOCAL), as kube-proxy does.
+	NodePortAddresses []netip.Prefix
+}
+
+// bindsAll reports whether proxy sockets listen on every address.
+func (c Config) bindsAll() bool {
+	return !c.BindAddress.IsValid() || c.BindAddress.IsUnspecified()
+}
+
+// nodePortCIDRs returns the --nodeport-addresses of this family, masked and
+// in a stable order; nil means all local addresses.
+func (c Config) nodePortCIDRs() []netip.Prefix {
+	var out []netip.Prefix
+	seen := map[netip.Prefix]bool{}
+	for _, p := range c.NodePortAddresses {
+		if !p.IsValid() || !c.Family.owns(p.Addr()) {
+			continue
+		}
+		p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked()
+		if p.Addr().Is4() && p.Bits() > 32 {
+			continue
+		}
+		if !seen[p] {
+			seen[p] = true
+			out = append(out, p)
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int {
+		return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
+	})
+	return out
+}

@@ -1,0 +1,344 @@
+package iptables
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// FakeRunner is an in-memory Runner for tests (ours and the proxier's). It
+// keeps the nat and filter tables with their built-in chains, records every
+// call, and prints Save output in iptables-save format, so tests can assert
+// the exact state the kernel would hold.
+type FakeRunner struct {
+	mu     sync.Mutex
+	family Family
+	tables map[Table]*fakeTable
+	calls  []string
+	writes [][]byte
+	// Errors makes the named method ("Save", "Restore", "InsertRule", ...)
+	// fail with the given error, without changing state.
+	Errors map[string]error
+	// Normalize, when set, rewrites every stored rule, to mimic a backend
+	// whose iptables-save prints rules differently from how we render them.
+	Normalize func(rule string) string
+}
+
+type fakeTable struct {
+	chains []string // built-in chains first, then user chains in creation order
+	rules  map[string][]string
+}
+
+var builtinChains = map[Table][]string{
+	TableNAT:    {"PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"},
+	TableFilter: {"INPUT", "FORWARD", "OUTPUT"},
+}
+
+func isBuiltin(table Table, chain string) bool {
+	return slices.Contains(builtinChains[table], chain)
+}
+
+// NewFakeRunner returns a FakeRunner holding empty nat and filter tables.
+func NewFakeRunner(f Family) *FakeRunner {
+	fr := &FakeRunner{family: f, tables: map[Table]*fakeTable{}}
+	for table, chains := range builtinChains {
+		fr.tables[table] = &fakeTable{chains: slices.Clone(chains), rules: map[string][]string{}}
+	}
+	return fr
+}
+
+// Calls returns the calls made so far, one line each, e.g. "Save nat" or
+// "InsertRule filter INPUT 1 -m comment ...".
+func (f *FakeRunner) Calls() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.calls)
+}
+
+// Writes returns the input of every successful Restore, in order.
+func (f *FakeRunner) Writes() [][]byte {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.writes)
+}
+
+// ResetCalls forgets recorded calls and writes (state is kept).
+func (f *FakeRunner) ResetCalls() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls, f.writes = nil, nil
+}
+
+// Rules returns a chain's rules as iptables-save prints them after
+// "-A CHAIN ", or nil when the chain is empty or missing.
+func (f *FakeRunner) Rules(table Table, chain string) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.tables[table].rules[chain])
+}
+
+// Chains returns the chains of a table, built-in ones first.
+func (f *FakeRunner) Chains(table Table) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.tables[table].chains)
+}
+
+func (f *FakeRunner) Family() Family { return f.family }
+
+// begin records a call and returns the injected error for it, if any.
+func (f *FakeRunner) begin(method string, args ...string) error {
+	f.calls = append(f.calls, strings.TrimSpace(method+" "+strings.Join(args, " ")))
+	return f.Errors[method]
+}
+
+func (f *FakeRunner) table(table Table) (*fakeTable, error) {
+	t, ok := f.tables[table]
+	if !ok {
+		return nil, fmt.Errorf("fake: no table %q", table)
+	}
+	return t, nil
+}
+
+func (f *FakeRunner) normalize(rule string) string {
+	if f.Normalize != nil {
+		return f.Normalize(rule)
+	}
+	return rule
+}
+
+func (f *FakeRunner) ChainExists(table Table, chain string) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.begin("ChainExists", string(table), chain); err != nil {
+		return false, err
+	}
+	t, err := f.table(table)
+	if err != nil {
+		return false, err
+	}
+	return slices.Contains(t.chains, chain), nil
+}
+
+func (f *FakeRunner) NewChain(table Table, chain string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.begin("NewChain", string(table), chain); err != nil {
+		return err
+	}
+	t, err := f.table(table)
+	if err != nil {
+		return err
+	}
+	if slices.Contains(t.chains, chain) {
+		return fmt.Errorf("fake: chain %s/%s already exists", table, chain)
+	}
+	t.chains = append(t.chains, chain)
+	return nil
+}
+
+func (f *FakeRunner) DeleteChain(table Table, chain string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.begin("DeleteChain", string(table), chain); err != nil {
+		return err
+	}
+	t, err := f.table(table)
+	if err != nil {
+		return err
+	}
+	if !slices.Contains(t.chains, chain) || isBuiltin(table, chain) {
+		return fmt.Errorf("fake: no user chain %s/%s", table, chain)
+	}
+	for from, rules := range t.rules {
+		for _, rule := range rules {
+			if from != chain && ruleTarget(rule) == chain {
+				return fmt.Errorf("fake: chain %s/%s is referenced by %s", table, chain, from)
+			}
+		}
+	}
+	t.chains = slices.DeleteFunc(t.chains, func(c string) bool { return c == chain })
+	delete(t.rules, chain)
+	return nil
+}
+
+// existingChain returns a chain's table, or an error if the chain is missing.
+func (f *FakeRunner) existingChain(table Table, chain string) (*fakeTable, error) {
+	t, err := f.table(table)
+	if err != nil {
+		return nil, err
+	}
+	if !slices.Contains(t.chains, chain) {
+		return nil, fmt.Errorf("fake: no chain %s/%s", table, chain)
+	}
+	return t, nil
+}
+
+func (f *FakeRunner) RuleExists(table Table, chain string, args ...string) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	rule := f.normalize(joinRule(args))
+	if err := f.begin("RuleExists", string(table), chain, rule); err != nil {
+		return false, err
+	}
+	t, err := f.existingChain(table, chain)
+	if err != nil {
+		return false, err
+	}
+	return slices.Contains(t.rules[chain], rule), nil
+}
+
+func (f *FakeRunner) InsertRule(table Table, chain string, pos int, args ...string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	rule := f.normalize(joinRule(args))
+	if err := f.begin("InsertRule", string(table), chain, strconv.Itoa(pos), rule); err != nil {
+		return err
+	}
+	t, err := f.existingChain(table, chain)
+	if err != nil {
+		return err
+	}
+	if pos < 1 || pos > len(t.rules[chain])+1 {
+		return fmt.Errorf("fake: index %d out of range in %s/%s", pos, table, chain)
+	}
+	t.rules[chain] = slices.Insert(t.rules[chain], pos-1, rule)
+	return nil
+}
+
+func (f *FakeRunner) AppendRule(table Table, chain string, args ...string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	rule := f.normalize(joinRule(args))
+	if err := f.begin("AppendRule", string(table), chain, rule); err != nil {
+		return err
+	}
+	t, err := f.existingChain(table, chain)
+	if err != nil {
+		return err
+	}
+	t.rules[chain] = append(t.rules[chain], rule)
+	return nil
+}
+
+func (f *FakeRunner) DeleteRule(table Table, chain string, args ...string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	rule := f.normalize(joinRule(args))
+	if err := f.begin("DeleteRule", string(table), chain, rule); err != nil {
+		return err
+	}
+	t, err := f.existingChain(table, chain)
+	if err != nil {
+		return err
+	}
+	i := slices.Index(t.rules[chain], rule)
+	if i < 0 {
+		return fmt.Errorf("fake: no rule %q in %s/%s", rule, table, chain)
+	}
+	t.rules[chain] = slices.Delete(t.rules[chain], i, i+1)
+	return nil
+}
+
+func (f *FakeRunner) Save(table Table) ([]byte, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.begin("Save", string(table)); err != nil {
+		return nil, err
+	}
+	t, err := f.table(table)
+	if err != nil {
+		return nil, err
+	}
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "# Generated by fake iptables-save\n*%s\n", table)
+	for _, c := range t.chains {
+		policy := "-"
+		if isBuiltin(table, c) {
+			policy = "ACCEPT"
+		}
+		fmt.Fprintf(&b, ":%s %s [0:0]\n", c, policy)
+	}
+	for _, c := range t.chains {
+		for _, rule := range t.rules[c] {
+			fmt.Fprintf(&b, "-A %s %s\n", c, rule)
+		}
+	}
+	b.WriteString("COMMIT\n# Completed\n")
+	return b.Bytes(), nil
+}
+
+// Restore applies iptables-restore --noflush input atomically: the whole
+// input is checked first, and nothing changes if any line is wrong.
+func (f *FakeRunner) Restore(data []byte) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.begin("Restore"); err != nil {
+		return err
+	}
+	next := map[Table]*fakeTable{}
+	for name, t := range f.tables {
+		rules := map[string][]string{}
+		for c, rs := range t.rules {
+			rules[c] = slices.Clone(rs)
+		}
+		next[name] = &fakeTable{chains: slices.Clone(t.chains), rules: rules}
+	}
+	var cur *fakeTable
+	var curName Table
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for n := 1; sc.Scan(); n++ {
+		line := sc.Text()
+		bad := func(why string) error { return fmt.Errorf("fake restore line %d %q: %s", n, line, why) }
+		switch {
+		case line == "" || strings.HasPrefix(line, "#"):
+		case strings.HasPrefix(line, "*"):
+			if cur != nil {
+				return bad("table not committed")
+			}
+			curName = Table(line[1:])
+			if cur = next[curName]; cur == nil {
+				return bad("unknown table")
+			}
+		case cur == nil:
+			return bad("outside a table")
+		case line == "COMMIT":
+			cur = nil
+		case strings.HasPrefix(line, ":"):
+			fields := strings.Fields(line[1:])
+			if len(fields) != 3 {
+				return bad("malformed chain line")
+			}
+			chain := fields[0]
+			if isBuiltin(curName, chain) {
+				continue // --noflush leaves built-in chains' rules alone
+			}
+			if !slices.Contains(cur.chains, chain) {
+				cur.chains = append(cur.chains, chain)
+			}
+			cur.rules[chain] = nil // declaring a chain flushes it
+		case strings.HasPrefix(line, "-A "):
+			chain, rule, _ := strings.Cut(line[3:], " ")
+			if !slices.Contains(cur.chains, chain) {
+				return bad("no such chain")
+			}
+			args, err := splitRule(rule)
+			if err != nil {
+				return bad(err.Error())
+			}
+			cur.rules[chain] = append(cur.rules[chain], f.normalize(joinRule(args)))
+		default:
+			return bad("unsupported line")
+		}
+	}
+	if cur != nil {
+		return fmt.Errorf("fake restore: missing COMMIT for table %s", curName)
+	}
+	f.tables = next
+	f.writes = append(f.writes, slices.Clone(data))
+	return nil
+}

@@ -1,0 +1,171 @@
+package iptables
+
+import (
+	"bytes"
+	"cmp"
+	"net/netip"
+	"slices"
+	"strconv"
+)
+
+// chainRules is the desired or observed contents of our chains: for each
+// chain, its rules in order, as printed after "-A CHAIN " by iptables-save.
+type chainRules map[string][]string
+
+// Render returns the exact iptables-restore input that makes our chains
+// hold the rules for portals: every chain is declared (which flushes it
+// under --noflush) and refilled. Portals of the other IP family and portals
+// with a missing port are left out.
+func (r *Rules) Render(portals []Portal) []byte {
+	return restoreInput(r.desired(portals), ownedChains)
+}
+
+// restoreInput prints the given chains of want as iptables-restore input,
+// one *table section per table that has a chain in the list.
+func restoreInput(want chainRules, chains []ownedChain) []byte {
+	var b bytes.Buffer
+	for _, table := range []Table{TableNAT, TableFilter} {
+		var these []string
+		for _, c := range chains {
+			if c.table == table {
+				these = append(these, c.name)
+			}
+		}
+		if len(these) == 0 {
+			continue
+		}
+		b.WriteString("*" + string(table) + "\n")
+		for _, name := range these {
+			b.WriteString(":" + name + " - [0:0]\n")
+		}
+		for _, name := range these {
+			for _, rule := range want[name] {
+				b.WriteString("-A " + name + " " + rule + "\n")
+			}
+		}
+		b.WriteString("COMMIT\n")
+	}
+	return b.Bytes()
+}
+
+// desired renders portals into the contents of every chain we own.
+func (r *Rules) desired(portals []Portal) chainRules {
+	want := chainRules{}
+	for _, c := range ownedChains {
+		want[c.name] = nil
+	}
+	seen := map[string]bool{}
+	add := func(chain string, args []string) {
+		line := joinRule(args)
+		if key := chain + " " + line; !seen[key] {
+			seen[key] = true
+			want[chain] = append(want[chain], line)
+		}
+	}
+	for _, p := range r.usable(portals) {
+		proto := string(p.Protocol)
+		portMatch := []string{"-m", proto, "--dport", strconv.Itoa(p.Port)}
+		if p.NodePort {
+			for _, dst := range r.nodePortDestinations() {
+				match := slices.Concat(dst, []string{"-p", proto, "-m", "comment", "--comment", p.Name}, portMatch)
+				add(ChainNodePortContainer, slices.Concat(match, r.containerTarget(p)))
+				add(ChainNodePortHost, slices.Concat(match, r.hostTarget(p)))
+			}
+			add(ChainNodePortNonLocal, []string{"-p", proto, "-m", "comment", "--comment", p.Name,
+				"-m", proto, "--dport", strconv.Itoa(p.ProxyPort), "-j", "ACCEPT"})
+		} else {
+			ip := netip.PrefixFrom(p.IP.Unmap(), r.cfg.Family.hostBits()).String()
+			match := slices.Concat([]string{"-d", ip, "-p", proto, "-m", "comment", "--comment", p.Name}, portMatch)
+			add(ChainPortalsContainer, slices.Concat(match, r.containerTarget(p)))
+			add(ChainPortalsHost, slices.Concat(match, r.hostTarget(p)))
+		}
+		// REDIRECT sets the conntrack DNAT status too, so everything that came
+		// through a portal passes; a direct connection to the proxy port does not.
+		add(ChainProxyPortGuard, []string{"-p", proto, "-m", proto, "--dport", strconv.Itoa(p.ProxyPort),
+			"-m", "conntrack", "!", "--ctstate", "DNAT", "-j", "DROP"})
+	}
+	return want
+}
+
+// usable returns the portals this family renders, sorted so that the
+// rendering is stable whatever order the caller keeps them in.
+func (r *Rules) usable(portals []Portal) []Portal {
+	var out []Portal
+	for _, p := range portals {
+		if p.Protocol == "" || !validPort(p.Port) || !validPort(p.ProxyPort) {
+			continue
+		}
+		if !p.NodePort && !r.cfg.Family.owns(p.IP) {
+			continue
+		}
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(a, b Portal) int {
+		return cmp.Or(
+			cmp.Compare(a.Name, b.Name),
+			cmp.Compare(a.Protocol, b.Protocol),
+			boolCompare(a.NodePort, b.NodePort),
+			a.IP.Unmap().Compare(b.IP.Unmap()),
+			cmp.Compare(a.Port, b.Port),
+			cmp.Compare(a.ProxyPort, b.ProxyPort),
+		)
+	})
+	return out
+}
+
+func validPort(p int) bool { return p > 0 && p <= 65535 }
+
+func boolCompare(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
+}
+
+// nodePortDestinations returns the destination match of NodePort rules: one
+// "-d CIDR" per --nodeport-addresses entry, or a single empty match (the
+// addrtype LOCAL on the jump alone) when all local addresses are wanted.
+func (r *Rules) nodePortDestinations() [][]string {
+	cidrs := r.cfg.nodePortCIDRs()
+	if len(cidrs) == 0 {
+		return [][]string{nil}
+	}
+	out := make([][]string, len(cidrs))
+	for i, c := range cidrs {
+		out[i] = []string{"-d", c.String()}
+	}
+	return out
+}
+
+// containerTarget is where traffic from other hosts and pods (PREROUTING)
+// goes: REDIRECT to the proxy port when sockets listen on every address,
+// else DNAT to the bind address.
+func (r *Rules) containerTarget(p Portal) []string {
+	if r.cfg.bindsAll() {
+		return redirectTo(p.ProxyPort)
+	}
+	return dnatTo(r.cfg.BindAddress, p.ProxyPort)
+}
+
+// hostTarget is where traffic the node sends itself (OUTPUT) goes: DNAT to
+// the node IP (not loopback: no route_localnet needed) or the bind address.
+func (r *Rules) hostTarget(p Portal) []string {
+	if !r.cfg.bindsAll() {
+		return dnatTo(r.cfg.BindAddress, p.ProxyPort)
+	}
+	if r.cfg.Family.owns(r.cfg.NodeIP) {
+		return dnatTo(r.cfg.NodeIP, p.ProxyPort)
+	}
+	return redirectTo(p.ProxyPort)
+}
+
+func redirectTo(port int) []string {
+	return []string{"-j", "REDIRECT", "--to-ports", strconv.Itoa(port)}
+}
+
+func dnatTo(addr netip.Addr, port int) []string {
+	return []string{"-j", "DNAT", "--to-destination", netip.AddrPortFrom(addr.Unmap(), uint16(port)).String()}
+}

@@ -1,0 +1,105 @@
+package iptables
+
+import (
+	"bytes"
+	"flag"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current rendering")
+
+// webPortals is a Service with a ClusterIP, an externalIP, a LoadBalancer
+// ingress IP and a NodePort, all served by one proxy port, plus DNS on UDP
+// and TCP.
+func webPortals() []Portal {
+	return []Portal{
+		{Name: "default/web:http", Protocol: TCP, IP: netip.MustParseAddr("10.96.0.10"), Port: 80, ProxyPort: 40001},
+		{Name: "default/web:http", Protocol: TCP, IP: netip.MustParseAddr("203.0.113.7"), Port: 80, ProxyPort: 40001},
+		{Name: "default/web:http", Protocol: TCP, IP: netip.MustParseAddr("198.51.100.20"), Port: 80, ProxyPort: 40001},
+		{Name: "default/web:http", Protocol: TCP, Port: 30080, NodePort: true, ProxyPort: 40001},
+		{Name: "kube-system/dns:dns", Protocol: UDP, IP: netip.MustParseAddr("10.96.0.53"), Port: 53, ProxyPort: 40002},
+		{Name: "kube-system/dns:dns-tcp", Protocol: TCP, IP: netip.MustParseAddr("10.96.0.53"), Port: 53, ProxyPort: 40003},
+	}
+}
+
+func dualStackPortals() []Portal {
+	return []Portal{
+		{Name: "default/dual:http", Protocol: TCP, IP: netip.MustParseAddr("fd00:96::10"), Port: 80, ProxyPort: 41001},
+		{Name: "default/dual:http", Protocol: TCP, IP: netip.MustParseAddr("10.96.0.11"), Port: 80, ProxyPort: 40011},
+		{Name: "default/dual:http", Protocol: TCP, Port: 30081, NodePort: true, ProxyPort: 41001},
+		{Name: "default/dual:dns", Protocol: UDP, IP: netip.MustParseAddr("fd00:96::53"), Port: 53, ProxyPort: 41002},
+	}
+}
+
+func TestRenderGolden(t *testing.T) {
+	nodeIP := netip.MustParseAddr("192.168.1.10")
+	tests := []struct {
+		name    string
+		cfg     Config
+		portals []Portal
+	}{
+		{"empty", Config{Family: IPv4, NodeIP: nodeIP}, nil},
+		{"bind-all", Config{Family: IPv4, BindAddress: netip.IPv4Unspecified(), NodeIP: nodeIP}, webPortals()},
+		{"bind-specific", Config{Family: IPv4, BindAddress: netip.MustParseAddr("192.168.1.10")}, webPortals()},
+		{"no-node-ip", Config{Family: IPv4}, webPortals()},
+		{"nodeport-addresses", Config{Family: IPv4, NodeIP: nodeIP, NodePortAddresses: []netip.Prefix{
+			netip.MustParsePrefix("192.168.1.0/24"),
+			netip.MustParsePrefix("10.0.0.1/8"), // masked to 10.0.0.0/8
+			netip.MustParsePrefix("fd00::/64"),  // other family: ignored
+		}}, webPortals()},
+		{"ipv6", Config{Family: IPv6, BindAddress: netip.IPv6Unspecified(), NodeIP: netip.MustParseAddr("fd00:1::10"),
+			NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("fd00:1::/64")}}, dualStackPortals()},
+		{"ipv6-bind-specific", Config{Family: IPv6, BindAddress: netip.MustParseAddr("fd00:1::10")}, dualStackPortals()},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := New(NewFakeRunner(tt.cfg.Family), tt.cfg).Render(tt.portals)
+			path := filepath.Join("testdata", tt.name+".golden")
+			if *update {
+				if err := os.WriteFile(path, got, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (run go test ./iptables -run TestRenderGolden -update to create it)", err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Errorf("render differs from %s:\n--- got\n%s--- want\n%s", path, got, want)
+			}
+		})
+	}
+}
+
+func TestRenderIsIndependentOfPortalOrder(t *testing.T) {
+	r := New(NewFakeRunner(IPv4), Config{Family: IPv4, NodeIP: netip.MustParseAddr("192.168.1.10")})
+	portals := webPortals()
+	reversed := make([]Portal, len(portals))
+	for i, p := range portals {
+		reversed[len(portals)-1-i] = p
+	}
+	if a, b := r.Render(portals), r.Render(reversed); !bytes.Equal(a, b) {
+		t.Errorf("render depends on portal order:\n%s\nvs\n%s", a, b)
+	}
+}
+
+func TestRenderSkipsUnusablePortals(t *testing.T) {
+	r := New(NewFakeRunner(IPv4), Config{Family: IPv4})
+	empty := r.Render(nil)
+	ip := netip.MustParseAddr("10.0.0.1")
+	for _, p := range []Portal{
+		{Name: "a/b:c", Protocol: TCP, IP: ip, Port: 0, ProxyPort: 1},
+		{Name: "a/b:c", Protocol: TCP, IP: ip, Port: 80, ProxyPort: 0},
+		{Name: "a/b:c", Protocol: TCP, IP: ip, Port: 80, ProxyPort: 70000},
+		{Name: "a/b:c", Protocol: "", IP: ip, Port: 80, ProxyPort: 1},
+		{Name: "a/b:c", Protocol: TCP, Port: 80, ProxyPort: 1},                                     // no IP and not a NodePort
+		{Name: "a/b:c", Protocol: TCP, IP: netip.MustParseAddr("fd00::1"), Port: 80, ProxyPort: 1}, // other family
+	} {
+		if got := r.Render([]Portal{p}); !bytes.Equal(got, empty) {
+			t.Errorf("portal %+v rendered rules:\n%s", p, got)
+		}
+	}
+}

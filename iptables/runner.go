@@ -1,0 +1,130 @@
+package iptables
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+
+	goipt "github.com/coreos/go-iptables/iptables"
+)
+
+// Runner is the edge between the rules and the kernel, for one IP family.
+// The real one (NewRunner) shells out to iptables; FakeRunner keeps tables
+// in memory for tests.
+type Runner interface {
+	Family() Family
+	// ChainExists reports whether a chain exists in table.
+	ChainExists(table Table, chain string) (bool, error)
+	// NewChain creates an empty chain; it is an error if it exists.
+	NewChain(table Table, chain string) error
+	// DeleteChain flushes and deletes a chain; it is an error if it does not
+	// exist or a rule still jumps to it.
+	DeleteChain(table Table, chain string) error
+	// RuleExists reports whether chain holds a rule matching args (iptables -C).
+	RuleExists(table Table, chain string, args ...string) (bool, error)
+	// InsertRule inserts a rule at position pos (1 = first).
+	InsertRule(table Table, chain string, pos int, args ...string) error
+	// AppendRule appends a rule.
+	AppendRule(table Table, chain string, args ...string) error
+	// DeleteRule deletes the first rule matching args.
+	DeleteRule(table Table, chain string, args ...string) error
+	// Save returns iptables-save output for one table.
+	Save(table Table) ([]byte, error)
+	// Restore feeds data to iptables-restore --noflush: chains declared in
+	// data are flushed and refilled, everything else is left alone.
+	Restore(data []byte) error
+}
+
+// execRunner is the real Runner: go-iptables for single rules and chains,
+// iptables-save / iptables-restore for whole chains.
+type execRunner struct {
+	family  Family
+	ipt     *goipt.IPTables
+	save    string // path of iptables-save or ip6tables-save
+	restore string // path of iptables-restore or ip6tables-restore
+}
+
+// NewRunner returns the real Runner for a family. It fails when the
+// iptables binaries are missing. Commands run in the network namespace of
+// the calling OS thread (tests lock a thread into their own namespace).
+func NewRunner(f Family) (Runner, error) {
+	proto, prefix := goipt.ProtocolIPv4, "iptables"
+	if f == IPv6 {
+		proto, prefix = goipt.ProtocolIPv6, "ip6tables"
+	}
+	ipt, err := goipt.New(goipt.IPFamily(proto), goipt.Timeout(5))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", prefix, err)
+	}
+	r := &execRunner{family: f, ipt: ipt}
+	if r.save, err = exec.LookPath(prefix + "-save"); err != nil {
+		return nil, err
+	}
+	if r.restore, err = exec.LookPath(prefix + "-restore"); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r *execRunner) Family() Family { return r.family }
+
+func (r *execRunner) ChainExists(table Table, chain string) (bool, error) {
+	return r.ipt.ChainExists(string(table), chain)
+}
+
+func (r *execRunner) NewChain(table Table, chain string) error {
+	return r.ipt.NewChain(string(table), chain)
+}
+
+func (r *execRunner) DeleteChain(table Table, chain string) error {
+	if err := r.ipt.ClearChain(string(table), chain); err != nil {
+		return err
+	}
+	return r.ipt.DeleteChain(string(table), chain)
+}
+
+func (r *execRunner) RuleExists(table Table, chain string, args ...string) (bool, error) {
+	return r.ipt.Exists(string(table), chain, args...)
+}
+
+func (r *execRunner) InsertRule(table Table, chain string, pos int, args ...string) error {
+	return r.ipt.Insert(string(table), chain, pos, args...)
+}
+
+func (r *execRunner) AppendRule(table Table, chain string, args ...string) error {
+	return r.ipt.Append(string(table), chain, args...)
+}
+
+func (r *execRunner) DeleteRule(table Table, chain string, args ...string) error {
+	return r.ipt.Delete(string(table), chain, args...)
+}
+
+func (r *execRunner) Save(table Table) ([]byte, error) {
+	var out, stderr bytes.Buffer
+	cmd := exec.Command(r.save, "-t", string(table))
+	cmd.Stdout, cmd.Stderr = &out, &stderr
+	if err := cmd.Run(); err != nil {
+		return nil, commandError(cmd, err, &stderr)
+	}
+	return out.Bytes(), nil
+}
+
+func (r *execRunner) Restore(data []byte) error {
+	var stderr bytes.Buffer
+	cmd := exec.Command(r.restore, "--noflush", "-w", "5")
+	cmd.Stdin, cmd.Stderr = bytes.NewReader(data), &stderr
+	if err := cmd.Run(); err != nil {
+		return commandError(cmd, err, &stderr)
+	}
+	return nil
+}
+
+func commandError(cmd *exec.Cmd, err error, stderr *bytes.Buffer) error {
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		return fmt.Errorf("%s: %w: %s", strings.Join(cmd.Args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return fmt.Errorf("%s: %w", strings.Join(cmd.Args, " "), err)
+}

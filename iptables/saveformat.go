@@ -1,0 +1,131 @@
+package iptables
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// This file speaks the iptables-save / iptables-restore text format: how a
+// rule's arguments are printed (so our rendering matches the kernel's
+// read-back byte for byte) and how a dump is split into chains.
+
+// unquoted holds the characters iptables-save prints without quotes
+// (xtables_save_string); anything else makes it quote the whole value.
+const unquoted = "_-0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+// quoteSaveString prints a free-text value (a comment) the way iptables-save
+// does: bare when it is a plain word, otherwise in double quotes with ", \
+// and ' escaped by a backslash.
+func quoteSaveString(s string) string {
+	if s != "" && strings.Trim(s, unquoted) == "" {
+		return s
+	}
+	var b strings.Builder
+	b.WriteByte('"')
+	for _, r := range s {
+		if r == '"' || r == '\\' || r == '\'' {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	b.WriteByte('"')
+	return b.String()
+}
+
+// joinRule prints rule arguments as one iptables-save line fragment.
+// Only comment values are free text; every other argument we generate is a
+// plain token.
+func joinRule(args []string) string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		if i > 0 && args[i-1] == "--comment" {
+			a = quoteSaveString(a)
+		}
+		out[i] = a
+	}
+	return strings.Join(out, " ")
+}
+
+// splitRule splits a saved rule line into arguments, undoing the quoting of
+// quoteSaveString (double quotes, backslash escapes).
+func splitRule(line string) ([]string, error) {
+	var args []string
+	var cur strings.Builder
+	inArg, quoted, escaped := false, false, false
+	for _, r := range line {
+		switch {
+		case escaped:
+			cur.WriteRune(r)
+			escaped = false
+		case r == '\\':
+			escaped, inArg = true, true
+		case r == '"':
+			quoted, inArg = !quoted, true
+		case (r == ' ' || r == '\t') && !quoted:
+			if inArg {
+				args = append(args, cur.String())
+				cur.Reset()
+				inArg = false
+			}
+		default:
+			cur.WriteRune(r)
+			inArg = true
+		}
+	}
+	if quoted || escaped {
+		return nil, fmt.Errorf("unterminated quote in rule %q", line)
+	}
+	if inArg {
+		args = append(args, cur.String())
+	}
+	return args, nil
+}
+
+// savedTable is one table of an iptables-save dump: which chains exist and
+// each chain's rules, in order, as printed after "-A CHAIN ".
+type savedTable struct {
+	chains map[string]bool
+	rules  map[string][]string
+}
+
+// parseSave reads the given table out of iptables-save output. A dump that
+// lacks the table (nothing created yet) yields an empty table.
+func parseSave(data []byte, table Table) (savedTable, error) {
+	t := savedTable{chains: map[string]bool{}, rules: map[string][]string{}}
+	in := false
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 64*1024), 16*1024*1024)
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case line == "" || strings.HasPrefix(line, "#"):
+		case strings.HasPrefix(line, "*"):
+			in = line[1:] == string(table)
+		case !in:
+		case line == "COMMIT":
+			in = false
+		case strings.HasPrefix(line, ":"):
+			name, _, _ := strings.Cut(line[1:], " ")
+			t.chains[name] = true
+		case strings.HasPrefix(line, "-A "):
+			chain, rule, _ := strings.Cut(line[3:], " ")
+			t.chains[chain] = true
+			t.rules[chain] = append(t.rules[chain], rule)
+		default:
+			return t, fmt.Errorf("unexpected line in iptables-save output for table %s: %q", table, line)
+		}
+	}
+	return t, sc.Err()
+}
+
+// ruleTarget returns the -j target of a saved rule line.
+func ruleTarget(rule string) string {
+	args, _ := splitRule(rule)
+	if i := slices.Index(args, "-j"); i >= 0 && i+1 < len(args) {
+		return args[i+1]
+	}
+	return ""
+}
