@@ -1,0 +1,82 @@
+package iptables
+
+import (
+	"errors"
+	"slices"
+	"testing"
+)
+
+// assertClean checks that fake holds only the built-in chains and the
+// foreign rules given, per table/chain.
+func assertClean(t *testing.T, fake *FakeRunner, foreign map[Table]map[string][]string) {
+	t.Helper()
+	for _, table := range []Table{TableNAT, TableFilter} {
+		if got := fake.Chains(table); !slices.Equal(got, builtinChains[table]) {
+			t.Errorf("%s chains = %q, want only built-ins %q", table, got, builtinChains[table])
+		}
+		for _, chain := range builtinChains[table] {
+			if got, want := fake.Rules(table, chain), foreign[table][chain]; !slices.Equal(got, want) {
+				t.Errorf("%s/%s = %q, want %q", table, chain, got, want)
+			}
+		}
+	}
+}
+
+func TestCleanup(t *testing.T) {
+	tests := []struct {
+		name    string
+		prepare func(t *testing.T, f *FakeRunner)
+	}{
+		{"nothing installed", func(*testing.T, *FakeRunner) {}},
+		{"after sync", func(t *testing.T, f *FakeRunner) {
+			syncOK(t, New(f, testConfig), webPortals())
+		}},
+		{"duplicate jumps", func(t *testing.T, f *FakeRunner) {
+			syncOK(t, New(f, testConfig), webPortals())
+			for _, j := range jumps {
+				must(t, f.InsertRule(j.table, j.from, 1, j.spec()...))
+			}
+		}},
+		{"jumps of another shape (legacy comments)", func(t *testing.T, f *FakeRunner) {
+			syncOK(t, New(f, testConfig), webPortals())
+			must(t, f.InsertRule(TableNAT, "PREROUTING", 1, "-m", "comment", "--comment", "handle ClusterIPs; NOTE: this must be before the NodePort rules", "-j", ChainPortalsContainer))
+			must(t, f.AppendRule(TableFilter, "INPUT", "-m", "comment", "--comment", "Ensure that non-local NodePort traffic can flow", "-j", ChainNodePortNonLocal))
+		}},
+		{"chains without jumps", func(t *testing.T, f *FakeRunner) {
+			must(t, f.NewChain(TableNAT, ChainPortalsHost))
+			must(t, f.NewChain(TableFilter, ChainProxyPortGuard))
+		}},
+	}
+	foreign := map[Table]map[string][]string{
+		TableNAT:    {"PREROUTING": {"-p tcp -j RETURN"}},
+		TableFilter: {"INPUT": {"-p tcp -j ACCEPT"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fake := NewFakeRunner(IPv4)
+			must(t, fake.AppendRule(TableNAT, "PREROUTING", "-p", "tcp", "-j", "RETURN"))
+			must(t, fake.AppendRule(TableFilter, "INPUT", "-p", "tcp", "-j", "ACCEPT"))
+			tt.prepare(t, fake)
+			if err := Cleanup(fake); err != nil {
+				t.Fatalf("Cleanup: %v", err)
+			}
+			assertClean(t, fake, foreign)
+			if err := Cleanup(fake); err != nil {
+				t.Fatalf("second Cleanup: %v", err)
+			}
+		})
+	}
+}
+
+func TestCleanupGoesOnPastErrors(t *testing.T) {
+	fake := NewFakeRunner(IPv6)
+	syncOK(t, New(fake, Config{Family: IPv6}), dualStackPortals())
+	boom := errors.New("boom")
+	fake.Errors = map[string]error{"Save": boom}
+	if err := Cleanup(fake); !errors.Is(err, boom) {
+		t.Fatalf("Cleanup error = %v, want %v", err, boom)
+	}
+	// The jumps table alone was enough to unhook and delete our chains.
+	fake.Errors = nil
+	assertClean(t, fake, nil)
+}

@@ -1,0 +1,334 @@
+package iptables
+
+import (
+	"errors"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+)
+
+var testConfig = Config{Family: IPv4, BindAddress: netip.IPv4Unspecified(), NodeIP: netip.MustParseAddr("192.168.1.10")}
+
+// jumpLine is a jump rule as the fake (and iptables-save) prints it.
+func jumpLine(to string) string {
+	for _, j := range jumps {
+		if j.to == to {
+			return joinRule(j.spec())
+		}
+	}
+	panic("no jump to " + to)
+}
+
+// wantBuiltins is where our jumps sit in a table with no foreign rules.
+var wantBuiltins = map[Table]map[string][]string{
+	TableNAT: {
+		"PREROUTING": {jumpLine(ChainPortalsContainer), jumpLine(ChainNodePortContainer)},
+		"OUTPUT":     {jumpLine(ChainPortalsHost), jumpLine(ChainNodePortHost)},
+	},
+	TableFilter: {
+		"INPUT": {jumpLine(ChainProxyPortGuard), jumpLine(ChainNodePortNonLocal)},
+	},
+}
+
+// assertState checks that fake holds exactly our chains with the rules for
+// portals, and exactly one copy of each jump, in order.
+func assertState(t *testing.T, fake *FakeRunner, r *Rules, portals []Portal) {
+	t.Helper()
+	want := r.desired(portals)
+	for _, c := range ownedChains {
+		if got := fake.Rules(c.table, c.name); !slices.Equal(got, want[c.name]) {
+			t.Errorf("chain %s/%s:\n got %q\nwant %q", c.table, c.name, got, want[c.name])
+		}
+	}
+	for table, chains := range wantBuiltins {
+		for chain, rules := range chains {
+			if got := fake.Rules(table, chain); !slices.Equal(got, rules) {
+				t.Errorf("built-in %s/%s:\n got %q\nwant %q", table, chain, got, rules)
+			}
+		}
+	}
+}
+
+// syncOK runs Sync and fails the test on error.
+func syncOK(t *testing.T, r *Rules, portals []Portal) {
+	t.Helper()
+	if err := r.Sync(portals); err != nil {
+		t.Fatalf("Sync: %v", err)
+	}
+}
+
+// writtenChains lists the chains declared in each Restore input.
+func writtenChains(fake *FakeRunner) [][]string {
+	var out [][]string
+	for _, w := range fake.Writes() {
+		var chains []string
+		for line := range strings.Lines(string(w)) {
+			if strings.HasPrefix(line, ":") {
+				chains = append(chains, strings.Fields(line[1:])[0])
+			}
+		}
+		out = append(out, chains)
+	}
+	return out
+}
+
+func TestSyncInstallsChainsJumpsAndRules(t *testing.T) {
+	fake := NewFakeRunner(IPv4)
+	r := New(fake, testConfig)
+	syncOK(t, r, webPortals())
+	assertState(t, fake, r, webPortals())
+	if n := len(fake.Writes()); n != 1 {
+		t.Errorf("got %d restores, want 1", n)
+	}
+}
+
+func TestSyncWithoutChangeOnlyReads(t *testing.T) {
+	fake := NewFakeRunner(IPv4)
+	r := New(fake, testConfig)
+	syncOK(t, r, webPortals())
+	fake.ResetCalls()
+	for range 3 {
+		syncOK(t, r, webPortals())
+	}
+	want := slices.Repeat([]string{"Save nat", "Save filter"}, 3)
+	if got := fake.Calls(); !slices.Equal(got, want) {
+		t.Errorf("calls on unchanged syncs:\n got %q\nwant %q", got, want)
+	}
+}
+
+func TestSyncRewritesOnlyChangedChains(t *testing.T) {
+	extraIP := Portal{Name: "default/web:http", Protocol: TCP, IP: netip.MustParseAddr("203.0.113.99"), Port: 80, ProxyPort: 40001}
+	newNodePort := Portal{Name: "default/api:https", Protocol: TCP, Port: 30443, NodePort: true, ProxyPort: 40100}
+	dnsMoved := slices.Clone(webPortals())
+	dnsMoved[4].ProxyPort = 40222 // the UDP DNS socket was reopened elsewhere
+	tests := []struct {
+		name    string
+		portals []Portal
+		want    []string
+	}{
+		{"new externalIP on a known proxy port", append(webPortals(), extraIP),
+			[]string{ChainPortalsContainer, ChainPortalsHost}},
+		{"new NodePort service", append(webPortals(), newNodePort),
+			[]string{ChainNodePortContainer, ChainNodePortHost, ChainNodePortNonLocal, ChainProxyPortGuard}},
+		{"proxy port moved", dnsMoved,
+			[]string{ChainPortalsContainer, ChainPortalsHost, ChainProxyPortGuard}},
+		{"service removed", webPortals()[:4],
+			[]string{ChainPortalsContainer, ChainPortalsHost, ChainProxyPortGuard}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fake := NewFakeRunner(IPv4)
+			r := New(fake, testConfig)
+			syncOK(t, r, webPortals())
+			fake.ResetCalls()
+			syncOK(t, r, tt.portals)
+			assertState(t, fake, r, tt.portals)
+			if got := writtenChains(fake); len(got) != 1 || !slices.Equal(got[0], tt.want) {
+				t.Errorf("restores wrote chains %q, want one restore of %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestSyncRemovedServicesLeaveNothing(t *testing.T) {
+	fake := NewFakeRunner(IPv4)
+	r := New(fake, testConfig)
+	syncOK(t, r, webPortals())
+	syncOK(t, r, nil)
+	assertState(t, fake, r, nil)
+	for _, table := range []Table{TableNAT, TableFilter} {
+		dump, _ := fake.Save(table)
+		for _, name := range []string{"default/web", "kube-system/dns", "40001"} {
+			if strings.Contains(string(dump), name) {
+				t.Errorf("table %s still mentions %s:\n%s", table, name, dump)
+			}
+		}
+	}
+}
+
+// tamper changes the fake's state behind the Rules' back.
+type tamper func(t *testing.T, f *FakeRunner)
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func restoreLines(lines ...string) []byte {
+	return []byte(strings.Join(lines, "\n") + "\n")
+}
+
+func TestSyncRepairs(t *testing.T) {
+	first := func(f *FakeRunner, chain string) []string {
+		args, _ := splitRule(f.Rules(TableNAT, chain)[0])
+		return args
+	}
+	tests := []struct {
+		name   string
+		tamper tamper
+	}{
+		{"rule deleted", func(t *testing.T, f *FakeRunner) {
+			must(t, f.DeleteRule(TableNAT, ChainPortalsContainer, first(f, ChainPortalsContainer)...))
+		}},
+		{"rule duplicated", func(t *testing.T, f *FakeRunner) {
+			must(t, f.AppendRule(TableNAT, ChainPortalsHost, first(f, ChainPortalsHost)...))
+		}},
+		{"rule changed", func(t *testing.T, f *FakeRunner) {
+			must(t, f.Restore(restoreLines("*filter", ":KUBE-PROXY-PORT-GUARD - [0:0]",
+				"-A KUBE-PROXY-PORT-GUARD -p tcp -m tcp --dport 40001 -j ACCEPT", "COMMIT")))
+		}},
+		{"foreign rule added", func(t *testing.T, f *FakeRunner) {
+			must(t, f.AppendRule(TableNAT, ChainNodePortHost, "-p", "tcp", "-j", "ACCEPT"))
+		}},
+		{"chain flushed", func(t *testing.T, f *FakeRunner) {
+			must(t, f.Restore(restoreLines("*nat", ":KUBE-PORTALS-CONTAINER - [0:0]", "COMMIT")))
+		}},
+		{"jump deleted", func(t *testing.T, f *FakeRunner) {
+			j := jumps[2]
+			must(t, f.DeleteRule(j.table, j.from, j.spec()...))
+		}},
+		{"guard jump deleted", func(t *testing.T, f *FakeRunner) {
+			must(t, f.DeleteRule(TableFilter, "INPUT", jumps[0].spec()...))
+		}},
+		{"non-local jump deleted", func(t *testing.T, f *FakeRunner) {
+			must(t, f.DeleteRule(TableFilter, "INPUT", jumps[1].spec()...))
+		}},
+		{"jumps duplicated", func(t *testing.T, f *FakeRunner) {
+			for _, j := range jumps {
+				must(t, f.AppendRule(j.table, j.from, j.spec()...))
+				must(t, f.AppendRule(j.table, j.from, j.spec()...))
+			}
+		}},
+		{"chain and its jump deleted", func(t *testing.T, f *FakeRunner) {
+			j := jumps[5]
+			must(t, f.DeleteRule(j.table, j.from, j.spec()...))
+			must(t, f.DeleteChain(j.table, j.to))
+		}},
+		{"everything cleaned up", func(t *testing.T, f *FakeRunner) {
+			must(t, Cleanup(f))
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fake := NewFakeRunner(IPv4)
+			r := New(fake, testConfig)
+			syncOK(t, r, webPortals())
+			tt.tamper(t, fake)
+			syncOK(t, r, webPortals())
+			assertState(t, fake, r, webPortals())
+			fake.ResetCalls()
+			syncOK(t, r, webPortals())
+			if n := len(fake.Writes()); n != 0 {
+				t.Errorf("sync after repair wrote %d times, want 0", n)
+			}
+		})
+	}
+}
+
+func TestSyncOnStaleStateFromEarlierRun(t *testing.T) {
+	fake := NewFakeRunner(IPv4)
+	// A previous run (killed with -9) left other services, duplicates and
+	// two copies of every jump.
+	old := New(fake, Config{Family: IPv4})
+	stale := append(webPortals(), Portal{Name: "old/gone:x", Protocol: UDP, IP: netip.MustParseAddr("10.96.9.9"), Port: 9, ProxyPort: 49999})
+	syncOK(t, old, stale)
+	for _, j := range jumps {
+		must(t, fake.AppendRule(j.table, j.from, j.spec()...))
+	}
+	must(t, fake.AppendRule(TableNAT, ChainPortalsHost, "-p", "tcp", "-j", "ACCEPT"))
+
+	r := New(fake, testConfig)
+	syncOK(t, r, webPortals())
+	assertState(t, fake, r, webPortals())
+}
+
+func TestSyncJumpsGoAboveForeignRules(t *testing.T) {
+	fake := NewFakeRunner(IPv4)
+	must(t, fake.AppendRule(TableFilter, "INPUT", "-p", "tcp", "-j", "ACCEPT"))
+	must(t, fake.AppendRule(TableNAT, "PREROUTING", "-p", "tcp", "-j", "RETURN"))
+	r := New(fake, testConfig)
+	syncOK(t, r, nil)
+	want := map[Table]map[string][]string{
+		TableFilter: {"INPUT": {jumpLine(ChainProxyPortGuard), jumpLine(ChainNodePortNonLocal), "-p tcp -j ACCEPT"}},
+		TableNAT:    {"PREROUTING": {jumpLine(ChainPortalsContainer), "-p tcp -j RETURN", jumpLine(ChainNodePortContainer)}},
+	}
+	for table, chains := range want {
+		for chain, rules := range chains {
+			if got := fake.Rules(table, chain); !slices.Equal(got, rules) {
+				t.Errorf("%s/%s:\n got %q\nwant %q", table, chain, got, rules)
+			}
+		}
+	}
+}
+
+// A backend that prints rules differently from our rendering must not
+// cause a rewrite on every sync, nor a second copy of any jump.
+func TestSyncToleratesDifferentPrinting(t *testing.T) {
+	fake := NewFakeRunner(IPv4)
+	fake.Normalize = func(rule string) string { return strings.ReplaceAll(rule, " -j ", "  -j ") }
+	r := New(fake, testConfig)
+	syncOK(t, r, webPortals())
+	fake.ResetCalls()
+	syncOK(t, r, webPortals())
+	syncOK(t, r, webPortals())
+	if n := len(fake.Writes()); n != 0 {
+		t.Errorf("unchanged syncs wrote %d times, want 0", n)
+	}
+	for _, j := range jumps {
+		if n := len(fake.Rules(j.table, j.from)); n != 2 {
+			t.Errorf("%s/%s holds %d rules, want our 2 jumps", j.table, j.from, n)
+		}
+	}
+	// Repair still works: a deleted rule is noticed and put back.
+	args, _ := splitRule(fake.Rules(TableNAT, ChainPortalsContainer)[0])
+	must(t, fake.DeleteRule(TableNAT, ChainPortalsContainer, args...))
+	syncOK(t, r, webPortals())
+	if got, want := len(fake.Rules(TableNAT, ChainPortalsContainer)), len(r.desired(webPortals())[ChainPortalsContainer]); got != want {
+		t.Errorf("after repair chain holds %d rules, want %d", got, want)
+	}
+}
+
+func TestSyncErrors(t *testing.T) {
+	for _, method := range []string{"Save", "NewChain", "RuleExists", "InsertRule", "AppendRule", "Restore"} {
+		t.Run(method, func(t *testing.T) {
+			fake := NewFakeRunner(IPv4)
+			boom := errors.New("boom")
+			fake.Errors = map[string]error{method: boom}
+			r := New(fake, testConfig)
+			if err := r.Sync(webPortals()); !errors.Is(err, boom) {
+				t.Fatalf("Sync error = %v, want %v", err, boom)
+			}
+			fake.Errors = nil
+			syncOK(t, r, webPortals())
+			assertState(t, fake, r, webPortals())
+		})
+	}
+}
+
+// lostWrites is a Runner whose restores report success but change nothing.
+type lostWrites struct{ *FakeRunner }
+
+func (lostWrites) Restore([]byte) error { return nil }
+
+func TestSyncRestoreWithoutEffectIsAnError(t *testing.T) {
+	r := New(lostWrites{NewFakeRunner(IPv4)}, testConfig)
+	if err := r.Sync(webPortals()); err == nil {
+		t.Fatal("Sync succeeded although the chains do not hold what was written")
+	}
+}
+
+func TestSyncIPv6(t *testing.T) {
+	fake := NewFakeRunner(IPv6)
+	cfg := Config{Family: IPv6, NodeIP: netip.MustParseAddr("fd00:1::10")}
+	r := New(fake, cfg)
+	syncOK(t, r, dualStackPortals())
+	assertState(t, fake, r, dualStackPortals())
+	for _, rule := range fake.Rules(TableNAT, ChainPortalsContainer) {
+		if strings.Contains(rule, "10.96.0.11") {
+			t.Errorf("IPv4 portal in IPv6 rules: %s", rule)
+		}
+	}
+}
