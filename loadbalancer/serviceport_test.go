@@ -1,0 +1,360 @@
+package loadbalancer
+
+import (
+	"errors"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+)
+
+var (
+	clientA = ip("192.0.2.10")
+	clientB = ip("192.0.2.20")
+)
+
+func TestNextNoEndpoints(t *testing.T) {
+	tests := []struct {
+		name   string
+		policy AffinityPolicy
+		eps    []Endpoint
+	}{
+		{name: "no affinity, never had endpoints", policy: AffinityPolicy{}},
+		{name: "ClientIP, never had endpoints", policy: clientIPPolicy(time.Minute)},
+		{name: "none eligible", eps: []Endpoint{{Addr: backend(1), Serving: true}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			lb, _ := newTestBalancer(t)
+			svc := svcName("empty")
+			lb.SetAffinity(svc, tt.policy)
+			lb.SetEndpoints(svc, tt.eps)
+			if _, err := lb.ServicePort(svc).Next(clientA, false); !errors.Is(err, ErrNoEndpoints) {
+				t.Errorf("Next error = %v, want ErrNoEndpoints", err)
+			}
+		})
+	}
+}
+
+func TestNextRoundRobinOrder(t *testing.T) {
+	lb, _ := newTestBalancer(t)
+	svc := svcName("rr")
+	lb.SetEndpoints(svc, readyEndpoints(3))
+	sp := lb.ServicePort(svc)
+	got := picks(t, sp, clientA, 7)
+	want := []netip.AddrPort{backend(1), backend(2), backend(3), backend(1), backend(2), backend(3), backend(1)}
+	if !slices.Equal(got, want) {
+		t.Errorf("picks = %v, want %v", got, want)
+	}
+}
+
+func TestNextFallsBackToServingTerminating(t *testing.T) {
+	lb, _ := newTestBalancer(t)
+	svc := svcName("draining")
+	lb.SetEndpoints(svc, []Endpoint{
+		{Addr: backend(1), Serving: true, Terminating: true},
+		{Addr: backend(2), Serving: false, Terminating: true},
+	})
+	sp := lb.ServicePort(svc)
+	for i, ep := range picks(t, sp, clientA, 3) {
+		if ep != backend(1) {
+			t.Errorf("pick %d = %v, want the serving+terminating %v", i, ep, backend(1))
+		}
+	}
+	// A ready endpoint appearing takes over from the terminating one.
+	if !lb.SetEndpoints(svc, []Endpoint{
+		{Addr: backend(1), Serving: true, Terminating: true},
+		{Addr: backend(3), Ready: true, Serving: true},
+	}) {
+		t.Fatal("SetEndpoints reported no change when a ready endpoint replaced the fallback")
+	}
+	if ep := mustNext(t, sp, clientA, false); ep != backend(3) {
+		t.Errorf("after a ready endpoint appeared, pick = %v, want %v", ep, backend(3))
+	}
+}
+
+// TestSetEndpointsChange covers what a change of endpoints does to the
+// cursor and to pinned clients.
+func TestSetEndpointsChange(t *testing.T) {
+	tests := []struct {
+		name        string
+		next        []Endpoint
+		wantChanged bool
+		// wantNext is the round-robin pick for a new client after the update
+		// (clientA consumed backend(1), so an untouched cursor is at backend(2)).
+		wantNext netip.AddrPort
+		// wantPinA is clientA's endpoint after the update (it was pinned to backend(1)).
+		wantPinA netip.AddrPort
+	}{
+		{
+			name:        "same set, same order: no change",
+			next:        readyEndpoints(3),
+			wantChanged: false,
+			wantNext:    backend(2),
+			wantPinA:    backend(1),
+		},
+		{
+			name: "same set reordered: no change, cursor and pins kept",
+			next: []Endpoint{
+				{Addr: backend(3), Ready: true}, {Addr: backend(1), Ready: true}, {Addr: backend(2), Ready: true},
+			},
+			wantChanged: false,
+			wantNext:    backend(2),
+			wantPinA:    backend(1),
+		},
+		{
+			name:        "not-ready endpoint added: eligible set unchanged",
+			next:        append(readyEndpoints(3), Endpoint{Addr: backend(9)}),
+			wantChanged: false,
+			wantNext:    backend(2),
+			wantPinA:    backend(1),
+		},
+		{
+			name:        "endpoint added: cursor reset, pins kept",
+			next:        readyEndpoints(4),
+			wantChanged: true,
+			wantNext:    backend(1),
+			wantPinA:    backend(1),
+		},
+		{
+			name:        "pinned endpoint removed: client re-pinned",
+			next:        readyEndpoints(3)[1:],
+			wantChanged: true,
+			wantNext:    backend(2),
+			// clientB took backend(2) at the reset cursor, so clientA gets the next one.
+			wantPinA: backend(3),
+		},
+		{
+			name: "pinned endpoint not ready any more: client re-pinned",
+			next: []Endpoint{
+				{Addr: backend(1), Serving: true}, {Addr: backend(2), Ready: true}, {Addr: backend(3), Ready: true},
+			},
+			wantChanged: true,
+			wantNext:    backend(2),
+			wantPinA:    backend(3),
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			lb, _ := newTestBalancer(t)
+			svc := svcName("change")
+			lb.SetAffinity(svc, clientIPPolicy(time.Hour))
+			if !lb.SetEndpoints(svc, readyEndpoints(3)) {
+				t.Fatal("first SetEndpoints reported no change")
+			}
+			sp := lb.ServicePort(svc)
+			if ep := mustNext(t, sp, clientA, false); ep != backend(1) {
+				t.Fatalf("clientA pinned to %v, want %v", ep, backend(1))
+			}
+
+			if got := lb.SetEndpoints(svc, tt.next); got != tt.wantChanged {
+				t.Errorf("SetEndpoints changed = %v, want %v", got, tt.wantChanged)
+			}
+			if ep := mustNext(t, sp, clientB, false); ep != tt.wantNext {
+				t.Errorf("new client got %v, want %v", ep, tt.wantNext)
+			}
+			if ep := mustNext(t, sp, clientA, false); ep != tt.wantPinA {
+				t.Errorf("clientA got %v, want %v", ep, tt.wantPinA)
+			}
+			// Whatever happened, clientA is pinned from now on.
+			if ep := mustNext(t, sp, clientA, false); ep != tt.wantPinA {
+				t.Errorf("clientA moved again to %v, want to stay on %v", ep, tt.wantPinA)
+			}
+		})
+	}
+}
+
+func TestSetEndpointsShufflesOnlyOnChange(t *testing.T) {
+	lb, _ := newTestBalancer(t)
+	shuffles := 0
+	lb.shuffle = func(a []netip.AddrPort) {
+		shuffles++
+		slices.Reverse(a)
+	}
+	svc := svcName("shuffle")
+	lb.SetEndpoints(svc, readyEndpoints(3))
+	lb.SetEndpoints(svc, []Endpoint{{Addr: backend(2), Ready: true}, {Addr: backend(3), Ready: true}, {Addr: backend(1), Ready: true}})
+	if shuffles != 1 {
+		t.Errorf("shuffled %d times, want 1 (the reordered set is no change)", shuffles)
+	}
+	got := picks(t, lb.ServicePort(svc), clientA, 3)
+	if want := []netip.AddrPort{backend(3), backend(2), backend(1)}; !slices.Equal(got, want) {
+		t.Errorf("picks = %v, want the shuffled order %v", got, want)
+	}
+}
+
+func TestDefaultShuffleKeepsMembers(t *testing.T) {
+	lb := New(nil)
+	a := []netip.AddrPort{backend(1), backend(2), backend(3), backend(4)}
+	lb.shuffle(a)
+	if !newAddrSet(a).equalTo([]netip.AddrPort{backend(1), backend(2), backend(3), backend(4)}) {
+		t.Errorf("shuffle changed the members: %v", a)
+	}
+}
+
+func TestNextResetAffinity(t *testing.T) {
+	tests := []struct {
+		name      string
+		endpoints int
+		// otherPicks is how many picks another client makes between the
+		// pin and the retry, moving the shared cursor.
+		otherPicks int
+		want       netip.AddrPort
+	}{
+		{name: "moves to the next endpoint", endpoints: 3, otherPicks: 0, want: backend(2)},
+		{name: "skips the pinned one when the cursor is on it", endpoints: 3, otherPicks: 2, want: backend(2)},
+		{name: "single endpoint: nothing else to try", endpoints: 1, otherPicks: 0, want: backend(1)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			lb, _ := newTestBalancer(t)
+			svc := svcName("retry")
+			lb.SetAffinity(svc, clientIPPolicy(time.Hour))
+			lb.SetEndpoints(svc, readyEndpoints(tt.endpoints))
+			sp := lb.ServicePort(svc)
+			if ep := mustNext(t, sp, clientA, false); ep != backend(1) {
+				t.Fatalf("pinned to %v, want %v", ep, backend(1))
+			}
+			for i := range tt.otherPicks {
+				mustNext(t, sp, netip.AddrFrom4([4]byte{198, 51, 100, byte(i + 1)}), false)
+			}
+			if ep := mustNext(t, sp, clientA, true); ep != tt.want {
+				t.Errorf("retry got %v, want %v", ep, tt.want)
+			}
+			// The retry re-pinned the client.
+			if ep := mustNext(t, sp, clientA, false); ep != tt.want {
+				t.Errorf("after retry, client went to %v, want to stay on %v", ep, tt.want)
+			}
+		})
+	}
+}
+
+func TestNextResetAffinityWithoutPolicyIsRoundRobin(t *testing.T) {
+	lb, _ := newTestBalancer(t)
+	svc := svcName("retry-none")
+	lb.SetEndpoints(svc, readyEndpoints(3))
+	sp := lb.ServicePort(svc)
+	got := []netip.AddrPort{mustNext(t, sp, clientA, false), mustNext(t, sp, clientA, true)}
+	if want := []netip.AddrPort{backend(1), backend(2)}; !slices.Equal(got, want) {
+		t.Errorf("picks = %v, want %v", got, want)
+	}
+}
+
+// TestAffinityTimeout walks a client through timeouts: refresh from the last
+// use, policy changes after entries exist, and the order in which the two
+// sides (Service, EndpointSlice) arrive.
+func TestAffinityTimeout(t *testing.T) {
+	type step struct {
+		advance   time.Duration
+		setPolicy *AffinityPolicy // applied after advancing, before the access
+		wantSame  bool            // the access returns the endpoint of the previous one
+	}
+	policy := func(p AffinityPolicy) *AffinityPolicy { return &p }
+	tests := []struct {
+		name           string
+		endpointsFirst bool // kubernetes#107398: endpoints before the Service's affinity
+		initial        AffinityPolicy
+		steps          []step
+	}{
+		{
+			name:    "timeout counts from the last use",
+			initial: clientIPPolicy(3 * time.Second),
+			steps: []step{
+				{advance: 2 * time.Second, wantSame: true},
+				{advance: 2 * time.Second, wantSame: true}, // 4 s after the first use, 2 s after the last
+				{advance: 2 * time.Second, wantSame: true},
+				{advance: 3 * time.Second, wantSame: false},
+			},
+		},
+		{
+			name:           "kubernetes#107398: timeout set after endpoints arrived applies",
+			endpointsFirst: true,
+			initial:        clientIPPolicy(3 * time.Second),
+			steps: []step{
+				{advance: time.Second, wantSame: true},
+				{advance: 4 * time.Second, wantSame: false},
+			},
+		},
+		{
+			name:    "timeout lowered after entries exist takes effect",
+			initial: clientIPPolicy(time.Hour),
+			steps: []step{
+				{advance: 10 * time.Second, wantSame: true},
+				{advance: 5 * time.Second, setPolicy: policy(clientIPPolicy(3 * time.Second)), wantSame: false},
+			},
+		},
+		{
+			name:    "timeout raised after entries exist takes effect",
+			initial: clientIPPolicy(3 * time.Second),
+			steps: []step{
+				{advance: 10 * time.Second, setPolicy: policy(clientIPPolicy(time.Minute)), wantSame: true},
+			},
+		},
+		{
+			name:    "zero timeout means the default 10800 s",
+			initial: clientIPPolicy(0),
+			steps: []step{
+				{advance: DefaultAffinityTimeout - time.Second, wantSame: true},
+				{advance: DefaultAffinityTimeout, wantSame: false},
+			},
+		},
+		{
+			name:    "switching to None forgets pins",
+			initial: clientIPPolicy(time.Hour),
+			steps: []step{
+				{setPolicy: policy(AffinityPolicy{}), wantSame: false},
+				{setPolicy: policy(clientIPPolicy(time.Hour)), wantSame: false},
+				{wantSame: true},
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			lb, clk := newTestBalancer(t)
+			svc := svcName("timeout")
+			if tt.endpointsFirst {
+				lb.SetEndpoints(svc, readyEndpoints(3))
+				lb.SetAffinity(svc, tt.initial)
+			} else {
+				lb.SetAffinity(svc, tt.initial)
+				lb.SetEndpoints(svc, readyEndpoints(3))
+			}
+			sp := lb.ServicePort(svc)
+			prev := mustNext(t, sp, clientA, false)
+			for i, s := range tt.steps {
+				clk.SetTime(clk.Now().Add(s.advance))
+				if s.setPolicy != nil {
+					lb.SetAffinity(svc, *s.setPolicy)
+				}
+				// With round robin over 3 endpoints and one client, a re-pick
+				// always lands on another endpoint.
+				got := mustNext(t, sp, clientA, false)
+				if same := got == prev; same != s.wantSame {
+					t.Errorf("step %d (+%v): got %v after %v, same = %v, want %v", i, s.advance, got, prev, same, s.wantSame)
+				}
+				prev = got
+			}
+		})
+	}
+}
+
+func TestSnapshotOfServicePort(t *testing.T) {
+	lb, clk := newTestBalancer(t)
+	svc := svcName("snap")
+	lb.SetAffinity(svc, clientIPPolicy(10*time.Second))
+	lb.SetEndpoints(svc, readyEndpoints(3))
+	sp := lb.ServicePort(svc)
+	mustNext(t, sp, clientB, false) // backend(1), at t0
+	clk.SetTime(clk.Now().Add(20 * time.Second))
+	mustNext(t, sp, clientA, false) // backend(2), at t0+20s; clientB has expired
+
+	got := sp.Snapshot()
+	want := Snapshot{
+		Endpoints: []netip.AddrPort{backend(3), backend(1), backend(2)}, // from the next pick on
+		Affinity:  clientIPPolicy(10 * time.Second),
+		Clients:   []AffinityEntry{{ClientIP: clientA, Endpoint: backend(2), LastUsed: testStart.Add(20 * time.Second)}},
+	}
+	if !slices.Equal(got.Endpoints, want.Endpoints) || got.Affinity != want.Affinity || !slices.Equal(got.Clients, want.Clients) {
+		t.Errorf("Snapshot = %+v, want %+v", got, want)
+	}
+}
