@@ -1,0 +1,150 @@
+package iptables
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// These tests run the real runner against the real kernel, inside a
+// network namespace each test creates and deletes.
+
+// kernelTables reads nat and filter of a family with the real iptables-save.
+func kernelTables(t *testing.T, ns string, f Family) map[Table]savedTable {
+	t.Helper()
+	bin := "iptables-save"
+	if f == IPv6 {
+		bin = "ip6tables-save"
+	}
+	out := map[Table]savedTable{}
+	for _, table := range []Table{TableNAT, TableFilter} {
+		st, err := parseSave([]byte(inNetns(t, ns, bin, "-t", string(table))), table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[table] = st
+	}
+	return out
+}
+
+// assertKernelState checks that the kernel holds exactly our rules for
+// portals, as iptables-save prints them, and each jump once, in order.
+func assertKernelState(t *testing.T, ns string, r *Rules, portals []Portal) {
+	t.Helper()
+	got := kernelTables(t, ns, r.cfg.Family)
+	want := r.desired(portals)
+	for _, c := range ownedChains {
+		if rules := got[c.table].rules[c.name]; !slices.Equal(rules, want[c.name]) {
+			t.Errorf("%v %s/%s:\n got %q\nwant %q", r.cfg.Family, c.table, c.name, rules, want[c.name])
+		}
+	}
+	for table, chains := range wantBuiltins {
+		for chain, rules := range chains {
+			if got := got[table].rules[chain]; !slices.Equal(got, rules) {
+				t.Errorf("%v built-in %s/%s:\n got %q\nwant %q", r.cfg.Family, table, chain, got, rules)
+			}
+		}
+	}
+}
+
+// assertKernelClean checks that nothing of ours is left in either family.
+func assertKernelClean(t *testing.T, ns string) {
+	t.Helper()
+	for _, bin := range []string{"iptables-save", "ip6tables-save"} {
+		if dump := inNetns(t, ns, bin); strings.Contains(dump, "KUBE-") || strings.Contains(dump, "kube-userspace-proxy") {
+			t.Errorf("%s still shows our rules:\n%s", bin, dump)
+		}
+	}
+}
+
+func TestKernelSyncRepairRestartCleanup(t *testing.T) {
+	requireRealIptables(t)
+	ns := newNetns(t)
+	families := []struct {
+		cfg     Config
+		portals []Portal
+		cmd     string
+	}{
+		{Config{Family: IPv4, BindAddress: netip.IPv4Unspecified(), NodeIP: netip.MustParseAddr("192.168.1.10"),
+			NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")}}, webPortals(), "iptables"},
+		{Config{Family: IPv6, NodeIP: netip.MustParseAddr("fd00:1::10")}, dualStackPortals(), "ip6tables"},
+	}
+	for _, fam := range families {
+		t.Run(fam.cfg.Family.String(), func(t *testing.T) {
+			runner := newNSRunner(t, ns, fam.cfg.Family)
+			r := New(runner, fam.cfg)
+
+			syncOK(t, r, fam.portals)
+			assertKernelState(t, ns, r, fam.portals)
+			if n := runner.restores.Load(); n != 1 {
+				t.Errorf("first sync ran %d restores, want 1", n)
+			}
+
+			// Our rendering is byte for byte what iptables-save prints, so an
+			// unchanged sync reads and writes nothing.
+			runner.restores.Store(0)
+			syncOK(t, r, fam.portals)
+			if n := runner.restores.Load(); n != 0 {
+				t.Errorf("unchanged sync ran %d restores, want 0", n)
+			}
+			if len(r.printed) != 0 {
+				t.Errorf("kernel printed rules differently from our rendering: %+v", r.printed)
+			}
+
+			// Someone deletes a rule, adds a stranger, duplicates jumps.
+			ipt := fam.cmd
+			inNetns(t, ns, ipt, "-t", "nat", "-D", ChainPortalsContainer, "1")
+			inNetns(t, ns, ipt, "-t", "nat", "-A", ChainPortalsHost, "-p", "tcp", "-j", "ACCEPT")
+			inNetns(t, ns, ipt, "-t", "filter", "-F", ChainProxyPortGuard)
+			for _, j := range jumps {
+				inNetns(t, ns, append([]string{ipt, "-t", string(j.table), "-A", j.from}, j.spec()...)...)
+			}
+			syncOK(t, r, fam.portals)
+			assertKernelState(t, ns, r, fam.portals)
+
+			// A restart (new Rules, nothing remembered) with one Service
+			// fewer converges to exactly one copy of each rule.
+			fewer := fam.portals[1:]
+			restarted := New(runner, fam.cfg)
+			syncOK(t, restarted, fewer)
+			assertKernelState(t, ns, restarted, fewer)
+
+			// All Services removed: nothing but empty chains and the jumps.
+			syncOK(t, restarted, nil)
+			assertKernelState(t, ns, restarted, nil)
+		})
+	}
+
+	t.Run("Cleanup", func(t *testing.T) {
+		for _, f := range []Family{IPv4, IPv6} {
+			runner := newNSRunner(t, ns, f)
+			syncOK(t, New(runner, Config{Family: f}), nil)
+			if err := Cleanup(runner); err != nil {
+				t.Fatalf("Cleanup(%v): %v", f, err)
+			}
+			if err := Cleanup(runner); err != nil {
+				t.Fatalf("second Cleanup(%v): %v", f, err)
+			}
+		}
+		assertKernelClean(t, ns)
+	})
+}
+
+func TestKernelCleanupRemovesForeignShapedJumps(t *testing.T) {
+	requireRealIptables(t)
+	ns := newNetns(t)
+	runner := newNSRunner(t, ns, IPv4)
+	syncOK(t, New(runner, Config{Family: IPv4}), webPortals())
+	// The legacy userspace proxier's jump, with its own comment.
+	inNetns(t, ns, "iptables", "-t", "nat", "-I", "PREROUTING", "1", "-m", "comment", "--comment",
+		"handle ClusterIPs; NOTE: this must be before the NodePort rules", "-j", ChainPortalsContainer)
+	inNetns(t, ns, "iptables", "-t", "filter", "-A", "INPUT", "-p", "tcp", "-j", "ACCEPT")
+	if err := Cleanup(runner); err != nil {
+		t.Fatalf("Cleanup: %v", err)
+	}
+	assertKernelClean(t, ns)
+	if got := kernelTables(t, ns, IPv4)[TableFilter].rules["INPUT"]; !slices.Equal(got, []string{"-p tcp -j ACCEPT"}) {
+		t.Errorf("foreign INPUT rules = %q, want them kept", got)
+	}
+}
