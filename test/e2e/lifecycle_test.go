@@ -1,0 +1,198 @@
+package e2e
+
+import (
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Budgets from the design card: a manifest change takes effect within 1 s.
+// A new Service also needs its rules written, and syncs are rate-limited to
+// one per --iptables-min-sync-period (1 s), so it gets that period on top.
+const (
+	updateBudget     = time.Second
+	newServiceBudget = 2 * time.Second
+)
+
+// untilAnswer asks dst every 10 ms until want answers; it returns how long
+// that took, or fails after limit.
+func untilAnswer(t *testing.T, cl client, s svc, want string, since time.Time, limit time.Duration) time.Duration {
+	t.Helper()
+	var last string
+	for {
+		name, err := cl.ask("tcp", s.tcp())
+		if err == nil && (name == want || want == "") {
+			return time.Since(since)
+		}
+		if err != nil {
+			last = err.Error()
+		} else {
+			last = name
+		}
+		if time.Since(since) > limit {
+			t.Fatalf("%s from %s: %q not answering %v after the manifest change (last: %s)", s.tcp(), cl.label, want, limit, last)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// checkLiveUpdate: an EndpointSlice change in a manifest file, and a new
+// Service file, take effect without restart; the latency is measured from
+// the rename of the file into the manifests directory.
+func checkLiveUpdate(t *testing.T, e *env) {
+	cl := e.pod1(ipLive)
+	s := e.svcs["live"]
+	if name, err := cl.ask("tcp", s.tcp()); err != nil || name != "b1" {
+		t.Fatalf("live before the change: %q, %v; want b1", name, err)
+	}
+	s.endpoints = ips(e.c, 3) // b4
+	writeSvc(t, e.p.dir, s)
+	epLatency := untilAnswer(t, cl, s, "b4", time.Now(), 5*time.Second)
+
+	fresh := svc{name: "fresh", clusterIP: "10.96.0.61", endpoints: ips(e.c, 1)}
+	writeSvc(t, e.p.dir, fresh)
+	svcLatency := untilAnswer(t, cl, fresh, "b2", time.Now(), 5*time.Second)
+	udpBegan := time.Now()
+	waitServing(t, cl, "udp", fresh.udp(), 5*time.Second)
+
+	figure(t, "manifest change live: endpoints b1->b4 in %d ms; new Service answering TCP in %d ms (UDP %d ms later)",
+		epLatency.Milliseconds(), svcLatency.Milliseconds(), time.Since(udpBegan).Milliseconds())
+	if epLatency > updateBudget {
+		t.Errorf("endpoint change took %v to take effect; budget %v", epLatency, updateBudget)
+	}
+	if svcLatency > newServiceBudget {
+		t.Errorf("new Service took %v to answer; budget %v", svcLatency, newServiceBudget)
+	}
+}
+
+// checkServiceRemoved: deleting a Service's manifest removes its rules and
+// closes its proxy sockets.
+func checkServiceRemoved(t *testing.T, e *env) {
+	s := e.svcs["doomed"]
+	dump := save(t, e.c.Node)
+	ports := map[string]int{}
+	for _, pn := range []struct{ port, proto string }{{"http", "tcp"}, {"dns", "udp"}} {
+		p, ok := proxyPort(dump, s.portName(pn.port))
+		if !ok {
+			t.Fatalf("no rule for %s before removal:\n%s", s.portName(pn.port), dump)
+		}
+		if !listening(t, e.c.Node, pn.proto, p) {
+			t.Fatalf("%s proxy port %s/%d not open before removal", s.portName(pn.port), pn.proto, p)
+		}
+		ports[pn.proto] = p
+	}
+	before := len(rulesFor(dump, s.portName("http"))) + len(rulesFor(dump, s.portName("dns")))
+
+	removeSvc(t, e.p.dir, s.name)
+	removed := time.Now()
+	var rulesGone, socketsGone time.Duration
+	for rulesGone == 0 || socketsGone == 0 {
+		if time.Since(removed) > 5*time.Second {
+			t.Fatalf("5 s after removing %s: rules gone after %v, sockets gone after %v (0 = not yet)\n%s",
+				s.name, rulesGone, socketsGone, save(t, e.c.Node))
+		}
+		d := save(t, e.c.Node)
+		if rulesGone == 0 && len(rulesFor(d, s.portName("http")))+len(rulesFor(d, s.portName("dns"))) == 0 &&
+			!strings.Contains(d, "/"+s.name+":") {
+			rulesGone = time.Since(removed)
+		}
+		if socketsGone == 0 && !listening(t, e.c.Node, "tcp", ports["tcp"]) && !listening(t, e.c.Node, "udp", ports["udp"]) {
+			socketsGone = time.Since(removed)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	_, err := e.pod1(ipRR).ask("tcp", s.tcp())
+	figure(t, "Service removed: %d rules gone after %d ms, sockets tcp/%d udp/%d closed after %d ms; ClusterIP now: %v",
+		before, rulesGone.Milliseconds(), ports["tcp"], ports["udp"], socketsGone.Milliseconds(), err)
+	if err == nil {
+		t.Errorf("%s still answers after its Service was removed", s.tcp())
+	}
+}
+
+// Proxy ports are kernel-chosen and change on restart; normalize them away
+// to compare rule sets across restarts.
+var portNumbers = regexp.MustCompile(`(--to-ports |--to-destination [0-9.]+:|--dport )\d+`)
+
+func normalizedRules(dump string) []string {
+	var out []string
+	for _, line := range oursIn(dump) {
+		if strings.HasPrefix(line, "-A ") {
+			out = append(out, portNumbers.ReplaceAllString(line, "${1}N"))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// checkRestart: kill -9 leaves the rules behind pointing at dead sockets; a
+// new proxy must serve again and converge to exactly one copy of each rule.
+func checkRestart(t *testing.T, e *env) {
+	before := save(t, e.c.Node)
+	e.p.proc.Signal(syscall.SIGKILL)
+	if err := e.p.proc.Wait(5 * time.Second); err == nil || !strings.Contains(err.Error(), "killed") {
+		t.Fatalf("proxy after SIGKILL: %v", err)
+	}
+	began := time.Now()
+	e.p.start(t)
+	waitServing(t, e.pod1(ipRR), "tcp", e.svcs["rr"].tcp(), startBudget)
+	serving := time.Since(began)
+	checkEvenSplit(t, e.pod1(ipRR), "tcp", e.svcs["rr"])
+	checkEvenSplit(t, e.pod1(ipRR), "udp", e.svcs["rr"])
+
+	// Wait for one more sync so that everything the new process wants is in.
+	time.Sleep(1500 * time.Millisecond)
+	after := save(t, e.c.Node)
+	if d := duplicateRules(after); len(d) > 0 {
+		t.Errorf("after restart, duplicate rules:\n%s", strings.Join(d, "\n"))
+	}
+	want, got := normalizedRules(before), normalizedRules(after)
+	if !slices.Equal(want, got) {
+		t.Errorf("rules after restart differ from before (ports normalized)\nbefore:\n%s\nafter:\n%s",
+			strings.Join(want, "\n"), strings.Join(got, "\n"))
+	}
+	// Every proxy port in the rules must belong to a socket of the new process.
+	for _, line := range oursIn(after) {
+		if m := targetPort.FindStringSubmatch(line); m != nil {
+			proto := "tcp"
+			if strings.Contains(line, "-p udp") {
+				proto = "udp"
+			}
+			if p, _ := strconv.Atoi(m[1]); !listening(t, e.c.Node, proto, p) {
+				t.Errorf("rule points at %s/%d, where nothing listens:\n%s", proto, p, line)
+			}
+		}
+	}
+	figure(t, "kill -9 and restart: serving again %d ms after exec; %d rules of ours before and %d after, %d duplicates",
+		serving.Milliseconds(), len(want), len(got), len(duplicateRules(after)))
+}
+
+// checkCleanup: after the proxy stops, --cleanup removes every chain and
+// jump of ours (IPv4 and IPv6), exits 0, and is idempotent.
+func checkCleanup(t *testing.T, e *env) {
+	e.p.proc.Signal(syscall.SIGTERM)
+	if err := e.p.proc.Wait(5 * time.Second); err != nil && !strings.Contains(err.Error(), "signal") {
+		t.Logf("proxy after SIGTERM: %v", err)
+	}
+	e.p.proc.Kill()
+	before := len(oursIn(save(t, e.c.Node)))
+	for i := 1; i <= 2; i++ {
+		out, err := e.p.cleanup(t)
+		if err != nil {
+			t.Fatalf("--cleanup run %d: %v\n%s", i, err, out)
+		}
+	}
+	for _, v6 := range []bool{false, true} {
+		dump, err := e.c.Node.IPTablesSave(v6)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if left := oursIn(dump); len(left) > 0 {
+			t.Errorf("after --cleanup (v6=%v), still ours:\n%s", v6, strings.Join(left, "\n"))
+		}
+	}
+	figure(t, "--cleanup: %d lines of ours before, 0 expected after (IPv4+IPv6), run twice, exit 0", before)
+}

@@ -1,0 +1,132 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/netns"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/tools/wire"
+)
+
+const askTimeout = 3 * time.Second
+
+// client is a place traffic starts from: a namespace and, optionally, the
+// source address to use (the proxy keys affinity on it).
+type client struct {
+	label string
+	ns    *netns.NS
+	src   netip.Addr // zero: kernel's choice
+}
+
+// askTCP opens a new connection to dst and returns which backend answered.
+func (cl client) askTCP(dst netip.AddrPort) (wire.Answer, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), askTimeout)
+	defer cancel()
+	c, err := cl.ns.DialTCP(ctx, cl.src, dst)
+	if err != nil {
+		return wire.Answer{}, err
+	}
+	return wire.AskTCP(c, askTimeout)
+}
+
+// askUDP sends one datagram from a fresh socket (so a new source port, a new
+// UDP session for the proxy) and returns the answer and its source address.
+func (cl client) askUDP(dst netip.AddrPort) (wire.Answer, netip.AddrPort, error) {
+	u, err := cl.ns.ListenUDP(cl.src)
+	if err != nil {
+		return wire.Answer{}, netip.AddrPort{}, err
+	}
+	defer u.Close()
+	return wire.AskUDP(u, dst, askTimeout)
+}
+
+// ask is askTCP or askUDP by protocol name; for UDP it also checks that the
+// reply came from dst (the address the client sent to).
+func (cl client) ask(proto string, dst netip.AddrPort) (string, error) {
+	if proto == "udp" {
+		a, from, err := cl.askUDP(dst)
+		if err != nil {
+			return "", err
+		}
+		if from != dst {
+			return "", fmt.Errorf("udp reply from %s, want %s", from, dst)
+		}
+		return a.Backend, nil
+	}
+	a, err := cl.askTCP(dst)
+	return a.Backend, err
+}
+
+// counts tallies answers by backend name; failures count under "ERR".
+type counts map[string]int
+
+func (c counts) String() string {
+	names := make([]string, 0, len(c))
+	for k := range c {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	parts := make([]string, len(names))
+	for i, k := range names {
+		parts[i] = fmt.Sprintf("%s=%d", k, c[k])
+	}
+	return strings.Join(parts, " ")
+}
+
+// sorted returns the counts of answering backends, largest first.
+func (c counts) sorted() []int {
+	var out []int
+	for k, v := range c {
+		if k != "ERR" {
+			out = append(out, v)
+		}
+	}
+	sort.Sort(sort.Reverse(sort.IntSlice(out)))
+	return out
+}
+
+// distribution asks dst n times, sequentially, each over a new connection
+// (TCP) or from a new source port (UDP). The first error is returned too.
+func distribution(cl client, proto string, dst netip.AddrPort, n int) (counts, error) {
+	got := counts{}
+	var first error
+	for i := 0; i < n; i++ {
+		name, err := cl.ask(proto, dst)
+		if err != nil {
+			got["ERR"]++
+			if first == nil {
+				first = fmt.Errorf("attempt %d: %w", i+1, err)
+			}
+			continue
+		}
+		got[name]++
+	}
+	return got, first
+}
+
+// waitServing asks until dst answers (or fails the test after within).
+func waitServing(t *testing.T, cl client, proto string, dst netip.AddrPort, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		_, err := cl.ask(proto, dst)
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s %s from %s: not serving within %v: %v", proto, dst, cl.label, within, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// figure logs one line for the closing note.
+func figure(t *testing.T, format string, args ...any) {
+	t.Helper()
+	t.Logf("FIGURE "+format, args...)
+}
