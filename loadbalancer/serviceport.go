@@ -93,18 +93,18 @@ func (sp *ServicePort) roundRobin() netip.AddrPort {
 // different nodes do not all start on the same endpoint, and restarts the
 // cursor.
 func (sp *ServicePort) setEndpoints(eligible []netip.AddrPort) bool {
+	next := newAddrSet(eligible) // built before locking: Next may be waiting
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 
-	current := newAddrSet(sp.endpoints)
-	if current.equalTo(eligible) {
+	if next.equalTo(sp.endpoints) {
 		return false
 	}
 	sp.shuffle(eligible)
 	sp.endpoints = eligible
 	sp.cursor = 0
 	if sp.clients != nil {
-		sp.clients.dropUnless(newAddrSet(eligible))
+		sp.clients.dropUnless(next)
 	}
 	return true
 }
