@@ -56,6 +56,9 @@ func (sp *ServicePort) Next(clientIP netip.Addr, resetAffinity bool) (netip.Addr
 		return sp.roundRobin(), nil
 	}
 
+	// A dual-stack listener reports IPv4 clients as ::ffff:a.b.c.d; unmap so
+	// one client is one key whichever socket it came through.
+	clientIP = clientIP.Unmap()
 	now := sp.clk.Now()
 	timeout := sp.policy.Timeout
 	pinned, havePin := sp.clients[clientIP]

@@ -358,3 +358,15 @@ func TestSnapshotOfServicePort(t *testing.T) {
 		t.Errorf("Snapshot = %+v, want %+v", got, want)
 	}
 }
+
+func TestNextTreatsIPv4MappedAsIPv4(t *testing.T) {
+	lb, _ := newTestBalancer(t)
+	svc := svcName("mapped")
+	lb.SetAffinity(svc, clientIPPolicy(time.Hour))
+	lb.SetEndpoints(svc, readyEndpoints(3))
+	sp := lb.ServicePort(svc)
+	plain := mustNext(t, sp, ip("192.0.2.7"), false)
+	if mapped := mustNext(t, sp, ip("::ffff:192.0.2.7"), false); mapped != plain {
+		t.Errorf("IPv4-mapped client got %v, the same client as IPv4 got %v", mapped, plain)
+	}
+}
