@@ -90,3 +90,14 @@ func (c Config) nodePortCIDRs() []netip.Prefix {
 	})
 	return out
 }
+
+// validate reports configurations that would render rules of the wrong family.
+func (c Config) validate() error {
+	if c.Family != IPv4 && c.Family != IPv6 {
+		return fmt.Errorf("unknown IP family %v", c.Family)
+	}
+	if !c.bindsAll() && !c.Family.owns(c.BindAddress) {
+		return fmt.Errorf("%v rules: bind address %v is of the other family", c.Family, c.BindAddress)
+	}
+	return nil
+}

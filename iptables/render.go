@@ -24,6 +24,13 @@ func (r *Rules) Render(portals []Portal) []byte {
 // one *table section per table that has a chain in the list.
 func restoreInput(want chainRules, chains []ownedChain) []byte {
 	var b bytes.Buffer
+	size := 0
+	for _, c := range chains {
+		for _, rule := range want[c.name] {
+			size += len(c.name) + len(rule) + 5
+		}
+	}
+	b.Grow(size + 512)
 	for _, table := range []Table{TableNAT, TableFilter} {
 		var these []string
 		for _, c := range chains {
@@ -40,7 +47,11 @@ func restoreInput(want chainRules, chains []ownedChain) []byte {
 		}
 		for _, name := range these {
 			for _, rule := range want[name] {
-				b.WriteString("-A " + name + " " + rule + "\n")
+				b.WriteString("-A ")
+				b.WriteString(name)
+				b.WriteByte(' ')
+				b.WriteString(rule)
+				b.WriteByte('\n')
 			}
 		}
 		b.WriteString("COMMIT\n")
@@ -48,41 +59,45 @@ func restoreInput(want chainRules, chains []ownedChain) []byte {
 	return b.Bytes()
 }
 
-// desired renders portals into the contents of every chain we own.
+// desired renders portals into the contents of every chain we own. Rules
+// are built as text, in the argument order and quoting iptables-save uses,
+// so the read-back compares equal without parsing.
 func (r *Rules) desired(portals []Portal) chainRules {
+	usable := r.usable(portals)
 	want := chainRules{}
+	seen := map[string]map[string]struct{}{} // per chain, rules already added
 	for _, c := range ownedChains {
 		want[c.name] = nil
+		seen[c.name] = make(map[string]struct{}, len(usable))
 	}
-	seen := map[string]bool{}
-	add := func(chain string, args []string) {
-		line := joinRule(args)
-		if key := chain + " " + line; !seen[key] {
-			seen[key] = true
-			want[chain] = append(want[chain], line)
+	add := func(chain, rule string) {
+		if _, dup := seen[chain][rule]; !dup {
+			seen[chain][rule] = struct{}{}
+			want[chain] = append(want[chain], rule)
 		}
 	}
-	for _, p := range r.usable(portals) {
+	nodePortDsts := r.nodePortDestinations()
+	for _, p := range usable {
 		proto := string(p.Protocol)
-		portMatch := []string{"-m", proto, "--dport", strconv.Itoa(p.Port)}
+		protoComment := "-p " + proto + " -m comment --comment " + quoteSaveString(p.Name)
+		dport := " -m " + proto + " --dport " + strconv.Itoa(p.Port) + " "
+		toContainer, toHost := r.containerTarget(p), r.hostTarget(p)
 		if p.NodePort {
-			for _, dst := range r.nodePortDestinations() {
-				match := slices.Concat(dst, []string{"-p", proto, "-m", "comment", "--comment", p.Name}, portMatch)
-				add(ChainNodePortContainer, slices.Concat(match, r.containerTarget(p)))
-				add(ChainNodePortHost, slices.Concat(match, r.hostTarget(p)))
+			for _, dst := range nodePortDsts {
+				match := dst + protoComment + dport
+				add(ChainNodePortContainer, match+toContainer)
+				add(ChainNodePortHost, match+toHost)
 			}
-			add(ChainNodePortNonLocal, []string{"-p", proto, "-m", "comment", "--comment", p.Name,
-				"-m", proto, "--dport", strconv.Itoa(p.ProxyPort), "-j", "ACCEPT"})
+			add(ChainNodePortNonLocal, protoComment+" -m "+proto+" --dport "+strconv.Itoa(p.ProxyPort)+" -j ACCEPT")
 		} else {
-			ip := netip.PrefixFrom(p.IP.Unmap(), r.cfg.Family.hostBits()).String()
-			match := slices.Concat([]string{"-d", ip, "-p", proto, "-m", "comment", "--comment", p.Name}, portMatch)
-			add(ChainPortalsContainer, slices.Concat(match, r.containerTarget(p)))
-			add(ChainPortalsHost, slices.Concat(match, r.hostTarget(p)))
+			match := "-d " + netip.PrefixFrom(p.IP.Unmap(), r.cfg.Family.hostBits()).String() + " " + protoComment + dport
+			add(ChainPortalsContainer, match+toContainer)
+			add(ChainPortalsHost, match+toHost)
 		}
 		// REDIRECT sets the conntrack DNAT status too, so everything that came
 		// through a portal passes; a direct connection to the proxy port does not.
-		add(ChainProxyPortGuard, []string{"-p", proto, "-m", proto, "--dport", strconv.Itoa(p.ProxyPort),
-			"-m", "conntrack", "!", "--ctstate", "DNAT", "-j", "DROP"})
+		add(ChainProxyPortGuard, "-p "+proto+" -m "+proto+" --dport "+strconv.Itoa(p.ProxyPort)+
+			" -m conntrack ! --ctstate DNAT -j DROP")
 	}
 	return want
 }
@@ -125,17 +140,17 @@ func boolCompare(a, b bool) int {
 	return -1
 }
 
-// nodePortDestinations returns the destination match of NodePort rules: one
-// "-d CIDR" per --nodeport-addresses entry, or a single empty match (the
-// addrtype LOCAL on the jump alone) when all local addresses are wanted.
-func (r *Rules) nodePortDestinations() [][]string {
+// nodePortDestinations returns the destination match that starts NodePort
+// rules: "-d CIDR " per --nodeport-addresses entry, or a single empty match
+// (the addrtype LOCAL on the jump alone) when all local addresses are wanted.
+func (r *Rules) nodePortDestinations() []string {
 	cidrs := r.cfg.nodePortCIDRs()
 	if len(cidrs) == 0 {
-		return [][]string{nil}
+		return []string{""}
 	}
-	out := make([][]string, len(cidrs))
+	out := make([]string, len(cidrs))
 	for i, c := range cidrs {
-		out[i] = []string{"-d", c.String()}
+		out[i] = "-d " + c.String() + " "
 	}
 	return out
 }
@@ -143,7 +158,7 @@ func (r *Rules) nodePortDestinations() [][]string {
 // containerTarget is where traffic from other hosts and pods (PREROUTING)
 // goes: REDIRECT to the proxy port when sockets listen on every address,
 // else DNAT to the bind address.
-func (r *Rules) containerTarget(p Portal) []string {
+func (r *Rules) containerTarget(p Portal) string {
 	if r.cfg.bindsAll() {
 		return redirectTo(p.ProxyPort)
 	}
@@ -152,7 +167,7 @@ func (r *Rules) containerTarget(p Portal) []string {
 
 // hostTarget is where traffic the node sends itself (OUTPUT) goes: DNAT to
 // the node IP (not loopback: no route_localnet needed) or the bind address.
-func (r *Rules) hostTarget(p Portal) []string {
+func (r *Rules) hostTarget(p Portal) string {
 	if !r.cfg.bindsAll() {
 		return dnatTo(r.cfg.BindAddress, p.ProxyPort)
 	}
@@ -162,10 +177,10 @@ func (r *Rules) hostTarget(p Portal) []string {
 	return redirectTo(p.ProxyPort)
 }
 
-func redirectTo(port int) []string {
-	return []string{"-j", "REDIRECT", "--to-ports", strconv.Itoa(port)}
+func redirectTo(port int) string {
+	return "-j REDIRECT --to-ports " + strconv.Itoa(port)
 }
 
-func dnatTo(addr netip.Addr, port int) []string {
-	return []string{"-j", "DNAT", "--to-destination", netip.AddrPortFrom(addr.Unmap(), uint16(port)).String()}
+func dnatTo(addr netip.Addr, port int) string {
+	return "-j DNAT --to-destination " + netip.AddrPortFrom(addr.Unmap(), uint16(port)).String()
 }

@@ -23,6 +23,9 @@ func quoteSaveString(s string) string {
 	if s != "" && strings.Trim(s, unquoted) == "" {
 		return s
 	}
+	if !strings.ContainsAny(s, `"\'`) {
+		return `"` + s + `"`
+	}
 	var b strings.Builder
 	b.WriteByte('"')
 	for _, r := range s {

@@ -40,6 +40,12 @@ func New(r Runner, cfg Config) *Rules {
 func (r *Rules) Sync(portals []Portal) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if err := r.cfg.validate(); err != nil {
+		return err
+	}
+	if f := r.runner.Family(); f != r.cfg.Family {
+		return fmt.Errorf("%v rules given a runner for %v", r.cfg.Family, f)
+	}
 	want := r.desired(portals)
 	saved, err := r.readBack()
 	if err != nil {

@@ -332,3 +332,27 @@ func TestSyncIPv6(t *testing.T) {
 		}
 	}
 }
+
+func TestSyncRejectsMixedFamilies(t *testing.T) {
+	tests := []struct {
+		name   string
+		runner Family
+		cfg    Config
+	}{
+		{"runner of the other family", IPv6, Config{Family: IPv4}},
+		{"IPv6 bind address for IPv4 rules", IPv4, Config{Family: IPv4, BindAddress: netip.MustParseAddr("fd00::1")}},
+		{"IPv4 bind address for IPv6 rules", IPv6, Config{Family: IPv6, BindAddress: netip.MustParseAddr("10.0.0.1")}},
+		{"unknown family", IPv4, Config{Family: Family(7)}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fake := NewFakeRunner(tt.runner)
+			if err := New(fake, tt.cfg).Sync(webPortals()); err == nil {
+				t.Fatal("Sync accepted a mixed-family setup")
+			}
+			if calls := fake.Calls(); len(calls) != 0 {
+				t.Errorf("Sync touched the runner: %q", calls)
+			}
+		})
+	}
+}
