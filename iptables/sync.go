@@ -97,63 +97,6 @@ func (r *Rules) ensureChains(saved map[Table]savedTable) error {
 	return nil
 }
 
-// ensureJumps installs each jump of the jumps table exactly once. A jump
-// printed exactly as we render it is counted from the saved dump (no exec
-// in the steady state); otherwise iptables -C decides, so a backend that
-// prints differently never gets a second copy.
-func (r *Rules) ensureJumps(saved map[Table]savedTable) error {
-	firstJumps := map[string]int{} // per table/from: first jumps already placed
-	for _, j := range jumps {
-		key := string(j.table) + "/" + j.from
-		count := countRule(saved[j.table].rules[j.from], joinRule(j.spec()))
-		switch {
-		case count == 0:
-			exists, err := r.runner.RuleExists(j.table, j.from, j.spec()...)
-			if err != nil {
-				return fmt.Errorf("%v: checking jump %s -> %s: %w", r.cfg.Family, j.from, j.to, err)
-			}
-			if !exists {
-				if err := r.addJump(j, firstJumps[key]+1); err != nil {
-					return err
-				}
-			}
-		case count > 1:
-			for range count - 1 {
-				if err := r.runner.DeleteRule(j.table, j.from, j.spec()...); err != nil {
-					return fmt.Errorf("%v: removing duplicate jump %s -> %s: %w", r.cfg.Family, j.from, j.to, err)
-				}
-			}
-		}
-		if j.first {
-			firstJumps[key]++
-		}
-	}
-	return nil
-}
-
-func (r *Rules) addJump(j jump, pos int) error {
-	var err error
-	if j.first {
-		err = r.runner.InsertRule(j.table, j.from, pos, j.spec()...)
-	} else {
-		err = r.runner.AppendRule(j.table, j.from, j.spec()...)
-	}
-	if err != nil {
-		return fmt.Errorf("%v: adding jump %s -> %s: %w", r.cfg.Family, j.from, j.to, err)
-	}
-	return nil
-}
-
-func countRule(rules []string, rule string) int {
-	n := 0
-	for _, r := range rules {
-		if r == rule {
-			n++
-		}
-	}
-	return n
-}
-
 // staleChains returns our chains whose saved contents are not what we want.
 func (r *Rules) staleChains(want chainRules, saved map[Table]savedTable) []ownedChain {
 	var stale []ownedChain

@@ -245,22 +245,51 @@ func TestSyncOnStaleStateFromEarlierRun(t *testing.T) {
 	assertState(t, fake, r, webPortals())
 }
 
-func TestSyncJumpsGoAboveForeignRules(t *testing.T) {
-	fake := NewFakeRunner(IPv4)
-	must(t, fake.AppendRule(TableFilter, "INPUT", "-p", "tcp", "-j", "ACCEPT"))
-	must(t, fake.AppendRule(TableNAT, "PREROUTING", "-p", "tcp", "-j", "RETURN"))
-	r := New(fake, testConfig)
-	syncOK(t, r, nil)
-	want := map[Table]map[string][]string{
-		TableFilter: {"INPUT": {jumpLine(ChainProxyPortGuard), jumpLine(ChainNodePortNonLocal), "-p tcp -j ACCEPT"}},
-		TableNAT:    {"PREROUTING": {jumpLine(ChainPortalsContainer), "-p tcp -j RETURN", jumpLine(ChainNodePortContainer)}},
+func TestSyncPlacesFirstJumpsInOrder(t *testing.T) {
+	guard, nonLocal := jumpLine(ChainProxyPortGuard), jumpLine(ChainNodePortNonLocal)
+	portals, nodePorts := jumpLine(ChainPortalsContainer), jumpLine(ChainNodePortContainer)
+	const foreignInput, foreignNAT = "-p tcp -j ACCEPT", "-p tcp -j RETURN"
+	tests := []struct {
+		name    string
+		prepare func(t *testing.T, f *FakeRunner)
+		input   []string // filter INPUT afterwards
+	}{
+		{"fresh node with foreign rules", func(*testing.T, *FakeRunner) {},
+			[]string{guard, nonLocal, foreignInput}},
+		{"non-local jump deleted after a foreign rule went on top", func(t *testing.T, f *FakeRunner) {
+			syncOK(t, New(f, testConfig), nil)
+			must(t, f.DeleteRule(TableFilter, "INPUT", jumps[1].spec()...))
+			must(t, f.InsertRule(TableFilter, "INPUT", 1, "-p", "udp", "-j", "ACCEPT"))
+		}, []string{"-p udp -j ACCEPT", guard, nonLocal, foreignInput}},
+		{"non-local jump above the guard", func(t *testing.T, f *FakeRunner) {
+			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumps[0].spec()...))
+			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumps[1].spec()...))
+		}, []string{guard, nonLocal, foreignInput}},
+		{"duplicates around the guard", func(t *testing.T, f *FakeRunner) {
+			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumps[1].spec()...))
+			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumps[0].spec()...))
+			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumps[1].spec()...))
+		}, []string{guard, nonLocal, foreignInput}},
+		{"duplicate jumps below a foreign rule", func(t *testing.T, f *FakeRunner) {
+			syncOK(t, New(f, testConfig), nil)
+			must(t, f.AppendRule(TableFilter, "INPUT", jumps[0].spec()...))
+			must(t, f.AppendRule(TableFilter, "INPUT", jumps[1].spec()...))
+		}, []string{guard, nonLocal, foreignInput}},
 	}
-	for table, chains := range want {
-		for chain, rules := range chains {
-			if got := fake.Rules(table, chain); !slices.Equal(got, rules) {
-				t.Errorf("%s/%s:\n got %q\nwant %q", table, chain, got, rules)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fake := NewFakeRunner(IPv4)
+			must(t, fake.AppendRule(TableFilter, "INPUT", "-p", "tcp", "-j", "ACCEPT"))
+			must(t, fake.AppendRule(TableNAT, "PREROUTING", "-p", "tcp", "-j", "RETURN"))
+			tt.prepare(t, fake)
+			syncOK(t, New(fake, testConfig), nil)
+			if got := fake.Rules(TableFilter, "INPUT"); !slices.Equal(got, tt.input) {
+				t.Errorf("filter/INPUT:\n got %q\nwant %q", got, tt.input)
 			}
-		}
+			if got, want := fake.Rules(TableNAT, "PREROUTING"), []string{portals, foreignNAT, nodePorts}; !slices.Equal(got, want) {
+				t.Errorf("nat/PREROUTING:\n got %q\nwant %q", got, want)
+			}
+		})
 	}
 }
 
