@@ -94,3 +94,20 @@ const maxDuplicates = 100
 func isOwned(table Table, chain string) bool {
 	return slices.Contains(ownedChains, ownedChain{table, chain})
 }
+
+// CleanupAll runs Cleanup with the real runners for IPv4 and IPv6, as
+// --cleanup does, in the network namespace of the calling thread. Both
+// families are attempted whatever happens to the first.
+func CleanupAll() error {
+	var errs []error
+	for _, f := range []Family{IPv4, IPv6} {
+		r, err := NewRunner(f)
+		if err == nil {
+			err = Cleanup(r)
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
