@@ -1,0 +1,102 @@
+// Package healthcheck owns the proxier's health state and serves it as
+// kube-proxy does: /healthz and /livez answer 503 once a queued change has
+// waited longer than the health timeout (2 x --iptables-sync-period)
+// without a sync.
+package healthcheck
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"k8s.io/utils/clock"
+)
+
+
+// ProxierHealth tracks the last successful sync and the oldest change that
+// still waits for one.
+type ProxierHealth struct {
+	clk     clock.PassiveClock
+	timeout time.Duration
+
+	mu            sync.Mutex
+	lastUpdated   time.Time
+	oldestPending time.Time
+	nodeDeleted   bool
+}
+
+// NewProxierHealth starts healthy: a proxy that has not yet synced has not
+// yet failed to.
+func NewProxierHealth(clk clock.PassiveClock, timeout time.Duration) *ProxierHealth {
+	return &ProxierHealth{clk: clk, timeout: timeout}
+}
+
+// QueuedUpdate records that a change waits for a sync.
+func (h *ProxierHealth) QueuedUpdate() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.oldestPending.IsZero() {
+		h.oldestPending = h.clk.Now()
+	}
+}
+
+// Updated records a successful sync.
+func (h *ProxierHealth) Updated() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.lastUpdated = h.clk.Now()
+	h.oldestPending = time.Time{}
+}
+
+// SetNodeDeleted marks the node as being deleted; /healthz then fails (so
+// load balancers drain the node) while /livez stays up.
+func (h *ProxierHealth) SetNodeDeleted(deleted bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.nodeDeleted = deleted
+}
+
+// Status is the JSON body of /healthz and /livez.
+type Status struct {
+	LastUpdated  time.Time `json:"lastUpdated"`
+	CurrentTime  time.Time `json:"currentTime"`
+	NodeEligible *bool     `json:"nodeEligible,omitempty"`
+}
+
+// Healthy reports whether no queued change has waited past the timeout.
+func (h *ProxierHealth) Healthy() (bool, Status) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := h.clk.Now()
+	healthy := h.oldestPending.IsZero() || now.Sub(h.oldestPending) < h.timeout
+	return healthy, Status{LastUpdated: h.lastUpdated, CurrentTime: now}
+}
+
+// Handler serves /healthz (which also fails while the node is being
+// deleted) or /livez (proxy health only).
+func (h *ProxierHealth) Handler(livez bool, count func(code int)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		healthy, st := h.Healthy()
+		if !livez {
+			h.mu.Lock()
+			eligible := !h.nodeDeleted
+			h.mu.Unlock()
+			st.NodeEligible = &eligible
+			healthy = healthy && eligible
+		}
+		code := http.StatusOK
+		if !healthy {
+			code = http.StatusServiceUnavailable
+		}
+		if count != nil {
+			count(code)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		w.WriteHeader(code)
+		body, _ := json.Marshal(st)
+		fmt.Fprintln(w, string(body))
+	})
+}
