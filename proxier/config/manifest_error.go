@@ -1,0 +1,59 @@
+package config
+
+import (
+	"fmt"
+	"strings"
+)
+
+// ManifestError is one problem found in a manifest file. It renders as a
+// single line naming the file and, when it could be read, the object:
+//
+//	svc.yaml: Service default/web: spec.ports[0].port: 70000 is out of range 1-65535
+//	svc.yaml: document 2 (line 14): yaml: line 3: mapping values are not allowed in this context
+type ManifestError struct {
+	File string
+	// Doc is the 1-based document number inside File; Line is where it starts.
+	Doc, Line int
+	// Kind, Namespace and Name identify the object when the document got far
+	// enough to say what it is. An identified object that is invalid keeps its
+	// last good version; an unidentified document makes the whole file keep
+	// its previous objects.
+	Kind, Namespace, Name string
+	Err                   error
+}
+
+func (e *ManifestError) Error() string {
+	var b strings.Builder
+	b.WriteString(e.File)
+	b.WriteString(": ")
+	if e.Identified() {
+		fmt.Fprintf(&b, "%s %s/%s: ", e.Kind, e.Namespace, e.Name)
+	} else if e.Doc > 0 {
+		fmt.Fprintf(&b, "document %d (line %d): ", e.Doc, e.Line)
+	}
+	b.WriteString(oneLine(e.Err.Error()))
+	return b.String()
+}
+
+func (e *ManifestError) Unwrap() error { return e.Err }
+
+// Identified reports whether the error names the object it is about.
+func (e *ManifestError) Identified() bool { return e.Kind != "" && e.Name != "" }
+
+// fieldError is one validation failure: a field path and what is wrong with it.
+type fieldError struct {
+	Path string
+	Msg  string
+}
+
+func (e *fieldError) Error() string {
+	if e.Path == "" {
+		return e.Msg
+	}
+	return e.Path + ": " + e.Msg
+}
+
+// oneLine keeps every report on a single stderr line.
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
+}

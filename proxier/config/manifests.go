@@ -1,0 +1,257 @@
+package config
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+)
+
+// ManifestSource feeds a Handler from a manifest file or a directory of them
+// (*.yaml, *.yml, *.json, not hidden), re-reading on change. It keeps, per
+// file, the last good version of every object, so a bad edit never takes a
+// Service away.
+type ManifestSource struct {
+	path    string
+	h       Handler
+	dec     decoder
+	report  func(error)
+	clock   clock.WithTicker
+	poll    time.Duration
+	settle  time.Duration
+	watch   bool
+	dirMode bool
+
+	files     map[string]*fileState
+	served    map[objectKey]servedObject
+	lastDups  map[string]bool
+	lastReads map[string]string
+}
+
+// Option configures a ManifestSource.
+type Option func(*ManifestSource)
+
+// WithErrorReporter sends every problem (invalid object, unreadable file,
+// duplicate) to report instead of klog's error log (stderr).
+func WithErrorReporter(report func(error)) Option {
+	return func(s *ManifestSource) { s.report = report }
+}
+
+// WithPollInterval sets the fallback re-read interval (default 5 s).
+func WithPollInterval(d time.Duration) Option { return func(s *ManifestSource) { s.poll = d } }
+
+// WithDebounce sets how long after the first file event the files are
+// re-read, so that a burst of writes becomes one reload (default 100 ms).
+func WithDebounce(d time.Duration) Option { return func(s *ManifestSource) { s.settle = d } }
+
+// WithClock replaces the real clock (poll ticker and debounce timer).
+func WithClock(c clock.WithTicker) Option { return func(s *ManifestSource) { s.clock = c } }
+
+// WithoutWatcher turns fsnotify off: changes are seen by polling only.
+func WithoutWatcher() Option { return func(s *ManifestSource) { s.watch = false } }
+
+// WithNodePortRange sets the range spec.ports[].nodePort must fall in
+// (default DefaultNodePortRange).
+func WithNodePortRange(r PortRange) Option { return func(s *ManifestSource) { s.dec.nodePorts = r } }
+
+// NewManifestSource watches path (a file or a directory) and delivers v1
+// Services and discovery.k8s.io/v1 EndpointSlices to h; v1 Endpoints are
+// converted to EndpointSlices. Nothing happens until Run.
+func NewManifestSource(path string, h Handler, opts ...Option) *ManifestSource {
+	s := &ManifestSource{
+		path:   path,
+		h:      h,
+		dec:    decoder{nodePorts: DefaultNodePortRange},
+		report: func(err error) { klog.Error("manifests: ", err) },
+		clock:  clock.RealClock{},
+		poll:   5 * time.Second,
+		settle: 100 * time.Millisecond,
+		watch:  true,
+
+		files:     map[string]*fileState{},
+		served:    map[objectKey]servedObject{},
+		lastDups:  map[string]bool{},
+		lastReads: map[string]string{},
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// Run loads everything, delivers Add events and then OnServiceSynced and
+// OnEndpointSlicesSynced, and then applies changes as files are written,
+// renamed into place, created or deleted. All handler calls come from the
+// goroutine running Run. It returns an error at once only when path does not
+// exist; otherwise it runs until ctx ends and returns ctx.Err().
+func (s *ManifestSource) Run(ctx context.Context) error {
+	info, err := os.Stat(s.path)
+	if err != nil {
+		return fmt.Errorf("manifests: %w", err)
+	}
+	s.dirMode = info.IsDir()
+
+	// Watch before the first read, so that no change falls between the two.
+	w := s.startWatcher()
+	defer w.close()
+
+	s.reload()
+	s.h.OnServiceSynced()
+	s.h.OnEndpointSlicesSynced()
+
+	ticker := s.clock.NewTicker(s.poll)
+	defer ticker.Stop()
+	var settle clock.Timer
+	var settleC <-chan time.Time
+	events, watchErrs := w.events(), w.errors()
+	for {
+		select {
+		case <-ctx.Done():
+			if settle != nil {
+				settle.Stop()
+			}
+			return ctx.Err()
+		case ev, ok := <-events:
+			if !ok {
+				events = nil // watcher gone; the poll carries on
+				continue
+			}
+			// Reload a fixed time after the first event, not after the
+			// last, so a steady stream of writes cannot postpone it.
+			if ev.Op != fsnotify.Chmod && settleC == nil {
+				settle = s.clock.NewTimer(s.settle)
+				settleC = settle.C()
+			}
+		case err, ok := <-watchErrs:
+			if !ok {
+				watchErrs = nil
+				continue
+			}
+			s.report(fmt.Errorf("watching %s: %w", s.path, err))
+		case <-settleC:
+			settleC = nil
+			s.reload()
+		case <-ticker.C():
+			w.ensure()
+			s.reload()
+		}
+	}
+}
+
+// reload re-reads every manifest file whose content changed, merges the
+// files and delivers the difference to the handler.
+func (s *ManifestSource) reload() {
+	names, err := s.listFiles()
+	if err != nil {
+		s.reportRead(s.path, err)
+		return // keep serving what we have
+	}
+	s.forgetRead(s.path)
+	present := map[string]bool{}
+	for _, name := range names {
+		data, err := os.ReadFile(name)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // removed between listing and reading: treated as deleted
+		}
+		present[name] = true
+		if err != nil {
+			s.reportRead(name, err)
+			continue // keep the file's last good objects
+		}
+		s.forgetRead(name)
+		prev := s.files[name]
+		if prev != nil && prev.digest == digestOf(data) {
+			continue
+		}
+		next, errs := s.dec.applyFile(name, data, prev)
+		for _, e := range errs {
+			s.report(e)
+		}
+		s.files[name] = next
+	}
+	for name := range s.files {
+		if !present[name] {
+			delete(s.files, name)
+		}
+	}
+
+	desired, dups := resolve(s.files, s.served)
+	s.reportDuplicates(dups)
+	for _, e := range diff(s.served, desired) {
+		deliver(s.h, e)
+	}
+	s.served = desired
+}
+
+// listFiles names the manifest files: the file itself, or the directory's
+// non-hidden *.yaml, *.yml and *.json entries (symlinks followed, no
+// recursion). A single file that is gone lists as nothing.
+func (s *ManifestSource) listFiles() ([]string, error) {
+	if !s.dirMode {
+		if _, err := os.Stat(s.path); errors.Is(err, fs.ErrNotExist) {
+			return nil, nil
+		}
+		return []string{s.path}, nil
+	}
+	entries, err := os.ReadDir(s.path)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, e := range entries {
+		if !isManifestName(e.Name()) {
+			continue
+		}
+		full := filepath.Join(s.path, e.Name())
+		if info, err := os.Stat(full); err != nil || !info.Mode().IsRegular() {
+			continue
+		}
+		names = append(names, full)
+	}
+	slices.Sort(names)
+	return names, nil
+}
+
+func isManifestName(name string) bool {
+	if strings.HasPrefix(name, ".") {
+		return false // editor swap files, ConfigMap volume internals (..data)
+	}
+	switch strings.ToLower(filepath.Ext(name)) {
+	case ".yaml", ".yml", ".json":
+		return true
+	}
+	return false
+}
+
+// reportRead reports a read failure once until it changes or goes away, so
+// the poll does not repeat it every few seconds.
+func (s *ManifestSource) reportRead(name string, err error) {
+	if s.lastReads[name] == err.Error() {
+		return
+	}
+	s.lastReads[name] = err.Error()
+	s.report(fmt.Errorf("%s: %w (keeping its last good objects)", name, err))
+}
+
+func (s *ManifestSource) forgetRead(name string) { delete(s.lastReads, name) }
+
+// reportDuplicates reports each duplicate once, not on every reload.
+func (s *ManifestSource) reportDuplicates(errs []error) {
+	now := map[string]bool{}
+	for _, e := range errs {
+		now[e.Error()] = true
+		if !s.lastDups[e.Error()] {
+			s.report(e)
+		}
+	}
+	s.lastDups = now
+}

@@ -1,0 +1,238 @@
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/yaml"
+)
+
+// The kinds the manifests source understands.
+const (
+	KindService       = "Service"
+	KindEndpointSlice = "EndpointSlice"
+	KindEndpoints     = "Endpoints"
+)
+
+// apiVersions says which apiVersion each understood kind must carry.
+var apiVersions = map[string]string{
+	KindService:       "v1",
+	KindEndpointSlice: "discovery.k8s.io/v1",
+	KindEndpoints:     "v1",
+}
+
+// Manifest is one valid, defaulted object decoded from a manifest file.
+// Object is a *v1.Service, a *discovery.EndpointSlice or a *v1.Endpoints.
+type Manifest struct {
+	File      string
+	Doc, Line int
+	Kind      string
+	Namespace string
+	Name      string
+	Object    runtime.Object
+}
+
+// DecodeManifests decodes every document of one manifest file (multi-document
+// YAML separated by "---", or JSON; v1 List objects are unpacked). name is
+// only used in messages. Decoding is strict: unknown or duplicate fields are
+// errors. Valid objects come back defaulted as the API server would default
+// them; each invalid or unreadable document yields one *ManifestError and is
+// left out. Documents of other kinds are skipped with a V(2) note.
+func DecodeManifests(name string, data []byte) ([]Manifest, []error) {
+	return decoder{nodePorts: DefaultNodePortRange}.decode(name, data)
+}
+
+// decoder carries the settings validation depends on.
+type decoder struct {
+	nodePorts PortRange
+}
+
+func (d decoder) decode(name string, data []byte) ([]Manifest, []error) {
+	var out []Manifest
+	var errs []error
+	for i, doc := range splitDocuments(data) {
+		loc := docLocation{file: name, doc: i + 1, line: doc.line}
+		ms, es := d.decodeDocument(loc, doc.body, "")
+		out = append(out, ms...)
+		errs = append(errs, es...)
+	}
+	return out, errs
+}
+
+type docLocation struct {
+	file      string
+	doc, line int
+}
+
+func (l docLocation) err(err error) *ManifestError {
+	return &ManifestError{File: l.file, Doc: l.doc, Line: l.line, Err: err}
+}
+
+// typeAndName is read leniently first, so that even an object that fails
+// strict decoding can be named in its error and keep its last good version.
+type typeAndName struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Metadata   struct {
+		Name      string `json:"name"`
+		Namespace string `json:"namespace"`
+	} `json:"metadata"`
+}
+
+// decodeDocument decodes one YAML or JSON document. defaultKind is the kind of
+// items inside a typed list (ServiceList...), which may omit their own kind.
+func (d decoder) decodeDocument(loc docLocation, body []byte, defaultKind string) ([]Manifest, []error) {
+	var tn typeAndName
+	if err := yaml.Unmarshal(body, &tn); err != nil {
+		return nil, []error{loc.err(err)}
+	}
+	if tn.Kind == "" {
+		tn.Kind = defaultKind
+	}
+	if tn.Kind == "" {
+		return nil, []error{loc.err(errors.New("object has no kind"))}
+	}
+	if strings.HasSuffix(tn.Kind, "List") {
+		return d.decodeList(loc, body, strings.TrimSuffix(tn.Kind, "List"))
+	}
+	want, known := apiVersions[tn.Kind]
+	if !known {
+		klog.V(2).InfoS("manifests: skipping object of a kind the proxy does not use",
+			"file", loc.file, "doc", loc.doc, "apiVersion", tn.APIVersion, "kind", tn.Kind, "name", tn.Metadata.Name)
+		return nil, nil
+	}
+	ns := tn.Metadata.Namespace
+	if ns == "" {
+		ns = v1.NamespaceDefault
+	}
+	merr := &ManifestError{File: loc.file, Doc: loc.doc, Line: loc.line, Kind: tn.Kind, Namespace: ns, Name: tn.Metadata.Name}
+	if merr.Name == "" {
+		merr.Err = errors.New("metadata.name is required")
+		return nil, []error{merr}
+	}
+	if tn.APIVersion != want && !(defaultKind != "" && tn.APIVersion == "") {
+		merr.Err = fmt.Errorf("apiVersion %q is not supported for %s, use %q", tn.APIVersion, tn.Kind, want)
+		return nil, []error{merr}
+	}
+	obj, err := decodeStrict(tn.Kind, body)
+	if err == nil {
+		setDefaults(obj)
+		err = validate(obj, d.nodePorts)
+	}
+	if err != nil {
+		merr.Err = err
+		return nil, []error{merr}
+	}
+	return []Manifest{{File: loc.file, Doc: loc.doc, Line: loc.line, Kind: tn.Kind, Namespace: ns, Name: tn.Metadata.Name, Object: obj}}, nil
+}
+
+// decodeStrict decodes body into the typed object for kind, rejecting unknown
+// and duplicate fields.
+func decodeStrict(kind string, body []byte) (runtime.Object, error) {
+	var obj runtime.Object
+	switch kind {
+	case KindService:
+		obj = &v1.Service{}
+	case KindEndpointSlice:
+		obj = &discovery.EndpointSlice{}
+	case KindEndpoints:
+		obj = &v1.Endpoints{}
+	default:
+		return nil, fmt.Errorf("kind %q is not supported", kind)
+	}
+	if err := yaml.UnmarshalStrict(body, obj); err != nil {
+		return nil, cleanDecodeError(err)
+	}
+	return obj, nil
+}
+
+// cleanDecodeError drops the wrapper prefixes sigs.k8s.io/yaml adds, which say
+// nothing to a person editing a manifest.
+func cleanDecodeError(err error) error {
+	msg := err.Error()
+	for _, p := range []string{"error unmarshaling JSON: ", "while decoding JSON: ", "json: "} {
+		msg = strings.TrimPrefix(msg, p)
+	}
+	return errors.New(msg)
+}
+
+// decodeList unpacks a v1 List (or a typed list such as ServiceList) and
+// decodes each item as if it were its own document. Items of a plain List
+// (itemKind "") must name their own kind.
+func (d decoder) decodeList(loc docLocation, body []byte, itemKind string) ([]Manifest, []error) {
+	var list struct {
+		Items []json.RawMessage `json:"items"`
+	}
+	if err := yaml.Unmarshal(body, &list); err != nil {
+		return nil, []error{loc.err(err)}
+	}
+	var out []Manifest
+	var errs []error
+	for _, item := range list.Items {
+		ms, es := d.decodeDocument(loc, item, itemKind)
+		out = append(out, ms...)
+		errs = append(errs, es...)
+	}
+	return out, errs
+}
+
+// document is one "---"-separated piece of a manifest file.
+type document struct {
+	line int // 1-based line where the document starts
+	body []byte
+}
+
+// splitDocuments splits YAML at lines that start with "---" (optionally
+// followed by a comment). Documents that hold only blanks and comments are
+// dropped. JSON files are one document.
+func splitDocuments(data []byte) []document {
+	var docs []document
+	start, startLine := 0, 1
+	line := 1
+	flush := func(end int) {
+		if body := data[start:end]; !blank(body) {
+			docs = append(docs, document{line: startLine, body: body})
+		}
+	}
+	for pos := 0; pos < len(data); {
+		end := bytes.IndexByte(data[pos:], '\n')
+		next := len(data)
+		if end >= 0 {
+			next = pos + end + 1
+		}
+		if isSeparator(data[pos:next]) {
+			flush(pos)
+			start, startLine = next, line+1
+		}
+		pos = next
+		line++
+	}
+	flush(len(data))
+	return docs
+}
+
+func isSeparator(line []byte) bool {
+	if !bytes.HasPrefix(line, []byte("---")) {
+		return false
+	}
+	rest := bytes.TrimSpace(line[3:])
+	return len(rest) == 0 || rest[0] == '#'
+}
+
+// blank reports whether a document holds nothing but whitespace and comments.
+func blank(body []byte) bool {
+	for _, l := range bytes.Split(body, []byte("\n")) {
+		l = bytes.TrimSpace(l)
+		if len(l) > 0 && l[0] != '#' {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,190 @@
+package config
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"slices"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/runtime"
+)
+
+// objectKey identifies a delivered object (Kind is Service or EndpointSlice)
+// or, as a source key, a manifest object (Kind may also be Endpoints).
+type objectKey struct {
+	Kind, Namespace, Name string
+}
+
+func (k objectKey) String() string { return k.Kind + " " + k.Namespace + "/" + k.Name }
+
+// servedObject is one object a file contributes, as delivered to the handler.
+type servedObject struct {
+	key    objectKey
+	source objectKey // the manifest it came from; differs for slices converted from Endpoints
+	file   string
+	doc    int
+	obj    runtime.Object
+}
+
+// fileState is the last good contribution of one manifest file.
+type fileState struct {
+	digest  [sha256.Size]byte
+	objects []servedObject
+}
+
+// applyFile decodes new content for a file and returns its new state. Only
+// what decoded and validated replaces the old state: an identified invalid
+// object keeps its previous version from this file, and a document that could
+// not even be identified keeps every previous object of the file that the new
+// content does not provide.
+func (d decoder) applyFile(file string, data []byte, prev *fileState) (*fileState, []error) {
+	manifests, errs := d.decode(file, data)
+	next := &fileState{digest: sha256.Sum256(data)}
+	provided := map[objectKey]bool{}
+	for _, m := range manifests {
+		src := objectKey{m.Kind, m.Namespace, m.Name}
+		provided[src] = true
+		next.objects = append(next.objects, deliverables(file, m.Doc, src, m.Object)...)
+	}
+	if prev == nil {
+		return next, errs
+	}
+	keepAll := false
+	keep := map[objectKey]bool{}
+	for _, err := range errs {
+		var merr *ManifestError
+		if errors.As(err, &merr) && merr.Identified() {
+			keep[objectKey{merr.Kind, merr.Namespace, merr.Name}] = true
+		} else {
+			keepAll = true
+		}
+	}
+	for _, o := range prev.objects {
+		if !provided[o.source] && (keepAll || keep[o.source]) {
+			next.objects = append(next.objects, o)
+		}
+	}
+	return next, errs
+}
+
+// deliverables turns one decoded manifest into what the handler receives.
+func deliverables(file string, doc int, src objectKey, obj runtime.Object) []servedObject {
+	switch o := obj.(type) {
+	case *v1.Endpoints:
+		var out []servedObject
+		for _, es := range EndpointsToSlices(o) {
+			out = append(out, servedObject{key: objectKey{KindEndpointSlice, es.Namespace, es.Name}, source: src, file: file, doc: doc, obj: es})
+		}
+		return out
+	default:
+		return []servedObject{{key: src, source: src, file: file, doc: doc, obj: obj}}
+	}
+}
+
+// resolve merges the files' contributions into the desired set. A key defined
+// twice is an error naming both places; the version already being served
+// wins, otherwise the first in file order (files sorted by name, then
+// documents in order).
+func resolve(files map[string]*fileState, served map[objectKey]servedObject) (map[objectKey]servedObject, []error) {
+	names := make([]string, 0, len(files))
+	for f := range files {
+		names = append(names, f)
+	}
+	slices.Sort(names)
+	desired := map[objectKey]servedObject{}
+	var errs []error
+	for _, f := range names {
+		for _, o := range files[f].objects {
+			first, dup := desired[o.key]
+			if !dup {
+				desired[o.key] = o
+				continue
+			}
+			winner := first
+			if cur, ok := served[o.key]; ok && cur.file == o.file && cur.file != first.file {
+				winner = o
+			}
+			desired[o.key] = winner
+			errs = append(errs, fmt.Errorf("%s is defined twice: in %s (document %d) and in %s (document %d); using %s (document %d)",
+				o.key, first.file, first.doc, o.file, o.doc, winner.file, winner.doc))
+		}
+	}
+	return desired, errs
+}
+
+// event is one handler call to make.
+type event struct {
+	old, cur *servedObject // old nil: Add; cur nil: Delete; both: Update
+}
+
+// diff lists the events that turn served into desired, Services first, then
+// slices, each by namespace/name. Unchanged objects produce no event.
+func diff(served, desired map[objectKey]servedObject) []event {
+	var evs []event
+	for k, cur := range desired {
+		if old, ok := served[k]; !ok {
+			evs = append(evs, event{cur: &cur})
+		} else if !equality.Semantic.DeepEqual(old.obj, cur.obj) {
+			evs = append(evs, event{old: &old, cur: &cur})
+		}
+	}
+	for k, old := range served {
+		if _, ok := desired[k]; !ok {
+			evs = append(evs, event{old: &old})
+		}
+	}
+	slices.SortFunc(evs, func(a, b event) int {
+		ka, kb := a.key(), b.key()
+		return cmp.Or(
+			cmp.Compare(kindOrder(ka.Kind), kindOrder(kb.Kind)),
+			cmp.Compare(ka.Namespace, kb.Namespace),
+			cmp.Compare(ka.Name, kb.Name))
+	})
+	return evs
+}
+
+func (e event) key() objectKey {
+	if e.cur != nil {
+		return e.cur.key
+	}
+	return e.old.key
+}
+
+// kindOrder delivers Services before their slices.
+func kindOrder(kind string) int {
+	if kind == KindService {
+		return 0
+	}
+	return 1
+}
+
+// deliver makes the handler call for one event.
+func deliver(h Handler, e event) {
+	switch {
+	case e.old == nil:
+		switch o := e.cur.obj.(type) {
+		case *v1.Service:
+			h.OnServiceAdd(o)
+		case *discovery.EndpointSlice:
+			h.OnEndpointSliceAdd(o)
+		}
+	case e.cur == nil:
+		switch o := e.old.obj.(type) {
+		case *v1.Service:
+			h.OnServiceDelete(o)
+		case *discovery.EndpointSlice:
+			h.OnEndpointSliceDelete(o)
+		}
+	default:
+		switch o := e.cur.obj.(type) {
+		case *v1.Service:
+			h.OnServiceUpdate(e.old.obj.(*v1.Service), o)
+		case *discovery.EndpointSlice:
+			h.OnEndpointSliceUpdate(e.old.obj.(*discovery.EndpointSlice), o)
+		}
+	}
+}

@@ -1,0 +1,112 @@
+package config
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+// PortRange is an inclusive range of ports.
+type PortRange struct{ Min, Max int32 }
+
+func (r PortRange) contains(p int32) bool { return p >= r.Min && p <= r.Max }
+
+func (r PortRange) String() string { return fmt.Sprintf("%d-%d", r.Min, r.Max) }
+
+// DefaultNodePortRange is the API server's default --service-node-port-range.
+var DefaultNodePortRange = PortRange{Min: 30000, Max: 32767}
+
+// maxAffinityTimeoutSeconds is the API server's upper bound for
+// sessionAffinityConfig.clientIP.timeoutSeconds (one day).
+const maxAffinityTimeoutSeconds = 86400
+
+// fieldErrors collects validation failures of one object.
+type fieldErrors []*fieldError
+
+func (fe *fieldErrors) add(path *field.Path, format string, args ...any) {
+	*fe = append(*fe, &fieldError{Path: path.String(), Msg: fmt.Sprintf(format, args...)})
+}
+
+// err joins the failures into one line, or returns nil when there are none.
+func (fe fieldErrors) err() error {
+	if len(fe) == 0 {
+		return nil
+	}
+	msgs := make([]string, len(fe))
+	for i, e := range fe {
+		msgs[i] = e.Error()
+	}
+	return &fieldError{Msg: strings.Join(msgs, "; ")}
+}
+
+// validate checks what the proxy relies on in a defaulted object. It is not
+// the API server's full validation: it rejects what would make the proxy
+// misbehave or what is plainly a typo.
+func validate(obj runtime.Object, nodePorts PortRange) error {
+	var fe fieldErrors
+	switch o := obj.(type) {
+	case *v1.Service:
+		validateService(&fe, o, nodePorts)
+	case *discovery.EndpointSlice:
+		validateEndpointSlice(&fe, o)
+	case *v1.Endpoints:
+		validateEndpoints(&fe, o)
+	default:
+		return fmt.Errorf("%T is not a manifest kind the proxy uses", obj)
+	}
+	return fe.err()
+}
+
+// dnsCheck runs one of apimachinery's name checks and records its failures.
+func dnsCheck(fe *fieldErrors, path *field.Path, value string, check func(string) []string) {
+	for _, msg := range check(value) {
+		fe.add(path, "%q: %s", value, msg)
+	}
+}
+
+func validateMeta(fe *fieldErrors, name, namespace string, nameCheck func(string) []string) {
+	dnsCheck(fe, field.NewPath("metadata", "name"), name, nameCheck)
+	dnsCheck(fe, field.NewPath("metadata", "namespace"), namespace, validation.IsDNS1123Label)
+}
+
+// validatePortNumber checks a 1-65535 port.
+func validatePortNumber(fe *fieldErrors, path *field.Path, port int32) {
+	if port < 1 || port > 65535 {
+		fe.add(path, "%d is out of range 1-65535", port)
+	}
+}
+
+// validateProtocol accepts TCP and UDP; SCTP is valid Kubernetes but the
+// userspace proxy cannot carry it, so it gets its own message.
+func validateProtocol(fe *fieldErrors, path *field.Path, p v1.Protocol) {
+	switch p {
+	case v1.ProtocolTCP, v1.ProtocolUDP:
+	case v1.ProtocolSCTP:
+		fe.add(path, "SCTP is not supported by the userspace proxy (TCP and UDP are)")
+	default:
+		fe.add(path, "%q is not a valid protocol (TCP or UDP)", p)
+	}
+}
+
+// parseIP accepts an IPv4 or IPv6 address without zone; ok is false otherwise.
+func parseIP(s string) (netip.Addr, bool) {
+	a, err := netip.ParseAddr(s)
+	if err != nil || a.Zone() != "" {
+		return netip.Addr{}, false
+	}
+	return a, true
+}
+
+func validateIP(fe *fieldErrors, path *field.Path, s string) (netip.Addr, bool) {
+	a, ok := parseIP(s)
+	if !ok {
+		fe.add(path, "%q is not a valid IP address", s)
+	}
+	return a, ok
+}

@@ -1,0 +1,158 @@
+package config
+
+import (
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+func validateService(fe *fieldErrors, s *v1.Service, nodePorts PortRange) {
+	validateMeta(fe, s.Name, s.Namespace, validation.IsDNS1035Label)
+	spec := field.NewPath("spec")
+
+	switch s.Spec.Type {
+	case v1.ServiceTypeClusterIP, v1.ServiceTypeNodePort, v1.ServiceTypeLoadBalancer:
+	case v1.ServiceTypeExternalName:
+		if s.Spec.ExternalName == "" {
+			fe.add(spec.Child("externalName"), "is required for type ExternalName")
+		}
+		return // the proxy does not serve ExternalName Services; nothing else matters
+	default:
+		fe.add(spec.Child("type"), "%q is not a valid type (ClusterIP, NodePort, LoadBalancer, ExternalName)", s.Spec.Type)
+		return
+	}
+
+	headless := s.Spec.ClusterIP == v1.ClusterIPNone
+	validateClusterIPs(fe, spec, s)
+	if len(s.Spec.Ports) == 0 && !headless {
+		fe.add(spec.Child("ports"), "at least one port is required")
+	}
+	validateServicePorts(fe, spec.Child("ports"), s, nodePorts)
+
+	for i, ip := range s.Spec.ExternalIPs {
+		validateIP(fe, spec.Child("externalIPs").Index(i), ip)
+	}
+	for i, ing := range s.Status.LoadBalancer.Ingress {
+		path := field.NewPath("status", "loadBalancer", "ingress").Index(i)
+		if ing.IP != "" {
+			validateIP(fe, path.Child("ip"), ing.IP)
+		} else if ing.Hostname == "" {
+			fe.add(path, "needs an ip or a hostname")
+		}
+	}
+	validateAffinity(fe, spec, s)
+	switch s.Spec.ExternalTrafficPolicy {
+	case "", v1.ServiceExternalTrafficPolicyCluster, v1.ServiceExternalTrafficPolicyLocal:
+	default:
+		fe.add(spec.Child("externalTrafficPolicy"), "%q is not valid (Cluster or Local)", s.Spec.ExternalTrafficPolicy)
+	}
+	if p := s.Spec.InternalTrafficPolicy; p != nil && *p != v1.ServiceInternalTrafficPolicyCluster && *p != v1.ServiceInternalTrafficPolicyLocal {
+		fe.add(spec.Child("internalTrafficPolicy"), "%q is not valid (Cluster or Local)", *p)
+	}
+}
+
+// validateClusterIPs checks clusterIP/clusterIPs after defaulting made them
+// agree on the first entry: "None" (headless) or at most one IP per family.
+func validateClusterIPs(fe *fieldErrors, spec *field.Path, s *v1.Service) {
+	if s.Spec.ClusterIP == "" {
+		return
+	}
+	if len(s.Spec.ClusterIPs) > 0 && s.Spec.ClusterIPs[0] != s.Spec.ClusterIP {
+		fe.add(spec.Child("clusterIPs").Index(0), "%q must equal spec.clusterIP %q", s.Spec.ClusterIPs[0], s.Spec.ClusterIP)
+		return
+	}
+	if s.Spec.ClusterIP == v1.ClusterIPNone {
+		if len(s.Spec.ClusterIPs) > 1 {
+			fe.add(spec.Child("clusterIPs"), "must hold only \"None\" for a headless Service")
+		}
+		return
+	}
+	if len(s.Spec.ClusterIPs) > 2 {
+		fe.add(spec.Child("clusterIPs"), "at most two addresses (one per IP family)")
+	}
+	var seen4, seen6 bool
+	for i, ip := range s.Spec.ClusterIPs {
+		path := spec.Child("clusterIPs").Index(i)
+		if i == 0 {
+			path = spec.Child("clusterIP")
+		}
+		a, ok := validateIP(fe, path, ip)
+		if !ok {
+			continue
+		}
+		seen := &seen4
+		if a.Is6() && !a.Is4In6() {
+			seen = &seen6
+		}
+		if *seen {
+			fe.add(path, "%q is a second address of the same IP family", ip)
+		}
+		*seen = true
+	}
+}
+
+func validateServicePorts(fe *fieldErrors, path *field.Path, s *v1.Service, nodePorts PortRange) {
+	names := map[string]bool{}
+	type portProto struct {
+		port  int32
+		proto v1.Protocol
+	}
+	seen := map[portProto]bool{}
+	for i, p := range s.Spec.Ports {
+		pp := path.Index(i)
+		if len(s.Spec.Ports) > 1 && p.Name == "" {
+			fe.add(pp.Child("name"), "is required when a Service has more than one port")
+		}
+		if p.Name != "" {
+			dnsCheck(fe, pp.Child("name"), p.Name, validation.IsDNS1123Label)
+			if names[p.Name] {
+				fe.add(pp.Child("name"), "%q is used by another port", p.Name)
+			}
+			names[p.Name] = true
+		}
+		validatePortNumber(fe, pp.Child("port"), p.Port)
+		validateProtocol(fe, pp.Child("protocol"), p.Protocol)
+		if seen[portProto{p.Port, p.Protocol}] {
+			fe.add(pp, "port %d/%s is listed twice", p.Port, p.Protocol)
+		}
+		seen[portProto{p.Port, p.Protocol}] = true
+		if p.TargetPort.Type == intstr.String {
+			dnsCheck(fe, pp.Child("targetPort"), p.TargetPort.StrVal, validation.IsValidPortName)
+		} else {
+			validatePortNumber(fe, pp.Child("targetPort"), p.TargetPort.IntVal)
+		}
+		validateNodePort(fe, pp.Child("nodePort"), s.Spec.Type, p.NodePort, nodePorts)
+	}
+}
+
+// validateNodePort: with no API server to allocate one, a NodePort Service
+// must name its node ports; a LoadBalancer may go without.
+func validateNodePort(fe *fieldErrors, path *field.Path, t v1.ServiceType, port int32, r PortRange) {
+	switch {
+	case port == 0 && t == v1.ServiceTypeNodePort:
+		fe.add(path, "is required for type NodePort (there is no API server to allocate one)")
+	case port == 0:
+	case t != v1.ServiceTypeNodePort && t != v1.ServiceTypeLoadBalancer:
+		fe.add(path, "may only be set for type NodePort or LoadBalancer, not %s", t)
+	case !r.contains(port):
+		fe.add(path, "%d is out of the node port range %s", port, r)
+	}
+}
+
+func validateAffinity(fe *fieldErrors, spec *field.Path, s *v1.Service) {
+	switch s.Spec.SessionAffinity {
+	case v1.ServiceAffinityClientIP:
+		t := s.Spec.SessionAffinityConfig.ClientIP.TimeoutSeconds // set by defaulting
+		if *t < 1 || *t > maxAffinityTimeoutSeconds {
+			fe.add(spec.Child("sessionAffinityConfig", "clientIP", "timeoutSeconds"),
+				"%d is out of range 1-%d", *t, maxAffinityTimeoutSeconds)
+		}
+	case v1.ServiceAffinityNone:
+		if s.Spec.SessionAffinityConfig != nil {
+			fe.add(spec.Child("sessionAffinityConfig"), "must not be set when sessionAffinity is None")
+		}
+	default:
+		fe.add(spec.Child("sessionAffinity"), "%q is not valid (None or ClientIP)", s.Spec.SessionAffinity)
+	}
+}
