@@ -1,0 +1,78 @@
+// Command kube-userspace-proxy is a node agent that makes Kubernetes
+// Services work through proxy sockets in userspace, fed by an API server or a
+// directory of manifests. See README.md for the flags and DESIGN.md for how
+// it is built.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/pflag"
+	"k8s.io/klog/v2"
+)
+
+// exitUsage is the status for bad flags, as pflag and kube-proxy use.
+const exitUsage = 2
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "demo" {
+		os.Exit(runDemo(os.Args[2:]))
+	}
+	os.Exit(runMain(os.Args[1:]))
+}
+
+func runMain(args []string) int {
+	o := newOptions()
+	fs := pflag.NewFlagSet("kube-userspace-proxy", pflag.ContinueOnError)
+	fs.SortFlags = false
+	o.addFlags(fs)
+	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(klogFlags)
+	fs.AddGoFlag(klogFlags.Lookup("v"))
+	fs.AddGoFlag(klogFlags.Lookup("vmodule"))
+	fs.Usage = func() {
+		fmt.Fprintf(os.Stderr, "Usage: kube-userspace-proxy [flags]\n       kube-userspace-proxy demo [--serve]\n\nFlags:\n%s", fs.FlagUsages())
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintf(os.Stderr, "kube-userspace-proxy: %v\n", err)
+		return exitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "kube-userspace-proxy: unexpected arguments %q (flags only; the subcommand is 'demo')\n", fs.Args())
+		return exitUsage
+	}
+	if o.configFile != "" {
+		if err := o.applyConfigFile(fs); err != nil {
+			fmt.Fprintf(os.Stderr, "kube-userspace-proxy: --config %s: %v\n", o.configFile, err)
+			return exitUsage
+		}
+	}
+	v, err := o.validate()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kube-userspace-proxy: invalid flags:\n%v\n", err)
+		return exitUsage
+	}
+	if o.cleanup {
+		if err := cleanupRules(); err != nil {
+			fmt.Fprintf(os.Stderr, "kube-userspace-proxy: cleanup: %v\n", err)
+			return 1
+		}
+		return 0
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o, v, nil); err != nil {
+		fmt.Fprintf(os.Stderr, "kube-userspace-proxy: %v\n", err)
+		return 1
+	}
+	return 0
+}

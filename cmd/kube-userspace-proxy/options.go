@@ -1,0 +1,155 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
+)
+
+// options are the command-line flags; names and defaults are kube-proxy's
+// wherever kube-proxy has the flag (the contract in DESIGN.md).
+type options struct {
+	manifests          string
+	kubeconfig         string
+	master             string
+	bindAddress        string
+	proxyPortRange     string
+	udpTimeout         time.Duration
+	syncPeriod         time.Duration
+	minSyncPeriod      time.Duration
+	hostnameOverride   string
+	nodePortAddresses  []string
+	healthzBindAddress string
+	metricsBindAddress string
+	iptables           bool
+	cleanup            bool
+	proxyMode          string
+	configSyncPeriod   time.Duration
+	nodeIP             string
+	halfCloseTimeout   time.Duration
+	configFile         string
+}
+
+func newOptions() *options {
+	return &options{
+		bindAddress:        "0.0.0.0",
+		udpTimeout:         250 * time.Millisecond,
+		syncPeriod:         30 * time.Second,
+		minSyncPeriod:      time.Second,
+		healthzBindAddress: "0.0.0.0:10256",
+		metricsBindAddress: "127.0.0.1:10249",
+		iptables:           true,
+		proxyMode:          "userspace",
+		configSyncPeriod:   15 * time.Minute,
+		halfCloseTimeout:   2 * time.Minute,
+	}
+}
+
+func (o *options) addFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.manifests, "manifests", o.manifests, "File or directory of YAML/JSON manifests (v1 Service, discovery.k8s.io/v1 EndpointSlice, v1 Endpoints); re-read on change.")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", o.kubeconfig, "Path to a kubeconfig file; watch Services and EndpointSlices on that API server.")
+	fs.StringVar(&o.master, "master", o.master, "The address of the Kubernetes API server (overrides any value in kubeconfig).")
+	fs.StringVar(&o.bindAddress, "bind-address", o.bindAddress, "The IP address proxy sockets listen on (0.0.0.0 for all IPv4 interfaces, :: for all).")
+	fs.StringVar(&o.proxyPortRange, "proxy-port-range", o.proxyPortRange, "Range of host ports (BEGIN-END or BEGIN+N) for proxy sockets; empty means kernel-chosen.")
+	fs.DurationVar(&o.udpTimeout, "udp-timeout", o.udpTimeout, "How long an idle UDP session is kept open (e.g. '250ms', '2s'). Must be greater than 0.")
+	fs.DurationVar(&o.syncPeriod, "iptables-sync-period", o.syncPeriod, "The maximum interval of how often rules are refreshed and repaired (e.g. '5s', '1m'). Must be greater than 0.")
+	fs.DurationVar(&o.minSyncPeriod, "iptables-min-sync-period", o.minSyncPeriod, "The minimum interval between rule syncs as Services change (e.g. '1s'). 0 syncs on every change.")
+	fs.StringVar(&o.hostnameOverride, "hostname-override", o.hostnameOverride, "If non-empty, use this string as the node name instead of the hostname.")
+	fs.StringSliceVar(&o.nodePortAddresses, "nodeport-addresses", o.nodePortAddresses, "CIDRs of the node addresses that accept NodePort traffic (e.g. 10.0.0.0/8,192.168.0.0/16); empty means all local addresses.")
+	fs.StringVar(&o.healthzBindAddress, "healthz-bind-address", o.healthzBindAddress, "HOST:PORT for the health check server (/healthz, /livez); empty disables it.")
+	fs.StringVar(&o.metricsBindAddress, "metrics-bind-address", o.metricsBindAddress, "HOST:PORT for the metrics server (/metrics, /debug/services); empty disables it.")
+	fs.BoolVar(&o.iptables, "iptables", o.iptables, "Program iptables portal rules. With --iptables=false only proxy sockets are served (no root needed).")
+	fs.BoolVar(&o.cleanup, "cleanup", o.cleanup, "Remove every chain and rule this proxy installs (IPv4 and IPv6), then exit.")
+	fs.StringVar(&o.proxyMode, "proxy-mode", o.proxyMode, "Which proxy mode to use: only 'userspace' is implemented.")
+	fs.DurationVar(&o.configSyncPeriod, "config-sync-period", o.configSyncPeriod, "How often configuration from the API server is refreshed. Must be greater than 0.")
+	fs.StringVar(&o.nodeIP, "node-ip", o.nodeIP, "The node's IP, target of the DNAT for traffic from the node itself; default: the address of the default-route interface.")
+	fs.StringVar(&o.configFile, "config", o.configFile, "A KubeProxyConfiguration file; flags given on the command line override it.")
+	fs.DurationVar(&o.halfCloseTimeout, "tcp-half-close-timeout", o.halfCloseTimeout, "After one side of a proxied TCP connection closes, how long the other direction may still run; 0 means no limit.")
+}
+
+// validated holds options parsed into the types the proxier uses.
+type validated struct {
+	bind              netip.Addr
+	portRange         proxier.PortRange
+	nodePortAddresses []netip.Prefix
+	nodeIP            netip.Addr
+}
+
+func (o *options) validate() (*validated, error) {
+	v := &validated{}
+	var errs []string
+	add := func(format string, args ...any) { errs = append(errs, fmt.Sprintf(format, args...)) }
+	if o.proxyMode != "" && o.proxyMode != "userspace" {
+		add("--proxy-mode %q is not supported: this proxy implements only \"userspace\"", o.proxyMode)
+	}
+	var err error
+	if v.bind, err = netip.ParseAddr(o.bindAddress); err != nil {
+		add("--bind-address %q is not an IP address", o.bindAddress)
+	}
+	v.bind = v.bind.Unmap()
+	if v.portRange, err = proxier.ParsePortRange(o.proxyPortRange); err != nil {
+		add("--proxy-port-range: %v", err)
+	}
+	if o.udpTimeout <= 0 {
+		add("--udp-timeout must be greater than 0, got %v", o.udpTimeout)
+	}
+	if o.syncPeriod <= 0 {
+		add("--iptables-sync-period must be greater than 0, got %v", o.syncPeriod)
+	}
+	if o.minSyncPeriod < 0 {
+		add("--iptables-min-sync-period must not be negative, got %v", o.minSyncPeriod)
+	}
+	if o.minSyncPeriod > o.syncPeriod {
+		add("--iptables-min-sync-period (%v) must not exceed --iptables-sync-period (%v)", o.minSyncPeriod, o.syncPeriod)
+	}
+	if o.configSyncPeriod <= 0 {
+		add("--config-sync-period must be greater than 0, got %v", o.configSyncPeriod)
+	}
+	if o.halfCloseTimeout < 0 {
+		add("--tcp-half-close-timeout must not be negative, got %v", o.halfCloseTimeout)
+	}
+	for _, c := range o.nodePortAddresses {
+		c = strings.TrimSpace(c)
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			add("--nodeport-addresses: %q is not a CIDR", c)
+			continue
+		}
+		v.nodePortAddresses = append(v.nodePortAddresses, p.Masked())
+	}
+	for _, a := range []struct{ flag, value string }{{"--healthz-bind-address", o.healthzBindAddress}, {"--metrics-bind-address", o.metricsBindAddress}} {
+		if a.value == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(a.value); err != nil {
+			add("%s %q: want HOST:PORT", a.flag, a.value)
+		}
+	}
+	if o.nodeIP != "" {
+		if v.nodeIP, err = netip.ParseAddr(o.nodeIP); err != nil {
+			add("--node-ip %q is not an IP address", o.nodeIP)
+		}
+	}
+	if !o.cleanup {
+		sources := 0
+		if o.manifests != "" {
+			sources++
+		}
+		if o.kubeconfig != "" || o.master != "" {
+			sources++
+		}
+		if sources > 1 {
+			add("--manifests cannot be combined with --kubeconfig/--master: choose one source")
+		}
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("%s", strings.Join(errs, "\n"))
+	}
+	return v, nil
+}

@@ -1,0 +1,254 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/healthcheck"
+)
+
+// source is what feeds the proxier: manifests or an API server.
+type source interface {
+	Run(ctx context.Context) error
+}
+
+// started is told the proxier and the servers' addresses once they run;
+// the demo uses it, main passes nil.
+type started func(p *proxier.Proxier, metricsAddr string)
+
+// run wires source → proxier → sockets + rules and serves until ctx ends.
+func run(ctx context.Context, o *options, v *validated, onStart started) error {
+	clk := clock.RealClock{}
+	metrics := proxier.NewMetrics()
+	health := healthcheck.NewProxierHealth(clk, 2*o.syncPeriod)
+
+	popts := proxier.Options{
+		BindAddress:      v.bind,
+		PortRange:        v.portRange,
+		UDPIdleTimeout:   o.udpTimeout,
+		MinSyncPeriod:    o.minSyncPeriod,
+		SyncPeriod:       o.syncPeriod,
+		HalfCloseTimeout: o.halfCloseTimeout,
+		Health:           health,
+		Metrics:          metrics,
+		Clock:            clk,
+	}
+	if o.iptables {
+		v4, v6, err := portalSyncers(v)
+		if err != nil {
+			return err
+		}
+		popts.IPv4Portals, popts.IPv6Portals = v4, v6
+		popts.ClaimNodePorts = true
+	}
+	p := proxier.New(popts)
+
+	src, err := newSource(o, p, health)
+	if err != nil {
+		return err
+	}
+
+	servers, metricsAddr, err := startServers(o, p, health, metrics)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		for _, s := range servers {
+			_ = s.Close()
+		}
+	}()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	srcErr := make(chan error, 1)
+	go func() { srcErr <- src.Run(ctx) }()
+	proxierDone := make(chan struct{})
+	go func() {
+		p.Run(ctx)
+		close(proxierDone)
+	}()
+	if onStart != nil {
+		onStart(p, metricsAddr)
+	}
+	klog.InfoS("kube-userspace-proxy running", "mode", "userspace", "iptables", o.iptables, "bindAddress", v.bind, "metrics", metricsAddr)
+
+	select {
+	case err = <-srcErr:
+		if err != nil && !errors.Is(err, context.Canceled) {
+			cancel()
+			<-proxierDone
+			return err
+		}
+	case <-ctx.Done():
+	}
+	cancel()
+	<-proxierDone
+	klog.InfoS("Stopped; portal rules stay in place until --cleanup")
+	return nil
+}
+
+func newSource(o *options, p *proxier.Proxier, health *healthcheck.ProxierHealth) (source, error) {
+	if o.manifests != "" {
+		if _, err := os.Stat(o.manifests); err != nil {
+			return nil, fmt.Errorf("--manifests: %w", err)
+		}
+		return config.NewManifestSource(o.manifests, p), nil
+	}
+	if o.kubeconfig == "" && o.master == "" && os.Getenv("KUBERNETES_SERVICE_HOST") == "" {
+		return nil, errors.New("no source: give --manifests PATH, or --kubeconfig/--master for an API server " +
+			"(or run in a pod); try `kube-userspace-proxy demo` for a self-contained demonstration")
+	}
+	cfg, err := config.BuildClientConfig(o.kubeconfig, o.master)
+	if err != nil {
+		return nil, err
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("API server client: %w", err)
+	}
+	return config.NewInformerSource(client, p, config.InformerOptions{
+		ConfigSyncPeriod: o.configSyncPeriod,
+		NodeName:         nodeName(o.hostnameOverride),
+		NodeHandler:      nodeHealth{health},
+	}), nil
+}
+
+// nodeHealth turns the Node's deletion into /healthz failing, so external
+// load balancers drain this node, as kube-proxy does.
+type nodeHealth struct{ h *healthcheck.ProxierHealth }
+
+func (n nodeHealth) OnNodeChange(node config.NodeInfo) { n.h.SetNodeDeleted(node.Deleted || node.Terminating) }
+func (n nodeHealth) OnNodeSynced()                     {}
+
+func nodeName(override string) string {
+	if override != "" {
+		return override
+	}
+	h, _ := os.Hostname()
+	return h
+}
+
+// portalSyncers builds one rule syncer per IP family the node can program.
+// IPv6 is optional: a node without ip6tables or IPv6 serves IPv4 only.
+func portalSyncers(v *validated) (proxier.PortalSyncer, proxier.PortalSyncer, error) {
+	nodeIP := v.nodeIP
+	if !nodeIP.IsValid() {
+		if v.bind.IsValid() && !v.bind.IsUnspecified() {
+			nodeIP = v.bind
+		} else {
+			nodeIP = defaultRouteIP()
+		}
+	}
+	r4, err := iptables.NewRunner(iptables.IPv4)
+	if err != nil {
+		return nil, nil, fmt.Errorf("iptables: %w (run as root with iptables installed, or use --iptables=false)", err)
+	}
+	cfg := iptables.Config{Family: iptables.IPv4, NodePortAddresses: v.nodePortAddresses}
+	if v.bind.Is4() {
+		cfg.BindAddress = v.bind
+	}
+	if nodeIP.Is4() {
+		cfg.NodeIP = nodeIP
+	}
+	v4 := iptables.New(r4, cfg)
+	var v6 proxier.PortalSyncer
+	if r6, err := iptables.NewRunner(iptables.IPv6); err != nil {
+		klog.InfoS("IPv6 portals disabled", "reason", err)
+	} else {
+		cfg6 := iptables.Config{Family: iptables.IPv6, NodePortAddresses: v.nodePortAddresses}
+		if v.bind.Is6() {
+			cfg6.BindAddress = v.bind
+		}
+		v6 = iptables.New(r6, cfg6)
+	}
+	klog.InfoS("Portal rules enabled", "nodeIP", nodeIP)
+	return v4, v6, nil
+}
+
+func cleanupRules() error {
+	return iptables.CleanupAll()
+}
+
+// startServers starts the healthz and metrics servers; each binds before
+// returning so that a taken port is a start-up error, not a silent gap.
+func startServers(o *options, p *proxier.Proxier, health *healthcheck.ProxierHealth, m *proxier.Metrics) ([]*http.Server, string, error) {
+	var servers []*http.Server
+	serve := func(addr string, mux *http.ServeMux) (string, error) {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return "", err
+		}
+		s := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		servers = append(servers, s)
+		go func() { _ = s.Serve(ln) }()
+		return ln.Addr().String(), nil
+	}
+	if o.healthzBindAddress != "" {
+		mux := http.NewServeMux()
+		mux.Handle("/healthz", health.Handler(false, func(c int) { m.ProxyHealthzTotal.WithLabelValues(strconv.Itoa(c)).Inc() }))
+		mux.Handle("/livez", health.Handler(true, func(c int) { m.ProxyLivezTotal.WithLabelValues(strconv.Itoa(c)).Inc() }))
+		addr, err := serve(o.healthzBindAddress, mux)
+		if err != nil {
+			return nil, "", fmt.Errorf("--healthz-bind-address: %w", err)
+		}
+		klog.InfoS("Health server listening", "address", addr)
+	}
+	metricsAddr := ""
+	if o.metricsBindAddress != "" {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
+		mux.Handle("/debug/services", p.DebugHandler())
+		mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "userspace") })
+		addr, err := serve(o.metricsBindAddress, mux)
+		if err != nil {
+			for _, s := range servers {
+				_ = s.Close()
+			}
+			return nil, "", fmt.Errorf("--metrics-bind-address: %w", err)
+		}
+		metricsAddr = addr
+	}
+	return servers, metricsAddr, nil
+}
+
+// defaultRouteIP is the first address of the interface that holds the IPv4
+// default route: the address other hosts reach this node on, and so the
+// DNAT target for the node's own service traffic.
+func defaultRouteIP() netip.Addr {
+	data, err := os.ReadFile("/proc/net/route")
+	if err != nil {
+		return netip.Addr{}
+	}
+	ifname := parseDefaultRouteInterface(string(data))
+	if ifname == "" {
+		return netip.Addr{}
+	}
+	ifc, err := net.InterfaceByName(ifname)
+	if err != nil {
+		return netip.Addr{}
+	}
+	addrs, _ := ifc.Addrs()
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(n.IP); ok && ip.Unmap().Is4() {
+				return ip.Unmap()
+			}
+		}
+	}
+	return netip.Addr{}
+}

@@ -1,0 +1,90 @@
+package proxier
+
+import (
+	"encoding/json"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// DebugServicePort is one row of /debug/services.
+type DebugServicePort struct {
+	ServicePort  string          `json:"servicePort"`
+	Protocol     string          `json:"protocol"`
+	ProxyAddress string          `json:"proxyAddress"`
+	ServiceIPs   []string        `json:"serviceIPs,omitempty"`
+	Port         int             `json:"port"`
+	NodePort     int             `json:"nodePort,omitempty"`
+	Affinity     string          `json:"sessionAffinity"`
+	TimeoutSec   int             `json:"affinityTimeoutSeconds,omitempty"`
+	Endpoints    []string        `json:"endpoints"`
+	Clients      []DebugAffinity `json:"affinity,omitempty"`
+}
+
+// DebugAffinity is one client pinned to an endpoint.
+type DebugAffinity struct {
+	ClientIP string    `json:"clientIP"`
+	Endpoint string    `json:"endpoint"`
+	LastUsed time.Time `json:"lastUsed"`
+}
+
+// DebugServices lists every proxied service port with its proxy address,
+// endpoints and affinity table.
+func (p *Proxier) DebugServices() []DebugServicePort {
+	p.debugMu.RLock()
+	rows := p.debug
+	p.debugMu.RUnlock()
+	out := make([]DebugServicePort, 0, len(rows))
+	for _, r := range rows {
+		d := DebugServicePort{
+			ServicePort:  r.name.String(),
+			Protocol:     string(r.name.Protocol),
+			ProxyAddress: net.JoinHostPort(p.listenHost(), strconv.Itoa(r.proxyPort)),
+			Port:         r.info.port,
+			NodePort:     r.info.nodePort,
+			Affinity:     "None",
+			Endpoints:    []string{},
+		}
+		for _, group := range [][]string{addrStrings(r.info.clusterIPs), addrStrings(r.info.externalIPs), addrStrings(r.info.loadBalancerIPs)} {
+			d.ServiceIPs = append(d.ServiceIPs, group...)
+		}
+		if snap, ok := p.lb.Snapshot(r.name); ok {
+			for _, ep := range snap.Endpoints {
+				d.Endpoints = append(d.Endpoints, ep.String())
+			}
+			if snap.Affinity.ClientIP {
+				d.Affinity = "ClientIP"
+				d.TimeoutSec = int(snap.Affinity.Timeout / time.Second)
+			}
+			for _, c := range snap.Clients {
+				d.Clients = append(d.Clients, DebugAffinity{ClientIP: c.ClientIP.String(), Endpoint: c.Endpoint.String(), LastUsed: c.LastUsed})
+			}
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+// ProxyPort returns the local port serving name ("ns/svc:port"), for the
+// demo and tests.
+func (p *Proxier) ProxyPort(servicePort string) (int, bool) {
+	p.debugMu.RLock()
+	defer p.debugMu.RUnlock()
+	for _, r := range p.debug {
+		if r.name.String() == servicePort {
+			return r.proxyPort, true
+		}
+	}
+	return 0, false
+}
+
+// DebugHandler serves DebugServices as JSON.
+func (p *Proxier) DebugHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(p.DebugServices())
+	})
+}

@@ -1,0 +1,136 @@
+package proxier
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Metrics are kube-proxy's sync metrics, under kube-proxy's names so existing
+// dashboards work, plus the data-path metrics only a userspace proxy has.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	SyncProxyRulesLatency       prometheus.Histogram
+	SyncProxyRulesLastTimestamp prometheus.Gauge
+	EndpointChangesTotal        prometheus.Counter
+	EndpointChangesPending      prometheus.Gauge
+	ServiceChangesTotal         prometheus.Counter
+	ServiceChangesPending       prometheus.Gauge
+	IPTablesRestoreFailures     prometheus.Counter
+	ProxyHealthzTotal           *prometheus.CounterVec
+	ProxyLivezTotal             *prometheus.CounterVec
+
+	ActiveConnections *prometheus.GaugeVec
+	ConnectionsFailed *prometheus.CounterVec
+	DialFailures      *prometheus.CounterVec
+	DialRetries       *prometheus.CounterVec
+	AcceptErrors      *prometheus.CounterVec
+	BytesTotal        *prometheus.CounterVec
+	UDPSessions       *prometheus.GaugeVec
+	ServicePorts      prometheus.Gauge
+	AffinitySwept     prometheus.Counter
+}
+
+// NewMetrics registers everything on a fresh registry (not the global one, so
+// tests can build many proxiers).
+func NewMetrics() *Metrics {
+	perPort := []string{"service_port"}
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		SyncProxyRulesLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Subsystem: "kubeproxy", Name: "sync_proxy_rules_duration_seconds",
+			Help:    "SyncProxyRules latency in seconds",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
+		}),
+		SyncProxyRulesLastTimestamp: prometheus.NewGauge(prometheus.GaugeOpts{
+			Subsystem: "kubeproxy", Name: "sync_proxy_rules_last_timestamp_seconds",
+			Help: "The last time proxy rules were successfully synced",
+		}),
+		EndpointChangesTotal: prometheus.NewCounter(prometheus.CounterOpts{
+			Subsystem: "kubeproxy", Name: "sync_proxy_rules_endpoint_changes_total",
+			Help: "Cumulative proxy rules Endpoint changes",
+		}),
+		EndpointChangesPending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Subsystem: "kubeproxy", Name: "sync_proxy_rules_endpoint_changes_pending",
+			Help: "Pending proxy rules Endpoint changes (always 0 here: endpoint changes apply at once)",
+		}),
+		ServiceChangesTotal: prometheus.NewCounter(prometheus.CounterOpts{
+			Subsystem: "kubeproxy", Name: "sync_proxy_rules_service_changes_total",
+			Help: "Cumulative proxy rules Service changes",
+		}),
+		ServiceChangesPending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Subsystem: "kubeproxy", Name: "sync_proxy_rules_service_changes_pending",
+			Help: "Pending proxy rules Service changes",
+		}),
+		IPTablesRestoreFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Subsystem: "kubeproxy", Name: "sync_proxy_rules_iptables_restore_failures_total",
+			Help: "Cumulative proxy iptables restore failures",
+		}),
+		ProxyHealthzTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Subsystem: "kubeproxy", Name: "proxy_healthz_total",
+			Help: "Cumulative proxy healthz HTTP status",
+		}, []string{"code"}),
+		ProxyLivezTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Subsystem: "kubeproxy", Name: "proxy_livez_total",
+			Help: "Cumulative proxy livez HTTP status",
+		}, []string{"code"}),
+		ActiveConnections: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "kubeproxy", Subsystem: "userspace", Name: "active_connections",
+			Help: "TCP connections being proxied",
+		}, perPort),
+		ConnectionsFailed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kubeproxy", Subsystem: "userspace", Name: "connections_failed_total",
+			Help: "Client connections (TCP) or datagrams (UDP) that found no reachable endpoint",
+		}, perPort),
+		DialFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kubeproxy", Subsystem: "userspace", Name: "dial_failures_total",
+			Help: "Failed attempts to connect to an endpoint",
+		}, perPort),
+		DialRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kubeproxy", Subsystem: "userspace", Name: "dial_retries_total",
+			Help: "Dial attempts made on another endpoint after a failure",
+		}, perPort),
+		AcceptErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kubeproxy", Subsystem: "userspace", Name: "accept_errors_total",
+			Help: "Errors from accept(), such as EMFILE, each followed by a back-off",
+		}, perPort),
+		BytesTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kubeproxy", Subsystem: "userspace", Name: "bytes_total",
+			Help: "Bytes proxied; direction in = client to endpoint, out = endpoint to client",
+		}, []string{"service_port", "direction"}),
+		UDPSessions: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "kubeproxy", Subsystem: "userspace", Name: "udp_sessions",
+			Help: "UDP client sessions with a backend socket",
+		}, perPort),
+		ServicePorts: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "kubeproxy", Subsystem: "userspace", Name: "service_ports",
+			Help: "Service ports with an open proxy socket",
+		}),
+		AffinitySwept: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "kubeproxy", Subsystem: "userspace", Name: "affinity_entries_swept_total",
+			Help: "Expired ClientIP affinity entries removed by the periodic sweep",
+		}),
+	}
+	m.Registry.MustRegister(
+		m.SyncProxyRulesLatency, m.SyncProxyRulesLastTimestamp,
+		m.EndpointChangesTotal, m.EndpointChangesPending,
+		m.ServiceChangesTotal, m.ServiceChangesPending, m.IPTablesRestoreFailures,
+		m.ProxyHealthzTotal, m.ProxyLivezTotal,
+		m.ActiveConnections, m.ConnectionsFailed, m.DialFailures, m.DialRetries,
+		m.AcceptErrors, m.BytesTotal, m.UDPSessions, m.ServicePorts, m.AffinitySwept,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return m
+}
+
+// forgetServicePort drops a removed service port's series so /metrics does
+// not grow with every Service ever seen.
+func (m *Metrics) forgetServicePort(label string) {
+	for _, v := range []interface {
+		DeleteLabelValues(...string) bool
+	}{m.ActiveConnections, m.ConnectionsFailed, m.DialFailures, m.DialRetries, m.AcceptErrors, m.UDPSessions} {
+		v.DeleteLabelValues(label)
+	}
+	m.BytesTotal.DeleteLabelValues(label, "in")
+	m.BytesTotal.DeleteLabelValues(label, "out")
+}

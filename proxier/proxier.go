@@ -1,0 +1,411 @@
+// Package proxier owns the service-port table: for every Service port it
+// keeps a proxy socket (tcp.go, udp.go) on a local port, tells the load
+// balancer about affinity and endpoints, and hands the portal rules that
+// send service traffic to those sockets to an iptables syncer. Events come
+// from a source in the config sub-package.
+package proxier
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"sort"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
+)
+
+// PortalSyncer programs the portal rules of one IP family. Sync receives the
+// complete desired set every time and must converge the kernel to it.
+type PortalSyncer interface {
+	Sync(portals []iptables.Portal) error
+}
+
+// HealthUpdater is told when changes are queued and when a sync finished
+// (kube-proxy's ProxierHealthUpdater).
+type HealthUpdater interface {
+	QueuedUpdate()
+	Updated()
+}
+
+// Options configure a Proxier.
+type Options struct {
+	BindAddress      netip.Addr
+	PortRange        PortRange
+	UDPIdleTimeout   time.Duration
+	MinSyncPeriod    time.Duration
+	SyncPeriod       time.Duration
+	HalfCloseTimeout time.Duration
+	// Portals by family; empty means --iptables=false (sockets only).
+	IPv4Portals PortalSyncer
+	IPv6Portals PortalSyncer
+	// ClaimNodePorts holds NodePorts (and local external IP ports) open, as
+	// the legacy proxier did, so no other process can take them unnoticed.
+	ClaimNodePorts bool
+	Health         HealthUpdater
+	Metrics        *Metrics
+	Clock          clock.WithTicker
+	Dialer         Dialer
+	DialTimeouts   []time.Duration
+}
+
+// activePort is one proxied service port: its socket and what it was built from.
+type activePort struct {
+	info      *servicePortInfo
+	socket    proxySocket
+	proxyPort int
+	claims    []func() error // close functions of held NodePort/external IP sockets
+}
+
+// Proxier implements config.Handler.
+type Proxier struct {
+	opts      Options
+	lb        *loadbalancer.LoadBalancer
+	endpoints *endpointsTracker
+	ports     *PortAllocator
+	sockCfg   *socketConfig
+	runner    *boundedFrequencyRunner
+	metrics   *Metrics
+	clk       clock.WithTicker
+
+	// Change tracker: the latest Service objects, written by the source,
+	// read by sync.
+	mu              sync.Mutex
+	services        map[types.NamespacedName]*v1.Service
+	pendingChanges  int
+	servicesSynced  bool
+	endpointsSynced bool
+
+	// Owned by the sync goroutine (syncMu serialises a Sync() called by tests).
+	syncMu sync.Mutex
+	active map[loadbalancer.ServicePortName]*activePort
+
+	// debugMu guards the copy of the table that /debug/services reads.
+	debugMu sync.RWMutex
+	debug   []debugPort
+}
+
+var _ config.Handler = (*Proxier)(nil)
+
+// New builds a Proxier; call Run to start syncing.
+func New(opts Options) *Proxier {
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	if opts.Metrics == nil {
+		opts.Metrics = NewMetrics()
+	}
+	if opts.Dialer == nil {
+		opts.Dialer = &net.Dialer{KeepAlive: -1}
+	}
+	if opts.DialTimeouts == nil {
+		opts.DialTimeouts = defaultDialTimeouts
+	}
+	if opts.UDPIdleTimeout <= 0 {
+		opts.UDPIdleTimeout = 250 * time.Millisecond
+	}
+	if opts.MinSyncPeriod <= 0 {
+		opts.MinSyncPeriod = time.Second
+	}
+	if opts.SyncPeriod <= 0 {
+		opts.SyncPeriod = 30 * time.Second
+	}
+	p := &Proxier{
+		opts:     opts,
+		lb:       loadbalancer.New(opts.Clock),
+		ports:    NewPortAllocator(opts.PortRange),
+		metrics:  opts.Metrics,
+		clk:      opts.Clock,
+		services: map[types.NamespacedName]*v1.Service{},
+		active:   map[loadbalancer.ServicePortName]*activePort{},
+		sockCfg: &socketConfig{
+			dialer:           opts.Dialer,
+			dialTimeouts:     opts.DialTimeouts,
+			udpIdleTimeout:   opts.UDPIdleTimeout,
+			halfCloseTimeout: opts.HalfCloseTimeout,
+			metrics:          opts.Metrics,
+		},
+	}
+	p.endpoints = newEndpointsTracker(p.lb, func(changed bool) {
+		if changed {
+			p.metrics.EndpointChangesTotal.Inc()
+		}
+	})
+	p.runner = newBoundedFrequencyRunner(p.syncProxyRules, opts.MinSyncPeriod, opts.SyncPeriod, opts.Clock)
+	return p
+}
+
+// LoadBalancer exposes the balancer, for the debug handler and tests.
+func (p *Proxier) LoadBalancer() *loadbalancer.LoadBalancer { return p.lb }
+
+// Run syncs until ctx ends, then closes every proxy socket. Rules are left
+// in place on purpose: a restarting proxy keeps traffic flowing to sockets
+// the next process re-opens (use --cleanup to remove them).
+func (p *Proxier) Run(ctx context.Context) {
+	go p.sweepAffinity(ctx)
+	p.runner.Loop(ctx)
+	p.syncMu.Lock()
+	defer p.syncMu.Unlock()
+	for name, ap := range p.active {
+		p.closePort(name, ap)
+	}
+}
+
+func (p *Proxier) sweepAffinity(ctx context.Context) {
+	t := p.clk.NewTicker(10 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+			if n := p.lb.Sweep(); n > 0 {
+				p.metrics.AffinitySwept.Add(float64(n))
+			}
+		}
+	}
+}
+
+func (p *Proxier) queueServiceChange() {
+	p.pendingChanges++
+	p.metrics.ServiceChangesTotal.Inc()
+	p.metrics.ServiceChangesPending.Set(float64(p.pendingChanges))
+	if p.opts.Health != nil {
+		p.opts.Health.QueuedUpdate()
+	}
+	if p.servicesSynced && p.endpointsSynced {
+		p.runner.Run()
+	}
+}
+
+func (p *Proxier) OnServiceAdd(svc *v1.Service) { p.OnServiceUpdate(nil, svc) }
+
+func (p *Proxier) OnServiceUpdate(_, svc *v1.Service) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.services[types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}] = svc
+	p.queueServiceChange()
+}
+
+func (p *Proxier) OnServiceDelete(svc *v1.Service) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.services, types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name})
+	p.queueServiceChange()
+}
+
+func (p *Proxier) OnServiceSynced() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.servicesSynced = true
+	if p.endpointsSynced {
+		p.runner.Run()
+	}
+}
+
+func (p *Proxier) OnEndpointSliceAdd(es *discovery.EndpointSlice) { p.endpoints.update(es, false) }
+func (p *Proxier) OnEndpointSliceUpdate(_, es *discovery.EndpointSlice) {
+	p.endpoints.update(es, false)
+}
+func (p *Proxier) OnEndpointSliceDelete(es *discovery.EndpointSlice) { p.endpoints.update(es, true) }
+
+func (p *Proxier) OnEndpointSlicesSynced() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.endpointsSynced = true
+	if p.servicesSynced {
+		p.runner.Run()
+	}
+}
+
+// Sync runs one sync now; for tests and for the demo, which must not wait
+// for the rate limiter.
+func (p *Proxier) Sync() { p.syncProxyRules() }
+
+// desired returns the service ports of the current Services.
+func (p *Proxier) desired() (map[loadbalancer.ServicePortName]*servicePortInfo, int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	want := make(map[loadbalancer.ServicePortName]*servicePortInfo)
+	for _, svc := range p.services {
+		for _, info := range servicePorts(svc) {
+			want[info.name] = info
+		}
+	}
+	n := p.pendingChanges
+	p.pendingChanges = 0
+	p.metrics.ServiceChangesPending.Set(0)
+	return want, n
+}
+
+func (p *Proxier) syncProxyRules() {
+	p.syncMu.Lock()
+	defer p.syncMu.Unlock()
+	start := p.clk.Now()
+	want, changes := p.desired()
+
+	for name, ap := range p.active {
+		if _, ok := want[name]; !ok {
+			klog.V(1).InfoS("Closing proxy socket of removed service port", "servicePort", name)
+			p.closePort(name, ap)
+		}
+	}
+	for name, info := range want {
+		ap := p.active[name]
+		if ap == nil {
+			var err error
+			if ap, err = p.openPort(info); err != nil {
+				// Try again on the next sync; the port was released.
+				klog.ErrorS(err, "Failed to open proxy socket", "servicePort", name)
+				continue
+			}
+			p.active[name] = ap
+		}
+		if ap.info.affinity != info.affinity {
+			p.lb.SetAffinity(name, info.affinity)
+		}
+		if !ap.info.sameRules(info) && p.opts.ClaimNodePorts {
+			p.releaseClaims(ap)
+			ap.claims = p.claim(info)
+		}
+		ap.info = info
+	}
+	p.metrics.ServicePorts.Set(float64(len(p.active)))
+
+	ok := p.syncPortals()
+	p.publishDebug()
+	elapsed := p.clk.Since(start)
+	p.metrics.SyncProxyRulesLatency.Observe(elapsed.Seconds())
+	if ok {
+		p.metrics.SyncProxyRulesLastTimestamp.SetToCurrentTime()
+		if p.opts.Health != nil {
+			p.opts.Health.Updated()
+		}
+	}
+	klog.V(2).InfoS("Synced", "servicePorts", len(p.active), "serviceChanges", changes, "elapsed", elapsed)
+}
+
+func (p *Proxier) openPort(info *servicePortInfo) (*activePort, error) {
+	port, err := p.ports.AllocateNext()
+	if err != nil {
+		return nil, err
+	}
+	sp := p.lb.ServicePort(info.name)
+	p.lb.SetAffinity(info.name, info.affinity)
+	sock, err := newProxySocket(info.name, p.opts.BindAddress, port, sp, p.sockCfg)
+	if err != nil {
+		p.ports.Release(port)
+		return nil, fmt.Errorf("listen on port %d: %w", port, err)
+	}
+	go sock.Serve()
+	ap := &activePort{info: info, socket: sock, proxyPort: sock.Port()}
+	if p.opts.ClaimNodePorts {
+		ap.claims = p.claim(info)
+	}
+	klog.InfoS("Serving service port", "servicePort", info.name, "protocol", info.name.Protocol,
+		"proxyAddress", net.JoinHostPort(p.listenHost(), fmt.Sprint(ap.proxyPort)))
+	return ap, nil
+}
+
+func (p *Proxier) listenHost() string {
+	if p.opts.BindAddress.IsValid() && !p.opts.BindAddress.IsUnspecified() {
+		return p.opts.BindAddress.String()
+	}
+	return "0.0.0.0"
+}
+
+func (p *Proxier) closePort(name loadbalancer.ServicePortName, ap *activePort) {
+	if err := ap.socket.Close(); err != nil {
+		klog.ErrorS(err, "Closing proxy socket", "servicePort", name)
+	}
+	p.ports.Release(ap.proxyPort)
+	p.releaseClaims(ap)
+	p.lb.DeleteServicePort(name)
+	p.metrics.forgetServicePort(name.String())
+	delete(p.active, name)
+}
+
+// syncPortals hands every family its complete desired portal set.
+func (p *Proxier) syncPortals() bool {
+	if p.opts.IPv4Portals == nil && p.opts.IPv6Portals == nil {
+		return true
+	}
+	var v4, v6 []iptables.Portal
+	for _, ap := range p.active {
+		proto := iptables.TCP
+		if ap.info.name.Protocol == v1.ProtocolUDP {
+			proto = iptables.UDP
+		}
+		hasV6 := false
+		add := func(ip netip.Addr) {
+			portal := iptables.Portal{Name: ap.info.name.String(), Protocol: proto, IP: ip, Port: ap.info.port, ProxyPort: ap.proxyPort}
+			if ip.Is4() {
+				v4 = append(v4, portal)
+			} else {
+				hasV6 = true
+				v6 = append(v6, portal)
+			}
+		}
+		for _, ip := range ap.info.clusterIPs {
+			add(ip)
+		}
+		for _, ip := range ap.info.externalIPs {
+			add(ip)
+		}
+		for _, ip := range ap.info.loadBalancerIPs {
+			add(ip)
+		}
+		if ap.info.nodePort != 0 {
+			np := iptables.Portal{Name: ap.info.name.String(), Protocol: proto, Port: ap.info.nodePort, NodePort: true, ProxyPort: ap.proxyPort}
+			v4 = append(v4, np)
+			if hasV6 {
+				v6 = append(v6, np)
+			}
+		}
+	}
+	ok := true
+	for _, f := range []struct {
+		s       PortalSyncer
+		portals []iptables.Portal
+		family  string
+	}{{p.opts.IPv4Portals, v4, "IPv4"}, {p.opts.IPv6Portals, v6, "IPv6"}} {
+		if f.s == nil {
+			continue
+		}
+		if err := f.s.Sync(f.portals); err != nil {
+			ok = false
+			p.metrics.IPTablesRestoreFailures.Inc()
+			klog.ErrorS(err, "Failed to sync portal rules; will retry", "family", f.family)
+			p.runner.Run() // retried after min-sync-period
+		}
+	}
+	return ok
+}
+
+// debugPort is one row of /debug/services.
+type debugPort struct {
+	name      loadbalancer.ServicePortName
+	proxyPort int
+	info      *servicePortInfo
+}
+
+func (p *Proxier) publishDebug() {
+	rows := make([]debugPort, 0, len(p.active))
+	for name, ap := range p.active {
+		rows = append(rows, debugPort{name: name, proxyPort: ap.proxyPort, info: ap.info})
+	}
+	sort.Slice(rows, func(i, j int) bool { return rows[i].name.String() < rows[j].name.String() })
+	p.debugMu.Lock()
+	p.debug = rows
+	p.debugMu.Unlock()
+}

@@ -1,0 +1,74 @@
+package proxier
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"k8s.io/utils/clock"
+)
+
+// boundedFrequencyRunner runs fn at most once per minInterval and at least
+// once per maxInterval, like kube-proxy's BoundedFrequencyRunner: bursts of
+// changes collapse into one sync, and a quiet system still re-syncs (repair).
+type boundedFrequencyRunner struct {
+	fn          func()
+	minInterval time.Duration
+	maxInterval time.Duration
+	clk         clock.WithTicker
+	trigger     chan struct{}
+
+	mu      sync.Mutex
+	lastRun time.Time
+}
+
+func newBoundedFrequencyRunner(fn func(), minInterval, maxInterval time.Duration, clk clock.WithTicker) *boundedFrequencyRunner {
+	return &boundedFrequencyRunner{fn: fn, minInterval: minInterval, maxInterval: maxInterval, clk: clk, trigger: make(chan struct{}, 1)}
+}
+
+// Run asks for a run as soon as minInterval allows. It never blocks.
+func (r *boundedFrequencyRunner) Run() {
+	select {
+	case r.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// Loop runs until ctx ends. The first run happens on the first Run().
+func (r *boundedFrequencyRunner) Loop(ctx context.Context) {
+	periodic := r.clk.NewTimer(r.maxInterval)
+	defer periodic.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-periodic.C():
+		case <-r.trigger:
+			r.mu.Lock()
+			wait := r.minInterval - r.clk.Since(r.lastRun)
+			r.mu.Unlock()
+			if !r.lastRun.IsZero() && wait > 0 {
+				t := r.clk.NewTimer(wait)
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return
+				case <-t.C():
+				}
+			}
+		}
+		r.mu.Lock()
+		r.lastRun = r.clk.Now()
+		r.mu.Unlock()
+		r.fn()
+		// Drain a trigger that arrived during the run only if it predates it:
+		// a change queued while fn ran must still get its own run, so leave it.
+		if !periodic.Stop() {
+			select {
+			case <-periodic.C():
+			default:
+			}
+		}
+		periodic.Reset(r.maxInterval)
+	}
+}

@@ -1,0 +1,108 @@
+package proxier
+
+import (
+	"net/netip"
+	"slices"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
+)
+
+// servicePortInfo is what the proxier needs of one Service port: the inputs
+// of its proxy socket, its portal rules and its balancer affinity policy.
+type servicePortInfo struct {
+	name            loadbalancer.ServicePortName
+	port            int
+	clusterIPs      []netip.Addr
+	externalIPs     []netip.Addr
+	loadBalancerIPs []netip.Addr
+	nodePort        int
+	affinity        loadbalancer.AffinityPolicy
+}
+
+// sameRules reports whether a and b yield the same portal rules. The socket
+// itself depends only on the protocol, which is part of the name.
+func (a *servicePortInfo) sameRules(b *servicePortInfo) bool {
+	return a.port == b.port && a.nodePort == b.nodePort &&
+		slices.Equal(a.clusterIPs, b.clusterIPs) &&
+		slices.Equal(a.externalIPs, b.externalIPs) &&
+		slices.Equal(a.loadBalancerIPs, b.loadBalancerIPs)
+}
+
+// servicePorts converts a Service into its proxied ports. ExternalName and
+// headless Services have none: there is nothing to proxy.
+func servicePorts(svc *v1.Service) []*servicePortInfo {
+	if svc.Spec.Type == v1.ServiceTypeExternalName {
+		return nil
+	}
+	clusterIPs := parseIPs(svc.Spec.ClusterIPs)
+	if len(clusterIPs) == 0 {
+		clusterIPs = parseIPs([]string{svc.Spec.ClusterIP})
+	}
+	if len(clusterIPs) == 0 && svc.Spec.Type == v1.ServiceTypeClusterIP && len(svc.Spec.ExternalIPs) == 0 {
+		return nil // headless or not yet allocated
+	}
+	externalIPs := parseIPs(svc.Spec.ExternalIPs)
+	var lbIPs []netip.Addr
+	for _, ing := range svc.Status.LoadBalancer.Ingress {
+		if a, err := netip.ParseAddr(ing.IP); err == nil {
+			lbIPs = append(lbIPs, a.Unmap())
+		}
+	}
+	if svc.Spec.Type != v1.ServiceTypeLoadBalancer {
+		lbIPs = nil
+	}
+	affinity := loadbalancer.AffinityPolicy{}
+	if svc.Spec.SessionAffinity == v1.ServiceAffinityClientIP {
+		affinity.ClientIP = true
+		affinity.Timeout = loadbalancer.DefaultAffinityTimeout
+		if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+			affinity.Timeout = time.Duration(*c.ClientIP.TimeoutSeconds) * time.Second
+		}
+	}
+	nn := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
+	var out []*servicePortInfo
+	for _, p := range svc.Spec.Ports {
+		proto := p.Protocol
+		if proto == "" {
+			proto = v1.ProtocolTCP
+		}
+		if proto != v1.ProtocolTCP && proto != v1.ProtocolUDP {
+			continue // SCTP: no userspace socket for it; sources report it
+		}
+		info := &servicePortInfo{
+			name:            loadbalancer.ServicePortName{NamespacedName: nn, Port: p.Name, Protocol: proto},
+			port:            int(p.Port),
+			clusterIPs:      clusterIPs,
+			externalIPs:     externalIPs,
+			loadBalancerIPs: lbIPs,
+			affinity:        affinity,
+		}
+		if svc.Spec.Type == v1.ServiceTypeNodePort || svc.Spec.Type == v1.ServiceTypeLoadBalancer {
+			info.nodePort = int(p.NodePort)
+		}
+		out = append(out, info)
+	}
+	return out
+}
+
+func parseIPs(ss []string) []netip.Addr {
+	var out []netip.Addr
+	for _, s := range ss {
+		if a, err := netip.ParseAddr(s); err == nil {
+			out = append(out, a.Unmap())
+		}
+	}
+	return out
+}
+
+func addrStrings(as []netip.Addr) []string {
+	out := make([]string, 0, len(as))
+	for _, a := range as {
+		out = append(out, a.String())
+	}
+	return out
+}

@@ -1,0 +1,193 @@
+package proxier
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
+)
+
+// tcpProxySocket accepts client connections for one service port. The accept
+// loop only accepts: picking, dialing and copying happen in a goroutine per
+// connection, so a slow or dead endpoint never delays other clients.
+type tcpProxySocket struct {
+	name  loadbalancer.ServicePortName
+	label string
+	ln    *net.TCPListener
+	sp    *loadbalancer.ServicePort
+	cfg   *socketConfig
+
+	// Per-port metric children, resolved once instead of per connection.
+	active                                                     prometheus.Gauge
+	failed, retries, dialFailures, acceptErrors, bytesIn, bytesOut prometheus.Counter
+
+	closeOnce sync.Once
+	closed    chan struct{}
+}
+
+func newTCPProxySocket(name loadbalancer.ServicePortName, ln *net.TCPListener, sp *loadbalancer.ServicePort, cfg *socketConfig) *tcpProxySocket {
+	label := name.String()
+	m := cfg.metrics
+	return &tcpProxySocket{
+		name: name, label: label, ln: ln, sp: sp, cfg: cfg, closed: make(chan struct{}),
+		active:       m.ActiveConnections.WithLabelValues(label),
+		failed:       m.ConnectionsFailed.WithLabelValues(label),
+		retries:      m.DialRetries.WithLabelValues(label),
+		dialFailures: m.DialFailures.WithLabelValues(label),
+		acceptErrors: m.AcceptErrors.WithLabelValues(label),
+		bytesIn:      m.BytesTotal.WithLabelValues(label, "in"),
+		bytesOut:     m.BytesTotal.WithLabelValues(label, "out"),
+	}
+}
+
+func (s *tcpProxySocket) Port() int { return s.ln.Addr().(*net.TCPAddr).Port }
+
+func (s *tcpProxySocket) Close() error {
+	var err error
+	s.closeOnce.Do(func() {
+		close(s.closed)
+		err = s.ln.Close()
+	})
+	return err
+}
+
+func (s *tcpProxySocket) Serve() {
+	backoff := time.Duration(0)
+	for {
+		conn, err := s.ln.AcceptTCP()
+		if err != nil {
+			select {
+			case <-s.closed:
+				return
+			default:
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			s.acceptErrors.Inc()
+			if !isTemporaryAcceptError(err) {
+				klog.ErrorS(err, "Accept failed", "servicePort", s.label)
+			}
+			backoff = nextBackoff(backoff, s.cfg.acceptBackoffBase)
+			select {
+			case <-time.After(backoff):
+			case <-s.closed:
+				return
+			}
+			continue
+		}
+		backoff = 0
+		go s.handle(conn)
+	}
+}
+
+func nextBackoff(cur, base time.Duration) time.Duration {
+	if base <= 0 {
+		base = 5 * time.Millisecond
+	}
+	if cur == 0 {
+		return base
+	}
+	if cur *= 2; cur > time.Second {
+		cur = time.Second
+	}
+	return cur
+}
+
+// handle picks a backend, retrying on the next endpoint when a dial fails,
+// then copies both ways.
+func (s *tcpProxySocket) handle(client *net.TCPConn) {
+	backend, err := s.dial(clientAddr(client.RemoteAddr()))
+	if err != nil {
+		// A reset, not a FIN: the client must not mistake "no backend" for an
+		// empty answer.
+		_ = client.SetLinger(0)
+		_ = client.Close()
+		s.failed.Inc()
+		klog.V(3).InfoS("No backend for connection", "servicePort", s.label, "client", client.RemoteAddr(), "err", err)
+		return
+	}
+	s.active.Inc()
+	defer s.active.Dec()
+	proxyTCP(client, backend, s.cfg.halfCloseTimeout, s.bytesIn, s.bytesOut)
+}
+
+func (s *tcpProxySocket) dial(client netip.AddrPort) (*net.TCPConn, error) {
+	var lastErr error
+	for i, timeout := range s.cfg.dialTimeouts {
+		// After the first failure, let affinity move the client on: its pinned
+		// endpoint is the one that just failed.
+		ep, err := s.sp.Next(client.Addr(), i > 0)
+		if err != nil {
+			return nil, err
+		}
+		if i > 0 {
+			s.retries.Inc()
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		conn, err := s.cfg.dialer.DialContext(ctx, "tcp", ep.String())
+		cancel()
+		if err == nil {
+			if tc, ok := conn.(*net.TCPConn); ok {
+				return tc, nil
+			}
+			conn.Close()
+			return nil, errors.New("dialer returned a non-TCP connection")
+		}
+		lastErr = err
+		s.dialFailures.Inc()
+		klog.V(3).InfoS("Dial failed, trying next endpoint", "servicePort", s.label, "endpoint", ep, "err", err)
+	}
+	return nil, lastErr
+}
+
+// proxyTCP copies both ways until both directions are done. Each direction
+// uses (*TCPConn).ReadFrom, which splices socket to socket on Linux. A FIN is
+// passed on as a half-close; the other direction then has halfCloseTimeout to
+// finish, so a peer that never closes cannot pin the goroutines forever
+// (the legacy leak, kubernetes#18354). A reset on one side resets the other.
+func proxyTCP(client, backend *net.TCPConn, halfCloseTimeout time.Duration, in, out byteCounter) {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		copyHalf(backend, client, halfCloseTimeout, in)
+	}()
+	copyHalf(client, backend, halfCloseTimeout, out)
+	wg.Wait()
+	client.Close()
+	backend.Close()
+}
+
+type byteCounter interface{ Add(float64) }
+
+func copyHalf(dst, src *net.TCPConn, halfCloseTimeout time.Duration, bytes byteCounter) {
+	n, err := dst.ReadFrom(src)
+	bytes.Add(float64(n))
+	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+		if isReset(err) {
+			_ = dst.SetLinger(0)
+		}
+		// Either side failed: tear both down so the other copy returns too.
+		dst.Close()
+		src.Close()
+		return
+	}
+	_ = dst.CloseWrite()
+	if halfCloseTimeout > 0 {
+		_ = dst.SetReadDeadline(time.Now().Add(halfCloseTimeout))
+	}
+}
+
+func isReset(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}

@@ -1,0 +1,159 @@
+package proxier
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
+)
+
+// maxDatagram fits any UDP payload; the legacy 4 KiB buffer truncated.
+const maxDatagram = 64 * 1024
+
+// udpProxySocket relays datagrams for one service port. Each client ip:port
+// gets its own connected socket to the chosen backend; replies are written
+// back through the service socket so that conntrack turns their source back
+// into the service address the client sent to.
+type udpProxySocket struct {
+	name  loadbalancer.ServicePortName
+	label string
+	conn  *net.UDPConn
+	sp    *loadbalancer.ServicePort
+	cfg   *socketConfig
+
+	sessions                          prometheus.Gauge
+	dialFailures, bytesIn, bytesOut   prometheus.Counter
+	droppedNoBackend                  prometheus.Counter
+
+	mu      sync.Mutex // guards clients; per socket, never global
+	clients map[netip.AddrPort]*udpSession
+
+	closeOnce sync.Once
+	closed    chan struct{}
+}
+
+type udpSession struct {
+	backend *net.UDPConn
+}
+
+func newUDPProxySocket(name loadbalancer.ServicePortName, conn *net.UDPConn, sp *loadbalancer.ServicePort, cfg *socketConfig) *udpProxySocket {
+	label := name.String()
+	m := cfg.metrics
+	return &udpProxySocket{
+		name: name, label: label, conn: conn, sp: sp, cfg: cfg,
+		clients:          map[netip.AddrPort]*udpSession{},
+		closed:           make(chan struct{}),
+		sessions:         m.UDPSessions.WithLabelValues(label),
+		dialFailures:     m.DialFailures.WithLabelValues(label),
+		bytesIn:          m.BytesTotal.WithLabelValues(label, "in"),
+		bytesOut:         m.BytesTotal.WithLabelValues(label, "out"),
+		droppedNoBackend: m.ConnectionsFailed.WithLabelValues(label),
+	}
+}
+
+func (s *udpProxySocket) Port() int { return s.conn.LocalAddr().(*net.UDPAddr).Port }
+
+func (s *udpProxySocket) Close() error {
+	var err error
+	s.closeOnce.Do(func() {
+		close(s.closed)
+		err = s.conn.Close()
+	})
+	return err
+}
+
+func (s *udpProxySocket) Serve() {
+	buf := make([]byte, maxDatagram)
+	for {
+		n, from, err := s.conn.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			select {
+			case <-s.closed:
+				return
+			default:
+			}
+			klog.V(2).InfoS("UDP read failed", "servicePort", s.label, "err", err)
+			continue
+		}
+		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+		sess, err := s.session(from)
+		if err != nil {
+			s.droppedNoBackend.Inc()
+			klog.V(3).InfoS("Dropping datagram", "servicePort", s.label, "client", from, "err", err)
+			continue
+		}
+		// The deadline is a runtime timer, not a system call: refreshing it
+		// per datagram keeps busy sessions alive cheaply.
+		_ = sess.backend.SetReadDeadline(time.Now().Add(s.cfg.udpIdleTimeout))
+		if _, err := sess.backend.Write(buf[:n]); err != nil {
+			klog.V(3).InfoS("UDP write to backend failed", "servicePort", s.label, "client", from, "err", err)
+			continue
+		}
+		s.bytesIn.Add(float64(n))
+	}
+}
+
+// session returns the client's backend socket, creating it (and its reply
+// relay) on the first datagram.
+func (s *udpProxySocket) session(client netip.AddrPort) (*udpSession, error) {
+	s.mu.Lock()
+	sess := s.clients[client]
+	s.mu.Unlock()
+	if sess != nil {
+		return sess, nil
+	}
+	var lastErr error
+	for i := range s.cfg.dialTimeouts {
+		ep, err := s.sp.Next(client.Addr(), i > 0)
+		if err != nil {
+			return nil, err
+		}
+		backend, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(ep))
+		if err != nil {
+			lastErr = err
+			s.dialFailures.Inc()
+			continue
+		}
+		sess = &udpSession{backend: backend}
+		s.mu.Lock()
+		s.clients[client] = sess
+		s.mu.Unlock()
+		s.sessions.Inc()
+		go s.relayReplies(client, sess)
+		return sess, nil
+	}
+	return nil, lastErr
+}
+
+// relayReplies copies backend replies to the client until the session has
+// been idle for udpIdleTimeout or the socket closes.
+func (s *udpProxySocket) relayReplies(client netip.AddrPort, sess *udpSession) {
+	defer func() {
+		s.mu.Lock()
+		delete(s.clients, client)
+		s.mu.Unlock()
+		sess.backend.Close()
+		s.sessions.Dec()
+	}()
+	buf := make([]byte, maxDatagram)
+	for {
+		_ = sess.backend.SetReadDeadline(time.Now().Add(s.cfg.udpIdleTimeout))
+		n, err := sess.backend.Read(buf)
+		if err != nil {
+			return // idle timeout, refused (ICMP), or closed
+		}
+		if _, err := s.conn.WriteToUDPAddrPort(buf[:n], client); err != nil {
+			return
+		}
+		s.bytesOut.Add(float64(n))
+	}
+}
