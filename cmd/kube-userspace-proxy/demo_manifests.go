@@ -1,0 +1,120 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// The demo's Services, as the proxier names their ports ("ns/svc:port").
+const (
+	demoWeb       = "default/web:http"
+	demoSticky    = "default/web-sticky:http"
+	demoEcho      = "default/echo:echo"
+	stickyService = "web-sticky-service.yaml"
+	stickySlices  = "web-sticky-endpointslices.yaml"
+)
+
+// demoManifests writes the demo's Services and EndpointSlices into dir, the
+// directory the proxier watches with --manifests. Each backend listens on
+// its own port, and an EndpointSlice's ports apply to all its endpoints, so
+// every backend gets a slice of its own, as pods with different ports would.
+type demoManifests struct {
+	dir      string
+	backends []*demoBackend
+}
+
+func (m *demoManifests) writeAll() error {
+	web := serviceYAML("web", "10.96.0.10", "http", 80, "TCP", "", 0) +
+		slicesYAML("web", "http", "TCP", m.backends, tcpPort)
+	echo := serviceYAML("echo", "10.96.0.12", "echo", 7, "UDP", "", 0) +
+		slicesYAML("echo", "echo", "UDP", m.backends, udpPort)
+	for _, f := range []struct{ name, text string }{
+		{"web.yaml", web},
+		{"echo.yaml", echo},
+		{stickySlices, slicesYAML("web-sticky", "http", "TCP", m.backends, tcpPort)},
+	} {
+		if err := m.write(f.name, f.text); err != nil {
+			return err
+		}
+	}
+	return m.setStickyTimeout(0)
+}
+
+// setStickyTimeout rewrites web-sticky's Service; 0 leaves timeoutSeconds
+// out, which means Kubernetes' default of 10800 s.
+func (m *demoManifests) setStickyTimeout(seconds int) error {
+	return m.write(stickyService, serviceYAML("web-sticky", "10.96.0.11", "http", 80, "TCP", "ClientIP", seconds))
+}
+
+// setStickyBackends rewrites web-sticky's EndpointSlices to list only bs, as
+// the EndpointSlice controller does when a pod goes away.
+func (m *demoManifests) setStickyBackends(bs []*demoBackend) error {
+	return m.write(stickySlices, slicesYAML("web-sticky", "http", "TCP", bs, tcpPort))
+}
+
+// write replaces name atomically: the watcher must never read half a file.
+// The temporary name is hidden, and the manifest source skips hidden files.
+func (m *demoManifests) write(name, text string) error {
+	tmp := filepath.Join(m.dir, "."+name+".tmp")
+	if err := os.WriteFile(tmp, []byte(text), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(m.dir, name))
+}
+
+func serviceYAML(name, clusterIP, portName string, port int, proto, affinity string, timeout int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, `apiVersion: v1
+kind: Service
+metadata:
+  name: %s
+  namespace: default
+spec:
+  clusterIP: %s
+`, name, clusterIP)
+	if affinity != "" {
+		fmt.Fprintf(&b, "  sessionAffinity: %s\n", affinity)
+	}
+	if timeout > 0 {
+		fmt.Fprintf(&b, "  sessionAffinityConfig:\n    clientIP:\n      timeoutSeconds: %d\n", timeout)
+	}
+	// A named targetPort: every pod may listen on a different number, and
+	// the EndpointSlices say which.
+	fmt.Fprintf(&b, `  ports:
+  - name: %s
+    port: %d
+    protocol: %s
+    targetPort: %s
+`, portName, port, proto, portName)
+	return b.String()
+}
+
+func tcpPort(b *demoBackend) uint16 { return b.tcpAddr().Port() }
+func udpPort(b *demoBackend) uint16 { return b.udpAddr().Port() }
+
+func slicesYAML(service, portName, proto string, bs []*demoBackend, port func(*demoBackend) uint16) string {
+	var b strings.Builder
+	for _, be := range bs {
+		fmt.Fprintf(&b, `---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: %s-%s
+  namespace: default
+  labels:
+    kubernetes.io/service-name: %s
+addressType: IPv4
+ports:
+- name: %s
+  port: %d
+  protocol: %s
+endpoints:
+- addresses: ["127.0.0.1"]
+  conditions: {ready: true}
+  targetRef: {kind: Pod, namespace: default, name: %s}
+`, service, be.name, service, portName, port(be), proto, be.name)
+	}
+	return b.String()
+}

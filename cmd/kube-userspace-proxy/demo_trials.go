@@ -1,0 +1,173 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+)
+
+// The seed's timing experiments, run with timeoutSeconds 3.
+const (
+	trialCount   = 12
+	shortGap     = 1 * time.Second // below the timeout: the pin must hold
+	longGap      = 4 * time.Second // above it: the client is balanced afresh
+	refreshEvery = 2 * time.Second
+	refreshTimes = 7
+	// trialStagger spaces the trials' first accesses so that their order,
+	// and so the round-robin picks, is the same on every run.
+	trialStagger = 100 * time.Millisecond
+	// expiryProbe is when, before a long trial's second access, the
+	// affinity table is read to see the entry gone (0.5 s after expiry).
+	expiryProbe = 3500 * time.Millisecond
+)
+
+// Every trial is a client of its own, so all of them run at once and the
+// whole thing takes about as long as the refresh series (12 s), not minutes.
+func shortClient(i int) netip.Addr { return clientIP(21 + i) }
+func longClient(i int) netip.Addr  { return clientIP(41 + i) }
+
+var refreshClient = clientIP(61)
+
+// trialResults is what the timing experiments observed.
+type trialResults struct {
+	shortSame   int      // short-gap trials answered twice by the same backend
+	longExpired int      // long-gap trials whose entry was gone before the second access
+	longChanged int      // long-gap trials whose second access went elsewhere
+	refreshed   []string // the refresh client's backends, in order
+	err         error
+}
+
+// timeoutTrials runs, concurrently: 12 trials of two accesses 1 s apart,
+// 12 trials of two accesses 4 s apart, and one client accessing every 2 s,
+// 7 times.
+//
+// Why the schedule is fixed: unlike kube-proxy's iptables mode, which
+// re-picks at random, this proxy re-picks round robin, so whether a
+// long-gap client lands elsewhere depends on how many other clients picked
+// between its two accesses. The refresh client picks first, then trial i
+// makes its short and its long first access at start+(i+1)*100ms; sticky
+// accesses do not move the cursor. Between long client i's two picks come
+// the 2*(11-i) first picks of the later trials and the i second picks of
+// the earlier long ones, 22-i in all, so it lands on the same backend again
+// exactly when 22-i+1 is a multiple of 3: 4 of 12 same, 8 changed.
+func (l *demoLab) timeoutTrials(ctx context.Context) trialResults {
+	addr, err := l.proxyAddr(demoSticky)
+	if err != nil {
+		return trialResults{err: err}
+	}
+	var (
+		mu  sync.Mutex
+		res trialResults
+		wg  sync.WaitGroup
+	)
+	record := func(f func()) {
+		mu.Lock()
+		defer mu.Unlock()
+		f()
+	}
+	fail := func(err error) { record(func() { res.err = firstErr(res.err, err) }) }
+	access := func(from netip.Addr) (string, bool) {
+		name, err := accessTCP(ctx, addr, from)
+		if err != nil {
+			fail(err)
+			return "", false
+		}
+		return name, true
+	}
+
+	start := time.Now()
+	first, ok := access(refreshClient)
+	if !ok {
+		return res
+	}
+	res.refreshed = append(res.refreshed, first)
+	wg.Go(func() {
+		for k := 1; k < refreshTimes; k++ {
+			if err := sleepUntil(ctx, start.Add(time.Duration(k)*refreshEvery)); err != nil {
+				fail(err)
+				return
+			}
+			name, ok := access(refreshClient)
+			if !ok {
+				return
+			}
+			record(func() { res.refreshed = append(res.refreshed, name) })
+		}
+	})
+
+	for i := range trialCount {
+		if err := sleepUntil(ctx, start.Add(time.Duration(i+1)*trialStagger)); err != nil {
+			fail(err)
+			break
+		}
+		short, long := shortClient(i), longClient(i)
+		shortFirst, ok1 := access(short)
+		longFirst, ok2 := access(long)
+		if !ok1 || !ok2 {
+			break
+		}
+		at := time.Now()
+		wg.Go(func() {
+			if err := sleepUntil(ctx, at.Add(shortGap)); err != nil {
+				fail(err)
+				return
+			}
+			if name, ok := access(short); ok && name == shortFirst {
+				record(func() { res.shortSame++ })
+			}
+		})
+		wg.Go(func() {
+			if err := sleepUntil(ctx, at.Add(expiryProbe)); err != nil {
+				fail(err)
+				return
+			}
+			if _, pinned := l.pinnedTo(demoSticky, long); !pinned {
+				record(func() { res.longExpired++ })
+			}
+			if err := sleepUntil(ctx, at.Add(longGap)); err != nil {
+				fail(err)
+				return
+			}
+			if name, ok := access(long); ok && name != longFirst {
+				record(func() { res.longChanged++ })
+			}
+		})
+	}
+	wg.Wait()
+	return res
+}
+
+func firstErr(have, next error) error {
+	if have != nil {
+		return have
+	}
+	return next
+}
+
+// rows turns the results into the table's three timing rows.
+func (r trialResults) rows() []demoRow {
+	short := demoRow{Experiment: "timeout 3 s: 12 trials, 2 accesses 1 s apart", Seed: "12/12 same backend"}
+	long := demoRow{Experiment: "timeout 3 s: 12 trials, 2 accesses 4 s apart", Seed: "8/12 changed (random re-pick)"}
+	refresh := demoRow{Experiment: "timeout 3 s: 1 access every 2 s, 7 times", Seed: "1 distinct backend"}
+	if r.err != nil {
+		for _, row := range []*demoRow{&short, &long, &refresh} {
+			row.Ours = "error: " + r.err.Error()
+		}
+		return []demoRow{short, long, refresh}
+	}
+	short.Ours = fmt.Sprintf("%d/%d same backend", r.shortSame, trialCount)
+	short.Matched = r.shortSame == trialCount
+	// Re-picked is the outcome: the entry was gone once 3 s had passed. How
+	// many then changed backend is the balancing algorithm's business.
+	long.Ours = fmt.Sprintf("%d/%d re-picked, %d/%d changed", r.longExpired, trialCount, r.longChanged, trialCount)
+	long.Matched = r.longExpired == trialCount && r.longChanged > 0
+	distinct := map[string]bool{}
+	for _, n := range r.refreshed {
+		distinct[n] = true
+	}
+	refresh.Ours = fmt.Sprintf("%d distinct backend(s) in %d accesses", len(distinct), len(r.refreshed))
+	refresh.Matched = len(distinct) == 1 && len(r.refreshed) == refreshTimes
+	return []demoRow{short, long, refresh}
+}
