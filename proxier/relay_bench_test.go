@@ -1,0 +1,222 @@
+package proxier_test
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"strconv"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
+)
+
+// The relay benchmarks run the real proxy sockets on loopback, without
+// iptables: the client talks to the proxy port itself. Each has a "direct"
+// twin that talks to the backend, so the proxy's own cost is the difference.
+
+// benchDatagram is a DNS-sized request.
+const benchDatagram = 64
+
+// startUDPEcho serves a UDP echo on loopback until the benchmark ends.
+func startUDPEcho(b *testing.B) netip.AddrPort {
+	b.Helper()
+	conn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { conn.Close() })
+	go func() {
+		buf := make([]byte, 64*1024)
+		for {
+			n, from, err := conn.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			_, _ = conn.WriteToUDPAddrPort(buf[:n], from)
+		}
+	}()
+	return conn.LocalAddr().(*net.UDPAddr).AddrPort()
+}
+
+// startHTTPish answers every connection's request line with a fixed small
+// HTTP response and closes, as a Connection: close server does.
+func startHTTPish(b *testing.B) netip.AddrPort {
+	b.Helper()
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { ln.Close() })
+	resp := []byte("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n")
+	go func() {
+		for {
+			c, err := ln.AcceptTCP()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				r := bufio.NewReaderSize(c, 512)
+				if _, err := r.ReadSlice('\n'); err != nil {
+					return
+				}
+				_, _ = c.Write(resp)
+			}()
+		}
+	}()
+	return ln.Addr().(*net.TCPAddr).AddrPort()
+}
+
+// proxiedPort builds a proxier (no iptables) with one Service port of
+// proto whose only endpoint is backend, and returns the proxy socket's
+// loopback address.
+func proxiedPort(b *testing.B, proto v1.Protocol, backend netip.AddrPort) netip.AddrPort {
+	b.Helper()
+	quietKlog()
+	p := proxier.New(proxier.Options{BindAddress: benchLoopback})
+	b.Cleanup(func() { stopBenchProxier(p) })
+	portName, port := "p", int32(backend.Port())
+	p.OnServiceAdd(&v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: benchNamespace, Name: "relay"},
+		Spec: v1.ServiceSpec{
+			Type: v1.ServiceTypeClusterIP, ClusterIP: "10.96.0.1", ClusterIPs: []string{"10.96.0.1"},
+			Ports: []v1.ServicePort{{Name: portName, Port: 80, Protocol: proto, TargetPort: intstr.FromInt32(port)}},
+		},
+	})
+	p.OnEndpointSliceAdd(&discovery.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: benchNamespace, Name: "relay-1",
+			Labels: map[string]string{discovery.LabelServiceName: "relay"},
+		},
+		AddressType: discovery.AddressTypeIPv4,
+		Ports:       []discovery.EndpointPort{{Name: &portName, Protocol: &proto, Port: &port}},
+		Endpoints:   []discovery.Endpoint{{Addresses: []string{backend.Addr().String()}}},
+	})
+	p.OnServiceSynced()
+	p.OnEndpointSlicesSynced()
+	p.Sync()
+	proxyPort, ok := p.ProxyPort(benchNamespace + "/relay:p")
+	if !ok {
+		b.Fatal("no proxy socket for the relay service")
+	}
+	return netip.AddrPortFrom(benchLoopback, uint16(proxyPort))
+}
+
+// BenchmarkUDPRelay is one request/response round trip of a small datagram:
+// "direct" to the echo server, "proxied" through the proxy socket (client →
+// proxy → backend → proxy → client); "proxied-parallel" uses one client
+// socket (one proxy session) per goroutine.
+func BenchmarkUDPRelay(b *testing.B) {
+	echo := startUDPEcho(b)
+	b.Run("direct", func(b *testing.B) { benchUDPRoundTrips(b, echo) })
+	proxy := proxiedPort(b, v1.ProtocolUDP, echo)
+	b.Run("proxied", func(b *testing.B) { benchUDPRoundTrips(b, proxy) })
+	b.Run("proxied-parallel", func(b *testing.B) {
+		b.SetBytes(benchDatagram)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			c := dialUDP(b, to(proxy))
+			defer c.Close()
+			buf := make([]byte, 2048)
+			for pb.Next() {
+				if err := udpRoundTrip(c, buf); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+}
+
+func to(a netip.AddrPort) *net.UDPAddr { return net.UDPAddrFromAddrPort(a) }
+
+func dialUDP(b *testing.B, addr *net.UDPAddr) *net.UDPConn {
+	c, err := net.DialUDP("udp", nil, addr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return c
+}
+
+func benchUDPRoundTrips(b *testing.B, addr netip.AddrPort) {
+	c := dialUDP(b, to(addr))
+	defer c.Close()
+	buf := make([]byte, 2048)
+	// The first datagram opens the proxy session; keep it out of the timing.
+	if err := udpRoundTrip(c, buf); err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(benchDatagram)
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := udpRoundTrip(c, buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// udpRoundTrip sends one datagram and waits (bounded) for its echo.
+func udpRoundTrip(c *net.UDPConn, buf []byte) error {
+	if _, err := c.Write(buf[:benchDatagram]); err != nil {
+		return err
+	}
+	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	n, err := c.Read(buf)
+	if err != nil {
+		return err
+	}
+	if n != benchDatagram {
+		return errors.New("short echo: " + strconv.Itoa(n) + " bytes")
+	}
+	return nil
+}
+
+// BenchmarkTCPConnectRequest is one HTTP/1.1 Connection: close exchange on
+// a new connection (connect, request, response, close), as wrk -H
+// "Connection: close" does: "direct" to the backend, "proxied" through the
+// proxy socket (accept, pick, dial, splice both ways, half-close).
+func BenchmarkTCPConnectRequest(b *testing.B) {
+	backend := startHTTPish(b)
+	b.Run("direct", func(b *testing.B) { benchConnectRequest(b, backend) })
+	proxy := proxiedPort(b, v1.ProtocolTCP, backend)
+	b.Run("proxied", func(b *testing.B) { benchConnectRequest(b, proxy) })
+}
+
+func benchConnectRequest(b *testing.B, addr netip.AddrPort) {
+	req := []byte("GET / HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
+	buf := make([]byte, 512)
+	b.ReportAllocs()
+	for b.Loop() {
+		c, err := net.DialTCP("tcp", nil, net.TCPAddrFromAddrPort(addr))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := c.Write(req); err != nil {
+			b.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		n := 0
+		for {
+			m, err := c.Read(buf[n:])
+			n += m
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+		c.Close()
+		if n == 0 {
+			b.Fatal("empty response")
+		}
+	}
+}
