@@ -1,0 +1,13 @@
+// Package controlplane runs a real etcd and kube-apiserver on loopback for tests: random
+// free ports, a temporary data and certificate directory, token authentication with an
+// admin token (system:masters) and a proxy token (the kube-system/kube-userspace-proxy
+// service account, which has no rights until a test applies examples/deploy's RBAC), RBAC
+// authorization and a generated service-account key.
+//
+// The binaries come from the wrapper modules next to this file, built by build.sh into a
+// cache directory outside the repository. Start skips the test when they are not built,
+// unless KUP_BUILD_CONTROLPLANE is set, in which case it builds them first.
+//
+// Every process is started by this package, stopped by PID and every directory removed
+// when the test ends, even when it fails.
+package controlplane
