@@ -1,0 +1,198 @@
+package main
+
+import (
+	"bufio"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Configurations in table order; run.sh uses the keys.
+var configs = []struct{ key, title string }{
+	{"direct", "direct (1 backend)"},
+	{"dnat", "kernel DNAT"},
+	{"haproxy", "HAProxy"},
+	{"kup", "kube-userspace-proxy"},
+}
+
+// figure is one row of the table.
+type figure struct {
+	key, title     string
+	higherIsBetter bool
+}
+
+// figures in table order. Rows whose key run.sh never wrote are left out;
+// keys not listed here are appended with the key as title.
+var figures = []figure{
+	{"newconn_rps", "HTTP new connection per request (req/s)", true},
+	{"newconn_p50", "  … latency p50 (ms)", false},
+	{"newconn_p99", "  … latency p99 (ms)", false},
+	{"newconn_err", "  … errors (count)", false},
+	{"keepalive_rps", "HTTP keep-alive, 64 connections (req/s)", true},
+	{"keepalive_p99", "  … latency p99 (ms)", false},
+	{"keepalive_err", "  … errors (count)", false},
+	{"tcp1_gbps", "TCP throughput, 1 stream (Gbit/s)", true},
+	{"tcp4_gbps", "TCP throughput, 4 streams (Gbit/s)", true},
+	{"udp_rps", "UDP request/response, 64 B (req/s)", true},
+	{"udp_loss", "  … loss (%)", false},
+	{"cpu_per_gb1", "proxy CPU per GB, 1 stream (s/GB)", false},
+	{"cpu_per_gb4", "proxy CPU per GB, 4 streams (s/GB)", false},
+	{"rss_idle_kib", "proxy RSS per idle connection (KiB)", false},
+}
+
+// samples holds every value of one figure, by configuration.
+type samples map[string][]float64
+
+// readSamples parses run.sh's raw file: "figure config rep value" per line,
+// value "NA" when a configuration has no such figure (HAProxy and UDP).
+func readSamples(r io.Reader) (map[string]samples, []string, error) {
+	out := map[string]samples{}
+	var order []string
+	sc := bufio.NewScanner(r)
+	for line := 1; sc.Scan(); line++ {
+		f := strings.Fields(sc.Text())
+		if len(f) == 0 || strings.HasPrefix(f[0], "#") {
+			continue
+		}
+		if len(f) != 4 {
+			return nil, nil, fmt.Errorf("line %d: want \"figure config rep value\", got %q", line, sc.Text())
+		}
+		if out[f[0]] == nil {
+			out[f[0]] = samples{}
+			order = append(order, f[0])
+		}
+		if f[3] == "NA" {
+			continue
+		}
+		v, err := strconv.ParseFloat(f[3], 64)
+		if err != nil {
+			return nil, nil, fmt.Errorf("line %d: %w", line, err)
+		}
+		out[f[0]][f[1]] = append(out[f[0]][f[1]], v)
+	}
+	return out, order, sc.Err()
+}
+
+// stats are the median and range of one cell.
+type stats struct {
+	median, min, max float64
+	n                int
+}
+
+func summarize(vs []float64) (stats, bool) {
+	if len(vs) == 0 {
+		return stats{}, false
+	}
+	s := slices.Clone(vs)
+	slices.Sort(s)
+	m := s[len(s)/2]
+	if len(s)%2 == 0 {
+		m = (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	return stats{median: m, min: s[0], max: s[len(s)-1], n: len(s)}, true
+}
+
+// formatNumber keeps three significant digits, with thousands separators
+// for large values.
+func formatNumber(v float64) string {
+	a := math.Abs(v)
+	switch {
+	case a >= 1000:
+		s := strconv.FormatInt(int64(math.Round(v)), 10)
+		neg := strings.HasPrefix(s, "-")
+		s = strings.TrimPrefix(s, "-")
+		var b strings.Builder
+		for i, c := range s {
+			if i > 0 && (len(s)-i)%3 == 0 {
+				b.WriteByte(',')
+			}
+			b.WriteRune(c)
+		}
+		if neg {
+			return "-" + b.String()
+		}
+		return b.String()
+	case a >= 100:
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	case a >= 10:
+		return strconv.FormatFloat(v, 'f', 1, 64)
+	case a >= 1 || a == 0:
+		return strconv.FormatFloat(v, 'f', 2, 64)
+	}
+	return strconv.FormatFloat(v, 'g', 3, 64)
+}
+
+func formatCell(s stats, ok bool) string {
+	if !ok {
+		return "n/a"
+	}
+	if s.n == 1 || s.min == s.max {
+		return formatNumber(s.median)
+	}
+	return fmt.Sprintf("%s (%s–%s)", formatNumber(s.median), formatNumber(s.min), formatNumber(s.max))
+}
+
+func formatRatio(num, den stats, okNum, okDen bool) string {
+	if !okNum || !okDen || den.median == 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f×", num.median/den.median)
+}
+
+// renderTable writes the markdown table of all figures.
+func renderTable(w io.Writer, data map[string]samples, order []string) {
+	rows := []figure{}
+	for _, f := range figures {
+		if data[f.key] != nil {
+			rows = append(rows, f)
+		}
+	}
+	for _, k := range order {
+		if !slices.ContainsFunc(figures, func(f figure) bool { return f.key == k }) {
+			rows = append(rows, figure{key: k, title: k})
+		}
+	}
+	header := []string{"figure"}
+	for _, c := range configs {
+		header = append(header, c.title)
+	}
+	header = append(header, "kup ÷ DNAT", "kup ÷ HAProxy", "HAProxy ÷ DNAT")
+	fmt.Fprintf(w, "| %s |\n", strings.Join(header, " | "))
+	fmt.Fprintf(w, "|%s\n", strings.Repeat("---|", len(header)))
+	for _, f := range rows {
+		cells := []string{strings.Replace(f.title, "  ", "&nbsp;&nbsp;", 1)}
+		st := map[string]stats{}
+		ok := map[string]bool{}
+		for _, c := range configs {
+			st[c.key], ok[c.key] = summarize(data[f.key][c.key])
+			cells = append(cells, formatCell(st[c.key], ok[c.key]))
+		}
+		cells = append(cells,
+			formatRatio(st["kup"], st["dnat"], ok["kup"], ok["dnat"]),
+			formatRatio(st["kup"], st["haproxy"], ok["kup"], ok["haproxy"]),
+			formatRatio(st["haproxy"], st["dnat"], ok["haproxy"], ok["dnat"]))
+		fmt.Fprintf(w, "| %s |\n", strings.Join(cells, " | "))
+	}
+}
+
+// runTable renders the raw samples file as a markdown table on stdout.
+func runTable(args []string) error {
+	fs := flag.NewFlagSet("table", flag.ExitOnError)
+	_ = fs.Parse(args)
+	r, err := openArg(fs.Args())
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	data, order, err := readSamples(r)
+	if err != nil {
+		return err
+	}
+	renderTable(os.Stdout, data, order)
+	return nil
+}
