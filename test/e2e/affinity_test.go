@@ -174,7 +174,7 @@ func checkRepin(t *testing.T, e *env) {
 	changed := time.Now()
 	var first string
 	for {
-		name, err := cl.ask("tcp", s.tcp())
+		name, err := cl.askWithin("tcp", s.tcp(), pollTimeout)
 		if err == nil && name != pinned {
 			first = name
 			break

@@ -24,7 +24,7 @@ func untilAnswer(t *testing.T, cl client, s svc, want string, since time.Time, l
 	t.Helper()
 	var last string
 	for {
-		name, err := cl.ask("tcp", s.tcp())
+		name, err := cl.askWithin("tcp", s.tcp(), pollTimeout)
 		if err == nil && (name == want || want == "") {
 			return time.Since(since)
 		}
@@ -105,7 +105,7 @@ func checkServiceRemoved(t *testing.T, e *env) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	_, err := e.pod1(ipRR).ask("tcp", s.tcp())
+	_, err := e.pod1(ipRR).askWithin("tcp", s.tcp(), 500*time.Millisecond)
 	figure(t, "Service removed: %d rules gone after %d ms, sockets tcp/%d udp/%d closed after %d ms; ClusterIP now: %v",
 		before, rulesGone.Milliseconds(), ports["tcp"], ports["udp"], socketsGone.Milliseconds(), err)
 	if err == nil {

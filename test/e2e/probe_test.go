@@ -13,7 +13,13 @@ import (
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/tools/wire"
 )
 
-const askTimeout = 3 * time.Second
+// askTimeout bounds one request when the service is expected to answer;
+// pollTimeout bounds one attempt while waiting for a change to take effect,
+// and so the error of every latency figure.
+const (
+	askTimeout  = 3 * time.Second
+	pollTimeout = 100 * time.Millisecond
+)
 
 // client is a place traffic starts from: a namespace and, optionally, the
 // source address to use (the proxy keys affinity on it).
@@ -25,31 +31,43 @@ type client struct {
 
 // askTCP opens a new connection to dst and returns which backend answered.
 func (cl client) askTCP(dst netip.AddrPort) (wire.Answer, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), askTimeout)
+	return cl.askTCPWithin(dst, askTimeout)
+}
+
+// askTCPWithin is askTCP with its own timeout, for polling: a SYN sent
+// before a portal rule exists is forwarded un-NATed and dropped, and its
+// conntrack entry keeps the retransmissions off the new rule, so a poll must
+// give up quickly and retry from a new source port.
+func (cl client) askTCPWithin(dst netip.AddrPort, timeout time.Duration) (wire.Answer, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	c, err := cl.ns.DialTCP(ctx, cl.src, dst)
 	if err != nil {
 		return wire.Answer{}, err
 	}
-	return wire.AskTCP(c, askTimeout)
+	return wire.AskTCP(c, timeout)
 }
 
 // askUDP sends one datagram from a fresh socket (so a new source port, a new
 // UDP session for the proxy) and returns the answer and its source address.
-func (cl client) askUDP(dst netip.AddrPort) (wire.Answer, netip.AddrPort, error) {
+func (cl client) askUDP(dst netip.AddrPort, timeout time.Duration) (wire.Answer, netip.AddrPort, error) {
 	u, err := cl.ns.ListenUDP(cl.src)
 	if err != nil {
 		return wire.Answer{}, netip.AddrPort{}, err
 	}
 	defer u.Close()
-	return wire.AskUDP(u, dst, askTimeout)
+	return wire.AskUDP(u, dst, timeout)
 }
 
 // ask is askTCP or askUDP by protocol name; for UDP it also checks that the
 // reply came from dst (the address the client sent to).
 func (cl client) ask(proto string, dst netip.AddrPort) (string, error) {
+	return cl.askWithin(proto, dst, askTimeout)
+}
+
+func (cl client) askWithin(proto string, dst netip.AddrPort, timeout time.Duration) (string, error) {
 	if proto == "udp" {
-		a, from, err := cl.askUDP(dst)
+		a, from, err := cl.askUDP(dst, timeout)
 		if err != nil {
 			return "", err
 		}
@@ -58,7 +76,7 @@ func (cl client) ask(proto string, dst netip.AddrPort) (string, error) {
 		}
 		return a.Backend, nil
 	}
-	a, err := cl.askTCP(dst)
+	a, err := cl.askTCPWithin(dst, timeout)
 	return a.Backend, err
 }
 
@@ -114,14 +132,14 @@ func waitServing(t *testing.T, cl client, proto string, dst netip.AddrPort, with
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for {
-		_, err := cl.ask(proto, dst)
+		_, err := cl.askWithin(proto, dst, pollTimeout)
 		if err == nil {
 			return
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("%s %s from %s: not serving within %v: %v", proto, dst, cl.label, within, err)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
