@@ -11,6 +11,7 @@ import (
 	discovery "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/klog/v2"
+	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 )
 
@@ -134,7 +135,8 @@ func (d decoder) decodeDocument(loc docLocation, body []byte, defaultKind string
 }
 
 // decodeStrict decodes body into the typed object for kind, rejecting unknown
-// and duplicate fields.
+// and duplicate fields (sigs.k8s.io/yaml turns YAML into JSON, rejecting
+// duplicate keys; sigs.k8s.io/json decodes it strictly).
 func decodeStrict(kind string, body []byte) (runtime.Object, error) {
 	var obj runtime.Object
 	switch kind {
@@ -147,8 +149,23 @@ func decodeStrict(kind string, body []byte) (runtime.Object, error) {
 	default:
 		return nil, fmt.Errorf("kind %q is not supported", kind)
 	}
-	if err := yaml.UnmarshalStrict(body, obj); err != nil {
+	j, err := yaml.YAMLToJSONStrict(body)
+	if err != nil {
+		return nil, err
+	}
+	// sigs.k8s.io/json is the API server's strict decoder: field names are
+	// case-sensitive and every unknown or duplicate field is reported with
+	// its path.
+	strictErrs, err := sigsjson.UnmarshalStrict(j, obj)
+	if err != nil {
 		return nil, cleanDecodeError(err)
+	}
+	if len(strictErrs) > 0 {
+		msgs := make([]string, len(strictErrs))
+		for i, e := range strictErrs {
+			msgs[i] = cleanDecodeError(e).Error()
+		}
+		return nil, errors.New(strings.Join(msgs, "; "))
 	}
 	return obj, nil
 }

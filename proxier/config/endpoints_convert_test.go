@@ -1,0 +1,71 @@
+package config
+
+import (
+	"os"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+)
+
+func TestEndpointsToSlices(t *testing.T) {
+	got, errs := DecodeManifests("ep.yaml", []byte(endpointsYAML))
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	slices := EndpointsToSlices(got[0].Object.(*v1.Endpoints))
+	type ep struct {
+		addr  string
+		ready bool
+	}
+	want := []struct {
+		name   string
+		family discovery.AddressType
+		eps    []ep
+	}{
+		{"web-subset0-ipv4", discovery.AddressTypeIPv4, []ep{{"10.1.0.1", true}, {"10.1.0.9", false}}},
+		{"web-subset0-ipv6", discovery.AddressTypeIPv6, []ep{{"fd00::1", true}}},
+	}
+	if len(slices) != len(want) {
+		t.Fatalf("got %d slices, want %d", len(slices), len(want))
+	}
+	for i, w := range want {
+		s := slices[i]
+		if s.Name != w.name || s.Namespace != "default" || s.AddressType != w.family ||
+			s.Labels[discovery.LabelServiceName] != "web" {
+			t.Errorf("slice %d: got %s/%s %s labels %v", i, s.Namespace, s.Name, s.AddressType, s.Labels)
+		}
+		if len(s.Ports) != 1 || *s.Ports[0].Port != 8080 || *s.Ports[0].Protocol != v1.ProtocolTCP || *s.Ports[0].Name != "" {
+			t.Errorf("slice %d: ports %+v", i, s.Ports)
+		}
+		if len(s.Endpoints) != len(w.eps) {
+			t.Fatalf("slice %d: %d endpoints, want %d", i, len(s.Endpoints), len(w.eps))
+		}
+		for j, e := range w.eps {
+			got := s.Endpoints[j]
+			if got.Addresses[0] != e.addr || *got.Conditions.Ready != e.ready || *got.Conditions.Serving != e.ready || *got.Conditions.Terminating {
+				t.Errorf("slice %d endpoint %d: got %v %+v, want %s ready=%v", i, j, got.Addresses, got.Conditions, e.addr, e.ready)
+			}
+		}
+		if err := validate(s, DefaultNodePortRange); err != nil {
+			t.Errorf("converted slice is invalid: %v", err)
+		}
+	}
+}
+
+func TestExampleManifestsAreValid(t *testing.T) {
+	names, err := (&ManifestSource{path: "../../examples/manifests", dirMode: true}).listFiles()
+	if err != nil || len(names) < 4 {
+		t.Fatalf("examples: %v %v", names, err)
+	}
+	for _, n := range names {
+		data, err := os.ReadFile(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ms, errs := DecodeManifests(n, data)
+		if len(errs) > 0 || len(ms) == 0 {
+			t.Errorf("%s: %d objects, errors %v", n, len(ms), errs)
+		}
+	}
+}

@@ -1,0 +1,151 @@
+package config
+
+import (
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+)
+
+const svcHead = `apiVersion: v1
+kind: Service
+metadata:
+  name: web
+spec:
+`
+
+func TestDecodeManifests(t *testing.T) {
+	tests := []struct {
+		name    string
+		data    string
+		objects int
+		wantErr string // substring of the only error; "" for none
+	}{
+		{"service defaults namespace", svcHead + "  ports: [{port: 80}]\n", 1, ""},
+		{"port out of range", svcHead + "  ports: [{port: 70000}]\n", 0,
+			"svc.yaml: Service default/web: spec.ports[0].port: 70000 is out of range 1-65535"},
+		{"unknown field is strict", svcHead + "  ports: [{port: 80, prot: TCP}]\n", 0,
+			`svc.yaml: Service default/web: unknown field "spec.ports[0].prot"`},
+		{"sctp unsupported", svcHead + "  ports: [{port: 80, protocol: SCTP}]\n", 0,
+			"spec.ports[0].protocol: SCTP is not supported"},
+		{"bad protocol", svcHead + "  ports: [{port: 80, protocol: HTTP}]\n", 0, `"HTTP" is not a valid protocol`},
+		{"bad cluster IP", svcHead + "  clusterIP: 10.0.0.300\n  ports: [{port: 80}]\n", 0,
+			`spec.clusterIP: "10.0.0.300" is not a valid IP address`},
+		{"headless needs no ports", svcHead + "  clusterIP: None\n", 1, ""},
+		{"dual stack", svcHead + "  clusterIPs: [10.0.0.1, 'fd00::1']\n  ports: [{port: 80}]\n", 1, ""},
+		{"two IPv4 cluster IPs", svcHead + "  clusterIPs: [10.0.0.1, 10.0.0.2]\n  ports: [{port: 80}]\n", 0,
+			"second address of the same IP family"},
+		{"bad external IP", svcHead + "  externalIPs: [nope]\n  ports: [{port: 80}]\n", 0,
+			`spec.externalIPs[0]: "nope" is not a valid IP address`},
+		{"bad LB ingress", svcHead + "  type: LoadBalancer\n  ports: [{port: 80}]\nstatus:\n  loadBalancer:\n    ingress: [{ip: 1.2.3}]\n", 0,
+			`status.loadBalancer.ingress[0].ip: "1.2.3" is not a valid IP address`},
+		{"nodePort in range", svcHead + "  type: NodePort\n  ports: [{port: 80, nodePort: 30080}]\n", 1, ""},
+		{"nodePort out of range", svcHead + "  type: NodePort\n  ports: [{port: 80, nodePort: 80}]\n", 0,
+			"spec.ports[0].nodePort: 80 is out of the node port range 30000-32767"},
+		{"nodePort required", svcHead + "  type: NodePort\n  ports: [{port: 80}]\n", 0, "spec.ports[0].nodePort: is required"},
+		{"nodePort on ClusterIP", svcHead + "  ports: [{port: 80, nodePort: 30080}]\n", 0, "may only be set for type NodePort"},
+		{"affinity timeout ok", svcHead + "  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 3}}\n  ports: [{port: 80}]\n", 1, ""},
+		{"affinity timeout too big", svcHead + "  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 86401}}\n  ports: [{port: 80}]\n", 0,
+			"spec.sessionAffinityConfig.clientIP.timeoutSeconds: 86401 is out of range 1-86400"},
+		{"affinity timeout zero", svcHead + "  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 0}}\n  ports: [{port: 80}]\n", 0,
+			"0 is out of range 1-86400"},
+		{"bad affinity", svcHead + "  sessionAffinity: Cookie\n  ports: [{port: 80}]\n", 0, `spec.sessionAffinity: "Cookie" is not valid`},
+		{"unnamed ports", svcHead + "  ports: [{port: 80}, {port: 81}]\n", 0, "spec.ports[0].name: is required"},
+		{"bad name", "apiVersion: v1\nkind: Service\nmetadata: {name: Web_1}\nspec: {ports: [{port: 80}]}\n", 0, "metadata.name"},
+		{"missing name", "apiVersion: v1\nkind: Service\nspec: {ports: [{port: 80}]}\n", 0, "metadata.name is required"},
+		{"wrong apiVersion", "apiVersion: discovery.k8s.io/v1beta1\nkind: EndpointSlice\nmetadata: {name: x}\n", 0, "apiVersion"},
+		{"unknown kind skipped", "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec: {}\n", 0, ""},
+		{"no kind", "metadata: {name: x}\n", 0, "document 1 (line 1): object has no kind"},
+		{"yaml syntax", "apiVersion: v1\nkind: [\n", 0, "document 1 (line 1)"},
+		{"comments only", "# nothing\n---\n# here\n", 0, ""},
+		{"multi document", svcHead + "  ports: [{port: 80}]\n---\n" + sliceYAML("web-1", "IPv4", "10.1.0.1") + "--- # end\n", 2, ""},
+		{"slice wrong family", sliceYAML("web-1", "IPv4", "fd00::1"), 0, `endpoints[0].addresses[0]: "fd00::1" is not an IPv4 address`},
+		{"slice bad address", sliceYAML("web-1", "IPv6", "zz"), 0, `"zz" is not a valid IP address`},
+		{"slice FQDN", sliceYAML("web-1", "FQDN", "example.com"), 0, "FQDN is not supported"},
+		{"slice bad addressType", sliceYAML("web-1", "IPX", "10.1.0.1"), 0, `addressType: "IPX" is not valid`},
+		{"slice no service label", strings.Replace(sliceYAML("web-1", "IPv4", "10.1.0.1"), "kubernetes.io/service-name", "app", 1), 0,
+			"metadata.labels[kubernetes.io/service-name]: is required"},
+		{"slice bad port", strings.Replace(sliceYAML("web-1", "IPv4", "10.1.0.1"), "port: 8080", "port: 0", 1), 0,
+			"ports[0].port: 0 is out of range 1-65535"},
+		{"endpoints", endpointsYAML, 1, ""},
+		{"endpoints bad ip", strings.Replace(endpointsYAML, "10.1.0.9", "10.1.0", 1), 0,
+			`Endpoints default/web: subsets[0].notReadyAddresses[0].ip: "10.1.0" is not a valid IP address`},
+		{"json list", `{"apiVersion":"v1","kind":"List","items":[` +
+			`{"apiVersion":"v1","kind":"Service","metadata":{"name":"a"},"spec":{"ports":[{"port":80}]}},` +
+			`{"apiVersion":"v1","kind":"Service","metadata":{"name":"b"},"spec":{"ports":[{"port":80}]}}]}`, 2, ""},
+		{"typed list items without kind", "apiVersion: v1\nkind: ServiceList\nitems:\n- metadata: {name: a}\n  spec: {ports: [{port: 80}]}\n", 1, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, errs := DecodeManifests("svc.yaml", []byte(tc.data))
+			if len(got) != tc.objects {
+				t.Errorf("got %d objects, want %d (errors: %v)", len(got), tc.objects, errs)
+			}
+			switch {
+			case tc.wantErr == "" && len(errs) > 0:
+				t.Errorf("unexpected errors: %v", errs)
+			case tc.wantErr != "" && len(errs) != 1:
+				t.Errorf("got errors %v, want one containing %q", errs, tc.wantErr)
+			case tc.wantErr != "" && !strings.Contains(errs[0].Error(), tc.wantErr):
+				t.Errorf("error %q does not contain %q", errs[0], tc.wantErr)
+			}
+			for _, e := range errs {
+				if strings.Contains(e.Error(), "\n") {
+					t.Errorf("error spans lines: %q", e)
+				}
+			}
+		})
+	}
+}
+
+func sliceYAML(name, addressType, addr string) string {
+	return `apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: ` + name + `
+  labels:
+    kubernetes.io/service-name: web
+addressType: ` + addressType + `
+ports:
+- port: 8080
+endpoints:
+- addresses: ["` + addr + `"]
+`
+}
+
+const endpointsYAML = `apiVersion: v1
+kind: Endpoints
+metadata:
+  name: web
+subsets:
+- addresses:
+  - ip: 10.1.0.1
+  - ip: fd00::1
+  notReadyAddresses:
+  - ip: 10.1.0.9
+  ports:
+  - port: 8080
+`
+
+func TestDecodeManifestsDefaults(t *testing.T) {
+	data := svcHead + "  sessionAffinity: ClientIP\n  clusterIP: 10.0.0.1\n  ports: [{port: 80}]\n---\n" + sliceYAML("web-1", "IPv4", "10.1.0.1")
+	got, errs := DecodeManifests("m.yaml", []byte(data))
+	if len(errs) > 0 || len(got) != 2 {
+		t.Fatalf("got %d objects, errors %v", len(got), errs)
+	}
+	svc := got[0].Object.(*v1.Service)
+	if svc.Namespace != "default" || svc.Spec.Type != v1.ServiceTypeClusterIP || svc.Spec.Ports[0].Protocol != v1.ProtocolTCP ||
+		svc.Spec.Ports[0].TargetPort.IntVal != 80 || *svc.Spec.SessionAffinityConfig.ClientIP.TimeoutSeconds != 10800 ||
+		len(svc.Spec.ClusterIPs) != 1 {
+		t.Errorf("service not defaulted: %+v", svc.Spec)
+	}
+	es := got[1].Object.(*discovery.EndpointSlice)
+	c := es.Endpoints[0].Conditions
+	if es.Namespace != "default" || *es.Ports[0].Protocol != v1.ProtocolTCP || !*c.Ready || !*c.Serving || *c.Terminating {
+		t.Errorf("slice not defaulted: %+v", es)
+	}
+	if got[1].Doc != 2 || got[1].Line != 10 {
+		t.Errorf("slice located at document %d line %d, want 2 and 10", got[1].Doc, got[1].Line)
+	}
+}

@@ -1,0 +1,203 @@
+package config
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	testclock "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/yaml"
+)
+
+// liveWait bounds how long a test waits for a change: the contract is 1 s.
+const liveWait = 2 * time.Second
+
+func serviceYAML(name string, port int) string {
+	return "apiVersion: v1\nkind: Service\nmetadata: {name: " + name + "}\nspec:\n  ports: [{port: " + strconv.Itoa(port) + "}]\n"
+}
+
+func yamlToJSON(t *testing.T, y string) string {
+	t.Helper()
+	j, err := yaml.YAMLToJSON([]byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(j)
+}
+
+func writeFile(t *testing.T, path, data string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// writeAtomic writes data beside path and renames it into place, as editors
+// and ConfigMap updaters do.
+func writeAtomic(t *testing.T, path, data string) {
+	t.Helper()
+	tmp := filepath.Join(filepath.Dir(path), ".tmp-"+filepath.Base(path))
+	writeFile(t, tmp, data)
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// start runs a source on path until the test ends and waits for the initial sync.
+func startSource(t *testing.T, path string, initial []string, opts ...Option) (*manifestRecorder, *manifestErrors) {
+	t.Helper()
+	rec, log := newManifestRecorder(), &manifestErrors{}
+	src := NewManifestSource(path, rec, append([]Option{WithErrorReporter(log.report)}, opts...)...)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- src.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Errorf("Run returned %v, want context.Canceled", err)
+		}
+	})
+	want := append(initial, "synced Service", "synced EndpointSlice")
+	rec.waitFor(t, liveWait, want...)
+	return rec, log
+}
+
+func TestRunMissingPath(t *testing.T) {
+	src := NewManifestSource(filepath.Join(t.TempDir(), "nope"), newManifestRecorder())
+	if err := src.Run(context.Background()); err == nil {
+		t.Fatal("Run on a missing path returned nil")
+	}
+}
+
+func TestDirectoryLiveChanges(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "a.yaml"), serviceYAML("a", 80)+"---\n"+sliceYAML("web-1", "IPv4", "10.1.0.1"))
+	writeFile(t, filepath.Join(dir, "notes.txt"), "not a manifest")
+	rec, log := startSource(t, dir, []string{"add Service default/a", "add EndpointSlice default/web-1"})
+
+	steps := []struct {
+		name   string
+		change func()
+		want   []string
+	}{
+		{"write a new file", func() { writeFile(t, filepath.Join(dir, "b.yml"), serviceYAML("b", 81)) },
+			[]string{"add Service default/b"}},
+		{"rename a changed file into place", func() { writeAtomic(t, filepath.Join(dir, "b.yml"), serviceYAML("b", 82)) },
+			[]string{"update Service default/b"}},
+		{"rewrite unchanged content then change a", func() {
+			writeFile(t, filepath.Join(dir, "b.yml"), serviceYAML("b", 82))
+			writeFile(t, filepath.Join(dir, "a.yaml"), serviceYAML("a", 80)+"---\n"+sliceYAML("web-1", "IPv4", "10.1.0.2"))
+		}, []string{"update EndpointSlice default/web-1"}},
+		{"delete a file", func() { os.Remove(filepath.Join(dir, "b.yml")) },
+			[]string{"delete Service default/b"}},
+		{"create an Endpoints file", func() { writeFile(t, filepath.Join(dir, "c.json"), yamlToJSON(t, endpointsYAML)) },
+			[]string{"add EndpointSlice default/web-subset0-ipv4", "add EndpointSlice default/web-subset0-ipv6"}},
+	}
+	for _, s := range steps {
+		begin := time.Now()
+		s.change()
+		rec.waitFor(t, liveWait, s.want...)
+		if took := time.Since(begin); took > time.Second {
+			t.Errorf("%s: took %v, want within 1 s", s.name, took)
+		}
+	}
+	if got := rec.serviceYAML("default/b"); got != nil {
+		t.Errorf("deleted service still recorded: %v", got.Name)
+	}
+	if log.String() != "[]" {
+		t.Errorf("unexpected errors: %s", log)
+	}
+}
+
+func TestSingleFileMode(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "svc.yaml")
+	writeFile(t, path, serviceYAML("a", 80))
+	writeFile(t, filepath.Join(dir, "other.yaml"), serviceYAML("other", 80)) // not watched
+	rec, _ := startSource(t, path, []string{"add Service default/a"})
+
+	writeAtomic(t, path, serviceYAML("a", 81)+"---\n"+serviceYAML("b", 80))
+	rec.waitFor(t, liveWait, "update Service default/a", "add Service default/b")
+	if p := rec.serviceYAML("default/a").Spec.Ports[0].Port; p != 81 {
+		t.Errorf("port %d, want 81", p)
+	}
+	os.Remove(path)
+	rec.waitFor(t, liveWait, "delete Service default/a", "delete Service default/b")
+	writeFile(t, path, serviceYAML("a", 80))
+	rec.waitFor(t, liveWait, "add Service default/a")
+}
+
+func TestInvalidEditKeepsLastGood(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "svc.yaml")
+	writeFile(t, path, serviceYAML("web", 80)+"---\n"+serviceYAML("db", 5432))
+	rec, log := startSource(t, dir, []string{"add Service default/db", "add Service default/web"})
+
+	// web becomes invalid, db changes: db is updated, web keeps serving port 80.
+	writeFile(t, path, serviceYAML("web", 70000)+"---\n"+serviceYAML("db", 5433))
+	rec.waitFor(t, liveWait, "update Service default/db")
+	if !log.contains(path + ": Service default/web: spec.ports[0].port: 70000 is out of range 1-65535") {
+		t.Errorf("missing error, got %s", log)
+	}
+	if p := rec.serviceYAML("default/web").Spec.Ports[0].Port; p != 80 {
+		t.Errorf("web port %d, want last good 80", p)
+	}
+
+	// A file that does not parse keeps all of its objects.
+	writeFile(t, path, "apiVersion: v1\nkind: [\n")
+	eventually(t, func() bool { return log.contains("document 1 (line 1)") })
+	// Fixing web brings its new version; db is unchanged.
+	writeFile(t, path, serviceYAML("web", 8080)+"---\n"+serviceYAML("db", 5433))
+	rec.waitFor(t, liveWait, "update Service default/web")
+	if got := rec.take(); len(got) != 0 {
+		t.Errorf("unexpected events %q", got)
+	}
+}
+
+func TestDuplicateFirstWins(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "b.yaml"), serviceYAML("web", 80))
+	rec, log := startSource(t, dir, []string{"add Service default/web"})
+
+	// a.yaml sorts first, but b.yaml's version is the one being served.
+	writeFile(t, filepath.Join(dir, "a.yaml"), serviceYAML("web", 81))
+	eventually(t, func() bool { return log.contains("Service default/web is defined twice") })
+	if !log.contains("using " + filepath.Join(dir, "b.yaml")) {
+		t.Errorf("duplicate error should keep b.yaml: %s", log)
+	}
+	if got := rec.take(); len(got) != 0 {
+		t.Errorf("unexpected events %q", got)
+	}
+	os.Remove(filepath.Join(dir, "b.yaml"))
+	rec.waitFor(t, liveWait, "update Service default/web")
+	if p := rec.serviceYAML("default/web").Spec.Ports[0].Port; p != 81 {
+		t.Errorf("port %d, want 81 from a.yaml", p)
+	}
+}
+
+// TestPollFallback runs without fsnotify on a fake clock: a change is seen
+// at the next poll tick.
+func TestPollFallback(t *testing.T) {
+	dir := t.TempDir()
+	clk := testclock.NewFakeClock(time.Now())
+	rec, _ := startSource(t, dir, nil, WithoutWatcher(), WithClock(clk), WithPollInterval(time.Minute))
+	writeFile(t, filepath.Join(dir, "a.yaml"), serviceYAML("a", 80))
+	eventually(t, clk.HasWaiters)
+	clk.Step(time.Minute)
+	rec.waitFor(t, liveWait, "add Service default/a")
+}
+
+func eventually(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(liveWait)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in time")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
