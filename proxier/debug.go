@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 )
 
 // DebugServicePort is one row of /debug/services.
@@ -87,4 +89,16 @@ func (p *Proxier) DebugHandler() http.Handler {
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(p.DebugServices())
 	})
+}
+
+// lbName finds the ServicePortName for its string form (tests and demo).
+func (p *Proxier) lbName(servicePort string) loadbalancer.ServicePortName {
+	p.debugMu.RLock()
+	defer p.debugMu.RUnlock()
+	for _, r := range p.debug {
+		if r.name.String() == servicePort {
+			return r.name
+		}
+	}
+	return loadbalancer.ServicePortName{}
 }

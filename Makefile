@@ -1,0 +1,41 @@
+# The two commands of the README: `make demo` and `make test`.
+GO ?= go
+BIN := bin/kube-userspace-proxy
+
+.PHONY: all build demo serve test unit deps lint bench clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN) ./cmd/kube-userspace-proxy
+
+# No cluster and no root: three local backends, the real proxier, the seed
+# experiments printed as a table.
+demo:
+	$(GO) run ./cmd/kube-userspace-proxy demo
+
+serve:
+	$(GO) run ./cmd/kube-userspace-proxy demo --serve
+
+# Everything: format, vet, unit tests, and (as root) the namespace and
+# control-plane suites. hack/test-deps.sh installs what is missing.
+test: deps lint
+	$(GO) test -race -count=1 -timeout 60m ./...
+
+# Unit tests only (fast, no root).
+unit: lint
+	$(GO) test -race -count=1 -short ./...
+
+deps:
+	@hack/test-deps.sh
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+bench:
+	test/bench/run.sh
+
+clean:
+	rm -rf bin

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what `make test` needs on a fresh machine: Go modules always;
+# as root, the Debian packages the namespace suites use (iproute2, iptables)
+# and the test control plane (kube-apiserver + etcd built from the Go module
+# proxy into a cache outside the repo, reused once built). Not root: the
+# suites that need these skip with a message, so nothing is installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+go mod download
+
+if [ "$(id -u)" != 0 ]; then
+	echo "test-deps: not root; namespace and control-plane suites will skip" >&2
+	exit 0
+fi
+
+missing=()
+command -v ip >/dev/null || missing+=(iproute2)
+command -v iptables-restore >/dev/null || missing+=(iptables)
+command -v ip6tables-restore >/dev/null || missing+=(iptables)
+if [ ${#missing[@]} -gt 0 ]; then
+	echo "test-deps: installing ${missing[*]}" >&2
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [ -z "${KUP_SKIP_CONTROLPLANE:-}" ] && [ -x test/controlplane/build.sh ]; then
+	test/controlplane/build.sh >/dev/null
+fi

@@ -1,0 +1,174 @@
+package proxier
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+type svcOpt func(*v1.Service)
+
+func makeService(name string, opts ...svcOpt) *v1.Service {
+	s := &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+		Spec: v1.ServiceSpec{
+			Type:       v1.ServiceTypeClusterIP,
+			ClusterIP:  "10.96.0.10",
+			ClusterIPs: []string{"10.96.0.10"},
+			Ports:      []v1.ServicePort{{Name: "p", Port: 80, Protocol: v1.ProtocolTCP}},
+		},
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+func withProtocol(p v1.Protocol) svcOpt {
+	return func(s *v1.Service) { s.Spec.Ports[0].Protocol = p }
+}
+
+func withClientIPAffinity(seconds int32) svcOpt {
+	return func(s *v1.Service) {
+		s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
+		s.Spec.SessionAffinityConfig = &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: ptr.To(seconds)}}
+	}
+}
+
+func withNodePort(port int32) svcOpt {
+	return func(s *v1.Service) {
+		s.Spec.Type = v1.ServiceTypeNodePort
+		s.Spec.Ports[0].NodePort = port
+	}
+}
+
+func withClusterIP(ip string) svcOpt {
+	return func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = ip, []string{ip} }
+}
+
+func makeSlice(svc string, proto v1.Protocol, addrs ...string) *discovery.EndpointSlice {
+	es := &discovery.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: "default", Name: svc + "-abc",
+			Labels: map[string]string{discovery.LabelServiceName: svc},
+		},
+		AddressType: discovery.AddressTypeIPv4,
+	}
+	// addrs are "ip:port"; all share the port of the first (slices have one port list).
+	for _, a := range addrs {
+		host, port, _ := net.SplitHostPort(a)
+		if len(es.Ports) == 0 {
+			p, _ := strconv.Atoi(port)
+			es.Ports = []discovery.EndpointPort{{Name: ptr.To("p"), Port: ptr.To(int32(p)), Protocol: ptr.To(proto)}}
+		}
+		es.Endpoints = append(es.Endpoints, discovery.Endpoint{Addresses: []string{host}, Conditions: discovery.EndpointConditions{Ready: ptr.To(true)}})
+	}
+	return es
+}
+
+// namedBackend is a TCP server on loopback that answers every connection
+// with its name and closes. All backends of a test share one port number
+// by listening on different loopback addresses, as endpoints of one
+// EndpointSlice port do.
+type namedBackend struct {
+	name string
+	ln   net.Listener
+	wg   sync.WaitGroup
+}
+
+func startBackends(t *testing.T, ips ...string) []*namedBackend {
+	t.Helper()
+	var out []*namedBackend
+	port := "0"
+	for i, ip := range ips {
+		ln, err := net.Listen("tcp", net.JoinHostPort(ip, port))
+		if err != nil {
+			t.Fatalf("backend listen: %v", err)
+		}
+		port = portOf(ln.Addr())
+		b := &namedBackend{name: "backend-" + string(rune('a'+i)), ln: ln}
+		b.wg.Add(1)
+		go func() {
+			defer b.wg.Done()
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				io.WriteString(c, b.name+"\n")
+				c.Close()
+			}
+		}()
+		t.Cleanup(func() { ln.Close(); b.wg.Wait() })
+		out = append(out, b)
+	}
+	return out
+}
+
+func portOf(a net.Addr) string {
+	_, p, _ := net.SplitHostPort(a.String())
+	return p
+}
+
+// askName connects from srcIP to addr and returns the first line read.
+func askName(t *testing.T, srcIP, addr string) (string, error) {
+	t.Helper()
+	d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(srcIP)}}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(line), nil
+}
+
+func newTestProxier(t *testing.T, opts Options) *Proxier {
+	t.Helper()
+	if !opts.BindAddress.IsValid() {
+		opts.BindAddress = mustAddr("127.0.0.1")
+	}
+	p := New(opts)
+	p.OnServiceSynced()
+	p.OnEndpointSlicesSynced()
+	t.Cleanup(func() {
+		// Run with a cancelled context closes every socket.
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		p.Run(ctx)
+	})
+	return p
+}
+
+func proxyAddr(t *testing.T, p *Proxier, servicePort string) string {
+	t.Helper()
+	port, ok := p.ProxyPort(servicePort)
+	if !ok {
+		t.Fatalf("no proxy socket for %s; table: %+v", servicePort, p.DebugServices())
+	}
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+}
+
+func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
+
+func isConnReset(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && strings.Contains(op.Err.Error(), "reset")
+}

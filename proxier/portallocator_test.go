@@ -1,0 +1,71 @@
+package proxier
+
+import (
+	"strconv"
+	"testing"
+)
+
+func TestParsePortRange(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    PortRange
+		wantErr bool
+	}{
+		{"", PortRange{}, false},
+		{"30000-30009", PortRange{Base: 30000, Size: 10}, false},
+		{"30000+9", PortRange{Base: 30000, Size: 10}, false},
+		{"5-5", PortRange{Base: 5, Size: 1}, false},
+		{"10-5", PortRange{}, true},
+		{"0-10", PortRange{}, true},
+		{"1-70000", PortRange{}, true},
+		{"abc", PortRange{}, true},
+		{"1-x", PortRange{}, true},
+	}
+	for _, tt := range tests {
+		got, err := ParsePortRange(tt.in)
+		if (err != nil) != tt.wantErr || got != tt.want {
+			t.Errorf("ParsePortRange(%q) = %+v, %v; want %+v, err=%v", tt.in, got, err, tt.want, tt.wantErr)
+		}
+	}
+}
+
+func TestPortAllocator(t *testing.T) {
+	a := NewPortAllocator(PortRange{Base: 40000, Size: 3})
+	seen := map[int]bool{}
+	for range 3 {
+		p, err := a.AllocateNext()
+		if err != nil || p < 40000 || p > 40002 || seen[p] {
+			t.Fatalf("AllocateNext = %d, %v (seen %v)", p, err, seen)
+		}
+		seen[p] = true
+	}
+	if _, err := a.AllocateNext(); err != ErrPortRangeExhausted {
+		t.Fatalf("full range: err %v, want ErrPortRangeExhausted", err)
+	}
+	a.Release(40001)
+	if p, err := a.AllocateNext(); err != nil || p != 40001 {
+		t.Fatalf("after release got %d, %v; want 40001", p, err)
+	}
+	if p, _ := NewPortAllocator(PortRange{}).AllocateNext(); p != 0 {
+		t.Fatalf("empty range gave %d, want 0 (kernel-chosen)", p)
+	}
+}
+
+// A range port whose listen fails is released and the service port is
+// retried on the next sync.
+func TestFailedListenReleasesRangePort(t *testing.T) {
+	// Occupy the only port of the range.
+	blocker := startBackends(t, "127.0.0.1")
+	port, _ := strconv.Atoi(portOf(blocker[0].ln.Addr()))
+	p := newTestProxier(t, Options{PortRange: PortRange{Base: port, Size: 1}})
+	p.OnServiceAdd(makeService("web"))
+	p.Sync()
+	if _, ok := p.ProxyPort("default/web:p"); ok {
+		t.Fatal("service port listed although its listen must have failed")
+	}
+	blocker[0].ln.Close()
+	p.Sync()
+	if got, ok := p.ProxyPort("default/web:p"); !ok || got != port {
+		t.Fatalf("after the port freed up: port %d ok=%v, want %d", got, ok, port)
+	}
+}

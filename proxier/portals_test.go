@@ -1,0 +1,98 @@
+package proxier
+
+import (
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
+)
+
+func newPortalProxier(t *testing.T) (*Proxier, *iptables.FakeRunner) {
+	t.Helper()
+	fake := iptables.NewFakeRunner(iptables.IPv4)
+	rules := iptables.New(fake, iptables.Config{Family: iptables.IPv4, BindAddress: mustAddr("127.0.0.1"), NodeIP: mustAddr("127.0.0.1")})
+	p := newTestProxier(t, Options{IPv4Portals: rules})
+	return p, fake
+}
+
+func natRules(f *iptables.FakeRunner) string {
+	var b strings.Builder
+	for _, chain := range []string{"KUBE-PORTALS-CONTAINER", "KUBE-PORTALS-HOST", "KUBE-NODEPORT-CONTAINER", "KUBE-NODEPORT-HOST"} {
+		for _, r := range f.Rules("nat", chain) {
+			b.WriteString(chain + " " + r + "\n")
+		}
+	}
+	return b.String()
+}
+
+// Endpoint changes are balancer state only: the rules, and the number of
+// iptables-restore calls, must not move (the seed-004 outage came from
+// endpoint changes waiting behind a full rule rewrite).
+func TestEndpointChangesNeverTouchIPTables(t *testing.T) {
+	p, fake := newPortalProxier(t)
+	p.OnServiceAdd(makeService("web", withNodePort(30080)))
+	p.Sync()
+	before := natRules(fake)
+	writes := len(fake.Writes())
+	if !strings.Contains(before, "10.96.0.10/32") || !strings.Contains(before, "--dport 30080") {
+		t.Fatalf("portal rules missing ClusterIP or NodePort:\n%s", before)
+	}
+
+	slice := makeSlice("web", v1.ProtocolTCP, "127.0.0.2:8080")
+	p.OnEndpointSliceAdd(slice)
+	p.OnEndpointSliceUpdate(slice, makeSlice("web", v1.ProtocolTCP, "127.0.0.3:8080", "127.0.0.4:8080"))
+	p.OnEndpointSliceDelete(slice)
+	if len(fake.Writes()) != writes {
+		t.Fatalf("endpoint events wrote iptables %d times", len(fake.Writes())-writes)
+	}
+	p.Sync()
+	if got := natRules(fake); got != before {
+		t.Fatalf("rules changed after endpoint-only changes:\nbefore:\n%s\nafter:\n%s", before, got)
+	}
+	if len(fake.Writes()) != writes {
+		t.Fatalf("a sync with no Service change restored iptables")
+	}
+}
+
+func TestServiceChangesRewritePortals(t *testing.T) {
+	p, fake := newPortalProxier(t)
+	svc := makeService("web")
+	p.OnServiceAdd(svc)
+	p.Sync()
+	if !strings.Contains(natRules(fake), "10.96.0.10/32") {
+		t.Fatalf("no ClusterIP portal:\n%s", natRules(fake))
+	}
+	moved := makeService("web", withClusterIP("10.96.0.99"))
+	p.OnServiceUpdate(svc, moved)
+	p.Sync()
+	got := natRules(fake)
+	if strings.Contains(got, "10.96.0.10/32") || !strings.Contains(got, "10.96.0.99/32") {
+		t.Fatalf("ClusterIP change not programmed:\n%s", got)
+	}
+	p.OnServiceDelete(moved)
+	p.Sync()
+	if got := natRules(fake); got != "" {
+		t.Fatalf("removed Service left rules:\n%s", got)
+	}
+}
+
+// The proxy socket of a service port survives a change of its rules, so
+// established connections and the proxy port stay.
+func TestServiceChangeKeepsProxyPort(t *testing.T) {
+	p, _ := newPortalProxier(t)
+	svc := makeService("web")
+	p.OnServiceAdd(svc)
+	p.Sync()
+	port1, _ := p.ProxyPort("default/web:p")
+	p.OnServiceUpdate(svc, makeService("web", withClusterIP("10.96.0.99"), withClientIPAffinity(3)))
+	p.Sync()
+	port2, _ := p.ProxyPort("default/web:p")
+	if port1 != port2 {
+		t.Fatalf("proxy port moved from %d to %d on a rules-only change", port1, port2)
+	}
+	if rows := p.DebugServices(); rows[0].TimeoutSec != 3 {
+		t.Fatalf("affinity timeout change not applied: %+v", rows[0])
+	}
+}

@@ -1,0 +1,174 @@
+package proxier
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	v1 "k8s.io/api/core/v1"
+)
+
+func TestTCPRoundRobinOverEndpoints(t *testing.T) {
+	backends := startBackends(t, "127.0.0.2", "127.0.0.3", "127.0.0.4")
+	port := portOf(backends[0].ln.Addr())
+	p := newTestProxier(t, Options{})
+	p.OnServiceAdd(makeService("web"))
+	p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, "127.0.0.2:"+port, "127.0.0.3:"+port, "127.0.0.4:"+port))
+	p.Sync()
+	addr := proxyAddr(t, p, "default/web:p")
+
+	counts := map[string]int{}
+	for range 30 {
+		name, err := askName(t, "127.0.0.1", addr)
+		if err != nil {
+			t.Fatalf("connection failed: %v", err)
+		}
+		counts[name]++
+	}
+	for _, b := range backends {
+		if counts[b.name] != 10 {
+			t.Fatalf("distribution %v, want 10 each", counts)
+		}
+	}
+}
+
+func TestTCPClientIPAffinityPerClient(t *testing.T) {
+	backends := startBackends(t, "127.0.0.2", "127.0.0.3", "127.0.0.4")
+	port := portOf(backends[0].ln.Addr())
+	p := newTestProxier(t, Options{})
+	p.OnServiceAdd(makeService("sticky", withClientIPAffinity(10800)))
+	p.OnEndpointSliceAdd(makeSlice("sticky", v1.ProtocolTCP, "127.0.0.2:"+port, "127.0.0.3:"+port, "127.0.0.4:"+port))
+	p.Sync()
+	addr := proxyAddr(t, p, "default/sticky:p")
+
+	pinned := map[string]string{}
+	for _, client := range []string{"127.0.0.11", "127.0.0.12"} {
+		counts := map[string]int{}
+		for range 30 {
+			name, err := askName(t, client, addr)
+			if err != nil {
+				t.Fatalf("connection from %s failed: %v", client, err)
+			}
+			counts[name]++
+		}
+		if len(counts) != 1 {
+			t.Fatalf("client %s spread over %v, want 30/30 on one", client, counts)
+		}
+		for name := range counts {
+			pinned[client] = name
+		}
+	}
+	if pinned["127.0.0.11"] == pinned["127.0.0.12"] {
+		// Round robin gives the second client the next endpoint: they are
+		// pinned independently, not to a shared choice.
+		t.Fatalf("both clients pinned to %s; want independent picks", pinned["127.0.0.11"])
+	}
+	rows := p.DebugServices()
+	if len(rows) != 1 || len(rows[0].Clients) != 2 || rows[0].Affinity != "ClientIP" || rows[0].TimeoutSec != 10800 {
+		t.Fatalf("debug table %+v, want ClientIP/10800 with 2 clients", rows)
+	}
+}
+
+func TestTCPRetriesPastDeadEndpoint(t *testing.T) {
+	backends := startBackends(t, "127.0.0.2")
+	port := portOf(backends[0].ln.Addr())
+	// 127.0.0.5 has nothing listening on that port: the dial is refused.
+	p := newTestProxier(t, Options{})
+	p.OnServiceAdd(makeService("web"))
+	p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, "127.0.0.5:"+port, "127.0.0.2:"+port))
+	p.Sync()
+	addr := proxyAddr(t, p, "default/web:p")
+	for i := range 10 {
+		name, err := askName(t, "127.0.0.1", addr)
+		if err != nil || name != backends[0].name {
+			t.Fatalf("connection %d: got %q, %v; want %s through a retry", i, name, err, backends[0].name)
+		}
+	}
+	if n := testutil.ToFloat64(p.metrics.DialFailures.WithLabelValues("default/web:p")); n < 1 {
+		t.Fatalf("dial failures counted %v, want >= 1", n)
+	}
+}
+
+func TestTCPResetWhenNoEndpoint(t *testing.T) {
+	p := newTestProxier(t, Options{})
+	p.OnServiceAdd(makeService("web"))
+	p.Sync()
+	addr := proxyAddr(t, p, "default/web:p")
+	c, err := net.Dial("tcp", addr)
+	if err == nil {
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		_, err = c.Read(make([]byte, 1))
+	}
+	// The reset may already reach the client during connect.
+	if err == nil || err == io.EOF {
+		t.Fatalf("read returned %v; want a connection reset, not a clean FIN", err)
+	}
+	if !isConnReset(err) {
+		t.Fatalf("read error %v, want reset", err)
+	}
+}
+
+// TestTCPHalfClose: the client sends its request and shuts down its write
+// side; the backend answers only after seeing EOF. A proxy that closed both
+// directions on the first FIN would lose the answer.
+func TestTCPHalfClose(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.2:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				req, _ := io.ReadAll(c) // until the client's FIN
+				io.WriteString(c, "got "+strings.ToUpper(string(req)))
+			}()
+		}
+	}()
+	p := newTestProxier(t, Options{})
+	p.OnServiceAdd(makeService("web"))
+	p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, ln.Addr().String()))
+	p.Sync()
+
+	c, err := net.Dial("tcp", proxyAddr(t, p, "default/web:p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(c, "ping")
+	if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := io.ReadAll(bufio.NewReader(c))
+	if err != nil || string(resp) != "got PING" {
+		t.Fatalf("response %q, %v; want %q", resp, err, "got PING")
+	}
+}
+
+func TestServiceRemovedClosesSocket(t *testing.T) {
+	p := newTestProxier(t, Options{})
+	svc := makeService("web")
+	p.OnServiceAdd(svc)
+	p.Sync()
+	addr := proxyAddr(t, p, "default/web:p")
+	p.OnServiceDelete(svc)
+	p.Sync()
+	if _, ok := p.ProxyPort("default/web:p"); ok {
+		t.Fatal("service port still listed after delete")
+	}
+	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		c.Close()
+		t.Fatalf("proxy socket %s still accepts after its Service was deleted", addr)
+	}
+}

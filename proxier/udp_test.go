@@ -1,0 +1,109 @@
+package proxier
+
+import (
+	"bytes"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+)
+
+// startUDPEcho answers each datagram with prefix + the datagram.
+func startUDPEcho(t *testing.T, addr, prefix string) *net.UDPConn {
+	t.Helper()
+	pc, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.MustParseAddrPort(addr)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, maxDatagram)
+		for {
+			n, from, err := pc.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			pc.WriteToUDPAddrPort(append([]byte(prefix), buf[:n]...), from)
+		}
+	}()
+	return pc
+}
+
+func TestUDPRelay(t *testing.T) {
+	a := startUDPEcho(t, "127.0.0.2:0", "a:")
+	port := a.LocalAddr().(*net.UDPAddr).Port
+	startUDPEcho(t, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.3"), uint16(port)).String(), "b:")
+
+	p := newTestProxier(t, Options{UDPIdleTimeout: 200 * time.Millisecond})
+	p.OnServiceAdd(makeService("dns", withProtocol(v1.ProtocolUDP)))
+	p.OnEndpointSliceAdd(makeSlice("dns", v1.ProtocolUDP, a.LocalAddr().String(), "127.0.0.3:"+portOf(a.LocalAddr())))
+	p.Sync()
+	proxy := proxyAddr(t, p, "default/dns:p")
+	proxyAP := netip.MustParseAddrPort(proxy)
+
+	exchange := func(c *net.UDPConn, payload []byte) (string, netip.AddrPort) {
+		t.Helper()
+		if _, err := c.Write(payload); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, maxDatagram+10)
+		_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		n, from, err := c.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			t.Fatalf("no reply: %v", err)
+		}
+		return string(buf[:n]), from
+	}
+
+	// One client keeps its backend for the whole session; replies come
+	// from the address the client sent to.
+	c1, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(proxyAP))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c1.Close()
+	first, from := exchange(c1, []byte("x"))
+	if from.Port() != proxyAP.Port() {
+		t.Fatalf("reply from %v, want the proxy address %v", from, proxyAP)
+	}
+	for range 5 {
+		if got, _ := exchange(c1, []byte("x")); got != first {
+			t.Fatalf("session moved from %q to %q within the idle timeout", first, got)
+		}
+	}
+
+	// A second client ip:port is a new session: round robin moves it on.
+	c2, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(proxyAP))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if got, _ := exchange(c2, []byte("x")); got == first {
+		t.Fatalf("second session got the same backend %q; want the next one", got)
+	}
+
+	// 64 KiB-class datagrams pass whole (the legacy 4 KiB buffer truncated).
+	big := bytes.Repeat([]byte("z"), 60000)
+	got, _ := exchange(c1, big)
+	if len(got) != len(big)+2 {
+		t.Fatalf("large datagram came back with %d bytes, want %d", len(got), len(big)+2)
+	}
+
+	// Idle sessions expire: after the timeout the session table empties.
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		sock := p.active[p.lbName("default/dns:p")].socket.(*udpProxySocket)
+		sock.mu.Lock()
+		n := len(sock.clients)
+		sock.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d UDP sessions still open long after the idle timeout", n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
