@@ -1,0 +1,171 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
+)
+
+func nameServer(t *testing.T, ip, name string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", ip+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			io.WriteString(c, name+"\n")
+			c.Close()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+const webManifest = `apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{name: http, port: 80, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: %s, protocol: TCP}]
+endpoints:
+- addresses: [%s]
+`
+
+func writeWeb(t *testing.T, dir, backend string) {
+	t.Helper()
+	host, port, _ := net.SplitHostPort(backend)
+	tmp := filepath.Join(dir, ".web.yaml.tmp")
+	if err := os.WriteFile(tmp, []byte(fmt.Sprintf(webManifest, port, host)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Rename into place, as editors and kubectl-style tools do.
+	if err := os.Rename(tmp, filepath.Join(dir, "web.yaml")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func ask(addr string) string {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	return strings.TrimSpace(line)
+}
+
+// TestManifestChangeLiveWithinOneSecond runs the whole binary's wiring with
+// --manifests and --iptables=false and moves the Service's only endpoint by
+// rewriting the manifest file.
+func TestManifestChangeLiveWithinOneSecond(t *testing.T) {
+	a := nameServer(t, "127.0.0.2", "a")
+	b := nameServer(t, "127.0.0.3", "b")
+	dir := t.TempDir()
+	writeWeb(t, dir, a)
+
+	o := newOptions()
+	o.manifests = dir
+	o.iptables = false
+	o.bindAddress = "127.0.0.1"
+	o.healthzBindAddress = "127.0.0.1:0"
+	o.metricsBindAddress = "127.0.0.1:0"
+	v, err := o.validate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	started := make(chan *proxier.Proxier, 1)
+	go func() { done <- run(ctx, o, v, func(p *proxier.Proxier, _ string) { started <- p }) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	})
+	p := <-started
+
+	var addr string
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if port, ok := p.ProxyPort("default/web:http"); ok {
+			addr = fmt.Sprintf("127.0.0.1:%d", port)
+			if ask(addr) == "a" {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("service not served from the initial manifests")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	start := time.Now()
+	writeWeb(t, dir, b)
+	for ask(addr) != "b" {
+		if time.Since(start) > 3*time.Second {
+			t.Fatalf("manifest change not live after %v", time.Since(start))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	latency := time.Since(start)
+	t.Logf("manifest change live after %v", latency.Round(time.Millisecond))
+	if latency > time.Second {
+		t.Fatalf("manifest change took %v, want < 1s", latency)
+	}
+}
+
+func TestBadFlagsExitTwo(t *testing.T) {
+	tests := [][]string{
+		{"--proxy-mode", "iptables"},
+		{"--bind-address", "not-an-ip", "--manifests", "."},
+		{"--proxy-port-range", "9-3"},
+		{"--udp-timeout", "0s"},
+		{"--iptables-min-sync-period", "1m", "--iptables-sync-period", "30s"},
+		{"--nodeport-addresses", "10.0.0.0"},
+		{"--no-such-flag"},
+		{"--manifests", ".", "--kubeconfig", "/x"},
+		{"stray-argument"},
+	}
+	for _, args := range tests {
+		if code := runMain(args); code != exitUsage {
+			t.Errorf("runMain(%q) = %d, want %d", args, code, exitUsage)
+		}
+	}
+}
+
+func TestParseDefaultRouteInterface(t *testing.T) {
+	table := "Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\tMTU\tWindow\tIRTT\n" +
+		"eth1\t0000A8C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n" +
+		"eth0\t00000000\t0100A8C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n"
+	if got := parseDefaultRouteInterface(table); got != "eth0" {
+		t.Fatalf("got %q, want eth0", got)
+	}
+	if got := parseDefaultRouteInterface("Iface\tDestination\n"); got != "" {
+		t.Fatalf("got %q for a table without default route", got)
+	}
+}
