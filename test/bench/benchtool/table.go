@@ -43,6 +43,7 @@ var figures = []figure{
 	{"cpu_per_gb1", "proxy CPU per GB, 1 stream (s/GB)", false},
 	{"cpu_per_gb4", "proxy CPU per GB, 4 streams (s/GB)", false},
 	{"rss_idle_kib", "proxy RSS per idle connection (KiB)", false},
+	{"fds_idle", "proxy descriptors per idle connection", false},
 }
 
 // samples holds every value of one figure, by configuration.

@@ -1,0 +1,541 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark of kube-userspace-proxy against the kernel and
+# HAProxy (`make bench`; not part of `make test`). Needs root.
+#
+# Topology, three network namespaces with random-suffix names, removed on exit:
+#
+#   client ns 10.79.11.2 ──▶ node ns (router; iptables; HAProxy; the proxy)
+#                               10.79.11.1 │ 10.79.1.1
+#                                          ▼
+#                            backend ns 10.79.1.11/.12/.13: HTTP server,
+#                            UDP echo on each; iperf3 -s on .11
+#
+# Configurations, measured alternately (A B C D A B C D ...) for every figure:
+#   direct   client → 10.79.1.11 (one backend, routed through the node: the limit)
+#   dnat     client → 10.96.0.10, kube-proxy iptables-mode rules (statistic random)
+#   haproxy  client → 10.96.0.30 (on the node), mode tcp, roundrobin, splice-auto
+#   kup      client → 10.96.0.20, kube-userspace-proxy --manifests --bind-address 0.0.0.0
+#            (its own portal rules REDIRECT to its proxy sockets)
+# iperf3 services have one endpoint in every configuration (b1): iperf3's
+# control and data connections must reach the same server.
+#
+# Environment: BENCH_DURATION (s per run, 8), BENCH_REPS (3), BENCH_IDLE_CONNS
+# (10000), BENCH_PROFILE (1: perf profile of the proxy if perf works),
+# BENCH_OUT (test/bench/results.md). Only addresses inside the namespaces this
+# script creates are ever sent traffic.
+set -euo pipefail
+
+DUR=${BENCH_DURATION:-8}
+REPS=${BENCH_REPS:-3}
+IDLE_CONNS=${BENCH_IDLE_CONNS:-10000}
+PROFILE=${BENCH_PROFILE:-1}
+NEWCONN_CONNS=${BENCH_NEWCONN_CONNS:-32}
+CONFIGS=(direct dnat haproxy kup)
+
+if [ "$(id -u)" != 0 ]; then
+	echo "run.sh: must run as root (network namespaces, iptables)" >&2
+	exit 1
+fi
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+OUT=${BENCH_OUT:-$ROOT/test/bench/results.md}
+RAW_OUT=${OUT%.md}-raw.tsv
+
+log() { printf '%s %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+
+# --- tools -------------------------------------------------------------------
+need=()
+for t in wrk:wrk iperf3:iperf3 haproxy:haproxy ip:iproute2 iptables-restore:iptables bc:bc; do
+	command -v "${t%%:*}" >/dev/null 2>&1 || need+=("${t#*:}")
+done
+if [ ${#need[@]} -gt 0 ]; then
+	log "installing ${need[*]}"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+if [ "$PROFILE" = 1 ] && ! command -v perf >/dev/null 2>&1; then
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends linux-perf >/dev/null 2>&1 || true
+fi
+GO=${GO:-go}
+command -v "$GO" >/dev/null 2>&1 || GO=/usr/local/go/bin/go
+
+# --- work dir, names, cleanup ------------------------------------------------
+WORK=$(mktemp -d /tmp/kupb.XXXXXX)
+SUF=$(od -An -N4 -tx1 /dev/urandom | tr -d ' \n')
+NSC=kupb-cli-$SUF
+NSN=kupb-node-$SUF
+NSB=kupb-back-$SUF
+PIDS=()
+LASTPID=
+
+cleanup() {
+	set +e
+	for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null; done
+	sleep 0.5
+	for pid in "${PIDS[@]}"; do kill -9 "$pid" 2>/dev/null; done
+	for ns in "$NSC" "$NSN" "$NSB"; do ip netns del "$ns" 2>/dev/null; done
+	rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# start NS NAME CMD...: run CMD in NS in the background; LASTPID is its PID
+# (ip netns exec execs CMD, so the PID is CMD's own).
+start() {
+	local ns=$1 name=$2
+	shift 2
+	ip netns exec "$ns" "$@" >"$WORK/$name.log" 2>&1 &
+	LASTPID=$!
+	PIDS+=("$LASTPID")
+}
+
+stop_pid() {
+	local pid=$1
+	kill "$pid" 2>/dev/null || true
+	for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+	kill -9 "$pid" 2>/dev/null || true
+	wait "$pid" 2>/dev/null || true
+}
+
+inc() { ip netns exec "$NSC" "$@"; }
+
+# Descriptors for 10,000 idle proxied connections (2 sockets each, plus
+# splice pipes) in the proxy, HAProxy and the client.
+# Raising the hard limit needs CAP_SYS_RESOURCE; where it cannot be raised,
+# the idle-connection count is cut to what fits: the proxy holds 6
+# descriptors per idle connection (2 sockets and, while its splice waits for
+# data, 2 pipes), HAProxy 2.5 by its own accounting (maxconn × 2 + pipes).
+ulimit -Hn 1048576 2>/dev/null || true
+ulimit -Sn "$(ulimit -Hn)"
+FD_LIMIT=$(ulimit -Hn)
+HAPROXY_MAXCONN=$(((FD_LIMIT - 200) * 2 / 5))
+[ "$HAPROXY_MAXCONN" -gt 60000 ] && HAPROXY_MAXCONN=60000
+IDLE_NOTE=
+fit=$(((FD_LIMIT - 200) / 6))
+[ "$fit" -gt "$((HAPROXY_MAXCONN - 10))" ] && fit=$((HAPROXY_MAXCONN - 10))
+if [ "$IDLE_CONNS" -gt "$fit" ]; then
+	IDLE_NOTE="cut from $IDLE_CONNS to $fit: the descriptor hard limit is $FD_LIMIT and cannot be raised here"
+	log "idle connections $IDLE_NOTE"
+	IDLE_CONNS=$fit
+fi
+
+# --- build -------------------------------------------------------------------
+log "building kube-userspace-proxy and benchtool"
+"$GO" build -o "$WORK/kube-userspace-proxy" ./cmd/kube-userspace-proxy
+"$GO" build -o "$WORK/benchtool" ./test/bench/benchtool
+BT=$WORK/benchtool
+
+# --- topology ----------------------------------------------------------------
+log "namespaces $NSC $NSN $NSB"
+for ns in "$NSC" "$NSN" "$NSB"; do
+	ip netns add "$ns"
+	ip -n "$ns" link set lo up
+	ip netns exec "$ns" sysctl -qw net.ipv4.ip_local_port_range="1024 65535" net.ipv4.tcp_tw_reuse=1
+done
+ip -n "$NSC" link add eth0 type veth peer name kc0 netns "$NSN"
+ip -n "$NSN" link add kb0 type veth peer name eth0 netns "$NSB"
+ip -n "$NSC" addr add 10.79.11.2/24 dev eth0
+ip -n "$NSN" addr add 10.79.11.1/24 dev kc0
+ip -n "$NSN" addr add 10.79.1.1/24 dev kb0
+for a in 2 11 12 13; do ip -n "$NSB" addr add "10.79.1.$a/24" dev eth0; done
+for l in "$NSC eth0" "$NSN kc0" "$NSN kb0" "$NSB eth0"; do
+	set -- $l
+	ip -n "$1" link set "$2" up
+done
+ip -n "$NSC" route add default via 10.79.11.1
+ip -n "$NSB" route add default via 10.79.1.1
+# The node's default route points at the backends side, so its node IP (the
+# proxy's OUTPUT DNAT target) is 10.79.1.1.
+ip -n "$NSN" route add default via 10.79.1.2
+ip -n "$NSN" addr add 10.96.0.30/32 dev lo # HAProxy's service address
+ip netns exec "$NSN" sysctl -qw net.ipv4.ip_forward=1
+
+BACKENDS=(10.79.1.11 10.79.1.12 10.79.1.13)
+for i in 0 1 2; do
+	start "$NSB" "http$i" "$BT" http -addr "${BACKENDS[$i]}:80"
+	start "$NSB" "udp$i" "$BT" udp-echo -addr "${BACKENDS[$i]}:5353"
+done
+start "$NSB" iperf3-server iperf3 -s -B 10.79.1.11 -p 5201
+
+# --- kernel DNAT as kube-proxy's iptables mode writes it ---------------------
+sep_rules() { # CHAIN SVC PROTO IP PORT
+	printf -- '-A %s -s %s/32 -m comment --comment %s -j KUBE-MARK-MASQ\n' "$1" "$4" "$2"
+	printf -- '-A %s -p %s -m comment --comment %s -m %s -j DNAT --to-destination %s:%s\n' "$1" "$3" "$2" "$3" "$4" "$5"
+}
+svc_rules() { # NAME PROTO PORT ENDPOINT...
+	local name=$1 proto=$2 port=$3
+	shift 3
+	local chain=KUBE-SVC-${name^^} n=$# i=0 ep
+	printf -- '-A KUBE-SERVICES -d 10.96.0.10/32 -p %s -m comment --comment "bench/%s cluster IP" -m %s --dport %s -j %s\n' "$proto" "$name" "$proto" "$port" "$chain"
+	printf -- '-A %s ! -s 10.79.0.0/16 -d 10.96.0.10/32 -p %s -m comment --comment "bench/%s cluster IP" -m %s --dport %s -j KUBE-MARK-MASQ\n' "$chain" "$proto" "$name" "$proto" "$port"
+	for ep in "$@"; do
+		i=$((i + 1))
+		local sep=KUBE-SEP-${name^^}$i
+		if [ "$i" -lt "$n" ]; then
+			printf -- '-A %s -m comment --comment "bench/%s -> %s:%s" -m statistic --mode random --probability %.11f -j %s\n' "$chain" "$name" "$ep" "$port" "$(echo "1/($n-$i+1)" | bc -l)" "$sep"
+		else
+			printf -- '-A %s -m comment --comment "bench/%s -> %s:%s" -j %s\n' "$chain" "$name" "$ep" "$port" "$sep"
+		fi
+		sep_rules "$sep" "bench/$name" "$proto" "$ep" "$port"
+	done
+}
+{
+	echo '*nat'
+	for c in KUBE-SERVICES KUBE-POSTROUTING KUBE-MARK-MASQ KUBE-SVC-HTTP KUBE-SVC-IPERF KUBE-SVC-ECHO \
+		KUBE-SEP-HTTP1 KUBE-SEP-HTTP2 KUBE-SEP-HTTP3 KUBE-SEP-IPERF1 KUBE-SEP-ECHO1 KUBE-SEP-ECHO2 KUBE-SEP-ECHO3; do
+		echo ":$c - [0:0]"
+	done
+	echo '-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES'
+	echo '-A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES'
+	echo '-A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING'
+	echo '-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000'
+	echo '-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN'
+	echo '-A KUBE-POSTROUTING -j MARK --xor-mark 0x4000'
+	echo '-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully'
+	svc_rules http tcp 80 "${BACKENDS[@]}"
+	svc_rules iperf tcp 5201 10.79.1.11
+	svc_rules echo udp 5353 "${BACKENDS[@]}"
+	echo COMMIT
+} >"$WORK/dnat.rules"
+ip netns exec "$NSN" iptables-restore --noflush <"$WORK/dnat.rules"
+# New-connection runs leave many TIME_WAIT entries; keep the table small.
+ip netns exec "$NSN" sysctl -qw net.netfilter.nf_conntrack_tcp_timeout_time_wait=10 2>/dev/null || true
+
+# --- HAProxy -----------------------------------------------------------------
+cat >"$WORK/haproxy.cfg" <<EOF
+global
+    maxconn $HAPROXY_MAXCONN
+    log stdout format raw local0 emerg
+defaults
+    mode tcp
+    option splice-auto
+    timeout connect 2s
+    timeout client 15m
+    timeout server 15m
+frontend http
+    bind 10.96.0.30:80
+    default_backend http
+backend http
+    balance roundrobin
+    server b1 10.79.1.11:80
+    server b2 10.79.1.12:80
+    server b3 10.79.1.13:80
+frontend iperf
+    bind 10.96.0.30:5201
+    default_backend iperf
+backend iperf
+    server b1 10.79.1.11:5201
+EOF
+HAPROXY_PID=
+start_haproxy() {
+	start "$NSN" haproxy haproxy -db -f "$WORK/haproxy.cfg"
+	HAPROXY_PID=$LASTPID
+}
+
+# --- kube-userspace-proxy ----------------------------------------------------
+mkdir -p "$WORK/manifests"
+cat >"$WORK/manifests/bench.yaml" <<'EOF'
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: bench}
+spec:
+  type: ClusterIP
+  clusterIP: 10.96.0.20
+  ports:
+  - {name: http, port: 80, targetPort: 80, protocol: TCP}
+  - {name: echo, port: 5353, targetPort: 5353, protocol: UDP}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: bench
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+ports:
+- {name: http, port: 80, protocol: TCP}
+- {name: echo, port: 5353, protocol: UDP}
+endpoints:
+- {addresses: [10.79.1.11], conditions: {ready: true}}
+- {addresses: [10.79.1.12], conditions: {ready: true}}
+- {addresses: [10.79.1.13], conditions: {ready: true}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: iperf, namespace: bench}
+spec:
+  type: ClusterIP
+  clusterIP: 10.96.0.21
+  ports:
+  - {name: iperf, port: 5201, targetPort: 5201, protocol: TCP}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: iperf-1
+  namespace: bench
+  labels: {kubernetes.io/service-name: iperf}
+addressType: IPv4
+ports:
+- {name: iperf, port: 5201, protocol: TCP}
+endpoints:
+- {addresses: [10.79.1.11], conditions: {ready: true}}
+EOF
+KUP_PID=
+start_kup() {
+	start "$NSN" kup "$WORK/kube-userspace-proxy" --manifests "$WORK/manifests" --bind-address 0.0.0.0 \
+		--healthz-bind-address 127.0.0.1:10256 --metrics-bind-address 127.0.0.1:10249
+	KUP_PID=$LASTPID
+}
+
+# --- targets per configuration -----------------------------------------------
+http_target() { case $1 in direct) echo 10.79.1.11:80 ;; dnat) echo 10.96.0.10:80 ;; haproxy) echo 10.96.0.30:80 ;; kup) echo 10.96.0.20:80 ;; esac; }
+iperf_host() { case $1 in direct) echo 10.79.1.11 ;; dnat) echo 10.96.0.10 ;; haproxy) echo 10.96.0.30 ;; kup) echo 10.96.0.21 ;; esac; }
+udp_target() { case $1 in direct) echo 10.79.1.11:5353 ;; dnat) echo 10.96.0.10:5353 ;; kup) echo 10.96.0.20:5353 ;; *) echo "" ;; esac; }
+proc_pid() { case $1 in haproxy) echo "$HAPROXY_PID" ;; kup) echo "$KUP_PID" ;; *) echo "" ;; esac; }
+
+wait_http() { # CFG: until one request through it succeeds (20 s)
+	local t
+	t=$(http_target "$1")
+	for _ in $(seq 100); do
+		if inc "$BT" idle -target "$t" -conns 1 -hold 0s 2>/dev/null | grep -q '^READY 1 0'; then return 0; fi
+		sleep 0.2
+	done
+	echo "run.sh: $1 ($t) does not answer; logs in $WORK" >&2
+	tail -n 20 "$WORK"/*.log >&2 || true
+	return 1
+}
+
+wait_udp() { # CFG
+	local t
+	t=$(udp_target "$1")
+	[ -n "$t" ] || return 0
+	for _ in $(seq 50); do
+		if inc "$BT" udp-load -target "$t" -flows 1 -window 1 -duration 100ms -timeout 100ms 2>/dev/null | awk 'NF == 2 && $2 < 100 {ok = 1} END {exit !ok}'; then return 0; fi
+		sleep 0.2
+	done
+	echo "run.sh: UDP through $1 ($t) does not answer" >&2
+	return 1
+}
+
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
+CLK_TCK=$(getconf CLK_TCK)
+
+RAW=$WORK/raw.tsv
+echo "# figure config rep value" >"$RAW"
+record() { printf '%s %s %s %s\n' "$1" "$2" "$3" "$4" >>"$RAW"; }
+
+# --- measurements ------------------------------------------------------------
+measure_newconn() { # CFG REP
+	inc wrk -t2 -c"$NEWCONN_CONNS" -d"${DUR}s" --latency -H 'Connection: close' "http://$(http_target "$1")/" >"$WORK/wrk.out" 2>&1 || true
+	local r
+	if r=$("$BT" wrk "$WORK/wrk.out"); then
+		set -- "$1" "$2" $r
+		record newconn_rps "$1" "$2" "$3"
+		record newconn_p50 "$1" "$2" "$4"
+		record newconn_p99 "$1" "$2" "$5"
+		record newconn_err "$1" "$2" "$6"
+	else
+		log "newconn $1: wrk failed: $(tail -n 3 "$WORK/wrk.out" | tr '\n' ' ')"
+	fi
+}
+
+measure_keepalive() { # CFG REP
+	inc wrk -t2 -c64 -d"${DUR}s" --latency "http://$(http_target "$1")/" >"$WORK/wrk.out" 2>&1 || true
+	local r
+	if r=$("$BT" wrk "$WORK/wrk.out"); then
+		set -- "$1" "$2" $r
+		record keepalive_rps "$1" "$2" "$3"
+		record keepalive_p99 "$1" "$2" "$5"
+		record keepalive_err "$1" "$2" "$6"
+	else
+		log "keepalive $1: wrk failed: $(tail -n 3 "$WORK/wrk.out" | tr '\n' ' ')"
+	fi
+}
+
+measure_iperf() { # CFG REP STREAMS
+	local pid t0 t1 r
+	pid=$(proc_pid "$1")
+	[ -n "$pid" ] && t0=$(cpu_ticks "$pid")
+	inc iperf3 -c "$(iperf_host "$1")" -p 5201 -t "$DUR" -P "$3" -J >"$WORK/iperf.json" 2>&1 || true
+	[ -n "$pid" ] && t1=$(cpu_ticks "$pid")
+	if r=$("$BT" iperf "$WORK/iperf.json"); then
+		set -- "$1" "$2" "$3" $r
+		record "tcp${3}_gbps" "$1" "$2" "$4"
+		if [ -n "$pid" ]; then
+			record "cpu_per_gb${3}" "$1" "$2" "$(echo "($t1 - $t0) / $CLK_TCK / ($5 / 1000000000)" | bc -l)"
+		else
+			record "cpu_per_gb${3}" "$1" "$2" NA
+		fi
+	else
+		log "iperf $1 -P $3: failed"
+	fi
+}
+
+measure_udp() { # CFG REP
+	local t r
+	t=$(udp_target "$1")
+	if [ -z "$t" ]; then
+		record udp_rps "$1" "$2" NA
+		return
+	fi
+	if r=$(inc "$BT" udp-load -target "$t" -flows 16 -window 4 -duration "${DUR}s" 2>>"$WORK/udp-load.log"); then
+		set -- "$1" "$2" $r
+		record udp_rps "$1" "$2" "$3"
+		record udp_loss "$1" "$2" "$4"
+	else
+		log "udp $1: failed"
+	fi
+}
+
+# measure_idle CFG REP: restart the process (so freed memory of an earlier
+# run cannot be reused), open IDLE_CONNS keep-alive connections through it,
+# each with one completed request, and take the RSS growth per connection.
+measure_idle() {
+	local cfg=$1 rep=$2 pid before after fds_before fds_after line ok idle_pid
+	case $cfg in
+	haproxy) stop_pid "$HAPROXY_PID"; start_haproxy ;;
+	kup) stop_pid "$KUP_PID"; start_kup ;;
+	*)
+		record rss_idle_kib "$cfg" "$rep" NA
+		record fds_idle "$cfg" "$rep" NA
+		return
+		;;
+	esac
+	wait_http "$cfg"
+	pid=$(proc_pid "$cfg")
+	sleep 1
+	before=$(rss_kib "$pid")
+	fds_before=$(ls "/proc/$pid/fd" | wc -l)
+	start "$NSC" idle "$BT" idle -target "$(http_target "$cfg")" -conns "$IDLE_CONNS" -hold 10m
+	idle_pid=$LASTPID
+	line=
+	for _ in $(seq 600); do
+		line=$(grep -m1 '^READY' "$WORK/idle.log" || true)
+		[ -n "$line" ] && break
+		sleep 0.5
+	done
+	sleep 2
+	after=$(rss_kib "$pid")
+	fds_after=$(ls "/proc/$pid/fd" | wc -l)
+	stop_pid "$idle_pid"
+	ok=$(echo "$line" | awk '{print $2}')
+	if [ -z "$ok" ] || [ "$ok" = 0 ]; then
+		log "idle $cfg: no connection held: $(tail -n 2 "$WORK/idle.log")"
+		return
+	fi
+	[ "$ok" -lt "$IDLE_CONNS" ] && log "idle $cfg: only $ok of $IDLE_CONNS connections held"
+	record rss_idle_kib "$cfg" "$rep" "$(echo "($after - $before) / $ok" | bc -l)"
+	record fds_idle "$cfg" "$rep" "$(echo "($fds_after - $fds_before) / $ok" | bc -l)"
+}
+
+# --- run ---------------------------------------------------------------------
+start_haproxy
+start_kup
+for c in "${CONFIGS[@]}"; do wait_http "$c"; wait_udp "$c"; done
+log "all four configurations answer; ${REPS} reps of ${DUR}s per figure"
+
+LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
+T_START=$(date +%s)
+for fig in newconn keepalive tcp1 tcp4 udp; do
+	for rep in $(seq "$REPS"); do
+		for cfg in "${CONFIGS[@]}"; do
+			log "$fig rep $rep/$REPS: $cfg"
+			case $fig in
+			newconn) measure_newconn "$cfg" "$rep" ;;
+			keepalive) measure_keepalive "$cfg" "$rep" ;;
+			tcp1) measure_iperf "$cfg" "$rep" 1 ;;
+			tcp4) measure_iperf "$cfg" "$rep" 4 ;;
+			udp) measure_udp "$cfg" "$rep" ;;
+			esac
+			sleep 1
+		done
+	done
+done
+for rep in $(seq "$REPS"); do
+	for cfg in "${CONFIGS[@]}"; do
+		log "idle connections rep $rep/$REPS: $cfg"
+		measure_idle "$cfg" "$rep"
+	done
+done
+
+# --- CPU profile of the proxy under load --------------------------------------
+PROFILES=
+if [ "$PROFILE" = 1 ] && command -v perf >/dev/null 2>&1; then
+	wait_http kup
+	trim() { sed -E 's/[[:space:]]+-[[:space:]]+-[[:space:]]*$//; s/[[:space:]]+$//'; }
+	profile() { # NAME LOAD-CMD...
+		local name=$1
+		shift
+		perf record -q -F 499 -g -p "$KUP_PID" -o "$WORK/perf-$name.data" -- sleep "$DUR" >/dev/null 2>&1 &
+		local perf_pid=$!
+		"$@" >/dev/null 2>&1 || true
+		wait "$perf_pid" || true
+		local data=$WORK/perf-$name.data
+		{
+			echo
+			echo "### under the $name load"
+			echo
+			echo "Where the time goes (perf --sort dso):"
+			echo '```'
+			perf report -i "$data" --stdio --no-children --sort dso -g none 2>/dev/null | grep -E '^ +[0-9]' | head -n 5 | trim
+			echo '```'
+			echo "Self time, top symbols (user [.] and kernel [k]; on this VM, time spent with interrupts"
+			echo "off — softirq network processing — is charged to pvm_irq_enable):"
+			echo '```'
+			perf report -i "$data" --stdio --no-children --sort symbol -g none --percent-limit 0.8 2>/dev/null |
+				grep -E '^ +[0-9]' | head -n 20 | trim
+			echo '```'
+			echo "Including callees, the proxy's own functions (Go call chains, frame pointers):"
+			echo '```'
+			perf report -i "$data" --stdio --children --sort symbol -g none 2>/dev/null |
+				grep -E '^ +[0-9].*\[\.\] (github.com|net\.|internal/poll|syscall\.|runtime\.(mallocgc|gcBgMarkWorker|schedule|findRunnable)|os\.)' |
+				head -n 25 | trim
+			echo '```'
+		} >>"$WORK/profiles.md"
+	}
+	log "profiling the proxy under the new-connection load"
+	profile new-connection inc wrk -t2 -c"$NEWCONN_CONNS" -d"${DUR}s" -H 'Connection: close' "http://$(http_target kup)/"
+	log "profiling the proxy under the UDP load"
+	profile UDP inc "$BT" udp-load -target "$(udp_target kup)" -flows 16 -window 4 -duration "${DUR}s"
+	PROFILES=$(cat "$WORK/profiles.md")
+fi
+T_END=$(date +%s)
+LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# --- report ------------------------------------------------------------------
+TABLE=$("$BT" table "$RAW")
+{
+	echo "# kube-userspace-proxy side-by-side benchmark"
+	echo
+	echo "Generated by \`make bench\` (test/bench/run.sh); median of $REPS runs of ${DUR}s with (min–max),"
+	echo "configurations alternated A B C D for every figure. Ratios are of medians."
+	echo
+	echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC'), measuring took $(((T_END - T_START) / 60)) min"
+	echo "- kernel: $(uname -r), $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')), load average at start $LOAD_START, at end $LOAD_END"
+	echo "- kube-userspace-proxy: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown), $("$GO" version | cut -d' ' -f3-)"
+	echo "- wrk: $(wrk -v 2>&1 | head -n1 | cut -d' ' -f1-2); iperf3: $(iperf3 -v | head -n1 | cut -d' ' -f2); HAProxy: $(haproxy -v | head -n1 | cut -d' ' -f3)"
+	echo "- new connections: wrk -t2 -c$NEWCONN_CONNS -H 'Connection: close'; keep-alive: wrk -t2 -c64;"
+	echo "  UDP: 16 flows × 4 datagrams in flight, 64 B; idle: $IDLE_CONNS keep-alive connections, one request each${IDLE_NOTE:+ ($IDLE_NOTE)}"
+	echo
+	echo "$TABLE"
+	echo
+	cat <<'EOF'
+What bounds the figures: client (wrk, iperf3, benchtool), proxy and servers share the same CPUs, and the
+machine is shared with other work (see the load average), so every rate is CPU-bound and the
+configurations compete with their own load generator. Kernel DNAT and direct costs are softirq time,
+which no process is charged for: "proxy CPU per GB" exists only for HAProxy and kube-userspace-proxy,
+and "RSS per idle connection" only for them (the kernel keeps a conntrack entry, about 0.3 KiB).
+HAProxy has no UDP in mode tcp. iperf3 goes to one backend in every configuration.
+EOF
+	if [ -n "$PROFILES" ]; then
+		echo
+		echo "## CPU profile of kube-userspace-proxy (perf record -g, ${DUR}s, one extra run after the table)"
+		echo "$PROFILES"
+	fi
+} >"$WORK/results.md"
+cp "$WORK/results.md" "$OUT"
+cp "$RAW" "$RAW_OUT"
+cat "$WORK/results.md"
+log "results written to $OUT (raw samples: $RAW_OUT)"
