@@ -1,0 +1,76 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+func TestConfigFile(t *testing.T) {
+	const full = `apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: userspace
+bindAddress: 10.0.0.5
+healthzBindAddress: 0.0.0.0:10266
+metricsBindAddress: 127.0.0.1:10259
+hostnameOverride: node-a
+clientConnection: {kubeconfig: /etc/kube/proxy.conf}
+iptables: {syncPeriod: 20s, minSyncPeriod: 2s}
+configSyncPeriod: 10m
+portRange: 30000-30099
+nodePortAddresses: [10.0.0.0/8]
+udpIdleTimeout: 3s
+`
+	tests := []struct {
+		name    string
+		file    string
+		args    []string
+		check   func(t *testing.T, o *options)
+		wantErr string
+	}{
+		{name: "every mapped field", file: full, check: func(t *testing.T, o *options) {
+			if o.bindAddress != "10.0.0.5" || o.healthzBindAddress != "0.0.0.0:10266" || o.metricsBindAddress != "127.0.0.1:10259" ||
+				o.hostnameOverride != "node-a" || o.kubeconfig != "/etc/kube/proxy.conf" || o.syncPeriod != 20*time.Second ||
+				o.minSyncPeriod != 2*time.Second || o.configSyncPeriod != 10*time.Minute || o.proxyPortRange != "30000-30099" ||
+				len(o.nodePortAddresses) != 1 || o.udpTimeout != 3*time.Second {
+				t.Fatalf("options not taken from file: %+v", o)
+			}
+		}},
+		{name: "flags win over the file", file: full, args: []string{"--udp-timeout=1s", "--bind-address=0.0.0.0"}, check: func(t *testing.T, o *options) {
+			if o.udpTimeout != time.Second || o.bindAddress != "0.0.0.0" || o.syncPeriod != 20*time.Second {
+				t.Fatalf("flag precedence wrong: udp %v bind %s sync %v", o.udpTimeout, o.bindAddress, o.syncPeriod)
+			}
+		}},
+		{name: "unknown field", file: "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nbogus: 1\n", wantErr: "bogus"},
+		{name: "wrong kind", file: "apiVersion: v1\nkind: ConfigMap\n", wantErr: "KubeProxyConfiguration"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "config.yaml")
+			if err := os.WriteFile(path, []byte(tt.file), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			o := newOptions()
+			fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+			o.addFlags(fs)
+			if err := fs.Parse(append([]string{"--config", path}, tt.args...)); err != nil {
+				t.Fatal(err)
+			}
+			err := o.applyConfigFile(fs)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err %v, want one mentioning %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.check(t, o)
+		})
+	}
+}
