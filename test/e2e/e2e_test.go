@@ -42,6 +42,7 @@ const (
 	ipExpiry    = 27 // pod1: single-client expiry
 	ipRepin     = 28 // pod1: re-pin after removal
 	ipLive      = 29 // pod1: manifest update latency
+	ipKeep      = 30 // pod1: invalid manifest
 	ipWarmup    = 31 // pod2: start-up probes only
 	trialsEach  = 12 // as in the seed
 	distConns   = 30 // new connections per distribution
@@ -63,6 +64,7 @@ func services(c *netns.Cluster) map[string]svc {
 			externalIPs: []string{"10.77.50.10"}, lbIP: "10.77.60.10"},
 		{name: "live", clusterIP: "10.96.0.60", endpoints: ips(c, 0)},
 		{name: "doomed", clusterIP: "10.96.0.70", endpoints: ips(c, 0, 1)},
+		{name: "keep", clusterIP: "10.96.0.80", endpoints: ips(c, 0)},
 	}
 	m := map[string]svc{}
 	for _, s := range list {
@@ -106,6 +108,7 @@ func TestProxy(t *testing.T) {
 			{"ManifestChangeLive", checkLiveUpdate},
 			{"ServiceRemoved", checkServiceRemoved},
 			{"NoBackDoor", checkNoBackDoor},
+			{"InvalidManifestKeepsLastGood", checkInvalidManifestKeepsLastGood},
 		} {
 			t.Run(check.name, func(t *testing.T) {
 				t.Parallel()

@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"fmt"
+	"net/netip"
 	"regexp"
 	"slices"
 	"strconv"
@@ -8,6 +10,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/netns"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/tools/wire"
 )
 
 // Budgets from the design card: a manifest change takes effect within 1 s.
@@ -131,6 +136,11 @@ func normalizedRules(dump string) []string {
 // checkRestart: kill -9 leaves the rules behind pointing at dead sockets; a
 // new proxy must serve again and converge to exactly one copy of each rule.
 func checkRestart(t *testing.T, e *env) {
+	// A UDP client that keeps its source port (as many DNS resolvers do).
+	fixed := netip.AddrPortFrom(e.c.Pod2IPs[1], 40053)
+	if _, err := askUDPFrom(e.c.Pod2, fixed, e.svcs["rr"].udp(), askTimeout); err != nil {
+		t.Fatalf("udp from %s before restart: %v", fixed, err)
+	}
 	before := save(t, e.c.Node)
 	e.p.proc.Signal(syscall.SIGKILL)
 	if err := e.p.proc.Wait(5 * time.Second); err == nil || !strings.Contains(err.Error(), "killed") {
@@ -138,10 +148,15 @@ func checkRestart(t *testing.T, e *env) {
 	}
 	began := time.Now()
 	e.p.start(t)
-	waitServing(t, e.pod1(ipRR), "tcp", e.svcs["rr"].tcp(), startBudget)
+	// A fresh client address: its UDP source ports cannot collide with
+	// conntrack entries left from before the restart (that case is the
+	// fixed-port check below).
+	fresh := e.pod2(2)
+	waitServing(t, fresh, "tcp", e.svcs["rr"].tcp(), startBudget)
 	serving := time.Since(began)
-	checkEvenSplit(t, e.pod1(ipRR), "tcp", e.svcs["rr"])
-	checkEvenSplit(t, e.pod1(ipRR), "udp", e.svcs["rr"])
+	checkEvenSplit(t, fresh, "tcp", e.svcs["rr"])
+	checkEvenSplit(t, fresh, "udp", e.svcs["rr"])
+	checkSamePortAfterRestart(t, e, fixed)
 
 	// Wait for one more sync so that everything the new process wants is in.
 	time.Sleep(1500 * time.Millisecond)
@@ -195,4 +210,64 @@ func checkCleanup(t *testing.T, e *env) {
 		}
 	}
 	figure(t, "--cleanup: %d lines of ours before, 0 expected after (IPv4+IPv6), run twice, exit 0", before)
+}
+
+// askUDPFrom sends one datagram from the fixed source src and wants the
+// answer from dst.
+func askUDPFrom(ns *netns.NS, src, dst netip.AddrPort, timeout time.Duration) (string, error) {
+	u, err := ns.ListenUDPAt(src)
+	if err != nil {
+		return "", err
+	}
+	defer u.Close()
+	a, from, err := wire.AskUDP(u, dst, timeout)
+	if err == nil && from != dst {
+		err = fmt.Errorf("reply from %s, want %s", from, dst)
+	}
+	return a.Backend, err
+}
+
+// checkSamePortAfterRestart: the client that used fixed before the restart
+// asks again from the same port. Its conntrack entry still REDIRECTs to the
+// old process's proxy port (the kernel keeps a UDP entry 30 s after the
+// last packet, and every retry refreshes it), so unless the proxy clears
+// stale UDP conntrack entries for its service IPs, the client is black-holed
+// for as long as it keeps retrying.
+func checkSamePortAfterRestart(t *testing.T, e *env, fixed netip.AddrPort) {
+	dst := e.svcs["rr"].udp()
+	began := time.Now()
+	var attempts int
+	var err error
+	for attempts = 1; attempts <= 6; attempts++ {
+		if _, err = askUDPFrom(e.c.Pod2, fixed, dst, 500*time.Millisecond); err == nil {
+			break
+		}
+	}
+	figure(t, "UDP client reusing source port %s across kill -9/restart: %d attempt(s) in %d ms, last error %v",
+		fixed, min(attempts, 6), time.Since(began).Milliseconds(), err)
+	if err != nil {
+		t.Errorf("udp %s from %s (same source port as before the restart): no answer in 6 tries over %v: %v; "+
+			"a stale conntrack entry still points at the old proxy port: the proxy must clear UDP conntrack entries "+
+			"for its service IPs when a UDP proxy port changes (restart, Service re-created)",
+			dst, fixed, time.Since(began).Round(time.Millisecond), err)
+		newPort, _ := proxyPort(save(t, e.c.Node), e.svcs["rr"].portName("dns"))
+		t.Logf("new proxy port for %s: %d; node conntrack entries for the client:\n%s",
+			e.svcs["rr"].portName("dns"), newPort, conntrackFor(e.c.Node, fixed))
+	}
+}
+
+// conntrackFor returns the node's conntrack entries whose original source
+// is src (from /proc/net/nf_conntrack, when the kernel provides it).
+func conntrackFor(ns *netns.NS, src netip.AddrPort) string {
+	out, err := ns.Exec("cat", "/proc/net/nf_conntrack")
+	if err != nil {
+		return err.Error()
+	}
+	var keep []string
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, "src="+src.Addr().String()+" ") && strings.Contains(line, fmt.Sprintf("sport=%d ", src.Port())) {
+			keep = append(keep, strings.Join(strings.Fields(line), " "))
+		}
+	}
+	return strings.Join(keep, "\n")
 }

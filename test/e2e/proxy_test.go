@@ -21,24 +21,26 @@ const (
 
 // proxy is the binary under test running in the node namespace.
 type proxy struct {
-	c    *netns.Cluster
-	dir  string // manifests directory
-	proc *netns.Proc
-	runs int
+	c     *netns.Cluster
+	dir   string // manifests directory
+	proc  *netns.Proc
+	runs  int
+	extra []string // flags beyond the common ones
 }
 
-// newProxy prepares a manifests directory; start launches the binary.
-func newProxy(t *testing.T, c *netns.Cluster) *proxy {
+// newProxy prepares a manifests directory; start launches the binary with
+// the common flags plus extra.
+func newProxy(t *testing.T, c *netns.Cluster, extra ...string) *proxy {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "manifests")
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	return &proxy{c: c, dir: dir}
+	return &proxy{c: c, dir: dir, extra: extra}
 }
 
 func (p *proxy) args() []string {
-	return []string{
+	return append([]string{
 		"--proxy-mode", "userspace",
 		"--manifests", p.dir,
 		"--bind-address", "0.0.0.0",
@@ -46,7 +48,7 @@ func (p *proxy) args() []string {
 		"--healthz-bind-address", healthzAddr,
 		"--metrics-bind-address", metricsAddr,
 		"-v", "2",
-	}
+	}, p.extra...)
 }
 
 // start runs the proxy and waits until /healthz answers 200.

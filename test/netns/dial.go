@@ -31,11 +31,17 @@ func (n *NS) DialTCP(ctx context.Context, src netip.Addr, dst netip.AddrPort) (*
 // src (zero value: any address, kernel-chosen port). Unconnected, so the
 // reply's source address can be checked with ReadFromUDPAddrPort.
 func (n *NS) ListenUDP(src netip.Addr) (*net.UDPConn, error) {
+	return n.ListenUDPAt(netip.AddrPortFrom(src, 0))
+}
+
+// ListenUDPAt is ListenUDP with a chosen source port as well (port 0: the
+// kernel's choice), for tests that need a client to reuse its port.
+func (n *NS) ListenUDPAt(src netip.AddrPort) (*net.UDPConn, error) {
 	var c *net.UDPConn
 	err := n.Do(func() error {
-		laddr := &net.UDPAddr{}
-		if src.IsValid() {
-			laddr.IP = src.AsSlice()
+		laddr := &net.UDPAddr{Port: int(src.Port())}
+		if src.Addr().IsValid() {
+			laddr.IP = src.Addr().AsSlice()
 		}
 		var err error
 		c, err = net.ListenUDP("udp", laddr)
