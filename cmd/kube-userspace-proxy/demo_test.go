@@ -36,8 +36,10 @@ func TestDemoMatchesSeed(t *testing.T) {
 		regexp.MustCompile(`cli2, 30 new connections.*30/30 on backend-[abc]; cli1 on backend-[abc]\s+yes`),
 		regexp.MustCompile(`timeoutSeconds 3 by rewriting.*timeout 3 s applied after \S+\s+yes`),
 		regexp.MustCompile(`1 s apart.*12/12 same backend\s+yes`),
-		// The fixed schedule makes round robin land elsewhere 8 times in 12.
-		regexp.MustCompile(`4 s apart.*12/12 re-picked, 8/12 changed\s+yes`),
+		// The fixed schedule makes round robin land elsewhere 8 times in 12,
+		// but a loaded machine may delay a slot past the next one; "yes"
+		// already requires at least one change.
+		regexp.MustCompile(`4 s apart.*12/12 re-picked, \d+/12 changed\s+yes`),
 		regexp.MustCompile(`every 2 s, 7 times.*1 distinct backend\(s\) in 7 accesses\s+yes`),
 		regexp.MustCompile(`pinned backend deleted.*5× (backend-[abc]) \(was backend-[abc]\); pinned again: yes\s+yes`),
 		regexp.MustCompile(`udp \(None\).*2/2/2 \(round robin\)\s+yes`),
