@@ -1,0 +1,177 @@
+package config
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+)
+
+// ProxyLabelSelector is kube-proxy's selector for Services and EndpointSlices: objects
+// that name another service proxy, and the slices of headless Services, are not ours.
+const ProxyLabelSelector = "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless"
+
+// DefaultConfigSyncPeriod is kube-proxy's --config-sync-period default.
+const DefaultConfigSyncPeriod = 15 * time.Minute
+
+// NodeInfo is what the proxy needs to know about its own Node object.
+type NodeInfo struct {
+	Name string
+	// Addresses are the node's InternalIPs followed by its ExternalIPs, in status order;
+	// entries that are not IP addresses (hostnames) are left out.
+	Addresses []netip.Addr
+	// Zone is the topology.kubernetes.io/zone label, "" when unset.
+	Zone string
+	// Terminating is true once the Node has a deletionTimestamp.
+	Terminating bool
+	// Deleted is true when the Node object is gone; the other fields then describe its
+	// last known state.
+	Deleted bool
+}
+
+// NodeHandler receives the state of the proxy's own Node. Calls are serialised with the
+// Service and EndpointSlice calls of the same source.
+type NodeHandler interface {
+	// OnNodeChange is called with the Node's new state on every add, update and delete.
+	OnNodeChange(node NodeInfo)
+	// OnNodeSynced is called once, after the Node informer's initial list was delivered
+	// (whether or not the Node exists).
+	OnNodeSynced()
+}
+
+// InformerOptions configures an InformerSource.
+type InformerOptions struct {
+	// ConfigSyncPeriod is the informers' resync period (--config-sync-period);
+	// 0 means DefaultConfigSyncPeriod.
+	ConfigSyncPeriod time.Duration
+	// NodeName is the Node to watch (--hostname-override or the hostname). When it is
+	// empty, or NodeHandler is nil, no Node informer runs.
+	NodeName    string
+	NodeHandler NodeHandler
+}
+
+// InformerSource feeds a Handler from an API server through shared informers, as
+// kube-proxy does: Services and EndpointSlices filtered by ProxyLabelSelector, with
+// ExternalName and headless Services left out, and the synced callbacks delivered only
+// after both caches have synced, so that no rule is written from a partial view.
+//
+// Objects passed to the handlers belong to the informer caches: handlers must not modify
+// them.
+type InformerSource struct {
+	client  kubernetes.Interface
+	handler Handler
+	opts    InformerOptions
+	// mu serialises every handler call: each informer delivers on its own goroutine.
+	mu sync.Mutex
+}
+
+// NewInformerSource returns a source that will feed h from client once Run is called.
+func NewInformerSource(client kubernetes.Interface, h Handler, opts InformerOptions) *InformerSource {
+	if opts.ConfigSyncPeriod <= 0 {
+		opts.ConfigSyncPeriod = DefaultConfigSyncPeriod
+	}
+	return &InformerSource{client: client, handler: h, opts: opts}
+}
+
+// errNotSynced is returned by Run when ctx ends before the caches sync.
+var errNotSynced = errors.New("informer caches did not sync")
+
+// Run starts the informers, delivers the initial state followed by OnServiceSynced and
+// OnEndpointSlicesSynced (and OnNodeSynced), then keeps delivering changes until ctx is
+// done. It returns nil when ctx ends after the caches have synced, an error otherwise.
+func (s *InformerSource) Run(ctx context.Context) error {
+	factory := informers.NewSharedInformerFactoryWithOptions(s.client, s.opts.ConfigSyncPeriod,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = ProxyLabelSelector }))
+	services := factory.Core().V1().Services().Informer()
+	slices := factory.Discovery().V1().EndpointSlices().Informer()
+
+	svcReg, err := services.AddEventHandlerWithResyncPeriod(serviceEvents{s}, s.opts.ConfigSyncPeriod)
+	if err != nil {
+		return fmt.Errorf("service informer: %w", err)
+	}
+	sliceReg, err := slices.AddEventHandlerWithResyncPeriod(sliceEvents{s}, s.opts.ConfigSyncPeriod)
+	if err != nil {
+		return fmt.Errorf("endpointslice informer: %w", err)
+	}
+	factories := []informers.SharedInformerFactory{factory}
+	defer func() {
+		for _, f := range factories {
+			f.Shutdown()
+		}
+	}()
+
+	var nodeSynced cache.InformerSynced
+	if s.opts.NodeName != "" && s.opts.NodeHandler != nil {
+		nodeFactory := informers.NewSharedInformerFactoryWithOptions(s.client, s.opts.ConfigSyncPeriod,
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+				o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.opts.NodeName).String()
+			}))
+		reg, err := nodeFactory.Core().V1().Nodes().Informer().
+			AddEventHandlerWithResyncPeriod(nodeEvents{s}, s.opts.ConfigSyncPeriod)
+		if err != nil {
+			return fmt.Errorf("node informer: %w", err)
+		}
+		nodeSynced = reg.HasSynced
+		factories = append(factories, nodeFactory)
+	}
+
+	for _, f := range factories {
+		f.Start(ctx.Done())
+	}
+	// The registrations' HasSynced turn true only once our handlers have been given
+	// every object of the initial lists, not merely once the stores are filled.
+	if !cache.WaitForNamedCacheSync("kube-userspace-proxy service config", ctx.Done(), svcReg.HasSynced, sliceReg.HasSynced) {
+		return errNotSynced
+	}
+	s.deliver(func() {
+		s.handler.OnServiceSynced()
+		s.handler.OnEndpointSlicesSynced()
+	})
+	if nodeSynced != nil {
+		if !cache.WaitForNamedCacheSync("kube-userspace-proxy node config", ctx.Done(), nodeSynced) {
+			return errNotSynced
+		}
+		s.deliver(s.opts.NodeHandler.OnNodeSynced)
+	}
+	<-ctx.Done()
+	klog.V(2).InfoS("Informer source stopping")
+	return nil
+}
+
+// deliver runs one handler call under the source's lock.
+func (s *InformerSource) deliver(call func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	call()
+}
+
+// nodeInfo extracts the proxy's view of a Node.
+func nodeInfo(node *v1.Node, deleted bool) NodeInfo {
+	info := NodeInfo{
+		Name:        node.Name,
+		Zone:        node.Labels[v1.LabelTopologyZone],
+		Terminating: node.DeletionTimestamp != nil,
+		Deleted:     deleted,
+	}
+	for _, kind := range []v1.NodeAddressType{v1.NodeInternalIP, v1.NodeExternalIP} {
+		for _, a := range node.Status.Addresses {
+			if a.Type != kind {
+				continue
+			}
+			if ip, err := netip.ParseAddr(a.Address); err == nil {
+				info.Addresses = append(info.Addresses, ip.Unmap())
+			}
+		}
+	}
+	return info
+}
