@@ -127,9 +127,7 @@ func TestInformerSourceWithProxyRole(t *testing.T) {
 	admin := cp.AdminClient(t)
 	ctx := context.Background()
 
-	const ns = "kup-informer"
-	_, err := admin.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
-	check(t, err)
+	ns := cp.Namespace(t)
 	createNode(t, admin, "node-1")
 	for _, s := range []*v1.Service{
 		clusterIPService(ns, "web"),
@@ -190,7 +188,7 @@ func TestInformerSourceWithProxyRole(t *testing.T) {
 	if err := cp.StartAPIServer(); err != nil {
 		t.Fatal(err)
 	}
-	_, err = admin.CoreV1().Services(ns).Create(ctx, clusterIPService(ns, "after-restart"), metav1.CreateOptions{})
+	_, err := admin.CoreV1().Services(ns).Create(ctx, clusterIPService(ns, "after-restart"), metav1.CreateOptions{})
 	check(t, err)
 	rec.waitFor(t, "svc add after-restart", 60*time.Second)
 }
