@@ -157,7 +157,7 @@ func demoProxierArgs(dir string) []string {
 	return []string{
 		"--manifests", dir,
 		"--iptables=false",
-		"--bind-address", "127.0.0.1",
+		"--bind-address", demoBind.String(),
 		"--metrics-bind-address", "127.0.0.1:0",
 		"--healthz-bind-address", "",
 	}

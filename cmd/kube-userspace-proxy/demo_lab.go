@@ -20,6 +20,9 @@ type demoLab struct {
 	manifests *demoManifests
 }
 
+// demoBind is the proxier's --bind-address in the demo.
+var demoBind = netip.MustParseAddr("127.0.0.1")
+
 // demoWaitLimit bounds every wait for the proxier to reflect a change; the
 // contract is "live within 1 s", so this only trips on a real failure.
 const demoWaitLimit = 10 * time.Second
@@ -40,7 +43,7 @@ func (l *demoLab) proxyAddr(servicePort string) (netip.AddrPort, error) {
 	if !ok {
 		return netip.AddrPort{}, fmt.Errorf("%s has no proxy socket", servicePort)
 	}
-	return netip.AddrPortFrom(clientIP(1), uint16(port)), nil
+	return netip.AddrPortFrom(demoBind, uint16(port)), nil
 }
 
 // endpointNames lists the backends the proxier balances servicePort over.

@@ -51,7 +51,9 @@ type trialResults struct {
 // accesses do not move the cursor. Between long client i's two picks come
 // the 2*(11-i) first picks of the later trials and the i second picks of
 // the earlier long ones, 22-i in all, so it lands on the same backend again
-// exactly when 22-i+1 is a multiple of 3: 4 of 12 same, 8 changed.
+// exactly when 22-i+1 is a multiple of 3: 4 of 12 same, 8 changed. (The
+// schedule also fixes the cursor afterwards: 39 picks since cli1's, so
+// cli1's next fresh pick is its first backend again.)
 func (l *demoLab) timeoutTrials(ctx context.Context) trialResults {
 	addr, err := l.proxyAddr(demoSticky)
 	if err != nil {
