@@ -156,7 +156,7 @@ func checkRestart(t *testing.T, e *env) {
 	serving := time.Since(began)
 	checkEvenSplit(t, fresh, "tcp", e.svcs["rr"])
 	checkEvenSplit(t, fresh, "udp", e.svcs["rr"])
-	checkSamePortAfterRestart(t, e, fixed)
+	t.Run("UDPClientKeepsSourcePort", func(t *testing.T) { checkSamePortAfterRestart(t, e, fixed) })
 
 	// Wait for one more sync so that everything the new process wants is in.
 	time.Sleep(1500 * time.Millisecond)
