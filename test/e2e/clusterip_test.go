@@ -45,8 +45,14 @@ func checkRoundRobinFromNode(t *testing.T, e *env) {
 func checkDeadEndpoint(t *testing.T, e *env) {
 	cl := e.pod1(ipRR)
 	s := e.svcs["dead"]
+	failures := metricSum(t, e.p, "kubeproxy_userspace_dial_failures_total")
 	got, err := distribution(cl, "tcp", s.tcp(), distConns)
-	figure(t, "dead endpoint %s listed with 3 live: %d connections from %s: %s", e.c.DeadIP, distConns, cl.label, got)
+	failures = metricSum(t, e.p, "kubeproxy_userspace_dial_failures_total") - failures
+	figure(t, "dead endpoint %s listed with 3 live: %d connections from %s: %s; dial failures retried: %.0f",
+		e.c.DeadIP, distConns, cl.label, got, failures)
+	if failures < 1 {
+		t.Errorf("dial_failures_total did not grow: the dead endpoint was never tried, so the retry is unproven")
+	}
 	if err != nil {
 		t.Errorf("tcp %s: %d of %d failed although 3 endpoints are alive, first: %v", s.tcp(), got["ERR"], distConns, err)
 	}

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -102,4 +104,22 @@ func (p *proxy) get(t *testing.T, path string) string {
 func (p *proxy) cleanup(t *testing.T) (string, error) {
 	t.Helper()
 	return p.c.Node.Exec(proxyBin, "--cleanup", "-v", "2")
+}
+
+// metricSum adds up every sample of a metric family on /metrics.
+func metricSum(t *testing.T, p *proxy, name string) float64 {
+	t.Helper()
+	var sum float64
+	for _, line := range strings.Split(p.get(t, "/metrics"), "\n") {
+		if !strings.HasPrefix(line, name+" ") && !strings.HasPrefix(line, name+"{") {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			t.Fatalf("metric line %q: %v", line, err)
+		}
+		sum += v
+	}
+	return sum
 }
