@@ -38,6 +38,10 @@ type Endpoint struct {
 	Terminating bool
 	NodeName    string
 	Zone        string
+	// ZoneHints and NodeHints are the EndpointSlice topology hints (forZones,
+	// forNodes); the proxier filters on them before the balancer sees the list.
+	ZoneHints []string
+	NodeHints []string
 }
 
 // AffinityPolicy is a service port's sessionAffinity.

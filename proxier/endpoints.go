@@ -3,9 +3,11 @@ package proxier
 import (
 	"net/netip"
 	"sync"
+	"time"
 
 	discovery "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 )
@@ -14,23 +16,33 @@ import (
 // and hands them to the balancer at once: endpoint changes never wait for a
 // sync and never touch iptables (the seed-004 rollout failed because they did).
 type endpointsTracker struct {
-	lb *loadbalancer.LoadBalancer
+	lb      *loadbalancer.LoadBalancer
+	clk     clock.PassiveClock
+	metrics *Metrics
 
 	mu sync.Mutex
 	// slices of each Service, by slice name.
 	slices map[types.NamespacedName]map[string]*discovery.EndpointSlice
-	// portNames remembers which service ports had endpoints, so that a port
+	// applied remembers which balancer entries got endpoints, so that a port
 	// that disappears from every slice is emptied in the balancer.
-	portNames map[types.NamespacedName]map[loadbalancer.ServicePortName]bool
-	onChange  func(changed bool)
+	applied  map[types.NamespacedName]map[loadbalancer.ServicePortName]bool
+	policies map[types.NamespacedName]trafficPolicy
+	// local counts each Service's ready node-local endpoints, for the
+	// healthCheckNodePort server.
+	local map[types.NamespacedName]int
+	node  nodeTopology
 }
 
-func newEndpointsTracker(lb *loadbalancer.LoadBalancer, onChange func(changed bool)) *endpointsTracker {
+func newEndpointsTracker(lb *loadbalancer.LoadBalancer, clk clock.PassiveClock, m *Metrics, node nodeTopology) *endpointsTracker {
 	return &endpointsTracker{
-		lb:        lb,
-		slices:    map[types.NamespacedName]map[string]*discovery.EndpointSlice{},
-		portNames: map[types.NamespacedName]map[loadbalancer.ServicePortName]bool{},
-		onChange:  onChange,
+		lb:       lb,
+		clk:      clk,
+		metrics:  m,
+		slices:   map[types.NamespacedName]map[string]*discovery.EndpointSlice{},
+		applied:  map[types.NamespacedName]map[loadbalancer.ServicePortName]bool{},
+		policies: map[types.NamespacedName]trafficPolicy{},
+		local:    map[types.NamespacedName]int{},
+		node:     node,
 	}
 }
 
@@ -46,10 +58,7 @@ func serviceOf(es *discovery.EndpointSlice) (types.NamespacedName, bool) {
 // endpoints of its Service.
 func (t *endpointsTracker) update(es *discovery.EndpointSlice, deleted bool) {
 	svc, ok := serviceOf(es)
-	if !ok {
-		return
-	}
-	if es.AddressType == discovery.AddressTypeFQDN {
+	if !ok || es.AddressType == discovery.AddressTypeFQDN {
 		return
 	}
 	t.mu.Lock()
@@ -67,13 +76,68 @@ func (t *endpointsTracker) update(es *discovery.EndpointSlice, deleted bool) {
 		}
 		bySlice[es.Name] = es
 	}
-	changed := t.apply(svc)
-	if t.onChange != nil {
-		t.onChange(changed)
+	if t.apply(svc) {
+		t.metrics.EndpointChangesTotal.Inc()
+		t.observeProgramming(es)
 	}
 }
 
-// apply merges every slice of svc into endpoint lists per service port.
+// observeProgramming records how long the change took from its trigger
+// (the EndpointSlice annotation the endpoints controller sets) until the
+// balancer had it: for us that is the whole network programming latency.
+func (t *endpointsTracker) observeProgramming(es *discovery.EndpointSlice) {
+	v, ok := es.Annotations[endpointsTriggerTimeAnnotation]
+	if !ok {
+		return
+	}
+	if at, err := time.Parse(time.RFC3339Nano, v); err == nil {
+		if d := t.clk.Since(at); d >= 0 {
+			t.metrics.NetworkProgrammingLatency.Observe(d.Seconds())
+		}
+	}
+}
+
+const endpointsTriggerTimeAnnotation = "endpoints.kubernetes.io/last-change-trigger-time"
+
+// setPolicy records a Service's traffic policy and re-applies its endpoints
+// when the policy changed. Called by sync with the current Services.
+func (t *endpointsTracker) setPolicy(svc types.NamespacedName, p trafficPolicy, present bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old, had := t.policies[svc]
+	if present {
+		t.policies[svc] = p
+	} else {
+		delete(t.policies, svc)
+	}
+	if had != present || old != p {
+		t.apply(svc)
+	}
+}
+
+// setNode changes the node's zone (learned from its Node object) and
+// re-applies every Service, since topology filtering depends on it.
+func (t *endpointsTracker) setNode(node nodeTopology) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.node == node {
+		return
+	}
+	t.node = node
+	for svc := range t.slices {
+		t.apply(svc)
+	}
+}
+
+func (t *endpointsTracker) localEndpoints(svc types.NamespacedName) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.local[svc]
+}
+
+// apply merges every slice of svc into endpoint lists per service port,
+// filters them by the Service's traffic policy and hands them to the
+// balancer. Returns whether any balancer entry changed.
 func (t *endpointsTracker) apply(svc types.NamespacedName) bool {
 	byPort := map[loadbalancer.ServicePortName][]loadbalancer.Endpoint{}
 	for _, es := range t.slices[svc] {
@@ -81,11 +145,10 @@ func (t *endpointsTracker) apply(svc types.NamespacedName) bool {
 			if p.Port == nil {
 				continue
 			}
-			spn := loadbalancer.ServicePortName{NamespacedName: svc}
+			spn := loadbalancer.ServicePortName{NamespacedName: svc, Protocol: "TCP"}
 			if p.Name != nil {
 				spn.Port = *p.Name
 			}
-			spn.Protocol = "TCP"
 			if p.Protocol != nil {
 				spn.Protocol = *p.Protocol
 			}
@@ -102,21 +165,37 @@ func (t *endpointsTracker) apply(svc types.NamespacedName) bool {
 			}
 		}
 	}
+	policy := t.policies[svc]
+	want := map[loadbalancer.ServicePortName][]loadbalancer.Endpoint{}
+	local := 0
+	for spn, eps := range byPort {
+		eps = dedupe(eps)
+		want[spn] = policy.internalEndpoints(eps, t.node)
+		if policy.splitExternal() {
+			want[externalName(spn)] = policy.externalEndpoints(eps, t.node)
+		}
+		local = max(local, countReadyLocal(eps, t.node.name))
+	}
+	if local > 0 {
+		t.local[svc] = local
+	} else {
+		delete(t.local, svc)
+	}
 	changed := false
-	for spn := range t.portNames[svc] {
-		if _, ok := byPort[spn]; !ok {
+	for spn := range t.applied[svc] {
+		if _, ok := want[spn]; !ok {
 			changed = t.lb.SetEndpoints(spn, nil) || changed
 		}
 	}
-	names := make(map[loadbalancer.ServicePortName]bool, len(byPort))
-	for spn, eps := range byPort {
+	names := make(map[loadbalancer.ServicePortName]bool, len(want))
+	for spn, eps := range want {
 		names[spn] = true
-		changed = t.lb.SetEndpoints(spn, dedupe(eps)) || changed
+		changed = t.lb.SetEndpoints(spn, eps) || changed
 	}
 	if len(names) == 0 {
-		delete(t.portNames, svc)
+		delete(t.applied, svc)
 	} else {
-		t.portNames[svc] = names
+		t.applied[svc] = names
 	}
 	return changed
 }
@@ -135,6 +214,14 @@ func endpointFromSlice(ep discovery.Endpoint) loadbalancer.Endpoint {
 	}
 	if ep.Zone != nil {
 		e.Zone = *ep.Zone
+	}
+	if ep.Hints != nil {
+		for _, z := range ep.Hints.ForZones {
+			e.ZoneHints = append(e.ZoneHints, z.Name)
+		}
+		for _, n := range ep.Hints.ForNodes {
+			e.NodeHints = append(e.NodeHints, n.Name)
+		}
 	}
 	return e
 }

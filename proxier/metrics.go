@@ -12,6 +12,7 @@ type Metrics struct {
 
 	SyncProxyRulesLatency       prometheus.Histogram
 	SyncProxyRulesLastTimestamp prometheus.Gauge
+	NetworkProgrammingLatency   prometheus.Histogram
 	EndpointChangesTotal        prometheus.Counter
 	EndpointChangesPending      prometheus.Gauge
 	ServiceChangesTotal         prometheus.Counter
@@ -45,6 +46,11 @@ func NewMetrics() *Metrics {
 		SyncProxyRulesLastTimestamp: prometheus.NewGauge(prometheus.GaugeOpts{
 			Subsystem: "kubeproxy", Name: "sync_proxy_rules_last_timestamp_seconds",
 			Help: "The last time proxy rules were successfully synced",
+		}),
+		NetworkProgrammingLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Subsystem: "kubeproxy", Name: "network_programming_duration_seconds",
+			Help:    "In Cluster Network Programming Latency in seconds (trigger time of an endpoint change to the balancer having it)",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 20),
 		}),
 		EndpointChangesTotal: prometheus.NewCounter(prometheus.CounterOpts{
 			Subsystem: "kubeproxy", Name: "sync_proxy_rules_endpoint_changes_total",
@@ -112,7 +118,7 @@ func NewMetrics() *Metrics {
 		}),
 	}
 	m.Registry.MustRegister(
-		m.SyncProxyRulesLatency, m.SyncProxyRulesLastTimestamp,
+		m.SyncProxyRulesLatency, m.SyncProxyRulesLastTimestamp, m.NetworkProgrammingLatency,
 		m.EndpointChangesTotal, m.EndpointChangesPending,
 		m.ServiceChangesTotal, m.ServiceChangesPending, m.IPTablesRestoreFailures,
 		m.ProxyHealthzTotal, m.ProxyLivezTotal,

@@ -57,6 +57,18 @@ type Options struct {
 	Clock          clock.WithTicker
 	Dialer         Dialer
 	DialTimeouts   []time.Duration
+	// NodeName is this node, for node-local traffic policies and topology
+	// hints; its zone arrives later through SetNodeZone.
+	NodeName string
+	// ServiceHealth serves healthCheckNodePorts of externalTrafficPolicy
+	// Local Services; nil disables them.
+	ServiceHealth ServiceHealthSyncer
+}
+
+// ServiceHealthSyncer is told which Services need a healthCheckNodePort
+// server, keyed by Service, valued by port.
+type ServiceHealthSyncer interface {
+	SyncServices(ports map[types.NamespacedName]int) error
 }
 
 // activePort is one proxied service port: its socket and what it was built from.
@@ -64,7 +76,11 @@ type activePort struct {
 	info      *servicePortInfo
 	socket    proxySocket
 	proxyPort int
-	claims    []func() error // close functions of held NodePort/external IP sockets
+	// external serves NodePort/externalIP/LB traffic when its endpoint set
+	// differs from ClusterIP traffic's (a Local traffic policy); else nil.
+	external     proxySocket
+	externalPort int
+	claims       []func() error // close functions of held NodePort/external IP sockets
 }
 
 // Proxier implements config.Handler.
@@ -87,8 +103,9 @@ type Proxier struct {
 	endpointsSynced bool
 
 	// Owned by the sync goroutine (syncMu serialises a Sync() called by tests).
-	syncMu sync.Mutex
-	active map[loadbalancer.ServicePortName]*activePort
+	syncMu   sync.Mutex
+	active   map[loadbalancer.ServicePortName]*activePort
+	policies map[types.NamespacedName]trafficPolicy
 
 	// debugMu guards the copy of the table that /debug/services reads.
 	debugMu sync.RWMutex
@@ -136,11 +153,7 @@ func New(opts Options) *Proxier {
 			metrics:          opts.Metrics,
 		},
 	}
-	p.endpoints = newEndpointsTracker(p.lb, func(changed bool) {
-		if changed {
-			p.metrics.EndpointChangesTotal.Inc()
-		}
-	})
+	p.endpoints = newEndpointsTracker(p.lb, opts.Clock, opts.Metrics, nodeTopology{name: opts.NodeName})
 	p.runner = newBoundedFrequencyRunner(p.syncProxyRules, opts.MinSyncPeriod, opts.SyncPeriod, opts.Clock)
 	return p
 }
@@ -228,6 +241,12 @@ func (p *Proxier) OnEndpointSlicesSynced() {
 	}
 }
 
+// SetNodeZone tells the proxier its node's zone (from the Node object's
+// topology.kubernetes.io/zone label), for topology-aware routing.
+func (p *Proxier) SetNodeZone(zone string) {
+	p.endpoints.setNode(nodeTopology{name: p.opts.NodeName, zone: zone})
+}
+
 // Sync runs one sync now; for tests and for the demo, which must not wait
 // for the rate limiter.
 func (p *Proxier) Sync() { p.syncProxyRules() }
@@ -254,6 +273,7 @@ func (p *Proxier) syncProxyRules() {
 	start := p.clk.Now()
 	want, changes := p.desired()
 
+	p.syncPolicies(want)
 	for name, ap := range p.active {
 		if _, ok := want[name]; !ok {
 			klog.V(1).InfoS("Closing proxy socket of removed service port", "servicePort", name)
@@ -273,7 +293,11 @@ func (p *Proxier) syncProxyRules() {
 		}
 		if ap.info.affinity != info.affinity {
 			p.lb.SetAffinity(name, info.affinity)
+			if ap.external != nil {
+				p.lb.SetAffinity(externalName(name), info.affinity)
+			}
 		}
+		p.syncExternalSocket(ap, info)
 		if !ap.info.sameRules(info) && p.opts.ClaimNodePorts {
 			p.releaseClaims(ap)
 			ap.claims = p.claim(info)
@@ -329,6 +353,7 @@ func (p *Proxier) closePort(name loadbalancer.ServicePortName, ap *activePort) {
 		klog.ErrorS(err, "Closing proxy socket", "servicePort", name)
 	}
 	p.ports.Release(ap.proxyPort)
+	p.closeExternalSocket(ap)
 	p.releaseClaims(ap)
 	p.lb.DeleteServicePort(name)
 	p.metrics.forgetServicePort(name.String())
@@ -347,8 +372,8 @@ func (p *Proxier) syncPortals() bool {
 			proto = iptables.UDP
 		}
 		hasV6 := false
-		add := func(ip netip.Addr) {
-			portal := iptables.Portal{Name: ap.info.name.String(), Protocol: proto, IP: ip, Port: ap.info.port, ProxyPort: ap.proxyPort}
+		add := func(ip netip.Addr, proxyPort int) {
+			portal := iptables.Portal{Name: ap.info.name.String(), Protocol: proto, IP: ip, Port: ap.info.port, ProxyPort: proxyPort}
 			if ip.Is4() {
 				v4 = append(v4, portal)
 			} else {
@@ -357,16 +382,20 @@ func (p *Proxier) syncPortals() bool {
 			}
 		}
 		for _, ip := range ap.info.clusterIPs {
-			add(ip)
+			add(ip, ap.proxyPort)
+		}
+		externalPort := ap.proxyPort
+		if ap.external != nil {
+			externalPort = ap.externalPort
 		}
 		for _, ip := range ap.info.externalIPs {
-			add(ip)
+			add(ip, externalPort)
 		}
 		for _, ip := range ap.info.loadBalancerIPs {
-			add(ip)
+			add(ip, externalPort)
 		}
 		if ap.info.nodePort != 0 {
-			np := iptables.Portal{Name: ap.info.name.String(), Protocol: proto, Port: ap.info.nodePort, NodePort: true, ProxyPort: ap.proxyPort}
+			np := iptables.Portal{Name: ap.info.name.String(), Protocol: proto, Port: ap.info.nodePort, NodePort: true, ProxyPort: externalPort}
 			v4 = append(v4, np)
 			if hasV6 {
 				v6 = append(v6, np)

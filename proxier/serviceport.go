@@ -21,12 +21,15 @@ type servicePortInfo struct {
 	loadBalancerIPs []netip.Addr
 	nodePort        int
 	affinity        loadbalancer.AffinityPolicy
+	policy          trafficPolicy
+	// healthCheckNodePort is served for externalTrafficPolicy Local.
+	healthCheckNodePort int
 }
 
 // sameRules reports whether a and b yield the same portal rules. The socket
 // itself depends only on the protocol, which is part of the name.
 func (a *servicePortInfo) sameRules(b *servicePortInfo) bool {
-	return a.port == b.port && a.nodePort == b.nodePort &&
+	return a.port == b.port && a.nodePort == b.nodePort && a.policy == b.policy &&
 		slices.Equal(a.clusterIPs, b.clusterIPs) &&
 		slices.Equal(a.externalIPs, b.externalIPs) &&
 		slices.Equal(a.loadBalancerIPs, b.loadBalancerIPs)
@@ -64,6 +67,7 @@ func servicePorts(svc *v1.Service) []*servicePortInfo {
 		}
 	}
 	nn := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
+	policy := policyOf(svc)
 	var out []*servicePortInfo
 	for _, p := range svc.Spec.Ports {
 		proto := p.Protocol
@@ -80,6 +84,10 @@ func servicePorts(svc *v1.Service) []*servicePortInfo {
 			externalIPs:     externalIPs,
 			loadBalancerIPs: lbIPs,
 			affinity:        affinity,
+			policy:          policy,
+		}
+		if policy.externalLocal && svc.Spec.Type == v1.ServiceTypeLoadBalancer {
+			info.healthCheckNodePort = int(svc.Spec.HealthCheckNodePort)
 		}
 		if svc.Spec.Type == v1.ServiceTypeNodePort || svc.Spec.Type == v1.ServiceTypeLoadBalancer {
 			info.nodePort = int(p.NodePort)

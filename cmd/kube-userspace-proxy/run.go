@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
@@ -47,6 +48,7 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		Health:           health,
 		Metrics:          metrics,
 		Clock:            clk,
+		NodeName:         nodeName(o.hostnameOverride),
 	}
 	if o.iptables {
 		v4, v6, err := portalSyncers(v)
@@ -56,7 +58,11 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		popts.IPv4Portals, popts.IPv6Portals = v4, v6
 		popts.ClaimNodePorts = true
 	}
-	p := proxier.New(popts)
+	var p *proxier.Proxier
+	serviceHealth := healthcheck.NewServiceHealthServer(healthHost(v), func(nn types.NamespacedName) int { return p.LocalEndpoints(nn) })
+	defer serviceHealth.Close()
+	popts.ServiceHealth = serviceHealth
+	p = proxier.New(popts)
 
 	src, err := newSource(o, p, health)
 	if err != nil {
@@ -124,16 +130,32 @@ func newSource(o *options, p *proxier.Proxier, health *healthcheck.ProxierHealth
 	return config.NewInformerSource(client, p, config.InformerOptions{
 		ConfigSyncPeriod: o.configSyncPeriod,
 		NodeName:         nodeName(o.hostnameOverride),
-		NodeHandler:      nodeHealth{health},
+		NodeHandler:      nodeState{health, p},
 	}), nil
 }
 
-// nodeHealth turns the Node's deletion into /healthz failing, so external
-// load balancers drain this node, as kube-proxy does.
-type nodeHealth struct{ h *healthcheck.ProxierHealth }
+// nodeState follows this node's Node object: its deletion makes /healthz
+// fail, so external load balancers drain the node (as kube-proxy does), and
+// its zone drives topology-aware routing.
+type nodeState struct {
+	h *healthcheck.ProxierHealth
+	p *proxier.Proxier
+}
 
-func (n nodeHealth) OnNodeChange(node config.NodeInfo) { n.h.SetNodeDeleted(node.Deleted || node.Terminating) }
-func (n nodeHealth) OnNodeSynced()                     {}
+func (n nodeState) OnNodeChange(node config.NodeInfo) {
+	n.h.SetNodeDeleted(node.Deleted || node.Terminating)
+	n.p.SetNodeZone(node.Zone)
+}
+func (n nodeState) OnNodeSynced() {}
+
+// healthHost is where healthCheckNodePorts listen: the bind address when
+// one is set, else every address.
+func healthHost(v *validated) string {
+	if v.bind.IsValid() && !v.bind.IsUnspecified() {
+		return v.bind.String()
+	}
+	return ""
+}
 
 func nodeName(override string) string {
 	if override != "" {

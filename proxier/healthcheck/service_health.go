@@ -1,0 +1,95 @@
+package healthcheck
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// ServiceHealthServer serves the healthCheckNodePort of every Service with
+// externalTrafficPolicy Local: 200 while this node has a ready local
+// endpoint, 503 otherwise, so cloud load balancers send traffic only to
+// nodes that can serve it without leaving the node.
+type ServiceHealthServer struct {
+	bindHost       string
+	localEndpoints func(types.NamespacedName) int
+
+	mu      sync.Mutex
+	servers map[types.NamespacedName]*serviceServer
+}
+
+type serviceServer struct {
+	port int
+	srv  *http.Server
+}
+
+// NewServiceHealthServer listens on bindHost (empty = all addresses) and
+// asks localEndpoints for the count per Service on each request.
+func NewServiceHealthServer(bindHost string, localEndpoints func(types.NamespacedName) int) *ServiceHealthServer {
+	return &ServiceHealthServer{bindHost: bindHost, localEndpoints: localEndpoints, servers: map[types.NamespacedName]*serviceServer{}}
+}
+
+// SyncServices opens a server for each wanted Service port and closes the
+// rest. A port that cannot be opened is reported and retried next sync.
+func (s *ServiceHealthServer) SyncServices(want map[types.NamespacedName]int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for nn, ss := range s.servers {
+		if want[nn] != ss.port {
+			_ = ss.srv.Close()
+			delete(s.servers, nn)
+		}
+	}
+	var errs []error
+	for nn, port := range want {
+		if _, ok := s.servers[nn]; ok {
+			continue
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort(s.bindHost, strconv.Itoa(port)))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("healthCheckNodePort %d of %s: %w", port, nn, err))
+			continue
+		}
+		srv := &http.Server{Handler: s.handler(nn), ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		s.servers[nn] = &serviceServer{port: port, srv: srv}
+	}
+	return errors.Join(errs...)
+}
+
+// Close stops every server.
+func (s *ServiceHealthServer) Close() {
+	_ = s.SyncServices(nil)
+}
+
+type serviceHealthBody struct {
+	Service struct {
+		Namespace string `json:"namespace"`
+		Name      string `json:"name"`
+	} `json:"service"`
+	LocalEndpoints      int  `json:"localEndpoints"`
+	ServiceProxyHealthy bool `json:"serviceProxyHealthy"`
+}
+
+func (s *ServiceHealthServer) handler(nn types.NamespacedName) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body serviceHealthBody
+		body.Service.Namespace, body.Service.Name = nn.Namespace, nn.Name
+		body.LocalEndpoints = s.localEndpoints(nn)
+		body.ServiceProxyHealthy = true
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		if body.LocalEndpoints == 0 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		_ = json.NewEncoder(w).Encode(body)
+	})
+}
+

@@ -1,0 +1,142 @@
+package proxier
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
+)
+
+// topologySlice has endpoints 10.1.0.1 on this node (zone a), 10.1.0.2 on
+// node2 (zone a) and 10.1.0.3 on node3 (zone b), hinted for their zones.
+func topologySlice(hints bool) *discovery.EndpointSlice {
+	es := makeSlice("web", v1.ProtocolTCP, "10.1.0.1:8080", "10.1.0.2:8080", "10.1.0.3:8080")
+	nodes := []string{"node1", "node2", "node3"}
+	zones := []string{"a", "a", "b"}
+	for i := range es.Endpoints {
+		es.Endpoints[i].NodeName = ptr.To(nodes[i])
+		es.Endpoints[i].Zone = ptr.To(zones[i])
+		if hints {
+			es.Endpoints[i].Hints = &discovery.EndpointHints{ForZones: []discovery.ForZone{{Name: zones[i]}}}
+		}
+	}
+	return es
+}
+
+func endpointsOf(t *testing.T, p *Proxier, spn loadbalancer.ServicePortName) []string {
+	t.Helper()
+	snap, _ := p.lb.Snapshot(spn)
+	var out []string
+	for _, e := range snap.Endpoints {
+		out = append(out, e.Addr().String())
+	}
+	slices.Sort(out)
+	return out
+}
+
+func TestTrafficPolicies(t *testing.T) {
+	local := v1.ServiceInternalTrafficPolicyLocal
+	tests := []struct {
+		name         string
+		svc          svcOpt
+		hints        bool
+		zone         string
+		wantInternal []string
+		wantExternal []string // nil: no separate external set
+	}{
+		{"cluster policies use every endpoint", withNodePort(30080), false, "", []string{"10.1.0.1", "10.1.0.2", "10.1.0.3"}, nil},
+		{"internalTrafficPolicy Local", func(s *v1.Service) { s.Spec.InternalTrafficPolicy = &local }, false, "",
+			[]string{"10.1.0.1"}, nil},
+		{"externalTrafficPolicy Local splits external traffic", func(s *v1.Service) {
+			withNodePort(30080)(s)
+			s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+		}, false, "", []string{"10.1.0.1", "10.1.0.2", "10.1.0.3"}, []string{"10.1.0.1"}},
+		{"zone hints for this node's zone", withNodePort(30080), true, "a", []string{"10.1.0.1", "10.1.0.2"}, nil},
+		{"zone hints ignored without a zone", withNodePort(30080), true, "", []string{"10.1.0.1", "10.1.0.2", "10.1.0.3"}, nil},
+		{"partial hints ignored", withNodePort(30080), false, "a", []string{"10.1.0.1", "10.1.0.2", "10.1.0.3"}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newTestProxier(t, Options{NodeName: "node1"})
+			p.SetNodeZone(tt.zone)
+			p.OnServiceAdd(makeService("web", tt.svc))
+			p.OnEndpointSliceAdd(topologySlice(tt.hints))
+			p.Sync()
+			spn := loadbalancer.ServicePortName{NamespacedName: types.NamespacedName{Namespace: "default", Name: "web"}, Port: "p", Protocol: v1.ProtocolTCP}
+			strip := func(in []string) []string {
+				for i := range in {
+					in[i] = strings.TrimSuffix(in[i], ":8080")
+				}
+				return in
+			}
+			if got := strip(endpointsOf(t, p, spn)); !slices.Equal(got, tt.wantInternal) {
+				t.Errorf("internal endpoints %v, want %v", got, tt.wantInternal)
+			}
+			ap := p.active[spn]
+			if tt.wantExternal == nil {
+				if ap.external != nil {
+					t.Errorf("unexpected external socket")
+				}
+				return
+			}
+			if ap.external == nil {
+				t.Fatalf("no external socket for a split policy")
+			}
+			if got := strip(endpointsOf(t, p, externalName(spn))); !slices.Equal(got, tt.wantExternal) {
+				t.Errorf("external endpoints %v, want %v", got, tt.wantExternal)
+			}
+		})
+	}
+}
+
+// NodePorts of an externalTrafficPolicy Local Service reach the external
+// socket; the ClusterIP keeps the cluster-wide one.
+func TestExternalLocalPortals(t *testing.T) {
+	fake := iptables.NewFakeRunner(iptables.IPv4)
+	rules := iptables.New(fake, iptables.Config{Family: iptables.IPv4, BindAddress: mustAddr("127.0.0.1"), NodeIP: mustAddr("127.0.0.1")})
+	p := newTestProxier(t, Options{IPv4Portals: rules, NodeName: "node1"})
+	svc := makeService("web", withNodePort(30080))
+	svc.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+	p.OnServiceAdd(svc)
+	p.Sync()
+	ap := p.active[p.lbName("default/web:p")]
+	nat := natRules(fake)
+	if !strings.Contains(nat, "--dport 30080 -j DNAT --to-destination 127.0.0.1:"+strconv.Itoa(ap.externalPort)) {
+		t.Fatalf("NodePort not sent to the external socket %d:\n%s", ap.externalPort, nat)
+	}
+	if !strings.Contains(nat, "10.96.0.10/32") || !strings.Contains(nat, "127.0.0.1:"+strconv.Itoa(ap.proxyPort)) {
+		t.Fatalf("ClusterIP not sent to the cluster socket %d:\n%s", ap.proxyPort, nat)
+	}
+	// Back to Cluster: the external socket closes and NodePorts share the socket.
+	p.OnServiceUpdate(svc, makeService("web", withNodePort(30080)))
+	p.Sync()
+	if ap.external != nil || ap.externalPort != 0 {
+		t.Fatalf("external socket kept after policy went back to Cluster")
+	}
+}
+
+func TestNetworkProgrammingLatency(t *testing.T) {
+	p := newTestProxier(t, Options{})
+	es := makeSlice("web", v1.ProtocolTCP, "10.1.0.1:8080")
+	es.Annotations = map[string]string{endpointsTriggerTimeAnnotation: time.Now().Add(-2 * time.Second).Format(time.RFC3339Nano)}
+	p.OnEndpointSliceAdd(es)
+	if n := testutil.CollectAndCount(p.metrics.NetworkProgrammingLatency); n != 1 {
+		t.Fatalf("histogram series %d", n)
+	}
+	m := &dtoHistogram{}
+	m.read(t, p)
+	if m.count != 1 || m.sum < 2 || m.sum > 10 {
+		t.Fatalf("programming latency count %d sum %.2fs, want one ~2s sample", m.count, m.sum)
+	}
+
+}
