@@ -27,7 +27,7 @@ type tcpProxySocket struct {
 	cfg   *socketConfig
 
 	// Per-port metric children, resolved once instead of per connection.
-	active                                                     prometheus.Gauge
+	active                                                         prometheus.Gauge
 	failed, retries, dialFailures, acceptErrors, bytesIn, bytesOut prometheus.Counter
 
 	closeOnce sync.Once

@@ -27,9 +27,9 @@ type udpProxySocket struct {
 	sp    *loadbalancer.ServicePort
 	cfg   *socketConfig
 
-	sessions                          prometheus.Gauge
-	dialFailures, bytesIn, bytesOut   prometheus.Counter
-	droppedNoBackend                  prometheus.Counter
+	sessions                        prometheus.Gauge
+	dialFailures, bytesIn, bytesOut prometheus.Counter
+	droppedNoBackend                prometheus.Counter
 
 	mu      sync.Mutex // guards clients; per socket, never global
 	clients map[netip.AddrPort]*udpSession

@@ -14,7 +14,6 @@ import (
 	"k8s.io/utils/clock"
 )
 
-
 // ProxierHealth tracks the last successful sync and the oldest change that
 // still waits for one.
 type ProxierHealth struct {

@@ -92,4 +92,3 @@ func (s *ServiceHealthServer) handler(nn types.NamespacedName) http.Handler {
 		_ = json.NewEncoder(w).Encode(body)
 	})
 }
-
