@@ -479,19 +479,19 @@ if [ "$PROFILE" = 1 ] && command -v perf >/dev/null 2>&1; then
 			echo
 			echo "Where the time goes (perf --sort dso):"
 			echo '```'
-			perf report -i "$data" --stdio --no-children --sort dso -g none 2>/dev/null | grep -E '^ +[0-9]' | head -n 5 | trim
+			perf report -i "$data" --stdio --no-children --sort dso -g none 2>/dev/null | grep -E '^ +[0-9]' | head -n 5 | trim || true
 			echo '```'
 			echo "Self time, top symbols (user [.] and kernel [k]; on this VM, time spent with interrupts"
 			echo "off — softirq network processing — is charged to pvm_irq_enable):"
 			echo '```'
 			perf report -i "$data" --stdio --no-children --sort symbol -g none --percent-limit 0.8 2>/dev/null |
-				grep -E '^ +[0-9]' | head -n 20 | trim
+				grep -E '^ +[0-9]' | head -n 20 | trim || true
 			echo '```'
 			echo "Including callees, the proxy's own functions (Go call chains, frame pointers):"
 			echo '```'
 			perf report -i "$data" --stdio --children --sort symbol -g none 2>/dev/null |
 				grep -E '^ +[0-9].*\[\.\] (github.com|net\.|internal/poll|syscall\.|runtime\.(mallocgc|gcBgMarkWorker|schedule|findRunnable)|os\.)' |
-				head -n 25 | trim
+				head -n 25 | trim || true
 			echo '```'
 		} >>"$WORK/profiles.md"
 	}
