@@ -12,7 +12,7 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-export GOWORK=off GOTOOLCHAIN=local GOFLAGS=-mod=readonly
+export GOWORK=off GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false"
 cache_root="${KUP_CACHE:-/var/cache/kube-userspace-proxy}/controlplane"
 
 key="$( {
@@ -57,6 +57,7 @@ build() { # build <wrapper dir> <package> <output name>
 build etcd . etcd
 build apiserver k8s.io/kubernetes/cmd/kube-apiserver kube-apiserver
 
+chmod 755 "$tmp" # mktemp made it private; tests may run as any user
 mkdir -p "$(dirname "$dir")"
 rm -rf "$dir"
 mv "$tmp" "$dir"
