@@ -10,4 +10,13 @@
 //
 // Every process is started by this package, stopped by PID and every directory removed
 // when the test ends, even when it fails.
+//
+// Typical use:
+//
+//	cp := controlplane.Start(t, controlplane.Options{})   // or Options{NetNS: "node"}
+//	admin := cp.AdminClient(t)
+//	ns := cp.Namespace(t)
+//	// run the proxy with --kubeconfig=cp.ProxyKubeconfig (after applying the RBAC)
+//	cp.StopAPIServer()  // an outage: etcd keeps running
+//	err := cp.StartAPIServer()
 package controlplane
