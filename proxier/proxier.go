@@ -60,6 +60,9 @@ type Options struct {
 	// NodeName is this node, for node-local traffic policies and topology
 	// hints; its zone arrives later through SetNodeZone.
 	NodeName string
+	// Conntrack clears stale UDP flows when a UDP proxy port changes; nil
+	// with portals off (no NAT, nothing stale).
+	Conntrack ConntrackCleaner
 	// ServiceHealth serves healthCheckNodePorts of externalTrafficPolicy
 	// Local Services; nil disables them.
 	ServiceHealth ServiceHealthSyncer
@@ -280,6 +283,7 @@ func (p *Proxier) syncProxyRules() {
 			p.closePort(name, ap)
 		}
 	}
+	var newUDP []*servicePortInfo
 	for name, info := range want {
 		ap := p.active[name]
 		if ap == nil {
@@ -290,6 +294,9 @@ func (p *Proxier) syncProxyRules() {
 				continue
 			}
 			p.active[name] = ap
+			if name.Protocol == v1.ProtocolUDP {
+				newUDP = append(newUDP, info)
+			}
 		}
 		if ap.info.affinity != info.affinity {
 			p.lb.SetAffinity(name, info.affinity)
@@ -307,6 +314,11 @@ func (p *Proxier) syncProxyRules() {
 	p.metrics.ServicePorts.Set(float64(len(p.active)))
 
 	ok := p.syncPortals()
+	if ok {
+		// Only now do new flows meet the new rules; old flows still point at
+		// ports that no longer exist.
+		p.clearStaleUDP(newUDP)
+	}
 	p.publishDebug()
 	elapsed := p.clk.Since(start)
 	p.metrics.SyncProxyRulesLatency.Observe(elapsed.Seconds())

@@ -57,6 +57,7 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		}
 		popts.IPv4Portals, popts.IPv6Portals = v4, v6
 		popts.ClaimNodePorts = true
+		popts.Conntrack = proxier.NetlinkConntrack{}
 	}
 	var p *proxier.Proxier
 	serviceHealth := healthcheck.NewServiceHealthServer(healthHost(v), func(nn types.NamespacedName) int { return p.LocalEndpoints(nn) })
