@@ -1,6 +1,7 @@
 package proxier
 
 import (
+	"context"
 	"strings"
 	"testing"
 
@@ -11,9 +12,22 @@ import (
 
 func newPortalProxier(t *testing.T) (*Proxier, *iptables.FakeRunner) {
 	t.Helper()
+	p, fake := newPortalProxierUnsynced(t)
+	p.OnServiceSynced()
+	p.OnEndpointSlicesSynced()
+	return p, fake
+}
+
+func newPortalProxierUnsynced(t *testing.T) (*Proxier, *iptables.FakeRunner) {
+	t.Helper()
 	fake := iptables.NewFakeRunner(iptables.IPv4)
 	rules := iptables.New(fake, iptables.Config{Family: iptables.IPv4, BindAddress: mustAddr("127.0.0.1"), NodeIP: mustAddr("127.0.0.1")})
-	p := newTestProxier(t, Options{IPv4Portals: rules})
+	p := New(Options{IPv4Portals: rules, BindAddress: mustAddr("127.0.0.1")})
+	t.Cleanup(func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		p.Run(ctx)
+	})
 	return p, fake
 }
 

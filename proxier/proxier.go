@@ -273,6 +273,15 @@ func (p *Proxier) desired() (map[loadbalancer.ServicePortName]*servicePortInfo, 
 func (p *Proxier) syncProxyRules() {
 	p.syncMu.Lock()
 	defer p.syncMu.Unlock()
+	p.mu.Lock()
+	synced := p.servicesSynced && p.endpointsSynced
+	p.mu.Unlock()
+	if !synced {
+		// A partial view would remove the rules of every Service not yet
+		// seen (after a restart, all of them): wait for both sources.
+		klog.V(2).InfoS("Not syncing: sources have not synced yet")
+		return
+	}
 	start := p.clk.Now()
 	want, changes := p.desired()
 

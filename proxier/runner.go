@@ -61,8 +61,8 @@ func (r *boundedFrequencyRunner) Loop(ctx context.Context) {
 		r.lastRun = r.clk.Now()
 		r.mu.Unlock()
 		r.fn()
-		// Drain a trigger that arrived during the run only if it predates it:
-		// a change queued while fn ran must still get its own run, so leave it.
+		// A trigger that arrived while fn ran stays queued: that change may
+		// have missed this run. The periodic timer restarts from now.
 		if !periodic.Stop() {
 			select {
 			case <-periodic.C():

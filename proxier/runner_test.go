@@ -1,0 +1,77 @@
+package proxier
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// The runner collapses a burst of triggers into one run per minInterval and
+// runs on its own every maxInterval.
+func TestBoundedFrequencyRunner(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	var runs atomic.Int32
+	r := newBoundedFrequencyRunner(func() { runs.Add(1) }, time.Second, 30*time.Second, clk)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.Loop(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	r.Run()
+	waitFor(t, "first run", func() bool { return runs.Load() == 1 })
+
+	// A burst right after a run waits for minInterval: the first trigger is
+	// taken into the wait, the other four collapse into one queued run.
+	r.Run()
+	waitFor(t, "trigger taken", func() bool { return len(r.trigger) == 0 })
+	for range 4 {
+		r.Run()
+	}
+	clk.Step(500 * time.Millisecond)
+	time.Sleep(20 * time.Millisecond)
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("ran %d times before minInterval passed", n)
+	}
+	clk.Step(500 * time.Millisecond)
+	waitFor(t, "rate-limited run", func() bool { return runs.Load() == 2 })
+	waitFor(t, "queued trigger taken", func() bool { return len(r.trigger) == 0 })
+	clk.Step(time.Second)
+	waitFor(t, "collapsed run", func() bool { return runs.Load() == 3 })
+	time.Sleep(20 * time.Millisecond)
+	if n := runs.Load(); n != 3 {
+		t.Fatalf("5 triggers gave %d runs, want 2", n-1)
+	}
+
+	// Quiet: the periodic run comes after maxInterval.
+	clk.Step(30 * time.Second)
+	waitFor(t, "periodic run", func() bool { return runs.Load() == 4 })
+}
+
+func TestNoSyncBeforeSourcesSynced(t *testing.T) {
+	p, fake := newPortalProxierUnsynced(t)
+	p.OnServiceAdd(makeService("web"))
+	p.Sync()
+	if len(fake.Writes()) != 0 || len(p.DebugServices()) != 0 {
+		t.Fatalf("synced before the sources: %d writes, %d ports", len(fake.Writes()), len(p.DebugServices()))
+	}
+	p.OnServiceSynced()
+	p.OnEndpointSlicesSynced()
+	p.Sync()
+	if len(p.DebugServices()) != 1 {
+		t.Fatalf("not serving after both sources synced")
+	}
+}
