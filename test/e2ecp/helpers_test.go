@@ -1,0 +1,111 @@
+package e2ecp
+
+import (
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+)
+
+// These tests need neither root nor a control plane: they pin down the helpers the
+// end-to-end checks rely on.
+
+func TestReadRBAC(t *testing.T) {
+	objs, err := readRBAC(deployRBAC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(objs.serviceAccounts) != 1 || len(objs.roles) != 1 || len(objs.bindings) != 1 {
+		t.Fatalf("want one ServiceAccount, ClusterRole and binding, got %d, %d, %d",
+			len(objs.serviceAccounts), len(objs.roles), len(objs.bindings))
+	}
+	sa := objs.serviceAccounts[0]
+	if got := "system:serviceaccount:" + sa.Namespace + ":" + sa.Name; got != "system:serviceaccount:kube-system:kube-userspace-proxy" {
+		t.Errorf("service account %s: not the identity the control plane's proxy token has", got)
+	}
+	b := objs.bindings[0]
+	if b.RoleRef.Name != objs.roles[0].Name || len(b.Subjects) != 1 || b.Subjects[0].Name != sa.Name {
+		t.Errorf("binding %s does not bind role %s to %s: %+v", b.Name, objs.roles[0].Name, sa.Name, b)
+	}
+}
+
+func TestReadRBACRejects(t *testing.T) {
+	tests := []struct{ name, yaml string }{
+		{"unknown kind", "apiVersion: v1\nkind: Secret\nmetadata: {name: x}\n"},
+		{"unknown field", "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: x}\nbogus: 1\n"},
+		{"not yaml", "kind: [\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "rbac.yaml")
+			if err := os.WriteFile(path, []byte(tt.yaml), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := readRBAC(path); err == nil {
+				t.Error("no error")
+			}
+		})
+	}
+}
+
+func TestEndpointSliceConditions(t *testing.T) {
+	a, b := netip.MustParseAddr("10.77.1.100"), netip.MustParseAddr("10.77.1.120")
+	tests := []struct {
+		name string
+		eps  []endpoint
+		// want is, per endpoint, address and ready/serving/terminating.
+		want []string
+	}{
+		{"ready", readyEndpoints(a), []string{"10.77.1.100 true true false"}},
+		{"surge", append(readyEndpoints(a), endpoint{b, ready}),
+			[]string{"10.77.1.100 true true false", "10.77.1.120 true true false"}},
+		{"old terminating", markTerminating(append(readyEndpoints(a), endpoint{b, ready}), a),
+			[]string{"10.77.1.100 false true true", "10.77.1.120 true true false"}},
+		{"old removed", without(markTerminating(readyEndpoints(a, b), a), a),
+			[]string{"10.77.1.120 true true false"}},
+	}
+	svc := newService("ns", "svc", 80, 53)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newEndpointSlice(svc, tt.eps)
+			var got []string
+			for _, ep := range s.Endpoints {
+				c := ep.Conditions
+				got = append(got, ep.Addresses[0]+" "+fmtBool(c.Ready)+" "+fmtBool(c.Serving)+" "+fmtBool(c.Terminating))
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("endpoints %q, want %q", got, tt.want)
+			}
+			if s.Labels["kubernetes.io/service-name"] != "svc" || len(s.Ports) != 2 {
+				t.Errorf("slice not tied to its Service: labels %v, ports %d", s.Labels, len(s.Ports))
+			}
+		})
+	}
+}
+
+func fmtBool(b *bool) string {
+	if b == nil {
+		return "nil"
+	}
+	if *b {
+		return "true"
+	}
+	return "false"
+}
+
+func TestServicePortsMatchSlicePorts(t *testing.T) {
+	svc := newService("ns", "svc", 80, 53)
+	s := newEndpointSlice(svc, nil)
+	for i, p := range svc.Spec.Ports {
+		sp := s.Ports[i]
+		if *sp.Name != p.Name || *sp.Protocol != p.Protocol || *sp.Port != p.TargetPort.IntVal {
+			t.Errorf("Service port %s/%s→%d has slice port %s/%s/%d", p.Name, p.Protocol, p.TargetPort.IntVal, *sp.Name, *sp.Protocol, *sp.Port)
+		}
+	}
+	if svc.Spec.Ports[1].Protocol != v1.ProtocolUDP {
+		t.Error("second port is not UDP")
+	}
+}
