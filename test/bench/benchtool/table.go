@@ -22,28 +22,28 @@ var configs = []struct{ key, title string }{
 
 // figure is one row of the table.
 type figure struct {
-	key, title     string
-	higherIsBetter bool
+	key, title string
+	count      bool // whole numbers: printed without decimals
 }
 
 // figures in table order. Rows whose key run.sh never wrote are left out;
 // keys not listed here are appended with the key as title.
 var figures = []figure{
-	{"newconn_rps", "HTTP new connection per request (req/s)", true},
-	{"newconn_p50", "  … latency p50 (ms)", false},
-	{"newconn_p99", "  … latency p99 (ms)", false},
-	{"newconn_err", "  … errors (count)", false},
-	{"keepalive_rps", "HTTP keep-alive, 64 connections (req/s)", true},
-	{"keepalive_p99", "  … latency p99 (ms)", false},
-	{"keepalive_err", "  … errors (count)", false},
-	{"tcp1_gbps", "TCP throughput, 1 stream (Gbit/s)", true},
-	{"tcp4_gbps", "TCP throughput, 4 streams (Gbit/s)", true},
-	{"udp_rps", "UDP request/response, 64 B (req/s)", true},
-	{"udp_loss", "  … loss (%)", false},
-	{"cpu_per_gb1", "proxy CPU per GB, 1 stream (s/GB)", false},
-	{"cpu_per_gb4", "proxy CPU per GB, 4 streams (s/GB)", false},
-	{"rss_idle_kib", "proxy RSS per idle connection (KiB)", false},
-	{"fds_idle", "proxy descriptors per idle connection", false},
+	{key: "newconn_rps", title: "HTTP new connection per request (req/s)"},
+	{key: "newconn_p50", title: "  … latency p50 (ms)"},
+	{key: "newconn_p99", title: "  … latency p99 (ms)"},
+	{key: "newconn_err", title: "  … errors (count)", count: true},
+	{key: "keepalive_rps", title: "HTTP keep-alive, 64 connections (req/s)"},
+	{key: "keepalive_p99", title: "  … latency p99 (ms)"},
+	{key: "keepalive_err", title: "  … errors (count)", count: true},
+	{key: "tcp1_gbps", title: "TCP throughput, 1 stream (Gbit/s)"},
+	{key: "tcp4_gbps", title: "TCP throughput, 4 streams (Gbit/s)"},
+	{key: "udp_rps", title: "UDP request/response, 64 B (req/s)"},
+	{key: "udp_loss", title: "  … loss (%)"},
+	{key: "cpu_per_gb1", title: "proxy CPU per GB, 1 stream (s/GB)"},
+	{key: "cpu_per_gb4", title: "proxy CPU per GB, 4 streams (s/GB)"},
+	{key: "rss_idle_kib", title: "proxy RSS per idle connection (KiB)"},
+	{key: "fds_idle", title: "proxy descriptors per idle connection"},
 }
 
 // samples holds every value of one figure, by configuration.
@@ -128,14 +128,18 @@ func formatNumber(v float64) string {
 	return strconv.FormatFloat(v, 'g', 3, 64)
 }
 
-func formatCell(s stats, ok bool) string {
+func formatCell(s stats, ok, count bool) string {
 	if !ok {
 		return "n/a"
 	}
-	if s.n == 1 || s.min == s.max {
-		return formatNumber(s.median)
+	format := formatNumber
+	if count {
+		format = func(v float64) string { return strconv.FormatFloat(math.Round(v), 'f', 0, 64) }
 	}
-	return fmt.Sprintf("%s (%s–%s)", formatNumber(s.median), formatNumber(s.min), formatNumber(s.max))
+	if s.n == 1 || s.min == s.max {
+		return format(s.median)
+	}
+	return fmt.Sprintf("%s (%s–%s)", format(s.median), format(s.min), format(s.max))
 }
 
 func formatRatio(num, den stats, okNum, okDen bool) string {
@@ -171,7 +175,7 @@ func renderTable(w io.Writer, data map[string]samples, order []string) {
 		ok := map[string]bool{}
 		for _, c := range configs {
 			st[c.key], ok[c.key] = summarize(data[f.key][c.key])
-			cells = append(cells, formatCell(st[c.key], ok[c.key]))
+			cells = append(cells, formatCell(st[c.key], ok[c.key], f.count))
 		}
 		cells = append(cells,
 			formatRatio(st["kup"], st["dnat"], ok["kup"], ok["dnat"]),

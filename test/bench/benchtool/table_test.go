@@ -52,6 +52,9 @@ udp_rps haproxy 1 NA
 udp_rps dnat 1 100
 udp_rps kup 1 60
 extra_fig kup 1 7
+newconn_err kup 1 0
+newconn_err kup 2 12
+newconn_err kup 3 3
 `
 	data, order, err := readSamples(strings.NewReader(raw))
 	if err != nil {
@@ -64,6 +67,7 @@ extra_fig kup 1 7
 		"| HTTP new connection per request (req/s) | 1,000 | 900 (800–1,000) | 450 | 720 | 0.80× | 1.60× | 0.50× |",
 		"| UDP request/response, 64 B (req/s) | n/a | 100 | n/a | 60.0 | 0.60× | n/a | n/a |",
 		"| extra_fig | n/a | n/a | n/a | 7.00 | n/a | n/a | n/a |",
+		"| &nbsp;&nbsp;… errors (count) | n/a | n/a | n/a | 3 (0–12) | n/a | n/a | n/a |",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("table lacks row\n%s\ngot:\n%s", want, got)
