@@ -151,7 +151,8 @@ func (s *tcpProxySocket) dial(client netip.AddrPort) (*net.TCPConn, error) {
 }
 
 // proxyTCP copies both ways until both directions are done. Each direction
-// uses (*TCPConn).ReadFrom, which splices socket to socket on Linux. A FIN is
+// splices socket to socket through a pipe held only while bytes move
+// (splice.go). A FIN is
 // passed on as a half-close; the other direction then has halfCloseTimeout to
 // finish, so a peer that never closes cannot pin the goroutines forever
 // (the legacy leak, kubernetes#18354). A reset on one side resets the other.
@@ -171,7 +172,7 @@ func proxyTCP(client, backend *net.TCPConn, halfCloseTimeout time.Duration, in, 
 type byteCounter interface{ Add(float64) }
 
 func copyHalf(dst, src *net.TCPConn, halfCloseTimeout time.Duration, bytes byteCounter) {
-	n, err := dst.ReadFrom(src)
+	n, err := spliceConn(dst, src)
 	bytes.Add(float64(n))
 	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 		if isReset(err) {
