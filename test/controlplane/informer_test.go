@@ -185,10 +185,14 @@ func TestInformerSourceWithProxyRole(t *testing.T) {
 	// A short outage: the source must survive it and resync.
 	cp.StopAPIServer()
 	time.Sleep(2 * time.Second) // let the watches notice
+	restart := time.Now()
 	if err := cp.StartAPIServer(); err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("kube-apiserver ready again after %v", time.Since(restart).Round(time.Millisecond))
+	created := time.Now()
 	_, err := admin.CoreV1().Services(ns).Create(ctx, clusterIPService(ns, "after-restart"), metav1.CreateOptions{})
 	check(t, err)
 	rec.waitFor(t, "svc add after-restart", 60*time.Second)
+	t.Logf("Service created after the restart delivered after %v", time.Since(created).Round(time.Millisecond))
 }
