@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
@@ -50,8 +52,9 @@ type ControlPlane struct {
 	creds     credentials
 	apiArgs   []string
 	dial      func(ctx context.Context, network, addr string) (net.Conn, error)
-	probe     *http.Client // /readyz client, made once the certificate exists
-	mu        sync.Mutex   // guards the processes across Stop/Start from different goroutines
+	probe     *http.Client         // /readyz client, made once the certificate exists
+	admin     kubernetes.Interface // for the authorizer probe
+	mu        sync.Mutex           // guards the processes across Stop/Start from different goroutines
 	etcd, api *process
 }
 
@@ -178,7 +181,35 @@ func (cp *ControlPlane) StartAPIServer() error {
 	if err != nil {
 		return err
 	}
-	return waitUntil(p, cp.opts.ReadyTimeout, cp.ready)
+	if err := waitUntil(p, cp.opts.ReadyTimeout, cp.ready); err != nil {
+		return err
+	}
+	// /readyz turns ok before the RBAC authorizer has loaded the roles; until then every
+	// request that is not from system:masters is forbidden. Return once it authorizes.
+	return waitUntil(p, cp.opts.ReadyTimeout, cp.authorizes)
+}
+
+// authorizes reports whether RBAC grants every authenticated user what the bootstrap
+// role system:basic-user grants, i.e. whether the authorizer has its roles.
+func (cp *ControlPlane) authorizes() bool {
+	if cp.admin == nil {
+		c, err := kubernetes.NewForConfig(cp.AdminConfig())
+		if err != nil {
+			return false
+		}
+		cp.admin = c
+	}
+	review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+		User:   "kup-probe",
+		Groups: []string{"system:authenticated"},
+		ResourceAttributes: &authorizationv1.ResourceAttributes{
+			Verb: "create", Group: "authorization.k8s.io", Resource: "selfsubjectaccessreviews",
+		},
+	}}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	got, err := cp.admin.AuthorizationV1().SubjectAccessReviews().Create(ctx, review, metav1.CreateOptions{})
+	return err == nil && got.Status.Allowed
 }
 
 // StopAPIServer stops kube-apiserver (SIGTERM, then SIGKILL after 10 s) and leaves etcd
