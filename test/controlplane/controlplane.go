@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -100,20 +101,41 @@ func start(bins Binaries, opts Options) (*ControlPlane, error) {
 	}
 	cp.AdminToken, cp.ProxyToken = cp.creds.adminToken, cp.creds.proxyToken
 
-	ports, err := freePorts(3)
+	// The ports were free a moment ago; another process may take one before etcd or
+	// kube-apiserver binds it. Then start over on other ports.
+	for attempt := 1; ; attempt++ {
+		err = cp.startOnFreePorts()
+		if err == nil || attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
+			break
+		}
+		cp.stopProcesses()
+		if err := os.RemoveAll(filepath.Join(dir, "etcd")); err != nil {
+			return cp, err
+		}
+	}
 	if err != nil {
 		return cp, err
 	}
+	return cp, cp.writeKubeconfigs()
+}
+
+// pickPorts is freePorts; a test replaces it to force a port collision.
+var pickPorts = freePorts
+
+// startOnFreePorts starts etcd and kube-apiserver on ports chosen now.
+func (cp *ControlPlane) startOnFreePorts() error {
+	cp.probe, cp.admin = nil, nil // clients of an earlier attempt know the old port
+	ports, err := pickPorts(3)
+	if err != nil {
+		return err
+	}
 	if err := cp.startEtcd(ports[0], ports[1]); err != nil {
-		return cp, err
+		return err
 	}
 	cp.Server = "https://127.0.0.1:" + strconv.Itoa(ports[2])
-	cp.CAFile = filepath.Join(dir, "certs", "apiserver.crt")
+	cp.CAFile = filepath.Join(cp.dir, "certs", "apiserver.crt")
 	cp.apiArgs = cp.apiServerArgs(ports[2])
-	if err := cp.StartAPIServer(); err != nil {
-		return cp, err
-	}
-	return cp, cp.writeKubeconfigs()
+	return cp.StartAPIServer()
 }
 
 // startEtcd runs etcd on loopback without fsync (a test's data need not survive a crash)
@@ -226,15 +248,20 @@ func (cp *ControlPlane) StopAPIServer() {
 // Stop stops kube-apiserver and etcd by PID and removes every file the control plane
 // wrote. It is safe to call more than once.
 func (cp *ControlPlane) Stop() {
+	cp.stopProcesses()
+	if cp.dir != "" {
+		_ = os.RemoveAll(cp.dir)
+	}
+}
+
+// stopProcesses stops kube-apiserver, then etcd.
+func (cp *ControlPlane) stopProcesses() {
 	cp.StopAPIServer()
 	cp.mu.Lock()
 	p := cp.etcd
 	cp.mu.Unlock()
 	if p != nil {
 		p.stop(5 * time.Second)
-	}
-	if cp.dir != "" {
-		_ = os.RemoveAll(cp.dir)
 	}
 }
 
