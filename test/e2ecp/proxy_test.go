@@ -74,9 +74,13 @@ func (p *proxy) requireRunning(t *testing.T) {
 }
 
 // logLines returns the proxy's output lines containing any of words (case-insensitive).
-func (p *proxy) logLines(words ...string) []string {
+func (p *proxy) logLines(words ...string) []string { return p.logLinesSince(0, words...) }
+
+// logLinesSince is logLines over the output after its first `from` lines.
+func (p *proxy) logLinesSince(from int, words ...string) []string {
 	var hits []string
-	for _, line := range strings.Split(p.proc.Output(), "\n") {
+	lines := p.lines()
+	for _, line := range lines[min(from, len(lines)):] {
 		lower := strings.ToLower(line)
 		for _, w := range words {
 			if strings.Contains(lower, strings.ToLower(w)) {
@@ -87,6 +91,9 @@ func (p *proxy) logLines(words ...string) []string {
 	}
 	return hits
 }
+
+// lines is the proxy's output so far, one entry per line.
+func (p *proxy) lines() []string { return strings.Split(p.proc.Output(), "\n") }
 
 // rules is the node's nat table lines that carry comment, the Service port's name
 // ("namespace/name:port") as the portal rules write it.
