@@ -179,29 +179,40 @@ func TestInformerSourceInitialState(t *testing.T) {
 // A label that takes a Service out of ProxyLabelSelector arrives as a watch DELETE from a
 // real API server (the fake ignores selectors on watch); test/controlplane covers that.
 func TestInformerSourceServiceTransitions(t *testing.T) {
+	otherName := func(s *v1.Service) { s.Spec.ExternalName = "other.example.com" }
 	tests := []struct {
 		name   string
 		before *v1.Service
 		after  *v1.Service
-		want   string // the one call the change must produce
+		want   []string // the calls the change must produce, nothing else
 	}{
-		{"port change", svcFixture("a"), svcFixture("a", func(s *v1.Service) { s.Spec.Ports[0].Port = 81 }), "svc update ns/a"},
-		{"turns ExternalName", svcFixture("a"), svcFixture("a", asExternalName), "svc delete ns/a"},
-		{"stops being ExternalName", svcFixture("a", asExternalName), svcFixture("a"), "svc add ns/a"},
+		{"port change", svcFixture("a"), svcFixture("a", func(s *v1.Service) { s.Spec.Ports[0].Port = 81 }), []string{"svc update ns/a"}},
+		{"turns ExternalName", svcFixture("a"), svcFixture("a", asExternalName), []string{"svc delete ns/a"}},
+		{"stops being ExternalName", svcFixture("a", asExternalName), svcFixture("a"), []string{"svc add ns/a"}},
+		{"stays ExternalName", svcFixture("a", asExternalName), svcFixture("a", asExternalName, otherName), nil},
+		{"stays headless", svcFixture("a", asHeadless), svcFixture("a", asHeadless, withLabel("x")), nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			client := fake.NewClientset(tt.before)
+			// A marker Service changed after the one under test: the informer delivers in
+			// order, so once the marker's update is seen, every call for "a" has been made.
+			marker := svcFixture("marker")
+			client := fake.NewClientset(tt.before, marker)
 			r := newInformerRecorder()
 			runInformerSource(t, client, InformerOptions{}, r)
 			before := len(r.waitFor(t, "slices synced"))
 
-			if _, err := client.CoreV1().Services("ns").Update(context.Background(), tt.after, metav1.UpdateOptions{}); err != nil {
+			ctx := context.Background()
+			if _, err := client.CoreV1().Services("ns").Update(ctx, tt.after, metav1.UpdateOptions{}); err != nil {
 				t.Fatal(err)
 			}
-			got := r.waitFor(t, tt.want)[before:]
-			if len(got) != 1 {
-				t.Errorf("after the update recorded %q, want only %q", got, tt.want)
+			if _, err := client.CoreV1().Services("ns").Update(ctx, svcFixture("marker", withLabel("touched")), metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			got := r.waitFor(t, "svc update ns/marker")[before:]
+			want := append(slices.Clone(tt.want), "svc update ns/marker")
+			if !slices.Equal(got, want) {
+				t.Errorf("after the update recorded %q, want %q", got, want)
 			}
 		})
 	}
