@@ -68,11 +68,19 @@ NSB=kupb-back-$SUF
 PIDS=()
 LASTPID=
 
+# ours PID: the process still runs inside one of our namespaces (so a PID
+# that exited and was reused by someone else is never signalled).
+ours() {
+	local ns
+	ns=$(ip netns identify "$1" 2>/dev/null) || return 1
+	[ "$ns" = "$NSC" ] || [ "$ns" = "$NSN" ] || [ "$ns" = "$NSB" ]
+}
+
 cleanup() {
 	set +e
-	for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null; done
+	for pid in "${PIDS[@]}"; do ours "$pid" && kill "$pid" 2>/dev/null; done
 	sleep 0.5
-	for pid in "${PIDS[@]}"; do kill -9 "$pid" 2>/dev/null; done
+	for pid in "${PIDS[@]}"; do ours "$pid" && kill -9 "$pid" 2>/dev/null; done
 	for ns in "$NSC" "$NSN" "$NSB"; do ip netns del "$ns" 2>/dev/null; done
 	rm -rf "$WORK"
 }
@@ -89,12 +97,15 @@ start() {
 	PIDS+=("$LASTPID")
 }
 
+# stop_pid PID: stop one process this script started and forget it.
 stop_pid() {
-	local pid=$1
+	local pid=$1 p keep=()
 	kill "$pid" 2>/dev/null || true
-	for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+	for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
 	kill -9 "$pid" 2>/dev/null || true
 	wait "$pid" 2>/dev/null || true
+	for p in "${PIDS[@]}"; do [ "$p" = "$pid" ] || keep+=("$p"); done
+	PIDS=("${keep[@]}")
 }
 
 inc() { ip netns exec "$NSC" "$@"; }
