@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -162,8 +163,9 @@ func nodeName(override string) string {
 	if override != "" {
 		return override
 	}
+	// Node names are lower case; kube-proxy lowercases the hostname too.
 	h, _ := os.Hostname()
-	return h
+	return strings.ToLower(strings.TrimSpace(h))
 }
 
 // portalSyncers builds one rule syncer per IP family the node can program.
