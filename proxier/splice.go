@@ -1,7 +1,6 @@
 package proxier
 
 import (
-	"errors"
 	"io"
 	"net"
 	"sync"
@@ -75,34 +74,39 @@ func spliceConn(dst, src *net.TCPConn) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	var total int64
+	// The closures are built once per connection, not per wake-up: the
+	// loop below allocates nothing while bytes flow.
+	var (
+		total   int64
+		pp      pipePair
+		held    bool
+		n       int64
+		readErr error
+	)
+	fill := func(fd uintptr) bool {
+		if !held {
+			if pp, readErr = pipes.get(); readErr != nil {
+				return true
+			}
+			held = true
+		}
+		n, readErr = unix.Splice(int(fd), nil, pp.w, nil, spliceChunk, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+		switch readErr {
+		case unix.EINTR:
+			return false
+		case unix.EAGAIN:
+			// Nothing to read: give the pipe back while we wait.
+			pipes.put(pp, true)
+			held = false
+			readErr = nil
+			return false
+		}
+		return true
+	}
+	drain := &pipeDrainer{}
 	for {
-		var (
-			pp      pipePair
-			held    bool
-			n       int64
-			readErr error
-		)
-		err := srcRaw.Read(func(fd uintptr) bool {
-			if !held {
-				if pp, readErr = pipes.get(); readErr != nil {
-					return true
-				}
-				held = true
-			}
-			n, readErr = unix.Splice(int(fd), nil, pp.w, nil, spliceChunk, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
-			if readErr == unix.EINTR {
-				return false
-			}
-			if readErr == unix.EAGAIN {
-				// Nothing to read: give the pipe back while we wait.
-				pipes.put(pp, true)
-				held = false
-				readErr = nil
-				return false
-			}
-			return true
-		})
+		held, n, readErr = false, 0, nil
+		err := srcRaw.Read(fill)
 		if err == nil {
 			err = readErr
 		}
@@ -115,7 +119,7 @@ func spliceConn(dst, src *net.TCPConn) (int64, error) {
 			}
 			return total, err
 		}
-		written, werr := drainPipe(dstRaw, pp, n)
+		written, werr := drain.run(dstRaw, pp, n)
 		total += written
 		pipes.put(pp, werr == nil)
 		if werr != nil {
@@ -124,34 +128,44 @@ func spliceConn(dst, src *net.TCPConn) (int64, error) {
 	}
 }
 
-// drainPipe splices n bytes from the pipe into the socket behind raw.
-func drainPipe(raw syscall.RawConn, pp pipePair, n int64) (int64, error) {
-	var written int64
-	var spliceErr error
-	err := raw.Write(func(fd uintptr) bool {
-		for written < n {
-			m, err := unix.Splice(pp.r, nil, int(fd), nil, int(n-written), unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
-			switch {
-			case err == unix.EINTR:
-				continue
-			case err == unix.EAGAIN:
-				return false // socket buffer full: wait until writable
-			case err != nil:
-				spliceErr = err
-				return true
-			case m == 0:
-				spliceErr = io.ErrUnexpectedEOF
-				return true
-			}
-			written += m
-		}
-		return true
-	})
+// pipeDrainer splices a pipe's bytes into a socket; one per connection
+// direction, so its callback is allocated once.
+type pipeDrainer struct {
+	pp       pipePair
+	n        int64
+	written  int64
+	err      error
+	callback func(fd uintptr) bool
+}
+
+func (d *pipeDrainer) run(raw syscall.RawConn, pp pipePair, n int64) (int64, error) {
+	if d.callback == nil {
+		d.callback = d.write
+	}
+	d.pp, d.n, d.written, d.err = pp, n, 0, nil
+	err := raw.Write(d.callback)
 	if err == nil {
-		err = spliceErr
+		err = d.err
 	}
-	if err != nil && errors.Is(err, unix.EPIPE) {
-		err = syscall.EPIPE
+	return d.written, err
+}
+
+func (d *pipeDrainer) write(fd uintptr) bool {
+	for d.written < d.n {
+		m, err := unix.Splice(d.pp.r, nil, int(fd), nil, int(d.n-d.written), unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			return false // socket buffer full: wait until writable
+		case err != nil:
+			d.err = err
+			return true
+		case m == 0:
+			d.err = io.ErrUnexpectedEOF
+			return true
+		}
+		d.written += m
 	}
-	return written, err
+	return true
 }
