@@ -16,5 +16,9 @@
 // which is missing. Everything it creates — namespaces, processes, rules — goes away when
 // the test ends, failed or not.
 //
+// Run it as root, after test/controlplane/build.sh has built the control plane:
+//
+//	go test -v -count=1 ./test/e2ecp    # about 3 minutes; figures are the "FIGURE" lines
+//
 // The package holds only tests; this file exists to carry the documentation.
 package e2ecp

@@ -23,7 +23,7 @@ const (
 	// informers) retry a failed list/watch after 800 ms doubling up to a 30 s cap, each
 	// delay stretched by a random factor in [1, 2): after a 30 s outage their next attempt
 	// can be up to 60 s away, for kube-proxy as for this proxy. The figure is logged.
-	resyncBudget = 65 * time.Second
+	resyncBudget = 70 * time.Second
 	// healthzEvery spaces the /healthz probes across the outage.
 	healthzEvery = 500 * time.Millisecond
 )
