@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -110,4 +111,32 @@ func (p *proxy) rules(t *testing.T, comment string) []string {
 		}
 	}
 	return hits
+}
+
+// metric adds up every sample of one metric on the proxy's /metrics (for a histogram,
+// name its _count or _sum series).
+func (p *proxy) metric(t *testing.T, name string) float64 {
+	t.Helper()
+	resp, err := p.http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	var sum float64
+	for _, line := range strings.Split(string(body), "\n") {
+		if !strings.HasPrefix(line, name+" ") && !strings.HasPrefix(line, name+"{") {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			t.Fatalf("metric line %q: %v", line, err)
+		}
+		sum += v
+	}
+	return sum
 }

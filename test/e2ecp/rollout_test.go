@@ -26,6 +26,27 @@ const (
 	clientPause = 5 * time.Millisecond
 )
 
+// triggerTimeAnnotation is when the change an EndpointSlice reflects happened.
+const triggerTimeAnnotation = "endpoints.kubernetes.io/last-change-trigger-time"
+
+// rolloutMetrics are the proxy's counters the rollout reports.
+type rolloutMetrics struct {
+	dialFailures, programmed, programmingSeconds float64
+}
+
+func (p *proxy) rolloutMetrics(t *testing.T) rolloutMetrics {
+	t.Helper()
+	return rolloutMetrics{
+		dialFailures:       p.metric(t, "kubeproxy_userspace_dial_failures_total"),
+		programmed:         p.metric(t, "kubeproxy_network_programming_duration_seconds_count"),
+		programmingSeconds: p.metric(t, "kubeproxy_network_programming_duration_seconds_sum"),
+	}
+}
+
+func (m rolloutMetrics) minus(o rolloutMetrics) rolloutMetrics {
+	return rolloutMetrics{m.dialFailures - o.dialFailures, m.programmed - o.programmed, m.programmingSeconds - o.programmingSeconds}
+}
+
 // rolloutIP is the address of the i-th rollout backend: old ones 0..19, new ones 20..39,
 // added to the backends namespace next to the shared backends (same /24, so the node
 // reaches them directly).
@@ -116,12 +137,16 @@ func checkRollingUpdate(t *testing.T, e *env) {
 	write := func(what string) {
 		t.Helper()
 		setEndpoints(slice, eps)
+		// As the EndpointSlice controller does: the proxy turns it into
+		// kubeproxy_network_programming_duration_seconds.
+		metav1.SetMetaDataAnnotation(&slice.ObjectMeta, triggerTimeAnnotation, time.Now().Format(time.RFC3339Nano))
 		var err error
 		slice, err = e.admin.DiscoveryV1().EndpointSlices(ns).Update(context.Background(), slice, metav1.UpdateOptions{})
 		if err != nil {
 			t.Fatalf("rollout: %s: %v", what, err)
 		}
 	}
+	before := e.proxy.rolloutMetrics(t)
 	began := time.Now()
 	l := startLoad(clients, dst, began)
 	stopped := false
@@ -148,6 +173,7 @@ func checkRollingUpdate(t *testing.T, e *env) {
 	l.stopLoad()
 	stopped = true
 	took := time.Since(began)
+	during := e.proxy.rolloutMetrics(t).minus(before)
 
 	newAnswered := 0
 	for _, s := range servers[rolloutReplicas:] {
@@ -157,6 +183,8 @@ func checkRollingUpdate(t *testing.T, e *env) {
 	}
 	t.Logf("FIGURE rollout: %d connections tried, %d failed (%d endpoints replaced one at a time in %v, %d clients; %d of %d new backends answered)",
 		l.tried, l.nfail, rolloutReplicas, took.Round(100*time.Millisecond), len(clients), newAnswered, rolloutReplicas)
+	t.Logf("FIGURE rollout: proxy dials failed and retried elsewhere: %.0f; network programming duration: %.0f observations, mean %.0f ms",
+		during.dialFailures, during.programmed, 1000*during.programmingSeconds/max(during.programmed, 1))
 	if l.nfail > 0 {
 		t.Errorf("rollout: %d of %d connections failed; first:\n%s", l.nfail, l.tried, strings.Join(l.failed, "\n"))
 	}
