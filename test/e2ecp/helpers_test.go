@@ -109,3 +109,22 @@ func TestServicePortsMatchSlicePorts(t *testing.T) {
 		t.Error("second port is not UDP")
 	}
 }
+
+func TestParseConntrackStats(t *testing.T) {
+	text := "entries  clashres found new invalid insert_failed drop\n" +
+		"00000002  00000000 00000000 00000000 0000000a 00000001 00000000\n" +
+		"00000003  00000000 00000000 00000000 00000005 00000000 00000002\n"
+	got, err := parseConntrackStats(text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]uint64{"entries": 5, "invalid": 15, "insert_failed": 1, "drop": 2}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %d, want %d", k, got[k], v)
+		}
+	}
+	if _, err := parseConntrackStats("entries invalid\nzz 1\n"); err == nil {
+		t.Error("bad hex accepted")
+	}
+}

@@ -147,6 +147,7 @@ func checkRollingUpdate(t *testing.T, e *env) {
 		}
 	}
 	before := e.proxy.rolloutMetrics(t)
+	dropsBefore := readNodeDrops(t, e.lab.Node)
 	began := time.Now()
 	l := startLoad(clients, dst, began)
 	stopped := false
@@ -174,6 +175,7 @@ func checkRollingUpdate(t *testing.T, e *env) {
 	stopped = true
 	took := time.Since(began)
 	during := e.proxy.rolloutMetrics(t).minus(before)
+	drops := readNodeDrops(t, e.lab.Node).minus(dropsBefore)
 
 	newAnswered := 0
 	for _, s := range servers[rolloutReplicas:] {
@@ -185,6 +187,7 @@ func checkRollingUpdate(t *testing.T, e *env) {
 		l.tried, l.nfail, rolloutReplicas, took.Round(100*time.Millisecond), len(clients), newAnswered, rolloutReplicas)
 	t.Logf("FIGURE rollout: proxy dials failed and retried elsewhere: %.0f; network programming duration: %.0f observations, mean %.0f ms",
 		during.dialFailures, during.programmed, 1000*during.programmingSeconds/max(during.programmed, 1))
+	t.Logf("FIGURE rollout: node packet drops during the rollout: %s", drops)
 	if l.nfail > 0 {
 		t.Errorf("rollout: %d of %d connections failed; first:\n%s", l.nfail, l.tried, strings.Join(l.failed, "\n"))
 	}

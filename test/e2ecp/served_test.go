@@ -14,16 +14,16 @@ const (
 	servedTrials   = 3
 )
 
-// checkServedWithin1s creates Services with their EndpointSlices, one at a time with an
+// checkServedWithin1s creates Services with their EndpointSlices, one at a time after an
 // idle gap (so each is a first change after a quiet period, as in a cluster), and
 // measures how soon a pod is answered over TCP and UDP through the ClusterIP.
 func checkServedWithin1s(t *testing.T, e *env) {
 	ns := e.cp.Namespace(t)
 	pod := e.pod(ipServed)
 	for i := range servedTrials {
-		if i > 0 {
-			time.Sleep(1500 * time.Millisecond) // longer than --iptables-min-sync-period
-		}
+		// Longer than --iptables-min-sync-period: the proxy (just started, for the first
+		// Service) has synced and is idle, so the change is not held back by the rate limit.
+		time.Sleep(1500 * time.Millisecond)
 		began := time.Now()
 		svc, _ := createService(t, e.admin, newService(ns, fmt.Sprintf("served-%d", i), 80, 53),
 			readyEndpoints(e.backendIPs(0, 1)...))
