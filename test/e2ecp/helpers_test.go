@@ -128,3 +128,24 @@ func TestParseConntrackStats(t *testing.T) {
 		t.Error("bad hex accepted")
 	}
 }
+
+func TestIsUnNATed(t *testing.T) {
+	dst := netip.MustParseAddrPort("10.96.1.1:80")
+	tests := []struct {
+		name, line string
+		want       bool
+	}{
+		{"pre-rule SYN", "ipv4     2 tcp      6 117 SYN_SENT src=10.77.11.9 dst=10.96.1.1 sport=40000 dport=80 [UNREPLIED] src=10.96.1.1 dst=10.77.11.9 sport=80 dport=40000 mark=0 zone=0 use=2", true},
+		{"redirected", "ipv4     2 tcp      6 60 TIME_WAIT src=10.77.11.9 dst=10.96.1.1 sport=40001 dport=80 src=10.77.11.1 dst=10.77.11.9 sport=33981 dport=40001 [ASSURED] mark=0 zone=0 use=2", false},
+		{"other port", "ipv4     2 tcp      6 117 SYN_SENT src=10.77.11.9 dst=10.96.1.1 sport=40000 dport=81 [UNREPLIED] src=10.96.1.1 dst=10.77.11.9 sport=81 dport=40000 mark=0 zone=0 use=2", false},
+		{"udp", "ipv4     2 udp      17 29 src=10.77.11.9 dst=10.96.1.1 sport=40000 dport=80 [UNREPLIED] src=10.96.1.1 dst=10.77.11.9 sport=80 dport=40000 mark=0 zone=0 use=2", false},
+		{"short", "ipv4 2 tcp", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := isUnNATed(tt.line, dst); got != tt.want {
+				t.Errorf("isUnNATed = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}

@@ -2,6 +2,7 @@ package e2ecp
 
 import (
 	"fmt"
+	"net/netip"
 	"strconv"
 	"strings"
 	"testing"
@@ -72,4 +73,44 @@ func parseConntrackStats(text string) (map[string]uint64, error) {
 		}
 	}
 	return sums, nil
+}
+
+// unNATed counts the node's conntrack entries of TCP flows to dst that were not NATed:
+// SYNs sent before dst's portal rule existed. Their entries live on (SYN_SENT, 120 s), so
+// a client that reuses such a source port meets the old, un-NATed entry instead of the
+// portal rule and its connection times out.
+func unNATed(t *testing.T, node *netns.NS, dst netip.AddrPort) int {
+	t.Helper()
+	n := 0
+	for _, line := range strings.Split(node.MustExec("cat", "/proc/net/nf_conntrack"), "\n") {
+		if isUnNATed(line, dst) {
+			n++
+		}
+	}
+	return n
+}
+
+// isUnNATed reports whether one /proc/net/nf_conntrack line is a TCP flow to dst whose
+// reply direction still comes from dst (no DNAT or REDIRECT was applied).
+func isUnNATed(line string, dst netip.AddrPort) bool {
+	f := strings.Fields(line)
+	if len(f) < 3 || f[2] != "tcp" {
+		return false
+	}
+	var srcs, dsts, dports []string
+	for _, kv := range f {
+		switch {
+		case strings.HasPrefix(kv, "src="):
+			srcs = append(srcs, kv[4:])
+		case strings.HasPrefix(kv, "dst="):
+			dsts = append(dsts, kv[4:])
+		case strings.HasPrefix(kv, "dport="):
+			dports = append(dports, kv[6:])
+		}
+	}
+	if len(srcs) < 2 || len(dsts) < 1 || len(dports) < 1 {
+		return false
+	}
+	ip := dst.Addr().String()
+	return dsts[0] == ip && dports[0] == strconv.Itoa(int(dst.Port())) && srcs[1] == ip
 }

@@ -130,9 +130,11 @@ func checkRollingUpdate(t *testing.T, e *env) {
 	for i := range rolloutClients {
 		clients = append(clients, e.pod(ipRolloutFirst+i))
 	}
-	for _, c := range clients {
-		c.waitServed(t, "tcp", dst, time.Now(), changePatience)
-	}
+	// Wait from an address of its own: the polls' SYNs sent before the portal rule
+	// exists leave un-NATed conntrack entries (see unNATed) that would fail a load
+	// client reusing one of their source ports. The load starts once the rule is there.
+	e.pod(ipRolloutProbe).waitServed(t, "tcp", dst, time.Now(), changePatience)
+	t.Logf("un-NATed conntrack entries to %s left by the polls before the rule existed: %d", dst, unNATed(t, e.lab.Node, dst))
 
 	write := func(what string) {
 		t.Helper()

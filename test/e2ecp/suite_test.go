@@ -53,6 +53,7 @@ const (
 	ipDelete
 	ipOutageBefore
 	ipOutageAfter
+	ipRolloutProbe // waits until the rollout's Service is served, before the load starts
 	ipRolloutFirst // the rollout's clients use this and the ones after it
 	rolloutClients = 4
 )
