@@ -525,7 +525,8 @@ TABLE=$("$BT" table "$RAW")
 	echo
 	echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC'), measuring took $(((T_END - T_START) / 60)) min"
 	echo "- kernel: $(uname -r), $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')), load average at start $LOAD_START, at end $LOAD_END"
-	echo "- kube-userspace-proxy: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown), $("$GO" version | cut -d' ' -f3-)"
+	dirty=$(git -C "$ROOT" status --porcelain -- cmd proxier iptables loadbalancer 2>/dev/null | grep -cv '_test\.go$' || true)
+	echo "- kube-userspace-proxy: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)${dirty:+$([ "$dirty" -gt 0 ] && echo " + $dirty uncommitted source files")}, $("$GO" version | cut -d' ' -f3-)"
 	echo "- wrk: $(wrk -v 2>&1 | head -n1 | cut -d' ' -f1-2); iperf3: $(iperf3 -v | head -n1 | cut -d' ' -f2); HAProxy: $(haproxy -v | head -n1 | cut -d' ' -f3)"
 	echo "- new connections: wrk -t2 -c$NEWCONN_CONNS -H 'Connection: close'; keep-alive: wrk -t2 -c64;"
 	echo "  UDP: 16 flows × 4 datagrams in flight, 64 B; idle: $IDLE_CONNS keep-alive connections, one request each${IDLE_NOTE:+ ($IDLE_NOTE)}"
