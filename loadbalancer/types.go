@@ -5,7 +5,6 @@ package loadbalancer
 
 import (
 	"errors"
-	"fmt"
 	"net/netip"
 	"time"
 
@@ -26,7 +25,7 @@ func (s ServicePortName) String() string {
 	if s.Port == "" {
 		return s.NamespacedName.String()
 	}
-	return fmt.Sprintf("%s:%s", s.NamespacedName.String(), s.Port)
+	return s.Namespace + "/" + s.Name + ":" + s.Port
 }
 
 // Endpoint is one backend of a service port, with the EndpointSlice

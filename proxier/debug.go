@@ -40,7 +40,7 @@ func (p *Proxier) DebugServices() []DebugServicePort {
 	out := make([]DebugServicePort, 0, len(rows))
 	for _, r := range rows {
 		d := DebugServicePort{
-			ServicePort:  r.name.String(),
+			ServicePort:  r.key,
 			Protocol:     string(r.name.Protocol),
 			ProxyAddress: net.JoinHostPort(p.listenHost(), strconv.Itoa(r.proxyPort)),
 			Port:         r.info.port,
@@ -74,7 +74,7 @@ func (p *Proxier) ProxyPort(servicePort string) (int, bool) {
 	p.debugMu.RLock()
 	defer p.debugMu.RUnlock()
 	for _, r := range p.debug {
-		if r.name.String() == servicePort {
+		if r.key == servicePort {
 			return r.proxyPort, true
 		}
 	}
@@ -96,7 +96,7 @@ func (p *Proxier) lbName(servicePort string) loadbalancer.ServicePortName {
 	p.debugMu.RLock()
 	defer p.debugMu.RUnlock()
 	for _, r := range p.debug {
-		if r.name.String() == servicePort {
+		if r.key == servicePort {
 			return r.name
 		}
 	}

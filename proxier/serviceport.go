@@ -114,3 +114,16 @@ func addrStrings(as []netip.Addr) []string {
 	}
 	return out
 }
+
+// hasIPv6 reports whether any service address of the port is IPv6, so its
+// proxy socket must accept IPv6.
+func (a *servicePortInfo) hasIPv6() bool {
+	for _, group := range [][]netip.Addr{a.clusterIPs, a.externalIPs, a.loadBalancerIPs} {
+		for _, ip := range group {
+			if ip.Is6() {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -48,21 +48,29 @@ var defaultDialTimeouts = []time.Duration{250 * time.Millisecond, 500 * time.Mil
 // the measured naive proxy) and the client and backend keep-alive themselves.
 var listenConfig = net.ListenConfig{KeepAlive: -1}
 
-func newProxySocket(name loadbalancer.ServicePortName, bind netip.Addr, port int, sp *loadbalancer.ServicePort, cfg *socketConfig) (proxySocket, error) {
+// newProxySocket listens for one service port. An unspecified bind address
+// listens on IPv4 only (0.0.0.0, what the flag says) unless the service port
+// has IPv6 addresses, which need a dual-stack socket: a v4-only socket
+// avoids v4-mapped addresses and the IPv6 send path on every UDP reply.
+func newProxySocket(name loadbalancer.ServicePortName, bind netip.Addr, port int, needIPv6 bool, sp *loadbalancer.ServicePort, cfg *socketConfig) (proxySocket, error) {
 	host := ""
-	if bind.IsValid() && !bind.IsUnspecified() {
-		host = bind.String()
+	family := "4"
+	switch {
+	case bind.IsValid() && !bind.IsUnspecified():
+		host, family = bind.String(), ""
+	case needIPv6 || bind.Is6():
+		family = "" // dual-stack wildcard
 	}
 	addr := net.JoinHostPort(host, fmt.Sprint(port))
 	switch name.Protocol {
 	case v1.ProtocolTCP:
-		ln, err := listenConfig.Listen(context.Background(), "tcp", addr)
+		ln, err := listenConfig.Listen(context.Background(), "tcp"+family, addr)
 		if err != nil {
 			return nil, err
 		}
 		return newTCPProxySocket(name, ln.(*net.TCPListener), sp, cfg), nil
 	case v1.ProtocolUDP:
-		pc, err := listenConfig.ListenPacket(context.Background(), "udp", addr)
+		pc, err := listenConfig.ListenPacket(context.Background(), "udp"+family, addr)
 		if err != nil {
 			return nil, err
 		}
