@@ -172,3 +172,27 @@ func isConnReset(err error) bool {
 	var op *net.OpError
 	return errors.As(err, &op) && strings.Contains(op.Err.Error(), "reset")
 }
+
+// serveTCP runs handle for every connection accepted on ip (random port)
+// until the test ends.
+func serveTCP(t *testing.T, ip string, handle func(c net.Conn)) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", ip+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				handle(c)
+			}()
+		}
+	}()
+	return ln
+}

@@ -14,28 +14,12 @@ import (
 
 // echoServer copies every connection back to itself.
 func echoServer(t *testing.T, ip string) net.Listener {
-	t.Helper()
-	ln, err := net.Listen("tcp", ip+":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				// Plain reads and writes: Go's own splice would hold a
-				// pipe per connection and blur the descriptor count.
-				io.Copy(struct{ io.Writer }{c}, struct{ io.Reader }{c})
-				c.(*net.TCPConn).CloseWrite()
-			}()
-		}
-	}()
-	return ln
+	return serveTCP(t, ip, func(c net.Conn) {
+		// Plain reads and writes: Go's own splice would hold a pipe per
+		// connection and blur the descriptor count.
+		io.Copy(struct{ io.Writer }{c}, struct{ io.Reader }{c})
+		c.(*net.TCPConn).CloseWrite()
+	})
 }
 
 // A bulk transfer both ways at once arrives intact: 16 MiB of random bytes

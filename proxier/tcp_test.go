@@ -117,24 +117,10 @@ func TestTCPResetWhenNoEndpoint(t *testing.T) {
 // side; the backend answers only after seeing EOF. A proxy that closed both
 // directions on the first FIN would lose the answer.
 func TestTCPHalfClose(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.2:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				req, _ := io.ReadAll(c) // until the client's FIN
-				io.WriteString(c, "got "+strings.ToUpper(string(req)))
-			}()
-		}
-	}()
+	ln := serveTCP(t, "127.0.0.2", func(c net.Conn) {
+		req, _ := io.ReadAll(c) // until the client's FIN
+		io.WriteString(c, "got "+strings.ToUpper(string(req)))
+	})
 	p := newTestProxier(t, Options{})
 	p.OnServiceAdd(makeService("web"))
 	p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, ln.Addr().String()))
