@@ -4,7 +4,9 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -40,6 +42,11 @@ type udpProxySocket struct {
 
 type udpSession struct {
 	backend *net.UDPConn
+	// lastSent is when the client last sent (UnixNano). Serve stores it per
+	// datagram, an atomic store; the relay goroutine re-arms its read
+	// deadline from it only when the deadline fires, so the per-datagram
+	// path touches no timer.
+	lastSent atomic.Int64
 }
 
 func newUDPProxySocket(name loadbalancer.ServicePortName, conn *net.UDPConn, sp *loadbalancer.ServicePort, cfg *socketConfig) *udpProxySocket {
@@ -91,9 +98,7 @@ func (s *udpProxySocket) Serve() {
 			klog.V(3).InfoS("Dropping datagram", "servicePort", s.label, "client", from, "err", err)
 			continue
 		}
-		// The deadline is a runtime timer, not a system call: refreshing it
-		// per datagram keeps busy sessions alive cheaply.
-		_ = sess.backend.SetReadDeadline(time.Now().Add(s.cfg.udpIdleTimeout))
+		sess.lastSent.Store(time.Now().UnixNano())
 		if _, err := sess.backend.Write(buf[:n]); err != nil {
 			klog.V(3).InfoS("UDP write to backend failed", "servicePort", s.label, "client", from, "err", err)
 			continue
@@ -124,6 +129,7 @@ func (s *udpProxySocket) session(client netip.AddrPort) (*udpSession, error) {
 			continue
 		}
 		sess = &udpSession{backend: backend}
+		sess.lastSent.Store(time.Now().UnixNano())
 		s.mu.Lock()
 		s.clients[client] = sess
 		s.mu.Unlock()
@@ -145,12 +151,25 @@ func (s *udpProxySocket) relayReplies(client netip.AddrPort, sess *udpSession) {
 		s.sessions.Dec()
 	}()
 	buf := make([]byte, maxDatagram)
+	idle := s.cfg.udpIdleTimeout
+	_ = sess.backend.SetReadDeadline(time.Now().Add(idle))
+	var lastReply int64
 	for {
-		_ = sess.backend.SetReadDeadline(time.Now().Add(s.cfg.udpIdleTimeout))
 		n, err := sess.backend.Read(buf)
-		if err != nil {
-			return // idle timeout, refused (ICMP), or closed
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			// Idle only if neither side sent since: otherwise move the
+			// deadline to the last datagram plus the timeout.
+			next := time.Unix(0, max(sess.lastSent.Load(), lastReply)).Add(idle)
+			if time.Now().Before(next) {
+				_ = sess.backend.SetReadDeadline(next)
+				continue
+			}
+			return
 		}
+		if err != nil {
+			return // refused (ICMP), or closed
+		}
+		lastReply = time.Now().UnixNano()
 		if _, err := s.conn.WriteToUDPAddrPort(buf[:n], client); err != nil {
 			return
 		}
