@@ -123,7 +123,7 @@ func spliceConn(dst, src *net.TCPConn) (int64, error) {
 		total += written
 		pipes.put(pp, werr == nil)
 		if werr != nil {
-			return total, werr
+			return total, &writeError{werr}
 		}
 	}
 }
@@ -169,3 +169,10 @@ func (d *pipeDrainer) write(fd uintptr) bool {
 	}
 	return true
 }
+
+// writeError marks a failure on the destination side, so the caller resets
+// the peer that did not fail.
+type writeError struct{ err error }
+
+func (e *writeError) Error() string { return "write: " + e.err.Error() }
+func (e *writeError) Unwrap() error { return e.err }

@@ -152,10 +152,10 @@ func (s *tcpProxySocket) dial(client netip.AddrPort) (*net.TCPConn, error) {
 
 // proxyTCP copies both ways until both directions are done. Each direction
 // splices socket to socket through a pipe held only while bytes move
-// (splice.go). A FIN is
-// passed on as a half-close; the other direction then has halfCloseTimeout to
-// finish, so a peer that never closes cannot pin the goroutines forever
-// (the legacy leak, kubernetes#18354). A reset on one side resets the other.
+// (splice.go). A FIN is passed on as a half-close; the other direction then
+// has halfCloseTimeout to finish, so a peer that never closes cannot pin the
+// goroutines forever (the legacy leak, kubernetes#18354). A reset on one
+// side resets the other.
 func proxyTCP(client, backend *net.TCPConn, halfCloseTimeout time.Duration, in, out byteCounter) {
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -176,7 +176,13 @@ func copyHalf(dst, src *net.TCPConn, halfCloseTimeout time.Duration, bytes byteC
 	bytes.Add(float64(n))
 	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 		if isReset(err) {
-			_ = dst.SetLinger(0)
+			// Pass the reset on to the side that did not send it.
+			var we *writeError
+			if errors.As(err, &we) {
+				_ = src.SetLinger(0)
+			} else {
+				_ = dst.SetLinger(0)
+			}
 		}
 		// Either side failed: tear both down so the other copy returns too.
 		dst.Close()

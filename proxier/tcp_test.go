@@ -158,3 +158,28 @@ func TestServiceRemovedClosesSocket(t *testing.T) {
 		t.Fatalf("proxy socket %s still accepts after its Service was deleted", addr)
 	}
 }
+
+// A backend that resets its connection makes the client see a reset too,
+// not a clean end of stream: fault-injection users rely on the difference.
+func TestTCPResetPropagates(t *testing.T) {
+	ln := serveTCP(t, "127.0.0.2", func(c net.Conn) {
+		c.Read(make([]byte, 16))
+		c.(*net.TCPConn).SetLinger(0)
+		c.Close()
+	})
+	p := newTestProxier(t, Options{})
+	p.OnServiceAdd(makeService("web"))
+	p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, ln.Addr().String()))
+	p.Sync()
+	c, err := net.Dial("tcp", proxyAddr(t, p, "default/web:p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(c, "hello")
+	_, err = io.ReadAll(c)
+	if !isConnReset(err) {
+		t.Fatalf("client read ended with %v; want the backend's reset passed on", err)
+	}
+}
