@@ -110,3 +110,29 @@ func validateIP(fe *fieldErrors, path *field.Path, s string) (netip.Addr, bool) 
 	}
 	return a, ok
 }
+
+// portNames checks the names of a list of ports: DNS labels, unique, and
+// required when the list has more than one port (owner says whose list).
+type portNames struct {
+	owner string
+	many  bool
+	seen  map[string]bool
+}
+
+func newPortNames(owner string, count int) *portNames {
+	return &portNames{owner: owner, many: count > 1, seen: map[string]bool{}}
+}
+
+func (n *portNames) check(fe *fieldErrors, path *field.Path, name string) {
+	if n.many && name == "" {
+		fe.add(path, "is required when a %s has more than one port", n.owner)
+	}
+	if name == "" {
+		return
+	}
+	dnsCheck(fe, path, name, validation.IsDNS1123Label)
+	if n.seen[name] {
+		fe.add(path, "%q is used by another port", name)
+	}
+	n.seen[name] = true
+}

@@ -80,19 +80,10 @@ func validateEndpoints(fe *fieldErrors, e *v1.Endpoints) {
 		for j, a := range ss.NotReadyAddresses {
 			validateIP(fe, sp.Child("notReadyAddresses").Index(j).Child("ip"), a.IP)
 		}
-		names := map[string]bool{}
+		names := newPortNames("subset", len(ss.Ports))
 		for j, p := range ss.Ports {
 			pp := sp.Child("ports").Index(j)
-			if len(ss.Ports) > 1 && p.Name == "" {
-				fe.add(pp.Child("name"), "is required when a subset has more than one port")
-			}
-			if p.Name != "" {
-				dnsCheck(fe, pp.Child("name"), p.Name, validation.IsDNS1123Label)
-				if names[p.Name] {
-					fe.add(pp.Child("name"), "%q is used by another port", p.Name)
-				}
-				names[p.Name] = true
-			}
+			names.check(fe, pp.Child("name"), p.Name)
 			validatePortNumber(fe, pp.Child("port"), p.Port)
 			validateProtocol(fe, pp.Child("protocol"), p.Protocol)
 		}

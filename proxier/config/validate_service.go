@@ -93,7 +93,7 @@ func validateClusterIPs(fe *fieldErrors, spec *field.Path, s *v1.Service) {
 }
 
 func validateServicePorts(fe *fieldErrors, path *field.Path, s *v1.Service, nodePorts PortRange) {
-	names := map[string]bool{}
+	names := newPortNames("Service", len(s.Spec.Ports))
 	type portProto struct {
 		port  int32
 		proto v1.Protocol
@@ -101,16 +101,7 @@ func validateServicePorts(fe *fieldErrors, path *field.Path, s *v1.Service, node
 	seen := map[portProto]bool{}
 	for i, p := range s.Spec.Ports {
 		pp := path.Index(i)
-		if len(s.Spec.Ports) > 1 && p.Name == "" {
-			fe.add(pp.Child("name"), "is required when a Service has more than one port")
-		}
-		if p.Name != "" {
-			dnsCheck(fe, pp.Child("name"), p.Name, validation.IsDNS1123Label)
-			if names[p.Name] {
-				fe.add(pp.Child("name"), "%q is used by another port", p.Name)
-			}
-			names[p.Name] = true
-		}
+		names.check(fe, pp.Child("name"), p.Name)
 		validatePortNumber(fe, pp.Child("port"), p.Port)
 		validateProtocol(fe, pp.Child("protocol"), p.Protocol)
 		if seen[portProto{p.Port, p.Protocol}] {
