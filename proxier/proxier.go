@@ -413,6 +413,11 @@ func (p *Proxier) syncPortals() bool {
 		externalPort := ap.proxyPort
 		if ap.external != nil {
 			externalPort = ap.externalPort
+		} else if ap.info.policy.splitExternal() {
+			// Its own socket failed to open (retried next sync): sending
+			// external traffic to the cluster-wide socket would break the
+			// Local policy, so it gets no portal meanwhile.
+			continue
 		}
 		for _, ip := range ap.info.externalIPs {
 			add(ip, externalPort)
