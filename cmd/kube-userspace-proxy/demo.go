@@ -7,19 +7,18 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 
 	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/demo"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
 )
 
-// runDemo is the demo subcommand: Services explained without a cluster. It
-// starts three loopback backends, serves example manifests through the real
-// proxier (run, in-process, with --iptables=false), replays the experiments
-// of seed 000 (ClientIP session affinity) against the proxy sockets and
-// prints what the seed measured on a real cluster next to what this proxy
-// did. Exit status: 0 when every outcome matched, 1 otherwise, 2 for bad flags.
+// runDemo is the demo subcommand (package demo says what it shows). Exit
+// status: 0 when every outcome matched the seed, 1 otherwise, 2 for bad
+// flags.
 func runDemo(args []string) int {
 	fs := pflag.NewFlagSet("kube-userspace-proxy demo", pflag.ContinueOnError)
 	serve := fs.Bool("serve", false, "After the experiments, keep serving the example Services on loopback until Ctrl-C.")
@@ -48,7 +47,7 @@ func runDemo(args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	matched, err := demo(ctx, os.Stdout, *serve)
+	matched, err := demo.Run(ctx, os.Stdout, *serve, startForDemo)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy demo: %v\n", err)
 		return 1
@@ -59,118 +58,18 @@ func runDemo(args []string) int {
 	return 0
 }
 
-// demo runs the whole demonstration, writing to out, and reports whether
-// every outcome matched the seed. An error means it could not run (or was
-// interrupted), not that an experiment failed. With serve it returns only
-// when ctx ends.
-func demo(ctx context.Context, out io.Writer, serve bool) (bool, error) {
-	backends, err := startBackends("backend-a", "backend-b", "backend-c")
+// startForDemo runs the proxier on the demo's command line with the
+// command's own flag set, validation and wiring.
+func startForDemo(ctx context.Context, args []string, onStart func(*proxier.Proxier, string)) error {
+	o := newOptions()
+	fs := pflag.NewFlagSet("kube-userspace-proxy", pflag.ContinueOnError)
+	o.addFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("demo flags: %w", err)
+	}
+	v, err := o.validate()
 	if err != nil {
-		return false, err
+		return fmt.Errorf("demo flags: %w", err)
 	}
-	defer stopBackends(backends)
-
-	dir, err := os.MkdirTemp("", "kube-userspace-proxy-demo-")
-	if err != nil {
-		return false, err
-	}
-	defer os.RemoveAll(dir)
-	m := &demoManifests{dir: dir, backends: backends}
-	if err := m.writeAll(); err != nil {
-		return false, err
-	}
-
-	args := demoProxierArgs(dir)
-	px, err := startDemoProxier(ctx, args)
-	if err != nil {
-		return false, err
-	}
-	defer px.stop()
-
-	lab := &demoLab{p: px.p, backends: backends, manifests: m}
-	if err := lab.waitReady(ctx); err != nil {
-		return false, err
-	}
-	lab.intro(out, args)
-
-	t := &demoTable{w: out}
-	t.header()
-	if err := lab.experiments(ctx, t); err != nil {
-		return false, err
-	}
-	matched := t.footer()
-	if serve {
-		if err := lab.serve(ctx, out, px.metricsAddr); err != nil && ctx.Err() == nil {
-			return matched, err
-		}
-	}
-	return matched, nil
-}
-
-// experiments runs seed 000's experiments in the seed's order, adding a
-// row per outcome; it stops early only when ctx ends.
-func (l *demoLab) experiments(ctx context.Context, t *demoTable) error {
-	t.add(l.plainDistribution(ctx))
-	r1, b1 := l.stickyDistribution(ctx, "cli1", "30/30 on one backend", cli1)
-	t.add(r1)
-	r2, b2 := l.stickyDistribution(ctx, "cli2", "30/30 on 44wps; cli1 on wgtmr", cli2)
-	if r2.Matched {
-		r2.Ours = fmt.Sprintf("30/30 on %s; cli1 on %s", b2, b1)
-		r2.Matched = r1.Matched // "independently pinned" needs both pins
-	}
-	t.add(r2)
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-
-	reload := demoRow{Experiment: "timeoutSeconds 3 by rewriting the manifest", Seed: "rules' --seconds becomes 3"}
-	if took, err := l.setStickyTimeout(ctx, 3); err != nil {
-		reload.Ours = "error: " + err.Error()
-	} else {
-		reload.Ours = fmt.Sprintf("timeout 3 s applied after %s", round(took))
-		reload.Matched = true
-	}
-	t.add(reload)
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-
-	t.add(l.timeoutTrials(ctx).rows()...)
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-
-	row, notes := l.pinnedBackendDeleted(ctx)
-	t.add(row)
-	t.note(notes...)
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-
-	t.add(l.udpSessions())
-	return ctx.Err()
-}
-
-// demoProxierArgs is the proxier's command line in the demo: the manifests
-// directory, no iptables (no root), sockets and metrics on loopback only.
-func demoProxierArgs(dir string) []string {
-	return []string{
-		"--manifests", dir,
-		"--iptables=false",
-		"--bind-address", demoBind.String(),
-		"--metrics-bind-address", "127.0.0.1:0",
-		"--healthz-bind-address", "",
-	}
-}
-
-// shellJoin renders args as a command line a user could paste.
-func shellJoin(args []string) string {
-	parts := make([]string, len(args))
-	for i, a := range args {
-		if a == "" || strings.ContainsAny(a, " \t\"'$") {
-			a = fmt.Sprintf("%q", a)
-		}
-		parts[i] = a
-	}
-	return strings.Join(parts, " ")
+	return run(ctx, o, v, onStart)
 }

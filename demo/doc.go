@@ -1,0 +1,14 @@
+// Package demo is the `kube-userspace-proxy demo` subcommand's body:
+// Services explained without a cluster or root. It starts three loopback
+// backends that answer with their names, writes example manifests for the
+// real proxier (run in-process by the command, with --iptables=false),
+// replays the experiments of seed 000 (ClientIP session affinity) against
+// the proxy sockets and prints what the seed measured on a real cluster
+// next to what this proxy did; with serve it then keeps the example up.
+//
+// It owns the backends, the manifest files, the client probes, the
+// experiments and the table. It does not own the proxier or how it is
+// wired: the command hands that in as a Starter, and the demo looks at the
+// proxier only through its debugging view (DebugServices, ProxyPort), as a
+// user would through /debug/services.
+package demo
