@@ -9,7 +9,7 @@ import (
 )
 
 // intro tells the user what runs where before the table starts.
-func (l *demoLab) intro(w io.Writer, args []string) {
+func (l *lab) intro(w io.Writer, args []string) {
 	fmt.Fprintln(w, "kube-userspace-proxy demo: Kubernetes Services on loopback, no cluster, no root.")
 	fmt.Fprintln(w, "Seed 000 measured ClientIP session affinity on a real cluster; the same experiments run here.")
 	fmt.Fprintln(w)
@@ -29,7 +29,7 @@ func (l *demoLab) intro(w io.Writer, args []string) {
 
 // printServices lists each service port: its proxy address, its affinity,
 // its backends and, with hints, a command to try it with.
-func (l *demoLab) printServices(w io.Writer, label string, hintIndent string) {
+func (l *lab) printServices(w io.Writer, label string, hintIndent string) {
 	for _, s := range l.p.DebugServices() {
 		affinity := s.Affinity
 		if s.TimeoutSec > 0 {
@@ -66,7 +66,7 @@ func splitProxyAddress(a string) (host, port string) {
 
 // serve puts the example back as it started (all three backends), prints
 // where to reach everything and waits for Ctrl-C.
-func (l *demoLab) serve(ctx context.Context, w io.Writer, metricsAddr string) error {
+func (l *lab) serve(ctx context.Context, w io.Writer, metricsAddr string) error {
 	if _, err := l.setStickyBackends(ctx, l.backends); err != nil {
 		return err
 	}

@@ -8,10 +8,10 @@ import (
 	"sync"
 )
 
-// demoBackend is one "pod" of the demo: a TCP server that writes its name
+// backend is one "pod" of the demo: a TCP server that writes its name
 // and closes each connection, and a UDP server that answers every datagram
 // with its name. Both listen on 127.0.0.1 on kernel-chosen ports.
-type demoBackend struct {
+type backend struct {
 	name string
 	tcp  *net.TCPListener
 	udp  *net.UDPConn
@@ -19,8 +19,8 @@ type demoBackend struct {
 }
 
 // startBackends starts one backend per name; on error nothing stays open.
-func startBackends(names ...string) ([]*demoBackend, error) {
-	var out []*demoBackend
+func startBackends(names ...string) ([]*backend, error) {
+	var out []*backend
 	for _, name := range names {
 		b, err := startBackend(name)
 		if err != nil {
@@ -32,7 +32,7 @@ func startBackends(names ...string) ([]*demoBackend, error) {
 	return out, nil
 }
 
-func startBackend(name string) (*demoBackend, error) {
+func startBackend(name string) (*backend, error) {
 	loopback := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)}
 	ln, err := net.ListenTCP("tcp4", loopback)
 	if err != nil {
@@ -43,17 +43,17 @@ func startBackend(name string) (*demoBackend, error) {
 		_ = ln.Close()
 		return nil, fmt.Errorf("backend %s: %w", name, err)
 	}
-	b := &demoBackend{name: name, tcp: ln, udp: pc}
+	b := &backend{name: name, tcp: ln, udp: pc}
 	b.wg.Add(2)
 	go b.serveTCP()
 	go b.serveUDP()
 	return b, nil
 }
 
-func (b *demoBackend) tcpAddr() netip.AddrPort { return b.tcp.Addr().(*net.TCPAddr).AddrPort() }
-func (b *demoBackend) udpAddr() netip.AddrPort { return b.udp.LocalAddr().(*net.UDPAddr).AddrPort() }
+func (b *backend) tcpAddr() netip.AddrPort { return b.tcp.Addr().(*net.TCPAddr).AddrPort() }
+func (b *backend) udpAddr() netip.AddrPort { return b.udp.LocalAddr().(*net.UDPAddr).AddrPort() }
 
-func (b *demoBackend) serveTCP() {
+func (b *backend) serveTCP() {
 	defer b.wg.Done()
 	reply := []byte(b.name + "\n")
 	for {
@@ -70,7 +70,7 @@ func (b *demoBackend) serveTCP() {
 	}
 }
 
-func (b *demoBackend) serveUDP() {
+func (b *backend) serveUDP() {
 	defer b.wg.Done()
 	reply := []byte(b.name + "\n")
 	buf := make([]byte, 2048)
@@ -86,13 +86,13 @@ func (b *demoBackend) serveUDP() {
 	}
 }
 
-func (b *demoBackend) stop() {
+func (b *backend) stop() {
 	_ = b.tcp.Close()
 	_ = b.udp.Close()
 	b.wg.Wait()
 }
 
-func stopBackends(bs []*demoBackend) {
+func stopBackends(bs []*backend) {
 	for _, b := range bs {
 		b.stop()
 	}
@@ -100,7 +100,7 @@ func stopBackends(bs []*demoBackend) {
 
 // backendByTCPAddr maps a TCP endpoint ("127.0.0.1:PORT") back to its name, so
 // that tables speak of backend-a rather than of port numbers.
-func backendByTCPAddr(bs []*demoBackend, addr string) string {
+func backendByTCPAddr(bs []*backend, addr string) string {
 	for _, b := range bs {
 		if b.tcpAddr().String() == addr {
 			return b.name

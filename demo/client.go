@@ -10,9 +10,9 @@ import (
 	"time"
 )
 
-// demoIOTimeout bounds every demo connection: loopback answers in well under
+// ioTimeout bounds every demo connection: loopback answers in well under
 // a millisecond, so a stuck access is a proxy problem worth reporting.
-const demoIOTimeout = 3 * time.Second
+const ioTimeout = 3 * time.Second
 
 // clientIP is the n-th demo client address, 127.0.0.n. Linux routes all of
 // 127.0.0.0/8 to lo, so an unprivileged socket can bind any of them, and the
@@ -22,13 +22,13 @@ func clientIP(n int) netip.Addr { return netip.AddrFrom4([4]byte{127, 0, 0, byte
 // accessTCP opens one new connection from the address from to proxy and
 // returns what the backend said (its name).
 func accessTCP(ctx context.Context, proxy netip.AddrPort, from netip.Addr) (string, error) {
-	d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(from, 0)), Timeout: demoIOTimeout, KeepAlive: -1}
+	d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(from, 0)), Timeout: ioTimeout, KeepAlive: -1}
 	c, err := d.DialContext(ctx, "tcp4", proxy.String())
 	if err != nil {
 		return "", fmt.Errorf("from %s: %w", from, err)
 	}
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(demoIOTimeout))
+	_ = c.SetDeadline(time.Now().Add(ioTimeout))
 	data, err := io.ReadAll(c)
 	if err != nil {
 		return "", fmt.Errorf("from %s: %w", from, err)
@@ -48,7 +48,7 @@ func accessUDP(proxy netip.AddrPort, from netip.Addr) (string, error) {
 		return "", err
 	}
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(demoIOTimeout))
+	_ = c.SetDeadline(time.Now().Add(ioTimeout))
 	if _, err := c.WriteToUDPAddrPort([]byte("who are you?\n"), proxy); err != nil {
 		return "", err
 	}

@@ -33,32 +33,32 @@ func Run(ctx context.Context, out io.Writer, serve bool, start Starter) (bool, e
 		return false, err
 	}
 	defer os.RemoveAll(dir)
-	m := &demoManifests{dir: dir, backends: backends}
+	m := &manifestDir{dir: dir, backends: backends}
 	if err := m.writeAll(); err != nil {
 		return false, err
 	}
 
-	args := demoProxierArgs(dir)
-	px, err := startDemoProxier(ctx, start, args)
+	args := proxierArgs(dir)
+	px, err := startProxier(ctx, start, args)
 	if err != nil {
 		return false, err
 	}
 	defer px.stop()
 
-	lab := &demoLab{p: px.p, backends: backends, manifests: m}
-	if err := lab.waitReady(ctx); err != nil {
+	l := &lab{p: px.p, backends: backends, manifests: m}
+	if err := l.waitReady(ctx); err != nil {
 		return false, err
 	}
-	lab.intro(out, args)
+	l.intro(out, args)
 
-	t := &demoTable{w: out}
+	t := &table{w: out}
 	t.header()
-	if err := lab.experiments(ctx, t); err != nil {
+	if err := l.experiments(ctx, t); err != nil {
 		return false, err
 	}
 	matched := t.footer()
 	if serve {
-		if err := lab.serve(ctx, out, px.metricsAddr); err != nil && ctx.Err() == nil {
+		if err := l.serve(ctx, out, px.metricsAddr); err != nil && ctx.Err() == nil {
 			return matched, err
 		}
 	}
@@ -67,7 +67,7 @@ func Run(ctx context.Context, out io.Writer, serve bool, start Starter) (bool, e
 
 // experiments runs seed 000's experiments in the seed's order, adding a
 // row per outcome; it stops early only when ctx ends.
-func (l *demoLab) experiments(ctx context.Context, t *demoTable) error {
+func (l *lab) experiments(ctx context.Context, t *table) error {
 	t.add(l.plainDistribution(ctx))
 	r1, b1 := l.stickyDistribution(ctx, "cli1", "30/30 on one backend", cli1)
 	t.add(r1)
@@ -81,7 +81,7 @@ func (l *demoLab) experiments(ctx context.Context, t *demoTable) error {
 		return err
 	}
 
-	reload := demoRow{Experiment: "timeoutSeconds 3 by rewriting the manifest", Seed: "rules' --seconds becomes 3"}
+	reload := row{Experiment: "timeoutSeconds 3 by rewriting the manifest", Seed: "rules' --seconds becomes 3"}
 	if took, err := l.setStickyTimeout(ctx, 3); err != nil {
 		reload.Ours = "error: " + err.Error()
 	} else {
@@ -98,8 +98,8 @@ func (l *demoLab) experiments(ctx context.Context, t *demoTable) error {
 		return err
 	}
 
-	row, notes := l.pinnedBackendDeleted(ctx)
-	t.add(row)
+	r, notes := l.pinnedBackendDeleted(ctx)
+	t.add(r)
 	t.note(notes...)
 	if err := ctx.Err(); err != nil {
 		return err
@@ -109,13 +109,13 @@ func (l *demoLab) experiments(ctx context.Context, t *demoTable) error {
 	return ctx.Err()
 }
 
-// demoProxierArgs is the proxier's command line in the demo: the manifests
+// proxierArgs is the proxier's command line in the demo: the manifests
 // directory, no iptables (no root), sockets and metrics on loopback only.
-func demoProxierArgs(dir string) []string {
+func proxierArgs(dir string) []string {
 	return []string{
 		"--manifests", dir,
 		"--iptables=false",
-		"--bind-address", demoBind.String(),
+		"--bind-address", bindAddr.String(),
 		"--metrics-bind-address", "127.0.0.1:0",
 		"--healthz-bind-address", "",
 	}

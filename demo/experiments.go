@@ -9,10 +9,10 @@ import (
 	"strings"
 )
 
-// demoRow is one line of the demo's table: an experiment of seed 000, what
+// row is one line of the demo's table: an experiment of seed 000, what
 // the seed measured on a real cluster (kube-proxy in iptables mode) and
 // what this proxy did.
-type demoRow struct {
+type row struct {
 	Experiment string
 	Seed       string
 	Ours       string
@@ -30,8 +30,8 @@ var (
 // as in the seed.
 const connections = 30
 
-func failedRow(experiment, seed string, err error) demoRow {
-	return demoRow{Experiment: experiment, Seed: seed, Ours: "error: " + err.Error()}
+func failedRow(experiment, seed string, err error) row {
+	return row{Experiment: experiment, Seed: seed, Ours: "error: " + err.Error()}
 }
 
 // tally counts answers per backend, most first: "10/10/10".
@@ -53,9 +53,9 @@ func tally(names []string) (counts []int, summary string) {
 
 // plainDistribution: with sessionAffinity None every new connection is
 // balanced afresh, so one client spreads over all backends.
-func (l *demoLab) plainDistribution(ctx context.Context) demoRow {
+func (l *lab) plainDistribution(ctx context.Context) row {
 	const exp, seed = "plain (None): cli1, 30 new connections", "11/10/9 (random)"
-	addr, err := l.proxyAddr(demoWeb)
+	addr, err := l.proxyAddr(webServicePort)
 	if err != nil {
 		return failedRow(exp, seed, err)
 	}
@@ -67,15 +67,15 @@ func (l *demoLab) plainDistribution(ctx context.Context) demoRow {
 	// Round robin gives exactly 10/10/10; the seed's random pick gave
 	// 11/10/9. What must match is the outcome: every backend gets a share.
 	even := len(counts) == len(l.backends) && counts[0]-counts[len(counts)-1] <= 3
-	return demoRow{Experiment: exp, Seed: seed, Ours: summary + " (round robin)", Matched: even}
+	return row{Experiment: exp, Seed: seed, Ours: summary + " (round robin)", Matched: even}
 }
 
 // stickyDistribution: with sessionAffinity ClientIP all connections of one
 // client go to one backend.
 // seed is what the seed reported for this client.
-func (l *demoLab) stickyDistribution(ctx context.Context, label, seed string, from netip.Addr) (demoRow, string) {
+func (l *lab) stickyDistribution(ctx context.Context, label, seed string, from netip.Addr) (row, string) {
 	exp := "sticky (ClientIP): " + label + ", 30 new connections"
-	addr, err := l.proxyAddr(demoSticky)
+	addr, err := l.proxyAddr(stickyServicePort)
 	if err != nil {
 		return failedRow(exp, seed, err), ""
 	}
@@ -85,15 +85,15 @@ func (l *demoLab) stickyDistribution(ctx context.Context, label, seed string, fr
 	}
 	counts, _ := tally(names)
 	ours := fmt.Sprintf("%d/%d on %s", counts[0], connections, names[0])
-	return demoRow{Experiment: exp, Seed: seed, Ours: ours, Matched: len(counts) == 1}, names[0]
+	return row{Experiment: exp, Seed: seed, Ours: ours, Matched: len(counts) == 1}, names[0]
 }
 
 // udpSessions: each new client socket is a new UDP session, balanced like
 // a new TCP connection; the answer must come back from the proxy address.
 // The seed has no UDP experiment; this row shows the other protocol works.
-func (l *demoLab) udpSessions() demoRow {
+func (l *lab) udpSessions() row {
 	const exp, seed, sessions = "udp (None): cli1, 6 new sessions", "(not measured)", 6
-	addr, err := l.proxyAddr(demoEcho)
+	addr, err := l.proxyAddr(echoServicePort)
 	if err != nil {
 		return failedRow(exp, seed, err)
 	}
@@ -106,5 +106,5 @@ func (l *demoLab) udpSessions() demoRow {
 		names = append(names, name)
 	}
 	counts, summary := tally(names)
-	return demoRow{Experiment: exp, Seed: seed, Ours: summary + " (round robin)", Matched: len(counts) == len(l.backends)}
+	return row{Experiment: exp, Seed: seed, Ours: summary + " (round robin)", Matched: len(counts) == len(l.backends)}
 }

@@ -10,25 +10,25 @@ import (
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
 )
 
-// demoLab is what the experiments work with: the running proxier, the
+// lab is what the experiments work with: the running proxier, the
 // backends behind it and the manifest files that feed it. It looks at the
 // proxier only through its public debugging view, as a user would through
 // /debug/services.
-type demoLab struct {
+type lab struct {
 	p         *proxier.Proxier
-	backends  []*demoBackend
-	manifests *demoManifests
+	backends  []*backend
+	manifests *manifestDir
 }
 
-// demoBind is the proxier's --bind-address in the demo.
-var demoBind = netip.MustParseAddr("127.0.0.1")
+// bindAddr is the proxier's --bind-address in the demo.
+var bindAddr = netip.MustParseAddr("127.0.0.1")
 
-// demoWaitLimit bounds every wait for the proxier to reflect a change; the
+// waitLimit bounds every wait for the proxier to reflect a change; the
 // contract is "live within 1 s", so this only trips on a real failure.
-const demoWaitLimit = 10 * time.Second
+const waitLimit = 10 * time.Second
 
 // service returns the /debug/services row of servicePort.
-func (l *demoLab) service(servicePort string) (proxier.DebugServicePort, bool) {
+func (l *lab) service(servicePort string) (proxier.DebugServicePort, bool) {
 	for _, s := range l.p.DebugServices() {
 		if s.ServicePort == servicePort {
 			return s, true
@@ -38,16 +38,16 @@ func (l *demoLab) service(servicePort string) (proxier.DebugServicePort, bool) {
 }
 
 // proxyAddr is where servicePort is served (--bind-address 127.0.0.1).
-func (l *demoLab) proxyAddr(servicePort string) (netip.AddrPort, error) {
+func (l *lab) proxyAddr(servicePort string) (netip.AddrPort, error) {
 	port, ok := l.p.ProxyPort(servicePort)
 	if !ok {
 		return netip.AddrPort{}, fmt.Errorf("%s has no proxy socket", servicePort)
 	}
-	return netip.AddrPortFrom(demoBind, uint16(port)), nil
+	return netip.AddrPortFrom(bindAddr, uint16(port)), nil
 }
 
 // endpointNames lists the backends the proxier balances servicePort over.
-func (l *demoLab) endpointNames(servicePort string) []string {
+func (l *lab) endpointNames(servicePort string) []string {
 	s, ok := l.service(servicePort)
 	if !ok {
 		return nil
@@ -61,10 +61,10 @@ func (l *demoLab) endpointNames(servicePort string) []string {
 }
 
 // nameOf maps an endpoint address of servicePort to its backend's name.
-func (l *demoLab) nameOf(servicePort, endpoint string) string {
+func (l *lab) nameOf(servicePort, endpoint string) string {
 	for _, b := range l.backends {
 		addr := b.tcpAddr()
-		if servicePort == demoEcho {
+		if servicePort == echoServicePort {
 			addr = b.udpAddr()
 		}
 		if addr.String() == endpoint {
@@ -76,7 +76,7 @@ func (l *demoLab) nameOf(servicePort, endpoint string) string {
 
 // pinnedTo is the backend the proxier's affinity table holds for client,
 // if an unexpired entry exists.
-func (l *demoLab) pinnedTo(servicePort string, client netip.Addr) (string, bool) {
+func (l *lab) pinnedTo(servicePort string, client netip.Addr) (string, bool) {
 	s, _ := l.service(servicePort)
 	for _, c := range s.Clients {
 		if c.ClientIP == client.String() {
@@ -87,13 +87,13 @@ func (l *demoLab) pinnedTo(servicePort string, client netip.Addr) (string, bool)
 }
 
 // waitFor polls cond until it holds and says how long that took.
-func (l *demoLab) waitFor(ctx context.Context, what string, cond func() bool) (time.Duration, error) {
+func (l *lab) waitFor(ctx context.Context, what string, cond func() bool) (time.Duration, error) {
 	start := time.Now()
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	for !cond() {
-		if time.Since(start) > demoWaitLimit {
-			return time.Since(start), fmt.Errorf("%s: not seen after %v", what, demoWaitLimit)
+		if time.Since(start) > waitLimit {
+			return time.Since(start), fmt.Errorf("%s: not seen after %v", what, waitLimit)
 		}
 		select {
 		case <-ctx.Done():
@@ -106,9 +106,9 @@ func (l *demoLab) waitFor(ctx context.Context, what string, cond func() bool) (t
 
 // waitReady waits until every demo service port has a socket and all
 // three backends.
-func (l *demoLab) waitReady(ctx context.Context) error {
+func (l *lab) waitReady(ctx context.Context) error {
 	_, err := l.waitFor(ctx, "proxy sockets with 3 endpoints each", func() bool {
-		for _, sp := range []string{demoWeb, demoSticky, demoEcho} {
+		for _, sp := range []string{webServicePort, stickyServicePort, echoServicePort} {
 			if _, ok := l.p.ProxyPort(sp); !ok || len(l.endpointNames(sp)) != len(l.backends) {
 				return false
 			}
@@ -120,7 +120,7 @@ func (l *demoLab) waitReady(ctx context.Context) error {
 
 // setStickyTimeout rewrites the sticky Service's manifest and waits until
 // the balancer applies the new timeout (0: the 10800 s default).
-func (l *demoLab) setStickyTimeout(ctx context.Context, seconds int) (time.Duration, error) {
+func (l *lab) setStickyTimeout(ctx context.Context, seconds int) (time.Duration, error) {
 	if err := l.manifests.setStickyTimeout(seconds); err != nil {
 		return 0, err
 	}
@@ -128,15 +128,15 @@ func (l *demoLab) setStickyTimeout(ctx context.Context, seconds int) (time.Durat
 	if want == 0 {
 		want = 10800
 	}
-	return l.waitFor(ctx, fmt.Sprintf("%s timeoutSeconds %d", demoSticky, want), func() bool {
-		s, ok := l.service(demoSticky)
+	return l.waitFor(ctx, fmt.Sprintf("%s timeoutSeconds %d", stickyServicePort, want), func() bool {
+		s, ok := l.service(stickyServicePort)
 		return ok && s.TimeoutSec == want
 	})
 }
 
 // setStickyBackends rewrites the sticky Service's EndpointSlices to bs and
 // waits until the proxier balances over exactly those.
-func (l *demoLab) setStickyBackends(ctx context.Context, bs []*demoBackend) (time.Duration, error) {
+func (l *lab) setStickyBackends(ctx context.Context, bs []*backend) (time.Duration, error) {
 	if err := l.manifests.setStickyBackends(bs); err != nil {
 		return 0, err
 	}
@@ -145,7 +145,7 @@ func (l *demoLab) setStickyBackends(ctx context.Context, bs []*demoBackend) (tim
 		want = append(want, b.name)
 	}
 	slices.Sort(want)
-	return l.waitFor(ctx, fmt.Sprintf("%s endpoints %v", demoSticky, want), func() bool {
-		return slices.Equal(l.endpointNames(demoSticky), want)
+	return l.waitFor(ctx, fmt.Sprintf("%s endpoints %v", stickyServicePort, want), func() bool {
+		return slices.Equal(l.endpointNames(stickyServicePort), want)
 	})
 }

@@ -9,23 +9,23 @@ import (
 
 // The demo's Services, as the proxier names their ports ("ns/svc:port").
 const (
-	demoWeb       = "default/web:http"
-	demoSticky    = "default/web-sticky:http"
-	demoEcho      = "default/echo:echo"
-	stickyService = "web-sticky-service.yaml"
-	stickySlices  = "web-sticky-endpointslices.yaml"
+	webServicePort    = "default/web:http"
+	stickyServicePort = "default/web-sticky:http"
+	echoServicePort   = "default/echo:echo"
+	stickyService     = "web-sticky-service.yaml"
+	stickySlices      = "web-sticky-endpointslices.yaml"
 )
 
-// demoManifests writes the demo's Services and EndpointSlices into dir, the
+// manifestDir writes the demo's Services and EndpointSlices into dir, the
 // directory the proxier watches with --manifests. Each backend listens on
 // its own port, and an EndpointSlice's ports apply to all its endpoints, so
 // every backend gets a slice of its own, as pods with different ports would.
-type demoManifests struct {
+type manifestDir struct {
 	dir      string
-	backends []*demoBackend
+	backends []*backend
 }
 
-func (m *demoManifests) writeAll() error {
+func (m *manifestDir) writeAll() error {
 	web := serviceYAML("web", "10.96.0.10", "http", 80, "TCP", "", 0) +
 		slicesYAML("web", "http", "TCP", m.backends, tcpPort)
 	echo := serviceYAML("echo", "10.96.0.12", "echo", 7, "UDP", "", 0) +
@@ -44,19 +44,19 @@ func (m *demoManifests) writeAll() error {
 
 // setStickyTimeout rewrites web-sticky's Service; 0 leaves timeoutSeconds
 // out, which means Kubernetes' default of 10800 s.
-func (m *demoManifests) setStickyTimeout(seconds int) error {
+func (m *manifestDir) setStickyTimeout(seconds int) error {
 	return m.write(stickyService, serviceYAML("web-sticky", "10.96.0.11", "http", 80, "TCP", "ClientIP", seconds))
 }
 
 // setStickyBackends rewrites web-sticky's EndpointSlices to list only bs, as
 // the EndpointSlice controller does when a pod goes away.
-func (m *demoManifests) setStickyBackends(bs []*demoBackend) error {
+func (m *manifestDir) setStickyBackends(bs []*backend) error {
 	return m.write(stickySlices, slicesYAML("web-sticky", "http", "TCP", bs, tcpPort))
 }
 
 // write replaces name atomically: the watcher must never read half a file.
 // The temporary name is hidden, and the manifest source skips hidden files.
-func (m *demoManifests) write(name, text string) error {
+func (m *manifestDir) write(name, text string) error {
 	tmp := filepath.Join(m.dir, "."+name+".tmp")
 	if err := os.WriteFile(tmp, []byte(text), 0o644); err != nil {
 		return err
@@ -91,10 +91,10 @@ spec:
 	return b.String()
 }
 
-func tcpPort(b *demoBackend) uint16 { return b.tcpAddr().Port() }
-func udpPort(b *demoBackend) uint16 { return b.udpAddr().Port() }
+func tcpPort(b *backend) uint16 { return b.tcpAddr().Port() }
+func udpPort(b *backend) uint16 { return b.udpAddr().Port() }
 
-func slicesYAML(service, portName, proto string, bs []*demoBackend, port func(*demoBackend) uint16) string {
+func slicesYAML(service, portName, proto string, bs []*backend, port func(*backend) uint16) string {
 	var b strings.Builder
 	for _, be := range bs {
 		fmt.Fprintf(&b, `---

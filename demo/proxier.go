@@ -7,19 +7,19 @@ import (
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
 )
 
-// demoProxier is the real proxier, run in-process by the command's wiring
+// runningProxier is the real proxier, run in-process by the command's wiring
 // exactly as the command line would run it.
-type demoProxier struct {
+type runningProxier struct {
 	p           *proxier.Proxier
 	metricsAddr string
 	cancel      context.CancelFunc
 	done        chan error
 }
 
-// startDemoProxier runs start on args and returns once the proxier exists.
-func startDemoProxier(ctx context.Context, start Starter, args []string) (*demoProxier, error) {
+// startProxier runs start on args and returns once the proxier exists.
+func startProxier(ctx context.Context, start Starter, args []string) (*runningProxier, error) {
 	ctx, cancel := context.WithCancel(ctx)
-	d := &demoProxier{cancel: cancel, done: make(chan error, 1)}
+	d := &runningProxier{cancel: cancel, done: make(chan error, 1)}
 	up := make(chan struct{})
 	go func() {
 		d.done <- start(ctx, args, func(p *proxier.Proxier, metricsAddr string) {
@@ -40,7 +40,7 @@ func startDemoProxier(ctx context.Context, start Starter, args []string) (*demoP
 }
 
 // stop ends the run and waits until every proxy socket is closed.
-func (d *demoProxier) stop() error {
+func (d *runningProxier) stop() error {
 	d.cancel()
 	return <-d.done
 }

@@ -13,14 +13,14 @@ const repinAccesses = 5
 // timeout (10800 s) cli1 is pinned; its backend is deleted (the
 // EndpointSlice manifest is rewritten without it); cli1's next accesses must
 // all land on one survivor, and cli1 must be pinned there again.
-func (l *demoLab) pinnedBackendDeleted(ctx context.Context) (demoRow, []string) {
-	row := demoRow{
+func (l *lab) pinnedBackendDeleted(ctx context.Context) (row, []string) {
+	res := row{
 		Experiment: "pinned backend deleted: 5 accesses",
 		Seed:       "5× qzvtf (a survivor); pinned again",
 	}
-	fail := func(err error) (demoRow, []string) {
-		row.Ours = "error: " + err.Error()
-		return row, nil
+	fail := func(err error) (row, []string) {
+		res.Ours = "error: " + err.Error()
+		return res, nil
 	}
 	var notes []string
 	took, err := l.setStickyTimeout(ctx, 0)
@@ -29,7 +29,7 @@ func (l *demoLab) pinnedBackendDeleted(ctx context.Context) (demoRow, []string) 
 	}
 	notes = append(notes, fmt.Sprintf("timeoutSeconds back to the default 10800 (manifest rewritten): applied after %s", round(took)))
 
-	addr, err := l.proxyAddr(demoSticky)
+	addr, err := l.proxyAddr(stickyServicePort)
 	if err != nil {
 		return fail(err)
 	}
@@ -41,7 +41,7 @@ func (l *demoLab) pinnedBackendDeleted(ctx context.Context) (demoRow, []string) 
 		return fail(fmt.Errorf("cli1 is not pinned: %s then %s", before[0], before[1]))
 	}
 	pinned := before[0]
-	var survivors []*demoBackend
+	var survivors []*backend
 	for _, b := range l.backends {
 		if b.name != pinned {
 			survivors = append(survivors, b)
@@ -57,15 +57,15 @@ func (l *demoLab) pinnedBackendDeleted(ctx context.Context) (demoRow, []string) 
 		return fail(err)
 	}
 	counts, _ := tally(after)
-	repinned, ok := l.pinnedTo(demoSticky, cli1)
+	repinned, ok := l.pinnedTo(stickyServicePort, cli1)
 	ok = ok && repinned == after[0]
 	again := "no"
 	if ok {
 		again = "yes"
 	}
-	row.Ours = fmt.Sprintf("%d× %s (was %s); pinned again: %s", counts[0], after[0], pinned, again)
-	row.Matched = len(counts) == 1 && after[0] != pinned && ok
-	return row, notes
+	res.Ours = fmt.Sprintf("%d× %s (was %s); pinned again: %s", counts[0], after[0], pinned, again)
+	res.Matched = len(counts) == 1 && after[0] != pinned && ok
+	return res, notes
 }
 
 // round shortens a duration for printing: 1.04s, 120ms.

@@ -6,21 +6,21 @@ import (
 	"strings"
 )
 
-// demoTable prints rows as they are measured, so the user watches the
+// table prints rows as they are measured, so the user watches the
 // experiments happen rather than a 15-second silence.
-type demoTable struct {
+type table struct {
 	w    io.Writer
-	rows []demoRow
+	rows []row
 }
 
 const rowFormat = "%-46s %-38s %-44s %s\n"
 
-func (t *demoTable) header() {
+func (t *table) header() {
 	fmt.Fprintf(t.w, rowFormat, "experiment", "seed 000 (kube-proxy, iptables mode)", "kube-userspace-proxy", "match")
 	fmt.Fprintf(t.w, rowFormat, strings.Repeat("-", 46), strings.Repeat("-", 38), strings.Repeat("-", 44), "-----")
 }
 
-func (t *demoTable) add(rows ...demoRow) {
+func (t *table) add(rows ...row) {
 	for _, r := range rows {
 		t.rows = append(t.rows, r)
 		match := "yes"
@@ -33,14 +33,14 @@ func (t *demoTable) add(rows ...demoRow) {
 
 // note prints a line about a step (a manifest rewrite, its delay) under
 // the row it belongs to.
-func (t *demoTable) note(lines ...string) {
+func (t *table) note(lines ...string) {
 	for _, l := range lines {
 		fmt.Fprintf(t.w, "    └ %s\n", l)
 	}
 }
 
 // matched reports whether every row matched, and how many did.
-func (t *demoTable) matched() (bool, int) {
+func (t *table) matched() (bool, int) {
 	n := 0
 	for _, r := range t.rows {
 		if r.Matched {
@@ -50,7 +50,7 @@ func (t *demoTable) matched() (bool, int) {
 	return n == len(t.rows), n
 }
 
-func (t *demoTable) footer() bool {
+func (t *table) footer() bool {
 	all, n := t.matched()
 	verdict := "yes"
 	if !all {

@@ -54,8 +54,8 @@ type trialResults struct {
 // exactly when 22-i+1 is a multiple of 3: 4 of 12 same, 8 changed. (The
 // schedule also fixes the cursor afterwards: 39 picks since cli1's, so
 // cli1's next fresh pick is its first backend again.)
-func (l *demoLab) timeoutTrials(ctx context.Context) trialResults {
-	addr, err := l.proxyAddr(demoSticky)
+func (l *lab) timeoutTrials(ctx context.Context) trialResults {
+	addr, err := l.proxyAddr(stickyServicePort)
 	if err != nil {
 		return trialResults{err: err}
 	}
@@ -125,7 +125,7 @@ func (l *demoLab) timeoutTrials(ctx context.Context) trialResults {
 				fail(err)
 				return
 			}
-			if _, pinned := l.pinnedTo(demoSticky, long); !pinned {
+			if _, pinned := l.pinnedTo(stickyServicePort, long); !pinned {
 				record(func() { res.longExpired++ })
 			}
 			if err := sleepUntil(ctx, at.Add(longGap)); err != nil {
@@ -149,15 +149,15 @@ func firstErr(have, next error) error {
 }
 
 // rows turns the results into the table's three timing rows.
-func (r trialResults) rows() []demoRow {
-	short := demoRow{Experiment: "timeout 3 s: 12 trials, 2 accesses 1 s apart", Seed: "12/12 same backend"}
-	long := demoRow{Experiment: "timeout 3 s: 12 trials, 2 accesses 4 s apart", Seed: "8/12 changed (random re-pick)"}
-	refresh := demoRow{Experiment: "timeout 3 s: 1 access every 2 s, 7 times", Seed: "1 distinct backend"}
+func (r trialResults) rows() []row {
+	short := row{Experiment: "timeout 3 s: 12 trials, 2 accesses 1 s apart", Seed: "12/12 same backend"}
+	long := row{Experiment: "timeout 3 s: 12 trials, 2 accesses 4 s apart", Seed: "8/12 changed (random re-pick)"}
+	refresh := row{Experiment: "timeout 3 s: 1 access every 2 s, 7 times", Seed: "1 distinct backend"}
 	if r.err != nil {
-		for _, row := range []*demoRow{&short, &long, &refresh} {
-			row.Ours = "error: " + r.err.Error()
+		for _, each := range []*row{&short, &long, &refresh} {
+			each.Ours = "error: " + r.err.Error()
 		}
-		return []demoRow{short, long, refresh}
+		return []row{short, long, refresh}
 	}
 	short.Ours = fmt.Sprintf("%d/%d same backend", r.shortSame, trialCount)
 	short.Matched = r.shortSame == trialCount
@@ -171,5 +171,5 @@ func (r trialResults) rows() []demoRow {
 	}
 	refresh.Ours = fmt.Sprintf("%d distinct backend(s) in %d accesses", len(distinct), len(r.refreshed))
 	refresh.Matched = len(distinct) == 1 && len(r.refreshed) == refreshTimes
-	return []demoRow{short, long, refresh}
+	return []row{short, long, refresh}
 }
