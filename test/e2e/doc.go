@@ -1,8 +1,9 @@
 // Package e2e proves kube-userspace-proxy on a real kernel: the tests build
-// the binary, create a one-node cluster of network namespaces (test/netns),
-// start backend processes and the proxy with --manifests, and drive TCP and
-// UDP traffic through ClusterIPs, NodePorts, externalIPs and LoadBalancer
-// ingress IPs, from pods, from the node itself and from an external host.
+// the binary, create a one-node cluster of network namespaces
+// (test/harness/netns), start backend processes and the proxy with
+// --manifests, and drive TCP and UDP traffic through ClusterIPs, NodePorts,
+// externalIPs and LoadBalancer ingress IPs, from pods, from the node itself
+// and from an external host.
 //
 // The suite needs root, `ip` and `iptables`; otherwise every test skips with
 // a message saying so. Run it with:

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/netns"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/netns"
 )
 
 // env is one running suite: the lab, its backends, the proxy and the

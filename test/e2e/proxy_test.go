@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/netns"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/netns"
 )
 
 // Where the proxy's HTTP servers listen inside the node namespace. The

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/netns"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/netns"
 )
 
 // Our chains, as the design card names them.

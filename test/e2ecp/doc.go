@@ -1,8 +1,8 @@
 // Package e2ecp is the end-to-end suite of the API-server source (issue 4): the real
-// kube-userspace-proxy binary runs in the node namespace of a test/netns lab, watching a
-// real etcd + kube-apiserver (test/controlplane) that runs on the same namespace's
-// loopback, authenticated with the kube-userspace-proxy service account token after
-// examples/deploy's ClusterRole and binding are applied — never as admin.
+// kube-userspace-proxy binary runs in the node namespace of a test/harness/netns lab,
+// watching a real etcd + kube-apiserver (test/controlplane) that runs on the same
+// namespace's loopback, authenticated with the kube-userspace-proxy service account
+// token after examples/deploy's ClusterRole and binding are applied — never as admin.
 //
 // The tests create Services and EndpointSlices with client-go and check what pods and
 // external hosts see through the ClusterIP: how fast a new Service is served, that Service

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/netns"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/netns"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/tools/wire"
 )
 
@@ -18,7 +18,7 @@ import (
 func buildBackend(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "backend")
-	out, err := exec.Command("go", "build", "-o", bin, "../tools/backend").CombinedOutput()
+	out, err := exec.Command("go", "build", "-o", bin, "../../tools/backend").CombinedOutput()
 	if err != nil {
 		t.Fatalf("build backend: %v\n%s", err, out)
 	}
