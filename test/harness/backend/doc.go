@@ -1,0 +1,9 @@
+// Package backend owns the test backends: servers that answer every request
+// with their own name, so that a test can tell which backend a proxied
+// connection or datagram reached, and the fixed-size HTTP and UDP echo servers
+// of the benchmarks.
+//
+// A Server runs in the test process (on sockets it is given, which may belong
+// to a network namespace) or as the test/tools/backend command. It never
+// decides where it listens: callers open the sockets or name the address.
+package backend

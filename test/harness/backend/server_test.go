@@ -1,0 +1,139 @@
+package backend
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+)
+
+func listenLoopback(t *testing.T, name string) *Server {
+	t.Helper()
+	s, err := Listen(name, "127.0.0.1:0", true, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+// request sends one line over a new connection and returns everything the
+// server wrote before closing.
+func request(t *testing.T, s *Server, line string) string {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", s.TCPAddr().String(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := io.WriteString(c, line); err != nil {
+		t.Fatal(err)
+	}
+	out, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
+}
+
+func TestServerTCP(t *testing.T) {
+	s := listenLoopback(t, "b1")
+	if got := request(t, s, "who\n"); !strings.HasPrefix(got, "b1 127.0.0.1:") {
+		t.Errorf("line request answered %q", got)
+	}
+	got := request(t, s, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	if !strings.HasPrefix(got, "HTTP/1.1 200 OK\r\n") || !strings.Contains(got, "X-Backend: b1\r\n") || !strings.HasSuffix(got, "\r\n\r\nb1\n") {
+		t.Errorf("HTTP request answered %q", got)
+	}
+	if n := s.Answers(); n != 2 {
+		t.Errorf("Answers() = %d, want 2", n)
+	}
+}
+
+func TestServerEcho(t *testing.T) {
+	s := listenLoopback(t, "b2")
+	c, err := net.DialTimeout("tcp", s.TCPAddr().String(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	payload := bytes.Repeat([]byte("0123456789"), 10000)
+	go func() {
+		_, _ = io.WriteString(c, "ECHO\n")
+		_, _ = c.Write(payload)
+		_ = c.(*net.TCPConn).CloseWrite()
+	}()
+	r := bufio.NewReader(c)
+	head, err := r.ReadString('\n')
+	if err != nil || !strings.HasPrefix(head, "b2 ") {
+		t.Fatalf("ECHO head %q, %v", head, err)
+	}
+	back, err := io.ReadAll(r)
+	if err != nil || !bytes.Equal(back, payload) {
+		t.Errorf("ECHO returned %d bytes (err %v), want the %d sent", len(back), err, len(payload))
+	}
+}
+
+// TestServerCloseCutsEcho: Close returns although a client holds an ECHO
+// stream open, and refuses new connections afterwards.
+func TestServerCloseCutsEcho(t *testing.T) {
+	s := listenLoopback(t, "b3")
+	c, err := net.DialTimeout("tcp", s.TCPAddr().String(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	_, _ = io.WriteString(c, "ECHO\n")
+	if _, err := bufio.NewReader(c).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan struct{})
+	go func() { s.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(2 * time.Second):
+		t.Fatal("Close did not return while an ECHO stream was open")
+	}
+	if c2, err := net.DialTimeout("tcp", s.TCPAddr().String(), time.Second); err == nil {
+		c2.Close()
+		t.Error("closed server still accepts")
+	}
+}
+
+func TestServerUDP(t *testing.T) {
+	s, err := Listen("u1", "127.0.0.1:0", false, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	dst := s.UDPAddr() // port 0: not the TCP port
+	c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	buf := make([]byte, 70000)
+	for _, req := range []string{"who\n", "ECHO " + strings.Repeat("x", 60000)} {
+		if _, err := c.WriteToUDPAddrPort([]byte(req), dst); err != nil {
+			t.Fatal(err)
+		}
+		n, from, err := c.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := "u1 " + c.LocalAddr().String() + "\n"
+		if strings.HasPrefix(req, "ECHO") {
+			want += req
+		}
+		if got := string(buf[:n]); got != want || from != dst {
+			t.Errorf("datagram of %d bytes answered with %d bytes from %s, want %d from %s", len(req), n, from, len(want), dst)
+		}
+	}
+}
