@@ -142,7 +142,7 @@ func checkAPIServerOutage(t *testing.T, e *env) {
 	}
 	changed := time.Now()
 	newSvc := e.pod(ipOutageAfter).waitServed(t, "tcp", servicePort(t, after, tcpPortName), changed, resyncBudget)
-	s4 := e.backends[3].name
+	s4 := e.backends[3].Name
 	moved := pod.waitFor(t, "tcp", tcp, changed, resyncBudget, "answered by "+s4,
 		func(name string, err error) bool { return err == nil && name == s4 })
 	n, bad := health.finish()

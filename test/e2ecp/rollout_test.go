@@ -11,6 +11,9 @@ import (
 
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/backend"
 )
 
 // The rollout: a Service of rolloutReplicas endpoints, each replaced in turn the way a
@@ -115,9 +118,9 @@ func checkRollingUpdate(t *testing.T, e *env) {
 	for i := range 2 * rolloutReplicas {
 		e.lab.Backends.MustIP("addr", "add", netip.PrefixFrom(rolloutIP(i), 24).String(), "dev", "eth0")
 	}
-	servers := make([]*backend, 2*rolloutReplicas)
+	servers := make([]*backend.Server, 2*rolloutReplicas)
 	start := func(i int) {
-		servers[i] = startBackend(t, e.lab.Backends, fmt.Sprintf("r%02d", i), netip.AddrPortFrom(rolloutIP(i), backendPort))
+		servers[i] = harness.ServeBackend(t, e.lab.Backends, fmt.Sprintf("r%02d", i), netip.AddrPortFrom(rolloutIP(i), backendPort))
 	}
 	eps := make([]endpoint, rolloutReplicas)
 	for i := range rolloutReplicas {
@@ -167,7 +170,7 @@ func checkRollingUpdate(t *testing.T, e *env) {
 		eps = markTerminating(eps, oldIP)
 		write(fmt.Sprintf("mark %s terminating", oldIP))
 		time.Sleep(rolloutGrace)
-		servers[i].close()
+		servers[i].Close()
 		eps = without(eps, oldIP)
 		write(fmt.Sprintf("remove %s", oldIP))
 		time.Sleep(rolloutGap)
@@ -181,7 +184,7 @@ func checkRollingUpdate(t *testing.T, e *env) {
 
 	newAnswered := 0
 	for _, s := range servers[rolloutReplicas:] {
-		if s.answers() > 0 {
+		if s.Answers() > 0 {
 			newAnswered++
 		}
 	}

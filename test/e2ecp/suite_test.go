@@ -12,6 +12,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/controlplane"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/backend"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/netns"
 )
 
@@ -25,7 +27,7 @@ type env struct {
 	cp       *controlplane.ControlPlane
 	admin    kubernetes.Interface
 	proxy    *proxy
-	backends []*backend
+	backends []*backend.Server
 	// launch starts control-plane processes on a thread that outlives them (see
 	// launcher_test.go).
 	launch *launcher // one per lab.BackendIPs entry, named s1, s2, ...
@@ -39,7 +41,7 @@ func (e *env) pod(i int) client { return client{ns: e.lab.Pod1, src: e.lab.Pod1I
 func (e *env) backendIPs(idx ...int) []netip.Addr {
 	ips := make([]netip.Addr, len(idx))
 	for i, n := range idx {
-		ips[i] = e.backends[n].addr.Addr()
+		ips[i] = e.backends[n].TCPAddr().Addr()
 	}
 	return ips
 }
@@ -74,7 +76,7 @@ func setUp(t *testing.T) *env {
 	lab := netns.NewCluster(t, netns.ClusterOptions{Backends: 4, ClientIPsEach: ipRolloutFirst + rolloutClients})
 	e := &env{lab: lab, launch: launch}
 	for i, ip := range lab.BackendIPs {
-		e.backends = append(e.backends, startBackend(t, lab.Backends, fmt.Sprintf("s%d", i+1), netip.AddrPortFrom(ip, backendPort)))
+		e.backends = append(e.backends, harness.ServeBackend(t, lab.Backends, fmt.Sprintf("s%d", i+1), netip.AddrPortFrom(ip, backendPort)))
 	}
 	e.cp = controlplane.Start(t, controlplane.Options{NetNS: lab.Node.Name})
 	e.admin = e.cp.AdminClient(t)

@@ -1,0 +1,13 @@
+// Package harness is where the repository's test tooling lives, so that the
+// end-to-end suites (test/e2e, test/e2ecp), the benchmark tool (test/bench)
+// and the commands under test/tools build on one implementation instead of
+// each carrying its own.
+//
+// This package ties the parts to a network namespace: backends served from
+// inside one (ServeBackend). Its sub-packages own the rest: netns, the
+// namespace labs and the standard one-node cluster topology; backend, the
+// self-naming backend servers.
+//
+// It only ever opens sockets on loopback or inside namespaces a test created,
+// and everything it starts is stopped in t.Cleanup, failed test or not.
+package harness
