@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/tools/wire"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/backend"
 )
 
 // checkNoBackDoor: the proxy sockets listen on 0.0.0.0, but a connection
@@ -60,7 +60,7 @@ func direct(cl client, proto string, dst netip.AddrPort) (string, error) {
 			return "", err
 		}
 		defer u.Close()
-		a, _, err := wire.AskUDP(u, dst, wait)
+		a, _, err := backend.AskUDP(u, dst, wait)
 		return a.Backend, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
@@ -69,6 +69,6 @@ func direct(cl client, proto string, dst netip.AddrPort) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	a, err := wire.AskTCP(c, wait)
+	a, err := backend.AskTCP(c, wait)
 	return a.Backend, err
 }

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/backend"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/netns"
-	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/tools/wire"
 )
 
 // Budgets from the design card: a manifest change takes effect within 1 s.
@@ -220,7 +220,7 @@ func askUDPFrom(ns *netns.NS, src, dst netip.AddrPort, timeout time.Duration) (s
 		return "", err
 	}
 	defer u.Close()
-	a, from, err := wire.AskUDP(u, dst, timeout)
+	a, from, err := backend.AskUDP(u, dst, timeout)
 	if err == nil && from != dst {
 		err = fmt.Errorf("reply from %s, want %s", from, dst)
 	}

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/backend"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/netns"
-	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/tools/wire"
 )
 
 // askTimeout bounds one request when the service is expected to answer;
@@ -30,7 +30,7 @@ type client struct {
 }
 
 // askTCP opens a new connection to dst and returns which backend answered.
-func (cl client) askTCP(dst netip.AddrPort) (wire.Answer, error) {
+func (cl client) askTCP(dst netip.AddrPort) (backend.Answer, error) {
 	return cl.askTCPWithin(dst, askTimeout)
 }
 
@@ -38,25 +38,25 @@ func (cl client) askTCP(dst netip.AddrPort) (wire.Answer, error) {
 // before a portal rule exists is forwarded un-NATed and dropped, and its
 // conntrack entry keeps the retransmissions off the new rule, so a poll must
 // give up quickly and retry from a new source port.
-func (cl client) askTCPWithin(dst netip.AddrPort, timeout time.Duration) (wire.Answer, error) {
+func (cl client) askTCPWithin(dst netip.AddrPort, timeout time.Duration) (backend.Answer, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	c, err := cl.ns.DialTCP(ctx, cl.src, dst)
 	if err != nil {
-		return wire.Answer{}, err
+		return backend.Answer{}, err
 	}
-	return wire.AskTCP(c, timeout)
+	return backend.AskTCP(c, timeout)
 }
 
 // askUDP sends one datagram from a fresh socket (so a new source port, a new
 // UDP session for the proxy) and returns the answer and its source address.
-func (cl client) askUDP(dst netip.AddrPort, timeout time.Duration) (wire.Answer, netip.AddrPort, error) {
+func (cl client) askUDP(dst netip.AddrPort, timeout time.Duration) (backend.Answer, netip.AddrPort, error) {
 	u, err := cl.ns.ListenUDP(cl.src)
 	if err != nil {
-		return wire.Answer{}, netip.AddrPort{}, err
+		return backend.Answer{}, netip.AddrPort{}, err
 	}
 	defer u.Close()
-	return wire.AskUDP(u, dst, timeout)
+	return backend.AskUDP(u, dst, timeout)
 }
 
 // ask is askTCP or askUDP by protocol name; for UDP it also checks that the

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/backend"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/netns"
-	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/tools/wire"
 )
 
 // Timeouts of one request. A request that must succeed gets answerTimeout; a poll while a
@@ -44,7 +44,7 @@ func (c client) ask(proto string, dst netip.AddrPort, timeout time.Duration) (st
 			return "", err
 		}
 		defer u.Close()
-		a, from, err := wire.AskUDP(u, dst, timeout)
+		a, from, err := backend.AskUDP(u, dst, timeout)
 		if err != nil {
 			return "", err
 		}
@@ -59,7 +59,7 @@ func (c client) ask(proto string, dst netip.AddrPort, timeout time.Duration) (st
 	if err != nil {
 		return "", err
 	}
-	a, err := wire.AskTCP(conn, timeout)
+	a, err := backend.AskTCP(conn, timeout)
 	return a.Backend, err
 }
 

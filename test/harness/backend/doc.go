@@ -1,7 +1,7 @@
 // Package backend owns the test backends: servers that answer every request
 // with their own name, so that a test can tell which backend a proxied
-// connection or datagram reached, and the fixed-size HTTP and UDP echo servers
-// of the benchmarks.
+// connection or datagram reached, and the client side of that protocol
+// (AskTCP, AskUDP), through which the suites and test/tools/client ask them.
 //
 // A Server runs in the test process (on sockets it is given, which may belong
 // to a network namespace) or as the test/tools/backend command. It never

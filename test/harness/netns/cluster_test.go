@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/backend"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/netns"
-	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/tools/wire"
 )
 
 // buildBackend compiles test/tools/backend into a temp dir.
@@ -25,7 +25,7 @@ func buildBackend(t *testing.T) string {
 	return bin
 }
 
-func askTCP(t *testing.T, from *netns.NS, src netip.Addr, dst netip.AddrPort) wire.Answer {
+func askTCP(t *testing.T, from *netns.NS, src netip.Addr, dst netip.AddrPort) backend.Answer {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
@@ -33,7 +33,7 @@ func askTCP(t *testing.T, from *netns.NS, src netip.Addr, dst netip.AddrPort) wi
 	if err != nil {
 		t.Fatalf("dial %s from %s (src %v): %v", dst, from.Name, src, err)
 	}
-	a, err := wire.AskTCP(c, 2*time.Second)
+	a, err := backend.AskTCP(c, 2*time.Second)
 	if err != nil {
 		t.Fatalf("ask %s from %s: %v", dst, from.Name, err)
 	}
@@ -82,7 +82,7 @@ func TestClusterTopology(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				ua, from, err := wire.AskUDP(u, b.Addr, 2*time.Second)
+				ua, from, err := backend.AskUDP(u, b.Addr, 2*time.Second)
 				u.Close()
 				if err != nil || ua.Backend != b.Name || from != b.Addr {
 					t.Errorf("udp %s from %s: answer %+v from %s, err %v", b.Addr, cl.ns.Name, ua, from, err)

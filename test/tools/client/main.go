@@ -17,7 +17,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/tools/wire"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/backend"
 )
 
 func main() {
@@ -76,6 +76,6 @@ func ask(proto, src, addr string, timeout time.Duration) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	a, err := wire.AskTCP(c, timeout) // a connected UDP socket speaks the same line protocol
+	a, err := backend.AskTCP(c, timeout) // a connected UDP socket speaks the same line protocol
 	return a.Backend, err
 }

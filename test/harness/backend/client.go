@@ -1,7 +1,4 @@
-// Package wire is the client side of the test backend's protocol (see
-// test/tools/backend): send one line, read "NAME REMOTE". The e2e suite, the
-// benchmarks and the client command all ask backends through it.
-package wire
+package backend
 
 import (
 	"bufio"
@@ -12,9 +9,10 @@ import (
 	"time"
 )
 
-// Answer is one backend reply.
+// Answer is one backend reply, as the client side of Server's protocol
+// (AskTCP, AskUDP: send one line, read "NAME REMOTE") reads it.
 type Answer struct {
-	Backend string // the backend's -name
+	Backend string // the backend's name
 	Remote  string // the peer address the backend saw (for the proxy: the node side)
 }
 
