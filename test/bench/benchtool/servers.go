@@ -1,46 +1,27 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"net"
-	"net/http"
 	"runtime"
-	"strconv"
-	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/backend"
 )
 
-// runHTTP serves a small fixed response on every path. Keep-alive stays on
-// (wrk's keep-alive figure needs it) and idle connections are kept for a
-// long time, so that the idle-connection figure measures the proxy, not the
-// backend closing them.
+// runHTTP serves a small fixed response on every path (backend.NewHTTPServer).
 func runHTTP(args []string) error {
 	fs := flag.NewFlagSet("http", flag.ExitOnError)
 	addr := fs.String("addr", "127.0.0.1:8080", "IP:port to listen on")
 	size := fs.Int("size", 64, "response body size in bytes")
 	_ = fs.Parse(args)
 
-	body := make([]byte, *size)
-	for i := range body {
-		body[i] = 'a' + byte(i%26)
-	}
-	length := strconv.Itoa(len(body))
-	srv := &http.Server{
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-			w.Header().Set("Content-Length", length)
-			w.Header().Set("Content-Type", "text/plain")
-			_, _ = w.Write(body)
-		}),
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       30 * time.Minute,
-	}
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return err
 	}
 	fmt.Printf("READY http %s\n", *addr)
-	return srv.Serve(ln)
+	return backend.NewHTTPServer(*size).Serve(ln)
 }
 
 // runUDPEcho sends every datagram back to its sender, with one reader per
@@ -59,22 +40,5 @@ func runUDPEcho(args []string) error {
 		return err
 	}
 	fmt.Printf("READY udp-echo %s\n", *addr)
-	errs := make(chan error, runtime.GOMAXPROCS(0))
-	for range runtime.GOMAXPROCS(0) {
-		go func() {
-			buf := make([]byte, 64*1024)
-			for {
-				n, from, err := conn.ReadFromUDPAddrPort(buf)
-				if err != nil {
-					if errors.Is(err, net.ErrClosed) {
-						errs <- err
-						return
-					}
-					continue
-				}
-				_, _ = conn.WriteToUDPAddrPort(buf[:n], from)
-			}
-		}()
-	}
-	return <-errs
+	return backend.EchoUDP(conn, runtime.GOMAXPROCS(0))
 }

@@ -4,6 +4,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/backend"
 )
 
 // TestUDPLoadAgainstLoopbackEcho runs a short load against an echo on
@@ -11,16 +13,7 @@ import (
 // counting: everything sent comes back from the echo; nothing from the sink.
 func TestUDPLoadAgainstLoopbackEcho(t *testing.T) {
 	echo := listenLoopbackUDP(t)
-	go func() {
-		buf := make([]byte, 2048)
-		for {
-			n, from, err := echo.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			_, _ = echo.WriteToUDPAddrPort(buf[:n], from)
-		}
-	}()
+	go func() { _ = backend.EchoUDP(echo, 1) }()
 	sink := listenLoopbackUDP(t)
 
 	tests := []struct {
