@@ -12,6 +12,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness"
 )
 
 // changePatience bounds how long a Service change may take to reach traffic and rules;
@@ -80,17 +82,17 @@ func checkPortChange(t *testing.T, e *env) {
 	pod := e.pod(ipPort)
 	svc, _ := createService(t, e.admin, newService(ns, "port", 80, 53), readyEndpoints(e.backendIPs(0, 1)...))
 	old := servicePort(t, svc, tcpPortName)
-	pod.waitServed(t, "tcp", old, time.Now(), changePatience)
+	pod.WaitServed(t, "tcp", old, time.Now(), changePatience)
 
 	changed := time.Now()
 	svc = updateService(t, e.admin, ns, svc.Name, func(s *v1.Service) { s.Spec.Ports[0].Port = 8081 })
 	moved := servicePort(t, svc, tcpPortName)
-	served := pod.waitServed(t, "tcp", moved, changed, changePatience)
-	gone := pod.waitUnserved(t, "tcp", old, changed, changePatience)
+	served := pod.WaitServed(t, "tcp", moved, changed, changePatience)
+	gone := pod.WaitUnserved(t, "tcp", old, changed, changePatience)
 	rules := waitRules(t, e, portName(svc, tcpPortName), changed, "on --dport 8081 only", allContain("--dport 8081 "))
 	t.Logf("FIGURE port change %s → %s: new port served after %d ms, old port unserved after %d ms, rules updated after %d ms",
 		old, moved, served.Milliseconds(), gone.Milliseconds(), rules.Milliseconds())
-	pod.mustAsk(t, "udp", servicePort(t, svc, udpPortName)) // the untouched port still serves
+	pod.MustAsk(t, "udp", servicePort(t, svc, udpPortName)) // the untouched port still serves
 }
 
 // checkAffinityTimeoutChange: a ClientIP Service keeps its client on one backend across a
@@ -105,16 +107,16 @@ func checkAffinityTimeoutChange(t *testing.T, e *env) {
 	s.Spec.SessionAffinityConfig = &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](10800)}}
 	svc, _ := createService(t, e.admin, s, readyEndpoints(e.backendIPs(0, 1, 2)...))
 	dst := servicePort(t, svc, tcpPortName)
-	pod.waitServed(t, "tcp", dst, time.Now(), changePatience)
+	pod.WaitServed(t, "tcp", dst, time.Now(), changePatience)
 
-	pinned := pod.mustAsk(t, "tcp", dst)
+	pinned := pod.MustAsk(t, "tcp", dst)
 	for range 3 {
-		if got := pod.mustAsk(t, "tcp", dst); got != pinned {
+		if got := pod.MustAsk(t, "tcp", dst); got != pinned {
 			t.Fatalf("affinity: answered by %s after %s", got, pinned)
 		}
 	}
 	time.Sleep(pause)
-	if got := pod.mustAsk(t, "tcp", dst); got != pinned {
+	if got := pod.MustAsk(t, "tcp", dst); got != pinned {
 		t.Fatalf("timeout 10800 s: after a %v pause answered by %s, want %s still", pause, got, pinned)
 	}
 
@@ -125,12 +127,12 @@ func checkAffinityTimeoutChange(t *testing.T, e *env) {
 	var trials []string
 	moved := false
 	for range 2 {
-		before := pod.mustAsk(t, "tcp", dst)
-		if again := pod.mustAsk(t, "tcp", dst); again != before {
+		before := pod.MustAsk(t, "tcp", dst)
+		if again := pod.MustAsk(t, "tcp", dst); again != before {
 			t.Fatalf("timeout 2 s: answered by %s right after %s: affinity lost altogether", again, before)
 		}
 		time.Sleep(pause)
-		after := pod.mustAsk(t, "tcp", dst)
+		after := pod.MustAsk(t, "tcp", dst)
 		trials = append(trials, before+"→"+after)
 		moved = moved || after != before
 	}
@@ -146,16 +148,16 @@ func checkAffinityTimeoutChange(t *testing.T, e *env) {
 func checkExternalIPsChange(t *testing.T, e *env) {
 	const extIP = "10.77.50.20"
 	ns := e.cp.Namespace(t)
-	ext := client{ns: e.lab.External}
+	ext := harness.Client{NS: e.lab.External}
 	svc, _ := createService(t, e.admin, newService(ns, "external", 80, 53), readyEndpoints(e.backendIPs(0, 1)...))
-	e.pod(ipExternalIPs).waitServed(t, "tcp", servicePort(t, svc, tcpPortName), time.Now(), changePatience)
+	e.pod(ipExternalIPs).WaitServed(t, "tcp", servicePort(t, svc, tcpPortName), time.Now(), changePatience)
 	dst := netip.AddrPortFrom(netip.MustParseAddr(extIP), 80)
 	comment := portName(svc, tcpPortName)
 
 	added := time.Now()
 	updateService(t, e.admin, ns, svc.Name, func(s *v1.Service) { s.Spec.ExternalIPs = []string{extIP} })
-	served := ext.waitServed(t, "tcp", dst, added, changePatience)
-	ext.waitServed(t, "udp", netip.AddrPortFrom(dst.Addr(), 53), added, changePatience)
+	served := ext.WaitServed(t, "tcp", dst, added, changePatience)
+	ext.WaitServed(t, "udp", netip.AddrPortFrom(dst.Addr(), 53), added, changePatience)
 	waitRules(t, e, comment, added, "with the externalIP", func(r []string) bool {
 		return strings.Contains(strings.Join(r, "\n"), "-d "+extIP+"/32")
 	})
@@ -165,7 +167,7 @@ func checkExternalIPsChange(t *testing.T, e *env) {
 	rules := waitRules(t, e, comment, removed, "without the externalIP", func(r []string) bool {
 		return len(r) > 0 && !strings.Contains(strings.Join(r, "\n"), extIP)
 	})
-	gone := ext.waitUnserved(t, "tcp", dst, removed, changePatience)
+	gone := ext.WaitUnserved(t, "tcp", dst, removed, changePatience)
 	t.Logf("FIGURE externalIPs: %s served to the external host %d ms after it was added; portal gone %d ms and unserved %d ms after it was removed",
 		extIP, served.Milliseconds(), rules.Milliseconds(), gone.Milliseconds())
 }
@@ -178,7 +180,7 @@ func checkServiceDeleted(t *testing.T, e *env) {
 	pod := e.pod(ipDelete)
 	svc, _ := createService(t, e.admin, newService(ns, "doomed", 80, 53), readyEndpoints(e.backendIPs(0)...))
 	dst := servicePort(t, svc, tcpPortName)
-	pod.waitServed(t, "tcp", dst, time.Now(), changePatience)
+	pod.WaitServed(t, "tcp", dst, time.Now(), changePatience)
 	for _, port := range []string{tcpPortName, udpPortName} {
 		if len(e.proxy.rules(t, portName(svc, port))) == 0 {
 			t.Fatalf("no rule names %s while it is served", portName(svc, port))
@@ -191,6 +193,6 @@ func checkServiceDeleted(t *testing.T, e *env) {
 	}
 	tcpRules := waitRules(t, e, portName(svc, tcpPortName), deleted, "removed", noRules)
 	waitRules(t, e, portName(svc, udpPortName), deleted, "removed", noRules)
-	gone := pod.waitUnserved(t, "tcp", dst, deleted, changePatience)
+	gone := pod.WaitUnserved(t, "tcp", dst, deleted, changePatience)
 	t.Logf("FIGURE delete %s/%s: rules removed after %d ms, unserved after %d ms", ns, svc.Name, tcpRules.Milliseconds(), gone.Milliseconds())
 }

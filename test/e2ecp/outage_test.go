@@ -11,6 +11,8 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness"
 )
 
 const (
@@ -80,8 +82,8 @@ func checkAPIServerOutage(t *testing.T, e *env) {
 	pod := e.pod(ipOutageBefore)
 	before, beforeSlice := createService(t, e.admin, newService(ns, "before", 80, 53), readyEndpoints(e.backendIPs(0, 1)...))
 	tcp, udp := servicePort(t, before, tcpPortName), servicePort(t, before, udpPortName)
-	pod.waitServed(t, "tcp", tcp, time.Now(), changePatience)
-	pod.waitServed(t, "udp", udp, time.Now(), changePatience)
+	pod.WaitServed(t, "tcp", tcp, time.Now(), changePatience)
+	pod.WaitServed(t, "udp", udp, time.Now(), changePatience)
 
 	stopping := time.Now()
 	health := watchHealthz(e.proxy, stopping)
@@ -106,7 +108,7 @@ func checkAPIServerOutage(t *testing.T, e *env) {
 			proto string
 			dst   netip.AddrPort
 		}{{"tcp", tcp}, {"udp", udp}} {
-			name, err := pod.ask(probe.proto, probe.dst, answerTimeout)
+			name, err := pod.Ask(probe.proto, probe.dst, harness.AnswerTimeout)
 			at := time.Since(began).Round(100 * time.Millisecond)
 			if err != nil {
 				failures = append(failures, fmt.Sprintf("%s %s at %v: %v", probe.proto, probe.dst, at, err))
@@ -141,9 +143,9 @@ func checkAPIServerOutage(t *testing.T, e *env) {
 		t.Fatalf("update %s: %v", beforeSlice.Name, err)
 	}
 	changed := time.Now()
-	newSvc := e.pod(ipOutageAfter).waitServed(t, "tcp", servicePort(t, after, tcpPortName), changed, resyncBudget)
+	newSvc := e.pod(ipOutageAfter).WaitServed(t, "tcp", servicePort(t, after, tcpPortName), changed, resyncBudget)
 	s4 := e.backends[3].Name
-	moved := pod.waitFor(t, "tcp", tcp, changed, resyncBudget, "answered by "+s4,
+	moved := pod.WaitFor(t, "tcp", tcp, changed, resyncBudget, "answered by "+s4,
 		func(name string, err error) bool { return err == nil && name == s4 })
 	n, bad := health.finish()
 	healthFinished = true

@@ -68,7 +68,7 @@ type load struct {
 
 // startLoad runs one goroutine per client, each asking dst over a new TCP connection,
 // again and again, until stopLoad.
-func startLoad(clients []client, dst netip.AddrPort, began time.Time) *load {
+func startLoad(clients []harness.Client, dst netip.AddrPort, began time.Time) *load {
 	l := &load{byName: map[string]int{}, stop: make(chan struct{})}
 	for _, c := range clients {
 		l.done.Add(1)
@@ -80,7 +80,7 @@ func startLoad(clients []client, dst netip.AddrPort, began time.Time) *load {
 					return
 				default:
 				}
-				name, err := c.ask("tcp", dst, answerTimeout)
+				name, err := c.Ask("tcp", dst, harness.AnswerTimeout)
 				l.record(c, name, err, time.Since(began))
 				time.Sleep(clientPause)
 			}
@@ -89,7 +89,7 @@ func startLoad(clients []client, dst netip.AddrPort, began time.Time) *load {
 	return l
 }
 
-func (l *load) record(c client, name string, err error, at time.Duration) {
+func (l *load) record(c harness.Client, name string, err error, at time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.tried++
@@ -129,14 +129,14 @@ func checkRollingUpdate(t *testing.T, e *env) {
 	}
 	svc, slice := createService(t, e.admin, newService(ns, "rollout", 80, 53), eps)
 	dst := servicePort(t, svc, tcpPortName)
-	var clients []client
+	var clients []harness.Client
 	for i := range rolloutClients {
 		clients = append(clients, e.pod(ipRolloutFirst+i))
 	}
 	// Wait from an address of its own: the polls' SYNs sent before the portal rule
 	// exists leave un-NATed conntrack entries (see unNATed) that would fail a load
 	// client reusing one of their source ports. The load starts once the rule is there.
-	e.pod(ipRolloutProbe).waitServed(t, "tcp", dst, time.Now(), changePatience)
+	e.pod(ipRolloutProbe).WaitServed(t, "tcp", dst, time.Now(), changePatience)
 	t.Logf("un-NATed conntrack entries to %s left by the polls before the rule existed: %d", dst, unNATed(t, e.lab.Node, dst))
 
 	write := func(what string) {

@@ -28,8 +28,8 @@ func checkServedWithin1s(t *testing.T, e *env) {
 		svc, _ := createService(t, e.admin, newService(ns, fmt.Sprintf("served-%d", i), 80, 53),
 			readyEndpoints(e.backendIPs(0, 1)...))
 		stored := time.Now()
-		tcp := pod.waitServed(t, "tcp", servicePort(t, svc, tcpPortName), stored, servedPatience)
-		udp := pod.waitServed(t, "udp", servicePort(t, svc, udpPortName), stored, servedPatience)
+		tcp := pod.WaitServed(t, "tcp", servicePort(t, svc, tcpPortName), stored, servedPatience)
+		udp := pod.WaitServed(t, "udp", servicePort(t, svc, udpPortName), stored, servedPatience)
 		t.Logf("FIGURE served %s/%s (%s): TCP %d ms, UDP %d ms after both objects were stored (creating them took %d ms)",
 			ns, svc.Name, svc.Spec.ClusterIP, tcp.Milliseconds(), udp.Milliseconds(), stored.Sub(began).Milliseconds())
 		if tcp > servedBudget || udp > servedBudget {

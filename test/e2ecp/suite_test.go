@@ -35,7 +35,9 @@ type env struct {
 
 // pod returns a client in pod1 that uses the i-th of its addresses; every check uses its
 // own addresses, so that no affinity state leaks from one check into another.
-func (e *env) pod(i int) client { return client{ns: e.lab.Pod1, src: e.lab.Pod1IPs[i]} }
+func (e *env) pod(i int) harness.Client {
+	return harness.Client{NS: e.lab.Pod1, Src: e.lab.Pod1IPs[i]}
+}
 
 // backendIPs are the addresses of the shared backends with these indexes.
 func (e *env) backendIPs(idx ...int) []netip.Addr {

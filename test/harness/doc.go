@@ -3,8 +3,9 @@
 // and the commands under test/tools build on one implementation instead of
 // each carrying its own.
 //
-// This package ties the parts to a network namespace: backends served from
-// inside one (ServeBackend). Its sub-packages own the rest: netns, the
+// This package ties the parts to a network namespace: TCP and UDP probes
+// that start in one, from a chosen source address, and poll until a change
+// shows (Client); backends served from inside one (ServeBackend). Its sub-packages own the rest: netns, the
 // namespace labs and the standard one-node cluster topology; backend, the
 // self-naming backend servers.
 //
