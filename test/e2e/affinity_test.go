@@ -5,18 +5,20 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness"
 )
 
 // pinnedTo asks n times and returns the single backend that answered, or
 // fails the test when answers differ or fail.
-func pinnedTo(t *testing.T, cl client, s svc, n int) string {
+func pinnedTo(t *testing.T, cl harness.Client, s svc, n int) string {
 	t.Helper()
 	got, err := distribution(cl, "tcp", s.tcp(), n)
 	if err != nil {
-		t.Errorf("%s from %s: %v", s.tcp(), cl.label, err)
+		t.Errorf("%s from %s: %v", s.tcp(), cl.Label, err)
 	}
 	if len(got) != 1 {
-		t.Errorf("ClientIP affinity %s from %s: %d new connections spread as %s, want all on one backend", s.tcp(), cl.label, n, got)
+		t.Errorf("ClientIP affinity %s from %s: %d new connections spread as %s, want all on one backend", s.tcp(), cl.Label, n, got)
 		return ""
 	}
 	for name := range got {
@@ -32,11 +34,11 @@ func checkAffinity(t *testing.T, e *env) {
 	b := pinnedTo(t, e.pod2(0), s, distConns)
 	n := pinnedTo(t, e.node(), s, distConns)
 	figure(t, "affinity ClientIP (timeout 10800 s): %d/%d to one backend per client; %s→%s %s→%s node→%s",
-		distConns, distConns, e.pod1(ipSticky).label, a, e.pod2(0).label, b, n)
+		distConns, distConns, e.pod1(ipSticky).Label, a, e.pod2(0).Label, b, n)
 	// A second client's pin is independent: it is whatever round robin
 	// gave it, and must not be undone by the first client's traffic.
 	if b2 := pinnedTo(t, e.pod2(0), s, 3); b2 != b {
-		t.Errorf("client %s moved from %s to %s after other clients' traffic", e.pod2(0).label, b, b2)
+		t.Errorf("client %s moved from %s to %s after other clients' traffic", e.pod2(0).Label, b, b2)
 	}
 }
 
@@ -47,14 +49,14 @@ type gapResult struct {
 	err           error
 }
 
-func gapTrial(cl client, s svc, start, gap time.Duration) gapResult {
+func gapTrial(cl harness.Client, s svc, start, gap time.Duration) gapResult {
 	time.Sleep(start)
 	var r gapResult
-	if r.first, r.err = cl.ask("tcp", s.tcp()); r.err != nil {
+	if r.first, r.err = cl.Ask("tcp", s.tcp(), harness.AnswerTimeout); r.err != nil {
 		return r
 	}
 	time.Sleep(gap)
-	r.second, r.err = cl.ask("tcp", s.tcp())
+	r.second, r.err = cl.Ask("tcp", s.tcp(), harness.AnswerTimeout)
 	return r
 }
 
@@ -92,7 +94,7 @@ func checkAffinityTrials(t *testing.T, e *env) {
 			if i > 0 {
 				time.Sleep(2 * time.Second)
 			}
-			name, err := cl.ask("tcp", s.tcp())
+			name, err := cl.Ask("tcp", s.tcp(), harness.AnswerTimeout)
 			if err != nil {
 				chainErr = err
 				return
@@ -147,7 +149,7 @@ func checkAffinityExpiry(t *testing.T, e *env) {
 	r := gapTrial(cl, s, 0, 4*time.Second)
 	figure(t, "affinity expiry (one client, timeout 3 s, idle 4 s): %s then %s", r.first, r.second)
 	if r.err != nil {
-		t.Fatalf("%s from %s: %v", s.tcp(), cl.label, r.err)
+		t.Fatalf("%s from %s: %v", s.tcp(), cl.Label, r.err)
 	}
 	if r.first == r.second {
 		t.Errorf("after 4 s idle with timeoutSeconds 3 the client is still on %s; want a fresh round-robin pick", r.first)
@@ -173,21 +175,11 @@ func checkRepin(t *testing.T, e *env) {
 	writeSvc(t, e.p.dir, survivors)
 	changed := time.Now()
 	var first string
-	for {
-		name, err := cl.askWithin("tcp", s.tcp(), pollTimeout)
-		if err == nil && name != pinned {
-			first = name
-			break
-		}
-		if time.Since(changed) > 3*time.Second {
-			t.Fatalf("3 s after removing %s from the manifests, client %s still gets %q (err %v)", pinned, cl.label, name, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	moved := time.Since(changed)
+	moved := cl.WaitFor(t, "tcp", s.tcp(), changed, 3*time.Second, "re-pinned away from "+pinned+" after its removal from the manifests",
+		func(name string, err error) bool { first = name; return err == nil && name != pinned })
 	after := pinnedTo(t, cl, s, 5)
 	figure(t, "re-pin: client %s pinned to %s; %s removed from manifests -> re-pinned to %s after %d ms, then %s x5",
-		cl.label, pinned, pinned, first, moved.Milliseconds(), after)
+		cl.Label, pinned, pinned, first, moved.Milliseconds(), after)
 	if after != first {
 		t.Errorf("after re-pin to %s the client went on to %s; want it to stay pinned", first, after)
 	}

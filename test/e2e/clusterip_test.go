@@ -3,23 +3,25 @@ package e2e
 import (
 	"slices"
 	"testing"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness"
 )
 
 // checkEvenSplit asks dst distConns times and wants exactly 10/10/10 over
 // three backends: the legacy round robin, one new connection at a time.
-func checkEvenSplit(t *testing.T, cl client, proto string, s svc) {
+func checkEvenSplit(t *testing.T, cl harness.Client, proto string, s svc) {
 	t.Helper()
 	dst := s.tcp()
 	if proto == "udp" {
 		dst = s.udp()
 	}
 	got, err := distribution(cl, proto, dst, distConns)
-	figure(t, "round robin %s %s from %s over %d new connections: %s", proto, dst, cl.label, distConns, got)
+	figure(t, "round robin %s %s from %s over %d new connections: %s", proto, dst, cl.Label, distConns, got)
 	if err != nil {
-		t.Errorf("%s %s from %s: %d of %d failed, first: %v", proto, dst, cl.label, got["ERR"], distConns, err)
+		t.Errorf("%s %s from %s: %d of %d failed, first: %v", proto, dst, cl.Label, got["ERR"], distConns, err)
 	}
 	if want := []int{10, 10, 10}; !slices.Equal(got.sorted(), want) {
-		t.Errorf("%s %s from %s: distribution %s, want 10/10/10 over 3 backends", proto, dst, cl.label, got)
+		t.Errorf("%s %s from %s: distribution %s, want 10/10/10 over 3 backends", proto, dst, cl.Label, got)
 	}
 }
 
@@ -49,7 +51,7 @@ func checkDeadEndpoint(t *testing.T, e *env) {
 	got, err := distribution(cl, "tcp", s.tcp(), distConns)
 	failures = metricSum(t, e.p, "kubeproxy_userspace_dial_failures_total") - failures
 	figure(t, "dead endpoint %s listed with 3 live: %d connections from %s: %s; dial failures retried: %.0f",
-		e.c.DeadIP, distConns, cl.label, got, failures)
+		e.c.DeadIP, distConns, cl.Label, got, failures)
 	if failures < 1 {
 		t.Errorf("dial_failures_total did not grow: the dead endpoint was never tried, so the retry is unproven")
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/netns"
 )
 
@@ -20,17 +21,17 @@ type env struct {
 
 // pod1 returns a client in pod1 using its i-th address. Each check uses its
 // own addresses so that affinity state never leaks between checks.
-func (e *env) pod1(i int) client {
-	return client{label: fmt.Sprintf("pod1[%s]", e.c.Pod1IPs[i]), ns: e.c.Pod1, src: e.c.Pod1IPs[i]}
+func (e *env) pod1(i int) harness.Client {
+	return harness.Client{Label: fmt.Sprintf("pod1[%s]", e.c.Pod1IPs[i]), NS: e.c.Pod1, Src: e.c.Pod1IPs[i]}
 }
 
-func (e *env) pod2(i int) client {
-	return client{label: fmt.Sprintf("pod2[%s]", e.c.Pod2IPs[i]), ns: e.c.Pod2, src: e.c.Pod2IPs[i]}
+func (e *env) pod2(i int) harness.Client {
+	return harness.Client{Label: fmt.Sprintf("pod2[%s]", e.c.Pod2IPs[i]), NS: e.c.Pod2, Src: e.c.Pod2IPs[i]}
 }
 
-func (e *env) node() client { return client{label: "node", ns: e.c.Node} }
+func (e *env) node() harness.Client { return harness.Client{Label: "node", NS: e.c.Node} }
 
-func (e *env) external() client { return client{label: "external", ns: e.c.External} }
+func (e *env) external() harness.Client { return harness.Client{Label: "external", NS: e.c.External} }
 
 // Client addresses, one set per check (indexes into Pod1IPs / Pod2IPs).
 const (
@@ -87,8 +88,8 @@ func TestProxy(t *testing.T) {
 	e.p.start(t)
 	warm := e.pod2(ipWarmup)
 	for _, s := range e.svcs {
-		waitServing(t, warm, "tcp", s.tcp(), startBudget)
-		waitServing(t, warm, "udp", s.udp(), startBudget)
+		warm.WaitServed(t, "tcp", s.tcp(), time.Now(), startBudget)
+		warm.WaitServed(t, "udp", s.udp(), time.Now(), startBudget)
 	}
 	figure(t, "start-up: %d Services serving TCP+UDP %d ms after exec", len(e.svcs), time.Since(began).Milliseconds())
 

@@ -3,6 +3,8 @@ package e2e
 import (
 	"net/netip"
 	"testing"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness"
 )
 
 // checkExternal: a LoadBalancer Service with NodePorts, an externalIP and an
@@ -16,7 +18,7 @@ func checkExternal(t *testing.T, e *env) {
 	np := func(ip netip.Addr, i int) netip.AddrPort { return netip.AddrPortFrom(ip, uint16(s.nodePorts[i])) }
 	cases := []struct {
 		what  string
-		cl    client
+		cl    harness.Client
 		proto string
 		dst   netip.AddrPort
 	}{
@@ -36,9 +38,9 @@ func checkExternal(t *testing.T, e *env) {
 	}
 	for _, tc := range cases {
 		got, err := distribution(tc.cl, tc.proto, tc.dst, 3)
-		figure(t, "%s: %s %s from %s: %s", tc.what, tc.proto, tc.dst, tc.cl.label, got)
+		figure(t, "%s: %s %s from %s: %s", tc.what, tc.proto, tc.dst, tc.cl.Label, got)
 		if err != nil {
-			t.Errorf("%s (%s %s from %s): %v", tc.what, tc.proto, tc.dst, tc.cl.label, err)
+			t.Errorf("%s (%s %s from %s): %v", tc.what, tc.proto, tc.dst, tc.cl.Label, err)
 		}
 	}
 }

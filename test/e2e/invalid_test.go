@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness"
 )
 
 // checkInvalidManifestKeepsLastGood: a manifest file turned invalid (a
@@ -15,7 +17,7 @@ import (
 func checkInvalidManifestKeepsLastGood(t *testing.T, e *env) {
 	s := e.svcs["keep"]
 	cl := e.pod1(ipKeep)
-	if name, err := cl.ask("tcp", s.tcp()); err != nil || name != "b1" {
+	if name, err := cl.Ask("tcp", s.tcp(), harness.AnswerTimeout); err != nil || name != "b1" {
 		t.Fatalf("keep before the change: %q, %v; want b1", name, err)
 	}
 	writeSvc(t, e.p.dir, s)
@@ -36,7 +38,7 @@ func checkInvalidManifestKeepsLastGood(t *testing.T, e *env) {
 	// applied, the Service would be gone by now.
 	deadline := time.Now().Add(1500 * time.Millisecond)
 	for time.Now().Before(deadline) {
-		if name, err := cl.ask("tcp", s.tcp()); err != nil || name != "b1" {
+		if name, err := cl.Ask("tcp", s.tcp(), harness.AnswerTimeout); err != nil || name != "b1" {
 			t.Fatalf("after an invalid edit the last good state must keep serving; got %q, %v", name, err)
 		}
 		time.Sleep(100 * time.Millisecond)

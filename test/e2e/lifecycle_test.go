@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/backend"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/netns"
 )
 
@@ -23,26 +23,12 @@ const (
 	newServiceBudget = 2 * time.Second
 )
 
-// untilAnswer asks dst every 10 ms until want answers; it returns how long
-// that took, or fails after limit.
-func untilAnswer(t *testing.T, cl client, s svc, want string, since time.Time, limit time.Duration) time.Duration {
+// untilAnswer asks s over TCP until want answers; it returns how long that
+// took from since, or fails after limit.
+func untilAnswer(t *testing.T, cl harness.Client, s svc, want string, since time.Time, limit time.Duration) time.Duration {
 	t.Helper()
-	var last string
-	for {
-		name, err := cl.askWithin("tcp", s.tcp(), pollTimeout)
-		if err == nil && (name == want || want == "") {
-			return time.Since(since)
-		}
-		if err != nil {
-			last = err.Error()
-		} else {
-			last = name
-		}
-		if time.Since(since) > limit {
-			t.Fatalf("%s from %s: %q not answering %v after the manifest change (last: %s)", s.tcp(), cl.label, want, limit, last)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	return cl.WaitFor(t, "tcp", s.tcp(), since, limit, fmt.Sprintf("answered by %q after the manifest change", want),
+		func(name string, err error) bool { return err == nil && name == want })
 }
 
 // checkLiveUpdate: an EndpointSlice change in a manifest file, and a new
@@ -51,7 +37,7 @@ func untilAnswer(t *testing.T, cl client, s svc, want string, since time.Time, l
 func checkLiveUpdate(t *testing.T, e *env) {
 	cl := e.pod1(ipLive)
 	s := e.svcs["live"]
-	if name, err := cl.ask("tcp", s.tcp()); err != nil || name != "b1" {
+	if name, err := cl.Ask("tcp", s.tcp(), harness.AnswerTimeout); err != nil || name != "b1" {
 		t.Fatalf("live before the change: %q, %v; want b1", name, err)
 	}
 	s.endpoints = ips(e.c, 3) // b4
@@ -62,7 +48,7 @@ func checkLiveUpdate(t *testing.T, e *env) {
 	writeSvc(t, e.p.dir, fresh)
 	svcLatency := untilAnswer(t, cl, fresh, "b2", time.Now(), 5*time.Second)
 	udpBegan := time.Now()
-	waitServing(t, cl, "udp", fresh.udp(), 5*time.Second)
+	cl.WaitServed(t, "udp", fresh.udp(), time.Now(), 5*time.Second)
 
 	figure(t, "manifest change live: endpoints b1->b4 in %d ms; new Service answering TCP in %d ms (UDP %d ms later)",
 		epLatency.Milliseconds(), svcLatency.Milliseconds(), time.Since(udpBegan).Milliseconds())
@@ -110,7 +96,7 @@ func checkServiceRemoved(t *testing.T, e *env) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	_, err := e.pod1(ipRR).askWithin("tcp", s.tcp(), 500*time.Millisecond)
+	_, err := e.pod1(ipRR).Ask("tcp", s.tcp(), 500*time.Millisecond)
 	figure(t, "Service removed: %d rules gone after %d ms, sockets tcp/%d udp/%d closed after %d ms; ClusterIP now: %v",
 		before, rulesGone.Milliseconds(), ports["tcp"], ports["udp"], socketsGone.Milliseconds(), err)
 	if err == nil {
@@ -138,7 +124,7 @@ func normalizedRules(dump string) []string {
 func checkRestart(t *testing.T, e *env) {
 	// A UDP client that keeps its source port (as many DNS resolvers do).
 	fixed := netip.AddrPortFrom(e.c.Pod2IPs[1], 40053)
-	if _, err := askUDPFrom(e.c.Pod2, fixed, e.svcs["rr"].udp(), askTimeout); err != nil {
+	if _, err := fixedPort(e.c.Pod2, fixed).Ask("udp", e.svcs["rr"].udp(), harness.AnswerTimeout); err != nil {
 		t.Fatalf("udp from %s before restart: %v", fixed, err)
 	}
 	before := save(t, e.c.Node)
@@ -152,7 +138,7 @@ func checkRestart(t *testing.T, e *env) {
 	// conntrack entries left from before the restart (that case is the
 	// fixed-port check below).
 	fresh := e.pod2(2)
-	waitServing(t, fresh, "tcp", e.svcs["rr"].tcp(), startBudget)
+	fresh.WaitServed(t, "tcp", e.svcs["rr"].tcp(), time.Now(), startBudget)
 	serving := time.Since(began)
 	checkEvenSplit(t, fresh, "tcp", e.svcs["rr"])
 	checkEvenSplit(t, fresh, "udp", e.svcs["rr"])
@@ -212,19 +198,9 @@ func checkCleanup(t *testing.T, e *env) {
 	figure(t, "--cleanup: %d lines of ours before, 0 expected after (IPv4+IPv6), run twice, exit 0", before)
 }
 
-// askUDPFrom sends one datagram from the fixed source src and wants the
-// answer from dst.
-func askUDPFrom(ns *netns.NS, src, dst netip.AddrPort, timeout time.Duration) (string, error) {
-	u, err := ns.ListenUDPAt(src)
-	if err != nil {
-		return "", err
-	}
-	defer u.Close()
-	a, from, err := backend.AskUDP(u, dst, timeout)
-	if err == nil && from != dst {
-		err = fmt.Errorf("reply from %s, want %s", from, dst)
-	}
-	return a.Backend, err
+// fixedPort is a client in ns that sends from src, source port included.
+func fixedPort(ns *netns.NS, src netip.AddrPort) harness.Client {
+	return harness.Client{NS: ns, Src: src.Addr(), SrcPort: src.Port()}
 }
 
 // checkSamePortAfterRestart: the client that used fixed before the restart
@@ -239,7 +215,7 @@ func checkSamePortAfterRestart(t *testing.T, e *env, fixed netip.AddrPort) {
 	var attempts int
 	var err error
 	for attempts = 1; attempts <= 6; attempts++ {
-		if _, err = askUDPFrom(e.c.Pod2, fixed, dst, 500*time.Millisecond); err == nil {
+		if _, err = fixedPort(e.c.Pod2, fixed).Ask("udp", dst, 500*time.Millisecond); err == nil {
 			break
 		}
 	}

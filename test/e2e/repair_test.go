@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/netns"
 )
 
@@ -31,8 +32,8 @@ func TestRepair(t *testing.T) {
 	s := svc{name: "rr", clusterIP: "10.96.0.10", endpoints: ips(c, 0, 1, 2)}
 	writeSvc(t, e.p.dir, s)
 	e.p.start(t)
-	waitServing(t, e.pod1(0), "tcp", s.tcp(), startBudget)
-	waitServing(t, e.node(), "tcp", s.tcp(), startBudget)
+	e.pod1(0).WaitServed(t, "tcp", s.tcp(), time.Now(), startBudget)
+	e.node().WaitServed(t, "tcp", s.tcp(), time.Now(), startBudget)
 	good := oursSorted(save(t, c.Node))
 
 	var jump string
@@ -55,7 +56,7 @@ func TestRepair(t *testing.T) {
 		c.Node.MustExec("sh", "-c", cmd)
 	}
 	damaged := time.Now()
-	if _, err := e.pod1(0).askWithin("tcp", s.tcp(), pollTimeout); err == nil {
+	if _, err := e.pod1(0).Ask("tcp", s.tcp(), harness.PollTimeout); err == nil {
 		t.Errorf("traffic still flows with the portal rule and jump deleted; damage did not take")
 	}
 

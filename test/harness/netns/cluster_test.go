@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/backend"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/netns"
 )
@@ -27,15 +28,9 @@ func buildBackend(t *testing.T) string {
 
 func askTCP(t *testing.T, from *netns.NS, src netip.Addr, dst netip.AddrPort) backend.Answer {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	c, err := from.DialTCP(ctx, src, dst)
+	a, err := harness.Client{NS: from, Src: src}.AskTCP(dst, 2*time.Second)
 	if err != nil {
-		t.Fatalf("dial %s from %s (src %v): %v", dst, from.Name, src, err)
-	}
-	a, err := backend.AskTCP(c, 2*time.Second)
-	if err != nil {
-		t.Fatalf("ask %s from %s: %v", dst, from.Name, err)
+		t.Fatalf("ask %s from %s (src %v): %v", dst, from.Name, src, err)
 	}
 	return a
 }
@@ -78,12 +73,7 @@ func TestClusterTopology(t *testing.T) {
 				if cl.src.IsValid() && !strings.HasPrefix(a.Remote, cl.src.String()+":") {
 					t.Errorf("tcp %s from %s: backend saw %s, want source %s", b.Addr, cl.ns.Name, a.Remote, cl.src)
 				}
-				u, err := cl.ns.ListenUDP(cl.src)
-				if err != nil {
-					t.Fatal(err)
-				}
-				ua, from, err := backend.AskUDP(u, b.Addr, 2*time.Second)
-				u.Close()
+				ua, from, err := harness.Client{NS: cl.ns, Src: cl.src}.AskUDP(b.Addr, 2*time.Second)
 				if err != nil || ua.Backend != b.Name || from != b.Addr {
 					t.Errorf("udp %s from %s: answer %+v from %s, err %v", b.Addr, cl.ns.Name, ua, from, err)
 				}
