@@ -50,7 +50,7 @@ func portName(svc *v1.Service, port string) string {
 func waitRules(t *testing.T, e *env, comment string, since time.Time, what string, ok func([]string) bool) time.Duration {
 	t.Helper()
 	for {
-		rules := e.proxy.rules(t, comment)
+		rules := e.proxy.Rules(t, comment)
 		if ok(rules) {
 			return time.Since(since)
 		}
@@ -182,7 +182,7 @@ func checkServiceDeleted(t *testing.T, e *env) {
 	dst := servicePort(t, svc, tcpPortName)
 	pod.WaitServed(t, "tcp", dst, time.Now(), changePatience)
 	for _, port := range []string{tcpPortName, udpPortName} {
-		if len(e.proxy.rules(t, portName(svc, port))) == 0 {
+		if len(e.proxy.Rules(t, portName(svc, port))) == 0 {
 			t.Fatalf("no rule names %s while it is served", portName(svc, port))
 		}
 	}

@@ -39,7 +39,7 @@ type healthzWatch struct {
 	bad    []string
 }
 
-func watchHealthz(p *proxy, began time.Time) *healthzWatch {
+func watchHealthz(p *harness.Proxy, began time.Time) *healthzWatch {
 	w := &healthzWatch{stop: make(chan struct{})}
 	w.done.Add(1)
 	go func() {
@@ -47,7 +47,7 @@ func watchHealthz(p *proxy, began time.Time) *healthzWatch {
 		tick := time.NewTicker(healthzEvery)
 		defer tick.Stop()
 		for {
-			code, body, err := p.healthz()
+			code, body, err := p.Healthz()
 			w.mu.Lock()
 			w.probes++
 			if err != nil || code != http.StatusOK {
@@ -96,14 +96,14 @@ func checkAPIServerOutage(t *testing.T, e *env) {
 
 	// The outage is counted from the moment kube-apiserver has exited: the harness waits
 	// up to 10 s for a graceful exit before it kills it.
-	logFrom := len(e.proxy.lines())
+	logFrom := len(e.proxy.Lines())
 	e.cp.StopAPIServer()
 	began := time.Now()
 	t.Logf("kube-apiserver stopped (%d ms after SIGTERM)", began.Sub(stopping).Milliseconds())
 	var probes, failures []string
 	for time.Since(began) < outage {
 		time.Sleep(min(outageProbeEvery, outage-time.Since(began)))
-		e.proxy.requireRunning(t)
+		e.proxy.RequireRunning(t)
 		for _, probe := range []struct {
 			proto string
 			dst   netip.AddrPort
@@ -132,7 +132,7 @@ func checkAPIServerOutage(t *testing.T, e *env) {
 	back := time.Now()
 	// While it starts, kube-apiserver may refuse requests (403) until its RBAC cache is
 	// filled; that is no lack of rights. Refusals once it is ready are.
-	refusedWhileStarting := len(e.proxy.logLines("forbidden"))
+	refusedWhileStarting := len(e.proxy.LogLines("forbidden"))
 	t.Logf("kube-apiserver ready again %d ms after the restart began (down %v in all)",
 		back.Sub(restart).Milliseconds(), back.Sub(began).Round(100*time.Millisecond))
 
@@ -156,13 +156,13 @@ func checkAPIServerOutage(t *testing.T, e *env) {
 	if len(bad) > 0 {
 		t.Errorf("/healthz was not 200 during the outage:\n%s", strings.Join(bad, "\n"))
 	}
-	e.proxy.requireRunning(t)
+	e.proxy.RequireRunning(t)
 	// The informers' own account of the outage: failed lists/watches and re-populated caches.
-	if lines := e.proxy.logLinesSince(logFrom, "reflector", "watch"); len(lines) > 0 {
+	if lines := e.proxy.LogLinesSince(logFrom, "reflector", "watch"); len(lines) > 0 {
 		t.Logf("proxy log about its informers since the stop (%d lines, last 12):\n%s", len(lines),
 			strings.Join(lines[max(0, len(lines)-12):], "\n"))
 	}
-	if refused := e.proxy.logLines("forbidden"); len(refused) > refusedWhileStarting {
+	if refused := e.proxy.LogLines("forbidden"); len(refused) > refusedWhileStarting {
 		t.Errorf("the proxy was refused requests after kube-apiserver was ready again:\n%s",
 			strings.Join(refused[refusedWhileStarting:], "\n"))
 	}

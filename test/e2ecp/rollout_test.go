@@ -37,12 +37,12 @@ type rolloutMetrics struct {
 	dialFailures, programmed, programmingSeconds float64
 }
 
-func (p *proxy) rolloutMetrics(t *testing.T) rolloutMetrics {
+func readRolloutMetrics(t *testing.T, p *harness.Proxy) rolloutMetrics {
 	t.Helper()
 	return rolloutMetrics{
-		dialFailures:       p.metric(t, "kubeproxy_userspace_dial_failures_total"),
-		programmed:         p.metric(t, "kubeproxy_network_programming_duration_seconds_count"),
-		programmingSeconds: p.metric(t, "kubeproxy_network_programming_duration_seconds_sum"),
+		dialFailures:       p.Metric(t, "kubeproxy_userspace_dial_failures_total"),
+		programmed:         p.Metric(t, "kubeproxy_network_programming_duration_seconds_count"),
+		programmingSeconds: p.Metric(t, "kubeproxy_network_programming_duration_seconds_sum"),
 	}
 }
 
@@ -151,7 +151,7 @@ func checkRollingUpdate(t *testing.T, e *env) {
 			t.Fatalf("rollout: %s: %v", what, err)
 		}
 	}
-	before := e.proxy.rolloutMetrics(t)
+	before := readRolloutMetrics(t, e.proxy)
 	dropsBefore := readNodeDrops(t, e.lab.Node)
 	began := time.Now()
 	l := startLoad(clients, dst, began)
@@ -179,7 +179,7 @@ func checkRollingUpdate(t *testing.T, e *env) {
 	l.stopLoad()
 	stopped = true
 	took := time.Since(began)
-	during := e.proxy.rolloutMetrics(t).minus(before)
+	during := readRolloutMetrics(t, e.proxy).minus(before)
 	drops := readNodeDrops(t, e.lab.Node).minus(dropsBefore)
 
 	newAnswered := 0

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -17,6 +18,8 @@ import (
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/netns"
 )
 
+func TestMain(m *testing.M) { harness.Main(m) } // removes the proxy binary it built
+
 // nodeName is the Node object the proxy follows (--hostname-override).
 const nodeName = "kup-e2ecp-node"
 
@@ -26,7 +29,7 @@ type env struct {
 	lab      *netns.Cluster
 	cp       *controlplane.ControlPlane
 	admin    kubernetes.Interface
-	proxy    *proxy
+	proxy    *harness.Proxy
 	backends []*backend.Server
 	// launch starts control-plane processes on a thread that outlives them (see
 	// launcher_test.go).
@@ -71,7 +74,7 @@ func setUp(t *testing.T) *env {
 	t.Helper()
 	netns.Require(t, "iptables", "iptables-save")
 	controlplane.FindBinaries(t) // skips, before anything is created, when not built
-	bin := requireProxy(t)
+	bin := harness.ProxyBinary(t)
 	pinTestThread(t)
 	launch := newLauncher(t)
 
@@ -88,7 +91,8 @@ func setUp(t *testing.T) *env {
 	}
 	applyRBAC(t, e.admin, proxyClient)
 	registerNode(t, e.admin, lab.NodeIP)
-	e.proxy = startProxy(t, lab.Node, bin, e.cp.ProxyKubeconfig, nodeName)
+	e.proxy = harness.NewProxy(lab.Node, bin, nodeName, "--kubeconfig", e.cp.ProxyKubeconfig)
+	e.proxy.Start(t, 20*time.Second)
 	return e
 }
 
@@ -123,27 +127,27 @@ func TestAgainstControlPlane(t *testing.T) {
 		{"APIServerOutage", checkAPIServerOutage},
 	} {
 		t.Run(check.name, func(t *testing.T) {
-			e.proxy.requireRunning(t)
+			e.proxy.RequireRunning(t)
 			check.run(t, e)
 		})
 	}
-	t.Run("Cleanup", func(t *testing.T) { checkCleanup(t, e, requireProxy(t)) })
+	t.Run("Cleanup", func(t *testing.T) { checkCleanup(t, e) })
 }
 
 // checkNoForbidden: the proxy ran with examples/deploy's rights only; any request the
 // API server refused it shows up in its log as Forbidden. It runs before the outage,
 // whose restart may see refusals of its own (checked there).
 func checkNoForbidden(t *testing.T, e *env) {
-	if lines := e.proxy.logLines("forbidden"); len(lines) > 0 {
+	if lines := e.proxy.LogLines("forbidden"); len(lines) > 0 {
 		t.Errorf("the proxy was refused %d requests with examples/deploy's RBAC:\n%s", len(lines), strings.Join(lines, "\n"))
 	}
 }
 
 // checkCleanup stops the proxy and runs --cleanup in the node namespace: no chain of the
 // proxy may be left (the namespace's deletion would hide a cleanup that forgets one).
-func checkCleanup(t *testing.T, e *env, bin string) {
-	e.proxy.proc.Kill()
-	if out, err := e.lab.Node.Exec(bin, "--cleanup"); err != nil {
+func checkCleanup(t *testing.T, e *env) {
+	e.proxy.Proc.Kill()
+	if out, err := e.proxy.Cleanup(); err != nil {
 		t.Fatalf("--cleanup: %v\n%s", err, out)
 	}
 	dump, err := e.lab.Node.IPTablesSave(false)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/netip"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,16 +14,7 @@ import (
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/netns"
 )
 
-// buildBackend compiles test/tools/backend into a temp dir.
-func buildBackend(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "backend")
-	out, err := exec.Command("go", "build", "-o", bin, "../../tools/backend").CombinedOutput()
-	if err != nil {
-		t.Fatalf("build backend: %v\n%s", err, out)
-	}
-	return bin
-}
+func TestMain(m *testing.M) { harness.Main(m) } // removes the backend binary it built
 
 func askTCP(t *testing.T, from *netns.NS, src netip.Addr, dst netip.AddrPort) backend.Answer {
 	t.Helper()
@@ -41,7 +31,7 @@ func askTCP(t *testing.T, from *netns.NS, src netip.Addr, dst netip.AddrPort) ba
 // process.
 func TestClusterTopology(t *testing.T) {
 	netns.Require(t)
-	bin := buildBackend(t)
+	bin := harness.BackendBinary(t)
 
 	var names []string
 	var pids []int
