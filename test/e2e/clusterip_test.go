@@ -47,9 +47,9 @@ func checkRoundRobinFromNode(t *testing.T, e *env) {
 func checkDeadEndpoint(t *testing.T, e *env) {
 	cl := e.pod1(ipRR)
 	s := e.svcs["dead"]
-	failures := metricSum(t, e.p, "kubeproxy_userspace_dial_failures_total")
+	failures := e.p.Metric(t, "kubeproxy_userspace_dial_failures_total")
 	got, err := distribution(cl, "tcp", s.tcp(), distConns)
-	failures = metricSum(t, e.p, "kubeproxy_userspace_dial_failures_total") - failures
+	failures = e.p.Metric(t, "kubeproxy_userspace_dial_failures_total") - failures
 	figure(t, "dead endpoint %s listed with 3 live: %d connections from %s: %s; dial failures retried: %.0f",
 		e.c.DeadIP, distConns, cl.Label, got, failures)
 	if failures < 1 {

@@ -85,7 +85,7 @@ func TestProxy(t *testing.T) {
 		writeSvc(t, e.p.dir, s)
 	}
 	began := time.Now()
-	e.p.start(t)
+	e.p.Start(t, startWithin)
 	warm := e.pod2(ipWarmup)
 	for _, s := range e.svcs {
 		warm.WaitServed(t, "tcp", s.tcp(), time.Now(), startBudget)

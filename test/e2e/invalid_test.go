@@ -44,7 +44,7 @@ func checkInvalidManifestKeepsLastGood(t *testing.T, e *env) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	var reported string
-	for _, line := range strings.Split(e.p.proc.Output(), "\n") {
+	for _, line := range strings.Split(e.p.Proc.Output(), "\n") {
 		if strings.Contains(line, s.name+".yaml") && strings.Contains(line, "10.96.0.999") {
 			reported = line
 			break

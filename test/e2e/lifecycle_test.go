@@ -76,7 +76,7 @@ func checkServiceRemoved(t *testing.T, e *env) {
 		}
 		ports[pn.proto] = p
 	}
-	before := len(rulesFor(dump, s.portName("http"))) + len(rulesFor(dump, s.portName("dns")))
+	before := len(harness.RulesFor(dump, s.portName("http"))) + len(harness.RulesFor(dump, s.portName("dns")))
 
 	removeSvc(t, e.p.dir, s.name)
 	removed := time.Now()
@@ -87,7 +87,7 @@ func checkServiceRemoved(t *testing.T, e *env) {
 				s.name, rulesGone, socketsGone, save(t, e.c.Node))
 		}
 		d := save(t, e.c.Node)
-		if rulesGone == 0 && len(rulesFor(d, s.portName("http")))+len(rulesFor(d, s.portName("dns"))) == 0 &&
+		if rulesGone == 0 && len(harness.RulesFor(d, s.portName("http")))+len(harness.RulesFor(d, s.portName("dns"))) == 0 &&
 			!strings.Contains(d, "/"+s.name+":") {
 			rulesGone = time.Since(removed)
 		}
@@ -128,12 +128,12 @@ func checkRestart(t *testing.T, e *env) {
 		t.Fatalf("udp from %s before restart: %v", fixed, err)
 	}
 	before := save(t, e.c.Node)
-	e.p.proc.Signal(syscall.SIGKILL)
-	if err := e.p.proc.Wait(5 * time.Second); err == nil || !strings.Contains(err.Error(), "killed") {
+	e.p.Proc.Signal(syscall.SIGKILL)
+	if err := e.p.Proc.Wait(5 * time.Second); err == nil || !strings.Contains(err.Error(), "killed") {
 		t.Fatalf("proxy after SIGKILL: %v", err)
 	}
 	began := time.Now()
-	e.p.start(t)
+	e.p.Start(t, startWithin)
 	// A fresh client address: its UDP source ports cannot collide with
 	// conntrack entries left from before the restart (that case is the
 	// fixed-port check below).
@@ -174,14 +174,14 @@ func checkRestart(t *testing.T, e *env) {
 // checkCleanup: after the proxy stops, --cleanup removes every chain and
 // jump of ours (IPv4 and IPv6), exits 0, and is idempotent.
 func checkCleanup(t *testing.T, e *env) {
-	e.p.proc.Signal(syscall.SIGTERM)
-	if err := e.p.proc.Wait(5 * time.Second); err != nil && !strings.Contains(err.Error(), "signal") {
+	e.p.Proc.Signal(syscall.SIGTERM)
+	if err := e.p.Proc.Wait(5 * time.Second); err != nil && !strings.Contains(err.Error(), "signal") {
 		t.Logf("proxy after SIGTERM: %v", err)
 	}
-	e.p.proc.Kill()
+	e.p.Proc.Kill()
 	before := len(oursIn(save(t, e.c.Node)))
 	for i := 1; i <= 2; i++ {
-		out, err := e.p.cleanup(t)
+		out, err := e.p.Cleanup()
 		if err != nil {
 			t.Fatalf("--cleanup run %d: %v\n%s", i, err, out)
 		}

@@ -31,7 +31,7 @@ func TestRepair(t *testing.T) {
 	e := &env{c: c, bs: c.StartBackends(t, backendBin, backendPort), p: newProxy(t, c, "--iptables-sync-period", repairPeriod.String())}
 	s := svc{name: "rr", clusterIP: "10.96.0.10", endpoints: ips(c, 0, 1, 2)}
 	writeSvc(t, e.p.dir, s)
-	e.p.start(t)
+	e.p.Start(t, startWithin)
 	e.pod1(0).WaitServed(t, "tcp", s.tcp(), time.Now(), startBudget)
 	e.node().WaitServed(t, "tcp", s.tcp(), time.Now(), startBudget)
 	good := oursSorted(save(t, c.Node))

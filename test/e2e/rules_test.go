@@ -1,12 +1,12 @@
 package e2e
 
 import (
-	"fmt"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/netns"
 )
 
@@ -27,24 +27,12 @@ func save(t *testing.T, ns *netns.NS) string {
 	return out
 }
 
-// rulesFor returns the saved rule lines whose comment is portName.
-func rulesFor(dump, portName string) []string {
-	var out []string
-	needle := fmt.Sprintf("--comment %q ", portName)
-	for _, line := range strings.Split(dump, "\n") {
-		if strings.HasPrefix(line, "-A ") && strings.Contains(line+" ", needle) {
-			out = append(out, line)
-		}
-	}
-	return out
-}
-
 var targetPort = regexp.MustCompile(`(?:--to-ports |--to-destination [0-9.]+:)(\d+)`)
 
 // proxyPort finds the proxy port of a service port from its container
 // portal rule (REDIRECT --to-ports N or DNAT --to-destination IP:N).
 func proxyPort(dump, portName string) (int, bool) {
-	for _, line := range rulesFor(dump, portName) {
+	for _, line := range harness.RulesFor(dump, portName) {
 		if !strings.HasPrefix(line, "-A KUBE-PORTALS-CONTAINER ") && !strings.HasPrefix(line, "-A KUBE-NODEPORT-CONTAINER ") {
 			continue
 		}
