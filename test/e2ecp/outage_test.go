@@ -125,7 +125,7 @@ func checkAPIServerOutage(t *testing.T, e *env) {
 
 	restart := time.Now()
 	var err error
-	e.launch.run(func() { err = e.cp.StartAPIServer() })
+	e.launch.Run(func() { err = e.cp.StartAPIServer() })
 	if err != nil {
 		t.Fatalf("restart kube-apiserver: %v", err)
 	}

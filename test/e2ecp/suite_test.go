@@ -30,10 +30,10 @@ type env struct {
 	cp       *controlplane.ControlPlane
 	admin    kubernetes.Interface
 	proxy    *harness.Proxy
-	backends []*backend.Server
+	backends []*backend.Server // one per lab.BackendIPs entry, named s1, s2, ...
 	// launch starts control-plane processes on a thread that outlives them (see
-	// launcher_test.go).
-	launch *launcher // one per lab.BackendIPs entry, named s1, s2, ...
+	// harness.Launcher).
+	launch *harness.Launcher
 }
 
 // pod returns a client in pod1 that uses the i-th of its addresses; every check uses its
@@ -69,14 +69,14 @@ const (
 // examples/deploy's RBAC, registers the Node, starts the shared backends and then the
 // proxy with the proxy service account's kubeconfig. Everything is undone in t.Cleanup,
 // in reverse order: proxy, control plane, backends, namespaces. t must be the top-level
-// test: its goroutine is pinned to its thread (see launcher_test.go).
+// test: its goroutine is pinned to its thread (see harness.PinThread).
 func setUp(t *testing.T) *env {
 	t.Helper()
 	netns.Require(t, "iptables", "iptables-save")
 	controlplane.FindBinaries(t) // skips, before anything is created, when not built
 	bin := harness.ProxyBinary(t)
-	pinTestThread(t)
-	launch := newLauncher(t)
+	harness.PinThread(t)
+	launch := harness.NewLauncher(t)
 
 	lab := netns.NewCluster(t, netns.ClusterOptions{Backends: 4, ClientIPsEach: ipRolloutFirst + rolloutClients})
 	e := &env{lab: lab, launch: launch}

@@ -9,7 +9,9 @@
 // namespace, waited for until /healthz is 200, and read back through its
 // metrics, log and rules (Proxy); TCP and UDP probes that start in a
 // namespace, from a chosen source address, and poll until a change shows
-// (Client); backends served from inside a namespace (ServeBackend).
+// (Client); backends served from inside a namespace (ServeBackend); threads
+// that outlive the processes they fork, for processes started with Pdeathsig
+// (PinThread, Launcher).
 //
 // Its sub-packages own the rest: netns, the namespace labs and the standard
 // one-node cluster topology; backend, the self-naming backend servers, the
