@@ -1,0 +1,61 @@
+package harness_test
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/netns"
+)
+
+func TestRulesFor(t *testing.T) {
+	dump := `*nat
+:KUBE-PORTALS-CONTAINER - [0:0]
+-A KUBE-PORTALS-CONTAINER -d 10.96.0.10/32 -p tcp -m comment --comment "e2e/rr:http" -m tcp --dport 80 -j REDIRECT --to-ports 40000
+-A KUBE-PORTALS-CONTAINER -d 10.96.0.11/32 -p tcp -m comment --comment "e2e/rr:http2" -m tcp --dport 80 -j REDIRECT --to-ports 40001
+-A KUBE-PORTALS-HOST -d 10.96.0.10/32 -p tcp -m comment --comment e2e/rr:http -m tcp --dport 80 -j DNAT --to-destination 10.77.1.1:40000
+COMMIT
+`
+	lines := strings.Split(dump, "\n")
+	want := []string{lines[2], lines[4]} // quoted and bare; not e2e/rr:http2
+	if got := harness.RulesFor(dump, "e2e/rr:http"); !slices.Equal(got, want) {
+		t.Errorf("RulesFor = %q, want %q", got, want)
+	}
+}
+
+// TestClientAndServeBackend asks an in-process backend inside a namespace
+// over TCP and UDP, from a fixed UDP source port too, and waits until it is
+// unserved after Close.
+func TestClientAndServeBackend(t *testing.T) {
+	netns.Require(t)
+	ns := netns.New(t).NS("harness")
+	addr := netip.MustParseAddrPort("127.0.0.1:8080")
+	b := harness.ServeBackend(t, ns, "only", addr)
+	cl := harness.Client{NS: ns}
+	for _, proto := range []string{"tcp", "udp"} {
+		if got := cl.MustAsk(t, proto, addr); got != "only" {
+			t.Errorf("%s: answered by %q", proto, got)
+		}
+	}
+	fixed := harness.Client{NS: ns, Src: addr.Addr(), SrcPort: 40053}
+	for range 2 { // the same source port twice
+		a, from, err := fixed.AskUDP(addr, time.Second)
+		if err != nil || a.Remote != "127.0.0.1:40053" || from != addr {
+			t.Errorf("fixed source port: answer %+v from %s, err %v", a, from, err)
+		}
+	}
+	if _, err := fixed.AskTCP(addr, time.Second); err == nil {
+		t.Error("TCP with a fixed source port was not refused")
+	}
+	if n := b.Answers(); n != 4 {
+		t.Errorf("backend counted %d answers, want 4", n)
+	}
+	b.Close()
+	cl.WaitUnserved(t, "tcp", addr, time.Now(), time.Second)
+	if got := cl.String(); got != ns.Name {
+		t.Errorf("String() = %q, want the namespace name", got)
+	}
+}
