@@ -24,7 +24,7 @@ func ServeBackend(t testing.TB, ns *netns.NS, name string, addr netip.AddrPort) 
 		t.Fatalf("backend %s: %v", name, err)
 	}
 	// No logging: errors after the test has ended must not reach t.Logf.
-	s := backend.Serve(name, tcp, udp, nil)
+	s := backend.Serve(name, backend.Ask, tcp, udp, nil)
 	t.Cleanup(s.Close)
 	return s
 }

@@ -6,6 +6,7 @@
 // EchoUDP).
 //
 // A Server runs in the test process (on sockets it is given, which may belong
-// to a network namespace) or as the test/tools/backend command. It never
-// decides where it listens: callers open the sockets or name the address.
+// to a network namespace), as the test/tools/backend command, or as the
+// demo's backends (Greet mode). It never decides where it listens: callers
+// open the sockets or name the address.
 package backend

@@ -14,19 +14,23 @@ import (
 )
 
 // Server is one named backend answering on a TCP listener and, optionally, a
-// UDP socket (usually the same address).
+// UDP socket (usually the same address), in one of two Modes.
 //
-// TCP: the client sends one line. An HTTP request line ("GET / HTTP/1.1")
+// Ask, TCP: the client sends one line. An HTTP request line ("GET / HTTP/1.1")
 // gets an HTTP/1.1 200 response whose body is "NAME\n". A line "ECHO" gets
 // "NAME REMOTE\n" and then everything else the client sends echoed back until
 // the client half-closes. Any other line gets "NAME REMOTE\n" and the
 // connection is closed. REMOTE is the peer address the backend sees.
 //
-// UDP: every datagram gets one reply "NAME REMOTE\n"; when the datagram starts
-// with "ECHO" the datagram itself is appended, so large-datagram tests can
-// check nothing was truncated.
+// Ask, UDP: every datagram gets one reply "NAME REMOTE\n"; when the datagram
+// starts with "ECHO" the datagram itself is appended, so large-datagram tests
+// can check nothing was truncated.
+//
+// Greet: every accepted connection gets "NAME\n" at once and is closed, and
+// every datagram gets the reply "NAME\n".
 type Server struct {
 	Name string
+	mode Mode
 
 	tcp *net.TCPListener
 	udp *net.UDPConn // nil: TCP only
@@ -44,16 +48,28 @@ type Server struct {
 	answered atomic.Int64
 }
 
+// Mode is who speaks first.
+type Mode int
+
+const (
+	// Ask: the client sends a request and the server answers it with its name
+	// and the client's address, as the suites' probes expect.
+	Ask Mode = iota
+	// Greet: the server says its name without being asked, for a person
+	// trying a service with nc and for clients that only read.
+	Greet
+)
+
 // requestTimeout bounds the wait for a client's request line, so a client
 // that connects and says nothing cannot hold a goroutine for long.
 const requestTimeout = 10 * time.Second
 
-// Serve answers as name on tcp and udp (nil: TCP only) until Close. The
-// sockets may have been opened anywhere, inside a network namespace too; the
-// Server owns them from now on. logf, when not nil, gets the errors that do
-// not stop the server (an accept failing with EMFILE, say).
-func Serve(name string, tcp *net.TCPListener, udp *net.UDPConn, logf func(format string, args ...any)) *Server {
-	s := &Server{Name: name, tcp: tcp, udp: udp, logf: logf, echoing: map[*net.TCPConn]struct{}{}}
+// Serve answers as name, in mode, on tcp and udp (nil: TCP only) until
+// Close. The sockets may have been opened anywhere, inside a network namespace
+// too; the Server owns them from now on. logf, when not nil, gets the errors
+// that do not stop the server (an accept failing with EMFILE, say).
+func Serve(name string, mode Mode, tcp *net.TCPListener, udp *net.UDPConn, logf func(format string, args ...any)) *Server {
+	s := &Server{Name: name, mode: mode, tcp: tcp, udp: udp, logf: logf, echoing: map[*net.TCPConn]struct{}{}}
 	s.loops.Add(1)
 	go s.acceptLoop()
 	if udp != nil {
@@ -66,7 +82,7 @@ func Serve(name string, tcp *net.TCPListener, udp *net.UDPConn, logf func(format
 // Listen opens TCP and (unless tcpOnly) UDP on addr ("IP:port") in the
 // current network namespace and serves there. With port 0 the two sockets get
 // different ports: see TCPAddr and UDPAddr.
-func Listen(name, addr string, tcpOnly bool, logf func(format string, args ...any)) (*Server, error) {
+func Listen(name string, mode Mode, addr string, tcpOnly bool, logf func(format string, args ...any)) (*Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("backend %s: %w", name, err)
@@ -80,7 +96,7 @@ func Listen(name, addr string, tcpOnly bool, logf func(format string, args ...an
 		}
 		udp = pc.(*net.UDPConn)
 	}
-	return Serve(name, ln.(*net.TCPListener), udp, logf), nil
+	return Serve(name, mode, ln.(*net.TCPListener), udp, logf), nil
 }
 
 // TCPAddr is the address the TCP listener is bound to.
@@ -134,6 +150,14 @@ func (s *Server) acceptLoop() {
 		if err != nil {
 			s.log("accept: %v", err)
 			time.Sleep(10 * time.Millisecond) // e.g. EMFILE: back off instead of spinning
+			continue
+		}
+		if s.mode == Greet {
+			// One short write and a close: no goroutine per connection needed.
+			if _, err := c.Write([]byte(s.Name + "\n")); err == nil {
+				s.answered.Add(1)
+			}
+			_ = c.Close()
 			continue
 		}
 		s.conns.Add(1)
@@ -222,10 +246,13 @@ func (s *Server) udpLoop() {
 			s.log("udp read: %v", err)
 			continue
 		}
-		// Unmapped: a wildcard listener is dual-stack and sees IPv4 peers as ::ffff:a.b.c.d.
-		reply := fmt.Appendf(nil, "%s %s\n", s.Name, netip.AddrPortFrom(from.Addr().Unmap(), from.Port()))
-		if strings.HasPrefix(string(buf[:min(n, 4)]), "ECHO") {
-			reply = append(reply, buf[:n]...)
+		reply := []byte(s.Name + "\n") // Greet
+		if s.mode == Ask {
+			// Unmapped: a wildcard listener is dual-stack and sees IPv4 peers as ::ffff:a.b.c.d.
+			reply = fmt.Appendf(nil, "%s %s\n", s.Name, netip.AddrPortFrom(from.Addr().Unmap(), from.Port()))
+			if strings.HasPrefix(string(buf[:min(n, 4)]), "ECHO") {
+				reply = append(reply, buf[:n]...)
+			}
 		}
 		if _, err := s.udp.WriteToUDPAddrPort(reply, from); err != nil {
 			s.log("udp write: %v", err)

@@ -12,7 +12,7 @@ import (
 
 func listenLoopback(t *testing.T, name string) *Server {
 	t.Helper()
-	s, err := Listen(name, "127.0.0.1:0", true, t.Logf)
+	s, err := Listen(name, Ask, "127.0.0.1:0", true, t.Logf)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func TestServerCloseCutsEcho(t *testing.T) {
 }
 
 func TestServerUDP(t *testing.T) {
-	s, err := Listen("u1", "127.0.0.1:0", false, t.Logf)
+	s, err := Listen("u1", Ask, "127.0.0.1:0", false, t.Logf)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,5 +135,40 @@ func TestServerUDP(t *testing.T) {
 		if got := string(buf[:n]); got != want || from != dst {
 			t.Errorf("datagram of %d bytes answered with %d bytes from %s, want %d from %s", len(req), n, from, len(want), dst)
 		}
+	}
+}
+
+// TestServerGreet: the server speaks first, over TCP without being sent
+// anything, and to any datagram over UDP.
+func TestServerGreet(t *testing.T) {
+	s, err := Listen("g1", Greet, "127.0.0.1:0", false, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c, err := net.DialTimeout("tcp", s.TCPAddr().String(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if got, err := io.ReadAll(c); err != nil || string(got) != "g1\n" {
+		t.Errorf("TCP greeting %q, %v", got, err)
+	}
+	u, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(s.UDPAddr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	_ = u.SetDeadline(time.Now().Add(2 * time.Second))
+	buf := make([]byte, 64)
+	if _, err := u.Write([]byte("who are you?\n")); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := u.Read(buf); err != nil || string(buf[:n]) != "g1\n" {
+		t.Errorf("UDP reply %q, %v", buf[:n], err)
+	}
+	if n := s.Answers(); n != 2 {
+		t.Errorf("Answers() = %d, want 2", n)
 	}
 }

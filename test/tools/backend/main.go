@@ -20,7 +20,7 @@ func main() {
 	noUDP := flag.Bool("no-udp", false, "listen on TCP only")
 	flag.Parse()
 
-	if _, err := backend.Listen(*name, *addr, *noUDP, log.Printf); err != nil {
+	if _, err := backend.Listen(*name, backend.Ask, *addr, *noUDP, log.Printf); err != nil {
 		log.Fatal(err)
 	}
 	fmt.Printf("READY %s %s\n", *name, *addr)
