@@ -18,7 +18,7 @@ func (l *lab) intro(w io.Writer, args []string) {
 		if i == 0 {
 			label = "backends"
 		}
-		fmt.Fprintf(w, "%-10s %s  tcp %s  udp %s (answer with their name)\n", label, b.name, b.tcpAddr(), b.udpAddr())
+		fmt.Fprintf(w, "%-10s %s  tcp %s  udp %s (answer with their name)\n", label, b.Name, b.TCPAddr(), b.UDPAddr())
 	}
 	fmt.Fprintf(w, "%-10s kube-userspace-proxy %s  (in-process)\n", "proxier", shellJoin(args))
 	l.printServices(w, "services", "")

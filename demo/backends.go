@@ -1,28 +1,17 @@
 package demo
 
 import (
-	"errors"
-	"fmt"
-	"net"
-	"net/netip"
-	"sync"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/backend"
 )
 
-// backend is one "pod" of the demo: a TCP server that writes its name
-// and closes each connection, and a UDP server that answers every datagram
-// with its name. Both listen on 127.0.0.1 on kernel-chosen ports.
-type backend struct {
-	name string
-	tcp  *net.TCPListener
-	udp  *net.UDPConn
-	wg   sync.WaitGroup
-}
-
-// startBackends starts one backend per name; on error nothing stays open.
-func startBackends(names ...string) ([]*backend, error) {
-	var out []*backend
+// startBackends starts one "pod" per name: a backend that says its name
+// unasked (backend.Greet: each TCP connection gets the name and is closed,
+// each datagram gets the name back), on 127.0.0.1 with kernel-chosen TCP and
+// UDP ports. On error nothing stays open.
+func startBackends(names ...string) ([]*backend.Server, error) {
+	var out []*backend.Server
 	for _, name := range names {
-		b, err := startBackend(name)
+		b, err := backend.Listen(name, backend.Greet, "127.0.0.1:0", false, nil)
 		if err != nil {
 			stopBackends(out)
 			return nil, err
@@ -32,78 +21,18 @@ func startBackends(names ...string) ([]*backend, error) {
 	return out, nil
 }
 
-func startBackend(name string) (*backend, error) {
-	loopback := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)}
-	ln, err := net.ListenTCP("tcp4", loopback)
-	if err != nil {
-		return nil, fmt.Errorf("backend %s: %w", name, err)
-	}
-	pc, err := net.ListenUDP("udp4", &net.UDPAddr{IP: loopback.IP})
-	if err != nil {
-		_ = ln.Close()
-		return nil, fmt.Errorf("backend %s: %w", name, err)
-	}
-	b := &backend{name: name, tcp: ln, udp: pc}
-	b.wg.Add(2)
-	go b.serveTCP()
-	go b.serveUDP()
-	return b, nil
-}
-
-func (b *backend) tcpAddr() netip.AddrPort { return b.tcp.Addr().(*net.TCPAddr).AddrPort() }
-func (b *backend) udpAddr() netip.AddrPort { return b.udp.LocalAddr().(*net.UDPAddr).AddrPort() }
-
-func (b *backend) serveTCP() {
-	defer b.wg.Done()
-	reply := []byte(b.name + "\n")
-	for {
-		c, err := b.tcp.Accept()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			continue
-		}
-		// One short write and a close: no goroutine per connection needed.
-		_, _ = c.Write(reply)
-		_ = c.Close()
-	}
-}
-
-func (b *backend) serveUDP() {
-	defer b.wg.Done()
-	reply := []byte(b.name + "\n")
-	buf := make([]byte, 2048)
-	for {
-		_, from, err := b.udp.ReadFromUDPAddrPort(buf)
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			continue
-		}
-		_, _ = b.udp.WriteToUDPAddrPort(reply, from)
-	}
-}
-
-func (b *backend) stop() {
-	_ = b.tcp.Close()
-	_ = b.udp.Close()
-	b.wg.Wait()
-}
-
-func stopBackends(bs []*backend) {
+func stopBackends(bs []*backend.Server) {
 	for _, b := range bs {
-		b.stop()
+		b.Close()
 	}
 }
 
 // backendByTCPAddr maps a TCP endpoint ("127.0.0.1:PORT") back to its name, so
 // that tables speak of backend-a rather than of port numbers.
-func backendByTCPAddr(bs []*backend, addr string) string {
+func backendByTCPAddr(bs []*backend.Server, addr string) string {
 	for _, b := range bs {
-		if b.tcpAddr().String() == addr {
-			return b.name
+		if b.TCPAddr().String() == addr {
+			return b.Name
 		}
 	}
 	return addr

@@ -6,8 +6,8 @@
 // the proxy sockets and prints what the seed measured on a real cluster
 // next to what this proxy did; with serve it then keeps the example up.
 //
-// It owns the backends, the manifest files, the client probes, the
-// experiments and the table. It does not own the proxier or how it is
+// It owns the backends it runs (test/harness/backend servers in Greet mode),
+// the manifest files, the client probes, the experiments and the table. It does not own the proxier or how it is
 // wired: the command hands that in as a Starter, and the demo looks at the
 // proxier only through its debugging view (DebugServices, ProxyPort), as a
 // user would through /debug/services.

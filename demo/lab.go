@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/backend"
 )
 
 // lab is what the experiments work with: the running proxier, the
@@ -16,7 +17,7 @@ import (
 // /debug/services.
 type lab struct {
 	p         *proxier.Proxier
-	backends  []*backend
+	backends  []*backend.Server
 	manifests *manifestDir
 }
 
@@ -63,12 +64,12 @@ func (l *lab) endpointNames(servicePort string) []string {
 // nameOf maps an endpoint address of servicePort to its backend's name.
 func (l *lab) nameOf(servicePort, endpoint string) string {
 	for _, b := range l.backends {
-		addr := b.tcpAddr()
+		addr := b.TCPAddr()
 		if servicePort == echoServicePort {
-			addr = b.udpAddr()
+			addr = b.UDPAddr()
 		}
 		if addr.String() == endpoint {
-			return b.name
+			return b.Name
 		}
 	}
 	return endpoint
@@ -136,13 +137,13 @@ func (l *lab) setStickyTimeout(ctx context.Context, seconds int) (time.Duration,
 
 // setStickyBackends rewrites the sticky Service's EndpointSlices to bs and
 // waits until the proxier balances over exactly those.
-func (l *lab) setStickyBackends(ctx context.Context, bs []*backend) (time.Duration, error) {
+func (l *lab) setStickyBackends(ctx context.Context, bs []*backend.Server) (time.Duration, error) {
 	if err := l.manifests.setStickyBackends(bs); err != nil {
 		return 0, err
 	}
 	want := make([]string, 0, len(bs))
 	for _, b := range bs {
-		want = append(want, b.name)
+		want = append(want, b.Name)
 	}
 	slices.Sort(want)
 	return l.waitFor(ctx, fmt.Sprintf("%s endpoints %v", stickyServicePort, want), func() bool {

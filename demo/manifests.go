@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/backend"
 )
 
 // The demo's Services, as the proxier names their ports ("ns/svc:port").
@@ -22,7 +24,7 @@ const (
 // every backend gets a slice of its own, as pods with different ports would.
 type manifestDir struct {
 	dir      string
-	backends []*backend
+	backends []*backend.Server
 }
 
 func (m *manifestDir) writeAll() error {
@@ -50,7 +52,7 @@ func (m *manifestDir) setStickyTimeout(seconds int) error {
 
 // setStickyBackends rewrites web-sticky's EndpointSlices to list only bs, as
 // the EndpointSlice controller does when a pod goes away.
-func (m *manifestDir) setStickyBackends(bs []*backend) error {
+func (m *manifestDir) setStickyBackends(bs []*backend.Server) error {
 	return m.write(stickySlices, slicesYAML("web-sticky", "http", "TCP", bs, tcpPort))
 }
 
@@ -91,10 +93,10 @@ spec:
 	return b.String()
 }
 
-func tcpPort(b *backend) uint16 { return b.tcpAddr().Port() }
-func udpPort(b *backend) uint16 { return b.udpAddr().Port() }
+func tcpPort(b *backend.Server) uint16 { return b.TCPAddr().Port() }
+func udpPort(b *backend.Server) uint16 { return b.UDPAddr().Port() }
 
-func slicesYAML(service, portName, proto string, bs []*backend, port func(*backend) uint16) string {
+func slicesYAML(service, portName, proto string, bs []*backend.Server, port func(*backend.Server) uint16) string {
 	var b strings.Builder
 	for _, be := range bs {
 		fmt.Fprintf(&b, `---
@@ -114,7 +116,7 @@ endpoints:
 - addresses: ["127.0.0.1"]
   conditions: {ready: true}
   targetRef: {kind: Pod, namespace: default, name: %s}
-`, service, be.name, service, portName, port(be), proto, be.name)
+`, service, be.Name, service, portName, port(be), proto, be.Name)
 	}
 	return b.String()
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/backend"
 )
 
 // repinAccesses is how many accesses the seed made after the deletion.
@@ -41,9 +43,9 @@ func (l *lab) pinnedBackendDeleted(ctx context.Context) (row, []string) {
 		return fail(fmt.Errorf("cli1 is not pinned: %s then %s", before[0], before[1]))
 	}
 	pinned := before[0]
-	var survivors []*backend
+	var survivors []*backend.Server
 	for _, b := range l.backends {
-		if b.name != pinned {
+		if b.Name != pinned {
 			survivors = append(survivors, b)
 		}
 	}
