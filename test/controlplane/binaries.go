@@ -1,7 +1,6 @@
 package controlplane
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -9,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness"
 )
 
 // Environment variables that control where the binaries come from.
@@ -97,24 +98,15 @@ func (b Binaries) present() bool {
 	return true
 }
 
-// buildScript finds test/controlplane/build.sh by walking up from the working directory
-// (go test runs in the package directory) to the repository's go.mod.
+// buildScript is test/controlplane/build.sh in the module the test runs in.
 func buildScript() (string, error) {
-	dir, err := os.Getwd()
+	root, err := harness.ModuleRoot()
 	if err != nil {
 		return "", err
 	}
-	for {
-		script := filepath.Join(dir, "test", "controlplane", "build.sh")
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			if _, err := os.Stat(script); err == nil {
-				return script, nil
-			}
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("test/controlplane/build.sh not found above the working directory")
-		}
-		dir = parent
+	script := filepath.Join(root, "test", "controlplane", "build.sh")
+	if _, err := os.Stat(script); err != nil {
+		return "", err
 	}
+	return script, nil
 }

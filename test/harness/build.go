@@ -52,17 +52,26 @@ func ProxyBinary(t testing.TB) string { return Binary(t, "./cmd/kube-userspace-p
 // BackendBinary is Binary of test/tools/backend, the backend as a process.
 func BackendBinary(t testing.TB) string { return Binary(t, "./test/tools/backend") }
 
-// buildPackage runs go build from the module root; builds.mu is held.
-func buildPackage(pkg string) (string, error) {
+// ModuleRoot is the directory of the module's go.mod, as the go command
+// finds it from the working directory (go test runs in the package's).
+func ModuleRoot() (string, error) {
 	gomod, err := exec.Command("go", "env", "GOMOD").Output()
 	if err != nil {
 		return "", fmt.Errorf("go env GOMOD: %v", err)
 	}
 	mod := strings.TrimSpace(string(gomod))
 	if mod == "" || mod == os.DevNull {
-		return "", fmt.Errorf("build %s: not run inside the module", pkg)
+		return "", fmt.Errorf("not inside the module (go env GOMOD: %q)", mod)
 	}
-	root := filepath.Dir(mod)
+	return filepath.Dir(mod), nil
+}
+
+// buildPackage runs go build from the module root; builds.mu is held.
+func buildPackage(pkg string) (string, error) {
+	root, err := ModuleRoot()
+	if err != nil {
+		return "", fmt.Errorf("build %s: %w", pkg, err)
+	}
 	if builds.dir == "" {
 		if builds.dir, err = os.MkdirTemp("", "kup-test-bin-"); err != nil {
 			return "", err
