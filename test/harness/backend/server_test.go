@@ -20,16 +20,24 @@ func listenLoopback(t *testing.T, name string) *Server {
 	return s
 }
 
-// request sends one line over a new connection and returns everything the
-// server wrote before closing.
-func request(t *testing.T, s *Server, line string) string {
+// dial connects to s's TCP listener, with a deadline for the whole exchange;
+// the connection is closed when t ends.
+func dial(t *testing.T, s *Server) *net.TCPConn {
 	t.Helper()
 	c, err := net.DialTimeout("tcp", s.TCPAddr().String(), time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(func() { c.Close() })
 	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	return c.(*net.TCPConn)
+}
+
+// request sends one line over a new connection and returns everything the
+// server wrote before closing.
+func request(t *testing.T, s *Server, line string) string {
+	t.Helper()
+	c := dial(t, s)
 	if _, err := io.WriteString(c, line); err != nil {
 		t.Fatal(err)
 	}
@@ -56,17 +64,12 @@ func TestServerTCP(t *testing.T) {
 
 func TestServerEcho(t *testing.T) {
 	s := listenLoopback(t, "b2")
-	c, err := net.DialTimeout("tcp", s.TCPAddr().String(), time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	c := dial(t, s)
 	payload := bytes.Repeat([]byte("0123456789"), 10000)
 	go func() {
 		_, _ = io.WriteString(c, "ECHO\n")
 		_, _ = c.Write(payload)
-		_ = c.(*net.TCPConn).CloseWrite()
+		_ = c.CloseWrite()
 	}()
 	r := bufio.NewReader(c)
 	head, err := r.ReadString('\n')
@@ -83,12 +86,7 @@ func TestServerEcho(t *testing.T) {
 // stream open, and refuses new connections afterwards.
 func TestServerCloseCutsEcho(t *testing.T) {
 	s := listenLoopback(t, "b3")
-	c, err := net.DialTimeout("tcp", s.TCPAddr().String(), time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	c := dial(t, s)
 	_, _ = io.WriteString(c, "ECHO\n")
 	if _, err := bufio.NewReader(c).ReadString('\n'); err != nil {
 		t.Fatal(err)
@@ -146,12 +144,7 @@ func TestServerGreet(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	c, err := net.DialTimeout("tcp", s.TCPAddr().String(), time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	c := dial(t, s)
 	if got, err := io.ReadAll(c); err != nil || string(got) != "g1\n" {
 		t.Errorf("TCP greeting %q, %v", got, err)
 	}
