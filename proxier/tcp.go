@@ -5,15 +5,14 @@ import (
 	"errors"
 	"net"
 	"net/netip"
-	"os"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
 
 // tcpProxySocket accepts client connections for one service port. The accept
@@ -118,7 +117,7 @@ func (s *tcpProxySocket) handle(client *net.TCPConn) {
 	}
 	s.active.Inc()
 	defer s.active.Dec()
-	proxyTCP(client, backend, s.cfg.halfCloseTimeout, s.bytesIn, s.bytesOut)
+	relay.TCP(client, backend, &relay.Options{HalfCloseTimeout: s.cfg.halfCloseTimeout, In: s.bytesIn, Out: s.bytesOut})
 }
 
 func (s *tcpProxySocket) dial(client netip.AddrPort) (*net.TCPConn, error) {
@@ -148,53 +147,4 @@ func (s *tcpProxySocket) dial(client netip.AddrPort) (*net.TCPConn, error) {
 		klog.V(3).InfoS("Dial failed, trying next endpoint", "servicePort", s.label, "endpoint", ep, "err", err)
 	}
 	return nil, lastErr
-}
-
-// proxyTCP copies both ways until both directions are done. Each direction
-// splices socket to socket through a pipe held only while bytes move
-// (splice.go). A FIN is passed on as a half-close; the other direction then
-// has halfCloseTimeout to finish, so a peer that never closes cannot pin the
-// goroutines forever (the legacy leak, kubernetes#18354). A reset on one
-// side resets the other.
-func proxyTCP(client, backend *net.TCPConn, halfCloseTimeout time.Duration, in, out byteCounter) {
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		copyHalf(backend, client, halfCloseTimeout, in)
-	}()
-	copyHalf(client, backend, halfCloseTimeout, out)
-	wg.Wait()
-	client.Close()
-	backend.Close()
-}
-
-type byteCounter interface{ Add(float64) }
-
-func copyHalf(dst, src *net.TCPConn, halfCloseTimeout time.Duration, bytes byteCounter) {
-	n, err := spliceConn(dst, src)
-	bytes.Add(float64(n))
-	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
-		if isReset(err) {
-			// Pass the reset on to the side that did not send it.
-			var we *writeError
-			if errors.As(err, &we) {
-				_ = src.SetLinger(0)
-			} else {
-				_ = dst.SetLinger(0)
-			}
-		}
-		// Either side failed: tear both down so the other copy returns too.
-		dst.Close()
-		src.Close()
-		return
-	}
-	_ = dst.CloseWrite()
-	if halfCloseTimeout > 0 {
-		_ = dst.SetReadDeadline(time.Now().Add(halfCloseTimeout))
-	}
-}
-
-func isReset(err error) bool {
-	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }

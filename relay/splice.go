@@ -1,4 +1,4 @@
-package proxier
+package relay
 
 import (
 	"io"
@@ -62,10 +62,13 @@ func (p *pipePool) put(pp pipePair, empty bool) {
 	unix.Close(pp.w)
 }
 
-// spliceConn copies src to dst until EOF or an error, through a pooled pipe
+// Splice copies src to dst until EOF or an error, through a pooled pipe
 // taken only once src has data. It waits for readability through the
-// runtime poller (RawConn), so deadlines on src apply as with Read.
-func spliceConn(dst, src *net.TCPConn) (int64, error) {
+// runtime poller (RawConn), so deadlines on src apply as with Read. When no
+// pipe can be had (EMFILE from pipe2 on a busy node) it goes on with a
+// buffered copy instead of ending a live connection. A failure on dst is a
+// *WriteError.
+func Splice(dst, src *net.TCPConn) (int64, error) {
 	srcRaw, err := src.SyscallConn()
 	if err != nil {
 		return 0, err
@@ -117,13 +120,17 @@ func spliceConn(dst, src *net.TCPConn) (int64, error) {
 			if err == nil {
 				return total, nil // EOF
 			}
+			if !held && isPipeShortage(err) {
+				m, err := Copy(dst, src)
+				return total + m, err
+			}
 			return total, err
 		}
 		written, werr := drain.run(dstRaw, pp, n)
 		total += written
 		pipes.put(pp, werr == nil)
 		if werr != nil {
-			return total, &writeError{werr}
+			return total, &WriteError{werr}
 		}
 	}
 }
@@ -170,9 +177,7 @@ func (d *pipeDrainer) write(fd uintptr) bool {
 	return true
 }
 
-// writeError marks a failure on the destination side, so the caller resets
-// the peer that did not fail.
-type writeError struct{ err error }
-
-func (e *writeError) Error() string { return "write: " + e.err.Error() }
-func (e *writeError) Unwrap() error { return e.err }
+// isPipeShortage reports a pipe2 failure for want of descriptors or memory.
+func isPipeShortage(err error) bool {
+	return err == unix.EMFILE || err == unix.ENFILE || err == unix.ENOMEM
+}

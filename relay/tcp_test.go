@@ -1,0 +1,101 @@
+package relay
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// pair returns both ends of a loopback TCP connection.
+func pair(t *testing.T) (a, b *net.TCPConn) {
+	t.Helper()
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	a, err = net.DialTCP("tcp", nil, ln.Addr().(*net.TCPAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err = ln.AcceptTCP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
+}
+
+// relayed starts TCP between two fresh pairs and returns the outer ends: the
+// client's and the backend's.
+func relayed(t *testing.T, o *Options) (client, backend *net.TCPConn, done chan struct{}) {
+	client, proxyClient := pair(t)
+	proxyBackend, backend := pair(t)
+	done = make(chan struct{})
+	go func() {
+		TCP(proxyClient, proxyBackend, o)
+		close(done)
+	}()
+	return client, backend, done
+}
+
+type count struct{ n float64 }
+
+func (c *count) Add(f float64) { c.n += f }
+
+func TestTCPCopiersAndCounters(t *testing.T) {
+	for name, copier := range map[string]Copier{"splice": nil, "buffered": Copy} {
+		t.Run(name, func(t *testing.T) {
+			in, out := &count{}, &count{}
+			client, backend, done := relayed(t, &Options{In: in, Out: out, Upstream: copier, Downstream: copier})
+			msg := bytes.Repeat([]byte("abc"), 100_000)
+			go func() { client.Write(msg); client.CloseWrite() }()
+			got, err := io.ReadAll(backend)
+			if err != nil || !bytes.Equal(got, msg) {
+				t.Fatalf("backend got %d bytes, err %v", len(got), err)
+			}
+			backend.Write([]byte("reply"))
+			backend.CloseWrite()
+			got, _ = io.ReadAll(client)
+			if string(got) != "reply" {
+				t.Fatalf("client got %q", got)
+			}
+			<-done
+			if in.n != float64(len(msg)) || out.n != 5 {
+				t.Fatalf("counted in %v out %v", in.n, out.n)
+			}
+		})
+	}
+}
+
+// A copier that asks for a reset makes both peers see one.
+func TestTCPErrResetResetsBothPeers(t *testing.T) {
+	reset := func(dst, src *net.TCPConn) (int64, error) { return 0, ErrReset }
+	client, backend, done := relayed(t, &Options{Upstream: reset})
+	<-done
+	for name, c := range map[string]*net.TCPConn{"client": client, "backend": backend} {
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		_, err := c.Read(make([]byte, 1))
+		if !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("%s read: %v, want ECONNRESET", name, err)
+		}
+	}
+}
+
+// A copier that cuts closes both with a FIN, not a reset.
+func TestTCPErrCutClosesBothPeers(t *testing.T) {
+	cut := func(dst, src *net.TCPConn) (int64, error) { return 0, ErrCut }
+	client, backend, done := relayed(t, &Options{Downstream: cut})
+	<-done
+	for name, c := range map[string]*net.TCPConn{"client": client, "backend": backend} {
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		_, err := c.Read(make([]byte, 1))
+		if err != io.EOF {
+			t.Errorf("%s read: %v, want EOF", name, err)
+		}
+	}
+}
