@@ -20,6 +20,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
@@ -66,6 +67,9 @@ type Options struct {
 	// ServiceHealth serves healthCheckNodePorts of externalTrafficPolicy
 	// Local Services; nil disables them.
 	ServiceHealth ServiceHealthSyncer
+	// Faults holds every service port's toxics (annotation and API); nil
+	// builds one with seed 0 whose metrics join Metrics' registry.
+	Faults *faults.Table
 }
 
 // ServiceHealthSyncer is told which Services need a healthCheckNodePort
@@ -84,6 +88,7 @@ type activePort struct {
 	external     proxySocket
 	externalPort int
 	claims       []func() error // close functions of held NodePort/external IP sockets
+	faults       *faults.Port
 }
 
 // Proxier implements config.Handler.
@@ -139,6 +144,9 @@ func New(opts Options) *Proxier {
 	}
 	if opts.SyncPeriod <= 0 {
 		opts.SyncPeriod = 30 * time.Second
+	}
+	if opts.Faults == nil {
+		opts.Faults = faults.NewTable(0, 0, faults.NewMetrics(opts.Metrics.Registry))
 	}
 	p := &Proxier{
 		opts:     opts,
@@ -318,6 +326,7 @@ func (p *Proxier) syncProxyRules() {
 				p.lb.SetAffinity(externalName(name), info.affinity)
 			}
 		}
+		p.syncFaults(ap, info)
 		p.syncExternalSocket(ap, info)
 		if !ap.info.sameRules(info) && p.opts.ClaimNodePorts {
 			p.releaseClaims(ap)
@@ -352,13 +361,17 @@ func (p *Proxier) openPort(info *servicePortInfo) (*activePort, error) {
 	}
 	sp := p.lb.ServicePort(info.name)
 	p.lb.SetAffinity(info.name, info.affinity)
-	sock, err := newProxySocket(info.name, p.opts.BindAddress, port, info.hasIPv6(), sp, p.sockCfg)
+	fp := p.opts.Faults.Port(info.faultName, string(info.name.Protocol))
+	sock, err := newProxySocket(info.name, p.opts.BindAddress, port, info.hasIPv6(), sp, fp, p.sockCfg)
 	if err != nil {
 		p.ports.Release(port)
+		p.opts.Faults.RemovePort(info.faultName)
 		return nil, fmt.Errorf("listen on port %d: %w", port, err)
 	}
 	go sock.Serve()
-	ap := &activePort{info: info, socket: sock, proxyPort: sock.Port()}
+	ap := &activePort{info: info, socket: sock, proxyPort: sock.Port(), faults: fp}
+	fp.SetLabel(info.name.String())
+	fp.SetAddresses(net.JoinHostPort(p.listenHost(), fmt.Sprint(ap.proxyPort)), p.upstreamOf(info.name))
 	if p.opts.ClaimNodePorts {
 		ap.claims = p.claim(info)
 	}
@@ -382,6 +395,7 @@ func (p *Proxier) closePort(name loadbalancer.ServicePortName, ap *activePort) {
 	p.closeExternalSocket(ap)
 	p.releaseClaims(ap)
 	p.lb.DeleteServicePort(name)
+	p.opts.Faults.RemovePort(ap.info.faultName)
 	p.metrics.forgetServicePort(name.String())
 	delete(p.active, name)
 }

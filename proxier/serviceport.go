@@ -8,6 +8,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 )
 
@@ -24,6 +25,12 @@ type servicePortInfo struct {
 	policy          trafficPolicy
 	// healthCheckNodePort is served for externalTrafficPolicy Local.
 	healthCheckNodePort int
+	// faultName is the port's name in the fault API; toxics are those its
+	// Service declares, unless faultsErr says the annotation is invalid.
+	faultName  string
+	toxics     []faults.Toxic
+	faultsErr  error
+	annotation string
 }
 
 // sameRules reports whether a and b yield the same portal rules. The socket
@@ -68,6 +75,7 @@ func servicePorts(svc *v1.Service) []*servicePortInfo {
 	}
 	nn := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
 	policy := policyOf(svc)
+	toxics, faultsErr := faults.ForService(svc)
 	var out []*servicePortInfo
 	for _, p := range svc.Spec.Ports {
 		proto := p.Protocol
@@ -85,6 +93,10 @@ func servicePorts(svc *v1.Service) []*servicePortInfo {
 			loadBalancerIPs: lbIPs,
 			affinity:        affinity,
 			policy:          policy,
+			faultName:       faults.ProxyName(svc.Namespace, svc.Name, p.Name, int(p.Port)),
+			toxics:          toxics[p.Name],
+			faultsErr:       faultsErr,
+			annotation:      svc.Annotations[faults.Annotation],
 		}
 		if policy.externalLocal && svc.Spec.Type == v1.ServiceTypeLoadBalancer {
 			info.healthCheckNodePort = int(svc.Spec.HealthCheckNodePort)

@@ -11,6 +11,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 )
 
@@ -52,7 +53,7 @@ var listenConfig = net.ListenConfig{KeepAlive: -1}
 // listens on IPv4 only (0.0.0.0, what the flag says) unless the service port
 // has IPv6 addresses, which need a dual-stack socket: a v4-only socket
 // avoids v4-mapped addresses and the IPv6 send path on every UDP reply.
-func newProxySocket(name loadbalancer.ServicePortName, bind netip.Addr, port int, needIPv6 bool, sp *loadbalancer.ServicePort, cfg *socketConfig) (proxySocket, error) {
+func newProxySocket(name loadbalancer.ServicePortName, bind netip.Addr, port int, needIPv6 bool, sp *loadbalancer.ServicePort, fp *faults.Port, cfg *socketConfig) (proxySocket, error) {
 	host := ""
 	family := "4"
 	switch {
@@ -68,13 +69,13 @@ func newProxySocket(name loadbalancer.ServicePortName, bind netip.Addr, port int
 		if err != nil {
 			return nil, err
 		}
-		return newTCPProxySocket(name, ln.(*net.TCPListener), sp, cfg), nil
+		return newTCPProxySocket(name, ln.(*net.TCPListener), sp, fp, cfg), nil
 	case v1.ProtocolUDP:
 		pc, err := listenConfig.ListenPacket(context.Background(), "udp"+family, addr)
 		if err != nil {
 			return nil, err
 		}
-		return newUDPProxySocket(name, pc.(*net.UDPConn), sp, cfg), nil
+		return newUDPProxySocket(name, pc.(*net.UDPConn), sp, fp, cfg), nil
 	}
 	return nil, fmt.Errorf("unsupported protocol %q", name.Protocol)
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
@@ -24,6 +25,8 @@ type tcpProxySocket struct {
 	ln    *net.TCPListener
 	sp    *loadbalancer.ServicePort
 	cfg   *socketConfig
+	// faults decides each connection's toxics at accept.
+	faults *faults.Port
 
 	// Per-port metric children, resolved once instead of per connection.
 	active                                                         prometheus.Gauge
@@ -33,11 +36,11 @@ type tcpProxySocket struct {
 	closed    chan struct{}
 }
 
-func newTCPProxySocket(name loadbalancer.ServicePortName, ln *net.TCPListener, sp *loadbalancer.ServicePort, cfg *socketConfig) *tcpProxySocket {
+func newTCPProxySocket(name loadbalancer.ServicePortName, ln *net.TCPListener, sp *loadbalancer.ServicePort, fp *faults.Port, cfg *socketConfig) *tcpProxySocket {
 	label := name.String()
 	m := cfg.metrics
 	return &tcpProxySocket{
-		name: name, label: label, ln: ln, sp: sp, cfg: cfg, closed: make(chan struct{}),
+		name: name, label: label, ln: ln, sp: sp, cfg: cfg, faults: fp, closed: make(chan struct{}),
 		active:       m.ActiveConnections.WithLabelValues(label),
 		failed:       m.ConnectionsFailed.WithLabelValues(label),
 		retries:      m.DialRetries.WithLabelValues(label),
@@ -105,7 +108,22 @@ func nextBackoff(cur, base time.Duration) time.Duration {
 // handle picks a backend, retrying on the next endpoint when a dial fails,
 // then copies both ways.
 func (s *tcpProxySocket) handle(client *net.TCPConn) {
-	backend, err := s.dial(clientAddr(client.RemoteAddr()))
+	from := clientAddr(client.RemoteAddr())
+	var fc *faults.Conn
+	if s.faults != nil {
+		if fc = s.faults.Accept(from.Addr()); fc != nil {
+			if fc.Refuse {
+				_ = client.SetLinger(0)
+				_ = client.Close()
+				fc.Done()
+				return
+			}
+			if fc.ConnectDelay > 0 {
+				time.Sleep(fc.ConnectDelay)
+			}
+		}
+	}
+	backend, err := s.dial(from)
 	if err != nil {
 		// A reset, not a FIN: the client must not mistake "no backend" for an
 		// empty answer.
@@ -113,11 +131,20 @@ func (s *tcpProxySocket) handle(client *net.TCPConn) {
 		_ = client.Close()
 		s.failed.Inc()
 		klog.V(3).InfoS("No backend for connection", "servicePort", s.label, "client", client.RemoteAddr(), "err", err)
+		if fc != nil {
+			fc.Done()
+		}
 		return
 	}
 	s.active.Inc()
 	defer s.active.Dec()
-	relay.TCP(client, backend, &relay.Options{HalfCloseTimeout: s.cfg.halfCloseTimeout, In: s.bytesIn, Out: s.bytesOut})
+	opts := relay.Options{HalfCloseTimeout: s.cfg.halfCloseTimeout, In: s.bytesIn, Out: s.bytesOut}
+	if fc != nil {
+		opts.Upstream, opts.Downstream = fc.Upstream, fc.Downstream
+		fc.Attach(client, backend)
+		defer fc.Done()
+	}
+	relay.TCP(client, backend, &opts)
 }
 
 func (s *tcpProxySocket) dial(client netip.AddrPort) (*net.TCPConn, error) {

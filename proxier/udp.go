@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 )
 
@@ -28,6 +29,9 @@ type udpProxySocket struct {
 	conn  *net.UDPConn
 	sp    *loadbalancer.ServicePort
 	cfg   *socketConfig
+	// faults shapes datagrams; its plan is loaded per datagram (one atomic
+	// load, nil when no toxic applies).
+	faults *faults.Port
 
 	sessions                        prometheus.Gauge
 	dialFailures, bytesIn, bytesOut prometheus.Counter
@@ -47,13 +51,23 @@ type udpSession struct {
 	// deadline from it only when the deadline fires, so the per-datagram
 	// path touches no timer.
 	lastSent atomic.Int64
+	// sendUp and sendDown deliver a datagram a fault let through, perhaps
+	// later and from a timer goroutine.
+	sendUp, sendDown func([]byte)
 }
 
-func newUDPProxySocket(name loadbalancer.ServicePortName, conn *net.UDPConn, sp *loadbalancer.ServicePort, cfg *socketConfig) *udpProxySocket {
+func (s *udpProxySocket) datagramFaults() *faults.DatagramPlan {
+	if s.faults == nil {
+		return nil
+	}
+	return s.faults.Datagrams()
+}
+
+func newUDPProxySocket(name loadbalancer.ServicePortName, conn *net.UDPConn, sp *loadbalancer.ServicePort, fp *faults.Port, cfg *socketConfig) *udpProxySocket {
 	label := name.String()
 	m := cfg.metrics
 	return &udpProxySocket{
-		name: name, label: label, conn: conn, sp: sp, cfg: cfg,
+		name: name, label: label, conn: conn, sp: sp, cfg: cfg, faults: fp,
 		clients:          map[netip.AddrPort]*udpSession{},
 		closed:           make(chan struct{}),
 		sessions:         m.UDPSessions.WithLabelValues(label),
@@ -99,6 +113,11 @@ func (s *udpProxySocket) Serve() {
 			continue
 		}
 		sess.lastSent.Store(time.Now().UnixNano())
+		if plan := s.datagramFaults(); plan != nil {
+			plan.Send(faults.StreamUp, from.Addr(), buf[:n], sess.sendUp)
+			s.bytesIn.Add(float64(n))
+			continue
+		}
 		if _, err := sess.backend.Write(buf[:n]); err != nil {
 			klog.V(3).InfoS("UDP write to backend failed", "servicePort", s.label, "client", from, "err", err)
 			continue
@@ -129,6 +148,8 @@ func (s *udpProxySocket) session(client netip.AddrPort) (*udpSession, error) {
 			continue
 		}
 		sess = &udpSession{backend: backend}
+		sess.sendUp = func(b []byte) { _, _ = backend.Write(b) }
+		sess.sendDown = func(b []byte) { _, _ = s.conn.WriteToUDPAddrPort(b, client) }
 		sess.lastSent.Store(time.Now().UnixNano())
 		s.mu.Lock()
 		s.clients[client] = sess
@@ -170,6 +191,11 @@ func (s *udpProxySocket) relayReplies(client netip.AddrPort, sess *udpSession) {
 			return // refused (ICMP), or closed
 		}
 		lastReply = time.Now().UnixNano()
+		if plan := s.datagramFaults(); plan != nil {
+			plan.Send(faults.StreamDown, client.Addr(), buf[:n], sess.sendDown)
+			s.bytesOut.Add(float64(n))
+			continue
+		}
 		if _, err := s.conn.WriteToUDPAddrPort(buf[:n], client); err != nil {
 			return
 		}

@@ -5,6 +5,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 )
 
 func validateService(fe *fieldErrors, s *v1.Service, nodePorts PortRange) {
@@ -42,6 +44,9 @@ func validateService(fe *fieldErrors, s *v1.Service, nodePorts PortRange) {
 		}
 	}
 	validateAffinity(fe, spec, s)
+	if _, err := faults.ForService(s); err != nil {
+		fe.add(field.NewPath("metadata", "annotations").Key(faults.Annotation), "%v", err)
+	}
 	switch s.Spec.ExternalTrafficPolicy {
 	case "", v1.ServiceExternalTrafficPolicyCluster, v1.ServiceExternalTrafficPolicyLocal:
 	default:

@@ -1,0 +1,176 @@
+package faults
+
+import (
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
+)
+
+// Conn is what faults decided for one TCP connection at accept. Nothing is
+// re-drawn later: a toxic added or changed afterwards applies to new
+// connections only (re-wiring live ones is Toxiproxy's main source of
+// hangs: its #159, #412, #558).
+type Conn struct {
+	port   *Port
+	seq    uint64
+	client netip.Addr
+	// Refuse: reset the client at once, dial nothing (refuse, down).
+	Refuse bool
+	// ConnectDelay is waited before the first dial.
+	ConnectDelay time.Duration
+	// Upstream and Downstream are the faulted copiers; nil = relay's splice.
+	Upstream, Downstream relay.Copier
+
+	faulted bool
+	snap    *snapshot
+	live    *liveConn
+}
+
+// liveConn lets a port cut a live connection (down, enabled=false).
+type liveConn struct {
+	seq            uint64
+	client         netip.Addr
+	client1, back2 *net.TCPConn
+}
+
+// Accept decides the faults of the next connection from client. It
+// returns nil when nothing applies and live connections need not be
+// tracked: the connection then costs one atomic add and one load.
+func (p *Port) Accept(client netip.Addr) *Conn {
+	seq := p.connSeq.Add(1) - 1
+	s := p.snap.Load()
+	track := p.table.TrackLive
+	if s.enabled && len(s.toxics) == 0 && !track {
+		return nil
+	}
+	c := &Conn{port: p, seq: seq, client: client, snap: s}
+	if !s.enabled {
+		c.Refuse = true
+		return c
+	}
+	var up, down []*compiled
+	capped := p.table.maxActive > 0 && p.active.Load() >= int64(p.table.maxActive)
+	for _, t := range s.toxics {
+		if t.kind == kindDatagram || !t.matches(client) {
+			continue
+		}
+		if draw(t.seed, t.key, seq, saltToxicity) >= float64(t.Toxicity) {
+			continue
+		}
+		if capped {
+			s.skipped.Inc()
+			break
+		}
+		t.injected.Inc()
+		c.faulted = true
+		switch t.kind {
+		case kindDown:
+			c.Refuse = true
+		case kindConnect:
+			switch t.Type {
+			case "refuse":
+				c.Refuse = true
+			case "connect_delay":
+				d := t.ms("delay")
+				if j := t.ms("jitter"); j > 0 {
+					d += time.Duration((2*draw(t.seed, t.key, seq, saltEffect) - 1) * float64(j))
+				}
+				c.ConnectDelay += max(d, 0)
+			}
+		default:
+			if t.Stream == Upstream {
+				up = append(up, t)
+			} else {
+				down = append(down, t)
+			}
+		}
+	}
+	if c.Refuse {
+		c.Upstream, c.Downstream = nil, nil
+		return c
+	}
+	if len(up) > 0 {
+		c.Upstream = newPipeline(up, seq).copy
+	}
+	if len(down) > 0 {
+		c.Downstream = newPipeline(down, seq).copy
+	}
+	if c.faulted {
+		p.active.Add(1)
+		s.faultedLive.Inc()
+	}
+	if !c.faulted && !track {
+		return nil
+	}
+	return c
+}
+
+// Attach registers the connection's sockets so a port going down can cut
+// it; call Done when the relay returned.
+func (c *Conn) Attach(client, backend *net.TCPConn) {
+	if !c.port.table.TrackLive {
+		return
+	}
+	c.live = &liveConn{seq: c.seq, client: c.client, client1: client, back2: backend}
+	c.port.liveMu.Lock()
+	c.port.live[c.live] = struct{}{}
+	c.port.liveMu.Unlock()
+	// A port that went down between accept and now must not keep it.
+	if s := c.port.snap.Load(); !s.enabled {
+		c.live.cut()
+	}
+}
+
+// Done releases what Accept and Attach took.
+func (c *Conn) Done() {
+	if c.live != nil {
+		c.port.liveMu.Lock()
+		delete(c.port.live, c.live)
+		c.port.liveMu.Unlock()
+	}
+	if c.faulted && !c.Refuse {
+		c.port.active.Add(-1)
+		c.snap.faultedLive.Dec()
+	}
+}
+
+func (l *liveConn) cut() {
+	_ = l.client1.SetLinger(0)
+	_ = l.back2.SetLinger(0)
+	l.client1.Close()
+	l.back2.Close()
+}
+
+// cutLive resets the live connections for which which is true.
+func (p *Port) cutLive(which func(*liveConn) bool) {
+	p.liveMu.Lock()
+	var cut []*liveConn
+	for l := range p.live {
+		if which(l) {
+			cut = append(cut, l)
+		}
+	}
+	p.liveMu.Unlock()
+	for _, l := range cut {
+		l.cut()
+	}
+}
+
+// cutDown applies a newly added down toxic to live connections: the same
+// draw a new connection with that sequence number would have made.
+func (p *Port) cutDown(s *snapshot, tx Toxic) {
+	var t *compiled
+	for _, c := range s.toxics {
+		if c.Name == tx.Name {
+			t = c
+		}
+	}
+	if t == nil {
+		return
+	}
+	p.cutLive(func(l *liveConn) bool {
+		return t.matches(l.client) && draw(t.seed, t.key, l.seq, saltToxicity) < float64(t.Toxicity)
+	})
+}

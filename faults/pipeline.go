@@ -1,0 +1,199 @@
+package faults
+
+import (
+	"io"
+	"math/rand/v2"
+	"net"
+	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
+)
+
+// pipeline applies one direction's toxics, in order, to each chunk read
+// from src. One reader goroutine stamps chunks with their arrival time so
+// latency delays each chunk without serialising the stream behind it.
+type pipeline struct {
+	toxics []*compiled
+	rng    *rand.Rand
+	// per-direction state
+	limitLeft  int64 // limit_data: bytes still allowed; <0 = no limit
+	blackhole  bool  // timeout: drop everything
+	bwNextFree time.Time
+}
+
+func newPipeline(toxics []*compiled, seq uint64) *pipeline {
+	first := toxics[0]
+	return &pipeline{toxics: toxics, rng: streamRand(first.seed, first.key, seq), limitLeft: -1}
+}
+
+type chunk struct {
+	buf *[]byte
+	n   int
+	at  time.Time
+	err error
+}
+
+// chunkQueue bounds what the reader may run ahead of the writer.
+const chunkQueue = 16
+
+func readChunks(src *net.TCPConn, out chan<- chunk, stop <-chan struct{}) {
+	for {
+		bp := relay.GetBuffer()
+		n, err := src.Read(*bp)
+		select {
+		case out <- chunk{buf: bp, n: n, at: time.Now(), err: err}:
+		case <-stop:
+			relay.PutBuffer(bp)
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// copy is the relay.Copier of a faulted direction.
+func (p *pipeline) copy(dst, src *net.TCPConn) (int64, error) {
+	var (
+		timer   <-chan time.Time
+		onTimer error
+		slowEOF time.Duration
+	)
+	for _, t := range p.toxics {
+		switch t.Type {
+		case "timeout":
+			p.blackhole = true
+			if d := t.ms("timeout"); d > 0 {
+				timer, onTimer = time.After(d), relay.ErrCut
+			}
+		case "reset_peer":
+			d := t.ms("timeout")
+			if d <= 0 {
+				return 0, relay.ErrReset
+			}
+			timer, onTimer = time.After(d), relay.ErrReset
+		case "limit_data":
+			b := int64(t.Attributes["bytes"])
+			if p.limitLeft < 0 || b < p.limitLeft {
+				p.limitLeft = b
+			}
+		case "slow_close":
+			slowEOF += t.ms("delay")
+		}
+	}
+	if p.limitLeft == 0 {
+		return 0, relay.ErrCut
+	}
+	chunks := make(chan chunk, chunkQueue)
+	stop := make(chan struct{})
+	defer close(stop)
+	go readChunks(src, chunks, stop)
+	var total int64
+	for {
+		select {
+		case <-timer:
+			return total, onTimer
+		case c := <-chunks:
+			if c.n > 0 {
+				n, err := p.deliver(dst, c)
+				total += n
+				if err != nil {
+					relay.PutBuffer(c.buf)
+					return total, err
+				}
+			}
+			relay.PutBuffer(c.buf)
+			if c.err == io.EOF {
+				if slowEOF > 0 {
+					time.Sleep(slowEOF)
+				}
+				return total, nil
+			}
+			if c.err != nil {
+				return total, c.err
+			}
+		}
+	}
+}
+
+// deliver runs one chunk through the toxics and writes what is left.
+func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
+	data := (*c.buf)[:c.n]
+	if p.blackhole {
+		return 0, nil
+	}
+	var sliceSize, sliceVar int
+	var sliceDelay time.Duration
+	for _, t := range p.toxics {
+		switch t.Type {
+		case "bandwidth":
+			// Writes of 50 ms worth each, so the rate holds at any scale
+			// instead of in bursts of one read.
+			if sliceSize == 0 {
+				sliceSize = max(int(t.Attributes["rate"]*1000/20), 1)
+			}
+		case "latency":
+			d := t.ms("latency")
+			if j := t.ms("jitter"); j > 0 {
+				d += time.Duration((2*p.rng.Float64() - 1) * float64(j))
+			}
+			if wait := time.Until(c.at.Add(d)); wait > 0 {
+				time.Sleep(wait)
+			}
+		case "slicer":
+			sliceVar = 0
+			sliceSize = int(t.Attributes["average_size"])
+			sliceVar = int(t.Attributes["size_variation"])
+			sliceDelay = time.Duration(t.Attributes["delay"] * float64(time.Microsecond))
+		}
+	}
+	cut := false
+	if p.limitLeft >= 0 && int64(len(data)) >= p.limitLeft {
+		data, cut = data[:p.limitLeft], true
+	}
+	var total int64
+	for len(data) > 0 {
+		n := len(data)
+		if sliceSize > 0 {
+			n = sliceSize
+			if sliceVar > 0 {
+				n += p.rng.IntN(2*sliceVar+1) - sliceVar
+			}
+			n = min(max(n, 1), len(data))
+		}
+		w, err := dst.Write(data[:n])
+		total += int64(w)
+		if err != nil {
+			return total, &relay.WriteError{Err: err}
+		}
+		p.pace(w)
+		data = data[n:]
+		if sliceDelay > 0 && len(data) > 0 {
+			time.Sleep(sliceDelay)
+		}
+	}
+	if p.limitLeft >= 0 {
+		p.limitLeft -= total
+	}
+	if cut {
+		return total, relay.ErrCut
+	}
+	return total, nil
+}
+
+// pace holds the direction to each bandwidth toxic's rate (KB/s, 1 KB =
+// 1000 bytes as in Toxiproxy) over the whole stream, not per chunk.
+func (p *pipeline) pace(n int) {
+	for _, t := range p.toxics {
+		if t.Type != "bandwidth" {
+			continue
+		}
+		rate := t.Attributes["rate"] * 1000 // bytes per second
+		now := time.Now()
+		if p.bwNextFree.Before(now) {
+			p.bwNextFree = now
+		}
+		p.bwNextFree = p.bwNextFree.Add(time.Duration(float64(n) / rate * float64(time.Second)))
+		time.Sleep(time.Until(p.bwNextFree))
+	}
+}

@@ -1,0 +1,102 @@
+package faults
+
+import (
+	"net/netip"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// compiled is a toxic ready for the data path: parsed clients, its seed
+// and key, its counter resolved once.
+type compiled struct {
+	Toxic
+	origin   string
+	kind     kind
+	seed     uint64
+	key      uint64
+	clients  []netip.Prefix
+	injected prometheus.Counter
+}
+
+func (c *compiled) matches(client netip.Addr) bool {
+	if len(c.clients) == 0 {
+		return true
+	}
+	for _, p := range c.clients {
+		if p.Contains(client) {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *compiled) ms(attr string) time.Duration {
+	return time.Duration(c.Attributes[attr] * float64(time.Millisecond))
+}
+
+// snapshot is a port's toxics at one moment; immutable once published.
+type snapshot struct {
+	enabled bool
+	toxics  []*compiled // annotation toxics first, then API ones, in order
+	// datagram is the UDP plan, nil when no toxic acts on datagrams.
+	datagram *datagramPlan
+	// Per-port series, resolved once per snapshot.
+	faultedLive prometheus.Gauge
+	skipped     prometheus.Counter
+}
+
+// publishLocked builds and stores a new snapshot; p.mu is held.
+func (p *Port) publishLocked() *snapshot {
+	m := p.table.metrics
+	label := p.metricLabel()
+	s := &snapshot{enabled: p.enabled, faultedLive: m.Faulted.WithLabelValues(label), skipped: m.Skipped.WithLabelValues(label)}
+	add := func(tx Toxic, origin string) {
+		seed := p.table.seed
+		if tx.Seed != nil {
+			seed = *tx.Seed
+		}
+		c := &compiled{
+			Toxic: tx, origin: origin, kind: toxicTypes[tx.Type].kind,
+			seed: uint64(seed), key: keyOf(tx.Name, p.name),
+			injected: m.Injected.WithLabelValues(label, tx.Name, tx.Type, tx.Stream),
+		}
+		for _, cl := range tx.Clients {
+			if pfx, err := parseClient(cl); err == nil {
+				c.clients = append(c.clients, pfx)
+			}
+		}
+		s.toxics = append(s.toxics, c)
+	}
+	for _, tx := range p.annotation {
+		add(tx, OriginAnnotation)
+	}
+	for _, tx := range p.api {
+		add(tx, OriginAPI)
+	}
+	if p.protocol == "UDP" {
+		s.datagram = newDatagramPlan(p, s)
+	}
+	p.snap.Store(s)
+	return s
+}
+
+// metricLabel is the port's service_port label; p.mu is held.
+func (p *Port) metricLabel() string {
+	if p.label != "" {
+		return p.label
+	}
+	return p.name
+}
+
+// SetLabel sets the service_port label of the port's series (the
+// proxier's "namespace/service:port"); the API name is the default.
+func (p *Port) SetLabel(label string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.label != label {
+		p.table.metrics.forget(p.metricLabel())
+		p.label = label
+		p.publishLocked()
+	}
+}

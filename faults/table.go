@@ -1,0 +1,389 @@
+package faults
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+)
+
+// Origins of a toxic: declared on the Service, or set through the API.
+const (
+	OriginAnnotation = "annotation"
+	OriginAPI        = "api"
+)
+
+// Errors the API maps to Toxiproxy's status codes.
+var (
+	ErrProxyNotFound = errors.New("proxy not found")
+	ErrToxicNotFound = errors.New("toxic not found")
+	ErrToxicExists   = errors.New("toxic already exists")
+	ErrDeclared      = errors.New("toxic is declared in the Service's annotation; change the annotation instead")
+)
+
+// ProxyInfo is what the API shows of a service port.
+type ProxyInfo struct {
+	Name     string // <namespace>.<service>.<port name or number>
+	Protocol string // TCP or UDP
+	Listen   string // the proxy socket's address
+	Upstream string // endpoints, comma-separated
+	Enabled  bool
+	Toxics   []ActiveToxic
+}
+
+// ActiveToxic is a toxic in force on a port, with where it came from.
+type ActiveToxic struct {
+	Toxic
+	Origin string
+}
+
+// Table holds every service port's toxics. The proxier adds and removes
+// ports and sets annotation toxics on sync; the API sets its own toxics
+// and the enabled flag. Data-path readers see an immutable snapshot
+// through Port, so they take no lock.
+type Table struct {
+	seed      int64
+	maxActive int
+	metrics   *Metrics
+	// TrackLive registers every live TCP connection so that a port set
+	// down (API, down toxic) cuts them; set it before any Accept when the
+	// fault API is served. Off, connections without faults cost nothing.
+	TrackLive bool
+
+	mu    sync.Mutex
+	ports map[string]*Port
+}
+
+// NewTable builds an empty table. seed is --fault-seed; maxActive caps
+// faulted live connections per service port (0 = unlimited).
+func NewTable(seed int64, maxActive int, m *Metrics) *Table {
+	if m == nil {
+		m = NewMetrics(nil)
+	}
+	return &Table{seed: seed, maxActive: maxActive, metrics: m, ports: map[string]*Port{}}
+}
+
+// Port returns the port named name, creating it (enabled, no toxics).
+// info fills what the API shows; its Toxics and Enabled are ignored.
+func (t *Table) Port(name, protocol string) *Port {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p := t.ports[name]
+	if p == nil {
+		p = newPort(t, name, protocol)
+		t.ports[name] = p
+	}
+	return p
+}
+
+// RemovePort forgets a service port that is gone, API toxics included.
+func (t *Table) RemovePort(name string) {
+	t.mu.Lock()
+	p := t.ports[name]
+	delete(t.ports, name)
+	t.mu.Unlock()
+	if p != nil {
+		p.mu.Lock()
+		t.metrics.forget(p.metricLabel())
+		p.mu.Unlock()
+	}
+}
+
+func (t *Table) lookup(name string) (*Port, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if p := t.ports[name]; p != nil {
+		return p, nil
+	}
+	return nil, fmt.Errorf("%w: %s", ErrProxyNotFound, name)
+}
+
+// Proxies lists every port, sorted by name.
+func (t *Table) Proxies() []ProxyInfo {
+	t.mu.Lock()
+	ports := make([]*Port, 0, len(t.ports))
+	for _, p := range t.ports {
+		ports = append(ports, p)
+	}
+	t.mu.Unlock()
+	out := make([]ProxyInfo, 0, len(ports))
+	for _, p := range ports {
+		out = append(out, p.Info())
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Proxy returns one port's info.
+func (t *Table) Proxy(name string) (ProxyInfo, error) {
+	p, err := t.lookup(name)
+	if err != nil {
+		return ProxyInfo{}, err
+	}
+	return p.Info(), nil
+}
+
+// SetEnabled turns a port up or down. Down refuses new connections with a
+// reset (UDP: drops datagrams) and cuts live ones.
+func (t *Table) SetEnabled(name string, enabled bool) (ProxyInfo, error) {
+	p, err := t.lookup(name)
+	if err != nil {
+		return ProxyInfo{}, err
+	}
+	p.setEnabled(enabled)
+	return p.Info(), nil
+}
+
+// AddToxic adds an API toxic to a port.
+func (t *Table) AddToxic(name string, tx Toxic) (Toxic, error) {
+	p, err := t.lookup(name)
+	if err != nil {
+		return Toxic{}, err
+	}
+	if err := tx.Normalize(); err != nil {
+		return Toxic{}, err
+	}
+	if tx.Port != "" {
+		return Toxic{}, &FieldError{"port", "not allowed through the API: the proxy is already one service port"}
+	}
+	if !tx.AppliesTo(p.protocol) {
+		return Toxic{}, &FieldError{"type", fmt.Sprintf("%s acts on %s, and %s is %s", tx.Type, protocolsOf(tx.Type), name, p.protocol)}
+	}
+	if err := p.addAPI(tx); err != nil {
+		return Toxic{}, err
+	}
+	return tx, nil
+}
+
+// UpdateToxic merges patch (Toxiproxy's update body: any of toxicity,
+// attributes, stream) into an API toxic.
+func (t *Table) UpdateToxic(name, toxic string, patch []byte) (Toxic, error) {
+	p, err := t.lookup(name)
+	if err != nil {
+		return Toxic{}, err
+	}
+	return p.updateAPI(toxic, patch)
+}
+
+// RemoveToxic removes an API toxic.
+func (t *Table) RemoveToxic(name, toxic string) error {
+	p, err := t.lookup(name)
+	if err != nil {
+		return err
+	}
+	return p.removeAPI(toxic)
+}
+
+// Toxic returns one toxic in force on a port.
+func (t *Table) Toxic(name, toxic string) (ActiveToxic, error) {
+	p, err := t.lookup(name)
+	if err != nil {
+		return ActiveToxic{}, err
+	}
+	for _, a := range p.Info().Toxics {
+		if a.Name == toxic {
+			return a, nil
+		}
+	}
+	return ActiveToxic{}, fmt.Errorf("%w: %s", ErrToxicNotFound, toxic)
+}
+
+// Reset removes every API toxic and enables every port; annotation toxics
+// stay, since they are declared.
+func (t *Table) Reset() {
+	t.mu.Lock()
+	ports := make([]*Port, 0, len(t.ports))
+	for _, p := range t.ports {
+		ports = append(ports, p)
+	}
+	t.mu.Unlock()
+	for _, p := range ports {
+		p.reset()
+	}
+}
+
+// Port is one service port's fault state. Writers hold mu and publish a
+// new immutable snapshot; the data path only loads it.
+type Port struct {
+	table    *Table
+	name     string
+	protocol string
+
+	mu         sync.Mutex
+	label      string
+	listen     string
+	upstream   string
+	enabled    bool
+	annotation []Toxic
+	api        []Toxic
+
+	snap atomic.Pointer[snapshot]
+	// connSeq numbers every connection (TCP) accepted on the port, faulted
+	// or not, so draws depend only on the seed and the arrival order.
+	connSeq atomic.Uint64
+	// udpSeq numbers datagrams per stream (up, down).
+	udpSeq [2]atomic.Uint64
+	// active counts live faulted connections, for the max-active cap.
+	active atomic.Int64
+
+	liveMu sync.Mutex
+	live   map[*liveConn]struct{}
+}
+
+func newPort(t *Table, name, protocol string) *Port {
+	p := &Port{table: t, name: name, protocol: protocol, enabled: true, live: map[*liveConn]struct{}{}}
+	p.publishLocked()
+	return p
+}
+
+// SetAddresses records what the API shows as listen and upstream.
+func (p *Port) SetAddresses(listen, upstream string) {
+	p.mu.Lock()
+	p.listen, p.upstream = listen, upstream
+	p.mu.Unlock()
+}
+
+// SetDeclared replaces the annotation toxics (already normalized and
+// filtered for this port).
+func (p *Port) SetDeclared(toxics []Toxic) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if toxicsEqual(p.annotation, toxics) {
+		return
+	}
+	p.annotation = toxics
+	p.publishLocked()
+}
+
+// Name is the port's API name.
+func (p *Port) Name() string { return p.name }
+
+// Info is the port as the API shows it.
+func (p *Port) Info() ProxyInfo {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	info := ProxyInfo{Name: p.name, Protocol: p.protocol, Listen: p.listen, Upstream: p.upstream, Enabled: p.enabled, Toxics: []ActiveToxic{}}
+	for _, tx := range p.annotation {
+		info.Toxics = append(info.Toxics, ActiveToxic{tx.clone(), OriginAnnotation})
+	}
+	for _, tx := range p.api {
+		info.Toxics = append(info.Toxics, ActiveToxic{tx.clone(), OriginAPI})
+	}
+	return info
+}
+
+func (p *Port) setEnabled(enabled bool) {
+	p.mu.Lock()
+	changed := p.enabled != enabled
+	p.enabled = enabled
+	if changed {
+		p.publishLocked()
+	}
+	p.mu.Unlock()
+	if changed && !enabled {
+		p.cutLive(func(*liveConn) bool { return true })
+	}
+}
+
+func (p *Port) findLocked(name string) (int, bool) {
+	for i, tx := range p.api {
+		if tx.Name == name {
+			return i, true
+		}
+	}
+	for _, tx := range p.annotation {
+		if tx.Name == name {
+			return -1, true
+		}
+	}
+	return -1, false
+}
+
+func (p *Port) addAPI(tx Toxic) error {
+	p.mu.Lock()
+	if _, found := p.findLocked(tx.Name); found {
+		p.mu.Unlock()
+		return fmt.Errorf("%w: %s", ErrToxicExists, tx.Name)
+	}
+	p.api = append(p.api, tx)
+	s := p.publishLocked()
+	p.mu.Unlock()
+	if tx.Type == "down" {
+		p.cutDown(s, tx)
+	}
+	return nil
+}
+
+func (p *Port) updateAPI(name string, patch []byte) (Toxic, error) {
+	p.mu.Lock()
+	i, found := p.findLocked(name)
+	if !found {
+		p.mu.Unlock()
+		return Toxic{}, fmt.Errorf("%w: %s", ErrToxicNotFound, name)
+	}
+	if i < 0 {
+		p.mu.Unlock()
+		return Toxic{}, fmt.Errorf("%w: %s", ErrDeclared, name)
+	}
+	cur := p.api[i].clone()
+	type plain Toxic
+	v := plain(cur)
+	v.Attributes = nil
+	dec := json.NewDecoder(bytes.NewReader(patch))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&v); err != nil {
+		p.mu.Unlock()
+		return Toxic{}, err
+	}
+	next := Toxic(v)
+	// Attributes merge: those not given keep their value.
+	merged := cur.Attributes
+	for k, val := range next.Attributes {
+		merged[k] = val
+	}
+	next.Attributes = merged
+	next.Name, next.Type = cur.Name, cur.Type
+	if err := next.Normalize(); err != nil {
+		p.mu.Unlock()
+		return Toxic{}, err
+	}
+	p.api = append(append([]Toxic{}, p.api[:i]...), append([]Toxic{next}, p.api[i+1:]...)...)
+	p.publishLocked()
+	p.mu.Unlock()
+	return next, nil
+}
+
+func (p *Port) removeAPI(name string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	i, found := p.findLocked(name)
+	if !found {
+		return fmt.Errorf("%w: %s", ErrToxicNotFound, name)
+	}
+	if i < 0 {
+		return fmt.Errorf("%w: %s", ErrDeclared, name)
+	}
+	p.api = append(append([]Toxic{}, p.api[:i]...), p.api[i+1:]...)
+	p.publishLocked()
+	return nil
+}
+
+func (p *Port) reset() {
+	p.mu.Lock()
+	p.api = nil
+	p.enabled = true
+	p.publishLocked()
+	p.mu.Unlock()
+}
+
+func toxicsEqual(a, b []Toxic) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	return bytes.Equal(ja, jb)
+}

@@ -1,0 +1,227 @@
+package faults
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// Toxic is one fault in Toxiproxy's JSON shape, so its examples can be
+// copied, plus our fields: Port (a port name or number; empty = every port
+// of the Service), Clients (CIDRs; empty = every client) and Seed (overrides
+// --fault-seed for this toxic).
+type Toxic struct {
+	Name       string             `json:"name"`
+	Type       string             `json:"type"`
+	Stream     string             `json:"stream"`
+	Toxicity   float32            `json:"toxicity"`
+	Attributes map[string]float64 `json:"attributes"`
+	Port       PortRef            `json:"port,omitempty"`
+	Clients    []string           `json:"clients,omitempty"`
+	Seed       *int64             `json:"seed,omitempty"`
+}
+
+// Streams, as Toxiproxy names them: upstream is client→backend.
+const (
+	Upstream   = "upstream"
+	Downstream = "downstream"
+)
+
+// PortRef is a port name or number; JSON accepts either form.
+type PortRef string
+
+func (p *PortRef) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	if len(b) > 0 && b[0] == '"' {
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return err
+		}
+		*p = PortRef(s)
+		return nil
+	}
+	var n int
+	if err := json.Unmarshal(b, &n); err != nil {
+		return fmt.Errorf("port must be a name or a number")
+	}
+	*p = PortRef(strconv.Itoa(n))
+	return nil
+}
+
+// UnmarshalJSON applies Toxiproxy's defaults: toxicity 1, stream downstream.
+func (t *Toxic) UnmarshalJSON(b []byte) error {
+	type plain Toxic
+	v := plain{Toxicity: 1, Stream: Downstream}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&v); err != nil {
+		return err
+	}
+	*t = Toxic(v)
+	return nil
+}
+
+// kind says where a toxic acts.
+type kind int
+
+const (
+	kindStream   kind = iota // TCP, on a direction's bytes
+	kindConnect              // TCP, before any backend is dialled
+	kindDatagram             // UDP, per datagram
+	kindBoth                 // TCP stream and UDP datagram (latency)
+	kindDown                 // the port refuses and cuts (TCP) or drops (UDP)
+)
+
+// toxicType describes one type: where it acts, its attributes with their
+// defaults (Toxiproxy's units: ms, KB/s, bytes, µs for slicer delay).
+type toxicType struct {
+	kind  kind
+	attrs map[string]float64
+}
+
+var toxicTypes = map[string]toxicType{
+	"latency":       {kindBoth, map[string]float64{"latency": 0, "jitter": 0}},
+	"bandwidth":     {kindStream, map[string]float64{"rate": 0}},
+	"slow_close":    {kindStream, map[string]float64{"delay": 0}},
+	"timeout":       {kindStream, map[string]float64{"timeout": 0}},
+	"reset_peer":    {kindStream, map[string]float64{"timeout": 0}},
+	"slicer":        {kindStream, map[string]float64{"average_size": 0, "size_variation": 0, "delay": 0}},
+	"limit_data":    {kindStream, map[string]float64{"bytes": 0}},
+	"down":          {kindDown, map[string]float64{}},
+	"refuse":        {kindConnect, map[string]float64{}},
+	"connect_delay": {kindConnect, map[string]float64{"delay": 0, "jitter": 0}},
+	// loss: rate, or a Gilbert-Elliott burst model (p: good→bad, r:
+	// bad→good, loss_bad / loss_good: loss in each state), tc-netem's gemodel.
+	"loss":      {kindDatagram, map[string]float64{"rate": 1, "p": 0, "r": 1, "loss_bad": 1, "loss_good": 0}},
+	"duplicate": {kindDatagram, map[string]float64{"rate": 1}},
+	"reorder":   {kindDatagram, map[string]float64{"rate": 1, "delay": 10}},
+}
+
+// Types lists the toxic types this proxy knows.
+func Types() []string {
+	out := make([]string, 0, len(toxicTypes))
+	for k := range toxicTypes {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// FieldError names the field of a toxic that is wrong, so users see
+// exactly what to fix ("[1].attributes.latency: ...").
+type FieldError struct {
+	Field  string
+	Reason string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Reason }
+
+// Normalize checks t and fills its defaults (name, attribute defaults).
+// It does not know the port's protocol; see AppliesTo.
+func (t *Toxic) Normalize() error {
+	tt, ok := toxicTypes[t.Type]
+	if !ok {
+		if t.Type == "" {
+			return &FieldError{"type", "required"}
+		}
+		return &FieldError{"type", fmt.Sprintf("unknown toxic type %q (known: %s)", t.Type, strings.Join(Types(), ", "))}
+	}
+	switch t.Stream {
+	case "":
+		t.Stream = Downstream
+	case Upstream, Downstream:
+	default:
+		return &FieldError{"stream", fmt.Sprintf("must be %q or %q, not %q", Upstream, Downstream, t.Stream)}
+	}
+	if t.Name == "" {
+		t.Name = t.Type + "_" + t.Stream
+	}
+	if t.Toxicity < 0 || t.Toxicity > 1 {
+		return &FieldError{"toxicity", fmt.Sprintf("must be within [0, 1], not %v", t.Toxicity)}
+	}
+	attrs := make(map[string]float64, len(tt.attrs))
+	for k, v := range tt.attrs {
+		attrs[k] = v
+	}
+	for k, v := range t.Attributes {
+		if _, ok := tt.attrs[k]; !ok {
+			names := make([]string, 0, len(tt.attrs))
+			for n := range tt.attrs {
+				names = append(names, n)
+			}
+			sort.Strings(names)
+			return &FieldError{"attributes." + k, fmt.Sprintf("not an attribute of %s (known: %s)", t.Type, strings.Join(names, ", "))}
+		}
+		if v < 0 {
+			return &FieldError{"attributes." + k, fmt.Sprintf("must not be negative, not %v", v)}
+		}
+		attrs[k] = v
+	}
+	for _, k := range []string{"rate", "p", "r", "loss_bad", "loss_good"} {
+		if tt.kind == kindDatagram && attrs[k] > 1 {
+			return &FieldError{"attributes." + k, fmt.Sprintf("is a probability, must be within [0, 1], not %v", attrs[k])}
+		}
+	}
+	if t.Type == "bandwidth" && attrs["rate"] == 0 {
+		return &FieldError{"attributes.rate", "must be greater than 0 (KB/s)"}
+	}
+	if t.Type == "slicer" && attrs["average_size"] == 0 {
+		return &FieldError{"attributes.average_size", "must be greater than 0 (bytes)"}
+	}
+	t.Attributes = attrs
+	for i, c := range t.Clients {
+		if _, err := parseClient(c); err != nil {
+			return &FieldError{fmt.Sprintf("clients[%d]", i), err.Error()}
+		}
+	}
+	return nil
+}
+
+func parseClient(s string) (netip.Prefix, error) {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return p.Masked(), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("%q is not a CIDR or an IP", s)
+	}
+	return netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()), nil
+}
+
+// AppliesTo reports whether a normalized toxic of this type can act on a
+// port of the protocol ("TCP" or "UDP").
+func (t *Toxic) AppliesTo(protocol string) bool {
+	switch toxicTypes[t.Type].kind {
+	case kindStream, kindConnect:
+		return protocol == "TCP"
+	case kindDatagram:
+		return protocol == "UDP"
+	}
+	return true
+}
+
+// protocolsOf says which protocols a type acts on, for error messages.
+func protocolsOf(typ string) string {
+	switch toxicTypes[typ].kind {
+	case kindStream, kindConnect:
+		return "TCP"
+	case kindDatagram:
+		return "UDP"
+	}
+	return "TCP and UDP"
+}
+
+func (t Toxic) clone() Toxic {
+	c := t
+	c.Attributes = make(map[string]float64, len(t.Attributes))
+	for k, v := range t.Attributes {
+		c.Attributes[k] = v
+	}
+	c.Clients = slices.Clone(t.Clients)
+	return c
+}
