@@ -216,6 +216,7 @@ type Port struct {
 	label      string
 	listen     string
 	upstream   string
+	upstreamFn func() string
 	enabled    bool
 	annotation []Toxic
 	api        []Toxic
@@ -246,6 +247,14 @@ func (p *Port) SetAddresses(listen, upstream string) {
 	p.mu.Unlock()
 }
 
+// SetUpstreamFunc makes the API show upstream() (the current endpoints)
+// instead of a fixed upstream.
+func (p *Port) SetUpstreamFunc(upstream func() string) {
+	p.mu.Lock()
+	p.upstreamFn = upstream
+	p.mu.Unlock()
+}
+
 // SetDeclared replaces the annotation toxics (already normalized and
 // filtered for this port).
 func (p *Port) SetDeclared(toxics []Toxic) {
@@ -264,7 +273,17 @@ func (p *Port) Name() string { return p.name }
 // Info is the port as the API shows it.
 func (p *Port) Info() ProxyInfo {
 	p.mu.Lock()
+	fn := p.upstreamFn
+	p.mu.Unlock()
+	var upstream string
+	if fn != nil {
+		upstream = fn() // outside p.mu: it takes the balancer's lock
+	}
+	p.mu.Lock()
 	defer p.mu.Unlock()
+	if fn != nil {
+		p.upstream = upstream
+	}
 	info := ProxyInfo{Name: p.name, Protocol: p.protocol, Listen: p.listen, Upstream: p.upstream, Enabled: p.enabled, Toxics: []ActiveToxic{}}
 	for _, tx := range p.annotation {
 		info.Toxics = append(info.Toxics, ActiveToxic{tx.clone(), OriginAnnotation})

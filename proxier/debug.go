@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 )
 
@@ -22,6 +23,17 @@ type DebugServicePort struct {
 	TimeoutSec   int             `json:"affinityTimeoutSeconds,omitempty"`
 	Endpoints    []string        `json:"endpoints"`
 	Clients      []DebugAffinity `json:"affinity,omitempty"`
+	// FaultProxy is the port's name in the fault API; FaultsEnabled is
+	// false while the API holds it down; Faults are its toxics in force.
+	FaultProxy    string       `json:"faultProxy"`
+	FaultsEnabled bool         `json:"faultsEnabled"`
+	Faults        []DebugToxic `json:"faults,omitempty"`
+}
+
+// DebugToxic is a toxic in force, with where it came from (annotation or api).
+type DebugToxic struct {
+	faults.Toxic
+	Origin string `json:"origin"`
 }
 
 // DebugAffinity is one client pinned to an endpoint.
@@ -47,6 +59,13 @@ func (p *Proxier) DebugServices() []DebugServicePort {
 			NodePort:     r.info.nodePort,
 			Affinity:     "None",
 			Endpoints:    []string{},
+			FaultProxy:   r.info.faultName,
+		}
+		if info, err := p.opts.Faults.Proxy(r.info.faultName); err == nil {
+			d.FaultsEnabled = info.Enabled
+			for _, t := range info.Toxics {
+				d.Faults = append(d.Faults, DebugToxic{Toxic: t.Toxic, Origin: t.Origin})
+			}
 		}
 		for _, group := range [][]string{addrStrings(r.info.clusterIPs), addrStrings(r.info.externalIPs), addrStrings(r.info.loadBalancerIPs)} {
 			d.ServiceIPs = append(d.ServiceIPs, group...)

@@ -371,7 +371,8 @@ func (p *Proxier) openPort(info *servicePortInfo) (*activePort, error) {
 	go sock.Serve()
 	ap := &activePort{info: info, socket: sock, proxyPort: sock.Port(), faults: fp}
 	fp.SetLabel(info.name.String())
-	fp.SetAddresses(net.JoinHostPort(p.listenHost(), fmt.Sprint(ap.proxyPort)), p.upstreamOf(info.name))
+	fp.SetAddresses(net.JoinHostPort(p.listenHost(), fmt.Sprint(ap.proxyPort)), "")
+	fp.SetUpstreamFunc(func() string { return p.upstreamOf(info.name) })
 	if p.opts.ClaimNodePorts {
 		ap.claims = p.claim(info)
 	}

@@ -34,6 +34,9 @@ type options struct {
 	nodeIP             string
 	halfCloseTimeout   time.Duration
 	configFile         string
+	faultAPIBind       string
+	faultSeed          int64
+	faultMaxActive     int
 }
 
 func newOptions() *options {
@@ -70,6 +73,9 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.configSyncPeriod, "config-sync-period", o.configSyncPeriod, "How often configuration from the API server is refreshed. Must be greater than 0.")
 	fs.StringVar(&o.nodeIP, "node-ip", o.nodeIP, "The node's IP, target of the DNAT for traffic from the node itself; default: the address of the default-route interface.")
 	fs.StringVar(&o.configFile, "config", o.configFile, "A KubeProxyConfiguration file; flags given on the command line override it.")
+	fs.StringVar(&o.faultAPIBind, "fault-api-bind-address", o.faultAPIBind, "HOST:PORT for Toxiproxy's REST API over this node's service ports (e.g. 127.0.0.1:8474); empty disables it.")
+	fs.Int64Var(&o.faultSeed, "fault-seed", o.faultSeed, "Seed of every fault draw: the same seed and arrival order give the same faults.")
+	fs.IntVar(&o.faultMaxActive, "fault-max-active", o.faultMaxActive, "At most this many live faulted connections per service port; further connections get no fault. 0 means unlimited.")
 	fs.DurationVar(&o.halfCloseTimeout, "tcp-half-close-timeout", o.halfCloseTimeout, "After one side of a proxied TCP connection closes, how long the other direction may still run; 0 means no limit.")
 }
 
@@ -123,7 +129,10 @@ func (o *options) validate() (*validated, error) {
 		}
 		v.nodePortAddresses = append(v.nodePortAddresses, p.Masked())
 	}
-	for _, a := range []struct{ flag, value string }{{"--healthz-bind-address", o.healthzBindAddress}, {"--metrics-bind-address", o.metricsBindAddress}} {
+	if o.faultMaxActive < 0 {
+		add("--fault-max-active must not be negative, got %d", o.faultMaxActive)
+	}
+	for _, a := range []struct{ flag, value string }{{"--healthz-bind-address", o.healthzBindAddress}, {"--metrics-bind-address", o.metricsBindAddress}, {"--fault-api-bind-address", o.faultAPIBind}} {
 		if a.value == "" {
 			continue
 		}

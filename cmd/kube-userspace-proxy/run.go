@@ -18,6 +18,8 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
+	faultapi "github.com/kube-userspace-proxy/kube-userspace-proxy/faults/api"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
@@ -38,6 +40,10 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 	clk := clock.RealClock{}
 	metrics := proxier.NewMetrics()
 	health := healthcheck.NewProxierHealth(clk, 2*o.syncPeriod)
+	faultTable := faults.NewTable(o.faultSeed, o.faultMaxActive, faults.NewMetrics(metrics.Registry))
+	// Only the API can take a port down and cut its live connections, so
+	// only then is every connection tracked.
+	faultTable.TrackLive = o.faultAPIBind != ""
 
 	popts := proxier.Options{
 		BindAddress:      v.bind,
@@ -50,6 +56,7 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		Metrics:          metrics,
 		Clock:            clk,
 		NodeName:         nodeName(o.hostnameOverride),
+		Faults:           faultTable,
 	}
 	if o.iptables {
 		v4, v6, err := portalSyncers(v)
@@ -71,7 +78,7 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		return err
 	}
 
-	servers, metricsAddr, err := startServers(o, p, health, metrics)
+	servers, metricsAddr, err := startServers(o, p, health, metrics, faultTable)
 	if err != nil {
 		return err
 	}
@@ -211,7 +218,7 @@ func cleanupRules() error {
 
 // startServers starts the healthz and metrics servers; each binds before
 // returning so that a taken port is a start-up error, not a silent gap.
-func startServers(o *options, p *proxier.Proxier, health *healthcheck.ProxierHealth, m *proxier.Metrics) ([]*http.Server, string, error) {
+func startServers(o *options, p *proxier.Proxier, health *healthcheck.ProxierHealth, m *proxier.Metrics, faultTable *faults.Table) ([]*http.Server, string, error) {
 	var servers []*http.Server
 	serve := func(addr string, mux *http.ServeMux) (string, error) {
 		ln, err := net.Listen("tcp", addr)
@@ -248,6 +255,18 @@ func startServers(o *options, p *proxier.Proxier, health *healthcheck.ProxierHea
 		}
 		metricsAddr = addr
 	}
+	if o.faultAPIBind != "" {
+		mux := http.NewServeMux()
+		mux.Handle("/", faultapi.New(faultTable, version))
+		addr, err := serve(o.faultAPIBind, mux)
+		if err != nil {
+			for _, s := range servers {
+				_ = s.Close()
+			}
+			return nil, "", fmt.Errorf("--fault-api-bind-address: %w", err)
+		}
+		klog.InfoS("Fault API (Toxiproxy's REST API) listening", "address", addr)
+	}
 	return servers, metricsAddr, nil
 }
 
@@ -277,3 +296,6 @@ func defaultRouteIP() netip.Addr {
 	}
 	return netip.Addr{}
 }
+
+// version is what the fault API's GET /version answers.
+const version = "kube-userspace-proxy"
