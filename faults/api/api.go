@@ -1,0 +1,473 @@
+// Package faultapi serves the live fault API: Toxiproxy's REST API over a
+// faults.Table, so Toxiproxy's own Go client and CLI work unchanged.
+//
+// Each service port is a proxy named <namespace>.<service>.<port name, or
+// number when unnamed>. Proxies are the cluster's Services, so the API
+// lists them, shows them, turns them down and up and sets toxics on them,
+// but refuses to create or delete them (409). Toxics declared in a
+// Service's kube-userspace-proxy/faults annotation are listed (with
+// "origin": "annotation") and cannot be changed here (409); toxics set
+// through the API carry "origin": "api" and are what POST /reset removes.
+//
+// Routes, status codes and error bodies ({"error": "...", "status": N})
+// follow Toxiproxy's api.go:
+//
+//	GET    /proxies                         200 {name: proxy}
+//	POST   /proxies                         409 (proxies are Services)
+//	POST   /populate                        409 (proxies are Services)
+//	GET    /proxies/{proxy}                 200 proxy | 404
+//	POST   /proxies/{proxy} (or PATCH)      200 proxy | 400 | 404 | 409
+//	DELETE /proxies/{proxy}                 409 (proxies are Services)
+//	GET    /proxies/{proxy}/toxics          200 [toxic] | 404
+//	POST   /proxies/{proxy}/toxics          200 toxic | 400 | 404 | 409
+//	GET    /proxies/{proxy}/toxics/{toxic}  200 toxic | 404
+//	POST   /proxies/{proxy}/toxics/{toxic}  200 toxic | 400 | 404 | 409 (or PATCH)
+//	DELETE /proxies/{proxy}/toxics/{toxic}  204 | 404 | 409
+//	POST   /reset                           204
+//	GET    /version                         200 {"version": "..."}
+//
+// Like Toxiproxy, it refuses any request whose User-Agent starts with
+// "Mozilla/" (403): every browser sends one, and the API has no
+// authentication, so a web page must not be able to drive it (CSRF).
+package faultapi
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
+)
+
+// maxBody caps a request body; a toxic or a proxy is a few hundred bytes.
+const maxBody = 1 << 20
+
+// namingHint tells users where proxies come from; it ends every refusal
+// to create or delete one and every "proxy not found".
+const namingHint = "proxies are the cluster's Service ports, named " +
+	"<namespace>.<service>.<port name, or number when unnamed> (e.g. default.web.http); " +
+	"GET /proxies lists them"
+
+// proxyJSON is a proxy in Toxiproxy's shape.
+type proxyJSON struct {
+	Name     string      `json:"name"`
+	Listen   string      `json:"listen"`
+	Upstream string      `json:"upstream"`
+	Enabled  bool        `json:"enabled"`
+	Toxics   []toxicJSON `json:"toxics"`
+}
+
+// toxicJSON is a toxic in Toxiproxy's shape plus our fields. Toxiproxy's
+// client decodes with encoding/json's defaults, which ignore unknown
+// fields, so the additions cost it nothing.
+type toxicJSON struct {
+	Name       string             `json:"name"`
+	Type       string             `json:"type"`
+	Stream     string             `json:"stream"`
+	Toxicity   float32            `json:"toxicity"`
+	Attributes map[string]float64 `json:"attributes"`
+	Port       string             `json:"port,omitempty"`
+	Clients    []string           `json:"clients,omitempty"`
+	Seed       *int64             `json:"seed,omitempty"`
+	Origin     string             `json:"origin"`
+}
+
+// apiError is Toxiproxy's error body.
+type apiError struct {
+	Message string `json:"error"`
+	Status  int    `json:"status"`
+}
+
+type server struct {
+	table   *faults.Table
+	version string
+}
+
+// New returns the API over table; version is what GET /version reports.
+func New(table *faults.Table, version string) http.Handler {
+	s := &server{table: table, version: version}
+	mux := http.NewServeMux()
+	// Methods are dispatched here rather than in the patterns, so a wrong
+	// method gets a JSON 405 instead of ServeMux's plain-text one.
+	mux.HandleFunc("/reset", s.route(map[string]http.HandlerFunc{"POST": s.reset}))
+	mux.HandleFunc("/version", s.route(map[string]http.HandlerFunc{"GET": s.showVersion}))
+	mux.HandleFunc("/populate", s.route(map[string]http.HandlerFunc{"POST": s.populate}))
+	mux.HandleFunc("/proxies", s.route(map[string]http.HandlerFunc{
+		"GET":  s.proxyIndex,
+		"POST": s.proxyCreate,
+	}))
+	mux.HandleFunc("/proxies/{proxy}", s.route(map[string]http.HandlerFunc{
+		"GET":    s.proxyShow,
+		"POST":   s.proxyUpdate,
+		"PATCH":  s.proxyUpdate,
+		"DELETE": s.proxyDelete,
+	}))
+	mux.HandleFunc("/proxies/{proxy}/toxics", s.route(map[string]http.HandlerFunc{
+		"GET":  s.toxicIndex,
+		"POST": s.toxicCreate,
+	}))
+	mux.HandleFunc("/proxies/{proxy}/toxics/{toxic}", s.route(map[string]http.HandlerFunc{
+		"GET":    s.toxicShow,
+		"POST":   s.toxicUpdate,
+		"PATCH":  s.toxicUpdate,
+		"DELETE": s.toxicDelete,
+	}))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no such route: %s %s", r.Method, r.URL.Path))
+	})
+	return stopBrowsers(mux)
+}
+
+// stopBrowsers is Toxiproxy's CSRF guard: browsers all send a User-Agent
+// beginning with "Mozilla/", its client and CLI never do.
+func stopBrowsers(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.UserAgent(), "Mozilla/") {
+			writeError(w, http.StatusForbidden, "User agent not allowed: the fault API refuses requests "+
+				"from web browsers (User-Agent \"Mozilla/...\"), so that a web page cannot drive it (CSRF); "+
+				"use Toxiproxy's client or CLI, or curl")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// route dispatches on the method; HEAD is served as GET.
+func (s *server) route(methods map[string]http.HandlerFunc) http.HandlerFunc {
+	allowed := make([]string, 0, len(methods))
+	for _, m := range []string{"GET", "POST", "PATCH", "DELETE"} {
+		if methods[m] != nil {
+			allowed = append(allowed, m)
+		}
+	}
+	allow := strings.Join(allowed, ", ")
+	return func(w http.ResponseWriter, r *http.Request) {
+		method := r.Method
+		if method == http.MethodHead {
+			method = http.MethodGet
+		}
+		if h := methods[method]; h != nil {
+			h(w, r)
+			return
+		}
+		w.Header().Set("Allow", allow)
+		writeError(w, http.StatusMethodNotAllowed,
+			fmt.Sprintf("method %s not allowed on %s (allowed: %s)", r.Method, r.URL.Path, allow))
+	}
+}
+
+func (s *server) proxyIndex(w http.ResponseWriter, r *http.Request) {
+	proxies := s.table.Proxies()
+	out := make(map[string]proxyJSON, len(proxies))
+	for _, p := range proxies {
+		out[p.Name] = proxyOut(p)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *server) proxyCreate(w http.ResponseWriter, r *http.Request) {
+	writeError(w, http.StatusConflict, "proxies cannot be created through the fault API: "+namingHint+
+		"; create a Service to get one")
+}
+
+func (s *server) populate(w http.ResponseWriter, r *http.Request) {
+	// Toxiproxy answers /populate with its error fields and the proxies
+	// it made; none are made here.
+	writeJSON(w, http.StatusConflict, struct {
+		apiError
+		Proxies []proxyJSON `json:"proxies"`
+	}{apiError{
+		Message: "proxies cannot be populated through the fault API: " + namingHint +
+			"; create Services to get them",
+		Status: http.StatusConflict,
+	}, []proxyJSON{}})
+}
+
+func (s *server) proxyShow(w http.ResponseWriter, r *http.Request) {
+	info, err := s.table.Proxy(r.PathValue("proxy"))
+	if err != nil {
+		s.fail(w, r, err, false)
+		return
+	}
+	writeJSON(w, http.StatusOK, proxyOut(info))
+}
+
+// proxyUpdate takes Toxiproxy's body: the client's Save, Enable and
+// Disable send the whole proxy (name, listen, upstream, enabled, toxics).
+// Only enabled may change. Fields left out keep their value, as in
+// Toxiproxy; "toxics" is ignored, as in Toxiproxy.
+func (s *server) proxyUpdate(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("proxy")
+	info, err := s.table.Proxy(name)
+	if err != nil {
+		s.fail(w, r, err, false)
+		return
+	}
+	body, ok := readBody(w, r)
+	if !ok {
+		return
+	}
+	var in struct {
+		Name     *string `json:"name"`
+		Listen   *string `json:"listen"`
+		Upstream *string `json:"upstream"`
+		Enabled  *bool   `json:"enabled"`
+	}
+	if err := json.Unmarshal(body, &in); err != nil {
+		writeError(w, http.StatusBadRequest, "bad request body: "+err.Error())
+		return
+	}
+	if in.Name != nil && *in.Name != "" && *in.Name != info.Name {
+		writeError(w, http.StatusConflict, fmt.Sprintf(
+			"name cannot be changed (%q to %q): %s", info.Name, *in.Name, namingHint))
+		return
+	}
+	if in.Listen != nil && *in.Listen != "" && *in.Listen != info.Listen {
+		writeError(w, http.StatusConflict, fmt.Sprintf(
+			"listen cannot be changed (%q to %q): it is the proxy socket of Service port %s; "+
+				"only \"enabled\" can be set through the fault API", info.Listen, *in.Listen, info.Name))
+		return
+	}
+	// upstream is not compared: it is the Service's endpoints, which change
+	// on their own (a pod restarts), so a client that fetched the proxy
+	// before then sends a stale copy with Disable or Enable, and refusing it
+	// would leave the proxy stuck down. The reply shows the real upstream.
+	if in.Enabled != nil && *in.Enabled != info.Enabled {
+		info, err = s.table.SetEnabled(name, *in.Enabled)
+		if err != nil {
+			s.fail(w, r, err, false)
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, proxyOut(info))
+}
+
+func (s *server) proxyDelete(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("proxy")
+	if _, err := s.table.Proxy(name); err != nil {
+		s.fail(w, r, err, false)
+		return
+	}
+	writeError(w, http.StatusConflict, fmt.Sprintf(
+		"proxy %s cannot be deleted through the fault API: %s; delete the Service, "+
+			"or turn the proxy down with POST /proxies/%s {\"enabled\": false}", name, namingHint, name))
+}
+
+func (s *server) toxicIndex(w http.ResponseWriter, r *http.Request) {
+	info, err := s.table.Proxy(r.PathValue("proxy"))
+	if err != nil {
+		s.fail(w, r, err, false)
+		return
+	}
+	writeJSON(w, http.StatusOK, proxyOut(info).Toxics)
+}
+
+func (s *server) toxicCreate(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("proxy")
+	if _, err := s.table.Proxy(name); err != nil {
+		s.fail(w, r, err, false)
+		return
+	}
+	body, ok := readBody(w, r)
+	if !ok {
+		return
+	}
+	body, err := withoutOrigin(body)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "bad request body: "+err.Error())
+		return
+	}
+	var tx faults.Toxic
+	if err := json.Unmarshal(body, &tx); err != nil {
+		writeError(w, http.StatusBadRequest, "bad request body: "+err.Error())
+		return
+	}
+	added, err := s.table.AddToxic(name, tx)
+	if err != nil {
+		s.fail(w, r, err, true)
+		return
+	}
+	writeJSON(w, http.StatusOK, toxicOut(added, faults.OriginAPI))
+}
+
+func (s *server) toxicShow(w http.ResponseWriter, r *http.Request) {
+	tx, err := s.table.Toxic(r.PathValue("proxy"), r.PathValue("toxic"))
+	if err != nil {
+		s.fail(w, r, err, false)
+		return
+	}
+	writeJSON(w, http.StatusOK, toxicOut(tx.Toxic, tx.Origin))
+}
+
+// toxicUpdate takes Toxiproxy's update body (toxicity and attributes;
+// attributes left out keep their value). Toxiproxy ignores any other
+// field; here stream and clients may change too, and name and type are
+// ignored as there. A port cannot be set: the proxy is one service port.
+func (s *server) toxicUpdate(w http.ResponseWriter, r *http.Request) {
+	proxy, toxic := r.PathValue("proxy"), r.PathValue("toxic")
+	if _, err := s.table.Proxy(proxy); err != nil {
+		s.fail(w, r, err, false)
+		return
+	}
+	body, ok := readBody(w, r)
+	if !ok {
+		return
+	}
+	body, err := withoutOrigin(body)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "bad request body: "+err.Error())
+		return
+	}
+	if hasField(body, "port") {
+		s.fail(w, r, &faults.FieldError{Field: "port", Reason: "not allowed through the API: the proxy is already one service port"}, true)
+		return
+	}
+	updated, err := s.table.UpdateToxic(proxy, toxic, body)
+	if err != nil {
+		s.fail(w, r, err, true)
+		return
+	}
+	writeJSON(w, http.StatusOK, toxicOut(updated, faults.OriginAPI))
+}
+
+func (s *server) toxicDelete(w http.ResponseWriter, r *http.Request) {
+	if err := s.table.RemoveToxic(r.PathValue("proxy"), r.PathValue("toxic")); err != nil {
+		s.fail(w, r, err, false)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *server) reset(w http.ResponseWriter, r *http.Request) {
+	s.table.Reset()
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *server) showVersion(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"version": s.version})
+}
+
+// fail maps the table's errors to Toxiproxy's codes and messages, with
+// what to do next where that helps.
+// fromBody says err came from handling a request body, so errors the
+// table does not name are the body's fault (400), not the server's (500).
+func (s *server) fail(w http.ResponseWriter, r *http.Request, err error, fromBody bool) {
+	var fe *faults.FieldError
+	switch {
+	case errors.Is(err, faults.ErrProxyNotFound):
+		writeError(w, http.StatusNotFound, err.Error()+" ("+namingHint+")")
+	case errors.Is(err, faults.ErrToxicNotFound):
+		writeError(w, http.StatusNotFound, err.Error())
+	case errors.Is(err, faults.ErrToxicExists):
+		writeError(w, http.StatusConflict, err.Error())
+	case errors.Is(err, faults.ErrDeclared):
+		writeError(w, http.StatusConflict, fmt.Sprintf(
+			"toxic %s is declared in the kube-userspace-proxy/faults annotation of its Service and "+
+				"cannot be changed or removed through the fault API; edit the annotation instead",
+			r.PathValue("toxic")))
+	case errors.As(err, &fe):
+		switch fe.Field {
+		case "type":
+			writeError(w, http.StatusBadRequest, "invalid toxic type: "+fe.Reason)
+		case "stream":
+			writeError(w, http.StatusBadRequest, "stream was invalid, can be either upstream or downstream: "+fe.Reason)
+		default:
+			writeError(w, http.StatusBadRequest, "invalid toxic: "+fe.Error())
+		}
+	case fromBody:
+		// The table's remaining errors on a toxic body are decoding errors
+		// (a wrong type, an unknown field): the body is at fault.
+		writeError(w, http.StatusBadRequest, "bad request body: "+err.Error())
+	default:
+		klog.ErrorS(err, "Fault API request failed", "method", r.Method, "path", r.URL.Path)
+		writeError(w, http.StatusInternalServerError, err.Error())
+	}
+}
+
+func proxyOut(p faults.ProxyInfo) proxyJSON {
+	out := proxyJSON{Name: p.Name, Listen: p.Listen, Upstream: p.Upstream, Enabled: p.Enabled,
+		Toxics: make([]toxicJSON, 0, len(p.Toxics))}
+	for _, t := range p.Toxics {
+		out.Toxics = append(out.Toxics, toxicOut(t.Toxic, t.Origin))
+	}
+	return out
+}
+
+func toxicOut(t faults.Toxic, origin string) toxicJSON {
+	attrs := t.Attributes
+	if attrs == nil {
+		attrs = map[string]float64{}
+	}
+	return toxicJSON{
+		Name: t.Name, Type: t.Type, Stream: t.Stream, Toxicity: t.Toxicity, Attributes: attrs,
+		Port: string(t.Port), Clients: t.Clients, Seed: t.Seed, Origin: origin,
+	}
+}
+
+// readBody reads a capped request body, answering 413 or 400 itself.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body larger than %d bytes", maxBody))
+		} else {
+			writeError(w, http.StatusBadRequest, "bad request body: "+err.Error())
+		}
+		return nil, false
+	}
+	return body, true
+}
+
+// withoutOrigin drops "origin" from a toxic body, so a toxic this API
+// showed can be sent back as it is. The body must be a JSON object.
+func withoutOrigin(body []byte) ([]byte, error) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(body, &fields); err != nil {
+		if len(strings.TrimSpace(string(body))) == 0 {
+			return nil, errors.New("empty body, want a JSON object")
+		}
+		return nil, err
+	}
+	if fields == nil {
+		return nil, errors.New("null body, want a JSON object")
+	}
+	if _, ok := fields["origin"]; !ok {
+		return body, nil
+	}
+	delete(fields, "origin")
+	return json.Marshal(fields)
+}
+
+// hasField reports whether the JSON object body has the key.
+func hasField(body []byte, key string) bool {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(body, &fields) != nil {
+		return false
+	}
+	_, ok := fields[key]
+	return ok
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, apiError{Message: msg, Status: status})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		klog.ErrorS(err, "Fault API could not encode its reply")
+		status = http.StatusInternalServerError
+		data, _ = json.Marshal(apiError{Message: err.Error(), Status: status})
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(data, '\n'))
+}

@@ -1,0 +1,418 @@
+package faultapi
+
+import (
+	"encoding/json"
+	"net/http/httptest"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
+)
+
+const (
+	webName     = "default.web.http"
+	webListen   = "0.0.0.0:41234"
+	webUpstream = "10.244.0.5:8080,10.244.0.6:8080"
+	dnsName     = "kube-system.dns.53"
+)
+
+// newTestTable has a TCP port with one annotation toxic ("declared") and
+// a UDP port with none.
+func newTestTable(t *testing.T) *faults.Table {
+	t.Helper()
+	table := faults.NewTable(0, 0, nil)
+	table.Port(webName, "TCP").SetAddresses(webListen, webUpstream)
+	declared := faults.Toxic{Name: "declared", Type: "latency", Stream: faults.Downstream, Toxicity: 1,
+		Attributes: map[string]float64{"latency": 100}}
+	if err := declared.Normalize(); err != nil {
+		t.Fatal(err)
+	}
+	table.Port(webName, "TCP").SetDeclared([]faults.Toxic{declared})
+	table.Port(dnsName, "UDP").SetAddresses("0.0.0.0:41235", "10.244.0.7:53")
+	return table
+}
+
+// addAPIToxic adds the API toxic "slow" (latency 300, jitter 10) to web.
+func addAPIToxic(t *testing.T, table *faults.Table) {
+	t.Helper()
+	_, err := table.AddToxic(webName, faults.Toxic{Name: "slow", Type: "latency", Stream: faults.Downstream,
+		Toxicity: 1, Attributes: map[string]float64{"latency": 300, "jitter": 10}})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func decode[T any](t *testing.T, body string) T {
+	t.Helper()
+	var v T
+	if err := json.Unmarshal([]byte(body), &v); err != nil {
+		t.Fatalf("body %q: %v", body, err)
+	}
+	return v
+}
+
+func keys(m map[string]any) string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return strings.Join(out, ",")
+}
+
+// checkError asserts Toxiproxy's error body: {"error": ..., "status": code}.
+func checkError(contains string) func(*testing.T, *faults.Table, *httptest.ResponseRecorder) {
+	return func(t *testing.T, _ *faults.Table, rec *httptest.ResponseRecorder) {
+		t.Helper()
+		e := decode[map[string]any](t, rec.Body.String())
+		if keys(e) != "error,status" {
+			t.Errorf("error body fields = %s, want error,status", keys(e))
+		}
+		if got, _ := e["status"].(float64); int(got) != rec.Code {
+			t.Errorf("status field = %v, want %d", e["status"], rec.Code)
+		}
+		if msg, _ := e["error"].(string); !strings.Contains(msg, contains) {
+			t.Errorf("error = %q, want it to contain %q", msg, contains)
+		}
+		if ct := rec.Header().Get("Content-Type"); ct != "application/json" {
+			t.Errorf("Content-Type = %q", ct)
+		}
+	}
+}
+
+func apiToxics(table *faults.Table) []string {
+	info, _ := table.Proxy(webName)
+	var out []string
+	for _, tx := range info.Toxics {
+		if tx.Origin == faults.OriginAPI {
+			out = append(out, tx.Name)
+		}
+	}
+	return out
+}
+
+func TestHandler(t *testing.T) {
+	type check = func(*testing.T, *faults.Table, *httptest.ResponseRecorder)
+	webPath := "/proxies/" + webName
+	cases := []struct {
+		name       string
+		method     string
+		path       string
+		body       string
+		userAgent  string
+		setup      func(*testing.T, *faults.Table)
+		wantStatus int
+		check      check
+	}{
+		// Proxies.
+		{name: "index", method: "GET", path: "/proxies", wantStatus: 200,
+			check: func(t *testing.T, _ *faults.Table, rec *httptest.ResponseRecorder) {
+				m := decode[map[string]map[string]any](t, rec.Body.String())
+				if len(m) != 2 || m[webName] == nil || m[dnsName] == nil {
+					t.Fatalf("proxies = %v", m)
+				}
+				web := m[webName]
+				if keys(web) != "enabled,listen,name,toxics,upstream" {
+					t.Errorf("proxy fields = %s", keys(web))
+				}
+				if web["name"] != webName || web["listen"] != webListen || web["upstream"] != webUpstream || web["enabled"] != true {
+					t.Errorf("web = %v", web)
+				}
+				if dns := m[dnsName]["toxics"].([]any); len(dns) != 0 {
+					t.Errorf("dns toxics = %v, want []", dns)
+				}
+			}},
+		{name: "index HEAD", method: "HEAD", path: "/proxies", wantStatus: 200},
+		{name: "show", method: "GET", path: webPath, wantStatus: 200,
+			check: func(t *testing.T, _ *faults.Table, rec *httptest.ResponseRecorder) {
+				p := decode[proxyJSON](t, rec.Body.String())
+				if p.Name != webName || len(p.Toxics) != 1 || p.Toxics[0].Origin != "annotation" {
+					t.Errorf("proxy = %+v", p)
+				}
+				tx := decode[map[string]any](t, rec.Body.String())["toxics"].([]any)[0].(map[string]any)
+				if keys(tx) != "attributes,name,origin,stream,toxicity,type" {
+					t.Errorf("toxic fields = %s", keys(tx))
+				}
+			}},
+		{name: "show missing", method: "GET", path: "/proxies/default.nope.http", wantStatus: 404,
+			check: checkError("proxy not found")},
+		{name: "create refused", method: "POST", path: "/proxies",
+			body: `{"name":"x","listen":"127.0.0.1:0","upstream":"127.0.0.1:1"}`, wantStatus: 409,
+			check: checkError("cannot be created")},
+		{name: "populate refused", method: "POST", path: "/populate", body: `[]`, wantStatus: 409,
+			check: func(t *testing.T, _ *faults.Table, rec *httptest.ResponseRecorder) {
+				e := decode[map[string]any](t, rec.Body.String())
+				if e["status"] != float64(409) || !strings.Contains(e["error"].(string), "cannot be populated") {
+					t.Errorf("body = %v", e)
+				}
+			}},
+		{name: "delete refused", method: "DELETE", path: webPath, wantStatus: 409,
+			check: checkError("cannot be deleted")},
+		{name: "delete missing", method: "DELETE", path: "/proxies/default.nope.http", wantStatus: 404,
+			check: checkError("proxy not found")},
+		{name: "disable", method: "POST", path: webPath, body: `{"enabled":false}`, wantStatus: 200,
+			check: func(t *testing.T, table *faults.Table, rec *httptest.ResponseRecorder) {
+				if p := decode[proxyJSON](t, rec.Body.String()); p.Enabled {
+					t.Error("reply says enabled")
+				}
+				if info, _ := table.Proxy(webName); info.Enabled {
+					t.Error("table says enabled")
+				}
+			}},
+		{name: "enable with PATCH", method: "PATCH", path: webPath, body: `{"enabled":true}`, wantStatus: 200,
+			setup: func(t *testing.T, table *faults.Table) { table.SetEnabled(webName, false) },
+			check: func(t *testing.T, table *faults.Table, rec *httptest.ResponseRecorder) {
+				if info, _ := table.Proxy(webName); !info.Enabled {
+					t.Error("table says disabled")
+				}
+			}},
+		{name: "disable with the client's whole proxy and a stale upstream", method: "POST", path: webPath,
+			body: `{"name":"` + webName + `","listen":"` + webListen + `","upstream":"10.244.0.9:8080","enabled":false,` +
+				`"toxics":[{"name":"declared","type":"latency","stream":"downstream","toxicity":1,"attributes":{"latency":100}}]}`,
+			wantStatus: 200,
+			check: func(t *testing.T, table *faults.Table, rec *httptest.ResponseRecorder) {
+				p := decode[proxyJSON](t, rec.Body.String())
+				if p.Enabled || p.Upstream != webUpstream || len(p.Toxics) != 1 {
+					t.Errorf("reply = %+v", p)
+				}
+			}},
+		{name: "fields left out keep their value", method: "POST", path: webPath, body: `{}`, wantStatus: 200,
+			check: func(t *testing.T, table *faults.Table, rec *httptest.ResponseRecorder) {
+				if info, _ := table.Proxy(webName); !info.Enabled {
+					t.Error("disabled by an empty update")
+				}
+			}},
+		{name: "listen cannot change", method: "POST", path: webPath,
+			body: `{"listen":"127.0.0.1:9999","enabled":false}`, wantStatus: 409,
+			check: func(t *testing.T, table *faults.Table, rec *httptest.ResponseRecorder) {
+				checkError("listen cannot be changed")(t, table, rec)
+				if info, _ := table.Proxy(webName); !info.Enabled {
+					t.Error("refused update still disabled the proxy")
+				}
+			}},
+		{name: "name cannot change", method: "POST", path: webPath, body: `{"name":"default.other.http"}`,
+			wantStatus: 409, check: checkError("name cannot be changed")},
+		{name: "update bad json", method: "POST", path: webPath, body: `{"enabled":`, wantStatus: 400,
+			check: checkError("bad request body")},
+		{name: "update wrong type", method: "POST", path: webPath, body: `{"enabled":"no"}`, wantStatus: 400,
+			check: checkError("bad request body")},
+		{name: "update empty body", method: "POST", path: webPath, wantStatus: 400,
+			check: checkError("bad request body")},
+		{name: "update missing proxy", method: "POST", path: "/proxies/default.nope.http", body: `{"enabled":false}`,
+			wantStatus: 404, check: checkError("proxy not found")},
+
+		// Toxics.
+		{name: "toxic index", method: "GET", path: webPath + "/toxics", wantStatus: 200,
+			setup: addAPIToxic,
+			check: func(t *testing.T, _ *faults.Table, rec *httptest.ResponseRecorder) {
+				txs := decode[[]toxicJSON](t, rec.Body.String())
+				if len(txs) != 2 || txs[0].Name != "declared" || txs[0].Origin != "annotation" ||
+					txs[1].Name != "slow" || txs[1].Origin != "api" || txs[1].Attributes["jitter"] != 10 {
+					t.Errorf("toxics = %+v", txs)
+				}
+			}},
+		{name: "toxic index empty is []", method: "GET", path: "/proxies/" + dnsName + "/toxics", wantStatus: 200,
+			check: func(t *testing.T, _ *faults.Table, rec *httptest.ResponseRecorder) {
+				if strings.TrimSpace(rec.Body.String()) != "[]" {
+					t.Errorf("body = %q", rec.Body.String())
+				}
+			}},
+		{name: "toxic index missing proxy", method: "GET", path: "/proxies/default.nope.http/toxics", wantStatus: 404,
+			check: checkError("proxy not found")},
+		{name: "toxic create with defaults", method: "POST", path: webPath + "/toxics",
+			body: `{"type":"latency","attributes":{"latency":300}}`, wantStatus: 200,
+			check: func(t *testing.T, table *faults.Table, rec *httptest.ResponseRecorder) {
+				tx := decode[toxicJSON](t, rec.Body.String())
+				if tx.Name != "latency_downstream" || tx.Stream != "downstream" || tx.Toxicity != 1 ||
+					tx.Origin != "api" || tx.Attributes["latency"] != 300 || tx.Attributes["jitter"] != 0 {
+					t.Errorf("toxic = %+v", tx)
+				}
+				if got := apiToxics(table); len(got) != 1 || got[0] != "latency_downstream" {
+					t.Errorf("table API toxics = %v", got)
+				}
+			}},
+		{name: "toxic create with clients", method: "POST", path: webPath + "/toxics",
+			body:       `{"name":"cut","type":"reset_peer","stream":"upstream","toxicity":0.5,"clients":["10.0.0.0/8"]}`,
+			wantStatus: 200,
+			check: func(t *testing.T, _ *faults.Table, rec *httptest.ResponseRecorder) {
+				tx := decode[toxicJSON](t, rec.Body.String())
+				if tx.Stream != "upstream" || tx.Toxicity != 0.5 || len(tx.Clients) != 1 {
+					t.Errorf("toxic = %+v", tx)
+				}
+			}},
+		{name: "toxic create accepts a shown toxic back (origin)", method: "POST", path: webPath + "/toxics",
+			body:       `{"name":"again","type":"latency","stream":"downstream","toxicity":1,"attributes":{"latency":5},"origin":"annotation"}`,
+			wantStatus: 200,
+			check: func(t *testing.T, _ *faults.Table, rec *httptest.ResponseRecorder) {
+				if tx := decode[toxicJSON](t, rec.Body.String()); tx.Origin != "api" {
+					t.Errorf("origin = %q", tx.Origin)
+				}
+			}},
+		{name: "toxic create UDP loss", method: "POST", path: "/proxies/" + dnsName + "/toxics",
+			body: `{"type":"loss","attributes":{"rate":0.5}}`, wantStatus: 200},
+		{name: "toxic create exists", method: "POST", path: webPath + "/toxics", setup: addAPIToxic,
+			body: `{"name":"slow","type":"latency"}`, wantStatus: 409, check: checkError("toxic already exists")},
+		{name: "toxic create shadows a declared one", method: "POST", path: webPath + "/toxics",
+			body: `{"name":"declared","type":"latency"}`, wantStatus: 409, check: checkError("toxic already exists")},
+		{name: "toxic create bad type", method: "POST", path: webPath + "/toxics",
+			body: `{"type":"nope"}`, wantStatus: 400, check: checkError("invalid toxic type")},
+		{name: "toxic create no type", method: "POST", path: webPath + "/toxics",
+			body: `{"name":"x"}`, wantStatus: 400, check: checkError("invalid toxic type")},
+		{name: "toxic create bad stream", method: "POST", path: webPath + "/toxics",
+			body: `{"type":"latency","stream":"sideways"}`, wantStatus: 400,
+			check: checkError("stream was invalid, can be either upstream or downstream")},
+		{name: "toxic create bad attribute", method: "POST", path: webPath + "/toxics",
+			body: `{"type":"latency","attributes":{"rate":1}}`, wantStatus: 400,
+			check: checkError("attributes.rate")},
+		{name: "toxic create negative attribute", method: "POST", path: webPath + "/toxics",
+			body: `{"type":"latency","attributes":{"latency":-1}}`, wantStatus: 400,
+			check: checkError("attributes.latency")},
+		{name: "toxic create bad toxicity", method: "POST", path: webPath + "/toxics",
+			body: `{"type":"latency","toxicity":1.5}`, wantStatus: 400, check: checkError("toxicity")},
+		{name: "toxic create UDP type on TCP", method: "POST", path: webPath + "/toxics",
+			body: `{"type":"loss"}`, wantStatus: 400, check: checkError("UDP")},
+		{name: "toxic create TCP type on UDP", method: "POST", path: "/proxies/" + dnsName + "/toxics",
+			body: `{"type":"reset_peer"}`, wantStatus: 400, check: checkError("TCP")},
+		{name: "toxic create port refused", method: "POST", path: webPath + "/toxics",
+			body: `{"type":"latency","port":"http"}`, wantStatus: 400, check: checkError("port")},
+		{name: "toxic create unknown field", method: "POST", path: webPath + "/toxics",
+			body: `{"type":"latency","latency":300}`, wantStatus: 400, check: checkError("bad request body")},
+		{name: "toxic create bad json", method: "POST", path: webPath + "/toxics",
+			body: `{"type":`, wantStatus: 400, check: checkError("bad request body")},
+		{name: "toxic create not an object", method: "POST", path: webPath + "/toxics",
+			body: `[1]`, wantStatus: 400, check: checkError("bad request body")},
+		{name: "toxic create empty body", method: "POST", path: webPath + "/toxics",
+			wantStatus: 400, check: checkError("bad request body")},
+		{name: "toxic create too big", method: "POST", path: webPath + "/toxics",
+			body: `{"name":"` + strings.Repeat("x", maxBody) + `"}`, wantStatus: 413, check: checkError("larger than")},
+		{name: "toxic create missing proxy", method: "POST", path: "/proxies/default.nope.http/toxics",
+			body: `{"type":"latency"}`, wantStatus: 404, check: checkError("proxy not found")},
+		{name: "toxic show", method: "GET", path: webPath + "/toxics/slow", setup: addAPIToxic, wantStatus: 200,
+			check: func(t *testing.T, _ *faults.Table, rec *httptest.ResponseRecorder) {
+				tx := decode[toxicJSON](t, rec.Body.String())
+				if tx.Name != "slow" || tx.Type != "latency" || tx.Origin != "api" || tx.Attributes["latency"] != 300 {
+					t.Errorf("toxic = %+v", tx)
+				}
+			}},
+		{name: "toxic show declared", method: "GET", path: webPath + "/toxics/declared", wantStatus: 200,
+			check: func(t *testing.T, _ *faults.Table, rec *httptest.ResponseRecorder) {
+				if tx := decode[toxicJSON](t, rec.Body.String()); tx.Origin != "annotation" {
+					t.Errorf("toxic = %+v", tx)
+				}
+			}},
+		{name: "toxic show missing", method: "GET", path: webPath + "/toxics/nope", wantStatus: 404,
+			check: checkError("toxic not found")},
+		{name: "toxic show missing proxy", method: "GET", path: "/proxies/default.nope.http/toxics/slow",
+			wantStatus: 404, check: checkError("proxy not found")},
+		{name: "toxic update", method: "POST", path: webPath + "/toxics/slow", setup: addAPIToxic,
+			body: `{"toxicity":0.5,"attributes":{"latency":500}}`, wantStatus: 200,
+			check: func(t *testing.T, table *faults.Table, rec *httptest.ResponseRecorder) {
+				tx := decode[toxicJSON](t, rec.Body.String())
+				if tx.Toxicity != 0.5 || tx.Attributes["latency"] != 500 || tx.Attributes["jitter"] != 10 || tx.Origin != "api" {
+					t.Errorf("toxic = %+v", tx)
+				}
+				got, _ := table.Toxic(webName, "slow")
+				if got.Toxicity != 0.5 || got.Attributes["latency"] != 500 {
+					t.Errorf("table toxic = %+v", got)
+				}
+			}},
+		{name: "toxic update with PATCH, attributes only", method: "PATCH", path: webPath + "/toxics/slow",
+			setup: addAPIToxic, body: `{"attributes":{"jitter":20}}`, wantStatus: 200,
+			check: func(t *testing.T, _ *faults.Table, rec *httptest.ResponseRecorder) {
+				tx := decode[toxicJSON](t, rec.Body.String())
+				if tx.Toxicity != 1 || tx.Attributes["latency"] != 300 || tx.Attributes["jitter"] != 20 {
+					t.Errorf("toxic = %+v", tx)
+				}
+			}},
+		{name: "toxic update missing", method: "POST", path: webPath + "/toxics/nope", body: `{"toxicity":0.5}`,
+			wantStatus: 404, check: checkError("toxic not found")},
+		{name: "toxic update missing proxy", method: "POST", path: "/proxies/default.nope.http/toxics/slow",
+			body: `{"toxicity":0.5}`, wantStatus: 404, check: checkError("proxy not found")},
+		{name: "toxic update declared", method: "POST", path: webPath + "/toxics/declared", body: `{"toxicity":0.5}`,
+			wantStatus: 409, check: checkError("annotation")},
+		{name: "toxic update bad toxicity", method: "POST", path: webPath + "/toxics/slow", setup: addAPIToxic,
+			body: `{"toxicity":2}`, wantStatus: 400, check: checkError("toxicity")},
+		{name: "toxic update bad attribute", method: "POST", path: webPath + "/toxics/slow", setup: addAPIToxic,
+			body: `{"attributes":{"rate":2}}`, wantStatus: 400, check: checkError("attributes.rate")},
+		{name: "toxic update wrong value type", method: "POST", path: webPath + "/toxics/slow", setup: addAPIToxic,
+			body: `{"toxicity":"half"}`, wantStatus: 400, check: checkError("bad request body")},
+		{name: "toxic update bad json", method: "POST", path: webPath + "/toxics/slow", setup: addAPIToxic,
+			body: `{`, wantStatus: 400, check: checkError("bad request body")},
+		{name: "toxic update port refused", method: "POST", path: webPath + "/toxics/slow", setup: addAPIToxic,
+			body: `{"port":"http"}`, wantStatus: 400, check: checkError("port")},
+		{name: "toxic delete", method: "DELETE", path: webPath + "/toxics/slow", setup: addAPIToxic, wantStatus: 204,
+			check: func(t *testing.T, table *faults.Table, rec *httptest.ResponseRecorder) {
+				if rec.Body.Len() != 0 {
+					t.Errorf("body = %q", rec.Body.String())
+				}
+				if got := apiToxics(table); len(got) != 0 {
+					t.Errorf("API toxics left: %v", got)
+				}
+			}},
+		{name: "toxic delete missing", method: "DELETE", path: webPath + "/toxics/nope", wantStatus: 404,
+			check: checkError("toxic not found")},
+		{name: "toxic delete missing proxy", method: "DELETE", path: "/proxies/default.nope.http/toxics/x",
+			wantStatus: 404, check: checkError("proxy not found")},
+		{name: "toxic delete declared", method: "DELETE", path: webPath + "/toxics/declared", wantStatus: 409,
+			check: checkError("edit the annotation")},
+
+		// Reset, version, guards.
+		{name: "reset", method: "POST", path: "/reset", wantStatus: 204,
+			setup: func(t *testing.T, table *faults.Table) {
+				addAPIToxic(t, table)
+				table.SetEnabled(webName, false)
+			},
+			check: func(t *testing.T, table *faults.Table, rec *httptest.ResponseRecorder) {
+				info, _ := table.Proxy(webName)
+				if !info.Enabled || len(info.Toxics) != 1 || info.Toxics[0].Name != "declared" {
+					t.Errorf("after reset: %+v", info)
+				}
+			}},
+		{name: "version", method: "GET", path: "/version", wantStatus: 200,
+			check: func(t *testing.T, _ *faults.Table, rec *httptest.ResponseRecorder) {
+				if v := decode[map[string]string](t, rec.Body.String()); v["version"] != "v9.9.9" {
+					t.Errorf("version = %v", v)
+				}
+			}},
+		{name: "browser refused", method: "GET", path: "/proxies", wantStatus: 403,
+			userAgent: "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0",
+			check:     checkError("User agent not allowed")},
+		{name: "browser refused before any change", method: "POST", path: "/reset", wantStatus: 403,
+			userAgent: "Mozilla/5.0", setup: addAPIToxic,
+			check: func(t *testing.T, table *faults.Table, rec *httptest.ResponseRecorder) {
+				if got := apiToxics(table); len(got) != 1 {
+					t.Errorf("a browser's reset went through: %v", got)
+				}
+			}},
+		{name: "toxiproxy CLI allowed", method: "GET", path: "/proxies", wantStatus: 200,
+			userAgent: "toxiproxy-cli/v2.12.0 linux/amd64"},
+		{name: "wrong method", method: "PUT", path: "/proxies", wantStatus: 405,
+			check: func(t *testing.T, table *faults.Table, rec *httptest.ResponseRecorder) {
+				checkError("not allowed")(t, table, rec)
+				if allow := rec.Header().Get("Allow"); allow != "GET, POST" {
+					t.Errorf("Allow = %q", allow)
+				}
+			}},
+		{name: "GET reset", method: "GET", path: "/reset", wantStatus: 405, check: checkError("not allowed")},
+		{name: "unknown route", method: "GET", path: "/nope", wantStatus: 404, check: checkError("no such route")},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			table := newTestTable(t)
+			if tc.setup != nil {
+				tc.setup(t, table)
+			}
+			req := httptest.NewRequest(tc.method, tc.path, strings.NewReader(tc.body))
+			req.Header.Set("User-Agent", tc.userAgent)
+			rec := httptest.NewRecorder()
+			New(table, "v9.9.9").ServeHTTP(rec, req)
+			if rec.Code != tc.wantStatus {
+				t.Fatalf("%s %s = %d, want %d; body %s", tc.method, tc.path, rec.Code, tc.wantStatus, rec.Body)
+			}
+			if tc.check != nil {
+				tc.check(t, table, rec)
+			}
+		})
+	}
+}
