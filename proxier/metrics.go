@@ -35,7 +35,6 @@ type Metrics struct {
 // NewMetrics registers everything on a fresh registry (not the global one, so
 // tests can build many proxiers).
 func NewMetrics() *Metrics {
-	perPort := []string{"service_port"}
 	m := &Metrics{
 		Registry: prometheus.NewRegistry(),
 		SyncProxyRulesLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -80,34 +79,6 @@ func NewMetrics() *Metrics {
 			Subsystem: "kubeproxy", Name: "proxy_livez_total",
 			Help: "Cumulative proxy livez HTTP status",
 		}, []string{"code"}),
-		ActiveConnections: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: "kubeproxy", Subsystem: "userspace", Name: "active_connections",
-			Help: "TCP connections being proxied",
-		}, perPort),
-		ConnectionsFailed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "kubeproxy", Subsystem: "userspace", Name: "connections_failed_total",
-			Help: "Client connections (TCP) or datagrams (UDP) that found no reachable endpoint",
-		}, perPort),
-		DialFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "kubeproxy", Subsystem: "userspace", Name: "dial_failures_total",
-			Help: "Failed attempts to connect to an endpoint",
-		}, perPort),
-		DialRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "kubeproxy", Subsystem: "userspace", Name: "dial_retries_total",
-			Help: "Dial attempts made on another endpoint after a failure",
-		}, perPort),
-		AcceptErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "kubeproxy", Subsystem: "userspace", Name: "accept_errors_total",
-			Help: "Errors from accept(), such as EMFILE, each followed by a back-off",
-		}, perPort),
-		BytesTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "kubeproxy", Subsystem: "userspace", Name: "bytes_total",
-			Help: "Bytes proxied; direction in = client to endpoint, out = endpoint to client",
-		}, []string{"service_port", "direction"}),
-		UDPSessions: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: "kubeproxy", Subsystem: "userspace", Name: "udp_sessions",
-			Help: "UDP client sessions with a backend socket",
-		}, perPort),
 		ServicePorts: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "kubeproxy", Subsystem: "userspace", Name: "service_ports",
 			Help: "Service ports with an open proxy socket",
@@ -117,6 +88,14 @@ func NewMetrics() *Metrics {
 			Help: "Expired ClientIP affinity entries removed by the periodic sweep",
 		}),
 	}
+	// The per-port data-path series: one constructor, one line each.
+	m.ActiveConnections = userspaceVec(prometheus.NewGaugeVec, "active_connections", "TCP connections being proxied")
+	m.ConnectionsFailed = userspaceVec(prometheus.NewCounterVec, "connections_failed_total", "Client connections (TCP) or datagrams (UDP) that found no reachable endpoint")
+	m.DialFailures = userspaceVec(prometheus.NewCounterVec, "dial_failures_total", "Failed attempts to connect to an endpoint")
+	m.DialRetries = userspaceVec(prometheus.NewCounterVec, "dial_retries_total", "Dial attempts made on another endpoint after a failure")
+	m.AcceptErrors = userspaceVec(prometheus.NewCounterVec, "accept_errors_total", "Errors from accept(), such as EMFILE, each followed by a back-off")
+	m.BytesTotal = userspaceVec(prometheus.NewCounterVec, "bytes_total", "Bytes proxied; direction in = client to endpoint, out = endpoint to client", "direction")
+	m.UDPSessions = userspaceVec(prometheus.NewGaugeVec, "udp_sessions", "UDP client sessions with a backend socket")
 	m.Registry.MustRegister(
 		m.SyncProxyRulesLatency, m.SyncProxyRulesLastTimestamp, m.NetworkProgrammingLatency,
 		m.EndpointChangesTotal, m.EndpointChangesPending,
@@ -127,6 +106,13 @@ func NewMetrics() *Metrics {
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	return m
+}
+
+// userspaceVec builds a kubeproxy_userspace_* vector labelled by service
+// port (and any extra labels); newVec is prometheus.NewCounterVec or
+// prometheus.NewGaugeVec, whose options types share one shape.
+func userspaceVec[O prometheus.CounterOpts | prometheus.GaugeOpts, V any](newVec func(O, []string) V, name, help string, extra ...string) V {
+	return newVec(O(prometheus.Opts{Namespace: "kubeproxy", Subsystem: "userspace", Name: name, Help: help}), append([]string{"service_port"}, extra...))
 }
 
 // forgetServicePort drops a removed service port's series so /metrics does
