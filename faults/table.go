@@ -355,9 +355,13 @@ func (p *Port) updateAPI(name string, patch []byte) (Toxic, error) {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&v); err != nil {
 		p.mu.Unlock()
-		return Toxic{}, err
+		return Toxic{}, &FieldError{"body", err.Error()}
 	}
 	next := Toxic(v)
+	if next.Port != cur.Port {
+		p.mu.Unlock()
+		return Toxic{}, &FieldError{"port", "not allowed through the API: the proxy is already one service port"}
+	}
 	// Attributes merge: those not given keep their value.
 	merged := cur.Attributes
 	for k, val := range next.Attributes {
