@@ -336,7 +336,7 @@ func TestHandler(t *testing.T) {
 		{name: "toxic update bad attribute", method: "POST", path: webPath + "/toxics/slow", setup: addAPIToxic,
 			body: `{"attributes":{"rate":2}}`, wantStatus: 400, check: checkError("attributes.rate")},
 		{name: "toxic update wrong value type", method: "POST", path: webPath + "/toxics/slow", setup: addAPIToxic,
-			body: `{"toxicity":"half"}`, wantStatus: 400, check: checkError("bad request body")},
+			body: `{"toxicity":"half"}`, wantStatus: 400, check: checkError("toxicity")},
 		{name: "toxic update bad json", method: "POST", path: webPath + "/toxics/slow", setup: addAPIToxic,
 			body: `{`, wantStatus: 400, check: checkError("bad request body")},
 		{name: "toxic update port refused", method: "POST", path: webPath + "/toxics/slow", setup: addAPIToxic,
