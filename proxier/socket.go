@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"sync"
 	"syscall"
 	"time"
 
@@ -98,4 +99,22 @@ func clientAddr(a net.Addr) netip.AddrPort {
 		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 	}
 	return netip.AddrPort{}
+}
+
+// closer closes a proxy socket once and tells its loops, which treat an
+// error after Close as the end rather than as a failure.
+type closer struct {
+	once   *sync.Once
+	closed chan struct{}
+}
+
+func newCloser() closer { return closer{once: &sync.Once{}, closed: make(chan struct{})} }
+
+func (c closer) closeWith(closeSocket func() error) error {
+	var err error
+	c.once.Do(func() {
+		close(c.closed)
+		err = closeSocket()
+	})
+	return err
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net"
 	"net/netip"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,15 +31,14 @@ type tcpProxySocket struct {
 	active                                                         prometheus.Gauge
 	failed, retries, dialFailures, acceptErrors, bytesIn, bytesOut prometheus.Counter
 
-	closeOnce sync.Once
-	closed    chan struct{}
+	closer
 }
 
 func newTCPProxySocket(name loadbalancer.ServicePortName, ln *net.TCPListener, sp *loadbalancer.ServicePort, fp *faults.Port, cfg *socketConfig) *tcpProxySocket {
 	label := name.String()
 	m := cfg.metrics
 	return &tcpProxySocket{
-		name: name, label: label, ln: ln, sp: sp, cfg: cfg, faults: fp, closed: make(chan struct{}),
+		name: name, label: label, ln: ln, sp: sp, cfg: cfg, faults: fp, closer: newCloser(),
 		active:       m.ActiveConnections.WithLabelValues(label),
 		failed:       m.ConnectionsFailed.WithLabelValues(label),
 		retries:      m.DialRetries.WithLabelValues(label),
@@ -54,12 +52,7 @@ func newTCPProxySocket(name loadbalancer.ServicePortName, ln *net.TCPListener, s
 func (s *tcpProxySocket) Port() int { return s.ln.Addr().(*net.TCPAddr).Port }
 
 func (s *tcpProxySocket) Close() error {
-	var err error
-	s.closeOnce.Do(func() {
-		close(s.closed)
-		err = s.ln.Close()
-	})
-	return err
+	return s.closeWith(s.ln.Close)
 }
 
 func (s *tcpProxySocket) Serve() {

@@ -40,8 +40,7 @@ type udpProxySocket struct {
 	mu      sync.Mutex // guards clients; per socket, never global
 	clients map[netip.AddrPort]*udpSession
 
-	closeOnce sync.Once
-	closed    chan struct{}
+	closer
 }
 
 type udpSession struct {
@@ -69,7 +68,7 @@ func newUDPProxySocket(name loadbalancer.ServicePortName, conn *net.UDPConn, sp 
 	return &udpProxySocket{
 		name: name, label: label, conn: conn, sp: sp, cfg: cfg, faults: fp,
 		clients:          map[netip.AddrPort]*udpSession{},
-		closed:           make(chan struct{}),
+		closer:           newCloser(),
 		sessions:         m.UDPSessions.WithLabelValues(label),
 		dialFailures:     m.DialFailures.WithLabelValues(label),
 		bytesIn:          m.BytesTotal.WithLabelValues(label, "in"),
@@ -81,12 +80,7 @@ func newUDPProxySocket(name loadbalancer.ServicePortName, conn *net.UDPConn, sp 
 func (s *udpProxySocket) Port() int { return s.conn.LocalAddr().(*net.UDPAddr).Port }
 
 func (s *udpProxySocket) Close() error {
-	var err error
-	s.closeOnce.Do(func() {
-		close(s.closed)
-		err = s.conn.Close()
-	})
-	return err
+	return s.closeWith(s.conn.Close)
 }
 
 func (s *udpProxySocket) Serve() {
