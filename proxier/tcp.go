@@ -137,7 +137,7 @@ func (s *tcpProxySocket) handle(client *net.TCPConn) {
 		fc.Attach(client, backend)
 		defer fc.Done()
 	}
-	relay.TCP(client, backend, &opts)
+	relay.TCP(client, backend, opts)
 }
 
 func (s *tcpProxySocket) dial(client netip.AddrPort) (*net.TCPConn, error) {

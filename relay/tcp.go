@@ -50,7 +50,7 @@ type Options struct {
 // HalfCloseTimeout to finish, so a peer that never closes cannot pin the
 // goroutines forever (the legacy leak, kubernetes#18354). A reset on one
 // side resets the other.
-func TCP(client, backend *net.TCPConn, o *Options) {
+func TCP(client, backend *net.TCPConn, o Options) {
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {

@@ -32,7 +32,7 @@ func pair(t *testing.T) (a, b *net.TCPConn) {
 
 // relayed starts TCP between two fresh pairs and returns the outer ends: the
 // client's and the backend's.
-func relayed(t *testing.T, o *Options) (client, backend *net.TCPConn, done chan struct{}) {
+func relayed(t *testing.T, o Options) (client, backend *net.TCPConn, done chan struct{}) {
 	client, proxyClient := pair(t)
 	proxyBackend, backend := pair(t)
 	done = make(chan struct{})
@@ -51,7 +51,7 @@ func TestTCPCopiersAndCounters(t *testing.T) {
 	for name, copier := range map[string]Copier{"splice": nil, "buffered": Copy} {
 		t.Run(name, func(t *testing.T) {
 			in, out := &count{}, &count{}
-			client, backend, done := relayed(t, &Options{In: in, Out: out, Upstream: copier, Downstream: copier})
+			client, backend, done := relayed(t, Options{In: in, Out: out, Upstream: copier, Downstream: copier})
 			msg := bytes.Repeat([]byte("abc"), 100_000)
 			go func() { client.Write(msg); client.CloseWrite() }()
 			got, err := io.ReadAll(backend)
@@ -75,7 +75,7 @@ func TestTCPCopiersAndCounters(t *testing.T) {
 // A copier that asks for a reset makes both peers see one.
 func TestTCPErrResetResetsBothPeers(t *testing.T) {
 	reset := func(dst, src *net.TCPConn) (int64, error) { return 0, ErrReset }
-	client, backend, done := relayed(t, &Options{Upstream: reset})
+	client, backend, done := relayed(t, Options{Upstream: reset})
 	<-done
 	for name, c := range map[string]*net.TCPConn{"client": client, "backend": backend} {
 		c.SetReadDeadline(time.Now().Add(2 * time.Second))
@@ -89,7 +89,7 @@ func TestTCPErrResetResetsBothPeers(t *testing.T) {
 // A copier that cuts closes both with a FIN, not a reset.
 func TestTCPErrCutClosesBothPeers(t *testing.T) {
 	cut := func(dst, src *net.TCPConn) (int64, error) { return 0, ErrCut }
-	client, backend, done := relayed(t, &Options{Downstream: cut})
+	client, backend, done := relayed(t, Options{Downstream: cut})
 	<-done
 	for name, c := range map[string]*net.TCPConn{"client": client, "backend": backend} {
 		c.SetReadDeadline(time.Now().Add(2 * time.Second))
