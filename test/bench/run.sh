@@ -21,7 +21,8 @@
 #
 # Environment: BENCH_DURATION (s per run, 8), BENCH_REPS (3), BENCH_IDLE_CONNS
 # (10000), BENCH_PROFILE (1: perf profile of the proxy if perf works),
-# BENCH_OUT (test/bench/results.md). Only addresses inside the namespaces this
+# BENCH_OUT (test/bench/results.md), BENCH_KUP_BIN (a prebuilt proxy binary to
+# measure instead of building this tree's). Only addresses inside the namespaces this
 # script creates are ever sent traffic.
 set -euo pipefail
 
@@ -132,7 +133,13 @@ fi
 
 # --- build -------------------------------------------------------------------
 log "building kube-userspace-proxy and benchtool"
-"$GO" build -o "$WORK/kube-userspace-proxy" ./cmd/kube-userspace-proxy
+if [ -n "${BENCH_KUP_BIN:-}" ]; then
+	# Another build (e.g. of an earlier commit), for a before/after whose
+	# ratios to the kernel come from runs on the same machine.
+	cp "$BENCH_KUP_BIN" "$WORK/kube-userspace-proxy"
+else
+	"$GO" build -o "$WORK/kube-userspace-proxy" ./cmd/kube-userspace-proxy
+fi
 "$GO" build -o "$WORK/benchtool" ./test/bench/benchtool
 BT=$WORK/benchtool
 
