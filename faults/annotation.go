@@ -47,22 +47,25 @@ func ParseAnnotation(value string, ports []ServicePort) (map[string][]Toxic, err
 			return nil, at(&FieldError{"name", fmt.Sprintf("%q is used twice; toxic names must be unique", t.Name)})
 		}
 		names[t.Name] = true
-		matched := 0
+		// A number can name two ports (DNS: 53/TCP and 53/UDP); the toxic
+		// goes to those its type acts on, and is wrong only if none is.
+		matched, wrongProtocol := 0, ""
 		for _, p := range ports {
 			if t.Port != "" && string(t.Port) != p.Name && string(t.Port) != strconv.Itoa(int(p.Number)) {
 				continue
 			}
 			if !t.AppliesTo(p.Protocol) {
-				if t.Port != "" {
-					return nil, at(&FieldError{"type", fmt.Sprintf("%s acts on %s, and port %q is %s", t.Type, protocolsOf(t.Type), t.Port, p.Protocol)})
-				}
+				wrongProtocol = p.Protocol
 				continue
 			}
 			matched++
 			out[p.Name] = append(out[p.Name], t.clone())
 		}
 		if matched == 0 {
-			if t.Port != "" {
+			switch {
+			case t.Port != "" && wrongProtocol != "":
+				return nil, at(&FieldError{"type", fmt.Sprintf("%s acts on %s, and port %q is %s", t.Type, protocolsOf(t.Type), t.Port, wrongProtocol)})
+			case t.Port != "":
 				return nil, at(&FieldError{"port", fmt.Sprintf("the Service has no port %q", t.Port)})
 			}
 			return nil, at(&FieldError{"type", fmt.Sprintf("%s acts on %s, and the Service has no such port", t.Type, protocolsOf(t.Type))})

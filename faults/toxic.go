@@ -3,8 +3,11 @@ package faults
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
+	"reflect"
 	"slices"
 	"sort"
 	"strconv"
@@ -37,6 +40,11 @@ type PortRef string
 
 func (p *PortRef) UnmarshalJSON(b []byte) error {
 	b = bytes.TrimSpace(b)
+	if string(b) == "null" {
+		// As absent, not as port 0.
+		*p = ""
+		return nil
+	}
 	if len(b) > 0 && b[0] == '"' {
 		var s string
 		if err := json.Unmarshal(b, &s); err != nil {
@@ -47,7 +55,7 @@ func (p *PortRef) UnmarshalJSON(b []byte) error {
 	}
 	var n int
 	if err := json.Unmarshal(b, &n); err != nil {
-		return fmt.Errorf("port must be a name or a number")
+		return &FieldError{"port", fmt.Sprintf("must be a port name or number, not %s", b)}
 	}
 	*p = PortRef(strconv.Itoa(n))
 	return nil
@@ -60,10 +68,61 @@ func (t *Toxic) UnmarshalJSON(b []byte) error {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&v); err != nil {
-		return err
+		return fieldOf(err, b)
 	}
 	*t = Toxic(v)
 	return nil
+}
+
+// toxicFields are the JSON fields of a toxic, for "unknown field" errors.
+const toxicFields = "name, type, stream, toxicity, attributes, port, clients, seed"
+
+// fieldOf turns encoding/json's errors into FieldErrors, so a wrong type
+// or a misspelt field is named as Normalize names a wrong value
+// ("toxicity: ...", "attributes.latency: ...") instead of in Go terms
+// ("Go struct field plain.toxicity of type float32").
+func fieldOf(err error, b []byte) error {
+	var te *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &te) && te.Field != "":
+		field := te.Field
+		if i := strings.LastIndex(field, "plain."); i >= 0 {
+			field = field[i+len("plain."):]
+		}
+		if field == "attributes" {
+			// Name the attribute: encoding/json stops at the map.
+			var attrs struct {
+				Attributes map[string]json.RawMessage `json:"attributes"`
+			}
+			if json.Unmarshal(b, &attrs) == nil {
+				for _, k := range slices.Sorted(maps.Keys(attrs.Attributes)) {
+					var f float64
+					if json.Unmarshal(attrs.Attributes[k], &f) != nil {
+						return &FieldError{"attributes." + k, fmt.Sprintf("must be a number, not %s", attrs.Attributes[k])}
+					}
+				}
+			}
+		}
+		return &FieldError{field, fmt.Sprintf("must be a JSON %s, not a JSON %s", jsonKind(te.Type.Kind()), te.Value)}
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		name, _ := strconv.Unquote(strings.TrimPrefix(err.Error(), "json: unknown field "))
+		return &FieldError{name, "unknown field (a toxic has " + toxicFields + ")"}
+	}
+	return err
+}
+
+func jsonKind(k reflect.Kind) string {
+	switch k {
+	case reflect.String:
+		return "string"
+	case reflect.Slice:
+		return "list"
+	case reflect.Map, reflect.Struct:
+		return "object"
+	case reflect.Bool:
+		return "boolean"
+	}
+	return "number"
 }
 
 // kind says where a toxic acts.
@@ -202,7 +261,8 @@ func (t *Toxic) AppliesTo(protocol string) bool {
 	case kindDatagram:
 		return protocol == "UDP"
 	}
-	return true
+	// SCTP has no proxy socket: a toxic there would be listed and do nothing.
+	return protocol == "TCP" || protocol == "UDP"
 }
 
 // protocolsOf says which protocols a type acts on, for error messages.

@@ -1,0 +1,300 @@
+package faults
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+var (
+	tcpHTTP  = ServicePort{Name: "http", Number: 80, Protocol: "TCP"}
+	tcpAdmin = ServicePort{Name: "admin", Number: 9090, Protocol: "TCP"}
+	udpDNS   = ServicePort{Name: "dns", Number: 53, Protocol: "UDP"}
+	tcpDNS   = ServicePort{Name: "dns-tcp", Number: 53, Protocol: "TCP"}
+)
+
+// summary is "port:name/type/stream/toxicity" per toxic, ports in a fixed
+// order, toxics in order, so a case states what it expects in one line.
+func summary(m map[string][]Toxic) string {
+	var out []string
+	for port := range m {
+		if !strings.Contains(" http admin dns dns-tcp sig ", " "+port+" ") {
+			out = append(out, "unexpected port "+port)
+		}
+	}
+	for _, port := range []string{"", "http", "admin", "dns", "dns-tcp", "sig"} {
+		for _, t := range m[port] {
+			out = append(out, port+":"+t.Name+"/"+t.Type+"/"+t.Stream+"/"+strconv.FormatFloat(float64(t.Toxicity), 'g', 3, 32))
+		}
+	}
+	return strings.Join(out, " ")
+}
+
+func TestParseAnnotationValid(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		value string
+		ports []ServicePort
+		want  string
+	}{
+		{
+			// The issue's example, as Toxiproxy writes a toxic.
+			name:  "issue example",
+			value: `[{"name":"slow","type":"latency","stream":"downstream","toxicity":1.0,"attributes":{"latency":300,"jitter":0}}]`,
+			ports: []ServicePort{tcpHTTP},
+			want:  "http:slow/latency/downstream/1",
+		},
+		{
+			// Toxiproxy's README: the body its API returns for a latency
+			// toxic, pasted unchanged.
+			name:  "toxiproxy README response",
+			value: `[{"attributes":{"latency":1000,"jitter":0},"name":"latency_downstream","type":"latency","stream":"downstream","toxicity":1}]`,
+			ports: []ServicePort{tcpHTTP},
+			want:  "http:latency_downstream/latency/downstream/1",
+		},
+		{
+			// Toxiproxy's README: the body its API accepts, defaults unsaid.
+			name:  "toxiproxy README request",
+			value: `[{"type" : "latency", "attributes" : {"latency" : 1000}}]`,
+			ports: []ServicePort{tcpHTTP},
+			want:  "http:latency_downstream/latency/downstream/1",
+		},
+		{
+			name:  "defaults: name from type and stream, toxicity 1, downstream",
+			value: `[{"type":"reset_peer"},{"type":"limit_data","stream":"upstream","attributes":{"bytes":10}}]`,
+			ports: []ServicePort{tcpHTTP},
+			want:  "http:reset_peer_downstream/reset_peer/downstream/1 http:limit_data_upstream/limit_data/upstream/1",
+		},
+		{
+			name:  "explicit toxicity 0 is kept, not defaulted",
+			value: `[{"type":"timeout","toxicity":0}]`,
+			ports: []ServicePort{tcpHTTP},
+			want:  "http:timeout_downstream/timeout/downstream/0",
+		},
+		{
+			name:  "no port: every port",
+			value: `[{"type":"latency","toxicity":0.3,"attributes":{"latency":5}}]`,
+			ports: []ServicePort{tcpHTTP, tcpAdmin},
+			want:  "http:latency_downstream/latency/downstream/0.3 admin:latency_downstream/latency/downstream/0.3",
+		},
+		{
+			name:  "port by name",
+			value: `[{"type":"refuse","port":"admin"}]`,
+			ports: []ServicePort{tcpHTTP, tcpAdmin},
+			want:  "admin:refuse_downstream/refuse/downstream/1",
+		},
+		{
+			name:  "port by number",
+			value: `[{"type":"refuse","port":80}]`,
+			ports: []ServicePort{tcpHTTP, tcpAdmin},
+			want:  "http:refuse_downstream/refuse/downstream/1",
+		},
+		{
+			name:  "port by number as a string",
+			value: `[{"type":"refuse","port":"9090"}]`,
+			ports: []ServicePort{tcpHTTP, tcpAdmin},
+			want:  "admin:refuse_downstream/refuse/downstream/1",
+		},
+		{
+			name:  "unnamed single port, by number",
+			value: `[{"type":"slow_close","port":80,"attributes":{"delay":100}}]`,
+			ports: []ServicePort{{Number: 80, Protocol: "TCP"}},
+			want:  ":slow_close_downstream/slow_close/downstream/1",
+		},
+		{
+			name:  "no port: a type goes only to the ports it can act on",
+			value: `[{"type":"loss","attributes":{"rate":0.5}},{"type":"bandwidth","attributes":{"rate":100}},{"type":"latency","attributes":{"latency":1}}]`,
+			ports: []ServicePort{tcpHTTP, udpDNS},
+			want:  "http:bandwidth_downstream/bandwidth/downstream/1 http:latency_downstream/latency/downstream/1 dns:loss_downstream/loss/downstream/1 dns:latency_downstream/latency/downstream/1",
+		},
+		{
+			// DNS serves 53 over TCP and UDP: a number names both, and each
+			// toxic goes to the one its type acts on.
+			name:  "a number shared by a TCP and a UDP port",
+			value: `[{"type":"loss","port":53},{"type":"refuse","port":53},{"type":"latency","port":53,"attributes":{"latency":1}}]`,
+			ports: []ServicePort{udpDNS, tcpDNS},
+			want:  "dns:loss_downstream/loss/downstream/1 dns:latency_downstream/latency/downstream/1 dns-tcp:refuse_downstream/refuse/downstream/1 dns-tcp:latency_downstream/latency/downstream/1",
+		},
+		{
+			// SCTP ports have no proxy socket, so they get no toxics.
+			name:  "no port: SCTP ports left out",
+			value: `[{"type":"latency","attributes":{"latency":1}}]`,
+			ports: []ServicePort{tcpHTTP, {Name: "sig", Number: 3868, Protocol: "SCTP"}},
+			want:  "http:latency_downstream/latency/downstream/1",
+		},
+		{
+			name:  "UDP toxics on a UDP port",
+			value: `[{"type":"loss","attributes":{"p":0.1,"r":0.5}},{"type":"duplicate","stream":"upstream","attributes":{"rate":0.2}},{"type":"reorder","attributes":{"rate":0.1,"delay":5}},{"type":"down"}]`,
+			ports: []ServicePort{udpDNS},
+			want:  "dns:loss_downstream/loss/downstream/1 dns:duplicate_upstream/duplicate/upstream/1 dns:reorder_downstream/reorder/downstream/1 dns:down_downstream/down/downstream/1",
+		},
+		{
+			name:  "port null is no port",
+			value: `[{"type":"refuse","port":null}]`,
+			ports: []ServicePort{tcpHTTP},
+			want:  "http:refuse_downstream/refuse/downstream/1",
+		},
+		{
+			name:  "clients: CIDRs and bare addresses",
+			value: `[{"type":"reset_peer","clients":["10.0.0.0/8","192.168.1.7","fd00::/8"]}]`,
+			ports: []ServicePort{tcpHTTP},
+			want:  "http:reset_peer_downstream/reset_peer/downstream/1",
+		},
+		{
+			name:  "empty list",
+			value: `[]`,
+			ports: []ServicePort{tcpHTTP},
+			want:  "",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ParseAnnotation(tc.value, tc.ports)
+			if err != nil {
+				t.Fatalf("ParseAnnotation: %v", err)
+			}
+			if s := summary(got); s != tc.want {
+				t.Fatalf("got  %s\nwant %s", s, tc.want)
+			}
+		})
+	}
+}
+
+// Attributes not given take their type's default; given ones are kept.
+func TestParseAnnotationAttributeDefaults(t *testing.T) {
+	got, err := ParseAnnotation(`[
+		{"type":"latency","attributes":{"latency":300}},
+		{"type":"slicer","stream":"upstream","attributes":{"average_size":64}},
+		{"type":"loss","port":"dns"},
+		{"type":"connect_delay","port":"http"}
+	]`, []ServicePort{tcpHTTP, udpDNS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]map[string]float64{
+		"latency_downstream":       {"latency": 300, "jitter": 0},
+		"slicer_upstream":          {"average_size": 64, "size_variation": 0, "delay": 0},
+		"loss_downstream":          {"rate": 1, "p": 0, "r": 1, "loss_bad": 1, "loss_good": 0},
+		"connect_delay_downstream": {"delay": 0, "jitter": 0},
+	}
+	seen := 0
+	for _, toxics := range got {
+		for _, tx := range toxics {
+			w, ok := want[tx.Name]
+			if !ok {
+				continue
+			}
+			seen++
+			if len(tx.Attributes) != len(w) {
+				t.Errorf("%s: attributes %v, want %v", tx.Name, tx.Attributes, w)
+			}
+			for k, v := range w {
+				if got, ok := tx.Attributes[k]; !ok || got != v {
+					t.Errorf("%s: %s = %v (present %v), want %v", tx.Name, k, got, ok, v)
+				}
+			}
+		}
+	}
+	// latency goes to both ports.
+	if seen != 5 {
+		t.Fatalf("saw %d toxics, want 5: %v", seen, got)
+	}
+}
+
+// Every error names the toxic's index and the field to fix.
+func TestParseAnnotationErrors(t *testing.T) {
+	both := []ServicePort{tcpHTTP, udpDNS}
+	for _, tc := range []struct {
+		name  string
+		value string
+		ports []ServicePort
+		want  string // a substring of the error; the field path comes first
+	}{
+		{"not JSON", `latency please`, both, "not a JSON list of toxics"},
+		{"an object, not a list", `{"type":"latency"}`, both, "not a JSON list of toxics"},
+		{"type missing", `[{"name":"x"}]`, both, "[0].type: required"},
+		{"type unknown", `[{"type":"latency"},{"type":"lag"}]`, both, `[1].type: unknown toxic type "lag"`},
+		{"stream unknown", `[{"type":"latency","stream":"sideways"}]`, both, "[0].stream: must be"},
+		{"toxicity above 1", `[{"type":"latency","toxicity":1.5}]`, both, "[0].toxicity: must be within [0, 1]"},
+		{"toxicity negative", `[{"type":"latency","toxicity":-0.1}]`, both, "[0].toxicity: must be within [0, 1]"},
+		{"toxicity not a number", `[{"type":"latency","toxicity":"high"}]`, both, "[0].toxicity: must be a JSON number, not a JSON string"},
+		{"attribute unknown", `[{"type":"latency","attributes":{"delay":5}}]`, both, "[0].attributes.delay: not an attribute of latency (known: jitter, latency)"},
+		{"attribute negative", `[{"type":"latency","attributes":{"latency":-5}}]`, both, "[0].attributes.latency: must not be negative"},
+		{"attribute not a number", `[{"type":"latency","attributes":{"latency":"300ms"}}]`, both, `[0].attributes.latency: must be a number, not "300ms"`},
+		{"attributes not an object", `[{"type":"latency","attributes":[300]}]`, both, "[0].attributes: must be a JSON object, not a JSON array"},
+		{"name not a string", `[{"type":"latency","name":5}]`, both, "[0].name: must be a JSON string, not a JSON number"},
+		{"clients not a list", `[{"type":"latency","clients":"10.0.0.0/8"}]`, both, "[0].clients: must be a JSON list, not a JSON string"},
+		{"seed not a number", `[{"type":"latency","seed":"x"}]`, both, "[0].seed: must be a JSON number, not a JSON string"},
+		{"probability above 1", `[{"type":"loss","attributes":{"rate":50}}]`, both, "[0].attributes.rate: is a probability"},
+		{"bandwidth rate 0", `[{"type":"bandwidth"}]`, both, "[0].attributes.rate: must be greater than 0"},
+		{"slicer size 0", `[{"type":"slicer"}]`, both, "[0].attributes.average_size: must be greater than 0"},
+		{"unknown field", `[{"type":"latency","latancy":300}]`, both, "[0].latancy: unknown field (a toxic has name, type, stream, toxicity, attributes, port, clients, seed)"},
+		{"name twice", `[{"type":"latency"},{"type":"latency","attributes":{"latency":1}}]`, both, `[1].name: "latency_downstream" is used twice`},
+		{"client not a CIDR", `[{"type":"latency","clients":["10.0.0.0/8","ten"]}]`, both, `[0].clients[1]: "ten" is not a CIDR or an IP`},
+		{"port not on the Service, by name", `[{"type":"latency","port":"https"}]`, both, `[0].port: the Service has no port "https"`},
+		{"port not on the Service, by number", `[{"type":"latency","port":443}]`, both, `[0].port: the Service has no port "443"`},
+		{"port neither name nor number", `[{"type":"latency","port":[80]}]`, both, "[0].port: must be a port name or number, not [80]"},
+		{"port a fraction", `[{"type":"latency","port":80.5}]`, both, "[0].port: must be a port name or number, not 80.5"},
+		{"TCP-only toxic on a UDP port", `[{"type":"reset_peer","port":"dns"}]`, both, `[0].type: reset_peer acts on TCP, and port "dns" is UDP`},
+		{"connect-time toxic on a UDP port", `[{"type":"refuse","port":53}]`, both, `[0].type: refuse acts on TCP, and port "53" is UDP`},
+		{"UDP toxic on a TCP port", `[{"type":"loss","port":"http"}]`, both, `[0].type: loss acts on UDP, and port "http" is TCP`},
+		{"UDP toxic on a TCP port, by number", `[{"type":"duplicate","port":80}]`, both, `[0].type: duplicate acts on UDP, and port "80" is TCP`},
+		{"any toxic on an SCTP port", `[{"type":"latency","port":"sig"}]`, []ServicePort{tcpHTTP, {Name: "sig", Number: 3868, Protocol: "SCTP"}}, `[0].type: latency acts on TCP and UDP, and port "sig" is SCTP`},
+		{"UDP toxic, no UDP port", `[{"type":"reorder"}]`, []ServicePort{tcpHTTP}, "[0].type: reorder acts on UDP, and the Service has no such port"},
+		{"TCP toxic, no TCP port", `[{"type":"slow_close"}]`, []ServicePort{udpDNS}, "[0].type: slow_close acts on TCP, and the Service has no such port"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ParseAnnotation(tc.value, tc.ports)
+			if err == nil {
+				t.Fatalf("no error; parsed %s", summary(got))
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %q, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// ForService reads the annotation against the Service's own ports, the
+// protocol defaulting to TCP as the API server defaults it.
+func TestForService(t *testing.T) {
+	svc := &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web"},
+		Spec: v1.ServiceSpec{Ports: []v1.ServicePort{
+			{Name: "http", Port: 80},
+			{Name: "dns", Port: 53, Protocol: v1.ProtocolUDP},
+		}},
+	}
+	if got, err := ForService(svc); got != nil || err != nil {
+		t.Fatalf("no annotation: got %v, %v; want nil, nil", got, err)
+	}
+	svc.Annotations = map[string]string{Annotation: `[{"type":"reset_peer"},{"type":"loss","attributes":{"rate":0.1}}]`}
+	got, err := ForService(svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := summary(got); s != "http:reset_peer_downstream/reset_peer/downstream/1 dns:loss_downstream/loss/downstream/1" {
+		t.Fatalf("got %s", s)
+	}
+	svc.Annotations[Annotation] = `[{"type":"loss","port":"http"}]`
+	if _, err := ForService(svc); err == nil || !strings.Contains(err.Error(), "[0].type") {
+		t.Fatalf("loss on the TCP port: err %v, want a [0].type error", err)
+	}
+}
+
+func TestProxyName(t *testing.T) {
+	for _, tc := range []struct {
+		ns, svc, port string
+		number        int
+		want          string
+	}{
+		{"default", "web", "http", 80, "default.web.http"},
+		{"kube-system", "kube-dns", "", 53, "kube-system.kube-dns.53"},
+	} {
+		if got := ProxyName(tc.ns, tc.svc, tc.port, tc.number); got != tc.want {
+			t.Errorf("ProxyName(%q, %q, %q, %d) = %q, want %q", tc.ns, tc.svc, tc.port, tc.number, got, tc.want)
+		}
+	}
+}
