@@ -1,6 +1,7 @@
 package faults
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,13 +20,14 @@ var (
 // summary is "port:name/type/stream/toxicity" per toxic, ports in a fixed
 // order, toxics in order, so a case states what it expects in one line.
 func summary(m map[string][]Toxic) string {
+	order := []string{"", "http", "admin", "dns", "dns-tcp", "sig"}
 	var out []string
 	for port := range m {
-		if !strings.Contains(" http admin dns dns-tcp sig ", " "+port+" ") {
+		if !slices.Contains(order, port) {
 			out = append(out, "unexpected port "+port)
 		}
 	}
-	for _, port := range []string{"", "http", "admin", "dns", "dns-tcp", "sig"} {
+	for _, port := range order {
 		for _, t := range m[port] {
 			out = append(out, port+":"+t.Name+"/"+t.Type+"/"+t.Stream+"/"+strconv.FormatFloat(float64(t.Toxicity), 'g', 3, 32))
 		}
