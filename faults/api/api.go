@@ -189,9 +189,8 @@ func (s *server) populate(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) proxyShow(w http.ResponseWriter, r *http.Request) {
-	info, err := s.table.Proxy(r.PathValue("proxy"))
-	if err != nil {
-		s.fail(w, r, err, false)
+	info, ok := s.proxy(w, r)
+	if !ok {
 		return
 	}
 	writeJSON(w, http.StatusOK, proxyOut(info))
@@ -203,9 +202,8 @@ func (s *server) proxyShow(w http.ResponseWriter, r *http.Request) {
 // Toxiproxy; "toxics" is ignored, as in Toxiproxy.
 func (s *server) proxyUpdate(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("proxy")
-	info, err := s.table.Proxy(name)
-	if err != nil {
-		s.fail(w, r, err, false)
+	info, ok := s.proxy(w, r)
+	if !ok {
 		return
 	}
 	body, ok := readBody(w, r)
@@ -238,6 +236,7 @@ func (s *server) proxyUpdate(w http.ResponseWriter, r *http.Request) {
 	// before then sends a stale copy with Disable or Enable, and refusing it
 	// would leave the proxy stuck down. The reply shows the real upstream.
 	if in.Enabled != nil && *in.Enabled != info.Enabled {
+		var err error
 		info, err = s.table.SetEnabled(name, *in.Enabled)
 		if err != nil {
 			s.fail(w, r, err, false)
@@ -249,8 +248,7 @@ func (s *server) proxyUpdate(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) proxyDelete(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("proxy")
-	if _, err := s.table.Proxy(name); err != nil {
-		s.fail(w, r, err, false)
+	if _, ok := s.proxy(w, r); !ok {
 		return
 	}
 	writeError(w, http.StatusConflict, fmt.Sprintf(
@@ -259,9 +257,8 @@ func (s *server) proxyDelete(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) toxicIndex(w http.ResponseWriter, r *http.Request) {
-	info, err := s.table.Proxy(r.PathValue("proxy"))
-	if err != nil {
-		s.fail(w, r, err, false)
+	info, ok := s.proxy(w, r)
+	if !ok {
 		return
 	}
 	writeJSON(w, http.StatusOK, proxyOut(info).Toxics)
@@ -269,8 +266,7 @@ func (s *server) toxicIndex(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) toxicCreate(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("proxy")
-	if _, err := s.table.Proxy(name); err != nil {
-		s.fail(w, r, err, false)
+	if _, ok := s.proxy(w, r); !ok {
 		return
 	}
 	body, ok := readBody(w, r)
@@ -470,4 +466,15 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	h.Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(status)
 	_, _ = w.Write(append(data, '\n'))
+}
+
+// proxy looks up the request's proxy; when there is none it has answered
+// with Toxiproxy's 404.
+func (s *server) proxy(w http.ResponseWriter, r *http.Request) (faults.ProxyInfo, bool) {
+	info, err := s.table.Proxy(r.PathValue("proxy"))
+	if err != nil {
+		s.fail(w, r, err, false)
+		return faults.ProxyInfo{}, false
+	}
+	return info, true
 }
