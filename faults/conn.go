@@ -51,7 +51,6 @@ func (p *Port) Accept(client netip.Addr) *Conn {
 		return c
 	}
 	var up, down []*compiled
-	capped := p.table.maxActive > 0 && p.active.Load() >= int64(p.table.maxActive)
 	for _, t := range s.toxics {
 		if t.kind == kindDatagram || !t.matches(client) {
 			continue
@@ -59,7 +58,9 @@ func (p *Port) Accept(client netip.Addr) *Conn {
 		if draw(t.seed, t.key, seq, saltToxicity) >= float64(t.Toxicity) {
 			continue
 		}
-		if capped {
+		// The slot is taken at the first toxic that applies, so two
+		// connections accepted at once cannot both take the last one.
+		if !c.faulted && !p.reserve() {
 			s.skipped.Inc()
 			break
 		}
@@ -88,6 +89,10 @@ func (p *Port) Accept(client netip.Addr) *Conn {
 		}
 	}
 	if c.Refuse {
+		// A refused connection is over at once: it holds no slot.
+		if c.faulted {
+			p.active.Add(-1)
+		}
 		c.Upstream, c.Downstream = nil, nil
 		return c
 	}
@@ -98,13 +103,27 @@ func (p *Port) Accept(client netip.Addr) *Conn {
 		c.Downstream = newPipeline(down, seq).copy
 	}
 	if c.faulted {
-		p.active.Add(1)
 		s.faultedLive.Inc()
 	}
 	if !c.faulted && !track {
 		return nil
 	}
 	return c
+}
+
+// reserve takes one of the port's faulted-connection slots, false when
+// --fault-max-active are taken.
+func (p *Port) reserve() bool {
+	limit := int64(p.table.maxActive)
+	for {
+		n := p.active.Load()
+		if limit > 0 && n >= limit {
+			return false
+		}
+		if p.active.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
 }
 
 // Attach registers the connection's sockets so a port going down can cut
@@ -117,10 +136,22 @@ func (c *Conn) Attach(client, backend *net.TCPConn) {
 	c.port.liveMu.Lock()
 	c.port.live[c.live] = struct{}{}
 	c.port.liveMu.Unlock()
-	// A port that went down between accept and now must not keep it.
-	if s := c.port.snap.Load(); !s.enabled {
+	// A port set down, or given a down toxic, between accept and now
+	// must not keep it: the cut of live connections did not see it yet.
+	if s := c.port.snap.Load(); !s.enabled || (s != c.snap && s.downDraws(c.seq, c.client)) {
 		c.live.cut()
 	}
+}
+
+// downDraws reports whether a down toxic of s applies to the connection
+// with this sequence number: the draw Accept would have made.
+func (s *snapshot) downDraws(seq uint64, client netip.Addr) bool {
+	for _, t := range s.toxics {
+		if t.kind == kindDown && t.matches(client) && draw(t.seed, t.key, seq, saltToxicity) < float64(t.Toxicity) {
+			return true
+		}
+	}
+	return false
 }
 
 // Done releases what Accept and Attach took.

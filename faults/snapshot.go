@@ -23,6 +23,8 @@ func (c *compiled) matches(client netip.Addr) bool {
 	if len(c.clients) == 0 {
 		return true
 	}
+	// An IPv4 client on a dual-stack socket arrives as ::ffff:a.b.c.d.
+	client = client.Unmap()
 	for _, p := range c.clients {
 		if p.Contains(client) {
 			return true

@@ -1,0 +1,187 @@
+package faults
+
+import (
+	"math"
+	"slices"
+	"testing"
+)
+
+// A draw is a pure function of its inputs: the same (seed, toxic, port,
+// sequence number) gives the same number in any order and any run, and
+// changing any one of them gives other numbers.
+func TestDrawDeterminism(t *testing.T) {
+	const n = 1000
+	decisions := func(seed uint64, toxic, port string, salt uint64) []bool {
+		key := keyOf(toxic, port)
+		out := make([]bool, n)
+		for i := range out {
+			out[i] = draw(seed, key, uint64(i), salt) < 0.5
+		}
+		return out
+	}
+	base := decisions(42, "slow", "default.web.http", saltToxicity)
+	// The same inputs drawn backwards: no hidden state.
+	key := keyOf("slow", "default.web.http")
+	for i := n - 1; i >= 0; i-- {
+		if got := draw(42, key, uint64(i), saltToxicity) < 0.5; got != base[i] {
+			t.Fatalf("draw %d differs when drawn in another order", i)
+		}
+	}
+	for _, tc := range []struct {
+		name        string
+		seed        uint64
+		toxic, port string
+		salt        uint64
+	}{
+		{"another seed", 43, "slow", "default.web.http", saltToxicity},
+		{"another toxic", 42, "slow2", "default.web.http", saltToxicity},
+		{"another port", 42, "slow", "default.web.admin", saltToxicity},
+		{"another purpose", 42, "slow", "default.web.http", saltEffect},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			other := decisions(tc.seed, tc.toxic, tc.port, tc.salt)
+			if slices.Equal(other, base) {
+				t.Fatal("same decisions as the base draw")
+			}
+			// Independent draws agree about half the time.
+			same := 0
+			for i := range other {
+				if other[i] == base[i] {
+					same++
+				}
+			}
+			if same < 400 || same > 600 {
+				t.Fatalf("%d of %d decisions agree with the base draw; independent draws agree about 500", same, n)
+			}
+			if again := decisions(tc.seed, tc.toxic, tc.port, tc.salt); !slices.Equal(again, other) {
+				t.Fatal("the same inputs gave other decisions")
+			}
+		})
+	}
+}
+
+// Draws are uniform on [0, 1): what toxicity and rates rely on.
+func TestDrawUniform(t *testing.T) {
+	const n = 100_000
+	var buckets [10]int
+	key := keyOf("x", "y")
+	for i := range n {
+		d := draw(7, key, uint64(i), saltToxicity)
+		if d < 0 || d >= 1 {
+			t.Fatalf("draw %d = %v, outside [0, 1)", i, d)
+		}
+		buckets[int(d*10)]++
+	}
+	for i, b := range buckets {
+		// n/10 = 10,000 with σ ≈ 95: 5σ either side.
+		if math.Abs(float64(b)-n/10) > 500 {
+			t.Fatalf("bucket %d holds %d of %d draws: %v", i, b, n, buckets)
+		}
+	}
+}
+
+// toxicity 0.3 over 1,000 connections faults 300 ± 45 of them, the same
+// ones in two runs with the same seed and others with another seed.
+func TestToxicityOver1000Connections(t *testing.T) {
+	const lat = `{"name":"slow","type":"latency","toxicity":0.3,"attributes":{"latency":300}}`
+	run := func(seed int64) []bool {
+		_, p := declared(t, seed, 0, "TCP", lat)
+		return faultedSet(p, 1000, client1)
+	}
+	count := func(s []bool) (n int) {
+		for _, b := range s {
+			if b {
+				n++
+			}
+		}
+		return n
+	}
+	for _, seed := range []int64{0, 1, 42, -7, 1 << 40} {
+		first := run(seed)
+		n := count(first)
+		t.Logf("seed %d: %d of 1000 connections faulted", seed, n)
+		if n < 255 || n > 345 {
+			t.Errorf("seed %d: %d of 1000 connections faulted, want 300 ± 45", seed, n)
+		}
+		if again := run(seed); !slices.Equal(again, first) {
+			t.Errorf("seed %d: two runs faulted different connections", seed)
+		}
+		if other := run(seed + 1); slices.Equal(other, first) {
+			t.Errorf("seeds %d and %d faulted the same connections", seed, seed+1)
+		}
+	}
+}
+
+// A toxic's own seed overrides the table's: the same toxic with seed 5
+// decides alike under any --fault-seed.
+func TestToxicSeedOverridesTableSeed(t *testing.T) {
+	const lat = `{"name":"slow","type":"latency","toxicity":0.5,"seed":5,"attributes":{"latency":1}}`
+	_, p1 := declared(t, 1, 0, "TCP", lat)
+	_, p2 := declared(t, 2, 0, "TCP", lat)
+	if !slices.Equal(faultedSet(p1, 200, client1), faultedSet(p2, 200, client1)) {
+		t.Fatal("a toxic with its own seed decided differently under two table seeds")
+	}
+}
+
+// The toxicity of a connection is drawn once, from its own toxic: adding,
+// changing or removing another toxic never changes which connections the
+// first one takes (Toxiproxy re-draws; its #603).
+func TestToxicityNotRedrawnWhenAnotherToxicChanges(t *testing.T) {
+	const lat = `{"name":"slow","type":"latency","toxicity":0.3,"attributes":{"latency":1}}`
+	// slowSet records which connections got the latency toxic (a
+	// downstream copier), whatever else they got.
+	slowSet := func(p *Port, n int) []bool {
+		out := make([]bool, n)
+		for i := range out {
+			if c := p.Accept(client1); c != nil {
+				out[i] = c.Downstream != nil
+				c.Done()
+			}
+		}
+		return out
+	}
+	_, alone := declared(t, 9, 0, "TCP", lat)
+	want := slowSet(alone, 600)
+
+	tbl, p := declared(t, 9, 0, "TCP", lat)
+	got := slowSet(p, 200)
+	if _, err := tbl.AddToxic(p.Name(), toxic(t, `{"name":"cut","type":"limit_data","stream":"upstream","toxicity":0.5,"attributes":{"bytes":10}}`)); err != nil {
+		t.Fatal(err)
+	}
+	got = append(got, slowSet(p, 200)...)
+	if _, err := tbl.UpdateToxic(p.Name(), "cut", []byte(`{"toxicity":0.9}`)); err != nil {
+		t.Fatal(err)
+	}
+	got = append(got, slowSet(p, 100)...)
+	if err := tbl.RemoveToxic(p.Name(), "cut"); err != nil {
+		t.Fatal(err)
+	}
+	got = append(got, slowSet(p, 100)...)
+	if !slices.Equal(got, want) {
+		t.Fatal("another toxic's changes moved which connections the latency toxic takes")
+	}
+}
+
+// clients narrows a toxic to some client addresses; others are not faulted
+// (and cost no draw: the sequence still advances for everyone).
+func TestClientsNarrowAToxic(t *testing.T) {
+	_, p := declared(t, 0, 0, "TCP", `{"type":"refuse","clients":["10.1.0.0/16","192.168.0.9"]}`)
+	for _, tc := range []struct {
+		from    string
+		refused bool
+	}{
+		{"10.1.2.3", true},
+		{"10.2.0.1", false},
+		{"192.168.0.9", true},
+		{"192.168.0.10", false},
+		{"::ffff:10.1.0.1", true}, // IPv4 on a dual-stack socket
+	} {
+		c := p.Accept(mustAddr(tc.from))
+		if got := c != nil && c.Refuse; got != tc.refused {
+			t.Errorf("client %s: refused %v, want %v", tc.from, got, tc.refused)
+		}
+		if c != nil {
+			c.Done()
+		}
+	}
+}

@@ -1,0 +1,402 @@
+package faults
+
+import (
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// origins lists a port's toxics as "name:origin" in order.
+func origins(t *testing.T, tbl *Table, proxy string) string {
+	t.Helper()
+	info, err := tbl.Proxy(proxy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, a := range info.Toxics {
+		out = append(out, a.Name+":"+a.Origin)
+	}
+	return strings.Join(out, " ")
+}
+
+// The API's verbs on a table whose port declares one toxic: each step
+// states the error it must give (nil for none) and the toxics listed after.
+func TestTableAPISemantics(t *testing.T) {
+	tbl, p := declared(t, 0, 0, "TCP", `{"name":"declared","type":"latency","attributes":{"latency":5}}`)
+	udp := tbl.Port("default.dns.53", "UDP")
+	web := p.Name()
+	var fe *FieldError
+	isField := func(field string) func(error) bool {
+		return func(err error) bool { return errors.As(err, &fe) && fe.Field == field }
+	}
+	is := func(target error) func(error) bool { return func(err error) bool { return errors.Is(err, target) } }
+	ok := func(err error) bool { return err == nil }
+	add := func(proxy, js string) func() error {
+		return func() error {
+			var tx Toxic
+			if err := tx.UnmarshalJSON([]byte(js)); err != nil {
+				return err
+			}
+			_, err := tbl.AddToxic(proxy, tx)
+			return err
+		}
+	}
+	update := func(name, patch string) func() error {
+		return func() error { _, err := tbl.UpdateToxic(web, name, []byte(patch)); return err }
+	}
+	remove := func(name string) func() error { return func() error { return tbl.RemoveToxic(web, name) } }
+
+	for _, step := range []struct {
+		name   string
+		do     func() error
+		errOK  func(error) bool
+		toxics string
+	}{
+		{"add", add(web, `{"name":"cut","type":"reset_peer","toxicity":0.5}`), ok, "declared:annotation cut:api"},
+		{"add again", add(web, `{"name":"cut","type":"reset_peer"}`), is(ErrToxicExists), "declared:annotation cut:api"},
+		{"add over a declared name", add(web, `{"name":"declared","type":"timeout"}`), is(ErrToxicExists), "declared:annotation cut:api"},
+		{"add to a missing proxy", add("default.nope.http", `{"type":"timeout"}`), is(ErrProxyNotFound), "declared:annotation cut:api"},
+		{"add with a port", add(web, `{"type":"timeout","port":"http"}`), isField("port"), "declared:annotation cut:api"},
+		{"add a UDP toxic to TCP", add(web, `{"type":"loss"}`), isField("type"), "declared:annotation cut:api"},
+		{"add a TCP toxic to UDP", add(udp.Name(), `{"type":"slicer","attributes":{"average_size":10}}`), isField("type"), "declared:annotation cut:api"},
+		{"add invalid", add(web, `{"type":"latency","toxicity":2}`), isField("toxicity"), "declared:annotation cut:api"},
+		{"add default name", add(web, `{"type":"slow_close","attributes":{"delay":10}}`), ok, "declared:annotation cut:api slow_close_downstream:api"},
+		{"update", update("cut", `{"toxicity":0.25}`), ok, "declared:annotation cut:api slow_close_downstream:api"},
+		{"update bad value", update("cut", `{"toxicity":7}`), isField("toxicity"), "declared:annotation cut:api slow_close_downstream:api"},
+		{"update bad body", update("cut", `{"toxicity":`), isField("body"), "declared:annotation cut:api slow_close_downstream:api"},
+		{"update unknown field", update("cut", `{"latancy":1}`), isField("body"), "declared:annotation cut:api slow_close_downstream:api"},
+		{"update port", update("cut", `{"port":"http"}`), isField("port"), "declared:annotation cut:api slow_close_downstream:api"},
+		{"update missing", update("nope", `{"toxicity":1}`), is(ErrToxicNotFound), "declared:annotation cut:api slow_close_downstream:api"},
+		{"update declared", update("declared", `{"toxicity":0}`), is(ErrDeclared), "declared:annotation cut:api slow_close_downstream:api"},
+		{"remove declared", remove("declared"), is(ErrDeclared), "declared:annotation cut:api slow_close_downstream:api"},
+		{"remove missing", remove("nope"), is(ErrToxicNotFound), "declared:annotation cut:api slow_close_downstream:api"},
+		{"remove", remove("slow_close_downstream"), ok, "declared:annotation cut:api"},
+		{"reset keeps declared", func() error { tbl.Reset(); return nil }, ok, "declared:annotation"},
+	} {
+		err := step.do()
+		if !step.errOK(err) {
+			t.Fatalf("%s: unexpected error %v", step.name, err)
+		}
+		if got := origins(t, tbl, web); got != step.toxics {
+			t.Fatalf("%s: toxics %q, want %q", step.name, got, step.toxics)
+		}
+	}
+}
+
+// An update merges: attributes not given keep their value, the name and
+// type cannot change, and the result is checked like a new toxic.
+func TestTableUpdateMerges(t *testing.T) {
+	tbl, p := declared(t, 0, 0, "TCP")
+	if _, err := tbl.AddToxic(p.Name(), toxic(t, `{"name":"lat","type":"latency","toxicity":0.5,"attributes":{"latency":100,"jitter":10}}`)); err != nil {
+		t.Fatal(err)
+	}
+	got, err := tbl.UpdateToxic(p.Name(), "lat", []byte(`{"attributes":{"jitter":20},"stream":"upstream","name":"renamed","type":"timeout"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Name != "lat" || got.Type != "latency" || got.Stream != Upstream || got.Toxicity != 0.5 ||
+		got.Attributes["latency"] != 100 || got.Attributes["jitter"] != 20 {
+		t.Fatalf("updated to %+v", got)
+	}
+	at, err := tbl.Toxic(p.Name(), "lat")
+	if err != nil || at.Origin != OriginAPI || at.Attributes["jitter"] != 20 {
+		t.Fatalf("Toxic(lat) = %+v, %v", at, err)
+	}
+}
+
+// What the API changes is what the next connection meets; a connection
+// already accepted keeps what it drew.
+func TestTableChangesApplyToNewConnections(t *testing.T) {
+	tbl, p := declared(t, 0, 0, "TCP")
+	if c := p.Accept(client1); c != nil {
+		t.Fatal("no toxic: Accept must return nil (the splice path)")
+	}
+	if _, err := tbl.AddToxic(p.Name(), toxic(t, `{"name":"r","type":"refuse"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if c := p.Accept(client1); c == nil || !c.Refuse {
+		t.Fatalf("after adding refuse: %+v, want refused", c)
+	}
+	if err := tbl.RemoveToxic(p.Name(), "r"); err != nil {
+		t.Fatal(err)
+	}
+	if c := p.Accept(client1); c != nil {
+		t.Fatalf("after removing refuse: %+v, want nil", c)
+	}
+	// Declared toxics are replaced by the next sync, not removed by the API.
+	p.SetDeclared([]Toxic{toxic(t, `{"type":"refuse"}`)})
+	if c := p.Accept(client1); c == nil || !c.Refuse {
+		t.Fatal("declared refuse not applied")
+	}
+	p.SetDeclared(nil)
+	if c := p.Accept(client1); c != nil {
+		t.Fatal("declared refuse still applied after the annotation dropped it")
+	}
+}
+
+// Down (the API's enabled=false) refuses new TCP connections, drops UDP
+// datagrams and comes back up on SetEnabled(true) or Reset.
+func TestTableDownRefusesAndDrops(t *testing.T) {
+	tbl := NewTable(0, 0, nil)
+	web := tbl.Port("default.web.http", "TCP")
+	dns := tbl.Port("default.dns.53", "UDP")
+	for _, name := range []string{web.Name(), dns.Name()} {
+		if info, err := tbl.SetEnabled(name, false); err != nil || info.Enabled {
+			t.Fatalf("SetEnabled(%s, false) = %+v, %v", name, info, err)
+		}
+	}
+	if _, err := tbl.SetEnabled("default.nope.http", false); !errors.Is(err, ErrProxyNotFound) {
+		t.Fatalf("SetEnabled on a missing proxy: %v", err)
+	}
+	if c := web.Accept(client1); c == nil || !c.Refuse {
+		t.Fatal("down TCP port accepted a connection")
+	}
+	sent := 0
+	dns.Datagrams().Send(StreamUp, client1, []byte("q"), func([]byte) { sent++ })
+	if sent != 0 {
+		t.Fatal("down UDP port passed a datagram")
+	}
+	tbl.Reset()
+	if c := web.Accept(client1); c != nil {
+		t.Fatal("after Reset the port is still faulted")
+	}
+	if dns.Datagrams() != nil {
+		t.Fatal("after Reset the UDP port still has a datagram plan")
+	}
+}
+
+// Setting a port down cuts its live connections with a reset, faulted or
+// not, when the table tracks them (the fault API is served).
+func TestTableDownCutsLiveConnections(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		down func(tbl *Table, p *Port) error
+	}{
+		{"enabled false", func(tbl *Table, p *Port) error { _, err := tbl.SetEnabled(p.Name(), false); return err }},
+		{"down toxic", func(tbl *Table, p *Port) error {
+			_, err := tbl.AddToxic(p.Name(), toxic(t, `{"type":"down"}`))
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tbl, p := declared(t, 0, 0, "TCP")
+			tbl.TrackLive = true
+			type conn struct {
+				client, backend *net.TCPConn
+				done            chan struct{}
+			}
+			var conns []conn
+			for range 3 {
+				c, b, done := proxied(t, p, client1)
+				// Each connection works before the port goes down.
+				if _, err := c.Write([]byte("ping")); err != nil {
+					t.Fatal(err)
+				}
+				buf := make([]byte, 4)
+				b.SetReadDeadline(time.Now().Add(2 * time.Second))
+				if _, err := io.ReadFull(b, buf); err != nil {
+					t.Fatal(err)
+				}
+				conns = append(conns, conn{c, b, done})
+			}
+			if err := tc.down(tbl, p); err != nil {
+				t.Fatal(err)
+			}
+			for i, c := range conns {
+				select {
+				case <-c.done:
+				case <-time.After(2 * time.Second):
+					t.Fatalf("connection %d still relayed after the port went down", i)
+				}
+				c.client.SetReadDeadline(time.Now().Add(2 * time.Second))
+				if _, err := c.client.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
+					t.Errorf("connection %d: client read %v, want ECONNRESET", i, err)
+				}
+			}
+			if c, _, _ := proxied(t, p, client1); c != nil {
+				t.Fatal("a new connection was relayed while the port is down")
+			}
+		})
+	}
+}
+
+// A down toxic with toxicity cuts exactly the live connections a new
+// connection with the same sequence number would have refused.
+func TestTableDownToxicCutsItsShare(t *testing.T) {
+	tbl, p := declared(t, 3, 0, "TCP")
+	tbl.TrackLive = true
+	const n = 20
+	var dones []chan struct{}
+	for range n {
+		_, _, done := proxied(t, p, client1)
+		dones = append(dones, done)
+	}
+	if _, err := tbl.AddToxic(p.Name(), toxic(t, `{"name":"half","type":"down","toxicity":0.5}`)); err != nil {
+		t.Fatal(err)
+	}
+	s := p.snap.Load()
+	cut := 0
+	// Those drawn are cut at once; then, once they are, the others must
+	// still be live.
+	for seq, done := range dones {
+		if !s.downDraws(uint64(seq), client1) {
+			continue
+		}
+		cut++
+		select {
+		case <-done:
+		case <-time.After(2 * time.Second):
+			t.Errorf("connection %d drew down but was not cut", seq)
+		}
+	}
+	time.Sleep(50 * time.Millisecond)
+	for seq, done := range dones {
+		if s.downDraws(uint64(seq), client1) {
+			continue
+		}
+		select {
+		case <-done:
+			t.Errorf("connection %d did not draw down but was cut", seq)
+		default:
+		}
+	}
+	if cut == 0 || cut == n {
+		t.Fatalf("toxicity 0.5 drew %d of %d live connections", cut, n)
+	}
+}
+
+// --fault-max-active caps faulted live connections per port: beyond it a
+// connection goes unfaulted (and is counted as skipped); a slot comes back
+// when a faulted connection ends. Refused connections hold no slot.
+func TestTableMaxActive(t *testing.T) {
+	m := NewMetrics(nil)
+	tbl := NewTable(0, 2, m)
+	p := tbl.Port("default.web.http", "TCP")
+	p.SetDeclared([]Toxic{toxic(t, `{"type":"latency","attributes":{"latency":1}}`)})
+	a, b := p.Accept(client1), p.Accept(client1)
+	if a == nil || b == nil {
+		t.Fatal("the first two connections were not faulted")
+	}
+	if c := p.Accept(client1); c != nil {
+		t.Fatal("a third faulted connection with --fault-max-active 2")
+	}
+	if got := testutil.ToFloat64(m.Skipped.WithLabelValues(p.Name())); got != 1 {
+		t.Fatalf("skipped = %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(m.Faulted.WithLabelValues(p.Name())); got != 2 {
+		t.Fatalf("faulted live = %v, want 2", got)
+	}
+	a.Done()
+	if c := p.Accept(client1); c == nil {
+		t.Fatal("no slot came back when a faulted connection ended")
+	} else {
+		c.Done()
+	}
+	b.Done()
+	if got := testutil.ToFloat64(m.Faulted.WithLabelValues(p.Name())); got != 0 {
+		t.Fatalf("faulted live = %v after every connection ended, want 0", got)
+	}
+
+	// Refusals are over at once and take no slot.
+	p.SetDeclared([]Toxic{toxic(t, `{"type":"refuse"}`)})
+	for i := range 5 {
+		c := p.Accept(client1)
+		if c == nil || !c.Refuse {
+			t.Fatalf("connection %d not refused", i)
+		}
+		c.Done()
+	}
+	if n := p.active.Load(); n != 0 {
+		t.Fatalf("%d slots held after refusals", n)
+	}
+}
+
+// Connections accepted at once never exceed the cap.
+func TestTableMaxActiveConcurrent(t *testing.T) {
+	const limit = 5
+	_, p := declared(t, 0, limit, "TCP", `{"type":"latency","attributes":{"latency":1}}`)
+	got := make(chan *Conn, 200)
+	start := make(chan struct{})
+	for range 200 {
+		go func() { <-start; got <- p.Accept(client1) }()
+	}
+	close(start)
+	faulted := 0
+	for range 200 {
+		if c := <-got; c != nil {
+			faulted++
+		}
+	}
+	if faulted != limit {
+		t.Fatalf("%d connections faulted at once, want the cap %d", faulted, limit)
+	}
+}
+
+// The injected counter counts toxics per connection, and RemovePort
+// forgets the port's series.
+func TestTableMetrics(t *testing.T) {
+	m := NewMetrics(nil)
+	tbl := NewTable(0, 0, m)
+	p := tbl.Port("default.web.http", "TCP")
+	p.SetLabel("default/web:http")
+	p.SetDeclared([]Toxic{toxic(t, `{"name":"slow","type":"latency","toxicity":0.5,"attributes":{"latency":1}}`)})
+	n := 0
+	for _, f := range faultedSet(p, 100, client1) {
+		if f {
+			n++
+		}
+	}
+	if got := testutil.ToFloat64(m.Injected.WithLabelValues("default/web:http", "slow", "latency", Downstream)); int(got) != n {
+		t.Fatalf("injected = %v, want %d", got, n)
+	}
+	tbl.RemovePort(p.Name())
+	if c := testutil.CollectAndCount(m.Injected); c != 0 {
+		t.Fatalf("%d injected series left after RemovePort", c)
+	}
+	if _, err := tbl.Proxy(p.Name()); !errors.Is(err, ErrProxyNotFound) {
+		t.Fatalf("removed port still listed: %v", err)
+	}
+}
+
+// A connection accepted before the port went down but attached after it
+// (while its backend was being dialled) is cut at Attach: the cut of live
+// connections could not see it yet.
+func TestTableDownBetweenAcceptAndAttach(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		down func(tbl *Table, p *Port) error
+	}{
+		{"enabled false", func(tbl *Table, p *Port) error { _, err := tbl.SetEnabled(p.Name(), false); return err }},
+		{"down toxic", func(tbl *Table, p *Port) error {
+			_, err := tbl.AddToxic(p.Name(), toxic(t, `{"type":"down"}`))
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tbl, p := declared(t, 0, 0, "TCP")
+			tbl.TrackLive = true
+			fc := p.Accept(client1)
+			if fc == nil || fc.Refuse {
+				t.Fatalf("Accept with TrackLive: %+v", fc)
+			}
+			if err := tc.down(tbl, p); err != nil {
+				t.Fatal(err)
+			}
+			client, proxyClient := tcpPair(t)
+			proxyBackend, _ := tcpPair(t)
+			fc.Attach(proxyClient, proxyBackend)
+			defer fc.Done()
+			client.SetReadDeadline(time.Now().Add(2 * time.Second))
+			if _, err := client.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
+				t.Fatalf("client read %v, want ECONNRESET", err)
+			}
+		})
+	}
+}
