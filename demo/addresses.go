@@ -64,17 +64,21 @@ func splitProxyAddress(a string) (host, port string) {
 	return a[:i], a[i+1:]
 }
 
-// serve puts the example back as it started (all three backends), prints
-// where to reach everything and waits for Ctrl-C.
+// serve puts the example back as it started (all three backends, no
+// faults), prints where to reach everything and waits for Ctrl-C.
 func (l *lab) serve(ctx context.Context, w io.Writer, metricsAddr string) error {
 	if _, err := l.setStickyBackends(ctx, l.backends); err != nil {
+		return err
+	}
+	if _, err := l.setWebFaults(ctx, "", nil); err != nil {
 		return err
 	}
 	fmt.Fprintln(w, "\nServing until Ctrl-C. Every service port, its proxy socket and its backends:")
 	l.printServices(w, "", "          ")
 	fmt.Fprintf(w, "\nThe proxier's view:  curl -s http://%s/debug/services   (and /metrics)\n", metricsAddr)
 	fmt.Fprintf(w, "The manifests:       %s\n", l.manifests.dir)
-	fmt.Fprintln(w, "                     edit them (timeoutSeconds, endpoints...) and the change is live within 1 s.")
+	fmt.Fprintln(w, "                     edit them (timeoutSeconds, endpoints, the kube-userspace-proxy/faults")
+	fmt.Fprintln(w, "                     annotation of the fault section...) and the change is live within 1 s.")
 	<-ctx.Done()
 	fmt.Fprintln(w, "\nStopping: proxy sockets, backends and the manifest directory are removed.")
 	return nil

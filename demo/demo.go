@@ -17,8 +17,9 @@ import (
 type Starter func(ctx context.Context, args []string, started func(p *proxier.Proxier, metricsAddr string)) error
 
 // Run runs the whole demonstration, writing to out, and reports whether
-// every outcome matched the seed. An error means it could not run (or was
-// interrupted), not that an experiment failed. With serve it returns only
+// every outcome matched the seed and every fault behaved as expected. An
+// error means it could not run (or was interrupted), not that an
+// experiment failed. With serve it returns only
 // when ctx ends. start runs the proxier; the command passes its own flag
 // parsing and wiring so that the demo exercises what the binary runs.
 func Run(ctx context.Context, out io.Writer, serve bool, start Starter) (bool, error) {
@@ -57,6 +58,11 @@ func Run(ctx context.Context, out io.Writer, serve bool, start Starter) (bool, e
 		return false, err
 	}
 	matched := t.footer()
+	faultsOK, err := l.faultSection(ctx, out)
+	if err != nil {
+		return false, err
+	}
+	matched = matched && faultsOK
 	if serve {
 		if err := l.serve(ctx, out, px.metricsAddr); err != nil && ctx.Err() == nil {
 			return matched, err

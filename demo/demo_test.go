@@ -12,12 +12,13 @@ import (
 )
 
 // The demo runs the real proxier against real loopback sockets and real
-// time (the seed's 1 s, 2 s and 4 s gaps): about 14 s each, so the two
-// end-to-end tests run in parallel and are skipped with -short.
+// time (the seed's 1 s, 2 s and 4 s gaps, then the fault section): about
+// 17 s each, so the end-to-end tests run in parallel and are skipped with
+// -short.
 
 func TestDemoMatchesSeed(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs the seed's timing experiments in real time (~14 s)")
+		t.Skip("runs the seed's timing experiments and the fault section in real time (~17 s)")
 	}
 	t.Parallel()
 	var out bytes.Buffer
@@ -44,6 +45,9 @@ func TestDemoMatchesSeed(t *testing.T) {
 		regexp.MustCompile(`pinned backend deleted.*5× (backend-[abc]) \(was backend-[abc]\); pinned again: yes\s+yes`),
 		regexp.MustCompile(`udp \(None\).*2/2/2 \(round robin\)\s+yes`),
 		regexp.MustCompile(`Every outcome matched the seed: yes \(9/9\)`),
+		regexp.MustCompile(`latency: every reply held 300 ms.*\(\+\d+ms\), 0/40 errors\s+yes`),
+		regexp.MustCompile(`reset_peer: half the connections reset.*\d+/40 reset by the proxy, \d+ answered\s+yes`),
+		regexp.MustCompile(`Every fault behaved as expected: yes \(4/4\)`),
 	} {
 		if !want.MatchString(text) {
 			t.Errorf("output lacks %q", want)
@@ -81,7 +85,7 @@ func (b *syncBuffer) String() string {
 // with all three backends back, until the context ends, and then cleans up.
 func TestDemoServe(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs the seed's timing experiments in real time (~14 s)")
+		t.Skip("runs the seed's timing experiments and the fault section in real time (~17 s)")
 	}
 	t.Parallel()
 	out := &syncBuffer{seen: make(chan struct{}), want: "The manifests:"}

@@ -4,10 +4,13 @@
 // real proxier (run in-process by the command, with --iptables=false),
 // replays the experiments of seed 000 (ClientIP session affinity) against
 // the proxy sockets and prints what the seed measured on a real cluster
-// next to what this proxy did; with serve it then keeps the example up.
+// next to what this proxy did. A fault section follows: the plain Service
+// measured before, during and after a latency and a reset_peer toxic
+// declared in its kube-userspace-proxy/faults annotation. With serve it then
+// keeps the example up.
 //
 // It owns the backends it runs (test/harness/backend servers in Greet mode),
-// the manifest files, the client probes, the experiments and the table. It does not own the proxier or how it is
+// the manifest files, the client probes, the experiments and the tables. It does not own the proxier or how it is
 // wired: the command hands that in as a Starter, and the demo looks at the
 // proxier only through its debugging view (DebugServices, ProxyPort), as a
 // user would through /debug/services.

@@ -6,12 +6,14 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/backend"
 )
 
 // The demo's Services, as the proxier names their ports ("ns/svc:port").
 const (
 	webServicePort    = "default/web:http"
+	webManifest       = "web.yaml"
 	stickyServicePort = "default/web-sticky:http"
 	echoServicePort   = "default/echo:echo"
 	stickyService     = "web-sticky-service.yaml"
@@ -28,12 +30,12 @@ type manifestDir struct {
 }
 
 func (m *manifestDir) writeAll() error {
-	web := serviceYAML("web", "10.96.0.10", "http", 80, "TCP", "", 0) +
-		slicesYAML("web", "http", "TCP", m.backends, tcpPort)
-	echo := serviceYAML("echo", "10.96.0.12", "echo", 7, "UDP", "", 0) +
+	echo := service{name: "echo", clusterIP: "10.96.0.12", portName: "echo", port: 7, proto: "UDP"}.yaml() +
 		slicesYAML("echo", "echo", "UDP", m.backends, udpPort)
+	if err := m.setWebFaults(""); err != nil {
+		return err
+	}
 	for _, f := range []struct{ name, text string }{
-		{"web.yaml", web},
 		{"echo.yaml", echo},
 		{stickySlices, slicesYAML("web-sticky", "http", "TCP", m.backends, tcpPort)},
 	} {
@@ -47,7 +49,17 @@ func (m *manifestDir) writeAll() error {
 // setStickyTimeout rewrites web-sticky's Service; 0 leaves timeoutSeconds
 // out, which means Kubernetes' default of 10800 s.
 func (m *manifestDir) setStickyTimeout(seconds int) error {
-	return m.write(stickyService, serviceYAML("web-sticky", "10.96.0.11", "http", 80, "TCP", "ClientIP", seconds))
+	return m.write(stickyService, service{name: "web-sticky", clusterIP: "10.96.0.11", portName: "http", port: 80, proto: "TCP",
+		affinity: "ClientIP", timeout: seconds}.yaml())
+}
+
+// setWebFaults rewrites web's manifest (its Service and EndpointSlices)
+// with annotation as the Service's kube-userspace-proxy/faults annotation; ""
+// leaves the annotation out: no faults.
+func (m *manifestDir) setWebFaults(annotation string) error {
+	web := service{name: "web", clusterIP: "10.96.0.10", portName: "http", port: 80, proto: "TCP", faults: annotation}.yaml() +
+		slicesYAML("web", "http", "TCP", m.backends, tcpPort)
+	return m.write(webManifest, web)
 }
 
 // setStickyBackends rewrites web-sticky's EndpointSlices to list only bs, as
@@ -66,21 +78,35 @@ func (m *manifestDir) write(name, text string) error {
 	return os.Rename(tmp, filepath.Join(m.dir, name))
 }
 
-func serviceYAML(name, clusterIP, portName string, port int, proto, affinity string, timeout int) string {
+// service is one Service manifest with a single port.
+type service struct {
+	name, clusterIP, portName string
+	port                      int
+	proto                     string // TCP or UDP
+	affinity                  string // "" or ClientIP
+	timeout                   int    // timeoutSeconds; 0 leaves it out
+	faults                    string // the faults annotation (JSON); "" leaves it out
+}
+
+func (s service) yaml() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `apiVersion: v1
 kind: Service
 metadata:
   name: %s
   namespace: default
-spec:
-  clusterIP: %s
-`, name, clusterIP)
-	if affinity != "" {
-		fmt.Fprintf(&b, "  sessionAffinity: %s\n", affinity)
+`, s.name)
+	if s.faults != "" {
+		// A single-quoted YAML scalar keeps the JSON readable as written;
+		// a quote inside is doubled.
+		fmt.Fprintf(&b, "  annotations:\n    %s: '%s'\n", faults.Annotation, strings.ReplaceAll(s.faults, "'", "''"))
 	}
-	if timeout > 0 {
-		fmt.Fprintf(&b, "  sessionAffinityConfig:\n    clientIP:\n      timeoutSeconds: %d\n", timeout)
+	fmt.Fprintf(&b, "spec:\n  clusterIP: %s\n", s.clusterIP)
+	if s.affinity != "" {
+		fmt.Fprintf(&b, "  sessionAffinity: %s\n", s.affinity)
+	}
+	if s.timeout > 0 {
+		fmt.Fprintf(&b, "  sessionAffinityConfig:\n    clientIP:\n      timeoutSeconds: %d\n", s.timeout)
 	}
 	// A named targetPort: every pod may listen on a different number, and
 	// the EndpointSlices say which.
@@ -89,7 +115,7 @@ spec:
     port: %d
     protocol: %s
     targetPort: %s
-`, portName, port, proto, portName)
+`, s.portName, s.port, s.proto, s.portName)
 	return b.String()
 }
 

@@ -16,7 +16,13 @@ type table struct {
 const rowFormat = "%-46s %-38s %-44s %s\n"
 
 func (t *table) header() {
-	fmt.Fprintf(t.w, rowFormat, "experiment", "seed 000 (kube-proxy, iptables mode)", "kube-userspace-proxy", "match")
+	t.titles("experiment", "seed 000 (kube-proxy, iptables mode)", "kube-userspace-proxy", "match")
+}
+
+// titles prints the column titles: what was done, what to compare with,
+// what this proxy did, whether it matched.
+func (t *table) titles(what, reference, ours, match string) {
+	fmt.Fprintf(t.w, rowFormat, what, reference, ours, match)
 	fmt.Fprintf(t.w, rowFormat, strings.Repeat("-", 46), strings.Repeat("-", 38), strings.Repeat("-", 44), "-----")
 }
 
@@ -51,13 +57,7 @@ func (t *table) matched() (bool, int) {
 }
 
 func (t *table) footer() bool {
-	all, n := t.matched()
-	verdict := "yes"
-	if !all {
-		verdict = "NO"
-	}
-	fmt.Fprintf(t.w, "\nEvery outcome matched the seed: %s (%d/%d)\n", verdict, n, len(t.rows))
-	fmt.Fprint(t.w, `
+	return t.verdict("Every outcome matched the seed", `
 How to read it: kube-proxy's iptables mode picks a backend at random; this
 proxy (like the legacy userspace mode) picks round robin. So plain traffic is
 exactly even, and a client whose affinity expired takes the next backend in
@@ -65,5 +65,17 @@ turn: whether that is a different one depends on how many other clients
 picked in between. The outcomes - spread, pinned, independent per client,
 timeout counted from the last access, re-pinned to a survivor - are the same.
 `)
+}
+
+// verdict prints claim with yes or NO and the count of matched rows, then
+// how to read the table, and reports whether every row matched.
+func (t *table) verdict(claim, howToRead string) bool {
+	all, n := t.matched()
+	verdict := "yes"
+	if !all {
+		verdict = "NO"
+	}
+	fmt.Fprintf(t.w, "\n%s: %s (%d/%d)\n", claim, verdict, n, len(t.rows))
+	fmt.Fprint(t.w, howToRead)
 	return all
 }
