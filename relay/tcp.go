@@ -7,6 +7,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Counter receives the bytes a direction moved (a prometheus.Counter fits).
@@ -73,9 +75,12 @@ func copyHalf(dst, src *net.TCPConn, copier Copier, halfCloseTimeout time.Durati
 	if bytes != nil {
 		bytes.Add(float64(n))
 	}
-	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+	if err != nil {
 		switch {
-		case errors.Is(err, ErrReset):
+		case errors.Is(err, ErrReset), errors.Is(err, os.ErrDeadlineExceeded):
+			// A fault's reset, or the half-close bound ran out with the
+			// stream unfinished: neither peer may mistake the end for a
+			// complete stream, so both get a reset, never a FIN.
 			_ = dst.SetLinger(0)
 			_ = src.SetLinger(0)
 		case isReset(err):
@@ -94,8 +99,57 @@ func copyHalf(dst, src *net.TCPConn, copier Copier, halfCloseTimeout time.Durati
 	}
 	_ = dst.CloseWrite()
 	if halfCloseTimeout > 0 {
-		_ = dst.SetReadDeadline(time.Now().Add(halfCloseTimeout))
+		watchHalfClosed(dst, halfCloseTimeout)
 	}
+}
+
+// watchHalfClosed bounds the direction still reading from conn after the
+// other one ended: it ends (with a reset) only once conn has received
+// nothing for a whole timeout, so a stream still flowing is never cut
+// (a fixed deadline cut a backend streaming for longer than the bound).
+// Progress is the kernel's byte count (TCP_INFO), so the copy loop pays
+// nothing per byte; a peer that stops reading stalls that count too, so a
+// stuck writer is bounded as well.
+func watchHalfClosed(conn *net.TCPConn, timeout time.Duration) {
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		return
+	}
+	received := func() (uint64, bool) {
+		var n uint64
+		var ok bool
+		_ = raw.Control(func(fd uintptr) {
+			if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
+				n, ok = info.Bytes_received, true
+			}
+		})
+		return n, ok
+	}
+	last, ok := received()
+	if !ok {
+		_ = conn.SetReadDeadline(time.Now().Add(timeout))
+		return
+	}
+	// A timer, not a goroutine: a connection that ends meanwhile costs one
+	// more wake-up, which finds the socket closed.
+	var t *time.Timer
+	fire := func() {
+		now, ok := received()
+		if !ok {
+			return // closed: the relay is done
+		}
+		if now == last {
+			// A past deadline wakes the blocked read with
+			// os.ErrDeadlineExceeded; copyHalf resets both peers.
+			_ = conn.SetReadDeadline(time.Unix(1, 0))
+			return
+		}
+		last = now
+		t.Reset(timeout)
+	}
+	// Armed only once t is set, so fire never sees it unset.
+	t = time.AfterFunc(time.Duration(1<<62), fire)
+	t.Reset(timeout)
 }
 
 func isReset(err error) bool {

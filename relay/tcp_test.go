@@ -99,3 +99,60 @@ func TestTCPErrCutClosesBothPeers(t *testing.T) {
 		}
 	}
 }
+
+// After the client half-closes, a backend that keeps streaming for longer
+// than the half-close timeout is not cut: the bound is on inactivity.
+func TestHalfCloseTimeoutIsInactivity(t *testing.T) {
+	client, backend, done := relayed(t, Options{HalfCloseTimeout: 300 * time.Millisecond})
+	client.CloseWrite()
+	if _, err := io.ReadAll(backend); err != nil {
+		t.Fatal(err)
+	}
+	const chunks = 12 // 1.2 s of streaming, 4× the timeout
+	go func() {
+		for range chunks {
+			backend.Write(make([]byte, 4096))
+			time.Sleep(100 * time.Millisecond)
+		}
+		backend.CloseWrite()
+	}()
+	client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got, err := io.ReadAll(client)
+	if err != nil || len(got) != chunks*4096 {
+		t.Fatalf("client got %d bytes, err %v; want %d and a clean EOF", len(got), err, chunks*4096)
+	}
+	<-done
+}
+
+// A half-closed connection whose other side goes quiet ends after the
+// timeout with a reset on both sides, never a FIN that would pass for a
+// complete answer.
+func TestHalfCloseTimeoutResetsBothPeers(t *testing.T) {
+	client, backend, done := relayed(t, Options{HalfCloseTimeout: 200 * time.Millisecond})
+	client.CloseWrite()
+	backend.Write([]byte("partial"))
+	start := time.Now()
+	select {
+	case <-done:
+	case <-time.After(3 * time.Second):
+		t.Fatal("relay still running 3 s after a 200 ms half-close timeout")
+	}
+	if waited := time.Since(start); waited < 150*time.Millisecond {
+		t.Fatalf("ended after %v, before the timeout", waited)
+	}
+	client.SetReadDeadline(time.Now().Add(2 * time.Second))
+	got, err := io.ReadAll(client)
+	if !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("client read %q then %v; want ECONNRESET", got, err)
+	}
+	// The backend already had the client's FIN (a real half-close); the
+	// reset shows on its next writes.
+	var err2 error
+	for i := 0; i < 20 && err2 == nil; i++ {
+		_, err2 = backend.Write([]byte("more"))
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !errors.Is(err2, syscall.ECONNRESET) && !errors.Is(err2, syscall.EPIPE) {
+		t.Fatalf("backend write: %v; want ECONNRESET or EPIPE", err2)
+	}
+}
