@@ -76,7 +76,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.faultAPIBind, "fault-api-bind-address", o.faultAPIBind, "HOST:PORT for Toxiproxy's REST API over this node's service ports (e.g. 127.0.0.1:8474); empty disables it.")
 	fs.Int64Var(&o.faultSeed, "fault-seed", o.faultSeed, "Seed of every fault draw: the same seed and arrival order give the same faults.")
 	fs.IntVar(&o.faultMaxActive, "fault-max-active", o.faultMaxActive, "At most this many live faulted connections per service port; further connections get no fault. 0 means unlimited.")
-	fs.DurationVar(&o.halfCloseTimeout, "tcp-half-close-timeout", o.halfCloseTimeout, "After one side of a proxied TCP connection closes, how long the other direction may still run; 0 means no limit.")
+	fs.DurationVar(&o.halfCloseTimeout, "tcp-half-close-timeout", o.halfCloseTimeout, "After one side of a proxied TCP connection closes, how long the other direction may go without receiving a byte before both sides are reset; 0 means no limit.")
 }
 
 // validated holds options parsed into the types the proxier uses.
