@@ -3,7 +3,8 @@
 // (test/harness/netns), start backend processes and the proxy with
 // --manifests, and drive TCP and UDP traffic through ClusterIPs, NodePorts,
 // externalIPs and LoadBalancer ingress IPs, from pods, from the node itself
-// and from an external host.
+// and from an external host. TestFaults declares faults (issue 8) in Services'
+// annotations and measures them through the ClusterIPs.
 //
 // The suite needs root, `ip` and `iptables`; otherwise every test skips with
 // a message saying so. Run it with:

@@ -33,6 +33,7 @@ type svc struct {
 	nodePorts   [2]int32
 	externalIPs []string
 	lbIP        string
+	faults      string // the kube-userspace-proxy/faults annotation; empty: none
 }
 
 // portName is the comment the proxy puts on this Service port's rules.
@@ -63,6 +64,9 @@ func (s svc) service() *v1.Service {
 	}
 	if s.nodePorts[0] != 0 {
 		o.Spec.Type = v1.ServiceTypeNodePort
+	}
+	if s.faults != "" {
+		o.Annotations = map[string]string{faultsAnnotation: s.faults}
 	}
 	if s.lbIP != "" {
 		o.Spec.Type = v1.ServiceTypeLoadBalancer
