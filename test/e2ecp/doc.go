@@ -7,8 +7,10 @@
 // The tests create Services and EndpointSlices with client-go and check what pods and
 // external hosts see through the ClusterIP: how fast a new Service is served, that Service
 // changes (port, affinity timeout, externalIPs) and deletions reach the rules, that a
-// rolling update of 20 endpoints fails no connection, and that an API-server outage
-// neither interrupts existing Services nor fails /healthz.
+// Service's faults annotation (issue 8) reaches its traffic live and an invalid one is
+// logged while the last valid faults keep applying, that a rolling update of 20
+// endpoints fails no connection, and that an API-server outage neither interrupts
+// existing Services nor fails /healthz.
 //
 // Backends are in-process servers listening inside the lab's backends namespace, so a
 // test can close one gracefully, as a terminating pod would. The suite needs root and

@@ -60,6 +60,8 @@ const (
 	ipDelete
 	ipOutageBefore
 	ipOutageAfter
+	ipFaults
+	ipFaultsInvalid
 	ipRolloutProbe // waits until the rollout's Service is served, before the load starts
 	ipRolloutFirst // the rollout's clients use this and the ones after it
 	rolloutClients = 4
@@ -122,6 +124,8 @@ func TestAgainstControlPlane(t *testing.T) {
 		{"AffinityTimeoutChange", checkAffinityTimeoutChange},
 		{"ExternalIPsChange", checkExternalIPsChange},
 		{"ServiceDeleted", checkServiceDeleted},
+		{"FaultsLive", checkFaultsLive},
+		{"FaultsInvalidAnnotation", checkFaultsInvalid},
 		{"RollingUpdate", checkRollingUpdate},
 		{"LeastPrivilegeWasEnough", checkNoForbidden},
 		{"APIServerOutage", checkAPIServerOutage},
