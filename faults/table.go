@@ -79,6 +79,19 @@ func (t *Table) Port(name, protocol string) *Port {
 	return p
 }
 
+// Declare sets the annotation toxics of an existing port and reports
+// whether it exists; a port not yet open gets them when it opens.
+func (t *Table) Declare(name string, toxics []Toxic) bool {
+	t.mu.Lock()
+	p := t.ports[name]
+	t.mu.Unlock()
+	if p == nil {
+		return false
+	}
+	p.SetDeclared(toxics)
+	return true
+}
+
 // RemovePort forgets a service port that is gone, API toxics included.
 func (t *Table) RemovePort(name string) {
 	t.mu.Lock()

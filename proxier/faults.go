@@ -3,29 +3,52 @@ package proxier
 import (
 	"strings"
 
+	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 )
 
-// syncFaults hands a service port's declared toxics to its fault port. An
-// invalid annotation is logged once per value (at -v=0: in API mode
-// nothing else reports it) and the port keeps its last valid toxics.
+// syncFaults hands a service port's declared toxics to its fault port
+// (a port just opened gets them here). An invalid annotation keeps the
+// port's last valid toxics; applyFaultsNow has logged it.
 func (p *Proxier) syncFaults(ap *activePort, info *servicePortInfo) {
 	if info.faultsErr != nil {
-		if ap.info.annotation != info.annotation || ap.info.faultsErr == nil || ap.info == info {
-			klog.ErrorS(info.faultsErr, "Invalid faults annotation; the service port keeps its last valid faults",
-				"service", info.name.NamespacedName, "annotation", "metadata.annotations[kube-userspace-proxy/faults]")
-		}
 		// Carry the last valid toxics forward so a later sync does not
 		// mistake the error for "no toxics".
-		info.toxics = ap.info.toxics
-		if ap.info == info {
-			info.toxics = nil
+		info.toxics = nil
+		if ap.info != info {
+			info.toxics = ap.info.toxics
 		}
 		return
 	}
 	ap.faults.SetDeclared(info.toxics)
+}
+
+// applyFaultsNow gives a changed faults annotation to the Service's open
+// ports at once, without waiting for a sync: toxics are not rules, so like
+// endpoints they need not wait for --iptables-min-sync-period. An invalid
+// annotation is logged here, once per Service and value, at -v=0 (in API
+// mode nothing else reports it); p.mu is held.
+func (p *Proxier) applyFaultsNow(old, svc *v1.Service) {
+	value, has := svc.Annotations[faults.Annotation]
+	if old != nil {
+		if oldValue, oldHas := old.Annotations[faults.Annotation]; oldHas == has && oldValue == value {
+			return
+		}
+	} else if !has {
+		return
+	}
+	byPort, err := faults.ForService(svc)
+	if err != nil {
+		klog.ErrorS(err, "Invalid faults annotation; the Service keeps its last valid faults",
+			"service", klog.KObj(svc), "field", "metadata.annotations[kube-userspace-proxy/faults]")
+		return
+	}
+	for _, info := range servicePorts(svc) {
+		p.opts.Faults.Declare(info.faultName, byPort[string(info.name.Port)])
+	}
 }
 
 // upstreamOf lists a port's endpoints, what the fault API shows as the

@@ -217,7 +217,9 @@ func (p *Proxier) OnServiceAdd(svc *v1.Service) { p.OnServiceUpdate(nil, svc) }
 func (p *Proxier) OnServiceUpdate(_, svc *v1.Service) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.services[types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}] = svc
+	nn := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
+	p.applyFaultsNow(p.services[nn], svc)
+	p.services[nn] = svc
 	p.queueServiceChange()
 }
 
