@@ -74,11 +74,16 @@ type DatagramPlan datagramPlan
 // client through the toxics; send is called zero or more times, perhaps
 // later from another goroutine, with bytes it may keep (b is copied when
 // delivery is deferred). send must be safe for concurrent use.
-func (dp *DatagramPlan) Send(stream int, client netip.Addr, b []byte, send func([]byte)) {
+//
+// It returns how long from now the datagram's delivery may still be
+// deferred (latency, reorder), 0 when it is done: the caller must keep
+// what send writes to open that long, or a delay longer than the
+// session's idle timeout loses the datagram.
+func (dp *DatagramPlan) Send(stream int, client netip.Addr, b []byte, send func([]byte)) time.Duration {
 	d := (*datagramPlan)(dp)
 	seq := d.seq[stream].Add(1) - 1
 	if !d.enabled {
-		return
+		return 0
 	}
 	var delay time.Duration
 	copies := 1
@@ -91,11 +96,11 @@ func (dp *DatagramPlan) Send(stream int, client netip.Addr, b []byte, send func(
 		switch t.Type {
 		case "down":
 			t.injected.Inc()
-			return
+			return 0
 		case "loss":
 			if t.lose(e, seq) {
 				t.injected.Inc()
-				return
+				return 0
 			}
 		case "latency":
 			t.injected.Inc()
@@ -128,11 +133,12 @@ func (dp *DatagramPlan) Send(stream int, client netip.Addr, b []byte, send func(
 	if reorder != nil {
 		reorder.injected.Inc()
 		reorder.hold(b, out, copies)
-		return
+		return max(delay, 0) + reorder.ms("delay")
 	}
 	for range copies {
 		out(b)
 	}
+	return max(delay, 0)
 }
 
 // lose decides loss for one datagram: a plain rate, or tc-netem's

@@ -50,6 +50,10 @@ type udpSession struct {
 	// deadline from it only when the deadline fires, so the per-datagram
 	// path touches no timer.
 	lastSent atomic.Int64
+	// deferredUntil is when the last datagram a fault delayed (latency,
+	// reorder) goes out (UnixNano): the session must outlive it even when
+	// the delay is longer than the idle timeout. Written by Serve only.
+	deferredUntil atomic.Int64
 	// sendUp and sendDown deliver a datagram a fault let through, perhaps
 	// later and from a timer goroutine.
 	sendUp, sendDown func([]byte)
@@ -108,7 +112,11 @@ func (s *udpProxySocket) Serve() {
 		}
 		sess.lastSent.Store(time.Now().UnixNano())
 		if plan := s.datagramFaults(); plan != nil {
-			plan.Send(faults.StreamUp, from.Addr(), buf[:n], sess.sendUp)
+			if d := plan.Send(faults.StreamUp, from.Addr(), buf[:n], sess.sendUp); d > 0 {
+				if until := time.Now().Add(d).UnixNano(); until > sess.deferredUntil.Load() {
+					sess.deferredUntil.Store(until)
+				}
+			}
 			s.bytesIn.Add(float64(n))
 			continue
 		}
@@ -174,7 +182,7 @@ func (s *udpProxySocket) relayReplies(client netip.AddrPort, sess *udpSession) {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			// Idle only if neither side sent since: otherwise move the
 			// deadline to the last datagram plus the timeout.
-			next := time.Unix(0, max(sess.lastSent.Load(), lastReply)).Add(idle)
+			next := time.Unix(0, max(sess.lastSent.Load(), lastReply, sess.deferredUntil.Load())).Add(idle)
 			if time.Now().Before(next) {
 				_ = sess.backend.SetReadDeadline(next)
 				continue
@@ -186,6 +194,8 @@ func (s *udpProxySocket) relayReplies(client netip.AddrPort, sess *udpSession) {
 		}
 		lastReply = time.Now().UnixNano()
 		if plan := s.datagramFaults(); plan != nil {
+			// A delayed reply goes out through the service socket, which
+			// outlives the session: no need to keep the session for it.
 			plan.Send(faults.StreamDown, client.Addr(), buf[:n], sess.sendDown)
 			s.bytesOut.Add(float64(n))
 			continue

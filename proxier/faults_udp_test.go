@@ -1,0 +1,263 @@
+package proxier
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+)
+
+// udpSink is a UDP backend that records the sequence number each datagram
+// carries, in arrival order.
+type udpSink struct {
+	conn *net.UDPConn
+	mu   sync.Mutex
+	seqs []uint32
+	// got and top (the highest sequence number + 1) let the sender pace.
+	got, top atomic.Int64
+}
+
+func startUDPSink(t *testing.T) *udpSink {
+	t.Helper()
+	c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	s := &udpSink{conn: c}
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			n, err := c.Read(buf)
+			if err != nil {
+				return
+			}
+			if n < 4 {
+				continue
+			}
+			seq := binary.BigEndian.Uint32(buf)
+			s.mu.Lock()
+			s.seqs = append(s.seqs, seq)
+			s.mu.Unlock()
+			s.got.Add(1)
+			for top := s.top.Load(); int64(seq)+1 > top && !s.top.CompareAndSwap(top, int64(seq)+1); top = s.top.Load() {
+			}
+		}
+	}()
+	return s
+}
+
+func (s *udpSink) received() []uint32 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.seqs)
+}
+
+// udpDrops sums the kernel's drop counters (/proc/net/udp) of the
+// sockets bound to these local ports: a test that counts losses must know
+// the kernel lost none of its own.
+func udpDrops(t *testing.T, ports ...int) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/net/udp")
+	if err != nil {
+		t.Skipf("no /proc/net/udp: %v", err)
+	}
+	total := 0
+	for _, line := range strings.Split(string(b), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) < 13 {
+			continue
+		}
+		_, hexPort, _ := strings.Cut(f[1], ":")
+		port, _ := strconv.ParseInt(hexPort, 16, 32)
+		if slices.Contains(ports, int(port)) {
+			n, _ := strconv.Atoi(f[len(f)-1])
+			total += n
+		}
+	}
+	return total
+}
+
+// sendNumbered sends datagrams 0..n-1 through addr, keeping at most
+// window of them ahead of the highest the sink has seen so that no socket
+// buffer overflows, then waits until the sink is quiet. It returns the
+// sequence numbers received.
+func sendNumbered(t *testing.T, addr string, sink *udpSink, n int) []uint32 {
+	t.Helper()
+	const window = 32
+	c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.MustParseAddrPort(addr)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	proxyPort := int(netip.MustParseAddrPort(addr).Port())
+	sinkPort := sink.conn.LocalAddr().(*net.UDPAddr).Port
+	drops := udpDrops(t, proxyPort, sinkPort)
+	buf := make([]byte, 16)
+	for i := range n {
+		deadline := time.Now().Add(5 * time.Second)
+		for int64(i)-sink.top.Load() > window {
+			if time.Now().After(deadline) {
+				t.Fatalf("datagram %d: the sink saw nothing past %d for 5 s", i, sink.top.Load())
+			}
+			time.Sleep(20 * time.Microsecond)
+		}
+		binary.BigEndian.PutUint32(buf, uint32(i))
+		if _, err := c.Write(buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Quiet: nothing new for 100 ms.
+	for last := int64(-1); ; {
+		time.Sleep(100 * time.Millisecond)
+		got := sink.got.Load()
+		if got == last {
+			break
+		}
+		last = got
+	}
+	if d := udpDrops(t, proxyPort, sinkPort) - drops; d > 0 {
+		t.Fatalf("the kernel dropped %d datagrams on the way: the count is not the toxic's", d)
+	}
+	return sink.received()
+}
+
+// lost lists the sequence numbers below n that never arrived.
+func lost(n int, got []uint32) []uint32 {
+	seen := make([]bool, n)
+	for _, s := range got {
+		seen[s] = true
+	}
+	var out []uint32
+	for i, ok := range seen {
+		if !ok {
+			out = append(out, uint32(i))
+		}
+	}
+	return out
+}
+
+// loss 0.5 over 10,000 datagrams loses 50 ± 2 %, the same datagrams in two
+// runs with the same seed and others with another seed.
+func TestFaultUDPLoss(t *testing.T) {
+	t.Parallel()
+	const n = 10_000
+	run := func(seed int64) []uint32 {
+		sink := startUDPSink(t)
+		addrs := faultedProxies(t, seed, v1.ProtocolUDP, sink.conn.LocalAddr().String(),
+			`[{"type":"loss","stream":"upstream","attributes":{"rate":0.5}}]`)
+		l := lost(n, sendNumbered(t, addrs[0], sink, n))
+		t.Logf("seed %d: lost %d of %d (%.2f %%)", seed, len(l), n, float64(len(l))*100/n)
+		if len(l) < n*48/100 || len(l) > n*52/100 {
+			t.Errorf("seed %d: lost %d of %d, want 50 ± 2 %%", seed, len(l), n)
+		}
+		return l
+	}
+	first := run(1)
+	if again := run(1); !slices.Equal(again, first) {
+		t.Errorf("two runs with seed 1 lost different datagrams (%d and %d lost)", len(first), len(again))
+	}
+	if other := run(2); slices.Equal(other, first) {
+		t.Error("seeds 1 and 2 lost the same datagrams")
+	}
+}
+
+// duplicate 0.5 sends about half the datagrams twice, the copies equal.
+func TestFaultUDPDuplicate(t *testing.T) {
+	t.Parallel()
+	const n = 2000
+	sink := startUDPSink(t)
+	addrs := faultedProxies(t, 0, v1.ProtocolUDP, sink.conn.LocalAddr().String(),
+		`[{"type":"duplicate","stream":"upstream","attributes":{"rate":0.5}}]`)
+	got := sendNumbered(t, addrs[0], sink, n)
+	times := map[uint32]int{}
+	for _, s := range got {
+		times[s]++
+	}
+	dup := 0
+	for i := range uint32(n) {
+		switch times[i] {
+		case 1:
+		case 2:
+			dup++
+		default:
+			t.Fatalf("datagram %d arrived %d times, want 1 or 2", i, times[i])
+		}
+	}
+	t.Logf("duplicated %d of %d", dup, n)
+	if dup < n*45/100 || dup > n*55/100 {
+		t.Fatalf("duplicated %d of %d, want 50 ± 5 %%", dup, n)
+	}
+}
+
+// reorder 0.3 holds datagrams back past the next one: every datagram
+// arrives exactly once, a share of them after their successor.
+func TestFaultUDPReorder(t *testing.T) {
+	t.Parallel()
+	const n = 2000
+	sink := startUDPSink(t)
+	addrs := faultedProxies(t, 0, v1.ProtocolUDP, sink.conn.LocalAddr().String(),
+		`[{"type":"reorder","stream":"upstream","attributes":{"rate":0.3,"delay":50}}]`)
+	got := sendNumbered(t, addrs[0], sink, n)
+	sorted := slices.Clone(got)
+	slices.Sort(sorted)
+	for i, s := range sorted {
+		if s != uint32(i) {
+			t.Fatalf("datagrams received, sorted, diverge at %d (got %d): lost or duplicated", i, s)
+		}
+	}
+	inversions := 0
+	for i := 1; i < len(got); i++ {
+		if got[i] < got[i-1] {
+			inversions++
+		}
+	}
+	t.Logf("%d of %d datagrams arrived after a later one", inversions, n)
+	// Held with 0.3 and released by the next one not held: ≈ n·0.3·0.7.
+	if inversions < n*15/100 || inversions > n*30/100 {
+		t.Fatalf("%d inversions in %d datagrams, want about 21 %%", inversions, n)
+	}
+}
+
+// UDP latency delays each datagram by latency ms, either way, also when
+// the delay outlasts the session's idle timeout.
+func TestFaultUDPLatency(t *testing.T) {
+	t.Parallel()
+	echo := startUDPEcho(t, "127.0.0.2:0", "")
+	for _, stream := range []string{"downstream", "upstream"} {
+		t.Run(stream, func(t *testing.T) {
+			t.Parallel()
+			addrs := faultedProxies(t, 0, v1.ProtocolUDP, echo.LocalAddr().String(), "",
+				`[{"type":"latency","stream":"`+stream+`","attributes":{"latency":300}}]`)
+			rtt := func(addr string) time.Duration {
+				c, err := net.Dial("udp", addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(3 * time.Second))
+				start := time.Now()
+				fmt.Fprint(c, "ping")
+				if _, err := bufio.NewReader(c).ReadByte(); err != nil {
+					t.Fatalf("no answer: %v", err)
+				}
+				return time.Since(start)
+			}
+			base := rtt(addrs[0])
+			for i := range 2 {
+				within(t, fmt.Sprintf("datagram %d: latency added", i), rtt(addrs[1])-base, 300*time.Millisecond, 30*time.Millisecond)
+			}
+		})
+	}
+}
