@@ -1,0 +1,539 @@
+package proxier
+
+import (
+	"bufio"
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sort"
+	"syscall"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
+)
+
+// Each toxic measured end to end on loopback: client → proxy socket →
+// fault pipeline (or datagram plan) → backend, the way a Service's
+// annotation puts it on the data path.
+
+// withFaults sets the Service's faults annotation.
+func withFaults(annotation string) svcOpt {
+	return func(s *v1.Service) {
+		if s.Annotations == nil {
+			s.Annotations = map[string]string{}
+		}
+		s.Annotations[faults.Annotation] = annotation
+	}
+}
+
+// faultedProxies serves one Service per annotation ("" = none), all with
+// backend as their endpoint, on a proxier whose fault table has seed, and
+// returns their proxy addresses in order.
+func faultedProxies(t *testing.T, seed int64, proto v1.Protocol, backend string, annotations ...string) []string {
+	t.Helper()
+	p := newTestProxier(t, Options{Faults: faults.NewTable(seed, 0, nil)})
+	var addrs []string
+	for i, a := range annotations {
+		name := fmt.Sprintf("svc%d", i)
+		opts := []svcOpt{withProtocol(proto), withClusterIP(fmt.Sprintf("10.96.0.%d", 10+i))}
+		if a != "" {
+			opts = append(opts, withFaults(a))
+		}
+		p.OnServiceAdd(makeService(name, opts...))
+		p.OnEndpointSliceAdd(makeSlice(name, proto, backend))
+	}
+	p.Sync()
+	for i := range annotations {
+		addrs = append(addrs, proxyAddr(t, p, fmt.Sprintf("default/svc%d:p", i)))
+	}
+	return addrs
+}
+
+func dialTCP(t *testing.T, addr string) *net.TCPConn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	return c.(*net.TCPConn)
+}
+
+// within fails unless got is want ± tol.
+func within(t *testing.T, what string, got, want, tol time.Duration) {
+	t.Helper()
+	t.Logf("%s: %v (want %v ± %v)", what, got.Round(time.Millisecond), want, tol)
+	if got < want-tol || got > want+tol {
+		t.Errorf("%s: %v, want %v ± %v", what, got, want, tol)
+	}
+}
+
+// lineEcho answers each line with "pong\n" and keeps the connection.
+func lineEcho(c net.Conn) {
+	r := bufio.NewReader(c)
+	for {
+		if _, err := r.ReadString('\n'); err != nil {
+			return
+		}
+		if _, err := io.WriteString(c, "pong\n"); err != nil {
+			return
+		}
+	}
+}
+
+// requestTimes sends n requests on one connection and returns how long
+// each took to answer.
+func requestTimes(t *testing.T, addr string, n int) []time.Duration {
+	t.Helper()
+	c := dialTCP(t, addr)
+	r := bufio.NewReader(c)
+	var out []time.Duration
+	for range n {
+		start := time.Now()
+		if _, err := io.WriteString(c, "ping\n"); err != nil {
+			t.Fatal(err)
+		}
+		if line, err := r.ReadString('\n'); err != nil || line != "pong\n" {
+			t.Fatalf("answer %q, %v", line, err)
+		}
+		out = append(out, time.Since(start))
+	}
+	return out
+}
+
+func median(d []time.Duration) time.Duration {
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
+}
+
+// latency 300 ms adds 300 ± 30 ms to a request, whichever way it acts.
+func TestFaultLatency(t *testing.T) {
+	t.Parallel()
+	ln := serveTCP(t, "127.0.0.2", lineEcho)
+	for _, stream := range []string{faults.Downstream, faults.Upstream} {
+		t.Run(stream, func(t *testing.T) {
+			t.Parallel()
+			addrs := faultedProxies(t, 0, v1.ProtocolTCP, ln.Addr().String(), "",
+				`[{"name":"slow","type":"latency","stream":"`+stream+`","toxicity":1.0,"attributes":{"latency":300,"jitter":0}}]`)
+			base := median(requestTimes(t, addrs[0], 3))
+			for i, d := range requestTimes(t, addrs[1], 3) {
+				within(t, fmt.Sprintf("request %d: latency added", i), d-base, 300*time.Millisecond, 30*time.Millisecond)
+			}
+		})
+	}
+}
+
+// jitter spreads the added latency over latency ± jitter, differently per
+// request, drawn from the connection's seeded generator.
+func TestFaultLatencyJitter(t *testing.T) {
+	t.Parallel()
+	ln := serveTCP(t, "127.0.0.2", lineEcho)
+	addrs := faultedProxies(t, 0, v1.ProtocolTCP, ln.Addr().String(),
+		`[{"type":"latency","attributes":{"latency":100,"jitter":50}}]`)
+	times := requestTimes(t, addrs[0], 8)
+	distinct := map[time.Duration]bool{}
+	for i, d := range times {
+		if d < 50*time.Millisecond-5*time.Millisecond || d > 150*time.Millisecond+30*time.Millisecond {
+			t.Errorf("request %d took %v, want within 100 ± 50 ms", i, d)
+		}
+		distinct[d.Round(5*time.Millisecond)] = true
+	}
+	t.Logf("latency 100 ± 50 ms: %v", times)
+	if len(distinct) < 3 {
+		t.Errorf("8 requests took only %d distinct times: %v", len(distinct), times)
+	}
+}
+
+// bandwidth 100 KB/s moves 200 KB in 2 s ± 10 %, each way.
+func TestFaultBandwidth(t *testing.T) {
+	t.Parallel()
+	const size = 200_000 // 100 KB/s, 1 KB = 1000 bytes as in Toxiproxy
+	payload := make([]byte, size)
+	rand.Read(payload)
+	for _, stream := range []string{faults.Downstream, faults.Upstream} {
+		t.Run(stream, func(t *testing.T) {
+			t.Parallel()
+			got := make(chan int, 1)
+			ln := serveTCP(t, "127.0.0.2", func(c net.Conn) {
+				if stream == faults.Downstream {
+					c.Write(payload)
+					return
+				}
+				n, _ := io.Copy(io.Discard, c)
+				got <- int(n)
+				c.Write([]byte("done"))
+			})
+			addrs := faultedProxies(t, 0, v1.ProtocolTCP, ln.Addr().String(),
+				`[{"type":"bandwidth","stream":"`+stream+`","attributes":{"rate":100}}]`)
+			c := dialTCP(t, addrs[0])
+			start := time.Now()
+			if stream == faults.Downstream {
+				n, err := io.Copy(io.Discard, c)
+				if err != nil || n != size {
+					t.Fatalf("read %d bytes, %v; want %d", n, err, size)
+				}
+			} else {
+				if _, err := c.Write(payload); err != nil {
+					t.Fatal(err)
+				}
+				c.CloseWrite()
+				if ack, err := io.ReadAll(c); err != nil || string(ack) != "done" {
+					t.Fatalf("ack %q, %v", ack, err)
+				}
+				if n := <-got; n != size {
+					t.Fatalf("backend got %d bytes, want %d", n, size)
+				}
+			}
+			within(t, "200 KB at 100 KB/s", time.Since(start), 2*time.Second, 200*time.Millisecond)
+		})
+	}
+}
+
+// reset_peer: the client sees ECONNRESET, at once (timeout 0) or after
+// timeout ms, with what came before it delivered.
+func TestFaultResetPeer(t *testing.T) {
+	t.Parallel()
+	ln := serveTCP(t, "127.0.0.2", lineEcho)
+	for _, tc := range []struct {
+		timeout int
+		// answered: the request before the reset gets its answer.
+		answered bool
+	}{
+		{0, false},
+		{300, true},
+	} {
+		t.Run(fmt.Sprint(tc.timeout), func(t *testing.T) {
+			t.Parallel()
+			addrs := faultedProxies(t, 0, v1.ProtocolTCP, ln.Addr().String(),
+				fmt.Sprintf(`[{"type":"reset_peer","attributes":{"timeout":%d}}]`, tc.timeout))
+			start := time.Now()
+			nc, err := net.DialTimeout("tcp", addrs[0], 2*time.Second)
+			if err != nil {
+				// At once, the reset can beat the dial's own check of the
+				// handshake: connect reports it.
+				if tc.timeout > 0 || !errors.Is(err, syscall.ECONNRESET) {
+					t.Fatalf("dial: %v", err)
+				}
+				return
+			}
+			c := nc.(*net.TCPConn)
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			// The kernel reports a reset once, to the first call that
+			// looks: the write, if the reset came first, else the read.
+			_, err = io.WriteString(c, "ping\n")
+			r := bufio.NewReader(c)
+			if tc.answered && err == nil {
+				if line, err := r.ReadString('\n'); err != nil || line != "pong\n" {
+					t.Fatalf("before the reset: %q, %v", line, err)
+				}
+			}
+			if err == nil {
+				_, err = r.ReadString('\n')
+			}
+			if !errors.Is(err, syscall.ECONNRESET) {
+				t.Fatalf("client read %v, want ECONNRESET", err)
+			}
+			within(t, "reset after", time.Since(start), time.Duration(tc.timeout)*time.Millisecond, 30*time.Millisecond)
+		})
+	}
+}
+
+// limit_data 1000: exactly 1000 bytes, then a clean close (EOF, not a
+// reset), however the bytes arrive.
+func TestFaultLimitData(t *testing.T) {
+	t.Parallel()
+	payload := make([]byte, 5000)
+	rand.Read(payload)
+	for _, tc := range []struct {
+		name   string
+		stream string
+		writes int // the sender's 5000 bytes in this many writes
+	}{
+		{"downstream one write", faults.Downstream, 1},
+		{"downstream trickle", faults.Downstream, 17},
+		{"upstream one write", faults.Upstream, 1},
+		{"upstream trickle", faults.Upstream, 17},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			send := func(c net.Conn) {
+				step := (len(payload) + tc.writes - 1) / tc.writes
+				for b := payload; len(b) > 0; {
+					n := min(step, len(b))
+					if _, err := c.Write(b[:n]); err != nil {
+						return
+					}
+					b = b[n:]
+					if tc.writes > 1 {
+						time.Sleep(5 * time.Millisecond)
+					}
+				}
+			}
+			got := make(chan []byte, 1)
+			ln := serveTCP(t, "127.0.0.2", func(c net.Conn) {
+				if tc.stream == faults.Downstream {
+					send(c)
+					time.Sleep(5 * time.Second) // holds the connection: the cut must come from the proxy
+					return
+				}
+				b, _ := io.ReadAll(c)
+				got <- b
+			})
+			addrs := faultedProxies(t, 0, v1.ProtocolTCP, ln.Addr().String(),
+				`[{"type":"limit_data","stream":"`+tc.stream+`","attributes":{"bytes":1000}}]`)
+			c := dialTCP(t, addrs[0])
+			var b []byte
+			if tc.stream == faults.Downstream {
+				var err error
+				b, err = io.ReadAll(c)
+				if err != nil {
+					t.Fatalf("client read ended with %v after %d bytes, want EOF", err, len(b))
+				}
+			} else {
+				send(c)
+				select {
+				case b = <-got:
+				case <-time.After(5 * time.Second):
+					t.Fatal("the backend's connection was not closed")
+				}
+			}
+			if len(b) != 1000 || string(b) != string(payload[:1000]) {
+				t.Fatalf("received %d bytes, want exactly the first 1000", len(b))
+			}
+		})
+	}
+}
+
+// timeout 0 drops every byte and holds the connection open; timeout N
+// drops every byte and closes after N ms.
+func TestFaultTimeout(t *testing.T) {
+	t.Parallel()
+	ln := serveTCP(t, "127.0.0.2", lineEcho)
+	addrs := faultedProxies(t, 0, v1.ProtocolTCP, ln.Addr().String(),
+		`[{"type":"timeout","attributes":{"timeout":0}}]`,
+		`[{"type":"timeout","attributes":{"timeout":300}}]`)
+	t.Run("0 holds", func(t *testing.T) {
+		t.Parallel()
+		c := dialTCP(t, addrs[0])
+		for range 3 {
+			if _, err := io.WriteString(c, "ping\n"); err != nil {
+				t.Fatalf("write on a held connection: %v", err)
+			}
+		}
+		c.SetReadDeadline(time.Now().Add(time.Second))
+		n, err := c.Read(make([]byte, 64))
+		if n != 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("read %d bytes, %v; want none and the connection still open after 1 s", n, err)
+		}
+		// Still open: the client can go on writing.
+		if _, err := io.WriteString(c, "ping\n"); err != nil {
+			t.Fatalf("write after 1 s: %v", err)
+		}
+	})
+	t.Run("300 closes", func(t *testing.T) {
+		t.Parallel()
+		c := dialTCP(t, addrs[1])
+		start := time.Now()
+		io.WriteString(c, "ping\n")
+		b, err := io.ReadAll(c)
+		if len(b) != 0 || err != nil {
+			t.Fatalf("read %q, %v; want no bytes and EOF", b, err)
+		}
+		within(t, "closed after", time.Since(start), 300*time.Millisecond, 30*time.Millisecond)
+	})
+}
+
+// slow_close delays the FIN by its delay; the bytes before it are not.
+func TestFaultSlowClose(t *testing.T) {
+	t.Parallel()
+	ln := serveTCP(t, "127.0.0.2", func(c net.Conn) { io.WriteString(c, "bye\n") })
+	addrs := faultedProxies(t, 0, v1.ProtocolTCP, ln.Addr().String(), "",
+		`[{"type":"slow_close","attributes":{"delay":500}}]`)
+	fin := func(addr string) (data, eof time.Duration) {
+		c := dialTCP(t, addr)
+		start := time.Now()
+		r := bufio.NewReader(c)
+		if line, err := r.ReadString('\n'); err != nil || line != "bye\n" {
+			t.Fatalf("read %q, %v", line, err)
+		}
+		data = time.Since(start)
+		if _, err := r.ReadByte(); err != io.EOF {
+			t.Fatalf("after the data: %v, want EOF", err)
+		}
+		return data, time.Since(start)
+	}
+	_, base := fin(addrs[0])
+	data, eof := fin(addrs[1])
+	if data > 100*time.Millisecond {
+		t.Errorf("the data took %v; slow_close must delay only the FIN", data)
+	}
+	within(t, "FIN delayed by", eof-base, 500*time.Millisecond, 50*time.Millisecond)
+}
+
+// slicer changes how the bytes are cut, never the bytes: SHA-256 equal
+// over 4 MB, and a 20 KB answer arrives in many small reads.
+func TestFaultSlicer(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name       string
+		size       int
+		attributes string
+		// minReads: with the slicer the client needs at least this many reads.
+		minReads int
+	}{
+		{"4 MB", 4 << 20, `{"average_size":1000,"size_variation":500}`, 0},
+		{"20 KB in 100 slices", 20_000, `{"average_size":200,"size_variation":100,"delay":2000}`, 25},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			payload := make([]byte, tc.size)
+			rand.Read(payload)
+			ln := serveTCP(t, "127.0.0.2", func(c net.Conn) { c.Write(payload) })
+			addrs := faultedProxies(t, 0, v1.ProtocolTCP, ln.Addr().String(), "",
+				`[{"type":"slicer","attributes":`+tc.attributes+`}]`)
+			read := func(addr string) (sum [32]byte, reads int) {
+				c := dialTCP(t, addr)
+				h := sha256.New()
+				buf := make([]byte, 64<<10)
+				total := 0
+				for {
+					n, err := c.Read(buf)
+					if n > 0 {
+						reads++
+						total += n
+						h.Write(buf[:n])
+					}
+					if err == io.EOF {
+						break
+					}
+					if err != nil {
+						t.Fatalf("after %d bytes: %v", total, err)
+					}
+				}
+				if total != tc.size {
+					t.Fatalf("read %d bytes, want %d", total, tc.size)
+				}
+				copy(sum[:], h.Sum(nil))
+				return sum, reads
+			}
+			want := sha256.Sum256(payload)
+			plain, plainReads := read(addrs[0])
+			sliced, slicedReads := read(addrs[1])
+			t.Logf("reads: %d plain, %d sliced", plainReads, slicedReads)
+			if plain != want || sliced != want {
+				t.Fatalf("SHA-256 plain %x, sliced %x, want %x", plain[:8], sliced[:8], want[:8])
+			}
+			if slicedReads < tc.minReads || (tc.minReads > 0 && slicedReads <= plainReads) {
+				t.Fatalf("%d reads sliced (%d plain), want at least %d", slicedReads, plainReads, tc.minReads)
+			}
+		})
+	}
+}
+
+// refuse resets the client at accept; no backend is dialled.
+func TestFaultRefuse(t *testing.T) {
+	t.Parallel()
+	accepted := make(chan struct{}, 10)
+	ln := serveTCP(t, "127.0.0.2", func(c net.Conn) { accepted <- struct{}{} })
+	addrs := faultedProxies(t, 0, v1.ProtocolTCP, ln.Addr().String(), `[{"type":"refuse"}]`)
+	for i := range 3 {
+		c, err := net.DialTimeout("tcp", addrs[0], 2*time.Second)
+		if err == nil {
+			c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			_, err = c.Read(make([]byte, 1))
+			c.Close()
+		}
+		if !isConnReset(err) {
+			t.Fatalf("connection %d: %v, want a reset", i, err)
+		}
+	}
+	select {
+	case <-accepted:
+		t.Fatal("a refused connection reached the backend")
+	case <-time.After(50 * time.Millisecond):
+	}
+}
+
+// connect_delay holds the connection before the backend is dialled: a
+// backend that greets at once is heard delay ms late.
+func TestFaultConnectDelay(t *testing.T) {
+	t.Parallel()
+	ln := serveTCP(t, "127.0.0.2", func(c net.Conn) { io.WriteString(c, "hello\n"); time.Sleep(time.Second) })
+	addrs := faultedProxies(t, 0, v1.ProtocolTCP, ln.Addr().String(), "",
+		`[{"type":"connect_delay","attributes":{"delay":300}}]`)
+	firstByte := func(addr string) time.Duration {
+		start := time.Now()
+		c := dialTCP(t, addr)
+		if _, err := c.Read(make([]byte, 1)); err != nil {
+			t.Fatal(err)
+		}
+		return time.Since(start)
+	}
+	base := firstByte(addrs[0])
+	within(t, "first byte delayed by", firstByte(addrs[1])-base, 300*time.Millisecond, 30*time.Millisecond)
+}
+
+// Toxics apply in order per direction and combine: latency then
+// limit_data delays the cut bytes, and the two directions are independent.
+func TestFaultToxicsCombine(t *testing.T) {
+	t.Parallel()
+	ln := serveTCP(t, "127.0.0.2", lineEcho)
+	addrs := faultedProxies(t, 0, v1.ProtocolTCP, ln.Addr().String(), `[
+		{"name":"up","type":"latency","stream":"upstream","attributes":{"latency":100}},
+		{"name":"down","type":"latency","attributes":{"latency":100}},
+		{"name":"cut","type":"limit_data","attributes":{"bytes":10}}
+	]`)
+	c := dialTCP(t, addrs[0])
+	start := time.Now()
+	for range 3 {
+		io.WriteString(c, "ping\n")
+	}
+	b, err := io.ReadAll(c)
+	if err != nil || string(b) != "pong\npong\n" {
+		t.Fatalf("read %q, %v; want the first 10 bytes and EOF", b, err)
+	}
+	within(t, "both latencies", time.Since(start), 200*time.Millisecond, 30*time.Millisecond)
+}
+
+// A toxic narrowed to some clients leaves the others alone.
+func TestFaultClients(t *testing.T) {
+	t.Parallel()
+	ln := serveTCP(t, "127.0.0.2", lineEcho)
+	addrs := faultedProxies(t, 0, v1.ProtocolTCP, ln.Addr().String(), `[{"type":"refuse","clients":["127.0.0.66/32"]}]`)
+	for _, tc := range []struct {
+		from    string
+		refused bool
+	}{{"127.0.0.66", true}, {"127.0.0.67", false}} {
+		_, err := exchange(tc.from, addrs[0])
+		if got := isConnReset(err); got != tc.refused {
+			t.Errorf("client %s: %v; refused %v, want %v", tc.from, err, got, tc.refused)
+		}
+	}
+}
+
+// exchange sends a line from src to addr and reads the answer. A reset
+// shows at whichever step looks first (connect, write or read: the kernel
+// reports it once), so it returns the first error of any.
+func exchange(src, addr string) (string, error) {
+	d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := io.WriteString(c, "ping\n"); err != nil {
+		return "", err
+	}
+	return bufio.NewReader(c).ReadString('\n')
+}
