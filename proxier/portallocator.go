@@ -18,7 +18,8 @@ type PortRange struct {
 // empty string means "let the kernel choose" and yields a zero range.
 func ParsePortRange(s string) (PortRange, error) {
 	s = strings.TrimSpace(s)
-	if s == "" {
+	// kube-proxy's meaning: empty, "0" and "0-0" leave ports to the kernel.
+	if s == "" || s == "0" || s == "0-0" {
 		return PortRange{}, nil
 	}
 	var lo, hi int
@@ -37,7 +38,11 @@ func ParsePortRange(s string) (PortRange, error) {
 			hi = lo + n
 		}
 	default:
-		return PortRange{}, fmt.Errorf("invalid port range %q: want BEGIN-END or BEGIN+N", s)
+		// A single port, as kube-proxy accepts it.
+		if lo, err = strconv.Atoi(s); err != nil {
+			return PortRange{}, fmt.Errorf("invalid port range %q: want BEGIN-END, BEGIN+N or one port", s)
+		}
+		hi = lo
 	}
 	if err != nil {
 		return PortRange{}, fmt.Errorf("invalid port range %q: %v", s, err)

@@ -20,6 +20,11 @@ func TestParsePortRange(t *testing.T) {
 		{"1-70000", PortRange{}, true},
 		{"abc", PortRange{}, true},
 		{"1-x", PortRange{}, true},
+		// kube-proxy's meanings: 0 and 0-0 are kernel-chosen; one port is a range of one.
+		{"0", PortRange{}, false},
+		{"0-0", PortRange{}, false},
+		{"30000", PortRange{Base: 30000, Size: 1}, false},
+		{"70000", PortRange{}, true},
 	}
 	for _, tt := range tests {
 		got, err := ParsePortRange(tt.in)

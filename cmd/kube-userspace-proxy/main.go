@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	"github.com/spf13/pflag"
@@ -36,8 +37,11 @@ func runMain(args []string) int {
 	klog.InitFlags(klogFlags)
 	fs.AddGoFlag(klogFlags.Lookup("v"))
 	fs.AddGoFlag(klogFlags.Lookup("vmodule"))
+	showVersion := fs.Bool("version", false, "Print the version and exit.")
+	// Help asked for is output (stdout, exit 0), as kube-proxy does; pflag
+	// calls Usage only for -h/--help.
 	fs.Usage = func() {
-		fmt.Fprintf(os.Stderr, "Usage: kube-userspace-proxy [flags]\n       kube-userspace-proxy demo [--serve]\n\nFlags:\n%s", fs.FlagUsages())
+		fmt.Fprintf(os.Stdout, "Usage: kube-userspace-proxy [flags]\n       kube-userspace-proxy demo [--serve]\n\nFlags:\n%s", fs.FlagUsages())
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
@@ -45,6 +49,10 @@ func runMain(args []string) int {
 		}
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy: %v\n", err)
 		return exitUsage
+	}
+	if *showVersion {
+		fmt.Fprintln(os.Stdout, "kube-userspace-proxy", buildVersion())
+		return 0
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy: unexpected arguments %q (flags only; the subcommand is 'demo')\n", fs.Args())
@@ -75,4 +83,23 @@ func runMain(args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// buildVersion is the module version the binary was built from ("(devel)"
+// for a build from a checkout) and the Go version.
+func buildVersion() string {
+	v := "(devel)"
+	goVersion := ""
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if bi.Main.Version != "" {
+			v = bi.Main.Version
+		}
+		goVersion = bi.GoVersion
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+				v += " " + s.Value[:12]
+			}
+		}
+	}
+	return v + " " + goVersion
 }

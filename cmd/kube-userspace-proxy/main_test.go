@@ -1,0 +1,59 @@
+package main
+
+import (
+	"io"
+	"os"
+	"strings"
+	"testing"
+)
+
+// captureStdout runs f with os.Stdout redirected and returns what it wrote.
+func captureStdout(t *testing.T, f func()) string {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	saved := os.Stdout
+	os.Stdout = w
+	defer func() { os.Stdout = saved }()
+	done := make(chan string)
+	go func() {
+		b, _ := io.ReadAll(r)
+		done <- string(b)
+	}()
+	f()
+	w.Close()
+	return <-done
+}
+
+// kube-proxy's conventions: help and version are output (stdout, exit 0),
+// and the fault flags of the contract exist.
+func TestHelpAndVersionOnStdout(t *testing.T) {
+	var code int
+	out := captureStdout(t, func() { code = runMain([]string{"--help"}) })
+	if code != 0 || !strings.Contains(out, "Usage: kube-userspace-proxy") {
+		t.Fatalf("--help: exit %d, stdout %q", code, out)
+	}
+	for _, flag := range []string{"--fault-api-bind-address", "--fault-seed", "--fault-max-active", "--manifests", "--proxy-port-range"} {
+		if !strings.Contains(out, flag) {
+			t.Errorf("--help does not list %s", flag)
+		}
+	}
+	out = captureStdout(t, func() { code = runMain([]string{"--version"}) })
+	if code != 0 || !strings.HasPrefix(out, "kube-userspace-proxy ") {
+		t.Fatalf("--version: exit %d, stdout %q", code, out)
+	}
+}
+
+func TestBadFaultFlagsExitTwo(t *testing.T) {
+	for _, args := range [][]string{
+		{"--fault-api-bind-address", "8474"},
+		{"--fault-max-active", "-1"},
+		{"--fault-seed", "x"},
+	} {
+		if code := runMain(args); code != exitUsage {
+			t.Errorf("runMain(%q) = %d, want %d", args, code, exitUsage)
+		}
+	}
+}
