@@ -24,6 +24,7 @@ type tcpProxySocket struct {
 	ln    *net.TCPListener
 	sp    *loadbalancer.ServicePort
 	cfg   *socketConfig
+	noBackend noBackendLog
 	// faults decides each connection's toxics at accept.
 	faults *faults.Port
 
@@ -123,7 +124,7 @@ func (s *tcpProxySocket) handle(client *net.TCPConn) {
 		_ = client.SetLinger(0)
 		_ = client.Close()
 		s.failed.Inc()
-		klog.V(3).InfoS("No backend for connection", "servicePort", s.label, "client", client.RemoteAddr(), "err", err)
+		s.noBackend.report(s.label, from, err)
 		if fc != nil {
 			fc.Done()
 		}

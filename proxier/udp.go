@@ -29,6 +29,7 @@ type udpProxySocket struct {
 	conn  *net.UDPConn
 	sp    *loadbalancer.ServicePort
 	cfg   *socketConfig
+	noBackend noBackendLog
 	// faults shapes datagrams; its plan is loaded per datagram (one atomic
 	// load, nil when no toxic applies).
 	faults *faults.Port
@@ -107,7 +108,7 @@ func (s *udpProxySocket) Serve() {
 		sess, err := s.session(from)
 		if err != nil {
 			s.droppedNoBackend.Inc()
-			klog.V(3).InfoS("Dropping datagram", "servicePort", s.label, "client", from, "err", err)
+			s.noBackend.report(s.label, from, err)
 			continue
 		}
 		sess.lastSent.Store(time.Now().UnixNano())

@@ -1,0 +1,34 @@
+package proxier
+
+import (
+	"net/netip"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/klog/v2"
+)
+
+// noBackendLogEvery bounds the -v=0 "no endpoint" lines per service port:
+// a newcomer must see why a client was reset, but a Service without
+// endpoints under load must not flood the log.
+const noBackendLogEvery = 10 * time.Second
+
+// noBackendLog says, at -v=0 and at most once per noBackendLogEvery, that
+// a service port could reach no endpoint; the lines in between are counted
+// and the count is reported with the next one.
+type noBackendLog struct {
+	last       atomic.Int64 // UnixNano of the last line
+	suppressed atomic.Int64
+}
+
+func (l *noBackendLog) report(servicePort string, client netip.AddrPort, err error) {
+	now := time.Now().UnixNano()
+	last := l.last.Load()
+	if now-last < int64(noBackendLogEvery) || !l.last.CompareAndSwap(last, now) {
+		l.suppressed.Add(1)
+		klog.V(3).InfoS("No endpoint could be reached", "servicePort", servicePort, "client", client, "err", err)
+		return
+	}
+	klog.InfoS("No endpoint could be reached; the client was refused", "servicePort", servicePort,
+		"client", client, "err", err, "alsoSinceLastReport", l.suppressed.Swap(0))
+}

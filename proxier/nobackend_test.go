@@ -1,0 +1,37 @@
+package proxier
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"k8s.io/klog/v2"
+)
+
+// "No endpoint" is said at -v=0 once per period per service port; the
+// rest are counted into the next line.
+func TestNoBackendLogRateLimited(t *testing.T) {
+	var buf bytes.Buffer
+	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(fs)
+	_ = fs.Set("logtostderr", "false")
+	klog.SetOutput(&buf)
+	defer klog.SetOutput(nil)
+	defer klog.LogToStderr(true)
+
+	var l noBackendLog
+	client := netip.MustParseAddrPort("10.0.0.1:1234")
+	for range 5 {
+		l.report("default/web:http", client, errors.New("no endpoints"))
+	}
+	klog.Flush()
+	if n := strings.Count(buf.String(), "No endpoint could be reached"); n != 1 {
+		t.Fatalf("%d lines at -v=0 for 5 failures in a row, want 1:\n%s", n, buf.String())
+	}
+	if got := l.suppressed.Load(); got != 4 {
+		t.Fatalf("%d suppressed, want 4", got)
+	}
+}
