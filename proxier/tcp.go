@@ -19,11 +19,11 @@ import (
 // loop only accepts: picking, dialing and copying happen in a goroutine per
 // connection, so a slow or dead endpoint never delays other clients.
 type tcpProxySocket struct {
-	name  loadbalancer.ServicePortName
-	label string
-	ln    *net.TCPListener
-	sp    *loadbalancer.ServicePort
-	cfg   *socketConfig
+	name      loadbalancer.ServicePortName
+	label     string
+	ln        *net.TCPListener
+	sp        *loadbalancer.ServicePort
+	cfg       *socketConfig
 	noBackend noBackendLog
 	// faults decides each connection's toxics at accept.
 	faults *faults.Port

@@ -24,11 +24,11 @@ const maxDatagram = 64 * 1024
 // back through the service socket so that conntrack turns their source back
 // into the service address the client sent to.
 type udpProxySocket struct {
-	name  loadbalancer.ServicePortName
-	label string
-	conn  *net.UDPConn
-	sp    *loadbalancer.ServicePort
-	cfg   *socketConfig
+	name      loadbalancer.ServicePortName
+	label     string
+	conn      *net.UDPConn
+	sp        *loadbalancer.ServicePort
+	cfg       *socketConfig
 	noBackend noBackendLog
 	// faults shapes datagrams; its plan is loaded per datagram (one atomic
 	// load, nil when no toxic applies).
