@@ -130,7 +130,9 @@ func (p *Proxy) RequireRunning(t testing.TB) {
 // Lines is the proxy's output so far, one entry per line.
 // The output's final newline ends the last line; it does not start an empty
 // one, so len(Lines()) is the count of lines written so far.
-func (p *Proxy) Lines() []string { return strings.Split(strings.TrimSuffix(p.Proc.Output(), "\n"), "\n") }
+func (p *Proxy) Lines() []string {
+	return strings.Split(strings.TrimSuffix(p.Proc.Output(), "\n"), "\n")
+}
 
 // LogLines returns the proxy's output lines containing any of words
 // (case-insensitive).
