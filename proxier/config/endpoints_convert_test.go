@@ -58,6 +58,11 @@ func TestExampleManifestsAreValid(t *testing.T) {
 	if err != nil || len(names) < 4 {
 		t.Fatalf("examples: %v %v", names, err)
 	}
+	faultNames, err := (&ManifestSource{path: "../../examples/faults", dirMode: true}).listFiles()
+	if err != nil || len(faultNames) < 1 {
+		t.Fatalf("examples/faults: %v %v", faultNames, err)
+	}
+	names = append(names, faultNames...)
 	for _, n := range names {
 		data, err := os.ReadFile(n)
 		if err != nil {
