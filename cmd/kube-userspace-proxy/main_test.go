@@ -57,3 +57,19 @@ func TestBadFaultFlagsExitTwo(t *testing.T) {
 		}
 	}
 }
+
+// Without the privilege iptables needs, the default --iptables=true fails
+// at start with a message saying what to do, and exit 1.
+func TestNoNetAdminFailsAtStart(t *testing.T) {
+	saved := canProgramIptables
+	canProgramIptables = func() bool { return false }
+	defer func() { canProgramIptables = saved }()
+	dir := t.TempDir()
+	code := runMain([]string{"--manifests", dir, "--healthz-bind-address", "", "--metrics-bind-address", ""})
+	if code != 1 {
+		t.Fatalf("exit %d, want 1", code)
+	}
+	if !strings.Contains(errNoNetAdmin.Error(), "--iptables=false") {
+		t.Fatal("the message does not say how to run without iptables")
+	}
+}

@@ -59,6 +59,9 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		Faults:           faultTable,
 	}
 	if o.iptables {
+		if !canProgramIptables() {
+			return errNoNetAdmin
+		}
 		v4, v6, err := portalSyncers(v)
 		if err != nil {
 			return err
