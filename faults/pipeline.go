@@ -19,6 +19,11 @@ type pipeline struct {
 	limitLeft  int64 // limit_data: bytes still allowed; <0 = no limit
 	blackhole  bool  // timeout: drop everything
 	bwNextFree time.Time
+	// timer ends the stream with onTimer (reset_peer, timeout): the
+	// earliest of them, nil when none. Every wait selects on it, so a
+	// chunk held back by bandwidth or latency cannot postpone it.
+	timer   <-chan time.Time
+	onTimer error
 }
 
 func newPipeline(toxics []*compiled, seq uint64) *pipeline {
@@ -55,23 +60,24 @@ func readChunks(src *net.TCPConn, out chan<- chunk, stop <-chan struct{}) {
 // copy is the relay.Copier of a faulted direction.
 func (p *pipeline) copy(dst, src *net.TCPConn) (int64, error) {
 	var (
-		timer   <-chan time.Time
-		onTimer error
 		slowEOF time.Duration
+		end     time.Duration = -1
 	)
 	for _, t := range p.toxics {
 		switch t.Type {
 		case "timeout":
 			p.blackhole = true
-			if d := t.ms("timeout"); d > 0 {
-				timer, onTimer = time.After(d), relay.ErrCut
+			if d := t.ms("timeout"); d > 0 && (end < 0 || d < end) {
+				end, p.onTimer = d, relay.ErrCut
 			}
 		case "reset_peer":
 			d := t.ms("timeout")
 			if d <= 0 {
 				return 0, relay.ErrReset
 			}
-			timer, onTimer = time.After(d), relay.ErrReset
+			if end < 0 || d < end {
+				end, p.onTimer = d, relay.ErrReset
+			}
 		case "limit_data":
 			b := int64(t.Attributes["bytes"])
 			if p.limitLeft < 0 || b < p.limitLeft {
@@ -84,6 +90,11 @@ func (p *pipeline) copy(dst, src *net.TCPConn) (int64, error) {
 	if p.limitLeft == 0 {
 		return 0, relay.ErrCut
 	}
+	if end >= 0 {
+		t := time.NewTimer(end)
+		defer t.Stop()
+		p.timer = t.C
+	}
 	chunks := make(chan chunk, chunkQueue)
 	stop := make(chan struct{})
 	defer close(stop)
@@ -91,8 +102,8 @@ func (p *pipeline) copy(dst, src *net.TCPConn) (int64, error) {
 	var total int64
 	for {
 		select {
-		case <-timer:
-			return total, onTimer
+		case <-p.timer:
+			return total, p.onTimer
 		case c := <-chunks:
 			if c.n > 0 {
 				n, err := p.deliver(dst, c)
@@ -104,8 +115,8 @@ func (p *pipeline) copy(dst, src *net.TCPConn) (int64, error) {
 			}
 			relay.PutBuffer(c.buf)
 			if c.err == io.EOF {
-				if slowEOF > 0 {
-					time.Sleep(slowEOF)
+				if !p.sleep(slowEOF) {
+					return total, p.onTimer
 				}
 				return total, nil
 			}
@@ -137,8 +148,8 @@ func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
 			if j := t.ms("jitter"); j > 0 {
 				d += time.Duration((2*p.rng.Float64() - 1) * float64(j))
 			}
-			if wait := time.Until(c.at.Add(d)); wait > 0 {
-				time.Sleep(wait)
+			if !p.sleep(time.Until(c.at.Add(d))) {
+				return 0, p.onTimer
 			}
 		case "slicer":
 			sliceVar = 0
@@ -163,17 +174,19 @@ func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
 		}
 		w, err := dst.Write(data[:n])
 		total += int64(w)
+		if p.limitLeft >= 0 {
+			p.limitLeft -= int64(w)
+		}
 		if err != nil {
 			return total, &relay.WriteError{Err: err}
 		}
-		p.pace(w)
 		data = data[n:]
-		if sliceDelay > 0 && len(data) > 0 {
-			time.Sleep(sliceDelay)
+		if !p.pace(w) {
+			return total, p.onTimer
 		}
-	}
-	if p.limitLeft >= 0 {
-		p.limitLeft -= total
+		if len(data) > 0 && !p.sleep(sliceDelay) {
+			return total, p.onTimer
+		}
 	}
 	if cut {
 		return total, relay.ErrCut
@@ -182,8 +195,9 @@ func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
 }
 
 // pace holds the direction to each bandwidth toxic's rate (KB/s, 1 KB =
-// 1000 bytes as in Toxiproxy) over the whole stream, not per chunk.
-func (p *pipeline) pace(n int) {
+// 1000 bytes as in Toxiproxy) over the whole stream, not per chunk. False
+// means the stream's timer fired meanwhile.
+func (p *pipeline) pace(n int) bool {
 	for _, t := range p.toxics {
 		if t.Type != "bandwidth" {
 			continue
@@ -194,6 +208,28 @@ func (p *pipeline) pace(n int) {
 			p.bwNextFree = now
 		}
 		p.bwNextFree = p.bwNextFree.Add(time.Duration(float64(n) / rate * float64(time.Second)))
-		time.Sleep(time.Until(p.bwNextFree))
+		if !p.sleep(time.Until(p.bwNextFree)) {
+			return false
+		}
+	}
+	return true
+}
+
+// sleep waits d unless the stream's timer fires first (false).
+func (p *pipeline) sleep(d time.Duration) bool {
+	if d <= 0 {
+		return true
+	}
+	if p.timer == nil {
+		time.Sleep(d)
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-p.timer:
+		return false
 	}
 }
