@@ -1,0 +1,196 @@
+package faults
+
+import (
+	"encoding/binary"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+// recorder collects what a datagram plan delivers, as a proxier's send
+// function would write it.
+type recorder struct {
+	mu  sync.Mutex
+	got []uint32
+}
+
+func (r *recorder) send(b []byte) {
+	r.mu.Lock()
+	r.got = append(r.got, binary.BigEndian.Uint32(b))
+	r.mu.Unlock()
+}
+
+func (r *recorder) seqs() []uint32 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.got)
+}
+
+// sendAll passes datagrams 0..n-1 upstream through the port's plan; the
+// buffer is reused, as the proxier's read buffer is.
+func sendAll(p *Port, n int, r *recorder) (maxDefer time.Duration) {
+	buf := make([]byte, 4)
+	for i := range n {
+		binary.BigEndian.PutUint32(buf, uint32(i))
+		if d := p.Datagrams().Send(StreamUp, client1, buf, r.send); d > maxDefer {
+			maxDefer = d
+		}
+	}
+	return maxDefer
+}
+
+// lossRuns returns the share of datagrams lost and the mean length of a
+// run of consecutive losses.
+func lossRuns(n int, got []uint32) (share, meanRun float64) {
+	seen := make([]bool, n)
+	for _, s := range got {
+		seen[s] = true
+	}
+	lost, runs := 0, 0
+	for i, ok := range seen {
+		if !ok {
+			lost++
+			if i == 0 || seen[i-1] {
+				runs++
+			}
+		}
+	}
+	return float64(lost) / float64(n), float64(lost) / float64(max(runs, 1))
+}
+
+// loss: a plain rate loses datagrams one by one; the Gilbert-Elliott model
+// loses them in bursts of 1/r on average, p/(p+r) of the time.
+func TestDatagramLoss(t *testing.T) {
+	const n = 10_000
+	for _, tc := range []struct {
+		name                string
+		toxic               string
+		share, shareTol     float64
+		meanRun, meanRunTol float64
+	}{
+		{"rate 0.5", `{"type":"loss","stream":"upstream","attributes":{"rate":0.5}}`, 0.5, 0.02, 2, 0.2},
+		{"toxicity 0.5", `{"type":"loss","stream":"upstream","toxicity":0.5}`, 0.5, 0.02, 2, 0.2},
+		{"gilbert-elliott", `{"type":"loss","stream":"upstream","attributes":{"p":0.1,"r":0.25}}`, 0.1 / 0.35, 0.05, 4, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, p := declared(t, 11, 0, "UDP", tc.toxic)
+			r := &recorder{}
+			if d := sendAll(p, n, r); d != 0 {
+				t.Fatalf("loss deferred a datagram by %v", d)
+			}
+			share, run := lossRuns(n, r.seqs())
+			t.Logf("lost %.1f %% in runs of %.2f on average", share*100, run)
+			if share < tc.share-tc.shareTol || share > tc.share+tc.shareTol {
+				t.Errorf("lost %.3f, want %.3f ± %.3f", share, tc.share, tc.shareTol)
+			}
+			if run < tc.meanRun-tc.meanRunTol || run > tc.meanRun+tc.meanRunTol {
+				t.Errorf("mean loss run %.2f, want %.2f ± %.2f", run, tc.meanRun, tc.meanRunTol)
+			}
+			// The same seed loses the same datagrams.
+			_, p2 := declared(t, 11, 0, "UDP", tc.toxic)
+			r2 := &recorder{}
+			sendAll(p2, n, r2)
+			if !slices.Equal(r.seqs(), r2.seqs()) {
+				t.Error("two runs with the same seed lost different datagrams")
+			}
+		})
+	}
+}
+
+// duplicate, reorder and latency change when and how often a datagram
+// arrives, never its bytes; Send says how long delivery may be deferred.
+func TestDatagramShaping(t *testing.T) {
+	const n = 1000
+	t.Run("duplicate", func(t *testing.T) {
+		_, p := declared(t, 0, 0, "UDP", `{"type":"duplicate","stream":"upstream","attributes":{"rate":0.3}}`)
+		r := &recorder{}
+		sendAll(p, n, r)
+		got := r.seqs()
+		dup := len(got) - n
+		if dup < 250 || dup > 350 {
+			t.Fatalf("%d duplicates of %d, want 300 ± 50", dup, n)
+		}
+		for i := 1; i < len(got); i++ {
+			if got[i] < got[i-1] {
+				t.Fatalf("duplicate reordered the stream at %d", i)
+			}
+		}
+	})
+	t.Run("reorder", func(t *testing.T) {
+		_, p := declared(t, 0, 0, "UDP", `{"type":"reorder","stream":"upstream","attributes":{"rate":0.5,"delay":20}}`)
+		r := &recorder{}
+		if d := sendAll(p, n, r); d != 20*time.Millisecond {
+			t.Fatalf("reorder defers by %v, want its delay 20ms", d)
+		}
+		time.Sleep(60 * time.Millisecond) // the last one held goes out on its timer
+		got := r.seqs()
+		sorted := slices.Clone(got)
+		slices.Sort(sorted)
+		for i, s := range sorted {
+			if s != uint32(i) {
+				t.Fatalf("reorder lost or duplicated datagrams (at %d: %d)", i, s)
+			}
+		}
+		inv := 0
+		for i, s := range got {
+			if i > 0 && s < got[i-1] {
+				inv++
+			}
+			// A datagram is held past one other, not many.
+			if d := int(s) - i; d < -1 || d > 1 {
+				t.Fatalf("datagram %d arrived in position %d", s, i)
+			}
+		}
+		// Held with 0.5 and released by the next one not held: ≈ n/4.
+		if inv < 200 || inv > 300 {
+			t.Fatalf("%d inversions, want about 250", inv)
+		}
+	})
+	t.Run("latency", func(t *testing.T) {
+		_, p := declared(t, 0, 0, "UDP", `{"type":"latency","stream":"upstream","attributes":{"latency":100}}`)
+		r := &recorder{}
+		start := time.Now()
+		if d := sendAll(p, 10, r); d != 100*time.Millisecond {
+			t.Fatalf("latency defers by %v, want 100ms", d)
+		}
+		if got := r.seqs(); len(got) != 0 {
+			t.Fatalf("%d datagrams out before their latency", len(got))
+		}
+		for len(r.seqs()) < 10 && time.Since(start) < 2*time.Second {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if took := time.Since(start); took < 100*time.Millisecond || took > 130*time.Millisecond {
+			t.Fatalf("10 datagrams out after %v, want 100 ms + up to 30", took)
+		}
+	})
+	t.Run("other stream untouched", func(t *testing.T) {
+		_, p := declared(t, 0, 0, "UDP", `{"type":"loss"}`) // downstream
+		r := &recorder{}
+		sendAll(p, n, r)
+		if len(r.seqs()) != n {
+			t.Fatalf("a downstream loss toxic dropped upstream datagrams: %d of %d passed", len(r.seqs()), n)
+		}
+	})
+	t.Run("clients", func(t *testing.T) {
+		_, p := declared(t, 0, 0, "UDP", `{"type":"loss","stream":"upstream","clients":["10.9.0.0/16"]}`)
+		r := &recorder{}
+		sendAll(p, n, r) // from client1, 10.0.0.1
+		if len(r.seqs()) != n {
+			t.Fatalf("a loss toxic for 10.9.0.0/16 dropped 10.0.0.1's datagrams")
+		}
+	})
+}
+
+// A TCP port has no datagram plan, and a UDP port without toxics has none
+// either: the proxier's fault-free path is one atomic load and a nil check.
+func TestDatagramsNilWithoutToxics(t *testing.T) {
+	tbl := NewTable(0, 0, nil)
+	if tbl.Port("a", "UDP").Datagrams() != nil {
+		t.Fatal("a UDP port without toxics has a datagram plan")
+	}
+	_, p := declared(t, 0, 0, "TCP", `{"type":"latency","attributes":{"latency":1}}`)
+	if p.Datagrams() != nil {
+		t.Fatal("a TCP port has a datagram plan")
+	}
+}
