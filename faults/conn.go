@@ -37,7 +37,8 @@ type liveConn struct {
 
 // Accept decides the faults of the next connection from client. It
 // returns nil when nothing applies and live connections need not be
-// tracked: the connection then costs one atomic add and one load.
+// tracked: the connection then costs one atomic add, one load and its
+// draws, and allocates nothing.
 func (p *Port) Accept(client netip.Addr) *Conn {
 	seq := p.connSeq.Add(1) - 1
 	s := p.snap.Load()
@@ -45,12 +46,16 @@ func (p *Port) Accept(client netip.Addr) *Conn {
 	if s.enabled && len(s.toxics) == 0 && !track {
 		return nil
 	}
-	c := &Conn{port: p, seq: seq, client: client, snap: s}
 	if !s.enabled {
-		c.Refuse = true
-		return c
+		return &Conn{port: p, seq: seq, client: client, snap: s, Refuse: true}
 	}
-	var up, down []*compiled
+	// Decided in locals: the Conn is allocated only for a connection that
+	// is faulted or tracked.
+	var (
+		up, down        []*compiled
+		faulted, refuse bool
+		connectDelay    time.Duration
+	)
 	for _, t := range s.toxics {
 		if t.kind == kindDatagram || !t.matches(client) {
 			continue
@@ -60,25 +65,25 @@ func (p *Port) Accept(client netip.Addr) *Conn {
 		}
 		// The slot is taken at the first toxic that applies, so two
 		// connections accepted at once cannot both take the last one.
-		if !c.faulted && !p.reserve() {
+		if !faulted && !p.reserve() {
 			s.skipped.Inc()
 			break
 		}
 		t.injected.Inc()
-		c.faulted = true
+		faulted = true
 		switch t.kind {
 		case kindDown:
-			c.Refuse = true
+			refuse = true
 		case kindConnect:
 			switch t.Type {
 			case "refuse":
-				c.Refuse = true
+				refuse = true
 			case "connect_delay":
 				d := t.ms("delay")
 				if j := t.ms("jitter"); j > 0 {
 					d += time.Duration((2*draw(t.seed, t.key, seq, saltEffect) - 1) * float64(j))
 				}
-				c.ConnectDelay += max(d, 0)
+				connectDelay += max(d, 0)
 			}
 		default:
 			if t.Stream == Upstream {
@@ -88,25 +93,24 @@ func (p *Port) Accept(client netip.Addr) *Conn {
 			}
 		}
 	}
-	if c.Refuse {
+	if !faulted && !track {
+		return nil
+	}
+	c := &Conn{port: p, seq: seq, client: client, snap: s, faulted: faulted, Refuse: refuse}
+	if refuse {
 		// A refused connection is over at once: it holds no slot.
-		if c.faulted {
-			p.active.Add(-1)
-		}
-		c.Upstream, c.Downstream = nil, nil
+		p.active.Add(-1)
 		return c
 	}
+	c.ConnectDelay = connectDelay
 	if len(up) > 0 {
 		c.Upstream = newPipeline(up, seq).copy
 	}
 	if len(down) > 0 {
 		c.Downstream = newPipeline(down, seq).copy
 	}
-	if c.faulted {
+	if faulted {
 		s.faultedLive.Inc()
-	}
-	if !c.faulted && !track {
-		return nil
 	}
 	return c
 }
