@@ -13,11 +13,13 @@ import (
 type recorder struct {
 	mu  sync.Mutex
 	got []uint32
+	at  []time.Time
 }
 
 func (r *recorder) send(b []byte) {
 	r.mu.Lock()
 	r.got = append(r.got, binary.BigEndian.Uint32(b))
+	r.at = append(r.at, time.Now())
 	r.mu.Unlock()
 }
 
@@ -154,14 +156,19 @@ func TestDatagramShaping(t *testing.T) {
 		if d := sendAll(p, 10, r); d != 100*time.Millisecond {
 			t.Fatalf("latency defers by %v, want 100ms", d)
 		}
-		if got := r.seqs(); len(got) != 0 {
-			t.Fatalf("%d datagrams out before their latency", len(got))
+		sent := time.Since(start)
+		time.Sleep(300 * time.Millisecond)
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if len(r.at) != 10 {
+			t.Fatalf("%d of 10 datagrams out", len(r.at))
 		}
-		for len(r.seqs()) < 10 && time.Since(start) < 2*time.Second {
-			time.Sleep(5 * time.Millisecond)
-		}
-		if took := time.Since(start); took < 100*time.Millisecond || took > 130*time.Millisecond {
-			t.Fatalf("10 datagrams out after %v, want 100 ms + up to 30", took)
+		// Each went out 100 ms after it was sent: between 100 ms after
+		// the first Send and 100 ms (+ 30 of tolerance) after the last.
+		for i, at := range r.at {
+			if d := at.Sub(start); d < 100*time.Millisecond || d > sent+130*time.Millisecond {
+				t.Errorf("datagram %d out after %v, want 100 ms (sending took %v)", r.got[i], d, sent)
+			}
 		}
 	})
 	t.Run("other stream untouched", func(t *testing.T) {
