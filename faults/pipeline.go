@@ -18,6 +18,9 @@ type pipeline struct {
 	// per-direction state
 	limitLeft  int64 // limit_data: bytes still allowed; <0 = no limit
 	blackhole  bool  // timeout: drop everything
+	// rate is the lowest bandwidth toxic's, in bytes/s (0 = none);
+	// bwNextFree is when the bytes written so far are paid for.
+	rate       float64
 	bwNextFree time.Time
 	// timer ends the stream with onTimer (reset_peer, timeout): the
 	// earliest of them, nil when none. Every wait selects on it, so a
@@ -85,6 +88,11 @@ func (p *pipeline) copy(dst, src *net.TCPConn) (int64, error) {
 			}
 		case "slow_close":
 			slowEOF += t.ms("delay")
+		case "bandwidth":
+			// Several bandwidth toxics: the narrowest one limits.
+			if r := t.Attributes["rate"] * 1000; p.rate == 0 || r < p.rate {
+				p.rate = r
+			}
 		}
 	}
 	if p.limitLeft == 0 {
@@ -135,28 +143,33 @@ func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
 	}
 	var sliceSize, sliceVar int
 	var sliceDelay time.Duration
+	// ready is when the chunk was due at the bandwidth stage: read, plus
+	// its latency. Pacing from it, not from when this goroutine got to
+	// run, keeps scheduling delays from adding up over a long transfer.
+	ready := c.at
 	for _, t := range p.toxics {
 		switch t.Type {
-		case "bandwidth":
-			// Writes of 50 ms worth each, so the rate holds at any scale
-			// instead of in bursts of one read.
-			if sliceSize == 0 {
-				sliceSize = max(int(t.Attributes["rate"]*1000/20), 1)
-			}
 		case "latency":
 			d := t.ms("latency")
 			if j := t.ms("jitter"); j > 0 {
 				d += time.Duration((2*p.rng.Float64() - 1) * float64(j))
 			}
+			if due := c.at.Add(d); due.After(ready) {
+				ready = due
+			}
 			if !p.sleep(time.Until(c.at.Add(d))) {
 				return 0, p.onTimer
 			}
 		case "slicer":
-			sliceVar = 0
 			sliceSize = int(t.Attributes["average_size"])
 			sliceVar = int(t.Attributes["size_variation"])
 			sliceDelay = time.Duration(t.Attributes["delay"] * float64(time.Microsecond))
 		}
+	}
+	if sliceSize == 0 && p.rate > 0 {
+		// Writes of 50 ms worth each, so the rate holds at any scale
+		// instead of in bursts of one read.
+		sliceSize = max(int(p.rate/20), 1)
 	}
 	cut := false
 	if p.limitLeft >= 0 && int64(len(data)) >= p.limitLeft {
@@ -181,7 +194,7 @@ func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
 			return total, &relay.WriteError{Err: err}
 		}
 		data = data[n:]
-		if !p.pace(w) {
+		if !p.pace(w, ready) {
 			return total, p.onTimer
 		}
 		if len(data) > 0 && !p.sleep(sliceDelay) {
@@ -194,25 +207,20 @@ func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
 	return total, nil
 }
 
-// pace holds the direction to each bandwidth toxic's rate (KB/s, 1 KB =
-// 1000 bytes as in Toxiproxy) over the whole stream, not per chunk. False
+// pace holds the direction to the bandwidth rate (KB/s, 1 KB = 1000
+// bytes as in Toxiproxy) over the whole stream, not per chunk: an idle
+// source earns no credit (pacing restarts when a chunk is ready after
+// the bytes before it were paid for), a late wake-up is caught up. False
 // means the stream's timer fired meanwhile.
-func (p *pipeline) pace(n int) bool {
-	for _, t := range p.toxics {
-		if t.Type != "bandwidth" {
-			continue
-		}
-		rate := t.Attributes["rate"] * 1000 // bytes per second
-		now := time.Now()
-		if p.bwNextFree.Before(now) {
-			p.bwNextFree = now
-		}
-		p.bwNextFree = p.bwNextFree.Add(time.Duration(float64(n) / rate * float64(time.Second)))
-		if !p.sleep(time.Until(p.bwNextFree)) {
-			return false
-		}
+func (p *pipeline) pace(n int, ready time.Time) bool {
+	if p.rate == 0 {
+		return true
 	}
-	return true
+	if p.bwNextFree.Before(ready) {
+		p.bwNextFree = ready
+	}
+	p.bwNextFree = p.bwNextFree.Add(time.Duration(float64(n) / p.rate * float64(time.Second)))
+	return p.sleep(time.Until(p.bwNextFree))
 }
 
 // sleep waits d unless the stream's timer fires first (false).

@@ -76,3 +76,77 @@ func TestPipelineTimersFireOnTime(t *testing.T) {
 		})
 	}
 }
+
+// bandwidth holds the rate over the whole stream: the narrowest of several
+// limits, an idle pause earns no burst, and latency before it delays the
+// start without being paid back as a burst.
+func TestPipelineBandwidth(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		toxics []string
+		// sends are the backend's writes, each after a pause.
+		sends []struct {
+			pause time.Duration
+			bytes int
+		}
+		want time.Duration
+	}{
+		{
+			name:   "narrowest of two",
+			toxics: []string{`{"name":"a","type":"bandwidth","attributes":{"rate":400}}`, `{"name":"b","type":"bandwidth","attributes":{"rate":100}}`},
+			sends: []struct {
+				pause time.Duration
+				bytes int
+			}{{0, 100_000}},
+			want: time.Second,
+		},
+		{
+			name:   "idle earns no credit",
+			toxics: []string{`{"type":"bandwidth","attributes":{"rate":100}}`},
+			sends: []struct {
+				pause time.Duration
+				bytes int
+			}{{0, 50_000}, {time.Second, 50_000}},
+			// 0.5 s, idle until 1 s, 0.5 s again.
+			want: 1500 * time.Millisecond,
+		},
+		{
+			name:   "latency then bandwidth",
+			toxics: []string{`{"type":"latency","attributes":{"latency":300}}`, `{"type":"bandwidth","attributes":{"rate":100}}`},
+			sends: []struct {
+				pause time.Duration
+				bytes int
+			}{{0, 50_000}},
+			want: 800 * time.Millisecond,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			_, p := declared(t, 0, 0, "TCP", tc.toxics...)
+			client, backend, _ := proxied(t, p, client1)
+			total := 0
+			for _, s := range tc.sends {
+				total += s.bytes
+			}
+			start := time.Now()
+			go func() {
+				next := start
+				for _, s := range tc.sends {
+					next = next.Add(s.pause)
+					time.Sleep(time.Until(next))
+					backend.Write(make([]byte, s.bytes))
+				}
+			}()
+			client.SetReadDeadline(time.Now().Add(10 * time.Second))
+			if _, err := io.ReadFull(client, make([]byte, total)); err != nil {
+				t.Fatal(err)
+			}
+			took := time.Since(start)
+			t.Logf("%d bytes in %v", total, took.Round(time.Millisecond))
+			if took < tc.want*9/10 || took > tc.want*11/10 {
+				t.Fatalf("%d bytes in %v, want %v ± 10 %%", total, took, tc.want)
+			}
+		})
+	}
+}
