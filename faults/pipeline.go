@@ -16,8 +16,8 @@ type pipeline struct {
 	toxics []*compiled
 	rng    *rand.Rand
 	// per-direction state
-	limitLeft  int64 // limit_data: bytes still allowed; <0 = no limit
-	blackhole  bool  // timeout: drop everything
+	limitLeft int64 // limit_data: bytes still allowed; <0 = no limit
+	blackhole bool  // timeout: drop everything
 	// rate is the lowest bandwidth toxic's, in bytes/s (0 = none);
 	// bwNextFree is when the bytes written so far are paid for.
 	rate       float64
