@@ -76,6 +76,36 @@ func within(t *testing.T, what string, got, want, tol time.Duration) {
 	}
 }
 
+// samples is how often a toxic's delay is measured.
+const samples = 3
+
+// measured checks a delay a toxic adds from several samples. A sample can
+// come late when a loaded 2-core runner stalls a goroutine, never early:
+// each must be at least want - tol, and their median want ± tol.
+func measured(t *testing.T, what string, got []time.Duration, want, tol time.Duration) {
+	t.Helper()
+	for i, d := range got {
+		if d < want-tol {
+			t.Errorf("%s: sample %d is %v, less than %v - %v", what, i, d, want, tol)
+		}
+	}
+	rounded := make([]time.Duration, len(got))
+	for i, d := range got {
+		rounded[i] = d.Round(time.Millisecond)
+	}
+	t.Logf("%s: samples %v", what, rounded)
+	within(t, what+" (median)", median(got), want, tol)
+}
+
+// sample runs f n times and returns what it measured each time.
+func sample(n int, f func() time.Duration) []time.Duration {
+	out := make([]time.Duration, n)
+	for i := range out {
+		out[i] = f()
+	}
+	return out
+}
+
 // lineEcho answers each line with "pong\n" and keeps the connection.
 func lineEcho(c net.Conn) {
 	r := bufio.NewReader(c)
@@ -124,10 +154,12 @@ func TestFaultLatency(t *testing.T) {
 			t.Parallel()
 			addrs := faultedProxies(t, 0, v1.ProtocolTCP, ln.Addr().String(), "",
 				`[{"name":"slow","type":"latency","stream":"`+stream+`","toxicity":1.0,"attributes":{"latency":300,"jitter":0}}]`)
-			base := median(requestTimes(t, addrs[0], 3))
-			for i, d := range requestTimes(t, addrs[1], 3) {
-				within(t, fmt.Sprintf("request %d: latency added", i), d-base, 300*time.Millisecond, 30*time.Millisecond)
+			base := median(requestTimes(t, addrs[0], 5))
+			added := requestTimes(t, addrs[1], 5)
+			for i := range added {
+				added[i] -= base
 			}
+			measured(t, "latency added", added, 300*time.Millisecond, 30*time.Millisecond)
 		})
 	}
 }
@@ -215,37 +247,46 @@ func TestFaultResetPeer(t *testing.T) {
 			t.Parallel()
 			addrs := faultedProxies(t, 0, v1.ProtocolTCP, ln.Addr().String(),
 				fmt.Sprintf(`[{"type":"reset_peer","attributes":{"timeout":%d}}]`, tc.timeout))
-			start := time.Now()
-			nc, err := net.DialTimeout("tcp", addrs[0], 2*time.Second)
-			if err != nil {
-				// At once, the reset can beat the dial's own check of the
-				// handshake: connect reports it.
-				if tc.timeout > 0 || !errors.Is(err, syscall.ECONNRESET) {
-					t.Fatalf("dial: %v", err)
-				}
-				return
-			}
-			c := nc.(*net.TCPConn)
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(5 * time.Second))
-			// The kernel reports a reset once, to the first call that
-			// looks: the write, if the reset came first, else the read.
-			_, err = io.WriteString(c, "ping\n")
-			r := bufio.NewReader(c)
-			if tc.answered && err == nil {
-				if line, err := r.ReadString('\n'); err != nil || line != "pong\n" {
-					t.Fatalf("before the reset: %q, %v", line, err)
-				}
-			}
-			if err == nil {
-				_, err = r.ReadString('\n')
-			}
-			if !errors.Is(err, syscall.ECONNRESET) {
-				t.Fatalf("client read %v, want ECONNRESET", err)
-			}
-			within(t, "reset after", time.Since(start), time.Duration(tc.timeout)*time.Millisecond, 30*time.Millisecond)
+			measured(t, "reset after", sample(samples, func() time.Duration {
+				return resetAfter(t, addrs[0], tc.answered)
+			}), time.Duration(tc.timeout)*time.Millisecond, 30*time.Millisecond)
 		})
 	}
+}
+
+// resetAfter connects, sends a request (and reads its answer when
+// answered) and returns how long until the connection was reset.
+func resetAfter(t *testing.T, addr string, answered bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	nc, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		// At once, the reset can beat the dial's own check of the
+		// handshake: connect reports it.
+		if answered || !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("dial: %v", err)
+		}
+		return time.Since(start)
+	}
+	c := nc.(*net.TCPConn)
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	// The kernel reports a reset once, to the first call that
+	// looks: the write, if the reset came first, else the read.
+	_, err = io.WriteString(c, "ping\n")
+	r := bufio.NewReader(c)
+	if answered && err == nil {
+		if line, err := r.ReadString('\n'); err != nil || line != "pong\n" {
+			t.Fatalf("before the reset: %q, %v", line, err)
+		}
+	}
+	if err == nil {
+		_, err = r.ReadString('\n')
+	}
+	if !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("client read %v, want ECONNRESET", err)
+	}
+	return time.Since(start)
 }
 
 // limit_data 1000: exactly 1000 bytes, then a clean close (EOF, not a
@@ -342,14 +383,16 @@ func TestFaultTimeout(t *testing.T) {
 	})
 	t.Run("300 closes", func(t *testing.T) {
 		t.Parallel()
-		c := dialTCP(t, addrs[1])
-		start := time.Now()
-		io.WriteString(c, "ping\n")
-		b, err := io.ReadAll(c)
-		if len(b) != 0 || err != nil {
-			t.Fatalf("read %q, %v; want no bytes and EOF", b, err)
-		}
-		within(t, "closed after", time.Since(start), 300*time.Millisecond, 30*time.Millisecond)
+		measured(t, "closed after", sample(samples, func() time.Duration {
+			c := dialTCP(t, addrs[1])
+			start := time.Now()
+			io.WriteString(c, "ping\n")
+			b, err := io.ReadAll(c)
+			if len(b) != 0 || err != nil {
+				t.Fatalf("read %q, %v; want no bytes and EOF", b, err)
+			}
+			return time.Since(start)
+		}), 300*time.Millisecond, 30*time.Millisecond)
 	})
 }
 
@@ -373,11 +416,13 @@ func TestFaultSlowClose(t *testing.T) {
 		return data, time.Since(start)
 	}
 	_, base := fin(addrs[0])
-	data, eof := fin(addrs[1])
-	if data > 100*time.Millisecond {
-		t.Errorf("the data took %v; slow_close must delay only the FIN", data)
-	}
-	within(t, "FIN delayed by", eof-base, 500*time.Millisecond, 50*time.Millisecond)
+	measured(t, "FIN delayed by", sample(samples, func() time.Duration {
+		data, eof := fin(addrs[1])
+		if data > 100*time.Millisecond {
+			t.Errorf("the data took %v; slow_close must delay only the FIN", data)
+		}
+		return eof - base
+	}), 500*time.Millisecond, 50*time.Millisecond)
 }
 
 // slicer changes how the bytes are cut, never the bytes: SHA-256 equal
@@ -480,7 +525,9 @@ func TestFaultConnectDelay(t *testing.T) {
 		return time.Since(start)
 	}
 	base := firstByte(addrs[0])
-	within(t, "first byte delayed by", firstByte(addrs[1])-base, 300*time.Millisecond, 30*time.Millisecond)
+	measured(t, "first byte delayed by", sample(samples, func() time.Duration {
+		return firstByte(addrs[1]) - base
+	}), 300*time.Millisecond, 30*time.Millisecond)
 }
 
 // Toxics apply in order per direction and combine: latency then
@@ -493,16 +540,18 @@ func TestFaultToxicsCombine(t *testing.T) {
 		{"name":"down","type":"latency","attributes":{"latency":100}},
 		{"name":"cut","type":"limit_data","attributes":{"bytes":10}}
 	]`)
-	c := dialTCP(t, addrs[0])
-	start := time.Now()
-	for range 3 {
-		io.WriteString(c, "ping\n")
-	}
-	b, err := io.ReadAll(c)
-	if err != nil || string(b) != "pong\npong\n" {
-		t.Fatalf("read %q, %v; want the first 10 bytes and EOF", b, err)
-	}
-	within(t, "both latencies", time.Since(start), 200*time.Millisecond, 30*time.Millisecond)
+	measured(t, "both latencies", sample(samples, func() time.Duration {
+		c := dialTCP(t, addrs[0])
+		start := time.Now()
+		for range 3 {
+			io.WriteString(c, "ping\n")
+		}
+		b, err := io.ReadAll(c)
+		if err != nil || string(b) != "pong\npong\n" {
+			t.Fatalf("read %q, %v; want the first 10 bytes and EOF", b, err)
+		}
+		return time.Since(start)
+	}), 200*time.Millisecond, 30*time.Millisecond)
 }
 
 // A toxic narrowed to some clients leaves the others alone.
