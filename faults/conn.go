@@ -30,9 +30,9 @@ type Conn struct {
 
 // liveConn lets a port cut a live connection (down, enabled=false).
 type liveConn struct {
-	seq            uint64
-	client         netip.Addr
-	client1, back2 *net.TCPConn
+	seq                     uint64
+	clientAddr              netip.Addr
+	clientConn, backendConn *net.TCPConn
 }
 
 // Accept decides the faults of the next connection from client. It
@@ -136,7 +136,7 @@ func (c *Conn) Attach(client, backend *net.TCPConn) {
 	if !c.port.table.TrackLive {
 		return
 	}
-	c.live = &liveConn{seq: c.seq, client: c.client, client1: client, back2: backend}
+	c.live = &liveConn{seq: c.seq, clientAddr: c.client, clientConn: client, backendConn: backend}
 	c.port.liveMu.Lock()
 	c.port.live[c.live] = struct{}{}
 	c.port.liveMu.Unlock()
@@ -172,10 +172,10 @@ func (c *Conn) Done() {
 }
 
 func (l *liveConn) cut() {
-	_ = l.client1.SetLinger(0)
-	_ = l.back2.SetLinger(0)
-	l.client1.Close()
-	l.back2.Close()
+	_ = l.clientConn.SetLinger(0)
+	_ = l.backendConn.SetLinger(0)
+	l.clientConn.Close()
+	l.backendConn.Close()
 }
 
 // cutLive resets the live connections for which which is true.
@@ -206,6 +206,6 @@ func (p *Port) cutDown(s *snapshot, tx Toxic) {
 		return
 	}
 	p.cutLive(func(l *liveConn) bool {
-		return t.matches(l.client) && draw(t.seed, t.key, l.seq, saltToxicity) < float64(t.Toxicity)
+		return t.matches(l.clientAddr) && draw(t.seed, t.key, l.seq, saltToxicity) < float64(t.Toxicity)
 	})
 }

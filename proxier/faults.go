@@ -10,20 +10,14 @@ import (
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 )
 
-// syncFaults hands a service port's declared toxics to its fault port
-// (a port just opened gets them here). An invalid annotation keeps the
-// port's last valid toxics; applyFaultsNow has logged it.
+// syncFaults hands a service port's declared toxics to its fault port (a
+// port just opened gets them here). An invalid annotation changes nothing:
+// the fault port keeps the last valid toxics, and applyFaultsNow has
+// logged it.
 func (p *Proxier) syncFaults(ap *activePort, info *servicePortInfo) {
-	if info.faultsErr != nil {
-		// Carry the last valid toxics forward so a later sync does not
-		// mistake the error for "no toxics".
-		info.toxics = nil
-		if ap.info != info {
-			info.toxics = ap.info.toxics
-		}
-		return
+	if info.faultsErr == nil {
+		ap.faults.SetDeclared(info.toxics)
 	}
-	ap.faults.SetDeclared(info.toxics)
 }
 
 // applyFaultsNow gives a changed faults annotation to the Service's open
@@ -40,14 +34,14 @@ func (p *Proxier) applyFaultsNow(old, svc *v1.Service) {
 	} else if !has {
 		return
 	}
-	byPort, err := faults.ForService(svc)
-	if err != nil {
-		klog.ErrorS(err, "Invalid faults annotation; the Service keeps its last valid faults",
-			"service", klog.KObj(svc), "field", "metadata.annotations[kube-userspace-proxy/faults]")
-		return
-	}
-	for _, info := range servicePorts(svc) {
-		p.opts.Faults.Declare(info.faultName, byPort[string(info.name.Port)])
+	infos := servicePorts(svc) // parses the annotation once for all ports
+	for _, info := range infos {
+		if info.faultsErr != nil {
+			klog.ErrorS(info.faultsErr, "Invalid faults annotation; the Service keeps its last valid faults",
+				"service", klog.KObj(svc), "field", "metadata.annotations[kube-userspace-proxy/faults]")
+			return
+		}
+		p.opts.Faults.Declare(info.faultName, info.toxics)
 	}
 }
 

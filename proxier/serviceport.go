@@ -27,10 +27,9 @@ type servicePortInfo struct {
 	healthCheckNodePort int
 	// faultName is the port's name in the fault API; toxics are those its
 	// Service declares, unless faultsErr says the annotation is invalid.
-	faultName  string
-	toxics     []faults.Toxic
-	faultsErr  error
-	annotation string
+	faultName string
+	toxics    []faults.Toxic
+	faultsErr error
 }
 
 // sameRules reports whether a and b yield the same portal rules. The socket
@@ -96,7 +95,6 @@ func servicePorts(svc *v1.Service) []*servicePortInfo {
 			faultName:       faults.ProxyName(svc.Namespace, svc.Name, p.Name, int(p.Port)),
 			toxics:          toxics[p.Name],
 			faultsErr:       faultsErr,
-			annotation:      svc.Annotations[faults.Annotation],
 		}
 		if policy.externalLocal && svc.Spec.Type == v1.ServiceTypeLoadBalancer {
 			info.healthCheckNodePort = int(svc.Spec.HealthCheckNodePort)

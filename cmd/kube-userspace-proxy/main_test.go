@@ -8,15 +8,18 @@ import (
 )
 
 // captureStdout runs f with os.Stdout redirected and returns what it wrote.
-func captureStdout(t *testing.T, f func()) string {
+func captureStdout(t *testing.T, f func()) string { return capture(t, &os.Stdout, f) }
+
+// capture runs f with *file redirected to a pipe and returns what it wrote.
+func capture(t *testing.T, file **os.File, f func()) string {
 	t.Helper()
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	saved := os.Stdout
-	os.Stdout = w
-	defer func() { os.Stdout = saved }()
+	saved := *file
+	*file = w
+	defer func() { *file = saved }()
 	done := make(chan string)
 	go func() {
 		b, _ := io.ReadAll(r)
@@ -65,11 +68,14 @@ func TestNoNetAdminFailsAtStart(t *testing.T) {
 	canProgramIptables = func() bool { return false }
 	defer func() { canProgramIptables = saved }()
 	dir := t.TempDir()
-	code := runMain([]string{"--manifests", dir, "--healthz-bind-address", "", "--metrics-bind-address", ""})
+	var code int
+	stderr := capture(t, &os.Stderr, func() {
+		code = runMain([]string{"--manifests", dir, "--healthz-bind-address", "", "--metrics-bind-address", ""})
+	})
 	if code != 1 {
 		t.Fatalf("exit %d, want 1", code)
 	}
-	if !strings.Contains(errNoNetAdmin.Error(), "--iptables=false") {
-		t.Fatal("the message does not say how to run without iptables")
+	if !strings.Contains(stderr, "CAP_NET_ADMIN") || !strings.Contains(stderr, "--iptables=false") {
+		t.Fatalf("stderr %q does not say what is missing and how to run without iptables", stderr)
 	}
 }

@@ -264,18 +264,29 @@ func (s *server) toxicIndex(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, proxyOut(info).Toxics)
 }
 
-func (s *server) toxicCreate(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("proxy")
+// toxicBody checks the request's proxy and returns its toxic body without
+// "origin" (a toxic the API showed can be posted back as it is); when it
+// returns false it has answered.
+func (s *server) toxicBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	if _, ok := s.proxy(w, r); !ok {
-		return
+		return nil, false
 	}
 	body, ok := readBody(w, r)
 	if !ok {
-		return
+		return nil, false
 	}
 	body, err := withoutOrigin(body)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "bad request body: "+err.Error())
+		return nil, false
+	}
+	return body, true
+}
+
+func (s *server) toxicCreate(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("proxy")
+	body, ok := s.toxicBody(w, r)
+	if !ok {
 		return
 	}
 	var tx faults.Toxic
@@ -306,23 +317,11 @@ func (s *server) toxicShow(w http.ResponseWriter, r *http.Request) {
 // ignored as there. A port cannot be set: the proxy is one service port.
 func (s *server) toxicUpdate(w http.ResponseWriter, r *http.Request) {
 	proxy, toxic := r.PathValue("proxy"), r.PathValue("toxic")
-	if _, err := s.table.Proxy(proxy); err != nil {
-		s.fail(w, r, err, false)
-		return
-	}
-	body, ok := readBody(w, r)
+	body, ok := s.toxicBody(w, r)
 	if !ok {
 		return
 	}
-	body, err := withoutOrigin(body)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "bad request body: "+err.Error())
-		return
-	}
-	if hasField(body, "port") {
-		s.fail(w, r, &faults.FieldError{Field: "port", Reason: "not allowed through the API: the proxy is already one service port"}, true)
-		return
-	}
+	// A port in the body is refused by the table, as for AddToxic.
 	updated, err := s.table.UpdateToxic(proxy, toxic, body)
 	if err != nil {
 		s.fail(w, r, err, true)
@@ -438,16 +437,6 @@ func withoutOrigin(body []byte) ([]byte, error) {
 	}
 	delete(fields, "origin")
 	return json.Marshal(fields)
-}
-
-// hasField reports whether the JSON object body has the key.
-func hasField(body []byte, key string) bool {
-	var fields map[string]json.RawMessage
-	if json.Unmarshal(body, &fields) != nil {
-		return false
-	}
-	_, ok := fields[key]
-	return ok
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {
