@@ -45,7 +45,10 @@ func (o *options) applyConfigFile(fs *pflag.FlagSet) error {
 		set(flag, d.Duration != 0, func() { *dst = d.Duration })
 	}
 	c := &cfg.KubeProxyConfiguration
-	set("kubeconfig", c.ClientConnection.Kubeconfig != "", func() { o.kubeconfig = c.ClientConnection.Kubeconfig })
+	set("kubeconfig", c.ClientConnection.Kubeconfig != "", func() {
+		o.kubeconfig = c.ClientConnection.Kubeconfig
+		o.kubeconfigField = fmt.Sprintf("clientConnection.kubeconfig (set in --config %s)", o.configFile)
+	})
 	set("bind-address", c.BindAddress != "", func() { o.bindAddress = c.BindAddress })
 	set("healthz-bind-address", c.HealthzBindAddress != "", func() { o.healthzBindAddress = c.HealthzBindAddress })
 	set("metrics-bind-address", c.MetricsBindAddress != "", func() { o.metricsBindAddress = c.MetricsBindAddress })

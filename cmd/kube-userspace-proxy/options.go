@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"time"
 
@@ -37,6 +38,10 @@ type options struct {
 	faultAPIBind       string
 	faultSeed          int64
 	faultMaxActive     int
+
+	// kubeconfigField names the --config field kubeconfig came from, when
+	// it did not come from the flag, so that errors blame what the user wrote.
+	kubeconfigField string
 }
 
 func newOptions() *options {
@@ -153,8 +158,14 @@ func (o *options) validate() (*validated, error) {
 		if o.kubeconfig != "" || o.master != "" {
 			sources++
 		}
-		if sources > 1 {
+		switch {
+		case sources > 1 && o.kubeconfigField != "" && o.master == "":
+			add("--manifests cannot be combined with %s: choose one source (remove the field, or drop --manifests)", o.kubeconfigField)
+		case sources > 1:
 			add("--manifests cannot be combined with --kubeconfig/--master: choose one source")
+		case sources == 0 && os.Getenv("KUBERNETES_SERVICE_HOST") == "":
+			add("no source: give --manifests PATH, or --kubeconfig/--master for an API server (or run in a pod); " +
+				"try `kube-userspace-proxy demo` for a self-contained demonstration")
 		}
 	}
 	if len(errs) > 0 {

@@ -116,7 +116,11 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 	}
 	cancel()
 	<-proxierDone
-	klog.InfoS("Stopped; portal rules stay in place until --cleanup")
+	if o.iptables {
+		klog.InfoS("Stopped; portal rules stay in place until --cleanup")
+	} else {
+		klog.InfoS("Stopped")
+	}
 	return nil
 }
 
@@ -126,10 +130,6 @@ func newSource(o *options, p *proxier.Proxier, health *healthcheck.ProxierHealth
 			return nil, fmt.Errorf("--manifests: %w", err)
 		}
 		return config.NewManifestSource(o.manifests, p), nil
-	}
-	if o.kubeconfig == "" && o.master == "" && os.Getenv("KUBERNETES_SERVICE_HOST") == "" {
-		return nil, errors.New("no source: give --manifests PATH, or --kubeconfig/--master for an API server " +
-			"(or run in a pod); try `kube-userspace-proxy demo` for a self-contained demonstration")
 	}
 	cfg, err := config.BuildClientConfig(o.kubeconfig, o.master)
 	if err != nil {
@@ -248,7 +248,13 @@ func startServers(o *options, p *proxier.Proxier, health *healthcheck.ProxierHea
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
 		mux.Handle("/debug/services", p.DebugHandler())
-		mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "userspace") })
+		mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			w.Header().Set("X-Content-Type-Options", "nosniff")
+			fmt.Fprint(w, "userspace")
+		})
+		mux.Handle("/configz", configzHandler(o.effectiveConfig()))
+		mux.Handle("/healthz", pingHandler())
 		addr, err := serve(o.metricsBindAddress, mux)
 		if err != nil {
 			for _, s := range servers {

@@ -1,7 +1,8 @@
 // Package healthcheck owns the proxier's health state and serves it as
 // kube-proxy does: /healthz and /livez answer 503 once a queued change has
 // waited longer than the health timeout (2 x --iptables-sync-period)
-// without a sync.
+// without a sync. /healthz also answers 503 until the first sync succeeded,
+// so a readiness probe does not pass a proxy that serves nothing yet.
 package healthcheck
 
 import (
@@ -26,8 +27,9 @@ type ProxierHealth struct {
 	nodeDeleted   bool
 }
 
-// NewProxierHealth starts healthy: a proxy that has not yet synced has not
-// yet failed to.
+// NewProxierHealth starts live (a proxy that has not yet synced has not yet
+// failed to, so /livez is 200) but not ready: /healthz is 503 until the
+// first Updated.
 func NewProxierHealth(clk clock.PassiveClock, timeout time.Duration) *ProxierHealth {
 	return &ProxierHealth{clk: clk, timeout: timeout}
 }
@@ -83,7 +85,8 @@ func (h *ProxierHealth) Handler(livez bool, count func(code int)) http.Handler {
 			eligible := !h.nodeDeleted
 			h.mu.Unlock()
 			st.NodeEligible = &eligible
-			healthy = healthy && eligible
+			// Readiness: nothing is served before the first sync.
+			healthy = healthy && eligible && !st.LastUpdated.IsZero()
 		}
 		code := http.StatusOK
 		if !healthy {

@@ -19,8 +19,11 @@ func TestProxierHealth(t *testing.T) {
 		wantCode    int
 		wantCounted int
 	}{
-		{"fresh is healthy", func(*ProxierHealth, *clocktesting.FakeClock) {}, false, 200, 200},
+		{"healthz 503 before the first sync", func(*ProxierHealth, *clocktesting.FakeClock) {}, false, 503, 503},
+		{"livez 200 before the first sync", func(*ProxierHealth, *clocktesting.FakeClock) {}, true, 200, 200},
+		{"healthz 200 after the first sync", func(h *ProxierHealth, _ *clocktesting.FakeClock) { h.Updated() }, false, 200, 200},
 		{"queued change within timeout", func(h *ProxierHealth, clk *clocktesting.FakeClock) {
+			h.Updated()
 			h.QueuedUpdate()
 			clk.Step(timeout - time.Second)
 		}, false, 200, 200},
@@ -40,8 +43,8 @@ func TestProxierHealth(t *testing.T) {
 			h.Updated()
 			clk.Step(timeout)
 		}, false, 200, 200},
-		{"node deleted fails healthz", func(h *ProxierHealth, _ *clocktesting.FakeClock) { h.SetNodeDeleted(true) }, false, 503, 503},
-		{"node deleted keeps livez", func(h *ProxierHealth, _ *clocktesting.FakeClock) { h.SetNodeDeleted(true) }, true, 200, 200},
+		{"node deleted fails healthz", func(h *ProxierHealth, _ *clocktesting.FakeClock) { h.Updated(); h.SetNodeDeleted(true) }, false, 503, 503},
+		{"node deleted keeps livez", func(h *ProxierHealth, _ *clocktesting.FakeClock) { h.Updated(); h.SetNodeDeleted(true) }, true, 200, 200},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

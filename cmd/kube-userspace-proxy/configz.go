@@ -1,0 +1,59 @@
+package main
+
+import (
+	"encoding/json"
+	"net/http"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kubeproxyconfig "k8s.io/kube-proxy/config/v1alpha1"
+)
+
+// configzGroup is the key kube-proxy's /configz puts its configuration under.
+const configzGroup = "kubeproxy.config.k8s.io"
+
+// effectiveConfig is the configuration the proxy runs with, after --config
+// and the flags, in --config's own shape, so /configz can be read back as
+// a --config file.
+func (o *options) effectiveConfig() configFile {
+	c := kubeproxyconfig.KubeProxyConfiguration{
+		TypeMeta:           metav1.TypeMeta{APIVersion: configAPIVersion, Kind: "KubeProxyConfiguration"},
+		BindAddress:        o.bindAddress,
+		HealthzBindAddress: o.healthzBindAddress,
+		MetricsBindAddress: o.metricsBindAddress,
+		HostnameOverride:   o.hostnameOverride,
+		Mode:               kubeproxyconfig.ProxyMode(o.proxyMode),
+		PortRange:          o.proxyPortRange,
+		NodePortAddresses:  o.nodePortAddresses,
+		ConfigSyncPeriod:   metav1.Duration{Duration: o.configSyncPeriod},
+	}
+	c.ClientConnection.Kubeconfig = o.kubeconfig
+	c.IPTables.SyncPeriod = metav1.Duration{Duration: o.syncPeriod}
+	c.IPTables.MinSyncPeriod = metav1.Duration{Duration: o.minSyncPeriod}
+	return configFile{KubeProxyConfiguration: c, UDPIdleTimeout: &metav1.Duration{Duration: o.udpTimeout}}
+}
+
+// configzHandler serves /configz as kube-proxy does:
+// {"kubeproxy.config.k8s.io": {...the effective configuration...}}.
+func configzHandler(cfg configFile) http.Handler {
+	body, err := json.Marshal(map[string]any{configzGroup: cfg})
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		_, _ = w.Write(body)
+	})
+}
+
+// pingHandler is the metrics server's /healthz: kube-proxy installs the
+// generic apiserver ping check there, which answers "ok" while the process
+// serves HTTP. (Whether rules are in sync is the health server's /healthz.)
+func pingHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		_, _ = w.Write([]byte("ok"))
+	})
+}

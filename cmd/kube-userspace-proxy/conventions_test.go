@@ -1,0 +1,168 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
+)
+
+// syncBuffer is a bytes.Buffer klog may write to while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// captureKlog sends klog's output to a buffer until the test ends.
+func captureKlog(t *testing.T) *syncBuffer {
+	t.Helper()
+	buf := &syncBuffer{}
+	klog.LogToStderr(false)
+	klog.SetOutput(buf)
+	t.Cleanup(func() {
+		klog.Flush()
+		klog.SetOutput(os.Stderr)
+		klog.LogToStderr(true)
+	})
+	return buf
+}
+
+func get(t *testing.T, url string) (int, http.Header, string) {
+	t.Helper()
+	c := http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, string(body)
+}
+
+// The metrics address serves what kube-proxy's does besides /metrics:
+// /healthz ("ok"), /proxyMode and /configz with the effective configuration
+// under kube-proxy's group key. And a run without iptables does not claim on
+// exit that portal rules stay behind.
+func TestMetricsAddressConventionsAndStopMessage(t *testing.T) {
+	logs := captureKlog(t)
+	o := newOptions()
+	o.manifests = t.TempDir()
+	o.iptables = false
+	o.bindAddress = "127.0.0.1"
+	o.healthzBindAddress = ""
+	o.metricsBindAddress = "127.0.0.1:0"
+	o.udpTimeout = 3 * time.Second
+	o.proxyPortRange = "0"
+	v, err := o.validate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := make(chan error, 1)
+	started := make(chan string, 1)
+	go func() { done <- run(ctx, o, v, func(_ *proxier.Proxier, addr string) { started <- addr }) }()
+	var base string
+	select {
+	case addr := <-started:
+		base = "http://" + addr
+	case err := <-done:
+		t.Fatalf("run returned before starting: %v", err)
+	}
+
+	if code, h, body := get(t, base+"/healthz"); code != 200 || body != "ok" || !strings.HasPrefix(h.Get("Content-Type"), "text/plain") {
+		t.Errorf("/healthz: %d %q %q, want 200 \"ok\" text/plain", code, h.Get("Content-Type"), body)
+	}
+	if code, _, body := get(t, base+"/proxyMode"); code != 200 || body != "userspace" {
+		t.Errorf("/proxyMode: %d %q", code, body)
+	}
+	checkConfigz(t, base)
+
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	klog.Flush()
+	out := logs.String()
+	if !strings.Contains(out, "Stopped") || strings.Contains(out, "portal rules") {
+		t.Errorf("with --iptables=false the stop message must not mention portal rules; log:\n%s", out)
+	}
+}
+
+// Starting with no source at all is a usage error (exit 2), as the README
+// says of bad flags, and says what to give.
+func TestNoSourceExitsTwo(t *testing.T) {
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	var code int
+	stderr := capture(t, &os.Stderr, func() { code = runMain([]string{"--iptables=false"}) })
+	if code != exitUsage || !strings.Contains(stderr, "no source") || !strings.Contains(stderr, "--manifests") {
+		t.Fatalf("exit %d, stderr %q; want %d and a no-source message", code, stderr, exitUsage)
+	}
+}
+
+// --manifests with a --config whose clientConnection.kubeconfig is set
+// blames that field, not a --kubeconfig flag the user never gave.
+func TestManifestsWithConfigKubeconfigNamesTheField(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "proxy.yaml")
+	if err := os.WriteFile(cfg, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"+
+		"clientConnection: {kubeconfig: /etc/kube/proxy.conf}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var code int
+	stderr := capture(t, &os.Stderr, func() {
+		code = runMain([]string{"--config", cfg, "--manifests", t.TempDir(), "--iptables=false"})
+	})
+	if code != exitUsage {
+		t.Fatalf("exit %d, want %d; stderr %q", code, exitUsage, stderr)
+	}
+	if !strings.Contains(stderr, "clientConnection.kubeconfig") || !strings.Contains(stderr, cfg) || strings.Contains(stderr, "--kubeconfig") {
+		t.Fatalf("stderr %q: want the config file's field named, not --kubeconfig", stderr)
+	}
+}
+
+func checkConfigz(t *testing.T, base string) {
+	t.Helper()
+	code, h, body := get(t, base+"/configz")
+	if code != 200 || h.Get("Content-Type") != "application/json" {
+		t.Errorf("/configz: %d %q %s", code, h.Get("Content-Type"), body)
+		return
+	}
+	var cz map[string]configFile
+	if err := json.Unmarshal([]byte(body), &cz); err != nil {
+		t.Errorf("/configz body %s: %v", body, err)
+		return
+	}
+	cfg, ok := cz["kubeproxy.config.k8s.io"]
+	if !ok || len(cz) != 1 {
+		t.Errorf("/configz keys %v, want only kubeproxy.config.k8s.io", body)
+		return
+	}
+	if cfg.Kind != "KubeProxyConfiguration" || cfg.BindAddress != "127.0.0.1" || cfg.Mode != "userspace" ||
+		cfg.MetricsBindAddress != "127.0.0.1:0" || cfg.IPTables.SyncPeriod.Duration != 30*time.Second ||
+		cfg.UDPIdleTimeout == nil || cfg.UDPIdleTimeout.Duration != 3*time.Second || cfg.PortRange != "0" {
+		t.Errorf("/configz does not hold the effective configuration: %s", body)
+	}
+}
