@@ -64,6 +64,8 @@ type InformerOptions struct {
 // kube-proxy does: Services and EndpointSlices filtered by ProxyLabelSelector, with
 // ExternalName and headless Services left out, and the synced callbacks delivered only
 // after both caches have synced, so that no rule is written from a partial view.
+// While the API server is away, lists and watches wait for its /readyz instead of
+// backing off (patientListWatch), so changes are served within a second of its return.
 //
 // Objects passed to the handlers belong to the informer caches: handlers must not modify
 // them.
@@ -71,6 +73,8 @@ type InformerSource struct {
 	client  kubernetes.Interface
 	handler Handler
 	opts    InformerOptions
+	// ready tells whether the API server answers; nil: its /readyz.
+	ready readyProbe
 	// mu serialises every handler call: each informer delivers on its own goroutine.
 	mu sync.Mutex
 }
@@ -90,10 +94,14 @@ var errNotSynced = errors.New("informer caches did not sync")
 // OnEndpointSlicesSynced (and OnNodeSynced), then keeps delivering changes until ctx is
 // done. It returns nil when ctx ends after the caches have synced, an error otherwise.
 func (s *InformerSource) Run(ctx context.Context) error {
-	factory := informers.NewSharedInformerFactoryWithOptions(s.client, s.opts.ConfigSyncPeriod,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = ProxyLabelSelector }))
-	services := factory.Core().V1().Services().Informer()
-	slices := factory.Discovery().V1().EndpointSlices().Informer()
+	ready := s.ready
+	if ready == nil {
+		ready = apiServerReady(s.client)
+	}
+	proxyObjects := func(o *metav1.ListOptions) { o.LabelSelector = ProxyLabelSelector }
+	factory := informers.NewSharedInformerFactory(s.client, s.opts.ConfigSyncPeriod)
+	services := serviceInformer(factory, s.client, ready, proxyObjects)
+	slices := sliceInformer(factory, s.client, ready, proxyObjects)
 
 	svcReg, err := services.AddEventHandlerWithResyncPeriod(serviceEvents{s}, s.opts.ConfigSyncPeriod)
 	if err != nil {
@@ -112,11 +120,11 @@ func (s *InformerSource) Run(ctx context.Context) error {
 
 	var nodeSynced cache.InformerSynced
 	if s.opts.NodeName != "" && s.opts.NodeHandler != nil {
-		nodeFactory := informers.NewSharedInformerFactoryWithOptions(s.client, s.opts.ConfigSyncPeriod,
-			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-				o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.opts.NodeName).String()
-			}))
-		reg, err := nodeFactory.Core().V1().Nodes().Informer().
+		nodeFactory := informers.NewSharedInformerFactory(s.client, s.opts.ConfigSyncPeriod)
+		thisNode := func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.opts.NodeName).String()
+		}
+		reg, err := nodeInformer(nodeFactory, s.client, ready, thisNode).
 			AddEventHandlerWithResyncPeriod(nodeEvents{s}, s.opts.ConfigSyncPeriod)
 		if err != nil {
 			return fmt.Errorf("node informer: %w", err)

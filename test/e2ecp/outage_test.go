@@ -21,11 +21,11 @@ const (
 	// outageProbeEvery spaces the checks that existing Services still answer.
 	outageProbeEvery = 5 * time.Second
 	// resyncBudget bounds how soon after kube-apiserver is ready again the proxy serves
-	// what changed. client-go's reflectors (v0.37.2, not configurable through shared
-	// informers) retry a failed list/watch after 800 ms doubling up to a 30 s cap, each
-	// delay stretched by a random factor in [1, 2): after a 30 s outage their next attempt
-	// can be up to 60 s away, for kube-proxy as for this proxy. The figure is logged.
-	resyncBudget = 70 * time.Second
+	// what changed. client-go's reflectors alone (v0.37.2, backoff 800 ms doubling to a
+	// 30 s cap, each delay stretched by up to 2x) took 45-56 s here; the proxy's informers
+	// wait for /readyz instead of backing off (proxier/config.patientListWatch), so a
+	// change is served within a second or two. The figure is logged.
+	resyncBudget = 5 * time.Second
 	// healthzEvery spaces the /healthz probes across the outage.
 	healthzEvery = 500 * time.Millisecond
 )

@@ -1,0 +1,91 @@
+package config
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+)
+
+// TestPatientListWatch: a call that fails while the API server is not ready waits for
+// readiness and is retried once; a failure from a ready server is returned as is.
+func TestPatientListWatch(t *testing.T) {
+	errDown := errors.New("connection refused")
+	for _, tt := range []struct {
+		name       string
+		notReady   int32 // probes that answer "not ready" before "ready"
+		failures   int32 // inner calls that fail before one succeeds
+		wantErr    bool
+		wantCalls  int32
+		wantProbes int32
+	}{
+		{"success needs no probe", 0, 0, false, 1, 0},
+		{"ready server: its error stands", 0, 1, true, 1, 1},
+		{"outage: waits for readiness, then retries once", 3, 1, false, 2, 4},
+		{"retry fails too: that error is returned", 2, 2, true, 2, 3},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var calls, probes atomic.Int32
+			inner := &cache.ListWatch{
+				ListWithContextFunc: func(context.Context, metav1.ListOptions) (runtime.Object, error) {
+					if calls.Add(1) <= tt.failures {
+						return nil, errDown
+					}
+					return &v1.ServiceList{}, nil
+				},
+				WatchFuncWithContext: func(context.Context, metav1.ListOptions) (watch.Interface, error) {
+					if calls.Add(1) <= tt.failures {
+						return nil, errDown
+					}
+					return watch.NewFake(), nil
+				},
+			}
+			ready := func(context.Context) bool { return probes.Add(1) > tt.notReady }
+			p := newPatientListWatch(inner, ready, "test")
+			for _, call := range []struct {
+				what string
+				do   func() error
+			}{
+				{"list", func() error { _, err := p.ListWithContext(context.Background(), metav1.ListOptions{}); return err }},
+				{"watch", func() error { _, err := p.WatchWithContext(context.Background(), metav1.ListOptions{}); return err }},
+			} {
+				calls.Store(0)
+				probes.Store(0)
+				err := call.do()
+				if (err != nil) != tt.wantErr {
+					t.Errorf("%s: err %v, want error %v", call.what, err, tt.wantErr)
+				}
+				if calls.Load() != tt.wantCalls || probes.Load() != tt.wantProbes {
+					t.Errorf("%s: %d calls and %d probes, want %d and %d", call.what, calls.Load(), probes.Load(), tt.wantCalls, tt.wantProbes)
+				}
+			}
+		})
+	}
+}
+
+// TestPatientListWatchStops: a wait for readiness ends with its context.
+func TestPatientListWatchStops(t *testing.T) {
+	inner := &cache.ListWatch{ListWithContextFunc: func(context.Context, metav1.ListOptions) (runtime.Object, error) {
+		return nil, errors.New("connection refused")
+	}}
+	p := newPatientListWatch(inner, func(context.Context) bool { return false }, "test")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*readyPollEvery)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { _, err := p.ListWithContext(ctx, metav1.ListOptions{}); done <- err }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("list succeeded without a server")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the wait did not end with its context")
+	}
+}
