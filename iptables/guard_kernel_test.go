@@ -122,3 +122,117 @@ func dialServed(runner *nsRunner, network, addr string) bool {
 	})
 	return served
 }
+
+// TestKernelGuardSparesNodeFlows: the rules outlive the proxy, so a port
+// that was a proxy port may later be the source port of one of the node's
+// own connections. Its replies (not NEW) must pass the guard, while a NEW
+// connection to that port that did not pass a portal is still dropped.
+func TestKernelGuardSparesNodeFlows(t *testing.T) {
+	requireRealIptables(t)
+	ns := newNetns(t)
+	inNetns(t, ns, "ip", "link", "set", "lo", "up")
+	inNetns(t, ns, "ip", "link", "add", "kup0", "type", "veth", "peer", "name", "kup1")
+	inNetns(t, ns, "ip", "addr", "add", "10.200.0.1/24", "dev", "kup0")
+	inNetns(t, ns, "ip", "link", "set", "kup0", "up")
+	inNetns(t, ns, "ip", "link", "set", "kup1", "up")
+	inNetns(t, ns, "ip", "route", "add", "10.96.0.0/16", "dev", "kup0")
+	runner := newNSRunner(t, ns, IPv4)
+
+	// A server the node talks to, and two ports that were proxy ports of a
+	// stopped proxy: nothing listens on them, their guard rules stay.
+	var srv net.Listener
+	var udpSrv net.PacketConn
+	var err error
+	runner.th.do(func() {
+		if srv, err = net.Listen("tcp4", "10.200.0.1:0"); err == nil {
+			udpSrv, err = net.ListenPacket("udp4", "10.200.0.1:0")
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close(); udpSrv.Close() })
+	go func() {
+		for {
+			c, err := srv.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("k"))
+			c.Close()
+		}
+	}()
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			_, from, err := udpSrv.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			udpSrv.WriteTo([]byte("k"), from)
+		}
+	}()
+	const tcpPort, udpPort = 41234, 41235
+	cfg := Config{Family: IPv4, BindAddress: netip.IPv4Unspecified(), NodeIP: netip.MustParseAddr("10.200.0.1")}
+	syncOK(t, New(runner, cfg), []Portal{
+		{Name: "default/web:http", Protocol: TCP, IP: netip.MustParseAddr("10.96.0.10"), Port: 80, ProxyPort: tcpPort},
+		{Name: "default/dns:dns", Protocol: UDP, IP: netip.MustParseAddr("10.96.0.53"), Port: 53, ProxyPort: udpPort},
+	})
+
+	fromPort := func(network string, port int, to net.Addr) bool {
+		served := false
+		runner.th.do(func() {
+			local := &net.TCPAddr{IP: net.IPv4(10, 200, 0, 1), Port: port}
+			var la net.Addr = local
+			if network == "udp4" {
+				la = &net.UDPAddr{IP: local.IP, Port: port}
+			}
+			d := net.Dialer{LocalAddr: la, Timeout: 500 * time.Millisecond}
+			c, err := d.Dial(network, to.String())
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(500 * time.Millisecond))
+			if network == "udp4" {
+				if _, err := c.Write([]byte("q")); err != nil {
+					return
+				}
+			}
+			got := make([]byte, 1)
+			_, err = c.Read(got)
+			served = err == nil && string(got) == "k"
+		})
+		return served
+	}
+	if !fromPort("tcp4", tcpPort, srv.Addr()) {
+		t.Errorf("TCP connection from former proxy port %d to %v got no reply", tcpPort, srv.Addr())
+	}
+	if !fromPort("udp4", udpPort, udpSrv.LocalAddr()) {
+		t.Errorf("UDP exchange from former proxy port %d to %v got no reply", udpPort, udpSrv.LocalAddr())
+	}
+
+	// The same port, listening again, is still no back door.
+	var ln net.Listener
+	runner.th.do(func() { ln, err = net.Listen("tcp4", "0.0.0.0:"+strconv.Itoa(tcpPort)) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("k"))
+			c.Close()
+		}
+	}()
+	if dialServed(runner, "tcp4", "10.200.0.1:"+strconv.Itoa(tcpPort)) {
+		t.Errorf("a direct NEW connection to proxy port %d was served", tcpPort)
+	}
+	if !dialServed(runner, "tcp4", "10.96.0.10:80") {
+		t.Errorf("the portal to proxy port %d was not served", tcpPort)
+	}
+}

@@ -95,9 +95,12 @@ func (r *Rules) desired(portals []Portal) chainRules {
 			add(ChainPortalsHost, match+toHost)
 		}
 		// REDIRECT sets the conntrack DNAT status too, so everything that came
-		// through a portal passes; a direct connection to the proxy port does not.
+		// through a portal passes; a direct connection to the proxy port does
+		// not. Only NEW flows are judged: the rules outlive the proxy, and a
+		// node connection that later got a former proxy port as its source
+		// port must still receive its replies.
 		add(ChainProxyPortGuard, "-p "+proto+" -m "+proto+" --dport "+strconv.Itoa(p.ProxyPort)+
-			" -m conntrack ! --ctstate DNAT -j DROP")
+			" -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT -j DROP")
 	}
 	return want
 }
