@@ -39,8 +39,11 @@ func (f *FakeRunner) Save(table Table) ([]byte, error) {
 	return b.Bytes(), nil
 }
 
-// Restore applies iptables-restore --noflush input atomically: the whole
-// input is checked first, and nothing changes if any line is wrong.
+// Restore applies iptables-restore --noflush input as the kernel does: each
+// table section takes effect at its COMMIT, so a failure in a later section
+// (a bad line, or Errors["Restore TABLE"] injected for that table) leaves
+// the sections committed before it applied. Nothing of the failing section
+// changes.
 func (f *FakeRunner) Restore(data []byte) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -74,6 +77,10 @@ func (f *FakeRunner) Restore(data []byte) error {
 		case cur == nil:
 			return bad("outside a table")
 		case line == "COMMIT":
+			if err := f.Errors["Restore "+string(curName)]; err != nil {
+				return err
+			}
+			f.tables[curName] = cur
 			cur = nil
 		case strings.HasPrefix(line, ":"):
 			fields := strings.Fields(line[1:])
@@ -105,7 +112,6 @@ func (f *FakeRunner) Restore(data []byte) error {
 	if cur != nil {
 		return fmt.Errorf("fake restore: missing COMMIT for table %s", curName)
 	}
-	f.tables = next
 	f.writes = append(f.writes, slices.Clone(data))
 	return nil
 }

@@ -77,8 +77,8 @@ func TestKernelSyncRepairRestartCleanup(t *testing.T) {
 
 			syncOK(t, r, fam.portals)
 			assertKernelState(t, ns, r, fam.portals)
-			if n := runner.restores.Load(); n != 1 {
-				t.Errorf("first sync ran %d restores, want 1", n)
+			if n := runner.restores.Load(); n != 2 {
+				t.Errorf("first sync ran %d restores, want 2 (filter, then nat)", n)
 			}
 
 			// Our rendering is byte for byte what iptables-save prints, so an

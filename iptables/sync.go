@@ -61,8 +61,18 @@ func (r *Rules) Sync(portals []Portal) error {
 	if len(stale) == 0 {
 		return nil
 	}
-	if err := r.runner.Restore(restoreInput(want, stale)); err != nil {
-		return fmt.Errorf("%v: writing chains %v: %w", r.cfg.Family, chainNames(stale), err)
+	// One restore per table, filter first: iptables-restore commits each
+	// table on its own, so with both in one input a failed filter part left
+	// the nat part applied, and new portals sent traffic to proxy ports that
+	// had no guard yet. Now a portal is written only once its guard is in.
+	for _, table := range []Table{TableFilter, TableNAT} {
+		these := chainsOf(stale, table)
+		if len(these) == 0 {
+			continue
+		}
+		if err := r.runner.Restore(restoreInput(want, these)); err != nil {
+			return fmt.Errorf("%v: writing chains %v: %w", r.cfg.Family, chainNames(these), err)
+		}
 	}
 	klog.V(2).InfoS("Rewrote iptables chains", "family", r.cfg.Family, "chains", chainNames(stale))
 	return r.learnPrinting(want, stale)
@@ -133,6 +143,16 @@ func (r *Rules) learnPrinting(want chainRules, written []ownedChain) error {
 		}
 	}
 	return nil
+}
+
+func chainsOf(chains []ownedChain, table Table) []ownedChain {
+	var out []ownedChain
+	for _, c := range chains {
+		if c.table == table {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 func chainNames(chains []ownedChain) []string {

@@ -78,8 +78,10 @@ func TestSyncInstallsChainsJumpsAndRules(t *testing.T) {
 	r := New(fake, testConfig)
 	syncOK(t, r, webPortals())
 	assertState(t, fake, r, webPortals())
-	if n := len(fake.Writes()); n != 1 {
-		t.Errorf("got %d restores, want 1", n)
+	// One restore per table, the guard's table first (see Rules.Sync).
+	want := [][]string{{ChainNodePortNonLocal, ChainProxyPortGuard}, {ChainPortalsContainer, ChainPortalsHost, ChainNodePortContainer, ChainNodePortHost}}
+	if got := writtenChains(fake); !slices.EqualFunc(got, want, slices.Equal) {
+		t.Errorf("restores wrote chains %q, want %q", got, want)
 	}
 }
 
@@ -105,16 +107,16 @@ func TestSyncRewritesOnlyChangedChains(t *testing.T) {
 	tests := []struct {
 		name    string
 		portals []Portal
-		want    []string
+		want    [][]string // chains per restore, in order
 	}{
 		{"new externalIP on a known proxy port", append(webPortals(), extraIP),
-			[]string{ChainPortalsContainer, ChainPortalsHost}},
+			[][]string{{ChainPortalsContainer, ChainPortalsHost}}},
 		{"new NodePort service", append(webPortals(), newNodePort),
-			[]string{ChainNodePortContainer, ChainNodePortHost, ChainNodePortNonLocal, ChainProxyPortGuard}},
+			[][]string{{ChainNodePortNonLocal, ChainProxyPortGuard}, {ChainNodePortContainer, ChainNodePortHost}}},
 		{"proxy port moved", dnsMoved,
-			[]string{ChainPortalsContainer, ChainPortalsHost, ChainProxyPortGuard}},
+			[][]string{{ChainProxyPortGuard}, {ChainPortalsContainer, ChainPortalsHost}}},
 		{"service removed", webPortals()[:4],
-			[]string{ChainPortalsContainer, ChainPortalsHost, ChainProxyPortGuard}},
+			[][]string{{ChainProxyPortGuard}, {ChainPortalsContainer, ChainPortalsHost}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -124,8 +126,8 @@ func TestSyncRewritesOnlyChangedChains(t *testing.T) {
 			fake.ResetCalls()
 			syncOK(t, r, tt.portals)
 			assertState(t, fake, r, tt.portals)
-			if got := writtenChains(fake); len(got) != 1 || !slices.Equal(got[0], tt.want) {
-				t.Errorf("restores wrote chains %q, want one restore of %q", got, tt.want)
+			if got := writtenChains(fake); !slices.EqualFunc(got, tt.want, slices.Equal) {
+				t.Errorf("restores wrote chains %q, want %q", got, tt.want)
 			}
 		})
 	}
@@ -382,6 +384,35 @@ func TestSyncRejectsMixedFamilies(t *testing.T) {
 			if calls := fake.Calls(); len(calls) != 0 {
 				t.Errorf("Sync touched the runner: %q", calls)
 			}
+		})
+	}
+}
+
+// A portal is never written before the guard of its proxy port: when the
+// filter restore fails, the nat chains keep what they held (iptables-restore
+// commits each table on its own, which the fake mimics).
+func TestSyncGuardBeforePortal(t *testing.T) {
+	newNodePort := Portal{Name: "default/api:https", Protocol: TCP, Port: 30443, NodePort: true, ProxyPort: 40100}
+	tests := []struct {
+		name          string
+		before, after []Portal
+	}{
+		{"first sync", nil, webPortals()},
+		{"new service", webPortals(), append(webPortals(), newNodePort)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fake := NewFakeRunner(IPv4)
+			r := New(fake, testConfig)
+			syncOK(t, r, tt.before)
+			fake.Errors = map[string]error{"Restore filter": errors.New("injected filter failure")}
+			if err := r.Sync(tt.after); err == nil {
+				t.Fatal("Sync succeeded with a failing filter restore")
+			}
+			assertState(t, fake, r, tt.before)
+			fake.Errors = nil
+			syncOK(t, r, tt.after)
+			assertState(t, fake, r, tt.after)
 		})
 	}
 }
