@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+
+	"k8s.io/klog/v2"
 )
 
 // Cleanup removes every jump and chain this proxy installs, for the
@@ -97,11 +99,17 @@ func isOwned(table Table, chain string) bool {
 
 // CleanupAll runs Cleanup with the real runners for IPv4 and IPv6, as
 // --cleanup does, in the network namespace of the calling thread. Both
-// families are attempted whatever happens to the first.
+// families are attempted whatever happens to the first. A node without
+// ip6tables has no IPv6 rules of ours (running serves IPv4 only there), so
+// a missing IPv6 runner is not an error.
 func CleanupAll() error {
 	var errs []error
 	for _, f := range []Family{IPv4, IPv6} {
-		r, err := NewRunner(f)
+		r, err := newRunner(f)
+		if err != nil && f == IPv6 {
+			klog.InfoS("No IPv6 rules to clean up", "reason", err)
+			continue
+		}
 		if err == nil {
 			err = Cleanup(r)
 		}
@@ -111,3 +119,6 @@ func CleanupAll() error {
 	}
 	return errors.Join(errs...)
 }
+
+// newRunner is NewRunner, replaced in tests.
+var newRunner = NewRunner

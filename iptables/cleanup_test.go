@@ -80,3 +80,28 @@ func TestCleanupGoesOnPastErrors(t *testing.T) {
 	fake.Errors = nil
 	assertClean(t, fake, nil)
 }
+
+// --cleanup on a node without ip6tables succeeds, as running does there;
+// a missing iptables (IPv4) is still an error.
+func TestCleanupAllWithoutIPv6(t *testing.T) {
+	v4 := NewFakeRunner(IPv4)
+	syncOK(t, New(v4, testConfig), webPortals())
+	missing := errors.New(`exec: "ip6tables": executable file not found in $PATH`)
+	saved := newRunner
+	t.Cleanup(func() { newRunner = saved })
+	newRunner = func(f Family) (Runner, error) {
+		if f == IPv6 {
+			return nil, missing
+		}
+		return v4, nil
+	}
+	if err := CleanupAll(); err != nil {
+		t.Fatalf("CleanupAll without ip6tables: %v", err)
+	}
+	assertClean(t, v4, nil)
+
+	newRunner = func(Family) (Runner, error) { return nil, missing }
+	if err := CleanupAll(); err == nil {
+		t.Fatal("CleanupAll without iptables succeeded")
+	}
+}
