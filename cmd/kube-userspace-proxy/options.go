@@ -102,8 +102,16 @@ func (o *options) validate() (*validated, error) {
 	var err error
 	if v.bind, err = netip.ParseAddr(o.bindAddress); err != nil {
 		add("--bind-address %q is not an IP address", o.bindAddress)
+	} else if v.bind.Zone() != "" {
+		// Portal rules cannot name a zone: every restore would fail.
+		add("--bind-address %q: IPv6 zone ids are not supported; give the address without %%%s", o.bindAddress, v.bind.Zone())
 	}
 	v.bind = v.bind.Unmap()
+	if v.bind.IsLoopback() && o.iptables && !o.cleanup {
+		// PREROUTING DNAT to a loopback address is dropped by the kernel
+		// (route_localnet is off), so no portal could ever reach the socket.
+		add("--bind-address %s is a loopback address, which portal rules cannot reach: use --iptables=false, or bind 0.0.0.0 or a node address", v.bind)
+	}
 	if v.portRange, err = proxier.ParsePortRange(o.proxyPortRange); err != nil {
 		add("--proxy-port-range: %v", err)
 	}
@@ -148,6 +156,8 @@ func (o *options) validate() (*validated, error) {
 	if o.nodeIP != "" {
 		if v.nodeIP, err = netip.ParseAddr(o.nodeIP); err != nil {
 			add("--node-ip %q is not an IP address", o.nodeIP)
+		} else if v.nodeIP.Zone() != "" {
+			add("--node-ip %q: IPv6 zone ids are not supported; give the address without %%%s", o.nodeIP, v.nodeIP.Zone())
 		}
 	}
 	if !o.cleanup {

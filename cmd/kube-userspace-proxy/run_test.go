@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
 )
 
@@ -154,6 +156,51 @@ func TestBadFlagsExitTwo(t *testing.T) {
 	for _, args := range tests {
 		if code := runMain(args); code != exitUsage {
 			t.Errorf("runMain(%q) = %d, want %d", args, code, exitUsage)
+		}
+	}
+}
+
+// Flags that could never work are refused at start with a message naming
+// the flag; their working neighbours stay accepted.
+func TestBindAndNodeIPValidation(t *testing.T) {
+	tests := []struct {
+		args    []string
+		wantErr string // "" = valid
+	}{
+		{[]string{"--bind-address", "127.0.0.1"}, "--bind-address 127.0.0.1 is a loopback address"},
+		{[]string{"--bind-address", "127.0.0.2", "--iptables=true"}, "loopback"},
+		{[]string{"--bind-address", "::1"}, "loopback"},
+		{[]string{"--bind-address", "::ffff:127.0.0.1"}, "loopback"},
+		{[]string{"--bind-address", "127.0.0.1", "--iptables=false"}, ""}, // the README's first run
+		{[]string{"--bind-address", "127.0.0.1", "--cleanup"}, ""},
+		{[]string{"--bind-address", "fe80::1%eth0", "--iptables=false"}, "--bind-address \"fe80::1%eth0\": IPv6 zone ids are not supported"},
+		{[]string{"--node-ip", "fe80::1%eth0"}, "--node-ip \"fe80::1%eth0\": IPv6 zone ids are not supported"},
+		{[]string{"--node-ip", "fe80::1"}, ""},
+		{[]string{"--bind-address", "10.0.0.1"}, ""},
+		{[]string{"--proxy-port-range", "0"}, ""},
+		{[]string{"--proxy-port-range", "0-0"}, ""},
+		{[]string{"--proxy-port-range", "30000"}, ""},
+		{[]string{"--proxy-port-range", "30000+9"}, ""},
+	}
+	for _, tt := range tests {
+		o := newOptions()
+		fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+		o.addFlags(fs)
+		args := append([]string{"--manifests", t.TempDir()}, tt.args...)
+		if err := fs.Parse(args); err != nil {
+			t.Fatalf("%q: %v", tt.args, err)
+		}
+		_, err := o.validate()
+		switch {
+		case tt.wantErr == "" && err != nil:
+			t.Errorf("%q: refused: %v", tt.args, err)
+		case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+			t.Errorf("%q: error %v, want one containing %q", tt.args, err, tt.wantErr)
+		}
+		if tt.wantErr != "" {
+			if code := runMain(args); code != exitUsage {
+				t.Errorf("runMain(%q) = %d, want %d", tt.args, code, exitUsage)
+			}
 		}
 	}
 }
