@@ -82,10 +82,14 @@ func countReadyLocal(eps []loadbalancer.Endpoint, node string) int {
 }
 
 // topologyFiltered applies EndpointSlice hints as kube-proxy does: node
-// hints when the Service prefers the same node and some endpoint is hinted
-// for this node; otherwise zone hints, but only when every ready endpoint
-// carries them and at least one is hinted for this node's zone (partial
-// hints mean the controller is mid-update, so all endpoints are used).
+// hints when the Service prefers the same node and some ready endpoint is
+// hinted for this node; otherwise zone hints, but only when every ready
+// endpoint carries them and at least one ready endpoint is hinted for this
+// node's zone (partial hints mean the controller is mid-update, so all
+// endpoints are used). Only ready endpoints count: a non-ready one hinted
+// for this zone must not switch hints on, or a node whose zone has no ready
+// endpoint would reset every connection. The filtered set is the ready
+// hinted endpoints, as kube-proxy's.
 func topologyFiltered(eps []loadbalancer.Endpoint, node nodeTopology, preferNode bool) []loadbalancer.Endpoint {
 	if preferNode && node.name != "" {
 		if out := hinted(eps, func(e loadbalancer.Endpoint) bool { return slices.Contains(e.NodeHints, node.name) }); len(out) > 0 {
@@ -106,10 +110,11 @@ func topologyFiltered(eps []loadbalancer.Endpoint, node nodeTopology, preferNode
 	return eps
 }
 
+// hinted returns the ready endpoints that keep accepts.
 func hinted(eps []loadbalancer.Endpoint, keep func(loadbalancer.Endpoint) bool) []loadbalancer.Endpoint {
 	var out []loadbalancer.Endpoint
 	for _, e := range eps {
-		if keep(e) {
+		if e.Ready && keep(e) {
 			out = append(out, e)
 		}
 	}
