@@ -61,8 +61,8 @@ type Options struct {
 	// NodeName is this node, for node-local traffic policies and topology
 	// hints; its zone arrives later through SetNodeZone.
 	NodeName string
-	// Conntrack clears stale UDP flows when a UDP proxy port changes; nil
-	// with portals off (no NAT, nothing stale).
+	// Conntrack clears stale flows when a proxy socket is new (see
+	// ConntrackCleaner); nil with portals off (no NAT, nothing stale).
 	Conntrack ConntrackCleaner
 	// ServiceHealth serves healthCheckNodePorts of externalTrafficPolicy
 	// Local Services; nil disables them.
@@ -114,6 +114,9 @@ type Proxier struct {
 	syncMu   sync.Mutex
 	active   map[loadbalancer.ServicePortName]*activePort
 	policies map[types.NamespacedName]trafficPolicy
+	// pendingConntrack: service ports with a new proxy socket whose stale
+	// conntrack entries wait for a successful portal sync (conntrack.go).
+	pendingConntrack map[loadbalancer.ServicePortName]struct{}
 
 	// debugMu guards the copy of the table that /debug/services reads.
 	debugMu sync.RWMutex
@@ -302,7 +305,6 @@ func (p *Proxier) syncProxyRules() {
 			p.closePort(name, ap)
 		}
 	}
-	var newUDP []*servicePortInfo
 	for name, info := range want {
 		ap := p.active[name]
 		if ap != nil && ap.info.hasIPv6() != info.hasIPv6() {
@@ -318,9 +320,7 @@ func (p *Proxier) syncProxyRules() {
 				continue
 			}
 			p.active[name] = ap
-			if name.Protocol == v1.ProtocolUDP {
-				newUDP = append(newUDP, info)
-			}
+			p.staleFlowsToClear(name)
 		}
 		if ap.info.affinity != info.affinity {
 			p.lb.SetAffinity(name, info.affinity)
@@ -341,8 +341,8 @@ func (p *Proxier) syncProxyRules() {
 	ok := p.syncPortals()
 	if ok {
 		// Only now do new flows meet the new rules; old flows still point at
-		// ports that no longer exist.
-		p.clearStaleUDP(newUDP)
+		// ports that no longer exist, or at no port at all.
+		p.clearStaleFlows()
 	}
 	p.publishDebug()
 	elapsed := p.clk.Since(start)
