@@ -28,8 +28,10 @@ func (e *ManifestError) Error() string {
 	b.WriteString(": ")
 	if e.Identified() {
 		fmt.Fprintf(&b, "%s %s/%s: ", e.Kind, e.Namespace, e.Name)
-	} else if e.Doc > 0 {
+	} else if e.Doc > 0 && e.Line > 0 {
 		fmt.Fprintf(&b, "document %d (line %d): ", e.Doc, e.Line)
+	} else if e.Doc > 0 {
+		fmt.Fprintf(&b, "document %d: ", e.Doc)
 	}
 	b.WriteString(oneLine(e.Err.Error()))
 	return b.String()

@@ -1,15 +1,18 @@
 package config
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/klog/v2"
 	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
@@ -41,7 +44,8 @@ type Manifest struct {
 }
 
 // DecodeManifests decodes every document of one manifest file (multi-document
-// YAML separated by "---", or JSON; v1 List objects are unpacked). name is
+// YAML separated by "---", or one or several JSON objects one after another;
+// v1 List objects are unpacked). name is
 // only used in messages. Decoding is strict: unknown or duplicate fields are
 // errors. Valid objects come back defaulted as the API server would default
 // them; each invalid or unreadable document yields one *ManifestError and is
@@ -58,11 +62,16 @@ type decoder struct {
 func (d decoder) decode(name string, data []byte) ([]Manifest, []error) {
 	var out []Manifest
 	var errs []error
-	for i, doc := range splitDocuments(data) {
+	docs, streamErr := splitDocuments(data)
+	for i, doc := range docs {
 		loc := docLocation{file: name, doc: i + 1, line: doc.line}
 		ms, es := d.decodeDocument(loc, doc.body, "")
 		out = append(out, ms...)
 		errs = append(errs, es...)
+	}
+	if streamErr != nil {
+		// Not identified: the file keeps its previous objects.
+		errs = append(errs, &ManifestError{File: name, Doc: len(docs) + 1, Err: streamErr})
 	}
 	return out, errs
 }
@@ -200,53 +209,69 @@ func (d decoder) decodeList(loc docLocation, body []byte, itemKind string) ([]Ma
 	return out, errs
 }
 
-// document is one "---"-separated piece of a manifest file.
+// document is one object of a manifest file's stream: a YAML document or
+// one JSON value.
 type document struct {
-	line int // 1-based line where the document starts
+	line int // 1-based line where the document starts; 0 when unknown
 	body []byte
 }
 
-// splitDocuments splits YAML at lines that start with "---" (optionally
-// followed by a comment). Documents that hold only blanks and comments are
-// dropped. JSON files are one document.
-func splitDocuments(data []byte) []document {
+// readBufferSize is how much of a file the stream decoder looks at to tell
+// JSON from YAML, and its initial buffer.
+const readBufferSize = 4096
+
+// splitDocuments splits a manifest file with apimachinery's stream readers,
+// as kubectl does: a file that starts with "{" is a stream of JSON values
+// (one or several, one after another); anything else is YAML documents
+// separated by "---" lines. Documents that hold only blanks and comments
+// are dropped. A stream error (a JSON value cut short, "---" followed by
+// text) ends the stream; the documents before it are returned with it.
+func splitDocuments(data []byte) ([]document, error) {
 	var docs []document
-	start, startLine := 0, 1
-	line := 1
-	flush := func(end int) {
-		if body := data[start:end]; !blank(body) {
-			docs = append(docs, document{line: startLine, body: body})
+	cursor := 0
+	add := func(body []byte) {
+		line := 0
+		if i := bytes.Index(data[cursor:], body); i >= 0 {
+			line = 1 + bytes.Count(data[:cursor+i], []byte("\n"))
+			cursor += i + len(body)
+		}
+		if !blank(body) {
+			docs = append(docs, document{line: line, body: body})
 		}
 	}
-	for pos := 0; pos < len(data); {
-		end := bytes.IndexByte(data[pos:], '\n')
-		next := len(data)
-		if end >= 0 {
-			next = pos + end + 1
+	if utilyaml.IsJSONBuffer(data) {
+		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), readBufferSize)
+		for {
+			var raw json.RawMessage
+			err := dec.Decode(&raw)
+			if errors.Is(err, io.EOF) {
+				return docs, nil
+			}
+			if err != nil {
+				return docs, err
+			}
+			add(raw)
 		}
-		if isSeparator(data[pos:next]) {
-			flush(pos)
-			start, startLine = next, line+1
-		}
-		pos = next
-		line++
 	}
-	flush(len(data))
-	return docs
+	r := utilyaml.NewYAMLReader(bufio.NewReaderSize(bytes.NewReader(data), readBufferSize))
+	for {
+		body, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return docs, nil
+		}
+		if err != nil {
+			return docs, err
+		}
+		add(body)
+	}
 }
 
-func isSeparator(line []byte) bool {
-	if !bytes.HasPrefix(line, []byte("---")) {
-		return false
-	}
-	rest := bytes.TrimSpace(line[3:])
-	return len(rest) == 0 || rest[0] == '#'
-}
-
-// blank reports whether a document holds nothing but whitespace and comments.
+// blank reports whether a document holds nothing but whitespace, comments
+// and separators (YAMLReader keeps a file's leading "---" in the first
+// document).
 func blank(body []byte) bool {
 	for _, l := range bytes.Split(body, []byte("\n")) {
-		l = bytes.TrimSpace(l)
+		l = bytes.TrimSpace(bytes.TrimPrefix(l, []byte("---")))
 		if len(l) > 0 && l[0] != '#' {
 			return false
 		}

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -147,5 +148,56 @@ func TestDecodeManifestsDefaults(t *testing.T) {
 	}
 	if got[1].Doc != 2 || got[1].Line != 10 {
 		t.Errorf("slice located at document %d line %d, want 2 and 10", got[1].Doc, got[1].Line)
+	}
+}
+
+// Every stream shape kubectl accepts loads every object it holds: YAML
+// documents (LF or CRLF), one JSON object, and a JSON stream of several
+// objects one after another (with or without whitespace between them). A
+// stream that breaks keeps what came before and reports where it broke.
+func TestDecodeManifestStreams(t *testing.T) {
+	svcJSON := func(name string) string {
+		return `{"apiVersion":"v1","kind":"Service","metadata":{"name":"` + name + `"},"spec":{"ports":[{"port":80}]}}`
+	}
+	tests := []struct {
+		name     string
+		data     string
+		names    []string
+		wantLine []int
+		wantErr  string
+	}{
+		{name: "yaml documents", data: serviceYAML("a", 80) + "---\n" + serviceYAML("b", 80), names: []string{"a", "b"}, wantLine: []int{1, 7}},
+		{name: "yaml with CRLF", data: strings.ReplaceAll(serviceYAML("a", 80)+"---\n"+serviceYAML("b", 80), "\n", "\r\n"), names: []string{"a", "b"}},
+		{name: "yaml leading separator and comment-only document", data: "---\n# nothing\n---\n" + serviceYAML("a", 80), names: []string{"a"}, wantLine: []int{4}},
+		{name: "one json object", data: svcJSON("a") + "\n", names: []string{"a"}, wantLine: []int{1}},
+		{name: "json stream, one per line", data: svcJSON("a") + "\n" + svcJSON("b") + "\n" + svcJSON("c") + "\n", names: []string{"a", "b", "c"}, wantLine: []int{1, 2, 3}},
+		{name: "json stream, back to back", data: svcJSON("a") + svcJSON("b"), names: []string{"a", "b"}},
+		{name: "json stream, indented", data: "{\n  \"apiVersion\": \"v1\", \"kind\": \"Service\",\n  \"metadata\": {\"name\": \"a\"},\n  \"spec\": {\"ports\": [{\"port\": 80}]}\n}\n" + svcJSON("b"), names: []string{"a", "b"}, wantLine: []int{1, 6}},
+		{name: "json stream cut short", data: svcJSON("a") + "\n" + `{"apiVersion": "v1", "kind": `, names: []string{"a"}, wantErr: "svc.yaml: document 2"},
+		// apimachinery's reader refuses the whole stream, as kubectl does.
+		{name: "text after a separator", data: serviceYAML("a", 80) + "--- b\n" + serviceYAML("b", 80), wantErr: "svc.yaml: document 1: invalid Yaml document separator: b"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, errs := DecodeManifests("svc.yaml", []byte(tc.data))
+			var names []string
+			var lines []int
+			for _, m := range got {
+				names = append(names, m.Name)
+				lines = append(lines, m.Line)
+			}
+			if strings.Join(names, ",") != strings.Join(tc.names, ",") {
+				t.Errorf("loaded %v, want %v (errors %v)", names, tc.names, errs)
+			}
+			if tc.wantLine != nil && fmt.Sprint(lines) != fmt.Sprint(tc.wantLine) {
+				t.Errorf("lines %v, want %v", lines, tc.wantLine)
+			}
+			switch {
+			case tc.wantErr == "" && len(errs) > 0:
+				t.Errorf("unexpected errors: %v", errs)
+			case tc.wantErr != "" && (len(errs) != 1 || !strings.Contains(errs[0].Error(), tc.wantErr)):
+				t.Errorf("errors %v, want one containing %q", errs, tc.wantErr)
+			}
+		})
 	}
 }
