@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
 )
 
 // options are the command-line flags; names and defaults are kube-proxy's
@@ -38,6 +39,7 @@ type options struct {
 	faultAPIBind       string
 	faultSeed          int64
 	faultMaxActive     int
+	serviceCIDRs       string
 
 	// kubeconfigField names the --config field kubeconfig came from, when
 	// it did not come from the flag, so that errors blame what the user wrote.
@@ -56,11 +58,13 @@ func newOptions() *options {
 		proxyMode:          "userspace",
 		configSyncPeriod:   15 * time.Minute,
 		halfCloseTimeout:   2 * time.Minute,
+		serviceCIDRs:       config.DefaultServiceClusterIPRange,
 	}
 }
 
 func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.manifests, "manifests", o.manifests, "File or directory of YAML/JSON manifests (v1 Service, discovery.k8s.io/v1 EndpointSlice, v1 Endpoints); re-read on change.")
+	fs.StringVar(&o.serviceCIDRs, "service-cluster-ip-range", o.serviceCIDRs, "With --manifests: CIDR (or an IPv4 and an IPv6 CIDR, comma-separated) a Service without clusterIP gets one from, stable per namespace/name (kube-apiserver's flag). Empty: such a Service is an error.")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", o.kubeconfig, "Path to a kubeconfig file; watch Services and EndpointSlices on that API server.")
 	fs.StringVar(&o.master, "master", o.master, "The address of the Kubernetes API server (overrides any value in kubeconfig).")
 	fs.StringVar(&o.bindAddress, "bind-address", o.bindAddress, "The IP address proxy sockets listen on (0.0.0.0 for all IPv4 interfaces, :: for all).")
@@ -90,6 +94,7 @@ type validated struct {
 	portRange         proxier.PortRange
 	nodePortAddresses []netip.Prefix
 	nodeIP            netip.Addr
+	serviceCIDRs      []netip.Prefix
 }
 
 func (o *options) validate() (*validated, error) {
@@ -141,6 +146,9 @@ func (o *options) validate() (*validated, error) {
 			continue
 		}
 		v.nodePortAddresses = append(v.nodePortAddresses, p.Masked())
+	}
+	if v.serviceCIDRs, err = config.ParseServiceClusterIPRange(o.serviceCIDRs); err != nil {
+		add("--service-cluster-ip-range: %v", err)
 	}
 	if o.faultMaxActive < 0 {
 		add("--fault-max-active must not be negative, got %d", o.faultMaxActive)

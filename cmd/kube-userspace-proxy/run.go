@@ -76,7 +76,7 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 	popts.ServiceHealth = serviceHealth
 	p = proxier.New(popts)
 
-	src, err := newSource(o, p, health)
+	src, err := newSource(o, v, p, health)
 	if err != nil {
 		return err
 	}
@@ -124,12 +124,12 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 	return nil
 }
 
-func newSource(o *options, p *proxier.Proxier, health *healthcheck.ProxierHealth) (source, error) {
+func newSource(o *options, v *validated, p *proxier.Proxier, health *healthcheck.ProxierHealth) (source, error) {
 	if o.manifests != "" {
 		if _, err := os.Stat(o.manifests); err != nil {
 			return nil, fmt.Errorf("--manifests: %w", err)
 		}
-		return config.NewManifestSource(o.manifests, p), nil
+		return config.NewManifestSource(o.manifests, p, config.WithServiceClusterIPRange(v.serviceCIDRs)), nil
 	}
 	cfg, err := config.BuildClientConfig(o.kubeconfig, o.master)
 	if err != nil {

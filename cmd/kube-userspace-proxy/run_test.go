@@ -151,6 +151,8 @@ func TestBadFlagsExitTwo(t *testing.T) {
 		{"--nodeport-addresses", "10.0.0.0"},
 		{"--no-such-flag"},
 		{"--manifests", ".", "--kubeconfig", "/x"},
+		{"--manifests", ".", "--service-cluster-ip-range", "10.96.0.0"},
+		{"--manifests", ".", "--service-cluster-ip-range", "10.0.0.0/8,10.1.0.0/16"},
 		{"stray-argument"},
 	}
 	for _, args := range tests {

@@ -54,11 +54,11 @@ func TestEndpointsToSlices(t *testing.T) {
 }
 
 func TestExampleManifestsAreValid(t *testing.T) {
-	names, err := (&ManifestSource{path: "../../examples/manifests", dirMode: true}).listFiles()
+	names, _, err := (&ManifestSource{path: "../../examples/manifests", dirMode: true}).listFiles()
 	if err != nil || len(names) < 4 {
 		t.Fatalf("examples: %v %v", names, err)
 	}
-	faultNames, err := (&ManifestSource{path: "../../examples/faults", dirMode: true}).listFiles()
+	faultNames, _, err := (&ManifestSource{path: "../../examples/faults", dirMode: true}).listFiles()
 	if err != nil || len(faultNames) < 1 {
 		t.Fatalf("examples/faults: %v %v", faultNames, err)
 	}

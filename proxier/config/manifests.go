@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -35,6 +36,12 @@ type ManifestSource struct {
 	served    map[objectKey]servedObject
 	lastDups  map[string]bool
 	lastReads map[string]string
+
+	alloc      clusterIPAllocator
+	summary    func(string)
+	summarized bool            // the start-up summary was given
+	lastShape  string          // files, skipped and erroneous files last summarized
+	badFiles   map[string]bool // files whose last decode reported errors
 }
 
 // Option configures a ManifestSource.
@@ -59,6 +66,19 @@ func WithClock(c clock.WithTicker) Option { return func(s *ManifestSource) { s.c
 // WithoutWatcher turns fsnotify off: changes are seen by polling only.
 func WithoutWatcher() Option { return func(s *ManifestSource) { s.watch = false } }
 
+// WithServiceClusterIPRange sets where a Service without clusterIP gets one
+// (default DefaultServiceClusterIPRange); none makes such a Service an error.
+func WithServiceClusterIPRange(ranges []netip.Prefix) Option {
+	return func(s *ManifestSource) { s.alloc = newClusterIPAllocator(ranges) }
+}
+
+// WithSummaryReporter sends the summary lines (what was loaded at start and
+// what each reload changed) and ClusterIP allocations to report instead of
+// klog's info log.
+func WithSummaryReporter(report func(string)) Option {
+	return func(s *ManifestSource) { s.summary = report }
+}
+
 // WithNodePortRange sets the range spec.ports[].nodePort must fall in
 // (default DefaultNodePortRange).
 func WithNodePortRange(r PortRange) Option { return func(s *ManifestSource) { s.dec.nodePorts = r } }
@@ -68,19 +88,22 @@ func WithNodePortRange(r PortRange) Option { return func(s *ManifestSource) { s.
 // converted to EndpointSlices. Nothing happens until Run.
 func NewManifestSource(path string, h Handler, opts ...Option) *ManifestSource {
 	s := &ManifestSource{
-		path:   path,
-		h:      h,
-		dec:    decoder{nodePorts: DefaultNodePortRange},
-		report: func(err error) { klog.Error("manifests: ", err) },
-		clock:  clock.RealClock{},
-		poll:   5 * time.Second,
-		settle: 100 * time.Millisecond,
-		watch:  true,
+		path:    path,
+		h:       h,
+		dec:     decoder{nodePorts: DefaultNodePortRange},
+		report:  func(err error) { klog.Error("manifests: ", err) },
+		summary: func(msg string) { klog.Info("manifests: ", msg) },
+		alloc:   newClusterIPAllocator(defaultServiceClusterIPRange),
+		clock:   clock.RealClock{},
+		poll:    5 * time.Second,
+		settle:  100 * time.Millisecond,
+		watch:   true,
 
 		files:     map[string]*fileState{},
 		served:    map[objectKey]servedObject{},
 		lastDups:  map[string]bool{},
 		lastReads: map[string]string{},
+		badFiles:  map[string]bool{},
 	}
 	for _, o := range opts {
 		o(s)
@@ -150,13 +173,14 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 // reload re-reads every manifest file whose content changed, merges the
 // files and delivers the difference to the handler.
 func (s *ManifestSource) reload() {
-	names, err := s.listFiles()
+	names, skipped, err := s.listFiles()
 	if err != nil {
 		s.reportRead(s.path, err)
 		return // keep serving what we have
 	}
 	s.forgetRead(s.path)
 	present := map[string]bool{}
+	var recovered []string
 	for _, name := range names {
 		data, err := os.ReadFile(name)
 		if errors.Is(err, fs.ErrNotExist) {
@@ -176,60 +200,81 @@ func (s *ManifestSource) reload() {
 		for _, e := range errs {
 			s.report(e)
 		}
+		if len(errs) == 0 && s.badFiles[name] {
+			recovered = append(recovered, name)
+		}
+		s.badFiles[name] = len(errs) > 0
 		s.files[name] = next
 	}
 	for name := range s.files {
 		if !present[name] {
 			delete(s.files, name)
+			delete(s.badFiles, name)
 		}
 	}
 
-	desired, dups := resolve(s.files, s.served)
-	s.reportDuplicates(dups)
-	for _, e := range diff(s.served, desired) {
+	desired, problems := resolve(s.files, s.served)
+	allocated, allocErrs := s.alloc.assign(desired)
+	s.reportOnce(append(problems, allocErrs...))
+	for _, a := range allocated {
+		s.summary(a.String())
+	}
+	events := diff(s.served, desired)
+	for _, e := range events {
 		deliver(s.h, e)
 	}
 	s.served = desired
+	s.summarize(len(present), skipped, events, recovered)
+}
+
+// skippedFile is a directory entry that is not read, and why.
+type skippedFile struct {
+	name, why string
 }
 
 // listFiles names the manifest files: the file itself, or the directory's
 // non-hidden *.yaml, *.yml and *.json entries (symlinks followed, no
-// recursion). A single file that is gone lists as nothing.
-func (s *ManifestSource) listFiles() ([]string, error) {
+// recursion), and the entries it skips. A single file that is gone lists as
+// nothing.
+func (s *ManifestSource) listFiles() ([]string, []skippedFile, error) {
 	if !s.dirMode {
 		if _, err := os.Stat(s.path); errors.Is(err, fs.ErrNotExist) {
-			return nil, nil
+			return nil, nil, nil
 		}
-		return []string{s.path}, nil
+		return []string{s.path}, nil, nil
 	}
 	entries, err := os.ReadDir(s.path)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var names []string
+	var skipped []skippedFile
 	for _, e := range entries {
-		if !isManifestName(e.Name()) {
+		if why := notManifest(e.Name()); why != "" {
+			skipped = append(skipped, skippedFile{e.Name(), why})
 			continue
 		}
 		full := filepath.Join(s.path, e.Name())
 		if info, err := os.Stat(full); err != nil || !info.Mode().IsRegular() {
+			skipped = append(skipped, skippedFile{e.Name(), "not a regular file"})
 			continue
 		}
 		names = append(names, full)
 	}
 	slices.Sort(names)
-	return names, nil
+	return names, skipped, nil
 }
 
-func isManifestName(name string) bool {
+// notManifest says why a directory entry is not read, or "" when it is.
+func notManifest(name string) string {
 	if strings.HasPrefix(name, ".") {
-		return false // editor swap files, ConfigMap volume internals (..data)
+		return "hidden" // editor swap files, ConfigMap volume internals (..data)
 	}
 	switch strings.ToLower(filepath.Ext(name)) {
 	case ".yaml", ".yml", ".json":
-		return true
+		return ""
 	}
-	return false
+	return "not .yaml, .yml or .json"
 }
 
 // reportRead reports a read failure once until it changes or goes away, so
@@ -244,8 +289,9 @@ func (s *ManifestSource) reportRead(name string, err error) {
 
 func (s *ManifestSource) forgetRead(name string) { delete(s.lastReads, name) }
 
-// reportDuplicates reports each duplicate once, not on every reload.
-func (s *ManifestSource) reportDuplicates(errs []error) {
+// reportOnce reports each problem of the merged state (a duplicate, a
+// Service that got no ClusterIP) once, not on every reload.
+func (s *ManifestSource) reportOnce(errs []error) {
 	now := map[string]bool{}
 	for _, e := range errs {
 		now[e.Error()] = true

@@ -1,0 +1,99 @@
+package config
+
+import (
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+var defaultServiceClusterIPRange, _ = ParseServiceClusterIPRange(DefaultServiceClusterIPRange)
+
+// summarize gives one line at start and one after each reload that changed
+// something (objects, the files read or skipped, a file's errors), so that
+// nothing the source does is silent:
+//
+//	examples/manifests: 3 Services, 3 EndpointSlices from 4 files; skipped README.md (not .yaml, .yml or .json)
+//	examples/manifests: 2 Services, 2 EndpointSlices from 3 files; removed Service default/web, EndpointSlice default/web-1
+func (s *ManifestSource) summarize(files int, skipped []skippedFile, events []event, recovered []string) {
+	var bad []string
+	for name, isBad := range s.badFiles {
+		if isBad {
+			bad = append(bad, s.display(name))
+		}
+	}
+	slices.Sort(bad)
+	var skips []string
+	for _, f := range skipped {
+		skips = append(skips, fmt.Sprintf("%s (%s)", f.name, f.why))
+	}
+	shape := fmt.Sprint(files, skips, bad)
+	if s.summarized && len(events) == 0 && len(recovered) == 0 && shape == s.lastShape {
+		return
+	}
+	first := !s.summarized
+	s.summarized, s.lastShape = true, shape
+
+	services, slices := 0, 0
+	for k := range s.served {
+		if k.Kind == KindService {
+			services++
+		} else {
+			slices++
+		}
+	}
+	parts := []string{fmt.Sprintf("%s, %s from %s", count(services, "Service"), count(slices, "EndpointSlice"), count(files, "file"))}
+	if files == 0 && s.dirMode {
+		parts[0] += " (no .yaml, .yml or .json file in the directory)"
+	}
+	var added, updated, removed []string
+	for _, e := range events {
+		switch {
+		case e.old == nil:
+			added = append(added, e.key().String())
+		case e.cur == nil:
+			removed = append(removed, e.key().String())
+		default:
+			updated = append(updated, e.key().String())
+		}
+	}
+	list := func(verb string, names []string) {
+		if len(names) == 0 {
+			return
+		}
+		const shown = 4
+		if len(names) > shown {
+			names = append(names[:shown:shown], fmt.Sprintf("and %d more", len(names)-shown))
+		}
+		parts = append(parts, verb+" "+strings.Join(names, ", "))
+	}
+	if !first { // at start, everything is added: the counts say it
+		list("added", added)
+		list("updated", updated)
+		list("removed", removed)
+	}
+	for i := range recovered {
+		recovered[i] = s.display(recovered[i])
+	}
+	list("recovered", recovered)
+	list("errors in", bad)
+	list("skipped", skips)
+	s.summary(s.path + ": " + strings.Join(parts, "; "))
+}
+
+// display names a file as the user knows it: relative to the directory.
+func (s *ManifestSource) display(name string) string {
+	if s.dirMode {
+		if rel, err := filepath.Rel(s.path, name); err == nil {
+			return rel
+		}
+	}
+	return name
+}
+
+func count(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}

@@ -1,0 +1,100 @@
+package config
+
+import (
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// summaries collects the source's summary lines.
+type summaries struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (s *summaries) report(line string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lines = append(s.lines, line)
+}
+
+func (s *summaries) all() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.lines...)
+}
+
+// waitLine waits for a line holding every part, returns it and forgets
+// the lines up to it.
+func (s *summaries) waitLine(t *testing.T, parts ...string) string {
+	t.Helper()
+	var found string
+	eventually(t, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for i, l := range s.lines {
+			ok := true
+			for _, p := range parts {
+				ok = ok && strings.Contains(l, p)
+			}
+			if ok {
+				found = l
+				s.lines = s.lines[i+1:]
+				return true
+			}
+		}
+		return false
+	})
+	return found
+}
+
+// Nothing the manifests source does is silent: a summary at start (also for
+// an empty directory) and after every reload that changed something, naming
+// skipped files, files with errors, recovered files and what was added,
+// updated and removed; a Service without clusterIP gets one from the range
+// and the allocation is said.
+func TestManifestSummaries(t *testing.T) {
+	dir := t.TempDir()
+	sum := &summaries{}
+	rec, _ := startSource(t, dir, nil, WithSummaryReporter(sum.report))
+	if got := sum.waitLine(t, dir+": 0 Services, 0 EndpointSlices from 0 files"); !strings.Contains(got, "no .yaml, .yml or .json file") {
+		t.Errorf("empty directory summary %q does not say why nothing loaded", got)
+	}
+
+	writeFile(t, filepath.Join(dir, "README.md"), "notes")
+	writeFile(t, filepath.Join(dir, ".draft.yaml"), serviceYAML("draft", 80))
+	writeFile(t, filepath.Join(dir, "web.yaml"), serviceYAML("web", 80)+"---\n"+sliceYAML("web-1", "IPv4", "10.1.0.1"))
+	rec.waitFor(t, liveWait, "add Service default/web", "add EndpointSlice default/web-1")
+	sum.waitLine(t, "Service default/web has no clusterIP: allocated 10.", "from --service-cluster-ip-range 10.96.0.0/12")
+	sum.waitLine(t, ": 1 Service, 1 EndpointSlice from 1 file", "added Service default/web, EndpointSlice default/web-1",
+		"skipped .draft.yaml (hidden), README.md (not .yaml, .yml or .json)")
+	ip := rec.serviceYAML("default/web").Spec.ClusterIP
+	if a, err := netip.ParseAddr(ip); err != nil || !netip.MustParsePrefix("10.96.0.0/12").Contains(a) {
+		t.Errorf("web delivered with clusterIP %q, want one in 10.96.0.0/12", ip)
+	}
+
+	writeFile(t, filepath.Join(dir, "web.yaml"), serviceYAML("web", 70000)+"---\n"+sliceYAML("web-1", "IPv4", "10.1.0.1"))
+	sum.waitLine(t, ": 1 Service, 1 EndpointSlice from 1 file", "errors in web.yaml")
+	writeFile(t, filepath.Join(dir, "web.yaml"), serviceYAML("web", 81)+"---\n"+sliceYAML("web-1", "IPv4", "10.1.0.1"))
+	rec.waitFor(t, liveWait, "update Service default/web")
+	got := sum.waitLine(t, "updated Service default/web", "recovered web.yaml")
+	if strings.Contains(got, "errors in") {
+		t.Errorf("fixed file still reported with errors: %q", got)
+	}
+	if now := rec.serviceYAML("default/web").Spec.ClusterIP; now != ip {
+		t.Errorf("clusterIP moved from %s to %s on an update", ip, now)
+	}
+
+	writeFile(t, filepath.Join(dir, "web.yaml"), sliceYAML("web-1", "IPv4", "10.1.0.1"))
+	rec.waitFor(t, liveWait, "delete Service default/web")
+	sum.waitLine(t, ": 0 Services, 1 EndpointSlice from 1 file", "removed Service default/web")
+
+	os.Remove(filepath.Join(dir, "README.md"))
+	sum.waitLine(t, "skipped .draft.yaml (hidden)")
+	if l := sum.all(); len(l) != 0 {
+		t.Errorf("unexpected summaries %q", l)
+	}
+}
