@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"k8s.io/utils/clock"
 )
@@ -21,6 +22,8 @@ type ServicePort struct {
 	cursor    int              // index in endpoints of the next round-robin pick
 	policy    AffinityPolicy
 	clients   affinityTable // nil unless policy.ClientIP
+	// generation counts endpoint-set changes (generation.go).
+	generation atomic.Uint64
 
 	// Lifecycle flags, guarded by LoadBalancer.mu rather than mu: only the
 	// LoadBalancer reads or writes them, when deciding whether to forget
@@ -106,6 +109,7 @@ func (sp *ServicePort) setEndpoints(eligible []netip.AddrPort) bool {
 	sp.shuffle(eligible)
 	sp.endpoints = eligible
 	sp.cursor = 0
+	sp.generation.Add(1)
 	if sp.clients != nil {
 		sp.clients.dropUnless(next)
 	}
