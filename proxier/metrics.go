@@ -28,6 +28,7 @@ type Metrics struct {
 	AcceptErrors      *prometheus.CounterVec
 	BytesTotal        *prometheus.CounterVec
 	UDPSessions       *prometheus.GaugeVec
+	UDPSessionLimit   *prometheus.CounterVec
 	ServicePorts      prometheus.Gauge
 	AffinitySwept     prometheus.Counter
 }
@@ -96,13 +97,14 @@ func NewMetrics() *Metrics {
 	m.AcceptErrors = userspaceVec(prometheus.NewCounterVec, "accept_errors_total", "Errors from accept(), such as EMFILE, each followed by a back-off")
 	m.BytesTotal = userspaceVec(prometheus.NewCounterVec, "bytes_total", "Bytes proxied; direction in = client to endpoint, out = endpoint to client", "direction")
 	m.UDPSessions = userspaceVec(prometheus.NewGaugeVec, "udp_sessions", "UDP client sessions with a backend socket")
+	m.UDPSessionLimit = userspaceVec(prometheus.NewCounterVec, "udp_session_limit_total", "UDP sessions at a session cap: action evicted = the port's oldest idle session closed to make room, dropped = a new client's datagram dropped (total cap reached, the port had no session to give up)", "action")
 	m.Registry.MustRegister(
 		m.SyncProxyRulesLatency, m.SyncProxyRulesLastTimestamp, m.NetworkProgrammingLatency,
 		m.EndpointChangesTotal, m.EndpointChangesPending,
 		m.ServiceChangesTotal, m.ServiceChangesPending, m.IPTablesRestoreFailures,
 		m.ProxyHealthzTotal, m.ProxyLivezTotal,
 		m.ActiveConnections, m.ConnectionsFailed, m.DialFailures, m.DialRetries,
-		m.AcceptErrors, m.BytesTotal, m.UDPSessions, m.ServicePorts, m.AffinitySwept,
+		m.AcceptErrors, m.BytesTotal, m.UDPSessions, m.UDPSessionLimit, m.ServicePorts, m.AffinitySwept,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	return m
@@ -125,4 +127,6 @@ func (m *Metrics) forgetServicePort(label string) {
 	}
 	m.BytesTotal.DeleteLabelValues(label, "in")
 	m.BytesTotal.DeleteLabelValues(label, "out")
+	m.UDPSessionLimit.DeleteLabelValues(label, "evicted")
+	m.UDPSessionLimit.DeleteLabelValues(label, "dropped")
 }

@@ -70,6 +70,10 @@ type Options struct {
 	// Faults holds every service port's toxics (annotation and API); nil
 	// builds one with seed 0 whose metrics join Metrics' registry.
 	Faults *faults.Table
+
+	// UDP session caps per service port and in total; 0 takes the
+	// defaults, and the total is also held to half of RLIMIT_NOFILE.
+	UDPMaxSessionsPerPort, UDPMaxSessions int
 }
 
 // ServiceHealthSyncer is told which Services need a healthCheckNodePort
@@ -167,6 +171,7 @@ func New(opts Options) *Proxier {
 			metrics:          opts.Metrics,
 		},
 	}
+	p.sockCfg.udpMaxSessionsPerPort, p.sockCfg.udpBudget = udpLimits(opts)
 	p.endpoints = newEndpointsTracker(p.lb, opts.Clock, opts.Metrics, nodeTopology{name: opts.NodeName})
 	p.runner = newBoundedFrequencyRunner(p.syncProxyRules, opts.MinSyncPeriod, opts.SyncPeriod, opts.Clock)
 	return p

@@ -39,6 +39,9 @@ type socketConfig struct {
 	halfCloseTimeout  time.Duration
 	metrics           *Metrics
 	acceptBackoffBase time.Duration
+	// UDP session caps: per service port, and in total (shared budget).
+	udpMaxSessionsPerPort int
+	udpBudget             *udpBudget
 }
 
 // defaultDialTimeouts are the legacy proxier's: each attempt goes to the
@@ -76,7 +79,12 @@ func newProxySocket(name loadbalancer.ServicePortName, bind netip.Addr, port int
 		if err != nil {
 			return nil, err
 		}
-		return newUDPProxySocket(name, pc.(*net.UDPConn), sp, fp, cfg), nil
+		sock, err := newUDPProxySocket(name, pc.(*net.UDPConn), sp, fp, cfg)
+		if err != nil {
+			pc.Close()
+			return nil, err
+		}
+		return sock, nil
 	}
 	return nil, fmt.Errorf("unsupported protocol %q", name.Protocol)
 }

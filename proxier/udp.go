@@ -2,14 +2,15 @@ package proxier
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
@@ -19,10 +20,21 @@ import (
 // maxDatagram fits any UDP payload; the legacy 4 KiB buffer truncated.
 const maxDatagram = 64 * 1024
 
+// repliesPerWake bounds how many replies one session relays per wake-up,
+// so one busy backend cannot starve the port's other sessions.
+const repliesPerWake = 16
+
+// errSessionLimit: the total cap is reached and this port has no session of
+// its own to give up.
+var errSessionLimit = errors.New("UDP session limit reached")
+
 // udpProxySocket relays datagrams for one service port. Each client ip:port
-// gets its own connected socket to the chosen backend; replies are written
-// back through the service socket so that conntrack turns their source back
-// into the service address the client sent to.
+// gets a session: a connected socket to the chosen backend. Two goroutines
+// serve the port whatever the number of sessions: Serve reads the service
+// socket and writes to backends; relayReplies waits on every backend socket
+// at once (udpPoller) and writes replies back through the service socket,
+// from the address the client sent to, so that conntrack turns their source
+// back into the service address.
 type udpProxySocket struct {
 	name      loadbalancer.ServicePortName
 	label     string
@@ -33,31 +45,26 @@ type udpProxySocket struct {
 	// faults shapes datagrams; its plan is loaded per datagram (one atomic
 	// load, nil when no toxic applies).
 	faults *faults.Port
+	// replyFromDestination: the socket listens on the wildcard address and
+	// reports each datagram's destination.
+	replyFromDestination bool
 
-	sessions                        prometheus.Gauge
+	sessionsGauge                   prometheus.Gauge
 	dialFailures, bytesIn, bytesOut prometheus.Counter
 	droppedNoBackend                prometheus.Counter
+	evicted, refused                prometheus.Counter
 
-	mu      sync.Mutex // guards clients; per socket, never global
-	clients map[netip.AddrPort]*udpSession
+	// mu guards sessions and every system call on a backend descriptor, so
+	// that none is used after close. Per socket, never global.
+	mu       sync.Mutex
+	sessions udpSessionTable
+	poller   *udpPoller
+	shut     bool // closed: no new session
+	// checkedGeneration is the endpoint generation every session's
+	// backend was last checked against by expireIdle.
+	checkedGeneration uint64
 
 	closer
-}
-
-type udpSession struct {
-	backend *net.UDPConn
-	// lastSent is when the client last sent (UnixNano). Serve stores it per
-	// datagram, an atomic store; the relay goroutine re-arms its read
-	// deadline from it only when the deadline fires, so the per-datagram
-	// path touches no timer.
-	lastSent atomic.Int64
-	// deferredUntil is when the last datagram a fault delayed (latency,
-	// reorder) goes out (UnixNano): the session must outlive it even when
-	// the delay is longer than the idle timeout. Written by Serve only.
-	deferredUntil atomic.Int64
-	// sendUp and sendDown deliver a datagram a fault let through, perhaps
-	// later and from a timer goroutine.
-	sendUp, sendDown func([]byte)
 }
 
 func (s *udpProxySocket) datagramFaults() *faults.DatagramPlan {
@@ -67,31 +74,59 @@ func (s *udpProxySocket) datagramFaults() *faults.DatagramPlan {
 	return s.faults.Datagrams()
 }
 
-func newUDPProxySocket(name loadbalancer.ServicePortName, conn *net.UDPConn, sp *loadbalancer.ServicePort, fp *faults.Port, cfg *socketConfig) *udpProxySocket {
+func newUDPProxySocket(name loadbalancer.ServicePortName, conn *net.UDPConn, sp *loadbalancer.ServicePort, fp *faults.Port, cfg *socketConfig) (*udpProxySocket, error) {
+	poller, err := newUDPPoller()
+	if err != nil {
+		return nil, err
+	}
+	withDst, err := enableDestinationInfo(conn)
+	if err != nil {
+		poller.close()
+		return nil, fmt.Errorf("ask for datagram destinations: %w", err)
+	}
 	label := name.String()
 	m := cfg.metrics
 	return &udpProxySocket{
 		name: name, label: label, conn: conn, sp: sp, cfg: cfg, faults: fp,
-		clients:          map[netip.AddrPort]*udpSession{},
-		closer:           newCloser(),
-		sessions:         m.UDPSessions.WithLabelValues(label),
-		dialFailures:     m.DialFailures.WithLabelValues(label),
-		bytesIn:          m.BytesTotal.WithLabelValues(label, "in"),
-		bytesOut:         m.BytesTotal.WithLabelValues(label, "out"),
-		droppedNoBackend: m.ConnectionsFailed.WithLabelValues(label),
-	}
+		replyFromDestination: withDst,
+		sessions:             newUDPSessionTable(),
+		poller:               poller,
+		closer:               newCloser(),
+		sessionsGauge:        m.UDPSessions.WithLabelValues(label),
+		dialFailures:         m.DialFailures.WithLabelValues(label),
+		bytesIn:              m.BytesTotal.WithLabelValues(label, "in"),
+		bytesOut:             m.BytesTotal.WithLabelValues(label, "out"),
+		droppedNoBackend:     m.ConnectionsFailed.WithLabelValues(label),
+		evicted:              m.UDPSessionLimit.WithLabelValues(label, "evicted"),
+		refused:              m.UDPSessionLimit.WithLabelValues(label, "dropped"),
+	}, nil
 }
 
 func (s *udpProxySocket) Port() int { return s.conn.LocalAddr().(*net.UDPAddr).Port }
 
+// Close closes the service socket and every session at once.
 func (s *udpProxySocket) Close() error {
-	return s.closeWith(s.conn.Close)
+	return s.closeWith(func() error {
+		err := s.conn.Close()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.shut = true
+		s.sessions.each(s.closeSessionLocked)
+		_ = s.poller.close()
+		return err
+	})
 }
 
+// Serve reads client datagrams until Close; it also runs the reply loop.
 func (s *udpProxySocket) Serve() {
+	go s.relayReplies()
 	buf := make([]byte, maxDatagram)
+	var oob []byte
+	if s.replyFromDestination {
+		oob = make([]byte, pktinfoSpace)
+	}
 	for {
-		n, from, err := s.conn.ReadFromUDPAddrPort(buf)
+		n, oobn, _, from, err := s.conn.ReadMsgUDPAddrPort(buf, oob)
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
@@ -104,106 +139,275 @@ func (s *udpProxySocket) Serve() {
 			klog.V(2).InfoS("UDP read failed", "servicePort", s.label, "err", err)
 			continue
 		}
-		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
-		sess, err := s.session(from)
-		if err != nil {
-			s.droppedNoBackend.Inc()
-			s.noBackend.report(s.label, from, err)
-			continue
-		}
-		sess.lastSent.Store(time.Now().UnixNano())
-		if plan := s.datagramFaults(); plan != nil {
-			if d := plan.Send(faults.StreamUp, from.Addr(), buf[:n], sess.sendUp); d > 0 {
-				if until := time.Now().Add(d).UnixNano(); until > sess.deferredUntil.Load() {
-					sess.deferredUntil.Store(until)
-				}
-			}
-			s.bytesIn.Add(float64(n))
-			continue
-		}
-		if _, err := sess.backend.Write(buf[:n]); err != nil {
-			klog.V(3).InfoS("UDP write to backend failed", "servicePort", s.label, "client", from, "err", err)
-			continue
-		}
-		s.bytesIn.Add(float64(n))
+		s.forward(netip.AddrPortFrom(from.Addr().Unmap(), from.Port()), buf[:n], oob[:oobn])
 	}
 }
 
-// session returns the client's backend socket, creating it (and its reply
-// relay) on the first datagram.
-func (s *udpProxySocket) session(client netip.AddrPort) (*udpSession, error) {
+// forward sends one client datagram to the client's backend.
+func (s *udpProxySocket) forward(client netip.AddrPort, b, oob []byte) {
+	now := monoNow()
+	plan := s.datagramFaults()
 	s.mu.Lock()
-	sess := s.clients[client]
+	sess, err := s.sessionLocked(client, oob, now)
+	if err != nil {
+		s.mu.Unlock()
+		if errors.Is(err, errSessionLimit) {
+			s.refused.Inc()
+			return
+		}
+		s.droppedNoBackend.Inc()
+		s.noBackend.report(s.label, client, err)
+		return
+	}
+	s.sessions.touch(sess, now)
+	if plan == nil {
+		_, err := unix.Write(sess.fd, b)
+		if errors.Is(err, unix.ECONNREFUSED) {
+			// The backend's port is closed (an earlier ICMP error): the
+			// client's next datagram picks again.
+			s.closeSessionLocked(sess)
+		}
+		s.mu.Unlock()
+		if err != nil {
+			klog.V(3).InfoS("UDP write to backend failed", "servicePort", s.label, "client", client, "err", err)
+			return
+		}
+		s.bytesIn.Add(float64(len(b)))
+		return
+	}
+	send := s.upSenderLocked(sess)
 	s.mu.Unlock()
-	if sess != nil {
-		return sess, nil
+	if d := plan.Send(faults.StreamUp, client.Addr(), b, send); d > 0 {
+		s.mu.Lock()
+		sess.deferredUntil = max(sess.deferredUntil, monoNow()+int64(d))
+		s.mu.Unlock()
+	}
+	s.bytesIn.Add(float64(len(b)))
+}
+
+// sessionLocked returns the client's session, opening one (and making room
+// for it) on the client's first datagram or when its backend is no longer
+// an endpoint.
+func (s *udpProxySocket) sessionLocked(client netip.AddrPort, oob []byte, now int64) (*udpSession, error) {
+	generation := s.sp.Generation()
+	if sess := s.sessions.get(client); sess != nil {
+		if sess.generation == generation {
+			return sess, nil
+		}
+		if s.sp.Serves(sess.backend) {
+			sess.generation = generation
+			return sess, nil
+		}
+		// The endpoint is gone: re-balance now, as kube-proxy deletes the
+		// conntrack entries of a removed UDP endpoint.
+		s.closeSessionLocked(sess)
+	}
+	if s.shut {
+		return nil, net.ErrClosed
+	}
+	if err := s.makeRoomLocked(); err != nil {
+		return nil, err
 	}
 	var lastErr error
 	for i := range s.cfg.dialTimeouts {
 		ep, err := s.sp.Next(client.Addr(), i > 0)
 		if err != nil {
-			return nil, err
+			lastErr = err
+			break
 		}
-		backend, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(ep))
+		fd, err := dialUDPBackend(ep)
+		if err == nil {
+			if err = s.poller.add(fd); err != nil {
+				unix.Close(fd)
+			}
+		}
 		if err != nil {
 			lastErr = err
 			s.dialFailures.Inc()
 			continue
 		}
-		sess = &udpSession{backend: backend}
-		sess.sendUp = func(b []byte) { _, _ = backend.Write(b) }
-		sess.sendDown = func(b []byte) { _, _ = s.conn.WriteToUDPAddrPort(b, client) }
-		sess.lastSent.Store(time.Now().UnixNano())
-		s.mu.Lock()
-		s.clients[client] = sess
-		s.mu.Unlock()
-		s.sessions.Inc()
-		go s.relayReplies(client, sess)
+		sess := &udpSession{client: client, backend: ep, fd: fd, generation: generation}
+		if s.replyFromDestination {
+			sess.replyControl = replyControl(oob)
+		}
+		s.sessions.add(sess, now)
+		s.sessionsGauge.Inc()
+		if s.sessions.len() == 1 {
+			s.poller.setDeadline(monoTime(now + int64(s.cfg.udpIdleTimeout)))
+		}
 		return sess, nil
 	}
+	s.cfg.udpBudget.release()
 	return nil, lastErr
 }
 
-// relayReplies copies backend replies to the client until the session has
-// been idle for udpIdleTimeout or the socket closes.
-func (s *udpProxySocket) relayReplies(client netip.AddrPort, sess *udpSession) {
-	defer func() {
-		s.mu.Lock()
-		delete(s.clients, client)
-		s.mu.Unlock()
-		sess.backend.Close()
-		s.sessions.Dec()
-	}()
-	buf := make([]byte, maxDatagram)
-	idle := s.cfg.udpIdleTimeout
-	_ = sess.backend.SetReadDeadline(time.Now().Add(idle))
-	var lastReply int64
-	for {
-		n, err := sess.backend.Read(buf)
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			// Idle only if neither side sent since: otherwise move the
-			// deadline to the last datagram plus the timeout.
-			next := time.Unix(0, max(sess.lastSent.Load(), lastReply, sess.deferredUntil.Load())).Add(idle)
-			if time.Now().Before(next) {
-				_ = sess.backend.SetReadDeadline(next)
-				continue
+// makeRoomLocked takes a slot for one more session: at the port's cap, or
+// at the total cap, the port's oldest idle session gives up its own.
+func (s *udpProxySocket) makeRoomLocked() error {
+	if s.sessions.len() >= s.cfg.udpMaxSessionsPerPort && s.sessions.oldest != nil {
+		s.closeSessionLocked(s.sessions.oldest)
+		s.evicted.Inc()
+	}
+	if s.cfg.udpBudget.acquire() {
+		return nil
+	}
+	if s.sessions.oldest == nil {
+		return errSessionLimit
+	}
+	s.closeSessionLocked(s.sessions.oldest)
+	s.evicted.Inc()
+	if !s.cfg.udpBudget.acquire() { // another port took the slot meanwhile
+		return errSessionLimit
+	}
+	return nil
+}
+
+func (s *udpProxySocket) closeSessionLocked(sess *udpSession) {
+	s.sessions.remove(sess)
+	unix.Close(sess.fd)
+	sess.fd = -1
+	s.cfg.udpBudget.release()
+	s.sessionsGauge.Dec()
+}
+
+// upSenderLocked returns the function that delivers a faulted datagram to
+// the session's backend, if the session is still open by then.
+func (s *udpProxySocket) upSenderLocked(sess *udpSession) func([]byte) {
+	if sess.sendUp == nil {
+		sess.sendUp = func(b []byte) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if sess.fd >= 0 {
+				_, _ = unix.Write(sess.fd, b)
 			}
-			return
 		}
-		if err != nil {
-			return // refused (ICMP), or closed
-		}
-		lastReply = time.Now().UnixNano()
-		if plan := s.datagramFaults(); plan != nil {
-			// A delayed reply goes out through the service socket, which
-			// outlives the session: no need to keep the session for it.
-			plan.Send(faults.StreamDown, client.Addr(), buf[:n], sess.sendDown)
-			s.bytesOut.Add(float64(n))
+	}
+	return sess.sendUp
+}
+
+// downSenderLocked returns the function that delivers a faulted reply; the
+// service socket outlives the session, so a delayed reply needs no session.
+func (s *udpProxySocket) downSenderLocked(sess *udpSession) func([]byte) {
+	if sess.sendDown == nil {
+		client, control := sess.client, sess.replyControl
+		sess.sendDown = func(b []byte) { _, _, _ = s.conn.WriteMsgUDPAddrPort(b, control, client) }
+	}
+	return sess.sendDown
+}
+
+// relayReplies is the port's reply loop: it waits on every backend socket,
+// relays what arrives, and closes sessions idle for udpIdleTimeout when the
+// poller's deadline (the oldest session's expiry) passes.
+func (s *udpProxySocket) relayReplies() {
+	buf := make([]byte, maxDatagram)
+	for {
+		n, err := s.poller.wait()
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			s.expireIdle()
 			continue
 		}
-		if _, err := s.conn.WriteToUDPAddrPort(buf[:n], client); err != nil {
+		if err != nil {
+			return // closed
+		}
+		for _, ev := range s.poller.events[:n] {
+			s.relayFrom(int(ev.Fd), buf)
+		}
+	}
+}
+
+// relayFrom relays up to repliesPerWake datagrams waiting on one backend
+// socket to its client.
+func (s *udpProxySocket) relayFrom(fd int, buf []byte) {
+	for range repliesPerWake {
+		s.mu.Lock()
+		sess := s.sessions.getFD(fd)
+		if sess == nil {
+			s.mu.Unlock()
 			return
+		}
+		n, err := unix.Read(fd, buf)
+		if err != nil {
+			if err != unix.EAGAIN && err != unix.EINTR {
+				// Refused (ICMP port unreachable) or broken: end the
+				// session; the client's next datagram picks again.
+				s.closeSessionLocked(sess)
+			}
+			s.mu.Unlock()
+			return
+		}
+		s.sessions.touch(sess, monoNow())
+		client, control := sess.client, sess.replyControl
+		plan := s.datagramFaults()
+		var send func([]byte)
+		if plan != nil {
+			send = s.downSenderLocked(sess)
+		}
+		s.mu.Unlock()
+		if plan != nil {
+			plan.Send(faults.StreamDown, client.Addr(), buf[:n], send)
+		} else if _, _, err := s.conn.WriteMsgUDPAddrPort(buf[:n], control, client); err != nil {
+			klog.V(3).InfoS("UDP write to client failed", "servicePort", s.label, "client", client, "err", err)
+			continue
 		}
 		s.bytesOut.Add(float64(n))
 	}
+}
+
+// expireIdle closes the sessions idle for udpIdleTimeout (no datagram
+// either way and no delayed one pending) and those whose backend is no
+// longer an endpoint, then sets the next deadline.
+func (s *udpProxySocket) expireIdle() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.shut {
+		return
+	}
+	now := monoNow()
+	idle := int64(s.cfg.udpIdleTimeout)
+	for old := s.sessions.oldest; old != nil && old.lastActive+idle <= now; old = s.sessions.oldest {
+		if old.deferredUntil > now {
+			s.sessions.touch(old, now) // a delayed datagram still goes out
+			continue
+		}
+		s.closeSessionLocked(old)
+	}
+	if generation := s.sp.Generation(); generation != s.checkedGeneration {
+		s.checkedGeneration = generation
+		s.sessions.each(func(sess *udpSession) {
+			if sess.generation == generation {
+				return
+			}
+			if s.sp.Serves(sess.backend) {
+				sess.generation = generation
+				return
+			}
+			s.closeSessionLocked(sess)
+		})
+	}
+	if old := s.sessions.oldest; old != nil {
+		s.poller.setDeadline(monoTime(old.lastActive + idle))
+	} else {
+		s.poller.setDeadline(time.Time{})
+	}
+}
+
+// dialUDPBackend opens a non-blocking socket connected to ep. A raw
+// descriptor, not a net.UDPConn: the reply loop polls it itself, and it
+// costs no Go memory beyond the session.
+func dialUDPBackend(ep netip.AddrPort) (int, error) {
+	family := unix.AF_INET
+	var sa unix.Sockaddr = &unix.SockaddrInet4{Port: int(ep.Port()), Addr: ep.Addr().As4()}
+	if ep.Addr().Is6() {
+		family = unix.AF_INET6
+		sa = &unix.SockaddrInet6{Port: int(ep.Port()), Addr: ep.Addr().As16()}
+	}
+	fd, err := unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, os.NewSyscallError("socket", err)
+	}
+	if err := unix.Connect(fd, sa); err != nil {
+		unix.Close(fd)
+		return -1, &net.OpError{Op: "dial", Net: "udp", Addr: net.UDPAddrFromAddrPort(ep), Err: os.NewSyscallError("connect", err)}
+	}
+	return fd, nil
 }

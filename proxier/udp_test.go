@@ -96,7 +96,7 @@ func TestUDPRelay(t *testing.T) {
 	for {
 		sock := p.active[p.lbName("default/dns:p")].socket.(*udpProxySocket)
 		sock.mu.Lock()
-		n := len(sock.clients)
+		n := sock.sessions.len()
 		sock.mu.Unlock()
 		if n == 0 {
 			break

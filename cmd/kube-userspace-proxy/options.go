@@ -23,6 +23,8 @@ type options struct {
 	bindAddress        string
 	proxyPortRange     string
 	udpTimeout         time.Duration
+	udpMaxPerPort      int
+	udpMaxSessions     int
 	syncPeriod         time.Duration
 	minSyncPeriod      time.Duration
 	hostnameOverride   string
@@ -50,6 +52,8 @@ func newOptions() *options {
 	return &options{
 		bindAddress:        "0.0.0.0",
 		udpTimeout:         250 * time.Millisecond,
+		udpMaxPerPort:      proxier.DefaultUDPMaxSessionsPerPort,
+		udpMaxSessions:     proxier.DefaultUDPMaxSessions,
 		syncPeriod:         30 * time.Second,
 		minSyncPeriod:      time.Second,
 		healthzBindAddress: "0.0.0.0:10256",
@@ -70,6 +74,8 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.bindAddress, "bind-address", o.bindAddress, "The IP address proxy sockets listen on (0.0.0.0 for all IPv4 interfaces, :: for all).")
 	fs.StringVar(&o.proxyPortRange, "proxy-port-range", o.proxyPortRange, "Range of host ports (BEGIN-END or BEGIN+N) for proxy sockets; empty means kernel-chosen.")
 	fs.DurationVar(&o.udpTimeout, "udp-timeout", o.udpTimeout, "How long an idle UDP session is kept open (e.g. '250ms', '2s'). Must be greater than 0.")
+	fs.IntVar(&o.udpMaxPerPort, "udp-max-sessions-per-port", o.udpMaxPerPort, "At most this many UDP client sessions (one backend socket each) per service port; at the cap the oldest idle session is closed for the new one. Must be greater than 0.")
+	fs.IntVar(&o.udpMaxSessions, "udp-max-sessions", o.udpMaxSessions, "At most this many UDP client sessions in total, and never more than half of the open-file limit (the rest stays for TCP); at the cap a service port closes its own oldest idle session, or drops the datagram if it has none. Must be greater than 0.")
 	fs.DurationVar(&o.syncPeriod, "iptables-sync-period", o.syncPeriod, "The maximum interval of how often rules are refreshed and repaired (e.g. '5s', '1m'). Must be greater than 0.")
 	fs.DurationVar(&o.minSyncPeriod, "iptables-min-sync-period", o.minSyncPeriod, "The minimum interval between rule syncs as Services change (e.g. '1s'). 0 syncs on every change.")
 	fs.StringVar(&o.hostnameOverride, "hostname-override", o.hostnameOverride, "If non-empty, use this string as the node name instead of the hostname.")
@@ -122,6 +128,12 @@ func (o *options) validate() (*validated, error) {
 	}
 	if o.udpTimeout <= 0 {
 		add("--udp-timeout must be greater than 0, got %v", o.udpTimeout)
+	}
+	if o.udpMaxPerPort <= 0 {
+		add("--udp-max-sessions-per-port must be greater than 0, got %d", o.udpMaxPerPort)
+	}
+	if o.udpMaxSessions <= 0 {
+		add("--udp-max-sessions must be greater than 0, got %d", o.udpMaxSessions)
 	}
 	if o.syncPeriod <= 0 {
 		add("--iptables-sync-period must be greater than 0, got %v", o.syncPeriod)

@@ -58,6 +58,7 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		NodeName:         nodeName(o.hostnameOverride),
 		Faults:           faultTable,
 	}
+	popts.UDPMaxSessionsPerPort, popts.UDPMaxSessions = o.udpMaxPerPort, o.udpMaxSessions
 	if o.iptables {
 		if !canProgramIptables() {
 			return errNoNetAdmin

@@ -1,0 +1,69 @@
+package proxier
+
+import (
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+)
+
+// Default UDP session caps. Sessions alive at once ≈ new client ip:ports
+// per second × --udp-timeout, and DNS clients use a fresh port per query:
+// 16,384 per port holds 65,000 queries/s at the default 250 ms, far above
+// what one node's pods ask, while a flood of forged sources costs at most
+// 16,384 descriptors and ~7 MiB of Go memory on that port. The total is four
+// such ports, so one flooded Service cannot take every session, and it is
+// further held to half the descriptor limit (udpDescriptorShare).
+const (
+	DefaultUDPMaxSessionsPerPort = 16384
+	DefaultUDPMaxSessions        = 65536
+)
+
+// udpLimits turns the options into the per-port cap and the total budget.
+func udpLimits(o Options) (perPort int, total *udpBudget) {
+	perPort, limit := o.UDPMaxSessionsPerPort, o.UDPMaxSessions
+	if perPort <= 0 {
+		perPort = DefaultUDPMaxSessionsPerPort
+	}
+	if limit <= 0 {
+		limit = DefaultUDPMaxSessions
+	}
+	return perPort, newUDPBudget(min(limit, udpDescriptorShare(nofileLimit())))
+}
+
+// udpDescriptorShare is how many descriptors UDP sessions may hold of a
+// process limit of nofile: half. The other half stays for TCP (two per
+// connection plus pooled pipes) and listeners, so a UDP flood never makes
+// accept fail with EMFILE.
+func udpDescriptorShare(nofile uint64) int {
+	return int(min(nofile/2, 1<<30))
+}
+
+// nofileLimit is the process's RLIMIT_NOFILE (Go raises the soft limit to
+// the hard one at start), 1024 if it cannot be read.
+func nofileLimit() uint64 {
+	var r unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &r); err != nil || r.Cur == unix.RLIM_INFINITY {
+		return 1024
+	}
+	return r.Cur
+}
+
+// udpBudget counts the UDP sessions of every service port against the
+// total cap: one atomic counter, so the data path takes no shared lock.
+type udpBudget struct {
+	limit int64
+	used  atomic.Int64
+}
+
+func newUDPBudget(limit int) *udpBudget { return &udpBudget{limit: int64(limit)} }
+
+// acquire takes one session slot, false when the total cap is reached.
+func (b *udpBudget) acquire() bool {
+	if b.used.Add(1) > b.limit {
+		b.used.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (b *udpBudget) release() { b.used.Add(-1) }

@@ -1,0 +1,67 @@
+package proxier
+
+import (
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+)
+
+// A client that keeps sending while its endpoint is replaced moves to the
+// new endpoint at once, as kube-proxy's conntrack cleanup moves it; before,
+// 2 s of traffic after the update all went to the removed endpoint.
+func TestUDPSessionLeavesRemovedEndpoint(t *testing.T) {
+	a := startUDPEcho(t, "127.0.0.2:0", "a:")
+	port := portOf(a.LocalAddr())
+	startUDPEcho(t, "127.0.0.3:"+port, "b:")
+	p := newTestProxier(t, Options{UDPIdleTimeout: time.Minute})
+	p.OnServiceAdd(makeService("dns", withProtocol(v1.ProtocolUDP)))
+	p.OnEndpointSliceAdd(makeSlice("dns", v1.ProtocolUDP, "127.0.0.2:"+port))
+	p.Sync()
+	c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.MustParseAddrPort(proxyAddr(t, p, "default/dns:p"))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+
+	// One datagram every 5 ms, each answered before the next.
+	ask := func() string {
+		t.Helper()
+		time.Sleep(5 * time.Millisecond)
+		if _, err := c.Write([]byte("q")); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+		buf := make([]byte, 16)
+		n, err := c.Read(buf)
+		if err != nil {
+			return "" // lost: asked again
+		}
+		return strings.TrimSuffix(string(buf[:n]), "q")
+	}
+	for range 10 {
+		if got := ask(); got != "a:" {
+			t.Fatalf("before the update: reply from %q, want a:", got)
+		}
+	}
+
+	p.OnEndpointSliceUpdate(nil, makeSlice("dns", v1.ProtocolUDP, "127.0.0.3:"+port))
+	updated := time.Now()
+	for ask() != "b:" {
+		if time.Since(updated) > 2*time.Second {
+			t.Fatal("2 s after endpoint a was replaced by b, the client's datagrams still reach a")
+		}
+	}
+	t.Logf("first reply from b %v after the update", time.Since(updated).Round(time.Millisecond))
+	if d := time.Since(updated); d > time.Second {
+		t.Fatalf("the first reply from b came %v after the update, want within 1 s", d)
+	}
+	for i := range 20 {
+		if got := ask(); got != "b:" && got != "" {
+			t.Fatalf("datagram %d after moving to b answered by %q", i, got)
+		}
+	}
+}

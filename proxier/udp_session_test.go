@@ -1,0 +1,121 @@
+package proxier
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"testing"
+)
+
+// The table keeps sessions newest first; oldest is what expiry and the cap
+// take first.
+func TestUDPSessionTableOrder(t *testing.T) {
+	type op struct {
+		do string // add, touch, remove
+		id int
+	}
+	for _, tc := range []struct {
+		name string
+		ops  []op
+		want []int // oldest first
+	}{
+		{"adds", []op{{"add", 1}, {"add", 2}, {"add", 3}}, []int{1, 2, 3}},
+		{"touch the oldest", []op{{"add", 1}, {"add", 2}, {"add", 3}, {"touch", 1}}, []int{2, 3, 1}},
+		{"touch the middle", []op{{"add", 1}, {"add", 2}, {"add", 3}, {"touch", 2}}, []int{1, 3, 2}},
+		{"touch the newest", []op{{"add", 1}, {"add", 2}, {"touch", 2}}, []int{1, 2}},
+		{"remove the oldest", []op{{"add", 1}, {"add", 2}, {"add", 3}, {"remove", 1}}, []int{2, 3}},
+		{"remove the newest", []op{{"add", 1}, {"add", 2}, {"add", 3}, {"remove", 3}}, []int{1, 2}},
+		{"remove the middle", []op{{"add", 1}, {"add", 2}, {"add", 3}, {"remove", 2}}, []int{1, 3}},
+		{"remove all", []op{{"add", 1}, {"add", 2}, {"remove", 2}, {"remove", 1}}, nil},
+		{"re-add", []op{{"add", 1}, {"add", 2}, {"remove", 1}, {"add", 1}}, []int{2, 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tab := newUDPSessionTable()
+			byID := map[int]*udpSession{}
+			for now, o := range tc.ops {
+				switch o.do {
+				case "add":
+					s := &udpSession{client: netip.AddrPortFrom(loopbackSource(o.id), 53), fd: 100 + o.id}
+					byID[o.id] = s
+					tab.add(s, int64(now))
+				case "touch":
+					tab.touch(byID[o.id], int64(now))
+				case "remove":
+					tab.remove(byID[o.id])
+				}
+			}
+			var got, back []int
+			tab.each(func(s *udpSession) { got = append(got, s.fd-100) })
+			for s := tab.newest; s != nil; s = s.older {
+				back = append(back, s.fd-100)
+			}
+			slices.Reverse(back)
+			if !slices.Equal(got, tc.want) || !slices.Equal(back, tc.want) {
+				t.Fatalf("oldest first: %v (walked from the newest: %v), want %v", got, back, tc.want)
+			}
+			if tab.len() != len(tc.want) || len(tab.byFD) != len(tc.want) {
+				t.Fatalf("indexes hold %d and %d sessions, want %d", tab.len(), len(tab.byFD), len(tc.want))
+			}
+			for _, id := range tc.want {
+				s := byID[id]
+				if tab.get(s.client) != s || tab.getFD(s.fd) != s {
+					t.Fatalf("session %d not found by client or descriptor", id)
+				}
+			}
+			if len(tc.want) > 0 && (tab.oldest.fd-100 != tc.want[0] || tab.newest.fd-100 != tc.want[len(tc.want)-1]) {
+				t.Fatalf("oldest %d, newest %d; want %d, %d", tab.oldest.fd-100, tab.newest.fd-100, tc.want[0], tc.want[len(tc.want)-1])
+			}
+		})
+	}
+}
+
+// each survives the callback removing the session it was given (expiry
+// and Close do).
+func TestUDPSessionTableEachRemoves(t *testing.T) {
+	tab := newUDPSessionTable()
+	for i := range 5 {
+		tab.add(&udpSession{client: netip.AddrPortFrom(loopbackSource(i), 1), fd: i}, int64(i))
+	}
+	var seen []int
+	tab.each(func(s *udpSession) {
+		seen = append(seen, s.fd)
+		if s.fd%2 == 0 {
+			tab.remove(s)
+		}
+	})
+	if fmt.Sprint(seen) != "[0 1 2 3 4]" || tab.len() != 2 || tab.oldest.fd != 1 || tab.newest.fd != 3 {
+		t.Fatalf("saw %v, left %d sessions (oldest %d, newest %d); want all seen, 1 and 3 left", seen, tab.len(), tab.oldest.fd, tab.newest.fd)
+	}
+}
+
+func TestUDPBudget(t *testing.T) {
+	b := newUDPBudget(2)
+	if !b.acquire() || !b.acquire() {
+		t.Fatal("a budget of 2 refused one of the first two")
+	}
+	if b.acquire() {
+		t.Fatal("a budget of 2 gave a third slot")
+	}
+	b.release()
+	if !b.acquire() {
+		t.Fatal("a released slot was not given again")
+	}
+	if got := b.used.Load(); got != 2 {
+		t.Fatalf("used %d, want 2", got)
+	}
+}
+
+func TestUDPDescriptorShare(t *testing.T) {
+	for _, tc := range []struct {
+		nofile uint64
+		want   int
+	}{{1024, 512}, {20000, 10000}, {1 << 20, 1 << 19}, {1 << 62, 1 << 30}} {
+		if got := udpDescriptorShare(tc.nofile); got != tc.want {
+			t.Errorf("udpDescriptorShare(%d) = %d, want %d", tc.nofile, got, tc.want)
+		}
+	}
+	p := newTestProxier(t, Options{UDPMaxSessions: 1 << 30})
+	if got, want := p.sockCfg.udpBudget.limit, int64(udpDescriptorShare(nofileLimit())); got != want {
+		t.Fatalf("total UDP session cap %d with a huge --udp-max-sessions, want half the descriptor limit, %d", got, want)
+	}
+}
