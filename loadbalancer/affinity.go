@@ -1,8 +1,11 @@
 package loadbalancer
 
 import (
+	"math"
 	"net/netip"
 	"time"
+
+	"github.com/hashicorp/golang-lru/v2/simplelru"
 )
 
 // affinityEntry is where one client is pinned and when it last used the pin.
@@ -19,58 +22,99 @@ func (e affinityEntry) expired(now time.Time, timeout time.Duration) bool {
 	return now.Sub(e.lastUsed) >= timeout
 }
 
-// evictSample is how many affinity entries Next inspects, and deletes when
-// expired, each time it inserts or overwrites an entry.
+// DefaultMaxAffinityEntries is the default cap on one service port's
+// affinity table. kube-proxy's iptables mode keeps ClientIP affinity in
+// xt_recent lists of 100 entries per endpoint (ip_list_tot) and forgets the
+// least recently used client beyond that; 10,000 per service port is that
+// bound for a 100-endpoint Service, 100 times it for a single endpoint, and
+// about 2 MiB of memory (measured: TestAffinityEntryCost), so forged sources
+// or rotating IPv6 addresses cannot grow a table past what a node can hold.
+const DefaultMaxAffinityEntries = 10000
+
+// expireBatch is how many expired entries Next deletes from the least
+// recently used end each time it inserts or overwrites an entry.
 //
-// Why this bounds the table without Sweep: only inserts grow the map, and
-// each insert looks at evictSample entries starting from the random position
-// Go's map iteration begins at. If a fraction f of the table is expired, an
-// insert removes evictSample*f entries on average, which outpaces the one it
-// adds as soon as f > 1/evictSample. So even if Sweep never runs, expired
-// entries stay at about the number of live ones; the table is at most about
-// twice the clients seen within one timeout. Sticky hits (the common case)
-// skip this, so they stay cheap, and the cost per insert is constant, unlike
-// a full scan.
-const evictSample = 2
+// Entries are kept in order of last use and each write stamps the clock's
+// current time and moves the entry to the front, so the expired entries are
+// exactly the oldest ones: deleting expireBatch of them per insert outpaces
+// the one insert, and expired entries cannot pile up even if Sweep never
+// runs. The batch bounds the work of one insert.
+const expireBatch = 2
 
-// affinityTable maps client IP to its pinned endpoint. Keys are netip.Addr
-// values (comparable, no allocation), so lookups and refreshes on the hot
-// path do not allocate. Not safe for concurrent use; ServicePort locks it.
-type affinityTable map[netip.Addr]affinityEntry
+// affinityTable maps client IP to its pinned endpoint, least recently used
+// last, holding at most its cap: inserting a new client into a full table
+// evicts the least recently used one (as xt_recent does). Keys are
+// netip.Addr values (comparable, no allocation), so lookups and refreshes
+// on the hot path do not allocate. Not safe for concurrent use;
+// ServicePort locks it.
+type affinityTable struct {
+	lru *simplelru.LRU[netip.Addr, affinityEntry]
+}
 
-// evictSome deletes up to evictSample expired entries among the first
-// evictSample it visits (deleting during range is allowed in Go).
-func (t affinityTable) evictSome(now time.Time, timeout time.Duration) {
-	visited := 0
-	for ip, e := range t {
-		if e.expired(now, timeout) {
-			delete(t, ip)
-		}
-		visited++
-		if visited == evictSample {
-			return
-		}
+// newAffinityTable returns an empty table holding at most maxEntries; 0 (or
+// less) means no cap.
+func newAffinityTable(maxEntries int) *affinityTable {
+	if maxEntries <= 0 {
+		maxEntries = math.MaxInt
 	}
+	lru, err := simplelru.NewLRU[netip.Addr, affinityEntry](maxEntries, nil)
+	if err != nil {
+		panic(err) // only for a size <= 0, excluded above
+	}
+	return &affinityTable{lru: lru}
+}
+
+func (t *affinityTable) get(ip netip.Addr) (affinityEntry, bool) { return t.lru.Peek(ip) }
+
+// put writes ip's entry and makes it the most recently used; it reports
+// whether the cap evicted another client to make room.
+func (t *affinityTable) put(ip netip.Addr, e affinityEntry) (evicted bool) {
+	return t.lru.Add(ip, e)
+}
+
+// len is 0 for a nil table (a port without affinity).
+func (t *affinityTable) len() int {
+	if t == nil {
+		return 0
+	}
+	return t.lru.Len()
+}
+
+// expireOldest deletes up to n expired entries, least recently used first,
+// and returns how many it deleted. It stops at the first live entry: every
+// entry after it was used later.
+func (t *affinityTable) expireOldest(now time.Time, timeout time.Duration, n int) int {
+	deleted := 0
+	for deleted < n {
+		_, e, ok := t.lru.GetOldest()
+		if !ok || !e.expired(now, timeout) {
+			break
+		}
+		t.lru.RemoveOldest()
+		deleted++
+	}
+	return deleted
 }
 
 // sweep deletes every expired entry and returns how many it deleted.
-func (t affinityTable) sweep(now time.Time, timeout time.Duration) int {
-	n := 0
-	for ip, e := range t {
-		if e.expired(now, timeout) {
-			delete(t, ip)
-			n++
-		}
-	}
-	return n
+func (t *affinityTable) sweep(now time.Time, timeout time.Duration) int {
+	return t.expireOldest(now, timeout, math.MaxInt)
 }
 
 // dropUnless deletes the entries whose endpoint is not in keep, so those
 // clients are balanced afresh onto a survivor on their next connection.
-func (t affinityTable) dropUnless(keep addrSet) {
-	for ip, e := range t {
+func (t *affinityTable) dropUnless(keep addrSet) {
+	for _, ip := range t.lru.Keys() {
+		e, _ := t.lru.Peek(ip)
 		if _, ok := keep[e.endpoint]; !ok {
-			delete(t, ip)
+			t.lru.Remove(ip)
 		}
 	}
+}
+
+// copyOut returns every client and its entry, least recently used first.
+// It is the only part of a Snapshot done under the port's lock: two slice
+// copies, no filtering, formatting or sorting.
+func (t *affinityTable) copyOut() ([]netip.Addr, []affinityEntry) {
+	return t.lru.Keys(), t.lru.Values()
 }

@@ -33,22 +33,29 @@ func TestAffinityEntryExpired(t *testing.T) {
 func TestAffinityTableSweep(t *testing.T) {
 	const timeout = 10 * time.Second
 	now := testStart.Add(time.Hour)
-	tbl := affinityTable{
-		ip("192.0.2.1"): {endpoint: backend(1), lastUsed: now.Add(-timeout)},               // expired exactly
-		ip("192.0.2.2"): {endpoint: backend(1), lastUsed: now.Add(-timeout - time.Second)}, // expired
-		ip("192.0.2.3"): {endpoint: backend(2), lastUsed: now.Add(-timeout + time.Second)}, // live
-		ip("192.0.2.4"): {endpoint: backend(2), lastUsed: now},                             // live
+	tbl := newAffinityTable(0)
+	// Written in order of use, as Next writes them.
+	for _, e := range []struct {
+		ip       string
+		lastUsed time.Time
+	}{
+		{"192.0.2.2", now.Add(-timeout - time.Second)}, // expired
+		{"192.0.2.1", now.Add(-timeout)},               // expired exactly
+		{"192.0.2.3", now.Add(-timeout + time.Second)}, // live
+		{"192.0.2.4", now},                             // live
+	} {
+		tbl.put(ip(e.ip), affinityEntry{endpoint: backend(1), lastUsed: e.lastUsed})
 	}
 	if got := tbl.sweep(now, timeout); got != 2 {
 		t.Errorf("sweep = %d, want 2", got)
 	}
 	for _, live := range []string{"192.0.2.3", "192.0.2.4"} {
-		if _, ok := tbl[ip(live)]; !ok {
+		if _, ok := tbl.get(ip(live)); !ok {
 			t.Errorf("live entry %s was swept", live)
 		}
 	}
-	if len(tbl) != 2 {
-		t.Errorf("table has %d entries after sweep, want 2", len(tbl))
+	if tbl.len() != 2 {
+		t.Errorf("table has %d entries after sweep, want 2", tbl.len())
 	}
 }
 
@@ -78,7 +85,7 @@ func TestNextBoundsTableWithoutSweep(t *testing.T) {
 		}
 		clk.SetTime(clk.Now().Add(time.Second))
 		sp.mu.Lock()
-		maxSize = max(maxSize, len(sp.clients))
+		maxSize = max(maxSize, sp.clients.len())
 		sp.mu.Unlock()
 	}
 	// seconds*clientsPerSec = 20,000 distinct clients went through; allow
@@ -89,14 +96,16 @@ func TestNextBoundsTableWithoutSweep(t *testing.T) {
 	t.Logf("max table size %d with %d live clients", maxSize, liveClientsMax)
 }
 
-func TestEvictSomeInspectsAtMostSample(t *testing.T) {
+func TestExpireOldestDeletesAtMostBatch(t *testing.T) {
 	now := testStart
-	tbl := make(affinityTable)
+	tbl := newAffinityTable(0)
 	for i := range 50 {
-		tbl[ip(fmt.Sprintf("192.0.2.%d", i+1))] = affinityEntry{endpoint: backend(1), lastUsed: now.Add(-time.Hour)}
+		tbl.put(ip(fmt.Sprintf("192.0.2.%d", i+1)), affinityEntry{endpoint: backend(1), lastUsed: now.Add(-time.Hour)})
 	}
-	tbl.evictSome(now, time.Second)
-	if got := 50 - len(tbl); got != evictSample {
-		t.Errorf("evictSome deleted %d expired entries, want %d", got, evictSample)
+	if got := tbl.expireOldest(now, time.Second, expireBatch); got != expireBatch {
+		t.Errorf("expireOldest deleted %d, want %d", got, expireBatch)
+	}
+	if got := 50 - tbl.len(); got != expireBatch {
+		t.Errorf("table lost %d expired entries, want %d", got, expireBatch)
 	}
 }

@@ -16,16 +16,18 @@ import (
 // cached *ServicePort and never touches it.
 type LoadBalancer struct {
 	clk     clock.PassiveClock
+	limits  Limits
 	shuffle func([]netip.AddrPort) // tests replace it to get a known order
 
 	mu    sync.RWMutex
 	ports map[ServicePortName]*ServicePort
 }
 
-// New returns an empty balancer reading time from clk.
-func New(clk clock.PassiveClock) *LoadBalancer {
+// New returns an empty balancer reading time from clk and holding to limits.
+func New(clk clock.PassiveClock, limits Limits) *LoadBalancer {
 	return &LoadBalancer{
 		clk:     clk,
+		limits:  limits,
 		shuffle: shuffleAddrs,
 		ports:   make(map[ServicePortName]*ServicePort),
 	}
@@ -57,7 +59,7 @@ func (lb *LoadBalancer) ServicePort(svc ServicePortName) *ServicePort {
 func (lb *LoadBalancer) getOrCreateLocked(svc ServicePortName) *ServicePort {
 	sp, ok := lb.ports[svc]
 	if !ok {
-		sp = newServicePort(lb.clk, lb.shuffle)
+		sp = newServicePort(lb.clk, lb.shuffle, lb.limits.MaxAffinityEntries)
 		lb.ports[svc] = sp
 	}
 	return sp
@@ -160,4 +162,18 @@ func (lb *LoadBalancer) ServicePortNames() []ServicePortName {
 		return strings.Compare(string(a.Protocol), string(b.Protocol))
 	})
 	return names
+}
+
+// AffinityStats returns, for every service port with affinity entries or
+// past evictions, its table size and eviction count (what /metrics shows).
+func (lb *LoadBalancer) AffinityStats() map[ServicePortName]AffinityStats {
+	lb.mu.RLock()
+	defer lb.mu.RUnlock()
+	out := make(map[ServicePortName]AffinityStats)
+	for name, sp := range lb.ports {
+		if st := sp.affinityStats(); st.Entries > 0 || st.Evicted > 0 {
+			out[name] = st
+		}
+	}
+	return out
 }

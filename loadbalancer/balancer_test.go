@@ -127,7 +127,7 @@ func TestSweep(t *testing.T) {
 		for svc, want := range tt.wantClients {
 			sp := lb.ServicePort(svc)
 			sp.mu.Lock()
-			got := len(sp.clients)
+			got := sp.clients.len()
 			sp.mu.Unlock()
 			if got != want {
 				t.Errorf("at t0+%v: %v has %d entries, want %d", tt.at, svc, got, want)

@@ -60,7 +60,7 @@ func benchmarkNext(b *testing.B, policy AffinityPolicy) {
 // every client once.
 func benchServicePort(b *testing.B, n int, policy AffinityPolicy, clients []netip.Addr) *ServicePort {
 	b.Helper()
-	lb := New(clock.RealClock{})
+	lb := New(clock.RealClock{}, Limits{})
 	svc := svcName("bench")
 	lb.SetAffinity(svc, policy)
 	lb.SetEndpoints(svc, readyBenchEndpoints(n))
@@ -79,7 +79,7 @@ func benchServicePort(b *testing.B, n int, policy AffinityPolicy, clients []neti
 func BenchmarkSetEndpoints(b *testing.B) {
 	for _, n := range []int{10, 1000} {
 		b.Run(fmt.Sprintf("%dendpoints", n), func(b *testing.B) {
-			lb := New(clock.RealClock{})
+			lb := New(clock.RealClock{}, Limits{})
 			svc := svcName("bench")
 			lb.SetAffinity(svc, AffinityPolicy{ClientIP: true, Timeout: time.Hour})
 			a := readyBenchEndpoints(n)

@@ -15,7 +15,7 @@ import (
 // -race it proves the locking; it also checks every pick is an endpoint the
 // service had at some point.
 func TestConcurrentNextAndUpdates(t *testing.T) {
-	lb := New(clock.RealClock{})
+	lb := New(clock.RealClock{}, Limits{})
 	svc := svcName("busy")
 	lb.SetAffinity(svc, clientIPPolicy(time.Millisecond))
 	sets := [][]Endpoint{readyEndpoints(3), readyEndpoints(5)[2:], readyEndpoints(1), nil, readyEndpoints(4)}

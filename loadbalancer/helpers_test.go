@@ -19,7 +19,7 @@ var testStart = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 func newTestBalancer(t *testing.T) (*LoadBalancer, *clocktesting.FakePassiveClock) {
 	t.Helper()
 	clk := clocktesting.NewFakePassiveClock(testStart)
-	lb := New(clk)
+	lb := New(clk, Limits{})
 	lb.shuffle = func([]netip.AddrPort) {}
 	return lb, clk
 }

@@ -14,14 +14,18 @@ import (
 // table. Proxy sockets keep the pointer and call Next on every new
 // connection; its own mutex is the only lock Next takes.
 type ServicePort struct {
-	clk     clock.PassiveClock
-	shuffle func([]netip.AddrPort)
+	clk        clock.PassiveClock
+	shuffle    func([]netip.AddrPort)
+	maxClients int // cap of the affinity table; 0 = none
 
 	mu        sync.Mutex
 	endpoints []netip.AddrPort // eligible only, in round-robin order
 	cursor    int              // index in endpoints of the next round-robin pick
 	policy    AffinityPolicy
-	clients   affinityTable // nil unless policy.ClientIP
+	clients   *affinityTable // nil unless policy.ClientIP
+	// evicted counts clients the cap pushed out of the table (not those that
+	// expired), for the evictions metric; it outlives policy changes.
+	evicted uint64
 	// generation counts endpoint-set changes (generation.go).
 	generation atomic.Uint64
 
@@ -32,8 +36,8 @@ type ServicePort struct {
 	hasEndpoints bool
 }
 
-func newServicePort(clk clock.PassiveClock, shuffle func([]netip.AddrPort)) *ServicePort {
-	return &ServicePort{clk: clk, shuffle: shuffle}
+func newServicePort(clk clock.PassiveClock, shuffle func([]netip.AddrPort), maxClients int) *ServicePort {
+	return &ServicePort{clk: clk, shuffle: shuffle, maxClients: maxClients}
 }
 
 // Next picks the endpoint for a new connection (TCP) or session (UDP) from
@@ -42,9 +46,10 @@ func newServicePort(clk clock.PassiveClock, shuffle func([]netip.AddrPort)) *Ser
 // With ClientIP affinity and resetAffinity false, an unexpired entry is
 // returned and its last-used time refreshed, so the timeout counts from the
 // last use. Otherwise round robin picks, and with affinity the client's
-// entry is (over)written. resetAffinity is for the retry after a failed
-// dial: the pinned endpoint is skipped (when there is another) and the
-// client is re-pinned to the one picked.
+// entry is (over)written; a new client of a full table evicts the least
+// recently used one. resetAffinity is for the retry after a failed dial: the
+// pinned endpoint is skipped (when there is another) and the client is
+// re-pinned to the one picked.
 //
 // Entries always point at eligible endpoints (SetEndpoints drops the others),
 // so Next need not check. It does not allocate once the client is known.
@@ -64,10 +69,10 @@ func (sp *ServicePort) Next(clientIP netip.Addr, resetAffinity bool) (netip.Addr
 	clientIP = clientIP.Unmap()
 	now := sp.clk.Now()
 	timeout := sp.policy.Timeout
-	pinned, havePin := sp.clients[clientIP]
+	pinned, havePin := sp.clients.get(clientIP)
 	if havePin && !resetAffinity && !pinned.expired(now, timeout) {
 		pinned.lastUsed = now
-		sp.clients[clientIP] = pinned
+		sp.clients.put(clientIP, pinned)
 		return pinned.endpoint, nil
 	}
 
@@ -77,8 +82,10 @@ func (sp *ServicePort) Next(clientIP netip.Addr, resetAffinity bool) (netip.Addr
 		// that just failed for this one; move past it.
 		ep = sp.roundRobin()
 	}
-	sp.clients.evictSome(now, timeout)
-	sp.clients[clientIP] = affinityEntry{endpoint: ep, lastUsed: now}
+	sp.clients.expireOldest(now, timeout, expireBatch)
+	if sp.clients.put(clientIP, affinityEntry{endpoint: ep, lastUsed: now}) {
+		sp.evicted++
+	}
 	return ep, nil
 }
 
@@ -129,7 +136,7 @@ func (sp *ServicePort) setAffinity(p AffinityPolicy) {
 	case !p.ClientIP:
 		sp.clients = nil
 	case sp.clients == nil:
-		sp.clients = make(affinityTable)
+		sp.clients = newAffinityTable(sp.maxClients)
 	}
 }
 
@@ -157,24 +164,42 @@ func (sp *ServicePort) sweep() int {
 
 // Snapshot copies the state for debugging output: endpoints in round-robin
 // order starting at the next pick, and the unexpired affinity entries sorted
-// by client IP.
+// by client IP. Only the copy is made under the port's lock; filtering and
+// sorting happen after it is released, so a large table does not hold up
+// Next.
 func (sp *ServicePort) Snapshot() Snapshot {
 	sp.mu.Lock()
-	defer sp.mu.Unlock()
-
-	s := Snapshot{Affinity: sp.policy}
+	s := Snapshot{Affinity: sp.policy, Evicted: sp.evicted}
 	if n := len(sp.endpoints); n > 0 {
 		s.Endpoints = make([]netip.AddrPort, 0, n)
 		s.Endpoints = append(s.Endpoints, sp.endpoints[sp.cursor:]...)
 		s.Endpoints = append(s.Endpoints, sp.endpoints[:sp.cursor]...)
 	}
+	var ips []netip.Addr
+	var entries []affinityEntry
+	if sp.clients != nil {
+		ips, entries = sp.clients.copyOut()
+	}
 	now := sp.clk.Now()
-	for ip, e := range sp.clients {
-		if e.expired(now, sp.policy.Timeout) {
+	sp.mu.Unlock()
+
+	for i, e := range entries {
+		if e.expired(now, s.Affinity.Timeout) {
 			continue
 		}
-		s.Clients = append(s.Clients, AffinityEntry{ClientIP: ip, Endpoint: e.endpoint, LastUsed: e.lastUsed})
+		s.Clients = append(s.Clients, AffinityEntry{ClientIP: ips[i], Endpoint: e.endpoint, LastUsed: e.lastUsed})
 	}
 	slices.SortFunc(s.Clients, func(a, b AffinityEntry) int { return a.ClientIP.Compare(b.ClientIP) })
 	return s
+}
+
+// affinityStats reads the table's size and eviction count.
+func (sp *ServicePort) affinityStats() AffinityStats {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	st := AffinityStats{Evicted: sp.evicted}
+	if sp.clients != nil {
+		st.Entries = sp.clients.len()
+	}
+	return st
 }

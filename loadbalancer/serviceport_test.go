@@ -184,7 +184,7 @@ func TestSetEndpointsShufflesOnlyOnChange(t *testing.T) {
 }
 
 func TestDefaultShuffleKeepsMembers(t *testing.T) {
-	lb := New(nil)
+	lb := New(nil, Limits{})
 	a := []netip.AddrPort{backend(1), backend(2), backend(3), backend(4)}
 	lb.shuffle(a)
 	if !newAddrSet(a).equalTo([]netip.AddrPort{backend(1), backend(2), backend(3), backend(4)}) {

@@ -67,4 +67,20 @@ type Snapshot struct {
 	Endpoints []netip.AddrPort // in round-robin order, only those eligible for traffic
 	Affinity  AffinityPolicy
 	Clients   []AffinityEntry
+	Evicted   uint64 // clients the table's cap pushed out, since the port appeared
+}
+
+// AffinityStats is the size of one service port's affinity table and how
+// many clients its cap evicted, for metrics.
+type AffinityStats struct {
+	Entries int
+	Evicted uint64
+}
+
+// Limits bound what the outside can make the balancer hold.
+type Limits struct {
+	// MaxAffinityEntries caps each service port's ClientIP affinity table;
+	// a new client of a full table evicts the least recently used one.
+	// 0 means no cap.
+	MaxAffinityEntries int
 }

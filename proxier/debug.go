@@ -23,6 +23,8 @@ type DebugServicePort struct {
 	TimeoutSec   int             `json:"affinityTimeoutSeconds,omitempty"`
 	Endpoints    []string        `json:"endpoints"`
 	Clients      []DebugAffinity `json:"affinity,omitempty"`
+	// AffinityEvicted counts clients the affinity table's cap pushed out.
+	AffinityEvicted uint64 `json:"affinityEvicted,omitempty"`
 	// FaultProxy is the port's name in the fault API; FaultsEnabled is
 	// false while the API holds it down; Faults are its toxics in force.
 	FaultProxy    string       `json:"faultProxy"`
@@ -78,6 +80,7 @@ func (p *Proxier) DebugServices() []DebugServicePort {
 				d.Affinity = "ClientIP"
 				d.TimeoutSec = int(snap.Affinity.Timeout / time.Second)
 			}
+			d.AffinityEvicted = snap.Evicted
 			for _, c := range snap.Clients {
 				d.Clients = append(d.Clients, DebugAffinity{ClientIP: c.ClientIP.String(), Endpoint: c.Endpoint.String(), LastUsed: c.LastUsed})
 			}

@@ -31,6 +31,8 @@ type Metrics struct {
 	UDPSessionLimit   *prometheus.CounterVec
 	ServicePorts      prometheus.Gauge
 	AffinitySwept     prometheus.Counter
+
+	affinity *affinityCollector // table sizes and cap evictions, read from the balancer
 }
 
 // NewMetrics registers everything on a fresh registry (not the global one, so
@@ -98,7 +100,9 @@ func NewMetrics() *Metrics {
 	m.BytesTotal = userspaceVec(prometheus.NewCounterVec, "bytes_total", "Bytes proxied; direction in = client to endpoint, out = endpoint to client", "direction")
 	m.UDPSessions = userspaceVec(prometheus.NewGaugeVec, "udp_sessions", "UDP client sessions with a backend socket")
 	m.UDPSessionLimit = userspaceVec(prometheus.NewCounterVec, "udp_session_limit_total", "UDP sessions at a session cap: action evicted = the port's oldest idle session closed to make room, dropped = a new client's datagram dropped (total cap reached, the port had no session to give up)", "action")
+	m.affinity = newAffinityCollector()
 	m.Registry.MustRegister(
+		m.affinity,
 		m.SyncProxyRulesLatency, m.SyncProxyRulesLastTimestamp, m.NetworkProgrammingLatency,
 		m.EndpointChangesTotal, m.EndpointChangesPending,
 		m.ServiceChangesTotal, m.ServiceChangesPending, m.IPTablesRestoreFailures,

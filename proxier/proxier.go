@@ -47,6 +47,8 @@ type Options struct {
 	MinSyncPeriod    time.Duration
 	SyncPeriod       time.Duration
 	HalfCloseTimeout time.Duration
+	// Affinity bounds the ClientIP affinity tables (zero: no cap).
+	Affinity loadbalancer.Limits
 	// Portals by family; empty means --iptables=false (sockets only).
 	IPv4Portals PortalSyncer
 	IPv6Portals PortalSyncer
@@ -157,7 +159,7 @@ func New(opts Options) *Proxier {
 	}
 	p := &Proxier{
 		opts:     opts,
-		lb:       loadbalancer.New(opts.Clock),
+		lb:       loadbalancer.New(opts.Clock, opts.Affinity),
 		ports:    NewPortAllocator(opts.PortRange),
 		metrics:  opts.Metrics,
 		clk:      opts.Clock,
@@ -172,6 +174,7 @@ func New(opts Options) *Proxier {
 		},
 	}
 	p.sockCfg.udpMaxSessionsPerPort, p.sockCfg.udpBudget = udpLimits(opts)
+	opts.Metrics.affinity.observe(p.lb)
 	p.endpoints = newEndpointsTracker(p.lb, opts.Clock, opts.Metrics, nodeTopology{name: opts.NodeName})
 	p.runner = newBoundedFrequencyRunner(p.syncProxyRules, opts.MinSyncPeriod, opts.SyncPeriod, opts.Clock)
 	return p

@@ -86,7 +86,7 @@ func TestUDPRepliesLeaveFromTheAddressTheClientSentTo(t *testing.T) {
 func startUDPSocket(t *testing.T, conn *net.UDPConn, backend netip.AddrPort) *udpProxySocket {
 	t.Helper()
 	name := loadbalancer.ServicePortName{NamespacedName: types.NamespacedName{Namespace: "default", Name: "dns"}, Port: "p", Protocol: v1.ProtocolUDP}
-	lb := loadbalancer.New(clock.RealClock{})
+	lb := loadbalancer.New(clock.RealClock{}, loadbalancer.Limits{})
 	sp := lb.ServicePort(name)
 	lb.SetEndpoints(name, []loadbalancer.Endpoint{{Addr: backend, Ready: true, Serving: true}})
 	cfg := &socketConfig{
