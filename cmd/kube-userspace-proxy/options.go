@@ -10,6 +10,8 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/httpserver"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
 )
@@ -42,6 +44,9 @@ type options struct {
 	faultSeed          int64
 	faultMaxActive     int
 	serviceCIDRs       string
+	affinityMaxEntries int
+	httpMaxConns       int
+	httpIdleTimeout    time.Duration
 
 	// kubeconfigField names the --config field kubeconfig came from, when
 	// it did not come from the flag, so that errors blame what the user wrote.
@@ -63,6 +68,9 @@ func newOptions() *options {
 		configSyncPeriod:   15 * time.Minute,
 		halfCloseTimeout:   2 * time.Minute,
 		serviceCIDRs:       config.DefaultServiceClusterIPRange,
+		affinityMaxEntries: loadbalancer.DefaultMaxAffinityEntries,
+		httpMaxConns:       httpserver.DefaultLimits.MaxConns,
+		httpIdleTimeout:    httpserver.DefaultLimits.IdleTimeout,
 	}
 }
 
@@ -91,6 +99,9 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.faultAPIBind, "fault-api-bind-address", o.faultAPIBind, "HOST:PORT for Toxiproxy's REST API over this node's service ports (e.g. 127.0.0.1:8474); empty disables it.")
 	fs.Int64Var(&o.faultSeed, "fault-seed", o.faultSeed, "Seed of every fault draw: the same seed and arrival order give the same faults.")
 	fs.IntVar(&o.faultMaxActive, "fault-max-active", o.faultMaxActive, "At most this many live faulted connections per service port; further connections get no fault. 0 means unlimited.")
+	fs.IntVar(&o.affinityMaxEntries, "affinity-max-entries-per-port", o.affinityMaxEntries, "At most this many clients in one service port's ClientIP affinity table; a new client of a full table evicts the least recently used one. 0 means unlimited.")
+	fs.IntVar(&o.httpMaxConns, "http-max-connections", o.httpMaxConns, "At most this many open connections per HTTP server (health, metrics, healthCheckNodePort, fault API); further clients wait in the listen backlog. 0 means unlimited.")
+	fs.DurationVar(&o.httpIdleTimeout, "http-idle-timeout", o.httpIdleTimeout, "How long an HTTP server keeps an idle keep-alive connection open (e.g. '30s'). Must be greater than 0.")
 	fs.DurationVar(&o.halfCloseTimeout, "tcp-half-close-timeout", o.halfCloseTimeout, "After one side of a proxied TCP connection closes, how long the other direction may go without receiving a byte before both sides are reset; 0 means no limit.")
 }
 
@@ -164,6 +175,15 @@ func (o *options) validate() (*validated, error) {
 	}
 	if o.faultMaxActive < 0 {
 		add("--fault-max-active must not be negative, got %d", o.faultMaxActive)
+	}
+	if o.affinityMaxEntries < 0 {
+		add("--affinity-max-entries-per-port must not be negative, got %d", o.affinityMaxEntries)
+	}
+	if o.httpMaxConns < 0 {
+		add("--http-max-connections must not be negative, got %d", o.httpMaxConns)
+	}
+	if o.httpIdleTimeout <= 0 {
+		add("--http-idle-timeout must be greater than 0, got %v", o.httpIdleTimeout)
 	}
 	for _, a := range []struct{ flag, value string }{{"--healthz-bind-address", o.healthzBindAddress}, {"--metrics-bind-address", o.metricsBindAddress}, {"--fault-api-bind-address", o.faultAPIBind}} {
 		if a.value == "" {

@@ -10,7 +10,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/apimachinery/pkg/types"
@@ -20,7 +19,9 @@ import (
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	faultapi "github.com/kube-userspace-proxy/kube-userspace-proxy/faults/api"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/httpserver"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/healthcheck"
@@ -52,6 +53,7 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		MinSyncPeriod:    o.minSyncPeriod,
 		SyncPeriod:       o.syncPeriod,
 		HalfCloseTimeout: o.halfCloseTimeout,
+		Affinity:         loadbalancer.Limits{MaxAffinityEntries: o.affinityMaxEntries},
 		Health:           health,
 		Metrics:          metrics,
 		Clock:            clk,
@@ -72,7 +74,7 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		popts.Conntrack = proxier.NetlinkConntrack{}
 	}
 	var p *proxier.Proxier
-	serviceHealth := healthcheck.NewServiceHealthServer(healthHost(v), func(nn types.NamespacedName) int { return p.LocalEndpoints(nn) })
+	serviceHealth := healthcheck.NewServiceHealthServer(healthHost(v), o.httpLimits(), func(nn types.NamespacedName) int { return p.LocalEndpoints(nn) })
 	defer serviceHealth.Close()
 	popts.ServiceHealth = serviceHealth
 	p = proxier.New(popts)
@@ -225,14 +227,12 @@ func cleanupRules() error {
 func startServers(o *options, p *proxier.Proxier, health *healthcheck.ProxierHealth, m *proxier.Metrics, faultTable *faults.Table) ([]*http.Server, string, error) {
 	var servers []*http.Server
 	serve := func(addr string, mux *http.ServeMux) (string, error) {
-		ln, err := net.Listen("tcp", addr)
+		s, bound, err := httpserver.Start(addr, mux, o.httpLimits())
 		if err != nil {
 			return "", err
 		}
-		s := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		servers = append(servers, s)
-		go func() { _ = s.Serve(ln) }()
-		return ln.Addr().String(), nil
+		return bound.String(), nil
 	}
 	if o.healthzBindAddress != "" {
 		mux := http.NewServeMux()
@@ -278,6 +278,15 @@ func startServers(o *options, p *proxier.Proxier, health *healthcheck.ProxierHea
 		klog.InfoS("Fault API (Toxiproxy's REST API) listening", "address", addr)
 	}
 	return servers, metricsAddr, nil
+}
+
+// httpLimits are the limits of every HTTP server: the defaults with the
+// idle timeout and connection cap of the flags.
+func (o *options) httpLimits() httpserver.Limits {
+	l := httpserver.DefaultLimits
+	l.IdleTimeout = o.httpIdleTimeout
+	l.MaxConns = o.httpMaxConns
+	return l
 }
 
 // defaultRouteIP is the first address of the interface that holds the IPv4

@@ -8,9 +8,10 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
-	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/httpserver"
 )
 
 // ServiceHealthServer serves the healthCheckNodePort of every Service with
@@ -19,6 +20,7 @@ import (
 // nodes that can serve it without leaving the node.
 type ServiceHealthServer struct {
 	bindHost       string
+	limits         httpserver.Limits
 	localEndpoints func(types.NamespacedName) int
 
 	mu      sync.Mutex
@@ -30,10 +32,11 @@ type serviceServer struct {
 	srv  *http.Server
 }
 
-// NewServiceHealthServer listens on bindHost (empty = all addresses) and
-// asks localEndpoints for the count per Service on each request.
-func NewServiceHealthServer(bindHost string, localEndpoints func(types.NamespacedName) int) *ServiceHealthServer {
-	return &ServiceHealthServer{bindHost: bindHost, localEndpoints: localEndpoints, servers: map[types.NamespacedName]*serviceServer{}}
+// NewServiceHealthServer listens on bindHost (empty = all addresses), each
+// server held to limits, and asks localEndpoints for the count per Service
+// on each request.
+func NewServiceHealthServer(bindHost string, limits httpserver.Limits, localEndpoints func(types.NamespacedName) int) *ServiceHealthServer {
+	return &ServiceHealthServer{bindHost: bindHost, limits: limits, localEndpoints: localEndpoints, servers: map[types.NamespacedName]*serviceServer{}}
 }
 
 // SyncServices opens a server for each wanted Service port and closes the
@@ -52,13 +55,11 @@ func (s *ServiceHealthServer) SyncServices(want map[types.NamespacedName]int) er
 		if _, ok := s.servers[nn]; ok {
 			continue
 		}
-		ln, err := net.Listen("tcp", net.JoinHostPort(s.bindHost, strconv.Itoa(port)))
+		srv, _, err := httpserver.Start(net.JoinHostPort(s.bindHost, strconv.Itoa(port)), s.handler(nn), s.limits)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("healthCheckNodePort %d of %s: %w", port, nn, err))
 			continue
 		}
-		srv := &http.Server{Handler: s.handler(nn), ReadHeaderTimeout: 5 * time.Second}
-		go func() { _ = srv.Serve(ln) }()
 		s.servers[nn] = &serviceServer{port: port, srv: srv}
 	}
 	return errors.Join(errs...)

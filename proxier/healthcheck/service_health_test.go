@@ -1,13 +1,19 @@
 package healthcheck
 
 import (
+	"bufio"
 	"encoding/json"
+	"errors"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/httpserver"
 )
 
 func freePort(t *testing.T) int {
@@ -23,7 +29,7 @@ func freePort(t *testing.T) int {
 func TestServiceHealthServer(t *testing.T) {
 	web := types.NamespacedName{Namespace: "default", Name: "web"}
 	local := map[types.NamespacedName]int{web: 2}
-	s := NewServiceHealthServer("127.0.0.1", func(nn types.NamespacedName) int { return local[nn] })
+	s := NewServiceHealthServer("127.0.0.1", httpserver.DefaultLimits, func(nn types.NamespacedName) int { return local[nn] })
 	t.Cleanup(s.Close)
 	port := freePort(t)
 	if err := s.SyncServices(map[types.NamespacedName]int{web: port}); err != nil {
@@ -55,5 +61,39 @@ func TestServiceHealthServer(t *testing.T) {
 	if c, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(port)); err == nil {
 		c.Close()
 		t.Fatal("health port still open after its Service went away")
+	}
+}
+
+// TestServiceHealthServerClosesIdleConnections: healthCheckNodePort
+// servers are built with the shared limits, so a load balancer's kept-alive
+// probe connection is closed at the idle timeout.
+func TestServiceHealthServerClosesIdleConnections(t *testing.T) {
+	limits := httpserver.DefaultLimits
+	limits.IdleTimeout = 300 * time.Millisecond
+	nn := types.NamespacedName{Namespace: "default", Name: "web"}
+	s := NewServiceHealthServer("127.0.0.1", limits, func(types.NamespacedName) int { return 1 })
+	t.Cleanup(s.Close)
+	port := freePort(t)
+	if err := s.SyncServices(map[types.NamespacedName]int{nn: port}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: node\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if _, err := br.ReadByte(); !errors.Is(err, io.EOF) {
+		t.Fatalf("idle probe connection not closed by the server: %v", err)
 	}
 }

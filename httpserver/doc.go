@@ -1,0 +1,8 @@
+// Package httpserver builds every HTTP server the proxy runs (health,
+// metrics, healthCheckNodePorts, the fault API) with the same limits, so
+// none of them lets the outside hold descriptors or goroutines the data
+// path needs: a header timeout (slowloris), read and write timeouts (none
+// of our handlers streams), an idle timeout for keep-alive connections and
+// a cap on open connections, beyond which clients wait in the kernel's
+// listen backlog instead of holding a descriptor of ours.
+package httpserver

@@ -1,0 +1,102 @@
+package httpserver
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"testing"
+	"time"
+)
+
+func startTest(t *testing.T, l Limits) string {
+	t.Helper()
+	srv, addr, err := Start("127.0.0.1:0", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "ok")
+	}), l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	return addr.String()
+}
+
+// TestSlowlorisCutAtHeaderTimeout: a client that sends one header line
+// every 100 ms and never ends its headers is disconnected at the header
+// timeout, not kept as long as it keeps trickling.
+func TestSlowlorisCutAtHeaderTimeout(t *testing.T) {
+	const headerTimeout = 500 * time.Millisecond
+	addr := startTest(t, Limits{ReadHeaderTimeout: headerTimeout, IdleTimeout: time.Minute, MaxConns: 10})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	start := time.Now()
+	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: test\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	cut := make(chan time.Duration, 1)
+	go func() {
+		// The server answers nothing and closes: Read sees EOF (or a reset).
+		_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+		_, err := io.Copy(io.Discard, c)
+		if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
+			cut <- time.Since(start)
+		}
+		close(cut)
+	}()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case d, ok := <-cut:
+			if !ok {
+				t.Fatal("the slow header sender was still connected after 20 s")
+			}
+			if d < headerTimeout-50*time.Millisecond {
+				t.Errorf("cut after %v, before the %v header timeout", d, headerTimeout)
+			}
+			t.Logf("slow header sender cut after %v (header timeout %v)", d, headerTimeout)
+			return
+		case <-tick.C:
+			_, _ = io.WriteString(c, "X-Slow: 1\r\n") // fails once the server closed; the reader reports
+		}
+	}
+}
+
+// TestCapMakesClientsWait: with a cap of 1, a second connection is not
+// served while the first is open, and is served as soon as it closes.
+func TestCapMakesClientsWait(t *testing.T) {
+	addr := startTest(t, Limits{ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute, MaxConns: 1})
+	first := dialGet(t, addr)
+	defer first.Close()
+	if _, err := http.ReadResponse(bufio.NewReader(first), nil); err != nil {
+		t.Fatalf("first connection: %v", err)
+	}
+	second := dialGet(t, addr)
+	defer second.Close()
+	_ = second.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if _, err := http.ReadResponse(bufio.NewReader(second), nil); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("second connection answered while the first held the only slot: %v", err)
+	}
+	first.Close()
+	_ = second.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := http.ReadResponse(bufio.NewReader(second), nil); err != nil {
+		t.Fatalf("second connection not served after the first closed: %v", err)
+	}
+}
+
+func dialGet(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: test\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
