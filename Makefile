@@ -14,8 +14,10 @@ build:
 demo:
 	$(GO) run ./cmd/kube-userspace-proxy demo
 
-serve:
-	$(GO) run ./cmd/kube-userspace-proxy demo --serve
+# The built binary, not `go run`: go run exits 1 on Ctrl-C even when the
+# program it ran stopped cleanly, and make then reports an error.
+serve: build
+	$(BIN) demo --serve
 
 # Everything: format, vet, unit tests, and (as root) the namespace and
 # control-plane suites. hack/test-deps.sh installs what is missing.

@@ -48,9 +48,10 @@ func (l *lab) printServices(w io.Writer, label string, hintIndent string) {
 		}
 		host, port := splitProxyAddress(s.ProxyAddress)
 		if s.Protocol == "UDP" {
-			fmt.Fprintf(w, "%s try: echo hi | nc -u -w1 %s %s\n", hintIndent, host, port)
+			fmt.Fprintf(w, "%s try: %s\n", hintIndent, tryUDP(host, port))
 		} else {
-			fmt.Fprintf(w, "%s try: nc %s %s    (ClusterIP %s:%d once iptables portals are on)\n", hintIndent, host, port,
+			fmt.Fprintf(w, "%s try: %s\n", hintIndent, tryTCP(host, port))
+			fmt.Fprintf(w, "%s      (with iptables portals on, as root: the ClusterIP %s:%d)\n", hintIndent,
 				strings.Join(s.ServiceIPs, ","), s.Port)
 		}
 	}

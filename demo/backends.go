@@ -4,14 +4,14 @@ import (
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/backend"
 )
 
-// startBackends starts one "pod" per name: a backend that says its name
-// unasked (backend.Greet: each TCP connection gets the name and is closed,
-// each datagram gets the name back), on 127.0.0.1 with kernel-chosen TCP and
-// UDP ports. On error nothing stays open.
+// startBackends starts one "pod" per name: a backend that names itself
+// (backend.Demo: HTTP/1.1 whose body is the name, so curl works; a UDP echo
+// that puts the name before each datagram it sends back), on 127.0.0.1 with
+// kernel-chosen TCP and UDP ports. On error nothing stays open.
 func startBackends(names ...string) ([]*backend.Server, error) {
 	var out []*backend.Server
 	for _, name := range names {
-		b, err := backend.Listen(name, backend.Greet, "127.0.0.1:0", false, nil)
+		b, err := backend.Listen(name, backend.Demo, "127.0.0.1:0", false, nil)
 		if err != nil {
 			stopBackends(out)
 			return nil, err

@@ -1,10 +1,13 @@
 package demo
 
 import (
+	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"strings"
 	"time"
@@ -19,8 +22,13 @@ const ioTimeout = 3 * time.Second
 // proxy, which keys affinity on the client IP, sees distinct clients.
 func clientIP(n int) netip.Addr { return netip.AddrFrom4([4]byte{127, 0, 0, byte(n)}) }
 
-// accessTCP opens one new connection from the address from to proxy and
-// returns what the backend said (its name).
+// request is what curl sends, on a connection of its own.
+const request = "GET / HTTP/1.1\r\nHost: demo\r\nUser-Agent: kube-userspace-proxy-demo\r\nConnection: close\r\n\r\n"
+
+// accessTCP makes one HTTP request over a new connection from the address
+// from to proxy and returns the backend's answer (its name). The request is
+// written by hand, not by net/http's client, so that the connection is
+// exactly one and a reset reaches the caller as ECONNRESET, unretried.
 func accessTCP(ctx context.Context, proxy netip.AddrPort, from netip.Addr) (string, error) {
 	d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(from, 0)), Timeout: ioTimeout, KeepAlive: -1}
 	c, err := d.DialContext(ctx, "tcp4", proxy.String())
@@ -29,13 +37,24 @@ func accessTCP(ctx context.Context, proxy netip.AddrPort, from netip.Addr) (stri
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(ioTimeout))
-	data, err := io.ReadAll(c)
+	if _, err := io.WriteString(c, request); err != nil {
+		return "", fmt.Errorf("from %s: %w", from, err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return "", fmt.Errorf("from %s: connection closed without an answer", from)
+		}
+		return "", fmt.Errorf("from %s: %w", from, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return "", fmt.Errorf("from %s: %w", from, err)
 	}
-	name := strings.TrimSpace(string(data))
-	if name == "" {
-		return "", fmt.Errorf("from %s: connection closed without an answer", from)
+	name := strings.TrimSpace(string(body))
+	if resp.StatusCode != http.StatusOK || name == "" {
+		return "", fmt.Errorf("from %s: answer %q with no backend name", from, resp.Status)
 	}
 	return name, nil
 }
@@ -61,7 +80,9 @@ func accessUDP(proxy netip.AddrPort, from netip.Addr) (string, error) {
 		// The client must see the answer come from the address it sent to.
 		return "", fmt.Errorf("answer came from %s, not from the proxy %s", src, proxy)
 	}
-	return strings.TrimSpace(string(buf[:n])), nil
+	// The backend echoes the datagram after its name: "backend-a: who are you?".
+	name, _, _ := strings.Cut(string(buf[:n]), ":")
+	return strings.TrimSpace(name), nil
 }
 
 // accessMany makes n sequential TCP accesses and returns the answers.

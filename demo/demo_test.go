@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net/netip"
+	"os/exec"
 	"regexp"
 	"strings"
 	"sync"
@@ -116,8 +117,28 @@ func TestDemoServe(t *testing.T) {
 	if web == nil || sticky == nil || echo == nil {
 		t.Fatalf("serving banner lacks a service port with its three backends:\n%s", served)
 	}
-	if !strings.Contains(served, "try: nc 127.0.0.1 ") || !strings.Contains(served, "/debug/services") {
+	if !strings.Contains(served, "try: "+tryTCP("127.0.0.1", strings.Split(web[1], ":")[1])) || !strings.Contains(served, "/debug/services") {
 		t.Errorf("serving banner lacks the hints:\n%s", served)
+	}
+	// The hints work as printed, with and without curl and nc.
+	webHost, webPort, _ := strings.Cut(web[1], ":")
+	echoHost, echoPort, _ := strings.Cut(echo[1], ":")
+	for _, h := range []struct {
+		cmd, need, want string
+	}{
+		{tcpHint(true, webHost, webPort), "curl", "backend-"},
+		{tcpHint(false, webHost, webPort), "bash", "HTTP/1.1 200 OK"},
+		{udpHint(true, echoHost, echoPort), "nc", "backend-"},
+		{udpHint(false, echoHost, echoPort), "bash", ": hi"},
+	} {
+		if !installed(h.need) {
+			t.Logf("%s is not installed here: hint %q not tried", h.need, h.cmd)
+			continue
+		}
+		out, err := exec.CommandContext(ctx, "bash", "-c", h.cmd).CombinedOutput()
+		if err != nil || !strings.Contains(string(out), h.want) || !strings.Contains(string(out), "backend-") {
+			t.Errorf("hint %q: %v, output %q", h.cmd, err, out)
+		}
 	}
 
 	// What a user would do: connect to the printed addresses.

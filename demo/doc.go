@@ -9,7 +9,8 @@
 // declared in its kube-userspace-proxy/faults annotation. With serve it then
 // keeps the example up.
 //
-// It owns the backends it runs (test/harness/backend servers in Greet mode),
+// It owns the backends it runs (test/harness/backend servers in Demo mode:
+// HTTP/1.1 and a UDP echo, both naming the backend),
 // the manifest files, the client probes, the experiments and the tables. It does not own the proxier or how it is
 // wired: the command hands that in as a Starter, and the demo looks at the
 // proxier only through its debugging view (DebugServices, ProxyPort), as a

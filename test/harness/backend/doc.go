@@ -7,6 +7,6 @@
 //
 // A Server runs in the test process (on sockets it is given, which may belong
 // to a network namespace), as the test/tools/backend command, or as the
-// demo's backends (Greet mode). It never decides where it listens: callers
+// demo's backends (Demo mode: HTTP/1.1 and a UDP echo). It never decides where it listens: callers
 // open the sockets or name the address.
 package backend

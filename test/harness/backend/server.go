@@ -26,8 +26,9 @@ import (
 // starts with "ECHO" the datagram itself is appended, so large-datagram tests
 // can check nothing was truncated.
 //
-// Greet: every accepted connection gets "NAME\n" at once and is closed, and
-// every datagram gets the reply "NAME\n".
+// Demo, for a person trying a Service by hand: TCP is HTTP/1.1 (a request
+// gets 200 with body "NAME\n", so curl works; any other line gets "NAME\n");
+// UDP echoes, every datagram coming back prefixed with "NAME: ".
 type Server struct {
 	Name string
 	mode Mode
@@ -55,9 +56,9 @@ const (
 	// Ask: the client sends a request and the server answers it with its name
 	// and the client's address, as the suites' probes expect.
 	Ask Mode = iota
-	// Greet: the server says its name without being asked, for a person
-	// trying a service with nc and for clients that only read.
-	Greet
+	// Demo: HTTP/1.1 and a UDP echo that name the backend, for the demo
+	// and whoever tries its Services with curl or nc.
+	Demo
 )
 
 // requestTimeout bounds the wait for a client's request line, so a client
@@ -152,14 +153,6 @@ func (s *Server) acceptLoop() {
 			time.Sleep(10 * time.Millisecond) // e.g. EMFILE: back off instead of spinning
 			continue
 		}
-		if s.mode == Greet {
-			// One short write and a close: no goroutine per connection needed.
-			if _, err := c.Write([]byte(s.Name + "\n")); err == nil {
-				s.answered.Add(1)
-			}
-			_ = c.Close()
-			continue
-		}
 		s.conns.Add(1)
 		go s.answerTCP(c)
 	}
@@ -182,6 +175,8 @@ func (s *Server) answerTCP(c *net.TCPConn) {
 		body := s.Name + "\n"
 		_, err = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nX-Backend: %s\r\nConnection: close\r\n\r\n%s",
 			len(body), s.Name, body)
+	case s.mode == Demo:
+		_, err = fmt.Fprintf(c, "%s\n", s.Name)
 	case line == "ECHO":
 		if !s.track(c) {
 			return
@@ -246,8 +241,11 @@ func (s *Server) udpLoop() {
 			s.log("udp read: %v", err)
 			continue
 		}
-		reply := []byte(s.Name + "\n") // Greet
-		if s.mode == Ask {
+		var reply []byte
+		switch s.mode {
+		case Demo:
+			reply = append([]byte(s.Name+": "), buf[:n]...)
+		case Ask:
 			// Unmapped: a wildcard listener is dual-stack and sees IPv4 peers as ::ffff:a.b.c.d.
 			reply = fmt.Appendf(nil, "%s %s\n", s.Name, netip.AddrPortFrom(from.Addr().Unmap(), from.Port()))
 			if strings.HasPrefix(string(buf[:min(n, 4)]), "ECHO") {

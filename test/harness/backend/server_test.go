@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"io"
 	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -136,17 +137,29 @@ func TestServerUDP(t *testing.T) {
 	}
 }
 
-// TestServerGreet: the server speaks first, over TCP without being sent
-// anything, and to any datagram over UDP.
-func TestServerGreet(t *testing.T) {
-	s, err := Listen("g1", Greet, "127.0.0.1:0", false, t.Logf)
+// TestServerDemo: curl's request gets an HTTP/1.1 answer naming the
+// backend, a plain line gets the name, and a datagram is echoed after the
+// name.
+func TestServerDemo(t *testing.T) {
+	s, err := Listen("d1", Demo, "127.0.0.1:0", false, t.Logf)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
 	c := dial(t, s)
-	if got, err := io.ReadAll(c); err != nil || string(got) != "g1\n" {
-		t.Errorf("TCP greeting %q, %v", got, err)
+	if _, err := c.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\nUser-Agent: curl/8\r\nAccept: */*\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("HTTP answer: %v", err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != 200 || resp.ProtoMajor != 1 || resp.ProtoMinor != 1 || string(body) != "d1\n" {
+		t.Errorf("HTTP answer %s %d, body %q, %v", resp.Proto, resp.StatusCode, body, err)
+	}
+	if got := request(t, s, "hello\n"); got != "d1\n" {
+		t.Errorf("plain line answered %q", got)
 	}
 	u, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(s.UDPAddr()))
 	if err != nil {
@@ -155,13 +168,13 @@ func TestServerGreet(t *testing.T) {
 	defer u.Close()
 	_ = u.SetDeadline(time.Now().Add(2 * time.Second))
 	buf := make([]byte, 64)
-	if _, err := u.Write([]byte("who are you?\n")); err != nil {
+	if _, err := u.Write([]byte("hi\n")); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := u.Read(buf); err != nil || string(buf[:n]) != "g1\n" {
+	if n, err := u.Read(buf); err != nil || string(buf[:n]) != "d1: hi\n" {
 		t.Errorf("UDP reply %q, %v", buf[:n], err)
 	}
-	if n := s.Answers(); n != 2 {
-		t.Errorf("Answers() = %d, want 2", n)
+	if n := s.Answers(); n != 3 {
+		t.Errorf("Answers() = %d, want 3", n)
 	}
 }
