@@ -24,6 +24,8 @@ type Conn struct {
 	Upstream, Downstream relay.Copier
 
 	faulted bool
+	// applied names the toxics drawn, for Applied.
+	applied []string
 	snap    *snapshot
 	live    *liveConn
 }
@@ -53,6 +55,7 @@ func (p *Port) Accept(client netip.Addr) *Conn {
 	// is faulted or tracked.
 	var (
 		up, down        []*compiled
+		applied         []string
 		faulted, refuse bool
 		connectDelay    time.Duration
 	)
@@ -71,6 +74,7 @@ func (p *Port) Accept(client netip.Addr) *Conn {
 		}
 		t.injected.Inc()
 		faulted = true
+		applied = append(applied, t.Name)
 		switch t.kind {
 		case kindDown:
 			refuse = true
@@ -96,7 +100,7 @@ func (p *Port) Accept(client netip.Addr) *Conn {
 	if !faulted && !track {
 		return nil
 	}
-	c := &Conn{port: p, seq: seq, client: client, snap: s, faulted: faulted, Refuse: refuse}
+	c := &Conn{port: p, seq: seq, client: client, snap: s, faulted: faulted, applied: applied, Refuse: refuse}
 	if refuse {
 		// A refused connection is over at once: it holds no slot.
 		p.active.Add(-1)

@@ -171,6 +171,7 @@ func New(opts Options) *Proxier {
 			udpIdleTimeout:   opts.UDPIdleTimeout,
 			halfCloseTimeout: opts.HalfCloseTimeout,
 			metrics:          opts.Metrics,
+			conns:            &connRegistry{},
 		},
 	}
 	p.sockCfg.udpMaxSessionsPerPort, p.sockCfg.udpBudget = udpLimits(opts)

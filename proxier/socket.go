@@ -42,6 +42,8 @@ type socketConfig struct {
 	// UDP session caps: per service port, and in total (shared budget).
 	udpMaxSessionsPerPort int
 	udpBudget             *udpBudget
+	// conns lists live connections for /debug/connections.
+	conns *connRegistry
 }
 
 // defaultDialTimeouts are the legacy proxier's: each attempt goes to the

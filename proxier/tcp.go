@@ -132,7 +132,9 @@ func (s *tcpProxySocket) handle(client *net.TCPConn) {
 	}
 	s.active.Inc()
 	defer s.active.Dec()
-	opts := relay.Options{HalfCloseTimeout: s.cfg.halfCloseTimeout, In: s.bytesIn, Out: s.bytesOut}
+	live := s.cfg.conns.addTCP(s.label, from, client, backend, fc, s.bytesIn, s.bytesOut)
+	defer live.end()
+	opts := relay.Options{HalfCloseTimeout: s.cfg.halfCloseTimeout, In: &live.in, Out: &live.out}
 	if fc != nil {
 		opts.Upstream, opts.Downstream = fc.Upstream, fc.Downstream
 		fc.Attach(client, backend)

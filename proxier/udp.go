@@ -86,7 +86,7 @@ func newUDPProxySocket(name loadbalancer.ServicePortName, conn *net.UDPConn, sp 
 	}
 	label := name.String()
 	m := cfg.metrics
-	return &udpProxySocket{
+	s := &udpProxySocket{
 		name: name, label: label, conn: conn, sp: sp, cfg: cfg, faults: fp,
 		replyFromDestination: withDst,
 		sessions:             newUDPSessionTable(),
@@ -99,7 +99,9 @@ func newUDPProxySocket(name loadbalancer.ServicePortName, conn *net.UDPConn, sp 
 		droppedNoBackend:     m.ConnectionsFailed.WithLabelValues(label),
 		evicted:              m.UDPSessionLimit.WithLabelValues(label, "evicted"),
 		refused:              m.UDPSessionLimit.WithLabelValues(label, "dropped"),
-	}, nil
+	}
+	cfg.conns.addUDPSocket(s)
+	return s, nil
 }
 
 func (s *udpProxySocket) Port() int { return s.conn.LocalAddr().(*net.UDPAddr).Port }
@@ -112,6 +114,7 @@ func (s *udpProxySocket) Close() error {
 		defer s.mu.Unlock()
 		s.shut = true
 		s.sessions.each(s.closeSessionLocked)
+		s.cfg.conns.removeUDPSocket(s)
 		_ = s.poller.close()
 		return err
 	})
@@ -160,6 +163,7 @@ func (s *udpProxySocket) forward(client netip.AddrPort, b, oob []byte) {
 		return
 	}
 	s.sessions.touch(sess, now)
+	sess.bytesIn += int64(len(b))
 	if plan == nil {
 		_, err := unix.Write(sess.fd, b)
 		if errors.Is(err, unix.ECONNREFUSED) {
@@ -226,7 +230,7 @@ func (s *udpProxySocket) sessionLocked(client netip.AddrPort, oob []byte, now in
 			s.dialFailures.Inc()
 			continue
 		}
-		sess := &udpSession{client: client, backend: ep, fd: fd, generation: generation}
+		sess := &udpSession{client: client, backend: ep, fd: fd, generation: generation, started: time.Now().UnixNano()}
 		if s.replyFromDestination {
 			sess.replyControl = replyControl(oob)
 		}
@@ -264,6 +268,7 @@ func (s *udpProxySocket) makeRoomLocked() error {
 
 func (s *udpProxySocket) closeSessionLocked(sess *udpSession) {
 	s.sessions.remove(sess)
+	logUDPSessionEnd(s, sess)
 	unix.Close(sess.fd)
 	sess.fd = -1
 	s.cfg.udpBudget.release()
@@ -336,6 +341,7 @@ func (s *udpProxySocket) relayFrom(fd int, buf []byte) {
 			return
 		}
 		s.sessions.touch(sess, monoNow())
+		sess.bytesOut += int64(n)
 		client, control := sess.client, sess.replyControl
 		plan := s.datagramFaults()
 		var send func([]byte)

@@ -31,6 +31,10 @@ type udpSession struct {
 	// sendUp and sendDown deliver datagrams a fault let through, perhaps
 	// later from a timer goroutine; built on the first faulted datagram.
 	sendUp, sendDown func([]byte)
+	// started (wall clock, UnixNano) and the bytes each way are what
+	// /debug/connections shows of the session.
+	started           int64
+	bytesIn, bytesOut int64
 
 	// newer and older link the table's recency list.
 	newer, older *udpSession

@@ -249,6 +249,7 @@ func startServers(o *options, p *proxier.Proxier, health *healthcheck.ProxierHea
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
 		mux.Handle("/debug/services", p.DebugHandler())
+		mux.Handle("/debug/connections", p.ConnectionsHandler())
 		mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 			w.Header().Set("X-Content-Type-Options", "nosniff")

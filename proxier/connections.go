@@ -1,0 +1,222 @@
+package proxier
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
+)
+
+// connRegistry is every live proxied TCP connection and UDP session of one
+// proxier, for /debug/connections and the -v=4 line at each end.
+//
+// TCP connections are entries of a sync.Map keyed by the entry's pointer:
+// since Go 1.24 that is a concurrent hash-trie whose stores and deletes
+// lock one small node, so accepts on different service ports (or the same
+// one) never queue on a lock the registry shares. UDP sessions are not
+// copied here: each UDP proxy socket already keeps them in its own table,
+// so the registry only knows the sockets and reads their tables (under
+// each socket's own mutex) when asked.
+type connRegistry struct {
+	tcp        sync.Map // *liveConn → struct{}
+	udpSockets sync.Map // *udpProxySocket → struct{}
+}
+
+// liveConn is one registered TCP connection. Everything but the byte
+// counts is set before it is registered and never written again.
+type liveConn struct {
+	reg             *connRegistry
+	servicePort     string
+	client, backend netip.AddrPort
+	started         time.Time
+	// faults are the toxics drawn once at accept.
+	faults []string
+	// clientConn and backendConn give live byte counts through TCP_INFO
+	// while the relay's own counts arrive only as a direction ends.
+	clientConn, backendConn *net.TCPConn
+	// in is client→backend, out backend→client.
+	in, out byteCount
+}
+
+// byteCount counts one direction of one connection and passes each count
+// on to the service port's counter: one atomic add more per count, no lock.
+type byteCount struct {
+	n    atomic.Int64
+	port relay.Counter
+}
+
+func (b *byteCount) Add(v float64) {
+	b.n.Add(int64(v))
+	b.port.Add(v)
+}
+
+// addTCP registers a TCP connection once its backend answered. in and out
+// are the port's byte counters; the relay counts through the entry's.
+func (r *connRegistry) addTCP(servicePort string, client netip.AddrPort, clientConn, backendConn *net.TCPConn, fc *faults.Conn, in, out relay.Counter) *liveConn {
+	c := &liveConn{reg: r, servicePort: servicePort, client: client,
+		backend: clientAddr(backendConn.RemoteAddr()), started: time.Now(), faults: fc.Applied(),
+		clientConn: clientConn, backendConn: backendConn}
+	c.in.port, c.out.port = in, out
+	if r != nil { // nil: a socket built without a proxier (tests)
+		r.tcp.Store(c, struct{}{})
+	}
+	return c
+}
+
+// end deregisters the connection and logs it at -v=4.
+func (c *liveConn) end() {
+	if c.reg != nil {
+		c.reg.tcp.Delete(c)
+	}
+	if v := klog.V(4); v.Enabled() {
+		logEnd(v, c.debug(time.Now()))
+	}
+}
+
+func (r *connRegistry) addUDPSocket(s *udpProxySocket) {
+	if r != nil {
+		r.udpSockets.Store(s, struct{}{})
+	}
+}
+
+func (r *connRegistry) removeUDPSocket(s *udpProxySocket) {
+	if r != nil {
+		r.udpSockets.Delete(s)
+	}
+}
+
+// logUDPSessionEnd logs a session's end at -v=4; s.mu is held.
+func logUDPSessionEnd(s *udpProxySocket, sess *udpSession) {
+	if v := klog.V(4); v.Enabled() {
+		logEnd(v, udpSessionDebug(s, sess, time.Now()))
+	}
+}
+
+func logEnd(v klog.Verbose, d DebugConnection) {
+	v.InfoS("Connection ended", "protocol", d.Protocol, "servicePort", d.ServicePort, "client", d.Client,
+		"backend", d.Backend, "bytesFromClient", d.BytesFromClient, "bytesFromBackend", d.BytesFromBackend,
+		"age", time.Duration(d.AgeSeconds*float64(time.Second)).Round(time.Millisecond), "faults", d.Faults)
+}
+
+// DebugConnection is one row of /debug/connections.
+type DebugConnection struct {
+	Protocol    string `json:"protocol"`
+	ServicePort string `json:"servicePort"`
+	Client      string `json:"client"`
+	Backend     string `json:"backend"`
+	// BytesFromClient went client→backend, BytesFromBackend the other way
+	// (while a TCP direction runs: what the proxy received on it so far).
+	BytesFromClient  int64     `json:"bytesFromClient"`
+	BytesFromBackend int64     `json:"bytesFromBackend"`
+	Started          time.Time `json:"started"`
+	AgeSeconds       float64   `json:"ageSeconds"`
+	// Faults: a TCP connection's toxics drawn at accept; a UDP session's
+	// toxics that may act on its datagrams.
+	Faults []string `json:"faults,omitempty"`
+}
+
+func (c *liveConn) debug(now time.Time) DebugConnection {
+	return DebugConnection{
+		Protocol: "TCP", ServicePort: c.servicePort, Client: c.client.String(), Backend: c.backend.String(),
+		BytesFromClient:  max(c.in.n.Load(), bytesReceived(c.clientConn)),
+		BytesFromBackend: max(c.out.n.Load(), bytesReceived(c.backendConn)),
+		Started:          c.started, AgeSeconds: now.Sub(c.started).Seconds(), Faults: c.faults,
+	}
+}
+
+// udpSessionDebug is the row of one UDP session; s.mu is held.
+func udpSessionDebug(s *udpProxySocket, sess *udpSession, now time.Time) DebugConnection {
+	started := time.Unix(0, sess.started)
+	d := DebugConnection{
+		Protocol: "UDP", ServicePort: s.label, Client: sess.client.String(), Backend: sess.backend.String(),
+		BytesFromClient: sess.bytesIn, BytesFromBackend: sess.bytesOut,
+		Started: started, AgeSeconds: now.Sub(started).Seconds(),
+	}
+	if s.faults != nil {
+		d.Faults = s.faults.DatagramToxics(sess.client.Addr())
+	}
+	return d
+}
+
+// bytesReceived is the kernel's count of bytes conn received; 0 once the
+// relay closed it (its own count is final by then).
+func bytesReceived(conn *net.TCPConn) int64 {
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	var n int64
+	_ = raw.Control(func(fd uintptr) {
+		if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
+			n = int64(info.Bytes_received)
+		}
+	})
+	return n
+}
+
+// DebugConnections lists the live connections and UDP sessions, by service
+// port, oldest first.
+func (p *Proxier) DebugConnections() []DebugConnection {
+	now := time.Now()
+	out := []DebugConnection{}
+	p.sockCfg.conns.tcp.Range(func(k, _ any) bool {
+		out = append(out, k.(*liveConn).debug(now))
+		return true
+	})
+	p.sockCfg.conns.udpSockets.Range(func(k, _ any) bool {
+		s := k.(*udpProxySocket)
+		s.mu.Lock()
+		s.sessions.each(func(sess *udpSession) { out = append(out, udpSessionDebug(s, sess, now)) })
+		s.mu.Unlock()
+		return true
+	})
+	slices.SortFunc(out, func(a, b DebugConnection) int {
+		return cmp.Or(cmp.Compare(a.ServicePort, b.ServicePort), a.Started.Compare(b.Started), cmp.Compare(a.Client, b.Client))
+	})
+	return out
+}
+
+// ConnectionsHandler serves DebugConnections: JSON, or an aligned text
+// table for ?format=text or a request that accepts text/plain.
+func (p *Proxier) ConnectionsHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conns := p.DebugConnections()
+		if r.URL.Query().Get("format") == "text" || strings.HasPrefix(r.Header.Get("Accept"), "text/plain") {
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			writeConnectionsText(w, conns)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(conns)
+	})
+}
+
+func writeConnectionsText(w http.ResponseWriter, conns []DebugConnection) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "PROTO\tSERVICE PORT\tCLIENT\tBACKEND\tFROM CLIENT\tFROM BACKEND\tAGE\tFAULTS")
+	for _, c := range conns {
+		f := strings.Join(c.Faults, ",")
+		if f == "" {
+			f = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d B\t%d B\t%s\t%s\n", c.Protocol, c.ServicePort, c.Client, c.Backend,
+			c.BytesFromClient, c.BytesFromBackend, time.Duration(c.AgeSeconds*float64(time.Second)).Round(time.Millisecond), f)
+	}
+	_ = tw.Flush()
+}

@@ -1,0 +1,144 @@
+package proxier
+
+import (
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+)
+
+// getConnections asks the handler as a client of the metrics server would.
+func getConnections(t *testing.T, p *Proxier) []DebugConnection {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	p.ConnectionsHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/debug/connections", nil))
+	if ct := rec.Header().Get("Content-Type"); ct != "application/json" {
+		t.Fatalf("Content-Type %q, want application/json", ct)
+	}
+	var out []DebugConnection
+	if err := json.Unmarshal(rec.Body.Bytes(), &out); err != nil {
+		t.Fatalf("decoding %q: %v", rec.Body.String(), err)
+	}
+	return out
+}
+
+// waitConnections polls until ok accepts the list (progress, not a sleep).
+func waitConnections(t *testing.T, p *Proxier, what string, ok func([]DebugConnection) bool) []DebugConnection {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := getConnections(t, p)
+		if ok(got) {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: /debug/connections never got there; last: %+v", what, got)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func findConn(conns []DebugConnection, protocol string) *DebugConnection {
+	for i := range conns {
+		if conns[i].Protocol == protocol {
+			return &conns[i]
+		}
+	}
+	return nil
+}
+
+// A TCP connection and a UDP session through the proxy show up on
+// /debug/connections with their client, service port, backend, bytes
+// each way, age and fault, and are gone once they end.
+func TestDebugConnections(t *testing.T) {
+	backend := serveTCP(t, "127.0.0.2", func(c net.Conn) { _, _ = io.Copy(c, c) })
+	udpBackend := startUDPEcho(t, "127.0.0.3:0", "")
+
+	p := newTestProxier(t, Options{UDPIdleTimeout: 300 * time.Millisecond})
+	p.OnServiceAdd(makeService("web", withFaults(`[{"name":"slow","type":"latency","attributes":{"latency":1}}]`)))
+	p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, backend.Addr().String()))
+	p.OnServiceAdd(makeService("dns", withProtocol(v1.ProtocolUDP), withClusterIP("10.96.0.11")))
+	p.OnEndpointSliceAdd(makeSlice("dns", v1.ProtocolUDP, udpBackend.LocalAddr().String()))
+	p.Sync()
+
+	if got := getConnections(t, p); len(got) != 0 {
+		t.Fatalf("before any client: %+v, want none", got)
+	}
+
+	tcp, err := net.DialTimeout("tcp", proxyAddr(t, p, "default/web:p"), 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tcp.Close()
+	echo := func(c net.Conn, msg string) {
+		t.Helper()
+		if _, err := c.Write([]byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		buf := make([]byte, len(msg))
+		if _, err := io.ReadFull(c, buf); err != nil {
+			t.Fatalf("echo of %q: %v", msg, err)
+		}
+	}
+	echo(tcp, "hello")
+
+	udp, err := net.Dial("udp", proxyAddr(t, p, "default/dns:p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer udp.Close()
+	echo(udp, "question")
+
+	got := waitConnections(t, p, "both open, bytes counted", func(cs []DebugConnection) bool {
+		tc, uc := findConn(cs, "TCP"), findConn(cs, "UDP")
+		return tc != nil && uc != nil && tc.BytesFromClient == 5 && tc.BytesFromBackend == 5 &&
+			uc.BytesFromClient == 8 && uc.BytesFromBackend == 8
+	})
+	if len(got) != 2 {
+		t.Fatalf("got %d rows, want 2: %+v", len(got), got)
+	}
+	tc, uc := findConn(got, "TCP"), findConn(got, "UDP")
+	want := []struct {
+		c               *DebugConnection
+		servicePort     string
+		client, backend string
+		faults          []string
+	}{
+		{tc, "default/web:p", tcp.LocalAddr().String(), backend.Addr().String(), []string{"slow"}},
+		{uc, "default/dns:p", udp.LocalAddr().String(), udpBackend.LocalAddr().String(), nil},
+	}
+	for _, w := range want {
+		if w.c.ServicePort != w.servicePort || w.c.Client != w.client || w.c.Backend != w.backend || !slices.Equal(w.c.Faults, w.faults) {
+			t.Errorf("%s row %+v, want service port %s, client %s, backend %s, faults %v", w.c.Protocol, *w.c, w.servicePort, w.client, w.backend, w.faults)
+		}
+		if w.c.AgeSeconds < 0 || w.c.AgeSeconds > 30 || w.c.Started.IsZero() {
+			t.Errorf("%s row age %v started %v", w.c.Protocol, w.c.AgeSeconds, w.c.Started)
+		}
+	}
+	if got[0].ServicePort != "default/dns:p" {
+		t.Errorf("rows not ordered by service port: %+v", got)
+	}
+
+	// The text form is one aligned line per connection under a header.
+	rec := httptest.NewRecorder()
+	p.ConnectionsHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/debug/connections?format=text", nil))
+	lines := strings.Split(strings.TrimRight(rec.Body.String(), "\n"), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], "PROTO") || !strings.Contains(lines[2], "default/web:p") || !strings.Contains(lines[2], "slow") {
+		t.Errorf("text form:\n%s", rec.Body.String())
+	}
+	if i := strings.Index(lines[0], "CLIENT"); i < 0 || strings.Index(lines[1], udp.LocalAddr().String()) != i {
+		t.Errorf("text columns not aligned:\n%s", rec.Body.String())
+	}
+
+	// Closing the TCP client ends its row; the UDP session ends when idle.
+	tcp.Close()
+	waitConnections(t, p, "both ended", func(cs []DebugConnection) bool { return len(cs) == 0 })
+}
