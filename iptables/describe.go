@@ -1,0 +1,91 @@
+package iptables
+
+import (
+	"fmt"
+	"strings"
+)
+
+// chainAudience says whose packets each of our chains sees, for Describe.
+var chainAudience = map[string]string{
+	ChainPortalsContainer:  "from pods and other hosts (PREROUTING)",
+	ChainPortalsHost:       "sent by this node itself (OUTPUT)",
+	ChainNodePortContainer: "from pods and other hosts (PREROUTING)",
+	ChainNodePortHost:      "sent by this node itself (OUTPUT)",
+}
+
+// Describe says in one sentence what traffic one rule of ours catches and
+// what it does with it. line is a rule as Render writes it ("-A CHAIN
+// ..."). It reads the rule's own arguments, so it describes whatever the
+// renderer wrote; a rule it cannot read is described as such.
+func Describe(line string) string {
+	f := strings.Fields(strings.TrimPrefix(line, "-A "))
+	if len(f) == 0 {
+		return "not a rule"
+	}
+	chain := f[0]
+	var proto, dst, dport, target, to string
+	notDNAT := false
+	for i := 1; i < len(f); i++ {
+		next := func() string {
+			if i+1 < len(f) {
+				i++
+				return f[i]
+			}
+			return ""
+		}
+		switch f[i] {
+		case "-p":
+			proto = strings.ToUpper(next())
+		case "-d":
+			dst = next()
+		case "--dport":
+			dport = next()
+		case "-j":
+			target = next()
+		case "--to-ports", "--to-destination":
+			to = next()
+		case "!":
+			if i+2 < len(f) && f[i+1] == "--ctstate" && f[i+2] == "DNAT" {
+				notDNAT = true
+			}
+		case "--comment":
+			// A quoted comment may hold spaces: skip to its closing quote.
+			for i+1 < len(f) && !strings.HasSuffix(f[i+1], `"`) {
+				i++
+			}
+			i++
+		}
+	}
+	host := strings.TrimSuffix(strings.TrimSuffix(dst, "/32"), "/128")
+	action := ""
+	switch target {
+	case "REDIRECT":
+		action = "redirects it to the proxy socket on port " + to + " of the address it arrived on"
+	case "DNAT":
+		action = "rewrites its destination to the proxy socket " + to
+	case "ACCEPT":
+		action = "accepts it"
+	case "DROP":
+		action = "drops it"
+	default:
+		action = "jumps to " + target
+	}
+	switch chain {
+	case ChainPortalsContainer, ChainPortalsHost:
+		return fmt.Sprintf("%s to the service address %s port %s %s: %s", proto, host, dport, chainAudience[chain], action)
+	case ChainNodePortContainer, ChainNodePortHost:
+		where := "any local address"
+		if dst != "" {
+			where = "a local address in " + dst
+		}
+		return fmt.Sprintf("%s to node port %s on %s, %s: %s", proto, dport, where, chainAudience[chain], action)
+	case ChainNodePortNonLocal:
+		return fmt.Sprintf("%s to proxy port %s after a node port rule sent it there (filter INPUT): %s, even where the node's firewall drops by default", proto, dport, action)
+	case ChainProxyPortGuard:
+		if notDNAT {
+			return fmt.Sprintf("%s straight to proxy port %s that did not come through a rule above (filter INPUT): %s, so the proxy port is no back door", proto, dport, action)
+		}
+		return fmt.Sprintf("%s to proxy port %s (filter INPUT): %s", proto, dport, action)
+	}
+	return fmt.Sprintf("%s rule in %s: %s", proto, chain, action)
+}

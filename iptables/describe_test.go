@@ -1,0 +1,62 @@
+package iptables
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+)
+
+// Every rule the renderer writes gets a sentence naming the traffic it
+// catches (protocol, address or port) and what it does with it.
+func TestDescribeRenderedRules(t *testing.T) {
+	nodeIP := netip.MustParseAddr("192.168.1.10")
+	for _, tc := range []struct {
+		name    string
+		cfg     Config
+		portals []Portal
+		want    map[string][]string // chain → words every description of its rules holds
+	}{
+		{"bind all", Config{Family: IPv4, NodeIP: nodeIP}, webPortals(), map[string][]string{
+			ChainPortalsContainer:  {"service address", "from pods and other hosts", "proxy socket"},
+			ChainPortalsHost:       {"service address", "sent by this node itself", "proxy socket"},
+			ChainNodePortContainer: {"node port 30080 on any local address", "proxy socket"},
+			ChainNodePortHost:      {"node port 30080", "sent by this node itself", "proxy socket"},
+			ChainNodePortNonLocal:  {"TCP to proxy port 40001", "accepts it"},
+			ChainProxyPortGuard:    {"did not come through", "drops it", "back door"},
+		}},
+		{"bind one address, node ports limited", Config{Family: IPv4, BindAddress: netip.MustParseAddr("192.168.1.10"),
+			NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")}}, webPortals(), map[string][]string{
+			ChainPortalsContainer:  {"rewrites its destination to the proxy socket 192.168.1.10:"},
+			ChainNodePortContainer: {"a local address in 192.168.1.0/24"},
+		}},
+		{"IPv6", Config{Family: IPv6}, dualStackPortals(), map[string][]string{
+			ChainPortalsContainer: {"to the service address fd00:96::"},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := New(NewFakeRunner(tc.cfg.Family), tc.cfg).Render(tc.portals)
+			seen := map[string]bool{}
+			for _, line := range strings.Split(string(out), "\n") {
+				if !strings.HasPrefix(line, "-A ") {
+					continue
+				}
+				chain := strings.Fields(line)[1]
+				seen[chain] = true
+				d := Describe(line)
+				if strings.Contains(d, "rule in") || strings.Contains(d, "jumps to") {
+					t.Errorf("%s: generic description %q", line, d)
+				}
+				for _, w := range tc.want[chain] {
+					if !strings.Contains(d, w) {
+						t.Errorf("%s\n  described as %q, want it to say %q", line, d, w)
+					}
+				}
+			}
+			for chain := range tc.want {
+				if !seen[chain] {
+					t.Errorf("no rule in %s rendered", chain)
+				}
+			}
+		})
+	}
+}
