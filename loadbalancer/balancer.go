@@ -33,6 +33,12 @@ func New(clk clock.PassiveClock, limits Limits) *LoadBalancer {
 	}
 }
 
+// KeepOrder makes service ports created from now on cycle through their
+// endpoints in the order given instead of a shuffled one, so that a plan
+// (`explain`) prints the same order on every run. Call it before the first
+// ServicePort.
+func (lb *LoadBalancer) KeepOrder() { lb.shuffle = func([]netip.AddrPort) {} }
+
 func shuffleAddrs(a []netip.AddrPort) {
 	rand.Shuffle(len(a), func(i, j int) { a[i], a[j] = a[j], a[i] })
 }

@@ -49,7 +49,7 @@ func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo) {
 		ext := externalName(info.name)
 		sp := p.lb.ServicePort(ext)
 		p.lb.SetAffinity(ext, info.affinity)
-		sock, err := newProxySocket(info.name, p.opts.BindAddress, port, info.hasIPv6(), sp, ap.faults, p.sockCfg)
+		sock, err := p.listen(info.name, p.opts.BindAddress, port, info.hasIPv6(), sp, ap.faults, p.sockCfg)
 		if err != nil {
 			p.ports.Release(port)
 			p.lb.DeleteServicePort(ext)

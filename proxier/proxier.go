@@ -124,6 +124,10 @@ type Proxier struct {
 	// conntrack entries wait for a successful portal sync (conntrack.go).
 	pendingConntrack map[loadbalancer.ServicePortName]struct{}
 
+	// listen opens a service port's proxy socket: newProxySocket, or a
+	// plan's stand-in that opens nothing.
+	listen func(name loadbalancer.ServicePortName, bind netip.Addr, port int, needIPv6 bool, sp *loadbalancer.ServicePort, fp *faults.Port, cfg *socketConfig) (proxySocket, error)
+
 	// debugMu guards the copy of the table that /debug/services reads.
 	debugMu sync.RWMutex
 	debug   []debugPort
@@ -164,6 +168,7 @@ func New(opts Options) *Proxier {
 		metrics:  opts.Metrics,
 		clk:      opts.Clock,
 		services: map[types.NamespacedName]*v1.Service{},
+		listen:   newProxySocket,
 		active:   map[loadbalancer.ServicePortName]*activePort{},
 		sockCfg: &socketConfig{
 			dialer:           opts.Dialer,
@@ -373,7 +378,7 @@ func (p *Proxier) openPort(info *servicePortInfo) (*activePort, error) {
 	sp := p.lb.ServicePort(info.name)
 	p.lb.SetAffinity(info.name, info.affinity)
 	fp := p.opts.Faults.Port(info.faultName, string(info.name.Protocol))
-	sock, err := newProxySocket(info.name, p.opts.BindAddress, port, info.hasIPv6(), sp, fp, p.sockCfg)
+	sock, err := p.listen(info.name, p.opts.BindAddress, port, info.hasIPv6(), sp, fp, p.sockCfg)
 	if err != nil {
 		p.ports.Release(port)
 		p.opts.Faults.RemovePort(info.faultName)

@@ -25,6 +25,9 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "demo" {
 		os.Exit(runDemo(os.Args[2:]))
 	}
+	if len(os.Args) > 1 && os.Args[1] == "explain" {
+		os.Exit(runExplain(os.Args[2:]))
+	}
 	os.Exit(runMain(os.Args[1:]))
 }
 
@@ -41,7 +44,7 @@ func runMain(args []string) int {
 	// Help asked for is output (stdout, exit 0), as kube-proxy does; pflag
 	// calls Usage only for -h/--help.
 	fs.Usage = func() {
-		fmt.Fprintf(os.Stdout, "Usage: kube-userspace-proxy [flags]\n       kube-userspace-proxy demo [--serve]\n\nFlags:\n%s", fs.FlagUsages())
+		fmt.Fprintf(os.Stdout, "Usage: kube-userspace-proxy [flags]\n       kube-userspace-proxy demo [--serve]\n       kube-userspace-proxy explain --manifests PATH [flags]\n\nFlags:\n%s", fs.FlagUsages())
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
@@ -55,7 +58,7 @@ func runMain(args []string) int {
 		return 0
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "kube-userspace-proxy: unexpected arguments %q (flags only; the subcommand is 'demo')\n", fs.Args())
+		fmt.Fprintf(os.Stderr, "kube-userspace-proxy: unexpected arguments %q (flags only; the subcommands are 'demo' and 'explain')\n", fs.Args())
 		return exitUsage
 	}
 	if o.configFile != "" {

@@ -79,7 +79,7 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 	popts.ServiceHealth = serviceHealth
 	p = proxier.New(popts)
 
-	src, err := newSource(o, v, p, health)
+	src, err := newSource(o, v, p, nodeState{health, p})
 	if err != nil {
 		return err
 	}
@@ -127,12 +127,14 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 	return nil
 }
 
-func newSource(o *options, v *validated, p *proxier.Proxier, health *healthcheck.ProxierHealth) (source, error) {
+// newSource builds the source the flags name, feeding h; nodes (nil: none)
+// follows this node's Node object when the source is an API server.
+func newSource(o *options, v *validated, h config.Handler, nodes config.NodeHandler) (source, error) {
 	if o.manifests != "" {
 		if _, err := os.Stat(o.manifests); err != nil {
 			return nil, fmt.Errorf("--manifests: %w", err)
 		}
-		return config.NewManifestSource(o.manifests, p, config.WithServiceClusterIPRange(v.serviceCIDRs)), nil
+		return config.NewManifestSource(o.manifests, h, config.WithServiceClusterIPRange(v.serviceCIDRs)), nil
 	}
 	cfg, err := config.BuildClientConfig(o.kubeconfig, o.master)
 	if err != nil {
@@ -142,10 +144,10 @@ func newSource(o *options, v *validated, p *proxier.Proxier, health *healthcheck
 	if err != nil {
 		return nil, fmt.Errorf("API server client: %w", err)
 	}
-	return config.NewInformerSource(client, p, config.InformerOptions{
+	return config.NewInformerSource(client, h, config.InformerOptions{
 		ConfigSyncPeriod: o.configSyncPeriod,
 		NodeName:         nodeName(o.hostnameOverride),
-		NodeHandler:      nodeState{health, p},
+		NodeHandler:      nodes,
 	}), nil
 }
 
@@ -184,7 +186,28 @@ func nodeName(override string) string {
 // portalSyncers builds one rule syncer per IP family the node can program.
 // IPv6 is optional: a node without ip6tables or IPv6 serves IPv4 only.
 func portalSyncers(v *validated) (proxier.PortalSyncer, proxier.PortalSyncer, error) {
-	nodeIP := v.nodeIP
+	cfg, cfg6, nodeIP := portalConfigs(v)
+	r4, err := iptables.NewRunner(iptables.IPv4)
+	if err != nil {
+		return nil, nil, fmt.Errorf("iptables: %w (run as root with iptables installed, or use --iptables=false)", err)
+	}
+	v4 := iptables.New(r4, cfg)
+	var v6 proxier.PortalSyncer
+	if r6, err := iptables.NewRunner(iptables.IPv6); err != nil {
+		klog.InfoS("IPv6 portals disabled", "reason", err)
+	} else {
+		v6 = iptables.New(r6, cfg6)
+	}
+	klog.InfoS("Portal rules enabled", "nodeIP", nodeIP)
+	return v4, v6, nil
+}
+
+// portalConfigs is how the flags shape each family's rules (the proxy and
+// explain alike): where proxy sockets listen, the node IP that traffic the
+// node sends is DNATed to (--node-ip, else the bind address, else the
+// default route's), and --nodeport-addresses.
+func portalConfigs(v *validated) (cfg4, cfg6 iptables.Config, nodeIP netip.Addr) {
+	nodeIP = v.nodeIP
 	if !nodeIP.IsValid() {
 		if v.bind.IsValid() && !v.bind.IsUnspecified() {
 			nodeIP = v.bind
@@ -192,30 +215,18 @@ func portalSyncers(v *validated) (proxier.PortalSyncer, proxier.PortalSyncer, er
 			nodeIP = defaultRouteIP()
 		}
 	}
-	r4, err := iptables.NewRunner(iptables.IPv4)
-	if err != nil {
-		return nil, nil, fmt.Errorf("iptables: %w (run as root with iptables installed, or use --iptables=false)", err)
-	}
-	cfg := iptables.Config{Family: iptables.IPv4, NodePortAddresses: v.nodePortAddresses}
+	cfg4 = iptables.Config{Family: iptables.IPv4, NodePortAddresses: v.nodePortAddresses}
 	if v.bind.Is4() {
-		cfg.BindAddress = v.bind
+		cfg4.BindAddress = v.bind
 	}
 	if nodeIP.Is4() {
-		cfg.NodeIP = nodeIP
+		cfg4.NodeIP = nodeIP
 	}
-	v4 := iptables.New(r4, cfg)
-	var v6 proxier.PortalSyncer
-	if r6, err := iptables.NewRunner(iptables.IPv6); err != nil {
-		klog.InfoS("IPv6 portals disabled", "reason", err)
-	} else {
-		cfg6 := iptables.Config{Family: iptables.IPv6, NodePortAddresses: v.nodePortAddresses}
-		if v.bind.Is6() {
-			cfg6.BindAddress = v.bind
-		}
-		v6 = iptables.New(r6, cfg6)
+	cfg6 = iptables.Config{Family: iptables.IPv6, NodePortAddresses: v.nodePortAddresses}
+	if v.bind.Is6() {
+		cfg6.BindAddress = v.bind
 	}
-	klog.InfoS("Portal rules enabled", "nodeIP", nodeIP)
-	return v4, v6, nil
+	return cfg4, cfg6, nodeIP
 }
 
 func cleanupRules() error {

@@ -1,0 +1,164 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/pflag"
+	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
+)
+
+// runExplain is the explain subcommand: it reads the sources once and
+// prints, per service port, what the proxy would serve and the rules it
+// would install, without root and without touching the kernel (no socket,
+// no rule). Exit status: 0, 1 when the source could not be read, 2 for bad
+// flags.
+func runExplain(args []string) int {
+	return explain(context.Background(), args, os.Stdout)
+}
+
+func explain(ctx context.Context, args []string, out io.Writer) int {
+	o := newOptions()
+	fs := pflag.NewFlagSet("kube-userspace-proxy explain", pflag.ContinueOnError)
+	fs.SortFlags = false
+	o.addFlags(fs)
+	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(klogFlags)
+	fs.AddGoFlag(klogFlags.Lookup("v"))
+	fs.Usage = func() {
+		fmt.Fprintf(os.Stdout, "Usage: kube-userspace-proxy explain --manifests PATH | --kubeconfig PATH [flags]\n\n"+
+			"Reads the Services and EndpointSlices once and prints, for each service port, the\n"+
+			"iptables rules the proxy would install (one comment line per rule saying what it\n"+
+			"catches), its proxy socket, its endpoints in round-robin order and its session\n"+
+			"affinity. Needs no root: it opens no socket and writes no rule. It takes the proxy's\n"+
+			"own flags; --bind-address, --node-ip, --proxy-port-range and --nodeport-addresses\n"+
+			"shape the rules as they would for the proxy.\n\nFlags:\n%s", fs.FlagUsages())
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintf(os.Stderr, "kube-userspace-proxy explain: %v\n", err)
+		return exitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "kube-userspace-proxy explain: unexpected arguments %q\n", fs.Args())
+		return exitUsage
+	}
+	if o.configFile != "" {
+		if err := o.applyConfigFile(fs); err != nil {
+			fmt.Fprintf(os.Stderr, "kube-userspace-proxy explain: --config %s: %v\n", o.configFile, err)
+			return exitUsage
+		}
+	}
+	v, err := o.validate()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kube-userspace-proxy explain: invalid flags:\n%v\n", err)
+		return exitUsage
+	}
+	if klogFlags.Lookup("v").Value.String() == "0" {
+		// The explanation is the output; the proxier's info log (each
+		// service port "served") would only confuse it. Errors, such as an
+		// invalid manifest, still reach stderr.
+		klog.LogToStderr(false)
+		klog.SetOutput(io.Discard)
+	}
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	plan := proxier.NewPlan(proxier.Options{
+		BindAddress: v.bind,
+		PortRange:   v.portRange,
+		NodeName:    nodeName(o.hostnameOverride),
+	})
+	if err := readOnce(ctx, o, v, plan.Handler()); err != nil {
+		fmt.Fprintf(os.Stderr, "kube-userspace-proxy explain: %v\n", err)
+		return 1
+	}
+	ports, v4, v6 := plan.Run()
+	cfg4, cfg6, nodeIP := portalConfigs(v)
+	e := explanation{
+		source: o.manifests, bind: v.bind, nodeIP: nodeIP, portRange: o.proxyPortRange,
+		kernelPorts: plan.KernelChosenPorts(), ports: ports,
+		families: []familyRules{
+			{name: "IPv4", rules: iptables.New(iptables.NewFakeRunner(iptables.IPv4), cfg4), portals: v4},
+			{name: "IPv6", rules: iptables.New(iptables.NewFakeRunner(iptables.IPv6), cfg6), portals: v6},
+		},
+	}
+	if e.source == "" {
+		e.source = "the API server"
+	}
+	if err := e.write(out); err != nil {
+		fmt.Fprintf(os.Stderr, "kube-userspace-proxy explain: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// readOnce runs the flags' source until it has delivered its initial set of
+// Services and EndpointSlices to h, then stops it.
+func readOnce(ctx context.Context, o *options, v *validated, h config.Handler) error {
+	synced := &syncedHandler{Handler: h, done: make(chan struct{})}
+	src, err := newSource(o, v, synced, nil)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	srcErr := make(chan error, 1)
+	go func() { srcErr <- src.Run(ctx) }()
+	select {
+	case <-synced.done:
+		cancel()
+		<-srcErr // no event after this: the plan is read alone
+		return nil
+	case err := <-srcErr:
+		if err == nil {
+			err = errors.New("the source stopped before delivering its Services")
+		}
+		return err
+	case <-ctx.Done():
+		<-srcErr
+		return ctx.Err()
+	}
+}
+
+// syncedHandler passes events on and closes done once both initial sets
+// (Services and EndpointSlices) were delivered. Sources serialise calls.
+type syncedHandler struct {
+	config.Handler
+	services, slices bool
+	done             chan struct{}
+}
+
+func (s *syncedHandler) OnServiceSynced() {
+	s.Handler.OnServiceSynced()
+	s.services = true
+	s.check()
+}
+
+func (s *syncedHandler) OnEndpointSlicesSynced() {
+	s.Handler.OnEndpointSlicesSynced()
+	s.slices = true
+	s.check()
+}
+
+func (s *syncedHandler) check() {
+	if s.services && s.slices {
+		select {
+		case <-s.done:
+		default:
+			close(s.done)
+		}
+	}
+}

@@ -1,0 +1,134 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
+)
+
+// explanation is what explain prints: the plan's service ports and, per IP
+// family, the portals rendered by the real iptables renderer.
+type explanation struct {
+	source      string
+	bind        netip.Addr
+	nodeIP      netip.Addr
+	portRange   string
+	kernelPorts bool
+	ports       []proxier.DebugServicePort
+	families    []familyRules
+}
+
+type familyRules struct {
+	name    string
+	rules   *iptables.Rules
+	portals []iptables.Portal
+}
+
+func (e *explanation) write(out io.Writer) error {
+	w := bufio.NewWriter(out)
+	fmt.Fprintf(w, "What kube-userspace-proxy would do with the Services in %s.\n", e.source)
+	fmt.Fprintln(w, "Nothing was changed: explain opens no socket and installs no rule.")
+	fmt.Fprintln(w)
+	if e.bind.IsValid() && !e.bind.IsUnspecified() {
+		fmt.Fprintf(w, "Proxy sockets listen on %s (--bind-address); rules send service traffic there.\n", e.bind)
+	} else {
+		fmt.Fprintf(w, "Proxy sockets listen on every address (--bind-address %s).\n", e.bind)
+		if e.nodeIP.IsValid() {
+			fmt.Fprintf(w, "Traffic this node sends to a Service is sent to %s, the node's address\n(--node-ip; by default the address of the interface holding the default route).\n", e.nodeIP)
+		}
+	}
+	if e.kernelPorts {
+		fmt.Fprintf(w, "Proxy port numbers are examples: at start the kernel gives each service port a free\n"+
+			"port (choose a range with --proxy-port-range); the rules then use those numbers.\n")
+	} else {
+		fmt.Fprintf(w, "Proxy port numbers are examples: at start each service port gets a free port of\n"+
+			"--proxy-port-range %s, picked at random; the rules then use those numbers.\n", e.portRange)
+	}
+	fmt.Fprintln(w, "Each rule is shown after a line (#) saying which traffic it catches.")
+	if len(e.ports) == 0 {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "No service port to proxy: no Service with a cluster IP, external IP or node port was found.")
+		return w.Flush()
+	}
+	for _, p := range e.ports {
+		fmt.Fprintln(w)
+		e.writePort(w, p)
+	}
+	for _, f := range e.families {
+		if len(f.portals) == 0 {
+			continue
+		}
+		fmt.Fprintln(w)
+		fmt.Fprintf(w, "== All %s rules, as one iptables-restore input (what one sync writes with --noflush) ==\n", f.name)
+		_, _ = w.Write(f.rules.Render(f.portals))
+	}
+	return w.Flush()
+}
+
+func (e *explanation) writePort(w *bufio.Writer, p proxier.DebugServicePort) {
+	fmt.Fprintf(w, "== %s (%s) ==\n", p.ServicePort, p.Protocol)
+	var addrs []string
+	for _, ip := range p.ServiceIPs {
+		addrs = append(addrs, net.JoinHostPort(ip, strconv.Itoa(p.Port)))
+	}
+	if p.NodePort != 0 {
+		addrs = append(addrs, fmt.Sprintf("port %d of the node's addresses (NodePort)", p.NodePort))
+	}
+	field(w, "service address", strings.Join(addrs, ", "))
+	field(w, "proxy socket", p.ProxyAddress+" (example port)")
+	if len(p.Endpoints) == 0 {
+		field(w, "endpoints", "none ready: a client is refused (TCP reset) until one is")
+	} else {
+		field(w, "endpoints", strings.Join(p.Endpoints, ", "))
+		field(w, "", "round robin: each new connection (UDP: each new client address) takes the next one")
+		field(w, "", "in this order; a running proxy shuffles the list once when it changes")
+	}
+	if p.Affinity == "ClientIP" {
+		field(w, "session affinity", fmt.Sprintf("ClientIP: a client keeps the endpoint it got until it has been idle for %s", time.Duration(p.TimeoutSec)*time.Second))
+	} else {
+		field(w, "session affinity", "none")
+	}
+	if len(p.Faults) == 0 {
+		field(w, "faults", "none")
+	} else {
+		var fs []string
+		for _, t := range p.Faults {
+			fs = append(fs, fmt.Sprintf("%s (%s, %s, toxicity %g)", t.Name, t.Type, t.Stream, t.Toxicity))
+		}
+		field(w, "faults", strings.Join(fs, "; "))
+	}
+	fmt.Fprintln(w, "rules:")
+	for _, f := range e.families {
+		var mine []iptables.Portal
+		for _, portal := range f.portals {
+			if portal.Name == p.ServicePort {
+				mine = append(mine, portal)
+			}
+		}
+		if len(mine) == 0 {
+			continue
+		}
+		for _, line := range strings.Split(string(f.rules.Render(mine)), "\n") {
+			if strings.HasPrefix(line, "-A ") {
+				fmt.Fprintf(w, "  # %s\n  %s\n", iptables.Describe(line), line)
+			}
+		}
+	}
+}
+
+// field prints one "name: value" line of a service port, values aligned.
+func field(w *bufio.Writer, name, value string) {
+	label := ""
+	if name != "" {
+		label = name + ":"
+	}
+	fmt.Fprintf(w, "%-18s%s\n", label, value)
+}

@@ -1,0 +1,93 @@
+package main
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/explain.golden from the current output")
+
+// explain on examples/manifests prints exactly testdata/explain.golden:
+// the rules come from the iptables renderer, so a change there shows here.
+// Refresh with: go test ./cmd/kube-userspace-proxy -run TestExplainGolden -update
+func TestExplainGolden(t *testing.T) {
+	// No privilege is needed: explain must not even ask.
+	saved := canProgramIptables
+	canProgramIptables = func() bool { t.Error("explain asked for iptables privileges"); return false }
+	defer func() { canProgramIptables = saved }()
+
+	var out bytes.Buffer
+	code := explain(t.Context(), []string{"--manifests", "../../examples/manifests", "--node-ip", "192.168.50.10",
+		"--hostname-override", "node-a"}, &out)
+	if code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	golden := filepath.Join("testdata", "explain.golden")
+	if *update {
+		if err := os.WriteFile(golden, out.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create it)", err)
+	}
+	if !bytes.Equal(out.Bytes(), want) {
+		t.Errorf("explain output differs from %s (run with -update if the change is intended):\n%s", golden, out.String())
+	}
+}
+
+// The flags shape the rules as they would for the proxy: a bind address
+// means DNAT to it, a port range gives ports from it, --nodeport-addresses
+// limits node ports.
+func TestExplainFollowsProxyFlags(t *testing.T) {
+	var out bytes.Buffer
+	code := explain(t.Context(), []string{"--manifests", "../../examples/manifests", "--bind-address", "192.168.50.10",
+		"--proxy-port-range", "30500-30509", "--nodeport-addresses", "192.168.50.0/24"}, &out)
+	if code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	for _, want := range []string{
+		"Proxy sockets listen on 192.168.50.10 (--bind-address)",
+		"--proxy-port-range 30500-30509",
+		"proxy socket:     192.168.50.10:30500 (example port)",
+		"-A KUBE-PORTALS-CONTAINER -d 10.96.0.11/32 -p tcp -m comment --comment \"default/sticky:http\" -m tcp --dport 80 -j DNAT --to-destination 192.168.50.10:30500",
+		"-A KUBE-NODEPORT-CONTAINER -d 192.168.50.0/24 -p tcp",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func TestExplainBadInput(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"--no-such-flag"}, exitUsage},
+		{[]string{"--manifests", "x", "extra"}, exitUsage},
+		{[]string{"--manifests", "x", "--bind-address", "nope"}, exitUsage},
+		{[]string{"--manifests", filepath.Join(t.TempDir(), "missing")}, 1},
+	} {
+		var out bytes.Buffer
+		if code := explain(t.Context(), tc.args, &out); code != tc.code {
+			t.Errorf("explain %q: exit %d, want %d", tc.args, code, tc.code)
+		}
+	}
+}
+
+// An empty directory explains that there is nothing to proxy.
+func TestExplainNothing(t *testing.T) {
+	var out bytes.Buffer
+	if code := explain(t.Context(), []string{"--manifests", t.TempDir()}, &out); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	if !strings.Contains(out.String(), "No service port to proxy") {
+		t.Errorf("output:\n%s", out.String())
+	}
+}

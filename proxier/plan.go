@@ -1,0 +1,117 @@
+package proxier
+
+import (
+	"net/netip"
+	"slices"
+	"sync"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
+)
+
+// Plan is a Proxier that opens no socket and programs nothing: fed by a
+// source like any Proxier, its Run performs the real sync and reports what
+// a proxier with the same options would serve and which portals it would
+// hand to the iptables syncers (`kube-userspace-proxy explain`).
+//
+// Proxy ports are illustrative: a running proxier gets them from the
+// kernel, or at random from --proxy-port-range. A plan numbers the
+// service ports in name order from the range's first port (40001 when the
+// kernel chooses), so the same input explains the same way every time; for
+// the same reason endpoints keep their given order instead of the
+// shuffled one a running proxier starts from.
+type Plan struct {
+	p      *Proxier
+	v4, v6 portalRecorder
+
+	mu    sync.Mutex
+	index map[loadbalancer.ServicePortName]int
+	calls map[loadbalancer.ServicePortName]int
+}
+
+// PlanFirstPort is the first illustrative proxy port when the kernel
+// chooses ports.
+const PlanFirstPort = 40001
+
+// NewPlan returns a plan for a proxier with opts. Portal syncers,
+// NodePort claims, conntrack cleaning and healthCheckNodePort servers are
+// the plan's own (recorders, or off): it touches nothing outside itself.
+func NewPlan(opts Options) *Plan {
+	pl := &Plan{index: map[loadbalancer.ServicePortName]int{}, calls: map[loadbalancer.ServicePortName]int{}}
+	opts.IPv4Portals, opts.IPv6Portals = &pl.v4, &pl.v6
+	opts.ClaimNodePorts = false
+	opts.Conntrack = nil
+	opts.ServiceHealth = nil
+	pl.p = New(opts)
+	pl.p.lb.KeepOrder()
+	pl.p.listen = pl.listen
+	return pl
+}
+
+// Handler is what the source feeds.
+func (pl *Plan) Handler() config.Handler { return pl.p }
+
+// Run syncs once and returns the service ports as /debug/services would
+// list them and the portals each family's syncer would be handed.
+func (pl *Plan) Run() (ports []DebugServicePort, v4, v6 []iptables.Portal) {
+	pl.p.mu.Lock()
+	var names []loadbalancer.ServicePortName
+	for _, svc := range pl.p.services {
+		for _, info := range servicePorts(svc) {
+			names = append(names, info.name)
+		}
+	}
+	pl.p.mu.Unlock()
+	slices.SortFunc(names, func(a, b loadbalancer.ServicePortName) int {
+		if a.String() < b.String() {
+			return -1
+		}
+		if a.String() > b.String() {
+			return 1
+		}
+		return 0
+	})
+	pl.mu.Lock()
+	for i, n := range names {
+		pl.index[n] = i
+	}
+	pl.mu.Unlock()
+	pl.p.Sync()
+	return pl.p.DebugServices(), pl.v4.portals, pl.v6.portals
+}
+
+// KernelChosenPorts reports whether a running proxier would let the
+// kernel choose its proxy ports.
+func (pl *Plan) KernelChosenPorts() bool { return pl.p.opts.PortRange.Size == 0 }
+
+// listen stands in for newProxySocket: the first socket of a service port
+// gets first+index, a second one (external traffic under a Local policy)
+// first+index+number of service ports.
+func (pl *Plan) listen(name loadbalancer.ServicePortName, _ netip.Addr, _ int, _ bool, _ *loadbalancer.ServicePort, _ *faults.Port, _ *socketConfig) (proxySocket, error) {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	first := PlanFirstPort
+	if r := pl.p.opts.PortRange; r.Size > 0 {
+		first = r.Base
+	}
+	port := first + pl.index[name] + pl.calls[name]*len(pl.index)
+	pl.calls[name]++
+	return planSocket(port), nil
+}
+
+// planSocket is a proxy socket that was never opened.
+type planSocket int
+
+func (s planSocket) Port() int    { return int(s) }
+func (s planSocket) Serve()       {}
+func (s planSocket) Close() error { return nil }
+
+// portalRecorder is a PortalSyncer that keeps the last set it was handed.
+type portalRecorder struct{ portals []iptables.Portal }
+
+func (r *portalRecorder) Sync(portals []iptables.Portal) error {
+	r.portals = slices.Clone(portals)
+	return nil
+}
