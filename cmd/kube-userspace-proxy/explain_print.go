@@ -67,7 +67,7 @@ func (e *explanation) write(out io.Writer) error {
 			continue
 		}
 		fmt.Fprintln(w)
-		fmt.Fprintf(w, "== All %s rules, as one iptables-restore input (what one sync writes with --noflush) ==\n", f.name)
+		fmt.Fprintf(w, "== All %s rules as iptables-restore input (iptables-restore --noflush makes our chains hold exactly these) ==\n", f.name)
 		_, _ = w.Write(f.rules.Render(f.portals))
 	}
 	return w.Flush()
