@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"net"
 	"net/netip"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -64,12 +68,46 @@ func (c Client) AskTCP(dst netip.AddrPort, timeout time.Duration) (backend.Answe
 // AskUDP sends one datagram to dst and returns the answer and the address it
 // came from (for a Service, the address the client sent to; Ask checks that).
 func (c Client) AskUDP(dst netip.AddrPort, timeout time.Duration) (backend.Answer, netip.AddrPort, error) {
-	u, err := c.NS.ListenUDPAt(netip.AddrPortFrom(c.Src, c.SrcPort))
+	u, err := c.listenUDP()
 	if err != nil {
 		return backend.Answer{}, netip.AddrPort{}, err
 	}
 	defer u.Close()
 	return backend.AskUDP(u, dst, timeout)
+}
+
+// listenUDP opens the request's socket: on SrcPort, or on a port this
+// process has not used lately. The kernel's bind(0) picks at random, so 30
+// requests reuse a port about once in 60 runs, and a reused ip:port is the
+// proxy's existing session, not a new client (round robin came out 10/9/11).
+func (c Client) listenUDP() (*net.UDPConn, error) {
+	if c.SrcPort != 0 {
+		return c.NS.ListenUDPAt(netip.AddrPortFrom(c.Src, c.SrcPort))
+	}
+	var err error
+	for range 50 {
+		var u *net.UDPConn
+		if u, err = c.NS.ListenUDPAt(netip.AddrPortFrom(c.Src, freshUDPPort())); err == nil {
+			return u, nil
+		}
+		if !errors.Is(err, syscall.EADDRINUSE) {
+			return nil, err
+		}
+	}
+	return nil, err
+}
+
+// Fresh client ports rotate through a range below Linux's default
+// ephemeral range (32768-60999), from a random start per process so that
+// test binaries running side by side rarely meet.
+const freshPortLow, freshPortCount = 20000, 12000
+
+var freshPortNext atomic.Uint32
+
+func init() { freshPortNext.Store(uint32(rand.IntN(freshPortCount))) }
+
+func freshUDPPort() uint16 {
+	return uint16(freshPortLow + freshPortNext.Add(1)%freshPortCount)
 }
 
 // Ask is AskTCP or AskUDP by protocol name ("tcp", "udp") and returns the
