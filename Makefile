@@ -2,7 +2,7 @@
 GO ?= go
 BIN := bin/kube-userspace-proxy
 
-.PHONY: all build demo serve test unit deps lint bench clean
+.PHONY: all build demo serve test unit deps lint bench soak clean
 
 all: build
 
@@ -38,6 +38,12 @@ lint:
 
 bench:
 	test/bench/run.sh
+
+# 30 minutes of mixed traffic, endpoint churn and vanishing clients through
+# the real binary (root); results in test/soak/results. `make test` runs its
+# 2-minute variant.
+soak:
+	$(GO) test -count=1 -timeout 40m -run TestSoak ./test/soak -soak.duration=30m -soak.results=results -v
 
 clean:
 	rm -rf bin

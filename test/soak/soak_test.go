@@ -1,0 +1,204 @@
+package soak
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/netns"
+)
+
+var (
+	soakDuration = flag.Duration("soak.duration", 2*time.Minute, "how long TestSoak drives traffic (make soak: 30m)")
+	soakResults  = flag.String("soak.results", "", "directory for results.md, soak.svg and samples.tsv (make soak: results); empty: a temporary directory")
+)
+
+const (
+	nServices     = 50
+	nBackends     = 8
+	churnPerTick  = 5 // Services rewritten per second: each one every 10 s
+	metricsURL    = "http://" + harness.MetricsAddr + "/metrics"
+	idleSettle    = 10 * time.Second
+	idleFDSlack   = 8  // descriptors the idle proxy may hold beyond its start (HTTP clients of the probe)
+	idleGoroSlack = 10 // goroutines likewise
+)
+
+// resources are the series judged for growth. The tolerances are slopes a
+// healthy run stays under: the fds and goroutines of a healthy proxy follow
+// the number of live connections (tens, up and down), and a leak of one
+// vanished client every ~10 s alone is 12 fds/min.
+var resources = []series{
+	{Name: "RSS", Unit: "KiB", Get: func(s sample) float64 { return s.RSSKiB }, Tolerance: 1024},
+	{Name: "descriptors", Unit: "fds", Get: func(s sample) float64 { return s.FDs }, Tolerance: 4},
+	{Name: "goroutines", Unit: "go_goroutines", Get: func(s sample) float64 { return s.Goroutines }, Tolerance: 8},
+	{Name: "vanished-client connections held", Unit: "conns", Get: func(s sample) float64 { return s.Vanished }, Tolerance: 2},
+	{Name: "descriptors not held by vanished clients", Unit: "fds - 2 x held", Get: func(s sample) float64 { return s.FDs - 2*s.Vanished }, Tolerance: 4},
+	{Name: "goroutines not held by vanished clients", Unit: "goroutines - 2 x held", Get: func(s sample) float64 { return s.Goroutines - 2*s.Vanished }, Tolerance: 8},
+}
+
+// TestSoak drives the real binary with mixed traffic while endpoints churn
+// and clients vanish, then judges connections, bytes and resource growth.
+// The default is the 2-minute variant `go test ./...` runs; make soak runs
+// 30 minutes and keeps the results in test/soak/results.
+func TestSoak(t *testing.T) {
+	netns.Require(t, "iptables", "iptables-save", "ss")
+	proxyBin := harness.ProxyBinary(t)
+	backendBin := harness.BackendBinary(t)
+	duration := *soakDuration
+	warmup := min(max(duration/6, 30*time.Second), 5*time.Minute)
+	vanishEvery := max(5*time.Second, duration/190)
+
+	c := netns.NewCluster(t, netns.ClusterOptions{Backends: nBackends, ClientIPsEach: 200})
+	c.StartBackends(t, backendBin, backendPort)
+	dir := filepath.Join(t.TempDir(), "manifests")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	svcs, err := newServices(dir, c.BackendIPs, nServices)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := harness.NewProxy(c.Node, proxyBin, "node", "--manifests", dir, "-v", "0")
+	p.Start(t, 20*time.Second)
+	probeClient := harness.Client{NS: c.Pod2, Src: c.Pod2IPs[0]}
+	for i := range nServices {
+		probeClient.WaitServed(t, "tcp", netip.AddrPortFrom(clusterIP(i), tcpPort), time.Now(), 20*time.Second)
+		probeClient.WaitServed(t, "udp", netip.AddrPortFrom(clusterIP(i), udpPort), time.Now(), 20*time.Second)
+	}
+
+	pod2Net := netip.PrefixFrom(c.Pod2IPs[0], 24).Masked().String()
+	pr := probe{pid: p.Proc.Pid, client: c.Node.HTTPClient(2 * time.Second), metrics: metricsURL,
+		vanished: func() (float64, error) { // only vanished clients use pod2 once traffic runs
+			out, err := c.Node.Exec("ss", "-Htn", "state", "established", "dst", pod2Net)
+			return float64(strings.Count(out, "\n")), err
+		}}
+	time.Sleep(2 * time.Second) // the probes' UDP sessions expire
+	idleBefore, err := pr.take(0)
+	if err != nil {
+		t.Fatalf("sample: %v", err)
+	}
+
+	t.Logf("set up: proxy serving %d Services; traffic for %v", nServices, duration)
+	stats := newTallies()
+	l := &load{c: c, svcs: svcs, n: nServices, stats: stats, vanishEvery: vanishEvery}
+	start := time.Now()
+	l.until = start.Add(duration)
+	ctx, stop := context.WithDeadline(context.Background(), l.until)
+	defer stop()
+
+	var wg sync.WaitGroup
+	var churnErrs, sampleErrs []error
+	var mu sync.Mutex
+	wg.Add(1)
+	go func() { // churn
+		defer wg.Done()
+		rng := rand.New(rand.NewPCG(1, 2))
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for n := 0; ; n++ {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			for k := range churnPerTick {
+				if err := svcs.churn((n*churnPerTick+k)%nServices, rng); err != nil {
+					mu.Lock()
+					churnErrs = append(churnErrs, err)
+					mu.Unlock()
+				}
+			}
+		}
+	}()
+	sampleCtx, stopSampling := context.WithCancel(context.Background())
+	var samples []sample
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		period := max(2*time.Second, duration/300)
+		samples = pr.sampleEvery(sampleCtx, start, period, func(err error) {
+			mu.Lock()
+			sampleErrs = append(sampleErrs, err)
+			mu.Unlock()
+		})
+	}()
+
+	l.run(ctx)
+	t.Logf("traffic ended %v after it started", time.Since(start).Round(time.Second))
+	stopSampling()
+	wg.Wait()
+	time.Sleep(idleSettle)
+	idleAfter, err := pr.take(time.Since(start))
+	if err != nil {
+		t.Errorf("sample after the run: %v", err)
+	}
+	p.RequireRunning(t)
+
+	r := run{
+		Started: start, Duration: duration, Warmup: warmup, Services: nServices, Backends: nBackends,
+		ChurnWrites: svcs.writes.Load(), Vanished: l.vanished.Load(), VanishEvery: vanishEvery,
+		Stats: stats, Samples: samples, Verdicts: judge(samples, resources, warmup),
+		IdleBefore: idleBefore, IdleAfter: idleAfter,
+		IdleOK:       idleAfter.FDs <= idleBefore.FDs+idleFDSlack && idleAfter.Goroutines <= idleBefore.Goroutines+idleGoroSlack,
+		ProxyVersion: gitDescribe(),
+	}
+	out := *soakResults
+	if out == "" {
+		out = t.TempDir()
+	}
+	if err := r.write(out); err != nil {
+		t.Errorf("write results: %v", err)
+	}
+	fmt.Print(r.markdown())
+	t.Logf("results in %s", out)
+
+	if len(churnErrs) > 0 {
+		t.Errorf("%d manifest rewrites failed, first: %v", len(churnErrs), churnErrs[0])
+	}
+	if len(sampleErrs) > len(samples)/10 {
+		t.Errorf("%d of %d samples failed, first: %v", len(sampleErrs), len(samples)+len(sampleErrs), sampleErrs[0])
+	}
+	for _, k := range kinds {
+		tl := stats.by[k]
+		if tl.ok.Load() == 0 {
+			t.Errorf("%s: no connection succeeded", k)
+		}
+		if n := tl.failed.Load(); n > 0 {
+			t.Errorf("%s: %d failed with a live endpoint", k, n)
+		}
+		if n := tl.corrupt.Load(); n > 0 {
+			t.Errorf("%s: %d lost or corrupted bytes", k, n)
+		}
+	}
+	for _, v := range r.Verdicts {
+		if !v.ok {
+			t.Errorf("%s grows: %+.2f %s per minute after warm-up (tolerance %.2f)", v.Name, v.perMin, v.Unit, v.Tolerance)
+		}
+	}
+	if !r.IdleOK {
+		t.Errorf("idle after the run: %.0f fds, %.0f goroutines; before: %.0f fds, %.0f goroutines",
+			idleAfter.FDs, idleAfter.Goroutines, idleBefore.FDs, idleBefore.Goroutines)
+	}
+	for _, f := range stats.failures() {
+		t.Log(f)
+	}
+}
+
+// gitDescribe names the commit the binary was built from.
+func gitDescribe() string {
+	out, err := exec.Command("git", "describe", "--always", "--dirty").Output()
+	if err != nil {
+		return "unknown commit"
+	}
+	return "commit " + strings.TrimSpace(string(out))
+}
