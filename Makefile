@@ -43,7 +43,7 @@ bench:
 # the real binary (root); results in test/soak/results. `make test` runs its
 # 2-minute variant.
 soak:
-	$(GO) test -count=1 -timeout 40m -run TestSoak ./test/soak -soak.duration=30m -soak.results=results -v
+	$(GO) test -count=1 -timeout 40m -run TestSoak ./test/soak -soak.duration=30m -soak.results=results -soak.strict -v
 
 clean:
 	rm -rf bin

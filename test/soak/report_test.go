@@ -16,10 +16,13 @@ type verdict struct {
 	first, last, lo, hi float64
 	perMin              float64
 	n                   int
-	ok                  bool
+	judged              bool // the window after warm-up is long enough for this series
+	ok                  bool // not judged, or within tolerance
 }
 
-func judge(samples []sample, ss []series, warmup time.Duration) []verdict {
+// judge fits every series after warm-up; a series whose MinWindow is longer
+// than the run's window after warm-up is shown but not judged.
+func judge(samples []sample, ss []series, warmup, duration time.Duration) []verdict {
 	var out []verdict
 	for _, s := range ss {
 		v := verdict{series: s, lo: math.Inf(1), hi: math.Inf(-1)}
@@ -32,7 +35,8 @@ func judge(samples []sample, ss []series, warmup time.Duration) []verdict {
 			v.lo, v.hi = min(v.lo, y), max(v.hi, y)
 		}
 		v.perMin, _, v.n = fit(samples, s.Get, warmup)
-		v.ok = v.perMin <= s.Tolerance
+		v.judged = duration-warmup >= s.MinWindow
+		v.ok = !v.judged || v.perMin <= s.Tolerance
 		out = append(out, v)
 	}
 	return out
@@ -53,7 +57,8 @@ type run struct {
 	Verdicts     []verdict
 	IdleBefore   sample
 	IdleAfter    sample
-	IdleOK       bool
+	IdleOK       bool // everything back to the start
+	IdleOtherOK  bool // back to the start but for vanished clients' connections
 	ProxyVersion string
 }
 
@@ -73,19 +78,26 @@ func (r run) markdown() string {
 	b.WriteString("| series | first | last | min | max | slope after warm-up (per min) | tolerance (per min) | samples fitted | verdict |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n")
 	for _, v := range r.Verdicts {
 		verdict := "flat"
-		if !v.ok {
+		switch {
+		case !v.judged:
+			verdict = fmt.Sprintf("not judged (needs %v after warm-up)", v.MinWindow)
+		case !v.ok:
 			verdict = "**GROWS**"
 		}
 		fmt.Fprintf(&b, "| %s (%s) | %.0f | %.0f | %.0f | %.0f | %+.2f | %.2f | %d | %s |\n",
 			v.Name, v.Unit, v.first, v.last, v.lo, v.hi, v.perMin, v.Tolerance, v.n, verdict)
 	}
-	idle := "back to the start"
-	if !r.IdleOK {
-		idle = "**NOT back to the start**"
+	idle := func(ok bool) string {
+		if ok {
+			return "back to the start"
+		}
+		return "**NOT back to the start**"
 	}
-	b.WriteString("\nA proxied connection costs the proxy two descriptors and two goroutines; the last three rows subtract those of the vanished clients' connections still held, so a leak of dead peers and any other growth are told apart.\n")
-	fmt.Fprintf(&b, "\nIdle before traffic: %.0f fds, %.0f goroutines, %.1f MiB RSS; idle 10 s after traffic stopped: %.0f fds, %.0f goroutines, %.1f MiB RSS (%s).\n",
-		r.IdleBefore.FDs, r.IdleBefore.Goroutines, r.IdleBefore.RSSKiB/1024, r.IdleAfter.FDs, r.IdleAfter.Goroutines, r.IdleAfter.RSSKiB/1024, idle)
+	fmt.Fprintf(&b, "\nIdle before traffic: %.0f fds, %.0f goroutines, %.1f MiB RSS. Idle %v after traffic stopped: %.0f fds, %.0f goroutines, %.1f MiB RSS (%s), "+
+		"with %.0f vanished clients' connections still held; without those %.0f fds, %.0f goroutines (%s).\n",
+		r.IdleBefore.FDs, r.IdleBefore.Goroutines, r.IdleBefore.RSSKiB/1024, idleSettle,
+		r.IdleAfter.FDs, r.IdleAfter.Goroutines, r.IdleAfter.RSSKiB/1024, idle(r.IdleOK),
+		r.IdleAfter.Vanished, r.IdleAfter.FDs-2*r.IdleAfter.Vanished, r.IdleAfter.Goroutines-2*r.IdleAfter.Vanished, idle(r.IdleOtherOK))
 	if f := r.Stats.failures(); len(f) > 0 {
 		b.WriteString("\n## First failures\n\n")
 		for _, l := range f {

@@ -33,6 +33,12 @@ type series struct {
 	// Tolerance is the largest slope per minute (after warm-up) a healthy
 	// run shows; beyond it the run fails as growing.
 	Tolerance float64
+	// MinWindow is the shortest time after warm-up over which the slope
+	// means anything (RSS follows the GC's heap target for minutes).
+	MinWindow time.Duration
+	// DeadPeers marks the series that grow while dead peers are not reaped
+	// (issue 9, item 3): fatal only with -soak.strict.
+	DeadPeers bool
 }
 
 // probe reads RSS and descriptors from /proc/pid and goroutines from the
