@@ -67,7 +67,7 @@ func (r run) markdown() string {
 	fmt.Fprintf(&b, "# Soak results\n\n")
 	fmt.Fprintf(&b, "Run started %s UTC, %v of traffic (%v warm-up excluded from the slopes), %d Services (TCP 80 + UDP 53 each) over %d backends; "+
 		"endpoints churned every second (%d manifest rewrites: one endpoint added or removed, 1-5 per Service); one client host vanished without FIN every %v (%d in all, two kept-alive connections each). Binary: %s.\n\n",
-		r.Started.UTC().Format("2006-01-02 15:04"), r.Duration, r.Warmup, r.Services, r.Backends, r.ChurnWrites, r.VanishEvery, r.Vanished, r.ProxyVersion)
+		r.Started.UTC().Format("2006-01-02 15:04"), r.Duration, r.Warmup, r.Services, r.Backends, r.ChurnWrites, r.VanishEvery.Round(100*time.Millisecond), r.Vanished, r.ProxyVersion)
 	b.WriteString("## Connections\n\n")
 	b.WriteString("| traffic | ok | failed (endpoint listed) | cut after endpoint removed | lost/corrupted | bytes verified |\n|---|---:|---:|---:|---:|---:|\n")
 	for _, k := range kinds {

@@ -53,6 +53,7 @@ var resources = []series{
 // 30 minutes and keeps the results in test/soak/results.
 func TestSoak(t *testing.T) {
 	netns.Require(t, "iptables", "iptables-save", "ss")
+	version := gitDescribe() // now: the worktree may move on during a long run
 	proxyBin := harness.ProxyBinary(t)
 	backendBin := harness.BackendBinary(t)
 	duration := *soakDuration
@@ -155,7 +156,7 @@ func TestSoak(t *testing.T) {
 		IdleOK: idleAfter.FDs <= idleBefore.FDs+idleFDSlack && idleAfter.Goroutines <= idleBefore.Goroutines+idleGoroSlack,
 		IdleOtherOK: idleAfter.FDs-2*idleAfter.Vanished <= idleBefore.FDs+idleFDSlack &&
 			idleAfter.Goroutines-2*idleAfter.Vanished <= idleBefore.Goroutines+idleGoroSlack,
-		ProxyVersion: gitDescribe(),
+		ProxyVersion: version,
 	}
 	out := *soakResults
 	if out == "" {
@@ -216,7 +217,8 @@ func TestSoak(t *testing.T) {
 	}
 }
 
-// gitDescribe names the commit the binary was built from.
+// gitDescribe names the commit the binary is built from (called before the
+// build).
 func gitDescribe() string {
 	out, err := exec.Command("git", "describe", "--always", "--dirty").Output()
 	if err != nil {
