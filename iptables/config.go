@@ -48,14 +48,23 @@ func (f Family) owns(addr netip.Addr) bool {
 type Config struct {
 	Family Family
 	// BindAddress is where proxy sockets listen. Unspecified (0.0.0.0 or ::)
-	// or zero: traffic from other hosts and pods is REDIRECTed; otherwise it
-	// is DNATed to BindAddress:proxyPort from both PREROUTING and OUTPUT.
+	// or zero: traffic is DNATed to NodeIP:proxyPort (see NodeIP); otherwise
+	// it is DNATed to BindAddress:proxyPort from both PREROUTING and OUTPUT.
 	BindAddress netip.Addr
-	// NodeIP is the DNAT target for traffic the node itself sends (OUTPUT)
-	// when BindAddress is unspecified. When it is zero too, OUTPUT falls back
-	// to REDIRECT (to the loopback address), which needs no route_localnet
-	// because such packets never leave the node.
+	// NodeIP is the DNAT target of every portal when BindAddress is
+	// unspecified: for traffic the node itself sends (OUTPUT) and, unless
+	// PreroutingRedirect, for traffic from pods and other hosts
+	// (PREROUTING). When it is zero, both fall back to REDIRECT: OUTPUT to
+	// the loopback address (no route_localnet needed, such packets never
+	// leave the node), PREROUTING to the incoming interface's address.
 	NodeIP netip.Addr
+	// PreroutingRedirect keeps the legacy REDIRECT in PREROUTING with an
+	// unspecified BindAddress. REDIRECT sends a packet to the primary
+	// address of the interface it came in on, and drops it when that
+	// interface has none: the host side of a pod's veth on Calico or the
+	// AWS VPC CNI (proxy ARP, a /32 route, no address). DNAT to the node IP
+	// works whatever the incoming interface.
+	PreroutingRedirect bool
 	// NodePortAddresses limits NodePorts to these CIDRs (those of other
 	// families are ignored). Empty, or none of this family, means every local
 	// address (addrtype LOCAL), as kube-proxy does.

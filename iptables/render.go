@@ -159,13 +159,18 @@ func (r *Rules) nodePortDestinations() []string {
 }
 
 // containerTarget is where traffic from other hosts and pods (PREROUTING)
-// goes: REDIRECT to the proxy port when sockets listen on every address,
-// else DNAT to the bind address.
+// goes: DNAT to the bind address, or when sockets listen on every address
+// DNAT to the node IP. REDIRECT only on request (the legacy rule) or without
+// a node IP: it needs an address on the incoming interface, which pod veths
+// of several CNIs do not have (Config.PreroutingRedirect).
 func (r *Rules) containerTarget(p Portal) string {
-	if r.cfg.bindsAll() {
-		return redirectTo(p.ProxyPort)
+	if !r.cfg.bindsAll() {
+		return dnatTo(r.cfg.BindAddress, p.ProxyPort)
 	}
-	return dnatTo(r.cfg.BindAddress, p.ProxyPort)
+	if !r.cfg.PreroutingRedirect && r.cfg.Family.owns(r.cfg.NodeIP) {
+		return dnatTo(r.cfg.NodeIP, p.ProxyPort)
+	}
+	return redirectTo(p.ProxyPort)
 }
 
 // hostTarget is where traffic the node sends itself (OUTPUT) goes: DNAT to

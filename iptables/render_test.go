@@ -43,6 +43,7 @@ func TestRenderGolden(t *testing.T) {
 	}{
 		{"empty", Config{Family: IPv4, NodeIP: nodeIP}, nil},
 		{"bind-all", Config{Family: IPv4, BindAddress: netip.IPv4Unspecified(), NodeIP: nodeIP}, webPortals()},
+		{"bind-all-prerouting-redirect", Config{Family: IPv4, NodeIP: nodeIP, PreroutingRedirect: true}, webPortals()},
 		{"bind-specific", Config{Family: IPv4, BindAddress: netip.MustParseAddr("192.168.1.10")}, webPortals()},
 		{"no-node-ip", Config{Family: IPv4}, webPortals()},
 		{"nodeport-addresses", Config{Family: IPv4, NodeIP: nodeIP, NodePortAddresses: []netip.Prefix{

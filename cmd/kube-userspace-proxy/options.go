@@ -38,6 +38,7 @@ type options struct {
 	proxyMode          string
 	configSyncPeriod   time.Duration
 	nodeIP             string
+	preroutingRedirect bool
 	halfCloseTimeout   time.Duration
 	configFile         string
 	faultAPIBind       string
@@ -94,7 +95,8 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.cleanup, "cleanup", o.cleanup, "Remove every chain and rule this proxy installs (IPv4 and IPv6), then exit.")
 	fs.StringVar(&o.proxyMode, "proxy-mode", o.proxyMode, "Which proxy mode to use: only 'userspace' is implemented.")
 	fs.DurationVar(&o.configSyncPeriod, "config-sync-period", o.configSyncPeriod, "How often configuration from the API server is refreshed. Must be greater than 0.")
-	fs.StringVar(&o.nodeIP, "node-ip", o.nodeIP, "The node's IP, target of the DNAT for traffic from the node itself; default: the address of the default-route interface.")
+	fs.StringVar(&o.nodeIP, "node-ip", o.nodeIP, "The node's IP, target of the portals' DNAT (from the node itself, and with --bind-address 0.0.0.0 from pods and other hosts too); default: the address of the default-route interface.")
+	fs.BoolVar(&o.preroutingRedirect, "prerouting-redirect", o.preroutingRedirect, "With --bind-address 0.0.0.0 (or ::): send traffic from pods and other hosts to proxy sockets with REDIRECT, as the legacy userspace mode did, instead of DNAT to the node IP. REDIRECT drops packets that arrive on an interface without an address (pod veths on Calico, the AWS VPC CNI).")
 	fs.StringVar(&o.configFile, "config", o.configFile, "A KubeProxyConfiguration file; flags given on the command line override it.")
 	fs.StringVar(&o.faultAPIBind, "fault-api-bind-address", o.faultAPIBind, "HOST:PORT for Toxiproxy's REST API over this node's service ports (e.g. 127.0.0.1:8474); empty disables it.")
 	fs.Int64Var(&o.faultSeed, "fault-seed", o.faultSeed, "Seed of every fault draw: the same seed and arrival order give the same faults.")
@@ -112,10 +114,12 @@ type validated struct {
 	nodePortAddresses []netip.Prefix
 	nodeIP            netip.Addr
 	serviceCIDRs      []netip.Prefix
+	// preroutingRedirect: the legacy REDIRECT in PREROUTING (see the flag).
+	preroutingRedirect bool
 }
 
 func (o *options) validate() (*validated, error) {
-	v := &validated{}
+	v := &validated{preroutingRedirect: o.preroutingRedirect}
 	var errs []string
 	add := func(format string, args ...any) { errs = append(errs, fmt.Sprintf(format, args...)) }
 	if o.proxyMode != "" && o.proxyMode != "userspace" {

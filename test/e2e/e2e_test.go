@@ -66,6 +66,7 @@ func services(c *netns.Cluster) map[string]svc {
 		{name: "live", clusterIP: "10.96.0.60", endpoints: ips(c, 0)},
 		{name: "doomed", clusterIP: "10.96.0.70", endpoints: ips(c, 0, 1)},
 		{name: "keep", clusterIP: "10.96.0.80", endpoints: ips(c, 0)},
+		{name: "cni", clusterIP: "10.96.0.90", endpoints: b123, nodePorts: [2]int32{30090, 30091}},
 	}
 	m := map[string]svc{}
 	for _, s := range list {
@@ -79,7 +80,7 @@ func services(c *netns.Cluster) map[string]svc {
 // restart, then --cleanup.
 func TestProxy(t *testing.T) {
 	requireSuite(t)
-	c := netns.NewCluster(t, netns.ClusterOptions{})
+	c := netns.NewCluster(t, netns.ClusterOptions{CalicoPod: true})
 	e := &env{c: c, bs: c.StartBackends(t, backendBin, backendPort), svcs: services(c), p: newProxy(t, c)}
 	for _, s := range e.svcs {
 		writeSvc(t, e.p.dir, s)
@@ -106,6 +107,7 @@ func TestProxy(t *testing.T) {
 			{"AffinityRepinAfterRemoval", checkRepin},
 			{"DeadEndpointRetried", checkDeadEndpoint},
 			{"NodePortExternalIPLoadBalancer", checkExternal},
+			{"PodsOnEveryCNI", checkPodsOnEveryCNI},
 			{"ManifestChangeLive", checkLiveUpdate},
 			{"ServiceRemoved", checkServiceRemoved},
 			{"NoBackDoor", checkNoBackDoor},

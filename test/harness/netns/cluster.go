@@ -33,12 +33,20 @@ type Cluster struct {
 	ExternalIP     netip.Addr   // the external host's address
 	BackendIPs     []netip.Addr // one per backend, all on the backends namespace
 	DeadIP         netip.Addr   // on the backends namespace, nothing ever listens there
+
+	// CalicoPod is a pod linked as Calico links pods (ClusterOptions.CalicoPod;
+	// nil otherwise): see addCalicoPod.
+	CalicoPod   *NS
+	CalicoPodIP netip.Addr
 }
 
 // ClusterOptions sizes a Cluster. Zero values take the defaults.
 type ClusterOptions struct {
 	Backends      int // default 4
 	ClientIPsEach int // addresses per pod (primary included), default 32
+	// CalicoPod adds a third pod whose host-side veth has no address
+	// (Calico's and the AWS VPC CNI's shape), beside pod1 and pod2.
+	CalicoPod bool
 }
 
 // NewCluster builds the topology (no processes yet). Everything is removed in
@@ -107,6 +115,9 @@ func NewCluster(t testing.TB, opt ClusterOptions) *Cluster {
 	c.Node.Route("default", ip("10.77.1.2"))
 	c.Backends.Route("10.77.0.0/16", c.NodeIP)
 	c.Node.Sysctl("net.ipv4.ip_forward", "1")
+	if opt.CalicoPod {
+		c.addCalicoPod()
+	}
 	return c
 }
 
