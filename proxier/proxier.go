@@ -47,6 +47,9 @@ type Options struct {
 	MinSyncPeriod    time.Duration
 	SyncPeriod       time.Duration
 	HalfCloseTimeout time.Duration
+	// MultipathTCP listens for clients with MPTCP (off: plain TCP, cheaper
+	// per connection; see tcpListenConfig).
+	MultipathTCP bool
 	// Affinity bounds the ClientIP affinity tables (zero: no cap).
 	Affinity loadbalancer.Limits
 	// Portals by family; empty means --iptables=false (sockets only).
@@ -177,6 +180,7 @@ func New(opts Options) *Proxier {
 			halfCloseTimeout: opts.HalfCloseTimeout,
 			metrics:          opts.Metrics,
 			conns:            &connRegistry{},
+			listen:           tcpListenConfig(opts.MultipathTCP),
 		},
 	}
 	p.sockCfg.udpMaxSessionsPerPort, p.sockCfg.udpBudget = udpLimits(opts)

@@ -2,6 +2,7 @@ package proxier_test
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -50,10 +51,14 @@ func startUDPEcho(b *testing.B) netip.AddrPort {
 // HTTP response and closes, as a Connection: close server does.
 func startHTTPish(b *testing.B) netip.AddrPort {
 	b.Helper()
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	// Plain TCP, as most backends listen (Go's default listener is MPTCP).
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(false)
+	l, err := lc.Listen(context.Background(), "tcp4", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
 	}
+	ln := l.(*net.TCPListener)
 	b.Cleanup(func() { ln.Close() })
 	resp := []byte("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n")
 	go func() {
@@ -79,9 +84,16 @@ func startHTTPish(b *testing.B) netip.AddrPort {
 // proto whose only endpoint is backend, and returns the proxy socket's
 // loopback address.
 func proxiedPort(b *testing.B, proto v1.Protocol, backend netip.AddrPort) netip.AddrPort {
+	return proxiedPortWith(b, proto, backend, proxier.Options{})
+}
+
+// proxiedPortWith is proxiedPort with the proxier's options (BindAddress is
+// set here).
+func proxiedPortWith(b *testing.B, proto v1.Protocol, backend netip.AddrPort, opts proxier.Options) netip.AddrPort {
 	b.Helper()
 	quietKlog()
-	p := proxier.New(proxier.Options{BindAddress: benchLoopback})
+	opts.BindAddress = benchLoopback
+	p := proxier.New(opts)
 	b.Cleanup(func() { stopBenchProxier(p) })
 	portName, port := "p", int32(backend.Port())
 	p.OnServiceAdd(&v1.Service{
@@ -182,12 +194,16 @@ func udpRoundTrip(c *net.UDPConn, buf []byte) error {
 // BenchmarkTCPConnectRequest is one HTTP/1.1 Connection: close exchange on
 // a new connection (connect, request, response, close), as wrk -H
 // "Connection: close" does: "direct" to the backend, "proxied" through the
-// proxy socket (accept, pick, dial, splice both ways, half-close).
+// proxy socket (accept, pick, dial, splice both ways, half-close), and
+// "proxied-mptcp" through a proxy socket listening with Multipath TCP (Go's
+// default listener since 1.24; --mptcp).
 func BenchmarkTCPConnectRequest(b *testing.B) {
 	backend := startHTTPish(b)
 	b.Run("direct", func(b *testing.B) { benchConnectRequest(b, backend) })
 	proxy := proxiedPort(b, v1.ProtocolTCP, backend)
 	b.Run("proxied", func(b *testing.B) { benchConnectRequest(b, proxy) })
+	mptcp := proxiedPortWith(b, v1.ProtocolTCP, backend, proxier.Options{MultipathTCP: true})
+	b.Run("proxied-mptcp", func(b *testing.B) { benchConnectRequest(b, mptcp) })
 }
 
 func benchConnectRequest(b *testing.B, addr netip.AddrPort) {

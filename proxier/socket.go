@@ -44,16 +44,29 @@ type socketConfig struct {
 	udpBudget             *udpBudget
 	// conns lists live connections for /debug/connections.
 	conns *connRegistry
+	// listen opens the proxy sockets (see tcpListenConfig).
+	listen net.ListenConfig
 }
 
 // defaultDialTimeouts are the legacy proxier's: each attempt goes to the
 // next endpoint, so one dead backend costs at most 250 ms, not a stall.
 var defaultDialTimeouts = []time.Duration{250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second}
 
-// listenConfig disables Go's default TCP keep-alive setup on listening and
-// accepted sockets: it costs setsockopt calls per connection (9 % of CPU in
-// the measured naive proxy) and the client and backend keep-alive themselves.
-var listenConfig = net.ListenConfig{KeepAlive: -1}
+// tcpListenConfig disables Go's default TCP keep-alive setup on listening
+// and accepted sockets: it costs setsockopt calls per connection (9 % of CPU
+// in the measured naive proxy) and the client and backend keep-alive
+// themselves. Go (since 1.24) listens with Multipath TCP by default; that
+// made each proxied connect+request on loopback about twice as slow
+// (BenchmarkTCPConnectRequest/proxied vs proxied-mptcp), while the backend
+// side is dialled with plain TCP anyway, so MPTCP is opt-in.
+func tcpListenConfig(multipath bool) net.ListenConfig {
+	lc := net.ListenConfig{KeepAlive: -1}
+	lc.SetMultipathTCP(multipath)
+	return lc
+}
+
+// listenConfig holds ports that only need to be claimed (claim.go).
+var listenConfig = tcpListenConfig(false)
 
 // newProxySocket listens for one service port. An unspecified bind address
 // listens on IPv4 only (0.0.0.0, what the flag says) unless the service port
@@ -71,13 +84,13 @@ func newProxySocket(name loadbalancer.ServicePortName, bind netip.Addr, port int
 	addr := net.JoinHostPort(host, fmt.Sprint(port))
 	switch name.Protocol {
 	case v1.ProtocolTCP:
-		ln, err := listenConfig.Listen(context.Background(), "tcp"+family, addr)
+		ln, err := cfg.listen.Listen(context.Background(), "tcp"+family, addr)
 		if err != nil {
 			return nil, err
 		}
 		return newTCPProxySocket(name, ln.(*net.TCPListener), sp, fp, cfg), nil
 	case v1.ProtocolUDP:
-		pc, err := listenConfig.ListenPacket(context.Background(), "udp"+family, addr)
+		pc, err := cfg.listen.ListenPacket(context.Background(), "udp"+family, addr)
 		if err != nil {
 			return nil, err
 		}

@@ -53,6 +53,7 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		MinSyncPeriod:    o.minSyncPeriod,
 		SyncPeriod:       o.syncPeriod,
 		HalfCloseTimeout: o.halfCloseTimeout,
+		MultipathTCP:     o.multipathTCP,
 		Affinity:         loadbalancer.Limits{MaxAffinityEntries: o.affinityMaxEntries},
 		Health:           health,
 		Metrics:          metrics,
