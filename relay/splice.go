@@ -1,6 +1,8 @@
 package relay
 
 import (
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -69,70 +71,102 @@ func (p *pipePool) put(pp pipePair, empty bool) {
 // buffered copy instead of ending a live connection. A failure on dst is a
 // *WriteError.
 func Splice(dst, src *net.TCPConn) (int64, error) {
-	srcRaw, err := src.SyscallConn()
+	s, err := newSplicer(dst, src)
 	if err != nil {
 		return 0, err
+	}
+	var total int64
+	for {
+		n, written, err := s.cycle()
+		total += written
+		if errors.Is(err, errNoPipe) {
+			m, err := Copy(dst, src)
+			return total + m, err
+		}
+		if err != nil {
+			return total, err
+		}
+		if n == 0 {
+			return total, nil // EOF
+		}
+	}
+}
+
+// errNoPipe wraps a pipe2 failure for want of descriptors or memory: the
+// caller goes on without splicing.
+var errNoPipe = errors.New("relay: no pipe for splice")
+
+// splicer is one direction's splice state. Its closures are built once per
+// connection, not per wake-up, so moving bytes allocates nothing.
+type splicer struct {
+	srcRaw, dstRaw syscall.RawConn
+	pp             pipePair
+	held           bool
+	n              int64
+	readErr        error
+	fillFn         func(fd uintptr) bool
+	drain          pipeDrainer
+}
+
+func newSplicer(dst, src *net.TCPConn) (*splicer, error) {
+	srcRaw, err := src.SyscallConn()
+	if err != nil {
+		return nil, err
 	}
 	dstRaw, err := dst.SyscallConn()
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	// The closures are built once per connection, not per wake-up: the
-	// loop below allocates nothing while bytes flow.
-	var (
-		total   int64
-		pp      pipePair
-		held    bool
-		n       int64
-		readErr error
-	)
-	fill := func(fd uintptr) bool {
-		if !held {
-			if pp, readErr = pipes.get(); readErr != nil {
-				return true
-			}
-			held = true
+	s := &splicer{srcRaw: srcRaw, dstRaw: dstRaw}
+	s.fillFn = s.fill
+	return s, nil
+}
+
+func (s *splicer) fill(fd uintptr) bool {
+	if !s.held {
+		if s.pp, s.readErr = pipes.get(); s.readErr != nil {
+			return true
 		}
-		n, readErr = unix.Splice(int(fd), nil, pp.w, nil, spliceChunk, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
-		switch readErr {
-		case unix.EINTR:
-			return false
-		case unix.EAGAIN:
-			// Nothing to read: give the pipe back while we wait.
-			pipes.put(pp, true)
-			held = false
-			readErr = nil
-			return false
-		}
-		return true
+		s.held = true
 	}
-	drain := &pipeDrainer{}
-	for {
-		held, n, readErr = false, 0, nil
-		err := srcRaw.Read(fill)
-		if err == nil {
-			err = readErr
-		}
-		if err != nil || n == 0 {
-			if held {
-				pipes.put(pp, true)
-			}
-			if err == nil {
-				return total, nil // EOF
-			}
-			if !held && isPipeShortage(err) {
-				m, err := Copy(dst, src)
-				return total + m, err
-			}
-			return total, err
-		}
-		written, werr := drain.run(dstRaw, pp, n)
-		total += written
-		pipes.put(pp, werr == nil)
-		if werr != nil {
-			return total, &WriteError{werr}
-		}
+	s.n, s.readErr = unix.Splice(int(fd), nil, s.pp.w, nil, spliceChunk, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+	switch s.readErr {
+	case unix.EINTR:
+		return false
+	case unix.EAGAIN:
+		// Nothing to read: give the pipe back while we wait.
+		pipes.put(s.pp, true)
+		s.held = false
+		s.readErr = nil
+		return false
 	}
+	return true
+}
+
+// cycle waits until src has bytes, splices what it has (up to a pipe) into
+// dst, and says how many it read and wrote. read == 0 with no error is EOF;
+// a failure on dst is a *WriteError; errNoPipe means no pipe could be had.
+func (s *splicer) cycle() (read, written int64, err error) {
+	s.held, s.n, s.readErr = false, 0, nil
+	err = s.srcRaw.Read(s.fillFn)
+	if err == nil {
+		err = s.readErr
+	}
+	if err != nil || s.n == 0 {
+		if s.held {
+			pipes.put(s.pp, true)
+		}
+		if err != nil && !s.held && isPipeShortage(err) {
+			err = fmt.Errorf("%w: %w", errNoPipe, err)
+		}
+		return 0, 0, err
+	}
+	written, werr := s.drain.run(s.dstRaw, s.pp, s.n)
+	pipes.put(s.pp, werr == nil)
+	if werr != nil {
+		return s.n, written, &WriteError{werr}
+	}
+	return s.n, written, nil
 }
 
 // pipeDrainer splices a pipe's bytes into a socket; one per connection

@@ -35,15 +35,16 @@ type WriteError struct{ Err error }
 func (e *WriteError) Error() string { return "write: " + e.Err.Error() }
 func (e *WriteError) Unwrap() error { return e.Err }
 
-// Options are one connection's settings. The zero value splices both ways
-// with no half-close bound and counts nothing.
+// Options are one connection's settings. The zero value copies both ways
+// with Auto (small messages buffered, bulk spliced), no half-close bound,
+// and counts nothing.
 type Options struct {
 	// HalfCloseTimeout bounds the direction still running after the other
 	// ended with a FIN; 0 = no bound.
 	HalfCloseTimeout time.Duration
 	// In counts client→backend bytes, Out backend→client; nil = not counted.
 	In, Out Counter
-	// Upstream moves client→backend, Downstream backend→client; nil = Splice.
+	// Upstream moves client→backend, Downstream backend→client; nil = Auto.
 	Upstream, Downstream Copier
 }
 
@@ -69,7 +70,7 @@ func TCP(client, backend *net.TCPConn, o Options) {
 // goroutine was doing.
 func copyHalf(dst, src *net.TCPConn, copier Copier, halfCloseTimeout time.Duration, bytes Counter) {
 	if copier == nil {
-		copier = Splice
+		copier = Auto
 	}
 	n, err := copier(dst, src)
 	if bytes != nil {

@@ -48,7 +48,7 @@ type count struct{ n float64 }
 func (c *count) Add(f float64) { c.n += f }
 
 func TestTCPCopiersAndCounters(t *testing.T) {
-	for name, copier := range map[string]Copier{"splice": nil, "buffered": Copy} {
+	for name, copier := range map[string]Copier{"default": nil, "splice": Splice, "auto": Auto, "buffered": Copy} {
 		t.Run(name, func(t *testing.T) {
 			in, out := &count{}, &count{}
 			client, backend, done := relayed(t, Options{In: in, Out: out, Upstream: copier, Downstream: copier})
