@@ -9,8 +9,8 @@ all: build
 build:
 	$(GO) build -o $(BIN) ./cmd/kube-userspace-proxy
 
-# No cluster and no root: three local backends, the real proxier, the seed
-# experiments printed as a table.
+# No cluster and no root: three local backends, the real proxier, the path
+# of one request, the session-affinity and fault experiments as tables.
 demo:
 	$(GO) run ./cmd/kube-userspace-proxy demo
 

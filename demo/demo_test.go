@@ -13,46 +13,93 @@ import (
 )
 
 // The demo runs the real proxier against real loopback sockets and real
-// time (the seed's 1 s, 2 s and 4 s gaps, then the fault section): about
+// time (the timing experiments' 1 s, 2 s and 4 s gaps, then the fault section): about
 // 17 s each, so the end-to-end tests run in parallel and are skipped with
 // -short.
 
-func TestDemoMatchesSeed(t *testing.T) {
+// wide is a width at which no cell of the demo's tables wraps, so that a
+// row reads as one line for the tests' patterns.
+const wide = 400
+
+func TestDemoMatchesRealCluster(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs the seed's timing experiments and the fault section in real time (~17 s)")
+		t.Skip("runs the timing experiments and the fault section in real time (~17 s)")
 	}
 	t.Parallel()
 	var out bytes.Buffer
-	matched, err := Run(t.Context(), &out, false, startInProcess)
+	matched, err := Run(t.Context(), &out, Options{Width: wide}, startInProcess)
 	t.Log("\n" + out.String())
 	if err != nil {
 		t.Fatalf("demo: %v", err)
 	}
 	if !matched {
-		t.Errorf("demo reports a mismatch with the seed")
+		t.Errorf("demo reports a mismatch with the real cluster")
 	}
 	text := out.String()
 	for _, want := range []*regexp.Regexp{
-		regexp.MustCompile(`plain \(None\).*10/10/10 \(round robin\)\s+yes`),
-		regexp.MustCompile(`cli1, 30 new connections.*30/30 on backend-[abc]\s+yes`),
-		regexp.MustCompile(`cli2, 30 new connections.*30/30 on backend-[abc]; cli1 on backend-[abc]\s+yes`),
-		regexp.MustCompile(`timeoutSeconds 3 by rewriting.*timeout 3 s applied after \S+\s+yes`),
-		regexp.MustCompile(`1 s apart.*12/12 same backend\s+yes`),
+		regexp.MustCompile(`no affinity: client 1 opens 30 connections.*10/10/10 \(in turn\)\s+yes`),
+		regexp.MustCompile(`client IP affinity: client 1 opens 30 connections.*30/30 on backend-[abc]\s+yes`),
+		regexp.MustCompile(`client IP affinity: client 2 opens 30 connections.*30/30 on backend-[abc], client 1 on backend-[abc]\s+yes`),
+		regexp.MustCompile(`affinity timeout set to 3 s.*in force after \S+\s+yes`),
+		regexp.MustCompile(`1 s apart.*12/12 back on the same backend\s+yes`),
 		// The fixed schedule makes round robin land elsewhere 8 times in 12,
 		// but a loaded machine may delay a slot past the next one; "yes"
 		// already requires at least one change.
-		regexp.MustCompile(`4 s apart.*12/12 re-picked, \d+/12 changed\s+yes`),
-		regexp.MustCompile(`every 2 s, 7 times.*1 distinct backend\(s\) in 7 accesses\s+yes`),
-		regexp.MustCompile(`pinned backend deleted.*5× (backend-[abc]) \(was backend-[abc]\); pinned again: yes\s+yes`),
-		regexp.MustCompile(`udp \(None\).*2/2/2 \(round robin\)\s+yes`),
-		regexp.MustCompile(`Every outcome matched the seed: yes \(9/9\)`),
-		regexp.MustCompile(`latency: every reply held 300 ms.*\(\+\d+ms\), 0/40 errors\s+yes`),
-		regexp.MustCompile(`reset_peer: half the connections reset.*\d+/40 reset by the proxy, \d+ answered\s+yes`),
-		regexp.MustCompile(`Every fault behaved as expected: yes \(4/4\)`),
+		regexp.MustCompile(`4 s apart.*expired for 12/12; \d+/12 moved\s+yes`),
+		regexp.MustCompile(`every 2 s, 7 times.*one backend for all 7\s+yes`),
+		regexp.MustCompile(`client 1's pod is deleted.*5/5 on (backend-[abc]), kept there\s+yes`),
+		regexp.MustCompile(`UDP, no affinity.*2/2/2 \(in turn\)\s+yes`),
+		regexp.MustCompile(`Every outcome matched the real cluster: yes \(9 of 9\)`),
+		regexp.MustCompile(`latency: every reply held back 300 ms.*\(\+\d+ms\), 0/40 errors\s+yes`),
+		regexp.MustCompile(`reset_peer: half the connections.*\d+/40 reset by the proxy, \d+ answered\s+yes`),
+		regexp.MustCompile(`Every fault behaved as expected: yes \(4 of 4\)`),
 	} {
 		if !want.MatchString(text) {
 			t.Errorf("output lacks %q", want)
 		}
+	}
+	checkPathPicture(t, text)
+	// No word of the project's own history reaches a learner.
+	for _, jargon := range []string{"seed", "cli1", "cli2", "44wps", "wgtmr", "qzvtf", "--seconds", "p50"} {
+		if strings.Contains(strings.ReplaceAll(text, "--fault-seed", ""), jargon) {
+			t.Errorf("output says %q", jargon)
+		}
+	}
+}
+
+// checkPathPicture checks that the packet path printed by the run names the
+// addresses of the run: client 1's address, the web Service's ClusterIP and
+// proxy socket as the services list shows them, and the answering backend's
+// address as the backends list shows it, in the order a packet meets them.
+func checkPathPicture(t *testing.T, text string) {
+	t.Helper()
+	web := regexp.MustCompile(`default/web:http\s+TCP (10\.96\.0\.10:80)\s+(127\.0\.0\.1:\d+)\s+none`).FindStringSubmatch(text)
+	if web == nil {
+		t.Fatalf("services list lacks default/web:http:\n%s", text)
+	}
+	i := strings.Index(text, "The path of one request")
+	if i < 0 {
+		t.Fatalf("no packet path:\n%s", text)
+	}
+	pic := text[i:]
+	pic = pic[:strings.Index(pic, "Session affinity.")]
+	picked := regexp.MustCompile(`picks (backend-[abc])`).FindStringSubmatch(pic)
+	if picked == nil {
+		t.Fatalf("the path names no backend:\n%s", pic)
+	}
+	backendAddr := regexp.MustCompile(picked[1] + `\s+TCP (127\.0\.0\.1:\d+)`).FindStringSubmatch(text)
+	if backendAddr == nil {
+		t.Fatalf("backends list lacks %s:\n%s", picked[1], text)
+	}
+	order := []string{"client 1", "127.0.0.11:", "portal rule", web[1], "proxy socket", web[2], "balancer", "picks " + picked[1],
+		"backend ", picked[1] + " at " + backendAddr[1]}
+	at := 0
+	for _, want := range order {
+		j := strings.Index(pic[at:], want)
+		if j < 0 {
+			t.Fatalf("packet path lacks %q after offset %d:\n%s", want, at, pic)
+		}
+		at += j + len(want)
 	}
 }
 
@@ -86,10 +133,11 @@ func (b *syncBuffer) String() string {
 // with all three backends back, until the context ends, and then cleans up.
 func TestDemoServe(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs the seed's timing experiments and the fault section in real time (~17 s)")
+		t.Skip("runs the timing experiments and the fault section in real time (~17 s)")
 	}
 	t.Parallel()
 	out := &syncBuffer{seen: make(chan struct{}), want: "The manifests:"}
+	const width = DefaultWidth
 	ready := out.seen
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
@@ -99,7 +147,7 @@ func TestDemoServe(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		m, err := Run(ctx, out, true, startInProcess)
+		m, err := Run(ctx, out, Options{Serve: true, Width: width}, startInProcess)
 		done <- result{m, err}
 	}()
 	select {
@@ -111,13 +159,20 @@ func TestDemoServe(t *testing.T) {
 	}
 
 	served := out.String()[strings.Index(out.String(), "Serving until Ctrl-C"):]
-	web := regexp.MustCompile(`default/web:http\s+tcp (127\.0\.0\.1:\d+)\s+None\s+→ backend-a, backend-b, backend-c`).FindStringSubmatch(served)
-	sticky := regexp.MustCompile(`default/web-sticky:http\s+tcp (127\.0\.0\.1:\d+)\s+ClientIP 10800s\s+→ backend-a, backend-b, backend-c`).FindStringSubmatch(served)
-	echo := regexp.MustCompile(`default/echo:echo\s+udp (127\.0\.0\.1:\d+)`).FindStringSubmatch(served)
-	if web == nil || sticky == nil || echo == nil {
+	web := regexp.MustCompile(`default/web:http\s+TCP 10\.96\.0\.10:80\s+(127\.0\.0\.1:\d+)\s+none\n`).FindStringSubmatch(served)
+	sticky := regexp.MustCompile(`default/web-sticky:http\s+TCP 10\.96\.0\.11:80\s+(127\.0\.0\.1:\d+)\s+client IP, 10800 s\n`).FindStringSubmatch(served)
+	echo := regexp.MustCompile(`default/echo:echo\s+UDP 10\.96\.0\.12:7\s+(127\.0\.0\.1:\d+)`).FindStringSubmatch(served)
+	if web == nil || sticky == nil || echo == nil || strings.Contains(served, "only backend") {
 		t.Fatalf("serving banner lacks a service port with its three backends:\n%s", served)
 	}
-	if !strings.Contains(served, "try: "+tryTCP("127.0.0.1", strings.Split(web[1], ":")[1])) || !strings.Contains(served, "/debug/services") {
+	// Every line fits the width, but the commands to paste: a line break
+	// would break them.
+	for _, line := range strings.Split(out.String(), "\n") {
+		if n := len([]rune(line)); n > width && !strings.Contains(line, "curl ") && !strings.Contains(line, "bash -c") && !strings.Contains(line, "nc -u") {
+			t.Errorf("line of %d runes, wider than %d: %q", n, width, line)
+		}
+	}
+	if !strings.Contains(served, "\n    "+tryTCP("127.0.0.1", strings.Split(web[1], ":")[1])+"\n") || !strings.Contains(served, "/debug/services") {
 		t.Errorf("serving banner lacks the hints:\n%s", served)
 	}
 	// The hints work as printed, with and without curl and nc.
@@ -145,7 +200,7 @@ func TestDemoServe(t *testing.T) {
 	webAddr := netip.MustParseAddrPort(web[1])
 	seen := map[string]bool{}
 	for range 3 {
-		name, err := accessTCP(ctx, webAddr, clientIP(99))
+		name, err := accessTCP(ctx, loopback{}, webAddr, loopback{}.addr(99))
 		if err != nil {
 			t.Fatalf("printed web address: %v", err)
 		}
@@ -154,7 +209,7 @@ func TestDemoServe(t *testing.T) {
 	if len(seen) != 3 {
 		t.Errorf("3 connections to web reached %v, want all three backends", seen)
 	}
-	if name, err := accessUDP(netip.MustParseAddrPort(echo[1]), clientIP(99)); err != nil || !strings.HasPrefix(name, "backend-") {
+	if name, err := accessUDP(loopback{}, netip.MustParseAddrPort(echo[1]), loopback{}.addr(99)); err != nil || !strings.HasPrefix(name, "backend-") {
 		t.Errorf("printed echo address answered %q, %v", name, err)
 	}
 
@@ -164,7 +219,7 @@ func TestDemoServe(t *testing.T) {
 		t.Errorf("demo --serve = %v, %v; want matched, no error\n%s", r.matched, r.err, out.String())
 	}
 	// Everything is closed once demo returns: the printed socket is gone.
-	if _, err := accessTCP(t.Context(), webAddr, clientIP(99)); err == nil {
+	if _, err := accessTCP(t.Context(), loopback{}, webAddr, loopback{}.addr(99)); err == nil {
 		t.Errorf("%s still answers after the demo stopped", webAddr)
 	}
 }
@@ -198,7 +253,7 @@ func TestTrialRowsJudgeOutcomes(t *testing.T) {
 		res  trialResults
 		want [3]bool // short, long, refresh matched
 	}{
-		{"all as the seed", trialResults{shortSame: 12, longExpired: 12, longChanged: 8, refreshed: seven("a")}, [3]bool{true, true, true}},
+		{"all as the real cluster", trialResults{shortSame: 12, longExpired: 12, longChanged: 8, refreshed: seven("a")}, [3]bool{true, true, true}},
 		{"a short trial lost its pin", trialResults{shortSame: 11, longExpired: 12, longChanged: 8, refreshed: seven("a")}, [3]bool{false, true, true}},
 		{"timeout not applied: nothing expired", trialResults{shortSame: 12, longExpired: 0, longChanged: 0, refreshed: seven("a")}, [3]bool{true, false, true}},
 		{"expired but round robin landed on the same backend every time", trialResults{shortSame: 12, longExpired: 12, longChanged: 0, refreshed: seven("a")}, [3]bool{true, false, true}},

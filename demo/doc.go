@@ -2,9 +2,10 @@
 // Services explained without a cluster or root. It starts three loopback
 // backends that answer with their names, writes example manifests for the
 // real proxier (run in-process by the command, with --iptables=false),
-// replays the experiments of seed 000 (ClientIP session affinity) against
-// the proxy sockets and prints what the seed measured on a real cluster
-// next to what this proxy did. A fault section follows: the plain Service
+// draws the path of one request through it with the run's addresses,
+// replays session-affinity experiments once measured on a real cluster
+// (kube-proxy in iptables mode) against the proxy sockets and prints what
+// the cluster did next to what this proxy did. A fault section follows: the plain Service
 // measured before, during and after a latency and a reset_peer toxic
 // declared in its kube-userspace-proxy/faults annotation. With serve it then
 // keeps the example up.

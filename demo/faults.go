@@ -37,8 +37,9 @@ const (
 // The annotations, as a user would write them: Toxiproxy's JSON. The first
 // is the example of the faults contract.
 const (
-	latencyToxic = `[{"name":"slow","type":"latency","stream":"downstream","toxicity":1.0,"attributes":{"latency":300,"jitter":0}}]`
-	resetToxic   = `[{"name":"cut","type":"reset_peer","stream":"downstream","toxicity":0.5,"attributes":{"timeout":0}}]`
+	// A space after each comma lets a note wrap the JSON between fields.
+	latencyToxic = `[{"name": "slow", "type": "latency", "stream": "downstream", "toxicity": 1.0, "attributes": {"latency": 300, "jitter": 0}}]`
+	resetToxic   = `[{"name": "cut", "type": "reset_peer", "stream": "downstream", "toxicity": 0.5, "attributes": {"timeout": 0}}]`
 )
 
 // Toxicity 0.5 over 40 connections: the count is drawn, so "about half" is
@@ -74,7 +75,7 @@ func (p probe) p50() (time.Duration, bool) {
 // measure makes n new connections from from to proxy, parallel at a time,
 // and times each until the backend's answer has arrived and the connection
 // closed.
-func measure(ctx context.Context, proxy netip.AddrPort, from netip.Addr, n, parallel int) probe {
+func measure(ctx context.Context, cn clientNet, proxy netip.AddrPort, from netip.Addr, n, parallel int) probe {
 	took := make([]time.Duration, n)
 	errs := make([]error, n)
 	slots := make(chan struct{}, parallel)
@@ -84,7 +85,7 @@ func measure(ctx context.Context, proxy netip.AddrPort, from netip.Addr, n, para
 			slots <- struct{}{}
 			defer func() { <-slots }()
 			start := time.Now()
-			_, errs[i] = accessTCP(ctx, proxy, from)
+			_, errs[i] = accessTCP(ctx, cn, proxy, from)
 			took[i] = time.Since(start)
 		})
 	}
@@ -127,26 +128,26 @@ type faultStep struct {
 func faultSteps() []faultStep {
 	return []faultStep{
 		{
-			fault:    "no toxic: web as it is",
-			expected: fmt.Sprintf("p50 under %s, 0/%d errors", ms(fastP50), faultConnections),
+			fault:    "no fault: web as it is",
+			expected: fmt.Sprintf("median under %s, 0/%d errors", ms(fastP50), faultConnections),
 			judge:    judgeFast,
 		},
 		{
-			fault:      "latency: every reply held 300 ms",
+			fault:      "latency: every reply held back 300 ms",
 			annotation: latencyToxic, toxics: []string{"slow"}, rewrite: true,
-			expected: fmt.Sprintf("p50 +300ms (%d-%d ok), 0 errors", minAddedLatency.Milliseconds(), maxAddedLatency.Milliseconds()),
+			expected: fmt.Sprintf("median 300ms later (%d-%d ok), 0 errors", minAddedLatency.Milliseconds(), maxAddedLatency.Milliseconds()),
 			judge:    judgeLatency,
 		},
 		{
-			fault:      "reset_peer: half the connections reset",
+			fault:      "reset_peer: half the connections cut with a TCP reset",
 			annotation: resetToxic, toxics: []string{"cut"}, rewrite: true,
 			expected: fmt.Sprintf("about half: %d-%d of %d reset, rest ok", minResets, maxResets, faultConnections),
 			judge:    judgeResets,
 		},
 		{
-			fault:    "no toxic: annotation removed",
+			fault:    "no fault: annotation removed",
 			rewrite:  true,
-			expected: fmt.Sprintf("as before: p50 under %s, 0 errors", ms(fastP50)),
+			expected: fmt.Sprintf("as before: median under %s, 0 errors", ms(fastP50)),
 			judge:    judgeFast,
 		},
 	}
@@ -157,7 +158,7 @@ func summary(p probe) string {
 	if !ok {
 		return fmt.Sprintf("no answer, %d/%d errors", p.errors(), p.n)
 	}
-	return fmt.Sprintf("p50 %s, %d/%d errors", ms(p50), p.errors(), p.n)
+	return fmt.Sprintf("median %s, %d/%d errors", ms(p50), p.errors(), p.n)
 }
 
 // judgeFast: no fault, so every connection answers, quickly.
@@ -174,7 +175,7 @@ func judgeLatency(before, got probe) (string, bool) {
 		return summary(got), false
 	}
 	added := p50 - base
-	measured := fmt.Sprintf("p50 %s (+%s), %d/%d errors", ms(p50), ms(added), got.errors(), got.n)
+	measured := fmt.Sprintf("median %s (+%s), %d/%d errors", ms(p50), ms(added), got.errors(), got.n)
 	return measured, added >= minAddedLatency && added <= maxAddedLatency && got.errors() == 0
 }
 
@@ -190,21 +191,22 @@ func judgeResets(_, got probe) (string, bool) {
 
 // faultSection runs the steps in order and prints their table; it reports
 // whether every step behaved as expected. An error means ctx ended.
-func (l *lab) faultSection(ctx context.Context, w io.Writer) (bool, error) {
+func (l *lab) faultSection(ctx context.Context, w io.Writer, width int) (bool, error) {
 	fmt.Fprintf(w, `
-Fault injection, on the same Service default/web:http (the plain one above). Each
-step declares toxics - Toxiproxy's faults, in its JSON - in the Service's
-annotation kube-userspace-proxy/faults by rewriting %s, and waits until the
-proxier shows them. Then %d new connections from cli1 (%d at a time) are each
-timed until the backend's name has arrived: p50 is the median time, errors are
+Fault injection, on the same Service default/web (the one without affinity). A
+fault is declared in the Service's annotation kube-userspace-proxy/faults, in the
+JSON of Toxiproxy (a tool that injects faults; it calls them "toxics"), by
+rewriting %s; each step waits until the proxy shows the fault in force. Then
+%d new connections from client 1 (%d at a time) are each timed until the
+backend's name has arrived: "median" is the middle one of those times, "errors"
 the connections that got no answer.
 
 `, webManifest, faultConnections, faultParallel)
-	t := &table{w: w}
-	t.titles("fault on default/web:http", "expected", "measured", "ok")
+	t := newTable(w, width, "fault on default/web", "expected", "measured")
+	t.start("Running 4 steps (about 5 s)")
 	var before probe
 	for i, s := range faultSteps() {
-		r := row{Experiment: s.fault, Seed: s.expected}
+		r := row{Experiment: s.fault, Expected: s.expected}
 		got, notes, err := l.faultStep(ctx, s)
 		if err != nil {
 			r.Ours = "error: " + err.Error()
@@ -221,15 +223,15 @@ the connections that got no answer.
 		}
 	}
 	return t.verdict("Every fault behaved as expected", `
-How to read it: a toxic acts inside the proxy, between the client and the
-backend; the backends are untouched. latency holds each reply back 300 ms, so
-every answer arrives 300 ms later. reset_peer with timeout 0 aborts the
+How to read it: a fault acts inside the proxy, between the client and the
+backend; the backends are untouched. "latency" holds each reply back 300 ms, so
+every answer arrives 300 ms later. "reset_peer" with timeout 0 aborts the
 connection with a TCP reset before any reply: the client's read fails with
-"connection reset by peer". Its toxicity 0.5 picks about half of the new
-connections, each decided once, when it is accepted, by a draw from
---fault-seed and the connection's number: run the demo again and the count is
-the same. A change applies to connections accepted after it; with the
-annotation removed the Service is back as it was.
+"connection reset by peer". Its "toxicity" 0.5 is the share of new connections
+it hits: each is decided once, when it is accepted, by a random draw that
+starts from --fault-seed, so running the demo again gives the same count. A
+change applies to connections accepted after it; with the annotation removed
+the Service is back as it was.
 `), nil
 }
 
@@ -243,10 +245,10 @@ func (l *lab) faultStep(ctx context.Context, s faultStep) (probe, []string, erro
 			return probe{}, nil, err
 		}
 		if s.annotation == "" {
-			notes = append(notes, fmt.Sprintf("annotation removed from %s: the proxier shows no toxic after %s", webManifest, round(took)))
+			notes = append(notes, fmt.Sprintf("annotation removed from %s: the proxy shows no fault after %s", webManifest, round(took)))
 		} else {
 			notes = append(notes, fmt.Sprintf("annotation %s: '%s'", faults.Annotation, s.annotation),
-				fmt.Sprintf("%s rewritten: the proxier shows toxic %q after %s", webManifest, s.toxics[0], round(took)))
+				fmt.Sprintf("%s rewritten: the proxy shows fault %q in force after %s", webManifest, s.toxics[0], round(took)))
 		}
 		// A Service keeps its proxy socket when only its annotation
 		// changes; a client connected to the old port would otherwise break.
@@ -258,7 +260,7 @@ func (l *lab) faultStep(ctx context.Context, s faultStep) (probe, []string, erro
 	if err != nil {
 		return probe{}, notes, err
 	}
-	got := measure(ctx, addr, cli1, faultConnections, faultParallel)
+	got := measure(ctx, l.cn, addr, l.addr(cli1), faultConnections, faultParallel)
 	if got.firstReset != nil {
 		notes = append(notes, "a reset connection, as the client saw it: "+got.firstReset.Error())
 	}

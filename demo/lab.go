@@ -16,9 +16,34 @@ import (
 // proxier only through its public debugging view, as a user would through
 // /debug/services.
 type lab struct {
-	p         *proxier.Proxier
+	p         view
+	cn        clientNet
 	backends  []*backend.Server
 	manifests *manifestDir
+	// viaClusterIP: clients connect to the Services' ClusterIPs, which
+	// iptables portals send to the proxy sockets (demo --netns); otherwise
+	// they connect to the proxy sockets themselves.
+	viaClusterIP bool
+}
+
+// view is how the demo sees the proxier: what /debug/services shows.
+// *proxier.Proxier is one; demo --netns reads the endpoint over HTTP.
+type view interface {
+	DebugServices() []proxier.DebugServicePort
+	ProxyPort(servicePort string) (int, bool)
+}
+
+func (l *lab) addr(c client) netip.Addr { return l.cn.addr(c) }
+
+// access makes one HTTP request from client c to servicePort's address and
+// returns the backend's name.
+func (l *lab) access(ctx context.Context, to netip.AddrPort, c client) (string, error) {
+	return accessTCP(ctx, l.cn, to, l.addr(c))
+}
+
+// accessMany makes n sequential requests from c.
+func (l *lab) accessMany(ctx context.Context, to netip.AddrPort, c client, n int) ([]string, error) {
+	return accessMany(ctx, l.cn, to, l.addr(c), n)
 }
 
 // bindAddr is the proxier's --bind-address in the demo.
@@ -38,13 +63,44 @@ func (l *lab) service(servicePort string) (proxier.DebugServicePort, bool) {
 	return proxier.DebugServicePort{}, false
 }
 
-// proxyAddr is where servicePort is served (--bind-address 127.0.0.1).
+// proxyAddr is where clients connect to reach servicePort: its proxy
+// socket (--bind-address 127.0.0.1), or with portals its ClusterIP.
 func (l *lab) proxyAddr(servicePort string) (netip.AddrPort, error) {
-	port, ok := l.p.ProxyPort(servicePort)
-	if !ok {
+	if l.viaClusterIP {
+		return l.clusterAddr(servicePort)
+	}
+	return l.socketAddr(servicePort)
+}
+
+// socketAddr is servicePort's proxy socket.
+func (l *lab) socketAddr(servicePort string) (netip.AddrPort, error) {
+	s, ok := l.service(servicePort)
+	if !ok || s.ProxyAddress == "" {
 		return netip.AddrPort{}, fmt.Errorf("%s has no proxy socket", servicePort)
 	}
-	return netip.AddrPortFrom(bindAddr, uint16(port)), nil
+	a, err := netip.ParseAddrPort(s.ProxyAddress)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("%s: proxy address: %w", servicePort, err)
+	}
+	if a.Addr().IsUnspecified() {
+		// A socket on 0.0.0.0 is reached on the bind address.
+		port, _ := l.p.ProxyPort(servicePort)
+		a = netip.AddrPortFrom(bindAddr, uint16(port))
+	}
+	return a, nil
+}
+
+// clusterAddr is servicePort's ClusterIP and port.
+func (l *lab) clusterAddr(servicePort string) (netip.AddrPort, error) {
+	s, ok := l.service(servicePort)
+	if !ok || len(s.ServiceIPs) == 0 {
+		return netip.AddrPort{}, fmt.Errorf("%s has no ClusterIP", servicePort)
+	}
+	ip, err := netip.ParseAddr(s.ServiceIPs[0])
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("%s: ClusterIP: %w", servicePort, err)
+	}
+	return netip.AddrPortFrom(ip, uint16(s.Port)), nil
 }
 
 // endpointNames lists the backends the proxier balances servicePort over.
@@ -77,10 +133,10 @@ func (l *lab) nameOf(servicePort, endpoint string) string {
 
 // pinnedTo is the backend the proxier's affinity table holds for client,
 // if an unexpired entry exists.
-func (l *lab) pinnedTo(servicePort string, client netip.Addr) (string, bool) {
+func (l *lab) pinnedTo(servicePort string, who client) (string, bool) {
 	s, _ := l.service(servicePort)
 	for _, c := range s.Clients {
-		if c.ClientIP == client.String() {
+		if c.ClientIP == l.addr(who).String() {
 			return l.nameOf(servicePort, c.Endpoint), true
 		}
 	}

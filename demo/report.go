@@ -3,46 +3,43 @@ package demo
 import (
 	"fmt"
 	"io"
-	"strings"
 )
 
-// table prints rows as they are measured, so the user watches the
-// experiments happen rather than a 15-second silence.
+// table collects the rows of one section as they are measured, prints a dot
+// for each so the user sees the experiments happen, and prints the whole
+// table (columns fitted to their content, see textTable) at the end.
 type table struct {
-	w    io.Writer
-	rows []row
+	w      io.Writer
+	width  int
+	titles []string
+	rows   []row
+	notes  [][]string // per row
 }
 
-const rowFormat = "%-46s %-38s %-44s %s\n"
-
-func (t *table) header() {
-	t.titles("experiment", "seed 000 (kube-proxy, iptables mode)", "kube-userspace-proxy", "match")
+func newTable(w io.Writer, width int, what, expected, ours string) *table {
+	return &table{w: w, width: width, titles: []string{what, expected, ours, "same?"}}
 }
 
-// titles prints the column titles: what was done, what to compare with,
-// what this proxy did, whether it matched.
-func (t *table) titles(what, reference, ours, match string) {
-	fmt.Fprintf(t.w, rowFormat, what, reference, ours, match)
-	fmt.Fprintf(t.w, rowFormat, strings.Repeat("-", 46), strings.Repeat("-", 38), strings.Repeat("-", 44), "-----")
+// start says what is about to run and how long it takes; the dots follow.
+func (t *table) start(what string) {
+	fmt.Fprintf(t.w, "%s ", what)
 }
 
 func (t *table) add(rows ...row) {
 	for _, r := range rows {
 		t.rows = append(t.rows, r)
-		match := "yes"
-		if !r.Matched {
-			match = "NO"
-		}
-		fmt.Fprintf(t.w, rowFormat, r.Experiment, r.Seed, r.Ours, match)
+		t.notes = append(t.notes, nil)
+		fmt.Fprint(t.w, ".")
 	}
 }
 
-// note prints a line about a step (a manifest rewrite, its delay) under
-// the row it belongs to.
+// note adds lines about a step (a manifest rewrite, its delay) under the
+// last row.
 func (t *table) note(lines ...string) {
-	for _, l := range lines {
-		fmt.Fprintf(t.w, "    └ %s\n", l)
+	if len(t.rows) == 0 {
+		return
 	}
+	t.notes[len(t.notes)-1] = append(t.notes[len(t.notes)-1], lines...)
 }
 
 // matched reports whether every row matched, and how many did.
@@ -56,26 +53,43 @@ func (t *table) matched() (bool, int) {
 	return n == len(t.rows), n
 }
 
-func (t *table) footer() bool {
-	return t.verdict("Every outcome matched the seed", `
-How to read it: kube-proxy's iptables mode picks a backend at random; this
-proxy (like the legacy userspace mode) picks round robin. So plain traffic is
-exactly even, and a client whose affinity expired takes the next backend in
-turn: whether that is a different one depends on how many other clients
-picked in between. The outcomes - spread, pinned, independent per client,
-timeout counted from the last access, re-pinned to a survivor - are the same.
-`)
+// print ends the dots and prints the table.
+func (t *table) print() {
+	fmt.Fprint(t.w, " done\n\n")
+	tt := textTable{titles: t.titles, width: t.width}
+	for i, r := range t.rows {
+		same := "yes"
+		if !r.Matched {
+			same = "NO"
+		}
+		tt.rows = append(tt.rows, tableRow{cells: []string{r.Experiment, r.Expected, r.Ours, same}, notes: t.notes[i]})
+	}
+	tt.render(t.w)
 }
 
-// verdict prints claim with yes or NO and the count of matched rows, then
-// how to read the table, and reports whether every row matched.
+// verdict prints the table, then claim with yes or NO and the count of
+// matched rows, then how to read the table, and reports whether every row
+// matched.
 func (t *table) verdict(claim, howToRead string) bool {
+	t.print()
 	all, n := t.matched()
 	verdict := "yes"
 	if !all {
 		verdict = "NO"
 	}
-	fmt.Fprintf(t.w, "\n%s: %s (%d/%d)\n", claim, verdict, n, len(t.rows))
+	fmt.Fprintf(t.w, "\n%s: %s (%d of %d)\n", claim, verdict, n, len(t.rows))
 	fmt.Fprint(t.w, howToRead)
 	return all
+}
+
+func (t *table) footer() bool {
+	return t.verdict("Every outcome matched the real cluster", `
+How to read it: kube-proxy in iptables mode picks a pod at random; this proxy
+(like Kubernetes' old userspace mode) takes the pods in turn (round robin). So
+plain traffic is spread exactly evenly here, and a client whose affinity has
+expired gets whichever pod is next in turn: a different one or not, depending
+on how many other clients connected in between. What must be the same is the
+outcome: spread, kept on one pod, each client on its own pod, the timeout
+counted from the last connection, moved to a surviving pod.
+`)
 }

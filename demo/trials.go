@@ -3,12 +3,11 @@ package demo
 import (
 	"context"
 	"fmt"
-	"net/netip"
 	"sync"
 	"time"
 )
 
-// The seed's timing experiments, run with timeoutSeconds 3.
+// The timing experiments of the real cluster's measurement, run with timeoutSeconds 3.
 const (
 	trialCount   = 12
 	shortGap     = 1 * time.Second // below the timeout: the pin must hold
@@ -25,10 +24,10 @@ const (
 
 // Every trial is a client of its own, so all of them run at once and the
 // whole thing takes about as long as the refresh series (12 s), not minutes.
-func shortClient(i int) netip.Addr { return clientIP(21 + i) }
-func longClient(i int) netip.Addr  { return clientIP(41 + i) }
+func shortClient(i int) client { return client(21 + i) }
+func longClient(i int) client  { return client(41 + i) }
 
-var refreshClient = clientIP(61)
+const refreshClient client = 61
 
 // trialResults is what the timing experiments observed.
 type trialResults struct {
@@ -52,8 +51,8 @@ type trialResults struct {
 // the 2*(11-i) first picks of the later trials and the i second picks of
 // the earlier long ones, 22-i in all, so it lands on the same backend again
 // exactly when 22-i+1 is a multiple of 3: 4 of 12 same, 8 changed. (The
-// schedule also fixes the cursor afterwards: 39 picks since cli1's, so
-// cli1's next fresh pick is its first backend again.)
+// schedule also fixes the cursor afterwards: 39 picks since client 1's, so
+// client 1's next fresh pick is its first backend again.)
 func (l *lab) timeoutTrials(ctx context.Context) trialResults {
 	addr, err := l.proxyAddr(stickyServicePort)
 	if err != nil {
@@ -70,8 +69,8 @@ func (l *lab) timeoutTrials(ctx context.Context) trialResults {
 		f()
 	}
 	fail := func(err error) { record(func() { res.err = firstErr(res.err, err) }) }
-	access := func(from netip.Addr) (string, bool) {
-		name, err := accessTCP(ctx, addr, from)
+	access := func(from client) (string, bool) {
+		name, err := l.access(ctx, addr, from)
 		if err != nil {
 			fail(err)
 			return "", false
@@ -150,26 +149,29 @@ func firstErr(have, next error) error {
 
 // rows turns the results into the table's three timing rows.
 func (r trialResults) rows() []row {
-	short := row{Experiment: "timeout 3 s: 12 trials, 2 accesses 1 s apart", Seed: "12/12 same backend"}
-	long := row{Experiment: "timeout 3 s: 12 trials, 2 accesses 4 s apart", Seed: "8/12 changed (random re-pick)"}
-	refresh := row{Experiment: "timeout 3 s: 1 access every 2 s, 7 times", Seed: "1 distinct backend"}
+	short := row{Experiment: "12 clients connect twice, 1 s apart (under the 3 s timeout)", Expected: "12/12 back on the same pod"}
+	long := row{Experiment: "12 clients connect twice, 4 s apart (past the 3 s timeout)", Expected: "affinity expired; 8/12 moved to another pod (random pick)"}
+	refresh := row{Experiment: "1 client connects every 2 s, 7 times", Expected: "one pod for all 7 (each one restarts the timeout)"}
 	if r.err != nil {
 		for _, each := range []*row{&short, &long, &refresh} {
 			each.Ours = "error: " + r.err.Error()
 		}
 		return []row{short, long, refresh}
 	}
-	short.Ours = fmt.Sprintf("%d/%d same backend", r.shortSame, trialCount)
+	short.Ours = fmt.Sprintf("%d/%d back on the same backend", r.shortSame, trialCount)
 	short.Matched = r.shortSame == trialCount
 	// Re-picked is the outcome: the entry was gone once 3 s had passed. How
 	// many then changed backend is the balancing algorithm's business.
-	long.Ours = fmt.Sprintf("%d/%d re-picked, %d/%d changed", r.longExpired, trialCount, r.longChanged, trialCount)
+	long.Ours = fmt.Sprintf("expired for %d/%d; %d/%d moved", r.longExpired, trialCount, r.longChanged, trialCount)
 	long.Matched = r.longExpired == trialCount && r.longChanged > 0
 	distinct := map[string]bool{}
 	for _, n := range r.refreshed {
 		distinct[n] = true
 	}
-	refresh.Ours = fmt.Sprintf("%d distinct backend(s) in %d accesses", len(distinct), len(r.refreshed))
+	refresh.Ours = fmt.Sprintf("%d backends over %d", len(distinct), len(r.refreshed))
+	if len(distinct) == 1 {
+		refresh.Ours = fmt.Sprintf("one backend for all %d", len(r.refreshed))
+	}
 	refresh.Matched = len(distinct) == 1 && len(r.refreshed) == refreshTimes
 	return []row{short, long, refresh}
 }

@@ -7,9 +7,11 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 
 	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/demo"
@@ -17,7 +19,7 @@ import (
 )
 
 // runDemo is the demo subcommand (package demo says what it shows). Exit
-// status: 0 when every outcome matched the seed, 1 otherwise, 2 for bad
+// status: 0 when every outcome matched, 1 otherwise, 2 for bad
 // flags.
 func runDemo(args []string) int {
 	fs := pflag.NewFlagSet("kube-userspace-proxy demo", pflag.ContinueOnError)
@@ -47,7 +49,7 @@ func runDemo(args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	matched, err := demo.Run(ctx, os.Stdout, *serve, startForDemo)
+	matched, err := demo.Run(ctx, os.Stdout, demo.Options{Serve: *serve, Width: outputWidth(os.Stdout)}, startForDemo)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy demo: %v\n", err)
 		return 1
@@ -56,6 +58,19 @@ func runDemo(args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// outputWidth is what the demo's tables fit in: the terminal's width when
+// out is one and narrower than demo.DefaultWidth, else $COLUMNS when set
+// and narrower, else demo.DefaultWidth.
+func outputWidth(out *os.File) int {
+	width := demo.DefaultWidth
+	if ws, err := unix.IoctlGetWinsize(int(out.Fd()), unix.TIOCGWINSZ); err == nil && ws.Col > 0 {
+		width = min(width, int(ws.Col))
+	} else if c, err := strconv.Atoi(os.Getenv("COLUMNS")); err == nil && c > 0 {
+		width = min(width, c)
+	}
+	return max(width, 60)
 }
 
 // startForDemo runs the proxier on the demo's command line with the
