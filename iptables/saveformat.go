@@ -101,8 +101,12 @@ func parseSave(data []byte, table Table) (savedTable, error) {
 	in := false
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	sc.Buffer(make([]byte, 64*1024), 16*1024*1024)
+	n := 0
 	for sc.Scan() {
-		line := sc.Text()
+		// Trailing blanks and CRs carry nothing (iptables-save never ends a
+		// rule with one) but would make a rule differ from its rendering.
+		line := strings.TrimRight(sc.Text(), " \t\r")
+		n++
 		switch {
 		case line == "" || strings.HasPrefix(line, "#"):
 		case strings.HasPrefix(line, "*"):
@@ -112,16 +116,30 @@ func parseSave(data []byte, table Table) (savedTable, error) {
 			in = false
 		case strings.HasPrefix(line, ":"):
 			name, _, _ := strings.Cut(line[1:], " ")
+			if !validChainName(name) {
+				return t, fmt.Errorf("iptables-save output for table %s, line %d: bad chain name %q", table, n, name)
+			}
 			t.chains[name] = true
 		case strings.HasPrefix(line, "-A "):
 			chain, rule, _ := strings.Cut(line[3:], " ")
+			if !validChainName(chain) {
+				return t, fmt.Errorf("iptables-save output for table %s, line %d: bad chain name %q", table, n, chain)
+			}
 			t.chains[chain] = true
 			t.rules[chain] = append(t.rules[chain], rule)
 		default:
-			return t, fmt.Errorf("unexpected line in iptables-save output for table %s: %q", table, line)
+			return t, fmt.Errorf("iptables-save output for table %s, line %d: unexpected line %q", table, n, line)
 		}
 	}
-	return t, sc.Err()
+	if err := sc.Err(); err != nil {
+		return t, fmt.Errorf("iptables-save output for table %s, after line %d: %w", table, n, err)
+	}
+	return t, nil
+}
+
+// validChainName: iptables prints a chain name as one non-empty word.
+func validChainName(name string) bool {
+	return name != "" && !strings.ContainsAny(name, " \t\r\n\v\f")
 }
 
 // ruleTarget returns the -j target of a saved rule line.
