@@ -41,17 +41,13 @@ func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo) {
 	need := info.policy.splitExternal()
 	switch {
 	case need && ap.external == nil:
-		port, err := p.ports.AllocateNext()
-		if err != nil {
-			klog.ErrorS(err, "No proxy port for external traffic", "servicePort", info.name)
-			return
-		}
 		ext := externalName(info.name)
 		sp := p.lb.ServicePort(ext)
 		p.lb.SetAffinity(ext, info.affinity)
-		sock, err := p.listen(info.name, p.opts.BindAddress, port, info.hasIPv6(), sp, ap.faults, p.sockCfg)
+		sock, err := p.ports.Open(func(port int) (proxySocket, error) {
+			return p.listen(info.name, p.opts.BindAddress, port, info.hasIPv6(), sp, ap.faults, p.sockCfg)
+		})
 		if err != nil {
-			p.ports.Release(port)
 			p.lb.DeleteServicePort(ext)
 			klog.ErrorS(err, "Failed to open external proxy socket", "servicePort", info.name)
 			return

@@ -7,6 +7,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
+
+	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
 )
 
 // PortRange is an inclusive range of local ports for proxy sockets.
@@ -63,26 +68,90 @@ func (r PortRange) String() string {
 // ErrPortRangeExhausted means every port of --proxy-port-range is taken.
 var ErrPortRangeExhausted = errors.New("proxy port range exhausted")
 
-// PortAllocator hands out proxy ports. With an empty range it always returns
-// 0, which asks the kernel for a free port at listen time.
+// PortAllocator hands out proxy ports, in one of three modes:
+//   - an explicit --proxy-port-range: ports of the range, one listen try each;
+//   - the default (no range): ports outside the kernel's ephemeral range
+//     (see NewNodePortAllocator), skipping ports another process holds,
+//     then port 0;
+//   - neither (the ephemeral range unknown): always 0, the kernel chooses.
 type PortAllocator struct {
 	mu    sync.Mutex
 	r     PortRange
+	pool  []*portSegment // default mode's candidates, in order of preference
 	inUse map[int]bool
+}
+
+// portSegment is a run of candidate ports with how many of them we hold,
+// so a full segment is skipped without a scan.
+type portSegment struct {
+	lo, hi int // bounds of the run; ports holds its candidates
+	ports  []uint16
+	used   int
 }
 
 func NewPortAllocator(r PortRange) *PortAllocator {
 	return &PortAllocator{r: r, inUse: map[int]bool{}}
 }
 
-// AllocateNext tries a random port first (so restarts do not collide with
-// ports still in TIME_WAIT from the previous process), then scans.
-func (a *PortAllocator) AllocateNext() (int, error) {
-	if a.r.Size == 0 {
-		return 0, nil
+// wellKnownNodePorts are ports below the ephemeral range that node daemons
+// listen on (and may start after us): holding one of them for a proxy
+// socket would keep that daemon from starting.
+var wellKnownNodePorts = []PortRange{
+	{Base: 2379, Size: 2},   // etcd client and peer
+	{Base: 4240, Size: 1},   // Cilium health
+	{Base: 4789, Size: 1},   // VXLAN (in-kernel UDP socket)
+	{Base: 6081, Size: 1},   // Geneve (in-kernel UDP socket)
+	{Base: 6443, Size: 1},   // kube-apiserver
+	{Base: 8472, Size: 1},   // flannel/Cilium VXLAN
+	{Base: 9099, Size: 1},   // Calico felix health
+	{Base: 9100, Size: 1},   // node-exporter
+	{Base: 10248, Size: 12}, // kubelet, kube-proxy, controller-manager, scheduler: 10248-10259
+}
+
+// NewNodePortAllocator is the default mode: proxy ports come from outside
+// the kernel's ephemeral range, so a proxy port can never be the source port
+// of one of the node's own connections (whose replies the guard of a
+// stopped proxy would otherwise meet), and listening on 10,000 ports does
+// not make the kernel search its ephemeral range for every bind(0). Ports
+// above the range come first (nothing well known lives there), then ports
+// from 1024 up to the range; avoid (the NodePort range), the kernel's
+// reserved ports and wellKnownNodePorts are never handed out.
+func NewNodePortAllocator(kp kernelPorts, avoid ...PortRange) *PortAllocator {
+	a := NewPortAllocator(PortRange{})
+	eph := kp.Ephemeral
+	skip := append(append(append([]PortRange{eph}, avoid...), kp.Reserved...), wellKnownNodePorts...)
+	for _, run := range [][2]int{{eph.Base + eph.Size, 65535}, {1024, eph.Base - 1}} {
+		seg := &portSegment{lo: run[0], hi: run[1]}
+		for port := run[0]; port <= run[1]; port++ {
+			if !inAny(port, skip) {
+				seg.ports = append(seg.ports, uint16(port))
+			}
+		}
+		if len(seg.ports) > 0 {
+			a.pool = append(a.pool, seg)
+		}
 	}
+	return a
+}
+
+func inAny(port int, rs []PortRange) bool {
+	for _, r := range rs {
+		if port >= r.Base && port < r.Base+r.Size {
+			return true
+		}
+	}
+	return false
+}
+
+// AllocateNext returns a port to listen on; 0 asks the kernel. It tries a
+// random port first (so restarts do not collide with ports still in
+// TIME_WAIT from the previous process), then scans.
+func (a *PortAllocator) AllocateNext() (int, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if a.r.Size == 0 {
+		return a.nextFromPool(), nil
+	}
 	start := rand.IntN(a.r.Size)
 	for i := 0; i < a.r.Size; i++ {
 		p := a.r.Base + (start+i)%a.r.Size
@@ -94,9 +163,100 @@ func (a *PortAllocator) AllocateNext() (int, error) {
 	return 0, ErrPortRangeExhausted
 }
 
-// Release returns a port to the range; ports outside it (kernel-chosen) are ignored.
+// nextFromPool takes a free candidate, or 0 when all are held (or there
+// are none): the kernel then chooses, from its ephemeral range.
+func (a *PortAllocator) nextFromPool() int {
+	for _, s := range a.pool {
+		if s.used == len(s.ports) {
+			continue
+		}
+		start := rand.IntN(len(s.ports))
+		for i := range s.ports {
+			p := int(s.ports[(start+i)%len(s.ports)])
+			if !a.inUse[p] {
+				a.inUse[p] = true
+				s.used++
+				return p
+			}
+		}
+	}
+	return 0
+}
+
+// Release returns a port; ports not handed out (kernel-chosen) are ignored.
 func (a *PortAllocator) Release(port int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if !a.inUse[port] {
+		return
+	}
 	delete(a.inUse, port)
+	for _, s := range a.pool {
+		if port >= s.lo && port <= s.hi {
+			s.used--
+		}
+	}
+}
+
+// maxPortTries bounds how many ports held by other processes the default
+// mode skips before it lets the kernel choose.
+const maxPortTries = 16
+
+// Open listens on the next port. In the default mode a port another
+// process holds (EADDRINUSE, EACCES) is skipped for the next one, and after
+// maxPortTries the kernel chooses; with an explicit range a failed listen
+// releases the port and fails (the next sync retries).
+func (a *PortAllocator) Open(listen func(port int) (proxySocket, error)) (proxySocket, error) {
+	// Ports others hold stay marked until Open returns, so one Open does
+	// not try them twice.
+	var held []int
+	defer func() {
+		for _, p := range held {
+			a.Release(p)
+		}
+	}()
+	for try := 1; ; try++ {
+		port, err := a.AllocateNext()
+		if err != nil {
+			return nil, err
+		}
+		if port == 0 && len(held) > 0 {
+			break // every candidate is ours or someone else's
+		}
+		sock, err := listen(port)
+		if err == nil {
+			return sock, nil
+		}
+		retry := a.r.Size == 0 && port != 0 &&
+			(errors.Is(err, syscall.EADDRINUSE) || errors.Is(err, syscall.EACCES))
+		if !retry {
+			a.Release(port)
+			return nil, fmt.Errorf("listen on port %d: %w", port, err)
+		}
+		held = append(held, port)
+		if try >= maxPortTries {
+			break
+		}
+	}
+	sock, err := listen(0)
+	if err != nil {
+		return nil, fmt.Errorf("listen on a kernel-chosen port: %w", err)
+	}
+	return sock, nil
+}
+
+// newPortAllocator is the proxier's: the explicit range if there is one,
+// else ports outside this namespace's ephemeral range (and the API
+// server's default NodePort range), else whatever the kernel chooses.
+func newPortAllocator(r PortRange) *PortAllocator {
+	if r.Size > 0 {
+		return NewPortAllocator(r)
+	}
+	kp, err := readKernelPortsFromProc()
+	if err != nil {
+		klog.InfoS("Proxy ports are kernel-chosen: cannot read the ephemeral port range", "err", err)
+		return NewPortAllocator(r)
+	}
+	np := config.DefaultNodePortRange
+	return NewNodePortAllocator(kp, PortRange{Base: int(np.Min), Size: int(np.Max-np.Min) + 1})
 }

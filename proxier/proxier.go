@@ -167,7 +167,7 @@ func New(opts Options) *Proxier {
 	p := &Proxier{
 		opts:     opts,
 		lb:       loadbalancer.New(opts.Clock, opts.Affinity),
-		ports:    NewPortAllocator(opts.PortRange),
+		ports:    newPortAllocator(opts.PortRange),
 		metrics:  opts.Metrics,
 		clk:      opts.Clock,
 		services: map[types.NamespacedName]*v1.Service{},
@@ -375,18 +375,15 @@ func (p *Proxier) syncProxyRules() {
 }
 
 func (p *Proxier) openPort(info *servicePortInfo) (*activePort, error) {
-	port, err := p.ports.AllocateNext()
-	if err != nil {
-		return nil, err
-	}
 	sp := p.lb.ServicePort(info.name)
 	p.lb.SetAffinity(info.name, info.affinity)
 	fp := p.opts.Faults.Port(info.faultName, string(info.name.Protocol))
-	sock, err := p.listen(info.name, p.opts.BindAddress, port, info.hasIPv6(), sp, fp, p.sockCfg)
+	sock, err := p.ports.Open(func(port int) (proxySocket, error) {
+		return p.listen(info.name, p.opts.BindAddress, port, info.hasIPv6(), sp, fp, p.sockCfg)
+	})
 	if err != nil {
-		p.ports.Release(port)
 		p.opts.Faults.RemovePort(info.faultName)
-		return nil, fmt.Errorf("listen on port %d: %w", port, err)
+		return nil, err
 	}
 	go sock.Serve()
 	ap := &activePort{info: info, socket: sock, proxyPort: sock.Port(), faults: fp}

@@ -46,8 +46,9 @@ func (e *explanation) write(out io.Writer) error {
 		}
 	}
 	if e.kernelPorts {
-		fmt.Fprintf(w, "Proxy port numbers are examples: at start the kernel gives each service port a free\n"+
-			"port (choose a range with --proxy-port-range); the rules then use those numbers.\n")
+		fmt.Fprintf(w, "Proxy port numbers are examples: at start each service port gets a free port outside\n"+
+			"the kernel's ephemeral range (choose a range with --proxy-port-range); the rules then\n"+
+			"use those numbers.\n")
 	} else {
 		fmt.Fprintf(w, "Proxy port numbers are examples: at start each service port gets a free port of\n"+
 			"--proxy-port-range %s, picked at random; the rules then use those numbers.\n", e.portRange)

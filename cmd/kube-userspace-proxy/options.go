@@ -82,7 +82,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", o.kubeconfig, "Path to a kubeconfig file; watch Services and EndpointSlices on that API server.")
 	fs.StringVar(&o.master, "master", o.master, "The address of the Kubernetes API server (overrides any value in kubeconfig).")
 	fs.StringVar(&o.bindAddress, "bind-address", o.bindAddress, "The IP address proxy sockets listen on (0.0.0.0 for all IPv4 interfaces, :: for all).")
-	fs.StringVar(&o.proxyPortRange, "proxy-port-range", o.proxyPortRange, "Range of host ports (BEGIN-END or BEGIN+N) for proxy sockets; empty means kernel-chosen.")
+	fs.StringVar(&o.proxyPortRange, "proxy-port-range", o.proxyPortRange, "Range of host ports (BEGIN-END or BEGIN+N) for proxy sockets; empty means free ports outside the kernel's ephemeral range (ip_local_port_range), kernel-chosen if none is free.")
 	fs.DurationVar(&o.udpTimeout, "udp-timeout", o.udpTimeout, "How long an idle UDP session is kept open (e.g. '250ms', '2s'). Must be greater than 0.")
 	fs.IntVar(&o.udpMaxPerPort, "udp-max-sessions-per-port", o.udpMaxPerPort, "At most this many UDP client sessions (one backend socket each) per service port; at the cap the oldest idle session is closed for the new one. Must be greater than 0.")
 	fs.IntVar(&o.udpMaxSessions, "udp-max-sessions", o.udpMaxSessions, "At most this many UDP client sessions in total, and never more than half of the open-file limit (the rest stays for TCP); at the cap a service port closes its own oldest idle session, or drops the datagram if it has none. Must be greater than 0.")

@@ -1,0 +1,210 @@
+package proxier
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+	"testing"
+)
+
+func TestReadKernelPorts(t *testing.T) {
+	files := func(rng, reserved string) func(string) ([]byte, error) {
+		return func(path string) ([]byte, error) {
+			switch {
+			case path == ephemeralRangePath && rng != "":
+				return []byte(rng), nil
+			case path == reservedPortsPath && reserved != "":
+				return []byte(reserved), nil
+			}
+			return nil, os.ErrNotExist
+		}
+	}
+	tests := []struct {
+		name, rng, reserved string
+		want                kernelPorts
+		wantErr             bool
+	}{
+		{"default", "32768\t60999\n", "\n", kernelPorts{Ephemeral: PortRange{Base: 32768, Size: 28232}}, false},
+		{"reserved", "40000 50000\n", "8080,9000-9002,bad,70000\n",
+			kernelPorts{Ephemeral: PortRange{Base: 40000, Size: 10001},
+				Reserved: []PortRange{{Base: 8080, Size: 1}, {Base: 9000, Size: 3}}}, false},
+		{"no reserved file", "1024 65535", "", kernelPorts{Ephemeral: PortRange{Base: 1024, Size: 64512}}, false},
+		{"no range", "", "", kernelPorts{}, true},
+		{"garbage", "a b", "", kernelPorts{}, true},
+		{"reversed", "5000 4000", "", kernelPorts{}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := readKernelPorts(files(tt.rng, tt.reserved))
+			if (err != nil) != tt.wantErr || fmt.Sprint(got) != fmt.Sprint(tt.want) {
+				t.Fatalf("got %+v, %v; want %+v, err=%v", got, err, tt.want, tt.wantErr)
+			}
+		})
+	}
+}
+
+// allocateAll drains a pool and returns the ports in the order handed out.
+func allocateAll(t *testing.T, a *PortAllocator) []int {
+	t.Helper()
+	var got []int
+	for {
+		p, err := a.AllocateNext()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p == 0 {
+			return got
+		}
+		got = append(got, p)
+	}
+}
+
+func TestNodePortAllocatorStaysOutOfTheEphemeralRange(t *testing.T) {
+	kp := kernelPorts{
+		Ephemeral: PortRange{Base: 2000, Size: 63000}, // 2000-64999
+		Reserved:  []PortRange{{Base: 1500, Size: 10}, {Base: 65500, Size: 1}},
+	}
+	a := NewNodePortAllocator(kp, PortRange{Base: 1100, Size: 100})
+	got := allocateAll(t, a)
+	// 65000-65535 minus 65500, then 1024-1999 minus 1100-1199 and 1500-1509.
+	if want := 535 + 976 - 100 - 10; len(got) != want {
+		t.Fatalf("handed out %d ports, want %d", len(got), want)
+	}
+	seen := map[int]bool{}
+	for i, p := range got {
+		switch {
+		case seen[p]:
+			t.Fatalf("port %d handed out twice", p)
+		case p >= 2000 && p <= 64999:
+			t.Fatalf("port %d is in the ephemeral range", p)
+		case p < 1024 || (p >= 1100 && p < 1200) || (p >= 1500 && p < 1510) || p == 65500:
+			t.Fatalf("port %d is avoided or reserved", p)
+		case i < 535 && p < 65000, i >= 535 && p > 2000:
+			t.Fatalf("port %d handed out as #%d: ports above the range come first", p, i)
+		}
+		seen[p] = true
+	}
+	// Full: the kernel chooses. A released port is handed out again.
+	a.Release(1300)
+	a.Release(0) // a kernel-chosen port is ignored
+	if p, _ := a.AllocateNext(); p != 1300 {
+		t.Fatalf("after releasing 1300 got %d", p)
+	}
+	if p, _ := a.AllocateNext(); p != 0 {
+		t.Fatalf("full pool gave %d, want 0 (kernel-chosen)", p)
+	}
+}
+
+func TestNodePortAllocatorSkipsWellKnownPorts(t *testing.T) {
+	a := NewNodePortAllocator(kernelPorts{Ephemeral: PortRange{Base: 11000, Size: 55000 - 11000}})
+	for _, p := range allocateAll(t, a) {
+		if inAny(p, wellKnownNodePorts) {
+			t.Fatalf("handed out %d, a well-known node port", p)
+		}
+	}
+}
+
+// fakeSocket is a proxy socket that only knows its port.
+type fakeSocket int
+
+func (s fakeSocket) Port() int    { return int(s) }
+func (s fakeSocket) Serve()       {}
+func (s fakeSocket) Close() error { return nil }
+
+// fakeBinder listens on any port but those held by others; port 0 gets
+// kernelPort.
+type fakeBinder struct {
+	held       map[int]error
+	kernelPort int
+	tried      []int
+}
+
+func (b *fakeBinder) listen(port int) (proxySocket, error) {
+	b.tried = append(b.tried, port)
+	if err, ok := b.held[port]; ok {
+		return nil, err
+	}
+	if port == 0 {
+		return fakeSocket(b.kernelPort), nil
+	}
+	return fakeSocket(port), nil
+}
+
+func TestPortAllocatorOpen(t *testing.T) {
+	inUse := fmt.Errorf("listen: %w", syscall.EADDRINUSE)
+	// A pool of four ports above a fake ephemeral range 1024-65531.
+	pool := func() *PortAllocator {
+		return NewNodePortAllocator(kernelPorts{Ephemeral: PortRange{Base: 1024, Size: 65532 - 1024}})
+	}
+	// A pool of 100 ports, every one held by another process.
+	widePool := func() *PortAllocator {
+		return NewNodePortAllocator(kernelPorts{Ephemeral: PortRange{Base: 1024, Size: 65436 - 1024}})
+	}
+	tests := []struct {
+		name      string
+		alloc     *PortAllocator
+		held      map[int]error
+		wantPort  int // 0: any port of the pool
+		wantTries int
+		wantErr   bool
+	}{
+		{"free port", pool(), nil, 0, 1, false},
+		{"three held by others are skipped", pool(),
+			map[int]error{65532: inUse, 65533: inUse, 65534: syscall.EACCES}, 65535, 0, false},
+		{"all held: the kernel chooses", pool(),
+			map[int]error{65532: inUse, 65533: inUse, 65534: inUse, 65535: inUse}, 40000, 5, false},
+		{"more held than tries: the kernel chooses", widePool(),
+			map[int]error{}, 40000, maxPortTries + 1, false},
+		{"other errors are not retried", pool(),
+			map[int]error{65532: syscall.EADDRNOTAVAIL, 65533: syscall.EADDRNOTAVAIL, 65534: syscall.EADDRNOTAVAIL, 65535: syscall.EADDRNOTAVAIL}, 0, 1, true},
+		{"explicit range: one try", NewPortAllocator(PortRange{Base: 5000, Size: 1}),
+			map[int]error{5000: inUse}, 0, 1, true},
+		{"kernel-chosen only", NewPortAllocator(PortRange{}), nil, 40000, 1, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := &fakeBinder{held: tt.held, kernelPort: 40000}
+			if tt.held != nil && len(tt.held) == 0 {
+				for p := 65436; p <= 65535; p++ {
+					b.held[p] = inUse
+				}
+			}
+			sock, err := tt.alloc.Open(b.listen)
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("Open: %v, wantErr %v (tried %v)", err, tt.wantErr, b.tried)
+			}
+			seen := map[int]bool{}
+			for _, p := range b.tried {
+				if p != 0 && seen[p] {
+					t.Errorf("port %d tried twice (tried %v)", p, b.tried)
+				}
+				seen[p] = true
+			}
+			if tt.wantTries != 0 && len(b.tried) != tt.wantTries {
+				t.Errorf("tried %v, want %d tries", b.tried, tt.wantTries)
+			}
+			if err != nil {
+				if tt.alloc.inUse[b.tried[0]] {
+					t.Errorf("port %d still held after its listen failed", b.tried[0])
+				}
+				return
+			}
+			got := sock.Port()
+			if tt.wantPort != 0 && got != tt.wantPort {
+				t.Errorf("port %d, want %d (tried %v)", got, tt.wantPort, b.tried)
+			}
+			if tt.wantPort == 0 && (got < 65532 || !tt.alloc.inUse[got]) {
+				t.Errorf("port %d is not a held port of the pool", got)
+			}
+			for p := range tt.held {
+				if tt.alloc.inUse[p] {
+					t.Errorf("port %d, held by another process, is still marked ours", p)
+				}
+			}
+		})
+	}
+	if !errors.Is(inUse, syscall.EADDRINUSE) {
+		t.Fatal("wrapped EADDRINUSE not recognised")
+	}
+}
