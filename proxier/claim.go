@@ -2,52 +2,103 @@ package proxier
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 
+	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 )
 
-// claim opens (and never reads) sockets on the NodePort and on external IPs
-// that are local to this node, as the legacy proxier did: the kernel then
-// refuses them to any other process, instead of that process silently
-// losing its traffic to our portal rules.
+// claim holds the NodePort, and the port on external IPs that are local
+// to this node, as the legacy proxier did: the kernel then refuses them to
+// any other process, instead of that process silently losing its traffic
+// to our portal rules. A held TCP port is bound but not listening, so a
+// connection the portals do not catch (a NodePort on an address outside
+// --nodeport-addresses) is refused with a reset instead of completing its
+// handshake into a backlog nobody accepts from. A held UDP port is a bound
+// socket nobody reads (datagrams there are dropped).
 func (p *Proxier) claim(info *servicePortInfo) []func() error {
 	var closers []func() error
-	network := "tcp"
-	if info.name.Protocol == v1.ProtocolUDP {
-		network = "udp"
-	}
-	hold := func(addr string) {
-		c, err := holdPort(network, addr)
+	hold := func(ip netip.Addr, port int) {
+		var c func() error
+		var err error
+		if info.name.Protocol == v1.ProtocolUDP {
+			c, err = holdUDPPort(ip, port)
+		} else {
+			c, err = holdTCPPort(ip, port)
+		}
 		if err != nil {
-			klog.ErrorS(err, "Cannot claim port; another process holds it", "servicePort", info.name, "address", addr)
+			klog.ErrorS(err, "Cannot claim port; another process holds it", "servicePort", info.name, "address", ip, "port", port)
 			return
 		}
 		closers = append(closers, c)
 	}
 	if info.nodePort != 0 {
-		hold(fmt.Sprintf(":%d", info.nodePort))
+		hold(netip.Addr{}, info.nodePort)
 	}
 	for _, ip := range info.externalIPs {
 		if isLocalAddress(ip) {
-			hold(netip.AddrPortFrom(ip, uint16(info.port)).String())
+			hold(ip, info.port)
 		}
 	}
 	return closers
 }
 
-func holdPort(network, addr string) (func() error, error) {
-	if network == "tcp" {
-		ln, err := listenConfig.Listen(context.Background(), network, addr)
-		if err != nil {
-			return nil, err
+// holdTCPPort binds ip:port (every address, both families, when ip is
+// invalid) without listening. No SO_REUSEADDR: with it on both sides the
+// kernel would let another process bind and listen on a port held by a
+// socket that is not listening (Go's listeners all set it).
+func holdTCPPort(ip netip.Addr, port int) (func() error, error) {
+	var fd int
+	var err error
+	switch {
+	case !ip.IsValid():
+		fd, err = boundTCPSocket(unix.AF_INET6, &unix.SockaddrInet6{Port: port}, false)
+		if errors.Is(err, unix.EAFNOSUPPORT) {
+			fd, err = boundTCPSocket(unix.AF_INET, &unix.SockaddrInet4{Port: port}, false)
 		}
-		return ln.Close, nil
+	case ip.Is4() || ip.Is4In6():
+		fd, err = boundTCPSocket(unix.AF_INET, &unix.SockaddrInet4{Port: port, Addr: ip.Unmap().As4()}, false)
+	default:
+		fd, err = boundTCPSocket(unix.AF_INET6, &unix.SockaddrInet6{Port: port, Addr: ip.As16()}, true)
 	}
-	pc, err := listenConfig.ListenPacket(context.Background(), network, addr)
+	if err != nil {
+		return nil, fmt.Errorf("bind %s: %w", netip.AddrPortFrom(ip, uint16(port)), err)
+	}
+	return func() error { return unix.Close(fd) }, nil
+}
+
+func boundTCPSocket(family int, sa unix.Sockaddr, v6only bool) (int, error) {
+	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	if family == unix.AF_INET6 {
+		only := 0
+		if v6only {
+			only = 1
+		}
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, only); err != nil {
+			unix.Close(fd)
+			return -1, err
+		}
+	}
+	if err := unix.Bind(fd, sa); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}
+
+func holdUDPPort(ip netip.Addr, port int) (func() error, error) {
+	addr := fmt.Sprintf(":%d", port)
+	if ip.IsValid() {
+		addr = netip.AddrPortFrom(ip, uint16(port)).String()
+	}
+	pc, err := listenConfig.ListenPacket(context.Background(), "udp", addr)
 	if err != nil {
 		return nil, err
 	}

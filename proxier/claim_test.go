@@ -1,9 +1,12 @@
 package proxier
 
 import (
+	"errors"
 	"net"
 	"strconv"
+	"syscall"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 )
@@ -28,6 +31,14 @@ func TestNodePortIsClaimed(t *testing.T) {
 				t.Fatalf("NodePort %d still held after the Service was deleted: %v", port, err)
 			}
 		})
+	}
+}
+
+// withExternalIPPort gives the Service one external IP and its port.
+func withExternalIPPort(ip string, port int32) svcOpt {
+	return func(s *v1.Service) {
+		s.Spec.ExternalIPs = []string{ip}
+		s.Spec.Ports[0].Port = port
 	}
 }
 
@@ -63,4 +74,39 @@ func bindable(network string, port int) error {
 		pc.Close()
 	}
 	return err
+}
+
+// A claimed TCP port is bound, not listening: a connection the portals do
+// not catch (here none are installed, as for a NodePort on an address
+// outside --nodeport-addresses) is refused at once. A listening claim
+// completed the handshake and the client hung on a backlog nobody read.
+// The port stays held against listeners on one address and SO_REUSEADDR.
+func TestClaimedTCPPortRefuses(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		svc  func(port int) svcOpt
+	}{
+		{"NodePort", func(port int) svcOpt { return withNodePort(int32(port)) }},
+		{"local external IP", func(port int) svcOpt { return withExternalIPPort("127.0.0.1", int32(port)) }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			port := freePortFor(t, "tcp")
+			p := newTestProxier(t, Options{ClaimNodePorts: true})
+			p.OnServiceAdd(makeService("web", tt.svc(port)))
+			p.Sync()
+			addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+			conn, err := net.DialTimeout("tcp", addr, 2*time.Second)
+			if err == nil {
+				conn.Close()
+				t.Fatalf("connect to the claimed port %s completed a handshake; want refused", addr)
+			}
+			if !errors.Is(err, syscall.ECONNREFUSED) {
+				t.Fatalf("connect to the claimed port %s: %v, want connection refused", addr, err)
+			}
+			if ln, err := net.Listen("tcp", addr); err == nil {
+				ln.Close()
+				t.Fatalf("another process could listen on %s (SO_REUSEADDR) while it is claimed", addr)
+			}
+		})
+	}
 }
