@@ -9,7 +9,6 @@ import (
 	"github.com/spf13/pflag"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kubeproxyconfig "k8s.io/kube-proxy/config/v1alpha1"
-	"sigs.k8s.io/yaml"
 )
 
 // configFile is a KubeProxyConfiguration plus the legacy userspace field
@@ -29,38 +28,45 @@ func (o *options) applyConfigFile(fs *pflag.FlagSet) error {
 	if err != nil {
 		return err
 	}
-	var cfg configFile
-	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
-		return fmt.Errorf("decoding: %v", err)
+	cfg, err := decodeConfigFile(data)
+	if err != nil {
+		return err
 	}
-	if cfg.APIVersion != configAPIVersion || cfg.Kind != "KubeProxyConfiguration" {
-		return fmt.Errorf("want apiVersion %s, kind KubeProxyConfiguration; got %q, %q", configAPIVersion, cfg.APIVersion, cfg.Kind)
-	}
-	set := func(flag string, present bool, apply func()) {
+	o.applyConfig(cfg, fs)
+	return nil
+}
+
+// applyConfig sets the options the file gives and no flag overrides, and
+// remembers which field set each so that validation blames the field.
+func (o *options) applyConfig(cfg *configFile, fs *pflag.FlagSet) {
+	set := func(flag, field string, present bool, apply func()) {
 		if present && !fs.Changed(flag) {
 			apply()
+			if o.fileFields == nil {
+				o.fileFields = map[string]string{}
+			}
+			o.fileFields[flag] = field
 		}
 	}
-	duration := func(flag string, d metav1.Duration, dst *time.Duration) {
-		set(flag, d.Duration != 0, func() { *dst = d.Duration })
+	duration := func(flag, field string, d metav1.Duration, dst *time.Duration) {
+		set(flag, field, d.Duration != 0, func() { *dst = d.Duration })
 	}
 	c := &cfg.KubeProxyConfiguration
-	set("kubeconfig", c.ClientConnection.Kubeconfig != "", func() {
+	set("kubeconfig", "clientConnection.kubeconfig", c.ClientConnection.Kubeconfig != "", func() {
 		o.kubeconfig = c.ClientConnection.Kubeconfig
 		o.kubeconfigField = fmt.Sprintf("clientConnection.kubeconfig (set in --config %s)", o.configFile)
 	})
-	set("bind-address", c.BindAddress != "", func() { o.bindAddress = c.BindAddress })
-	set("healthz-bind-address", c.HealthzBindAddress != "", func() { o.healthzBindAddress = c.HealthzBindAddress })
-	set("metrics-bind-address", c.MetricsBindAddress != "", func() { o.metricsBindAddress = c.MetricsBindAddress })
-	set("hostname-override", c.HostnameOverride != "", func() { o.hostnameOverride = c.HostnameOverride })
-	set("proxy-mode", c.Mode != "", func() { o.proxyMode = strings.TrimSpace(string(c.Mode)) })
-	set("proxy-port-range", c.PortRange != "", func() { o.proxyPortRange = c.PortRange })
-	set("nodeport-addresses", len(c.NodePortAddresses) > 0, func() { o.nodePortAddresses = c.NodePortAddresses })
-	duration("iptables-sync-period", c.IPTables.SyncPeriod, &o.syncPeriod)
-	duration("iptables-min-sync-period", c.IPTables.MinSyncPeriod, &o.minSyncPeriod)
-	duration("config-sync-period", c.ConfigSyncPeriod, &o.configSyncPeriod)
+	set("bind-address", "bindAddress", c.BindAddress != "", func() { o.bindAddress = c.BindAddress })
+	set("healthz-bind-address", "healthzBindAddress", c.HealthzBindAddress != "", func() { o.healthzBindAddress = c.HealthzBindAddress })
+	set("metrics-bind-address", "metricsBindAddress", c.MetricsBindAddress != "", func() { o.metricsBindAddress = c.MetricsBindAddress })
+	set("hostname-override", "hostnameOverride", c.HostnameOverride != "", func() { o.hostnameOverride = c.HostnameOverride })
+	set("proxy-mode", "mode", c.Mode != "", func() { o.proxyMode = strings.TrimSpace(string(c.Mode)) })
+	set("proxy-port-range", "portRange", c.PortRange != "", func() { o.proxyPortRange = c.PortRange })
+	set("nodeport-addresses", "nodePortAddresses", len(c.NodePortAddresses) > 0, func() { o.nodePortAddresses = c.NodePortAddresses })
+	duration("iptables-sync-period", "iptables.syncPeriod", c.IPTables.SyncPeriod, &o.syncPeriod)
+	duration("iptables-min-sync-period", "iptables.minSyncPeriod", c.IPTables.MinSyncPeriod, &o.minSyncPeriod)
+	duration("config-sync-period", "configSyncPeriod", c.ConfigSyncPeriod, &o.configSyncPeriod)
 	if cfg.UDPIdleTimeout != nil {
-		duration("udp-timeout", *cfg.UDPIdleTimeout, &o.udpTimeout)
+		duration("udp-timeout", "udpIdleTimeout", *cfg.UDPIdleTimeout, &o.udpTimeout)
 	}
-	return nil
 }

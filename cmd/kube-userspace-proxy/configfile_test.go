@@ -46,6 +46,8 @@ udpIdleTimeout: 3s
 			}
 		}},
 		{name: "unknown field", file: "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nbogus: 1\n", wantErr: "bogus"},
+		{name: "bad duration names its field", file: "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\niptables: {syncPeriod: abc}\n",
+			wantErr: `iptables.syncPeriod: time: invalid duration "abc"`},
 		{name: "wrong kind", file: "apiVersion: v1\nkind: ConfigMap\n", wantErr: "KubeProxyConfiguration"},
 	}
 	for _, tt := range tests {

@@ -2,9 +2,11 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -53,6 +55,9 @@ type options struct {
 	// kubeconfigField names the --config field kubeconfig came from, when
 	// it did not come from the flag, so that errors blame what the user wrote.
 	kubeconfigField string
+	// fileFields maps each flag --config set to the field that set it, so
+	// that a bad value is blamed on what the user wrote.
+	fileFields map[string]string
 }
 
 func newOptions() *options {
@@ -123,7 +128,7 @@ type validated struct {
 func (o *options) validate() (*validated, error) {
 	v := &validated{preroutingRedirect: o.preroutingRedirect}
 	var errs []string
-	add := func(format string, args ...any) { errs = append(errs, fmt.Sprintf(format, args...)) }
+	add := func(format string, args ...any) { errs = append(errs, o.blameConfigFile(fmt.Sprintf(format, args...))) }
 	if o.proxyMode != "" && o.proxyMode != "userspace" {
 		add("--proxy-mode %q is not supported: this proxy implements only \"userspace\"", o.proxyMode)
 	}
@@ -228,4 +233,35 @@ func (o *options) validate() (*validated, error) {
 		return nil, fmt.Errorf("%s", strings.Join(errs, "\n"))
 	}
 	return v, nil
+}
+
+// blameConfigFile adds to a message about flags the --config fields that
+// set them: "--iptables-sync-period must be greater than 0, got -5s
+// (iptables.syncPeriod in --config proxy.yaml)".
+func (o *options) blameConfigFile(msg string) string {
+	var fields []string
+	for _, flag := range slices.Sorted(maps.Keys(o.fileFields)) {
+		if mentionsFlag(msg, flag) {
+			fields = append(fields, o.fileFields[flag])
+		}
+	}
+	if len(fields) == 0 {
+		return msg
+	}
+	return fmt.Sprintf("%s (%s in --config %s)", msg, strings.Join(fields, ", "), o.configFile)
+}
+
+// mentionsFlag reports whether msg names --flag itself (not a longer flag
+// that starts with the same words).
+func mentionsFlag(msg, flag string) bool {
+	for rest := msg; ; {
+		i := strings.Index(rest, "--"+flag)
+		if i < 0 {
+			return false
+		}
+		rest = rest[i+2+len(flag):]
+		if rest == "" || !(rest[0] == '-' || rest[0] >= 'a' && rest[0] <= 'z') {
+			return true
+		}
+	}
 }

@@ -1,0 +1,149 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+
+	sigsjson "sigs.k8s.io/json"
+	"sigs.k8s.io/yaml"
+)
+
+// decodeConfigFile reads a --config file strictly (unknown and duplicate
+// fields are errors) and checks its apiVersion and kind. Every error starts
+// with where the problem is: "line N" for YAML syntax, the field path
+// ("iptables.syncPeriod") for a bad value, "apiVersion/kind" or "document"
+// otherwise, since the decoders' own messages often do not say (a bad
+// duration read "time: invalid duration \"abc\"").
+func decodeConfigFile(data []byte) (*configFile, error) {
+	j, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		return nil, yamlError(err)
+	}
+	if t := jsonKind(j); t != "object" && t != "null" {
+		return nil, fmt.Errorf("document: want a KubeProxyConfiguration object, got a %s", t)
+	}
+	var cfg configFile
+	strict, err := sigsjson.UnmarshalStrict(j, &cfg)
+	if err != nil {
+		return nil, fieldError(j, err)
+	}
+	if len(strict) > 0 {
+		msgs := make([]string, len(strict))
+		for i, e := range strict {
+			msgs[i] = cleanJSONError(e)
+		}
+		return nil, errors.New(strings.Join(msgs, "; "))
+	}
+	if cfg.APIVersion != configAPIVersion || cfg.Kind != "KubeProxyConfiguration" {
+		return nil, fmt.Errorf("apiVersion/kind: want %s, KubeProxyConfiguration; got %q, %q", configAPIVersion, cfg.APIVersion, cfg.Kind)
+	}
+	return &cfg, nil
+}
+
+var yamlLine = regexp.MustCompile(`(?:^|: )(line \d+: .*)$`)
+
+// yamlError says where a YAML syntax error is: its line when the parser
+// knows it, the document otherwise.
+func yamlError(err error) error {
+	msg := oneLine(strings.TrimPrefix(err.Error(), "error converting YAML to JSON: "))
+	if m := yamlLine.FindStringSubmatch(msg); m != nil {
+		return errors.New(m[1])
+	}
+	return fmt.Errorf("document: not valid YAML: %s", strings.TrimPrefix(msg, "yaml: "))
+}
+
+// fieldError names the field whose value failed to decode: the decoders say
+// it for a type mismatch but not for a value a type's own UnmarshalJSON
+// refused, so the field is found by decoding each field alone.
+func fieldError(j []byte, err error) error {
+	msg := cleanJSONError(err.Error())
+	path := badField(j, nil)
+	if path == "" {
+		return fmt.Errorf("document: %s", msg)
+	}
+	return fmt.Errorf("%s: %s", path, msg)
+}
+
+// goField is how encoding/json names the Go field of a type mismatch; the
+// path in front of it says it better.
+var goField = regexp.MustCompile(`into Go (?:struct field \S+|value) of type `)
+
+func cleanJSONError(e any) string {
+	msg := fmt.Sprint(e)
+	for _, p := range []string{"error unmarshaling JSON: ", "while decoding JSON: ", "json: "} {
+		msg = strings.TrimPrefix(msg, p)
+	}
+	return oneLine(goField.ReplaceAllString(msg, "into a value of type "))
+}
+
+// badField returns the dotted path of the first field (in name order) of
+// the JSON object j, under prefix, whose value alone does not decode into a
+// configFile; "" when none fails alone.
+func badField(j []byte, prefix []string) string {
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(j, &obj) != nil {
+		return ""
+	}
+	keys := make([]string, 0, len(obj))
+	for k := range obj {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		path := append(slices.Clone(prefix), k)
+		if decodesAlone(path, obj[k]) {
+			continue
+		}
+		if deeper := badField(obj[k], path); deeper != "" {
+			return deeper
+		}
+		return strings.Join(path, ".")
+	}
+	return ""
+}
+
+// decodesAlone reports whether {path[0]: {path[1]: ... value}} decodes into
+// a configFile (unknown fields aside: those are reported by name already).
+func decodesAlone(path []string, value json.RawMessage) bool {
+	doc := value
+	for i := len(path) - 1; i >= 0; i-- {
+		b, err := json.Marshal(map[string]json.RawMessage{path[i]: doc})
+		if err != nil {
+			return false
+		}
+		doc = b
+	}
+	var cfg configFile
+	_, err := sigsjson.UnmarshalStrict(doc, &cfg)
+	return err == nil
+}
+
+// jsonKind names the kind of JSON value j holds.
+func jsonKind(j []byte) string {
+	j = bytes.TrimSpace(j)
+	if len(j) == 0 {
+		return "null"
+	}
+	switch j[0] {
+	case '{':
+		return "object"
+	case '[':
+		return "list"
+	case '"':
+		return "string"
+	case 'n':
+		return "null"
+	case 't', 'f':
+		return "boolean"
+	default:
+		return "number"
+	}
+}
+
+// oneLine keeps an error on one line of stderr.
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
