@@ -139,32 +139,7 @@ func (t *endpointsTracker) localEndpoints(svc types.NamespacedName) int {
 // filters them by the Service's traffic policy and hands them to the
 // balancer. Returns whether any balancer entry changed.
 func (t *endpointsTracker) apply(svc types.NamespacedName) bool {
-	byPort := map[loadbalancer.ServicePortName][]loadbalancer.Endpoint{}
-	for _, es := range t.slices[svc] {
-		for _, p := range es.Ports {
-			if p.Port == nil {
-				continue
-			}
-			spn := loadbalancer.ServicePortName{NamespacedName: svc, Protocol: "TCP"}
-			if p.Name != nil {
-				spn.Port = *p.Name
-			}
-			if p.Protocol != nil {
-				spn.Protocol = *p.Protocol
-			}
-			for _, ep := range es.Endpoints {
-				e := endpointFromSlice(ep)
-				for _, addr := range ep.Addresses {
-					a, err := netip.ParseAddr(addr)
-					if err != nil {
-						continue
-					}
-					e.Addr = netip.AddrPortFrom(a.Unmap(), uint16(*p.Port))
-					byPort[spn] = append(byPort[spn], e)
-				}
-			}
-		}
-	}
+	byPort := endpointsByPort(svc, t.slices[svc])
 	policy := t.policies[svc]
 	want := map[loadbalancer.ServicePortName][]loadbalancer.Endpoint{}
 	local := 0
@@ -198,6 +173,40 @@ func (t *endpointsTracker) apply(svc types.NamespacedName) bool {
 		t.applied[svc] = names
 	}
 	return changed
+}
+
+// endpointsByPort lists, per service port, every address of every slice of
+// svc with that port's number. A port outside 1-65535 or an address that is
+// not a plain IP (the API server refuses both, a hand-made object may not)
+// is left out: a uint16 conversion would turn port 70000 into 4464.
+func endpointsByPort(svc types.NamespacedName, slices map[string]*discovery.EndpointSlice) map[loadbalancer.ServicePortName][]loadbalancer.Endpoint {
+	byPort := map[loadbalancer.ServicePortName][]loadbalancer.Endpoint{}
+	for _, es := range slices {
+		for _, p := range es.Ports {
+			if p.Port == nil || *p.Port < 1 || *p.Port > 65535 {
+				continue
+			}
+			spn := loadbalancer.ServicePortName{NamespacedName: svc, Protocol: "TCP"}
+			if p.Name != nil {
+				spn.Port = *p.Name
+			}
+			if p.Protocol != nil {
+				spn.Protocol = *p.Protocol
+			}
+			for _, ep := range es.Endpoints {
+				e := endpointFromSlice(ep)
+				for _, addr := range ep.Addresses {
+					a, err := netip.ParseAddr(addr)
+					if err != nil || a.Zone() != "" {
+						continue
+					}
+					e.Addr = netip.AddrPortFrom(a.Unmap(), uint16(*p.Port))
+					byPort[spn] = append(byPort[spn], e)
+				}
+			}
+		}
+	}
+	return byPort
 }
 
 func endpointFromSlice(ep discovery.Endpoint) loadbalancer.Endpoint {
