@@ -2,7 +2,7 @@
 GO ?= go
 BIN := bin/kube-userspace-proxy
 
-.PHONY: all build demo serve test unit deps lint bench soak clean
+.PHONY: all build demo serve test unit deps lint bench soak fuzz clean
 
 all: build
 
@@ -44,6 +44,24 @@ bench:
 # 2-minute variant.
 soak:
 	$(GO) test -count=1 -timeout 40m -run TestSoak ./test/soak -soak.duration=30m -soak.results=results -soak.strict -v
+
+# Native Go fuzz targets, each for FUZZTIME, one after another (go fuzzes
+# one target per invocation). Seed corpora: f.Add in each target and
+# PKG/testdata/fuzz/TARGET. A finding is written there and fails the run.
+FUZZTIME ?= 60s
+FUZZ_TARGETS := \
+	FuzzDecodeManifests:./proxier/config \
+	FuzzEndpointsConversion:./proxier \
+	FuzzConfigFile:./cmd/kube-userspace-proxy \
+	FuzzParseSave:./iptables \
+	FuzzParseAnnotation:./faults
+
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		name=$${t%%:*}; pkg=$${t#*:}; \
+		echo "== $$name ($$pkg) for $(FUZZTIME)"; \
+		$(GO) test -run='^$$' -fuzz="^$$name\$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=5s $$pkg; \
+	done
 
 clean:
 	rm -rf bin
