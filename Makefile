@@ -2,12 +2,21 @@
 GO ?= go
 BIN := bin/kube-userspace-proxy
 
-.PHONY: all build demo serve test unit deps lint bench soak fuzz clean
+.PHONY: all build static demo serve test unit deps lint bench soak fuzz clean
 
 all: build
 
 build:
 	$(GO) build -o $(BIN) ./cmd/kube-userspace-proxy
+
+# A static binary for container images (the Dockerfile builds the same way):
+# no cgo, so no libc to match; -trimpath, so no build paths inside; the
+# version given at link time, since an image build has no .git to read.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+STATIC_OUT ?= bin/static/kube-userspace-proxy
+
+static:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $(STATIC_OUT) ./cmd/kube-userspace-proxy
 
 # No cluster and no root: three local backends, the real proxier, the path
 # of one request, the session-affinity and fault experiments as tables.

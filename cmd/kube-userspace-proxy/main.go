@@ -88,8 +88,14 @@ func runMain(args []string) int {
 	return 0
 }
 
-// buildVersion is the module version the binary was built from ("(devel)"
-// for a build from a checkout) and the Go version.
+// version is set by `make static` and the image build
+// (-ldflags "-X main.version=..."), whose sources carry no VCS information
+// (-trimpath, no .git in the image's build context).
+var version string
+
+// buildVersion is the version given at link time, else the module version
+// the binary was built from ("(devel)" for a build from a checkout) with
+// its commit, and the Go version.
 func buildVersion() string {
 	v := "(devel)"
 	goVersion := ""
@@ -103,6 +109,9 @@ func buildVersion() string {
 				v += " " + s.Value[:12]
 			}
 		}
+	}
+	if version != "" {
+		v = version
 	}
 	return v + " " + goVersion
 }

@@ -280,7 +280,7 @@ func startServers(o *options, p *proxier.Proxier, health *healthcheck.ProxierHea
 	}
 	if o.faultAPIBind != "" {
 		mux := http.NewServeMux()
-		mux.Handle("/", faultapi.New(faultTable, version))
+		mux.Handle("/", faultapi.New(faultTable, faultAPIVersion))
 		addr, err := serve(o.faultAPIBind, mux)
 		if err != nil {
 			for _, s := range servers {
@@ -329,5 +329,5 @@ func defaultRouteIP() netip.Addr {
 	return netip.Addr{}
 }
 
-// version is what the fault API's GET /version answers.
-const version = "kube-userspace-proxy"
+// faultAPIVersion is what the fault API's GET /version answers.
+const faultAPIVersion = "kube-userspace-proxy"
