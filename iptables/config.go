@@ -69,6 +69,11 @@ type Config struct {
 	// families are ignored). Empty, or none of this family, means every local
 	// address (addrtype LOCAL), as kube-proxy does.
 	NodePortAddresses []netip.Prefix
+	// ClusterCIDRs are the pods' addresses (kube-proxy's --cluster-cidr,
+	// detect-local-mode ClusterCIDR): traffic from them to an external
+	// address of an externalTrafficPolicy: Local Service is cluster traffic
+	// (Portal.ClusterProxyPort). Those of the other family are ignored.
+	ClusterCIDRs []netip.Prefix
 }
 
 // bindsAll reports whether proxy sockets listen on every address.
@@ -78,10 +83,15 @@ func (c Config) bindsAll() bool {
 
 // nodePortCIDRs returns the --nodeport-addresses of this family, masked and
 // in a stable order; nil means all local addresses.
-func (c Config) nodePortCIDRs() []netip.Prefix {
+func (c Config) nodePortCIDRs() []netip.Prefix { return c.familyCIDRs(c.NodePortAddresses) }
+
+// clusterCIDRs returns the --cluster-cidr of this family, masked and sorted.
+func (c Config) clusterCIDRs() []netip.Prefix { return c.familyCIDRs(c.ClusterCIDRs) }
+
+func (c Config) familyCIDRs(cidrs []netip.Prefix) []netip.Prefix {
 	var out []netip.Prefix
 	seen := map[netip.Prefix]bool{}
-	for _, p := range c.NodePortAddresses {
+	for _, p := range cidrs {
 		if !p.IsValid() || !c.Family.owns(p.Addr()) {
 			continue
 		}

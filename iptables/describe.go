@@ -23,7 +23,7 @@ func Describe(line string) string {
 		return "not a rule"
 	}
 	chain := f[0]
-	var proto, dst, dport, target, to string
+	var proto, src, dst, dport, target, to string
 	notDNAT := false
 	for i := 1; i < len(f); i++ {
 		next := func() string {
@@ -36,6 +36,8 @@ func Describe(line string) string {
 		switch f[i] {
 		case "-p":
 			proto = strings.ToUpper(next())
+		case "-s":
+			src = next()
 		case "-d":
 			dst = next()
 		case "--dport":
@@ -70,15 +72,19 @@ func Describe(line string) string {
 	default:
 		action = "jumps to " + target
 	}
+	audience := chainAudience[chain]
+	if src != "" {
+		audience = "from pods in " + src + " (--cluster-cidr, PREROUTING)"
+	}
 	switch chain {
 	case ChainPortalsContainer, ChainPortalsHost:
-		return fmt.Sprintf("%s to the service address %s port %s %s: %s", proto, host, dport, chainAudience[chain], action)
+		return fmt.Sprintf("%s to the service address %s port %s %s: %s", proto, host, dport, audience, action)
 	case ChainNodePortContainer, ChainNodePortHost:
 		where := "any local address"
 		if dst != "" {
 			where = "a local address in " + dst
 		}
-		return fmt.Sprintf("%s to node port %s on %s, %s: %s", proto, dport, where, chainAudience[chain], action)
+		return fmt.Sprintf("%s to node port %s on %s, %s: %s", proto, dport, where, audience, action)
 	case ChainNodePortNonLocal:
 		return fmt.Sprintf("%s to proxy port %s after a node port rule sent it there (filter INPUT): %s, even where the node's firewall drops by default", proto, dport, action)
 	case ChainProxyPortGuard:

@@ -29,6 +29,10 @@ func TestDescribeRenderedRules(t *testing.T) {
 			ChainPortalsContainer:  {"rewrites its destination to the proxy socket 192.168.1.10:"},
 			ChainNodePortContainer: {"a local address in 192.168.1.0/24"},
 		}},
+		{"externalTrafficPolicy Local", Config{Family: IPv4, NodeIP: nodeIP, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}},
+			localPolicyPortals(), map[string][]string{
+				ChainPortalsHost: {"sent by this node itself", "proxy socket"},
+			}},
 		{"IPv6", Config{Family: IPv6}, dualStackPortals(), map[string][]string{
 			ChainPortalsContainer: {"to the service address fd00:96::"},
 		}},
@@ -58,5 +62,16 @@ func TestDescribeRenderedRules(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A pod shortcut rule says whose traffic it catches.
+func TestDescribePodShortcut(t *testing.T) {
+	line := `-A KUBE-PORTALS-CONTAINER -s 10.244.0.0/16 -d 198.51.100.20/32 -p tcp -m comment --comment "default/lb:http" -m tcp --dport 80 -j DNAT --to-destination 192.168.1.10:40001`
+	got := Describe(line)
+	for _, w := range []string{"from pods in 10.244.0.0/16", "198.51.100.20 port 80", "192.168.1.10:40001"} {
+		if !strings.Contains(got, w) {
+			t.Errorf("Describe = %q, want it to hold %q", got, w)
+		}
 	}
 }

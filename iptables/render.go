@@ -77,30 +77,53 @@ func (r *Rules) desired(portals []Portal) chainRules {
 		}
 	}
 	nodePortDsts := r.nodePortDestinations()
+	var podSrcs []string
+	for _, c := range r.cfg.clusterCIDRs() {
+		podSrcs = append(podSrcs, "-s "+c.String()+" ")
+	}
 	for _, p := range usable {
 		proto := string(p.Protocol)
 		protoComment := "-p " + proto + " -m comment --comment " + quoteSaveString(p.Name)
 		dport := " -m " + proto + " --dport " + strconv.Itoa(p.Port) + " "
-		toContainer, toHost := r.containerTarget(p), r.hostTarget(p)
+		proxyPorts := []int{p.ProxyPort}
+		// portal writes one service address's rules: the shortcut of an
+		// externalTrafficPolicy: Local portal first (pods' traffic in
+		// PREROUTING; in OUTPUT every packet is the node's own, the
+		// kernel's --src-type LOCAL, so there it simply replaces the
+		// Local target), then the rule every other client meets.
+		portal := func(container, host, dst string) {
+			toHost := r.hostTarget(p.ProxyPort)
+			if p.ClusterProxyPort != 0 {
+				for _, src := range podSrcs {
+					add(container, src+dst+protoComment+dport+r.containerTarget(p.ClusterProxyPort))
+				}
+				toHost = r.hostTarget(p.ClusterProxyPort)
+			}
+			add(container, dst+protoComment+dport+r.containerTarget(p.ProxyPort))
+			add(host, dst+protoComment+dport+toHost)
+		}
+		if p.ClusterProxyPort != 0 {
+			proxyPorts = append(proxyPorts, p.ClusterProxyPort)
+		}
 		if p.NodePort {
 			for _, dst := range nodePortDsts {
-				match := dst + protoComment + dport
-				add(ChainNodePortContainer, match+toContainer)
-				add(ChainNodePortHost, match+toHost)
+				portal(ChainNodePortContainer, ChainNodePortHost, dst)
 			}
-			add(ChainNodePortNonLocal, protoComment+" -m "+proto+" --dport "+strconv.Itoa(p.ProxyPort)+" -j ACCEPT")
+			for _, port := range proxyPorts {
+				add(ChainNodePortNonLocal, protoComment+" -m "+proto+" --dport "+strconv.Itoa(port)+" -j ACCEPT")
+			}
 		} else {
-			match := "-d " + netip.PrefixFrom(p.IP.Unmap(), r.cfg.Family.hostBits()).String() + " " + protoComment + dport
-			add(ChainPortalsContainer, match+toContainer)
-			add(ChainPortalsHost, match+toHost)
+			portal(ChainPortalsContainer, ChainPortalsHost, "-d "+netip.PrefixFrom(p.IP.Unmap(), r.cfg.Family.hostBits()).String()+" ")
 		}
 		// REDIRECT sets the conntrack DNAT status too, so everything that came
 		// through a portal passes; a direct connection to the proxy port does
 		// not. Only NEW flows are judged: the rules outlive the proxy, and a
 		// node connection that later got a former proxy port as its source
 		// port must still receive its replies.
-		add(ChainProxyPortGuard, "-p "+proto+" -m "+proto+" --dport "+strconv.Itoa(p.ProxyPort)+
-			" -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT -j DROP")
+		for _, port := range proxyPorts {
+			add(ChainProxyPortGuard, "-p "+proto+" -m "+proto+" --dport "+strconv.Itoa(port)+
+				" -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT -j DROP")
+		}
 	}
 	return want
 }
@@ -112,6 +135,9 @@ func (r *Rules) usable(portals []Portal) []Portal {
 	for _, p := range portals {
 		if p.Protocol == "" || !validPort(p.Port) || !validPort(p.ProxyPort) {
 			continue
+		}
+		if !validPort(p.ClusterProxyPort) {
+			p.ClusterProxyPort = 0
 		}
 		if !p.NodePort && !r.cfg.Family.owns(p.IP) {
 			continue
@@ -126,6 +152,7 @@ func (r *Rules) usable(portals []Portal) []Portal {
 			a.IP.Unmap().Compare(b.IP.Unmap()),
 			cmp.Compare(a.Port, b.Port),
 			cmp.Compare(a.ProxyPort, b.ProxyPort),
+			cmp.Compare(a.ClusterProxyPort, b.ClusterProxyPort),
 		)
 	})
 	return out
@@ -163,26 +190,26 @@ func (r *Rules) nodePortDestinations() []string {
 // DNAT to the node IP. REDIRECT only on request (the legacy rule) or without
 // a node IP: it needs an address on the incoming interface, which pod veths
 // of several CNIs do not have (Config.PreroutingRedirect).
-func (r *Rules) containerTarget(p Portal) string {
+func (r *Rules) containerTarget(proxyPort int) string {
 	if !r.cfg.bindsAll() {
-		return dnatTo(r.cfg.BindAddress, p.ProxyPort)
+		return dnatTo(r.cfg.BindAddress, proxyPort)
 	}
 	if !r.cfg.PreroutingRedirect && r.cfg.Family.owns(r.cfg.NodeIP) {
-		return dnatTo(r.cfg.NodeIP, p.ProxyPort)
+		return dnatTo(r.cfg.NodeIP, proxyPort)
 	}
-	return redirectTo(p.ProxyPort)
+	return redirectTo(proxyPort)
 }
 
 // hostTarget is where traffic the node sends itself (OUTPUT) goes: DNAT to
 // the node IP (not loopback: no route_localnet needed) or the bind address.
-func (r *Rules) hostTarget(p Portal) string {
+func (r *Rules) hostTarget(proxyPort int) string {
 	if !r.cfg.bindsAll() {
-		return dnatTo(r.cfg.BindAddress, p.ProxyPort)
+		return dnatTo(r.cfg.BindAddress, proxyPort)
 	}
 	if r.cfg.Family.owns(r.cfg.NodeIP) {
-		return dnatTo(r.cfg.NodeIP, p.ProxyPort)
+		return dnatTo(r.cfg.NodeIP, proxyPort)
 	}
-	return redirectTo(p.ProxyPort)
+	return redirectTo(proxyPort)
 }
 
 func redirectTo(port int) string {

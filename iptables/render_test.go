@@ -25,6 +25,21 @@ func webPortals() []Portal {
 	}
 }
 
+// localPolicyPortals is a Service with externalTrafficPolicy: Local: its
+// ClusterIP on the cluster-wide socket (40001), its externalIP, LB IP and
+// NodePort on the Local one (40002) with the shortcut to 40001 for the
+// node and pods; a UDP port of the same kind beside it.
+func localPolicyPortals() []Portal {
+	return []Portal{
+		{Name: "default/lb:http", Protocol: TCP, IP: netip.MustParseAddr("10.96.0.10"), Port: 80, ProxyPort: 40001},
+		{Name: "default/lb:http", Protocol: TCP, IP: netip.MustParseAddr("203.0.113.7"), Port: 80, ProxyPort: 40002, ClusterProxyPort: 40001},
+		{Name: "default/lb:http", Protocol: TCP, IP: netip.MustParseAddr("198.51.100.20"), Port: 80, ProxyPort: 40002, ClusterProxyPort: 40001},
+		{Name: "default/lb:http", Protocol: TCP, Port: 30080, NodePort: true, ProxyPort: 40002, ClusterProxyPort: 40001},
+		{Name: "default/lb:dns", Protocol: UDP, IP: netip.MustParseAddr("10.96.0.10"), Port: 53, ProxyPort: 40003},
+		{Name: "default/lb:dns", Protocol: UDP, IP: netip.MustParseAddr("198.51.100.20"), Port: 53, ProxyPort: 40004, ClusterProxyPort: 40003},
+	}
+}
+
 func dualStackPortals() []Portal {
 	return []Portal{
 		{Name: "default/dual:http", Protocol: TCP, IP: netip.MustParseAddr("fd00:96::10"), Port: 80, ProxyPort: 41001},
@@ -53,6 +68,12 @@ func TestRenderGolden(t *testing.T) {
 		}}, webPortals()},
 		{"ipv6", Config{Family: IPv6, BindAddress: netip.IPv6Unspecified(), NodeIP: netip.MustParseAddr("fd00:1::10"),
 			NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("fd00:1::/64")}}, dualStackPortals()},
+		{"local-policy", Config{Family: IPv4, NodeIP: nodeIP, ClusterCIDRs: []netip.Prefix{
+			netip.MustParsePrefix("10.244.0.0/16"),
+			netip.MustParsePrefix("fd00:244::/56"), // other family: ignored
+		}}, localPolicyPortals()},
+		{"local-policy-nodeport-addresses-no-cluster-cidr", Config{Family: IPv4, NodeIP: nodeIP,
+			NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")}}, localPolicyPortals()},
 		{"ipv6-bind-specific", Config{Family: IPv6, BindAddress: netip.MustParseAddr("fd00:1::10")}, dualStackPortals()},
 	}
 	for _, tt := range tests {

@@ -23,4 +23,11 @@ type Portal struct {
 	Port      int        // service port, or the node port when NodePort
 	NodePort  bool
 	ProxyPort int // where the proxy socket listens
+	// ClusterProxyPort, when set on a NodePort, externalIP or LB IP portal
+	// whose ProxyPort serves only node-local endpoints
+	// (externalTrafficPolicy: Local), is the socket of the cluster-wide
+	// endpoints: traffic from this node and from pods (Config.ClusterCIDRs)
+	// goes there instead, as kube-proxy's shortcut does, so a node without a
+	// local endpoint can still reach its own LoadBalancer IP.
+	ClusterProxyPort int
 }

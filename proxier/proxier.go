@@ -430,8 +430,12 @@ func (p *Proxier) syncPortals() bool {
 			proto = iptables.UDP
 		}
 		hasV6 := false
+		clusterPort := 0 // the shortcut of external portals, see below
 		add := func(ip netip.Addr, proxyPort int) {
 			portal := iptables.Portal{Name: ap.info.name.String(), Protocol: proto, IP: ip, Port: ap.info.port, ProxyPort: proxyPort}
+			if proxyPort != ap.proxyPort {
+				portal.ClusterProxyPort = clusterPort
+			}
 			if ip.Is4() {
 				v4 = append(v4, portal)
 			} else {
@@ -445,6 +449,14 @@ func (p *Proxier) syncPortals() bool {
 		externalPort := ap.proxyPort
 		if ap.external != nil {
 			externalPort = ap.externalPort
+			if ap.info.policy.externalLocal {
+				// Local external traffic, cluster-wide internal traffic: the
+				// node and its pods reach external addresses through the
+				// cluster-wide socket (kube-proxy's shortcut). With both
+				// policies Local there is no cluster-wide socket to send
+				// them to.
+				clusterPort = ap.proxyPort
+			}
 		} else if ap.info.policy.splitExternal() {
 			// Its own socket failed to open (retried next sync): sending
 			// external traffic to the cluster-wide socket would break the
@@ -458,7 +470,7 @@ func (p *Proxier) syncPortals() bool {
 			add(ip, externalPort)
 		}
 		if ap.info.nodePort != 0 {
-			np := iptables.Portal{Name: ap.info.name.String(), Protocol: proto, Port: ap.info.nodePort, NodePort: true, ProxyPort: externalPort}
+			np := iptables.Portal{Name: ap.info.name.String(), Protocol: proto, Port: ap.info.nodePort, NodePort: true, ProxyPort: externalPort, ClusterProxyPort: clusterPort}
 			v4 = append(v4, np)
 			if hasV6 {
 				v6 = append(v6, np)

@@ -140,3 +140,62 @@ func TestNetworkProgrammingLatency(t *testing.T) {
 	}
 
 }
+
+// Under externalTrafficPolicy: Local with a cluster-wide internal policy,
+// every external portal (externalIP, LB IP, NodePort) carries the shortcut
+// to the cluster-wide socket, which the renderer gives the node's own and
+// the pods' traffic; ClusterIPs do not need it. Nothing else gets one.
+func TestExternalLocalShortcutPortals(t *testing.T) {
+	local := v1.ServiceInternalTrafficPolicyLocal
+	external := func(s *v1.Service) {
+		withNodePort(30080)(s)
+		s.Spec.Type = v1.ServiceTypeLoadBalancer
+		s.Spec.ExternalIPs = []string{"203.0.113.7"}
+		s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "198.51.100.20"}}
+	}
+	tests := []struct {
+		name         string
+		svc          svcOpt
+		wantShortcut bool
+	}{
+		{"externalTrafficPolicy Local", func(s *v1.Service) {
+			external(s)
+			s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+		}, true},
+		{"both policies Local: no cluster-wide socket", func(s *v1.Service) {
+			external(s)
+			s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+			s.Spec.InternalTrafficPolicy = &local
+		}, false},
+		{"internalTrafficPolicy Local only", func(s *v1.Service) {
+			external(s)
+			s.Spec.InternalTrafficPolicy = &local
+		}, false},
+		{"cluster policies", external, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var rec portalRecorder
+			p := newTestProxier(t, Options{IPv4Portals: &rec, NodeName: "node1"})
+			p.OnServiceAdd(makeService("web", tt.svc))
+			p.Sync()
+			ap := p.active[p.lbName("default/web:p")]
+			if len(rec.portals) != 4 {
+				t.Fatalf("%d portals, want 4 (ClusterIP, externalIP, LB IP, NodePort): %+v", len(rec.portals), rec.portals)
+			}
+			for _, pt := range rec.portals {
+				isClusterIP := pt.IP == mustAddr("10.96.0.10")
+				want := 0
+				if tt.wantShortcut && !isClusterIP {
+					want = ap.proxyPort
+				}
+				if pt.ClusterProxyPort != want {
+					t.Errorf("%v:%d (proxy port %d): shortcut to %d, want %d", pt.IP, pt.Port, pt.ProxyPort, pt.ClusterProxyPort, want)
+				}
+				if tt.wantShortcut && !isClusterIP && pt.ProxyPort != ap.externalPort {
+					t.Errorf("%v:%d goes to %d, want the Local socket %d", pt.IP, pt.Port, pt.ProxyPort, ap.externalPort)
+				}
+			}
+		})
+	}
+}

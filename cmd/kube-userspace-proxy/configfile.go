@@ -62,6 +62,7 @@ func (o *options) applyConfig(cfg *configFile, fs *pflag.FlagSet) {
 	set("hostname-override", "hostnameOverride", c.HostnameOverride != "", func() { o.hostnameOverride = c.HostnameOverride })
 	set("proxy-mode", "mode", c.Mode != "", func() { o.proxyMode = strings.TrimSpace(string(c.Mode)) })
 	set("proxy-port-range", "portRange", c.PortRange != "", func() { o.proxyPortRange = c.PortRange })
+	set("cluster-cidr", "clusterCIDR", c.ClusterCIDR != "", func() { o.clusterCIDR = c.ClusterCIDR })
 	set("nodeport-addresses", "nodePortAddresses", len(c.NodePortAddresses) > 0, func() { o.nodePortAddresses = c.NodePortAddresses })
 	duration("iptables-sync-period", "iptables.syncPeriod", c.IPTables.SyncPeriod, &o.syncPeriod)
 	duration("iptables-min-sync-period", "iptables.minSyncPeriod", c.IPTables.MinSyncPeriod, &o.minSyncPeriod)

@@ -24,6 +24,7 @@ func (o *options) effectiveConfig() configFile {
 		Mode:               kubeproxyconfig.ProxyMode(o.proxyMode),
 		PortRange:          o.proxyPortRange,
 		NodePortAddresses:  o.nodePortAddresses,
+		ClusterCIDR:        o.clusterCIDR,
 		ConfigSyncPeriod:   metav1.Duration{Duration: o.configSyncPeriod},
 	}
 	c.ClientConnection.Kubeconfig = o.kubeconfig

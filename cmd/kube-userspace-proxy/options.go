@@ -33,6 +33,7 @@ type options struct {
 	minSyncPeriod      time.Duration
 	hostnameOverride   string
 	nodePortAddresses  []string
+	clusterCIDR        string
 	healthzBindAddress string
 	metricsBindAddress string
 	iptables           bool
@@ -95,6 +96,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.minSyncPeriod, "iptables-min-sync-period", o.minSyncPeriod, "The minimum interval between rule syncs as Services change (e.g. '1s'). 0 syncs on every change.")
 	fs.StringVar(&o.hostnameOverride, "hostname-override", o.hostnameOverride, "If non-empty, use this string as the node name instead of the hostname.")
 	fs.StringSliceVar(&o.nodePortAddresses, "nodeport-addresses", o.nodePortAddresses, "CIDRs of the node addresses that accept NodePort traffic (e.g. 10.0.0.0/8,192.168.0.0/16); empty means all local addresses.")
+	fs.StringVar(&o.clusterCIDR, "cluster-cidr", o.clusterCIDR, "The CIDR range of the pods in the cluster (for dual-stack, an IPv4 and an IPv6 CIDR, comma-separated), kube-proxy's flag with detect-local-mode ClusterCIDR: traffic from it counts as the cluster's own, so pods reach the LoadBalancer IPs, external IPs and NodePorts of externalTrafficPolicy: Local Services through all endpoints, as the node itself does. Empty: only the node's own traffic is recognised.")
 	fs.StringVar(&o.healthzBindAddress, "healthz-bind-address", o.healthzBindAddress, "HOST:PORT for the health check server (/healthz, /livez); empty disables it.")
 	fs.StringVar(&o.metricsBindAddress, "metrics-bind-address", o.metricsBindAddress, "HOST:PORT for the metrics server (/metrics, /debug/services); empty disables it.")
 	fs.BoolVar(&o.iptables, "iptables", o.iptables, "Program iptables portal rules. With --iptables=false only proxy sockets are served (no root needed).")
@@ -119,6 +121,7 @@ type validated struct {
 	bind              netip.Addr
 	portRange         proxier.PortRange
 	nodePortAddresses []netip.Prefix
+	clusterCIDRs      []netip.Prefix
 	nodeIP            netip.Addr
 	serviceCIDRs      []netip.Prefix
 	// preroutingRedirect: the legacy REDIRECT in PREROUTING (see the flag).
@@ -180,6 +183,9 @@ func (o *options) validate() (*validated, error) {
 			continue
 		}
 		v.nodePortAddresses = append(v.nodePortAddresses, p.Masked())
+	}
+	if v.clusterCIDRs, err = parseClusterCIDR(o.clusterCIDR); err != nil {
+		add("--cluster-cidr: %v", err)
 	}
 	if v.serviceCIDRs, err = config.ParseServiceClusterIPRange(o.serviceCIDRs); err != nil {
 		add("--service-cluster-ip-range: %v", err)
@@ -264,4 +270,28 @@ func mentionsFlag(msg, flag string) bool {
 			return true
 		}
 	}
+}
+
+// parseClusterCIDR reads kube-proxy's --cluster-cidr: empty, one CIDR, or
+// an IPv4 and an IPv6 CIDR separated by a comma.
+func parseClusterCIDR(s string) ([]netip.Prefix, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	var out []netip.Prefix
+	families := map[bool]bool{}
+	for _, c := range strings.Split(s, ",") {
+		c = strings.TrimSpace(c)
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a CIDR", c)
+		}
+		p = p.Masked()
+		if families[p.Addr().Is4()] {
+			return nil, fmt.Errorf("%q: at most one CIDR per IP family", s)
+		}
+		families[p.Addr().Is4()] = true
+		out = append(out, p)
+	}
+	return out, nil
 }

@@ -216,14 +216,14 @@ func portalConfigs(v *validated) (cfg4, cfg6 iptables.Config, nodeIP netip.Addr)
 			nodeIP = defaultRouteIP()
 		}
 	}
-	cfg4 = iptables.Config{Family: iptables.IPv4, NodePortAddresses: v.nodePortAddresses, PreroutingRedirect: v.preroutingRedirect}
+	cfg4 = iptables.Config{Family: iptables.IPv4, NodePortAddresses: v.nodePortAddresses, PreroutingRedirect: v.preroutingRedirect, ClusterCIDRs: v.clusterCIDRs}
 	if v.bind.Is4() {
 		cfg4.BindAddress = v.bind
 	}
 	if nodeIP.Is4() {
 		cfg4.NodeIP = nodeIP
 	}
-	cfg6 = iptables.Config{Family: iptables.IPv6, NodePortAddresses: v.nodePortAddresses, PreroutingRedirect: v.preroutingRedirect}
+	cfg6 = iptables.Config{Family: iptables.IPv6, NodePortAddresses: v.nodePortAddresses, PreroutingRedirect: v.preroutingRedirect, ClusterCIDRs: v.clusterCIDRs}
 	if v.bind.Is6() {
 		cfg6.BindAddress = v.bind
 	}

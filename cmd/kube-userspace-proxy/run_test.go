@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -152,6 +154,8 @@ func TestBadFlagsExitTwo(t *testing.T) {
 		{"--udp-max-sessions", "many"},
 		{"--iptables-min-sync-period", "1m", "--iptables-sync-period", "30s"},
 		{"--nodeport-addresses", "10.0.0.0"},
+		{"--manifests", ".", "--cluster-cidr", "10.244.0.0"},
+		{"--manifests", ".", "--cluster-cidr", "10.244.0.0/16,10.245.0.0/16"},
 		{"--no-such-flag"},
 		{"--manifests", ".", "--kubeconfig", "/x"},
 		{"--manifests", ".", "--service-cluster-ip-range", "10.96.0.0"},
@@ -219,5 +223,25 @@ func TestParseDefaultRouteInterface(t *testing.T) {
 	}
 	if got := parseDefaultRouteInterface("Iface\tDestination\n"); got != "" {
 		t.Fatalf("got %q for a table without default route", got)
+	}
+}
+
+// --cluster-cidr (kube-proxy's: one CIDR, or one per family) reaches both
+// families' rules, masked.
+func TestClusterCIDRReachesTheRules(t *testing.T) {
+	o := newOptions()
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	o.addFlags(fs)
+	if err := fs.Parse([]string{"--manifests", t.TempDir(), "--cluster-cidr", "10.244.1.0/16, fd00:244::1/56"}); err != nil {
+		t.Fatal(err)
+	}
+	v, err := o.validate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg4, cfg6, _ := portalConfigs(v)
+	want := []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:244::/56")}
+	if !slices.Equal(cfg4.ClusterCIDRs, want) || !slices.Equal(cfg6.ClusterCIDRs, want) {
+		t.Fatalf("cluster CIDRs %v / %v, want %v in both", cfg4.ClusterCIDRs, cfg6.ClusterCIDRs, want)
 	}
 }

@@ -33,6 +33,10 @@ func (e *env) node() harness.Client { return harness.Client{Label: "node", NS: e
 
 func (e *env) external() harness.Client { return harness.Client{Label: "external", NS: e.c.External} }
 
+// podCIDR is --cluster-cidr: pod1 (10.77.11.0/24), pod2 (10.77.12.0/24)
+// and the Calico pod (10.77.13.2), not the external host (10.77.2.2).
+const podCIDR = "10.77.8.0/21"
+
 // Client addresses, one set per check (indexes into Pod1IPs / Pod2IPs).
 const (
 	ipRR        = 0  // pod1: round robin, dead endpoint, back door
@@ -67,6 +71,8 @@ func services(c *netns.Cluster) map[string]svc {
 		{name: "doomed", clusterIP: "10.96.0.70", endpoints: ips(c, 0, 1)},
 		{name: "keep", clusterIP: "10.96.0.80", endpoints: ips(c, 0)},
 		{name: "cni", clusterIP: "10.96.0.90", endpoints: b123, nodePorts: [2]int32{30090, 30091}},
+		{name: "local", clusterIP: "10.96.0.100", endpoints: b123, nodePorts: [2]int32{30100, 30101},
+			externalIPs: []string{"10.77.50.20"}, lbIP: "10.77.60.20", etpLocal: true},
 	}
 	m := map[string]svc{}
 	for _, s := range list {
@@ -81,7 +87,7 @@ func services(c *netns.Cluster) map[string]svc {
 func TestProxy(t *testing.T) {
 	requireSuite(t)
 	c := netns.NewCluster(t, netns.ClusterOptions{CalicoPod: true})
-	e := &env{c: c, bs: c.StartBackends(t, backendBin, backendPort), svcs: services(c), p: newProxy(t, c)}
+	e := &env{c: c, bs: c.StartBackends(t, backendBin, backendPort), svcs: services(c), p: newProxy(t, c, "--cluster-cidr", podCIDR)}
 	for _, s := range e.svcs {
 		writeSvc(t, e.p.dir, s)
 	}
@@ -108,6 +114,7 @@ func TestProxy(t *testing.T) {
 			{"DeadEndpointRetried", checkDeadEndpoint},
 			{"NodePortExternalIPLoadBalancer", checkExternal},
 			{"PodsOnEveryCNI", checkPodsOnEveryCNI},
+			{"ExternalTrafficPolicyLocal", checkExternalTrafficPolicyLocal},
 			{"ManifestChangeLive", checkLiveUpdate},
 			{"ServiceRemoved", checkServiceRemoved},
 			{"NoBackDoor", checkNoBackDoor},

@@ -34,6 +34,10 @@ type svc struct {
 	externalIPs []string
 	lbIP        string
 	faults      string // the kube-userspace-proxy/faults annotation; empty: none
+	// etpLocal sets externalTrafficPolicy: Local; the first localEndpoints
+	// endpoints are on the proxy's node (nodeName), the others nowhere.
+	etpLocal       bool
+	localEndpoints int
 }
 
 // portName is the comment the proxy puts on this Service port's rules.
@@ -72,6 +76,9 @@ func (s svc) service() *v1.Service {
 		o.Spec.Type = v1.ServiceTypeLoadBalancer
 		o.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: s.lbIP}}
 	}
+	if s.etpLocal {
+		o.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+	}
 	if s.affinity {
 		o.Spec.SessionAffinity = v1.ServiceAffinityClientIP
 		if s.timeout != 0 {
@@ -97,11 +104,16 @@ func (s svc) slice() *discovery.EndpointSlice {
 			{Name: &dns, Protocol: &udp, Port: &port},
 		},
 	}
-	for _, a := range s.endpoints {
-		o.Endpoints = append(o.Endpoints, discovery.Endpoint{
+	for i, a := range s.endpoints {
+		ep := discovery.Endpoint{
 			Addresses:  []string{a.String()},
 			Conditions: discovery.EndpointConditions{Ready: &ready},
-		})
+		}
+		if i < s.localEndpoints {
+			node := nodeName
+			ep.NodeName = &node
+		}
+		o.Endpoints = append(o.Endpoints, ep)
 	}
 	return o
 }

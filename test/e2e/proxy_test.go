@@ -10,6 +10,10 @@ import (
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/netns"
 )
 
+// nodeName is the proxy's --hostname-override: endpoints with this nodeName
+// are local to it.
+const nodeName = "node"
+
 // startWithin bounds a start of the proxy, until /healthz answers 200.
 const startWithin = 10 * time.Second
 
@@ -29,5 +33,5 @@ func newProxy(t *testing.T, c *netns.Cluster, extra ...string) *proxy {
 		t.Fatal(err)
 	}
 	flags := append([]string{"--manifests", dir}, extra...)
-	return &proxy{Proxy: harness.NewProxy(c.Node, proxyBin, "node", flags...), dir: dir}
+	return &proxy{Proxy: harness.NewProxy(c.Node, proxyBin, nodeName, flags...), dir: dir}
 }

@@ -1,0 +1,81 @@
+package e2e
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness"
+)
+
+// checkExternalTrafficPolicyLocal: a Service with externalTrafficPolicy:
+// Local. Without an endpoint on this node, its LB IP, externalIP and
+// NodePort are served to the node itself and to pods (source in
+// --cluster-cidr) through every endpoint (kube-proxy's shortcut) and
+// refused to the external host. With one endpoint on this node the external
+// host reaches exactly that one, while the node and pods keep every
+// endpoint.
+func checkExternalTrafficPolicyLocal(t *testing.T, e *env) {
+	s := e.svcs["local"]
+	extIP := netip.AddrPortFrom(netip.MustParseAddr(s.externalIPs[0]), httpPort)
+	lbIP := netip.AddrPortFrom(netip.MustParseAddr(s.lbIP), httpPort)
+	lbUDP := netip.AddrPortFrom(netip.MustParseAddr(s.lbIP), dnsPort)
+	np := func(ip netip.Addr) netip.AddrPort { return netip.AddrPortFrom(ip, uint16(s.nodePorts[0])) }
+	pod := e.pod2(1)
+	inside := []struct {
+		what  string
+		cl    harness.Client
+		proto string
+		dst   netip.AddrPort
+	}{
+		{"LB IP from the node", e.node(), "tcp", lbIP},
+		{"LB IP UDP from the node", e.node(), "udp", lbUDP},
+		{"externalIP from the node", e.node(), "tcp", extIP},
+		{"NodePort from the node", e.node(), "tcp", np(e.c.NodeIP)},
+		{"LB IP from a pod", pod, "tcp", lbIP},
+		{"LB IP UDP from a pod", pod, "udp", lbUDP},
+		{"externalIP from a pod", pod, "tcp", extIP},
+		{"NodePort from a pod", pod, "tcp", np(e.c.NodePodIP[1])},
+		{"LB IP from the Calico pod", e.calico(), "tcp", lbIP},
+	}
+	outside := []struct {
+		what string
+		dst  netip.AddrPort
+	}{
+		{"LB IP from outside", lbIP},
+		{"externalIP from outside", extIP},
+		{"NodePort from outside", np(e.c.NodeExternalIP)},
+	}
+	wantAll := func(phase string) {
+		t.Helper()
+		for _, tc := range inside {
+			got, err := distribution(tc.cl, tc.proto, tc.dst, 3)
+			figure(t, "ETP Local, %s: %s %s %s from %s: %s", phase, tc.what, tc.proto, tc.dst, tc.cl.Label, got)
+			if err != nil || len(got) != 3 {
+				t.Errorf("%s, %s: %v, want each of b1 b2 b3 once (round robin over every endpoint): %v", phase, tc.what, got, err)
+			}
+		}
+	}
+
+	wantAll("no local endpoint")
+	for _, tc := range outside {
+		got, err := distribution(e.external(), "tcp", tc.dst, 2)
+		figure(t, "ETP Local, no local endpoint: %s %s: %s", tc.what, tc.dst, got)
+		if err == nil {
+			t.Errorf("no local endpoint, %s: served %v, want refused (Local keeps external traffic on this node)", tc.what, got)
+		}
+	}
+
+	// One endpoint (b1) moves to this node: outside traffic reaches only it.
+	s.localEndpoints = 1
+	writeSvc(t, e.p.dir, s)
+	e.external().WaitServed(t, "tcp", lbIP, time.Now(), startBudget)
+	for _, tc := range outside {
+		got, err := distribution(e.external(), "tcp", tc.dst, 3)
+		figure(t, "ETP Local, b1 local: %s %s: %s", tc.what, tc.dst, got)
+		if err != nil || got["b1"] != 3 {
+			t.Errorf("b1 local, %s: %v, want b1 only: %v", tc.what, got, err)
+		}
+	}
+	wantAll("b1 local")
+}
