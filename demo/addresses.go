@@ -13,14 +13,14 @@ import (
 // intro tells the user what runs where before anything is measured.
 func (l *lab) intro(w io.Writer, width int, args []string, where setting) {
 	fmt.Fprintf(w, "kube-userspace-proxy demo: how a Kubernetes Service shares connections among\nits pods, %s.\n\n", where.headline)
-	fmt.Fprintln(w, "A Service is one stable address in front of several copies of a program (pods).")
-	fmt.Fprintf(w, "Here three small servers stand in for the pods%s; each answers with its name:\n", where.backends)
+	paragraph(w, width, fmt.Sprintf("A Service is one stable address in front of several copies of a program (pods). Here three small servers stand in for the pods%s; each answers with its name:", where.backends))
 	list := textTable{width: width, indent: "  "}
 	for _, b := range l.backends {
 		list.rows = append(list.rows, tableRow{cells: []string{b.Name, "TCP " + b.TCPAddr().String(), "UDP " + b.UDPAddr().String()}})
 	}
 	list.render(w)
-	fmt.Fprintf(w, "\nThe proxy runs %s, started as this command line would start it:\n", where.proxy)
+	fmt.Fprintln(w)
+	paragraph(w, width, fmt.Sprintf("The proxy runs %s, started as this command line would start it:", where.proxy))
 	for _, l := range wrap("kube-userspace-proxy "+shellJoin(args), width-4) {
 		fmt.Fprintln(w, "  "+l)
 	}

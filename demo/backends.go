@@ -9,9 +9,20 @@ import (
 // that puts the name before each datagram it sends back), on 127.0.0.1 with
 // kernel-chosen TCP and UDP ports. On error nothing stays open.
 func startBackends(names ...string) ([]*backend.Server, error) {
+	return startBackendsAt(func(int) string { return "127.0.0.1" }, func(f func() error) error { return f() }, names...)
+}
+
+// startBackendsAt starts backend i on host(i), opening its sockets inside
+// in (a network namespace, for demo --netns).
+func startBackendsAt(host func(i int) string, in func(func() error) error, names ...string) ([]*backend.Server, error) {
 	var out []*backend.Server
-	for _, name := range names {
-		b, err := backend.Listen(name, backend.Demo, "127.0.0.1:0", false, nil)
+	for i, name := range names {
+		var b *backend.Server
+		err := in(func() error {
+			var err error
+			b, err = backend.Listen(name, backend.Demo, host(i)+":0", false, nil)
+			return err
+		})
 		if err != nil {
 			stopBackends(out)
 			return nil, err

@@ -8,7 +8,10 @@
 // the cluster did next to what this proxy did. A fault section follows: the plain Service
 // measured before, during and after a latency and a reset_peer toxic
 // declared in its kube-userspace-proxy/faults annotation. With serve it then
-// keeps the example up.
+// keeps the example up. RunNetNS (demo --netns, root) does the same through
+// real iptables portals: the proxy as a process in a throw-away node
+// namespace, the clients in another, then the rules and the conntrack
+// entries; the namespaces go at the end.
 //
 // It owns the backends it runs (test/harness/backend servers in Demo mode:
 // HTTP/1.1 and a UDP echo, both naming the backend),

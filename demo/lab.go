@@ -24,6 +24,11 @@ type lab struct {
 	// iptables portals send to the proxy sockets (demo --netns); otherwise
 	// they connect to the proxy sockets themselves.
 	viaClusterIP bool
+	// socketHost is where a proxy socket on the wildcard address is reached.
+	socketHost netip.Addr
+	// clientWhere says where the clients run, for the packet path ("": this
+	// machine).
+	clientWhere string
 }
 
 // view is how the demo sees the proxier: what /debug/services shows.
@@ -82,10 +87,10 @@ func (l *lab) socketAddr(servicePort string) (netip.AddrPort, error) {
 	if err != nil {
 		return netip.AddrPort{}, fmt.Errorf("%s: proxy address: %w", servicePort, err)
 	}
-	if a.Addr().IsUnspecified() {
-		// A socket on 0.0.0.0 is reached on the bind address.
-		port, _ := l.p.ProxyPort(servicePort)
-		a = netip.AddrPortFrom(bindAddr, uint16(port))
+	if a.Addr().IsUnspecified() && l.socketHost.IsValid() {
+		// A socket on 0.0.0.0 is reached on any local address; the portal
+		// DNATs to this one.
+		a = netip.AddrPortFrom(l.socketHost, a.Port())
 	}
 	return a, nil
 }
@@ -164,15 +169,18 @@ func (l *lab) waitFor(ctx context.Context, what string, cond func() bool) (time.
 // waitReady waits until every demo service port has a socket and all
 // three backends.
 func (l *lab) waitReady(ctx context.Context) error {
-	_, err := l.waitFor(ctx, "proxy sockets with 3 endpoints each", func() bool {
-		for _, sp := range []string{webServicePort, stickyServicePort, echoServicePort} {
-			if _, ok := l.p.ProxyPort(sp); !ok || len(l.endpointNames(sp)) != len(l.backends) {
-				return false
-			}
-		}
-		return true
-	})
+	_, err := l.waitFor(ctx, "proxy sockets with 3 endpoints each", l.ready)
 	return err
+}
+
+// ready: every demo service port has a socket and all three backends.
+func (l *lab) ready() bool {
+	for _, sp := range []string{webServicePort, stickyServicePort, echoServicePort} {
+		if _, ok := l.p.ProxyPort(sp); !ok || len(l.endpointNames(sp)) != len(l.backends) {
+			return false
+		}
+	}
+	return true
 }
 
 // setStickyTimeout rewrites the sticky Service's manifest and waits until

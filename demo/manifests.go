@@ -139,10 +139,10 @@ ports:
   port: %d
   protocol: %s
 endpoints:
-- addresses: ["127.0.0.1"]
+- addresses: ["%s"]
   conditions: {ready: true}
   targetRef: {kind: Pod, namespace: default, name: %s}
-`, service, be.Name, service, portName, port(be), proto, be.Name)
+`, service, be.Name, service, portName, port(be), proto, be.TCPAddr().Addr(), be.Name)
 	}
 	return b.String()
 }

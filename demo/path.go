@@ -102,6 +102,7 @@ func (l *lab) tracePath(ctx context.Context, rule func(netip.AddrPort) string) (
 	p := packetPath{
 		ClientName:  "client 1",
 		Client:      local,
+		Where:       l.clientWhere,
 		Dialed:      dialed,
 		ClusterIP:   cluster,
 		Socket:      socket,

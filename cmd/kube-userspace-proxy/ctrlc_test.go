@@ -23,14 +23,16 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// commandArgs are the arguments after "--".
+// commandArgs are the arguments after "--", or all of them when there is
+// none: the command started again by itself (demo --netns runs the proxy
+// as os.Executable() with the proxy's flags only).
 func commandArgs() []string {
 	for i, a := range os.Args {
 		if a == "--" {
 			return os.Args[i+1:]
 		}
 	}
-	return nil
+	return os.Args[1:]
 }
 
 // Ctrl-C ends `demo --serve` cleanly: exit 0 and the goodbye line, which

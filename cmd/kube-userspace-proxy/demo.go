@@ -25,8 +25,9 @@ func runDemo(args []string) int {
 	fs := pflag.NewFlagSet("kube-userspace-proxy demo", pflag.ContinueOnError)
 	serve := fs.Bool("serve", false, "After the experiments, keep serving the example Services on loopback until Ctrl-C.")
 	verbose := fs.Bool("verbose", false, "Show the proxier's own log on stderr.")
+	netns := fs.Bool("netns", false, "As root: run the experiments through real iptables portals, with the proxy as a process in a throw-away network namespace and the clients in another; print the rules it installed and the conntrack entries the traffic left. Everything is removed at the end, also on Ctrl-C.")
 	fs.Usage = func() {
-		fmt.Fprintf(os.Stderr, "Usage: kube-userspace-proxy demo [--serve] [--verbose]\n\n"+
+		fmt.Fprintf(os.Stderr, "Usage: kube-userspace-proxy demo [--serve] [--verbose]\n       kube-userspace-proxy demo --netns   (as root)\n\n"+
 			"Runs the session-affinity experiments of a real cluster against this proxy,\n"+
 			"on loopback, without a cluster or root. Exit status 0 when every outcome matched.\n\nFlags:\n%s", fs.FlagUsages())
 	}
@@ -41,6 +42,10 @@ func runDemo(args []string) int {
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy demo: unexpected arguments %q\n", fs.Args())
 		return exitUsage
 	}
+	if *netns && *serve {
+		fmt.Fprintln(os.Stderr, "kube-userspace-proxy demo: --serve and --netns do not go together (the namespaces are removed at the end)")
+		return exitUsage
+	}
 	if !*verbose {
 		// The table is the output; the proxier's info log would drown it.
 		// Errors still reach stderr (klog's stderrthreshold).
@@ -49,7 +54,18 @@ func runDemo(args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	matched, err := demo.Run(ctx, os.Stdout, demo.Options{Serve: *serve, Width: outputWidth(os.Stdout)}, startForDemo)
+	opt := demo.Options{Serve: *serve, Width: outputWidth(os.Stdout)}
+	var matched bool
+	var err error
+	if *netns {
+		// The proxy runs as this same binary, in the node namespace.
+		var exe string
+		if exe, err = os.Executable(); err == nil {
+			matched, err = demo.RunNetNS(ctx, os.Stdout, opt, demo.Command{Path: exe})
+		}
+	} else {
+		matched, err = demo.Run(ctx, os.Stdout, opt, startForDemo)
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy demo: %v\n", err)
 		return 1
