@@ -4,7 +4,9 @@
 // --manifests, and drive TCP and UDP traffic through ClusterIPs, NodePorts,
 // externalIPs and LoadBalancer ingress IPs, from pods, from the node itself
 // and from an external host. TestFaults declares faults (issue 8) in Services'
-// annotations and measures them through the ClusterIPs.
+// annotations and measures them through the ClusterIPs. TestFlood (skipped
+// with -short) floods one Service with 20,000 UDP sources and 5,000
+// half-open TCP clients and times a second Service meanwhile.
 //
 // The suite needs root, `ip` and `iptables`; otherwise every test skips with
 // a message saying so. Run it with:
