@@ -401,11 +401,11 @@ func (s *udpProxySocket) expireIdle() {
 // descriptor, not a net.UDPConn: the reply loop polls it itself, and it
 // costs no Go memory beyond the session.
 func dialUDPBackend(ep netip.AddrPort) (int, error) {
-	family := unix.AF_INET
-	var sa unix.Sockaddr = &unix.SockaddrInet4{Port: int(ep.Port()), Addr: ep.Addr().As4()}
-	if ep.Addr().Is6() {
-		family = unix.AF_INET6
-		sa = &unix.SockaddrInet6{Port: int(ep.Port()), Addr: ep.Addr().As16()}
+	family := unix.AF_INET6
+	var sa unix.Sockaddr = &unix.SockaddrInet6{Port: int(ep.Port()), Addr: ep.Addr().As16()}
+	if a := ep.Addr().Unmap(); a.Is4() {
+		family = unix.AF_INET
+		sa = &unix.SockaddrInet4{Port: int(ep.Port()), Addr: a.As4()}
 	}
 	fd, err := unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {

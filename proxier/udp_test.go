@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -105,5 +107,38 @@ func TestUDPRelay(t *testing.T) {
 			t.Fatalf("%d UDP sessions still open long after the idle timeout", n)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// dialUDPBackend connects to IPv4, IPv6 and IPv4-mapped backends. An IPv6
+// backend used to panic the whole proxy (As4 of an IPv6 address) at the
+// first datagram of a session.
+func TestDialUDPBackendFamilies(t *testing.T) {
+	for _, tt := range []struct{ listen, dial string }{
+		{"127.0.0.1", "127.0.0.1"},
+		{"::1", "::1"},
+		{"127.0.0.1", "::ffff:127.0.0.1"},
+	} {
+		t.Run(tt.dial, func(t *testing.T) {
+			pc, err := net.ListenPacket("udp", net.JoinHostPort(tt.listen, "0"))
+			if err != nil {
+				t.Skipf("no %s: %v", tt.listen, err)
+			}
+			defer pc.Close()
+			port := pc.LocalAddr().(*net.UDPAddr).Port
+			fd, err := dialUDPBackend(netip.AddrPortFrom(netip.MustParseAddr(tt.dial), uint16(port)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unix.Close(fd)
+			if _, err := unix.Write(fd, []byte("hi")); err != nil {
+				t.Fatal(err)
+			}
+			pc.SetReadDeadline(time.Now().Add(2 * time.Second))
+			buf := make([]byte, 8)
+			if n, _, err := pc.ReadFrom(buf); err != nil || string(buf[:n]) != "hi" {
+				t.Fatalf("backend read %q, %v", buf[:n], err)
+			}
+		})
 	}
 }
