@@ -94,7 +94,7 @@ was measured once with the experiments below; what it did is in the second
 column, what this proxy does in the third.
 
 `)
-	t := newTable(out, width, "experiment", "real cluster (kube-proxy)", "this proxy")
+	t := newTable(out, width, "experiment", "real cluster (kube-proxy)", "this proxy", "same?")
 	t.start("Running 9 experiments (about 15 s)")
 	if err := l.experiments(ctx, t); err != nil {
 		return false, err

@@ -202,7 +202,7 @@ backend's name has arrived: "median" is the middle one of those times, "errors"
 the connections that got no answer.
 
 `, webManifest, faultConnections, faultParallel)
-	t := newTable(w, width, "fault on default/web", "expected", "measured")
+	t := newTable(w, width, "fault on default/web", "expected", "measured", "as expected?")
 	t.start("Running 4 steps (about 5 s)")
 	var before probe
 	for i, s := range faultSteps() {

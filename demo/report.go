@@ -16,8 +16,10 @@ type table struct {
 	notes  [][]string // per row
 }
 
-func newTable(w io.Writer, width int, what, expected, ours string) *table {
-	return &table{w: w, width: width, titles: []string{what, expected, ours, "same?"}}
+// newTable titles the columns: what was done, what to compare with, what
+// this proxy did, and whether the two agree (verdict: "same?", "as expected?").
+func newTable(w io.Writer, width int, what, expected, ours, verdict string) *table {
+	return &table{w: w, width: width, titles: []string{what, expected, ours, verdict}}
 }
 
 // start says what is about to run and how long it takes; the dots follow.
