@@ -38,6 +38,10 @@ type Cluster struct {
 	// nil otherwise): see addCalicoPod.
 	CalicoPod   *NS
 	CalicoPodIP netip.Addr
+
+	// V6 holds the IPv6 addresses of a dual-stack cluster
+	// (ClusterOptions.DualStack); nil otherwise.
+	V6 *IPv6
 }
 
 // ClusterOptions sizes a Cluster. Zero values take the defaults.
@@ -47,6 +51,8 @@ type ClusterOptions struct {
 	// CalicoPod adds a third pod whose host-side veth has no address
 	// (Calico's and the AWS VPC CNI's shape), beside pod1 and pod2.
 	CalicoPod bool
+	// DualStack adds IPv6 to every link (see IPv6).
+	DualStack bool
 }
 
 // NewCluster builds the topology (no processes yet). Everything is removed in
@@ -117,6 +123,9 @@ func NewCluster(t testing.TB, opt ClusterOptions) *Cluster {
 	c.Node.Sysctl("net.ipv4.ip_forward", "1")
 	if opt.CalicoPod {
 		c.addCalicoPod()
+	}
+	if opt.DualStack {
+		c.addIPv6(opt.Backends)
 	}
 	return c
 }
