@@ -140,7 +140,9 @@ func TestIPv6(t *testing.T) {
 	pod4 := harness.Client{Label: "pod2[v4]", NS: c.Pod2, Src: c.Pod2IPs[0]}
 	node := harness.Client{Label: "node", NS: c.Node}
 	ext := harness.Client{Label: "external", NS: c.External}
-	at := func(ip string, port int) netip.AddrPort { return netip.AddrPortFrom(netip.MustParseAddr(ip), uint16(port)) }
+	at := func(ip string, port int) netip.AddrPort {
+		return netip.AddrPortFrom(netip.MustParseAddr(ip), uint16(port))
+	}
 	np := func(ip netip.Addr, port int32) netip.AddrPort { return netip.AddrPortFrom(ip, uint16(port)) }
 	pod6(0).WaitServed(t, "tcp", at("fd00:96::10", httpPort), time.Now(), startBudget)
 
