@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -57,6 +58,14 @@ func checkExternalTrafficPolicyLocal(t *testing.T, e *env) {
 		}
 	}
 
+	// The rules as the kernel holds them (the README quotes them).
+	if save, err := e.c.Node.IPTablesSave(false); err == nil {
+		for _, line := range strings.Split(save, "\n") {
+			if strings.Contains(line, `"`+s.portName("http")+`"`) && strings.HasPrefix(line, "-A KUBE-") {
+				figure(t, "ETP Local rule: %s", line)
+			}
+		}
+	}
 	wantAll("no local endpoint")
 	for _, tc := range outside {
 		got, err := distribution(e.external(), "tcp", tc.dst, 2)
