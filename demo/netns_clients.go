@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
 )
 
@@ -78,25 +77,9 @@ func (v httpView) DebugServices() []proxier.DebugServicePort {
 		return nil
 	}
 	defer resp.Body.Close()
-	// proxier.DebugToxic cannot be decoded as it is: it embeds
-	// faults.Toxic, whose strict UnmarshalJSON is promoted and refuses the
-	// "origin" field. The demo needs only the toxics' names and origins.
-	var wire []struct {
-		proxier.DebugServicePort
-		Faults []struct {
-			Name   string `json:"name"`
-			Origin string `json:"origin"`
-		} `json:"faults"`
-	}
-	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&wire) != nil {
+	var out []proxier.DebugServicePort
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&out) != nil {
 		return nil
-	}
-	out := make([]proxier.DebugServicePort, len(wire))
-	for i, w := range wire {
-		out[i] = w.DebugServicePort
-		for _, f := range w.Faults {
-			out[i].Faults = append(out[i].Faults, proxier.DebugToxic{Toxic: faults.Toxic{Name: f.Name}, Origin: f.Origin})
-		}
 	}
 	return out
 }

@@ -38,6 +38,33 @@ type DebugToxic struct {
 	Origin string `json:"origin"`
 }
 
+// UnmarshalJSON reads a row as /debug/services writes it. Without it the
+// embedded Toxic's strict decoder is promoted and refuses "origin", so no
+// Go client could decode a port that has faults.
+func (d *DebugToxic) UnmarshalJSON(b []byte) error {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(b, &fields); err != nil {
+		return err
+	}
+	var origin string
+	if raw, ok := fields["origin"]; ok {
+		if err := json.Unmarshal(raw, &origin); err != nil {
+			return &faults.FieldError{Field: "origin", Reason: "must be a JSON string, not " + string(raw)}
+		}
+		delete(fields, "origin")
+	}
+	rest, err := json.Marshal(fields)
+	if err != nil {
+		return err
+	}
+	var t faults.Toxic
+	if err := json.Unmarshal(rest, &t); err != nil {
+		return err
+	}
+	*d = DebugToxic{Toxic: t, Origin: origin}
+	return nil
+}
+
 // DebugAffinity is one client pinned to an endpoint.
 type DebugAffinity struct {
 	ClientIP string    `json:"clientIP"`
