@@ -103,7 +103,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.cleanup, "cleanup", o.cleanup, "Remove every chain and rule this proxy installs (IPv4 and IPv6), then exit.")
 	fs.StringVar(&o.proxyMode, "proxy-mode", o.proxyMode, "Which proxy mode to use: only 'userspace' is implemented.")
 	fs.DurationVar(&o.configSyncPeriod, "config-sync-period", o.configSyncPeriod, "How often configuration from the API server is refreshed. Must be greater than 0.")
-	fs.StringVar(&o.nodeIP, "node-ip", o.nodeIP, "The node's IP, target of the portals' DNAT (from the node itself, and with --bind-address 0.0.0.0 from pods and other hosts too); default: the address of the default-route interface.")
+	fs.StringVar(&o.nodeIP, "node-ip", o.nodeIP, "The node's IP, target of the portals' DNAT (from the node itself, and with --bind-address 0.0.0.0 from pods and other hosts too); default: the address of the default-route interface. The other IP family uses the address of its own default-route interface.")
 	fs.BoolVar(&o.preroutingRedirect, "prerouting-redirect", o.preroutingRedirect, "With --bind-address 0.0.0.0 (or ::): send traffic from pods and other hosts to proxy sockets with REDIRECT, as the legacy userspace mode did, instead of DNAT to the node IP. REDIRECT drops packets that arrive on an interface without an address (pod veths on Calico, the AWS VPC CNI).")
 	fs.StringVar(&o.configFile, "config", o.configFile, "A KubeProxyConfiguration file; flags given on the command line override it.")
 	fs.StringVar(&o.faultAPIBind, "fault-api-bind-address", o.faultAPIBind, "HOST:PORT for Toxiproxy's REST API over this node's service ports (e.g. 127.0.0.1:8474); empty disables it.")

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -204,30 +205,40 @@ func portalSyncers(v *validated) (proxier.PortalSyncer, proxier.PortalSyncer, er
 }
 
 // portalConfigs is how the flags shape each family's rules (the proxy and
-// explain alike): where proxy sockets listen, the node IP that traffic the
-// node sends is DNATed to (--node-ip, else the bind address, else the
-// default route's), and --nodeport-addresses.
+// explain alike): where proxy sockets listen, the node IP of each family
+// that traffic is DNATed to (nodeIPOf), and --nodeport-addresses. nodeIP
+// is the one to report: --node-ip, else the IPv4 one, else the IPv6 one.
 func portalConfigs(v *validated) (cfg4, cfg6 iptables.Config, nodeIP netip.Addr) {
-	nodeIP = v.nodeIP
-	if !nodeIP.IsValid() {
-		if v.bind.IsValid() && !v.bind.IsUnspecified() {
-			nodeIP = v.bind
-		} else {
-			nodeIP = defaultRouteIP()
-		}
-	}
 	cfg4 = iptables.Config{Family: iptables.IPv4, NodePortAddresses: v.nodePortAddresses, PreroutingRedirect: v.preroutingRedirect, ClusterCIDRs: v.clusterCIDRs}
 	if v.bind.Is4() {
 		cfg4.BindAddress = v.bind
 	}
-	if nodeIP.Is4() {
-		cfg4.NodeIP = nodeIP
-	}
+	cfg4.NodeIP = nodeIPOf(v, false, defaultRouteIP)
 	cfg6 = iptables.Config{Family: iptables.IPv6, NodePortAddresses: v.nodePortAddresses, PreroutingRedirect: v.preroutingRedirect, ClusterCIDRs: v.clusterCIDRs}
 	if v.bind.Is6() {
 		cfg6.BindAddress = v.bind
 	}
+	cfg6.NodeIP = nodeIPOf(v, true, defaultRouteIP6)
+	nodeIP = cmp.Or(v.nodeIP, cfg4.NodeIP, cfg6.NodeIP)
 	return cfg4, cfg6, nodeIP
+}
+
+// nodeIPOf is one family's node IP: --node-ip when it is of that family,
+// else a specific --bind-address of that family, else (neither flag names
+// an address of the family) the address of that family's default-route
+// interface. An IPv6 --node-ip used to leave IPv4 without a node IP, and
+// IPv6 never had one: its portals fell back to REDIRECT.
+func nodeIPOf(v *validated, six bool, fromRoute func() netip.Addr) netip.Addr {
+	ofFamily := func(a netip.Addr) bool { return a.IsValid() && !a.IsUnspecified() && a.Unmap().Is4() != six }
+	switch {
+	case ofFamily(v.nodeIP):
+		return v.nodeIP.Unmap()
+	case ofFamily(v.bind):
+		return v.bind.Unmap()
+	case v.bind.IsValid() && !v.bind.IsUnspecified():
+		return netip.Addr{} // sockets listen on one address of the other family
+	}
+	return fromRoute()
 }
 
 func cleanupRules() error {
@@ -310,7 +321,23 @@ func defaultRouteIP() netip.Addr {
 	if err != nil {
 		return netip.Addr{}
 	}
-	ifname := parseDefaultRouteInterface(string(data))
+	return interfaceAddr(parseDefaultRouteInterface(string(data)), false)
+}
+
+// defaultRouteIP6 is the first global IPv6 address of the interface holding
+// the IPv6 default route, or none.
+func defaultRouteIP6() netip.Addr {
+	data, err := os.ReadFile("/proc/net/ipv6_route")
+	if err != nil {
+		return netip.Addr{}
+	}
+	return interfaceAddr(parseDefaultRoute6Interface(string(data)), true)
+}
+
+// interfaceAddr returns the first address of one family on ifname; for
+// IPv6 a global one (a link-local address needs a zone, which rules cannot
+// carry).
+func interfaceAddr(ifname string, six bool) netip.Addr {
 	if ifname == "" {
 		return netip.Addr{}
 	}
@@ -321,8 +348,13 @@ func defaultRouteIP() netip.Addr {
 	addrs, _ := ifc.Addrs()
 	for _, a := range addrs {
 		if n, ok := a.(*net.IPNet); ok {
-			if ip, ok := netip.AddrFromSlice(n.IP); ok && ip.Unmap().Is4() {
-				return ip.Unmap()
+			ip, ok := netip.AddrFromSlice(n.IP)
+			if !ok {
+				continue
+			}
+			ip = ip.Unmap()
+			if ip.Is4() != six && (!six || ip.IsGlobalUnicast()) {
+				return ip
 			}
 		}
 	}

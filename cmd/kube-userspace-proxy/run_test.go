@@ -245,3 +245,59 @@ func TestClusterCIDRReachesTheRules(t *testing.T) {
 		t.Fatalf("cluster CIDRs %v / %v, want %v in both", cfg4.ClusterCIDRs, cfg6.ClusterCIDRs, want)
 	}
 }
+
+func TestParseDefaultRoute6Interface(t *testing.T) {
+	const route = "00000000000000000000000000000000 00 00000000000000000000000000000000 00 fd000000000000000000000000000001 00000400 00000002 00000000 00000003     eth0\n"
+	const onLink = "fd000000000000000000000000000000 40 00000000000000000000000000000000 00 00000000000000000000000000000000 00000100 00000001 00000000 00000001     eth0\n"
+	const reject = "00000000000000000000000000000000 00 00000000000000000000000000000000 00 00000000000000000000000000000000 ffffffff 00000001 00000000 00200200       lo\n"
+	for _, tt := range []struct{ table, want string }{
+		{onLink + route, "eth0"},
+		{reject + onLink, ""},
+		{reject + route, "eth0"},
+		{"", ""},
+	} {
+		if got := parseDefaultRoute6Interface(tt.table); got != tt.want {
+			t.Errorf("parseDefaultRoute6Interface(%q) = %q, want %q", tt.table, got, tt.want)
+		}
+	}
+}
+
+// Each family gets its own node IP: the flag's when it is of that family,
+// a specific bind address of that family, else that family's default
+// route. An IPv6 --node-ip used to leave IPv4 without one, and IPv6 never
+// had one (REDIRECT).
+func TestNodeIPPerFamily(t *testing.T) {
+	a := netip.MustParseAddr
+	route4, route6 := a("192.168.50.10"), a("fd00:50::10")
+	tests := []struct {
+		name         string
+		nodeIP, bind string
+		want4, want6 string
+	}{
+		{"defaults: both default routes", "", "0.0.0.0", "192.168.50.10", "fd00:50::10"},
+		{"IPv4 --node-ip", "10.0.0.5", "0.0.0.0", "10.0.0.5", "fd00:50::10"},
+		{"IPv6 --node-ip", "fd00::5", "0.0.0.0", "192.168.50.10", "fd00::5"},
+		{"bind ::", "", "::", "192.168.50.10", "fd00:50::10"},
+		{"specific IPv4 bind", "", "10.0.0.7", "10.0.0.7", ""},
+		{"specific IPv6 bind", "", "fd00::7", "", "fd00::7"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v := &validated{bind: a(tt.bind)}
+			if tt.nodeIP != "" {
+				v.nodeIP = a(tt.nodeIP)
+			}
+			got4 := nodeIPOf(v, false, func() netip.Addr { return route4 })
+			got6 := nodeIPOf(v, true, func() netip.Addr { return route6 })
+			str := func(x netip.Addr) string {
+				if !x.IsValid() {
+					return ""
+				}
+				return x.String()
+			}
+			if str(got4) != tt.want4 || str(got6) != tt.want6 {
+				t.Errorf("node IPs %q / %q, want %q / %q", str(got4), str(got6), tt.want4, tt.want6)
+			}
+		})
+	}
+}

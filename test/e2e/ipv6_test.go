@@ -146,6 +146,20 @@ func TestIPv6(t *testing.T) {
 	np := func(ip netip.Addr, port int32) netip.AddrPort { return netip.AddrPortFrom(ip, uint16(port)) }
 	pod6(0).WaitServed(t, "tcp", at("fd00:96::10", httpPort), time.Now(), startBudget)
 
+	// IPv6 portals DNAT to the node's IPv6 address (that of its IPv6
+	// default route), as IPv4 ones do, instead of the legacy REDIRECT
+	// (which drops packets from interfaces without an address).
+	save, err := c.Node.IPTablesSave(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("-d fd00:96::10/128 -p tcp -m comment --comment %q -m tcp --dport 80 -j DNAT --to-destination [%s]:", testNamespace+"/six:http", v6.NodeIP)
+	for _, chain := range []string{"KUBE-PORTALS-CONTAINER", "KUBE-PORTALS-HOST"} {
+		if !strings.Contains(save, "-A "+chain+" "+want) {
+			t.Errorf("%s has no %q:\n%s", chain, want, save)
+		}
+	}
+
 	roundRobin := []struct {
 		what  string
 		cl    harness.Client
