@@ -55,10 +55,13 @@ var defaultDialTimeouts = []time.Duration{250 * time.Millisecond, 500 * time.Mil
 // tcpListenConfig disables Go's default TCP keep-alive setup on listening
 // and accepted sockets: it costs setsockopt calls per connection (9 % of CPU
 // in the measured naive proxy) and the client and backend keep-alive
-// themselves. Go (since 1.24) listens with Multipath TCP by default; that
-// made each proxied connect+request on loopback about twice as slow
-// (BenchmarkTCPConnectRequest/proxied vs proxied-mptcp), while the backend
-// side is dialled with plain TCP anyway, so MPTCP is opt-in.
+// themselves. Go (since 1.24) listens with Multipath TCP by default. For a
+// plain-TCP client that costs nothing measurable (the kernel falls back at
+// the handshake: BenchmarkTCPConnectRequest, process CPU per connect+request
+// 180-217 us plain vs 194-223 us MPTCP), but an MPTCP client then sets up a
+// full MPTCP connection to the proxy (with GODEBUG=multipathtcp=3, clients
+// dialling MPTCP: 253-270 vs 299-387 us) that gains it nothing, since the
+// backend side is plain TCP anyway. So MPTCP is opt-in (--mptcp).
 func tcpListenConfig(multipath bool) net.ListenConfig {
 	lc := net.ListenConfig{KeepAlive: -1}
 	lc.SetMultipathTCP(multipath)

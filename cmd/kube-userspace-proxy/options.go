@@ -112,7 +112,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.affinityMaxEntries, "affinity-max-entries-per-port", o.affinityMaxEntries, "At most this many clients in one service port's ClientIP affinity table; a new client of a full table evicts the least recently used one. 0 means unlimited.")
 	fs.IntVar(&o.httpMaxConns, "http-max-connections", o.httpMaxConns, "At most this many open connections per HTTP server (health, metrics, healthCheckNodePort, fault API); further clients wait in the listen backlog. 0 means unlimited.")
 	fs.DurationVar(&o.httpIdleTimeout, "http-idle-timeout", o.httpIdleTimeout, "How long an HTTP server keeps an idle keep-alive connection open (e.g. '30s'). Must be greater than 0.")
-	fs.BoolVar(&o.multipathTCP, "mptcp", o.multipathTCP, "Accept clients on the TCP proxy sockets with Multipath TCP (Go's default listener); off, they listen with plain TCP, which costs less per connection. Backends are always dialled with plain TCP.")
+	fs.BoolVar(&o.multipathTCP, "mptcp", o.multipathTCP, "Accept clients on the TCP proxy sockets with Multipath TCP (Go's default listener); off, they listen with plain TCP, so an MPTCP client falls back to TCP, which costs less per connection. Backends are always dialled with plain TCP.")
 	fs.DurationVar(&o.halfCloseTimeout, "tcp-half-close-timeout", o.halfCloseTimeout, "After one side of a proxied TCP connection closes, how long the other direction may go without receiving a byte before both sides are reset; 0 means no limit.")
 }
 
