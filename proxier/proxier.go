@@ -24,6 +24,7 @@ import (
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
 
 // PortalSyncer programs the portal rules of one IP family. Sync receives the
@@ -50,6 +51,12 @@ type Options struct {
 	// MultipathTCP listens for clients with MPTCP (off: plain TCP, cheaper
 	// per connection; see tcpListenConfig).
 	MultipathTCP bool
+	// Liveness finds dead peers on both proxied sockets (keep-alive,
+	// TCP_USER_TIMEOUT); the zero value leaves both off.
+	Liveness relay.Liveness
+	// WriteTimeout: a direction that cannot write a byte this long ends
+	// the connection with resets; 0 = no bound.
+	WriteTimeout time.Duration
 	// Affinity bounds the ClientIP affinity tables (zero: no cap).
 	Affinity loadbalancer.Limits
 	// Portals by family; empty means --iptables=false (sockets only).
@@ -147,7 +154,13 @@ func New(opts Options) *Proxier {
 		opts.Metrics = NewMetrics()
 	}
 	if opts.Dialer == nil {
-		opts.Dialer = &net.Dialer{KeepAlive: -1}
+		// Go's own keep-alive setup is off (it would set the options after
+		// connect, one call each); Liveness sets them before connect.
+		d := &net.Dialer{KeepAlive: -1}
+		if opts.Liveness.Enabled() {
+			d.Control = opts.Liveness.Control
+		}
+		opts.Dialer = d
 	}
 	if opts.DialTimeouts == nil {
 		opts.DialTimeouts = defaultDialTimeouts
@@ -178,9 +191,10 @@ func New(opts Options) *Proxier {
 			dialTimeouts:     opts.DialTimeouts,
 			udpIdleTimeout:   opts.UDPIdleTimeout,
 			halfCloseTimeout: opts.HalfCloseTimeout,
+			writeTimeout:     opts.WriteTimeout,
 			metrics:          opts.Metrics,
 			conns:            &connRegistry{},
-			listen:           tcpListenConfig(opts.MultipathTCP),
+			listen:           tcpListenConfig(opts.MultipathTCP, opts.Liveness),
 		},
 	}
 	p.sockCfg.udpMaxSessionsPerPort, p.sockCfg.udpBudget = udpLimits(opts)

@@ -204,13 +204,19 @@ func udpRoundTrip(c *net.UDPConn, buf []byte) error {
 // BenchmarkTCPConnectRequest is one HTTP/1.1 Connection: close exchange on
 // a new connection (connect, request, response, close), as wrk -H
 // "Connection: close" does: "direct" to the backend, "proxied" through the
-// proxy socket (accept, pick, dial, splice both ways, half-close), and
+// proxy socket (accept, pick, dial, splice both ways, half-close),
 // "proxied-mptcp" through a proxy socket listening with Multipath TCP (Go's
-// default listener since 1.24; --mptcp).
+// default listener since 1.24; --mptcp), and "proxied-no-keepalive" with
+// keep-alive, user timeout and write bound off ("proxied" has the
+// defaults: the listener's options cost nothing per connection, the
+// backend socket's five setsockopt calls a little).
 func BenchmarkTCPConnectRequest(b *testing.B) {
 	backend := startHTTPish(b)
 	b.Run("direct", func(b *testing.B) { benchConnectRequest(b, backend) })
-	proxy := proxiedPort(b, v1.ProtocolTCP, backend)
+	bare := proxiedPort(b, v1.ProtocolTCP, backend)
+	b.Run("proxied-no-keepalive", func(b *testing.B) { benchConnectRequest(b, bare) })
+	proxy := proxiedPortWith(b, v1.ProtocolTCP, backend, proxier.Options{
+		Liveness: proxier.DefaultLiveness, WriteTimeout: proxier.DefaultTCPWriteTimeout})
 	b.Run("proxied", func(b *testing.B) { benchConnectRequest(b, proxy) })
 	mptcp := proxiedPortWith(b, v1.ProtocolTCP, backend, proxier.Options{MultipathTCP: true})
 	b.Run("proxied-mptcp", func(b *testing.B) { benchConnectRequest(b, mptcp) })

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
 
 // proxySocket is the listening side of one service port.
@@ -33,10 +34,12 @@ type Dialer interface {
 
 // socketConfig is shared by every proxy socket of one proxier.
 type socketConfig struct {
-	dialer            Dialer
-	dialTimeouts      []time.Duration
-	udpIdleTimeout    time.Duration
-	halfCloseTimeout  time.Duration
+	dialer           Dialer
+	dialTimeouts     []time.Duration
+	udpIdleTimeout   time.Duration
+	halfCloseTimeout time.Duration
+	// writeTimeout bounds a relay direction that cannot write (relay.Options).
+	writeTimeout      time.Duration
 	metrics           *Metrics
 	acceptBackoffBase time.Duration
 	// UDP session caps: per service port, and in total (shared budget).
@@ -54,22 +57,26 @@ var defaultDialTimeouts = []time.Duration{250 * time.Millisecond, 500 * time.Mil
 
 // tcpListenConfig disables Go's default TCP keep-alive setup on listening
 // and accepted sockets: it costs setsockopt calls per connection (9 % of CPU
-// in the measured naive proxy) and the client and backend keep-alive
-// themselves. Go (since 1.24) listens with Multipath TCP by default. For a
+// in the measured naive proxy). Keep-alive and TCP_USER_TIMEOUT (l) are set
+// once on the listening socket instead, and every accepted socket inherits
+// them. Go (since 1.24) listens with Multipath TCP by default. For a
 // plain-TCP client that costs nothing measurable (the kernel falls back at
 // the handshake: BenchmarkTCPConnectRequest, process CPU per connect+request
 // 180-217 us plain vs 194-223 us MPTCP), but an MPTCP client then sets up a
 // full MPTCP connection to the proxy (with GODEBUG=multipathtcp=3, clients
 // dialling MPTCP: 253-270 vs 299-387 us) that gains it nothing, since the
 // backend side is plain TCP anyway. So MPTCP is opt-in (--mptcp).
-func tcpListenConfig(multipath bool) net.ListenConfig {
+func tcpListenConfig(multipath bool, l relay.Liveness) net.ListenConfig {
 	lc := net.ListenConfig{KeepAlive: -1}
 	lc.SetMultipathTCP(multipath)
+	if l.Enabled() {
+		lc.Control = l.Control
+	}
 	return lc
 }
 
 // listenConfig holds ports that only need to be claimed (claim.go).
-var listenConfig = tcpListenConfig(false)
+var listenConfig = tcpListenConfig(false, relay.Liveness{})
 
 // newProxySocket listens for one service port. An unspecified bind address
 // listens on IPv4 only (0.0.0.0, what the flag says) unless the service port

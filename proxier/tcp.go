@@ -134,7 +134,7 @@ func (s *tcpProxySocket) handle(client *net.TCPConn) {
 	defer s.active.Dec()
 	live := s.cfg.conns.addTCP(s.label, from, client, backend, fc, s.bytesIn, s.bytesOut)
 	defer live.end()
-	opts := relay.Options{HalfCloseTimeout: s.cfg.halfCloseTimeout, In: &live.in, Out: &live.out}
+	opts := relay.Options{HalfCloseTimeout: s.cfg.halfCloseTimeout, WriteTimeout: s.cfg.writeTimeout, In: &live.in, Out: &live.out}
 	if fc != nil {
 		opts.Upstream, opts.Downstream = fc.Upstream, fc.Downstream
 		fc.Attach(client, backend)

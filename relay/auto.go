@@ -50,9 +50,17 @@ type autoCopier struct {
 	readFn  func(fd uintptr) bool
 
 	out      []byte
-	written  int
+	written  int64
 	writeErr error
 	writeFn  func(fd uintptr) bool
+	stall    stall
+}
+
+// bind applies a write bound (nil: none) to both of the direction's write
+// paths.
+func (a *autoCopier) bind(b *writeBound) {
+	a.stall = stall{bound: b, dst: a.splice.dst}
+	a.splice.drain.stall = a.stall
 }
 
 func newAutoCopier(dst, src *net.TCPConn) (*autoCopier, error) {
@@ -141,22 +149,21 @@ func (a *autoCopier) read(fd uintptr) bool {
 
 func (a *autoCopier) writeAll(p []byte) (int, error) {
 	a.out, a.written, a.writeErr = p, 0, nil
-	err := a.splice.dstRaw.Write(a.writeFn)
-	if err == nil {
-		err = a.writeErr
-	}
+	err := a.stall.write(a.splice.dstRaw, a.writeFn, &a.written, &a.writeErr)
 	a.out = nil
-	return a.written, err
+	return int(a.written), err
 }
 
 func (a *autoCopier) write(fd uintptr) bool {
-	for a.written < len(a.out) {
+	for a.written < int64(len(a.out)) {
 		m, err := unix.Write(int(fd), a.out[a.written:])
 		switch {
 		case err == unix.EINTR:
 			continue
 		case err == unix.EAGAIN:
-			return false // socket buffer full: wait until writable
+			// Socket buffer full: wait until writable, after (re)arming
+			// the write bound if there is one.
+			return a.stall.leave(a.written)
 		case err != nil:
 			a.writeErr = err
 			return true
@@ -164,7 +171,7 @@ func (a *autoCopier) write(fd uintptr) bool {
 			a.writeErr = io.ErrUnexpectedEOF
 			return true
 		}
-		a.written += m
+		a.written += int64(m)
 	}
 	return true
 }

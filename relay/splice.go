@@ -99,6 +99,7 @@ var errNoPipe = errors.New("relay: no pipe for splice")
 // splicer is one direction's splice state. Its closures are built once per
 // connection, not per wake-up, so moving bytes allocates nothing.
 type splicer struct {
+	dst            *net.TCPConn
 	srcRaw, dstRaw syscall.RawConn
 	pp             pipePair
 	held           bool
@@ -117,7 +118,7 @@ func newSplicer(dst, src *net.TCPConn) (*splicer, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &splicer{srcRaw: srcRaw, dstRaw: dstRaw}
+	s := &splicer{dst: dst, srcRaw: srcRaw, dstRaw: dstRaw}
 	s.fillFn = s.fill
 	return s, nil
 }
@@ -172,6 +173,7 @@ func (s *splicer) cycle() (read, written int64, err error) {
 // pipeDrainer splices a pipe's bytes into a socket; one per connection
 // direction, so its callback is allocated once.
 type pipeDrainer struct {
+	stall    stall
 	pp       pipePair
 	n        int64
 	written  int64
@@ -184,10 +186,7 @@ func (d *pipeDrainer) run(raw syscall.RawConn, pp pipePair, n int64) (int64, err
 		d.callback = d.write
 	}
 	d.pp, d.n, d.written, d.err = pp, n, 0, nil
-	err := raw.Write(d.callback)
-	if err == nil {
-		err = d.err
-	}
+	err := d.stall.write(raw, d.callback, &d.written, &d.err)
 	return d.written, err
 }
 
@@ -198,7 +197,9 @@ func (d *pipeDrainer) write(fd uintptr) bool {
 		case err == unix.EINTR:
 			continue
 		case err == unix.EAGAIN:
-			return false // socket buffer full: wait until writable
+			// Socket buffer full: wait until writable, after (re)arming
+			// the write bound if there is one.
+			return d.stall.leave(d.written)
 		case err != nil:
 			d.err = err
 			return true

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -36,55 +37,103 @@ func (e *WriteError) Error() string { return "write: " + e.Err.Error() }
 func (e *WriteError) Unwrap() error { return e.Err }
 
 // Options are one connection's settings. The zero value copies both ways
-// with Auto (small messages buffered, bulk spliced), no half-close bound,
-// and counts nothing.
+// with Auto (small messages buffered, bulk spliced), no bounds, and counts
+// nothing.
 type Options struct {
 	// HalfCloseTimeout bounds the direction still running after the other
 	// ended with a FIN; 0 = no bound.
 	HalfCloseTimeout time.Duration
+	// WriteTimeout bounds how long a direction may be unable to hand its
+	// destination a single byte (the peer reads nothing, its window stays
+	// closed): then both peers get a reset; 0 = no bound. It costs nothing
+	// while writes go through: the deadline is armed only when the socket
+	// is full. It applies to the built-in copies (nil Upstream/Downstream).
+	WriteTimeout time.Duration
 	// In counts client→backend bytes, Out backend→client; nil = not counted.
 	In, Out Counter
 	// Upstream moves client→backend, Downstream backend→client; nil = Auto.
 	Upstream, Downstream Copier
 }
 
+// How a connection is being ended by the relay itself (conn.ending).
+const (
+	endNone  int32 = iota
+	endAbort       // both peers reset: a bound ran out
+)
+
+// forceBuffered keeps the built-in copy buffered, as when no pipe can be
+// had (tests of that path's write bound).
+var forceBuffered = false
+
+// conn is one relayed connection.
+type conn struct {
+	client, backend *net.TCPConn
+	o               Options
+	// ending is set before the deadlines that wake the copies, so a copy
+	// that wakes (or re-arms a deadline) knows why.
+	ending atomic.Int32
+	// bound is both directions' write bound (part of conn: no allocation).
+	bound writeBound
+}
+
 // TCP relays client↔backend until both directions are done, then closes
 // both. A FIN is passed on as a half-close; the other direction then has
 // HalfCloseTimeout to finish, so a peer that never closes cannot pin the
 // goroutines forever (the legacy leak, kubernetes#18354). A reset on one
-// side resets the other.
+// side resets the other; so does every other abnormal end (a timeout, a
+// dead peer found by keep-alive), so no peer mistakes it for a clean end.
 func TCP(client, backend *net.TCPConn, o Options) {
+	c := &conn{client: client, backend: backend, o: o}
+	c.bound = writeBound{timeout: o.WriteTimeout, conn: c}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		copyHalf(backend, client, o.Upstream, o.HalfCloseTimeout, o.In)
+		c.copyHalf(backend, client, o.Upstream, o.In)
 	}()
-	copyHalf(client, backend, o.Downstream, o.HalfCloseTimeout, o.Out)
+	c.copyHalf(client, backend, o.Downstream, o.Out)
 	wg.Wait()
 	client.Close()
 	backend.Close()
 }
 
+// abort wakes both copies with a deadline in the past; they end with a
+// reset to both peers.
+func (c *conn) abort() {
+	c.ending.Store(endAbort)
+	past := time.Unix(1, 0)
+	_ = c.client.SetDeadline(past)
+	_ = c.backend.SetDeadline(past)
+}
+
 // copyHalf is a named function so goroutine dumps say what a stuck
 // goroutine was doing.
-func copyHalf(dst, src *net.TCPConn, copier Copier, halfCloseTimeout time.Duration, bytes Counter) {
-	if copier == nil {
-		copier = Auto
+func (c *conn) copyHalf(dst, src *net.TCPConn, copier Copier, bytes Counter) {
+	var n int64
+	var err error
+	switch {
+	case copier == nil:
+		var a *autoCopier
+		if a, err = newAutoCopier(dst, src); err == nil {
+			a.bind(c.writeBound())
+			a.noPipe = forceBuffered
+			n, err = a.run()
+		}
+	default:
+		n, err = copier(dst, src)
 	}
-	n, err := copier(dst, src)
 	if bytes != nil {
 		bytes.Add(float64(n))
 	}
 	if err != nil {
 		switch {
-		case errors.Is(err, ErrReset), errors.Is(err, os.ErrDeadlineExceeded):
-			// A fault's reset, or the half-close bound ran out with the
-			// stream unfinished: neither peer may mistake the end for a
-			// complete stream, so both get a reset, never a FIN.
-			_ = dst.SetLinger(0)
-			_ = src.SetLinger(0)
-		case isReset(err):
+		case errors.Is(err, ErrCut):
+			// A fault's cut: both get a FIN, as from a peer that hung up.
+		case errors.Is(err, net.ErrClosed):
+			// The other direction ended first and closed both; it has
+			// decided how the peers learn of the end.
+			return
+		case isReset(err) && !c.aborted():
 			// Pass the reset on to the side that did not send it.
 			var we *WriteError
 			if errors.As(err, &we) {
@@ -92,16 +141,33 @@ func copyHalf(dst, src *net.TCPConn, copier Copier, halfCloseTimeout time.Durati
 			} else {
 				_ = dst.SetLinger(0)
 			}
+		default:
+			// A fault's reset, a bound that ran out, a dead peer (keep-
+			// alive or user timeout: ETIMEDOUT), a local error: neither
+			// peer may mistake the end for a complete stream, so both get
+			// a reset, never a FIN.
+			_ = dst.SetLinger(0)
+			_ = src.SetLinger(0)
 		}
-		// Either side failed: tear both down so the other copy returns too.
+		// Tear both down so the other copy returns too.
 		dst.Close()
 		src.Close()
 		return
 	}
 	_ = dst.CloseWrite()
-	if halfCloseTimeout > 0 {
-		watchHalfClosed(dst, halfCloseTimeout)
+	if c.o.HalfCloseTimeout > 0 {
+		c.watchHalfClosed(dst, src)
 	}
+}
+
+func (c *conn) aborted() bool { return c.ending.Load() == endAbort }
+
+// writeBound is the built-in copies' write bound; nil = none.
+func (c *conn) writeBound() *writeBound {
+	if c.o.WriteTimeout <= 0 {
+		return nil
+	}
+	return &c.bound
 }
 
 // watchHalfClosed bounds the direction still reading from conn after the
@@ -109,9 +175,10 @@ func copyHalf(dst, src *net.TCPConn, copier Copier, halfCloseTimeout time.Durati
 // nothing for a whole timeout, so a stream still flowing is never cut
 // (a fixed deadline cut a backend streaming for longer than the bound).
 // Progress is the kernel's byte count (TCP_INFO), so the copy loop pays
-// nothing per byte; a peer that stops reading stalls that count too, so a
-// stuck writer is bounded as well.
-func watchHalfClosed(conn *net.TCPConn, timeout time.Duration) {
+// nothing per byte. A peer that stops reading stalls that count too; the
+// abort then wakes the stalled write as well as the read.
+func (c *conn) watchHalfClosed(conn, other *net.TCPConn) {
+	timeout := c.o.HalfCloseTimeout
 	raw, err := conn.SyscallConn()
 	if err != nil {
 		return
@@ -129,6 +196,7 @@ func watchHalfClosed(conn *net.TCPConn, timeout time.Duration) {
 	last, ok := received()
 	if !ok {
 		_ = conn.SetReadDeadline(time.Now().Add(timeout))
+		_ = other.SetWriteDeadline(time.Now().Add(timeout))
 		return
 	}
 	// A timer, not a goroutine: a connection that ends meanwhile costs one
@@ -140,9 +208,7 @@ func watchHalfClosed(conn *net.TCPConn, timeout time.Duration) {
 			return // closed: the relay is done
 		}
 		if now == last {
-			// A past deadline wakes the blocked read with
-			// os.ErrDeadlineExceeded; copyHalf resets both peers.
-			_ = conn.SetReadDeadline(time.Unix(1, 0))
+			c.abort()
 			return
 		}
 		last = now
@@ -153,6 +219,81 @@ func watchHalfClosed(conn *net.TCPConn, timeout time.Duration) {
 	t.Reset(timeout)
 }
 
+// isReset reports a reset from a peer (or a write to one that reset). A
+// wake-up by abort can surface as EPIPE too; abort decides then.
 func isReset(err error) bool {
 	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// writeBound bounds how long a write may make no progress.
+type writeBound struct {
+	timeout time.Duration
+	// conn tells whether the relay is ending the connection: a copy must
+	// not re-arm (or clear) a deadline over the one abort set.
+	conn *conn
+}
+
+// arm (re)starts the bound from now on dst.
+func (b *writeBound) arm(dst *net.TCPConn) error {
+	_ = dst.SetWriteDeadline(time.Now().Add(b.timeout))
+	if b.conn.aborted() {
+		return os.ErrDeadlineExceeded
+	}
+	return nil
+}
+
+// disarm clears it once the write went through.
+func (b *writeBound) disarm(dst *net.TCPConn) error {
+	_ = dst.SetWriteDeadline(time.Time{})
+	if b.conn.aborted() {
+		return os.ErrDeadlineExceeded
+	}
+	return nil
+}
+
+// stall applies a write bound to one write path: the deadline is set only
+// when the socket is full, and again each time bytes went in since, so it
+// measures time without progress; a write that never waits pays nothing.
+type stall struct {
+	bound *writeBound // nil: no bound
+	dst   *net.TCPConn
+	// armed: the deadline is set, counting from when the write had put
+	// armedAt bytes in; full: the callback left raw.Write to (re)arm it.
+	armed, full bool
+	armedAt     int64
+}
+
+// leave is a write callback's answer to EAGAIN with written bytes in so
+// far: true (leave raw.Write, so write re-arms the bound) when there is a
+// bound not armed since the last progress; false (wait in the poller).
+func (s *stall) leave(written int64) bool {
+	if s.bound != nil && (!s.armed || written > s.armedAt) {
+		s.full = true
+		return true
+	}
+	return false
+}
+
+// write runs raw.Write(fn) to the end of the callback's write, re-arming
+// the bound whenever fn leaves for it; written and cbErr are the
+// callback's progress and error.
+func (s *stall) write(raw syscall.RawConn, fn func(fd uintptr) bool, written *int64, cbErr *error) error {
+	for {
+		s.full = false
+		err := raw.Write(fn)
+		if err == nil {
+			err = *cbErr
+		}
+		if err == nil && s.full {
+			s.armed, s.armedAt = true, *written
+			if err = s.bound.arm(s.dst); err == nil {
+				continue
+			}
+		}
+		if err == nil && s.armed {
+			s.armed = false
+			err = s.bound.disarm(s.dst)
+		}
+		return err
+	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
 
 // options are the command-line flags; names and defaults are kube-proxy's
@@ -44,6 +45,11 @@ type options struct {
 	preroutingRedirect bool
 	halfCloseTimeout   time.Duration
 	multipathTCP       bool
+	keepAliveIdle      time.Duration
+	keepAliveInterval  time.Duration
+	keepAliveCount     int
+	tcpUserTimeout     time.Duration
+	tcpWriteTimeout    time.Duration
 	configFile         string
 	faultAPIBind       string
 	faultSeed          int64
@@ -75,6 +81,11 @@ func newOptions() *options {
 		proxyMode:          "userspace",
 		configSyncPeriod:   15 * time.Minute,
 		halfCloseTimeout:   2 * time.Minute,
+		keepAliveIdle:      proxier.DefaultLiveness.KeepAliveIdle,
+		keepAliveInterval:  proxier.DefaultLiveness.KeepAliveInterval,
+		keepAliveCount:     proxier.DefaultLiveness.KeepAliveCount,
+		tcpUserTimeout:     proxier.DefaultLiveness.UserTimeout,
+		tcpWriteTimeout:    proxier.DefaultTCPWriteTimeout,
 		serviceCIDRs:       config.DefaultServiceClusterIPRange,
 		affinityMaxEntries: loadbalancer.DefaultMaxAffinityEntries,
 		httpMaxConns:       httpserver.DefaultLimits.MaxConns,
@@ -114,6 +125,11 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.httpIdleTimeout, "http-idle-timeout", o.httpIdleTimeout, "How long an HTTP server keeps an idle keep-alive connection open (e.g. '30s'). Must be greater than 0.")
 	fs.BoolVar(&o.multipathTCP, "mptcp", o.multipathTCP, "Accept clients on the TCP proxy sockets with Multipath TCP (Go's default listener); off, they listen with plain TCP, so an MPTCP client falls back to TCP, which costs less per connection. Backends are always dialled with plain TCP.")
 	fs.DurationVar(&o.halfCloseTimeout, "tcp-half-close-timeout", o.halfCloseTimeout, "After one side of a proxied TCP connection closes, how long the other direction may go without receiving a byte before both sides are reset; 0 means no limit.")
+	fs.DurationVar(&o.keepAliveIdle, "tcp-keepalive-idle", o.keepAliveIdle, "TCP keep-alive on both sockets of a proxied connection (client and backend): how long it may be idle before the first probe, so a peer that vanished without a FIN is found and both sides reset. 0 turns keep-alive off.")
+	fs.DurationVar(&o.keepAliveInterval, "tcp-keepalive-interval", o.keepAliveInterval, "Time between TCP keep-alive probes that go unanswered (whole seconds).")
+	fs.IntVar(&o.keepAliveCount, "tcp-keepalive-count", o.keepAliveCount, "Unanswered TCP keep-alive probes before the connection is ended (when --tcp-user-timeout is set the kernel ends it after that time instead: keep it at least idle + interval x count).")
+	fs.DurationVar(&o.tcpUserTimeout, "tcp-user-timeout", o.tcpUserTimeout, "TCP_USER_TIMEOUT on both sockets of a proxied connection: data or a keep-alive probe unacknowledged this long, or a peer window closed this long, ends the connection (both sides reset). 0 keeps the kernel's retransmission limit (about 15 minutes).")
+	fs.DurationVar(&o.tcpWriteTimeout, "tcp-write-timeout", o.tcpWriteTimeout, "How long a direction of a proxied TCP connection may be unable to write a single byte (its peer reads nothing) before both sides are reset; 0 means no limit.")
 }
 
 // validated holds options parsed into the types the proxier uses.
@@ -126,6 +142,12 @@ type validated struct {
 	serviceCIDRs      []netip.Prefix
 	// preroutingRedirect: the legacy REDIRECT in PREROUTING (see the flag).
 	preroutingRedirect bool
+}
+
+// liveness is the keep-alive and user timeout the flags ask for.
+func (o *options) liveness() relay.Liveness {
+	return relay.Liveness{KeepAliveIdle: o.keepAliveIdle, KeepAliveInterval: o.keepAliveInterval,
+		KeepAliveCount: o.keepAliveCount, UserTimeout: o.tcpUserTimeout}
 }
 
 func (o *options) validate() (*validated, error) {
@@ -174,6 +196,20 @@ func (o *options) validate() (*validated, error) {
 	}
 	if o.halfCloseTimeout < 0 {
 		add("--tcp-half-close-timeout must not be negative, got %v", o.halfCloseTimeout)
+	}
+	for _, d := range []struct {
+		flag  string
+		value time.Duration
+	}{{"--tcp-keepalive-idle", o.keepAliveIdle}, {"--tcp-user-timeout", o.tcpUserTimeout}, {"--tcp-write-timeout", o.tcpWriteTimeout}} {
+		if d.value < 0 {
+			add("%s must not be negative, got %v", d.flag, d.value)
+		}
+	}
+	if o.keepAliveIdle > 0 && o.keepAliveInterval <= 0 {
+		add("--tcp-keepalive-interval must be greater than 0 with keep-alive on, got %v", o.keepAliveInterval)
+	}
+	if o.keepAliveIdle > 0 && o.keepAliveCount <= 0 {
+		add("--tcp-keepalive-count must be greater than 0 with keep-alive on, got %d", o.keepAliveCount)
 	}
 	for _, c := range o.nodePortAddresses {
 		c = strings.TrimSpace(c)

@@ -55,6 +55,8 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		SyncPeriod:       o.syncPeriod,
 		HalfCloseTimeout: o.halfCloseTimeout,
 		MultipathTCP:     o.multipathTCP,
+		Liveness:         o.liveness(),
+		WriteTimeout:     o.tcpWriteTimeout,
 		Affinity:         loadbalancer.Limits{MaxAffinityEntries: o.affinityMaxEntries},
 		Health:           health,
 		Metrics:          metrics,

@@ -152,6 +152,11 @@ func TestBadFlagsExitTwo(t *testing.T) {
 		{"--udp-max-sessions-per-port", "0"},
 		{"--udp-max-sessions", "-1"},
 		{"--udp-max-sessions", "many"},
+		{"--tcp-keepalive-idle", "-1s"},
+		{"--tcp-keepalive-interval", "0s"},
+		{"--tcp-keepalive-count", "0"},
+		{"--tcp-user-timeout", "-5s"},
+		{"--tcp-write-timeout", "soon"},
 		{"--iptables-min-sync-period", "1m", "--iptables-sync-period", "30s"},
 		{"--nodeport-addresses", "10.0.0.0"},
 		{"--manifests", ".", "--cluster-cidr", "10.244.0.0"},
@@ -190,6 +195,9 @@ func TestBindAndNodeIPValidation(t *testing.T) {
 		{[]string{"--proxy-port-range", "0-0"}, ""},
 		{[]string{"--proxy-port-range", "30000"}, ""},
 		{[]string{"--proxy-port-range", "30000+9"}, ""},
+		{[]string{"--tcp-keepalive-idle", "0", "--tcp-keepalive-count", "0"}, ""}, // keep-alive off: the rest unused
+		{[]string{"--tcp-keepalive-count", "0"}, "--tcp-keepalive-count must be greater than 0"},
+		{[]string{"--tcp-user-timeout", "0", "--tcp-write-timeout", "0"}, ""},
 	}
 	for _, tt := range tests {
 		o := newOptions()

@@ -1,0 +1,152 @@
+package relay
+
+import (
+	"errors"
+	"io"
+	"net"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// flood writes to c until a write fails, and reports that error.
+func flood(c *net.TCPConn) <-chan error {
+	errc := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 64<<10)
+		for {
+			if _, err := c.Write(buf); err != nil {
+				errc <- err
+				return
+			}
+		}
+	}()
+	return errc
+}
+
+// wantResetRead reads c until an error and wants a reset, not an EOF.
+func wantResetRead(t *testing.T, name string, c *net.TCPConn) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err := io.Copy(io.Discard, c)
+	if !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("%s read ended with %v; want ECONNRESET (a reset, never a FIN)", name, err)
+	}
+}
+
+func wantResetWrite(t *testing.T, name string, errc <-chan error) {
+	t.Helper()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
+			t.Errorf("%s write ended with %v; want ECONNRESET or EPIPE", name, err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Errorf("%s still writing 5 s after the relay ended", name)
+	}
+}
+
+func waitDone(t *testing.T, done <-chan struct{}, within time.Duration, what string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	select {
+	case <-done:
+	case <-time.After(within):
+		t.Fatalf("relay still running %v after %s", within, what)
+	}
+	return time.Since(start)
+}
+
+// A client that never reads stalls the backend→client copy in its write;
+// with a write bound the relay ends within it, and both peers get a reset.
+// Before the bound the relay stayed blocked for as long as the client lived.
+func TestWriteTimeoutResetsBothPeers(t *testing.T) {
+	for _, path := range []string{"splice", "buffered"} {
+		t.Run(path, func(t *testing.T) {
+			o := Options{WriteTimeout: 300 * time.Millisecond}
+			client, backend, done := relayedBuffered(t, o, path == "buffered")
+			_ = client.SetReadBuffer(4096)
+			errc := flood(backend)
+			took := waitDone(t, done, 5*time.Second, "the client stopped reading with a 300 ms write bound")
+			t.Logf("relay ended %v after the flood began", took.Round(time.Millisecond))
+			wantResetWrite(t, "backend", errc)
+			wantResetRead(t, "client", client)
+		})
+	}
+}
+
+// relayedBuffered is relayed, optionally with the buffered copy built in
+// (the bound's other path) instead of splice.
+func relayedBuffered(t *testing.T, o Options, buffered bool) (client, backend *net.TCPConn, done chan struct{}) {
+	if buffered {
+		old := forceBuffered
+		forceBuffered = true
+		t.Cleanup(func() { forceBuffered = old })
+	}
+	return relayed(t, o)
+}
+
+// A reader that is slow but steady keeps the write bound from firing: the
+// bound is on time without progress, not on the time a chunk takes.
+func TestWriteTimeoutSpareSlowReader(t *testing.T) {
+	client, backend, done := relayed(t, Options{WriteTimeout: 300 * time.Millisecond})
+	const total = 24 << 20
+	go func() {
+		backend.Write(make([]byte, total))
+		backend.CloseWrite()
+	}()
+	// Let every buffer fill, then read 1 MiB every 100 ms: the copy waits
+	// up to 100 ms at a time, a third of the bound, for seconds.
+	time.Sleep(150 * time.Millisecond)
+	buf := make([]byte, 1<<20)
+	got := 0
+	start := time.Now()
+	_ = client.SetReadDeadline(time.Now().Add(20 * time.Second))
+	for {
+		n, err := io.ReadFull(client, buf)
+		got += n
+		if err != nil {
+			if err != io.EOF && err != io.ErrUnexpectedEOF {
+				t.Fatalf("client read after %d bytes (%v): %v", got, time.Since(start), err)
+			}
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if got != total {
+		t.Fatalf("client got %d bytes, want %d", got, total)
+	}
+	client.Close()
+	<-done
+}
+
+// A half-closed connection whose remaining direction is stuck writing to a
+// client that never reads ends at the half-close bound: the bound used to
+// set only a read deadline, which never woke the blocked writer (the relay
+// stayed up 3 s past a 300 ms bound, and forever without a write bound).
+func TestHalfCloseTimeoutWakesStuckWriter(t *testing.T) {
+	client, backend, done := relayed(t, Options{HalfCloseTimeout: 300 * time.Millisecond})
+	_ = client.SetReadBuffer(4096)
+	client.CloseWrite()
+	errc := flood(backend)
+	took := waitDone(t, done, 3*time.Second, "a 300 ms half-close bound with a stuck writer")
+	t.Logf("relay ended %v after the half-close", took.Round(time.Millisecond))
+	wantResetWrite(t, "backend", errc)
+	wantResetRead(t, "client", client)
+}
+
+// An abnormal end of one socket (a dead peer found by keep-alive or the
+// user timeout: ETIMEDOUT; an unreachable host) reaches the other peer as
+// a reset: it used to get a FIN and could take a truncated stream for a
+// complete one.
+func TestAbnormalEndResetsOtherPeer(t *testing.T) {
+	for _, e := range []error{syscall.ETIMEDOUT, syscall.EHOSTUNREACH, errors.New("local failure")} {
+		t.Run(e.Error(), func(t *testing.T) {
+			fail := func(dst, src *net.TCPConn) (int64, error) { return 0, e }
+			client, backend, done := relayed(t, Options{Upstream: fail})
+			<-done
+			wantResetRead(t, "client", client)
+			wantResetRead(t, "backend", backend)
+		})
+	}
+}

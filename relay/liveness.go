@@ -1,0 +1,81 @@
+package relay
+
+import (
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Liveness is how the kernel finds out that the peer of a proxied socket is
+// gone: TCP keep-alive probes an idle connection, TCP_USER_TIMEOUT bounds
+// how long sent data (or a probe) may go unacknowledged. Without either a
+// client host that vanishes leaves its connection, two descriptors and two
+// goroutines to the proxy forever: the backend's own keep-alive is answered
+// by the proxy's kernel, and nothing ever asks the client.
+type Liveness struct {
+	// KeepAliveIdle is how long a connection is idle before the first
+	// probe; 0 leaves keep-alive off.
+	KeepAliveIdle time.Duration
+	// KeepAliveInterval is the time between unanswered probes, and
+	// KeepAliveCount how many go unanswered before the connection ends
+	// (the kernel ignores the count when UserTimeout is set: the
+	// connection then ends once probes went unanswered for UserTimeout).
+	KeepAliveInterval time.Duration
+	KeepAliveCount    int
+	// UserTimeout: data (or a keep-alive probe) unacknowledged this long,
+	// or a peer window that stayed closed this long, ends the connection;
+	// 0 leaves the kernel's retransmission limit (~15 minutes).
+	UserTimeout time.Duration
+}
+
+// Enabled reports whether Control sets anything.
+func (l Liveness) Enabled() bool { return l.KeepAliveIdle > 0 || l.UserTimeout > 0 }
+
+// Control sets the options on a TCP socket before it listens or connects
+// (net.ListenConfig.Control, net.Dialer.Control); other networks are left
+// alone. On a listening socket it costs nothing per connection: Linux
+// copies these options to every socket accept returns, keep-alive timer
+// armed (TestLivenessInheritedByAccept).
+func (l Liveness) Control(network, _ string, c syscall.RawConn) error {
+	if !strings.HasPrefix(network, "tcp") || !l.Enabled() {
+		return nil
+	}
+	var err error
+	cerr := c.Control(func(fd uintptr) { err = l.apply(int(fd)) })
+	if cerr != nil {
+		return cerr
+	}
+	return err
+}
+
+func (l Liveness) apply(fd int) error {
+	if l.KeepAliveIdle > 0 {
+		opts := []struct {
+			level, name, value int
+		}{
+			{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, seconds(l.KeepAliveIdle)},
+			{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, seconds(max(l.KeepAliveInterval, time.Second))},
+			{unix.IPPROTO_TCP, unix.TCP_KEEPCNT, max(l.KeepAliveCount, 1)},
+			{unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1},
+		}
+		for _, o := range opts {
+			if err := unix.SetsockoptInt(fd, o.level, o.name, o.value); err != nil {
+				return err
+			}
+		}
+	}
+	if l.UserTimeout > 0 {
+		ms := max(int(l.UserTimeout/time.Millisecond), 1)
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, ms); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// seconds rounds d up to whole seconds (the kernel's unit), at least 1.
+func seconds(d time.Duration) int {
+	return max(int((d+time.Second-1)/time.Second), 1)
+}
