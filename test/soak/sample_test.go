@@ -36,8 +36,9 @@ type series struct {
 	// MinWindow is the shortest time after warm-up over which the slope
 	// means anything (RSS follows the GC's heap target for minutes).
 	MinWindow time.Duration
-	// DeadPeers marks the series that grow while dead peers are not reaped
-	// (issue 9, item 3): fatal only with -soak.strict.
+	// DeadPeers marks the series that grow if dead peers are not reaped
+	// (as before keep-alive on the proxied sockets): fatal only with
+	// -soak.strict.
 	DeadPeers bool
 }
 
