@@ -1,0 +1,45 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/netns"
+)
+
+// TestNodePortOutsideAddressesRefused: with --nodeport-addresses naming
+// only the node IP's subnet, a NodePort on another node address (the
+// external link's) has no portal. The proxy still holds the port there, so
+// no other process takes it, but a connection is refused at once; the
+// listening claim used to complete the handshake and leave the client
+// hanging. The NodePort on the node IP is served as usual.
+func TestNodePortOutsideAddressesRefused(t *testing.T) {
+	requireSuite(t)
+	c := netns.NewCluster(t, netns.ClusterOptions{ClientIPsEach: 1})
+	c.StartBackends(t, backendBin, backendPort)
+	p := newProxy(t, c, "--nodeport-addresses", netip.PrefixFrom(c.NodeIP, 24).Masked().String())
+	s := svc{name: "np", clusterIP: "10.96.0.10", endpoints: ips(c, 0, 1, 2), nodePorts: [2]int32{30080, 30053}}
+	writeSvc(t, p.dir, s)
+	p.Start(t, startWithin)
+	inside := netip.AddrPortFrom(c.NodeIP, 30080)
+	e := &env{c: c}
+	e.external().WaitServed(t, "tcp", inside, time.Now(), startBudget)
+
+	outside := netip.AddrPortFrom(c.NodeExternalIP, 30080)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	began := time.Now()
+	conn, err := c.External.DialTCP(ctx, netip.Addr{}, outside)
+	figure(t, "NodePort %s outside --nodeport-addresses: %v after %v", outside, err, time.Since(began).Round(time.Millisecond))
+	if err == nil {
+		conn.Close()
+		t.Fatalf("connect to %s (outside --nodeport-addresses) completed a handshake; want refused", outside)
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("connect to %s: %v, want connection refused", outside, err)
+	}
+}
