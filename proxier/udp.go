@@ -199,7 +199,7 @@ func (s *udpProxySocket) sessionLocked(client netip.AddrPort, oob []byte, now in
 			return sess, nil
 		}
 		if s.sp.Serves(sess.backend) {
-			sess.generation = generation
+			sess.generation, sess.removed = generation, false
 			return sess, nil
 		}
 		// The endpoint is gone: re-balance now, as kube-proxy deletes the
@@ -308,7 +308,7 @@ func (s *udpProxySocket) relayReplies() {
 	for {
 		n, err := s.poller.wait()
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			s.expireIdle()
+			s.deadlinePassed(buf)
 			continue
 		}
 		if err != nil {
@@ -318,6 +318,17 @@ func (s *udpProxySocket) relayReplies() {
 			s.relayFrom(int(ev.Fd), buf)
 		}
 	}
+}
+
+// deadlinePassed relays the replies already waiting, then expires idle
+// sessions. Once the deadline has passed, wait reports it before any ready
+// socket, so a reply that arrived in time but was not read yet (this loop
+// ran late, on a loaded node) would otherwise be closed with its session.
+func (s *udpProxySocket) deadlinePassed(buf []byte) {
+	for _, ev := range s.poller.events[:s.poller.ready()] {
+		s.relayFrom(int(ev.Fd), buf)
+	}
+	s.expireIdle()
 }
 
 // relayFrom relays up to repliesPerWake datagrams waiting on one backend
@@ -340,7 +351,9 @@ func (s *udpProxySocket) relayFrom(fd int, buf []byte) {
 			s.mu.Unlock()
 			return
 		}
-		s.sessions.touch(sess, monoNow())
+		if !sess.removed {
+			s.sessions.touch(sess, monoNow())
+		}
 		sess.bytesOut += int64(n)
 		client, control := sess.client, sess.replyControl
 		plan := s.datagramFaults()
@@ -360,8 +373,13 @@ func (s *udpProxySocket) relayFrom(fd int, buf []byte) {
 }
 
 // expireIdle closes the sessions idle for udpIdleTimeout (no datagram
-// either way and no delayed one pending) and those whose backend is no
-// longer an endpoint, then sets the next deadline.
+// either way and no delayed one pending) and marks those whose backend is
+// no longer an endpoint as removed, then sets the next deadline. A removed
+// session is not closed at once: a reply to a datagram sent just before
+// the endpoint went away would be lost although its backend answered (the
+// endpoint's process usually lives on while it terminates, or only left
+// the Service). It idles out from the client's last datagram, replies do
+// not extend it, and the client's next datagram re-balances.
 func (s *udpProxySocket) expireIdle() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -384,10 +402,10 @@ func (s *udpProxySocket) expireIdle() {
 				return
 			}
 			if s.sp.Serves(sess.backend) {
-				sess.generation = generation
+				sess.generation, sess.removed = generation, false
 				return
 			}
-			s.closeSessionLocked(sess)
+			sess.removed = true
 		})
 	}
 	if old := s.sessions.oldest; old != nil {

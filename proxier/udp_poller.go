@@ -67,6 +67,19 @@ func (p *udpPoller) wait() (int, error) {
 	return n, err
 }
 
+// ready is wait without blocking and without the deadline: the sockets
+// readable now (n may be 0).
+func (p *udpPoller) ready() int {
+	var n int
+	_ = p.raw.Control(func(fd uintptr) {
+		var err error
+		if n, err = unix.EpollWait(int(fd), p.events, 0); err != nil {
+			n = 0
+		}
+	})
+	return n
+}
+
 // setDeadline makes wait return at t; the zero time means never.
 func (p *udpPoller) setDeadline(t time.Time) { _ = p.file.SetReadDeadline(t) }
 

@@ -19,6 +19,11 @@ type udpSession struct {
 	// generation is the service port's endpoint generation when backend was
 	// last known to be eligible.
 	generation uint64
+	// removed: backend stopped being an endpoint while the session lived.
+	// No datagram goes to it any more (the client's next one re-balances),
+	// but what it still sends back reaches the client until the session
+	// idles out; those replies do not keep the session alive.
+	removed bool
 	// lastActive is when a datagram last passed either way (monoNow).
 	lastActive int64
 	// deferredUntil is when the last datagram a fault delayed goes out
