@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -22,6 +23,7 @@ var (
 	soakDuration = flag.Duration("soak.duration", 90*time.Second, "how long TestSoak drives traffic (make soak: 30m)")
 	soakStrict   = flag.Bool("soak.strict", false, "fail when connections of vanished clients are not released (make soak sets it; without it their growth is reported and logged)")
 	soakResults  = flag.String("soak.results", "", "directory for results.md, soak.svg and samples.tsv (make soak: results); empty: a temporary directory")
+	soakProxyV   = flag.String("soak.proxy-v", "0", "the proxy's -v; at 4 it logs every session's end, and each failed UDP query is shown with its session's lines")
 )
 
 const (
@@ -83,7 +85,7 @@ func TestSoak(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := harness.NewProxy(c.Node, proxyBin, "node", append([]string{"--manifests", dir, "-v", "0"}, deadPeerFlags...)...)
+	p := harness.NewProxy(c.Node, proxyBin, "node", append([]string{"--manifests", dir, "-v", *soakProxyV}, deadPeerFlags...)...)
 	p.Start(t, 20*time.Second)
 	probeClient := harness.Client{NS: c.Pod2, Src: c.Pod2IPs[0]}
 	for i := range nServices {
@@ -177,6 +179,11 @@ func TestSoak(t *testing.T) {
 		t.Errorf("write results: %v", err)
 	}
 	fmt.Print(r.markdown())
+	if *soakProxyV != "0" {
+		if err := os.WriteFile(filepath.Join(out, "proxy.log"), []byte(p.Proc.Output()), 0o644); err != nil {
+			t.Errorf("write proxy log: %v", err)
+		}
+	}
 	t.Logf("results in %s", out)
 
 	if len(churnErrs) > 0 {
@@ -225,7 +232,24 @@ func TestSoak(t *testing.T) {
 	}
 	for _, f := range stats.failures() {
 		t.Log(f)
+		for _, line := range sessionLines(p, f) {
+			t.Log("  proxy: " + line)
+		}
 	}
+}
+
+// udpClient finds the client address in a failed query's "read udp
+// IP:PORT: i/o timeout".
+var udpClient = regexp.MustCompile(`read udp ([0-9.]+:[0-9]+)`)
+
+// sessionLines are the proxy's log lines naming a failed UDP query's client
+// (its session's end at -soak.proxy-v 4).
+func sessionLines(p *harness.Proxy, failure string) []string {
+	m := udpClient.FindStringSubmatch(failure)
+	if m == nil {
+		return nil
+	}
+	return p.LogLines(`"` + m[1] + `"`)
 }
 
 // gitDescribe names the commit the binary is built from (called before the
