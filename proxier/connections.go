@@ -18,6 +18,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
 
@@ -50,6 +51,13 @@ type liveConn struct {
 	clientConn, backendConn *net.TCPConn
 	// in is client→backend, out backend→client.
 	in, out byteCount
+	// For drain-removed (lifetime.go): the relay, stored once it exists;
+	// the port's balancer entry and lifetime, set before it is; draining
+	// marks a connection whose drain time runs.
+	relay    atomic.Pointer[relay.Conn]
+	sp       *loadbalancer.ServicePort
+	lifetime *portLifetime
+	draining atomic.Bool
 }
 
 // byteCount counts one direction of one connection and passes each count

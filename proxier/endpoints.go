@@ -31,6 +31,9 @@ type endpointsTracker struct {
 	// healthCheckNodePort server.
 	local map[types.NamespacedName]int
 	node  nodeTopology
+	// changed, if set, is told (under mu) of a Service whose eligible
+	// endpoints changed: connections to removed ones may drain.
+	changed func(types.NamespacedName)
 }
 
 func newEndpointsTracker(lb *loadbalancer.LoadBalancer, clk clock.PassiveClock, m *Metrics, node nodeTopology) *endpointsTracker {
@@ -171,6 +174,9 @@ func (t *endpointsTracker) apply(svc types.NamespacedName) bool {
 		delete(t.applied, svc)
 	} else {
 		t.applied[svc] = names
+	}
+	if changed && t.changed != nil {
+		t.changed(svc)
 	}
 	return changed
 }

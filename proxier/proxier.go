@@ -57,6 +57,12 @@ type Options struct {
 	// WriteTimeout: a direction that cannot write a byte this long ends
 	// the connection with resets; 0 = no bound.
 	WriteTimeout time.Duration
+	// MaxConnectionAge closes TCP connections older than this at their
+	// next quiet moment, for Services without the max-connection-age
+	// annotation; 0 = off. ConnectionCloseQuiet is that quiet time (0:
+	// relay.DefaultQuiet); it applies to drain-removed as well.
+	MaxConnectionAge     time.Duration
+	ConnectionCloseQuiet time.Duration
 	// Affinity bounds the ClientIP affinity tables (zero: no cap).
 	Affinity loadbalancer.Limits
 	// Portals by family; empty means --iptables=false (sockets only).
@@ -194,12 +200,15 @@ func New(opts Options) *Proxier {
 			writeTimeout:     opts.WriteTimeout,
 			metrics:          opts.Metrics,
 			conns:            &connRegistry{},
+			lifetimes:        &lifetimes{},
+			closeQuiet:       opts.ConnectionCloseQuiet,
 			listen:           tcpListenConfig(opts.MultipathTCP, opts.Liveness),
 		},
 	}
 	p.sockCfg.udpMaxSessionsPerPort, p.sockCfg.udpBudget = udpLimits(opts)
 	opts.Metrics.affinity.observe(p.lb)
 	p.endpoints = newEndpointsTracker(p.lb, opts.Clock, opts.Metrics, nodeTopology{name: opts.NodeName})
+	p.endpoints.changed = p.drainRemoved
 	p.runner = newBoundedFrequencyRunner(p.syncProxyRules, opts.MinSyncPeriod, opts.SyncPeriod, opts.Clock)
 	return p
 }
@@ -254,6 +263,7 @@ func (p *Proxier) OnServiceUpdate(_, svc *v1.Service) {
 	defer p.mu.Unlock()
 	nn := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
 	p.applyFaultsNow(p.services[nn], svc)
+	logLifetimeError(p.services[nn], svc)
 	p.services[nn] = svc
 	p.queueServiceChange()
 }
@@ -361,6 +371,7 @@ func (p *Proxier) syncProxyRules() {
 			}
 		}
 		p.syncFaults(ap, info)
+		p.syncLifetime(info)
 		p.syncExternalSocket(ap, info)
 		if !ap.info.sameRules(info) && p.opts.ClaimNodePorts {
 			p.releaseClaims(ap)
@@ -428,6 +439,7 @@ func (p *Proxier) closePort(name loadbalancer.ServicePortName, ap *activePort) {
 	p.releaseClaims(ap)
 	p.lb.DeleteServicePort(name)
 	p.opts.Faults.RemovePort(ap.info.faultName)
+	p.sockCfg.lifetimes.remove(name)
 	p.metrics.forgetServicePort(name.String())
 	delete(p.active, name)
 }

@@ -30,6 +30,10 @@ type servicePortInfo struct {
 	faultName string
 	toxics    []faults.Toxic
 	faultsErr error
+	// lifetime is what the Service's connection lifetime annotations
+	// ask for, unless lifetimeErr says they are invalid.
+	lifetime    connLifetime
+	lifetimeErr error
 }
 
 // sameRules reports whether a and b yield the same portal rules. The socket
@@ -75,6 +79,7 @@ func servicePorts(svc *v1.Service) []*servicePortInfo {
 	nn := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
 	policy := policyOf(svc)
 	toxics, faultsErr := faults.ForService(svc)
+	lifetime, lifetimeErr := lifetimeOf(svc)
 	var out []*servicePortInfo
 	for _, p := range svc.Spec.Ports {
 		proto := p.Protocol
@@ -95,6 +100,8 @@ func servicePorts(svc *v1.Service) []*servicePortInfo {
 			faultName:       faults.ProxyName(svc.Namespace, svc.Name, p.Name, int(p.Port)),
 			toxics:          toxics[p.Name],
 			faultsErr:       faultsErr,
+			lifetime:        lifetime,
+			lifetimeErr:     lifetimeErr,
 		}
 		if policy.externalLocal && svc.Spec.Type == v1.ServiceTypeLoadBalancer {
 			info.healthCheckNodePort = int(svc.Spec.HealthCheckNodePort)

@@ -47,6 +47,11 @@ type socketConfig struct {
 	udpBudget             *udpBudget
 	// conns lists live connections for /debug/connections.
 	conns *connRegistry
+	// lifetimes: each TCP port's max age and drain time (lifetime.go);
+	// closeQuiet is the silence a connection must keep before either
+	// closes it.
+	lifetimes  *lifetimes
+	closeQuiet time.Duration
 	// listen opens the proxy sockets (see tcpListenConfig).
 	listen net.ListenConfig
 }

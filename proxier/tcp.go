@@ -27,6 +27,8 @@ type tcpProxySocket struct {
 	noBackend noBackendLog
 	// faults decides each connection's toxics at accept.
 	faults *faults.Port
+	// lifetime is the port's max age and drain time.
+	lifetime *portLifetime
 
 	// Per-port metric children, resolved once instead of per connection.
 	active                                                         prometheus.Gauge
@@ -40,6 +42,7 @@ func newTCPProxySocket(name loadbalancer.ServicePortName, ln *net.TCPListener, s
 	m := cfg.metrics
 	return &tcpProxySocket{
 		name: name, label: label, ln: ln, sp: sp, cfg: cfg, faults: fp, closer: newCloser(),
+		lifetime:     cfg.lifetimes.port(name),
 		active:       m.ActiveConnections.WithLabelValues(label),
 		failed:       m.ConnectionsFailed.WithLabelValues(label),
 		retries:      m.DialRetries.WithLabelValues(label),
@@ -134,13 +137,18 @@ func (s *tcpProxySocket) handle(client *net.TCPConn) {
 	defer s.active.Dec()
 	live := s.cfg.conns.addTCP(s.label, from, client, backend, fc, s.bytesIn, s.bytesOut)
 	defer live.end()
-	opts := relay.Options{HalfCloseTimeout: s.cfg.halfCloseTimeout, WriteTimeout: s.cfg.writeTimeout, In: &live.in, Out: &live.out}
+	opts := relay.Options{HalfCloseTimeout: s.cfg.halfCloseTimeout, WriteTimeout: s.cfg.writeTimeout,
+		Quiet: s.cfg.closeQuiet, In: &live.in, Out: &live.out}
 	if fc != nil {
 		opts.Upstream, opts.Downstream = fc.Upstream, fc.Downstream
 		fc.Attach(client, backend)
 		defer fc.Done()
 	}
-	relay.TCP(client, backend, opts)
+	rc := relay.New(client, backend, opts)
+	live.sp, live.lifetime = s.sp, s.lifetime
+	live.relay.Store(rc)
+	startLifetime(rc, s.lifetime.load())
+	rc.Run()
 }
 
 func (s *tcpProxySocket) dial(client netip.AddrPort) (*net.TCPConn, error) {

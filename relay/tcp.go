@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/utils/clock"
 )
 
 // Counter receives the bytes a direction moved (a prometheus.Counter fits).
@@ -53,11 +54,17 @@ type Options struct {
 	In, Out Counter
 	// Upstream moves client→backend, Downstream backend→client; nil = Auto.
 	Upstream, Downstream Copier
+	// Quiet is how long both directions must be silent before a
+	// CloseWhenQuiet request ends the connection; 0 = DefaultQuiet.
+	Quiet time.Duration
+	// Clock times CloseWhenQuiet; nil = the real clock.
+	Clock clock.WithDelayedExecution
 }
 
 // How a connection is being ended by the relay itself (conn.ending).
 const (
 	endNone  int32 = iota
+	endQuiet       // the client gets a FIN at a quiet moment (CloseWhenQuiet)
 	endAbort       // both peers reset: a bound ran out
 )
 
@@ -65,8 +72,8 @@ const (
 // had (tests of that path's write bound).
 var forceBuffered = false
 
-// conn is one relayed connection.
-type conn struct {
+// Conn is one relayed connection: New prepares it, Run relays.
+type Conn struct {
 	client, backend *net.TCPConn
 	o               Options
 	// ending is set before the deadlines that wake the copies, so a copy
@@ -74,6 +81,10 @@ type conn struct {
 	ending atomic.Int32
 	// bound is both directions' write bound (part of conn: no allocation).
 	bound writeBound
+
+	// quiet serves CloseWhenQuiet, built at its first call (nil: none).
+	quietMu sync.Mutex
+	quiet   *quietCloser
 }
 
 // TCP relays client↔backend until both directions are done, then closes
@@ -82,9 +93,18 @@ type conn struct {
 // goroutines forever (the legacy leak, kubernetes#18354). A reset on one
 // side resets the other; so does every other abnormal end (a timeout, a
 // dead peer found by keep-alive), so no peer mistakes it for a clean end.
-func TCP(client, backend *net.TCPConn, o Options) {
-	c := &conn{client: client, backend: backend, o: o}
+func TCP(client, backend *net.TCPConn, o Options) { New(client, backend, o).Run() }
+
+// New prepares the relay of client↔backend; it owns both from now on.
+func New(client, backend *net.TCPConn, o Options) *Conn {
+	c := &Conn{client: client, backend: backend, o: o}
 	c.bound = writeBound{timeout: o.WriteTimeout, conn: c}
+	return c
+}
+
+// Run relays until both directions are done, then closes both sockets.
+func (c *Conn) Run() {
+	client, backend, o := c.client, c.backend, c.o
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -93,13 +113,61 @@ func TCP(client, backend *net.TCPConn, o Options) {
 	}()
 	c.copyHalf(client, backend, o.Downstream, o.Out)
 	wg.Wait()
+	c.quietMu.Lock()
+	if c.quiet != nil {
+		c.quiet.stop()
+	}
+	c.quietMu.Unlock()
 	client.Close()
 	backend.Close()
 }
 
+// CloseWhenQuiet ends the connection at its first quiet moment (both
+// directions silent for Options.Quiet, nothing in flight) at least d from
+// now, so no request is cut mid-flight: the client gets a FIN, as from a
+// server closing an idle keep-alive connection, and its pool reconnects;
+// the backend gets its FIN once the client closed. The earliest request
+// wins; a connection that ends first costs one timer. Safe from any
+// goroutine, before or during Run.
+func (c *Conn) CloseWhenQuiet(d time.Duration) {
+	c.quietMu.Lock()
+	if c.quiet == nil {
+		clk := c.o.Clock
+		if clk == nil {
+			clk = clock.RealClock{}
+		}
+		quiet := c.o.Quiet
+		if quiet <= 0 {
+			quiet = DefaultQuiet
+		}
+		c.quiet = &quietCloser{clk: clk, quiet: quiet, state: c.quietState, close: c.endQuietly}
+	}
+	q := c.quiet
+	c.quietMu.Unlock()
+	q.closeAt(q.clk.Now().Add(d))
+}
+
+func (c *Conn) quietState() (client, backend sockQuiet, ok bool) {
+	client, ok = socketQuiet(c.client)
+	if !ok {
+		return
+	}
+	backend, ok = socketQuiet(c.backend)
+	return
+}
+
+// endQuietly stops the backend→client direction as if the backend had
+// sent a FIN: a read deadline in the past wakes its read, and copyHalf
+// passes a FIN on to the client.
+func (c *Conn) endQuietly() {
+	if c.ending.CompareAndSwap(endNone, endQuiet) {
+		_ = c.backend.SetReadDeadline(time.Unix(1, 0))
+	}
+}
+
 // abort wakes both copies with a deadline in the past; they end with a
 // reset to both peers.
-func (c *conn) abort() {
+func (c *Conn) abort() {
 	c.ending.Store(endAbort)
 	past := time.Unix(1, 0)
 	_ = c.client.SetDeadline(past)
@@ -108,7 +176,7 @@ func (c *conn) abort() {
 
 // copyHalf is a named function so goroutine dumps say what a stuck
 // goroutine was doing.
-func (c *conn) copyHalf(dst, src *net.TCPConn, copier Copier, bytes Counter) {
+func (c *Conn) copyHalf(dst, src *net.TCPConn, copier Copier, bytes Counter) {
 	var n int64
 	var err error
 	switch {
@@ -124,6 +192,9 @@ func (c *conn) copyHalf(dst, src *net.TCPConn, copier Copier, bytes Counter) {
 	}
 	if bytes != nil {
 		bytes.Add(float64(n))
+	}
+	if err != nil && src == c.backend && c.ending.Load() == endQuiet && errors.Is(err, os.ErrDeadlineExceeded) {
+		err = nil // CloseWhenQuiet: end this direction as with a FIN
 	}
 	if err != nil {
 		switch {
@@ -160,10 +231,10 @@ func (c *conn) copyHalf(dst, src *net.TCPConn, copier Copier, bytes Counter) {
 	}
 }
 
-func (c *conn) aborted() bool { return c.ending.Load() == endAbort }
+func (c *Conn) aborted() bool { return c.ending.Load() == endAbort }
 
 // writeBound is the built-in copies' write bound; nil = none.
-func (c *conn) writeBound() *writeBound {
+func (c *Conn) writeBound() *writeBound {
 	if c.o.WriteTimeout <= 0 {
 		return nil
 	}
@@ -177,7 +248,7 @@ func (c *conn) writeBound() *writeBound {
 // Progress is the kernel's byte count (TCP_INFO), so the copy loop pays
 // nothing per byte. A peer that stops reading stalls that count too; the
 // abort then wakes the stalled write as well as the read.
-func (c *conn) watchHalfClosed(conn, other *net.TCPConn) {
+func (c *Conn) watchHalfClosed(conn, other *net.TCPConn) {
 	timeout := c.o.HalfCloseTimeout
 	raw, err := conn.SyscallConn()
 	if err != nil {
@@ -230,7 +301,7 @@ type writeBound struct {
 	timeout time.Duration
 	// conn tells whether the relay is ending the connection: a copy must
 	// not re-arm (or clear) a deadline over the one abort set.
-	conn *conn
+	conn *Conn
 }
 
 // arm (re)starts the bound from now on dst.

@@ -44,6 +44,8 @@ type options struct {
 	nodeIP             string
 	preroutingRedirect bool
 	halfCloseTimeout   time.Duration
+	maxConnectionAge   time.Duration
+	closeQuiet         time.Duration
 	multipathTCP       bool
 	keepAliveIdle      time.Duration
 	keepAliveInterval  time.Duration
@@ -81,6 +83,7 @@ func newOptions() *options {
 		proxyMode:          "userspace",
 		configSyncPeriod:   15 * time.Minute,
 		halfCloseTimeout:   2 * time.Minute,
+		closeQuiet:         relay.DefaultQuiet,
 		keepAliveIdle:      proxier.DefaultLiveness.KeepAliveIdle,
 		keepAliveInterval:  proxier.DefaultLiveness.KeepAliveInterval,
 		keepAliveCount:     proxier.DefaultLiveness.KeepAliveCount,
@@ -129,6 +132,8 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.keepAliveInterval, "tcp-keepalive-interval", o.keepAliveInterval, "Time between TCP keep-alive probes that go unanswered (whole seconds).")
 	fs.IntVar(&o.keepAliveCount, "tcp-keepalive-count", o.keepAliveCount, "Unanswered TCP keep-alive probes before the connection is ended (when --tcp-user-timeout is set the kernel ends it after that time instead: keep it at least idle + interval x count).")
 	fs.DurationVar(&o.tcpUserTimeout, "tcp-user-timeout", o.tcpUserTimeout, "TCP_USER_TIMEOUT on both sockets of a proxied connection: data or a keep-alive probe unacknowledged this long, or a peer window closed this long, ends the connection (both sides reset). 0 keeps the kernel's retransmission limit (about 15 minutes).")
+	fs.DurationVar(&o.maxConnectionAge, "max-connection-age", o.maxConnectionAge, "Close a proxied TCP connection older than this at its next quiet moment (see --connection-close-quiet; the client gets a FIN and its pool reconnects, to any endpoint), so kept-alive pools spread over endpoints added later. A Service's kube-userspace-proxy/max-connection-age annotation overrides it ('0' turns it off for that Service). 0 means off.")
+	fs.DurationVar(&o.closeQuiet, "connection-close-quiet", o.closeQuiet, "How long both directions of a TCP connection must be silent, with nothing in flight, before --max-connection-age or a Service's kube-userspace-proxy/drain-removed closes it, so that no request is cut mid-flight. Must be greater than 0.")
 	fs.DurationVar(&o.tcpWriteTimeout, "tcp-write-timeout", o.tcpWriteTimeout, "How long a direction of a proxied TCP connection may be unable to write a single byte (its peer reads nothing) before both sides are reset; 0 means no limit.")
 }
 
@@ -204,6 +209,12 @@ func (o *options) validate() (*validated, error) {
 		if d.value < 0 {
 			add("%s must not be negative, got %v", d.flag, d.value)
 		}
+	}
+	if o.maxConnectionAge < 0 {
+		add("--max-connection-age must not be negative, got %v", o.maxConnectionAge)
+	}
+	if o.closeQuiet <= 0 {
+		add("--connection-close-quiet must be greater than 0, got %v", o.closeQuiet)
 	}
 	if o.keepAliveIdle > 0 && o.keepAliveInterval <= 0 {
 		add("--tcp-keepalive-interval must be greater than 0 with keep-alive on, got %v", o.keepAliveInterval)

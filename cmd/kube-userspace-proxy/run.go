@@ -48,21 +48,23 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 	faultTable.TrackLive = o.faultAPIBind != ""
 
 	popts := proxier.Options{
-		BindAddress:      v.bind,
-		PortRange:        v.portRange,
-		UDPIdleTimeout:   o.udpTimeout,
-		MinSyncPeriod:    o.minSyncPeriod,
-		SyncPeriod:       o.syncPeriod,
-		HalfCloseTimeout: o.halfCloseTimeout,
-		MultipathTCP:     o.multipathTCP,
-		Liveness:         o.liveness(),
-		WriteTimeout:     o.tcpWriteTimeout,
-		Affinity:         loadbalancer.Limits{MaxAffinityEntries: o.affinityMaxEntries},
-		Health:           health,
-		Metrics:          metrics,
-		Clock:            clk,
-		NodeName:         nodeName(o.hostnameOverride),
-		Faults:           faultTable,
+		BindAddress:          v.bind,
+		PortRange:            v.portRange,
+		UDPIdleTimeout:       o.udpTimeout,
+		MinSyncPeriod:        o.minSyncPeriod,
+		SyncPeriod:           o.syncPeriod,
+		HalfCloseTimeout:     o.halfCloseTimeout,
+		MultipathTCP:         o.multipathTCP,
+		Liveness:             o.liveness(),
+		WriteTimeout:         o.tcpWriteTimeout,
+		MaxConnectionAge:     o.maxConnectionAge,
+		ConnectionCloseQuiet: o.closeQuiet,
+		Affinity:             loadbalancer.Limits{MaxAffinityEntries: o.affinityMaxEntries},
+		Health:               health,
+		Metrics:              metrics,
+		Clock:                clk,
+		NodeName:             nodeName(o.hostnameOverride),
+		Faults:               faultTable,
 	}
 	popts.UDPMaxSessionsPerPort, popts.UDPMaxSessions = o.udpMaxPerPort, o.udpMaxSessions
 	if o.iptables {

@@ -157,6 +157,8 @@ func TestBadFlagsExitTwo(t *testing.T) {
 		{"--tcp-keepalive-count", "0"},
 		{"--tcp-user-timeout", "-5s"},
 		{"--tcp-write-timeout", "soon"},
+		{"--max-connection-age", "-1m"},
+		{"--connection-close-quiet", "0s"},
 		{"--iptables-min-sync-period", "1m", "--iptables-sync-period", "30s"},
 		{"--nodeport-addresses", "10.0.0.0"},
 		{"--manifests", ".", "--cluster-cidr", "10.244.0.0"},

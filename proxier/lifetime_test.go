@@ -1,0 +1,189 @@
+package proxier
+
+import (
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
+)
+
+func withAnnotations(kv ...string) svcOpt {
+	return func(s *v1.Service) {
+		s.Annotations = map[string]string{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			s.Annotations[kv[i]] = kv[i+1]
+		}
+	}
+}
+
+func TestLifetimeOf(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		ann     []string
+		want    connLifetime
+		wantErr string
+	}{
+		{"none", nil, connLifetime{}, ""},
+		{"age", []string{MaxConnectionAgeAnnotation, "5m"}, connLifetime{maxAge: 5 * time.Minute, maxAgeSet: true}, ""},
+		{"age off", []string{MaxConnectionAgeAnnotation, "0"}, connLifetime{maxAgeSet: true}, ""},
+		{"drain", []string{DrainRemovedAnnotation, "30s"}, connLifetime{drain: 30 * time.Second}, ""},
+		{"both", []string{MaxConnectionAgeAnnotation, "1h", DrainRemovedAnnotation, "1m30s"}, connLifetime{maxAge: time.Hour, maxAgeSet: true, drain: 90 * time.Second}, ""},
+		{"not a duration", []string{MaxConnectionAgeAnnotation, "5x"}, connLifetime{},
+			`metadata.annotations[kube-userspace-proxy/max-connection-age]: "5x" is not a duration`},
+		{"no unit", []string{DrainRemovedAnnotation, "30"}, connLifetime{},
+			`metadata.annotations[kube-userspace-proxy/drain-removed]: "30" is not a duration`},
+		{"negative", []string{DrainRemovedAnnotation, "-1s"}, connLifetime{},
+			`metadata.annotations[kube-userspace-proxy/drain-removed]: "-1s" must not be negative`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := lifetimeOf(makeService("web", withAnnotations(tc.ann...)))
+			switch {
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Fatalf("error %v, want one containing %q", err, tc.wantErr)
+			case tc.wantErr == "" && err != nil:
+				t.Fatalf("error %v", err)
+			case got != tc.want:
+				t.Fatalf("got %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+// The annotation overrides the node's default ("0" turns it off); an
+// invalid value leaves the last valid one in force.
+func TestLifetimeAnnotationAndDefault(t *testing.T) {
+	p := newTestProxier(t, Options{MaxConnectionAge: 2 * time.Minute})
+	spn := servicePortName("web")
+	steps := []struct {
+		ann  []string
+		want lifetimeSettings
+	}{
+		{nil, lifetimeSettings{maxAge: 2 * time.Minute}},
+		{[]string{MaxConnectionAgeAnnotation, "5m", DrainRemovedAnnotation, "30s"}, lifetimeSettings{maxAge: 5 * time.Minute, drain: 30 * time.Second}},
+		{[]string{MaxConnectionAgeAnnotation, "5x", DrainRemovedAnnotation, "30s"}, lifetimeSettings{maxAge: 5 * time.Minute, drain: 30 * time.Second}},
+		{[]string{MaxConnectionAgeAnnotation, "0"}, lifetimeSettings{}},
+		{nil, lifetimeSettings{maxAge: 2 * time.Minute}},
+	}
+	for i, st := range steps {
+		p.OnServiceUpdate(nil, makeService("web", withAnnotations(st.ann...)))
+		p.Sync()
+		if got := p.sockCfg.lifetimes.port(spn).load(); got != st.want {
+			t.Fatalf("step %d %v: in force %+v, want %+v", i, st.ann, got, st.want)
+		}
+	}
+	if n := p.sockCfg.lifetimes.draining.Load(); n != 0 {
+		t.Errorf("%d ports counted as draining after the drain annotation went", n)
+	}
+}
+
+func servicePortName(svc string) loadbalancer.ServicePortName {
+	return loadbalancer.ServicePortName{NamespacedName: types.NamespacedName{Namespace: "default", Name: svc}, Port: "p", Protocol: v1.ProtocolTCP}
+}
+
+// echoBackends listens on each ip at one shared port and echoes.
+func echoBackends(t *testing.T, ips ...string) []string {
+	t.Helper()
+	var addrs []string
+	port := "0"
+	for _, ip := range ips {
+		ln, err := net.Listen("tcp", net.JoinHostPort(ip, port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		port = portOf(ln.Addr())
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
+			}
+		}()
+		addrs = append(addrs, ln.Addr().String())
+	}
+	return addrs
+}
+
+func dialExchange(t *testing.T, addr string) *net.TCPConn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if _, err := c.Write([]byte("hi")); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := io.ReadFull(c, make([]byte, 2)); err != nil {
+		t.Fatal(err)
+	}
+	return c.(*net.TCPConn)
+}
+
+// waitFIN waits up to within for the proxy's FIN and returns when it came.
+func waitFIN(t *testing.T, c *net.TCPConn, within time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	_ = c.SetReadDeadline(start.Add(within))
+	n, err := c.Read(make([]byte, 1))
+	if n != 0 || err != io.EOF {
+		t.Fatalf("read %d bytes, %v after %v; want a FIN (EOF)", n, err, time.Since(start))
+	}
+	return time.Since(start)
+}
+
+// --max-connection-age closes an idle kept-alive connection with a FIN
+// once it is old enough and quiet.
+func TestMaxConnectionAgeClosesWithFIN(t *testing.T) {
+	be := echoBackends(t, "127.0.0.2")
+	p := newTestProxier(t, Options{MaxConnectionAge: 300 * time.Millisecond, ConnectionCloseQuiet: 100 * time.Millisecond})
+	p.OnServiceAdd(makeService("web"))
+	p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, be...))
+	p.Sync()
+	start := time.Now()
+	c := dialExchange(t, proxyAddr(t, p, "default/web:p"))
+	waitFIN(t, c, 3*time.Second)
+	if age := time.Since(start); age < 300*time.Millisecond {
+		t.Fatalf("closed at %v, younger than the 300 ms max age", age)
+	}
+}
+
+// drain-removed closes connections to an endpoint removed from the
+// Service after the drain time, with a FIN; without the annotation they
+// stay.
+func TestDrainRemoved(t *testing.T) {
+	be := echoBackends(t, "127.0.0.2", "127.0.0.3")
+	p := newTestProxier(t, Options{ConnectionCloseQuiet: 50 * time.Millisecond})
+	p.OnServiceAdd(makeService("drain", withAnnotations(DrainRemovedAnnotation, "300ms")))
+	p.OnServiceAdd(makeService("keep", withClusterIP("10.96.0.11")))
+	p.OnEndpointSliceAdd(makeSlice("drain", v1.ProtocolTCP, be[0]))
+	p.OnEndpointSliceAdd(makeSlice("keep", v1.ProtocolTCP, be[0]))
+	p.Sync()
+	drained := dialExchange(t, proxyAddr(t, p, "default/drain:p"))
+	kept := dialExchange(t, proxyAddr(t, p, "default/keep:p"))
+
+	removed := time.Now()
+	p.OnEndpointSliceUpdate(nil, makeSlice("drain", v1.ProtocolTCP, be[1]))
+	p.OnEndpointSliceUpdate(nil, makeSlice("keep", v1.ProtocolTCP, be[1]))
+	waitFIN(t, drained, 3*time.Second)
+	if d := time.Since(removed); d < 300*time.Millisecond {
+		t.Fatalf("closed %v after the endpoint left, before the 300 ms drain", d)
+	}
+	// The one without the annotation still works.
+	if _, err := kept.Write([]byte("ok")); err != nil {
+		t.Fatal(err)
+	}
+	_ = kept.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := io.ReadFull(kept, make([]byte, 2)); err != nil {
+		t.Fatalf("connection of the Service without drain-removed: %v", err)
+	}
+}
