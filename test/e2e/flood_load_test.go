@@ -64,18 +64,26 @@ func millis(d time.Duration) float64 { return float64(d) / float64(time.Millisec
 
 // probe times one request/response to a Service from a client namespace:
 // TCP on a new connection (connect, one line each way, close), and UDP from
-// a fresh source port per query, as DNS clients do. The probe runs on a
-// thread inside ns for its whole life, so every socket it opens is there.
+// a fresh source port per query, as DNS clients do; and the same straight
+// to one of the Service's backends, not through the proxy (the control: how
+// much the machine itself slows down). The probe runs on a thread inside ns
+// for its whole life, so every socket it opens is there.
 type probe struct {
 	ns       *netns.NS
 	src      netip.Addr
-	tcp, udp netip.AddrPort
+	tcp, udp netip.AddrPort // the Service
+	direct   netip.AddrPort // a backend, TCP and UDP
 	nextPort uint16
 }
 
-// run probes until stop is closed, one request at a time, TCP and UDP in
-// turn, recording into the current tcp/udp targets of sink.
-func (p *probe) run(stop <-chan struct{}, sink func() (tcp, udp *latencies)) error {
+// probeSamples are one phase's samples of each kind of request.
+type probeSamples struct {
+	tcp, udp, directTCP, directUDP latencies
+}
+
+// run probes until stop is closed, one request at a time, each kind in
+// turn, recording into the samples sink returns at the time.
+func (p *probe) run(stop <-chan struct{}, sink func() *probeSamples) error {
 	return p.ns.Do(func() error {
 		for {
 			select {
@@ -83,22 +91,25 @@ func (p *probe) run(stop <-chan struct{}, sink func() (tcp, udp *latencies)) err
 				return nil
 			default:
 			}
-			tl, ul := sink()
-			began := time.Now()
-			err := p.askTCP()
-			tl.add(time.Since(began), err)
-			began = time.Now()
-			err = p.askUDP()
-			ul.add(time.Since(began), err)
+			s := sink()
+			for _, r := range []struct {
+				into *latencies
+				ask  func(netip.AddrPort) error
+				dst  netip.AddrPort
+			}{{&s.tcp, p.askTCP, p.tcp}, {&s.udp, p.askUDP, p.udp}, {&s.directTCP, p.askTCP, p.direct}, {&s.directUDP, p.askUDP, p.direct}} {
+				began := time.Now()
+				err := r.ask(r.dst)
+				r.into.add(time.Since(began), err)
+			}
 		}
 	})
 }
 
 const probeTimeout = 2 * time.Second
 
-func (p *probe) askTCP() error {
+func (p *probe) askTCP(dst netip.AddrPort) error {
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: p.src.AsSlice()}, Timeout: probeTimeout}
-	c, err := d.Dial("tcp", p.tcp.String())
+	c, err := d.Dial("tcp", dst.String())
 	if err != nil {
 		return err
 	}
@@ -106,7 +117,7 @@ func (p *probe) askTCP() error {
 	return ask(c)
 }
 
-func (p *probe) askUDP() error {
+func (p *probe) askUDP(dst netip.AddrPort) error {
 	// Ports 20000-29999 of the probe's own address: fresh each query, never
 	// the kernel's random pick (a reused ip:port would be an old session).
 	p.nextPort = 20000 + (p.nextPort+1)%10000
@@ -118,7 +129,7 @@ func (p *probe) askUDP() error {
 	if err := c.SetDeadline(time.Now().Add(probeTimeout)); err != nil {
 		return err
 	}
-	if _, err := c.WriteToUDPAddrPort([]byte("who\n"), p.udp); err != nil {
+	if _, err := c.WriteToUDPAddrPort([]byte("who\n"), dst); err != nil {
 		return err
 	}
 	buf := make([]byte, 256)
