@@ -55,7 +55,8 @@ soak:
 	$(GO) test -count=1 -timeout 40m -run TestSoak ./test/soak -soak.duration=30m -soak.results=results -soak.strict -v
 
 # Native Go fuzz targets, each for FUZZTIME, one after another (go fuzzes
-# one target per invocation). Seed corpora: f.Add in each target and
+# one target per invocation); a Fuzz function missing from FUZZ_TARGETS
+# fails the run. Seed corpora: f.Add in each target and
 # PKG/testdata/fuzz/TARGET. A finding is written there and fails the run.
 FUZZTIME ?= 60s
 FUZZ_TARGETS := \
@@ -66,6 +67,9 @@ FUZZ_TARGETS := \
 	FuzzParseAnnotation:./faults
 
 fuzz:
+	@missing=$$(grep -rhoE '^func Fuzz[A-Za-z0-9_]+' --include='*_test.go' . | sed 's/^func //' | sort -u | \
+		while read -r f; do case " $(FUZZ_TARGETS) " in *" $$f:"*) ;; *) echo "$$f" ;; esac; done); \
+	if [ -n "$$missing" ]; then echo "FUZZ_TARGETS lacks: $$missing"; exit 1; fi
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		name=$${t%%:*}; pkg=$${t#*:}; \
 		echo "== $$name ($$pkg) for $(FUZZTIME)"; \
