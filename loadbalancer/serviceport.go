@@ -21,8 +21,16 @@ type ServicePort struct {
 	mu        sync.Mutex
 	endpoints []netip.AddrPort // eligible only, in round-robin order
 	cursor    int              // index in endpoints of the next round-robin pick
-	policy    AffinityPolicy
-	clients   *affinityTable // nil unless policy.ClientIP
+	// A dual-stack service port's endpoints of both families: IPv4 ones
+	// first (endpoints[:split]), each family with its own cursor, so a
+	// client is served by endpoints of its own family, as kube-proxy's
+	// per-family proxiers do (a backend may listen on one family only).
+	// split is 0 unless both families are present; cursor then runs over
+	// the IPv4 part and cursor6 over the IPv6 part.
+	split   int
+	cursor6 int
+	policy  AffinityPolicy
+	clients *affinityTable // nil unless policy.ClientIP
 	// evicted counts clients the cap pushed out of the table (not those that
 	// expired), for the evictions metric; it outlives policy changes.
 	evicted uint64
@@ -61,7 +69,7 @@ func (sp *ServicePort) Next(clientIP netip.Addr, resetAffinity bool) (netip.Addr
 		return netip.AddrPort{}, ErrNoEndpoints
 	}
 	if !sp.policy.ClientIP {
-		return sp.roundRobin(), nil
+		return sp.roundRobin(clientIP), nil
 	}
 
 	// A dual-stack listener reports IPv4 clients as ::ffff:a.b.c.d; unmap so
@@ -76,11 +84,11 @@ func (sp *ServicePort) Next(clientIP netip.Addr, resetAffinity bool) (netip.Addr
 		return pinned.endpoint, nil
 	}
 
-	ep := sp.roundRobin()
-	if resetAffinity && havePin && ep == pinned.endpoint && len(sp.endpoints) > 1 {
+	ep := sp.roundRobin(clientIP)
+	if resetAffinity && havePin && ep == pinned.endpoint && sp.choices(clientIP) > 1 {
 		// Another client's pick may have moved the cursor onto the endpoint
 		// that just failed for this one; move past it.
-		ep = sp.roundRobin()
+		ep = sp.roundRobin(clientIP)
 	}
 	sp.clients.expireOldest(now, timeout, expireBatch)
 	if sp.clients.put(clientIP, affinityEntry{endpoint: ep, lastUsed: now}) {
@@ -89,15 +97,34 @@ func (sp *ServicePort) Next(clientIP netip.Addr, resetAffinity bool) (netip.Addr
 	return ep, nil
 }
 
-// roundRobin returns the endpoint at the cursor and advances it. Callers
-// hold mu and have checked that endpoints is not empty.
-func (sp *ServicePort) roundRobin() netip.AddrPort {
-	ep := sp.endpoints[sp.cursor]
-	sp.cursor++
-	if sp.cursor == len(sp.endpoints) {
-		sp.cursor = 0
+// roundRobin returns the endpoint at the cursor of clientIP's family and
+// advances it. Callers hold mu and have checked that endpoints is not empty.
+func (sp *ServicePort) roundRobin(clientIP netip.Addr) netip.AddrPort {
+	lo, hi, cur := sp.familyRange(clientIP)
+	ep := sp.endpoints[*cur]
+	*cur++
+	if *cur == hi {
+		*cur = lo
 	}
 	return ep
+}
+
+// familyRange is the part of endpoints that serves clientIP, and its
+// cursor: all of them, unless both families are present.
+func (sp *ServicePort) familyRange(clientIP netip.Addr) (lo, hi int, cursor *int) {
+	if sp.split == 0 {
+		return 0, len(sp.endpoints), &sp.cursor
+	}
+	if clientIP.Unmap().Is6() {
+		return sp.split, len(sp.endpoints), &sp.cursor6
+	}
+	return 0, sp.split, &sp.cursor
+}
+
+// choices is how many endpoints may serve clientIP.
+func (sp *ServicePort) choices(clientIP netip.Addr) int {
+	lo, hi, _ := sp.familyRange(clientIP)
+	return hi - lo
 }
 
 // setEndpoints installs eligible (already filtered and duplicate-free) and
@@ -114,8 +141,16 @@ func (sp *ServicePort) setEndpoints(eligible []netip.AddrPort) bool {
 		return false
 	}
 	sp.shuffle(eligible)
+	// IPv4 first, each family in shuffled order.
+	slices.SortStableFunc(eligible, func(a, b netip.AddrPort) int {
+		return boolCmp(a.Addr().Unmap().Is6(), b.Addr().Unmap().Is6())
+	})
+	sp.split = 0
+	if n4 := slices.IndexFunc(eligible, func(a netip.AddrPort) bool { return a.Addr().Unmap().Is6() }); n4 > 0 {
+		sp.split = n4
+	}
 	sp.endpoints = eligible
-	sp.cursor = 0
+	sp.cursor, sp.cursor6 = 0, sp.split
 	sp.generation.Add(1)
 	if sp.clients != nil {
 		sp.clients.dropUnless(next)
@@ -172,8 +207,16 @@ func (sp *ServicePort) Snapshot() Snapshot {
 	s := Snapshot{Affinity: sp.policy, Evicted: sp.evicted}
 	if n := len(sp.endpoints); n > 0 {
 		s.Endpoints = make([]netip.AddrPort, 0, n)
-		s.Endpoints = append(s.Endpoints, sp.endpoints[sp.cursor:]...)
-		s.Endpoints = append(s.Endpoints, sp.endpoints[:sp.cursor]...)
+		if sp.split == 0 {
+			s.Endpoints = append(s.Endpoints, sp.endpoints[sp.cursor:]...)
+			s.Endpoints = append(s.Endpoints, sp.endpoints[:sp.cursor]...)
+		} else {
+			// Each family from its own next pick, IPv4 first.
+			s.Endpoints = append(s.Endpoints, sp.endpoints[sp.cursor:sp.split]...)
+			s.Endpoints = append(s.Endpoints, sp.endpoints[:sp.cursor]...)
+			s.Endpoints = append(s.Endpoints, sp.endpoints[sp.cursor6:]...)
+			s.Endpoints = append(s.Endpoints, sp.endpoints[sp.split:sp.cursor6]...)
+		}
 	}
 	var ips []netip.Addr
 	var entries []affinityEntry
@@ -202,4 +245,14 @@ func (sp *ServicePort) affinityStats() AffinityStats {
 		st.Entries = sp.clients.len()
 	}
 	return st
+}
+
+func boolCmp(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
 }

@@ -189,16 +189,16 @@ func TestIPv6(t *testing.T) {
 		{"dual-stack IPv6 NodePort from the node", node, "tcp", np(v6.NodeIP, 30210)},
 	}
 	for _, tc := range roundRobin {
-		// A dual-stack Service's endpoints of both families are one pool
-		// (b1..b3 twice): six asks meet each backend twice.
-		each := 1
-		if strings.HasPrefix(tc.what, "dual-stack") {
-			each = 2
+		// Each family is served by its own endpoints (IPv6 backends are
+		// b1v6..b3v6), a dual-stack Service's too, as kube-proxy does.
+		suffix := ""
+		if tc.dst.Addr().Is6() {
+			suffix = "v6"
 		}
-		got, err := distribution(tc.cl, tc.proto, tc.dst, 3*each)
+		got, err := distribution(tc.cl, tc.proto, tc.dst, 3)
 		figure(t, "%s: %s %s from %s: %s", tc.what, tc.proto, tc.dst, tc.cl.Label, got)
-		if err != nil || got["b1"] != each || got["b2"] != each || got["b3"] != each {
-			t.Errorf("%s (%s %s from %s): %v, want b1 b2 b3 %d times each: %v", tc.what, tc.proto, tc.dst, tc.cl.Label, got, each, err)
+		if err != nil || got["b1"+suffix] != 1 || got["b2"+suffix] != 1 || got["b3"+suffix] != 1 {
+			t.Errorf("%s (%s %s from %s): %v, want b1%s b2%s b3%s once each: %v", tc.what, tc.proto, tc.dst, tc.cl.Label, got, suffix, suffix, suffix, err)
 		}
 	}
 
@@ -211,7 +211,11 @@ func TestIPv6(t *testing.T) {
 			}
 			got, err := distribution(pod6(i), proto, at("fd00:96::11", port), 6)
 			figure(t, "IPv6 affinity %s from %s: %s", proto, pod6(i).Label, got)
-			if err != nil || len(got) != 1 {
+			sixOnly := true
+			for name := range got {
+				sixOnly = sixOnly && strings.HasSuffix(name, "v6")
+			}
+			if err != nil || len(got) != 1 || !sixOnly {
 				t.Errorf("IPv6 affinity %s from %s: %v, want one backend: %v", proto, pod6(i).Label, got, err)
 			}
 		}

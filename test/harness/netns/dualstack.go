@@ -66,15 +66,14 @@ func (c *Cluster) addIPv6(backends int) {
 	c.V6 = v6
 }
 
-// StartBackends6 starts one backend per IPv6 backend address, named as
-// their IPv4 twins (b1, b2, ...), so an answer names the same backend
-// whatever the family.
+// StartBackends6 starts one backend per IPv6 backend address, named b1v6,
+// b2v6, ..., so an answer says which family served it.
 func (c *Cluster) StartBackends6(t testing.TB, bin string, port uint16) []Backend {
 	t.Helper()
 	var bs []Backend
 	for i, a := range c.V6.BackendIPs {
-		b := Backend{Name: fmt.Sprintf("b%d", i+1), Addr: netip.AddrPortFrom(a, port)}
-		b.Proc = c.Backends.Start(b.Name+"-v6", bin, "-name", b.Name, "-addr", b.Addr.String())
+		b := Backend{Name: fmt.Sprintf("b%dv6", i+1), Addr: netip.AddrPortFrom(a, port)}
+		b.Proc = c.Backends.Start(b.Name, bin, "-name", b.Name, "-addr", b.Addr.String())
 		bs = append(bs, b)
 	}
 	for _, b := range bs {
