@@ -1,7 +1,6 @@
 package proxier
 
 import (
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,57 +10,9 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
-
-// Connection lifetime annotations of a Service (opt-in, per Service; no
-// kube-proxy mode has them). Long-lived connections defeat balancing: a
-// pool of kept-alive connections stays on the endpoints it started with
-// after a scale-up, and on endpoints that were removed.
-const (
-	// MaxConnectionAgeAnnotation: a TCP connection older than this Go
-	// duration is closed at its next quiet moment ("5m"; "0" turns off the
-	// node's --max-connection-age for this Service).
-	MaxConnectionAgeAnnotation = "kube-userspace-proxy/max-connection-age"
-	// DrainRemovedAnnotation: a TCP connection whose endpoint left the
-	// Service is closed this long after, at its next quiet moment ("30s").
-	DrainRemovedAnnotation = "kube-userspace-proxy/drain-removed"
-)
-
-// connLifetime is what a Service's annotations ask for.
-type connLifetime struct {
-	maxAge    time.Duration
-	maxAgeSet bool // the annotation is present (else: the node's default)
-	drain     time.Duration
-}
-
-// lifetimeOf parses a Service's lifetime annotations; an error names the
-// field and says what is wrong.
-func lifetimeOf(svc *v1.Service) (connLifetime, error) {
-	var l connLifetime
-	parse := func(key string) (time.Duration, bool, error) {
-		v, ok := svc.Annotations[key]
-		if !ok {
-			return 0, false, nil
-		}
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			return 0, true, fmt.Errorf("metadata.annotations[%s]: %q is not a duration (e.g. \"5m\", \"90s\")", key, v)
-		}
-		if d < 0 {
-			return 0, true, fmt.Errorf("metadata.annotations[%s]: %q must not be negative", key, v)
-		}
-		return d, true, nil
-	}
-	var err error
-	if l.maxAge, l.maxAgeSet, err = parse(MaxConnectionAgeAnnotation); err != nil {
-		return connLifetime{}, err
-	}
-	if l.drain, _, err = parse(DrainRemovedAnnotation); err != nil {
-		return connLifetime{}, err
-	}
-	return l, nil
-}
 
 // portLifetime is the lifetime policy in force on one service port's
 // sockets: read with one atomic load per accepted connection, replaced by
@@ -128,12 +79,20 @@ func (l *lifetimes) remove(name loadbalancer.ServicePortName) {
 // syncLifetime puts a port's lifetime in force: the annotations' if valid,
 // else the last valid ones stay (OnServiceUpdate logged the error).
 func (p *Proxier) syncLifetime(info *servicePortInfo) {
-	if info.name.Protocol != v1.ProtocolTCP || info.lifetimeErr != nil {
+	if info.name.Protocol != v1.ProtocolTCP {
 		return
 	}
-	s := lifetimeSettings{maxAge: p.opts.MaxConnectionAge, drain: info.lifetime.drain}
-	if info.lifetime.maxAgeSet {
-		s.maxAge = info.lifetime.maxAge
+	if info.lifetimeErr != nil {
+		// A port that has none in force yet (a new Service with an
+		// invalid annotation, served in API mode) gets the node's.
+		if pl := p.sockCfg.lifetimes.port(info.name); pl.settings.Load() == nil {
+			p.sockCfg.lifetimes.set(info.name, lifetimeSettings{maxAge: p.opts.MaxConnectionAge})
+		}
+		return
+	}
+	s := lifetimeSettings{maxAge: p.opts.MaxConnectionAge, drain: info.lifetime.Drain}
+	if info.lifetime.MaxAgeSet {
+		s.maxAge = info.lifetime.MaxAge
 	}
 	p.sockCfg.lifetimes.set(info.name, s)
 }
@@ -142,7 +101,7 @@ func (p *Proxier) syncLifetime(info *servicePortInfo) {
 // Service and value, at -v=0; p.mu is held.
 func logLifetimeError(old, svc *v1.Service) {
 	changed := old == nil
-	for _, key := range []string{MaxConnectionAgeAnnotation, DrainRemovedAnnotation} {
+	for _, key := range []string{config.MaxConnectionAgeAnnotation, config.DrainRemovedAnnotation} {
 		if old != nil && old.Annotations[key] != svc.Annotations[key] {
 			changed = true
 		}
@@ -150,7 +109,7 @@ func logLifetimeError(old, svc *v1.Service) {
 	if !changed {
 		return
 	}
-	if _, err := lifetimeOf(svc); err != nil {
+	if _, err := config.ParseConnectionLifetime(svc); err != nil {
 		klog.ErrorS(err, "Invalid connection lifetime annotation; the Service keeps its last valid one",
 			"service", klog.KObj(svc))
 	}

@@ -3,7 +3,6 @@ package proxier
 import (
 	"io"
 	"net"
-	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
 )
 
 func withAnnotations(kv ...string) svcOpt {
@@ -19,39 +19,6 @@ func withAnnotations(kv ...string) svcOpt {
 		for i := 0; i+1 < len(kv); i += 2 {
 			s.Annotations[kv[i]] = kv[i+1]
 		}
-	}
-}
-
-func TestLifetimeOf(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		ann     []string
-		want    connLifetime
-		wantErr string
-	}{
-		{"none", nil, connLifetime{}, ""},
-		{"age", []string{MaxConnectionAgeAnnotation, "5m"}, connLifetime{maxAge: 5 * time.Minute, maxAgeSet: true}, ""},
-		{"age off", []string{MaxConnectionAgeAnnotation, "0"}, connLifetime{maxAgeSet: true}, ""},
-		{"drain", []string{DrainRemovedAnnotation, "30s"}, connLifetime{drain: 30 * time.Second}, ""},
-		{"both", []string{MaxConnectionAgeAnnotation, "1h", DrainRemovedAnnotation, "1m30s"}, connLifetime{maxAge: time.Hour, maxAgeSet: true, drain: 90 * time.Second}, ""},
-		{"not a duration", []string{MaxConnectionAgeAnnotation, "5x"}, connLifetime{},
-			`metadata.annotations[kube-userspace-proxy/max-connection-age]: "5x" is not a duration`},
-		{"no unit", []string{DrainRemovedAnnotation, "30"}, connLifetime{},
-			`metadata.annotations[kube-userspace-proxy/drain-removed]: "30" is not a duration`},
-		{"negative", []string{DrainRemovedAnnotation, "-1s"}, connLifetime{},
-			`metadata.annotations[kube-userspace-proxy/drain-removed]: "-1s" must not be negative`},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := lifetimeOf(makeService("web", withAnnotations(tc.ann...)))
-			switch {
-			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
-				t.Fatalf("error %v, want one containing %q", err, tc.wantErr)
-			case tc.wantErr == "" && err != nil:
-				t.Fatalf("error %v", err)
-			case got != tc.want:
-				t.Fatalf("got %+v, want %+v", got, tc.want)
-			}
-		})
 	}
 }
 
@@ -65,9 +32,9 @@ func TestLifetimeAnnotationAndDefault(t *testing.T) {
 		want lifetimeSettings
 	}{
 		{nil, lifetimeSettings{maxAge: 2 * time.Minute}},
-		{[]string{MaxConnectionAgeAnnotation, "5m", DrainRemovedAnnotation, "30s"}, lifetimeSettings{maxAge: 5 * time.Minute, drain: 30 * time.Second}},
-		{[]string{MaxConnectionAgeAnnotation, "5x", DrainRemovedAnnotation, "30s"}, lifetimeSettings{maxAge: 5 * time.Minute, drain: 30 * time.Second}},
-		{[]string{MaxConnectionAgeAnnotation, "0"}, lifetimeSettings{}},
+		{[]string{config.MaxConnectionAgeAnnotation, "5m", config.DrainRemovedAnnotation, "30s"}, lifetimeSettings{maxAge: 5 * time.Minute, drain: 30 * time.Second}},
+		{[]string{config.MaxConnectionAgeAnnotation, "5x", config.DrainRemovedAnnotation, "30s"}, lifetimeSettings{maxAge: 5 * time.Minute, drain: 30 * time.Second}},
+		{[]string{config.MaxConnectionAgeAnnotation, "0"}, lifetimeSettings{}},
 		{nil, lifetimeSettings{maxAge: 2 * time.Minute}},
 	}
 	for i, st := range steps {
@@ -163,7 +130,7 @@ func TestMaxConnectionAgeClosesWithFIN(t *testing.T) {
 func TestDrainRemoved(t *testing.T) {
 	be := echoBackends(t, "127.0.0.2", "127.0.0.3")
 	p := newTestProxier(t, Options{ConnectionCloseQuiet: 50 * time.Millisecond})
-	p.OnServiceAdd(makeService("drain", withAnnotations(DrainRemovedAnnotation, "300ms")))
+	p.OnServiceAdd(makeService("drain", withAnnotations(config.DrainRemovedAnnotation, "300ms")))
 	p.OnServiceAdd(makeService("keep", withClusterIP("10.96.0.11")))
 	p.OnEndpointSliceAdd(makeSlice("drain", v1.ProtocolTCP, be[0]))
 	p.OnEndpointSliceAdd(makeSlice("keep", v1.ProtocolTCP, be[0]))

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
 )
 
 // servicePortInfo is what the proxier needs of one Service port: the inputs
@@ -32,7 +33,7 @@ type servicePortInfo struct {
 	faultsErr error
 	// lifetime is what the Service's connection lifetime annotations
 	// ask for, unless lifetimeErr says they are invalid.
-	lifetime    connLifetime
+	lifetime    config.ConnectionLifetime
 	lifetimeErr error
 }
 
@@ -79,7 +80,7 @@ func servicePorts(svc *v1.Service) []*servicePortInfo {
 	nn := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
 	policy := policyOf(svc)
 	toxics, faultsErr := faults.ForService(svc)
-	lifetime, lifetimeErr := lifetimeOf(svc)
+	lifetime, lifetimeErr := config.ParseConnectionLifetime(svc)
 	var out []*servicePortInfo
 	for _, p := range svc.Spec.Ports {
 		proto := p.Protocol

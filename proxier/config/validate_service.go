@@ -1,6 +1,8 @@
 package config
 
 import (
+	"errors"
+
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -46,6 +48,12 @@ func validateService(fe *fieldErrors, s *v1.Service, nodePorts PortRange) {
 	validateAffinity(fe, spec, s)
 	if _, err := faults.ForService(s); err != nil {
 		fe.add(field.NewPath("metadata", "annotations").Key(faults.Annotation), "%v", err)
+	}
+	if _, err := ParseConnectionLifetime(s); err != nil {
+		var le *LifetimeError
+		if errors.As(err, &le) {
+			fe.add(field.NewPath("metadata", "annotations").Key(le.Key), "%s", le.Msg)
+		}
 	}
 	switch s.Spec.ExternalTrafficPolicy {
 	case "", v1.ServiceExternalTrafficPolicyCluster, v1.ServiceExternalTrafficPolicyLocal:

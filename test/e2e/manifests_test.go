@@ -38,6 +38,8 @@ type svc struct {
 	// endpoints are on the proxy's node (nodeName), the others nowhere.
 	etpLocal       bool
 	localEndpoints int
+	// annotations are added to the Service's (lifetime annotations, say).
+	annotations map[string]string
 }
 
 // portName is the comment the proxy puts on this Service port's rules.
@@ -71,6 +73,12 @@ func (s svc) service() *v1.Service {
 	}
 	if s.faults != "" {
 		o.Annotations = map[string]string{faultsAnnotation: s.faults}
+	}
+	for k, v := range s.annotations {
+		if o.Annotations == nil {
+			o.Annotations = map[string]string{}
+		}
+		o.Annotations[k] = v
 	}
 	if s.lbIP != "" {
 		o.Spec.Type = v1.ServiceTypeLoadBalancer

@@ -1,0 +1,264 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/netns"
+)
+
+const (
+	ageClients   = 40
+	maxAge       = 3 * time.Second
+	closeQuiet   = 300 * time.Millisecond
+	pingInterval = time.Second
+)
+
+// TestMaxConnectionAgeRebalances: 40 kept-alive clients of a Service with
+// two endpoints, which then scales to four. With the Service's
+// kube-userspace-proxy/max-connection-age each connection is closed (FIN)
+// at its first quiet moment past the age, the clients reconnect, and
+// within age + quiet time every endpoint carries 8-12 of them; a Service
+// without the annotation keeps all 40 on the first two (as every
+// kube-proxy mode does). No request is cut: a client that sent a request
+// always gets its answer.
+func TestMaxConnectionAgeRebalances(t *testing.T) {
+	requireSuite(t)
+	c := netns.NewCluster(t, netns.ClusterOptions{Backends: 4, ClientIPsEach: 4})
+	c.StartBackends(t, backendBin, backendPort)
+	p := newProxy(t, c, "--connection-close-quiet="+closeQuiet.String())
+	aged := svc{name: "aged", clusterIP: "10.96.8.10", endpoints: ips(c, 0, 1),
+		annotations: map[string]string{"kube-userspace-proxy/max-connection-age": maxAge.String()}}
+	plain := svc{name: "plain", clusterIP: "10.96.8.11", endpoints: ips(c, 0, 1)}
+	writeSvc(t, p.dir, aged)
+	writeSvc(t, p.dir, plain)
+	p.Start(t, startWithin)
+	probe := e2ePod1(c, 3)
+	probe.WaitServed(t, "tcp", aged.tcp(), time.Now(), startBudget)
+	probe.WaitServed(t, "tcp", plain.tcp(), time.Now(), startBudget)
+
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	agedPool := startPool(ctx, c.Pod1, c.Pod1IPs[0], aged.tcp(), ageClients)
+	plainPool := startPool(ctx, c.Pod1, c.Pod1IPs[1], plain.tcp(), ageClients)
+	for _, pool := range []*pool{agedPool, plainPool} {
+		if !pool.waitAll(10 * time.Second) {
+			t.Fatalf("only %v of %d clients connected", pool.counts(), ageClients)
+		}
+	}
+	t.Logf("before the scale-up: aged %v, plain %v", agedPool.counts(), plainPool.counts())
+
+	aged.endpoints, plain.endpoints = ips(c, 0, 1, 2, 3), ips(c, 0, 1, 2, 3)
+	scaled := time.Now()
+	writeSvc(t, p.dir, aged)
+	writeSvc(t, p.dir, plain)
+
+	// Every connection made before the scale-up is at most a few seconds
+	// old, so each is past the age within maxAge, and quiet within a ping
+	// interval more; the manifest reload and reconnects take well under
+	// a second.
+	budget := maxAge + closeQuiet + pingInterval + 2*time.Second
+	var counts map[string]int
+	for {
+		counts = agedPool.counts()
+		if spread(counts, c, 8, 12) {
+			break
+		}
+		if time.Since(scaled) > budget {
+			t.Fatalf("aged: %v %v after the scale-up; want 8-12 on each of the 4 endpoints", counts, budget)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	took := time.Since(scaled)
+	figure(t, "max-connection-age %v, quiet %v: %d kept-alive clients spread %v over 4 endpoints %v after the scale-up from 2 (%d reconnects)",
+		maxAge, closeQuiet, ageClients, sorted(counts), took.Round(100*time.Millisecond), agedPool.reconnects.Load())
+	pc := plainPool.counts()
+	figure(t, "without the annotation: %v", sorted(pc))
+	if pc[c.BackendIPs[2].String()]+pc[c.BackendIPs[3].String()] != 0 {
+		t.Errorf("plain Service: %v; its connections should never move", pc)
+	}
+	stop()
+	agedPool.wg.Wait()
+	plainPool.wg.Wait()
+	if n := agedPool.cut.Load() + plainPool.cut.Load(); n > 0 {
+		t.Errorf("%d requests got no answer (first: %v); a close at a quiet moment must cut none", n, agedPool.firstCut.Load())
+	}
+}
+
+func e2ePod1(c *netns.Cluster, i int) interface {
+	WaitServed(t testing.TB, proto string, dst netip.AddrPort, since time.Time, within time.Duration) time.Duration
+} {
+	return (&env{c: c}).pod1(i)
+}
+
+// spread reports whether each backend carries lo..hi connections.
+func spread(counts map[string]int, c *netns.Cluster, lo, hi int) bool {
+	for _, b := range c.BackendIPs {
+		if n := counts[b.String()]; n < lo || n > hi {
+			return false
+		}
+	}
+	return true
+}
+
+func sorted(counts map[string]int) string {
+	keys := make([]string, 0, len(counts))
+	for k := range counts {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s:%d", k, counts[k]))
+	}
+	return strings.Join(parts, " ")
+}
+
+// pool is n clients that each keep one connection to a Service, send a
+// request every pingInterval and reconnect when the proxy closes it, as
+// an HTTP client's keep-alive pool does: a connection found closed (a FIN
+// waiting) before a request is replaced without sending on it.
+type pool struct {
+	mu         sync.Mutex
+	backend    []string // per client: the backend IP its connection reached; "" = none
+	reconnects atomic.Int64
+	cut        atomic.Int64 // requests sent that got no answer
+	firstCut   atomic.Value
+	wg         sync.WaitGroup
+}
+
+func startPool(ctx context.Context, ns *netns.NS, src netip.Addr, dst netip.AddrPort, n int) *pool {
+	p := &pool{backend: make([]string, n)}
+	for i := range n {
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			p.client(ctx, ns, src, dst, i)
+		}()
+	}
+	return p
+}
+
+func (p *pool) set(i int, b string) {
+	p.mu.Lock()
+	p.backend[i] = b
+	p.mu.Unlock()
+}
+
+func (p *pool) counts() map[string]int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m := map[string]int{}
+	for _, b := range p.backend {
+		if b != "" {
+			m[b]++
+		}
+	}
+	return m
+}
+
+func (p *pool) waitAll(within time.Duration) bool {
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		total := 0
+		for _, n := range p.counts() {
+			total += n
+		}
+		if total == len(p.backend) {
+			return true
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return false
+}
+
+func (p *pool) client(ctx context.Context, ns *netns.NS, src netip.Addr, dst netip.AddrPort, i int) {
+	first := true
+	for ctx.Err() == nil {
+		if !first {
+			p.reconnects.Add(1)
+		}
+		first = false
+		dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		conn, err := ns.DialTCP(dctx, src, dst)
+		cancel()
+		if err != nil {
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		p.session(ctx, conn, i)
+		p.set(i, "")
+		conn.Close()
+	}
+}
+
+// session greets the backend (ECHO: it answers "NAME REMOTE" and echoes
+// from then on), records which endpoint it reached, and pings until the
+// connection is closed or ctx ends.
+func (p *pool) session(ctx context.Context, conn *net.TCPConn, i int) {
+	r := bufio.NewReader(conn)
+	_ = conn.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := conn.Write([]byte("ECHO\n")); err != nil {
+		return
+	}
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return
+	}
+	// The backend's name is bN; its address is what the counts are by.
+	name := strings.Fields(line)[0]
+	p.set(i, backendAddr(name))
+	ping := []byte("ping\n")
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(pingInterval):
+		}
+		// A pool looks before it reuses: a FIN already here means the
+		// connection is done.
+		_ = conn.SetReadDeadline(time.Now().Add(time.Millisecond))
+		if _, err := r.Peek(1); errors.Is(err, io.EOF) {
+			return
+		}
+		_ = conn.SetDeadline(time.Now().Add(3 * time.Second))
+		if _, err := conn.Write(ping); err != nil {
+			p.noteCut(err)
+			return
+		}
+		got := make([]byte, len(ping))
+		if _, err := io.ReadFull(r, got); err != nil {
+			if !errors.Is(err, os.ErrDeadlineExceeded) || ctx.Err() == nil {
+				p.noteCut(err)
+			}
+			return
+		}
+	}
+}
+
+func (p *pool) noteCut(err error) {
+	p.cut.Add(1)
+	p.firstCut.CompareAndSwap(nil, err.Error())
+}
+
+// backendAddr maps the backend names StartBackends gives (b1, b2, ...) to
+// the 4-backend cluster's addresses.
+func backendAddr(name string) string {
+	var n int
+	if _, err := fmt.Sscanf(name, "b%d", &n); err != nil {
+		return name
+	}
+	return fmt.Sprintf("10.77.1.%d", 10+n)
+}
