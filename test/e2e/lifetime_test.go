@@ -97,6 +97,50 @@ func TestMaxConnectionAgeRebalances(t *testing.T) {
 	}
 }
 
+// TestDrainRemoved: 40 kept-alive clients of a Service with
+// kube-userspace-proxy/drain-removed over two endpoints; one is removed
+// from the Service (its backend keeps running, as a pod that is being
+// replaced does), and within the drain time plus a quiet moment every
+// connection is on the remaining endpoint, none cut mid-request.
+func TestDrainRemoved(t *testing.T) {
+	requireSuite(t)
+	const drain = time.Second
+	c := netns.NewCluster(t, netns.ClusterOptions{Backends: 2, ClientIPsEach: 4})
+	c.StartBackends(t, backendBin, backendPort)
+	p := newProxy(t, c, "--connection-close-quiet="+closeQuiet.String())
+	drained := svc{name: "drained", clusterIP: "10.96.8.20", endpoints: ips(c, 0, 1),
+		annotations: map[string]string{"kube-userspace-proxy/drain-removed": drain.String()}}
+	writeSvc(t, p.dir, drained)
+	p.Start(t, startWithin)
+	e2ePod1(c, 3).WaitServed(t, "tcp", drained.tcp(), time.Now(), startBudget)
+
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	clients := startPool(ctx, c.Pod1, c.Pod1IPs[0], drained.tcp(), ageClients)
+	if !clients.waitAll(10 * time.Second) {
+		t.Fatalf("only %v of %d clients connected", clients.counts(), ageClients)
+	}
+	before := clients.counts()
+	drained.endpoints = ips(c, 0)
+	removed := time.Now()
+	writeSvc(t, p.dir, drained)
+	gone := c.BackendIPs[1].String()
+	budget := drain + closeQuiet + pingInterval + 2*time.Second
+	for clients.counts()[gone] > 0 || clients.counts()[c.BackendIPs[0].String()] != ageClients {
+		if time.Since(removed) > budget {
+			t.Fatalf("%v %v after %s left the Service (drain %v)", clients.counts(), budget, gone, drain)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	figure(t, "drain-removed %v, quiet %v: %v -> %s on the remaining endpoint %v after the other left",
+		drain, closeQuiet, sorted(before), sorted(clients.counts()), time.Since(removed).Round(100*time.Millisecond))
+	stop()
+	clients.wg.Wait()
+	if n := clients.cut.Load(); n > 0 {
+		t.Errorf("%d requests got no answer (first: %v)", n, clients.firstCut.Load())
+	}
+}
+
 func e2ePod1(c *netns.Cluster, i int) interface {
 	WaitServed(t testing.TB, proto string, dst netip.AddrPort, since time.Time, within time.Duration) time.Duration
 } {
