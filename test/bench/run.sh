@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# Side-by-side benchmark of kube-userspace-proxy against the kernel and
-# HAProxy (`make bench`; not part of `make test`). Needs root.
+# Side-by-side benchmark of kube-userspace-proxy against the kernel, HAProxy
+# and nginx stream (`make bench`; not part of `make test`). Needs root.
 #
 # Topology, three network namespaces with random-suffix names, removed on exit:
 #
-#   client ns 10.79.11.2 ──▶ node ns (router; iptables; HAProxy; the proxy)
+#   client ns 10.79.11.2 ──▶ node ns (router; iptables; HAProxy; nginx; the proxy)
 #                               10.79.11.1 │ 10.79.1.1
 #                                          ▼
 #                            backend ns 10.79.1.11/.12/.13: HTTP server,
 #                            UDP echo on each; iperf3 -s on .11
 #
-# Configurations, measured alternately (A B C D A B C D ...) for every figure:
+# Configurations, measured alternately (A B C D E A B C D E ...) for every figure:
 #   direct   client → 10.79.1.11 (one backend, routed through the node: the limit)
 #   dnat     client → 10.96.0.10, kube-proxy iptables-mode rules (statistic random)
 #   haproxy  client → 10.96.0.30 (on the node), mode tcp, roundrobin, splice-auto
+#   nginx    client → 10.96.0.40 (on the node), stream module, TCP and UDP,
+#            round robin, one worker per CPU with reuseport listeners
 #   kup      client → 10.96.0.20, kube-userspace-proxy --manifests --bind-address 0.0.0.0
 #            (its own portal rules REDIRECT to its proxy sockets)
 # iperf3 services have one endpoint in every configuration (b1): iperf3's
@@ -31,7 +33,7 @@ REPS=${BENCH_REPS:-3}
 IDLE_CONNS=${BENCH_IDLE_CONNS:-10000}
 PROFILE=${BENCH_PROFILE:-1}
 NEWCONN_CONNS=${BENCH_NEWCONN_CONNS:-32}
-CONFIGS=(direct dnat haproxy kup)
+CONFIGS=(direct dnat haproxy nginx kup)
 
 if [ "$(id -u)" != 0 ]; then
 	echo "run.sh: must run as root (network namespaces, iptables)" >&2
@@ -49,10 +51,30 @@ need=()
 for t in wrk:wrk iperf3:iperf3 haproxy:haproxy ip:iproute2 iptables-restore:iptables bc:bc; do
 	command -v "${t%%:*}" >/dev/null 2>&1 || need+=("${t#*:}")
 done
+# nginx with its stream module (Debian builds it as a dynamic module, in
+# libnginx-mod-stream).
+nginx_modules() { nginx -V 2>&1 | sed -nE 's/.*--modules-path=([^ ]+).*/\1/p'; }
+if ! command -v nginx >/dev/null 2>&1; then
+	need+=(nginx libnginx-mod-stream)
+elif ! nginx -V 2>&1 | grep -qE -- '--with-stream( |$)' && [ ! -e "$(nginx_modules)/ngx_stream_module.so" ]; then
+	need+=(libnginx-mod-stream)
+fi
 if [ ${#need[@]} -gt 0 ]; then
 	log "installing ${need[*]}"
 	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+	# Debian's nginx and haproxy packages start their service on install
+	# (port 80 of the machine): forbid that while we install, unless a
+	# policy already says so.
+	policy=
+	if [ ! -e /usr/sbin/policy-rc.d ]; then
+		policy=/usr/sbin/policy-rc.d
+		printf '#!/bin/sh\nexit 101\n' >"$policy"
+		chmod 755 "$policy"
+	fi
+	rc=0
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null || rc=$?
+	[ -z "$policy" ] || rm -f "$policy"
+	[ "$rc" = 0 ] || exit "$rc"
 fi
 if [ "$PROFILE" = 1 ] && ! command -v perf >/dev/null 2>&1; then
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends linux-perf >/dev/null 2>&1 || true
@@ -68,6 +90,7 @@ NSN=kupb-node-$SUF
 NSB=kupb-back-$SUF
 PIDS=()
 LASTPID=
+NGINX_PID=
 
 # ours PID: the process still runs inside one of our namespaces (so a PID
 # that exited and was reused by someone else is never signalled).
@@ -77,11 +100,20 @@ ours() {
 	[ "$ns" = "$NSC" ] || [ "$ns" = "$NSN" ] || [ "$ns" = "$NSB" ]
 }
 
+# nginx_workers: the PIDs of the running nginx master's workers (they carry
+# every connection; the master only starts them).
+nginx_workers() {
+	[ -n "$NGINX_PID" ] || return 0
+	pgrep -P "$NGINX_PID" || true
+}
+
 cleanup() {
 	set +e
+	local workers
+	workers=$(nginx_workers)
 	for pid in "${PIDS[@]}"; do ours "$pid" && kill "$pid" 2>/dev/null; done
 	sleep 0.5
-	for pid in "${PIDS[@]}"; do ours "$pid" && kill -9 "$pid" 2>/dev/null; done
+	for pid in "${PIDS[@]}" $workers; do ours "$pid" && kill -9 "$pid" 2>/dev/null; done
 	for ns in "$NSC" "$NSN" "$NSB"; do ip netns del "$ns" 2>/dev/null; done
 	rm -rf "$WORK"
 }
@@ -112,7 +144,7 @@ stop_pid() {
 inc() { ip netns exec "$NSC" "$@"; }
 
 # Descriptors for 10,000 idle proxied connections (2 sockets each, plus
-# splice pipes) in the proxy, HAProxy and the client.
+# splice pipes) in the proxy, HAProxy, nginx and the client.
 # Raising the hard limit needs CAP_SYS_RESOURCE; where it cannot be raised,
 # the idle-connection count is cut to what fits: the proxy holds 6
 # descriptors per idle connection (2 sockets and, while its splice waits for
@@ -130,6 +162,9 @@ if [ "$IDLE_CONNS" -gt "$fit" ]; then
 	log "idle connections $IDLE_NOTE"
 	IDLE_CONNS=$fit
 fi
+# nginx's connections per worker: reuseport may hand one worker most of the
+# idle connections, each of which is 2 (client and upstream).
+NGINX_WORKER_CONNS=$((2 * IDLE_CONNS + 1024))
 
 # --- build -------------------------------------------------------------------
 log "building kube-userspace-proxy and benchtool"
@@ -166,6 +201,7 @@ ip -n "$NSB" route add default via 10.79.1.1
 # proxy's OUTPUT DNAT target) is 10.79.1.1.
 ip -n "$NSN" route add default via 10.79.1.2
 ip -n "$NSN" addr add 10.96.0.30/32 dev lo # HAProxy's service address
+ip -n "$NSN" addr add 10.96.0.40/32 dev lo # nginx's service address
 ip netns exec "$NSN" sysctl -qw net.ipv4.ip_forward=1
 
 BACKENDS=(10.79.1.11 10.79.1.12 10.79.1.13)
@@ -250,6 +286,75 @@ start_haproxy() {
 	HAPROXY_PID=$LASTPID
 }
 
+# --- nginx stream ------------------------------------------------------------
+# Round robin (nginx's default) over the 3 backends for HTTP and UDP echo, the
+# one backend for iperf3; one worker per CPU, each with its own reuseport
+# socket per listener; no access log. proxy_responses 1: a UDP session ends
+# once every datagram it forwarded is answered (request/response, as DNS).
+NGINX_LOAD=
+if nginx -V 2>&1 | grep -q -- '--with-stream=dynamic'; then
+	NGINX_LOAD="load_module $(nginx_modules)/ngx_stream_module.so;"
+fi
+mkdir -p "$WORK/nginx"
+cat >"$WORK/nginx.conf" <<EOF
+$NGINX_LOAD
+worker_processes auto;
+worker_rlimit_nofile $FD_LIMIT;
+pid $WORK/nginx/nginx.pid;
+error_log stderr error;
+events {
+    worker_connections $NGINX_WORKER_CONNS;
+}
+stream {
+    access_log off;
+    proxy_connect_timeout 2s;
+    upstream http_backends {
+        server 10.79.1.11:80;
+        server 10.79.1.12:80;
+        server 10.79.1.13:80;
+    }
+    upstream iperf_backend {
+        server 10.79.1.11:5201;
+    }
+    upstream echo_backends {
+        server 10.79.1.11:5353;
+        server 10.79.1.12:5353;
+        server 10.79.1.13:5353;
+    }
+    server {
+        listen 10.96.0.40:80 reuseport;
+        proxy_pass http_backends;
+        proxy_timeout 15m;
+    }
+    server {
+        listen 10.96.0.40:5201 reuseport;
+        proxy_pass iperf_backend;
+        proxy_timeout 15m;
+    }
+    server {
+        listen 10.96.0.40:5353 udp reuseport;
+        proxy_pass echo_backends;
+        proxy_responses 1;
+        proxy_timeout 10s;
+    }
+}
+EOF
+# -e: nginx opens its error log before it reads the configuration.
+start_nginx() {
+	start "$NSN" nginx nginx -p "$WORK/nginx/" -e stderr -c "$WORK/nginx.conf" -g 'daemon off;'
+	NGINX_PID=$LASTPID
+}
+# stop_nginx: stop the master (it stops its workers); a worker that outlives
+# it is killed by PID.
+stop_nginx() {
+	local workers w
+	workers=$(nginx_workers)
+	stop_pid "$NGINX_PID"
+	NGINX_PID=
+	for w in $workers; do ours "$w" && kill -9 "$w" 2>/dev/null; done
+	return 0
+}
+
 # --- kube-userspace-proxy ----------------------------------------------------
 mkdir -p "$WORK/manifests"
 cat >"$WORK/manifests/bench.yaml" <<'EOF'
@@ -307,10 +412,20 @@ start_kup() {
 }
 
 # --- targets per configuration -----------------------------------------------
-http_target() { case $1 in direct) echo 10.79.1.11:80 ;; dnat) echo 10.96.0.10:80 ;; haproxy) echo 10.96.0.30:80 ;; kup) echo 10.96.0.20:80 ;; esac; }
-iperf_host() { case $1 in direct) echo 10.79.1.11 ;; dnat) echo 10.96.0.10 ;; haproxy) echo 10.96.0.30 ;; kup) echo 10.96.0.21 ;; esac; }
-udp_target() { case $1 in direct) echo 10.79.1.11:5353 ;; dnat) echo 10.96.0.10:5353 ;; kup) echo 10.96.0.20:5353 ;; *) echo "" ;; esac; }
-proc_pid() { case $1 in haproxy) echo "$HAPROXY_PID" ;; kup) echo "$KUP_PID" ;; *) echo "" ;; esac; }
+http_target() { case $1 in direct) echo 10.79.1.11:80 ;; dnat) echo 10.96.0.10:80 ;; haproxy) echo 10.96.0.30:80 ;; nginx) echo 10.96.0.40:80 ;; kup) echo 10.96.0.20:80 ;; esac; }
+iperf_host() { case $1 in direct) echo 10.79.1.11 ;; dnat) echo 10.96.0.10 ;; haproxy) echo 10.96.0.30 ;; nginx) echo 10.96.0.40 ;; kup) echo 10.96.0.21 ;; esac; }
+udp_target() { case $1 in direct) echo 10.79.1.11:5353 ;; dnat) echo 10.96.0.10:5353 ;; nginx) echo 10.96.0.40:5353 ;; kup) echo 10.96.0.20:5353 ;; *) echo "" ;; esac; }
+# proc_pids CFG: the processes that carry CFG's connections, whose CPU, RSS
+# and descriptors are summed: HAProxy's and the proxy's one process, nginx's
+# workers (not the master, which carries none).
+proc_pids() {
+	case $1 in
+	haproxy) echo "$HAPROXY_PID" ;;
+	nginx) nginx_workers | tr '\n' ' ' ;;
+	kup) echo "$KUP_PID" ;;
+	*) echo "" ;;
+	esac
+}
 
 wait_http() { # CFG: until one request through it succeeds (20 s)
 	local t
@@ -336,8 +451,22 @@ wait_udp() { # CFG
 	return 1
 }
 
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
+# Sums over PID...: utime+stime in clock ticks, VmRSS in KiB, open descriptors.
+cpu_ticks() {
+	local p t=0
+	for p; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done
+	echo "$t"
+}
+rss_kib() {
+	local p t=0
+	for p; do t=$((t + $(awk '/^VmRSS:/ {print $2}' "/proc/$p/status"))); done
+	echo "$t"
+}
+fd_count() {
+	local p t=0
+	for p; do t=$((t + $(ls "/proc/$p/fd" | wc -l))); done
+	echo "$t"
+}
 CLK_TCK=$(getconf CLK_TCK)
 
 RAW=$WORK/raw.tsv
@@ -373,15 +502,15 @@ measure_keepalive() { # CFG REP
 }
 
 measure_iperf() { # CFG REP STREAMS
-	local pid t0 t1 r
-	pid=$(proc_pid "$1")
-	[ -n "$pid" ] && t0=$(cpu_ticks "$pid")
+	local pids t0 t1 r
+	pids=$(proc_pids "$1")
+	[ -n "$pids" ] && t0=$(cpu_ticks $pids)
 	inc iperf3 -c "$(iperf_host "$1")" -p 5201 -t "$DUR" -P "$3" -J >"$WORK/iperf.json" 2>&1 || true
-	[ -n "$pid" ] && t1=$(cpu_ticks "$pid")
+	[ -n "$pids" ] && t1=$(cpu_ticks $pids)
 	if r=$("$BT" iperf "$WORK/iperf.json"); then
 		set -- "$1" "$2" "$3" $r
 		record "tcp${3}_gbps" "$1" "$2" "$4"
-		if [ -n "$pid" ]; then
+		if [ -n "$pids" ]; then
 			record "cpu_per_gb${3}" "$1" "$2" "$(echo "($t1 - $t0) / $CLK_TCK / ($5 / 1000000000)" | bc -l)"
 		else
 			record "cpu_per_gb${3}" "$1" "$2" NA
@@ -411,9 +540,10 @@ measure_udp() { # CFG REP
 # run cannot be reused), open IDLE_CONNS keep-alive connections through it,
 # each with one completed request, and take the RSS growth per connection.
 measure_idle() {
-	local cfg=$1 rep=$2 pid before after fds_before fds_after line ok idle_pid
+	local cfg=$1 rep=$2 pids before after fds_before fds_after line ok idle_pid
 	case $cfg in
 	haproxy) stop_pid "$HAPROXY_PID"; start_haproxy ;;
+	nginx) stop_nginx; start_nginx ;;
 	kup) stop_pid "$KUP_PID"; start_kup ;;
 	*)
 		record rss_idle_kib "$cfg" "$rep" NA
@@ -422,10 +552,10 @@ measure_idle() {
 		;;
 	esac
 	wait_http "$cfg"
-	pid=$(proc_pid "$cfg")
 	sleep 1
-	before=$(rss_kib "$pid")
-	fds_before=$(ls "/proc/$pid/fd" | wc -l)
+	pids=$(proc_pids "$cfg")
+	before=$(rss_kib $pids)
+	fds_before=$(fd_count $pids)
 	start "$NSC" idle "$BT" idle -target "$(http_target "$cfg")" -conns "$IDLE_CONNS" -hold 10m
 	idle_pid=$LASTPID
 	line=
@@ -435,8 +565,8 @@ measure_idle() {
 		sleep 0.5
 	done
 	sleep 2
-	after=$(rss_kib "$pid")
-	fds_after=$(ls "/proc/$pid/fd" | wc -l)
+	after=$(rss_kib $pids)
+	fds_after=$(fd_count $pids)
 	stop_pid "$idle_pid"
 	ok=$(echo "$line" | awk '{print $2}')
 	if [ -z "$ok" ] || [ "$ok" = 0 ]; then
@@ -450,9 +580,10 @@ measure_idle() {
 
 # --- run ---------------------------------------------------------------------
 start_haproxy
+start_nginx
 start_kup
 for c in "${CONFIGS[@]}"; do wait_http "$c"; wait_udp "$c"; done
-log "all four configurations answer; ${REPS} reps of ${DUR}s per figure"
+log "all ${#CONFIGS[@]} configurations answer; ${REPS} reps of ${DUR}s per figure"
 
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 T_START=$(date +%s)
@@ -528,13 +659,13 @@ TABLE=$("$BT" table "$RAW")
 	echo "# kube-userspace-proxy side-by-side benchmark"
 	echo
 	echo "Generated by \`make bench\` (test/bench/run.sh); median of $REPS runs of ${DUR}s with (min–max),"
-	echo "configurations alternated A B C D for every figure. Ratios are of medians."
+	echo "configurations alternated A B C D E for every figure. Ratios are of medians."
 	echo
 	echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC'), measuring took $(((T_END - T_START) / 60)) min"
 	echo "- kernel: $(uname -r), $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')), load average at start $LOAD_START, at end $LOAD_END"
 	dirty=$(git -C "$ROOT" status --porcelain -- cmd proxier iptables loadbalancer 2>/dev/null | grep -cv '_test\.go$' || true)
 	echo "- kube-userspace-proxy: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)${dirty:+$([ "$dirty" -gt 0 ] && echo " + $dirty uncommitted source files")}, $("$GO" version | cut -d' ' -f3-)"
-	echo "- wrk: $(wrk -v 2>&1 | head -n1 | cut -d' ' -f1-2); iperf3: $(iperf3 -v | head -n1 | cut -d' ' -f2); HAProxy: $(haproxy -v | head -n1 | cut -d' ' -f3)"
+	echo "- wrk: $(wrk -v 2>&1 | head -n1 | cut -d' ' -f1-2); iperf3: $(iperf3 -v | head -n1 | cut -d' ' -f2); HAProxy: $(haproxy -v | head -n1 | cut -d' ' -f3); nginx: $(nginx -v 2>&1 | sed 's|.*nginx/||')"
 	echo "- new connections: wrk -t2 -c$NEWCONN_CONNS -H 'Connection: close'; keep-alive: wrk -t2 -c64;"
 	echo "  UDP: 16 flows × 4 datagrams in flight, 64 B; idle: $IDLE_CONNS keep-alive connections, one request each${IDLE_NOTE:+ ($IDLE_NOTE)}"
 	echo
@@ -544,9 +675,11 @@ TABLE=$("$BT" table "$RAW")
 What bounds the figures: client (wrk, iperf3, benchtool), proxy and servers share the same CPUs, and the
 machine is shared with other work (see the load average), so every rate is CPU-bound and the
 configurations compete with their own load generator. Kernel DNAT and direct costs are softirq time,
-which no process is charged for: "proxy CPU per GB" exists only for HAProxy and kube-userspace-proxy,
-and "RSS per idle connection" only for them (the kernel keeps a conntrack entry, about 0.3 KiB).
-HAProxy has no UDP in mode tcp. iperf3 goes to one backend in every configuration.
+which no process is charged for: "proxy CPU per GB" exists only for HAProxy, nginx and
+kube-userspace-proxy, and "RSS per idle connection" only for them (the kernel keeps a conntrack entry,
+about 0.3 KiB). nginx runs a master and one worker per CPU: its CPU, RSS and descriptors are the sums
+over its workers (the master carries no connection). HAProxy has no UDP in mode tcp; nginx stream
+relays UDP. iperf3 goes to one backend in every configuration.
 EOF
 	if [ -n "$PROFILES" ]; then
 		echo

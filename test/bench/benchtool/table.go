@@ -17,6 +17,7 @@ var configs = []struct{ key, title string }{
 	{"direct", "direct (1 backend)"},
 	{"dnat", "kernel DNAT"},
 	{"haproxy", "HAProxy"},
+	{"nginx", "nginx stream"},
 	{"kup", "kube-userspace-proxy"},
 }
 
@@ -149,6 +150,16 @@ func formatRatio(num, den stats, okNum, okDen bool) string {
 	return fmt.Sprintf("%.2f×", num.median/den.median)
 }
 
+// ratios are the columns after the configurations: numerator and
+// denominator keys and the header.
+var ratios = []struct{ num, den, title string }{
+	{"kup", "dnat", "kup ÷ DNAT"},
+	{"kup", "haproxy", "kup ÷ HAProxy"},
+	{"kup", "nginx", "kup ÷ nginx"},
+	{"haproxy", "dnat", "HAProxy ÷ DNAT"},
+	{"nginx", "dnat", "nginx ÷ DNAT"},
+}
+
 // renderTable writes the markdown table of all figures.
 func renderTable(w io.Writer, data map[string]samples, order []string) {
 	rows := []figure{}
@@ -166,7 +177,9 @@ func renderTable(w io.Writer, data map[string]samples, order []string) {
 	for _, c := range configs {
 		header = append(header, c.title)
 	}
-	header = append(header, "kup ÷ DNAT", "kup ÷ HAProxy", "HAProxy ÷ DNAT")
+	for _, r := range ratios {
+		header = append(header, r.title)
+	}
 	fmt.Fprintf(w, "| %s |\n", strings.Join(header, " | "))
 	fmt.Fprintf(w, "|%s\n", strings.Repeat("---|", len(header)))
 	for _, f := range rows {
@@ -177,10 +190,9 @@ func renderTable(w io.Writer, data map[string]samples, order []string) {
 			st[c.key], ok[c.key] = summarize(data[f.key][c.key])
 			cells = append(cells, formatCell(st[c.key], ok[c.key], f.count))
 		}
-		cells = append(cells,
-			formatRatio(st["kup"], st["dnat"], ok["kup"], ok["dnat"]),
-			formatRatio(st["kup"], st["haproxy"], ok["kup"], ok["haproxy"]),
-			formatRatio(st["haproxy"], st["dnat"], ok["haproxy"], ok["dnat"]))
+		for _, r := range ratios {
+			cells = append(cells, formatRatio(st[r.num], st[r.den], ok[r.num], ok[r.den]))
+		}
 		fmt.Fprintf(w, "| %s |\n", strings.Join(cells, " | "))
 	}
 }
