@@ -23,6 +23,7 @@ var (
 	soakDuration = flag.Duration("soak.duration", 90*time.Second, "how long TestSoak drives traffic (make soak: 30m)")
 	soakStrict   = flag.Bool("soak.strict", false, "fail when connections of vanished clients are not released (make soak sets it; without it their growth is reported and logged)")
 	soakResults  = flag.String("soak.results", "", "directory for results.md, soak.svg and samples.tsv (make soak: results); empty: a temporary directory")
+	soakUDPDelay = flag.Duration("soak.udp-reply-delay", 0, "backends hold each UDP reply back this long, so queries are in flight while their endpoints churn (keep it under the proxy's --udp-timeout, 250ms)")
 	soakProxyV   = flag.String("soak.proxy-v", "0", "the proxy's -v; at 4 it logs every session's end, and each failed UDP query is shown with its session's lines")
 )
 
@@ -76,7 +77,7 @@ func TestSoak(t *testing.T) {
 	// pod2's addresses: one per vanish (each is cut for good) plus the probe's.
 	pod2IPs := min(max(int(duration/vanishEvery)+2, 32), 200)
 	c := netns.NewCluster(t, netns.ClusterOptions{Backends: nBackends, ClientIPsEach: pod2IPs})
-	c.StartBackends(t, backendBin, backendPort)
+	c.StartBackends(t, backendBin, backendPort, "-udp-delay", soakUDPDelay.String())
 	dir := filepath.Join(t.TempDir(), "manifests")
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)

@@ -47,7 +47,15 @@ type Server struct {
 	echoing map[*net.TCPConn]struct{} // ECHO streams, cut by Close
 
 	answered atomic.Int64
+	// udpDelay holds each UDP reply back this long (nanoseconds; 0: at
+	// once), as a slow or loaded backend answers: see SetUDPDelay.
+	udpDelay atomic.Int64
 }
+
+// SetUDPDelay makes every later UDP reply leave d after its datagram came
+// (each on its own timer, so replies still overlap), so that a test can
+// keep queries in flight while something else changes.
+func (s *Server) SetUDPDelay(d time.Duration) { s.udpDelay.Store(int64(d)) }
 
 // Mode is who speaks first.
 type Mode int
@@ -251,6 +259,16 @@ func (s *Server) udpLoop() {
 			if strings.HasPrefix(string(buf[:min(n, 4)]), "ECHO") {
 				reply = append(reply, buf[:n]...)
 			}
+		}
+		if d := time.Duration(s.udpDelay.Load()); d > 0 {
+			time.AfterFunc(d, func() {
+				if _, err := s.udp.WriteToUDPAddrPort(reply, from); err != nil && !errors.Is(err, net.ErrClosed) {
+					s.log("udp write: %v", err)
+					return
+				}
+				s.answered.Add(1)
+			})
+			continue
 		}
 		if _, err := s.udp.WriteToUDPAddrPort(reply, from); err != nil {
 			s.log("udp write: %v", err)

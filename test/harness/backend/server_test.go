@@ -137,6 +137,40 @@ func TestServerUDP(t *testing.T) {
 	}
 }
 
+// With a UDP delay each reply leaves that long after its datagram; replies
+// wait on their own timers, so the second query is not held behind the
+// first.
+func TestServerUDPDelay(t *testing.T) {
+	s, err := Listen("u1", Ask, "127.0.0.1:0", false, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const d = 150 * time.Millisecond
+	s.SetUDPDelay(d)
+	c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	start := time.Now()
+	for range 2 {
+		if _, err := c.WriteToUDPAddrPort([]byte("who\n"), s.UDPAddr()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	buf := make([]byte, 64)
+	for i := range 2 {
+		if _, _, err := c.ReadFromUDPAddrPort(buf); err != nil {
+			t.Fatalf("reply %d: %v", i, err)
+		}
+	}
+	if took := time.Since(start); took < d {
+		t.Fatalf("two replies delayed %v came after %v", d, took)
+	}
+}
+
 // TestServerDemo: curl's request gets an HTTP/1.1 answer naming the
 // backend, a plain line gets the name, and a datagram is echoed after the
 // name.

@@ -139,13 +139,14 @@ type Backend struct {
 
 // StartBackends starts one backend process (the test/tools/backend binary)
 // per BackendIPs entry, named b1, b2, ..., listening on port for TCP and UDP,
-// and waits until each answers from the node.
-func (c *Cluster) StartBackends(t testing.TB, bin string, port uint16) []Backend {
+// with flags added to each one's command line (such as -udp-delay), and
+// waits until each answers from the node.
+func (c *Cluster) StartBackends(t testing.TB, bin string, port uint16, flags ...string) []Backend {
 	t.Helper()
 	var bs []Backend
 	for i, a := range c.BackendIPs {
 		b := Backend{Name: fmt.Sprintf("b%d", i+1), Addr: netip.AddrPortFrom(a, port)}
-		b.Proc = c.Backends.Start(b.Name, bin, "-name", b.Name, "-addr", b.Addr.String())
+		b.Proc = c.Backends.Start(b.Name, bin, append([]string{"-name", b.Name, "-addr", b.Addr.String()}, flags...)...)
 		bs = append(bs, b)
 	}
 	for _, b := range bs {

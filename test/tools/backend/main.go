@@ -18,11 +18,14 @@ func main() {
 	name := flag.String("name", "backend", "name sent back in every answer")
 	addr := flag.String("addr", "127.0.0.1:8080", "IP:port to listen on, TCP and UDP")
 	noUDP := flag.Bool("no-udp", false, "listen on TCP only")
+	udpDelay := flag.Duration("udp-delay", 0, "hold each UDP reply back this long, as a slow backend answers")
 	flag.Parse()
 
-	if _, err := backend.Listen(*name, backend.Ask, *addr, *noUDP, log.Printf); err != nil {
+	s, err := backend.Listen(*name, backend.Ask, *addr, *noUDP, log.Printf)
+	if err != nil {
 		log.Fatal(err)
 	}
+	s.SetUDPDelay(*udpDelay)
 	fmt.Printf("READY %s %s\n", *name, *addr)
 	select {} // serve until killed
 }
