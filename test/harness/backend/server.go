@@ -177,6 +177,9 @@ func (s *Server) answerTCP(c *net.TCPConn) {
 	}
 	line = strings.TrimSpace(line)
 	remote := c.RemoteAddr().String()
+	// Counted before the answer goes out, so a client that has its answer
+	// sees it counted (counting after raced the client's next look).
+	s.answered.Add(1)
 	switch {
 	case isHTTPRequestLine(line):
 		drainHeaders(r)
@@ -187,12 +190,14 @@ func (s *Server) answerTCP(c *net.TCPConn) {
 		_, err = fmt.Fprintf(c, "%s\n", s.Name)
 	case line == "ECHO":
 		if !s.track(c) {
+			s.answered.Add(-1)
 			return
 		}
 		defer s.untrack(c)
 		_ = c.SetReadDeadline(time.Time{})
-		if _, err = fmt.Fprintf(c, "%s %s\n", s.Name, remote); err == nil {
-			s.answered.Add(1)
+		if _, err = fmt.Fprintf(c, "%s %s\n", s.Name, remote); err != nil {
+			s.answered.Add(-1)
+		} else {
 			_, _ = io.Copy(c, r)
 			_ = c.CloseWrite()
 		}
@@ -200,8 +205,8 @@ func (s *Server) answerTCP(c *net.TCPConn) {
 	default:
 		_, err = fmt.Fprintf(c, "%s %s\n", s.Name, remote)
 	}
-	if err == nil {
-		s.answered.Add(1)
+	if err != nil {
+		s.answered.Add(-1)
 	}
 }
 
@@ -262,18 +267,20 @@ func (s *Server) udpLoop() {
 		}
 		if d := time.Duration(s.udpDelay.Load()); d > 0 {
 			time.AfterFunc(d, func() {
-				if _, err := s.udp.WriteToUDPAddrPort(reply, from); err != nil && !errors.Is(err, net.ErrClosed) {
-					s.log("udp write: %v", err)
-					return
-				}
 				s.answered.Add(1)
+				if _, err := s.udp.WriteToUDPAddrPort(reply, from); err != nil {
+					s.answered.Add(-1)
+					if !errors.Is(err, net.ErrClosed) {
+						s.log("udp write: %v", err)
+					}
+				}
 			})
 			continue
 		}
-		if _, err := s.udp.WriteToUDPAddrPort(reply, from); err != nil {
-			s.log("udp write: %v", err)
-			continue
-		}
 		s.answered.Add(1)
+		if _, err := s.udp.WriteToUDPAddrPort(reply, from); err != nil {
+			s.answered.Add(-1)
+			s.log("udp write: %v", err)
+		}
 	}
 }
