@@ -131,9 +131,12 @@ func (a *autoCopier) read(fd uintptr) bool {
 		a.observe()
 	}
 	a.n, a.readErr = unix.Read(int(fd), *a.buf)
+	for a.readErr == unix.EINTR {
+		// Retry here: returning false would wait in the edge-triggered
+		// poller for bytes that may already be there.
+		a.n, a.readErr = unix.Read(int(fd), *a.buf)
+	}
 	switch a.readErr {
-	case unix.EINTR:
-		return false
 	case unix.EAGAIN:
 		// Nothing to read: give the buffer back while we wait, so an
 		// idle connection holds none.

@@ -130,10 +130,15 @@ func (s *splicer) fill(fd uintptr) bool {
 		}
 		s.held = true
 	}
-	s.n, s.readErr = unix.Splice(int(fd), nil, s.pp.w, nil, spliceChunk, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+	for {
+		s.n, s.readErr = unix.Splice(int(fd), nil, s.pp.w, nil, spliceChunk, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+		if s.readErr != unix.EINTR {
+			break
+		}
+		// Retry: returning false would wait in the edge-triggered poller
+		// for bytes that may already be there.
+	}
 	switch s.readErr {
-	case unix.EINTR:
-		return false
 	case unix.EAGAIN:
 		// Nothing to read: give the pipe back while we wait.
 		pipes.put(s.pp, true)
