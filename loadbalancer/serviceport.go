@@ -1,6 +1,7 @@
 package loadbalancer
 
 import (
+	"cmp"
 	"net/netip"
 	"slices"
 	"sync"
@@ -143,7 +144,7 @@ func (sp *ServicePort) setEndpoints(eligible []netip.AddrPort) bool {
 	sp.shuffle(eligible)
 	// IPv4 first, each family in shuffled order.
 	slices.SortStableFunc(eligible, func(a, b netip.AddrPort) int {
-		return boolCmp(a.Addr().Unmap().Is6(), b.Addr().Unmap().Is6())
+		return cmp.Compare(a.Addr().Unmap().BitLen(), b.Addr().Unmap().BitLen())
 	})
 	sp.split = 0
 	if n4 := slices.IndexFunc(eligible, func(a netip.AddrPort) bool { return a.Addr().Unmap().Is6() }); n4 > 0 {
@@ -245,14 +246,4 @@ func (sp *ServicePort) affinityStats() AffinityStats {
 		st.Entries = sp.clients.len()
 	}
 	return st
-}
-
-func boolCmp(a, b bool) int {
-	switch {
-	case a == b:
-		return 0
-	case a:
-		return 1
-	}
-	return -1
 }
