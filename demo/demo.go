@@ -40,16 +40,12 @@ func Run(ctx context.Context, out io.Writer, opt Options, start Starter) (bool, 
 		return false, err
 	}
 	defer stopBackends(backends)
-
-	dir, err := os.MkdirTemp("", "kube-userspace-proxy-demo-")
+	m, err := newManifestDir(backends)
 	if err != nil {
 		return false, err
 	}
-	defer os.RemoveAll(dir)
-	m := &manifestDir{dir: dir, backends: backends}
-	if err := m.writeAll(); err != nil {
-		return false, err
-	}
+	defer os.RemoveAll(m.dir)
+	dir := m.dir
 
 	args := proxierArgs(dir)
 	px, err := startProxier(ctx, start, args)

@@ -29,6 +29,21 @@ type manifestDir struct {
 	backends []*backend.Server
 }
 
+// newManifestDir writes the demo's manifests for backends into a fresh
+// temporary directory; the caller removes m.dir.
+func newManifestDir(backends []*backend.Server) (*manifestDir, error) {
+	dir, err := os.MkdirTemp("", "kube-userspace-proxy-demo-")
+	if err != nil {
+		return nil, err
+	}
+	m := &manifestDir{dir: dir, backends: backends}
+	if err := m.writeAll(); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return m, nil
+}
+
 func (m *manifestDir) writeAll() error {
 	echo := service{name: "echo", clusterIP: "10.96.0.12", portName: "echo", port: 7, proto: "UDP"}.yaml() +
 		slicesYAML("echo", "echo", "UDP", m.backends, udpPort)

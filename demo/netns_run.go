@@ -62,15 +62,12 @@ func RunNetNS(ctx context.Context, out io.Writer, opt Options, c Command) (match
 		return false, err
 	}
 	defer stopBackends(backends)
-	dir, err := os.MkdirTemp("", "kube-userspace-proxy-demo-")
+	m, err := newManifestDir(backends)
 	if err != nil {
 		return false, err
 	}
-	defer os.RemoveAll(dir)
-	m := &manifestDir{dir: dir, backends: backends}
-	if err := m.writeAll(); err != nil {
-		return false, err
-	}
+	defer os.RemoveAll(m.dir)
+	dir := m.dir
 
 	args := []string{"--manifests", dir, "--node-ip", nodeIP().String(),
 		"--metrics-bind-address", nsMetricsAddr, "--healthz-bind-address", ""}
