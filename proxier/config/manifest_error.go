@@ -2,7 +2,9 @@ package config
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
+	"unicode"
 )
 
 // ManifestError is one problem found in a manifest file. It renders as a
@@ -27,7 +29,7 @@ func (e *ManifestError) Error() string {
 	b.WriteString(e.File)
 	b.WriteString(": ")
 	if e.Identified() {
-		fmt.Fprintf(&b, "%s %s/%s: ", e.Kind, e.Namespace, e.Name)
+		fmt.Fprintf(&b, "%s %s/%s: ", printable(e.Kind), printable(e.Namespace), printable(e.Name))
 	} else if e.Doc > 0 && e.Line > 0 {
 		fmt.Fprintf(&b, "document %d (line %d): ", e.Doc, e.Line)
 	} else if e.Doc > 0 {
@@ -58,4 +60,16 @@ func (e *fieldError) Error() string {
 // oneLine keeps every report on a single stderr line.
 func oneLine(s string) string {
 	return strings.Join(strings.Fields(s), " ")
+}
+
+// printable returns s as it is when it is a plain word, and quoted otherwise:
+// an object's kind and name come from the file before validation, so a name
+// holding a newline or a space would otherwise split or blur the report.
+func printable(s string) string {
+	for _, r := range s {
+		if unicode.IsSpace(r) || !unicode.IsPrint(r) || r == '"' {
+			return strconv.Quote(s)
+		}
+	}
+	return s
 }
