@@ -18,6 +18,10 @@ type udpPoller struct {
 	file   *os.File
 	raw    syscall.RawConn
 	events []unix.EpollEvent // owned by the waiting goroutine
+	// n and waitFn are wait's result and poller callback, built once: a
+	// closure made per wait was an allocation per wake-up.
+	n      int
+	waitFn func(fd uintptr) bool
 }
 
 // pollerBatch is how many ready sockets one wake-up reports.
@@ -39,7 +43,9 @@ func newUDPPoller() (*udpPoller, error) {
 		f.Close()
 		return nil, err
 	}
-	return &udpPoller{epfd: epfd, file: f, raw: raw, events: make([]unix.EpollEvent, pollerBatch)}, nil
+	p := &udpPoller{epfd: epfd, file: f, raw: raw, events: make([]unix.EpollEvent, pollerBatch)}
+	p.waitFn = p.poll
+	return p, nil
 }
 
 // add watches fd for datagrams (level-triggered: what one wake-up leaves
@@ -54,17 +60,19 @@ func (p *udpPoller) add(fd int) error {
 // them in p.events[:n] (n may be 0: look again). It returns os.ErrDeadlineExceeded when the deadline
 // passes first and an error wrapping os.ErrClosed after close.
 func (p *udpPoller) wait() (int, error) {
-	var n int
-	err := p.raw.Read(func(fd uintptr) bool {
-		var err error
-		n, err = unix.EpollWait(int(fd), p.events, 0)
-		if err != nil {
-			n = 0 // EINTR: the caller looks again rather than sleep on events it did not see
-			return true
-		}
-		return n > 0
-	})
-	return n, err
+	p.n = 0
+	err := p.raw.Read(p.waitFn)
+	return p.n, err
+}
+
+func (p *udpPoller) poll(fd uintptr) bool {
+	var err error
+	p.n, err = unix.EpollWait(int(fd), p.events, 0)
+	if err != nil {
+		p.n = 0 // EINTR: the caller looks again rather than sleep on events it did not see
+		return true
+	}
+	return p.n > 0
 }
 
 // ready is wait without blocking and without the deadline: the sockets
