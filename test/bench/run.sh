@@ -24,7 +24,9 @@
 # Environment: BENCH_DURATION (s per run, 8), BENCH_REPS (3), BENCH_IDLE_CONNS
 # (10000), BENCH_PROFILE (1: perf profile of the proxy if perf works),
 # BENCH_OUT (test/bench/results.md), BENCH_KUP_BIN (a prebuilt proxy binary to
-# measure instead of building this tree's). Only addresses inside the namespaces this
+# measure instead of building this tree's), BENCH_FIGURES (the figures to measure, of
+# "newconn keepalive tcp1 tcp4 udp idle"; all by default; e.g. "udp" for a quick
+# UDP comparison). Only addresses inside the namespaces this
 # script creates are ever sent traffic.
 set -euo pipefail
 
@@ -34,6 +36,7 @@ IDLE_CONNS=${BENCH_IDLE_CONNS:-10000}
 PROFILE=${BENCH_PROFILE:-1}
 NEWCONN_CONNS=${BENCH_NEWCONN_CONNS:-32}
 CONFIGS=(direct dnat haproxy nginx kup)
+FIGURES=${BENCH_FIGURES:-newconn keepalive tcp1 tcp4 udp idle}
 
 if [ "$(id -u)" != 0 ]; then
 	echo "run.sh: must run as root (network namespaces, iptables)" >&2
@@ -521,16 +524,25 @@ measure_iperf() { # CFG REP STREAMS
 }
 
 measure_udp() { # CFG REP
-	local t r
+	local t r pids t0 t1
 	t=$(udp_target "$1")
 	if [ -z "$t" ]; then
 		record udp_rps "$1" "$2" NA
 		return
 	fi
+	pids=$(proc_pids "$1")
+	[ -n "$pids" ] && t0=$(cpu_ticks $pids)
 	if r=$(inc "$BT" udp-load -target "$t" -flows 16 -window 4 -duration "${DUR}s" 2>>"$WORK/udp-load.log"); then
+		[ -n "$pids" ] && t1=$(cpu_ticks $pids)
 		set -- "$1" "$2" $r
 		record udp_rps "$1" "$2" "$3"
 		record udp_loss "$1" "$2" "$4"
+		# Proxy CPU per round trip (a datagram each way), in µs.
+		if [ -n "$pids" ]; then
+			record udp_cpu_us "$1" "$2" "$(echo "($t1 - $t0) / $CLK_TCK * 1000000 / ($3 * $DUR)" | bc -l)"
+		else
+			record udp_cpu_us "$1" "$2" NA
+		fi
 	else
 		log "udp $1: failed"
 	fi
@@ -587,7 +599,8 @@ log "all ${#CONFIGS[@]} configurations answer; ${REPS} reps of ${DUR}s per figur
 
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 T_START=$(date +%s)
-for fig in newconn keepalive tcp1 tcp4 udp; do
+for fig in $FIGURES; do
+	[ "$fig" != idle ] || continue
 	for rep in $(seq "$REPS"); do
 		for cfg in "${CONFIGS[@]}"; do
 			log "$fig rep $rep/$REPS: $cfg"
@@ -602,12 +615,15 @@ for fig in newconn keepalive tcp1 tcp4 udp; do
 		done
 	done
 done
-for rep in $(seq "$REPS"); do
-	for cfg in "${CONFIGS[@]}"; do
-		log "idle connections rep $rep/$REPS: $cfg"
-		measure_idle "$cfg" "$rep"
+case " $FIGURES " in *" idle "*)
+	for rep in $(seq "$REPS"); do
+		for cfg in "${CONFIGS[@]}"; do
+			log "idle connections rep $rep/$REPS: $cfg"
+			measure_idle "$cfg" "$rep"
+		done
 	done
-done
+	;;
+esac
 
 # --- CPU profile of the proxy under load --------------------------------------
 PROFILES=

@@ -41,6 +41,7 @@ var figures = []figure{
 	{key: "tcp4_gbps", title: "TCP throughput, 4 streams (Gbit/s)"},
 	{key: "udp_rps", title: "UDP request/response, 64 B (req/s)"},
 	{key: "udp_loss", title: "  … loss (%)"},
+	{key: "udp_cpu_us", title: "  … proxy CPU per request/response (µs)"},
 	{key: "cpu_per_gb1", title: "proxy CPU per GB, 1 stream (s/GB)"},
 	{key: "cpu_per_gb4", title: "proxy CPU per GB, 4 streams (s/GB)"},
 	{key: "rss_idle_kib", title: "proxy RSS per idle connection (KiB)"},
