@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -95,16 +96,14 @@ func (f *FakeRunner) Restore(data []byte) error {
 				cur.chains = append(cur.chains, chain)
 			}
 			cur.rules[chain] = nil // declaring a chain flushes it
-		case strings.HasPrefix(line, "-A "):
+		case strings.HasPrefix(line, "-A "), strings.HasPrefix(line, "-D "), strings.HasPrefix(line, "-I "):
 			chain, rule, _ := strings.Cut(line[3:], " ")
 			if !slices.Contains(cur.chains, chain) {
 				return bad("no such chain")
 			}
-			args, err := splitRule(rule)
-			if err != nil {
+			if err := f.restoreRule(cur, line[:2], chain, rule); err != nil {
 				return bad(err.Error())
 			}
-			cur.rules[chain] = append(cur.rules[chain], f.normalize(joinRule(args)))
 		default:
 			return bad("unsupported line")
 		}
@@ -113,5 +112,41 @@ func (f *FakeRunner) Restore(data []byte) error {
 		return fmt.Errorf("fake restore: missing COMMIT for table %s", curName)
 	}
 	f.writes = append(f.writes, slices.Clone(data))
+	return nil
+}
+
+// restoreRule applies one rule line of a restore to t: -A appends, -D
+// deletes the first rule with the same text (as iptables compares the
+// parsed rule), -I inserts at the given 1-based position or at the top.
+func (f *FakeRunner) restoreRule(t *fakeTable, op, chain, rule string) error {
+	pos := 1
+	if op == "-I" {
+		if n, rest, ok := strings.Cut(rule, " "); ok {
+			if p, err := strconv.Atoi(n); err == nil {
+				pos, rule = p, rest
+			}
+		}
+	}
+	args, err := splitRule(rule)
+	if err != nil {
+		return err
+	}
+	text := f.normalize(joinRule(args))
+	rules := t.rules[chain]
+	switch op {
+	case "-A":
+		t.rules[chain] = append(rules, text)
+	case "-D":
+		i := slices.Index(rules, text)
+		if i < 0 {
+			return fmt.Errorf("no such rule in %s", chain)
+		}
+		t.rules[chain] = slices.Delete(rules, i, i+1)
+	case "-I":
+		if pos < 1 || pos > len(rules)+1 {
+			return fmt.Errorf("index of insertion %d too big for %s (%d rules)", pos, chain, len(rules))
+		}
+		t.rules[chain] = slices.Insert(rules, pos-1, text)
+	}
 	return nil
 }

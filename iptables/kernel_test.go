@@ -1,10 +1,12 @@
 package iptables
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // These tests run the real runner against the real kernel, inside a
@@ -36,7 +38,7 @@ func assertKernelState(t *testing.T, ns string, r *Rules, portals []Portal) {
 	want := r.desired(portals)
 	for _, c := range ownedChains {
 		if rules := got[c.table].rules[c.name]; !slices.Equal(rules, want[c.name]) {
-			t.Errorf("%v %s/%s:\n got %q\nwant %q", r.cfg.Family, c.table, c.name, rules, want[c.name])
+			t.Errorf("%v %s/%s: %s", r.cfg.Family, c.table, c.name, firstDifference(rules, want[c.name]))
 		}
 	}
 	for table, chains := range wantBuiltins {
@@ -46,6 +48,22 @@ func assertKernelState(t *testing.T, ns string, r *Rules, portals []Portal) {
 			}
 		}
 	}
+}
+
+// firstDifference describes where got first differs from want, without
+// printing chains of thousands of rules.
+func firstDifference(got, want []string) string {
+	i := 0
+	for i < len(got) && i < len(want) && got[i] == want[i] {
+		i++
+	}
+	at := func(rules []string) string {
+		if i < len(rules) {
+			return rules[i]
+		}
+		return "(end)"
+	}
+	return fmt.Sprintf("%d rules, want %d; rule %d is\n got %q\nwant %q", len(got), len(want), i+1, at(got), at(want))
 }
 
 // assertKernelClean checks that nothing of ours is left in either family.
@@ -145,4 +163,78 @@ func TestKernelCleanupRemovesForeignShapedJumps(t *testing.T) {
 	if got := kernelTables(t, ns, IPv4)[TableFilter].rules["INPUT"]; !slices.Equal(got, []string{"-p tcp -j ACCEPT"}) {
 		t.Errorf("foreign INPUT rules = %q, want them kept", got)
 	}
+}
+
+// One Service changed among many goes to the kernel as a delta (-D and -I
+// lines only, through the real iptables-restore --noflush) that leaves
+// exactly the rules a full rewrite would; drift Update cannot see is
+// repaired by the next Sync.
+func TestKernelUpdateOneAmongMany(t *testing.T) {
+	requireRealIptables(t)
+	ns := newNetns(t)
+	runner := newNSRunner(t, ns, IPv4)
+	cfg := Config{Family: IPv4, BindAddress: netip.IPv4Unspecified(), NodeIP: netip.MustParseAddr("192.168.1.10"),
+		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
+	r := New(runner, cfg)
+	const n = 2000
+	portals := manyPortals(n)
+	start := time.Now()
+	syncOK(t, r, portals)
+	full := time.Since(start)
+	assertKernelState(t, ns, r, portals)
+
+	steps := []struct {
+		name   string
+		change func([]Portal) []Portal
+	}{
+		{"port moved", func(ps []Portal) []Portal { ps[2*1234].Port = 81; return ps }},
+		{"service added", func(ps []Portal) []Portal {
+			return append(ps, Portal{Name: "bench/new:http", Protocol: TCP, IP: netip.MustParseAddr("10.97.0.1"), Port: 80, ProxyPort: 19999},
+				Portal{Name: "bench/new:http", Protocol: TCP, IP: netip.MustParseAddr("203.0.113.1"), Port: 80, ProxyPort: 19998, ClusterProxyPort: 19999})
+		}},
+		{"service removed", func(ps []Portal) []Portal { return slices.Delete(ps, 2*77, 2*77+2) }},
+		{"proxy port moved", func(ps []Portal) []Portal { ps[2*500].ProxyPort, ps[2*500+1].ProxyPort = 19997, 19997; return ps }},
+	}
+	for _, step := range steps {
+		portals = step.change(slices.Clone(portals))
+		before := runner.restores.Load()
+		start := time.Now()
+		if err := r.Update(portals); err != nil {
+			t.Fatalf("%s: Update: %v", step.name, err)
+		}
+		took := time.Since(start)
+		assertKernelState(t, ns, r, portals)
+		restores := runner.restores.Load() - before
+		if restores < 1 || restores > 2 {
+			t.Errorf("%s: %d restores, want 1 or 2 (one per changed table)", step.name, restores)
+		}
+		t.Logf("%s: Update %v (full Sync of %d services %v)", step.name, took, n, full)
+	}
+	if r.have == nil {
+		t.Fatal("a delta failed and Update fell back to a full Sync")
+	}
+
+	// A rule deleted by hand: Update of another Service does not notice,
+	// the periodic Sync puts it back.
+	inNetns(t, ns, "iptables", "-t", "nat", "-D", ChainPortalsHost, "1")
+	portals[2*10].Port = 82
+	if err := r.Update(portals); err != nil {
+		t.Fatal(err)
+	}
+	got := kernelTables(t, ns, IPv4)[TableNAT].rules[ChainPortalsHost]
+	if want := r.desired(portals)[ChainPortalsHost]; len(got) != len(want)-1 {
+		t.Fatalf("after Update the host chain holds %d rules, want %d (one deleted by hand)", len(got), len(want)-1)
+	}
+	syncOK(t, r, portals)
+	assertKernelState(t, ns, r, portals)
+
+	// The rule a delta must delete was deleted by hand: the restore fails
+	// and Update rewrites in full. Rule 1 is the first of bench/new (it
+	// sorts first), whose portals are the last two.
+	inNetns(t, ns, "iptables", "-t", "nat", "-D", ChainPortalsContainer, "1")
+	portals = portals[:len(portals)-2]
+	if err := r.Update(portals); err != nil {
+		t.Fatal(err)
+	}
+	assertKernelState(t, ns, r, portals)
 }

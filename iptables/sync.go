@@ -21,6 +21,12 @@ type Rules struct {
 	// to date while we still want what we wrote and the kernel still prints
 	// the same; without this it would be rewritten on every sync.
 	printed map[string]printedAs
+	// cache is the rendering of the last portal set (renderAll).
+	cache renderCache
+	// have is what our chains hold, in our spelling, after the last
+	// successful write or verified read-back; nil when unknown (before the
+	// first full Sync and after any failure). Update works from it.
+	have chainRules
 }
 
 type printedAs struct {
@@ -35,11 +41,20 @@ func New(r Runner, cfg Config) *Rules {
 // Sync makes the kernel hold exactly the rules for portals. It creates our
 // chains and jump rules when missing (removing duplicate jumps), reads our
 // chains back, and only when some differ from the desired rendering
-// rewrites those chains with one iptables-restore --noflush. Called on every
-// proxier sync, it also repairs rules someone deleted, changed or added.
+// rewrites those chains with one iptables-restore --noflush. Called
+// periodically, it also repairs rules someone deleted, changed or added;
+// Update is the cheap path for changes in between.
 func (r *Rules) Sync(portals []Portal) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.syncLocked(portals)
+}
+
+// syncLocked is Sync with r.mu held. On success it records what the chains
+// hold for Update; on failure it forgets it, so the next Update is a full
+// Sync again.
+func (r *Rules) syncLocked(portals []Portal) error {
+	r.have = nil
 	if err := r.cfg.validate(); err != nil {
 		return err
 	}
@@ -59,6 +74,7 @@ func (r *Rules) Sync(portals []Portal) error {
 	}
 	stale := r.staleChains(want, saved)
 	if len(stale) == 0 {
+		r.have = want
 		return nil
 	}
 	// One restore per table, filter first: iptables-restore commits each
@@ -75,7 +91,11 @@ func (r *Rules) Sync(portals []Portal) error {
 		}
 	}
 	klog.V(2).InfoS("Rewrote iptables chains", "family", r.cfg.Family, "chains", chainNames(stale))
-	return r.learnPrinting(want, stale)
+	if err := r.learnPrinting(want, stale); err != nil {
+		return err
+	}
+	r.have = want
+	return nil
 }
 
 // readBack returns the nat and filter tables as the kernel prints them.

@@ -2,10 +2,13 @@ package proxier
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
 )
@@ -108,5 +111,84 @@ func TestServiceChangeKeepsProxyPort(t *testing.T) {
 	}
 	if rows := p.DebugServices(); rows[0].TimeoutSec != 3 {
 		t.Fatalf("affinity timeout change not applied: %+v", rows[0])
+	}
+}
+
+// A Service change is written as a delta without reading the rules back;
+// the rules someone deleted by hand come back with the next full sync:
+// the periodic one, or the first change-driven one once a sync period
+// passed without one (constant churn keeps the periodic timer from ever
+// firing).
+func TestChangeSyncsWriteDeltasAndFullSyncsRepair(t *testing.T) {
+	fake := iptables.NewFakeRunner(iptables.IPv4)
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	rules := iptables.New(fake, iptables.Config{Family: iptables.IPv4, BindAddress: mustAddr("127.0.0.1")})
+	p := New(Options{IPv4Portals: rules, BindAddress: mustAddr("127.0.0.1"), Clock: clk, SyncPeriod: 30 * time.Second})
+	t.Cleanup(func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		p.Run(ctx)
+	})
+	p.OnServiceSynced()
+	p.OnEndpointSlicesSynced()
+	p.OnServiceAdd(makeService("web", withNodePort(30080)))
+	p.OnServiceAdd(makeService("api", withClusterIP("10.96.0.20")))
+	p.Sync() // the first sync is full
+	want := natRules(fake)
+
+	saves := func() int {
+		n := 0
+		for _, c := range fake.Calls() {
+			if strings.HasPrefix(c, "Save") {
+				n++
+			}
+		}
+		return n
+	}
+	// Someone deletes web's ClusterIP rule; then api changes.
+	deleteRule := func() {
+		t.Helper()
+		for _, r := range fake.Rules("nat", "KUBE-PORTALS-HOST") {
+			if strings.Contains(r, "default/web:p") {
+				if err := fake.Restore([]byte("*nat\n-D KUBE-PORTALS-HOST " + r + "\nCOMMIT\n")); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+		}
+		t.Fatalf("no rule of web in KUBE-PORTALS-HOST:\n%s", natRules(fake))
+	}
+	deleteRule()
+	fake.ResetCalls()
+	clk.Step(10 * time.Second)
+	p.OnServiceUpdate(nil, makeService("api", withClusterIP("10.96.0.21")))
+	p.Sync()
+	got := natRules(fake)
+	if n := saves(); n != 0 || len(fake.Writes()) != 1 {
+		t.Errorf("change sync: %d reads, %d writes; want 0 and 1 (a delta)", n, len(fake.Writes()))
+	}
+	if !strings.Contains(got, "10.96.0.21/32") || strings.Contains(got, "10.96.0.20/32") {
+		t.Fatalf("api's change not programmed:\n%s", got)
+	}
+	if strings.Count(got, "default/web:p") != strings.Count(want, "default/web:p")-1 {
+		t.Fatalf("a change sync repaired the rule deleted by hand (it must not read back):\n%s", got)
+	}
+
+	// The periodic sync repairs.
+	p.SyncFull()
+	if got := natRules(fake); strings.Count(got, "default/web:p") != strings.Count(want, "default/web:p") {
+		t.Fatalf("periodic sync did not restore the deleted rule:\n%s", got)
+	}
+
+	// Changes every 10 s: the one a sync period after the last full sync
+	// is full again, and repairs.
+	deleteRule()
+	for i := range 3 {
+		clk.Step(10 * time.Second)
+		p.OnServiceUpdate(nil, makeService("api", withClusterIP("10.96.0."+strconv.Itoa(30+i))))
+		p.Sync()
+	}
+	if got := natRules(fake); strings.Count(got, "default/web:p") != strings.Count(want, "default/web:p") {
+		t.Fatalf("no full sync within a sync period of churn:\n%s", got)
 	}
 }

@@ -28,9 +28,19 @@ import (
 )
 
 // PortalSyncer programs the portal rules of one IP family. Sync receives the
-// complete desired set every time and must converge the kernel to it.
+// complete desired set every time and must converge the kernel to it,
+// repairing whatever someone else changed.
 type PortalSyncer interface {
 	Sync(portals []iptables.Portal) error
+}
+
+// PortalUpdater is a PortalSyncer with a cheap path for Service changes:
+// Update also receives the complete set but may write only what changed
+// since its last call and skip reading the kernel back. The proxier still
+// calls Sync at least once per sync period, which repairs drift.
+type PortalUpdater interface {
+	PortalSyncer
+	Update(portals []iptables.Portal) error
 }
 
 // HealthUpdater is told when changes are queued and when a sync finished
@@ -139,6 +149,8 @@ type Proxier struct {
 	// pendingConntrack: service ports with a new proxy socket whose stale
 	// conntrack entries wait for a successful portal sync (conntrack.go).
 	pendingConntrack map[loadbalancer.ServicePortName]struct{}
+	// lastFull is when the portals last had a full (repairing) sync.
+	lastFull time.Time
 
 	// listen opens a service port's proxy socket: newProxySocket, or a
 	// plan's stand-in that opens nothing.
@@ -305,9 +317,14 @@ func (p *Proxier) SetNodeZone(zone string) {
 	p.endpoints.setNode(nodeTopology{name: p.opts.NodeName, zone: zone})
 }
 
-// Sync runs one sync now; for tests and for the demo, which must not wait
-// for the rate limiter.
-func (p *Proxier) Sync() { p.syncProxyRules() }
+// Sync runs one sync now, as a change would (portal rules updated
+// incrementally unless a full sync is due); for tests and for the demo,
+// which must not wait for the rate limiter.
+func (p *Proxier) Sync() { p.syncProxyRules(false) }
+
+// SyncFull runs the periodic sync now: portal rules are read back and
+// repaired.
+func (p *Proxier) SyncFull() { p.syncProxyRules(true) }
 
 // desired returns the service ports of the current Services.
 func (p *Proxier) desired() (map[loadbalancer.ServicePortName]*servicePortInfo, int) {
@@ -325,7 +342,11 @@ func (p *Proxier) desired() (map[loadbalancer.ServicePortName]*servicePortInfo, 
 	return want, n
 }
 
-func (p *Proxier) syncProxyRules() {
+// syncProxyRules converges sockets, balancer and portal rules to the
+// current Services. periodic (the runner's timer) asks for a full portal
+// sync, which reads the rules back and repairs drift; so does a sync period
+// without one, as constant churn keeps the timer from firing.
+func (p *Proxier) syncProxyRules(periodic bool) {
 	p.syncMu.Lock()
 	defer p.syncMu.Unlock()
 	p.mu.Lock()
@@ -338,6 +359,10 @@ func (p *Proxier) syncProxyRules() {
 		return
 	}
 	start := p.clk.Now()
+	full := periodic || p.lastFull.IsZero() || p.clk.Since(p.lastFull) >= p.opts.SyncPeriod
+	if full {
+		p.lastFull = start
+	}
 	want, changes := p.desired()
 
 	p.syncPolicies(want)
@@ -381,7 +406,7 @@ func (p *Proxier) syncProxyRules() {
 	}
 	p.metrics.ServicePorts.Set(float64(len(p.active)))
 
-	ok := p.syncPortals()
+	ok := p.syncPortals(full)
 	if ok {
 		// Only now do new flows meet the new rules; old flows still point at
 		// ports that no longer exist, or at no port at all.
@@ -396,7 +421,7 @@ func (p *Proxier) syncProxyRules() {
 			p.opts.Health.Updated()
 		}
 	}
-	klog.V(2).InfoS("Synced", "servicePorts", len(p.active), "serviceChanges", changes, "elapsed", elapsed)
+	klog.V(2).InfoS("Synced", "servicePorts", len(p.active), "serviceChanges", changes, "full", full, "elapsed", elapsed)
 }
 
 func (p *Proxier) openPort(info *servicePortInfo) (*activePort, error) {
@@ -444,8 +469,10 @@ func (p *Proxier) closePort(name loadbalancer.ServicePortName, ap *activePort) {
 	delete(p.active, name)
 }
 
-// syncPortals hands every family its complete desired portal set.
-func (p *Proxier) syncPortals() bool {
+// syncPortals hands every family its complete desired portal set: to
+// Update (only what changed is written) unless full is set or the syncer
+// has no such path.
+func (p *Proxier) syncPortals(full bool) bool {
 	if p.opts.IPv4Portals == nil && p.opts.IPv6Portals == nil {
 		return true
 	}
@@ -512,7 +539,11 @@ func (p *Proxier) syncPortals() bool {
 		if f.s == nil {
 			continue
 		}
-		if err := f.s.Sync(f.portals); err != nil {
+		sync := f.s.Sync
+		if u, ok := f.s.(PortalUpdater); ok && !full {
+			sync = u.Update
+		}
+		if err := sync(f.portals); err != nil {
 			ok = false
 			p.metrics.IPTablesRestoreFailures.Inc()
 			klog.ErrorS(err, "Failed to sync portal rules; will retry", "family", f.family)

@@ -11,8 +11,9 @@ import (
 // boundedFrequencyRunner runs fn at most once per minInterval and at least
 // once per maxInterval, like kube-proxy's BoundedFrequencyRunner: bursts of
 // changes collapse into one sync, and a quiet system still re-syncs (repair).
+// fn learns which: periodic is true when maxInterval passed without a run.
 type boundedFrequencyRunner struct {
-	fn          func()
+	fn          func(periodic bool)
 	minInterval time.Duration
 	maxInterval time.Duration
 	clk         clock.WithTicker
@@ -22,7 +23,7 @@ type boundedFrequencyRunner struct {
 	lastRun time.Time
 }
 
-func newBoundedFrequencyRunner(fn func(), minInterval, maxInterval time.Duration, clk clock.WithTicker) *boundedFrequencyRunner {
+func newBoundedFrequencyRunner(fn func(periodic bool), minInterval, maxInterval time.Duration, clk clock.WithTicker) *boundedFrequencyRunner {
 	return &boundedFrequencyRunner{fn: fn, minInterval: minInterval, maxInterval: maxInterval, clk: clk, trigger: make(chan struct{}, 1)}
 }
 
@@ -39,10 +40,12 @@ func (r *boundedFrequencyRunner) Loop(ctx context.Context) {
 	periodic := r.clk.NewTimer(r.maxInterval)
 	defer periodic.Stop()
 	for {
+		timedOut := false
 		select {
 		case <-ctx.Done():
 			return
 		case <-periodic.C():
+			timedOut = true
 		case <-r.trigger:
 			r.mu.Lock()
 			wait := r.minInterval - r.clk.Since(r.lastRun)
@@ -60,7 +63,7 @@ func (r *boundedFrequencyRunner) Loop(ctx context.Context) {
 		r.mu.Lock()
 		r.lastRun = r.clk.Now()
 		r.mu.Unlock()
-		r.fn()
+		r.fn(timedOut)
 		// A trigger that arrived while fn ran stays queued: that change may
 		// have missed this run. The periodic timer restarts from now.
 		if !periodic.Stop() {

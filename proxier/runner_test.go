@@ -24,8 +24,13 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // runs on its own every maxInterval.
 func TestBoundedFrequencyRunner(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
-	var runs atomic.Int32
-	r := newBoundedFrequencyRunner(func() { runs.Add(1) }, time.Second, 30*time.Second, clk)
+	var runs, periodicRuns atomic.Int32
+	r := newBoundedFrequencyRunner(func(periodic bool) {
+		if periodic {
+			periodicRuns.Add(1)
+		}
+		runs.Add(1)
+	}, time.Second, 30*time.Second, clk)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { r.Loop(ctx); close(done) }()
@@ -57,8 +62,14 @@ func TestBoundedFrequencyRunner(t *testing.T) {
 	}
 
 	// Quiet: the periodic run comes after maxInterval.
+	if n := periodicRuns.Load(); n != 0 {
+		t.Fatalf("%d triggered runs were called periodic", n)
+	}
 	clk.Step(30 * time.Second)
 	waitFor(t, "periodic run", func() bool { return runs.Load() == 4 })
+	if n := periodicRuns.Load(); n != 1 {
+		t.Fatalf("the periodic run was not told so (%d periodic runs)", n)
+	}
 }
 
 func TestNoSyncBeforeSourcesSynced(t *testing.T) {

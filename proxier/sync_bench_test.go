@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"sync"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
@@ -30,6 +31,20 @@ const (
 var benchLoopback = netip.MustParseAddr("127.0.0.1")
 
 var quietOnce sync.Once
+
+// cpuMeter adds up the process CPU time (processCPU) of the timed parts of a
+// benchmark and reports it per op as cpu-ms/op: on a machine shared with
+// other work, wall time per op swings with their load, CPU time far less.
+type cpuMeter struct {
+	total time.Duration
+	from  time.Duration
+}
+
+func (m *cpuMeter) start() { m.from = processCPU() }
+func (m *cpuMeter) stop()  { m.total += processCPU() - m.from }
+func (m *cpuMeter) report(b *testing.B) {
+	b.ReportMetric(float64(m.total)/float64(time.Millisecond)/float64(b.N), "cpu-ms/op")
+}
 
 // quietKlog sends klog to io.Discard: a sync still formats its 10,000
 // "Serving service port" lines, as in production, but the benchmark output
@@ -152,6 +167,8 @@ func BenchmarkSyncFull10k(b *testing.B) {
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			b.ReportAllocs()
+			var cpu cpuMeter
+			defer cpu.report(b)
 			for b.Loop() {
 				b.StopTimer()
 				p := proxier.New(proxier.Options{
@@ -162,7 +179,9 @@ func BenchmarkSyncFull10k(b *testing.B) {
 				})
 				loadBenchCluster(p, benchServices)
 				b.StartTimer()
+				cpu.start()
 				p.Sync()
+				cpu.stop()
 				b.StopTimer()
 				// A port of the range may be taken by another process on
 				// this machine; a few misses are retried by the next sync.
@@ -218,12 +237,16 @@ func BenchmarkServiceChange10k(b *testing.B) {
 		moved.Spec.Ports[0].Port = 81
 		versions := []*v1.Service{benchService(4321), moved}
 		b.ReportAllocs()
+		var cpu cpuMeter
+		cpu.start()
 		i := 0
 		for b.Loop() {
 			i++
 			p.OnServiceUpdate(versions[(i+1)%2], versions[i%2])
 			p.Sync()
 		}
+		cpu.stop()
+		cpu.report(b)
 	})
 	b.Run("add-delete", func(b *testing.B) {
 		p := syncedBenchProxier(b)
@@ -231,6 +254,8 @@ func BenchmarkServiceChange10k(b *testing.B) {
 		extraSlice := benchSlice(benchServices, 0)
 		p.OnEndpointSliceAdd(extraSlice)
 		b.ReportAllocs()
+		var cpu cpuMeter
+		cpu.start()
 		i := 0
 		for b.Loop() {
 			i++
@@ -241,5 +266,7 @@ func BenchmarkServiceChange10k(b *testing.B) {
 			}
 			p.Sync()
 		}
+		cpu.stop()
+		cpu.report(b)
 	})
 }

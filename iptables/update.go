@@ -1,0 +1,174 @@
+package iptables
+
+import (
+	"bytes"
+	"fmt"
+	"strconv"
+
+	"k8s.io/klog/v2"
+)
+
+// Update makes the kernel hold the rules for portals by writing only what
+// changed since the last successful write: one iptables-restore --noflush
+// per table that changed, deleting the rules that went (-D by their text)
+// and inserting the new ones at their place (-I CHAIN POS). It reads
+// nothing back and leaves the jump rules alone, so it repairs nothing a
+// stranger changed: that is Sync's job, which the proxier runs
+// periodically. Update runs Sync instead when it does not know what the
+// chains hold (first call, or after any failure), and when a delta fails
+// (a rule to delete was gone, say) it falls back to Sync at once.
+func (r *Rules) Update(portals []Portal) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.have == nil {
+		return r.syncLocked(portals)
+	}
+	want := r.desired(portals)
+	deltas := make([]chainDelta, 0, len(ownedChains))
+	for _, c := range ownedChains {
+		if d := diffChain(c, r.have[c.name], want[c.name]); !d.empty() {
+			deltas = append(deltas, d)
+		}
+	}
+	if len(deltas) == 0 {
+		return nil
+	}
+	// Filter first, as in Sync: a portal is never written before its guard.
+	for _, table := range []Table{TableFilter, TableNAT} {
+		data := deltaInput(table, deltas, want)
+		if data == nil {
+			continue
+		}
+		if err := r.runner.Restore(data); err != nil {
+			klog.ErrorS(err, "Incremental iptables update failed; rewriting our chains in full", "family", r.cfg.Family)
+			r.have = nil
+			return r.syncLocked(portals)
+		}
+		for _, d := range deltas {
+			if d.chain.table == table {
+				r.have[d.chain.name] = want[d.chain.name]
+			}
+		}
+	}
+	klog.V(2).InfoS("Updated iptables chains", "family", r.cfg.Family, "changes", deltaSummary(deltas))
+	return nil
+}
+
+// chainDelta turns one chain's old rules into its new ones: delete the
+// rules in del, then insert each of ins at its position (1-based, counted
+// in the new chain, so inserting in order lands every rule in place). When
+// the change cannot be written as such a delta (rules kept but reordered)
+// or is most of the chain, rewrite says to flush and refill it instead.
+type chainDelta struct {
+	chain   ownedChain
+	del     []string
+	ins     []insertion
+	rewrite bool
+}
+
+type insertion struct {
+	pos  int
+	rule string
+}
+
+func (d chainDelta) empty() bool { return !d.rewrite && len(d.del) == 0 && len(d.ins) == 0 }
+
+// diffChain computes the delta from have to want. Rules within one chain
+// are unique (desired drops repeats), so a rule's text is its identity.
+// Only the span between the common head and tail is compared, so one
+// changed Service among 10,000 costs two scans of string headers (the
+// rules of unchanged portals are the same cached strings) and a few map
+// entries.
+func diffChain(c ownedChain, have, want []string) chainDelta {
+	d := chainDelta{chain: c}
+	head := 0
+	for head < len(have) && head < len(want) && have[head] == want[head] {
+		head++
+	}
+	tail := 0
+	for tail < len(have)-head && tail < len(want)-head && have[len(have)-1-tail] == want[len(want)-1-tail] {
+		tail++
+	}
+	oldMid, newMid := have[head:len(have)-tail], want[head:len(want)-tail]
+	if len(oldMid) == 0 && len(newMid) == 0 {
+		return d
+	}
+	// A delta costs the kernel a lookup per line; past half the chain a
+	// flush and refill is as cheap and simpler.
+	if len(oldMid)+len(newMid) > len(want)/2+8 {
+		d.rewrite = true
+		return d
+	}
+	inNew := make(map[string]struct{}, len(newMid))
+	for _, rule := range newMid {
+		inNew[rule] = struct{}{}
+	}
+	inOld := make(map[string]struct{}, len(oldMid))
+	var kept []string
+	for _, rule := range oldMid {
+		inOld[rule] = struct{}{}
+		if _, ok := inNew[rule]; ok {
+			kept = append(kept, rule)
+		} else {
+			d.del = append(d.del, rule)
+		}
+	}
+	k := 0
+	for i, rule := range newMid {
+		if _, ok := inOld[rule]; !ok {
+			d.ins = append(d.ins, insertion{pos: head + i + 1, rule: rule})
+			continue
+		}
+		if kept[k] != rule { // kept rules changed order: not a delta
+			return chainDelta{chain: c, rewrite: true}
+		}
+		k++
+	}
+	return d
+}
+
+// deltaInput prints the deltas of one table as iptables-restore --noflush
+// input, or returns nil when the table has none.
+func deltaInput(table Table, deltas []chainDelta, want chainRules) []byte {
+	var b bytes.Buffer
+	for _, d := range deltas {
+		if d.chain.table != table {
+			continue
+		}
+		if b.Len() == 0 {
+			b.WriteString("*" + string(table) + "\n")
+		}
+		name := d.chain.name
+		if d.rewrite {
+			b.WriteString(":" + name + " - [0:0]\n")
+			for _, rule := range want[name] {
+				b.WriteString("-A " + name + " " + rule + "\n")
+			}
+			continue
+		}
+		for _, rule := range d.del {
+			b.WriteString("-D " + name + " " + rule + "\n")
+		}
+		for _, in := range d.ins {
+			b.WriteString("-I " + name + " " + strconv.Itoa(in.pos) + " " + in.rule + "\n")
+		}
+	}
+	if b.Len() == 0 {
+		return nil
+	}
+	b.WriteString("COMMIT\n")
+	return b.Bytes()
+}
+
+// deltaSummary is the log's view of a set of deltas.
+func deltaSummary(deltas []chainDelta) []string {
+	out := make([]string, len(deltas))
+	for i, d := range deltas {
+		if d.rewrite {
+			out[i] = d.chain.name + " rewritten"
+		} else {
+			out[i] = fmt.Sprintf("%s -%d +%d", d.chain.name, len(d.del), len(d.ins))
+		}
+	}
+	return out
+}

@@ -1,0 +1,201 @@
+package iptables
+
+import (
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func updateOK(t *testing.T, r *Rules, portals []Portal) {
+	t.Helper()
+	if err := r.Update(portals); err != nil {
+		t.Fatalf("Update: %v", err)
+	}
+}
+
+// restoreLineKinds counts the kinds of lines ("-A", "-D", "-I", ":") in
+// every restore input so far.
+func restoreLineKinds(fake *FakeRunner) map[string]int {
+	out := map[string]int{}
+	for _, w := range fake.Writes() {
+		for line := range strings.Lines(string(w)) {
+			switch {
+			case strings.HasPrefix(line, ":"):
+				out[":"]++
+			case strings.HasPrefix(line, "-"):
+				out[line[:2]]++
+			}
+		}
+	}
+	return out
+}
+
+func TestUpdateWritesOnlyTheDelta(t *testing.T) {
+	extraIP := Portal{Name: "default/web:http", Protocol: TCP, IP: netip.MustParseAddr("203.0.113.99"), Port: 80, ProxyPort: 40001}
+	newNodePort := Portal{Name: "default/api:https", Protocol: TCP, Port: 30443, NodePort: true, ProxyPort: 40100}
+	dnsMoved := slices.Clone(webPortals())
+	dnsMoved[4].ProxyPort = 40222
+	portMoved := slices.Clone(webPortals())
+	portMoved[0].Port = 81
+	tests := []struct {
+		name    string
+		portals []Portal
+		want    map[string]int // restore lines by kind
+		writes  int
+	}{
+		{"unchanged", webPortals(), map[string]int{}, 0},
+		{"new externalIP on a known proxy port", append(webPortals(), extraIP), map[string]int{"-I": 2}, 1},
+		// filter (non-local accept, guard), then nat (container, host).
+		{"new NodePort service", append(webPortals(), newNodePort), map[string]int{"-I": 4}, 2},
+		{"proxy port moved", dnsMoved, map[string]int{"-D": 3, "-I": 3}, 2},
+		{"service port moved", portMoved, map[string]int{"-D": 2, "-I": 2}, 1},
+		{"services removed", webPortals()[:4], map[string]int{"-D": 6}, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fake := NewFakeRunner(IPv4)
+			r := New(fake, testConfig)
+			syncOK(t, r, webPortals())
+			fake.ResetCalls()
+			updateOK(t, r, tt.portals)
+			assertState(t, fake, r, tt.portals)
+			if got := restoreLineKinds(fake); !mapsEqual(got, tt.want) {
+				t.Errorf("restore lines %v, want %v:\n%s", got, tt.want, fake.Writes())
+			}
+			if n := len(fake.Writes()); n != tt.writes {
+				t.Errorf("%d restores, want %d", n, tt.writes)
+			}
+			for _, call := range fake.Calls() {
+				if call != "Restore" {
+					t.Errorf("Update made call %q; it must only restore", call)
+				}
+			}
+		})
+	}
+}
+
+func mapsEqual(a, b map[string]int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// Update knows nothing before a Sync (nor after a failure): it does the
+// full Sync, read-back and jumps included.
+func TestUpdateFirstIsFullSync(t *testing.T) {
+	fake := NewFakeRunner(IPv4)
+	r := New(fake, testConfig)
+	updateOK(t, r, webPortals())
+	assertState(t, fake, r, webPortals())
+
+	fake.Errors = map[string]error{"Restore": errTest}
+	moved := slices.Clone(webPortals())
+	moved[0].Port = 81
+	if err := r.Update(moved); err == nil {
+		t.Fatal("Update succeeded with failing restores")
+	}
+	fake.Errors = nil
+	fake.ResetCalls()
+	updateOK(t, r, moved)
+	assertState(t, fake, r, moved)
+	if calls := fake.Calls(); !slices.Contains(calls, "Save nat") {
+		t.Errorf("Update after a failure did not read back: %q", calls)
+	}
+}
+
+type testError string
+
+func (e testError) Error() string { return string(e) }
+
+const errTest = testError("injected")
+
+// Update repairs nothing by itself, but when its delta meets a chain
+// someone changed (a rule it would delete is gone) it falls back to a full
+// Sync; and the next Sync repairs what Update could not see.
+func TestUpdateDriftIsRepairedBySync(t *testing.T) {
+	fake := NewFakeRunner(IPv4)
+	r := New(fake, testConfig)
+	syncOK(t, r, webPortals())
+
+	// A rule of an unrelated Service deleted by hand: Update does not look.
+	args, _ := splitRule(fake.Rules(TableNAT, ChainPortalsHost)[4])
+	must(t, fake.DeleteRule(TableNAT, ChainPortalsHost, args...))
+	moved := slices.Clone(webPortals())
+	moved[0].Port = 81
+	updateOK(t, r, moved)
+	if got, want := len(fake.Rules(TableNAT, ChainPortalsHost)), len(r.desired(moved)[ChainPortalsHost])-1; got != want {
+		t.Fatalf("host chain holds %d rules, want %d (the deleted one still missing)", got, want)
+	}
+	syncOK(t, r, moved) // the periodic sync
+	assertState(t, fake, r, moved)
+
+	// The rule Update must delete is gone: its restore fails, and it
+	// rewrites in full instead.
+	args, _ = splitRule(fake.Rules(TableNAT, ChainPortalsContainer)[0])
+	must(t, fake.DeleteRule(TableNAT, ChainPortalsContainer, args...))
+	updateOK(t, r, webPortals())
+	assertState(t, fake, r, webPortals())
+}
+
+// Random sequences of portal sets through Update leave exactly the desired
+// rules after every step, as a full Sync would; now and then someone
+// flushes a chain, which the next Sync repairs.
+func TestUpdateRandomSequences(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	pool := make([]Portal, 0, 60)
+	for i := range 20 {
+		name := "ns/svc-" + string(rune('a'+i)) + ":p"
+		ip := netip.AddrFrom4([4]byte{10, 96, 0, byte(i + 1)})
+		pool = append(pool,
+			Portal{Name: name, Protocol: TCP, IP: ip, Port: 80, ProxyPort: 40000 + i},
+			Portal{Name: name, Protocol: TCP, Port: 30000 + i, NodePort: true, ProxyPort: 40000 + i},
+			Portal{Name: name, Protocol: TCP, IP: netip.AddrFrom4([4]byte{203, 0, 113, byte(i % 4)}), Port: 80, ProxyPort: 41000 + i, ClusterProxyPort: 40000 + i})
+	}
+	cfg := testConfig
+	cfg.ClusterCIDRs = []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}
+	fake := NewFakeRunner(IPv4)
+	r := New(fake, cfg)
+	in, bump := make([]bool, len(pool)), make([]int, len(pool))
+	var portals []Portal
+	for step := range 400 {
+		// Mostly one to three portals change, as Service updates do; now
+		// and then most of them.
+		flips := 1 + rng.IntN(3)
+		if step%10 == 0 {
+			flips = len(pool)
+		}
+		for range flips {
+			i := rng.IntN(len(pool))
+			if rng.IntN(4) == 0 {
+				bump[i] = rng.IntN(2)
+			} else {
+				in[i] = !in[i]
+			}
+		}
+		portals = portals[:0:0]
+		for i, p := range pool {
+			if in[i] {
+				p.Port += bump[i]
+				portals = append(portals, p)
+			}
+		}
+		rng.Shuffle(len(portals), func(i, j int) { portals[i], portals[j] = portals[j], portals[i] })
+		if step%50 == 49 {
+			syncOK(t, r, portals)
+		} else {
+			updateOK(t, r, portals)
+		}
+		assertState(t, fake, r, portals)
+		if t.Failed() {
+			t.Fatalf("step %d", step)
+		}
+	}
+}
