@@ -90,6 +90,8 @@ func benchKeepAlive(b *testing.B, addr netip.AddrPort) {
 	defer c.Close()
 	msg, buf := make([]byte, 100), make([]byte, 100)
 	b.ReportAllocs()
+	cpu := processCPU()
+	defer func() { b.ReportMetric(float64(processCPU()-cpu)/float64(b.N), "cpu-ns/op") }()
 	for b.Loop() {
 		if _, err := c.Write(msg); err != nil {
 			b.Fatal(err)
