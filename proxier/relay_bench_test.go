@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -252,6 +253,12 @@ func processCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+func heapAlloc() uint64 {
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
 // udpRoundTrip sends one datagram and waits (bounded) for its echo.
 func udpRoundTrip(c *net.UDPConn, buf []byte) error {
 	if _, err := c.Write(buf[:benchDatagram]); err != nil {
@@ -274,16 +281,20 @@ func udpRoundTrip(c *net.UDPConn, buf []byte) error {
 // proxy socket (accept, pick, dial, splice both ways, half-close),
 // "proxied-mptcp" through a proxy socket listening with Multipath TCP (Go's
 // default listener since 1.24; --mptcp), and "proxied-no-keepalive" with
-// keep-alive, user timeout and write bound off ("proxied" has the
-// defaults: the listener's options cost nothing per connection, the
-// backend socket's five setsockopt calls a little).
+// keep-alive, user timeout, write bound and half-close bound off
+// ("proxied" has the binary's defaults: the listener's options cost
+// nothing per connection, the backend socket's five setsockopt calls a
+// little). retained-B/op is the heap still live after a collection once
+// the connections closed: what a finished connection leaves behind.
 func BenchmarkTCPConnectRequest(b *testing.B) {
 	backend := startHTTPish(b)
 	b.Run("direct", func(b *testing.B) { benchConnectRequest(b, backend) })
 	bare := proxiedPort(b, v1.ProtocolTCP, backend)
 	b.Run("proxied-no-keepalive", func(b *testing.B) { benchConnectRequest(b, bare) })
 	proxy := proxiedPortWith(b, v1.ProtocolTCP, backend, proxier.Options{
-		Liveness: proxier.DefaultLiveness, WriteTimeout: proxier.DefaultTCPWriteTimeout})
+		Liveness: proxier.DefaultLiveness, WriteTimeout: proxier.DefaultTCPWriteTimeout,
+		HalfCloseTimeout: 2 * time.Minute, // --tcp-half-close-timeout's default
+	})
 	b.Run("proxied", func(b *testing.B) { benchConnectRequest(b, proxy) })
 	mptcp := proxiedPortWith(b, v1.ProtocolTCP, backend, proxier.Options{MultipathTCP: true})
 	b.Run("proxied-mptcp", func(b *testing.B) { benchConnectRequest(b, mptcp) })
@@ -293,8 +304,15 @@ func benchConnectRequest(b *testing.B, addr netip.AddrPort) {
 	req := []byte("GET / HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
 	buf := make([]byte, 512)
 	b.ReportAllocs()
+	runtime.GC()
+	heap0 := heapAlloc()
 	cpu := processCPU()
-	defer func() { b.ReportMetric(float64(processCPU()-cpu)/float64(b.N), "cpu-ns/op") }()
+	defer func() {
+		b.ReportMetric(float64(processCPU()-cpu)/float64(b.N), "cpu-ns/op")
+		time.Sleep(100 * time.Millisecond) // the proxy's goroutines finish
+		runtime.GC()
+		b.ReportMetric(max(float64(heapAlloc())-float64(heap0), 0)/float64(b.N), "retained-B/op")
+	}()
 	for b.Loop() {
 		c, err := net.DialTCP("tcp", nil, net.TCPAddrFromAddrPort(addr))
 		if err != nil {
