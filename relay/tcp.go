@@ -9,7 +9,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
 	"k8s.io/utils/clock"
 )
 
@@ -81,6 +80,11 @@ type Conn struct {
 	ending atomic.Int32
 	// bound is both directions' write bound (part of conn: no allocation).
 	bound writeBound
+	// ended counts the directions that ended with a FIN; half bounds the
+	// one still running after the first did (set by that first one, read
+	// by Run once both returned).
+	ended atomic.Int32
+	half  *halfClosed
 
 	// quiet serves CloseWhenQuiet, built at its first call (nil: none).
 	quietMu sync.Mutex
@@ -118,6 +122,7 @@ func (c *Conn) Run() {
 		c.quiet.stop()
 	}
 	c.quietMu.Unlock()
+	c.half.stop()
 	client.Close()
 	backend.Close()
 }
@@ -226,8 +231,9 @@ func (c *Conn) copyHalf(dst, src *net.TCPConn, copier Copier, bytes Counter) {
 		return
 	}
 	_ = dst.CloseWrite()
-	if c.o.HalfCloseTimeout > 0 {
-		c.watchHalfClosed(dst, src)
+	// Only the first direction to end leaves the other running to bound.
+	if c.ended.Add(1) == 1 && c.o.HalfCloseTimeout > 0 {
+		c.half = watchHalfClosed(c, dst, src)
 	}
 }
 
@@ -239,55 +245,6 @@ func (c *Conn) writeBound() *writeBound {
 		return nil
 	}
 	return &c.bound
-}
-
-// watchHalfClosed bounds the direction still reading from conn after the
-// other one ended: it ends (with a reset) only once conn has received
-// nothing for a whole timeout, so a stream still flowing is never cut
-// (a fixed deadline cut a backend streaming for longer than the bound).
-// Progress is the kernel's byte count (TCP_INFO), so the copy loop pays
-// nothing per byte. A peer that stops reading stalls that count too; the
-// abort then wakes the stalled write as well as the read.
-func (c *Conn) watchHalfClosed(conn, other *net.TCPConn) {
-	timeout := c.o.HalfCloseTimeout
-	raw, err := conn.SyscallConn()
-	if err != nil {
-		return
-	}
-	received := func() (uint64, bool) {
-		var n uint64
-		var ok bool
-		_ = raw.Control(func(fd uintptr) {
-			if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
-				n, ok = info.Bytes_received, true
-			}
-		})
-		return n, ok
-	}
-	last, ok := received()
-	if !ok {
-		_ = conn.SetReadDeadline(time.Now().Add(timeout))
-		_ = other.SetWriteDeadline(time.Now().Add(timeout))
-		return
-	}
-	// A timer, not a goroutine: a connection that ends meanwhile costs one
-	// more wake-up, which finds the socket closed.
-	var t *time.Timer
-	fire := func() {
-		now, ok := received()
-		if !ok {
-			return // closed: the relay is done
-		}
-		if now == last {
-			c.abort()
-			return
-		}
-		last = now
-		t.Reset(timeout)
-	}
-	// Armed only once t is set, so fire never sees it unset.
-	t = time.AfterFunc(time.Duration(1<<62), fire)
-	t.Reset(timeout)
 }
 
 // isReset reports a reset from a peer (or a write to one that reset). A

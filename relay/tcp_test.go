@@ -5,9 +5,11 @@ import (
 	"errors"
 	"io"
 	"net"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
+	"weak"
 )
 
 // pair returns both ends of a loopback TCP connection.
@@ -154,5 +156,39 @@ func TestHalfCloseTimeoutResetsBothPeers(t *testing.T) {
 	}
 	if !errors.Is(err2, syscall.ECONNRESET) && !errors.Is(err2, syscall.EPIPE) {
 		t.Fatalf("backend write: %v; want ECONNRESET or EPIPE", err2)
+	}
+}
+
+// A relay that ended leaves nothing behind: the half-close bound's timer,
+// armed when the first direction ended, stops with the relay (left to run
+// out it kept the connection reachable for the whole bound).
+func TestHalfCloseBoundEndsWithTheRelay(t *testing.T) {
+	client, proxyClient := pair(t)
+	proxyBackend, backend := pair(t)
+	c := New(proxyClient, proxyBackend, Options{HalfCloseTimeout: time.Hour})
+	gone := weak.Make(c)
+	done := make(chan struct{})
+	go func(c *Conn) {
+		c.Run()
+		close(done)
+	}(c)
+	c = nil
+	backend.CloseWrite() // the backend ends first: its direction arms the bound
+	client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadAll(client); err != nil {
+		t.Fatal(err)
+	}
+	client.CloseWrite()
+	backend.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadAll(backend); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	for i := 0; i < 20 && gone.Value() != nil; i++ {
+		runtime.GC()
+		time.Sleep(10 * time.Millisecond)
+	}
+	if gone.Value() != nil {
+		t.Fatal("a finished relay is still reachable (its half-close timer still runs)")
 	}
 }
