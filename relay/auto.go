@@ -5,7 +5,7 @@ import (
 	"io"
 	"net"
 	"sync"
-	"sync/atomic"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -33,28 +33,38 @@ func Auto(dst, src *net.TCPConn) (int64, error) {
 	return a.run()
 }
 
-// autoCopier is one direction's state; its closures are built once per
-// connection so that moving bytes allocates nothing.
+// autoCopier is one direction's state. Conn holds both directions by
+// value, and one callback per direction serves every raw call (op says
+// which), so a relayed connection costs few allocations and moving bytes
+// none. Only tests observe it (observe): the hot path pays no atomics
+// for them.
 type autoCopier struct {
-	splice   *splicer
+	splice   splicer
 	splicing bool
 	noPipe   bool // pipe2 failed once: stay buffered
+	op       uint8
+	call     func(fd uintptr) bool
 
-	// observed mirrors splicing and whether a buffer is held, for tests
-	// (written at mode changes only, never per byte).
-	observed atomic.Uint32
+	// observe, if set (tests), is told of every change of mode and of
+	// whether a buffer is held; nil costs a comparison.
+	observe func(splicing, holding bool)
 
 	buf     *[]byte // held only while src has data
 	n       int
 	readErr error
-	readFn  func(fd uintptr) bool
 
 	out      []byte
 	written  int64
 	writeErr error
-	writeFn  func(fd uintptr) bool
 	stall    stall
 }
+
+// What the direction's callback runs (autoCopier.op).
+const (
+	opSplice uint8 = iota // the splicer's fill or drain
+	opRead
+	opWrite
+)
 
 // bind applies a write bound (nil: none) to both of the direction's write
 // paths.
@@ -64,13 +74,35 @@ func (a *autoCopier) bind(b *writeBound) {
 }
 
 func newAutoCopier(dst, src *net.TCPConn) (*autoCopier, error) {
-	s, err := newSplicer(dst, src)
+	srcRaw, err := src.SyscallConn()
 	if err != nil {
 		return nil, err
 	}
-	a := &autoCopier{splice: s}
-	a.readFn, a.writeFn = a.read, a.write
+	dstRaw, err := dst.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	a := &autoCopier{}
+	a.init(dst, srcRaw, dstRaw)
 	return a, nil
+}
+
+// init readies a (zero) direction; the raw conns may be shared with the
+// other direction.
+func (a *autoCopier) init(dst *net.TCPConn, srcRaw, dstRaw syscall.RawConn) {
+	a.splice.dst, a.splice.srcRaw, a.splice.dstRaw = dst, srcRaw, dstRaw
+	a.call = a.callback
+	a.splice.call = a.call
+}
+
+func (a *autoCopier) callback(fd uintptr) bool {
+	switch a.op {
+	case opRead:
+		return a.read(fd)
+	case opWrite:
+		return a.write(fd)
+	}
+	return a.splice.callback(fd)
 }
 
 func (a *autoCopier) run() (int64, error) {
@@ -78,6 +110,7 @@ func (a *autoCopier) run() (int64, error) {
 	var total int64
 	for {
 		if a.splicing {
+			a.op = opSplice
 			n, written, err := a.splice.cycle()
 			total += written
 			switch {
@@ -90,7 +123,7 @@ func (a *autoCopier) run() (int64, error) {
 				return total, nil // EOF
 			case n < autoBufSize:
 				a.splicing = false // the burst is over
-				a.observe()
+				a.changed()
 			}
 			continue
 		}
@@ -109,7 +142,7 @@ func (a *autoCopier) run() (int64, error) {
 		if n == autoBufSize && !a.noPipe {
 			a.release()
 			a.splicing = true
-			a.observe()
+			a.changed()
 		}
 	}
 }
@@ -117,8 +150,8 @@ func (a *autoCopier) run() (int64, error) {
 // readOnce waits until src has bytes and reads what fits the buffer;
 // 0 with no error is EOF.
 func (a *autoCopier) readOnce() (int, error) {
-	a.n, a.readErr = 0, nil
-	err := a.splice.srcRaw.Read(a.readFn)
+	a.n, a.readErr, a.op = 0, nil, opRead
+	err := a.splice.srcRaw.Read(a.call)
 	if err == nil {
 		err = a.readErr
 	}
@@ -128,7 +161,7 @@ func (a *autoCopier) readOnce() (int, error) {
 func (a *autoCopier) read(fd uintptr) bool {
 	if a.buf == nil {
 		a.buf = autoBufs.Get().(*[]byte)
-		a.observe()
+		a.changed()
 	}
 	a.n, a.readErr = unix.Read(int(fd), *a.buf)
 	for a.readErr == unix.EINTR {
@@ -151,8 +184,8 @@ func (a *autoCopier) read(fd uintptr) bool {
 }
 
 func (a *autoCopier) writeAll(p []byte) (int, error) {
-	a.out, a.written, a.writeErr = p, 0, nil
-	err := a.stall.write(a.splice.dstRaw, a.writeFn, &a.written, &a.writeErr)
+	a.out, a.written, a.writeErr, a.op = p, 0, nil, opWrite
+	err := a.stall.write(a.splice.dstRaw, a.call, &a.written, &a.writeErr)
 	a.out = nil
 	return int(a.written), err
 }
@@ -183,22 +216,12 @@ func (a *autoCopier) release() {
 	if a.buf != nil {
 		autoBufs.Put(a.buf)
 		a.buf = nil
-		a.observe()
+		a.changed()
 	}
 }
 
-const (
-	observedSplicing = 1 << iota
-	observedBuffer
-)
-
-func (a *autoCopier) observe() {
-	var v uint32
-	if a.splicing {
-		v |= observedSplicing
+func (a *autoCopier) changed() {
+	if a.observe != nil {
+		a.observe(a.splicing, a.buf != nil)
 	}
-	if a.buf != nil {
-		v |= observedBuffer
-	}
-	a.observed.Store(v)
 }

@@ -7,13 +7,15 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 )
 
 // autoDirection runs Auto from a fresh pair's far end to another's, and
 // returns the writer's end, the reader's end and the result.
-func autoDirection(t *testing.T) (w, r *net.TCPConn, a *autoCopier, res chan error) {
+func autoDirection(t *testing.T) (w, r *net.TCPConn, observed *atomic.Uint32, res chan error) {
+	observed = new(atomic.Uint32)
 	t.Helper()
 	w, src := pair(t)
 	dst, r := pair(t)
@@ -21,14 +23,30 @@ func autoDirection(t *testing.T) (w, r *net.TCPConn, a *autoCopier, res chan err
 	if err != nil {
 		t.Fatal(err)
 	}
+	a.observe = func(splicing, holding bool) {
+		var v uint32
+		if splicing {
+			v |= observedSplicing
+		}
+		if holding {
+			v |= observedBuffer
+		}
+		observed.Store(v)
+	}
 	res = make(chan error, 1)
 	go func() {
 		_, err := a.run()
 		dst.CloseWrite()
 		res <- err
 	}()
-	return w, r, a, res
+	return w, r, observed, res
 }
+
+// What autoDirection's observed holds.
+const (
+	observedSplicing = 1 << iota
+	observedBuffer
+)
 
 // Messages of every size, small and bulk mixed, arrive intact and in
 // order while the direction switches between buffered and splice.
@@ -69,7 +87,7 @@ func TestAutoMixedSizesArriveIntact(t *testing.T) {
 // to splice, and the next small one comes back to the buffer; an idle
 // direction holds no buffer.
 func TestAutoSwitchesModes(t *testing.T) {
-	w, r, a, res := autoDirection(t)
+	w, r, observed, res := autoDirection(t)
 	defer func() { w.Close(); <-res }()
 	roundTrip := func(n int) {
 		t.Helper()
@@ -85,7 +103,7 @@ func TestAutoSwitchesModes(t *testing.T) {
 	// settled waits until the copier is parked in the poller again.
 	settled := func() { time.Sleep(50 * time.Millisecond) }
 	state := func() (splicing, holding bool) {
-		v := a.observed.Load()
+		v := observed.Load()
 		return v&observedSplicing != 0, v&observedBuffer != 0
 	}
 

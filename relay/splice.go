@@ -96,8 +96,9 @@ func Splice(dst, src *net.TCPConn) (int64, error) {
 // caller goes on without splicing.
 var errNoPipe = errors.New("relay: no pipe for splice")
 
-// splicer is one direction's splice state. Its closures are built once per
-// connection, not per wake-up, so moving bytes allocates nothing.
+// splicer is one direction's splice state. One callback serves both of
+// its raw calls (fill and drain, told apart by draining) and is built once
+// per direction, so moving bytes allocates nothing.
 type splicer struct {
 	dst            *net.TCPConn
 	srcRaw, dstRaw syscall.RawConn
@@ -105,7 +106,8 @@ type splicer struct {
 	held           bool
 	n              int64
 	readErr        error
-	fillFn         func(fd uintptr) bool
+	draining       bool
+	call           func(fd uintptr) bool
 	drain          pipeDrainer
 }
 
@@ -119,8 +121,15 @@ func newSplicer(dst, src *net.TCPConn) (*splicer, error) {
 		return nil, err
 	}
 	s := &splicer{dst: dst, srcRaw: srcRaw, dstRaw: dstRaw}
-	s.fillFn = s.fill
+	s.call = s.callback
 	return s, nil
+}
+
+func (s *splicer) callback(fd uintptr) bool {
+	if s.draining {
+		return s.drain.write(fd)
+	}
+	return s.fill(fd)
 }
 
 func (s *splicer) fill(fd uintptr) bool {
@@ -153,8 +162,8 @@ func (s *splicer) fill(fd uintptr) bool {
 // dst, and says how many it read and wrote. read == 0 with no error is EOF;
 // a failure on dst is a *WriteError; errNoPipe means no pipe could be had.
 func (s *splicer) cycle() (read, written int64, err error) {
-	s.held, s.n, s.readErr = false, 0, nil
-	err = s.srcRaw.Read(s.fillFn)
+	s.held, s.n, s.readErr, s.draining = false, 0, nil, false
+	err = s.srcRaw.Read(s.call)
 	if err == nil {
 		err = s.readErr
 	}
@@ -167,7 +176,8 @@ func (s *splicer) cycle() (read, written int64, err error) {
 		}
 		return 0, 0, err
 	}
-	written, werr := s.drain.run(s.dstRaw, s.pp, s.n)
+	s.draining = true
+	written, werr := s.drain.run(s.dstRaw, s.call, s.pp, s.n)
 	pipes.put(s.pp, werr == nil)
 	if werr != nil {
 		return s.n, written, &WriteError{werr}
@@ -176,22 +186,18 @@ func (s *splicer) cycle() (read, written int64, err error) {
 }
 
 // pipeDrainer splices a pipe's bytes into a socket; one per connection
-// direction, so its callback is allocated once.
+// direction. run is given the direction's callback, which calls write.
 type pipeDrainer struct {
-	stall    stall
-	pp       pipePair
-	n        int64
-	written  int64
-	err      error
-	callback func(fd uintptr) bool
+	stall   stall
+	pp      pipePair
+	n       int64
+	written int64
+	err     error
 }
 
-func (d *pipeDrainer) run(raw syscall.RawConn, pp pipePair, n int64) (int64, error) {
-	if d.callback == nil {
-		d.callback = d.write
-	}
+func (d *pipeDrainer) run(raw syscall.RawConn, call func(fd uintptr) bool, pp pipePair, n int64) (int64, error) {
 	d.pp, d.n, d.written, d.err = pp, n, 0, nil
-	err := d.stall.write(raw, d.callback, &d.written, &d.err)
+	err := d.stall.write(raw, call, &d.written, &d.err)
 	return d.written, err
 }
 

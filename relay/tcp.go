@@ -86,6 +86,12 @@ type Conn struct {
 	ended atomic.Int32
 	half  *halfClosed
 
+	// up and down are the built-in copy's directions (client→backend,
+	// backend→client), part of conn; rawErr is why they cannot run.
+	up, down autoCopier
+	rawErr   error
+	wg       sync.WaitGroup
+
 	// quiet serves CloseWhenQuiet, built at its first call (nil: none).
 	quietMu sync.Mutex
 	quiet   *quietCloser
@@ -109,14 +115,13 @@ func New(client, backend *net.TCPConn, o Options) *Conn {
 // Run relays until both directions are done, then closes both sockets.
 func (c *Conn) Run() {
 	client, backend, o := c.client, c.backend, c.o
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		c.copyHalf(backend, client, o.Upstream, o.In)
-	}()
-	c.copyHalf(client, backend, o.Downstream, o.Out)
-	wg.Wait()
+	if o.Upstream == nil || o.Downstream == nil {
+		c.rawErr = c.initAuto()
+	}
+	c.wg.Add(1)
+	go c.upstream()
+	c.copyHalf(client, backend, o.Downstream, o.Out, &c.down)
+	c.wg.Wait()
 	c.quietMu.Lock()
 	if c.quiet != nil {
 		c.quiet.stop()
@@ -125,6 +130,27 @@ func (c *Conn) Run() {
 	c.half.stop()
 	client.Close()
 	backend.Close()
+}
+
+func (c *Conn) upstream() {
+	defer c.wg.Done()
+	c.copyHalf(c.backend, c.client, c.o.Upstream, c.o.In, &c.up)
+}
+
+// initAuto readies both built-in directions, which share the sockets'
+// raw conns.
+func (c *Conn) initAuto() error {
+	clientRaw, err := c.client.SyscallConn()
+	if err != nil {
+		return err
+	}
+	backendRaw, err := c.backend.SyscallConn()
+	if err != nil {
+		return err
+	}
+	c.up.init(c.backend, clientRaw, backendRaw)
+	c.down.init(c.client, backendRaw, clientRaw)
+	return nil
 }
 
 // CloseWhenQuiet ends the connection at its first quiet moment (both
@@ -181,13 +207,12 @@ func (c *Conn) abort() {
 
 // copyHalf is a named function so goroutine dumps say what a stuck
 // goroutine was doing.
-func (c *Conn) copyHalf(dst, src *net.TCPConn, copier Copier, bytes Counter) {
+func (c *Conn) copyHalf(dst, src *net.TCPConn, copier Copier, bytes Counter, a *autoCopier) {
 	var n int64
 	var err error
 	switch {
 	case copier == nil:
-		var a *autoCopier
-		if a, err = newAutoCopier(dst, src); err == nil {
+		if err = c.rawErr; err == nil {
 			a.bind(c.writeBound())
 			a.noPipe = forceBuffered
 			n, err = a.run()
