@@ -1,37 +1,53 @@
 package proxier
 
 import (
+	"maps"
+
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
-
-	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 )
 
-// syncPolicies hands every Service's traffic policy to the endpoints
-// tracker (which re-filters its endpoints when a policy changed) and the
-// healthCheckNodePorts to the service health server.
-func (p *Proxier) syncPolicies(want map[loadbalancer.ServicePortName]*servicePortInfo) {
-	policies := map[types.NamespacedName]trafficPolicy{}
-	healthPorts := map[types.NamespacedName]int{}
-	for _, info := range want {
-		policies[info.name.NamespacedName] = info.policy
-		if info.policy.externalLocal && info.healthCheckNodePort != 0 {
-			healthPorts[info.name.NamespacedName] = info.healthCheckNodePort
+// syncPolicies hands the traffic policy of every changed Service (its new
+// ports, none when removed) to the endpoints tracker (which re-filters its
+// endpoints when a policy changed) and the healthCheckNodePorts to the
+// service health server (again after a failure, until it succeeds).
+func (p *Proxier) syncPolicies(changed map[types.NamespacedName][]*servicePortInfo) {
+	if p.policies == nil {
+		p.policies = map[types.NamespacedName]trafficPolicy{}
+		p.healthPorts = map[types.NamespacedName]int{}
+		p.healthDirty = true
+	}
+	for nn, infos := range changed {
+		health := 0
+		for _, info := range infos {
+			if info.policy.externalLocal && info.healthCheckNodePort != 0 {
+				health = info.healthCheckNodePort
+			}
 		}
-	}
-	for nn := range p.policies {
-		if _, ok := policies[nn]; !ok {
-			p.endpoints.setPolicy(nn, trafficPolicy{}, false)
+		if health != p.healthPorts[nn] {
+			p.healthDirty = true
+			if health == 0 {
+				delete(p.healthPorts, nn)
+			} else {
+				p.healthPorts[nn] = health
+			}
 		}
+		if len(infos) == 0 {
+			if _, ok := p.policies[nn]; ok {
+				delete(p.policies, nn)
+				p.endpoints.setPolicy(nn, trafficPolicy{}, false)
+			}
+			continue
+		}
+		p.policies[nn] = infos[0].policy // one policy per Service
+		p.endpoints.setPolicy(nn, infos[0].policy, true)
 	}
-	for nn, pol := range policies {
-		p.endpoints.setPolicy(nn, pol, true)
-	}
-	p.policies = policies
-	if p.opts.ServiceHealth != nil {
-		if err := p.opts.ServiceHealth.SyncServices(healthPorts); err != nil {
+	if p.opts.ServiceHealth != nil && p.healthDirty {
+		if err := p.opts.ServiceHealth.SyncServices(maps.Clone(p.healthPorts)); err != nil {
 			klog.ErrorS(err, "Failed to sync healthCheckNodePort servers")
+			return
 		}
+		p.healthDirty = false
 	}
 }
 

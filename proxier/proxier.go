@@ -10,7 +10,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"sort"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -136,8 +137,11 @@ type Proxier struct {
 
 	// Change tracker: the latest Service objects, written by the source,
 	// read by sync.
-	mu              sync.Mutex
-	services        map[types.NamespacedName]*v1.Service
+	mu       sync.Mutex
+	services map[types.NamespacedName]*v1.Service
+	// parsed caches servicePorts of each Service object, so a sync parses
+	// only the Services that changed since the previous one.
+	parsed          map[types.NamespacedName]parsedService
 	pendingChanges  int
 	servicesSynced  bool
 	endpointsSynced bool
@@ -146,6 +150,10 @@ type Proxier struct {
 	syncMu   sync.Mutex
 	active   map[loadbalancer.ServicePortName]*activePort
 	policies map[types.NamespacedName]trafficPolicy
+	// healthPorts are the healthCheckNodePorts in force; healthDirty says
+	// the service health server has not been told yet (external.go).
+	healthPorts map[types.NamespacedName]int
+	healthDirty bool
 	// pendingConntrack: service ports with a new proxy socket whose stale
 	// conntrack entries wait for a successful portal sync (conntrack.go).
 	pendingConntrack map[loadbalancer.ServicePortName]struct{}
@@ -202,6 +210,7 @@ func New(opts Options) *Proxier {
 		metrics:  opts.Metrics,
 		clk:      opts.Clock,
 		services: map[types.NamespacedName]*v1.Service{},
+		parsed:   map[types.NamespacedName]parsedService{},
 		listen:   newProxySocket,
 		active:   map[loadbalancer.ServicePortName]*activePort{},
 		sockCfg: &socketConfig{
@@ -326,20 +335,44 @@ func (p *Proxier) Sync() { p.syncProxyRules(false) }
 // repaired.
 func (p *Proxier) SyncFull() { p.syncProxyRules(true) }
 
-// desired returns the service ports of the current Services.
-func (p *Proxier) desired() (map[loadbalancer.ServicePortName]*servicePortInfo, int) {
+// parsedService is one Service object and its service ports.
+type parsedService struct {
+	svc   *v1.Service
+	infos []*servicePortInfo
+}
+
+// desired returns the service ports of the current Services, and the
+// Services whose ports changed since the previous call (their new ports;
+// none when removed). An unchanged Service object keeps its
+// *servicePortInfo values, which the sync uses to skip its ports.
+func (p *Proxier) desired() (map[loadbalancer.ServicePortName]*servicePortInfo, map[types.NamespacedName][]*servicePortInfo, int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	want := make(map[loadbalancer.ServicePortName]*servicePortInfo)
-	for _, svc := range p.services {
-		for _, info := range servicePorts(svc) {
+	want := make(map[loadbalancer.ServicePortName]*servicePortInfo, len(p.parsed))
+	changed := map[types.NamespacedName][]*servicePortInfo{}
+	for nn, svc := range p.services {
+		ps, ok := p.parsed[nn]
+		if !ok || ps.svc != svc {
+			ps = parsedService{svc: svc, infos: servicePorts(svc)}
+			p.parsed[nn] = ps
+			changed[nn] = ps.infos
+		}
+		for _, info := range ps.infos {
 			want[info.name] = info
+		}
+	}
+	if len(p.parsed) > len(p.services) {
+		for nn := range p.parsed {
+			if _, ok := p.services[nn]; !ok {
+				delete(p.parsed, nn)
+				changed[nn] = nil
+			}
 		}
 	}
 	n := p.pendingChanges
 	p.pendingChanges = 0
 	p.metrics.ServiceChangesPending.Set(0)
-	return want, n
+	return want, changed, n
 }
 
 // syncProxyRules converges sockets, balancer and portal rules to the
@@ -363,9 +396,9 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 	if full {
 		p.lastFull = start
 	}
-	want, changes := p.desired()
+	want, changedServices, changes := p.desired()
 
-	p.syncPolicies(want)
+	p.syncPolicies(changedServices)
 	for name, ap := range p.active {
 		if _, ok := want[name]; !ok {
 			klog.V(1).InfoS("Closing proxy socket of removed service port", "servicePort", name)
@@ -374,6 +407,9 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 	}
 	for name, info := range want {
 		ap := p.active[name]
+		if ap != nil && ap.info == info && (ap.external != nil || !info.policy.splitExternal()) {
+			continue // the same Service object as last sync, and nothing to retry
+		}
 		if ap != nil && ap.info.hasIPv6() != info.hasIPv6() {
 			// The socket's address family must change: reopen it.
 			p.closePort(name, ap)
@@ -485,7 +521,7 @@ func (p *Proxier) syncPortals(full bool) bool {
 		hasV6 := false
 		clusterPort := 0 // the shortcut of external portals, see below
 		add := func(ip netip.Addr, proxyPort int) {
-			portal := iptables.Portal{Name: ap.info.name.String(), Protocol: proto, IP: ip, Port: ap.info.port, ProxyPort: proxyPort}
+			portal := iptables.Portal{Name: ap.info.key, Protocol: proto, IP: ip, Port: ap.info.port, ProxyPort: proxyPort}
 			if proxyPort != ap.proxyPort {
 				portal.ClusterProxyPort = clusterPort
 			}
@@ -523,7 +559,7 @@ func (p *Proxier) syncPortals(full bool) bool {
 			add(ip, externalPort)
 		}
 		if ap.info.nodePort != 0 {
-			np := iptables.Portal{Name: ap.info.name.String(), Protocol: proto, Port: ap.info.nodePort, NodePort: true, ProxyPort: externalPort, ClusterProxyPort: clusterPort}
+			np := iptables.Portal{Name: ap.info.key, Protocol: proto, Port: ap.info.nodePort, NodePort: true, ProxyPort: externalPort, ClusterProxyPort: clusterPort}
 			v4 = append(v4, np)
 			if hasV6 {
 				v6 = append(v6, np)
@@ -564,11 +600,11 @@ type debugPort struct {
 func (p *Proxier) publishDebug() {
 	rows := make([]debugPort, 0, len(p.active))
 	for name, ap := range p.active {
-		rows = append(rows, debugPort{name: name, key: name.String(), proxyPort: ap.proxyPort, info: ap.info})
+		rows = append(rows, debugPort{name: name, key: ap.info.key, proxyPort: ap.proxyPort, info: ap.info})
 	}
-	// Keys are built once per row, not per comparison: at 10,000 service
-	// ports the comparator ran String() ~280,000 times per sync.
-	sort.Slice(rows, func(i, j int) bool { return rows[i].key < rows[j].key })
+	// Keys are built once per service port, not per comparison: at 10,000
+	// service ports the comparator ran String() ~280,000 times per sync.
+	slices.SortFunc(rows, func(a, b debugPort) int { return strings.Compare(a.key, b.key) })
 	p.debugMu.Lock()
 	p.debug = rows
 	p.debugMu.Unlock()

@@ -17,6 +17,7 @@ import (
 // of its proxy socket, its portal rules and its balancer affinity policy.
 type servicePortInfo struct {
 	name            loadbalancer.ServicePortName
+	key             string // name.String(), the portal rules' comment
 	port            int
 	clusterIPs      []netip.Addr
 	externalIPs     []netip.Addr
@@ -90,8 +91,10 @@ func servicePorts(svc *v1.Service) []*servicePortInfo {
 		if proto != v1.ProtocolTCP && proto != v1.ProtocolUDP {
 			continue // SCTP: no userspace socket for it; sources report it
 		}
+		name := loadbalancer.ServicePortName{NamespacedName: nn, Port: p.Name, Protocol: proto}
 		info := &servicePortInfo{
-			name:            loadbalancer.ServicePortName{NamespacedName: nn, Port: p.Name, Protocol: proto},
+			name:            name,
+			key:             name.String(),
 			port:            int(p.Port),
 			clusterIPs:      clusterIPs,
 			externalIPs:     externalIPs,
