@@ -114,13 +114,12 @@ func New(client, backend *net.TCPConn, o Options) *Conn {
 
 // Run relays until both directions are done, then closes both sockets.
 func (c *Conn) Run() {
-	client, backend, o := c.client, c.backend, c.o
-	if o.Upstream == nil || o.Downstream == nil {
+	if c.o.Upstream == nil || c.o.Downstream == nil {
 		c.rawErr = c.initAuto()
 	}
 	c.wg.Add(1)
 	go c.upstream()
-	c.copyHalf(client, backend, o.Downstream, o.Out, &c.down)
+	c.copyHalf(c.client, c.backend, c.o.Downstream, c.o.Out, &c.down)
 	c.wg.Wait()
 	c.quietMu.Lock()
 	if c.quiet != nil {
@@ -128,8 +127,8 @@ func (c *Conn) Run() {
 	}
 	c.quietMu.Unlock()
 	c.half.stop()
-	client.Close()
-	backend.Close()
+	c.client.Close()
+	c.backend.Close()
 }
 
 func (c *Conn) upstream() {
