@@ -69,11 +69,18 @@ func NewTable(seed int64, maxActive int, m *Metrics) *Table {
 // Port returns the port named name, creating it (enabled, no toxics).
 // info fills what the API shows; its Toxics and Enabled are ignored.
 func (t *Table) Port(name, protocol string) *Port {
+	return t.PortLabeled(name, protocol, "")
+}
+
+// PortLabeled is Port with the metric label (see SetLabel) a new port's
+// series start with: creating them under the API name and renaming them
+// at once cost a second set of series per port (10,000 at a first sync).
+func (t *Table) PortLabeled(name, protocol, label string) *Port {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	p := t.ports[name]
 	if p == nil {
-		p = newPort(t, name, protocol)
+		p = newPort(t, name, protocol, label)
 		t.ports[name] = p
 	}
 	return p
@@ -247,8 +254,8 @@ type Port struct {
 	live   map[*liveConn]struct{}
 }
 
-func newPort(t *Table, name, protocol string) *Port {
-	p := &Port{table: t, name: name, protocol: protocol, enabled: true, live: map[*liveConn]struct{}{}}
+func newPort(t *Table, name, protocol, label string) *Port {
+	p := &Port{table: t, name: name, protocol: protocol, label: label, enabled: true, live: map[*liveConn]struct{}{}}
 	p.publishLocked()
 	return p
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"unicode/utf8"
 )
 
 // This file speaks the iptables-save / iptables-restore text format: how a
@@ -53,15 +54,18 @@ func joinRule(args []string) string {
 }
 
 // splitRule splits a saved rule line into arguments, undoing the quoting of
-// quoteSaveString (double quotes, backslash escapes).
+// quoteSaveString (double quotes, backslash escapes). Arguments are built
+// in one buffer (the fake runner splits every restored line: a Builder
+// per argument was 0.4 million allocations in a 10,000-Service sync);
+// rune by rune, as quoteSaveString, so invalid UTF-8 reads the same.
 func splitRule(line string) ([]string, error) {
 	var args []string
-	var cur strings.Builder
+	cur := make([]byte, 0, len(line))
 	inArg, quoted, escaped := false, false, false
 	for _, r := range line {
 		switch {
 		case escaped:
-			cur.WriteRune(r)
+			cur = utf8.AppendRune(cur, r)
 			escaped = false
 		case r == '\\':
 			escaped, inArg = true, true
@@ -69,12 +73,12 @@ func splitRule(line string) ([]string, error) {
 			quoted, inArg = !quoted, true
 		case (r == ' ' || r == '\t') && !quoted:
 			if inArg {
-				args = append(args, cur.String())
-				cur.Reset()
+				args = append(args, string(cur))
+				cur = cur[:0]
 				inArg = false
 			}
 		default:
-			cur.WriteRune(r)
+			cur = utf8.AppendRune(cur, r)
 			inArg = true
 		}
 	}
@@ -82,7 +86,7 @@ func splitRule(line string) ([]string, error) {
 		return nil, fmt.Errorf("unterminated quote in rule %q", line)
 	}
 	if inArg {
-		args = append(args, cur.String())
+		args = append(args, string(cur))
 	}
 	return args, nil
 }

@@ -463,7 +463,7 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 func (p *Proxier) openPort(info *servicePortInfo) (*activePort, error) {
 	sp := p.lb.ServicePort(info.name)
 	p.lb.SetAffinity(info.name, info.affinity)
-	fp := p.opts.Faults.Port(info.faultName, string(info.name.Protocol))
+	fp := p.opts.Faults.PortLabeled(info.faultName, string(info.name.Protocol), info.key)
 	sock, err := p.ports.Open(func(port int) (proxySocket, error) {
 		return p.listen(info.name, p.opts.BindAddress, port, info.hasIPv6(), sp, fp, p.sockCfg)
 	})
@@ -473,7 +473,7 @@ func (p *Proxier) openPort(info *servicePortInfo) (*activePort, error) {
 	}
 	go sock.Serve()
 	ap := &activePort{info: info, socket: sock, proxyPort: sock.Port(), faults: fp}
-	fp.SetLabel(info.name.String())
+	fp.SetLabel(info.key) // a port the fault API created first has the API name
 	fp.SetAddresses(net.JoinHostPort(p.listenHost(), fmt.Sprint(ap.proxyPort)), "")
 	fp.SetUpstreamFunc(func() string { return p.upstreamOf(info.name) })
 	if p.opts.ClaimNodePorts {
