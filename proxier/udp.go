@@ -17,9 +17,6 @@ import (
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 )
 
-// maxDatagram fits any UDP payload; the legacy 4 KiB buffer truncated.
-const maxDatagram = 64 * 1024
-
 // repliesPerWake bounds how many replies one session relays per wake-up,
 // so one busy backend cannot starve the port's other sessions.
 const repliesPerWake = 16
@@ -46,8 +43,13 @@ type udpProxySocket struct {
 	// load, nil when no toxic applies).
 	faults *faults.Port
 	// replyFromDestination: the socket listens on the wildcard address and
-	// reports each datagram's destination.
+	// reports each datagram's destination, in up to oobLen bytes of control
+	// messages (0 otherwise).
 	replyFromDestination bool
+	oobLen               int
+	// drainFn is drain as a func value, built once: a method value made per
+	// wake-up would be an allocation each.
+	drainFn func(fd uintptr) bool
 
 	sessionsGauge                   prometheus.Gauge
 	dialFailures, bytesIn, bytesOut prometheus.Counter
@@ -100,6 +102,10 @@ func newUDPProxySocket(name loadbalancer.ServicePortName, conn *net.UDPConn, sp 
 		evicted:              m.UDPSessionLimit.WithLabelValues(label, "evicted"),
 		refused:              m.UDPSessionLimit.WithLabelValues(label, "dropped"),
 	}
+	if withDst {
+		s.oobLen = pktinfoSpace
+	}
+	s.drainFn = s.drain
 	cfg.conns.addUDPSocket(s)
 	return s, nil
 }
@@ -123,26 +129,41 @@ func (s *udpProxySocket) Close() error {
 // Serve reads client datagrams until Close; it also runs the reply loop.
 func (s *udpProxySocket) Serve() {
 	go s.relayReplies()
-	buf := make([]byte, maxDatagram)
-	var oob []byte
-	if s.replyFromDestination {
-		oob = make([]byte, pktinfoSpace)
+	raw, err := s.conn.SyscallConn()
+	if err != nil {
+		klog.ErrorS(err, "UDP service socket unusable", "servicePort", s.label)
+		return
 	}
+	// Waiting for datagrams holds no buffer: raw.Read parks until the
+	// socket is readable, and drain takes one only to empty it. It returns
+	// once the socket is closed (there is no deadline).
+	_ = raw.Read(s.drainFn)
+}
+
+// drain relays every datagram queued on the service socket fd, in a
+// buffer taken from udpReadBufs for the drain and given back before the
+// socket waits again. It returns false at EAGAIN (wait for more), true
+// once the socket is closed: Close cannot release the descriptor while a
+// drain uses it, so a steady flood must not keep the drain going.
+func (s *udpProxySocket) drain(fd uintptr) bool {
+	rb := getUDPReadBuf()
+	defer putUDPReadBuf(rb)
 	for {
-		n, oobn, _, from, err := s.conn.ReadMsgUDPAddrPort(buf, oob)
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			select {
-			case <-s.closed:
-				return
-			default:
-			}
-			klog.V(2).InfoS("UDP read failed", "servicePort", s.label, "err", err)
-			continue
+		select {
+		case <-s.closed:
+			return true
+		default:
 		}
-		s.forward(netip.AddrPortFrom(from.Addr().Unmap(), from.Port()), buf[:n], oob[:oobn])
+		n, oobn, from, err := rb.recvmsg(int(fd), s.oobLen)
+		switch err {
+		case nil:
+			s.forward(from, rb.data[:n], rb.oob[:oobn])
+		case unix.EAGAIN:
+			return false
+		case unix.EINTR:
+		default:
+			klog.V(2).InfoS("UDP read failed", "servicePort", s.label, "err", err)
+		}
 	}
 }
 
@@ -304,30 +325,38 @@ func (s *udpProxySocket) downSenderLocked(sess *udpSession) func([]byte) {
 // relays what arrives, and closes sessions idle for udpIdleTimeout when the
 // poller's deadline (the oldest session's expiry) passes.
 func (s *udpProxySocket) relayReplies() {
-	buf := make([]byte, maxDatagram)
 	for {
 		n, err := s.poller.wait()
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			s.deadlinePassed(buf)
+			s.deadlinePassed()
 			continue
 		}
 		if err != nil {
 			return // closed
 		}
-		for _, ev := range s.poller.events[:n] {
-			s.relayFrom(int(ev.Fd), buf)
-		}
+		s.relayReady(n)
 	}
+}
+
+// relayReady relays from the first n sockets of the poller's events, in a
+// buffer taken from udpReadBufs for this wake-up only.
+func (s *udpProxySocket) relayReady(n int) {
+	if n == 0 {
+		return
+	}
+	rb := getUDPReadBuf()
+	for _, ev := range s.poller.events[:n] {
+		s.relayFrom(int(ev.Fd), rb.data[:])
+	}
+	putUDPReadBuf(rb)
 }
 
 // deadlinePassed relays the replies already waiting, then expires idle
 // sessions. Once the deadline has passed, wait reports it before any ready
 // socket, so a reply that arrived in time but was not read yet (this loop
 // ran late, on a loaded node) would otherwise be closed with its session.
-func (s *udpProxySocket) deadlinePassed(buf []byte) {
-	for _, ev := range s.poller.events[:s.poller.ready()] {
-		s.relayFrom(int(ev.Fd), buf)
-	}
+func (s *udpProxySocket) deadlinePassed() {
+	s.relayReady(s.poller.ready())
 	s.expireIdle()
 }
 

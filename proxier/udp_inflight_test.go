@@ -91,10 +91,7 @@ func (ip *inflightPort) waitReplyQueued(t *testing.T, sess *udpSession) {
 
 // relay is one turn of the reply loop woken by ready sockets.
 func (ip *inflightPort) relay() {
-	buf := make([]byte, maxDatagram)
-	for _, ev := range ip.sock.poller.events[:ip.sock.poller.ready()] {
-		ip.sock.relayFrom(int(ev.Fd), buf)
-	}
+	ip.sock.relayReady(ip.sock.poller.ready())
 }
 
 // reply is what the client receives within d ("" if nothing).
@@ -124,7 +121,7 @@ func TestUDPReplyQueuedAtDeadlineIsRelayed(t *testing.T) {
 	}
 	ip.waitReplyQueued(t, sess)
 	time.Sleep(2 * idle) // the loop is late: the session's deadline has passed
-	ip.sock.deadlinePassed(make([]byte, maxDatagram))
+	ip.sock.deadlinePassed()
 	if got := ip.reply(time.Second); got != "a:q" {
 		t.Fatalf("client got %q, want the reply a:q that arrived before the deadline", got)
 	}
@@ -133,7 +130,7 @@ func TestUDPReplyQueuedAtDeadlineIsRelayed(t *testing.T) {
 		t.Fatal("the session was closed although its reply just passed")
 	}
 	time.Sleep(2 * idle)
-	ip.sock.deadlinePassed(make([]byte, maxDatagram))
+	ip.sock.deadlinePassed()
 	if ip.session() != nil {
 		t.Fatal("an idle session with nothing queued outlived its timeout")
 	}

@@ -7,7 +7,7 @@ import (
 
 // udpSession is one client ip:port's connected backend socket. It is a few
 // hundred bytes and a descriptor: no goroutine and no buffer of its own
-// (the socket's reply loop reads every session's replies into one buffer).
+// (the reply loop reads replies into a buffer shared by every socket).
 // Every field is guarded by the owning socket's mutex.
 type udpSession struct {
 	client  netip.AddrPort
