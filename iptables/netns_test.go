@@ -20,7 +20,7 @@ import (
 
 // requireRealIptables skips unless the test can create namespaces and run
 // the iptables binaries.
-func requireRealIptables(t *testing.T) {
+func requireRealIptables(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("real-kernel iptables test needs root (it creates a network namespace); run as root to include it")
@@ -34,7 +34,7 @@ func requireRealIptables(t *testing.T) {
 
 // newNetns creates a network namespace with a random name, removed when
 // the test ends, and returns its name.
-func newNetns(t *testing.T) string {
+func newNetns(t testing.TB) string {
 	t.Helper()
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
@@ -51,7 +51,7 @@ func newNetns(t *testing.T) string {
 }
 
 // inNetns runs a command inside the namespace and returns its output.
-func inNetns(t *testing.T, ns string, args ...string) string {
+func inNetns(t testing.TB, ns string, args ...string) string {
 	t.Helper()
 	out, err := exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...).CombinedOutput()
 	if err != nil {
@@ -67,7 +67,7 @@ type nsThread struct {
 	work chan func()
 }
 
-func startNSThread(t *testing.T, ns string) *nsThread {
+func startNSThread(t testing.TB, ns string) *nsThread {
 	t.Helper()
 	th := &nsThread{work: make(chan func())}
 	ready := make(chan error)
@@ -108,7 +108,7 @@ type nsRunner struct {
 	restores atomic.Int32
 }
 
-func newNSRunner(t *testing.T, ns string, f Family) *nsRunner {
+func newNSRunner(t testing.TB, ns string, f Family) *nsRunner {
 	t.Helper()
 	r := &nsRunner{th: startNSThread(t, ns)}
 	var err error

@@ -2,6 +2,7 @@ package iptables
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -401,18 +402,24 @@ func TestSyncGuardBeforePortal(t *testing.T) {
 		{"new service", webPortals(), append(webPortals(), newNodePort)},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			fake := NewFakeRunner(IPv4)
-			r := New(fake, testConfig)
-			syncOK(t, r, tt.before)
-			fake.Errors = map[string]error{"Restore filter": errors.New("injected filter failure")}
-			if err := r.Sync(tt.after); err == nil {
-				t.Fatal("Sync succeeded with a failing filter restore")
-			}
-			assertState(t, fake, r, tt.before)
-			fake.Errors = nil
-			syncOK(t, r, tt.after)
-			assertState(t, fake, r, tt.after)
-		})
+		for _, update := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/update=%v", tt.name, update), func(t *testing.T) {
+				fake := NewFakeRunner(IPv4)
+				r := New(fake, testConfig)
+				syncOK(t, r, tt.before)
+				sync := r.Sync
+				if update {
+					sync = r.Update
+				}
+				fake.Errors = map[string]error{"Restore filter": errors.New("injected filter failure")}
+				if err := sync(tt.after); err == nil {
+					t.Fatal("sync succeeded with a failing filter restore")
+				}
+				assertState(t, fake, r, tt.before)
+				fake.Errors = nil
+				syncOK(t, r, tt.after)
+				assertState(t, fake, r, tt.after)
+			})
+		}
 	}
 }

@@ -9,8 +9,8 @@ import (
 )
 
 // Update makes the kernel hold the rules for portals by writing only what
-// changed since the last successful write: one iptables-restore --noflush
-// per table that changed, deleting the rules that went (-D by their text)
+// changed since the last successful write: one iptables-restore --noflush,
+// deleting the rules that went (-D by their text)
 // and inserting the new ones at their place (-I CHAIN POS). It reads
 // nothing back and leaves the jump rules alone, so it repairs nothing a
 // stranger changed: that is Sync's job, which the proxier runs
@@ -33,22 +33,19 @@ func (r *Rules) Update(portals []Portal) error {
 	if len(deltas) == 0 {
 		return nil
 	}
-	// Filter first, as in Sync: a portal is never written before its guard.
-	for _, table := range []Table{TableFilter, TableNAT} {
-		data := deltaInput(table, deltas, want)
-		if data == nil {
-			continue
-		}
-		if err := r.runner.Restore(data); err != nil {
-			klog.ErrorS(err, "Incremental iptables update failed; rewriting our chains in full", "family", r.cfg.Family)
-			r.have = nil
-			return r.syncLocked(portals)
-		}
-		for _, d := range deltas {
-			if d.chain.table == table {
-				r.have[d.chain.name] = want[d.chain.name]
-			}
-		}
+	// One restore, filter first: iptables-restore commits each table at its
+	// COMMIT (legacy) or all at the end (nft), and stops at the first
+	// failure, so a portal is never in force before its guard. One process
+	// instead of one per table: each fetches the rules of the chains it
+	// edits, which is most of its cost.
+	data := append(deltaInput(TableFilter, deltas, want), deltaInput(TableNAT, deltas, want)...)
+	if err := r.runner.Restore(data); err != nil {
+		klog.ErrorS(err, "Incremental iptables update failed; rewriting our chains in full", "family", r.cfg.Family)
+		r.have = nil
+		return r.syncLocked(portals)
+	}
+	for _, d := range deltas {
+		r.have[d.chain.name] = want[d.chain.name]
 	}
 	klog.V(2).InfoS("Updated iptables chains", "family", r.cfg.Family, "changes", deltaSummary(deltas))
 	return nil
