@@ -1,7 +1,6 @@
 package proxier
 
 import (
-	"context"
 	"errors"
 	"net"
 	"net/netip"
@@ -179,9 +178,7 @@ func (s *tcpProxySocket) dial(client netip.AddrPort) (*net.TCPConn, error) {
 		if i > 0 {
 			s.retries.Inc()
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		conn, err := s.cfg.dialer.DialContext(ctx, "tcp", ep.String())
-		cancel()
+		conn, err := s.cfg.dialer.DialContext(dialDeadline(time.Now().Add(timeout)), "tcp", ep.String())
 		if err == nil {
 			if tc, ok := conn.(*net.TCPConn); ok {
 				return tc, nil

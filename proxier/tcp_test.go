@@ -4,11 +4,14 @@ import (
 	"bufio"
 	"io"
 	"net"
+	"net/netip"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -182,4 +185,60 @@ func TestTCPResetPropagates(t *testing.T) {
 	if !isConnReset(err) {
 		t.Fatalf("client read ended with %v; want the backend's reset passed on", err)
 	}
+}
+
+// A dial that gets no answer ends at its attempt's deadline (the poller's
+// write deadline on the connecting socket: dialDeadline starts no timer)
+// and the connection is retried on the next endpoint.
+func TestTCPRetriesPastUnansweredEndpoint(t *testing.T) {
+	backends := startBackends(t, "127.0.0.2")
+	port := portOf(backends[0].ln.Addr())
+	silentListener(t, "127.0.0.6", port)
+	p := newTestProxier(t, Options{DialTimeouts: []time.Duration{200 * time.Millisecond, time.Second}})
+	p.OnServiceAdd(makeService("web"))
+	p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, "127.0.0.6:"+port, "127.0.0.2:"+port))
+	p.Sync()
+	addr := proxyAddr(t, p, "default/web:p")
+	slowest := time.Duration(0)
+	for i := range 4 {
+		start := time.Now()
+		name, err := askName(t, "127.0.0.1", addr)
+		if err != nil || name != backends[0].name {
+			t.Fatalf("connection %d: got %q, %v; want %s through a retry", i, name, err, backends[0].name)
+		}
+		slowest = max(slowest, time.Since(start))
+	}
+	if slowest < 150*time.Millisecond || slowest > 900*time.Millisecond {
+		t.Fatalf("slowest connection took %v; want the 200 ms attempt's deadline, then the retry", slowest)
+	}
+	if n := testutil.ToFloat64(p.metrics.DialFailures.WithLabelValues("default/web:p")); n < 1 {
+		t.Fatalf("dial failures counted %v, want >= 1", n)
+	}
+}
+
+// silentListener listens on ip:port with an accept queue of one that it
+// fills and never accepts: the kernel drops every further SYN, so a dial
+// there gets no answer at all (not a refusal).
+func silentListener(t *testing.T, ip, port string) {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	sa := &unix.SockaddrInet4{Addr: netip.MustParseAddr(ip).As4()}
+	if sa.Port, err = strconv.Atoi(port); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Bind(fd, sa); err != nil {
+		t.Skipf("bind %s:%s: %v", ip, port, err)
+	}
+	if err := unix.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.DialTimeout("tcp", net.JoinHostPort(ip, port), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
 }
