@@ -39,6 +39,8 @@ func Auto(dst, src *net.TCPConn) (int64, error) {
 // none. Only tests observe it (observe): the hot path pays no atomics
 // for them.
 type autoCopier struct {
+	// splice also holds the write bound both write paths share
+	// (drain.stall): a direction writes one way at a time.
 	splice   splicer
 	splicing bool
 	noPipe   bool // pipe2 failed once: stay buffered
@@ -53,10 +55,8 @@ type autoCopier struct {
 	n       int
 	readErr error
 
-	out      []byte
 	written  int64
 	writeErr error
-	stall    stall
 }
 
 // What the direction's callback runs (autoCopier.op).
@@ -67,10 +67,9 @@ const (
 )
 
 // bind applies a write bound (nil: none) to both of the direction's write
-// paths.
+// paths, which share it.
 func (a *autoCopier) bind(b *writeBound) {
-	a.stall = stall{bound: b, dst: a.splice.dst}
-	a.splice.drain.stall = a.stall
+	a.splice.drain.stall = stall{bound: b, dst: a.splice.dst}
 }
 
 func newAutoCopier(dst, src *net.TCPConn) (*autoCopier, error) {
@@ -134,7 +133,7 @@ func (a *autoCopier) run() (int64, error) {
 		if n == 0 {
 			return total, nil // EOF
 		}
-		written, err := a.writeAll((*a.buf)[:n])
+		written, err := a.writeAll()
 		total += int64(written)
 		if err != nil {
 			return total, &WriteError{err}
@@ -183,23 +182,24 @@ func (a *autoCopier) read(fd uintptr) bool {
 	return true
 }
 
-func (a *autoCopier) writeAll(p []byte) (int, error) {
-	a.out, a.written, a.writeErr, a.op = p, 0, nil, opWrite
-	err := a.stall.write(a.splice.dstRaw, a.call, &a.written, &a.writeErr)
-	a.out = nil
+// writeAll writes the n bytes the last read put in the buffer.
+func (a *autoCopier) writeAll() (int, error) {
+	a.written, a.writeErr, a.op = 0, nil, opWrite
+	err := a.splice.drain.stall.write(a.splice.dstRaw, a.call, &a.written, &a.writeErr)
 	return int(a.written), err
 }
 
 func (a *autoCopier) write(fd uintptr) bool {
-	for a.written < int64(len(a.out)) {
-		m, err := unix.Write(int(fd), a.out[a.written:])
+	out := (*a.buf)[:a.n]
+	for a.written < int64(len(out)) {
+		m, err := unix.Write(int(fd), out[a.written:])
 		switch {
 		case err == unix.EINTR:
 			continue
 		case err == unix.EAGAIN:
 			// Socket buffer full: wait until writable, after (re)arming
 			// the write bound if there is one.
-			return a.stall.leave(a.written)
+			return a.splice.drain.stall.leave(a.written)
 		case err != nil:
 			a.writeErr = err
 			return true

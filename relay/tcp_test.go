@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 	"weak"
 )
 
@@ -190,5 +191,14 @@ func TestHalfCloseBoundEndsWithTheRelay(t *testing.T) {
 	}
 	if gone.Value() != nil {
 		t.Fatal("a finished relay is still reachable (its half-close timer still runs)")
+	}
+}
+
+// Every idle connection holds one Conn: with the 8-byte header the heap
+// puts before an object of more than 512 bytes that holds pointers, it
+// stays in the 768-byte size class (the next is 896).
+func TestConnSize(t *testing.T) {
+	if n := unsafe.Sizeof(Conn{}) + 8; n > 768 {
+		t.Fatalf("Conn takes %d bytes; an idle connection would hold the 896-byte size class", n)
 	}
 }
