@@ -47,7 +47,9 @@ func Cleanup(r Runner) error {
 		}
 	}
 
-	// Then anything else still jumping to our chains.
+	// Then anything else still jumping to our chains; and note our bucket
+	// chains, deleted last.
+	var buckets []ownedChain
 	for _, table := range []Table{TableNAT, TableFilter} {
 		data, err := r.Save(table)
 		if err != nil {
@@ -58,6 +60,11 @@ func Cleanup(r Runner) error {
 		if err != nil {
 			fail(err)
 			continue
+		}
+		for chain := range saved.chains {
+			if _, ours := bucketParent(table, chain); ours {
+				buckets = append(buckets, ownedChain{table, chain})
+			}
 		}
 		for chain, rules := range saved.rules {
 			if isOwned(table, chain) {
@@ -86,6 +93,12 @@ func Cleanup(r Runner) error {
 			fail(err)
 		}
 	}
+	// Their parents are gone, so nothing jumps to the buckets any more.
+	for _, c := range buckets {
+		if err := r.DeleteChain(c.table, c.name); err != nil {
+			fail(err)
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -94,6 +107,9 @@ func Cleanup(r Runner) error {
 const maxDuplicates = 100
 
 func isOwned(table Table, chain string) bool {
+	if _, bucket := bucketParent(table, chain); bucket {
+		return true
+	}
 	return slices.Contains(ownedChains, ownedChain{table, chain})
 }
 

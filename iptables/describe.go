@@ -23,6 +23,11 @@ func Describe(line string) string {
 		return "not a rule"
 	}
 	chain := f[0]
+	for _, table := range []Table{TableNAT, TableFilter} {
+		if parent, ok := bucketParent(table, chain); ok {
+			chain = parent.name // a bucket's rule reads as its chain's
+		}
+	}
 	var proto, src, dst, dport, target, to string
 	notDNAT := false
 	for i := 1; i < len(f); i++ {
@@ -76,6 +81,9 @@ func Describe(line string) string {
 	if src != "" {
 		audience = "from pods in " + src + " (--cluster-cidr, PREROUTING)"
 	}
+	if isBucket(TableNAT, target) || isBucket(TableFilter, target) {
+		return fmt.Sprintf("every packet of %s %s goes on through %s, one of %d buckets holding this chain's rules by Service port", chain, audience, target, numBuckets)
+	}
 	switch chain {
 	case ChainPortalsContainer, ChainPortalsHost:
 		return fmt.Sprintf("%s to the service address %s port %s %s: %s", proto, host, dport, audience, action)
@@ -94,4 +102,9 @@ func Describe(line string) string {
 		return fmt.Sprintf("%s to proxy port %s (filter INPUT): %s", proto, dport, action)
 	}
 	return fmt.Sprintf("%s rule in %s: %s", proto, chain, action)
+}
+
+func isBucket(table Table, chain string) bool {
+	_, ok := bucketParent(table, chain)
+	return ok
 }

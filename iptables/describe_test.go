@@ -75,3 +75,21 @@ func TestDescribePodShortcut(t *testing.T) {
 		}
 	}
 }
+
+func TestDescribeBuckets(t *testing.T) {
+	r := New(NewFakeRunner(IPv4), testConfig)
+	r.bucketAbove = 2
+	out := string(r.Render(webPortals()))
+	for line := range strings.Lines(out) {
+		if !strings.HasPrefix(line, "-A ") {
+			continue
+		}
+		got := Describe(strings.TrimSpace(line))
+		if strings.Contains(line, "-j "+ChainPortalsContainer+"-") && !strings.Contains(got, "buckets") {
+			t.Errorf("%s: described as %q", line, got)
+		}
+		if strings.Contains(line, "--comment") && strings.Contains(got, "rule in") {
+			t.Errorf("%s: bucket rule not described as its chain's: %q", line, got)
+		}
+	}
+}

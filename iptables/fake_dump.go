@@ -96,6 +96,10 @@ func (f *FakeRunner) Restore(data []byte) error {
 				cur.chains = append(cur.chains, chain)
 			}
 			cur.rules[chain] = nil // declaring a chain flushes it
+		case strings.HasPrefix(line, "-X "):
+			if err := deleteFakeChain(curName, cur, strings.TrimSpace(line[3:])); err != nil {
+				return bad(err.Error())
+			}
 		case strings.HasPrefix(line, "-A "), strings.HasPrefix(line, "-D "), strings.HasPrefix(line, "-I "):
 			chain, rule, _ := strings.Cut(line[3:], " ")
 			if !slices.Contains(cur.chains, chain) {
@@ -148,5 +152,26 @@ func (f *FakeRunner) restoreRule(t *fakeTable, op, chain, rule string) error {
 		}
 		t.rules[chain] = slices.Insert(rules, pos-1, text)
 	}
+	return nil
+}
+
+// deleteFakeChain applies -X: the chain must be a user chain, empty and
+// not referenced, as iptables requires.
+func deleteFakeChain(table Table, t *fakeTable, chain string) error {
+	if !slices.Contains(t.chains, chain) || isBuiltin(table, chain) {
+		return fmt.Errorf("no user chain %s", chain)
+	}
+	if len(t.rules[chain]) > 0 {
+		return fmt.Errorf("chain %s is not empty", chain)
+	}
+	for from, rules := range t.rules {
+		for _, rule := range rules {
+			if ruleTarget(rule) == chain {
+				return fmt.Errorf("chain %s is referenced by %s", chain, from)
+			}
+		}
+	}
+	t.chains = slices.DeleteFunc(t.chains, func(c string) bool { return c == chain })
+	delete(t.rules, chain)
 	return nil
 }

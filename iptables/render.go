@@ -20,12 +20,15 @@ type chainRules map[string][]string
 func (r *Rules) Render(portals []Portal) []byte {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return restoreInput(r.desired(portals), ownedChains)
+	want := r.desired(portals)
+	return restoreInput(want, renderedChains(want), nil)
 }
 
 // restoreInput prints the given chains of want as iptables-restore input,
-// one *table section per table that has a chain in the list.
-func restoreInput(want chainRules, chains []ownedChain) []byte {
+// one *table section per table that has a chain in either list; the drop
+// chains (buckets no longer wanted) are flushed and deleted after the
+// others are written, so nothing jumps to them any more.
+func restoreInput(want chainRules, chains, drop []ownedChain) []byte {
 	var b bytes.Buffer
 	size := 0
 	for _, c := range chains {
@@ -35,17 +38,12 @@ func restoreInput(want chainRules, chains []ownedChain) []byte {
 	}
 	b.Grow(size + 512)
 	for _, table := range []Table{TableNAT, TableFilter} {
-		var these []string
-		for _, c := range chains {
-			if c.table == table {
-				these = append(these, c.name)
-			}
-		}
-		if len(these) == 0 {
+		these, gone := namesIn(chains, table), namesIn(drop, table)
+		if len(these) == 0 && len(gone) == 0 {
 			continue
 		}
 		b.WriteString("*" + string(table) + "\n")
-		for _, name := range these {
+		for _, name := range append(slices.Clone(these), gone...) {
 			b.WriteString(":" + name + " - [0:0]\n")
 		}
 		for _, name := range these {
@@ -57,9 +55,22 @@ func restoreInput(want chainRules, chains []ownedChain) []byte {
 				b.WriteByte('\n')
 			}
 		}
+		for _, name := range gone {
+			b.WriteString("-X " + name + "\n")
+		}
 		b.WriteString("COMMIT\n")
 	}
 	return b.Bytes()
+}
+
+func namesIn(chains []ownedChain, table Table) []string {
+	var out []string
+	for _, c := range chains {
+		if c.table == table {
+			out = append(out, c.name)
+		}
+	}
+	return out
 }
 
 // desired renders portals into the contents of every chain we own. Rules
@@ -82,11 +93,14 @@ func (r *Rules) desired(portals []Portal) chainRules {
 	}
 	guardSeen := make(map[guardKey]struct{}, len(usable))
 	groupStart := make([]int, len(ownedChains)) // per chain, where this Service port's rules begin
+	bucket := make([][]uint8, len(ownedChains)) // per chain and rule, its bucket (chains.go)
+	var b uint8
 	for i, pr := range rendered {
 		if i == 0 || usable[i].Name != usable[i-1].Name {
 			for c := range groupStart {
 				groupStart[c] = len(out[c])
 			}
+			b = bucketOf(usable[i].Name)
 		}
 		for c, rules := range pr.chains {
 			for k, rule := range rules {
@@ -99,17 +113,50 @@ func (r *Rules) desired(portals []Portal) chainRules {
 					continue
 				}
 				out[c] = append(out[c], rule)
+				bucket[c] = append(bucket[c], b)
 			}
 		}
 	}
 	want := make(chainRules, len(ownedChains))
 	for c, oc := range ownedChains {
+		if len(out[c]) > r.bucketAbove {
+			r.splitIntoBuckets(want, oc.name, out[c], bucket[c])
+			continue
+		}
 		if len(out[c]) == 0 {
 			out[c] = nil
 		}
 		want[oc.name] = out[c]
 	}
 	return want
+}
+
+// splitIntoBuckets puts rules into the buckets of chain, in order, and a
+// jump to each bucket into chain itself (see numBuckets).
+func (r *Rules) splitIntoBuckets(want chainRules, chain string, rules []string, bucket []uint8) {
+	jumps := make([]string, numBuckets)
+	var sizes [numBuckets]int
+	for _, b := range bucket {
+		sizes[b]++
+	}
+	// One backing array, cut per bucket: no growth, one allocation.
+	all := make([]string, 0, len(rules))
+	parts := make([][]string, numBuckets)
+	for b, n := range sizes {
+		if n > 0 {
+			parts[b] = all[len(all) : len(all) : len(all)+n]
+			all = all[:len(all)+n]
+		}
+	}
+	for i, rule := range rules {
+		parts[bucket[i]] = append(parts[bucket[i]], rule)
+	}
+	for b := range numBuckets {
+		name := bucketChain(chain, b)
+		jumps[b] = "-j " + name
+		want[name] = parts[b]
+	}
+	want[chain] = jumps
 }
 
 // portalRules is one portal's rendering: its rules per owned chain (indexed

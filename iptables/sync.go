@@ -3,6 +3,7 @@ package iptables
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	"k8s.io/klog/v2"
@@ -21,6 +22,8 @@ type Rules struct {
 	// to date while we still want what we wrote and the kernel still prints
 	// the same; without this it would be rewritten on every sync.
 	printed map[string]printedAs
+	// bucketAbove: a chain with more rules is split into buckets (chains.go).
+	bucketAbove int
 	// cache is the rendering of the last portal set (renderAll).
 	cache renderCache
 	// have is what our chains hold, in our spelling, after the last
@@ -35,7 +38,7 @@ type printedAs struct {
 
 // New returns the Rules for cfg.Family, programmed through r.
 func New(r Runner, cfg Config) *Rules {
-	return &Rules{runner: r, cfg: cfg, printed: map[string]printedAs{}}
+	return &Rules{runner: r, cfg: cfg, printed: map[string]printedAs{}, bucketAbove: defaultBucketAbove}
 }
 
 // Sync makes the kernel hold exactly the rules for portals. It creates our
@@ -72,8 +75,8 @@ func (r *Rules) syncLocked(portals []Portal) error {
 	if err := r.ensureJumps(saved); err != nil {
 		return err
 	}
-	stale := r.staleChains(want, saved)
-	if len(stale) == 0 {
+	stale, drop := r.staleChains(want, saved), unwantedBuckets(want, saved)
+	if len(stale) == 0 && len(drop) == 0 {
 		r.have = want
 		return nil
 	}
@@ -82,11 +85,11 @@ func (r *Rules) syncLocked(portals []Portal) error {
 	// the nat part applied, and new portals sent traffic to proxy ports that
 	// had no guard yet. Now a portal is written only once its guard is in.
 	for _, table := range []Table{TableFilter, TableNAT} {
-		these := chainsOf(stale, table)
-		if len(these) == 0 {
+		these, gone := chainsOf(stale, table), chainsOf(drop, table)
+		if len(these) == 0 && len(gone) == 0 {
 			continue
 		}
-		if err := r.runner.Restore(restoreInput(want, these)); err != nil {
+		if err := r.runner.Restore(restoreInput(want, these, gone)); err != nil {
 			return fmt.Errorf("%v: writing chains %v: %w", r.cfg.Family, chainNames(these), err)
 		}
 	}
@@ -127,11 +130,16 @@ func (r *Rules) ensureChains(saved map[Table]savedTable) error {
 	return nil
 }
 
-// staleChains returns our chains whose saved contents are not what we want.
+// staleChains returns our chains (buckets included) whose saved contents
+// are not what we want, or that are missing.
 func (r *Rules) staleChains(want chainRules, saved map[Table]savedTable) []ownedChain {
 	var stale []ownedChain
-	for _, c := range ownedChains {
+	for _, c := range renderedChains(want) {
 		got := saved[c.table].rules[c.name]
+		if !saved[c.table].chains[c.name] {
+			stale = append(stale, c)
+			continue
+		}
 		if slices.Equal(got, want[c.name]) {
 			continue
 		}
@@ -141,6 +149,21 @@ func (r *Rules) staleChains(want chainRules, saved map[Table]savedTable) []owned
 		stale = append(stale, c)
 	}
 	return stale
+}
+
+// unwantedBuckets returns the bucket chains of ours the kernel holds that
+// want has no place for (a chain went back below bucketAbove).
+func unwantedBuckets(want chainRules, saved map[Table]savedTable) []ownedChain {
+	var out []ownedChain
+	for _, table := range []Table{TableNAT, TableFilter} {
+		for name := range saved[table].chains {
+			if _, ours := bucketParent(table, name); ours && !hasChain(want, name) {
+				out = append(out, ownedChain{table, name})
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b ownedChain) int { return strings.Compare(a.name, b.name) })
+	return out
 }
 
 // learnPrinting reads back the chains just written, checks that the write

@@ -37,9 +37,19 @@ var wantBuiltins = map[Table]map[string][]string{
 func assertState(t *testing.T, fake *FakeRunner, r *Rules, portals []Portal) {
 	t.Helper()
 	want := r.desired(portals)
-	for _, c := range ownedChains {
+	for _, c := range renderedChains(want) {
+		if !slices.Contains(fake.Chains(c.table), c.name) {
+			t.Errorf("chain %s/%s missing", c.table, c.name)
+		}
 		if got := fake.Rules(c.table, c.name); !slices.Equal(got, want[c.name]) {
 			t.Errorf("chain %s/%s:\n got %q\nwant %q", c.table, c.name, got, want[c.name])
+		}
+	}
+	for _, table := range []Table{TableNAT, TableFilter} {
+		for _, chain := range fake.Chains(table) {
+			if _, bucket := bucketParent(table, chain); bucket && !hasChain(want, chain) {
+				t.Errorf("bucket chain %s/%s left behind", table, chain)
+			}
 		}
 	}
 	for table, chains := range wantBuiltins {

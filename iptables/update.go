@@ -24,9 +24,16 @@ func (r *Rules) Update(portals []Portal) error {
 	}
 	want := r.desired(portals)
 	deltas := make([]chainDelta, 0, len(ownedChains))
-	for _, c := range ownedChains {
-		if d := diffChain(c, r.have[c.name], want[c.name]); !d.empty() {
+	for _, c := range renderedChains(want) {
+		if !hasChain(r.have, c.name) { // a new bucket chain
+			deltas = append(deltas, chainDelta{chain: c, rewrite: true})
+		} else if d := diffChain(c, r.have[c.name], want[c.name]); !d.empty() {
 			deltas = append(deltas, d)
+		}
+	}
+	for _, c := range renderedChains(r.have) {
+		if !hasChain(want, c.name) { // a bucket chain no longer wanted
+			deltas = append(deltas, chainDelta{chain: c, drop: true})
 		}
 	}
 	if len(deltas) == 0 {
@@ -37,8 +44,8 @@ func (r *Rules) Update(portals []Portal) error {
 	// failure, so a portal is never in force before its guard. Most of its
 	// cost is iptables-nft fetching every rule of each chain a -D or -I
 	// edits (measured: 10 ms for a delta in a 150-rule chain, 110-170 ms in
-	// a 10,000-rule one of the same table), so smaller chains, not fewer
-	// processes, are what would make a change cheaper on the kernel.
+	// a 10,000-rule one of the same table), which is why large chains are
+	// split into buckets (chains.go).
 	data := append(deltaInput(TableFilter, deltas, want), deltaInput(TableNAT, deltas, want)...)
 	if err := r.runner.Restore(data); err != nil {
 		klog.ErrorS(err, "Incremental iptables update failed; rewriting our chains in full", "family", r.cfg.Family)
@@ -46,7 +53,11 @@ func (r *Rules) Update(portals []Portal) error {
 		return r.syncLocked(portals)
 	}
 	for _, d := range deltas {
-		r.have[d.chain.name] = want[d.chain.name]
+		if d.drop {
+			delete(r.have, d.chain.name)
+		} else {
+			r.have[d.chain.name] = want[d.chain.name]
+		}
 	}
 	klog.V(2).InfoS("Updated iptables chains", "family", r.cfg.Family, "changes", deltaSummary(deltas))
 	return nil
@@ -56,12 +67,14 @@ func (r *Rules) Update(portals []Portal) error {
 // rules in del, then insert each of ins at its position (1-based, counted
 // in the new chain, so inserting in order lands every rule in place). When
 // the change cannot be written as such a delta (rules kept but reordered)
-// or is most of the chain, rewrite says to flush and refill it instead.
+// or is most of the chain, rewrite says to flush and refill it instead;
+// drop says to delete the chain (a bucket no longer wanted).
 type chainDelta struct {
 	chain   ownedChain
 	del     []string
 	ins     []insertion
 	rewrite bool
+	drop    bool
 }
 
 type insertion struct {
@@ -69,7 +82,7 @@ type insertion struct {
 	rule string
 }
 
-func (d chainDelta) empty() bool { return !d.rewrite && len(d.del) == 0 && len(d.ins) == 0 }
+func (d chainDelta) empty() bool { return !d.rewrite && !d.drop && len(d.del) == 0 && len(d.ins) == 0 }
 
 // diffChain computes the delta from have to want. Rules within one chain
 // are unique (desired drops repeats), so a rule's text is its identity.
@@ -126,19 +139,30 @@ func diffChain(c ownedChain, have, want []string) chainDelta {
 }
 
 // deltaInput prints the deltas of one table as iptables-restore --noflush
-// input, or returns nil when the table has none.
+// input, or returns nil when the table has none: first the chains to
+// rewrite or drop are declared (which creates or flushes them), then the
+// rule lines, then the dropped chains are deleted, when nothing jumps to
+// them any more.
 func deltaInput(table Table, deltas []chainDelta, want chainRules) []byte {
 	var b bytes.Buffer
+	var these []chainDelta
 	for _, d := range deltas {
-		if d.chain.table != table {
-			continue
+		if d.chain.table == table {
+			these = append(these, d)
 		}
-		if b.Len() == 0 {
-			b.WriteString("*" + string(table) + "\n")
+	}
+	if len(these) == 0 {
+		return nil
+	}
+	b.WriteString("*" + string(table) + "\n")
+	for _, d := range these {
+		if d.rewrite || d.drop {
+			b.WriteString(":" + d.chain.name + " - [0:0]\n")
 		}
+	}
+	for _, d := range these {
 		name := d.chain.name
 		if d.rewrite {
-			b.WriteString(":" + name + " - [0:0]\n")
 			for _, rule := range want[name] {
 				b.WriteString("-A " + name + " " + rule + "\n")
 			}
@@ -151,8 +175,10 @@ func deltaInput(table Table, deltas []chainDelta, want chainRules) []byte {
 			b.WriteString("-I " + name + " " + strconv.Itoa(in.pos) + " " + in.rule + "\n")
 		}
 	}
-	if b.Len() == 0 {
-		return nil
+	for _, d := range these {
+		if d.drop {
+			b.WriteString("-X " + d.chain.name + "\n")
+		}
 	}
 	b.WriteString("COMMIT\n")
 	return b.Bytes()
@@ -162,9 +188,12 @@ func deltaInput(table Table, deltas []chainDelta, want chainRules) []byte {
 func deltaSummary(deltas []chainDelta) []string {
 	out := make([]string, len(deltas))
 	for i, d := range deltas {
-		if d.rewrite {
+		switch {
+		case d.drop:
+			out[i] = d.chain.name + " deleted"
+		case d.rewrite:
 			out[i] = d.chain.name + " rewritten"
-		} else {
+		default:
 			out[i] = fmt.Sprintf("%s -%d +%d", d.chain.name, len(d.del), len(d.ins))
 		}
 	}

@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -160,10 +161,22 @@ func TestUpdateRandomSequences(t *testing.T) {
 			Portal{Name: name, Protocol: TCP, Port: 30000 + i, NodePort: true, ProxyPort: 40000 + i},
 			Portal{Name: name, Protocol: TCP, IP: netip.AddrFrom4([4]byte{203, 0, 113, byte(i % 4)}), Port: 80, ProxyPort: 41000 + i, ClusterProxyPort: 40000 + i})
 	}
+	for _, bucketAbove := range []int{defaultBucketAbove, 30} {
+		t.Run(fmt.Sprintf("bucketAbove=%d", bucketAbove), func(t *testing.T) {
+			randomSequence(t, rng, pool, bucketAbove)
+		})
+	}
+}
+
+// randomSequence runs 400 random steps over pool; with a small bucketAbove
+// the chains move in and out of buckets as the set grows and shrinks.
+func randomSequence(t *testing.T, rng *rand.Rand, pool []Portal, bucketAbove int) {
 	cfg := testConfig
 	cfg.ClusterCIDRs = []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}
 	fake := NewFakeRunner(IPv4)
 	r := New(fake, cfg)
+	r.bucketAbove = bucketAbove
+	buckets := 0
 	in, bump := make([]bool, len(pool)), make([]int, len(pool))
 	var portals []Portal
 	for step := range 400 {
@@ -197,6 +210,51 @@ func TestUpdateRandomSequences(t *testing.T) {
 		assertState(t, fake, r, portals)
 		if t.Failed() {
 			t.Fatalf("step %d", step)
+		}
+		if len(fake.Chains(TableNAT)) > 8 {
+			buckets++
+		}
+	}
+	if bucketAbove < defaultBucketAbove && (buckets < 50 || buckets > 350) {
+		t.Errorf("buckets in use in %d of 400 steps; want the chains to move in and out of them", buckets)
+	}
+}
+
+// Chains past bucketAbove are split into buckets that Sync creates,
+// repairs and deletes again when the chain shrinks, and Cleanup removes.
+func TestSyncBuckets(t *testing.T) {
+	fake := NewFakeRunner(IPv4)
+	r := New(fake, testConfig)
+	r.bucketAbove = 4
+	many := manyPortals(40)
+	syncOK(t, r, many)
+	assertState(t, fake, r, many)
+	parent := fake.Rules(TableNAT, ChainPortalsContainer)
+	if len(parent) != numBuckets || parent[0] != "-j "+bucketChain(ChainPortalsContainer, 0) {
+		t.Fatalf("%s holds %q, want a jump to each of %d buckets", ChainPortalsContainer, parent, numBuckets)
+	}
+	// A bucket's rule deleted, another bucket flushed, a jump deleted.
+	var full string
+	for b := range numBuckets {
+		if name := bucketChain(ChainPortalsHost, b); len(fake.Rules(TableNAT, name)) > 0 {
+			full = name
+		}
+	}
+	args, _ := splitRule(fake.Rules(TableNAT, full)[0])
+	must(t, fake.DeleteRule(TableNAT, full, args...))
+	must(t, fake.Restore(restoreLines("*nat", ":"+bucketChain(ChainPortalsContainer, 7)+" - [0:0]", "COMMIT")))
+	must(t, fake.DeleteRule(TableFilter, ChainProxyPortGuard, "-j", bucketChain(ChainProxyPortGuard, 3)))
+	syncOK(t, r, many)
+	assertState(t, fake, r, many)
+
+	few := many[:4]
+	syncOK(t, r, few)
+	assertState(t, fake, r, few) // no bucket chain left
+	syncOK(t, r, many)
+	must(t, Cleanup(fake))
+	for _, table := range []Table{TableNAT, TableFilter} {
+		if chains := fake.Chains(table); len(chains) != len(builtinChains[table]) {
+			t.Errorf("after Cleanup %s holds chains %q", table, chains)
 		}
 	}
 }
