@@ -147,10 +147,16 @@ func inAny(port int, rs []PortRange) bool {
 // random port first (so restarts do not collide with ports still in
 // TIME_WAIT from the previous process), then scans.
 func (a *PortAllocator) AllocateNext() (int, error) {
+	return a.allocateFrom(0)
+}
+
+// allocateFrom is AllocateNext that, in the default mode, takes nothing
+// from the pool's first skip segments.
+func (a *PortAllocator) allocateFrom(skip int) (int, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.r.Size == 0 {
-		return a.nextFromPool(), nil
+		return a.nextFromPool(skip), nil
 	}
 	start := rand.IntN(a.r.Size)
 	for i := 0; i < a.r.Size; i++ {
@@ -163,11 +169,12 @@ func (a *PortAllocator) AllocateNext() (int, error) {
 	return 0, ErrPortRangeExhausted
 }
 
-// nextFromPool takes a free candidate, or 0 when all are held (or there
-// are none): the kernel then chooses, from its ephemeral range.
-func (a *PortAllocator) nextFromPool() int {
-	for _, s := range a.pool {
-		if s.used == len(s.ports) {
+// nextFromPool takes a free candidate of the segments after the first
+// skip, or 0 when all are held (or there are none): the kernel then
+// chooses, from its ephemeral range.
+func (a *PortAllocator) nextFromPool(skip int) int {
+	for i, s := range a.pool {
+		if i < skip || s.used == len(s.ports) {
 			continue
 		}
 		start := rand.IntN(len(s.ports))
@@ -199,13 +206,16 @@ func (a *PortAllocator) Release(port int) {
 }
 
 // maxPortTries bounds how many ports held by other processes the default
-// mode skips before it lets the kernel choose.
+// mode skips in one segment of its pool before it moves to the next one,
+// and the kernel chooses once every segment has had its tries.
 const maxPortTries = 16
 
 // Open listens on the next port. In the default mode a port another
-// process holds (EADDRINUSE, EACCES) is skipped for the next one, and after
-// maxPortTries the kernel chooses; with an explicit range a failed listen
-// releases the port and fails (the next sync retries).
+// process holds (EADDRINUSE, EACCES) is skipped for the next one; after
+// maxPortTries in a segment the next segment is tried (the ports above the
+// ephemeral range may be crowded by other listeners while those below it
+// are free), and after the last the kernel chooses. With an explicit range
+// a failed listen releases the port and fails (the next sync retries).
 func (a *PortAllocator) Open(listen func(port int) (proxySocket, error)) (proxySocket, error) {
 	// Ports others hold stay marked until Open returns, so one Open does
 	// not try them twice.
@@ -215,8 +225,9 @@ func (a *PortAllocator) Open(listen func(port int) (proxySocket, error)) (proxyS
 			a.Release(p)
 		}
 	}()
-	for try := 1; ; try++ {
-		port, err := a.AllocateNext()
+	skip, triesInSegment := 0, 0
+	for {
+		port, err := a.allocateFrom(skip)
 		if err != nil {
 			return nil, err
 		}
@@ -234,8 +245,10 @@ func (a *PortAllocator) Open(listen func(port int) (proxySocket, error)) (proxyS
 			return nil, fmt.Errorf("listen on port %d: %w", port, err)
 		}
 		held = append(held, port)
-		if try >= maxPortTries {
-			break
+		if triesInSegment++; triesInSegment >= maxPortTries {
+			if skip, triesInSegment = a.segmentAfter(port), 0; skip >= len(a.pool) {
+				break
+			}
 		}
 	}
 	sock, err := listen(0)
@@ -243,6 +256,16 @@ func (a *PortAllocator) Open(listen func(port int) (proxySocket, error)) (proxyS
 		return nil, fmt.Errorf("listen on a kernel-chosen port: %w", err)
 	}
 	return sock, nil
+}
+
+// segmentAfter is the index of the pool segment that follows port's.
+func (a *PortAllocator) segmentAfter(port int) int {
+	for i, s := range a.pool {
+		if port >= s.lo && port <= s.hi {
+			return i + 1
+		}
+	}
+	return len(a.pool)
 }
 
 // newPortAllocator is the proxier's: the explicit range if there is one,

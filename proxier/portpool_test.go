@@ -141,6 +141,10 @@ func TestPortAllocatorOpen(t *testing.T) {
 	widePool := func() *PortAllocator {
 		return NewNodePortAllocator(kernelPorts{Ephemeral: PortRange{Base: 1024, Size: 65436 - 1024}})
 	}
+	// The same 100 ports held above the range, and one free port below it.
+	twoSegments := func() *PortAllocator {
+		return NewNodePortAllocator(kernelPorts{Ephemeral: PortRange{Base: 1025, Size: 65436 - 1025}})
+	}
 	tests := []struct {
 		name      string
 		alloc     *PortAllocator
@@ -156,6 +160,8 @@ func TestPortAllocatorOpen(t *testing.T) {
 			map[int]error{65532: inUse, 65533: inUse, 65534: inUse, 65535: inUse}, 40000, 5, false},
 		{"more held than tries: the kernel chooses", widePool(),
 			map[int]error{}, 40000, maxPortTries + 1, false},
+		{"a crowded segment: the next one is tried", twoSegments(),
+			map[int]error{}, 1024, maxPortTries + 1, false},
 		{"other errors are not retried", pool(),
 			map[int]error{65532: syscall.EADDRNOTAVAIL, 65533: syscall.EADDRNOTAVAIL, 65534: syscall.EADDRNOTAVAIL, 65535: syscall.EADDRNOTAVAIL}, 0, 1, true},
 		{"explicit range: one try", NewPortAllocator(PortRange{Base: 5000, Size: 1}),
