@@ -87,16 +87,19 @@ func relayedBuffered(t *testing.T, o Options, buffered bool) (client, backend *n
 }
 
 // A reader that is slow but steady keeps the write bound from firing: the
-// bound is on time without progress, not on the time a chunk takes.
+// bound is on time without progress, not on the time a chunk takes. The
+// whole read takes 2.4 s, over twice the 1 s bound; the bound is ten of
+// the reader's 100 ms pauses, since on a loaded machine (load 10-16) a
+// pause overran a 300 ms bound.
 func TestWriteTimeoutSpareSlowReader(t *testing.T) {
-	client, backend, done := relayed(t, Options{WriteTimeout: 300 * time.Millisecond})
+	client, backend, done := relayed(t, Options{WriteTimeout: time.Second})
 	const total = 24 << 20
 	go func() {
 		backend.Write(make([]byte, total))
 		backend.CloseWrite()
 	}()
 	// Let every buffer fill, then read 1 MiB every 100 ms: the copy waits
-	// up to 100 ms at a time, a third of the bound, for seconds.
+	// up to 100 ms at a time, a tenth of the bound, for seconds.
 	time.Sleep(150 * time.Millisecond)
 	buf := make([]byte, 1<<20)
 	got := 0
