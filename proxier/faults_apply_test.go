@@ -60,3 +60,38 @@ func TestFaultAnnotationAppliesWithoutSync(t *testing.T) {
 		}
 	}
 }
+
+// An unnamed port's name in the fault API carries its number
+// ("default.web.80"): when the number changes the port is known by the new
+// name, with the Service's toxics, and the old name leaves the table (it
+// stayed there for good, and the API answered the new name with 404).
+func TestUnnamedPortNumberChangeRenamesFaultPort(t *testing.T) {
+	p := newTestProxier(t, Options{})
+	unnamed := func(port int32) svcOpt {
+		return func(s *v1.Service) { s.Spec.Ports[0].Name, s.Spec.Ports[0].Port = "", port }
+	}
+	proxies := func() []string {
+		var names []string
+		for _, fp := range p.opts.Faults.Proxies() {
+			names = append(names, fp.Name)
+		}
+		return names
+	}
+	old := makeService("web", unnamed(80))
+	p.OnServiceAdd(old)
+	p.Sync()
+	svc := makeService("web", unnamed(81), annotated(`[{"name":"slow","type":"latency","attributes":{"latency":300}}]`))
+	p.OnServiceUpdate(old, svc)
+	p.Sync()
+	if got := proxies(); len(got) != 1 || got[0] != "default.web.81" {
+		t.Fatalf("fault ports after 80 -> 81: %v, want [default.web.81]", got)
+	}
+	if got := declaredToxics(t, p, "default.web.81"); len(got) != 1 || got[0] != "slow/annotation" {
+		t.Fatalf("toxics of default.web.81: %v, want [slow/annotation]", got)
+	}
+	p.OnServiceDelete(svc)
+	p.Sync()
+	if got := proxies(); len(got) != 0 {
+		t.Fatalf("fault ports after the Service is gone: %v", got)
+	}
+}

@@ -410,8 +410,12 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 		if ap != nil && ap.info == info && (ap.external != nil || !info.policy.splitExternal()) {
 			continue // the same Service object as last sync, and nothing to retry
 		}
-		if ap != nil && ap.info.hasIPv6() != info.hasIPv6() {
-			// The socket's address family must change: reopen it.
+		if ap != nil && (ap.info.hasIPv6() != info.hasIPv6() || ap.info.faultName != info.faultName) {
+			// The socket's address family must change, or its fault port
+			// is renamed (an unnamed port's number is in the name, and the
+			// socket holds its fault port): reopen it, as a fresh proxier
+			// would open it. Else the fault API kept the old name and the
+			// port left the fault table only at its next change.
 			p.closePort(name, ap)
 			ap = nil
 		}
