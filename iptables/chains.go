@@ -167,3 +167,12 @@ func hasChain(want chainRules, name string) bool {
 	_, ok := want[name]
 	return ok
 }
+
+// SetBucketAbove sets the rule count past which a chain is split into
+// buckets (defaultBucketAbove unless set), so that tests of other packages
+// move chains in and out of buckets without building 1,024 rules.
+func (r *Rules) SetBucketAbove(n int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.bucketAbove = n
+}
