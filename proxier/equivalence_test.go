@@ -125,6 +125,9 @@ func TestChangePathMatchesFreshProxier(t *testing.T) {
 						step, lineDiff(got, want), describeServices(current))
 				}
 				fresh.stop()
+				if step%30 == 29 {
+					checkRestart(t, clk, w, current)
+				}
 			}
 			t.Logf("300 syncs (%d periodic), chains bucketed after %d", fullSyncs, bucketed)
 			if fullSyncs == 0 {
@@ -432,4 +435,53 @@ func equivSlice(name string) *discovery.EndpointSlice {
 		})
 	}
 	return es
+}
+
+// checkRestart starts proxiers over copies of w's rules, with either chain
+// layout (an upgrade that splits 1,024-rule chains into buckets, or the
+// way back), and checks that their first sync leaves what a fresh proxier
+// leaves, and that --cleanup then removes every chain and jump of ours.
+func checkRestart(t *testing.T, clk *clocktesting.FakeClock, w *equivWorld, current map[string]*v1.Service) {
+	t.Helper()
+	for _, bucketAbove := range []int{0, 12} {
+		restarted, fresh := newEquivWorld(t, clk, bucketAbove), newEquivWorld(t, clk, bucketAbove)
+		for _, pair := range [][2]*iptables.FakeRunner{{w.v4, restarted.v4}, {w.v6, restarted.v6}} {
+			for _, table := range []iptables.Table{iptables.TableNAT, iptables.TableFilter} {
+				saved, err := pair[0].Save(table)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := pair[1].Restore(saved); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		for _, x := range []*equivWorld{restarted, fresh} {
+			for _, svc := range current {
+				x.p.OnServiceAdd(svc)
+			}
+			for _, name := range equivNames {
+				x.p.OnEndpointSliceAdd(equivSlice(name))
+			}
+			x.p.Sync()
+		}
+		if got, want := restarted.state(t), fresh.state(t); got != want {
+			t.Fatalf("restart with bucketAbove=%d over the rules left by the change path differs from a fresh proxier (-restarted +fresh):\n%s\nServices:\n%s",
+				bucketAbove, lineDiff(got, want), describeServices(current))
+		}
+		for _, f := range []*iptables.FakeRunner{restarted.v4, restarted.v6} {
+			if err := iptables.Cleanup(f); err != nil {
+				t.Fatalf("cleanup: %v", err)
+			}
+			for _, table := range []iptables.Table{iptables.TableNAT, iptables.TableFilter} {
+				for _, chain := range f.Chains(table) {
+					if rules := f.Rules(table, chain); strings.HasPrefix(chain, "KUBE-") || len(rules) > 0 {
+						t.Fatalf("after cleanup %v %s holds chain %s with %q", f.Family(), table, chain, rules)
+					}
+				}
+			}
+		}
+		restarted.stop()
+		fresh.stop()
+	}
 }
