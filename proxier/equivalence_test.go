@@ -37,7 +37,8 @@ import (
 // connection lifetimes and fault ports. Random sequences move Services
 // through types, addresses shared with other Services, policies, affinity,
 // annotations, renamed ports, protocol changes, deletes and re-adds within
-// one sync, and proxy sockets that fail to open and are retried.
+// one sync, proxy sockets that fail to open and iptables writes and reads
+// that fail, both retried by the next sync.
 func TestChangePathMatchesFreshProxier(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
@@ -92,6 +93,14 @@ func TestChangePathMatchesFreshProxier(t *testing.T) {
 						}
 					}
 				}
+				// Sometimes a family's iptables fails this sync: a table's
+				// restore (the other table's section committed), every
+				// restore, or the read-back.
+				failing := rng.Intn(8) == 0
+				if failing {
+					f := pick(rng, w.v4, w.v6)
+					f.Errors = map[string]error{pick(rng, "Restore nat", "Restore filter", "Restore", "Save"): errors.New("injected iptables failure")}
+				}
 				clk.Step(time.Second)
 				if rng.Intn(15) == 0 {
 					w.p.SyncFull()
@@ -99,9 +108,10 @@ func TestChangePathMatchesFreshProxier(t *testing.T) {
 				} else {
 					w.p.Sync()
 				}
-				if len(w.fail) > 0 {
+				if len(w.fail) > 0 || failing {
 					// The next sync retries what failed.
 					clear(w.fail)
+					w.v4.Errors, w.v6.Errors = nil, nil
 					clk.Step(time.Second)
 					w.p.Sync()
 				}
