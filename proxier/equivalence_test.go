@@ -37,8 +37,8 @@ import (
 // connection lifetimes and fault ports. Random sequences move Services
 // through types, addresses shared with other Services, policies, affinity,
 // annotations, renamed ports, protocol changes, deletes and re-adds within
-// one sync, proxy sockets that fail to open and iptables writes and reads
-// that fail, both retried by the next sync.
+// one sync, proxy sockets that fail to open, iptables writes and reads and
+// healthCheckNodePort servers that fail, all retried by the next sync.
 func TestChangePathMatchesFreshProxier(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
@@ -101,6 +101,10 @@ func TestChangePathMatchesFreshProxier(t *testing.T) {
 					f := pick(rng, w.v4, w.v6)
 					f.Errors = map[string]error{pick(rng, "Restore nat", "Restore filter", "Restore", "Save"): errors.New("injected iptables failure")}
 				}
+				if rng.Intn(8) == 0 {
+					failing = true
+					w.health.setErr(errors.New("injected healthCheckNodePort failure"))
+				}
 				clk.Step(time.Second)
 				if rng.Intn(15) == 0 {
 					w.p.SyncFull()
@@ -112,6 +116,7 @@ func TestChangePathMatchesFreshProxier(t *testing.T) {
 					// The next sync retries what failed.
 					clear(w.fail)
 					w.v4.Errors, w.v6.Errors = nil, nil
+					w.health.setErr(nil)
 					clk.Step(time.Second)
 					w.p.Sync()
 				}
@@ -164,16 +169,28 @@ type equivWorld struct {
 	stop func()
 }
 
+// recordingHealth keeps the last healthCheckNodePorts it accepted; with
+// err set it refuses them.
 type recordingHealth struct {
 	mu   sync.Mutex
 	last map[types.NamespacedName]int
+	err  error
 }
 
 func (h *recordingHealth) SyncServices(ports map[types.NamespacedName]int) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.err != nil {
+		return h.err
+	}
 	h.last = maps.Clone(ports)
 	return nil
+}
+
+func (h *recordingHealth) setErr(err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.err = err
 }
 
 func newEquivWorld(t *testing.T, clk *clocktesting.FakeClock, bucketAbove int) *equivWorld {
