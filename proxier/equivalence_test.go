@@ -416,6 +416,21 @@ func randomService(rng *rand.Rand, name string) *v1.Service {
 	if rng.Intn(4) == 0 {
 		s.Spec.InternalTrafficPolicy = ptr.To(v1.ServiceInternalTrafficPolicyLocal)
 	}
+	if rng.Intn(5) == 0 {
+		s.Spec.TrafficDistribution = ptr.To(v1.ServiceTrafficDistributionPreferSameNode)
+	}
+	// Now and then nothing to proxy: a source that passes them on hands
+	// the proxier ExternalName and headless Services too.
+	switch rng.Intn(15) {
+	case 0:
+		s.Spec.Type, s.Spec.ExternalName = v1.ServiceTypeExternalName, "example.com"
+	case 1:
+		s.Spec.Type, s.Spec.ClusterIP, s.Spec.ClusterIPs, s.Spec.ExternalIPs = v1.ServiceTypeClusterIP, v1.ClusterIPNone, []string{v1.ClusterIPNone}, nil
+		s.Status.LoadBalancer.Ingress = nil
+		for i := range s.Spec.Ports {
+			s.Spec.Ports[i].NodePort = 0
+		}
+	}
 	if rng.Intn(3) == 0 {
 		s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
 		if rng.Intn(2) == 0 {
