@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 
 	sigsjson "sigs.k8s.io/json"
@@ -99,13 +100,39 @@ func badField(j []byte, prefix []string) string {
 		if decodesAlone(path, obj[k]) {
 			continue
 		}
-		if deeper := badField(obj[k], path); deeper != "" {
-			return deeper
+		// Look inside only a field that is an object itself: for a
+		// scalar field given an object, the field is what is wrong, not
+		// a key of the object (mode: {0: x} is "mode", not "mode.0").
+		if decodesAlone(path, json.RawMessage("{}")) {
+			if deeper := badField(obj[k], path); deeper != "" {
+				return deeper
+			}
 		}
-		return strings.Join(path, ".")
+		return fieldPath(path)
 	}
 	return ""
 }
+
+// fieldPath writes a field's path as the config file's readers know it,
+// iptables.syncPeriod; a map key that is not a plain name (featureGates
+// may hold any) is quoted, featureGates["a b"], so the path stays one
+// unambiguous word before the colon.
+func fieldPath(path []string) string {
+	var b strings.Builder
+	for i, k := range path {
+		switch {
+		case plainName.MatchString(k) && i == 0:
+			b.WriteString(k)
+		case plainName.MatchString(k):
+			b.WriteString("." + k)
+		default:
+			b.WriteString("[" + strconv.Quote(k) + "]")
+		}
+	}
+	return b.String()
+}
+
+var plainName = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9]*$`)
 
 // decodesAlone reports whether {path[0]: {path[1]: ... value}} decodes into
 // a configFile (unknown fields aside: those are reported by name already).

@@ -14,7 +14,7 @@ const configHead = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProx
 
 // configWhere is how every --config error starts: where the problem is.
 // An unknown or duplicate field is quoted (its name may be any string).
-var configWhere = regexp.MustCompile(`^(?:(?:line \d+|document|apiVersion/kind|[A-Za-z][A-Za-z0-9]*(?:\.[A-Za-z][A-Za-z0-9]*)*): \S|(?:unknown|duplicate) field ")`)
+var configWhere = regexp.MustCompile(`^(?:(?:line \d+|document|apiVersion/kind|(?:[A-Za-z][A-Za-z0-9]*|\["(?:[^"\\]|\\.)*"\])(?:\.[A-Za-z][A-Za-z0-9]*|\["(?:[^"\\]|\\.)*"\])*): \S|(?:unknown|duplicate) field ")`)
 
 // FuzzConfigFile: no --config content panics the loader; a file it refuses
 // gets a one-line error that starts with where the problem is (a line, a
