@@ -35,7 +35,10 @@ REPS=${BENCH_REPS:-3}
 IDLE_CONNS=${BENCH_IDLE_CONNS:-10000}
 PROFILE=${BENCH_PROFILE:-1}
 NEWCONN_CONNS=${BENCH_NEWCONN_CONNS:-32}
-CONFIGS=(direct dnat haproxy nginx kup)
+read -r -a CONFIGS <<<"${BENCH_CONFIGS:-direct dnat haproxy nginx kup}"
+# Extra environment for the proxy alone (GOMAXPROCS=1, GODEBUG=...), for
+# an A/B of runtime settings without touching the Go load generators.
+read -r -a KUP_ENV <<<"${BENCH_KUP_ENV:-}"
 FIGURES=${BENCH_FIGURES:-newconn keepalive tcp1 tcp4 udp idle}
 
 if [ "$(id -u)" != 0 ]; then
@@ -409,7 +412,7 @@ endpoints:
 EOF
 KUP_PID=
 start_kup() {
-	start "$NSN" kup "$WORK/kube-userspace-proxy" --manifests "$WORK/manifests" --bind-address 0.0.0.0 \
+	start "$NSN" kup env ${KUP_ENV[@]+"${KUP_ENV[@]}"} "$WORK/kube-userspace-proxy" --manifests "$WORK/manifests" --bind-address 0.0.0.0 \
 		--healthz-bind-address 127.0.0.1:10256 --metrics-bind-address 127.0.0.1:10249
 	KUP_PID=$LASTPID
 }
@@ -477,28 +480,47 @@ echo "# figure config rep value" >"$RAW"
 record() { printf '%s %s %s %s\n' "$1" "$2" "$3" "$4" >>"$RAW"; }
 
 # --- measurements ------------------------------------------------------------
+# record_cpu_per_request FIGURE CFG REP RATE T0 T1: the proxy's CPU (ticks
+# T0..T1 over the run) per request at RATE req/s, in µs; NA where no
+# process carries the configuration (direct, DNAT: softirq, charged to none).
+record_cpu_per_request() {
+	if [ -n "$5" ] && [ -n "$6" ]; then
+		record "$1" "$2" "$3" "$(echo "($6 - $5) / $CLK_TCK * 1000000 / ($4 * $DUR)" | bc -l)"
+	else
+		record "$1" "$2" "$3" NA
+	fi
+}
+
 measure_newconn() { # CFG REP
+	local r pids t0= t1=
+	pids=$(proc_pids "$1")
+	[ -n "$pids" ] && t0=$(cpu_ticks $pids)
 	inc wrk -t2 -c"$NEWCONN_CONNS" -d"${DUR}s" --latency -H 'Connection: close' "http://$(http_target "$1")/" >"$WORK/wrk.out" 2>&1 || true
-	local r
+	[ -n "$pids" ] && t1=$(cpu_ticks $pids)
 	if r=$("$BT" wrk "$WORK/wrk.out"); then
 		set -- "$1" "$2" $r
 		record newconn_rps "$1" "$2" "$3"
 		record newconn_p50 "$1" "$2" "$4"
 		record newconn_p99 "$1" "$2" "$5"
 		record newconn_err "$1" "$2" "$6"
+		record_cpu_per_request newconn_cpu_us "$1" "$2" "$3" "$t0" "$t1"
 	else
 		log "newconn $1: wrk failed: $(tail -n 3 "$WORK/wrk.out" | tr '\n' ' ')"
 	fi
 }
 
 measure_keepalive() { # CFG REP
+	local r pids t0= t1=
+	pids=$(proc_pids "$1")
+	[ -n "$pids" ] && t0=$(cpu_ticks $pids)
 	inc wrk -t2 -c64 -d"${DUR}s" --latency "http://$(http_target "$1")/" >"$WORK/wrk.out" 2>&1 || true
-	local r
+	[ -n "$pids" ] && t1=$(cpu_ticks $pids)
 	if r=$("$BT" wrk "$WORK/wrk.out"); then
 		set -- "$1" "$2" $r
 		record keepalive_rps "$1" "$2" "$3"
 		record keepalive_p99 "$1" "$2" "$5"
 		record keepalive_err "$1" "$2" "$6"
+		record_cpu_per_request keepalive_cpu_us "$1" "$2" "$3" "$t0" "$t1"
 	else
 		log "keepalive $1: wrk failed: $(tail -n 3 "$WORK/wrk.out" | tr '\n' ' ')"
 	fi
@@ -524,7 +546,7 @@ measure_iperf() { # CFG REP STREAMS
 }
 
 measure_udp() { # CFG REP
-	local t r pids t0 t1
+	local t r pids t0= t1=
 	t=$(udp_target "$1")
 	if [ -z "$t" ]; then
 		record udp_rps "$1" "$2" NA
@@ -538,11 +560,7 @@ measure_udp() { # CFG REP
 		record udp_rps "$1" "$2" "$3"
 		record udp_loss "$1" "$2" "$4"
 		# Proxy CPU per round trip (a datagram each way), in µs.
-		if [ -n "$pids" ]; then
-			record udp_cpu_us "$1" "$2" "$(echo "($t1 - $t0) / $CLK_TCK * 1000000 / ($3 * $DUR)" | bc -l)"
-		else
-			record udp_cpu_us "$1" "$2" NA
-		fi
+		record_cpu_per_request udp_cpu_us "$1" "$2" "$3" "$t0" "$t1"
 	else
 		log "udp $1: failed"
 	fi
@@ -658,13 +676,106 @@ if [ "$PROFILE" = 1 ] && command -v perf >/dev/null 2>&1; then
 				grep -E '^ +[0-9].*\[\.\] (github.com|net\.|internal/poll|syscall\.|runtime\.(mallocgc|gcBgMarkWorker|schedule|findRunnable)|os\.)' |
 				head -n 25 | trim || true
 			echo '```'
+			echo "Time inside each system call, including the kernel work it triggers (callees):"
+			echo '```'
+			syscall_split "$data"
+			echo '```'
+		} >>"$WORK/profiles.md"
+	}
+	# syscall_split DATA: share of the profile under each system call's
+	# kernel entry point (__x64_sys_*, __sys_* inlined ones folded in).
+	syscall_split() {
+		perf report -i "$1" --stdio --children --sort symbol -g none 2>/dev/null |
+			grep -E '\[k\] __x64_sys_' | head -n 14 | trim || true
+	}
+	# peer_profile CFG LOAD-CMD...: the same system-call split for a peer
+	# proxy (HAProxy, nginx's workers) under the same load.
+	peer_profile() {
+		local cfg=$1 pids
+		shift
+		pids=$(proc_pids "$cfg" | tr -s ' ' ',' | sed 's/,$//')
+		[ -n "$pids" ] || return 0
+		perf record -q -F 499 -g -p "$pids" -o "$WORK/perf-$cfg.data" -- sleep "$DUR" >/dev/null 2>&1 &
+		local perf_pid=$!
+		"$@" >/dev/null 2>&1 || true
+		wait "$perf_pid" || true
+		{
+			echo
+			echo "### $cfg under the new-connection load, for comparison"
+			echo
+			echo "Where the time goes (perf --sort dso):"
+			echo '```'
+			perf report -i "$WORK/perf-$cfg.data" --stdio --no-children --sort dso -g none 2>/dev/null | grep -E '^ +[0-9]' | head -n 5 | trim || true
+			echo '```'
+			echo "Time inside each system call, including the kernel work it triggers (callees):"
+			echo '```'
+			syscall_split "$WORK/perf-$cfg.data"
+			echo '```'
 		} >>"$WORK/profiles.md"
 	}
 	log "profiling the proxy under the new-connection load"
 	profile new-connection inc wrk -t2 -c"$NEWCONN_CONNS" -d"${DUR}s" -H 'Connection: close' "http://$(http_target kup)/"
+	for peer in haproxy nginx; do
+		case " ${CONFIGS[*]} " in *" $peer "*) ;; *) continue ;; esac
+		log "profiling $peer under the new-connection load"
+		peer_profile "$peer" inc wrk -t2 -c"$NEWCONN_CONNS" -d"${DUR}s" -H 'Connection: close' "http://$(http_target "$peer")/"
+	done
 	log "profiling the proxy under the UDP load"
 	profile UDP inc "$BT" udp-load -target "$(udp_target kup)" -flows 16 -window 4 -duration "${DUR}s"
 	PROFILES=$(cat "$WORK/profiles.md")
+fi
+# --- what each request costs each proxy (perf stat) ---------------------------
+# Counted over every process that carries the configuration (nginx: its
+# workers), while one load runs, and divided by the requests it completed:
+# system calls, context switches and CPU time (perf's task-clock). This is
+# the figure that says whether a proxy does more work per request or is
+# only slowed by sharing 2 CPUs with its load generator.
+COSTS=
+if { [ "$PROFILE" = 1 ] || [ "$PROFILE" = costs ]; } && command -v perf >/dev/null 2>&1 &&
+	perf stat -e raw_syscalls:sys_enter -p $$ -- true >/dev/null 2>&1; then
+	# cost_row CFG LOAD: runs LOAD's generator against CFG once, prints a row.
+	cost_row() {
+		local cfg=$1 load=$2 pids rate stat
+		pids=$(proc_pids "$cfg" | tr -s ' ' ',' | sed 's/,$//')
+		[ -n "$pids" ] || return 0
+		perf stat -x, -e raw_syscalls:sys_enter,context-switches,task-clock -p "$pids" -o "$WORK/stat.csv" -- sleep "$DUR" >/dev/null 2>&1 &
+		local perf_pid=$!
+		case $load in
+		new-connection)
+			inc wrk -t2 -c"$NEWCONN_CONNS" -d"${DUR}s" -H 'Connection: close' "http://$(http_target "$cfg")/" >"$WORK/wrk.out" 2>&1 || true
+			rate=$("$BT" wrk "$WORK/wrk.out" | cut -d' ' -f1) || rate=
+			;;
+		keep-alive)
+			inc wrk -t2 -c64 -d"${DUR}s" "http://$(http_target "$cfg")/" >"$WORK/wrk.out" 2>&1 || true
+			rate=$("$BT" wrk "$WORK/wrk.out" | cut -d' ' -f1) || rate=
+			;;
+		UDP)
+			[ -n "$(udp_target "$cfg")" ] || { wait "$perf_pid" || true; return 0; }
+			rate=$(inc "$BT" udp-load -target "$(udp_target "$cfg")" -flows 16 -window 4 -duration "${DUR}s" 2>/dev/null | cut -d' ' -f1) || rate=
+			;;
+		esac
+		wait "$perf_pid" || true
+		[ -n "$rate" ] || return 0
+		awk -F, -v cfg="$cfg" -v load="$load" -v n="$(echo "$rate * $DUR" | bc -l)" '
+			$3 == "raw_syscalls:sys_enter" {sc = $1}
+			$3 == "context-switches" {cs = $1}
+			$3 == "task-clock" {ms = $1}
+			END {if (n > 0) printf "| %s | %s | %.0f | %.1f | %.2f | %.1f |\n", load, cfg, n / 1000, sc / n, cs / n, ms * 1000 / n}
+		' "$WORK/stat.csv"
+	}
+	log "counting system calls and context switches per request"
+	{
+		echo "| load | proxy | requests (k) | system calls per request | context switches per request | CPU per request (µs) |"
+		echo "|---|---|---|---|---|---|"
+		for load in new-connection keep-alive UDP; do
+			case $load in new-connection) fig=newconn ;; keep-alive) fig=keepalive ;; UDP) fig=udp ;; esac
+			case " $FIGURES " in *" $fig "*) ;; *) continue ;; esac
+			for cfg in "${CONFIGS[@]}"; do
+				case $cfg in haproxy | nginx | kup) cost_row "$cfg" "$load" ;; esac
+			done
+		done
+	} >"$WORK/costs.md"
+	COSTS=$(cat "$WORK/costs.md")
 fi
 T_END=$(date +%s)
 LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -697,6 +808,15 @@ about 0.3 KiB). nginx runs a master and one worker per CPU: its CPU, RSS and des
 over its workers (the master carries no connection). HAProxy has no UDP in mode tcp; nginx stream
 relays UDP. iperf3 goes to one backend in every configuration.
 EOF
+	if [ -n "$COSTS" ]; then
+		echo
+		echo "## Work per request, per proxy (perf stat over its processes, ${DUR}s each, after the table)"
+		echo
+		echo "A UDP request is a datagram each way; a new-connection request is a connection accepted,"
+		echo "one dialled, one HTTP request and answer, and both closed."
+		echo
+		echo "$COSTS"
+	fi
 	if [ -n "$PROFILES" ]; then
 		echo
 		echo "## CPU profile of kube-userspace-proxy (perf record -g, ${DUR}s, one extra run after the table)"
