@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 )
 
@@ -186,7 +187,7 @@ func (s *udpProxySocket) forward(client netip.AddrPort, b, oob []byte) {
 	s.sessions.touch(sess, now)
 	sess.bytesIn += int64(len(b))
 	if plan == nil {
-		_, err := unix.Write(sess.fd, b)
+		_, err := rawio.Write(sess.fd, b)
 		if errors.Is(err, unix.ECONNREFUSED) {
 			// The backend's port is closed (an earlier ICMP error): the
 			// client's next datagram picks again.
@@ -304,7 +305,7 @@ func (s *udpProxySocket) upSenderLocked(sess *udpSession) func([]byte) {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			if sess.fd >= 0 {
-				_, _ = unix.Write(sess.fd, b)
+				_, _ = rawio.Write(sess.fd, b)
 			}
 		}
 	}
@@ -370,7 +371,7 @@ func (s *udpProxySocket) relayFrom(fd int, buf []byte) {
 			s.mu.Unlock()
 			return
 		}
-		n, err := unix.Read(fd, buf)
+		n, err := rawio.Read(fd, buf)
 		if err != nil {
 			if err != unix.EAGAIN && err != unix.EINTR {
 				// Refused (ICMP port unreachable) or broken: end the

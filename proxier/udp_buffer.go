@@ -8,6 +8,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 )
 
 // maxDatagram fits any UDP payload; the legacy 4 KiB buffer truncated.
@@ -72,11 +74,11 @@ func (rb *udpReadBuf) recvmsg(fd, oobLen int) (n, oobn int, from netip.AddrPort,
 		rb.hdr.Control = &rb.oob[0]
 		rb.hdr.SetControllen(oobLen)
 	}
-	r, _, errno := unix.Syscall(unix.SYS_RECVMSG, uintptr(fd), uintptr(unsafe.Pointer(&rb.hdr)), 0)
-	if errno != 0 {
-		return 0, 0, netip.AddrPort{}, errno
+	r, err := rawio.Recvmsg(fd, &rb.hdr)
+	if err != nil {
+		return 0, 0, netip.AddrPort{}, err
 	}
-	return int(r), int(rb.hdr.Controllen), rb.source(), nil
+	return r, int(rb.hdr.Controllen), rb.source(), nil
 }
 
 // source decodes the raw source address recvmsg left in rb.from.

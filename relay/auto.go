@@ -8,6 +8,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 )
 
 // autoBufSize is the small buffer a direction reads through first. A read
@@ -162,11 +164,11 @@ func (a *autoCopier) read(fd uintptr) bool {
 		a.buf = autoBufs.Get().(*[]byte)
 		a.changed()
 	}
-	a.n, a.readErr = unix.Read(int(fd), *a.buf)
+	a.n, a.readErr = rawio.Read(int(fd), *a.buf)
 	for a.readErr == unix.EINTR {
 		// Retry here: returning false would wait in the edge-triggered
 		// poller for bytes that may already be there.
-		a.n, a.readErr = unix.Read(int(fd), *a.buf)
+		a.n, a.readErr = rawio.Read(int(fd), *a.buf)
 	}
 	switch a.readErr {
 	case unix.EAGAIN:
@@ -192,7 +194,7 @@ func (a *autoCopier) writeAll() (int, error) {
 func (a *autoCopier) write(fd uintptr) bool {
 	out := (*a.buf)[:a.n]
 	for a.written < int64(len(out)) {
-		m, err := unix.Write(int(fd), out[a.written:])
+		m, err := rawio.Write(int(fd), out[a.written:])
 		switch {
 		case err == unix.EINTR:
 			continue

@@ -9,6 +9,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 )
 
 // spliceChunk is how much one splice moves at most: the pipe's size, set to
@@ -140,7 +142,7 @@ func (s *splicer) fill(fd uintptr) bool {
 		s.held = true
 	}
 	for {
-		s.n, s.readErr = unix.Splice(int(fd), nil, s.pp.w, nil, spliceChunk, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+		s.n, s.readErr = rawio.Splice(int(fd), s.pp.w, spliceChunk)
 		if s.readErr != unix.EINTR {
 			break
 		}
@@ -203,7 +205,7 @@ func (d *pipeDrainer) run(raw syscall.RawConn, call func(fd uintptr) bool, pp pi
 
 func (d *pipeDrainer) write(fd uintptr) bool {
 	for d.written < d.n {
-		m, err := unix.Splice(d.pp.r, nil, int(fd), nil, int(d.n-d.written), unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+		m, err := rawio.Splice(d.pp.r, int(fd), int(d.n-d.written))
 		switch {
 		case err == unix.EINTR:
 			continue

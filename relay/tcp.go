@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"k8s.io/utils/clock"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 )
 
 // Counter receives the bytes a direction moved (a prometheus.Counter fits).
@@ -254,7 +256,11 @@ func (c *Conn) copyHalf(dst, src *net.TCPConn, copier Copier, bytes Counter, a *
 		src.Close()
 		return
 	}
-	_ = dst.CloseWrite()
+	if copier == nil && c.rawErr == nil {
+		_ = a.splice.dstRaw.Control(func(fd uintptr) { _ = rawio.ShutdownWrite(int(fd)) })
+	} else {
+		_ = dst.CloseWrite()
+	}
 	// Only the first direction to end leaves the other running to bound.
 	if c.ended.Add(1) == 1 && c.o.HalfCloseTimeout > 0 {
 		c.half = watchHalfClosed(c, dst, src)

@@ -1,0 +1,117 @@
+package rawio
+
+import (
+	"errors"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+func nonblockingPipe(t *testing.T) (r, w int) {
+	t.Helper()
+	var fds [2]int
+	if err := unix.Pipe2(fds[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fds[0]); unix.Close(fds[1]) })
+	return fds[0], fds[1]
+}
+
+func socketPair(t *testing.T, typ int) (a, b int) {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, typ|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fds[0]); unix.Close(fds[1]) })
+	return fds[0], fds[1]
+}
+
+func TestReadWrite(t *testing.T) {
+	r, w := nonblockingPipe(t)
+	buf := make([]byte, 16)
+	if _, err := Read(r, buf); !errors.Is(err, unix.EAGAIN) {
+		t.Fatalf("read of an empty non-blocking pipe: %v, want EAGAIN", err)
+	}
+	if n, err := Write(w, nil); n != 0 || err != nil {
+		t.Fatalf("empty write: %d, %v", n, err)
+	}
+	if n, err := Write(w, []byte("hello")); n != 5 || err != nil {
+		t.Fatalf("write: %d, %v", n, err)
+	}
+	if n, err := Read(r, buf); n != 5 || err != nil || string(buf[:n]) != "hello" {
+		t.Fatalf("read: %d %q, %v", n, buf[:n], err)
+	}
+	if n, err := Read(r, nil); n != 0 || err != nil {
+		t.Fatalf("empty read: %d, %v", n, err)
+	}
+	if _, err := Write(-1, []byte("x")); !errors.Is(err, unix.EBADF) {
+		t.Fatalf("write to -1: %v, want EBADF", err)
+	}
+}
+
+func TestSpliceThroughPipe(t *testing.T) {
+	a, b := socketPair(t, unix.SOCK_STREAM)
+	pr, pw := nonblockingPipe(t)
+	c, d := socketPair(t, unix.SOCK_STREAM)
+	if _, err := Splice(b, pw, 1<<16); !errors.Is(err, unix.EAGAIN) {
+		t.Fatalf("splice from an empty socket: %v, want EAGAIN", err)
+	}
+	if _, err := unix.Write(a, []byte("spliced")); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := Splice(b, pw, 1<<16); n != 7 || err != nil {
+		t.Fatalf("socket to pipe: %d, %v", n, err)
+	}
+	if n, err := Splice(pr, c, 7); n != 7 || err != nil {
+		t.Fatalf("pipe to socket: %d, %v", n, err)
+	}
+	buf := make([]byte, 16)
+	if n, err := unix.Read(d, buf); string(buf[:n]) != "spliced" || err != nil {
+		t.Fatalf("read at the far end: %q, %v", buf[:n], err)
+	}
+}
+
+func TestShutdownWriteSendsEOF(t *testing.T) {
+	a, b := socketPair(t, unix.SOCK_STREAM)
+	if err := ShutdownWrite(a); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4)
+	if n, err := unix.Read(b, buf); n != 0 || err != nil {
+		t.Fatalf("peer read after shutdown: %d, %v; want EOF (0, nil)", n, err)
+	}
+	// The other direction still works: only writing was shut.
+	if _, err := unix.Write(b, []byte("ok")); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := Read(a, buf); string(buf[:n]) != "ok" || err != nil {
+		t.Fatalf("read the open direction: %q, %v", buf[:n], err)
+	}
+	if err := ShutdownWrite(-1); !errors.Is(err, unix.EBADF) {
+		t.Fatalf("shutdown of -1: %v, want EBADF", err)
+	}
+}
+
+func TestRecvmsg(t *testing.T) {
+	a, b := socketPair(t, unix.SOCK_DGRAM)
+	var hdr unix.Msghdr
+	data := make([]byte, 64)
+	iov := unix.Iovec{Base: &data[0]}
+	iov.SetLen(len(data))
+	hdr.Iov, hdr.Iovlen = &iov, 1
+	if _, err := Recvmsg(b, &hdr); !errors.Is(err, unix.EAGAIN) {
+		t.Fatalf("recvmsg with nothing queued: %v, want EAGAIN", err)
+	}
+	for _, msg := range []string{"one", "datagram"} {
+		if _, err := unix.Write(a, []byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, want := range []string{"one", "datagram"} {
+		n, err := Recvmsg(b, &hdr)
+		if err != nil || string(data[:n]) != want {
+			t.Fatalf("recvmsg: %q, %v; want %q (datagram boundaries kept)", data[:n], err, want)
+		}
+	}
+}
