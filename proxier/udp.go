@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,12 +28,14 @@ const repliesPerWake = 16
 var errSessionLimit = errors.New("UDP session limit reached")
 
 // udpProxySocket relays datagrams for one service port. Each client ip:port
-// gets a session: a connected socket to the chosen backend. Two goroutines
-// serve the port whatever the number of sessions: Serve reads the service
-// socket and writes to backends; relayReplies waits on every backend socket
-// at once (udpPoller) and writes replies back through the service socket,
+// gets a session: a connected socket to the chosen backend. One goroutine
+// serves the port whatever the number of sessions: it waits on the service
+// socket and every backend socket at once (udpPoller), relays client
+// datagrams to backends and writes replies back through the service socket,
 // from the address the client sent to, so that conntrack turns their source
-// back into the service address.
+// back into the service address. One wake-up serves whatever is ready in
+// either direction (two goroutines, one per direction, were two wake-ups per
+// request/response under load).
 type udpProxySocket struct {
 	name      loadbalancer.ServicePortName
 	label     string
@@ -48,9 +51,13 @@ type udpProxySocket struct {
 	// messages (0 otherwise).
 	replyFromDestination bool
 	oobLen               int
-	// drainFn is drain as a func value, built once: a method value made per
-	// wake-up would be an allocation each.
-	drainFn func(fd uintptr) bool
+	// serviceFD is the service socket's descriptor as the poller reports
+	// it; drainFn is drain as a func value, built once (a method value made
+	// per wake-up would be an allocation each), run through serviceRaw's
+	// Control so Close cannot release the descriptor while it reads.
+	serviceFD  int
+	serviceRaw syscall.RawConn
+	drainFn    func(fd uintptr)
 
 	sessionsGauge                   prometheus.Gauge
 	dialFailures, bytesIn, bytesOut prometheus.Counter
@@ -127,32 +134,46 @@ func (s *udpProxySocket) Close() error {
 	})
 }
 
-// Serve reads client datagrams until Close; it also runs the reply loop.
+// Serve relays both ways until Close. Waiting holds no buffer: the poller
+// parks the goroutine until a socket is readable, and a buffer is taken
+// only to empty what is ready.
 func (s *udpProxySocket) Serve() {
-	go s.relayReplies()
 	raw, err := s.conn.SyscallConn()
 	if err != nil {
 		klog.ErrorS(err, "UDP service socket unusable", "servicePort", s.label)
 		return
 	}
-	// Waiting for datagrams holds no buffer: raw.Read parks until the
-	// socket is readable, and drain takes one only to empty it. It returns
-	// once the socket is closed (there is no deadline).
-	_ = raw.Read(s.drainFn)
+	s.serviceRaw = raw
+	err = raw.Control(func(fd uintptr) {
+		s.mu.Lock() // add is serialised with close
+		defer s.mu.Unlock()
+		s.serviceFD = int(fd)
+		if s.shut {
+			return
+		}
+		err = s.poller.add(int(fd))
+	})
+	if err != nil {
+		klog.ErrorS(err, "UDP service socket unusable", "servicePort", s.label)
+		return
+	}
+	s.relayLoop()
 }
 
-// drain relays every datagram queued on the service socket fd, in a
-// buffer taken from udpReadBufs for the drain and given back before the
-// socket waits again. It returns false at EAGAIN (wait for more), true
-// once the socket is closed: Close cannot release the descriptor while a
-// drain uses it, so a steady flood must not keep the drain going.
-func (s *udpProxySocket) drain(fd uintptr) bool {
+// serviceBatch bounds the client datagrams one wake-up relays, so a flood
+// on the service socket leaves room for the replies of the same wake-up
+// (the poller is level-triggered: what is left is reported again at once).
+const serviceBatch = 256
+
+// drain relays up to serviceBatch datagrams queued on the service socket
+// fd, in a buffer taken from udpReadBufs for the drain.
+func (s *udpProxySocket) drain(fd uintptr) {
 	rb := getUDPReadBuf()
 	defer putUDPReadBuf(rb)
-	for {
+	for range serviceBatch {
 		select {
 		case <-s.closed:
-			return true
+			return
 		default:
 		}
 		n, oobn, from, err := rb.recvmsg(int(fd), s.oobLen)
@@ -160,7 +181,7 @@ func (s *udpProxySocket) drain(fd uintptr) bool {
 		case nil:
 			s.forward(from, rb.data[:n], rb.oob[:oobn])
 		case unix.EAGAIN:
-			return false
+			return
 		case unix.EINTR:
 		default:
 			klog.V(2).InfoS("UDP read failed", "servicePort", s.label, "err", err)
@@ -322,10 +343,10 @@ func (s *udpProxySocket) downSenderLocked(sess *udpSession) func([]byte) {
 	return sess.sendDown
 }
 
-// relayReplies is the port's reply loop: it waits on every backend socket,
-// relays what arrives, and closes sessions idle for udpIdleTimeout when the
+// relayLoop waits on the service socket and every backend socket, relays
+// what arrives, and closes sessions idle for udpIdleTimeout when the
 // poller's deadline (the oldest session's expiry) passes.
-func (s *udpProxySocket) relayReplies() {
+func (s *udpProxySocket) relayLoop() {
 	for {
 		n, err := s.poller.wait()
 		if errors.Is(err, os.ErrDeadlineExceeded) {
@@ -345,11 +366,20 @@ func (s *udpProxySocket) relayReady(n int) {
 	if n == 0 {
 		return
 	}
-	rb := getUDPReadBuf()
+	var rb *udpReadBuf
 	for _, ev := range s.poller.events[:n] {
+		if int(ev.Fd) == s.serviceFD {
+			_ = s.serviceRaw.Control(s.drainFn)
+			continue
+		}
+		if rb == nil {
+			rb = getUDPReadBuf()
+		}
 		s.relayFrom(int(ev.Fd), rb.data[:])
 	}
-	putUDPReadBuf(rb)
+	if rb != nil {
+		putUDPReadBuf(rb)
+	}
 }
 
 // deadlinePassed relays the replies already waiting, then expires idle

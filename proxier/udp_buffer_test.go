@@ -151,13 +151,14 @@ func TestUDPPortsHoldNoReadBuffer(t *testing.T) {
 	runtime.GC()
 	runtime.GC()
 	before := liveHeap()
+	goroutinesBefore := runtime.NumGoroutine()
 	for i := range ports {
 		svc := fmt.Sprintf("dns-%d", i)
 		p.OnServiceAdd(makeService(svc, withProtocol(v1.ProtocolUDP)))
 		p.OnEndpointSliceAdd(makeSlice(svc, v1.ProtocolUDP, echo.LocalAddr().String()))
 	}
 	p.Sync()
-	// One round trip through each port: both of its loops have run.
+	// One round trip through each port: its loop has served both ways.
 	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		t.Fatal(err)
@@ -181,6 +182,11 @@ func TestUDPPortsHoldNoReadBuffer(t *testing.T) {
 	t.Logf("%.0f B of live heap per UDP service port", perPort)
 	if perPort > 32<<10 {
 		t.Errorf("%.0f B of live heap per UDP service port after a round trip each, want at most 32 KiB (no 64 KiB buffer kept)", perPort)
+	}
+	// One goroutine serves a port both ways, whatever its sessions (a
+	// second one per port, for replies, was 2-8 KiB of stack each).
+	if extra := runtime.NumGoroutine() - goroutinesBefore; extra > ports+ports/10 {
+		t.Errorf("%d goroutines for %d UDP service ports with a session each, want about 1 per port", extra, ports)
 	}
 	runtime.KeepAlive(p)
 }
