@@ -182,11 +182,7 @@ func New(opts Options) *Proxier {
 	if opts.Dialer == nil {
 		// Go's own keep-alive setup is off (it would set the options after
 		// connect, one call each); Liveness sets them before connect.
-		d := &net.Dialer{KeepAlive: -1}
-		if opts.Liveness.Enabled() {
-			d.Control = opts.Liveness.Control
-		}
-		opts.Dialer = d
+		opts.Dialer = &net.Dialer{KeepAlive: -1, Control: relay.SocketControl(opts.Liveness)}
 	}
 	if opts.DialTimeouts == nil {
 		opts.DialTimeouts = defaultDialTimeouts

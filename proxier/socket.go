@@ -62,9 +62,9 @@ var defaultDialTimeouts = []time.Duration{250 * time.Millisecond, 500 * time.Mil
 
 // tcpListenConfig disables Go's default TCP keep-alive setup on listening
 // and accepted sockets: it costs setsockopt calls per connection (9 % of CPU
-// in the measured naive proxy). Keep-alive and TCP_USER_TIMEOUT (l) are set
-// once on the listening socket instead, and every accepted socket inherits
-// them. Go (since 1.24) listens with Multipath TCP by default. For a
+// in the measured naive proxy). Keep-alive and TCP_USER_TIMEOUT (l), and
+// TCP_INQ (relay.SocketControl), are set once on the listening socket
+// instead, and every accepted socket inherits them. Go (since 1.24) listens with Multipath TCP by default. For a
 // plain-TCP client that costs nothing measurable (the kernel falls back at
 // the handshake: BenchmarkTCPConnectRequest, process CPU per connect+request
 // 180-217 us plain vs 194-223 us MPTCP), but an MPTCP client then sets up a
@@ -72,11 +72,8 @@ var defaultDialTimeouts = []time.Duration{250 * time.Millisecond, 500 * time.Mil
 // dialling MPTCP: 253-270 vs 299-387 us) that gains it nothing, since the
 // backend side is plain TCP anyway. So MPTCP is opt-in (--mptcp).
 func tcpListenConfig(multipath bool, l relay.Liveness) net.ListenConfig {
-	lc := net.ListenConfig{KeepAlive: -1}
+	lc := net.ListenConfig{KeepAlive: -1, Control: relay.SocketControl(l)}
 	lc.SetMultipathTCP(multipath)
-	if l.Enabled() {
-		lc.Control = l.Control
-	}
 	return lc
 }
 

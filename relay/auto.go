@@ -56,6 +56,9 @@ type autoCopier struct {
 	buf     *[]byte // held only while src has data
 	n       int
 	readErr error
+	// relayed counts the bytes the read callback wrote on itself (the
+	// TCP_INQ path; a failure on dst there is readErr, a *WriteError).
+	relayed int64
 
 	written  int64
 	writeErr error
@@ -129,6 +132,7 @@ func (a *autoCopier) run() (int64, error) {
 			continue
 		}
 		n, err := a.readOnce()
+		total += a.relayed
 		if err != nil {
 			return total, err
 		}
@@ -149,9 +153,11 @@ func (a *autoCopier) run() (int64, error) {
 }
 
 // readOnce waits until src has bytes and reads what fits the buffer;
-// 0 with no error is EOF.
+// 0 with no error is EOF. Messages that emptied src on the way were
+// relayed already (a.relayed).
 func (a *autoCopier) readOnce() (int, error) {
 	a.n, a.readErr, a.op = 0, nil, opRead
+	a.relayed = 0
 	err := a.splice.srcRaw.Read(a.call)
 	if err == nil {
 		err = a.readErr
@@ -159,29 +165,55 @@ func (a *autoCopier) readOnce() (int, error) {
 	return a.n, err
 }
 
+// read is the read callback. Go's poller forgets readiness at the start of
+// every raw read, so between two raw reads a direction must read until
+// EAGAIN before it may wait: one system call per message that only says
+// "nothing more". Within one raw read it need not. So when the kernel's
+// TCP_INQ hint (SocketControl sets the option) says a read emptied src —
+// nothing queued and no FIN: the next read would be that EAGAIN — the
+// message is written to dst here, inside the raw read, and the direction
+// waits in the poller at once (HAProxy learns the same from epoll's RDHUP
+// flag, which Go does not pass on). Without a hint, with more queued, or
+// with the buffer full (bulk: splice may take over), the read returns to
+// run as before.
 func (a *autoCopier) read(fd uintptr) bool {
-	if a.buf == nil {
-		a.buf = autoBufs.Get().(*[]byte)
-		a.changed()
-	}
-	a.n, a.readErr = rawio.Read(int(fd), *a.buf)
-	for a.readErr == unix.EINTR {
-		// Retry here: returning false would wait in the edge-triggered
-		// poller for bytes that may already be there.
-		a.n, a.readErr = rawio.Read(int(fd), *a.buf)
-	}
-	switch a.readErr {
-	case unix.EAGAIN:
-		// Nothing to read: give the buffer back while we wait, so an
-		// idle connection holds none.
+	for {
+		if a.buf == nil {
+			a.buf = autoBufs.Get().(*[]byte)
+			a.changed()
+		}
+		var inq int
+		a.n, inq, a.readErr = rawio.RecvInq(int(fd), *a.buf)
+		switch a.readErr {
+		case nil:
+		case unix.EINTR:
+			// Retry here: returning false would wait in the edge-triggered
+			// poller for bytes that may already be there.
+			continue
+		case unix.EAGAIN:
+			// Nothing to read: give the buffer back while we wait, so an
+			// idle connection holds none.
+			a.release()
+			a.readErr = nil
+			return false
+		default:
+			a.n = 0
+			return true
+		}
+		if a.n == 0 || inq != 0 || a.n == len(*a.buf) {
+			return true // EOF, or run writes (and may splice)
+		}
+		a.op = opWrite
+		written, err := a.writeAll()
+		a.op = opRead
+		a.relayed += int64(written)
+		if err != nil {
+			a.n, a.readErr = 0, &WriteError{err}
+			return true
+		}
 		a.release()
-		a.readErr = nil
-		return false
+		return false // src is empty and open: wait for more
 	}
-	if a.n < 0 {
-		a.n = 0
-	}
-	return true
 }
 
 // writeAll writes the n bytes the last read put in the buffer.

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -167,4 +168,119 @@ func TestAutoWriteFailureIsWriteError(t *testing.T) {
 	if !errors.As(err, &we) {
 		t.Fatalf("Auto returned %v, want a *WriteError", err)
 	}
+}
+
+// relayedOver is relayed with sockets from newPair.
+func relayedOver(t *testing.T, newPair func(*testing.T) (a, b *net.TCPConn), o Options) (client, backend *net.TCPConn, done chan struct{}) {
+	client, proxyClient := newPair(t)
+	proxyBackend, backend := newPair(t)
+	done = make(chan struct{})
+	go func() {
+		TCP(proxyClient, proxyBackend, o)
+		close(done)
+	}()
+	return client, backend, done
+}
+
+// With the TCP_INQ hint a direction writes a message that emptied its
+// source inside the raw read and waits without reading again; without it
+// (plain sockets) it reads until EAGAIN. Both must relay the same.
+var inqPairs = map[string]func(*testing.T) (a, b *net.TCPConn){"inq": pair, "no-hint": plainPair}
+
+func TestAutoSmallMessagesBothWays(t *testing.T) {
+	for name, newPair := range inqPairs {
+		t.Run(name, func(t *testing.T) {
+			in, out := &count{}, &count{}
+			client, backend, done := relayedOver(t, newPair, Options{In: in, Out: out})
+			const rounds = 500
+			go func() {
+				buf := make([]byte, 64)
+				for {
+					n, err := backend.Read(buf)
+					if err != nil {
+						backend.Close()
+						return
+					}
+					if _, err := backend.Write(buf[:n]); err != nil {
+						return
+					}
+				}
+			}()
+			msg, got := []byte("0123456789abcdef"), make([]byte, 16)
+			_ = client.SetDeadline(time.Now().Add(10 * time.Second))
+			for i := range rounds {
+				msg[0] = byte(i)
+				if _, err := client.Write(msg); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := io.ReadFull(client, got); err != nil {
+					t.Fatalf("round %d: %v", i, err)
+				}
+				if !bytes.Equal(got, msg) {
+					t.Fatalf("round %d: got %q, want %q", i, got, msg)
+				}
+			}
+			client.CloseWrite()
+			if _, err := client.Read(got); err != io.EOF {
+				t.Fatalf("after the client's FIN: %v, want the backend's FIN passed on (EOF)", err)
+			}
+			<-done
+			if in.n != rounds*16 || out.n != rounds*16 {
+				t.Fatalf("counted %v in, %v out; want %d each (bytes relayed inside the read counted too)", in.n, out.n, rounds*16)
+			}
+		})
+	}
+}
+
+// A message and the FIN after it can arrive together; the read that takes
+// the message then leaves the EOF queued with no new wake-up to come. The
+// hint says so (1, not 0), and the FIN is passed on at once.
+func TestAutoMessageWithFIN(t *testing.T) {
+	for name, newPair := range inqPairs {
+		t.Run(name, func(t *testing.T) {
+			client, backend, done := relayedOver(t, newPair, Options{})
+			// The proxy waits in a read on the client; both arrive while
+			// it sleeps, so one wake-up finds message and FIN queued.
+			if _, err := client.Write([]byte("last words")); err != nil {
+				t.Fatal(err)
+			}
+			client.CloseWrite()
+			_ = backend.SetReadDeadline(time.Now().Add(5 * time.Second))
+			got, err := io.ReadAll(backend)
+			if err != nil || string(got) != "last words" {
+				t.Fatalf("backend read %q, %v; want the message, then EOF", got, err)
+			}
+			backend.Close()
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				t.Fatal("relay did not end after both FINs")
+			}
+		})
+	}
+}
+
+// A failure to write a message relayed inside the read (the backend reset
+// the connection) ends the relay with a reset to the client, as one in
+// run's write does.
+func TestAutoWriteFailureInsideRead(t *testing.T) {
+	client, backend, done := relayedOver(t, pair, Options{})
+	_ = backend.SetLinger(0)
+	backend.Close() // RST to the proxy's backend socket
+	time.Sleep(50 * time.Millisecond)
+	_ = client.SetDeadline(time.Now().Add(5 * time.Second))
+	var err error
+	for range 20 {
+		if _, err = client.Write([]byte("anyone?")); err != nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err == nil {
+		_, err = client.Read(make([]byte, 8))
+	}
+	if !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
+		t.Fatalf("client saw %v, want a reset", err)
+	}
+	<-done
 }

@@ -49,19 +49,7 @@ func relayedBench(b *testing.B, copier Copier) (client, backend *net.TCPConn) {
 
 func pairB(b *testing.B) (x, y *net.TCPConn) {
 	b.Helper()
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	if x, err = net.DialTCP("tcp", nil, ln.Addr().(*net.TCPAddr)); err != nil {
-		b.Fatal(err)
-	}
-	if y, err = ln.AcceptTCP(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { x.Close(); y.Close() })
-	return x, y
+	return pairWith(b, SocketControl(Liveness{}))
 }
 
 var benchCopiers = []struct {

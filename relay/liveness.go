@@ -79,3 +79,23 @@ func (l Liveness) apply(fd int) error {
 func seconds(d time.Duration) int {
 	return max(int((d+time.Second-1)/time.Second), 1)
 }
+
+// SocketControl returns the Control function (net.ListenConfig.Control,
+// net.Dialer.Control) for a relayed TCP socket: l's options, and TCP_INQ,
+// the kernel's hint after each read of what it left queued, which lets Auto
+// wait without a read that only says EAGAIN. On a listening socket both
+// cost nothing per connection (accepted sockets inherit them); a kernel
+// without TCP_INQ (before 4.18) only loses the hint.
+func SocketControl(l Liveness) func(network, address string, c syscall.RawConn) error {
+	return func(network, address string, c syscall.RawConn) error {
+		if !strings.HasPrefix(network, "tcp") {
+			return nil
+		}
+		if err := l.Control(network, address, c); err != nil {
+			return err
+		}
+		return c.Control(func(fd uintptr) {
+			_ = unix.SetsockoptInt(int(fd), unix.SOL_TCP, unix.TCP_INQ, 1)
+		})
+	}
+}

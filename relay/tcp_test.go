@@ -13,19 +13,32 @@ import (
 	"weak"
 )
 
-// pair returns both ends of a loopback TCP connection.
+// pair returns both ends of a loopback TCP connection, with the socket
+// options the proxier gives relayed sockets (SocketControl: TCP_INQ).
 func pair(t *testing.T) (a, b *net.TCPConn) {
 	t.Helper()
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	return pairWith(t, SocketControl(Liveness{}))
+}
+
+// plainPair is pair without any option: the kernel sends no TCP_INQ hint.
+func plainPair(t *testing.T) (a, b *net.TCPConn) {
+	t.Helper()
+	return pairWith(t, nil)
+}
+
+func pairWith(t testing.TB, control func(network, address string, c syscall.RawConn) error) (a, b *net.TCPConn) {
+	t.Helper()
+	ln, err := (&net.ListenConfig{Control: control}).Listen(t.Context(), "tcp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	a, err = net.DialTCP("tcp", nil, ln.Addr().(*net.TCPAddr))
+	c, err := (&net.Dialer{Control: control}).Dial("tcp4", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err = ln.AcceptTCP()
+	a = c.(*net.TCPConn)
+	b, err = ln.(*net.TCPListener).AcceptTCP()
 	if err != nil {
 		t.Fatal(err)
 	}

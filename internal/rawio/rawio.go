@@ -75,3 +75,31 @@ func ShutdownWrite(fd int) error {
 	}
 	return nil
 }
+
+// RecvInq reads into p like Read, on a TCP socket with TCP_INQ set, and
+// returns the kernel's hint of what the read left: the bytes still queued,
+// 1 when none are but a FIN is (the next read returns EOF), 0 when the
+// queue is empty and open — the next read would only say EAGAIN — or -1
+// when the socket sent no hint (TCP_INQ not set, not TCP).
+func RecvInq(fd int, p []byte) (n, inq int, err error) {
+	if len(p) == 0 {
+		return 0, -1, nil
+	}
+	var ctl [4]uint64 // room for one cmsghdr and an int, aligned
+	iov := unix.Iovec{Base: &p[0]}
+	iov.SetLen(len(p))
+	hdr := unix.Msghdr{Iov: &iov, Iovlen: 1, Control: (*byte)(unsafe.Pointer(&ctl[0]))}
+	hdr.SetControllen(int(unsafe.Sizeof(ctl)))
+	r, _, e := unix.RawSyscall(unix.SYS_RECVMSG, uintptr(fd), uintptr(unsafe.Pointer(&hdr)), 0)
+	if e != 0 {
+		return 0, -1, e
+	}
+	inq = -1
+	if hdr.Controllen >= unix.SizeofCmsghdr+4 {
+		c := (*unix.Cmsghdr)(unsafe.Pointer(&ctl[0]))
+		if c.Level == unix.SOL_TCP && c.Type == unix.TCP_CM_INQ {
+			inq = int(*(*int32)(unsafe.Pointer(&ctl[2])))
+		}
+	}
+	return int(r), inq, nil
+}

@@ -3,6 +3,7 @@ package rawio
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -113,5 +114,110 @@ func TestRecvmsg(t *testing.T) {
 		if err != nil || string(data[:n]) != want {
 			t.Fatalf("recvmsg: %q, %v; want %q (datagram boundaries kept)", data[:n], err, want)
 		}
+	}
+}
+
+// tcpPair returns a connected loopback TCP pair as raw non-blocking
+// descriptors: the accepted end first.
+func tcpPair(t *testing.T, inq bool) (accepted, dialled int) {
+	t.Helper()
+	ln, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(ln)
+	if inq {
+		// Set on the listener: the accepted socket inherits it.
+		if err := unix.SetsockoptInt(ln, unix.SOL_TCP, unix.TCP_INQ, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := unix.Bind(ln, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(ln, 1); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := unix.Getsockname(ln)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(d) })
+	if err := unix.Connect(d, sa); err != nil {
+		t.Fatal(err)
+	}
+	a, _, err := unix.Accept4(ln, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(a) })
+	return a, d
+}
+
+// recvWhenQueued retries RecvInq until the loopback delivered something.
+func recvWhenQueued(t *testing.T, fd int, p []byte) (int, int) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		n, inq, err := RecvInq(fd, p)
+		if errors.Is(err, unix.EAGAIN) && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n, inq
+	}
+}
+
+func TestRecvInq(t *testing.T) {
+	a, d := tcpPair(t, true)
+	if v, err := unix.GetsockoptInt(a, unix.SOL_TCP, unix.TCP_INQ); err != nil || v != 1 {
+		t.Fatalf("accepted socket's TCP_INQ = %d, %v; want 1, inherited from the listener", v, err)
+	}
+	buf := make([]byte, 2)
+	if _, inq, err := RecvInq(a, buf); !errors.Is(err, unix.EAGAIN) || inq != -1 {
+		t.Fatalf("empty socket: inq %d, %v; want EAGAIN", inq, err)
+	}
+	if _, err := unix.Write(d, []byte("abc")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * time.Millisecond) // all three bytes queued
+	if n, inq := recvWhenQueued(t, a, buf); n != 2 || inq != 1 {
+		t.Fatalf("2 of 3 bytes: read %d, hint %d; want 2, 1 byte left", n, inq)
+	}
+	if n, inq := recvWhenQueued(t, a, buf); n != 1 || inq != 0 {
+		t.Fatalf("last byte: read %d, hint %d; want 1, 0 (empty, open)", n, inq)
+	}
+	// Data and FIN queued together: the read that takes the data must
+	// say the stream is not over yet, or a reader that trusts the hint
+	// would wait for an event that never comes.
+	if _, err := unix.Write(d, []byte("z")); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Shutdown(d, unix.SHUT_WR); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * time.Millisecond)
+	if n, inq := recvWhenQueued(t, a, buf); n != 1 || inq != 1 {
+		t.Fatalf("data then FIN: read %d, hint %d; want 1, 1 (EOF to read)", n, inq)
+	}
+	if n, _ := recvWhenQueued(t, a, buf); n != 0 {
+		t.Fatalf("after the FIN: read %d, want 0 (EOF)", n)
+	}
+}
+
+func TestRecvInqWithoutTheOption(t *testing.T) {
+	a, d := tcpPair(t, false)
+	if _, err := unix.Write(d, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if n, inq := recvWhenQueued(t, a, make([]byte, 8)); n != 1 || inq != -1 {
+		t.Fatalf("read %d, hint %d; want 1, -1 (no hint)", n, inq)
 	}
 }
