@@ -170,18 +170,6 @@ func TestAutoWriteFailureIsWriteError(t *testing.T) {
 	}
 }
 
-// relayedOver is relayed with sockets from newPair.
-func relayedOver(t *testing.T, newPair func(*testing.T) (a, b *net.TCPConn), o Options) (client, backend *net.TCPConn, done chan struct{}) {
-	client, proxyClient := newPair(t)
-	proxyBackend, backend := newPair(t)
-	done = make(chan struct{})
-	go func() {
-		TCP(proxyClient, proxyBackend, o)
-		close(done)
-	}()
-	return client, backend, done
-}
-
 // With the TCP_INQ hint a direction writes a message that emptied its
 // source inside the raw read and waits without reading again; without it
 // (plain sockets) it reads until EAGAIN. Both must relay the same.

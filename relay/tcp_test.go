@@ -49,8 +49,13 @@ func pairWith(t testing.TB, control func(network, address string, c syscall.RawC
 // relayed starts TCP between two fresh pairs and returns the outer ends: the
 // client's and the backend's.
 func relayed(t *testing.T, o Options) (client, backend *net.TCPConn, done chan struct{}) {
-	client, proxyClient := pair(t)
-	proxyBackend, backend := pair(t)
+	return relayedOver(t, pair, o)
+}
+
+// relayedOver is relayed with sockets from newPair.
+func relayedOver(t *testing.T, newPair func(*testing.T) (a, b *net.TCPConn), o Options) (client, backend *net.TCPConn, done chan struct{}) {
+	client, proxyClient := newPair(t)
+	proxyBackend, backend := newPair(t)
 	done = make(chan struct{})
 	go func() {
 		TCP(proxyClient, proxyBackend, o)
