@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // autoDirection runs Auto from a fresh pair's far end to another's, and
@@ -271,4 +273,54 @@ func TestAutoWriteFailureInsideRead(t *testing.T) {
 		t.Fatalf("client saw %v, want a reset", err)
 	}
 	<-done
+}
+
+// A message that empties src meets a dst already full: the write inside
+// the read takes nothing, the message is left in the buffer for run's
+// writeAll (which waits for room), and it arrives after what was queued.
+func TestAutoInlineWriteLeavesAFullDestinationToRun(t *testing.T) {
+	srcPeer, src := pair(t)
+	dst, dstPeer := pair(t)
+	_ = dst.SetWriteBuffer(4 << 10)
+	raw, err := dst.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	filler, queued := bytes.Repeat([]byte{'.'}, 64<<10), 0
+	_ = raw.Control(func(fd uintptr) {
+		for {
+			n, err := unix.Write(int(fd), filler)
+			if err != nil {
+				return // EAGAIN: dst is full
+			}
+			queued += n
+		}
+	})
+	a, err := newAutoCopier(dst, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.release()
+	if _, err := srcPeer.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond) // queued on src
+	n, err := a.readOnce()
+	if err != nil || n != 5 || a.relayed != 0 || string((*a.buf)[:n]) != "hello" {
+		t.Fatalf("readOnce: %d %q, relayed %d, %v; want the 5 bytes left to run", n, (*a.buf)[:max(n, 0)], a.relayed, err)
+	}
+	got := make(chan []byte)
+	go func() {
+		b := make([]byte, queued+5)
+		_ = dstPeer.SetReadDeadline(time.Now().Add(5 * time.Second))
+		m, _ := io.ReadFull(dstPeer, b)
+		got <- b[:m]
+	}()
+	if w, err := a.writeAll(); w != 5 || err != nil {
+		t.Fatalf("writeAll: %d, %v; want 5", w, err)
+	}
+	b := <-got
+	if len(b) != queued+5 || string(b[queued:]) != "hello" {
+		t.Fatalf("dst's peer read %d bytes ending %q; want %d ending \"hello\"", len(b), b[max(len(b)-5, 0):], queued+5)
+	}
 }

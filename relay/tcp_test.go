@@ -28,7 +28,11 @@ func plainPair(t *testing.T) (a, b *net.TCPConn) {
 
 func pairWith(t testing.TB, control func(network, address string, c syscall.RawConn) error) (a, b *net.TCPConn) {
 	t.Helper()
-	ln, err := (&net.ListenConfig{Control: control}).Listen(t.Context(), "tcp4", "127.0.0.1:0")
+	// Plain TCP, as the proxier listens (Go listens with MPTCP by default,
+	// and an MPTCP listener passes no TCP option on to what it accepts).
+	lc := net.ListenConfig{Control: control}
+	lc.SetMultipathTCP(false)
+	ln, err := lc.Listen(t.Context(), "tcp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
