@@ -144,16 +144,16 @@ func (s *udpProxySocket) Serve() {
 		return
 	}
 	s.serviceRaw = raw
+	var addErr error
 	err = raw.Control(func(fd uintptr) {
 		s.mu.Lock() // add is serialised with close
 		defer s.mu.Unlock()
 		s.serviceFD = int(fd)
-		if s.shut {
-			return
+		if !s.shut {
+			addErr = s.poller.add(int(fd))
 		}
-		err = s.poller.add(int(fd))
 	})
-	if err != nil {
+	if err = errors.Join(err, addErr); err != nil {
 		klog.ErrorS(err, "UDP service socket unusable", "servicePort", s.label)
 		return
 	}

@@ -250,29 +250,32 @@ func TestAutoMessageWithFIN(t *testing.T) {
 	}
 }
 
-// A failure to write a message relayed inside the read (the backend reset
-// the connection) ends the relay with a reset to the client, as one in
-// run's write does.
-func TestAutoWriteFailureInsideRead(t *testing.T) {
-	client, backend, done := relayedOver(t, pair, Options{})
-	_ = backend.SetLinger(0)
-	backend.Close() // RST to the proxy's backend socket
-	time.Sleep(50 * time.Millisecond)
-	_ = client.SetDeadline(time.Now().Add(5 * time.Second))
-	var err error
-	for range 20 {
-		if _, err = client.Write([]byte("anyone?")); err != nil {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
+// A message that empties src, written inside the read to a dst whose peer
+// reset the connection, comes back from readOnce as a *WriteError (so TCP
+// resets the client, the side that did not fail), with nothing counted.
+func TestAutoInlineWriteFailureIsWriteError(t *testing.T) {
+	srcPeer, src := pair(t)
+	dst, dstPeer := pair(t)
+	_ = dstPeer.SetLinger(0)
+	dstPeer.Close() // RST to dst
+	time.Sleep(20 * time.Millisecond)
+	a, err := newAutoCopier(dst, src)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err == nil {
-		_, err = client.Read(make([]byte, 8))
+	defer a.release()
+	if _, err := srcPeer.Write([]byte("anyone?")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond) // queued on src
+	n, err := a.readOnce()
+	var we *WriteError
+	if n != 0 || a.relayed != 0 || !errors.As(err, &we) {
+		t.Fatalf("readOnce: %d, relayed %d, %v; want 0, 0 and a *WriteError", n, a.relayed, err)
 	}
 	if !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
-		t.Fatalf("client saw %v, want a reset", err)
+		t.Fatalf("readOnce: %v, want the reset from dst", err)
 	}
-	<-done
 }
 
 // A message that empties src meets a dst already full: the write inside
