@@ -29,9 +29,11 @@ serve: build
 	$(BIN) demo --serve
 
 # Everything: format, vet, unit tests, and (as root) the namespace and
-# control-plane suites. hack/test-deps.sh installs what is missing.
+# control-plane suites; then the proxier and namespace suites again with
+# --data-path=eventloop. hack/test-deps.sh installs what is missing.
 test: deps lint
 	$(GO) test -race -count=1 -timeout 60m ./...
+	KUP_TEST_DATA_PATH=eventloop $(GO) test -race -count=1 -timeout 30m ./proxier ./test/e2e
 
 # Unit tests only (fast, no root).
 unit: lint

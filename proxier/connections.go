@@ -54,7 +54,10 @@ type liveConn struct {
 	// For drain-removed (lifetime.go): the relay, stored once it exists;
 	// the port's balancer entry and lifetime, set before it is; draining
 	// marks a connection whose drain time runs.
-	relay    atomic.Pointer[relay.Conn]
+	relay atomic.Value // quietCloser
+	// loop is the connection on the event loops (nil: goroutine relay),
+	// whose own counts are live.
+	loop     *relay.LoopConn
 	sp       *loadbalancer.ServicePort
 	lifetime *portLifetime
 	draining atomic.Bool
@@ -80,6 +83,17 @@ func (r *connRegistry) addTCP(servicePort string, client netip.AddrPort, clientC
 		clientConn: clientConn, backendConn: backendConn}
 	c.in.port, c.out.port = in, out
 	if r != nil { // nil: a socket built without a proxier (tests)
+		r.tcp.Store(c, struct{}{})
+	}
+	return c
+}
+
+// addLoop registers a connection on the event loops once its backend
+// answered.
+func (r *connRegistry) addLoop(servicePort string, client, backend netip.AddrPort, lc *relay.LoopConn, in, out relay.Counter) *liveConn {
+	c := &liveConn{reg: r, servicePort: servicePort, client: client, backend: backend, started: time.Now(), loop: lc}
+	c.in.port, c.out.port = in, out
+	if r != nil {
 		r.tcp.Store(c, struct{}{})
 	}
 	return c
@@ -138,10 +152,15 @@ type DebugConnection struct {
 }
 
 func (c *liveConn) debug(now time.Time) DebugConnection {
+	in, out := max(c.in.n.Load(), bytesReceived(c.clientConn)), max(c.out.n.Load(), bytesReceived(c.backendConn))
+	if c.loop != nil {
+		li, lo := c.loop.Bytes()
+		in, out = max(in, li), max(out, lo)
+	}
 	return DebugConnection{
 		Protocol: "TCP", ServicePort: c.servicePort, Client: c.client.String(), Backend: c.backend.String(),
-		BytesFromClient:  max(c.in.n.Load(), bytesReceived(c.clientConn)),
-		BytesFromBackend: max(c.out.n.Load(), bytesReceived(c.backendConn)),
+		BytesFromClient:  in,
+		BytesFromBackend: out,
 		Started:          c.started, AgeSeconds: now.Sub(c.started).Seconds(), Faults: c.faults,
 	}
 }
@@ -163,6 +182,9 @@ func udpSessionDebug(s *udpProxySocket, sess *udpSession, now time.Time) DebugCo
 // bytesReceived is the kernel's count of bytes conn received; 0 once the
 // relay closed it (its own count is final by then).
 func bytesReceived(conn *net.TCPConn) int64 {
+	if conn == nil {
+		return 0
+	}
 	raw, err := conn.SyscallConn()
 	if err != nil {
 		return 0

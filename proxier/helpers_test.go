@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -144,6 +145,10 @@ func newTestProxier(t *testing.T, opts Options) *Proxier {
 	t.Helper()
 	if !opts.BindAddress.IsValid() {
 		opts.BindAddress = mustAddr("127.0.0.1")
+	}
+	if opts.DataPath == "" && opts.Dialer == nil {
+		// make test runs the suite once per data path.
+		opts.DataPath = os.Getenv("KUP_TEST_DATA_PATH")
 	}
 	p := New(opts)
 	p.OnServiceSynced()

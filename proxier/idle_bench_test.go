@@ -11,6 +11,8 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
 )
 
 // startTCPEcho echoes small messages on loopback. At cleanup it closes every
@@ -80,6 +82,8 @@ func BenchmarkTCPKeepAliveMessage(b *testing.B) {
 	b.Run("direct", func(b *testing.B) { benchKeepAlive(b, echo) })
 	proxy := proxiedPort(b, v1.ProtocolTCP, echo)
 	b.Run("proxied", func(b *testing.B) { benchKeepAlive(b, proxy) })
+	loop := proxiedPortWith(b, v1.ProtocolTCP, echo, proxier.Options{DataPath: proxier.DataPathEventLoop})
+	b.Run("proxied-eventloop", func(b *testing.B) { benchKeepAlive(b, loop) })
 }
 
 func benchKeepAlive(b *testing.B, addr netip.AddrPort) {
@@ -110,9 +114,15 @@ func benchKeepAlive(b *testing.B, addr netip.AddrPort) {
 // the echo's sockets are not). The timed op is empty; the metrics are the
 // result. The side-by-side run measures the same thing as process RSS.
 func BenchmarkTCPIdleConnections(b *testing.B) {
+	for _, path := range proxier.DataPaths {
+		b.Run(path, func(b *testing.B) { benchIdleConnections(b, path) })
+	}
+}
+
+func benchIdleConnections(b *testing.B, path string) {
 	const benchIdleConns = 500
 	echo := startTCPEcho(b)
-	proxy := proxiedPort(b, v1.ProtocolTCP, echo)
+	proxy := proxiedPortWith(b, v1.ProtocolTCP, echo, proxier.Options{DataPath: path})
 	// Two collections empty sync.Pools (and their victim caches) of earlier
 	// benchmarks, so that their finalized descriptors do not move the baseline.
 	runtime.GC()

@@ -11,7 +11,6 @@ import (
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
-	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
 
 // portLifetime is the lifetime policy in force on one service port's
@@ -126,7 +125,7 @@ func (p *Proxier) drainRemoved(svc types.NamespacedName) {
 	}
 	p.sockCfg.conns.tcp.Range(func(k, _ any) bool {
 		c := k.(*liveConn)
-		rc := c.relay.Load() // set after sp and lifetime: read them after it
+		rc, _ := c.relay.Load().(quietCloser) // set after sp and lifetime: read them after it
 		if rc == nil || c.lifetime == nil || c.lifetime.svc != svc {
 			return true
 		}
@@ -145,8 +144,11 @@ func (p *Proxier) drainRemoved(svc types.NamespacedName) {
 	})
 }
 
+// quietCloser is a relayed connection of either data path.
+type quietCloser interface{ CloseWhenQuiet(time.Duration) }
+
 // startLifetime gives a new connection its port's age limit, if any.
-func startLifetime(rc *relay.Conn, s lifetimeSettings) {
+func startLifetime(rc quietCloser, s lifetimeSettings) {
 	if s.maxAge > 0 {
 		rc.CloseWhenQuiet(s.maxAge)
 	}

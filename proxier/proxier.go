@@ -103,6 +103,13 @@ type Options struct {
 	// UDP session caps per service port and in total; 0 takes the
 	// defaults, and the total is also held to half of RLIMIT_NOFILE.
 	UDPMaxSessionsPerPort, UDPMaxSessions int
+
+	// DataPath is how TCP connections are relayed: DataPathGoroutines
+	// (also ""), or DataPathEventLoop.
+	DataPath string
+	// EventLoops is the number of loops of the event-loop data path; 0:
+	// GOMAXPROCS.
+	EventLoops int
 }
 
 // ServiceHealthSyncer is told which Services need a healthCheckNodePort
@@ -223,6 +230,9 @@ func New(opts Options) *Proxier {
 		},
 	}
 	p.sockCfg.udpMaxSessionsPerPort, p.sockCfg.udpBudget = udpLimits(opts)
+	if opts.DataPath == DataPathEventLoop {
+		p.sockCfg.loops = newLoopGroup(opts)
+	}
 	opts.Metrics.affinity.observe(p.lb)
 	p.endpoints = newEndpointsTracker(p.lb, opts.Clock, opts.Metrics, nodeTopology{name: opts.NodeName})
 	p.endpoints.changed = p.drainRemoved

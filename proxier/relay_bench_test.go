@@ -296,6 +296,11 @@ func BenchmarkTCPConnectRequest(b *testing.B) {
 		HalfCloseTimeout: 2 * time.Minute, // --tcp-half-close-timeout's default
 	})
 	b.Run("proxied", func(b *testing.B) { benchConnectRequest(b, proxy) })
+	loop := proxiedPortWith(b, v1.ProtocolTCP, backend, proxier.Options{
+		Liveness: proxier.DefaultLiveness, WriteTimeout: proxier.DefaultTCPWriteTimeout,
+		HalfCloseTimeout: 2 * time.Minute, DataPath: proxier.DataPathEventLoop,
+	})
+	b.Run("proxied-eventloop", func(b *testing.B) { benchConnectRequest(b, loop) })
 	mptcp := proxiedPortWith(b, v1.ProtocolTCP, backend, proxier.Options{MultipathTCP: true})
 	b.Run("proxied-mptcp", func(b *testing.B) { benchConnectRequest(b, mptcp) })
 }

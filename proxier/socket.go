@@ -54,6 +54,9 @@ type socketConfig struct {
 	closeQuiet time.Duration
 	// listen opens the proxy sockets (see tcpListenConfig).
 	listen net.ListenConfig
+	// loops relays fault-free TCP connections (--data-path=eventloop);
+	// nil: a goroutine pair per connection.
+	loops *relay.Group
 }
 
 // defaultDialTimeouts are the legacy proxier's: each attempt goes to the
@@ -100,7 +103,12 @@ func newProxySocket(name loadbalancer.ServicePortName, bind netip.Addr, port int
 		if err != nil {
 			return nil, err
 		}
-		return newTCPProxySocket(name, ln.(*net.TCPListener), sp, fp, cfg), nil
+		sock, err := newTCPProxySocket(name, ln.(*net.TCPListener), sp, fp, cfg)
+		if err != nil {
+			ln.Close()
+			return nil, err
+		}
+		return sock, nil
 	case v1.ProtocolUDP:
 		pc, err := cfg.listen.ListenPacket(context.Background(), "udp"+family, addr)
 		if err != nil {

@@ -14,7 +14,7 @@ func TestProxySocketFamilyFollowsServiceIPs(t *testing.T) {
 	p.Sync()
 	listenIP := func() net.IP {
 		ap := p.active[p.lbName("default/web:p")]
-		return ap.socket.(*tcpProxySocket).ln.Addr().(*net.TCPAddr).IP
+		return ap.socket.(*tcpProxySocket).addr.IP
 	}
 	if ip := listenIP(); ip.To4() == nil {
 		t.Fatalf("IPv4-only service listens on %v, want 0.0.0.0", ip)

@@ -18,9 +18,13 @@ import (
 // loop only accepts: picking, dialing and copying happen in a goroutine per
 // connection, so a slow or dead endpoint never delays other clients.
 type tcpProxySocket struct {
-	name      loadbalancer.ServicePortName
-	label     string
+	name  loadbalancer.ServicePortName
+	label string
+	addr  *net.TCPAddr // where it listens
+	// ln accepts for the goroutine relay; with event loops, loopLn holds
+	// the listening socket instead (ln is nil).
 	ln        *net.TCPListener
+	loopLn    *relay.Listener
 	sp        *loadbalancer.ServicePort
 	cfg       *socketConfig
 	noBackend noBackendLog
@@ -36,11 +40,11 @@ type tcpProxySocket struct {
 	closer
 }
 
-func newTCPProxySocket(name loadbalancer.ServicePortName, ln *net.TCPListener, sp *loadbalancer.ServicePort, fp *faults.Port, cfg *socketConfig) *tcpProxySocket {
+func newTCPProxySocket(name loadbalancer.ServicePortName, ln *net.TCPListener, sp *loadbalancer.ServicePort, fp *faults.Port, cfg *socketConfig) (*tcpProxySocket, error) {
 	label := name.String()
 	m := cfg.metrics
-	return &tcpProxySocket{
-		name: name, label: label, ln: ln, sp: sp, cfg: cfg, faults: fp, closer: newCloser(),
+	s := &tcpProxySocket{
+		name: name, label: label, ln: ln, addr: ln.Addr().(*net.TCPAddr), sp: sp, cfg: cfg, faults: fp, closer: newCloser(),
 		lifetime:     cfg.lifetimes.port(name),
 		active:       m.ActiveConnections.WithLabelValues(label),
 		failed:       m.ConnectionsFailed.WithLabelValues(label),
@@ -50,16 +54,31 @@ func newTCPProxySocket(name loadbalancer.ServicePortName, ln *net.TCPListener, s
 		bytesIn:      m.BytesTotal.WithLabelValues(label, "in"),
 		bytesOut:     m.BytesTotal.WithLabelValues(label, "out"),
 	}
+	if cfg.loops != nil {
+		fd, err := takeListener(ln)
+		if err != nil {
+			return nil, err
+		}
+		s.ln, s.loopLn = nil, cfg.loops.Listen(fd, s)
+	}
+	return s, nil
 }
 
-func (s *tcpProxySocket) Port() int { return s.ln.Addr().(*net.TCPAddr).Port }
+func (s *tcpProxySocket) Port() int { return s.addr.Port }
 
 func (s *tcpProxySocket) Close() error {
+	if s.loopLn != nil {
+		return s.closeWith(s.loopLn.Close)
+	}
 	return s.closeWith(s.ln.Close)
 }
 
 func (s *tcpProxySocket) Serve() {
 	backoff := time.Duration(0)
+	if s.loopLn != nil {
+		<-s.closed // the event loops accept
+		return
+	}
 	for {
 		conn, err := s.ln.AcceptTCP()
 		if err != nil {
@@ -107,16 +126,23 @@ func (s *tcpProxySocket) handle(client *net.TCPConn) {
 	from := clientAddr(client.RemoteAddr())
 	var fc *faults.Conn
 	if s.faults != nil {
-		if fc = s.faults.Accept(from.Addr()); fc != nil {
-			if fc.Refuse {
-				_ = client.SetLinger(0)
-				_ = client.Close()
-				fc.Done()
-				return
-			}
-			if fc.ConnectDelay > 0 {
-				time.Sleep(fc.ConnectDelay)
-			}
+		fc = s.faults.Accept(from.Addr())
+	}
+	s.serve(client, from, fc)
+}
+
+// serve relays one accepted client with the goroutine relay; fc are its
+// faults (nil: none).
+func (s *tcpProxySocket) serve(client *net.TCPConn, from netip.AddrPort, fc *faults.Conn) {
+	if fc != nil {
+		if fc.Refuse {
+			_ = client.SetLinger(0)
+			_ = client.Close()
+			fc.Done()
+			return
+		}
+		if fc.ConnectDelay > 0 {
+			time.Sleep(fc.ConnectDelay)
 		}
 	}
 	backend, err := s.dial(from)
@@ -148,7 +174,7 @@ func (s *tcpProxySocket) start(client, backend *net.TCPConn, from netip.AddrPort
 	}
 	rc := relay.New(client, backend, opts)
 	live.sp, live.lifetime = s.sp, s.lifetime
-	live.relay.Store(rc)
+	live.relay.Store(quietCloser(rc))
 	startLifetime(rc, s.lifetime.load())
 	return rc, live, fc
 }

@@ -114,14 +114,18 @@ func socketQuiet(conn *net.TCPConn) (sockQuiet, bool) {
 	}
 	var s sockQuiet
 	ok := false
-	_ = raw.Control(func(fd uintptr) {
-		info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
-		if err != nil {
-			return
-		}
-		ok = true
-		s.sinceRecv = time.Duration(info.Last_data_recv) * time.Millisecond
-		s.queued = info.Notsent_bytes > 0 || info.Unacked > 0
-	})
+	_ = raw.Control(func(fd uintptr) { s, ok = fdQuiet(int(fd)) })
 	return s, ok
+}
+
+// fdQuiet is socketQuiet on a descriptor.
+func fdQuiet(fd int) (sockQuiet, bool) {
+	info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+	if err != nil {
+		return sockQuiet{}, false
+	}
+	return sockQuiet{
+		sinceRecv: time.Duration(info.Last_data_recv) * time.Millisecond,
+		queued:    info.Notsent_bytes > 0 || info.Unacked > 0,
+	}, true
 }

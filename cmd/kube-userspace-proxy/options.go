@@ -47,6 +47,7 @@ type options struct {
 	maxConnectionAge   time.Duration
 	closeQuiet         time.Duration
 	multipathTCP       bool
+	dataPath           string
 	keepAliveIdle      time.Duration
 	keepAliveInterval  time.Duration
 	keepAliveCount     int
@@ -81,6 +82,7 @@ func newOptions() *options {
 		metricsBindAddress: "127.0.0.1:10249",
 		iptables:           true,
 		proxyMode:          "userspace",
+		dataPath:           proxier.DataPathGoroutines,
 		configSyncPeriod:   15 * time.Minute,
 		halfCloseTimeout:   2 * time.Minute,
 		closeQuiet:         relay.DefaultQuiet,
@@ -127,6 +129,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.httpMaxConns, "http-max-connections", o.httpMaxConns, "At most this many open connections per HTTP server (health, metrics, healthCheckNodePort, fault API); further clients wait in the listen backlog. 0 means unlimited.")
 	fs.DurationVar(&o.httpIdleTimeout, "http-idle-timeout", o.httpIdleTimeout, "How long an HTTP server keeps an idle keep-alive connection open (e.g. '30s'). Must be greater than 0.")
 	fs.BoolVar(&o.multipathTCP, "mptcp", o.multipathTCP, "Accept clients on the TCP proxy sockets with Multipath TCP (Go's default listener); off, they listen with plain TCP, so an MPTCP client falls back to TCP, which costs less per connection. Backends are always dialled with plain TCP.")
+	fs.StringVar(&o.dataPath, "data-path", o.dataPath, "How proxied TCP connections are relayed: 'goroutines' (two goroutines per connection) or 'eventloop' (one epoll loop per CPU holds every fault-free connection: less CPU per new connection and less memory per idle one; connections that draw a fault still take the goroutines).")
 	fs.DurationVar(&o.halfCloseTimeout, "tcp-half-close-timeout", o.halfCloseTimeout, "After one side of a proxied TCP connection closes, how long the other direction may go without receiving a byte before both sides are reset; 0 means no limit.")
 	fs.DurationVar(&o.keepAliveIdle, "tcp-keepalive-idle", o.keepAliveIdle, "TCP keep-alive on both sockets of a proxied connection (client and backend): how long it may be idle before the first probe, so a peer that vanished without a FIN is found and both sides reset. 0 turns keep-alive off.")
 	fs.DurationVar(&o.keepAliveInterval, "tcp-keepalive-interval", o.keepAliveInterval, "Time between TCP keep-alive probes that go unanswered (whole seconds).")
@@ -159,6 +162,9 @@ func (o *options) validate() (*validated, error) {
 	v := &validated{preroutingRedirect: o.preroutingRedirect}
 	var errs []string
 	add := func(format string, args ...any) { errs = append(errs, o.blameConfigFile(fmt.Sprintf(format, args...))) }
+	if !slices.Contains(proxier.DataPaths, o.dataPath) {
+		add("--data-path %q is not one of %s", o.dataPath, strings.Join(proxier.DataPaths, ", "))
+	}
 	if o.proxyMode != "" && o.proxyMode != "userspace" {
 		add("--proxy-mode %q is not supported: this proxy implements only \"userspace\"", o.proxyMode)
 	}

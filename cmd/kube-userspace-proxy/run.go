@@ -55,6 +55,7 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		SyncPeriod:           o.syncPeriod,
 		HalfCloseTimeout:     o.halfCloseTimeout,
 		MultipathTCP:         o.multipathTCP,
+		DataPath:             o.dataPath,
 		Liveness:             o.liveness(),
 		WriteTimeout:         o.tcpWriteTimeout,
 		MaxConnectionAge:     o.maxConnectionAge,

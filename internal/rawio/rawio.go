@@ -97,3 +97,20 @@ func RecvInq(fd int, p []byte) (n, inq int, err error) {
 	}
 	return int(r), inq, nil
 }
+
+// EpollPoll is epoll_wait without waiting: the events ready now (0 on any
+// error, EINTR included: the caller looks again rather than sleep on
+// events it did not see).
+func EpollPoll(epfd int, events []unix.EpollEvent) int {
+	if len(events) == 0 {
+		return 0
+	}
+	// epoll_pwait with no signal mask is epoll_wait on every architecture
+	// (arm64 has no epoll_wait).
+	r, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(&events[0])),
+		uintptr(len(events)), 0, 0, 0)
+	if e != 0 {
+		return 0
+	}
+	return int(r)
+}

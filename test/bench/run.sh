@@ -18,6 +18,8 @@
 #            round robin, one worker per CPU with reuseport listeners
 #   kup      client → 10.96.0.20, kube-userspace-proxy --manifests --bind-address 0.0.0.0
 #            (its own portal rules REDIRECT to its proxy sockets)
+#   kupel    the same with --data-path=eventloop (the process is restarted
+#            whenever the data path changes)
 # iperf3 services have one endpoint in every configuration (b1): iperf3's
 # control and data connections must reach the same server.
 #
@@ -35,7 +37,7 @@ REPS=${BENCH_REPS:-3}
 IDLE_CONNS=${BENCH_IDLE_CONNS:-10000}
 PROFILE=${BENCH_PROFILE:-1}
 NEWCONN_CONNS=${BENCH_NEWCONN_CONNS:-32}
-read -r -a CONFIGS <<<"${BENCH_CONFIGS:-direct dnat haproxy nginx kup}"
+read -r -a CONFIGS <<<"${BENCH_CONFIGS:-direct dnat haproxy nginx kup kupel}"
 # Extra environment for the proxy alone (GOMAXPROCS=1, GODEBUG=...), for
 # an A/B of runtime settings without touching the Go load generators.
 read -r -a KUP_ENV <<<"${BENCH_KUP_ENV:-}"
@@ -410,17 +412,32 @@ ports:
 endpoints:
 - {addresses: [10.79.1.11], conditions: {ready: true}}
 EOF
+# kup and kupel are the same process on the same addresses, started with
+# --data-path=goroutines or =eventloop: use_kup restarts it when the next
+# measurement needs the other data path.
 KUP_PID=
-start_kup() {
+KUP_CFG=
+start_kup() { # [CFG]
+	local path=goroutines
+	KUP_CFG=${1:-kup}
+	[ "$KUP_CFG" = kupel ] && path=eventloop
 	start "$NSN" kup env ${KUP_ENV[@]+"${KUP_ENV[@]}"} "$WORK/kube-userspace-proxy" --manifests "$WORK/manifests" --bind-address 0.0.0.0 \
-		--healthz-bind-address 127.0.0.1:10256 --metrics-bind-address 127.0.0.1:10249
+		--healthz-bind-address 127.0.0.1:10256 --metrics-bind-address 127.0.0.1:10249 --data-path "$path"
 	KUP_PID=$LASTPID
+}
+use_kup() { # CFG: no-op for other configurations
+	case $1 in kup | kupel) ;; *) return 0 ;; esac
+	[ "$KUP_CFG" = "$1" ] && return 0
+	stop_pid "$KUP_PID"
+	start_kup "$1"
+	wait_http "$1"
+	wait_udp "$1"
 }
 
 # --- targets per configuration -----------------------------------------------
-http_target() { case $1 in direct) echo 10.79.1.11:80 ;; dnat) echo 10.96.0.10:80 ;; haproxy) echo 10.96.0.30:80 ;; nginx) echo 10.96.0.40:80 ;; kup) echo 10.96.0.20:80 ;; esac; }
-iperf_host() { case $1 in direct) echo 10.79.1.11 ;; dnat) echo 10.96.0.10 ;; haproxy) echo 10.96.0.30 ;; nginx) echo 10.96.0.40 ;; kup) echo 10.96.0.21 ;; esac; }
-udp_target() { case $1 in direct) echo 10.79.1.11:5353 ;; dnat) echo 10.96.0.10:5353 ;; nginx) echo 10.96.0.40:5353 ;; kup) echo 10.96.0.20:5353 ;; *) echo "" ;; esac; }
+http_target() { case $1 in direct) echo 10.79.1.11:80 ;; dnat) echo 10.96.0.10:80 ;; haproxy) echo 10.96.0.30:80 ;; nginx) echo 10.96.0.40:80 ;; kup | kupel) echo 10.96.0.20:80 ;; esac; }
+iperf_host() { case $1 in direct) echo 10.79.1.11 ;; dnat) echo 10.96.0.10 ;; haproxy) echo 10.96.0.30 ;; nginx) echo 10.96.0.40 ;; kup | kupel) echo 10.96.0.21 ;; esac; }
+udp_target() { case $1 in direct) echo 10.79.1.11:5353 ;; dnat) echo 10.96.0.10:5353 ;; nginx) echo 10.96.0.40:5353 ;; kup | kupel) echo 10.96.0.20:5353 ;; *) echo "" ;; esac; }
 # proc_pids CFG: the processes that carry CFG's connections, whose CPU, RSS
 # and descriptors are summed: HAProxy's and the proxy's one process, nginx's
 # workers (not the master, which carries none).
@@ -428,7 +445,7 @@ proc_pids() {
 	case $1 in
 	haproxy) echo "$HAPROXY_PID" ;;
 	nginx) nginx_workers | tr '\n' ' ' ;;
-	kup) echo "$KUP_PID" ;;
+	kup | kupel) echo "$KUP_PID" ;;
 	*) echo "" ;;
 	esac
 }
@@ -574,7 +591,7 @@ measure_idle() {
 	case $cfg in
 	haproxy) stop_pid "$HAPROXY_PID"; start_haproxy ;;
 	nginx) stop_nginx; start_nginx ;;
-	kup) stop_pid "$KUP_PID"; start_kup ;;
+	kup | kupel) stop_pid "$KUP_PID"; start_kup "$cfg" ;;
 	*)
 		record rss_idle_kib "$cfg" "$rep" NA
 		record fds_idle "$cfg" "$rep" NA
@@ -622,6 +639,7 @@ for fig in $FIGURES; do
 	for rep in $(seq "$REPS"); do
 		for cfg in "${CONFIGS[@]}"; do
 			log "$fig rep $rep/$REPS: $cfg"
+			use_kup "$cfg"
 			case $fig in
 			newconn) measure_newconn "$cfg" "$rep" ;;
 			keepalive) measure_keepalive "$cfg" "$rep" ;;
@@ -646,7 +664,7 @@ esac
 # --- CPU profile of the proxy under load --------------------------------------
 PROFILES=
 if [ "$PROFILE" = 1 ] && command -v perf >/dev/null 2>&1; then
-	wait_http kup
+	use_kup kup
 	trim() { sed -E 's/[[:space:]]+-[[:space:]]+-[[:space:]]*$//; s/[[:space:]]+$//'; }
 	profile() { # NAME LOAD-CMD...
 		local name=$1
@@ -771,7 +789,7 @@ if { [ "$PROFILE" = 1 ] || [ "$PROFILE" = costs ]; } && command -v perf >/dev/nu
 			case $load in new-connection) fig=newconn ;; keep-alive) fig=keepalive ;; UDP) fig=udp ;; esac
 			case " $FIGURES " in *" $fig "*) ;; *) continue ;; esac
 			for cfg in "${CONFIGS[@]}"; do
-				case $cfg in haproxy | nginx | kup) cost_row "$cfg" "$load" ;; esac
+				case $cfg in haproxy | nginx | kup | kupel) use_kup "$cfg"; cost_row "$cfg" "$load" ;; esac
 			done
 		done
 	} >"$WORK/costs.md"

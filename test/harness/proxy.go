@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -47,6 +48,10 @@ func NewProxy(ns *netns.NS, bin, nodeName string, flags ...string) *Proxy {
 		"--metrics-bind-address", MetricsAddr,
 		"-v", "2",
 	}, flags...)
+	if path := os.Getenv("KUP_TEST_DATA_PATH"); path != "" {
+		// make test runs the suites once more on the event loop.
+		args = append(args, "--data-path", path)
+	}
 	return &Proxy{NS: ns, Bin: bin, Args: args, healthz: ns.HTTPClient(time.Second), metrics: ns.HTTPClient(2 * time.Second)}
 }
 

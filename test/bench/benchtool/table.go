@@ -19,6 +19,7 @@ var configs = []struct{ key, title string }{
 	{"haproxy", "HAProxy"},
 	{"nginx", "nginx stream"},
 	{"kup", "kube-userspace-proxy"},
+	{"kupel", "kube-userspace-proxy, event loop"},
 }
 
 // figure is one row of the table.
@@ -159,6 +160,9 @@ var ratios = []struct{ num, den, title string }{
 	{"kup", "dnat", "kup ÷ DNAT"},
 	{"kup", "haproxy", "kup ÷ HAProxy"},
 	{"kup", "nginx", "kup ÷ nginx"},
+	{"kupel", "dnat", "event loop ÷ DNAT"},
+	{"kupel", "haproxy", "event loop ÷ HAProxy"},
+	{"kupel", "nginx", "event loop ÷ nginx"},
 	{"haproxy", "dnat", "HAProxy ÷ DNAT"},
 	{"nginx", "dnat", "nginx ÷ DNAT"},
 }
@@ -176,11 +180,22 @@ func renderTable(w io.Writer, data map[string]samples, order []string) {
 			rows = append(rows, figure{key: k, title: k})
 		}
 	}
+	// A configuration no figure has (a run without it) gets no column.
+	measured := map[string]bool{}
+	for _, bycfg := range data {
+		for cfg := range bycfg {
+			measured[cfg] = true
+		}
+	}
+	cols := slices.DeleteFunc(slices.Clone(configs), func(c struct{ key, title string }) bool { return !measured[c.key] })
+	rats := slices.DeleteFunc(slices.Clone(ratios), func(r struct{ num, den, title string }) bool {
+		return !measured[r.num] || !measured[r.den]
+	})
 	header := []string{"figure"}
-	for _, c := range configs {
+	for _, c := range cols {
 		header = append(header, c.title)
 	}
-	for _, r := range ratios {
+	for _, r := range rats {
 		header = append(header, r.title)
 	}
 	fmt.Fprintf(w, "| %s |\n", strings.Join(header, " | "))
@@ -189,11 +204,11 @@ func renderTable(w io.Writer, data map[string]samples, order []string) {
 		cells := []string{strings.Replace(f.title, "  ", "&nbsp;&nbsp;", 1)}
 		st := map[string]stats{}
 		ok := map[string]bool{}
-		for _, c := range configs {
+		for _, c := range cols {
 			st[c.key], ok[c.key] = summarize(data[f.key][c.key])
 			cells = append(cells, formatCell(st[c.key], ok[c.key], f.count))
 		}
-		for _, r := range ratios {
+		for _, r := range rats {
 			cells = append(cells, formatRatio(st[r.num], st[r.den], ok[r.num], ok[r.den]))
 		}
 		fmt.Fprintf(w, "| %s |\n", strings.Join(cells, " | "))

@@ -1,0 +1,157 @@
+package proxier
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
+)
+
+// The TCP data paths (Options.DataPath, --data-path).
+const (
+	// DataPathGoroutines relays each connection with a goroutine per
+	// direction (relay.Conn): every feature, faults included.
+	DataPathGoroutines = "goroutines"
+	// DataPathEventLoop relays fault-free connections on a few epoll
+	// loops (relay.Group): no goroutine per connection, less CPU per new
+	// connection and less memory per idle one. Faulted connections still
+	// take the goroutine relay.
+	DataPathEventLoop = "eventloop"
+)
+
+// DataPaths lists the valid Options.DataPath values.
+var DataPaths = []string{DataPathGoroutines, DataPathEventLoop}
+
+// newLoopGroup starts the event loops; without them (no epoll, no
+// eventfd: never seen on Linux) the goroutine relay serves instead.
+func newLoopGroup(opts Options) *relay.Group {
+	n := opts.EventLoops
+	if n <= 0 {
+		n = runtime.GOMAXPROCS(0)
+	}
+	g, err := relay.NewGroup(n, relay.LoopOptions{
+		DialTimeouts: opts.DialTimeouts, HalfCloseTimeout: opts.HalfCloseTimeout,
+		WriteTimeout: opts.WriteTimeout, Quiet: opts.ConnectionCloseQuiet, Liveness: opts.Liveness,
+	})
+	if err != nil {
+		klog.ErrorS(err, "Cannot start the event loops; relaying with goroutines")
+		return nil
+	}
+	return g
+}
+
+// takeListener takes ln's socket out of the runtime's poller for the
+// event loops: a duplicate descriptor, ln closed.
+func takeListener(ln *net.TCPListener) (int, error) {
+	raw, err := ln.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	var dupErr error
+	if err := raw.Control(func(lfd uintptr) { fd, dupErr = unix.FcntlInt(lfd, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		return -1, err
+	}
+	if dupErr != nil {
+		return -1, os.NewSyscallError("fcntl", dupErr)
+	}
+	ln.Close()
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}
+
+// Accepted gives a client of the event loops its handler, or relays it
+// with goroutines when its connection draws a fault (relay.Acceptor).
+func (s *tcpProxySocket) Accepted(fd int, from netip.AddrPort) relay.Handler {
+	if s.faults != nil {
+		if fc := s.faults.Accept(from.Addr()); fc != nil {
+			conn, err := fdConn(fd)
+			if err != nil {
+				klog.ErrorS(err, "Cannot relay a faulted connection", "servicePort", s.label)
+				fc.Done()
+				return nil
+			}
+			go s.serve(conn, from, fc)
+			return nil
+		}
+	}
+	return &loopClient{s: s, from: from}
+}
+
+// AcceptFailed counts an accept error of the event loops.
+func (s *tcpProxySocket) AcceptFailed(err error) {
+	s.acceptErrors.Inc()
+	if !isTemporaryAcceptError(err) {
+		klog.ErrorS(err, "Accept failed", "servicePort", s.label)
+	}
+}
+
+// fdConn makes a *net.TCPConn of a bare descriptor (which it takes).
+func fdConn(fd int) (*net.TCPConn, error) {
+	f := os.NewFile(uintptr(fd), "")
+	c, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		return nil, err
+	}
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		c.Close()
+		return nil, errors.New("not a TCP connection")
+	}
+	return tc, nil
+}
+
+// loopClient is the proxier's side of one connection on the event loops
+// (relay.Handler): the balancer's choice per attempt, metrics, the
+// connection registry and the port's lifetime.
+type loopClient struct {
+	s    *tcpProxySocket
+	from netip.AddrPort
+	live *liveConn
+}
+
+func (h *loopClient) Backend(attempt int) (netip.AddrPort, error) {
+	// After the first failure, let affinity move the client on: its
+	// pinned endpoint is the one that just failed.
+	ep, err := h.s.sp.Next(h.from.Addr(), attempt > 0)
+	if err == nil && attempt > 0 {
+		h.s.retries.Inc()
+	}
+	return ep, err
+}
+
+func (h *loopClient) DialFailed(ep netip.AddrPort, err error) {
+	h.s.dialFailures.Inc()
+	klog.V(3).InfoS("Dial failed, trying next endpoint", "servicePort", h.s.label, "endpoint", ep, "err", err)
+}
+
+func (h *loopClient) Failed(err error) {
+	h.s.failed.Inc()
+	h.s.noBackend.report(h.s.label, h.from, err)
+}
+
+func (h *loopClient) Connected(c *relay.LoopConn, ep netip.AddrPort) {
+	s := h.s
+	s.active.Inc()
+	h.live = s.cfg.conns.addLoop(s.label, h.from, ep, c, s.bytesIn, s.bytesOut)
+	h.live.sp, h.live.lifetime = s.sp, s.lifetime
+	h.live.relay.Store(quietCloser(c))
+	startLifetime(c, s.lifetime.load())
+}
+
+func (h *loopClient) Ended(in, out int64) {
+	h.live.in.Add(float64(in))
+	h.live.out.Add(float64(out))
+	h.live.end()
+	h.s.active.Dec()
+}

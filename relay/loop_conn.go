@@ -1,0 +1,617 @@
+package relay
+
+import (
+	"errors"
+	"net/netip"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
+)
+
+// The two sockets of a LoopConn (index of fds and of the readiness flags).
+const (
+	sideClient  = 0
+	sideBackend = 1
+)
+
+// connection states
+const (
+	stateDialing uint8 = iota
+	stateRelaying
+	stateClosed
+)
+
+// turnBudget is how many read/write rounds a connection gets per turn
+// before others get theirs (it is queued to continue).
+const turnBudget = 16
+
+// LoopConn is one connection on a loop. Everything but its byte counts
+// belongs to the loop's goroutine.
+type LoopConn struct {
+	l    *Loop
+	h    Handler
+	slot int32
+	// fds (-1: none); readable and writable are what epoll last said,
+	// cleared when a call says EAGAIN (edge-triggered: the next event sets
+	// them again).
+	fds                [2]int
+	readable, writable [2]bool
+	state              uint8
+	queued             bool
+	attempt            int
+	ep                 netip.AddrPort
+	dialErr            error
+	// backendTag tells a stale event of an earlier attempt's socket
+	// (same slot) from the current one's.
+	backendTag int32
+
+	up, down loopDir
+	timers   [numTimers]loopTimer
+	// quietDue: a CloseWhenQuiet is pending (its timer then runs).
+	quietDue bool
+
+	// in and out are read by other goroutines (Bytes).
+	in, out atomic.Int64
+}
+
+// loopDir is one direction: it reads fds[src], writes fds[dst].
+type loopDir struct {
+	src, dst uint8
+	// pending bytes: buf[off:n] (buffered) or inPipe bytes in pipe.
+	buf      *[]byte
+	off, n   int
+	pipe     pipePair
+	hasPipe  bool
+	inPipe   int
+	splicing bool
+	noPipe   bool
+	// eof: src sent its FIN (or the relay ends this direction as if it
+	// had); done: the FIN was passed on.
+	eof, done bool
+	lastRecv  int64
+	// stallSince is when dst last took bytes while bytes wait for it; 0:
+	// nothing waits on a full dst.
+	stallSince int64
+	count      *atomic.Int64
+}
+
+func (d *loopDir) pending() bool { return d.n > d.off || d.inPipe > 0 }
+
+// Bytes is what the connection moved so far: client→backend, back.
+func (c *LoopConn) Bytes() (in, out int64) { return c.in.Load(), c.out.Load() }
+
+// CloseWhenQuiet ends the connection at its first quiet moment at least d
+// from now, as Conn.CloseWhenQuiet does. Safe from any goroutine.
+func (c *LoopConn) CloseWhenQuiet(d time.Duration) {
+	c.l.post(loopCmd{op: cmdQuiet, c: c, at: c.l.clock() + int64(d)})
+}
+
+func (l *Loop) start(client int, h Handler) {
+	c := &LoopConn{l: l, h: h, fds: [2]int{client, -1}}
+	c.up = loopDir{src: sideClient, dst: sideBackend, count: &c.in}
+	c.down = loopDir{src: sideBackend, dst: sideClient, count: &c.out}
+	for i := range c.timers {
+		c.timers[i] = loopTimer{c: c, index: -1, kind: uint8(i)}
+	}
+	c.slot = l.slot(c)
+	if err := l.register(client, c.slot, sideClient); err != nil {
+		c.fail(err)
+		return
+	}
+	c.writable[sideClient] = true
+	c.dial()
+}
+
+// dial starts the current attempt, moving on to the next while a socket
+// cannot even be opened; Failed once none is left.
+func (c *LoopConn) dial() {
+	l := c.l
+	for c.attempt < len(l.o.DialTimeouts) {
+		ep, err := c.h.Backend(c.attempt)
+		if err != nil {
+			c.fail(err)
+			return
+		}
+		c.ep = ep
+		fd, err := l.connect(ep)
+		if err == nil {
+			c.backendTag += 2
+			err = l.register(fd, c.slot, c.backendTag|sideBackend)
+			if err != nil {
+				unix.Close(fd)
+			}
+		}
+		if err == nil {
+			c.fds[sideBackend] = fd
+			c.readable[sideBackend], c.writable[sideBackend] = false, false
+			l.timers.set(&c.timers[timerDial], l.now+int64(l.o.DialTimeouts[c.attempt]))
+			return
+		}
+		c.dialFailed(err)
+	}
+	c.fail(c.dialErr)
+}
+
+func (c *LoopConn) dialFailed(err error) {
+	c.dialErr = err
+	c.h.DialFailed(c.ep, err)
+	c.attempt++
+}
+
+// connect opens a non-blocking socket with the options net's dialer would
+// set (no delay) and ours (TCP_INQ, liveness), and starts connecting.
+func (l *Loop) connect(ep netip.AddrPort) (int, error) {
+	var sa unix.Sockaddr
+	family := unix.AF_INET
+	addr := ep.Addr().Unmap()
+	if addr.Is4() {
+		sa = &unix.SockaddrInet4{Port: int(ep.Port()), Addr: addr.As4()}
+	} else {
+		family = unix.AF_INET6
+		sa6 := &unix.SockaddrInet6{Port: int(ep.Port()), Addr: addr.As16()}
+		if z := addr.Zone(); z != "" {
+			return -1, errors.New("relay: zoned backend address " + ep.String())
+		}
+		sa = sa6
+	}
+	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	_ = unix.SetsockoptInt(fd, unix.SOL_TCP, unix.TCP_INQ, 1)
+	if err := l.o.Liveness.apply(fd); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	if err := unix.Connect(fd, sa); err != nil && err != unix.EINPROGRESS {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}
+
+// event applies one epoll event of the socket tagged tag.
+func (c *LoopConn) event(ev uint32, tag int32) {
+	side := tag & 1
+	if side == sideBackend && tag != c.backendTag|sideBackend {
+		return // an earlier attempt's socket, closed since
+	}
+	if c.state == stateClosed || c.fds[side] < 0 {
+		return
+	}
+	if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		c.readable[side] = true
+	}
+	if ev&(unix.EPOLLOUT|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		c.writable[side] = true
+	}
+	if c.state == stateDialing {
+		if side == sideBackend && ev&(unix.EPOLLOUT|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+			c.connected()
+		}
+		return
+	}
+	c.pump()
+}
+
+// connected finishes a dial the backend socket's event ended.
+func (c *LoopConn) connected() {
+	l := c.l
+	fd := c.fds[sideBackend]
+	soErr, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR)
+	if err == nil && soErr != 0 {
+		err = unix.Errno(soErr)
+	}
+	if err != nil {
+		c.closeBackend()
+		c.dialFailed(err)
+		c.dial()
+		return
+	}
+	l.timers.stop(&c.timers[timerDial])
+	c.state = stateRelaying
+	c.h.Connected(c, c.ep)
+	c.pump()
+}
+
+func (c *LoopConn) closeBackend() {
+	unix.Close(c.fds[sideBackend])
+	c.fds[sideBackend] = -1
+}
+
+// fail ends a connection that never reached a backend: the client gets a
+// reset, so it cannot mistake "no backend" for an empty answer.
+func (c *LoopConn) fail(err error) {
+	c.l.timers.stop(&c.timers[timerDial])
+	if c.fds[sideBackend] >= 0 {
+		c.closeBackend()
+	}
+	resetClose(c.fds[sideClient])
+	c.fds[sideClient] = -1
+	c.release()
+	c.h.Failed(err)
+}
+
+// timer runs a bound that came due.
+func (c *LoopConn) timer(t *loopTimer) {
+	l := c.l
+	switch t.kind {
+	case timerDial:
+		c.closeBackend()
+		c.dialFailed(ErrDialTimeout)
+		c.dial()
+	case timerWriteUp, timerWriteDown:
+		d := &c.up
+		if t.kind == timerWriteDown {
+			d = &c.down
+		}
+		if d.stallSince == 0 {
+			return
+		}
+		if due := d.stallSince + int64(l.o.WriteTimeout); due > l.now {
+			l.timers.set(t, due)
+			return
+		}
+		c.abort()
+	case timerHalf:
+		d := &c.up
+		if c.up.done {
+			d = &c.down
+		}
+		if due := d.lastRecv + int64(l.o.HalfCloseTimeout); due > l.now {
+			l.timers.set(t, due)
+			return
+		}
+		c.abort()
+	case timerQuiet:
+		c.checkQuiet()
+	}
+}
+
+// quietAt asks for the end at the first quiet moment from at on.
+func (c *LoopConn) quietAt(at int64) {
+	if c.state == stateClosed || c.down.eof {
+		return
+	}
+	t := &c.timers[timerQuiet]
+	if c.quietDue && t.at <= at {
+		return // an earlier request stands
+	}
+	c.quietDue = true
+	c.l.timers.set(t, max(at, c.l.now))
+}
+
+func (c *LoopConn) checkQuiet() {
+	l := c.l
+	t := &c.timers[timerQuiet]
+	if c.state == stateDialing {
+		l.timers.set(t, l.now+int64(l.o.Quiet/4)+1)
+		return
+	}
+	if c.up.pending() || c.down.pending() {
+		l.timers.set(t, l.now+int64(max(l.o.Quiet/4, time.Millisecond)))
+		return
+	}
+	client, ok1 := fdQuiet(c.fds[sideClient])
+	backend, ok2 := fdQuiet(c.fds[sideBackend])
+	if !ok1 || !ok2 {
+		return
+	}
+	if quiet, wait := quietFor(client, backend, l.o.Quiet); !quiet {
+		l.timers.set(t, l.now+int64(wait))
+		return
+	}
+	// As if the backend had sent a FIN: the client reads the end, as from
+	// a server closing an idle keep-alive connection.
+	c.quietDue = false
+	c.down.eof = true
+	c.pump()
+}
+
+// pump moves what both directions can move now, for one turn.
+func (c *LoopConn) pump() {
+	if c.state != stateRelaying {
+		return
+	}
+	more := false
+	for range turnBudget {
+		up, err := c.step(&c.up)
+		if err != nil {
+			c.failed(&c.up, err)
+			return
+		}
+		down, err := c.step(&c.down)
+		if err != nil {
+			c.failed(&c.down, err)
+			return
+		}
+		if c.up.done && c.down.done {
+			c.finish()
+			return
+		}
+		if !up && !down {
+			return
+		}
+		more = true
+	}
+	if more {
+		c.l.queue(c)
+	}
+}
+
+// step does one round of d: flush what waits for dst, pass a FIN on, or
+// read what src has. It reports whether anything moved. A read failure is
+// returned as is, a write failure as a *WriteError.
+func (c *LoopConn) step(d *loopDir) (bool, error) {
+	if d.done {
+		return false, nil
+	}
+	l := c.l
+	if d.pending() {
+		if !c.writable[d.dst] {
+			return false, nil
+		}
+		return c.flush(d)
+	}
+	if d.eof {
+		_ = rawio.ShutdownWrite(c.fds[d.dst])
+		d.done = true
+		c.directionEnded(d)
+		return true, nil
+	}
+	if !c.readable[d.src] || !c.writable[d.dst] {
+		return false, nil
+	}
+	src := c.fds[d.src]
+	if d.splicing {
+		n, err := rawio.Splice(src, d.pipe.w, spliceChunk)
+		switch {
+		case err == unix.EAGAIN:
+			// src is empty: the next bytes are read into the buffer
+			// again, and the pipe goes back once drained.
+			c.readable[d.src] = false
+			d.splicing = false
+			c.endSplicing(d)
+			return false, nil
+		case err == unix.EINTR:
+			return true, nil
+		case err != nil:
+			return false, err
+		case n == 0:
+			d.eof = true
+			return true, nil
+		}
+		d.lastRecv = l.now
+		d.count.Add(n)
+		d.inPipe = int(n)
+		if n < autoBufSize {
+			d.splicing = false // the burst is over: back to reads once drained
+		}
+		return c.flush(d)
+	}
+	n, inq, err := rawio.RecvInq(src, l.scratch)
+	switch {
+	case err == unix.EAGAIN:
+		c.readable[d.src] = false
+		return false, nil
+	case err == unix.EINTR:
+		return true, nil
+	case err != nil:
+		return false, err
+	case n == 0:
+		d.eof = true
+		return true, nil
+	}
+	d.lastRecv = l.now
+	d.count.Add(int64(n))
+	if inq == 0 {
+		c.readable[d.src] = false // nothing queued, no FIN: skip the EAGAIN read
+	}
+	if n == len(l.scratch) && inq != 0 && !d.noPipe {
+		// Bulk is queued: splice it. (With src emptied, a pipe taken now
+		// would be held while the connection idles.)
+		c.startSplicing(d)
+	}
+	m, err := c.write(d, l.scratch[:n])
+	if err != nil {
+		return false, &WriteError{err}
+	}
+	if m < n {
+		d.buf = autoBufs.Get().(*[]byte)
+		d.off, d.n = 0, copy(*d.buf, l.scratch[m:n])
+		c.stalled(d)
+	}
+	return true, nil
+}
+
+// write writes p to d's dst until it is full; EAGAIN is not an error.
+func (c *LoopConn) write(d *loopDir, p []byte) (int, error) {
+	fd := c.fds[d.dst]
+	done := 0
+	for done < len(p) {
+		m, err := rawio.Write(fd, p[done:])
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			c.writable[d.dst] = false
+			return done, nil
+		case err != nil:
+			return done, err
+		}
+		done += m
+	}
+	return done, nil
+}
+
+// flush writes what waits for d's dst.
+func (c *LoopConn) flush(d *loopDir) (bool, error) {
+	moved := false
+	if d.inPipe > 0 {
+		for d.inPipe > 0 {
+			m, err := rawio.Splice(d.pipe.r, c.fds[d.dst], d.inPipe)
+			if err == unix.EINTR {
+				continue
+			}
+			if err == unix.EAGAIN {
+				c.writable[d.dst] = false
+				break
+			}
+			if err != nil {
+				return moved, &WriteError{err}
+			}
+			d.inPipe -= int(m)
+			moved = true
+		}
+		if d.inPipe == 0 && !d.splicing {
+			c.endSplicing(d)
+		}
+	} else {
+		m, err := c.write(d, (*d.buf)[d.off:d.n])
+		if err != nil {
+			return false, &WriteError{err}
+		}
+		d.off += m
+		moved = m > 0
+		if d.off == d.n {
+			autoBufs.Put(d.buf)
+			d.buf, d.off, d.n = nil, 0, 0
+		}
+	}
+	if d.pending() {
+		if moved {
+			d.stallSince = 0
+		}
+		c.stalled(d)
+	} else {
+		d.stallSince = 0
+	}
+	return moved, nil
+}
+
+// stalled notes that bytes wait for a full dst: the write bound counts
+// from the last progress.
+func (c *LoopConn) stalled(d *loopDir) {
+	l := c.l
+	if l.o.WriteTimeout <= 0 || d.stallSince != 0 {
+		return
+	}
+	d.stallSince = l.now
+	t := &c.timers[timerWriteUp]
+	if d == &c.down {
+		t = &c.timers[timerWriteDown]
+	}
+	if t.index < 0 {
+		l.timers.set(t, l.now+int64(l.o.WriteTimeout))
+	}
+}
+
+func (c *LoopConn) startSplicing(d *loopDir) {
+	if !d.hasPipe {
+		pp, err := pipes.get()
+		if err != nil {
+			d.noPipe = true
+			return
+		}
+		d.pipe, d.hasPipe = pp, true
+	}
+	d.splicing = true
+}
+
+// endSplicing gives the pipe back once it is empty and the burst is over.
+func (c *LoopConn) endSplicing(d *loopDir) {
+	if d.hasPipe && d.inPipe == 0 && !d.splicing {
+		pipes.put(d.pipe, true)
+		d.hasPipe = false
+	}
+}
+
+// directionEnded bounds the other direction once the first ended.
+func (c *LoopConn) directionEnded(d *loopDir) {
+	l := c.l
+	other := &c.down
+	if d == &c.down {
+		other = &c.up
+	}
+	if !other.done && l.o.HalfCloseTimeout > 0 {
+		other.lastRecv = l.now
+		l.timers.set(&c.timers[timerHalf], l.now+int64(l.o.HalfCloseTimeout))
+	}
+}
+
+// failed ends the connection after d failed: a reset from a peer is passed
+// on to the other; every other failure resets both, so neither mistakes
+// the end for a complete stream.
+func (c *LoopConn) failed(d *loopDir, err error) {
+	var we *WriteError
+	switch {
+	case isReset(err) && errors.As(err, &we):
+		setLinger0(c.fds[d.src])
+	case isReset(err):
+		setLinger0(c.fds[d.dst])
+	default:
+		setLinger0(c.fds[d.src])
+		setLinger0(c.fds[d.dst])
+	}
+	c.finish()
+}
+
+// abort resets both peers (a bound ran out, the loop stops).
+func (c *LoopConn) abort() {
+	if c.state == stateClosed {
+		return
+	}
+	if c.state == stateDialing {
+		c.fail(ErrDialTimeout)
+		return
+	}
+	setLinger0(c.fds[sideClient])
+	setLinger0(c.fds[sideBackend])
+	c.finish()
+}
+
+// finish closes both sockets and tells the handler.
+func (c *LoopConn) finish() {
+	for _, d := range []*loopDir{&c.up, &c.down} {
+		if d.buf != nil {
+			autoBufs.Put(d.buf)
+			d.buf = nil
+		}
+		if d.hasPipe {
+			pipes.put(d.pipe, d.inPipe == 0)
+			d.hasPipe = false
+		}
+	}
+	unix.Close(c.fds[sideClient])
+	unix.Close(c.fds[sideBackend])
+	c.fds = [2]int{-1, -1}
+	c.release()
+	c.h.Ended(c.in.Load(), c.out.Load())
+}
+
+// release gives back the slot and the timers.
+func (c *LoopConn) release() {
+	c.state = stateClosed
+	for i := range c.timers {
+		c.l.timers.stop(&c.timers[i])
+	}
+	c.l.conns[c.slot] = nil
+	c.l.freed = append(c.l.freed, c.slot)
+}
+
+func setLinger0(fd int) {
+	if fd >= 0 {
+		_ = unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
+	}
+}
+
+func resetClose(fd int) {
+	if fd >= 0 {
+		setLinger0(fd)
+		unix.Close(fd)
+	}
+}

@@ -1,0 +1,190 @@
+package relay
+
+import (
+	"errors"
+	"net/netip"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Acceptor is the caller's side of a listening socket on a loop Group. Its
+// methods run on a loop's goroutine and must not block.
+type Acceptor interface {
+	// Accepted is a new client (a non-blocking socket): the Handler of its
+	// connection, or nil when the caller took the socket for itself.
+	Accepted(fd int, from netip.AddrPort) Handler
+	// AcceptFailed reports an accept error; on running out of descriptors
+	// or memory the loop pauses this socket a while (backing off).
+	AcceptFailed(err error)
+}
+
+// Listener is a listening socket served by every loop of a Group: the
+// kernel wakes one loop per incoming client (EPOLLEXCLUSIVE), which
+// accepts and relays it, so no hand-off between goroutines.
+type Listener struct {
+	g   *Group
+	fd  int
+	acc Acceptor
+
+	closeOnce sync.Once
+}
+
+// listenerTag marks a listener's epoll events (Fd: its slot in the loop).
+const listenerTag = -2
+
+// acceptBatch is how many clients a loop accepts per wake-up before it
+// serves its connections again (the socket is level-triggered).
+const acceptBatch = 32
+
+// Listen serves the listening socket fd (non-blocking; the Group owns it
+// from now on: Close closes it).
+func (g *Group) Listen(fd int, acc Acceptor) *Listener {
+	ln := &Listener{g: g, fd: fd, acc: acc}
+	for _, l := range g.loops {
+		l.post(loopCmd{op: cmdListen, ln: ln})
+	}
+	return ln
+}
+
+// Close stops accepting on every loop, then closes the socket; a port it
+// held is free when Close returns. Connections accepted stay.
+func (ln *Listener) Close() error {
+	var err error
+	ln.closeOnce.Do(func() {
+		for _, l := range ln.g.loops {
+			done := make(chan struct{})
+			l.post(loopCmd{op: cmdUnlisten, ln: ln, done: done})
+			select {
+			case <-done:
+			case <-l.done: // the loop stopped: it holds nothing
+			}
+		}
+		err = unix.Close(ln.fd)
+	})
+	return err
+}
+
+// loopListener is one loop's registration of a Listener.
+type loopListener struct {
+	ln *Listener
+	// paused: the socket left this loop's epoll set until resume (a
+	// temporary accept error), backoff is the current pause.
+	paused  bool
+	resume  int64
+	backoff time.Duration
+}
+
+func (l *Loop) listen(ln *Listener) {
+	ll := &loopListener{ln: ln}
+	slot := int32(len(l.listeners))
+	for i, x := range l.listeners {
+		if x == nil {
+			slot = int32(i)
+			break
+		}
+	}
+	if int(slot) == len(l.listeners) {
+		l.listeners = append(l.listeners, nil)
+	}
+	l.listeners[slot] = ll
+	if err := l.watchListener(ll, slot); err != nil {
+		ln.acc.AcceptFailed(err)
+	}
+}
+
+func (l *Loop) watchListener(ll *loopListener, slot int32) error {
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLEXCLUSIVE, Fd: slot, Pad: listenerTag}
+	return unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, ll.ln.fd, &ev)
+}
+
+func (l *Loop) unlisten(ln *Listener) {
+	for i, ll := range l.listeners {
+		if ll != nil && ll.ln == ln {
+			if ll.paused {
+				l.paused--
+			} else {
+				_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, ln.fd, nil)
+			}
+			l.listeners[i] = nil
+		}
+	}
+}
+
+// accept takes the clients queued on a listener.
+func (l *Loop) accept(slot int32) {
+	ll := l.listeners[slot]
+	if ll == nil || ll.paused {
+		return
+	}
+	for range acceptBatch {
+		fd, sa, err := unix.Accept4(ll.ln.fd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+		switch {
+		case err == unix.EAGAIN:
+			ll.backoff = 0
+			return
+		case err == unix.EINTR:
+			continue
+		case errors.Is(err, unix.ECONNABORTED) || errors.Is(err, unix.EPROTO):
+			ll.ln.acc.AcceptFailed(err) // that client is gone; the next
+			continue
+		case err != nil:
+			ll.ln.acc.AcceptFailed(err)
+			l.pause(ll)
+			return
+		}
+		// What net sets on every accepted socket (the rest is inherited
+		// from the listener).
+		_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+		if h := ll.ln.acc.Accepted(fd, sockaddrAddrPort(sa)); h != nil {
+			l.start(fd, h)
+		}
+	}
+}
+
+// pause takes a listener out of the loop's epoll set a while (out of
+// descriptors: its clients wait in the backlog rather than spin the loop).
+func (l *Loop) pause(ll *loopListener) {
+	if ll.backoff == 0 {
+		ll.backoff = 5 * time.Millisecond
+	} else {
+		ll.backoff = min(2*ll.backoff, time.Second)
+	}
+	_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, ll.ln.fd, nil)
+	ll.paused, ll.resume = true, l.now+int64(ll.backoff)
+	l.paused++
+}
+
+// resumeListeners puts paused listeners whose pause is over back; it
+// returns when the next pause ends (0: none paused).
+func (l *Loop) resumeListeners() int64 {
+	next := int64(0)
+	for slot, ll := range l.listeners {
+		if ll == nil || !ll.paused {
+			continue
+		}
+		if ll.resume <= l.now {
+			ll.paused = false
+			l.paused--
+			if err := l.watchListener(ll, int32(slot)); err != nil {
+				ll.ln.acc.AcceptFailed(err)
+			}
+			continue
+		}
+		if next == 0 || ll.resume < next {
+			next = ll.resume
+		}
+	}
+	return next
+}
+
+func sockaddrAddrPort(sa unix.Sockaddr) netip.AddrPort {
+	switch sa := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), uint16(sa.Port))
+	}
+	return netip.AddrPort{}
+}

@@ -1,0 +1,446 @@
+package relay
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// loopHandler is a Handler over a fixed list of endpoints that records
+// what the loop told it.
+type loopHandler struct {
+	eps []netip.AddrPort
+
+	mu          sync.Mutex
+	dialFails   []error
+	conn        *LoopConn
+	connectedTo netip.AddrPort
+	failed      error
+	in, out     int64
+	done        chan struct{}
+}
+
+func newLoopHandler(eps ...netip.AddrPort) *loopHandler {
+	return &loopHandler{eps: eps, done: make(chan struct{})}
+}
+
+func (h *loopHandler) Backend(attempt int) (netip.AddrPort, error) {
+	if len(h.eps) == 0 {
+		return netip.AddrPort{}, errors.New("no endpoints")
+	}
+	return h.eps[attempt%len(h.eps)], nil
+}
+
+func (h *loopHandler) DialFailed(_ netip.AddrPort, err error) {
+	h.mu.Lock()
+	h.dialFails = append(h.dialFails, err)
+	h.mu.Unlock()
+}
+
+func (h *loopHandler) Failed(err error) {
+	h.mu.Lock()
+	h.failed = err
+	h.mu.Unlock()
+	close(h.done)
+}
+
+func (h *loopHandler) Connected(c *LoopConn, ep netip.AddrPort) {
+	h.mu.Lock()
+	h.conn, h.connectedTo = c, ep
+	h.mu.Unlock()
+}
+
+func (h *loopHandler) Ended(in, out int64) {
+	h.mu.Lock()
+	h.in, h.out = in, out
+	h.mu.Unlock()
+	close(h.done)
+}
+
+func (h *loopHandler) wait(t *testing.T) {
+	t.Helper()
+	select {
+	case <-h.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the loop never ended the connection")
+	}
+}
+
+// loopBed is a group serving a front listener, whose clients get the
+// handlers queued in next, and a backend listener.
+type loopBed struct {
+	g       *Group
+	front   netip.AddrPort
+	ln      *Listener
+	backend *net.TCPListener
+	ep      netip.AddrPort
+	next    chan Handler
+	failed  chan error
+}
+
+func (b *loopBed) Accepted(_ int, _ netip.AddrPort) Handler { return <-b.next }
+func (b *loopBed) AcceptFailed(err error)                   { b.failed <- err }
+
+func newLoopBed(t *testing.T, o LoopOptions) *loopBed {
+	t.Helper()
+	g, err := NewGroup(2, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Close)
+	lc := net.ListenConfig{Control: SocketControl(Liveness{})}
+	lc.SetMultipathTCP(false)
+	front, err := lc.Listen(t.Context(), "tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	backend, err := lc.Listen(t.Context(), "tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { backend.Close() })
+	b := &loopBed{g: g, backend: backend.(*net.TCPListener), next: make(chan Handler, 1), failed: make(chan error, 10)}
+	b.front = front.Addr().(*net.TCPAddr).AddrPort()
+	b.ep = backend.Addr().(*net.TCPAddr).AddrPort()
+	fd := dupListener(t, front.(*net.TCPListener))
+	b.ln = g.Listen(fd, b)
+	t.Cleanup(func() { b.ln.Close() })
+	return b
+}
+
+// dupListener takes ln's socket out of the runtime's poller.
+func dupListener(t *testing.T, ln *net.TCPListener) int {
+	t.Helper()
+	raw, err := ln.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd := -1
+	_ = raw.Control(func(lfd uintptr) { fd, err = unix.FcntlInt(lfd, unix.F_DUPFD_CLOEXEC, 0) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.Close()
+	if err := unix.SetNonblock(fd, true); err != nil {
+		t.Fatal(err)
+	}
+	return fd
+}
+
+// connect dials the front with h as the connection's handler, and
+// returns the client's end and (when wantBackend) the backend's.
+func (b *loopBed) connect(t *testing.T, h Handler, wantBackend bool) (client, backend *net.TCPConn) {
+	t.Helper()
+	b.next <- h
+	c, err := net.DialTCP("tcp4", nil, net.TCPAddrFromAddrPort(b.front))
+	if !wantBackend && errors.Is(err, syscall.ECONNRESET) {
+		return nil, nil // reset before connect returned: what expectReset checks
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if !wantBackend {
+		return c, nil
+	}
+	_ = b.backend.SetDeadline(time.Now().Add(5 * time.Second))
+	be, err := b.backend.AcceptTCP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { be.Close() })
+	return c, be
+}
+
+func TestLoopRelaysBothWays(t *testing.T) {
+	b := newLoopBed(t, LoopOptions{})
+	h := newLoopHandler(b.ep)
+	client, backend := b.connect(t, h, true)
+
+	// Small messages both ways, then a bulk stream that moves to splice.
+	buf := make([]byte, 64)
+	for i := range 200 {
+		msg := bytes.Repeat([]byte{byte(i)}, 64)
+		if _, err := client.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(backend, buf); err != nil || !bytes.Equal(buf, msg) {
+			t.Fatalf("round %d: backend read %v, %v", i, buf, err)
+		}
+		if _, err := backend.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(client, buf); err != nil || !bytes.Equal(buf, msg) {
+			t.Fatalf("round %d: client read %v, %v", i, buf, err)
+		}
+	}
+	bulk := make([]byte, 8<<20)
+	for i := range bulk {
+		bulk[i] = byte(i * 7)
+	}
+	go func() {
+		_, _ = backend.Write(bulk)
+		_ = backend.CloseWrite()
+	}()
+	got, err := io.ReadAll(client)
+	if err != nil || !bytes.Equal(got, bulk) {
+		t.Fatalf("bulk: got %d bytes (%v), want %d intact", len(got), err, len(bulk))
+	}
+	// The client's FIN reaches the backend after its own; then both close.
+	if err := client.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := io.Copy(io.Discard, backend); n != 0 || err != nil {
+		t.Fatalf("backend after client FIN: %d bytes, %v", n, err)
+	}
+	h.wait(t)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.in != 200*64 || h.out != 200*64+8<<20 {
+		t.Fatalf("counted in %d out %d", h.in, h.out)
+	}
+	if h.connectedTo != b.ep {
+		t.Fatalf("connected to %v, want %v", h.connectedTo, b.ep)
+	}
+}
+
+func TestLoopHalfClose(t *testing.T) {
+	b := newLoopBed(t, LoopOptions{})
+	h := newLoopHandler(b.ep)
+	client, backend := b.connect(t, h, true)
+	if _, err := client.Write([]byte("request")); err != nil {
+		t.Fatal(err)
+	}
+	_ = client.CloseWrite()
+	req, err := io.ReadAll(backend)
+	if err != nil || string(req) != "request" {
+		t.Fatalf("backend read %q, %v", req, err)
+	}
+	// The backend answers after the client's FIN.
+	if _, err := backend.Write([]byte("answer")); err != nil {
+		t.Fatal(err)
+	}
+	backend.Close()
+	resp, err := io.ReadAll(client)
+	if err != nil || string(resp) != "answer" {
+		t.Fatalf("client read %q, %v", resp, err)
+	}
+	h.wait(t)
+}
+
+func TestLoopPassesResetOn(t *testing.T) {
+	b := newLoopBed(t, LoopOptions{})
+	h := newLoopHandler(b.ep)
+	client, backend := b.connect(t, h, true)
+	if _, err := client.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(backend, make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	_ = backend.SetLinger(0)
+	backend.Close()
+	_ = client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err := client.Read(make([]byte, 1))
+	if !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("client read after backend reset: %v, want ECONNRESET", err)
+	}
+	h.wait(t)
+}
+
+// expectReset fails unless client (nil: its connect was reset) reads a
+// reset.
+func expectReset(t *testing.T, client *net.TCPConn) {
+	t.Helper()
+	if client == nil {
+		return
+	}
+	_ = client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := client.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("client read: %v, want ECONNRESET", err)
+	}
+}
+
+// closedPort is a loopback port nothing listens on.
+func closedPort(t *testing.T) netip.AddrPort {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ap := ln.Addr().(*net.TCPAddr).AddrPort()
+	ln.Close()
+	return ap
+}
+
+func TestLoopDialsNextEndpointOnRefusal(t *testing.T) {
+	b := newLoopBed(t, LoopOptions{DialTimeouts: []time.Duration{time.Second, time.Second}})
+	h := newLoopHandler(closedPort(t), b.ep)
+	client, backend := b.connect(t, h, true)
+	if _, err := client.Write([]byte("hi")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(backend, make([]byte, 2)); err != nil {
+		t.Fatal(err)
+	}
+	client.Close()
+	backend.Close()
+	h.wait(t)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.dialFails) != 1 || !errors.Is(h.dialFails[0], syscall.ECONNREFUSED) {
+		t.Fatalf("dial failures %v, want one refusal", h.dialFails)
+	}
+}
+
+func TestLoopResetsClientWhenNoBackendAnswers(t *testing.T) {
+	b := newLoopBed(t, LoopOptions{DialTimeouts: []time.Duration{time.Second, time.Second}})
+	h := newLoopHandler(closedPort(t))
+	client, _ := b.connect(t, h, false)
+	h.wait(t)
+	expectReset(t, client)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.dialFails) != 2 || !errors.Is(h.failed, syscall.ECONNREFUSED) {
+		t.Fatalf("dial failures %v, failed %v", h.dialFails, h.failed)
+	}
+}
+
+func TestLoopBackendErrorEndsConnection(t *testing.T) {
+	b := newLoopBed(t, LoopOptions{})
+	h := newLoopHandler()
+	client, _ := b.connect(t, h, false)
+	h.wait(t)
+	expectReset(t, client)
+	if h.failed == nil || h.failed.Error() != "no endpoints" {
+		t.Fatalf("failed with %v", h.failed)
+	}
+}
+
+func TestLoopWriteBoundResetsBoth(t *testing.T) {
+	b := newLoopBed(t, LoopOptions{WriteTimeout: 200 * time.Millisecond})
+	h := newLoopHandler(b.ep)
+	client, backend := b.connect(t, h, true)
+	_ = backend // never reads
+	go func() {
+		chunk := make([]byte, 64<<10)
+		for {
+			if _, err := client.Write(chunk); err != nil {
+				return
+			}
+		}
+	}()
+	h.wait(t)
+	_ = backend.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.Copy(io.Discard, backend); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("backend read: %v, want ECONNRESET", err)
+	}
+}
+
+func TestLoopHalfCloseBound(t *testing.T) {
+	b := newLoopBed(t, LoopOptions{HalfCloseTimeout: 200 * time.Millisecond})
+	h := newLoopHandler(b.ep)
+	client, backend := b.connect(t, h, true)
+	_ = client.CloseWrite()
+	if _, err := io.ReadAll(backend); err != nil {
+		t.Fatal(err)
+	}
+	// The backend keeps streaming a while: never cut while bytes flow.
+	for range 5 {
+		if _, err := backend.Write([]byte("tick")); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if _, err := io.ReadFull(client, make([]byte, 20)); err != nil {
+		t.Fatalf("client lost the stream: %v", err)
+	}
+	// Then silence: both get a reset.
+	h.wait(t)
+	_ = client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := client.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("client read: %v, want ECONNRESET", err)
+	}
+}
+
+func TestLoopCloseWhenQuiet(t *testing.T) {
+	b := newLoopBed(t, LoopOptions{Quiet: 100 * time.Millisecond})
+	h := newLoopHandler(b.ep)
+	client, backend := b.connect(t, h, true)
+	if _, err := client.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(backend, make([]byte, 4)); err != nil {
+		t.Fatal(err)
+	}
+	h.mu.Lock()
+	c := h.conn
+	h.mu.Unlock()
+	c.CloseWhenQuiet(0)
+	// The answer is under way while the request stands: not cut.
+	time.Sleep(30 * time.Millisecond)
+	if _, err := backend.Write([]byte("pong")); err != nil {
+		t.Fatal(err)
+	}
+	_ = client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got, err := io.ReadAll(client)
+	if err != nil || string(got) != "pong" {
+		t.Fatalf("client read %q, %v; want the answer then a FIN", got, err)
+	}
+	client.Close()
+	if _, err := io.ReadAll(backend); err != nil {
+		t.Fatalf("backend: %v, want a FIN", err)
+	}
+	h.wait(t)
+}
+
+// An idle connection holds its two sockets and nothing else: no pipe,
+// even after a burst was spliced.
+func TestLoopIdleHoldsNoPipe(t *testing.T) {
+	base := pipesHeld(t) // the test binary's own (stdout)
+	b := newLoopBed(t, LoopOptions{})
+	h := newLoopHandler(b.ep)
+	client, backend := b.connect(t, h, true)
+	go func() { _, _ = backend.Write(make([]byte, 4<<20)) }()
+	if _, err := io.ReadFull(client, make([]byte, 4<<20)); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		held := pipesHeld(t) - base
+		if held == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("idle connection still holds %d pipes", held)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// pipesHeld counts the process's pipes that are not idle in the pool.
+func pipesHeld(t *testing.T) int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ends := 0
+	for _, e := range ents {
+		if target, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && strings.HasPrefix(target, "pipe:") {
+			ends++
+		}
+	}
+	pipes.mu.Lock()
+	free := len(pipes.free)
+	pipes.mu.Unlock()
+	return ends/2 - free
+}
