@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 )
 
 // Liveness is how the kernel finds out that the peer of a proxied socket is
@@ -61,14 +63,14 @@ func (l Liveness) apply(fd int) error {
 			{unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1},
 		}
 		for _, o := range opts {
-			if err := unix.SetsockoptInt(fd, o.level, o.name, o.value); err != nil {
+			if err := rawio.SetsockoptInt(fd, o.level, o.name, o.value); err != nil {
 				return err
 			}
 		}
 	}
 	if l.UserTimeout > 0 {
 		ms := max(int(l.UserTimeout/time.Millisecond), 1)
-		if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, ms); err != nil {
+		if err := rawio.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, ms); err != nil {
 			return err
 		}
 	}

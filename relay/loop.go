@@ -359,7 +359,7 @@ func (l *Loop) slot(c *LoopConn) int32 {
 // register adds fd to the epoll set, edge-triggered, for both directions.
 func (l *Loop) register(fd int, slot int32, tag int32) error {
 	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: slot, Pad: tag}
-	return unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, fd, &ev)
+	return rawio.EpollAdd(l.epfd, fd, &ev)
 }
 
 func (l *Loop) queue(c *LoopConn) {

@@ -121,7 +121,7 @@ func (c *LoopConn) dial() {
 			c.backendTag += 2
 			err = l.register(fd, c.slot, c.backendTag|sideBackend)
 			if err != nil {
-				unix.Close(fd)
+				rawio.Close(fd)
 			}
 		}
 		if err == nil {
@@ -144,31 +144,25 @@ func (c *LoopConn) dialFailed(err error) {
 // connect opens a non-blocking socket with the options net's dialer would
 // set (no delay) and ours (TCP_INQ, liveness), and starts connecting.
 func (l *Loop) connect(ep netip.AddrPort) (int, error) {
-	var sa unix.Sockaddr
 	family := unix.AF_INET
-	addr := ep.Addr().Unmap()
-	if addr.Is4() {
-		sa = &unix.SockaddrInet4{Port: int(ep.Port()), Addr: addr.As4()}
-	} else {
+	if !ep.Addr().Unmap().Is4() {
 		family = unix.AF_INET6
-		sa6 := &unix.SockaddrInet6{Port: int(ep.Port()), Addr: addr.As16()}
-		if z := addr.Zone(); z != "" {
-			return -1, errors.New("relay: zoned backend address " + ep.String())
-		}
-		sa = sa6
 	}
-	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if ep.Addr().Zone() != "" {
+		return -1, errors.New("relay: zoned backend address " + ep.String())
+	}
+	fd, err := rawio.Socket(family)
 	if err != nil {
 		return -1, err
 	}
-	_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
-	_ = unix.SetsockoptInt(fd, unix.SOL_TCP, unix.TCP_INQ, 1)
+	_ = rawio.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	_ = rawio.SetsockoptInt(fd, unix.SOL_TCP, unix.TCP_INQ, 1)
 	if err := l.o.Liveness.apply(fd); err != nil {
-		unix.Close(fd)
+		rawio.Close(fd)
 		return -1, err
 	}
-	if err := unix.Connect(fd, sa); err != nil && err != unix.EINPROGRESS {
-		unix.Close(fd)
+	if err := rawio.Connect(fd, ep); err != nil && err != unix.EINPROGRESS {
+		rawio.Close(fd)
 		return -1, err
 	}
 	return fd, nil
@@ -201,12 +195,7 @@ func (c *LoopConn) event(ev uint32, tag int32) {
 // connected finishes a dial the backend socket's event ended.
 func (c *LoopConn) connected() {
 	l := c.l
-	fd := c.fds[sideBackend]
-	soErr, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR)
-	if err == nil && soErr != 0 {
-		err = unix.Errno(soErr)
-	}
-	if err != nil {
+	if err := rawio.SocketError(c.fds[sideBackend]); err != nil {
 		c.closeBackend()
 		c.dialFailed(err)
 		c.dial()
@@ -219,7 +208,7 @@ func (c *LoopConn) connected() {
 }
 
 func (c *LoopConn) closeBackend() {
-	unix.Close(c.fds[sideBackend])
+	rawio.Close(c.fds[sideBackend])
 	c.fds[sideBackend] = -1
 }
 
@@ -586,8 +575,8 @@ func (c *LoopConn) finish() {
 			d.hasPipe = false
 		}
 	}
-	unix.Close(c.fds[sideClient])
-	unix.Close(c.fds[sideBackend])
+	rawio.Close(c.fds[sideClient])
+	rawio.Close(c.fds[sideBackend])
 	c.fds = [2]int{-1, -1}
 	c.release()
 	c.h.Ended(c.in.Load(), c.out.Load())
@@ -612,6 +601,6 @@ func setLinger0(fd int) {
 func resetClose(fd int) {
 	if fd >= 0 {
 		setLinger0(fd)
-		unix.Close(fd)
+		rawio.Close(fd)
 	}
 }

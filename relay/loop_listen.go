@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 )
 
 // Acceptor is the caller's side of a listening socket on a loop Group. Its
@@ -119,7 +121,7 @@ func (l *Loop) accept(slot int32) {
 		return
 	}
 	for range acceptBatch {
-		fd, sa, err := unix.Accept4(ll.ln.fd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+		fd, from, err := rawio.Accept4(ll.ln.fd)
 		switch {
 		case err == unix.EAGAIN:
 			ll.backoff = 0
@@ -136,8 +138,8 @@ func (l *Loop) accept(slot int32) {
 		}
 		// What net sets on every accepted socket (the rest is inherited
 		// from the listener).
-		_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
-		if h := ll.ln.acc.Accepted(fd, sockaddrAddrPort(sa)); h != nil {
+		_ = rawio.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+		if h := ll.ln.acc.Accepted(fd, from); h != nil {
 			l.start(fd, h)
 		}
 	}
@@ -177,14 +179,4 @@ func (l *Loop) resumeListeners() int64 {
 		}
 	}
 	return next
-}
-
-func sockaddrAddrPort(sa unix.Sockaddr) netip.AddrPort {
-	switch sa := sa.(type) {
-	case *unix.SockaddrInet4:
-		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
-	case *unix.SockaddrInet6:
-		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), uint16(sa.Port))
-	}
-	return netip.AddrPort{}
 }

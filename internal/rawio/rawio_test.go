@@ -2,6 +2,8 @@ package rawio
 
 import (
 	"errors"
+	"net"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -219,5 +221,97 @@ func TestRecvInqWithoutTheOption(t *testing.T) {
 	}
 	if n, inq := recvWhenQueued(t, a, make([]byte, 8)); n != 1 || inq != -1 {
 		t.Fatalf("read %d, hint %d; want 1, -1 (no hint)", n, inq)
+	}
+}
+
+func TestAcceptConnectAddresses(t *testing.T) {
+	for _, network := range []string{"tcp4", "tcp6"} {
+		t.Run(network, func(t *testing.T) {
+			ln, err := net.Listen(network, map[string]string{"tcp4": "127.0.0.1:0", "tcp6": "[::1]:0"}[network])
+			if err != nil {
+				t.Skip(err)
+			}
+			defer ln.Close()
+			target := ln.Addr().(*net.TCPAddr).AddrPort()
+			family := unix.AF_INET
+			if network == "tcp6" {
+				family = unix.AF_INET6
+			}
+			fd, err := Socket(family)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer Close(fd)
+			if err := SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
+				t.Fatal(err)
+			}
+			if v, err := unix.GetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY); err != nil || v != 1 {
+				t.Fatalf("TCP_NODELAY %d, %v", v, err)
+			}
+			if err := Connect(fd, target); err != nil && err != unix.EINPROGRESS {
+				t.Fatal(err)
+			}
+			c, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if err := SocketError(fd); err != nil {
+				t.Fatalf("SO_ERROR after connect: %v", err)
+			}
+			local, err := unix.Getsockname(fd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var localPort int
+			switch sa := local.(type) {
+			case *unix.SockaddrInet4:
+				localPort = sa.Port
+			case *unix.SockaddrInet6:
+				localPort = sa.Port
+			}
+			if got := c.RemoteAddr().(*net.TCPAddr).Port; got != localPort {
+				t.Fatalf("connected from port %d, accepted from %d", localPort, got)
+			}
+		})
+	}
+}
+
+func TestAccept4ReturnsThePeer(t *testing.T) {
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(false)
+	l, err := lc.Listen(t.Context(), "tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	raw, err := l.(*net.TCPListener).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp4", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	want := c.LocalAddr().(*net.TCPAddr).AddrPort()
+	var fd int
+	var from netip.AddrPort
+	for range 100 {
+		_ = raw.Control(func(lfd uintptr) { fd, from, err = Accept4(int(lfd)) })
+		if err != unix.EAGAIN {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer Close(fd)
+	if from != want {
+		t.Fatalf("accepted %v, want %v", from, want)
+	}
+	if fl, _ := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0); fl&unix.O_NONBLOCK == 0 {
+		t.Fatal("accepted socket is blocking")
 	}
 }
