@@ -24,9 +24,14 @@ const (
 	stateClosed
 )
 
-// turnBudget is how many read/write rounds a connection gets per turn
-// before others get theirs (it is queued to continue).
-const turnBudget = 16
+// A connection's turn ends after turnBudget read/write rounds or once it
+// moved turnBytes, so that a bulk stream (a splice moves up to 1 MiB)
+// delays the other connections of its loop by about a millisecond, not by
+// the 16 MiB it could otherwise move in one turn; it is queued to go on.
+const (
+	turnBudget = 16
+	turnBytes  = 256 << 10
+)
 
 // LoopConn is one connection on a loop. Everything but its byte counts
 // belongs to the loop's goroutine.
@@ -307,6 +312,7 @@ func (c *LoopConn) pump() {
 		return
 	}
 	more := false
+	start := c.in.Load() + c.out.Load()
 	for range turnBudget {
 		up, err := c.step(&c.up)
 		if err != nil {
@@ -326,6 +332,9 @@ func (c *LoopConn) pump() {
 			return
 		}
 		more = true
+		if c.in.Load()+c.out.Load()-start >= turnBytes {
+			break
+		}
 	}
 	if more {
 		c.l.queue(c)
@@ -356,15 +365,22 @@ func (c *LoopConn) step(d *loopDir) (bool, error) {
 		return false, nil
 	}
 	src := c.fds[d.src]
+	if d.splicing && !d.hasPipe {
+		c.startSplicing(d) // a burst goes on: a pipe again
+	}
 	if d.splicing {
 		n, err := rawio.Splice(src, d.pipe.w, spliceChunk)
 		switch {
 		case err == unix.EAGAIN:
-			// src is empty: the next bytes are read into the buffer
-			// again, and the pipe goes back once drained.
+			// src is empty for now: the (empty) pipe goes back, so an
+			// idle connection holds none, but the direction stays in
+			// splice mode until a splice moves less than a buffer (the
+			// burst is over): a stream that outruns its reader empties
+			// src on most wake-ups, and reading those back through the
+			// buffer cost 1 stream 16 % of its rate.
 			c.readable[d.src] = false
-			d.splicing = false
-			c.endSplicing(d)
+			pipes.put(d.pipe, true)
+			d.hasPipe = false
 			return false, nil
 		case err == unix.EINTR:
 			return true, nil
@@ -503,7 +519,8 @@ func (c *LoopConn) startSplicing(d *loopDir) {
 	if !d.hasPipe {
 		pp, err := pipes.get()
 		if err != nil {
-			d.noPipe = true
+			// No pipe (out of descriptors): stay buffered.
+			d.noPipe, d.splicing = true, false
 			return
 		}
 		d.pipe, d.hasPipe = pp, true

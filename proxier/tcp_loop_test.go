@@ -1,0 +1,63 @@
+package proxier
+
+import (
+	"net"
+	"runtime"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+)
+
+// On the event loops an idle proxied connection holds no goroutine: the
+// only goroutines the connections add are the echo backend's (one each).
+func TestEventLoopIdleConnectionsHoldNoGoroutine(t *testing.T) {
+	const conns = 100
+	backend := echoBackends(t, "127.0.0.2")[0]
+	p := newTestProxier(t, Options{DataPath: DataPathEventLoop})
+	p.OnServiceAdd(makeService("web"))
+	p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, backend))
+	p.Sync()
+	addr := proxyAddr(t, p, "default/web:p")
+	dialExchange(t, addr) // the loops and the port are warm
+	before := runtime.NumGoroutine()
+	for range conns {
+		dialExchange(t, addr)
+	}
+	time.Sleep(50 * time.Millisecond)
+	added := runtime.NumGoroutine() - before
+	if added > conns+conns/10 {
+		t.Fatalf("%d idle connections added %d goroutines; want about %d (the echo backend's)", conns, added, conns)
+	}
+	live := waitConnections(t, p, "all connections listed", func(c []DebugConnection) bool { return len(c) == conns+1 })
+	for _, c := range live {
+		if c.BytesFromClient != 2 || c.BytesFromBackend != 2 {
+			t.Fatalf("connection %+v: want 2 bytes each way", c)
+		}
+	}
+}
+
+// A connection that draws a fault leaves the event loop for the goroutine
+// relay, which applies it.
+func TestEventLoopFaultedConnectionGetsItsFault(t *testing.T) {
+	accepted := make(chan struct{}, 10)
+	ln := serveTCP(t, "127.0.0.2", func(c net.Conn) { accepted <- struct{}{} })
+	p := newTestProxier(t, Options{DataPath: DataPathEventLoop})
+	p.OnServiceAdd(makeService("web", withFaults(`[{"type":"refuse"}]`)))
+	p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, ln.Addr().String()))
+	p.Sync()
+	c, err := net.DialTimeout("tcp", proxyAddr(t, p, "default/web:p"), 2*time.Second)
+	if err == nil {
+		_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		_, err = c.Read(make([]byte, 1))
+		c.Close()
+	}
+	if !isConnReset(err) {
+		t.Fatalf("refused connection: %v, want a reset", err)
+	}
+	select {
+	case <-accepted:
+		t.Fatal("a refused connection reached the backend")
+	case <-time.After(50 * time.Millisecond):
+	}
+}
