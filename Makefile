@@ -29,11 +29,14 @@ serve: build
 	$(BIN) demo --serve
 
 # Everything: format, vet, unit tests, and (as root) the namespace and
-# control-plane suites; then the proxier and namespace suites again with
-# --data-path=eventloop. hack/test-deps.sh installs what is missing.
+# control-plane suites; then each data path where the first pass did not
+# take it: the proxier's tests (whose library default is goroutines) on
+# the event loop, the namespace suites (the binary's default is the event
+# loop) on goroutines. hack/test-deps.sh installs what is missing.
 test: deps lint
 	$(GO) test -race -count=1 -timeout 60m ./...
-	KUP_TEST_DATA_PATH=eventloop $(GO) test -race -count=1 -timeout 30m ./proxier ./test/e2e
+	KUP_TEST_DATA_PATH=eventloop $(GO) test -race -count=1 -timeout 20m ./proxier
+	KUP_TEST_DATA_PATH=goroutines $(GO) test -race -count=1 -timeout 20m ./test/e2e
 
 # Unit tests only (fast, no root).
 unit: lint

@@ -13,7 +13,10 @@ import (
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
 
-// The TCP data paths (Options.DataPath, --data-path).
+// The TCP data paths (Options.DataPath, --data-path). The library's zero
+// value is the goroutine relay, the only one that dials through
+// Options.Dialer (tests inject failures there); the binary defaults to the
+// event loop.
 const (
 	// DataPathGoroutines relays each connection with a goroutine per
 	// direction (relay.Conn): every feature, faults included.

@@ -370,28 +370,19 @@ func (c *LoopConn) step(d *loopDir) (bool, error) {
 	}
 	if d.splicing {
 		n, err := rawio.Splice(src, d.pipe.w, spliceChunk)
-		switch {
-		case err == unix.EAGAIN:
+		if err == unix.EAGAIN {
 			// src is empty for now: the (empty) pipe goes back, so an
 			// idle connection holds none, but the direction stays in
 			// splice mode until a splice moves less than a buffer (the
 			// burst is over): a stream that outruns its reader empties
 			// src on most wake-ups, and reading those back through the
 			// buffer cost 1 stream 16 % of its rate.
-			c.readable[d.src] = false
 			pipes.put(d.pipe, true)
 			d.hasPipe = false
-			return false, nil
-		case err == unix.EINTR:
-			return true, nil
-		case err != nil:
-			return false, err
-		case n == 0:
-			d.eof = true
-			return true, nil
 		}
-		d.lastRecv = l.now
-		d.count.Add(n)
+		if ok, moved, err := c.received(d, n, err); !ok {
+			return moved, err
+		}
 		d.inPipe = int(n)
 		if n < autoBufSize {
 			d.splicing = false // the burst is over: back to reads once drained
@@ -399,20 +390,9 @@ func (c *LoopConn) step(d *loopDir) (bool, error) {
 		return c.flush(d)
 	}
 	n, inq, err := rawio.RecvInq(src, l.scratch)
-	switch {
-	case err == unix.EAGAIN:
-		c.readable[d.src] = false
-		return false, nil
-	case err == unix.EINTR:
-		return true, nil
-	case err != nil:
-		return false, err
-	case n == 0:
-		d.eof = true
-		return true, nil
+	if ok, moved, err := c.received(d, int64(n), err); !ok {
+		return moved, err
 	}
-	d.lastRecv = l.now
-	d.count.Add(int64(n))
 	if inq == 0 {
 		c.readable[d.src] = false // nothing queued, no FIN: skip the EAGAIN read
 	}
@@ -431,6 +411,27 @@ func (c *LoopConn) step(d *loopDir) (bool, error) {
 		c.stalled(d)
 	}
 	return true, nil
+}
+
+// received applies a read's outcome to d. ok: bytes came (counted); else
+// the step ends with moved and err: src is empty (EAGAIN), EOF (now
+// pending a FIN), EINTR (try again) or a failure.
+func (c *LoopConn) received(d *loopDir, n int64, err error) (ok, moved bool, _ error) {
+	switch {
+	case err == unix.EAGAIN:
+		c.readable[d.src] = false
+		return false, false, nil
+	case err == unix.EINTR:
+		return false, true, nil
+	case err != nil:
+		return false, false, err
+	case n == 0:
+		d.eof = true
+		return false, true, nil
+	}
+	d.lastRecv = c.l.now
+	d.count.Add(n)
+	return true, false, nil
 }
 
 // write writes p to d's dst until it is full; EAGAIN is not an error.

@@ -82,7 +82,7 @@ func newOptions() *options {
 		metricsBindAddress: "127.0.0.1:10249",
 		iptables:           true,
 		proxyMode:          "userspace",
-		dataPath:           proxier.DataPathGoroutines,
+		dataPath:           proxier.DataPathEventLoop,
 		configSyncPeriod:   15 * time.Minute,
 		halfCloseTimeout:   2 * time.Minute,
 		closeQuiet:         relay.DefaultQuiet,
@@ -129,7 +129,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.httpMaxConns, "http-max-connections", o.httpMaxConns, "At most this many open connections per HTTP server (health, metrics, healthCheckNodePort, fault API); further clients wait in the listen backlog. 0 means unlimited.")
 	fs.DurationVar(&o.httpIdleTimeout, "http-idle-timeout", o.httpIdleTimeout, "How long an HTTP server keeps an idle keep-alive connection open (e.g. '30s'). Must be greater than 0.")
 	fs.BoolVar(&o.multipathTCP, "mptcp", o.multipathTCP, "Accept clients on the TCP proxy sockets with Multipath TCP (Go's default listener); off, they listen with plain TCP, so an MPTCP client falls back to TCP, which costs less per connection. Backends are always dialled with plain TCP.")
-	fs.StringVar(&o.dataPath, "data-path", o.dataPath, "How proxied TCP connections are relayed: 'goroutines' (two goroutines per connection) or 'eventloop' (one epoll loop per CPU holds every fault-free connection: less CPU per new connection and less memory per idle one; connections that draw a fault still take the goroutines).")
+	fs.StringVar(&o.dataPath, "data-path", o.dataPath, "How proxied TCP connections are relayed: 'eventloop' (one epoll loop per CPU accepts, dials and relays every connection: no goroutine per connection, less CPU per new connection, almost no memory per idle one) or 'goroutines' (two goroutines per connection). Either way a connection that draws a fault (and, with --fault-api-bind-address, every connection, so the API can cut it) is relayed by goroutines.")
 	fs.DurationVar(&o.halfCloseTimeout, "tcp-half-close-timeout", o.halfCloseTimeout, "After one side of a proxied TCP connection closes, how long the other direction may go without receiving a byte before both sides are reset; 0 means no limit.")
 	fs.DurationVar(&o.keepAliveIdle, "tcp-keepalive-idle", o.keepAliveIdle, "TCP keep-alive on both sockets of a proxied connection (client and backend): how long it may be idle before the first probe, so a peer that vanished without a FIN is found and both sides reset. 0 turns keep-alive off.")
 	fs.DurationVar(&o.keepAliveInterval, "tcp-keepalive-interval", o.keepAliveInterval, "Time between TCP keep-alive probes that go unanswered (whole seconds).")

@@ -663,8 +663,12 @@ esac
 
 # --- CPU profile of the proxy under load --------------------------------------
 PROFILES=
+PROF_CFG=kup
 if [ "$PROFILE" = 1 ] && command -v perf >/dev/null 2>&1; then
-	use_kup kup
+	# The default data path, unless this run left it out.
+	PROF_CFG=kupel
+	case " ${CONFIGS[*]} " in *" kupel "*) ;; *) PROF_CFG=kup ;; esac
+	use_kup "$PROF_CFG"
 	trim() { sed -E 's/[[:space:]]+-[[:space:]]+-[[:space:]]*$//; s/[[:space:]]+$//'; }
 	profile() { # NAME LOAD-CMD...
 		local name=$1
@@ -837,7 +841,7 @@ EOF
 	fi
 	if [ -n "$PROFILES" ]; then
 		echo
-		echo "## CPU profile of kube-userspace-proxy (perf record -g, ${DUR}s, one extra run after the table)"
+		echo "## CPU profile of kube-userspace-proxy, --data-path $([ "$PROF_CFG" = kupel ] && echo eventloop || echo goroutines) (perf record -g, ${DUR}s, one extra run after the table)"
 		echo "$PROFILES"
 	fi
 } >"$WORK/results.md"

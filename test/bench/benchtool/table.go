@@ -18,8 +18,8 @@ var configs = []struct{ key, title string }{
 	{"dnat", "kernel DNAT"},
 	{"haproxy", "HAProxy"},
 	{"nginx", "nginx stream"},
-	{"kup", "kube-userspace-proxy"},
-	{"kupel", "kube-userspace-proxy, event loop"},
+	{"kup", "kube-userspace-proxy, goroutines"},
+	{"kupel", "kube-userspace-proxy, event loop (default)"},
 }
 
 // figure is one row of the table.
@@ -157,9 +157,9 @@ func formatRatio(num, den stats, okNum, okDen bool) string {
 // ratios are the columns after the configurations: numerator and
 // denominator keys and the header.
 var ratios = []struct{ num, den, title string }{
-	{"kup", "dnat", "kup ÷ DNAT"},
-	{"kup", "haproxy", "kup ÷ HAProxy"},
-	{"kup", "nginx", "kup ÷ nginx"},
+	{"kup", "dnat", "goroutines ÷ DNAT"},
+	{"kup", "haproxy", "goroutines ÷ HAProxy"},
+	{"kup", "nginx", "goroutines ÷ nginx"},
 	{"kupel", "dnat", "event loop ÷ DNAT"},
 	{"kupel", "haproxy", "event loop ÷ HAProxy"},
 	{"kupel", "nginx", "event loop ÷ nginx"},
