@@ -30,11 +30,12 @@ type Conn struct {
 	live    *liveConn
 }
 
-// liveConn lets a port cut a live connection (down, enabled=false).
+// liveConn lets a port cut a live connection (down, enabled=false): cut
+// resets both of its sockets.
 type liveConn struct {
-	seq                     uint64
-	clientAddr              netip.Addr
-	clientConn, backendConn *net.TCPConn
+	seq        uint64
+	clientAddr netip.Addr
+	reset      func()
 }
 
 // Accept decides the faults of the next connection from client. It
@@ -137,10 +138,26 @@ func (p *Port) reserve() bool {
 // Attach registers the connection's sockets so a port going down can cut
 // it; call Done when the relay returned.
 func (c *Conn) Attach(client, backend *net.TCPConn) {
+	c.AttachReset(func() {
+		_ = client.SetLinger(0)
+		_ = backend.SetLinger(0)
+		client.Close()
+		backend.Close()
+	})
+}
+
+// Faulted reports whether a toxic applies to the connection; false: it is
+// only tracked (Table.TrackLive), so a port going down can cut it.
+func (c *Conn) Faulted() bool { return c.faulted }
+
+// AttachReset is Attach for a connection relayed elsewhere (the event
+// loops): reset resets both of its sockets, from any goroutine; it may be
+// called more than once.
+func (c *Conn) AttachReset(reset func()) {
 	if !c.port.table.TrackLive {
 		return
 	}
-	c.live = &liveConn{seq: c.seq, clientAddr: c.client, clientConn: client, backendConn: backend}
+	c.live = &liveConn{seq: c.seq, clientAddr: c.client, reset: reset}
 	c.port.liveMu.Lock()
 	c.port.live[c.live] = struct{}{}
 	c.port.liveMu.Unlock()
@@ -175,12 +192,7 @@ func (c *Conn) Done() {
 	}
 }
 
-func (l *liveConn) cut() {
-	_ = l.clientConn.SetLinger(0)
-	_ = l.backendConn.SetLinger(0)
-	l.clientConn.Close()
-	l.backendConn.Close()
-}
+func (l *liveConn) cut() { l.reset() }
 
 // cutLive resets the live connections for which which is true.
 func (p *Port) cutLive(which func(*liveConn) bool) {

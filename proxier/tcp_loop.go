@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
 
@@ -73,10 +74,17 @@ func takeListener(ln *net.TCPListener) (int, error) {
 }
 
 // Accepted gives a client of the event loops its handler, or relays it
-// with goroutines when its connection draws a fault (relay.Acceptor).
+// with goroutines when its connection draws a fault (relay.Acceptor). A
+// connection only tracked for the fault API stays on the loops: the API's
+// cut resets it there.
 func (s *tcpProxySocket) Accepted(fd int, from netip.AddrPort) relay.Handler {
+	h := &loopClient{s: s, from: from}
 	if s.faults != nil {
 		if fc := s.faults.Accept(from.Addr()); fc != nil {
+			if !fc.Faulted() && !fc.Refuse {
+				h.fc = fc
+				return h
+			}
 			conn, err := fdConn(fd)
 			if err != nil {
 				klog.ErrorS(err, "Cannot relay a faulted connection", "servicePort", s.label)
@@ -87,7 +95,7 @@ func (s *tcpProxySocket) Accepted(fd int, from netip.AddrPort) relay.Handler {
 			return nil
 		}
 	}
-	return &loopClient{s: s, from: from}
+	return h
 }
 
 // AcceptFailed counts an accept error of the event loops.
@@ -121,6 +129,8 @@ type loopClient struct {
 	s    *tcpProxySocket
 	from netip.AddrPort
 	live *liveConn
+	// fc tracks the connection for the fault API (nil: not tracked).
+	fc *faults.Conn
 }
 
 func (h *loopClient) Backend(attempt int) (netip.AddrPort, error) {
@@ -141,6 +151,9 @@ func (h *loopClient) DialFailed(ep netip.AddrPort, err error) {
 func (h *loopClient) Failed(err error) {
 	h.s.failed.Inc()
 	h.s.noBackend.report(h.s.label, h.from, err)
+	if h.fc != nil {
+		h.fc.Done()
+	}
 }
 
 func (h *loopClient) Connected(c *relay.LoopConn, ep netip.AddrPort) {
@@ -150,6 +163,9 @@ func (h *loopClient) Connected(c *relay.LoopConn, ep netip.AddrPort) {
 	h.live.sp, h.live.lifetime = s.sp, s.lifetime
 	h.live.relay.Store(quietCloser(c))
 	startLifetime(c, s.lifetime.load())
+	if h.fc != nil {
+		h.fc.AttachReset(c.Reset)
+	}
 }
 
 func (h *loopClient) Ended(in, out int64) {
@@ -157,4 +173,7 @@ func (h *loopClient) Ended(in, out int64) {
 	h.live.out.Add(float64(out))
 	h.live.end()
 	h.s.active.Dec()
+	if h.fc != nil {
+		h.fc.Done()
+	}
 }

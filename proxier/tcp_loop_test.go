@@ -7,6 +7,8 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 )
 
 // On the event loops an idle proxied connection holds no goroutine: the
@@ -59,5 +61,39 @@ func TestEventLoopFaultedConnectionGetsItsFault(t *testing.T) {
 	case <-accepted:
 		t.Fatal("a refused connection reached the backend")
 	case <-time.After(50 * time.Millisecond):
+	}
+}
+
+// With the fault API on every connection is tracked, so that a port set
+// down can cut it; one without a fault stays on the event loops, and the
+// cut still resets it there.
+func TestEventLoopTrackedConnectionIsCutByDown(t *testing.T) {
+	const conns = 20
+	backend := echoBackends(t, "127.0.0.2")[0]
+	table := faults.NewTable(0, 0, nil)
+	table.TrackLive = true
+	p := newTestProxier(t, Options{DataPath: DataPathEventLoop, Faults: table})
+	p.OnServiceAdd(makeService("web"))
+	p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, backend))
+	p.Sync()
+	addr := proxyAddr(t, p, "default/web:p")
+	dialExchange(t, addr)
+	before := runtime.NumGoroutine()
+	var clients []*net.TCPConn
+	for range conns {
+		clients = append(clients, dialExchange(t, addr))
+	}
+	time.Sleep(50 * time.Millisecond)
+	if added := runtime.NumGoroutine() - before; added > conns+conns/2 {
+		t.Fatalf("%d tracked connections added %d goroutines: they left the event loops", conns, added)
+	}
+	if _, err := table.SetEnabled("default.web.p", false); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range clients {
+		_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if _, err := c.Read(make([]byte, 1)); !isConnReset(err) {
+			t.Fatalf("connection %d after the port went down: %v, want a reset", i, err)
+		}
 	}
 }

@@ -94,6 +94,7 @@ const (
 	cmdListen uint8 = iota
 	cmdUnlisten
 	cmdQuiet
+	cmdReset
 	cmdStop
 )
 
@@ -305,6 +306,8 @@ func (l *Loop) do(cmd loopCmd) {
 		close(cmd.done)
 	case cmdQuiet:
 		cmd.c.quietAt(cmd.at)
+	case cmdReset:
+		cmd.c.abort()
 	case cmdStop:
 		l.stop = true
 	}

@@ -94,6 +94,10 @@ func (c *LoopConn) CloseWhenQuiet(d time.Duration) {
 	c.l.post(loopCmd{op: cmdQuiet, c: c, at: c.l.clock() + int64(d)})
 }
 
+// Reset ends the connection with a reset to both peers (a fault's cut of
+// live connections). Safe from any goroutine, also after the end.
+func (c *LoopConn) Reset() { c.l.post(loopCmd{op: cmdReset, c: c}) }
+
 func (l *Loop) start(client int, h Handler) {
 	c := &LoopConn{l: l, h: h, fds: [2]int{client, -1}}
 	c.up = loopDir{src: sideClient, dst: sideBackend, count: &c.in}
