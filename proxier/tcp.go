@@ -14,9 +14,11 @@ import (
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
 
-// tcpProxySocket accepts client connections for one service port. The accept
-// loop only accepts: picking, dialing and copying happen in a goroutine per
-// connection, so a slow or dead endpoint never delays other clients.
+// tcpProxySocket accepts client connections for one service port. With
+// the event loops (socketConfig.loops) the loops accept, dial and relay;
+// otherwise its accept loop only accepts: picking, dialing and copying
+// happen in a goroutine per connection. Either way a slow or dead endpoint
+// never delays other clients.
 type tcpProxySocket struct {
 	name  loadbalancer.ServicePortName
 	label string
