@@ -29,6 +29,9 @@ type Listener struct {
 	g   *Group
 	fd  int
 	acc Acceptor
+	// inherited: the listening socket has TCP_NODELAY, which every socket
+	// it accepts inherits (else each accepted one is given it).
+	inherited bool
 
 	closeOnce sync.Once
 }
@@ -44,6 +47,7 @@ const acceptBatch = 32
 // from now on: Close closes it).
 func (g *Group) Listen(fd int, acc Acceptor) *Listener {
 	ln := &Listener{g: g, fd: fd, acc: acc}
+	ln.inherited = rawio.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1) == nil
 	for _, l := range g.loops {
 		l.post(loopCmd{op: cmdListen, ln: ln})
 	}
@@ -137,8 +141,10 @@ func (l *Loop) accept(slot int32) {
 			return
 		}
 		// What net sets on every accepted socket (the rest is inherited
-		// from the listener).
-		_ = rawio.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+		// from the listener, and this too where the listener took it).
+		if !ll.ln.inherited {
+			_ = rawio.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+		}
 		if h := ll.ln.acc.Accepted(fd, from); h != nil {
 			l.start(fd, h)
 		}

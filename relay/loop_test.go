@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -86,10 +87,17 @@ type loopBed struct {
 	ep      netip.AddrPort
 	next    chan Handler
 	failed  chan error
+	// onAccept, if set (a func(fd int)), sees each accepted socket first.
+	onAccept atomic.Value
 }
 
-func (b *loopBed) Accepted(_ int, _ netip.AddrPort) Handler { return <-b.next }
-func (b *loopBed) AcceptFailed(err error)                   { b.failed <- err }
+func (b *loopBed) Accepted(fd int, _ netip.AddrPort) Handler {
+	if f, ok := b.onAccept.Load().(func(int)); ok {
+		f(fd)
+	}
+	return <-b.next
+}
+func (b *loopBed) AcceptFailed(err error) { b.failed <- err }
 
 func newLoopBed(t *testing.T, o LoopOptions) *loopBed {
 	t.Helper()
@@ -443,4 +451,51 @@ func pipesHeld(t *testing.T) int {
 	free := len(pipes.free)
 	pipes.mu.Unlock()
 	return ends/2 - free
+}
+
+// Accepted sockets get TCP_NODELAY from the listener (no call per accept).
+func TestLoopAcceptedSocketsHaveNoDelay(t *testing.T) {
+	b := newLoopBed(t, LoopOptions{})
+	nodelay := make(chan int, 1)
+	b.onAccept.Store(func(fd int) {
+		v, _ := unix.GetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY)
+		nodelay <- v
+	})
+	h := newLoopHandler(b.ep)
+	client, backend := b.connect(t, h, true)
+	if v := <-nodelay; v != 1 {
+		t.Fatalf("accepted socket TCP_NODELAY = %d, want 1", v)
+	}
+	client.Close()
+	backend.Close()
+	h.wait(t)
+}
+
+// The backend ends first (answer and FIN), then the client: the backend
+// reads a clean end, not a reset, though the loop closes instead of
+// shutting down once both peers sent their FIN.
+func TestLoopBackendEndsFirst(t *testing.T) {
+	b := newLoopBed(t, LoopOptions{})
+	h := newLoopHandler(b.ep)
+	client, backend := b.connect(t, h, true)
+	if _, err := client.Write([]byte("request")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(backend, make([]byte, 7)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := backend.Write([]byte("answer")); err != nil {
+		t.Fatal(err)
+	}
+	_ = backend.CloseWrite()
+	got, err := io.ReadAll(client)
+	if err != nil || string(got) != "answer" {
+		t.Fatalf("client read %q, %v", got, err)
+	}
+	_ = client.CloseWrite()
+	_ = backend.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if rest, err := io.ReadAll(backend); err != nil || len(rest) != 0 {
+		t.Fatalf("backend after the client's FIN: %q, %v; want a clean end", rest, err)
+	}
+	h.wait(t)
 }
