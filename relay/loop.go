@@ -126,6 +126,7 @@ type Loop struct {
 	freed  []int32
 	ready  []*LoopConn // connections with work left after their turn
 	timers timerHeap
+	tagSeq uint32
 	// listeners by slot (nil: free); paused counts those out of the
 	// epoll set for a while.
 	listeners []*loopListener
@@ -357,6 +358,16 @@ func (l *Loop) slot(c *LoopConn) int32 {
 	}
 	l.conns = append(l.conns, c)
 	return int32(len(l.conns) - 1)
+}
+
+// nextTag is a new registration's tag for side (LoopConn.tags): positive,
+// 30 bits of sequence and the side.
+func (l *Loop) nextTag(side int32) int32 {
+	l.tagSeq = (l.tagSeq + 1) & (1<<30 - 1)
+	if l.tagSeq == 0 {
+		l.tagSeq = 1
+	}
+	return int32(l.tagSeq<<1) | side
 }
 
 // register adds fd to the epoll set, edge-triggered, for both directions.

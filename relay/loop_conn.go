@@ -49,9 +49,13 @@ type LoopConn struct {
 	attempt            int
 	ep                 netip.AddrPort
 	dialErr            error
-	// backendTag tells a stale event of an earlier attempt's socket
-	// (same slot) from the current one's.
-	backendTag int32
+	// tags are what each socket's epoll events carry besides the slot,
+	// unique per registration in the loop (tag&1 is the side): an event
+	// of a socket closed since — an earlier dial attempt's, or a finished
+	// connection's whose descriptor a forked child still held for a
+	// moment, so epoll still reported it — is told from the current
+	// socket's even when its slot was taken again.
+	tags [2]int32
 
 	up, down loopDir
 	timers   [numTimers]loopTimer
@@ -106,7 +110,8 @@ func (l *Loop) start(client int, h Handler) {
 		c.timers[i] = loopTimer{c: c, index: -1, kind: uint8(i)}
 	}
 	c.slot = l.slot(c)
-	if err := l.register(client, c.slot, sideClient); err != nil {
+	c.tags[sideClient] = l.nextTag(sideClient)
+	if err := l.register(client, c.slot, c.tags[sideClient]); err != nil {
 		c.fail(err)
 		return
 	}
@@ -127,8 +132,8 @@ func (c *LoopConn) dial() {
 		c.ep = ep
 		fd, err := l.connect(ep)
 		if err == nil {
-			c.backendTag += 2
-			err = l.register(fd, c.slot, c.backendTag|sideBackend)
+			c.tags[sideBackend] = l.nextTag(sideBackend)
+			err = l.register(fd, c.slot, c.tags[sideBackend])
 			if err != nil {
 				rawio.Close(fd)
 			}
@@ -180,8 +185,8 @@ func (l *Loop) connect(ep netip.AddrPort) (int, error) {
 // event applies one epoll event of the socket tagged tag.
 func (c *LoopConn) event(ev uint32, tag int32) {
 	side := tag & 1
-	if side == sideBackend && tag != c.backendTag|sideBackend {
-		return // an earlier attempt's socket, closed since
+	if tag != c.tags[side] {
+		return // a socket closed since (see tags)
 	}
 	if c.state == stateClosed || c.fds[side] < 0 {
 		return

@@ -499,3 +499,41 @@ func TestLoopBackendEndsFirst(t *testing.T) {
 	}
 	h.wait(t)
 }
+
+// An event of a socket closed since (an earlier dial attempt's, or one a
+// forked child still held open a moment) carries an old tag and must not
+// count for the socket now in that slot: a stale "writable" taken for the
+// new attempt's connect would relay on a socket still connecting.
+func TestLoopIgnoresEventsOfClosedSockets(t *testing.T) {
+	l, err := newLoop(LoopOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.file.Close()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	h := newLoopHandler()
+	c := &LoopConn{l: l, h: h, fds: [2]int{fds[0], fds[1]}, state: stateDialing}
+	c.up = loopDir{src: sideClient, dst: sideBackend, count: &c.in}
+	c.down = loopDir{src: sideBackend, dst: sideClient, count: &c.out}
+	for i := range c.timers {
+		c.timers[i] = loopTimer{c: c, index: -1, kind: uint8(i)}
+	}
+	c.slot = l.slot(c)
+	c.tags[sideClient] = l.nextTag(sideClient)
+	stale := l.nextTag(sideBackend) // the first attempt's socket
+	c.tags[sideBackend] = l.nextTag(sideBackend)
+
+	c.event(unix.EPOLLOUT, stale)
+	if c.state != stateDialing {
+		t.Fatal("a closed socket's event finished the current dial")
+	}
+	c.event(unix.EPOLLOUT, c.tags[sideBackend])
+	if c.state != stateRelaying || h.conn != c {
+		t.Fatalf("the current socket's event did not finish the dial (state %d)", c.state)
+	}
+}
