@@ -119,11 +119,8 @@ type Loop struct {
 
 	// conns is the slot table: epoll events carry a slot, not a pointer
 	// (the collector does not see the kernel's copy).
-	conns []*LoopConn
-	free  []int32
-	// freed slots wait for the end of the batch whose events may still
-	// name them.
-	freed  []int32
+	conns  []*LoopConn
+	free   []int32
 	ready  []*LoopConn // connections with work left after their turn
 	timers timerHeap
 	tagSeq uint32
@@ -247,8 +244,6 @@ func (l *Loop) run() {
 				c.event(ev.Events, ev.Pad)
 			}
 		}
-		l.free = append(l.free, l.freed...)
-		l.freed = l.freed[:0]
 	}
 }
 

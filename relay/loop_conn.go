@@ -102,14 +102,20 @@ func (c *LoopConn) CloseWhenQuiet(d time.Duration) {
 // live connections). Safe from any goroutine, also after the end.
 func (c *LoopConn) Reset() { c.l.post(loopCmd{op: cmdReset, c: c}) }
 
-func (l *Loop) start(client int, h Handler) {
-	c := &LoopConn{l: l, h: h, fds: [2]int{client, -1}}
+// newConn is a connection in its dialing state on l, in a slot of its own.
+func (l *Loop) newConn(h Handler, client, backend int) *LoopConn {
+	c := &LoopConn{l: l, h: h, fds: [2]int{client, backend}}
 	c.up = loopDir{src: sideClient, dst: sideBackend, count: &c.in}
 	c.down = loopDir{src: sideBackend, dst: sideClient, count: &c.out}
 	for i := range c.timers {
 		c.timers[i] = loopTimer{c: c, index: -1, kind: uint8(i)}
 	}
 	c.slot = l.slot(c)
+	return c
+}
+
+func (l *Loop) start(client int, h Handler) {
+	c := l.newConn(h, client, -1)
 	c.tags[sideClient] = l.nextTag(sideClient)
 	if err := l.register(client, c.slot, c.tags[sideClient]); err != nil {
 		c.fail(err)
@@ -307,6 +313,7 @@ func (c *LoopConn) checkQuiet() {
 	client, ok1 := fdQuiet(c.fds[sideClient])
 	backend, ok2 := fdQuiet(c.fds[sideBackend])
 	if !ok1 || !ok2 {
+		c.quietDue = false // no timer left: a later request arms one
 		return
 	}
 	if quiet, wait := quietFor(client, backend, l.o.Quiet); !quiet {
@@ -576,18 +583,14 @@ func (c *LoopConn) directionEnded(d *loopDir) {
 	}
 }
 
-// failed ends the connection after d failed: a reset from a peer is passed
-// on to the other; every other failure resets both, so neither mistakes
-// the end for a complete stream.
+// failed ends the connection after d failed, passing the end on as the
+// goroutine relay does (whomToReset); a bound that ran out is abort's.
 func (c *LoopConn) failed(d *loopDir, err error) {
-	var we *WriteError
-	switch {
-	case isReset(err) && errors.As(err, &we):
+	resetSrc, resetDst := whomToReset(err, false)
+	if resetSrc {
 		setLinger0(c.fds[d.src])
-	case isReset(err):
-		setLinger0(c.fds[d.dst])
-	default:
-		setLinger0(c.fds[d.src])
+	}
+	if resetDst {
 		setLinger0(c.fds[d.dst])
 	}
 	c.finish()
@@ -632,8 +635,11 @@ func (c *LoopConn) release() {
 	for i := range c.timers {
 		c.l.timers.stop(&c.timers[i])
 	}
+	// The slot may be taken again at once, within this batch of events:
+	// the closed sockets' events still in it carry their tags, which the
+	// next connection's are not.
 	c.l.conns[c.slot] = nil
-	c.l.freed = append(c.l.freed, c.slot)
+	c.l.free = append(c.l.free, c.slot)
 }
 
 func setLinger0(fd int) {

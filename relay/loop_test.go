@@ -517,13 +517,7 @@ func TestLoopIgnoresEventsOfClosedSockets(t *testing.T) {
 	defer unix.Close(fds[0])
 	defer unix.Close(fds[1])
 	h := newLoopHandler()
-	c := &LoopConn{l: l, h: h, fds: [2]int{fds[0], fds[1]}, state: stateDialing}
-	c.up = loopDir{src: sideClient, dst: sideBackend, count: &c.in}
-	c.down = loopDir{src: sideBackend, dst: sideClient, count: &c.out}
-	for i := range c.timers {
-		c.timers[i] = loopTimer{c: c, index: -1, kind: uint8(i)}
-	}
-	c.slot = l.slot(c)
+	c := l.newConn(h, fds[0], fds[1])
 	c.tags[sideClient] = l.nextTag(sideClient)
 	stale := l.nextTag(sideBackend) // the first attempt's socket
 	c.tags[sideBackend] = l.nextTag(sideBackend)

@@ -235,21 +235,14 @@ func (c *Conn) copyHalf(dst, src *net.TCPConn, copier Copier, bytes Counter, a *
 			// The other direction ended first and closed both; it has
 			// decided how the peers learn of the end.
 			return
-		case isReset(err) && !c.aborted():
-			// Pass the reset on to the side that did not send it.
-			var we *WriteError
-			if errors.As(err, &we) {
+		default:
+			resetSrc, resetDst := whomToReset(err, c.aborted())
+			if resetSrc {
 				_ = src.SetLinger(0)
-			} else {
+			}
+			if resetDst {
 				_ = dst.SetLinger(0)
 			}
-		default:
-			// A fault's reset, a bound that ran out, a dead peer (keep-
-			// alive or user timeout: ETIMEDOUT), a local error: neither
-			// peer may mistake the end for a complete stream, so both get
-			// a reset, never a FIN.
-			_ = dst.SetLinger(0)
-			_ = src.SetLinger(0)
 		}
 		// Tear both down so the other copy returns too.
 		dst.Close()
@@ -275,6 +268,22 @@ func (c *Conn) writeBound() *writeBound {
 		return nil
 	}
 	return &c.bound
+}
+
+// whomToReset is how a direction's failure err is passed on, for both data
+// paths: a reset from one peer is passed on to the other (the side that
+// did not send it); a fault's reset, a bound that ran out (aborted), a
+// dead peer (keep-alive or user timeout: ETIMEDOUT) or a local error
+// resets both, so neither peer mistakes the end for a complete stream.
+func whomToReset(err error, aborted bool) (src, dst bool) {
+	if isReset(err) && !aborted {
+		var we *WriteError
+		if errors.As(err, &we) {
+			return true, false
+		}
+		return false, true
+	}
+	return true, true
 }
 
 // isReset reports a reset from a peer (or a write to one that reset). A
