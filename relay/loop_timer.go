@@ -9,6 +9,7 @@ const (
 	timerWriteDown              // backend→client cannot write
 	timerHalf                   // one direction ended; the other's inactivity
 	timerQuiet                  // CloseWhenQuiet's next check
+	timerLiveness               // the backend socket's liveness options are due
 	numTimers
 )
 
