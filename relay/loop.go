@@ -116,6 +116,7 @@ type Loop struct {
 
 	mu       sync.Mutex
 	inbox    []loopCmd
+	spare    []loopCmd // the inbox's other buffer, the loop's
 	sleeping atomic.Bool
 
 	// conns is the slot table: epoll events carry a slot, not a pointer
@@ -144,8 +145,7 @@ type Loop struct {
 	// (waking early only re-arms it).
 	file       *os.File
 	raw        syscall.RawConn
-	n          int
-	pollFn     func(fd uintptr) bool
+	serveFn    func(fd uintptr) bool
 	deadlineAt int64
 }
 
@@ -187,7 +187,7 @@ func newLoop(o LoopOptions) (*Loop, error) {
 	}
 	l := &Loop{o: o, epfd: epfd, evfd: evfd, base: time.Now(), scratch: make([]byte, autoBufSize),
 		done: make(chan struct{}), file: file, raw: raw}
-	l.pollFn = l.poll
+	l.serveFn = l.serve
 	return l, nil
 }
 
@@ -210,26 +210,44 @@ func (l *Loop) clock() int64 { return int64(time.Since(l.base)) }
 
 func (l *Loop) run() {
 	defer l.shutdown()
-	var cmds []loopCmd
 	for !l.stop {
-		l.mu.Lock()
-		cmds, l.inbox = l.inbox, cmds[:0]
-		l.mu.Unlock()
-		l.now = l.clock()
-		for _, cmd := range cmds {
-			l.do(cmd)
+		// The loop runs inside the read: serve returns false only to
+		// park until the epoll set is readable, and Read returns only
+		// when the loop stops or the timer deadline passes.
+		err := l.raw.Read(l.serveFn)
+		switch {
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			// A passed deadline fails every later read until it is reset.
+			_ = l.file.SetReadDeadline(time.Time{})
+			l.deadlineAt = 0
+		case err != nil && !l.stop:
+			panic("relay: waiting on the loop's epoll set: " + err.Error())
 		}
-		clear(cmds)
-		if l.stop {
-			return
+	}
+}
+
+// serve is the netpoller's callback: it serves the loop's sockets, timers
+// and commands until there is nothing left to do, then returns false to
+// park (true: the loop stops). It parks without one more empty poll
+// whenever it can: every readiness change of a socket in the set after a
+// poll reaches the netpoller as a new edge of the set's descriptor, which
+// the runtime keeps for this read until it parks, so only what the last
+// poll left behind needs looking at: more events than fit in one call, and
+// level-triggered listeners, which epoll re-queues without an edge.
+func (l *Loop) serve(fd uintptr) bool {
+	for {
+		if l.sleeping.Load() {
+			l.sleeping.Store(false) // awake: posters need not wake it
+		}
+		l.now = l.clock()
+		if l.takeInbox(); l.stop {
+			return true
 		}
 		l.runReady()
 		l.fireTimers()
-		n, err := l.wait()
-		if err != nil {
-			panic("relay: waiting on the loop's epoll set: " + err.Error())
-		}
+		n := rawio.EpollPoll(int(fd), l.events[:])
 		l.now = l.clock()
+		again := n == len(l.events)
 		for i := range n {
 			ev := &l.events[i]
 			switch {
@@ -239,21 +257,37 @@ func (l *Loop) run() {
 				continue
 			case ev.Pad == listenerTag:
 				l.accept(ev.Fd)
+				again = true
 				continue
 			}
 			if c := l.conns[ev.Fd]; c != nil {
 				c.event(ev.Events, ev.Pad)
 			}
 		}
+		if again || len(l.ready) > 0 || !l.parking() {
+			continue
+		}
+		return false
 	}
 }
 
-// wait returns the events ready now, or waits in the netpoller for some
-// (or for the next timer: n is then 0).
-func (l *Loop) wait() (int, error) {
-	if len(l.ready) > 0 {
-		return l.pollNow(), nil // connections have work left: only look
+// takeInbox runs the commands other goroutines posted.
+func (l *Loop) takeInbox() {
+	l.mu.Lock()
+	cmds := l.inbox
+	l.inbox = l.spare[:0]
+	l.mu.Unlock()
+	for _, cmd := range cmds {
+		l.do(cmd)
 	}
+	clear(cmds)
+	l.spare = cmds
+}
+
+// parking prepares to park: the next timer becomes the read deadline,
+// and posters learn they must wake the loop. It reports false (do not
+// park) when a command came in meanwhile.
+func (l *Loop) parking() bool {
 	at, ok := l.timers.next()
 	if l.paused > 0 {
 		if resume := l.resumeListeners(); resume != 0 && (!ok || resume < at) {
@@ -270,28 +304,9 @@ func (l *Loop) wait() (int, error) {
 	l.mu.Unlock()
 	if pending {
 		l.sleeping.Store(false)
-		return l.pollNow(), nil
+		return false
 	}
-	l.n = 0
-	err := l.raw.Read(l.pollFn)
-	l.sleeping.Store(false)
-	if errors.Is(err, os.ErrDeadlineExceeded) {
-		// A passed deadline fails every later read until it is reset.
-		_ = l.file.SetReadDeadline(time.Time{})
-		l.deadlineAt = 0
-		return 0, nil
-	}
-	return l.n, err
-}
-
-// poll is the netpoller's callback: the ready events, or false to park.
-func (l *Loop) poll(fd uintptr) bool {
-	l.n = rawio.EpollPoll(int(fd), l.events[:])
-	return l.n > 0
-}
-
-func (l *Loop) pollNow() int {
-	return rawio.EpollPoll(l.epfd, l.events[:])
+	return true
 }
 
 func (l *Loop) do(cmd loopCmd) {

@@ -577,3 +577,43 @@ func TestLoopLivenessSettles(t *testing.T) {
 	backend.Close()
 	h.wait(t)
 }
+
+// A backlog larger than one accept batch is served to the end although
+// nothing else happens meanwhile: the loop looks at a level-triggered
+// listener again after a batch rather than park on it (epoll re-queues
+// such a listener without waking whoever waits on the set). The loops are
+// held in their first accept while the clients queue up; the caller then
+// takes each socket for itself (as the proxier takes faulted ones), so no
+// socket joins the loops' sets and nothing else wakes them.
+func TestLoopServesBacklogBeyondOneBatch(t *testing.T) {
+	const clients = 4*acceptBatch + 5
+	b := newLoopBed(t, LoopOptions{})
+	gate := make(chan struct{})
+	var open sync.Once
+	t.Cleanup(func() { open.Do(func() { close(gate) }) }) // before the bed's
+	b.onAccept.Store(func(fd int) {
+		<-gate
+		resetClose(fd)
+	})
+	go func() {
+		for range clients {
+			b.next <- nil
+		}
+	}()
+	conns := make([]*net.TCPConn, clients)
+	for i := range conns {
+		c, err := net.DialTCP("tcp4", nil, net.TCPAddrFromAddrPort(b.front))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		conns[i] = c
+	}
+	open.Do(func() { close(gate) })
+	for i, c := range conns {
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := c.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("client %d of %d: %v, want a reset (accepted and closed)", i, clients, err)
+		}
+	}
+}
