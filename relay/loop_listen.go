@@ -22,21 +22,21 @@ type Acceptor interface {
 	AcceptFailed(err error)
 }
 
-// Listener is a listening socket served by every loop of a Group: it sits
-// in every loop's epoll set, and the loop that accepts a client relays it,
-// so no hand-off between goroutines. EPOLLEXCLUSIVE does not hold the other
+// Listener is a listening socket served by every loop of a Group: it sits in
+// every loop's epoll set, and the loop that accepts a client relays it, so
+// no hand-off between goroutines. EPOLLEXCLUSIVE does not hold the other
 // loops back here: the kernel ends an exclusive wake-up only at a thread
 // waiting in epoll_wait on that very set, and a loop's set is waited on
 // through the netpoller's own epoll, so a client arriving while the loops
-// are parked wakes each of them and the losers' accept says EAGAIN.
+// are parked wakes each of them, and the losers find the client taken.
 // Measured on loopback with 2 loops, one client at a time: 5.3 context
 // switches and 200 us of CPU per connection; with the socket in one loop's
-// set, handing clients to another only when it carried 2 fewer, 2.9 and
-// 164 us — but 8 % more CPU at 4 clients at a time and 4 % more at 32
-// (each hand-off to a parked loop is a wake-up too, and one loop does every
+// set, handing clients to another only when it carried 2 fewer, 2.9 and 164
+// us — but 8 % more CPU at 4 clients at a time and 4 % more at 32 (each
+// hand-off to a parked loop is a wake-up too, and one loop does every
 // accept), so the shared socket stays. Under load the loops are awake and
-// the race costs an accept that says EAGAIN. With many loops (a big node)
-// each loop is woken per client at low load; one socket per loop
+// the race costs at most an accept that says EAGAIN. With many loops (a big
+// node) each loop is woken per client at low load; one socket per loop
 // (SO_REUSEPORT, a descriptor per loop for every service port) is the way
 // out there. The flag stays for a loop that would wait on its set itself.
 type Listener struct {
