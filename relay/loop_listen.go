@@ -37,8 +37,11 @@ type Acceptor interface {
 // accept), so the shared socket stays. Under load the loops are awake and
 // the race costs at most an accept that says EAGAIN. With many loops (a big
 // node) each loop is woken per client at low load; one socket per loop
-// (SO_REUSEPORT, a descriptor per loop for every service port) is the way
-// out there. The flag stays for a loop that would wait on its set itself.
+// (SO_REUSEPORT) would wake one loop, at a descriptor per loop for every
+// service port, and any process of the same user could join the group and
+// take a share of the clients (a second proxy given the same port range
+// would, where today its bind fails). The flag stays for a loop that would
+// wait on its set itself.
 type Listener struct {
 	g   *Group
 	fd  int
