@@ -35,9 +35,8 @@ type LoopOptions struct {
 	DialTimeouts []time.Duration
 	// HalfCloseTimeout, WriteTimeout and Quiet as in Options.
 	HalfCloseTimeout, WriteTimeout, Quiet time.Duration
-	// Liveness is applied to dialled sockets once they relayed a moment
-	// (Liveness.settle; accepted ones inherit the
-	// listener's options).
+	// Liveness is applied to dialled sockets once they have relayed a
+	// moment (Liveness.settle); accepted ones inherit the listener's.
 	Liveness Liveness
 }
 

@@ -285,8 +285,8 @@ func (c *LoopConn) timer(t *loopTimer) {
 		c.checkQuiet()
 	case timerLiveness:
 		if fd := c.fds[sideBackend]; fd >= 0 {
-			// An error leaves the kernel's defaults, as before the
-			// change that made this late: the socket serves on.
+			// It fails only on a socket that is failing already,
+			// which the relay finds out by itself.
 			_ = l.o.Liveness.apply(fd)
 		}
 	}
