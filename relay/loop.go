@@ -130,6 +130,10 @@ type Loop struct {
 	listeners []*loopListener
 	paused    int
 
+	// liveAfter is when a connection's backend socket gets the liveness
+	// options (Liveness.settle; 0: none to set).
+	liveAfter time.Duration
+
 	scratch []byte
 	events  [128]unix.EpollEvent
 	stop    bool
@@ -187,6 +191,9 @@ func newLoop(o LoopOptions) (*Loop, error) {
 	l := &Loop{o: o, epfd: epfd, evfd: evfd, base: time.Now(), scratch: make([]byte, autoBufSize),
 		done: make(chan struct{}), file: file, raw: raw}
 	l.serveFn = l.serve
+	if o.Liveness.Enabled() {
+		l.liveAfter = o.Liveness.settle()
+	}
 	return l, nil
 }
 

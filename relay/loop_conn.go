@@ -225,8 +225,8 @@ func (c *LoopConn) connected(failed bool) {
 	}
 	l.timers.stop(&c.timers[timerDial])
 	c.state = stateRelaying
-	if l.o.Liveness.Enabled() {
-		l.timers.set(&c.timers[timerLiveness], l.now+int64(l.o.Liveness.settle()))
+	if l.liveAfter > 0 {
+		l.timers.set(&c.timers[timerLiveness], l.now+int64(l.liveAfter))
 	}
 	c.h.Connected(c, c.ep)
 	c.pump()
