@@ -127,6 +127,20 @@ func newLoopBed(t *testing.T, o LoopOptions) *loopBed {
 	return b
 }
 
+// pass writes msg on from and fails unless to reads exactly msg.
+func pass(t *testing.T, from, to *net.TCPConn, msg string) {
+	t.Helper()
+	if _, err := from.Write([]byte(msg)); err != nil {
+		t.Fatal(err)
+	}
+	_ = to.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(to, got); err != nil || string(got) != msg {
+		t.Fatalf("read %q, %v; want %q", got, err, msg)
+	}
+	_ = to.SetReadDeadline(time.Time{})
+}
+
 // dupListener takes ln's socket out of the runtime's poller.
 func dupListener(t *testing.T, ln *net.TCPListener) int {
 	t.Helper()
@@ -251,12 +265,7 @@ func TestLoopPassesResetOn(t *testing.T) {
 	b := newLoopBed(t, LoopOptions{})
 	h := newLoopHandler(b.ep)
 	client, backend := b.connect(t, h, true)
-	if _, err := client.Write([]byte("x")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.ReadFull(backend, make([]byte, 1)); err != nil {
-		t.Fatal(err)
-	}
+	pass(t, client, backend, "x")
 	_ = backend.SetLinger(0)
 	backend.Close()
 	_ = client.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -295,12 +304,7 @@ func TestLoopDialsNextEndpointOnRefusal(t *testing.T) {
 	b := newLoopBed(t, LoopOptions{DialTimeouts: []time.Duration{time.Second, time.Second}})
 	h := newLoopHandler(closedPort(t), b.ep)
 	client, backend := b.connect(t, h, true)
-	if _, err := client.Write([]byte("hi")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.ReadFull(backend, make([]byte, 2)); err != nil {
-		t.Fatal(err)
-	}
+	pass(t, client, backend, "hi")
 	client.Close()
 	backend.Close()
 	h.wait(t)
@@ -385,12 +389,7 @@ func TestLoopCloseWhenQuiet(t *testing.T) {
 	b := newLoopBed(t, LoopOptions{Quiet: 100 * time.Millisecond})
 	h := newLoopHandler(b.ep)
 	client, backend := b.connect(t, h, true)
-	if _, err := client.Write([]byte("ping")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.ReadFull(backend, make([]byte, 4)); err != nil {
-		t.Fatal(err)
-	}
+	pass(t, client, backend, "ping")
 	h.mu.Lock()
 	c := h.conn
 	h.mu.Unlock()
@@ -479,12 +478,7 @@ func TestLoopBackendEndsFirst(t *testing.T) {
 	b := newLoopBed(t, LoopOptions{})
 	h := newLoopHandler(b.ep)
 	client, backend := b.connect(t, h, true)
-	if _, err := client.Write([]byte("request")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.ReadFull(backend, make([]byte, 7)); err != nil {
-		t.Fatal(err)
-	}
+	pass(t, client, backend, "request")
 	if _, err := backend.Write([]byte("answer")); err != nil {
 		t.Fatal(err)
 	}
@@ -545,12 +539,7 @@ func TestLoopLivenessSettles(t *testing.T) {
 	h := newLoopHandler(b.ep)
 	client, backend := b.connect(t, h, true)
 	start := time.Now()
-	if _, err := client.Write([]byte("x")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.ReadFull(backend, make([]byte, 1)); err != nil {
-		t.Fatal(err)
-	}
+	pass(t, client, backend, "x")
 	h.mu.Lock()
 	fd := h.backendFD // open until the connection ends
 	h.mu.Unlock()
