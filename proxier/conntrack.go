@@ -2,8 +2,8 @@ package proxier
 
 import (
 	"fmt"
-	"net"
 	"net/netip"
+	"slices"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -23,9 +23,13 @@ import (
 //     un-NATed SYN_SENT entry for 120 s, so the client's retransmissions, and
 //     a new connection from the same source port, bypass the portal.
 type ConntrackCleaner interface {
-	// ClearUDP deletes UDP entries whose original destination is addr:port;
-	// with an invalid addr, every entry to that destination port (NodePorts).
-	ClearUDP(addr netip.Addr, port int) error
+	// ClearStaleUDP deletes UDP entries whose original destination is
+	// addr:port (with an invalid addr, every entry to that destination port:
+	// NodePorts), except those a portal NATed to one of the live proxy
+	// ports: those flows already reach a socket of ours, and an entry
+	// deleted under a flow in full swing turns the replies in flight into
+	// un-NATed datagrams the client's connected socket drops.
+	ClearStaleUDP(addr netip.Addr, port int, live []int) error
 	// ClearUnNATedTCP deletes TCP entries whose original destination is
 	// addr:port and that no NAT rewrote: those that passed a portal, and so
 	// live connections, stay.
@@ -35,30 +39,45 @@ type ConntrackCleaner interface {
 // NetlinkConntrack talks to the kernel's conntrack table over netlink.
 type NetlinkConntrack struct{}
 
-func (NetlinkConntrack) ClearUDP(addr netip.Addr, port int) error {
-	filter := &netlink.ConntrackFilter{}
-	if err := filter.AddProtocol(unix.IPPROTO_UDP); err != nil {
-		return err
-	}
-	if err := filter.AddPort(netlink.ConntrackOrigDstPort, uint16(port)); err != nil {
-		return err
-	}
+func (NetlinkConntrack) ClearStaleUDP(addr netip.Addr, port int, live []int) error {
 	families := []netlink.InetFamily{unix.AF_INET, unix.AF_INET6}
-	if addr.IsValid() {
-		if err := filter.AddIP(netlink.ConntrackOrigDstIP, net.IP(addr.AsSlice())); err != nil {
-			return err
-		}
+	switch {
+	case addr.Is4():
 		families = families[:1]
-		if addr.Is6() {
-			families = []netlink.InetFamily{unix.AF_INET6}
-		}
+	case addr.Is6():
+		families = families[1:]
 	}
+	filter := staleUDP{dst: netip.AddrPortFrom(addr, uint16(port)), live: live}
 	for _, f := range families {
 		if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, f, filter); err != nil {
 			return fmt.Errorf("conntrack delete udp %v:%d: %w", addr, port, err)
 		}
 	}
 	return nil
+}
+
+// staleUDP matches UDP flows to dst (to any address when dst's is invalid)
+// that no portal sent to a live proxy port: un-NATed flows, tracked before
+// the portal existed, and flows NATed to a port no socket of ours serves.
+type staleUDP struct {
+	dst  netip.AddrPort
+	live []int
+}
+
+func (f staleUDP) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
+	if flow.Forward.Protocol != unix.IPPROTO_UDP || flow.Forward.DstPort != f.dst.Port() {
+		return false
+	}
+	orig, ok := netip.AddrFromSlice(flow.Forward.DstIP)
+	if !ok || f.dst.Addr().IsValid() && orig.Unmap() != f.dst.Addr().Unmap() {
+		return false
+	}
+	replySrc, ok := netip.AddrFromSlice(flow.Reverse.SrcIP)
+	if !ok {
+		return true
+	}
+	natted := replySrc.Unmap() != orig.Unmap() || flow.Reverse.SrcPort != flow.Forward.DstPort
+	return !natted || !slices.Contains(f.live, int(flow.Reverse.SrcPort))
 }
 
 func (NetlinkConntrack) ClearUnNATedTCP(addr netip.Addr, port int) error {
@@ -107,13 +126,14 @@ func (p *Proxier) staleFlowsToClear(name loadbalancer.ServicePortName) {
 func (p *Proxier) clearStaleFlows() {
 	for name := range p.pendingConntrack {
 		if ap := p.active[name]; ap != nil {
-			p.clearStale(ap.info)
+			p.clearStale(ap)
 		}
 	}
 	clear(p.pendingConntrack)
 }
 
-func (p *Proxier) clearStale(info *servicePortInfo) {
+func (p *Proxier) clearStale(ap *activePort) {
+	info := ap.info
 	var serviceIPs []netip.Addr
 	for _, group := range [][]netip.Addr{info.clusterIPs, info.externalIPs, info.loadBalancerIPs} {
 		serviceIPs = append(serviceIPs, group...)
@@ -140,8 +160,12 @@ func (p *Proxier) clearStale(info *servicePortInfo) {
 	if info.nodePort != 0 {
 		targets = append(targets, netip.AddrPortFrom(netip.Addr{}, uint16(info.nodePort)))
 	}
+	live := []int{ap.proxyPort}
+	if ap.external != nil {
+		live = append(live, ap.externalPort)
+	}
 	for _, t := range targets {
-		if err := p.opts.Conntrack.ClearUDP(t.Addr(), int(t.Port())); err != nil {
+		if err := p.opts.Conntrack.ClearStaleUDP(t.Addr(), int(t.Port()), live); err != nil {
 			klog.ErrorS(err, "Failed to clear stale UDP conntrack entries", "servicePort", info.name)
 		}
 	}

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
@@ -16,6 +18,7 @@ import (
 type fakeConntrack struct {
 	mu      sync.Mutex
 	cleared []string
+	spared  map[string][]int // UDP target → the live proxy ports its clearing spared
 }
 
 func (f *fakeConntrack) record(proto string, addr netip.Addr, port int) error {
@@ -25,7 +28,15 @@ func (f *fakeConntrack) record(proto string, addr netip.Addr, port int) error {
 	return nil
 }
 
-func (f *fakeConntrack) ClearUDP(addr netip.Addr, port int) error { return f.record("udp", addr, port) }
+func (f *fakeConntrack) ClearStaleUDP(addr netip.Addr, port int, live []int) error {
+	f.mu.Lock()
+	if f.spared == nil {
+		f.spared = map[string][]int{}
+	}
+	f.spared[fmt.Sprintf("%v:%d", addr, port)] = live
+	f.mu.Unlock()
+	return f.record("udp", addr, port)
+}
 func (f *fakeConntrack) ClearUnNATedTCP(addr netip.Addr, port int) error {
 	return f.record("tcp-unnated", addr, port)
 }
@@ -53,6 +64,15 @@ func TestNewSocketClearsStaleConntrack(t *testing.T) {
 	want := []string{"tcp-unnated 10.96.0.20:80", "udp 10.96.0.10:80", "udp invalid IP:30053"}
 	if got := ct.take(); !slices.Equal(got, want) {
 		t.Fatalf("cleared %v, want %v", got, want)
+	}
+	// Flows the portal already sent to the new socket are not stale.
+	dns := servicePortName("dns")
+	dns.Protocol = v1.ProtocolUDP
+	live := []int{p.active[dns].proxyPort}
+	for target, spared := range ct.spared {
+		if !slices.Equal(spared, live) {
+			t.Errorf("clearing %s spared ports %v, want the proxy port %v", target, spared, live)
+		}
 	}
 	// A sync that keeps the sockets clears nothing.
 	p.OnServiceUpdate(svc, svc)
@@ -92,5 +112,43 @@ func TestConntrackClearingWaitsForSuccessfulSync(t *testing.T) {
 	p.Sync()
 	if got := ct.take(); len(got) != 0 {
 		t.Fatalf("a second successful sync cleared %v again", got)
+	}
+}
+
+func TestStaleUDPFilter(t *testing.T) {
+	const proxyPort = 40000
+	flow := func(proto uint8, dst string, replySrc string) *netlink.ConntrackFlow {
+		d, r := netip.MustParseAddrPort(dst), netip.MustParseAddrPort(replySrc)
+		f := &netlink.ConntrackFlow{}
+		f.Forward.Protocol, f.Forward.DstIP, f.Forward.DstPort = proto, d.Addr().AsSlice(), d.Port()
+		f.Reverse.Protocol, f.Reverse.SrcIP, f.Reverse.SrcPort = proto, r.Addr().AsSlice(), r.Port()
+		return f
+	}
+	service := netip.MustParseAddrPort("10.96.0.10:53")
+	nodePort := netip.AddrPortFrom(netip.Addr{}, 30053)
+	for _, tc := range []struct {
+		name   string
+		target netip.AddrPort
+		flow   *netlink.ConntrackFlow
+		stale  bool
+	}{
+		{"tracked before the portal existed", service, flow(unix.IPPROTO_UDP, "10.96.0.10:53", "10.96.0.10:53"), true},
+		{"redirected to the live socket", service, flow(unix.IPPROTO_UDP, "10.96.0.10:53", "10.0.0.1:40000"), false},
+		{"DNATed to the live socket from the node", service, flow(unix.IPPROTO_UDP, "10.96.0.10:53", "127.0.0.1:40000"), false},
+		{"redirected to a socket that is gone", service, flow(unix.IPPROTO_UDP, "10.96.0.10:53", "10.0.0.1:41000"), true},
+		{"another service IP", service, flow(unix.IPPROTO_UDP, "10.96.0.11:53", "10.96.0.11:53"), false},
+		{"another port", service, flow(unix.IPPROTO_UDP, "10.96.0.10:54", "10.96.0.10:54"), false},
+		{"TCP", service, flow(unix.IPPROTO_TCP, "10.96.0.10:53", "10.96.0.10:53"), false},
+		{"NodePort on any address, un-NATed", nodePort, flow(unix.IPPROTO_UDP, "192.168.1.5:30053", "192.168.1.5:30053"), true},
+		{"NodePort on any address, live", nodePort, flow(unix.IPPROTO_UDP, "192.168.1.5:30053", "192.168.1.5:40000"), false},
+		{"un-NATed where the service port is the proxy port", netip.MustParseAddrPort("10.96.0.10:40000"),
+			flow(unix.IPPROTO_UDP, "10.96.0.10:40000", "10.96.0.10:40000"), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := staleUDP{dst: tc.target, live: []int{proxyPort}}
+			if got := f.MatchConntrackFlow(tc.flow); got != tc.stale {
+				t.Errorf("stale = %v, want %v", got, tc.stale)
+			}
+		})
 	}
 }
