@@ -22,89 +22,117 @@ import (
 //   - TCP: a SYN sent to a service IP before its portal existed leaves an
 //     un-NATed SYN_SENT entry for 120 s, so the client's retransmissions, and
 //     a new connection from the same source port, bypass the portal.
+//
+// Each clearing is a dump of the whole conntrack table (the kernel walks
+// every bucket of the hash shared by all namespaces: 10 ms on an idle
+// 2-CPU node, 200 ms with the table full), so a sync clears the entries of
+// all its new sockets in one pass per address family: one pass per
+// destination made the first sync of 2,000 Services take 21 s.
 type ConntrackCleaner interface {
-	// ClearStaleUDP deletes UDP entries whose original destination is
-	// addr:port (with an invalid addr, every entry to that destination port:
-	// NodePorts), except those a portal NATed to one of the live proxy
-	// ports: those flows already reach a socket of ours, and an entry
-	// deleted under a flow in full swing turns the replies in flight into
-	// un-NATed datagrams the client's connected socket drops.
-	ClearStaleUDP(addr netip.Addr, port int, live []int) error
-	// ClearUnNATedTCP deletes TCP entries whose original destination is
-	// addr:port and that no NAT rewrote: those that passed a portal, and so
-	// live connections, stay.
-	ClearUnNATedTCP(addr netip.Addr, port int) error
+	// ClearStale deletes, in one pass over the table, the entries that any
+	// of flows names.
+	ClearStale(flows []StaleFlows) error
+}
+
+// StaleFlows names the conntrack entries to one service destination that
+// would keep its clients away from the destination's proxy socket.
+type StaleFlows struct {
+	Protocol v1.Protocol
+	// Dst is the original destination; an invalid address stands for that
+	// port on every address (NodePorts).
+	Dst netip.AddrPort
+	// Live are the proxy ports serving Dst (UDP): entries a portal NATed to
+	// one of them are not stale. Those flows already reach a socket of
+	// ours, and an entry deleted under a flow in full swing turns the
+	// replies in flight into un-NATed datagrams the client's connected
+	// socket drops. Every UDP entry to Dst NATed elsewhere, or not NATed,
+	// is stale. TCP: only un-NATed entries are; those that passed a portal
+	// are connections, live or ending with their socket.
+	Live []int
 }
 
 // NetlinkConntrack talks to the kernel's conntrack table over netlink.
 type NetlinkConntrack struct{}
 
-func (NetlinkConntrack) ClearStaleUDP(addr netip.Addr, port int, live []int) error {
-	families := []netlink.InetFamily{unix.AF_INET, unix.AF_INET6}
-	switch {
-	case addr.Is4():
-		families = families[:1]
-	case addr.Is6():
-		families = families[1:]
+func (NetlinkConntrack) ClearStale(flows []StaleFlows) error {
+	var v4, v6 staleSet
+	for _, f := range flows {
+		if !f.Dst.Addr().Is6() {
+			v4.add(f)
+		}
+		if !f.Dst.Addr().Is4() {
+			v6.add(f)
+		}
 	}
-	filter := staleUDP{dst: netip.AddrPortFrom(addr, uint16(port)), live: live}
-	for _, f := range families {
-		if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, f, filter); err != nil {
-			return fmt.Errorf("conntrack delete udp %v:%d: %w", addr, port, err)
+	for _, pass := range []struct {
+		family netlink.InetFamily
+		set    staleSet
+	}{{unix.AF_INET, v4}, {unix.AF_INET6, v6}} {
+		if len(pass.set) == 0 {
+			continue
+		}
+		if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, pass.family, pass.set); err != nil {
+			return fmt.Errorf("conntrack delete stale entries (family %d, %d destinations): %w", pass.family, len(pass.set), err)
 		}
 	}
 	return nil
 }
 
-// staleUDP matches UDP flows to dst (to any address when dst's is invalid)
-// that no portal sent to a live proxy port: un-NATed flows, tracked before
-// the portal existed, and flows NATed to a port no socket of ours serves.
-type staleUDP struct {
-	dst  netip.AddrPort
-	live []int
+// staleSet matches the stale entries of many destinations with one lookup
+// per entry: the table is walked once, whatever the number of Services.
+type staleSet map[staleKey][]int
+
+// staleKey is an entry's protocol and original destination; an invalid
+// address for destinations on every address.
+type staleKey struct {
+	protocol uint8
+	dst      netip.AddrPort
 }
 
-func (f staleUDP) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
-	if flow.Forward.Protocol != unix.IPPROTO_UDP || flow.Forward.DstPort != f.dst.Port() {
+func (s *staleSet) add(f StaleFlows) {
+	if *s == nil {
+		*s = staleSet{}
+	}
+	proto := uint8(unix.IPPROTO_UDP)
+	live := f.Live
+	switch f.Protocol {
+	case v1.ProtocolTCP:
+		proto, live = unix.IPPROTO_TCP, nil
+	case v1.ProtocolUDP:
+		if live == nil {
+			live = []int{} // present, and no port is live
+		}
+	default:
+		return
+	}
+	dst := netip.AddrPortFrom(f.Dst.Addr().Unmap(), f.Dst.Port())
+	(*s)[staleKey{proto, dst}] = live
+}
+
+func (s staleSet) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
+	orig, ok := netip.AddrFromSlice(flow.Forward.DstIP)
+	if !ok {
 		return false
 	}
-	orig, ok := netip.AddrFromSlice(flow.Forward.DstIP)
-	if !ok || f.dst.Addr().IsValid() && orig.Unmap() != f.dst.Addr().Unmap() {
-		return false
+	orig = orig.Unmap()
+	key := staleKey{flow.Forward.Protocol, netip.AddrPortFrom(orig, flow.Forward.DstPort)}
+	live, ok := s[key]
+	if !ok {
+		// A destination on every address (a NodePort) is looked up only
+		// when the entry's own address names no service destination.
+		key.dst = netip.AddrPortFrom(netip.Addr{}, flow.Forward.DstPort)
+		if live, ok = s[key]; !ok {
+			return false
+		}
 	}
 	replySrc, ok := netip.AddrFromSlice(flow.Reverse.SrcIP)
 	if !ok {
-		return true
-	}
-	natted := replySrc.Unmap() != orig.Unmap() || flow.Reverse.SrcPort != flow.Forward.DstPort
-	return !natted || !slices.Contains(f.live, int(flow.Reverse.SrcPort))
-}
-
-func (NetlinkConntrack) ClearUnNATedTCP(addr netip.Addr, port int) error {
-	family := netlink.InetFamily(unix.AF_INET)
-	if addr.Is6() {
-		family = unix.AF_INET6
-	}
-	if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, family, unNATedTCP{netip.AddrPortFrom(addr, uint16(port))}); err != nil {
-		return fmt.Errorf("conntrack delete tcp %v:%d: %w", addr, port, err)
-	}
-	return nil
-}
-
-// unNATedTCP matches TCP flows to dst whose reply comes from dst itself,
-// i.e. no DNAT or REDIRECT rewrote them.
-type unNATedTCP struct{ dst netip.AddrPort }
-
-func (f unNATedTCP) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
-	if flow.Forward.Protocol != unix.IPPROTO_TCP || flow.Forward.DstPort != f.dst.Port() {
 		return false
 	}
-	orig, ok := netip.AddrFromSlice(flow.Forward.DstIP)
-	if !ok || orig.Unmap() != f.dst.Addr() {
-		return false
+	if replySrc.Unmap() == orig && flow.Reverse.SrcPort == flow.Forward.DstPort {
+		return true // no NAT rewrote it: tracked before the portal existed
 	}
-	replySrc, ok := netip.AddrFromSlice(flow.Reverse.SrcIP)
-	return ok && replySrc.Unmap() == orig.Unmap() && flow.Reverse.SrcPort == f.dst.Port()
+	return live != nil && !slices.Contains(live, int(flow.Reverse.SrcPort))
 }
 
 // staleFlowsToClear remembers a service port whose proxy socket is new, so
@@ -122,51 +150,56 @@ func (p *Proxier) staleFlowsToClear(name loadbalancer.ServicePortName) {
 }
 
 // clearStaleFlows clears the entries of every pending service port that is
-// still served, then forgets them all. Called after a successful sync.
+// still served, in one pass over the table, then forgets them all. Called
+// after a successful sync.
 func (p *Proxier) clearStaleFlows() {
+	if len(p.pendingConntrack) == 0 {
+		return
+	}
+	var flows []StaleFlows
 	for name := range p.pendingConntrack {
 		if ap := p.active[name]; ap != nil {
-			p.clearStale(ap)
+			flows = append(flows, staleFlowsOf(ap)...)
 		}
 	}
 	clear(p.pendingConntrack)
+	if len(flows) == 0 {
+		return
+	}
+	if err := p.opts.Conntrack.ClearStale(flows); err != nil {
+		klog.ErrorS(err, "Failed to clear stale conntrack entries", "destinations", len(flows))
+	}
 }
 
-func (p *Proxier) clearStale(ap *activePort) {
+// staleFlowsOf names the entries that would keep clients away from a new
+// proxy socket of ap.
+func staleFlowsOf(ap *activePort) []StaleFlows {
 	info := ap.info
 	var serviceIPs []netip.Addr
 	for _, group := range [][]netip.Addr{info.clusterIPs, info.externalIPs, info.loadBalancerIPs} {
 		serviceIPs = append(serviceIPs, group...)
 	}
-	if info.name.Protocol == v1.ProtocolTCP {
+	var flows []StaleFlows
+	switch info.name.Protocol {
+	case v1.ProtocolTCP:
 		// Service IPs only: a NodePort's destination is the node itself, where
 		// an early SYN was answered (by a reset or our claim) and left no
 		// lasting entry, and clearing "any address, that port" would reach
 		// the node's unrelated connections.
 		for _, ip := range serviceIPs {
-			if err := p.opts.Conntrack.ClearUnNATedTCP(ip, info.port); err != nil {
-				klog.ErrorS(err, "Failed to clear stale TCP conntrack entries", "servicePort", info.name)
-			}
+			flows = append(flows, StaleFlows{Protocol: v1.ProtocolTCP, Dst: netip.AddrPortFrom(ip, uint16(info.port))})
 		}
-		return
-	}
-	if info.name.Protocol != v1.ProtocolUDP {
-		return
-	}
-	targets := make([]netip.AddrPort, 0, len(serviceIPs)+1)
-	for _, ip := range serviceIPs {
-		targets = append(targets, netip.AddrPortFrom(ip, uint16(info.port)))
-	}
-	if info.nodePort != 0 {
-		targets = append(targets, netip.AddrPortFrom(netip.Addr{}, uint16(info.nodePort)))
-	}
-	live := []int{ap.proxyPort}
-	if ap.external != nil {
-		live = append(live, ap.externalPort)
-	}
-	for _, t := range targets {
-		if err := p.opts.Conntrack.ClearStaleUDP(t.Addr(), int(t.Port()), live); err != nil {
-			klog.ErrorS(err, "Failed to clear stale UDP conntrack entries", "servicePort", info.name)
+	case v1.ProtocolUDP:
+		live := []int{ap.proxyPort}
+		if ap.external != nil {
+			live = append(live, ap.externalPort)
+		}
+		for _, ip := range serviceIPs {
+			flows = append(flows, StaleFlows{Protocol: v1.ProtocolUDP, Dst: netip.AddrPortFrom(ip, uint16(info.port)), Live: live})
+		}
+		if info.nodePort != 0 {
+			flows = append(flows, StaleFlows{Protocol: v1.ProtocolUDP, Dst: netip.AddrPortFrom(netip.Addr{}, uint16(info.nodePort)), Live: live})
 		}
 	}
+	return flows
 }

@@ -96,7 +96,8 @@ func TestKernelEarlySYNDoesNotOutliveThePortal(t *testing.T) {
 
 func unNATedEntries(t *testing.T, ns *netns.NS) int {
 	t.Helper()
-	filter := unNATedTCP{netip.MustParseAddrPort("10.96.0.10:80")}
+	var filter staleSet
+	filter.add(StaleFlows{Protocol: v1.ProtocolTCP, Dst: netip.MustParseAddrPort("10.96.0.10:80")})
 	n := 0
 	err := ns.Do(func() error {
 		flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
@@ -222,7 +223,8 @@ func TestKernelUDPClearingSparesLiveFlows(t *testing.T) {
 		t.Fatalf("%d entries of the relayed flow NATed to the proxy port, want 1", n)
 	}
 	// The clearing that follows a sync, once more, with the flow in swing.
-	if err := ns.Do(func() error { p.clearStale(ap); return nil }); err != nil {
+	p.staleFlowsToClear(name)
+	if err := ns.Do(func() error { p.clearStaleFlows(); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if n := udpEntries(t, ns, live, &ap.proxyPort); n != 1 {

@@ -19,26 +19,26 @@ type fakeConntrack struct {
 	mu      sync.Mutex
 	cleared []string
 	spared  map[string][]int // UDP target → the live proxy ports its clearing spared
+	passes  int              // ClearStale calls: each is a walk of the table
 }
 
-func (f *fakeConntrack) record(proto string, addr netip.Addr, port int) error {
+func (f *fakeConntrack) ClearStale(flows []StaleFlows) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.cleared = append(f.cleared, fmt.Sprintf("%s %v:%d", proto, addr, port))
-	return nil
-}
-
-func (f *fakeConntrack) ClearStaleUDP(addr netip.Addr, port int, live []int) error {
-	f.mu.Lock()
-	if f.spared == nil {
-		f.spared = map[string][]int{}
+	f.passes++
+	for _, fl := range flows {
+		target := fmt.Sprintf("%v:%d", fl.Dst.Addr(), fl.Dst.Port())
+		if fl.Protocol == v1.ProtocolTCP {
+			f.cleared = append(f.cleared, "tcp-unnated "+target)
+			continue
+		}
+		f.cleared = append(f.cleared, "udp "+target)
+		if f.spared == nil {
+			f.spared = map[string][]int{}
+		}
+		f.spared[target] = fl.Live
 	}
-	f.spared[fmt.Sprintf("%v:%d", addr, port)] = live
-	f.mu.Unlock()
-	return f.record("udp", addr, port)
-}
-func (f *fakeConntrack) ClearUnNATedTCP(addr netip.Addr, port int) error {
-	return f.record("tcp-unnated", addr, port)
+	return nil
 }
 
 // take returns what was cleared since the last call, sorted.
@@ -64,6 +64,9 @@ func TestNewSocketClearsStaleConntrack(t *testing.T) {
 	want := []string{"tcp-unnated 10.96.0.20:80", "udp 10.96.0.10:80", "udp invalid IP:30053"}
 	if got := ct.take(); !slices.Equal(got, want) {
 		t.Fatalf("cleared %v, want %v", got, want)
+	}
+	if ct.passes != 1 {
+		t.Errorf("%d passes over the conntrack table for one sync, want 1", ct.passes)
 	}
 	// Flows the portal already sent to the new socket are not stale.
 	dns := servicePortName("dns")
@@ -115,7 +118,7 @@ func TestConntrackClearingWaitsForSuccessfulSync(t *testing.T) {
 	}
 }
 
-func TestStaleUDPFilter(t *testing.T) {
+func TestStaleSetMatches(t *testing.T) {
 	const proxyPort = 40000
 	flow := func(proto uint8, dst string, replySrc string) *netlink.ConntrackFlow {
 		d, r := netip.MustParseAddrPort(dst), netip.MustParseAddrPort(replySrc)
@@ -138,15 +141,21 @@ func TestStaleUDPFilter(t *testing.T) {
 		{"redirected to a socket that is gone", service, flow(unix.IPPROTO_UDP, "10.96.0.10:53", "10.0.0.1:41000"), true},
 		{"another service IP", service, flow(unix.IPPROTO_UDP, "10.96.0.11:53", "10.96.0.11:53"), false},
 		{"another port", service, flow(unix.IPPROTO_UDP, "10.96.0.10:54", "10.96.0.10:54"), false},
-		{"TCP", service, flow(unix.IPPROTO_TCP, "10.96.0.10:53", "10.96.0.10:53"), false},
+		{"TCP to a UDP destination", service, flow(unix.IPPROTO_TCP, "10.96.0.10:53", "10.96.0.10:53"), false},
+		{"TCP tracked before the portal existed", service, flow(unix.IPPROTO_TCP, "10.96.0.20:80", "10.96.0.20:80"), true},
+		{"TCP through a portal, to whatever port", service, flow(unix.IPPROTO_TCP, "10.96.0.20:80", "10.0.0.1:41000"), false},
+		{"IPv6, un-NATed", netip.MustParseAddrPort("[fd00::10]:53"), flow(unix.IPPROTO_UDP, "[fd00::10]:53", "[fd00::10]:53"), true},
+		{"IPv6, live", netip.MustParseAddrPort("[fd00::10]:53"), flow(unix.IPPROTO_UDP, "[fd00::10]:53", "[fd00::1]:40000"), false},
 		{"NodePort on any address, un-NATed", nodePort, flow(unix.IPPROTO_UDP, "192.168.1.5:30053", "192.168.1.5:30053"), true},
 		{"NodePort on any address, live", nodePort, flow(unix.IPPROTO_UDP, "192.168.1.5:30053", "192.168.1.5:40000"), false},
 		{"un-NATed where the service port is the proxy port", netip.MustParseAddrPort("10.96.0.10:40000"),
 			flow(unix.IPPROTO_UDP, "10.96.0.10:40000", "10.96.0.10:40000"), true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := staleUDP{dst: tc.target, live: []int{proxyPort}}
-			if got := f.MatchConntrackFlow(tc.flow); got != tc.stale {
+			var set staleSet
+			set.add(StaleFlows{Protocol: v1.ProtocolUDP, Dst: tc.target, Live: []int{proxyPort}})
+			set.add(StaleFlows{Protocol: v1.ProtocolTCP, Dst: netip.MustParseAddrPort("10.96.0.20:80")})
+			if got := set.MatchConntrackFlow(tc.flow); got != tc.stale {
 				t.Errorf("stale = %v, want %v", got, tc.stale)
 			}
 		})
