@@ -21,43 +21,8 @@ import (
 // exists leaves an un-NATed SYN_SENT entry (120 s). Once the portal is in,
 // a connection from the same source port must reach the proxy socket.
 func TestKernelEarlySYNDoesNotOutliveThePortal(t *testing.T) {
-	netns.Require(t, "iptables", "iptables-save", "iptables-restore")
-	ns := netns.New(t).NS("ct")
-	ns.MustIP("link", "add", "kup0", "type", "veth", "peer", "name", "kup1")
-	ns.MustIP("addr", "add", "10.200.0.1/24", "dev", "kup0")
-	ns.MustIP("link", "set", "kup0", "up")
-	ns.MustIP("link", "set", "kup1", "up")
-	ns.MustIP("route", "add", "10.96.0.0/16", "dev", "kup0")
-
-	var runner iptables.Runner
-	if err := ns.Do(func() (err error) { runner, err = iptables.NewRunner(iptables.IPv4); return err }); err != nil {
-		t.Skipf("iptables: %v", err)
-	}
-	nodeIP := netip.MustParseAddr("10.200.0.1")
-	p := New(Options{
-		IPv4Portals: iptables.New(runner, iptables.Config{Family: iptables.IPv4, BindAddress: netip.IPv4Unspecified(), NodeIP: nodeIP}),
-		BindAddress: netip.IPv4Unspecified(),
-		Conntrack:   NetlinkConntrack{},
-	})
-	t.Cleanup(func() {
-		p.syncMu.Lock()
-		defer p.syncMu.Unlock()
-		for name, ap := range p.active {
-			p.closePort(name, ap)
-		}
-	})
-	p.OnServiceSynced()
-	p.OnEndpointSlicesSynced()
-	sync := func() {
-		t.Helper()
-		if err := ns.Do(func() error { p.Sync(); return nil }); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// Another Service is served already, as on any live node (its guard
-	// rule is what turns conntrack on in a fresh namespace).
-	p.OnServiceAdd(makeService("other", withClusterIP("10.96.0.20")))
-	sync()
+	ns, p, sync := conntrackBed(t, "ct")
+	nodeIP := conntrackNodeIP
 
 	client := &net.TCPAddr{IP: nodeIP.AsSlice(), Port: 45678}
 	// connect reports whether the SYN reached a socket. web has no
@@ -94,6 +59,52 @@ func TestKernelEarlySYNDoesNotOutliveThePortal(t *testing.T) {
 	}
 }
 
+var conntrackNodeIP = netip.MustParseAddr("10.200.0.1")
+
+// conntrackBed is a namespace with real iptables and conntrack whose node
+// address is conntrackNodeIP and which routes 10.96.0.0/16 out of a veth,
+// a proxier with its portals there, and sync, which runs a sync in it.
+// Another Service is served already, as on any live node (its guard rule
+// is what turns conntrack on in a fresh namespace).
+func conntrackBed(t *testing.T, name string) (*netns.NS, *Proxier, func()) {
+	t.Helper()
+	netns.Require(t, "iptables", "iptables-save", "iptables-restore")
+	ns := netns.New(t).NS(name)
+	ns.MustIP("link", "add", "kup0", "type", "veth", "peer", "name", "kup1")
+	ns.MustIP("addr", "add", conntrackNodeIP.String()+"/24", "dev", "kup0")
+	ns.MustIP("link", "set", "kup0", "up")
+	ns.MustIP("link", "set", "kup1", "up")
+	ns.MustIP("route", "add", "10.96.0.0/16", "dev", "kup0")
+
+	var runner iptables.Runner
+	if err := ns.Do(func() (err error) { runner, err = iptables.NewRunner(iptables.IPv4); return err }); err != nil {
+		t.Skipf("iptables: %v", err)
+	}
+	p := New(Options{
+		IPv4Portals: iptables.New(runner, iptables.Config{Family: iptables.IPv4, BindAddress: netip.IPv4Unspecified(), NodeIP: conntrackNodeIP}),
+		BindAddress: netip.IPv4Unspecified(),
+		Conntrack:   NetlinkConntrack{},
+	})
+	t.Cleanup(func() {
+		p.syncMu.Lock()
+		defer p.syncMu.Unlock()
+		for name, ap := range p.active {
+			p.closePort(name, ap)
+		}
+	})
+	p.OnServiceSynced()
+	p.OnEndpointSlicesSynced()
+	sync := func() {
+		t.Helper()
+		if err := ns.Do(func() error { p.Sync(); return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.OnServiceAdd(makeService("other", withClusterIP("10.96.0.20")))
+	sync()
+	return ns, p, sync
+}
+
 func unNATedEntries(t *testing.T, ns *netns.NS) int {
 	t.Helper()
 	var filter staleSet
@@ -122,19 +133,8 @@ func unNATedEntries(t *testing.T, ns *netns.NS) int {
 // take the un-NATed entry of a datagram sent before the portal existed and
 // leave the entry of a flow that reaches the proxy socket.
 func TestKernelUDPClearingSparesLiveFlows(t *testing.T) {
-	netns.Require(t, "iptables", "iptables-save", "iptables-restore")
-	ns := netns.New(t).NS("ctu")
-	ns.MustIP("link", "add", "kup0", "type", "veth", "peer", "name", "kup1")
-	ns.MustIP("addr", "add", "10.200.0.1/24", "dev", "kup0")
-	ns.MustIP("link", "set", "kup0", "up")
-	ns.MustIP("link", "set", "kup1", "up")
-	ns.MustIP("route", "add", "10.96.0.0/16", "dev", "kup0")
-
-	var runner iptables.Runner
-	if err := ns.Do(func() (err error) { runner, err = iptables.NewRunner(iptables.IPv4); return err }); err != nil {
-		t.Skipf("iptables: %v", err)
-	}
-	nodeIP := netip.MustParseAddr("10.200.0.1")
+	ns, p, sync := conntrackBed(t, "ctu")
+	nodeIP := conntrackNodeIP
 	// The backend is on the test's own loopback: the proxy's service socket
 	// is made in the namespace (by Sync, below), but it dials backends from
 	// its relay goroutine, whose thread is in the test's namespace.
@@ -153,28 +153,6 @@ func TestKernelUDPClearingSparesLiveFlows(t *testing.T) {
 			_, _ = backend.WriteToUDPAddrPort(buf[:n], from)
 		}
 	}()
-	p := New(Options{
-		IPv4Portals: iptables.New(runner, iptables.Config{Family: iptables.IPv4, BindAddress: netip.IPv4Unspecified(), NodeIP: nodeIP}),
-		BindAddress: netip.IPv4Unspecified(),
-		Conntrack:   NetlinkConntrack{},
-	})
-	t.Cleanup(func() {
-		p.syncMu.Lock()
-		defer p.syncMu.Unlock()
-		for name, ap := range p.active {
-			p.closePort(name, ap)
-		}
-	})
-	p.OnServiceSynced()
-	p.OnEndpointSlicesSynced()
-	sync := func() {
-		t.Helper()
-		if err := ns.Do(func() error { p.Sync(); return nil }); err != nil {
-			t.Fatal(err)
-		}
-	}
-	p.OnServiceAdd(makeService("other", withClusterIP("10.96.0.20")))
-	sync()
 
 	service := netip.MustParseAddrPort("10.96.0.10:80")
 	dial := func() *net.UDPConn {
