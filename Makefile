@@ -49,6 +49,7 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	@hack/fuzz_test.sh
 
 bench:
 	test/bench/run.sh
@@ -59,10 +60,10 @@ bench:
 soak:
 	$(GO) test -count=1 -timeout 40m -run TestSoak ./test/soak -soak.duration=30m -soak.results=results -soak.strict -v
 
-# Native Go fuzz targets, each for FUZZTIME, one after another (go fuzzes
-# one target per invocation); a Fuzz function missing from FUZZ_TARGETS
-# fails the run. Seed corpora: f.Add in each target and
-# PKG/testdata/fuzz/TARGET. A finding is written there and fails the run.
+# Native Go fuzz targets, each for FUZZTIME, one after another
+# (hack/fuzz.sh); a Fuzz function missing from FUZZ_TARGETS fails the run.
+# Seed corpora: f.Add in each target and PKG/testdata/fuzz/TARGET. A
+# finding is written there and fails the run.
 FUZZTIME ?= 60s
 FUZZ_TARGETS := \
 	FuzzDecodeManifests:./proxier/config \
@@ -75,11 +76,7 @@ fuzz:
 	@missing=$$(grep -rhoE '^func Fuzz[A-Za-z0-9_]+' --include='*_test.go' . | sed 's/^func //' | sort -u | \
 		while read -r f; do case " $(FUZZ_TARGETS) " in *" $$f:"*) ;; *) echo "$$f" ;; esac; done); \
 	if [ -n "$$missing" ]; then echo "FUZZ_TARGETS lacks: $$missing"; exit 1; fi
-	@set -e; for t in $(FUZZ_TARGETS); do \
-		name=$${t%%:*}; pkg=$${t#*:}; \
-		echo "== $$name ($$pkg) for $(FUZZTIME)"; \
-		$(GO) test -run='^$$' -fuzz="^$$name\$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=5s $$pkg; \
-	done
+	GO=$(GO) hack/fuzz.sh $(FUZZTIME) $(FUZZ_TARGETS)
 
 clean:
 	rm -rf bin
