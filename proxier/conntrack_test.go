@@ -161,3 +161,36 @@ func TestStaleSetMatches(t *testing.T) {
 		})
 	}
 }
+
+// When a UDP Service's externalTrafficPolicy goes from Local back to
+// Cluster, its external socket closes and NodePort clients must leave the
+// entries that NAT them to that socket's port: a client that keeps its
+// source port (a resolver, a syslog sender) would refresh the entry and
+// send to a closed port for as long as it keeps sending.
+func TestClosedExternalSocketClearsItsFlows(t *testing.T) {
+	ct := &fakeConntrack{}
+	p, _ := newPortalProxier(t)
+	p.opts.Conntrack = ct
+	local := makeService("dns", withProtocol(v1.ProtocolUDP), withNodePort(30053))
+	local.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+	p.OnServiceAdd(local)
+	p.Sync()
+	dns := servicePortName("dns")
+	dns.Protocol = v1.ProtocolUDP
+	ap := p.active[dns]
+	if ap.external == nil {
+		t.Fatal("no external socket for the Local policy")
+	}
+	ct.take()
+	p.OnServiceUpdate(local, makeService("dns", withProtocol(v1.ProtocolUDP), withNodePort(30053)))
+	p.Sync()
+	if ap.external != nil {
+		t.Fatal("the external socket outlived the Local policy")
+	}
+	if got := ct.take(); !slices.Contains(got, "udp invalid IP:30053") {
+		t.Fatalf("closing the external socket cleared %v, want the NodePort's entries", got)
+	}
+	if spared := ct.spared["invalid IP:30053"]; !slices.Equal(spared, []int{ap.proxyPort}) {
+		t.Errorf("the NodePort's clearing spared %v, want only the cluster socket's port %d", spared, ap.proxyPort)
+	}
+}
