@@ -87,4 +87,41 @@ func checkExternalTrafficPolicyLocal(t *testing.T, e *env) {
 		}
 	}
 	wantAll("b1 local")
+
+	// Back to Cluster: the external socket closes. An outside UDP client
+	// that keeps its source port has a conntrack entry NATing it to that
+	// socket's port, and every datagram it sends refreshes the entry: unless
+	// the proxy clears it, the client is black-holed for as long as it asks.
+	fixed := netip.AddrPortFrom(e.c.ExternalIP, 40054)
+	if name, err := fixedPort(e.c.External, fixed).Ask("udp", lbUDP, harness.AnswerTimeout); err != nil || name != "b1" {
+		t.Fatalf("b1 local, UDP %s from outside (%s): %q, %v, want b1", lbUDP, fixed, name, err)
+	}
+	s.etpLocal = false
+	writeSvc(t, e.p.dir, s)
+	deadline := time.Now().Add(startBudget)
+	for {
+		got, err := distribution(e.external(), "udp", lbUDP, 3)
+		if err == nil && len(got) == 3 {
+			break // fresh clients meet the cluster socket: the change is in
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("policy back to Cluster: UDP %s from outside still %v, %v after %v", lbUDP, got, err, startBudget)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	began := time.Now()
+	var err error
+	attempts := 0
+	for attempts < 6 {
+		attempts++
+		if _, err = fixedPort(e.c.External, fixed).Ask("udp", lbUDP, 500*time.Millisecond); err == nil {
+			break
+		}
+	}
+	figure(t, "ETP Local -> Cluster: UDP client from outside keeping source port %s: %d attempt(s) in %d ms, last error %v",
+		fixed, attempts, time.Since(began).Milliseconds(), err)
+	if err != nil {
+		t.Errorf("policy back to Cluster: UDP %s from outside, same source port %s: no answer in %d tries: %v; its conntrack "+
+			"entry still points at the closed external socket's port:\n%s", lbUDP, fixed, attempts, err, conntrackFor(e.c.Node, fixed))
+	}
 }
