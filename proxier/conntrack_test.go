@@ -194,3 +194,22 @@ func TestClosedExternalSocketClearsItsFlows(t *testing.T) {
 		t.Errorf("the NodePort's clearing spared %v, want only the cluster socket's port %d", spared, ap.proxyPort)
 	}
 }
+
+// A service port whose rules change (a NodePort added, here) has its
+// stale entries cleared too: a client that sent to the NodePort before
+// its portal existed holds an un-NATed entry, refreshed by each datagram.
+func TestChangedRulesClearStaleFlows(t *testing.T) {
+	ct := &fakeConntrack{}
+	p, _ := newPortalProxier(t)
+	p.opts.Conntrack = ct
+	clusterIP := makeService("dns", withProtocol(v1.ProtocolUDP))
+	p.OnServiceAdd(clusterIP)
+	p.Sync()
+	ct.take()
+	p.OnServiceUpdate(clusterIP, makeService("dns", withProtocol(v1.ProtocolUDP), withNodePort(30053)))
+	p.Sync()
+	want := []string{"udp 10.96.0.10:80", "udp invalid IP:30053"}
+	if got := ct.take(); !slices.Equal(got, want) {
+		t.Fatalf("adding a NodePort cleared %v, want %v", got, want)
+	}
+}

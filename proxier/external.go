@@ -72,11 +72,6 @@ func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo) {
 		ap.external, ap.externalPort = sock, sock.Port()
 	case !need && ap.external != nil:
 		p.closeExternalSocket(ap)
-		// NodePort and external-IP clients NATed to the closed port would
-		// keep sending there for as long as their entries live, and a
-		// client that keeps its source port refreshes its entry with every
-		// datagram: clear them once the rules point at the cluster socket.
-		p.staleFlowsToClear(info.name)
 	}
 }
 

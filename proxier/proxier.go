@@ -444,9 +444,17 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 		p.syncFaults(ap, info)
 		p.syncLifetime(info)
 		p.syncExternalSocket(ap, info)
-		if !ap.info.sameRules(info) && p.opts.ClaimNodePorts {
-			p.releaseClaims(ap)
-			ap.claims = p.claim(info)
+		if !ap.info.sameRules(info) {
+			// New destinations (a NodePort, an external IP) may hold
+			// entries of datagrams sent before their portal existed, and
+			// a closed external socket leaves entries NATed to its port:
+			// either keeps a client that reuses its source port off the
+			// portal for as long as it keeps sending.
+			p.staleFlowsToClear(name)
+			if p.opts.ClaimNodePorts {
+				p.releaseClaims(ap)
+				ap.claims = p.claim(info)
+			}
 		}
 		ap.info = info
 	}

@@ -73,6 +73,7 @@ func services(c *netns.Cluster) map[string]svc {
 		{name: "cni", clusterIP: "10.96.0.90", endpoints: b123, nodePorts: [2]int32{30090, 30091}},
 		{name: "local", clusterIP: "10.96.0.100", endpoints: b123, nodePorts: [2]int32{30100, 30101},
 			externalIPs: []string{"10.77.50.20"}, lbIP: "10.77.60.20", etpLocal: true},
+		{name: "grow", clusterIP: "10.96.0.110", endpoints: b123}, // gets NodePorts 30110/30111 later
 	}
 	m := map[string]svc{}
 	for _, s := range list {
@@ -115,6 +116,7 @@ func TestProxy(t *testing.T) {
 			{"NodePortExternalIPLoadBalancer", checkExternal},
 			{"PodsOnEveryCNI", checkPodsOnEveryCNI},
 			{"ExternalTrafficPolicyLocal", checkExternalTrafficPolicyLocal},
+			{"NodePortAddedUDPClientKeepsPort", checkNodePortAdded},
 			{"ManifestChangeLive", checkLiveUpdate},
 			{"ServiceRemoved", checkServiceRemoved},
 			{"NoBackDoor", checkNoBackDoor},

@@ -125,3 +125,47 @@ func checkExternalTrafficPolicyLocal(t *testing.T, e *env) {
 			"entry still points at the closed external socket's port:\n%s", lbUDP, fixed, attempts, err, conntrackFor(e.c.Node, fixed))
 	}
 }
+
+// checkNodePortAdded: a UDP client outside keeps sending, from one source
+// port, to a NodePort the Service does not have yet (a syslog or statsd
+// sender set up before the Service change reached the node). Its
+// datagrams leave an un-NATed conntrack entry that each of them refreshes.
+// Once the Service gets that NodePort, the client must be answered: unless
+// the proxy clears the entry when a service port's rules change, the
+// kernel keeps bypassing the new portal for as long as the client sends.
+func checkNodePortAdded(t *testing.T, e *env) {
+	s := e.svcs["grow"]
+	np := netip.AddrPortFrom(e.c.NodeExternalIP, 30111)
+	fixed := netip.AddrPortFrom(e.c.ExternalIP, 40055)
+	client := fixedPort(e.c.External, fixed)
+	if name, err := client.Ask("udp", np, 300*time.Millisecond); err == nil {
+		t.Fatalf("UDP %s answered (%s) before the Service had that NodePort", np, name)
+	}
+	s.nodePorts = [2]int32{30110, 30111}
+	writeSvc(t, e.p.dir, s)
+	deadline := time.Now().Add(startBudget)
+	for {
+		if _, err := e.external().Ask("udp", np, harness.AnswerTimeout); err == nil {
+			break // a fresh client meets the NodePort: the rules are in
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("UDP NodePort %s not served from outside %v after it was added", np, startBudget)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	began := time.Now()
+	var err error
+	attempts := 0
+	for attempts < 6 {
+		attempts++
+		if _, err = client.Ask("udp", np, 500*time.Millisecond); err == nil {
+			break
+		}
+	}
+	figure(t, "NodePort added: UDP client from outside that asked before, same source port %s: %d attempt(s) in %d ms, last error %v",
+		fixed, attempts, time.Since(began).Milliseconds(), err)
+	if err != nil {
+		t.Errorf("NodePort %s added: UDP from outside, same source port %s as before: no answer in %d tries: %v; "+
+			"its conntrack entry still bypasses the portal:\n%s", np, fixed, attempts, err, conntrackFor(e.c.Node, fixed))
+	}
+}
