@@ -14,7 +14,8 @@ import (
 )
 
 // ConntrackCleaner removes conntrack entries that would keep a client away
-// from a new proxy socket. A flow's entry keeps its first NAT decision:
+// from a proxy socket that is new or has new destinations. A flow's entry
+// keeps its first NAT decision:
 //   - UDP: for as long as the client keeps sending, so when a service's
 //     proxy port changes (a restart, a re-created Service) a client that
 //     reuses its source port, as DNS resolvers do, would keep hitting the
@@ -136,8 +137,9 @@ func (s staleSet) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 	return live != nil && !slices.Contains(live, int(flow.Reverse.SrcPort))
 }
 
-// staleFlowsToClear remembers a service port whose proxy socket is new, so
-// its stale conntrack entries are cleared once a portal sync has succeeded:
+// staleFlowsToClear remembers a service port whose proxy socket is new, or
+// whose rules changed, so its stale conntrack entries are cleared once a
+// portal sync has succeeded:
 // before that new flows would meet the old rules, and a failed sync must not
 // forget the port (the list is kept until a sync succeeds).
 func (p *Proxier) staleFlowsToClear(name loadbalancer.ServicePortName) {
