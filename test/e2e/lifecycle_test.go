@@ -211,21 +211,14 @@ func fixedPort(ns *netns.NS, src netip.AddrPort) harness.Client {
 // for as long as it keeps retrying.
 func checkSamePortAfterRestart(t *testing.T, e *env, fixed netip.AddrPort) {
 	dst := e.svcs["rr"].udp()
-	began := time.Now()
-	var attempts int
-	var err error
-	for attempts = 1; attempts <= 6; attempts++ {
-		if _, err = fixedPort(e.c.Pod2, fixed).Ask("udp", dst, 500*time.Millisecond); err == nil {
-			break
-		}
-	}
+	attempts, took, err := askUDPAgain(fixedPort(e.c.Pod2, fixed), dst)
 	figure(t, "UDP client reusing source port %s across kill -9/restart: %d attempt(s) in %d ms, last error %v",
-		fixed, min(attempts, 6), time.Since(began).Milliseconds(), err)
+		fixed, attempts, took.Milliseconds(), err)
 	if err != nil {
 		t.Errorf("udp %s from %s (same source port as before the restart): no answer in 6 tries over %v: %v; "+
 			"a stale conntrack entry still points at the old proxy port: the proxy must clear UDP conntrack entries "+
 			"for its service IPs when a UDP proxy port changes (restart, Service re-created)",
-			dst, fixed, time.Since(began).Round(time.Millisecond), err)
+			dst, fixed, took.Round(time.Millisecond), err)
 		newPort, _ := proxyPort(save(t, e.c.Node), e.svcs["rr"].portName("dns"))
 		t.Logf("new proxy port for %s: %d; node conntrack entries for the client:\n%s",
 			e.svcs["rr"].portName("dns"), newPort, conntrackFor(e.c.Node, fixed))

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness"
 )
@@ -61,4 +62,32 @@ func distribution(cl harness.Client, proto string, dst netip.AddrPort, n int) (c
 func figure(t *testing.T, format string, args ...any) {
 	t.Helper()
 	t.Logf("FIGURE "+format, args...)
+}
+
+// askUDPAgain asks dst over UDP from cl, the same source port every time,
+// up to 6 times with 500 ms for each answer: how a client that keeps its
+// source port retries. It returns the attempts made, the time they took
+// and the last error (nil: answered).
+func askUDPAgain(cl harness.Client, dst netip.AddrPort) (int, time.Duration, error) {
+	began := time.Now()
+	var err error
+	for attempt := 1; attempt <= 6; attempt++ {
+		if _, err = cl.Ask("udp", dst, 500*time.Millisecond); err == nil {
+			return attempt, time.Since(began), nil
+		}
+	}
+	return 6, time.Since(began), err
+}
+
+// waitUntil polls ok every 100 ms and fails the test with what when it is
+// still false after startBudget.
+func waitUntil(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(startBudget)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after %v", what, startBudget)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }

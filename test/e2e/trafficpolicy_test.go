@@ -98,28 +98,14 @@ func checkExternalTrafficPolicyLocal(t *testing.T, e *env) {
 	}
 	s.etpLocal = false
 	writeSvc(t, e.p.dir, s)
-	deadline := time.Now().Add(startBudget)
-	for {
+	// Fresh clients meeting every endpoint: the change is in.
+	waitUntil(t, "policy back to Cluster: UDP "+lbUDP.String()+" from outside served by all three", func() bool {
 		got, err := distribution(e.external(), "udp", lbUDP, 3)
-		if err == nil && len(got) == 3 {
-			break // fresh clients meet the cluster socket: the change is in
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("policy back to Cluster: UDP %s from outside still %v, %v after %v", lbUDP, got, err, startBudget)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	began := time.Now()
-	var err error
-	attempts := 0
-	for attempts < 6 {
-		attempts++
-		if _, err = fixedPort(e.c.External, fixed).Ask("udp", lbUDP, 500*time.Millisecond); err == nil {
-			break
-		}
-	}
+		return err == nil && len(got) == 3
+	})
+	attempts, took, err := askUDPAgain(fixedPort(e.c.External, fixed), lbUDP)
 	figure(t, "ETP Local -> Cluster: UDP client from outside keeping source port %s: %d attempt(s) in %d ms, last error %v",
-		fixed, attempts, time.Since(began).Milliseconds(), err)
+		fixed, attempts, took.Milliseconds(), err)
 	if err != nil {
 		t.Errorf("policy back to Cluster: UDP %s from outside, same source port %s: no answer in %d tries: %v; its conntrack "+
 			"entry still points at the closed external socket's port:\n%s", lbUDP, fixed, attempts, err, conntrackFor(e.c.Node, fixed))
@@ -143,27 +129,14 @@ func checkNodePortAdded(t *testing.T, e *env) {
 	}
 	s.nodePorts = [2]int32{30110, 30111}
 	writeSvc(t, e.p.dir, s)
-	deadline := time.Now().Add(startBudget)
-	for {
-		if _, err := e.external().Ask("udp", np, harness.AnswerTimeout); err == nil {
-			break // a fresh client meets the NodePort: the rules are in
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("UDP NodePort %s not served from outside %v after it was added", np, startBudget)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	began := time.Now()
-	var err error
-	attempts := 0
-	for attempts < 6 {
-		attempts++
-		if _, err = client.Ask("udp", np, 500*time.Millisecond); err == nil {
-			break
-		}
-	}
+	// A fresh client meeting the NodePort: the rules are in.
+	waitUntil(t, "UDP NodePort "+np.String()+" served from outside after it was added", func() bool {
+		_, err := e.external().Ask("udp", np, harness.AnswerTimeout)
+		return err == nil
+	})
+	attempts, took, err := askUDPAgain(client, np)
 	figure(t, "NodePort added: UDP client from outside that asked before, same source port %s: %d attempt(s) in %d ms, last error %v",
-		fixed, attempts, time.Since(began).Milliseconds(), err)
+		fixed, attempts, took.Milliseconds(), err)
 	if err != nil {
 		t.Errorf("NodePort %s added: UDP from outside, same source port %s as before: no answer in %d tries: %v; "+
 			"its conntrack entry still bypasses the portal:\n%s", np, fixed, attempts, err, conntrackFor(e.c.Node, fixed))
