@@ -50,8 +50,8 @@ func BenchmarkSyncUnchanged10k(b *testing.B) {
 // "update" is one Service's port moved and back through Update (the
 // change path: a delta, no read-back), "change-by-sync" the same change
 // through the full Sync, as every change went before, and "sync" the
-// periodic Sync with nothing to change (two iptables-save and the
-// comparison).
+// periodic Sync with nothing to change (one iptables-save of every table
+// and the comparison).
 func BenchmarkKernel10k(b *testing.B) {
 	requireRealIptables(b)
 	ns := newNetns(b)

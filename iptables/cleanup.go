@@ -50,11 +50,13 @@ func Cleanup(r Runner) error {
 	// Then anything else still jumping to our chains; and note our bucket
 	// chains, deleted last.
 	var buckets []ownedChain
+	data, saveErr := r.Save()
+	if saveErr != nil {
+		fail(saveErr)
+	}
 	for _, table := range []Table{TableNAT, TableFilter} {
-		data, err := r.Save(table)
-		if err != nil {
-			fail(err)
-			continue
+		if saveErr != nil {
+			break
 		}
 		saved, err := parseSave(data, table)
 		if err != nil {

@@ -156,8 +156,8 @@ func (r *nsRunner) DeleteRule(table Table, chain string, args ...string) (err er
 	return
 }
 
-func (r *nsRunner) Save(table Table) (out []byte, err error) {
-	r.th.do(func() { out, err = r.real.Save(table) })
+func (r *nsRunner) Save(tables ...Table) (out []byte, err error) {
+	r.th.do(func() { out, err = r.real.Save(tables...) })
 	return
 }
 

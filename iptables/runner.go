@@ -30,8 +30,10 @@ type Runner interface {
 	AppendRule(table Table, chain string, args ...string) error
 	// DeleteRule deletes the first rule matching args.
 	DeleteRule(table Table, chain string, args ...string) error
-	// Save returns iptables-save output for one table.
-	Save(table Table) ([]byte, error)
+	// Save returns iptables-save output holding the given tables: one
+	// table when one is named, else every table (one dump, where the nft
+	// backend fetches the whole ruleset for any one table anyway).
+	Save(tables ...Table) ([]byte, error)
 	// Restore feeds data to iptables-restore --noflush: chains declared in
 	// data are flushed and refilled, everything else is left alone.
 	Restore(data []byte) error
@@ -101,9 +103,12 @@ func (r *execRunner) DeleteRule(table Table, chain string, args ...string) error
 	return r.ipt.Delete(string(table), chain, args...)
 }
 
-func (r *execRunner) Save(table Table) ([]byte, error) {
+func (r *execRunner) Save(tables ...Table) ([]byte, error) {
 	var out, stderr bytes.Buffer
-	cmd := exec.Command(r.save, "-t", string(table))
+	cmd := exec.Command(r.save)
+	if len(tables) == 1 {
+		cmd.Args = append(cmd.Args, "-t", string(tables[0]))
+	}
 	cmd.Stdout, cmd.Stderr = &out, &stderr
 	if err := cmd.Run(); err != nil {
 		return nil, commandError(cmd, err, &stderr)

@@ -109,13 +109,17 @@ func parseSave(data []byte, table Table) (savedTable, error) {
 	for sc.Scan() {
 		// Trailing blanks and CRs carry nothing (iptables-save never ends a
 		// rule with one) but would make a rule differ from its rendering.
-		line := strings.TrimRight(sc.Text(), " \t\r")
+		raw := bytes.TrimRight(sc.Bytes(), " \t\r")
 		n++
+		// The dump holds every table: lines of the others are skipped
+		// before they are copied into strings.
+		if len(raw) == 0 || raw[0] == '#' || (!in && raw[0] != '*') {
+			continue
+		}
+		line := string(raw)
 		switch {
-		case line == "" || strings.HasPrefix(line, "#"):
 		case strings.HasPrefix(line, "*"):
 			in = line[1:] == string(table)
-		case !in:
 		case line == "COMMIT":
 			in = false
 		case strings.HasPrefix(line, ":"):

