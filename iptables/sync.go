@@ -30,6 +30,14 @@ type Rules struct {
 	// successful write or verified read-back; nil when unknown (before the
 	// first full Sync and after any failure). Update works from it.
 	have chainRules
+	// written holds the chains this process has written. A write is
+	// trusted on iptables-restore's exit status, as kube-proxy trusts it;
+	// the next Sync's read-back checks it. Only a chain written before that
+	// reads back differently is read again right after its rewrite, to tell
+	// the kernel's printing (learned) from a write without effect (an
+	// error). Reading every write back cost the first sync at 10,000
+	// Services 0.58 s of its 1.9 s.
+	written map[string]bool
 }
 
 type printedAs struct {
@@ -38,7 +46,7 @@ type printedAs struct {
 
 // New returns the Rules for cfg.Family, programmed through r.
 func New(r Runner, cfg Config) *Rules {
-	return &Rules{runner: r, cfg: cfg, printed: map[string]printedAs{}, bucketAbove: defaultBucketAbove}
+	return &Rules{runner: r, cfg: cfg, printed: map[string]printedAs{}, written: map[string]bool{}, bucketAbove: defaultBucketAbove}
 }
 
 // Sync makes the kernel hold exactly the rules for portals. It creates our
@@ -94,8 +102,17 @@ func (r *Rules) syncLocked(portals []Portal) error {
 		}
 	}
 	klog.V(2).InfoS("Rewrote iptables chains", "family", r.cfg.Family, "chains", chainNames(stale))
-	if err := r.learnPrinting(want, stale); err != nil {
-		return err
+	var check []ownedChain
+	for _, c := range stale {
+		if r.written[c.name] {
+			check = append(check, c)
+		}
+		r.written[c.name] = true
+	}
+	if len(check) > 0 {
+		if err := r.learnPrinting(want, check); err != nil {
+			return err
+		}
 	}
 	r.have = want
 	return nil
@@ -169,8 +186,8 @@ func unwantedBuckets(want chainRules, saved map[Table]savedTable) []ownedChain {
 	return out
 }
 
-// learnPrinting reads back the chains just written, checks that the write
-// took effect, and remembers how the kernel prints them (see Rules.printed).
+// learnPrinting reads back chains just written, checks that the write took
+// effect, and remembers how the kernel prints them (see Rules.printed).
 func (r *Rules) learnPrinting(want chainRules, written []ownedChain) error {
 	saved, err := r.readBack()
 	if err != nil {

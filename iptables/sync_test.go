@@ -96,6 +96,32 @@ func TestSyncInstallsChainsJumpsAndRules(t *testing.T) {
 	}
 }
 
+// A write is trusted on iptables-restore's exit status until the next
+// Sync reads the tables back: reading it back at once cost the first sync
+// at 10,000 Services 0.58 s of its 1.9 s, for nothing on a kernel that
+// prints our rules as we render them. A chain that reads back differently
+// is rewritten and then read again at once (TestSyncToleratesDifferentPrinting,
+// TestSyncRestoreWithoutEffectIsAnError).
+func TestSyncTrustsAWriteUntilTheNextReadBack(t *testing.T) {
+	fake := NewFakeRunner(IPv4)
+	r := New(fake, testConfig)
+	syncOK(t, r, webPortals())
+	calls := fake.Calls()
+	firstWrite := slices.IndexFunc(calls, func(c string) bool { return strings.HasPrefix(c, "Restore") })
+	if firstWrite < 0 {
+		t.Fatalf("first sync wrote nothing: %q", calls)
+	}
+	isSave := func(c string) bool { return strings.HasPrefix(c, "Save") }
+	if slices.ContainsFunc(calls[firstWrite:], isSave) {
+		t.Errorf("first sync read its own write back: %q", calls)
+	}
+	fake.ResetCalls()
+	syncOK(t, r, webPortals())
+	if got, want := fake.Calls(), []string{"Save"}; !slices.Equal(got, want) {
+		t.Errorf("the next sync's calls: got %q, want %q (the read-back finds the write in place)", got, want)
+	}
+}
+
 func TestSyncWithoutChangeOnlyReads(t *testing.T) {
 	fake := NewFakeRunner(IPv4)
 	r := New(fake, testConfig)
@@ -313,6 +339,12 @@ func TestSyncToleratesDifferentPrinting(t *testing.T) {
 	fake.Normalize = func(rule string) string { return strings.ReplaceAll(rule, " -j ", "  -j ") }
 	r := New(fake, testConfig)
 	syncOK(t, r, webPortals())
+	// The first write is trusted on its exit status; the next sync reads
+	// it back, sees another printing, and rewrites once to learn it.
+	syncOK(t, r, webPortals())
+	if len(r.printed) == 0 {
+		t.Fatal("the second sync did not learn the kernel's printing")
+	}
 	fake.ResetCalls()
 	syncOK(t, r, webPortals())
 	syncOK(t, r, webPortals())
@@ -355,10 +387,20 @@ type lostWrites struct{ *FakeRunner }
 
 func (lostWrites) Restore([]byte) error { return nil }
 
+// A write is trusted on its exit status (as kube-proxy trusts it) and
+// checked by the next Sync's read-back: chains we wrote that read back
+// differently are rewritten and read again at once, which shows a write
+// without effect as an error.
 func TestSyncRestoreWithoutEffectIsAnError(t *testing.T) {
 	r := New(lostWrites{NewFakeRunner(IPv4)}, testConfig)
+	if err := r.Sync(webPortals()); err != nil {
+		t.Fatalf("first Sync: %v", err)
+	}
 	if err := r.Sync(webPortals()); err == nil {
 		t.Fatal("Sync succeeded although the chains do not hold what was written")
+	}
+	if r.have != nil {
+		t.Error("after the failed check Update would trust what it believes the chains hold")
 	}
 }
 

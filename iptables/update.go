@@ -57,6 +57,7 @@ func (r *Rules) Update(portals []Portal) error {
 			delete(r.have, d.chain.name)
 		} else {
 			r.have[d.chain.name] = want[d.chain.name]
+			r.written[d.chain.name] = true
 		}
 	}
 	klog.V(2).InfoS("Updated iptables chains", "family", r.cfg.Family, "changes", deltaSummary(deltas))
