@@ -29,7 +29,7 @@ import (
 // 2-CPU machine, about 0.3 s in make bench's node after its TCP runs), so
 // a sync clears the entries of all its new sockets in one pass per address
 // family: one pass per destination made the first sync of 10,000 Services
-// take 104 s (BenchmarkKernelSyncFull10k).
+// take 104 s (BenchmarkKernelSync10k/first).
 type ConntrackCleaner interface {
 	// ClearStale deletes, in one pass over the table, the entries that any
 	// of flows names.

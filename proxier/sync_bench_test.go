@@ -272,14 +272,18 @@ func BenchmarkServiceChange10k(b *testing.B) {
 	})
 }
 
-// BenchmarkKernelSyncFull10k is the first sync through the real
-// iptables-nft and conntrack of a namespace of its own (root): 10,000
-// service ports, their rules written and read back, and the stale
-// conntrack entries of every new socket cleared. Each clearing walks the
-// whole conntrack table; one walk per destination made this 105 s
-// (37793f7: one per address family). The rules are flushed between
-// iterations, untimed, so each one writes them all.
-func BenchmarkKernelSyncFull10k(b *testing.B) {
+// BenchmarkKernelSync10k is a sync through the real iptables-nft and
+// conntrack of a namespace of its own (root) at 10,000 service ports:
+//   - "first": the first sync on a node without our rules: sockets opened,
+//     rules written, the stale conntrack entries of every new socket
+//     cleared. Each clearing walks the whole conntrack table; one walk per
+//     destination made this 105 s (37793f7: one per address family).
+//     The rules are flushed between iterations, untimed;
+//   - "restart": the first sync of a new proxier over the rules of the last
+//     one, as after a restart: every rule names a new proxy port, so the
+//     read-back finds all of them stale and they are all rewritten;
+//   - "periodic": the repair sync with nothing to do, one read-back.
+func BenchmarkKernelSync10k(b *testing.B) {
 	netns.Require(b, "iptables", "iptables-save", "iptables-restore")
 	quietKlog()
 	ns := netns.New(b).NS("sync")
@@ -287,32 +291,81 @@ func BenchmarkKernelSyncFull10k(b *testing.B) {
 	if err := ns.Do(func() (err error) { runner, err = iptables.NewRunner(iptables.IPv4); return err }); err != nil {
 		b.Skipf("iptables: %v", err)
 	}
-	b.ReportAllocs()
-	var cpu cpuMeter
-	defer cpu.report(b)
-	for b.Loop() {
-		b.StopTimer()
+	newProxier := func() *proxier.Proxier {
 		p := proxier.New(proxier.Options{
 			BindAddress: benchLoopback,
 			IPv4Portals: iptables.New(runner, iptables.Config{Family: iptables.IPv4, BindAddress: benchLoopback}),
 			Conntrack:   proxier.NetlinkConntrack{},
 		})
 		loadBenchCluster(p, benchServices)
-		b.StartTimer()
-		cpu.start()
-		if err := ns.Do(func() error { p.Sync(); return nil }); err != nil {
+		return p
+	}
+	sync := func(b *testing.B, p *proxier.Proxier, full bool) {
+		if err := ns.Do(func() error {
+			if full {
+				p.SyncFull()
+			} else {
+				p.Sync()
+			}
+			return nil
+		}); err != nil {
 			b.Fatal(err)
 		}
-		cpu.stop()
-		b.StopTimer()
-		if n := len(p.DebugServices()); n < benchServices*99/100 {
-			b.Errorf("only %d of %d service ports opened", n, benchServices)
-		}
-		stopBenchProxier(p)
+	}
+	flush := func() {
 		for _, table := range []string{"nat", "filter"} {
 			ns.MustExec("iptables", "-t", table, "-F")
 			ns.MustExec("iptables", "-t", table, "-X")
 		}
-		b.StartTimer()
 	}
+	opened := func(b *testing.B, p *proxier.Proxier) {
+		if n := len(p.DebugServices()); n < benchServices*99/100 {
+			b.Errorf("only %d of %d service ports opened", n, benchServices)
+		}
+	}
+	for _, bc := range []struct {
+		name       string
+		flushFirst bool
+	}{{"first", true}, {"restart", false}} {
+		b.Run(bc.name, func(b *testing.B) {
+			if !bc.flushFirst { // rules of an earlier proxier to restart over
+				p := newProxier()
+				sync(b, p, false)
+				stopBenchProxier(p)
+			}
+			b.ReportAllocs()
+			var cpu cpuMeter
+			defer cpu.report(b)
+			for b.Loop() {
+				b.StopTimer()
+				if bc.flushFirst {
+					flush()
+				}
+				p := newProxier()
+				b.StartTimer()
+				cpu.start()
+				sync(b, p, false)
+				cpu.stop()
+				b.StopTimer()
+				opened(b, p)
+				stopBenchProxier(p)
+				b.StartTimer()
+			}
+		})
+	}
+	b.Run("periodic", func(b *testing.B) {
+		p := newProxier()
+		sync(b, p, false)
+		defer stopBenchProxier(p)
+		opened(b, p)
+		b.ReportAllocs()
+		var cpu cpuMeter
+		defer cpu.report(b)
+		cpu.start()
+		for b.Loop() {
+			sync(b, p, true)
+		}
+		cpu.stop()
+	})
+	flush()
 }
