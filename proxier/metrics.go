@@ -21,17 +21,12 @@ type Metrics struct {
 	ProxyHealthzTotal           *prometheus.CounterVec
 	ProxyLivezTotal             *prometheus.CounterVec
 
-	ActiveConnections *prometheus.GaugeVec
-	ConnectionsFailed *prometheus.CounterVec
-	DialFailures      *prometheus.CounterVec
-	DialRetries       *prometheus.CounterVec
-	AcceptErrors      *prometheus.CounterVec
-	BytesTotal        *prometheus.CounterVec
-	UDPSessions       *prometheus.GaugeVec
-	UDPSessionLimit   *prometheus.CounterVec
-	ServicePorts      prometheus.Gauge
-	AffinitySwept     prometheus.Counter
+	ServicePorts  prometheus.Gauge
+	AffinitySwept prometheus.Counter
 
+	// ports are the per-service-port data-path series
+	// (kubeproxy_userspace_active_connections and the rest, port_metrics.go).
+	ports    *portSeries
 	affinity *affinityCollector // table sizes and cap evictions, read from the balancer
 }
 
@@ -91,15 +86,7 @@ func NewMetrics() *Metrics {
 			Help: "Expired ClientIP affinity entries removed by the periodic sweep",
 		}),
 	}
-	// The per-port data-path series: one constructor, one line each.
-	m.ActiveConnections = userspaceVec(prometheus.NewGaugeVec, "active_connections", "TCP connections being proxied")
-	m.ConnectionsFailed = userspaceVec(prometheus.NewCounterVec, "connections_failed_total", "Client connections (TCP) or datagrams (UDP) that found no reachable endpoint")
-	m.DialFailures = userspaceVec(prometheus.NewCounterVec, "dial_failures_total", "Failed attempts to connect to an endpoint")
-	m.DialRetries = userspaceVec(prometheus.NewCounterVec, "dial_retries_total", "Dial attempts made on another endpoint after a failure")
-	m.AcceptErrors = userspaceVec(prometheus.NewCounterVec, "accept_errors_total", "Errors from accept(), such as EMFILE, each followed by a back-off")
-	m.BytesTotal = userspaceVec(prometheus.NewCounterVec, "bytes_total", "Bytes proxied; direction in = client to endpoint, out = endpoint to client", "direction")
-	m.UDPSessions = userspaceVec(prometheus.NewGaugeVec, "udp_sessions", "UDP client sessions with a backend socket")
-	m.UDPSessionLimit = userspaceVec(prometheus.NewCounterVec, "udp_session_limit_total", "UDP sessions at a session cap: action evicted = the port's oldest idle session closed to make room, dropped = a new client's datagram dropped (total cap reached, the port had no session to give up)", "action")
+	m.ports = newPortSeries()
 	m.affinity = newAffinityCollector()
 	m.Registry.MustRegister(
 		m.affinity,
@@ -107,30 +94,12 @@ func NewMetrics() *Metrics {
 		m.EndpointChangesTotal, m.EndpointChangesPending,
 		m.ServiceChangesTotal, m.ServiceChangesPending, m.IPTablesRestoreFailures,
 		m.ProxyHealthzTotal, m.ProxyLivezTotal,
-		m.ActiveConnections, m.ConnectionsFailed, m.DialFailures, m.DialRetries,
-		m.AcceptErrors, m.BytesTotal, m.UDPSessions, m.UDPSessionLimit, m.ServicePorts, m.AffinitySwept,
+		m.ports, m.ServicePorts, m.AffinitySwept,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	return m
 }
 
-// userspaceVec builds a kubeproxy_userspace_* vector labelled by service
-// port (and any extra labels); newVec is prometheus.NewCounterVec or
-// prometheus.NewGaugeVec, whose options types share one shape.
-func userspaceVec[O prometheus.CounterOpts | prometheus.GaugeOpts, V any](newVec func(O, []string) V, name, help string, extra ...string) V {
-	return newVec(O(prometheus.Opts{Namespace: "kubeproxy", Subsystem: "userspace", Name: name, Help: help}), append([]string{"service_port"}, extra...))
-}
-
 // forgetServicePort drops a removed service port's series so /metrics does
 // not grow with every Service ever seen.
-func (m *Metrics) forgetServicePort(label string) {
-	for _, v := range []interface {
-		DeleteLabelValues(...string) bool
-	}{m.ActiveConnections, m.ConnectionsFailed, m.DialFailures, m.DialRetries, m.AcceptErrors, m.UDPSessions} {
-		v.DeleteLabelValues(label)
-	}
-	m.BytesTotal.DeleteLabelValues(label, "in")
-	m.BytesTotal.DeleteLabelValues(label, "out")
-	m.UDPSessionLimit.DeleteLabelValues(label, "evicted")
-	m.UDPSessionLimit.DeleteLabelValues(label, "dropped")
-}
+func (m *Metrics) forgetServicePort(label string) { m.ports.forget(label) }

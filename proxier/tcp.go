@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
@@ -35,26 +34,21 @@ type tcpProxySocket struct {
 	// lifetime is the port's max age and drain time.
 	lifetime *portLifetime
 
-	// Per-port metric children, resolved once instead of per connection.
-	active                                                         prometheus.Gauge
-	failed, retries, dialFailures, acceptErrors, bytesIn, bytesOut prometheus.Counter
+	// The port's series (port_metrics.go), resolved once, not per connection.
+	active                                                         *gauge
+	failed, retries, dialFailures, acceptErrors, bytesIn, bytesOut *counter
 
 	closer
 }
 
 func newTCPProxySocket(name loadbalancer.ServicePortName, ln *net.TCPListener, sp *loadbalancer.ServicePort, fp *faults.Port, cfg *socketConfig) (*tcpProxySocket, error) {
 	label := name.String()
-	m := cfg.metrics
+	m := cfg.metrics.ports.forPort(label, false)
 	s := &tcpProxySocket{
 		name: name, label: label, ln: ln, addr: ln.Addr().(*net.TCPAddr), sp: sp, cfg: cfg, faults: fp, closer: newCloser(),
-		lifetime:     cfg.lifetimes.port(name),
-		active:       m.ActiveConnections.WithLabelValues(label),
-		failed:       m.ConnectionsFailed.WithLabelValues(label),
-		retries:      m.DialRetries.WithLabelValues(label),
-		dialFailures: m.DialFailures.WithLabelValues(label),
-		acceptErrors: m.AcceptErrors.WithLabelValues(label),
-		bytesIn:      m.BytesTotal.WithLabelValues(label, "in"),
-		bytesOut:     m.BytesTotal.WithLabelValues(label, "out"),
+		lifetime: cfg.lifetimes.port(name),
+		active:   &m.active, failed: &m.failed, retries: &m.dialRetries, dialFailures: &m.dialFailures,
+		acceptErrors: &m.acceptErrors, bytesIn: &m.bytesIn, bytesOut: &m.bytesOut,
 	}
 	if cfg.loops != nil {
 		fd, err := takeListener(ln)

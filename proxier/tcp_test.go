@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 )
@@ -91,7 +90,7 @@ func TestTCPRetriesPastDeadEndpoint(t *testing.T) {
 			t.Fatalf("connection %d: got %q, %v; want %s through a retry", i, name, err, backends[0].name)
 		}
 	}
-	if n := testutil.ToFloat64(p.metrics.DialFailures.WithLabelValues("default/web:p")); n < 1 {
+	if n := p.metrics.ports.lookup("default/web:p").dialFailures.value(); n < 1 {
 		t.Fatalf("dial failures counted %v, want >= 1", n)
 	}
 }
@@ -211,7 +210,7 @@ func TestTCPRetriesPastUnansweredEndpoint(t *testing.T) {
 	if slowest < 150*time.Millisecond || slowest > 900*time.Millisecond {
 		t.Fatalf("slowest connection took %v; want the 200 ms attempt's deadline, then the retry", slowest)
 	}
-	if n := testutil.ToFloat64(p.metrics.DialFailures.WithLabelValues("default/web:p")); n < 1 {
+	if n := p.metrics.ports.lookup("default/web:p").dialFailures.value(); n < 1 {
 		t.Fatalf("dial failures counted %v, want >= 1", n)
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
@@ -59,10 +58,10 @@ type udpProxySocket struct {
 	serviceRaw syscall.RawConn
 	drainFn    func(fd uintptr)
 
-	sessionsGauge                   prometheus.Gauge
-	dialFailures, bytesIn, bytesOut prometheus.Counter
-	droppedNoBackend                prometheus.Counter
-	evicted, refused                prometheus.Counter
+	sessionsGauge                   *gauge
+	dialFailures, bytesIn, bytesOut *counter
+	droppedNoBackend                *counter
+	evicted, refused                *counter
 
 	// mu guards sessions and every system call on a backend descriptor, so
 	// that none is used after close. Per socket, never global.
@@ -95,20 +94,20 @@ func newUDPProxySocket(name loadbalancer.ServicePortName, conn *net.UDPConn, sp 
 		return nil, fmt.Errorf("ask for datagram destinations: %w", err)
 	}
 	label := name.String()
-	m := cfg.metrics
+	m := cfg.metrics.ports.forPort(label, true)
 	s := &udpProxySocket{
 		name: name, label: label, conn: conn, sp: sp, cfg: cfg, faults: fp,
 		replyFromDestination: withDst,
 		sessions:             newUDPSessionTable(),
 		poller:               poller,
 		closer:               newCloser(),
-		sessionsGauge:        m.UDPSessions.WithLabelValues(label),
-		dialFailures:         m.DialFailures.WithLabelValues(label),
-		bytesIn:              m.BytesTotal.WithLabelValues(label, "in"),
-		bytesOut:             m.BytesTotal.WithLabelValues(label, "out"),
-		droppedNoBackend:     m.ConnectionsFailed.WithLabelValues(label),
-		evicted:              m.UDPSessionLimit.WithLabelValues(label, "evicted"),
-		refused:              m.UDPSessionLimit.WithLabelValues(label, "dropped"),
+		sessionsGauge:        &m.udpSessions,
+		dialFailures:         &m.dialFailures,
+		bytesIn:              &m.bytesIn,
+		bytesOut:             &m.bytesOut,
+		droppedNoBackend:     &m.failed,
+		evicted:              &m.udpEvicted,
+		refused:              &m.udpDropped,
 	}
 	if withDst {
 		s.oobLen = pktinfoSpace

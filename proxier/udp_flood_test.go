@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -184,10 +183,14 @@ func TestUDPSessionCaps(t *testing.T) {
 		addrs[name] = netip.MustParseAddrPort(proxyAddr(t, p, "default/"+name+":p"))
 	}
 	limit := func(port, action string) int {
-		return int(testutil.ToFloat64(p.metrics.UDPSessionLimit.WithLabelValues("default/"+port+":p", action)))
+		m := p.metrics.ports.lookup("default/" + port + ":p")
+		if action == "evicted" {
+			return int(m.udpEvicted.value())
+		}
+		return int(m.udpDropped.value())
 	}
 	live := func(port string) int {
-		return int(testutil.ToFloat64(p.metrics.UDPSessions.WithLabelValues("default/" + port + ":p")))
+		return int(p.metrics.ports.lookup("default/" + port + ":p").udpSessions.value())
 	}
 
 	a := newUDPClients(t, addrs["a"])

@@ -1,0 +1,109 @@
+package proxier
+
+import (
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	v1 "k8s.io/api/core/v1"
+)
+
+// portSeriesNames are the per-service-port data-path families.
+var portSeriesNames = []string{
+	"kubeproxy_userspace_active_connections",
+	"kubeproxy_userspace_connections_failed_total",
+	"kubeproxy_userspace_dial_failures_total",
+	"kubeproxy_userspace_dial_retries_total",
+	"kubeproxy_userspace_accept_errors_total",
+	"kubeproxy_userspace_bytes_total",
+	"kubeproxy_userspace_udp_sessions",
+	"kubeproxy_userspace_udp_session_limit_total",
+}
+
+// A service port's series exist, at zero, from the moment its socket
+// opens (a TCP port has no UDP series, a UDP port no TCP-only ones), count
+// what its traffic does, and go when the Service goes: what dashboards and
+// the e2e suites read off /metrics.
+func TestPortSeriesExposition(t *testing.T) {
+	backend := serveTCP(t, "127.0.0.1", func(c net.Conn) {
+		io.Copy(c, c)
+		c.Close()
+	})
+	p := newTestProxier(t, Options{})
+	p.OnServiceAdd(makeService("web"))
+	p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, backend.Addr().String()))
+	p.OnServiceAdd(makeService("dns", withProtocol(v1.ProtocolUDP), withClusterIP("10.96.0.53")))
+	p.Sync()
+
+	c, err := net.DialTimeout("tcp", proxyAddr(t, p, "default/web:p"), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 5)
+	if _, err := io.ReadFull(c, buf); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	u, err := net.Dial("udp", proxyAddr(t, p, "default/dns:p")) // no endpoints: dropped
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Write([]byte("q"))
+	u.Close()
+
+	want := `
+# HELP kubeproxy_userspace_accept_errors_total Errors from accept(), such as EMFILE, each followed by a back-off
+# TYPE kubeproxy_userspace_accept_errors_total counter
+kubeproxy_userspace_accept_errors_total{service_port="default/web:p"} 0
+# HELP kubeproxy_userspace_active_connections TCP connections being proxied
+# TYPE kubeproxy_userspace_active_connections gauge
+kubeproxy_userspace_active_connections{service_port="default/web:p"} 0
+# HELP kubeproxy_userspace_bytes_total Bytes proxied; direction in = client to endpoint, out = endpoint to client
+# TYPE kubeproxy_userspace_bytes_total counter
+kubeproxy_userspace_bytes_total{direction="in",service_port="default/dns:p"} 0
+kubeproxy_userspace_bytes_total{direction="in",service_port="default/web:p"} 5
+kubeproxy_userspace_bytes_total{direction="out",service_port="default/dns:p"} 0
+kubeproxy_userspace_bytes_total{direction="out",service_port="default/web:p"} 5
+# HELP kubeproxy_userspace_connections_failed_total Client connections (TCP) or datagrams (UDP) that found no reachable endpoint
+# TYPE kubeproxy_userspace_connections_failed_total counter
+kubeproxy_userspace_connections_failed_total{service_port="default/dns:p"} 1
+kubeproxy_userspace_connections_failed_total{service_port="default/web:p"} 0
+# HELP kubeproxy_userspace_dial_failures_total Failed attempts to connect to an endpoint
+# TYPE kubeproxy_userspace_dial_failures_total counter
+kubeproxy_userspace_dial_failures_total{service_port="default/dns:p"} 0
+kubeproxy_userspace_dial_failures_total{service_port="default/web:p"} 0
+# HELP kubeproxy_userspace_dial_retries_total Dial attempts made on another endpoint after a failure
+# TYPE kubeproxy_userspace_dial_retries_total counter
+kubeproxy_userspace_dial_retries_total{service_port="default/web:p"} 0
+# HELP kubeproxy_userspace_udp_session_limit_total UDP sessions at a session cap: action evicted = the port's oldest idle session closed to make room, dropped = a new client's datagram dropped (total cap reached, the port had no session to give up)
+# TYPE kubeproxy_userspace_udp_session_limit_total counter
+kubeproxy_userspace_udp_session_limit_total{action="dropped",service_port="default/dns:p"} 0
+kubeproxy_userspace_udp_session_limit_total{action="evicted",service_port="default/dns:p"} 0
+# HELP kubeproxy_userspace_udp_sessions UDP client sessions with a backend socket
+# TYPE kubeproxy_userspace_udp_sessions gauge
+kubeproxy_userspace_udp_sessions{service_port="default/dns:p"} 0
+`
+	// The relay counts a connection's bytes when it ends; the dropped
+	// datagram is counted when the socket reads it.
+	var last error
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if last = testutil.GatherAndCompare(p.metrics.Registry, strings.NewReader(want), portSeriesNames...); last == nil {
+			break
+		}
+	}
+	if last != nil {
+		t.Fatal(last)
+	}
+
+	p.OnServiceDelete(makeService("web"))
+	p.Sync()
+	if n, err := testutil.GatherAndCount(p.metrics.Registry, portSeriesNames...); err != nil || n != 7 {
+		t.Errorf("after the TCP Service went: %d per-port series (err %v), want the UDP port's 7", n, err)
+	}
+}
