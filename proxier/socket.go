@@ -21,7 +21,8 @@ import (
 type proxySocket interface {
 	// Port is the local port the socket listens on.
 	Port() int
-	// Serve runs the accept or read loop until Close.
+	// Serve runs the accept or read loop until Close. A TCP socket on
+	// the event loops has none (the loops accept): Serve returns at once.
 	Serve()
 	// Close stops accepting; connections already proxied finish on their own.
 	Close() error

@@ -60,12 +60,13 @@ func quietKlog() {
 // newBenchProxier builds a proxier whose IPv4 portals go to a fake
 // iptables runner and whose sockets listen on loopback. Its sockets are
 // closed when the benchmark ends.
-func newBenchProxier(b *testing.B) *proxier.Proxier {
+func newBenchProxier(b *testing.B, dataPath string) *proxier.Proxier {
 	b.Helper()
 	quietKlog()
 	cfg := iptables.Config{Family: iptables.IPv4, BindAddress: benchLoopback}
 	p := proxier.New(proxier.Options{
 		BindAddress: benchLoopback,
+		DataPath:    dataPath,
 		IPv4Portals: iptables.New(iptables.NewFakeRunner(iptables.IPv4), cfg),
 	})
 	b.Cleanup(func() { stopBenchProxier(p) })
@@ -141,7 +142,7 @@ func loadBenchCluster(p *proxier.Proxier, n int) {
 // syncedBenchProxier is a proxier with the whole cluster synced once.
 func syncedBenchProxier(b *testing.B) *proxier.Proxier {
 	b.Helper()
-	p := newBenchProxier(b)
+	p := newBenchProxier(b, proxier.DataPathGoroutines)
 	loadBenchCluster(p, benchServices)
 	p.Sync()
 	if _, ok := p.ProxyPort(benchNamespace + "/svc-0:http"); !ok {

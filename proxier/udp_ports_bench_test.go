@@ -6,6 +6,8 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
 )
 
 // benchIdlePorts is how many service ports BenchmarkIdleServicePorts opens.
@@ -19,18 +21,28 @@ const benchIdlePorts = 1000
 // goroutine stacks (stack-B/port). The balancer and Service bookkeeping
 // are included in both protocols, so udp minus tcp is the UDP socket's own
 // cost. The timed op is empty; the metrics are the result.
+// "TCP" relays with goroutines, "TCP-eventloop" on the event loops (the
+// command's default), where the loops accept.
 func BenchmarkIdleServicePorts(b *testing.B) {
-	for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {
-		b.Run(string(proto), func(b *testing.B) { benchIdlePortsOf(b, proto) })
+	for _, bc := range []struct {
+		name     string
+		proto    v1.Protocol
+		dataPath string
+	}{
+		{"TCP", v1.ProtocolTCP, proxier.DataPathGoroutines},
+		{"TCP-eventloop", v1.ProtocolTCP, proxier.DataPathEventLoop},
+		{"UDP", v1.ProtocolUDP, proxier.DataPathGoroutines},
+	} {
+		b.Run(bc.name, func(b *testing.B) { benchIdlePortsOf(b, bc.proto, bc.dataPath) })
 	}
 }
 
-func benchIdlePortsOf(b *testing.B, proto v1.Protocol) {
+func benchIdlePortsOf(b *testing.B, proto v1.Protocol, dataPath string) {
 	quietKlog()
 	runtime.GC()
 	runtime.GC()
 	before := readMemStats()
-	p := newBenchProxier(b)
+	p := newBenchProxier(b, dataPath)
 	for i := range benchIdlePorts {
 		svc := benchService(i)
 		svc.Spec.Ports[0].Protocol = proto
