@@ -274,7 +274,8 @@ func BenchmarkServiceChange10k(b *testing.B) {
 }
 
 // BenchmarkKernelSync10k is a sync through the real iptables-nft and
-// conntrack of a namespace of its own (root) at 10,000 service ports:
+// conntrack of a namespace of its own (root) at 10,000 service ports, on
+// the event loops (the command's default data path):
 //   - "first": the first sync on a node without our rules: sockets opened,
 //     rules written, the stale conntrack entries of every new socket
 //     cleared. Each clearing walks the whole conntrack table; one walk per
@@ -295,6 +296,7 @@ func BenchmarkKernelSync10k(b *testing.B) {
 	newProxier := func() *proxier.Proxier {
 		p := proxier.New(proxier.Options{
 			BindAddress: benchLoopback,
+			DataPath:    proxier.DataPathEventLoop, // the command's default
 			IPv4Portals: iptables.New(runner, iptables.Config{Family: iptables.IPv4, BindAddress: benchLoopback}),
 			Conntrack:   proxier.NetlinkConntrack{},
 		})
