@@ -72,8 +72,8 @@ func (s *tcpProxySocket) Close() error {
 func (s *tcpProxySocket) Serve() {
 	backoff := time.Duration(0)
 	if s.loopLn != nil {
-		// The event loops accept: no goroutine waits here, which held 1-2
-		// KiB of stack per idle service port.
+		// The event loops accept. A goroutine waiting here for Close held
+		// 3.6-3.8 KiB of stack per idle service port.
 		return
 	}
 	for {
