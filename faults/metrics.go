@@ -1,13 +1,21 @@
 package faults
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // Metrics count what faults did, in Envoy's spirit (faults injected per
 // kind, faulted connections live).
 type Metrics struct {
 	Injected *prometheus.CounterVec
-	Faulted  *prometheus.GaugeVec
-	Skipped  *prometheus.CounterVec
+	// ports holds every port's faulted_connections and
+	// faults_skipped_max_active_total: two atomics per port, printed at
+	// scrape time. As vector children they were created for every service
+	// port (about 1 KiB each) whether or not it ever saw a toxic.
+	ports *portSeries
 }
 
 // NewMetrics registers on reg (nil: unregistered, for tests).
@@ -17,23 +25,99 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: "kubeproxy", Subsystem: "userspace", Name: "faults_injected_total",
 			Help: "Toxics applied: per connection (TCP) or per datagram (UDP)",
 		}, []string{"service_port", "toxic", "type", "stream"}),
-		Faulted: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: "kubeproxy", Subsystem: "userspace", Name: "faulted_connections",
-			Help: "Live TCP connections with at least one toxic applied",
-		}, []string{"service_port"}),
-		Skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "kubeproxy", Subsystem: "userspace", Name: "faults_skipped_max_active_total",
-			Help: "Connections left unfaulted because --fault-max-active faulted connections were live",
-		}, []string{"service_port"}),
+		ports: newPortSeries(),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Injected, m.Faulted, m.Skipped)
+		reg.MustRegister(m.Injected, m.ports)
 	}
 	return m
 }
 
 func (m *Metrics) forget(label string) {
 	m.Injected.DeletePartialMatch(prometheus.Labels{"service_port": label})
-	m.Faulted.DeleteLabelValues(label)
-	m.Skipped.DeleteLabelValues(label)
+	m.ports.forget(label)
+}
+
+// portCounters are one port's series.
+type portCounters struct {
+	faulted liveGauge
+	skipped eventCounter
+}
+
+type liveGauge struct{ n atomic.Int64 }
+
+func (g *liveGauge) Inc() { g.n.Add(1) }
+func (g *liveGauge) Dec() { g.n.Add(-1) }
+
+type eventCounter struct{ n atomic.Uint64 }
+
+func (c *eventCounter) Inc() { c.n.Add(1) }
+
+// portSeries is the collector of every port's counters, keyed by the
+// service_port label: a label's series exist from its first use until
+// forget, as vector children would.
+type portSeries struct {
+	mu      sync.RWMutex
+	ports   map[string]*portCounters
+	faulted *prometheus.Desc
+	skipped *prometheus.Desc
+}
+
+func newPortSeries() *portSeries {
+	return &portSeries{
+		ports: map[string]*portCounters{},
+		faulted: prometheus.NewDesc("kubeproxy_userspace_faulted_connections",
+			"Live TCP connections with at least one toxic applied", []string{"service_port"}, nil),
+		skipped: prometheus.NewDesc("kubeproxy_userspace_faults_skipped_max_active_total",
+			"Connections left unfaulted because --fault-max-active faulted connections were live", []string{"service_port"}, nil),
+	}
+}
+
+// forLabel returns the counters of label, created at zero on first use.
+func (s *portSeries) forLabel(label string) *portCounters {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.ports[label]
+	if c == nil {
+		c = &portCounters{}
+		s.ports[label] = c
+	}
+	return c
+}
+
+func (s *portSeries) forget(label string) {
+	s.mu.Lock()
+	delete(s.ports, label)
+	s.mu.Unlock()
+}
+
+// lookup returns the counters of label, nil when it has none (tests).
+func (s *portSeries) lookup(label string) *portCounters {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.ports[label]
+}
+
+func (s *portSeries) Describe(ch chan<- *prometheus.Desc) {
+	ch <- s.faulted
+	ch <- s.skipped
+}
+
+// Collect copies the port list under the lock and prints outside it, so a
+// slow scrape never holds up a sync that adds a port.
+func (s *portSeries) Collect(ch chan<- prometheus.Metric) {
+	type port struct {
+		label string
+		c     *portCounters
+	}
+	s.mu.RLock()
+	ports := make([]port, 0, len(s.ports))
+	for label, c := range s.ports {
+		ports = append(ports, port{label, c})
+	}
+	s.mu.RUnlock()
+	for _, p := range ports {
+		ch <- prometheus.MustNewConstMetric(s.faulted, prometheus.GaugeValue, float64(p.c.faulted.n.Load()), p.label)
+		ch <- prometheus.MustNewConstMetric(s.skipped, prometheus.CounterValue, float64(p.c.skipped.n.Load()), p.label)
+	}
 }

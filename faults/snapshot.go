@@ -44,15 +44,16 @@ type snapshot struct {
 	// datagram is the UDP plan, nil when no toxic acts on datagrams.
 	datagram *datagramPlan
 	// Per-port series, resolved once per snapshot.
-	faultedLive prometheus.Gauge
-	skipped     prometheus.Counter
+	faultedLive *liveGauge
+	skipped     *eventCounter
 }
 
 // publishLocked builds and stores a new snapshot; p.mu is held.
 func (p *Port) publishLocked() *snapshot {
 	m := p.table.metrics
 	label := p.metricLabel()
-	s := &snapshot{enabled: p.enabled, faultedLive: m.Faulted.WithLabelValues(label), skipped: m.Skipped.WithLabelValues(label)}
+	c := m.ports.forLabel(label)
+	s := &snapshot{enabled: p.enabled, faultedLive: &c.faulted, skipped: &c.skipped}
 	add := func(tx Toxic, origin string) {
 		seed := p.table.seed
 		if tx.Seed != nil {

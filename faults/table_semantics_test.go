@@ -287,10 +287,10 @@ func TestTableMaxActive(t *testing.T) {
 	if c := p.Accept(client1); c != nil {
 		t.Fatal("a third faulted connection with --fault-max-active 2")
 	}
-	if got := testutil.ToFloat64(m.Skipped.WithLabelValues(p.Name())); got != 1 {
+	if got := float64(m.ports.lookup(p.Name()).skipped.n.Load()); got != 1 {
 		t.Fatalf("skipped = %v, want 1", got)
 	}
-	if got := testutil.ToFloat64(m.Faulted.WithLabelValues(p.Name())); got != 2 {
+	if got := float64(m.ports.lookup(p.Name()).faulted.n.Load()); got != 2 {
 		t.Fatalf("faulted live = %v, want 2", got)
 	}
 	a.Done()
@@ -300,7 +300,7 @@ func TestTableMaxActive(t *testing.T) {
 		c.Done()
 	}
 	b.Done()
-	if got := testutil.ToFloat64(m.Faulted.WithLabelValues(p.Name())); got != 0 {
+	if got := float64(m.ports.lookup(p.Name()).faulted.n.Load()); got != 0 {
 		t.Fatalf("faulted live = %v after every connection ended, want 0", got)
 	}
 

@@ -1,0 +1,56 @@
+package faults
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// A port's faulted_connections and faults_skipped_max_active_total exist at
+// zero from its creation, follow its label (the proxier's name replaces the
+// API's), count what its connections do and go with the port: what
+// dashboards and the e2e suites read off /metrics.
+func TestPortSeriesExposition(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	tbl := NewTable(0, 1, NewMetrics(reg))
+	names := []string{"kubeproxy_userspace_faulted_connections", "kubeproxy_userspace_faults_skipped_max_active_total"}
+	expect := func(t *testing.T, want string) {
+		t.Helper()
+		if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const head = `
+# HELP kubeproxy_userspace_faulted_connections Live TCP connections with at least one toxic applied
+# TYPE kubeproxy_userspace_faulted_connections gauge
+`
+	const skippedHead = `# HELP kubeproxy_userspace_faults_skipped_max_active_total Connections left unfaulted because --fault-max-active faulted connections were live
+# TYPE kubeproxy_userspace_faults_skipped_max_active_total counter
+`
+	p := tbl.Port("default.web.http", "TCP")
+	idle := tbl.Port("default.dns.dns", "UDP")
+	expect(t, head+`kubeproxy_userspace_faulted_connections{service_port="default.dns.dns"} 0
+kubeproxy_userspace_faulted_connections{service_port="default.web.http"} 0
+`+skippedHead+`kubeproxy_userspace_faults_skipped_max_active_total{service_port="default.dns.dns"} 0
+kubeproxy_userspace_faults_skipped_max_active_total{service_port="default.web.http"} 0
+`)
+
+	p.SetLabel("default/web:http")
+	p.SetDeclared([]Toxic{toxic(t, `{"type":"latency","attributes":{"latency":1}}`)})
+	a := p.Accept(client1)
+	if a == nil || p.Accept(client1) != nil {
+		t.Fatal("want the first connection faulted and the second skipped (--fault-max-active 1)")
+	}
+	expect(t, head+`kubeproxy_userspace_faulted_connections{service_port="default.dns.dns"} 0
+kubeproxy_userspace_faulted_connections{service_port="default/web:http"} 1
+`+skippedHead+`kubeproxy_userspace_faults_skipped_max_active_total{service_port="default.dns.dns"} 0
+kubeproxy_userspace_faults_skipped_max_active_total{service_port="default/web:http"} 1
+`)
+	a.Done()
+	tbl.RemovePort(idle.Name())
+	expect(t, head+`kubeproxy_userspace_faulted_connections{service_port="default/web:http"} 0
+`+skippedHead+`kubeproxy_userspace_faults_skipped_max_active_total{service_port="default/web:http"} 1
+`)
+}
