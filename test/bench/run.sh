@@ -26,7 +26,11 @@
 # Environment: BENCH_DURATION (s per run, 8), BENCH_REPS (3), BENCH_IDLE_CONNS
 # (10000), BENCH_PROFILE (1: perf profile of the proxy if perf works),
 # BENCH_OUT (test/bench/results.md), BENCH_KUP_BIN (a prebuilt proxy binary to
-# measure instead of building this tree's), BENCH_FIGURES (the figures to measure, of
+# measure instead of building this tree's), BENCH_KUP_BASE_BIN (another build,
+# e.g. of the commit before a change: measured as configuration "kupbase", on
+# the event loop, alternated with the others in the same run, for a
+# before/after that shares its runs' noise; add kupbase to BENCH_CONFIGS),
+# BENCH_FIGURES (the figures to measure, of
 # "newconn keepalive tcp1 tcp4 udp idle"; all by default; e.g. "udp" for a quick
 # UDP comparison). Only addresses inside the namespaces this
 # script creates are ever sent traffic.
@@ -185,6 +189,15 @@ else
 fi
 "$GO" build -o "$WORK/benchtool" ./test/bench/benchtool
 BT=$WORK/benchtool
+case " ${CONFIGS[*]} " in
+*" kupbase "*)
+	if [ -z "${BENCH_KUP_BASE_BIN:-}" ]; then
+		echo "run.sh: configuration kupbase needs BENCH_KUP_BASE_BIN (the build to compare with)" >&2
+		exit 1
+	fi
+	cp "$BENCH_KUP_BASE_BIN" "$WORK/kube-userspace-proxy-base"
+	;;
+esac
 
 # --- topology ----------------------------------------------------------------
 log "namespaces $NSC $NSN $NSB"
@@ -413,20 +426,22 @@ endpoints:
 - {addresses: [10.79.1.11], conditions: {ready: true}}
 EOF
 # kup and kupel are the same process on the same addresses, started with
-# --data-path=goroutines or =eventloop: use_kup restarts it when the next
-# measurement needs the other data path.
+# --data-path=goroutines or =eventloop (kupbase: BENCH_KUP_BASE_BIN's build on
+# the event loop): use_kup restarts it when the next measurement needs
+# another one.
 KUP_PID=
 KUP_CFG=
 start_kup() { # [CFG]
-	local path=goroutines
+	local path=goroutines bin=$WORK/kube-userspace-proxy
 	KUP_CFG=${1:-kup}
 	[ "$KUP_CFG" = kupel ] && path=eventloop
-	start "$NSN" kup env ${KUP_ENV[@]+"${KUP_ENV[@]}"} "$WORK/kube-userspace-proxy" --manifests "$WORK/manifests" --bind-address 0.0.0.0 \
+	[ "$KUP_CFG" = kupbase ] && path=eventloop bin=$WORK/kube-userspace-proxy-base
+	start "$NSN" kup env ${KUP_ENV[@]+"${KUP_ENV[@]}"} "$bin" --manifests "$WORK/manifests" --bind-address 0.0.0.0 \
 		--healthz-bind-address 127.0.0.1:10256 --metrics-bind-address 127.0.0.1:10249 --data-path "$path"
 	KUP_PID=$LASTPID
 }
 use_kup() { # CFG: no-op for other configurations
-	case $1 in kup | kupel) ;; *) return 0 ;; esac
+	case $1 in kup | kupel | kupbase) ;; *) return 0 ;; esac
 	[ "$KUP_CFG" = "$1" ] && return 0
 	stop_pid "$KUP_PID"
 	start_kup "$1"
@@ -435,9 +450,9 @@ use_kup() { # CFG: no-op for other configurations
 }
 
 # --- targets per configuration -----------------------------------------------
-http_target() { case $1 in direct) echo 10.79.1.11:80 ;; dnat) echo 10.96.0.10:80 ;; haproxy) echo 10.96.0.30:80 ;; nginx) echo 10.96.0.40:80 ;; kup | kupel) echo 10.96.0.20:80 ;; esac; }
-iperf_host() { case $1 in direct) echo 10.79.1.11 ;; dnat) echo 10.96.0.10 ;; haproxy) echo 10.96.0.30 ;; nginx) echo 10.96.0.40 ;; kup | kupel) echo 10.96.0.21 ;; esac; }
-udp_target() { case $1 in direct) echo 10.79.1.11:5353 ;; dnat) echo 10.96.0.10:5353 ;; nginx) echo 10.96.0.40:5353 ;; kup | kupel) echo 10.96.0.20:5353 ;; *) echo "" ;; esac; }
+http_target() { case $1 in direct) echo 10.79.1.11:80 ;; dnat) echo 10.96.0.10:80 ;; haproxy) echo 10.96.0.30:80 ;; nginx) echo 10.96.0.40:80 ;; kup | kupel | kupbase) echo 10.96.0.20:80 ;; esac; }
+iperf_host() { case $1 in direct) echo 10.79.1.11 ;; dnat) echo 10.96.0.10 ;; haproxy) echo 10.96.0.30 ;; nginx) echo 10.96.0.40 ;; kup | kupel | kupbase) echo 10.96.0.21 ;; esac; }
+udp_target() { case $1 in direct) echo 10.79.1.11:5353 ;; dnat) echo 10.96.0.10:5353 ;; nginx) echo 10.96.0.40:5353 ;; kup | kupel | kupbase) echo 10.96.0.20:5353 ;; *) echo "" ;; esac; }
 # proc_pids CFG: the processes that carry CFG's connections, whose CPU, RSS
 # and descriptors are summed: HAProxy's and the proxy's one process, nginx's
 # workers (not the master, which carries none).
@@ -445,7 +460,7 @@ proc_pids() {
 	case $1 in
 	haproxy) echo "$HAPROXY_PID" ;;
 	nginx) nginx_workers | tr '\n' ' ' ;;
-	kup | kupel) echo "$KUP_PID" ;;
+	kup | kupel | kupbase) echo "$KUP_PID" ;;
 	*) echo "" ;;
 	esac
 }
@@ -591,7 +606,7 @@ measure_idle() {
 	case $cfg in
 	haproxy) stop_pid "$HAPROXY_PID"; start_haproxy ;;
 	nginx) stop_nginx; start_nginx ;;
-	kup | kupel) stop_pid "$KUP_PID"; start_kup "$cfg" ;;
+	kup | kupel | kupbase) stop_pid "$KUP_PID"; start_kup "$cfg" ;;
 	*)
 		record rss_idle_kib "$cfg" "$rep" NA
 		record fds_idle "$cfg" "$rep" NA
@@ -793,7 +808,7 @@ if { [ "$PROFILE" = 1 ] || [ "$PROFILE" = costs ]; } && command -v perf >/dev/nu
 			case $load in new-connection) fig=newconn ;; keep-alive) fig=keepalive ;; UDP) fig=udp ;; esac
 			case " $FIGURES " in *" $fig "*) ;; *) continue ;; esac
 			for cfg in "${CONFIGS[@]}"; do
-				case $cfg in haproxy | nginx | kup | kupel) use_kup "$cfg"; cost_row "$cfg" "$load" ;; esac
+				case $cfg in haproxy | nginx | kup | kupel | kupbase) use_kup "$cfg"; cost_row "$cfg" "$load" ;; esac
 			done
 		done
 	} >"$WORK/costs.md"

@@ -20,6 +20,7 @@ var configs = []struct{ key, title string }{
 	{"nginx", "nginx stream"},
 	{"kup", "kube-userspace-proxy, goroutines"},
 	{"kupel", "kube-userspace-proxy, event loop (default)"},
+	{"kupbase", "kube-userspace-proxy before (BENCH_KUP_BASE_BIN), event loop"},
 }
 
 // figure is one row of the table.
@@ -163,6 +164,9 @@ var ratios = []struct{ num, den, title string }{
 	{"kupel", "dnat", "event loop ÷ DNAT"},
 	{"kupel", "haproxy", "event loop ÷ HAProxy"},
 	{"kupel", "nginx", "event loop ÷ nginx"},
+	{"kupel", "kupbase", "event loop ÷ before"},
+	{"kupbase", "dnat", "before ÷ DNAT"},
+	{"kupbase", "nginx", "before ÷ nginx"},
 	{"haproxy", "dnat", "HAProxy ÷ DNAT"},
 	{"nginx", "dnat", "nginx ÷ DNAT"},
 }
