@@ -51,12 +51,17 @@ type udpProxySocket struct {
 	replyFromDestination bool
 	oobLen               int
 	// serviceFD is the service socket's descriptor as the poller reports
-	// it; drainFn is drain as a func value, built once (a method value made
+	// it, serviceFamily its address family; drainFn and sendRepliesFn are
+	// drain and sendReplies as func values, built once (a method value made
 	// per wake-up would be an allocation each), run through serviceRaw's
-	// Control so Close cannot release the descriptor while it reads.
-	serviceFD  int
-	serviceRaw syscall.RawConn
-	drainFn    func(fd uintptr)
+	// Control so Close cannot release the descriptor while they use it.
+	serviceFD     int
+	serviceFamily int
+	serviceRaw    syscall.RawConn
+	drainFn       func(fd uintptr)
+	sendRepliesFn func(fd uintptr)
+	// batch is the serving goroutine's for one wake-up (nil between them).
+	batch *udpBatch
 
 	sessionsGauge                   *gauge
 	dialFailures, bytesIn, bytesOut *counter
@@ -113,6 +118,7 @@ func newUDPProxySocket(name loadbalancer.ServicePortName, conn *net.UDPConn, sp 
 		s.oobLen = pktinfoSpace
 	}
 	s.drainFn = s.drain
+	s.sendRepliesFn = s.sendReplies
 	cfg.conns.addUDPSocket(s)
 	return s, nil
 }
@@ -148,7 +154,8 @@ func (s *udpProxySocket) Serve() {
 		s.mu.Lock() // add is serialised with close
 		defer s.mu.Unlock()
 		s.serviceFD = int(fd)
-		if !s.shut {
+		s.serviceFamily, addErr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_DOMAIN)
+		if addErr == nil && !s.shut {
 			addErr = s.poller.add(int(fd))
 		}
 	})
@@ -165,26 +172,35 @@ func (s *udpProxySocket) Serve() {
 const serviceBatch = 256
 
 // drain relays up to serviceBatch datagrams queued on the service socket
-// fd, in a buffer taken from udpReadBufs for the drain.
+// fd, read udpBatchLen at a time into the wake-up's batch (whose slots hold
+// no reply: sendReplies ran first).
 func (s *udpProxySocket) drain(fd uintptr) {
-	rb := getUDPReadBuf()
-	defer putUDPReadBuf(rb)
-	for range serviceBatch {
+	b := s.batch
+	for relayed := 0; relayed < serviceBatch; {
 		select {
 		case <-s.closed:
 			return
 		default:
 		}
-		n, oobn, from, err := rb.recvmsg(int(fd), s.oobLen)
+		n, err := b.recv(int(fd), 0, udpBatchLen, true, s.oobLen)
 		switch err {
 		case nil:
-			s.forward(from, rb.data[:n], rb.oob[:oobn])
 		case unix.EAGAIN:
 			return
 		case unix.EINTR:
+			continue
 		default:
 			klog.V(2).InfoS("UDP read failed", "servicePort", s.label, "err", err)
+			relayed++
+			continue
 		}
+		for i := range n {
+			s.forward(b.source(i), b.datagram(i), b.controlMessages(i))
+		}
+		if n < udpBatchLen {
+			return // the queue is empty: no read just to be told so
+		}
+		relayed += n
 	}
 }
 
@@ -360,25 +376,74 @@ func (s *udpProxySocket) relayLoop() {
 }
 
 // relayReady relays from the first n sockets of the poller's events, in a
-// buffer taken from udpReadBufs for this wake-up only.
+// batch taken from udpBatches for this wake-up only: the replies of every
+// ready backend socket leave in one sendmmsg per udpBatchLen.
 func (s *udpProxySocket) relayReady(n int) {
 	if n == 0 {
 		return
 	}
-	var rb *udpReadBuf
+	b := getUDPBatch()
+	s.batch = b
 	for _, ev := range s.poller.events[:n] {
 		if int(ev.Fd) == s.serviceFD {
+			s.flushReplies() // the drain reads into every slot
 			_ = s.serviceRaw.Control(s.drainFn)
 			continue
 		}
-		if rb == nil {
-			rb = getUDPReadBuf()
+		s.relayFrom(int(ev.Fd), b)
+		if b.queued == udpBatchLen {
+			s.flushReplies()
 		}
-		s.relayFrom(int(ev.Fd), rb.data[:])
 	}
-	if rb != nil {
-		putUDPReadBuf(rb)
+	s.flushReplies()
+	s.batch = nil
+	putUDPBatch(b)
+}
+
+// flushReplies sends the replies queued in the wake-up's batch.
+func (s *udpProxySocket) flushReplies() {
+	if s.batch.queued == 0 {
+		return
 	}
+	if err := s.serviceRaw.Control(s.sendRepliesFn); err != nil {
+		s.batch.dropReplies() // closed: the replies go nowhere
+	}
+}
+
+// sendReplies sends the batch's queued replies through the service socket
+// fd with sendmmsg. A reply the kernel refuses is dropped, as a single
+// write's error drops it; when the socket's send buffer is full
+// (EAGAIN), the rest go one by one through the net package, which waits
+// for room as the per-reply writes always did.
+func (s *udpProxySocket) sendReplies(fd uintptr) {
+	b := s.batch
+	var sent int64
+	for i := 0; i < b.queued; {
+		n, err := rawio.Sendmmsg(int(fd), b.msgs[i:b.queued])
+		for _, m := range b.msgs[i : i+n] {
+			sent += int64(m.Len)
+		}
+		i += n
+		switch err {
+		case nil:
+			continue
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			for ; i < b.queued; i++ {
+				if m, _, err := s.conn.WriteMsgUDPAddrPort(b.datagram(i), b.replyControl[i], b.to[i]); err == nil {
+					sent += int64(m)
+				} else {
+					klog.V(3).InfoS("UDP write to client failed", "servicePort", s.label, "client", b.to[i], "err", err)
+				}
+			}
+		default:
+			klog.V(3).InfoS("UDP write to client failed", "servicePort", s.label, "client", b.to[i], "err", err)
+			i++
+		}
+	}
+	b.dropReplies()
+	s.bytesOut.Add(float64(sent))
 }
 
 // deadlinePassed relays the replies already waiting, then expires idle
@@ -390,44 +455,55 @@ func (s *udpProxySocket) deadlinePassed() {
 	s.expireIdle()
 }
 
-// relayFrom relays up to repliesPerWake datagrams waiting on one backend
-// socket to its client.
-func (s *udpProxySocket) relayFrom(fd int, buf []byte) {
-	for range repliesPerWake {
-		s.mu.Lock()
-		sess := s.sessions.getFD(fd)
-		if sess == nil {
-			s.mu.Unlock()
-			return
-		}
-		n, err := rawio.Read(fd, buf)
-		if err != nil {
-			if err != unix.EAGAIN && err != unix.EINTR {
-				// Refused (ICMP port unreachable) or broken: end the
-				// session; the client's next datagram picks again.
-				s.closeSessionLocked(sess)
-			}
-			s.mu.Unlock()
-			return
-		}
-		if !sess.removed {
-			s.sessions.touch(sess, monoNow())
-		}
-		sess.bytesOut += int64(n)
-		client, control := sess.client, sess.replyControl
-		plan := s.datagramFaults()
-		var send func([]byte)
-		if plan != nil {
-			send = s.downSenderLocked(sess)
+// relayFrom reads up to repliesPerWake datagrams waiting on one backend
+// socket (as many as the batch has room for) with one recvmmsg and queues
+// them for the client; faulted replies go through their plan at once.
+func (s *udpProxySocket) relayFrom(fd int, b *udpBatch) {
+	s.mu.Lock()
+	sess := s.sessions.getFD(fd)
+	if sess == nil {
+		s.mu.Unlock()
+		return
+	}
+	first := b.queued
+	n, err := b.recv(fd, first, min(repliesPerWake, udpBatchLen-first), false, 0)
+	if err != nil {
+		if err != unix.EAGAIN && err != unix.EINTR {
+			// Refused (ICMP port unreachable) or broken: end the
+			// session; the client's next datagram picks again.
+			s.closeSessionLocked(sess)
 		}
 		s.mu.Unlock()
-		if plan != nil {
-			plan.Send(faults.StreamDown, client.Addr(), buf[:n], send)
-		} else if _, _, err := s.conn.WriteMsgUDPAddrPort(buf[:n], control, client); err != nil {
-			klog.V(3).InfoS("UDP write to client failed", "servicePort", s.label, "client", client, "err", err)
-			continue
+		return
+	}
+	if !sess.removed {
+		s.sessions.touch(sess, monoNow())
+	}
+	client, control := sess.client, sess.replyControl
+	plan := s.datagramFaults()
+	var send func([]byte)
+	if plan != nil {
+		send = s.downSenderLocked(sess)
+	}
+	for i := first; i < first+n; i++ {
+		sess.bytesOut += int64(b.msgs[i].Len)
+	}
+	s.mu.Unlock()
+	for i := first; i < first+n; i++ {
+		switch {
+		case plan != nil:
+			plan.Send(faults.StreamDown, client.Addr(), b.datagram(i), send)
+			s.bytesOut.Add(float64(b.msgs[i].Len))
+		case b.queueReply(client, control, s.serviceFamily):
+			// Slot i was the queue's next: the replies of one call share
+			// a client, so all of them are queued or none.
+		default:
+			if m, _, err := s.conn.WriteMsgUDPAddrPort(b.datagram(i), control, client); err != nil {
+				klog.V(3).InfoS("UDP write to client failed", "servicePort", s.label, "client", client, "err", err)
+			} else {
+				s.bytesOut.Add(float64(m))
+			}
 		}
-		s.bytesOut.Add(float64(n))
 	}
 }
 

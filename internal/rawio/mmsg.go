@@ -1,0 +1,50 @@
+package rawio
+
+import (
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Mmsghdr is struct mmsghdr: one message of a recvmmsg(2) or sendmmsg(2)
+// batch and, after the call, the bytes it carried. x/sys has neither the
+// type nor the calls; x/net's ipv4.PacketConn ReadBatch/WriteBatch have
+// both but allocate a net.Addr per datagram read and marshal every address
+// on each write.
+type Mmsghdr struct {
+	Hdr unix.Msghdr
+	Len uint32
+}
+
+// Recvmmsg reads up to len(msgs) datagrams from the non-blocking socket fd
+// into the buffers the headers point at, and returns how many it read.
+// Fewer than len(msgs) means the socket's queue was empty when it
+// returned; none queued is EAGAIN.
+func Recvmmsg(fd int, msgs []Mmsghdr) (int, error) {
+	if len(msgs) == 0 {
+		return 0, nil
+	}
+	r, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, uintptr(fd), uintptr(unsafe.Pointer(&msgs[0])),
+		uintptr(len(msgs)), 0, 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(r), nil
+}
+
+// Sendmmsg sends the datagrams msgs describe on the non-blocking socket fd
+// and returns how many the kernel took. An error on the first message is
+// returned as such; an error on a later one ends the batch early (the
+// count says where) and is lost, so a caller that wants it sends the rest
+// again.
+func Sendmmsg(fd int, msgs []Mmsghdr) (int, error) {
+	if len(msgs) == 0 {
+		return 0, nil
+	}
+	r, _, e := unix.RawSyscall6(unix.SYS_SENDMMSG, uintptr(fd), uintptr(unsafe.Pointer(&msgs[0])),
+		uintptr(len(msgs)), 0, 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(r), nil
+}
