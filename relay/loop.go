@@ -75,6 +75,7 @@ func NewGroup(n int, o LoopOptions) (*Group, error) {
 			g.Close()
 			return nil, err
 		}
+		l.index = len(g.loops)
 		g.loops = append(g.loops, l)
 		go l.run()
 	}
@@ -125,10 +126,13 @@ type Loop struct {
 	ready  []*LoopConn // connections with work left after their turn
 	timers timerHeap
 	tagSeq uint32
-	// listeners by slot (nil: free); paused counts those out of the
-	// epoll set for a while.
-	listeners []*loopListener
-	paused    int
+	// listeners by slot (nil: free, and then in freeListeners); paused
+	// counts those out of the epoll set for a while.
+	listeners     []*loopListener
+	freeListeners []int32
+	paused        int
+	// index is the loop's place in its Group (a Listener's regs).
+	index int
 
 	// liveAfter is when a connection's backend socket gets the liveness
 	// options (Liveness.settle; 0: none to set).

@@ -49,6 +49,11 @@ type Listener struct {
 	// inherited: the listening socket has TCP_NODELAY, which every socket
 	// it accepts inherits (else each accepted one is given it).
 	inherited bool
+	// regs holds each loop's registration, by the loop's index; only that
+	// loop reads or writes its element. So unlisten finds its slot at
+	// once: a scan of the loop's listeners made closing every port of a
+	// big node quadratic (10,000 ports: 0.66 s).
+	regs []*loopListener
 
 	closeOnce sync.Once
 }
@@ -63,7 +68,7 @@ const acceptBatch = 32
 // Listen serves the listening socket fd (non-blocking; the Group owns it
 // from now on: Close closes it).
 func (g *Group) Listen(fd int, acc Acceptor) *Listener {
-	ln := &Listener{g: g, fd: fd, acc: acc}
+	ln := &Listener{g: g, fd: fd, acc: acc, regs: make([]*loopListener, len(g.loops))}
 	ln.inherited = rawio.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1) == nil
 	for _, l := range g.loops {
 		l.post(loopCmd{op: cmdListen, ln: ln})
@@ -76,11 +81,16 @@ func (g *Group) Listen(fd int, acc Acceptor) *Listener {
 func (ln *Listener) Close() error {
 	var err error
 	ln.closeOnce.Do(func() {
-		for _, l := range ln.g.loops {
-			done := make(chan struct{})
-			l.post(loopCmd{op: cmdUnlisten, ln: ln, done: done})
+		// Every loop is asked first, then waited for: they unlisten side
+		// by side.
+		done := make([]chan struct{}, len(ln.g.loops))
+		for i, l := range ln.g.loops {
+			done[i] = make(chan struct{})
+			l.post(loopCmd{op: cmdUnlisten, ln: ln, done: done[i]})
+		}
+		for i, l := range ln.g.loops {
 			select {
-			case <-done:
+			case <-done[i]:
 			case <-l.done: // the loop stopped: it holds nothing
 			}
 		}
@@ -91,7 +101,8 @@ func (ln *Listener) Close() error {
 
 // loopListener is one loop's registration of a Listener.
 type loopListener struct {
-	ln *Listener
+	ln   *Listener
+	slot int32 // in the loop's listeners
 	// paused: the socket left this loop's epoll set until resume (a
 	// temporary accept error), backoff is the current pause.
 	paused  bool
@@ -100,18 +111,17 @@ type loopListener struct {
 }
 
 func (l *Loop) listen(ln *Listener) {
-	ll := &loopListener{ln: ln}
-	slot := int32(len(l.listeners))
-	for i, x := range l.listeners {
-		if x == nil {
-			slot = int32(i)
-			break
-		}
-	}
-	if int(slot) == len(l.listeners) {
+	var slot int32
+	if n := len(l.freeListeners); n > 0 {
+		slot = l.freeListeners[n-1]
+		l.freeListeners = l.freeListeners[:n-1]
+	} else {
+		slot = int32(len(l.listeners))
 		l.listeners = append(l.listeners, nil)
 	}
+	ll := &loopListener{ln: ln, slot: slot}
 	l.listeners[slot] = ll
+	ln.regs[l.index] = ll
 	if err := l.watchListener(ll, slot); err != nil {
 		ln.acc.AcceptFailed(err)
 	}
@@ -123,16 +133,18 @@ func (l *Loop) watchListener(ll *loopListener, slot int32) error {
 }
 
 func (l *Loop) unlisten(ln *Listener) {
-	for i, ll := range l.listeners {
-		if ll != nil && ll.ln == ln {
-			if ll.paused {
-				l.paused--
-			} else {
-				_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, ln.fd, nil)
-			}
-			l.listeners[i] = nil
-		}
+	ll := ln.regs[l.index]
+	if ll == nil {
+		return
 	}
+	ln.regs[l.index] = nil
+	if ll.paused {
+		l.paused--
+	} else {
+		_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, ln.fd, nil)
+	}
+	l.listeners[ll.slot] = nil
+	l.freeListeners = append(l.freeListeners, ll.slot)
 }
 
 // accept takes the clients queued on a listener.
