@@ -18,31 +18,25 @@ type Mmsghdr struct {
 
 // Recvmmsg reads up to len(msgs) datagrams from the non-blocking socket fd
 // into the buffers the headers point at, and returns how many it read.
-// Fewer than len(msgs) means the socket's queue was empty when it
-// returned; none queued is EAGAIN.
-func Recvmmsg(fd int, msgs []Mmsghdr) (int, error) {
-	if len(msgs) == 0 {
-		return 0, nil
-	}
-	r, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, uintptr(fd), uintptr(unsafe.Pointer(&msgs[0])),
-		uintptr(len(msgs)), 0, 0, 0)
-	if e != 0 {
-		return 0, e
-	}
-	return int(r), nil
-}
+// Fewer than len(msgs): the socket's queue was empty when it returned, or
+// an error (an ICMP report on a connected socket) ended the batch and the
+// next call returns it; none queued is EAGAIN.
+func Recvmmsg(fd int, msgs []Mmsghdr) (int, error) { return mmsg(unix.SYS_RECVMMSG, fd, msgs) }
 
 // Sendmmsg sends the datagrams msgs describe on the non-blocking socket fd
 // and returns how many the kernel took. An error on the first message is
 // returned as such; an error on a later one ends the batch early (the
 // count says where) and is lost, so a caller that wants it sends the rest
 // again.
-func Sendmmsg(fd int, msgs []Mmsghdr) (int, error) {
+func Sendmmsg(fd int, msgs []Mmsghdr) (int, error) { return mmsg(unix.SYS_SENDMMSG, fd, msgs) }
+
+// mmsg is recvmmsg(2) or sendmmsg(2) (trap) of msgs on fd, without flags
+// or timeout.
+func mmsg(trap uintptr, fd int, msgs []Mmsghdr) (int, error) {
 	if len(msgs) == 0 {
 		return 0, nil
 	}
-	r, _, e := unix.RawSyscall6(unix.SYS_SENDMMSG, uintptr(fd), uintptr(unsafe.Pointer(&msgs[0])),
-		uintptr(len(msgs)), 0, 0, 0)
+	r, _, e := unix.RawSyscall6(trap, uintptr(fd), uintptr(unsafe.Pointer(&msgs[0])), uintptr(len(msgs)), 0, 0, 0)
 	if e != 0 {
 		return 0, e
 	}
