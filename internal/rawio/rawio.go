@@ -1,6 +1,6 @@
 // Package rawio owns the data path's system calls on non-blocking
-// descriptors: read, write, recvmsg, splice and shutdown, issued without
-// telling the Go scheduler.
+// descriptors: read, write, recvmmsg and sendmmsg, splice and shutdown,
+// issued without telling the Go scheduler.
 //
 // unix.Read and friends go through Syscall, which marks the goroutine's P
 // as in a system call. A call that outlasts sysmon's 20 µs tick — a write,
@@ -51,15 +51,6 @@ func Splice(rfd, wfd, n int) (int64, error) {
 		return 0, e
 	}
 	return int64(m), nil
-}
-
-// Recvmsg is recvmsg(2) on a caller-built header (no allocation).
-func Recvmsg(fd int, hdr *unix.Msghdr) (int, error) {
-	n, _, e := unix.RawSyscall(unix.SYS_RECVMSG, uintptr(fd), uintptr(unsafe.Pointer(hdr)), 0)
-	if e != 0 {
-		return 0, e
-	}
-	return int(n), nil
 }
 
 // ShutdownWrite is shutdown(2) with SHUT_WR: the peer reads a FIN.

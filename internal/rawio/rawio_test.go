@@ -96,29 +96,6 @@ func TestShutdownWriteSendsEOF(t *testing.T) {
 	}
 }
 
-func TestRecvmsg(t *testing.T) {
-	a, b := socketPair(t, unix.SOCK_DGRAM)
-	var hdr unix.Msghdr
-	data := make([]byte, 64)
-	iov := unix.Iovec{Base: &data[0]}
-	iov.SetLen(len(data))
-	hdr.Iov, hdr.Iovlen = &iov, 1
-	if _, err := Recvmsg(b, &hdr); !errors.Is(err, unix.EAGAIN) {
-		t.Fatalf("recvmsg with nothing queued: %v, want EAGAIN", err)
-	}
-	for _, msg := range []string{"one", "datagram"} {
-		if _, err := unix.Write(a, []byte(msg)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, want := range []string{"one", "datagram"} {
-		n, err := Recvmsg(b, &hdr)
-		if err != nil || string(data[:n]) != want {
-			t.Fatalf("recvmsg: %q, %v; want %q (datagram boundaries kept)", data[:n], err, want)
-		}
-	}
-}
-
 // tcpPair returns a connected loopback TCP pair as raw non-blocking
 // descriptors: the accepted end first.
 func tcpPair(t *testing.T, inq bool) (accepted, dialled int) {
