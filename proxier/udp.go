@@ -62,6 +62,12 @@ type udpProxySocket struct {
 	sendRepliesFn func(fd uintptr)
 	// batch is the serving goroutine's for one wake-up (nil between them).
 	batch *udpBatch
+	// noGSO: the kernel refused a GSO send on this socket (no UDP_SEGMENT,
+	// no checksum offload on the route, a path MTU below a segment): its
+	// replies go one datagram per message from then on. gsoSends counts
+	// the GSO buffers sent. Both are the serving goroutine's.
+	noGSO    bool
+	gsoSends int
 
 	sessionsGauge                   *gauge
 	dialFailures, bytesIn, bytesOut *counter
@@ -391,7 +397,7 @@ func (s *udpProxySocket) relayReady(n int) {
 			continue
 		}
 		s.relayFrom(int(ev.Fd), b)
-		if b.queued == udpBatchLen {
+		if b.used == udpBatchLen {
 			s.flushReplies()
 		}
 	}
@@ -412,38 +418,68 @@ func (s *udpProxySocket) flushReplies() {
 
 // sendReplies sends the batch's queued replies through the service socket
 // fd with sendmmsg. A reply the kernel refuses is dropped, as a single
-// write's error drops it; when the socket's send buffer is full
-// (EAGAIN), the rest go one by one through the net package, which waits
-// for room as the per-reply writes always did.
+// write's error drops it; a GSO buffer it refuses is sent again one
+// datagram at a time, and GSO is off for the socket from then on. When the
+// socket's send buffer is full (EAGAIN), the rest go one by one through
+// the net package, which waits for room as the per-reply writes always
+// did.
 func (s *udpProxySocket) sendReplies(fd uintptr) {
 	b := s.batch
 	var sent int64
-	for i := 0; i < b.queued; {
-		n, err := rawio.Sendmmsg(int(fd), b.msgs[i:b.queued])
-		for _, m := range b.msgs[i : i+n] {
-			sent += int64(m.Len)
-		}
-		i += n
-		switch err {
-		case nil:
-			continue
-		case unix.EINTR:
-			continue
-		case unix.EAGAIN:
-			for ; i < b.queued; i++ {
-				if m, _, err := s.conn.WriteMsgUDPAddrPort(b.datagram(i), b.replyControl[i], b.to[i]); err == nil {
-					sent += int64(m)
-				} else {
-					klog.V(3).InfoS("UDP write to client failed", "servicePort", s.label, "client", b.to[i], "err", err)
-				}
+	for k := 0; k < b.queued; {
+		n, err := rawio.Sendmmsg(int(fd), b.msgs[k:b.queued])
+		for i := k; i < k+n; i++ {
+			sent += int64(b.msgs[i].Len)
+			if b.count[i] > 1 {
+				s.gsoSends++
 			}
+		}
+		k += n
+		switch {
+		case err == nil || err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			for ; k < b.queued; k++ {
+				sent += s.writeEach(b, k)
+			}
+		case b.count[k] > 1 && gsoRefused(err):
+			if !s.noGSO {
+				klog.V(2).InfoS("UDP GSO refused: replies leave one datagram per message", "servicePort", s.label, "err", err)
+			}
+			s.noGSO = true
+			sent += s.writeEach(b, k)
+			k++
 		default:
-			klog.V(3).InfoS("UDP write to client failed", "servicePort", s.label, "client", b.to[i], "err", err)
-			i++
+			klog.V(3).InfoS("UDP write to client failed", "servicePort", s.label, "client", b.to[k], "err", err)
+			k++
 		}
 	}
 	b.dropReplies()
 	s.bytesOut.Add(float64(sent))
+}
+
+// writeEach writes the datagrams of queued message k one by one through
+// the net package (waiting for room) and returns the bytes written.
+func (s *udpProxySocket) writeEach(b *udpBatch, k int) int64 {
+	var sent int64
+	for i := b.first[k]; i < b.first[k]+b.count[k]; i++ {
+		if m, _, err := s.conn.WriteMsgUDPAddrPort(b.datagram(i), b.replyControl[k], b.to[k]); err == nil {
+			sent += int64(m)
+		} else {
+			klog.V(3).InfoS("UDP write to client failed", "servicePort", s.label, "client", b.to[k], "err", err)
+		}
+	}
+	return sent
+}
+
+// gsoRefused tells the errors of a GSO send the kernel cannot make on
+// this socket or route from those of the datagrams themselves.
+func gsoRefused(err error) bool {
+	switch err {
+	case unix.EIO, unix.EINVAL, unix.EMSGSIZE, unix.ENOPROTOOPT, unix.EOPNOTSUPP:
+		return true
+	}
+	return false
 }
 
 // deadlinePassed relays the replies already waiting, then expires idle
@@ -465,7 +501,7 @@ func (s *udpProxySocket) relayFrom(fd int, b *udpBatch) {
 		s.mu.Unlock()
 		return
 	}
-	first := b.queued
+	first := b.used
 	n, err := b.recv(fd, first, min(repliesPerWake, udpBatchLen-first), false, 0)
 	if err != nil {
 		if err != unix.EAGAIN && err != unix.EINTR {
@@ -486,23 +522,20 @@ func (s *udpProxySocket) relayFrom(fd int, b *udpBatch) {
 		send = s.downSenderLocked(sess)
 	}
 	for i := first; i < first+n; i++ {
-		sess.bytesOut += int64(b.msgs[i].Len)
+		sess.bytesOut += int64(b.size[i])
 	}
 	s.mu.Unlock()
+	if plan == nil && b.queueReplies(n, client, control, s.serviceFamily, !s.noGSO) {
+		return
+	}
 	for i := first; i < first+n; i++ {
-		switch {
-		case plan != nil:
+		if plan != nil {
 			plan.Send(faults.StreamDown, client.Addr(), b.datagram(i), send)
-			s.bytesOut.Add(float64(b.msgs[i].Len))
-		case b.queueReply(client, control, s.serviceFamily):
-			// Slot i was the queue's next: the replies of one call share
-			// a client, so all of them are queued or none.
-		default:
-			if m, _, err := s.conn.WriteMsgUDPAddrPort(b.datagram(i), control, client); err != nil {
-				klog.V(3).InfoS("UDP write to client failed", "servicePort", s.label, "client", client, "err", err)
-			} else {
-				s.bytesOut.Add(float64(m))
-			}
+			s.bytesOut.Add(float64(b.size[i]))
+		} else if m, _, err := s.conn.WriteMsgUDPAddrPort(b.datagram(i), control, client); err != nil {
+			klog.V(3).InfoS("UDP write to client failed", "servicePort", s.label, "client", client, "err", err)
+		} else {
+			s.bytesOut.Add(float64(m))
 		}
 	}
 }

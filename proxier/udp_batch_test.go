@@ -8,6 +8,11 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 )
 
 // Many clients with several datagrams each in flight at once: their
@@ -73,5 +78,183 @@ func TestUDPBatchesDeliverEveryClientItsOwnReplies(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Runs of replies of one size become one GSO buffer each; a shorter reply
+// ends a run, a longer one or an empty one starts a new message.
+func TestUDPRepliesGroupIntoGSORuns(t *testing.T) {
+	client := netip.MustParseAddrPort("10.0.0.1:53")
+	for _, tc := range []struct {
+		name  string
+		sizes []int
+		gso   bool
+		want  [][2]int // per message: datagrams, segment size
+	}{
+		{"one", []int{64}, true, [][2]int{{1, 64}}},
+		{"equal", []int{64, 64, 64}, true, [][2]int{{3, 64}}},
+		{"shorter last", []int{64, 64, 10}, true, [][2]int{{3, 64}}},
+		{"shorter ends a run", []int{64, 10, 64, 64}, true, [][2]int{{2, 64}, {2, 64}}},
+		{"longer starts a run", []int{64, 100, 100}, true, [][2]int{{1, 64}, {2, 100}}},
+		{"empty alone", []int{64, 0, 0, 64}, true, [][2]int{{1, 64}, {1, 0}, {1, 0}, {1, 64}}},
+		{"above a segment's bound", []int{gsoMaxSegment + 1, gsoMaxSegment + 1}, true, [][2]int{{1, gsoMaxSegment + 1}, {1, gsoMaxSegment + 1}}},
+		{"at a segment's bound", []int{gsoMaxSegment, gsoMaxSegment}, true, [][2]int{{2, gsoMaxSegment}}},
+		{"GSO off", []int{64, 64}, false, [][2]int{{1, 64}, {1, 64}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newUDPBatch()
+			for i, n := range tc.sizes {
+				b.size[i] = n
+			}
+			if !b.queueReplies(len(tc.sizes), client, nil, unix.AF_INET, tc.gso) {
+				t.Fatal("an IPv4 client of an IPv4 socket was not queued")
+			}
+			var got [][2]int
+			for k := range b.queued {
+				got = append(got, [2]int{b.count[k], b.size[b.first[k]]})
+				total := 0
+				for i := b.first[k]; i < b.first[k]+b.count[k]; i++ {
+					total += b.size[i]
+				}
+				iovs := unsafe.Slice(b.msgs[k].Hdr.Iov, b.msgs[k].Hdr.Iovlen)
+				sum := 0
+				for _, v := range iovs {
+					sum += int(v.Len)
+				}
+				if sum != total {
+					t.Errorf("message %d: its iovecs hold %d bytes, its datagrams %d", k, sum, total)
+				}
+				if hasSegment := b.msgs[k].Hdr.Controllen > 0; hasSegment != (b.count[k] > 1) {
+					t.Errorf("message %d of %d datagrams: control message %v", k, b.count[k], hasSegment)
+				}
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Fatalf("messages (datagrams, size) %v, want %v", got, tc.want)
+			}
+			if b.used != len(tc.sizes) {
+				t.Fatalf("%d slots used, want %d", b.used, len(tc.sizes))
+			}
+		})
+	}
+}
+
+// burstEcho answers every group of n datagrams it receives with their
+// echoes, sent together with one sendmmsg, so that the proxy finds several
+// replies of one size queued on its backend socket.
+func burstEcho(t *testing.T, n int) netip.AddrPort {
+	t.Helper()
+	pc, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		bufs := make([][]byte, n)
+		for i := range bufs {
+			bufs[i] = make([]byte, 2048)
+		}
+		msgs := make([]rawio.Mmsghdr, n)
+		iovs := make([]unix.Iovec, n)
+		var name unix.RawSockaddrInet6
+		for {
+			var from netip.AddrPort
+			for i := range n {
+				m, f, err := pc.ReadFromUDPAddrPort(bufs[i])
+				if err != nil {
+					return
+				}
+				from = f
+				iovs[i].Base = &bufs[i][0]
+				iovs[i].SetLen(m)
+			}
+			namelen, _ := sockaddrOf(&name, from, unix.AF_INET)
+			for i := range msgs {
+				msgs[i].Hdr = unix.Msghdr{Name: (*byte)(unsafe.Pointer(&name)), Namelen: namelen, Iov: &iovs[i], Iovlen: 1}
+			}
+			raw, _ := pc.SyscallConn()
+			_ = raw.Write(func(fd uintptr) bool {
+				_, _ = rawio.Sendmmsg(int(fd), msgs)
+				return true
+			})
+		}
+	}()
+	return pc.LocalAddr().(*net.UDPAddr).AddrPort()
+}
+
+// roundsOfEqualReplies sends rounds of n equal-size datagrams (the last
+// one shorter) through sock and checks every reply comes back whole.
+func roundsOfEqualReplies(t *testing.T, sock *udpProxySocket, n, rounds int) {
+	t.Helper()
+	c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: sock.Port()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	buf := make([]byte, 2048)
+	for r := range rounds {
+		want := map[string]bool{}
+		for i := range n {
+			msg := fmt.Sprintf("round %03d datagram %03d %s", r, i, strings.Repeat("y", 200))
+			if i == n-1 {
+				msg = msg[:50]
+			}
+			want[msg] = true
+			if _, err := c.Write([]byte(msg)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		for range n {
+			m, err := c.Read(buf)
+			if err != nil {
+				t.Fatalf("round %d: %d of %d replies, then %v", r, n-len(want), n, err)
+			}
+			if !want[string(buf[:m])] {
+				t.Fatalf("round %d: reply %q was not sent, or came twice", r, buf[:m])
+			}
+			delete(want, string(buf[:m]))
+		}
+	}
+}
+
+// Replies of one size queued together leave as GSO buffers, and each
+// arrives as the datagram it was.
+func TestUDPRepliesLeaveAsGSOBuffers(t *testing.T) {
+	const n, rounds = 8, 30
+	sock, served := servedUDPPort(t, "udp4", netip.MustParseAddrPort("127.0.0.1:0"), burstEcho(t, n))
+	roundsOfEqualReplies(t, sock, n, rounds)
+	sock.Close()
+	<-served
+	if sock.noGSO {
+		t.Fatal("GSO was refused on loopback")
+	}
+	if sock.gsoSends == 0 {
+		t.Fatalf("no GSO buffer in %d rounds of %d replies queued together", rounds, n)
+	}
+	t.Logf("%d GSO buffers for %d replies", sock.gsoSends, n*rounds)
+}
+
+// Where the kernel refuses GSO (here: a socket without UDP checksums,
+// which GSO needs), the refused buffer's datagrams are sent one by one,
+// and the socket sends no GSO buffer again.
+func TestUDPRefusedGSOFallsBackToDatagrams(t *testing.T) {
+	const n, rounds = 8, 10
+	sock, served := servedUDPPort(t, "udp4", netip.MustParseAddrPort("127.0.0.1:0"), burstEcho(t, n))
+	raw, err := sock.conn.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var optErr error
+	if err := raw.Control(func(fd uintptr) { optErr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_NO_CHECK, 1) }); err != nil || optErr != nil {
+		t.Fatal(err, optErr)
+	}
+	roundsOfEqualReplies(t, sock, n, rounds)
+	sock.Close()
+	<-served
+	if !sock.noGSO {
+		t.Fatal("GSO is still on after the kernel refused it (or it was never tried)")
+	}
+	if sock.gsoSends != 0 {
+		t.Fatalf("%d GSO buffers counted as sent on a socket that refuses them", sock.gsoSends)
 	}
 }

@@ -44,12 +44,29 @@ type udpBatch struct {
 	iov  [udpBatchLen]unix.Iovec
 	msgs [udpBatchLen]rawio.Mmsghdr
 
-	// Slots [0, queued) hold replies waiting for the service socket's
-	// sendmmsg, each addressed to to[i] with replyControl[i].
-	queued       int
+	// size is each slot's datagram length (msgs[i].Len is a message's,
+	// once messages are built).
+	size [udpBatchLen]int
+
+	// Replies waiting for the service socket's sendmmsg: slots [0, used)
+	// hold them, in queued messages. Message k is msgs[k], addressed to
+	// to[k] from replyControl[k]; it carries slots [first[k],
+	// first[k]+count[k]): one datagram, or several of one size to one
+	// client sent as one UDP GSO buffer (a UDP_SEGMENT control message
+	// after the reply's own in oob[k]).
+	queued, used int
 	to           [udpBatchLen]netip.AddrPort
 	replyControl [udpBatchLen][]byte
+	first, count [udpBatchLen]int
 }
+
+// A GSO buffer's segments must each fit the path MTU (else EINVAL) and the
+// whole an IP packet: runs of replies are grouped only up to these sizes
+// (1232 bytes fit an IPv6 path of the minimum MTU, 1280).
+const (
+	gsoMaxSegment = 1232
+	gsoMaxBuffer  = 60000
+)
 
 // udpBatches is shared by every UDP socket: per-P caches, so taking and
 // returning one takes no lock in the common case. Batches left unused for
@@ -83,7 +100,7 @@ func putUDPBatch(b *udpBatch) {
 // message alive.
 func (b *udpBatch) dropReplies() {
 	clear(b.replyControl[:b.queued])
-	b.queued = 0
+	b.queued, b.used = 0, 0
 }
 
 // recv reads up to count datagrams queued on the non-blocking socket fd
@@ -96,6 +113,8 @@ func (b *udpBatch) recv(fd, first, count int, named bool, oobLen int) (int, erro
 	for i := first; i < first+count; i++ {
 		h := &b.msgs[i].Hdr
 		b.iov[i].SetLen(maxDatagram)
+		h.Iov = &b.iov[i] // a queued GSO message pointed it at a run of slots
+		h.SetIovlen(1)
 		h.Name, h.Namelen = nil, 0
 		if named {
 			h.Name, h.Namelen = (*byte)(unsafe.Pointer(&b.name[i])), unix.SizeofSockaddrInet6
@@ -108,11 +127,15 @@ func (b *udpBatch) recv(fd, first, count int, named bool, oobLen int) (int, erro
 		}
 		h.Flags = 0
 	}
-	return rawio.Recvmmsg(fd, b.msgs[first:first+count])
+	n, err := rawio.Recvmmsg(fd, b.msgs[first:first+count])
+	for i := first; i < first+n; i++ {
+		b.size[i] = int(b.msgs[i].Len)
+	}
+	return n, err
 }
 
 // datagram is what slot i holds.
-func (b *udpBatch) datagram(i int) []byte { return b.data[i][:b.msgs[i].Len] }
+func (b *udpBatch) datagram(i int) []byte { return b.data[i][:b.size[i]] }
 
 // controlMessages are the control messages read with slot i's datagram.
 func (b *udpBatch) controlMessages(i int) []byte { return b.oob[i][:b.msgs[i].Hdr.Controllen] }
@@ -139,46 +162,94 @@ func (b *udpBatch) source(i int) netip.AddrPort {
 	return netip.AddrPort{}
 }
 
-// queueReply addresses the datagram in slot b.queued to client, sent from
-// a socket of family with the control message control, and makes it part
-// of the next sendmmsg. It reports false, queuing nothing, when client
-// cannot be written as such a socket's address (an IPv6 client of an
-// IPv4 socket, a zone that is not an interface index).
-func (b *udpBatch) queueReply(client netip.AddrPort, control []byte, family int) bool {
-	i := b.queued
-	h := &b.msgs[i].Hdr
-	sa := &b.name[i]
+// queueReplies queues the replies in slots [b.used, b.used+n), all to
+// client, for the next sendmmsg through a socket of family, sent from the
+// control message control: as one message each, or, with gso, runs of
+// replies of one size (the last may be shorter) as one GSO buffer each.
+// It reports false, queuing nothing, when client cannot be written as such
+// a socket's address (an IPv6 client of an IPv4 socket, a zone that is not
+// an interface index).
+func (b *udpBatch) queueReplies(n int, client netip.AddrPort, control []byte, family int, gso bool) bool {
+	var name unix.RawSockaddrInet6
+	namelen, ok := sockaddrOf(&name, client, family)
+	if !ok {
+		return false
+	}
+	end := b.used + n
+	for i := b.used; i < end; {
+		seg, j, total := b.size[i], i+1, b.size[i]
+		// An empty datagram cannot be a segment: the kernel would send a
+		// run of them as one, or drop one at a run's end.
+		if gso && seg > 0 && seg <= gsoMaxSegment {
+			for j < end && b.size[j] > 0 && b.size[j] <= seg && total+b.size[j] <= gsoMaxBuffer {
+				total += b.size[j]
+				j++
+				if b.size[j-1] < seg {
+					break // a shorter one ends a run
+				}
+			}
+		}
+		k := b.queued
+		h := &b.msgs[k].Hdr
+		b.name[k] = name
+		h.Name, h.Namelen = (*byte)(unsafe.Pointer(&b.name[k])), namelen
+		for x := i; x < j; x++ {
+			b.iov[x].SetLen(b.size[x])
+		}
+		h.Iov = &b.iov[i]
+		h.SetIovlen(j - i)
+		ctl := control
+		if j-i > 1 {
+			ctl = appendSegmentSize(append(b.oob[k][:0], control...), seg)
+		}
+		h.Control = nil
+		h.SetControllen(0)
+		if len(ctl) > 0 {
+			h.Control = &ctl[0]
+			h.SetControllen(len(ctl))
+		}
+		h.Flags = 0
+		b.to[k], b.replyControl[k], b.first[k], b.count[k] = client, control, i, j-i
+		b.queued++
+		i = j
+	}
+	b.used = end
+	return true
+}
+
+// sockaddrOf writes client as a sockaddr of a socket of family into sa and
+// returns its length, or false when it cannot be one.
+func sockaddrOf(sa *unix.RawSockaddrInet6, client netip.AddrPort, family int) (uint32, bool) {
 	addr := client.Addr()
 	switch {
 	case family == unix.AF_INET && addr.Is4():
 		in := (*unix.RawSockaddrInet4)(unsafe.Pointer(sa))
 		*in = unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: addr.As4()}
 		binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&in.Port))[:], client.Port())
-		h.Namelen = unix.SizeofSockaddrInet4
+		return unix.SizeofSockaddrInet4, true
 	case family == unix.AF_INET6:
 		*sa = unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: addr.As16()} // IPv4 as ::ffff:a.b.c.d
 		if zone := addr.Zone(); zone != "" {
 			id, err := strconv.ParseUint(zone, 10, 32)
 			if err != nil {
-				return false
+				return 0, false
 			}
 			sa.Scope_id = uint32(id)
 		}
 		binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&sa.Port))[:], client.Port())
-		h.Namelen = unix.SizeofSockaddrInet6
-	default:
-		return false
+		return unix.SizeofSockaddrInet6, true
 	}
-	h.Name = (*byte)(unsafe.Pointer(sa))
-	b.iov[i].SetLen(int(b.msgs[i].Len))
-	h.Control = nil
-	h.SetControllen(0)
-	if len(control) > 0 {
-		h.Control = &control[0]
-		h.SetControllen(len(control))
-	}
-	h.Flags = 0
-	b.to[i], b.replyControl[i] = client, control
-	b.queued++
-	return true
+	return 0, false
+}
+
+// appendSegmentSize appends the UDP_SEGMENT control message that makes the
+// kernel cut a send into datagrams of size bytes.
+func appendSegmentSize(b []byte, size int) []byte {
+	off := len(b)
+	b = append(b, make([]byte, unix.CmsgSpace(2))...)
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&b[off]))
+	h.Level, h.Type = unix.SOL_UDP, unix.UDP_SEGMENT
+	h.SetLen(unix.CmsgLen(2))
+	*(*uint16)(unsafe.Pointer(&b[off+unix.CmsgLen(0)])) = uint16(size)
+	return b
 }
