@@ -68,6 +68,9 @@ type udpProxySocket struct {
 	// the GSO buffers sent. Both are the serving goroutine's.
 	noGSO    bool
 	gsoSends int
+	// The same for client datagrams to backends.
+	noGSOUp    bool
+	gsoSendsUp int
 
 	sessionsGauge                   *gauge
 	dialFailures, bytesIn, bytesOut *counter
@@ -200,14 +203,80 @@ func (s *udpProxySocket) drain(fd uintptr) {
 			relayed++
 			continue
 		}
-		for i := range n {
-			s.forward(b.source(i), b.datagram(i), b.controlMessages(i))
+		for i := 0; i < n; {
+			from, j := b.source(i), i+1
+			for j < n && !s.noGSOUp && b.source(j) == from {
+				j++
+			}
+			s.forwardRun(from, b, i, j)
+			i = j
 		}
 		if n < udpBatchLen {
 			return // the queue is empty: no read just to be told so
 		}
 		relayed += n
 	}
+}
+
+// forwardRun sends datagrams from one client, slots [i, j) of b, to its
+// backend: runs of one size as one GSO buffer each (one pass through the
+// stack, cut into the datagrams they were). Faulted datagrams, a single
+// one, and anything a GSO send did not take go through forward one by one.
+func (s *udpProxySocket) forwardRun(client netip.AddrPort, b *udpBatch, i, j int) {
+	if j-i > 1 && s.datagramFaults() == nil {
+		i = s.forwardGSO(client, b, i, j)
+	}
+	for ; i < j; i++ {
+		s.forward(client, b.datagram(i), b.controlMessages(i))
+	}
+}
+
+// forwardGSO sends the runs of one size in slots [i, j) from client as GSO
+// buffers while it can, and returns the first slot it did not send. A GSO
+// send the kernel refuses turns GSO off for this socket's backends; any
+// other error leaves the datagrams to forward, which handles it as for
+// one.
+func (s *udpProxySocket) forwardGSO(client netip.AddrPort, b *udpBatch, i, j int) int {
+	now := monoNow()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sess := s.sessions.get(client)
+	if sess == nil || sess.generation != s.sp.Generation() {
+		return i // a new session, or a re-check: forward opens or checks it
+	}
+	var sent int64
+	for i < j && !s.noGSOUp {
+		g := b.runEnd(i, j)
+		if g-i == 1 {
+			break
+		}
+		if err := b.sendRun(sess.fd, i, g); err != nil {
+			switch {
+			case errors.Is(err, unix.ECONNREFUSED):
+				// As forward: the backend's port is closed, this datagram
+				// is lost and the next one picks again.
+				s.closeSessionLocked(sess)
+				i++
+			case gsoRefused(err):
+				klog.V(2).InfoS("UDP GSO refused: datagrams go to backends one by one", "servicePort", s.label, "err", err)
+				s.noGSOUp = true
+			}
+			break
+		}
+		for x := i; x < g; x++ {
+			sent += int64(b.size[x])
+		}
+		s.gsoSendsUp++
+		i = g
+	}
+	if sent > 0 {
+		if sess.fd >= 0 {
+			s.sessions.touch(sess, now)
+		}
+		sess.bytesIn += sent
+		s.bytesIn.Add(float64(sent))
+	}
+	return i
 }
 
 // forward sends one client datagram to the client's backend.

@@ -258,3 +258,99 @@ func TestUDPRefusedGSOFallsBackToDatagrams(t *testing.T) {
 		t.Fatalf("%d GSO buffers counted as sent on a socket that refuses them", sock.gsoSends)
 	}
 }
+
+// sendBursts sends rounds of n equal-size datagrams (the last shorter)
+// through sock with one sendmmsg each, so that they queue together on the
+// service socket, and checks every echo comes back whole.
+func sendBursts(t *testing.T, sock *udpProxySocket, n, rounds int, between func()) {
+	t.Helper()
+	c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: sock.Port()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	raw, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bufs := make([][]byte, n)
+	msgs := make([]rawio.Mmsghdr, n)
+	iovs := make([]unix.Iovec, n)
+	reply := make([]byte, 2048)
+	for r := range rounds {
+		want := map[string]bool{}
+		for i := range n {
+			msg := fmt.Sprintf("round %03d datagram %03d %s", r, i, strings.Repeat("z", 300))
+			if i == n-1 {
+				msg = msg[:40]
+			}
+			want[msg] = true
+			bufs[i] = []byte(msg)
+			iovs[i].Base = &bufs[i][0]
+			iovs[i].SetLen(len(bufs[i]))
+			msgs[i].Hdr = unix.Msghdr{Iov: &iovs[i], Iovlen: 1}
+		}
+		var sendErr error
+		if err := raw.Write(func(fd uintptr) bool {
+			_, sendErr = rawio.Sendmmsg(int(fd), msgs)
+			return true
+		}); err != nil || sendErr != nil {
+			t.Fatal(err, sendErr)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		for range n {
+			m, err := c.Read(reply)
+			if err != nil {
+				t.Fatalf("round %d: %d of %d echoes, then %v", r, n-len(want), n, err)
+			}
+			if !want[string(reply[:m])] {
+				t.Fatalf("round %d: echo %q was not sent, or came twice", r, reply[:m])
+			}
+			delete(want, string(reply[:m]))
+		}
+		if between != nil {
+			between()
+		}
+	}
+}
+
+// A client's datagrams of one size read together go to its backend as GSO
+// buffers, and the backend receives each as the datagram it was.
+func TestUDPClientRunsLeaveAsGSOBuffers(t *testing.T) {
+	const n, rounds = 8, 30
+	sock, served := servedUDPPort(t, "udp4", netip.MustParseAddrPort("127.0.0.1:0"), burstEcho(t, n))
+	sendBursts(t, sock, n, rounds, nil)
+	sock.Close()
+	<-served
+	if sock.noGSOUp {
+		t.Fatal("GSO to the backend was refused on loopback")
+	}
+	if sock.gsoSendsUp == 0 {
+		t.Fatalf("no GSO buffer to the backend in %d rounds of %d datagrams sent together", rounds, n)
+	}
+	t.Logf("%d GSO buffers to the backend for %d datagrams", sock.gsoSendsUp, n*rounds)
+}
+
+// Where the kernel refuses GSO on a backend socket, the datagrams go one
+// by one, and that port sends no GSO buffer to a backend again.
+func TestUDPRefusedGSOToBackendFallsBackToDatagrams(t *testing.T) {
+	const n, rounds = 8, 10
+	sock, served := servedUDPPort(t, "udp4", netip.MustParseAddrPort("127.0.0.1:0"), burstEcho(t, n))
+	// After each round the session's backend socket loses its UDP
+	// checksums, which GSO needs.
+	noChecksums := func() {
+		sock.mu.Lock()
+		defer sock.mu.Unlock()
+		sock.sessions.each(func(sess *udpSession) {
+			if err := unix.SetsockoptInt(sess.fd, unix.SOL_SOCKET, unix.SO_NO_CHECK, 1); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	sendBursts(t, sock, n, rounds, noChecksums)
+	sock.Close()
+	<-served
+	if !sock.noGSOUp {
+		t.Fatal("GSO to the backend is still on after the kernel refused it (or it was never tried)")
+	}
+}

@@ -47,6 +47,8 @@ type udpBatch struct {
 	// size is each slot's datagram length (msgs[i].Len is a message's,
 	// once messages are built).
 	size [udpBatchLen]int
+	// segment holds the UDP_SEGMENT control message of sendRun.
+	segment [32]byte
 
 	// Replies waiting for the service socket's sendmmsg: slots [0, used)
 	// hold them, in queued messages. Message k is msgs[k], addressed to
@@ -177,17 +179,9 @@ func (b *udpBatch) queueReplies(n int, client netip.AddrPort, control []byte, fa
 	}
 	end := b.used + n
 	for i := b.used; i < end; {
-		seg, j, total := b.size[i], i+1, b.size[i]
-		// An empty datagram cannot be a segment: the kernel would send a
-		// run of them as one, or drop one at a run's end.
-		if gso && seg > 0 && seg <= gsoMaxSegment {
-			for j < end && b.size[j] > 0 && b.size[j] <= seg && total+b.size[j] <= gsoMaxBuffer {
-				total += b.size[j]
-				j++
-				if b.size[j-1] < seg {
-					break // a shorter one ends a run
-				}
-			}
+		seg, j := b.size[i], i+1
+		if gso {
+			j = b.runEnd(i, end)
 		}
 		k := b.queued
 		h := &b.msgs[k].Hdr
@@ -215,6 +209,39 @@ func (b *udpBatch) queueReplies(n int, client netip.AddrPort, control []byte, fa
 	}
 	b.used = end
 	return true
+}
+
+// runEnd returns where the GSO run that starts at slot i ends, at most at
+// end: the slots after i of its size, and one shorter one last; i+1 when
+// slot i cannot start one. An empty datagram cannot be a segment: the
+// kernel would send a run of them as one, or drop one at a run's end.
+func (b *udpBatch) runEnd(i, end int) int {
+	seg, j, total := b.size[i], i+1, b.size[i]
+	if seg == 0 || seg > gsoMaxSegment {
+		return j
+	}
+	for j < end && b.size[j] > 0 && b.size[j] <= seg && total+b.size[j] <= gsoMaxBuffer {
+		total += b.size[j]
+		j++
+		if b.size[j-1] < seg {
+			break // a shorter one ends a run
+		}
+	}
+	return j
+}
+
+// sendRun sends slots [i, j), a run runEnd found, on the connected
+// socket fd as one GSO buffer.
+func (b *udpBatch) sendRun(fd, i, j int) error {
+	for x := i; x < j; x++ {
+		b.iov[x].SetLen(b.size[x])
+	}
+	ctl := appendSegmentSize(b.segment[:0], b.size[i])
+	hdr := unix.Msghdr{Iov: &b.iov[i], Control: &ctl[0]}
+	hdr.SetIovlen(j - i)
+	hdr.SetControllen(len(ctl))
+	_, err := rawio.Sendmsg(fd, &hdr)
+	return err
 }
 
 // sockaddrOf writes client as a sockaddr of a socket of family into sa and

@@ -42,3 +42,12 @@ func mmsg(trap uintptr, fd int, msgs []Mmsghdr) (int, error) {
 	}
 	return int(r), nil
 }
+
+// Sendmsg is sendmsg(2) of a caller-built header (no allocation).
+func Sendmsg(fd int, hdr *unix.Msghdr) (int, error) {
+	r, _, e := unix.RawSyscall(unix.SYS_SENDMSG, uintptr(fd), uintptr(unsafe.Pointer(hdr)), 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(r), nil
+}

@@ -88,3 +88,21 @@ func TestSendmmsgFirstMessageError(t *testing.T) {
 		t.Fatalf("sendmmsg on a socket shut for writing: %d, %v; want EPIPE", n, err)
 	}
 }
+
+func TestSendmsg(t *testing.T) {
+	a, b := socketPair(t, unix.SOCK_DGRAM)
+	one, two := []byte("one "), []byte("datagram")
+	iov := []unix.Iovec{{Base: &one[0]}, {Base: &two[0]}}
+	iov[0].SetLen(len(one))
+	iov[1].SetLen(len(two))
+	hdr := unix.Msghdr{Iov: &iov[0]}
+	hdr.SetIovlen(2)
+	if n, err := Sendmsg(a, &hdr); n != len(one)+len(two) || err != nil {
+		t.Fatalf("sendmsg: %d, %v", n, err)
+	}
+	buf := make([]byte, 64)
+	n, err := unix.Read(b, buf)
+	if err != nil || string(buf[:n]) != "one datagram" {
+		t.Fatalf("read %q, %v; want the iovecs as one datagram", buf[:n], err)
+	}
+}
