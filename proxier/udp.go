@@ -203,13 +203,18 @@ func (s *udpProxySocket) drain(fd uintptr) {
 			relayed++
 			continue
 		}
+		// Each source is decoded once: a run ends at the first datagram
+		// from another client, which starts the next.
+		from := b.source(0)
 		for i := 0; i < n; {
-			from, j := b.source(i), i+1
-			for j < n && !s.noGSOUp && b.source(j) == from {
-				j++
+			j, next := i+1, netip.AddrPort{}
+			for ; j < n; j++ {
+				if next = b.source(j); s.noGSOUp || next != from {
+					break
+				}
 			}
 			s.forwardRun(from, b, i, j)
-			i = j
+			i, from = j, next
 		}
 		if n < udpBatchLen {
 			return // the queue is empty: no read just to be told so

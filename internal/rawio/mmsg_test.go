@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"testing"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -22,19 +21,6 @@ func batch(n, size int) ([]Mmsghdr, [][]byte) {
 		msgs[i].Hdr.SetIovlen(1)
 	}
 	return msgs, bufs
-}
-
-func TestMmsghdrLayout(t *testing.T) {
-	// struct mmsghdr { struct msghdr msg_hdr; unsigned int msg_len; },
-	// padded to the msghdr's alignment.
-	var m Mmsghdr
-	want := unsafe.Sizeof(m.Hdr) + 4
-	if a := unsafe.Alignof(m.Hdr); want%a != 0 {
-		want += a - want%a
-	}
-	if unsafe.Sizeof(m) != want || unsafe.Offsetof(m.Len) != unsafe.Sizeof(m.Hdr) {
-		t.Fatalf("Mmsghdr: size %d, Len at %d; want size %d, Len at %d", unsafe.Sizeof(m), unsafe.Offsetof(m.Len), want, unsafe.Sizeof(m.Hdr))
-	}
 }
 
 func TestRecvmmsgSendmmsg(t *testing.T) {
