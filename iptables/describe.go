@@ -30,6 +30,7 @@ func Describe(line string) string {
 	}
 	var proto, src, dst, dport, target, to string
 	notDNAT := false
+	portWord := "port"
 	for i := 1; i < len(f); i++ {
 		next := func() string {
 			if i+1 < len(f) {
@@ -47,6 +48,10 @@ func Describe(line string) string {
 			dst = next()
 		case "--dport":
 			dport = next()
+		case "--dports":
+			// A guard rule's port list (guard.go): "1,3:5" reads "1, 3-5".
+			dport = strings.ReplaceAll(strings.ReplaceAll(next(), ",", ", "), ":", "-")
+			portWord = "ports"
 		case "-j":
 			target = next()
 		case "--to-ports", "--to-destination":
@@ -97,9 +102,13 @@ func Describe(line string) string {
 		return fmt.Sprintf("%s to proxy port %s after a node port rule sent it there (filter INPUT): %s, even where the node's firewall drops by default", proto, dport, action)
 	case ChainProxyPortGuard:
 		if notDNAT {
-			return fmt.Sprintf("%s straight to proxy port %s that did not come through a rule above (filter INPUT): %s, so the proxy port is no back door", proto, dport, action)
+			noBackDoor := "the proxy port is"
+			if portWord == "ports" {
+				noBackDoor = "these proxy ports are"
+			}
+			return fmt.Sprintf("%s straight to proxy %s %s that did not come through a rule above (filter INPUT): %s, so %s no back door", proto, portWord, dport, action, noBackDoor)
 		}
-		return fmt.Sprintf("%s to proxy port %s (filter INPUT): %s", proto, dport, action)
+		return fmt.Sprintf("%s to proxy %s %s (filter INPUT): %s", proto, portWord, dport, action)
 	}
 	return fmt.Sprintf("%s rule in %s: %s", proto, chain, action)
 }

@@ -4,6 +4,7 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -66,7 +67,14 @@ func TestKernelGuard(t *testing.T) {
 		{Name: "default/web:http", Protocol: TCP, IP: netip.MustParseAddr("10.96.0.10"), Port: 80, ProxyPort: proxyPort},
 		{Name: "default/web:http", Protocol: TCP, Port: 30080, NodePort: true, ProxyPort: proxyPort},
 		{Name: "default/dns:dns", Protocol: UDP, IP: netip.MustParseAddr("10.96.0.53"), Port: 53, ProxyPort: udpProxyPort},
+		// Services whose proxy ports share a guard block (guard.go) with
+		// the two above, so their guard rules are multiport ones.
+		{Name: "default/web2:http", Protocol: TCP, IP: netip.MustParseAddr("10.96.0.11"), Port: 80, ProxyPort: proxyPort ^ 1},
+		{Name: "default/dns2:dns", Protocol: UDP, IP: netip.MustParseAddr("10.96.0.54"), Port: 53, ProxyPort: udpProxyPort ^ 1},
 	})
+	if saved := inNetns(t, ns, "iptables-save", "-t", "filter"); strings.Count(saved, "-m multiport --dports") != 2 {
+		t.Fatalf("want the guard's two rules as multiport rules:\n%s", saved)
+	}
 
 	tests := []struct {
 		name    string

@@ -77,9 +77,9 @@ func namesIn(chains []ownedChain, table Table) []string {
 // are built as text, in the argument order and quoting iptables-save uses,
 // so the read-back compares equal without parsing. Each portal is rendered
 // once and reused while it stays (see renderAll); this pass only joins the
-// portals' rules in order, dropping repeats: a rule that names a Service
+// portals' rules in order, dropping repeats (a rule that names a Service
 // can only repeat within that Service port's portals, which sort next to
-// each other, and a guard rule is known by its protocol and port.
+// each other), and renders the guard chain from every portal's proxy ports.
 func (r *Rules) desired(portals []Portal) chainRules {
 	usable := r.usable(portals)
 	rendered := r.renderAll(usable)
@@ -91,7 +91,7 @@ func (r *Rules) desired(portals []Portal) chainRules {
 		}
 		out[c] = make([]string, 0, n)
 	}
-	guardSeen := make(map[guardKey]struct{}, len(usable))
+	var guards []guardKey
 	groupStart := make([]int, len(ownedChains)) // per chain, where this Service port's rules begin
 	bucket := make([][]uint8, len(ownedChains)) // per chain and rule, its bucket (chains.go)
 	var b uint8
@@ -102,14 +102,10 @@ func (r *Rules) desired(portals []Portal) chainRules {
 			}
 			b = bucketOf(usable[i].Name)
 		}
+		guards = append(guards, pr.guards...)
 		for c, rules := range pr.chains {
-			for k, rule := range rules {
-				if c == guardChain {
-					if _, dup := guardSeen[pr.guards[k]]; dup {
-						continue
-					}
-					guardSeen[pr.guards[k]] = struct{}{}
-				} else if slices.Contains(out[c][groupStart[c]:], rule) {
+			for _, rule := range rules {
+				if slices.Contains(out[c][groupStart[c]:], rule) {
 					continue
 				}
 				out[c] = append(out[c], rule)
@@ -117,6 +113,7 @@ func (r *Rules) desired(portals []Portal) chainRules {
 			}
 		}
 	}
+	out[guardChain], bucket[guardChain] = guardRules(guards)
 	want := make(chainRules, len(ownedChains))
 	for c, oc := range ownedChains {
 		if len(out[c]) > r.bucketAbove {
@@ -160,8 +157,8 @@ func (r *Rules) splitIntoBuckets(want chainRules, chain string, rules []string, 
 }
 
 // portalRules is one portal's rendering: its rules per owned chain (indexed
-// as ownedChains), without repeats within the portal. guards holds the key
-// of each rule in the guard chain, for the cross-portal dedup.
+// as ownedChains; the guard chain's stay empty), without repeats within the
+// portal, and the proxy ports its guard rules must cover.
 type portalRules struct {
 	chains [][]string
 	guards []guardKey
@@ -268,14 +265,11 @@ func (r *Rules) renderPortal(p Portal, podSrcs, nodePortDsts []string) *portalRu
 	// not. Only NEW flows are judged: the rules outlive the proxy, and a
 	// node connection that later got a former proxy port as its source
 	// port must still receive its replies.
+	// Guard rules are rendered for all portals together (guardRules).
 	for _, port := range proxyPorts {
-		key := guardKey{p.Protocol, port}
-		if slices.Contains(pr.guards, key) {
-			continue
+		if key := (guardKey{p.Protocol, port}); !slices.Contains(pr.guards, key) {
+			pr.guards = append(pr.guards, key)
 		}
-		pr.guards = append(pr.guards, key)
-		pr.chains[guardChain] = append(pr.chains[guardChain], "-p "+proto+" -m "+proto+" --dport "+strconv.Itoa(port)+
-			" -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT -j DROP")
 	}
 	return pr
 }
