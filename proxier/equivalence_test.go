@@ -253,6 +253,36 @@ func newEquivWorld(t *testing.T, clk *clocktesting.FakeClock, bucketAbove int) *
 
 var proxyPortRE = regexp.MustCompile(`\b4\d{4}\b`)
 
+// guardedPorts returns "PROTO PORT" for each port a guard DROP rule
+// covers, or nil for any other rule.
+func guardedPorts(rule string) []string {
+	f := strings.Fields(rule)
+	if len(f) < 2 || f[0] != "-p" || f[len(f)-1] != "DROP" {
+		return nil
+	}
+	var out []string
+	for i, a := range f[:len(f)-1] {
+		if a != "--dport" && a != "--dports" {
+			continue
+		}
+		for _, part := range strings.Split(f[i+1], ",") {
+			lo, hi, isRange := strings.Cut(part, ":")
+			if !isRange {
+				hi = lo
+			}
+			from, err1 := strconv.Atoi(lo)
+			to, err2 := strconv.Atoi(hi)
+			if err1 != nil || err2 != nil {
+				return []string{f[1] + " " + part} // shown as written
+			}
+			for port := from; port <= to; port++ {
+				out = append(out, f[1]+" "+strconv.Itoa(port))
+			}
+		}
+	}
+	return out
+}
+
 // state prints everything the test compares, proxy ports replaced by the
 // service port (and socket) that owns them.
 func (w *equivWorld) state(t *testing.T) string {
@@ -285,15 +315,31 @@ func (w *equivWorld) state(t *testing.T) string {
 		b.WriteString(l + "\n")
 	}
 	for _, f := range []*iptables.FakeRunner{w.v4, w.v6} {
+		var guarded []string
 		for _, table := range []iptables.Table{iptables.TableNAT, iptables.TableFilter} {
 			chains := f.Chains(table)
 			slices.Sort(chains)
 			for _, chain := range chains {
+				if strings.HasPrefix(chain, iptables.ChainProxyPortGuard) {
+					// Guard rules group ports by number (iptables/guard.go),
+					// which differs between the two worlds, and so may their
+					// count and thus the buckets: compare the ports covered.
+					for _, r := range f.Rules(table, chain) {
+						for _, port := range guardedPorts(r) {
+							guarded = append(guarded, norm(fmt.Sprintf("%v guards %s", f.Family(), port)))
+						}
+					}
+					continue
+				}
 				b.WriteString(fmt.Sprintf("%v %s :%s\n", f.Family(), table, chain))
 				for _, r := range f.Rules(table, chain) {
 					b.WriteString(norm(fmt.Sprintf("%v %s -A %s %s", f.Family(), table, chain, r)) + "\n")
 				}
 			}
+		}
+		slices.Sort(guarded)
+		for _, l := range guarded {
+			b.WriteString(l + "\n")
 		}
 	}
 	for _, row := range p.DebugServices() {
