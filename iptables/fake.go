@@ -40,6 +40,16 @@ func isBuiltin(table Table, chain string) bool {
 	return slices.Contains(builtinChains[table], chain)
 }
 
+// checkJumpTarget refuses a rule that jumps to a chain of ours (KUBE-*)
+// that t does not hold, as iptables does: a jump can only name a chain
+// that exists, which Sync relies on.
+func checkJumpTarget(t *fakeTable, rule string) error {
+	if to := ruleTarget(rule); strings.HasPrefix(to, "KUBE-") && !slices.Contains(t.chains, to) {
+		return fmt.Errorf("fake: jump to missing chain %s", to)
+	}
+	return nil
+}
+
 // NewFakeRunner returns a FakeRunner holding empty nat and filter tables.
 func NewFakeRunner(f Family) *FakeRunner {
 	fr := &FakeRunner{family: f, tables: map[Table]*fakeTable{}}
@@ -201,6 +211,9 @@ func (f *FakeRunner) InsertRule(table Table, chain string, pos int, args ...stri
 	if err != nil {
 		return err
 	}
+	if err := checkJumpTarget(t, rule); err != nil {
+		return err
+	}
 	if pos < 1 || pos > len(t.rules[chain])+1 {
 		return fmt.Errorf("fake: index %d out of range in %s/%s", pos, table, chain)
 	}
@@ -217,6 +230,9 @@ func (f *FakeRunner) AppendRule(table Table, chain string, args ...string) error
 	}
 	t, err := f.existingChain(table, chain)
 	if err != nil {
+		return err
+	}
+	if err := checkJumpTarget(t, rule); err != nil {
 		return err
 	}
 	t.rules[chain] = append(t.rules[chain], rule)

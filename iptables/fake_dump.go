@@ -153,6 +153,11 @@ func (f *FakeRunner) restoreRule(t *fakeTable, op, chain, rule string) error {
 		return err
 	}
 	text := f.normalize(joinRule(args))
+	if op != "-D" {
+		if err := checkJumpTarget(t, text); err != nil {
+			return err
+		}
+	}
 	rules := t.rules[chain]
 	switch op {
 	case "-A":

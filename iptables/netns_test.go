@@ -126,11 +126,6 @@ func (r *nsRunner) ChainExists(table Table, chain string) (ok bool, err error) {
 	return
 }
 
-func (r *nsRunner) NewChain(table Table, chain string) (err error) {
-	r.th.do(func() { err = r.real.NewChain(table, chain) })
-	return
-}
-
 func (r *nsRunner) DeleteChain(table Table, chain string) (err error) {
 	r.th.do(func() { err = r.real.DeleteChain(table, chain) })
 	return

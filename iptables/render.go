@@ -21,14 +21,15 @@ func (r *Rules) Render(portals []Portal) []byte {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	want := r.desired(portals)
-	return restoreInput(want, renderedChains(want), nil)
+	return restoreInput(want, renderedChains(want), nil, nil)
 }
 
 // restoreInput prints the given chains of want as iptables-restore input,
 // one *table section per table that has a chain in either list; the drop
 // chains (buckets no longer wanted) are flushed and deleted after the
-// others are written, so nothing jumps to them any more.
-func restoreInput(want chainRules, chains, drop []ownedChain) []byte {
+// others are written, so nothing jumps to them any more. jumps are
+// further lines (-A or -I in a built-in chain), after the chains they name.
+func restoreInput(want chainRules, chains, drop []ownedChain, jumps []string) []byte {
 	var b bytes.Buffer
 	size := 0
 	for _, c := range chains {
@@ -54,6 +55,9 @@ func restoreInput(want chainRules, chains, drop []ownedChain) []byte {
 				b.WriteString(rule)
 				b.WriteByte('\n')
 			}
+		}
+		for _, line := range jumps {
+			b.WriteString(line + "\n")
 		}
 		for _, name := range gone {
 			b.WriteString("-X " + name + "\n")

@@ -17,8 +17,6 @@ type Runner interface {
 	Family() Family
 	// ChainExists reports whether a chain exists in table.
 	ChainExists(table Table, chain string) (bool, error)
-	// NewChain creates an empty chain; it is an error if it exists.
-	NewChain(table Table, chain string) error
 	// DeleteChain flushes and deletes a chain; it is an error if it does not
 	// exist or a rule still jumps to it.
 	DeleteChain(table Table, chain string) error
@@ -74,10 +72,6 @@ func (r *execRunner) Family() Family { return r.family }
 
 func (r *execRunner) ChainExists(table Table, chain string) (bool, error) {
 	return r.ipt.ChainExists(string(table), chain)
-}
-
-func (r *execRunner) NewChain(table Table, chain string) error {
-	return r.ipt.NewChain(string(table), chain)
 }
 
 func (r *execRunner) DeleteChain(table Table, chain string) error {

@@ -49,10 +49,11 @@ func New(r Runner, cfg Config) *Rules {
 	return &Rules{runner: r, cfg: cfg, printed: map[string]printedAs{}, written: map[string]bool{}, bucketAbove: defaultBucketAbove}
 }
 
-// Sync makes the kernel hold exactly the rules for portals. It creates our
-// chains and jump rules when missing (removing duplicate jumps), reads our
-// chains back, and only when some differ from the desired rendering
-// rewrites those chains with one iptables-restore --noflush. Called
+// Sync makes the kernel hold exactly the rules for portals. It reads our
+// chains back, fixes the jump rules (removing duplicates), and only when
+// some chains differ from the desired rendering rewrites those chains with
+// one iptables-restore --noflush per table (which also creates missing
+// chains and adds the jumps to them). Called
 // periodically, it also repairs rules someone deleted, changed or added;
 // Update is the cheap path for changes in between.
 func (r *Rules) Sync(portals []Portal) error {
@@ -77,10 +78,9 @@ func (r *Rules) syncLocked(portals []Portal) error {
 	if err != nil {
 		return err
 	}
-	if err := r.ensureChains(saved); err != nil {
-		return err
-	}
-	if err := r.ensureJumps(saved); err != nil {
+	fresh := missingChains(saved)
+	jumpLines, err := r.ensureJumps(saved, fresh)
+	if err != nil {
 		return err
 	}
 	stale, drop := r.staleChains(want, saved), unwantedBuckets(want, saved)
@@ -95,9 +95,9 @@ func (r *Rules) syncLocked(portals []Portal) error {
 	for _, table := range []Table{TableFilter, TableNAT} {
 		these, gone := chainsOf(stale, table), chainsOf(drop, table)
 		if len(these) == 0 && len(gone) == 0 {
-			continue
+			continue // a fresh chain is stale: its jumps have a restore
 		}
-		if err := r.runner.Restore(restoreInput(want, these, gone)); err != nil {
+		if err := r.runner.Restore(restoreInput(want, these, gone, jumpLines[table])); err != nil {
 			return fmt.Errorf("%v: writing chains %v: %w", r.cfg.Family, chainNames(these), err)
 		}
 	}
@@ -136,18 +136,16 @@ func (r *Rules) readBack() (map[Table]savedTable, error) {
 	return out, nil
 }
 
-// ensureChains creates our chains that are missing, so jumps can point at them.
-func (r *Rules) ensureChains(saved map[Table]savedTable) error {
+// missingChains returns the names of our chains the kernel does not hold.
+// Each is stale (staleChains), so its table's restore declares it.
+func missingChains(saved map[Table]savedTable) map[string]bool {
+	out := map[string]bool{}
 	for _, c := range ownedChains {
-		if saved[c.table].chains[c.name] {
-			continue
+		if !saved[c.table].chains[c.name] {
+			out[c.name] = true
 		}
-		if err := r.runner.NewChain(c.table, c.name); err != nil {
-			return fmt.Errorf("%v: creating chain %s/%s: %w", r.cfg.Family, c.table, c.name, err)
-		}
-		saved[c.table].chains[c.name] = true
 	}
-	return nil
+	return out
 }
 
 // staleChains returns our chains (buckets included) whose saved contents
