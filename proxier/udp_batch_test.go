@@ -167,7 +167,7 @@ func burstEcho(t *testing.T, n int) netip.AddrPort {
 				iovs[i].Base = &bufs[i][0]
 				iovs[i].SetLen(m)
 			}
-			namelen, _ := sockaddrOf(&name, from, unix.AF_INET)
+			namelen, _ := rawio.PutSockaddr(&name, from, unix.AF_INET)
 			for i := range msgs {
 				msgs[i].Hdr = unix.Msghdr{Name: (*byte)(unsafe.Pointer(&name)), Namelen: namelen, Iov: &iovs[i], Iovlen: 1}
 			}

@@ -1,9 +1,7 @@
 package proxier
 
 import (
-	"encoding/binary"
 	"net/netip"
-	"strconv"
 	"sync"
 	"unsafe"
 
@@ -144,25 +142,7 @@ func (b *udpBatch) controlMessages(i int) []byte { return b.oob[i][:b.msgs[i].Hd
 
 // source decodes the address slot i's datagram came from (IPv4-mapped
 // addresses unmapped).
-func (b *udpBatch) source(i int) netip.AddrPort {
-	sa := &b.name[i]
-	port := binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&sa.Port))[:])
-	switch sa.Family {
-	case unix.AF_INET:
-		in := (*unix.RawSockaddrInet4)(unsafe.Pointer(sa))
-		return netip.AddrPortFrom(netip.AddrFrom4(in.Addr), port)
-	case unix.AF_INET6:
-		addr := netip.AddrFrom16(sa.Addr).Unmap()
-		if sa.Scope_id != 0 && addr.Is6() {
-			// The interface index as the zone: the net package resolves a
-			// numeric zone when sending, and small numbers format without
-			// allocating.
-			addr = addr.WithZone(strconv.FormatUint(uint64(sa.Scope_id), 10))
-		}
-		return netip.AddrPortFrom(addr, port)
-	}
-	return netip.AddrPort{}
-}
+func (b *udpBatch) source(i int) netip.AddrPort { return rawio.AddrPortOf(&b.name[i]) }
 
 // queueReplies queues the replies in slots [b.used, b.used+n), all to
 // client, for the next sendmmsg through a socket of family, sent from the
@@ -173,7 +153,7 @@ func (b *udpBatch) source(i int) netip.AddrPort {
 // an interface index).
 func (b *udpBatch) queueReplies(n int, client netip.AddrPort, control []byte, family int, gso bool) bool {
 	var name unix.RawSockaddrInet6
-	namelen, ok := sockaddrOf(&name, client, family)
+	namelen, ok := rawio.PutSockaddr(&name, client, family)
 	if !ok {
 		return false
 	}
@@ -242,31 +222,6 @@ func (b *udpBatch) sendRun(fd, i, j int) error {
 	hdr.SetControllen(len(ctl))
 	_, err := rawio.Sendmsg(fd, &hdr)
 	return err
-}
-
-// sockaddrOf writes client as a sockaddr of a socket of family into sa and
-// returns its length, or false when it cannot be one.
-func sockaddrOf(sa *unix.RawSockaddrInet6, client netip.AddrPort, family int) (uint32, bool) {
-	addr := client.Addr()
-	switch {
-	case family == unix.AF_INET && addr.Is4():
-		in := (*unix.RawSockaddrInet4)(unsafe.Pointer(sa))
-		*in = unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: addr.As4()}
-		binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&in.Port))[:], client.Port())
-		return unix.SizeofSockaddrInet4, true
-	case family == unix.AF_INET6:
-		*sa = unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: addr.As16()} // IPv4 as ::ffff:a.b.c.d
-		if zone := addr.Zone(); zone != "" {
-			id, err := strconv.ParseUint(zone, 10, 32)
-			if err != nil {
-				return 0, false
-			}
-			sa.Scope_id = uint32(id)
-		}
-		binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&sa.Port))[:], client.Port())
-		return unix.SizeofSockaddrInet6, true
-	}
-	return 0, false
 }
 
 // appendSegmentSize appends the UDP_SEGMENT control message that makes the

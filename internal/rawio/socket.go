@@ -1,7 +1,6 @@
 package rawio
 
 import (
-	"encoding/binary"
 	"net/netip"
 	"unsafe"
 
@@ -22,34 +21,16 @@ func errno(e unix.Errno) error {
 }
 
 // Accept4 accepts a client of the listening socket fd (non-blocking,
-// close-on-exec) and returns its address (IPv4-mapped addresses unmapped).
+// close-on-exec) and returns its address (AddrPortOf).
 func Accept4(fd int) (int, netip.AddrPort, error) {
-	var sa unix.RawSockaddrAny
-	n := uint32(unix.SizeofSockaddrAny)
+	var sa unix.RawSockaddrInet6
+	n := uint32(unix.SizeofSockaddrInet6)
 	r, _, e := unix.RawSyscall6(unix.SYS_ACCEPT4, uintptr(fd), uintptr(unsafe.Pointer(&sa)),
 		uintptr(unsafe.Pointer(&n)), unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0, 0)
 	if e != 0 {
 		return -1, netip.AddrPort{}, e
 	}
-	return int(r), sockaddrAddrPort(&sa), nil
-}
-
-func sockaddrAddrPort(sa *unix.RawSockaddrAny) netip.AddrPort {
-	switch sa.Addr.Family {
-	case unix.AF_INET:
-		in := (*unix.RawSockaddrInet4)(unsafe.Pointer(sa))
-		return netip.AddrPortFrom(netip.AddrFrom4(in.Addr), port(in.Port))
-	case unix.AF_INET6:
-		in := (*unix.RawSockaddrInet6)(unsafe.Pointer(sa))
-		return netip.AddrPortFrom(netip.AddrFrom16(in.Addr).Unmap(), port(in.Port))
-	}
-	return netip.AddrPort{}
-}
-
-// port converts a sockaddr's port (network byte order in memory).
-func port(p uint16) uint16 {
-	b := (*[2]byte)(unsafe.Pointer(&p))
-	return binary.BigEndian.Uint16(b[:])
+	return int(r), AddrPortOf(&sa), nil
 }
 
 // Socket opens a non-blocking, close-on-exec TCP socket of family.
@@ -82,26 +63,20 @@ func SocketError(fd int) error {
 	return errno(unix.Errno(v))
 }
 
-// Connect starts connecting the non-blocking socket fd to ep; EINPROGRESS
-// is returned as is (the usual answer).
+// Connect starts connecting the non-blocking socket fd, of ep's family
+// (IPv4-mapped addresses count as IPv4), to ep; EINPROGRESS is returned as
+// is (the usual answer).
 func Connect(fd int, ep netip.AddrPort) error {
-	addr := ep.Addr().Unmap()
-	var sa unsafe.Pointer
-	var n uintptr
-	var in4 unix.RawSockaddrInet4
-	var in6 unix.RawSockaddrInet6
-	pb := (*[2]byte)(nil)
-	if addr.Is4() {
-		in4 = unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: addr.As4()}
-		pb = (*[2]byte)(unsafe.Pointer(&in4.Port))
-		sa, n = unsafe.Pointer(&in4), unix.SizeofSockaddrInet4
-	} else {
-		in6 = unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: addr.As16()}
-		pb = (*[2]byte)(unsafe.Pointer(&in6.Port))
-		sa, n = unsafe.Pointer(&in6), unix.SizeofSockaddrInet6
+	family := unix.AF_INET6
+	if ep.Addr().Is4In6() || ep.Addr().Is4() {
+		ep, family = netip.AddrPortFrom(ep.Addr().Unmap(), ep.Port()), unix.AF_INET
 	}
-	binary.BigEndian.PutUint16(pb[:], ep.Port())
-	_, _, e := unix.RawSyscall(unix.SYS_CONNECT, uintptr(fd), uintptr(sa), n)
+	var sa unix.RawSockaddrInet6
+	n, ok := PutSockaddr(&sa, ep, family)
+	if !ok {
+		return unix.EINVAL
+	}
+	_, _, e := unix.RawSyscall(unix.SYS_CONNECT, uintptr(fd), uintptr(unsafe.Pointer(&sa)), uintptr(n))
 	return errno(e)
 }
 
