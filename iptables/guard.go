@@ -55,23 +55,22 @@ func guardRule(proto string, ports []guardKey) string {
 	if len(ports) == 1 {
 		return "-p " + proto + " -m " + proto + " --dport " + strconv.Itoa(ports[0].port) + guardConntrack
 	}
-	var b strings.Builder
-	b.WriteString("-p " + proto + " -m multiport --dports ")
+	b := make([]byte, 0, 2*len(proto)+32+6*len(ports)+len(guardConntrack))
+	b = append(append(append(b, "-p "...), proto...), " -m multiport --dports "...)
 	for i := 0; i < len(ports); {
 		j := i + 1
 		for j < len(ports) && ports[j].port == ports[j-1].port+1 {
 			j++
 		}
 		if i > 0 {
-			b.WriteByte(',')
+			b = append(b, ',')
 		}
-		b.WriteString(strconv.Itoa(ports[i].port))
+		b = strconv.AppendInt(b, int64(ports[i].port), 10)
 		if j-i > 1 {
-			b.WriteByte(':')
-			b.WriteString(strconv.Itoa(ports[j-1].port))
+			b = append(b, ':')
+			b = strconv.AppendInt(b, int64(ports[j-1].port), 10)
 		}
 		i = j
 	}
-	b.WriteString(guardConntrack)
-	return b.String()
+	return string(append(b, guardConntrack...))
 }
