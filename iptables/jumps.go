@@ -8,7 +8,7 @@ import (
 
 // builtinModel mirrors the rules of the built-in chains as saved, updated
 // with every change ensureJumps makes, so insert positions are computed
-// against what the kernel holds now and not against a stale read.
+// against what the chain will hold at that point and not a stale read.
 type builtinModel map[string][]string // "table/chain" -> rules
 
 func (m builtinModel) key(j jump) string { return string(j.table) + "/" + j.from }
@@ -22,39 +22,42 @@ func (m builtinModel) key(j jump) string { return string(j.table) + "/" + j.from
 // never gets a second copy.
 //
 // A jump to one of fresh (our chains the dump did not hold) cannot exist
-// yet, as no rule can name a missing chain: it is not checked nor added
-// here but returned as a line of its table's restore, which declares the
-// chain first. A first start thus writes chains, contents and jumps in one
+// yet, as no rule can name a missing chain: it is not checked, and it is
+// returned as a line of its table's restore, which declares the chain
+// first. A first start thus writes chains, contents and jumps in one
 // iptables-restore per table; an exec per chain and two per jump cost the
-// first sync at 10,000 Services 0.2 s.
+// first sync at 10,000 Services 0.2 s. Once one edit of a built-in chain
+// goes to the restore, every later edit of that chain follows it there,
+// in order: positions are counted with the earlier edits applied.
 func (r *Rules) ensureJumps(saved map[Table]savedTable, fresh map[string]bool) (map[Table][]string, error) {
-	lines := map[Table][]string{}
-	model := builtinModel{}
+	e := &jumpEditor{r: r, model: builtinModel{}, lines: map[Table][]string{}, deferred: map[string]bool{}, dropLater: map[string]bool{}}
 	for _, j := range jumps {
-		if _, ok := model[model.key(j)]; !ok {
-			model[model.key(j)] = slices.Clone(saved[j.table].rules[j.from])
+		if _, ok := e.model[e.model.key(j)]; !ok {
+			e.model[e.model.key(j)] = slices.Clone(saved[j.table].rules[j.from])
 		}
 	}
 	prevFirst := map[string]string{} // per built-in chain: the last first jump placed
 	for _, j := range jumps {
-		key, line := model.key(j), joinRule(j.spec())
+		key, line := e.model.key(j), joinRule(j.spec())
+		prev := prevFirst[key]
 		var err error
-		switch count := countRule(model[key], line); {
+		switch count := countRule(e.model[key], line); {
 		case fresh[j.to]:
-			lines[j.table] = append(lines[j.table], model.add(j, prevFirst[key]))
+			e.deferred[key] = true
+			err = e.insert(j, prev)
 		case count == 0:
-			err = r.addMissingJump(model, j, prevFirst[key])
+			err = e.addMissing(j, prev)
 		case count > 1 && j.first:
 			// iptables -D removes the top copy, which is the one to keep, so
 			// remove all and put one back in its place.
-			if err = r.dropDuplicateJumps(model, j, count); err == nil {
-				err = r.addMissingJump(model, j, prevFirst[key])
+			if err = e.delete(j, count, "removing duplicate"); err == nil {
+				err = e.addMissing(j, prev)
 			}
 		case count > 1:
-			err = r.dropDuplicateJumps(model, j, count-1) // the last copy stays last
+			err = e.delete(j, count-1, "removing duplicate") // the last copy stays last
 		}
 		if err == nil && j.first {
-			err = r.orderJump(model, j, prevFirst[key])
+			err = e.order(j, prev)
 		}
 		if err != nil {
 			return nil, err
@@ -63,84 +66,98 @@ func (r *Rules) ensureJumps(saved map[Table]savedTable, fresh map[string]bool) (
 			prevFirst[key] = line
 		}
 	}
-	return lines, nil
+	return e.lines, nil
 }
 
-// addMissingJump adds j unless iptables -C finds it in another spelling.
-// A first jump goes right below prev (the first jump before it in the same
-// chain), or to the top.
-func (r *Rules) addMissingJump(model builtinModel, j jump, prev string) error {
-	exists, err := r.runner.RuleExists(j.table, j.from, j.spec()...)
+// jumpEditor applies ensureJumps' edits: through the runner at once, or,
+// for a built-in chain marked deferred, as restore lines.
+type jumpEditor struct {
+	r        *Rules
+	model    builtinModel
+	lines    map[Table][]string
+	deferred map[string]bool // model keys whose edits go to the restore
+	// dropLater holds jumps with a -D among the restore lines: the kernel
+	// still holds those copies, so iptables -C would find them.
+	dropLater map[string]bool
+}
+
+// addMissing adds j unless iptables -C finds it in another spelling.
+func (e *jumpEditor) addMissing(j jump, prev string) error {
+	if e.dropLater[joinRule(j.spec())] {
+		return e.insert(j, prev) // -C would see the copy the restore deletes
+	}
+	exists, err := e.r.runner.RuleExists(j.table, j.from, j.spec()...)
 	if err != nil {
-		return fmt.Errorf("%v: checking jump %s -> %s: %w", r.cfg.Family, j.from, j.to, err)
+		return fmt.Errorf("%v: checking jump %s -> %s: %w", e.r.cfg.Family, j.from, j.to, err)
 	}
 	if exists {
 		return nil
 	}
-	if pos := model.position(j, prev); pos == 0 {
-		err = r.runner.AppendRule(j.table, j.from, j.spec()...)
-	} else {
-		err = r.runner.InsertRule(j.table, j.from, pos, j.spec()...)
-	}
-	if err != nil {
-		return fmt.Errorf("%v: adding jump %s -> %s: %w", r.cfg.Family, j.from, j.to, err)
-	}
-	model.add(j, prev)
-	return nil
+	return e.insert(j, prev)
 }
 
-// position is where j goes in its built-in chain: 0 to append (not a first
-// jump), else the 1-based insert position right below prev (the first jump
-// before it in the same chain), or the top.
-func (m builtinModel) position(j jump, prev string) int {
-	if !j.first {
-		return 0
-	}
-	if i := slices.Index(m[m.key(j)], prev); prev != "" && i >= 0 {
-		return i + 2
-	}
-	return 1
-}
-
-// add records j at its position and returns it as an iptables-restore line.
-func (m builtinModel) add(j jump, prev string) string {
-	key, line := m.key(j), joinRule(j.spec())
-	pos := m.position(j, prev)
-	if pos == 0 {
-		m[key] = append(m[key], line)
-		return "-A " + j.from + " " + line
-	}
-	m[key] = slices.Insert(m[key], pos-1, line)
-	return "-I " + j.from + " " + strconv.Itoa(pos) + " " + line
-}
-
-// dropDuplicateJumps deletes n copies of j, from the top (iptables -D
-// removes the first match).
-func (r *Rules) dropDuplicateJumps(model builtinModel, j jump, n int) error {
-	key, line := model.key(j), joinRule(j.spec())
-	for range n {
-		if err := r.runner.DeleteRule(j.table, j.from, j.spec()...); err != nil {
-			return fmt.Errorf("%v: removing duplicate jump %s -> %s: %w", r.cfg.Family, j.from, j.to, err)
+// insert puts j at its position: a first jump right below prev (the first
+// jump before it in the same chain) or at the top, another at the end.
+func (e *jumpEditor) insert(j jump, prev string) error {
+	key, line := e.model.key(j), joinRule(j.spec())
+	pos := 0 // append
+	if j.first {
+		pos = 1
+		if i := slices.Index(e.model[key], prev); prev != "" && i >= 0 {
+			pos = i + 2
 		}
-		i := slices.Index(model[key], line)
-		model[key] = slices.Delete(model[key], i, i+1)
+	}
+	switch {
+	case e.deferred[key] && pos == 0:
+		e.lines[j.table] = append(e.lines[j.table], "-A "+j.from+" "+line)
+	case e.deferred[key]:
+		e.lines[j.table] = append(e.lines[j.table], "-I "+j.from+" "+strconv.Itoa(pos)+" "+line)
+	case pos == 0:
+		if err := e.r.runner.AppendRule(j.table, j.from, j.spec()...); err != nil {
+			return fmt.Errorf("%v: adding jump %s -> %s: %w", e.r.cfg.Family, j.from, j.to, err)
+		}
+	default:
+		if err := e.r.runner.InsertRule(j.table, j.from, pos, j.spec()...); err != nil {
+			return fmt.Errorf("%v: adding jump %s -> %s: %w", e.r.cfg.Family, j.from, j.to, err)
+		}
+	}
+	if pos == 0 {
+		e.model[key] = append(e.model[key], line)
+	} else {
+		e.model[key] = slices.Insert(e.model[key], pos-1, line)
 	}
 	return nil
 }
 
-// orderJump moves first jump j below prev when it sits above it (only for
+// delete removes n copies of j, from the top (iptables -D removes the
+// first match).
+func (e *jumpEditor) delete(j jump, n int, why string) error {
+	key, line := e.model.key(j), joinRule(j.spec())
+	for range n {
+		if e.deferred[key] {
+			e.lines[j.table] = append(e.lines[j.table], "-D "+j.from+" "+line)
+			e.dropLater[line] = true
+		} else if err := e.r.runner.DeleteRule(j.table, j.from, j.spec()...); err != nil {
+			return fmt.Errorf("%v: %s jump %s -> %s: %w", e.r.cfg.Family, why, j.from, j.to, err)
+		}
+		i := slices.Index(e.model[key], line)
+		e.model[key] = slices.Delete(e.model[key], i, i+1)
+	}
+	return nil
+}
+
+// order moves first jump j below prev when it sits above it (only for
 // jumps found by their exact text; others cannot be located).
-func (r *Rules) orderJump(model builtinModel, j jump, prev string) error {
-	key, line := model.key(j), joinRule(j.spec())
-	at, prevAt := slices.Index(model[key], line), slices.Index(model[key], prev)
+func (e *jumpEditor) order(j jump, prev string) error {
+	key, line := e.model.key(j), joinRule(j.spec())
+	at, prevAt := slices.Index(e.model[key], line), slices.Index(e.model[key], prev)
 	if prev == "" || at < 0 || prevAt < 0 || at > prevAt {
 		return nil
 	}
-	if err := r.runner.DeleteRule(j.table, j.from, j.spec()...); err != nil {
-		return fmt.Errorf("%v: moving jump %s -> %s: %w", r.cfg.Family, j.from, j.to, err)
+	if err := e.delete(j, 1, "moving"); err != nil {
+		return err
 	}
-	model[key] = slices.Delete(model[key], at, at+1)
-	return r.addMissingJump(model, j, prev)
+	return e.addMissing(j, prev)
 }
 
 func countRule(rules []string, rule string) int {

@@ -127,6 +127,17 @@ func TestKernelSyncRepairRestartCleanup(t *testing.T) {
 			syncOK(t, r, fam.portals)
 			assertKernelState(t, ns, r, fam.portals)
 
+			// The guard chain deleted, the non-local jump duplicated on top:
+			// the guard's jump goes in with its chain's restore, and the
+			// non-local jump is put back below it there, not counted
+			// against a chain that does not hold the guard's jump yet.
+			inNetns(t, ns, append([]string{ipt, "-t", "filter", "-D", "INPUT"}, jumps[0].spec()...)...)
+			inNetns(t, ns, ipt, "-t", "filter", "-F", ChainProxyPortGuard)
+			inNetns(t, ns, ipt, "-t", "filter", "-X", ChainProxyPortGuard)
+			inNetns(t, ns, append([]string{ipt, "-t", "filter", "-I", "INPUT", "1"}, jumps[1].spec()...)...)
+			syncOK(t, New(runner, fam.cfg), fam.portals)
+			assertKernelState(t, ns, r, fam.portals)
+
 			// A restart (new Rules, nothing remembered) with one Service
 			// fewer converges to exactly one copy of each rule.
 			fewer := fam.portals[1:]

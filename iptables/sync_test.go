@@ -338,6 +338,23 @@ func TestSyncPlacesFirstJumpsInOrder(t *testing.T) {
 			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumps[0].spec()...))
 			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumps[1].spec()...))
 		}, []string{guard, nonLocal, foreignInput}},
+		// The guard's jump goes in with its chain's restore; the non-local
+		// jump placed after it must count with it there, not in the kernel
+		// before the restore (the legacy userspace proxier's layout, or a
+		// guard chain someone deleted).
+		{"guard chain missing, non-local chain present", func(t *testing.T, f *FakeRunner) {
+			must(t, f.NewChain(TableFilter, ChainNodePortNonLocal))
+		}, []string{guard, nonLocal, foreignInput}},
+		{"guard chain missing, non-local jumps duplicated on top", func(t *testing.T, f *FakeRunner) {
+			must(t, f.NewChain(TableFilter, ChainNodePortNonLocal))
+			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumps[1].spec()...))
+			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumps[1].spec()...))
+		}, []string{guard, nonLocal, foreignInput}},
+		{"guard chain missing, a foreign rule above the non-local jump", func(t *testing.T, f *FakeRunner) {
+			must(t, f.NewChain(TableFilter, ChainNodePortNonLocal))
+			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumps[1].spec()...))
+			must(t, f.InsertRule(TableFilter, "INPUT", 1, "-p", "udp", "-j", "ACCEPT"))
+		}, []string{guard, "-p udp -j ACCEPT", nonLocal, foreignInput}},
 		{"duplicate jumps below a foreign rule", func(t *testing.T, f *FakeRunner) {
 			syncOK(t, New(f, testConfig), nil)
 			must(t, f.AppendRule(TableFilter, "INPUT", jumps[0].spec()...))
