@@ -165,11 +165,13 @@ func TestToxicityNotRedrawnWhenAnotherToxicChanges(t *testing.T) {
 // clients narrows a toxic to some client addresses; others are not faulted
 // (and cost no draw: the sequence still advances for everyone).
 func TestClientsNarrowAToxic(t *testing.T) {
-	_, p := declared(t, 0, 0, "TCP", `{"type":"refuse","clients":["10.1.0.0/16","192.168.0.9"]}`)
+	_, p := declared(t, 0, 0, "TCP", `{"type":"refuse","clients":["10.1.0.0/16","192.168.0.9","fe80::/10"]}`)
 	for _, tc := range []struct {
 		from    string
 		refused bool
 	}{
+		{"fe80::1%3", true}, // a link-local client, as accept reports it: with its interface
+		{"fe80::1", true},
 		{"10.1.2.3", true},
 		{"10.2.0.1", false},
 		{"192.168.0.9", true},

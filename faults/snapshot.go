@@ -23,8 +23,10 @@ func (c *compiled) matches(client netip.Addr) bool {
 	if len(c.clients) == 0 {
 		return true
 	}
-	// An IPv4 client on a dual-stack socket arrives as ::ffff:a.b.c.d.
-	client = client.Unmap()
+	// An IPv4 client on a dual-stack socket arrives as ::ffff:a.b.c.d, a
+	// link-local one with its interface as the zone, which no prefix
+	// contains.
+	client = client.Unmap().WithZone("")
 	for _, p := range c.clients {
 		if p.Contains(client) {
 			return true
