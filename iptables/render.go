@@ -168,7 +168,7 @@ type portalRules struct {
 	guards []guardKey
 }
 
-// guardKey identifies a guard rule: one per protocol and proxy port.
+// guardKey is a proxy port the guard covers (guard.go groups them into rules).
 type guardKey struct {
 	proto Protocol
 	port  int

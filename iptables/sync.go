@@ -92,23 +92,27 @@ func (r *Rules) syncLocked(portals []Portal) error {
 	// table on its own, so with both in one input a failed filter part left
 	// the nat part applied, and new portals sent traffic to proxy ports that
 	// had no guard yet. Now a portal is written only once its guard is in.
+	var check []ownedChain
 	for _, table := range []Table{TableFilter, TableNAT} {
 		these, gone := chainsOf(stale, table), chainsOf(drop, table)
 		if len(these) == 0 && len(gone) == 0 {
-			continue // a fresh chain is stale: its jumps have a restore
+			// Jump lines come only with a fresh chain of their table,
+			// which is stale, so none are left behind here.
+			continue
 		}
 		if err := r.runner.Restore(restoreInput(want, these, gone, jumpLines[table])); err != nil {
 			return fmt.Errorf("%v: writing chains %v: %w", r.cfg.Family, chainNames(these), err)
 		}
+		// Recorded per table: a later table's failure leaves this one's
+		// write in force, and known.
+		for _, c := range these {
+			if r.written[c.name] {
+				check = append(check, c)
+			}
+			r.written[c.name] = true
+		}
 	}
 	klog.V(2).InfoS("Rewrote iptables chains", "family", r.cfg.Family, "chains", chainNames(stale))
-	var check []ownedChain
-	for _, c := range stale {
-		if r.written[c.name] {
-			check = append(check, c)
-		}
-		r.written[c.name] = true
-	}
 	if len(check) > 0 {
 		if err := r.learnPrinting(want, check); err != nil {
 			return err

@@ -253,19 +253,24 @@ func newEquivWorld(t *testing.T, clk *clocktesting.FakeClock, bucketAbove int) *
 
 var proxyPortRE = regexp.MustCompile(`\b4\d{4}\b`)
 
-// guardedPorts returns "PROTO PORT" for each port a guard DROP rule
-// covers, or nil for any other rule.
-func guardedPorts(rule string) []string {
-	f := strings.Fields(rule)
-	if len(f) < 2 || f[0] != "-p" || f[len(f)-1] != "DROP" {
-		return nil
-	}
+// guardCoverage returns, for each port the guard chain covers (directly
+// or through a bucket it jumps to), "PROTO PORT: the rest of its rule";
+// a rule it cannot read is returned as written.
+func guardCoverage(f *iptables.FakeRunner, table iptables.Table, chain string) []string {
 	var out []string
-	for i, a := range f[:len(f)-1] {
-		if a != "--dport" && a != "--dports" {
+	for _, rule := range f.Rules(table, chain) {
+		fields := strings.Fields(rule)
+		if len(fields) == 2 && fields[0] == "-j" && strings.HasPrefix(fields[1], chain+"-") {
+			out = append(out, guardCoverage(f, table, fields[1])...)
 			continue
 		}
-		for _, part := range strings.Split(f[i+1], ",") {
+		i := slices.IndexFunc(fields, func(a string) bool { return a == "--dport" || a == "--dports" })
+		if len(fields) < 2 || fields[0] != "-p" || i < 0 || i+1 >= len(fields) {
+			out = append(out, rule)
+			continue
+		}
+		rest := strings.Join(fields[i+2:], " ")
+		for _, part := range strings.Split(fields[i+1], ",") {
 			lo, hi, isRange := strings.Cut(part, ":")
 			if !isRange {
 				hi = lo
@@ -273,10 +278,11 @@ func guardedPorts(rule string) []string {
 			from, err1 := strconv.Atoi(lo)
 			to, err2 := strconv.Atoi(hi)
 			if err1 != nil || err2 != nil {
-				return []string{f[1] + " " + part} // shown as written
+				out = append(out, rule)
+				break
 			}
 			for port := from; port <= to; port++ {
-				out = append(out, f[1]+" "+strconv.Itoa(port))
+				out = append(out, fields[1]+" "+strconv.Itoa(port)+": "+rest)
 			}
 		}
 	}
@@ -323,10 +329,12 @@ func (w *equivWorld) state(t *testing.T) string {
 				if strings.HasPrefix(chain, iptables.ChainProxyPortGuard) {
 					// Guard rules group ports by number (iptables/guard.go),
 					// which differs between the two worlds, and so may their
-					// count and thus the buckets: compare the ports covered.
-					for _, r := range f.Rules(table, chain) {
-						for _, port := range guardedPorts(r) {
-							guarded = append(guarded, norm(fmt.Sprintf("%v guards %s", f.Family(), port)))
+					// count and thus the buckets: compare the ports the chain
+					// covers, through the buckets it jumps to, with what each
+					// rule does to them.
+					if chain == iptables.ChainProxyPortGuard {
+						for _, g := range guardCoverage(f, table, chain) {
+							guarded = append(guarded, norm(fmt.Sprintf("%v guards %s", f.Family(), g)))
 						}
 					}
 					continue
