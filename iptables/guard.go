@@ -74,3 +74,43 @@ func guardRule(proto string, ports []guardKey) string {
 	}
 	return string(append(b, guardConntrack...))
 }
+
+// GuardRuleCovering returns the line of restore input (as Render writes
+// it) whose guard rule covers port of proto, or "" when none does: a
+// Service's own rendering shows its port's guard alone, while the kernel
+// holds the rule of its whole block.
+func GuardRuleCovering(input []byte, proto Protocol, port int) string {
+	for line := range strings.Lines(string(input)) {
+		line = strings.TrimSuffix(line, "\n")
+		chain, rule, _ := strings.Cut(strings.TrimPrefix(line, "-A "), " ")
+		if !strings.HasPrefix(line, "-A ") || !strings.HasPrefix(chain, ChainProxyPortGuard) {
+			continue
+		}
+		f := strings.Fields(rule)
+		if len(f) < 2 || f[0] != "-p" || f[1] != string(proto) {
+			continue
+		}
+		for i := 2; i+1 < len(f); i++ {
+			if (f[i] == "--dport" || f[i] == "--dports") && portListHas(f[i+1], port) {
+				return line
+			}
+		}
+	}
+	return ""
+}
+
+// portListHas reports whether a --dport or --dports value ("1,3:5") holds port.
+func portListHas(list string, port int) bool {
+	for part := range strings.SplitSeq(list, ",") {
+		lo, hi, isRange := strings.Cut(part, ":")
+		if !isRange {
+			hi = lo
+		}
+		a, err1 := strconv.Atoi(lo)
+		b, err2 := strconv.Atoi(hi)
+		if err1 == nil && err2 == nil && a <= port && port <= b {
+			return true
+		}
+	}
+	return false
+}

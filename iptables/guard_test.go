@@ -129,3 +129,24 @@ func guardRulePorts(t *testing.T, rule string) (ports []int, slots int) {
 	}
 	return ports, slots
 }
+
+func TestGuardRuleCovering(t *testing.T) {
+	r := New(NewFakeRunner(IPv4), testConfig)
+	input := r.Render(webPortals())
+	for _, tc := range []struct {
+		proto Protocol
+		port  int
+		want  string
+	}{
+		{TCP, 40001, "-A KUBE-PROXY-PORT-GUARD -p tcp -m multiport --dports 40001,40003"},
+		{TCP, 40003, "-A KUBE-PROXY-PORT-GUARD -p tcp -m multiport --dports 40001,40003"},
+		{UDP, 40002, "-A KUBE-PROXY-PORT-GUARD -p udp -m udp --dport 40002"},
+		{TCP, 40002, ""}, // a UDP proxy port
+		{TCP, 40004, ""},
+	} {
+		got := GuardRuleCovering(input, tc.proto, tc.port)
+		if !strings.HasPrefix(got, tc.want) || (tc.want == "") != (got == "") {
+			t.Errorf("%s %d: %q, want %q...", tc.proto, tc.port, got, tc.want)
+		}
+	}
+}

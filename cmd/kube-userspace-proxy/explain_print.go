@@ -30,6 +30,19 @@ type familyRules struct {
 	name    string
 	rules   *iptables.Rules
 	portals []iptables.Portal
+	full    []byte // the rendering of every portal, once needed
+}
+
+// guardPort is the proxy port of a one-port guard rule ("--dport N").
+func guardPort(line string) int {
+	f := strings.Fields(line)
+	for i := 0; i+1 < len(f); i++ {
+		if f[i] == "--dport" {
+			n, _ := strconv.Atoi(f[i+1])
+			return n
+		}
+	}
+	return 0
 }
 
 func (e *explanation) write(out io.Writer) error {
@@ -107,7 +120,8 @@ func (e *explanation) writePort(w *bufio.Writer, p proxier.DebugServicePort) {
 		field(w, "faults", strings.Join(fs, "; "))
 	}
 	fmt.Fprintln(w, "rules:")
-	for _, f := range e.families {
+	for i := range e.families {
+		f := &e.families[i]
 		var mine []iptables.Portal
 		for _, portal := range f.portals {
 			if portal.Name == p.ServicePort {
@@ -118,9 +132,20 @@ func (e *explanation) writePort(w *bufio.Writer, p proxier.DebugServicePort) {
 			continue
 		}
 		for _, line := range strings.Split(string(f.rules.Render(mine)), "\n") {
-			if strings.HasPrefix(line, "-A ") {
-				fmt.Fprintf(w, "  # %s\n  %s\n", iptables.Describe(line), line)
+			if !strings.HasPrefix(line, "-A ") {
+				continue
 			}
+			if strings.HasPrefix(line, "-A "+iptables.ChainProxyPortGuard) {
+				// The guard groups proxy ports by blocks of 16: show the rule
+				// of the whole family's rendering that covers this port.
+				if f.full == nil {
+					f.full = f.rules.Render(f.portals)
+				}
+				if grouped := iptables.GuardRuleCovering(f.full, iptables.Protocol(strings.ToLower(p.Protocol)), guardPort(line)); grouped != "" {
+					line = grouped
+				}
+			}
+			fmt.Fprintf(w, "  # %s\n  %s\n", iptables.Describe(line), line)
 		}
 	}
 }
