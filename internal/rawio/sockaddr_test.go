@@ -47,3 +47,16 @@ func TestSockaddrRoundTrip(t *testing.T) {
 		t.Error("PutSockaddr took the zero AddrPort")
 	}
 }
+
+// Connect refuses an address it cannot write (the zero AddrPort) instead
+// of connecting somewhere.
+func TestConnectInvalidAddress(t *testing.T) {
+	fd, err := Socket(unix.AF_INET6)
+	if err != nil {
+		t.Skip(err)
+	}
+	defer Close(fd)
+	if err := Connect(fd, netip.AddrPort{}); err != unix.EINVAL {
+		t.Fatalf("Connect(zero AddrPort) = %v, want EINVAL", err)
+	}
+}
