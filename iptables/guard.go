@@ -10,8 +10,9 @@ import (
 // guardBlock is how many consecutive port numbers share one guard rule.
 // A rule per proxy port made the guard chain as long as the Service list:
 // 10,000 rules cost the first sync 0.3 s of iptables-restore alone, and
-// proxy ports (ours from the allocator, or a --proxy-port-range) sit
-// mostly next to each other. Grouping by a fixed block of the port number,
+// proxy ports sit mostly next to each other (the default allocator fills
+// the ports above the ephemeral range first: about 2,000 rules for 10,000
+// ports; 625 when they are consecutive). Grouping by a fixed block of the port number,
 // not by runs of the sorted list, keeps every other rule unchanged when a
 // port comes or goes, so Update edits one rule. Sixteen numbers never need
 // more than the 15 ports (a range counting two) one multiport match takes:

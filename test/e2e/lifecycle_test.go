@@ -111,11 +111,42 @@ var portNumbers = regexp.MustCompile(`(--to-ports |--to-destination [0-9.]+:|--d
 func normalizedRules(dump string) []string {
 	var out []string
 	for _, line := range oursIn(dump) {
-		if strings.HasPrefix(line, "-A ") {
-			out = append(out, portNumbers.ReplaceAllString(line, "${1}N"))
+		if !strings.HasPrefix(line, "-A ") {
+			continue
+		}
+		for _, l := range perPortGuard(line) {
+			out = append(out, portNumbers.ReplaceAllString(l, "${1}N"))
 		}
 	}
 	slices.Sort(out)
+	return out
+}
+
+// guardPorts matches a guard rule of several proxy ports ("-p udp -m
+// multiport --dports 1,3:5").
+var guardPorts = regexp.MustCompile(`-p (\w+) -m multiport --dports ([0-9,:]+)`)
+
+// perPortGuard writes a guard rule of several ports as one rule per port:
+// which ports share a rule (a block of 16 numbers) depends on the numbers
+// a run happened to get, not on what the rules do.
+func perPortGuard(line string) []string {
+	m := guardPorts.FindStringSubmatchIndex(line)
+	if m == nil || !strings.HasPrefix(line, "-A KUBE-PROXY-PORT-GUARD") {
+		return []string{line}
+	}
+	proto, list := line[m[2]:m[3]], line[m[4]:m[5]]
+	var out []string
+	for part := range strings.SplitSeq(list, ",") {
+		lo, hi, isRange := strings.Cut(part, ":")
+		if !isRange {
+			hi = lo
+		}
+		a, _ := strconv.Atoi(lo)
+		b, _ := strconv.Atoi(hi)
+		for port := a; port <= b; port++ {
+			out = append(out, line[:m[0]]+"-p "+proto+" -m "+proto+" --dport "+strconv.Itoa(port)+line[m[1]:])
+		}
+	}
 	return out
 }
 
