@@ -63,17 +63,29 @@ func TestKernelGuard(t *testing.T) {
 	}()
 
 	cfg := Config{Family: IPv4, BindAddress: netip.IPv4Unspecified(), NodeIP: netip.MustParseAddr("10.200.0.1")}
-	syncOK(t, New(runner, cfg), []Portal{
+	portals := []Portal{
 		{Name: "default/web:http", Protocol: TCP, IP: netip.MustParseAddr("10.96.0.10"), Port: 80, ProxyPort: proxyPort},
 		{Name: "default/web:http", Protocol: TCP, Port: 30080, NodePort: true, ProxyPort: proxyPort},
 		{Name: "default/dns:dns", Protocol: UDP, IP: netip.MustParseAddr("10.96.0.53"), Port: 53, ProxyPort: udpProxyPort},
 		// Services whose proxy ports share a guard block (guard.go) with
-		// the two above, so their guard rules are multiport ones.
+		// the two above, so that their guard rules are multiport ones.
 		{Name: "default/web2:http", Protocol: TCP, IP: netip.MustParseAddr("10.96.0.11"), Port: 80, ProxyPort: proxyPort ^ 1},
 		{Name: "default/dns2:dns", Protocol: UDP, IP: netip.MustParseAddr("10.96.0.54"), Port: 53, ProxyPort: udpProxyPort ^ 1},
-	})
-	if saved := inNetns(t, ns, "iptables-save", "-t", "filter"); strings.Count(saved, "-m multiport --dports") != 2 {
-		t.Fatalf("want the guard's two rules as multiport rules:\n%s", saved)
+	}
+	// Enough other Services for the guard to group its ports.
+	for i := range guardGroupAbove {
+		portals = append(portals, Portal{Name: "default/many-" + strconv.Itoa(i) + ":http", Protocol: TCP,
+			IP: netip.AddrFrom4([4]byte{10, 96, 1 + byte(i>>8), byte(i)}), Port: 80, ProxyPort: 1100 + i})
+	}
+	syncOK(t, New(runner, cfg), portals)
+	saved := inNetns(t, ns, "iptables-save", "-t", "filter")
+	for _, want := range []struct {
+		proto Protocol
+		port  int
+	}{{TCP, proxyPort}, {UDP, udpProxyPort}} {
+		if rule := GuardRuleCovering([]byte(saved), want.proto, want.port); !strings.Contains(rule, "-m multiport --dports") {
+			t.Fatalf("guard rule of %s %d is %q, want a multiport rule:\n%s", want.proto, want.port, rule, saved)
+		}
 	}
 
 	tests := []struct {

@@ -33,7 +33,7 @@ func TestGuardRules(t *testing.T) {
 			[]string{"-p tcp -m tcp --dport 53" + tail, "-p udp -m multiport --dports 53:54" + tail}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, buckets := guardRules(tc.keys)
+			got, buckets := guardRuleSet(sortedGuardKeys(tc.keys), true)
 			if !slices.Equal(got, tc.want) {
 				t.Errorf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(tc.want, "\n"))
 			}
@@ -59,7 +59,7 @@ func TestGuardRuleEveryBlockPattern(t *testing.T) {
 		for _, p := range ports {
 			keys = append(keys, guardKey{TCP, p})
 		}
-		rules, _ := guardRules(keys)
+		rules, _ := guardRuleSet(keys, true)
 		if len(rules) != 1 {
 			t.Fatalf("ports %v: %d rules, want 1", ports, len(rules))
 		}
@@ -67,6 +67,22 @@ func TestGuardRuleEveryBlockPattern(t *testing.T) {
 		if !slices.Equal(covered, ports) || slots > 15 {
 			t.Fatalf("ports %v: rule %q covers %v in %d slots", ports, rules[0], covered, slots)
 		}
+	}
+}
+
+// Up to guardGroupAbove ports the guard keeps one rule per port, the
+// legacy layout; past it, ports are grouped.
+func TestGuardGroupsOnlyManyPorts(t *testing.T) {
+	var keys []guardKey
+	for i := range guardGroupAbove {
+		keys = append(keys, guardKey{TCP, 40000 + i})
+	}
+	if rules, _ := guardRules(slices.Clone(keys)); len(rules) != guardGroupAbove || !strings.Contains(rules[0], " -m tcp --dport 40000 ") {
+		t.Errorf("%d ports: %d rules, first %q; want one -m tcp --dport rule per port", guardGroupAbove, len(rules), rules[0])
+	}
+	keys = append(keys, guardKey{TCP, 40000 + guardGroupAbove})
+	if rules, _ := guardRules(keys); len(rules) != (guardGroupAbove+1+guardBlock-1)/guardBlock {
+		t.Errorf("%d ports: %d rules, want them grouped by %d", guardGroupAbove+1, len(rules), guardBlock)
 	}
 }
 
@@ -132,19 +148,23 @@ func guardRulePorts(t *testing.T, rule string) (ports []int, slots int) {
 
 func TestGuardRuleCovering(t *testing.T) {
 	r := New(NewFakeRunner(IPv4), testConfig)
-	input := r.Render(webPortals())
+	many := r.Render(manyPortals(300)) // proxy ports 20000-20299, grouped
+	few := r.Render(webPortals())
 	for _, tc := range []struct {
+		input []byte
 		proto Protocol
 		port  int
 		want  string
 	}{
-		{TCP, 40001, "-A KUBE-PROXY-PORT-GUARD -p tcp -m multiport --dports 40001,40003"},
-		{TCP, 40003, "-A KUBE-PROXY-PORT-GUARD -p tcp -m multiport --dports 40001,40003"},
-		{UDP, 40002, "-A KUBE-PROXY-PORT-GUARD -p udp -m udp --dport 40002"},
-		{TCP, 40002, ""}, // a UDP proxy port
-		{TCP, 40004, ""},
+		{many, TCP, 20005, "-A KUBE-PROXY-PORT-GUARD -p tcp -m multiport --dports 20000:20015 "},
+		{many, TCP, 20299, "-A KUBE-PROXY-PORT-GUARD -p tcp -m multiport --dports 20288:20299 "},
+		{many, UDP, 20005, ""},
+		{many, TCP, 20300, ""},
+		{few, TCP, 40001, "-A KUBE-PROXY-PORT-GUARD -p tcp -m tcp --dport 40001 "},
+		{few, UDP, 40002, "-A KUBE-PROXY-PORT-GUARD -p udp -m udp --dport 40002 "},
+		{few, TCP, 40002, ""}, // a UDP proxy port
 	} {
-		got := GuardRuleCovering(input, tc.proto, tc.port)
+		got := GuardRuleCovering(tc.input, tc.proto, tc.port)
 		if !strings.HasPrefix(got, tc.want) || (tc.want == "") != (got == "") {
 			t.Errorf("%s %d: %q, want %q...", tc.proto, tc.port, got, tc.want)
 		}
