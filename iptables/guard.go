@@ -108,31 +108,35 @@ func GuardRuleCovering(input []byte, proto Protocol, port int) string {
 		if !strings.HasPrefix(line, "-A ") || !strings.HasPrefix(chain, ChainProxyPortGuard) {
 			continue
 		}
-		f := strings.Fields(rule)
-		if len(f) < 2 || f[0] != "-p" || f[1] != string(proto) {
-			continue
-		}
-		for i := 2; i+1 < len(f); i++ {
-			if (f[i] == "--dport" || f[i] == "--dports") && portListHas(f[i+1], port) {
-				return line
-			}
+		if p, ports, _, ok := GuardRulePorts(rule); ok && p == proto && slices.Contains(ports, port) {
+			return line
 		}
 	}
 	return ""
 }
 
-// portListHas reports whether a --dport or --dports value ("1,3:5") holds port.
-func portListHas(list string, port int) bool {
-	for part := range strings.SplitSeq(list, ",") {
+// GuardRulePorts reads a guard rule (without "-A CHAIN"): its protocol,
+// the ports it covers in order, and what follows the port list; ok is
+// false for a rule of another shape.
+func GuardRulePorts(rule string) (proto Protocol, ports []int, rest string, ok bool) {
+	f := strings.Fields(rule)
+	i := slices.IndexFunc(f, func(a string) bool { return a == "--dport" || a == "--dports" })
+	if len(f) < 2 || f[0] != "-p" || i < 0 || i+1 >= len(f) {
+		return "", nil, "", false
+	}
+	for part := range strings.SplitSeq(f[i+1], ",") {
 		lo, hi, isRange := strings.Cut(part, ":")
 		if !isRange {
 			hi = lo
 		}
 		a, err1 := strconv.Atoi(lo)
 		b, err2 := strconv.Atoi(hi)
-		if err1 == nil && err2 == nil && a <= port && port <= b {
-			return true
+		if err1 != nil || err2 != nil || a > b {
+			return "", nil, "", false
+		}
+		for p := a; p <= b; p++ {
+			ports = append(ports, p)
 		}
 	}
-	return false
+	return Protocol(f[1]), ports, strings.Join(f[i+2:], " "), true
 }

@@ -170,3 +170,15 @@ func TestGuardRuleCovering(t *testing.T) {
 		}
 	}
 }
+
+func TestGuardRulePorts(t *testing.T) {
+	proto, ports, rest, ok := GuardRulePorts("-p udp -m multiport --dports 53,60:62 -m conntrack --ctstate NEW -j DROP")
+	if !ok || proto != UDP || !slices.Equal(ports, []int{53, 60, 61, 62}) || rest != "-m conntrack --ctstate NEW -j DROP" {
+		t.Errorf("got %v %v %q %v", proto, ports, rest, ok)
+	}
+	for _, bad := range []string{"-j KUBE-PROXY-PORT-GUARD-03", "-p tcp -j DROP", "-p tcp --dports 9:3 -j DROP", "-p tcp --dport x -j DROP"} {
+		if _, _, _, ok := GuardRulePorts(bad); ok {
+			t.Errorf("%q read as a guard rule", bad)
+		}
+	}
+}

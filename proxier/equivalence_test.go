@@ -259,31 +259,17 @@ var proxyPortRE = regexp.MustCompile(`\b4\d{4}\b`)
 func guardCoverage(f *iptables.FakeRunner, table iptables.Table, chain string) []string {
 	var out []string
 	for _, rule := range f.Rules(table, chain) {
-		fields := strings.Fields(rule)
-		if len(fields) == 2 && fields[0] == "-j" && strings.HasPrefix(fields[1], chain+"-") {
-			out = append(out, guardCoverage(f, table, fields[1])...)
+		if to, ok := strings.CutPrefix(rule, "-j "); ok && strings.HasPrefix(to, chain+"-") {
+			out = append(out, guardCoverage(f, table, to)...)
 			continue
 		}
-		i := slices.IndexFunc(fields, func(a string) bool { return a == "--dport" || a == "--dports" })
-		if len(fields) < 2 || fields[0] != "-p" || i < 0 || i+1 >= len(fields) {
+		proto, ports, rest, ok := iptables.GuardRulePorts(rule)
+		if !ok {
 			out = append(out, rule)
 			continue
 		}
-		rest := strings.Join(fields[i+2:], " ")
-		for _, part := range strings.Split(fields[i+1], ",") {
-			lo, hi, isRange := strings.Cut(part, ":")
-			if !isRange {
-				hi = lo
-			}
-			from, err1 := strconv.Atoi(lo)
-			to, err2 := strconv.Atoi(hi)
-			if err1 != nil || err2 != nil {
-				out = append(out, rule)
-				break
-			}
-			for port := from; port <= to; port++ {
-				out = append(out, fields[1]+" "+strconv.Itoa(port)+": "+rest)
-			}
+		for _, port := range ports {
+			out = append(out, fmt.Sprintf("%s %d: %s", proto, port, rest))
 		}
 	}
 	return out
