@@ -113,3 +113,37 @@ func BenchmarkKernel10k(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkKernelFirstSync10k is the first Sync of 10,000 Services (a
+// ClusterIP and a NodePort each) into a namespace without our rules, the
+// rules flushed between iterations: "one-restore" writes the nat table
+// with one iptables-restore, "split" with one per half side by side (the
+// default past defaultSplitRestoreAbove rules).
+func BenchmarkKernelFirstSync10k(b *testing.B) {
+	requireRealIptables(b)
+	ns := newNetns(b)
+	runner := newNSRunner(b, ns, IPv4)
+	portals := manyPortals(10000)
+	for _, bc := range []struct {
+		name  string
+		split int
+	}{{"one-restore", 1 << 30}, {"split", defaultSplitRestoreAbove}} {
+		b.Run(bc.name, func(b *testing.B) {
+			for b.Loop() {
+				b.StopTimer()
+				for _, table := range []string{"nat", "filter"} {
+					inNetns(b, ns, "iptables", "-t", table, "-F")
+					inNetns(b, ns, "iptables", "-t", table, "-X")
+				}
+				r := New(runner.real, testConfig)
+				r.splitRestoreAbove = bc.split
+				b.StartTimer()
+				var err error
+				runner.th.do(func() { err = r.Sync(portals) })
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

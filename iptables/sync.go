@@ -24,6 +24,9 @@ type Rules struct {
 	printed map[string]printedAs
 	// bucketAbove: a chain with more rules is split into buckets (chains.go).
 	bucketAbove int
+	// splitRestoreAbove: a nat rewrite of more rules is written by two
+	// restores side by side when the runner can (split.go).
+	splitRestoreAbove int
 	// cache is the rendering of the last portal set (renderAll).
 	cache renderCache
 	// have is what our chains hold, in our spelling, after the last
@@ -46,7 +49,7 @@ type printedAs struct {
 
 // New returns the Rules for cfg.Family, programmed through r.
 func New(r Runner, cfg Config) *Rules {
-	return &Rules{runner: r, cfg: cfg, printed: map[string]printedAs{}, written: map[string]bool{}, bucketAbove: defaultBucketAbove}
+	return &Rules{runner: r, cfg: cfg, printed: map[string]printedAs{}, written: map[string]bool{}, bucketAbove: defaultBucketAbove, splitRestoreAbove: defaultSplitRestoreAbove}
 }
 
 // Sync makes the kernel hold exactly the rules for portals. It reads our
@@ -100,7 +103,13 @@ func (r *Rules) syncLocked(portals []Portal) error {
 			// which is stale, so none are left behind here.
 			continue
 		}
-		if err := r.runner.Restore(restoreInput(want, these, gone, jumpLines[table])); err != nil {
+		var err error
+		if table == TableNAT {
+			err = r.restoreNAT(want, these, gone, jumpLines[table])
+		} else {
+			err = r.runner.Restore(restoreInput(want, these, gone, jumpLines[table]))
+		}
+		if err != nil {
 			return fmt.Errorf("%v: writing chains %v: %w", r.cfg.Family, chainNames(these), err)
 		}
 		// Recorded per table: a later table's failure leaves this one's

@@ -1,0 +1,58 @@
+package iptables
+
+import "strings"
+
+// defaultSplitRestoreAbove is the number of nat rules a Sync rewrite must
+// hold before it is written by two restores side by side (runner.go,
+// concurrentRestorer): below it one process costs less than two.
+const defaultSplitRestoreAbove = 4096
+
+// natSide tells the two independent halves of our nat chains apart: the
+// chains PREROUTING reaches (pods and other hosts, 0) and those OUTPUT
+// reaches (the node itself, 1). No rule of one half names a chain of the
+// other, so each half can be restored on its own.
+func natSide(chain string) int {
+	if strings.HasPrefix(chain, ChainPortalsHost) || strings.HasPrefix(chain, ChainNodePortHost) || chain == "OUTPUT" {
+		return 1
+	}
+	return 0
+}
+
+// restoreNAT writes the nat chains of a Sync: with one restore, or, past
+// r.splitRestoreAbove rules and with a runner that can, with one restore
+// per half run side by side. Either way the guard is already in (the filter
+// table went first). With two, one half may fail while the other is
+// written; Sync then reports the error and the next one repairs.
+func (r *Rules) restoreNAT(want chainRules, chains, gone []ownedChain, jumps []string) error {
+	rules := 0
+	for _, c := range chains {
+		rules += len(want[c.name])
+	}
+	cr, ok := r.runner.(concurrentRestorer)
+	if !ok || rules <= r.splitRestoreAbove {
+		return r.runner.Restore(restoreInput(want, chains, gone, jumps))
+	}
+	var sideChains, sideGone [2][]ownedChain
+	var sideJumps [2][]string
+	for _, c := range chains {
+		sideChains[natSide(c.name)] = append(sideChains[natSide(c.name)], c)
+	}
+	for _, c := range gone {
+		sideGone[natSide(c.name)] = append(sideGone[natSide(c.name)], c)
+	}
+	for _, line := range jumps { // "-I PREROUTING 1 ...", "-A OUTPUT ...", "-D ..."
+		f := strings.Fields(line)
+		side := 0
+		if len(f) > 1 {
+			side = natSide(f[1])
+		}
+		sideJumps[side] = append(sideJumps[side], line)
+	}
+	var inputs [][]byte
+	for s := range 2 {
+		if len(sideChains[s]) > 0 || len(sideGone[s]) > 0 {
+			inputs = append(inputs, restoreInput(want, sideChains[s], sideGone[s], sideJumps[s]))
+		}
+	}
+	return cr.RestoreConcurrently(inputs)
+}
