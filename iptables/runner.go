@@ -44,6 +44,8 @@ type execRunner struct {
 	ipt     *goipt.IPTables
 	save    string // path of iptables-save or ip6tables-save
 	restore string // path of iptables-restore or ip6tables-restore
+	// nftables: the binaries are iptables-nft ("(nf_tables)" in --version).
+	nftables bool
 }
 
 // NewRunner returns the real Runner for a family. It fails when the
@@ -64,6 +66,9 @@ func NewRunner(f Family) (Runner, error) {
 	}
 	if r.restore, err = exec.LookPath(prefix + "-restore"); err != nil {
 		return nil, err
+	}
+	if out, err := exec.Command(r.save, "--version").Output(); err == nil {
+		r.nftables = bytes.Contains(out, []byte("nf_tables"))
 	}
 	return r, nil
 }
@@ -128,8 +133,15 @@ func (r *execRunner) Restore(data []byte) error {
 // against 0.58-0.63 s in one), while iptables-legacy's lock (-w)
 // serializes them. The fake is not one, so unit tests stay deterministic.
 type concurrentRestorer interface {
+	// CanRestoreConcurrently is false where concurrent restores would only
+	// queue (iptables-legacy: the second waits for the lock, polling it,
+	// and then replaces the whole table again).
+	CanRestoreConcurrently() bool
 	RestoreConcurrently(inputs [][]byte) error
 }
+
+// CanRestoreConcurrently reports whether the binaries are iptables-nft.
+func (r *execRunner) CanRestoreConcurrently() bool { return r.nftables }
 
 // RestoreConcurrently starts one iptables-restore per input, then waits
 // for all. Every process is started from the calling goroutine, so each

@@ -12,10 +12,13 @@ const defaultSplitRestoreAbove = 4096
 // reaches (the node itself, 1). No rule of one half names a chain of the
 // other, so each half can be restored on its own.
 func natSide(chain string) int {
-	if strings.HasPrefix(chain, ChainPortalsHost) || strings.HasPrefix(chain, ChainNodePortHost) || chain == "OUTPUT" {
+	switch {
+	case chain == "OUTPUT" || strings.HasPrefix(chain, ChainPortalsHost) || strings.HasPrefix(chain, ChainNodePortHost):
 		return 1
+	case chain == "PREROUTING" || strings.HasPrefix(chain, ChainPortalsContainer) || strings.HasPrefix(chain, ChainNodePortContainer):
+		return 0
 	}
-	return 0
+	panic("natSide: not a nat chain of ours: " + chain)
 }
 
 // restoreNAT writes the nat chains of a Sync: with one restore, or, past
@@ -29,7 +32,7 @@ func (r *Rules) restoreNAT(want chainRules, chains, gone []ownedChain, jumps []s
 		rules += len(want[c.name])
 	}
 	cr, ok := r.runner.(concurrentRestorer)
-	if !ok || rules <= r.splitRestoreAbove {
+	if !ok || rules <= r.splitRestoreAbove || !cr.CanRestoreConcurrently() {
 		return r.runner.Restore(restoreInput(want, chains, gone, jumps))
 	}
 	var sideChains, sideGone [2][]ownedChain

@@ -55,8 +55,9 @@ func New(r Runner, cfg Config) *Rules {
 // Sync makes the kernel hold exactly the rules for portals. It reads our
 // chains back, fixes the jump rules (removing duplicates), and only when
 // some chains differ from the desired rendering rewrites those chains with
-// one iptables-restore --noflush per table (which also creates missing
-// chains and adds the jumps to them). Called
+// iptables-restore --noflush, one per table, filter first (a large nat
+// rewrite as two side by side: split.go), which also creates missing
+// chains and adds the jumps to them. Called
 // periodically, it also repairs rules someone deleted, changed or added;
 // Update is the cheap path for changes in between.
 func (r *Rules) Sync(portals []Portal) error {
@@ -91,7 +92,7 @@ func (r *Rules) syncLocked(portals []Portal) error {
 		r.have = want
 		return nil
 	}
-	// One restore per table, filter first: iptables-restore commits each
+	// Restores per table, filter first: iptables-restore commits each
 	// table on its own, so with both in one input a failed filter part left
 	// the nat part applied, and new portals sent traffic to proxy ports that
 	// had no guard yet. Now a portal is written only once its guard is in.
