@@ -264,12 +264,8 @@ func (r *Rules) renderPortal(p Portal, podSrcs, nodePortDsts []string) *portalRu
 	} else {
 		portal(ChainPortalsContainer, ChainPortalsHost, "-d "+netip.PrefixFrom(p.IP.Unmap(), r.cfg.Family.hostBits()).String()+" ")
 	}
-	// REDIRECT sets the conntrack DNAT status too, so everything that came
-	// through a portal passes; a direct connection to the proxy port does
-	// not. Only NEW flows are judged: the rules outlive the proxy, and a
-	// node connection that later got a former proxy port as its source
-	// port must still receive its replies.
-	// Guard rules are rendered for all portals together (guardRules).
+	// The guard's rules (what they match: guardConntrack) are rendered for
+	// all portals together (guardRules).
 	for _, port := range proxyPorts {
 		if key := (guardKey{p.Protocol, port}); !slices.Contains(pr.guards, key) {
 			pr.guards = append(pr.guards, key)

@@ -117,12 +117,18 @@ func (r *execRunner) Save(tables ...Table) ([]byte, error) {
 
 func (r *execRunner) Restore(data []byte) error {
 	var stderr bytes.Buffer
-	cmd := exec.Command(r.restore, "--noflush", "-w", "5")
-	cmd.Stdin, cmd.Stderr = bytes.NewReader(data), &stderr
+	cmd := r.restoreCmd(data, &stderr)
 	if err := cmd.Run(); err != nil {
 		return commandError(cmd, err, &stderr)
 	}
 	return nil
+}
+
+// restoreCmd is iptables-restore --noflush reading data.
+func (r *execRunner) restoreCmd(data []byte, stderr *bytes.Buffer) *exec.Cmd {
+	cmd := exec.Command(r.restore, "--noflush", "-w", "5")
+	cmd.Stdin, cmd.Stderr = bytes.NewReader(data), stderr
+	return cmd
 }
 
 // concurrentRestorer is a Runner that can apply several restore inputs at
@@ -151,8 +157,7 @@ func (r *execRunner) RestoreConcurrently(inputs [][]byte) error {
 	stderrs := make([]bytes.Buffer, len(inputs))
 	var errs []error
 	for i, data := range inputs {
-		cmd := exec.Command(r.restore, "--noflush", "-w", "5")
-		cmd.Stdin, cmd.Stderr = bytes.NewReader(data), &stderrs[i]
+		cmd := r.restoreCmd(data, &stderrs[i])
 		if err := cmd.Start(); err != nil {
 			errs = append(errs, commandError(cmd, err, &stderrs[i]))
 			break

@@ -21,18 +21,18 @@ func natSide(chain string) int {
 	panic("natSide: not a nat chain of ours: " + chain)
 }
 
-// restoreNAT writes the nat chains of a Sync: with one restore, or, past
-// r.splitRestoreAbove rules and with a runner that can, with one restore
-// per half run side by side. Either way the guard is already in (the filter
-// table went first). With two, one half may fail while the other is
-// written; Sync then reports the error and the next one repairs.
-func (r *Rules) restoreNAT(want chainRules, chains, gone []ownedChain, jumps []string) error {
+// writeTable writes one table's chains for Sync: with one restore, or, for
+// nat past r.splitRestoreAbove rules and with a runner that can, with one
+// restore per half run side by side. Either way the guard is already in
+// (the filter table went first). With two, one half may fail while the
+// other is written; Sync then reports the error and the next one repairs.
+func (r *Rules) writeTable(table Table, want chainRules, chains, gone []ownedChain, jumps []string) error {
 	rules := 0
 	for _, c := range chains {
 		rules += len(want[c.name])
 	}
 	cr, ok := r.runner.(concurrentRestorer)
-	if !ok || rules <= r.splitRestoreAbove || !cr.CanRestoreConcurrently() {
+	if table != TableNAT || !ok || rules <= r.splitRestoreAbove || !cr.CanRestoreConcurrently() {
 		return r.runner.Restore(restoreInput(want, chains, gone, jumps))
 	}
 	var sideChains, sideGone [2][]ownedChain

@@ -104,13 +104,7 @@ func (r *Rules) syncLocked(portals []Portal) error {
 			// which is stale, so none are left behind here.
 			continue
 		}
-		var err error
-		if table == TableNAT {
-			err = r.restoreNAT(want, these, gone, jumpLines[table])
-		} else {
-			err = r.runner.Restore(restoreInput(want, these, gone, jumpLines[table]))
-		}
-		if err != nil {
+		if err := r.writeTable(table, want, these, gone, jumpLines[table]); err != nil {
 			return fmt.Errorf("%v: writing chains %v: %w", r.cfg.Family, chainNames(these), err)
 		}
 		// Recorded per table: a later table's failure leaves this one's

@@ -33,18 +33,6 @@ type familyRules struct {
 	full    []byte // the rendering of every portal, once needed
 }
 
-// guardPort is the proxy port of a one-port guard rule ("--dport N").
-func guardPort(line string) int {
-	f := strings.Fields(line)
-	for i := 0; i+1 < len(f); i++ {
-		if f[i] == "--dport" {
-			n, _ := strconv.Atoi(f[i+1])
-			return n
-		}
-	}
-	return 0
-}
-
 func (e *explanation) write(out io.Writer) error {
 	w := bufio.NewWriter(out)
 	fmt.Fprintf(w, "What kube-userspace-proxy would do with the Services in %s.\n", e.source)
@@ -135,13 +123,15 @@ func (e *explanation) writePort(w *bufio.Writer, p proxier.DebugServicePort) {
 			if !strings.HasPrefix(line, "-A ") {
 				continue
 			}
-			if strings.HasPrefix(line, "-A "+iptables.ChainProxyPortGuard) {
-				// The guard groups proxy ports by blocks of 16: show the rule
-				// of the whole family's rendering that covers this port.
+			chain, rule, _ := strings.Cut(line[len("-A "):], " ")
+			if proto, ports, _, ok := iptables.GuardRulePorts(rule); ok && chain == iptables.ChainProxyPortGuard && len(ports) == 1 {
+				// Past 256 proxy ports the guard groups them by blocks of
+				// 16: show the rule of the family's rendering that covers
+				// this port.
 				if f.full == nil {
 					f.full = f.rules.Render(f.portals)
 				}
-				if grouped := iptables.GuardRuleCovering(f.full, iptables.Protocol(strings.ToLower(p.Protocol)), guardPort(line)); grouped != "" {
+				if grouped := iptables.GuardRuleCovering(f.full, proto, ports[0]); grouped != "" {
 					line = grouped
 				}
 			}

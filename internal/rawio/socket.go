@@ -67,12 +67,12 @@ func SocketError(fd int) error {
 // (IPv4-mapped addresses count as IPv4), to ep; EINPROGRESS is returned as
 // is (the usual answer).
 func Connect(fd int, ep netip.AddrPort) error {
-	family := unix.AF_INET6
-	if ep.Addr().Is4In6() || ep.Addr().Is4() {
-		ep, family = netip.AddrPortFrom(ep.Addr().Unmap(), ep.Port()), unix.AF_INET
+	addr, family := ep.Addr().Unmap(), unix.AF_INET6
+	if addr.Is4() {
+		family = unix.AF_INET
 	}
 	var sa unix.RawSockaddrInet6
-	n, ok := PutSockaddr(&sa, ep, family)
+	n, ok := PutSockaddr(&sa, netip.AddrPortFrom(addr, ep.Port()), family)
 	if !ok {
 		return unix.EINVAL
 	}
