@@ -227,6 +227,8 @@ func New(opts Options) *Proxier {
 			lifetimes:        &lifetimes{},
 			closeQuiet:       opts.ConnectionCloseQuiet,
 			listen:           tcpListenConfig(opts.MultipathTCP, opts.Liveness),
+			liveness:         opts.Liveness,
+			multipath:        opts.MultipathTCP,
 		},
 	}
 	p.sockCfg.udpMaxSessionsPerPort, p.sockCfg.udpBudget = udpLimits(opts)

@@ -53,8 +53,12 @@ type socketConfig struct {
 	// closes it.
 	lifetimes  *lifetimes
 	closeQuiet time.Duration
-	// listen opens the proxy sockets (see tcpListenConfig).
-	listen net.ListenConfig
+	// listen opens the proxy sockets (see tcpListenConfig), but for the
+	// loops' TCP ones without MPTCP: relay.ListenTCP opens those, with
+	// liveness, and the runtime's poller never holds them.
+	listen    net.ListenConfig
+	liveness  relay.Liveness
+	multipath bool
 	// loops relays fault-free TCP connections (--data-path=eventloop);
 	// nil: a goroutine pair per connection.
 	loops *relay.Group
@@ -100,6 +104,13 @@ func newProxySocket(name loadbalancer.ServicePortName, bind netip.Addr, port int
 	addr := net.JoinHostPort(host, fmt.Sprint(port))
 	switch name.Protocol {
 	case v1.ProtocolTCP:
+		if cfg.loops != nil && !cfg.multipath {
+			fd, at, err := relay.ListenTCP(netip.AddrPortFrom(bind, uint16(port)), family == "", cfg.liveness)
+			if err != nil {
+				return nil, err
+			}
+			return newLoopTCPProxySocket(name, fd, at, sp, fp, cfg), nil
+		}
 		ln, err := cfg.listen.Listen(context.Background(), "tcp"+family, addr)
 		if err != nil {
 			return nil, err

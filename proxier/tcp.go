@@ -42,22 +42,36 @@ type tcpProxySocket struct {
 }
 
 func newTCPProxySocket(name loadbalancer.ServicePortName, ln *net.TCPListener, sp *loadbalancer.ServicePort, fp *faults.Port, cfg *socketConfig) (*tcpProxySocket, error) {
+	s := newTCPSocketState(name, ln.Addr().(*net.TCPAddr), sp, fp, cfg)
+	if cfg.loops == nil {
+		s.ln = ln
+		return s, nil
+	}
+	fd, err := takeListener(ln)
+	if err != nil {
+		return nil, err
+	}
+	s.loopLn = cfg.loops.Listen(fd, s)
+	return s, nil
+}
+
+// newLoopTCPProxySocket serves fd, a listening socket bound to at, on the
+// event loops (which own it from now on).
+func newLoopTCPProxySocket(name loadbalancer.ServicePortName, fd int, at netip.AddrPort, sp *loadbalancer.ServicePort, fp *faults.Port, cfg *socketConfig) *tcpProxySocket {
+	s := newTCPSocketState(name, net.TCPAddrFromAddrPort(at), sp, fp, cfg)
+	s.loopLn = cfg.loops.Listen(fd, s)
+	return s
+}
+
+func newTCPSocketState(name loadbalancer.ServicePortName, addr *net.TCPAddr, sp *loadbalancer.ServicePort, fp *faults.Port, cfg *socketConfig) *tcpProxySocket {
 	label := name.String()
 	m := cfg.metrics.ports.forPort(label, false)
-	s := &tcpProxySocket{
-		name: name, label: label, ln: ln, addr: ln.Addr().(*net.TCPAddr), sp: sp, cfg: cfg, faults: fp, closer: newCloser(),
+	return &tcpProxySocket{
+		name: name, label: label, addr: addr, sp: sp, cfg: cfg, faults: fp, closer: newCloser(),
 		lifetime: cfg.lifetimes.port(name),
 		active:   &m.active, failed: &m.failed, retries: &m.dialRetries, dialFailures: &m.dialFailures,
 		acceptErrors: &m.acceptErrors, bytesIn: &m.bytesIn, bytesOut: &m.bytesOut,
 	}
-	if cfg.loops != nil {
-		fd, err := takeListener(ln)
-		if err != nil {
-			return nil, err
-		}
-		s.ln, s.loopLn = nil, cfg.loops.Listen(fd, s)
-	}
-	return s, nil
 }
 
 func (s *tcpProxySocket) Port() int { return s.addr.Port }

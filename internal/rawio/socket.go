@@ -93,3 +93,32 @@ func Close(fd int) error {
 	_, _, e := unix.RawSyscall(unix.SYS_CLOSE, uintptr(fd), 0, 0)
 	return errno(e)
 }
+
+// Bind binds the socket fd, of family, to ep (an AF_INET6 socket takes
+// IPv4 as ::ffff:a.b.c.d, as PutSockaddr).
+func Bind(fd int, ep netip.AddrPort, family int) error {
+	var sa unix.RawSockaddrInet6
+	n, ok := PutSockaddr(&sa, ep, family)
+	if !ok {
+		return unix.EINVAL
+	}
+	_, _, e := unix.RawSyscall(unix.SYS_BIND, uintptr(fd), uintptr(unsafe.Pointer(&sa)), uintptr(n))
+	return errno(e)
+}
+
+// Listen is listen(2). The kernel caps backlog at net.core.somaxconn.
+func Listen(fd, backlog int) error {
+	_, _, e := unix.RawSyscall(unix.SYS_LISTEN, uintptr(fd), uintptr(backlog), 0)
+	return errno(e)
+}
+
+// LocalAddr is getsockname(2), decoded as AddrPortOf.
+func LocalAddr(fd int) (netip.AddrPort, error) {
+	var sa unix.RawSockaddrInet6
+	n := uint32(unix.SizeofSockaddrInet6)
+	_, _, e := unix.RawSyscall(unix.SYS_GETSOCKNAME, uintptr(fd), uintptr(unsafe.Pointer(&sa)), uintptr(unsafe.Pointer(&n)))
+	if e != 0 {
+		return netip.AddrPort{}, e
+	}
+	return AddrPortOf(&sa), nil
+}

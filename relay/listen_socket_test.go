@@ -1,0 +1,168 @@
+package relay
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"strconv"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// listenerState is what a listening socket's user sees of it.
+type listenerState struct {
+	domain, reuseAddr, v6only, inq, accepting            int
+	keepAlive, keepIdle, keepIntvl, keepCnt, userTimeout int
+	nonblocking, cloexec                                 bool
+	addr                                                 netip.Addr
+}
+
+func readListenerState(t *testing.T, fd int) listenerState {
+	t.Helper()
+	var st listenerState
+	get := func(level, opt int) int {
+		v, err := unix.GetsockoptInt(fd, level, opt)
+		if err != nil {
+			t.Fatalf("getsockopt(%d, %d): %v", level, opt, err)
+		}
+		return v
+	}
+	st.domain = get(unix.SOL_SOCKET, unix.SO_DOMAIN)
+	st.reuseAddr = get(unix.SOL_SOCKET, unix.SO_REUSEADDR)
+	if st.domain == unix.AF_INET6 {
+		st.v6only = get(unix.IPPROTO_IPV6, unix.IPV6_V6ONLY)
+	}
+	st.inq = get(unix.SOL_TCP, unix.TCP_INQ)
+	st.accepting = get(unix.SOL_SOCKET, unix.SO_ACCEPTCONN)
+	st.keepAlive = get(unix.SOL_SOCKET, unix.SO_KEEPALIVE)
+	st.keepIdle = get(unix.IPPROTO_TCP, unix.TCP_KEEPIDLE)
+	st.keepIntvl = get(unix.IPPROTO_TCP, unix.TCP_KEEPINTVL)
+	st.keepCnt = get(unix.IPPROTO_TCP, unix.TCP_KEEPCNT)
+	st.userTimeout = get(unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT)
+	fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fdfl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.nonblocking, st.cloexec = fl&unix.O_NONBLOCK != 0, fdfl&unix.FD_CLOEXEC != 0
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch sa := sa.(type) {
+	case *unix.SockaddrInet4:
+		st.addr = netip.AddrFrom4(sa.Addr)
+	case *unix.SockaddrInet6:
+		st.addr = netip.AddrFrom16(sa.Addr)
+	}
+	return st
+}
+
+// ListenTCP's socket is the one net.ListenConfig with SocketControl makes
+// (the proxier opened its sockets that way before), in every family case
+// the proxier asks for, and it accepts clients of each family it takes.
+func TestListenTCPMatchesNetListen(t *testing.T) {
+	live := Liveness{KeepAliveIdle: 30 * time.Second, KeepAliveInterval: 10 * time.Second, KeepAliveCount: 5, UserTimeout: 20 * time.Second}
+	for _, tc := range []struct {
+		name      string
+		addr      netip.Addr // invalid: no bind address
+		dualStack bool
+		network   string // what the proxier gave net.Listen
+		host      string
+		clients   []string
+	}{
+		{"IPv4 wildcard", netip.Addr{}, false, "tcp4", "", []string{"127.0.0.1"}},
+		{"IPv4 wildcard given", netip.IPv4Unspecified(), false, "tcp4", "", []string{"127.0.0.1"}},
+		{"dual stack", netip.Addr{}, true, "tcp", "", []string{"127.0.0.1", "::1"}},
+		{"IPv6 wildcard given", netip.IPv6Unspecified(), false, "tcp", "", []string{"127.0.0.1", "::1"}},
+		{"IPv4 address", netip.MustParseAddr("127.0.0.1"), true, "tcp", "127.0.0.1", []string{"127.0.0.1"}},
+		{"IPv6 address", netip.IPv6Loopback(), false, "tcp", "::1", []string{"::1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.network == "tcp" && tc.host != "127.0.0.1" && !hasIPv6Loopback() {
+				t.Skip("no IPv6 loopback")
+			}
+			lc := net.ListenConfig{KeepAlive: -1, Control: SocketControl(live)}
+			ln, err := lc.Listen(t.Context(), tc.network, net.JoinHostPort(tc.host, "0"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			raw, err := ln.(*net.TCPListener).SyscallConn()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var want listenerState
+			_ = raw.Control(func(fd uintptr) { want = readListenerState(t, int(fd)) })
+
+			fd, at, err := ListenTCP(netip.AddrPortFrom(tc.addr, 0), tc.dualStack, live)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unix.Close(fd)
+			got := readListenerState(t, fd)
+			if got != want {
+				t.Errorf("socket state\n got %+v\nwant %+v", got, want)
+			}
+			if at.Port() == 0 || at.Addr() != got.addr {
+				t.Errorf("bound address %v, socket says %v", at, got.addr)
+			}
+			for _, client := range tc.clients {
+				c, err := net.DialTimeout("tcp", net.JoinHostPort(client, strconv.Itoa(int(at.Port()))), time.Second)
+				if err != nil {
+					t.Errorf("client from %s: %v", client, err)
+					continue
+				}
+				c.Close()
+			}
+		})
+	}
+}
+
+func hasIPv6Loopback() bool {
+	ln, err := net.Listen("tcp6", "[::1]:0")
+	if err != nil {
+		return false
+	}
+	ln.Close()
+	return true
+}
+
+// A port in use fails as net.Listen fails: the same message, and errors.Is
+// finds the errno (the port allocator retries on EADDRINUSE).
+func TestListenTCPErrorsAsNetListen(t *testing.T) {
+	taken, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	port := taken.Addr().(*net.TCPAddr).Port
+	for _, tc := range []struct {
+		addr          netip.Addr
+		network, host string
+	}{
+		{netip.MustParseAddr("127.0.0.1"), "tcp", "127.0.0.1"},
+		{netip.Addr{}, "tcp4", ""},
+	} {
+		_, wantErr := net.Listen(tc.network, net.JoinHostPort(tc.host, strconv.Itoa(port)))
+		if wantErr == nil {
+			t.Fatalf("net.Listen %s %q took a port in use", tc.network, tc.host)
+		}
+		fd, _, err := ListenTCP(netip.AddrPortFrom(tc.addr, uint16(port)), false, Liveness{})
+		if err == nil {
+			unix.Close(fd)
+			t.Fatalf("ListenTCP %v took a port in use", tc.addr)
+		}
+		if !errors.Is(err, unix.EADDRINUSE) {
+			t.Errorf("ListenTCP %v: %v is not EADDRINUSE", tc.addr, err)
+		}
+		if err.Error() != wantErr.Error() {
+			t.Errorf("ListenTCP %v: %q, net.Listen says %q", tc.addr, err, wantErr)
+		}
+	}
+}
