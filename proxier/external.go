@@ -68,7 +68,7 @@ func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo) {
 			klog.ErrorS(err, "Failed to open external proxy socket", "servicePort", info.name)
 			return
 		}
-		go sock.Serve()
+		serve(sock)
 		ap.external, ap.externalPort = sock, sock.Port()
 	case !need && ap.external != nil:
 		p.closeExternalSocket(ap)

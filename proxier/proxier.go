@@ -7,10 +7,10 @@ package proxier
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -491,16 +491,17 @@ func (p *Proxier) openPort(info *servicePortInfo) (*activePort, error) {
 		p.opts.Faults.RemovePort(info.faultName)
 		return nil, err
 	}
-	go sock.Serve()
+	serve(sock)
 	ap := &activePort{info: info, socket: sock, proxyPort: sock.Port(), faults: fp}
 	fp.SetLabel(info.key) // a port the fault API created first has the API name
-	fp.SetAddresses(net.JoinHostPort(p.listenHost(), fmt.Sprint(ap.proxyPort)), "")
+	proxyAddr := net.JoinHostPort(p.listenHost(), strconv.Itoa(ap.proxyPort))
+	fp.SetAddresses(proxyAddr, "")
 	fp.SetUpstreamFunc(func() string { return p.upstreamOf(info.name) })
 	if p.opts.ClaimNodePorts {
 		ap.claims = p.claim(info)
 	}
 	klog.InfoS("Serving service port", "servicePort", info.name, "protocol", info.name.Protocol,
-		"proxyAddress", net.JoinHostPort(p.listenHost(), fmt.Sprint(ap.proxyPort)))
+		"proxyAddress", proxyAddr)
 	return ap, nil
 }
 

@@ -28,6 +28,16 @@ type proxySocket interface {
 	Close() error
 }
 
+// serve starts sock's accept or read loop, on a goroutine of its own; a
+// TCP socket on the event loops has none, so no goroutine is started for
+// it (10,000 that returned at once cost a first sync 18 ms of CPU).
+func serve(sock proxySocket) {
+	if t, ok := sock.(*tcpProxySocket); ok && t.loopLn != nil {
+		return
+	}
+	go sock.Serve()
+}
+
 // Dialer opens backend connections; tests swap it to inject failures.
 type Dialer interface {
 	DialContext(ctx context.Context, network, address string) (net.Conn, error)
