@@ -47,9 +47,8 @@ func (m *cpuMeter) report(b *testing.B) {
 	b.ReportMetric(float64(m.total)/float64(time.Millisecond)/float64(b.N), "cpu-ms/op")
 }
 
-// quietKlog sends klog to io.Discard: a sync still formats its 10,000
-// "Serving service port" lines, as in production, but the benchmark output
-// stays readable.
+// quietKlog sends klog to io.Discard: a sync still formats its log lines
+// as in production, but the benchmark output stays readable.
 func quietKlog() {
 	quietOnce.Do(func() {
 		klog.LogToStderr(false)
