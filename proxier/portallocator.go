@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -256,6 +257,47 @@ func (a *PortAllocator) Open(listen func(port int) (proxySocket, error)) (proxyS
 		return nil, fmt.Errorf("listen on a kernel-chosen port: %w", err)
 	}
 	return sock, nil
+}
+
+// OpenPreferred listens on port when the allocator would hand it out and
+// no one of ours holds it (the port a restarted proxy's rules still send
+// the service port to); otherwise, or when that listen fails, it is Open.
+func (a *PortAllocator) OpenPreferred(port int, listen func(port int) (proxySocket, error)) (proxySocket, error) {
+	if port > 0 && a.take(port) {
+		if sock, err := listen(port); err == nil {
+			return sock, nil
+		}
+		a.Release(port)
+	}
+	return a.Open(listen)
+}
+
+// take marks port as ours if it is a free candidate: in the explicit range,
+// or in the default mode's pool (never with ports left to the kernel).
+func (a *PortAllocator) take(port int) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.inUse[port] {
+		return false
+	}
+	if a.r.Size > 0 {
+		if port < a.r.Base || port >= a.r.Base+a.r.Size {
+			return false
+		}
+		a.inUse[port] = true
+		return true
+	}
+	for _, s := range a.pool {
+		if port >= s.lo && port <= s.hi {
+			if _, found := slices.BinarySearch(s.ports, uint16(port)); !found {
+				return false
+			}
+			a.inUse[port] = true
+			s.used++
+			return true
+		}
+	}
+	return false
 }
 
 // segmentAfter is the index of the pool segment that follows port's.

@@ -166,6 +166,9 @@ type Proxier struct {
 	pendingConntrack map[loadbalancer.ServicePortName]struct{}
 	// lastFull is when the portals last had a full (repairing) sync.
 	lastFull time.Time
+	// keptPortsRead: the first sync has read the proxy ports the kernel's
+	// portals already name (keptports.go).
+	keptPortsRead bool
 
 	// listen opens a service port's proxy socket: newProxySocket, or a
 	// plan's stand-in that opens nothing.
@@ -405,6 +408,11 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 		p.lastFull = start
 	}
 	want, changedServices, changes := p.desired()
+	var kept map[iptables.PortalKey]int
+	if !p.keptPortsRead {
+		p.keptPortsRead = true
+		kept = p.readKeptPorts()
+	}
 
 	p.syncPolicies(changedServices)
 	for name, ap := range p.active {
@@ -436,7 +444,7 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 		}
 		if ap == nil {
 			var err error
-			if ap, err = p.openPort(info, perPortLines); err != nil {
+			if ap, err = p.openPort(info, keptPort(kept, info), perPortLines); err != nil {
 				// Try again on the next sync; the port was released.
 				klog.ErrorS(err, "Failed to open proxy socket", "servicePort", name)
 				continue
@@ -497,13 +505,13 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 // cost a first sync 41 ms of CPU in formatting alone, and bury the rest.
 const servingLinesUpTo = 100
 
-// openPort opens info's proxy socket; logLine: say so at the default
-// verbosity (else at -v=2).
-func (p *Proxier) openPort(info *servicePortInfo, logLine bool) (*activePort, error) {
+// openPort opens info's proxy socket, on port kept when it can (0: any);
+// logLine: say so at the default verbosity (else at -v=2).
+func (p *Proxier) openPort(info *servicePortInfo, kept int, logLine bool) (*activePort, error) {
 	sp := p.lb.ServicePort(info.name)
 	p.lb.SetAffinity(info.name, info.affinity)
 	fp := p.opts.Faults.PortLabeled(info.faultName, string(info.name.Protocol), info.key)
-	sock, err := p.ports.Open(func(port int) (proxySocket, error) {
+	sock, err := p.ports.OpenPreferred(kept, func(port int) (proxySocket, error) {
 		return p.listen(info.name, p.opts.BindAddress, port, info.hasIPv6(), sp, fp, p.sockCfg)
 	})
 	if err != nil {

@@ -281,8 +281,10 @@ func BenchmarkServiceChange10k(b *testing.B) {
 //     destination made this 105 s (37793f7: one per address family).
 //     The rules are flushed between iterations, untimed;
 //   - "restart": the first sync of a new proxier over the rules of the last
-//     one, as after a restart: every rule names a new proxy port, so the
-//     read-back finds all of them stale and they are all rewritten;
+//     one, as after a restart: it reads the proxy ports the rules name and
+//     listens there again (keptports.go), so the read-back finds the rules
+//     right and nothing is rewritten (before, every rule named a new port
+//     and all were rewritten);
 //   - "periodic": the repair sync with nothing to do, one read-back.
 func BenchmarkKernelSync10k(b *testing.B) {
 	netns.Require(b, "iptables", "iptables-save", "iptables-restore")
