@@ -15,88 +15,153 @@ type PortalKey struct {
 	Port     int
 }
 
-// ProxyPortsInKernel reads the portals in the kernel (one dump) and returns
-// the proxy port each one sends the node's own traffic to (KUBE-PORTALS-HOST
-// and its buckets). A proxy started over the rules of the one before it
-// listens on those ports again where it can: the rules are then already
-// right, so its first sync rewrites nothing for them, and clients reach the
-// new sockets as soon as they listen, before any write. A portal whose
-// rules disagree (two ports) is left out.
-func (r *Rules) ProxyPortsInKernel() (map[PortalKey]int, error) {
+// KernelPortals is what the portal rules in the kernel say of proxy ports
+// (ProxyPortsInKernel). A portal whose rules disagree (two ports) is left
+// out of either map.
+type KernelPortals struct {
+	// Host is the proxy port each ClusterIP, externalIP and LB-IP portal
+	// sends the node's own traffic to (KUBE-PORTALS-HOST): the cluster-wide
+	// socket, also under externalTrafficPolicy: Local.
+	Host map[PortalKey]int
+	// Container is the proxy port each portal sends traffic from pods and
+	// other hosts to (KUBE-PORTALS-CONTAINER; KUBE-NODEPORT-CONTAINER, a
+	// NodePort keyed with no IP and its node port), source-matched rules
+	// aside: under externalTrafficPolicy: Local, the node-local socket of
+	// external addresses and NodePorts.
+	Container map[PortalKey]int
+	// Named is every proxy port any portal rule of ours sends traffic to.
+	Named map[int]bool
+}
+
+// ProxyPortsInKernel reads the portals in the kernel (one dump). A proxy
+// started over the rules of the one before it listens on those ports again
+// where it can: the rules are then already right, so its first sync
+// rewrites nothing for them, and clients reach the new sockets as soon as
+// they listen, before any write.
+func (r *Rules) ProxyPortsInKernel() (KernelPortals, error) {
+	kp := KernelPortals{Host: map[PortalKey]int{}, Container: map[PortalKey]int{}, Named: map[int]bool{}}
 	data, err := r.runner.Save()
 	if err != nil {
-		return nil, err
+		return kp, err
 	}
 	nat, err := parseSave(data, TableNAT)
 	if err != nil {
-		return nil, err
+		return kp, err
 	}
-	out := map[PortalKey]int{}
-	conflicting := map[PortalKey]bool{}
+	host, container := portalPorts{kp.Host, map[PortalKey]bool{}}, portalPorts{kp.Container, map[PortalKey]bool{}}
 	for chain, rules := range nat.rules {
-		if chain != ChainPortalsHost && !strings.HasPrefix(chain, ChainPortalsHost+"-") {
+		parent := portalChainOf(chain)
+		if parent == "" {
 			continue
 		}
-		for _, rule := range rules {
-			key, port, ok := portalProxyPort(rule)
-			if !ok || conflicting[key] {
+		for _, line := range rules {
+			rule, ok := parsePortalRule(line)
+			if !ok {
 				continue
 			}
-			if had, seen := out[key]; seen && had != port {
-				delete(out, key)
-				conflicting[key] = true
-				continue
+			kp.Named[rule.port] = true
+			switch {
+			case rule.fromSource || rule.key.Name == "" || rule.key.Port <= 0 ||
+				(rule.key.Protocol != TCP && rule.key.Protocol != UDP):
+			case parent == ChainNodePortContainer:
+				rule.key.IP = netip.Addr{} // all node addresses, or --nodeport-addresses
+				container.add(rule.key, rule.port)
+			case parent == ChainNodePortHost || rule.dstCIDR || !rule.key.IP.IsValid():
+			case parent == ChainPortalsHost:
+				host.add(rule.key, rule.port)
+			case parent == ChainPortalsContainer:
+				container.add(rule.key, rule.port)
 			}
-			out[key] = port
 		}
 	}
-	return out, nil
+	return kp, nil
 }
 
-// portalProxyPort reads a portal rule as rendered (renderPortal): its key
-// and the proxy port of its DNAT or REDIRECT target. Rules with a source
-// match (the externalTrafficPolicy: Local shortcut) or anything unexpected
-// are not portals of one socket: ok is false.
-func portalProxyPort(rule string) (key PortalKey, port int, ok bool) {
-	args, err := splitRule(rule)
+// portalPorts collects one map of KernelPortals, leaving out a portal
+// whose rules name two ports.
+type portalPorts struct {
+	ports       map[PortalKey]int
+	conflicting map[PortalKey]bool
+}
+
+func (pp portalPorts) add(key PortalKey, port int) {
+	if pp.conflicting[key] {
+		return
+	}
+	if had, seen := pp.ports[key]; seen && had != port {
+		delete(pp.ports, key)
+		pp.conflicting[key] = true
+		return
+	}
+	pp.ports[key] = port
+}
+
+// portalChainOf is the chain of ours that sends traffic to proxy ports
+// that chain is, or is a bucket of; "" for any other.
+func portalChainOf(chain string) string {
+	for _, c := range []string{ChainPortalsContainer, ChainPortalsHost, ChainNodePortContainer, ChainNodePortHost} {
+		if chain == c || strings.HasPrefix(chain, c+"-") {
+			return c
+		}
+	}
+	return ""
+}
+
+// portalRule is what parsePortalRule reads of a rule.
+type portalRule struct {
+	key  PortalKey // IP: the -d address when one
+	port int       // of the DNAT or REDIRECT target
+	// fromSource: a -s match or a negation (the externalTrafficPolicy:
+	// Local shortcut to the cluster-wide socket); dstCIDR: -d of more than
+	// one address (--nodeport-addresses).
+	fromSource, dstCIDR bool
+}
+
+// parsePortalRule reads a portal rule as rendered (renderPortal); ok is
+// false when it has no proxy port target (1-65535) or cannot be read.
+func parsePortalRule(line string) (portalRule, bool) {
+	var r portalRule
+	args, err := splitRule(line)
 	if err != nil {
-		return key, 0, false
+		return r, false
 	}
 	for i := 0; i+1 < len(args); i++ {
 		v := args[i+1]
 		switch args[i] {
 		case "-s", "!":
-			return key, 0, false
+			r.fromSource = true
 		case "-d":
 			p, err := netip.ParsePrefix(v)
-			if err != nil || !p.IsSingleIP() {
-				return key, 0, false
+			switch {
+			case err != nil:
+				return r, false
+			case p.IsSingleIP():
+				r.key.IP = p.Addr()
+			default:
+				r.dstCIDR = true
 			}
-			key.IP = p.Addr()
 		case "-p":
-			key.Protocol = Protocol(v)
+			r.key.Protocol = Protocol(v)
 		case "--comment":
-			key.Name = v
+			r.key.Name = v
 		case "--dport":
-			if key.Port, err = strconv.Atoi(v); err != nil {
-				return key, 0, false
+			if r.key.Port, err = strconv.Atoi(v); err != nil {
+				return r, false
 			}
 		case "--to-destination":
 			ap, err := netip.ParseAddrPort(v)
 			if err != nil {
-				return key, 0, false
+				return r, false
 			}
-			port = int(ap.Port())
+			r.port = int(ap.Port())
 		case "--to-ports":
-			if port, err = strconv.Atoi(v); err != nil {
-				return key, 0, false
+			if r.port, err = strconv.Atoi(v); err != nil {
+				return r, false
 			}
 		default:
 			continue
 		}
 		i++
 	}
-	ok = key.Name != "" && key.IP.IsValid() && key.Port > 0 && port > 0 &&
-		(key.Protocol == TCP || key.Protocol == UDP)
-	return key, port, ok
+	return r, r.port > 0 && r.port <= 65535
 }

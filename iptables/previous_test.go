@@ -27,8 +27,20 @@ func TestProxyPortsInKernel(t *testing.T) {
 		{"default/local:http", TCP, netip.MustParseAddr("10.96.0.11"), 80}:   40003,
 		{"default/local:http", TCP, netip.MustParseAddr("198.51.100.1"), 80}: 40003,
 	}
+	wantContainer := map[PortalKey]int{
+		{"default/web:http", TCP, netip.MustParseAddr("10.96.0.10"), 80}:     40001,
+		{"default/web:http", TCP, netip.MustParseAddr("203.0.113.7"), 80}:    40001,
+		{"default/web:http", TCP, netip.Addr{}, 30080}:                       40001,
+		{"kube-system/dns:dns", UDP, netip.MustParseAddr("10.96.0.53"), 53}:  40002,
+		{"default/local:http", TCP, netip.MustParseAddr("10.96.0.11"), 80}:   40003,
+		{"default/local:http", TCP, netip.MustParseAddr("198.51.100.1"), 80}: 40004,
+	}
+	named := map[int]bool{40001: true, 40002: true, 40003: true, 40004: true}
 	v6 := []Portal{{Name: "default/web6:http", Protocol: TCP, IP: netip.MustParseAddr("fd00::10"), Port: 80, ProxyPort: 40005}}
 	want6 := map[PortalKey]int{{"default/web6:http", TCP, netip.MustParseAddr("fd00::10"), 80}: 40005}
+	withCIDR := testConfig
+	withCIDR.ClusterCIDRs = []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}
+	withCIDR.NodePortAddresses = []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")}
 	redirect := testConfig
 	redirect.NodeIP = netip.Addr{}
 	for _, tc := range []struct {
@@ -37,12 +49,15 @@ func TestProxyPortsInKernel(t *testing.T) {
 		cfg         Config
 		bucketAbove int
 		portals     []Portal
-		want        map[PortalKey]int
+		host        map[PortalKey]int
+		container   map[PortalKey]int
+		named       map[int]bool
 	}{
-		{"DNAT to the node IP", IPv4, testConfig, defaultBucketAbove, v4, want},
-		{"bucketed", IPv4, testConfig, 1, v4, want},
-		{"no node IP", IPv4, redirect, defaultBucketAbove, v4, want},
-		{"IPv6", IPv6, Config{Family: IPv6, BindAddress: netip.IPv6Unspecified(), NodeIP: netip.MustParseAddr("fd00::1")}, defaultBucketAbove, v6, want6},
+		{"DNAT to the node IP", IPv4, testConfig, defaultBucketAbove, v4, want, wantContainer, named},
+		{"bucketed", IPv4, testConfig, 1, v4, want, wantContainer, named},
+		{"no node IP", IPv4, redirect, defaultBucketAbove, v4, want, wantContainer, named},
+		{"cluster and NodePort CIDRs", IPv4, withCIDR, defaultBucketAbove, v4, want, wantContainer, named},
+		{"IPv6", IPv6, Config{Family: IPv6, BindAddress: netip.IPv6Unspecified(), NodeIP: netip.MustParseAddr("fd00::1")}, defaultBucketAbove, v6, want6, want6, map[int]bool{40005: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fake := NewFakeRunner(tc.family)
@@ -54,31 +69,46 @@ func TestProxyPortsInKernel(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !maps.Equal(got, tc.want) {
-				t.Errorf("got %v\nwant %v", got, tc.want)
+			if !maps.Equal(got.Host, tc.host) {
+				t.Errorf("host %v\nwant %v", got.Host, tc.host)
+			}
+			if !maps.Equal(got.Container, tc.container) {
+				t.Errorf("container %v\nwant %v", got.Container, tc.container)
+			}
+			if !maps.Equal(got.Named, tc.named) {
+				t.Errorf("named %v, want %v", got.Named, tc.named)
 			}
 		})
 	}
 }
 
-func TestPortalProxyPortRules(t *testing.T) {
-	key := PortalKey{"default/web:http", TCP, netip.MustParseAddr("10.96.0.10"), 80}
+func TestParsePortalRule(t *testing.T) {
+	ip := netip.MustParseAddr("10.96.0.10")
+	key := PortalKey{"default/web:http", TCP, ip, 80}
 	for _, tc := range []struct {
 		rule string
-		port int // 0: not read
+		want portalRule
+		ok   bool
 	}{
-		{`-d 10.96.0.10/32 -p tcp -m comment --comment "default/web:http" -m tcp --dport 80 -j DNAT --to-destination 192.168.1.10:40001`, 40001},
-		{`-d 10.96.0.10/32 -p tcp -m comment --comment "default/web:http" -m tcp --dport 80 -j REDIRECT --to-ports 40001`, 40001},
-		{`-s 10.244.0.0/16 -d 10.96.0.10/32 -p tcp -m comment --comment "default/web:http" -m tcp --dport 80 -j DNAT --to-destination 192.168.1.10:40001`, 0},
-		{`-d 10.96.0.0/16 -p tcp -m comment --comment "default/web:http" -m tcp --dport 80 -j DNAT --to-destination 192.168.1.10:40001`, 0},
-		{`-d 10.96.0.10/32 -p tcp -m comment --comment "default/web:http" -m tcp --dport 80 -j ACCEPT`, 0},
-		{`-d 10.96.0.10/32 -p sctp -m comment --comment "default/web:http" -m sctp --dport 80 -j DNAT --to-destination 192.168.1.10:40001`, 0},
-		{`-d 10.96.0.10/32 -p tcp -m comment --comment "default/web:http" -m tcp ! --dport 80 -j DNAT --to-destination 192.168.1.10:40001`, 0},
-		{`-d 10.96.0.10/32 -p tcp -m comment --comment "default/web:http -j DNAT`, 0},
+		{`-d 10.96.0.10/32 -p tcp -m comment --comment "default/web:http" -m tcp --dport 80 -j DNAT --to-destination 192.168.1.10:40001`,
+			portalRule{key: key, port: 40001}, true},
+		{`-d fd00::10/128 -p tcp -m comment --comment "default/web:http" -m tcp --dport 80 -j DNAT --to-destination [fd00::1]:40001`,
+			portalRule{key: PortalKey{"default/web:http", TCP, netip.MustParseAddr("fd00::10"), 80}, port: 40001}, true},
+		{`-d 10.96.0.10/32 -p tcp -m comment --comment "default/web:http" -m tcp --dport 80 -j REDIRECT --to-ports 40001`,
+			portalRule{key: key, port: 40001}, true},
+		{`-s 10.244.0.0/16 -d 10.96.0.10/32 -p tcp -m comment --comment "default/web:http" -m tcp --dport 80 -j DNAT --to-destination 192.168.1.10:40001`,
+			portalRule{key: key, port: 40001, fromSource: true}, true},
+		{`-d 192.168.1.0/24 -p tcp -m comment --comment "default/web:http" -m tcp --dport 30080 -j DNAT --to-destination 192.168.1.10:40001`,
+			portalRule{key: PortalKey{"default/web:http", TCP, netip.Addr{}, 30080}, port: 40001, dstCIDR: true}, true},
+		{`-d 10.96.0.10/32 -p tcp -m comment --comment "default/web:http" -m tcp ! --dport 80 -j DNAT --to-destination 192.168.1.10:40001`,
+			portalRule{key: PortalKey{"default/web:http", TCP, ip, 0}, port: 40001, fromSource: true}, true},
+		{`-d 10.96.0.10/32 -p tcp -m comment --comment "default/web:http" -m tcp --dport 80 -j ACCEPT`, portalRule{}, false},
+		{`-d 10.96.0.10/32 -p tcp -m tcp --dport 80 -j REDIRECT --to-ports 70000`, portalRule{}, false},
+		{`-d 10.96.0.10/32 -p tcp -m comment --comment "default/web:http -j DNAT`, portalRule{}, false},
 	} {
-		got, port, ok := portalProxyPort(tc.rule)
-		if ok != (tc.port != 0) || (ok && (port != tc.port || got != key)) {
-			t.Errorf("%s: %v %d %v, want port %d", tc.rule, got, port, ok, tc.port)
+		got, ok := parsePortalRule(tc.rule)
+		if ok != tc.ok || (ok && got != tc.want) {
+			t.Errorf("%s:\n got %+v %v\nwant %+v %v", tc.rule, got, ok, tc.want, tc.ok)
 		}
 	}
 }
@@ -97,7 +127,10 @@ func TestProxyPortsInKernelDisagreeing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != 0 {
-		t.Errorf("got %v, want nothing", got)
+	if len(got.Host) != 0 {
+		t.Errorf("host %v, want nothing", got.Host)
+	}
+	if !got.Named[40001] || !got.Named[40009] {
+		t.Errorf("named %v, want 40001 and 40009", got.Named)
 	}
 }

@@ -52,15 +52,16 @@ func (p *Proxier) syncPolicies(changed map[types.NamespacedName][]*servicePortIn
 }
 
 // syncExternalSocket opens or closes the second socket a service port needs
-// while its external traffic has its own endpoint set.
-func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo) {
+// while its external traffic has its own endpoint set; it opens it on the
+// port the kernel's rules still name where it can (kept, keptports.go).
+func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo, kept *keptPorts) {
 	need := info.policy.splitExternal()
 	switch {
 	case need && ap.external == nil:
 		ext := externalName(info.name)
 		sp := p.lb.ServicePort(ext)
 		p.lb.SetAffinity(ext, info.affinity)
-		sock, err := p.ports.Open(func(port int) (proxySocket, error) {
+		sock, err := p.ports.OpenPreferred(kept.claimExternal(info), func(port int) (proxySocket, error) {
 			return p.listen(info.name, p.opts.BindAddress, port, info.hasIPv6(), sp, ap.faults, p.sockCfg)
 		})
 		if err != nil {

@@ -2,6 +2,8 @@ package proxier
 
 import (
 	"maps"
+	"net/netip"
+	"slices"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
@@ -15,18 +17,31 @@ import (
 // it. Its first sync then finds the rules right and rewrites none of them
 // (10,000 Services: a restart's sync was a rewrite of every rule), and
 // clients of a Service reach the new socket as soon as it listens, where
-// with a new port they were refused until the rules were rewritten.
+// with a new port they were refused until the rules were rewritten. Every
+// port the old rules name is reserved before the first socket opens, so
+// no other service port (a Service created meanwhile, an
+// externalTrafficPolicy: Local socket) is given one of them and receives,
+// until the rules are rewritten, another Service's clients.
 
-// proxyPortReader is a PortalSyncer that can say which proxy port each
-// portal in the kernel names (iptables.Rules).
+// proxyPortReader is a PortalSyncer that can say which proxy ports the
+// portals in the kernel name (iptables.Rules).
 type proxyPortReader interface {
-	ProxyPortsInKernel() (map[iptables.PortalKey]int, error)
+	ProxyPortsInKernel() (iptables.KernelPortals, error)
 }
 
-// readKeptPorts reads both families' portals; a failure only costs the
-// reuse.
-func (p *Proxier) readKeptPorts() map[iptables.PortalKey]int {
-	out := map[iptables.PortalKey]int{}
+// keptPorts is what the first sync keeps: each portal's ports, and the
+// ports reserved in the allocator and not opened yet.
+type keptPorts struct {
+	host, container map[iptables.PortalKey]int
+	reserved        map[int]bool
+	claimed         int
+}
+
+// reserveKeptPorts reads both families' portals and reserves every proxy
+// port they name; a failure to read only costs the reuse.
+func (p *Proxier) reserveKeptPorts() *keptPorts {
+	k := &keptPorts{host: map[iptables.PortalKey]int{}, container: map[iptables.PortalKey]int{}}
+	named := map[int]bool{}
 	for _, f := range []struct {
 		s      PortalSyncer
 		family string
@@ -35,33 +50,80 @@ func (p *Proxier) readKeptPorts() map[iptables.PortalKey]int {
 		if !ok {
 			continue
 		}
-		ports, err := r.ProxyPortsInKernel()
+		kp, err := r.ProxyPortsInKernel()
 		if err != nil {
 			klog.ErrorS(err, "Cannot read the proxy ports of the portals in the kernel; opening new ones", "family", f.family)
 			continue
 		}
-		maps.Copy(out, ports)
+		maps.Copy(k.host, kp.Host)
+		maps.Copy(k.container, kp.Container)
+		maps.Copy(named, kp.Named)
 	}
-	if len(out) > 0 {
-		klog.V(1).InfoS("Portals in the kernel name proxy ports; listening on them again where free", "portals", len(out))
-	}
-	return out
+	k.reserved = p.ports.Reserve(slices.Sorted(maps.Keys(named)))
+	return k
 }
 
-// keptPort is the proxy port the kernel's portal of one of info's cluster
-// IPs names, or 0.
-func keptPort(kept map[iptables.PortalKey]int, info *servicePortInfo) int {
-	if len(kept) == 0 {
+// claim is the reserved port the kernel's host portal of one of info's
+// cluster IPs names (its cluster-wide socket's), now info's to open, or 0.
+// The caller opens it (PortAllocator.OpenPreferred).
+func (k *keptPorts) claim(info *servicePortInfo) int {
+	if k == nil {
 		return 0
 	}
-	proto := iptables.TCP
-	if info.name.Protocol == v1.ProtocolUDP {
-		proto = iptables.UDP
-	}
+	var keys []iptables.PortalKey
 	for _, ip := range info.clusterIPs {
-		if port, ok := kept[iptables.PortalKey{Name: info.key, Protocol: proto, IP: ip, Port: info.port}]; ok {
+		keys = append(keys, portalKey(info, ip, info.port))
+	}
+	return k.claimFirst(k.host, keys)
+}
+
+// claimExternal is claim for the socket of info's external traffic under
+// externalTrafficPolicy: Local: the port the container portal of an
+// external address, or the NodePort, names.
+func (k *keptPorts) claimExternal(info *servicePortInfo) int {
+	if k == nil {
+		return 0
+	}
+	var keys []iptables.PortalKey
+	for _, ip := range slices.Concat(info.externalIPs, info.loadBalancerIPs) {
+		keys = append(keys, portalKey(info, ip, info.port))
+	}
+	if info.nodePort != 0 {
+		keys = append(keys, portalKey(info, netip.Addr{}, info.nodePort))
+	}
+	return k.claimFirst(k.container, keys)
+}
+
+func (k *keptPorts) claimFirst(ports map[iptables.PortalKey]int, keys []iptables.PortalKey) int {
+	for _, key := range keys {
+		if port := ports[key]; k.reserved[port] {
+			delete(k.reserved, port)
+			k.claimed++
 			return port
 		}
 	}
 	return 0
+}
+
+func portalKey(info *servicePortInfo, ip netip.Addr, port int) iptables.PortalKey {
+	proto := iptables.TCP
+	if info.name.Protocol == v1.ProtocolUDP {
+		proto = iptables.UDP
+	}
+	return iptables.PortalKey{Name: info.key, Protocol: proto, IP: ip, Port: port}
+}
+
+// releaseKeptPorts gives back the reserved ports no service port claimed
+// (their rules are rewritten by this sync).
+func (p *Proxier) releaseKeptPorts(k *keptPorts) {
+	if k == nil {
+		return
+	}
+	for port := range k.reserved {
+		p.ports.Release(port)
+	}
+	if k.claimed > 0 || len(k.reserved) > 0 {
+		klog.V(1).InfoS("Proxy ports kept from the portals in the kernel", "claimed", k.claimed, "released", len(k.reserved))
+	}
+	k.reserved = nil
 }

@@ -3,7 +3,9 @@ package proxier
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -12,31 +14,33 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 )
 
-func TestPortAllocatorOpenPreferred(t *testing.T) {
+// Reserve takes only ports the allocator would hand out and no one of ours
+// holds; OpenPreferred listens there, or, when another process holds the
+// port, releases it and opens another.
+func TestPortAllocatorReserve(t *testing.T) {
 	inUse := fmt.Errorf("listen: %w", syscall.EADDRINUSE)
 	// Candidates 65532-65535 above a fake ephemeral range 1024-65531.
 	pool := func() *PortAllocator {
 		return NewNodePortAllocator(kernelPorts{Ephemeral: PortRange{Base: 1024, Size: 65532 - 1024}})
 	}
 	for _, tc := range []struct {
-		name      string
-		alloc     *PortAllocator
-		preferred int
-		ours      []int         // already handed out
-		held      map[int]error // by other processes
-		wantPort  int           // 0: any other port the allocator gives
+		name     string
+		alloc    *PortAllocator
+		ours     []int // already handed out
+		ports    []int
+		reserved []int
 	}{
-		{"a free candidate", pool(), 65534, nil, nil, 65534},
-		{"none preferred", pool(), 0, nil, nil, 0},
-		{"not a candidate (in the ephemeral range)", pool(), 40000, nil, nil, 0},
-		{"already ours", pool(), 65534, []int{65534}, nil, 0},
-		{"held by another process", pool(), 65534, nil, map[int]error{65534: inUse}, 0},
-		{"in the explicit range", NewPortAllocator(PortRange{Base: 5000, Size: 10}), 5003, nil, nil, 5003},
-		{"outside the explicit range", NewPortAllocator(PortRange{Base: 5000, Size: 10}), 6000, nil, nil, 0},
-		{"kernel-chosen only", NewPortAllocator(PortRange{}), 40000, nil, nil, 0},
+		{"free candidates", pool(), nil, []int{65532, 65534}, []int{65532, 65534}},
+		{"not candidates: the ephemeral range, 0, beyond 65535", pool(), nil, []int{40000, 0, -1, 70000}, nil},
+		{"already ours", pool(), []int{65534}, []int{65534, 65535}, []int{65535}},
+		{"twice", pool(), nil, []int{65533, 65533}, []int{65533}},
+		{"the explicit range", NewPortAllocator(PortRange{Base: 5000, Size: 10}), nil, []int{4999, 5003, 5010}, []int{5003}},
+		{"kernel-chosen only", NewPortAllocator(PortRange{}), nil, []int{40000}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, p := range tc.ours {
@@ -44,32 +48,38 @@ func TestPortAllocatorOpenPreferred(t *testing.T) {
 					t.Fatalf("cannot hand out %d", p)
 				}
 			}
-			b := &fakeBinder{held: tc.held, kernelPort: 40001}
-			sock, err := tc.alloc.OpenPreferred(tc.preferred, b.listen)
-			if err != nil {
-				t.Fatal(err)
+			got := slices.Sorted(maps.Keys(tc.alloc.Reserve(tc.ports)))
+			if !slices.Equal(got, tc.reserved) {
+				t.Fatalf("reserved %v, want %v", got, tc.reserved)
 			}
-			got := sock.Port()
-			if tc.wantPort != 0 && got != tc.wantPort {
-				t.Fatalf("port %d, want %d (tried %v)", got, tc.wantPort, b.tried)
-			}
-			if tc.wantPort == 0 && got == tc.preferred {
-				t.Fatalf("port %d, want another (tried %v)", got, b.tried)
-			}
-			if got != 40001 && !tc.alloc.inUse[got] {
-				t.Errorf("port %d not marked as ours", got)
-			}
-			if _, failed := tc.held[tc.preferred]; failed && tc.alloc.inUse[tc.preferred] {
-				t.Errorf("port %d still marked after its listen failed", tc.preferred)
-			}
-			tc.alloc.Release(got)
-			for _, s := range tc.alloc.pool {
-				if s.used != len(tc.ours) {
-					t.Errorf("segment %d-%d counts %d ports in use, want %d", s.lo, s.hi, s.used, len(tc.ours))
+			for _, p := range got {
+				if next, err := tc.alloc.AllocateNext(); err == nil && next == p {
+					t.Errorf("reserved port %d handed out again", p)
 				}
 			}
 		})
 	}
+
+	t.Run("OpenPreferred", func(t *testing.T) {
+		a := pool()
+		a.Reserve([]int{65533, 65534})
+		b := &fakeBinder{held: map[int]error{65534: inUse}}
+		if sock, err := a.OpenPreferred(65533, b.listen); err != nil || sock.Port() != 65533 {
+			t.Fatalf("OpenPreferred(65533): %v, %v", sock, err)
+		}
+		sock, err := a.OpenPreferred(65534, b.listen)
+		if err != nil || sock.Port() == 65534 || sock.Port() == 65533 {
+			t.Fatalf("OpenPreferred(65534) held by another process: %v, %v (tried %v)", sock, err, b.tried)
+		}
+		if a.inUse[65534] {
+			t.Error("65534 still ours after its listen failed")
+		}
+		a.Release(65533)
+		a.Release(sock.Port())
+		if s := a.pool[0]; s.used != 0 {
+			t.Errorf("segment counts %d ports in use after all were released", s.used)
+		}
+	})
 }
 
 // A proxy started over the rules of the one before it listens on the proxy
@@ -148,4 +158,86 @@ func TestRestartKeepsProxyPorts(t *testing.T) {
 
 func containsSubstring(list []string, sub string) bool {
 	return slices.ContainsFunc(list, func(s string) bool { return strings.Contains(s, sub) })
+}
+
+// A restart in a range with exactly one port left, one Service created
+// while the proxy was down: every service port keeps its socket's port
+// (the node-local socket of an externalTrafficPolicy: Local Service too),
+// whatever order the sync opens them in, and the new Service gets the free
+// one. Before the old rules' ports were reserved first, a port opened
+// early in the sync could take one of them, and its Service's clients
+// reached another Service until the rules were rewritten.
+func TestRestartKeepsPortsOfAFullRange(t *testing.T) {
+	fake := iptables.NewFakeRunner(iptables.IPv4)
+	cfg := iptables.Config{Family: iptables.IPv4, NodeIP: mustAddr("192.168.1.10"),
+		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
+	var services []*v1.Service
+	for i := range 10 {
+		services = append(services, makeService(fmt.Sprintf("s%d", i), withClusterIP(fmt.Sprintf("10.96.0.%d", i+1))))
+	}
+	local := localLB("local", 0)
+	local.Spec.ClusterIP, local.Spec.ClusterIPs = "10.96.1.1", []string{"10.96.1.1"}
+	local.Spec.ExternalIPs = []string{"203.0.113.9"}
+	services = append(services, local)
+	const ports = 13 // 10 + local's two sockets + the new Service
+	start := func(fake *iptables.FakeRunner, svcs []*v1.Service) *Proxier {
+		p := New(Options{IPv4Portals: iptables.New(fake, cfg), PortRange: PortRange{Base: 47000, Size: ports}, NodeName: "n1"})
+		p.listen = func(_ loadbalancer.ServicePortName, _ netip.Addr, port int, _ bool, _ *loadbalancer.ServicePort, _ *faults.Port, _ *socketConfig) (proxySocket, error) {
+			return planSocket(port), nil
+		}
+		p.OnServiceSynced()
+		p.OnEndpointSlicesSynced()
+		for _, svc := range svcs {
+			p.OnServiceAdd(svc)
+		}
+		p.Sync()
+		return p
+	}
+	socketPorts := func(p *Proxier) map[string]int {
+		out := map[string]int{}
+		for name, ap := range p.active {
+			out[name.String()] = ap.proxyPort
+			if ap.external != nil {
+				out[name.String()+" external"] = ap.externalPort
+			}
+		}
+		return out
+	}
+	first := start(fake, services)
+	before := socketPorts(first)
+	var left [][]byte // the first proxier's rules
+	for _, table := range []iptables.Table{iptables.TableNAT, iptables.TableFilter} {
+		dump, err := fake.Save(table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		left = append(left, dump)
+	}
+	if len(before) != ports-1 {
+		t.Fatalf("first proxier has %d sockets, want %d: %v", len(before), ports-1, before)
+	}
+	withNew := append(slices.Clone(services), makeService("new", withClusterIP("10.96.2.1")))
+	for range 20 { // the sync's order is the map's
+		over := iptables.NewFakeRunner(iptables.IPv4)
+		for _, dump := range left {
+			if err := over.Restore(dump); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p := start(over, withNew)
+		got := socketPorts(p)
+		for name, port := range before {
+			if got[name] != port {
+				t.Fatalf("%s: port %d after the restart, want the rules' %d (all: %v)", name, got[name], port, got)
+			}
+		}
+		if got["default/new:p"] == 0 {
+			t.Fatalf("the new Service has no socket: %v", got)
+		}
+		for _, port := range before {
+			if got["default/new:p"] == port {
+				t.Fatalf("the new Service took %d, a port of the old rules", port)
+			}
+		}
+	}
 }

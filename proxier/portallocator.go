@@ -259,16 +259,32 @@ func (a *PortAllocator) Open(listen func(port int) (proxySocket, error)) (proxyS
 	return sock, nil
 }
 
-// OpenPreferred listens on port when the allocator would hand it out and
-// no one of ours holds it (the port a restarted proxy's rules still send
-// the service port to); otherwise, or when that listen fails, it is Open.
-func (a *PortAllocator) OpenPreferred(port int, listen func(port int) (proxySocket, error)) (proxySocket, error) {
-	if port > 0 && a.take(port) {
-		if sock, err := listen(port); err == nil {
-			return sock, nil
+// Reserve takes, of ports, each one the allocator would hand out and no
+// one of ours holds, and returns those it took: during a restart's first
+// sync no other service port may be given a port the kernel's rules still
+// send some Service's traffic to. OpenPreferred opens one; Release gives
+// back one never opened.
+func (a *PortAllocator) Reserve(ports []int) map[int]bool {
+	out := map[int]bool{}
+	for _, port := range ports {
+		if port > 0 && port <= 65535 && a.take(port) {
+			out[port] = true
 		}
-		a.Release(port)
 	}
+	return out
+}
+
+// OpenPreferred listens on reserved, a port Reserve took for the caller,
+// or is Open when reserved is 0. When that listen fails (another process
+// holds the port now) the port is released and Open picks another.
+func (a *PortAllocator) OpenPreferred(reserved int, listen func(port int) (proxySocket, error)) (proxySocket, error) {
+	if reserved <= 0 {
+		return a.Open(listen)
+	}
+	if sock, err := listen(reserved); err == nil {
+		return sock, nil
+	}
+	a.Release(reserved)
 	return a.Open(listen)
 }
 

@@ -408,10 +408,10 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 		p.lastFull = start
 	}
 	want, changedServices, changes := p.desired()
-	var kept map[iptables.PortalKey]int
+	var kept *keptPorts
 	if !p.keptPortsRead {
 		p.keptPortsRead = true
-		kept = p.readKeptPorts()
+		kept = p.reserveKeptPorts()
 	}
 
 	p.syncPolicies(changedServices)
@@ -444,7 +444,7 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 		}
 		if ap == nil {
 			var err error
-			if ap, err = p.openPort(info, keptPort(kept, info), perPortLines); err != nil {
+			if ap, err = p.openPort(info, kept.claim(info), perPortLines); err != nil {
 				// Try again on the next sync; the port was released.
 				klog.ErrorS(err, "Failed to open proxy socket", "servicePort", name)
 				continue
@@ -461,7 +461,7 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 		}
 		p.syncFaults(ap, info)
 		p.syncLifetime(info)
-		p.syncExternalSocket(ap, info)
+		p.syncExternalSocket(ap, info, kept)
 		if !ap.info.sameRules(info) {
 			// New destinations (a NodePort, an external IP) may hold
 			// entries of datagrams sent before their portal existed, and
@@ -477,6 +477,7 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 		ap.info = info
 	}
 	p.metrics.ServicePorts.Set(float64(len(p.active)))
+	p.releaseKeptPorts(kept)
 	if !perPortLines {
 		klog.InfoS("Serving service ports", "opened", opened, "servicePorts", len(p.active), "listenAddress", p.listenHost())
 	}
@@ -505,15 +506,17 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 // cost a first sync 41 ms of CPU in formatting alone, and bury the rest.
 const servingLinesUpTo = 100
 
-// openPort opens info's proxy socket, on port kept when it can (0: any);
-// logLine: say so at the default verbosity (else at -v=2).
+// openPort opens info's proxy socket, on port kept when it can (a port
+// reserved for it, keptports.go; 0: any); logLine: say so at the default
+// verbosity (else at -v=2).
 func (p *Proxier) openPort(info *servicePortInfo, kept int, logLine bool) (*activePort, error) {
 	sp := p.lb.ServicePort(info.name)
 	p.lb.SetAffinity(info.name, info.affinity)
 	fp := p.opts.Faults.PortLabeled(info.faultName, string(info.name.Protocol), info.key)
-	sock, err := p.ports.OpenPreferred(kept, func(port int) (proxySocket, error) {
+	listen := func(port int) (proxySocket, error) {
 		return p.listen(info.name, p.opts.BindAddress, port, info.hasIPv6(), sp, fp, p.sockCfg)
-	})
+	}
+	sock, err := p.ports.OpenPreferred(kept, listen)
 	if err != nil {
 		p.opts.Faults.RemovePort(info.faultName)
 		return nil, err
