@@ -104,9 +104,21 @@ func checkServiceRemoved(t *testing.T, e *env) {
 	}
 }
 
-// Proxy ports are kernel-chosen and change on restart; normalize them away
-// to compare rule sets across restarts.
+// Proxy ports differ between proxies (and across a restart when another
+// process took one meanwhile); normalize them away to compare rule sets.
 var portNumbers = regexp.MustCompile(`(--to-ports |--to-destination [0-9.]+:|--dport )\d+`)
+
+// rulesOf is the rules of ours in dump, sorted.
+func rulesOf(dump string) []string {
+	var out []string
+	for _, line := range oursIn(dump) {
+		if strings.HasPrefix(line, "-A ") {
+			out = append(out, line)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
 
 func normalizedRules(dump string) []string {
 	var out []string
@@ -185,6 +197,11 @@ func checkRestart(t *testing.T, e *env) {
 	if !slices.Equal(want, got) {
 		t.Errorf("rules after restart differ from before (ports normalized)\nbefore:\n%s\nafter:\n%s",
 			strings.Join(want, "\n"), strings.Join(got, "\n"))
+	} else if kept, had := rulesOf(after), rulesOf(before); !slices.Equal(kept, had) {
+		// The new process listens on the ports the old rules name (no one
+		// else took them), so not one rule changes.
+		t.Errorf("a restart changed proxy ports; rules before:\n%s\nafter:\n%s",
+			strings.Join(had, "\n"), strings.Join(kept, "\n"))
 	}
 	// Every proxy port in the rules must belong to a socket of the new process.
 	for _, line := range oursIn(after) {
