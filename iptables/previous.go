@@ -4,7 +4,26 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"time"
 )
+
+// reuseReadFor is how old a dump ProxyPortsInKernel read may be for the
+// Sync after it to use. The proxier's first sync opens its sockets in
+// between (about 0.3 s at 10,000 Services); a change someone makes to our
+// chains meanwhile is repaired by the next periodic Sync, as one made
+// right after any read-back is.
+const reuseReadFor = 5 * time.Second
+
+// takeLastRead returns the dump ProxyPortsInKernel left for this Sync, if
+// young enough, and forgets it.
+func (r *Rules) takeLastRead() map[Table]savedTable {
+	saved, at := r.lastRead, r.lastReadAt
+	r.lastRead = nil
+	if saved == nil || time.Since(at) > reuseReadFor {
+		return nil
+	}
+	return saved
+}
 
 // PortalKey is what a ClusterIP, externalIP or LoadBalancer-IP portal
 // matches: its service port (the rule comment), protocol, address and port.
@@ -38,16 +57,21 @@ type KernelPortals struct {
 // where it can: the rules are then already right, so its first sync
 // rewrites nothing for them, and clients reach the new sockets as soon as
 // they listen, before any write.
+//
+// The next Sync, when it comes within reuseReadFor and no Update came
+// first, works from this dump instead of reading its own (the proxier's
+// first sync follows at once: 10,000 Services, one iptables-save of 22,000
+// rules fewer on a restart).
 func (r *Rules) ProxyPortsInKernel() (KernelPortals, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	kp := KernelPortals{Host: map[PortalKey]int{}, Container: map[PortalKey]int{}, Named: map[int]bool{}}
-	data, err := r.runner.Save()
+	saved, err := r.readBack()
 	if err != nil {
 		return kp, err
 	}
-	nat, err := parseSave(data, TableNAT)
-	if err != nil {
-		return kp, err
-	}
+	r.lastRead, r.lastReadAt = saved, time.Now()
+	nat := saved[TableNAT]
 	host, container := portalPorts{kp.Host, map[PortalKey]bool{}}, portalPorts{kp.Container, map[PortalKey]bool{}}
 	for chain, rules := range nat.rules {
 		parent := portalChainOf(chain)

@@ -3,6 +3,7 @@ package iptables
 import (
 	"maps"
 	"net/netip"
+	"strings"
 	"testing"
 )
 
@@ -133,4 +134,48 @@ func TestProxyPortsInKernelDisagreeing(t *testing.T) {
 	if !got.Named[40001] || !got.Named[40009] {
 		t.Errorf("named %v, want 40001 and 40009", got.Named)
 	}
+}
+
+// The Sync right after ProxyPortsInKernel works from its dump (one
+// iptables-save for both) and still repairs what differs; an Update in
+// between drops the dump, so the next Sync reads the kernel again.
+func TestSyncReusesTheKeptPortsDump(t *testing.T) {
+	portals := []Portal{{Name: "default/web:http", Protocol: TCP, IP: netip.MustParseAddr("10.96.0.10"), Port: 80, ProxyPort: 40001}}
+	fake := NewFakeRunner(IPv4)
+	syncOK(t, New(fake, testConfig), portals)
+
+	saves := func() int {
+		n := 0
+		for _, c := range fake.Calls() {
+			if strings.HasPrefix(c, "Save") {
+				n++
+			}
+		}
+		return n
+	}
+	r := New(fake, testConfig)
+	fake.ResetCalls()
+	if _, err := r.ProxyPortsInKernel(); err != nil {
+		t.Fatal(err)
+	}
+	moved := []Portal{portals[0]}
+	moved[0].ProxyPort = 40002
+	syncOK(t, r, moved)
+	if n := saves(); n != 1 {
+		t.Errorf("%d dumps for ProxyPortsInKernel and the Sync after it, want 1", n)
+	}
+	assertState(t, fake, r, moved)
+
+	fake.ResetCalls()
+	if _, err := r.ProxyPortsInKernel(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Update(portals); err != nil {
+		t.Fatal(err)
+	}
+	syncOK(t, r, portals)
+	if n := saves(); n != 2 {
+		t.Errorf("%d dumps with an Update between, want 2 (the Sync reads its own)", n)
+	}
+	assertState(t, fake, r, portals)
 }

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"k8s.io/klog/v2"
 )
@@ -29,6 +30,10 @@ type Rules struct {
 	splitRestoreAbove int
 	// cache is the rendering of the last portal set (renderAll).
 	cache renderCache
+	// lastRead is the dump ProxyPortsInKernel read at lastReadAt, for the
+	// Sync right after it (takeLastRead); Update drops it.
+	lastRead   map[Table]savedTable
+	lastReadAt time.Time
 	// have is what our chains hold, in our spelling, after the last
 	// successful write or verified read-back; nil when unknown (before the
 	// first full Sync and after any failure). Update works from it.
@@ -78,9 +83,12 @@ func (r *Rules) syncLocked(portals []Portal) error {
 		return fmt.Errorf("%v rules given a runner for %v", r.cfg.Family, f)
 	}
 	want := r.desired(portals)
-	saved, err := r.readBack()
-	if err != nil {
-		return err
+	saved := r.takeLastRead()
+	if saved == nil {
+		var err error
+		if saved, err = r.readBack(); err != nil {
+			return err
+		}
 	}
 	fresh := missingChains(saved)
 	jumpLines, err := r.ensureJumps(saved, fresh)

@@ -22,6 +22,7 @@ func (r *Rules) Update(portals []Portal) error {
 	if r.have == nil {
 		return r.syncLocked(portals)
 	}
+	r.lastRead = nil // it would not show what this writes
 	want := r.desired(portals)
 	deltas := make([]chainDelta, 0, len(ownedChains))
 	for _, c := range renderedChains(want) {
