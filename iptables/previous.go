@@ -48,8 +48,6 @@ type KernelPortals struct {
 	// aside: under externalTrafficPolicy: Local, the node-local socket of
 	// external addresses and NodePorts.
 	Container map[PortalKey]int
-	// Named is every proxy port any portal rule of ours sends traffic to.
-	Named map[int]bool
 }
 
 // ProxyPortsInKernel reads the portals in the kernel (one dump). A proxy
@@ -65,7 +63,7 @@ type KernelPortals struct {
 func (r *Rules) ProxyPortsInKernel() (KernelPortals, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	kp := KernelPortals{Host: map[PortalKey]int{}, Container: map[PortalKey]int{}, Named: map[int]bool{}}
+	kp := KernelPortals{Host: map[PortalKey]int{}, Container: map[PortalKey]int{}}
 	saved, err := r.readBack()
 	if err != nil {
 		return kp, err
@@ -83,7 +81,6 @@ func (r *Rules) ProxyPortsInKernel() (KernelPortals, error) {
 			if !ok {
 				continue
 			}
-			kp.Named[rule.port] = true
 			switch {
 			case rule.fromSource || rule.key.Name == "" || rule.key.Port <= 0 ||
 				(rule.key.Protocol != TCP && rule.key.Protocol != UDP):

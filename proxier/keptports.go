@@ -9,6 +9,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 )
 
 // A proxy started over the portals of the one before it (a restart, an
@@ -18,10 +19,11 @@ import (
 // (10,000 Services: a restart's sync was a rewrite of every rule), and
 // clients of a Service reach the new socket as soon as it listens, where
 // with a new port they were refused until the rules were rewritten. Every
-// port the old rules name is reserved before the first socket opens, so
-// no other service port (a Service created meanwhile, an
+// port the old rules name for a service port still wanted is reserved
+// before the first socket opens, so no other service port (a Service created meanwhile, an
 // externalTrafficPolicy: Local socket) is given one of them and receives,
-// until the rules are rewritten, another Service's clients.
+// until the rules are rewritten, another Service's clients. Reserved ports
+// no service port claimed are given back once the sync's sockets are open.
 
 // proxyPortReader is a PortalSyncer that can say which proxy ports the
 // portals in the kernel name (iptables.Rules).
@@ -38,10 +40,11 @@ type keptPorts struct {
 }
 
 // reserveKeptPorts reads both families' portals and reserves every proxy
-// port they name; a failure to read only costs the reuse.
-func (p *Proxier) reserveKeptPorts() *keptPorts {
+// port they name for a service port of want; a failure to read only costs
+// the reuse. Ports of Services deleted meanwhile are not reserved: with an
+// explicit range nearly full, a Service created meanwhile needs one.
+func (p *Proxier) reserveKeptPorts(want map[loadbalancer.ServicePortName]*servicePortInfo) *keptPorts {
 	k := &keptPorts{host: map[iptables.PortalKey]int{}, container: map[iptables.PortalKey]int{}}
-	named := map[int]bool{}
 	for _, f := range []struct {
 		s      PortalSyncer
 		family string
@@ -57,9 +60,24 @@ func (p *Proxier) reserveKeptPorts() *keptPorts {
 		}
 		maps.Copy(k.host, kp.Host)
 		maps.Copy(k.container, kp.Container)
-		maps.Copy(named, kp.Named)
 	}
-	k.reserved = p.ports.Reserve(slices.Sorted(maps.Keys(named)))
+	var claimable []int
+	for _, info := range want {
+		for _, key := range k.hostKeys(info) {
+			if port := k.host[key]; port > 0 {
+				claimable = append(claimable, port)
+			}
+		}
+		if info.policy.splitExternal() {
+			for _, key := range k.externalKeys(info) {
+				if port := k.container[key]; port > 0 {
+					claimable = append(claimable, port)
+				}
+			}
+		}
+	}
+	slices.Sort(claimable)
+	k.reserved = p.ports.Reserve(slices.Compact(claimable))
 	return k
 }
 
@@ -70,11 +88,16 @@ func (k *keptPorts) claim(info *servicePortInfo) int {
 	if k == nil {
 		return 0
 	}
+	return k.claimFirst(k.host, k.hostKeys(info))
+}
+
+// hostKeys are the portals of info's cluster IPs.
+func (k *keptPorts) hostKeys(info *servicePortInfo) []iptables.PortalKey {
 	var keys []iptables.PortalKey
 	for _, ip := range info.clusterIPs {
 		keys = append(keys, portalKey(info, ip, info.port))
 	}
-	return k.claimFirst(k.host, keys)
+	return keys
 }
 
 // claimExternal is claim for the socket of info's external traffic under
@@ -84,6 +107,11 @@ func (k *keptPorts) claimExternal(info *servicePortInfo) int {
 	if k == nil {
 		return 0
 	}
+	return k.claimFirst(k.container, k.externalKeys(info))
+}
+
+// externalKeys are the portals of info's external addresses and NodePort.
+func (k *keptPorts) externalKeys(info *servicePortInfo) []iptables.PortalKey {
 	var keys []iptables.PortalKey
 	for _, ip := range slices.Concat(info.externalIPs, info.loadBalancerIPs) {
 		keys = append(keys, portalKey(info, ip, info.port))
@@ -91,7 +119,7 @@ func (k *keptPorts) claimExternal(info *servicePortInfo) int {
 	if info.nodePort != 0 {
 		keys = append(keys, portalKey(info, netip.Addr{}, info.nodePort))
 	}
-	return k.claimFirst(k.container, keys)
+	return keys
 }
 
 func (k *keptPorts) claimFirst(ports map[iptables.PortalKey]int, keys []iptables.PortalKey) int {

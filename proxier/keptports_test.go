@@ -53,8 +53,8 @@ func TestPortAllocatorReserve(t *testing.T) {
 				t.Fatalf("reserved %v, want %v", got, tc.reserved)
 			}
 			for _, p := range got {
-				if next, err := tc.alloc.AllocateNext(); err == nil && next == p {
-					t.Errorf("reserved port %d handed out again", p)
+				if !tc.alloc.inUse[p] {
+					t.Errorf("reserved port %d not marked as ours", p)
 				}
 			}
 		})
@@ -239,5 +239,41 @@ func TestRestartKeepsPortsOfAFullRange(t *testing.T) {
 				t.Fatalf("the new Service took %d, a port of the old rules", port)
 			}
 		}
+	}
+}
+
+// Only ports a wanted service port can claim are reserved: with a full
+// explicit range, a Service created while the proxy was down gets the port
+// of one deleted meanwhile (a restart that reserved every port the old
+// rules named left it without a socket until the periodic sync).
+func TestRestartGivesDeletedServicesPortsToNewOnes(t *testing.T) {
+	fake := iptables.NewFakeRunner(iptables.IPv4)
+	cfg := iptables.Config{Family: iptables.IPv4, NodeIP: mustAddr("192.168.1.10")}
+	start := func(names ...string) *Proxier {
+		p := New(Options{IPv4Portals: iptables.New(fake, cfg), PortRange: PortRange{Base: 47000, Size: 3}})
+		p.listen = func(_ loadbalancer.ServicePortName, _ netip.Addr, port int, _ bool, _ *loadbalancer.ServicePort, _ *faults.Port, _ *socketConfig) (proxySocket, error) {
+			return planSocket(port), nil
+		}
+		p.OnServiceSynced()
+		p.OnEndpointSlicesSynced()
+		for i, n := range names {
+			p.OnServiceAdd(makeService(n, withClusterIP(fmt.Sprintf("10.96.0.%d", i+1))))
+		}
+		p.Sync()
+		return p
+	}
+	first := start("s0", "s1", "s2")
+	old := map[string]int{}
+	for name, ap := range first.active {
+		old[name.Name] = ap.proxyPort
+	}
+	second := start("s0", "s1", "new")
+	got := map[string]int{}
+	for name, ap := range second.active {
+		got[name.Name] = ap.proxyPort
+	}
+	want := map[string]int{"s0": old["s0"], "s1": old["s1"], "new": old["s2"]}
+	if !maps.Equal(got, want) {
+		t.Errorf("ports after the restart %v, want %v", got, want)
 	}
 }

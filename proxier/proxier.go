@@ -411,7 +411,7 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 	var kept *keptPorts
 	if !p.keptPortsRead {
 		p.keptPortsRead = true
-		kept = p.reserveKeptPorts()
+		kept = p.reserveKeptPorts(want)
 	}
 
 	p.syncPolicies(changedServices)
