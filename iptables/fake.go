@@ -67,6 +67,19 @@ func (f *FakeRunner) Calls() []string {
 	return slices.Clone(f.calls)
 }
 
+// CallsOf counts the recorded calls of method ("Save", "Restore", ...).
+func (f *FakeRunner) CallsOf(method string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, c := range f.calls {
+		if name, _, _ := strings.Cut(c, " "); name == method {
+			n++
+		}
+	}
+	return n
+}
+
 // Writes returns the input of every successful Restore, in order.
 func (f *FakeRunner) Writes() [][]byte {
 	f.mu.Lock()

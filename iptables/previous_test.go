@@ -3,7 +3,6 @@ package iptables
 import (
 	"maps"
 	"net/netip"
-	"strings"
 	"testing"
 )
 
@@ -137,15 +136,7 @@ func TestSyncReusesTheKeptPortsDump(t *testing.T) {
 	fake := NewFakeRunner(IPv4)
 	syncOK(t, New(fake, testConfig), portals)
 
-	saves := func() int {
-		n := 0
-		for _, c := range fake.Calls() {
-			if strings.HasPrefix(c, "Save") {
-				n++
-			}
-		}
-		return n
-	}
+	saves := func() int { return fake.CallsOf("Save") }
 	r := New(fake, testConfig)
 	fake.ResetCalls()
 	if _, err := r.ProxyPortsInKernel(); err != nil {

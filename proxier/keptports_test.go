@@ -95,14 +95,7 @@ func TestRestartKeepsProxyPorts(t *testing.T) {
 	}
 	names := []string{"default/a:p", "default/b:p", "default/dns:p"}
 	start := func() *Proxier {
-		p := New(Options{BindAddress: mustAddr("127.0.0.1"), IPv4Portals: iptables.New(fake, cfg)})
-		p.OnServiceSynced()
-		p.OnEndpointSlicesSynced()
-		for _, svc := range services {
-			p.OnServiceAdd(svc)
-		}
-		p.Sync()
-		return p
+		return syncedProxier(Options{BindAddress: mustAddr("127.0.0.1"), IPv4Portals: iptables.New(fake, cfg)}, false, services...)
 	}
 	stop := func(p *Proxier) {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -181,17 +174,8 @@ func TestRestartKeepsPortsOfAFullRange(t *testing.T) {
 	services = append(services, local)
 	const ports = 13 // 10 + local's two sockets + the new Service
 	start := func(fake *iptables.FakeRunner, svcs []*v1.Service) *Proxier {
-		p := New(Options{IPv4Portals: iptables.New(fake, cfg), PortRange: PortRange{Base: 47000, Size: ports}, NodeName: "n1"})
-		p.listen = func(_ loadbalancer.ServicePortName, _ netip.Addr, port int, _ bool, _ *loadbalancer.ServicePort, _ *faults.Port, _ *socketConfig) (proxySocket, error) {
-			return planSocket(port), nil
-		}
-		p.OnServiceSynced()
-		p.OnEndpointSlicesSynced()
-		for _, svc := range svcs {
-			p.OnServiceAdd(svc)
-		}
-		p.Sync()
-		return p
+		opts := Options{IPv4Portals: iptables.New(fake, cfg), PortRange: PortRange{Base: 47000, Size: ports}, NodeName: "n1"}
+		return syncedProxier(opts, true, svcs...)
 	}
 	socketPorts := func(p *Proxier) map[string]int {
 		out := map[string]int{}
@@ -250,17 +234,11 @@ func TestRestartGivesDeletedServicesPortsToNewOnes(t *testing.T) {
 	fake := iptables.NewFakeRunner(iptables.IPv4)
 	cfg := iptables.Config{Family: iptables.IPv4, NodeIP: mustAddr("192.168.1.10")}
 	start := func(names ...string) *Proxier {
-		p := New(Options{IPv4Portals: iptables.New(fake, cfg), PortRange: PortRange{Base: 47000, Size: 3}})
-		p.listen = func(_ loadbalancer.ServicePortName, _ netip.Addr, port int, _ bool, _ *loadbalancer.ServicePort, _ *faults.Port, _ *socketConfig) (proxySocket, error) {
-			return planSocket(port), nil
-		}
-		p.OnServiceSynced()
-		p.OnEndpointSlicesSynced()
+		var svcs []*v1.Service
 		for i, n := range names {
-			p.OnServiceAdd(makeService(n, withClusterIP(fmt.Sprintf("10.96.0.%d", i+1))))
+			svcs = append(svcs, makeService(n, withClusterIP(fmt.Sprintf("10.96.0.%d", i+1))))
 		}
-		p.Sync()
-		return p
+		return syncedProxier(Options{IPv4Portals: iptables.New(fake, cfg), PortRange: PortRange{Base: 47000, Size: 3}}, true, svcs...)
 	}
 	first := start("s0", "s1", "s2")
 	old := map[string]int{}
@@ -276,4 +254,22 @@ func TestRestartGivesDeletedServicesPortsToNewOnes(t *testing.T) {
 	if !maps.Equal(got, want) {
 		t.Errorf("ports after the restart %v, want %v", got, want)
 	}
+}
+
+// syncedProxier is a proxier on opts that has synced svcs once; planned:
+// its sockets are stand-ins that hold no port (planSocket).
+func syncedProxier(opts Options, planned bool, svcs ...*v1.Service) *Proxier {
+	p := New(opts)
+	if planned {
+		p.listen = func(_ loadbalancer.ServicePortName, _ netip.Addr, port int, _ bool, _ *loadbalancer.ServicePort, _ *faults.Port, _ *socketConfig) (proxySocket, error) {
+			return planSocket(port), nil
+		}
+	}
+	p.OnServiceSynced()
+	p.OnEndpointSlicesSynced()
+	for _, svc := range svcs {
+		p.OnServiceAdd(svc)
+	}
+	p.Sync()
+	return p
 }

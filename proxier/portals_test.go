@@ -136,15 +136,7 @@ func TestChangeSyncsWriteDeltasAndFullSyncsRepair(t *testing.T) {
 	p.Sync() // the first sync is full
 	want := natRules(fake)
 
-	saves := func() int {
-		n := 0
-		for _, c := range fake.Calls() {
-			if strings.HasPrefix(c, "Save") {
-				n++
-			}
-		}
-		return n
-	}
+	saves := func() int { return fake.CallsOf("Save") }
 	// Someone deletes web's ClusterIP rule; then api changes.
 	deleteRule := func() {
 		t.Helper()
