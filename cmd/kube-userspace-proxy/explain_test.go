@@ -3,10 +3,16 @@ package main
 import (
 	"bytes"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/explain.golden from the current output")
@@ -89,5 +95,50 @@ func TestExplainNothing(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "No service port to proxy") {
 		t.Errorf("output:\n%s", out.String())
+	}
+}
+
+// Past 256 proxy ports the guard holds one rule per block of 16 port
+// numbers: explain shows, for each service port, the grouped rule that
+// covers its proxy port, as the kernel would hold it.
+func TestExplainShowsTheGroupedGuardRule(t *testing.T) {
+	dir := t.TempDir()
+	var b strings.Builder
+	for i := range 300 {
+		fmt.Fprintf(&b, "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: s%03d\n  namespace: default\nspec:\n  clusterIP: 10.96.%d.%d\n  ports:\n  - name: http\n    port: 80\n    protocol: TCP\n",
+			i, i/250, i%250+1)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "many.yaml"), []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if code := explain(t.Context(), []string{"--manifests", dir}, &out); code != 0 {
+		t.Fatalf("exit %d:\n%s", code, out.String())
+	}
+	sockets := regexp.MustCompile(`proxy socket: +[0-9.]+:(\d+) `)
+	checked := 0
+	for _, section := range strings.Split(out.String(), "\n== ")[1:] {
+		if !strings.HasPrefix(section, "default/s") {
+			continue // the full rule dump at the end
+		}
+		m := sockets.FindStringSubmatch(section)
+		if m == nil {
+			t.Fatalf("no proxy socket in:\n%s", section)
+		}
+		port, _ := strconv.Atoi(m[1])
+		var guard string
+		for _, line := range strings.Split(section, "\n") {
+			if line = strings.TrimSpace(line); strings.HasPrefix(line, "-A "+iptables.ChainProxyPortGuard+" ") {
+				guard = strings.TrimPrefix(line, "-A "+iptables.ChainProxyPortGuard+" ")
+			}
+		}
+		_, ports, _, ok := iptables.GuardRulePorts(guard)
+		if !ok || !slices.Contains(ports, port) || !strings.Contains(guard, "-m multiport --dports ") {
+			t.Fatalf("proxy port %d: guard rule %q, want the multiport rule of its block", port, guard)
+		}
+		checked++
+	}
+	if checked != 300 {
+		t.Errorf("%d service ports explained, want 300", checked)
 	}
 }
