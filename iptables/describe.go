@@ -18,55 +18,23 @@ var chainAudience = map[string]string{
 // ..."). It reads the rule's own arguments, so it describes whatever the
 // renderer wrote; a rule it cannot read is described as such.
 func Describe(line string) string {
-	f := strings.Fields(strings.TrimPrefix(line, "-A "))
-	if len(f) == 0 {
+	args, err := splitRule(strings.TrimPrefix(line, "-A "))
+	if err != nil || len(args) == 0 {
 		return "not a rule"
 	}
-	chain := f[0]
+	chain := args[0]
 	for _, table := range []Table{TableNAT, TableFilter} {
 		if parent, ok := bucketParent(table, chain); ok {
 			chain = parent.name // a bucket's rule reads as its chain's
 		}
 	}
-	var proto, src, dst, dport, target, to string
-	notDNAT := false
-	portWord := "port"
-	for i := 1; i < len(f); i++ {
-		next := func() string {
-			if i+1 < len(f) {
-				i++
-				return f[i]
-			}
-			return ""
-		}
-		switch f[i] {
-		case "-p":
-			proto = strings.ToUpper(next())
-		case "-s":
-			src = next()
-		case "-d":
-			dst = next()
-		case "--dport":
-			dport = next()
-		case "--dports":
-			// A guard rule's port list (guard.go): "1,3:5" reads "1, 3-5".
-			dport = strings.ReplaceAll(strings.ReplaceAll(next(), ",", ", "), ":", "-")
-			portWord = "ports"
-		case "-j":
-			target = next()
-		case "--to-ports", "--to-destination":
-			to = next()
-		case "!":
-			if i+2 < len(f) && f[i+1] == "--ctstate" && f[i+2] == "DNAT" {
-				notDNAT = true
-			}
-		case "--comment":
-			// A quoted comment may hold spaces: skip to its closing quote.
-			for i+1 < len(f) && !strings.HasSuffix(f[i+1], `"`) {
-				i++
-			}
-			i++
-		}
+	a := readRuleArgs(args[1:])
+	proto, src, dst, dport, target, to := strings.ToUpper(a.proto), a.src, a.dst, a.dport, a.target, a.to
+	notDNAT, portWord := a.notDNAT, "port"
+	if a.dports != "" {
+		// A guard rule's port list (guard.go): "1,3:5" reads "1, 3-5".
+		dport = strings.ReplaceAll(strings.ReplaceAll(a.dports, ",", ", "), ":", "-")
+		portWord = "ports"
 	}
 	host := strings.TrimSuffix(strings.TrimSuffix(dst, "/32"), "/128")
 	action := ""

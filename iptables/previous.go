@@ -3,7 +3,6 @@ package iptables
 import (
 	"net/netip"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -120,10 +119,12 @@ func (pp portalPorts) add(key PortalKey, port int) {
 // portalChainOf is the chain of ours that sends traffic to proxy ports
 // that chain is, or is a bucket of; "" for any other.
 func portalChainOf(chain string) string {
-	for _, c := range []string{ChainPortalsContainer, ChainPortalsHost, ChainNodePortContainer, ChainNodePortHost} {
-		if chain == c || strings.HasPrefix(chain, c+"-") {
-			return c
-		}
+	if parent, ok := bucketParent(TableNAT, chain); ok {
+		chain = parent.name
+	}
+	switch chain {
+	case ChainPortalsContainer, ChainPortalsHost, ChainNodePortContainer, ChainNodePortHost:
+		return chain
 	}
 	return ""
 }
@@ -146,43 +147,36 @@ func parsePortalRule(line string) (portalRule, bool) {
 	if err != nil {
 		return r, false
 	}
-	for i := 0; i+1 < len(args); i++ {
-		v := args[i+1]
-		switch args[i] {
-		case "-s", "!":
-			r.fromSource = true
-		case "-d":
-			p, err := netip.ParsePrefix(v)
-			switch {
-			case err != nil:
-				return r, false
-			case p.IsSingleIP():
-				r.key.IP = p.Addr()
-			default:
-				r.dstCIDR = true
-			}
-		case "-p":
-			r.key.Protocol = Protocol(v)
-		case "--comment":
-			r.key.Name = v
-		case "--dport":
-			if r.key.Port, err = strconv.Atoi(v); err != nil {
-				return r, false
-			}
-		case "--to-destination":
-			ap, err := netip.ParseAddrPort(v)
-			if err != nil {
-				return r, false
-			}
-			r.port = int(ap.Port())
-		case "--to-ports":
-			if r.port, err = strconv.Atoi(v); err != nil {
-				return r, false
-			}
+	a := readRuleArgs(args)
+	r.fromSource = a.src != "" || a.negated
+	r.key.Protocol, r.key.Name = Protocol(a.proto), a.comment
+	if a.dst != "" {
+		p, err := netip.ParsePrefix(a.dst)
+		switch {
+		case err != nil:
+			return r, false
+		case p.IsSingleIP():
+			r.key.IP = p.Addr()
 		default:
-			continue
+			r.dstCIDR = true
 		}
-		i++
+	}
+	if a.dport != "" {
+		if r.key.Port, err = strconv.Atoi(a.dport); err != nil {
+			return r, false
+		}
+	}
+	switch a.target {
+	case "DNAT":
+		ap, err := netip.ParseAddrPort(a.to)
+		if err != nil {
+			return r, false
+		}
+		r.port = int(ap.Port())
+	case "REDIRECT":
+		if r.port, err = strconv.Atoi(a.to); err != nil {
+			return r, false
+		}
 	}
 	return r, r.port > 0 && r.port <= 65535
 }

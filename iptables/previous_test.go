@@ -97,7 +97,7 @@ func TestParsePortalRule(t *testing.T) {
 		{`-d 192.168.1.0/24 -p tcp -m comment --comment "default/web:http" -m tcp --dport 30080 -j DNAT --to-destination 192.168.1.10:40001`,
 			portalRule{key: PortalKey{"default/web:http", TCP, netip.Addr{}, 30080}, port: 40001, dstCIDR: true}, true},
 		{`-d 10.96.0.10/32 -p tcp -m comment --comment "default/web:http" -m tcp ! --dport 80 -j DNAT --to-destination 192.168.1.10:40001`,
-			portalRule{key: PortalKey{"default/web:http", TCP, ip, 0}, port: 40001, fromSource: true}, true},
+			portalRule{key: key, port: 40001, fromSource: true}, true},
 		{`-d 10.96.0.10/32 -p tcp -m comment --comment "default/web:http" -m tcp --dport 80 -j ACCEPT`, portalRule{}, false},
 		{`-d 10.96.0.10/32 -p tcp -m tcp --dport 80 -j REDIRECT --to-ports 70000`, portalRule{}, false},
 		{`-d 10.96.0.10/32 -p tcp -m comment --comment "default/web:http -j DNAT`, portalRule{}, false},

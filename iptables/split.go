@@ -12,10 +12,14 @@ const defaultSplitRestoreAbove = 4096
 // reaches (the node itself, 1). No rule of one half names a chain of the
 // other, so each half can be restored on its own.
 func natSide(chain string) int {
-	switch {
-	case chain == "OUTPUT" || strings.HasPrefix(chain, ChainPortalsHost) || strings.HasPrefix(chain, ChainNodePortHost):
+	name := chain
+	if parent, ok := bucketParent(TableNAT, chain); ok {
+		name = parent.name
+	}
+	switch name {
+	case "OUTPUT", ChainPortalsHost, ChainNodePortHost:
 		return 1
-	case chain == "PREROUTING" || strings.HasPrefix(chain, ChainPortalsContainer) || strings.HasPrefix(chain, ChainNodePortContainer):
+	case "PREROUTING", ChainPortalsContainer, ChainNodePortContainer:
 		return 0
 	}
 	panic("natSide: not a nat chain of ours: " + chain)

@@ -69,7 +69,7 @@ func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo, kept
 			klog.ErrorS(err, "Failed to open external proxy socket", "servicePort", info.name)
 			return
 		}
-		serve(sock)
+		sock.Start()
 		ap.external, ap.externalPort = sock, sock.Port()
 	case !need && ap.external != nil:
 		p.closeExternalSocket(ap)

@@ -2,10 +2,8 @@ package proxier
 
 import (
 	"maps"
-	"net/netip"
 	"slices"
 
-	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
@@ -31,20 +29,24 @@ type proxyPortReader interface {
 	ProxyPortsInKernel() (iptables.KernelPortals, error)
 }
 
-// keptPorts is what the first sync keeps: each portal's ports, and the
-// ports reserved in the allocator and not opened yet.
+// keptPorts is what the first sync keeps: the port the kernel's rules
+// name for each socket of a wanted service port, and those of them
+// reserved in the allocator and not claimed yet.
 type keptPorts struct {
-	host, container map[iptables.PortalKey]int
-	reserved        map[int]bool
-	claimed         int
+	cluster, external map[loadbalancer.ServicePortName]int
+	reserved          map[int]bool
+	claimed           int
 }
 
-// reserveKeptPorts reads both families' portals and reserves every proxy
-// port they name for a service port of want; a failure to read only costs
-// the reuse. Ports of Services deleted meanwhile are not reserved: with an
-// explicit range nearly full, a Service created meanwhile needs one.
+// reserveKeptPorts reads both families' portals and reserves, for each
+// service port of want, the proxy port they name for its cluster-wide
+// socket (a host portal of a cluster IP) and, under externalTrafficPolicy:
+// Local, for its node-local one (a container portal of an external
+// address, or its NodePort); a failure to read only costs the reuse. Ports
+// of Services deleted meanwhile are not reserved: with an explicit range
+// nearly full, a Service created meanwhile needs one.
 func (p *Proxier) reserveKeptPorts(want map[loadbalancer.ServicePortName]*servicePortInfo) *keptPorts {
-	k := &keptPorts{host: map[iptables.PortalKey]int{}, container: map[iptables.PortalKey]int{}}
+	host, container := map[iptables.PortalKey]int{}, map[iptables.PortalKey]int{}
 	for _, f := range []struct {
 		s      PortalSyncer
 		family string
@@ -58,87 +60,63 @@ func (p *Proxier) reserveKeptPorts(want map[loadbalancer.ServicePortName]*servic
 			klog.ErrorS(err, "Cannot read the proxy ports of the portals in the kernel; opening new ones", "family", f.family)
 			continue
 		}
-		maps.Copy(k.host, kp.Host)
-		maps.Copy(k.container, kp.Container)
+		maps.Copy(host, kp.Host)
+		maps.Copy(container, kp.Container)
 	}
-	var claimable []int
-	for _, info := range want {
-		for _, key := range k.hostKeys(info) {
-			if port := k.host[key]; port > 0 {
-				claimable = append(claimable, port)
+	k := &keptPorts{cluster: map[loadbalancer.ServicePortName]int{}, external: map[loadbalancer.ServicePortName]int{}}
+	var ports []int
+	for name, info := range want {
+		proto := portalProtocol(info.name.Protocol)
+		for _, ip := range info.clusterIPs {
+			if port := host[iptables.PortalKey{Name: info.key, Protocol: proto, IP: ip, Port: info.port}]; port > 0 {
+				k.cluster[name] = port
+				ports = append(ports, port)
+				break
 			}
 		}
-		if info.policy.splitExternal() {
-			for _, key := range k.externalKeys(info) {
-				if port := k.container[key]; port > 0 {
-					claimable = append(claimable, port)
-				}
+		if !info.policy.splitExternal() {
+			continue
+		}
+		keys := []iptables.PortalKey{{Name: info.key, Protocol: proto, Port: info.nodePort}} // the NodePort
+		for _, ip := range slices.Concat(info.externalIPs, info.loadBalancerIPs) {
+			keys = append(keys, iptables.PortalKey{Name: info.key, Protocol: proto, IP: ip, Port: info.port})
+		}
+		for _, key := range keys {
+			if port := container[key]; port > 0 {
+				k.external[name] = port
+				ports = append(ports, port)
+				break
 			}
 		}
 	}
-	slices.Sort(claimable)
-	k.reserved = p.ports.Reserve(slices.Compact(claimable))
+	k.reserved = p.ports.Reserve(ports)
 	return k
 }
 
-// claim is the reserved port the kernel's host portal of one of info's
-// cluster IPs names (its cluster-wide socket's), now info's to open, or 0.
-// The caller opens it (PortAllocator.OpenPreferred).
+// claim is the reserved port of info's cluster-wide socket, now the
+// caller's to open (PortAllocator.OpenPreferred), or 0.
 func (k *keptPorts) claim(info *servicePortInfo) int {
 	if k == nil {
 		return 0
 	}
-	return k.claimFirst(k.host, k.hostKeys(info))
+	return k.take(k.cluster[info.name])
 }
 
-// hostKeys are the portals of info's cluster IPs.
-func (k *keptPorts) hostKeys(info *servicePortInfo) []iptables.PortalKey {
-	var keys []iptables.PortalKey
-	for _, ip := range info.clusterIPs {
-		keys = append(keys, portalKey(info, ip, info.port))
-	}
-	return keys
-}
-
-// claimExternal is claim for the socket of info's external traffic under
-// externalTrafficPolicy: Local: the port the container portal of an
-// external address, or the NodePort, names.
+// claimExternal is claim for info's node-local socket.
 func (k *keptPorts) claimExternal(info *servicePortInfo) int {
 	if k == nil {
 		return 0
 	}
-	return k.claimFirst(k.container, k.externalKeys(info))
+	return k.take(k.external[info.name])
 }
 
-// externalKeys are the portals of info's external addresses and NodePort.
-func (k *keptPorts) externalKeys(info *servicePortInfo) []iptables.PortalKey {
-	var keys []iptables.PortalKey
-	for _, ip := range slices.Concat(info.externalIPs, info.loadBalancerIPs) {
-		keys = append(keys, portalKey(info, ip, info.port))
+func (k *keptPorts) take(port int) int {
+	if !k.reserved[port] {
+		return 0
 	}
-	if info.nodePort != 0 {
-		keys = append(keys, portalKey(info, netip.Addr{}, info.nodePort))
-	}
-	return keys
-}
-
-func (k *keptPorts) claimFirst(ports map[iptables.PortalKey]int, keys []iptables.PortalKey) int {
-	for _, key := range keys {
-		if port := ports[key]; k.reserved[port] {
-			delete(k.reserved, port)
-			k.claimed++
-			return port
-		}
-	}
-	return 0
-}
-
-func portalKey(info *servicePortInfo, ip netip.Addr, port int) iptables.PortalKey {
-	proto := iptables.TCP
-	if info.name.Protocol == v1.ProtocolUDP {
-		proto = iptables.UDP
-	}
-	return iptables.PortalKey{Name: info.key, Protocol: proto, IP: ip, Port: port}
+	delete(k.reserved, port)
+	k.claimed++
+	return port
 }
 
 // releaseKeptPorts gives back the reserved ports no service port claimed

@@ -105,7 +105,7 @@ func (pl *Plan) listen(name loadbalancer.ServicePortName, _ netip.Addr, _ int, _
 type planSocket int
 
 func (s planSocket) Port() int    { return int(s) }
-func (s planSocket) Serve()       {}
+func (s planSocket) Start()       {}
 func (s planSocket) Close() error { return nil }
 
 // portalRecorder is a PortalSyncer that keeps the last set it was handed.

@@ -109,7 +109,7 @@ func TestNodePortAllocatorSkipsWellKnownPorts(t *testing.T) {
 type fakeSocket int
 
 func (s fakeSocket) Port() int    { return int(s) }
-func (s fakeSocket) Serve()       {}
+func (s fakeSocket) Start()       {}
 func (s fakeSocket) Close() error { return nil }
 
 // fakeBinder listens on any port but those held by others; port 0 gets

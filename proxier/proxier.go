@@ -521,7 +521,7 @@ func (p *Proxier) openPort(info *servicePortInfo, kept int, logLine bool) (*acti
 		p.opts.Faults.RemovePort(info.faultName)
 		return nil, err
 	}
-	serve(sock)
+	sock.Start()
 	ap := &activePort{info: info, socket: sock, proxyPort: sock.Port(), faults: fp}
 	fp.SetLabel(info.key) // a port the fault API created first has the API name
 	proxyAddr := net.JoinHostPort(p.listenHost(), strconv.Itoa(ap.proxyPort))
@@ -558,6 +558,14 @@ func (p *Proxier) closePort(name loadbalancer.ServicePortName, ap *activePort) {
 	delete(p.active, name)
 }
 
+// portalProtocol is a service port's protocol as a portal's.
+func portalProtocol(p v1.Protocol) iptables.Protocol {
+	if p == v1.ProtocolUDP {
+		return iptables.UDP
+	}
+	return iptables.TCP
+}
+
 // syncPortals hands every family its complete desired portal set: to
 // Update (only what changed is written) unless full is set or the syncer
 // has no such path.
@@ -567,10 +575,7 @@ func (p *Proxier) syncPortals(full bool) bool {
 	}
 	var v4, v6 []iptables.Portal
 	for _, ap := range p.active {
-		proto := iptables.TCP
-		if ap.info.name.Protocol == v1.ProtocolUDP {
-			proto = iptables.UDP
-		}
+		proto := portalProtocol(ap.info.name.Protocol)
 		hasV6 := false
 		clusterPort := 0 // the shortcut of external portals, see below
 		add := func(ip netip.Addr, proxyPort int) {

@@ -83,13 +83,17 @@ func (s *tcpProxySocket) Close() error {
 	return s.closeWith(s.ln.Close)
 }
 
-func (s *tcpProxySocket) Serve() {
-	backoff := time.Duration(0)
-	if s.loopLn != nil {
-		// The event loops accept. A goroutine waiting here for Close held
-		// 3.6-3.8 KiB of stack per idle service port.
-		return
+// Start starts the accept loop, unless the event loops accept for the
+// socket: a goroutine waiting in it for Close held 3.6-3.8 KiB of stack per
+// idle service port.
+func (s *tcpProxySocket) Start() {
+	if s.loopLn == nil {
+		go s.acceptLoop()
 	}
+}
+
+func (s *tcpProxySocket) acceptLoop() {
+	backoff := time.Duration(0)
 	for {
 		conn, err := s.ln.AcceptTCP()
 		if err != nil {

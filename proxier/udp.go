@@ -148,6 +148,8 @@ func (s *udpProxySocket) Close() error {
 	})
 }
 
+func (s *udpProxySocket) Start() { go s.Serve() }
+
 // Serve relays both ways until Close. Waiting holds no buffer: the poller
 // parks the goroutine until a socket is readable, and a buffer is taken
 // only to empty what is ready.

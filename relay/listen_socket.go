@@ -67,10 +67,9 @@ func ListenTCP(addr netip.AddrPort, dualStack bool, l Liveness) (int, netip.Addr
 			return fail("setsockopt", err)
 		}
 	}
-	if err := l.apply(fd); err != nil {
+	if err := relayedSocketOptions(fd, l); err != nil {
 		return fail("setsockopt", err)
 	}
-	_ = rawio.SetsockoptInt(fd, unix.SOL_TCP, unix.TCP_INQ, 1) // a hint only (SocketControl)
 	if err := rawio.Bind(fd, at, family); err != nil {
 		return fail("bind", err)
 	}

@@ -111,11 +111,20 @@ func SocketControl(l Liveness) func(network, address string, c syscall.RawConn) 
 		if !strings.HasPrefix(network, "tcp") {
 			return nil
 		}
-		if err := l.Control(network, address, c); err != nil {
-			return err
+		var err error
+		if cerr := c.Control(func(fd uintptr) { err = relayedSocketOptions(int(fd), l) }); cerr != nil {
+			return cerr
 		}
-		return c.Control(func(fd uintptr) {
-			_ = unix.SetsockoptInt(int(fd), unix.SOL_TCP, unix.TCP_INQ, 1)
-		})
+		return err
 	}
+}
+
+// relayedSocketOptions sets what SocketControl sets on a TCP socket (and
+// ListenTCP on its own): l's options and TCP_INQ.
+func relayedSocketOptions(fd int, l Liveness) error {
+	if err := l.apply(fd); err != nil {
+		return err
+	}
+	_ = rawio.SetsockoptInt(fd, unix.SOL_TCP, unix.TCP_INQ, 1) // a hint only
+	return nil
 }

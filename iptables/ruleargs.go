@@ -1,0 +1,52 @@
+package iptables
+
+// ruleArgs are the arguments of one of our rules that its readers
+// (Describe, ProxyPortsInKernel) look at, as written.
+type ruleArgs struct {
+	proto, src, dst, comment string
+	dport                    string // --dport
+	dports                   string // --dports (a guard rule's list)
+	target                   string // -j
+	to                       string // --to-ports or --to-destination
+	// notDNAT: "! --ctstate DNAT" (the guard's); negated: any "!".
+	notDNAT, negated bool
+}
+
+// readRuleArgs reads args, a rule split as splitRule splits it (without
+// "-A CHAIN").
+func readRuleArgs(args []string) ruleArgs {
+	var a ruleArgs
+	for i := 0; i < len(args); i++ {
+		next := func() string {
+			if i+1 < len(args) {
+				i++
+				return args[i]
+			}
+			return ""
+		}
+		switch args[i] {
+		case "-p":
+			a.proto = next()
+		case "-s":
+			a.src = next()
+		case "-d":
+			a.dst = next()
+		case "--comment":
+			a.comment = next()
+		case "--dport":
+			a.dport = next()
+		case "--dports":
+			a.dports = next()
+		case "-j":
+			a.target = next()
+		case "--to-ports", "--to-destination":
+			a.to = next()
+		case "!":
+			a.negated = true
+			if i+2 < len(args) && args[i+1] == "--ctstate" && args[i+2] == "DNAT" {
+				a.notDNAT = true
+			}
+		}
+	}
+	return a
+}
