@@ -111,6 +111,21 @@ func (f *FakeRunner) Chains(table Table) []string {
 
 func (f *FakeRunner) Family() Family { return f.family }
 
+// SetError makes method fail with err from now on (nil: succeed again);
+// safe while another goroutine uses the runner, unlike writing Errors.
+func (f *FakeRunner) SetError(method string, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.Errors == nil {
+		f.Errors = map[string]error{}
+	}
+	if err == nil {
+		delete(f.Errors, method)
+		return
+	}
+	f.Errors[method] = err
+}
+
 // begin records a call and returns the injected error for it, if any.
 func (f *FakeRunner) begin(method string, args ...string) error {
 	f.calls = append(f.calls, strings.TrimSpace(method+" "+strings.Join(args, " ")))

@@ -53,8 +53,9 @@ func (p *Proxier) syncPolicies(changed map[types.NamespacedName][]*servicePortIn
 
 // syncExternalSocket opens or closes the second socket a service port needs
 // while its external traffic has its own endpoint set; it opens it on the
-// port the kernel's rules still name where it can (kept, keptports.go).
-func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo, kept *keptPorts) {
+// port the kernel's rules still name where it can (kept, keptports.go). It
+// reports false when the socket it needs did not open.
+func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo, kept *keptPorts) bool {
 	need := info.policy.splitExternal()
 	switch {
 	case need && ap.external == nil:
@@ -67,13 +68,14 @@ func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo, kept
 		if err != nil {
 			p.lb.DeleteServicePort(ext)
 			klog.ErrorS(err, "Failed to open external proxy socket", "servicePort", info.name)
-			return
+			return false
 		}
 		sock.Start()
 		ap.external, ap.externalPort = sock, sock.Port()
 	case !need && ap.external != nil:
 		p.closeExternalSocket(ap)
 	}
+	return true
 }
 
 func (p *Proxier) closeExternalSocket(ap *activePort) {

@@ -169,6 +169,8 @@ type Proxier struct {
 	// keptPortsRead: the first sync has read the proxy ports the kernel's
 	// portals already name (keptports.go).
 	keptPortsRead bool
+	// failedSyncs counts the syncs in a row that left work undone (retry.go).
+	failedSyncs int
 
 	// listen opens a service port's proxy socket: newProxySocket, or a
 	// plan's stand-in that opens nothing.
@@ -427,7 +429,7 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 			opening++
 		}
 	}
-	perPortLines, opened := opening <= servingLinesUpTo, 0
+	perPortLines, opened, failed := opening <= servingLinesUpTo, 0, 0
 	for name, info := range want {
 		ap := p.active[name]
 		if ap != nil && ap.info == info && (ap.external != nil || !info.policy.splitExternal()) {
@@ -445,8 +447,9 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 		if ap == nil {
 			var err error
 			if ap, err = p.openPort(info, kept.claim(info), perPortLines); err != nil {
-				// Try again on the next sync; the port was released.
+				// Tried again by the retry (retry.go); the port was released.
 				klog.ErrorS(err, "Failed to open proxy socket", "servicePort", name)
+				failed++
 				continue
 			}
 			opened++
@@ -461,7 +464,9 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 		}
 		p.syncFaults(ap, info)
 		p.syncLifetime(info)
-		p.syncExternalSocket(ap, info, kept)
+		if !p.syncExternalSocket(ap, info, kept) {
+			failed++
+		}
 		if !ap.info.sameRules(info) {
 			// New destinations (a NodePort, an external IP) may hold
 			// entries of datagrams sent before their portal existed, and
@@ -483,6 +488,10 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 	}
 
 	ok := p.syncPortals(full)
+	if !ok {
+		failed++
+	}
+	p.retryFailures(failed)
 	if ok {
 		// Only now do new flows meet the new rules; old flows still point at
 		// ports that no longer exist, or at no port at all.
@@ -605,7 +614,7 @@ func (p *Proxier) syncPortals(full bool) bool {
 				clusterPort = ap.proxyPort
 			}
 		} else if ap.info.policy.splitExternal() {
-			// Its own socket failed to open (retried next sync): sending
+			// Its own socket failed to open (retried: retry.go): sending
 			// external traffic to the cluster-wide socket would break the
 			// Local policy, so it gets no portal meanwhile.
 			continue
@@ -641,7 +650,6 @@ func (p *Proxier) syncPortals(full bool) bool {
 			ok = false
 			p.metrics.IPTablesRestoreFailures.Inc()
 			klog.ErrorS(err, "Failed to sync portal rules; will retry", "family", f.family)
-			p.runner.Run() // retried after min-sync-period
 		}
 	}
 	return ok

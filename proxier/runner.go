@@ -21,6 +21,8 @@ type boundedFrequencyRunner struct {
 
 	mu      sync.Mutex
 	lastRun time.Time
+	// retry is what fn asked for with RetryAfter during its run (0: none).
+	retry time.Duration
 }
 
 func newBoundedFrequencyRunner(fn func(periodic bool), minInterval, maxInterval time.Duration, clk clock.WithTicker) *boundedFrequencyRunner {
@@ -35,10 +37,29 @@ func (r *boundedFrequencyRunner) Run() {
 	}
 }
 
+// RetryAfter asks for another run d after the current one ends: fn calls
+// it when part of its work failed. Any run that comes sooner takes its
+// place (it asks again if it fails too); of two requests in one run the
+// sooner wins.
+func (r *boundedFrequencyRunner) RetryAfter(d time.Duration) {
+	r.mu.Lock()
+	if r.retry == 0 || d < r.retry {
+		r.retry = d
+	}
+	r.mu.Unlock()
+}
+
 // Loop runs until ctx ends. The first run happens on the first Run().
 func (r *boundedFrequencyRunner) Loop(ctx context.Context) {
 	periodic := r.clk.NewTimer(r.maxInterval)
 	defer periodic.Stop()
+	var retry clock.Timer
+	var retryC <-chan time.Time // nil: no retry asked for
+	defer func() {
+		if retry != nil {
+			retry.Stop()
+		}
+	}()
 	for {
 		timedOut := false
 		select {
@@ -46,6 +67,7 @@ func (r *boundedFrequencyRunner) Loop(ctx context.Context) {
 			return
 		case <-periodic.C():
 			timedOut = true
+		case <-retryC:
 		case <-r.trigger:
 			r.mu.Lock()
 			wait := r.minInterval - r.clk.Since(r.lastRun)
@@ -62,8 +84,20 @@ func (r *boundedFrequencyRunner) Loop(ctx context.Context) {
 		}
 		r.mu.Lock()
 		r.lastRun = r.clk.Now()
+		r.retry = 0
 		r.mu.Unlock()
 		r.fn(timedOut)
+		r.mu.Lock()
+		again := r.retry
+		r.mu.Unlock()
+		if retry != nil {
+			retry.Stop()
+			retry, retryC = nil, nil
+		}
+		if again > 0 {
+			retry = r.clk.NewTimer(again)
+			retryC = retry.C()
+		}
 		// A trigger that arrived while fn ran stays queued: that change may
 		// have missed this run. The periodic timer restarts from now.
 		if !periodic.Stop() {

@@ -1,0 +1,37 @@
+package proxier
+
+import (
+	"time"
+
+	"k8s.io/klog/v2"
+)
+
+// A sync that leaves work undone — a proxy socket that did not open (its
+// port taken by another process, no free port in --proxy-port-range, the
+// descriptor limit), or a portal write iptables refused — runs again on
+// its own instead of waiting for the next Service change or the sync
+// period: after min-sync-period (at least a second), doubling with each
+// failing sync in a row up to the sync period. A sync that succeeds ends
+// the series, and any sync that comes sooner retries the same work.
+
+// retryFailures schedules the retry of a sync that failed failed things.
+func (p *Proxier) retryFailures(failed int) {
+	if failed == 0 {
+		p.failedSyncs = 0
+		return
+	}
+	p.failedSyncs++
+	d := retryBackoff(p.failedSyncs, p.opts.MinSyncPeriod, p.opts.SyncPeriod)
+	klog.InfoS("Sync left work undone; retrying", "failures", failed, "after", d, "failedSyncsInARow", p.failedSyncs)
+	p.runner.RetryAfter(d)
+}
+
+// retryBackoff is the wait before the retry after the n-th failing sync in a
+// row (n ≥ 1).
+func retryBackoff(n int, minInterval, maxInterval time.Duration) time.Duration {
+	d := max(minInterval, time.Second)
+	for i := 1; i < n && d < maxInterval; i++ {
+		d *= 2
+	}
+	return max(min(d, maxInterval), time.Second)
+}

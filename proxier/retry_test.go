@@ -1,0 +1,155 @@
+package proxier
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
+)
+
+func TestRetryBackoff(t *testing.T) {
+	for _, c := range []struct {
+		n              int
+		min, max, want time.Duration
+	}{
+		{1, time.Second, 30 * time.Second, time.Second},
+		{2, time.Second, 30 * time.Second, 2 * time.Second},
+		{5, time.Second, 30 * time.Second, 16 * time.Second},
+		{6, time.Second, 30 * time.Second, 30 * time.Second},
+		{60, time.Second, 30 * time.Second, 30 * time.Second},
+		{1, 0, 30 * time.Second, time.Second}, // at least a second
+		{1, 5 * time.Second, 30 * time.Second, 5 * time.Second},
+		{3, 10 * time.Second, 30 * time.Second, 30 * time.Second},
+		{2, time.Second, 500 * time.Millisecond, time.Second},
+	} {
+		if got := retryBackoff(c.n, c.min, c.max); got != c.want {
+			t.Errorf("retryBackoff(%d, %v, %v) = %v, want %v", c.n, c.min, c.max, got, c.want)
+		}
+	}
+}
+
+// A run that asks for a retry gets one after the time it asked for, with
+// no trigger; a run that does not ask gets none.
+func TestRunnerRetryAfter(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	var runs atomic.Int32
+	var r *boundedFrequencyRunner
+	r = newBoundedFrequencyRunner(func(periodic bool) {
+		if periodic {
+			t.Error("a retry was called periodic")
+		}
+		if runs.Add(1) == 1 {
+			r.RetryAfter(10 * time.Second)
+			r.RetryAfter(5 * time.Second) // the sooner wins
+		}
+	}, time.Second, time.Minute, clk)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.Loop(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	r.Run()
+	waitFor(t, "first run", func() bool { return runs.Load() == 1 })
+	waitFor(t, "retry armed", func() bool { return clk.Waiters() == 2 })
+	clk.Step(4 * time.Second)
+	time.Sleep(20 * time.Millisecond)
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("retried after 4s of 5s (%d runs)", n)
+	}
+	clk.Step(time.Second)
+	waitFor(t, "the retry", func() bool { return runs.Load() == 2 })
+	waitFor(t, "periodic timer re-armed", func() bool { return clk.Waiters() == 1 })
+	clk.Step(30 * time.Second)
+	time.Sleep(20 * time.Millisecond)
+	if n := runs.Load(); n != 2 {
+		t.Fatalf("a run that asked for no retry got one (%d runs)", n)
+	}
+}
+
+// A proxy socket whose port is taken opens by itself once the port is free,
+// without a Service change and well before the sync period: the retries
+// come after 1 s, then 2 s.
+func TestOpenFailureIsRetried(t *testing.T) {
+	holder, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	port := holder.Addr().(*net.TCPAddr).Port
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	p := New(Options{BindAddress: mustAddr("127.0.0.1"), Clock: clk, PortRange: PortRange{Base: port, Size: 1},
+		MinSyncPeriod: time.Second, SyncPeriod: time.Hour})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	failedSyncs := func() int {
+		p.syncMu.Lock()
+		defer p.syncMu.Unlock()
+		return p.failedSyncs
+	}
+	serving := func() bool { _, ok := p.ProxyPort("default/web:p"); return ok }
+
+	p.OnServiceSynced()
+	p.OnEndpointSlicesSynced()
+	p.OnServiceAdd(makeService("web"))
+	// The fake clock's waiters: the periodic sync, the affinity sweep's
+	// ticker and the retry.
+	waitFor(t, "the first sync to fail", func() bool { return failedSyncs() == 1 })
+	waitFor(t, "retry armed", func() bool { return clk.Waiters() == 3 })
+	clk.Step(time.Second)
+	waitFor(t, "the first retry to fail", func() bool { return failedSyncs() == 2 })
+	waitFor(t, "retry armed", func() bool { return clk.Waiters() == 3 })
+	clk.Step(time.Second)
+	time.Sleep(20 * time.Millisecond)
+	if n := failedSyncs(); n != 2 || serving() {
+		t.Fatalf("the second retry came after 1 s, not 2 s (failed syncs %d, serving %v)", n, serving())
+	}
+	holder.Close()
+	clk.Step(time.Second)
+	waitFor(t, "the port to open on the retry", serving)
+	if got, _ := p.ProxyPort("default/web:p"); got != port {
+		t.Fatalf("proxy port %d, want %d (the range's only port)", got, port)
+	}
+	if n := failedSyncs(); n != 0 {
+		t.Fatalf("a sync that succeeded left %d failed syncs counted", n)
+	}
+}
+
+// A portal write iptables refused is retried after 1 s, with no Service
+// change and long before the sync period.
+func TestPortalFailureIsRetried(t *testing.T) {
+	fake := iptables.NewFakeRunner(iptables.IPv4)
+	rules := iptables.New(fake, iptables.Config{Family: iptables.IPv4, BindAddress: mustAddr("127.0.0.1"), NodeIP: mustAddr("127.0.0.1")})
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	p := New(Options{IPv4Portals: rules, BindAddress: mustAddr("127.0.0.1"), Clock: clk, MinSyncPeriod: time.Second, SyncPeriod: time.Hour})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	written := func() bool { return strings.Contains(natRules(fake), "default/web:p") }
+
+	fake.SetError("Restore", errors.New("iptables-restore: line 3 failed"))
+	p.OnServiceSynced()
+	p.OnEndpointSlicesSynced()
+	p.OnServiceAdd(makeService("web"))
+	waitFor(t, "the first sync to fail", func() bool {
+		p.syncMu.Lock()
+		defer p.syncMu.Unlock()
+		return p.failedSyncs == 1
+	})
+	waitFor(t, "retry armed", func() bool { return clk.Waiters() == 3 })
+	if written() {
+		t.Fatal("rules written although every restore fails")
+	}
+	fake.SetError("Restore", nil)
+	clk.Step(time.Second)
+	waitFor(t, "the rules written by the retry", written)
+}
