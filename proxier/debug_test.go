@@ -2,7 +2,10 @@ package proxier
 
 import (
 	"encoding/json"
+	"fmt"
+	"math/rand/v2"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
@@ -35,4 +38,75 @@ func TestDebugServicePortJSONRoundTrip(t *testing.T) {
 	if err := json.Unmarshal([]byte(`{"name":"x","typo":1,"origin":"api"}`), &d); err == nil {
 		t.Error("an unknown toxic field was accepted")
 	}
+}
+
+// /debug/services follows every sync, sorted by service port, whether the
+// sync opened or closed sockets or only changed a Service in place. With 20
+// other Services each step touches few enough rows that they are merged
+// into the published ones, not rebuilt; a sync that changed nothing leaves
+// the published rows as they were.
+func TestDebugRowsFollowEverySync(t *testing.T) {
+	p, _ := newPortalProxier(t)
+	for i := range 20 {
+		p.OnServiceAdd(makeService(fmt.Sprintf("bg%02d", i), withClusterIP(fmt.Sprintf("10.96.2.%d", i+1))))
+	}
+	row := func(servicePort string) string {
+		for _, d := range p.DebugServices() {
+			if d.ServicePort == servicePort {
+				return fmt.Sprintf("%s %d", d.ServicePort, d.NodePort)
+			}
+		}
+		return servicePort + " absent"
+	}
+	// merged: the step must not rebuild the rows from scratch.
+	check := func(step string, merged bool, want ...string) {
+		t.Helper()
+		rebuilds := p.debugRebuilds
+		p.Sync()
+		if merged && p.debugRebuilds != rebuilds {
+			t.Errorf("%s: the rows were rebuilt, not merged", step)
+		}
+		if full := p.debugRows(); !reflect.DeepEqual(p.debug, full) {
+			t.Fatalf("%s: merged rows %+v, built from scratch %+v", step, p.debug, full)
+		}
+		for _, w := range want {
+			name, _, _ := strings.Cut(w, " ")
+			if got := row(name); got != w {
+				t.Fatalf("%s: row %q, want %q", step, got, w)
+			}
+		}
+	}
+	p.OnServiceAdd(makeService("web", withClusterIP("10.96.0.30")))
+	p.OnServiceAdd(makeService("api", withClusterIP("10.96.0.20")))
+	check("two Services", false, "default/api:p 0", "default/web:p 0")
+
+	old := makeService("web", withClusterIP("10.96.0.30"))
+	p.OnServiceUpdate(old, makeService("web", withClusterIP("10.96.0.30"), withNodePort(30080)))
+	check("a Service changed in place", true, "default/api:p 0", "default/web:p 30080")
+	published := p.debug
+	check("nothing changed", true, "default/api:p 0", "default/web:p 30080")
+	if &p.debug[0] != &published[0] {
+		t.Error("a sync that changed nothing published new rows")
+	}
+
+	p.OnServiceAdd(makeService("cache", withClusterIP("10.96.0.40")))
+	check("one added", true, "default/api:p 0", "default/cache:p 0", "default/web:p 30080")
+	p.OnServiceDelete(makeService("api", withClusterIP("10.96.0.20")))
+	check("one deleted", true, "default/api:p absent", "default/cache:p 0")
+	p.OnServiceDelete(makeService("cache", withClusterIP("10.96.0.40")))
+	p.OnServiceAdd(makeService("auth", withClusterIP("10.96.0.50")))
+	check("one replaced by another", true, "default/cache:p absent", "default/auth:p 0")
+	// An address family change reopens the socket: closed and opened in
+	// one sync, the row stays once, with the new socket's port.
+	p.OnServiceUpdate(makeService("auth", withClusterIP("10.96.0.50")), makeService("auth", withClusterIP("fd00::50")))
+	check("one reopened", true, "default/auth:p 0")
+	for range 3 {
+		p.OnServiceAdd(makeService(fmt.Sprintf("svc%d", rand.IntN(1000)), withClusterIP("10.96.1.1")))
+	}
+	p.OnServiceDelete(makeService("bg07", withClusterIP("10.96.2.8")))
+	check("random adds and a delete", true, "default/bg07:p absent")
+	for i := range 20 {
+		p.OnServiceDelete(makeService(fmt.Sprintf("bg%02d", i), withClusterIP(fmt.Sprintf("10.96.2.%d", i+1))))
+	}
+	check("most deleted (rebuilt)", false, "default/bg00:p absent", "default/web:p 30080")
 }

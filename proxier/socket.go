@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -103,7 +104,8 @@ func newProxySocket(name loadbalancer.ServicePortName, bind netip.Addr, port int
 	case needIPv6 || bind.Is6():
 		family = "" // dual-stack wildcard
 	}
-	addr := net.JoinHostPort(host, fmt.Sprint(port))
+	// Formatted only for net's listeners: 10,000 loop sockets need none.
+	addr := func() string { return net.JoinHostPort(host, strconv.Itoa(port)) }
 	switch name.Protocol {
 	case v1.ProtocolTCP:
 		if cfg.loops != nil && !cfg.multipath {
@@ -113,7 +115,7 @@ func newProxySocket(name loadbalancer.ServicePortName, bind netip.Addr, port int
 			}
 			return newLoopTCPProxySocket(name, fd, at, sp, fp, cfg), nil
 		}
-		ln, err := cfg.listen.Listen(context.Background(), "tcp"+family, addr)
+		ln, err := cfg.listen.Listen(context.Background(), "tcp"+family, addr())
 		if err != nil {
 			return nil, err
 		}
@@ -124,7 +126,7 @@ func newProxySocket(name loadbalancer.ServicePortName, bind netip.Addr, port int
 		}
 		return sock, nil
 	case v1.ProtocolUDP:
-		pc, err := cfg.listen.ListenPacket(context.Background(), "udp"+family, addr)
+		pc, err := cfg.listen.ListenPacket(context.Background(), "udp"+family, addr())
 		if err != nil {
 			return nil, err
 		}
