@@ -1,7 +1,6 @@
 package proxier
 
 import (
-	"context"
 	"errors"
 	"net"
 	"strings"
@@ -50,10 +49,7 @@ func TestRunnerRetryAfter(t *testing.T) {
 			r.RetryAfter(5 * time.Second) // the sooner wins
 		}
 	}, time.Second, time.Minute, clk)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { r.Loop(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	runInBackground(t, r.Loop)
 
 	r.Run()
 	waitFor(t, "first run", func() bool { return runs.Load() == 1 })
@@ -86,10 +82,7 @@ func TestOpenFailureIsRetried(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	p := New(Options{BindAddress: mustAddr("127.0.0.1"), Clock: clk, PortRange: PortRange{Base: port, Size: 1},
 		MinSyncPeriod: time.Second, SyncPeriod: time.Hour})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { p.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	runInBackground(t, p.Run)
 	failedSyncs := func() int {
 		p.syncMu.Lock()
 		defer p.syncMu.Unlock()
@@ -130,10 +123,7 @@ func TestPortalFailureIsRetried(t *testing.T) {
 	rules := iptables.New(fake, iptables.Config{Family: iptables.IPv4, BindAddress: mustAddr("127.0.0.1"), NodeIP: mustAddr("127.0.0.1")})
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	p := New(Options{IPv4Portals: rules, BindAddress: mustAddr("127.0.0.1"), Clock: clk, MinSyncPeriod: time.Second, SyncPeriod: time.Hour})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { p.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	runInBackground(t, p.Run)
 	written := func() bool { return strings.Contains(natRules(fake), "default/web:p") }
 
 	fake.SetError("Restore", errors.New("iptables-restore: line 3 failed"))

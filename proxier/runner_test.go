@@ -20,6 +20,16 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// runInBackground runs loop on a goroutine until the test ends, and waits
+// for it to return.
+func runInBackground(t *testing.T, loop func(context.Context)) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { loop(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
 // The runner collapses a burst of triggers into one run per minInterval and
 // runs on its own every maxInterval.
 func TestBoundedFrequencyRunner(t *testing.T) {
@@ -31,10 +41,7 @@ func TestBoundedFrequencyRunner(t *testing.T) {
 		}
 		runs.Add(1)
 	}, time.Second, 30*time.Second, clk)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { r.Loop(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	runInBackground(t, r.Loop)
 
 	r.Run()
 	waitFor(t, "first run", func() bool { return runs.Load() == 1 })
