@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	v1 "k8s.io/api/core/v1"
+
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 )
 
@@ -100,6 +102,11 @@ func TestDebugRowsFollowEverySync(t *testing.T) {
 	// one sync, the row stays once, with the new socket's port.
 	p.OnServiceUpdate(makeService("auth", withClusterIP("10.96.0.50")), makeService("auth", withClusterIP("fd00::50")))
 	check("one reopened", true, "default/auth:p 0")
+	// A protocol change closes one name and opens another of the same key;
+	// a row after it changes in the same sync.
+	p.OnServiceUpdate(makeService("auth", withClusterIP("fd00::50")), makeService("auth", withClusterIP("fd00::50"), withProtocol(v1.ProtocolUDP)))
+	p.OnServiceUpdate(old, makeService("web", withClusterIP("10.96.0.30"), withNodePort(30081)))
+	check("protocol changed", true, "default/auth:p 0", "default/web:p 30081")
 	for range 3 {
 		p.OnServiceAdd(makeService(fmt.Sprintf("svc%d", rand.IntN(1000)), withClusterIP("10.96.1.1")))
 	}
@@ -108,5 +115,5 @@ func TestDebugRowsFollowEverySync(t *testing.T) {
 	for i := range 20 {
 		p.OnServiceDelete(makeService(fmt.Sprintf("bg%02d", i), withClusterIP(fmt.Sprintf("10.96.2.%d", i+1))))
 	}
-	check("most deleted (rebuilt)", false, "default/bg00:p absent", "default/web:p 30080")
+	check("most deleted (rebuilt)", false, "default/bg00:p absent", "default/web:p 30081")
 }

@@ -7,7 +7,6 @@ package proxier
 
 import (
 	"context"
-	"iter"
 	"net"
 	"net/netip"
 	"slices"
@@ -170,8 +169,10 @@ type Proxier struct {
 	// keptPortsRead: the first sync has read the proxy ports the kernel's
 	// portals already name (keptports.go).
 	keptPortsRead bool
-	// failedSyncs counts the syncs in a row that left work undone (retry.go).
+	// failedSyncs counts the syncs in a row that left work undone, and
+	// lastFailed is what the last one left (sorted; retry.go).
 	failedSyncs int
+	lastFailed  []string
 	// debugTouched: the service ports opened, closed or changed since the
 	// debug rows were published (publishDebug).
 	debugTouched []loadbalancer.ServicePortName
@@ -435,7 +436,8 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 			opening++
 		}
 	}
-	perPortLines, opened, failed := opening <= servingLinesUpTo, 0, 0
+	perPortLines, opened := opening <= servingLinesUpTo, 0
+	var failed []string // what this sync left undone (retry.go)
 	for name, info := range want {
 		ap := p.active[name]
 		if ap != nil && ap.info == info && (ap.external != nil || !info.policy.splitExternal()) {
@@ -455,7 +457,7 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 			if ap, err = p.openPort(info, kept.claim(info), perPortLines); err != nil {
 				// Tried again by the retry (retry.go); the port was released.
 				klog.ErrorS(err, "Failed to open proxy socket", "servicePort", name)
-				failed++
+				failed = append(failed, "open "+info.key)
 				continue
 			}
 			opened++
@@ -472,7 +474,7 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 		p.syncFaults(ap, info)
 		p.syncLifetime(info)
 		if !p.syncExternalSocket(ap, info, kept) {
-			failed++
+			failed = append(failed, "open external "+info.key)
 		}
 		if !ap.info.sameRules(info) {
 			// New destinations (a NodePort, an external IP) may hold
@@ -500,7 +502,7 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 	p.publishDebug()
 	ok := p.syncPortals(full)
 	if !ok {
-		failed++
+		failed = append(failed, "portals")
 	}
 	p.retryFailures(failed)
 	if ok {
@@ -671,22 +673,25 @@ func (p *Proxier) syncPortals(full bool) bool {
 // reach the iptables renderer nearly sorted and its sort has little to do
 // (a sort of 10,000 portals in map order was a tenth of a Service change's
 // sync). Map order, should the rows ever not match the active ports.
-func (p *Proxier) portalOrder() iter.Seq2[loadbalancer.ServicePortName, *activePort] {
-	return func(yield func(loadbalancer.ServicePortName, *activePort) bool) {
-		if len(p.debug) != len(p.active) {
-			for name, ap := range p.active {
-				if !yield(name, ap) {
-					return
-				}
-			}
-			return
-		}
+func (p *Proxier) portalOrder() []*activePort {
+	ordered := make([]*activePort, 0, len(p.active))
+	if len(p.debug) == len(p.active) {
 		for _, r := range p.debug {
-			if !yield(r.name, p.active[r.name]) {
-				return
+			ap := p.active[r.name]
+			if ap == nil {
+				break
 			}
+			ordered = append(ordered, ap)
+		}
+		if len(ordered) == len(p.active) {
+			return ordered
 		}
 	}
+	ordered = ordered[:0]
+	for _, ap := range p.active {
+		ordered = append(ordered, ap)
+	}
+	return ordered
 }
 
 // debugPort is one row of /debug/services.
@@ -762,7 +767,9 @@ func (p *Proxier) debugMerged(prev []debugPort, touched []loadbalancer.ServicePo
 			fresh = append(fresh, debugRow(name, ap))
 		}
 	}
-	slices.Sort(drop)
+	// One key can be touched under two names (an unnamed port that changed
+	// protocol: the old name closed, the new one opened).
+	drop = slices.Compact(slices.Sorted(slices.Values(drop)))
 	slices.SortFunc(fresh, compareDebugRows)
 	rows = make([]debugPort, 0, len(p.active))
 	for i, r := range prev {

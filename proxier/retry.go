@@ -1,6 +1,7 @@
 package proxier
 
 import (
+	"slices"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -11,18 +12,30 @@ import (
 // descriptor limit), or a portal write iptables refused — runs again on
 // its own instead of waiting for the next Service change or the sync
 // period: after min-sync-period (at least a second), doubling with each
-// failing sync in a row up to the sync period. A sync that succeeds ends
-// the series, and any sync that comes sooner retries the same work.
+// failing sync in a row up to the sync period. Something that fails anew
+// (not left over from the last sync) starts the series again at the short
+// wait, so a port that can never open does not slow the retry of a rule
+// write that failed once. A sync that succeeds ends the series, and any
+// sync that comes sooner retries the same work.
 
-// retryFailures schedules the retry of a sync that failed failed things.
-func (p *Proxier) retryFailures(failed int) {
-	if failed == 0 {
-		p.failedSyncs = 0
+// retryFailures schedules the retry of a sync that left failed undone (one
+// string per thing: "open NAME", "portals", ...).
+func (p *Proxier) retryFailures(failed []string) {
+	if len(failed) == 0 {
+		p.failedSyncs, p.lastFailed = 0, nil
 		return
 	}
+	slices.Sort(failed)
+	for _, f := range failed {
+		if _, left := slices.BinarySearch(p.lastFailed, f); !left {
+			p.failedSyncs = 0 // a new failure
+			break
+		}
+	}
 	p.failedSyncs++
+	p.lastFailed = failed
 	d := retryBackoff(p.failedSyncs, p.opts.MinSyncPeriod, p.opts.SyncPeriod)
-	klog.InfoS("Sync left work undone; retrying", "failures", failed, "after", d, "failedSyncsInARow", p.failedSyncs)
+	klog.InfoS("Sync left work undone; retrying", "failures", len(failed), "after", d, "failedSyncsInARow", p.failedSyncs)
 	p.runner.RetryAfter(d)
 }
 

@@ -90,9 +90,11 @@ func TestOpenFailureIsRetried(t *testing.T) {
 	}
 	serving := func() bool { _, ok := p.ProxyPort("default/web:p"); return ok }
 
+	// The Service first: the sources' sync is then the one trigger (a
+	// second one would queue a run behind a min-sync-period wait).
+	p.OnServiceAdd(makeService("web"))
 	p.OnServiceSynced()
 	p.OnEndpointSlicesSynced()
-	p.OnServiceAdd(makeService("web"))
 	// The fake clock's waiters: the periodic sync, the affinity sweep's
 	// ticker and the retry.
 	waitFor(t, "the first sync to fail", func() bool { return failedSyncs() == 1 })
@@ -127,9 +129,9 @@ func TestPortalFailureIsRetried(t *testing.T) {
 	written := func() bool { return strings.Contains(natRules(fake), "default/web:p") }
 
 	fake.SetError("Restore", errors.New("iptables-restore: line 3 failed"))
+	p.OnServiceAdd(makeService("web")) // before the sources' sync: one trigger
 	p.OnServiceSynced()
 	p.OnEndpointSlicesSynced()
-	p.OnServiceAdd(makeService("web"))
 	waitFor(t, "the first sync to fail", func() bool {
 		p.syncMu.Lock()
 		defer p.syncMu.Unlock()
@@ -142,4 +144,29 @@ func TestPortalFailureIsRetried(t *testing.T) {
 	fake.SetError("Restore", nil)
 	clk.Step(time.Second)
 	waitFor(t, "the rules written by the retry", written)
+}
+
+// The backoff grows while the same things keep failing and starts over at
+// the short wait when something fails that did not fail the sync before.
+func TestRetryStartsOverOnANewFailure(t *testing.T) {
+	p := New(Options{BindAddress: mustAddr("127.0.0.1"), MinSyncPeriod: time.Second, SyncPeriod: 30 * time.Second})
+	for _, step := range []struct {
+		failed []string
+		want   time.Duration // 0: no retry
+	}{
+		{[]string{"open default/a:p"}, time.Second},
+		{[]string{"open default/a:p"}, 2 * time.Second},
+		{[]string{"open default/a:p"}, 4 * time.Second},
+		{[]string{"portals", "open default/a:p"}, time.Second}, // the rule write is new
+		{[]string{"open default/a:p", "portals"}, 2 * time.Second},
+		{[]string{"open default/a:p"}, 4 * time.Second}, // fewer failures: nothing new
+		{nil, 0},
+		{[]string{"open default/a:p"}, time.Second},
+	} {
+		p.runner.retry = 0
+		p.retryFailures(step.failed)
+		if got := p.runner.retry; got != step.want {
+			t.Fatalf("after %q: retry in %v, want %v", step.failed, got, step.want)
+		}
+	}
 }

@@ -40,7 +40,9 @@ func (r *boundedFrequencyRunner) Run() {
 // RetryAfter asks for another run d after the current one ends: fn calls
 // it when part of its work failed. Any run that comes sooner takes its
 // place (it asks again if it fails too); of two requests in one run the
-// sooner wins.
+// sooner wins. Only a call made during a run counts: Loop reads the request
+// when fn returns and clears it before the next run (a Proxier.Sync called
+// directly, outside the loop, schedules nothing).
 func (r *boundedFrequencyRunner) RetryAfter(d time.Duration) {
 	r.mu.Lock()
 	if r.retry == 0 || d < r.retry {

@@ -11,7 +11,7 @@ package proxier_test
 // the kernel does the redirected sends in kworker threads that no process is
 // charged for: proc-ns/op alone would flatter it.
 //
-//	go test -tags sockmap -run '^$' -bench SockmapExperiment -count 6 ./proxier
+//	go test -tags sockmap -run '^$' -bench SockmapExperiment -benchtime 100000x -count 6 ./proxier
 //
 // Root only (BPF maps and programs). The sockmap proxy here is the least a
 // data path would do (no FIN, no reset, no byte cap, sockets inserted
