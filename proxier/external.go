@@ -10,8 +10,9 @@ import (
 // syncPolicies hands the traffic policy of every changed Service (its new
 // ports, none when removed) to the endpoints tracker (which re-filters its
 // endpoints when a policy changed) and the healthCheckNodePorts to the
-// service health server (again after a failure, until it succeeds).
-func (p *Proxier) syncPolicies(changed map[types.NamespacedName][]*servicePortInfo) {
+// service health server (again after a failure, until it succeeds). It
+// reports false when the health server refused them.
+func (p *Proxier) syncPolicies(changed map[types.NamespacedName][]*servicePortInfo) bool {
 	if p.policies == nil {
 		p.policies = map[types.NamespacedName]trafficPolicy{}
 		p.healthPorts = map[types.NamespacedName]int{}
@@ -45,10 +46,11 @@ func (p *Proxier) syncPolicies(changed map[types.NamespacedName][]*servicePortIn
 	if p.opts.ServiceHealth != nil && p.healthDirty {
 		if err := p.opts.ServiceHealth.SyncServices(maps.Clone(p.healthPorts)); err != nil {
 			klog.ErrorS(err, "Failed to sync healthCheckNodePort servers")
-			return
+			return false
 		}
 		p.healthDirty = false
 	}
+	return true
 }
 
 // syncExternalSocket opens or closes the second socket a service port needs

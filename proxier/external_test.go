@@ -3,6 +3,7 @@ package proxier
 import (
 	"errors"
 	"maps"
+	"slices"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
@@ -61,6 +62,9 @@ func TestHealthCheckNodePortsFollowServices(t *testing.T) {
 	h.fail = true
 	p.OnServiceUpdate(nil, localLB("web", 31001))
 	p.Sync()
+	if !slices.Contains(p.lastFailed, "health check servers") || p.runner.retry == 0 {
+		t.Errorf("a failed health server sync asked for no retry (left undone: %q)", p.lastFailed)
+	}
 	h.fail = false
 	p.Sync() // nothing changed, but the last call failed
 	if got := last(); !maps.Equal(got, map[types.NamespacedName]int{web: 31001}) {

@@ -423,7 +423,10 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 		kept = p.reserveKeptPorts(want)
 	}
 
-	p.syncPolicies(changedServices)
+	var failed []string // what this sync left undone (retry.go)
+	if !p.syncPolicies(changedServices) {
+		failed = append(failed, "health check servers")
+	}
 	for name, ap := range p.active {
 		if _, ok := want[name]; !ok {
 			klog.V(1).InfoS("Closing proxy socket of removed service port", "servicePort", name)
@@ -437,7 +440,6 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 		}
 	}
 	perPortLines, opened := opening <= servingLinesUpTo, 0
-	var failed []string // what this sync left undone (retry.go)
 	for name, info := range want {
 		ap := p.active[name]
 		if ap != nil && ap.info == info && (ap.external != nil || !info.policy.splitExternal()) {

@@ -9,7 +9,8 @@ import (
 
 // A sync that leaves work undone — a proxy socket that did not open (its
 // port taken by another process, no free port in --proxy-port-range, the
-// descriptor limit), or a portal write iptables refused — runs again on
+// descriptor limit), a portal write iptables refused, or healthCheckNodePort
+// servers the health server could not start — runs again on
 // its own instead of waiting for the next Service change or the sync
 // period: after min-sync-period (at least a second), doubling with each
 // failing sync in a row up to the sync period. Something that fails anew
