@@ -433,12 +433,9 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 			p.closePort(name, ap)
 		}
 	}
-	opening := 0
-	for name := range want {
-		if p.active[name] == nil {
-			opening++
-		}
-	}
+	// Every port still active is wanted now, so the rest of want opens (a
+	// few more may reopen below: the line count is a threshold, not a tally).
+	opening := len(want) - len(p.active)
 	perPortLines, opened := opening <= servingLinesUpTo, 0
 	for name, info := range want {
 		ap := p.active[name]

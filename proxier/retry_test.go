@@ -118,8 +118,8 @@ func TestOpenFailureIsRetried(t *testing.T) {
 	}
 }
 
-// A portal write iptables refused is retried after 1 s, with no Service
-// change and long before the sync period.
+// A portal write iptables refused is retried after 1 s, then 2 s, with no
+// Service change and long before the sync period.
 func TestPortalFailureIsRetried(t *testing.T) {
 	fake := iptables.NewFakeRunner(iptables.IPv4)
 	rules := iptables.New(fake, iptables.Config{Family: iptables.IPv4, BindAddress: mustAddr("127.0.0.1"), NodeIP: mustAddr("127.0.0.1")})
@@ -140,6 +140,21 @@ func TestPortalFailureIsRetried(t *testing.T) {
 	waitFor(t, "retry armed", func() bool { return clk.Waiters() == 3 })
 	if written() {
 		t.Fatal("rules written although every restore fails")
+	}
+	// Still failing: the next retry waits 2 s (it used to come every
+	// min-sync-period for as long as the write failed).
+	clk.Step(time.Second)
+	waitFor(t, "the first retry to fail", func() bool {
+		p.syncMu.Lock()
+		defer p.syncMu.Unlock()
+		return p.failedSyncs == 2
+	})
+	waitFor(t, "retry armed", func() bool { return clk.Waiters() == 3 })
+	restores := fake.CallsOf("Restore")
+	clk.Step(time.Second)
+	time.Sleep(20 * time.Millisecond)
+	if n := fake.CallsOf("Restore"); n != restores {
+		t.Fatalf("retried 1 s after the second failure (%d restores, had %d), not 2 s", n, restores)
 	}
 	fake.SetError("Restore", nil)
 	clk.Step(time.Second)

@@ -122,10 +122,7 @@ func rulesOf(dump string) []string {
 
 func normalizedRules(dump string) []string {
 	var out []string
-	for _, line := range oursIn(dump) {
-		if !strings.HasPrefix(line, "-A ") {
-			continue
-		}
+	for _, line := range rulesOf(dump) {
 		for _, l := range perPortGuard(line) {
 			out = append(out, portNumbers.ReplaceAllString(l, "${1}N"))
 		}
