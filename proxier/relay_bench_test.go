@@ -157,6 +157,26 @@ func BenchmarkUDPRelay(b *testing.B) {
 	// direct-pipelined.
 	b.Run("direct-pipelined", func(b *testing.B) { benchUDPPipelined(b, echo, 16, 4) })
 	b.Run("proxied-pipelined", func(b *testing.B) { benchUDPPipelined(b, proxy, 16, 4) })
+	// A DNS query from a resolver that opens a socket per query: every
+	// round trip is a new proxy session (socket, connect, first datagram;
+	// the session idles out or is evicted later).
+	b.Run("direct-new-client", func(b *testing.B) { benchUDPNewClients(b, echo) })
+	b.Run("proxied-new-client", func(b *testing.B) { benchUDPNewClients(b, proxy) })
+}
+
+func benchUDPNewClients(b *testing.B, addr netip.AddrPort) {
+	buf := make([]byte, 2048)
+	b.ReportAllocs()
+	cpu := processCPU()
+	for b.Loop() {
+		c := dialUDP(b, to(addr))
+		err := udpRoundTrip(c, buf)
+		c.Close()
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(processCPU()-cpu)/float64(b.N), "cpu-ns/op")
 }
 
 // benchUDPPipelined runs b.N round trips over flows client sockets, each
