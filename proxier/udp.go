@@ -71,6 +71,9 @@ type udpProxySocket struct {
 	// The same for client datagrams to backends.
 	noGSOUp    bool
 	gsoSendsUp int
+	// groReads counts the slots read holding several datagrams (UDP_GRO),
+	// both ways; the serving goroutine's.
+	groReads int
 
 	sessionsGauge                   *gauge
 	dialFailures, bytesIn, bytesOut *counter
@@ -166,6 +169,9 @@ func (s *udpProxySocket) Serve() {
 		defer s.mu.Unlock()
 		s.serviceFD = int(fd)
 		s.serviceFamily, addErr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_DOMAIN)
+		if enableGRO(int(fd)) {
+			s.oobLen += groSpace
+		}
 		if addErr == nil && !s.shut {
 			addErr = s.poller.add(int(fd))
 		}
@@ -218,6 +224,7 @@ func (s *udpProxySocket) drain(fd uintptr) {
 			s.forwardRun(from, b, i, j)
 			i, from = j, next
 		}
+		s.countGRO(b, 0, n)
 		if n < udpBatchLen {
 			return // the queue is empty: no read just to be told so
 		}
@@ -230,11 +237,24 @@ func (s *udpProxySocket) drain(fd uintptr) {
 // stack, cut into the datagrams they were). Faulted datagrams, a single
 // one, and anything a GSO send did not take go through forward one by one.
 func (s *udpProxySocket) forwardRun(client netip.AddrPort, b *udpBatch, i, j int) {
-	if j-i > 1 && s.datagramFaults() == nil {
+	if (j-i > 1 || b.seg[i] > 0) && s.datagramFaults() == nil {
 		i = s.forwardGSO(client, b, i, j)
 	}
 	for ; i < j; i++ {
-		s.forward(client, b.datagram(i), b.controlMessages(i))
+		for off := 0; off >= 0; {
+			var d []byte
+			d, off = b.datagramAt(i, off)
+			s.forward(client, d, b.controlMessages(i))
+		}
+	}
+}
+
+// countGRO counts the slots [i, j) of b a GRO read filled.
+func (s *udpProxySocket) countGRO(b *udpBatch, i, j int) {
+	for ; i < j; i++ {
+		if b.seg[i] > 0 {
+			s.groReads++
+		}
 	}
 }
 
@@ -254,7 +274,7 @@ func (s *udpProxySocket) forwardGSO(client netip.AddrPort, b *udpBatch, i, j int
 	var sent int64
 	for i < j && !s.noGSOUp {
 		g := b.runEnd(i, j)
-		if g-i == 1 {
+		if g-i == 1 && b.seg[i] == 0 {
 			break
 		}
 		if err := b.sendRun(sess.fd, i, g); err != nil {
@@ -264,6 +284,10 @@ func (s *udpProxySocket) forwardGSO(client netip.AddrPort, b *udpBatch, i, j int
 				// is lost and the next one picks again.
 				s.closeSessionLocked(sess)
 				i++
+			case gsoRefused(err) && b.segment(i) > gsoMaxSegment:
+				// A GRO read's segments larger than this proxy's own runs
+				// use (the path to the backend has a smaller MTU than
+				// the client's): these go one by one, GSO stays on.
 			case gsoRefused(err):
 				klog.V(2).InfoS("UDP GSO refused: datagrams go to backends one by one", "servicePort", s.label, "err", err)
 				s.noGSOUp = true
@@ -506,7 +530,7 @@ func (s *udpProxySocket) sendReplies(fd uintptr) {
 		n, err := rawio.Sendmmsg(int(fd), b.msgs[k:b.queued])
 		for i := k; i < k+n; i++ {
 			sent += int64(b.msgs[i].Len)
-			if b.count[i] > 1 {
+			if b.isGSO(i) {
 				s.gsoSends++
 			}
 		}
@@ -518,11 +542,14 @@ func (s *udpProxySocket) sendReplies(fd uintptr) {
 			for ; k < b.queued; k++ {
 				sent += s.writeEach(b, k)
 			}
-		case b.count[k] > 1 && gsoRefused(err):
-			if !s.noGSO {
+		case b.isGSO(k) && gsoRefused(err):
+			if b.segment(b.first[k]) > gsoMaxSegment {
+				// A GRO read's large segments (see forwardGSO): only
+				// these go one by one.
+			} else if !s.noGSO {
 				klog.V(2).InfoS("UDP GSO refused: replies leave one datagram per message", "servicePort", s.label, "err", err)
+				s.noGSO = true
 			}
-			s.noGSO = true
 			sent += s.writeEach(b, k)
 			k++
 		default:
@@ -539,10 +566,14 @@ func (s *udpProxySocket) sendReplies(fd uintptr) {
 func (s *udpProxySocket) writeEach(b *udpBatch, k int) int64 {
 	var sent int64
 	for i := b.first[k]; i < b.first[k]+b.count[k]; i++ {
-		if m, _, err := s.conn.WriteMsgUDPAddrPort(b.datagram(i), b.replyControl[k], b.to[k]); err == nil {
-			sent += int64(m)
-		} else {
-			klog.V(3).InfoS("UDP write to client failed", "servicePort", s.label, "client", b.to[k], "err", err)
+		for off := 0; off >= 0; {
+			var d []byte
+			d, off = b.datagramAt(i, off)
+			if m, _, err := s.conn.WriteMsgUDPAddrPort(d, b.replyControl[k], b.to[k]); err == nil {
+				sent += int64(m)
+			} else {
+				klog.V(3).InfoS("UDP write to client failed", "servicePort", s.label, "client", b.to[k], "err", err)
+			}
 		}
 	}
 	return sent
@@ -578,7 +609,7 @@ func (s *udpProxySocket) relayFrom(fd int, b *udpBatch) {
 		return
 	}
 	first := b.used
-	n, err := b.recv(fd, first, min(repliesPerWake, udpBatchLen-first), false, 0)
+	n, err := b.recv(fd, first, min(repliesPerWake, udpBatchLen-first), false, groSpace)
 	if err != nil {
 		if err != unix.EAGAIN && err != unix.EINTR {
 			// Refused (ICMP port unreachable) or broken: end the
@@ -591,6 +622,14 @@ func (s *udpProxySocket) relayFrom(fd int, b *udpBatch) {
 	if !sess.removed {
 		s.sessions.touch(sess, monoNow())
 	}
+	if n > 1 && !sess.gro {
+		// Replies come in bursts: take those a GSO sender or a NIC's GRO
+		// keeps together as one read from now on. Not asked per session
+		// up front: a DNS session (one reply) would pay a system call for
+		// nothing.
+		enableGRO(fd)
+		sess.gro = true // asked once, taken or not
+	}
 	client, control := sess.client, sess.replyControl
 	plan := s.datagramFaults()
 	var send func([]byte)
@@ -601,17 +640,22 @@ func (s *udpProxySocket) relayFrom(fd int, b *udpBatch) {
 		sess.bytesOut += int64(b.size[i])
 	}
 	s.mu.Unlock()
+	s.countGRO(b, first, first+n)
 	if plan == nil && b.queueReplies(n, client, control, s.serviceFamily, !s.noGSO) {
 		return
 	}
 	for i := first; i < first+n; i++ {
-		if plan != nil {
-			plan.Send(faults.StreamDown, client.Addr(), b.datagram(i), send)
-			s.bytesOut.Add(float64(b.size[i]))
-		} else if m, _, err := s.conn.WriteMsgUDPAddrPort(b.datagram(i), control, client); err != nil {
-			klog.V(3).InfoS("UDP write to client failed", "servicePort", s.label, "client", client, "err", err)
-		} else {
-			s.bytesOut.Add(float64(m))
+		for off := 0; off >= 0; {
+			var d []byte
+			d, off = b.datagramAt(i, off)
+			if plan != nil {
+				plan.Send(faults.StreamDown, client.Addr(), d, send)
+				s.bytesOut.Add(float64(len(d)))
+			} else if m, _, err := s.conn.WriteMsgUDPAddrPort(d, control, client); err != nil {
+				klog.V(3).InfoS("UDP write to client failed", "servicePort", s.label, "client", client, "err", err)
+			} else {
+				s.bytesOut.Add(float64(m))
+			}
 		}
 	}
 }

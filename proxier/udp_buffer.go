@@ -42,11 +42,12 @@ type udpBatch struct {
 	iov  [udpBatchLen]unix.Iovec
 	msgs [udpBatchLen]rawio.Mmsghdr
 
-	// size is each slot's datagram length (msgs[i].Len is a message's,
-	// once messages are built).
-	size [udpBatchLen]int
-	// segment holds the UDP_SEGMENT control message of sendRun.
-	segment [32]byte
+	// size is each slot's length (msgs[i].Len is a message's, once
+	// messages are built); seg is the segment size of a slot a GRO read
+	// filled with several datagrams (udp_gro.go), 0 for one datagram.
+	size, seg [udpBatchLen]int
+	// segmentCtl holds the UDP_SEGMENT control message of sendRun.
+	segmentCtl [32]byte
 
 	// Replies waiting for the service socket's sendmmsg: slots [0, used)
 	// hold them, in queued messages. Message k is msgs[k], addressed to
@@ -74,8 +75,8 @@ const (
 var udpBatches = sync.Pool{New: func() any { return newUDPBatch() }}
 
 func init() {
-	if pktinfoSpace > oobSpace {
-		panic("proxier: oobSpace is smaller than pktinfoSpace")
+	if pktinfoSpace+groSpace > oobSpace {
+		panic("proxier: oobSpace is smaller than pktinfoSpace+groSpace")
 	}
 }
 
@@ -105,8 +106,9 @@ func (b *udpBatch) dropReplies() {
 
 // recv reads up to count datagrams queued on the non-blocking socket fd
 // into the slots from first on, with their sources when named and up to
-// oobLen bytes of control messages each, and returns how many it read
-// (fewer than count: the queue is empty now). It is recvmmsg(2) on the
+// oobLen bytes of control messages each, and returns how many slots it
+// filled (fewer than count: the queue is empty now). On a socket with
+// UDP_GRO a slot may hold several datagrams: seg says so. It is recvmmsg(2) on the
 // batch's own headers: the net package's reader cannot be used inside a
 // RawConn's callback, and unix.Recvmsg allocates the source address.
 func (b *udpBatch) recv(fd, first, count int, named bool, oobLen int) (int, error) {
@@ -129,12 +131,29 @@ func (b *udpBatch) recv(fd, first, count int, named bool, oobLen int) (int, erro
 	}
 	n, err := rawio.Recvmmsg(fd, b.msgs[first:first+count])
 	for i := first; i < first+n; i++ {
-		b.size[i] = int(b.msgs[i].Len)
+		b.size[i], b.seg[i] = int(b.msgs[i].Len), 0
+		if oobLen > 0 {
+			if seg := groSegment(b.controlMessages(i)); seg > 0 && seg < b.size[i] {
+				b.seg[i] = seg
+			}
+		}
 	}
 	return n, err
 }
 
-// datagram is what slot i holds.
+// segment is the size of slot i's datagrams: the GRO segment size, or its
+// one datagram's.
+func (b *udpBatch) segment(i int) int {
+	if b.seg[i] > 0 {
+		return b.seg[i]
+	}
+	return b.size[i]
+}
+
+// isGSO reports whether queued message k is a GSO buffer.
+func (b *udpBatch) isGSO(k int) bool { return b.count[k] > 1 || b.seg[b.first[k]] > 0 }
+
+// datagram is what slot i holds: one datagram, or with seg[i] several.
 func (b *udpBatch) datagram(i int) []byte { return b.data[i][:b.size[i]] }
 
 // controlMessages are the control messages read with slot i's datagram.
@@ -148,9 +167,11 @@ func (b *udpBatch) source(i int) netip.AddrPort { return rawio.AddrPortOf(&b.nam
 // client, for the next sendmmsg through a socket of family, sent from the
 // control message control: as one message each, or, with gso, runs of
 // replies of one size (the last may be shorter) as one GSO buffer each.
+// A slot a GRO read filled is a GSO buffer of its own.
 // It reports false, queuing nothing, when client cannot be written as such
 // a socket's address (an IPv6 client of an IPv4 socket, a zone that is not
-// an interface index).
+// an interface index), or when a slot holds several datagrams and gso is
+// off: those must leave one by one.
 func (b *udpBatch) queueReplies(n int, client netip.AddrPort, control []byte, family int, gso bool) bool {
 	var name unix.RawSockaddrInet6
 	namelen, ok := rawio.PutSockaddr(&name, client, family)
@@ -158,8 +179,15 @@ func (b *udpBatch) queueReplies(n int, client netip.AddrPort, control []byte, fa
 		return false
 	}
 	end := b.used + n
+	if !gso {
+		for i := b.used; i < end; i++ {
+			if b.seg[i] > 0 {
+				return false
+			}
+		}
+	}
 	for i := b.used; i < end; {
-		seg, j := b.size[i], i+1
+		seg, j := b.segment(i), i+1
 		if gso {
 			j = b.runEnd(i, end)
 		}
@@ -173,7 +201,7 @@ func (b *udpBatch) queueReplies(n int, client netip.AddrPort, control []byte, fa
 		h.Iov = &b.iov[i]
 		h.SetIovlen(j - i)
 		ctl := control
-		if j-i > 1 {
+		if j-i > 1 || b.seg[i] > 0 {
 			ctl = appendSegmentSize(append(b.oob[k][:0], control...), seg)
 		}
 		h.Control = nil
@@ -193,14 +221,16 @@ func (b *udpBatch) queueReplies(n int, client netip.AddrPort, control []byte, fa
 
 // runEnd returns where the GSO run that starts at slot i ends, at most at
 // end: the slots after i of its size, and one shorter one last; i+1 when
-// slot i cannot start one. An empty datagram cannot be a segment: the
-// kernel would send a run of them as one, or drop one at a run's end.
+// slot i cannot start one, or holds a GRO read's datagrams (a run of its
+// own, of the sender's segment size). An empty datagram cannot be a
+// segment: the kernel would send a run of them as one, or drop one at a
+// run's end.
 func (b *udpBatch) runEnd(i, end int) int {
 	seg, j, total := b.size[i], i+1, b.size[i]
-	if seg == 0 || seg > gsoMaxSegment {
+	if seg == 0 || seg > gsoMaxSegment || b.seg[i] > 0 {
 		return j
 	}
-	for j < end && b.size[j] > 0 && b.size[j] <= seg && total+b.size[j] <= gsoMaxBuffer {
+	for j < end && b.size[j] > 0 && b.size[j] <= seg && b.seg[j] == 0 && total+b.size[j] <= gsoMaxBuffer {
 		total += b.size[j]
 		j++
 		if b.size[j-1] < seg {
@@ -216,7 +246,7 @@ func (b *udpBatch) sendRun(fd, i, j int) error {
 	for x := i; x < j; x++ {
 		b.iov[x].SetLen(b.size[x])
 	}
-	ctl := appendSegmentSize(b.segment[:0], b.size[i])
+	ctl := appendSegmentSize(b.segmentCtl[:0], b.segment(i))
 	hdr := unix.Msghdr{Iov: &b.iov[i], Control: &ctl[0]}
 	hdr.SetIovlen(j - i)
 	hdr.SetControllen(len(ctl))

@@ -18,7 +18,7 @@ import (
 
 // servedUDPPort is a UDP service socket listening on listen, relaying to
 // backend, with Serve running; served is closed when Serve returns.
-func servedUDPPort(t *testing.T, network string, listen, backend netip.AddrPort) (sock *udpProxySocket, served chan struct{}) {
+func servedUDPPort(t testing.TB, network string, listen, backend netip.AddrPort) (sock *udpProxySocket, served chan struct{}) {
 	t.Helper()
 	lb := loadbalancer.New(clock.RealClock{}, loadbalancer.Limits{})
 	name := loadbalancer.ServicePortName{NamespacedName: types.NamespacedName{Namespace: "default", Name: "dns"}, Port: "p", Protocol: v1.ProtocolUDP}

@@ -24,6 +24,8 @@ type udpSession struct {
 	// but what it still sends back reaches the client until the session
 	// idles out; those replies do not keep the session alive.
 	removed bool
+	// gro: UDP_GRO is on for fd (asked once its replies came in a burst).
+	gro bool
 	// lastActive is when a datagram last passed either way (monoNow).
 	lastActive int64
 	// deferredUntil is when the last datagram a fault delayed goes out

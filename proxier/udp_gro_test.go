@@ -1,0 +1,196 @@
+package proxier
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+	v1 "k8s.io/api/core/v1"
+)
+
+// sendGSOBursts sends rounds of n datagrams (the last shorter) through
+// sock as one GSO buffer each and checks that every echo comes back as
+// the datagram it was.
+func sendGSOBursts(t *testing.T, sock *udpProxySocket, n, rounds int, between func()) {
+	t.Helper()
+	c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: sock.Port()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	reply := make([]byte, maxDatagram)
+	for r := range rounds {
+		want := map[string]bool{}
+		datagrams := make([][]byte, n)
+		for i := range n {
+			msg := fmt.Sprintf("round %03d datagram %03d %s", r, i, strings.Repeat("g", 1000))
+			if i == n-1 {
+				msg = msg[:100]
+			}
+			want[msg] = true
+			datagrams[i] = []byte(msg)
+		}
+		sendGSO(t, c, datagrams)
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		for range n {
+			m, err := c.Read(reply)
+			if err != nil {
+				t.Fatalf("round %d: %d of %d echoes, then %v", r, n-len(want), n, err)
+			}
+			if !want[string(reply[:m])] {
+				t.Fatalf("round %d: an echo of %d bytes that was not one of the datagrams sent (%.40q)", r, m, reply[:m])
+			}
+			delete(want, string(reply[:m]))
+		}
+		if between != nil {
+			between()
+		}
+	}
+}
+
+// A client's GSO buffer reaches the service socket whole (UDP_GRO) and
+// goes to the backend as a GSO buffer of the same segment size; the
+// backend's GSO reply reaches the backend socket whole and goes back the
+// same way; each end gets the datagrams that were sent, one by one.
+func TestUDPGROReadsRelayEachDatagram(t *testing.T) {
+	const n, rounds = 10, 20
+	sock, served := servedUDPPort(t, "udp4", netip.MustParseAddrPort("127.0.0.1:0"), gsoEcho(t, n))
+	sendGSOBursts(t, sock, n, rounds, nil)
+	sock.Close()
+	<-served
+	// Both ways, each round but the first two at most: the service
+	// socket may be read before Serve turned GRO on, and a backend socket
+	// asks for it once its replies came several at a time.
+	if sock.groReads < 2*(rounds-2) {
+		t.Fatalf("%d reads held several datagrams in %d rounds of GSO buffers both ways, want at least %d", sock.groReads, rounds, 2*(rounds-2))
+	}
+	if sock.gsoSends < rounds || sock.gsoSendsUp < rounds-1 {
+		t.Fatalf("%d GSO buffers to the client, %d to the backend in %d rounds, want one each way per round", sock.gsoSends, sock.gsoSendsUp, rounds)
+	}
+}
+
+// Where GSO is refused, a GRO read's datagrams leave one by one (not as
+// one datagram of their sum) both ways.
+func TestUDPGROReadsWithGSORefused(t *testing.T) {
+	const n, rounds = 10, 10
+	sock, served := servedUDPPort(t, "udp4", netip.MustParseAddrPort("127.0.0.1:0"), gsoEcho(t, n))
+	raw, err := sock.conn.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var optErr error
+	if err := raw.Control(func(fd uintptr) { optErr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_NO_CHECK, 1) }); err != nil || optErr != nil {
+		t.Fatal(err, optErr)
+	}
+	noChecksums := func() {
+		sock.mu.Lock()
+		defer sock.mu.Unlock()
+		sock.sessions.each(func(sess *udpSession) {
+			if err := unix.SetsockoptInt(sess.fd, unix.SOL_SOCKET, unix.SO_NO_CHECK, 1); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	sendGSOBursts(t, sock, n, rounds, noChecksums)
+	sock.Close()
+	<-served
+	if !sock.noGSO || !sock.noGSOUp {
+		t.Fatalf("GSO still on after the kernel refused it: to clients %v, to backends %v", !sock.noGSO, !sock.noGSOUp)
+	}
+	if sock.groReads == 0 {
+		t.Fatal("no read held several datagrams")
+	}
+}
+
+// A faulted port relays each datagram of a GRO read through its plan on
+// its own: the sink counts every numbered datagram.
+func TestFaultUDPGROReadsGoThroughThePlanOneByOne(t *testing.T) {
+	const n = 20
+	sink := startUDPSink(t)
+	addrs := faultedProxies(t, 0, v1.ProtocolUDP, sink.conn.LocalAddr().String(),
+		`[{"type":"latency","stream":"upstream","attributes":{"latency":1}}]`)
+	c, err := net.Dial("udp4", addrs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	datagrams := make([][]byte, n)
+	for i := range datagrams {
+		datagrams[i] = make([]byte, 32)
+		binary.BigEndian.PutUint32(datagrams[i], uint32(i))
+	}
+	sendGSO(t, c.(*net.UDPConn), datagrams)
+	deadline := time.Now().Add(5 * time.Second)
+	for sink.got.Load() < n && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := sink.received(); len(got) != n {
+		t.Fatalf("the sink got %d datagrams (%v), want %d", len(got), got, n)
+	}
+}
+
+// A slot a GRO read filled is a GSO buffer of its own, of its segment
+// size; with GSO off such a slot is not queued at all (its datagrams
+// must leave one by one).
+func TestUDPGROSlotsQueueAsTheirOwnGSOBuffers(t *testing.T) {
+	client := netip.MustParseAddrPort("10.0.0.1:53")
+	b := newUDPBatch()
+	b.size = [udpBatchLen]int{64, 2500, 64, 64}
+	b.seg[1] = 1000
+	if !b.queueReplies(4, client, nil, unix.AF_INET, true) {
+		t.Fatal("not queued")
+	}
+	var got [][3]int // per message: slots, segment size (0: none), bytes
+	for k := range b.queued {
+		seg := 0
+		if ctl := unsafe.Slice(b.msgs[k].Hdr.Control, b.msgs[k].Hdr.Controllen); len(ctl) > 0 {
+			_, data, _, err := unix.ParseOneSocketControlMessage(ctl)
+			if err != nil {
+				t.Fatal(err)
+			}
+			seg = int(*(*uint16)(unsafe.Pointer(&data[0])))
+		}
+		got = append(got, [3]int{b.count[k], seg, b.size[b.first[k]]})
+	}
+	if want := [][3]int{{1, 0, 64}, {1, 1000, 2500}, {2, 64, 64}}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("messages (slots, segment, first slot's bytes) %v, want %v", got, want)
+	}
+
+	b = newUDPBatch()
+	b.size[0], b.seg[0] = 2500, 1000
+	if b.queueReplies(1, client, nil, unix.AF_INET, false) || b.queued != 0 {
+		t.Fatalf("a GRO slot was queued (%d messages) with GSO off", b.queued)
+	}
+}
+
+// datagramAt cuts a GRO slot at its segment size, the last one shorter;
+// a slot of one datagram, even an empty one, is that datagram.
+func TestDatagramAtCutsGROSlots(t *testing.T) {
+	for _, tc := range []struct {
+		size, seg int
+		want      []int
+	}{
+		{2500, 1000, []int{1000, 1000, 500}},
+		{2000, 1000, []int{1000, 1000}},
+		{50, 0, []int{50}},
+		{0, 0, []int{0}},
+	} {
+		b := newUDPBatch()
+		b.size[3], b.seg[3] = tc.size, tc.seg
+		var got []int
+		for off := 0; off >= 0; {
+			var d []byte
+			d, off = b.datagramAt(3, off)
+			got = append(got, len(d))
+		}
+		if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("size %d, segment %d: datagrams of %v bytes, want %v", tc.size, tc.seg, got, tc.want)
+		}
+	}
+}
