@@ -49,6 +49,7 @@ const (
 	ipLive      = 29 // pod1: manifest update latency
 	ipKeep      = 30 // pod1: invalid manifest
 	ipWarmup    = 31 // pod2: start-up probes only
+	ipGSO       = 3  // pod2: a GSO burst
 	trialsEach  = 12 // as in the seed
 	distConns   = 30 // new connections per distribution
 	startBudget = 15 * time.Second
@@ -74,6 +75,7 @@ func services(c *netns.Cluster) map[string]svc {
 		{name: "local", clusterIP: "10.96.0.100", endpoints: b123, nodePorts: [2]int32{30100, 30101},
 			externalIPs: []string{"10.77.50.20"}, lbIP: "10.77.60.20", etpLocal: true},
 		{name: "grow", clusterIP: "10.96.0.110", endpoints: b123}, // gets NodePorts 30110/30111 later
+		{name: "gso", clusterIP: "10.96.0.120", endpoints: ips(c, 0)},
 	}
 	m := map[string]svc{}
 	for _, s := range list {
@@ -121,6 +123,7 @@ func TestProxy(t *testing.T) {
 			{"ServiceRemoved", checkServiceRemoved},
 			{"NoBackDoor", checkNoBackDoor},
 			{"InvalidManifestKeepsLastGood", checkInvalidManifestKeepsLastGood},
+			{"UDPGSOBurstFromPod", checkGSOBurst},
 		} {
 			t.Run(check.name, func(t *testing.T) {
 				t.Parallel()
