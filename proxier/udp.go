@@ -284,10 +284,10 @@ func (s *udpProxySocket) forwardGSO(client netip.AddrPort, b *udpBatch, i, j int
 				// is lost and the next one picks again.
 				s.closeSessionLocked(sess)
 				i++
-			case gsoRefused(err) && b.segment(i) > gsoMaxSegment:
-				// A GRO read's segments larger than this proxy's own runs
-				// use (the path to the backend has a smaller MTU than
-				// the client's): these go one by one, GSO stays on.
+			case gsoRefused(err) && b.beyondOwnRuns(i):
+				// Refused for the GRO read's own shape (the path to the
+				// backend takes less than the client's did): these go
+				// one by one, GSO stays on.
 			case gsoRefused(err):
 				klog.V(2).InfoS("UDP GSO refused: datagrams go to backends one by one", "servicePort", s.label, "err", err)
 				s.noGSOUp = true
@@ -543,9 +543,9 @@ func (s *udpProxySocket) sendReplies(fd uintptr) {
 				sent += s.writeEach(b, k)
 			}
 		case b.isGSO(k) && gsoRefused(err):
-			if b.segment(b.first[k]) > gsoMaxSegment {
-				// A GRO read's large segments (see forwardGSO): only
-				// these go one by one.
+			if b.beyondOwnRuns(b.first[k]) {
+				// Refused for the GRO read's own shape (see
+				// forwardGSO): only these go one by one.
 			} else if !s.noGSO {
 				klog.V(2).InfoS("UDP GSO refused: replies leave one datagram per message", "servicePort", s.label, "err", err)
 				s.noGSO = true

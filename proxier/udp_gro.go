@@ -53,3 +53,11 @@ func (b *udpBatch) datagramAt(i, off int) (datagram []byte, next int) {
 	}
 	return b.data[i][off:end], -1
 }
+
+// beyondOwnRuns reports whether slot i is a GRO read larger than the GSO
+// buffers this proxy builds itself, in its segments or its whole (up to
+// 64 KiB with IPv4 headers, which an IPv6 path cannot carry): the kernel
+// refusing to send it says nothing about GSO on the socket.
+func (b *udpBatch) beyondOwnRuns(i int) bool {
+	return b.seg[i] > 0 && (b.seg[i] > gsoMaxSegment || b.size[i] > gsoMaxBuffer)
+}

@@ -194,3 +194,24 @@ func TestDatagramAtCutsGROSlots(t *testing.T) {
 		}
 	}
 }
+
+// A refused GSO send of a GRO read larger than the proxy's own runs turns
+// GSO off for nothing but that read.
+func TestBeyondOwnRuns(t *testing.T) {
+	for _, tc := range []struct {
+		size, seg int
+		want      bool
+	}{
+		{64, 0, false},                       // one datagram
+		{10 * 1000, 1000, false},             // within the proxy's own runs
+		{3 * 1400, 1400, true},               // segments above gsoMaxSegment
+		{64 * 1000, 1000, true},              // a whole above gsoMaxBuffer
+		{gsoMaxBuffer, gsoMaxSegment, false}, // at both bounds
+	} {
+		b := newUDPBatch()
+		b.size[0], b.seg[0] = tc.size, tc.seg
+		if got := b.beyondOwnRuns(0); got != tc.want {
+			t.Errorf("size %d, segment %d: %v, want %v", tc.size, tc.seg, got, tc.want)
+		}
+	}
+}
