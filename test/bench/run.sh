@@ -31,8 +31,8 @@
 # the event loop, alternated with the others in the same run, for a
 # before/after that shares its runs' noise; add kupbase to BENCH_CONFIGS),
 # BENCH_FIGURES (the figures to measure, of
-# "newconn keepalive tcp1 tcp4 udp idle"; all by default; e.g. "udp" for a quick
-# UDP comparison). Only addresses inside the namespaces this
+# "newconn keepalive tcp1 tcp4 udp udpgso idle"; all by default; e.g. "udp" for a
+# quick UDP comparison). Only addresses inside the namespaces this
 # script creates are ever sent traffic.
 set -euo pipefail
 
@@ -45,7 +45,7 @@ read -r -a CONFIGS <<<"${BENCH_CONFIGS:-direct dnat haproxy nginx kup kupel}"
 # Extra environment for the proxy alone (GOMAXPROCS=1, GODEBUG=...), for
 # an A/B of runtime settings without touching the Go load generators.
 read -r -a KUP_ENV <<<"${BENCH_KUP_ENV:-}"
-FIGURES=${BENCH_FIGURES:-newconn keepalive tcp1 tcp4 udp idle}
+FIGURES=${BENCH_FIGURES:-newconn keepalive tcp1 tcp4 udp udpgso idle}
 
 if [ "$(id -u)" != 0 ]; then
 	echo "run.sh: must run as root (network namespaces, iptables)" >&2
@@ -577,24 +577,33 @@ measure_iperf() { # CFG REP STREAMS
 	fi
 }
 
-measure_udp() { # CFG REP
-	local t r pids t0= t1=
+# UDP_LOADS are the udp-load flags of each UDP figure: DNS-like single
+# datagrams, and bursts of 16 datagrams of 1,200 bytes sent as one GSO
+# buffer (as QUIC stacks send), one burst in flight per flow.
+declare -A UDP_LOADS=(
+	[udp]="-flows 16 -window 4"
+	[udpgso]="-flows 8 -window 16 -gso 16 -size 1200"
+)
+
+measure_udp() { # CFG REP FIGURE
+	local t r pids t0= t1= fig=${3:-udp}
 	t=$(udp_target "$1")
 	if [ -z "$t" ]; then
-		record udp_rps "$1" "$2" NA
+		record "${fig}_rps" "$1" "$2" NA
 		return
 	fi
 	pids=$(proc_pids "$1")
 	[ -n "$pids" ] && t0=$(cpu_ticks $pids)
-	if r=$(inc "$BT" udp-load -target "$t" -flows 16 -window 4 -duration "${DUR}s" 2>>"$WORK/udp-load.log"); then
+	# shellcheck disable=SC2086 # the flags split on purpose
+	if r=$(inc "$BT" udp-load -target "$t" ${UDP_LOADS[$fig]} -duration "${DUR}s" 2>>"$WORK/udp-load.log"); then
 		[ -n "$pids" ] && t1=$(cpu_ticks $pids)
 		set -- "$1" "$2" $r
-		record udp_rps "$1" "$2" "$3"
-		record udp_loss "$1" "$2" "$4"
+		record "${fig}_rps" "$1" "$2" "$3"
+		record "${fig}_loss" "$1" "$2" "$4"
 		# Proxy CPU per round trip (a datagram each way), in µs.
-		record_cpu_per_request udp_cpu_us "$1" "$2" "$3" "$t0" "$t1"
+		record_cpu_per_request "${fig}_cpu_us" "$1" "$2" "$3" "$t0" "$t1"
 	else
-		log "udp $1: failed"
+		log "$fig $1: failed"
 	fi
 }
 
@@ -660,7 +669,7 @@ for fig in $FIGURES; do
 			keepalive) measure_keepalive "$cfg" "$rep" ;;
 			tcp1) measure_iperf "$cfg" "$rep" 1 ;;
 			tcp4) measure_iperf "$cfg" "$rep" 4 ;;
-			udp) measure_udp "$cfg" "$rep" ;;
+			udp | udpgso) measure_udp "$cfg" "$rep" "$fig" ;;
 			esac
 			sleep 1
 		done
@@ -831,7 +840,8 @@ TABLE=$("$BT" table "$RAW")
 	echo "- kube-userspace-proxy: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)${dirty:+$([ "$dirty" -gt 0 ] && echo " + $dirty uncommitted source files")}, $("$GO" version | cut -d' ' -f3-)"
 	echo "- wrk: $(wrk -v 2>&1 | head -n1 | cut -d' ' -f1-2); iperf3: $(iperf3 -v | head -n1 | cut -d' ' -f2); HAProxy: $(haproxy -v | head -n1 | cut -d' ' -f3); nginx: $(nginx -v 2>&1 | sed 's|.*nginx/||')"
 	echo "- new connections: wrk -t2 -c$NEWCONN_CONNS -H 'Connection: close'; keep-alive: wrk -t2 -c64;"
-	echo "  UDP: 16 flows × 4 datagrams in flight, 64 B; idle: $IDLE_CONNS keep-alive connections, one request each${IDLE_NOTE:+ ($IDLE_NOTE)}"
+	echo "  UDP: 16 flows × 4 datagrams in flight, 64 B; UDP GSO: 8 flows, each sending 16 × 1,200 B as one GSO buffer"
+	echo "  once the last 16 came back (the echo answers each datagram alone); idle: $IDLE_CONNS keep-alive connections, one request each${IDLE_NOTE:+ ($IDLE_NOTE)}"
 	echo
 	echo "$TABLE"
 	echo

@@ -8,6 +8,9 @@ import (
 	"os"
 	"sync"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // udpLoadConfig sizes one UDP request/response run.
@@ -16,6 +19,7 @@ type udpLoadConfig struct {
 	flows    int           // client sockets, each its own proxy session / conntrack entry
 	window   int           // datagrams in flight per flow
 	size     int           // datagram size
+	gso      int           // datagrams per send: >1 sends them as one UDP GSO buffer (UDP_SEGMENT), as QUIC stacks do
 	duration time.Duration // how long new datagrams are sent
 	timeout  time.Duration // silence after which a flow's window is presumed lost
 }
@@ -45,6 +49,7 @@ func runUDPLoad(args []string) error {
 	fs.IntVar(&cfg.flows, "flows", 16, "client sockets")
 	fs.IntVar(&cfg.window, "window", 4, "datagrams in flight per flow")
 	fs.IntVar(&cfg.size, "size", 64, "datagram size in bytes")
+	fs.IntVar(&cfg.gso, "gso", 1, "datagrams per send: >1 sends up to that many as one UDP GSO buffer, and a flow sends again once that many replies came")
 	fs.DurationVar(&cfg.duration, "duration", 8*time.Second, "sending time")
 	fs.DurationVar(&cfg.timeout, "timeout", 200*time.Millisecond, "silence that counts a flow's window as lost")
 	_ = fs.Parse(args)
@@ -99,15 +104,34 @@ func udpLoad(cfg udpLoadConfig) (udpLoadResult, error) {
 	return total, nil
 }
 
-// runFlow drives one client socket until stop, then drains.
+// runFlow drives one client socket until stop, then drains. With gso > 1
+// it sends in GSO buffers of gso datagrams and refills the window once
+// gso replies came (owed counts them).
 func runFlow(c *net.UDPConn, cfg udpLoadConfig, stop time.Time) (sent, received int64) {
-	out := make([]byte, cfg.size)
+	burst := max(cfg.gso, 1)
+	out := make([]byte, cfg.size*burst)
+	segment := gsoSegment(cfg.size)
 	in := make([]byte, 64*1024)
 	send := func(n int) {
-		for range n {
-			if _, err := c.Write(out); err == nil {
-				sent++
+		for n > 0 {
+			k := min(n, burst)
+			var err error
+			if k > 1 {
+				_, _, err = c.WriteMsgUDP(out[:k*cfg.size], segment, nil)
+			} else {
+				_, err = c.Write(out[:cfg.size])
 			}
+			if err == nil {
+				sent += int64(k)
+			}
+			n -= k
+		}
+	}
+	owed := 0
+	reply := func() {
+		if owed++; owed >= burst {
+			send(owed)
+			owed = 0
 		}
 	}
 	send(cfg.window)
@@ -123,19 +147,31 @@ func runFlow(c *net.UDPConn, cfg udpLoadConfig, stop time.Time) (sent, received 
 		case err == nil:
 			received++
 			if !draining {
-				send(1)
+				reply()
 			}
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			if draining {
 				return sent, received
 			}
 			send(cfg.window) // presume the window lost and refill it
+			owed = 0
 		default:
 			// ICMP refused and the like: the datagram is gone; refill one.
 			if draining {
 				return sent, received
 			}
-			send(1)
+			reply()
 		}
 	}
+}
+
+// gsoSegment is the UDP_SEGMENT control message that cuts a send into
+// datagrams of size bytes.
+func gsoSegment(size int) []byte {
+	b := make([]byte, unix.CmsgSpace(2))
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
+	h.Level, h.Type = unix.SOL_UDP, unix.UDP_SEGMENT
+	h.SetLen(unix.CmsgLen(2))
+	*(*uint16)(unsafe.Pointer(&b[unix.CmsgLen(0)])) = uint16(size)
+	return b
 }

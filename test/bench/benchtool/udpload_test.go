@@ -26,18 +26,20 @@ func TestUDPLoadAgainstLoopbackEcho(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			res, err := udpLoad(udpLoadConfig{
-				target: tt.target.LocalAddr().(*net.UDPAddr), flows: 2, window: 2, size: 32,
-				duration: 150 * time.Millisecond, timeout: 50 * time.Millisecond,
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if res.sent == 0 {
-				t.Fatal("nothing sent")
-			}
-			if got := res.lossPercent(); got != tt.wantLoss {
-				t.Errorf("loss = %.2f%% (sent %d, received %d), want %.0f%%", got, res.sent, res.received, tt.wantLoss)
+			for _, gso := range []int{1, 4} {
+				res, err := udpLoad(udpLoadConfig{
+					target: tt.target.LocalAddr().(*net.UDPAddr), flows: 2, window: 8, size: 32, gso: gso,
+					duration: 150 * time.Millisecond, timeout: 50 * time.Millisecond,
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.sent == 0 {
+					t.Fatalf("gso %d: nothing sent", gso)
+				}
+				if got := res.lossPercent(); got != tt.wantLoss {
+					t.Errorf("gso %d: loss = %.2f%% (sent %d, received %d), want %.0f%%", gso, got, res.sent, res.received, tt.wantLoss)
+				}
 			}
 		})
 	}
