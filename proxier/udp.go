@@ -46,8 +46,8 @@ type udpProxySocket struct {
 	// load, nil when no toxic applies).
 	faults *faults.Port
 	// replyFromDestination: the socket listens on the wildcard address and
-	// reports each datagram's destination, in up to oobLen bytes of control
-	// messages (0 otherwise).
+	// reports each datagram's destination. oobLen is the room for a
+	// datagram's control messages: those, and a UDP_GRO segment size.
 	replyFromDestination bool
 	oobLen               int
 	// serviceFD is the service socket's descriptor as the poller reports
@@ -281,9 +281,13 @@ func (s *udpProxySocket) forwardGSO(client netip.AddrPort, b *udpBatch, i, j int
 			switch {
 			case errors.Is(err, unix.ECONNREFUSED):
 				// As forward: the backend's port is closed, this datagram
-				// is lost and the next one picks again.
+				// is lost and the next one picks again. (The refusal sent
+				// nothing: a GRO read's datagrams all go on, one by one,
+				// the first opening the new session.)
 				s.closeSessionLocked(sess)
-				i++
+				if b.seg[i] == 0 {
+					i++
+				}
 			case gsoRefused(err) && b.beyondOwnRuns(i):
 				// Refused for the GRO read's own shape (the path to the
 				// backend takes less than the client's did): these go

@@ -300,7 +300,7 @@ func TestUDPRefusedGSOToBackendFallsBackToDatagrams(t *testing.T) {
 			}
 		})
 	}
-	sendGSOBursts(t, sock, n, rounds, noChecksums)
+	sendGSOBursts(t, sock, n, 300, rounds, noChecksums)
 	sock.Close()
 	<-served
 	if !sock.noGSOUp {

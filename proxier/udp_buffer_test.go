@@ -20,6 +20,23 @@ import (
 // backend, with Serve running; served is closed when Serve returns.
 func servedUDPPort(t testing.TB, network string, listen, backend netip.AddrPort) (sock *udpProxySocket, served chan struct{}) {
 	t.Helper()
+	sock = unservedUDPPort(t, network, listen, backend)
+	served = make(chan struct{})
+	go func() {
+		defer close(served)
+		sock.Serve()
+	}()
+	t.Cleanup(func() {
+		sock.Close()
+		<-served
+	})
+	return sock, served
+}
+
+// unservedUDPPort is servedUDPPort's socket before Serve: a test drives
+// its steps itself, on its own goroutine.
+func unservedUDPPort(t testing.TB, network string, listen, backend netip.AddrPort) (sock *udpProxySocket) {
+	t.Helper()
 	lb := loadbalancer.New(clock.RealClock{}, loadbalancer.Limits{})
 	name := loadbalancer.ServicePortName{NamespacedName: types.NamespacedName{Namespace: "default", Name: "dns"}, Port: "p", Protocol: v1.ProtocolUDP}
 	sp := lb.ServicePort(name)
@@ -36,16 +53,8 @@ func servedUDPPort(t testing.TB, network string, listen, backend netip.AddrPort)
 		conn.Close()
 		t.Fatal(err)
 	}
-	served = make(chan struct{})
-	go func() {
-		defer close(served)
-		sock.Serve()
-	}()
-	t.Cleanup(func() {
-		sock.Close()
-		<-served
-	})
-	return sock, served
+	t.Cleanup(func() { sock.Close() })
+	return sock
 }
 
 // The largest datagram UDP carries (65,507 bytes over IPv4, 65,527 over

@@ -55,8 +55,8 @@ func (b *udpBatch) datagramAt(i, off int) (datagram []byte, next int) {
 }
 
 // beyondOwnRuns reports whether slot i is a GRO read larger than the GSO
-// buffers this proxy builds itself, in its segments or its whole (up to
-// 64 KiB with IPv4 headers, which an IPv6 path cannot carry): the kernel
+// buffers this proxy builds itself, in its segments or its whole (an IPv6
+// read of up to 65,527 bytes does not fit an IPv4 packet): the kernel
 // refusing to send it says nothing about GSO on the socket.
 func (b *udpBatch) beyondOwnRuns(i int) bool {
 	return b.seg[i] > 0 && (b.seg[i] > gsoMaxSegment || b.size[i] > gsoMaxBuffer)

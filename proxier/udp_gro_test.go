@@ -14,10 +14,10 @@ import (
 	v1 "k8s.io/api/core/v1"
 )
 
-// sendGSOBursts sends rounds of n datagrams (the last shorter) through
-// sock as one GSO buffer each and checks that every echo comes back as
-// the datagram it was.
-func sendGSOBursts(t *testing.T, sock *udpProxySocket, n, rounds int, between func()) {
+// sendGSOBursts sends rounds of n datagrams of size bytes (the last
+// shorter) through sock as one GSO buffer each and checks that every echo
+// comes back as the datagram it was.
+func sendGSOBursts(t *testing.T, sock *udpProxySocket, n, size, rounds int, between func()) {
 	t.Helper()
 	c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: sock.Port()})
 	if err != nil {
@@ -29,7 +29,8 @@ func sendGSOBursts(t *testing.T, sock *udpProxySocket, n, rounds int, between fu
 		want := map[string]bool{}
 		datagrams := make([][]byte, n)
 		for i := range n {
-			msg := fmt.Sprintf("round %03d datagram %03d %s", r, i, strings.Repeat("g", 1000))
+			msg := fmt.Sprintf("round %03d datagram %03d ", r, i)
+			msg += strings.Repeat("g", size-len(msg))
 			if i == n-1 {
 				msg = msg[:100]
 			}
@@ -61,7 +62,7 @@ func sendGSOBursts(t *testing.T, sock *udpProxySocket, n, rounds int, between fu
 func TestUDPGROReadsRelayEachDatagram(t *testing.T) {
 	const n, rounds = 10, 20
 	sock, served := servedUDPPort(t, "udp4", netip.MustParseAddrPort("127.0.0.1:0"), gsoEcho(t, n))
-	sendGSOBursts(t, sock, n, rounds, nil)
+	sendGSOBursts(t, sock, n, 1000, rounds, nil)
 	sock.Close()
 	<-served
 	// Both ways, each round but the first two at most: the service
@@ -97,7 +98,7 @@ func TestUDPGROReadsWithGSORefused(t *testing.T) {
 			}
 		})
 	}
-	sendGSOBursts(t, sock, n, rounds, noChecksums)
+	sendGSOBursts(t, sock, n, 1000, rounds, noChecksums)
 	sock.Close()
 	<-served
 	if !sock.noGSO || !sock.noGSOUp {
@@ -120,18 +121,27 @@ func TestFaultUDPGROReadsGoThroughThePlanOneByOne(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	// Datagram 0 alone first: once it is relayed, the service socket
+	// reads with GRO (Serve turns it on before it reads).
+	if _, err := c.Write(binary.BigEndian.AppendUint32(nil, 0)); err != nil {
+		t.Fatal(err)
+	}
+	waitGot := func(want int64) {
+		deadline := time.Now().Add(5 * time.Second)
+		for sink.got.Load() < want && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitGot(1)
 	datagrams := make([][]byte, n)
 	for i := range datagrams {
 		datagrams[i] = make([]byte, 32)
-		binary.BigEndian.PutUint32(datagrams[i], uint32(i))
+		binary.BigEndian.PutUint32(datagrams[i], uint32(i+1))
 	}
 	sendGSO(t, c.(*net.UDPConn), datagrams)
-	deadline := time.Now().Add(5 * time.Second)
-	for sink.got.Load() < n && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if got := sink.received(); len(got) != n {
-		t.Fatalf("the sink got %d datagrams (%v), want %d", len(got), got, n)
+	waitGot(n + 1)
+	if got := sink.received(); len(got) != n+1 {
+		t.Fatalf("the sink got %d datagrams (%v), want %d", len(got), got, n+1)
 	}
 }
 
@@ -212,6 +222,147 @@ func TestBeyondOwnRuns(t *testing.T) {
 		b.size[0], b.seg[0] = tc.size, tc.seg
 		if got := b.beyondOwnRuns(0); got != tc.want {
 			t.Errorf("size %d, segment %d: %v, want %v", tc.size, tc.seg, got, tc.want)
+		}
+	}
+}
+
+// A faulted port's GRO read of replies goes through the plan one datagram
+// at a time: the client gets each reply on its own.
+func TestFaultUDPGRORepliesGoThroughThePlanOneByOne(t *testing.T) {
+	const n, rounds = 8, 4
+	addrs := faultedProxies(t, 0, v1.ProtocolUDP, gsoEcho(t, n).String(),
+		`[{"type":"latency","stream":"downstream","attributes":{"latency":1}}]`)
+	c, err := net.Dial("udp4", addrs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	reply := make([]byte, maxDatagram)
+	// The first round's replies reach the backend socket cut (it asks for
+	// GRO once they came several at a time); the next ones whole.
+	for r := range rounds {
+		want := map[string]bool{}
+		datagrams := make([][]byte, n)
+		for i := range datagrams {
+			d := fmt.Sprintf("round %d reply %d ", r, i)
+			d += strings.Repeat("f", 500-len(d))
+			datagrams[i], want[d] = []byte(d), true
+		}
+		sendGSO(t, c.(*net.UDPConn), datagrams)
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		for range n {
+			m, err := c.Read(reply)
+			if err != nil {
+				t.Fatalf("round %d: %d of %d replies, then %v", r, n-len(want), n, err)
+			}
+			if !want[string(reply[:m])] {
+				t.Fatalf("round %d: a reply of %d bytes that is not one of the datagrams sent (%.30q)", r, m, reply[:m])
+			}
+			delete(want, string(reply[:m]))
+		}
+	}
+}
+
+// When the kernel refuses a GRO read as one GSO buffer, each way, its
+// datagrams go one by one and arrive as they were sent. Segments within
+// the proxy's own runs turn GSO off for the socket; larger ones (1,400
+// bytes: a path that took less than the sender's) leave it on.
+func TestUDPRefusedGROReadsAreCut(t *testing.T) {
+	for _, tc := range []struct {
+		size       int
+		wantGSOOff bool
+	}{{1000, true}, {1400, false}} {
+		t.Run(fmt.Sprint(tc.size), func(t *testing.T) {
+			const n, rounds = 10, 4
+			sock, served := servedUDPPort(t, "udp4", netip.MustParseAddrPort("127.0.0.1:0"), gsoEcho(t, n))
+			raw, err := sock.conn.SyscallConn()
+			if err != nil {
+				t.Fatal(err)
+			}
+			// After the first round: the backend socket reads with GRO
+			// (rather than once its replies came several at a time), and
+			// both sockets lose the UDP checksums GSO needs.
+			once := false
+			refuse := func() {
+				if once {
+					return
+				}
+				once = true
+				sock.mu.Lock()
+				sock.sessions.each(func(sess *udpSession) {
+					sess.gro = enableGRO(sess.fd)
+					if err := unix.SetsockoptInt(sess.fd, unix.SOL_SOCKET, unix.SO_NO_CHECK, 1); err != nil {
+						t.Error(err)
+					}
+				})
+				sock.mu.Unlock()
+				var optErr error
+				if err := raw.Control(func(fd uintptr) { optErr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_NO_CHECK, 1) }); err != nil || optErr != nil {
+					t.Fatal(err, optErr)
+				}
+			}
+			sendGSOBursts(t, sock, n, tc.size, rounds, refuse)
+			sock.Close()
+			<-served
+			if sock.noGSO != tc.wantGSOOff || sock.noGSOUp != tc.wantGSOOff {
+				t.Fatalf("GSO off to clients %v, to backends %v; want %v both", sock.noGSO, sock.noGSOUp, tc.wantGSOOff)
+			}
+			if sock.groReads < 2*(rounds-2) {
+				t.Fatalf("%d reads held several datagrams, want at least %d", sock.groReads, 2*(rounds-2))
+			}
+		})
+	}
+}
+
+// A GSO send to a backend whose port closed meanwhile is refused having
+// sent nothing (the ICMP error is pending on the session's socket): the
+// GRO read's datagrams all go on, through a new session, not lost with
+// the refused buffer.
+func TestUDPGROReadRefusedByAClosedBackendIsNotLost(t *testing.T) {
+	listen := func(addr string) *net.UDPConn {
+		pc, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.MustParseAddrPort(addr)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pc.Close() })
+		return pc
+	}
+	backend := listen("127.0.0.2:0")
+	addr := backend.LocalAddr().(*net.UDPAddr).AddrPort()
+	sock := unservedUDPPort(t, "udp4", netip.MustParseAddrPort("127.0.0.1:0"), addr)
+	client := netip.MustParseAddrPort("127.0.0.9:4000")
+	buf := make([]byte, maxDatagram)
+	read := func() (string, error) {
+		_ = backend.SetReadDeadline(time.Now().Add(2 * time.Second))
+		m, err := backend.Read(buf)
+		return string(buf[:m]), err
+	}
+	sock.forward(client, []byte("open"), nil)
+	if got, err := read(); err != nil || got != "open" {
+		t.Fatalf("the session's first datagram: %q, %v", got, err)
+	}
+	backend.Close()
+	sock.forward(client, []byte("to a closed port"), nil) // its ICMP error waits on the session socket
+	time.Sleep(50 * time.Millisecond)
+	backend = listen(addr.String())
+
+	b := newUDPBatch()
+	var want []string
+	for i := range 3 {
+		d := fmt.Sprintf("GRO datagram %d ", i)
+		d += strings.Repeat("r", 1000-len(d))
+		copy(b.data[0][i*1000:], d)
+		want = append(want, d)
+	}
+	b.size[0], b.seg[0] = 3000, 1000
+	sock.forwardRun(client, b, 0, 1)
+	for _, w := range want {
+		got, err := read()
+		if err != nil {
+			t.Fatalf("the backend got none of the GRO read's datagrams after the refused send: %v", err)
+		}
+		if got != w {
+			t.Fatalf("the backend got %.20q (%d bytes), want %.20q", got, len(got), w)
 		}
 	}
 }
