@@ -233,19 +233,27 @@ func (s *udpProxySocket) drain(fd uintptr) {
 }
 
 // forwardRun sends datagrams from one client, slots [i, j) of b, to its
-// backend: runs of one size as one GSO buffer each (one pass through the
-// stack, cut into the datagrams they were). Faulted datagrams, a single
-// one, and anything a GSO send did not take go through forward one by one.
+// backend: runs of one size, and GRO reads, as one GSO buffer each (one
+// pass through the stack, cut into the datagrams they were). Faulted
+// datagrams, a single one, and what a GSO send did not take go through
+// forward one by one; a run after them is a GSO buffer again (a QUIC
+// client's small datagram before its next burst, the first datagram of
+// a new session).
 func (s *udpProxySocket) forwardRun(client netip.AddrPort, b *udpBatch, i, j int) {
-	if (j-i > 1 || b.seg[i] > 0) && s.datagramFaults() == nil {
-		i = s.forwardGSO(client, b, i, j)
-	}
-	for ; i < j; i++ {
+	gso := s.datagramFaults() == nil
+	for i < j {
+		if gso && !s.noGSOUp && (b.seg[i] > 0 || b.runEnd(i, j) > i+1) {
+			if next := s.forwardGSO(client, b, i, j); next > i {
+				i = next
+				continue
+			}
+		}
 		for off := 0; off >= 0; {
 			var d []byte
 			d, off = b.datagramAt(i, off)
 			s.forward(client, d, b.controlMessages(i))
 		}
+		i++
 	}
 }
 

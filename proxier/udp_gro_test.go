@@ -366,3 +366,47 @@ func TestUDPGROReadRefusedByAClosedBackendIsNotLost(t *testing.T) {
 		}
 	}
 }
+
+// A single datagram ahead of a GRO read (a QUIC client's small packet
+// before its burst), read in one batch, does not make the read go one
+// datagram at a time: it is still one GSO buffer to the backend.
+func TestUDPGROReadAfterASingleDatagramStaysWhole(t *testing.T) {
+	backend, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer backend.Close()
+	sock := unservedUDPPort(t, "udp4", netip.MustParseAddrPort("127.0.0.1:0"), backend.LocalAddr().(*net.UDPAddr).AddrPort())
+	client := netip.MustParseAddrPort("127.0.0.9:4000")
+	buf := make([]byte, maxDatagram)
+	read := func() string {
+		_ = backend.SetReadDeadline(time.Now().Add(2 * time.Second))
+		m, err := backend.Read(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(buf[:m])
+	}
+	sock.forward(client, []byte("open"), nil)
+	read()
+
+	b := newUDPBatch()
+	b.size[0] = copy(b.data[0][:], "small")
+	want := []string{"small"}
+	for i := range 3 {
+		d := fmt.Sprintf("burst %d ", i)
+		d += strings.Repeat("b", 1000-len(d))
+		copy(b.data[1][i*1000:], d)
+		want = append(want, d)
+	}
+	b.size[1], b.seg[1] = 3000, 1000
+	sock.forwardRun(client, b, 0, 2)
+	for _, w := range want {
+		if got := read(); got != w {
+			t.Fatalf("the backend got %.20q (%d bytes), want %.20q", got, len(got), w)
+		}
+	}
+	if sock.gsoSendsUp != 1 {
+		t.Fatalf("%d GSO sends to the backend, want 1 (the GRO read)", sock.gsoSendsUp)
+	}
+}
