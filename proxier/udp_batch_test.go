@@ -242,7 +242,6 @@ func sendBursts(t *testing.T, sock *udpProxySocket, n, rounds int, between func(
 	bufs := make([][]byte, n)
 	msgs := make([]rawio.Mmsghdr, n)
 	iovs := make([]unix.Iovec, n)
-	reply := make([]byte, 2048)
 	for r := range rounds {
 		want := map[string]bool{}
 		for i := range n {
@@ -263,17 +262,7 @@ func sendBursts(t *testing.T, sock *udpProxySocket, n, rounds int, between func(
 		}); err != nil || sendErr != nil {
 			t.Fatal(err, sendErr)
 		}
-		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		for range n {
-			m, err := c.Read(reply)
-			if err != nil {
-				t.Fatalf("round %d: %d of %d echoes, then %v", r, n-len(want), n, err)
-			}
-			if !want[string(reply[:m])] {
-				t.Fatalf("round %d: echo %q was not sent, or came twice", r, reply[:m])
-			}
-			delete(want, string(reply[:m]))
-		}
+		expectEach(t, c, r, want)
 		if between != nil {
 			between()
 		}

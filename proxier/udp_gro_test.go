@@ -24,7 +24,6 @@ func sendGSOBursts(t *testing.T, sock *udpProxySocket, n, size, rounds int, betw
 		t.Fatal(err)
 	}
 	defer c.Close()
-	reply := make([]byte, maxDatagram)
 	for r := range rounds {
 		want := map[string]bool{}
 		datagrams := make([][]byte, n)
@@ -38,20 +37,29 @@ func sendGSOBursts(t *testing.T, sock *udpProxySocket, n, size, rounds int, betw
 			datagrams[i] = []byte(msg)
 		}
 		sendGSO(t, c, datagrams)
-		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		for range n {
-			m, err := c.Read(reply)
-			if err != nil {
-				t.Fatalf("round %d: %d of %d echoes, then %v", r, n-len(want), n, err)
-			}
-			if !want[string(reply[:m])] {
-				t.Fatalf("round %d: an echo of %d bytes that was not one of the datagrams sent (%.40q)", r, m, reply[:m])
-			}
-			delete(want, string(reply[:m]))
-		}
+		expectEach(t, c, r, want)
 		if between != nil {
 			between()
 		}
+	}
+}
+
+// expectEach reads as many datagrams from c as want holds and fails
+// unless each is one of them, once (round r names the failure).
+func expectEach(t *testing.T, c net.Conn, r int, want map[string]bool) {
+	t.Helper()
+	reply := make([]byte, maxDatagram)
+	n := len(want)
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	for range n {
+		m, err := c.Read(reply)
+		if err != nil {
+			t.Fatalf("round %d: %d of %d replies, then %v", r, n-len(want), n, err)
+		}
+		if !want[string(reply[:m])] {
+			t.Fatalf("round %d: a reply of %d bytes that is not one of the datagrams sent, or came twice (%.40q)", r, m, reply[:m])
+		}
+		delete(want, string(reply[:m]))
 	}
 }
 
@@ -237,7 +245,6 @@ func TestFaultUDPGRORepliesGoThroughThePlanOneByOne(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	reply := make([]byte, maxDatagram)
 	// The first round's replies reach the backend socket cut (it asks for
 	// GRO once they came several at a time); the next ones whole.
 	for r := range rounds {
@@ -249,17 +256,7 @@ func TestFaultUDPGRORepliesGoThroughThePlanOneByOne(t *testing.T) {
 			datagrams[i], want[d] = []byte(d), true
 		}
 		sendGSO(t, c.(*net.UDPConn), datagrams)
-		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		for range n {
-			m, err := c.Read(reply)
-			if err != nil {
-				t.Fatalf("round %d: %d of %d replies, then %v", r, n-len(want), n, err)
-			}
-			if !want[string(reply[:m])] {
-				t.Fatalf("round %d: a reply of %d bytes that is not one of the datagrams sent (%.30q)", r, m, reply[:m])
-			}
-			delete(want, string(reply[:m]))
-		}
+		expectEach(t, c, r, want)
 	}
 }
 
