@@ -72,7 +72,8 @@ type udpProxySocket struct {
 	noGSOUp    bool
 	gsoSendsUp int
 	// groReads counts the slots read holding several datagrams (UDP_GRO),
-	// both ways; the serving goroutine's.
+	// both ways, as the wake-ups' batches counted them; the serving
+	// goroutine's.
 	groReads int
 
 	sessionsGauge                   *gauge
@@ -224,7 +225,6 @@ func (s *udpProxySocket) drain(fd uintptr) {
 			s.forwardRun(from, b, i, j)
 			i, from = j, next
 		}
-		s.countGRO(b, 0, n)
 		if n < udpBatchLen {
 			return // the queue is empty: no read just to be told so
 		}
@@ -242,10 +242,12 @@ func (s *udpProxySocket) drain(fd uintptr) {
 func (s *udpProxySocket) forwardRun(client netip.AddrPort, b *udpBatch, i, j int) {
 	gso := s.datagramFaults() == nil
 	for i < j {
-		if gso && !s.noGSOUp && (b.seg[i] > 0 || b.runEnd(i, j) > i+1) {
-			if next := s.forwardGSO(client, b, i, j); next > i {
-				i = next
-				continue
+		if gso && !s.noGSOUp {
+			if g := b.runEnd(i, j); g > i+1 || b.seg[i] > 0 {
+				if next := s.forwardGSO(client, b, i, g); next > i {
+					i = next
+					continue
+				}
 			}
 		}
 		for off := 0; off >= 0; {
@@ -257,21 +259,12 @@ func (s *udpProxySocket) forwardRun(client netip.AddrPort, b *udpBatch, i, j int
 	}
 }
 
-// countGRO counts the slots [i, j) of b a GRO read filled.
-func (s *udpProxySocket) countGRO(b *udpBatch, i, j int) {
-	for ; i < j; i++ {
-		if b.seg[i] > 0 {
-			s.groReads++
-		}
-	}
-}
-
-// forwardGSO sends the runs of one size in slots [i, j) from client as GSO
-// buffers while it can, and returns the first slot it did not send. A GSO
-// send the kernel refuses turns GSO off for this socket's backends; any
-// other error leaves the datagrams to forward, which handles it as for
-// one.
-func (s *udpProxySocket) forwardGSO(client netip.AddrPort, b *udpBatch, i, j int) int {
+// forwardGSO sends slots [i, g) from client, a run runEnd found or one
+// GRO read, as one GSO buffer, and returns the first slot it did not send:
+// g once sent, i when forward must take the slots one by one (a new
+// session, a re-check, GSO refused; a refusal of the kernel's for GSO
+// itself turns it off for this socket's backends).
+func (s *udpProxySocket) forwardGSO(client netip.AddrPort, b *udpBatch, i, g int) int {
 	now := monoNow()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -279,47 +272,38 @@ func (s *udpProxySocket) forwardGSO(client netip.AddrPort, b *udpBatch, i, j int
 	if sess == nil || sess.generation != s.sp.Generation() {
 		return i // a new session, or a re-check: forward opens or checks it
 	}
-	var sent int64
-	for i < j && !s.noGSOUp {
-		g := b.runEnd(i, j)
-		if g-i == 1 && b.seg[i] == 0 {
-			break
-		}
-		if err := b.sendRun(sess.fd, i, g); err != nil {
-			switch {
-			case errors.Is(err, unix.ECONNREFUSED):
-				// As forward: the backend's port is closed, this datagram
-				// is lost and the next one picks again. (The refusal sent
-				// nothing: a GRO read's datagrams all go on, one by one,
-				// the first opening the new session.)
-				s.closeSessionLocked(sess)
-				if b.seg[i] == 0 {
-					i++
-				}
-			case gsoRefused(err) && b.beyondOwnRuns(i):
-				// Refused for the GRO read's own shape (the path to the
-				// backend takes less than the client's did): these go
-				// one by one, GSO stays on.
-			case gsoRefused(err):
-				klog.V(2).InfoS("UDP GSO refused: datagrams go to backends one by one", "servicePort", s.label, "err", err)
-				s.noGSOUp = true
+	if err := b.sendRun(sess.fd, i, g); err != nil {
+		switch {
+		case errors.Is(err, unix.ECONNREFUSED):
+			// As forward: the backend's port is closed, this datagram
+			// is lost and the next one picks again. (The refusal sent
+			// nothing: a GRO read's datagrams all go on, one by one,
+			// the first opening the new session.)
+			s.closeSessionLocked(sess)
+			if b.seg[i] == 0 {
+				return i + 1
 			}
-			break
+		case gsoRefused(err) && b.beyondOwnRuns(i):
+			// Refused for the GRO read's own shape (the path to the
+			// backend takes less than the client's did): these go one
+			// by one, GSO stays on.
+		case gsoRefused(err):
+			klog.V(2).InfoS("UDP GSO refused: datagrams go to backends one by one", "servicePort", s.label, "err", err)
+			s.noGSOUp = true
 		}
-		for x := i; x < g; x++ {
-			sent += int64(b.size[x])
-		}
-		s.gsoSendsUp++
-		i = g
+		return i
 	}
-	if sent > 0 {
-		if sess.fd >= 0 {
-			s.sessions.touch(sess, now)
-		}
-		sess.bytesIn += sent
-		s.bytesIn.Add(float64(sent))
+	var sent int64
+	for x := i; x < g; x++ {
+		sent += int64(b.size[x])
 	}
-	return i
+	s.gsoSendsUp++
+	if sess.fd >= 0 {
+		s.sessions.touch(sess, now)
+	}
+	sess.bytesIn += sent
+	s.bytesIn.Add(float64(sent))
+	return g
 }
 
 // forward sends one client datagram to the client's backend.
@@ -514,6 +498,7 @@ func (s *udpProxySocket) relayReady(n int) {
 		}
 	}
 	s.flushReplies()
+	s.groReads, b.groReads = s.groReads+b.groReads, 0
 	s.batch = nil
 	putUDPBatch(b)
 }
@@ -652,7 +637,6 @@ func (s *udpProxySocket) relayFrom(fd int, b *udpBatch) {
 		sess.bytesOut += int64(b.size[i])
 	}
 	s.mu.Unlock()
-	s.countGRO(b, first, first+n)
 	if plan == nil && b.queueReplies(n, client, control, s.serviceFamily, !s.noGSO) {
 		return
 	}

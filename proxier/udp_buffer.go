@@ -46,6 +46,8 @@ type udpBatch struct {
 	// messages are built); seg is the segment size of a slot a GRO read
 	// filled with several datagrams (udp_gro.go), 0 for one datagram.
 	size, seg [udpBatchLen]int
+	// groReads counts the slots GRO reads filled in this wake-up.
+	groReads int
 	// segmentCtl holds the UDP_SEGMENT control message of sendRun.
 	segmentCtl [32]byte
 
@@ -135,6 +137,7 @@ func (b *udpBatch) recv(fd, first, count int, named bool, oobLen int) (int, erro
 		if oobLen > 0 {
 			if seg := groSegment(b.controlMessages(i)); seg > 0 && seg < b.size[i] {
 				b.seg[i] = seg
+				b.groReads++
 			}
 		}
 	}
