@@ -251,7 +251,7 @@ func (a *autoCopier) write(fd uintptr) bool {
 func (a *autoCopier) writeSome(fd uintptr) (full bool) {
 	out := (*a.buf)[:a.n]
 	for a.written < int64(len(out)) {
-		m, err := rawio.Write(int(fd), out[a.written:])
+		m, err := rawio.Send(int(fd), out[a.written:])
 		switch {
 		case err == unix.EINTR:
 			continue

@@ -473,7 +473,7 @@ func (c *LoopConn) write(d *loopDir, p []byte) (int, error) {
 	fd := c.fds[d.dst]
 	done := 0
 	for done < len(p) {
-		m, err := rawio.Write(fd, p[done:])
+		m, err := rawio.Send(fd, p[done:])
 		switch {
 		case err == unix.EINTR:
 			continue

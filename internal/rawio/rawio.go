@@ -1,5 +1,5 @@
 // Package rawio owns the data path's system calls on non-blocking
-// descriptors: read, write, recvmmsg and sendmmsg, splice and shutdown,
+// descriptors: read, write and send, recvmmsg and sendmmsg, splice and shutdown,
 // issued without telling the Go scheduler.
 //
 // unix.Read and friends go through Syscall, which marks the goroutine's P
@@ -29,6 +29,23 @@ func Read(fd int, p []byte) (int, error) { return transfer(unix.SYS_READ, fd, p)
 
 // Write is write(2).
 func Write(fd int, p []byte) (int, error) { return transfer(unix.SYS_WRITE, fd, p) }
+
+// Send is send(2) with MSG_DONTWAIT|MSG_NOSIGNAL, for a socket: it skips
+// write(2)'s file layer (vfs_write was 0.7 % of the proxy's CPU per new
+// connection under make bench, where HAProxy's sendto has none of it), and
+// a peer's reset makes it fail with EPIPE without raising SIGPIPE, which
+// the runtime would otherwise catch and discard for every such write.
+func Send(fd int, p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	n, _, e := unix.RawSyscall6(unix.SYS_SENDTO, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)),
+		unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL, 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(n), nil
+}
 
 // transfer is read(2) or write(2) (trap) of p on fd.
 func transfer(trap uintptr, fd int, p []byte) (int, error) {

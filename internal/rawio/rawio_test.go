@@ -4,6 +4,9 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"os"
+	"os/signal"
+	"syscall"
 	"testing"
 	"time"
 
@@ -50,6 +53,60 @@ func TestReadWrite(t *testing.T) {
 	}
 	if _, err := Write(-1, []byte("x")); !errors.Is(err, unix.EBADF) {
 		t.Fatalf("write to -1: %v, want EBADF", err)
+	}
+}
+
+// TestSendNeverBlocksNorRaisesSIGPIPE: Send on a blocking socket says
+// EAGAIN when it is full, and to a closed peer it fails with EPIPE without
+// a SIGPIPE (write(2) raises one, which the runtime would catch).
+func TestSendNeverBlocksNorRaisesSIGPIPE(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := fds[0], fds[1]
+	defer unix.Close(a)
+	if n, err := Send(a, nil); n != 0 || err != nil {
+		t.Fatalf("empty send: %d, %v", n, err)
+	}
+	if n, err := Send(a, []byte("hello")); n != 5 || err != nil {
+		t.Fatalf("send: %d, %v", n, err)
+	}
+	buf := make([]byte, 16)
+	if n, err := Read(b, buf); n != 5 || err != nil || string(buf[:n]) != "hello" {
+		t.Fatalf("read: %d %q, %v", n, buf[:n], err)
+	}
+	chunk := make([]byte, 64<<10)
+	for i := 0; ; i++ {
+		_, err := Send(a, chunk)
+		if errors.Is(err, unix.EAGAIN) {
+			break
+		}
+		if err != nil || i > 1000 {
+			t.Fatalf("filling a blocking socket: %v after %d sends, want EAGAIN", err, i)
+		}
+	}
+
+	sigpipe := make(chan os.Signal, 1)
+	signal.Notify(sigpipe, syscall.SIGPIPE)
+	defer signal.Stop(sigpipe)
+	unix.Close(b)
+	if _, err := Send(a, []byte("x")); !errors.Is(err, unix.EPIPE) {
+		t.Fatalf("send to a closed peer: %v, want EPIPE", err)
+	}
+	select {
+	case <-sigpipe:
+		t.Fatal("Send raised SIGPIPE")
+	case <-time.After(50 * time.Millisecond):
+	}
+	// The check can fail: write(2) to the same socket raises one.
+	if _, err := Write(a, []byte("x")); !errors.Is(err, unix.EPIPE) {
+		t.Fatalf("write to a closed peer: %v, want EPIPE", err)
+	}
+	select {
+	case <-sigpipe:
+	case <-time.After(time.Second):
+		t.Fatal("write(2) to a closed peer raised no SIGPIPE: the check above proves nothing")
 	}
 }
 
