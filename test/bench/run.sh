@@ -32,7 +32,9 @@
 # before/after that shares its runs' noise; add kupbase to BENCH_CONFIGS),
 # BENCH_FIGURES (the figures to measure, of
 # "newconn keepalive tcp1 tcp4 udp udpgso idle"; all by default; e.g. "udp" for a
-# quick UDP comparison). Only addresses inside the namespaces this
+# quick UDP comparison), BENCH_PERF_DIR (a directory to keep the perf data
+# files of the profiles in, for a comparison by hand: perf report -i, perf
+# diff). Only addresses inside the namespaces this
 # script creates are ever sent traffic.
 set -euo pipefail
 
@@ -127,6 +129,9 @@ cleanup() {
 	sleep 0.5
 	for pid in "${PIDS[@]}" $workers; do ours "$pid" && kill -9 "$pid" 2>/dev/null; done
 	for ns in "$NSC" "$NSN" "$NSB"; do ip netns del "$ns" 2>/dev/null; done
+	if [ -n "${BENCH_PERF_DIR:-}" ]; then
+		mkdir -p "$BENCH_PERF_DIR" && cp "$WORK"/perf-*.data "$BENCH_PERF_DIR"/ 2>/dev/null
+	fi
 	rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -506,12 +511,25 @@ fd_count() {
 	echo "$t"
 }
 CLK_TCK=$(getconf CLK_TCK)
+# machine_ticks: the whole machine's idle and total CPU ticks (/proc/stat
+# is not per namespace).
+machine_ticks() { awk '/^cpu / {print $5 + $6, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat; }
 
 RAW=$WORK/raw.tsv
 echo "# figure config rep value" >"$RAW"
 record() { printf '%s %s %s %s\n' "$1" "$2" "$3" "$4" >>"$RAW"; }
 
 # --- measurements ------------------------------------------------------------
+# record_idle FIGURE CFG REP "IDLE0 TOTAL0" "IDLE1 TOTAL1": the share of the
+# machine's CPU time left idle over the run, in %. A closed-loop load that
+# keeps every CPU busy leaves ~0; more means the chain of wake-ups through
+# the configuration left CPUs waiting.
+record_idle() {
+	local i0 t0 i1 t1
+	read -r i0 t0 <<<"$4"
+	read -r i1 t1 <<<"$5"
+	[ "$t1" -gt "$t0" ] && record "$1" "$2" "$3" "$(echo "100 * ($i1 - $i0) / ($t1 - $t0)" | bc -l)"
+}
 # record_cpu_per_request FIGURE CFG REP RATE T0 T1: the proxy's CPU (ticks
 # T0..T1 over the run) per request at RATE req/s, in µs; NA where no
 # process carries the configuration (direct, DNAT: softirq, charged to none).
@@ -524,10 +542,12 @@ record_cpu_per_request() {
 }
 
 measure_newconn() { # CFG REP
-	local r pids t0= t1=
+	local r pids t0= t1= m0 m1
 	pids=$(proc_pids "$1")
 	[ -n "$pids" ] && t0=$(cpu_ticks $pids)
+	m0=$(machine_ticks)
 	inc wrk -t2 -c"$NEWCONN_CONNS" -d"${DUR}s" --latency -H 'Connection: close' "http://$(http_target "$1")/" >"$WORK/wrk.out" 2>&1 || true
+	m1=$(machine_ticks)
 	[ -n "$pids" ] && t1=$(cpu_ticks $pids)
 	if r=$("$BT" wrk "$WORK/wrk.out"); then
 		set -- "$1" "$2" $r
@@ -536,16 +556,19 @@ measure_newconn() { # CFG REP
 		record newconn_p99 "$1" "$2" "$5"
 		record newconn_err "$1" "$2" "$6"
 		record_cpu_per_request newconn_cpu_us "$1" "$2" "$3" "$t0" "$t1"
+		record_idle newconn_idle "$1" "$2" "$m0" "$m1"
 	else
 		log "newconn $1: wrk failed: $(tail -n 3 "$WORK/wrk.out" | tr '\n' ' ')"
 	fi
 }
 
 measure_keepalive() { # CFG REP
-	local r pids t0= t1=
+	local r pids t0= t1= m0 m1
 	pids=$(proc_pids "$1")
 	[ -n "$pids" ] && t0=$(cpu_ticks $pids)
+	m0=$(machine_ticks)
 	inc wrk -t2 -c64 -d"${DUR}s" --latency "http://$(http_target "$1")/" >"$WORK/wrk.out" 2>&1 || true
+	m1=$(machine_ticks)
 	[ -n "$pids" ] && t1=$(cpu_ticks $pids)
 	if r=$("$BT" wrk "$WORK/wrk.out"); then
 		set -- "$1" "$2" $r
@@ -553,20 +576,24 @@ measure_keepalive() { # CFG REP
 		record keepalive_p99 "$1" "$2" "$5"
 		record keepalive_err "$1" "$2" "$6"
 		record_cpu_per_request keepalive_cpu_us "$1" "$2" "$3" "$t0" "$t1"
+		record_idle keepalive_idle "$1" "$2" "$m0" "$m1"
 	else
 		log "keepalive $1: wrk failed: $(tail -n 3 "$WORK/wrk.out" | tr '\n' ' ')"
 	fi
 }
 
 measure_iperf() { # CFG REP STREAMS
-	local pids t0 t1 r
+	local pids t0 t1 r m0 m1
 	pids=$(proc_pids "$1")
 	[ -n "$pids" ] && t0=$(cpu_ticks $pids)
+	m0=$(machine_ticks)
 	inc iperf3 -c "$(iperf_host "$1")" -p 5201 -t "$DUR" -P "$3" -J >"$WORK/iperf.json" 2>&1 || true
+	m1=$(machine_ticks)
 	[ -n "$pids" ] && t1=$(cpu_ticks $pids)
 	if r=$("$BT" iperf "$WORK/iperf.json"); then
 		set -- "$1" "$2" "$3" $r
 		record "tcp${3}_gbps" "$1" "$2" "$4"
+		record_idle "tcp${3}_idle" "$1" "$2" "$m0" "$m1"
 		if [ -n "$pids" ]; then
 			record "cpu_per_gb${3}" "$1" "$2" "$(echo "($t1 - $t0) / $CLK_TCK / ($5 / 1000000000)" | bc -l)"
 		else
@@ -586,7 +613,7 @@ declare -A UDP_LOADS=(
 )
 
 measure_udp() { # CFG REP FIGURE
-	local t r pids t0= t1= fig=${3:-udp}
+	local t r pids t0= t1= m0 m1 fig=${3:-udp}
 	t=$(udp_target "$1")
 	if [ -z "$t" ]; then
 		record "${fig}_rps" "$1" "$2" NA
@@ -594,14 +621,17 @@ measure_udp() { # CFG REP FIGURE
 	fi
 	pids=$(proc_pids "$1")
 	[ -n "$pids" ] && t0=$(cpu_ticks $pids)
+	m0=$(machine_ticks)
 	# shellcheck disable=SC2086 # the flags split on purpose
 	if r=$(inc "$BT" udp-load -target "$t" ${UDP_LOADS[$fig]} -duration "${DUR}s" 2>>"$WORK/udp-load.log"); then
+		m1=$(machine_ticks)
 		[ -n "$pids" ] && t1=$(cpu_ticks $pids)
 		set -- "$1" "$2" $r
 		record "${fig}_rps" "$1" "$2" "$3"
 		record "${fig}_loss" "$1" "$2" "$4"
 		# Proxy CPU per round trip (a datagram each way), in µs.
 		record_cpu_per_request "${fig}_cpu_us" "$1" "$2" "$3" "$t0" "$t1"
+		record_idle "${fig}_idle" "$1" "$2" "$m0" "$m1"
 	else
 		log "$fig $1: failed"
 	fi
