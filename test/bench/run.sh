@@ -528,7 +528,9 @@ record_idle() {
 	local i0 t0 i1 t1
 	read -r i0 t0 <<<"$4"
 	read -r i1 t1 <<<"$5"
-	[ "$t1" -gt "$t0" ] && record "$1" "$2" "$3" "$(echo "100 * ($i1 - $i0) / ($t1 - $t0)" | bc -l)"
+	if [ "$t1" -gt "$t0" ]; then
+		record "$1" "$2" "$3" "$(echo "100 * ($i1 - $i0) / ($t1 - $t0)" | bc -l)"
+	fi
 }
 # record_cpu_per_request FIGURE CFG REP RATE T0 T1: the proxy's CPU (ticks
 # T0..T1 over the run) per request at RATE req/s, in µs; NA where no
