@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -65,7 +66,7 @@ func TestSendNeverBlocksNorRaisesSIGPIPE(t *testing.T) {
 		t.Fatal(err)
 	}
 	a, b := fds[0], fds[1]
-	defer unix.Close(a)
+	t.Cleanup(func() { unix.Close(a); unix.Close(b) })
 	if n, err := Send(a, nil); n != 0 || err != nil {
 		t.Fatalf("empty send: %d, %v", n, err)
 	}
@@ -87,26 +88,37 @@ func TestSendNeverBlocksNorRaisesSIGPIPE(t *testing.T) {
 		}
 	}
 
-	sigpipe := make(chan os.Signal, 1)
+	// SIGPIPE goes to the writing thread: keep to one thread, and unblock
+	// it there in case the test's parent started us with it blocked.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var pipe, old unix.Sigset_t
+	pipe.Val[0] = 1 << (uint(unix.SIGPIPE) - 1)
+	if err := unix.PthreadSigmask(unix.SIG_UNBLOCK, &pipe, &old); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.PthreadSigmask(unix.SIG_SETMASK, &old, nil)
+	sigpipe := make(chan os.Signal, 2)
 	signal.Notify(sigpipe, syscall.SIGPIPE)
 	defer signal.Stop(sigpipe)
 	unix.Close(b)
 	if _, err := Send(a, []byte("x")); !errors.Is(err, unix.EPIPE) {
 		t.Fatalf("send to a closed peer: %v, want EPIPE", err)
 	}
-	select {
-	case <-sigpipe:
-		t.Fatal("Send raised SIGPIPE")
-	case <-time.After(50 * time.Millisecond):
-	}
-	// The check can fail: write(2) to the same socket raises one.
+	// The check can fail: write(2) to the same socket raises one. So
+	// exactly one SIGPIPE must arrive, however late Send's would have.
 	if _, err := Write(a, []byte("x")); !errors.Is(err, unix.EPIPE) {
 		t.Fatalf("write to a closed peer: %v, want EPIPE", err)
 	}
 	select {
 	case <-sigpipe:
 	case <-time.After(time.Second):
-		t.Fatal("write(2) to a closed peer raised no SIGPIPE: the check above proves nothing")
+		t.Fatal("write(2) to a closed peer raised no SIGPIPE: the check proves nothing")
+	}
+	select {
+	case <-sigpipe:
+		t.Fatal("two SIGPIPEs for one Send and one write(2): Send raised one")
+	case <-time.After(100 * time.Millisecond):
 	}
 }
 

@@ -53,6 +53,8 @@ if [ "$(id -u)" != 0 ]; then
 	echo "run.sh: must run as root (network namespaces, iptables)" >&2
 	exit 1
 fi
+# Relative paths the caller gave are the caller's, not the repository's.
+[ -n "${BENCH_PERF_DIR:-}" ] && BENCH_PERF_DIR=$(realpath -m "$BENCH_PERF_DIR")
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 OUT=${BENCH_OUT:-$ROOT/test/bench/results.md}
@@ -513,7 +515,8 @@ fd_count() {
 CLK_TCK=$(getconf CLK_TCK)
 # machine_ticks: the whole machine's idle and total CPU ticks (/proc/stat
 # is not per namespace).
-machine_ticks() { awk '/^cpu / {print $5 + $6, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat; }
+# (printf: mawk prints sums above 2^31 in exponent form, which test -gt refuses.)
+machine_ticks() { awk '/^cpu / {printf "%.0f %.0f\n", $5 + $6, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat; }
 
 RAW=$WORK/raw.tsv
 echo "# figure config rep value" >"$RAW"
