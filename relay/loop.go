@@ -116,6 +116,7 @@ type Loop struct {
 
 	mu       sync.Mutex
 	inbox    []loopCmd
+	closed   bool      // under mu: evfd is closed (the loop stopped)
 	spare    []loopCmd // the inbox's other buffer, the loop's
 	sleeping atomic.Bool
 
@@ -131,6 +132,7 @@ type Loop struct {
 	listeners     []*loopListener
 	freeListeners []int32
 	paused        int
+	resumeAt      int64 // when the first pause ends (no later), while paused > 0
 	// index is the loop's place in its Group (a Listener's regs).
 	index int
 
@@ -201,14 +203,17 @@ func newLoop(o LoopOptions) (*Loop, error) {
 	return l, nil
 }
 
-// post queues a command and wakes the loop if it sleeps.
+// post queues a command and wakes the loop if it sleeps. The wake-up is
+// written under mu, which shutdown holds to close the eventfd: a poster
+// that lost the processor between its check and its write would otherwise
+// write into whatever took the descriptor's number after the loop stopped.
 func (l *Loop) post(cmd loopCmd) {
 	l.mu.Lock()
 	l.inbox = append(l.inbox, cmd)
-	l.mu.Unlock()
-	if l.sleeping.Load() && l.sleeping.CompareAndSwap(true, false) {
+	if !l.closed && l.sleeping.Load() && l.sleeping.CompareAndSwap(true, false) {
 		l.wake()
 	}
+	l.mu.Unlock()
 }
 
 func (l *Loop) wake() {
@@ -257,6 +262,13 @@ func (l *Loop) serve(fd uintptr) bool {
 		}
 		l.runReady()
 		l.fireTimers()
+		if l.paused > 0 && l.now >= l.resumeAt {
+			// Here, not only when parking: a loop that never runs out of
+			// work never parks, and a listener paused for want of
+			// descriptors would stay out of its set for as long as the
+			// load lasts.
+			l.resumeAt = l.resumeListeners()
+		}
 		n := rawio.EpollPoll(int(fd), l.events[:])
 		l.now = l.clock()
 		again := n == len(l.events)
@@ -301,10 +313,8 @@ func (l *Loop) takeInbox() {
 // park) when a command came in meanwhile.
 func (l *Loop) parking() bool {
 	at, ok := l.timers.next()
-	if l.paused > 0 {
-		if resume := l.resumeListeners(); resume != 0 && (!ok || resume < at) {
-			at, ok = resume, true
-		}
+	if l.paused > 0 && (!ok || l.resumeAt < at) {
+		at, ok = l.resumeAt, true
 	}
 	if ok && (l.deadlineAt == 0 || at < l.deadlineAt) {
 		l.deadlineAt = at
@@ -368,7 +378,10 @@ func (l *Loop) shutdown() {
 		}
 	}
 	l.file.Close()
+	l.mu.Lock()
+	l.closed = true
 	unix.Close(l.evfd)
+	l.mu.Unlock()
 	close(l.done)
 }
 

@@ -161,7 +161,7 @@ func (l *Loop) accept(slot int32) {
 			return
 		case err == unix.EINTR:
 			continue
-		case errors.Is(err, unix.ECONNABORTED) || errors.Is(err, unix.EPROTO):
+		case ClientGone(err):
 			ll.ln.acc.AcceptFailed(err) // that client is gone; the next
 			continue
 		case err != nil:
@@ -169,6 +169,10 @@ func (l *Loop) accept(slot int32) {
 			l.pause(ll)
 			return
 		}
+		// A client taken: the descriptors are back, so the next shortage
+		// starts its back-off afresh (under load the backlog may never
+		// run empty to say so with EAGAIN).
+		ll.backoff = 0
 		// What net sets on every accepted socket (the rest is inherited
 		// from the listener, and this too where the listener took it).
 		if !ll.ln.inherited {
@@ -178,6 +182,23 @@ func (l *Loop) accept(slot int32) {
 			l.start(fd, h)
 		}
 	}
+}
+
+// ClientGone reports an accept error that belongs to one client, not to
+// the listener: the connection was aborted, or (Linux passes a pending
+// network error of the new socket on from accept, see accept(2)) its
+// network failed. The next client may be fine, so accepting goes on.
+func ClientGone(err error) bool {
+	var en unix.Errno
+	if !errors.As(err, &en) {
+		return false
+	}
+	switch en {
+	case unix.ECONNABORTED, unix.EPROTO, unix.ENETDOWN, unix.ENOPROTOOPT, unix.EHOSTDOWN,
+		unix.ENONET, unix.EHOSTUNREACH, unix.EOPNOTSUPP, unix.ENETUNREACH:
+		return true
+	}
+	return false
 }
 
 // pause takes a listener out of the loop's epoll set a while (out of
@@ -190,6 +211,9 @@ func (l *Loop) pause(ll *loopListener) {
 	}
 	_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, ll.ln.fd, nil)
 	ll.paused, ll.resume = true, l.now+int64(ll.backoff)
+	if l.paused == 0 || ll.resume < l.resumeAt {
+		l.resumeAt = ll.resume
+	}
 	l.paused++
 }
 

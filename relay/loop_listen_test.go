@@ -1,0 +1,170 @@
+package relay
+
+import (
+	"net"
+	"net/netip"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// takingAcceptor takes every client for itself (closing it) and counts them.
+type takingAcceptor struct{ accepted atomic.Int32 }
+
+func (a *takingAcceptor) Accepted(fd int, _ netip.AddrPort) Handler {
+	unix.Close(fd)
+	a.accepted.Add(1)
+	return nil
+}
+func (a *takingAcceptor) AcceptFailed(error) {}
+
+// loopListening is a loop (not running) with one listener on loopback.
+func loopListening(t *testing.T, acc Acceptor) (*Loop, *loopListener, netip.AddrPort) {
+	t.Helper()
+	l, err := newLoop(LoopOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lc := net.ListenConfig{}
+	lc.SetMultipathTCP(false)
+	ln, err := lc.Listen(t.Context(), "tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().(*net.TCPAddr).AddrPort()
+	fd := dupListener(t, ln.(*net.TCPListener))
+	t.Cleanup(func() { unix.Close(fd) })
+	l.now = l.clock()
+	l.listen(&Listener{fd: fd, acc: acc, regs: make([]*loopListener, 1)})
+	return l, l.listeners[0], addr
+}
+
+func dialOnce(t *testing.T, addr netip.AddrPort) {
+	t.Helper()
+	c, err := net.DialTCP("tcp4", nil, net.TCPAddrFromAddrPort(addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+}
+
+// A listener paused for want of descriptors comes back when its pause ends
+// even if the loop never runs out of work (and so never parks): here 128
+// always-readable eventfds fill every poll.
+func TestLoopResumesPausedListenerWhileBusy(t *testing.T) {
+	acc := &takingAcceptor{}
+	l, ll, addr := loopListening(t, acc)
+	l.pause(ll) // as accept does on EMFILE
+	for range len(l.events) {
+		efd, err := unix.Eventfd(1, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Close(efd) })
+		// Level-triggered and never read (the loop reads its own
+		// eventfd for this slot): ready at every poll.
+		ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: evSlot}
+		if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, efd, &ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	go l.run()
+	t.Cleanup(func() {
+		l.post(loopCmd{op: cmdStop})
+		<-l.done
+	})
+	dialOnce(t, addr)
+	deadline := time.Now().Add(2 * time.Second)
+	for acc.accepted.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("a listener paused for %v was still out of the busy loop's epoll set after 2 s", ll.backoff)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A client taken ends the accept back-off: the next shortage pauses for the
+// shortest time again, though the backlog never ran empty (no EAGAIN).
+func TestLoopAcceptResetsBackoff(t *testing.T) {
+	acc := &takingAcceptor{}
+	l, ll, addr := loopListening(t, acc)
+	t.Cleanup(l.shutdown)
+	for range acceptBatch + 1 {
+		dialOnce(t, addr) // connected: in the backlog
+	}
+	ll.backoff = time.Second // as after a series of shortages
+	l.accept(ll.slot)
+	if got := acc.accepted.Load(); got != acceptBatch {
+		t.Fatalf("one accept turn took %d clients, want %d", got, acceptBatch)
+	}
+	if ll.backoff != 0 {
+		t.Fatalf("back-off after accepted clients: %v, want 0", ll.backoff)
+	}
+}
+
+func TestClientGone(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		gone bool
+	}{
+		{unix.ECONNABORTED, true},
+		{unix.EPROTO, true},
+		{unix.ENETDOWN, true},
+		{unix.ENOPROTOOPT, true},
+		{unix.EHOSTDOWN, true},
+		{unix.ENONET, true},
+		{unix.EHOSTUNREACH, true},
+		{unix.EOPNOTSUPP, true},
+		{unix.ENETUNREACH, true},
+		{unix.EMFILE, false},
+		{unix.ENFILE, false},
+		{unix.ENOBUFS, false},
+		{unix.ENOMEM, false},
+		{unix.EBADF, false},
+		{&net.OpError{Op: "accept", Err: os.NewSyscallError("accept4", unix.ENETUNREACH)}, true},
+		{&net.OpError{Op: "accept", Err: os.NewSyscallError("accept4", unix.EMFILE)}, false},
+		{net.ErrClosed, false},
+	} {
+		if got := ClientGone(tc.err); got != tc.gone {
+			t.Errorf("ClientGone(%v) = %v, want %v", tc.err, got, tc.gone)
+		}
+	}
+}
+
+// A post to a stopped loop writes nothing, even when the loop's eventfd
+// number is taken by another descriptor since.
+func TestLoopPostAfterStopWritesNothing(t *testing.T) {
+	l, err := newLoop(LoopOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go l.run()
+	l.post(loopCmd{op: cmdStop})
+	<-l.done
+	// New descriptors take the lowest free numbers: open eventfds until
+	// one has the old eventfd's number (skip if another took it first).
+	reused := -1
+	for reused < 0 {
+		fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Close(fd) })
+		switch {
+		case fd == l.evfd:
+			reused = fd
+		case fd > l.evfd:
+			t.Skipf("descriptor %d was taken again before the test could take it", l.evfd)
+		}
+	}
+	l.sleeping.Store(true) // as a poster that checked before the loop stopped saw it
+	l.post(loopCmd{op: cmdQuiet})
+	if n, err := unix.Read(reused, make([]byte, 8)); n > 0 {
+		t.Fatalf("a post to a stopped loop wrote into the descriptor that took its eventfd's number")
+	} else if err != unix.EAGAIN {
+		t.Fatalf("reading the eventfd: %v", err)
+	}
+}
