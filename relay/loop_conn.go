@@ -619,6 +619,11 @@ func (c *LoopConn) abort() {
 // finish closes both sockets and tells the handler.
 func (c *LoopConn) finish() {
 	for _, d := range []*loopDir{&c.up, &c.down} {
+		// Counted when read; what never reached dst is taken back, so
+		// Ended reports bytes delivered, as the goroutine relay does.
+		if undelivered := d.n - d.off + d.inPipe; undelivered > 0 {
+			d.count.Add(-int64(undelivered))
+		}
 		if d.buf != nil {
 			autoBufs.Put(d.buf)
 			d.buf = nil

@@ -359,6 +359,56 @@ func TestLoopWriteBoundResetsBoth(t *testing.T) {
 	}
 }
 
+// A connection reset with bytes still in the relay (a backend that stopped
+// reading) counts what reached the backend, not what was read from the
+// client: the goroutine relay counts the same way.
+func TestLoopCountsDeliveredBytesOnReset(t *testing.T) {
+	b := newLoopBed(t, LoopOptions{WriteTimeout: 2 * time.Second})
+	h := newLoopHandler(b.ep)
+	client, backend := b.connect(t, h, true)
+	go func() {
+		chunk := make([]byte, 64<<10)
+		for {
+			if _, err := client.Write(chunk); err != nil {
+				return
+			}
+		}
+	}()
+	h.mu.Lock()
+	proxySide := h.backendFD
+	h.mu.Unlock()
+	raw, err := backend.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Delivered: queued for the backend to read, plus what the proxy's
+	// socket still holds for it. Stable once the relay has stalled.
+	delivered := func() int {
+		var queued int
+		_ = raw.Control(func(fd uintptr) { queued, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+		unsent, err := unix.IoctlGetInt(proxySide, unix.SIOCOUTQ)
+		if err != nil {
+			t.Fatalf("SIOCOUTQ on the proxy's socket: %v", err)
+		}
+		return queued + unsent
+	}
+	last := -1
+	for {
+		time.Sleep(100 * time.Millisecond)
+		n := delivered()
+		if n > 0 && n == last {
+			break
+		}
+		last = n
+	}
+	h.wait(t)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.in != int64(last) {
+		t.Fatalf("counted %d bytes client→backend, %d reached the backend", h.in, last)
+	}
+}
+
 func TestLoopHalfCloseBound(t *testing.T) {
 	b := newLoopBed(t, LoopOptions{HalfCloseTimeout: 200 * time.Millisecond})
 	h := newLoopHandler(b.ep)
