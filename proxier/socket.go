@@ -140,12 +140,13 @@ func newProxySocket(name loadbalancer.ServicePortName, bind netip.Addr, port int
 	return nil, fmt.Errorf("unsupported protocol %q", name.Protocol)
 }
 
-// isTemporaryAcceptError covers running out of descriptors or memory: the
-// listener is still good, so back off and accept again instead of dying.
+// isTemporaryAcceptError covers running out of descriptors or memory and
+// the errors of one client (relay.ClientGone): the listener is still good,
+// so back off and accept again instead of dying, and log nothing.
 func isTemporaryAcceptError(err error) bool {
 	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
 		errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM) ||
-		errors.Is(err, syscall.ECONNABORTED) || errors.Is(err, syscall.EPROTO)
+		relay.ClientGone(err)
 }
 
 func clientAddr(a net.Addr) netip.AddrPort {

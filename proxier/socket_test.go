@@ -2,6 +2,8 @@ package proxier
 
 import (
 	"net"
+	"os"
+	"syscall"
 	"testing"
 )
 
@@ -25,5 +27,30 @@ func TestProxySocketFamilyFollowsServiceIPs(t *testing.T) {
 	p.Sync()
 	if ip := listenIP(); ip.To4() != nil {
 		t.Fatalf("dual-stack service listens on %v, want ::", ip)
+	}
+}
+
+// Errors of one client and shortages are not logged as failures of the
+// service port; anything else is.
+func TestTemporaryAcceptErrors(t *testing.T) {
+	wrap := func(e syscall.Errno) error {
+		return &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", e)}
+	}
+	for _, tc := range []struct {
+		err       error
+		temporary bool
+	}{
+		{wrap(syscall.EMFILE), true},
+		{wrap(syscall.ENOBUFS), true},
+		{wrap(syscall.ECONNABORTED), true},
+		{wrap(syscall.ENETUNREACH), true},
+		{wrap(syscall.EHOSTDOWN), true},
+		{syscall.EPROTO, true},
+		{wrap(syscall.EBADF), false},
+		{wrap(syscall.EINVAL), false},
+	} {
+		if got := isTemporaryAcceptError(tc.err); got != tc.temporary {
+			t.Errorf("isTemporaryAcceptError(%v) = %v, want %v", tc.err, got, tc.temporary)
+		}
 	}
 }
