@@ -189,10 +189,17 @@ func (l *Loop) accept(slot int32) {
 // network error of the new socket on from accept, see accept(2)) its
 // network failed. The next client may be fine, so accepting goes on.
 func ClientGone(err error) bool {
-	var en unix.Errno
-	if !errors.As(err, &en) {
+	if en, ok := err.(unix.Errno); ok { // the loops' accept: no search, no allocation
+		return clientErrno(en)
+	}
+	if err == nil {
 		return false
 	}
+	var en unix.Errno
+	return errors.As(err, &en) && clientErrno(en)
+}
+
+func clientErrno(en unix.Errno) bool {
 	switch en {
 	case unix.ECONNABORTED, unix.EPROTO, unix.ENETDOWN, unix.ENOPROTOOPT, unix.EHOSTDOWN,
 		unix.ENONET, unix.EHOSTUNREACH, unix.EOPNOTSUPP, unix.ENETUNREACH:

@@ -132,6 +132,12 @@ func TestClientGone(t *testing.T) {
 			t.Errorf("ClientGone(%v) = %v, want %v", tc.err, got, tc.gone)
 		}
 	}
+	// The loops ask it of every accept's outcome, nil included.
+	for _, err := range []error{nil, unix.EMFILE, unix.ECONNABORTED} {
+		if n := testing.AllocsPerRun(100, func() { ClientGone(err) }); n != 0 {
+			t.Errorf("ClientGone(%v) allocates %v times", err, n)
+		}
+	}
 }
 
 // A post to a stopped loop writes nothing, even when the loop's eventfd
