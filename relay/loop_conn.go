@@ -437,6 +437,7 @@ func (c *LoopConn) step(d *loopDir) (bool, error) {
 	}
 	m, err := c.write(d, l.scratch[:n])
 	if err != nil {
+		d.count.Add(-int64(n - m)) // read, never delivered (finish takes back only what waits)
 		return false, &WriteError{err}
 	}
 	if m < n {
@@ -512,10 +513,10 @@ func (c *LoopConn) flush(d *loopDir) (bool, error) {
 		}
 	} else {
 		m, err := c.write(d, (*d.buf)[d.off:d.n])
+		d.off += m // before the error: finish takes back d.n-d.off
 		if err != nil {
 			return false, &WriteError{err}
 		}
-		d.off += m
 		moved = m > 0
 		if d.off == d.n {
 			autoBufs.Put(d.buf)

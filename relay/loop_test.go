@@ -69,6 +69,24 @@ func (h *loopHandler) Ended(in, out int64) {
 	close(h.done)
 }
 
+// connected waits for Connected (the backend's accept can return first).
+func (h *loopHandler) connected(t *testing.T) *loopHandler {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		h.mu.Lock()
+		ok := h.conn != nil
+		h.mu.Unlock()
+		if ok {
+			return h
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the loop never connected")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 func (h *loopHandler) wait(t *testing.T) {
 	t.Helper()
 	select {
@@ -374,9 +392,7 @@ func TestLoopCountsDeliveredBytesOnReset(t *testing.T) {
 			}
 		}
 	}()
-	h.mu.Lock()
-	proxySide := h.backendFD
-	h.mu.Unlock()
+	proxySide := h.connected(t).backendFD
 	raw, err := backend.SyscallConn()
 	if err != nil {
 		t.Fatal(err)
@@ -406,6 +422,32 @@ func TestLoopCountsDeliveredBytesOnReset(t *testing.T) {
 	defer h.mu.Unlock()
 	if h.in != int64(last) {
 		t.Fatalf("counted %d bytes client→backend, %d reached the backend", h.in, last)
+	}
+}
+
+// Bytes read from the client that a failed write never delivered are not
+// counted: the backend closed, its host reset the next bytes, and the
+// bytes after those meet the reset.
+func TestLoopCountsDeliveredBytesOnWriteError(t *testing.T) {
+	b := newLoopBed(t, LoopOptions{})
+	h := newLoopHandler(b.ep)
+	client, backend := b.connect(t, h, true)
+	h.connected(t)
+	backend.Close() // FIN; what comes after it is answered with a reset
+	_ = client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := client.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+		t.Fatalf("client read after the backend's FIN: %d, %v; want EOF", n, err)
+	}
+	if _, err := client.Write(make([]byte, 100)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // the proxy sends them; the backend's host resets
+	_, _ = client.Write(make([]byte, 200))
+	h.wait(t)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.in != 100 {
+		t.Fatalf("counted %d bytes client→backend; 100 were delivered before the reset", h.in)
 	}
 }
 
