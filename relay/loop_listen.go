@@ -124,6 +124,7 @@ func (l *Loop) listen(ln *Listener) {
 	ln.regs[l.index] = ll
 	if err := l.watchListener(ll, slot); err != nil {
 		ln.acc.AcceptFailed(err)
+		l.pause(ll) // added when the pause ends (resumeListeners)
 	}
 }
 
@@ -235,10 +236,14 @@ func (l *Loop) resumeListeners() int64 {
 		if ll.resume <= l.now {
 			ll.paused = false
 			l.paused--
-			if err := l.watchListener(ll, int32(slot)); err != nil {
-				ll.ln.acc.AcceptFailed(err)
+			err := l.watchListener(ll, int32(slot))
+			if err == nil {
+				continue
 			}
-			continue
+			// Out of the set, it would never be accepted on again: it
+			// stays paused and tries again after a longer pause.
+			ll.ln.acc.AcceptFailed(err)
+			l.pause(ll)
 		}
 		if next == 0 || ll.resume < next {
 			next = ll.resume

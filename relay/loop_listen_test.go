@@ -174,3 +174,86 @@ func TestLoopPostAfterStopWritesNothing(t *testing.T) {
 		t.Fatalf("reading the eventfd: %v", err)
 	}
 }
+
+// recordingAcceptor takes every client (closing it) and keeps the errors.
+type recordingAcceptor struct {
+	takingAcceptor
+	errs []error
+}
+
+func (a *recordingAcceptor) AcceptFailed(err error) { a.errs = append(a.errs, err) }
+
+// A listener epoll refuses to take back when its pause ends stays paused
+// and is tried again later, rather than left out of the set for good.
+func TestLoopRetriesListenerItCouldNotResume(t *testing.T) {
+	acc := &recordingAcceptor{}
+	l, ll, addr := loopListening(t, acc)
+	t.Cleanup(l.shutdown)
+	l.pause(ll)
+	// epoll refuses a regular file (EPERM): stands in for a full epoll
+	// (ENOSPC at fs.epoll.max_user_watches) or ENOMEM.
+	f, err := os.CreateTemp(t.TempDir(), "not-pollable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sock := ll.ln.fd
+	ll.ln.fd = int(f.Fd())
+	l.now = ll.resume
+	next := l.resumeListeners()
+	ll.ln.fd = sock
+	if len(acc.errs) != 1 || acc.errs[0] != unix.EPERM {
+		t.Fatalf("errors reported: %v, want [EPERM]", acc.errs)
+	}
+	if !ll.paused || l.paused != 1 || next <= l.now || next != ll.resume {
+		t.Fatalf("after a failed resume: paused %v (loop counts %d), next resume %d at %d (listener's %d); want paused again, later",
+			ll.paused, l.paused, next, l.now, ll.resume)
+	}
+	// The next try succeeds: the listener serves again.
+	l.now = next
+	if l.resumeListeners() != 0 || ll.paused || l.paused != 0 {
+		t.Fatalf("second resume: paused %v (loop counts %d)", ll.paused, l.paused)
+	}
+	dialOnce(t, addr)
+	var events [4]unix.EpollEvent
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		n, err := unix.EpollWait(l.epfd, events[:], 10)
+		if err != nil && err != unix.EINTR {
+			t.Fatal(err)
+		}
+		if n > 0 && events[0].Pad == listenerTag {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the resumed listener never reported a client")
+		}
+	}
+}
+
+// The same when epoll refuses a new listener: it waits paused for another try.
+func TestLoopRetriesListenerItCouldNotAdd(t *testing.T) {
+	l, err := newLoop(LoopOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.shutdown)
+	f, err := os.CreateTemp(t.TempDir(), "not-pollable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	acc := &recordingAcceptor{}
+	ln := &Listener{fd: int(f.Fd()), acc: acc, regs: make([]*loopListener, 1)}
+	l.now = l.clock()
+	l.listen(ln)
+	ll := ln.regs[0]
+	if len(acc.errs) != 1 || !ll.paused || l.paused != 1 || l.resumeAt != ll.resume || ll.resume <= l.now {
+		t.Fatalf("errors %v, paused %v (loop counts %d), resume at %d (loop's %d) from %d; want one error, paused, resuming later",
+			acc.errs, ll.paused, l.paused, ll.resume, l.resumeAt, l.now)
+	}
+	l.unlisten(ln)
+	if l.paused != 0 {
+		t.Fatalf("loop counts %d paused after unlisten", l.paused)
+	}
+}
