@@ -142,3 +142,30 @@ func TestDialUDPBackendFamilies(t *testing.T) {
 		})
 	}
 }
+
+// Empty datagrams pass both ways, as a session's first and later on
+// (keep-alives and probes of some protocols are empty).
+func TestUDPRelaysEmptyDatagrams(t *testing.T) {
+	a := startUDPEcho(t, "127.0.0.2:0", "")
+	p := newTestProxier(t, Options{})
+	p.OnServiceAdd(makeService("keepalive", withProtocol(v1.ProtocolUDP)))
+	p.OnEndpointSliceAdd(makeSlice("keepalive", v1.ProtocolUDP, a.LocalAddr().String()))
+	p.Sync()
+	proxyAP := netip.MustParseAddrPort(proxyAddr(t, p, "default/keepalive:p"))
+	c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(proxyAP))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	buf := make([]byte, 16)
+	for i, payload := range []string{"", "x", ""} {
+		if _, err := c.Write([]byte(payload)); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		n, err := c.Read(buf)
+		if err != nil || string(buf[:n]) != payload {
+			t.Fatalf("datagram %d (%q): echoed %q, %v", i, payload, buf[:n], err)
+		}
+	}
+}

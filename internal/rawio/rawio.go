@@ -41,12 +41,14 @@ func Send(fd int, p []byte) (int, error) {
 
 // transfer is read(2), write(2) or sendto(2) with no address (trap) of p
 // on fd; flags are sendto's (read and write ignore the arguments past
-// their third).
+// their third). An empty p is a system call too: on a datagram socket it
+// is an empty datagram, which some protocols send (keep-alives, probes).
 func transfer(trap uintptr, fd int, p []byte, flags uintptr) (int, error) {
-	if len(p) == 0 {
-		return 0, nil
+	var buf unsafe.Pointer
+	if len(p) > 0 {
+		buf = unsafe.Pointer(&p[0])
 	}
-	n, _, e := unix.RawSyscall6(trap, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)), flags, 0, 0)
+	n, _, e := unix.RawSyscall6(trap, uintptr(fd), uintptr(buf), uintptr(len(p)), flags, 0, 0)
 	if e != 0 {
 		return 0, e
 	}

@@ -57,6 +57,24 @@ func TestReadWrite(t *testing.T) {
 	}
 }
 
+// An empty write or send on a datagram socket sends an empty datagram (a
+// shortcut that skipped the system call dropped UDP keep-alives).
+func TestEmptyDatagram(t *testing.T) {
+	a, b := socketPair(t, unix.SOCK_DGRAM)
+	buf := make([]byte, 8)
+	for _, send := range []func(int, []byte) (int, error){Write, Send} {
+		if n, err := send(a, nil); n != 0 || err != nil {
+			t.Fatalf("empty datagram: %d, %v", n, err)
+		}
+		if n, err := Read(b, buf); n != 0 || err != nil {
+			t.Fatalf("reading the empty datagram: %d, %v; want 0, nil", n, err)
+		}
+		if _, err := Read(b, buf); !errors.Is(err, unix.EAGAIN) {
+			t.Fatalf("after the empty datagram: %v, want EAGAIN (exactly one came)", err)
+		}
+	}
+}
+
 // TestSendNeverBlocksNorRaisesSIGPIPE: Send on a blocking socket says
 // EAGAIN when it is full, and to a closed peer it fails with EPIPE without
 // a SIGPIPE (write(2) raises one, which the runtime would catch).
