@@ -164,24 +164,56 @@ func (s *udpProxySocket) Serve() {
 		return
 	}
 	s.serviceRaw = raw
-	var addErr error
+	var famErr error
 	err = raw.Control(func(fd uintptr) {
-		s.mu.Lock() // add is serialised with close
+		s.mu.Lock()
 		defer s.mu.Unlock()
 		s.serviceFD = int(fd)
-		s.serviceFamily, addErr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_DOMAIN)
+		s.serviceFamily, famErr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_DOMAIN)
 		if enableGRO(int(fd)) {
 			s.oobLen += groSpace
 		}
-		if addErr == nil && !s.shut {
-			addErr = s.poller.add(int(fd))
-		}
 	})
-	if err = errors.Join(err, addErr); err != nil {
+	if err = errors.Join(err, famErr); err != nil {
 		klog.ErrorS(err, "UDP service socket unusable", "servicePort", s.label)
 		return
 	}
+	if !s.joinPoller(raw) {
+		return
+	}
 	s.relayLoop()
+}
+
+// joinPoller adds the service socket to the port's poller, trying again
+// (5 ms, doubling to 1 s) while epoll refuses it (ENOMEM; ENOSPC at
+// fs.epoll.max_user_watches, which a flood of sessions can reach): given
+// up, the port would stay bound and routed to, and drop every datagram.
+// It reports false when the port closed first.
+func (s *udpProxySocket) joinPoller(raw syscall.RawConn) bool {
+	var backoff time.Duration
+	for {
+		var addErr error
+		err := raw.Control(func(fd uintptr) {
+			s.mu.Lock() // add is serialised with close
+			defer s.mu.Unlock()
+			if !s.shut {
+				addErr = s.poller.add(int(fd))
+			}
+		})
+		if err != nil {
+			return false // closed
+		}
+		if addErr == nil {
+			return true
+		}
+		backoff = nextBackoff(backoff, s.cfg.acceptBackoffBase)
+		klog.ErrorS(addErr, "UDP service socket cannot be polled; trying again", "servicePort", s.label, "after", backoff)
+		select {
+		case <-time.After(backoff):
+		case <-s.closed:
+			return false
+		}
+	}
 }
 
 // serviceBatch bounds the client datagrams one wake-up relays, so a flood

@@ -209,3 +209,34 @@ func (ip *inflightPort) relayWhenQueued(t *testing.T) {
 	ip.waitReplyQueued(t, sess)
 	ip.relay()
 }
+
+// A service socket epoll refuses at first (here: already in the set, as
+// ENOSPC or ENOMEM would refuse it) joins the poller on a later try and
+// relays; before, Serve gave up and the port dropped every datagram.
+func TestUDPServiceSocketJoinsPollerOnRetry(t *testing.T) {
+	echo := startUDPEcho(t, "127.0.0.1:0", "")
+	ip := newInflightPort(t, time.Minute, echo.LocalAddr().(*net.UDPAddr).AddrPort())
+	raw, err := ip.sock.conn.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fd int
+	_ = raw.Control(func(f uintptr) { fd = int(f) })
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}
+	if err := unix.EpollCtl(ip.sock.poller.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		t.Fatal(err)
+	}
+	go ip.sock.Serve()
+	time.Sleep(100 * time.Millisecond) // Serve's first tries meet EEXIST
+	if err := unix.EpollCtl(ip.sock.poller.epfd, unix.EPOLL_CTL_DEL, fd, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ip.client.WriteToUDPAddrPort([]byte("x"), ip.sock.conn.LocalAddr().(*net.UDPAddr).AddrPort()); err != nil {
+		t.Fatal(err)
+	}
+	_ = ip.client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 8)
+	if n, _, err := ip.client.ReadFromUDPAddrPort(buf); err != nil || string(buf[:n]) != "x" {
+		t.Fatalf("reply %q, %v; want the echo", buf[:n], err)
+	}
+}
