@@ -147,6 +147,9 @@ func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
 	// its latency. Pacing from it, not from when this goroutine got to
 	// run, keeps scheduling delays from adding up over a long transfer.
 	ready := c.at
+	// Chained latency toxics add up, as in Toxiproxy (and on UDP here):
+	// each is a stage the chunk passes after the one before.
+	var latency time.Duration
 	for _, t := range p.toxics {
 		switch t.Type {
 		case "latency":
@@ -154,10 +157,12 @@ func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
 			if j := t.ms("jitter"); j > 0 {
 				d += time.Duration((2*p.rng.Float64() - 1) * float64(j))
 			}
-			if due := c.at.Add(d); due.After(ready) {
+			latency += d
+			due := c.at.Add(latency)
+			if due.After(ready) {
 				ready = due
 			}
-			if !p.sleep(time.Until(c.at.Add(d))) {
+			if !p.sleep(time.Until(due)) {
 				return 0, p.onTimer
 			}
 		case "slicer":

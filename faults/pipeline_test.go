@@ -123,6 +123,15 @@ func TestPipelineBandwidth(t *testing.T) {
 			want: 1500 * time.Millisecond,
 		},
 		{
+			name:   "two latencies add up",
+			toxics: []string{`{"name":"a","type":"latency","attributes":{"latency":100}}`, `{"name":"b","type":"latency","attributes":{"latency":200}}`},
+			sends: []struct {
+				pause time.Duration
+				bytes int
+			}{{0, 1}},
+			want: 300 * time.Millisecond,
+		},
+		{
 			name:   "latency then bandwidth",
 			toxics: []string{`{"type":"latency","attributes":{"latency":300}}`, `{"type":"bandwidth","attributes":{"rate":100}}`},
 			sends: []struct {
