@@ -171,6 +171,16 @@ func Types() []string {
 	return out
 }
 
+// maxAttribute bounds every attribute: as a duration (ms; µs for slicer's
+// delay) it still fits time.Duration (1e12 ms is 31 years), where a larger
+// one overflowed to a negative duration and did the opposite (a reset_peer
+// timeout of 1e13 ms reset at once). As bytes it is a terabyte.
+const maxAttribute = 1e12
+
+// minBandwidth is the slowest bandwidth toxic, in KB/s: a byte a second.
+// A slower rate paced a chunk past time.Duration's range.
+const minBandwidth = 0.001
+
 // FieldError names the field of a toxic that is wrong, so users see
 // exactly what to fix ("[1].attributes.latency: ...").
 type FieldError struct {
@@ -200,7 +210,7 @@ func (t *Toxic) Normalize() error {
 	if t.Name == "" {
 		t.Name = t.Type + "_" + t.Stream
 	}
-	if t.Toxicity < 0 || t.Toxicity > 1 {
+	if !(t.Toxicity >= 0 && t.Toxicity <= 1) { // NaN too
 		return &FieldError{"toxicity", fmt.Sprintf("must be within [0, 1], not %v", t.Toxicity)}
 	}
 	attrs := make(map[string]float64, len(tt.attrs))
@@ -219,6 +229,9 @@ func (t *Toxic) Normalize() error {
 		if v < 0 {
 			return &FieldError{"attributes." + k, fmt.Sprintf("must not be negative, not %v", v)}
 		}
+		if !(v <= maxAttribute) { // NaN too
+			return &FieldError{"attributes." + k, fmt.Sprintf("must be at most %g, not %v", float64(maxAttribute), v)}
+		}
 		attrs[k] = v
 	}
 	for _, k := range []string{"rate", "p", "r", "loss_bad", "loss_good"} {
@@ -226,8 +239,8 @@ func (t *Toxic) Normalize() error {
 			return &FieldError{"attributes." + k, fmt.Sprintf("is a probability, must be within [0, 1], not %v", attrs[k])}
 		}
 	}
-	if t.Type == "bandwidth" && attrs["rate"] == 0 {
-		return &FieldError{"attributes.rate", "must be greater than 0 (KB/s)"}
+	if t.Type == "bandwidth" && attrs["rate"] < minBandwidth {
+		return &FieldError{"attributes.rate", fmt.Sprintf("must be at least %g (KB/s: a byte a second), not %v", minBandwidth, attrs["rate"])}
 	}
 	if t.Type == "slicer" && attrs["average_size"] == 0 {
 		return &FieldError{"attributes.average_size", "must be greater than 0 (bytes)"}
