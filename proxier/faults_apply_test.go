@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 )
 
 func annotated(value string) svcOpt {
@@ -93,5 +95,40 @@ func TestUnnamedPortNumberChangeRenamesFaultPort(t *testing.T) {
 	p.Sync()
 	if got := proxies(); len(got) != 0 {
 		t.Fatalf("fault ports after the Service is gone: %v", got)
+	}
+}
+
+// A port reopened for a new address family (an IPv6 external IP added)
+// keeps what the fault API set on it: its toxics, and down stays down.
+// Before, the reopen dropped the fault port, ending the experiment.
+func TestFamilyChangeKeepsFaultAPIState(t *testing.T) {
+	p := newTestProxier(t, Options{})
+	svc := makeService("web", annotated(`[{"name":"slow","type":"latency","attributes":{"latency":300}}]`))
+	p.OnServiceAdd(svc)
+	p.Sync()
+	const proxy = "default.web.p"
+	if _, err := p.opts.Faults.AddToxic(proxy, faults.Toxic{Name: "cut", Type: "reset_peer"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.opts.Faults.SetEnabled(proxy, false); err != nil {
+		t.Fatal(err)
+	}
+	before := p.active[p.lbName("default/web:p")].socket
+	dual := makeService("web", annotated(`[{"name":"slow","type":"latency","attributes":{"latency":300}}]`))
+	dual.Spec.ExternalIPs = []string{"fd00::10"}
+	p.OnServiceUpdate(svc, dual)
+	p.Sync()
+	if p.active[p.lbName("default/web:p")].socket == before {
+		t.Fatal("the port was not reopened for its new family; the test no longer covers the reopen")
+	}
+	info, err := p.opts.Faults.Proxy(proxy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Enabled {
+		t.Error("a port the API set down came back up when it was reopened for IPv6")
+	}
+	if got := declaredToxics(t, p, proxy); len(got) != 2 || got[0] != "slow/annotation" || got[1] != "cut/api" {
+		t.Errorf("toxics after the reopen: %v, want [slow/annotation cut/api]", got)
 	}
 }

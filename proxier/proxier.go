@@ -448,7 +448,11 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 			// socket holds its fault port): reopen it, as a fresh proxier
 			// would open it. Else the fault API kept the old name and the
 			// port left the fault table only at its next change.
-			p.closePort(name, ap)
+			// Under the same name the fault port stays: a new family
+			// (an IPv6 address added, even by a cloud controller's
+			// status update) must not end a fault experiment, nor bring
+			// a port the API set down back up.
+			p.closePortKeeping(name, ap, ap.info.faultName == info.faultName)
 			ap = nil
 		}
 		if ap == nil {
@@ -565,6 +569,12 @@ func (p *Proxier) listenHost() string {
 }
 
 func (p *Proxier) closePort(name loadbalancer.ServicePortName, ap *activePort) {
+	p.closePortKeeping(name, ap, false)
+}
+
+// closePortKeeping is closePort; keepFaults leaves the port's fault state
+// (API toxics, enabled) in the table for the socket that replaces it.
+func (p *Proxier) closePortKeeping(name loadbalancer.ServicePortName, ap *activePort, keepFaults bool) {
 	if err := ap.socket.Close(); err != nil {
 		klog.ErrorS(err, "Closing proxy socket", "servicePort", name)
 	}
@@ -572,7 +582,9 @@ func (p *Proxier) closePort(name loadbalancer.ServicePortName, ap *activePort) {
 	p.closeExternalSocket(ap)
 	p.releaseClaims(ap)
 	p.lb.DeleteServicePort(name)
-	p.opts.Faults.RemovePort(ap.info.faultName)
+	if !keepFaults {
+		p.opts.Faults.RemovePort(ap.info.faultName)
+	}
 	p.sockCfg.lifetimes.remove(name)
 	p.metrics.forgetServicePort(name.String())
 	delete(p.active, name)
