@@ -5,9 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
+
+	"k8s.io/klog/v2"
 )
 
 // Origins of a toxic: declared on the Service, or set through the API.
@@ -284,6 +287,23 @@ func (p *Port) SetDeclared(toxics []Toxic) {
 		return
 	}
 	p.annotation = toxics
+	// A name is one toxic: an API toxic whose name the annotation now
+	// declares gives way to it (the Service is the declared state), else
+	// the API listed both, found one by GET and deleted the other.
+	declared := func(tx Toxic) bool {
+		return slices.ContainsFunc(toxics, func(d Toxic) bool { return d.Name == tx.Name })
+	}
+	if slices.ContainsFunc(p.api, declared) {
+		kept := make([]Toxic, 0, len(p.api))
+		for _, tx := range p.api {
+			if declared(tx) {
+				klog.InfoS("A fault API toxic gives way to the Service's annotation toxic of the same name", "proxy", p.name, "toxic", tx.Name)
+				continue
+			}
+			kept = append(kept, tx)
+		}
+		p.api = kept
+	}
 	p.publishLocked()
 }
 

@@ -400,3 +400,29 @@ func TestTableDownBetweenAcceptAndAttach(t *testing.T) {
 		})
 	}
 }
+
+// An annotation that comes to declare the name of an API toxic takes the
+// name: the API toxic gives way, so the name is one toxic again (before,
+// both were listed, GET found the declared one and DELETE the API one).
+func TestDeclaredNameTakesOverAPIToxic(t *testing.T) {
+	tbl, p := declared(t, 0, 0, "TCP")
+	for _, js := range []string{
+		`{"name":"slow","type":"latency","attributes":{"latency":10}}`,
+		`{"name":"other","type":"latency","attributes":{"latency":1}}`,
+	} {
+		if _, err := tbl.AddToxic(p.Name(), toxic(t, js)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.SetDeclared([]Toxic{toxic(t, `{"name":"slow","type":"latency","attributes":{"latency":500}}`)})
+	if got := origins(t, tbl, p.Name()); got != "slow:annotation other:api" {
+		t.Fatalf("toxics: %q, want %q", got, "slow:annotation other:api")
+	}
+	got, err := tbl.Toxic(p.Name(), "slow")
+	if err != nil || got.Attributes["latency"] != 500 {
+		t.Fatalf("GET slow: %+v, %v; want the declared one (500 ms)", got, err)
+	}
+	if err := tbl.RemoveToxic(p.Name(), "slow"); !errors.Is(err, ErrDeclared) {
+		t.Fatalf("DELETE slow: %v, want ErrDeclared", err)
+	}
+}
