@@ -305,6 +305,7 @@ func (p *Proxier) OnServiceUpdate(_, svc *v1.Service) {
 	nn := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
 	p.applyFaultsNow(p.services[nn], svc)
 	logLifetimeError(p.services[nn], svc)
+	logUnknownAnnotations(p.services[nn], svc)
 	p.services[nn] = svc
 	p.queueServiceChange()
 }
