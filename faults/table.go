@@ -414,8 +414,11 @@ func (p *Port) updateAPI(name string, patch []byte) (Toxic, error) {
 		return Toxic{}, err
 	}
 	p.api = append(append([]Toxic{}, p.api[:i]...), append([]Toxic{next}, p.api[i+1:]...)...)
-	p.publishLocked()
+	s := p.publishLocked()
 	p.mu.Unlock()
+	if next.Type == "down" {
+		p.cutDown(s, next) // as when added: its share of live connections goes
+	}
 	return next, nil
 }
 

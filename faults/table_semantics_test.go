@@ -184,6 +184,13 @@ func TestTableDownCutsLiveConnections(t *testing.T) {
 			_, err := tbl.AddToxic(p.Name(), toxic(t, `{"type":"down"}`))
 			return err
 		}},
+		{"down toxic raised from toxicity 0", func(tbl *Table, p *Port) error {
+			if _, err := tbl.AddToxic(p.Name(), toxic(t, `{"name":"d","type":"down","toxicity":0}`)); err != nil {
+				return err
+			}
+			_, err := tbl.UpdateToxic(p.Name(), "d", []byte(`{"toxicity":1}`))
+			return err
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tbl, p := declared(t, 0, 0, "TCP")
@@ -376,6 +383,13 @@ func TestTableDownBetweenAcceptAndAttach(t *testing.T) {
 		{"enabled false", func(tbl *Table, p *Port) error { _, err := tbl.SetEnabled(p.Name(), false); return err }},
 		{"down toxic", func(tbl *Table, p *Port) error {
 			_, err := tbl.AddToxic(p.Name(), toxic(t, `{"type":"down"}`))
+			return err
+		}},
+		{"down toxic raised from toxicity 0", func(tbl *Table, p *Port) error {
+			if _, err := tbl.AddToxic(p.Name(), toxic(t, `{"name":"d","type":"down","toxicity":0}`)); err != nil {
+				return err
+			}
+			_, err := tbl.UpdateToxic(p.Name(), "d", []byte(`{"toxicity":1}`))
 			return err
 		}},
 	} {
