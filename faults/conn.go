@@ -88,7 +88,7 @@ func (p *Port) Accept(client netip.Addr) *Conn {
 				if j := t.ms("jitter"); j > 0 {
 					d += time.Duration((2*draw(t.seed, t.key, seq, saltEffect) - 1) * float64(j))
 				}
-				connectDelay += max(d, 0)
+				connectDelay = addDelay(connectDelay, max(d, 0))
 			}
 		default:
 			if t.Stream == Upstream {

@@ -87,7 +87,7 @@ func (p *pipeline) copy(dst, src *net.TCPConn) (int64, error) {
 				p.limitLeft = b
 			}
 		case "slow_close":
-			slowEOF += t.ms("delay")
+			slowEOF = addDelay(slowEOF, t.ms("delay"))
 		case "bandwidth":
 			// Several bandwidth toxics: the narrowest one limits.
 			if r := t.Attributes["rate"] * 1000; p.rate == 0 || r < p.rate {
@@ -147,8 +147,8 @@ func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
 	// its latency. Pacing from it, not from when this goroutine got to
 	// run, keeps scheduling delays from adding up over a long transfer.
 	ready := c.at
-	// Chained latency toxics add up, as in Toxiproxy (and on UDP here):
-	// each is a stage the chunk passes after the one before.
+	// Chained latency toxics add up, as in Toxiproxy: each is a stage the
+	// chunk passes after the one before (jitter never takes it back).
 	var latency time.Duration
 	for _, t := range p.toxics {
 		switch t.Type {
@@ -157,7 +157,7 @@ func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
 			if j := t.ms("jitter"); j > 0 {
 				d += time.Duration((2*p.rng.Float64() - 1) * float64(j))
 			}
-			latency += d
+			latency = addDelay(latency, d)
 			due := c.at.Add(latency)
 			if due.After(ready) {
 				ready = due

@@ -1,6 +1,7 @@
 package faults
 
 import (
+	"math"
 	"net/netip"
 	"time"
 
@@ -33,6 +34,16 @@ func (c *compiled) matches(client netip.Addr) bool {
 		}
 	}
 	return false
+}
+
+// addDelay is sum + d, held at the longest duration rather than wrapping
+// to a negative one: each attribute is bounded (maxAttribute), a chain of
+// them is not.
+func addDelay(sum, d time.Duration) time.Duration {
+	if d > 0 && sum > math.MaxInt64-d {
+		return math.MaxInt64
+	}
+	return sum + d
 }
 
 func (c *compiled) ms(attr string) time.Duration {

@@ -376,6 +376,22 @@ func (p *Port) addAPI(tx Toxic) error {
 	return nil
 }
 
+// downDrawChanged: an update of a down toxic changes which connections it
+// takes (toxicity, clients, seed), so it cuts its share again; an update
+// that changes none of them leaves live connections alone, as the fault
+// cap (--fault-max-active) may have let some through.
+func downDrawChanged(cur, next Toxic) bool {
+	seed := func(t Toxic) (bool, int64) {
+		if t.Seed == nil {
+			return false, 0
+		}
+		return true, *t.Seed
+	}
+	cs, cv := seed(cur)
+	ns, nv := seed(next)
+	return cur.Toxicity != next.Toxicity || !slices.Equal(cur.Clients, next.Clients) || cs != ns || cv != nv
+}
+
 func (p *Port) updateAPI(name string, patch []byte) (Toxic, error) {
 	p.mu.Lock()
 	i, found := p.findLocked(name)
@@ -416,7 +432,7 @@ func (p *Port) updateAPI(name string, patch []byte) (Toxic, error) {
 	p.api = append(append([]Toxic{}, p.api[:i]...), append([]Toxic{next}, p.api[i+1:]...)...)
 	s := p.publishLocked()
 	p.mu.Unlock()
-	if next.Type == "down" {
+	if next.Type == "down" && downDrawChanged(cur, next) {
 		p.cutDown(s, next) // as when added: its share of live connections goes
 	}
 	return next, nil

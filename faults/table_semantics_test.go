@@ -440,3 +440,37 @@ func TestDeclaredNameTakesOverAPIToxic(t *testing.T) {
 		t.Fatalf("DELETE slow: %v, want ErrDeclared", err)
 	}
 }
+
+// An update of a down toxic that leaves its draw alone (toxicity, clients,
+// seed) cuts nothing: here a connection the fault cap let past the down
+// toxic (--fault-max-active full) stays up through an update of its stream.
+func TestTableDownUpdateKeepsItsDraw(t *testing.T) {
+	tbl, p := declared(t, 0, 1, "TCP", `{"name":"slow","type":"latency","attributes":{"latency":0}}`)
+	tbl.TrackLive = true
+	clientB := mustAddr("10.0.0.2")
+	if c, _, _ := proxied(t, p, client1); c == nil { // faulted: the cap is full
+		t.Fatal("the first connection was refused")
+	}
+	if _, err := tbl.AddToxic(p.Name(), toxic(t, `{"name":"d","type":"down","clients":["10.0.0.2/32"]}`)); err != nil {
+		t.Fatal(err)
+	}
+	c, b, done := proxied(t, p, clientB)
+	if c == nil {
+		t.Fatal("the down toxic refused a connection past the full fault cap")
+	}
+	if _, err := tbl.UpdateToxic(p.Name(), "d", []byte(`{"stream":"upstream"}`)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+		t.Fatal("an update that changed no draw cut a live connection")
+	case <-time.After(200 * time.Millisecond):
+	}
+	if _, err := c.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	b.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := io.ReadFull(b, make([]byte, 4)); err != nil {
+		t.Fatal(err)
+	}
+}

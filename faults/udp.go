@@ -85,7 +85,7 @@ func (dp *DatagramPlan) Send(stream int, client netip.Addr, b []byte, send func(
 	if !d.enabled {
 		return 0
 	}
-	var delay time.Duration
+	var delay, latency time.Duration
 	copies := 1
 	var reorder *datagramToxic
 	for _, t := range d.streams[stream] {
@@ -104,10 +104,14 @@ func (dp *DatagramPlan) Send(stream int, client netip.Addr, b []byte, send func(
 			}
 		case "latency":
 			t.injected.Inc()
-			delay += t.ms("latency")
+			d := t.ms("latency")
 			if j := t.ms("jitter"); j > 0 {
-				delay += time.Duration((2*draw(t.seed, t.key, seq, saltStream) - 1) * float64(j))
+				d += time.Duration((2*draw(t.seed, t.key, seq, saltStream) - 1) * float64(j))
 			}
+			// As on TCP: the stages add up, and a stage's jitter never
+			// takes the datagram back before the stages it passed.
+			latency = addDelay(latency, d)
+			delay = max(delay, latency)
 		case "duplicate":
 			if e < t.Attributes["rate"] {
 				t.injected.Inc()

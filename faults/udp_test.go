@@ -2,6 +2,7 @@ package faults
 
 import (
 	"encoding/binary"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -199,5 +200,27 @@ func TestDatagramsNilWithoutToxics(t *testing.T) {
 	_, p := declared(t, 0, 0, "TCP", `{"type":"latency","attributes":{"latency":1}}`)
 	if p.Datagrams() != nil {
 		t.Fatal("a TCP port has a datagram plan")
+	}
+}
+
+// A chain of long latencies saturates instead of wrapping into a negative
+// delay (which sent the datagram at once), and a later stage's jitter never
+// makes a datagram earlier than the stages before it.
+func TestUDPLatencyChain(t *testing.T) {
+	var long []string
+	for i := range 10 {
+		long = append(long, fmt.Sprintf(`{"name":"l%d","type":"latency","attributes":{"latency":1e12}}`, i))
+	}
+	_, p := declared(t, 0, 0, "UDP", long...)
+	if d := p.Datagrams().Send(StreamDown, client1, []byte("x"), func([]byte) {}); d < 1e12*time.Millisecond {
+		t.Fatalf("10 latencies of 1e12 ms defer the datagram %v", d)
+	}
+	_, p = declared(t, 0, 0, "UDP",
+		`{"name":"a","type":"latency","attributes":{"latency":100}}`,
+		`{"name":"b","type":"latency","attributes":{"latency":0,"jitter":100}}`)
+	for range 200 {
+		if d := p.Datagrams().Send(StreamDown, client1, []byte("x"), func([]byte) {}); d < 100*time.Millisecond {
+			t.Fatalf("latency 100 then 0 ± 100 deferred a datagram only %v", d)
+		}
 	}
 }
