@@ -381,15 +381,8 @@ func (p *Port) addAPI(tx Toxic) error {
 // that changes none of them leaves live connections alone, as the fault
 // cap (--fault-max-active) may have let some through.
 func downDrawChanged(cur, next Toxic) bool {
-	seed := func(t Toxic) (bool, int64) {
-		if t.Seed == nil {
-			return false, 0
-		}
-		return true, *t.Seed
-	}
-	cs, cv := seed(cur)
-	ns, nv := seed(next)
-	return cur.Toxicity != next.Toxicity || !slices.Equal(cur.Clients, next.Clients) || cs != ns || cv != nv
+	sameSeed := cur.Seed == next.Seed || (cur.Seed != nil && next.Seed != nil && *cur.Seed == *next.Seed)
+	return cur.Toxicity != next.Toxicity || !slices.Equal(cur.Clients, next.Clients) || !sameSeed
 }
 
 func (p *Port) updateAPI(name string, patch []byte) (Toxic, error) {

@@ -385,13 +385,6 @@ func TestTableDownBetweenAcceptAndAttach(t *testing.T) {
 			_, err := tbl.AddToxic(p.Name(), toxic(t, `{"type":"down"}`))
 			return err
 		}},
-		{"down toxic raised from toxicity 0", func(tbl *Table, p *Port) error {
-			if _, err := tbl.AddToxic(p.Name(), toxic(t, `{"name":"d","type":"down","toxicity":0}`)); err != nil {
-				return err
-			}
-			_, err := tbl.UpdateToxic(p.Name(), "d", []byte(`{"toxicity":1}`))
-			return err
-		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tbl, p := declared(t, 0, 0, "TCP")
@@ -472,5 +465,28 @@ func TestTableDownUpdateKeepsItsDraw(t *testing.T) {
 	b.SetReadDeadline(time.Now().Add(2 * time.Second))
 	if _, err := io.ReadFull(b, make([]byte, 4)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestDownDrawChanged(t *testing.T) {
+	one, two, alsoOne := int64(1), int64(2), int64(1)
+	base := Toxic{Type: "down", Toxicity: 1, Clients: []string{"10.0.0.0/8"}, Seed: &one}
+	with := func(f func(*Toxic)) Toxic { tx := base; f(&tx); return tx }
+	for _, tc := range []struct {
+		name string
+		next Toxic
+		want bool
+	}{
+		{"nothing", base, false},
+		{"stream only", with(func(tx *Toxic) { tx.Stream = Upstream }), false},
+		{"same seed, another pointer", with(func(tx *Toxic) { tx.Seed = &alsoOne }), false},
+		{"toxicity", with(func(tx *Toxic) { tx.Toxicity = 0.5 }), true},
+		{"clients", with(func(tx *Toxic) { tx.Clients = nil }), true},
+		{"seed", with(func(tx *Toxic) { tx.Seed = &two }), true},
+		{"seed removed", with(func(tx *Toxic) { tx.Seed = nil }), true},
+	} {
+		if got := downDrawChanged(base, tc.next); got != tc.want {
+			t.Errorf("%s: downDrawChanged = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }
