@@ -21,24 +21,39 @@ import (
 // resync is at most this much (plus one list) behind the server's return.
 const readyPollEvery = 250 * time.Millisecond
 
+// readyMaxWait bounds one wait for readiness: /readyz is only a hint. A
+// server can serve lists while one of its readiness checks fails (500), or
+// answer /readyz slower than the probe's timeout; after this long the call is
+// made once more whatever the probe says, and a failure goes back to the
+// reflector's own backoff, so no probe answer can stall an informer for good.
+const readyMaxWait = 10 * time.Second
+
+// readyProbeTimeout bounds one /readyz request.
+const readyProbeTimeout = 2 * time.Second
+
 // readyProbe reports whether the API server answers requests again.
 type readyProbe func(ctx context.Context) bool
 
 // apiServerReady probes /readyz (readable without any grant through
 // system:public-info-viewer). A refusal (401/403) is an answer too: the server
-// is up and the reflector's own error handling applies. A client without a
-// REST client (the fake clientset) is always ready.
+// is up and the reflector's own error handling applies; so is 404, from a
+// front proxy that forwards only /api and /apis. A client without a REST
+// client (the fake clientset) is always ready.
 func apiServerReady(client kubernetes.Interface) readyProbe {
 	rc := client.Discovery().RESTClient()
 	if rc == nil {
 		return func(context.Context) bool { return true }
 	}
 	return func(ctx context.Context) bool {
-		ctx, cancel := context.WithTimeout(ctx, time.Second)
+		ctx, cancel := context.WithTimeout(ctx, readyProbeTimeout)
 		defer cancel()
 		var code int
 		rc.Get().AbsPath("/readyz").Do(ctx).StatusCode(&code)
-		return code == http.StatusOK || code == http.StatusUnauthorized || code == http.StatusForbidden
+		switch code {
+		case http.StatusOK, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound:
+			return true
+		}
+		return false
 	}
 }
 
@@ -57,6 +72,8 @@ type patientListWatch struct {
 	unsupported bool
 	ready       readyProbe
 	what        string
+	// maxWait is readyMaxWait; tests shorten it.
+	maxWait time.Duration
 }
 
 func newPatientListWatch(lw cache.ListerWatcher, ready readyProbe, what string) *patientListWatch {
@@ -65,6 +82,7 @@ func newPatientListWatch(lw cache.ListerWatcher, ready readyProbe, what string) 
 		unsupported: watchlist.DoesClientNotSupportWatchListSemantics(lw),
 		ready:       ready,
 		what:        what,
+		maxWait:     readyMaxWait,
 	}
 }
 
@@ -98,7 +116,8 @@ func (p *patientListWatch) Watch(opts metav1.ListOptions) (watch.Interface, erro
 func (p *patientListWatch) IsWatchListSemanticsUnSupported() bool { return p.unsupported }
 
 // awaitReady returns false at once when the server is ready (err stands);
-// otherwise it waits for readiness and returns true, or false when ctx ends.
+// otherwise it waits for readiness, or at most maxWait, and returns true (try
+// the call again), or false when ctx ends.
 func (p *patientListWatch) awaitReady(ctx context.Context, err error) bool {
 	if p.ready(ctx) {
 		return false
@@ -115,6 +134,10 @@ func (p *patientListWatch) awaitReady(ctx context.Context, err error) bool {
 		}
 		if p.ready(ctx) {
 			klog.InfoS("API server ready again; retrying at once", "informer", p.what, "waited", time.Since(began).Round(time.Millisecond))
+			return true
+		}
+		if waited := time.Since(began); waited >= p.maxWait {
+			klog.InfoS("API server still not ready; retrying anyway", "informer", p.what, "waited", waited.Round(time.Millisecond))
 			return true
 		}
 	}

@@ -3,6 +3,8 @@ package config
 import (
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,6 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -87,5 +91,59 @@ func TestPatientListWatchStops(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("the wait did not end with its context")
+	}
+}
+
+// TestPatientListWatchWaitIsBounded: /readyz is a hint; a probe that never
+// says ready (a failing readiness check on a server that still serves lists)
+// delays the retry by at most maxWait instead of stalling the informer for good.
+func TestPatientListWatchWaitIsBounded(t *testing.T) {
+	var calls atomic.Int32
+	inner := &cache.ListWatch{ListWithContextFunc: func(context.Context, metav1.ListOptions) (runtime.Object, error) {
+		if calls.Add(1) == 1 {
+			return nil, errors.New("the server is currently unable to handle the request")
+		}
+		return &v1.ServiceList{}, nil
+	}}
+	p := newPatientListWatch(inner, func(context.Context) bool { return false }, "test")
+	p.maxWait = 2 * readyPollEvery
+	done := make(chan error, 1)
+	go func() { _, err := p.ListWithContext(context.Background(), metav1.ListOptions{}); done <- err }()
+	select {
+	case err := <-done:
+		if err != nil || calls.Load() != 2 {
+			t.Fatalf("after the bounded wait: err %v after %d calls, want the retry's success", err, calls.Load())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("a probe that never says ready stalled the list")
+	}
+}
+
+// TestAPIServerReadyAnswers: any answer that shows the server is there counts
+// as ready (the reflector then handles the call's own error); only a failing
+// readiness check (5xx) or no answer at all makes the call wait.
+func TestAPIServerReadyAnswers(t *testing.T) {
+	for _, tt := range []struct {
+		code  int
+		ready bool
+	}{
+		{http.StatusOK, true},
+		{http.StatusUnauthorized, true},
+		{http.StatusForbidden, true},
+		{http.StatusNotFound, true}, // a front proxy that forwards only /api and /apis
+		{http.StatusInternalServerError, false},
+		{http.StatusServiceUnavailable, false},
+	} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(tt.code)
+		}))
+		client, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := apiServerReady(client)(context.Background()); got != tt.ready {
+			t.Errorf("/readyz %d: ready %v, want %v", tt.code, got, tt.ready)
+		}
+		srv.Close()
 	}
 }
