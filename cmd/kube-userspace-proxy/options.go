@@ -184,6 +184,9 @@ func (o *options) validate() (*validated, error) {
 	if v.portRange, err = proxier.ParsePortRange(o.proxyPortRange); err != nil {
 		add("--proxy-port-range: %v", err)
 	}
+	if o.hostnameOverride != "" && strings.TrimSpace(o.hostnameOverride) == "" {
+		add("--hostname-override %q is blank: give a node name, or leave it out to use the hostname", o.hostnameOverride)
+	}
 	if o.udpTimeout <= 0 {
 		add("--udp-timeout must be greater than 0, got %v", o.udpTimeout)
 	}

@@ -181,12 +181,15 @@ func healthHost(v *validated) string {
 	return ""
 }
 
+// nodeName is the name this node's endpoints and Node object carry. Node
+// names are lower case; kube-proxy trims and lowercases the hostname, and an
+// override too (an override read from a file keeps its newline, and
+// "Node-1" names no Node: no endpoint would be local).
 func nodeName(override string) string {
-	if override != "" {
-		return override
+	h := override
+	if h == "" {
+		h, _ = os.Hostname()
 	}
-	// Node names are lower case; kube-proxy lowercases the hostname too.
-	h, _ := os.Hostname()
 	return strings.ToLower(strings.TrimSpace(h))
 }
 

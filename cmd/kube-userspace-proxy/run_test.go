@@ -176,6 +176,20 @@ func TestBadFlagsExitTwo(t *testing.T) {
 	}
 }
 
+// TestNodeName: kube-proxy trims and lowercases the node name, an override
+// too; endpoints' nodeName and the Node object are lower case.
+func TestNodeName(t *testing.T) {
+	for override, want := range map[string]string{
+		"node-1":     "node-1",
+		"Node-1":     "node-1",
+		" node-1\n": "node-1",
+	} {
+		if got := nodeName(override); got != want {
+			t.Errorf("nodeName(%q) = %q, want %q", override, got, want)
+		}
+	}
+}
+
 // Flags that could never work are refused at start with a message naming
 // the flag; their working neighbours stay accepted.
 func TestBindAndNodeIPValidation(t *testing.T) {
@@ -200,6 +214,8 @@ func TestBindAndNodeIPValidation(t *testing.T) {
 		{[]string{"--tcp-keepalive-idle", "0", "--tcp-keepalive-count", "0"}, ""}, // keep-alive off: the rest unused
 		{[]string{"--tcp-keepalive-count", "0"}, "--tcp-keepalive-count must be greater than 0"},
 		{[]string{"--tcp-user-timeout", "0", "--tcp-write-timeout", "0"}, ""},
+		{[]string{"--hostname-override", " \n"}, "--hostname-override \" \\n\" is blank"},
+		{[]string{"--hostname-override", "Node-1"}, ""},
 	}
 	for _, tt := range tests {
 		o := newOptions()
@@ -216,7 +232,7 @@ func TestBindAndNodeIPValidation(t *testing.T) {
 		case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
 			t.Errorf("%q: error %v, want one containing %q", tt.args, err, tt.wantErr)
 		}
-		if tt.wantErr != "" {
+		if tt.wantErr != "" && err != nil { // a flag set that validates would run the proxy
 			if code := runMain(args); code != exitUsage {
 				t.Errorf("runMain(%q) = %d, want %d", tt.args, code, exitUsage)
 			}
