@@ -180,8 +180,8 @@ func TestBadFlagsExitTwo(t *testing.T) {
 // too; endpoints' nodeName and the Node object are lower case.
 func TestNodeName(t *testing.T) {
 	for override, want := range map[string]string{
-		"node-1":     "node-1",
-		"Node-1":     "node-1",
+		"node-1":    "node-1",
+		"Node-1":    "node-1",
 		" node-1\n": "node-1",
 	} {
 		if got := nodeName(override); got != want {
