@@ -95,8 +95,16 @@ func (c Config) familyCIDRs(cidrs []netip.Prefix) []netip.Prefix {
 		if !p.IsValid() || !c.Family.owns(p.Addr()) {
 			continue
 		}
-		p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked()
-		if p.Addr().Is4() && p.Bits() > 32 {
+		if p.Addr().Is4In6() {
+			// ::ffff:10.0.0.0/104 is 10.0.0.0/8; a mask shorter than the
+			// mapped prefix covers more than IPv4 and is left out.
+			if p.Bits() < 96 {
+				continue
+			}
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+		}
+		p = p.Masked()
+		if !p.IsValid() || (p.Addr().Is4() && p.Bits() > 32) {
 			continue
 		}
 		if !seen[p] {

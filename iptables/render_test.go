@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 )
 
@@ -123,5 +124,23 @@ func TestRenderSkipsUnusablePortals(t *testing.T) {
 		if got := r.Render([]Portal{p}); !bytes.Equal(got, empty) {
 			t.Errorf("portal %+v rendered rules:\n%s", p, got)
 		}
+	}
+}
+
+// TestFamilyCIDRsUnmapsPrefixes: an IPv4-mapped CIDR (::ffff:10.0.0.0/104,
+// accepted by the flag parser) is the IPv4 prefix it maps; rendered as it
+// came it made an invalid prefix, and iptables-restore refused the whole nat
+// table: no IPv4 portal at all.
+func TestFamilyCIDRsUnmapsPrefixes(t *testing.T) {
+	c4 := Config{Family: IPv4}
+	got := c4.familyCIDRs([]netip.Prefix{
+		netip.MustParsePrefix("::ffff:10.0.0.0/104"),
+		netip.MustParsePrefix("::ffff:0.0.0.0/80"), // wider than IPv4: left out
+		netip.MustParsePrefix("192.168.0.0/16"),
+		netip.MustParsePrefix("fd00::/64"), // the other family
+	})
+	want := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.168.0.0/16")}
+	if !slices.Equal(got, want) {
+		t.Errorf("IPv4 CIDRs %v, want %v", got, want)
 	}
 }
