@@ -543,7 +543,11 @@ func (p *Proxier) openPort(info *servicePortInfo, kept int, logLine bool) (*acti
 	}
 	sock, err := p.ports.OpenPreferred(kept, listen)
 	if err != nil {
+		// Not serving: the retry calls ServicePort again. Left marked as a
+		// Service, the entry and its affinity table outlived a Service
+		// deleted before any retry succeeded.
 		p.opts.Faults.RemovePort(info.faultName)
+		p.lb.DeleteServicePort(info.name)
 		return nil, err
 	}
 	sock.Start()

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
@@ -183,5 +184,29 @@ func TestRetryStartsOverOnANewFailure(t *testing.T) {
 		if got := p.runner.retry; got != step.want {
 			t.Fatalf("after %q: retry in %v, want %v", step.failed, got, step.want)
 		}
+	}
+}
+
+// TestOpenFailureLeavesNoBalancerEntry: a port whose socket could not open
+// (the only port of the range held by someone else) and whose Service then
+// went away leaves nothing in the balancer: its entry, with the affinity
+// table and metric series, stayed for the life of the process.
+func TestOpenFailureLeavesNoBalancerEntry(t *testing.T) {
+	holder, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	p := newTestProxier(t, Options{PortRange: PortRange{Base: holder.Addr().(*net.TCPAddr).Port, Size: 1}})
+	svc := makeService("web", withClientIPAffinity(100))
+	es := makeSlice("web", v1.ProtocolTCP, "10.0.0.1:80")
+	p.OnServiceAdd(svc)
+	p.OnEndpointSliceAdd(es)
+	p.Sync()
+	p.OnServiceDelete(svc)
+	p.OnEndpointSliceDelete(es)
+	p.Sync()
+	if names := p.lb.ServicePortNames(); len(names) != 0 {
+		t.Errorf("balancer entries after the Service and its slices are gone: %v", names)
 	}
 }
