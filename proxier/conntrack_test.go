@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -12,7 +13,9 @@ import (
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 )
 
 type fakeConntrack struct {
@@ -211,5 +214,33 @@ func TestChangedRulesClearStaleFlows(t *testing.T) {
 	want := []string{"udp 10.96.0.10:80", "udp invalid IP:30053"}
 	if got := ct.take(); !slices.Equal(got, want) {
 		t.Fatalf("adding a NodePort cleared %v, want %v", got, want)
+	}
+}
+
+// TestExternalSocketOpenedOnRetryClearsFlows: while a Local Service's external
+// socket cannot open, its NodePort has no portal, and datagrams sent meanwhile
+// leave un-NATed entries; when a retry opens the socket (the Service object
+// unchanged, so its rules compare equal) those entries must be cleared too,
+// or such a client keeps missing the new portal for as long as it sends.
+func TestExternalSocketOpenedOnRetryClearsFlows(t *testing.T) {
+	ct := &fakeConntrack{}
+	p, _ := newPortalProxier(t)
+	p.opts.Conntrack = ct
+	calls := 0
+	p.listen = func(_ loadbalancer.ServicePortName, _ netip.Addr, _ int, _ bool, _ *loadbalancer.ServicePort, _ *faults.Port, _ *socketConfig) (proxySocket, error) {
+		calls++
+		if calls == 2 { // the first external socket
+			return nil, errors.New("port held")
+		}
+		return planSocket(41000 + calls), nil
+	}
+	svc := makeService("dns", withProtocol(v1.ProtocolUDP), withNodePort(30053))
+	svc.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+	p.OnServiceAdd(svc)
+	p.Sync()
+	ct.take()
+	p.Sync() // the retry opens the external socket
+	if got := ct.take(); !slices.ContainsFunc(got, func(s string) bool { return strings.HasSuffix(s, ":30053") }) {
+		t.Errorf("external socket opened on a retry; flows to its NodePort not cleared (cleared %v)", got)
 	}
 }

@@ -74,6 +74,9 @@ func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo, kept
 		}
 		sock.Start()
 		ap.external, ap.externalPort = sock, sock.Port()
+		// Its portals are new: flows sent while they were missing (a
+		// failed open is retried with the rules unchanged) are stale.
+		p.staleFlowsToClear(info.name)
 	case !need && ap.external != nil:
 		p.closeExternalSocket(ap)
 	}
