@@ -81,7 +81,8 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		popts.Conntrack = proxier.NetlinkConntrack{}
 	}
 	var p *proxier.Proxier
-	serviceHealth := healthcheck.NewServiceHealthServer(healthHost(v), o.httpLimits(), func(nn types.NamespacedName) int { return p.LocalEndpoints(nn) })
+	serviceHealth := healthcheck.NewServiceHealthServer(healthHost(v), o.httpLimits(), func(nn types.NamespacedName) int { return p.LocalEndpoints(nn) },
+		func() bool { ok, _ := health.Healthy(); return ok })
 	defer serviceHealth.Close()
 	popts.ServiceHealth = serviceHealth
 	p = proxier.New(popts)

@@ -22,6 +22,7 @@ type ServiceHealthServer struct {
 	bindHost       string
 	limits         httpserver.Limits
 	localEndpoints func(types.NamespacedName) int
+	proxyHealthy   func() bool
 
 	mu      sync.Mutex
 	servers map[types.NamespacedName]*serviceServer
@@ -34,9 +35,14 @@ type serviceServer struct {
 
 // NewServiceHealthServer listens on bindHost (empty = all addresses), each
 // server held to limits, and asks localEndpoints for the count per Service
-// on each request.
-func NewServiceHealthServer(bindHost string, limits httpserver.Limits, localEndpoints func(types.NamespacedName) int) *ServiceHealthServer {
-	return &ServiceHealthServer{bindHost: bindHost, limits: limits, localEndpoints: localEndpoints, servers: map[types.NamespacedName]*serviceServer{}}
+// on each request, and proxyHealthy (nil: always) whether this proxy's syncs
+// keep up: as kube-proxy's, a node whose rules lag fails every Service's
+// check, so load balancers stop sending to it.
+func NewServiceHealthServer(bindHost string, limits httpserver.Limits, localEndpoints func(types.NamespacedName) int, proxyHealthy func() bool) *ServiceHealthServer {
+	if proxyHealthy == nil {
+		proxyHealthy = func() bool { return true }
+	}
+	return &ServiceHealthServer{bindHost: bindHost, limits: limits, localEndpoints: localEndpoints, proxyHealthy: proxyHealthy, servers: map[types.NamespacedName]*serviceServer{}}
 }
 
 // SyncServices opens a server for each wanted Service port and closes the
@@ -84,10 +90,11 @@ func (s *ServiceHealthServer) handler(nn types.NamespacedName) http.Handler {
 		var body serviceHealthBody
 		body.Service.Namespace, body.Service.Name = nn.Namespace, nn.Name
 		body.LocalEndpoints = s.localEndpoints(nn)
-		body.ServiceProxyHealthy = true
+		body.ServiceProxyHealthy = s.proxyHealthy()
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
-		if body.LocalEndpoints == 0 {
+		w.Header().Set("X-Load-Balancing-Endpoint-Weight", strconv.Itoa(body.LocalEndpoints))
+		if body.LocalEndpoints == 0 || !body.ServiceProxyHealthy {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}
 		_ = json.NewEncoder(w).Encode(body)

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,7 +30,9 @@ func freePort(t *testing.T) int {
 func TestServiceHealthServer(t *testing.T) {
 	web := types.NamespacedName{Namespace: "default", Name: "web"}
 	local := map[types.NamespacedName]int{web: 2}
-	s := NewServiceHealthServer("127.0.0.1", httpserver.DefaultLimits, func(nn types.NamespacedName) int { return local[nn] })
+	var proxyHealthy atomic.Bool
+	proxyHealthy.Store(true)
+	s := NewServiceHealthServer("127.0.0.1", httpserver.DefaultLimits, func(nn types.NamespacedName) int { return local[nn] }, proxyHealthy.Load)
 	t.Cleanup(s.Close)
 	port := freePort(t)
 	if err := s.SyncServices(map[types.NamespacedName]int{web: port}); err != nil {
@@ -42,6 +45,9 @@ func TestServiceHealthServer(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer resp.Body.Close()
+		if w, want := resp.Header.Get("X-Load-Balancing-Endpoint-Weight"), strconv.Itoa(local[web]); w != want {
+			t.Errorf("X-Load-Balancing-Endpoint-Weight %q, want %q (the local endpoint count, as kube-proxy)", w, want)
+		}
 		var b serviceHealthBody
 		if err := json.NewDecoder(resp.Body).Decode(&b); err != nil {
 			t.Fatal(err)
@@ -51,8 +57,14 @@ func TestServiceHealthServer(t *testing.T) {
 	if code, b := get(); code != 200 || b.LocalEndpoints != 2 || b.Service.Name != "web" {
 		t.Fatalf("with local endpoints: %d %+v", code, b)
 	}
+	// Syncs that lag fail the node for every Service, as kube-proxy's.
+	proxyHealthy.Store(false)
+	if code, b := get(); code != 503 || b.LocalEndpoints != 2 || b.ServiceProxyHealthy {
+		t.Fatalf("proxy unhealthy: %d %+v, want 503 with serviceProxyHealthy false", code, b)
+	}
+	proxyHealthy.Store(true)
 	local[web] = 0
-	if code, b := get(); code != 503 || b.LocalEndpoints != 0 {
+	if code, b := get(); code != 503 || b.LocalEndpoints != 0 || !b.ServiceProxyHealthy {
 		t.Fatalf("without local endpoints: %d %+v", code, b)
 	}
 	if err := s.SyncServices(nil); err != nil {
@@ -71,7 +83,7 @@ func TestServiceHealthServerClosesIdleConnections(t *testing.T) {
 	limits := httpserver.DefaultLimits
 	limits.IdleTimeout = 300 * time.Millisecond
 	nn := types.NamespacedName{Namespace: "default", Name: "web"}
-	s := NewServiceHealthServer("127.0.0.1", limits, func(types.NamespacedName) int { return 1 })
+	s := NewServiceHealthServer("127.0.0.1", limits, func(types.NamespacedName) int { return 1 }, nil)
 	t.Cleanup(s.Close)
 	port := freePort(t)
 	if err := s.SyncServices(map[types.NamespacedName]int{nn: port}); err != nil {
