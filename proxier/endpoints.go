@@ -1,7 +1,9 @@
 package proxier
 
 import (
+	"maps"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -189,9 +191,12 @@ func (t *endpointsTracker) apply(svc types.NamespacedName) bool {
 // svc with that port's number. A port outside 1-65535 or an address that is
 // not a plain IP (the API server refuses both, a hand-made object may not)
 // is left out: a uint16 conversion would turn port 70000 into 4464.
-func endpointsByPort(svc types.NamespacedName, slices map[string]*discovery.EndpointSlice) map[loadbalancer.ServicePortName][]loadbalancer.Endpoint {
+func endpointsByPort(svc types.NamespacedName, sliceMap map[string]*discovery.EndpointSlice) map[loadbalancer.ServicePortName][]loadbalancer.Endpoint {
 	byPort := map[loadbalancer.ServicePortName][]loadbalancer.Endpoint{}
-	for _, es := range slices {
+	// In name order: the same slices must give the same list every time
+	// (map order made explain's output and the duplicates kept vary).
+	for _, name := range slices.Sorted(maps.Keys(sliceMap)) {
+		es := sliceMap[name]
 		for _, p := range es.Ports {
 			if p.Port == nil || *p.Port < 1 || *p.Port > 65535 {
 				continue
@@ -204,15 +209,19 @@ func endpointsByPort(svc types.NamespacedName, slices map[string]*discovery.Endp
 				spn.Protocol = *p.Protocol
 			}
 			for _, ep := range es.Endpoints {
-				e := endpointFromSlice(ep)
-				for _, addr := range ep.Addresses {
-					a, err := netip.ParseAddr(addr)
-					if err != nil || a.Zone() != "" {
-						continue
-					}
-					e.Addr = netip.AddrPortFrom(a.Unmap(), uint16(*p.Port))
-					byPort[spn] = append(byPort[spn], e)
+				// An endpoint's addresses are fungible (the API lets
+				// consumers use only the first, as kube-proxy does): one
+				// pod is one round-robin slot and one affinity target.
+				if len(ep.Addresses) == 0 {
+					continue
 				}
+				a, err := netip.ParseAddr(ep.Addresses[0])
+				if err != nil || a.Zone() != "" {
+					continue
+				}
+				e := endpointFromSlice(ep)
+				e.Addr = netip.AddrPortFrom(a.Unmap(), uint16(*p.Port))
+				byPort[spn] = append(byPort[spn], e)
 			}
 		}
 	}
@@ -246,15 +255,35 @@ func endpointFromSlice(ep discovery.Endpoint) loadbalancer.Endpoint {
 }
 
 // dedupe drops the same address listed by two slices (it happens briefly
-// while an endpoint moves between slices), keeping the first.
+// while an endpoint moves between slices), keeping the copy that serves
+// best (ready, then serving): which copy came first must not decide whether
+// the endpoint is eligible.
 func dedupe(eps []loadbalancer.Endpoint) []loadbalancer.Endpoint {
-	seen := make(map[netip.AddrPort]bool, len(eps))
+	at := make(map[netip.AddrPort]int, len(eps))
 	out := eps[:0]
 	for _, e := range eps {
-		if !seen[e.Addr] {
-			seen[e.Addr] = true
+		i, ok := at[e.Addr]
+		if !ok {
+			at[e.Addr] = len(out)
 			out = append(out, e)
+			continue
+		}
+		if servesBetter(e, out[i]) {
+			out[i] = e
 		}
 	}
 	return out
+}
+
+func servesBetter(a, b loadbalancer.Endpoint) bool {
+	rank := func(e loadbalancer.Endpoint) int {
+		switch {
+		case e.Ready:
+			return 2
+		case e.Serving:
+			return 1
+		}
+		return 0
+	}
+	return rank(a) > rank(b)
 }

@@ -1,0 +1,46 @@
+package proxier
+
+import (
+	"net/netip"
+	"testing"
+
+	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+)
+
+// TestEndpointInTwoSlicesServesByItsBestCopy: the same address in two slices
+// of a Service (ready in one, not ready in the other, as while it moves
+// between slices) is one endpoint, ready, every time the slices are read:
+// map order used to decide which copy was kept, so identical input flipped
+// it in and out of the balancer.
+func TestEndpointInTwoSlicesServesByItsBestCopy(t *testing.T) {
+	svc := types.NamespacedName{Namespace: "default", Name: "web"}
+	a := makeSlice("web", "TCP", "10.0.0.1:80", "10.0.0.2:80")
+	a.Name = "web-a"
+	b := makeSlice("web", "TCP", "10.0.0.1:80")
+	b.Name = "web-b"
+	b.Endpoints[0].Conditions = discovery.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(false), Terminating: ptr.To(true)}
+	in := map[string]*discovery.EndpointSlice{a.Name: a, b.Name: b}
+	for range 100 {
+		for spn, eps := range endpointsByPort(svc, in) {
+			eps = dedupe(eps)
+			if len(eps) != 2 || eps[0].Addr != netip.MustParseAddrPort("10.0.0.1:80") || !eps[0].Ready {
+				t.Fatalf("%s: %+v, want 10.0.0.1:80 ready, then 10.0.0.2:80", spn, eps)
+			}
+		}
+	}
+}
+
+// TestEndpointWithSeveralAddressesIsOneSlot: an endpoint's addresses are
+// fungible (the API lets consumers use the first only, as kube-proxy does):
+// a pod with two addresses is one round-robin slot, not two.
+func TestEndpointWithSeveralAddressesIsOneSlot(t *testing.T) {
+	es := makeSlice("web", "TCP", "10.0.0.1:80", "10.0.0.2:80")
+	es.Endpoints[0].Addresses = append(es.Endpoints[0].Addresses, "10.0.0.9")
+	for spn, eps := range endpointsByPort(types.NamespacedName{Namespace: "default", Name: "web"}, map[string]*discovery.EndpointSlice{es.Name: es}) {
+		if len(eps) != 2 {
+			t.Errorf("%s: %d endpoints %+v, want 2", spn, len(eps), eps)
+		}
+	}
+}
