@@ -151,11 +151,13 @@ func checkSliceEndpoints(t *testing.T, es *discovery.EndpointSlice, valid bool) 
 			continue
 		}
 		for _, ep := range es.Endpoints {
-			want += len(ep.Addresses)
+			if len(ep.Addresses) > 0 {
+				want++ // the first address only: they are fungible
+			}
 		}
 	}
 	if total != want {
-		t.Fatalf("valid slice %s: %d endpoints, want %d (ports × addresses)", es.Name, total, want)
+		t.Fatalf("valid slice %s: %d endpoints, want %d (ports × endpoints)", es.Name, total, want)
 	}
 }
 
