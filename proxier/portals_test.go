@@ -2,6 +2,8 @@ package proxier
 
 import (
 	"context"
+	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -10,7 +12,9 @@ import (
 	v1 "k8s.io/api/core/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 )
 
 func newPortalProxier(t *testing.T) (*Proxier, *iptables.FakeRunner) {
@@ -182,5 +186,48 @@ func TestChangeSyncsWriteDeltasAndFullSyncsRepair(t *testing.T) {
 	}
 	if got := natRules(fake); strings.Count(got, "default/web:p") != strings.Count(want, "default/web:p") {
 		t.Fatalf("no full sync within a sync period of churn:\n%s", got)
+	}
+}
+
+// TestNodePortOnlyOnTheServicesFamilies: a Service's NodePort is opened on
+// the families it has, as kube-proxy's per-family proxiers do: an IPv6-only
+// Service's NodePort was also served on every IPv4 address of the node.
+func TestNodePortOnlyOnTheServicesFamilies(t *testing.T) {
+	for _, tt := range []struct {
+		name           string
+		clusterIPs     []string
+		wantV4, wantV6 bool
+	}{
+		{"IPv4 only", []string{"10.96.0.10"}, true, false},
+		{"IPv6 only", []string{"fd00::10"}, false, true},
+		{"dual-stack", []string{"10.96.0.10", "fd00::10"}, true, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			v4, v6 := &portalRecorder{}, &portalRecorder{}
+			p := New(Options{IPv4Portals: v4, IPv6Portals: v6})
+			t.Cleanup(func() {
+				ctx, cancel := context.WithCancel(context.Background())
+				cancel()
+				p.Run(ctx)
+			})
+			p.listen = func(_ loadbalancer.ServicePortName, _ netip.Addr, port int, _ bool, _ *loadbalancer.ServicePort, _ *faults.Port, _ *socketConfig) (proxySocket, error) {
+				return planSocket(40000), nil
+			}
+			p.OnServiceSynced()
+			p.OnEndpointSlicesSynced()
+			svc := makeService("web", withNodePort(30080))
+			svc.Spec.ClusterIP, svc.Spec.ClusterIPs = tt.clusterIPs[0], tt.clusterIPs
+			p.OnServiceAdd(svc)
+			p.Sync()
+			hasNodePort := func(ps []iptables.Portal) bool {
+				return slices.ContainsFunc(ps, func(p iptables.Portal) bool { return p.NodePort })
+			}
+			if got := hasNodePort(v4.portals); got != tt.wantV4 {
+				t.Errorf("IPv4 NodePort portal %v, want %v (%+v)", got, tt.wantV4, v4.portals)
+			}
+			if got := hasNodePort(v6.portals); got != tt.wantV6 {
+				t.Errorf("IPv6 NodePort portal %v, want %v (%+v)", got, tt.wantV6, v6.portals)
+			}
+		})
 	}
 }

@@ -614,7 +614,7 @@ func (p *Proxier) syncPortals(full bool) bool {
 	v4, v6 := make([]iptables.Portal, 0, len(p.active)), []iptables.Portal(nil)
 	for _, ap := range p.portalOrder() {
 		proto := portalProtocol(ap.info.name.Protocol)
-		hasV6 := false
+		hasV4, hasV6 := false, false
 		clusterPort := 0 // the shortcut of external portals, see below
 		add := func(ip netip.Addr, proxyPort int) {
 			portal := iptables.Portal{Name: ap.info.key, Protocol: proto, IP: ip, Port: ap.info.port, ProxyPort: proxyPort}
@@ -622,6 +622,7 @@ func (p *Proxier) syncPortals(full bool) bool {
 				portal.ClusterProxyPort = clusterPort
 			}
 			if ip.Is4() {
+				hasV4 = true
 				v4 = append(v4, portal)
 			} else {
 				hasV6 = true
@@ -656,7 +657,12 @@ func (p *Proxier) syncPortals(full bool) bool {
 		}
 		if ap.info.nodePort != 0 {
 			np := iptables.Portal{Name: ap.info.key, Protocol: proto, Port: ap.info.nodePort, NodePort: true, ProxyPort: externalPort, ClusterProxyPort: clusterPort}
-			v4 = append(v4, np)
+			// On the families the Service has, as kube-proxy's
+			// per-family proxiers: an IPv6-only Service's NodePort is not
+			// opened on the node's IPv4 addresses.
+			if hasV4 || !hasV6 {
+				v4 = append(v4, np)
+			}
 			if hasV6 {
 				v6 = append(v6, np)
 			}
