@@ -21,11 +21,10 @@ import (
 // resync is at most this much (plus one list) behind the server's return.
 const readyPollEvery = 250 * time.Millisecond
 
-// readyMaxWait bounds one wait for readiness: /readyz is only a hint. A
-// server can serve lists while one of its readiness checks fails (500), or
-// answer /readyz slower than the probe's timeout; after this long the call is
-// made once more whatever the probe says, and a failure goes back to the
-// reflector's own backoff, so no probe answer can stall an informer for good.
+// readyMaxWait spaces the calls made while waiting for readiness: /readyz is
+// only a hint. A server can serve lists while one of its readiness checks
+// fails (500), or answer /readyz slower than the probe's timeout; the call
+// itself, tried this often, ends the wait when it succeeds.
 const readyMaxWait = 10 * time.Second
 
 // readyProbeTimeout bounds one /readyz request.
@@ -87,19 +86,11 @@ func newPatientListWatch(lw cache.ListerWatcher, ready readyProbe, what string) 
 }
 
 func (p *patientListWatch) ListWithContext(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-	obj, err := p.inner.ListWithContext(ctx, opts)
-	if err != nil && p.awaitReady(ctx, err) {
-		return p.inner.ListWithContext(ctx, opts)
-	}
-	return obj, err
+	return patiently(ctx, p, func() (runtime.Object, error) { return p.inner.ListWithContext(ctx, opts) })
 }
 
 func (p *patientListWatch) WatchWithContext(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-	w, err := p.inner.WatchWithContext(ctx, opts)
-	if err != nil && p.awaitReady(ctx, err) {
-		return p.inner.WatchWithContext(ctx, opts)
-	}
-	return w, err
+	return patiently(ctx, p, func() (watch.Interface, error) { return p.inner.WatchWithContext(ctx, opts) })
 }
 
 // List and Watch complete cache.ListerWatcher; reflectors call the context forms.
@@ -115,30 +106,37 @@ func (p *patientListWatch) Watch(opts metav1.ListOptions) (watch.Interface, erro
 // k8s.io/client-go/util/watchlist).
 func (p *patientListWatch) IsWatchListSemanticsUnSupported() bool { return p.unsupported }
 
-// awaitReady returns false at once when the server is ready (err stands);
-// otherwise it waits for readiness, or at most maxWait, and returns true (try
-// the call again), or false when ctx ends.
-func (p *patientListWatch) awaitReady(ctx context.Context, err error) bool {
-	if p.ready(ctx) {
-		return false
+// patiently makes call; when it fails and the server is not ready, it
+// waits for readiness and makes it once more, returning that result. The
+// probe is only a hint: every maxWait of waiting the call itself is tried
+// again, and its success ends the wait, so no probe answer can stall an
+// informer, and a long outage never reaches the reflector's backoff.
+// It returns the last error when ctx ends.
+func patiently[T any](ctx context.Context, p *patientListWatch, call func() (T, error)) (T, error) {
+	v, err := call()
+	if err == nil || p.ready(ctx) {
+		return v, err
 	}
-	began := time.Now()
+	began, tried := time.Now(), time.Now()
 	klog.InfoS("API server not ready; waiting for it before retrying", "informer", p.what, "err", err)
 	tick := time.NewTicker(readyPollEvery)
 	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return false
+			return v, err
 		case <-tick.C:
 		}
 		if p.ready(ctx) {
 			klog.InfoS("API server ready again; retrying at once", "informer", p.what, "waited", time.Since(began).Round(time.Millisecond))
-			return true
+			return call()
 		}
-		if waited := time.Since(began); waited >= p.maxWait {
-			klog.InfoS("API server still not ready; retrying anyway", "informer", p.what, "waited", waited.Round(time.Millisecond))
-			return true
+		if time.Since(tried) >= p.maxWait {
+			if v, err = call(); err == nil {
+				klog.InfoS("API server answered while its readiness probe did not", "informer", p.what, "waited", time.Since(began).Round(time.Millisecond))
+				return v, nil
+			}
+			tried = time.Now()
 		}
 	}
 }

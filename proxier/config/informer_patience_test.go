@@ -147,3 +147,29 @@ func TestAPIServerReadyAnswers(t *testing.T) {
 		srv.Close()
 	}
 }
+
+// TestPatientListWatchLongOutage: calls tried while waiting that fail again
+// do not end the wait (the reflector would back off up to a minute); the
+// wait ends with the server's return.
+func TestPatientListWatchLongOutage(t *testing.T) {
+	var calls, probes atomic.Int32
+	inner := &cache.ListWatch{ListWithContextFunc: func(context.Context, metav1.ListOptions) (runtime.Object, error) {
+		calls.Add(1)
+		if probes.Load() <= 8 {
+			return nil, errors.New("connection refused")
+		}
+		return &v1.ServiceList{}, nil
+	}}
+	p := newPatientListWatch(inner, func(context.Context) bool { return probes.Add(1) > 8 }, "test")
+	p.maxWait = 2 * readyPollEvery
+	done := make(chan error, 1)
+	go func() { _, err := p.ListWithContext(context.Background(), metav1.ListOptions{}); done <- err }()
+	select {
+	case err := <-done:
+		if err != nil || calls.Load() < 3 {
+			t.Fatalf("err %v after %d calls, want success after calls tried while waiting", err, calls.Load())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the wait did not end with the server's return")
+	}
+}
