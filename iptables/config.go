@@ -104,9 +104,6 @@ func (c Config) familyCIDRs(cidrs []netip.Prefix) []netip.Prefix {
 			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
 		}
 		p = p.Masked()
-		if !p.IsValid() || (p.Addr().Is4() && p.Bits() > 32) {
-			continue
-		}
 		if !seen[p] {
 			seen[p] = true
 			out = append(out, p)
