@@ -16,7 +16,8 @@ const (
 )
 
 // Names of the chains we own. The first five keep the legacy userspace
-// kube-proxy names so existing tooling recognises them; the guard is ours.
+// kube-proxy names so existing tooling recognises them; the guard and the
+// loadBalancerSourceRanges firewall are ours.
 const (
 	ChainPortalsContainer  = "KUBE-PORTALS-CONTAINER"
 	ChainPortalsHost       = "KUBE-PORTALS-HOST"
@@ -24,6 +25,7 @@ const (
 	ChainNodePortHost      = "KUBE-NODEPORT-HOST"
 	ChainNodePortNonLocal  = "KUBE-NODEPORT-NON-LOCAL"
 	ChainProxyPortGuard    = "KUBE-PROXY-PORT-GUARD"
+	ChainLBSourceRanges    = "KUBE-LB-SOURCE-RANGES"
 )
 
 // ownedChain is one chain we create and whose whole contents we write.
@@ -41,6 +43,7 @@ var ownedChains = []ownedChain{
 	{TableNAT, ChainNodePortHost},
 	{TableFilter, ChainNodePortNonLocal},
 	{TableFilter, ChainProxyPortGuard},
+	{TableFilter, ChainLBSourceRanges},
 }
 
 // jump is one rule in a built-in chain that sends packets into one of ours.
@@ -63,18 +66,25 @@ func (j jump) spec() []string {
 	return append(args, "-j", j.to)
 }
 
+// ctStateNew sends only a connection's first packet through a chain: what
+// it decides holds for the rest of the connection.
+var ctStateNew = []string{"-m", "conntrack", "--ctstate", "NEW"}
+
 // addrTypeLocal restricts NodePort chains to packets for a local address.
 var addrTypeLocal = []string{"-m", "addrtype", "--dst-type", "LOCAL"}
 
 // jumps is the single table of jump rules, used by Sync to install them and
-// by Cleanup to remove them. Order matters for first jumps: the guard must
-// come before KUBE-NODEPORT-NON-LOCAL, whose ACCEPTs would otherwise let
-// direct connections to NodePort proxy ports through; the portal chains are
+// by Cleanup to remove them. Order matters for first jumps: the guard and
+// the source-range firewall must come before KUBE-NODEPORT-NON-LOCAL, whose
+// ACCEPTs would otherwise let direct connections to NodePort proxy ports
+// (and LoadBalancer traffic sharing a NodePort's socket) through; the portal chains are
 // first so they win over any later NAT rule, and NodePorts are last so a
 // portal on a local address beats a NodePort with the same port.
 var jumps = []jump{
 	{table: TableFilter, from: "INPUT", to: ChainProxyPortGuard, first: true,
 		comment: "kube-userspace-proxy: drop connections to proxy ports that bypassed a portal"},
+	{table: TableFilter, from: "INPUT", to: ChainLBSourceRanges, first: true,
+		comment: "kube-userspace-proxy: loadBalancerSourceRanges", match: ctStateNew},
 	{table: TableFilter, from: "INPUT", to: ChainNodePortNonLocal, first: true,
 		comment: "kube-userspace-proxy: accept NodePort traffic to proxy ports"},
 	{table: TableNAT, from: "PREROUTING", to: ChainPortalsContainer, first: true,

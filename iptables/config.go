@@ -1,7 +1,6 @@
 package iptables
 
 import (
-	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -109,9 +108,7 @@ func (c Config) familyCIDRs(cidrs []netip.Prefix) []netip.Prefix {
 			out = append(out, p)
 		}
 	}
-	slices.SortFunc(out, func(a, b netip.Prefix) int {
-		return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
-	})
+	slices.SortFunc(out, comparePrefixes)
 	return out
 }
 

@@ -33,6 +33,9 @@ func TestDescribeRenderedRules(t *testing.T) {
 			localPolicyPortals(), map[string][]string{
 				ChainPortalsHost: {"sent by this node itself", "proxy socket"},
 			}},
+		{"loadBalancerSourceRanges", Config{Family: IPv4, NodeIP: nodeIP}, sourceRangePortals(), map[string][]string{
+			ChainLBSourceRanges: {"to the LoadBalancer IP 198.51.100.20 port 80", "loadBalancerSourceRanges"},
+		}},
 		{"IPv6", Config{Family: IPv6}, dualStackPortals(), map[string][]string{
 			ChainPortalsContainer: {"to the service address fd00:96::"},
 		}},

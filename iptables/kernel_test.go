@@ -131,10 +131,10 @@ func TestKernelSyncRepairRestartCleanup(t *testing.T) {
 			// the guard's jump goes in with its chain's restore, and the
 			// non-local jump is put back below it there, not counted
 			// against a chain that does not hold the guard's jump yet.
-			inNetns(t, ns, append([]string{ipt, "-t", "filter", "-D", "INPUT"}, jumps[0].spec()...)...)
+			inNetns(t, ns, append([]string{ipt, "-t", "filter", "-D", "INPUT"}, jumpTo(ChainProxyPortGuard).spec()...)...)
 			inNetns(t, ns, ipt, "-t", "filter", "-F", ChainProxyPortGuard)
 			inNetns(t, ns, ipt, "-t", "filter", "-X", ChainProxyPortGuard)
-			inNetns(t, ns, append([]string{ipt, "-t", "filter", "-I", "INPUT", "1"}, jumps[1].spec()...)...)
+			inNetns(t, ns, append([]string{ipt, "-t", "filter", "-I", "INPUT", "1"}, jumpTo(ChainNodePortNonLocal).spec()...)...)
 			syncOK(t, New(runner, fam.cfg), fam.portals)
 			assertKernelState(t, ns, r, fam.portals)
 

@@ -263,6 +263,9 @@ func (r *Rules) renderPortal(p Portal, podSrcs, nodePortDsts []string) *portalRu
 		}
 	} else {
 		portal(ChainPortalsContainer, ChainPortalsHost, "-d "+netip.PrefixFrom(p.IP.Unmap(), r.cfg.Family.hostBits()).String()+" ")
+		for _, rule := range r.sourceRangeRules(p, protoComment) {
+			add(ChainLBSourceRanges, rule)
+		}
 	}
 	// The guard's rules (what they match: guardConntrack) are rendered for
 	// all portals together (guardRules).
@@ -272,6 +275,34 @@ func (r *Rules) renderPortal(p Portal, podSrcs, nodePortDsts []string) *portalRu
 		}
 	}
 	return pr
+}
+
+// sourceRangeRules renders a LoadBalancer-IP portal's loadBalancerSourceRanges
+// as filter rules. They sit in INPUT, where every portal's traffic arrives
+// (DNAT or REDIRECT to a local proxy socket), and match the service address
+// conntrack remembers, so the portal rules stay as they are and one socket
+// keeps serving the ClusterIP and NodePort without ranges: an allowed
+// source returns, any other is dropped, as kube-proxy's firewall chain
+// does. A range holding the node IP also allows the LB IP as source, for
+// load balancers whose traffic loops back with it (kube-proxy's
+// allowFromNode).
+func (r *Rules) sourceRangeRules(p Portal, protoComment string) []string {
+	ranges := r.cfg.familyCIDRs(p.SourceRanges)
+	if len(ranges) == 0 || slices.ContainsFunc(ranges, func(c netip.Prefix) bool { return c.Bits() == 0 }) {
+		return nil
+	}
+	lb := p.IP.Unmap()
+	orig := " -m conntrack --ctorigdst " + lb.String() + " --ctorigdstport " + strconv.Itoa(p.Port) + " -j "
+	out := make([]string, 0, len(ranges)+2)
+	fromNode := false
+	for _, c := range ranges {
+		out = append(out, "-s "+c.String()+" "+protoComment+orig+"RETURN")
+		fromNode = fromNode || c.Contains(r.cfg.NodeIP.Unmap())
+	}
+	if fromNode {
+		out = append(out, "-s "+netip.PrefixFrom(lb, r.cfg.Family.hostBits()).String()+" "+protoComment+orig+"RETURN")
+	}
+	return append(out, protoComment+orig+"DROP")
 }
 
 // usable returns the portals this family renders, sorted so that the
@@ -314,7 +345,12 @@ func comparePortals(a, b Portal) int {
 		cmp.Compare(a.Port, b.Port),
 		cmp.Compare(a.ProxyPort, b.ProxyPort),
 		cmp.Compare(a.ClusterProxyPort, b.ClusterProxyPort),
+		slices.CompareFunc(a.SourceRanges, b.SourceRanges, comparePrefixes),
 	)
+}
+
+func comparePrefixes(a, b netip.Prefix) int {
+	return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
 }
 
 func validPort(p int) bool { return p > 0 && p <= 65535 }

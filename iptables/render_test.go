@@ -50,6 +50,26 @@ func dualStackPortals() []Portal {
 	}
 }
 
+// sourceRangePortals is a LoadBalancer Service whose
+// loadBalancerSourceRanges allow 10.1.0.0/16 and the node's own subnet (so
+// also its LB IP as source), served on 40001 beside its ClusterIP and
+// NodePort; a UDP port with IPv6 ranges only (so none of IPv4: every
+// source); one allowing every IPv4 source (no rules); and a dual-stack one
+// whose IPv6 LB IP allows fd00:10::/64 (masked from fd00:10::1/64).
+func sourceRangePortals() []Portal {
+	ranges := []netip.Prefix{netip.MustParsePrefix("10.1.2.3/16"), netip.MustParsePrefix("192.168.1.0/24"), netip.MustParsePrefix("fd00:10::1/64")}
+	return []Portal{
+		{Name: "default/lb:http", Protocol: TCP, IP: netip.MustParseAddr("10.96.0.10"), Port: 80, ProxyPort: 40001},
+		{Name: "default/lb:http", Protocol: TCP, IP: netip.MustParseAddr("198.51.100.20"), Port: 80, ProxyPort: 40001, SourceRanges: ranges},
+		{Name: "default/lb:http", Protocol: TCP, IP: netip.MustParseAddr("fd00:96::20"), Port: 80, ProxyPort: 40001, SourceRanges: ranges},
+		{Name: "default/lb:http", Protocol: TCP, Port: 30080, NodePort: true, ProxyPort: 40001},
+		{Name: "default/lb:dns", Protocol: UDP, IP: netip.MustParseAddr("198.51.100.20"), Port: 53, ProxyPort: 40002,
+			SourceRanges: []netip.Prefix{netip.MustParsePrefix("fd00:10::/64")}},
+		{Name: "default/open:http", Protocol: TCP, IP: netip.MustParseAddr("198.51.100.21"), Port: 80, ProxyPort: 40003,
+			SourceRanges: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("0.0.0.0/0")}},
+	}
+}
+
 func TestRenderGolden(t *testing.T) {
 	nodeIP := netip.MustParseAddr("192.168.1.10")
 	tests := []struct {
@@ -76,6 +96,8 @@ func TestRenderGolden(t *testing.T) {
 		{"local-policy-nodeport-addresses-no-cluster-cidr", Config{Family: IPv4, NodeIP: nodeIP,
 			NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")}}, localPolicyPortals()},
 		{"ipv6-bind-specific", Config{Family: IPv6, BindAddress: netip.MustParseAddr("fd00:1::10")}, dualStackPortals()},
+		{"source-ranges", Config{Family: IPv4, NodeIP: nodeIP}, sourceRangePortals()},
+		{"source-ranges-ipv6", Config{Family: IPv6, NodeIP: netip.MustParseAddr("fd00:1::10")}, sourceRangePortals()},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

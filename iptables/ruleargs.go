@@ -8,6 +8,9 @@ type ruleArgs struct {
 	dports                   string // --dports (a guard rule's list)
 	target                   string // -j
 	to                       string // --to-ports or --to-destination
+	// origDst, origDport: --ctorigdst and --ctorigdstport, the service
+	// address a source-range rule matches before the portal's DNAT.
+	origDst, origDport string
 	// notDNAT: "! --ctstate DNAT" (the guard's); negated: any "!".
 	notDNAT, negated bool
 }
@@ -41,6 +44,10 @@ func readRuleArgs(args []string) ruleArgs {
 			a.target = next()
 		case "--to-ports", "--to-destination":
 			a.to = next()
+		case "--ctorigdst":
+			a.origDst = next()
+		case "--ctorigdstport":
+			a.origDport = next()
 		case "!":
 			a.negated = true
 			if i+2 < len(args) && args[i+1] == "--ctstate" && args[i+2] == "DNAT" {

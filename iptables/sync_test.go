@@ -12,10 +12,13 @@ import (
 var testConfig = Config{Family: IPv4, BindAddress: netip.IPv4Unspecified(), NodeIP: netip.MustParseAddr("192.168.1.10")}
 
 // jumpLine is a jump rule as the fake (and iptables-save) prints it.
-func jumpLine(to string) string {
+func jumpLine(to string) string { return joinRule(jumpTo(to).spec()) }
+
+// jumpTo is the jump to one of our chains.
+func jumpTo(to string) jump {
 	for _, j := range jumps {
 		if j.to == to {
-			return joinRule(j.spec())
+			return j
 		}
 	}
 	panic("no jump to " + to)
@@ -28,7 +31,7 @@ var wantBuiltins = map[Table]map[string][]string{
 		"OUTPUT":     {jumpLine(ChainPortalsHost), jumpLine(ChainNodePortHost)},
 	},
 	TableFilter: {
-		"INPUT": {jumpLine(ChainProxyPortGuard), jumpLine(ChainNodePortNonLocal)},
+		"INPUT": {jumpLine(ChainProxyPortGuard), jumpLine(ChainLBSourceRanges), jumpLine(ChainNodePortNonLocal)},
 	},
 }
 
@@ -90,7 +93,7 @@ func TestSyncInstallsChainsJumpsAndRules(t *testing.T) {
 	syncOK(t, r, webPortals())
 	assertState(t, fake, r, webPortals())
 	// One restore per table, the guard's table first (see Rules.Sync).
-	want := [][]string{{ChainNodePortNonLocal, ChainProxyPortGuard}, {ChainPortalsContainer, ChainPortalsHost, ChainNodePortContainer, ChainNodePortHost}}
+	want := [][]string{{ChainNodePortNonLocal, ChainProxyPortGuard, ChainLBSourceRanges}, {ChainPortalsContainer, ChainPortalsHost, ChainNodePortContainer, ChainNodePortHost}}
 	if got := writtenChains(fake); !slices.EqualFunc(got, want, slices.Equal) {
 		t.Errorf("restores wrote chains %q, want %q", got, want)
 	}
@@ -226,14 +229,14 @@ func TestSyncRepairs(t *testing.T) {
 			must(t, f.Restore(restoreLines("*nat", ":KUBE-PORTALS-CONTAINER - [0:0]", "COMMIT")))
 		}},
 		{"jump deleted", func(t *testing.T, f *FakeRunner) {
-			j := jumps[2]
+			j := jumpTo(ChainPortalsContainer)
 			must(t, f.DeleteRule(j.table, j.from, j.spec()...))
 		}},
 		{"guard jump deleted", func(t *testing.T, f *FakeRunner) {
-			must(t, f.DeleteRule(TableFilter, "INPUT", jumps[0].spec()...))
+			must(t, f.DeleteRule(TableFilter, "INPUT", jumpTo(ChainProxyPortGuard).spec()...))
 		}},
 		{"non-local jump deleted", func(t *testing.T, f *FakeRunner) {
-			must(t, f.DeleteRule(TableFilter, "INPUT", jumps[1].spec()...))
+			must(t, f.DeleteRule(TableFilter, "INPUT", jumpTo(ChainNodePortNonLocal).spec()...))
 		}},
 		{"jumps duplicated", func(t *testing.T, f *FakeRunner) {
 			for _, j := range jumps {
@@ -242,7 +245,7 @@ func TestSyncRepairs(t *testing.T) {
 			}
 		}},
 		{"chain and its jump deleted", func(t *testing.T, f *FakeRunner) {
-			j := jumps[5]
+			j := jumpTo(ChainNodePortHost)
 			must(t, f.DeleteRule(j.table, j.from, j.spec()...))
 			must(t, f.DeleteChain(j.table, j.to))
 		}},
@@ -303,7 +306,7 @@ func TestSyncFirstStartIsOneRestorePerTable(t *testing.T) {
 	}
 	assertState(t, fake, r, webPortals())
 
-	must(t, fake.DeleteRule(TableNAT, "OUTPUT", jumps[3].spec()...))
+	must(t, fake.DeleteRule(TableNAT, "OUTPUT", jumpTo(ChainPortalsHost).spec()...))
 	fake.ResetCalls()
 	syncOK(t, New(fake, testConfig), webPortals())
 	if got, want := fake.Calls(), []string{"Save", "RuleExists nat OUTPUT " + jumpLine(ChainPortalsHost), "InsertRule nat OUTPUT 1 " + jumpLine(ChainPortalsHost)}; !slices.Equal(got, want) {
@@ -312,7 +315,7 @@ func TestSyncFirstStartIsOneRestorePerTable(t *testing.T) {
 }
 
 func TestSyncPlacesFirstJumpsInOrder(t *testing.T) {
-	guard, nonLocal := jumpLine(ChainProxyPortGuard), jumpLine(ChainNodePortNonLocal)
+	guard, lbsr, nonLocal := jumpLine(ChainProxyPortGuard), jumpLine(ChainLBSourceRanges), jumpLine(ChainNodePortNonLocal)
 	portals, nodePorts := jumpLine(ChainPortalsContainer), jumpLine(ChainNodePortContainer)
 	const foreignInput, foreignNAT = "-p tcp -j ACCEPT", "-p tcp -j RETURN"
 	tests := []struct {
@@ -321,45 +324,45 @@ func TestSyncPlacesFirstJumpsInOrder(t *testing.T) {
 		input   []string // filter INPUT afterwards
 	}{
 		{"fresh node with foreign rules", func(*testing.T, *FakeRunner) {},
-			[]string{guard, nonLocal, foreignInput}},
+			[]string{guard, lbsr, nonLocal, foreignInput}},
 		{"non-local jump deleted after a foreign rule went on top", func(t *testing.T, f *FakeRunner) {
 			syncOK(t, New(f, testConfig), nil)
-			must(t, f.DeleteRule(TableFilter, "INPUT", jumps[1].spec()...))
+			must(t, f.DeleteRule(TableFilter, "INPUT", jumpTo(ChainNodePortNonLocal).spec()...))
 			must(t, f.InsertRule(TableFilter, "INPUT", 1, "-p", "udp", "-j", "ACCEPT"))
-		}, []string{"-p udp -j ACCEPT", guard, nonLocal, foreignInput}},
+		}, []string{"-p udp -j ACCEPT", guard, lbsr, nonLocal, foreignInput}},
 		{"non-local jump above the guard", func(t *testing.T, f *FakeRunner) {
 			newFilterChains(t, f)
-			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumps[0].spec()...))
-			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumps[1].spec()...))
-		}, []string{guard, nonLocal, foreignInput}},
+			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumpTo(ChainProxyPortGuard).spec()...))
+			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumpTo(ChainNodePortNonLocal).spec()...))
+		}, []string{guard, lbsr, nonLocal, foreignInput}},
 		{"duplicates around the guard", func(t *testing.T, f *FakeRunner) {
 			newFilterChains(t, f)
-			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumps[1].spec()...))
-			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumps[0].spec()...))
-			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumps[1].spec()...))
-		}, []string{guard, nonLocal, foreignInput}},
+			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumpTo(ChainNodePortNonLocal).spec()...))
+			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumpTo(ChainProxyPortGuard).spec()...))
+			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumpTo(ChainNodePortNonLocal).spec()...))
+		}, []string{guard, lbsr, nonLocal, foreignInput}},
 		// The guard's jump goes in with its chain's restore; the non-local
 		// jump placed after it must count with it there, not in the kernel
 		// before the restore (the legacy userspace proxier's layout, or a
 		// guard chain someone deleted).
 		{"guard chain missing, non-local chain present", func(t *testing.T, f *FakeRunner) {
 			must(t, f.NewChain(TableFilter, ChainNodePortNonLocal))
-		}, []string{guard, nonLocal, foreignInput}},
+		}, []string{guard, lbsr, nonLocal, foreignInput}},
 		{"guard chain missing, non-local jumps duplicated on top", func(t *testing.T, f *FakeRunner) {
 			must(t, f.NewChain(TableFilter, ChainNodePortNonLocal))
-			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumps[1].spec()...))
-			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumps[1].spec()...))
-		}, []string{guard, nonLocal, foreignInput}},
+			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumpTo(ChainNodePortNonLocal).spec()...))
+			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumpTo(ChainNodePortNonLocal).spec()...))
+		}, []string{guard, lbsr, nonLocal, foreignInput}},
 		{"guard chain missing, a foreign rule above the non-local jump", func(t *testing.T, f *FakeRunner) {
 			must(t, f.NewChain(TableFilter, ChainNodePortNonLocal))
-			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumps[1].spec()...))
+			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumpTo(ChainNodePortNonLocal).spec()...))
 			must(t, f.InsertRule(TableFilter, "INPUT", 1, "-p", "udp", "-j", "ACCEPT"))
-		}, []string{guard, "-p udp -j ACCEPT", nonLocal, foreignInput}},
+		}, []string{guard, lbsr, "-p udp -j ACCEPT", nonLocal, foreignInput}},
 		{"duplicate jumps below a foreign rule", func(t *testing.T, f *FakeRunner) {
 			syncOK(t, New(f, testConfig), nil)
-			must(t, f.AppendRule(TableFilter, "INPUT", jumps[0].spec()...))
-			must(t, f.AppendRule(TableFilter, "INPUT", jumps[1].spec()...))
-		}, []string{guard, nonLocal, foreignInput}},
+			must(t, f.AppendRule(TableFilter, "INPUT", jumpTo(ChainProxyPortGuard).spec()...))
+			must(t, f.AppendRule(TableFilter, "INPUT", jumpTo(ChainNodePortNonLocal).spec()...))
+		}, []string{guard, lbsr, nonLocal, foreignInput}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -398,8 +401,14 @@ func TestSyncToleratesDifferentPrinting(t *testing.T) {
 		t.Errorf("unchanged syncs wrote %d times, want 0", n)
 	}
 	for _, j := range jumps {
-		if n := len(fake.Rules(j.table, j.from)); n != 2 {
-			t.Errorf("%s/%s holds %d rules, want our 2 jumps", j.table, j.from, n)
+		want := 0
+		for _, k := range jumps {
+			if k.table == j.table && k.from == j.from {
+				want++
+			}
+		}
+		if n := len(fake.Rules(j.table, j.from)); n != want {
+			t.Errorf("%s/%s holds %d rules, want our %d jumps", j.table, j.from, n, want)
 		}
 	}
 	// Repair still works: a deleted rule is noticed and put back.
@@ -416,6 +425,7 @@ func TestSyncToleratesDifferentPrinting(t *testing.T) {
 func newFilterChains(t *testing.T, f *FakeRunner) {
 	must(t, f.NewChain(TableFilter, ChainProxyPortGuard))
 	must(t, f.NewChain(TableFilter, ChainNodePortNonLocal))
+	must(t, f.NewChain(TableFilter, ChainLBSourceRanges))
 }
 
 func TestSyncErrors(t *testing.T) {

@@ -30,4 +30,10 @@ type Portal struct {
 	// goes there instead, as kube-proxy's shortcut does, so a node without a
 	// local endpoint can still reach its own LoadBalancer IP.
 	ClusterProxyPort int
+	// SourceRanges, on a LoadBalancer-IP portal, are the Service's
+	// loadBalancerSourceRanges: a new connection to IP:Port from any other
+	// source is dropped (KUBE-LB-SOURCE-RANGES). Ranges of the other family
+	// are ignored, and with none of this family every source is allowed, as
+	// kube-proxy does.
+	SourceRanges []netip.Prefix
 }

@@ -231,3 +231,62 @@ func TestNodePortOnlyOnTheServicesFamilies(t *testing.T) {
 		})
 	}
 }
+
+// TestLoadBalancerSourceRanges: a LoadBalancer Service's
+// loadBalancerSourceRanges go with its LB-IP portals of each family (entries
+// trimmed as kube-proxy trims them), never with its ClusterIP or NodePort,
+// and a change of the ranges alone rewrites the portals.
+func TestLoadBalancerSourceRanges(t *testing.T) {
+	v4, v6 := &portalRecorder{}, &portalRecorder{}
+	p := New(Options{IPv4Portals: v4, IPv6Portals: v6})
+	t.Cleanup(func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		p.Run(ctx)
+	})
+	p.listen = func(_ loadbalancer.ServicePortName, _ netip.Addr, port int, _ bool, _ *loadbalancer.ServicePort, _ *faults.Port, _ *socketConfig) (proxySocket, error) {
+		return planSocket(40000), nil
+	}
+	p.OnServiceSynced()
+	p.OnEndpointSlicesSynced()
+	lb := func(ranges ...string) *v1.Service {
+		svc := makeService("web", withNodePort(30080))
+		svc.Spec.Type = v1.ServiceTypeLoadBalancer
+		svc.Spec.ClusterIPs = []string{"10.96.0.10", "fd00::10"}
+		svc.Spec.LoadBalancerSourceRanges = ranges
+		svc.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "198.51.100.1"}, {IP: "2001:db8::1"}}
+		return svc
+	}
+	rangesOf := func(ps []iptables.Portal) map[string][]netip.Prefix {
+		out := map[string][]netip.Prefix{}
+		for _, p := range ps {
+			key := p.IP.String()
+			if p.NodePort {
+				key = "nodeport"
+			}
+			out[key] = p.SourceRanges
+		}
+		return out
+	}
+	want := []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16"), netip.MustParsePrefix("fd00:10::/64")}
+	old := lb(" 10.1.2.3/16", "fd00:10::/64 ")
+	p.OnServiceAdd(old)
+	p.Sync()
+	for _, got := range []map[string][]netip.Prefix{rangesOf(v4.portals), rangesOf(v6.portals)} {
+		for key, ranges := range got {
+			lbIP := key == "198.51.100.1" || key == "2001:db8::1"
+			if lbIP && !slices.Equal(ranges, want) || !lbIP && ranges != nil {
+				t.Errorf("portal %s has source ranges %v (all: %v)", key, ranges, got)
+			}
+		}
+	}
+	if n := len(v4.portals) + len(v6.portals); n != 6 {
+		t.Errorf("%d portals, want 6: %+v %+v", n, v4.portals, v6.portals)
+	}
+
+	p.OnServiceUpdate(old, lb("10.2.0.0/16"))
+	p.Sync()
+	if got := rangesOf(v4.portals)["198.51.100.1"]; !slices.Equal(got, []netip.Prefix{netip.MustParsePrefix("10.2.0.0/16")}) {
+		t.Errorf("after the ranges changed, the LB portal has %v, want 10.2.0.0/16", got)
+	}
+}

@@ -616,8 +616,8 @@ func (p *Proxier) syncPortals(full bool) bool {
 		proto := portalProtocol(ap.info.name.Protocol)
 		hasV4, hasV6 := false, false
 		clusterPort := 0 // the shortcut of external portals, see below
-		add := func(ip netip.Addr, proxyPort int) {
-			portal := iptables.Portal{Name: ap.info.key, Protocol: proto, IP: ip, Port: ap.info.port, ProxyPort: proxyPort}
+		add := func(ip netip.Addr, proxyPort int, sourceRanges ...netip.Prefix) {
+			portal := iptables.Portal{Name: ap.info.key, Protocol: proto, IP: ip, Port: ap.info.port, ProxyPort: proxyPort, SourceRanges: sourceRanges}
 			if proxyPort != ap.proxyPort {
 				portal.ClusterProxyPort = clusterPort
 			}
@@ -653,7 +653,7 @@ func (p *Proxier) syncPortals(full bool) bool {
 			add(ip, externalPort)
 		}
 		for _, ip := range ap.info.loadBalancerIPs {
-			add(ip, externalPort)
+			add(ip, externalPort, ap.info.sourceRanges...)
 		}
 		if ap.info.nodePort != 0 {
 			np := iptables.Portal{Name: ap.info.key, Protocol: proto, Port: ap.info.nodePort, NodePort: true, ProxyPort: externalPort, ClusterProxyPort: clusterPort}

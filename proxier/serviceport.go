@@ -3,6 +3,7 @@ package proxier
 import (
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -22,9 +23,12 @@ type servicePortInfo struct {
 	clusterIPs      []netip.Addr
 	externalIPs     []netip.Addr
 	loadBalancerIPs []netip.Addr
-	nodePort        int
-	affinity        loadbalancer.AffinityPolicy
-	policy          trafficPolicy
+	// sourceRanges are the Service's loadBalancerSourceRanges: only these
+	// sources reach its LoadBalancer IPs (iptables.Portal.SourceRanges).
+	sourceRanges []netip.Prefix
+	nodePort     int
+	affinity     loadbalancer.AffinityPolicy
+	policy       trafficPolicy
 	// healthCheckNodePort is served for externalTrafficPolicy Local.
 	healthCheckNodePort int
 	// faultName is the port's name in the fault API; toxics are those its
@@ -44,7 +48,8 @@ func (a *servicePortInfo) sameRules(b *servicePortInfo) bool {
 	return a.port == b.port && a.nodePort == b.nodePort && a.policy == b.policy &&
 		slices.Equal(a.clusterIPs, b.clusterIPs) &&
 		slices.Equal(a.externalIPs, b.externalIPs) &&
-		slices.Equal(a.loadBalancerIPs, b.loadBalancerIPs)
+		slices.Equal(a.loadBalancerIPs, b.loadBalancerIPs) &&
+		slices.Equal(a.sourceRanges, b.sourceRanges)
 }
 
 // servicePorts converts a Service into its proxied ports. ExternalName and
@@ -72,8 +77,11 @@ func servicePorts(svc *v1.Service) []*servicePortInfo {
 			lbIPs = append(lbIPs, a.Unmap())
 		}
 	}
+	var sourceRanges []netip.Prefix
 	if svc.Spec.Type != v1.ServiceTypeLoadBalancer {
 		lbIPs = nil
+	} else {
+		sourceRanges = parseSourceRanges(svc.Spec.LoadBalancerSourceRanges)
 	}
 	affinity := loadbalancer.AffinityPolicy{}
 	if svc.Spec.SessionAffinity == v1.ServiceAffinityClientIP {
@@ -104,6 +112,7 @@ func servicePorts(svc *v1.Service) []*servicePortInfo {
 			clusterIPs:      clusterIPs,
 			externalIPs:     externalIPs,
 			loadBalancerIPs: lbIPs,
+			sourceRanges:    sourceRanges,
 			affinity:        affinity,
 			policy:          policy,
 			faultName:       faults.ProxyName(svc.Namespace, svc.Name, p.Name, int(p.Port)),
@@ -128,6 +137,19 @@ func parseIPs(ss []string) []netip.Addr {
 	for _, s := range ss {
 		if a, err := netip.ParseAddr(s); err == nil {
 			out = append(out, a.Unmap())
+		}
+	}
+	return out
+}
+
+// parseSourceRanges reads loadBalancerSourceRanges as kube-proxy does:
+// spaces around an entry are trimmed. The API server and the manifests
+// source refuse an invalid entry, so one here is left out.
+func parseSourceRanges(ss []string) []netip.Prefix {
+	var out []netip.Prefix
+	for _, s := range ss {
+		if p, err := netip.ParsePrefix(strings.TrimSpace(s)); err == nil {
+			out = append(out, p.Masked())
 		}
 	}
 	return out

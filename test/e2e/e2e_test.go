@@ -76,6 +76,7 @@ func services(c *netns.Cluster) map[string]svc {
 			externalIPs: []string{"10.77.50.20"}, lbIP: "10.77.60.20", etpLocal: true},
 		{name: "grow", clusterIP: "10.96.0.110", endpoints: b123}, // gets NodePorts 30110/30111 later
 		{name: "gso", clusterIP: "10.96.0.120", endpoints: ips(c, 0)},
+		{name: "ranges", clusterIP: "10.96.0.130", endpoints: b123, lbIP: "10.77.60.30", sourceRanges: []string{"10.77.11.0/24"}},
 	}
 	m := map[string]svc{}
 	for _, s := range list {
@@ -124,6 +125,7 @@ func TestProxy(t *testing.T) {
 			{"NoBackDoor", checkNoBackDoor},
 			{"InvalidManifestKeepsLastGood", checkInvalidManifestKeepsLastGood},
 			{"UDPGSOBurstFromPod", checkGSOBurst},
+			{"LoadBalancerSourceRanges", checkSourceRanges},
 		} {
 			t.Run(check.name, func(t *testing.T) {
 				t.Parallel()

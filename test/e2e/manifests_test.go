@@ -33,7 +33,9 @@ type svc struct {
 	nodePorts   [2]int32
 	externalIPs []string
 	lbIP        string
-	faults      string // the kube-userspace-proxy/faults annotation; empty: none
+	// sourceRanges are the LoadBalancer Service's loadBalancerSourceRanges.
+	sourceRanges []string
+	faults       string // the kube-userspace-proxy/faults annotation; empty: none
 	// etpLocal sets externalTrafficPolicy: Local; the first localEndpoints
 	// endpoints are on the proxy's node (nodeName), the others nowhere.
 	etpLocal       bool
@@ -83,6 +85,7 @@ func (s svc) service() *v1.Service {
 	if s.lbIP != "" {
 		o.Spec.Type = v1.ServiceTypeLoadBalancer
 		o.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: s.lbIP}}
+		o.Spec.LoadBalancerSourceRanges = s.sourceRanges
 	}
 	if s.etpLocal {
 		o.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
