@@ -59,6 +59,17 @@ func NewFakeRunner(f Family) *FakeRunner {
 	return fr
 }
 
+// RemoveTable takes a table away, as on a node whose kernel has no module
+// for it (ip6table_nat) or has IPv6 disabled at boot: every call naming it
+// fails, as iptables does ("table does not exist"), and a dump of every
+// table leaves it out, as iptables-save prints only the tables the kernel
+// has.
+func (f *FakeRunner) RemoveTable(table Table) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.tables, table)
+}
+
 // Calls returns the calls made so far, one line each, e.g. "Save nat" or
 // "InsertRule filter INPUT 1 -m comment ...".
 func (f *FakeRunner) Calls() []string {
@@ -135,7 +146,7 @@ func (f *FakeRunner) begin(method string, args ...string) error {
 func (f *FakeRunner) table(table Table) (*fakeTable, error) {
 	t, ok := f.tables[table]
 	if !ok {
-		return nil, fmt.Errorf("fake: no table %q", table)
+		return nil, fmt.Errorf("fake: table %q does not exist", table)
 	}
 	return t, nil
 }

@@ -23,7 +23,11 @@ func (f *FakeRunner) Save(tables ...Table) ([]byte, error) {
 		return nil, err
 	}
 	if len(tables) == 0 {
-		tables = []Table{TableNAT, TableFilter}
+		for _, t := range []Table{TableNAT, TableFilter} {
+			if f.tables[t] != nil {
+				tables = append(tables, t)
+			}
+		}
 	}
 	var b bytes.Buffer
 	for _, table := range tables {

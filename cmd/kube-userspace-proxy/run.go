@@ -72,7 +72,7 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		if !canProgramIptables() {
 			return errNoNetAdmin
 		}
-		v4, v6, err := portalSyncers(v)
+		v4, v6, err := portalSyncers(v, iptables.NewRunner)
 		if err != nil {
 			return err
 		}
@@ -194,17 +194,19 @@ func nodeName(override string) string {
 	return strings.ToLower(strings.TrimSpace(h))
 }
 
-// portalSyncers builds one rule syncer per IP family the node can program.
-// IPv6 is optional: a node without ip6tables or IPv6 serves IPv4 only.
-func portalSyncers(v *validated) (proxier.PortalSyncer, proxier.PortalSyncer, error) {
+// portalSyncers builds one rule syncer per IP family the node can program,
+// each on the runner newRunner returns (iptables.NewRunner; tests pass
+// fakes). IPv6 is optional: a node without ip6tables or IPv6 serves IPv4
+// only.
+func portalSyncers(v *validated, newRunner func(iptables.Family) (iptables.Runner, error)) (proxier.PortalSyncer, proxier.PortalSyncer, error) {
 	cfg, cfg6, nodeIP := portalConfigs(v)
-	r4, err := iptables.NewRunner(iptables.IPv4)
+	r4, err := newRunner(iptables.IPv4)
 	if err != nil {
 		return nil, nil, fmt.Errorf("iptables: %w (run as root with iptables installed, or use --iptables=false)", err)
 	}
 	v4 := iptables.New(r4, cfg)
 	var v6 proxier.PortalSyncer
-	if r6, err := iptables.NewRunner(iptables.IPv6); err != nil {
+	if r6, err := newRunner(iptables.IPv6); err != nil {
 		klog.InfoS("IPv6 portals disabled", "reason", err)
 	} else {
 		v6 = iptables.New(r6, cfg6)
