@@ -118,14 +118,18 @@ func isOwned(table Table, chain string) bool {
 // CleanupAll runs Cleanup with the real runners for IPv4 and IPv6, as
 // --cleanup does, in the network namespace of the calling thread. Both
 // families are attempted whatever happens to the first. A node without
-// ip6tables has no IPv6 rules of ours (running serves IPv4 only there), so
-// a missing IPv6 runner is not an error.
+// ip6tables, or whose kernel has no IPv6 nat or filter table (not Present),
+// has no IPv6 rules of ours (running serves IPv4 only there), so that is
+// not an error.
 func CleanupAll() error {
 	var errs []error
 	for _, f := range []Family{IPv4, IPv6} {
 		r, err := newRunner(f)
+		if err == nil && f == IPv6 {
+			err = Present(r)
+		}
 		if err != nil && f == IPv6 {
-			klog.InfoS("No IPv6 rules to clean up", "reason", err)
+			klog.InfoS("No IPv6 rules to clean up: no iptables support for the family", "reason", err)
 			continue
 		}
 		if err == nil {

@@ -105,3 +105,25 @@ func TestCleanupAllWithoutIPv6(t *testing.T) {
 		t.Fatal("CleanupAll without iptables succeeded")
 	}
 }
+
+// --cleanup on a node whose ip6tables runs but whose kernel has no IPv6 nat
+// table (no ip6table_nat, IPv6 disabled at boot) cleans IPv4 and succeeds:
+// no IPv6 rule of ours can be there, and the proxy ran without IPv6.
+func TestCleanupAllWithoutIPv6NAT(t *testing.T) {
+	v4 := NewFakeRunner(IPv4)
+	syncOK(t, New(v4, testConfig), webPortals())
+	v6 := NewFakeRunner(IPv6)
+	v6.RemoveTable(TableNAT)
+	saved := newRunner
+	t.Cleanup(func() { newRunner = saved })
+	newRunner = func(f Family) (Runner, error) {
+		if f == IPv6 {
+			return v6, nil
+		}
+		return v4, nil
+	}
+	if err := CleanupAll(); err != nil {
+		t.Fatalf("CleanupAll without an IPv6 nat table: %v", err)
+	}
+	assertClean(t, v4, nil)
+}

@@ -196,18 +196,27 @@ func nodeName(override string) string {
 
 // portalSyncers builds one rule syncer per IP family the node can program,
 // each on the runner newRunner returns (iptables.NewRunner; tests pass
-// fakes). IPv6 is optional: a node without ip6tables or IPv6 serves IPv4
-// only.
+// fakes). Each family is probed once here, as kube-proxy does at start
+// (iptables.Present). IPv6 is optional: a node without ip6tables, or whose
+// kernel has no IPv6 nat table, serves IPv4 only; it is said once here,
+// where a syncer for it failed every sync and kept /healthz unready.
 func portalSyncers(v *validated, newRunner func(iptables.Family) (iptables.Runner, error)) (proxier.PortalSyncer, proxier.PortalSyncer, error) {
 	cfg, cfg6, nodeIP := portalConfigs(v)
-	r4, err := newRunner(iptables.IPv4)
+	present := func(f iptables.Family) (iptables.Runner, error) {
+		r, err := newRunner(f)
+		if err == nil {
+			err = iptables.Present(r)
+		}
+		return r, err
+	}
+	r4, err := present(iptables.IPv4)
 	if err != nil {
 		return nil, nil, fmt.Errorf("iptables: %w (run as root with iptables installed, or use --iptables=false)", err)
 	}
 	v4 := iptables.New(r4, cfg)
 	var v6 proxier.PortalSyncer
-	if r6, err := newRunner(iptables.IPv6); err != nil {
-		klog.InfoS("IPv6 portals disabled", "reason", err)
+	if r6, err := present(iptables.IPv6); err != nil {
+		klog.InfoS("No iptables support for family: its Services get no portals", "ipFamily", "IPv6", "reason", err)
 	} else {
 		v6 = iptables.New(r6, cfg6)
 	}

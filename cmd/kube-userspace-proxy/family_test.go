@@ -1,0 +1,74 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/healthcheck"
+)
+
+// A node whose ip6tables has no nat table (no ip6table_nat, IPv6 disabled
+// at boot) is served in IPv4, as kube-proxy does after its start-up probe:
+// syncs succeed, a dual-stack Service's IPv4 portal is written, /healthz
+// turns ready, and IPv6 is reported unsupported once, not per sync.
+func TestNodeWithoutIPv6NAT(t *testing.T) {
+	logs := captureKlog(t)
+	r4, r6 := iptables.NewFakeRunner(iptables.IPv4), iptables.NewFakeRunner(iptables.IPv6)
+	r6.RemoveTable(iptables.TableNAT)
+	v4, v6, err := portalSyncers(&validated{bind: netip.MustParseAddr("127.0.0.1")}, func(f iptables.Family) (iptables.Runner, error) {
+		if f == iptables.IPv6 {
+			return r6, nil
+		}
+		return r4, nil
+	})
+	if err != nil {
+		t.Fatalf("portalSyncers: %v", err)
+	}
+	health := healthcheck.NewProxierHealth(clock.RealClock{}, time.Minute)
+	p := proxier.New(proxier.Options{BindAddress: netip.MustParseAddr("127.0.0.1"), IPv4Portals: v4, IPv6Portals: v6, Health: health})
+	t.Cleanup(func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		p.Run(ctx) // closes the proxy sockets
+	})
+	p.OnServiceAdd(&v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web"},
+		Spec: v1.ServiceSpec{
+			Type: v1.ServiceTypeClusterIP, ClusterIP: "10.96.0.10", ClusterIPs: []string{"10.96.0.10", "fd00::10"},
+			Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}},
+		},
+	})
+	p.OnServiceSynced()
+	p.OnEndpointSlicesSynced()
+	p.Sync()
+	p.SyncFull()
+	p.Sync()
+
+	rec := httptest.NewRecorder()
+	health.Handler(false, nil).ServeHTTP(rec, httptest.NewRequest("GET", "/healthz", nil))
+	if rec.Code != http.StatusOK {
+		t.Errorf("/healthz = %d %s, want 200 (ready)", rec.Code, rec.Body)
+	}
+	if rules := strings.Join(r4.Rules(iptables.TableNAT, iptables.ChainPortalsContainer), "\n"); !strings.Contains(rules, "10.96.0.10/32") {
+		t.Errorf("IPv4 portal of default/web:http not written; %s holds:\n%s", iptables.ChainPortalsContainer, rules)
+	}
+	if w := r6.CallsOf("Restore"); w != 0 {
+		t.Errorf("%d restores tried on the IPv6 runner; its family is not supported", w)
+	}
+	klog.Flush()
+	if n := strings.Count(logs.String(), "No iptables support for family"); n != 1 {
+		t.Errorf("IPv6 reported unsupported %d times, want once; log:\n%s", n, logs)
+	}
+}
