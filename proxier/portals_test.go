@@ -10,6 +10,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
@@ -288,5 +289,44 @@ func TestLoadBalancerSourceRanges(t *testing.T) {
 	p.Sync()
 	if got := rangesOf(v4.portals)["198.51.100.1"]; !slices.Equal(got, []netip.Prefix{netip.MustParsePrefix("10.2.0.0/16")}) {
 		t.Errorf("after the ranges changed, the LB portal has %v, want 10.2.0.0/16", got)
+	}
+}
+
+// With portals of one family only (the node has no ip6tables nat table: see
+// iptables.Present), a Service of only the other family gets no portal:
+// that is logged once per Service, not per sync or update, and not for a
+// dual-stack Service, which is served in the family that works.
+func TestServiceOfAnUnsupportedFamilyLoggedOnce(t *testing.T) {
+	logs := captureKlog(t)
+	v4 := &portalRecorder{}
+	p := New(Options{IPv4Portals: v4})
+	t.Cleanup(func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		p.Run(ctx)
+	})
+	p.listen = func(_ loadbalancer.ServicePortName, _ netip.Addr, port int, _ bool, _ *loadbalancer.ServicePort, _ *faults.Port, _ *socketConfig) (proxySocket, error) {
+		return planSocket(40000), nil
+	}
+	p.OnServiceSynced()
+	p.OnEndpointSlicesSynced()
+	six := makeService("six", withNodePort(30080))
+	six.Spec.ClusterIP, six.Spec.ClusterIPs = "fd00::10", []string{"fd00::10"}
+	dual := makeService("dual")
+	dual.Spec.ClusterIP, dual.Spec.ClusterIPs = "10.96.0.11", []string{"10.96.0.11", "fd00::11"}
+	p.OnServiceAdd(six)
+	p.OnServiceAdd(dual)
+	p.Sync()
+	changed := six.DeepCopy()
+	changed.Labels = map[string]string{"changed": "yes"}
+	p.OnServiceUpdate(six, changed)
+	p.SyncFull()
+	klog.Flush()
+	const line = "Service gets no portal"
+	if n := strings.Count(logs.String(), line); n != 1 || !strings.Contains(logs.String(), `service="default/six" ipFamily="IPv6"`) {
+		t.Errorf("%q logged %d times, want once for default/six; log:\n%s", line, n, logs)
+	}
+	if got := len(v4.portals); got != 1 || v4.portals[0].IP != netip.MustParseAddr("10.96.0.11") {
+		t.Errorf("IPv4 portals %+v, want dual's ClusterIP only", v4.portals)
 	}
 }

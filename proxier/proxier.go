@@ -152,6 +152,9 @@ type Proxier struct {
 	pendingChanges  int
 	servicesSynced  bool
 	endpointsSynced bool
+	// noPortal: the Services logged as getting no portal, their family
+	// having no syncer (family.go).
+	noPortal map[types.NamespacedName]bool
 
 	// Owned by the sync goroutine (syncMu serialises a Sync() called by tests).
 	syncMu   sync.Mutex
@@ -226,6 +229,7 @@ func New(opts Options) *Proxier {
 		clk:      opts.Clock,
 		services: map[types.NamespacedName]*v1.Service{},
 		parsed:   map[types.NamespacedName]parsedService{},
+		noPortal: map[types.NamespacedName]bool{},
 		listen:   newProxySocket,
 		active:   map[loadbalancer.ServicePortName]*activePort{},
 		sockCfg: &socketConfig{
@@ -389,6 +393,9 @@ func (p *Proxier) desired() (map[loadbalancer.ServicePortName]*servicePortInfo, 
 				changed[nn] = nil
 			}
 		}
+	}
+	for nn, infos := range changed {
+		p.noteNoPortal(nn, infos)
 	}
 	n := p.pendingChanges
 	p.pendingChanges = 0

@@ -1,0 +1,61 @@
+package proxier
+
+import (
+	"net/netip"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+)
+
+// unsupportedFamily is the family that has no portal syncer while the
+// other has one: on a node without its netfilter (iptables.Present: no
+// ip6tables nat table, IPv6 disabled at boot) the proxy serves the other
+// family only, as kube-proxy does. "" when both or neither have one
+// (--iptables=false: sockets only, no family is short of anything).
+func (p *Proxier) unsupportedFamily() string {
+	switch v4, v6 := p.opts.IPv4Portals != nil, p.opts.IPv6Portals != nil; {
+	case v4 && !v6:
+		return "IPv6"
+	case v6 && !v4:
+		return "IPv4"
+	}
+	return ""
+}
+
+// portalFamilies reports the families the port's portals are in, as
+// syncPortals splits them: those of its addresses, and IPv4 for a port
+// without any (a NodePort's).
+func (a *servicePortInfo) portalFamilies() (v4, v6 bool) {
+	v6 = a.hasIPv6()
+	for _, group := range [][]netip.Addr{a.clusterIPs, a.externalIPs, a.loadBalancerIPs} {
+		for _, ip := range group {
+			v4 = v4 || ip.Is4()
+		}
+	}
+	return v4 || !v6, v6
+}
+
+// noteNoPortal logs a changed Service (infos nil: removed) whose every
+// portal is of the unsupported family, once per Service: nothing sends its
+// traffic to its socket, and its syncs are otherwise silent about it. A
+// dual-stack Service is served in the family that works, without a word.
+// Called with p.mu held.
+func (p *Proxier) noteNoPortal(nn types.NamespacedName, infos []*servicePortInfo) {
+	missing := p.unsupportedFamily()
+	if missing == "" {
+		return
+	}
+	none := len(infos) > 0
+	for _, info := range infos {
+		if v4, v6 := info.portalFamilies(); missing == "IPv6" && v4 || missing == "IPv4" && v6 {
+			none = false
+		}
+	}
+	switch {
+	case !none:
+		delete(p.noPortal, nn)
+	case !p.noPortal[nn]:
+		p.noPortal[nn] = true
+		klog.InfoS("Service gets no portal: no iptables support for its IP family on this node", "service", nn, "ipFamily", missing)
+	}
+}
