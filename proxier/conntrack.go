@@ -14,8 +14,9 @@ import (
 )
 
 // ConntrackCleaner removes conntrack entries that would keep a client away
-// from a proxy socket that is new or has new destinations. A flow's entry
-// keeps its first NAT decision:
+// from a proxy socket that is new or has new destinations, and the UDP
+// entries of a socket that closed. A flow's entry keeps its first NAT
+// decision:
 //   - UDP: for as long as the client keeps sending, so when a service's
 //     proxy port changes (a restart, a re-created Service) a client that
 //     reuses its source port, as DNS resolvers do, would keep hitting the
@@ -152,11 +153,45 @@ func (p *Proxier) staleFlowsToClear(name loadbalancer.ServicePortName) {
 	p.pendingConntrack[name] = struct{}{}
 }
 
+// closedFlowsToClear remembers the destinations of a UDP service port whose
+// socket closes for good (its Service deleted, the port removed, or its
+// protocol changed), so that their entries are cleared once a portal sync
+// has removed its rules, as kube-proxy clears those of deleted UDP
+// Services. Each datagram of a client that keeps its source port (a
+// resolver, a syslog sender) refreshes an entry NATed to the closed proxy
+// port: its datagrams kept going to a dead port, or to whichever service
+// port is given that port next, for as long as it kept sending. TCP
+// entries are left alone: those that passed a portal are connections,
+// which outlive their listening socket.
+func (p *Proxier) closedFlowsToClear(ap *activePort) {
+	if p.opts.Conntrack == nil || ap.info.name.Protocol != v1.ProtocolUDP {
+		return
+	}
+	if p.closedUDP == nil {
+		p.closedUDP = map[netip.AddrPort]struct{}{}
+	}
+	udpDestinations(ap.info, func(dst netip.AddrPort) { p.closedUDP[dst] = struct{}{} })
+}
+
+// udpDestinations calls fn with every original destination of info's
+// portals: each service IP with the port, and the NodePort on every
+// address (an invalid address), as staleFlowsOf names UDP ones.
+func udpDestinations(info *servicePortInfo, fn func(dst netip.AddrPort)) {
+	for _, group := range [][]netip.Addr{info.clusterIPs, info.externalIPs, info.loadBalancerIPs} {
+		for _, ip := range group {
+			fn(netip.AddrPortFrom(ip, uint16(info.port)))
+		}
+	}
+	if info.nodePort != 0 {
+		fn(netip.AddrPortFrom(netip.Addr{}, uint16(info.nodePort)))
+	}
+}
+
 // clearStaleFlows clears the entries of every pending service port that is
-// still served, in one pass over the table, then forgets them all. Called
-// after a successful sync.
+// still served and of the destinations of closed UDP ports, in one pass
+// over the table, then forgets them all. Called after a successful sync.
 func (p *Proxier) clearStaleFlows() {
-	if len(p.pendingConntrack) == 0 {
+	if len(p.pendingConntrack) == 0 && len(p.closedUDP) == 0 {
 		return
 	}
 	var flows []StaleFlows
@@ -166,6 +201,10 @@ func (p *Proxier) clearStaleFlows() {
 		}
 	}
 	clear(p.pendingConntrack)
+	// Last: a destination also named above (a Service re-created on it)
+	// is cleared with the ports of every socket now serving it spared.
+	flows = append(flows, p.closedFlows()...)
+	clear(p.closedUDP)
 	if len(flows) == 0 {
 		return
 	}
@@ -203,6 +242,37 @@ func staleFlowsOf(ap *activePort) []StaleFlows {
 		if info.nodePort != 0 {
 			flows = append(flows, StaleFlows{Protocol: v1.ProtocolUDP, Dst: netip.AddrPortFrom(netip.Addr{}, uint16(info.nodePort)), Live: live})
 		}
+	}
+	return flows
+}
+
+// closedFlows names the entries to the destinations of closed UDP ports:
+// all of them, but those NATed to a socket that serves the destination now
+// (another service port opened on it, or sharing an external IP), which
+// are live flows.
+func (p *Proxier) closedFlows() []StaleFlows {
+	if len(p.closedUDP) == 0 {
+		return nil
+	}
+	live := map[netip.AddrPort][]int{}
+	for _, ap := range p.active {
+		if ap.info.name.Protocol != v1.ProtocolUDP {
+			continue
+		}
+		udpDestinations(ap.info, func(dst netip.AddrPort) {
+			if _, ok := p.closedUDP[dst]; !ok {
+				return
+			}
+			live[dst] = append(live[dst], ap.proxyPort)
+			if ap.external != nil {
+				live[dst] = append(live[dst], ap.externalPort)
+			}
+		})
+	}
+	flows := make([]StaleFlows, 0, len(p.closedUDP))
+	for dst := range p.closedUDP {
+		// An empty Live: no port is live, every entry to dst is stale.
+		flows = append(flows, StaleFlows{Protocol: v1.ProtocolUDP, Dst: dst, Live: append([]int{}, live[dst]...)})
 	}
 	return flows
 }

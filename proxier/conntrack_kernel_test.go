@@ -213,6 +213,61 @@ func TestKernelUDPClearingSparesLiveFlows(t *testing.T) {
 	}
 }
 
+// TestKernelDeletedUDPServiceClearsItsFlows, in a namespace of its own with
+// real iptables and conntrack: a client relayed through a UDP Service's
+// portal holds an entry NATed to its proxy port, which each datagram from
+// the same source port refreshes. Once the Service is deleted and its
+// rules are gone, the entry must be too, or the client keeps sending to a
+// closed port (or to the next socket given that port).
+func TestKernelDeletedUDPServiceClearsItsFlows(t *testing.T) {
+	ns, p, sync := conntrackBed(t, "ctd")
+	backend, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { backend.Close() })
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			n, from, err := backend.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			_, _ = backend.WriteToUDPAddrPort(buf[:n], from)
+		}
+	}()
+	svc := makeService("dns", withProtocol(v1.ProtocolUDP))
+	p.OnServiceAdd(svc)
+	p.OnEndpointSliceAdd(makeSlice("dns", v1.ProtocolUDP, backend.LocalAddr().String()))
+	sync()
+
+	c, err := ns.ListenUDP(conntrackNodeIP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	service := netip.MustParseAddrPort("10.96.0.10:80")
+	if _, err := c.WriteToUDPAddrPort([]byte("ping"), service); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(time.Second))
+	if _, _, err := c.ReadFromUDPAddrPort(make([]byte, 64)); err != nil {
+		t.Fatalf("through the portal: %v", err)
+	}
+	name := servicePortName("dns")
+	name.Protocol = v1.ProtocolUDP
+	proxyPort := p.active[name].proxyPort
+	if n := udpEntries(t, ns, c, &proxyPort); n != 1 {
+		t.Fatalf("%d entries of the relayed flow NATed to the proxy port, want 1", n)
+	}
+
+	p.OnServiceDelete(svc)
+	sync()
+	if n := udpEntries(t, ns, c, nil); n != 0 {
+		t.Errorf("%d entries of the deleted Service's client outlived its rules", n)
+	}
+}
+
 // udpEntries counts the UDP conntrack entries of c's datagrams to
 // 10.96.0.10:80; with natTo, only those NATed to that port.
 func udpEntries(t *testing.T, ns *netns.NS, c *net.UDPConn, natTo *int) int {

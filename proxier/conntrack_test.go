@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
@@ -242,5 +243,102 @@ func TestExternalSocketOpenedOnRetryClearsFlows(t *testing.T) {
 	p.Sync() // the retry opens the external socket
 	if got := ct.take(); !slices.ContainsFunc(got, func(s string) bool { return strings.HasSuffix(s, ":30053") }) {
 		t.Errorf("external socket opened on a retry; flows to its NodePort not cleared (cleared %v)", got)
+	}
+}
+
+// TestClosedUDPPortClearsItsFlows: a UDP service port whose socket closes
+// for good (its Service deleted, the port removed, its protocol changed)
+// leaves entries NATed to its dead proxy port, which a client that reuses
+// its source port refreshes for as long as it sends. They are cleared
+// after the first successful sync that removed its rules, every one of
+// them but those NATed to a socket now serving the destination; TCP
+// entries are connections and are left alone.
+func TestClosedUDPPortClearsItsFlows(t *testing.T) {
+	udp := func(name string, opts ...svcOpt) *v1.Service {
+		return makeService(name, append([]svcOpt{withProtocol(v1.ProtocolUDP)}, opts...)...)
+	}
+	withExternalIP := func(ip string) svcOpt {
+		return func(s *v1.Service) { s.Spec.ExternalIPs = []string{ip} }
+	}
+	unnamed := func(s *v1.Service) { s.Spec.Ports[0].Name = "" }
+	twoPorts := func(s *v1.Service) {
+		s.Spec.Ports = []v1.ServicePort{{Name: "dns", Port: 53, Protocol: v1.ProtocolUDP}, {Name: "web", Port: 80, Protocol: v1.ProtocolTCP}}
+	}
+	webOnly := func(s *v1.Service) { s.Spec.Ports = s.Spec.Ports[1:] }
+	for _, tc := range []struct {
+		name   string
+		before *v1.Service
+		change func(p *Proxier, before *v1.Service)
+		want   []string
+		// sparedBy: the service port whose proxy port the clearing of
+		// 10.96.0.10:80 must spare (zero: nothing is spared anywhere).
+		sparedBy loadbalancer.ServicePortName
+	}{{
+		name:   "UDP Service deleted",
+		before: udp("dns", withNodePort(30053), withExternalIP("192.0.2.10")),
+		change: func(p *Proxier, before *v1.Service) { p.OnServiceDelete(before) },
+		want:   []string{"udp 10.96.0.10:80", "udp 192.0.2.10:80", "udp invalid IP:30053"},
+	}, {
+		name:   "UDP port removed from its Service",
+		before: makeService("dns", twoPorts),
+		change: func(p *Proxier, before *v1.Service) { p.OnServiceUpdate(before, makeService("dns", twoPorts, webOnly)) },
+		want:   []string{"udp 10.96.0.10:53"},
+	}, {
+		name:   "unnamed port's protocol changed to TCP",
+		before: udp("dns", unnamed),
+		change: func(p *Proxier, before *v1.Service) { p.OnServiceUpdate(before, makeService("dns", unnamed)) },
+		// The new TCP socket's un-NATed entries, as for any new socket.
+		want: []string{"tcp-unnated 10.96.0.10:80", "udp 10.96.0.10:80"},
+	}, {
+		name:   "ClusterIP served by a new Service in the same sync",
+		before: udp("dns"),
+		change: func(p *Proxier, before *v1.Service) {
+			p.OnServiceDelete(before)
+			p.OnServiceAdd(udp("dns2"))
+		},
+		// Once for the new socket, once for the closed one.
+		want:     []string{"udp 10.96.0.10:80", "udp 10.96.0.10:80"},
+		sparedBy: loadbalancer.ServicePortName{NamespacedName: types.NamespacedName{Namespace: "default", Name: "dns2"}, Port: "p", Protocol: v1.ProtocolUDP},
+	}, {
+		name:   "TCP Service deleted",
+		before: makeService("web", withNodePort(30080)),
+		change: func(p *Proxier, before *v1.Service) { p.OnServiceDelete(before) },
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ct := &fakeConntrack{}
+			p, fake := newPortalProxier(t)
+			p.opts.Conntrack = ct
+			p.OnServiceAdd(tc.before)
+			p.Sync()
+			ct.take()
+			clear(ct.spared)
+
+			// The rules are removed only by a successful sync: clearing
+			// before it lets the old portal NAT the next datagram again.
+			fake.Errors = map[string]error{"Restore": errors.New("injected restore failure")}
+			tc.change(p, tc.before)
+			p.Sync()
+			if got := ct.take(); len(got) != 0 {
+				t.Fatalf("a failed sync cleared %v", got)
+			}
+			fake.Errors = nil
+			p.Sync()
+			if got := ct.take(); !slices.Equal(got, tc.want) {
+				t.Fatalf("cleared %v, want %v", got, tc.want)
+			}
+			for target, spared := range ct.spared {
+				var want []int
+				if ap := p.active[tc.sparedBy]; ap != nil && target == "10.96.0.10:80" {
+					want = []int{ap.proxyPort}
+				}
+				if !slices.Equal(spared, want) {
+					t.Errorf("clearing %s spared ports %v, want %v", target, spared, want)
+				}
+			}
+			p.Sync()
+			if got := ct.take(); len(got) != 0 {
+				t.Errorf("the next sync cleared %v again", got)
+			}
+		})
 	}
 }

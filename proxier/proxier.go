@@ -90,8 +90,9 @@ type Options struct {
 	// NodeName is this node, for node-local traffic policies and topology
 	// hints; its zone arrives later through SetNodeZone.
 	NodeName string
-	// Conntrack clears stale flows when a proxy socket is new (see
-	// ConntrackCleaner); nil with portals off (no NAT, nothing stale).
+	// Conntrack clears stale flows when a proxy socket is new, and those
+	// of a UDP one that closes (see ConntrackCleaner); nil with portals
+	// off (no NAT, nothing stale).
 	Conntrack ConntrackCleaner
 	// ServiceHealth serves healthCheckNodePorts of externalTrafficPolicy
 	// Local Services; nil disables them.
@@ -167,6 +168,9 @@ type Proxier struct {
 	// pendingConntrack: service ports with a new proxy socket whose stale
 	// conntrack entries wait for a successful portal sync (conntrack.go).
 	pendingConntrack map[loadbalancer.ServicePortName]struct{}
+	// closedUDP: destinations of closed UDP service ports whose entries
+	// wait for the same sync (conntrack.go).
+	closedUDP map[netip.AddrPort]struct{}
 	// lastFull is when the portals last had a full (repairing) sync.
 	lastFull time.Time
 	// keptPortsRead: the first sync has read the proxy ports the kernel's
@@ -438,6 +442,7 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 	for name, ap := range p.active {
 		if _, ok := want[name]; !ok {
 			klog.V(1).InfoS("Closing proxy socket of removed service port", "servicePort", name)
+			p.closedFlowsToClear(ap)
 			p.closePort(name, ap)
 		}
 	}
