@@ -31,7 +31,8 @@ type proxyPortReader interface {
 
 // keptPorts is what the first sync keeps: the port the kernel's rules
 // name for each socket of a wanted service port, and those of them
-// reserved in the allocator and not claimed yet.
+// reserved in the allocator and not claimed yet. A later sync keeps the
+// ports of the sockets it reopens the same way (closeForReopen).
 type keptPorts struct {
 	cluster, external map[loadbalancer.ServicePortName]int
 	reserved          map[int]bool
@@ -129,7 +130,7 @@ func (p *Proxier) releaseKeptPorts(k *keptPorts) {
 		p.ports.Release(port)
 	}
 	if k.claimed > 0 || len(k.reserved) > 0 {
-		klog.V(1).InfoS("Proxy ports kept from the portals in the kernel", "claimed", k.claimed, "released", len(k.reserved))
+		klog.V(1).InfoS("Proxy ports kept from the portals in the kernel or reopened sockets", "claimed", k.claimed, "released", len(k.reserved))
 	}
 	k.reserved = nil
 }

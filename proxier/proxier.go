@@ -464,8 +464,9 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 			// Under the same name the fault port stays: a new family
 			// (an IPv6 address added, even by a cloud controller's
 			// status update) must not end a fault experiment, nor bring
-			// a port the API set down back up.
-			p.closePortKeeping(name, ap, ap.info.faultName == info.faultName)
+			// a port the API set down back up. The service port is the
+			// same: it keeps its balancer state and its proxy ports.
+			kept = p.closeForReopen(kept, name, ap, info)
 			ap = nil
 		}
 		if ap == nil {
@@ -560,6 +561,8 @@ func (p *Proxier) openPort(info *servicePortInfo, kept int, logLine bool) (*acti
 		// deleted before any retry succeeded.
 		p.opts.Faults.RemovePort(info.faultName)
 		p.lb.DeleteServicePort(info.name)
+		// A socket that was reopening kept its external entry too.
+		p.lb.DeleteServicePort(externalName(info.name))
 		return nil, err
 	}
 	sock.Start()
@@ -586,12 +589,6 @@ func (p *Proxier) listenHost() string {
 }
 
 func (p *Proxier) closePort(name loadbalancer.ServicePortName, ap *activePort) {
-	p.closePortKeeping(name, ap, false)
-}
-
-// closePortKeeping is closePort; keepFaults leaves the port's fault state
-// (API toxics, enabled) in the table for the socket that replaces it.
-func (p *Proxier) closePortKeeping(name loadbalancer.ServicePortName, ap *activePort, keepFaults bool) {
 	if err := ap.socket.Close(); err != nil {
 		klog.ErrorS(err, "Closing proxy socket", "servicePort", name)
 	}
@@ -599,13 +596,52 @@ func (p *Proxier) closePortKeeping(name loadbalancer.ServicePortName, ap *active
 	p.closeExternalSocket(ap)
 	p.releaseClaims(ap)
 	p.lb.DeleteServicePort(name)
-	if !keepFaults {
-		p.opts.Faults.RemovePort(ap.info.faultName)
-	}
+	p.opts.Faults.RemovePort(ap.info.faultName)
 	p.sockCfg.lifetimes.remove(name)
 	p.metrics.forgetServicePort(name.String())
 	delete(p.active, name)
 	p.debugTouched = append(p.debugTouched, name)
+}
+
+// closeForReopen closes ap's sockets so that they reopen for info under
+// the same service port name (a new address family, an unnamed port's new
+// number). What belongs to the name stays: the balancer's entries, so
+// ClientIP affinity pins survive, the connection lifetimes and metric
+// series of its live connections, and the fault port unless it is renamed.
+// So do its proxy ports: they stay taken in the allocator and are handed
+// to kept (keptports.go), for the new sockets to open on them, so the
+// portals change only where the Service did (a listen that fails there
+// takes another port). Closing the port and opening a new one dropped the
+// pins and moved every portal to a new proxy port.
+func (p *Proxier) closeForReopen(kept *keptPorts, name loadbalancer.ServicePortName, ap *activePort, info *servicePortInfo) *keptPorts {
+	if err := ap.socket.Close(); err != nil {
+		klog.ErrorS(err, "Closing proxy socket", "servicePort", name)
+	}
+	if kept == nil {
+		kept = &keptPorts{cluster: map[loadbalancer.ServicePortName]int{}, external: map[loadbalancer.ServicePortName]int{}}
+	}
+	if kept.reserved == nil {
+		kept.reserved = map[int]bool{}
+	}
+	kept.cluster[name] = ap.proxyPort
+	kept.reserved[ap.proxyPort] = true
+	if ap.external != nil {
+		_ = ap.external.Close()
+		kept.external[name] = ap.externalPort
+		kept.reserved[ap.externalPort] = true
+		if !info.policy.splitExternal() {
+			// No external socket will reopen (its port is released with
+			// the kept ports no socket claimed).
+			p.lb.DeleteServicePort(externalName(name))
+		}
+	}
+	p.releaseClaims(ap)
+	if ap.info.faultName != info.faultName {
+		p.opts.Faults.RemovePort(ap.info.faultName)
+	}
+	delete(p.active, name)
+	p.debugTouched = append(p.debugTouched, name)
+	return kept
 }
 
 // portalProtocol is a service port's protocol as a portal's.
