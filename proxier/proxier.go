@@ -59,6 +59,16 @@ type Options struct {
 	MinSyncPeriod    time.Duration
 	SyncPeriod       time.Duration
 	HalfCloseTimeout time.Duration
+	// MinSyncPeriodSet takes MinSyncPeriod, the least time between two
+	// syncs while Services change (--iptables-min-sync-period), as given,
+	// 0 included: 0 is then kube-proxy's "no minimum", a sync as soon as
+	// a change arrives. The command sets it with its flag's value (and
+	// refuses a negative one). Without it a zero MinSyncPeriod is
+	// kube-proxy's default, 1 s, as other unset fields take their
+	// defaults: a library caller or test that builds Options{} keeps the
+	// rate limit rather than syncing on every change. A negative one is
+	// the default either way.
+	MinSyncPeriodSet bool
 	// MultipathTCP listens for clients with MPTCP (off: plain TCP, cheaper
 	// per connection; see tcpListenConfig).
 	MultipathTCP bool
@@ -216,7 +226,7 @@ func New(opts Options) *Proxier {
 	if opts.UDPIdleTimeout <= 0 {
 		opts.UDPIdleTimeout = 250 * time.Millisecond
 	}
-	if opts.MinSyncPeriod <= 0 {
+	if opts.MinSyncPeriod < 0 || (opts.MinSyncPeriod == 0 && !opts.MinSyncPeriodSet) {
 		opts.MinSyncPeriod = time.Second
 	}
 	if opts.SyncPeriod <= 0 {

@@ -12,6 +12,9 @@ import (
 // once per maxInterval, like kube-proxy's BoundedFrequencyRunner: bursts of
 // changes collapse into one sync, and a quiet system still re-syncs (repair).
 // fn learns which: periodic is true when maxInterval passed without a run.
+// A minInterval of 0 runs fn for each trigger as it comes (triggers that
+// arrive during a run still collapse into one run after it); between
+// triggers the loop waits in its select, so it never spins.
 type boundedFrequencyRunner struct {
 	fn          func(periodic bool)
 	minInterval time.Duration

@@ -2,6 +2,7 @@ package proxier
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -107,5 +108,61 @@ func TestNoSyncBeforeSourcesSynced(t *testing.T) {
 	p.Sync()
 	if len(p.DebugServices()) != 1 {
 		t.Fatalf("not serving after both sources synced")
+	}
+}
+
+// TestMinSyncPeriod: a MinSyncPeriod given as 0 (--iptables-min-sync-period
+// 0) is kube-proxy's "no minimum": each change is synced as soon as it
+// arrives, without the clock moving, and a proxier with nothing to do
+// does not spin. Options that leave it unset, or give a negative one,
+// keep the 1 s default; a given period holds a change back that long.
+func TestMinSyncPeriod(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		min  time.Duration
+		set  bool
+		want time.Duration
+	}{
+		{"unset: the default", 0, false, time.Second},
+		{"0 given: no minimum", 0, true, 0},
+		{"2s given", 2 * time.Second, true, 2 * time.Second},
+		{"negative: the default", -time.Second, true, time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+			p := New(Options{BindAddress: mustAddr("127.0.0.1"), Clock: clk, SyncPeriod: time.Hour,
+				MinSyncPeriod: tc.min, MinSyncPeriodSet: tc.set})
+			if p.runner.minInterval != tc.want {
+				t.Errorf("minimum sync interval %v, want %v", p.runner.minInterval, tc.want)
+			}
+			var runs atomic.Int32
+			sync := p.runner.fn
+			p.runner.fn = func(periodic bool) { runs.Add(1); sync(periodic) }
+			runInBackground(t, p.Run)
+			p.OnServiceSynced()
+			p.OnEndpointSlicesSynced()
+			waitFor(t, "the first sync", func() bool { return runs.Load() == 1 })
+
+			for i, name := range []string{"a", "b", "c"} {
+				serving := func() bool { _, ok := p.ProxyPort("default/" + name + ":p"); return ok }
+				p.OnServiceAdd(makeService(name, withClusterIP(fmt.Sprintf("10.96.0.%d", 20+i))))
+				if tc.want > 0 {
+					// The periodic sync, the affinity sweep, and the wait.
+					waitFor(t, "the minimum wait armed", func() bool { return clk.Waiters() == 3 })
+					time.Sleep(20 * time.Millisecond)
+					if serving() {
+						t.Fatalf("%s synced before the minimum interval passed", name)
+					}
+					clk.Step(tc.want)
+				}
+				waitFor(t, name+" synced", serving)
+			}
+			// Idle: no sync without a change (nor a spinning loop).
+			n := runs.Load()
+			time.Sleep(50 * time.Millisecond)
+			if extra := runs.Load() - n; extra != 0 {
+				t.Fatalf("%d syncs with nothing changed", extra)
+			}
+		})
 	}
 }

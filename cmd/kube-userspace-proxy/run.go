@@ -52,6 +52,7 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		PortRange:            v.portRange,
 		UDPIdleTimeout:       o.udpTimeout,
 		MinSyncPeriod:        o.minSyncPeriod,
+		MinSyncPeriodSet:     true, // the flag's 0 means no minimum, not the default
 		SyncPeriod:           o.syncPeriod,
 		HalfCloseTimeout:     o.halfCloseTimeout,
 		MultipathTCP:         o.multipathTCP,

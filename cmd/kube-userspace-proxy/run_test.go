@@ -216,6 +216,8 @@ func TestBindAndNodeIPValidation(t *testing.T) {
 		{[]string{"--tcp-user-timeout", "0", "--tcp-write-timeout", "0"}, ""},
 		{[]string{"--hostname-override", " \n"}, "--hostname-override \" \\n\" is blank"},
 		{[]string{"--hostname-override", "Node-1"}, ""},
+		{[]string{"--iptables-min-sync-period", "0"}, ""}, // kube-proxy's "no minimum"
+		{[]string{"--iptables-min-sync-period", "-1s"}, "--iptables-min-sync-period must not be negative, got -1s"},
 	}
 	for _, tt := range tests {
 		o := newOptions()
