@@ -37,6 +37,7 @@ type ManifestSource struct {
 	lastDups  map[string]bool
 	lastReads map[string]string
 
+	watcher    *dirWatcher // nil: polling only
 	alloc      clusterIPAllocator
 	summary    func(string)
 	summarized bool            // the start-up summary was given
@@ -123,9 +124,11 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 	}
 	s.dirMode = info.IsDir()
 
-	// Watch before the first read, so that no change falls between the two.
+	// Watch before the first read (reload adds the directories before it
+	// reads the files), so that no change falls between the two.
 	w := s.startWatcher()
 	defer w.close()
+	s.watcher = w
 
 	s.reload()
 	s.h.OnServiceSynced()
@@ -164,7 +167,6 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 			settleC = nil
 			s.reload()
 		case <-ticker.C():
-			w.ensure()
 			s.reload()
 		}
 	}
@@ -174,6 +176,8 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 // files and delivers the difference to the handler.
 func (s *ManifestSource) reload() {
 	names, skipped, err := s.listFiles()
+	// Before reading: what a link now points at is watched from here on.
+	s.watcher.update(watchDirs(s.path, s.dirMode, names))
 	if err != nil {
 		s.reportRead(s.path, err)
 		return // keep serving what we have

@@ -2,54 +2,133 @@ package config
 
 import (
 	"crypto/sha256"
+	"io/fs"
+	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/fsnotify/fsnotify"
 )
 
-// dirWatcher wraps fsnotify on the directory that holds the manifests (the
-// directory itself, or a single file's parent: watching the parent is what
-// sees a file renamed into place or re-created). A nil *dirWatcher is valid
-// and never fires, which is the poll-only mode.
+// dirWatcher wraps fsnotify on the directories whose events can change what
+// the manifests read (see watchDirs). A nil *dirWatcher is valid and never
+// fires, which is the poll-only mode.
 type dirWatcher struct {
-	dir   string
-	w     *fsnotify.Watcher
-	added bool
+	w *fsnotify.Watcher
 }
 
 func (s *ManifestSource) startWatcher() *dirWatcher {
 	if !s.watch {
 		return nil
 	}
-	dir := s.path
-	if !s.dirMode {
-		dir = filepath.Dir(s.path)
-	}
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		s.report(err)
 		return nil // polling still sees every change, only later
 	}
-	dw := &dirWatcher{dir: dir, w: w}
-	dw.ensure()
-	return dw
+	return &dirWatcher{w: w}
 }
 
-// ensure (re-)adds the watch, e.g. after the directory was removed and
-// created again.
-func (d *dirWatcher) ensure() {
+// update watches exactly dirs: it adds the new ones (and one removed and
+// created again, which inotify dropped) and removes the ones no longer
+// involved, such as the old target of a re-pointed link. A directory that
+// cannot be added is tried again at the next update.
+func (d *dirWatcher) update(dirs []string) {
 	if d == nil {
 		return
 	}
-	if d.added && len(d.w.WatchList()) > 0 {
-		return
+	have := d.w.WatchList()
+	for _, dir := range have {
+		if !slices.Contains(dirs, dir) {
+			_ = d.w.Remove(dir)
+		}
 	}
-	d.added = d.w.Add(d.dir) == nil
+	for _, dir := range dirs {
+		if !slices.Contains(have, dir) {
+			_ = d.w.Add(dir)
+		}
+	}
 }
 
-// events yields the directory's events. Any event but a chmod counts, since
-// the manifests may be symlinks whose targets change (a ConfigMap volume
-// swaps its ..data link); reload compares content and ignores the rest.
+// watchDirs lists the directories to watch for path (a manifests directory
+// when isDir, else a file) and the manifest files in it: the directory
+// holding each file (a file renamed into place or re-created is an event
+// there), the directory itself, and the directory holding every symlink met
+// on the way to them. inotify follows a link when a watch is added, so
+// re-pointing a link (kubelet swapping a ConfigMap volume's ..data, a
+// directory link moved to a new release) is an event only where the link
+// is, and later changes happen in the new target, which must be watched
+// from then on. Directories are named by their real path, so one directory
+// reached two ways is watched once.
+func watchDirs(path string, isDir bool, files []string) []string {
+	set := map[string]bool{}
+	add := func(dir string) {
+		if real, err := filepath.EvalSymlinks(dir); err == nil {
+			set[real] = true
+		}
+	}
+	follow(path, isDir, add, 0)
+	for _, f := range files {
+		follow(f, false, add, 0)
+	}
+	return slices.Sorted(func(yield func(string) bool) {
+		for d := range set {
+			if !yield(d) {
+				return
+			}
+		}
+	})
+}
+
+// maxLinks bounds a chain of symlinks, as the kernel's ELOOP does.
+const maxLinks = 40
+
+// follow adds the directories p depends on: the directory holding p (or p
+// itself when it is a directory), and for p and each of its parent
+// directories that is a symlink, the directory holding the link and what
+// the link names.
+func follow(p string, isDir bool, add func(string), depth int) {
+	if depth > maxLinks {
+		return
+	}
+	p = filepath.Clean(p)
+	for a := filepath.Dir(p); a != filepath.Dir(a); a = filepath.Dir(a) {
+		if isSymlink(a) {
+			follow(a, true, add, depth+1)
+		}
+	}
+	if !isSymlink(p) {
+		if isDir {
+			add(p)
+		} else {
+			add(filepath.Dir(p))
+		}
+		return
+	}
+	add(filepath.Dir(p))
+	target, err := os.Readlink(p)
+	if err != nil {
+		return
+	}
+	if !filepath.IsAbs(target) {
+		// Relative to the directory the link is really in: ".." in the
+		// target is taken there, as the kernel does.
+		base, err := filepath.EvalSymlinks(filepath.Dir(p))
+		if err != nil {
+			base = filepath.Dir(p)
+		}
+		target = filepath.Join(base, target)
+	}
+	follow(target, isDir, add, depth+1)
+}
+
+func isSymlink(p string) bool {
+	info, err := os.Lstat(p)
+	return err == nil && info.Mode()&fs.ModeSymlink != 0
+}
+
+// events yields the watched directories' events. Any event but a chmod
+// counts; reload compares content and ignores the rest.
 func (d *dirWatcher) events() <-chan fsnotify.Event {
 	if d == nil {
 		return nil

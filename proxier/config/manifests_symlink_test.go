@@ -1,0 +1,147 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// repoint makes link point at target atomically, as kubelet swaps a
+// ConfigMap volume's ..data and as `ln -sfn` through a rename does.
+func repoint(t *testing.T, link, target string) {
+	t.Helper()
+	tmp := link + ".tmp"
+	if err := os.Symlink(target, tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, link); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// configMapVolume lays dir out as kubelet does a ConfigMap volume: the data
+// in a timestamped directory, ..data pointing at it, and each key a symlink
+// through ..data. Every call is one update: a new directory, ..data swapped,
+// the old directory removed.
+func configMapVolume(t *testing.T, dir string, gen int, files map[string]string) {
+	t.Helper()
+	data := filepath.Join(dir, "..2026_01_01_00_00_0"+strconv.Itoa(gen))
+	if err := os.MkdirAll(data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, content := range files {
+		writeFile(t, filepath.Join(data, name), content)
+		if _, err := os.Lstat(filepath.Join(dir, name)); err != nil {
+			if err := os.Symlink(filepath.Join("..data", name), filepath.Join(dir, name)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	old, _ := os.Readlink(filepath.Join(dir, "..data"))
+	repoint(t, filepath.Join(dir, "..data"), filepath.Base(data))
+	if old != "" {
+		os.RemoveAll(filepath.Join(dir, old))
+	}
+}
+
+// TestSymlinkedPathFollowsRepoint: a change behind a re-pointed symlink is
+// seen within the 1 s contract (the poll is an hour here), however the
+// manifests reach it.
+func TestSymlinkedPathFollowsRepoint(t *testing.T) {
+	tests := []struct {
+		name string
+		// setup lays out generation 1 under root and returns --manifests.
+		setup func(t *testing.T, root string) string
+		// update brings generation gen (web on port 80+gen).
+		update func(t *testing.T, root string, gen int)
+	}{
+		{"ConfigMap volume as the directory",
+			func(t *testing.T, root string) string {
+				configMapVolume(t, root, 1, map[string]string{"svc.yaml": serviceYAML("web", 81)})
+				return root
+			},
+			func(t *testing.T, root string, gen int) {
+				configMapVolume(t, root, gen, map[string]string{"svc.yaml": serviceYAML("web", 80+gen)})
+			}},
+		{"a file of a ConfigMap volume",
+			func(t *testing.T, root string) string {
+				configMapVolume(t, root, 1, map[string]string{"svc.yaml": serviceYAML("web", 81)})
+				return filepath.Join(root, "svc.yaml")
+			},
+			func(t *testing.T, root string, gen int) {
+				configMapVolume(t, root, gen, map[string]string{"svc.yaml": serviceYAML("web", 80+gen)})
+			}},
+		{"a link to a file of a ConfigMap volume elsewhere",
+			func(t *testing.T, root string) string {
+				cm, etc := filepath.Join(root, "cm"), filepath.Join(root, "etc")
+				os.Mkdir(cm, 0o755)
+				os.Mkdir(etc, 0o755)
+				configMapVolume(t, cm, 1, map[string]string{"svc.yaml": serviceYAML("web", 81)})
+				if err := os.Symlink(filepath.Join(cm, "svc.yaml"), filepath.Join(etc, "svc.yaml")); err != nil {
+					t.Fatal(err)
+				}
+				return filepath.Join(etc, "svc.yaml")
+			},
+			func(t *testing.T, root string, gen int) {
+				configMapVolume(t, filepath.Join(root, "cm"), gen, map[string]string{"svc.yaml": serviceYAML("web", 80+gen)})
+			}},
+		{"a directory of links into another directory",
+			func(t *testing.T, root string) string {
+				data, dir := filepath.Join(root, "data"), filepath.Join(root, "manifests")
+				os.Mkdir(data, 0o755)
+				os.Mkdir(dir, 0o755)
+				writeFile(t, filepath.Join(data, "svc.yaml"), serviceYAML("web", 81))
+				if err := os.Symlink(filepath.Join(data, "svc.yaml"), filepath.Join(dir, "svc.yaml")); err != nil {
+					t.Fatal(err)
+				}
+				return dir
+			},
+			func(t *testing.T, root string, gen int) {
+				writeAtomic(t, filepath.Join(root, "data", "svc.yaml"), serviceYAML("web", 80+gen))
+			}},
+		{"the directory itself a link, re-pointed",
+			func(t *testing.T, root string) string {
+				v1 := filepath.Join(root, "v1")
+				os.Mkdir(v1, 0o755)
+				writeFile(t, filepath.Join(v1, "svc.yaml"), serviceYAML("web", 81))
+				if err := os.Symlink(v1, filepath.Join(root, "current")); err != nil {
+					t.Fatal(err)
+				}
+				return filepath.Join(root, "current")
+			},
+			func(t *testing.T, root string, gen int) {
+				if gen%2 == 0 { // a new directory behind the link
+					v := filepath.Join(root, "v"+strconv.Itoa(gen))
+					os.Mkdir(v, 0o755)
+					writeFile(t, filepath.Join(v, "svc.yaml"), serviceYAML("web", 80+gen))
+					repoint(t, filepath.Join(root, "current"), v)
+					return
+				}
+				// an edit in place in the directory the link now names
+				cur, err := filepath.EvalSymlinks(filepath.Join(root, "current"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				writeFile(t, filepath.Join(cur, "svc.yaml"), serviceYAML("web", 80+gen))
+			}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			path := tc.setup(t, root)
+			rec, log := startSource(t, path, []string{"add Service default/web"}, WithPollInterval(time.Hour))
+			for gen := 2; gen <= 4; gen++ {
+				tc.update(t, root, gen)
+				rec.waitFor(t, liveWait, "update Service default/web")
+				if got, want := rec.serviceYAML("default/web").Spec.Ports[0].Port, int32(80+gen); got != want {
+					t.Fatalf("generation %d: port %d, want %d", gen, got, want)
+				}
+			}
+			if log.String() != "[]" {
+				t.Errorf("unexpected errors: %s", log)
+			}
+		})
+	}
+}
