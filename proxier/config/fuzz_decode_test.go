@@ -39,6 +39,7 @@ func addManifestSeeds(f *testing.F) {
 		`{"apiVersion":"v1","kind":"List","items":[{"apiVersion":"v1","kind":"Service","metadata":{"name":"a"},"spec":{"ports":[{"port":80}]}}]}`,
 		`{"apiVersion":"v1","kind":"Service","metadata":{"name":"a"},"spec":{"ports":[{"port":80}]}}{"apiVersion": "v1", "kind": `,
 		"metadata: {name: x}\n",
+		"apiVersion: v1\nkind: Servce\nmetadata: {name: web}\n---\nkind: service\n---\napiVersion: apps/v1\nkind: Deployment\n",
 		"apiVersion: v1\nkind: [\n",
 		"--- b\n",
 		"",

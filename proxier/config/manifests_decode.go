@@ -49,7 +49,8 @@ type Manifest struct {
 // only used in messages. Decoding is strict: unknown or duplicate fields are
 // errors. Valid objects come back defaulted as the API server would default
 // them; each invalid or unreadable document yields one *ManifestError and is
-// left out. Documents of other kinds are skipped with a V(2) note.
+// left out. Documents of other kinds are skipped with a V(2) note, unless
+// they look like a misspelt kind the proxy reads (see unreadKind).
 func DecodeManifests(name string, data []byte) ([]Manifest, []error) {
 	return decoder{nodePorts: DefaultNodePortRange}.decode(name, data)
 }
@@ -114,6 +115,13 @@ func (d decoder) decodeDocument(loc docLocation, body []byte, defaultKind string
 	}
 	want, known := apiVersions[tn.Kind]
 	if !known {
+		if err := unreadKind(tn.APIVersion, tn.Kind, defaultKind != ""); err != nil {
+			// Not identified: a misspelt Service keeps its last good version.
+			if tn.Metadata.Name != "" {
+				err = fmt.Errorf("%w (metadata.name %s)", err, printable(tn.Metadata.Name))
+			}
+			return nil, []error{loc.err(err)}
+		}
 		klog.V(2).InfoS("manifests: skipping object of a kind the proxy does not use",
 			"file", loc.file, "doc", loc.doc, "apiVersion", tn.APIVersion, "kind", tn.Kind, "name", tn.Metadata.Name)
 		return nil, nil

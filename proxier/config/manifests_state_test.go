@@ -21,6 +21,8 @@ func TestApplyFileKeepsLastGood(t *testing.T) {
 			[]string{"Service default/web"}},
 		{"endpoints invalid keeps its slices", strings.Replace(endpointsYAML, "10.1.0.1", "bad", 1),
 			[]string{"EndpointSlice default/web-subset0-ipv4", "EndpointSlice default/web-subset0-ipv6"}},
+		{"misspelt kind keeps all", "apiVersion: v1\nkind: Servce\nmetadata: {name: web}\nspec: {ports: [{port: 81}]}\n", []string{
+			"EndpointSlice default/web-subset0-ipv4", "EndpointSlice default/web-subset0-ipv6", "Service default/db", "Service default/web"}},
 		{"unreadable document keeps all", "apiVersion: v1\nkind: [\n", []string{
 			"EndpointSlice default/web-subset0-ipv4", "EndpointSlice default/web-subset0-ipv6", "Service default/db", "Service default/web"}},
 		{"unreadable document beside a new version", "apiVersion: v1\nkind: [\n---\n" +
