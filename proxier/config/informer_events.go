@@ -42,6 +42,7 @@ func (e serviceEvents) OnAdd(obj any, _ bool) {
 	if !ok || informerSkipsService(svc) {
 		return
 	}
+	logSCTPPorts(nil, svc)
 	e.s.deliver(func() { e.s.handler.OnServiceAdd(svc) })
 }
 
@@ -56,8 +57,10 @@ func (e serviceEvents) OnUpdate(oldObj, newObj any) {
 	case skipNew:
 		e.s.deliver(func() { e.s.handler.OnServiceDelete(old) })
 	case skipOld:
+		logSCTPPorts(nil, svc)
 		e.s.deliver(func() { e.s.handler.OnServiceAdd(svc) })
 	default:
+		logSCTPPorts(old, svc)
 		e.s.deliver(func() { e.s.handler.OnServiceUpdate(old, svc) })
 	}
 }

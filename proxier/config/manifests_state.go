@@ -168,6 +168,7 @@ func deliver(h Handler, e event) {
 	case e.old == nil:
 		switch o := e.cur.obj.(type) {
 		case *v1.Service:
+			logSCTPPorts(nil, o)
 			h.OnServiceAdd(o)
 		case *discovery.EndpointSlice:
 			h.OnEndpointSliceAdd(o)
@@ -182,6 +183,7 @@ func deliver(h Handler, e event) {
 	default:
 		switch o := e.cur.obj.(type) {
 		case *v1.Service:
+			logSCTPPorts(e.old.obj.(*v1.Service), o)
 			h.OnServiceUpdate(e.old.obj.(*v1.Service), o)
 		case *discovery.EndpointSlice:
 			h.OnEndpointSliceUpdate(e.old.obj.(*discovery.EndpointSlice), o)

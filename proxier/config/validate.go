@@ -82,15 +82,14 @@ func validatePortNumber(fe *fieldErrors, path *field.Path, port int32) {
 	}
 }
 
-// validateProtocol accepts TCP and UDP; SCTP is valid Kubernetes but the
-// userspace proxy cannot carry it, so it gets its own message.
+// validateProtocol accepts Kubernetes' protocols. SCTP is valid input that
+// the userspace proxy cannot carry: such a port is skipped and logged (see
+// sctpPorts), as from the API server, and the object's other ports serve.
 func validateProtocol(fe *fieldErrors, path *field.Path, p v1.Protocol) {
 	switch p {
-	case v1.ProtocolTCP, v1.ProtocolUDP:
-	case v1.ProtocolSCTP:
-		fe.add(path, "SCTP is not supported by the userspace proxy (TCP and UDP are)")
+	case v1.ProtocolTCP, v1.ProtocolUDP, v1.ProtocolSCTP:
 	default:
-		fe.add(path, "%q is not a valid protocol (TCP or UDP)", p)
+		fe.add(path, "%q is not a valid protocol (TCP, UDP or SCTP)", p)
 	}
 }
 
