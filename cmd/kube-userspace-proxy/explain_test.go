@@ -78,7 +78,7 @@ func TestExplainBadInput(t *testing.T) {
 		{[]string{"--no-such-flag"}, exitUsage},
 		{[]string{"--manifests", "x", "extra"}, exitUsage},
 		{[]string{"--manifests", "x", "--bind-address", "nope"}, exitUsage},
-		{[]string{"--manifests", filepath.Join(t.TempDir(), "missing")}, 1},
+		{[]string{"--manifests", filepath.Join(t.TempDir(), "missing")}, exitUsage},
 	} {
 		var out bytes.Buffer
 		if code := explain(t.Context(), tc.args, &out); code != tc.code {

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"maps"
-	"net"
 	"net/netip"
 	"os"
 	"slices"
@@ -262,8 +261,8 @@ func (o *options) validate() (*validated, error) {
 		if a.value == "" {
 			continue
 		}
-		if _, _, err := net.SplitHostPort(a.value); err != nil {
-			add("%s %q: want HOST:PORT", a.flag, a.value)
+		if err := checkHostPort(a.value); err != nil {
+			add("%s %q: %v", a.flag, a.value, err)
 		}
 	}
 	if o.nodeIP != "" {
@@ -271,6 +270,15 @@ func (o *options) validate() (*validated, error) {
 			add("--node-ip %q is not an IP address", o.nodeIP)
 		} else if v.nodeIP.Zone() != "" {
 			add("--node-ip %q: IPv6 zone ids are not supported; give the address without %%%s", o.nodeIP, v.nodeIP.Zone())
+		}
+	}
+	if o.manifests != "" && !o.cleanup {
+		// As kube-proxy's --config: a path that is not there at start is a
+		// mistake in the flags (a typo, a volume not mounted), not something
+		// to wait for. One removed later is the source's: it keeps serving
+		// the last good state and reads the path again when it returns.
+		if _, err := os.Stat(o.manifests); err != nil {
+			add("--manifests %q: %v", o.manifests, statReason(err))
 		}
 	}
 	if !o.cleanup {

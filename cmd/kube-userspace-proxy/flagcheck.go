@@ -1,0 +1,51 @@
+package main
+
+// Checks of flag values that a parse alone does not make: what would
+// otherwise fail only once the proxy runs, and exit 1 like a runtime
+// failure instead of 2 like the usage error it is.
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// checkHostPort checks a HOST:PORT flag as kube-proxy does its bind
+// addresses: the port a number 0-65535 (0: any free port), the host empty
+// (every address), an IP or a host name. A bad one was only found by the
+// listen, after the proxy had started, and exited 1 like a runtime failure.
+func checkHostPort(value string) error {
+	host, port, err := net.SplitHostPort(value)
+	if err != nil {
+		return errors.New("want HOST:PORT")
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Errorf("port %q is not a number 0-65535", port)
+	}
+	if host == "" {
+		return nil
+	}
+	if _, err := netip.ParseAddr(host); err == nil {
+		return nil
+	}
+	if msgs := validation.IsDNS1123Subdomain(strings.ToLower(host)); len(msgs) > 0 {
+		return fmt.Errorf("host %q is neither an IP address nor a host name", host)
+	}
+	return nil
+}
+
+// statReason is why a path cannot be read, without the path os.Stat
+// repeats ("no such file or directory", "permission denied").
+func statReason(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}

@@ -1,0 +1,70 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+)
+
+// A missing --manifests path and a bind address that could never listen are
+// refused at flag-check time, naming the flag, with exit 2 (they were found
+// once the proxy ran and exited 1). Only flag sets that fail validation are
+// handed to runMain: nothing starts.
+func TestFlagCheckRefusesAtStart(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "missing")
+	config := filepath.Join(dir, "proxy.yaml")
+	if err := os.WriteFile(config, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nhealthzBindAddress: 0.0.0.0:10256000\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		args    []string
+		wantErr string // "" = valid
+	}{
+		{[]string{"--manifests", missing}, `--manifests "` + missing + `": no such file or directory`},
+		{[]string{"--manifests", missing, "--cleanup"}, ""}, // cleanup reads no source
+		{[]string{"--healthz-bind-address", ":99999"}, `--healthz-bind-address ":99999": port "99999" is not a number 0-65535`},
+		{[]string{"--metrics-bind-address", "host:abc"}, `--metrics-bind-address "host:abc": port "abc" is not a number 0-65535`},
+		{[]string{"--metrics-bind-address", "127.0.0.1:-1"}, `port "-1" is not a number`},
+		{[]string{"--fault-api-bind-address", "127.0.0.1:"}, `--fault-api-bind-address "127.0.0.1:": port "" is not a number`},
+		{[]string{"--metrics-bind-address", "127.0.0.1"}, `--metrics-bind-address "127.0.0.1": want HOST:PORT`},
+		{[]string{"--healthz-bind-address", "no host:10256"}, `host "no host" is neither an IP address nor a host name`},
+		{[]string{"--config", config}, `--healthz-bind-address "0.0.0.0:10256000": port "10256000" is not a number 0-65535 (healthzBindAddress in --config ` + config + `)`},
+		{[]string{"--healthz-bind-address", "localhost:10256"}, ""},
+		{[]string{"--healthz-bind-address", "[::1]:0"}, ""},
+		{[]string{"--metrics-bind-address", ":10249"}, ""},
+		{[]string{"--fault-api-bind-address", "Node-1.example:8474"}, ""},
+	}
+	base := []string{"--iptables=false", "--bind-address", "127.0.0.1", "--manifests", dir}
+	for _, tt := range tests {
+		args := append(append([]string(nil), base...), tt.args...)
+		o := newOptions()
+		fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+		o.addFlags(fs)
+		if err := fs.Parse(args); err != nil {
+			t.Fatalf("%q: %v", tt.args, err)
+		}
+		if o.configFile != "" {
+			if err := o.applyConfigFile(fs); err != nil {
+				t.Fatalf("%q: %v", tt.args, err)
+			}
+		}
+		_, err := o.validate()
+		switch {
+		case tt.wantErr == "" && err != nil:
+			t.Errorf("%q: refused: %v", tt.args, err)
+		case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+			t.Errorf("%q: error %v, want one containing %q", tt.args, err, tt.wantErr)
+		}
+		if tt.wantErr != "" && err != nil { // a flag set that validates would run the proxy
+			var code int
+			stderr := capture(t, &os.Stderr, func() { code = runMain(args) })
+			if code != exitUsage || !strings.Contains(stderr, tt.wantErr) {
+				t.Errorf("runMain(%q) = %d, stderr %q; want %d and the message", tt.args, code, stderr, exitUsage)
+			}
+		}
+	}
+}
