@@ -21,6 +21,12 @@ import (
 // otherwise, since the decoders' own messages often do not say (a bad
 // duration read "time: invalid duration \"abc\"").
 func decodeConfigFile(data []byte) (*configFile, error) {
+	// The YAML decoder reads the first document only: a second one (a
+	// Service pasted below, a second configuration) was ignored without a
+	// word. kube-proxy reads one KubeProxyConfiguration too.
+	if line := secondDocument(data); line > 0 {
+		return nil, fmt.Errorf("document: expected one KubeProxyConfiguration, but a second document starts at line %d", line)
+	}
 	j, err := yaml.YAMLToJSONStrict(data)
 	if err != nil {
 		return nil, yamlError(err)
@@ -44,6 +50,30 @@ func decodeConfigFile(data []byte) (*configFile, error) {
 		return nil, fmt.Errorf("apiVersion/kind: want %s, KubeProxyConfiguration; got %q, %q", configAPIVersion, cfg.APIVersion, cfg.Kind)
 	}
 	return &cfg, nil
+}
+
+// secondDocument returns the line where a second YAML document with content
+// starts, or 0 when the file holds at most one. Documents are separated as
+// apimachinery's YAMLReader does: a line starting with "---" followed by
+// nothing or a comment; a document of blanks and comments does not count.
+func secondDocument(data []byte) int {
+	docs, content := 0, false
+	for i, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "---"); ok {
+			if rest = strings.TrimSpace(rest); rest == "" || rest[0] == '#' {
+				content = false
+				continue
+			}
+		}
+		if t := strings.TrimSpace(line); t == "" || t[0] == '#' || content {
+			continue
+		}
+		content = true
+		if docs++; docs == 2 {
+			return i + 1
+		}
+	}
+	return 0
 }
 
 var yamlLine = regexp.MustCompile(`(?:^|: )(line \d+: .*)$`)

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -70,4 +71,10 @@ func (o *options) applyConfig(cfg *configFile, fs *pflag.FlagSet) {
 	if cfg.UDPIdleTimeout != nil {
 		duration("udp-timeout", "udpIdleTimeout", *cfg.UDPIdleTimeout, &o.udpTimeout)
 	}
+	// klog's -v, as kube-proxy applies logging.verbosity from its file,
+	// when the flag set carries it (runMain's does; a number always sets).
+	// It was ignored: a node configured for verbosity 4 logged at 0.
+	set("v", "logging.verbosity", c.Logging.Verbosity != 0 && fs.Lookup("v") != nil, func() {
+		_ = fs.Set("v", strconv.FormatUint(uint64(c.Logging.Verbosity), 10))
+	})
 }

@@ -46,6 +46,7 @@ udpIdleTimeout: 3s
 		configHead + "bogus: 1\n",
 		configHead + "mode: a\nmode: b\n",
 		configHead + "a: b: c\n",
+		configHead + "logging: {verbosity: 4}\n---\n# end\n---\nkind: Service\n",
 		"apiVersion: v1\nkind: ConfigMap\n",
 		`{"apiVersion":"kubeproxy.config.k8s.io/v1alpha1","kind":"KubeProxyConfiguration","iptables":{"syncPeriod":"1s"}}`,
 		"- 1\n",

@@ -1,13 +1,16 @@
 package main
 
 import (
+	"flag"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/spf13/pflag"
+	"k8s.io/klog/v2"
 )
 
 func TestConfigFile(t *testing.T) {
@@ -49,6 +52,15 @@ udpIdleTimeout: 3s
 		{name: "bad duration names its field", file: "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\niptables: {syncPeriod: abc}\n",
 			wantErr: `iptables.syncPeriod: time: invalid duration "abc"`},
 		{name: "wrong kind", file: "apiVersion: v1\nkind: ConfigMap\n", wantErr: "KubeProxyConfiguration"},
+		{name: "a second document", file: full + "---\napiVersion: v1\nkind: Service\n",
+			wantErr: "document: expected one KubeProxyConfiguration, but a second document starts at line 15"},
+		{name: "two configurations", file: "---\n" + full + "---\n# the old one\n" + full, wantErr: "a second document starts at line 17"},
+		{name: "separators and comments around one document", file: "# proxy\n---\n" + full + "--- # end\n# nothing more\n---\n",
+			check: func(t *testing.T, o *options) {
+				if o.bindAddress != "10.0.0.5" || o.udpTimeout != 3*time.Second {
+					t.Fatalf("options not taken from file: %+v", o)
+				}
+			}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -73,6 +85,47 @@ udpIdleTimeout: 3s
 				t.Fatal(err)
 			}
 			tt.check(t, o)
+		})
+	}
+}
+
+// logging.verbosity sets klog's -v unless -v is on the command line, as
+// kube-proxy applies its file's logging configuration.
+func TestConfigFileVerbosity(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	for _, tt := range []struct {
+		name  string
+		file  string
+		args  []string
+		wantV string
+	}{
+		{"from the file", "logging: {verbosity: 4}\n", nil, "4"},
+		{"the flag wins", "logging: {verbosity: 4}\n", []string{"-v=2"}, "2"},
+		{"not in the file", "logging: {format: text}\n", nil, "0"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := os.WriteFile(path, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"+tt.file), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			o := newOptions()
+			fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+			o.addFlags(fs)
+			klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
+			klog.InitFlags(klogFlags) // klog's global verbosity, as runMain
+			fs.AddGoFlag(klogFlags.Lookup("v"))
+			t.Cleanup(func() { _ = klogFlags.Set("v", "0") })
+			if err := fs.Parse(append([]string{"--config", path}, tt.args...)); err != nil {
+				t.Fatal(err)
+			}
+			if err := o.applyConfigFile(fs); err != nil {
+				t.Fatal(err)
+			}
+			if got := klogFlags.Lookup("v").Value.String(); got != tt.wantV {
+				t.Errorf("-v %s, want %s", got, tt.wantV)
+			}
+			if n, _ := strconv.Atoi(tt.wantV); n > 0 && !klog.V(klog.Level(n)).Enabled() {
+				t.Errorf("klog.V(%d) is not enabled", n)
+			}
 		})
 	}
 }
