@@ -2,6 +2,8 @@ package config
 
 import (
 	"errors"
+	"net/netip"
+	"strings"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -45,6 +47,7 @@ func validateService(fe *fieldErrors, s *v1.Service, nodePorts PortRange) {
 			fe.add(path, "needs an ip or a hostname")
 		}
 	}
+	validateSourceRanges(fe, spec.Child("loadBalancerSourceRanges"), s)
 	validateAffinity(fe, spec, s)
 	if _, err := faults.ForService(s); err != nil {
 		fe.add(field.NewPath("metadata", "annotations").Key(faults.Annotation), "%v", err)
@@ -62,6 +65,23 @@ func validateService(fe *fieldErrors, s *v1.Service, nodePorts PortRange) {
 	}
 	if p := s.Spec.InternalTrafficPolicy; p != nil && *p != v1.ServiceInternalTrafficPolicyCluster && *p != v1.ServiceInternalTrafficPolicyLocal {
 		fe.add(spec.Child("internalTrafficPolicy"), "%q is not valid (Cluster or Local)", *p)
+	}
+}
+
+// validateSourceRanges checks loadBalancerSourceRanges as the API server
+// does: CIDRs (spaces around one are allowed), and only on a LoadBalancer.
+func validateSourceRanges(fe *fieldErrors, path *field.Path, s *v1.Service) {
+	if len(s.Spec.LoadBalancerSourceRanges) == 0 {
+		return
+	}
+	if s.Spec.Type != v1.ServiceTypeLoadBalancer {
+		fe.add(path, "may only be used when type is LoadBalancer")
+		return
+	}
+	for i, r := range s.Spec.LoadBalancerSourceRanges {
+		if _, err := netip.ParsePrefix(strings.TrimSpace(r)); err != nil {
+			fe.add(path.Index(i), "%q is not a valid IP range (CIDR, such as 10.240.0.0/24)", r)
+		}
 	}
 }
 
