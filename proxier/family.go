@@ -35,6 +35,23 @@ func (a *servicePortInfo) portalFamilies() (v4, v6 bool) {
 	return v4 || !v6, v6
 }
 
+// nodePortFamilies reports the families the port's NodePort is served in:
+// those of its ClusterIPs, as kube-proxy's per-family proxiers, each of
+// which serves the Services of its family (spec.clusterIPs): an IPv4-only
+// Service with an IPv6 externalIP or LoadBalancer IP does not open its
+// NodePort on the node's IPv6 addresses. A port without ClusterIPs (a
+// NodePort Service always has one) takes the families of its other portals,
+// hasV4 and hasV6, and IPv4 when it has none.
+func (a *servicePortInfo) nodePortFamilies(hasV4, hasV6 bool) (v4, v6 bool) {
+	for _, ip := range a.clusterIPs {
+		v4, v6 = v4 || ip.Is4(), v6 || ip.Is6()
+	}
+	if !v4 && !v6 {
+		v4, v6 = hasV4, hasV6
+	}
+	return v4 || !v6, v6
+}
+
 // noteNoPortal logs a changed Service (infos nil: removed) whose every
 // portal is of the unsupported family, once per Service: nothing sends its
 // traffic to its socket, and its syncs are otherwise silent about it. A

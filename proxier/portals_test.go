@@ -233,6 +233,76 @@ func TestNodePortOnlyOnTheServicesFamilies(t *testing.T) {
 	}
 }
 
+// TestNodePortInTheClusterIPsFamilies: a NodePort is served in the families
+// of the Service's ClusterIPs, as kube-proxy's per-family proxiers, not in
+// those of its externalIPs or LoadBalancer IPs, which keep their own
+// portals: an IPv4-only Service with an IPv6 externalIP opened its NodePort
+// on every IPv6 address of the node.
+func TestNodePortInTheClusterIPsFamilies(t *testing.T) {
+	for _, tt := range []struct {
+		name           string
+		clusterIPs     []string
+		externalIPs    []string
+		lbIPs          []string
+		wantV4, wantV6 bool
+	}{
+		{"IPv4 Service, IPv6 externalIP", []string{"10.96.0.10"}, []string{"2001:db8::5"}, nil, true, false},
+		{"IPv4 Service, IPv6 LB IP", []string{"10.96.0.10"}, nil, []string{"2001:db8::1"}, true, false},
+		{"IPv6 Service, IPv4 externalIP and LB IP", []string{"fd00::10"}, []string{"192.0.2.5"}, []string{"198.51.100.1"}, false, true},
+		{"dual-stack Service, IPv4 externalIP", []string{"10.96.0.10", "fd00::10"}, []string{"192.0.2.5"}, nil, true, true},
+		{"no ClusterIP, IPv6 externalIP", nil, []string{"2001:db8::5"}, nil, false, true},
+		{"no ClusterIP, no other address", nil, nil, nil, true, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			v4, v6 := &portalRecorder{}, &portalRecorder{}
+			p := New(Options{IPv4Portals: v4, IPv6Portals: v6})
+			t.Cleanup(func() {
+				ctx, cancel := context.WithCancel(context.Background())
+				cancel()
+				p.Run(ctx)
+			})
+			p.listen = func(_ loadbalancer.ServicePortName, _ netip.Addr, port int, _ bool, _ *loadbalancer.ServicePort, _ *faults.Port, _ *socketConfig) (proxySocket, error) {
+				return planSocket(40000), nil
+			}
+			p.OnServiceSynced()
+			p.OnEndpointSlicesSynced()
+			svc := makeService("web", withNodePort(30080))
+			svc.Spec.Type = v1.ServiceTypeLoadBalancer
+			svc.Spec.ClusterIP, svc.Spec.ClusterIPs = "", tt.clusterIPs
+			if len(tt.clusterIPs) > 0 {
+				svc.Spec.ClusterIP = tt.clusterIPs[0]
+			}
+			svc.Spec.ExternalIPs = tt.externalIPs
+			for _, ip := range tt.lbIPs {
+				svc.Status.LoadBalancer.Ingress = append(svc.Status.LoadBalancer.Ingress, v1.LoadBalancerIngress{IP: ip})
+			}
+			p.OnServiceAdd(svc)
+			p.Sync()
+			addrs := map[netip.Addr]bool{}
+			for _, portal := range slices.Concat(v4.portals, v6.portals) {
+				if !portal.NodePort {
+					addrs[portal.IP] = true
+				}
+			}
+			hasNodePort := func(ps []iptables.Portal) bool {
+				return slices.ContainsFunc(ps, func(p iptables.Portal) bool { return p.NodePort })
+			}
+			if got := hasNodePort(v4.portals); got != tt.wantV4 {
+				t.Errorf("IPv4 NodePort portal %v, want %v (%+v)", got, tt.wantV4, v4.portals)
+			}
+			if got := hasNodePort(v6.portals); got != tt.wantV6 {
+				t.Errorf("IPv6 NodePort portal %v, want %v (%+v)", got, tt.wantV6, v6.portals)
+			}
+			// The addresses keep their portals, whatever their family.
+			for _, s := range slices.Concat(tt.clusterIPs, tt.externalIPs, tt.lbIPs) {
+				if !addrs[netip.MustParseAddr(s)] {
+					t.Errorf("no portal for %s: %+v %+v", s, v4.portals, v6.portals)
+				}
+			}
+		})
+	}
+}
+
 // TestLoadBalancerSourceRanges: a LoadBalancer Service's
 // loadBalancerSourceRanges go with its LB-IP portals of each family (entries
 // trimmed as kube-proxy trims them), never with its ClusterIP or NodePort,

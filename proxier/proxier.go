@@ -715,13 +715,11 @@ func (p *Proxier) syncPortals(full bool) bool {
 		}
 		if ap.info.nodePort != 0 {
 			np := iptables.Portal{Name: ap.info.key, Protocol: proto, Port: ap.info.nodePort, NodePort: true, ProxyPort: externalPort, ClusterProxyPort: clusterPort}
-			// On the families the Service has, as kube-proxy's
-			// per-family proxiers: an IPv6-only Service's NodePort is not
-			// opened on the node's IPv4 addresses.
-			if hasV4 || !hasV6 {
+			npV4, npV6 := ap.info.nodePortFamilies(hasV4, hasV6)
+			if npV4 {
 				v4 = append(v4, np)
 			}
-			if hasV6 {
+			if npV6 {
 				v6 = append(v6, np)
 			}
 		}
