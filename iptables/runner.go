@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strings"
 
 	goipt "github.com/coreos/go-iptables/iptables"
+	"k8s.io/klog/v2"
 )
 
 // Runner is the edge between the rules and the kernel, for one IP family.
@@ -46,6 +48,30 @@ type execRunner struct {
 	restore string // path of iptables-restore or ip6tables-restore
 	// nftables: the binaries are iptables-nft ("(nf_tables)" in --version).
 	nftables bool
+	// restoreWait is the wait flag iptables-restore is given, none where
+	// it does not know one (restoreWaitArgs).
+	restoreWait []string
+}
+
+// iptablesVersion is what restoreWaitArgs reads of go-iptables.
+type iptablesVersion interface {
+	GetIptablesVersion() (int, int, int)
+}
+
+// restoreWaitMinVersion is the first iptables whose iptables-restore takes
+// -w (kube-proxy's WaitRestoreMinVersion).
+var restoreWaitMinVersion = [3]int{1, 6, 2}
+
+// restoreWaitArgs is the wait flag for iptables-restore of the iptables
+// version go-iptables found (that of the iptables binary, which ships with
+// its iptables-restore): -w 5 from 1.6.2, as kube-proxy, and none before,
+// where iptables-restore refuses the flag and so every restore would fail.
+func restoreWaitArgs(v iptablesVersion) []string {
+	v1, v2, v3 := v.GetIptablesVersion()
+	if slices.Compare([]int{v1, v2, v3}, restoreWaitMinVersion[:]) < 0 {
+		return nil
+	}
+	return []string{"-w", "5"}
 }
 
 // NewRunner returns the real Runner for a family. It fails when the
@@ -60,7 +86,11 @@ func NewRunner(f Family) (Runner, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", prefix, err)
 	}
-	r := &execRunner{family: f, ipt: ipt}
+	r := &execRunner{family: f, ipt: ipt, restoreWait: restoreWaitArgs(ipt)}
+	if r.restoreWait == nil {
+		v1, v2, v3 := ipt.GetIptablesVersion()
+		klog.InfoS("iptables-restore is run without a wait flag: this iptables is older than 1.6.2", "family", f, "version", fmt.Sprintf("%d.%d.%d", v1, v2, v3))
+	}
 	if r.save, err = exec.LookPath(prefix + "-save"); err != nil {
 		return nil, err
 	}
@@ -126,7 +156,7 @@ func (r *execRunner) Restore(data []byte) error {
 
 // restoreCmd is iptables-restore --noflush reading data.
 func (r *execRunner) restoreCmd(data []byte, stderr *bytes.Buffer) *exec.Cmd {
-	cmd := exec.Command(r.restore, "--noflush", "-w", "5")
+	cmd := exec.Command(r.restore, append([]string{"--noflush"}, r.restoreWait...)...)
 	cmd.Stdin, cmd.Stderr = bytes.NewReader(data), stderr
 	return cmd
 }
