@@ -82,7 +82,9 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		popts.Conntrack = proxier.NetlinkConntrack{}
 	}
 	var p *proxier.Proxier
-	serviceHealth := healthcheck.NewServiceHealthServer(healthHost(v), o.httpLimits(), func(nn types.NamespacedName) int { return p.LocalEndpoints(nn) },
+	// Where NodePorts answer (--nodeport-addresses), as kube-proxy: not on
+	// --bind-address, which is the proxy sockets' address.
+	serviceHealth := healthcheck.NewServiceHealthServer(v.nodePortAddresses, o.httpLimits(), func(nn types.NamespacedName) int { return p.LocalEndpoints(nn) },
 		func() bool { ok, _ := health.Healthy(); return ok })
 	defer serviceHealth.Close()
 	popts.ServiceHealth = serviceHealth
@@ -173,15 +175,6 @@ func (n nodeState) OnNodeChange(node config.NodeInfo) {
 	n.p.SetNodeZone(node.Zone)
 }
 func (n nodeState) OnNodeSynced() {}
-
-// healthHost is where healthCheckNodePorts listen: the bind address when
-// one is set, else every address.
-func healthHost(v *validated) string {
-	if v.bind.IsValid() && !v.bind.IsUnspecified() {
-		return v.bind.String()
-	}
-	return ""
-}
 
 // nodeName is the name this node's endpoints and Node object carry. Node
 // names are lower case; kube-proxy trims and lowercases the hostname, and an

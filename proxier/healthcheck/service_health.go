@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
+	"slices"
 	"strconv"
 	"sync"
 
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/httpserver"
 )
@@ -19,7 +22,8 @@ import (
 // endpoint, 503 otherwise, so cloud load balancers send traffic only to
 // nodes that can serve it without leaving the node.
 type ServiceHealthServer struct {
-	bindHost       string
+	addrs          []ListenAddr
+	listen         func(network, address string) (net.Listener, error)
 	limits         httpserver.Limits
 	localEndpoints func(types.NamespacedName) int
 	proxyHealthy   func() bool
@@ -30,29 +34,144 @@ type ServiceHealthServer struct {
 
 type serviceServer struct {
 	port int
-	srv  *http.Server
+	srvs []*http.Server // one per listen address
+	lns  []net.Listener // theirs, closed at once even before Serve runs
 }
 
-// NewServiceHealthServer listens on bindHost (empty = all addresses), each
-// server held to limits, and asks localEndpoints for the count per Service
-// on each request, and proxyHealthy (nil: always) whether this proxy's syncs
-// keep up: as kube-proxy's, a node whose rules lag fails every Service's
-// check, so load balancers stop sending to it.
-func NewServiceHealthServer(bindHost string, limits httpserver.Limits, localEndpoints func(types.NamespacedName) int, proxyHealthy func() bool) *ServiceHealthServer {
+// NewServiceHealthServer listens where NodePorts answer, as kube-proxy's
+// service health servers: a load balancer probes the node on the node
+// addresses it sends NodePort traffic to. That is every address without
+// nodePortAddresses (--nodeport-addresses), else the node's addresses
+// inside them, resolved once here (ListenAddrs). Each server is held to
+// limits; localEndpoints gives the count per Service on each request, and
+// proxyHealthy (nil: always) whether this proxy's syncs keep up: as
+// kube-proxy's, a node whose rules lag fails every Service's check, so
+// load balancers stop sending to it.
+func NewServiceHealthServer(nodePortAddresses []netip.Prefix, limits httpserver.Limits, localEndpoints func(types.NamespacedName) int, proxyHealthy func() bool) *ServiceHealthServer {
+	return newServiceHealthServer(ListenAddrs(nodePortAddresses, net.InterfaceAddrs), net.Listen, limits, localEndpoints, proxyHealthy)
+}
+
+func newServiceHealthServer(addrs []ListenAddr, listen func(network, address string) (net.Listener, error), limits httpserver.Limits, localEndpoints func(types.NamespacedName) int, proxyHealthy func() bool) *ServiceHealthServer {
 	if proxyHealthy == nil {
 		proxyHealthy = func() bool { return true }
 	}
-	return &ServiceHealthServer{bindHost: bindHost, limits: limits, localEndpoints: localEndpoints, proxyHealthy: proxyHealthy, servers: map[types.NamespacedName]*serviceServer{}}
+	return &ServiceHealthServer{addrs: addrs, listen: listen, limits: limits, localEndpoints: localEndpoints, proxyHealthy: proxyHealthy, servers: map[types.NamespacedName]*serviceServer{}}
+}
+
+// ListenAddr is one address a healthCheckNodePort listens on: Network
+// "tcp" with Host "" is every address of both families; "tcp4" 0.0.0.0
+// and "tcp6" :: (IPV6_V6ONLY) every address of one.
+type ListenAddr struct {
+	Network, Host string
+}
+
+// ListenAddrs resolves --nodeport-addresses to where healthCheckNodePorts
+// listen, as kube-proxy (NodePortAddresses.GetNodeIPs over
+// net.InterfaceAddrs): without CIDRs, every address; else each address
+// interfaceAddrs lists inside them. As for the NodePort rules, a family
+// without a CIDR (or with a /0) is not restricted: it gets the family's
+// wildcard, where the node has an address of the family at all (an IPv6
+// wildcard fails on a node with IPv6 disabled). IPv6 link-local addresses
+// are left out: they cannot be bound without their interface. When the
+// addresses cannot be listed, every address, as kube-proxy, with an error
+// logged. No address inside the CIDRs: the servers listen nowhere, as
+// NodePorts answer nowhere.
+func ListenAddrs(cidrs []netip.Prefix, interfaceAddrs func() ([]net.Addr, error)) []ListenAddr {
+	all := []ListenAddr{{Network: "tcp"}}
+	if len(cidrs) == 0 {
+		return all
+	}
+	ifAddrs, err := interfaceAddrs()
+	if err != nil {
+		klog.ErrorS(err, "Failed to list the node's addresses for --nodeport-addresses; healthCheckNodePorts listen on every address", "nodePortAddresses", cidrs)
+		return all
+	}
+	var local []netip.Addr
+	for _, a := range ifAddrs {
+		var ip net.IP
+		switch a := a.(type) {
+		case *net.IPNet:
+			ip = a.IP
+		case *net.IPAddr:
+			ip = a.IP
+		}
+		if addr, ok := netip.AddrFromSlice(ip); ok {
+			local = append(local, addr.Unmap())
+		}
+	}
+	var out []ListenAddr
+	wildcards := 0
+	for _, f := range []struct {
+		is       func(netip.Addr) bool
+		wildcard ListenAddr
+	}{
+		{netip.Addr.Is4, ListenAddr{"tcp4", "0.0.0.0"}},
+		{netip.Addr.Is6, ListenAddr{"tcp6", "::"}},
+	} {
+		var mine []netip.Prefix
+		matchAll := false
+		for _, c := range cidrs {
+			if c, ok := unmapped(c); ok && f.is(c.Addr()) {
+				mine = append(mine, c)
+				matchAll = matchAll || c.Bits() == 0
+			}
+		}
+		if len(mine) == 0 || matchAll {
+			if slices.ContainsFunc(local, f.is) {
+				out = append(out, f.wildcard)
+				wildcards++
+			}
+			continue
+		}
+		var found []netip.Addr
+		for _, a := range local {
+			if !f.is(a) || a.IsLinkLocalUnicast() && a.Is6() || slices.Contains(found, a) {
+				continue
+			}
+			if slices.ContainsFunc(mine, func(c netip.Prefix) bool { return c.Contains(a) }) {
+				found = append(found, a)
+			}
+		}
+		slices.SortFunc(found, netip.Addr.Compare)
+		for _, a := range found {
+			out = append(out, ListenAddr{"tcp", a.String()})
+		}
+	}
+	if wildcards == 2 {
+		return all
+	}
+	if len(out) == 0 {
+		klog.InfoS("No node address inside --nodeport-addresses: healthCheckNodePorts listen nowhere, as NodePorts answer nowhere", "nodePortAddresses", cidrs)
+	}
+	return out
+}
+
+// unmapped is c with an IPv4-mapped prefix (::ffff:10.0.0.0/104) as the
+// IPv4 prefix it maps (10.0.0.0/8), as the NodePort rules read it; false
+// for a mapped one with a mask shorter than the mapped prefix, which the
+// rules leave out.
+func unmapped(c netip.Prefix) (netip.Prefix, bool) {
+	if !c.IsValid() {
+		return c, false
+	}
+	if c.Addr().Is4In6() {
+		if c.Bits() < 96 {
+			return c, false
+		}
+		c = netip.PrefixFrom(c.Addr().Unmap(), c.Bits()-96)
+	}
+	return c.Masked(), true
 }
 
 // SyncServices opens a server for each wanted Service port and closes the
-// rest. A port that cannot be opened is reported and retried next sync.
+// rest. A port that cannot be opened on every listen address is closed on
+// all, reported and retried next sync, as kube-proxy does.
 func (s *ServiceHealthServer) SyncServices(want map[types.NamespacedName]int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for nn, ss := range s.servers {
 		if want[nn] != ss.port {
-			_ = ss.srv.Close()
+			ss.close()
 			delete(s.servers, nn)
 		}
 	}
@@ -61,14 +180,33 @@ func (s *ServiceHealthServer) SyncServices(want map[types.NamespacedName]int) er
 		if _, ok := s.servers[nn]; ok {
 			continue
 		}
-		srv, _, err := httpserver.Start(net.JoinHostPort(s.bindHost, strconv.Itoa(port)), s.handler(nn), s.limits)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("healthCheckNodePort %d of %s: %w", port, nn, err))
-			continue
+		ss := &serviceServer{port: port}
+		for _, a := range s.addrs {
+			ln, err := s.listen(a.Network, net.JoinHostPort(a.Host, strconv.Itoa(port)))
+			if err != nil {
+				errs = append(errs, fmt.Errorf("healthCheckNodePort %d of %s: %w", port, nn, err))
+				ss.close()
+				ss = nil
+				break
+			}
+			srv := httpserver.New(s.handler(nn), s.limits)
+			go func() { _ = srv.Serve(httpserver.Limit(ln, s.limits)) }() // Serve closes ln when it returns
+			ss.srvs, ss.lns = append(ss.srvs, srv), append(ss.lns, ln)
 		}
-		s.servers[nn] = &serviceServer{port: port, srv: srv}
+		if ss != nil {
+			s.servers[nn] = ss
+		}
 	}
 	return errors.Join(errs...)
+}
+
+func (ss *serviceServer) close() {
+	for _, srv := range ss.srvs {
+		_ = srv.Close()
+	}
+	for _, ln := range ss.lns {
+		_ = ln.Close()
+	}
 }
 
 // Close stops every server.
