@@ -15,7 +15,8 @@ import (
 
 // ConntrackCleaner removes conntrack entries that would keep a client away
 // from a proxy socket that is new or has new destinations, and the UDP
-// entries of a socket that closed. A flow's entry keeps its first NAT
+// entries to destinations no socket has any more (a socket that closed, a
+// service IP or NodePort removed). A flow's entry keeps its first NAT
 // decision:
 //   - UDP: for as long as the client keeps sending, so when a service's
 //     proxy port changes (a restart, a re-created Service) a client that
@@ -173,6 +174,33 @@ func (p *Proxier) closedFlowsToClear(ap *activePort) {
 	udpDestinations(ap.info, func(dst netip.AddrPort) { p.closedUDP[dst] = struct{}{} })
 }
 
+// removedFlowsToClear remembers the destinations a UDP service port that
+// stays open no longer has (an external IP, LB ingress IP or NodePort
+// removed from its Service, a ClusterIP changed, an address family
+// dropped), for the same clearing as a closed port's, as kube-proxy clears
+// the UDP entries of removed service IPs and node ports: a client that
+// keeps its source port kept refreshing an entry NATed to the port's proxy
+// socket through a portal that no longer exists, and so kept being served
+// at an address the Service had given up (or never reached whichever
+// socket serves that address next). Called with the port's old and new
+// info before either socket change of the sync.
+func (p *Proxier) removedFlowsToClear(old, info *servicePortInfo) {
+	if p.opts.Conntrack == nil || info.name.Protocol != v1.ProtocolUDP || old.sameRules(info) {
+		return
+	}
+	kept := map[netip.AddrPort]bool{}
+	udpDestinations(info, func(dst netip.AddrPort) { kept[dst] = true })
+	udpDestinations(old, func(dst netip.AddrPort) {
+		if kept[dst] {
+			return
+		}
+		if p.closedUDP == nil {
+			p.closedUDP = map[netip.AddrPort]struct{}{}
+		}
+		p.closedUDP[dst] = struct{}{}
+	})
+}
+
 // udpDestinations calls fn with every original destination of info's
 // portals: each service IP with the port, and the NodePort on every
 // address (an invalid address), as staleFlowsOf names UDP ones.
@@ -188,7 +216,7 @@ func udpDestinations(info *servicePortInfo, fn func(dst netip.AddrPort)) {
 }
 
 // clearStaleFlows clears the entries of every pending service port that is
-// still served and of the destinations of closed UDP ports, in one pass
+// still served and of the destinations UDP ports closed or lost, in one pass
 // over the table, then forgets them all. Called after a successful sync.
 func (p *Proxier) clearStaleFlows() {
 	if len(p.pendingConntrack) == 0 && len(p.closedUDP) == 0 {
@@ -246,10 +274,10 @@ func staleFlowsOf(ap *activePort) []StaleFlows {
 	return flows
 }
 
-// closedFlows names the entries to the destinations of closed UDP ports:
-// all of them, but those NATed to a socket that serves the destination now
-// (another service port opened on it, or sharing an external IP), which
-// are live flows.
+// closedFlows names the entries to the destinations UDP ports closed or
+// lost: all of them, but those NATed to a socket that serves the
+// destination now (another service port opened on it, or sharing an
+// external IP), which are live flows.
 func (p *Proxier) closedFlows() []StaleFlows {
 	if len(p.closedUDP) == 0 {
 		return nil

@@ -268,6 +268,64 @@ func TestKernelDeletedUDPServiceClearsItsFlows(t *testing.T) {
 	}
 }
 
+// TestKernelRemovedExternalIPClearsItsFlows, in a namespace of its own with
+// real iptables and conntrack: a client relayed through a UDP Service's
+// external IP holds an entry NATed to the port's proxy socket. Once the
+// external IP is removed from the Service (the port, and its socket, stay)
+// and its portal is gone, the entry must be too, or the client that keeps
+// its source port keeps being served at an address the Service gave up.
+func TestKernelRemovedExternalIPClearsItsFlows(t *testing.T) {
+	ns, p, sync := conntrackBed(t, "ctx")
+	backend, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { backend.Close() })
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			n, from, err := backend.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			_, _ = backend.WriteToUDPAddrPort(buf[:n], from)
+		}
+	}()
+	svc := makeService("dns", withProtocol(v1.ProtocolUDP))
+	svc.Spec.ExternalIPs = []string{"10.96.1.10"}
+	p.OnServiceAdd(svc)
+	p.OnEndpointSliceAdd(makeSlice("dns", v1.ProtocolUDP, backend.LocalAddr().String()))
+	sync()
+
+	c, err := ns.ListenUDP(conntrackNodeIP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if _, err := c.WriteToUDPAddrPort([]byte("ping"), netip.MustParseAddrPort("10.96.1.10:80")); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(time.Second))
+	if _, _, err := c.ReadFromUDPAddrPort(make([]byte, 64)); err != nil {
+		t.Fatalf("through the external IP's portal: %v", err)
+	}
+	name := servicePortName("dns")
+	name.Protocol = v1.ProtocolUDP
+	proxyPort := p.active[name].proxyPort
+	if n := udpEntries(t, ns, c, &proxyPort); n != 1 {
+		t.Fatalf("%d entries of the relayed flow NATed to the proxy port, want 1", n)
+	}
+
+	p.OnServiceUpdate(svc, makeService("dns", withProtocol(v1.ProtocolUDP)))
+	sync()
+	if p.active[name] == nil || p.active[name].proxyPort != proxyPort {
+		t.Fatal("the service port's socket did not stay")
+	}
+	if n := udpEntries(t, ns, c, nil); n != 0 {
+		t.Errorf("%d entries of the client of the removed external IP outlived its portal", n)
+	}
+}
+
 // udpEntries counts the UDP conntrack entries of c's datagrams to
 // 10.96.0.10:80; with natTo, only those NATed to that port.
 func udpEntries(t *testing.T, ns *netns.NS, c *net.UDPConn, natTo *int) int {

@@ -342,3 +342,146 @@ func TestClosedUDPPortClearsItsFlows(t *testing.T) {
 		})
 	}
 }
+
+// TestLostUDPDestinationClearsItsFlows: a UDP service port that stays open
+// but loses a destination (an external IP, LB ingress IP or NodePort
+// removed from its Service, its ClusterIP changed, its IPv6 ClusterIP
+// dropped, which reopens its socket) leaves entries NATed to its proxy
+// port through the removed portal, which a client that reuses its source
+// port refreshes for as long as it sends. They are cleared after the first
+// successful sync that removed the portal, sparing only the proxy ports of
+// another socket that serves the destination now; the destinations the
+// port keeps spare its own proxy port, as for any change of its rules.
+func TestLostUDPDestinationClearsItsFlows(t *testing.T) {
+	udp := func(name string, opts ...svcOpt) *v1.Service {
+		return makeService(name, append([]svcOpt{withProtocol(v1.ProtocolUDP)}, opts...)...)
+	}
+	withExternalIP := func(ip string) svcOpt {
+		return func(s *v1.Service) { s.Spec.ExternalIPs = []string{ip} }
+	}
+	withLBIP := func(ip string) svcOpt {
+		return func(s *v1.Service) {
+			s.Spec.Type = v1.ServiceTypeLoadBalancer
+			s.Spec.Ports[0].NodePort = 30053
+			s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: ip}}
+		}
+	}
+	dualStack := func(s *v1.Service) { s.Spec.ClusterIPs = []string{"10.96.0.10", "fd00::10"} }
+	other := loadbalancer.ServicePortName{NamespacedName: types.NamespacedName{Namespace: "default", Name: "other"}, Port: "p", Protocol: v1.ProtocolUDP}
+	for _, tc := range []struct {
+		name          string
+		before, after *v1.Service
+		// also: another Service, present throughout.
+		also *v1.Service
+		want []string
+		// lost: the destinations the port lost; their clearing spares
+		// other's proxy ports if sparedByOther, else none.
+		lost          []string
+		sparedByOther bool
+	}{{
+		name:   "external IP removed",
+		before: udp("dns", withExternalIP("192.0.2.10")),
+		after:  udp("dns"),
+		want:   []string{"udp 10.96.0.10:80", "udp 192.0.2.10:80"},
+		lost:   []string{"192.0.2.10:80"},
+	}, {
+		name:   "LoadBalancer ingress IP removed",
+		before: udp("dns", withLBIP("198.51.100.1")),
+		after:  udp("dns", withLBIP("198.51.100.2")),
+		want:   []string{"udp 10.96.0.10:80", "udp 198.51.100.1:80", "udp 198.51.100.2:80", "udp invalid IP:30053"},
+		lost:   []string{"198.51.100.1:80"},
+	}, {
+		name:   "NodePort removed",
+		before: udp("dns", withNodePort(30053)),
+		after:  udp("dns"),
+		want:   []string{"udp 10.96.0.10:80", "udp invalid IP:30053"},
+		lost:   []string{"invalid IP:30053"},
+	}, {
+		name:   "NodePort changed",
+		before: udp("dns", withNodePort(30053)),
+		after:  udp("dns", withNodePort(30054)),
+		want:   []string{"udp 10.96.0.10:80", "udp invalid IP:30053", "udp invalid IP:30054"},
+		lost:   []string{"invalid IP:30053"},
+	}, {
+		name:   "ClusterIP changed",
+		before: udp("dns"),
+		after:  udp("dns", withClusterIP("10.96.0.11")),
+		want:   []string{"udp 10.96.0.10:80", "udp 10.96.0.11:80"},
+		lost:   []string{"10.96.0.10:80"},
+	}, {
+		name:   "IPv6 ClusterIP dropped (the socket reopens)",
+		before: udp("dns", dualStack),
+		after:  udp("dns"),
+		want:   []string{"udp 10.96.0.10:80", "udp fd00::10:80"},
+		lost:   []string{"fd00::10:80"},
+	}, {
+		name:          "external IP removed that another Service still serves",
+		before:        udp("dns", withExternalIP("192.0.2.10")),
+		after:         udp("dns"),
+		also:          udp("other", withClusterIP("10.96.0.20"), withExternalIP("192.0.2.10")),
+		want:          []string{"udp 10.96.0.10:80", "udp 192.0.2.10:80"},
+		lost:          []string{"192.0.2.10:80"},
+		sparedByOther: true,
+	}, {
+		name:   "external IP added: nothing lost",
+		before: udp("dns"),
+		after:  udp("dns", withExternalIP("192.0.2.10")),
+		want:   []string{"udp 10.96.0.10:80", "udp 192.0.2.10:80"},
+	}, {
+		name:   "TCP external IP removed: connections, left alone",
+		before: makeService("web", withExternalIP("192.0.2.10")),
+		after:  makeService("web"),
+		want:   []string{"tcp-unnated 10.96.0.10:80"},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ct := &fakeConntrack{}
+			p, fake := newPortalProxier(t)
+			p.opts.Conntrack = ct
+			// Both families, so that dropping the IPv6 ClusterIP is a rule
+			// change a failed restore holds back.
+			fake6 := iptables.NewFakeRunner(iptables.IPv6)
+			p.opts.IPv6Portals = iptables.New(fake6, iptables.Config{Family: iptables.IPv6, BindAddress: mustAddr("::1"), NodeIP: mustAddr("::1")})
+			p.OnServiceAdd(tc.before)
+			if tc.also != nil {
+				p.OnServiceAdd(tc.also)
+			}
+			p.Sync()
+			ct.take()
+			clear(ct.spared)
+
+			fake.Errors = map[string]error{"Restore": errors.New("injected restore failure")}
+			fake6.Errors = fake.Errors
+			p.OnServiceUpdate(tc.before, tc.after)
+			p.Sync()
+			if got := ct.take(); len(got) != 0 {
+				t.Fatalf("a failed sync cleared %v", got)
+			}
+			fake.Errors, fake6.Errors = nil, nil
+			p.Sync()
+			if got := ct.take(); !slices.Equal(got, tc.want) {
+				t.Fatalf("cleared %v, want %v", got, tc.want)
+			}
+			name := loadbalancer.ServicePortName{NamespacedName: types.NamespacedName{Namespace: "default", Name: tc.after.Name}, Port: "p", Protocol: tc.after.Spec.Ports[0].Protocol}
+			own := p.active[name]
+			if own == nil {
+				t.Fatalf("%s is not served after the change", name)
+			}
+			for target, spared := range ct.spared {
+				var want []int
+				switch {
+				case !slices.Contains(tc.lost, target):
+					want = []int{own.proxyPort}
+				case tc.sparedByOther:
+					want = []int{p.active[other].proxyPort}
+				}
+				if !slices.Equal(spared, want) {
+					t.Errorf("clearing %s spared ports %v, want %v", target, spared, want)
+				}
+			}
+			p.Sync()
+			if got := ct.take(); len(got) != 0 {
+				t.Errorf("the next sync cleared %v again", got)
+			}
+		})
+	}
+}

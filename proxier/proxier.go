@@ -101,8 +101,8 @@ type Options struct {
 	// hints; its zone arrives later through SetNodeZone.
 	NodeName string
 	// Conntrack clears stale flows when a proxy socket is new, and those
-	// of a UDP one that closes (see ConntrackCleaner); nil with portals
-	// off (no NAT, nothing stale).
+	// to a destination a UDP one loses or had when it closes (see
+	// ConntrackCleaner); nil with portals off (no NAT, nothing stale).
 	Conntrack ConntrackCleaner
 	// ServiceHealth serves healthCheckNodePorts of externalTrafficPolicy
 	// Local Services; nil disables them.
@@ -178,8 +178,8 @@ type Proxier struct {
 	// pendingConntrack: service ports with a new proxy socket whose stale
 	// conntrack entries wait for a successful portal sync (conntrack.go).
 	pendingConntrack map[loadbalancer.ServicePortName]struct{}
-	// closedUDP: destinations of closed UDP service ports whose entries
-	// wait for the same sync (conntrack.go).
+	// closedUDP: destinations UDP service ports closed or lost, whose
+	// entries wait for the same sync (conntrack.go).
 	closedUDP map[netip.AddrPort]struct{}
 	// lastFull is when the portals last had a full (repairing) sync.
 	lastFull time.Time
@@ -464,6 +464,10 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 		ap := p.active[name]
 		if ap != nil && ap.info == info && (ap.external != nil || !info.policy.splitExternal()) {
 			continue // the same Service object as last sync, and nothing to retry
+		}
+		if ap != nil && ap.info != info {
+			// Before a reopen, which forgets the old info.
+			p.removedFlowsToClear(ap.info, info)
 		}
 		if ap != nil && (ap.info.hasIPv6() != info.hasIPv6() || ap.info.faultName != info.faultName) {
 			// The socket's address family must change, or its fault port
