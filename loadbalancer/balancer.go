@@ -93,7 +93,8 @@ func (lb *LoadBalancer) SetAffinity(svc ServicePortName, p AffinityPolicy) {
 
 // SetEndpoints replaces the endpoints of svc (the EndpointSlice side) and
 // reports whether the eligible set changed. Eligible are the Ready
-// endpoints or, when none is Ready, the Serving and Terminating ones. The
+// endpoints or, in a family none of whose endpoints is Ready, its Serving
+// and Terminating ones (eligibleEndpoints). The
 // same eligible set in another order changes nothing (cursor and pins kept);
 // a real change reshuffles, restarts the cursor and unpins the clients of
 // endpoints that left.

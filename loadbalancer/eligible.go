@@ -6,14 +6,32 @@ import "net/netip"
 // the Ready endpoints, or, when none is Ready, the ones that are Serving and
 // Terminating. The fallback is kube-proxy's: a Service whose pods are all
 // shutting down keeps answering through them instead of refusing every
-// connection. Duplicates (the same address listed by two EndpointSlices) are
-// kept once, in first-seen order.
+// connection. It is decided per address family, as kube-proxy's per-family
+// proxiers each categorize their own family's endpoints: a dual-stack
+// Service whose IPv4 pods are all terminating while IPv6 ones are ready
+// serves its IPv4 clients with the terminating IPv4 pods (the balancer
+// keeps each family in its own round robin), where a decision over both
+// families dropped them and sent the IPv4 clients to IPv6 endpoints.
+// Duplicates (the same address listed by two EndpointSlices) are kept
+// once, in first-seen order.
 func eligibleEndpoints(eps []Endpoint) []netip.AddrPort {
-	out := collect(eps, func(e Endpoint) bool { return e.Ready })
-	if len(out) == 0 {
-		out = collect(eps, func(e Endpoint) bool { return e.Serving && e.Terminating })
+	var ready [2]bool // by family: IPv4, IPv6
+	for _, e := range eps {
+		if e.Ready && e.Addr.IsValid() {
+			ready[family(e.Addr)] = true
+		}
 	}
-	return out
+	return collect(eps, func(e Endpoint) bool {
+		return e.Ready || !ready[family(e.Addr)] && e.Serving && e.Terminating
+	})
+}
+
+// family is 0 for an IPv4 (or IPv4-mapped) address, 1 for IPv6.
+func family(a netip.AddrPort) int {
+	if a.Addr().Unmap().Is6() {
+		return 1
+	}
+	return 0
 }
 
 func collect(eps []Endpoint, keep func(Endpoint) bool) []netip.AddrPort {

@@ -53,6 +53,15 @@ func TestEligibleEndpoints(t *testing.T) {
 			want: []netip.AddrPort{b, a},
 		},
 		{
+			name: "fallback decided per family: IPv4 terminating kept beside ready IPv6",
+			eps: []Endpoint{
+				{Addr: a, Serving: true, Terminating: true},
+				{Addr: addr("[fd00::1]:80"), Ready: true, Serving: true},
+				{Addr: addr("[fd00::2]:80"), Serving: true, Terminating: true},
+			},
+			want: []netip.AddrPort{a, addr("[fd00::1]:80")},
+		},
+		{
 			name: "invalid address skipped",
 			eps:  []Endpoint{{Ready: true}, {Addr: a, Ready: true}},
 			want: []netip.AddrPort{a},

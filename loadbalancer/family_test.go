@@ -2,6 +2,7 @@ package loadbalancer
 
 import (
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 )
@@ -71,5 +72,67 @@ func TestFamilyAffinityRetryStaysInFamily(t *testing.T) {
 	}
 	if got := mustNext(t, sp, ip("10.1.0.1"), true); got != addr("10.0.0.1:80") {
 		t.Fatalf("IPv4 client's retry with one IPv4 endpoint got %v", got)
+	}
+}
+
+// The fallback to serving and terminating endpoints is decided per family,
+// as kube-proxy's per-family proxiers each categorize their own family's
+// endpoints: a family without a ready endpoint serves its clients with its
+// terminating ones even while the other family has ready ones, and a
+// family with a ready one ignores its terminating ones. Only a family
+// left with no eligible endpoint at all is served by the other's, as a
+// single-family Service is.
+func TestFamilyFallbackToTerminatingIsPerFamily(t *testing.T) {
+	v4r, v4t, v4x := addr("10.0.0.1:80"), addr("10.0.0.2:80"), addr("10.0.0.3:80")
+	v6r, v6t := addr("[fd00::1]:80"), addr("[fd00::2]:80")
+	c4, c6 := ip("10.1.0.1"), ip("fd01::1")
+	ready := func(a netip.AddrPort) Endpoint { return Endpoint{Addr: a, Ready: true, Serving: true} }
+	terminating := func(a netip.AddrPort) Endpoint { return Endpoint{Addr: a, Serving: true, Terminating: true} }
+	gone := func(a netip.AddrPort) Endpoint { return Endpoint{Addr: a, Terminating: true} }
+	tests := []struct {
+		name      string
+		eps       []Endpoint
+		want4     []netip.AddrPort // what IPv4 clients are served by
+		want6     []netip.AddrPort // what IPv6 clients are served by
+		eligibleN int
+	}{
+		{"IPv4 terminating only, IPv6 ready", []Endpoint{terminating(v4t), ready(v6r), terminating(v6t)},
+			[]netip.AddrPort{v4t}, []netip.AddrPort{v6r}, 2},
+		{"IPv6 terminating only, IPv4 ready", []Endpoint{ready(v4r), terminating(v4t), terminating(v6t)},
+			[]netip.AddrPort{v4r}, []netip.AddrPort{v6t}, 2},
+		{"both ready: terminating ignored in each", []Endpoint{terminating(v4t), ready(v4r), terminating(v6t), ready(v6r)},
+			[]netip.AddrPort{v4r}, []netip.AddrPort{v6r}, 2},
+		{"both terminating only", []Endpoint{terminating(v4t), gone(v4x), terminating(v6t)},
+			[]netip.AddrPort{v4t}, []netip.AddrPort{v6t}, 2},
+		{"IPv4 has none eligible: IPv6 ready serve all", []Endpoint{gone(v4x), ready(v6r), terminating(v6t)},
+			[]netip.AddrPort{v6r}, []netip.AddrPort{v6r}, 1},
+		{"IPv4-mapped endpoint counts as IPv4", []Endpoint{terminating(addr("[::ffff:10.0.0.2]:80")), ready(v6r)},
+			[]netip.AddrPort{addr("[::ffff:10.0.0.2]:80")}, []netip.AddrPort{v6r}, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			lb, _ := newTestBalancer(t)
+			name := svcName("dual")
+			lb.SetEndpoints(name, tt.eps)
+			sp := lb.ServicePort(name)
+			for _, c := range []struct {
+				client netip.Addr
+				want   []netip.AddrPort
+			}{{c4, tt.want4}, {c6, tt.want6}} {
+				var got []netip.AddrPort
+				for range 2 * len(c.want) {
+					if ep := mustNext(t, sp, c.client, false); !slices.Contains(got, ep) {
+						got = append(got, ep)
+					}
+				}
+				slices.SortFunc(got, netip.AddrPort.Compare)
+				if !slices.Equal(got, c.want) {
+					t.Errorf("client %v served by %v, want %v", c.client, got, c.want)
+				}
+			}
+			if n := len(sp.Snapshot().Endpoints); n != tt.eligibleN {
+				t.Errorf("%d eligible endpoints, want %d", n, tt.eligibleN)
+			}
+		})
 	}
 }

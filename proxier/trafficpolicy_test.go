@@ -199,3 +199,68 @@ func TestExternalLocalShortcutPortals(t *testing.T) {
 		})
 	}
 }
+
+// Under a Local traffic policy a dual-stack Service's node-local endpoints
+// fall back to serving and terminating ones per family, as kube-proxy's
+// per-family proxiers each categorize their own family: this node's IPv4
+// pod is terminating and its IPv6 pod ready, so IPv4 clients are served by
+// the terminating IPv4 pod, not sent to the IPv6 one. Under a Cluster
+// policy the IPv4 family has a ready pod elsewhere, which takes over from
+// the terminating one.
+func TestLocalPolicyFallbackPerFamily(t *testing.T) {
+	local := v1.ServiceInternalTrafficPolicyLocal
+	dual := func(s *v1.Service) { s.Spec.ClusterIPs = []string{"10.96.0.10", "fd00::10"} }
+	tests := []struct {
+		name         string
+		svc          svcOpt
+		wantInternal []string
+		wantExternal []string // nil: no separate external set
+	}{
+		{"internalTrafficPolicy Local", func(s *v1.Service) { s.Spec.InternalTrafficPolicy = &local },
+			[]string{"10.1.0.1", "fd00:1::1"}, nil},
+		{"externalTrafficPolicy Local", func(s *v1.Service) {
+			withNodePort(30080)(s)
+			s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+		}, []string{"10.1.0.2", "fd00:1::1"}, []string{"10.1.0.1", "fd00:1::1"}},
+		{"both Local", func(s *v1.Service) {
+			withNodePort(30080)(s)
+			s.Spec.InternalTrafficPolicy = &local
+			s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+		}, []string{"10.1.0.1", "fd00:1::1"}, nil},
+		{"Cluster", withNodePort(30080), []string{"10.1.0.2", "fd00:1::1"}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newTestProxier(t, Options{NodeName: "node1"})
+			p.OnServiceAdd(makeService("web", dual, tt.svc))
+			// IPv4: this node's pod terminating (still serving), node2's ready.
+			v4 := makeSlice("web", v1.ProtocolTCP, "10.1.0.1:8080", "10.1.0.2:8080")
+			v4.Endpoints[0].Conditions = discovery.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(true), Terminating: ptr.To(true)}
+			v4.Endpoints[0].NodeName = ptr.To("node1")
+			v4.Endpoints[1].NodeName = ptr.To("node2")
+			// IPv6: this node's pod ready.
+			v6 := makeSlice("web", v1.ProtocolTCP, "[fd00:1::1]:8080")
+			v6.Name, v6.AddressType = "web-v6", discovery.AddressTypeIPv6
+			v6.Endpoints[0].NodeName = ptr.To("node1")
+			p.OnEndpointSliceAdd(v4)
+			p.OnEndpointSliceAdd(v6)
+			p.Sync()
+			spn := loadbalancer.ServicePortName{NamespacedName: types.NamespacedName{Namespace: "default", Name: "web"}, Port: "p", Protocol: v1.ProtocolTCP}
+			hosts := func(in []string) []string {
+				for i := range in {
+					in[i] = strings.Trim(strings.TrimSuffix(in[i], ":8080"), "[]")
+				}
+				return in
+			}
+			if got := hosts(endpointsOf(t, p, spn)); !slices.Equal(got, tt.wantInternal) {
+				t.Errorf("internal endpoints %v, want %v", got, tt.wantInternal)
+			}
+			if tt.wantExternal == nil {
+				return
+			}
+			if got := hosts(endpointsOf(t, p, externalName(spn))); !slices.Equal(got, tt.wantExternal) {
+				t.Errorf("external endpoints %v, want %v", got, tt.wantExternal)
+			}
+		})
+	}
+}
