@@ -99,12 +99,16 @@ func TestDebugRowsFollowEverySync(t *testing.T) {
 	p.OnServiceAdd(makeService("auth", withClusterIP("10.96.0.50")))
 	check("one replaced by another", true, "default/cache:p absent", "default/auth:p 0")
 	// An address family change reopens the socket: closed and opened in
-	// one sync, the row stays once, with the new socket's port.
-	p.OnServiceUpdate(makeService("auth", withClusterIP("10.96.0.50")), makeService("auth", withClusterIP("fd00::50")))
+	// one sync, the row stays once, with the new socket's port. (Dual-stack:
+	// an IPv6-only Service is not served with IPv4 portals only.)
+	dual := func(s *v1.Service) {
+		s.Spec.ClusterIP, s.Spec.ClusterIPs = "10.96.0.50", []string{"10.96.0.50", "fd00::50"}
+	}
+	p.OnServiceUpdate(makeService("auth", withClusterIP("10.96.0.50")), makeService("auth", dual))
 	check("one reopened", true, "default/auth:p 0")
 	// A protocol change closes one name and opens another of the same key;
 	// a row after it changes in the same sync.
-	p.OnServiceUpdate(makeService("auth", withClusterIP("fd00::50")), makeService("auth", withClusterIP("fd00::50"), withProtocol(v1.ProtocolUDP)))
+	p.OnServiceUpdate(makeService("auth", dual), makeService("auth", dual, withProtocol(v1.ProtocolUDP)))
 	p.OnServiceUpdate(old, makeService("web", withClusterIP("10.96.0.30"), withNodePort(30081)))
 	check("protocol changed", true, "default/auth:p 0", "default/web:p 30081")
 	for range 3 {

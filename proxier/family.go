@@ -2,6 +2,7 @@ package proxier
 
 import (
 	"net/netip"
+	"slices"
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
@@ -52,11 +53,41 @@ func (a *servicePortInfo) nodePortFamilies(hasV4, hasV6 bool) (v4, v6 bool) {
 	return v4 || !v6, v6
 }
 
-// noteNoPortal logs a changed Service (infos nil: removed) whose every
-// portal is of the unsupported family, once per Service: nothing sends its
-// traffic to its socket, and its syncs are otherwise silent about it. A
-// dual-stack Service is served in the family that works, without a word.
+// hasPortalOutside reports whether the port has a portal in a family other
+// than missing.
+func (a *servicePortInfo) hasPortalOutside(missing string) bool {
+	v4, v6 := a.portalFamilies()
+	return missing == "IPv6" && v4 || missing == "IPv4" && v6
+}
+
+// withPortal leaves out the ports whose every portal is of the unsupported
+// family: as kube-proxy, whose proxier of that family does not exist,
+// such a port gets nothing, no proxy socket (no traffic could reach it),
+// no balancer entry, no NodePort claim and no healthCheckNodePort. It held
+// all of them, on a port of the node nothing was sent to. A dual-stack
+// port keeps them and is served in the family that works. infos is
+// returned as it is when nothing is left out, and always with both
+// families or neither (--iptables=false: every port served on its socket).
 // Called with p.mu held.
+func (p *Proxier) withPortal(infos []*servicePortInfo) []*servicePortInfo {
+	missing := p.unsupportedFamily()
+	if missing == "" || !slices.ContainsFunc(infos, func(info *servicePortInfo) bool { return !info.hasPortalOutside(missing) }) {
+		return infos
+	}
+	var out []*servicePortInfo
+	for _, info := range infos {
+		if info.hasPortalOutside(missing) {
+			out = append(out, info)
+		}
+	}
+	return out
+}
+
+// noteNoPortal logs a changed Service (infos nil: removed) whose every
+// portal is of the unsupported family, once per Service: it is not served
+// (withPortal), and its syncs are otherwise silent about it. A dual-stack
+// Service is served in the family that works, without a word. Called with
+// p.mu held.
 func (p *Proxier) noteNoPortal(nn types.NamespacedName, infos []*servicePortInfo) {
 	missing := p.unsupportedFamily()
 	if missing == "" {
@@ -64,7 +95,7 @@ func (p *Proxier) noteNoPortal(nn types.NamespacedName, infos []*servicePortInfo
 	}
 	none := len(infos) > 0
 	for _, info := range infos {
-		if v4, v6 := info.portalFamilies(); missing == "IPv6" && v4 || missing == "IPv4" && v6 {
+		if info.hasPortalOutside(missing) {
 			none = false
 		}
 	}
@@ -73,6 +104,6 @@ func (p *Proxier) noteNoPortal(nn types.NamespacedName, infos []*servicePortInfo
 		delete(p.noPortal, nn)
 	case !p.noPortal[nn]:
 		p.noPortal[nn] = true
-		klog.InfoS("Service gets no portal: no iptables support for its IP family on this node", "service", nn, "ipFamily", missing)
+		klog.InfoS("Service gets no portal and is not served: no iptables support for its IP family on this node", "service", nn, "ipFamily", missing)
 	}
 }

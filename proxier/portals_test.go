@@ -10,6 +10,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -398,5 +399,92 @@ func TestServiceOfAnUnsupportedFamilyLoggedOnce(t *testing.T) {
 	}
 	if got := len(v4.portals); got != 1 || v4.portals[0].IP != netip.MustParseAddr("10.96.0.11") {
 		t.Errorf("IPv4 portals %+v, want dual's ClusterIP only", v4.portals)
+	}
+}
+
+// With portals of one family only (the node's netfilter lacks the other:
+// see iptables.Present), a service port whose every address is of the
+// other family is not served at all, as kube-proxy, which has no proxier
+// for that family: no proxy socket (nor external one), no balancer entry,
+// no healthCheckNodePort (nor NodePort claim, which belongs to the open
+// port); traffic could reach none of them. A dual-stack Service is served
+// in the family that works, a change of family opens or closes the port,
+// and without any syncer (--iptables=false) every port is served on its
+// socket.
+func TestServiceOfAnUnsupportedFamilyNotServed(t *testing.T) {
+	v4only, v6only, dual := []string{"10.96.0.10"}, []string{"fd00::10"}, []string{"10.96.0.10", "fd00::10"}
+	type step struct {
+		clusterIPs []string
+		served     bool
+	}
+	for _, tt := range []struct {
+		name   string
+		v4, v6 bool // the families with a portal syncer
+		steps  []step
+	}{
+		{"IPv6-only Service, no IPv6 netfilter", true, false, []step{{v6only, false}}},
+		{"IPv4-only Service, no IPv4 netfilter", false, true, []step{{v4only, false}}},
+		{"dual-stack Service, no IPv6 netfilter", true, false, []step{{dual, true}}},
+		{"IPv4-only Service, no IPv6 netfilter", true, false, []step{{v4only, true}}},
+		{"IPv6-only Service, both families", true, true, []step{{v6only, true}}},
+		{"IPv6-only Service, --iptables=false", false, false, []step{{v6only, true}}},
+		{"IPv6-only turns dual-stack and back", true, false, []step{{v6only, false}, {dual, true}, {v6only, false}}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			v4, v6, health := &portalRecorder{}, &portalRecorder{}, &healthRecorder{}
+			opts := Options{ServiceHealth: health}
+			if tt.v4 {
+				opts.IPv4Portals = v4
+			}
+			if tt.v6 {
+				opts.IPv6Portals = v6
+			}
+			p := New(opts)
+			t.Cleanup(func() {
+				ctx, cancel := context.WithCancel(context.Background())
+				cancel()
+				p.Run(ctx)
+			})
+			listened := 0
+			p.listen = func(_ loadbalancer.ServicePortName, _ netip.Addr, port int, _ bool, _ *loadbalancer.ServicePort, _ *faults.Port, _ *socketConfig) (proxySocket, error) {
+				listened++
+				return planSocket(40000 + listened), nil
+			}
+			p.OnServiceSynced()
+			p.OnEndpointSlicesSynced()
+			var prev *v1.Service
+			for i, st := range tt.steps {
+				svc := localLB("web", 32000)
+				svc.Spec.ClusterIP, svc.Spec.ClusterIPs = st.clusterIPs[0], st.clusterIPs
+				svc.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: st.clusterIPs[0]}}
+				if prev == nil {
+					p.OnServiceAdd(svc)
+				} else {
+					p.OnServiceUpdate(prev, svc)
+				}
+				prev = svc
+				listened = 0
+				p.Sync()
+				name := servicePortName("web")
+				_, active := p.active[name]
+				lbNames := p.lb.ServicePortNames()
+				inLB := slices.Contains(lbNames, name) || slices.Contains(lbNames, externalName(name))
+				healthPorts := map[types.NamespacedName]int{}
+				if n := len(health.calls); n > 0 {
+					healthPorts = health.calls[n-1]
+				}
+				_, healthChecked := healthPorts[name.NamespacedName]
+				portals := len(v4.portals) + len(v6.portals)
+				if st.served {
+					if !active || !inLB || !healthChecked || (tt.v4 || tt.v6) && portals == 0 {
+						t.Errorf("step %d (%v): served %v, balancer entry %v, health check %v, %d portals; want all", i, st.clusterIPs, active, inLB, healthChecked, portals)
+					}
+					continue
+				}
+				if active || listened != 0 || inLB || healthChecked || portals != 0 {
+					t.Errorf("step %d (%v): served %v (%d sockets opened), balancer entries %v, health checks %v, %d portals; want none", i, st.clusterIPs, active, listened, lbNames, healthPorts, portals)
+				}
+			}
+		})
 	}
 }

@@ -382,7 +382,8 @@ type parsedService struct {
 
 // desired returns the service ports of the current Services, and the
 // Services whose ports changed since the previous call (their new ports;
-// none when removed). An unchanged Service object keeps its
+// none when removed). A port without a portal in any family the node's
+// netfilter supports is left out of both (withPortal). An unchanged Service object keeps its
 // *servicePortInfo values, which the sync uses to skip its ports.
 func (p *Proxier) desired() (map[loadbalancer.ServicePortName]*servicePortInfo, map[types.NamespacedName][]*servicePortInfo, int) {
 	p.mu.Lock()
@@ -392,7 +393,9 @@ func (p *Proxier) desired() (map[loadbalancer.ServicePortName]*servicePortInfo, 
 	for nn, svc := range p.services {
 		ps, ok := p.parsed[nn]
 		if !ok || ps.svc != svc {
-			ps = parsedService{svc: svc, infos: servicePorts(svc)}
+			infos := servicePorts(svc)
+			p.noteNoPortal(nn, infos)
+			ps = parsedService{svc: svc, infos: p.withPortal(infos)}
 			p.parsed[nn] = ps
 			changed[nn] = ps.infos
 		}
@@ -405,11 +408,9 @@ func (p *Proxier) desired() (map[loadbalancer.ServicePortName]*servicePortInfo, 
 			if _, ok := p.services[nn]; !ok {
 				delete(p.parsed, nn)
 				changed[nn] = nil
+				p.noteNoPortal(nn, nil)
 			}
 		}
-	}
-	for nn, infos := range changed {
-		p.noteNoPortal(nn, infos)
 	}
 	n := p.pendingChanges
 	p.pendingChanges = 0
