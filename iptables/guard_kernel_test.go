@@ -15,52 +15,9 @@ import (
 // dropped, and that while the proxy socket listens on every address.
 func TestKernelGuard(t *testing.T) {
 	requireRealIptables(t)
-	ns := newNetns(t)
-	inNetns(t, ns, "ip", "link", "set", "lo", "up")
-	// Both ends of the pair stay in the namespace (no dummy module here).
-	inNetns(t, ns, "ip", "link", "add", "kup0", "type", "veth", "peer", "name", "kup1")
-	inNetns(t, ns, "ip", "addr", "add", "10.200.0.1/24", "dev", "kup0")
-	inNetns(t, ns, "ip", "link", "set", "kup0", "up")
-	inNetns(t, ns, "ip", "link", "set", "kup1", "up")
-	inNetns(t, ns, "ip", "route", "add", "10.96.0.0/16", "dev", "kup0")
-
-	runner := newNSRunner(t, ns, IPv4)
-	var ln net.Listener
-	var err error
-	runner.th.do(func() { ln, err = net.Listen("tcp4", "0.0.0.0:0") })
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	proxyPort := ln.Addr().(*net.TCPAddr).Port
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Write([]byte("k"))
-			c.Close()
-		}
-	}()
-
-	var pc net.PacketConn
-	runner.th.do(func() { pc, err = net.ListenPacket("udp4", "0.0.0.0:0") })
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pc.Close() })
-	udpProxyPort := pc.LocalAddr().(*net.UDPAddr).Port
-	go func() {
-		buf := make([]byte, 64)
-		for {
-			_, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			pc.WriteTo([]byte("k"), from)
-		}
-	}()
+	ns, runner := nodeNamespace(t)
+	proxyPort := answerTCP(t, runner, "0.0.0.0:0").Addr().(*net.TCPAddr).Port
+	udpProxyPort := answerUDP(t, runner, "0.0.0.0:0").LocalAddr().(*net.UDPAddr).Port
 
 	cfg := Config{Family: IPv4, BindAddress: netip.IPv4Unspecified(), NodeIP: netip.MustParseAddr("10.200.0.1")}
 	portals := []Portal{
@@ -121,17 +78,37 @@ func TestKernelGuard(t *testing.T) {
 // thread and reports whether the proxy socket answered. A dropped packet
 // shows up as a timeout; a served one answers at once.
 func dialServed(runner *nsRunner, network, addr string) bool {
+	return dialServedFrom(runner, network, netip.AddrPort{}, addr)
+}
+
+// dialServedFrom is dialServed from a chosen local address and port (any
+// part left zero: the kernel's choice).
+func dialServedFrom(runner *nsRunner, network string, from netip.AddrPort, to string) bool {
 	served := false
 	runner.th.do(func() {
-		c, err := net.DialTimeout(network, addr, 500*time.Millisecond)
+		d := net.Dialer{Timeout: 500 * time.Millisecond}
+		if from.Addr().IsValid() {
+			if network == "udp4" {
+				d.LocalAddr = net.UDPAddrFromAddrPort(from)
+			} else {
+				d.LocalAddr = net.TCPAddrFromAddrPort(from)
+			}
+		}
+		c, err := d.Dial(network, to)
 		if err != nil {
 			return
+		}
+		if tc, ok := c.(*net.TCPConn); ok {
+			// Closed with a reset, the port is free at once: a close that
+			// sends its FIN before the server's could leave a chosen port in
+			// TIME_WAIT, and a listen on it next would fail (15 % of runs).
+			_ = tc.SetLinger(0)
 		}
 		defer c.Close()
 		c.SetDeadline(time.Now().Add(500 * time.Millisecond))
 		if network == "udp4" {
 			// A connected UDP socket only accepts the reply if it comes from
-			// addr, i.e. conntrack undid the REDIRECT on the way back.
+			// the address it sent to, i.e. conntrack undid the NAT.
 			if _, err := c.Write([]byte("q")); err != nil {
 				return
 			}
@@ -143,12 +120,11 @@ func dialServed(runner *nsRunner, network, addr string) bool {
 	return served
 }
 
-// TestKernelGuardSparesNodeFlows: the rules outlive the proxy, so a port
-// that was a proxy port may later be the source port of one of the node's
-// own connections. Its replies (not NEW) must pass the guard, while a NEW
-// connection to that port that did not pass a portal is still dropped.
-func TestKernelGuardSparesNodeFlows(t *testing.T) {
-	requireRealIptables(t)
+// nodeNamespace makes a namespace that stands for a node: loopback up, the
+// node IP 10.200.0.1/24 on a veth pair whose both ends stay inside (no
+// dummy module here), the ClusterIP range routed out of it; and a runner
+// working in it.
+func nodeNamespace(t *testing.T) (string, *nsRunner) {
 	ns := newNetns(t)
 	inNetns(t, ns, "ip", "link", "set", "lo", "up")
 	inNetns(t, ns, "ip", "link", "add", "kup0", "type", "veth", "peer", "name", "kup1")
@@ -156,92 +132,15 @@ func TestKernelGuardSparesNodeFlows(t *testing.T) {
 	inNetns(t, ns, "ip", "link", "set", "kup0", "up")
 	inNetns(t, ns, "ip", "link", "set", "kup1", "up")
 	inNetns(t, ns, "ip", "route", "add", "10.96.0.0/16", "dev", "kup0")
-	runner := newNSRunner(t, ns, IPv4)
+	return ns, newNSRunner(t, ns, IPv4)
+}
 
-	// A server the node talks to, and two ports that were proxy ports of a
-	// stopped proxy: nothing listens on them, their guard rules stay.
-	var srv net.Listener
-	var udpSrv net.PacketConn
-	var err error
-	runner.th.do(func() {
-		if srv, err = net.Listen("tcp4", "10.200.0.1:0"); err == nil {
-			udpSrv, err = net.ListenPacket("udp4", "10.200.0.1:0")
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close(); udpSrv.Close() })
-	go func() {
-		for {
-			c, err := srv.Accept()
-			if err != nil {
-				return
-			}
-			c.Write([]byte("k"))
-			c.Close()
-		}
-	}()
-	go func() {
-		buf := make([]byte, 64)
-		for {
-			_, from, err := udpSrv.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			udpSrv.WriteTo([]byte("k"), from)
-		}
-	}()
-	const tcpPort, udpPort = 41234, 41235
-	cfg := Config{Family: IPv4, BindAddress: netip.IPv4Unspecified(), NodeIP: netip.MustParseAddr("10.200.0.1")}
-	syncOK(t, New(runner, cfg), []Portal{
-		{Name: "default/web:http", Protocol: TCP, IP: netip.MustParseAddr("10.96.0.10"), Port: 80, ProxyPort: tcpPort},
-		{Name: "default/dns:dns", Protocol: UDP, IP: netip.MustParseAddr("10.96.0.53"), Port: 53, ProxyPort: udpPort},
-	})
-
-	fromPort := func(network string, port int, to net.Addr) bool {
-		served := false
-		runner.th.do(func() {
-			local := &net.TCPAddr{IP: net.IPv4(10, 200, 0, 1), Port: port}
-			var la net.Addr = local
-			if network == "udp4" {
-				la = &net.UDPAddr{IP: local.IP, Port: port}
-			}
-			d := net.Dialer{LocalAddr: la, Timeout: 500 * time.Millisecond}
-			c, err := d.Dial(network, to.String())
-			if err != nil {
-				return
-			}
-			if tc, ok := c.(*net.TCPConn); ok {
-				// Closed with a reset, the port is free at once: a
-				// close that sends its FIN before the server's could
-				// leave it in TIME_WAIT, and the listen on the same
-				// port below would fail (15 % of runs).
-				_ = tc.SetLinger(0)
-			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(500 * time.Millisecond))
-			if network == "udp4" {
-				if _, err := c.Write([]byte("q")); err != nil {
-					return
-				}
-			}
-			got := make([]byte, 1)
-			_, err = c.Read(got)
-			served = err == nil && string(got) == "k"
-		})
-		return served
-	}
-	if !fromPort("tcp4", tcpPort, srv.Addr()) {
-		t.Errorf("TCP connection from former proxy port %d to %v got no reply", tcpPort, srv.Addr())
-	}
-	if !fromPort("udp4", udpPort, udpSrv.LocalAddr()) {
-		t.Errorf("UDP exchange from former proxy port %d to %v got no reply", udpPort, udpSrv.LocalAddr())
-	}
-
-	// The same port, listening again, is still no back door.
+// answerTCP listens on addr in the runner's namespace and answers every
+// connection with "k", closed with the test.
+func answerTCP(t *testing.T, runner *nsRunner, addr string) net.Listener {
 	var ln net.Listener
-	runner.th.do(func() { ln, err = net.Listen("tcp4", "0.0.0.0:"+strconv.Itoa(tcpPort)) })
+	var err error
+	runner.th.do(func() { ln, err = net.Listen("tcp4", addr) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,6 +155,62 @@ func TestKernelGuardSparesNodeFlows(t *testing.T) {
 			c.Close()
 		}
 	}()
+	return ln
+}
+
+// answerUDP is answerTCP for datagrams.
+func answerUDP(t *testing.T, runner *nsRunner, addr string) net.PacketConn {
+	var pc net.PacketConn
+	var err error
+	runner.th.do(func() { pc, err = net.ListenPacket("udp4", addr) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			_, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			pc.WriteTo([]byte("k"), from)
+		}
+	}()
+	return pc
+}
+
+// TestKernelGuardSparesNodeFlows: the rules outlive the proxy, so a port
+// that was a proxy port may later be the source port of one of the node's
+// own connections. Its replies (not NEW) must pass the guard, while a NEW
+// connection to that port that did not pass a portal is still dropped.
+func TestKernelGuardSparesNodeFlows(t *testing.T) {
+	requireRealIptables(t)
+	_, runner := nodeNamespace(t)
+
+	// A server the node talks to, and two ports that were proxy ports of a
+	// stopped proxy: nothing listens on them, their guard rules stay.
+	srv, udpSrv := answerTCP(t, runner, "10.200.0.1:0"), answerUDP(t, runner, "10.200.0.1:0")
+	const tcpPort, udpPort = 41234, 41235
+	cfg := Config{Family: IPv4, BindAddress: netip.IPv4Unspecified(), NodeIP: netip.MustParseAddr("10.200.0.1")}
+	syncOK(t, New(runner, cfg), []Portal{
+		{Name: "default/web:http", Protocol: TCP, IP: netip.MustParseAddr("10.96.0.10"), Port: 80, ProxyPort: tcpPort},
+		{Name: "default/dns:dns", Protocol: UDP, IP: netip.MustParseAddr("10.96.0.53"), Port: 53, ProxyPort: udpPort},
+	})
+
+	node := netip.MustParseAddr("10.200.0.1")
+	fromPort := func(network string, port int, to net.Addr) bool {
+		return dialServedFrom(runner, network, netip.AddrPortFrom(node, uint16(port)), to.String())
+	}
+	if !fromPort("tcp4", tcpPort, srv.Addr()) {
+		t.Errorf("TCP connection from former proxy port %d to %v got no reply", tcpPort, srv.Addr())
+	}
+	if !fromPort("udp4", udpPort, udpSrv.LocalAddr()) {
+		t.Errorf("UDP exchange from former proxy port %d to %v got no reply", udpPort, udpSrv.LocalAddr())
+	}
+
+	// The same port, listening again, is still no back door.
+	answerTCP(t, runner, "0.0.0.0:"+strconv.Itoa(tcpPort))
 	if dialServed(runner, "tcp4", "10.200.0.1:"+strconv.Itoa(tcpPort)) {
 		t.Errorf("a direct NEW connection to proxy port %d was served", tcpPort)
 	}

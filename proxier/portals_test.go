@@ -206,17 +206,7 @@ func TestNodePortOnlyOnTheServicesFamilies(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			v4, v6 := &portalRecorder{}, &portalRecorder{}
-			p := New(Options{IPv4Portals: v4, IPv6Portals: v6})
-			t.Cleanup(func() {
-				ctx, cancel := context.WithCancel(context.Background())
-				cancel()
-				p.Run(ctx)
-			})
-			p.listen = func(_ loadbalancer.ServicePortName, _ netip.Addr, port int, _ bool, _ *loadbalancer.ServicePort, _ *faults.Port, _ *socketConfig) (proxySocket, error) {
-				return planSocket(40000), nil
-			}
-			p.OnServiceSynced()
-			p.OnEndpointSlicesSynced()
+			p := newSyncedPlanProxier(t, Options{IPv4Portals: v4, IPv6Portals: v6})
 			svc := makeService("web", withNodePort(30080))
 			svc.Spec.ClusterIP, svc.Spec.ClusterIPs = tt.clusterIPs[0], tt.clusterIPs
 			p.OnServiceAdd(svc)
@@ -256,17 +246,7 @@ func TestNodePortInTheClusterIPsFamilies(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			v4, v6 := &portalRecorder{}, &portalRecorder{}
-			p := New(Options{IPv4Portals: v4, IPv6Portals: v6})
-			t.Cleanup(func() {
-				ctx, cancel := context.WithCancel(context.Background())
-				cancel()
-				p.Run(ctx)
-			})
-			p.listen = func(_ loadbalancer.ServicePortName, _ netip.Addr, port int, _ bool, _ *loadbalancer.ServicePort, _ *faults.Port, _ *socketConfig) (proxySocket, error) {
-				return planSocket(40000), nil
-			}
-			p.OnServiceSynced()
-			p.OnEndpointSlicesSynced()
+			p := newSyncedPlanProxier(t, Options{IPv4Portals: v4, IPv6Portals: v6})
 			svc := makeService("web", withNodePort(30080))
 			svc.Spec.Type = v1.ServiceTypeLoadBalancer
 			svc.Spec.ClusterIP, svc.Spec.ClusterIPs = "", tt.clusterIPs
@@ -310,17 +290,7 @@ func TestNodePortInTheClusterIPsFamilies(t *testing.T) {
 // and a change of the ranges alone rewrites the portals.
 func TestLoadBalancerSourceRanges(t *testing.T) {
 	v4, v6 := &portalRecorder{}, &portalRecorder{}
-	p := New(Options{IPv4Portals: v4, IPv6Portals: v6})
-	t.Cleanup(func() {
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel()
-		p.Run(ctx)
-	})
-	p.listen = func(_ loadbalancer.ServicePortName, _ netip.Addr, port int, _ bool, _ *loadbalancer.ServicePort, _ *faults.Port, _ *socketConfig) (proxySocket, error) {
-		return planSocket(40000), nil
-	}
-	p.OnServiceSynced()
-	p.OnEndpointSlicesSynced()
+	p := newSyncedPlanProxier(t, Options{IPv4Portals: v4, IPv6Portals: v6})
 	lb := func(ranges ...string) *v1.Service {
 		svc := makeService("web", withNodePort(30080))
 		svc.Spec.Type = v1.ServiceTypeLoadBalancer
@@ -370,17 +340,7 @@ func TestLoadBalancerSourceRanges(t *testing.T) {
 func TestServiceOfAnUnsupportedFamilyLoggedOnce(t *testing.T) {
 	logs := captureKlog(t)
 	v4 := &portalRecorder{}
-	p := New(Options{IPv4Portals: v4})
-	t.Cleanup(func() {
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel()
-		p.Run(ctx)
-	})
-	p.listen = func(_ loadbalancer.ServicePortName, _ netip.Addr, port int, _ bool, _ *loadbalancer.ServicePort, _ *faults.Port, _ *socketConfig) (proxySocket, error) {
-		return planSocket(40000), nil
-	}
-	p.OnServiceSynced()
-	p.OnEndpointSlicesSynced()
+	p := newSyncedPlanProxier(t, Options{IPv4Portals: v4})
 	six := makeService("six", withNodePort(30080))
 	six.Spec.ClusterIP, six.Spec.ClusterIPs = "fd00::10", []string{"fd00::10"}
 	dual := makeService("dual")
@@ -487,4 +447,22 @@ func TestServiceOfAnUnsupportedFamilyNotServed(t *testing.T) {
 			}
 		})
 	}
+}
+
+// newSyncedPlanProxier is a proxier with both sources synced whose sockets
+// are plans (planSocket), no listening, for tests of what a sync decides.
+func newSyncedPlanProxier(t *testing.T, opts Options) *Proxier {
+	t.Helper()
+	p := New(opts)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		p.Run(ctx)
+	})
+	p.listen = func(_ loadbalancer.ServicePortName, _ netip.Addr, port int, _ bool, _ *loadbalancer.ServicePort, _ *faults.Port, _ *socketConfig) (proxySocket, error) {
+		return planSocket(40000), nil
+	}
+	p.OnServiceSynced()
+	p.OnEndpointSlicesSynced()
+	return p
 }
