@@ -138,21 +138,7 @@ func TestKernelUDPClearingSparesLiveFlows(t *testing.T) {
 	// The backend is on the test's own loopback: the proxy's service socket
 	// is made in the namespace (by Sync, below), but it dials backends from
 	// its relay goroutine, whose thread is in the test's namespace.
-	backend, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { backend.Close() })
-	go func() {
-		buf := make([]byte, 64)
-		for {
-			n, from, err := backend.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			_, _ = backend.WriteToUDPAddrPort(buf[:n], from)
-		}
-	}()
+	backend := loopbackUDPEcho(t)
 
 	service := netip.MustParseAddrPort("10.96.0.10:80")
 	dial := func() *net.UDPConn {
@@ -221,21 +207,7 @@ func TestKernelUDPClearingSparesLiveFlows(t *testing.T) {
 // closed port (or to the next socket given that port).
 func TestKernelDeletedUDPServiceClearsItsFlows(t *testing.T) {
 	ns, p, sync := conntrackBed(t, "ctd")
-	backend, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { backend.Close() })
-	go func() {
-		buf := make([]byte, 64)
-		for {
-			n, from, err := backend.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			_, _ = backend.WriteToUDPAddrPort(buf[:n], from)
-		}
-	}()
+	backend := loopbackUDPEcho(t)
 	svc := makeService("dns", withProtocol(v1.ProtocolUDP))
 	p.OnServiceAdd(svc)
 	p.OnEndpointSliceAdd(makeSlice("dns", v1.ProtocolUDP, backend.LocalAddr().String()))
@@ -276,21 +248,7 @@ func TestKernelDeletedUDPServiceClearsItsFlows(t *testing.T) {
 // its source port keeps being served at an address the Service gave up.
 func TestKernelRemovedExternalIPClearsItsFlows(t *testing.T) {
 	ns, p, sync := conntrackBed(t, "ctx")
-	backend, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { backend.Close() })
-	go func() {
-		buf := make([]byte, 64)
-		for {
-			n, from, err := backend.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			_, _ = backend.WriteToUDPAddrPort(buf[:n], from)
-		}
-	}()
+	backend := loopbackUDPEcho(t)
 	svc := makeService("dns", withProtocol(v1.ProtocolUDP))
 	svc.Spec.ExternalIPs = []string{"10.96.1.10"}
 	p.OnServiceAdd(svc)
@@ -348,4 +306,25 @@ func udpEntries(t *testing.T, ns *netns.NS, c *net.UDPConn, natTo *int) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// loopbackUDPEcho is a UDP backend on 127.0.0.1 that echoes every
+// datagram, closed with the test.
+func loopbackUDPEcho(t *testing.T) *net.UDPConn {
+	backend, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { backend.Close() })
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			n, from, err := backend.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			_, _ = backend.WriteToUDPAddrPort(buf[:n], from)
+		}
+	}()
+	return backend
 }
