@@ -71,3 +71,69 @@ func TestTopologyFiltered(t *testing.T) {
 		})
 	}
 }
+
+// TestTopologyHintsPerFamily: whether hints are used is decided per address
+// family, as kube-proxy's per-family proxiers each decide on their own
+// family's endpoints (topologyModeFromHints), an IPv4-mapped address
+// counting as IPv4. One family's missing hints do not switch hints off for
+// the other, one family's endpoints hinted for this zone (or node) do not
+// decide the other's set, and a family without a ready endpoint keeps its
+// terminating ones for the balancer's per-family fallback.
+func TestTopologyHintsPerFamily(t *testing.T) {
+	type ep struct {
+		ip          string
+		ready       bool
+		zones, node []string
+	}
+	a, b := []string{"a"}, []string{"b"}
+	tests := []struct {
+		name       string
+		eps        []ep
+		preferNode bool
+		want       []string
+	}{
+		{"IPv6 without hints does not switch IPv4's off",
+			[]ep{{"10.0.0.1", true, a, nil}, {"10.0.0.2", true, b, nil}, {"fd00::1", true, nil, nil}, {"fd00::2", true, nil, nil}}, false,
+			[]string{"10.0.0.1", "fd00::1", "fd00::2"}},
+		{"IPv4 without hints does not switch IPv6's off",
+			[]ep{{"10.0.0.1", true, nil, nil}, {"fd00::1", true, b, nil}, {"fd00::2", true, a, nil}}, false,
+			[]string{"10.0.0.1", "fd00::2"}},
+		{"IPv6 hinted for this zone does not drop IPv4 hinted elsewhere",
+			[]ep{{"10.0.0.1", true, b, nil}, {"10.0.0.2", true, b, nil}, {"fd00::1", true, a, nil}, {"fd00::2", true, b, nil}}, false,
+			[]string{"10.0.0.1", "10.0.0.2", "fd00::1"}},
+		{"both families hinted: each filtered",
+			[]ep{{"10.0.0.1", true, a, nil}, {"10.0.0.2", true, b, nil}, {"fd00::1", true, b, nil}, {"fd00::2", true, a, nil}}, false,
+			[]string{"10.0.0.1", "fd00::2"}},
+		{"IPv6 with none ready keeps its terminating ones",
+			[]ep{{"10.0.0.1", true, a, nil}, {"10.0.0.2", true, b, nil}, {"fd00::1", false, a, nil}}, false,
+			[]string{"10.0.0.1", "fd00::1"}},
+		{"IPv4-mapped counts as IPv4",
+			[]ep{{"::ffff:10.0.0.1", true, a, nil}, {"10.0.0.2", true, b, nil}, {"fd00::1", true, nil, nil}}, false,
+			[]string{"::ffff:10.0.0.1", "fd00::1"}},
+		{"IPv4-mapped without hints switches IPv4's off, not IPv6's",
+			[]ep{{"::ffff:10.0.0.1", true, nil, nil}, {"10.0.0.2", true, b, nil}, {"fd00::1", true, a, nil}, {"fd00::2", true, b, nil}}, false,
+			[]string{"::ffff:10.0.0.1", "10.0.0.2", "fd00::1"}},
+		{"node hints in IPv4 only: IPv6 decided by its zone hints",
+			[]ep{{"10.0.0.1", true, a, []string{"node1"}}, {"10.0.0.2", true, a, nil}, {"fd00::1", true, a, nil}, {"fd00::2", true, b, nil}}, true,
+			[]string{"10.0.0.1", "fd00::1"}},
+		{"node hints in IPv6 only: IPv4 without hints keeps all",
+			[]ep{{"10.0.0.1", true, nil, nil}, {"10.0.0.2", true, nil, nil}, {"fd00::1", true, a, []string{"node1"}}, {"fd00::2", true, a, []string{"node2"}}}, true,
+			[]string{"10.0.0.1", "10.0.0.2", "fd00::1"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var eps []loadbalancer.Endpoint
+			for _, e := range tt.eps {
+				eps = append(eps, loadbalancer.Endpoint{Addr: netip.AddrPortFrom(netip.MustParseAddr(e.ip), 80),
+					Ready: e.ready, Serving: true, Terminating: !e.ready, ZoneHints: e.zones, NodeHints: e.node})
+			}
+			var got []string
+			for _, e := range topologyFiltered(eps, nodeTopology{name: "node1", zone: "a"}, tt.preferNode) {
+				got = append(got, e.Addr.Addr().String())
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("got %v, want %v", got, tt.want)
+			}
+		})
+	}
+}

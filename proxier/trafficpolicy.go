@@ -81,44 +81,68 @@ func countReadyLocal(eps []loadbalancer.Endpoint, node string) int {
 	return n
 }
 
-// topologyFiltered applies EndpointSlice hints as kube-proxy does: node
-// hints when the Service prefers the same node and some ready endpoint is
-// hinted for this node; otherwise zone hints, but only when every ready
-// endpoint carries them and at least one ready endpoint is hinted for this
-// node's zone (partial hints mean the controller is mid-update, so all
-// endpoints are used). Only ready endpoints count: a non-ready one hinted
-// for this zone must not switch hints on, or a node whose zone has no ready
-// endpoint would reset every connection. The filtered set is the ready
-// hinted endpoints, as kube-proxy's.
+// topologyFiltered applies EndpointSlice hints as kube-proxy does, deciding
+// per address family (an IPv4-mapped address counts as IPv4), as
+// kube-proxy's per-family proxiers each categorize their own family's
+// endpoints: one family's missing hints do not switch hints off for the
+// other, and one family's hinted endpoints do not decide the other's set.
+// Each family keeps what topologyKeep decides for it, in the order given.
 func topologyFiltered(eps []loadbalancer.Endpoint, node nodeTopology, preferNode bool) []loadbalancer.Endpoint {
-	if preferNode && node.name != "" {
-		if out := hinted(eps, func(e loadbalancer.Endpoint) bool { return slices.Contains(e.NodeHints, node.name) }); len(out) > 0 {
-			return out
-		}
+	var keep [2]func(loadbalancer.Endpoint) bool // by family: IPv4, IPv6; nil keeps all
+	for f := range keep {
+		keep[f] = topologyKeep(eps, f, node, preferNode)
 	}
-	if node.zone == "" {
+	if keep[0] == nil && keep[1] == nil {
 		return eps
 	}
+	out := []loadbalancer.Endpoint{}
 	for _, e := range eps {
-		if e.Ready && len(e.ZoneHints) == 0 {
-			return eps
-		}
-	}
-	if out := hinted(eps, func(e loadbalancer.Endpoint) bool { return slices.Contains(e.ZoneHints, node.zone) }); len(out) > 0 {
-		return out
-	}
-	return eps
-}
-
-// hinted returns the ready endpoints that keep accepts.
-func hinted(eps []loadbalancer.Endpoint, keep func(loadbalancer.Endpoint) bool) []loadbalancer.Endpoint {
-	var out []loadbalancer.Endpoint
-	for _, e := range eps {
-		if e.Ready && keep(e) {
+		if k := keep[endpointFamily(e)]; k == nil || e.Ready && k(e) {
 			out = append(out, e)
 		}
 	}
 	return out
+}
+
+// topologyKeep decides the hints of family f's endpoints among eps: node
+// hints when the Service prefers the same node and some ready endpoint of
+// the family is hinted for this node; otherwise zone hints, but only when
+// every ready endpoint of the family carries them and at least one of them
+// is hinted for this node's zone (partial hints mean the controller is
+// mid-update, so all endpoints are used). Only ready endpoints count: a
+// non-ready one hinted for this zone must not switch hints on, or a node
+// whose zone has no ready endpoint would reset every connection. It returns
+// which ready endpoints of the family are kept (the hinted ones, as
+// kube-proxy's), or nil when hints are off and the family keeps all its
+// endpoints.
+func topologyKeep(eps []loadbalancer.Endpoint, f int, node nodeTopology, preferNode bool) func(loadbalancer.Endpoint) bool {
+	readyHinted := func(keep func(loadbalancer.Endpoint) bool) bool {
+		return slices.ContainsFunc(eps, func(e loadbalancer.Endpoint) bool {
+			return endpointFamily(e) == f && e.Ready && keep(e)
+		})
+	}
+	if preferNode && node.name != "" {
+		forNode := func(e loadbalancer.Endpoint) bool { return slices.Contains(e.NodeHints, node.name) }
+		if readyHinted(forNode) {
+			return forNode
+		}
+	}
+	if node.zone == "" || readyHinted(func(e loadbalancer.Endpoint) bool { return len(e.ZoneHints) == 0 }) {
+		return nil
+	}
+	forZone := func(e loadbalancer.Endpoint) bool { return slices.Contains(e.ZoneHints, node.zone) }
+	if readyHinted(forZone) {
+		return forZone
+	}
+	return nil
+}
+
+// endpointFamily is 0 for an IPv4 (or IPv4-mapped) endpoint, 1 for IPv6.
+func endpointFamily(e loadbalancer.Endpoint) int {
+	if e.Addr.Addr().Unmap().Is6() {
+		return 1
+	}
+	return 0
 }
 
 // externalName is the balancer entry of a service port's external traffic
