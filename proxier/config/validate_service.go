@@ -125,13 +125,16 @@ func validateClusterIPs(fe *fieldErrors, spec *field.Path, s *v1.Service) {
 	}
 }
 
+// validateServicePorts checks each port, and as the API server that no
+// port number nor node port is listed twice for one protocol (the same
+// node port for TCP and UDP is allowed).
 func validateServicePorts(fe *fieldErrors, path *field.Path, s *v1.Service, nodePorts PortRange) {
 	names := newPortNames("Service", len(s.Spec.Ports))
 	type portProto struct {
 		port  int32
 		proto v1.Protocol
 	}
-	seen := map[portProto]bool{}
+	seen, seenNode := map[portProto]bool{}, map[portProto]bool{}
 	for i, p := range s.Spec.Ports {
 		pp := path.Index(i)
 		names.check(fe, pp.Child("name"), p.Name)
@@ -147,6 +150,12 @@ func validateServicePorts(fe *fieldErrors, path *field.Path, s *v1.Service, node
 			validatePortNumber(fe, pp.Child("targetPort"), p.TargetPort.IntVal)
 		}
 		validateNodePort(fe, pp.Child("nodePort"), s.Spec.Type, p.NodePort, nodePorts)
+		if p.NodePort != 0 {
+			if seenNode[portProto{p.NodePort, p.Protocol}] {
+				fe.add(pp.Child("nodePort"), "node port %d/%s is listed twice", p.NodePort, p.Protocol)
+			}
+			seenNode[portProto{p.NodePort, p.Protocol}] = true
+		}
 	}
 }
 
