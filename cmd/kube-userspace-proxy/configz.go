@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	logsapi "k8s.io/component-base/logs/api/v1"
 	kubeproxyconfig "k8s.io/kube-proxy/config/v1alpha1"
 )
 
@@ -30,6 +31,9 @@ func (o *options) effectiveConfig() configFile {
 	c.ClientConnection.Kubeconfig = o.kubeconfig
 	c.IPTables.SyncPeriod = metav1.Duration{Duration: o.syncPeriod}
 	c.IPTables.MinSyncPeriod = metav1.Duration{Duration: o.minSyncPeriod}
+	// klog's -v in force, as kube-proxy's /configz shows its logging
+	// configuration (it showed 0 whatever -v or logging.verbosity said).
+	c.Logging.Verbosity = logsapi.VerbosityLevel(o.logVerbosity)
 	return configFile{KubeProxyConfiguration: c, UDPIdleTimeout: &metav1.Duration{Duration: o.udpTimeout}}
 }
 

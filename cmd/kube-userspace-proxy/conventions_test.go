@@ -7,9 +7,12 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -164,5 +167,72 @@ func checkConfigz(t *testing.T, base string) {
 		cfg.MetricsBindAddress != "127.0.0.1:0" || cfg.IPTables.SyncPeriod.Duration != 30*time.Second ||
 		cfg.UDPIdleTimeout == nil || cfg.UDPIdleTimeout.Duration != 3*time.Second || cfg.PortRange != "0" {
 		t.Errorf("/configz does not hold the effective configuration: %s", body)
+	}
+}
+
+// /configz reports the logging verbosity in force, as kube-proxy's shows
+// its configuration's logging: -v when given, else --config's
+// logging.verbosity. The command runs as itself (runMain's flag and
+// --config wiring), without iptables, on loopback and ephemeral ports,
+// and is stopped with SIGINT.
+func TestConfigzReportsVerbosity(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "proxy.yaml")
+	if err := os.WriteFile(cfg, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"+
+		"logging: {verbosity: 4}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	metricsRE := regexp.MustCompile(`"kube-userspace-proxy running".* metrics="([^"]+)"`)
+	for _, tt := range []struct {
+		name string
+		args []string
+		want uint32
+	}{
+		{"neither", nil, 0},
+		{"-v given", []string{"-v=3"}, 3},
+		{"from --config", []string{"--config", cfg}, 4},
+		{"-v wins over --config", []string{"--config", cfg, "-v=2"}, 2},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			args := append([]string{"-test.run=^$", "--", "--manifests", t.TempDir(), "--iptables=false",
+				"--bind-address", "127.0.0.1", "--healthz-bind-address", "", "--metrics-bind-address", "127.0.0.1:0",
+				"--proxy-port-range", "0"}, tt.args...)
+			cmd := exec.Command(os.Args[0], args...)
+			cmd.Env = append(os.Environ(), runAsCommand+"=1")
+			var stderr syncBuffer
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done, waited := make(chan error, 1), make(chan struct{})
+			go func() { done <- cmd.Wait(); close(waited) }()
+			t.Cleanup(func() { _ = cmd.Process.Kill(); <-waited })
+			var base string
+			for deadline := time.Now().Add(time.Minute); base == ""; {
+				select {
+				case err := <-done:
+					t.Fatalf("the command ended before it ran: %v\n%s", err, stderr.String())
+				case <-time.After(20 * time.Millisecond):
+				}
+				if m := metricsRE.FindStringSubmatch(stderr.String()); m != nil {
+					base = "http://" + m[1]
+				} else if time.Now().After(deadline) {
+					t.Fatalf("the command not running after 1 min:\n%s", stderr.String())
+				}
+			}
+			code, _, body := get(t, base+"/configz")
+			var cz map[string]configFile
+			if err := json.Unmarshal([]byte(body), &cz); code != 200 || err != nil {
+				t.Fatalf("/configz: %d %s: %v", code, body, err)
+			}
+			if got := uint32(cz[configzGroup].Logging.Verbosity); got != tt.want {
+				t.Errorf("/configz logging.verbosity %d, want %d: %s", got, tt.want, body)
+			}
+			if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-done; err != nil {
+				t.Errorf("the command after SIGINT: %v\n%s", err, stderr.String())
+			}
+		})
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strconv"
 	"syscall"
 
 	"github.com/spf13/pflag"
@@ -66,6 +67,12 @@ func runMain(args []string) int {
 			fmt.Fprintf(os.Stderr, "kube-userspace-proxy: --config %s: %v\n", o.configFile, err)
 			return exitUsage
 		}
+	}
+	// The -v in force, now that --config's logging.verbosity has set it
+	// unless given: /configz reports it, as kube-proxy's reports its
+	// configuration's logging.
+	if n, err := strconv.ParseUint(fs.Lookup("v").Value.String(), 10, 32); err == nil {
+		o.logVerbosity = uint32(n)
 	}
 	v, err := o.validate()
 	if err != nil {

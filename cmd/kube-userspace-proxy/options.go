@@ -67,6 +67,9 @@ type options struct {
 	// fileFields maps each flag --config set to the field that set it, so
 	// that a bad value is blamed on what the user wrote.
 	fileFields map[string]string
+	// logVerbosity is klog's -v in force (the flag when given, else
+	// --config's logging.verbosity), which /configz reports.
+	logVerbosity uint32
 }
 
 func newOptions() *options {
