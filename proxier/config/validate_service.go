@@ -47,6 +47,7 @@ func validateService(fe *fieldErrors, s *v1.Service, nodePorts PortRange) {
 			fe.add(path, "needs an ip or a hostname")
 		}
 	}
+	validateHealthCheckNodePort(fe, spec.Child("healthCheckNodePort"), s)
 	validateSourceRanges(fe, spec.Child("loadBalancerSourceRanges"), s)
 	validateAffinity(fe, spec, s)
 	if _, err := faults.ForService(s); err != nil {
@@ -65,6 +66,23 @@ func validateService(fe *fieldErrors, s *v1.Service, nodePorts PortRange) {
 	}
 	if p := s.Spec.InternalTrafficPolicy; p != nil && *p != v1.ServiceInternalTrafficPolicyCluster && *p != v1.ServiceInternalTrafficPolicyLocal {
 		fe.add(spec.Child("internalTrafficPolicy"), "%q is not valid (Cluster or Local)", *p)
+	}
+}
+
+// validateHealthCheckNodePort refuses a healthCheckNodePort that is one of
+// the Service's own node ports, as the API server's allocator would: the
+// health server and the node port's claim cannot both hold it. Its range is
+// not checked (manifests may pick any free port for it, and have done so).
+func validateHealthCheckNodePort(fe *fieldErrors, path *field.Path, s *v1.Service) {
+	port := s.Spec.HealthCheckNodePort
+	if port == 0 {
+		return
+	}
+	for i, p := range s.Spec.Ports {
+		if p.NodePort == port {
+			fe.add(path, "%d is also spec.ports[%d].nodePort", port, i)
+			return
+		}
 	}
 }
 
