@@ -42,6 +42,22 @@ func TestKernelLBSourceRanges(t *testing.T) {
 	if n := runner.restores.Load(); n != 0 || len(r.printed) != 0 {
 		t.Errorf("unchanged sync ran %d restores (kernel printed differently: %+v), want 0", n, r.printed)
 	}
+	// IPv6: the same rules read back as ip6tables-save prints them (no
+	// traffic: the IPv4 half above proves what they do).
+	runner6 := newNSRunner(t, ns, IPv6)
+	v6 := []Portal{{Name: "default/lb:http", Protocol: TCP, IP: netip.MustParseAddr("fd00:96::20"), Port: 80, ProxyPort: tcpPort,
+		SourceRanges: []netip.Prefix{netip.MustParsePrefix("fd00:10::/64"), netip.MustParsePrefix("fd00:200::/64")}}}
+	r6 := New(runner6, Config{Family: IPv6, NodeIP: netip.MustParseAddr("fd00:200::1")})
+	syncOK(t, r6, v6)
+	assertKernelState(t, ns, r6, v6)
+	runner6.restores.Store(0)
+	syncOK(t, r6, v6)
+	if n := runner6.restores.Load(); n != 0 || len(r6.printed) != 0 {
+		t.Errorf("IPv6: unchanged sync ran %d restores (kernel printed differently: %+v), want 0", n, r6.printed)
+	}
+	if rules := r6.desired(v6)[ChainLBSourceRanges]; len(rules) != 4 {
+		t.Errorf("IPv6 source-range rules %q, want 2 ranges, the LB IP (the node IP is in a range) and the drop", rules)
+	}
 
 	tests := []struct {
 		name, network, from, to string
