@@ -59,11 +59,16 @@ func (h *ProxierHealth) SetNodeDeleted(deleted bool) {
 	h.nodeDeleted = deleted
 }
 
-// Status is the JSON body of /healthz and /livez.
+// Status is the JSON body of /healthz and /livez, kube-proxy's
+// ProxyHealth: lastUpdated is the last successful sync while unhealthy and
+// the current time while healthy (kube-proxy keeps the older releases'
+// meaning, "recent when healthy", so probes comparing it with currentTime
+// keep working), and healthy says what the status code says.
 type Status struct {
 	LastUpdated  time.Time `json:"lastUpdated"`
 	CurrentTime  time.Time `json:"currentTime"`
 	NodeEligible *bool     `json:"nodeEligible,omitempty"`
+	Healthy      bool      `json:"healthy"`
 }
 
 // Healthy reports whether no queued change has waited past the timeout.
@@ -91,7 +96,10 @@ func (h *ProxierHealth) Handler(livez bool, count func(code int)) http.Handler {
 		code := http.StatusOK
 		if !healthy {
 			code = http.StatusServiceUnavailable
+		} else {
+			st.LastUpdated = st.CurrentTime
 		}
+		st.Healthy = healthy
 		if count != nil {
 			count(code)
 		}

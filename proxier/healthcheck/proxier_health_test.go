@@ -10,6 +10,14 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
+// healthBody is the body as a client reads it (healthy absent = nil).
+type healthBody struct {
+	LastUpdated  time.Time `json:"lastUpdated"`
+	CurrentTime  time.Time `json:"currentTime"`
+	NodeEligible *bool     `json:"nodeEligible"`
+	Healthy      *bool     `json:"healthy"`
+}
+
 func TestProxierHealth(t *testing.T) {
 	const timeout = 60 * time.Second
 	tests := []struct {
@@ -57,16 +65,47 @@ func TestProxierHealth(t *testing.T) {
 			if rec.Code != tt.wantCode || counted != tt.wantCounted {
 				t.Fatalf("code %d counted %d, want %d", rec.Code, counted, tt.wantCode)
 			}
-			var st Status
+			var st healthBody
 			if err := json.Unmarshal(rec.Body.Bytes(), &st); err != nil {
 				t.Fatalf("body %q: %v", rec.Body.String(), err)
 			}
 			if !st.CurrentTime.Equal(clk.Now()) {
 				t.Errorf("currentTime %v, want %v", st.CurrentTime, clk.Now())
 			}
+			// kube-proxy's body: healthy as the code says, lastUpdated
+			// the current time while healthy, else the last sync (none
+			// before the first).
+			if st.Healthy == nil || *st.Healthy != (tt.wantCode == http.StatusOK) {
+				t.Errorf("healthy %v with code %d: %s", st.Healthy, rec.Code, rec.Body.String())
+			}
+			if tt.wantCode == http.StatusOK && !st.LastUpdated.Equal(clk.Now()) {
+				t.Errorf("healthy: lastUpdated %v, want the current time %v", st.LastUpdated, clk.Now())
+			}
 			if (st.NodeEligible == nil) != tt.livez {
 				t.Errorf("nodeEligible presence wrong for livez=%v: %s", tt.livez, rec.Body.String())
 			}
 		})
+	}
+}
+
+// While unhealthy the body's lastUpdated is the last successful sync, as
+// kube-proxy's, so the age of the lag can be read from it.
+func TestProxierHealthUnhealthyKeepsLastSync(t *testing.T) {
+	const timeout = 60 * time.Second
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	h := NewProxierHealth(clk, timeout)
+	h.Updated()
+	synced := clk.Now()
+	clk.Step(time.Second)
+	h.QueuedUpdate()
+	clk.Step(timeout)
+	rec := httptest.NewRecorder()
+	h.Handler(false, nil).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
+	var st healthBody
+	if err := json.Unmarshal(rec.Body.Bytes(), &st); err != nil {
+		t.Fatalf("body %q: %v", rec.Body.String(), err)
+	}
+	if rec.Code != http.StatusServiceUnavailable || st.Healthy == nil || *st.Healthy || !st.LastUpdated.Equal(synced) {
+		t.Fatalf("code %d body %s; want 503, healthy false, lastUpdated %v", rec.Code, rec.Body.String(), synced)
 	}
 }
