@@ -40,6 +40,22 @@ func checkHostPort(value string) error {
 	return nil
 }
 
+// The servers' default ports, kube-proxy's.
+const (
+	defaultHealthzPort = "10256"
+	defaultMetricsPort = "10249"
+)
+
+// withDefaultPort returns value with port appended when it is an IP address
+// alone ("0.0.0.0", "::"), as kube-proxy's AppendPortIfNeeded; anything else
+// is returned as it is, for checkHostPort to judge.
+func withDefaultPort(value, port string) string {
+	if a, err := netip.ParseAddr(value); err == nil && a.Zone() == "" {
+		return net.JoinHostPort(a.String(), port)
+	}
+	return value
+}
+
 // statReason is why a path cannot be read, without the path os.Stat
 // repeats ("no such file or directory", "permission denied").
 func statReason(err error) error {

@@ -30,7 +30,7 @@ func TestFlagCheckRefusesAtStart(t *testing.T) {
 		{[]string{"--metrics-bind-address", "host:abc"}, `--metrics-bind-address "host:abc": port "abc" is not a number 0-65535`},
 		{[]string{"--metrics-bind-address", "127.0.0.1:-1"}, `port "-1" is not a number`},
 		{[]string{"--fault-api-bind-address", "127.0.0.1:"}, `--fault-api-bind-address "127.0.0.1:": port "" is not a number`},
-		{[]string{"--metrics-bind-address", "127.0.0.1"}, `--metrics-bind-address "127.0.0.1": want HOST:PORT`},
+		{[]string{"--metrics-bind-address", "localhost"}, `--metrics-bind-address "localhost": want HOST:PORT`},
 		{[]string{"--healthz-bind-address", "no host:10256"}, `host "no host" is neither an IP address nor a host name`},
 		{[]string{"--config", config}, `--healthz-bind-address "0.0.0.0:10256000": port "10256000" is not a number 0-65535 (healthzBindAddress in --config ` + config + `)`},
 		{[]string{"--healthz-bind-address", "localhost:10256"}, ""},
@@ -65,6 +65,37 @@ func TestFlagCheckRefusesAtStart(t *testing.T) {
 			if code != exitUsage || !strings.Contains(stderr, tt.wantErr) {
 				t.Errorf("runMain(%q) = %d, stderr %q; want %d and the message", tt.args, code, stderr, exitUsage)
 			}
+		}
+	}
+}
+
+// TestBindAddressWithoutPort: an IP alone in --healthz-bind-address or
+// --metrics-bind-address (flag or --config) gets the server's default port,
+// as kube-proxy appends it; it was refused with "want HOST:PORT".
+func TestBindAddressWithoutPort(t *testing.T) {
+	for _, tt := range []struct {
+		args                 []string
+		wantHealth, wantMetr string
+	}{
+		{nil, "0.0.0.0:10256", "127.0.0.1:10249"},
+		{[]string{"--healthz-bind-address", "0.0.0.0"}, "0.0.0.0:10256", "127.0.0.1:10249"},
+		{[]string{"--healthz-bind-address", "::"}, "[::]:10256", "127.0.0.1:10249"},
+		{[]string{"--metrics-bind-address", "127.0.0.2"}, "0.0.0.0:10256", "127.0.0.2:10249"},
+		{[]string{"--metrics-bind-address", "127.0.0.2:9999"}, "0.0.0.0:10256", "127.0.0.2:9999"},
+		{[]string{"--healthz-bind-address", ""}, "", "127.0.0.1:10249"},
+	} {
+		o := newOptions()
+		fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+		o.addFlags(fs)
+		if err := fs.Parse(append([]string{"--iptables=false", "--manifests", t.TempDir()}, tt.args...)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := o.validate(); err != nil {
+			t.Errorf("%q: refused: %v", tt.args, err)
+			continue
+		}
+		if o.healthzBindAddress != tt.wantHealth || o.metricsBindAddress != tt.wantMetr {
+			t.Errorf("%q: healthz %q, metrics %q; want %q, %q", tt.args, o.healthzBindAddress, o.metricsBindAddress, tt.wantHealth, tt.wantMetr)
 		}
 	}
 }

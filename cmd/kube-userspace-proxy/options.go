@@ -80,8 +80,8 @@ func newOptions() *options {
 		udpMaxSessions:     proxier.DefaultUDPMaxSessions,
 		syncPeriod:         30 * time.Second,
 		minSyncPeriod:      time.Second,
-		healthzBindAddress: "0.0.0.0:10256",
-		metricsBindAddress: "127.0.0.1:10249",
+		healthzBindAddress: "0.0.0.0:" + defaultHealthzPort,
+		metricsBindAddress: "127.0.0.1:" + defaultMetricsPort,
 		iptables:           true,
 		proxyMode:          "userspace",
 		dataPath:           proxier.DataPathEventLoop,
@@ -115,8 +115,8 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.hostnameOverride, "hostname-override", o.hostnameOverride, "If non-empty, use this string as the node name instead of the hostname.")
 	fs.StringSliceVar(&o.nodePortAddresses, "nodeport-addresses", o.nodePortAddresses, "CIDRs of the node addresses that accept NodePort traffic and serve healthCheckNodePorts (e.g. 10.0.0.0/8,192.168.0.0/16); empty means all local addresses.")
 	fs.StringVar(&o.clusterCIDR, "cluster-cidr", o.clusterCIDR, "The CIDR range of the pods in the cluster (for dual-stack, an IPv4 and an IPv6 CIDR, comma-separated), kube-proxy's flag with detect-local-mode ClusterCIDR: traffic from it counts as the cluster's own, so pods reach the LoadBalancer IPs, external IPs and NodePorts of externalTrafficPolicy: Local Services through all endpoints, as the node itself does. Empty: only the node's own traffic is recognised.")
-	fs.StringVar(&o.healthzBindAddress, "healthz-bind-address", o.healthzBindAddress, "HOST:PORT for the health check server (/healthz, /livez); empty disables it.")
-	fs.StringVar(&o.metricsBindAddress, "metrics-bind-address", o.metricsBindAddress, "HOST:PORT for the metrics server (/metrics, /debug/services); empty disables it.")
+	fs.StringVar(&o.healthzBindAddress, "healthz-bind-address", o.healthzBindAddress, "HOST:PORT for the health check server (/healthz, /livez); an IP alone gets port 10256; empty disables it.")
+	fs.StringVar(&o.metricsBindAddress, "metrics-bind-address", o.metricsBindAddress, "HOST:PORT for the metrics server (/metrics, /debug/services); an IP alone gets port 10249; empty disables it.")
 	fs.BoolVar(&o.iptables, "iptables", o.iptables, "Program iptables portal rules. With --iptables=false only proxy sockets are served (no root needed).")
 	fs.BoolVar(&o.cleanup, "cleanup", o.cleanup, "Remove every chain and rule this proxy installs (IPv4 and IPv6), then exit.")
 	fs.StringVar(&o.proxyMode, "proxy-mode", o.proxyMode, "Which proxy mode to use: only 'userspace' is implemented.")
@@ -260,6 +260,10 @@ func (o *options) validate() (*validated, error) {
 	if o.httpIdleTimeout <= 0 {
 		add("--http-idle-timeout must be greater than 0, got %v", o.httpIdleTimeout)
 	}
+	// An address without a port gets the server's default port, as
+	// kube-proxy's (AppendPortIfNeeded): --healthz-bind-address=0.0.0.0.
+	o.healthzBindAddress = withDefaultPort(o.healthzBindAddress, defaultHealthzPort)
+	o.metricsBindAddress = withDefaultPort(o.metricsBindAddress, defaultMetricsPort)
 	for _, a := range []struct{ flag, value string }{{"--healthz-bind-address", o.healthzBindAddress}, {"--metrics-bind-address", o.metricsBindAddress}, {"--fault-api-bind-address", o.faultAPIBind}} {
 		if a.value == "" {
 			continue
