@@ -214,7 +214,14 @@ func portalSyncers(v *validated, newRunner func(iptables.Family) (iptables.Runne
 	} else {
 		v6 = iptables.New(r6, cfg6)
 	}
-	klog.InfoS("Portal rules enabled", "nodeIP", nodeIP)
+	if nodeIP.IsValid() {
+		klog.InfoS("Portal rules enabled", "nodeIP", nodeIP)
+	} else {
+		// No default route and no --node-ip: the portals REDIRECT (to the
+		// address a packet arrived on), or DNAT to --bind-address when it
+		// names one, instead of DNAT to a node IP.
+		klog.InfoS("Portal rules enabled; no node IP (no default route, no --node-ip): portals REDIRECT, or DNAT to --bind-address when it names an address")
+	}
 	return v4, v6, nil
 }
 
