@@ -41,18 +41,7 @@ func TestFlagCheckRefusesAtStart(t *testing.T) {
 	base := []string{"--iptables=false", "--bind-address", "127.0.0.1", "--manifests", dir}
 	for _, tt := range tests {
 		args := append(append([]string(nil), base...), tt.args...)
-		o := newOptions()
-		fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
-		o.addFlags(fs)
-		if err := fs.Parse(args); err != nil {
-			t.Fatalf("%q: %v", tt.args, err)
-		}
-		if o.configFile != "" {
-			if err := o.applyConfigFile(fs); err != nil {
-				t.Fatalf("%q: %v", tt.args, err)
-			}
-		}
-		_, err := o.validate()
+		_, err := parsedOptions(t, args).validate()
 		switch {
 		case tt.wantErr == "" && err != nil:
 			t.Errorf("%q: refused: %v", tt.args, err)
@@ -84,12 +73,7 @@ func TestBindAddressWithoutPort(t *testing.T) {
 		{[]string{"--metrics-bind-address", "127.0.0.2:9999"}, "0.0.0.0:10256", "127.0.0.2:9999"},
 		{[]string{"--healthz-bind-address", ""}, "", "127.0.0.1:10249"},
 	} {
-		o := newOptions()
-		fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
-		o.addFlags(fs)
-		if err := fs.Parse(append([]string{"--iptables=false", "--manifests", t.TempDir()}, tt.args...)); err != nil {
-			t.Fatal(err)
-		}
+		o := parsedOptions(t, append([]string{"--iptables=false", "--manifests", t.TempDir()}, tt.args...))
 		if _, err := o.validate(); err != nil {
 			t.Errorf("%q: refused: %v", tt.args, err)
 			continue
@@ -98,4 +82,22 @@ func TestBindAddressWithoutPort(t *testing.T) {
 			t.Errorf("%q: healthz %q, metrics %q; want %q, %q", tt.args, o.healthzBindAddress, o.metricsBindAddress, tt.wantHealth, tt.wantMetr)
 		}
 	}
+}
+
+// parsedOptions is the options args give, --config applied, not yet
+// validated.
+func parsedOptions(t *testing.T, args []string) *options {
+	t.Helper()
+	o := newOptions()
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	o.addFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatalf("%q: %v", args, err)
+	}
+	if o.configFile != "" {
+		if err := o.applyConfigFile(fs); err != nil {
+			t.Fatalf("%q: %v", args, err)
+		}
+	}
+	return o
 }

@@ -220,14 +220,8 @@ func TestBindAndNodeIPValidation(t *testing.T) {
 		{[]string{"--iptables-min-sync-period", "-1s"}, "--iptables-min-sync-period must not be negative, got -1s"},
 	}
 	for _, tt := range tests {
-		o := newOptions()
-		fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
-		o.addFlags(fs)
 		args := append([]string{"--manifests", t.TempDir()}, tt.args...)
-		if err := fs.Parse(args); err != nil {
-			t.Fatalf("%q: %v", tt.args, err)
-		}
-		_, err := o.validate()
+		_, err := parsedOptions(t, args).validate()
 		switch {
 		case tt.wantErr == "" && err != nil:
 			t.Errorf("%q: refused: %v", tt.args, err)
