@@ -80,6 +80,10 @@ func runMain(args []string) int {
 		return exitUsage
 	}
 	if o.cleanup {
+		if !canProgramIptables() {
+			fmt.Fprintf(os.Stderr, "kube-userspace-proxy: cleanup: %v\n", errNoNetAdminCleanup)
+			return 1
+		}
 		if err := cleanupRules(); err != nil {
 			fmt.Fprintf(os.Stderr, "kube-userspace-proxy: cleanup: %v\n", err)
 			return 1

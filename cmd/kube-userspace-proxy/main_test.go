@@ -61,6 +61,23 @@ func TestBadFaultFlagsExitTwo(t *testing.T) {
 	}
 }
 
+// --cleanup without the privilege iptables needs says so and exits 1,
+// before any iptables command (which printed their own permission errors,
+// one per chain and family).
+func TestCleanupWithoutNetAdmin(t *testing.T) {
+	saved := canProgramIptables
+	canProgramIptables = func() bool { return false }
+	defer func() { canProgramIptables = saved }()
+	savedCleanup := cleanupRules
+	cleanupRules = func() error { t.Error("cleanup ran iptables without the privilege"); return nil }
+	defer func() { cleanupRules = savedCleanup }()
+	var code int
+	stderr := capture(t, &os.Stderr, func() { code = runMain([]string{"--cleanup"}) })
+	if code != 1 || !strings.Contains(stderr, "needs root or CAP_NET_ADMIN") {
+		t.Fatalf("exit %d, stderr %q; want 1 and what is missing", code, stderr)
+	}
+}
+
 // Without the privilege iptables needs, the default --iptables=true fails
 // at start with a message saying what to do, and exit 1.
 func TestNoNetAdminFailsAtStart(t *testing.T) {

@@ -12,6 +12,10 @@ import (
 // /healthz still says 200.
 var errNoNetAdmin = errors.New("needs root or CAP_NET_ADMIN for iptables; run with --iptables=false for sockets only")
 
+// errNoNetAdminCleanup is --cleanup's: said once, instead of a permission
+// error from iptables for each chain and family.
+var errNoNetAdminCleanup = errors.New("needs root or CAP_NET_ADMIN to remove iptables rules")
+
 // capNetAdmin is CAP_NET_ADMIN's bit in the effective set.
 const capNetAdmin = 12
 

@@ -262,9 +262,9 @@ func nodeIPOf(v *validated, six bool, fromRoute func() netip.Addr) netip.Addr {
 	return fromRoute()
 }
 
-func cleanupRules() error {
-	return iptables.CleanupAll()
-}
+// cleanupRules is --cleanup's work (a variable: tests must not run it on
+// the host).
+var cleanupRules = iptables.CleanupAll
 
 // startServers starts the healthz and metrics servers; each binds before
 // returning so that a taken port is a start-up error, not a silent gap.
