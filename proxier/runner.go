@@ -8,9 +8,13 @@ import (
 	"k8s.io/utils/clock"
 )
 
-// boundedFrequencyRunner runs fn at most once per minInterval and at least
-// once per maxInterval, like kube-proxy's BoundedFrequencyRunner: bursts of
-// changes collapse into one sync, and a quiet system still re-syncs (repair).
+// boundedFrequencyRunner runs fn at most once per minInterval on average and
+// at least once per maxInterval, like kube-proxy's BoundedFrequencyRunner
+// with the iptables proxier's burst of 2 (burstSyncs): a token bucket that
+// refills one run per minInterval and holds two, so an isolated change
+// right after a sync goes at once instead of waiting out the interval,
+// while a stream of changes still collapses into one sync per minInterval;
+// a quiet system still re-syncs (repair).
 // fn learns which: periodic is true when maxInterval passed without a run.
 // A minInterval of 0 runs fn for each trigger as it comes (triggers that
 // arrive during a run still collapse into one run after it); between
@@ -22,11 +26,18 @@ type boundedFrequencyRunner struct {
 	clk         clock.WithTicker
 	trigger     chan struct{}
 
-	mu      sync.Mutex
-	lastRun time.Time
+	mu sync.Mutex
+	// tokens are the runs the bucket holds (at most burstRuns), as of
+	// refilled; only with a minInterval.
+	tokens   float64
+	refilled time.Time
 	// retry is what fn asked for with RetryAfter during its run (0: none).
 	retry time.Duration
 }
+
+// burstRuns is how many runs may follow each other without waiting:
+// kube-proxy's iptables proxier's burstSyncs.
+const burstRuns = 2
 
 func newBoundedFrequencyRunner(fn func(periodic bool), minInterval, maxInterval time.Duration, clk clock.WithTicker) *boundedFrequencyRunner {
 	return &boundedFrequencyRunner{fn: fn, minInterval: minInterval, maxInterval: maxInterval, clk: clk, trigger: make(chan struct{}, 1)}
@@ -74,10 +85,7 @@ func (r *boundedFrequencyRunner) Loop(ctx context.Context) {
 			timedOut = true
 		case <-retryC:
 		case <-r.trigger:
-			r.mu.Lock()
-			wait := r.minInterval - r.clk.Since(r.lastRun)
-			r.mu.Unlock()
-			if !r.lastRun.IsZero() && wait > 0 {
+			if wait := r.untilToken(); wait > 0 {
 				t := r.clk.NewTimer(wait)
 				select {
 				case <-ctx.Done():
@@ -88,7 +96,7 @@ func (r *boundedFrequencyRunner) Loop(ctx context.Context) {
 			}
 		}
 		r.mu.Lock()
-		r.lastRun = r.clk.Now()
+		r.take()
 		r.retry = 0
 		r.mu.Unlock()
 		r.fn(timedOut)
@@ -113,4 +121,43 @@ func (r *boundedFrequencyRunner) Loop(ctx context.Context) {
 		}
 		periodic.Reset(r.maxInterval)
 	}
+}
+
+// untilToken is how long a triggered run must wait for the bucket to hold
+// a run (0: at once).
+func (r *boundedFrequencyRunner) untilToken() time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.minInterval <= 0 {
+		return 0
+	}
+	r.refill()
+	if r.tokens >= 1 {
+		return 0
+	}
+	return time.Duration((1 - r.tokens) * float64(r.minInterval))
+}
+
+// take spends a run from the bucket (a periodic or retry run too, as
+// kube-proxy's limiter counts every run); a run that waited for its token
+// may find a hair less than one, and the bucket never goes below empty.
+// Called with r.mu held.
+func (r *boundedFrequencyRunner) take() {
+	if r.minInterval <= 0 {
+		return
+	}
+	r.refill()
+	r.tokens = max(r.tokens-1, 0)
+}
+
+// refill adds the runs minInterval has earned since the last refill; the
+// bucket starts full. Called with r.mu held.
+func (r *boundedFrequencyRunner) refill() {
+	now := r.clk.Now()
+	if r.refilled.IsZero() {
+		r.tokens = burstRuns
+	} else {
+		r.tokens = min(burstRuns, r.tokens+float64(now.Sub(r.refilled))/float64(r.minInterval))
+	}
+	r.refilled = now
 }

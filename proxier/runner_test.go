@@ -31,8 +31,9 @@ func runInBackground(t *testing.T, loop func(context.Context)) {
 	t.Cleanup(func() { cancel(); <-done })
 }
 
-// The runner collapses a burst of triggers into one run per minInterval and
-// runs on its own every maxInterval.
+// The runner lets two runs follow each other at once (kube-proxy's burst
+// of 2), then collapses a burst of triggers into one run per minInterval,
+// and runs on its own every maxInterval.
 func TestBoundedFrequencyRunner(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	var runs, periodicRuns atomic.Int32
@@ -46,8 +47,11 @@ func TestBoundedFrequencyRunner(t *testing.T) {
 
 	r.Run()
 	waitFor(t, "first run", func() bool { return runs.Load() == 1 })
+	// The second run of the burst goes at once, the clock unmoved.
+	r.Run()
+	waitFor(t, "second run, the burst's", func() bool { return runs.Load() == 2 })
 
-	// A burst right after a run waits for minInterval: the first trigger is
+	// With the bucket empty a trigger waits for minInterval: the first is
 	// taken into the wait, the other four collapse into one queued run.
 	r.Run()
 	waitFor(t, "trigger taken", func() bool { return len(r.trigger) == 0 })
@@ -60,18 +64,18 @@ func TestBoundedFrequencyRunner(t *testing.T) {
 	}
 	clk.Step(500 * time.Millisecond)
 	time.Sleep(20 * time.Millisecond)
-	if n := runs.Load(); n != 1 {
+	if n := runs.Load(); n != 2 {
 		t.Fatalf("ran %d times before minInterval passed", n)
 	}
 	clk.Step(500 * time.Millisecond)
-	waitFor(t, "rate-limited run", func() bool { return runs.Load() == 2 })
+	waitFor(t, "rate-limited run", func() bool { return runs.Load() == 3 })
 	waitFor(t, "queued trigger taken", func() bool { return len(r.trigger) == 0 })
 	waitFor(t, "minInterval wait armed", func() bool { return clk.Waiters() == 2 })
 	clk.Step(time.Second)
-	waitFor(t, "collapsed run", func() bool { return runs.Load() == 3 })
+	waitFor(t, "collapsed run", func() bool { return runs.Load() == 4 })
 	time.Sleep(20 * time.Millisecond)
-	if n := runs.Load(); n != 3 {
-		t.Fatalf("5 triggers gave %d runs, want 2", n-1)
+	if n := runs.Load(); n != 4 {
+		t.Fatalf("5 triggers gave %d runs, want 2", n-2)
 	}
 
 	// Quiet: the periodic run comes after maxInterval.
@@ -81,13 +85,13 @@ func TestBoundedFrequencyRunner(t *testing.T) {
 	// The loop re-arms the periodic timer after fn returns, which the test
 	// cannot see: a step that came first fired the old timer, whose tick
 	// the re-arming drops. Step again until the run comes.
-	for step := 0; runs.Load() < 4; step++ {
+	for step := 0; runs.Load() < 5; step++ {
 		if step == 3 {
 			t.Fatal("no periodic run after 3 steps of maxInterval")
 		}
 		clk.Step(30 * time.Second)
 		deadline := time.Now().Add(time.Second)
-		for runs.Load() < 4 && time.Now().Before(deadline) {
+		for runs.Load() < 5 && time.Now().Before(deadline) {
 			time.Sleep(time.Millisecond)
 		}
 	}
@@ -115,7 +119,8 @@ func TestNoSyncBeforeSourcesSynced(t *testing.T) {
 // 0) is kube-proxy's "no minimum": each change is synced as soon as it
 // arrives, without the clock moving, and a proxier with nothing to do
 // does not spin. Options that leave it unset, or give a negative one,
-// keep the 1 s default; a given period holds a change back that long.
+// keep the 1 s default; a given period holds a change back that long,
+// once the burst of two runs is spent.
 func TestMinSyncPeriod(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -149,7 +154,9 @@ func TestMinSyncPeriod(t *testing.T) {
 			for i, name := range []string{"a", "b", "c"} {
 				serving := func() bool { _, ok := p.ProxyPort("default/" + name + ":p"); return ok }
 				p.OnServiceAdd(makeService(name, withClusterIP(fmt.Sprintf("10.96.0.%d", 20+i))))
-				if tc.want > 0 {
+				if tc.want > 0 && i > 0 {
+					// The first change after the first sync is the burst's
+					// second run and goes at once; from then on each waits.
 					// The periodic sync, the affinity sweep, and the wait.
 					waitFor(t, "the minimum wait armed", func() bool { return clk.Waiters() == 3 })
 					time.Sleep(20 * time.Millisecond)
