@@ -140,12 +140,12 @@ func TestMinSyncPeriod(t *testing.T) {
 			if p.runner.minInterval != tc.want {
 				t.Errorf("minimum sync interval %v, want %v", p.runner.minInterval, tc.want)
 			}
-			var runs atomic.Int32
+			var started, runs atomic.Int32
 			sync := p.runner.fn
-			// Counted once a sync is done: counted at its start, a Service
-			// added while the first sync still ran was in that sync, served
-			// with no wait (1 run in ~50 under load).
-			p.runner.fn = func(periodic bool) { sync(periodic); runs.Add(1) }
+			// runs counts a sync once it is done: counted at its start, a
+			// Service added while the first sync still ran was in that
+			// sync, served with no wait (1 run in ~50 under load).
+			p.runner.fn = func(periodic bool) { started.Add(1); sync(periodic); runs.Add(1) }
 			runInBackground(t, p.Run)
 			p.OnServiceSynced()
 			p.OnEndpointSlicesSynced()
@@ -167,10 +167,13 @@ func TestMinSyncPeriod(t *testing.T) {
 				}
 				waitFor(t, name+" synced", serving)
 			}
-			// Idle: no sync without a change (nor a spinning loop).
-			n := runs.Load()
+			// Idle: no sync without a change (nor a spinning loop). The
+			// last one may still be ending: c shows as served before its
+			// sync returns.
+			waitFor(t, "the last sync to end", func() bool { return runs.Load() == started.Load() })
+			n := started.Load()
 			time.Sleep(50 * time.Millisecond)
-			if extra := runs.Load() - n; extra != 0 {
+			if extra := started.Load() - n; extra != 0 {
 				t.Fatalf("%d syncs with nothing changed", extra)
 			}
 		})
