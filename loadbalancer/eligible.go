@@ -18,16 +18,17 @@ func eligibleEndpoints(eps []Endpoint) []netip.AddrPort {
 	var ready [2]bool // by family: IPv4, IPv6
 	for _, e := range eps {
 		if e.Ready && e.Addr.IsValid() {
-			ready[family(e.Addr)] = true
+			ready[Family(e.Addr)] = true
 		}
 	}
 	return collect(eps, func(e Endpoint) bool {
-		return e.Ready || !ready[family(e.Addr)] && e.Serving && e.Terminating
+		return e.Ready || !ready[Family(e.Addr)] && e.Serving && e.Terminating
 	})
 }
 
-// family is 0 for an IPv4 (or IPv4-mapped) address, 1 for IPv6.
-func family(a netip.AddrPort) int {
+// Family is 0 for an IPv4 (or IPv4-mapped) address, 1 for IPv6: the index
+// of per-family decisions (here and in the proxier's topology hints).
+func Family(a netip.AddrPort) int {
 	if a.Addr().Unmap().Is6() {
 		return 1
 	}

@@ -168,9 +168,6 @@ func (p *Proxier) closedFlowsToClear(ap *activePort) {
 	if p.opts.Conntrack == nil || ap.info.name.Protocol != v1.ProtocolUDP {
 		return
 	}
-	if p.closedUDP == nil {
-		p.closedUDP = map[netip.AddrPort]struct{}{}
-	}
 	udpDestinations(ap.info, func(dst netip.AddrPort) { p.closedUDP[dst] = struct{}{} })
 }
 
@@ -193,9 +190,6 @@ func (p *Proxier) removedFlowsToClear(old, info *servicePortInfo) {
 	udpDestinations(old, func(dst netip.AddrPort) {
 		if kept[dst] {
 			return
-		}
-		if p.closedUDP == nil {
-			p.closedUDP = map[netip.AddrPort]struct{}{}
 		}
 		p.closedUDP[dst] = struct{}{}
 	})

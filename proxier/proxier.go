@@ -236,16 +236,17 @@ func New(opts Options) *Proxier {
 		opts.Faults = faults.NewTable(0, 0, faults.NewMetrics(opts.Metrics.Registry))
 	}
 	p := &Proxier{
-		opts:     opts,
-		lb:       loadbalancer.New(opts.Clock, opts.Affinity),
-		ports:    newPortAllocator(opts.PortRange),
-		metrics:  opts.Metrics,
-		clk:      opts.Clock,
-		services: map[types.NamespacedName]*v1.Service{},
-		parsed:   map[types.NamespacedName]parsedService{},
-		noPortal: map[types.NamespacedName]bool{},
-		listen:   newProxySocket,
-		active:   map[loadbalancer.ServicePortName]*activePort{},
+		opts:      opts,
+		lb:        loadbalancer.New(opts.Clock, opts.Affinity),
+		ports:     newPortAllocator(opts.PortRange),
+		metrics:   opts.Metrics,
+		clk:       opts.Clock,
+		services:  map[types.NamespacedName]*v1.Service{},
+		parsed:    map[types.NamespacedName]parsedService{},
+		noPortal:  map[types.NamespacedName]bool{},
+		closedUDP: map[netip.AddrPort]struct{}{},
+		listen:    newProxySocket,
+		active:    map[loadbalancer.ServicePortName]*activePort{},
 		sockCfg: &socketConfig{
 			dialer:           opts.Dialer,
 			dialTimeouts:     opts.DialTimeouts,

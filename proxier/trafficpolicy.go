@@ -97,7 +97,7 @@ func topologyFiltered(eps []loadbalancer.Endpoint, node nodeTopology, preferNode
 	}
 	out := []loadbalancer.Endpoint{}
 	for _, e := range eps {
-		if k := keep[endpointFamily(e)]; k == nil || e.Ready && k(e) {
+		if k := keep[loadbalancer.Family(e.Addr)]; k == nil || e.Ready && k(e) {
 			out = append(out, e)
 		}
 	}
@@ -118,7 +118,7 @@ func topologyFiltered(eps []loadbalancer.Endpoint, node nodeTopology, preferNode
 func topologyKeep(eps []loadbalancer.Endpoint, f int, node nodeTopology, preferNode bool) func(loadbalancer.Endpoint) bool {
 	readyHinted := func(keep func(loadbalancer.Endpoint) bool) bool {
 		return slices.ContainsFunc(eps, func(e loadbalancer.Endpoint) bool {
-			return endpointFamily(e) == f && e.Ready && keep(e)
+			return loadbalancer.Family(e.Addr) == f && e.Ready && keep(e)
 		})
 	}
 	if preferNode && node.name != "" {
@@ -135,14 +135,6 @@ func topologyKeep(eps []loadbalancer.Endpoint, f int, node nodeTopology, preferN
 		return forZone
 	}
 	return nil
-}
-
-// endpointFamily is 0 for an IPv4 (or IPv4-mapped) endpoint, 1 for IPv6.
-func endpointFamily(e loadbalancer.Endpoint) int {
-	if e.Addr.Addr().Unmap().Is6() {
-		return 1
-	}
-	return 0
 }
 
 // externalName is the balancer entry of a service port's external traffic
