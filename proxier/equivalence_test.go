@@ -45,9 +45,9 @@ func TestChangePathMatchesFreshProxier(t *testing.T) {
 		bucketAbove int // 0: iptables' default, which these few rules never reach
 	}{
 		{"unbucketed", 0},
-		// A few Services' rules go past 12 and back, so the chains move in
+		// A few Services' rules go past 8 and back, so the chains move in
 		// and out of buckets through Update as well as through full syncs.
-		{"buckets", 12},
+		{"buckets", 8},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rng := rand.New(rand.NewSource(int64(len(tc.name))))

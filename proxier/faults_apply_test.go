@@ -98,7 +98,7 @@ func TestUnnamedPortNumberChangeRenamesFaultPort(t *testing.T) {
 	}
 }
 
-// A port reopened for a new address family (an IPv6 external IP added)
+// A port reopened for a new address family (an IPv6 ClusterIP added)
 // keeps what the fault API set on it: its toxics, and down stays down.
 // Before, the reopen dropped the fault port, ending the experiment.
 func TestFamilyChangeKeepsFaultAPIState(t *testing.T) {
@@ -115,7 +115,7 @@ func TestFamilyChangeKeepsFaultAPIState(t *testing.T) {
 	}
 	before := p.active[p.lbName("default/web:p")].socket
 	dual := makeService("web", annotated(`[{"name":"slow","type":"latency","attributes":{"latency":300}}]`))
-	dual.Spec.ExternalIPs = []string{"fd00::10"}
+	dual.Spec.ClusterIPs = []string{dual.Spec.ClusterIP, "fd00::10"}
 	p.OnServiceUpdate(svc, dual)
 	p.Sync()
 	if p.active[p.lbName("default/web:p")].socket == before {

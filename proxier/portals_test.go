@@ -226,9 +226,10 @@ func TestNodePortOnlyOnTheServicesFamilies(t *testing.T) {
 
 // TestNodePortInTheClusterIPsFamilies: a NodePort is served in the families
 // of the Service's ClusterIPs, as kube-proxy's per-family proxiers, not in
-// those of its externalIPs or LoadBalancer IPs, which keep their own
-// portals: an IPv4-only Service with an IPv6 externalIP opened its NodePort
-// on every IPv6 address of the node.
+// those of its externalIPs or LoadBalancer IPs: an IPv4-only Service with an
+// IPv6 externalIP opened its NodePort on every IPv6 address of the node.
+// Those addresses get no portal either (TestServiceAddressFamilies), unless
+// the Service has no ClusterIP.
 func TestNodePortInTheClusterIPsFamilies(t *testing.T) {
 	for _, tt := range []struct {
 		name           string
@@ -274,10 +275,13 @@ func TestNodePortInTheClusterIPsFamilies(t *testing.T) {
 			if got := hasNodePort(v6.portals); got != tt.wantV6 {
 				t.Errorf("IPv6 NodePort portal %v, want %v (%+v)", got, tt.wantV6, v6.portals)
 			}
-			// The addresses keep their portals, whatever their family.
+			// An address has a portal when its family is one of the
+			// ClusterIPs' (any family without ClusterIPs).
 			for _, s := range slices.Concat(tt.clusterIPs, tt.externalIPs, tt.lbIPs) {
-				if !addrs[netip.MustParseAddr(s)] {
-					t.Errorf("no portal for %s: %+v %+v", s, v4.portals, v6.portals)
+				a := netip.MustParseAddr(s)
+				want := len(tt.clusterIPs) == 0 || a.Is4() && tt.wantV4 || a.Is6() && tt.wantV6
+				if addrs[a] != want {
+					t.Errorf("portal for %s: %v, want %v: %+v %+v", s, addrs[a], want, v4.portals, v6.portals)
 				}
 			}
 		})

@@ -53,9 +53,9 @@ func TestReopenKeepsServicePort(t *testing.T) {
 			before: []svcOpt{unnamed(53)}, after: []svcOpt{unnamed(54)}},
 		{name: "IPv6 cluster IP added", proto: v1.ProtocolTCP, portName: "p",
 			after: []svcOpt{withIPv6ClusterIP}, sameRules: true},
-		{name: "IPv6 external IP added to a Local NodePort", proto: v1.ProtocolUDP, portName: "p",
+		{name: "IPv6 cluster IP and external IP added to a Local NodePort", proto: v1.ProtocolUDP, portName: "p",
 			before: []svcOpt{withNodePort(30053), local},
-			after:  []svcOpt{withNodePort(30053), local, withExternalIP("fd00::20")}, sameRules: true, split: true},
+			after:  []svcOpt{withNodePort(30053), local, withIPv6ClusterIP, withExternalIP("fd00::20")}, sameRules: true, split: true},
 		{name: "old proxy port taken meanwhile", proto: v1.ProtocolTCP,
 			before: []svcOpt{unnamed(80)}, after: []svcOpt{unnamed(81)}, portTaken: true},
 	} {

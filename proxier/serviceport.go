@@ -8,6 +8,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
@@ -77,6 +78,9 @@ func servicePorts(svc *v1.Service) []*servicePortInfo {
 			lbIPs = append(lbIPs, a.Unmap())
 		}
 	}
+	nn := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
+	externalIPs = inFamiliesOf(clusterIPs, externalIPs, nn, "spec.externalIPs")
+	lbIPs = inFamiliesOf(clusterIPs, lbIPs, nn, "status.loadBalancer.ingress")
 	var sourceRanges []netip.Prefix
 	if svc.Spec.Type != v1.ServiceTypeLoadBalancer {
 		lbIPs = nil
@@ -91,7 +95,6 @@ func servicePorts(svc *v1.Service) []*servicePortInfo {
 			affinity.Timeout = time.Duration(*c.ClientIP.TimeoutSeconds) * time.Second
 		}
 	}
-	nn := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
 	policy := policyOf(svc)
 	toxics, faultsErr := faults.ForService(svc)
 	lifetime, lifetimeErr := config.ParseConnectionLifetime(svc)
@@ -130,6 +133,30 @@ func servicePorts(svc *v1.Service) []*servicePortInfo {
 		out = append(out, info)
 	}
 	return out
+}
+
+// inFamiliesOf keeps the addresses of the families of clusterIPs, as
+// kube-proxy's proxier of each family serves a Service only in the families
+// of its spec.clusterIPs, with its addresses of that family: an IPv4-only
+// Service's IPv6 externalIP or LoadBalancer IP gets no portal. Without
+// ClusterIPs every address is kept.
+func inFamiliesOf(clusterIPs, ips []netip.Addr, nn types.NamespacedName, field string) []netip.Addr {
+	if len(clusterIPs) == 0 {
+		return ips
+	}
+	has := func(six bool) bool {
+		return slices.ContainsFunc(clusterIPs, func(c netip.Addr) bool { return c.Is6() == six })
+	}
+	var kept []netip.Addr
+	for _, ip := range ips {
+		if has(ip.Is6()) {
+			kept = append(kept, ip)
+			continue
+		}
+		klog.V(2).InfoS("Ignoring a Service address of an IP family the Service does not have (spec.ipFamilies): no portal for it",
+			"service", nn, "field", field, "address", ip)
+	}
+	return kept
 }
 
 func parseIPs(ss []string) []netip.Addr {

@@ -36,3 +36,57 @@ func TestLoadBalancerIngressIPMode(t *testing.T) {
 		t.Errorf("load balancer portals %v, want %v (ipMode Proxy left out)", got, want)
 	}
 }
+
+// TestServiceAddressFamilies: externalIPs and LoadBalancer IPs are served
+// only in the families of the Service's ClusterIPs, as kube-proxy's
+// per-family proxiers: an IPv4-only Service's IPv6 addresses get no portal
+// (they used to get one, so the Service answered on a family it does not
+// have).
+func TestServiceAddressFamilies(t *testing.T) {
+	addrs := func(ss ...string) []netip.Addr {
+		var out []netip.Addr
+		for _, s := range ss {
+			out = append(out, netip.MustParseAddr(s))
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name            string
+		clusterIPs      []string
+		wantExt, wantLB []netip.Addr
+	}{
+		{"IPv4 only", []string{"10.96.0.10"}, addrs("192.0.2.1"), addrs("198.51.100.1")},
+		{"IPv6 only", []string{"fd00::10"}, addrs("2001:db8::1"), addrs("2001:db8:1::1")},
+		{"dual-stack", []string{"10.96.0.10", "fd00::10"},
+			addrs("192.0.2.1", "2001:db8::1"), addrs("198.51.100.1", "2001:db8:1::1")},
+		{"no ClusterIP", nil, addrs("192.0.2.1", "2001:db8::1"), addrs("198.51.100.1", "2001:db8:1::1")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			svc := &v1.Service{
+				ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web"},
+				Spec: v1.ServiceSpec{
+					Type:        v1.ServiceTypeLoadBalancer,
+					ClusterIPs:  tc.clusterIPs,
+					ExternalIPs: []string{"192.0.2.1", "2001:db8::1"},
+					Ports:       []v1.ServicePort{{Port: 80, Protocol: v1.ProtocolTCP, NodePort: 30080}},
+				},
+				Status: v1.ServiceStatus{LoadBalancer: v1.LoadBalancerStatus{Ingress: []v1.LoadBalancerIngress{
+					{IP: "198.51.100.1"}, {IP: "2001:db8:1::1"},
+				}}},
+			}
+			if len(tc.clusterIPs) > 0 {
+				svc.Spec.ClusterIP = tc.clusterIPs[0]
+			}
+			infos := servicePorts(svc)
+			if len(infos) != 1 {
+				t.Fatalf("%d service ports, want 1", len(infos))
+			}
+			if got := infos[0].externalIPs; !slices.Equal(got, tc.wantExt) {
+				t.Errorf("externalIP portals %v, want %v", got, tc.wantExt)
+			}
+			if got := infos[0].loadBalancerIPs; !slices.Equal(got, tc.wantLB) {
+				t.Errorf("load balancer portals %v, want %v", got, tc.wantLB)
+			}
+		})
+	}
+}
