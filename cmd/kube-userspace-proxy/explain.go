@@ -73,6 +73,7 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 		klog.LogToStderr(false)
 		klog.SetOutput(io.Discard)
 	}
+	resolveNodePortAddresses(v)
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 

@@ -70,6 +70,21 @@ func TestExplainFollowsProxyFlags(t *testing.T) {
 	}
 }
 
+// --nodeport-addresses primary (kube-proxy's value) limits NodePorts to the
+// node IP of each family: --node-ip here for IPv4; it used to be refused as
+// not a CIDR.
+func TestExplainNodePortAddressesPrimary(t *testing.T) {
+	var out bytes.Buffer
+	code := explain(t.Context(), []string{"--manifests", "../../examples/manifests", "--node-ip", "192.168.50.10",
+		"--nodeport-addresses", "primary"}, &out)
+	if code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	if want := "-A KUBE-NODEPORT-CONTAINER -d 192.168.50.10/32 -p tcp"; !strings.Contains(out.String(), want) {
+		t.Errorf("output lacks %q:\n%s", want, out.String())
+	}
+}
+
 func TestExplainBadInput(t *testing.T) {
 	for _, tc := range []struct {
 		args []string

@@ -39,6 +39,7 @@ type started func(p *proxier.Proxier, metricsAddr string)
 
 // run wires source → proxier → sockets + rules and serves until ctx ends.
 func run(ctx context.Context, o *options, v *validated, onStart started) error {
+	resolveNodePortAddresses(v)
 	clk := clock.RealClock{}
 	metrics := proxier.NewMetrics()
 	health := healthcheck.NewProxierHealth(clk, 2*o.syncPeriod)
@@ -223,6 +224,32 @@ func portalSyncers(v *validated, newRunner func(iptables.Family) (iptables.Runne
 		klog.InfoS("Portal rules enabled; no node IP (no default route, no --node-ip): portals REDIRECT, or DNAT to --bind-address when it names an address")
 	}
 	return v4, v6, nil
+}
+
+// nodePortAddressesPrimary is kube-proxy's --nodeport-addresses value for
+// the node's primary IPs.
+const nodePortAddressesPrimary = "primary"
+
+// resolveNodePortAddresses turns --nodeport-addresses primary into the node
+// IP of each family as a single-address CIDR, as kube-proxy does at start; a
+// family without a node IP gets none, so its NodePorts answer on all its
+// addresses (a family without CIDRs of its own is not limited).
+func resolveNodePortAddresses(v *validated) {
+	if !v.nodePortPrimary {
+		return
+	}
+	v.nodePortAddresses = nil
+	for _, six := range []bool{false, true} {
+		fromRoute := defaultRouteIP
+		if six {
+			fromRoute = defaultRouteIP6
+		}
+		if ip := nodeIPOf(v, six, fromRoute); ip.IsValid() && !ip.IsLoopback() {
+			v.nodePortAddresses = append(v.nodePortAddresses, netip.PrefixFrom(ip, ip.BitLen()))
+		}
+	}
+	klog.InfoS("NodePorts answer on the node's primary IPs (--nodeport-addresses primary)", "addresses", v.nodePortAddresses)
+	v.nodePortPrimary = false
 }
 
 // portalConfigs is how the flags shape each family's rules (the proxy and

@@ -161,6 +161,7 @@ func TestBadFlagsExitTwo(t *testing.T) {
 		{"--connection-close-quiet", "0s"},
 		{"--iptables-min-sync-period", "1m", "--iptables-sync-period", "30s"},
 		{"--nodeport-addresses", "10.0.0.0"},
+		{"--nodeport-addresses", "primary,10.0.0.0/8"},
 		{"--manifests", ".", "--cluster-cidr", "10.244.0.0"},
 		{"--manifests", ".", "--cluster-cidr", "10.244.0.0/16,10.245.0.0/16"},
 		{"--no-such-flag"},
