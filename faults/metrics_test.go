@@ -54,3 +54,56 @@ kubeproxy_userspace_faults_skipped_max_active_total{service_port="default/web:ht
 `+skippedHead+`kubeproxy_userspace_faults_skipped_max_active_total{service_port="default/web:http"} 1
 `)
 }
+
+// A toxic's faults_injected_total series goes when the toxic does (removed
+// through the API or the annotation, or its stream changed), while the
+// port's other toxics keep theirs: experiments that add and remove toxics
+// by the thousand left a series behind for each.
+func TestRemovedToxicSeriesGo(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	tbl := NewTable(0, 0, NewMetrics(reg))
+	p := tbl.Port("default.web.http", "TCP")
+	p.SetDeclared([]Toxic{toxic(t, `{"name":"slow","type":"latency","attributes":{"latency":1}}`)})
+	if _, err := tbl.AddToxic("default.web.http", toxic(t, `{"name":"cut","type":"reset_peer"}`)); err != nil {
+		t.Fatal(err)
+	}
+	series := func() []string {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, mf := range mfs {
+			if mf.GetName() != "kubeproxy_userspace_faults_injected_total" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				var l []string
+				for _, lp := range m.GetLabel() {
+					l = append(l, lp.GetValue())
+				}
+				out = append(out, strings.Join(l, " "))
+			}
+		}
+		return out
+	}
+	check := func(want ...string) {
+		t.Helper()
+		if got := series(); strings.Join(got, ", ") != strings.Join(want, ", ") {
+			t.Errorf("faults_injected_total series %q, want %q", got, want)
+		}
+	}
+	// Label values in the labels' order: service_port, stream, toxic, type.
+	check("default.web.http downstream cut reset_peer", "default.web.http downstream slow latency")
+	if _, err := tbl.UpdateToxic("default.web.http", "cut", []byte(`{"stream":"upstream"}`)); err != nil {
+		t.Fatal(err)
+	}
+	check("default.web.http downstream slow latency", "default.web.http upstream cut reset_peer")
+	if err := tbl.RemoveToxic("default.web.http", "cut"); err != nil {
+		t.Fatal(err)
+	}
+	check("default.web.http downstream slow latency")
+	p.SetDeclared(nil)
+	check()
+}

@@ -3,6 +3,7 @@ package faults
 import (
 	"math"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -93,8 +94,28 @@ func (p *Port) publishLocked() *snapshot {
 	if p.protocol == "UDP" {
 		s.datagram = newDatagramPlan(p, s)
 	}
-	p.snap.Store(s)
+	old := p.snap.Swap(s)
+	if old != nil {
+		forgetRemoved(m, label, old.toxics, s.toxics)
+	}
 	return s
+}
+
+// forgetRemoved deletes the faults_injected_total series of the toxics in
+// before that after no longer has (removed through the API or the
+// annotation, or changed type or stream): toxics set and removed by
+// experiments would otherwise add series for as long as the port lives.
+// A connection still holding the old snapshot counts into a detached
+// counter.
+func forgetRemoved(m *Metrics, label string, before, after []*compiled) {
+	for _, b := range before {
+		kept := slices.ContainsFunc(after, func(a *compiled) bool {
+			return a.Name == b.Name && a.Type == b.Type && a.Stream == b.Stream
+		})
+		if !kept {
+			m.Injected.DeleteLabelValues(label, b.Name, b.Type, b.Stream)
+		}
+	}
 }
 
 // metricLabel is the port's service_port label; p.mu is held.
