@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/pflag"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
 	kubeproxyconfig "k8s.io/kube-proxy/config/v1alpha1"
 )
 
@@ -77,4 +78,17 @@ func (o *options) applyConfig(cfg *configFile, fs *pflag.FlagSet) {
 	set("v", "logging.verbosity", c.Logging.Verbosity != 0 && fs.Lookup("v") != nil, func() {
 		_ = fs.Set("v", strconv.FormatUint(uint64(c.Logging.Verbosity), 10))
 	})
+	// logging.vmodule likewise sets klog's -vmodule (per-file verbosity).
+	set("vmodule", "logging.vmodule", len(c.Logging.VModule) > 0 && fs.Lookup("vmodule") != nil, func() {
+		items := make([]string, 0, len(c.Logging.VModule))
+		for _, it := range c.Logging.VModule {
+			items = append(items, fmt.Sprintf("%s=%d", it.FilePattern, it.Verbosity))
+		}
+		_ = fs.Set("vmodule", strings.Join(items, ","))
+	})
+	// kube-proxy can also log JSON; this proxy logs klog's text only, and
+	// says so instead of starting as if the file had been followed.
+	if f := c.Logging.Format; f != "" && f != "text" {
+		klog.InfoS("Ignoring logging.format in --config: only the text format is supported", "format", f, "config", o.configFile)
+	}
 }

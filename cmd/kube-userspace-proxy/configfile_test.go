@@ -89,8 +89,9 @@ udpIdleTimeout: 3s
 	}
 }
 
-// logging.verbosity sets klog's -v unless -v is on the command line, as
-// kube-proxy applies its file's logging configuration.
+// logging.verbosity and logging.vmodule set klog's -v and -vmodule unless
+// given on the command line, as kube-proxy applies its file's logging
+// configuration (vmodule was ignored).
 func TestConfigFileVerbosity(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "config.yaml")
 	for _, tt := range []struct {
@@ -102,6 +103,8 @@ func TestConfigFileVerbosity(t *testing.T) {
 		{"from the file", "logging: {verbosity: 4}\n", nil, "4"},
 		{"the flag wins", "logging: {verbosity: 4}\n", []string{"-v=2"}, "2"},
 		{"not in the file", "logging: {format: text}\n", nil, "0"},
+		{"vmodule from the file", "logging: {vmodule: [{filePattern: proxier, verbosity: 5}, {filePattern: relay*, verbosity: 3}]}\n", nil, "0"},
+		{"the vmodule flag wins", "logging: {vmodule: [{filePattern: proxier, verbosity: 5}]}\n", []string{"--vmodule=faults=2"}, "0"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			if err := os.WriteFile(path, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"+tt.file), 0o644); err != nil {
@@ -113,12 +116,19 @@ func TestConfigFileVerbosity(t *testing.T) {
 			klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 			klog.InitFlags(klogFlags) // klog's global verbosity, as runMain
 			fs.AddGoFlag(klogFlags.Lookup("v"))
-			t.Cleanup(func() { _ = klogFlags.Set("v", "0") })
+			fs.AddGoFlag(klogFlags.Lookup("vmodule"))
+			t.Cleanup(func() { _ = klogFlags.Set("v", "0"); _ = klogFlags.Set("vmodule", "") })
 			if err := fs.Parse(append([]string{"--config", path}, tt.args...)); err != nil {
 				t.Fatal(err)
 			}
 			if err := o.applyConfigFile(fs); err != nil {
 				t.Fatal(err)
+			}
+			wantVModule := map[string]string{
+				"vmodule from the file": "proxier=5,relay*=3", "the vmodule flag wins": "faults=2",
+			}[tt.name]
+			if got := klogFlags.Lookup("vmodule").Value.String(); got != wantVModule {
+				t.Errorf("-vmodule %q, want %q", got, wantVModule)
 			}
 			if got := klogFlags.Lookup("v").Value.String(); got != tt.wantV {
 				t.Errorf("-v %s, want %s", got, tt.wantV)
