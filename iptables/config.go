@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/netaddr"
 )
 
 // Family is the IP family one set of rules (and one Runner) serves:
@@ -94,15 +96,10 @@ func (c Config) familyCIDRs(cidrs []netip.Prefix) []netip.Prefix {
 		if !p.IsValid() || !c.Family.owns(p.Addr()) {
 			continue
 		}
-		if p.Addr().Is4In6() {
-			// ::ffff:10.0.0.0/104 is 10.0.0.0/8; a mask shorter than the
-			// mapped prefix covers more than IPv4 and is left out.
-			if p.Bits() < 96 {
-				continue
-			}
-			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+		p, ok := netaddr.UnmapPrefix(p)
+		if !ok {
+			continue
 		}
-		p = p.Masked()
 		if !seen[p] {
 			seen[p] = true
 			out = append(out, p)

@@ -15,6 +15,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/httpserver"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/netaddr"
 )
 
 // ServiceHealthServer serves the healthCheckNodePort of every Service with
@@ -111,7 +112,7 @@ func ListenAddrs(cidrs []netip.Prefix, interfaceAddrs func() ([]net.Addr, error)
 		var mine []netip.Prefix
 		matchAll := false
 		for _, c := range cidrs {
-			if c, ok := unmapped(c); ok && f.is(c.Addr()) {
+			if c, ok := netaddr.UnmapPrefix(c); ok && f.is(c.Addr()) {
 				mine = append(mine, c)
 				matchAll = matchAll || c.Bits() == 0
 			}
@@ -144,23 +145,6 @@ func ListenAddrs(cidrs []netip.Prefix, interfaceAddrs func() ([]net.Addr, error)
 		klog.InfoS("No node address inside --nodeport-addresses: healthCheckNodePorts listen nowhere, as NodePorts answer nowhere", "nodePortAddresses", cidrs)
 	}
 	return out
-}
-
-// unmapped is c with an IPv4-mapped prefix (::ffff:10.0.0.0/104) as the
-// IPv4 prefix it maps (10.0.0.0/8), as the NodePort rules read it; false
-// for a mapped one with a mask shorter than the mapped prefix, which the
-// rules leave out.
-func unmapped(c netip.Prefix) (netip.Prefix, bool) {
-	if !c.IsValid() {
-		return c, false
-	}
-	if c.Addr().Is4In6() {
-		if c.Bits() < 96 {
-			return c, false
-		}
-		c = netip.PrefixFrom(c.Addr().Unmap(), c.Bits()-96)
-	}
-	return c.Masked(), true
 }
 
 // SyncServices opens a server for each wanted Service port and closes the
