@@ -134,6 +134,13 @@ func TestParseAnnotationValid(t *testing.T) {
 			want:  "dns:loss_downstream/loss/downstream/1 dns:duplicate_upstream/duplicate/upstream/1 dns:reorder_downstream/reorder/downstream/1 dns:down_downstream/down/downstream/1",
 		},
 		{
+			// Toxiproxy reads the direction case-insensitively.
+			name:  "stream in any case",
+			value: `[{"type":"latency","stream":"UpStream","attributes":{"latency":1}}]`,
+			ports: []ServicePort{tcpHTTP},
+			want:  "http:latency_upstream/latency/upstream/1",
+		},
+		{
 			name:  "port null is no port",
 			value: `[{"type":"refuse","port":null}]`,
 			ports: []ServicePort{tcpHTTP},
@@ -170,6 +177,7 @@ func TestParseAnnotationAttributeDefaults(t *testing.T) {
 		{"type":"latency","attributes":{"latency":300}},
 		{"type":"slicer","stream":"upstream","attributes":{"average_size":64}},
 		{"type":"loss","port":"dns"},
+		{"name":"bursts","type":"loss","port":"dns","attributes":{"p":0.1}},
 		{"type":"connect_delay","port":"http"}
 	]`, []ServicePort{tcpHTTP, udpDNS})
 	if err != nil {
@@ -179,6 +187,7 @@ func TestParseAnnotationAttributeDefaults(t *testing.T) {
 		"latency_downstream":       {"latency": 300, "jitter": 0},
 		"slicer_upstream":          {"average_size": 64, "size_variation": 0, "delay": 0},
 		"loss_downstream":          {"rate": 1, "p": 0, "r": 1, "loss_bad": 1, "loss_good": 0},
+		"bursts":                   {"p": 0.1, "r": 1, "loss_bad": 1, "loss_good": 0}, // Gilbert-Elliott: no rate
 		"connect_delay_downstream": {"delay": 0, "jitter": 0},
 	}
 	seen := 0
@@ -200,8 +209,8 @@ func TestParseAnnotationAttributeDefaults(t *testing.T) {
 		}
 	}
 	// latency goes to both ports.
-	if seen != 5 {
-		t.Fatalf("saw %d toxics, want 5: %v", seen, got)
+	if seen != 6 {
+		t.Fatalf("saw %d toxics, want 6: %v", seen, got)
 	}
 }
 
@@ -230,6 +239,7 @@ func TestParseAnnotationErrors(t *testing.T) {
 		{"clients not a list", `[{"type":"latency","clients":"10.0.0.0/8"}]`, both, "[0].clients: must be a JSON list, not a JSON string"},
 		{"seed not a number", `[{"type":"latency","seed":"x"}]`, both, "[0].seed: must be a JSON number, not a JSON string"},
 		{"probability above 1", `[{"type":"loss","attributes":{"rate":50}}]`, both, "[0].attributes.rate: is a probability"},
+		{"loss rate with the Gilbert-Elliott model", `[{"type":"loss","attributes":{"rate":0.5,"p":0.1}}]`, both, "[0].attributes.rate: random loss (rate) and the Gilbert-Elliott model (p > 0) exclude each other"},
 		{"bandwidth rate 0", `[{"type":"bandwidth"}]`, both, "[0].attributes.rate: must be at least 0.001"},
 		{"bandwidth rate below a byte a second", `[{"type":"bandwidth","attributes":{"rate":1e-9}}]`, both, "[0].attributes.rate: must be at least 0.001"},
 		{"duration past time.Duration", `[{"type":"reset_peer","attributes":{"timeout":1e13}}]`, both, "[0].attributes.timeout: must be at most 1e+12, not 1e+13"},

@@ -200,7 +200,8 @@ func (t *Toxic) Normalize() error {
 		}
 		return &FieldError{"type", fmt.Sprintf("unknown toxic type %q (known: %s)", t.Type, strings.Join(Types(), ", "))}
 	}
-	switch t.Stream {
+	// Toxiproxy reads the direction case-insensitively.
+	switch t.Stream = strings.ToLower(t.Stream); t.Stream {
 	case "":
 		t.Stream = Downstream
 	case Upstream, Downstream:
@@ -239,6 +240,11 @@ func (t *Toxic) Normalize() error {
 			return &FieldError{"attributes." + k, fmt.Sprintf("is a probability, must be within [0, 1], not %v", attrs[k])}
 		}
 	}
+	if t.Type == "loss" {
+		if err := lossModel(t.Attributes, attrs); err != nil {
+			return err
+		}
+	}
 	if t.Type == "bandwidth" && attrs["rate"] < minBandwidth {
 		return &FieldError{"attributes.rate", fmt.Sprintf("must be at least %g (KB/s: a byte a second), not %v", minBandwidth, attrs["rate"])}
 	}
@@ -251,6 +257,23 @@ func (t *Toxic) Normalize() error {
 			return &FieldError{fmt.Sprintf("clients[%d]", i), err.Error()}
 		}
 	}
+	return nil
+}
+
+// lossModel refuses a loss toxic that mixes its two models: rate is
+// random loss; p, r, loss_bad and loss_good are tc-netem's Gilbert-Elliott
+// model, which acts when p > 0. Mixed, rate was silently ignored (rate 0.5
+// with p 0.1 lost 9 %, not 50 %). A Gilbert-Elliott toxic shows no rate,
+// so it reads back as what acts (and passes this check again); a random
+// one shows p 0 and the inert Gilbert-Elliott defaults.
+func lossModel(given, attrs map[string]float64) error {
+	if attrs["p"] == 0 {
+		return nil
+	}
+	if _, ok := given["rate"]; ok {
+		return &FieldError{"attributes.rate", "random loss (rate) and the Gilbert-Elliott model (p > 0) exclude each other: give rate, or p with r, loss_bad and loss_good"}
+	}
+	delete(attrs, "rate")
 	return nil
 }
 
