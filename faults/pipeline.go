@@ -95,9 +95,9 @@ func (p *pipeline) copy(dst, src *net.TCPConn) (int64, error) {
 			}
 		}
 	}
-	if p.limitLeft == 0 {
-		return 0, relay.ErrCut
-	}
+	// limit_data 0 cuts when the first chunk arrives, as Toxiproxy's: cut
+	// at accept, the client's first bytes were still unread in its socket,
+	// so the close sent a reset instead of a FIN.
 	if end >= 0 {
 		t := time.NewTimer(end)
 		defer t.Stop()

@@ -170,3 +170,33 @@ func TestPipelineBandwidth(t *testing.T) {
 		})
 	}
 }
+
+// limit_data with bytes 0 cuts its stream when the first chunk arrives, as
+// Toxiproxy's does, not at accept: the client's request reaches the
+// backend, and the client gets a FIN without a byte of the answer. Cut at
+// accept, the request never reached the backend (and, unread in the
+// proxy's socket, turned the close into a reset on the event loops).
+func TestLimitDataZeroCutsAtFirstChunk(t *testing.T) {
+	_, p := declared(t, 0, 0, "TCP", `{"type":"limit_data","attributes":{"bytes":0}}`)
+	client, backend, done := proxied(t, p, client1)
+	if _, err := client.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	backend.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got := make([]byte, 5)
+	if _, err := io.ReadFull(backend, got); err != nil || string(got) != "hello" {
+		t.Fatalf("backend read %q, %v; want the request", got, err)
+	}
+	if _, err := backend.Write([]byte("world")); err != nil {
+		t.Fatal(err)
+	}
+	client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := io.Copy(io.Discard, client); n != 0 || err != nil {
+		t.Fatalf("client read %d bytes, ended with %v; want a FIN and nothing", n, err)
+	}
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the relay did not end")
+	}
+}
