@@ -20,6 +20,8 @@ type datagramPlan struct {
 	enabled bool
 	streams [2][]*datagramToxic
 	seq     [2]*atomic.Uint64
+	// delays sends each stream's delayed datagrams (latency).
+	delays [2]delayLine
 }
 
 type datagramToxic struct {
@@ -126,7 +128,9 @@ func (dp *DatagramPlan) Send(stream int, client netip.Addr, b []byte, send func(
 	out := send
 	if delay > 0 {
 		b = append([]byte(nil), b...)
-		out = func(b []byte) { time.AfterFunc(delay, func() { send(b) }) }
+		due := time.Now().Add(delay)
+		line := &d.delays[stream]
+		out = func(b []byte) { line.add(due, b, send) }
 	}
 	for _, t := range d.streams[stream] {
 		if t.Type == "reorder" && t != reorder {

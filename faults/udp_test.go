@@ -224,3 +224,39 @@ func TestUDPLatencyChain(t *testing.T) {
 		}
 	}
 }
+
+// A fixed latency keeps a stream's order, as tc-netem's delay does: each
+// datagram delayed alike leaves after the one before it. Sent from a timer
+// each, they overtook each other.
+func TestUDPLatencyKeepsOrder(t *testing.T) {
+	_, p := declared(t, 0, 0, "UDP", `{"type":"latency","attributes":{"latency":20}}`)
+	const n = 2000
+	var mu sync.Mutex
+	var got []int
+	all := make(chan struct{})
+	for i := range n {
+		b := []byte{byte(i >> 8), byte(i)}
+		p.Datagrams().Send(StreamDown, client1, b, func(b []byte) {
+			mu.Lock()
+			defer mu.Unlock()
+			got = append(got, int(b[0])<<8|int(b[1]))
+			if len(got) == n {
+				close(all)
+			}
+		})
+	}
+	select {
+	case <-all:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%d of %d datagrams sent", len(got), n)
+	}
+	inversions := 0
+	for i := 1; i < n; i++ {
+		if got[i] < got[i-1] {
+			inversions++
+		}
+	}
+	if inversions > 0 {
+		t.Errorf("%d inversions in %d datagrams delayed alike", inversions, n)
+	}
+}
