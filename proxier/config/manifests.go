@@ -241,12 +241,14 @@ type skippedFile struct {
 
 // listFiles names the manifest files: the file itself, or the directory's
 // non-hidden *.yaml, *.yml and *.json entries (symlinks followed, no
-// recursion), and the entries it skips. A single file that is gone lists as
-// nothing.
+// recursion), and the entries it skips. A single file that is gone is an
+// error, as a directory that is gone: the path keeps its last good objects
+// until it returns (emptied, it serves nothing). Listed as nothing, every
+// Service it held was dropped, and came back on new proxy ports.
 func (s *ManifestSource) listFiles() ([]string, []skippedFile, error) {
 	if !s.dirMode {
-		if _, err := os.Stat(s.path); errors.Is(err, fs.ErrNotExist) {
-			return nil, nil, nil
+		if _, err := os.Stat(s.path); err != nil {
+			return nil, nil, err
 		}
 		return []string{s.path}, nil, nil
 	}

@@ -118,17 +118,24 @@ func TestSingleFileMode(t *testing.T) {
 	path := filepath.Join(dir, "svc.yaml")
 	writeFile(t, path, serviceYAML("a", 80))
 	writeFile(t, filepath.Join(dir, "other.yaml"), serviceYAML("other", 80)) // not watched
-	rec, _ := startSource(t, path, []string{"add Service default/a"})
+	rec, log := startSource(t, path, []string{"add Service default/a"})
 
 	writeAtomic(t, path, serviceYAML("a", 81)+"---\n"+serviceYAML("b", 80))
 	rec.waitFor(t, liveWait, "update Service default/a", "add Service default/b")
 	if p := rec.serviceYAML("default/a").Spec.Ports[0].Port; p != 81 {
 		t.Errorf("port %d, want 81", p)
 	}
+	// The file gone keeps its last good objects serving, as a directory
+	// gone does; back, it is read again. Emptied, it serves nothing.
 	os.Remove(path)
-	rec.waitFor(t, liveWait, "delete Service default/a", "delete Service default/b")
+	eventually(t, func() bool { return log.contains(path + ": stat " + path + ": no such file or directory (keeping its last good objects)") })
+	if got := rec.take(); len(got) != 0 {
+		t.Errorf("events after the file was removed: %q", got)
+	}
 	writeFile(t, path, serviceYAML("a", 80))
-	rec.waitFor(t, liveWait, "add Service default/a")
+	rec.waitFor(t, liveWait, "update Service default/a", "delete Service default/b")
+	writeAtomic(t, path, "")
+	rec.waitFor(t, liveWait, "delete Service default/a")
 }
 
 func TestInvalidEditKeepsLastGood(t *testing.T) {
