@@ -287,6 +287,12 @@ func (o *options) validate() (*validated, error) {
 			add("--node-ip %q is not an IP address", o.nodeIP)
 		} else if v.nodeIP.Zone() != "" {
 			add("--node-ip %q: IPv6 zone ids are not supported; give the address without %%%s", o.nodeIP, v.nodeIP.Zone())
+		} else if v.nodeIP = v.nodeIP.Unmap(); v.nodeIP.IsUnspecified() {
+			add("--node-ip %s is not an address of the node: give one, or leave it out for the default-route address", v.nodeIP)
+		} else if v.nodeIP.IsLoopback() && o.iptables && !o.cleanup {
+			// As --bind-address: pods' and other hosts' traffic DNATed to
+			// a loopback address is dropped (route_localnet is off).
+			add("--node-ip %s is a loopback address, which portal rules cannot reach from pods or other hosts: give a node address", v.nodeIP)
 		}
 	}
 	if o.manifests != "" && !o.cleanup {

@@ -215,6 +215,9 @@ func portalSyncers(v *validated, newRunner func(iptables.Family) (iptables.Runne
 	} else {
 		v6 = iptables.New(r6, cfg6)
 	}
+	if v.nodeIP.IsValid() && !isLocalAddress(v.nodeIP) {
+		klog.InfoS("Warning: --node-ip is not an address of this node's interfaces: portal traffic DNATed to it leaves the node instead of reaching the proxy", "nodeIP", v.nodeIP)
+	}
 	if nodeIP.IsValid() {
 		klog.InfoS("Portal rules enabled", "nodeIP", nodeIP)
 	} else {
@@ -287,6 +290,23 @@ func nodeIPOf(v *validated, six bool, fromRoute func() netip.Addr) netip.Addr {
 		return netip.Addr{} // sockets listen on one address of the other family
 	}
 	return fromRoute()
+}
+
+// isLocalAddress reports whether ip is an address of one of the node's
+// interfaces (true when they cannot be listed: no warning then).
+func isLocalAddress(ip netip.Addr) bool {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return true
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok {
+			if local, ok := netip.AddrFromSlice(n.IP); ok && local.Unmap() == ip {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // cleanupRules is --cleanup's work (a variable: tests must not run it on

@@ -207,6 +207,11 @@ func TestBindAndNodeIPValidation(t *testing.T) {
 		{[]string{"--bind-address", "fe80::1%eth0", "--iptables=false"}, "--bind-address \"fe80::1%eth0\": IPv6 zone ids are not supported"},
 		{[]string{"--node-ip", "fe80::1%eth0"}, "--node-ip \"fe80::1%eth0\": IPv6 zone ids are not supported"},
 		{[]string{"--node-ip", "fe80::1"}, ""},
+		{[]string{"--node-ip", "127.0.0.1"}, "--node-ip 127.0.0.1 is a loopback address"},
+		{[]string{"--node-ip", "::ffff:127.0.0.1"}, "loopback"},
+		{[]string{"--node-ip", "::1"}, "loopback"},
+		{[]string{"--node-ip", "127.0.0.1", "--iptables=false"}, ""},
+		{[]string{"--node-ip", "0.0.0.0"}, "--node-ip 0.0.0.0 is not an address of the node"},
 		{[]string{"--bind-address", "10.0.0.1"}, ""},
 		{[]string{"--proxy-port-range", "0"}, ""},
 		{[]string{"--proxy-port-range", "0-0"}, ""},
@@ -322,5 +327,16 @@ func TestNodeIPPerFamily(t *testing.T) {
 				t.Errorf("node IPs %q / %q, want %q / %q", str(got4), str(got6), tt.want4, tt.want6)
 			}
 		})
+	}
+}
+
+// isLocalAddress tells a node address from one the node does not hold
+// (a --node-ip that is not the node's is warned about at start).
+func TestIsLocalAddress(t *testing.T) {
+	if !isLocalAddress(netip.MustParseAddr("127.0.0.1")) {
+		t.Error("127.0.0.1 is not local")
+	}
+	if isLocalAddress(netip.MustParseAddr("192.0.2.77")) {
+		t.Error("192.0.2.77 (TEST-NET-1) is local")
 	}
 }
