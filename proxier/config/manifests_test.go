@@ -128,7 +128,9 @@ func TestSingleFileMode(t *testing.T) {
 	// The file gone keeps its last good objects serving, as a directory
 	// gone does; back, it is read again. Emptied, it serves nothing.
 	os.Remove(path)
-	eventually(t, func() bool { return log.contains(path + ": stat " + path + ": no such file or directory (keeping its last good objects)") })
+	eventually(t, func() bool {
+		return log.contains(path + ": stat " + path + ": no such file or directory (keeping its last good objects)")
+	})
 	if got := rec.take(); len(got) != 0 {
 		t.Errorf("events after the file was removed: %q", got)
 	}
