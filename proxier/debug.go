@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
@@ -30,6 +32,9 @@ type DebugServicePort struct {
 	FaultProxy    string       `json:"faultProxy"`
 	FaultsEnabled bool         `json:"faultsEnabled"`
 	Faults        []DebugToxic `json:"faults,omitempty"`
+	// Error says why the port has no proxy socket (its proxyAddress is
+	// empty): the last sync could not open one, and retries.
+	Error string `json:"error,omitempty"`
 }
 
 // DebugToxic is a toxic in force, with where it came from (annotation or api).
@@ -76,7 +81,7 @@ type DebugAffinity struct {
 // endpoints and affinity table.
 func (p *Proxier) DebugServices() []DebugServicePort {
 	p.debugMu.RLock()
-	rows := p.debug
+	rows, failed := p.debug, p.debugFailed
 	p.debugMu.RUnlock()
 	out := make([]DebugServicePort, 0, len(rows))
 	for _, r := range rows {
@@ -114,7 +119,55 @@ func (p *Proxier) DebugServices() []DebugServicePort {
 		}
 		out = append(out, d)
 	}
+	if len(failed) > 0 {
+		for _, f := range failed {
+			out = append(out, f.row())
+		}
+		slices.SortStableFunc(out, func(a, b DebugServicePort) int { return strings.Compare(a.ServicePort, b.ServicePort) })
+	}
 	return out
+}
+
+// debugFailure is a wanted service port whose proxy socket did not open.
+type debugFailure struct {
+	name loadbalancer.ServicePortName
+	info *servicePortInfo
+	err  string
+}
+
+// row is the failure's /debug/services row: no proxy address, the error.
+func (f debugFailure) row() DebugServicePort {
+	d := DebugServicePort{
+		ServicePort: f.info.key,
+		Protocol:    string(f.name.Protocol),
+		Port:        f.info.port,
+		NodePort:    f.info.nodePort,
+		Affinity:    "None",
+		Endpoints:   []string{},
+		FaultProxy:  f.info.faultName,
+		Error:       f.err,
+	}
+	if f.info.affinity.ClientIP {
+		d.Affinity = "ClientIP"
+		d.TimeoutSec = int(f.info.affinity.Timeout / time.Second)
+	}
+	for _, group := range [][]string{addrStrings(f.info.clusterIPs), addrStrings(f.info.externalIPs), addrStrings(f.info.loadBalancerIPs)} {
+		d.ServiceIPs = append(d.ServiceIPs, group...)
+	}
+	return d
+}
+
+// publishOpenFailures publishes the service ports this sync could not open
+// (only the sync writes them), so /debug/services lists every wanted port:
+// a port that failed to open was missing from it, its only trace a log line.
+func (p *Proxier) publishOpenFailures(fails []debugFailure) {
+	if len(fails) == 0 && len(p.debugFailed) == 0 {
+		return
+	}
+	slices.SortFunc(fails, func(a, b debugFailure) int { return strings.Compare(a.info.key, b.info.key) })
+	p.debugMu.Lock()
+	p.debugFailed = fails
+	p.debugMu.Unlock()
 }
 
 // ProxyPort returns the local port serving name ("ns/svc:port"), for the

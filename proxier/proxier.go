@@ -203,6 +203,9 @@ type Proxier struct {
 	// debugMu guards the copy of the table that /debug/services reads.
 	debugMu sync.RWMutex
 	debug   []debugPort
+	// debugFailed: the wanted service ports whose socket did not open in
+	// the last sync, sorted by key (debug.go).
+	debugFailed []debugFailure
 }
 
 var _ config.Handler = (*Proxier)(nil)
@@ -448,6 +451,7 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 	}
 
 	var failed []string // what this sync left undone (retry.go)
+	var openFailures []debugFailure
 	if !p.syncPolicies(changedServices) {
 		failed = append(failed, "health check servers")
 	}
@@ -491,6 +495,7 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 				// Tried again by the retry (retry.go); the port was released.
 				klog.ErrorS(err, "Failed to open proxy socket", "servicePort", name)
 				failed = append(failed, "open "+info.key)
+				openFailures = append(openFailures, debugFailure{name: name, info: info, err: err.Error()})
 				continue
 			}
 			opened++
@@ -533,6 +538,7 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 	}
 
 	p.publishDebug()
+	p.publishOpenFailures(openFailures)
 	ok := p.syncPortals(full)
 	if !ok {
 		failed = append(failed, "portals")

@@ -3,6 +3,7 @@ package proxier
 import (
 	"errors"
 	"net"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -208,5 +209,35 @@ func TestOpenFailureLeavesNoBalancerEntry(t *testing.T) {
 	p.Sync()
 	if names := p.lb.ServicePortNames(); len(names) != 0 {
 		t.Errorf("balancer entries after the Service and its slices are gone: %v", names)
+	}
+}
+
+// /debug/services lists a wanted service port whose socket did not open,
+// with no proxy address and the error, until it opens or goes: it was
+// missing from the list, its only trace a log line (black-box audit).
+func TestOpenFailureIsListed(t *testing.T) {
+	holder, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := holder.Addr().(*net.TCPAddr).Port
+	p := newTestProxier(t, Options{PortRange: PortRange{Base: port, Size: 1}})
+	svc := makeService("web")
+	p.OnServiceAdd(svc)
+	p.Sync()
+	rows := p.DebugServices()
+	if len(rows) != 1 || rows[0].ProxyAddress != "" || rows[0].Error == "" || rows[0].ServicePort != "default/web:p" {
+		t.Fatalf("rows while the port is taken: %+v, want default/web:p with an error and no proxy address", rows)
+	}
+	holder.Close()
+	p.Sync()
+	rows = p.DebugServices()
+	if len(rows) != 1 || rows[0].Error != "" || !strings.HasSuffix(rows[0].ProxyAddress, ":"+strconv.Itoa(port)) {
+		t.Fatalf("rows once the port is free: %+v", rows)
+	}
+	p.OnServiceDelete(svc)
+	p.Sync()
+	if rows := p.DebugServices(); len(rows) != 0 {
+		t.Fatalf("rows after the Service is gone: %+v", rows)
 	}
 }
