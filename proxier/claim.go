@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
 
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
@@ -31,7 +32,7 @@ func (p *Proxier) claim(info *servicePortInfo) []func() error {
 			c, err = holdTCPPort(ip, port)
 		}
 		if err != nil {
-			klog.ErrorS(err, "Cannot claim port; another process holds it", "servicePort", info.name, "address", ip, "port", port)
+			klog.ErrorS(err, "Cannot claim port; another process holds it", "servicePort", info.name, "address", claimAddress(ip), "port", port)
 			return
 		}
 		closers = append(closers, c)
@@ -66,9 +67,18 @@ func holdTCPPort(ip netip.Addr, port int) (func() error, error) {
 		fd, err = boundTCPSocket(unix.AF_INET6, &unix.SockaddrInet6{Port: port, Addr: ip.As16()}, true)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("bind %s: %w", netip.AddrPortFrom(ip, uint16(port)), err)
+		return nil, fmt.Errorf("bind %s: %w", net.JoinHostPort(claimAddress(ip), strconv.Itoa(port)), err)
 	}
 	return func() error { return unix.Close(fd) }, nil
+}
+
+// claimAddress names a claim's address for messages: a NodePort's claim has
+// none (every address), which netip would print as "invalid IP".
+func claimAddress(ip netip.Addr) string {
+	if !ip.IsValid() {
+		return "*"
+	}
+	return ip.String()
 }
 
 func boundTCPSocket(family int, sa unix.Sockaddr, v6only bool) (int, error) {

@@ -3,7 +3,9 @@ package proxier
 import (
 	"errors"
 	"net"
+	"net/netip"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -108,5 +110,26 @@ func TestClaimedTCPPortRefuses(t *testing.T) {
 				t.Fatalf("another process could listen on %s (SO_REUSEADDR) while it is claimed", addr)
 			}
 		})
+	}
+}
+
+// A NodePort claim that fails names its address as every address ("*"), not
+// netip's "invalid IP" / "invalid AddrPort" of the zero address.
+func TestClaimErrorNamesEveryAddress(t *testing.T) {
+	ln, err := net.Listen("tcp", ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := ln.Addr().(*net.TCPAddr).Port
+	_, err = holdTCPPort(netip.Addr{}, port)
+	if err == nil {
+		t.Fatal("claimed a port another socket listens on")
+	}
+	if want := "bind *:" + strconv.Itoa(port) + ": "; !strings.HasPrefix(err.Error(), want) {
+		t.Errorf("error %q, want it to begin %q", err, want)
+	}
+	if got := claimAddress(netip.MustParseAddr("192.0.2.1")); got != "192.0.2.1" {
+		t.Errorf("claimAddress(192.0.2.1) = %q", got)
 	}
 }
