@@ -230,6 +230,14 @@ func (o *options) validate() (*validated, error) {
 	if o.closeQuiet <= 0 {
 		add("--connection-close-quiet must be greater than 0, got %v", o.closeQuiet)
 	}
+	// The kernel counts keep-alive times in whole seconds; a fraction was
+	// rounded without a word.
+	if o.keepAliveIdle > 0 && o.keepAliveIdle%time.Second != 0 {
+		add("--tcp-keepalive-idle must be whole seconds (TCP keep-alive counts in seconds), got %v", o.keepAliveIdle)
+	}
+	if o.keepAliveIdle > 0 && o.keepAliveInterval > 0 && o.keepAliveInterval%time.Second != 0 {
+		add("--tcp-keepalive-interval must be whole seconds (TCP keep-alive counts in seconds), got %v", o.keepAliveInterval)
+	}
 	if o.keepAliveIdle > 0 && o.keepAliveInterval <= 0 {
 		add("--tcp-keepalive-interval must be greater than 0 with keep-alive on, got %v", o.keepAliveInterval)
 	}

@@ -219,6 +219,10 @@ func TestBindAndNodeIPValidation(t *testing.T) {
 		{[]string{"--proxy-port-range", "30000+9"}, ""},
 		{[]string{"--tcp-keepalive-idle", "0", "--tcp-keepalive-count", "0"}, ""}, // keep-alive off: the rest unused
 		{[]string{"--tcp-keepalive-count", "0"}, "--tcp-keepalive-count must be greater than 0"},
+		{[]string{"--tcp-keepalive-interval", "1500ms"}, "--tcp-keepalive-interval must be whole seconds"},
+		{[]string{"--tcp-keepalive-idle", "90500ms"}, "--tcp-keepalive-idle must be whole seconds"},
+		{[]string{"--tcp-keepalive-idle", "0", "--tcp-keepalive-interval", "1500ms"}, ""}, // keep-alive off
+		{[]string{"--tcp-keepalive-idle", "2m", "--tcp-keepalive-interval", "15s"}, ""},
 		{[]string{"--tcp-user-timeout", "0", "--tcp-write-timeout", "0"}, ""},
 		{[]string{"--hostname-override", " \n"}, "--hostname-override \" \\n\" is blank"},
 		{[]string{"--hostname-override", "Node-1"}, ""},
