@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"net/netip"
@@ -310,6 +311,13 @@ func (o *options) validate() (*validated, error) {
 		// the last good state and reads the path again when it returns.
 		if _, err := os.Stat(o.manifests); err != nil {
 			add("--manifests %q: %v", o.manifests, statReason(err))
+		}
+	}
+	if o.kubeconfig != "" && !o.cleanup {
+		// Likewise a kubeconfig that is not there: a usage error (exit 2)
+		// naming the flag or the --config field, not a start-up failure.
+		if _, err := os.Stat(o.kubeconfig); err != nil {
+			add("%s %q: %v", cmp.Or(o.kubeconfigField, "--kubeconfig"), o.kubeconfig, statReason(err))
 		}
 	}
 	if !o.cleanup {

@@ -166,6 +166,7 @@ func TestBadFlagsExitTwo(t *testing.T) {
 		{"--manifests", ".", "--cluster-cidr", "10.244.0.0/16,10.245.0.0/16"},
 		{"--no-such-flag"},
 		{"--manifests", ".", "--kubeconfig", "/x"},
+		{"--kubeconfig", "/nonexistent/kubeconfig"}, // was exit 1, at the client's start
 		{"--manifests", ".", "--service-cluster-ip-range", "10.96.0.0"},
 		{"--manifests", ".", "--service-cluster-ip-range", "10.0.0.0/8,10.1.0.0/16"},
 		{"stray-argument"},
