@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
@@ -185,5 +186,37 @@ func TestEveryHTTPServerHasLimits(t *testing.T) {
 			t.Errorf("server %d: header %v, read %v, write %v, idle %v; want all set, idle %v",
 				i, s.ReadHeaderTimeout, s.ReadTimeout, s.WriteTimeout, s.IdleTimeout, o.httpIdleTimeout)
 		}
+	}
+}
+
+// The fault API's GET /version answers the binary's version, as
+// Toxiproxy's answers its own: it answered the program's name.
+func TestFaultAPIVersion(t *testing.T) {
+	o := newOptions()
+	o.healthzBindAddress, o.metricsBindAddress = "", ""
+	o.faultAPIBind = "127.0.0.1:" + freePortString(t)
+	m := proxier.NewMetrics()
+	table := faults.NewTable(0, 0, faults.NewMetrics(m.Registry))
+	p := proxier.New(proxier.Options{Metrics: m, Faults: table})
+	servers, _, err := startServers(o, p, healthcheck.NewProxierHealth(clock.RealClock{}, time.Minute), m, table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, s := range servers {
+			_ = s.Close()
+		}
+	})
+	resp, err := http.Get("http://" + o.faultAPIBind + "/version")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body struct{ Version string }
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		t.Fatal(err)
+	}
+	if body.Version != buildVersion() {
+		t.Errorf("GET /version: %q, want %q", body.Version, buildVersion())
 	}
 }

@@ -359,7 +359,7 @@ func startServers(o *options, p *proxier.Proxier, health *healthcheck.ProxierHea
 	}
 	if o.faultAPIBind != "" {
 		mux := http.NewServeMux()
-		mux.Handle("/", faultapi.New(faultTable, faultAPIVersion))
+		mux.Handle("/", faultapi.New(faultTable, buildVersion()))
 		addr, err := serve(o.faultAPIBind, mux)
 		if err != nil {
 			for _, s := range servers {
@@ -428,6 +428,3 @@ func interfaceAddr(ifname string, six bool) netip.Addr {
 	}
 	return netip.Addr{}
 }
-
-// faultAPIVersion is what the fault API's GET /version answers.
-const faultAPIVersion = "kube-userspace-proxy"
