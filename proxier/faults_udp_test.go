@@ -16,6 +16,8 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 )
 
 // udpSink is a UDP backend that records the sequence number each datagram
@@ -272,5 +274,42 @@ func TestFaultUDPLatency(t *testing.T) {
 				return rtt(addrs[1]) - base
 			}), 300*time.Millisecond, 30*time.Millisecond)
 		})
+	}
+}
+
+// A UDP port's bytes_total counts what was delivered, after the toxics: a
+// datagram lost is not proxied, a duplicated one is proxied twice. The
+// faulted path counted what came in (a reply lost to every client still
+// counted as sent to it; a copy was not counted).
+func TestFaultUDPBytesCountDelivered(t *testing.T) {
+	echo := loopbackUDPEcho(t)
+	p := newTestProxier(t, Options{Faults: faults.NewTable(0, 0, nil)})
+	p.OnServiceAdd(makeService("dns", withProtocol(v1.ProtocolUDP),
+		withFaults(`[{"name":"lose","type":"loss","stream":"downstream","attributes":{"rate":1}},`+
+			`{"name":"twice","type":"duplicate","stream":"upstream","attributes":{"rate":1}}]`)))
+	p.OnEndpointSliceAdd(makeSlice("dns", v1.ProtocolUDP, echo.LocalAddr().String()))
+	p.Sync()
+	c, err := net.Dial("udp", proxyAddr(t, p, "default/dns:p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const n, size = 20, 16
+	for range n {
+		if _, err := c.Write(make([]byte, size)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bytes := func(dir string) float64 {
+		m := p.metrics.ports.lookup("default/dns:p")
+		if dir == "in" {
+			return m.bytesIn.value()
+		}
+		return m.bytesOut.value()
+	}
+	waitFor(t, "both copies of every datagram at the backend", func() bool { return bytes("in") == 2*n*size })
+	time.Sleep(100 * time.Millisecond) // the echoes, all lost, have come back
+	if got := bytes("out"); got != 0 {
+		t.Errorf("bytes out %v, want 0: every reply was lost", got)
 	}
 }

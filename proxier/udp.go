@@ -373,12 +373,13 @@ func (s *udpProxySocket) forward(client netip.AddrPort, b, oob []byte) {
 	}
 	send := s.upSenderLocked(sess)
 	s.mu.Unlock()
+	// bytes_total counts what send delivers: a lost datagram is not
+	// proxied, a duplicated one twice.
 	if d := plan.Send(faults.StreamUp, client.Addr(), b, send); d > 0 {
 		s.mu.Lock()
 		sess.deferredUntil = max(sess.deferredUntil, monoNow()+int64(d))
 		s.mu.Unlock()
 	}
-	s.bytesIn.Add(float64(len(b)))
 }
 
 // sessionLocked returns the client's session, opening one (and making room
@@ -475,7 +476,9 @@ func (s *udpProxySocket) upSenderLocked(sess *udpSession) func([]byte) {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			if sess.fd >= 0 {
-				_, _ = rawio.Write(sess.fd, b)
+				if n, err := rawio.Write(sess.fd, b); err == nil {
+					s.bytesIn.Add(float64(n))
+				}
 			}
 		}
 	}
@@ -487,7 +490,11 @@ func (s *udpProxySocket) upSenderLocked(sess *udpSession) func([]byte) {
 func (s *udpProxySocket) downSenderLocked(sess *udpSession) func([]byte) {
 	if sess.sendDown == nil {
 		client, control := sess.client, sess.replyControl
-		sess.sendDown = func(b []byte) { _, _, _ = s.conn.WriteMsgUDPAddrPort(b, control, client) }
+		sess.sendDown = func(b []byte) {
+			if m, _, err := s.conn.WriteMsgUDPAddrPort(b, control, client); err == nil {
+				s.bytesOut.Add(float64(m))
+			}
+		}
 	}
 	return sess.sendDown
 }
@@ -677,8 +684,7 @@ func (s *udpProxySocket) relayFrom(fd int, b *udpBatch) {
 			var d []byte
 			d, off = b.datagramAt(i, off)
 			if plan != nil {
-				plan.Send(faults.StreamDown, client.Addr(), d, send)
-				s.bytesOut.Add(float64(len(d)))
+				plan.Send(faults.StreamDown, client.Addr(), d, send) // send counts bytes_total
 			} else if m, _, err := s.conn.WriteMsgUDPAddrPort(d, control, client); err != nil {
 				klog.V(3).InfoS("UDP write to client failed", "servicePort", s.label, "client", client, "err", err)
 			} else {
