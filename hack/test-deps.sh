@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what `make test` needs on a fresh machine: Go modules always;
-# as root, the Debian packages the namespace suites use (iproute2, iptables)
+# as root, the Debian packages the race detector and the namespace suites use
+# (gcc, iproute2, iptables)
 # and the test control plane (kube-apiserver + etcd built from the Go module
 # proxy into a cache outside the repo, reused once built). Not root: the
 # suites that need these skip with a message, so nothing is installed.
@@ -15,6 +16,8 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 missing=()
+# go test -race builds with cgo: a C compiler and the C library's headers.
+command -v "$(go env CC)" >/dev/null || missing+=(gcc libc6-dev)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v iptables-restore >/dev/null || missing+=(iptables)
 command -v ip6tables-restore >/dev/null || missing+=(iptables)
