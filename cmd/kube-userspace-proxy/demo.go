@@ -27,9 +27,10 @@ func runDemo(args []string) int {
 	verbose := fs.Bool("verbose", false, "Show the proxier's own log on stderr.")
 	netns := fs.Bool("netns", false, "As root: run the experiments through real iptables portals, with the proxy as a process in a throw-away network namespace and the clients in another; print the rules it installed and the conntrack entries the traffic left. Everything is removed at the end, also on Ctrl-C.")
 	fs.Usage = func() {
-		fmt.Fprintf(os.Stderr, "Usage: kube-userspace-proxy demo [--serve] [--verbose]\n       kube-userspace-proxy demo --netns   (as root)\n\n"+
-			"Runs the session-affinity experiments of a real cluster against this proxy,\n"+
-			"on loopback, without a cluster or root. Exit status 0 when every outcome matched.\n\nFlags:\n%s", fs.FlagUsages())
+		fmt.Fprintf(os.Stdout, "Usage: kube-userspace-proxy demo [--serve] [--verbose]\n       kube-userspace-proxy demo --netns [--verbose]   (as root)\n\n"+
+			"Runs the session-affinity experiments of a real cluster against this proxy, then\n"+
+			"its fault injection (latency, resets, the fault API), on loopback, without a\n"+
+			"cluster or root. Exit status 0 when every outcome matched.\n\nFlags:\n%s", fs.FlagUsages())
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {

@@ -47,6 +47,16 @@ func TestHelpAndVersionOnStdout(t *testing.T) {
 	if code != 0 || !strings.HasPrefix(out, "kube-userspace-proxy ") {
 		t.Fatalf("--version: exit %d, stdout %q", code, out)
 	}
+	// The subcommands' help too (demo's went to stderr).
+	for sub, run := range map[string]func() int{
+		"demo":    func() int { return runDemo([]string{"--help"}) },
+		"explain": func() int { return explain(t.Context(), []string{"--help"}, io.Discard) },
+	} {
+		out = captureStdout(t, func() { code = run() })
+		if code != 0 || !strings.Contains(out, "Usage: kube-userspace-proxy "+sub) {
+			t.Errorf("%s --help: exit %d, stdout %q", sub, code, out)
+		}
+	}
 }
 
 func TestBadFaultFlagsExitTwo(t *testing.T) {
