@@ -114,7 +114,8 @@ func (l *lab) serve(ctx context.Context, w io.Writer, width int, metricsAddr str
 	}
 	fmt.Fprintln(w, "\nServing until Ctrl-C. Every Service, its proxy socket and its backends:")
 	l.printServices(w, width, "  ")
-	fmt.Fprintln(w, "\nTry them (the proxy sockets; as root with iptables on, the ClusterIPs answer too):")
+	fmt.Fprintln(w, "\nTry them (the proxy sockets: --serve installs no portal rules, so the ClusterIPs")
+	fmt.Fprintln(w, "do not answer; demo --netns shows them answering):")
 	l.printHints(w)
 	fmt.Fprintf(w, "\nThe proxy's view:  curl -s http://%s/debug/services   (and /metrics)\n", metricsAddr)
 	fmt.Fprintf(w, "The manifests:     %s\n", l.manifests.dir)
