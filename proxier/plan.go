@@ -1,6 +1,7 @@
 package proxier
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"sync"
@@ -26,6 +27,10 @@ type Plan struct {
 	p      *Proxier
 	v4, v6 portalRecorder
 
+	// portRange is --proxy-port-range: the plan numbers ports from it
+	// itself, in name order, and runs out where a proxier would.
+	portRange PortRange
+
 	mu    sync.Mutex
 	index map[loadbalancer.ServicePortName]int
 	calls map[loadbalancer.ServicePortName]int
@@ -39,7 +44,11 @@ const PlanFirstPort = 40001
 // NodePort claims, conntrack cleaning and healthCheckNodePort servers are
 // the plan's own (recorders, or off): it touches nothing outside itself.
 func NewPlan(opts Options) *Plan {
-	pl := &Plan{index: map[loadbalancer.ServicePortName]int{}, calls: map[loadbalancer.ServicePortName]int{}}
+	pl := &Plan{index: map[loadbalancer.ServicePortName]int{}, calls: map[loadbalancer.ServicePortName]int{}, portRange: opts.PortRange}
+	// The allocator picks at random: with a range it would hand a small
+	// range's ports to whichever service ports came first in map order,
+	// and the plan's numbers fall outside it. listen numbers them instead.
+	opts.PortRange = PortRange{}
 	opts.IPv4Portals, opts.IPv6Portals = &pl.v4, &pl.v6
 	opts.ClaimNodePorts = false
 	opts.Conntrack = nil
@@ -84,21 +93,25 @@ func (pl *Plan) Run() (ports []DebugServicePort, v4, v6 []iptables.Portal) {
 
 // KernelChosenPorts reports whether a running proxier would let the
 // kernel choose its proxy ports.
-func (pl *Plan) KernelChosenPorts() bool { return pl.p.opts.PortRange.Size == 0 }
+func (pl *Plan) KernelChosenPorts() bool { return pl.portRange.Size == 0 }
 
 // listen stands in for newProxySocket: the first socket of a service port
 // gets first+index, a second one (external traffic under a Local policy)
-// first+index+number of service ports.
+// first+index+number of service ports; past the end of --proxy-port-range
+// the range is exhausted, as it would be for a proxier.
 func (pl *Plan) listen(name loadbalancer.ServicePortName, _ netip.Addr, _ int, _ bool, _ *loadbalancer.ServicePort, _ *faults.Port, _ *socketConfig) (proxySocket, error) {
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
 	first := PlanFirstPort
-	if r := pl.p.opts.PortRange; r.Size > 0 {
+	i := pl.index[name] + pl.calls[name]*len(pl.index)
+	if r := pl.portRange; r.Size > 0 {
+		if i >= r.Size {
+			return nil, fmt.Errorf("%w: --proxy-port-range holds %d, fewer than the proxy sockets to open", ErrPortRangeExhausted, r.Size)
+		}
 		first = r.Base
 	}
-	port := first + pl.index[name] + pl.calls[name]*len(pl.index)
 	pl.calls[name]++
-	return planSocket(port), nil
+	return planSocket(first + i), nil
 }
 
 // planSocket is a proxy socket that was never opened.

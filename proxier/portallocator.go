@@ -243,6 +243,9 @@ func (a *PortAllocator) Open(listen func(port int) (proxySocket, error)) (proxyS
 			(errors.Is(err, syscall.EADDRINUSE) || errors.Is(err, syscall.EACCES))
 		if !retry {
 			a.Release(port)
+			if errors.Is(err, ErrPortRangeExhausted) {
+				return nil, err // not about this port
+			}
 			return nil, fmt.Errorf("listen on port %d: %w", port, err)
 		}
 		held = append(held, port)

@@ -85,8 +85,16 @@ func (e *explanation) writePort(w *bufio.Writer, p proxier.DebugServicePort) {
 		addrs = append(addrs, fmt.Sprintf("port %d of the node's addresses (NodePort)", p.NodePort))
 	}
 	field(w, "service address", strings.Join(addrs, ", "))
-	field(w, "proxy socket", p.ProxyAddress+" (example port)")
-	if len(p.Endpoints) == 0 {
+	if p.Error != "" {
+		// The plan found no port for it (a --proxy-port-range too small):
+		// a running proxy would not serve it, and retry.
+		field(w, "proxy socket", "none: "+p.Error+"; a running proxy would not serve this port, and would retry")
+	} else {
+		field(w, "proxy socket", p.ProxyAddress+" (example port)")
+	}
+	if p.Error != "" {
+		field(w, "endpoints", "not used while the port has no proxy socket")
+	} else if len(p.Endpoints) == 0 {
 		field(w, "endpoints", "none ready: a client is refused (TCP reset) until one is")
 	} else {
 		field(w, "endpoints", strings.Join(p.Endpoints, ", "))

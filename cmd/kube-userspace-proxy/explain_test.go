@@ -85,6 +85,31 @@ func TestExplainNodePortAddressesPrimary(t *testing.T) {
 	}
 }
 
+// A --proxy-port-range smaller than the service ports: the first in name
+// order get its ports, the rest say they would not be served. The plan's
+// numbering ignored the range's end (web-nodeport got 45001 of a one-port
+// range) while the allocator refused others at random, printed with a
+// blank socket and "none ready" endpoints.
+func TestExplainPortRangeTooSmall(t *testing.T) {
+	var out bytes.Buffer
+	code := explain(t.Context(), []string{"--manifests", "../../examples/manifests", "--proxy-port-range", "45000"}, &out)
+	if code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	got := out.String()
+	for _, want := range []string{
+		"== default/sticky:http (TCP) ==\nservice address:  10.96.0.11:80\nproxy socket:     0.0.0.0:45000 (example port)",
+		"== default/web:http (TCP) ==\nservice address:  10.96.0.10:80\nproxy socket:     none: proxy port range exhausted: --proxy-port-range holds 1",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("output lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, ":45001") {
+		t.Errorf("a port outside --proxy-port-range 45000:\n%s", got)
+	}
+}
+
 func TestExplainBadInput(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
