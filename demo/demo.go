@@ -83,11 +83,11 @@ func (l *lab) run(ctx context.Context, out io.Writer, width int, rule func(netip
 	fmt.Fprintln(out)
 	path.render(out, width)
 	fmt.Fprint(out, `
-Session affinity. A Service's sessionAffinity "None" lets each new connection go
-to any of its pods; "ClientIP" keeps each client (by IP address) on one pod until
-it has been quiet for timeoutSeconds. A real cluster (kube-proxy in iptables mode)
-was measured once with the experiments below; what it did is in the second
-column, what this proxy does in the third.
+Session affinity. A Service's sessionAffinity "None" lets each new connection
+go to any of its pods; "ClientIP" keeps each client (by IP address) on one pod
+until it has been quiet for timeoutSeconds. A real cluster (kube-proxy in
+iptables mode) was measured once with the experiments below; what it did is in
+the second column, what this proxy does in the third.
 
 `)
 	t := newTable(out, width, "experiment", "real cluster (kube-proxy)", "this proxy", "same?")

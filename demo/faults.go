@@ -193,9 +193,9 @@ func judgeResets(_, got probe) (string, bool) {
 // whether every step behaved as expected. An error means ctx ended.
 func (l *lab) faultSection(ctx context.Context, w io.Writer, width int) (bool, error) {
 	fmt.Fprintf(w, `
-Fault injection, on the same Service default/web (the one without affinity). A
-fault is declared in the Service's annotation kube-userspace-proxy/faults, in the
-JSON of Toxiproxy (a tool that injects faults; it calls them "toxics"), by
+Fault injection, on the same Service default/web (the one without affinity).
+A fault is declared in the Service's annotation kube-userspace-proxy/faults, in
+the JSON of Toxiproxy (a tool that injects faults; it calls them "toxics"), by
 rewriting %s; each step waits until the proxy shows the fault in force. Then
 %d new connections from client 1 (%d at a time) are each timed until the
 backend's name has arrived: "median" is the middle one of those times, "errors"
@@ -226,12 +226,12 @@ the connections that got no answer.
 How to read it: a fault acts inside the proxy, between the client and the
 backend; the backends are untouched. "latency" holds each reply back 300 ms, so
 every answer arrives 300 ms later. "reset_peer" with timeout 0 aborts the
-connection with a TCP reset before any reply: the client's read fails with
-"connection reset by peer". Its "toxicity" 0.5 is the share of new connections
-it hits: each is decided once, when it is accepted, by a random draw that
-starts from --fault-seed, so running the demo again gives the same count. A
-change applies to connections accepted after it; with the annotation removed
-the Service is back as it was.
+connection with a TCP reset before any reply: the client's next read or write
+fails with "connection reset by peer". Its "toxicity" 0.5 is the share of new
+connections it hits: each is decided once, when it is accepted, by a random
+draw that starts from --fault-seed, so running the demo again gives the same
+count. A change applies to connections accepted after it; with the annotation
+removed the Service is back as it was.
 `), nil
 }
 

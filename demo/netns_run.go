@@ -152,8 +152,8 @@ func printRules(out io.Writer, ns netNS) {
 		}
 	}
 	fmt.Fprintln(out, `
-The KUBE-PORTALS-CONTAINER rules (from PREROUTING) catch the clients' packets to a
-ClusterIP and port and DNAT them to the proxy socket on the node IP;
+The KUBE-PORTALS-CONTAINER rules (from PREROUTING) catch the clients' packets to
+a ClusterIP and port and DNAT them to the proxy socket on the node IP;
 KUBE-PORTALS-HOST does the same for the node's own connections (from OUTPUT).
 KUBE-PROXY-PORT-GUARD drops new connections that reach a proxy port without
 passing a portal.`)
