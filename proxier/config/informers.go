@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -24,6 +25,10 @@ const ProxyLabelSelector = "!service.kubernetes.io/service-proxy-name,!service.k
 // DefaultConfigSyncPeriod is kube-proxy's --config-sync-period default.
 const DefaultConfigSyncPeriod = 15 * time.Minute
 
+// ToBeDeletedTaint is the taint the cluster autoscaler puts on a node it
+// is about to remove.
+const ToBeDeletedTaint = "ToBeDeletedByClusterAutoscaler"
+
 // NodeInfo is what the proxy needs to know about its own Node object.
 type NodeInfo struct {
 	Name string
@@ -32,7 +37,10 @@ type NodeInfo struct {
 	Addresses []netip.Addr
 	// Zone is the topology.kubernetes.io/zone label, "" when unset.
 	Zone string
-	// Terminating is true once the Node has a deletionTimestamp.
+	// Terminating is true once the Node has a deletionTimestamp, or the
+	// cluster autoscaler's ToBeDeletedByClusterAutoscaler taint: kube-proxy
+	// (KEP-3836) then fails /healthz, so load balancers drain the node
+	// before it goes.
 	Terminating bool
 	// Deleted is true when the Node object is gone; the other fields then describe its
 	// last known state.
@@ -166,10 +174,12 @@ func (s *InformerSource) deliver(call func()) {
 // nodeInfo extracts the proxy's view of a Node.
 func nodeInfo(node *v1.Node, deleted bool) NodeInfo {
 	info := NodeInfo{
-		Name:        node.Name,
-		Zone:        node.Labels[v1.LabelTopologyZone],
-		Terminating: node.DeletionTimestamp != nil,
-		Deleted:     deleted,
+		Name: node.Name,
+		Zone: node.Labels[v1.LabelTopologyZone],
+		Terminating: node.DeletionTimestamp != nil || slices.ContainsFunc(node.Spec.Taints, func(t v1.Taint) bool {
+			return t.Key == ToBeDeletedTaint
+		}),
+		Deleted: deleted,
 	}
 	for _, kind := range []v1.NodeAddressType{v1.NodeInternalIP, v1.NodeExternalIP} {
 		for _, a := range node.Status.Addresses {

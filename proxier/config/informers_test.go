@@ -351,6 +351,22 @@ func TestInformerSourceNode(t *testing.T) {
 	}
 
 	ctx := context.Background()
+	// The cluster autoscaler's taint marks the node as going (kube-proxy's
+	// KEP-3836), as a deletionTimestamp does; without it, it is not.
+	tainted := node.DeepCopy()
+	tainted.Spec.Taints = []v1.Taint{{Key: ToBeDeletedTaint, Effect: v1.TaintEffectNoSchedule}}
+	if _, err := client.CoreV1().Nodes().Update(ctx, tainted, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if !waitNode(t, r, func(n NodeInfo) bool { return n.Terminating }) {
+		t.Errorf("node %+v, want Terminating (ToBeDeletedByClusterAutoscaler)", r.lastNode())
+	}
+	if _, err := client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if !waitNode(t, r, func(n NodeInfo) bool { return !n.Terminating }) {
+		t.Errorf("node %+v, want not Terminating once the taint is gone", r.lastNode())
+	}
 	terminating := node.DeepCopy()
 	terminating.DeletionTimestamp = &metav1.Time{Time: time.Unix(1, 0)}
 	if _, err := client.CoreV1().Nodes().Update(ctx, terminating, metav1.UpdateOptions{}); err != nil {
