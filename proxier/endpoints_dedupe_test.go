@@ -44,3 +44,29 @@ func TestEndpointWithSeveralAddressesIsOneSlot(t *testing.T) {
 		}
 	}
 }
+
+// TestSliceRelabelledLeavesItsOldService: a slice whose service-name label
+// moves to another Service takes its endpoints with it; the old Service
+// kept them until the slice was deleted (an update names only the new one).
+func TestSliceRelabelledLeavesItsOldService(t *testing.T) {
+	p := newTestProxier(t, Options{})
+	p.OnServiceAdd(makeService("y1", withClusterIP("10.96.0.21")))
+	p.OnServiceAdd(makeService("y2", withClusterIP("10.96.0.22")))
+	es := makeSlice("y1", "TCP", "10.0.0.8:8080")
+	p.OnEndpointSliceAdd(es)
+	p.Sync()
+	moved := es.DeepCopy()
+	moved.Labels[discovery.LabelServiceName] = "y2"
+	p.OnEndpointSliceUpdate(es, moved)
+	p.Sync()
+	endpoints := map[string][]string{}
+	for _, r := range p.DebugServices() {
+		endpoints[r.ServicePort] = r.Endpoints
+	}
+	if got := endpoints["default/y1:p"]; len(got) != 0 {
+		t.Errorf("y1 keeps %v after its slice moved to y2", got)
+	}
+	if got := endpoints["default/y2:p"]; len(got) != 1 || got[0] != "10.0.0.8:8080" {
+		t.Errorf("y2 has %v, want [10.0.0.8:8080]", got)
+	}
+}

@@ -349,7 +349,13 @@ func (p *Proxier) OnServiceSynced() {
 }
 
 func (p *Proxier) OnEndpointSliceAdd(es *discovery.EndpointSlice) { p.endpoints.update(es, false) }
-func (p *Proxier) OnEndpointSliceUpdate(_, es *discovery.EndpointSlice) {
+func (p *Proxier) OnEndpointSliceUpdate(old, es *discovery.EndpointSlice) {
+	if old != nil && old.Labels[discovery.LabelServiceName] != es.Labels[discovery.LabelServiceName] {
+		// Relabelled to another Service: its endpoints leave the old one,
+		// which the new slice no longer names (they stayed there until
+		// the slice was deleted or a relist).
+		p.endpoints.update(old, true)
+	}
 	p.endpoints.update(es, false)
 }
 func (p *Proxier) OnEndpointSliceDelete(es *discovery.EndpointSlice) { p.endpoints.update(es, true) }
