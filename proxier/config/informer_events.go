@@ -49,7 +49,7 @@ func (e serviceEvents) OnAdd(obj any, _ bool) {
 func (e serviceEvents) OnUpdate(oldObj, newObj any) {
 	old, ok1 := fromInformer[v1.Service](oldObj)
 	svc, ok2 := fromInformer[v1.Service](newObj)
-	if !ok1 || !ok2 {
+	if !ok1 || !ok2 || resync(old.ResourceVersion, svc.ResourceVersion) {
 		return
 	}
 	switch skipOld, skipNew := informerSkipsService(old), informerSkipsService(svc); {
@@ -85,9 +85,17 @@ func (e sliceEvents) OnAdd(obj any, _ bool) {
 func (e sliceEvents) OnUpdate(oldObj, newObj any) {
 	old, ok1 := fromInformer[discovery.EndpointSlice](oldObj)
 	es, ok2 := fromInformer[discovery.EndpointSlice](newObj)
-	if ok1 && ok2 {
-		e.s.deliver(func() { e.s.handler.OnEndpointSliceUpdate(old, es) })
+	if !ok1 || !ok2 || resync(old.ResourceVersion, es.ResourceVersion) {
+		return
 	}
+	e.s.deliver(func() { e.s.handler.OnEndpointSliceUpdate(old, es) })
+}
+
+// resync reports an informer's periodic resync: the same object again
+// (same resourceVersion), which changes nothing and must not cost a sync
+// (with --config-sync-period 2s every Service and slice was a change).
+func resync(oldVersion, newVersion string) bool {
+	return oldVersion != "" && oldVersion == newVersion
 }
 
 func (e sliceEvents) OnDelete(obj any) {

@@ -400,3 +400,25 @@ func equalNodeInfo(a, b NodeInfo) bool {
 	return a.Name == b.Name && a.Zone == b.Zone && a.Terminating == b.Terminating &&
 		a.Deleted == b.Deleted && slices.Equal(a.Addresses, b.Addresses)
 }
+
+// An informer's periodic resync hands every object again with the same
+// resourceVersion: nothing changed, so nothing is delivered (each was a
+// change and a sync). A new version is delivered.
+func TestInformerResyncIsNoChange(t *testing.T) {
+	r := newInformerRecorder()
+	s := NewInformerSource(fake.NewClientset(), r, InformerOptions{})
+	svc, es := svcFixture("a"), sliceFixture("a-1", nil)
+	svc.ResourceVersion, es.ResourceVersion = "7", "9"
+	serviceEvents{s}.OnUpdate(svc, svc.DeepCopy())
+	sliceEvents{s}.OnUpdate(es, es.DeepCopy())
+	if got := r.snapshot(); len(got) != 0 {
+		t.Fatalf("a resync delivered %q", got)
+	}
+	newer, newerSlice := svc.DeepCopy(), es.DeepCopy()
+	newer.ResourceVersion, newerSlice.ResourceVersion = "8", "10"
+	serviceEvents{s}.OnUpdate(svc, newer)
+	sliceEvents{s}.OnUpdate(es, newerSlice)
+	if got := r.snapshot(); len(got) != 2 {
+		t.Fatalf("new versions delivered %q, want an update of each", got)
+	}
+}
