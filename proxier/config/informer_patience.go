@@ -2,11 +2,15 @@ package config
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
 	"net/http"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
@@ -29,6 +33,15 @@ const readyMaxWait = 10 * time.Second
 
 // readyProbeTimeout bounds one /readyz request.
 const readyProbeTimeout = 2 * time.Second
+
+// refusedRetryEvery spaces the calls while the API server refuses them
+// (401/403): right after its restart a server answers before its RBAC is
+// loaded, and the refusal passes within seconds.
+const refusedRetryEvery = time.Second
+
+// stillFailingLogEvery spaces the error lines of a wait that goes on (a
+// grant that is missing, a certificate that does not verify).
+const stillFailingLogEvery = 30 * time.Second
 
 // readyProbe reports whether the API server answers requests again.
 type readyProbe func(ctx context.Context) bool
@@ -64,6 +77,13 @@ func apiServerReady(client kubernetes.Interface) readyProbe {
 // it is not, the call waits until /readyz answers and is made once more, so
 // the reflector sees a late success instead of an error to back off from.
 // Errors from a server that is ready are the reflector's to handle as usual.
+//
+// A refusal (401/403) from a ready server is retried here too, every
+// refusedRetryEvery: after a restart the server refuses until its RBAC is
+// loaded, and a refusal handed to the reflector started a backoff that
+// held the informer back up to a minute after it passed (six restarts in a
+// row: endpoints served 44-60 s late). A refusal that lasts is logged as an
+// error every stillFailingLogEvery, as the reflector would log it.
 type patientListWatch struct {
 	inner cache.ListerWatcherWithContext
 	// unsupported is the inner ListerWatcher's watch-list capability, kept
@@ -71,17 +91,20 @@ type patientListWatch struct {
 	unsupported bool
 	ready       readyProbe
 	what        string
-	// maxWait is readyMaxWait; tests shorten it.
-	maxWait time.Duration
+	// maxWait is readyMaxWait, refusedEvery refusedRetryEvery and logEvery
+	// stillFailingLogEvery; tests shorten them.
+	maxWait, refusedEvery, logEvery time.Duration
 }
 
 func newPatientListWatch(lw cache.ListerWatcher, ready readyProbe, what string) *patientListWatch {
 	return &patientListWatch{
-		inner:       cache.ToListerWatcherWithContext(lw),
-		unsupported: watchlist.DoesClientNotSupportWatchListSemantics(lw),
-		ready:       ready,
-		what:        what,
-		maxWait:     readyMaxWait,
+		inner:        cache.ToListerWatcherWithContext(lw),
+		unsupported:  watchlist.DoesClientNotSupportWatchListSemantics(lw),
+		ready:        ready,
+		what:         what,
+		maxWait:      readyMaxWait,
+		refusedEvery: refusedRetryEvery,
+		logEvery:     stillFailingLogEvery,
 	}
 }
 
@@ -114,11 +137,22 @@ func (p *patientListWatch) IsWatchListSemanticsUnSupported() bool { return p.uns
 // It returns the last error when ctx ends.
 func patiently[T any](ctx context.Context, p *patientListWatch, call func() (T, error)) (T, error) {
 	v, err := call()
-	if err == nil || p.ready(ctx) {
+	if err == nil || ctx.Err() != nil {
+		return v, err // a stop is not an outage
+	}
+	if refused(err) {
+		return untilAllowed(ctx, p, call, err)
+	}
+	if p.ready(ctx) {
 		return v, err
 	}
-	began, tried := time.Now(), time.Now()
-	klog.InfoS("API server not ready; waiting for it before retrying", "informer", p.what, "err", err)
+	began, tried, logged := time.Now(), time.Now(), time.Now()
+	if badCertificate(err) {
+		// Not an outage that passes: the kubeconfig's CA or server name.
+		klog.ErrorS(err, "API server's certificate does not verify: check the kubeconfig's certificate authority and the server name (--master); retrying", "informer", p.what)
+	} else {
+		klog.InfoS("API server not ready; waiting for it before retrying", "informer", p.what, "err", err)
+	}
 	tick := time.NewTicker(readyPollEvery)
 	defer tick.Stop()
 	for {
@@ -137,8 +171,54 @@ func patiently[T any](ctx context.Context, p *patientListWatch, call func() (T, 
 				return v, nil
 			}
 			tried = time.Now()
+			if time.Since(logged) >= p.logEvery && ctx.Err() == nil {
+				klog.ErrorS(err, "API server still unreachable; retrying", "informer", p.what, "waited", time.Since(began).Round(time.Second))
+				logged = time.Now()
+			}
 		}
 	}
+}
+
+// untilAllowed retries a refused call every refusedEvery until it is
+// allowed, fails otherwise, or ctx ends.
+func untilAllowed[T any](ctx context.Context, p *patientListWatch, call func() (T, error), err error) (T, error) {
+	var v T
+	began, logged := time.Now(), time.Now()
+	klog.ErrorS(err, "API server refused the informer; retrying every second (a server that just restarted, or a missing RBAC grant)", "informer", p.what)
+	tick := time.NewTicker(p.refusedEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return v, err
+		case <-tick.C:
+		}
+		if v, err = call(); err == nil {
+			klog.InfoS("API server allows the informer again", "informer", p.what, "waited", time.Since(began).Round(time.Millisecond))
+			return v, nil
+		}
+		if !refused(err) {
+			return v, err // the reflector's (or the next call's) to handle
+		}
+		if time.Since(logged) >= p.logEvery {
+			klog.ErrorS(err, "API server still refuses the informer; retrying", "informer", p.what, "waited", time.Since(began).Round(time.Second))
+			logged = time.Now()
+		}
+	}
+}
+
+// refused reports a 401 or 403.
+func refused(err error) bool {
+	return apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err)
+}
+
+// badCertificate reports a server certificate that does not verify.
+func badCertificate(err error) bool {
+	var verify *tls.CertificateVerificationError
+	var unknown x509.UnknownAuthorityError
+	var host x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	return errors.As(err, &verify) || errors.As(err, &unknown) || errors.As(err, &host) || errors.As(err, &invalid)
 }
 
 // patientInformer returns the factory's informer for obj built over a

@@ -2,16 +2,22 @@ package config
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -171,5 +177,64 @@ func TestPatientListWatchLongOutage(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("the wait did not end with the server's return")
+	}
+}
+
+// TestPatientListWatchRetriesRefusals: a server that refuses (403, 401),
+// as one that just restarted does until its RBAC is loaded, is asked again
+// every refusedEvery until it allows the call, whatever its readiness says:
+// handed to the reflector, the refusals started a backoff that kept the
+// informer away up to a minute after they passed. Another error ends the
+// retries, and so does the context.
+func TestPatientListWatchRetriesRefusals(t *testing.T) {
+	forbidden := apierrors.NewForbidden(schema.GroupResource{Group: "discovery.k8s.io", Resource: "endpointslices"}, "", errors.New("RBAC: not loaded"))
+	unauthorized := apierrors.NewUnauthorized("token not yet known")
+	for _, tt := range []struct {
+		name      string
+		errs      []error // the calls' errors before one succeeds
+		wantErr   bool
+		wantCalls int32
+	}{
+		{"refused, then allowed", []error{forbidden, unauthorized, forbidden}, false, 4},
+		{"refused, then another error: the reflector's", []error{forbidden, errors.New("boom")}, true, 2},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var calls, probes atomic.Int32
+			inner := &cache.ListWatch{ListWithContextFunc: func(context.Context, metav1.ListOptions) (runtime.Object, error) {
+				if n := calls.Add(1); int(n) <= len(tt.errs) {
+					return nil, tt.errs[n-1]
+				}
+				return &v1.ServiceList{}, nil
+			}}
+			p := newPatientListWatch(inner, func(context.Context) bool { probes.Add(1); return true }, "test")
+			p.refusedEvery = 5 * time.Millisecond
+			_, err := p.ListWithContext(context.Background(), metav1.ListOptions{})
+			if (err != nil) != tt.wantErr || calls.Load() != tt.wantCalls {
+				t.Errorf("err %v after %d calls, want error %v after %d", err, calls.Load(), tt.wantErr, tt.wantCalls)
+			}
+		})
+	}
+	inner := &cache.ListWatch{ListWithContextFunc: func(context.Context, metav1.ListOptions) (runtime.Object, error) {
+		return nil, forbidden
+	}}
+	p := newPatientListWatch(inner, func(context.Context) bool { return true }, "test")
+	p.refusedEvery = 5 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := p.ListWithContext(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("a refusal to the end: err %v, want the refusal once the context ended", err)
+	}
+}
+
+// A server certificate that does not verify is told apart from an outage.
+func TestBadCertificate(t *testing.T) {
+	if !badCertificate(&url.Error{Op: "Get", URL: "https://x", Err: &tls.CertificateVerificationError{Err: x509.HostnameError{Host: "localhost", Certificate: &x509.Certificate{}}}}) {
+		t.Error("a hostname mismatch is not a bad certificate")
+	}
+	if !badCertificate(fmt.Errorf("get: %w", x509.UnknownAuthorityError{})) {
+		t.Error("an unknown authority is not a bad certificate")
+	}
+	if badCertificate(errors.New("connection refused")) {
+		t.Error("connection refused is a bad certificate")
 	}
 }
