@@ -99,6 +99,25 @@ func (r *connRegistry) addLoop(servicePort string, client, backend netip.AddrPor
 	return c
 }
 
+// resetAll ends every live goroutine-relayed TCP connection with a reset to
+// both peers, as the proxier stops (the event loops' connections are reset
+// when their group closes).
+func (r *connRegistry) resetAll() {
+	r.tcp.Range(func(k, _ any) bool {
+		c := k.(*liveConn)
+		if c.loop != nil {
+			return true
+		}
+		for _, conn := range []*net.TCPConn{c.clientConn, c.backendConn} {
+			if conn != nil {
+				_ = conn.SetLinger(0)
+				_ = conn.Close()
+			}
+		}
+		return true
+	})
+}
+
 // end deregisters the connection and logs it at -v=4.
 func (c *liveConn) end() {
 	if c.reg != nil {

@@ -290,6 +290,13 @@ func (p *Proxier) Run(ctx context.Context) {
 	for name, ap := range p.active {
 		p.closePort(name, ap)
 	}
+	// The live connections end with a reset to both peers: left to the
+	// process's exit they got a FIN, and a peer took a stream cut short
+	// for a complete one (DESIGN: an abnormal end is a reset, never a FIN).
+	p.sockCfg.conns.resetAll()
+	if p.sockCfg.loops != nil {
+		p.sockCfg.loops.Close() // resets the event loops' connections
+	}
 }
 
 func (p *Proxier) sweepAffinity(ctx context.Context) {
