@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
 
 // noBackendLogEvery bounds the -v=0 "no endpoint" lines per service port:
@@ -29,6 +31,9 @@ func (l *noBackendLog) report(servicePort string, client netip.AddrPort, err err
 		klog.V(3).InfoS("No endpoint could be reached", "servicePort", servicePort, "client", client, "err", err)
 		return
 	}
-	klog.InfoS("No endpoint could be reached; the client was refused", "servicePort", servicePort,
-		"client", client, "err", err, "alsoSinceLastReport", l.suppressed.Swap(0))
+	msg := "No endpoint could be reached; the client was refused"
+	if relay.LocalShortage(err) {
+		msg = "No socket to dial an endpoint (this node is out of descriptors or ports); the client was refused"
+	}
+	klog.InfoS(msg, "servicePort", servicePort, "client", client, "err", err, "alsoSinceLastReport", l.suppressed.Swap(0))
 }

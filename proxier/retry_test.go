@@ -1,11 +1,15 @@
 package proxier
 
 import (
+	"context"
 	"errors"
 	"net"
+	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -239,5 +243,50 @@ func TestOpenFailureIsListed(t *testing.T) {
 	p.Sync()
 	if rows := p.DebugServices(); len(rows) != 0 {
 		t.Fatalf("rows after the Service is gone: %+v", rows)
+	}
+}
+
+// shortDialer fails every dial as a node out of descriptors does.
+type shortDialer struct{ dials atomic.Int32 }
+
+func (d *shortDialer) DialContext(context.Context, string, string) (net.Conn, error) {
+	d.dials.Add(1)
+	return nil, &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("socket", syscall.EMFILE)}
+}
+
+// A dial that fails for want of descriptors on this node is not an
+// endpoint's failure: the client is refused at once, no other endpoint is
+// tried or counted as failing, and a ClientIP client keeps its endpoint.
+// Before, every endpoint was tried, counted and the client re-pinned.
+func TestLocalShortageIsNoEndpointFailure(t *testing.T) {
+	d := &shortDialer{}
+	p := newTestProxier(t, Options{Dialer: d})
+	p.OnServiceAdd(makeService("web", withClientIPAffinity(100)))
+	p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, "10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"))
+	p.Sync()
+	name := p.lbName("default/web:p")
+	pinned, err := p.lb.ServicePort(name).Next(netip.MustParseAddr("127.0.0.1"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The reset can beat the client's connect: refused either way.
+	if c, err := net.DialTimeout("tcp", proxyAddr(t, p, "default/web:p"), 2*time.Second); err == nil {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Read(make([]byte, 1)); err == nil {
+			t.Fatal("the client was served")
+		}
+		c.Close()
+	}
+	waitFor(t, "the dial", func() bool { return d.dials.Load() > 0 })
+	time.Sleep(50 * time.Millisecond) // any further dial would have come by now
+	if n := d.dials.Load(); n != 1 {
+		t.Errorf("%d dials, want 1: another endpoint would fail alike", n)
+	}
+	m := p.metrics.ports.lookup("default/web:p")
+	if f, r := m.dialFailures.value(), m.dialRetries.value(); f != 0 || r != 0 {
+		t.Errorf("dial failures %v, retries %v; want 0 and 0", f, r)
+	}
+	if again, _ := p.lb.ServicePort(name).Next(netip.MustParseAddr("127.0.0.1"), false); again != pinned {
+		t.Errorf("the client's affinity moved from %v to %v", pinned, again)
 	}
 }

@@ -227,6 +227,12 @@ func (s *tcpProxySocket) dial(client netip.AddrPort) (*net.TCPConn, error) {
 			conn.Close()
 			return nil, errors.New("dialer returned a non-TCP connection")
 		}
+		if relay.LocalShortage(err) {
+			// Out of descriptors or ports here: the endpoint is not at
+			// fault and the next would fail alike (nor may the client's
+			// affinity move for it).
+			return nil, err
+		}
 		lastErr = err
 		s.dialFailures.Inc()
 		klog.V(3).InfoS("Dial failed, trying next endpoint", "servicePort", s.label, "endpoint", ep, "err", err)

@@ -150,9 +150,27 @@ func (c *LoopConn) dial() {
 			l.timers.set(&c.timers[timerDial], l.now+int64(l.o.DialTimeouts[c.attempt]))
 			return
 		}
+		if LocalShortage(err) {
+			// This node is out of descriptors or ports: no endpoint is at
+			// fault, another would fail alike, and a retry would move the
+			// client's affinity off an endpoint that did nothing wrong.
+			c.fail(err)
+			return
+		}
 		c.dialFailed(err)
 	}
 	c.fail(c.dialErr)
+}
+
+// LocalShortage reports a dial that failed for want of something on this
+// node (descriptors, local ports, buffers), not because of the endpoint.
+func LocalShortage(err error) bool {
+	for _, e := range []error{unix.EMFILE, unix.ENFILE, unix.ENOBUFS, unix.ENOMEM, unix.EADDRNOTAVAIL} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 func (c *LoopConn) dialFailed(err error) {
@@ -160,6 +178,10 @@ func (c *LoopConn) dialFailed(err error) {
 	c.h.DialFailed(c.ep, err)
 	c.attempt++
 }
+
+// newSocket opens a backend socket (a variable: tests run out of
+// descriptors with it).
+var newSocket = rawio.Socket
 
 // connect opens a non-blocking socket with the options net's dialer would
 // set (no delay) and TCP_INQ, and starts connecting. The liveness options
@@ -172,7 +194,7 @@ func (l *Loop) connect(ep netip.AddrPort) (int, error) {
 	if ep.Addr().Zone() != "" {
 		return -1, errors.New("relay: zoned backend address " + ep.String())
 	}
-	fd, err := rawio.Socket(family)
+	fd, err := newSocket(family)
 	if err != nil {
 		return -1, err
 	}

@@ -3,6 +3,7 @@ package relay
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -15,6 +16,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 )
 
 // loopHandler is a Handler over a fixed list of endpoints that records
@@ -695,6 +698,39 @@ func TestLoopServesBacklogBeyondOneBatch(t *testing.T) {
 		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 		if _, err := c.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
 			t.Fatalf("client %d of %d: %v, want a reset (accepted and closed)", i, clients, err)
+		}
+	}
+}
+
+// A dial that fails for want of descriptors on this node ends the client at
+// once: no endpoint is blamed (DialFailed) and none is tried next, since
+// each would fail alike and a retry moves the client's affinity off an
+// endpoint that did nothing wrong. Before, every endpoint was tried and
+// blamed. Not parallel: it swaps the socket function.
+func TestLoopLocalShortageFailsAtOnce(t *testing.T) {
+	b := newLoopBed(t, LoopOptions{DialTimeouts: []time.Duration{time.Second, time.Second, time.Second}})
+	newSocket = func(int) (int, error) { return -1, unix.EMFILE }
+	t.Cleanup(func() { newSocket = rawio.Socket })
+	h := newLoopHandler(b.ep, b.ep)
+	client, _ := b.connect(t, h, false)
+	h.wait(t)
+	expectReset(t, client)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.dialFails) != 0 || !errors.Is(h.failed, unix.EMFILE) {
+		t.Fatalf("dial failures %v, failed %v; want none blamed and EMFILE", h.dialFails, h.failed)
+	}
+}
+
+func TestLocalShortage(t *testing.T) {
+	for _, err := range []error{unix.EMFILE, unix.ENFILE, fmt.Errorf("dial: %w", unix.EADDRNOTAVAIL)} {
+		if !LocalShortage(err) {
+			t.Errorf("%v is not a local shortage", err)
+		}
+	}
+	for _, err := range []error{unix.ECONNREFUSED, unix.ETIMEDOUT, errors.New("x")} {
+		if LocalShortage(err) {
+			t.Errorf("%v is a local shortage", err)
 		}
 	}
 }
