@@ -29,9 +29,15 @@ type DebugServicePort struct {
 	AffinityEvicted uint64 `json:"affinityEvicted,omitempty"`
 	// FaultProxy is the port's name in the fault API; FaultsEnabled is
 	// false while the API holds it down; Faults are its toxics in force.
-	FaultProxy    string       `json:"faultProxy"`
-	FaultsEnabled bool         `json:"faultsEnabled"`
-	Faults        []DebugToxic `json:"faults,omitempty"`
+	// ExternalProxyAddress is the second socket a port has under
+	// externalTrafficPolicy: Local, where its external traffic (LB IPs,
+	// external IPs, NodePorts from other hosts) goes; ExternalEndpoints
+	// are that socket's endpoints, this node's own.
+	ExternalProxyAddress string       `json:"externalProxyAddress,omitempty"`
+	ExternalEndpoints    []string     `json:"externalEndpoints,omitempty"`
+	FaultProxy           string       `json:"faultProxy"`
+	FaultsEnabled        bool         `json:"faultsEnabled"`
+	Faults               []DebugToxic `json:"faults,omitempty"`
 	// Error says why the port has no proxy socket (its proxyAddress is
 	// empty): the last sync could not open one, and retries.
 	Error string `json:"error,omitempty"`
@@ -103,6 +109,15 @@ func (p *Proxier) DebugServices() []DebugServicePort {
 		}
 		for _, group := range [][]string{addrStrings(r.info.clusterIPs), addrStrings(r.info.externalIPs), addrStrings(r.info.loadBalancerIPs)} {
 			d.ServiceIPs = append(d.ServiceIPs, group...)
+		}
+		if r.externalPort != 0 {
+			d.ExternalProxyAddress = net.JoinHostPort(p.listenHost(), strconv.Itoa(r.externalPort))
+			d.ExternalEndpoints = []string{}
+			if snap, ok := p.lb.Snapshot(externalName(r.name)); ok {
+				for _, ep := range snap.Endpoints {
+					d.ExternalEndpoints = append(d.ExternalEndpoints, ep.String())
+				}
+			}
 		}
 		if snap, ok := p.lb.Snapshot(r.name); ok {
 			for _, ep := range snap.Endpoints {

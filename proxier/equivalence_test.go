@@ -338,6 +338,7 @@ func (w *equivWorld) state(t *testing.T) string {
 	}
 	for _, row := range p.DebugServices() {
 		row.ProxyAddress = norm(row.ProxyAddress)
+		row.ExternalProxyAddress = norm(row.ExternalProxyAddress)
 		j, err := json.Marshal(row)
 		if err != nil {
 			t.Fatal(err)

@@ -2,6 +2,8 @@ package proxier
 
 import (
 	"maps"
+	"net"
+	"strconv"
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
@@ -57,7 +59,7 @@ func (p *Proxier) syncPolicies(changed map[types.NamespacedName][]*servicePortIn
 // while its external traffic has its own endpoint set; it opens it on the
 // port the kernel's rules still name where it can (kept, keptports.go). It
 // reports false when the socket it needs did not open.
-func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo, kept *keptPorts) bool {
+func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo, kept *keptPorts, logLine bool) bool {
 	need := info.policy.splitExternal()
 	switch {
 	case need && ap.external == nil:
@@ -74,6 +76,12 @@ func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo, kept
 		}
 		sock.Start()
 		ap.external, ap.externalPort = sock, sock.Port()
+		p.debugTouched = append(p.debugTouched, info.name)
+		if logLine || klog.V(2).Enabled() {
+			klog.InfoS("Serving external traffic of service port on node-local endpoints (externalTrafficPolicy: Local)",
+				"servicePort", info.name, "protocol", info.name.Protocol,
+				"proxyAddress", net.JoinHostPort(p.listenHost(), strconv.Itoa(ap.externalPort)))
+		}
 		// Its portals are new: flows sent while they were missing (a
 		// failed open is retried with the rules unchanged) are stale.
 		p.staleFlowsToClear(info.name)
@@ -91,6 +99,7 @@ func (p *Proxier) closeExternalSocket(ap *activePort) {
 	p.ports.Release(ap.externalPort)
 	p.lb.DeleteServicePort(externalName(ap.info.name))
 	ap.external, ap.externalPort = nil, 0
+	p.debugTouched = append(p.debugTouched, ap.info.name)
 }
 
 // LocalEndpoints is the number of ready endpoints of a Service on this node,

@@ -524,7 +524,7 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 		}
 		p.syncFaults(ap, info)
 		p.syncLifetime(info)
-		if !p.syncExternalSocket(ap, info, kept) {
+		if !p.syncExternalSocket(ap, info, kept, perPortLines) {
 			failed = append(failed, "open external "+info.key)
 		}
 		if !ap.info.sameRules(info) {
@@ -802,7 +802,10 @@ type debugPort struct {
 	name      loadbalancer.ServicePortName
 	key       string // name.String()
 	proxyPort int
-	info      *servicePortInfo
+	// externalPort is the socket of external traffic under
+	// externalTrafficPolicy: Local (0: none).
+	externalPort int
+	info         *servicePortInfo
 }
 
 func (p *Proxier) publishDebug() {
@@ -821,7 +824,7 @@ func (p *Proxier) publishDebug() {
 }
 
 func debugRow(name loadbalancer.ServicePortName, ap *activePort) debugPort {
-	return debugPort{name: name, key: ap.info.key, proxyPort: ap.proxyPort, info: ap.info}
+	return debugPort{name: name, key: ap.info.key, proxyPort: ap.proxyPort, externalPort: ap.externalPort, info: ap.info}
 }
 
 func compareDebugRows(a, b debugPort) int { return strings.Compare(a.key, b.key) }

@@ -264,3 +264,35 @@ func TestLocalPolicyFallbackPerFamily(t *testing.T) {
 		})
 	}
 }
+
+// /debug/services shows the second socket of externalTrafficPolicy: Local
+// and its node-local endpoints, and drops them when the policy goes back to
+// Cluster: the socket was listed nowhere, so with --iptables=false its
+// path could not be found (API-server audit).
+func TestExternalLocalSocketListed(t *testing.T) {
+	p := newTestProxier(t, Options{NodeName: "node1"})
+	local := makeService("web", withNodePort(30080))
+	local.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+	p.OnServiceAdd(local)
+	p.OnEndpointSliceAdd(topologySlice(false))
+	p.Sync()
+	rows := p.DebugServices()
+	ap := p.active[p.lbName("default/web:p")]
+	if len(rows) != 1 || ap == nil || ap.externalPort == 0 {
+		t.Fatalf("rows %+v", rows)
+	}
+	if want := "127.0.0.1:" + strconv.Itoa(ap.externalPort); rows[0].ExternalProxyAddress != want {
+		t.Errorf("externalProxyAddress %q, want %q", rows[0].ExternalProxyAddress, want)
+	}
+	if got := rows[0].ExternalEndpoints; len(got) != 1 || got[0] != "10.1.0.1:8080" {
+		t.Errorf("externalEndpoints %v, want this node's 10.1.0.1:8080", got)
+	}
+	if len(rows[0].Endpoints) != 3 {
+		t.Errorf("endpoints %v, want all three", rows[0].Endpoints)
+	}
+	p.OnServiceUpdate(local, makeService("web", withNodePort(30080)))
+	p.Sync()
+	if rows := p.DebugServices(); len(rows) != 1 || rows[0].ExternalProxyAddress != "" || rows[0].ExternalEndpoints != nil {
+		t.Errorf("rows after the policy went back to Cluster: %+v", rows)
+	}
+}
