@@ -11,6 +11,8 @@ import (
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/netaddr"
 )
 
 // claim holds the NodePort, and the port on external IPs that are local
@@ -122,17 +124,9 @@ func (p *Proxier) releaseClaims(ap *activePort) {
 	ap.claims = nil
 }
 
+// isLocalAddress reports whether ip is this node's (false when the
+// interfaces cannot be listed: nothing is claimed then).
 func isLocalAddress(ip netip.Addr) bool {
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return false
-	}
-	for _, a := range addrs {
-		if n, ok := a.(*net.IPNet); ok {
-			if la, ok := netip.AddrFromSlice(n.IP); ok && la.Unmap() == ip {
-				return true
-			}
-		}
-	}
-	return false
+	local, _ := netaddr.IsLocal(ip)
+	return local
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	faultapi "github.com/kube-userspace-proxy/kube-userspace-proxy/faults/api"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/httpserver"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/netaddr"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
@@ -295,18 +296,8 @@ func nodeIPOf(v *validated, six bool, fromRoute func() netip.Addr) netip.Addr {
 // isLocalAddress reports whether ip is an address of one of the node's
 // interfaces (true when they cannot be listed: no warning then).
 func isLocalAddress(ip netip.Addr) bool {
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return true
-	}
-	for _, a := range addrs {
-		if n, ok := a.(*net.IPNet); ok {
-			if local, ok := netip.AddrFromSlice(n.IP); ok && local.Unmap() == ip {
-				return true
-			}
-		}
-	}
-	return false
+	local, err := netaddr.IsLocal(ip)
+	return local || err != nil
 }
 
 // cleanupRules is --cleanup's work (a variable: tests must not run it on

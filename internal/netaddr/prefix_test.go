@@ -26,3 +26,11 @@ func TestUnmapPrefix(t *testing.T) {
 		t.Error("UnmapPrefix(invalid) reported ok")
 	}
 }
+
+func TestIsLocal(t *testing.T) {
+	for addr, want := range map[string]bool{"127.0.0.1": true, "::ffff:127.0.0.1": true, "192.0.2.77": false} {
+		if got, err := IsLocal(netip.MustParseAddr(addr)); err != nil || got != want {
+			t.Errorf("IsLocal(%s) = %v, %v; want %v", addr, got, err, want)
+		}
+	}
+}
