@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -338,15 +339,22 @@ func TestLoopDialsNextEndpointOnRefusal(t *testing.T) {
 
 func TestLoopResetsClientWhenNoBackendAnswers(t *testing.T) {
 	b := newLoopBed(t, LoopOptions{DialTimeouts: []time.Duration{time.Second, time.Second}})
-	h := newLoopHandler(closedPort(t))
+	dialFails, failed := refusedClient(t, b, newLoopHandler(closedPort(t)))
+	if len(dialFails) != 2 || !errors.Is(failed, syscall.ECONNREFUSED) {
+		t.Fatalf("dial failures %v, failed %v", dialFails, failed)
+	}
+}
+
+// refusedClient connects a client that h cannot give a backend, waits for
+// its reset and returns the dial failures h was told of and its end.
+func refusedClient(t *testing.T, b *loopBed, h *loopHandler) (dialFails []error, failed error) {
+	t.Helper()
 	client, _ := b.connect(t, h, false)
 	h.wait(t)
 	expectReset(t, client)
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if len(h.dialFails) != 2 || !errors.Is(h.failed, syscall.ECONNREFUSED) {
-		t.Fatalf("dial failures %v, failed %v", h.dialFails, h.failed)
-	}
+	return slices.Clone(h.dialFails), h.failed
 }
 
 func TestLoopBackendErrorEndsConnection(t *testing.T) {
@@ -711,14 +719,9 @@ func TestLoopLocalShortageFailsAtOnce(t *testing.T) {
 	b := newLoopBed(t, LoopOptions{DialTimeouts: []time.Duration{time.Second, time.Second, time.Second}})
 	newSocket = func(int) (int, error) { return -1, unix.EMFILE }
 	t.Cleanup(func() { newSocket = rawio.Socket })
-	h := newLoopHandler(b.ep, b.ep)
-	client, _ := b.connect(t, h, false)
-	h.wait(t)
-	expectReset(t, client)
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if len(h.dialFails) != 0 || !errors.Is(h.failed, unix.EMFILE) {
-		t.Fatalf("dial failures %v, failed %v; want none blamed and EMFILE", h.dialFails, h.failed)
+	dialFails, failed := refusedClient(t, b, newLoopHandler(b.ep, b.ep))
+	if len(dialFails) != 0 || !errors.Is(failed, unix.EMFILE) {
+		t.Fatalf("dial failures %v, failed %v; want none blamed and EMFILE", dialFails, failed)
 	}
 }
 

@@ -159,13 +159,10 @@ func freePortString(t *testing.T) string {
 	return port
 }
 
-// TestEveryHTTPServerHasLimits: the health, metrics and fault API servers
-// all come from the shared helper with every timeout set.
-func TestEveryHTTPServerHasLimits(t *testing.T) {
-	o := newOptions()
-	o.healthzBindAddress = "127.0.0.1:0"
-	o.metricsBindAddress = "127.0.0.1:0"
-	o.faultAPIBind = "127.0.0.1:0"
+// startTestServers starts the HTTP servers o asks for over a proxier with
+// nothing to serve, closed at the end of the test.
+func startTestServers(t *testing.T, o *options) []*http.Server {
+	t.Helper()
 	m := proxier.NewMetrics()
 	table := faults.NewTable(0, 0, faults.NewMetrics(m.Registry))
 	p := proxier.New(proxier.Options{Metrics: m, Faults: table})
@@ -178,6 +175,17 @@ func TestEveryHTTPServerHasLimits(t *testing.T) {
 			_ = s.Close()
 		}
 	})
+	return servers
+}
+
+// TestEveryHTTPServerHasLimits: the health, metrics and fault API servers
+// all come from the shared helper with every timeout set.
+func TestEveryHTTPServerHasLimits(t *testing.T) {
+	o := newOptions()
+	o.healthzBindAddress = "127.0.0.1:0"
+	o.metricsBindAddress = "127.0.0.1:0"
+	o.faultAPIBind = "127.0.0.1:0"
+	servers := startTestServers(t, o)
 	if len(servers) != 3 {
 		t.Fatalf("%d servers, want 3 (health, metrics, fault API)", len(servers))
 	}
@@ -195,18 +203,7 @@ func TestFaultAPIVersion(t *testing.T) {
 	o := newOptions()
 	o.healthzBindAddress, o.metricsBindAddress = "", ""
 	o.faultAPIBind = "127.0.0.1:" + freePortString(t)
-	m := proxier.NewMetrics()
-	table := faults.NewTable(0, 0, faults.NewMetrics(m.Registry))
-	p := proxier.New(proxier.Options{Metrics: m, Faults: table})
-	servers, _, err := startServers(o, p, healthcheck.NewProxierHealth(clock.RealClock{}, time.Minute), m, table)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for _, s := range servers {
-			_ = s.Close()
-		}
-	})
+	startTestServers(t, o)
 	resp, err := http.Get("http://" + o.faultAPIBind + "/version")
 	if err != nil {
 		t.Fatal(err)
