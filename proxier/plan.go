@@ -59,6 +59,18 @@ func NewPlan(opts Options) *Plan {
 	return pl
 }
 
+// OnlyFamily makes the plan a proxier with portal rules in one family only
+// (six: IPv6), as one whose --bind-address names an address of that
+// family: the other family's Services are served as on a node without
+// that family's netfilter. Call it before Run.
+func (pl *Plan) OnlyFamily(six bool) {
+	if six {
+		pl.p.opts.IPv4Portals = nil
+	} else {
+		pl.p.opts.IPv6Portals = nil
+	}
+}
+
 // Handler is what the source feeds.
 func (pl *Plan) Handler() config.Handler { return pl.p }
 

@@ -82,6 +82,9 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 		PortRange:   v.portRange,
 		NodeName:    nodeName(o.hostnameOverride),
 	})
+	if family, ok := bindFamily(v); ok {
+		plan.OnlyFamily(family == iptables.IPv6) // as the proxy (portalSyncers)
+	}
 	if err := readOnce(ctx, o, v, plan.Handler()); err != nil {
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy explain: %v\n", err)
 		return 1

@@ -110,6 +110,37 @@ func TestExplainPortRangeTooSmall(t *testing.T) {
 	}
 }
 
+// explain follows the proxy on a --bind-address of one family: the other
+// family gets no rules, a dual-stack Service is explained in the bind
+// address's family and an IPv6-only one not at all.
+func TestExplainBindAddressOfOneFamily(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "svc.yaml"), []byte(`apiVersion: v1
+kind: Service
+metadata: {name: ds, namespace: default}
+spec:
+  clusterIPs: [10.96.0.20, "fd36:96::20"]
+  ports: [{name: http, port: 80}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: six, namespace: default}
+spec:
+  clusterIPs: ["fd36:96::10"]
+  ports: [{name: http, port: 80}]
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if code := explain(t.Context(), []string{"--manifests", dir, "--bind-address", "10.236.1.1"}, &out); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	got := out.String()
+	if !strings.Contains(got, "-d 10.96.0.20/32") || strings.Contains(got, "fd36:96::20/128") || strings.Contains(got, "default/six") {
+		t.Errorf("want IPv4 rules of default/ds only:\n%s", got)
+	}
+}
+
 func TestExplainBadInput(t *testing.T) {
 	for _, tc := range []struct {
 		args []string

@@ -72,3 +72,52 @@ func TestNodeWithoutIPv6NAT(t *testing.T) {
 		t.Errorf("IPv6 reported unsupported %d times, want once; log:\n%s", n, logs)
 	}
 }
+
+// A --bind-address that names one address takes one family: the other
+// family gets no portals (its traffic was REDIRECTed or DNATed to a socket
+// that could not take it, and refused), and a dual-stack Service is served
+// in the bind address's family.
+func TestBindAddressOfOneFamily(t *testing.T) {
+	for _, tc := range []struct {
+		bind      string
+		want, not iptables.Family
+		wantAddr  string
+	}{
+		{"10.236.1.1", iptables.IPv4, iptables.IPv6, "10.96.0.20/32"},
+		{"fd36::1", iptables.IPv6, iptables.IPv4, "fd36:96::20/128"},
+	} {
+		t.Run(tc.bind, func(t *testing.T) {
+			runners := map[iptables.Family]*iptables.FakeRunner{
+				iptables.IPv4: iptables.NewFakeRunner(iptables.IPv4), iptables.IPv6: iptables.NewFakeRunner(iptables.IPv6),
+			}
+			bind := netip.MustParseAddr(tc.bind)
+			v4, v6, err := portalSyncers(&validated{bind: bind}, func(f iptables.Family) (iptables.Runner, error) { return runners[f], nil })
+			if err != nil {
+				t.Fatalf("portalSyncers: %v", err)
+			}
+			// The sockets listen on loopback: the test only reads the rules.
+			p := proxier.New(proxier.Options{BindAddress: netip.MustParseAddr("127.0.0.1"), IPv4Portals: v4, IPv6Portals: v6})
+			t.Cleanup(func() {
+				ctx, cancel := context.WithCancel(context.Background())
+				cancel()
+				p.Run(ctx)
+			})
+			p.OnServiceAdd(&v1.Service{
+				ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "ds"},
+				Spec: v1.ServiceSpec{
+					Type: v1.ServiceTypeClusterIP, ClusterIP: "10.96.0.20", ClusterIPs: []string{"10.96.0.20", "fd36:96::20"},
+					Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}},
+				},
+			})
+			p.OnServiceSynced()
+			p.OnEndpointSlicesSynced()
+			p.Sync()
+			if rules := strings.Join(runners[tc.want].Rules(iptables.TableNAT, iptables.ChainPortalsContainer), "\n"); !strings.Contains(rules, tc.wantAddr) {
+				t.Errorf("%v portal of default/ds:http not written; %s holds:\n%s", tc.want, iptables.ChainPortalsContainer, rules)
+			}
+			if n := runners[tc.not].CallsOf("Restore"); n != 0 {
+				t.Errorf("%d restores on the %v runner; --bind-address %s takes no %v traffic", n, tc.not, tc.bind, tc.not)
+			}
+		})
+	}
+}

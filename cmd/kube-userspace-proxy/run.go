@@ -209,12 +209,26 @@ func portalSyncers(v *validated, newRunner func(iptables.Family) (iptables.Runne
 	if err != nil {
 		return nil, nil, fmt.Errorf("iptables: %w (run as root with iptables installed, or use --iptables=false)", err)
 	}
-	v4 := iptables.New(r4, cfg)
-	var v6 proxier.PortalSyncer
+	var v4, v6 proxier.PortalSyncer
+	v4 = iptables.New(r4, cfg)
 	if r6, err := present(iptables.IPv6); err != nil {
 		klog.InfoS("No iptables support for family: its Services get no portals", "ipFamily", "IPv6", "reason", err)
 	} else {
 		v6 = iptables.New(r6, cfg6)
+	}
+	if family, ok := bindFamily(v); ok {
+		// Proxy sockets on one address of one family cannot take the other
+		// family's traffic: portals of that family led to refused
+		// connections (and REDIRECTed to a port nothing listened on).
+		// Served as on a node without that family's netfilter.
+		other := "IPv6"
+		if family == iptables.IPv6 {
+			other, v4 = "IPv4", nil
+		} else {
+			v6 = nil
+		}
+		klog.InfoS("--bind-address names one address: the other family's Services get no portals (dual-stack ones are served in its family)",
+			"bindAddress", v.bind, "ipFamily", other)
 	}
 	if v.nodeIP.IsValid() && !isLocalAddress(v.nodeIP) {
 		klog.InfoS("Warning: --node-ip is not an address of this node's interfaces: portal traffic DNATed to it leaves the node instead of reaching the proxy", "nodeIP", v.nodeIP)
@@ -254,6 +268,18 @@ func resolveNodePortAddresses(v *validated) {
 	}
 	klog.InfoS("NodePorts answer on the node's primary IPs (--nodeport-addresses primary)", "addresses", v.nodePortAddresses)
 	v.nodePortPrimary = false
+}
+
+// bindFamily is the family of a --bind-address that names one address,
+// false for 0.0.0.0 and ::, which take both families.
+func bindFamily(v *validated) (iptables.Family, bool) {
+	if !v.bind.IsValid() || v.bind.IsUnspecified() {
+		return 0, false
+	}
+	if v.bind.Unmap().Is4() {
+		return iptables.IPv4, true
+	}
+	return iptables.IPv6, true
 }
 
 // portalConfigs is how the flags shape each family's rules (the proxy and
