@@ -56,6 +56,9 @@ func (r *Rules) ensureJumps(saved map[Table]savedTable, fresh map[string]bool) (
 		case count > 1:
 			err = e.delete(j, count-1, "removing duplicate") // the last copy stays last
 		}
+		if err == nil && countRule(e.model[key], line) >= 1 {
+			err = e.deleteStrays(j)
+		}
 		if err == nil && j.first {
 			err = e.order(j, prev)
 		}
@@ -141,6 +144,33 @@ func (e *jumpEditor) delete(j jump, n int, why string) error {
 			return fmt.Errorf("%v: %s jump %s -> %s: %w", e.r.cfg.Family, why, j.from, j.to, err)
 		}
 		i := slices.Index(e.model[key], line)
+		e.model[key] = slices.Delete(e.model[key], i, i+1)
+	}
+	return nil
+}
+
+// deleteStrays removes the other rules of j's built-in chain that jump to
+// j's chain of ours: those the legacy kube-proxy left (its jumps carry
+// other comments, "handle ClusterIPs; NOTE: ..."), or an edit by hand.
+// Kept, they sat beside ours after an in-place migration, a second way
+// into the same chain. Only called while our own copy is found by its
+// exact text, so a backend that prints ours differently loses nothing.
+func (e *jumpEditor) deleteStrays(j jump) error {
+	key, line := e.model.key(j), joinRule(j.spec())
+	for _, r := range slices.Clone(e.model[key]) {
+		if r == line || ruleTarget(r) != j.to {
+			continue
+		}
+		args, err := splitRule(r)
+		if err != nil {
+			continue // not one we can name to delete
+		}
+		if e.deferred[key] {
+			e.lines[j.table] = append(e.lines[j.table], "-D "+j.from+" "+r)
+		} else if err := e.r.runner.DeleteRule(j.table, j.from, args...); err != nil {
+			return fmt.Errorf("%v: removing a stray jump %s -> %s (%s): %w", e.r.cfg.Family, j.from, j.to, r, err)
+		}
+		i := slices.Index(e.model[key], r)
 		e.model[key] = slices.Delete(e.model[key], i, i+1)
 	}
 	return nil

@@ -271,3 +271,29 @@ func TestKernelUpdateOneAmongMany(t *testing.T) {
 	}
 	assertKernelClean(t, ns)
 }
+
+// The legacy kube-proxy's jumps into our chains (its own comments), left
+// on a node migrated in place, are removed by the sync beside ours: they
+// stayed as a second way into each chain (iptables audit). Real iptables,
+// so the saved spelling of the legacy rules is the kernel's.
+func TestKernelSyncRemovesLegacyJumps(t *testing.T) {
+	requireRealIptables(t)
+	ns := newNetns(t)
+	runner := newNSRunner(t, ns, IPv4)
+	syncOK(t, New(runner, Config{Family: IPv4}), webPortals())
+	inNetns(t, ns, "iptables", "-t", "nat", "-A", "PREROUTING", "-m", "comment", "--comment",
+		"handle ClusterIPs; NOTE: this must be before the NodePort rules", "-j", ChainPortalsContainer)
+	inNetns(t, ns, "iptables", "-t", "nat", "-A", "OUTPUT", "-m", "addrtype", "--dst-type", "LOCAL", "-m", "comment", "--comment",
+		"handle service NodePorts; NOTE: this must be the last rule in the chain", "-j", ChainNodePortHost)
+	inNetns(t, ns, "iptables", "-t", "nat", "-A", "PREROUTING", "-p", "tcp", "-j", "RETURN") // foreign: stays
+	syncOK(t, New(runner, Config{Family: IPv4}), webPortals())
+	nat := kernelTables(t, ns, IPv4)[TableNAT]
+	for chain, want := range map[string][]string{
+		"PREROUTING": {jumpLine(ChainPortalsContainer), jumpLine(ChainNodePortContainer), "-p tcp -j RETURN"},
+		"OUTPUT":     {jumpLine(ChainPortalsHost), jumpLine(ChainNodePortHost)},
+	} {
+		if got := nat.rules[chain]; !slices.Equal(got, want) {
+			t.Errorf("nat %s:\n got %q\nwant %q", chain, got, want)
+		}
+	}
+}
