@@ -21,6 +21,9 @@ type endpointsTracker struct {
 	lb      *loadbalancer.LoadBalancer
 	clk     clock.PassiveClock
 	metrics *Metrics
+	// started is when the tracker began: a change triggered before it is
+	// not this process's programming latency (observeProgramming).
+	started time.Time
 
 	mu sync.Mutex
 	// slices of each Service, by slice name.
@@ -43,6 +46,7 @@ func newEndpointsTracker(lb *loadbalancer.LoadBalancer, clk clock.PassiveClock, 
 		lb:       lb,
 		clk:      clk,
 		metrics:  m,
+		started:  clk.Now(),
 		slices:   map[types.NamespacedName]map[string]*discovery.EndpointSlice{},
 		applied:  map[types.NamespacedName]map[loadbalancer.ServicePortName]bool{},
 		policies: map[types.NamespacedName]trafficPolicy{},
@@ -83,19 +87,25 @@ func (t *endpointsTracker) update(es *discovery.EndpointSlice, deleted bool) {
 	}
 	if t.apply(svc) {
 		t.metrics.EndpointChangesTotal.Inc()
-		t.observeProgramming(es)
+		if !deleted {
+			t.observeProgramming(es)
+		}
 	}
 }
 
 // observeProgramming records how long the change took from its trigger
 // (the EndpointSlice annotation the endpoints controller sets) until the
 // balancer had it: for us that is the whole network programming latency.
+// As kube-proxy, only for a slice added or updated (a deleted slice's
+// trigger time is its last change, not the deletion) and only for a
+// trigger after this process started: at a restart every existing slice
+// was observed with its age (3.75 days in one audit).
 func (t *endpointsTracker) observeProgramming(es *discovery.EndpointSlice) {
 	v, ok := es.Annotations[endpointsTriggerTimeAnnotation]
 	if !ok {
 		return
 	}
-	if at, err := time.Parse(time.RFC3339Nano, v); err == nil {
+	if at, err := time.Parse(time.RFC3339Nano, v); err == nil && !at.Before(t.started) {
 		if d := t.clk.Since(at); d >= 0 {
 			t.metrics.NetworkProgrammingLatency.Observe(d.Seconds())
 		}

@@ -11,6 +11,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
+	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
@@ -125,20 +126,35 @@ func TestExternalLocalPortals(t *testing.T) {
 	}
 }
 
+// The network programming latency is observed from a slice's trigger time
+// to the balancer having it, as kube-proxy: not for a trigger from before
+// the proxy started (at a restart every existing slice was observed with
+// its age), nor for a deleted slice (its trigger is its last change).
 func TestNetworkProgrammingLatency(t *testing.T) {
-	p := newTestProxier(t, Options{})
-	es := makeSlice("web", v1.ProtocolTCP, "10.1.0.1:8080")
-	es.Annotations = map[string]string{endpointsTriggerTimeAnnotation: time.Now().Add(-2 * time.Second).Format(time.RFC3339Nano)}
-	p.OnEndpointSliceAdd(es)
+	start := time.Unix(1_000_000, 0)
+	clk := clocktesting.NewFakeClock(start)
+	p := newTestProxier(t, Options{Clock: clk})
+	stamped := func(name string, at time.Time) *discovery.EndpointSlice {
+		es := makeSlice("web", v1.ProtocolTCP, "10.1.0.1:8080")
+		es.Name = name
+		es.Annotations = map[string]string{endpointsTriggerTimeAnnotation: at.Format(time.RFC3339Nano)}
+		return es
+	}
+	old := stamped("web-old", start.Add(-time.Hour)) // from before the start
+	p.OnEndpointSliceAdd(old)
+	fresh := stamped("web-new", start.Add(time.Second))
+	fresh.Endpoints[0].Addresses = []string{"10.1.0.2"}
+	clk.Step(3 * time.Second)
+	p.OnEndpointSliceAdd(fresh)
+	p.OnEndpointSliceDelete(old)
 	if n := testutil.CollectAndCount(p.metrics.NetworkProgrammingLatency); n != 1 {
 		t.Fatalf("histogram series %d", n)
 	}
 	m := &dtoHistogram{}
 	m.read(t, p)
-	if m.count != 1 || m.sum < 2 || m.sum > 10 {
-		t.Fatalf("programming latency count %d sum %.2fs, want one ~2s sample", m.count, m.sum)
+	if m.count != 1 || m.sum != 2 {
+		t.Fatalf("programming latency count %d sum %.2fs, want one 2 s sample (the new slice's)", m.count, m.sum)
 	}
-
 }
 
 // Under externalTrafficPolicy: Local with a cluster-wide internal policy,
