@@ -69,6 +69,10 @@ func (o *options) applyConfig(cfg *configFile, fs *pflag.FlagSet) {
 	duration("iptables-sync-period", "iptables.syncPeriod", c.IPTables.SyncPeriod, &o.syncPeriod)
 	duration("iptables-min-sync-period", "iptables.minSyncPeriod", c.IPTables.MinSyncPeriod, &o.minSyncPeriod)
 	duration("config-sync-period", "configSyncPeriod", c.ConfigSyncPeriod, &o.configSyncPeriod)
+	cc := c.ClientConnection
+	set("kube-api-qps", "clientConnection.qps", cc.QPS != 0, func() { o.kubeAPIQPS = cc.QPS })
+	set("kube-api-burst", "clientConnection.burst", cc.Burst != 0, func() { o.kubeAPIBurst = int(cc.Burst) })
+	set("kube-api-content-type", "clientConnection.contentType", cc.ContentType != "", func() { o.kubeAPIContentType = cc.ContentType })
 	if cfg.UDPIdleTimeout != nil {
 		duration("udp-timeout", "udpIdleTimeout", *cfg.UDPIdleTimeout, &o.udpTimeout)
 	}
@@ -91,4 +95,38 @@ func (o *options) applyConfig(cfg *configFile, fs *pflag.FlagSet) {
 	if f := c.Logging.Format; f != "" && f != "text" {
 		klog.InfoS("Ignoring logging.format in --config: only the text format is supported", "format", f, "config", o.configFile)
 	}
+	if fields := ignoredConfigFields(c); len(fields) > 0 {
+		klog.InfoS("Ignoring --config fields this proxy does not implement (a userspace proxy has no use for them, or they are not built)",
+			"fields", fields, "config", o.configFile)
+	}
+}
+
+// ignoredConfigFields names the fields of c that are set to something
+// other than their default and that this proxy does not act on: they were
+// accepted without a word, as if followed. Fields of the other modes
+// (ipvs, nftables, winkernel) are ignored by kube-proxy too, and not named.
+func ignoredConfigFields(c *kubeproxyconfig.KubeProxyConfiguration) []string {
+	var out []string
+	note := func(set bool, field string) {
+		if set {
+			out = append(out, field)
+		}
+	}
+	note(len(c.FeatureGates) > 0, "featureGates")
+	note(c.BindAddressHardFail, "bindAddressHardFail")
+	note(c.EnableProfiling, "enableProfiling")
+	note(c.ShowHiddenMetricsForVersion != "", "showHiddenMetricsForVersion")
+	note(c.DetectLocalMode != "" && c.DetectLocalMode != "ClusterCIDR", "detectLocalMode (only ClusterCIDR, with clusterCIDR)")
+	note(c.DetectLocal != (kubeproxyconfig.DetectLocalConfiguration{}), "detectLocal")
+	note(c.OOMScoreAdj != nil, "oomScoreAdj")
+	ct := c.Conntrack
+	note(ct.MaxPerCore != nil && *ct.MaxPerCore != 0 || ct.Min != nil && *ct.Min != 0, "conntrack.maxPerCore/min")
+	note(ct.TCPEstablishedTimeout != nil && ct.TCPEstablishedTimeout.Duration != 0 ||
+		ct.TCPCloseWaitTimeout != nil && ct.TCPCloseWaitTimeout.Duration != 0 ||
+		ct.UDPTimeout.Duration != 0 || ct.UDPStreamTimeout.Duration != 0 || ct.TCPBeLiberal, "conntrack timeouts")
+	note(c.IPTables.MasqueradeAll, "iptables.masqueradeAll")
+	note(c.IPTables.MasqueradeBit != nil, "iptables.masqueradeBit")
+	note(c.IPTables.LocalhostNodePorts != nil && !*c.IPTables.LocalhostNodePorts, "iptables.localhostNodePorts")
+	note(c.ClientConnection.AcceptContentTypes != "", "clientConnection.acceptContentTypes")
+	return out
 }

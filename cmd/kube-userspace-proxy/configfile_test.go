@@ -4,6 +4,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -137,5 +138,53 @@ func TestConfigFileVerbosity(t *testing.T) {
 				t.Errorf("klog.V(%d) is not enabled", n)
 			}
 		})
+	}
+}
+
+// clientConnection's qps, burst and contentType set the API client as
+// kube-proxy's --kube-api-qps, --kube-api-burst and --kube-api-content-type
+// do (they were accepted and ignored), unless the flag is given; fields
+// this proxy does not act on are named in a log line instead of passing
+// in silence.
+func TestConfigFileClientConnection(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"+
+		"clientConnection: {qps: 20, burst: 40, contentType: application/json}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	o := newOptions()
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	o.addFlags(fs)
+	if err := fs.Parse([]string{"--config", path, "--kube-api-burst", "7"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.applyConfigFile(fs); err != nil {
+		t.Fatal(err)
+	}
+	if o.kubeAPIQPS != 20 || o.kubeAPIBurst != 7 || o.kubeAPIContentType != "application/json" {
+		t.Errorf("qps %v, burst %d, content type %q; want 20, 7 (the flag), application/json", o.kubeAPIQPS, o.kubeAPIBurst, o.kubeAPIContentType)
+	}
+}
+
+func TestIgnoredConfigFields(t *testing.T) {
+	for _, tc := range []struct {
+		yaml string
+		want []string
+	}{
+		// kubeadm's default file: nothing to name.
+		{"mode: \"\"\nconntrack: {maxPerCore: null, min: null, tcpCloseWaitTimeout: null, tcpEstablishedTimeout: null}\n" +
+			"iptables: {masqueradeAll: false, masqueradeBit: null, localhostNodePorts: null}\noomScoreAdj: null\ndetectLocalMode: \"\"\nenableProfiling: false\n", nil},
+		{"detectLocalMode: ClusterCIDR\nclusterCIDR: 10.244.0.0/16\n", nil},
+		{"featureGates: {Foo: true}\nenableProfiling: true\noomScoreAdj: -999\n", []string{"featureGates", "enableProfiling", "oomScoreAdj"}},
+		{"detectLocalMode: NodeCIDR\nconntrack: {maxPerCore: 32768}\niptables: {masqueradeAll: true}\n",
+			[]string{"detectLocalMode (only ClusterCIDR, with clusterCIDR)", "conntrack.maxPerCore/min", "iptables.masqueradeAll"}},
+	} {
+		cfg, err := decodeConfigFile([]byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n" + tc.yaml))
+		if err != nil {
+			t.Fatalf("%q: %v", tc.yaml, err)
+		}
+		if got := ignoredConfigFields(&cfg.KubeProxyConfiguration); !slices.Equal(got, tc.want) {
+			t.Errorf("%q: ignored %q, want %q", tc.yaml, got, tc.want)
+		}
 	}
 }

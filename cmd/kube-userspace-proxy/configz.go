@@ -29,6 +29,8 @@ func (o *options) effectiveConfig() configFile {
 		ConfigSyncPeriod:   metav1.Duration{Duration: o.configSyncPeriod},
 	}
 	c.ClientConnection.Kubeconfig = o.kubeconfig
+	c.ClientConnection.QPS, c.ClientConnection.Burst = o.kubeAPIQPS, int32(o.kubeAPIBurst)
+	c.ClientConnection.ContentType = o.kubeAPIContentType
 	c.IPTables.SyncPeriod = metav1.Duration{Duration: o.syncPeriod}
 	c.IPTables.MinSyncPeriod = metav1.Duration{Duration: o.minSyncPeriod}
 	// klog's -v in force, as kube-proxy's /configz shows its logging

@@ -41,6 +41,10 @@ type options struct {
 	cleanup            bool
 	proxyMode          string
 	configSyncPeriod   time.Duration
+	// The API-server client's rate and encoding (kube-proxy's flags).
+	kubeAPIQPS         float32
+	kubeAPIBurst       int
+	kubeAPIContentType string
 	nodeIP             string
 	preroutingRedirect bool
 	halfCloseTimeout   time.Duration
@@ -87,6 +91,9 @@ func newOptions() *options {
 		proxyMode:          "userspace",
 		dataPath:           proxier.DataPathEventLoop,
 		configSyncPeriod:   15 * time.Minute,
+		kubeAPIQPS:         5,
+		kubeAPIBurst:       10,
+		kubeAPIContentType: "application/vnd.kubernetes.protobuf",
 		halfCloseTimeout:   2 * time.Minute,
 		closeQuiet:         relay.DefaultQuiet,
 		keepAliveIdle:      proxier.DefaultLiveness.KeepAliveIdle,
@@ -122,6 +129,9 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.cleanup, "cleanup", o.cleanup, "Remove every chain and rule this proxy installs (IPv4 and IPv6), then exit.")
 	fs.StringVar(&o.proxyMode, "proxy-mode", o.proxyMode, "Which proxy mode to use: only 'userspace' is implemented.")
 	fs.DurationVar(&o.configSyncPeriod, "config-sync-period", o.configSyncPeriod, "How often configuration from the API server is refreshed. Must be greater than 0.")
+	fs.Float32Var(&o.kubeAPIQPS, "kube-api-qps", o.kubeAPIQPS, "QPS to use while talking with the Kubernetes API server.")
+	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", o.kubeAPIBurst, "Burst to use while talking with the Kubernetes API server.")
+	fs.StringVar(&o.kubeAPIContentType, "kube-api-content-type", o.kubeAPIContentType, "Content type of requests sent to the API server.")
 	fs.StringVar(&o.nodeIP, "node-ip", o.nodeIP, "The node's IP, target of the portals' DNAT (from the node itself, and with --bind-address 0.0.0.0 from pods and other hosts too); default: the address of the default-route interface. The other IP family uses the address of its own default-route interface.")
 	fs.BoolVar(&o.preroutingRedirect, "prerouting-redirect", o.preroutingRedirect, "With --bind-address 0.0.0.0 (or ::): send traffic from pods and other hosts to proxy sockets with REDIRECT, as the legacy userspace mode did, instead of DNAT to the node IP. REDIRECT drops packets that arrive on an interface without an address (pod veths on Calico, the AWS VPC CNI).")
 	fs.StringVar(&o.configFile, "config", o.configFile, "A KubeProxyConfiguration file; flags given on the command line override it.")
@@ -210,6 +220,12 @@ func (o *options) validate() (*validated, error) {
 	}
 	if o.minSyncPeriod > o.syncPeriod {
 		add("--iptables-min-sync-period (%v) must not exceed --iptables-sync-period (%v)", o.minSyncPeriod, o.syncPeriod)
+	}
+	if o.kubeAPIQPS < 0 {
+		add("--kube-api-qps must not be negative, got %v", o.kubeAPIQPS)
+	}
+	if o.kubeAPIBurst < 0 {
+		add("--kube-api-burst must not be negative, got %d", o.kubeAPIBurst)
 	}
 	if o.configSyncPeriod <= 0 {
 		add("--config-sync-period must be greater than 0, got %v", o.configSyncPeriod)

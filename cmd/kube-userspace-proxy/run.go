@@ -153,6 +153,10 @@ func newSource(o *options, v *validated, h config.Handler, nodes config.NodeHand
 	if err != nil {
 		return nil, err
 	}
+	cfg.QPS, cfg.Burst = o.kubeAPIQPS, o.kubeAPIBurst
+	if o.kubeAPIContentType != "" {
+		cfg.ContentType = o.kubeAPIContentType
+	}
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("API server client: %w", err)
