@@ -92,6 +92,9 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 	popts.ServiceHealth = serviceHealth
 	p = proxier.New(popts)
 
+	if o.manifests == "" {
+		registerRESTClientMetrics(metrics.Registry)
+	}
 	src, err := newSource(o, v, p, nodeState{health, p})
 	if err != nil {
 		return err
