@@ -159,8 +159,11 @@ type Proxier struct {
 	services map[types.NamespacedName]*v1.Service
 	// parsed caches servicePorts of each Service object, so a sync parses
 	// only the Services that changed since the previous one.
-	parsed          map[types.NamespacedName]parsedService
-	pendingChanges  int
+	parsed map[types.NamespacedName]parsedService
+	// pendingChanges are the Services changed since the last sync, as
+	// kube-proxy's service_changes_pending counts them (five edits of one
+	// Service are one pending change).
+	pendingChanges  map[types.NamespacedName]struct{}
 	servicesSynced  bool
 	endpointsSynced bool
 	// noPortal: the Services logged as getting no portal, their family
@@ -314,10 +317,13 @@ func (p *Proxier) sweepAffinity(ctx context.Context) {
 	}
 }
 
-func (p *Proxier) queueServiceChange() {
-	p.pendingChanges++
+func (p *Proxier) queueServiceChange(nn types.NamespacedName) {
+	if p.pendingChanges == nil {
+		p.pendingChanges = map[types.NamespacedName]struct{}{}
+	}
+	p.pendingChanges[nn] = struct{}{}
 	p.metrics.ServiceChangesTotal.Inc()
-	p.metrics.ServiceChangesPending.Set(float64(p.pendingChanges))
+	p.metrics.ServiceChangesPending.Set(float64(len(p.pendingChanges)))
 	if p.opts.Health != nil {
 		p.opts.Health.QueuedUpdate()
 	}
@@ -336,14 +342,15 @@ func (p *Proxier) OnServiceUpdate(_, svc *v1.Service) {
 	logLifetimeError(p.services[nn], svc)
 	logUnknownAnnotations(p.services[nn], svc)
 	p.services[nn] = svc
-	p.queueServiceChange()
+	p.queueServiceChange(nn)
 }
 
 func (p *Proxier) OnServiceDelete(svc *v1.Service) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	delete(p.services, types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name})
-	p.queueServiceChange()
+	nn := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
+	delete(p.services, nn)
+	p.queueServiceChange(nn)
 }
 
 func (p *Proxier) OnServiceSynced() {
@@ -429,8 +436,8 @@ func (p *Proxier) desired() (map[loadbalancer.ServicePortName]*servicePortInfo, 
 			}
 		}
 	}
-	n := p.pendingChanges
-	p.pendingChanges = 0
+	n := len(p.pendingChanges)
+	clear(p.pendingChanges)
 	p.metrics.ServiceChangesPending.Set(0)
 	return want, changed, n
 }

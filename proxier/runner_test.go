@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
@@ -178,4 +179,31 @@ func TestMinSyncPeriod(t *testing.T) {
 			}
 		})
 	}
+}
+
+// service_changes_pending counts the Services changed since the last sync,
+// as kube-proxy's does: five edits of one Service are one pending change
+// (it counted events), and a sync brings it back to 0.
+func TestServiceChangesPendingCountsServices(t *testing.T) {
+	p := New(Options{BindAddress: mustAddr("127.0.0.1")})
+	svc := makeService("web")
+	for range 5 {
+		p.OnServiceUpdate(svc, svc.DeepCopy())
+	}
+	p.OnServiceAdd(makeService("db", withClusterIP("10.96.0.20")))
+	if got := testutil.ToFloat64(p.metrics.ServiceChangesPending); got != 2 {
+		t.Errorf("pending %v, want 2 (two Services)", got)
+	}
+	if got := testutil.ToFloat64(p.metrics.ServiceChangesTotal); got != 6 {
+		t.Errorf("total %v, want 6 (every change)", got)
+	}
+	p.OnServiceSynced()
+	p.OnEndpointSlicesSynced()
+	p.Sync()
+	if got := testutil.ToFloat64(p.metrics.ServiceChangesPending); got != 0 {
+		t.Errorf("pending after the sync %v, want 0", got)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	p.Run(ctx)
 }
