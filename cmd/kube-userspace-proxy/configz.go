@@ -26,7 +26,9 @@ func (o *options) effectiveConfig() configFile {
 		PortRange:          o.proxyPortRange,
 		NodePortAddresses:  o.nodePortAddresses,
 		ClusterCIDR:        o.clusterCIDR,
-		ConfigSyncPeriod:   metav1.Duration{Duration: o.configSyncPeriod},
+		// The one mode there is (kube-proxy's default, shown defaulted).
+		DetectLocalMode:  "ClusterCIDR",
+		ConfigSyncPeriod: metav1.Duration{Duration: o.configSyncPeriod},
 	}
 	c.ClientConnection.Kubeconfig = o.kubeconfig
 	c.ClientConnection.QPS, c.ClientConnection.Burst = o.kubeAPIQPS, int32(o.kubeAPIBurst)
