@@ -66,7 +66,7 @@ func newPortSeries() *portSeries {
 		ports:        map[string]*portMetrics{},
 		active:       desc("active_connections", "TCP connections being proxied"),
 		failed:       desc("connections_failed_total", "Client connections (TCP) or datagrams (UDP) that found no reachable endpoint"),
-		dialFailures: desc("dial_failures_total", "Failed attempts to connect to an endpoint"),
+		dialFailures: desc("dial_failures_total", "Failed attempts to connect to an endpoint (UDP: an endpoint that refused a session's datagrams)"),
 		dialRetries:  desc("dial_retries_total", "Dial attempts made on another endpoint after a failure"),
 		acceptErrors: desc("accept_errors_total", "Errors from accept(), such as EMFILE, each followed by a back-off"),
 		bytes:        desc("bytes_total", "Bytes proxied; direction in = client to endpoint, out = endpoint to client", "direction"),

@@ -311,7 +311,7 @@ func (s *udpProxySocket) forwardGSO(client netip.AddrPort, b *udpBatch, i, g int
 			// is lost and the next one picks again. (The refusal sent
 			// nothing: a GRO read's datagrams all go on, one by one,
 			// the first opening the new session.)
-			s.closeSessionLocked(sess)
+			s.refusedLocked(sess, err)
 			if b.seg[i] == 0 {
 				return i + 1
 			}
@@ -361,7 +361,7 @@ func (s *udpProxySocket) forward(client netip.AddrPort, b, oob []byte) {
 		if errors.Is(err, unix.ECONNREFUSED) {
 			// The backend's port is closed (an earlier ICMP error): the
 			// client's next datagram picks again.
-			s.closeSessionLocked(sess)
+			s.refusedLocked(sess, err)
 		}
 		s.mu.Unlock()
 		if err != nil {
@@ -457,6 +457,18 @@ func (s *udpProxySocket) makeRoomLocked() error {
 		return errSessionLimit
 	}
 	return nil
+}
+
+// refusedLocked ends a session whose endpoint refused its datagrams (an
+// ICMP port unreachable): counted as the endpoint's failure, as a refused
+// TCP dial is, and logged at -v=2. It ended in no counter and no line, so
+// UDP to a dead endpoint was invisible. The client's next datagram picks
+// again.
+func (s *udpProxySocket) refusedLocked(sess *udpSession, err error) {
+	s.dialFailures.Inc()
+	klog.V(2).InfoS("UDP endpoint refused the session's datagrams; the client's next datagram picks again",
+		"servicePort", s.label, "client", sess.client, "endpoint", sess.backend, "err", err)
+	s.closeSessionLocked(sess)
 }
 
 func (s *udpProxySocket) closeSessionLocked(sess *udpSession) {
@@ -647,9 +659,12 @@ func (s *udpProxySocket) relayFrom(fd int, b *udpBatch) {
 	first := b.used
 	n, err := b.recv(fd, first, min(repliesPerWake, udpBatchLen-first), false, groSpace)
 	if err != nil {
-		if err != unix.EAGAIN && err != unix.EINTR {
-			// Refused (ICMP port unreachable) or broken: end the
-			// session; the client's next datagram picks again.
+		switch {
+		case err == unix.ECONNREFUSED:
+			s.refusedLocked(sess, err)
+		case err != unix.EAGAIN && err != unix.EINTR:
+			// Broken: end the session; the client's next datagram
+			// picks again.
 			s.closeSessionLocked(sess)
 		}
 		s.mu.Unlock()

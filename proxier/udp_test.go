@@ -169,3 +169,32 @@ func TestUDPRelaysEmptyDatagrams(t *testing.T) {
 		}
 	}
 }
+
+// A UDP endpoint that refuses a session's datagrams (ICMP port
+// unreachable) ends the session and counts as the endpoint's failure, as a
+// refused TCP dial does: it ended in no counter and no log line, so UDP to
+// a dead endpoint was invisible (metrics/config audit).
+func TestUDPRefusedEndpointCounts(t *testing.T) {
+	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := pc.LocalAddr().String()
+	pc.Close() // nothing listens there now: the kernel answers ICMP port unreachable
+	p := newTestProxier(t, Options{})
+	p.OnServiceAdd(makeService("dns", withProtocol(v1.ProtocolUDP)))
+	p.OnEndpointSliceAdd(makeSlice("dns", v1.ProtocolUDP, closed))
+	p.Sync()
+	c, err := net.Dial("udp", proxyAddr(t, p, "default/dns:p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	m := p.metrics.ports.lookup("default/dns:p")
+	waitFor(t, "the refusal counted", func() bool {
+		_, _ = c.Write([]byte("q")) // the refusal shows on the session's next read or write
+		time.Sleep(10 * time.Millisecond)
+		return m.dialFailures.value() >= 1
+	})
+	waitFor(t, "the refused session closed", func() bool { return m.udpSessions.value() == 0 })
+}
