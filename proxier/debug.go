@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -91,24 +92,13 @@ func (p *Proxier) DebugServices() []DebugServicePort {
 	p.debugMu.RUnlock()
 	out := make([]DebugServicePort, 0, len(rows))
 	for _, r := range rows {
-		d := DebugServicePort{
-			ServicePort:  r.key,
-			Protocol:     string(r.name.Protocol),
-			ProxyAddress: net.JoinHostPort(p.listenHost(), strconv.Itoa(r.proxyPort)),
-			Port:         r.info.port,
-			NodePort:     r.info.nodePort,
-			Affinity:     "None",
-			Endpoints:    []string{},
-			FaultProxy:   r.info.faultName,
-		}
+		d := infoRow(r.name, r.info)
+		d.ProxyAddress = net.JoinHostPort(p.listenHost(), strconv.Itoa(r.proxyPort))
 		if info, err := p.opts.Faults.Proxy(r.info.faultName); err == nil {
 			d.FaultsEnabled = info.Enabled
 			for _, t := range info.Toxics {
 				d.Faults = append(d.Faults, DebugToxic{Toxic: t.Toxic, Origin: t.Origin})
 			}
-		}
-		for _, group := range [][]string{addrStrings(r.info.clusterIPs), addrStrings(r.info.externalIPs), addrStrings(r.info.loadBalancerIPs)} {
-			d.ServiceIPs = append(d.ServiceIPs, group...)
 		}
 		if r.externalPort != 0 {
 			d.ExternalProxyAddress = net.JoinHostPort(p.listenHost(), strconv.Itoa(r.externalPort))
@@ -150,24 +140,32 @@ type debugFailure struct {
 	err  string
 }
 
-// row is the failure's /debug/services row: no proxy address, the error.
+// row is the failure's /debug/services row: no proxy address, the error,
+// and the affinity the Service asks for (there is no balancer entry).
 func (f debugFailure) row() DebugServicePort {
-	d := DebugServicePort{
-		ServicePort: f.info.key,
-		Protocol:    string(f.name.Protocol),
-		Port:        f.info.port,
-		NodePort:    f.info.nodePort,
-		Affinity:    "None",
-		Endpoints:   []string{},
-		FaultProxy:  f.info.faultName,
-		Error:       f.err,
-	}
+	d := infoRow(f.name, f.info)
+	d.Error = f.err
 	if f.info.affinity.ClientIP {
 		d.Affinity = "ClientIP"
 		d.TimeoutSec = int(f.info.affinity.Timeout / time.Second)
 	}
-	for _, group := range [][]string{addrStrings(f.info.clusterIPs), addrStrings(f.info.externalIPs), addrStrings(f.info.loadBalancerIPs)} {
-		d.ServiceIPs = append(d.ServiceIPs, group...)
+	return d
+}
+
+// infoRow is the part of a service port's row its Service gives: name,
+// addresses, ports, fault API name; endpoints empty, affinity None.
+func infoRow(name loadbalancer.ServicePortName, info *servicePortInfo) DebugServicePort {
+	d := DebugServicePort{
+		ServicePort: info.key,
+		Protocol:    string(name.Protocol),
+		Port:        info.port,
+		NodePort:    info.nodePort,
+		Affinity:    "None",
+		Endpoints:   []string{},
+		FaultProxy:  info.faultName,
+	}
+	for _, group := range [][]netip.Addr{info.clusterIPs, info.externalIPs, info.loadBalancerIPs} {
+		d.ServiceIPs = append(d.ServiceIPs, addrStrings(group)...)
 	}
 	return d
 }

@@ -141,15 +141,17 @@ func servicePorts(svc *v1.Service) []*servicePortInfo {
 // Service's IPv6 externalIP or LoadBalancer IP gets no portal. Without
 // ClusterIPs every address is kept.
 func inFamiliesOf(clusterIPs, ips []netip.Addr, nn types.NamespacedName, field string) []netip.Addr {
-	if len(clusterIPs) == 0 {
-		return ips
+	var v4, v6 bool
+	for _, c := range clusterIPs {
+		v4, v6 = v4 || c.Is4(), v6 || c.Is6()
 	}
-	has := func(six bool) bool {
-		return slices.ContainsFunc(clusterIPs, func(c netip.Addr) bool { return c.Is6() == six })
+	other := func(ip netip.Addr) bool { return len(clusterIPs) > 0 && (ip.Is6() && !v6 || ip.Is4() && !v4) }
+	if !slices.ContainsFunc(ips, other) {
+		return ips // the usual case: nothing to drop, nothing copied
 	}
 	var kept []netip.Addr
 	for _, ip := range ips {
-		if has(ip.Is6()) {
+		if !other(ip) {
 			kept = append(kept, ip)
 			continue
 		}

@@ -165,10 +165,13 @@ func (c *LoopConn) dial() {
 // LocalShortage reports a dial that failed for want of something on this
 // node (descriptors, local ports, buffers), not because of the endpoint.
 func LocalShortage(err error) bool {
-	for _, e := range []error{unix.EMFILE, unix.ENFILE, unix.ENOBUFS, unix.ENOMEM, unix.EADDRNOTAVAIL} {
-		if errors.Is(err, e) {
-			return true
-		}
+	var errno unix.Errno
+	if !errors.As(err, &errno) {
+		return false
+	}
+	switch errno {
+	case unix.EMFILE, unix.ENFILE, unix.ENOBUFS, unix.ENOMEM, unix.EADDRNOTAVAIL:
+		return true
 	}
 	return false
 }

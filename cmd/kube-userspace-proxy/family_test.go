@@ -37,22 +37,7 @@ func TestNodeWithoutIPv6NAT(t *testing.T) {
 		t.Fatalf("portalSyncers: %v", err)
 	}
 	health := healthcheck.NewProxierHealth(clock.RealClock{}, time.Minute)
-	p := proxier.New(proxier.Options{BindAddress: netip.MustParseAddr("127.0.0.1"), IPv4Portals: v4, IPv6Portals: v6, Health: health})
-	t.Cleanup(func() {
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel()
-		p.Run(ctx) // closes the proxy sockets
-	})
-	p.OnServiceAdd(&v1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web"},
-		Spec: v1.ServiceSpec{
-			Type: v1.ServiceTypeClusterIP, ClusterIP: "10.96.0.10", ClusterIPs: []string{"10.96.0.10", "fd00::10"},
-			Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}},
-		},
-	})
-	p.OnServiceSynced()
-	p.OnEndpointSlicesSynced()
-	p.Sync()
+	p := syncedDualStack(t, proxier.Options{IPv4Portals: v4, IPv6Portals: v6, Health: health}, "web", "10.96.0.10", "fd00::10")
 	p.SyncFull()
 	p.Sync()
 
@@ -95,23 +80,7 @@ func TestBindAddressOfOneFamily(t *testing.T) {
 			if err != nil {
 				t.Fatalf("portalSyncers: %v", err)
 			}
-			// The sockets listen on loopback: the test only reads the rules.
-			p := proxier.New(proxier.Options{BindAddress: netip.MustParseAddr("127.0.0.1"), IPv4Portals: v4, IPv6Portals: v6})
-			t.Cleanup(func() {
-				ctx, cancel := context.WithCancel(context.Background())
-				cancel()
-				p.Run(ctx)
-			})
-			p.OnServiceAdd(&v1.Service{
-				ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "ds"},
-				Spec: v1.ServiceSpec{
-					Type: v1.ServiceTypeClusterIP, ClusterIP: "10.96.0.20", ClusterIPs: []string{"10.96.0.20", "fd36:96::20"},
-					Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}},
-				},
-			})
-			p.OnServiceSynced()
-			p.OnEndpointSlicesSynced()
-			p.Sync()
+			syncedDualStack(t, proxier.Options{IPv4Portals: v4, IPv6Portals: v6}, "ds", "10.96.0.20", "fd36:96::20")
 			if rules := strings.Join(runners[tc.want].Rules(iptables.TableNAT, iptables.ChainPortalsContainer), "\n"); !strings.Contains(rules, tc.wantAddr) {
 				t.Errorf("%v portal of default/ds:http not written; %s holds:\n%s", tc.want, iptables.ChainPortalsContainer, rules)
 			}
@@ -120,4 +89,29 @@ func TestBindAddressOfOneFamily(t *testing.T) {
 			}
 		})
 	}
+}
+
+// syncedDualStack is a proxier with opts (its sockets on loopback: these
+// tests read the rules) that has synced one dual-stack Service, name,
+// with port http/80; it is stopped at the end of the test.
+func syncedDualStack(t *testing.T, opts proxier.Options, name string, clusterIPs ...string) *proxier.Proxier {
+	t.Helper()
+	opts.BindAddress = netip.MustParseAddr("127.0.0.1")
+	p := proxier.New(opts)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		p.Run(ctx) // closes the proxy sockets
+	})
+	p.OnServiceAdd(&v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+		Spec: v1.ServiceSpec{
+			Type: v1.ServiceTypeClusterIP, ClusterIP: clusterIPs[0], ClusterIPs: clusterIPs,
+			Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}},
+		},
+	})
+	p.OnServiceSynced()
+	p.OnEndpointSlicesSynced()
+	p.Sync()
+	return p
 }

@@ -263,13 +263,10 @@ func resolveNodePortAddresses(v *validated) {
 	if !v.nodePortPrimary {
 		return
 	}
+	cfg4, cfg6, _ := portalConfigs(v) // each family's node IP, as the portals use it
 	v.nodePortAddresses = nil
-	for _, six := range []bool{false, true} {
-		fromRoute := defaultRouteIP
-		if six {
-			fromRoute = defaultRouteIP6
-		}
-		if ip := nodeIPOf(v, six, fromRoute); ip.IsValid() && !ip.IsLoopback() {
+	for _, ip := range []netip.Addr{cfg4.NodeIP, cfg6.NodeIP} {
+		if ip.IsValid() && !ip.IsLoopback() {
 			v.nodePortAddresses = append(v.nodePortAddresses, netip.PrefixFrom(ip, ip.BitLen()))
 		}
 	}

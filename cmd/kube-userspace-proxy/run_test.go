@@ -336,14 +336,3 @@ func TestNodeIPPerFamily(t *testing.T) {
 		})
 	}
 }
-
-// isLocalAddress tells a node address from one the node does not hold
-// (a --node-ip that is not the node's is warned about at start).
-func TestIsLocalAddress(t *testing.T) {
-	if !isLocalAddress(netip.MustParseAddr("127.0.0.1")) {
-		t.Error("127.0.0.1 is not local")
-	}
-	if isLocalAddress(netip.MustParseAddr("192.0.2.77")) {
-		t.Error("192.0.2.77 (TEST-NET-1) is local")
-	}
-}
