@@ -50,6 +50,7 @@ func (r *Rules) Update(portals []Portal) error {
 	data := append(deltaInput(TableFilter, deltas, want), deltaInput(TableNAT, deltas, want)...)
 	if err := r.runner.Restore(data); err != nil {
 		klog.ErrorS(err, "Incremental iptables update failed; rewriting our chains in full", "family", r.cfg.Family)
+		r.stats.partialFailures.Add(1)
 		r.have = nil
 		return r.syncLocked(portals)
 	}
@@ -61,6 +62,7 @@ func (r *Rules) Update(portals []Portal) error {
 			r.written[d.chain.name] = true
 		}
 	}
+	r.countHave()
 	klog.V(2).InfoS("Updated iptables chains", "family", r.cfg.Family, "changes", deltaSummary(deltas))
 	return nil
 }

@@ -35,7 +35,12 @@ type endpointsTracker struct {
 	// local counts each Service's ready node-local endpoints, for the
 	// healthCheckNodePort server.
 	local map[types.NamespacedName]int
-	node  nodeTopology
+	// noLocal counts each Service's ports with a Local policy whose usable
+	// endpoints are all elsewhere (internal, external), and noLocalTotal
+	// their sums: kubeproxy_sync_proxy_rules_no_local_endpoints_total.
+	noLocal      map[types.NamespacedName]noLocalPorts
+	noLocalTotal noLocalPorts
+	node         nodeTopology
 	// changed, if set, is told (under mu) of a Service whose eligible
 	// endpoints changed: connections to removed ones may drain.
 	changed func(types.NamespacedName)
@@ -51,6 +56,7 @@ func newEndpointsTracker(lb *loadbalancer.LoadBalancer, clk clock.PassiveClock, 
 		applied:  map[types.NamespacedName]map[loadbalancer.ServicePortName]bool{},
 		policies: map[types.NamespacedName]trafficPolicy{},
 		local:    map[types.NamespacedName]int{},
+		noLocal:  map[types.NamespacedName]noLocalPorts{},
 		node:     node,
 	}
 }
@@ -162,6 +168,7 @@ func (t *endpointsTracker) apply(svc types.NamespacedName) bool {
 	policy := t.policies[svc]
 	want := map[loadbalancer.ServicePortName][]loadbalancer.Endpoint{}
 	local := 0
+	var noLocal noLocalPorts
 	for spn, eps := range byPort {
 		eps = dedupe(eps)
 		want[spn] = policy.internalEndpoints(eps, t.node)
@@ -169,12 +176,14 @@ func (t *endpointsTracker) apply(svc types.NamespacedName) bool {
 			want[externalName(spn)] = policy.externalEndpoints(eps, t.node)
 		}
 		local = max(local, countReadyLocal(eps, t.node.name))
+		noLocal = noLocal.add(policy, eps, t.node.name)
 	}
 	if local > 0 {
 		t.local[svc] = local
 	} else {
 		delete(t.local, svc)
 	}
+	t.setNoLocal(svc, noLocal)
 	changed := false
 	for spn := range t.applied[svc] {
 		if _, ok := want[spn]; !ok {
@@ -195,6 +204,56 @@ func (t *endpointsTracker) apply(svc types.NamespacedName) bool {
 		t.changed(svc)
 	}
 	return changed
+}
+
+// noLocalPorts counts service ports with a Local policy and endpoints, none
+// of them on this node: internal (ClusterIP traffic) and external.
+type noLocalPorts struct{ internal, external int }
+
+// add counts one service port with endpoints eps under policy, as
+// kube-proxy does: only a port that has usable endpoints somewhere.
+func (n noLocalPorts) add(policy trafficPolicy, eps []loadbalancer.Endpoint, node string) noLocalPorts {
+	if !policy.internalLocal && !policy.externalLocal || !hasUsable(eps, "", false) {
+		return n
+	}
+	if node != "" && hasUsable(eps, node, true) {
+		return n
+	}
+	if policy.internalLocal {
+		n.internal++
+	}
+	if policy.externalLocal {
+		n.external++
+	}
+	return n
+}
+
+// hasUsable reports whether eps has an endpoint the balancer would use
+// (ready, or serving while terminating), only those on node if onNode.
+func hasUsable(eps []loadbalancer.Endpoint, node string, onNode bool) bool {
+	for _, e := range eps {
+		if (!onNode || e.NodeName == node) && (e.Ready || e.Serving && e.Terminating) {
+			return true
+		}
+	}
+	return false
+}
+
+// setNoLocal records svc's count and publishes the totals.
+func (t *endpointsTracker) setNoLocal(svc types.NamespacedName, n noLocalPorts) {
+	old := t.noLocal[svc]
+	if n == old {
+		return
+	}
+	if n == (noLocalPorts{}) {
+		delete(t.noLocal, svc)
+	} else {
+		t.noLocal[svc] = n
+	}
+	t.noLocalTotal.internal += n.internal - old.internal
+	t.noLocalTotal.external += n.external - old.external
+	t.metrics.NoLocalEndpoints.WithLabelValues("internal").Set(float64(t.noLocalTotal.internal))
+	t.metrics.NoLocalEndpoints.WithLabelValues("external").Set(float64(t.noLocalTotal.external))
 }
 
 // endpointsByPort lists, per service port, every address of every slice of

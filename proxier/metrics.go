@@ -10,16 +10,23 @@ import (
 type Metrics struct {
 	Registry *prometheus.Registry
 
-	SyncProxyRulesLatency       prometheus.Histogram
-	SyncProxyRulesLastTimestamp prometheus.Gauge
-	NetworkProgrammingLatency   prometheus.Histogram
-	EndpointChangesTotal        prometheus.Counter
-	EndpointChangesPending      prometheus.Gauge
-	ServiceChangesTotal         prometheus.Counter
-	ServiceChangesPending       prometheus.Gauge
-	IPTablesRestoreFailures     prometheus.Counter
-	ProxyHealthzTotal           *prometheus.CounterVec
-	ProxyLivezTotal             *prometheus.CounterVec
+	SyncProxyRulesLatency        prometheus.Histogram
+	SyncFullProxyRulesLatency    prometheus.Histogram
+	SyncPartialProxyRulesLatency prometheus.Histogram
+	SyncProxyRulesLastTimestamp  prometheus.Gauge
+	SyncProxyRulesLastQueued     prometheus.Gauge
+	NetworkProgrammingLatency    prometheus.Histogram
+	EndpointChangesTotal         prometheus.Counter
+	EndpointChangesPending       prometheus.Gauge
+	ServiceChangesTotal          prometheus.Counter
+	ServiceChangesPending        prometheus.Gauge
+	IPTablesRestoreFailures      prometheus.Counter
+	// NoLocalEndpoints counts the service ports with a Local traffic
+	// policy whose endpoints are all on other nodes, by traffic_policy
+	// (internal, external): their traffic is refused here.
+	NoLocalEndpoints  *prometheus.GaugeVec
+	ProxyHealthzTotal *prometheus.CounterVec
+	ProxyLivezTotal   *prometheus.CounterVec
 
 	ServicePorts  prometheus.Gauge
 	AffinitySwept prometheus.Counter
@@ -28,6 +35,7 @@ type Metrics struct {
 	// (kubeproxy_userspace_active_connections and the rest, port_metrics.go).
 	ports    *portSeries
 	affinity *affinityCollector // table sizes and cap evictions, read from the balancer
+	portals  *portalCollector   // rule counts and partial restore failures, read from the syncers
 }
 
 // NewMetrics registers everything on a fresh registry (not the global one, so
@@ -40,9 +48,23 @@ func NewMetrics() *Metrics {
 			Help:    "SyncProxyRules latency in seconds",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
 		}),
+		SyncFullProxyRulesLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Subsystem: "kubeproxy", Name: "sync_full_proxy_rules_duration_seconds",
+			Help:    "SyncProxyRules latency in seconds for full resyncs (portal rules read back and repaired)",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
+		}),
+		SyncPartialProxyRulesLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Subsystem: "kubeproxy", Name: "sync_partial_proxy_rules_duration_seconds",
+			Help:    "SyncProxyRules latency in seconds for partial resyncs (only changed portal rules written)",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
+		}),
 		SyncProxyRulesLastTimestamp: prometheus.NewGauge(prometheus.GaugeOpts{
 			Subsystem: "kubeproxy", Name: "sync_proxy_rules_last_timestamp_seconds",
 			Help: "The last time proxy rules were successfully synced",
+		}),
+		SyncProxyRulesLastQueued: prometheus.NewGauge(prometheus.GaugeOpts{
+			Subsystem: "kubeproxy", Name: "sync_proxy_rules_last_queued_timestamp_seconds",
+			Help: "The last time a sync of proxy rules was queued",
 		}),
 		NetworkProgrammingLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Subsystem: "kubeproxy", Name: "network_programming_duration_seconds",
@@ -69,6 +91,10 @@ func NewMetrics() *Metrics {
 			Subsystem: "kubeproxy", Name: "sync_proxy_rules_iptables_restore_failures_total",
 			Help: "Cumulative proxy iptables restore failures",
 		}),
+		NoLocalEndpoints: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Subsystem: "kubeproxy", Name: "sync_proxy_rules_no_local_endpoints_total",
+			Help: "Number of services with a Local traffic policy and no endpoints",
+		}, []string{"traffic_policy"}),
 		ProxyHealthzTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Subsystem: "kubeproxy", Name: "proxy_healthz_total",
 			Help: "Cumulative proxy healthz HTTP status",
@@ -86,13 +112,18 @@ func NewMetrics() *Metrics {
 			Help: "Expired ClientIP affinity entries removed by the periodic sweep",
 		}),
 	}
+	// kube-proxy exports both policies from the start, at 0.
+	m.NoLocalEndpoints.WithLabelValues("internal")
+	m.NoLocalEndpoints.WithLabelValues("external")
 	m.ports = newPortSeries()
 	m.affinity = newAffinityCollector()
+	m.portals = newPortalCollector()
 	m.Registry.MustRegister(
-		m.affinity,
-		m.SyncProxyRulesLatency, m.SyncProxyRulesLastTimestamp, m.NetworkProgrammingLatency,
+		m.affinity, m.portals,
+		m.SyncProxyRulesLatency, m.SyncFullProxyRulesLatency, m.SyncPartialProxyRulesLatency,
+		m.SyncProxyRulesLastTimestamp, m.SyncProxyRulesLastQueued, m.NetworkProgrammingLatency,
 		m.EndpointChangesTotal, m.EndpointChangesPending,
-		m.ServiceChangesTotal, m.ServiceChangesPending, m.IPTablesRestoreFailures,
+		m.ServiceChangesTotal, m.ServiceChangesPending, m.IPTablesRestoreFailures, m.NoLocalEndpoints,
 		m.ProxyHealthzTotal, m.ProxyLivezTotal,
 		m.ports, m.ServicePorts, m.AffinitySwept,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

@@ -273,6 +273,7 @@ func New(opts Options) *Proxier {
 		p.sockCfg.loops = newLoopGroup(opts)
 	}
 	opts.Metrics.affinity.observe(p.lb)
+	opts.Metrics.portals.observe(opts.IPv4Portals, opts.IPv6Portals)
 	p.endpoints = newEndpointsTracker(p.lb, opts.Clock, opts.Metrics, nodeTopology{name: opts.NodeName})
 	p.endpoints.changed = p.drainRemoved
 	p.runner = newBoundedFrequencyRunner(p.syncProxyRules, opts.MinSyncPeriod, opts.SyncPeriod, opts.Clock)
@@ -324,6 +325,7 @@ func (p *Proxier) queueServiceChange(nn types.NamespacedName) {
 	p.pendingChanges[nn] = struct{}{}
 	p.metrics.ServiceChangesTotal.Inc()
 	p.metrics.ServiceChangesPending.Set(float64(len(p.pendingChanges)))
+	p.metrics.SyncProxyRulesLastQueued.SetToCurrentTime()
 	if p.opts.Health != nil {
 		p.opts.Health.QueuedUpdate()
 	}
@@ -571,6 +573,11 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 	}
 	elapsed := p.clk.Since(start)
 	p.metrics.SyncProxyRulesLatency.Observe(elapsed.Seconds())
+	if full {
+		p.metrics.SyncFullProxyRulesLatency.Observe(elapsed.Seconds())
+	} else {
+		p.metrics.SyncPartialProxyRulesLatency.Observe(elapsed.Seconds())
+	}
 	if ok {
 		p.metrics.SyncProxyRulesLastTimestamp.SetToCurrentTime()
 		if p.opts.Health != nil {

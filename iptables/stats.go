@@ -1,0 +1,38 @@
+package iptables
+
+import "sync/atomic"
+
+// ruleStats is what kube-proxy's iptables series report, kept in atomics
+// apart from Rules.mu so that a metrics scrape never waits for a sync (a
+// first sync at 10,000 Services holds mu for a second).
+type ruleStats struct {
+	filter, nat     atomic.Int64
+	partialFailures atomic.Uint64
+}
+
+// countHave records how many rules our chains hold per table, from r.have
+// (mu held, r.have just set from a successful write or read-back).
+func (r *Rules) countHave() {
+	var filter, nat int64
+	for _, c := range renderedChains(r.have) {
+		if c.table == TableFilter {
+			filter += int64(len(r.have[c.name]))
+		} else {
+			nat += int64(len(r.have[c.name]))
+		}
+	}
+	r.stats.filter.Store(filter)
+	r.stats.nat.Store(nat)
+}
+
+// RuleCounts returns how many rules our chains held in the filter and nat
+// tables after the last successful write or verified read-back (kube-proxy's
+// sync_proxy_rules_iptables_total); a failed write leaves the last counts.
+func (r *Rules) RuleCounts() (filter, nat int) {
+	return int(r.stats.filter.Load()), int(r.stats.nat.Load())
+}
+
+// PartialRestoreFailures counts Update's incremental restores that
+// iptables-restore refused (each then fell back to a full rewrite):
+// kube-proxy's sync_proxy_rules_iptables_partial_restore_failures_total.
+func (r *Rules) PartialRestoreFailures() uint64 { return r.stats.partialFailures.Load() }

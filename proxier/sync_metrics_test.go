@@ -1,0 +1,151 @@
+package proxier
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
+)
+
+// kube-proxy's sync series that dashboards and alerts read beside
+// sync_proxy_rules_duration_seconds: the full and partial sync durations and
+// the time the last sync was queued.
+func TestSyncDurationsFullAndPartial(t *testing.T) {
+	p := newTestProxier(t, Options{})
+	if got := testutil.ToFloat64(p.metrics.SyncProxyRulesLastQueued); got != 0 {
+		t.Fatalf("last queued %v before any change, want 0", got)
+	}
+	p.OnServiceAdd(makeService("web"))
+	if got := testutil.ToFloat64(p.metrics.SyncProxyRulesLastQueued); got == 0 {
+		t.Fatalf("last queued not set by a Service change")
+	}
+	p.Sync() // the first sync is a full one
+	p.OnServiceAdd(makeService("db", withClusterIP("10.96.0.20")))
+	p.Sync() // a change within the sync period: partial
+	p.SyncFull()
+	full := histogramCount(t, p, "kubeproxy_sync_full_proxy_rules_duration_seconds")
+	partial := histogramCount(t, p, "kubeproxy_sync_partial_proxy_rules_duration_seconds")
+	all := histogramCount(t, p, "kubeproxy_sync_proxy_rules_duration_seconds")
+	if full != 2 || partial != 1 || all != 3 {
+		t.Fatalf("full %d, partial %d, all %d syncs; want 2, 1, 3", full, partial, all)
+	}
+}
+
+func histogramCount(t *testing.T, p *Proxier, name string) uint64 {
+	t.Helper()
+	mfs, err := p.metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetHistogram().GetSampleCount()
+		}
+	}
+	t.Fatalf("%s not exported", name)
+	return 0
+}
+
+// kubeproxy_sync_proxy_rules_no_local_endpoints_total counts the service
+// ports with a Local policy that have endpoints, none of them usable on
+// this node (their traffic is refused here), by traffic_policy, and follows
+// endpoint changes without a sync.
+func TestNoLocalEndpointsMetric(t *testing.T) {
+	local := v1.ServiceInternalTrafficPolicyLocal
+	p := newTestProxier(t, Options{NodeName: "node1"})
+	gauge := func(policy string) float64 {
+		return testutil.ToFloat64(p.metrics.NoLocalEndpoints.WithLabelValues(policy))
+	}
+	check := func(step string, internal, external float64) {
+		t.Helper()
+		if gi, ge := gauge("internal"), gauge("external"); gi != internal || ge != external {
+			t.Errorf("%s: internal %v, external %v; want %v, %v", step, gi, ge, internal, external)
+		}
+	}
+	check("start", 0, 0)
+
+	p.OnServiceAdd(makeService("web", func(s *v1.Service) { s.Spec.InternalTrafficPolicy = &local }))
+	p.OnServiceAdd(makeService("lb", withClusterIP("10.96.0.20"), withNodePort(30080), func(s *v1.Service) {
+		s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+	}))
+	p.Sync()
+	check("no endpoints at all (not counted, as kube-proxy)", 0, 0)
+
+	remote := makeSlice("web", v1.ProtocolTCP, "10.1.0.2:8080")
+	remote.Endpoints[0].NodeName = ptr.To("node2")
+	p.OnEndpointSliceAdd(remote)
+	lbRemote := makeSlice("lb", v1.ProtocolTCP, "10.1.0.3:8080")
+	lbRemote.Endpoints[0].NodeName = ptr.To("node2")
+	p.OnEndpointSliceAdd(lbRemote)
+	check("endpoints only on node2", 1, 1)
+
+	here := remote.DeepCopy()
+	here.Endpoints[0].NodeName = ptr.To("node1")
+	p.OnEndpointSliceUpdate(remote, here)
+	check("web's endpoint moved here", 0, 1)
+
+	notReady := here.DeepCopy()
+	notReady.Endpoints[0].Conditions.Ready = ptr.To(false)
+	p.OnEndpointSliceUpdate(here, notReady)
+	check("web's local endpoint not ready (and so usable nowhere)", 0, 1)
+
+	p.OnServiceDelete(makeService("lb", withClusterIP("10.96.0.20")))
+	p.Sync()
+	check("lb deleted", 0, 0)
+}
+
+// kube-proxy's iptables series: the rules our chains hold per table, and
+// the incremental (partial) restores iptables refused, each of which fell
+// back to a full rewrite.
+func TestIPTablesRuleMetrics(t *testing.T) {
+	fake := iptables.NewFakeRunner(iptables.IPv4)
+	rules := iptables.New(fake, iptables.Config{Family: iptables.IPv4, BindAddress: mustAddr("127.0.0.1"), NodeIP: mustAddr("127.0.0.1")})
+	p := newTestProxier(t, Options{IPv4Portals: rules})
+	p.OnServiceAdd(makeService("web", withNodePort(30080)))
+	p.Sync()
+	held := func(table string) int {
+		n := 0
+		for _, chain := range fake.Chains(iptables.Table(table)) {
+			if strings.HasPrefix(chain, "KUBE-") {
+				n += len(fake.Rules(iptables.Table(table), chain))
+			}
+		}
+		return n
+	}
+	check := func(step string, partial float64) {
+		t.Helper()
+		want := fmt.Sprintf(`
+# HELP kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total Cumulative proxy iptables partial restore failures
+# TYPE kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total counter
+kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total %v
+# HELP kubeproxy_sync_proxy_rules_iptables_total Total number of iptables rules owned by kube-proxy
+# TYPE kubeproxy_sync_proxy_rules_iptables_total gauge
+kubeproxy_sync_proxy_rules_iptables_total{table="filter"} %d
+kubeproxy_sync_proxy_rules_iptables_total{table="nat"} %d
+`, partial, held("filter"), held("nat"))
+		if err := testutil.GatherAndCompare(p.metrics.Registry, strings.NewReader(want),
+			"kubeproxy_sync_proxy_rules_iptables_total", "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total"); err != nil {
+			t.Errorf("%s: %v", step, err)
+		}
+	}
+	if held("nat") == 0 || held("filter") == 0 {
+		t.Fatalf("the fake holds no rules: nat %d, filter %d", held("nat"), held("filter"))
+	}
+	check("first sync", 0)
+
+	p.OnServiceAdd(makeService("db", withClusterIP("10.96.0.20")))
+	p.Sync()
+	check("a Service added (partial sync)", 0)
+
+	fake.SetError("Restore", errors.New("iptables-restore: line 3 failed"))
+	p.OnServiceDelete(makeService("db", withClusterIP("10.96.0.20")))
+	p.Sync()
+	fake.SetError("Restore", nil)
+	check("a refused partial restore (the counts stay as last written)", 1)
+}
