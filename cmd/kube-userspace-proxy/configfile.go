@@ -30,10 +30,16 @@ func (o *options) applyConfigFile(fs *pflag.FlagSet) error {
 	if err != nil {
 		return err
 	}
+	return o.applyConfigData(data, fs)
+}
+
+// applyConfigData is applyConfigFile on the file's content data.
+func (o *options) applyConfigData(data []byte, fs *pflag.FlagSet) error {
 	cfg, err := decodeConfigFile(data)
 	if err != nil {
 		return err
 	}
+	o.configLoaded = data
 	o.applyConfig(cfg, fs)
 	return nil
 }

@@ -67,6 +67,7 @@ func runMain(args []string) int {
 			fmt.Fprintf(os.Stderr, "kube-userspace-proxy: --config %s: %v\n", o.configFile, err)
 			return exitUsage
 		}
+		o.configCheck = configChecker(args)
 	}
 	// The -v in force, now that --config's logging.verbosity has set it
 	// unless given: /configz reports it, as kube-proxy's reports its

@@ -72,6 +72,11 @@ type options struct {
 	// fileFields maps each flag --config set to the field that set it, so
 	// that a bad value is blamed on what the user wrote.
 	fileFields map[string]string
+	// configLoaded is --config's content at start, and configCheck (nil:
+	// the file is not watched) tells whether other content would start;
+	// see configwatch.go.
+	configLoaded []byte
+	configCheck  func([]byte) error
 	// logVerbosity is klog's -v in force (the flag when given, else
 	// --config's logging.verbosity), which /configz reports.
 	logVerbosity uint32

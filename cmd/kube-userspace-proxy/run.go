@@ -124,7 +124,19 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 	}
 	klog.InfoS("kube-userspace-proxy running", "mode", "userspace", "iptables", o.iptables, "bindAddress", v.bind, "metrics", metricsAddr)
 
+	configErr := make(chan error, 1)
+	if o.configCheck != nil {
+		go func() {
+			configErr <- watchConfigFile(ctx, o.configFile, o.configLoaded, o.configCheck, configPollInterval)
+		}()
+	}
 	select {
+	case err = <-configErr:
+		if err != nil {
+			cancel()
+			<-proxierDone
+			return err
+		}
 	case err = <-srcErr:
 		if err != nil && !errors.Is(err, context.Canceled) {
 			cancel()

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+const watchedConfig = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmetricsBindAddress: 127.0.0.1:0\n"
+
+// A --config edit ends the proxy as kube-proxy's ends (its supervisor loads
+// the new file at restart), but only for content that would start: a
+// broken edit, a file gone for a moment or the same bytes written again
+// leave it serving.
+func TestWatchConfigFile(t *testing.T) {
+	check := configChecker([]string{"--config", "x", "--iptables=false", "--bind-address", "127.0.0.1", "--manifests", t.TempDir()})
+	tests := []struct {
+		name     string
+		edit     func(v configVolume) error
+		wantExit bool
+	}{
+		{"same bytes written again", func(v configVolume) error { return os.WriteFile(v.file, []byte(watchedConfig), 0o644) }, false},
+		{"removed", func(v configVolume) error { return os.Remove(v.file) }, false},
+		{"does not decode", func(v configVolume) error { return os.WriteFile(v.file, []byte(watchedConfig+"bogus: 1\n"), 0o644) }, false},
+		{"a value refused", func(v configVolume) error {
+			return os.WriteFile(v.file, []byte(watchedConfig+"portRange: 9-1\n"), 0o644)
+		}, false},
+		{"a valid change", func(v configVolume) error {
+			return os.WriteFile(v.file, []byte(watchedConfig+"iptables: {syncPeriod: 20s}\n"), 0o644)
+		}, true},
+		{"a ConfigMap's ..data swapped to new content", func(v configVolume) error {
+			dir := v.dir
+			fresh := filepath.Join(dir, "..2026_12_04_v2")
+			if err := os.Mkdir(fresh, 0o755); err != nil {
+				return err
+			}
+			if err := os.WriteFile(filepath.Join(fresh, "config.conf"), []byte(watchedConfig+"udpIdleTimeout: 5s\n"), 0o644); err != nil {
+				return err
+			}
+			tmp := filepath.Join(dir, "..data_tmp")
+			if err := os.Symlink(filepath.Base(fresh), tmp); err != nil {
+				return err
+			}
+			return os.Rename(tmp, filepath.Join(dir, "..data"))
+		}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// As a ConfigMap volume: config.conf → ..data/config.conf.
+			dir := t.TempDir()
+			first := filepath.Join(dir, "..2026_12_04_v1")
+			if err := os.Mkdir(first, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(first, "config.conf"), []byte(watchedConfig), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(filepath.Base(first), filepath.Join(dir, "..data")); err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(dir, "config.conf")
+			if err := os.Symlink(filepath.Join("..data", "config.conf"), path); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- watchConfigFile(ctx, path, []byte(watchedConfig), check, 10*time.Millisecond) }()
+			time.Sleep(30 * time.Millisecond)
+			if err := tt.edit(configVolume{dir: dir, file: filepath.Join(first, "config.conf")}); err != nil {
+				t.Fatal(err)
+			}
+			err := <-done
+			if tt.wantExit && !errors.Is(err, errConfigUpdated) {
+				t.Fatalf("watch ended with %v, want %v", err, errConfigUpdated)
+			}
+			if !tt.wantExit && err != nil {
+				t.Fatalf("watch ended with %v, want it to keep serving until the context ends", err)
+			}
+		})
+	}
+}
+
+// configVolume is a ConfigMap volume in dir: config.conf → ..data/config.conf,
+// ..data → the directory holding file.
+type configVolume struct{ dir, file string }
+
+// The command exits 1 with kube-proxy's message when its --config changes.
+func TestConfigChangeEndsTheCommand(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(path, []byte(watchedConfig+"healthzBindAddress: 127.0.0.1:0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$", "--", "--config", path, "--iptables=false", "--bind-address", "127.0.0.1", "--manifests", t.TempDir())
+	cmd.Env = append(os.Environ(), runAsCommand+"=1")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	time.Sleep(1500 * time.Millisecond)
+	if err := os.WriteFile(path, []byte(watchedConfig+"healthzBindAddress: 127.0.0.1:0\nudpIdleTimeout: 3s\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		exited <- err // for the cleanup
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+			t.Fatalf("exit: %v, want status 1\n%s", err, stderr.String())
+		}
+		if !strings.Contains(stderr.String(), "kube-userspace-proxy: content of the proxy server's configuration file was updated") {
+			t.Fatalf("no kube-proxy message on stderr:\n%s", stderr.String())
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatalf("still running 15 s after --config changed\n%s", stderr.String())
+	}
+}
