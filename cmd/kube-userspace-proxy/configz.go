@@ -3,6 +3,8 @@ package main
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
+	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	logsapi "k8s.io/component-base/logs/api/v1"
@@ -38,7 +40,23 @@ func (o *options) effectiveConfig() configFile {
 	// klog's -v in force, as kube-proxy's /configz shows its logging
 	// configuration (it showed 0 whatever -v or logging.verbosity said).
 	c.Logging.Verbosity = logsapi.VerbosityLevel(o.logVerbosity)
+	c.Logging.VModule = vmoduleConfig(o.logVModule)
 	return configFile{KubeProxyConfiguration: c, UDPIdleTimeout: &metav1.Duration{Duration: o.udpTimeout}}
+}
+
+// vmoduleConfig is klog's -vmodule value (pattern=N,...; klog has checked
+// it) as a configuration's logging.vmodule.
+func vmoduleConfig(flag string) logsapi.VModuleConfiguration {
+	var out logsapi.VModuleConfiguration
+	for item := range strings.SplitSeq(flag, ",") {
+		pattern, level, ok := strings.Cut(item, "=")
+		n, err := strconv.ParseUint(level, 10, 32)
+		if !ok || err != nil || pattern == "" {
+			continue
+		}
+		out = append(out, logsapi.VModuleItem{FilePattern: pattern, Verbosity: logsapi.VerbosityLevel(n)})
+	}
+	return out
 }
 
 // configzHandler serves /configz as kube-proxy does:

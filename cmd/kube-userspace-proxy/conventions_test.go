@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -179,19 +180,20 @@ func checkConfigz(t *testing.T, base string) {
 func TestConfigzReportsVerbosity(t *testing.T) {
 	cfg := filepath.Join(t.TempDir(), "proxy.yaml")
 	if err := os.WriteFile(cfg, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"+
-		"logging: {verbosity: 4}\n"), 0o644); err != nil {
+		"logging: {verbosity: 4, vmodule: [{filePattern: proxier, verbosity: 5}]}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	metricsRE := regexp.MustCompile(`"kube-userspace-proxy running".* metrics="([^"]+)"`)
 	for _, tt := range []struct {
-		name string
-		args []string
-		want uint32
+		name        string
+		args        []string
+		want        uint32
+		wantVModule string
 	}{
-		{"neither", nil, 0},
-		{"-v given", []string{"-v=3"}, 3},
-		{"from --config", []string{"--config", cfg}, 4},
-		{"-v wins over --config", []string{"--config", cfg, "-v=2"}, 2},
+		{"neither", nil, 0, ""},
+		{"-v given", []string{"-v=3", "--vmodule=relay*=3,faults=2"}, 3, "relay*=3,faults=2"},
+		{"from --config", []string{"--config", cfg}, 4, "proxier=5"},
+		{"-v wins over --config", []string{"--config", cfg, "-v=2", "--vmodule=relay=1"}, 2, "relay=1"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			args := append([]string{"-test.run=^$", "--", "--manifests", t.TempDir(), "--iptables=false",
@@ -227,6 +229,13 @@ func TestConfigzReportsVerbosity(t *testing.T) {
 			}
 			if got := uint32(cz[configzGroup].Logging.Verbosity); got != tt.want {
 				t.Errorf("/configz logging.verbosity %d, want %d: %s", got, tt.want, body)
+			}
+			var vmodule []string
+			for _, it := range cz[configzGroup].Logging.VModule {
+				vmodule = append(vmodule, fmt.Sprintf("%s=%d", it.FilePattern, it.Verbosity))
+			}
+			if got := strings.Join(vmodule, ","); got != tt.wantVModule {
+				t.Errorf("/configz logging.vmodule %q, want %q: %s", got, tt.wantVModule, body)
 			}
 			if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
 				t.Fatal(err)

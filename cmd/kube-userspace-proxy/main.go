@@ -75,6 +75,7 @@ func runMain(args []string) int {
 	if n, err := strconv.ParseUint(fs.Lookup("v").Value.String(), 10, 32); err == nil {
 		o.logVerbosity = uint32(n)
 	}
+	o.logVModule = fs.Lookup("vmodule").Value.String()
 	v, err := o.validate()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy: invalid flags:\n%v\n", err)

@@ -80,6 +80,8 @@ type options struct {
 	// logVerbosity is klog's -v in force (the flag when given, else
 	// --config's logging.verbosity), which /configz reports.
 	logVerbosity uint32
+	// logVModule is klog's -vmodule in force (pattern=N,...), likewise.
+	logVModule string
 }
 
 func newOptions() *options {
