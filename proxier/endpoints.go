@@ -298,12 +298,11 @@ func endpointsByPort(svc types.NamespacedName, sliceMap map[string]*discovery.En
 }
 
 func endpointFromSlice(ep discovery.Endpoint) loadbalancer.Endpoint {
-	// Nil conditions mean "unknown"; the API says to treat them as ready/serving.
+	// Nil conditions mean "unknown"; the API says to treat ready and
+	// serving as true (kube-proxy's endpointslicecache does), so a
+	// terminating endpoint without serving is a fallback candidate.
 	ready := ep.Conditions.Ready == nil || *ep.Conditions.Ready
-	serving := ready
-	if ep.Conditions.Serving != nil {
-		serving = *ep.Conditions.Serving
-	}
+	serving := ep.Conditions.Serving == nil || *ep.Conditions.Serving
 	terminating := ep.Conditions.Terminating != nil && *ep.Conditions.Terminating
 	e := loadbalancer.Endpoint{Ready: ready, Serving: serving, Terminating: terminating}
 	if ep.NodeName != nil {

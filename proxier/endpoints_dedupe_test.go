@@ -70,3 +70,38 @@ func TestSliceRelabelledLeavesItsOldService(t *testing.T) {
 		t.Errorf("y2 has %v, want [10.0.0.8:8080]", got)
 	}
 }
+
+// TestEndpointConditionsUnsetMeanTrue: a nil ready or serving condition is
+// true, as the discovery API says and kube-proxy reads it; a terminating
+// endpoint whose serving is unset is a fallback like one serving: true.
+// With serving read as "ready" it was no candidate, and a Service whose
+// hand-written slice listed only such endpoints reset every connection.
+func TestEndpointConditionsUnsetMeanTrue(t *testing.T) {
+	tests := []struct {
+		name string
+		c    discovery.EndpointConditions
+		want [3]bool // ready, serving, terminating
+	}{
+		{"none set", discovery.EndpointConditions{}, [3]bool{true, true, false}},
+		{"terminating, serving unset", discovery.EndpointConditions{Ready: ptr.To(false), Terminating: ptr.To(true)}, [3]bool{false, true, true}},
+		{"not ready, serving unset", discovery.EndpointConditions{Ready: ptr.To(false)}, [3]bool{false, true, false}},
+		{"terminating, not serving", discovery.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(false), Terminating: ptr.To(true)}, [3]bool{false, false, true}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := endpointFromSlice(discovery.Endpoint{Addresses: []string{"10.0.0.1"}, Conditions: tt.c})
+			if got := [3]bool{e.Ready, e.Serving, e.Terminating}; got != tt.want {
+				t.Fatalf("ready, serving, terminating = %v, want %v", got, tt.want)
+			}
+		})
+	}
+	p := newTestProxier(t, Options{})
+	p.OnServiceAdd(makeService("web"))
+	es := makeSlice("web", "TCP", "10.1.0.1:8080")
+	es.Endpoints[0].Conditions = discovery.EndpointConditions{Ready: ptr.To(false), Terminating: ptr.To(true)}
+	p.OnEndpointSliceAdd(es)
+	p.Sync()
+	if got := endpointsOf(t, p, p.lbName("default/web:p")); len(got) != 1 || got[0] != "10.1.0.1" {
+		t.Fatalf("balancer endpoints %v, want the terminating endpoint as the fallback", got)
+	}
+}
