@@ -76,7 +76,7 @@ func FuzzEndpointsConversion(f *testing.F) {
 		if yaml.Unmarshal(data, &es) == nil {
 			checkSliceEndpoints(t, &es, false)
 			es.Namespace = svc.Namespace
-			for _, policy := range []trafficPolicy{{}, {internalLocal: true, hasExternal: true}, {externalLocal: true, hasExternal: true}, {preferNode: true}} {
+			for _, policy := range []trafficPolicy{{}, {internalLocal: true, hasExternal: true}, {externalLocal: true, hasExternal: true}} {
 				tr := newEndpointsTracker(loadbalancer.New(clock.RealClock{}, loadbalancer.Limits{}), clock.RealClock{}, NewMetrics(), nodeTopology{name: "node", zone: "a"})
 				tr.setPolicy(svc, policy, true)
 				tr.update(&es, false)

@@ -21,7 +21,6 @@ type trafficPolicy struct {
 	internalLocal bool // internalTrafficPolicy: Local (ClusterIP traffic)
 	externalLocal bool // externalTrafficPolicy: Local (NodePort, externalIP, LB IP traffic)
 	hasExternal   bool // the Service has NodePorts, externalIPs or LB IPs
-	preferNode    bool // trafficDistribution: PreferSameNode
 }
 
 func policyOf(svc *v1.Service) trafficPolicy {
@@ -29,7 +28,6 @@ func policyOf(svc *v1.Service) trafficPolicy {
 		internalLocal: svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal,
 		hasExternal: svc.Spec.Type == v1.ServiceTypeNodePort || svc.Spec.Type == v1.ServiceTypeLoadBalancer ||
 			len(svc.Spec.ExternalIPs) > 0,
-		preferNode: svc.Spec.TrafficDistribution != nil && *svc.Spec.TrafficDistribution == v1.ServiceTrafficDistributionPreferSameNode,
 	}
 	p.externalLocal = p.hasExternal && svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
 	return p
@@ -48,7 +46,7 @@ func (p trafficPolicy) internalEndpoints(eps []loadbalancer.Endpoint, node nodeT
 	if p.internalLocal {
 		return onNode(eps, node.name)
 	}
-	return topologyFiltered(eps, node, p.preferNode)
+	return topologyFiltered(eps, node)
 }
 
 // externalEndpoints are those for NodePort, externalIP and LB IP traffic.
@@ -58,7 +56,7 @@ func (p trafficPolicy) externalEndpoints(eps []loadbalancer.Endpoint, node nodeT
 	if p.externalLocal {
 		return onNode(eps, node.name)
 	}
-	return topologyFiltered(eps, node, p.preferNode)
+	return topologyFiltered(eps, node)
 }
 
 func onNode(eps []loadbalancer.Endpoint, node string) []loadbalancer.Endpoint {
@@ -87,10 +85,10 @@ func countReadyLocal(eps []loadbalancer.Endpoint, node string) int {
 // endpoints: one family's missing hints do not switch hints off for the
 // other, and one family's hinted endpoints do not decide the other's set.
 // Each family keeps what topologyKeep decides for it, in the order given.
-func topologyFiltered(eps []loadbalancer.Endpoint, node nodeTopology, preferNode bool) []loadbalancer.Endpoint {
+func topologyFiltered(eps []loadbalancer.Endpoint, node nodeTopology) []loadbalancer.Endpoint {
 	var keep [2]func(loadbalancer.Endpoint) bool // by family: IPv4, IPv6; nil keeps all
 	for f := range keep {
-		keep[f] = topologyKeep(eps, f, node, preferNode)
+		keep[f] = topologyKeep(eps, f, node)
 	}
 	if keep[0] == nil && keep[1] == nil {
 		return eps
@@ -104,35 +102,45 @@ func topologyFiltered(eps []loadbalancer.Endpoint, node nodeTopology, preferNode
 	return out
 }
 
-// topologyKeep decides the hints of family f's endpoints among eps: node
-// hints when the Service prefers the same node and some ready endpoint of
-// the family is hinted for this node; otherwise zone hints, but only when
-// every ready endpoint of the family carries them and at least one of them
-// is hinted for this node's zone (partial hints mean the controller is
-// mid-update, so all endpoints are used). Only ready endpoints count: a
+// topologyKeep decides the hints of family f's endpoints among eps, by
+// kube-proxy's rule (topologyModeFromHints): node hints when every ready
+// endpoint of the family carries node hints and one of them is for this
+// node, else zone hints when every ready endpoint carries zone hints and
+// one of them is for this node's zone; partial hints mean the controller
+// is mid-update, so all endpoints are used. Node hints count whatever the
+// Service's trafficDistribution says, as kube-proxy's (the EndpointSlice
+// controller writes them for PreferSameNode). Only ready endpoints count: a
 // non-ready one hinted for this zone must not switch hints on, or a node
 // whose zone has no ready endpoint would reset every connection. It returns
-// which ready endpoints of the family are kept (the hinted ones, as
-// kube-proxy's), or nil when hints are off and the family keeps all its
-// endpoints.
-func topologyKeep(eps []loadbalancer.Endpoint, f int, node nodeTopology, preferNode bool) func(loadbalancer.Endpoint) bool {
-	readyHinted := func(keep func(loadbalancer.Endpoint) bool) bool {
-		return slices.ContainsFunc(eps, func(e loadbalancer.Endpoint) bool {
-			return loadbalancer.Family(e.Addr) == f && e.Ready && keep(e)
-		})
-	}
-	if preferNode && node.name != "" {
-		forNode := func(e loadbalancer.Endpoint) bool { return slices.Contains(e.NodeHints, node.name) }
-		if readyHinted(forNode) {
-			return forNode
+// which ready endpoints of the family are kept (the hinted ones), or nil
+// when hints are off and the family keeps all its endpoints.
+func topologyKeep(eps []loadbalancer.Endpoint, f int, node nodeTopology) func(loadbalancer.Endpoint) bool {
+	ready := false
+	allNodeHints, allZoneHints := true, true
+	forNode, forZone := false, false
+	for _, e := range eps {
+		if loadbalancer.Family(e.Addr) != f || !e.Ready {
+			continue
+		}
+		ready = true
+		if len(e.NodeHints) == 0 {
+			allNodeHints = false
+		} else if node.name != "" && slices.Contains(e.NodeHints, node.name) {
+			forNode = true
+		}
+		if len(e.ZoneHints) == 0 {
+			allZoneHints = false
+		} else if node.zone != "" && slices.Contains(e.ZoneHints, node.zone) {
+			forZone = true
 		}
 	}
-	if node.zone == "" || readyHinted(func(e loadbalancer.Endpoint) bool { return len(e.ZoneHints) == 0 }) {
+	switch {
+	case !ready:
 		return nil
-	}
-	forZone := func(e loadbalancer.Endpoint) bool { return slices.Contains(e.ZoneHints, node.zone) }
-	if readyHinted(forZone) {
-		return forZone
+	case allNodeHints && forNode:
+		return func(e loadbalancer.Endpoint) bool { return slices.Contains(e.NodeHints, node.name) }
+	case allZoneHints && forZone:
+		return func(e loadbalancer.Endpoint) bool { return slices.Contains(e.ZoneHints, node.zone) }
 	}
 	return nil
 }
