@@ -12,6 +12,9 @@ import (
 type affinityEntry struct {
 	endpoint netip.AddrPort
 	lastUsed time.Time
+	// failed: the endpoint failed this client after Next returned it
+	// (Failed), so the next pick re-pins as a retry does.
+	failed bool
 }
 
 // expired applies the session-affinity timeout, counted from the LAST use.

@@ -79,6 +79,7 @@ func (sp *ServicePort) Next(clientIP netip.Addr, resetAffinity bool) (netip.Addr
 	now := sp.clk.Now()
 	timeout := sp.policy.Timeout
 	pinned, havePin := sp.clients.get(clientIP)
+	resetAffinity = resetAffinity || pinned.failed
 	if havePin && !resetAffinity && !pinned.expired(now, timeout) {
 		pinned.lastUsed = now
 		sp.clients.put(clientIP, pinned)
@@ -96,6 +97,28 @@ func (sp *ServicePort) Next(clientIP netip.Addr, resetAffinity bool) (netip.Addr
 		sp.evicted++
 	}
 	return ep, nil
+}
+
+// Failed says that ep, which Next returned to clientIP, failed it after
+// the pick: a UDP endpoint whose session drew ICMP port unreachable, found
+// only when a reply was awaited. The client's next pick then re-pins as a
+// retry after a failed dial does (moving past ep when there is another),
+// where it found the pin to ep again and a client kept sending to a dead
+// endpoint for as long as it kept trying. Nothing happens when the client
+// is pinned elsewhere by now, or the port has no affinity.
+func (sp *ServicePort) Failed(clientIP netip.Addr, ep netip.AddrPort) {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if sp.clients == nil {
+		return
+	}
+	clientIP = clientIP.Unmap()
+	if e, ok := sp.clients.get(clientIP); ok && e.endpoint == ep && !e.failed {
+		// Stamped now, as every write is: the table is ordered by last
+		// use, which expiry relies on.
+		e.failed, e.lastUsed = true, sp.clk.Now()
+		sp.clients.put(clientIP, e)
+	}
 }
 
 // roundRobin returns the endpoint at the cursor of clientIP's family and

@@ -370,3 +370,40 @@ func TestNextTreatsIPv4MappedAsIPv4(t *testing.T) {
 		t.Errorf("IPv4-mapped client got %v, the same client as IPv4 got %v", mapped, plain)
 	}
 }
+
+// TestFailedRepinsOnTheNextPick: an endpoint that failed the client after
+// Next returned it (a UDP session's ICMP port unreachable) is left on the
+// client's next pick as a retry would leave it, and the client is re-pinned
+// there; a Failed for an endpoint the client is no longer pinned to, or on a
+// port without affinity, changes nothing.
+func TestFailedRepinsOnTheNextPick(t *testing.T) {
+	lb, _ := newTestBalancer(t)
+	svc := svcName("udp-dead")
+	lb.SetAffinity(svc, clientIPPolicy(time.Hour))
+	lb.SetEndpoints(svc, readyEndpoints(2))
+	sp := lb.ServicePort(svc)
+	if ep := mustNext(t, sp, clientA, false); ep != backend(1) {
+		t.Fatalf("pinned to %v, want %v", ep, backend(1))
+	}
+	mustNext(t, sp, clientB, false) // the cursor is back on backend(1)
+	sp.Failed(clientA, backend(1))
+	if ep := mustNext(t, sp, clientA, false); ep != backend(2) {
+		t.Fatalf("after Failed the client went to %v, want %v", ep, backend(2))
+	}
+	if ep := mustNext(t, sp, clientA, false); ep != backend(2) {
+		t.Fatalf("re-pinned to %v, want to stay on %v", ep, backend(2))
+	}
+	sp.Failed(clientA, backend(1)) // stale: pinned to backend(2) now
+	if ep := mustNext(t, sp, clientA, false); ep != backend(2) {
+		t.Fatalf("a stale Failed moved the client to %v", ep)
+	}
+
+	none := svcName("udp-none")
+	lb.SetEndpoints(none, readyEndpoints(2))
+	np := lb.ServicePort(none)
+	first := mustNext(t, np, clientA, false)
+	np.Failed(clientA, first)
+	if ep := mustNext(t, np, clientA, false); ep == first {
+		t.Fatalf("without affinity round robin still moves on, got %v twice", ep)
+	}
+}

@@ -463,9 +463,12 @@ func (s *udpProxySocket) makeRoomLocked() error {
 // ICMP port unreachable): counted as the endpoint's failure, as a refused
 // TCP dial is, and logged at -v=2. It ended in no counter and no line, so
 // UDP to a dead endpoint was invisible. The client's next datagram picks
-// again.
+// again, past this endpoint (the balancer's Failed).
 func (s *udpProxySocket) refusedLocked(sess *udpSession, err error) {
 	s.dialFailures.Inc()
+	// With ClientIP affinity the client is pinned to the endpoint that
+	// refused: its next datagram must not find the pin again.
+	s.sp.Failed(sess.client.Addr(), sess.backend)
 	klog.V(2).InfoS("UDP endpoint refused the session's datagrams; the client's next datagram picks again",
 		"servicePort", s.label, "client", sess.client, "endpoint", sess.backend, "err", err)
 	s.closeSessionLocked(sess)

@@ -198,3 +198,45 @@ func TestUDPRefusedEndpointCounts(t *testing.T) {
 	})
 	waitFor(t, "the refused session closed", func() bool { return m.udpSessions.value() == 0 })
 }
+
+// TestUDPRefusedEndpointRepinsAffinity: under sessionAffinity ClientIP, a
+// client pinned to an endpoint that refuses its datagrams (ICMP port
+// unreachable) is re-pinned to a live one, as a refused TCP dial re-pins.
+// It stayed pinned to the dead endpoint for as long as it kept sending:
+// every new session found the pin again and its refreshed last use.
+func TestUDPRefusedEndpointRepinsAffinity(t *testing.T) {
+	live := startUDPEcho(t, "127.0.0.2:0", "live:")
+	port := portOf(live.LocalAddr())
+	p := newTestProxier(t, Options{})
+	p.lb.KeepOrder() // the dead endpoint first: the client's first pin
+	p.OnServiceAdd(makeService("dns", withProtocol(v1.ProtocolUDP), func(s *v1.Service) {
+		s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
+	}))
+	p.OnEndpointSliceAdd(makeSlice("dns", v1.ProtocolUDP, "127.0.0.4:"+port, "127.0.0.2:"+port))
+	p.Sync()
+	c, err := net.Dial("udp", proxyAddr(t, p, "default/dns:p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	buf := make([]byte, 64)
+	answered := 0
+	for try := 0; try < 50 && answered < 5; try++ {
+		_, _ = c.Write([]byte("q"))
+		_ = c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		n, err := c.Read(buf)
+		if err != nil {
+			if answered > 0 {
+				t.Fatalf("after %d answers the client lost its live endpoint: %v", answered, err)
+			}
+			continue
+		}
+		if got := string(buf[:n]); got != "live:q" {
+			t.Fatalf("answer %q, want live:q", got)
+		}
+		answered++
+	}
+	if answered < 5 {
+		t.Fatalf("%d answers in 50 tries: the client stayed pinned to the endpoint that refuses", answered)
+	}
+}
