@@ -20,7 +20,9 @@ func validateEndpointSlice(fe *fieldErrors, es *discovery.EndpointSlice) {
 	switch es.AddressType {
 	case discovery.AddressTypeIPv4, discovery.AddressTypeIPv6:
 	case discovery.AddressTypeFQDN:
-		fe.add(at, "FQDN is not supported by the proxy (IPv4 or IPv6)")
+		// Valid for the API server and ignored by kube-proxy and the
+		// proxier alike (a Service's IP slices still serve): not an error
+		// that names the file.
 		return
 	default:
 		fe.add(at, "%q is not valid (IPv4 or IPv6)", es.AddressType)
@@ -33,6 +35,11 @@ func validateEndpointSlice(fe *fieldErrors, es *discovery.EndpointSlice) {
 		}
 		for j, addr := range ep.Addresses {
 			validateFamilyIP(fe, path.Index(j), addr, es.AddressType)
+		}
+		// As the API server checks it: "Node-A" would name no node, and
+		// under a Local policy such endpoints would never be local.
+		if ep.NodeName != nil {
+			dnsCheck(fe, field.NewPath("endpoints").Index(i).Child("nodeName"), *ep.NodeName, validation.IsDNS1123Subdomain)
 		}
 	}
 	names := map[string]bool{}
