@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net"
+	"net/netip"
 	"reflect"
 	"strings"
 	"testing"
@@ -120,4 +122,25 @@ func TestDebugRowsFollowEverySync(t *testing.T) {
 		p.OnServiceDelete(makeService(fmt.Sprintf("bg%02d", i), withClusterIP(fmt.Sprintf("10.96.2.%d", i+1))))
 	}
 	check("most deleted (rebuilt)", false, "default/bg00:p absent", "default/web:p 30081")
+}
+
+// TestDebugProxyAddressShowsTheBindAddress: with --bind-address :: the proxy
+// sockets listen on every address of both families, and /debug/services
+// says [::]:PORT; it said 0.0.0.0:PORT, which an IPv6 client cannot use.
+func TestDebugProxyAddressShowsTheBindAddress(t *testing.T) {
+	for _, tt := range []struct{ bind, wantHost string }{{"::", "::"}, {"0.0.0.0", "0.0.0.0"}, {"127.0.0.1", "127.0.0.1"}} {
+		t.Run(tt.bind, func(t *testing.T) {
+			p := newTestProxier(t, Options{BindAddress: netip.MustParseAddr(tt.bind)})
+			p.OnServiceAdd(makeService("web"))
+			p.Sync()
+			rows := p.DebugServices()
+			if len(rows) != 1 {
+				t.Fatalf("%d rows", len(rows))
+			}
+			host, _, err := net.SplitHostPort(rows[0].ProxyAddress)
+			if err != nil || host != tt.wantHost {
+				t.Fatalf("proxyAddress %q, want host %s", rows[0].ProxyAddress, tt.wantHost)
+			}
+		})
+	}
 }

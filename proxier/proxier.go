@@ -631,7 +631,9 @@ func (p *Proxier) openPort(info *servicePortInfo, kept int, logLine bool) (*acti
 }
 
 func (p *Proxier) listenHost() string {
-	if p.opts.BindAddress.IsValid() && !p.opts.BindAddress.IsUnspecified() {
+	if p.opts.BindAddress.IsValid() {
+		// "::" too: sockets then listen on every address of both
+		// families, which "0.0.0.0" (shown for it before) hid.
 		return p.opts.BindAddress.String()
 	}
 	return "0.0.0.0"
