@@ -173,12 +173,25 @@ func (t *datagramToxic) lose(e float64, seq uint64) bool {
 }
 
 // hold keeps b back until the next datagram of the stream has been sent
-// or delay ms passed, whichever is first.
+// or delay ms passed, whichever is first. When one is held already, b
+// overtakes it instead (b is sent, then the held one): every datagram the
+// rate draws is then reordered. Holding b in turn sent the held one first,
+// so rate 1 kept the stream in order (the UDP audit: r0…r7 in order at
+// rate 1, swapped pairs at 0.5).
 func (t *datagramToxic) hold(b []byte, send func([]byte), copies int) {
 	t.mu.Lock()
-	prev, prevSend := t.held, t.heldSend
-	if t.heldT != nil {
-		t.heldT.Stop()
+	if prev, prevSend := t.held, t.heldSend; prev != nil {
+		t.held, t.heldSend = nil, nil
+		if t.heldT != nil {
+			t.heldT.Stop()
+			t.heldT = nil
+		}
+		t.mu.Unlock()
+		for range copies {
+			send(b)
+		}
+		prevSend(prev)
+		return
 	}
 	t.held = append([]byte(nil), b...)
 	t.heldSend = func(b []byte) {
@@ -188,9 +201,6 @@ func (t *datagramToxic) hold(b []byte, send func([]byte), copies int) {
 	}
 	t.heldT = time.AfterFunc(t.ms("delay"), t.release)
 	t.mu.Unlock()
-	if prev != nil {
-		prevSend(prev)
-	}
 }
 
 func (t *datagramToxic) release() {
