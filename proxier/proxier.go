@@ -269,6 +269,7 @@ func New(opts Options) *Proxier {
 		},
 	}
 	p.sockCfg.udpMaxSessionsPerPort, p.sockCfg.udpBudget = udpLimits(opts)
+	p.sockCfg.unreachable = newUnreachableSender()
 	if opts.DataPath == DataPathEventLoop {
 		p.sockCfg.loops = newLoopGroup(opts)
 	}
@@ -301,6 +302,7 @@ func (p *Proxier) Run(ctx context.Context) {
 	if p.sockCfg.loops != nil {
 		p.sockCfg.loops.Close() // resets the event loops' connections
 	}
+	p.sockCfg.unreachable.close()
 }
 
 func (p *Proxier) sweepAffinity(ctx context.Context) {

@@ -65,6 +65,9 @@ type socketConfig struct {
 	// loops relays fault-free TCP connections (--data-path=eventloop);
 	// nil: a goroutine pair per connection.
 	loops *relay.Group
+	// unreachable answers UDP datagrams of ports without endpoints
+	// (udp_unreachable.go).
+	unreachable *unreachableSender
 }
 
 // defaultDialTimeouts are the legacy proxier's: each attempt goes to the

@@ -352,6 +352,9 @@ func (s *udpProxySocket) forward(client netip.AddrPort, b, oob []byte) {
 		}
 		s.droppedNoBackend.Inc()
 		s.noBackend.report(s.label, client, err)
+		if errors.Is(err, loadbalancer.ErrNoEndpoints) {
+			s.cfg.unreachable.send(client, datagramDestination(oob, s.conn.LocalAddr().(*net.UDPAddr).AddrPort()), b)
+		}
 		return
 	}
 	s.sessions.touch(sess, now)

@@ -95,7 +95,11 @@ func (e *explanation) writePort(w *bufio.Writer, p proxier.DebugServicePort) {
 	if p.Error != "" {
 		field(w, "endpoints", "not used while the port has no proxy socket")
 	} else if len(p.Endpoints) == 0 {
-		field(w, "endpoints", "none ready: a client is refused (TCP reset) until one is")
+		refusal := "a TCP client's connection is reset"
+		if p.Protocol == "UDP" {
+			refusal = "a UDP client's datagram is answered with ICMP port unreachable"
+		}
+		field(w, "endpoints", "none ready: "+refusal+" until one is")
 	} else {
 		field(w, "endpoints", strings.Join(p.Endpoints, ", "))
 		field(w, "", "round robin: each new connection (UDP: each new client address) takes the next one")

@@ -213,3 +213,31 @@ func TestExplainShowsTheGroupedGuardRule(t *testing.T) {
 		t.Errorf("%d service ports explained, want 300", checked)
 	}
 }
+
+// A port without endpoints is explained by what its client sees: a TCP
+// reset, or for UDP an ICMP port unreachable (a UDP port said "TCP reset").
+func TestExplainNoEndpointsByProtocol(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "svc.yaml"), []byte(`apiVersion: v1
+kind: Service
+metadata: {name: dns, namespace: default}
+spec:
+  clusterIP: 10.96.0.53
+  ports: [{name: dns, port: 53, protocol: UDP}, {name: tcp, port: 53}]
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if code := explain(t.Context(), []string{"--manifests", dir}, &out); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	got := out.String()
+	for _, want := range []string{
+		"none ready: a UDP client's datagram is answered with ICMP port unreachable until one is",
+		"none ready: a TCP client's connection is reset until one is",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("output lacks %q:\n%s", want, got)
+		}
+	}
+}

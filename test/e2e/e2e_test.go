@@ -126,6 +126,7 @@ func TestProxy(t *testing.T) {
 			{"InvalidManifestKeepsLastGood", checkInvalidManifestKeepsLastGood},
 			{"UDPGSOBurstFromPod", checkGSOBurst},
 			{"LoadBalancerSourceRanges", checkSourceRanges},
+			{"UDPNoEndpointsRefused", checkUDPNoEndpointsRefused},
 		} {
 			t.Run(check.name, func(t *testing.T) {
 				t.Parallel()

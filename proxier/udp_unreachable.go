@@ -1,0 +1,219 @@
+package proxier
+
+import (
+	"encoding/binary"
+	"net/netip"
+	"sync"
+
+	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
+	"golang.org/x/sys/unix"
+	"golang.org/x/time/rate"
+	"k8s.io/klog/v2"
+)
+
+// A UDP datagram that no endpoint can take (the service port has none
+// ready) is answered with ICMP port unreachable, as kube-proxy's REJECT
+// answers it: the client's connected socket reports ECONNREFUSED at once,
+// where it waited out its timeouts (a DNS lookup: seconds per server). The
+// error names the datagram as the proxy socket received it, after the
+// portal's DNAT; the kernel's connection tracking relates it to the flow
+// and rewrites it to the service address the client sent to, as it does
+// for its own port-unreachable to a REDIRECTed flow. It needs a raw socket
+// (CAP_NET_RAW): without one, such datagrams are dropped as before.
+
+// unreachableRate bounds the errors sent per second (and their burst), as
+// the kernel bounds its own ICMP (net.ipv4.icmp_msgs_per_sec, 1000): a
+// flood to a Service without endpoints must not make the node a reflector.
+const (
+	unreachableRate  = 1000
+	unreachableBurst = 50
+)
+
+// unreachableSender sends the errors of every UDP port of a proxier through
+// one raw socket per family, opened on first use.
+type unreachableSender struct {
+	limit *rate.Limiter
+
+	mu      sync.Mutex
+	fd      [2]int // IPv4, IPv6; -1 until opened
+	refused [2]bool
+}
+
+func newUnreachableSender() *unreachableSender {
+	return &unreachableSender{limit: rate.NewLimiter(unreachableRate, unreachableBurst), fd: [2]int{-1, -1}}
+}
+
+// send answers the datagram payload that client sent to local (the proxy
+// socket's address as the datagram reached it) with port unreachable. It
+// does nothing when local is unknown, the rate is spent, or no raw socket
+// can be had.
+func (u *unreachableSender) send(client, local netip.AddrPort, payload []byte) {
+	if u == nil || !local.IsValid() || local.Addr().IsUnspecified() {
+		return
+	}
+	client = netip.AddrPortFrom(client.Addr().Unmap(), client.Port())
+	local = netip.AddrPortFrom(local.Addr().Unmap(), local.Port())
+	if client.Addr().Is4() != local.Addr().Is4() || !u.limit.Allow() {
+		return
+	}
+	family := 0
+	if !client.Addr().Is4() {
+		family = 1
+	}
+	fd := u.socket(family)
+	if fd < 0 {
+		return
+	}
+	var msg []byte
+	var to unix.Sockaddr
+	if family == 0 {
+		msg = portUnreachable4(client, local, len(payload))
+		to = &unix.SockaddrInet4{Addr: client.Addr().As4()}
+	} else {
+		msg = portUnreachable6(client, local, len(payload))
+		to = &unix.SockaddrInet6{Addr: client.Addr().As16()}
+	}
+	if err := unix.Sendto(fd, msg, unix.MSG_DONTWAIT, to); err != nil {
+		klog.V(4).InfoS("ICMP port unreachable not sent", "client", client, "err", err)
+	}
+}
+
+// socket returns the raw socket of family (0: IPv4, 1: IPv6), opening it
+// on first use; -1 when it cannot be had (said once).
+func (u *unreachableSender) socket(family int) int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.fd[family] >= 0 || u.refused[family] {
+		return u.fd[family]
+	}
+	var fd int
+	var err error
+	if family == 0 {
+		fd, err = unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, unix.IPPROTO_ICMP)
+	} else {
+		// The kernel fills in an ICMPv6 checksum itself (RFC 3542).
+		fd, err = unix.Socket(unix.AF_INET6, unix.SOCK_RAW|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, unix.IPPROTO_ICMPV6)
+		if err == nil {
+			// Receive nothing: the socket only sends.
+			var filter unix.ICMPv6Filter
+			for i := range filter.Data {
+				filter.Data[i] = 0xffffffff
+			}
+			_ = unix.SetsockoptICMPv6Filter(fd, unix.SOL_ICMPV6, unix.ICMPV6_FILTER, &filter)
+		}
+	}
+	if err != nil {
+		u.refused[family] = true
+		klog.InfoS("UDP datagrams to service ports without endpoints are dropped without an ICMP port unreachable: no raw socket (needs CAP_NET_RAW)", "err", err)
+		return -1
+	}
+	if family == 0 {
+		// Receive nothing: shrink the buffer; the socket only sends.
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 0)
+	}
+	u.fd[family] = fd
+	return fd
+}
+
+func (u *unreachableSender) close() {
+	if u == nil {
+		return
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for i, fd := range u.fd {
+		if fd >= 0 {
+			unix.Close(fd)
+			u.fd[i] = -1
+		}
+	}
+}
+
+// quotedUDPHeaderLen: an ICMP error quotes the offending datagram's IP
+// header and at least the first 8 bytes of what follows, here its UDP
+// header, which is all a receiver matches on.
+const quotedUDPHeaderLen = 8
+
+// portUnreachable4 is the ICMP message (type 3, code 3) about a datagram of
+// payloadLen bytes from client to local.
+func portUnreachable4(client, local netip.AddrPort, payloadLen int) []byte {
+	b := make([]byte, 8+ipv4.HeaderLen+quotedUDPHeaderLen)
+	b[0], b[1] = 3, 3 // destination unreachable, port unreachable
+	ip := b[8 : 8+ipv4.HeaderLen]
+	ip[0] = 0x45 // version 4, 5 words
+	binary.BigEndian.PutUint16(ip[2:], uint16(min(ipv4.HeaderLen+quotedUDPHeaderLen+payloadLen, 0xffff)))
+	ip[8] = 64 // TTL
+	ip[9] = unix.IPPROTO_UDP
+	src, dst := client.Addr().As4(), local.Addr().As4()
+	copy(ip[12:16], src[:])
+	copy(ip[16:20], dst[:])
+	binary.BigEndian.PutUint16(ip[10:], checksum(ip))
+	putQuotedUDPHeader(b[8+ipv4.HeaderLen:], client, local, payloadLen)
+	binary.BigEndian.PutUint16(b[2:], checksum(b))
+	return b
+}
+
+// portUnreachable6 is the ICMPv6 message (type 1, code 4) about a datagram
+// of payloadLen bytes from client to local; the kernel sets the checksum.
+func portUnreachable6(client, local netip.AddrPort, payloadLen int) []byte {
+	b := make([]byte, 8+ipv6.HeaderLen+quotedUDPHeaderLen)
+	b[0], b[1] = 1, 4 // destination unreachable, port unreachable
+	ip := b[8 : 8+ipv6.HeaderLen]
+	ip[0] = 0x60 // version 6
+	binary.BigEndian.PutUint16(ip[4:], uint16(min(quotedUDPHeaderLen+payloadLen, 0xffff)))
+	ip[6] = unix.IPPROTO_UDP
+	ip[7] = 64 // hop limit
+	src, dst := client.Addr().As16(), local.Addr().As16()
+	copy(ip[8:24], src[:])
+	copy(ip[24:40], dst[:])
+	putQuotedUDPHeader(b[8+ipv6.HeaderLen:], client, local, payloadLen)
+	return b
+}
+
+func putQuotedUDPHeader(h []byte, client, local netip.AddrPort, payloadLen int) {
+	binary.BigEndian.PutUint16(h[0:], client.Port())
+	binary.BigEndian.PutUint16(h[2:], local.Port())
+	binary.BigEndian.PutUint16(h[4:], uint16(min(quotedUDPHeaderLen+payloadLen, 0xffff)))
+	// A zero checksum: "not computed" for IPv4, and receivers do not
+	// check the quoted one.
+}
+
+// checksum is the Internet checksum (RFC 1071) of b.
+func checksum(b []byte) uint16 {
+	var sum uint32
+	for i := 0; i+1 < len(b); i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(b[i:]))
+	}
+	if len(b)%2 == 1 {
+		sum += uint32(b[len(b)-1]) << 8
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	return ^uint16(sum)
+}
+
+// datagramDestination is where a client's datagram reached the socket: the
+// destination oob reports (a socket on the wildcard address), else the
+// socket's own address; invalid when neither says.
+func datagramDestination(oob []byte, bound netip.AddrPort) netip.AddrPort {
+	if len(oob) > 0 {
+		var cm4 ipv4.ControlMessage
+		if cm4.Parse(oob) == nil && cm4.Dst != nil {
+			if a, ok := netip.AddrFromSlice(cm4.Dst); ok {
+				return netip.AddrPortFrom(a.Unmap(), bound.Port())
+			}
+		}
+		var cm6 ipv6.ControlMessage
+		if cm6.Parse(oob) == nil && cm6.Dst != nil {
+			if a, ok := netip.AddrFromSlice(cm6.Dst); ok {
+				return netip.AddrPortFrom(a.Unmap(), bound.Port())
+			}
+		}
+	}
+	if bound.Addr().IsUnspecified() {
+		return netip.AddrPort{}
+	}
+	return bound
+}
