@@ -130,7 +130,7 @@ func (dp *DatagramPlan) Send(stream int, client netip.Addr, b []byte, send func(
 		b = append([]byte(nil), b...)
 		due := time.Now().Add(delay)
 		line := &d.delays[stream]
-		out = func(b []byte) { line.add(due, b, send) }
+		out = func(b []byte) { _ = line.add(due, b, send) }
 	}
 	for _, t := range d.streams[stream] {
 		if t.Type == "reorder" && t != reorder {

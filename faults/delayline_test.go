@@ -1,0 +1,46 @@
+package faults
+
+import (
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// A delay line holds at most delayLineMaxDatagrams datagrams and
+// delayLineMaxBytes bytes; beyond either a datagram is dropped, as tc-netem
+// drops past its limit, and once the held ones went out it takes new ones
+// again. It held whatever a client sent for the whole delay (688 MB for one
+// client of 60,000-byte datagrams under 8 s of latency).
+func TestDelayLineBounded(t *testing.T) {
+	var sent atomic.Int64
+	send := func([]byte) { sent.Add(1) }
+	due := time.Now().Add(200 * time.Millisecond)
+
+	var byCount delayLine
+	for i := range delayLineMaxDatagrams + 10 {
+		if ok := byCount.add(due, make([]byte, 10), send); ok != (i < delayLineMaxDatagrams) {
+			t.Fatalf("datagram %d: taken %v", i, ok)
+		}
+	}
+	var byBytes delayLine
+	const size = 60000
+	taken := 0
+	for range 200 {
+		if byBytes.add(due, make([]byte, size), send) {
+			taken++
+		}
+	}
+	if want := delayLineMaxBytes / size; taken != want {
+		t.Fatalf("%d datagrams of %d bytes taken, want %d (%d bytes)", taken, size, want, delayLineMaxBytes)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for sent.Load() < int64(delayLineMaxDatagrams+taken) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d sent, want %d", sent.Load(), delayLineMaxDatagrams+taken)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !byBytes.add(time.Now(), make([]byte, size), send) {
+		t.Fatal("the line refused a datagram once it had sent what it held")
+	}
+}
