@@ -111,6 +111,9 @@ func newUDPProxySocket(name loadbalancer.ServicePortName, conn *net.UDPConn, sp 
 		poller.close()
 		return nil, fmt.Errorf("ask for datagram destinations: %w", err)
 	}
+	if rc, err := conn.SyscallConn(); err == nil {
+		_ = rc.Control(func(fd uintptr) { growReceiveBuffer(int(fd)) })
+	}
 	label := name.String()
 	m := cfg.metrics.ports.forPort(label, true)
 	s := &udpProxySocket{
@@ -685,7 +688,8 @@ func (s *udpProxySocket) relayFrom(fd int, b *udpBatch) {
 		// up front: a DNS session (one reply) would pay a system call for
 		// nothing.
 		enableGRO(fd)
-		sess.gro = true // asked once, taken or not
+		growReceiveBuffer(fd) // a burst may outgrow the default queue
+		sess.gro = true       // asked once, taken or not
 	}
 	client, control := sess.client, sess.replyControl
 	plan := s.datagramFaults()
