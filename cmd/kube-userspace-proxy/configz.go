@@ -23,7 +23,7 @@ func (o *options) effectiveConfig() configFile {
 		BindAddress:        o.bindAddress,
 		HealthzBindAddress: o.healthzBindAddress,
 		MetricsBindAddress: o.metricsBindAddress,
-		HostnameOverride:   o.hostnameOverride,
+		HostnameOverride:   strings.ToLower(strings.TrimSpace(o.hostnameOverride)), // as kube-proxy stores it
 		Mode:               kubeproxyconfig.ProxyMode(o.proxyMode),
 		PortRange:          o.proxyPortRange,
 		NodePortAddresses:  o.nodePortAddresses,

@@ -246,3 +246,13 @@ func TestConfigzReportsVerbosity(t *testing.T) {
 		})
 	}
 }
+
+// /configz shows hostnameOverride as the node name it is used as, trimmed
+// and lowercased, as kube-proxy stores it ("Node-A" was shown as given).
+func TestConfigzHostnameOverrideLowercased(t *testing.T) {
+	o := newOptions()
+	o.hostnameOverride = " Node-A\n"
+	if got := o.effectiveConfig().HostnameOverride; got != "node-a" {
+		t.Fatalf("hostnameOverride %q, want node-a", got)
+	}
+}
