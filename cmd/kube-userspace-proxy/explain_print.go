@@ -105,6 +105,16 @@ func (e *explanation) writePort(w *bufio.Writer, p proxier.DebugServicePort) {
 		field(w, "", "round robin: each new connection (UDP: each new client address) takes the next one")
 		field(w, "", "in this order; a running proxy shuffles the list once when it changes")
 	}
+	if p.ExternalProxyAddress != "" {
+		field(w, "external socket", p.ExternalProxyAddress+" (example port): externalTrafficPolicy Local; NodePort, external")
+		field(w, "", "and LoadBalancer IP traffic from other hosts comes here")
+		if len(p.ExternalEndpoints) == 0 {
+			field(w, "local endpoints", "none on this node: external clients are refused here (the Service's")
+			field(w, "", "healthCheckNodePort tells a load balancer to send them to nodes that have one)")
+		} else {
+			field(w, "local endpoints", strings.Join(p.ExternalEndpoints, ", ")+" (this node's own)")
+		}
+	}
 	if p.Affinity == "ClientIP" {
 		field(w, "session affinity", fmt.Sprintf("ClientIP: a client keeps the endpoint it got until it has been idle for %s", time.Duration(p.TimeoutSec)*time.Second))
 	} else {

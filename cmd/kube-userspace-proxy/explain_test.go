@@ -241,3 +241,45 @@ spec:
 		}
 	}
 }
+
+// An externalTrafficPolicy: Local Service is explained with its second
+// socket and that socket's endpoints, this node's own, or what an external
+// client meets without one (explain showed only the cluster-wide list).
+func TestExplainExternalTrafficPolicyLocal(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "svc.yaml"), []byte(`apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.80
+  externalTrafficPolicy: Local
+  ports: [{name: http, port: 80, nodePort: 30080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints:
+- {addresses: [10.1.0.1], nodeName: node-a}
+- {addresses: [10.1.0.2], nodeName: node-b}
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct{ node, want string }{
+		{"node-a", "local endpoints:  10.1.0.1:8080 (this node's own)"},
+		{"node-c", "local endpoints:  none on this node: external clients are refused here"},
+	} {
+		var out bytes.Buffer
+		if code := explain(t.Context(), []string{"--manifests", dir, "--hostname-override", tt.node}, &out); code != 0 {
+			t.Fatalf("exit %d", code)
+		}
+		got := out.String()
+		for _, want := range []string{"external socket:  0.0.0.0:", tt.want, "endpoints:        10.1.0.1:8080, 10.1.0.2:8080"} {
+			if !strings.Contains(got, want) {
+				t.Errorf("%s: output lacks %q:\n%s", tt.node, want, got)
+			}
+		}
+	}
+}
