@@ -25,7 +25,7 @@ func TestDelayLineBounded(t *testing.T) {
 	var byBytes delayLine
 	const size = 60000
 	taken := 0
-	for range 200 {
+	for range 2 * delayLineMaxBytes / size {
 		if byBytes.add(due, make([]byte, size), send) {
 			taken++
 		}

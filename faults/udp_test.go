@@ -239,7 +239,7 @@ func TestUDPLatencyChain(t *testing.T) {
 // each, they overtook each other.
 func TestUDPLatencyKeepsOrder(t *testing.T) {
 	_, p := declared(t, 0, 0, "UDP", `{"type":"latency","attributes":{"latency":20}}`)
-	const n = 2000
+	const n = 2000 // held at once, within delayLineMaxDatagrams
 	var mu sync.Mutex
 	var got []int
 	all := make(chan struct{})
@@ -257,6 +257,8 @@ func TestUDPLatencyKeepsOrder(t *testing.T) {
 	select {
 	case <-all:
 	case <-time.After(10 * time.Second):
+		mu.Lock()
+		defer mu.Unlock()
 		t.Fatalf("%d of %d datagrams sent", len(got), n)
 	}
 	inversions := 0
