@@ -42,22 +42,12 @@ type Metrics struct {
 // tests can build many proxiers).
 func NewMetrics() *Metrics {
 	m := &Metrics{
-		Registry: prometheus.NewRegistry(),
-		SyncProxyRulesLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Subsystem: "kubeproxy", Name: "sync_proxy_rules_duration_seconds",
-			Help:    "SyncProxyRules latency in seconds",
-			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
-		}),
-		SyncFullProxyRulesLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Subsystem: "kubeproxy", Name: "sync_full_proxy_rules_duration_seconds",
-			Help:    "SyncProxyRules latency in seconds for full resyncs (portal rules read back and repaired)",
-			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
-		}),
-		SyncPartialProxyRulesLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Subsystem: "kubeproxy", Name: "sync_partial_proxy_rules_duration_seconds",
-			Help:    "SyncProxyRules latency in seconds for partial resyncs (only changed portal rules written)",
-			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
-		}),
+		Registry:              prometheus.NewRegistry(),
+		SyncProxyRulesLatency: syncDuration("sync_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds"),
+		SyncFullProxyRulesLatency: syncDuration("sync_full_proxy_rules_duration_seconds",
+			"SyncProxyRules latency in seconds for full resyncs (portal rules read back and repaired)"),
+		SyncPartialProxyRulesLatency: syncDuration("sync_partial_proxy_rules_duration_seconds",
+			"SyncProxyRules latency in seconds for partial resyncs (only changed portal rules written)"),
 		SyncProxyRulesLastTimestamp: prometheus.NewGauge(prometheus.GaugeOpts{
 			Subsystem: "kubeproxy", Name: "sync_proxy_rules_last_timestamp_seconds",
 			Help: "The last time proxy rules were successfully synced",
@@ -129,6 +119,15 @@ func NewMetrics() *Metrics {
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	return m
+}
+
+// syncDuration is one of kube-proxy's sync duration histograms, with its
+// buckets (1 ms to 16 s).
+func syncDuration(name, help string) prometheus.Histogram {
+	return prometheus.NewHistogram(prometheus.HistogramOpts{
+		Subsystem: "kubeproxy", Name: name, Help: help,
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
+	})
 }
 
 // forgetServicePort drops a removed service port's series so /metrics does
