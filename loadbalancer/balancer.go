@@ -91,6 +91,20 @@ func (lb *LoadBalancer) SetAffinity(svc ServicePortName, p AffinityPolicy) {
 	sp.setAffinity(p)
 }
 
+// SetFamiliesApart records whether svc's Service is dual-stack: then a
+// client is served only by endpoints of its own family, and one whose
+// family has none gets ErrNoEndpoints, as from kube-proxy's per-family
+// proxiers; otherwise the endpoints serve clients of either family.
+func (lb *LoadBalancer) SetFamiliesApart(svc ServicePortName, apart bool) {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	sp := lb.getOrCreateLocked(svc)
+	sp.hasService = true
+	sp.mu.Lock()
+	sp.familiesApart = apart
+	sp.mu.Unlock()
+}
+
 // SetEndpoints replaces the endpoints of svc (the EndpointSlice side) and
 // reports whether the eligible set changed. Eligible are the Ready
 // endpoints or, in a family none of whose endpoints is Ready, its Serving

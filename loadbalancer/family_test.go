@@ -1,16 +1,19 @@
 package loadbalancer
 
 import (
+	"errors"
 	"net/netip"
 	"slices"
 	"testing"
 	"time"
 )
 
-// A dual-stack service port keeps the families apart, as kube-proxy's
-// per-family proxiers do: an IPv4 client is served by IPv4 endpoints only
-// and an IPv6 client by IPv6 ones, each in fair round robin however their
-// picks interleave. One family alone serves every client, as before.
+// A service port with endpoints of both families keeps them apart, as
+// kube-proxy's per-family proxiers do: an IPv4 client is served by IPv4
+// endpoints only and an IPv6 client by IPv6 ones, each in fair round robin
+// however their picks interleave. One family alone serves every client of
+// a single-stack Service (TestFamiliesApartWithOneFamily: not of a
+// dual-stack one).
 func TestFamiliesServedByTheirOwnEndpoints(t *testing.T) {
 	v4a, v4b, v4c := addr("10.0.0.1:80"), addr("10.0.0.2:80"), addr("10.0.0.3:80")
 	v6a, v6b := addr("[fd00::1]:80"), addr("[fd00::2]:80")
@@ -134,5 +137,37 @@ func TestFamilyFallbackToTerminatingIsPerFamily(t *testing.T) {
 				t.Errorf("%d eligible endpoints, want %d", n, tt.eligibleN)
 			}
 		})
+	}
+}
+
+// A dual-stack Service's port whose endpoints are of one family serves only
+// that family's clients: the other family's get ErrNoEndpoints, as from
+// kube-proxy, whose per-family proxiers each hold only their family's
+// EndpointSlices (an IPv6 client was served by the IPv4 endpoints, and on
+// an IPv6-only node such a dial failed with "network is unreachable").
+func TestFamiliesApartWithOneFamily(t *testing.T) {
+	lb, _ := newTestBalancer(t)
+	name := svcName("dual")
+	lb.SetFamiliesApart(name, true)
+	lb.SetEndpoints(name, []Endpoint{{Addr: addr("10.0.0.1:80"), Ready: true, Serving: true}})
+	sp := lb.ServicePort(name)
+	if got := mustNext(t, sp, ip("10.1.0.1"), false); got != addr("10.0.0.1:80") {
+		t.Fatalf("IPv4 client got %v", got)
+	}
+	if got := mustNext(t, sp, ip("::ffff:10.1.0.2"), false); got != addr("10.0.0.1:80") {
+		t.Fatalf("IPv4-mapped client got %v", got)
+	}
+	for _, reset := range []bool{false, true} {
+		if got, err := sp.Next(ip("fd01::1"), reset); !errors.Is(err, ErrNoEndpoints) {
+			t.Fatalf("IPv6 client (retry %v): %v, %v; want ErrNoEndpoints", reset, got, err)
+		}
+	}
+	lb.SetAffinity(name, clientIPPolicy(time.Hour))
+	if got, err := sp.Next(ip("fd01::1"), false); !errors.Is(err, ErrNoEndpoints) {
+		t.Fatalf("IPv6 client with affinity: %v, %v; want ErrNoEndpoints", got, err)
+	}
+	lb.SetFamiliesApart(name, false) // the Service became single-stack
+	if got := mustNext(t, sp, ip("fd01::1"), false); got != addr("10.0.0.1:80") {
+		t.Fatalf("IPv6 client of a single-stack Service got %v", got)
 	}
 }

@@ -30,7 +30,13 @@ type ServicePort struct {
 	// the IPv4 part and cursor6 over the IPv6 part.
 	split   int
 	cursor6 int
-	policy  AffinityPolicy
+	// familiesApart: the Service is dual-stack, so a client is served only
+	// by endpoints of its own family, none or not, as kube-proxy's
+	// per-family proxiers each hold only their family's EndpointSlices.
+	// A single-stack Service's endpoints serve any client that reaches
+	// its proxy socket (a dual-stack socket's IPv6 loopback, say).
+	familiesApart bool
+	policy        AffinityPolicy
 	clients *affinityTable // nil unless policy.ClientIP
 	// evicted counts clients the cap pushed out of the table (not those that
 	// expired), for the evictions metric; it outlives policy changes.
@@ -66,7 +72,7 @@ func (sp *ServicePort) Next(clientIP netip.Addr, resetAffinity bool) (netip.Addr
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 
-	if len(sp.endpoints) == 0 {
+	if sp.choices(clientIP) == 0 {
 		return netip.AddrPort{}, ErrNoEndpoints
 	}
 	if !sp.policy.ClientIP {
@@ -134,9 +140,13 @@ func (sp *ServicePort) roundRobin(clientIP netip.Addr) netip.AddrPort {
 }
 
 // familyRange is the part of endpoints that serves clientIP, and its
-// cursor: all of them, unless both families are present.
+// cursor: all of them, unless both families are present, or the endpoints
+// are of the other family and the families are kept apart (none).
 func (sp *ServicePort) familyRange(clientIP netip.Addr) (lo, hi int, cursor *int) {
 	if sp.split == 0 {
+		if sp.familiesApart && len(sp.endpoints) > 0 && sp.endpoints[0].Addr().Unmap().Is6() != clientIP.Unmap().Is6() {
+			return 0, 0, &sp.cursor // one family's endpoints, the other family's client
+		}
 		return 0, len(sp.endpoints), &sp.cursor
 	}
 	if clientIP.Unmap().Is6() {

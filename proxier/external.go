@@ -65,7 +65,7 @@ func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo, kept
 	case need && ap.external == nil:
 		ext := externalName(info.name)
 		sp := p.lb.ServicePort(ext)
-		p.lb.SetAffinity(ext, info.affinity)
+		p.setBalancerPolicy(ext, info)
 		sock, err := p.ports.OpenPreferred(kept.claimExternal(info), func(port int) (proxySocket, error) {
 			return p.listen(info.name, p.opts.BindAddress, port, info.hasIPv6(), sp, ap.faults, p.sockCfg)
 		})

@@ -527,10 +527,10 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 			p.debugTouched = append(p.debugTouched, name)
 			p.staleFlowsToClear(name)
 		}
-		if ap.info.affinity != info.affinity {
-			p.lb.SetAffinity(name, info.affinity)
+		if ap.info.affinity != info.affinity || ap.info.dualStack != info.dualStack {
+			p.setBalancerPolicy(name, info)
 			if ap.external != nil {
-				p.lb.SetAffinity(externalName(name), info.affinity)
+				p.setBalancerPolicy(externalName(name), info)
 			}
 		}
 		p.syncFaults(ap, info)
@@ -589,6 +589,13 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 	klog.V(2).InfoS("Synced", "servicePorts", len(p.active), "serviceChanges", changes, "full", full, "elapsed", elapsed)
 }
 
+// setBalancerPolicy hands the balancer entry name the Service's side of
+// info: its session affinity, and whether its families are kept apart.
+func (p *Proxier) setBalancerPolicy(name loadbalancer.ServicePortName, info *servicePortInfo) {
+	p.lb.SetAffinity(name, info.affinity)
+	p.lb.SetFamiliesApart(name, info.dualStack)
+}
+
 // servingLinesUpTo is how many ports one sync may open with a line each at
 // the default verbosity; a sync that opens more (a first start, a big
 // namespace created) logs one line for all and each at -v=2: 10,000 lines
@@ -600,7 +607,7 @@ const servingLinesUpTo = 100
 // verbosity (else at -v=2).
 func (p *Proxier) openPort(info *servicePortInfo, kept int, logLine bool) (*activePort, error) {
 	sp := p.lb.ServicePort(info.name)
-	p.lb.SetAffinity(info.name, info.affinity)
+	p.setBalancerPolicy(info.name, info)
 	fp := p.opts.Faults.PortLabeled(info.faultName, string(info.name.Protocol), info.key)
 	listen := func(port int) (proxySocket, error) {
 		return p.listen(info.name, p.opts.BindAddress, port, info.hasIPv6(), sp, fp, p.sockCfg)

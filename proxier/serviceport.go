@@ -29,7 +29,10 @@ type servicePortInfo struct {
 	sourceRanges []netip.Prefix
 	nodePort     int
 	affinity     loadbalancer.AffinityPolicy
-	policy       trafficPolicy
+	// dualStack: ClusterIPs of both families, so each family's clients
+	// are served by that family's endpoints only (SetFamiliesApart).
+	dualStack bool
+	policy    trafficPolicy
 	// healthCheckNodePort is served for externalTrafficPolicy Local.
 	healthCheckNodePort int
 	// faultName is the port's name in the fault API; toxics are those its
@@ -117,6 +120,7 @@ func servicePorts(svc *v1.Service) []*servicePortInfo {
 			loadBalancerIPs: lbIPs,
 			sourceRanges:    sourceRanges,
 			affinity:        affinity,
+			dualStack:       slices.ContainsFunc(clusterIPs, netip.Addr.Is4) && slices.ContainsFunc(clusterIPs, netip.Addr.Is6),
 			policy:          policy,
 			faultName:       faults.ProxyName(svc.Namespace, svc.Name, p.Name, int(p.Port)),
 			toxics:          toxics[p.Name],

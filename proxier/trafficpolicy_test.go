@@ -1,6 +1,8 @@
 package proxier
 
 import (
+	"net"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -310,5 +312,43 @@ func TestExternalLocalSocketListed(t *testing.T) {
 	p.Sync()
 	if rows := p.DebugServices(); len(rows) != 1 || rows[0].ExternalProxyAddress != "" || rows[0].ExternalEndpoints != nil {
 		t.Errorf("rows after the policy went back to Cluster: %+v", rows)
+	}
+}
+
+// A dual-stack Service whose endpoints are all IPv4 serves its IPv4
+// clients and refuses its IPv6 ones, as kube-proxy's per-family proxiers
+// do (the IPv6 one holds no endpoint); the IPv4 endpoints served IPv6
+// clients too. A single-stack Service's endpoints still serve a client of
+// the other family that reaches its dual-stack socket.
+func TestDualStackServiceFamiliesApart(t *testing.T) {
+	bs := startBackends(t, "127.0.0.2")
+	for _, tt := range []struct {
+		name      string
+		svc       svcOpt
+		v6Refused bool
+	}{
+		{"dual-stack", func(s *v1.Service) { s.Spec.ClusterIPs = []string{"10.96.0.10", "fd00::10"} }, true},
+		{"single-stack", func(*v1.Service) {}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newTestProxier(t, Options{BindAddress: netip.MustParseAddr("::")})
+			p.OnServiceAdd(makeService("web", tt.svc))
+			p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, "127.0.0.2:"+portOf(bs[0].ln.Addr())))
+			p.Sync()
+			port, ok := p.ProxyPort("default/web:p")
+			if !ok {
+				t.Fatal("no proxy socket")
+			}
+			if got, err := askName(t, "127.0.0.1", net.JoinHostPort("127.0.0.1", strconv.Itoa(port))); err != nil || got != "backend-a" {
+				t.Fatalf("IPv4 client: %q, %v", got, err)
+			}
+			got, err := askName(t, "::1", net.JoinHostPort("::1", strconv.Itoa(port)))
+			if tt.v6Refused && err == nil {
+				t.Fatalf("IPv6 client of a dual-stack Service with IPv4 endpoints only was served by %q", got)
+			}
+			if !tt.v6Refused && (err != nil || got != "backend-a") {
+				t.Fatalf("IPv6 client of a single-stack Service: %q, %v", got, err)
+			}
+		})
 	}
 }
