@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -75,10 +76,22 @@ func TestBindAddressOfOneFamily(t *testing.T) {
 			runners := map[iptables.Family]*iptables.FakeRunner{
 				iptables.IPv4: iptables.NewFakeRunner(iptables.IPv4), iptables.IPv6: iptables.NewFakeRunner(iptables.IPv6),
 			}
+			// What a run with both families left in the family this one
+			// does not serve: removed at start, as no syncer repairs it.
+			stale := runners[tc.not]
+			if err := stale.NewChain(iptables.TableNAT, iptables.ChainPortalsContainer); err != nil {
+				t.Fatal(err)
+			}
+			if err := stale.AppendRule(iptables.TableNAT, iptables.ChainPortalsContainer, "-p", "tcp", "-j", "REDIRECT", "--to-ports", "61254"); err != nil {
+				t.Fatal(err)
+			}
 			bind := netip.MustParseAddr(tc.bind)
 			v4, v6, err := portalSyncers(&validated{bind: bind}, func(f iptables.Family) (iptables.Runner, error) { return runners[f], nil })
 			if err != nil {
 				t.Fatalf("portalSyncers: %v", err)
+			}
+			if chains := stale.Chains(iptables.TableNAT); slices.Contains(chains, iptables.ChainPortalsContainer) {
+				t.Errorf("the %v rules of an earlier run stay: nat chains %v", tc.not, chains)
 			}
 			syncedDualStack(t, proxier.Options{IPv4Portals: v4, IPv6Portals: v6}, "ds", "10.96.0.20", "fd36:96::20")
 			if rules := strings.Join(runners[tc.want].Rules(iptables.TableNAT, iptables.ChainPortalsContainer), "\n"); !strings.Contains(rules, tc.wantAddr) {

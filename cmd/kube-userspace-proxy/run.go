@@ -230,8 +230,10 @@ func portalSyncers(v *validated, newRunner func(iptables.Family) (iptables.Runne
 	}
 	var v4, v6 proxier.PortalSyncer
 	v4 = iptables.New(r4, cfg)
-	if r6, err := present(iptables.IPv6); err != nil {
+	r6, err := present(iptables.IPv6)
+	if err != nil {
 		klog.InfoS("No iptables support for family: its Services get no portals", "ipFamily", "IPv6", "reason", err)
+		r6 = nil
 	} else {
 		v6 = iptables.New(r6, cfg6)
 	}
@@ -240,14 +242,23 @@ func portalSyncers(v *validated, newRunner func(iptables.Family) (iptables.Runne
 		// family's traffic: portals of that family led to refused
 		// connections (and REDIRECTed to a port nothing listened on).
 		// Served as on a node without that family's netfilter.
-		other := "IPv6"
+		other, otherRunner := "IPv6", r6
 		if family == iptables.IPv6 {
-			other, v4 = "IPv4", nil
+			other, otherRunner, v4 = "IPv4", r4, nil
 		} else {
 			v6 = nil
 		}
 		klog.InfoS("--bind-address names one address: the other family's Services get no portals (dual-stack ones are served in its family)",
 			"bindAddress", v.bind, "ipFamily", other)
+		if otherRunner != nil {
+			// A proxy that ran here before with both families left that
+			// family's portals, which no syncer of this one repairs: they
+			// sent its clients to proxy ports nothing of ours listens on
+			// (another process's, once).
+			if err := iptables.Cleanup(otherRunner); err != nil {
+				klog.ErrorS(err, "Removing the rules a previous run left in the family --bind-address does not serve", "ipFamily", other)
+			}
+		}
 	}
 	if v.nodeIP.IsValid() && !isLocalAddress(v.nodeIP) {
 		klog.InfoS("Warning: --node-ip is not an address of this node's interfaces: portal traffic DNATed to it leaves the node instead of reaching the proxy", "nodeIP", v.nodeIP)
