@@ -15,8 +15,8 @@ import (
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/netaddr"
 )
 
-// claim holds the NodePort, and the port on external IPs that are local
-// to this node, as the legacy proxier did: the kernel then refuses them to
+// claim holds the NodePort (in the families it is served in), and the port
+// on external IPs that are local to this node, as the legacy proxier did: the kernel then refuses them to
 // any other process, instead of that process silently losing its traffic
 // to our portal rules. A held TCP port is bound but not listening, so a
 // connection the portals do not catch (a NodePort on an address outside
@@ -40,7 +40,17 @@ func (p *Proxier) claim(info *servicePortInfo) []func() error {
 		closers = append(closers, c)
 	}
 	if info.nodePort != 0 {
-		hold(netip.Addr{}, info.nodePort)
+		// In the families the NodePort is served in: an IPv6-only
+		// Service's held IPv4 port swallowed IPv4 datagrams, which
+		// otherwise get the kernel's port unreachable.
+		switch v4, v6 := info.nodePortFamilies(true, true); {
+		case v4 && v6:
+			hold(netip.Addr{}, info.nodePort)
+		case v6:
+			hold(netip.IPv6Unspecified(), info.nodePort)
+		default:
+			hold(netip.IPv4Unspecified(), info.nodePort)
+		}
 	}
 	for _, ip := range info.externalIPs {
 		if isLocalAddress(ip) {
@@ -105,12 +115,17 @@ func boundTCPSocket(family int, sa unix.Sockaddr, v6only bool) (int, error) {
 	return fd, nil
 }
 
+// holdUDPPort binds ip:port (every address, both families, when ip is
+// invalid; an unspecified address takes its own family only).
 func holdUDPPort(ip netip.Addr, port int) (func() error, error) {
-	addr := fmt.Sprintf(":%d", port)
+	network, addr := "udp", fmt.Sprintf(":%d", port)
 	if ip.IsValid() {
-		addr = netip.AddrPortFrom(ip, uint16(port)).String()
+		network, addr = "udp6", netip.AddrPortFrom(ip, uint16(port)).String()
+		if ip.Unmap().Is4() {
+			network = "udp4"
+		}
 	}
-	pc, err := listenConfig.ListenPacket(context.Background(), "udp", addr)
+	pc, err := listenConfig.ListenPacket(context.Background(), network, addr)
 	if err != nil {
 		return nil, err
 	}

@@ -64,7 +64,7 @@ func freePortFor(t *testing.T, network string) int {
 
 func bindable(network string, port int) error {
 	addr := net.JoinHostPort("", strconv.Itoa(port))
-	if network == "tcp" {
+	if strings.HasPrefix(network, "tcp") {
 		ln, err := net.Listen(network, addr)
 		if err == nil {
 			ln.Close()
@@ -131,5 +131,38 @@ func TestClaimErrorNamesEveryAddress(t *testing.T) {
 	}
 	if got := claimAddress(netip.MustParseAddr("192.0.2.1")); got != "192.0.2.1" {
 		t.Errorf("claimAddress(192.0.2.1) = %q", got)
+	}
+}
+
+// A NodePort is held in the families it is served in: an IPv6-only
+// Service's port stays free in IPv4 (whose clients then get the kernel's
+// refusal, where a held UDP port swallowed their datagrams), an IPv4-only
+// one's in IPv6.
+func TestNodePortClaimedInItsFamilies(t *testing.T) {
+	for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {
+		for _, tt := range []struct {
+			name       string
+			clusterIPs []string
+			held, free string // networks
+		}{
+			{"IPv6-only", []string{"fd00::10"}, "6", "4"},
+			{"IPv4-only", []string{"10.96.0.10"}, "4", "6"},
+		} {
+			t.Run(string(proto)+" "+tt.name, func(t *testing.T) {
+				network := map[v1.Protocol]string{v1.ProtocolTCP: "tcp", v1.ProtocolUDP: "udp"}[proto]
+				port := freePortFor(t, network)
+				p := newTestProxier(t, Options{ClaimNodePorts: true, BindAddress: netip.MustParseAddr("::")})
+				p.OnServiceAdd(makeService("web", withProtocol(proto), withNodePort(int32(port)), func(s *v1.Service) {
+					s.Spec.ClusterIP, s.Spec.ClusterIPs = tt.clusterIPs[0], tt.clusterIPs
+				}))
+				p.Sync()
+				if err := bindable(network+tt.held, port); err == nil {
+					t.Fatalf("%s%s NodePort %d could be bound by another process", network, tt.held, port)
+				}
+				if err := bindable(network+tt.free, port); err != nil {
+					t.Fatalf("%s%s NodePort %d is held, though the Service has no such family: %v", network, tt.free, port, err)
+				}
+			})
+		}
 	}
 }
