@@ -6,8 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 
 	"github.com/spf13/pflag"
@@ -90,9 +92,11 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 		return 1
 	}
 	ports, v4, v6 := plan.Run()
-	cfg4, cfg6, nodeIP := portalConfigs(v)
+	cfg4, cfg6, nodeIPs := portalConfigs(v)
+	// Named for the families that have rules here.
+	nodeIPs = slices.DeleteFunc(nodeIPs, func(ip netip.Addr) bool { return ip.Is4() && len(v4) == 0 || ip.Is6() && len(v6) == 0 })
 	e := explanation{
-		source: o.manifests, bind: v.bind, nodeIP: nodeIP, portRange: o.proxyPortRange,
+		source: o.manifests, bind: v.bind, nodeIPs: nodeIPs, portRange: o.proxyPortRange,
 		kernelPorts: plan.KernelChosenPorts(), ports: ports,
 		families: []familyRules{
 			{name: "IPv4", rules: iptables.New(iptables.NewFakeRunner(iptables.IPv4), cfg4), portals: v4},

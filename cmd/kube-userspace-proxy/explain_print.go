@@ -19,7 +19,7 @@ import (
 type explanation struct {
 	source      string
 	bind        netip.Addr
-	nodeIP      netip.Addr
+	nodeIPs     []netip.Addr // each family's
 	portRange   string
 	kernelPorts bool
 	ports       []proxier.DebugServicePort
@@ -42,8 +42,11 @@ func (e *explanation) write(out io.Writer) error {
 		fmt.Fprintf(w, "Proxy sockets listen on %s (--bind-address); rules send service traffic there.\n", e.bind)
 	} else {
 		fmt.Fprintf(w, "Proxy sockets listen on every address (--bind-address %s).\n", e.bind)
-		if e.nodeIP.IsValid() {
-			fmt.Fprintf(w, "Traffic this node sends to a Service is sent to %s, the node's address\n(--node-ip; by default the address of the interface holding the default route).\n", e.nodeIP)
+		switch len(e.nodeIPs) {
+		case 1:
+			fmt.Fprintf(w, "Traffic this node sends to a Service is sent to %s, the node's address\n(--node-ip; by default the address of the interface holding the default route).\n", e.nodeIPs[0])
+		case 2:
+			fmt.Fprintf(w, "Traffic this node sends to a Service is sent to %s (IPv4) or %s (IPv6),\nthe node's addresses (--node-ip; by default those of the interfaces holding the default routes).\n", e.nodeIPs[0], e.nodeIPs[1])
 		}
 	}
 	if e.kernelPorts {
@@ -69,7 +72,11 @@ func (e *explanation) write(out io.Writer) error {
 			continue
 		}
 		fmt.Fprintln(w)
-		fmt.Fprintf(w, "== All %s rules as iptables-restore input (iptables-restore --noflush makes our chains hold exactly these) ==\n", f.name)
+		restore := "iptables-restore"
+		if f.name == "IPv6" {
+			restore = "ip6tables-restore"
+		}
+		fmt.Fprintf(w, "== All %s rules as %s input (%s --noflush makes our chains hold exactly these) ==\n", f.name, restore, restore)
 		_, _ = w.Write(f.rules.Render(f.portals))
 	}
 	return w.Flush()
@@ -104,6 +111,9 @@ func (e *explanation) writePort(w *bufio.Writer, p proxier.DebugServicePort) {
 		field(w, "endpoints", strings.Join(p.Endpoints, ", "))
 		field(w, "", "round robin: each new connection (UDP: each new client address) takes the next one")
 		field(w, "", "in this order; a running proxy shuffles the list once when it changes")
+		if hasBothFamilies(p.Endpoints) {
+			field(w, "", "each family apart: IPv4 clients take the IPv4 ones, IPv6 clients the IPv6 ones")
+		}
 	}
 	if p.ExternalProxyAddress != "" {
 		field(w, "external socket", p.ExternalProxyAddress+" (example port): externalTrafficPolicy Local; NodePort, external")
@@ -169,4 +179,15 @@ func field(w *bufio.Writer, name, value string) {
 		label = name + ":"
 	}
 	fmt.Fprintf(w, "%-18s%s\n", label, value)
+}
+
+// hasBothFamilies reports whether endpoints (ip:port) hold both families.
+func hasBothFamilies(endpoints []string) bool {
+	var v4, v6 bool
+	for _, e := range endpoints {
+		if ap, err := netip.ParseAddrPort(e); err == nil {
+			v4, v6 = v4 || ap.Addr().Unmap().Is4(), v6 || ap.Addr().Unmap().Is6()
+		}
+	}
+	return v4 && v6
 }

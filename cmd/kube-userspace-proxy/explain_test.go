@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -280,6 +281,60 @@ endpoints:
 			if !strings.Contains(got, want) {
 				t.Errorf("%s: output lacks %q:\n%s", tt.node, want, got)
 			}
+		}
+	}
+}
+
+// Each family's portals DNAT to that family's node IP, and explain names
+// both (it named one, whose family the other family's rules did not use).
+func TestExplainNamesEachFamilysNodeIP(t *testing.T) {
+	e := explanation{source: "m", bind: netip.MustParseAddr("0.0.0.0"), kernelPorts: true,
+		nodeIPs: []netip.Addr{netip.MustParseAddr("192.168.50.10"), netip.MustParseAddr("fd00:50::10")}}
+	var out bytes.Buffer
+	if err := e.write(&out); err != nil {
+		t.Fatal(err)
+	}
+	if want := "sent to 192.168.50.10 (IPv4) or fd00:50::10 (IPv6)"; !strings.Contains(out.String(), want) {
+		t.Fatalf("output lacks %q:\n%s", want, out.String())
+	}
+}
+
+// A dual-stack port's endpoints are balanced per family, and its IPv6
+// rules are ip6tables-restore input: explain says both (it presented one
+// list in one order, and "iptables-restore" for IPv6).
+func TestExplainDualStack(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "svc.yaml"), []byte(`apiVersion: v1
+kind: Service
+metadata: {name: ds, namespace: default}
+spec:
+  clusterIPs: [10.96.0.20, "fd36:96::20"]
+  ports: [{name: http, port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: ds-4, namespace: default, labels: {kubernetes.io/service-name: ds}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: [10.1.0.1]}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: ds-6, namespace: default, labels: {kubernetes.io/service-name: ds}}
+addressType: IPv6
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: ["fd00:1::1"]}]
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if code := explain(t.Context(), []string{"--manifests", dir}, &out); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	for _, want := range []string{"each family apart: IPv4 clients take the IPv4 ones, IPv6 clients the IPv6 ones",
+		"== All IPv6 rules as ip6tables-restore input"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
 	}
 }

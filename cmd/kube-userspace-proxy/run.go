@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -216,7 +215,7 @@ func nodeName(override string) string {
 // kernel has no IPv6 nat table, serves IPv4 only; it is said once here,
 // where a syncer for it failed every sync and kept /healthz unready.
 func portalSyncers(v *validated, newRunner func(iptables.Family) (iptables.Runner, error)) (proxier.PortalSyncer, proxier.PortalSyncer, error) {
-	cfg, cfg6, nodeIP := portalConfigs(v)
+	cfg, cfg6, nodeIPs := portalConfigs(v)
 	present := func(f iptables.Family) (iptables.Runner, error) {
 		r, err := newRunner(f)
 		if err == nil {
@@ -263,8 +262,10 @@ func portalSyncers(v *validated, newRunner func(iptables.Family) (iptables.Runne
 	if v.nodeIP.IsValid() && !isLocalAddress(v.nodeIP) {
 		klog.InfoS("Warning: --node-ip is not an address of this node's interfaces: portal traffic DNATed to it leaves the node instead of reaching the proxy", "nodeIP", v.nodeIP)
 	}
-	if nodeIP.IsValid() {
-		klog.InfoS("Portal rules enabled", "nodeIP", nodeIP)
+	if len(nodeIPs) > 0 {
+		// Each family's: the IPv6 portals DNAT to the IPv6 one (only one
+		// was named, whichever family it was).
+		klog.InfoS("Portal rules enabled", "nodeIPs", nodeIPs)
 	} else {
 		// No default route and no --node-ip: the portals REDIRECT (to the
 		// address a packet arrived on), or DNAT to --bind-address when it
@@ -313,7 +314,7 @@ func bindFamily(v *validated) (iptables.Family, bool) {
 // explain alike): where proxy sockets listen, the node IP of each family
 // that traffic is DNATed to (nodeIPOf), and --nodeport-addresses. nodeIP
 // is the one to report: --node-ip, else the IPv4 one, else the IPv6 one.
-func portalConfigs(v *validated) (cfg4, cfg6 iptables.Config, nodeIP netip.Addr) {
+func portalConfigs(v *validated) (cfg4, cfg6 iptables.Config, nodeIPs []netip.Addr) {
 	cfg4 = iptables.Config{Family: iptables.IPv4, NodePortAddresses: v.nodePortAddresses, PreroutingRedirect: v.preroutingRedirect, ClusterCIDRs: v.clusterCIDRs}
 	if v.bind.Is4() {
 		cfg4.BindAddress = v.bind
@@ -324,8 +325,12 @@ func portalConfigs(v *validated) (cfg4, cfg6 iptables.Config, nodeIP netip.Addr)
 		cfg6.BindAddress = v.bind
 	}
 	cfg6.NodeIP = nodeIPOf(v, true, defaultRouteIP6)
-	nodeIP = cmp.Or(v.nodeIP, cfg4.NodeIP, cfg6.NodeIP)
-	return cfg4, cfg6, nodeIP
+	for _, ip := range []netip.Addr{cfg4.NodeIP, cfg6.NodeIP} {
+		if ip.IsValid() {
+			nodeIPs = append(nodeIPs, ip)
+		}
+	}
+	return cfg4, cfg6, nodeIPs
 }
 
 // nodeIPOf is one family's node IP: --node-ip when it is of that family,
