@@ -93,7 +93,7 @@ func (p *Proxier) DebugServices() []DebugServicePort {
 	out := make([]DebugServicePort, 0, len(rows))
 	for _, r := range rows {
 		d := infoRow(r.name, r.info)
-		d.ProxyAddress = net.JoinHostPort(p.listenHost(), strconv.Itoa(r.proxyPort))
+		d.ProxyAddress = net.JoinHostPort(p.listenHostOf(r.info), strconv.Itoa(r.proxyPort))
 		if info, err := p.opts.Faults.Proxy(r.info.faultName); err == nil {
 			d.FaultsEnabled = info.Enabled
 			for _, t := range info.Toxics {
@@ -101,7 +101,7 @@ func (p *Proxier) DebugServices() []DebugServicePort {
 			}
 		}
 		if r.externalPort != 0 {
-			d.ExternalProxyAddress = net.JoinHostPort(p.listenHost(), strconv.Itoa(r.externalPort))
+			d.ExternalProxyAddress = net.JoinHostPort(p.listenHostOf(r.info), strconv.Itoa(r.externalPort))
 			d.ExternalEndpoints = []string{}
 			if snap, ok := p.lb.Snapshot(externalName(r.name)); ok {
 				for _, ep := range snap.Endpoints {

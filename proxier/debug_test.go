@@ -128,10 +128,24 @@ func TestDebugRowsFollowEverySync(t *testing.T) {
 // sockets listen on every address of both families, and /debug/services
 // says [::]:PORT; it said 0.0.0.0:PORT, which an IPv6 client cannot use.
 func TestDebugProxyAddressShowsTheBindAddress(t *testing.T) {
-	for _, tt := range []struct{ bind, wantHost string }{{"::", "::"}, {"0.0.0.0", "0.0.0.0"}, {"127.0.0.1", "127.0.0.1"}} {
-		t.Run(tt.bind, func(t *testing.T) {
+	for _, tt := range []struct {
+		bind       string
+		clusterIPs []string
+		wantHost   string
+	}{
+		{"::", nil, "::"},
+		{"0.0.0.0", nil, "0.0.0.0"},
+		// A port with an IPv6 address listens in both families.
+		{"0.0.0.0", []string{"10.96.0.10", "fd00::10"}, "::"},
+		{"127.0.0.1", nil, "127.0.0.1"},
+	} {
+		t.Run(tt.bind+strings.Join(tt.clusterIPs, ","), func(t *testing.T) {
 			p := newTestProxier(t, Options{BindAddress: netip.MustParseAddr(tt.bind)})
-			p.OnServiceAdd(makeService("web"))
+			p.OnServiceAdd(makeService("web", func(s *v1.Service) {
+				if tt.clusterIPs != nil {
+					s.Spec.ClusterIPs = tt.clusterIPs
+				}
+			}))
 			p.Sync()
 			rows := p.DebugServices()
 			if len(rows) != 1 {

@@ -80,7 +80,7 @@ func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo, kept
 		if logLine || klog.V(2).Enabled() {
 			klog.InfoS("Serving external traffic of service port on node-local endpoints (externalTrafficPolicy: Local)",
 				"servicePort", info.name, "protocol", info.name.Protocol,
-				"proxyAddress", net.JoinHostPort(p.listenHost(), strconv.Itoa(ap.externalPort)))
+				"proxyAddress", net.JoinHostPort(p.listenHostOf(info), strconv.Itoa(ap.externalPort)))
 		}
 		// Its portals are new: flows sent while they were missing (a
 		// failed open is retried with the rules unchanged) are stale.

@@ -626,7 +626,7 @@ func (p *Proxier) openPort(info *servicePortInfo, kept int, logLine bool) (*acti
 	sock.Start()
 	ap := &activePort{info: info, socket: sock, proxyPort: sock.Port(), faults: fp}
 	fp.SetLabel(info.key) // a port the fault API created first has the API name
-	proxyAddr := net.JoinHostPort(p.listenHost(), strconv.Itoa(ap.proxyPort))
+	proxyAddr := net.JoinHostPort(p.listenHostOf(info), strconv.Itoa(ap.proxyPort))
 	fp.SetAddresses(proxyAddr, "")
 	fp.SetUpstreamFunc(func() string { return p.upstreamOf(info.name) })
 	if p.opts.ClaimNodePorts {
@@ -646,6 +646,16 @@ func (p *Proxier) listenHost() string {
 		return p.opts.BindAddress.String()
 	}
 	return "0.0.0.0"
+}
+
+// listenHostOf is where info's sockets listen (newProxySocket): on the
+// wildcard address a port with IPv6 addresses listens in both families,
+// so "::", not the "0.0.0.0" of --bind-address.
+func (p *Proxier) listenHostOf(info *servicePortInfo) string {
+	if b := p.opts.BindAddress; (!b.IsValid() || b.IsUnspecified()) && info.hasIPv6() {
+		return "::"
+	}
+	return p.listenHost()
 }
 
 func (p *Proxier) closePort(name loadbalancer.ServicePortName, ap *activePort) {
