@@ -109,8 +109,10 @@ func (u *unreachableSender) socket(family int) int {
 		return -1
 	}
 	if family == 0 {
-		// Receive nothing: shrink the buffer; the socket only sends.
-		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 0)
+		// Receive nothing: a raw ICMP socket gets a copy of every ICMP
+		// message the node receives unless its filter (ICMP_FILTER, a
+		// mask of the types to drop) blocks them all.
+		_ = unix.SetsockoptInt(fd, unix.SOL_RAW, icmpFilter, -1)
 	}
 	u.fd[family] = fd
 	return fd
@@ -129,6 +131,10 @@ func (u *unreachableSender) close() {
 		}
 	}
 }
+
+// icmpFilter is Linux's ICMP_FILTER option of a raw IPv4 ICMP socket
+// (linux/icmp.h), which x/sys/unix does not name.
+const icmpFilter = 1
 
 // quotedUDPHeaderLen: an ICMP error quotes the offending datagram's IP
 // header and at least the first 8 bytes of what follows, here its UDP
