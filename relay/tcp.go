@@ -87,6 +87,9 @@ type Conn struct {
 	// by Run once both returned).
 	ended atomic.Int32
 	half  *halfClosed
+	// finSent: a FIN of ours went to the client ([0]) or the backend
+	// ([1]); set before the shutdown, read by resetUnderneath.
+	finSent [2]atomic.Bool
 
 	// up and down are the built-in copy's directions (client→backend,
 	// backend→client), part of conn; rawErr is why they cannot run.
@@ -249,6 +252,22 @@ func (c *Conn) copyHalf(dst, src *net.TCPConn, copier Copier, bytes Counter, a *
 		src.Close()
 		return
 	}
+	switch c.endOf(src) {
+	case srcReset:
+		// src was reset, not closed: the other direction, writing to it,
+		// took the error (a socket reports it once) and this read saw an
+		// end of file. Passed on as a FIN, a reset reached its peer as a
+		// clean end first (13 of 300 uploads to a backend that reset).
+		_ = dst.SetLinger(0)
+		dst.Close()
+		src.Close()
+		return
+	case srcClosed:
+		// The other direction ended first and closed both; it has
+		// decided how the peers learn of the end.
+		return
+	}
+	c.finSent[c.sideOf(dst)].Store(true)
 	if copier == nil && c.rawErr == nil {
 		_ = a.splice.dstRaw.Control(func(fd uintptr) { _ = rawio.ShutdownWrite(int(fd)) })
 	} else {
@@ -261,6 +280,41 @@ func (c *Conn) copyHalf(dst, src *net.TCPConn, copier Copier, bytes Counter, a *
 }
 
 func (c *Conn) aborted() bool { return c.ending.Load() == endAbort }
+
+// How src ended, for a read that saw an end of file (endOf).
+const (
+	srcFIN    = iota // the peer's FIN
+	srcReset         // a reset the other direction's write took
+	srcClosed        // the other direction closed both sockets already
+)
+
+// endOf tells how src, whose read just saw an end of file, ended: a FIN
+// leaves it in CLOSE_WAIT (or, once ours went too, LAST_ACK and then
+// CLOSE), a reset in CLOSE. So CLOSE means a reset only while no FIN of
+// ours went out on it, read after the state: our FIN is recorded before
+// it is sent.
+func (c *Conn) endOf(src *net.TCPConn) int {
+	raw, err := src.SyscallConn()
+	if err != nil {
+		return srcClosed
+	}
+	state := -1
+	if raw.Control(func(fd uintptr) { state = rawio.TCPState(int(fd)) }) != nil {
+		return srcClosed
+	}
+	if state == rawio.TCPClose && !c.finSent[c.sideOf(src)].Load() {
+		return srcReset
+	}
+	return srcFIN
+}
+
+// sideOf is conn's index in finSent.
+func (c *Conn) sideOf(conn *net.TCPConn) int {
+	if conn == c.client {
+		return 0
+	}
+	return 1
+}
 
 // writeBound is the built-in copies' write bound; nil = none.
 func (c *Conn) writeBound() *writeBound {

@@ -122,3 +122,21 @@ func LocalAddr(fd int) (netip.AddrPort, error) {
 	}
 	return AddrPortOf(&sa), nil
 }
+
+// TCP states (linux/tcp_states.h) that TCPState reports.
+const (
+	TCPClose     = 7  // closed: reset, or both FINs through (the socket then lives on as a time-wait one)
+	TCPCloseWait = 8  // the peer's FIN received, ours not sent
+	TCPLastAck   = 9  // both FINs sent, ours not acknowledged
+	TCPClosing   = 11 // FINs crossed
+)
+
+// TCPState returns fd's TCP state (TCP_INFO's tcpi_state), -1 when it
+// cannot be read.
+func TCPState(fd int) int {
+	info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+	if err != nil {
+		return -1
+	}
+	return int(info.State)
+}
