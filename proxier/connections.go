@@ -18,6 +18,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
@@ -212,6 +213,12 @@ func bytesReceived(conn *net.TCPConn) int64 {
 	_ = raw.Control(func(fd uintptr) {
 		if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
 			n = int64(info.Bytes_received)
+			switch info.State {
+			case rawio.TCPCloseWait, rawio.TCPLastAck, rawio.TCPClosing:
+				// The peer's FIN took a sequence number, which the
+				// count includes, and no byte (100,001 for 100,000).
+				n--
+			}
 		}
 	})
 	return n

@@ -200,3 +200,36 @@ func TestStopResetsLiveConnections(t *testing.T) {
 		})
 	}
 }
+
+// A half-closed connection's bytes on /debug/connections are the bytes:
+// the kernel's count takes the peer's FIN as one more (100,001 for a client
+// that sent 100,000 and shut down its side), as the goroutine data path
+// read it.
+func TestDebugConnectionsBytesAfterFIN(t *testing.T) {
+	got := make(chan int64, 1)
+	backend := serveTCP(t, "127.0.0.2", func(c net.Conn) {
+		n, _ := io.Copy(io.Discard, c)
+		got <- n
+		time.Sleep(2 * time.Second) // held open, half-closed
+	})
+	p := newTestProxier(t, Options{DataPath: DataPathGoroutines})
+	p.OnServiceAdd(makeService("web"))
+	p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, backend.Addr().String()))
+	p.Sync()
+	c, err := net.DialTimeout("tcp", proxyAddr(t, p, "default/web:p"), 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write(make([]byte, 100000)); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.(*net.TCPConn).CloseWrite()
+	if n := <-got; n != 100000 {
+		t.Fatalf("the backend got %d bytes", n)
+	}
+	rows := getConnections(t, p)
+	if len(rows) != 1 || rows[0].BytesFromClient != 100000 {
+		t.Fatalf("rows %+v, want one with bytesFromClient 100000", rows)
+	}
+}
