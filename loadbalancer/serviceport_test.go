@@ -407,3 +407,37 @@ func TestFailedRepinsOnTheNextPick(t *testing.T) {
 		t.Fatalf("without affinity round robin still moves on, got %v twice", ep)
 	}
 }
+
+// A retry moves past every endpoint the connection's attempts failed on,
+// whatever other connections picked in between (the cursor is shared), and
+// comes back to a tried one only when none is left; under affinity the
+// client is re-pinned to what it got.
+func TestRetryPastTried(t *testing.T) {
+	lb, _ := newTestBalancer(t)
+	name := svcName("retry")
+	lb.SetEndpoints(name, readyEndpoints(3))
+	sp := lb.ServicePort(name)
+	dead := backend(1)
+	for round := range 30 {
+		// Another connection's pick lands between two attempts of this one.
+		for range round % 3 {
+			mustNext(t, sp, clientB, false)
+		}
+		if ep, err := sp.Retry(clientA, []netip.AddrPort{dead}); err != nil || ep == dead {
+			t.Fatalf("round %d: retry got %v, %v; want another than %v", round, ep, err, dead)
+		}
+	}
+	if ep, _ := sp.Retry(clientA, []netip.AddrPort{backend(1), backend(2), backend(3)}); ep == (netip.AddrPort{}) {
+		t.Fatal("every endpoint tried: a retry still picks one")
+	}
+
+	lb.SetAffinity(name, clientIPPolicy(time.Hour))
+	pinned := mustNext(t, sp, clientA, false)
+	ep, err := sp.Retry(clientA, []netip.AddrPort{pinned})
+	if err != nil || ep == pinned {
+		t.Fatalf("retry under affinity: %v, %v", ep, err)
+	}
+	if again := mustNext(t, sp, clientA, false); again != ep {
+		t.Fatalf("after the retry the client went to %v, want re-pinned to %v", again, ep)
+	}
+}

@@ -226,6 +226,9 @@ func New(opts Options) *Proxier {
 		// connect, one call each); Liveness sets them before connect.
 		opts.Dialer = &net.Dialer{KeepAlive: -1, Control: relay.SocketControl(opts.Liveness)}
 	}
+	if len(opts.DialTimeouts) > maxDialAttempts {
+		opts.DialTimeouts = opts.DialTimeouts[:maxDialAttempts]
+	}
 	if opts.DialTimeouts == nil {
 		opts.DialTimeouts = defaultDialTimeouts
 	}

@@ -209,15 +209,13 @@ func (s *tcpProxySocket) relay(rc *relay.Conn, live *liveConn, fc *faults.Conn) 
 
 func (s *tcpProxySocket) dial(client netip.AddrPort) (*net.TCPConn, error) {
 	var lastErr error
+	var failed [maxDialAttempts]netip.AddrPort
 	for i, timeout := range s.cfg.dialTimeouts {
-		// After the first failure, let affinity move the client on: its pinned
-		// endpoint is the one that just failed.
-		ep, err := s.sp.Next(client.Addr(), i > 0)
+		// After a failure, past the endpoints that failed (affinity
+		// moves the client on: its pinned endpoint was the first).
+		ep, err := s.pick(client.Addr(), failed[:i])
 		if err != nil {
 			return nil, err
-		}
-		if i > 0 {
-			s.retries.Inc()
 		}
 		conn, err := s.cfg.dialer.DialContext(dialDeadline(time.Now().Add(timeout)), "tcp", ep.String())
 		if err == nil {
@@ -234,8 +232,23 @@ func (s *tcpProxySocket) dial(client netip.AddrPort) (*net.TCPConn, error) {
 			return nil, err
 		}
 		lastErr = err
+		failed[i] = ep
 		s.dialFailures.Inc()
 		klog.V(3).InfoS("Dial failed, trying next endpoint", "servicePort", s.label, "endpoint", ep, "err", err)
 	}
 	return nil, lastErr
+}
+
+// maxDialAttempts bounds a connection's dial attempts (socketConfig's
+// dialTimeouts, at most this many).
+const maxDialAttempts = 8
+
+// pick is a dial attempt's endpoint: the balancer's next, and after
+// failures on failed, its retry past them.
+func (s *tcpProxySocket) pick(client netip.Addr, failed []netip.AddrPort) (netip.AddrPort, error) {
+	if len(failed) == 0 {
+		return s.sp.Next(client, false)
+	}
+	s.retries.Inc()
+	return s.sp.Retry(client, failed)
 }

@@ -131,19 +131,23 @@ type loopClient struct {
 	live *liveConn
 	// fc tracks the connection for the fault API (nil: not tracked).
 	fc *faults.Conn
+	// failed are the endpoints this connection's dial attempts failed on,
+	// which a retry moves past (in the order tried).
+	failed []netip.AddrPort
 }
 
 func (h *loopClient) Backend(attempt int) (netip.AddrPort, error) {
-	// After the first failure, let affinity move the client on: its
-	// pinned endpoint is the one that just failed.
-	ep, err := h.s.sp.Next(h.from.Addr(), attempt > 0)
-	if err == nil && attempt > 0 {
-		h.s.retries.Inc()
+	if attempt == 0 {
+		return h.s.sp.Next(h.from.Addr(), false)
 	}
-	return ep, err
+	// Past the endpoints that failed (affinity moves the client on: its
+	// pinned endpoint was the first).
+	h.s.retries.Inc()
+	return h.s.sp.Retry(h.from.Addr(), h.failed)
 }
 
 func (h *loopClient) DialFailed(ep netip.AddrPort, err error) {
+	h.failed = append(h.failed, ep) // a few: one per attempt, only after a failure
 	h.s.dialFailures.Inc()
 	klog.V(3).InfoS("Dial failed, trying next endpoint", "servicePort", h.s.label, "endpoint", ep, "err", err)
 }
@@ -157,6 +161,7 @@ func (h *loopClient) Failed(err error) {
 }
 
 func (h *loopClient) Connected(c *relay.LoopConn, ep netip.AddrPort) {
+	h.failed = nil
 	s := h.s
 	s.active.Inc()
 	h.live = s.cfg.conns.addLoop(s.label, h.from, ep, c, s.bytesIn, s.bytesOut)

@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -240,4 +242,41 @@ func silentListener(t *testing.T, ip, port string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
+}
+
+// With a dead endpoint beside a live one, concurrent connections all reach
+// the live one: each retry moves past the endpoints its own connection
+// failed on. The round-robin cursor is shared, so a retry that only moved
+// past the pinned endpoint fell on the dead one again when other
+// connections picked in between (TCP audit: 21 of 400 clients reset at 10
+// in parallel, on both data paths).
+func TestConcurrentRetriesReachTheLiveEndpoint(t *testing.T) {
+	for _, dp := range DataPaths {
+		t.Run(dp, func(t *testing.T) {
+			live := serveTCP(t, "127.0.0.2", func(c net.Conn) { _, _ = io.WriteString(c, "live\n"); c.Close() })
+			port := portOf(live.Addr()) // one port per slice; nothing listens on 127.0.0.3
+			p := newTestProxier(t, Options{DataPath: dp})
+			p.OnServiceAdd(makeService("web"))
+			p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, "127.0.0.3:"+port, "127.0.0.2:"+port))
+			p.Sync()
+			addr := proxyAddr(t, p, "default/web:p")
+			var wg sync.WaitGroup
+			var failures atomic.Int32
+			for range 20 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for range 20 {
+						if got, err := askName(t, "127.0.0.1", addr); err != nil || got != "live" {
+							failures.Add(1)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			if n := failures.Load(); n > 0 {
+				t.Fatalf("%d of 400 connections failed with a live endpoint beside the dead one", n)
+			}
+		})
+	}
 }
