@@ -1,7 +1,10 @@
 package proxier
 
 import (
+	"time"
+
 	"context"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 	"net"
 	"testing"
 
@@ -46,5 +49,19 @@ func TestProxySocketsListenWithPlainTCPUnlessAsked(t *testing.T) {
 	}
 	if p := listenProtocol(t, New(Options{MultipathTCP: true}).sockCfg.listen); p != unix.IPPROTO_MPTCP {
 		t.Errorf("MultipathTCP proxy socket protocol %d, want IPPROTO_MPTCP (%d)", p, unix.IPPROTO_MPTCP)
+	}
+}
+
+// --mptcp with the default liveness options (TCP_USER_TIMEOUT among them,
+// which an MPTCP socket refuses with ENOPROTOOPT) still listens with MPTCP:
+// the refusal made Go's MPTCP listener fall back to plain TCP in silence.
+func TestMultipathTCPWithLiveness(t *testing.T) {
+	var probe net.ListenConfig
+	if listenProtocol(t, probe) != unix.IPPROTO_MPTCP {
+		t.Skip("this kernel gives Go no MPTCP listener (net.mptcp.enabled=0?)")
+	}
+	l := relay.Liveness{KeepAliveIdle: 30 * time.Second, KeepAliveInterval: 10 * time.Second, KeepAliveCount: 5, UserTimeout: 80 * time.Second}
+	if p := listenProtocol(t, New(Options{MultipathTCP: true, Liveness: l}).sockCfg.listen); p != unix.IPPROTO_MPTCP {
+		t.Errorf("MultipathTCP proxy socket with liveness options: protocol %d, want IPPROTO_MPTCP (%d)", p, unix.IPPROTO_MPTCP)
 	}
 }

@@ -88,6 +88,7 @@ func TestListenTCPMatchesNetListen(t *testing.T) {
 				t.Skip("no IPv6 loopback")
 			}
 			lc := net.ListenConfig{KeepAlive: -1, Control: SocketControl(live)}
+			lc.SetMultipathTCP(false) // as the proxier listens (Go's default is MPTCP)
 			ln, err := lc.Listen(t.Context(), tc.network, net.JoinHostPort(tc.host, "0"))
 			if err != nil {
 				t.Fatal(err)

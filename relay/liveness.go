@@ -2,10 +2,12 @@ package relay
 
 import (
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 )
@@ -70,12 +72,24 @@ func (l Liveness) apply(fd int) error {
 	}
 	if l.UserTimeout > 0 {
 		ms := max(int(l.UserTimeout/time.Millisecond), 1)
-		if err := rawio.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, ms); err != nil {
+		err := rawio.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, ms)
+		switch {
+		case err == unix.ENOPROTOOPT:
+			// An MPTCP socket (--mptcp) takes no TCP_USER_TIMEOUT (kernel
+			// 6.18); keep-alive still finds a dead peer. Failing here made
+			// Go's MPTCP listener fall back to plain TCP, in silence.
+			noUserTimeout.Do(func() {
+				klog.InfoS("Multipath TCP sockets take no TCP_USER_TIMEOUT here: their dead peers are found by keep-alive alone")
+			})
+		case err != nil:
 			return err
 		}
 	}
 	return nil
 }
+
+// noUserTimeout says once that MPTCP sockets go without TCP_USER_TIMEOUT.
+var noUserTimeout sync.Once
 
 // settle is how long a dialled socket of the event loop relays before it
 // gets the liveness options. Both only matter later: the first probe comes

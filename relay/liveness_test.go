@@ -42,6 +42,7 @@ func TestLivenessInheritedByAcceptAndSetByDial(t *testing.T) {
 	l := Liveness{KeepAliveIdle: 7 * time.Second, KeepAliveInterval: 3 * time.Second, KeepAliveCount: 4, UserTimeout: 2500 * time.Millisecond}
 	want := [5]int{1, 7, 3, 4, 2500}
 	lc := net.ListenConfig{KeepAlive: -1, Control: l.Control}
+	lc.SetMultipathTCP(false) // as the proxier listens (Go's default is MPTCP)
 	ln, err := lc.Listen(context.Background(), "tcp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -69,6 +70,7 @@ func TestLivenessInheritedByAcceptAndSetByDial(t *testing.T) {
 // The zero Liveness touches nothing, and UDP sockets are left alone.
 func TestLivenessOffAndUDP(t *testing.T) {
 	lc := net.ListenConfig{KeepAlive: -1, Control: Liveness{}.Control}
+	lc.SetMultipathTCP(false) // as the proxier listens (Go's default is MPTCP)
 	ln, err := lc.Listen(context.Background(), "tcp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
