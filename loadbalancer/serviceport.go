@@ -37,7 +37,7 @@ type ServicePort struct {
 	// its proxy socket (a dual-stack socket's IPv6 loopback, say).
 	familiesApart bool
 	policy        AffinityPolicy
-	clients *affinityTable // nil unless policy.ClientIP
+	clients       *affinityTable // nil unless policy.ClientIP
 	// evicted counts clients the cap pushed out of the table (not those that
 	// expired), for the evictions metric; it outlives policy changes.
 	evicted uint64
