@@ -171,3 +171,30 @@ func TestFamiliesApartWithOneFamily(t *testing.T) {
 		t.Fatalf("IPv6 client of a single-stack Service got %v", got)
 	}
 }
+
+// A client pinned to an endpoint of the other family while the families
+// mixed (a single-stack Service with endpoints of one family) gets one of
+// its own family once they are apart: the Service became dual-stack and
+// its other family's endpoints arrived. The pin was kept, refreshed by
+// every use, for as long as the client came back.
+func TestPinAcrossFamiliesDropped(t *testing.T) {
+	lb, _ := newTestBalancer(t)
+	name := svcName("dual")
+	lb.SetAffinity(name, clientIPPolicy(time.Hour))
+	lb.SetEndpoints(name, []Endpoint{{Addr: addr("10.0.0.1:80"), Ready: true, Serving: true}})
+	sp := lb.ServicePort(name)
+	c6 := ip("fd01::1")
+	if got := mustNext(t, sp, c6, false); got != addr("10.0.0.1:80") {
+		t.Fatalf("single-stack: IPv6 client got %v", got)
+	}
+	lb.SetFamiliesApart(name, true)
+	lb.SetEndpoints(name, []Endpoint{
+		{Addr: addr("10.0.0.1:80"), Ready: true, Serving: true},
+		{Addr: addr("[fd00::1]:80"), Ready: true, Serving: true},
+	})
+	for range 3 {
+		if got := mustNext(t, sp, c6, false); got != addr("[fd00::1]:80") {
+			t.Fatalf("dual-stack: IPv6 client got %v, want its own family's endpoint", got)
+		}
+	}
+}

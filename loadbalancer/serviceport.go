@@ -85,6 +85,11 @@ func (sp *ServicePort) Next(clientIP netip.Addr, resetAffinity bool) (netip.Addr
 	now := sp.clk.Now()
 	timeout := sp.policy.Timeout
 	pinned, havePin := sp.clients.get(clientIP)
+	if havePin && (sp.split > 0 || sp.familiesApart) && pinned.endpoint.Addr().Unmap().Is6() != clientIP.Is6() {
+		// Pinned while the families mixed (a single-stack Service, or one
+		// family's endpoints only); they are apart now: a pick of its own.
+		havePin = false
+	}
 	resetAffinity = resetAffinity || pinned.failed
 	if havePin && !resetAffinity && !pinned.expired(now, timeout) {
 		pinned.lastUsed = now
