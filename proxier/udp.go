@@ -76,6 +76,10 @@ type udpProxySocket struct {
 	// goroutine's.
 	groReads int
 
+	// bound is the socket's address (a datagram's destination when it
+	// is not the wildcard: udp_unreachable.go).
+	bound netip.AddrPort
+
 	sessionsGauge                   *gauge
 	dialFailures, bytesIn, bytesOut *counter
 	droppedNoBackend                *counter
@@ -119,6 +123,7 @@ func newUDPProxySocket(name loadbalancer.ServicePortName, conn *net.UDPConn, sp 
 	s := &udpProxySocket{
 		name: name, label: label, conn: conn, sp: sp, cfg: cfg, faults: fp,
 		replyFromDestination: withDst,
+		bound:                conn.LocalAddr().(*net.UDPAddr).AddrPort(),
 		sessions:             newUDPSessionTable(),
 		poller:               poller,
 		closer:               newCloser(),
@@ -356,7 +361,7 @@ func (s *udpProxySocket) forward(client netip.AddrPort, b, oob []byte) {
 		s.droppedNoBackend.Inc()
 		s.noBackend.report(s.label, client, err)
 		if errors.Is(err, loadbalancer.ErrNoEndpoints) {
-			s.cfg.unreachable.send(client, datagramDestination(oob, s.conn.LocalAddr().(*net.UDPAddr).AddrPort()), b)
+			s.cfg.unreachable.send(client, oob, s.bound, b)
 		}
 		return
 	}

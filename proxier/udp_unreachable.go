@@ -12,19 +12,25 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// A UDP datagram that no endpoint can take (the service port has none
-// ready) is answered with ICMP port unreachable, as kube-proxy's REJECT
-// answers it: the client's connected socket reports ECONNREFUSED at once,
-// where it waited out its timeouts (a DNS lookup: seconds per server). The
-// error names the datagram as the proxy socket received it, after the
-// portal's DNAT; the kernel's connection tracking relates it to the flow
-// and rewrites it to the service address the client sent to, as it does
-// for its own port-unreachable to a REDIRECTed flow. It needs a raw socket
+// A UDP datagram that no endpoint can take (the service port has none,
+// or none of the client's family) is answered with ICMP port unreachable,
+// as kube-proxy's REJECT answers a Service without endpoints: the client's
+// connected socket reports ECONNREFUSED at once, where it waited out its
+// timeouts (a DNS lookup: seconds per server). Under a Local traffic
+// policy without a local endpoint kube-proxy drops instead; here the
+// client is refused, as a TCP client is reset. The error names the
+// datagram as the proxy socket received it, after the portal's DNAT; the
+// kernel's connection tracking relates it to the flow and rewrites it to
+// the service address the client sent to, as it does for its own
+// port-unreachable to a REDIRECTed flow. It needs a raw socket
 // (CAP_NET_RAW): without one, such datagrams are dropped as before.
 
-// unreachableRate bounds the errors sent per second (and their burst), as
-// the kernel bounds its own ICMP (net.ipv4.icmp_msgs_per_sec, 1000): a
-// flood to a Service without endpoints must not make the node a reflector.
+// unreachableRate bounds the errors sent per second (and their burst), for
+// the whole proxier, as the kernel bounds all its ICMP
+// (net.ipv4.icmp_msgs_per_sec, 1000): a flood to a Service without
+// endpoints must not make the node a reflector. The kernel also limits
+// them per destination (icmp_ratelimit); this bound is global only, so one
+// flooding client can spend it for all.
 const (
 	unreachableRate  = 1000
 	unreachableBurst = 50
@@ -35,35 +41,39 @@ const (
 type unreachableSender struct {
 	limit *rate.Limiter
 
+	// mu guards the sockets and is held across a send, so that close
+	// never closes a descriptor a send is about to use (a port's Serve
+	// may still be forwarding when the proxier stops).
 	mu      sync.Mutex
 	fd      [2]int // IPv4, IPv6; -1 until opened
 	refused [2]bool
+	closed  bool
 }
 
 func newUnreachableSender() *unreachableSender {
 	return &unreachableSender{limit: rate.NewLimiter(unreachableRate, unreachableBurst), fd: [2]int{-1, -1}}
 }
 
-// send answers the datagram payload that client sent to local (the proxy
-// socket's address as the datagram reached it) with port unreachable. It
-// does nothing when local is unknown, the rate is spent, or no raw socket
-// can be had.
-func (u *unreachableSender) send(client, local netip.AddrPort, payload []byte) {
-	if u == nil || !local.IsValid() || local.Addr().IsUnspecified() {
+// send answers the datagram payload that client sent to the proxy socket
+// bound at bound (oob: the datagram's control messages, which say where
+// it arrived when bound is the wildcard) with port unreachable. It does
+// nothing when the rate is spent (checked first: a flood costs no more per
+// datagram), the destination is unknown, or no raw socket can be had.
+func (u *unreachableSender) send(client netip.AddrPort, oob []byte, bound netip.AddrPort, payload []byte) {
+	if u == nil || !u.limit.Allow() {
+		return
+	}
+	local := datagramDestination(oob, bound)
+	if !local.IsValid() || local.Addr().IsUnspecified() {
 		return
 	}
 	client = netip.AddrPortFrom(client.Addr().Unmap(), client.Port())
-	local = netip.AddrPortFrom(local.Addr().Unmap(), local.Port())
-	if client.Addr().Is4() != local.Addr().Is4() || !u.limit.Allow() {
+	if client.Addr().Is4() != local.Addr().Is4() {
 		return
 	}
 	family := 0
 	if !client.Addr().Is4() {
 		family = 1
-	}
-	fd := u.socket(family)
-	if fd < 0 {
-		return
 	}
 	var msg []byte
 	var to unix.Sockaddr
@@ -74,16 +84,24 @@ func (u *unreachableSender) send(client, local netip.AddrPort, payload []byte) {
 		msg = portUnreachable6(client, local, len(payload))
 		to = &unix.SockaddrInet6{Addr: client.Addr().As16()}
 	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	fd := u.socketLocked(family)
+	if fd < 0 {
+		return
+	}
 	if err := unix.Sendto(fd, msg, unix.MSG_DONTWAIT, to); err != nil {
 		klog.V(4).InfoS("ICMP port unreachable not sent", "client", client, "err", err)
 	}
 }
 
-// socket returns the raw socket of family (0: IPv4, 1: IPv6), opening it
-// on first use; -1 when it cannot be had (said once).
-func (u *unreachableSender) socket(family int) int {
-	u.mu.Lock()
-	defer u.mu.Unlock()
+// socketLocked returns the raw socket of family (0: IPv4, 1: IPv6),
+// opening it on first use; -1 when it cannot be had (said once) or the
+// sender is closed. u.mu is held.
+func (u *unreachableSender) socketLocked(family int) int {
+	if u.closed {
+		return -1
+	}
 	if u.fd[family] >= 0 || u.refused[family] {
 		return u.fd[family]
 	}
@@ -124,6 +142,7 @@ func (u *unreachableSender) close() {
 	}
 	u.mu.Lock()
 	defer u.mu.Unlock()
+	u.closed = true
 	for i, fd := range u.fd {
 		if fd >= 0 {
 			unix.Close(fd)
@@ -201,25 +220,27 @@ func checksum(b []byte) uint16 {
 }
 
 // datagramDestination is where a client's datagram reached the socket: the
-// destination oob reports (a socket on the wildcard address), else the
-// socket's own address; invalid when neither says.
+// destination oob reports (IP_PKTINFO, IPV6_PKTINFO: a socket on the
+// wildcard address), else the socket's own address; invalid when neither
+// says. It allocates nothing.
 func datagramDestination(oob []byte, bound netip.AddrPort) netip.AddrPort {
-	if len(oob) > 0 {
-		var cm4 ipv4.ControlMessage
-		if cm4.Parse(oob) == nil && cm4.Dst != nil {
-			if a, ok := netip.AddrFromSlice(cm4.Dst); ok {
-				return netip.AddrPortFrom(a.Unmap(), bound.Port())
-			}
+	for len(oob) >= unix.CmsgLen(0) {
+		h, data, rest, err := unix.ParseOneSocketControlMessage(oob)
+		if err != nil {
+			break
 		}
-		var cm6 ipv6.ControlMessage
-		if cm6.Parse(oob) == nil && cm6.Dst != nil {
-			if a, ok := netip.AddrFromSlice(cm6.Dst); ok {
-				return netip.AddrPortFrom(a.Unmap(), bound.Port())
-			}
+		switch {
+		case h.Level == unix.IPPROTO_IP && h.Type == unix.IP_PKTINFO && len(data) >= unix.SizeofInet4Pktinfo:
+			// struct in_pktinfo: ifindex, spec_dst, addr (the header's destination).
+			return netip.AddrPortFrom(netip.AddrFrom4([4]byte(data[8:12])), bound.Port())
+		case h.Level == unix.IPPROTO_IPV6 && h.Type == unix.IPV6_PKTINFO && len(data) >= unix.SizeofInet6Pktinfo:
+			// struct in6_pktinfo: addr, ifindex.
+			return netip.AddrPortFrom(netip.AddrFrom16([16]byte(data[0:16])).Unmap(), bound.Port())
 		}
+		oob = rest
 	}
 	if bound.Addr().IsUnspecified() {
 		return netip.AddrPort{}
 	}
-	return bound
+	return netip.AddrPortFrom(bound.Addr().Unmap(), bound.Port())
 }

@@ -1,8 +1,13 @@
 package proxier
 
 import (
+	"unsafe"
+
 	"encoding/binary"
 	"errors"
+	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
+	"golang.org/x/sys/unix"
 	"net"
 	"net/netip"
 	"os"
@@ -86,5 +91,68 @@ func TestUnreachableRateLimited(t *testing.T) {
 	}
 	if allowed > unreachableBurst+5 {
 		t.Fatalf("%d errors allowed at once, want about %d", allowed, unreachableBurst)
+	}
+}
+
+// The destination comes from the datagram's packet info (a socket on the
+// wildcard address), else from the socket's own address, and costs no
+// allocation: it runs for every datagram a flood to a port without
+// endpoints sends past the rate limit's check.
+func TestDatagramDestination(t *testing.T) {
+	bound4 := netip.MustParseAddrPort("0.0.0.0:31000")
+	oob4 := ipv4.NewControlMessage(ipv4.FlagDst)
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&oob4[0]))
+	h.Level, h.Type = unix.IPPROTO_IP, unix.IP_PKTINFO
+	h.SetLen(unix.CmsgLen(unix.SizeofInet4Pktinfo))
+	info := (*unix.Inet4Pktinfo)(unsafe.Pointer(&oob4[unix.CmsgLen(0)]))
+	info.Addr = [4]byte{10, 0, 0, 1}
+	oob6 := ipv6.NewControlMessage(ipv6.FlagDst)
+	h6 := (*unix.Cmsghdr)(unsafe.Pointer(&oob6[0]))
+	h6.Level, h6.Type = unix.IPPROTO_IPV6, unix.IPV6_PKTINFO
+	h6.SetLen(unix.CmsgLen(unix.SizeofInet6Pktinfo))
+	info6 := (*unix.Inet6Pktinfo)(unsafe.Pointer(&oob6[unix.CmsgLen(0)]))
+	info6.Addr = netip.MustParseAddr("fd00::1").As16()
+	for _, tt := range []struct {
+		name  string
+		oob   []byte
+		bound netip.AddrPort
+		want  string
+	}{
+		{"IPv4 packet info", oob4, bound4, "10.0.0.1:31000"},
+		{"IPv6 packet info", oob6, netip.MustParseAddrPort("[::]:31000"), "[fd00::1]:31000"},
+		{"a bound address", nil, netip.MustParseAddrPort("127.0.0.1:31000"), "127.0.0.1:31000"},
+		{"the wildcard, no packet info", nil, bound4, "invalid AddrPort"},
+	} {
+		if got := datagramDestination(tt.oob, tt.bound).String(); got != tt.want {
+			t.Errorf("%s: %s, want %s", tt.name, got, tt.want)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { datagramDestination(oob4, bound4) }); n != 0 {
+		t.Errorf("%v allocations per destination", n)
+	}
+}
+
+// The IPv4 raw socket receives nothing (ICMP_FILTER blocks every type):
+// without the filter the kernel queues it a copy of each ICMP message the
+// node receives. A closed sender opens no socket again: a port's Serve may
+// still forward a datagram after the proxier stopped.
+func TestUnreachableSocketFilteredAndClosed(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs CAP_NET_RAW (root) for the raw ICMP socket")
+	}
+	u := newUnreachableSender()
+	u.mu.Lock()
+	fd := u.socketLocked(0)
+	u.mu.Unlock()
+	if fd < 0 {
+		t.Fatal("no raw socket")
+	}
+	if v, err := unix.GetsockoptInt(fd, unix.SOL_RAW, icmpFilter); err != nil || uint32(v) != 0xffffffff {
+		t.Fatalf("ICMP_FILTER %#x, %v; want every type blocked", uint32(v), err)
+	}
+	u.close()
+	u.send(netip.MustParseAddrPort("127.0.0.1:40000"), nil, netip.MustParseAddrPort("127.0.0.1:31000"), []byte("x"))
+	if u.fd != [2]int{-1, -1} {
+		t.Fatalf("a send after close opened %v", u.fd)
 	}
 }
