@@ -23,8 +23,9 @@ type delayLine struct {
 	n       uint64 // datagrams added, for arrival order
 	running bool
 	wake    chan struct{} // an earlier datagram than the one waited for
-	// full: the last datagram offered found the line at its bound (said
-	// once per episode, not per datagram).
+	// full: a datagram found the line at its bound, and it has not
+	// drained to half since (said once per such episode, not per
+	// datagram: a line held at its bound lets one in per send).
 	full bool
 }
 
@@ -61,7 +62,9 @@ func (l *delayLine) add(due time.Time, b []byte, send func([]byte)) bool {
 		}
 		return false
 	}
-	l.full = false
+	if l.full && len(l.q) < delayLineMaxDatagrams/2 && l.bytes < delayLineMaxBytes/2 {
+		l.full = false // the episode is over once the line drained to half
+	}
 	heap.Push(&l.q, delayedDatagram{due: due, n: l.n, b: b, send: send})
 	l.bytes += len(b)
 	l.n++

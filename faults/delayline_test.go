@@ -14,11 +14,11 @@ import (
 func TestDelayLineBounded(t *testing.T) {
 	var sent atomic.Int64
 	send := func([]byte) { sent.Add(1) }
-	due := time.Now().Add(200 * time.Millisecond)
+	later := time.Now().Add(time.Hour) // nothing leaves while the bound is checked
 
 	var byCount delayLine
 	for i := range delayLineMaxDatagrams + 10 {
-		if ok := byCount.add(due, make([]byte, 10), send); ok != (i < delayLineMaxDatagrams) {
+		if ok := byCount.add(later, make([]byte, 10), send); ok != (i < delayLineMaxDatagrams) {
 			t.Fatalf("datagram %d: taken %v", i, ok)
 		}
 	}
@@ -26,21 +26,28 @@ func TestDelayLineBounded(t *testing.T) {
 	const size = 60000
 	taken := 0
 	for range 2 * delayLineMaxBytes / size {
-		if byBytes.add(due, make([]byte, size), send) {
+		if byBytes.add(later, make([]byte, size), send) {
 			taken++
 		}
 	}
 	if want := delayLineMaxBytes / size; taken != want {
 		t.Fatalf("%d datagrams of %d bytes taken, want %d (%d bytes)", taken, size, want, delayLineMaxBytes)
 	}
+
+	// A full line takes datagrams again once what it held went out.
+	var drains delayLine
+	soon := time.Now().Add(50 * time.Millisecond)
+	for range delayLineMaxDatagrams {
+		drains.add(soon, make([]byte, 10), send)
+	}
 	deadline := time.Now().Add(5 * time.Second)
-	for sent.Load() < int64(delayLineMaxDatagrams+taken) {
+	for sent.Load() < delayLineMaxDatagrams {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d sent, want %d", sent.Load(), delayLineMaxDatagrams+taken)
+			t.Fatalf("%d sent, want %d", sent.Load(), delayLineMaxDatagrams)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if !byBytes.add(time.Now(), make([]byte, size), send) {
+	if !drains.add(time.Now(), make([]byte, 10), send) {
 		t.Fatal("the line refused a datagram once it had sent what it held")
 	}
 }
