@@ -252,7 +252,11 @@ func (c *Conn) copyHalf(dst, src *net.TCPConn, copier Copier, bytes Counter, a *
 		src.Close()
 		return
 	}
-	switch c.endOf(src) {
+	var srcRaw syscall.RawConn // the built-in copy's, when it ran
+	if copier == nil && c.rawErr == nil {
+		srcRaw = a.splice.srcRaw
+	}
+	switch c.endOf(src, srcRaw) {
 	case srcReset:
 		// src was reset, not closed: the other direction, writing to it,
 		// took the error (a socket reports it once) and this read saw an
@@ -292,17 +296,24 @@ const (
 // leaves it in CLOSE_WAIT (or, once ours went too, LAST_ACK and then
 // CLOSE), a reset in CLOSE. So CLOSE means a reset only while no FIN of
 // ours went out on it, read after the state: our FIN is recorded before
-// it is sent.
-func (c *Conn) endOf(src *net.TCPConn) int {
-	raw, err := src.SyscallConn()
-	if err != nil {
-		return srcClosed
+// it is sent. raw is src's raw conn if one is at hand (nil: asked for).
+// Once a FIN of ours went out the answer is a FIN, without a look.
+func (c *Conn) endOf(src *net.TCPConn, raw syscall.RawConn) int {
+	side := c.sideOf(src)
+	if c.finSent[side].Load() {
+		return srcFIN
+	}
+	if raw == nil {
+		var err error
+		if raw, err = src.SyscallConn(); err != nil {
+			return srcClosed
+		}
 	}
 	state := -1
 	if raw.Control(func(fd uintptr) { state = rawio.TCPState(int(fd)) }) != nil {
 		return srcClosed
 	}
-	if state == rawio.TCPClose && !c.finSent[c.sideOf(src)].Load() {
+	if state == rawio.TCPClose && !c.finSent[side].Load() {
 		return srcReset
 	}
 	return srcFIN
