@@ -116,7 +116,7 @@ func newUDPProxySocket(name loadbalancer.ServicePortName, conn *net.UDPConn, sp 
 		return nil, fmt.Errorf("ask for datagram destinations: %w", err)
 	}
 	if rc, err := conn.SyscallConn(); err == nil {
-		_ = rc.Control(func(fd uintptr) { growReceiveBuffer(int(fd)) })
+		_ = rc.Control(func(fd uintptr) { growServiceReceiveBuffer(int(fd)) })
 	}
 	label := name.String()
 	m := cfg.metrics.ports.forPort(label, true)
@@ -693,8 +693,8 @@ func (s *udpProxySocket) relayFrom(fd int, b *udpBatch) {
 		// up front: a DNS session (one reply) would pay a system call for
 		// nothing.
 		enableGRO(fd)
-		growReceiveBuffer(fd) // a burst may outgrow the default queue
-		sess.gro = true       // asked once, taken or not
+		growSessionReceiveBuffer(fd) // a burst may outgrow the default queue
+		sess.gro = true              // asked once, taken or not
 	}
 	client, control := sess.client, sess.replyControl
 	plan := s.datagramFaults()
