@@ -1,14 +1,14 @@
 package proxier
 
 import (
-	"time"
-
 	"context"
-	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 	"net"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
 
 // listenProtocol is the kernel's protocol of a listening socket:

@@ -96,7 +96,9 @@ type Options struct {
 	Metrics        *Metrics
 	Clock          clock.WithTicker
 	Dialer         Dialer
-	DialTimeouts   []time.Duration
+	// DialTimeouts are a connection's dial attempts (at most
+	// maxDialAttempts are used; nil: defaultDialTimeouts).
+	DialTimeouts []time.Duration
 	// NodeName is this node, for node-local traffic policies and topology
 	// hints; its zone arrives later through SetNodeZone.
 	NodeName string

@@ -1,13 +1,8 @@
 package proxier
 
 import (
-	"unsafe"
-
 	"encoding/binary"
 	"errors"
-	"golang.org/x/net/ipv4"
-	"golang.org/x/net/ipv6"
-	"golang.org/x/sys/unix"
 	"net"
 	"net/netip"
 	"os"
@@ -15,7 +10,11 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
+	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
+	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 )
 

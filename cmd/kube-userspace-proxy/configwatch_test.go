@@ -67,7 +67,13 @@ func TestWatchConfigFile(t *testing.T) {
 			if err := os.Symlink(filepath.Join("..data", "config.conf"), path); err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+			// An exit comes within a few polls; a watch that keeps
+			// serving runs until the context ends.
+			budget := 500 * time.Millisecond
+			if tt.wantExit {
+				budget = 10 * time.Second
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), budget)
 			defer cancel()
 			done := make(chan error, 1)
 			go func() { done <- watchConfigFile(ctx, path, []byte(watchedConfig), check, 10*time.Millisecond) }()
@@ -99,7 +105,7 @@ func TestConfigChangeEndsTheCommand(t *testing.T) {
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^$", "--", "--config", path, "--iptables=false", "--bind-address", "127.0.0.1", "--manifests", t.TempDir())
 	cmd.Env = append(os.Environ(), runAsCommand+"=1")
-	var stderr strings.Builder
+	var stderr syncBuffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -110,7 +116,13 @@ func TestConfigChangeEndsTheCommand(t *testing.T) {
 		_ = cmd.Process.Kill()
 		<-exited
 	})
-	time.Sleep(1500 * time.Millisecond)
+	// Edited once the command runs (it has read --config by then).
+	for deadline := time.Now().Add(time.Minute); !strings.Contains(stderr.String(), "kube-userspace-proxy running"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("the command not running after 1 min:\n%s", stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	if err := os.WriteFile(path, []byte(watchedConfig+"healthzBindAddress: 127.0.0.1:0\nudpIdleTimeout: 3s\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}

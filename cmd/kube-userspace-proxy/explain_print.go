@@ -111,8 +111,17 @@ func (e *explanation) writePort(w *bufio.Writer, p proxier.DebugServicePort) {
 		field(w, "endpoints", strings.Join(p.Endpoints, ", "))
 		field(w, "", "round robin: each new connection (UDP: each new client address) takes the next one")
 		field(w, "", "in this order; a running proxy shuffles the list once when it changes")
-		if hasBothFamilies(p.Endpoints) {
-			field(w, "", "each family apart: IPv4 clients take the IPv4 ones, IPv6 clients the IPv6 ones")
+		if s4, s6 := families(p.ServiceIPs); s4 && s6 {
+			// Dual-stack: each family's clients are served by its own
+			// endpoints, or refused without one.
+			switch e4, e6 := families(p.Endpoints); {
+			case e4 && e6:
+				field(w, "", "each family apart: IPv4 clients take the IPv4 ones, IPv6 clients the IPv6 ones")
+			case e4:
+				field(w, "", "IPv4 clients only: an IPv6 client is refused (no IPv6 endpoint)")
+			default:
+				field(w, "", "IPv6 clients only: an IPv4 client is refused (no IPv4 endpoint)")
+			}
 		}
 	}
 	if p.ExternalProxyAddress != "" {
@@ -181,13 +190,18 @@ func field(w *bufio.Writer, name, value string) {
 	fmt.Fprintf(w, "%-18s%s\n", label, value)
 }
 
-// hasBothFamilies reports whether endpoints (ip:port) hold both families.
-func hasBothFamilies(endpoints []string) bool {
-	var v4, v6 bool
-	for _, e := range endpoints {
-		if ap, err := netip.ParseAddrPort(e); err == nil {
-			v4, v6 = v4 || ap.Addr().Unmap().Is4(), v6 || ap.Addr().Unmap().Is6()
+// families reports which families addrs (IPs, or ip:port) hold.
+func families(addrs []string) (v4, v6 bool) {
+	for _, a := range addrs {
+		ip, err := netip.ParseAddr(a)
+		if err != nil {
+			ap, err := netip.ParseAddrPort(a)
+			if err != nil {
+				continue
+			}
+			ip = ap.Addr()
 		}
+		v4, v6 = v4 || ip.Unmap().Is4(), v6 || ip.Unmap().Is6()
 	}
-	return v4 && v6
+	return v4, v6
 }

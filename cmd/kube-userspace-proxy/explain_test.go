@@ -337,4 +337,20 @@ endpoints: [{addresses: ["fd00:1::1"]}]
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
 	}
+	// Without its IPv6 slice the Service refuses IPv6 clients.
+	data, err := os.ReadFile(filepath.Join(dir, "svc.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	four, _, _ := strings.Cut(string(data), "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: ds-6")
+	if err := os.WriteFile(filepath.Join(dir, "svc.yaml"), []byte(four), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if code := explain(t.Context(), []string{"--manifests", dir}, &out); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	if want := "IPv4 clients only: an IPv6 client is refused (no IPv6 endpoint)"; !strings.Contains(out.String(), want) {
+		t.Errorf("output lacks %q:\n%s", want, out.String())
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -262,9 +263,10 @@ func portalSyncers(v *validated, newRunner func(iptables.Family) (iptables.Runne
 	if v.nodeIP.IsValid() && !isLocalAddress(v.nodeIP) {
 		klog.InfoS("Warning: --node-ip is not an address of this node's interfaces: portal traffic DNATed to it leaves the node instead of reaching the proxy", "nodeIP", v.nodeIP)
 	}
+	// Each family's with rules: the IPv6 portals DNAT to the IPv6 one
+	// (one address was named, whichever family it was).
+	nodeIPs = slices.DeleteFunc(nodeIPs, func(ip netip.Addr) bool { return ip.Is4() && v4 == nil || ip.Is6() && v6 == nil })
 	if len(nodeIPs) > 0 {
-		// Each family's: the IPv6 portals DNAT to the IPv6 one (only one
-		// was named, whichever family it was).
 		klog.InfoS("Portal rules enabled", "nodeIPs", nodeIPs)
 	} else {
 		// No default route and no --node-ip: the portals REDIRECT (to the
