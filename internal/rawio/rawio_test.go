@@ -379,3 +379,47 @@ func TestAccept4ReturnsThePeer(t *testing.T) {
 		t.Fatal("accepted socket is blocking")
 	}
 }
+
+// TCPState reads tcpi_state: ESTABLISHED on a connected socket, CLOSE_WAIT
+// once the peer's FIN came, CLOSE once a reset came.
+func TestTCPState(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		end  func(peer *net.TCPConn)
+		want int
+	}{
+		{"established", func(*net.TCPConn) {}, 1},
+		{"peer's FIN", func(p *net.TCPConn) { _ = p.CloseWrite() }, TCPCloseWait},
+		{"peer's reset", func(p *net.TCPConn) { _ = p.SetLinger(0); _ = p.Close() }, TCPClose},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp4", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			c, err := net.Dial("tcp4", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			peer, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer peer.Close()
+			tt.end(peer.(*net.TCPConn))
+			raw, _ := c.(*net.TCPConn).SyscallConn()
+			var got int
+			for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+				_ = raw.Control(func(fd uintptr) { got = TCPState(int(fd)) })
+				if got == tt.want || time.Now().After(deadline) {
+					break
+				}
+			}
+			if got != tt.want {
+				t.Fatalf("state %d, want %d", got, tt.want)
+			}
+		})
+	}
+}

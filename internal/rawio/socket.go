@@ -131,12 +131,16 @@ const (
 	TCPClosing   = 11 // FINs crossed
 )
 
-// TCPState returns fd's TCP state (TCP_INFO's tcpi_state), -1 when it
-// cannot be read.
+// TCPState returns fd's TCP state (TCP_INFO's tcpi_state, its first byte:
+// the kernel copies as much of the structure as asked for, so nothing of
+// it is allocated), -1 when it cannot be read.
 func TCPState(fd int) int {
-	info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
-	if err != nil {
+	var state uint8
+	n := uint32(1)
+	_, _, e := unix.RawSyscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.IPPROTO_TCP, unix.TCP_INFO,
+		uintptr(unsafe.Pointer(&state)), uintptr(unsafe.Pointer(&n)), 0)
+	if e != 0 || n < 1 {
 		return -1
 	}
-	return int(info.State)
+	return int(state)
 }
