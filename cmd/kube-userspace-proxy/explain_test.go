@@ -115,8 +115,7 @@ func TestExplainPortRangeTooSmall(t *testing.T) {
 // family gets no rules, a dual-stack Service is explained in the bind
 // address's family and an IPv6-only one not at all.
 func TestExplainBindAddressOfOneFamily(t *testing.T) {
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "svc.yaml"), []byte(`apiVersion: v1
+	got := explainManifests(t, `apiVersion: v1
 kind: Service
 metadata: {name: ds, namespace: default}
 spec:
@@ -129,14 +128,7 @@ metadata: {name: six, namespace: default}
 spec:
   clusterIPs: ["fd36:96::10"]
   ports: [{name: http, port: 80}]
-`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	var out bytes.Buffer
-	if code := explain(t.Context(), []string{"--manifests", dir, "--bind-address", "10.236.1.1"}, &out); code != 0 {
-		t.Fatalf("exit %d", code)
-	}
-	got := out.String()
+`, "--bind-address", "10.236.1.1")
 	if !strings.Contains(got, "-d 10.96.0.20/32") || strings.Contains(got, "fd36:96::20/128") || strings.Contains(got, "default/six") {
 		t.Errorf("want IPv4 rules of default/ds only:\n%s", got)
 	}
@@ -218,21 +210,13 @@ func TestExplainShowsTheGroupedGuardRule(t *testing.T) {
 // A port without endpoints is explained by what its client sees: a TCP
 // reset, or for UDP an ICMP port unreachable (a UDP port said "TCP reset").
 func TestExplainNoEndpointsByProtocol(t *testing.T) {
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "svc.yaml"), []byte(`apiVersion: v1
+	got := explainManifests(t, `apiVersion: v1
 kind: Service
 metadata: {name: dns, namespace: default}
 spec:
   clusterIP: 10.96.0.53
   ports: [{name: dns, port: 53, protocol: UDP}, {name: tcp, port: 53}]
-`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	var out bytes.Buffer
-	if code := explain(t.Context(), []string{"--manifests", dir}, &out); code != 0 {
-		t.Fatalf("exit %d", code)
-	}
-	got := out.String()
+`)
 	for _, want := range []string{
 		"none ready: a UDP client's datagram is answered with ICMP port unreachable until one is",
 		"none ready: a TCP client's connection is reset until one is",
@@ -247,8 +231,7 @@ spec:
 // socket and that socket's endpoints, this node's own, or what an external
 // client meets without one (explain showed only the cluster-wide list).
 func TestExplainExternalTrafficPolicyLocal(t *testing.T) {
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "svc.yaml"), []byte(`apiVersion: v1
+	const manifests = `apiVersion: v1
 kind: Service
 metadata: {name: web, namespace: default}
 spec:
@@ -265,18 +248,12 @@ ports: [{name: http, port: 8080}]
 endpoints:
 - {addresses: [10.1.0.1], nodeName: node-a}
 - {addresses: [10.1.0.2], nodeName: node-b}
-`), 0o644); err != nil {
-		t.Fatal(err)
-	}
+`
 	for _, tt := range []struct{ node, want string }{
 		{"node-a", "local endpoints:  10.1.0.1:8080 (this node's own)"},
 		{"node-c", "local endpoints:  none on this node: external clients are refused here"},
 	} {
-		var out bytes.Buffer
-		if code := explain(t.Context(), []string{"--manifests", dir, "--hostname-override", tt.node}, &out); code != 0 {
-			t.Fatalf("exit %d", code)
-		}
-		got := out.String()
+		got := explainManifests(t, manifests, "--hostname-override", tt.node)
 		for _, want := range []string{"external socket:  0.0.0.0:", tt.want, "endpoints:        10.1.0.1:8080, 10.1.0.2:8080"} {
 			if !strings.Contains(got, want) {
 				t.Errorf("%s: output lacks %q:\n%s", tt.node, want, got)
@@ -303,8 +280,7 @@ func TestExplainNamesEachFamilysNodeIP(t *testing.T) {
 // rules are ip6tables-restore input: explain says both (it presented one
 // list in one order, and "iptables-restore" for IPv6).
 func TestExplainDualStack(t *testing.T) {
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "svc.yaml"), []byte(`apiVersion: v1
+	const dualStack = `apiVersion: v1
 kind: Service
 metadata: {name: ds, namespace: default}
 spec:
@@ -317,40 +293,39 @@ metadata: {name: ds-4, namespace: default, labels: {kubernetes.io/service-name: 
 addressType: IPv4
 ports: [{name: http, port: 8080}]
 endpoints: [{addresses: [10.1.0.1]}]
----
+`
+	const sixSlice = `---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata: {name: ds-6, namespace: default, labels: {kubernetes.io/service-name: ds}}
 addressType: IPv6
 ports: [{name: http, port: 8080}]
 endpoints: [{addresses: ["fd00:1::1"]}]
-`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	var out bytes.Buffer
-	if code := explain(t.Context(), []string{"--manifests", dir}, &out); code != 0 {
-		t.Fatalf("exit %d", code)
-	}
+`
+	got := explainManifests(t, dualStack+sixSlice)
 	for _, want := range []string{"each family apart: IPv4 clients take the IPv4 ones, IPv6 clients the IPv6 ones",
 		"== All IPv6 rules as ip6tables-restore input"} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("output lacks %q:\n%s", want, out.String())
+		if !strings.Contains(got, want) {
+			t.Errorf("output lacks %q:\n%s", want, got)
 		}
 	}
 	// Without its IPv6 slice the Service refuses IPv6 clients.
-	data, err := os.ReadFile(filepath.Join(dir, "svc.yaml"))
-	if err != nil {
+	if got, want := explainManifests(t, dualStack), "IPv4 clients only: an IPv6 client is refused (no IPv6 endpoint)"; !strings.Contains(got, want) {
+		t.Errorf("output lacks %q:\n%s", want, got)
+	}
+}
+
+// explainManifests runs explain on manifests (one file's YAML) with args
+// besides --manifests, and returns its output; a non-zero exit fails t.
+func explainManifests(t *testing.T, manifests string, args ...string) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "svc.yaml"), []byte(manifests), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	four, _, _ := strings.Cut(string(data), "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: ds-6")
-	if err := os.WriteFile(filepath.Join(dir, "svc.yaml"), []byte(four), 0o644); err != nil {
-		t.Fatal(err)
+	var out bytes.Buffer
+	if code := explain(t.Context(), append([]string{"--manifests", dir}, args...), &out); code != 0 {
+		t.Fatalf("exit %d:\n%s", code, out.String())
 	}
-	out.Reset()
-	if code := explain(t.Context(), []string{"--manifests", dir}, &out); code != 0 {
-		t.Fatalf("exit %d", code)
-	}
-	if want := "IPv4 clients only: an IPv6 client is refused (no IPv6 endpoint)"; !strings.Contains(out.String(), want) {
-		t.Errorf("output lacks %q:\n%s", want, out.String())
-	}
+	return out.String()
 }
