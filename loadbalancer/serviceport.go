@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"k8s.io/utils/clock"
 )
@@ -97,16 +98,16 @@ func (sp *ServicePort) Next(clientIP netip.Addr, resetAffinity bool) (netip.Addr
 		return pinned.endpoint, nil
 	}
 
-	ep := sp.roundRobin(clientIP)
-	if resetAffinity && havePin && ep == pinned.endpoint && sp.choices(clientIP) > 1 {
-		// Another client's pick may have moved the cursor onto the endpoint
-		// that just failed for this one; move past it.
+	var ep netip.AddrPort
+	if resetAffinity && havePin {
+		// Another client's pick may have moved the cursor onto the
+		// endpoint that just failed for this one: past it.
+		failed := [1]netip.AddrPort{pinned.endpoint}
+		ep = sp.pickPast(clientIP, failed[:])
+	} else {
 		ep = sp.roundRobin(clientIP)
 	}
-	sp.clients.expireOldest(now, timeout, expireBatch)
-	if sp.clients.put(clientIP, affinityEntry{endpoint: ep, lastUsed: now}) {
-		sp.evicted++
-	}
+	sp.pinLocked(clientIP, ep, now)
 	return ep, nil
 }
 
@@ -121,23 +122,35 @@ func (sp *ServicePort) Next(clientIP netip.Addr, resetAffinity bool) (netip.Addr
 func (sp *ServicePort) Retry(clientIP netip.Addr, tried []netip.AddrPort) (netip.AddrPort, error) {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
-	n := sp.choices(clientIP)
-	if n == 0 {
+	if sp.choices(clientIP) == 0 {
 		return netip.AddrPort{}, ErrNoEndpoints
 	}
-	// n picks in a row visit every endpoint of the family once.
-	ep := sp.roundRobin(clientIP)
-	for i := 1; i < n && slices.Contains(tried, ep); i++ {
-		ep = sp.roundRobin(clientIP)
-	}
+	ep := sp.pickPast(clientIP, tried)
 	if sp.policy.ClientIP {
-		now := sp.clk.Now()
-		sp.clients.expireOldest(now, sp.policy.Timeout, expireBatch)
-		if sp.clients.put(clientIP.Unmap(), affinityEntry{endpoint: ep, lastUsed: now}) {
-			sp.evicted++
-		}
+		sp.pinLocked(clientIP.Unmap(), ep, sp.clk.Now())
 	}
 	return ep, nil
+}
+
+// pickPast is the round-robin pick in clientIP's family past every
+// endpoint of skip while another remains (n picks in a row visit each of
+// the family's n endpoints once). mu is held; the family has endpoints.
+func (sp *ServicePort) pickPast(clientIP netip.Addr, skip []netip.AddrPort) netip.AddrPort {
+	ep := sp.roundRobin(clientIP)
+	for i, n := 1, sp.choices(clientIP); i < n && slices.Contains(skip, ep); i++ {
+		ep = sp.roundRobin(clientIP)
+	}
+	return ep
+}
+
+// pinLocked pins clientIP (unmapped) to ep as of now, first expiring a few
+// of the oldest entries; a new client of a full table evicts the least
+// recently used one. mu is held; the port has affinity.
+func (sp *ServicePort) pinLocked(clientIP netip.Addr, ep netip.AddrPort, now time.Time) {
+	sp.clients.expireOldest(now, sp.policy.Timeout, expireBatch)
+	if sp.clients.put(clientIP, affinityEntry{endpoint: ep, lastUsed: now}) {
+		sp.evicted++
+	}
 }
 
 // Failed says that ep, which Next returned to clientIP, failed it after
