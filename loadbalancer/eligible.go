@@ -22,9 +22,13 @@ func eligibleEndpoints(eps []Endpoint) []netip.AddrPort {
 		}
 	}
 	return collect(eps, func(e Endpoint) bool {
-		return e.Ready || !ready[Family(e.Addr)] && e.Serving && e.Terminating
+		return e.Ready || !ready[Family(e.Addr)] && e.Servable()
 	})
 }
+
+// Servable reports whether e may take traffic at all: it is ready, or
+// serving while terminating (eligible when its family has no ready one).
+func (e Endpoint) Servable() bool { return e.Ready || e.Serving && e.Terminating }
 
 // Family is 0 for an IPv4 (or IPv4-mapped) address, 1 for IPv6: the index
 // of per-family decisions (here and in the proxier's topology hints).

@@ -211,12 +211,13 @@ func (t *endpointsTracker) apply(svc types.NamespacedName) bool {
 type noLocalPorts struct{ internal, external int }
 
 // add counts one service port with endpoints eps under policy, as
-// kube-proxy does: only a port that has usable endpoints somewhere.
+// kube-proxy does: only a port with a servable endpoint somewhere, none on
+// this node.
 func (n noLocalPorts) add(policy trafficPolicy, eps []loadbalancer.Endpoint, node string) noLocalPorts {
-	if !policy.internalLocal && !policy.externalLocal || !hasUsable(eps, "", false) {
+	if !policy.internalLocal && !policy.externalLocal || !slices.ContainsFunc(eps, loadbalancer.Endpoint.Servable) {
 		return n
 	}
-	if node != "" && hasUsable(eps, node, true) {
+	if node != "" && slices.ContainsFunc(eps, func(e loadbalancer.Endpoint) bool { return e.NodeName == node && e.Servable() }) {
 		return n
 	}
 	if policy.internalLocal {
@@ -226,17 +227,6 @@ func (n noLocalPorts) add(policy trafficPolicy, eps []loadbalancer.Endpoint, nod
 		n.external++
 	}
 	return n
-}
-
-// hasUsable reports whether eps has an endpoint the balancer would use
-// (ready, or serving while terminating), only those on node if onNode.
-func hasUsable(eps []loadbalancer.Endpoint, node string, onNode bool) bool {
-	for _, e := range eps {
-		if (!onNode || e.NodeName == node) && (e.Ready || e.Serving && e.Terminating) {
-			return true
-		}
-	}
-	return false
 }
 
 // setNoLocal records svc's count and publishes the totals.
