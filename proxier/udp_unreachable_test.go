@@ -15,6 +15,7 @@ import (
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
 	"golang.org/x/sys/unix"
+	"golang.org/x/time/rate"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -74,22 +75,6 @@ func TestPortUnreachableMessages(t *testing.T) {
 	m6 := portUnreachable6(netip.MustParseAddrPort("[fd00::5]:40000"), netip.MustParseAddrPort("[fd00::1]:31000"), 10)
 	if m6[0] != 1 || m6[1] != 4 || m6[8]>>4 != 6 || m6[8+6] != 17 || len(m6) != 8+40+8 {
 		t.Fatalf("ICMPv6 message % x", m6)
-	}
-}
-
-// The errors are rate limited, as the kernel limits its own ICMP: a flood
-// to a Service without endpoints does not make the node a reflector.
-func TestUnreachableRateLimited(t *testing.T) {
-	u := newUnreachableSender()
-	defer u.close()
-	allowed := 0
-	for range 10 * unreachableBurst {
-		if u.limit.Allow() {
-			allowed++
-		}
-	}
-	if allowed > unreachableBurst+5 {
-		t.Fatalf("%d errors allowed at once, want about %d", allowed, unreachableBurst)
 	}
 }
 
@@ -153,5 +138,45 @@ func TestUnreachableSocketFilteredAndClosed(t *testing.T) {
 	u.send(netip.MustParseAddrPort("127.0.0.1:40000"), nil, netip.MustParseAddrPort("127.0.0.1:31000"), []byte("x"))
 	if u.fd != [2]int{-1, -1} {
 		t.Fatalf("a send after close opened %v", u.fd)
+	}
+}
+
+// A flood to a port without endpoints draws no more errors than the
+// sender's limiter grants, not one per datagram: the node is no
+// reflector. The limiter here grants its burst and never refills, so the
+// count does not depend on how fast the flood went; the client queues every
+// ICMP error it gets (IP_RECVERR) and counts them.
+func TestUnreachableRateLimited(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs CAP_NET_RAW (root) for the raw ICMP socket")
+	}
+	p := newTestProxier(t, Options{})
+	p.sockCfg.unreachable.limit = rate.NewLimiter(0, unreachableBurst)
+	p.OnServiceAdd(makeService("dns", withProtocol(v1.ProtocolUDP)))
+	p.Sync()
+	c, err := net.Dial("udp4", proxyAddr(t, p, "default/dns:p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	raw, _ := c.(*net.UDPConn).SyscallConn()
+	_ = raw.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_RECVERR, 1) })
+	const flood = 10 * unreachableBurst
+	for range flood {
+		_, _ = c.Write([]byte("q")) // a queued error fails a write now and then
+	}
+	time.Sleep(200 * time.Millisecond) // what the proxy read, it has answered
+	errs := 0
+	buf, oob := make([]byte, 512), make([]byte, 512)
+	_ = raw.Control(func(fd uintptr) {
+		for {
+			if _, _, _, _, err := unix.Recvmsg(int(fd), buf, oob, unix.MSG_ERRQUEUE|unix.MSG_DONTWAIT); err != nil {
+				return
+			}
+			errs++
+		}
+	})
+	if errs == 0 || errs > unreachableBurst {
+		t.Fatalf("%d ICMP errors for %d datagrams, want 1 to %d", errs, flood, unreachableBurst)
 	}
 }
