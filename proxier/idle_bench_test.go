@@ -107,6 +107,46 @@ func benchKeepAlive(b *testing.B, addr netip.AddrPort) {
 	}
 }
 
+// BenchmarkTCPKeepAliveParallel is BenchmarkTCPKeepAliveMessage on 64
+// kept-alive connections at once, opened together as wrk -c64 opens them:
+// what spreading a burst of clients over the event loops is for.
+func BenchmarkTCPKeepAliveParallel(b *testing.B) {
+	echo := startTCPEcho(b)
+	b.Run("direct", func(b *testing.B) { benchKeepAliveParallel(b, echo) })
+	proxy := proxiedPort(b, v1.ProtocolTCP, echo)
+	b.Run("proxied", func(b *testing.B) { benchKeepAliveParallel(b, proxy) })
+	loop := proxiedPortWith(b, v1.ProtocolTCP, echo, proxier.Options{DataPath: proxier.DataPathEventLoop})
+	b.Run("proxied-eventloop", func(b *testing.B) { benchKeepAliveParallel(b, loop) })
+}
+
+func benchKeepAliveParallel(b *testing.B, addr netip.AddrPort) {
+	const conns = 64
+	b.SetParallelism((conns + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+	b.ReportAllocs()
+	cpu := processCPU()
+	defer func() { b.ReportMetric(float64(processCPU()-cpu)/float64(b.N), "cpu-ns/op") }()
+	b.RunParallel(func(pb *testing.PB) {
+		c, err := net.DialTCP("tcp4", nil, net.TCPAddrFromAddrPort(addr))
+		if err != nil {
+			b.Error(err)
+			return
+		}
+		defer c.Close()
+		msg, buf := make([]byte, 100), make([]byte, 100)
+		for pb.Next() {
+			if _, err := c.Write(msg); err != nil {
+				b.Error(err)
+				return
+			}
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if _, err := io.ReadFull(c, buf); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
 // BenchmarkTCPIdleConnections holds benchIdleConns proxied connections
 // after one exchange each and reports what one idle connection costs the
 // proxy: descriptors, heap bytes and goroutine stack bytes (the echo

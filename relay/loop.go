@@ -97,6 +97,7 @@ const (
 	cmdQuiet
 	cmdReset
 	cmdStop
+	cmdAdopt
 )
 
 type loopCmd struct {
@@ -105,6 +106,9 @@ type loopCmd struct {
 	done chan struct{}
 	c    *LoopConn
 	at   int64
+	// cmdAdopt: a client another loop accepted, and its handler.
+	fd int
+	h  Handler
 }
 
 // Loop is one event loop (see the comment at the top of this file).
@@ -135,6 +139,9 @@ type Loop struct {
 	resumeAt      int64 // when the first pause ends (no later), while paused > 0
 	// index is the loop's place in its Group (a Listener's regs).
 	index int
+	// held counts the connections in conns and those handed to this loop
+	// and not yet adopted: what a loop that accepts compares (balance.go).
+	held atomic.Int32
 
 	// liveAfter is when a connection's backend socket gets the liveness
 	// options (Liveness.settle; 0: none to set).
@@ -203,17 +210,22 @@ func newLoop(o LoopOptions) (*Loop, error) {
 	return l, nil
 }
 
-// post queues a command and wakes the loop if it sleeps. The wake-up is
-// written under mu, which shutdown holds to close the eventfd: a poster
-// that lost the processor between its check and its write would otherwise
-// write into whatever took the descriptor's number after the loop stopped.
-func (l *Loop) post(cmd loopCmd) {
+// post queues a command and wakes the loop if it sleeps; false: the loop
+// has stopped and will run no more commands. The wake-up is written under
+// mu, which shutdown holds to close the eventfd: a poster that lost the
+// processor between its check and its write would otherwise write into
+// whatever took the descriptor's number after the loop stopped.
+func (l *Loop) post(cmd loopCmd) bool {
 	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
 	l.inbox = append(l.inbox, cmd)
-	if !l.closed && l.sleeping.Load() && l.sleeping.CompareAndSwap(true, false) {
+	if l.sleeping.Load() && l.sleeping.CompareAndSwap(true, false) {
 		l.wake()
 	}
-	l.mu.Unlock()
+	return true
 }
 
 func (l *Loop) wake() {
@@ -344,6 +356,9 @@ func (l *Loop) do(cmd loopCmd) {
 		cmd.c.abort()
 	case cmdStop:
 		l.stop = true
+	case cmdAdopt:
+		l.held.Add(-1) // the slot start takes counts it from now on
+		l.start(cmd.fd, cmd.h)
 	}
 }
 
@@ -381,7 +396,17 @@ func (l *Loop) shutdown() {
 	l.mu.Lock()
 	l.closed = true
 	unix.Close(l.evfd)
+	orphans := l.inbox
+	l.inbox = nil
 	l.mu.Unlock()
+	// Clients handed over after the loop took its last commands: nobody
+	// else will relay them.
+	for _, cmd := range orphans {
+		if cmd.op == cmdAdopt {
+			resetClose(cmd.fd)
+			cmd.h.Failed(errLoopStopped)
+		}
+	}
 	close(l.done)
 }
 
@@ -390,8 +415,10 @@ func (l *Loop) slot(c *LoopConn) int32 {
 		s := l.free[n-1]
 		l.free = l.free[:n-1]
 		l.conns[s] = c
+		l.held.Add(1)
 		return s
 	}
+	l.held.Add(1)
 	l.conns = append(l.conns, c)
 	return int32(len(l.conns) - 1)
 }

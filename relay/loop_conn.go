@@ -677,6 +677,7 @@ func (c *LoopConn) release() {
 	// next connection's are not.
 	c.l.conns[c.slot] = nil
 	c.l.free = append(c.l.free, c.slot)
+	c.l.held.Add(-1)
 }
 
 func setLinger0(fd int) {

@@ -24,7 +24,8 @@ type Acceptor interface {
 
 // Listener is a listening socket served by every loop of a Group: it sits in
 // every loop's epoll set, and the loop that accepts a client relays it, so
-// no hand-off between goroutines. EPOLLEXCLUSIVE does not hold the other
+// no hand-off between goroutines (unless that loop holds more connections
+// than another by more than a little: loop_balance.go). EPOLLEXCLUSIVE does not hold the other
 // loops back here: the kernel ends an exclusive wake-up only at a thread
 // waiting in epoll_wait on that very set, and a loop's set is waited on
 // through the netpoller's own epoll, so a client arriving while the loops
@@ -180,7 +181,7 @@ func (l *Loop) accept(slot int32) {
 			_ = rawio.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
 		}
 		if h := ll.ln.acc.Accepted(fd, from); h != nil {
-			l.start(fd, h)
+			l.place(ll.ln.g, fd, h)
 		}
 	}
 }
