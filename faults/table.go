@@ -397,6 +397,7 @@ func (p *Port) updateAPI(name string, patch []byte) (Toxic, error) {
 		return Toxic{}, fmt.Errorf("%w: %s", ErrDeclared, name)
 	}
 	cur := p.api[i].clone()
+	wasGilbertElliott := cur.Type == "loss" && cur.Attributes["p"] > 0
 	type plain Toxic
 	v := plain(cur)
 	v.Attributes = nil
@@ -416,6 +417,12 @@ func (p *Port) updateAPI(name string, patch []byte) (Toxic, error) {
 	for k, val := range next.Attributes {
 		merged[k] = val
 	}
+	if cur.Type == "loss" {
+		if err := switchLossModel(wasGilbertElliott, next.Attributes, merged); err != nil {
+			p.mu.Unlock()
+			return Toxic{}, err
+		}
+	}
 	next.Attributes = merged
 	next.Name, next.Type = cur.Name, cur.Type
 	if err := next.Normalize(); err != nil {
@@ -429,6 +436,25 @@ func (p *Port) updateAPI(name string, patch []byte) (Toxic, error) {
 		p.cutDown(s, next) // as when added: its share of live connections goes
 	}
 	return next, nil
+}
+
+// switchLossModel lets an update of a loss toxic move it from one model to
+// the other by giving the other model's attributes alone: merged with what
+// the toxic held, rate and p > 0 came out both given and the update was
+// refused for a rate the client never sent, and p 0 on a Gilbert-Elliott
+// toxic silently left random loss at its default rate 1 (every datagram).
+func switchLossModel(wasGilbertElliott bool, patch, merged map[string]float64) error {
+	_, rateGiven := patch["rate"]
+	pGiven, hasP := patch["p"]
+	switch {
+	case rateGiven && !hasP:
+		merged["p"] = 0 // random loss from now on
+	case hasP && pGiven > 0 && !rateGiven:
+		delete(merged, "rate") // Gilbert-Elliott from now on
+	case hasP && pGiven == 0 && !rateGiven && wasGilbertElliott:
+		return &FieldError{"attributes.p", "0 ends the Gilbert-Elliott model, which would leave random loss at rate 1 (every datagram): give rate too (0 for none), or remove the toxic"}
+	}
+	return nil
 }
 
 func (p *Port) removeAPI(name string) error {

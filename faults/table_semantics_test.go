@@ -490,3 +490,51 @@ func TestDownDrawChanged(t *testing.T) {
 		}
 	}
 }
+
+// An update of a loss toxic may move it to the other model by giving that
+// model's attributes alone.
+func TestTableUpdateSwitchesLossModel(t *testing.T) {
+	for _, tc := range []struct {
+		name, add, patch string
+		want             map[string]float64 // attributes after; nil: refused
+		wantErrField     string
+	}{
+		{"random to Gilbert-Elliott", `{"attributes":{"rate":0.1}}`, `{"attributes":{"p":0.1}}`,
+			map[string]float64{"p": 0.1, "r": 1, "loss_bad": 1, "loss_good": 0}, ""},
+		{"Gilbert-Elliott to random", `{"attributes":{"p":0.05,"r":0.5}}`, `{"attributes":{"rate":0.2}}`,
+			map[string]float64{"rate": 0.2, "p": 0}, ""},
+		{"Gilbert-Elliott p 0 alone", `{"attributes":{"p":0.05,"r":0.5}}`, `{"attributes":{"p":0}}`, nil, "attributes.p"},
+		{"Gilbert-Elliott p 0 with rate", `{"attributes":{"p":0.05,"r":0.5}}`, `{"attributes":{"p":0,"rate":0}}`,
+			map[string]float64{"rate": 0, "p": 0}, ""},
+		{"both models at once", `{"attributes":{"rate":0.1}}`, `{"attributes":{"p":0.1,"rate":0.2}}`, nil, "attributes.rate"},
+		{"Gilbert-Elliott stays", `{"attributes":{"p":0.05,"r":0.5}}`, `{"attributes":{"r":0.25}}`,
+			map[string]float64{"p": 0.05, "r": 0.25}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tbl, p := declared(t, 0, 0, "UDP")
+			add := strings.Replace(tc.add, "{", `{"name":"l","type":"loss",`, 1)
+			if _, err := tbl.AddToxic(p.Name(), toxic(t, add)); err != nil {
+				t.Fatal(err)
+			}
+			got, err := tbl.UpdateToxic(p.Name(), "l", []byte(tc.patch))
+			if tc.want == nil {
+				var fe *FieldError
+				if !errors.As(err, &fe) || fe.Field != tc.wantErrField {
+					t.Fatalf("update = %+v, %v; want refused on %s", got, err, tc.wantErrField)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for k, v := range tc.want {
+				if got.Attributes[k] != v {
+					t.Errorf("attributes %v, want %s = %v", got.Attributes, k, v)
+				}
+			}
+			if _, ok := got.Attributes["rate"]; ok && tc.want["p"] > 0 {
+				t.Errorf("attributes %v: a Gilbert-Elliott toxic shows no rate", got.Attributes)
+			}
+		})
+	}
+}
