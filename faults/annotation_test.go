@@ -238,6 +238,8 @@ func TestParseAnnotationErrors(t *testing.T) {
 		{"name not a string", `[{"type":"latency","name":5}]`, both, "[0].name: must be a JSON string, not a JSON number"},
 		{"clients not a list", `[{"type":"latency","clients":"10.0.0.0/8"}]`, both, "[0].clients: must be a JSON list, not a JSON string"},
 		{"seed not a number", `[{"type":"latency","seed":"x"}]`, both, "[0].seed: must be a JSON number, not a JSON string"},
+		{"seed a fraction", `[{"type":"latency","seed":1.5}]`, both, "[0].seed: must be a whole number within int64's range, not 1.5"},
+		{"seed too big", `[{"type":"latency","seed":1e30}]`, both, "[0].seed: must be a whole number within int64's range, not 1e30"},
 		{"probability above 1", `[{"type":"loss","attributes":{"rate":50}}]`, both, "[0].attributes.rate: is a probability"},
 		{"loss rate with the Gilbert-Elliott model", `[{"type":"loss","attributes":{"rate":0.5,"p":0.1}}]`, both, "[0].attributes.rate: random loss (rate) and the Gilbert-Elliott model (p > 0) exclude each other"},
 		{"bandwidth rate 0", `[{"type":"bandwidth"}]`, both, "[0].attributes.rate: must be at least 0.001"},

@@ -103,12 +103,26 @@ func fieldOf(err error, b []byte) error {
 				}
 			}
 		}
+		if v, ok := strings.CutPrefix(te.Value, "number "); ok && isInteger(te.Type.Kind()) {
+			// A number, but a fraction or out of range: "must be a JSON
+			// number, not a JSON number 1.5" said nothing.
+			return &FieldError{field, fmt.Sprintf("must be a whole number within %s's range, not %s", te.Type.Kind(), v)}
+		}
 		return &FieldError{field, fmt.Sprintf("must be a JSON %s, not a JSON %s", jsonKind(te.Type.Kind()), te.Value)}
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		name, _ := strconv.Unquote(strings.TrimPrefix(err.Error(), "json: unknown field "))
 		return &FieldError{name, "unknown field (a toxic has " + toxicFields + ")"}
 	}
 	return err
+}
+
+func isInteger(k reflect.Kind) bool {
+	switch k {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return true
+	}
+	return false
 }
 
 func jsonKind(k reflect.Kind) string {
