@@ -38,6 +38,9 @@ func declared(t testing.TB, seed int64, maxActive int, protocol string, toxics .
 
 var client1 = netip.MustParseAddr("10.0.0.1")
 
+// session1 is client1 on a port: a UDP session, as Send takes it.
+var session1 = netip.AddrPortFrom(client1, 40001)
+
 // faultedSet accepts n connections from client and returns which were
 // faulted (Accept returned a Conn), releasing each.
 func faultedSet(p *Port, n int, client netip.Addr) []bool {

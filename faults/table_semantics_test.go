@@ -159,7 +159,7 @@ func TestTableDownRefusesAndDrops(t *testing.T) {
 		t.Fatal("down TCP port accepted a connection")
 	}
 	sent := 0
-	dns.Datagrams().Send(StreamUp, client1, []byte("q"), func([]byte) { sent++ })
+	dns.Datagrams().Send(StreamUp, session1, []byte("q"), func([]byte) { sent++ })
 	if sent != 0 {
 		t.Fatal("down UDP port passed a datagram")
 	}

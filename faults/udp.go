@@ -30,10 +30,18 @@ type datagramToxic struct {
 	// downstream datagrams come from one goroutine per session.
 	mu  sync.Mutex
 	bad bool
-	// reorder: the datagram held back, sent after the next one.
-	held     []byte
-	heldSend func([]byte)
-	heldT    *time.Timer
+	// reorder: per client (ip:port, a session), the datagram held back
+	// until that client's next one has been sent. One slot for the whole
+	// port let two clients' datagrams overtake each other, and neither
+	// client's own stream was ever reordered (the fault audit).
+	held map[netip.AddrPort]*heldDatagram
+}
+
+// heldDatagram is one client's datagram that reorder keeps back.
+type heldDatagram struct {
+	b     []byte
+	send  func([]byte)
+	timer *time.Timer
 }
 
 func newDatagramPlan(p *Port, s *snapshot) *datagramPlan {
@@ -73,7 +81,7 @@ func (p *Port) Datagrams() *DatagramPlan {
 type DatagramPlan datagramPlan
 
 // Send passes one datagram of stream (StreamUp, StreamDown) from or to
-// client through the toxics; send is called zero or more times, perhaps
+// client (the session's peer) through the toxics; send is called zero or more times, perhaps
 // later from another goroutine, with bytes it may keep (b is copied when
 // delivery is deferred). send must be safe for concurrent use.
 //
@@ -81,7 +89,7 @@ type DatagramPlan datagramPlan
 // deferred (latency, reorder), 0 when it is done: the caller must keep
 // what send writes to open that long, or a delay longer than the
 // session's idle timeout loses the datagram.
-func (dp *DatagramPlan) Send(stream int, client netip.Addr, b []byte, send func([]byte)) time.Duration {
+func (dp *DatagramPlan) Send(stream int, client netip.AddrPort, b []byte, send func([]byte)) time.Duration {
 	d := (*datagramPlan)(dp)
 	seq := d.seq[stream].Add(1) - 1
 	if !d.enabled {
@@ -91,7 +99,7 @@ func (dp *DatagramPlan) Send(stream int, client netip.Addr, b []byte, send func(
 	copies := 1
 	var reorder *datagramToxic
 	for _, t := range d.streams[stream] {
-		if !t.matches(client) || draw(t.seed, t.key, seq, saltToxicity) >= float64(t.Toxicity) {
+		if !t.matches(client.Addr()) || draw(t.seed, t.key, seq, saltToxicity) >= float64(t.Toxicity) {
 			continue
 		}
 		e := draw(t.seed, t.key, seq, saltEffect)
@@ -134,13 +142,13 @@ func (dp *DatagramPlan) Send(stream int, client netip.Addr, b []byte, send func(
 	}
 	for _, t := range d.streams[stream] {
 		if t.Type == "reorder" && t != reorder {
-			// Whatever is held goes out after this datagram.
-			defer t.release()
+			// Whatever is held for this client goes out after this datagram.
+			defer t.release(client)
 		}
 	}
 	if reorder != nil {
 		reorder.injected.Inc()
-		reorder.hold(b, out, copies)
+		reorder.hold(client, b, out, copies)
 		return max(delay, 0) + reorder.ms("delay")
 	}
 	for range copies {
@@ -172,47 +180,59 @@ func (t *datagramToxic) lose(e float64, seq uint64) bool {
 	return e < t.Attributes["loss_good"]
 }
 
-// hold keeps b back until the next datagram of the stream has been sent
-// or delay ms passed, whichever is first. When one is held already, b
+// hold keeps b back until client's next datagram of the stream has been
+// sent or delay ms passed, whichever is first. When one is held already, b
 // overtakes it instead (b is sent, then the held one): every datagram the
 // rate draws is then reordered. Holding b in turn sent the held one first,
 // so rate 1 kept the stream in order (the UDP audit: r0…r7 in order at
 // rate 1, swapped pairs at 0.5).
-func (t *datagramToxic) hold(b []byte, send func([]byte), copies int) {
+func (t *datagramToxic) hold(client netip.AddrPort, b []byte, send func([]byte), copies int) {
 	t.mu.Lock()
-	if prev, prevSend := t.held, t.heldSend; prev != nil {
-		t.held, t.heldSend = nil, nil
-		if t.heldT != nil {
-			t.heldT.Stop()
-			t.heldT = nil
-		}
+	if prev := t.held[client]; prev != nil {
+		delete(t.held, client)
+		prev.timer.Stop()
 		t.mu.Unlock()
 		for range copies {
 			send(b)
 		}
-		prevSend(prev)
+		prev.send(prev.b)
 		return
 	}
-	t.held = append([]byte(nil), b...)
-	t.heldSend = func(b []byte) {
+	h := &heldDatagram{b: append([]byte(nil), b...), send: func(b []byte) {
 		for range copies {
 			send(b)
 		}
+	}}
+	if t.held == nil {
+		t.held = make(map[netip.AddrPort]*heldDatagram)
 	}
-	t.heldT = time.AfterFunc(t.ms("delay"), t.release)
+	t.held[client] = h
+	// Released by its own timer only while it is still the one held.
+	h.timer = time.AfterFunc(t.ms("delay"), func() { t.releaseHeld(client, h) })
 	t.mu.Unlock()
 }
 
-func (t *datagramToxic) release() {
+// release sends client's held datagram, if any.
+func (t *datagramToxic) release(client netip.AddrPort) {
 	t.mu.Lock()
-	b, send := t.held, t.heldSend
-	t.held, t.heldSend = nil, nil
-	if t.heldT != nil {
-		t.heldT.Stop()
-		t.heldT = nil
+	h := t.held[client]
+	if h != nil {
+		delete(t.held, client)
+		h.timer.Stop()
 	}
 	t.mu.Unlock()
-	if b != nil {
-		send(b)
+	if h != nil {
+		h.send(h.b)
 	}
+}
+
+func (t *datagramToxic) releaseHeld(client netip.AddrPort, h *heldDatagram) {
+	t.mu.Lock()
+	if t.held[client] != h {
+		t.mu.Unlock()
+		return // sent already
+	}
+	delete(t.held, client)
+	t.mu.Unlock()
+	h.send(h.b)
 }

@@ -3,6 +3,7 @@ package faults
 import (
 	"encoding/binary"
 	"fmt"
+	"net/netip"
 	"slices"
 	"sync"
 	"testing"
@@ -36,7 +37,7 @@ func sendAll(p *Port, n int, r *recorder) (maxDefer time.Duration) {
 	buf := make([]byte, 4)
 	for i := range n {
 		binary.BigEndian.PutUint32(buf, uint32(i))
-		if d := p.Datagrams().Send(StreamUp, client1, buf, r.send); d > maxDefer {
+		if d := p.Datagrams().Send(StreamUp, session1, buf, r.send); d > maxDefer {
 			maxDefer = d
 		}
 	}
@@ -221,14 +222,14 @@ func TestUDPLatencyChain(t *testing.T) {
 		long = append(long, fmt.Sprintf(`{"name":"l%d","type":"latency","attributes":{"latency":1e12}}`, i))
 	}
 	_, p := declared(t, 0, 0, "UDP", long...)
-	if d := p.Datagrams().Send(StreamDown, client1, []byte("x"), func([]byte) {}); d < 1e12*time.Millisecond {
+	if d := p.Datagrams().Send(StreamDown, session1, []byte("x"), func([]byte) {}); d < 1e12*time.Millisecond {
 		t.Fatalf("10 latencies of 1e12 ms defer the datagram %v", d)
 	}
 	_, p = declared(t, 0, 0, "UDP",
 		`{"name":"a","type":"latency","attributes":{"latency":100}}`,
 		`{"name":"b","type":"latency","attributes":{"latency":0,"jitter":100}}`)
 	for range 200 {
-		if d := p.Datagrams().Send(StreamDown, client1, []byte("x"), func([]byte) {}); d < 100*time.Millisecond {
+		if d := p.Datagrams().Send(StreamDown, session1, []byte("x"), func([]byte) {}); d < 100*time.Millisecond {
 			t.Fatalf("latency 100 then 0 ± 100 deferred a datagram only %v", d)
 		}
 	}
@@ -245,7 +246,7 @@ func TestUDPLatencyKeepsOrder(t *testing.T) {
 	all := make(chan struct{})
 	for i := range n {
 		b := []byte{byte(i >> 8), byte(i)}
-		p.Datagrams().Send(StreamDown, client1, b, func(b []byte) {
+		p.Datagrams().Send(StreamDown, session1, b, func(b []byte) {
 			mu.Lock()
 			defer mu.Unlock()
 			got = append(got, int(b[0])<<8|int(b[1]))
@@ -269,5 +270,26 @@ func TestUDPLatencyKeepsOrder(t *testing.T) {
 	}
 	if inversions > 0 {
 		t.Errorf("%d inversions in %d datagrams delayed alike", inversions, n)
+	}
+}
+
+// reorder holds back per client: two clients taking turns each see their
+// own datagrams swapped in pairs. With one slot per port each overtook the
+// other's, and both streams arrived in order.
+func TestDatagramReorderPerClient(t *testing.T) {
+	_, p := declared(t, 0, 0, "UDP", `{"type":"reorder","stream":"upstream","attributes":{"rate":1,"delay":1000}}`)
+	clients := []netip.AddrPort{session1, netip.AddrPortFrom(client1, 40002)}
+	recs := []*recorder{{}, {}}
+	buf := make([]byte, 4)
+	for i := range 6 {
+		for c, client := range clients {
+			binary.BigEndian.PutUint32(buf, uint32(i))
+			p.Datagrams().Send(StreamUp, client, buf, recs[c].send)
+		}
+	}
+	for c, r := range recs {
+		if got, want := r.seqs(), []uint32{1, 0, 3, 2, 5, 4}; !slices.Equal(got, want) {
+			t.Errorf("client %v got %v, want %v", clients[c], got, want)
+		}
 	}
 }

@@ -386,7 +386,7 @@ func (s *udpProxySocket) forward(client netip.AddrPort, b, oob []byte) {
 	s.mu.Unlock()
 	// bytes_total counts what send delivers: a lost datagram is not
 	// proxied, a duplicated one twice.
-	if d := plan.Send(faults.StreamUp, client.Addr(), b, send); d > 0 {
+	if d := plan.Send(faults.StreamUp, client, b, send); d > 0 {
 		s.mu.Lock()
 		sess.deferredUntil = max(sess.deferredUntil, monoNow()+int64(d))
 		s.mu.Unlock()
@@ -714,7 +714,7 @@ func (s *udpProxySocket) relayFrom(fd int, b *udpBatch) {
 			var d []byte
 			d, off = b.datagramAt(i, off)
 			if plan != nil {
-				plan.Send(faults.StreamDown, client.Addr(), d, send) // send counts bytes_total
+				plan.Send(faults.StreamDown, client, d, send) // send counts bytes_total
 			} else if m, _, err := s.conn.WriteMsgUDPAddrPort(d, control, client); err != nil {
 				klog.V(3).InfoS("UDP write to client failed", "servicePort", s.label, "client", client, "err", err)
 			} else {
