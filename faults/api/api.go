@@ -4,7 +4,8 @@
 // Each service port is a proxy named <namespace>.<service>.<port name, or
 // number when unnamed>. Proxies are the cluster's Services, so the API
 // lists them, shows them, turns them down and up and sets toxics on them,
-// but refuses to create or delete them (409). Toxics declared in a
+// but refuses to create or delete them (409; /populate accepts the
+// proxies that exist). Toxics declared in a
 // Service's kube-userspace-proxy/faults annotation are listed (with
 // "origin": "annotation") and cannot be changed here (409); toxics set
 // through the API carry "origin": "api" and are what POST /reset removes.
@@ -14,7 +15,7 @@
 //
 //	GET    /proxies                         200 {name: proxy}
 //	POST   /proxies                         409 (proxies are Services)
-//	POST   /populate                        409 (proxies are Services)
+//	POST   /populate                        201 {proxies} | 400 | 409 (only existing proxies)
 //	GET    /proxies/{proxy}                 200 proxy | 404
 //	POST   /proxies/{proxy} (or PATCH)      200 proxy | 400 | 404 | 409
 //	DELETE /proxies/{proxy}                 409 (proxies are Services)
@@ -175,17 +176,75 @@ func (s *server) proxyCreate(w http.ResponseWriter, r *http.Request) {
 		"; create a Service to get one")
 }
 
+// populate takes Toxiproxy's body, a list of proxies, as a declaration of
+// proxies that must exist: each must name a service port's proxy (none is
+// created), a listen address given must be its own (none is moved),
+// upstream is not compared (proxyUpdate says why), and an enabled given
+// is applied. Test suites call it in their set-up with the proxies they
+// use; refusing every call failed them even when those proxies existed.
+// Nothing is applied unless every entry is acceptable.
 func (s *server) populate(w http.ResponseWriter, r *http.Request) {
-	// Toxiproxy answers /populate with its error fields and the proxies
-	// it made; none are made here.
-	writeJSON(w, http.StatusConflict, struct {
-		apiError
+	body, ok := readBody(w, r)
+	if !ok {
+		return
+	}
+	var in []struct {
+		Name    string `json:"name"`
+		Listen  string `json:"listen"`
+		Enabled *bool  `json:"enabled"`
+	}
+	if err := json.Unmarshal(body, &in); err != nil {
+		writePopulated(w, http.StatusBadRequest, "bad request body (a JSON list of proxies): "+err.Error(), nil)
+		return
+	}
+	infos := make([]faults.ProxyInfo, len(in))
+	for i, p := range in {
+		if p.Name == "" {
+			writePopulated(w, http.StatusBadRequest, fmt.Sprintf("name at proxy %d: missing required field", i+1), nil)
+			return
+		}
+		info, err := s.table.Proxy(p.Name)
+		if err != nil {
+			writePopulated(w, http.StatusConflict, fmt.Sprintf("proxy %s does not exist and cannot be created "+
+				"through the fault API: %s; create a Service to get it", p.Name, namingHint), nil)
+			return
+		}
+		if p.Listen != "" && p.Listen != info.Listen {
+			writePopulated(w, http.StatusConflict, fmt.Sprintf("proxy %s listens on %s, not %s: it is a Service "+
+				"port's proxy socket and cannot be moved", p.Name, info.Listen, p.Listen), nil)
+			return
+		}
+		infos[i] = info
+	}
+	out := make([]proxyJSON, len(in))
+	for i, p := range in {
+		if p.Enabled != nil && *p.Enabled != infos[i].Enabled {
+			info, err := s.table.SetEnabled(p.Name, *p.Enabled)
+			if err != nil { // the Service went meanwhile
+				writePopulated(w, http.StatusConflict, err.Error(), out[:i])
+				return
+			}
+			infos[i] = info
+		}
+		out[i] = proxyOut(infos[i])
+	}
+	writePopulated(w, http.StatusCreated, "", out)
+}
+
+// writePopulated is Toxiproxy's /populate answer: its error fields, if
+// any, beside the proxies populated.
+func writePopulated(w http.ResponseWriter, status int, msg string, proxies []proxyJSON) {
+	if proxies == nil {
+		proxies = []proxyJSON{}
+	}
+	body := struct {
+		*apiError
 		Proxies []proxyJSON `json:"proxies"`
-	}{apiError{
-		Message: "proxies cannot be populated through the fault API: " + namingHint +
-			"; create Services to get them",
-		Status: http.StatusConflict,
-	}, []proxyJSON{}})
+	}{Proxies: proxies}
+	if msg != "" {
+		body.apiError = &apiError{Message: msg, Status: status}
+	}
+	writeJSON(w, status, body)
 }
 
 func (s *server) proxyShow(w http.ResponseWriter, r *http.Request) {

@@ -63,11 +63,20 @@ func keys(m map[string]any) string {
 
 // checkError asserts Toxiproxy's error body: {"error": ..., "status": code}.
 func checkError(contains string) func(*testing.T, *faults.Table, *httptest.ResponseRecorder) {
+	return checkErrorFields(contains, "error,status")
+}
+
+// checkPopulateError is /populate's error: Toxiproxy adds the proxies.
+func checkPopulateError(contains string) func(*testing.T, *faults.Table, *httptest.ResponseRecorder) {
+	return checkErrorFields(contains, "error,proxies,status")
+}
+
+func checkErrorFields(contains, fields string) func(*testing.T, *faults.Table, *httptest.ResponseRecorder) {
 	return func(t *testing.T, _ *faults.Table, rec *httptest.ResponseRecorder) {
 		t.Helper()
 		e := decode[map[string]any](t, rec.Body.String())
-		if keys(e) != "error,status" {
-			t.Errorf("error body fields = %s, want error,status", keys(e))
+		if keys(e) != fields {
+			t.Errorf("error body fields = %s, want %s", keys(e), fields)
 		}
 		if got, _ := e["status"].(float64); int(got) != rec.Code {
 			t.Errorf("status field = %v, want %d", e["status"], rec.Code)
@@ -140,11 +149,43 @@ func TestHandler(t *testing.T) {
 		{name: "create refused", method: "POST", path: "/proxies",
 			body: `{"name":"x","listen":"127.0.0.1:0","upstream":"127.0.0.1:1"}`, wantStatus: 409,
 			check: checkError("cannot be created")},
-		{name: "populate refused", method: "POST", path: "/populate", body: `[]`, wantStatus: 409,
-			check: func(t *testing.T, _ *faults.Table, rec *httptest.ResponseRecorder) {
+		{name: "populate unknown proxy refused", method: "POST", path: "/populate",
+			body: `[{"name":"default.web.http"},{"name":"x","listen":"127.0.0.1:0","upstream":"127.0.0.1:1","enabled":false}]`, wantStatus: 409,
+			check: func(t *testing.T, table *faults.Table, rec *httptest.ResponseRecorder) {
 				e := decode[map[string]any](t, rec.Body.String())
-				if e["status"] != float64(409) || !strings.Contains(e["error"].(string), "cannot be populated") {
+				if e["status"] != float64(409) || !strings.Contains(e["error"].(string), "proxy x does not exist") {
 					t.Errorf("body = %v", e)
+				}
+				if ps, ok := e["proxies"].([]any); !ok || len(ps) != 0 {
+					t.Errorf("proxies = %v, want [] (nothing applied)", e["proxies"])
+				}
+			}},
+		{name: "populate moved proxy refused", method: "POST", path: "/populate",
+			body: `[{"name":"default.web.http","listen":"127.0.0.1:1","enabled":false}]`, wantStatus: 409,
+			check: func(t *testing.T, table *faults.Table, rec *httptest.ResponseRecorder) {
+				if e := decode[map[string]any](t, rec.Body.String()); !strings.Contains(e["error"].(string), "cannot be moved") {
+					t.Errorf("body = %v", e)
+				}
+				if info, _ := table.Proxy(webName); !info.Enabled {
+					t.Error("a refused populate disabled the proxy")
+				}
+			}},
+		{name: "populate nameless refused", method: "POST", path: "/populate", body: `[{"listen":""}]`, wantStatus: 400,
+			check: checkPopulateError("name at proxy 1")},
+		{name: "populate not a list", method: "POST", path: "/populate", body: `{"name":"default.web.http"}`, wantStatus: 400,
+			check: checkPopulateError("a JSON list of proxies")},
+		{name: "populate existing", method: "POST", path: "/populate",
+			body: `[{"name":"default.web.http","upstream":"10.0.0.1:1","enabled":false}]`, wantStatus: 201,
+			check: func(t *testing.T, table *faults.Table, rec *httptest.ResponseRecorder) {
+				got := decode[struct {
+					Error   *string     `json:"error"`
+					Proxies []proxyJSON `json:"proxies"`
+				}](t, rec.Body.String())
+				if got.Error != nil || len(got.Proxies) != 1 || got.Proxies[0].Name != webName || got.Proxies[0].Enabled {
+					t.Errorf("body = %s", rec.Body.String())
+				}
+				if info, _ := table.Proxy(webName); info.Enabled {
+					t.Error("enabled false was not applied")
 				}
 			}},
 		{name: "delete refused", method: "DELETE", path: webPath, wantStatus: 409,

@@ -124,6 +124,13 @@ func TestToxiproxyClient(t *testing.T) {
 		t.Errorf("Save(new listen) = %v, want HTTP 409", err)
 	}
 
+	// Populate accepts the proxies that exist, as a test suite's set-up
+	// declares them.
+	populated, err := client.Populate([]toxiproxy.Proxy{{Name: "default.web.http", Enabled: true}})
+	if err != nil || len(populated) != 1 || populated[0].Name != "default.web.http" || !populated[0].Enabled {
+		t.Errorf("Populate(existing) = %+v, %v", populated, err)
+	}
+
 	// Proxies are the cluster's Services: no create, populate or delete.
 	if _, err := client.CreateProxy("mine", "127.0.0.1:0", "127.0.0.1:1"); err == nil ||
 		!strings.Contains(err.Error(), "HTTP 409") || !strings.Contains(err.Error(), "Service") {
