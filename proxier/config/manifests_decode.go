@@ -7,6 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
+	"regexp"
+	"strconv"
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
@@ -102,7 +105,7 @@ type typeAndName struct {
 func (d decoder) decodeDocument(loc docLocation, body []byte, defaultKind string) ([]Manifest, []error) {
 	var tn typeAndName
 	if err := yaml.Unmarshal(body, &tn); err != nil {
-		return nil, []error{loc.err(err)}
+		return nil, []error{loc.err(atFileLine(err, loc.line))}
 	}
 	if tn.Kind == "" {
 		tn.Kind = defaultKind
@@ -140,7 +143,9 @@ func (d decoder) decodeDocument(loc docLocation, body []byte, defaultKind string
 		return nil, []error{merr}
 	}
 	obj, err := decodeStrict(tn.Kind, body)
-	if err == nil {
+	if err != nil {
+		err = atFileLine(err, loc.line)
+	} else {
 		setDefaults(obj)
 		err = validate(obj, d.nodePorts)
 	}
@@ -175,6 +180,9 @@ func decodeStrict(kind string, body []byte) (runtime.Object, error) {
 	// its path.
 	strictErrs, err := sigsjson.UnmarshalStrict(j, obj)
 	if err != nil {
+		if fe := typeMismatch(obj, j, err); fe != nil {
+			return nil, fe
+		}
 		return nil, cleanDecodeError(err)
 	}
 	if len(strictErrs) > 0 {
@@ -185,6 +193,152 @@ func decodeStrict(kind string, body []byte) (runtime.Object, error) {
 		return nil, errors.New(strings.Join(msgs, "; "))
 	}
 	return obj, nil
+}
+
+// yamlLine is the YAML parser's line number, counted from its document's
+// first line.
+var yamlLine = regexp.MustCompile(`^(?:error converting YAML to JSON: )?yaml: line (\d+): `)
+
+// atFileLine restates a YAML parser error's line as the file's: "document
+// 3 (line 38): yaml: line 10: ..." left the reader to work out line 47.
+func atFileLine(err error, docLine int) error {
+	m := yamlLine.FindStringSubmatchIndex(err.Error())
+	if m == nil || docLine <= 0 {
+		return err
+	}
+	msg := err.Error()
+	n, convErr := strconv.Atoi(msg[m[2]:m[3]])
+	if convErr != nil {
+		return err
+	}
+	return fmt.Errorf("line %d: %s", docLine+n-1, msg[m[1]:])
+}
+
+// unmarshalTypeErr is what sigs.k8s.io/json says of a value of the wrong
+// JSON type (its error type is internal, so the message is all there is).
+var unmarshalTypeErr = regexp.MustCompile(`cannot unmarshal (\w+) into Go struct field \S*?\.((?:\w+\.)*\w+) of type (\S+)`)
+
+// typeMismatch turns sigs.k8s.io/json's "cannot unmarshal string into Go
+// struct field ServicePort.spec.ports.port of type int32" into the field
+// path and value a person wrote: spec.ports[0].port: must be a number, not
+// the string "80". nil when err is not such an error.
+func typeMismatch(obj any, j []byte, err error) *fieldError {
+	m := unmarshalTypeErr.FindStringSubmatch(err.Error())
+	if m == nil {
+		return nil
+	}
+	got, path := m[1], strings.Split(m[2], ".")
+	want := "of another type (" + m[3] + ")"
+	if t, ok := fieldType(reflect.TypeOf(obj), path); ok {
+		switch t.Kind() {
+		case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+			reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+			want = "a whole number"
+		case reflect.Float32, reflect.Float64:
+			want = "a number"
+		case reflect.Bool:
+			want = "true or false"
+		case reflect.String:
+			want = "a string"
+		case reflect.Slice, reflect.Array:
+			want = "a list"
+		case reflect.Struct, reflect.Map:
+			want = "an object"
+		}
+	}
+	var doc any
+	if json.Unmarshal(j, &doc) == nil {
+		if where, value, ok := findOfKind(doc, path, got, ""); ok {
+			v, _ := json.Marshal(value)
+			return &fieldError{Path: where, Msg: fmt.Sprintf("must be %s, not the %s %s", want, got, v)}
+		}
+	}
+	return &fieldError{Path: m[2], Msg: fmt.Sprintf("must be %s, not a %s", want, got)}
+}
+
+// fieldType follows a JSON field path through Go type t (pointers, lists
+// and embedded structs included) to the type of its last field.
+func fieldType(t reflect.Type, path []string) (reflect.Type, bool) {
+	for _, name := range path {
+		for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice || t.Kind() == reflect.Array {
+			t = t.Elem()
+		}
+		if t.Kind() != reflect.Struct {
+			return nil, false
+		}
+		f, ok := jsonField(t, name)
+		if !ok {
+			return nil, false
+		}
+		t = f
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t, true
+}
+
+func jsonField(t reflect.Type, name string) (reflect.Type, bool) {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if tag == name {
+			return f.Type, true
+		}
+		if f.Anonymous && tag == "" {
+			if ft, ok := jsonField(f.Type, name); ok {
+				return ft, true
+			}
+		}
+	}
+	return nil, false
+}
+
+// findOfKind walks path through v (lists are walked item by item) to the
+// first value whose JSON kind is kind, and returns its path with list
+// indexes.
+func findOfKind(v any, path []string, kind, at string) (string, any, bool) {
+	if list, ok := v.([]any); ok {
+		for i, item := range list {
+			if where, val, ok := findOfKind(item, path, kind, fmt.Sprintf("%s[%d]", at, i)); ok {
+				return where, val, true
+			}
+		}
+		return "", nil, false
+	}
+	if len(path) == 0 {
+		return at, v, jsonKind(v) == kind
+	}
+	obj, ok := v.(map[string]any)
+	if !ok {
+		return "", nil, false
+	}
+	next := path[0]
+	if at != "" {
+		next = at + "." + path[0]
+	}
+	child, ok := obj[path[0]]
+	if !ok {
+		return "", nil, false
+	}
+	return findOfKind(child, path[1:], kind, next)
+}
+
+// jsonKind names v's JSON kind as encoding/json's errors do.
+func jsonKind(v any) string {
+	switch v.(type) {
+	case string:
+		return "string"
+	case float64:
+		return "number"
+	case bool:
+		return "bool"
+	case []any:
+		return "array"
+	case map[string]any:
+		return "object"
+	}
+	return "null"
 }
 
 // cleanDecodeError drops the wrapper prefixes sigs.k8s.io/yaml adds, which say
