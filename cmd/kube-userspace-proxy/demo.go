@@ -29,8 +29,9 @@ func runDemo(args []string) int {
 	fs.Usage = func() {
 		fmt.Fprintf(os.Stdout, "Usage: kube-userspace-proxy demo [--serve] [--verbose]\n       kube-userspace-proxy demo --netns [--verbose]   (as root)\n\n"+
 			"Runs the session-affinity experiments of a real cluster against this proxy, then\n"+
-			"its fault injection (latency, resets, the fault API), on loopback, without a\n"+
-			"cluster or root. Exit status 0 when every outcome matched.\n\nFlags:\n%s", fs.FlagUsages())
+			"its fault injection (latency and connection resets declared in a Service\n"+
+			"annotation), on loopback, without a cluster or root; the live fault API is not\n"+
+			"part of it (README: Fault injection). Exit status 0 when every outcome matched.\n\nFlags:\n%s", fs.FlagUsages())
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {

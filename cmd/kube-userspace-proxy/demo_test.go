@@ -45,3 +45,17 @@ func TestStartForDemo(t *testing.T) {
 		t.Errorf("after cancel: %v", err)
 	}
 }
+
+// The demo's help says what it runs: its fault step uses annotations, not
+// the live fault API (the help promised "the fault API", which no demo
+// mode starts).
+func TestDemoHelpSaysWhatItRuns(t *testing.T) {
+	var code int
+	out := captureStdout(t, func() { code = runDemo([]string{"--help"}) })
+	if code != 0 {
+		t.Fatalf("demo --help exited %d", code)
+	}
+	if strings.Contains(out, "the fault API)") || !strings.Contains(out, "annotation") {
+		t.Errorf("demo --help:\n%s", out)
+	}
+}
