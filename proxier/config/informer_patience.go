@@ -163,12 +163,21 @@ func patiently[T any](ctx context.Context, p *patientListWatch, call func() (T, 
 		}
 		if p.ready(ctx) {
 			klog.InfoS("API server ready again; retrying at once", "informer", p.what, "waited", time.Since(began).Round(time.Millisecond))
-			return call()
+			// A server back from a restart is ready before its
+			// authorizer has loaded: refusals then are passing too,
+			// and the reflector's backoff made changes 1-14 s late.
+			if v, err = call(); err != nil && refused(err) && ctx.Err() == nil {
+				return untilAllowed(ctx, p, call, err)
+			}
+			return v, err
 		}
 		if time.Since(tried) >= p.maxWait {
 			if v, err = call(); err == nil {
 				klog.InfoS("API server answered while its readiness probe did not", "informer", p.what, "waited", time.Since(began).Round(time.Millisecond))
 				return v, nil
+			}
+			if refused(err) && ctx.Err() == nil {
+				return untilAllowed(ctx, p, call, err)
 			}
 			tried = time.Now()
 			if time.Since(logged) >= p.logEvery && ctx.Err() == nil {

@@ -197,6 +197,10 @@ func TestPatientListWatchRetriesRefusals(t *testing.T) {
 	}{
 		{"refused, then allowed", []error{forbidden, unauthorized, forbidden}, false, 4},
 		{"refused, then another error: the reflector's", []error{forbidden, errors.New("boom")}, true, 2},
+		// A server back from a restart answers its readiness probe before
+		// its RBAC cache is loaded: the retry after the outage was handed
+		// to the reflector, whose backoff made changes 1-14 s late.
+		{"outage, then refused once ready, then allowed", []error{errors.New("connection refused"), forbidden, forbidden}, false, 4},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			var calls, probes atomic.Int32
@@ -206,7 +210,9 @@ func TestPatientListWatchRetriesRefusals(t *testing.T) {
 				}
 				return &v1.ServiceList{}, nil
 			}}
-			p := newPatientListWatch(inner, func(context.Context) bool { probes.Add(1); return true }, "test")
+			// Not ready at the first probe: the connection-refused case
+			// waits for readiness.
+			p := newPatientListWatch(inner, func(context.Context) bool { return probes.Add(1) > 1 }, "test")
 			p.refusedEvery = 5 * time.Millisecond
 			_, err := p.ListWithContext(context.Background(), metav1.ListOptions{})
 			if (err != nil) != tt.wantErr || calls.Load() != tt.wantCalls {
