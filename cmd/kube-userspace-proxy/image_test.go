@@ -256,6 +256,16 @@ func TestImageRecipe(t *testing.T) {
 	if !mounts(spec, c, "/run/xtables.lock", func(v corev1.Volume) bool { return v.HostPath != nil && v.HostPath.Path == "/run/xtables.lock" }) {
 		t.Error("DaemonSet does not mount the host's /run/xtables.lock")
 	}
+	// The API server's own address, not the kubelet's kubernetes Service
+	// ClusterIP, which only this proxy programs (the API-server audit: a
+	// fresh node or a restarted proxy could never reach it).
+	env := map[string]string{}
+	for _, e := range c.Env {
+		env[e.Name] = e.Value
+	}
+	if env["KUBERNETES_SERVICE_HOST"] == "" || env["KUBERNETES_SERVICE_PORT"] == "" {
+		t.Error("DaemonSet does not set KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT: in-cluster config would use the kubernetes Service's ClusterIP, which this proxy itself programs")
+	}
 	if sa := spec.ServiceAccountName; sa != rbac.account.Name || rbac.account.Namespace != ds.Namespace {
 		t.Errorf("DaemonSet's service account %s/%s, rbac.yaml creates %s/%s", ds.Namespace, sa, rbac.account.Namespace, rbac.account.Name)
 	}

@@ -3,9 +3,11 @@ package config
 import (
 	"errors"
 	"fmt"
+	"os"
 
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
 )
 
 // BuildClientConfig returns the API-server client configuration for --kubeconfig and
@@ -20,6 +22,13 @@ func BuildClientConfig(kubeconfig, master string) (*rest.Config, error) {
 		if errors.Is(err, rest.ErrNotInCluster) {
 			return nil, errors.New("no --kubeconfig or --master given and not running in a pod (" + err.Error() + ")")
 		}
+		if ip, ok := throughKubernetesService(); ok && err == nil {
+			klog.ErrorS(nil, "The API server is reached through the kubernetes Service's ClusterIP, which this proxy itself programs: "+
+				"on a node without another proxy's rules for it (a fresh node, after kube-proxy --cleanup) or after a restart "+
+				"of this proxy, it cannot reach the API server to program it. Set KUBERNETES_SERVICE_HOST and "+
+				"KUBERNETES_SERVICE_PORT in the pod to the control plane's own address (examples/deploy/daemonset.yaml), "+
+				"or give --kubeconfig, as kube-proxy's DaemonSet does", "clusterIP", ip)
+		}
 	} else {
 		cfg, err = clientcmd.BuildConfigFromFlags(master, kubeconfig)
 	}
@@ -32,4 +41,18 @@ func BuildClientConfig(kubeconfig, master string) (*rest.Config, error) {
 		cfg.UserAgent = "kube-userspace-proxy"
 	}
 	return cfg, nil
+}
+
+// throughKubernetesService reports whether the in-cluster configuration
+// points at the kubernetes Service's ClusterIP: KUBERNETES_SERVICE_HOST is
+// still the address the kubelet gave the Service's own variables
+// (KUBERNETES_PORT_<port>_TCP_ADDR). A pod that sets the host to the
+// control plane leaves the kubelet's other variables as they were, so
+// they then differ.
+func throughKubernetesService() (string, bool) {
+	host, port := os.Getenv("KUBERNETES_SERVICE_HOST"), os.Getenv("KUBERNETES_SERVICE_PORT")
+	if host == "" || port == "" {
+		return "", false
+	}
+	return host, os.Getenv("KUBERNETES_PORT_"+port+"_TCP_ADDR") == host
 }

@@ -61,3 +61,32 @@ func TestBuildClientConfig(t *testing.T) {
 		})
 	}
 }
+
+// In a pod, the kubelet's variables say whether the API server is reached
+// through the kubernetes Service (which only this proxy would program) or
+// at an address the DaemonSet set.
+func TestThroughKubernetesService(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		host, port string
+		serviceVar string // KUBERNETES_PORT_<port>_TCP_ADDR
+		want       bool
+	}{
+		{"kubelet's variables", "10.96.0.1", "443", "10.96.0.1", true},
+		{"the control plane set in the pod", "192.168.1.10", "6443", "", false},
+		{"host set, port left", "192.168.1.10", "443", "10.96.0.1", false},
+		{"not in a pod", "", "", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("KUBERNETES_SERVICE_HOST", tc.host)
+			t.Setenv("KUBERNETES_SERVICE_PORT", tc.port)
+			t.Setenv("KUBERNETES_PORT_443_TCP_ADDR", "")
+			if tc.serviceVar != "" {
+				t.Setenv("KUBERNETES_PORT_"+tc.port+"_TCP_ADDR", tc.serviceVar)
+			}
+			if _, got := throughKubernetesService(); got != tc.want {
+				t.Errorf("throughKubernetesService() = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
