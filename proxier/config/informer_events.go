@@ -120,6 +120,7 @@ func (e nodeEvents) change(obj any, deleted bool) {
 	if !ok || node.Name != e.s.opts.NodeName {
 		return
 	}
+	e.s.nodeSeen.Store(true)
 	info := nodeInfo(node, deleted)
 	e.s.deliver(func() { e.s.opts.NodeHandler.OnNodeChange(info) })
 }

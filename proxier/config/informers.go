@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -85,14 +86,23 @@ type InformerSource struct {
 	ready readyProbe
 	// mu serialises every handler call: each informer delivers on its own goroutine.
 	mu sync.Mutex
+	// nodeSeen: the Node informer delivered our Node at least once.
+	nodeSeen atomic.Bool
+	// nodeMissingAfter is how long after the Node informer's sync a Node
+	// never seen is logged (nodeMissingLogAfter; tests shorten it).
+	nodeMissingAfter time.Duration
 }
+
+// nodeMissingLogAfter is kube-proxy's wait for its Node to exist before it
+// says it does not (30 s).
+const nodeMissingLogAfter = 30 * time.Second
 
 // NewInformerSource returns a source that will feed h from client once Run is called.
 func NewInformerSource(client kubernetes.Interface, h Handler, opts InformerOptions) *InformerSource {
 	if opts.ConfigSyncPeriod <= 0 {
 		opts.ConfigSyncPeriod = DefaultConfigSyncPeriod
 	}
-	return &InformerSource{client: client, handler: h, opts: opts}
+	return &InformerSource{client: client, handler: h, opts: opts, nodeMissingAfter: nodeMissingLogAfter}
 }
 
 // errNotSynced is returned by Run when ctx ends before the caches sync.
@@ -158,10 +168,29 @@ func (s *InformerSource) Run(ctx context.Context) error {
 			return errNotSynced
 		}
 		s.deliver(s.opts.NodeHandler.OnNodeSynced)
+		go s.logNodeMissing(ctx)
 	}
 	<-ctx.Done()
 	klog.V(2).InfoS("Informer source stopping")
 	return nil
+}
+
+// logNodeMissing says once, nodeMissingAfter after the Node informer's
+// sync, that the proxy's Node has never been seen: a wrong
+// --hostname-override silently turned zone hints off and left the node
+// eligible, where kube-proxy says it timed out waiting for its Node.
+func (s *InformerSource) logNodeMissing(ctx context.Context) {
+	t := time.NewTimer(s.nodeMissingAfter)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return
+	case <-t.C:
+	}
+	if !s.nodeSeen.Load() {
+		klog.ErrorS(nil, "Timed out waiting for this proxy's Node object to exist: zone topology hints are not used, and the node counts as eligible in /healthz, until it appears (check --hostname-override)",
+			"node", s.opts.NodeName, "waited", s.nodeMissingAfter)
+	}
 }
 
 // deliver runs one handler call under the source's lock.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
 )
 
 // informerRecorder is a Handler and NodeHandler that writes every call as one line.
@@ -420,5 +422,21 @@ func TestInformerResyncIsNoChange(t *testing.T) {
 	sliceEvents{s}.OnUpdate(es, newerSlice)
 	if got := r.snapshot(); len(got) != 2 {
 		t.Fatalf("new versions delivered %q, want an update of each", got)
+	}
+}
+
+// A Node that never appears is logged once, as kube-proxy logs that it
+// timed out waiting for it; one that was seen is not.
+func TestInformerSourceLogsMissingNode(t *testing.T) {
+	for _, seen := range []bool{false, true} {
+		buf := captureKlog(t)
+		s := NewInformerSource(fake.NewClientset(), newInformerRecorder(), InformerOptions{NodeName: "ghost"})
+		s.nodeMissingAfter = time.Millisecond
+		s.nodeSeen.Store(seen)
+		s.logNodeMissing(context.Background())
+		klog.Flush()
+		if logged := strings.Contains(buf.String(), "Timed out waiting for this proxy's Node object") && strings.Contains(buf.String(), `node="ghost"`); logged == seen {
+			t.Errorf("node seen %v: log %q", seen, buf.String())
+		}
 	}
 }
