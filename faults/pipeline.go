@@ -1,9 +1,12 @@
 package faults
 
 import (
+	"errors"
 	"io"
 	"math/rand/v2"
 	"net"
+	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
@@ -23,10 +26,23 @@ type pipeline struct {
 	rate       float64
 	bwNextFree time.Time
 	// timer ends the stream with onTimer (reset_peer, timeout): the
-	// earliest of them, nil when none. Every wait selects on it, so a
-	// chunk held back by bandwidth or latency cannot postpone it.
+	// earliest of them, nil when none, due at end. Every wait ends by
+	// end too, so a chunk held back by bandwidth or latency cannot
+	// postpone it.
 	timer   <-chan time.Time
+	end     time.Time
 	onTimer error
+
+	// dst is where the writer waits (sleep): parked on its write side,
+	// not on a timer, so whatever ends the connection wakes it
+	// (socketWait).
+	dst *net.TCPConn
+	at  socketWait
+	// srcErr is why src failed (not a FIN: a reset, a close) once
+	// srcFailed is set: the reader then wakes the writer, so the failure
+	// does not queue behind delayed chunks.
+	srcErr    error
+	srcFailed atomic.Bool
 }
 
 func newPipeline(toxics []*compiled, seq uint64) *pipeline {
@@ -44,10 +60,18 @@ type chunk struct {
 // chunkQueue bounds what the reader may run ahead of the writer.
 const chunkQueue = 16
 
-func readChunks(src *net.TCPConn, out chan<- chunk, stop <-chan struct{}) {
+func (p *pipeline) readChunks(src *net.TCPConn, out chan<- chunk, stop <-chan struct{}) {
 	for {
 		bp := relay.GetBuffer()
 		n, err := src.Read(*bp)
+		if err != nil && err != io.EOF && !errors.Is(err, os.ErrDeadlineExceeded) {
+			// A deadline is the relay's to act on: its bound also set
+			// one on dst, which wakes the writer; its quiet close wants
+			// what is delayed delivered before the FIN.
+			p.srcErr = err
+			p.srcFailed.Store(true)
+			_ = p.dst.SetWriteDeadline(time.Unix(1, 0))
+		}
 		select {
 		case out <- chunk{buf: bp, n: n, at: time.Now(), err: err}:
 		case <-stop:
@@ -99,14 +123,19 @@ func (p *pipeline) copy(dst, src *net.TCPConn) (int64, error) {
 	// at accept, the client's first bytes were still unread in its socket,
 	// so the close sent a reset instead of a FIN.
 	if end >= 0 {
+		p.end = time.Now().Add(end)
 		t := time.NewTimer(end)
 		defer t.Stop()
 		p.timer = t.C
 	}
+	p.dst = dst
+	if err := p.at.init(dst); err != nil {
+		return 0, &relay.WriteError{Err: err}
+	}
 	chunks := make(chan chunk, chunkQueue)
 	stop := make(chan struct{})
 	defer close(stop)
-	go readChunks(src, chunks, stop)
+	go p.readChunks(src, chunks, stop)
 	var total int64
 	for {
 		select {
@@ -123,8 +152,8 @@ func (p *pipeline) copy(dst, src *net.TCPConn) (int64, error) {
 			}
 			relay.PutBuffer(c.buf)
 			if c.err == io.EOF {
-				if !p.sleep(slowEOF) {
-					return total, p.onTimer
+				if err := p.sleep(slowEOF); err != nil {
+					return total, err
 				}
 				return total, nil
 			}
@@ -162,8 +191,8 @@ func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
 			if due.After(ready) {
 				ready = due
 			}
-			if !p.sleep(time.Until(due)) {
-				return 0, p.onTimer
+			if err := p.sleep(time.Until(due)); err != nil {
+				return 0, err
 			}
 		case "slicer":
 			sliceSize = int(t.Attributes["average_size"])
@@ -196,14 +225,19 @@ func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
 			p.limitLeft -= int64(w)
 		}
 		if err != nil {
+			if p.srcFailed.Load() {
+				return total, p.srcErr // the reader's wake-up
+			}
 			return total, &relay.WriteError{Err: err}
 		}
 		data = data[n:]
-		if !p.pace(w, ready) {
-			return total, p.onTimer
+		if err := p.pace(w, ready); err != nil {
+			return total, err
 		}
-		if len(data) > 0 && !p.sleep(sliceDelay) {
-			return total, p.onTimer
+		if len(data) > 0 {
+			if err := p.sleep(sliceDelay); err != nil {
+				return total, err
+			}
 		}
 	}
 	if cut {
@@ -215,11 +249,11 @@ func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
 // pace holds the direction to the bandwidth rate (KB/s, 1 KB = 1000
 // bytes as in Toxiproxy) over the whole stream, not per chunk: an idle
 // source earns no credit (pacing restarts when a chunk is ready after
-// the bytes before it were paid for), a late wake-up is caught up. False
-// means the stream's timer fired meanwhile.
-func (p *pipeline) pace(n int, ready time.Time) bool {
+// the bytes before it were paid for), a late wake-up is caught up. An
+// error ends the stream (sleep).
+func (p *pipeline) pace(n int, ready time.Time) error {
 	if p.rate == 0 {
-		return true
+		return nil
 	}
 	if p.bwNextFree.Before(ready) {
 		p.bwNextFree = ready
@@ -228,21 +262,34 @@ func (p *pipeline) pace(n int, ready time.Time) bool {
 	return p.sleep(time.Until(p.bwNextFree))
 }
 
-// sleep waits d unless the stream's timer fires first (false).
-func (p *pipeline) sleep(d time.Duration) bool {
+// sleep waits d. An error ends the stream: the stream's timer fired
+// (onTimer), src failed (the reader's error), or dst is done for: closed
+// (net.ErrClosed: whoever closed it decides how the peers learn), a
+// deadline the relay set (a bound ran out), or reset by its peer.
+func (p *pipeline) sleep(d time.Duration) error {
 	if d <= 0 {
-		return true
+		return nil
 	}
-	if p.timer == nil {
-		time.Sleep(d)
-		return true
+	until, timerFirst := time.Now().Add(d), false
+	if p.timer != nil && !p.end.After(until) {
+		until, timerFirst = p.end, true
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-p.timer:
-		return false
+	if err := p.dst.SetWriteDeadline(until); err != nil {
+		return &relay.WriteError{Err: err}
 	}
+	// After the deadline is set: a reader failing from now on sets its
+	// own over it, which wakes the wait below.
+	if p.srcFailed.Load() {
+		return p.srcErr
+	}
+	err := p.at.wait(until)
+	switch {
+	case p.srcFailed.Load():
+		return p.srcErr
+	case timerFirst && errors.Is(err, errWaitedOut):
+		return p.onTimer
+	case errors.Is(err, errWaitedOut):
+		return nil
+	}
+	return &relay.WriteError{Err: err}
 }

@@ -3,6 +3,7 @@ package faults
 import (
 	"errors"
 	"io"
+	"net"
 	"slices"
 	"syscall"
 	"testing"
@@ -198,5 +199,76 @@ func TestLimitDataZeroCutsAtFirstChunk(t *testing.T) {
 	case <-done:
 	case <-time.After(5 * time.Second):
 		t.Fatal("the relay did not end")
+	}
+}
+
+// A connection whose peer is gone, or which the API cuts, ends at once
+// even while its toxics hold a chunk (latency) or its FIN (slow_close)
+// for an hour: it frees its goroutines, buffers and --fault-max-active
+// slot then, not when the delay ran out.
+func TestPipelineDeadConnectionEndsDuringDelay(t *testing.T) {
+	t.Parallel()
+	latency := `{"type":"latency","attributes":{"latency":3600000}}`
+	slowClose := `{"type":"slow_close","attributes":{"delay":3600000}}`
+	reset := func(c *net.TCPConn) { c.SetLinger(0); c.Close() }
+	for _, tc := range []struct {
+		name  string
+		toxic string
+		// hold gets a chunk (or the FIN) held by the toxic; end then
+		// makes the connection dead.
+		hold func(client, backend *net.TCPConn)
+		end  func(tbl *Table, client, backend *net.TCPConn)
+	}{
+		{
+			name: "latency, client resets", toxic: latency,
+			hold: func(_, b *net.TCPConn) { b.Write([]byte("x")) },
+			end:  func(_ *Table, c, _ *net.TCPConn) { reset(c) },
+		},
+		{
+			name: "latency, backend resets", toxic: latency,
+			hold: func(_, b *net.TCPConn) { b.Write([]byte("x")) },
+			end:  func(_ *Table, _, b *net.TCPConn) { reset(b) },
+		},
+		{
+			name: "latency, port set down", toxic: latency,
+			hold: func(_, b *net.TCPConn) { b.Write([]byte("x")) },
+			end: func(tbl *Table, _, _ *net.TCPConn) {
+				if _, err := tbl.SetEnabled("default.web.http", false); err != nil {
+					t.Error(err)
+				}
+			},
+		},
+		{
+			name: "slow_close, client resets", toxic: slowClose,
+			hold: func(_, b *net.TCPConn) { b.Close() },
+			end:  func(_ *Table, c, _ *net.TCPConn) { reset(c) },
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tbl, p := declared(t, 0, 1, "TCP", tc.toxic)
+			tbl.TrackLive = true
+			client, backend, done := proxied(t, p, client1)
+			if _, err := client.Write([]byte("q")); err != nil {
+				t.Fatal(err)
+			}
+			backend.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if _, err := io.ReadFull(backend, make([]byte, 1)); err != nil {
+				t.Fatal(err)
+			}
+			tc.hold(client, backend)
+			time.Sleep(20 * time.Millisecond) // the chunk (or FIN) reaches the toxic
+			start := time.Now()
+			tc.end(tbl, client, backend)
+			select {
+			case <-done:
+			case <-time.After(2 * time.Second):
+				t.Fatalf("the relay still runs %v after the connection died", time.Since(start).Round(time.Millisecond))
+			}
+			t.Logf("the relay ended %v after the connection died", time.Since(start).Round(time.Millisecond))
+			if n := p.active.Load(); n != 0 {
+				t.Fatalf("%d --fault-max-active slots still held", n)
+			}
+		})
 	}
 }

@@ -535,6 +535,45 @@ func TestFaultConnectDelay(t *testing.T) {
 	}), 300*time.Millisecond, 30*time.Millisecond)
 }
 
+// A client that resets during its connect_delay is not served: no
+// backend is dialled for it, and its --fault-max-active slot comes back
+// at once, so the next client is delayed (faulted) rather than let through
+// unfaulted while the dead one waits out its delay.
+func TestFaultConnectDelayClientGone(t *testing.T) {
+	t.Parallel()
+	accepted := make(chan struct{}, 10)
+	ln := serveTCP(t, "127.0.0.2", func(c net.Conn) {
+		accepted <- struct{}{}
+		io.WriteString(c, "hello\n")
+		time.Sleep(time.Second)
+	})
+	p := newTestProxier(t, Options{Faults: faults.NewTable(0, 1, nil)})
+	p.OnServiceAdd(makeService("svc", withClusterIP("10.96.0.10"),
+		withFaults(`[{"type":"connect_delay","attributes":{"delay":400}}]`)))
+	p.OnEndpointSliceAdd(makeSlice("svc", v1.ProtocolTCP, ln.Addr().String()))
+	p.Sync()
+	addr := proxyAddr(t, p, "default/svc:p")
+
+	gone := dialTCP(t, addr)
+	gone.SetLinger(0)
+	gone.Close()
+	time.Sleep(100 * time.Millisecond) // the proxy sees the reset
+	start := time.Now()
+	c := dialTCP(t, addr)
+	if _, err := c.Read(make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	firstByte := time.Since(start)
+	time.Sleep(500 * time.Millisecond) // past the gone client's delay
+	t.Logf("next client's first byte after %v; backend accepted %d connections", firstByte.Round(time.Millisecond), len(accepted))
+	if n := len(accepted); n != 1 {
+		t.Errorf("the backend accepted %d connections, want 1: none for the client that reset", n)
+	}
+	if firstByte < 300*time.Millisecond {
+		t.Errorf("next client's first byte after %v: not delayed, its slot still held by the client that reset", firstByte)
+	}
+}
+
 // Toxics apply in order per direction and combine: latency then
 // limit_data delays the cut bytes, and the two directions are independent.
 func TestFaultToxicsCombine(t *testing.T) {

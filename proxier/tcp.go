@@ -156,8 +156,10 @@ func (s *tcpProxySocket) serve(client *net.TCPConn, from netip.AddrPort, fc *fau
 			fc.Done()
 			return
 		}
-		if fc.ConnectDelay > 0 {
-			time.Sleep(fc.ConnectDelay)
+		if !fc.WaitConnectDelay(client) {
+			_ = client.Close()
+			fc.Done()
+			return
 		}
 	}
 	backend, err := s.dial(from)
