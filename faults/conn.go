@@ -55,11 +55,15 @@ func (p *Port) Accept(client netip.Addr) *Conn {
 	// Decided in locals: the Conn is allocated only for a connection that
 	// is faulted or tracked.
 	var (
-		up, down        []*compiled
-		applied         []string
-		faulted, refuse bool
-		connectDelay    time.Duration
+		up, down     []*compiled
+		applied      []string
+		faulted      bool
+		connectDelay time.Duration
 	)
+	// A refusal (down, refuse) applies whatever --fault-max-active says:
+	// the connection ends at accept and holds no slot, and let through
+	// unfaulted at the cap it kept a down port up.
+	refuse := s.refuses(seq, client)
 	for _, t := range s.toxics {
 		if t.kind == kindDatagram || !t.matches(client) {
 			continue
@@ -69,7 +73,7 @@ func (p *Port) Accept(client netip.Addr) *Conn {
 		}
 		// The slot is taken at the first toxic that applies, so two
 		// connections accepted at once cannot both take the last one.
-		if !faulted && !p.reserve() {
+		if !faulted && !refuse && !p.reserve() {
 			s.skipped.Inc()
 			break
 		}
@@ -103,8 +107,6 @@ func (p *Port) Accept(client netip.Addr) *Conn {
 	}
 	c := &Conn{port: p, seq: seq, client: client, snap: s, faulted: faulted, applied: applied, Refuse: refuse}
 	if refuse {
-		// A refused connection is over at once: it holds no slot.
-		p.active.Add(-1)
 		return c
 	}
 	c.ConnectDelay = connectDelay
@@ -166,6 +168,17 @@ func (c *Conn) AttachReset(reset func()) {
 	if s := c.port.snap.Load(); !s.enabled || (s != c.snap && s.downDraws(c.seq, c.client)) {
 		c.live.cut()
 	}
+}
+
+// refuses reports whether a down or refuse toxic of s applies to the
+// connection with this sequence number.
+func (s *snapshot) refuses(seq uint64, client netip.Addr) bool {
+	for _, t := range s.toxics {
+		if (t.kind == kindDown || t.Type == "refuse") && t.matches(client) && draw(t.seed, t.key, seq, saltToxicity) < float64(t.Toxicity) {
+			return true
+		}
+	}
+	return false
 }
 
 // downDraws reports whether a down toxic of s applies to the connection

@@ -378,8 +378,8 @@ func (p *Port) addAPI(tx Toxic) error {
 
 // downDrawChanged: an update of a down toxic changes which connections it
 // takes (toxicity, clients, seed), so it cuts its share again; an update
-// that changes none of them leaves live connections alone, as the fault
-// cap (--fault-max-active) may have let some through.
+// that changes none of them leaves live connections alone: those it draws
+// were cut when it came, or refused at accept.
 func downDrawChanged(cur, next Toxic) bool {
 	sameSeed := cur.Seed == next.Seed || (cur.Seed != nil && next.Seed != nil && *cur.Seed == *next.Seed)
 	return cur.Toxicity != next.Toxicity || !slices.Equal(cur.Clients, next.Clients) || !sameSeed

@@ -325,6 +325,65 @@ func TestTableMaxActive(t *testing.T) {
 	}
 }
 
+// With --fault-max-active reached, down and refuse still apply: a refused
+// connection holds no slot, so the cap has nothing to protect from it,
+// while letting it through unfaulted would keep a down port up. Their
+// toxicity and clients still decide.
+func TestTableMaxActiveFullStillRefuses(t *testing.T) {
+	for _, refusing := range []string{
+		`{"name":"r","type":"down"}`,
+		`{"name":"r","type":"refuse"}`,
+	} {
+		t.Run(refusing, func(t *testing.T) {
+			m := NewMetrics(nil)
+			tbl := NewTable(0, 1, m)
+			p := tbl.Port("default.web.http", "TCP")
+			p.SetDeclared([]Toxic{toxic(t, `{"name":"slow","type":"latency","attributes":{"latency":1}}`)})
+			holder := p.Accept(client1)
+			if holder == nil || holder.Refuse {
+				t.Fatal("the first connection did not take the slot")
+			}
+			defer holder.Done()
+			p.SetDeclared([]Toxic{
+				toxic(t, `{"name":"slow","type":"latency","attributes":{"latency":1}}`),
+				toxic(t, refusing),
+			})
+			for i := range 3 {
+				c := p.Accept(client1)
+				if c == nil || !c.Refuse {
+					t.Fatalf("connection %d with the cap reached: %+v, want refused", i, c)
+				}
+				c.Done()
+			}
+			if n := p.active.Load(); n != 1 {
+				t.Fatalf("%d slots held, want the first connection's 1", n)
+			}
+			if got := m.ports.lookup(p.Name()).skipped.n.Load(); got != 0 {
+				t.Fatalf("skipped = %v for refused connections, want 0", got)
+			}
+			// A refusal narrowed to other clients leaves this one to the
+			// capped latency: no fault, counted as skipped.
+			p.SetDeclared([]Toxic{
+				toxic(t, `{"name":"slow","type":"latency","attributes":{"latency":1}}`),
+				toxic(t, `{"name":"elsewhere","type":"refuse","clients":["192.0.2.0/24"]}`),
+			})
+			if c := p.Accept(client1); c != nil {
+				t.Fatalf("a client outside the refuse toxic's CIDR: %+v, want no fault", c)
+			}
+			if c := p.Accept(mustAddr("192.0.2.1")); c == nil || !c.Refuse {
+				t.Fatalf("a client in the refuse toxic's CIDR: %+v, want refused", c)
+			}
+			p.SetDeclared([]Toxic{
+				toxic(t, `{"name":"slow","type":"latency","attributes":{"latency":1}}`),
+				toxic(t, `{"name":"r","type":"down","toxicity":0}`),
+			})
+			if c := p.Accept(client1); c != nil {
+				t.Fatalf("a down toxic of toxicity 0 with the cap reached: %+v, want no fault", c)
+			}
+		})
+	}
+}
+
 // Connections accepted at once never exceed the cap.
 func TestTableMaxActiveConcurrent(t *testing.T) {
 	const limit = 5
@@ -435,21 +494,22 @@ func TestDeclaredNameTakesOverAPIToxic(t *testing.T) {
 }
 
 // An update of a down toxic that leaves its draw alone (toxicity, clients,
-// seed) cuts nothing: here a connection the fault cap let past the down
-// toxic (--fault-max-active full) stays up through an update of its stream.
+// seed) cuts nothing: a live connection stays up through an update of its
+// stream. (The connections it draws are gone: cut when it came, refused at
+// accept, with --fault-max-active full too.)
 func TestTableDownUpdateKeepsItsDraw(t *testing.T) {
 	tbl, p := declared(t, 0, 1, "TCP", `{"name":"slow","type":"latency","attributes":{"latency":0}}`)
 	tbl.TrackLive = true
 	clientB := mustAddr("10.0.0.2")
-	if c, _, _ := proxied(t, p, client1); c == nil { // faulted: the cap is full
+	c, b, done := proxied(t, p, client1) // faulted: the cap is full
+	if c == nil {
 		t.Fatal("the first connection was refused")
 	}
 	if _, err := tbl.AddToxic(p.Name(), toxic(t, `{"name":"d","type":"down","clients":["10.0.0.2/32"]}`)); err != nil {
 		t.Fatal(err)
 	}
-	c, b, done := proxied(t, p, clientB)
-	if c == nil {
-		t.Fatal("the down toxic refused a connection past the full fault cap")
+	if c, _, _ := proxied(t, p, clientB); c != nil {
+		t.Fatal("the down toxic let a connection through past the full fault cap")
 	}
 	if _, err := tbl.UpdateToxic(p.Name(), "d", []byte(`{"stream":"upstream"}`)); err != nil {
 		t.Fatal(err)

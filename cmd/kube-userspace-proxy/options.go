@@ -144,7 +144,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.configFile, "config", o.configFile, "A KubeProxyConfiguration file; flags given on the command line override it.")
 	fs.StringVar(&o.faultAPIBind, "fault-api-bind-address", o.faultAPIBind, "HOST:PORT for Toxiproxy's REST API over this node's service ports (e.g. 127.0.0.1:8474); empty disables it.")
 	fs.Int64Var(&o.faultSeed, "fault-seed", o.faultSeed, "Seed of every fault draw: the same seed and arrival order give the same faults.")
-	fs.IntVar(&o.faultMaxActive, "fault-max-active", o.faultMaxActive, "At most this many live faulted connections per service port; further connections get no fault. 0 means unlimited.")
+	fs.IntVar(&o.faultMaxActive, "fault-max-active", o.faultMaxActive, "At most this many live faulted connections per service port; further connections get no fault, except down and refuse, which hold no slot. 0 means unlimited.")
 	fs.IntVar(&o.affinityMaxEntries, "affinity-max-entries-per-port", o.affinityMaxEntries, "At most this many clients in one service port's ClientIP affinity table; a new client of a full table evicts the least recently used one. 0 means unlimited.")
 	fs.IntVar(&o.httpMaxConns, "http-max-connections", o.httpMaxConns, "At most this many open connections per HTTP server (health, metrics, healthCheckNodePort, fault API); further clients wait in the listen backlog. 0 means unlimited.")
 	fs.DurationVar(&o.httpIdleTimeout, "http-idle-timeout", o.httpIdleTimeout, "How long an HTTP server keeps an idle keep-alive connection open (e.g. '30s'). Must be greater than 0.")
