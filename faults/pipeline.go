@@ -51,17 +51,17 @@ func newPipeline(toxics []*compiled, seq uint64) *pipeline {
 }
 
 type chunk struct {
-	buf *[]byte
+	buf *[]byte // nil for an error alone
 	n   int
 	at  time.Time
 	err error
 }
 
-// chunkQueue bounds what the reader may run ahead of the writer.
-const chunkQueue = 16
-
-func (p *pipeline) readChunks(src *net.TCPConn, out chan<- chunk, stop <-chan struct{}) {
+func (p *pipeline) readChunks(src *net.TCPConn, q *chunkQueue) {
 	for {
+		if !q.waitSpace() {
+			return
+		}
 		bp := relay.GetBuffer()
 		n, err := src.Read(*bp)
 		if err != nil && err != io.EOF && !errors.Is(err, os.ErrDeadlineExceeded) {
@@ -72,13 +72,7 @@ func (p *pipeline) readChunks(src *net.TCPConn, out chan<- chunk, stop <-chan st
 			p.srcFailed.Store(true)
 			_ = p.dst.SetWriteDeadline(time.Unix(1, 0))
 		}
-		select {
-		case out <- chunk{buf: bp, n: n, at: time.Now(), err: err}:
-		case <-stop:
-			relay.PutBuffer(bp)
-			return
-		}
-		if err != nil {
+		if !q.push(chunk{buf: rightSized(bp, n), n: n, at: time.Now(), err: err}) || err != nil {
 			return
 		}
 	}
@@ -132,34 +126,37 @@ func (p *pipeline) copy(dst, src *net.TCPConn) (int64, error) {
 	if err := p.at.init(dst); err != nil {
 		return 0, &relay.WriteError{Err: err}
 	}
-	chunks := make(chan chunk, chunkQueue)
-	stop := make(chan struct{})
-	defer close(stop)
-	go p.readChunks(src, chunks, stop)
+	q := newChunkQueue()
+	defer q.close()
+	go p.readChunks(src, q)
 	var total int64
 	for {
-		select {
-		case <-p.timer:
-			return total, p.onTimer
-		case c := <-chunks:
-			if c.n > 0 {
-				n, err := p.deliver(dst, c)
-				total += n
-				if err != nil {
-					relay.PutBuffer(c.buf)
-					return total, err
-				}
+		c, ok := q.pop()
+		if !ok {
+			select {
+			case <-p.timer:
+				return total, p.onTimer
+			case <-q.ready:
+				continue
 			}
-			relay.PutBuffer(c.buf)
-			if c.err == io.EOF {
-				if err := p.sleep(slowEOF); err != nil {
-					return total, err
-				}
-				return total, nil
+		}
+		if c.n > 0 {
+			n, err := p.deliver(dst, c)
+			total += n
+			if err != nil {
+				q.release(c)
+				return total, err
 			}
-			if c.err != nil {
-				return total, c.err
+		}
+		q.release(c)
+		if c.err == io.EOF {
+			if err := p.sleep(slowEOF); err != nil {
+				return total, err
 			}
+			return total, nil
+		}
+		if c.err != nil {
+			return total, c.err
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"runtime"
 	"slices"
 	"syscall"
 	"testing"
@@ -270,5 +271,67 @@ func TestPipelineDeadConnectionEndsDuringDelay(t *testing.T) {
 				t.Fatalf("%d --fault-max-active slots still held", n)
 			}
 		})
+	}
+}
+
+// Latency delays a stream without capping it at a few chunks per delay:
+// what is in flight is bounded by bytes (chunkBudget), so 3 MB under 200
+// ms arrive about 200 ms late. With 16 chunks queued, about 18 reads (576
+// KiB) were in flight per delay: the 3 MB took five delays, over a second.
+func TestPipelineLatencyThroughput(t *testing.T) {
+	t.Parallel()
+	const size, latency = 3_000_000, 200 * time.Millisecond
+	_, p := declared(t, 0, 0, "TCP", `{"type":"latency","attributes":{"latency":200}}`)
+	client, backend, _ := proxied(t, p, client1)
+	start := time.Now()
+	go backend.Write(make([]byte, size))
+	client.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(client, make([]byte, size)); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	t.Logf("%d bytes under %v of latency in %v", size, latency, took.Round(time.Millisecond))
+	if took > 3*latency {
+		t.Fatalf("%d bytes under %v of latency took %v, want less than %v", size, latency, took, 3*latency)
+	}
+}
+
+// A short read held by latency holds a buffer of about its size, not a
+// 32 KiB copy buffer: 25 one-byte writes per connection delayed for an
+// hour held 18 buffers of 32 KiB each (576 KiB per connection, 302 MB for
+// 500 connections).
+func TestPipelineSmallChunksHoldLittle(t *testing.T) {
+	const conns, writes = 20, 25
+	_, p := declared(t, 0, 0, "TCP", `{"type":"latency","attributes":{"latency":3600000}}`)
+	heap := func() uint64 {
+		runtime.GC()
+		runtime.GC() // what the pools let go in the first
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	type conn struct{ client, backend *net.TCPConn }
+	var cs []conn
+	for range conns {
+		c, b, _ := proxied(t, p, client1)
+		cs = append(cs, conn{c, b})
+	}
+	time.Sleep(20 * time.Millisecond)
+	before := heap()
+	for range writes {
+		for _, c := range cs {
+			c.backend.Write([]byte("x"))
+		}
+		time.Sleep(2 * time.Millisecond) // a read each
+	}
+	time.Sleep(50 * time.Millisecond)
+	per := (int64(heap()) - int64(before)) / conns
+	t.Logf("%d one-byte chunks held per connection: %d bytes more heap per connection", writes, per)
+	if per > 128<<10 {
+		t.Fatalf("%d one-byte chunks held per connection took %d bytes of heap each, want under 128 KiB", writes, per)
+	}
+	for _, c := range cs {
+		c.client.Close()
+		c.backend.Close()
 	}
 }
