@@ -281,22 +281,49 @@ func portalSyncers(v *validated, newRunner func(iptables.Family) (iptables.Runne
 // the node's primary IPs.
 const nodePortAddressesPrimary = "primary"
 
-// resolveNodePortAddresses turns --nodeport-addresses primary into the node
-// IP of each family as a single-address CIDR, as kube-proxy does at start; a
-// family without a node IP gets none, so its NodePorts answer on all its
-// addresses (a family without CIDRs of its own is not limited).
+// resolveNodePortAddresses turns --nodeport-addresses primary into each
+// family's primary node IP as a single-address CIDR, as kube-proxy does at
+// start (expandNodePortAddressKeywords), for the NodePort portals and the
+// healthCheckNodePort servers alike.
 func resolveNodePortAddresses(v *validated) {
+	resolveNodePortAddressesFrom(v, defaultRouteIP, defaultRouteIP6)
+}
+
+// resolveNodePortAddressesFrom is resolveNodePortAddresses with each
+// family's default-route address from route4 and route6. The primary IP is
+// --node-ip, else the default-route address: not --bind-address, which is
+// where proxy sockets listen. It was the bind address, so a loopback one
+// (the README's first run) left NodePorts on every address, and an IPv4 one
+// left IPv6 unrestricted. A family with neither is skipped, as kube-proxy
+// skips a family whose node IP it could not find (loopback): a family
+// without CIDRs of its own is not limited, there as here.
+func resolveNodePortAddressesFrom(v *validated, route4, route6 func() netip.Addr) {
 	if !v.nodePortPrimary {
 		return
 	}
-	cfg4, cfg6, _ := portalConfigs(v) // each family's node IP, as the portals use it
 	v.nodePortAddresses = nil
-	for _, ip := range []netip.Addr{cfg4.NodeIP, cfg6.NodeIP} {
-		if ip.IsValid() && !ip.IsLoopback() {
-			v.nodePortAddresses = append(v.nodePortAddresses, netip.PrefixFrom(ip, ip.BitLen()))
+	var unrestricted []string
+	for _, f := range []struct {
+		name  string
+		six   bool
+		route func() netip.Addr
+	}{{"IPv4", false, route4}, {"IPv6", true, route6}} {
+		ip := v.nodeIP
+		if !ip.IsValid() || ip.Is4() == f.six {
+			ip = f.route()
 		}
+		if !ip.IsValid() || ip.IsLoopback() {
+			unrestricted = append(unrestricted, f.name)
+			continue
+		}
+		v.nodePortAddresses = append(v.nodePortAddresses, netip.PrefixFrom(ip, ip.BitLen()))
 	}
-	klog.InfoS("NodePorts answer on the node's primary IPs (--nodeport-addresses primary)", "addresses", v.nodePortAddresses)
+	if len(unrestricted) > 0 {
+		klog.InfoS("NodePorts answer on the node's primary IPs (--nodeport-addresses primary); a family without one (no --node-ip, no default route) is not restricted, as in kube-proxy",
+			"addresses", v.nodePortAddresses, "unrestricted", unrestricted)
+	} else {
+		klog.InfoS("NodePorts answer on the node's primary IPs (--nodeport-addresses primary)", "addresses", v.nodePortAddresses)
+	}
 	v.nodePortPrimary = false
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/healthcheck"
 )
 
 func nameServer(t *testing.T, ip, name string) string {
@@ -332,6 +333,74 @@ func TestNodeIPPerFamily(t *testing.T) {
 			}
 			if str(got4) != tt.want4 || str(got6) != tt.want6 {
 				t.Errorf("node IPs %q / %q, want %q / %q", str(got4), str(got6), tt.want4, tt.want6)
+			}
+		})
+	}
+}
+
+// --nodeport-addresses primary is each family's --node-ip, else its
+// default-route address, never --bind-address (where proxy sockets listen);
+// the NodePort portals and the healthCheckNodePort servers both follow it.
+// A loopback bind address left NodePorts on every address, and an IPv4 one
+// left IPv6 unrestricted.
+func TestNodePortAddressesPrimary(t *testing.T) {
+	a := netip.MustParseAddr
+	route4, route6 := a("192.0.2.2"), a("fd00::2")
+	tests := []struct {
+		name, bind, nodeIP string
+		noRoute6           bool
+		want               []string
+		wantListen         []healthcheck.ListenAddr
+	}{
+		{name: "loopback bind", bind: "127.0.0.1", want: []string{"192.0.2.2/32", "fd00::2/128"}},
+		{name: "IPv4 bind", bind: "192.0.2.9", want: []string{"192.0.2.2/32", "fd00::2/128"}},
+		{name: "IPv6 bind", bind: "fd00::9", want: []string{"192.0.2.2/32", "fd00::2/128"}},
+		{name: "all", bind: "0.0.0.0", want: []string{"192.0.2.2/32", "fd00::2/128"}},
+		{name: "IPv4 --node-ip", bind: "127.0.0.1", nodeIP: "192.0.2.7", want: []string{"192.0.2.7/32", "fd00::2/128"}},
+		{name: "IPv6 --node-ip", bind: "0.0.0.0", nodeIP: "fd00::7", want: []string{"192.0.2.2/32", "fd00::7/128"}},
+		// As kube-proxy: a family without a primary IP is not restricted.
+		{name: "no IPv6 route", bind: "127.0.0.1", noRoute6: true, want: []string{"192.0.2.2/32"},
+			wantListen: []healthcheck.ListenAddr{{Network: "tcp", Host: "192.0.2.2"}, {Network: "tcp6", Host: "::"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v := &validated{bind: a(tt.bind), nodePortPrimary: true}
+			if tt.nodeIP != "" {
+				v.nodeIP = a(tt.nodeIP)
+			}
+			r6 := route6
+			if tt.noRoute6 {
+				r6 = netip.Addr{}
+			}
+			resolveNodePortAddressesFrom(v, func() netip.Addr { return route4 }, func() netip.Addr { return r6 })
+			var want []netip.Prefix
+			for _, p := range tt.want {
+				want = append(want, netip.MustParsePrefix(p))
+			}
+			if !slices.Equal(v.nodePortAddresses, want) {
+				t.Fatalf("--bind-address %s --node-ip %q: NodePort addresses %v, want %v", tt.bind, tt.nodeIP, v.nodePortAddresses, want)
+			}
+			cfg4, cfg6, _ := portalConfigs(v)
+			if !slices.Equal(cfg4.NodePortAddresses, want) || !slices.Equal(cfg6.NodePortAddresses, want) {
+				t.Errorf("portals' NodePort addresses %v / %v, want %v", cfg4.NodePortAddresses, cfg6.NodePortAddresses, want)
+			}
+			// The node holds both primary IPs, the bind address and loopback.
+			ifAddrs := func() ([]net.Addr, error) {
+				var out []net.Addr
+				for _, s := range []string{"127.0.0.1/8", "::1/128", "192.0.2.2/24", "192.0.2.7/24", "192.0.2.9/24", "fd00::2/64", "fd00::7/64", "fd00::9/64"} {
+					ip, n, _ := net.ParseCIDR(s)
+					out = append(out, &net.IPNet{IP: ip, Mask: n.Mask})
+				}
+				return out, nil
+			}
+			wantListen := tt.wantListen
+			if wantListen == nil {
+				for _, p := range want {
+					wantListen = append(wantListen, healthcheck.ListenAddr{Network: "tcp", Host: p.Addr().String()})
+				}
+			}
+			if got := healthcheck.ListenAddrs(v.nodePortAddresses, ifAddrs); !slices.Equal(got, wantListen) {
+				t.Errorf("healthCheckNodePorts listen on %v, want %v", got, wantListen)
 			}
 		})
 	}
