@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -67,6 +69,17 @@ func (o *options) applyConfig(cfg *configFile, fs *pflag.FlagSet) {
 	set("bind-address", "bindAddress", c.BindAddress != "", func() { o.bindAddress = c.BindAddress })
 	set("healthz-bind-address", "healthzBindAddress", c.HealthzBindAddress != "", func() { o.healthzBindAddress = c.HealthzBindAddress })
 	set("metrics-bind-address", "metricsBindAddress", c.MetricsBindAddress != "", func() { o.metricsBindAddress = c.MetricsBindAddress })
+	// kube-proxy defaults the servers' addresses from the family of the
+	// file's bindAddress (getDefaultAddresses): an IPv6 node configured
+	// with bindAddress '::1' kept metrics on 127.0.0.1.
+	if a, err := netip.ParseAddr(c.BindAddress); err == nil && !a.Unmap().Is4() {
+		if c.HealthzBindAddress == "" && !fs.Changed("healthz-bind-address") {
+			o.healthzBindAddress = net.JoinHostPort("::", defaultHealthzPort)
+		}
+		if c.MetricsBindAddress == "" && !fs.Changed("metrics-bind-address") {
+			o.metricsBindAddress = net.JoinHostPort("::1", defaultMetricsPort)
+		}
+	}
 	set("hostname-override", "hostnameOverride", c.HostnameOverride != "", func() { o.hostnameOverride = c.HostnameOverride })
 	set("proxy-mode", "mode", c.Mode != "", func() { o.proxyMode = strings.TrimSpace(string(c.Mode)) })
 	set("proxy-port-range", "portRange", c.PortRange != "", func() { o.proxyPortRange = c.PortRange })

@@ -49,6 +49,28 @@ udpIdleTimeout: 3s
 				t.Fatalf("flag precedence wrong: udp %v bind %s sync %v", o.udpTimeout, o.bindAddress, o.syncPeriod)
 			}
 		}},
+		// kube-proxy's defaulting (getDefaultAddresses): an IPv6 bindAddress
+		// makes the servers' default addresses IPv6; metrics stayed on
+		// 127.0.0.1.
+		{name: "IPv6 bindAddress defaults the servers to IPv6", file: "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nbindAddress: '::1'\n",
+			check: func(t *testing.T, o *options) {
+				if o.healthzBindAddress != "[::]:10256" || o.metricsBindAddress != "[::1]:10249" {
+					t.Fatalf("healthz %q, metrics %q; want kube-proxy's [::]:10256, [::1]:10249", o.healthzBindAddress, o.metricsBindAddress)
+				}
+			}},
+		{name: "IPv4 bindAddress keeps the IPv4 defaults", file: "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nbindAddress: 10.0.0.5\n",
+			check: func(t *testing.T, o *options) {
+				if o.healthzBindAddress != "0.0.0.0:10256" || o.metricsBindAddress != "127.0.0.1:10249" {
+					t.Fatalf("healthz %q, metrics %q; want 0.0.0.0:10256, 127.0.0.1:10249", o.healthzBindAddress, o.metricsBindAddress)
+				}
+			}},
+		{name: "IPv6 bindAddress, the servers' addresses given", file: "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nbindAddress: 'fd00::5'\nmetricsBindAddress: 127.0.0.1:9000\n",
+			args: []string{"--healthz-bind-address=127.0.0.1:9001"},
+			check: func(t *testing.T, o *options) {
+				if o.healthzBindAddress != "127.0.0.1:9001" || o.metricsBindAddress != "127.0.0.1:9000" {
+					t.Fatalf("healthz %q, metrics %q; want the flag's 127.0.0.1:9001 and the file's 127.0.0.1:9000", o.healthzBindAddress, o.metricsBindAddress)
+				}
+			}},
 		{name: "unknown field", file: "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nbogus: 1\n", wantErr: "bogus"},
 		{name: "bad duration names its field", file: "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\niptables: {syncPeriod: abc}\n",
 			wantErr: `iptables.syncPeriod: time: invalid duration "abc"`},
