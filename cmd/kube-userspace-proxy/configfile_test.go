@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 )
 
@@ -185,6 +187,35 @@ func TestConfigFileClientConnection(t *testing.T) {
 	}
 	if o.kubeAPIQPS != 20 || o.kubeAPIBurst != 7 || o.kubeAPIContentType != "application/json" {
 		t.Errorf("qps %v, burst %d, content type %q; want 20, 7 (the flag), application/json", o.kubeAPIQPS, o.kubeAPIBurst, o.kubeAPIContentType)
+	}
+}
+
+// A negative --kube-api-qps (or clientConnection.qps) is accepted, as
+// kube-proxy validates only the burst: client-go then sets no rate limiter
+// at all. It was refused with exit 2.
+func TestNegativeKubeAPIQPS(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"+
+		"clientConnection: {qps: -1}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"--kube-api-qps", "-1"}, {"--config", path}} {
+		o := parsedOptions(t, append([]string{"--manifests", t.TempDir()}, args...))
+		if _, err := o.validate(); err != nil {
+			t.Errorf("%q: refused: %v", args, err)
+		}
+		if o.kubeAPIQPS != -1 {
+			t.Errorf("%q: qps %v, want -1", args, o.kubeAPIQPS)
+		}
+	}
+	// What accepting it means: the client-go this proxy is built with
+	// takes a negative QPS for no client-side limit.
+	client, err := kubernetes.NewForConfig(&rest.Config{Host: "https://127.0.0.1:1", QPS: -1, Burst: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rl := client.CoreV1().RESTClient().GetRateLimiter(); rl != nil {
+		t.Errorf("client-go rate-limits a negative QPS (%T): the README's row is wrong", rl)
 	}
 }
 

@@ -136,7 +136,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.cleanup, "cleanup", o.cleanup, "Remove every chain and rule this proxy installs (IPv4 and IPv6), then exit.")
 	fs.StringVar(&o.proxyMode, "proxy-mode", o.proxyMode, "Which proxy mode to use: only 'userspace' is implemented.")
 	fs.DurationVar(&o.configSyncPeriod, "config-sync-period", o.configSyncPeriod, "How often configuration from the API server is refreshed. Must be greater than 0.")
-	fs.Float32Var(&o.kubeAPIQPS, "kube-api-qps", o.kubeAPIQPS, "QPS to use while talking with the Kubernetes API server.")
+	fs.Float32Var(&o.kubeAPIQPS, "kube-api-qps", o.kubeAPIQPS, "QPS to use while talking with the Kubernetes API server; a negative value means no client-side rate limit, 0 client-go's default (5).")
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", o.kubeAPIBurst, "Burst to use while talking with the Kubernetes API server.")
 	fs.StringVar(&o.kubeAPIContentType, "kube-api-content-type", o.kubeAPIContentType, "Content type of requests sent to the API server.")
 	fs.StringVar(&o.nodeIP, "node-ip", o.nodeIP, "The node's IP, target of the portals' DNAT (from the node itself, and with --bind-address 0.0.0.0 from pods and other hosts too); default: the address of the default-route interface. The other IP family uses the address of its own default-route interface.")
@@ -228,9 +228,8 @@ func (o *options) validate() (*validated, error) {
 	if o.minSyncPeriod > o.syncPeriod {
 		add("--iptables-min-sync-period (%v) must not exceed --iptables-sync-period (%v)", o.minSyncPeriod, o.syncPeriod)
 	}
-	if o.kubeAPIQPS < 0 {
-		add("--kube-api-qps must not be negative, got %v", o.kubeAPIQPS)
-	}
+	// No check of --kube-api-qps: kube-proxy validates only the burst,
+	// and client-go takes a negative QPS for no client-side rate limit.
 	if o.kubeAPIBurst < 0 {
 		add("--kube-api-burst must not be negative, got %d", o.kubeAPIBurst)
 	}

@@ -168,7 +168,6 @@ func TestBadFlagsExitTwo(t *testing.T) {
 		{"--no-such-flag"},
 		{"--manifests", ".", "--kubeconfig", "/x"},
 		{"--kubeconfig", "/nonexistent/kubeconfig"}, // was exit 1, at the client's start
-		{"--manifests", ".", "--kube-api-qps", "-1"},
 		{"--manifests", ".", "--kube-api-burst", "-1"},
 		{"--manifests", ".", "--service-cluster-ip-range", "10.96.0.0"},
 		{"--manifests", ".", "--service-cluster-ip-range", "10.0.0.0/8,10.1.0.0/16"},
