@@ -44,7 +44,7 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 			"catches), its proxy socket, its endpoints in round-robin order and its session\n"+
 			"affinity. Needs no root: it opens no socket and writes no rule. It takes the proxy's\n"+
 			"own flags; --bind-address, --node-ip, --proxy-port-range and --nodeport-addresses\n"+
-			"shape the rules as they would for the proxy.\n\nFlags:\n%s", fs.FlagUsages())
+			"shape the rules as they would for the proxy.\n\nFlags:\n%s", flagUsages(fs))
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {

@@ -44,6 +44,9 @@ func checkHostPort(value string) error {
 const (
 	defaultHealthzPort = "10256"
 	defaultMetricsPort = "10249"
+
+	defaultHealthzPortNumber = 10256
+	defaultMetricsPortNumber = 10249
 )
 
 // withDefaultPort returns value with port appended when it is an IP address

@@ -45,7 +45,7 @@ func runMain(args []string) int {
 	// Help asked for is output (stdout, exit 0), as kube-proxy does; pflag
 	// calls Usage only for -h/--help.
 	fs.Usage = func() {
-		fmt.Fprintf(os.Stdout, "Usage: kube-userspace-proxy [flags]\n       kube-userspace-proxy demo [--serve | --netns] [--verbose]\n       kube-userspace-proxy explain --manifests PATH [flags]\n\nFlags:\n%s", fs.FlagUsages())
+		fmt.Fprintf(os.Stdout, "Usage: kube-userspace-proxy [flags]\n       kube-userspace-proxy demo [--serve | --netns] [--verbose]\n       kube-userspace-proxy explain --manifests PATH [flags]\n\nFlags:\n%s", flagUsages(fs))
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
@@ -80,6 +80,11 @@ func runMain(args []string) int {
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy: invalid flags:\n%v\n", err)
 		return exitUsage
+	}
+	logIgnoredFlags(fs)
+	if o.initOnly {
+		klog.InfoS("--init-only: this proxy has no privileged initialisation to do; exiting")
+		return 0
 	}
 	if o.cleanup {
 		if !canProgramIptables() {

@@ -65,6 +65,11 @@ type options struct {
 	affinityMaxEntries int
 	httpMaxConns       int
 	httpIdleTimeout    time.Duration
+	// kube-proxy's flags: deprecated ports, --init-only, and those accepted
+	// and not acted on (kubeproxyflags.go).
+	healthzPort, metricsPort int32
+	initOnly                 bool
+	kubeProxy                kubeProxyFlags
 
 	// kubeconfigField names the --config field kubeconfig came from, when
 	// it did not come from the flag, so that errors blame what the user wrote.
@@ -112,6 +117,8 @@ func newOptions() *options {
 		affinityMaxEntries: loadbalancer.DefaultMaxAffinityEntries,
 		httpMaxConns:       httpserver.DefaultLimits.MaxConns,
 		httpIdleTimeout:    httpserver.DefaultLimits.IdleTimeout,
+		healthzPort:        defaultHealthzPortNumber,
+		metricsPort:        defaultMetricsPortNumber,
 	}
 }
 
@@ -158,6 +165,8 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.maxConnectionAge, "max-connection-age", o.maxConnectionAge, "Close a proxied TCP connection older than this at its next quiet moment (see --connection-close-quiet; the client gets a FIN and its pool reconnects, to any endpoint), so kept-alive pools spread over endpoints added later. A Service's kube-userspace-proxy/max-connection-age annotation overrides it ('0' turns it off for that Service). 0 means off.")
 	fs.DurationVar(&o.closeQuiet, "connection-close-quiet", o.closeQuiet, "How long both directions of a TCP connection must be silent, with nothing in flight, before --max-connection-age or a Service's kube-userspace-proxy/drain-removed closes it, so that no request is cut mid-flight. Must be greater than 0.")
 	fs.DurationVar(&o.tcpWriteTimeout, "tcp-write-timeout", o.tcpWriteTimeout, "How long a direction of a proxied TCP connection may be unable to write a single byte (its peer reads nothing) before both sides are reset; 0 means no limit.")
+	fs.BoolVar(&o.initOnly, "init-only", o.initOnly, "kube-proxy's flag for an init container: this proxy needs no privileged initialisation, so it checks the flags and exits 0.")
+	o.addKubeProxyFlags(fs)
 }
 
 // validated holds options parsed into the types the proxier uses.
@@ -301,6 +310,7 @@ func (o *options) validate() (*validated, error) {
 	if o.httpIdleTimeout <= 0 {
 		add("--http-idle-timeout must be greater than 0, got %v", o.httpIdleTimeout)
 	}
+	o.validateKubeProxyFlags(add)
 	// An address without a port gets the server's default port, as
 	// kube-proxy's (AppendPortIfNeeded): --healthz-bind-address=0.0.0.0.
 	o.healthzBindAddress = withDefaultPort(o.healthzBindAddress, defaultHealthzPort)

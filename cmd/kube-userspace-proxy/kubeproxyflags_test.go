@@ -1,0 +1,126 @@
+package main
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+	"k8s.io/klog/v2"
+)
+
+// kube-proxy's flags that a DaemonSet passes and a userspace proxy has no
+// use for are accepted (they were "unknown flag", exit 2), named in one
+// log line at start; a value kube-proxy could not parse is still exit 2.
+func TestKubeProxyFlagsAccepted(t *testing.T) {
+	given := []string{
+		"--masquerade-all", "--conntrack-max-per-core=0", "--conntrack-min=131072",
+		"--conntrack-tcp-timeout-established=24h", "--conntrack-tcp-timeout-close-wait=1h",
+		"--conntrack-tcp-be-liberal", "--conntrack-udp-timeout=30s", "--conntrack-udp-timeout-stream=2m",
+		"--oom-score-adj=-999", "--feature-gates=AllAlpha=false,SomeGate=true", "--profiling=false",
+		"--detect-local-mode=NodeCIDR", "--pod-bridge-interface=cbr0", "--pod-interface-name-prefix=veth",
+		"--show-hidden-metrics-for-version=1.36", "--iptables-masquerade-bit=14", "--iptables-localhost-nodeports=false",
+		"--ipvs-scheduler=rr", "--ipvs-sync-period=30s", "--ipvs-min-sync-period=1s", "--ipvs-exclude-cidrs=10.0.0.0/8",
+		"--ipvs-strict-arp", "--ipvs-tcp-timeout=0s", "--ipvs-tcpfin-timeout=0s", "--ipvs-udp-timeout=0s",
+	}
+	logs := captureKlog(t)
+	args := append([]string{"--manifests", t.TempDir(), "--iptables=false", "--init-only"}, given...)
+	var code int
+	stderr := capture(t, &os.Stderr, func() { code = runMain(args) })
+	if code != 0 {
+		t.Fatalf("runMain(%q) = %d, want 0; stderr %s", args, code, stderr)
+	}
+	klog.Flush()
+	var line string
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, "Ignoring flags this proxy does not act on") {
+			if line != "" {
+				t.Errorf("more than one line names the ignored flags:\n%s\n%s", line, l)
+			}
+			line = l
+		}
+	}
+	if line == "" {
+		t.Fatalf("no log line names the ignored flags; log:\n%s", logs)
+	}
+	for _, a := range given {
+		name, _, _ := strings.Cut(a, "=")
+		if !strings.Contains(line, `"`+name+`"`) {
+			t.Errorf("the log line does not name %s: %s", name, line)
+		}
+	}
+
+	// ClusterCIDR is what --cluster-cidr does here: not ignored.
+	o := newOptions()
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	o.addFlags(fs)
+	if err := fs.Parse([]string{"--manifests", t.TempDir(), "--detect-local-mode=ClusterCIDR"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.validate(); err != nil {
+		t.Fatal(err)
+	}
+	if flags := ignoredFlagsGiven(fs); len(flags) > 0 {
+		t.Errorf("--detect-local-mode=ClusterCIDR named as ignored: %v", flags)
+	}
+
+	for _, bad := range [][]string{
+		{"--conntrack-min=many"}, {"--masquerade-all=maybe"}, {"--oom-score-adj=1.5"},
+		{"--feature-gates=SomeGate=yes-please"}, {"--conntrack-udp-timeout=30"},
+		{"--detect-local-mode=Bogus"}, {"--healthz-port=70000"},
+	} {
+		if code := runMain(append([]string{"--manifests", t.TempDir(), "--init-only"}, bad...)); code != exitUsage {
+			t.Errorf("runMain(%q) = %d, want %d", bad, code, exitUsage)
+		}
+	}
+}
+
+// --help lists the accepted kube-proxy flags apart from this proxy's own,
+// and hides the deprecated ports, as kube-proxy's --help does.
+func TestHelpListsKubeProxyFlagsApart(t *testing.T) {
+	out := captureStdout(t, func() { runMain([]string{"--help"}) })
+	own, ignored, ok := strings.Cut(out, "kube-proxy flags accepted and not acted on")
+	if !ok {
+		t.Fatalf("--help has no section for kube-proxy's ignored flags:\n%s", out)
+	}
+	listed := func(usage, flag string) bool {
+		return strings.Contains(usage, "      "+flag+" ") || strings.Contains(usage, "      "+flag+"[")
+	}
+	for _, f := range []string{"--masquerade-all", "--conntrack-max-per-core", "--feature-gates", "--ipvs-scheduler"} {
+		if !listed(ignored, f) || listed(own, f) {
+			t.Errorf("%s is not in the ignored section alone", f)
+		}
+	}
+	for _, f := range []string{"--init-only", "--cluster-cidr", "--manifests"} {
+		if !listed(own, f) || listed(ignored, f) {
+			t.Errorf("%s is not among this proxy's own flags alone", f)
+		}
+	}
+	if strings.Contains(out, "--healthz-port") || strings.Contains(out, "--metrics-port") {
+		t.Errorf("--help lists the deprecated ports")
+	}
+}
+
+// kube-proxy's deprecated --healthz-port and --metrics-port are honoured as
+// kube-proxy's addressFromDeprecatedFlags: 0 disables the server (a
+// DaemonSet relying on it would otherwise serve on a port it meant to
+// leave free), another port is that of a bind address given without one.
+func TestDeprecatedServerPorts(t *testing.T) {
+	for _, tt := range []struct {
+		args                  []string
+		wantHealth, wantMetrs string
+	}{
+		{[]string{"--healthz-port=0"}, "", "127.0.0.1:10249"},
+		{[]string{"--metrics-port=0"}, "0.0.0.0:10256", ""},
+		{[]string{"--metrics-port=9100", "--metrics-bind-address=0.0.0.0"}, "0.0.0.0:10256", "0.0.0.0:9100"},
+		{[]string{"--healthz-port=9101"}, "0.0.0.0:10256", "127.0.0.1:10249"}, // the default has a port, as in kube-proxy
+	} {
+		o := parsedOptions(t, append([]string{"--manifests", t.TempDir()}, tt.args...))
+		if _, err := o.validate(); err != nil {
+			t.Fatalf("%q: %v", tt.args, err)
+		}
+		if o.healthzBindAddress != tt.wantHealth || o.metricsBindAddress != tt.wantMetrs {
+			t.Errorf("%q: health %q, metrics %q; want %q, %q", tt.args, o.healthzBindAddress, o.metricsBindAddress, tt.wantHealth, tt.wantMetrs)
+		}
+	}
+}
