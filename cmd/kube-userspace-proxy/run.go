@@ -41,6 +41,7 @@ type started func(p *proxier.Proxier, metricsAddr string)
 // run wires source → proxier → sockets + rules and serves until ctx ends.
 func run(ctx context.Context, o *options, v *validated, onStart started) error {
 	resolveNodePortAddresses(v)
+	warnBindAddressNotLocal(v.bind, isLocalAddress)
 	clk := clock.RealClock{}
 	metrics := proxier.NewMetrics()
 	health := healthcheck.NewProxierHealth(clk, 2*o.syncPeriod)
@@ -378,6 +379,19 @@ func nodeIPOf(v *validated, six bool, fromRoute func() netip.Addr) netip.Addr {
 		return netip.Addr{} // sockets listen on one address of the other family
 	}
 	return fromRoute()
+}
+
+// warnBindAddressNotLocal warns when --bind-address names an address no
+// interface holds: every proxy socket then fails to listen ("cannot assign
+// requested address") while /healthz says 200, and nothing at start said
+// why. Not an error: the address may be added later (a VIP, DHCP), and
+// each sync tries the sockets again. IPv4 loopback addresses are all held
+// by lo (its 127.0.0.0/8 local route), though only 127.0.0.1 is listed.
+func warnBindAddressNotLocal(bind netip.Addr, isLocal func(netip.Addr) bool) {
+	if !bind.IsValid() || bind.IsUnspecified() || bind.IsLoopback() || isLocal(bind) {
+		return
+	}
+	klog.InfoS("Warning: --bind-address is not an address of this node's interfaces: proxy sockets cannot listen on it until it is added", "bindAddress", bind)
 }
 
 // isLocalAddress reports whether ip is an address of one of the node's

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/healthcheck"
@@ -402,5 +403,54 @@ func TestNodePortAddressesPrimary(t *testing.T) {
 				t.Errorf("healthCheckNodePorts listen on %v, want %v", got, wantListen)
 			}
 		})
+	}
+}
+
+// A --bind-address no interface holds is warned about at start, naming the
+// flag and the address, as --node-ip is: every proxy socket failed to
+// listen and nothing said why. Loopback and the wildcards are not warned.
+func TestBindAddressNotLocalWarned(t *testing.T) {
+	logs := captureKlog(t)
+	o := newOptions()
+	o.manifests = t.TempDir()
+	o.iptables = false
+	o.bindAddress = "198.51.100.7" // TEST-NET-2: no interface of a test host holds it
+	o.healthzBindAddress = ""
+	o.metricsBindAddress = ""
+	v, err := o.validate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	started := make(chan struct{})
+	go func() { done <- run(ctx, o, v, func(*proxier.Proxier, string) { close(started) }) }()
+	select {
+	case <-started:
+	case err := <-done:
+		t.Fatalf("run returned before starting (a warning, not an error, is wanted): %v", err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	klog.Flush()
+	var warned bool
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, "Warning: --bind-address") && strings.Contains(l, `bindAddress="198.51.100.7"`) {
+			warned = true
+		}
+	}
+	if !warned {
+		t.Errorf("no start-up warning names --bind-address 198.51.100.7; log:\n%s", logs)
+	}
+
+	for _, bind := range []string{"0.0.0.0", "::", "127.0.0.2", "::1"} {
+		before := len(logs.String())
+		warnBindAddressNotLocal(netip.MustParseAddr(bind), func(netip.Addr) bool { return false })
+		klog.Flush()
+		if l := logs.String()[before:]; strings.Contains(l, "--bind-address") {
+			t.Errorf("--bind-address %s warned about: %s", bind, l)
+		}
 	}
 }
