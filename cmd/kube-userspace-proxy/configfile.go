@@ -80,6 +80,7 @@ func (o *options) applyConfig(cfg *configFile, fs *pflag.FlagSet) {
 			o.metricsBindAddress = net.JoinHostPort("::1", defaultMetricsPort)
 		}
 	}
+	set("bind-address-hard-fail", "bindAddressHardFail", c.BindAddressHardFail, func() { o.bindAddressHardFail = true })
 	set("hostname-override", "hostnameOverride", c.HostnameOverride != "", func() { o.hostnameOverride = c.HostnameOverride })
 	set("proxy-mode", "mode", c.Mode != "", func() { o.proxyMode = strings.TrimSpace(string(c.Mode)) })
 	set("proxy-port-range", "portRange", c.PortRange != "", func() { o.proxyPortRange = c.PortRange })
@@ -132,7 +133,6 @@ func ignoredConfigFields(c *kubeproxyconfig.KubeProxyConfiguration) []string {
 		}
 	}
 	note(len(c.FeatureGates) > 0, "featureGates")
-	note(c.BindAddressHardFail, "bindAddressHardFail")
 	note(c.EnableProfiling, "enableProfiling")
 	note(c.ShowHiddenMetricsForVersion != "", "showHiddenMetricsForVersion")
 	note(c.DetectLocalMode != "" && c.DetectLocalMode != "ClusterCIDR", "detectLocalMode (only ClusterCIDR, with clusterCIDR)")

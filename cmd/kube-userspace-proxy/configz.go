@@ -19,15 +19,16 @@ const configzGroup = "kubeproxy.config.k8s.io"
 // a --config file.
 func (o *options) effectiveConfig() configFile {
 	c := kubeproxyconfig.KubeProxyConfiguration{
-		TypeMeta:           metav1.TypeMeta{APIVersion: configAPIVersion, Kind: "KubeProxyConfiguration"},
-		BindAddress:        o.bindAddress,
-		HealthzBindAddress: o.healthzBindAddress,
-		MetricsBindAddress: o.metricsBindAddress,
-		HostnameOverride:   strings.ToLower(strings.TrimSpace(o.hostnameOverride)), // as kube-proxy stores it
-		Mode:               kubeproxyconfig.ProxyMode(o.proxyMode),
-		PortRange:          o.proxyPortRange,
-		NodePortAddresses:  o.nodePortAddresses,
-		ClusterCIDR:        o.clusterCIDR,
+		TypeMeta:            metav1.TypeMeta{APIVersion: configAPIVersion, Kind: "KubeProxyConfiguration"},
+		BindAddress:         o.bindAddress,
+		HealthzBindAddress:  o.healthzBindAddress,
+		MetricsBindAddress:  o.metricsBindAddress,
+		HostnameOverride:    strings.ToLower(strings.TrimSpace(o.hostnameOverride)), // as kube-proxy stores it
+		Mode:                kubeproxyconfig.ProxyMode(o.proxyMode),
+		PortRange:           o.proxyPortRange,
+		NodePortAddresses:   o.nodePortAddresses,
+		ClusterCIDR:         o.clusterCIDR,
+		BindAddressHardFail: o.bindAddressHardFail,
 		// The one mode there is (kube-proxy's default, shown defaulted).
 		DetectLocalMode:  "ClusterCIDR",
 		ConfigSyncPeriod: metav1.Duration{Duration: o.configSyncPeriod},

@@ -48,7 +48,7 @@ func TestHealthServerIdleTimeoutAndCap(t *testing.T) {
 	o.httpMaxConns = maxConn
 	o.httpIdleTimeout = idle
 	health := healthcheck.NewProxierHealth(clock.RealClock{}, time.Minute)
-	servers, _, err := startServers(o, nil, health, proxier.NewMetrics(), nil)
+	servers, _, err := startServers(t.Context(), o, nil, health, proxier.NewMetrics(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +166,7 @@ func startTestServers(t *testing.T, o *options) []*http.Server {
 	m := proxier.NewMetrics()
 	table := faults.NewTable(0, 0, faults.NewMetrics(m.Registry))
 	p := proxier.New(proxier.Options{Metrics: m, Faults: table})
-	servers, _, err := startServers(o, p, healthcheck.NewProxierHealth(clock.RealClock{}, time.Minute), m, table)
+	servers, _, err := startServers(t.Context(), o, p, healthcheck.NewProxierHealth(clock.RealClock{}, time.Minute), m, table)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -69,6 +69,7 @@ type options struct {
 	// and not acted on (kubeproxyflags.go).
 	healthzPort, metricsPort int32
 	initOnly                 bool
+	bindAddressHardFail      bool
 	kubeProxy                kubeProxyFlags
 
 	// kubeconfigField names the --config field kubeconfig came from, when
@@ -165,6 +166,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.maxConnectionAge, "max-connection-age", o.maxConnectionAge, "Close a proxied TCP connection older than this at its next quiet moment (see --connection-close-quiet; the client gets a FIN and its pool reconnects, to any endpoint), so kept-alive pools spread over endpoints added later. A Service's kube-userspace-proxy/max-connection-age annotation overrides it ('0' turns it off for that Service). 0 means off.")
 	fs.DurationVar(&o.closeQuiet, "connection-close-quiet", o.closeQuiet, "How long both directions of a TCP connection must be silent, with nothing in flight, before --max-connection-age or a Service's kube-userspace-proxy/drain-removed closes it, so that no request is cut mid-flight. Must be greater than 0.")
 	fs.DurationVar(&o.tcpWriteTimeout, "tcp-write-timeout", o.tcpWriteTimeout, "How long a direction of a proxied TCP connection may be unable to write a single byte (its peer reads nothing) before both sides are reset; 0 means no limit.")
+	fs.BoolVar(&o.bindAddressHardFail, "bind-address-hard-fail", o.bindAddressHardFail, "Exit 1 when the health or metrics server cannot bind its address (kube-proxy's flag); without it such a server is logged and retried every 5s while the proxy serves.")
 	fs.BoolVar(&o.initOnly, "init-only", o.initOnly, "kube-proxy's flag for an init container: this proxy needs no privileged initialisation, so it checks the flags and exits 0.")
 	o.addKubeProxyFlags(fs)
 }

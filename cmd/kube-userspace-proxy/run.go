@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/apimachinery/pkg/types"
@@ -101,7 +102,9 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		return err
 	}
 
-	servers, metricsAddr, err := startServers(o, p, health, metrics, faultTable)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	servers, metricsAddr, err := startServers(ctx, o, p, health, metrics, faultTable)
 	if err != nil {
 		return err
 	}
@@ -111,8 +114,6 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		}
 	}()
 
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	srcErr := make(chan error, 1)
 	go func() { srcErr <- src.Run(ctx) }()
 	proxierDone := make(chan struct{})
@@ -405,27 +406,45 @@ func isLocalAddress(ip netip.Addr) bool {
 // the host).
 var cleanupRules = iptables.CleanupAll
 
-// startServers starts the healthz and metrics servers; each binds before
-// returning so that a taken port is a start-up error, not a silent gap.
-func startServers(o *options, p *proxier.Proxier, health *healthcheck.ProxierHealth, m *proxier.Metrics, faultTable *faults.Table) ([]*http.Server, string, error) {
+// startServers starts the healthz, metrics and fault API servers. A health
+// or metrics address that cannot be bound (its port taken) is logged and
+// tried again every serverRetryInterval until ctx ends, while the proxy
+// serves, as kube-proxy's serveHealthz and serveMetrics do; with
+// --bind-address-hard-fail it is an error, as there. The fault API, this
+// proxy's own, is always an error.
+func startServers(ctx context.Context, o *options, p *proxier.Proxier, health *healthcheck.ProxierHealth, m *proxier.Metrics, faultTable *faults.Table) ([]*http.Server, string, error) {
 	var servers []*http.Server
-	serve := func(addr string, mux *http.ServeMux) (string, error) {
-		s, bound, err := httpserver.Start(addr, mux, o.httpLimits())
-		if err != nil {
-			return "", err
+	closeAll := func() {
+		for _, s := range servers {
+			_ = s.Close()
 		}
-		servers = append(servers, s)
-		return bound.String(), nil
+	}
+	// serve returns the address bound, or "" while it is being retried.
+	serve := func(flag, addr string, mux *http.ServeMux, retry bool) (string, error) {
+		s, bound, err := httpserver.Start(addr, mux, o.httpLimits())
+		if err == nil {
+			servers = append(servers, s)
+			return bound.String(), nil
+		}
+		if !retry || o.bindAddressHardFail {
+			closeAll()
+			return "", fmt.Errorf("%s: %w", flag, err)
+		}
+		klog.ErrorS(err, "Server failed to start; retrying in the background (--bind-address-hard-fail makes this fatal)", "flag", flag, "address", addr, "interval", serverRetryInterval)
+		go retryServer(ctx, flag, addr, mux, o.httpLimits())
+		return "", nil
 	}
 	if o.healthzBindAddress != "" {
 		mux := http.NewServeMux()
 		mux.Handle("/healthz", health.Handler(false, func(c int) { m.ProxyHealthzTotal.WithLabelValues(strconv.Itoa(c)).Inc() }))
 		mux.Handle("/livez", health.Handler(true, func(c int) { m.ProxyLivezTotal.WithLabelValues(strconv.Itoa(c)).Inc() }))
-		addr, err := serve(o.healthzBindAddress, mux)
+		addr, err := serve("--healthz-bind-address", o.healthzBindAddress, mux, true)
 		if err != nil {
-			return nil, "", fmt.Errorf("--healthz-bind-address: %w", err)
+			return nil, "", err
 		}
-		klog.InfoS("Health server listening", "address", addr)
+		if addr != "" {
+			klog.InfoS("Health server listening", "address", addr)
+		}
 	}
 	metricsAddr := ""
 	if o.metricsBindAddress != "" {
@@ -440,28 +459,49 @@ func startServers(o *options, p *proxier.Proxier, health *healthcheck.ProxierHea
 		})
 		mux.Handle("/configz", configzHandler(o.effectiveConfig()))
 		mux.Handle("/healthz", pingHandler())
-		addr, err := serve(o.metricsBindAddress, mux)
+		addr, err := serve("--metrics-bind-address", o.metricsBindAddress, mux, true)
 		if err != nil {
-			for _, s := range servers {
-				_ = s.Close()
-			}
-			return nil, "", fmt.Errorf("--metrics-bind-address: %w", err)
+			return nil, "", err
 		}
 		metricsAddr = addr
 	}
 	if o.faultAPIBind != "" {
 		mux := http.NewServeMux()
 		mux.Handle("/", faultapi.New(faultTable, buildVersion()))
-		addr, err := serve(o.faultAPIBind, mux)
+		addr, err := serve("--fault-api-bind-address", o.faultAPIBind, mux, false)
 		if err != nil {
-			for _, s := range servers {
-				_ = s.Close()
-			}
-			return nil, "", fmt.Errorf("--fault-api-bind-address: %w", err)
+			return nil, "", err
 		}
 		klog.InfoS("Fault API (Toxiproxy's REST API) listening", "address", addr)
 	}
 	return servers, metricsAddr, nil
+}
+
+// serverRetryInterval is kube-proxy's wait between tries of a server that
+// could not bind (a variable: tests shorten it).
+var serverRetryInterval = 5 * time.Second
+
+// retryServer tries to start h on addr every serverRetryInterval until it
+// binds, then serves until ctx ends.
+func retryServer(ctx context.Context, flag, addr string, h http.Handler, limits httpserver.Limits) {
+	tick := time.NewTicker(serverRetryInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		s, bound, err := httpserver.Start(addr, h, limits)
+		if err != nil {
+			klog.ErrorS(err, "Server failed to start; retrying", "flag", flag, "address", addr)
+			continue
+		}
+		klog.InfoS("Server listening after retrying", "flag", flag, "address", bound)
+		<-ctx.Done()
+		_ = s.Close()
+		return
+	}
 }
 
 // httpLimits are the limits of every HTTP server: the defaults with the

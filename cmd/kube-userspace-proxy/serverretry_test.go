@@ -1,0 +1,101 @@
+package main
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
+)
+
+// A health or metrics address whose port is taken is logged and retried
+// in the background while the proxy serves, as kube-proxy's serveHealthz
+// and serveMetrics (wait.Until, 5 s): it exited 1 ("address already in
+// use"). Each server answers once its port comes free.
+func TestTakenServerPortsRetried(t *testing.T) {
+	saved := serverRetryInterval
+	serverRetryInterval = 50 * time.Millisecond
+	t.Cleanup(func() { serverRetryInterval = saved })
+	health, metrics := occupy(t), occupy(t)
+
+	o := newOptions()
+	o.manifests = t.TempDir()
+	o.iptables = false
+	o.bindAddress = "127.0.0.1"
+	o.healthzBindAddress = health.Addr().String()
+	o.metricsBindAddress = metrics.Addr().String()
+	v, err := o.validate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	started := make(chan struct{})
+	go func() { done <- run(ctx, o, v, func(*proxier.Proxier, string) { close(started) }) }()
+	select {
+	case <-started:
+	case err := <-done:
+		t.Fatalf("run with the servers' ports taken: %v; want it to serve and retry them", err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	})
+	health.Close()
+	metrics.Close()
+	for _, url := range []string{"http://" + o.healthzBindAddress + "/livez", "http://" + o.metricsBindAddress + "/proxyMode"} {
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			resp, err := (&http.Client{Timeout: time.Second}).Get(url)
+			if err == nil {
+				resp.Body.Close()
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("GET %s after its port came free: %v", url, err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
+// With --bind-address-hard-fail (kube-proxy's flag, and bindAddressHardFail
+// in --config) a taken port is fatal, as there.
+func TestTakenServerPortHardFail(t *testing.T) {
+	taken := occupy(t)
+	o := parsedOptions(t, []string{"--manifests", t.TempDir(), "--iptables=false", "--bind-address=127.0.0.1",
+		"--bind-address-hard-fail", "--healthz-bind-address=" + taken.Addr().String(), "--metrics-bind-address="})
+	v, err := o.validate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = run(t.Context(), o, v, nil)
+	if err == nil || !strings.Contains(err.Error(), "--healthz-bind-address") {
+		t.Fatalf("run: %v; want the taken --healthz-bind-address as an error", err)
+	}
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nbindAddressHardFail: true\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if o := parsedOptions(t, []string{"--config", path}); !o.bindAddressHardFail {
+		t.Errorf("bindAddressHardFail: true in --config not taken")
+	}
+}
+
+// occupy holds a loopback port until the test ends (or it is closed).
+func occupy(t *testing.T) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
