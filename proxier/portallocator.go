@@ -28,30 +28,44 @@ func ParsePortRange(s string) (PortRange, error) {
 	if s == "" || s == "0" || s == "0-0" {
 		return PortRange{}, nil
 	}
+	// Each part is named in the error: strconv's own message said
+	// `parsing "": invalid syntax` for "30000-", which named nothing.
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("invalid port range %q: %s (want BEGIN-END, BEGIN+N or one port)", s, fmt.Sprintf(format, args...))
+	}
+	number := func(part, v string) (int, error) {
+		if v == "" {
+			return 0, bad("%s is missing", part)
+		}
+		n, err := strconv.Atoi(v)
+		switch {
+		case err == nil && n < 0:
+			return 0, bad("%s %q is negative", part, v)
+		case err != nil || v[0] == '+':
+			return 0, bad("%s %q is not a number", part, v)
+		}
+		return n, nil
+	}
 	var lo, hi int
 	var err error
-	switch {
-	case strings.Contains(s, "-"):
-		a, b, _ := strings.Cut(s, "-")
-		if lo, err = strconv.Atoi(a); err == nil {
-			hi, err = strconv.Atoi(b)
-		}
-	case strings.Contains(s, "+"):
-		a, b, _ := strings.Cut(s, "+")
+	// BEGIN+N first: a "-" after the "+" is N's sign, not a range.
+	if a, b, ok := strings.Cut(s, "+"); ok {
 		var n int
-		if lo, err = strconv.Atoi(a); err == nil {
-			n, err = strconv.Atoi(b)
+		if lo, err = number("BEGIN", a); err == nil {
+			n, err = number("N", b)
 			hi = lo + n
 		}
-	default:
-		// A single port, as kube-proxy accepts it.
-		if lo, err = strconv.Atoi(s); err != nil {
-			return PortRange{}, fmt.Errorf("invalid port range %q: want BEGIN-END, BEGIN+N or one port", s)
+	} else if a, b, ok := strings.Cut(s, "-"); ok {
+		if lo, err = number("BEGIN", a); err == nil {
+			hi, err = number("END", b)
 		}
+	} else {
+		// A single port, as kube-proxy accepts it.
+		lo, err = number("the port", s)
 		hi = lo
 	}
 	if err != nil {
-		return PortRange{}, fmt.Errorf("invalid port range %q: %v", s, err)
+		return PortRange{}, err
 	}
 	if lo < 1 || hi > 65535 || lo > hi {
 		return PortRange{}, fmt.Errorf("invalid port range %q: ports must satisfy 1 <= BEGIN <= END <= 65535", s)

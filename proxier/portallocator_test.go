@@ -2,6 +2,7 @@ package proxier
 
 import (
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -30,6 +31,26 @@ func TestParsePortRange(t *testing.T) {
 		got, err := ParsePortRange(tt.in)
 		if (err != nil) != tt.wantErr || got != tt.want {
 			t.Errorf("ParsePortRange(%q) = %+v, %v; want %+v, err=%v", tt.in, got, err, tt.want, tt.wantErr)
+		}
+	}
+}
+
+// A malformed range says which part is wrong: "30000-" printed strconv's
+// `parsing "": invalid syntax`, naming nothing.
+func TestParsePortRangeSaysWhatIsWrong(t *testing.T) {
+	for in, want := range map[string]string{
+		"30000-":   "END is missing",
+		"-30000":   "BEGIN is missing",
+		"30000+":   "N is missing",
+		"30000+-5": `N "-5" is negative`,
+		"30000-x":  `END "x" is not a number`,
+		"x+5":      `BEGIN "x" is not a number`,
+		"abc":      `the port "abc" is not a number`,
+		"1-2-3":    `END "2-3" is not a number`,
+	} {
+		_, err := ParsePortRange(in)
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "strconv") {
+			t.Errorf("ParsePortRange(%q): %v; want an error saying %s", in, err, want)
 		}
 	}
 }
