@@ -25,8 +25,11 @@ type configFile struct {
 
 const configAPIVersion = "kubeproxy.config.k8s.io/v1alpha1"
 
-// applyConfigFile loads --config into o. As in kube-proxy, a flag given on
-// the command line wins over the file; unknown fields are an error.
+// applyConfigFile loads --config into o. A flag given on the command line
+// wins over the file: this project's choice, which the README states.
+// kube-proxy does the opposite: with --config its other flags are ignored
+// (the file wins), save the logging flags and --hostname-override. Unknown
+// fields are an error.
 func (o *options) applyConfigFile(fs *pflag.FlagSet) error {
 	data, err := os.ReadFile(o.configFile)
 	if err != nil {

@@ -19,7 +19,9 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// exitUsage is the status for bad flags, as pflag and kube-proxy use.
+// exitUsage is the status for bad flags: pflag's (ExitOnError exits 2)
+// and the Go convention; kube-proxy's cli.Run exits 1 for them, but 2
+// lets a supervisor tell a configuration to fix from a failure at run time.
 const exitUsage = 2
 
 func main() {

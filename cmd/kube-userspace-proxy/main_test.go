@@ -106,3 +106,19 @@ func TestNoNetAdminFailsAtStart(t *testing.T) {
 		t.Fatalf("stderr %q does not say what is missing and how to run without iptables", stderr)
 	}
 }
+
+// --bind-address's help says what 0.0.0.0 does here: it takes both
+// families (a service port with IPv6 addresses gets a dual-stack socket),
+// where the help said "0.0.0.0 for all IPv4 interfaces".
+func TestBindAddressHelpSaysBothFamilies(t *testing.T) {
+	out := captureStdout(t, func() { runMain([]string{"--help"}) })
+	var line string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, "      --bind-address ") {
+			line = l
+		}
+	}
+	if strings.Contains(line, "IPv4 interfaces") || !strings.Contains(line, "dual-stack") {
+		t.Errorf("--help's --bind-address line does not say 0.0.0.0 takes both families: %q", line)
+	}
+}

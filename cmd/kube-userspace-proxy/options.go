@@ -128,7 +128,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.serviceCIDRs, "service-cluster-ip-range", o.serviceCIDRs, "With --manifests: CIDR (or an IPv4 and an IPv6 CIDR, comma-separated) a Service without clusterIP gets one from, stable per namespace/name (kube-apiserver's flag). Empty: such a Service is an error.")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", o.kubeconfig, "Path to a kubeconfig file; watch Services and EndpointSlices on that API server.")
 	fs.StringVar(&o.master, "master", o.master, "The address of the Kubernetes API server (overrides any value in kubeconfig).")
-	fs.StringVar(&o.bindAddress, "bind-address", o.bindAddress, "The IP address proxy sockets listen on (0.0.0.0 for all IPv4 interfaces, :: for all).")
+	fs.StringVar(&o.bindAddress, "bind-address", o.bindAddress, "The IP address proxy sockets listen on. 0.0.0.0 and :: both take every address of both families: a service port with IPv6 addresses listens on one dual-stack socket, one with IPv4 addresses only on an IPv4 socket (with ::, dual-stack too). A specific address takes its own family only.")
 	fs.StringVar(&o.proxyPortRange, "proxy-port-range", o.proxyPortRange, "Range of host ports (BEGIN-END, BEGIN+N or one port) for proxy sockets; empty, '0' or '0-0' means free ports outside the kernel's ephemeral range (ip_local_port_range), kernel-chosen if none is free.")
 	fs.DurationVar(&o.udpTimeout, "udp-timeout", o.udpTimeout, "How long an idle UDP session is kept open (e.g. '250ms', '2s'). Must be greater than 0.")
 	fs.IntVar(&o.udpMaxPerPort, "udp-max-sessions-per-port", o.udpMaxPerPort, "At most this many UDP client sessions (one backend socket each) per service port; at the cap the oldest idle session is closed for the new one. Must be greater than 0.")
