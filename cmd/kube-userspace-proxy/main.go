@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/pflag"
@@ -117,21 +118,30 @@ var version string
 // the binary was built from ("(devel)" for a build from a checkout) with
 // its commit, and the Go version.
 func buildVersion() string {
+	bi, _ := debug.ReadBuildInfo()
+	return versionOf(bi, version)
+}
+
+// versionOf is the version line of a build: the link-time version if set,
+// else the module's version with the commit (which a pseudo-version such
+// as v0.0.0-20261204211734-c1dcfee27d96 already carries: it was printed
+// twice), then the Go version.
+func versionOf(bi *debug.BuildInfo, linked string) string {
 	v := "(devel)"
 	goVersion := ""
-	if bi, ok := debug.ReadBuildInfo(); ok {
+	if bi != nil {
 		if bi.Main.Version != "" {
 			v = bi.Main.Version
 		}
 		goVersion = bi.GoVersion
 		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+			if s.Key == "vcs.revision" && len(s.Value) >= 12 && !strings.Contains(v, s.Value[:12]) {
 				v += " " + s.Value[:12]
 			}
 		}
 	}
-	if version != "" {
-		v = version
+	if linked != "" {
+		v = linked
 	}
 	return v + " " + goVersion
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"io"
 	"os"
+	"runtime/debug"
 	"strings"
 	"testing"
 )
@@ -120,5 +121,24 @@ func TestBindAddressHelpSaysBothFamilies(t *testing.T) {
 	}
 	if strings.Contains(line, "IPv4 interfaces") || !strings.Contains(line, "dual-stack") {
 		t.Errorf("--help's --bind-address line does not say 0.0.0.0 takes both families: %q", line)
+	}
+}
+
+// The commit is said once: a pseudo-version carries it already.
+func TestVersionOf(t *testing.T) {
+	rev := debug.BuildSetting{Key: "vcs.revision", Value: "c1dcfee27d96aaaabbbbccccddddeeeeffff0000"}
+	for _, tc := range []struct {
+		name, main, linked, want string
+	}{
+		{"pseudo-version", "v0.0.0-20261204211734-c1dcfee27d96", "", "v0.0.0-20261204211734-c1dcfee27d96 go1.26.8"},
+		{"devel build", "(devel)", "", "(devel) c1dcfee27d96 go1.26.8"},
+		{"link-time version", "(devel)", "v1.2.3", "v1.2.3 go1.26.8"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bi := &debug.BuildInfo{GoVersion: "go1.26.8", Main: debug.Module{Version: tc.main}, Settings: []debug.BuildSetting{rev}}
+			if got := versionOf(bi, tc.linked); got != tc.want {
+				t.Errorf("versionOf = %q, want %q", got, tc.want)
+			}
+		})
 	}
 }
