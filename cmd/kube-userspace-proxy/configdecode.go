@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -12,6 +13,8 @@ import (
 
 	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/suggest"
 )
 
 // decodeConfigFile reads a --config file strictly (unknown and duplicate
@@ -42,7 +45,7 @@ func decodeConfigFile(data []byte) (*configFile, error) {
 	if len(strict) > 0 {
 		msgs := make([]string, len(strict))
 		for i, e := range strict {
-			msgs[i] = cleanJSONError(e)
+			msgs[i] = withFieldSuggestion(cleanJSONError(e))
 		}
 		return nil, errors.New(strings.Join(msgs, "; "))
 	}
@@ -110,6 +113,30 @@ func cleanJSONError(e any) string {
 		msg = strings.TrimPrefix(msg, p)
 	}
 	return oneLine(goField.ReplaceAllString(msg, "into a value of type "))
+}
+
+// unknownField is sigs.k8s.io/json's strict error for a field the type
+// does not have, with its dotted path ("iptables.syncPerod").
+var unknownField = regexp.MustCompile(`^unknown field "([^"]+)"$`)
+
+// withFieldSuggestion adds the field a misspelt one probably meant, among
+// those of the same object: unknown field "bindAdress": did you mean
+// "bindAddress"?
+func withFieldSuggestion(msg string) string {
+	m := unknownField.FindStringSubmatch(msg)
+	if m == nil {
+		return msg
+	}
+	parts := strings.Split(m[1], ".")
+	parent := make([]string, len(parts)-1)
+	for i, p := range parts[:len(parts)-1] {
+		parent[i], _, _ = strings.Cut(p, "[") // a list item's fields are its element's
+	}
+	s := suggest.Closest(parts[len(parts)-1], suggest.JSONFields(reflect.TypeOf(configFile{}), parent))
+	if s == "" {
+		return msg
+	}
+	return fmt.Sprintf("%s: did you mean %q?", msg, strings.Join(append(parts[:len(parts)-1:len(parts)-1], s), "."))
 }
 
 // badField returns the dotted path of the first field (in name order) of

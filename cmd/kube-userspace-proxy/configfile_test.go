@@ -74,6 +74,10 @@ udpIdleTimeout: 3s
 				}
 			}},
 		{name: "unknown field", file: "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nbogus: 1\n", wantErr: "bogus"},
+		{name: "misspelt field: the one meant", file: "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nbindAdress: 1.2.3.4\n",
+			wantErr: `unknown field "bindAdress": did you mean "bindAddress"?`},
+		{name: "misspelt nested field: the one meant", file: "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\niptables: {syncPerod: 1s}\n",
+			wantErr: `unknown field "iptables.syncPerod": did you mean "iptables.syncPeriod"?`},
 		{name: "bad duration names its field", file: "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\niptables: {syncPeriod: abc}\n",
 			wantErr: `iptables.syncPeriod: time: invalid duration "abc"`},
 		{name: "wrong kind", file: "apiVersion: v1\nkind: ConfigMap\n", wantErr: "KubeProxyConfiguration"},

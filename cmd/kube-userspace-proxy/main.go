@@ -18,6 +18,8 @@ import (
 
 	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/suggest"
 )
 
 // exitUsage is the status for bad flags: pflag's (ExitOnError exits 2)
@@ -54,7 +56,7 @@ func runMain(args []string) int {
 		if errors.Is(err, pflag.ErrHelp) {
 			return 0
 		}
-		fmt.Fprintf(os.Stderr, "kube-userspace-proxy: %v\n", err)
+		fmt.Fprintf(os.Stderr, "kube-userspace-proxy: %v\n", flagSuggestion(err, fs))
 		return exitUsage
 	}
 	if *showVersion {
@@ -117,6 +119,27 @@ var version string
 // buildVersion is the version given at link time, else the module version
 // the binary was built from ("(devel)" for a build from a checkout) with
 // its commit, and the Go version.
+// flagSuggestion adds the flag a misspelt one probably meant: unknown
+// flag: --bind-adress (did you mean --bind-address?). Hidden (deprecated)
+// flags are not suggested.
+func flagSuggestion(err error, fs *pflag.FlagSet) error {
+	name, ok := strings.CutPrefix(err.Error(), "unknown flag: --")
+	if !ok {
+		return err
+	}
+	name, _, _ = strings.Cut(name, "=")
+	var names []string
+	fs.VisitAll(func(f *pflag.Flag) {
+		if !f.Hidden {
+			names = append(names, f.Name)
+		}
+	})
+	if s := suggest.Closest(name, names); s != "" {
+		return fmt.Errorf("%w (did you mean --%s?)", err, s)
+	}
+	return err
+}
+
 func buildVersion() string {
 	bi, _ := debug.ReadBuildInfo()
 	return versionOf(bi, version)

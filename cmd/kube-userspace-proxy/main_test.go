@@ -142,3 +142,18 @@ func TestVersionOf(t *testing.T) {
 		})
 	}
 }
+
+// A misspelt flag gets the one it probably meant.
+func TestMisspeltFlagSuggested(t *testing.T) {
+	for _, tc := range []struct{ arg, want string }{
+		{"--bind-adress=1.2.3.4", "unknown flag: --bind-adress (did you mean --bind-address?)"},
+		{"--nodeport-adresses", "(did you mean --nodeport-addresses?)"},
+		{"--no-such-flag", "unknown flag: --no-such-flag\n"},
+	} {
+		var code int
+		out := capture(t, &os.Stderr, func() { code = runMain([]string{tc.arg}) })
+		if code != exitUsage || !strings.Contains(out, tc.want) {
+			t.Errorf("%s: exit %d, stderr %q; want %d and %q", tc.arg, code, out, exitUsage, tc.want)
+		}
+	}
+}

@@ -3,6 +3,8 @@ package config
 import (
 	"fmt"
 	"strings"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/suggest"
 )
 
 // readKinds names the kinds the proxy reads, for messages.
@@ -25,7 +27,7 @@ func unreadKind(apiVersion, kind string, inList bool) error {
 		switch {
 		case strings.EqualFold(kind, k):
 			return fmt.Errorf("kind %q: kinds are case-sensitive: did you mean %q?", kind, k)
-		case editDistance(strings.ToLower(kind), strings.ToLower(k)) <= 1:
+		case suggest.Distance(strings.ToLower(kind), strings.ToLower(k)) <= 1:
 			return fmt.Errorf("kind %q is not one the proxy reads: did you mean %q?", kind, k)
 		}
 	}
@@ -37,31 +39,4 @@ func unreadKind(apiVersion, kind string, inList bool) error {
 		return fmt.Errorf("kind %q has no apiVersion", kind)
 	}
 	return nil
-}
-
-// editDistance is the optimal string alignment distance between a and b:
-// insertions, deletions, substitutions and swaps of two neighbours.
-func editDistance(a, b string) int {
-	ra, rb := []rune(a), []rune(b)
-	prev2 := make([]int, len(rb)+1)
-	prev := make([]int, len(rb)+1)
-	cur := make([]int, len(rb)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(ra); i++ {
-		cur[0] = i
-		for j := 1; j <= len(rb); j++ {
-			cost := 1
-			if ra[i-1] == rb[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-			if i > 1 && j > 1 && ra[i-1] == rb[j-2] && ra[i-2] == rb[j-1] {
-				cur[j] = min(cur[j], prev2[j-2]+1)
-			}
-		}
-		prev2, prev, cur = prev, cur, prev2
-	}
-	return prev[len(rb)]
 }

@@ -1,0 +1,70 @@
+package suggest
+
+import (
+	"reflect"
+	"slices"
+	"testing"
+)
+
+func TestDistance(t *testing.T) {
+	for _, tc := range []struct {
+		a, b string
+		want int
+	}{
+		{"Service", "Service", 0}, {"Servce", "Service", 1}, {"Servcie", "Service", 1},
+		{"Device", "Service", 2}, {"", "abc", 3}, {"bind-adress", "bind-address", 1},
+	} {
+		if got := Distance(tc.a, tc.b); got != tc.want {
+			t.Errorf("Distance(%q, %q) = %d, want %d", tc.a, tc.b, got, tc.want)
+		}
+	}
+}
+
+func TestClosest(t *testing.T) {
+	flags := []string{"bind-address", "node-ip", "healthz-bind-address", "metrics-bind-address", "v"}
+	for _, tc := range []struct{ word, want string }{
+		{"bind-adress", "bind-address"},
+		{"BIND-ADDRESS", "bind-address"},
+		{"nodeip", "node-ip"},
+		{"node-ips", "node-ip"},
+		{"x", "v"},      // one edit for a short word
+		{"nod", ""},     // two edits: too many for a short word
+		{"cleanup", ""}, // nothing near
+		{"bind-adres", "bind-address"},
+	} {
+		if got := Closest(tc.word, flags); got != tc.want {
+			t.Errorf("Closest(%q) = %q, want %q", tc.word, got, tc.want)
+		}
+	}
+	if got := Closest("ab", []string{"aa", "bb"}); got != "" {
+		t.Errorf("a tie gave %q", got)
+	}
+}
+
+func TestJSONFields(t *testing.T) {
+	type inner struct {
+		SyncPeriod string `json:"syncPeriod"`
+		MinSync    string `json:"minSyncPeriod,omitempty"`
+	}
+	type meta struct {
+		Kind string `json:"kind"`
+	}
+	type cfg struct {
+		meta     `json:",inline"`
+		Bind     string  `json:"bindAddress"`
+		IPTables *inner  `json:"iptables"`
+		List     []inner `json:"list"`
+		Skip     string  `json:"-"`
+	}
+	if got := JSONFields(reflect.TypeOf(cfg{}), nil); !slices.Equal(got, []string{"kind", "bindAddress", "iptables", "list"}) {
+		t.Errorf("top level: %v", got)
+	}
+	for _, path := range [][]string{{"iptables"}, {"list"}} {
+		if got := JSONFields(reflect.TypeOf(&cfg{}), path); !slices.Equal(got, []string{"syncPeriod", "minSyncPeriod"}) {
+			t.Errorf("%v: %v", path, got)
+		}
+	}
+	if got := JSONFields(reflect.TypeOf(cfg{}), []string{"bindAddress"}); got != nil {
+		t.Errorf("a string's fields: %v", got)
+	}
+}
