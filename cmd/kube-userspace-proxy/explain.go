@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"slices"
 	"syscall"
+	"time"
 
 	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
@@ -23,8 +24,9 @@ import (
 // runExplain is the explain subcommand: it reads the sources once and
 // prints, per service port, what the proxy would serve and the rules it
 // would install, without root and without touching the kernel (no socket,
-// no rule). Exit status: 0, 1 when the source could not be read, 2 for bad
-// flags.
+// no rule). Exit status: 0, 1 when the source could not be read (an API
+// server that did not answer within --timeout), 2 for bad flags, 130 when
+// interrupted.
 func runExplain(args []string) int {
 	return explain(context.Background(), args, os.Stdout)
 }
@@ -37,6 +39,7 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
 	fs.AddGoFlag(klogFlags.Lookup("v"))
+	timeout := fs.Duration("timeout", 30*time.Second, "How long to wait for the API server (--kubeconfig, --master) before giving up with its last error; 0 waits without limit.")
 	fs.Usage = func() {
 		fmt.Fprintf(os.Stdout, "Usage: kube-userspace-proxy explain --manifests PATH | --kubeconfig PATH [flags]\n\n"+
 			"Reads the Services and EndpointSlices once and prints, for each service port, the\n"+
@@ -87,9 +90,8 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 	if family, ok := bindFamily(v); ok {
 		plan.OnlyFamily(family == iptables.IPv6) // as the proxy (portalSyncers)
 	}
-	if err := readOnce(ctx, o, v, plan.Handler()); err != nil {
-		fmt.Fprintf(os.Stderr, "kube-userspace-proxy explain: %v\n", err)
-		return 1
+	if code := read(ctx, o, v, *timeout, plan.Handler()); code != 0 {
+		return code
 	}
 	ports, v4, v6 := plan.Run()
 	cfg4, cfg6, nodeIPs := portalConfigs(v)
@@ -111,6 +113,51 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// exitInterrupted is the status of an explain stopped by Ctrl-C (or
+// SIGTERM) before it had read its source: 128 + SIGINT, as a shell reports.
+const exitInterrupted = 130
+
+// read is readOnce as a one-shot command wants it: an API server that does
+// not answer is said at once and given up after timeout with its last
+// error, and Ctrl-C is an interruption, not an error; a proxy waits for
+// its API server without limit, which left explain silent for 30 s and
+// then retrying forever. It returns the exit status (0: read).
+func read(ctx context.Context, o *options, v *validated, timeout time.Duration, h config.Handler) int {
+	readCtx := ctx
+	where := ""
+	if o.manifests == "" {
+		where = "the API server"
+		if cfg, err := config.BuildClientConfig(o.kubeconfig, o.master); err == nil {
+			where += " at " + cfg.Host
+		}
+		limit := "without limit (--timeout 0)"
+		if timeout > 0 {
+			var cancel context.CancelFunc
+			readCtx, cancel = context.WithTimeout(ctx, timeout)
+			defer cancel()
+			limit = fmt.Sprintf("for up to %s (--timeout)", timeout)
+		}
+		fmt.Fprintf(os.Stderr, "kube-userspace-proxy explain: waiting for %s %s\n", where, limit)
+	}
+	err := readOnce(readCtx, o, v, h)
+	switch {
+	case err == nil:
+		return 0
+	case ctx.Err() != nil:
+		fmt.Fprintln(os.Stderr, "kube-userspace-proxy explain: interrupted before the Services were read; nothing explained")
+		return exitInterrupted
+	case where != "" && errors.Is(err, context.DeadlineExceeded):
+		msg := fmt.Sprintf("kube-userspace-proxy explain: %s did not answer within %s (--timeout)", where, timeout)
+		if last := (*config.NotSyncedError)(nil); errors.As(err, &last) && last.Last != nil {
+			msg += "; last error: " + last.Last.Error()
+		}
+		fmt.Fprintln(os.Stderr, msg)
+		return 1
+	}
+	fmt.Fprintf(os.Stderr, "kube-userspace-proxy explain: %v\n", err)
+	return 1
 }
 
 // readOnce runs the flags' source until it has delivered its initial set of
@@ -136,7 +183,11 @@ func readOnce(ctx context.Context, o *options, v *validated, h config.Handler) e
 		}
 		return err
 	case <-ctx.Done():
-		<-srcErr
+		// The source's error says what it was waiting on (an API
+		// server's last refused dial).
+		if err := <-srcErr; err != nil && errors.Is(err, ctx.Err()) {
+			return err
+		}
 		return ctx.Err()
 	}
 }

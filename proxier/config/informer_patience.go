@@ -91,6 +91,8 @@ type patientListWatch struct {
 	unsupported bool
 	ready       readyProbe
 	what        string
+	// failed (nil: nothing) is told every failed call.
+	failed func(error)
 	// maxWait is readyMaxWait, refusedEvery refusedRetryEvery and logEvery
 	// stillFailingLogEvery; tests shorten them.
 	maxWait, refusedEvery, logEvery time.Duration
@@ -136,6 +138,16 @@ func (p *patientListWatch) IsWatchListSemanticsUnSupported() bool { return p.uns
 // informer, and a long outage never reaches the reflector's backoff.
 // It returns the last error when ctx ends.
 func patiently[T any](ctx context.Context, p *patientListWatch, call func() (T, error)) (T, error) {
+	if p.failed != nil {
+		inner := call
+		call = func() (T, error) {
+			v, err := inner()
+			if err != nil && ctx.Err() == nil {
+				p.failed(err)
+			}
+			return v, err
+		}
+	}
 	v, err := call()
 	if err == nil || ctx.Err() != nil {
 		return v, err // a stop is not an outage
@@ -232,7 +244,7 @@ func badCertificate(err error) bool {
 
 // patientInformer returns the factory's informer for obj built over a
 // patientListWatch of list and watch (options tweaked as the factory's are).
-func patientInformer(factory informers.SharedInformerFactory, client kubernetes.Interface, ready readyProbe,
+func patientInformer(factory informers.SharedInformerFactory, client kubernetes.Interface, ready readyProbe, failed func(error),
 	obj runtime.Object, what string, tweak func(*metav1.ListOptions),
 	list func(context.Context, metav1.ListOptions) (runtime.Object, error),
 	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) cache.SharedIndexInformer {
@@ -247,7 +259,9 @@ func patientInformer(factory informers.SharedInformerFactory, client kubernetes.
 				return watchFn(ctx, o)
 			},
 		}, client)
-		return cache.NewSharedIndexInformerWithOptions(newPatientListWatch(lw, ready, what), obj,
+		plw := newPatientListWatch(lw, ready, what)
+		plw.failed = failed
+		return cache.NewSharedIndexInformerWithOptions(plw, obj,
 			cache.SharedIndexInformerOptions{
 				ResyncPeriod: resync,
 				Indexers:     cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc},
@@ -255,8 +269,8 @@ func patientInformer(factory informers.SharedInformerFactory, client kubernetes.
 	})
 }
 
-func serviceInformer(f informers.SharedInformerFactory, c kubernetes.Interface, ready readyProbe, tweak func(*metav1.ListOptions)) cache.SharedIndexInformer {
-	return patientInformer(f, c, ready, &v1.Service{}, "services", tweak,
+func serviceInformer(f informers.SharedInformerFactory, c kubernetes.Interface, ready readyProbe, failed func(error), tweak func(*metav1.ListOptions)) cache.SharedIndexInformer {
+	return patientInformer(f, c, ready, failed, &v1.Service{}, "services", tweak,
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			return c.CoreV1().Services(metav1.NamespaceAll).List(ctx, o)
 		},
@@ -265,8 +279,8 @@ func serviceInformer(f informers.SharedInformerFactory, c kubernetes.Interface, 
 		})
 }
 
-func sliceInformer(f informers.SharedInformerFactory, c kubernetes.Interface, ready readyProbe, tweak func(*metav1.ListOptions)) cache.SharedIndexInformer {
-	return patientInformer(f, c, ready, &discoveryv1.EndpointSlice{}, "endpointslices", tweak,
+func sliceInformer(f informers.SharedInformerFactory, c kubernetes.Interface, ready readyProbe, failed func(error), tweak func(*metav1.ListOptions)) cache.SharedIndexInformer {
+	return patientInformer(f, c, ready, failed, &discoveryv1.EndpointSlice{}, "endpointslices", tweak,
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			return c.DiscoveryV1().EndpointSlices(metav1.NamespaceAll).List(ctx, o)
 		},
@@ -275,8 +289,8 @@ func sliceInformer(f informers.SharedInformerFactory, c kubernetes.Interface, re
 		})
 }
 
-func nodeInformer(f informers.SharedInformerFactory, c kubernetes.Interface, ready readyProbe, tweak func(*metav1.ListOptions)) cache.SharedIndexInformer {
-	return patientInformer(f, c, ready, &v1.Node{}, "node", tweak,
+func nodeInformer(f informers.SharedInformerFactory, c kubernetes.Interface, ready readyProbe, failed func(error), tweak func(*metav1.ListOptions)) cache.SharedIndexInformer {
+	return patientInformer(f, c, ready, failed, &v1.Node{}, "node", tweak,
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			return c.CoreV1().Nodes().List(ctx, o)
 		},

@@ -105,8 +105,29 @@ func NewInformerSource(client kubernetes.Interface, h Handler, opts InformerOpti
 	return &InformerSource{client: client, handler: h, opts: opts, nodeMissingAfter: nodeMissingLogAfter}
 }
 
-// errNotSynced is returned by Run when ctx ends before the caches sync.
+// errNotSynced is what a NotSyncedError is (errors.Is).
 var errNotSynced = errors.New("informer caches did not sync")
+
+// NotSyncedError is Run's error when ctx ends before the caches synced. It
+// wraps ctx's error (context.Canceled for a stop, DeadlineExceeded for a
+// caller's deadline) so that a stop is told from a failure, and carries the
+// last failed list or watch: a one-shot caller that gives up has nothing
+// else to tell its user why.
+type NotSyncedError struct {
+	Cause error // ctx's cause
+	Last  error // the last failed list or watch; nil when none failed
+}
+
+func (e *NotSyncedError) Error() string {
+	msg := errNotSynced.Error() + ": " + e.Cause.Error()
+	if e.Last != nil {
+		msg += "; last API server error: " + e.Last.Error()
+	}
+	return msg
+}
+
+func (e *NotSyncedError) Unwrap() error        { return e.Cause }
+func (e *NotSyncedError) Is(target error) bool { return target == errNotSynced }
 
 // Run starts the informers, delivers the initial state followed by OnServiceSynced and
 // OnEndpointSlicesSynced (and OnNodeSynced), then keeps delivering changes until ctx is
@@ -118,8 +139,9 @@ func (s *InformerSource) Run(ctx context.Context) error {
 	}
 	proxyObjects := func(o *metav1.ListOptions) { o.LabelSelector = ProxyLabelSelector }
 	factory := informers.NewSharedInformerFactory(s.client, s.opts.ConfigSyncPeriod)
-	services := serviceInformer(factory, s.client, ready, proxyObjects)
-	slices := sliceInformer(factory, s.client, ready, proxyObjects)
+	var last lastError
+	services := serviceInformer(factory, s.client, ready, last.note, proxyObjects)
+	slices := sliceInformer(factory, s.client, ready, last.note, proxyObjects)
 
 	svcReg, err := services.AddEventHandlerWithResyncPeriod(serviceEvents{s}, s.opts.ConfigSyncPeriod)
 	if err != nil {
@@ -142,7 +164,7 @@ func (s *InformerSource) Run(ctx context.Context) error {
 		thisNode := func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.opts.NodeName).String()
 		}
-		reg, err := nodeInformer(nodeFactory, s.client, ready, thisNode).
+		reg, err := nodeInformer(nodeFactory, s.client, ready, last.note, thisNode).
 			AddEventHandlerWithResyncPeriod(nodeEvents{s}, s.opts.ConfigSyncPeriod)
 		if err != nil {
 			return fmt.Errorf("node informer: %w", err)
@@ -156,16 +178,16 @@ func (s *InformerSource) Run(ctx context.Context) error {
 	}
 	// The registrations' HasSynced turn true only once our handlers have been given
 	// every object of the initial lists, not merely once the stores are filled.
-	if !cache.WaitForNamedCacheSync("kube-userspace-proxy service config", ctx.Done(), svcReg.HasSynced, sliceReg.HasSynced) {
-		return errNotSynced
+	if !waitSynced(ctx, "kube-userspace-proxy service config", svcReg.HasSynced, sliceReg.HasSynced) {
+		return &NotSyncedError{Cause: context.Cause(ctx), Last: last.get()}
 	}
 	s.deliver(func() {
 		s.handler.OnServiceSynced()
 		s.handler.OnEndpointSlicesSynced()
 	})
 	if nodeSynced != nil {
-		if !cache.WaitForNamedCacheSync("kube-userspace-proxy node config", ctx.Done(), nodeSynced) {
-			return errNotSynced
+		if !waitSynced(ctx, "kube-userspace-proxy node config", nodeSynced) {
+			return &NotSyncedError{Cause: context.Cause(ctx), Last: last.get()}
 		}
 		s.deliver(s.opts.NodeHandler.OnNodeSynced)
 		go s.logNodeMissing(ctx)
@@ -191,6 +213,37 @@ func (s *InformerSource) logNodeMissing(ctx context.Context) {
 		klog.ErrorS(nil, "Timed out waiting for this proxy's Node object to exist: zone topology hints are not used, and the node counts as eligible in /healthz, until it appears (check --hostname-override)",
 			"node", s.opts.NodeName, "waited", s.nodeMissingAfter)
 	}
+}
+
+// waitSynced is cache.WaitForNamedCacheSync without its "Unable to sync
+// caches" error: a stop before the sync (Ctrl-C while the API server is
+// away) is no error, and it was logged as one (logger="UnhandledError").
+// The caller's error says why when it is one.
+func waitSynced(ctx context.Context, what string, synced ...cache.InformerSynced) bool {
+	klog.InfoS("Waiting for caches to sync", "controller", what)
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return false
+	}
+	klog.InfoS("Caches are synced", "controller", what)
+	return true
+}
+
+// lastError keeps the last error of the informers' lists and watches.
+type lastError struct {
+	mu  sync.Mutex
+	err error
+}
+
+func (l *lastError) note(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.err = err
+}
+
+func (l *lastError) get() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
 }
 
 // deliver runs one handler call under the source's lock.
