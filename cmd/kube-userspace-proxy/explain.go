@@ -99,11 +99,13 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 	nodeIPs = slices.DeleteFunc(nodeIPs, func(ip netip.Addr) bool { return ip.Is4() && len(v4) == 0 || ip.Is6() && len(v6) == 0 })
 	e := explanation{
 		source: o.manifests, bind: v.bind, nodeIPs: nodeIPs, portRange: o.proxyPortRange,
-		kernelPorts: plan.KernelChosenPorts(), ports: ports,
-		families: []familyRules{
+		kernelPorts: plan.KernelChosenPorts(), ports: ports, noRules: !o.iptables,
+	}
+	if o.iptables {
+		e.families = []familyRules{
 			{name: "IPv4", rules: iptables.New(iptables.NewFakeRunner(iptables.IPv4), cfg4), portals: v4},
 			{name: "IPv6", rules: iptables.New(iptables.NewFakeRunner(iptables.IPv6), cfg6), portals: v6},
-		},
+		}
 	}
 	if e.source == "" {
 		e.source = "the API server"

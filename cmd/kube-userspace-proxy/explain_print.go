@@ -24,6 +24,9 @@ type explanation struct {
 	kernelPorts bool
 	ports       []proxier.DebugServicePort
 	families    []familyRules
+	// noRules: --iptables=false, the proxy serves its sockets and nothing
+	// sends service traffic to them.
+	noRules bool
 }
 
 type familyRules struct {
@@ -38,7 +41,11 @@ func (e *explanation) write(out io.Writer) error {
 	fmt.Fprintf(w, "What kube-userspace-proxy would do with the Services in %s.\n", e.source)
 	fmt.Fprintln(w, "Nothing was changed: explain opens no socket and installs no rule.")
 	fmt.Fprintln(w)
-	if e.bind.IsValid() && !e.bind.IsUnspecified() {
+	if e.noRules {
+		fmt.Fprintf(w, "--iptables=false: no rules would be installed, so traffic to service addresses and node\n"+
+			"ports is not caught; clients reach a service port only at its proxy socket, listening\n"+
+			"on %s (--bind-address).\n", e.bind)
+	} else if e.bind.IsValid() && !e.bind.IsUnspecified() {
 		fmt.Fprintf(w, "Proxy sockets listen on %s (--bind-address); rules send service traffic there.\n", e.bind)
 	} else {
 		fmt.Fprintf(w, "Proxy sockets listen on every address (--bind-address %s).\n", e.bind)
@@ -49,15 +56,21 @@ func (e *explanation) write(out io.Writer) error {
 			fmt.Fprintf(w, "Traffic this node sends to a Service is sent to %s (IPv4) or %s (IPv6),\nthe node's addresses (--node-ip; by default those of the interfaces holding the default routes).\n", e.nodeIPs[0], e.nodeIPs[1])
 		}
 	}
+	users := "the rules"
+	if e.noRules {
+		users = "clients"
+	}
 	if e.kernelPorts {
 		fmt.Fprintf(w, "Proxy port numbers are examples: at start each service port gets a free port outside\n"+
-			"the kernel's ephemeral range (choose a range with --proxy-port-range); the rules then\n"+
-			"use those numbers.\n")
+			"the kernel's ephemeral range (choose a range with --proxy-port-range); %s then\n"+
+			"use those numbers.\n", users)
 	} else {
 		fmt.Fprintf(w, "Proxy port numbers are examples: at start each service port gets a free port of\n"+
-			"--proxy-port-range %s, picked at random; the rules then use those numbers.\n", e.portRange)
+			"--proxy-port-range %s, picked at random; %s then use those numbers.\n", e.portRange, users)
 	}
-	fmt.Fprintln(w, "Each rule is shown after a line (#) saying which traffic it catches.")
+	if !e.noRules {
+		fmt.Fprintln(w, "Each rule is shown after a line (#) saying which traffic it catches.")
+	}
 	if len(e.ports) == 0 {
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, "No service port to proxy: no Service with a cluster IP, external IP or node port was found.")
@@ -96,6 +109,8 @@ func (e *explanation) writePort(w *bufio.Writer, p proxier.DebugServicePort) {
 		// The plan found no port for it (a --proxy-port-range too small):
 		// a running proxy would not serve it, and retry.
 		field(w, "proxy socket", "none: "+p.Error+"; a running proxy would not serve this port, and would retry")
+	} else if e.noRules {
+		field(w, "proxy socket", p.ProxyAddress+" (example port): where clients connect, no rule leads here")
 	} else {
 		field(w, "proxy socket", p.ProxyAddress+" (example port)")
 	}
@@ -125,8 +140,12 @@ func (e *explanation) writePort(w *bufio.Writer, p proxier.DebugServicePort) {
 		}
 	}
 	if p.ExternalProxyAddress != "" {
-		field(w, "external socket", p.ExternalProxyAddress+" (example port): externalTrafficPolicy Local; NodePort, external")
-		field(w, "", "and LoadBalancer IP traffic from other hosts comes here")
+		if e.noRules {
+			field(w, "external socket", p.ExternalProxyAddress+" (example port): externalTrafficPolicy Local; no rule leads here")
+		} else {
+			field(w, "external socket", p.ExternalProxyAddress+" (example port): externalTrafficPolicy Local; NodePort, external")
+			field(w, "", "and LoadBalancer IP traffic from other hosts comes here")
+		}
 		if len(p.ExternalEndpoints) == 0 {
 			field(w, "local endpoints", "none on this node: external clients are refused here (the Service's")
 			field(w, "", "healthCheckNodePort tells a load balancer to send them to nodes that have one)")
@@ -147,6 +166,10 @@ func (e *explanation) writePort(w *bufio.Writer, p proxier.DebugServicePort) {
 			fs = append(fs, fmt.Sprintf("%s (%s, %s, toxicity %g)", t.Name, t.Type, t.Stream, t.Toxicity))
 		}
 		field(w, "faults", strings.Join(fs, "; "))
+	}
+	if e.noRules {
+		field(w, "rules", "none (--iptables=false)")
+		return
 	}
 	fmt.Fprintln(w, "rules:")
 	for i := range e.families {

@@ -329,3 +329,30 @@ func explainManifests(t *testing.T, manifests string, args ...string) string {
 	}
 	return out.String()
 }
+
+// --iptables=false: the proxy serves its sockets and installs no rule, so
+// explain shows no rule, and the loopback --bind-address it allows is
+// accepted (explain printed DNAT rules to 127.0.0.1 and an
+// iptables-restore block).
+func TestExplainWithoutIptables(t *testing.T) {
+	var out bytes.Buffer
+	code := explain(t.Context(), []string{"--manifests", "../../examples/manifests", "--iptables=false", "--bind-address", "127.0.0.1"}, &out)
+	if code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	got := out.String()
+	for _, want := range []string{
+		"--iptables=false: no rules would be installed",
+		"proxy socket:     127.0.0.1:40001 (example port): where clients connect, no rule leads here",
+		"rules:            none (--iptables=false)",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("output lacks %q:\n%s", want, got)
+		}
+	}
+	for _, bad := range []string{"-A ", "DNAT", "iptables-restore", "Each rule is shown"} {
+		if strings.Contains(got, bad) {
+			t.Errorf("output holds %q:\n%s", bad, got)
+		}
+	}
+}
