@@ -25,7 +25,8 @@ import (
 // prints, per service port, what the proxy would serve and the rules it
 // would install, without root and without touching the kernel (no socket,
 // no rule). Exit status: 0, 1 when the source could not be read (an API
-// server that did not answer within --timeout), 2 for bad flags, 130 when
+// server that did not answer within --timeout) or held an invalid object
+// (the explanation is printed all the same), 2 for bad flags, 130 when
 // interrupted.
 func runExplain(args []string) int {
 	return explain(context.Background(), args, os.Stdout)
@@ -90,7 +91,16 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 	if family, ok := bindFamily(v); ok {
 		plan.OnlyFamily(family == iptables.IPv6) // as the proxy (portalSyncers)
 	}
-	if code := read(ctx, o, v, *timeout, plan.Handler()); code != 0 {
+	// Each problem is an object (or a file, or a document) the proxy
+	// would leave out: said on stdout too, and exit 1, so that CI running
+	// explain on its manifests catches them; the Services left showed as
+	// if nothing were wrong, even when none was valid.
+	invalid := 0
+	report := func(err error) {
+		invalid++ // from the source's goroutine, read after readOnce has waited for it
+		klog.Error("manifests: ", err)
+	}
+	if code := read(ctx, o, v, *timeout, plan.Handler(), report); code != 0 {
 		return code
 	}
 	ports, v4, v6 := plan.Run()
@@ -99,7 +109,7 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 	nodeIPs = slices.DeleteFunc(nodeIPs, func(ip netip.Addr) bool { return ip.Is4() && len(v4) == 0 || ip.Is6() && len(v6) == 0 })
 	e := explanation{
 		source: o.manifests, bind: v.bind, nodeIPs: nodeIPs, portRange: o.proxyPortRange,
-		kernelPorts: plan.KernelChosenPorts(), ports: ports, noRules: !o.iptables,
+		kernelPorts: plan.KernelChosenPorts(), ports: ports, noRules: !o.iptables, invalid: invalid,
 	}
 	if o.iptables {
 		e.families = []familyRules{
@@ -114,6 +124,9 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy explain: %v\n", err)
 		return 1
 	}
+	if invalid > 0 {
+		return 1
+	}
 	return 0
 }
 
@@ -126,7 +139,7 @@ const exitInterrupted = 130
 // error, and Ctrl-C is an interruption, not an error; a proxy waits for
 // its API server without limit, which left explain silent for 30 s and
 // then retrying forever. It returns the exit status (0: read).
-func read(ctx context.Context, o *options, v *validated, timeout time.Duration, h config.Handler) int {
+func read(ctx context.Context, o *options, v *validated, timeout time.Duration, h config.Handler, report func(error)) int {
 	readCtx := ctx
 	where := ""
 	if o.manifests == "" {
@@ -143,7 +156,7 @@ func read(ctx context.Context, o *options, v *validated, timeout time.Duration, 
 		}
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy explain: waiting for %s %s\n", where, limit)
 	}
-	err := readOnce(readCtx, o, v, h)
+	err := readOnce(readCtx, o, v, h, report)
 	switch {
 	case err == nil:
 		return 0
@@ -164,11 +177,19 @@ func read(ctx context.Context, o *options, v *validated, timeout time.Duration, 
 
 // readOnce runs the flags' source until it has delivered its initial set of
 // Services and EndpointSlices to h, then stops it.
-func readOnce(ctx context.Context, o *options, v *validated, h config.Handler) error {
+// A manifest source's problems (an invalid object, an unreadable file) go
+// to report, when given, instead of its error log.
+func readOnce(ctx context.Context, o *options, v *validated, h config.Handler, report func(error)) error {
 	synced := &syncedHandler{Handler: h, done: make(chan struct{})}
-	src, err := newSource(o, v, synced, nil)
-	if err != nil {
-		return err
+	var src source
+	if o.manifests != "" && report != nil {
+		src = config.NewManifestSource(o.manifests, synced, config.WithServiceClusterIPRange(v.serviceCIDRs),
+			config.WithErrorReporter(report), config.WithoutWatcher())
+	} else {
+		var err error
+		if src, err = newSource(o, v, synced, nil); err != nil {
+			return err
+		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

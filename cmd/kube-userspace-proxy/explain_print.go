@@ -24,6 +24,9 @@ type explanation struct {
 	kernelPorts bool
 	ports       []proxier.DebugServicePort
 	families    []familyRules
+	// invalid counts the source's problems: objects, documents or files
+	// left out.
+	invalid int
 	// noRules: --iptables=false, the proxy serves its sockets and nothing
 	// sends service traffic to them.
 	noRules bool
@@ -40,6 +43,12 @@ func (e *explanation) write(out io.Writer) error {
 	w := bufio.NewWriter(out)
 	fmt.Fprintf(w, "What kube-userspace-proxy would do with the Services in %s.\n", e.source)
 	fmt.Fprintln(w, "Nothing was changed: explain opens no socket and installs no rule.")
+	switch {
+	case e.invalid == 1:
+		fmt.Fprintln(w, "1 manifest object was invalid and is left out, as the proxy would leave it out (the error is on stderr).")
+	case e.invalid > 1:
+		fmt.Fprintf(w, "%d manifest objects were invalid and are left out, as the proxy would leave them out (the errors are on stderr).\n", e.invalid)
+	}
 	fmt.Fprintln(w)
 	if e.noRules {
 		fmt.Fprintf(w, "--iptables=false: no rules would be installed, so traffic to service addresses and node\n"+

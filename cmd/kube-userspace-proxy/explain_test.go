@@ -356,3 +356,49 @@ func TestExplainWithoutIptables(t *testing.T) {
 		}
 	}
 }
+
+// Invalid objects are left out, as the proxy leaves them out: stdout says
+// how many, and the exit status is 1 so that CI catches them (explain
+// exited 0 with "No service port to proxy" when every one was invalid,
+// and said nothing of those left out beside valid ones).
+func TestExplainCountsInvalidObjects(t *testing.T) {
+	bad := map[string]string{
+		"port.yaml":   "apiVersion: v1\nkind: Service\nmetadata: {name: big, namespace: default}\nspec:\n  clusterIP: 10.96.0.30\n  ports: [{name: http, port: 70000}]\n",
+		"kind.yaml":   "apiVersion: v1\nkind: Servce\nmetadata: {name: typo, namespace: default}\nspec:\n  clusterIP: 10.96.0.31\n  ports: [{name: http, port: 80}]\n",
+		"syntax.yaml": "apiVersion: v1\nkind: Service\nmetadata: {name: syn\n  spec: [\n",
+	}
+	for _, tc := range []struct {
+		name string
+		good bool
+		want string
+	}{
+		{"all invalid", false, "3 manifest objects were invalid and are left out"},
+		{"some invalid", true, "3 manifest objects were invalid and are left out"},
+	} {
+		dir := t.TempDir()
+		for name, data := range bad {
+			if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if tc.good {
+			data, err := os.ReadFile("../../examples/manifests/web.yaml")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "web.yaml"), data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var out bytes.Buffer
+		if code := explain(t.Context(), []string{"--manifests", dir}, &out); code != 1 {
+			t.Errorf("%s: exit %d, want 1", tc.name, code)
+		}
+		if !strings.Contains(out.String(), tc.want) {
+			t.Errorf("%s: output lacks %q:\n%s", tc.name, tc.want, out.String())
+		}
+		if tc.good && !strings.Contains(out.String(), "== default/web:http (TCP) ==") {
+			t.Errorf("%s: the valid Service is not explained:\n%s", tc.name, out.String())
+		}
+	}
+}
