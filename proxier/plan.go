@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
@@ -101,6 +102,32 @@ func (pl *Plan) Run() (ports []DebugServicePort, v4, v6 []iptables.Portal) {
 	pl.mu.Unlock()
 	pl.p.Sync()
 	return pl.p.DebugServices(), pl.v4.portals, pl.v6.portals
+}
+
+// Warnings lists, per Service ("namespace/name"), what a proxier fed the
+// same Services warns about: annotations under our prefix it does not know
+// (a misspelt fault annotation) and SCTP ports it skips. The proxier logs
+// them at info level, which explain's output does not carry, so without
+// this a typo'd annotation read as "faults: none" and an SCTP port simply
+// went missing.
+func (pl *Plan) Warnings() map[string][]string {
+	pl.p.mu.Lock()
+	defer pl.p.mu.Unlock()
+	out := map[string][]string{}
+	for nn, svc := range pl.p.services {
+		var w []string
+		if unknown := unknownAnnotations(nil, svc); len(unknown) > 0 {
+			w = append(w, fmt.Sprintf("annotations this proxy does not know are ignored: %s (known: %s)",
+				strings.Join(unknown, ", "), strings.Join(knownAnnotations, ", ")))
+		}
+		if sctp := config.SCTPPorts(svc); len(sctp) > 0 {
+			w = append(w, fmt.Sprintf("SCTP ports are skipped (the userspace proxy carries TCP and UDP): %s", strings.Join(sctp, ", ")))
+		}
+		if len(w) > 0 {
+			out[nn.String()] = w
+		}
+	}
+	return out
 }
 
 // KernelChosenPorts reports whether a running proxier would let the

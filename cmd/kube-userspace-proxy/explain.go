@@ -110,6 +110,7 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 	e := explanation{
 		source: o.manifests, bind: v.bind, nodeIPs: nodeIPs, portRange: o.proxyPortRange,
 		kernelPorts: plan.KernelChosenPorts(), ports: ports, noRules: !o.iptables, invalid: invalid,
+		warnings: plan.Warnings(),
 	}
 	if o.iptables {
 		e.families = []familyRules{

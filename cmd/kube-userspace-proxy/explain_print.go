@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -27,6 +29,8 @@ type explanation struct {
 	// invalid counts the source's problems: objects, documents or files
 	// left out.
 	invalid int
+	// warnings are the plan's, per Service (namespace/name).
+	warnings map[string][]string
 	// noRules: --iptables=false, the proxy serves its sockets and nothing
 	// sends service traffic to them.
 	noRules bool
@@ -79,6 +83,19 @@ func (e *explanation) write(out io.Writer) error {
 	}
 	if !e.noRules {
 		fmt.Fprintln(w, "Each rule is shown after a line (#) saying which traffic it catches.")
+	}
+	// A Service whose every port is skipped (SCTP) has no section of its
+	// own: its warnings get one.
+	explained := map[string]bool{}
+	for _, p := range e.ports {
+		explained[serviceOf(p.ServicePort)] = true
+	}
+	for _, svc := range slices.Sorted(maps.Keys(e.warnings)) {
+		if !explained[svc] {
+			fmt.Fprintln(w)
+			fmt.Fprintf(w, "== %s (no service port to proxy) ==\n", svc)
+			writeWarnings(w, e.warnings[svc])
+		}
 	}
 	if len(e.ports) == 0 {
 		fmt.Fprintln(w)
@@ -176,6 +193,7 @@ func (e *explanation) writePort(w *bufio.Writer, p proxier.DebugServicePort) {
 		}
 		field(w, "faults", strings.Join(fs, "; "))
 	}
+	writeWarnings(w, e.warnings[serviceOf(p.ServicePort)])
 	if e.noRules {
 		field(w, "rules", "none (--iptables=false)")
 		return
@@ -211,6 +229,23 @@ func (e *explanation) writePort(w *bufio.Writer, p proxier.DebugServicePort) {
 			fmt.Fprintf(w, "  # %s\n  %s\n", iptables.Describe(line), line)
 		}
 	}
+}
+
+// writeWarnings prints a Service's warnings, one a line.
+func writeWarnings(w *bufio.Writer, warnings []string) {
+	for i, warning := range warnings {
+		name := "warnings"
+		if i > 0 {
+			name = ""
+		}
+		field(w, name, warning)
+	}
+}
+
+// serviceOf is the namespace/name of a service port's name.
+func serviceOf(servicePort string) string {
+	svc, _, _ := strings.Cut(servicePort, ":")
+	return svc
 }
 
 // field prints one "name: value" line of a service port, values aligned.

@@ -402,3 +402,37 @@ func TestExplainCountsInvalidObjects(t *testing.T) {
 		}
 	}
 }
+
+// What the proxy warns about (at info level, which explain does not show)
+// is in the explanation: an annotation under our prefix it does not know
+// (explain said "faults: none" for a misspelt fault annotation) and SCTP
+// ports it skips (explain left them out without a word), also of a
+// Service that has no other port.
+func TestExplainShowsServiceWarnings(t *testing.T) {
+	got := explainManifests(t, `apiVersion: v1
+kind: Service
+metadata:
+  name: web
+  namespace: default
+  annotations: {kube-userspace-proxy/fault: "x"}
+spec:
+  clusterIP: 10.96.0.40
+  ports: [{name: http, port: 80}, {name: sig, port: 5000, protocol: SCTP}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: sig, namespace: default}
+spec:
+  clusterIP: 10.96.0.41
+  ports: [{name: sig, port: 5001, protocol: SCTP}]
+`)
+	for _, want := range []string{
+		"faults:           none\nwarnings:         annotations this proxy does not know are ignored: kube-userspace-proxy/fault (known: kube-userspace-proxy/faults, ",
+		"\n                  SCTP ports are skipped (the userspace proxy carries TCP and UDP): sig 5000/SCTP\n",
+		"== default/sig (no service port to proxy) ==\nwarnings:         SCTP ports are skipped (the userspace proxy carries TCP and UDP): sig 5001/SCTP\n",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("output lacks %q:\n%s", want, got)
+		}
+	}
+}

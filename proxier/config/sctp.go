@@ -27,6 +27,10 @@ func sctpPorts(old, svc *v1.Service) []string {
 	return out
 }
 
+// SCTPPorts lists svc's SCTP ports ("name 5000/SCTP"), which every
+// source skips.
+func SCTPPorts(svc *v1.Service) []string { return sctpPortsOf(svc) }
+
 func sctpPortsOf(svc *v1.Service) []string {
 	var out []string
 	for _, p := range svc.Spec.Ports {
