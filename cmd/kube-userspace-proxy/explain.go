@@ -41,14 +41,16 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 	klog.InitFlags(klogFlags)
 	fs.AddGoFlag(klogFlags.Lookup("v"))
 	timeout := fs.Duration("timeout", 30*time.Second, "How long to wait for the API server (--kubeconfig, --master) before giving up with its last error; 0 waits without limit.")
+	explainFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprintf(os.Stdout, "Usage: kube-userspace-proxy explain --manifests PATH | --kubeconfig PATH [flags]\n\n"+
+		fmt.Fprintf(os.Stdout, "Usage: kube-userspace-proxy %s\n\n"+
 			"Reads the Services and EndpointSlices once and prints, for each service port, the\n"+
 			"iptables rules the proxy would install (one comment line per rule saying what it\n"+
 			"catches), its proxy socket, its endpoints in round-robin order and its session\n"+
-			"affinity. Needs no root: it opens no socket and writes no rule. It takes the proxy's\n"+
-			"own flags; --bind-address, --node-ip, --proxy-port-range and --nodeport-addresses\n"+
-			"shape the rules as they would for the proxy.\n\nFlags:\n%s", flagUsages(fs))
+			"affinity. Needs no root: it opens no socket and writes no rule. The flags below shape\n"+
+			"the explanation as they would shape the proxy; the proxy's other flags are accepted\n"+
+			"(paste its command line) and change nothing here, except --cleanup, which is refused.\n\n"+
+			"Flags:\n%s", explainUsage, fs.FlagUsages())
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
@@ -59,6 +61,12 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy explain: unexpected arguments %q\n", fs.Args())
+		return exitUsage
+	}
+	if o.cleanup {
+		// An action, not a configuration: explaining the rules a proxy
+		// would install and exiting 0 read as if the rules were removed.
+		fmt.Fprintln(os.Stderr, "kube-userspace-proxy explain: --cleanup is an action, not something to explain: run `kube-userspace-proxy --cleanup` to remove the rules")
 		return exitUsage
 	}
 	if o.configFile != "" {
@@ -129,6 +137,37 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// explainUsage is explain's synopsis (main's usage names it too).
+const explainUsage = "explain (--manifests PATH | --kubeconfig PATH | --master URL) [flags]"
+
+// explainShown are the flags that change explain's output. The proxy's
+// others are hidden from its help, not refused: a proxy's command line
+// pasted after "explain" must work.
+var explainShown = []string{
+	"manifests", "service-cluster-ip-range", "kubeconfig", "master", "timeout", "config",
+	"bind-address", "node-ip", "proxy-port-range", "nodeport-addresses", "cluster-cidr",
+	"prerouting-redirect", "iptables", "hostname-override", "v",
+}
+
+// explainFlags hides the proxy flags explain ignores and words the shown
+// ones for explain, which reads its source once.
+func explainFlags(fs *pflag.FlagSet) {
+	fs.VisitAll(func(f *pflag.Flag) {
+		if !slices.Contains(explainShown, f.Name) {
+			f.Hidden = true
+		}
+	})
+	for name, usage := range map[string]string{
+		"manifests":  "File or directory of YAML/JSON manifests (v1 Service, discovery.k8s.io/v1 EndpointSlice, v1 Endpoints), read once.",
+		"kubeconfig": "Path to a kubeconfig file; read the Services and EndpointSlices of that API server once.",
+		"iptables":   "With --iptables=false the proxy installs no rules: explain then lists only the proxy sockets.",
+		"hostname-override": "If non-empty, use this string as the node name instead of the hostname " +
+			"(which endpoints are this node's own, for externalTrafficPolicy: Local).",
+	} {
+		fs.Lookup(name).Usage = usage
+	}
 }
 
 // exitInterrupted is the status of an explain stopped by Ctrl-C (or

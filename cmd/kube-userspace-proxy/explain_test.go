@@ -436,3 +436,44 @@ spec:
 		}
 	}
 }
+
+// explain's help lists the flags that change its output, words
+// --manifests as explain reads it (once), and gives the synopsis main's
+// help gives; the proxy's other flags are accepted unlisted, so that a
+// proxy's command line can be pasted, but --cleanup, an action, is
+// refused (explain listed ~40 flags, said --manifests is "re-read on
+// change", and ran a normal explain with --cleanup, exit 0).
+func TestExplainHelpAndProxyFlags(t *testing.T) {
+	var code int
+	help := captureStdout(t, func() { code = explain(t.Context(), []string{"--help"}, &bytes.Buffer{}) })
+	if code != 0 {
+		t.Fatalf("--help: exit %d", code)
+	}
+	for _, want := range []string{"--manifests", "read once", "--kubeconfig", "--bind-address", "--node-ip", "--proxy-port-range", "--iptables", "--timeout",
+		"Usage: kube-userspace-proxy explain (--manifests PATH | --kubeconfig PATH | --master URL) [flags]"} {
+		if !strings.Contains(help, want) {
+			t.Errorf("explain --help lacks %q:\n%s", want, help)
+		}
+	}
+	_, flags, _ := strings.Cut(help, "\nFlags:\n")
+	for _, hidden := range []string{"re-read on change", "--cleanup", "--udp-timeout", "--mptcp", "--fault-api-bind-address", "--healthz-bind-address", "--data-path"} {
+		if strings.Contains(flags, hidden) {
+			t.Errorf("explain --help lists %q:\n%s", hidden, help)
+		}
+	}
+	mainHelp := captureStdout(t, func() { runMain([]string{"--help"}) })
+	if want := "kube-userspace-proxy explain (--manifests PATH | --kubeconfig PATH | --master URL) [flags]\n"; !strings.Contains(mainHelp, want) {
+		t.Errorf("main --help lacks %q:\n%s", want, mainHelp)
+	}
+	var out bytes.Buffer
+	if code := explain(t.Context(), []string{"--manifests", "../../examples/manifests", "--udp-timeout", "1s", "--mptcp",
+		"--fault-api-bind-address", "127.0.0.1:8474", "--healthz-bind-address", "0.0.0.0:10256"}, &out); code != 0 {
+		t.Errorf("the proxy's flags: exit %d, want 0", code)
+	}
+	stderr := capture(t, &os.Stderr, func() {
+		code = explain(t.Context(), []string{"--manifests", "../../examples/manifests", "--cleanup"}, &out)
+	})
+	if code != exitUsage || !strings.Contains(stderr, "--cleanup is an action") {
+		t.Errorf("--cleanup: exit %d, stderr %q; want %d and a refusal", code, stderr, exitUsage)
+	}
+}

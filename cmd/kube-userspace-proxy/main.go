@@ -50,7 +50,7 @@ func runMain(args []string) int {
 	// Help asked for is output (stdout, exit 0), as kube-proxy does; pflag
 	// calls Usage only for -h/--help.
 	fs.Usage = func() {
-		fmt.Fprintf(os.Stdout, "Usage: kube-userspace-proxy [flags]\n       kube-userspace-proxy demo [--serve | --netns] [--verbose]\n       kube-userspace-proxy explain --manifests PATH [flags]\n\nFlags:\n%s", flagUsages(fs))
+		fmt.Fprintf(os.Stdout, "Usage: kube-userspace-proxy [flags]\n       kube-userspace-proxy demo [--serve | --netns] [--verbose]\n       kube-userspace-proxy "+explainUsage+"\n\nFlags:\n%s", flagUsages(fs))
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
