@@ -41,6 +41,18 @@ func Describe(line string) string {
 	switch target {
 	case "REDIRECT":
 		action = "redirects it to the proxy socket on port " + to + " of the address it arrived on"
+		if chain == ChainPortalsHost || chain == ChainNodePortHost {
+			// A packet the node sends itself arrived on no interface: the
+			// kernel redirects it to the loopback address.
+			switch {
+			case strings.Contains(dst, ":"):
+				action = "redirects it to the proxy socket [::1]:" + to + " (loopback: REDIRECT of the node's own traffic)"
+			case dst != "":
+				action = "redirects it to the proxy socket 127.0.0.1:" + to + " (loopback: REDIRECT of the node's own traffic)"
+			default:
+				action = "redirects it to the proxy socket on port " + to + " of the loopback address, 127.0.0.1 or ::1 (REDIRECT of the node's own traffic)"
+			}
+		}
 	case "DNAT":
 		action = "rewrites its destination to the proxy socket " + to
 	case "ACCEPT":

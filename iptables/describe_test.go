@@ -39,6 +39,18 @@ func TestDescribeRenderedRules(t *testing.T) {
 		{"IPv6", Config{Family: IPv6}, dualStackPortals(), map[string][]string{
 			ChainPortalsContainer: {"to the service address fd00:96::"},
 		}},
+		// Without a node IP the portals REDIRECT: PREROUTING's to the
+		// address a packet arrived on, OUTPUT's to loopback (the node's own
+		// packets arrive on no interface; it said "of the address it
+		// arrived on" for those too).
+		{"no node IP", Config{Family: IPv4}, webPortals(), map[string][]string{
+			ChainPortalsContainer: {"of the address it arrived on"},
+			ChainPortalsHost:      {"sent by this node itself", "redirects it to the proxy socket 127.0.0.1:4000", "(loopback: REDIRECT of the node's own traffic)"},
+			ChainNodePortHost:     {"sent by this node itself", "of the loopback address, 127.0.0.1 or ::1"},
+		}},
+		{"no node IP, IPv6", Config{Family: IPv6}, dualStackPortals(), map[string][]string{
+			ChainPortalsHost: {"redirects it to the proxy socket [::1]:"},
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out := New(NewFakeRunner(tc.cfg.Family), tc.cfg).Render(tc.portals)

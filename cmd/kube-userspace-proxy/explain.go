@@ -112,11 +112,26 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 		return code
 	}
 	ports, v4, v6 := plan.Run()
-	cfg4, cfg6, nodeIPs := portalConfigs(v)
-	// Named for the families that have rules here.
-	nodeIPs = slices.DeleteFunc(nodeIPs, func(ip netip.Addr) bool { return ip.Is4() && len(v4) == 0 || ip.Is6() && len(v6) == 0 })
+	cfg4, cfg6 := explainPortalConfigs(v)
+	// Named for the families that have rules here; a family with rules
+	// and no node IP falls back to REDIRECT, which the header must say.
+	var nodeIPs []netip.Addr
+	var redirect []string
+	for _, f := range []struct {
+		name    string
+		ip      netip.Addr
+		portals []iptables.Portal
+	}{{"IPv4", cfg4.NodeIP, v4}, {"IPv6", cfg6.NodeIP, v6}} {
+		switch {
+		case len(f.portals) == 0:
+		case f.ip.IsValid():
+			nodeIPs = append(nodeIPs, f.ip)
+		default:
+			redirect = append(redirect, f.name)
+		}
+	}
 	e := explanation{
-		source: o.manifests, bind: v.bind, nodeIPs: nodeIPs, portRange: o.proxyPortRange,
+		source: o.manifests, bind: v.bind, nodeIPs: nodeIPs, redirect: redirect, portRange: o.proxyPortRange,
 		kernelPorts: plan.KernelChosenPorts(), ports: ports, noRules: !o.iptables, invalid: invalid,
 		warnings: plan.Warnings(),
 	}
@@ -137,6 +152,21 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// defaultRouteIPs are the addresses of the default-route interfaces, of
+// each family (zero: no default route); tests replace it to explain a
+// node without one.
+var defaultRouteIPs = func() (v4, v6 netip.Addr) { return defaultRouteIP(), defaultRouteIP6() }
+
+// explainPortalConfigs is portalConfigs with the node's default routes
+// taken from defaultRouteIPs.
+func explainPortalConfigs(v *validated) (cfg4, cfg6 iptables.Config) {
+	cfg4, cfg6, _ = portalConfigs(v)
+	r4, r6 := defaultRouteIPs()
+	cfg4.NodeIP = nodeIPOf(v, false, func() netip.Addr { return r4 })
+	cfg6.NodeIP = nodeIPOf(v, true, func() netip.Addr { return r6 })
+	return cfg4, cfg6
 }
 
 // explainUsage is explain's synopsis (main's usage names it too).

@@ -19,9 +19,12 @@ import (
 // explanation is what explain prints: the plan's service ports and, per IP
 // family, the portals rendered by the real iptables renderer.
 type explanation struct {
-	source      string
-	bind        netip.Addr
-	nodeIPs     []netip.Addr // each family's
+	source  string
+	bind    netip.Addr
+	nodeIPs []netip.Addr // each family's
+	// redirect names the families whose portals have no node IP to DNAT
+	// to, and REDIRECT instead.
+	redirect    []string
 	portRange   string
 	kernelPorts bool
 	ports       []proxier.DebugServicePort
@@ -67,6 +70,13 @@ func (e *explanation) write(out io.Writer) error {
 			fmt.Fprintf(w, "Traffic this node sends to a Service is sent to %s, the node's address\n(--node-ip; by default the address of the interface holding the default route).\n", e.nodeIPs[0])
 		case 2:
 			fmt.Fprintf(w, "Traffic this node sends to a Service is sent to %s (IPv4) or %s (IPv6),\nthe node's addresses (--node-ip; by default those of the interfaces holding the default routes).\n", e.nodeIPs[0], e.nodeIPs[1])
+		}
+		if len(e.redirect) > 0 {
+			// The rules turned into REDIRECT without a word, and the
+			// node-IP sentence above went missing.
+			fmt.Fprintf(w, "No %s default route and no --node-ip: portals fall back to REDIRECT (README, \"iptables\n"+
+				"rules\"): traffic from pods and other hosts goes to the address it arrived on, the node's\n"+
+				"own to the loopback address.\n", strings.Join(e.redirect, " or "))
 		}
 	}
 	users := "the rules"

@@ -477,3 +477,27 @@ func TestExplainHelpAndProxyFlags(t *testing.T) {
 		t.Errorf("--cleanup: exit %d, stderr %q; want %d and a refusal", code, stderr, exitUsage)
 	}
 }
+
+// On a node without a default route and without --node-ip the portals
+// REDIRECT: the header says so (the rules turned into REDIRECT and the
+// node-IP sentence vanished without a word), and the OUTPUT rule's comment
+// says where the node's own traffic goes, loopback.
+func TestExplainWithoutDefaultRoute(t *testing.T) {
+	saved := defaultRouteIPs
+	defaultRouteIPs = func() (netip.Addr, netip.Addr) { return netip.Addr{}, netip.Addr{} }
+	defer func() { defaultRouteIPs = saved }()
+	var out bytes.Buffer
+	if code := explain(t.Context(), []string{"--manifests", "../../examples/manifests"}, &out); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	got := out.String()
+	for _, want := range []string{
+		"No IPv4 default route and no --node-ip: portals fall back to REDIRECT (README, \"iptables\nrules\")",
+		"-A KUBE-PORTALS-HOST -d 10.96.0.10/32 -p tcp -m comment --comment \"default/web:http\" -m tcp --dport 80 -j REDIRECT --to-ports ",
+		"sent by this node itself (OUTPUT): redirects it to the proxy socket 127.0.0.1:",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("output lacks %q:\n%s", want, got)
+		}
+	}
+}
