@@ -56,7 +56,7 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 		if errors.Is(err, pflag.ErrHelp) {
 			return 0
 		}
-		fmt.Fprintf(os.Stderr, "kube-userspace-proxy explain: %v\n", err)
+		fmt.Fprintf(os.Stderr, "kube-userspace-proxy explain: %v\n", flagSuggestion(err, fs))
 		return exitUsage
 	}
 	if fs.NArg() > 0 {

@@ -157,3 +157,12 @@ func TestMisspeltFlagSuggested(t *testing.T) {
 		}
 	}
 }
+
+// explain suggests among its own flags too.
+func TestExplainMisspeltFlagSuggested(t *testing.T) {
+	var code int
+	out := capture(t, &os.Stderr, func() { code = explain(t.Context(), []string{"--manifest", "x"}, io.Discard) })
+	if code != exitUsage || !strings.Contains(out, "(did you mean --manifests?)") {
+		t.Errorf("exit %d, stderr %q", code, out)
+	}
+}
