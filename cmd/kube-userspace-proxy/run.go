@@ -73,6 +73,11 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		Faults:               faultTable,
 	}
 	popts.UDPMaxSessionsPerPort, popts.UDPMaxSessions = o.udpMaxPerPort, o.udpMaxSessions
+	if family, ok := bindFamily(v); ok {
+		health.SetFamilies(servedFamilies(family == iptables.IPv4, family == iptables.IPv6)...)
+	} else {
+		health.SetFamilies(servedFamilies(true, true)...)
+	}
 	if o.iptables {
 		if !canProgramIptables() {
 			return errNoNetAdmin
@@ -82,6 +87,7 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 			return err
 		}
 		popts.IPv4Portals, popts.IPv6Portals = v4, v6
+		health.SetFamilies(servedFamilies(v4 != nil, v6 != nil)...)
 		popts.ClaimNodePorts = true
 		popts.Conntrack = proxier.NetlinkConntrack{}
 	}
@@ -277,6 +283,19 @@ func portalSyncers(v *validated, newRunner func(iptables.Family) (iptables.Runne
 		klog.InfoS("Portal rules enabled; no node IP (no default route, no --node-ip): portals REDIRECT, or DNAT to --bind-address when it names an address")
 	}
 	return v4, v6, nil
+}
+
+// servedFamilies names the IP families served, as /healthz's per-family
+// status keys them (kube-proxy's v1.IPFamily values).
+func servedFamilies(ipv4, ipv6 bool) []string {
+	var fams []string
+	if ipv4 {
+		fams = append(fams, "IPv4")
+	}
+	if ipv6 {
+		fams = append(fams, "IPv6")
+	}
+	return fams
 }
 
 // nodePortAddressesPrimary is kube-proxy's --nodeport-addresses value for

@@ -25,6 +25,18 @@ type ProxierHealth struct {
 	lastUpdated   time.Time
 	oldestPending time.Time
 	nodeDeleted   bool
+	// families are the IP families the proxy serves ("IPv4", "IPv6"),
+	// each a key of the body's status once the first sync is in.
+	families []string
+}
+
+// SetFamilies names the IP families the proxy programs, for the body's
+// per-family status (kube-proxy has a proxier per family; here one sync
+// covers them all, so they share its time and health).
+func (h *ProxierHealth) SetFamilies(families ...string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.families = append([]string(nil), families...)
 }
 
 // NewProxierHealth starts live (a proxy that has not yet synced has not yet
@@ -63,12 +75,23 @@ func (h *ProxierHealth) SetNodeDeleted(deleted bool) {
 // ProxyHealth: lastUpdated is the last successful sync while unhealthy and
 // the current time while healthy (kube-proxy keeps the older releases'
 // meaning, "recent when healthy", so probes comparing it with currentTime
-// keep working), and healthy says what the status code says.
+// keep working); healthy is the proxy's own health, which on /healthz also
+// needs the first sync, while the status code also needs nodeEligible (a
+// node being deleted answers 503 with healthy true, as kube-proxy's);
+// status is per IP family, once the first sync is in.
 type Status struct {
-	LastUpdated  time.Time `json:"lastUpdated"`
-	CurrentTime  time.Time `json:"currentTime"`
-	NodeEligible *bool     `json:"nodeEligible,omitempty"`
-	Healthy      bool      `json:"healthy"`
+	LastUpdated  time.Time               `json:"lastUpdated"`
+	CurrentTime  time.Time               `json:"currentTime"`
+	NodeEligible *bool                   `json:"nodeEligible,omitempty"`
+	Healthy      bool                    `json:"healthy"`
+	Status       map[string]FamilyStatus `json:"status,omitempty"`
+}
+
+// FamilyStatus is one IP family's entry of Status, kube-proxy's
+// ProxierHealth.
+type FamilyStatus struct {
+	LastUpdated time.Time `json:"lastUpdated"`
+	Healthy     bool      `json:"healthy"`
 }
 
 // Healthy reports whether no queued change has waited past the timeout.
@@ -77,7 +100,14 @@ func (h *ProxierHealth) Healthy() (bool, Status) {
 	defer h.mu.Unlock()
 	now := h.clk.Now()
 	healthy := h.oldestPending.IsZero() || now.Sub(h.oldestPending) < h.timeout
-	return healthy, Status{LastUpdated: h.lastUpdated, CurrentTime: now}
+	st := Status{LastUpdated: h.lastUpdated, CurrentTime: now}
+	if !h.lastUpdated.IsZero() && len(h.families) > 0 {
+		st.Status = make(map[string]FamilyStatus, len(h.families))
+		for _, f := range h.families {
+			st.Status[f] = FamilyStatus{LastUpdated: h.lastUpdated, Healthy: healthy}
+		}
+	}
+	return healthy, st
 }
 
 // Handler serves /healthz (which also fails while the node is being
@@ -85,16 +115,18 @@ func (h *ProxierHealth) Healthy() (bool, Status) {
 func (h *ProxierHealth) Handler(livez bool, count func(code int)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		healthy, st := h.Healthy()
+		ok := healthy
 		if !livez {
 			h.mu.Lock()
 			eligible := !h.nodeDeleted
 			h.mu.Unlock()
 			st.NodeEligible = &eligible
 			// Readiness: nothing is served before the first sync.
-			healthy = healthy && eligible && !st.LastUpdated.IsZero()
+			healthy = healthy && !st.LastUpdated.IsZero()
+			ok = healthy && eligible
 		}
 		code := http.StatusOK
-		if !healthy {
+		if !ok {
 			code = http.StatusServiceUnavailable
 		} else {
 			st.LastUpdated = st.CurrentTime

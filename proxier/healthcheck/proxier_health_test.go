@@ -12,10 +12,11 @@ import (
 
 // healthBody is the body as a client reads it (healthy absent = nil).
 type healthBody struct {
-	LastUpdated  time.Time `json:"lastUpdated"`
-	CurrentTime  time.Time `json:"currentTime"`
-	NodeEligible *bool     `json:"nodeEligible"`
-	Healthy      *bool     `json:"healthy"`
+	LastUpdated  time.Time               `json:"lastUpdated"`
+	CurrentTime  time.Time               `json:"currentTime"`
+	NodeEligible *bool                   `json:"nodeEligible"`
+	Healthy      *bool                   `json:"healthy"`
+	Status       map[string]FamilyStatus `json:"status"`
 }
 
 func TestProxierHealth(t *testing.T) {
@@ -58,6 +59,7 @@ func TestProxierHealth(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 			h := NewProxierHealth(clk, timeout)
+			h.SetFamilies("IPv4", "IPv6")
 			tt.steps(h, clk)
 			counted := 0
 			rec := httptest.NewRecorder()
@@ -72,11 +74,24 @@ func TestProxierHealth(t *testing.T) {
 			if !st.CurrentTime.Equal(clk.Now()) {
 				t.Errorf("currentTime %v, want %v", st.CurrentTime, clk.Now())
 			}
-			// kube-proxy's body: healthy as the code says, lastUpdated
-			// the current time while healthy, else the last sync (none
-			// before the first).
-			if st.Healthy == nil || *st.Healthy != (tt.wantCode == http.StatusOK) {
+			// kube-proxy's body: healthy is the proxy's own health (the
+			// code also needs nodeEligible: a node being deleted answers
+			// 503 with healthy true), lastUpdated the current time while
+			// the code is 200, else the last sync (none before the first).
+			wantHealthy := tt.wantCode == http.StatusOK || (st.NodeEligible != nil && !*st.NodeEligible)
+			if st.Healthy == nil || *st.Healthy != wantHealthy {
 				t.Errorf("healthy %v with code %d: %s", st.Healthy, rec.Code, rec.Body.String())
+			}
+			// One status per family once a sync is in, as kube-proxy's
+			// proxiers per family.
+			proxyHealthy, raw := h.Healthy()
+			if synced := !raw.LastUpdated.IsZero(); synced != (st.Status != nil) {
+				t.Errorf("status %v after a sync %v", st.Status, synced)
+			}
+			for _, f := range []string{"IPv4", "IPv6"} {
+				if fs, ok := st.Status[f]; st.Status != nil && (!ok || fs.Healthy != proxyHealthy || !fs.LastUpdated.Equal(raw.LastUpdated)) {
+					t.Errorf("status[%s] = %+v, %v: %s", f, fs, ok, rec.Body.String())
+				}
 			}
 			if tt.wantCode == http.StatusOK && !st.LastUpdated.Equal(clk.Now()) {
 				t.Errorf("healthy: lastUpdated %v, want the current time %v", st.LastUpdated, clk.Now())
