@@ -52,7 +52,11 @@ func portName(name string) string {
 // brings one.
 func logSCTPPorts(old, svc *v1.Service) {
 	if ports := sctpPorts(old, svc); len(ports) > 0 {
-		klog.InfoS("Warning: SCTP ports are skipped (the userspace proxy carries TCP and UDP); the Service's other ports are served",
-			"service", klog.KObj(svc), "ports", ports)
+		msg := "Warning: SCTP ports are skipped (the userspace proxy carries TCP and UDP); the Service's other ports are served"
+		if len(sctpPortsOf(svc)) == len(svc.Spec.Ports) {
+			// "its other ports are served" said there were some.
+			msg = "Warning: SCTP ports are skipped (the userspace proxy carries TCP and UDP); the Service has no other port, so it is not served"
+		}
+		klog.InfoS(msg, "service", klog.KObj(svc), "ports", ports)
 	}
 }

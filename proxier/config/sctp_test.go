@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 )
 
@@ -97,5 +98,18 @@ func TestSCTPSkippedByBothSources(t *testing.T) {
 				t.Errorf("%d lines %s, want one; log:\n%s", n, line, logs)
 			}
 		})
+	}
+}
+
+// A Service whose every port is SCTP is said to be not served: "its other
+// ports are served" claimed some (API-server audit).
+func TestSCTPOnlyServiceSaidNotServed(t *testing.T) {
+	logs := captureKlog(t)
+	svc := &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "sig"},
+		Spec: v1.ServiceSpec{Ports: []v1.ServicePort{{Name: "a", Port: 3868, Protocol: v1.ProtocolSCTP}}}}
+	logSCTPPorts(nil, svc)
+	klog.Flush()
+	if !strings.Contains(logs.String(), "the Service has no other port, so it is not served") || strings.Contains(logs.String(), "other ports are served") {
+		t.Errorf("log: %s", logs)
 	}
 }
