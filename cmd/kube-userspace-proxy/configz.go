@@ -9,6 +9,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	logsapi "k8s.io/component-base/logs/api/v1"
 	kubeproxyconfig "k8s.io/kube-proxy/config/v1alpha1"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
 )
 
 // configzGroup is the key kube-proxy's /configz puts its configuration under.
@@ -35,7 +37,13 @@ func (o *options) effectiveConfig() configFile {
 	}
 	c.ClientConnection.Kubeconfig = o.kubeconfig
 	c.ClientConnection.QPS, c.ClientConnection.Burst = o.kubeAPIQPS, int32(o.kubeAPIBurst)
+	// What the client sends, as kube-proxy's defaults are shown: they
+	// read "" and the client used protobuf.
 	c.ClientConnection.ContentType = o.kubeAPIContentType
+	if c.ClientConnection.ContentType == "" {
+		c.ClientConnection.ContentType = config.ContentType
+	}
+	c.ClientConnection.AcceptContentTypes = config.AcceptContentTypes
 	c.IPTables.SyncPeriod = metav1.Duration{Duration: o.syncPeriod}
 	c.IPTables.MinSyncPeriod = metav1.Duration{Duration: o.minSyncPeriod}
 	// klog's -v in force, as kube-proxy's /configz shows its logging

@@ -167,7 +167,9 @@ func checkConfigz(t *testing.T, base string) {
 	if cfg.Kind != "KubeProxyConfiguration" || cfg.BindAddress != "127.0.0.1" || cfg.Mode != "userspace" ||
 		cfg.MetricsBindAddress != "127.0.0.1:0" || cfg.IPTables.SyncPeriod.Duration != 30*time.Second ||
 		cfg.UDPIdleTimeout == nil || cfg.UDPIdleTimeout.Duration != 3*time.Second || cfg.PortRange != "0" ||
-		cfg.DetectLocalMode != "ClusterCIDR" || cfg.ClientConnection.QPS != 5 || cfg.ClientConnection.Burst != 10 {
+		cfg.DetectLocalMode != "ClusterCIDR" || cfg.ClientConnection.QPS != 5 || cfg.ClientConnection.Burst != 10 ||
+		cfg.ClientConnection.ContentType != "application/vnd.kubernetes.protobuf" ||
+		cfg.ClientConnection.AcceptContentTypes != "application/vnd.kubernetes.protobuf,application/json" {
 		t.Errorf("/configz does not hold the effective configuration: %s", body)
 	}
 }

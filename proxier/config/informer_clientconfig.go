@@ -10,6 +10,12 @@ import (
 	"k8s.io/klog/v2"
 )
 
+// The content types the API client sends and accepts (what /configz shows).
+const (
+	ContentType        = "application/vnd.kubernetes.protobuf"
+	AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+)
+
 // BuildClientConfig returns the API-server client configuration for --kubeconfig and
 // --master, as kube-proxy builds it: with both empty, the in-cluster configuration of
 // the pod's service account; otherwise the kubeconfig file, with master overriding its
@@ -35,8 +41,8 @@ func BuildClientConfig(kubeconfig, master string) (*rest.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("API server client configuration: %w", err)
 	}
-	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
-	cfg.ContentType = "application/vnd.kubernetes.protobuf"
+	cfg.AcceptContentTypes = AcceptContentTypes
+	cfg.ContentType = ContentType
 	if cfg.UserAgent == "" {
 		cfg.UserAgent = "kube-userspace-proxy"
 	}
