@@ -22,6 +22,8 @@ type Conn struct {
 	ConnectDelay time.Duration
 	// Upstream and Downstream are the faulted copiers; nil = relay's splice.
 	Upstream, Downstream relay.Copier
+	// up and down are their pipelines (nil: none), which Abort stops.
+	up, down *pipeline
 
 	faulted bool
 	// applied names the toxics drawn, for Applied.
@@ -111,10 +113,12 @@ func (p *Port) Accept(client netip.Addr) *Conn {
 	}
 	c.ConnectDelay = connectDelay
 	if len(up) > 0 {
-		c.Upstream = newPipeline(up, seq).copy
+		c.up = newPipeline(up, seq)
+		c.Upstream = c.up.copy
 	}
 	if len(down) > 0 {
-		c.Downstream = newPipeline(down, seq).copy
+		c.down = newPipeline(down, seq)
+		c.Downstream = c.down.copy
 	}
 	if faulted {
 		s.faultedLive.Inc()
@@ -237,4 +241,16 @@ func (p *Port) cutDown(s *snapshot, tx Toxic) {
 	p.cutLive(func(l *liveConn) bool {
 		return t.matches(l.clientAddr) && draw(t.seed, t.key, l.seq, saltToxicity) < float64(t.Toxicity)
 	})
+}
+
+// Abort tells the connection's pipelines that the relay is resetting it
+// (relay.Options.OnAbort): a delay ends, and none starts. Without it a
+// delay's own write deadline went over the past one the relay's abort set,
+// and the direction went on delivering what it held at the toxic's pace.
+func (c *Conn) Abort() {
+	for _, p := range []*pipeline{c.up, c.down} {
+		if p != nil {
+			p.aborted.Store(true)
+		}
+	}
 }

@@ -43,6 +43,8 @@ type pipeline struct {
 	// does not queue behind delayed chunks.
 	srcErr    error
 	srcFailed atomic.Bool
+	// aborted: the relay is resetting the connection (Conn.Abort).
+	aborted atomic.Bool
 }
 
 func newPipeline(toxics []*compiled, seq uint64) *pipeline {
@@ -259,6 +261,10 @@ func (p *pipeline) pace(n int, ready time.Time) error {
 	return p.sleep(time.Until(p.bwNextFree))
 }
 
+// errAborted ends a direction the relay is resetting: what a write would
+// have met at the abort's deadline.
+var errAborted = &relay.WriteError{Err: os.ErrDeadlineExceeded}
+
 // sleep waits d. An error ends the stream: the stream's timer fired
 // (onTimer), src failed (the reader's error), or dst is done for: closed
 // (net.ErrClosed: whoever closed it decides how the peers learn), a
@@ -274,13 +280,21 @@ func (p *pipeline) sleep(d time.Duration) error {
 	if err := p.dst.SetWriteDeadline(until); err != nil {
 		return &relay.WriteError{Err: err}
 	}
-	// After the deadline is set: a reader failing from now on sets its
-	// own over it, which wakes the wait below.
+	// After the deadline is set: a reader failing, or the relay aborting,
+	// from now on sets its own over it, which wakes the wait below; one
+	// that came before is seen here (the deadline just set went over it).
+	if p.aborted.Load() {
+		return errAborted
+	}
 	if p.srcFailed.Load() {
 		return p.srcErr
 	}
 	err := p.at.wait(until)
 	switch {
+	case p.aborted.Load():
+		// Also when the wait took the abort's deadline for its own and
+		// cleared it.
+		return errAborted
 	case p.srcFailed.Load():
 		return p.srcErr
 	case timerFirst && errors.Is(err, errWaitedOut):

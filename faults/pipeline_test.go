@@ -6,6 +6,8 @@ import (
 	"net"
 	"runtime"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -333,5 +335,51 @@ func TestPipelineSmallChunksHoldLittle(t *testing.T) {
 	for _, c := range cs {
 		c.client.Close()
 		c.backend.Close()
+	}
+}
+
+// The relay's abort (a bound ran out: Conn.Abort, then both sockets'
+// deadlines in the past) ends a faulted direction at once, also when it
+// lands while a delay is being set up or ends: the delay's own write
+// deadline went over the abort's, or the wait took the abort's deadline
+// for its own and cleared it, and the direction went on delivering what it
+// held at the toxic's pace (the review: 27 of 40 aborts lost under a
+// slicer).
+func TestPipelineAbortEndsFaultedDirection(t *testing.T) {
+	const conns = 20
+	for _, tox := range []string{
+		`{"type":"slicer","stream":"downstream","attributes":{"average_size":1000,"delay":1000}}`,
+		`{"type":"bandwidth","stream":"downstream","attributes":{"rate":2000}}`,
+	} {
+		_, p := declared(t, 0, 0, "TCP", tox)
+		var wg sync.WaitGroup
+		var lost atomic.Int32
+		for i := range conns {
+			wg.Go(func() {
+				fc := p.Accept(client1)
+				client, proxyClient := tcpPair(t)
+				proxyBackend, backend := tcpPair(t)
+				go func() { _, _ = backend.Write(make([]byte, 4<<20)) }()
+				go func() { _, _ = io.Copy(io.Discard, client) }()
+				done := make(chan error, 1)
+				go func() { _, err := fc.Downstream(proxyClient, proxyBackend); done <- err }()
+				time.Sleep(time.Duration(50+i*7) * time.Millisecond)
+				fc.Abort() // what relay.(*Conn).abort does, in its order
+				past := time.Unix(1, 0)
+				_ = proxyClient.SetDeadline(past)
+				_ = proxyBackend.SetDeadline(past)
+				select {
+				case <-done:
+				case <-time.After(2 * time.Second):
+					lost.Add(1)
+				}
+				proxyClient.Close()
+				proxyBackend.Close()
+			})
+		}
+		wg.Wait()
+		if n := lost.Load(); n > 0 {
+			t.Errorf("%s: %d of %d aborts lost (still relaying 2 s after)", tox, n, conns)
+		}
 	}
 }

@@ -187,6 +187,7 @@ func (s *tcpProxySocket) start(client, backend *net.TCPConn, from netip.AddrPort
 		Quiet: s.cfg.closeQuiet, In: &live.in, Out: &live.out}
 	if fc != nil {
 		opts.Upstream, opts.Downstream = fc.Upstream, fc.Downstream
+		opts.OnAbort = fc.Abort
 		fc.Attach(client, backend)
 	}
 	rc := relay.New(client, backend, opts)

@@ -60,6 +60,11 @@ type Options struct {
 	Quiet time.Duration
 	// Clock times CloseWhenQuiet; nil = the real clock.
 	Clock clock.WithDelayedExecution
+	// OnAbort is called when the relay resets the connection itself (a
+	// bound ran out), before the past deadlines that wake the copies are
+	// set: a Copier that sets deadlines of its own (the faults' delays)
+	// must not wait on over that abort.
+	OnAbort func()
 }
 
 // How a connection is being ended by the relay itself (conn.ending).
@@ -80,12 +85,13 @@ type Conn struct {
 	// ending is set before the deadlines that wake the copies, so a copy
 	// that wakes (or re-arms a deadline) knows why.
 	ending atomic.Int32
-	// bound is both directions' write bound (part of conn: no allocation).
-	bound writeBound
 	// ended counts the directions that ended with a FIN; half bounds the
 	// one still running after the first did (set by that first one, read
-	// by Run once both returned).
+	// by Run once both returned). Beside ending: two 4-byte fields apart
+	// padded Conn out of its size class (TestConnSize).
 	ended atomic.Int32
+	// bound is both directions' write bound (part of conn: no allocation).
+	bound writeBound
 	half  *halfClosed
 	// finSent: a FIN of ours went to the client ([0]) or the backend
 	// ([1]); set before the shutdown, read by resetUnderneath.
@@ -204,6 +210,9 @@ func (c *Conn) endQuietly() {
 // reset to both peers.
 func (c *Conn) abort() {
 	c.ending.Store(endAbort)
+	if c.o.OnAbort != nil {
+		c.o.OnAbort()
+	}
 	past := time.Unix(1, 0)
 	_ = c.client.SetDeadline(past)
 	_ = c.backend.SetDeadline(past)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"runtime"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -153,7 +154,8 @@ func TestHalfCloseTimeoutIsInactivity(t *testing.T) {
 // timeout with a reset on both sides, never a FIN that would pass for a
 // complete answer.
 func TestHalfCloseTimeoutResetsBothPeers(t *testing.T) {
-	client, backend, done := relayed(t, Options{HalfCloseTimeout: 200 * time.Millisecond})
+	var told atomic.Bool
+	client, backend, done := relayed(t, Options{HalfCloseTimeout: 200 * time.Millisecond, OnAbort: func() { told.Store(true) }})
 	client.CloseWrite()
 	backend.Write([]byte("partial"))
 	start := time.Now()
@@ -161,6 +163,9 @@ func TestHalfCloseTimeoutResetsBothPeers(t *testing.T) {
 	case <-done:
 	case <-time.After(3 * time.Second):
 		t.Fatal("relay still running 3 s after a 200 ms half-close timeout")
+	}
+	if !told.Load() {
+		t.Error("OnAbort was not called: a copier with deadlines of its own would not learn of the abort")
 	}
 	if waited := time.Since(start); waited < 150*time.Millisecond {
 		t.Fatalf("ended after %v, before the timeout", waited)
