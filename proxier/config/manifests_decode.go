@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -230,6 +232,11 @@ func typeMismatch(obj any, j []byte, err error) *fieldError {
 	got, path := m[1], strings.Split(m[2], ".")
 	want := "of another type (" + m[3] + ")"
 	if t, ok := fieldType(reflect.TypeOf(obj), path); ok {
+		// The error names the type of the value that failed: the field's,
+		// or a list item's or map value's type (annotations: string).
+		for t.String() != m[3] && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array || t.Kind() == reflect.Map || t.Kind() == reflect.Pointer) {
+			t = t.Elem()
+		}
 		switch t.Kind() {
 		case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
 			reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
@@ -250,10 +257,29 @@ func typeMismatch(obj any, j []byte, err error) *fieldError {
 	if json.Unmarshal(j, &doc) == nil {
 		if where, value, ok := findOfKind(doc, path, got, ""); ok {
 			v, _ := json.Marshal(value)
-			return &fieldError{Path: where, Msg: fmt.Sprintf("must be %s, not the %s %s", want, got, v)}
+			return &fieldError{Path: where, Msg: fmt.Sprintf("must be %s, not the %s %s", want, jsonNoun(got), v)}
 		}
 	}
-	return &fieldError{Path: m[2], Msg: fmt.Sprintf("must be %s, not a %s", want, got)}
+	return &fieldError{Path: m[2], Msg: fmt.Sprintf("must be %s, not %s", want, withArticle(jsonNoun(got)))}
+}
+
+// jsonNoun is how a JSON kind of encoding/json's errors reads to a person
+// editing YAML.
+func jsonNoun(kind string) string {
+	switch kind {
+	case "array":
+		return "list"
+	case "bool":
+		return "boolean"
+	}
+	return kind
+}
+
+func withArticle(noun string) string {
+	if strings.ContainsRune("aeiou", rune(noun[0])) {
+		return "an " + noun
+	}
+	return "a " + noun
 }
 
 // fieldType follows a JSON field path through Go type t (pointers, lists
@@ -298,30 +324,38 @@ func jsonField(t reflect.Type, name string) (reflect.Type, bool) {
 // first value whose JSON kind is kind, and returns its path with list
 // indexes.
 func findOfKind(v any, path []string, kind, at string) (string, any, bool) {
-	if list, ok := v.([]any); ok {
-		for i, item := range list {
+	if len(path) == 0 && jsonKind(v) == kind {
+		return at, v, true
+	}
+	switch v := v.(type) {
+	case []any:
+		for i, item := range v {
 			if where, val, ok := findOfKind(item, path, kind, fmt.Sprintf("%s[%d]", at, i)); ok {
 				return where, val, true
 			}
 		}
 		return "", nil, false
+	case map[string]any:
+		if len(path) == 0 {
+			// A map's value (an annotation, a label, a selector).
+			for _, k := range slices.Sorted(maps.Keys(v)) {
+				if jsonKind(v[k]) == kind {
+					return fmt.Sprintf("%s[%s]", at, strconv.Quote(k)), v[k], true
+				}
+			}
+			return "", nil, false
+		}
+		next := path[0]
+		if at != "" {
+			next = at + "." + path[0]
+		}
+		child, ok := v[path[0]]
+		if !ok {
+			return "", nil, false
+		}
+		return findOfKind(child, path[1:], kind, next)
 	}
-	if len(path) == 0 {
-		return at, v, jsonKind(v) == kind
-	}
-	obj, ok := v.(map[string]any)
-	if !ok {
-		return "", nil, false
-	}
-	next := path[0]
-	if at != "" {
-		next = at + "." + path[0]
-	}
-	child, ok := obj[path[0]]
-	if !ok {
-		return "", nil, false
-	}
-	return findOfKind(child, path[1:], kind, next)
+	return "", nil, false
 }
 
 // jsonKind names v's JSON kind as encoding/json's errors do.
