@@ -87,10 +87,8 @@ func runMain(args []string) int {
 		return exitUsage
 	}
 	logIgnoredFlags(fs)
-	if o.initOnly {
-		klog.InfoS("--init-only: this proxy has no privileged initialisation to do; exiting")
-		return 0
-	}
+	// --cleanup before --init-only, as kube-proxy's Run: given both, the
+	// cleanup was skipped and the exit said all was well.
 	if o.cleanup {
 		if !canProgramIptables() {
 			fmt.Fprintf(os.Stderr, "kube-userspace-proxy: cleanup: %v\n", errNoNetAdminCleanup)
@@ -100,6 +98,10 @@ func runMain(args []string) int {
 			fmt.Fprintf(os.Stderr, "kube-userspace-proxy: cleanup: %v\n", err)
 			return 1
 		}
+		return 0
+	}
+	if o.initOnly {
+		klog.InfoS("--init-only: this proxy has no privileged initialisation to do; exiting")
 		return 0
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -116,9 +118,6 @@ func runMain(args []string) int {
 // (-trimpath, no .git in the image's build context).
 var version string
 
-// buildVersion is the version given at link time, else the module version
-// the binary was built from ("(devel)" for a build from a checkout) with
-// its commit, and the Go version.
 // flagSuggestion adds the flag a misspelt one probably meant: unknown
 // flag: --bind-adress (did you mean --bind-address?). Hidden (deprecated)
 // flags are not suggested.
@@ -140,6 +139,9 @@ func flagSuggestion(err error, fs *pflag.FlagSet) error {
 	return err
 }
 
+// buildVersion is the version given at link time, else the module version
+// the binary was built from ("(devel)" for a build from a checkout) with
+// its commit, and the Go version.
 func buildVersion() string {
 	bi, _ := debug.ReadBuildInfo()
 	return versionOf(bi, version)

@@ -166,3 +166,16 @@ func TestExplainMisspeltFlagSuggested(t *testing.T) {
 		t.Errorf("exit %d, stderr %q", code, out)
 	}
 }
+
+// --cleanup given with --init-only still cleans up, as kube-proxy's Run
+// does cleanup first (review: --init-only exited 0 without it).
+func TestCleanupBeforeInitOnly(t *testing.T) {
+	savedCan, savedCleanup := canProgramIptables, cleanupRules
+	defer func() { canProgramIptables, cleanupRules = savedCan, savedCleanup }()
+	ran := false
+	canProgramIptables = func() bool { return true }
+	cleanupRules = func() error { ran = true; return nil }
+	if code := runMain([]string{"--cleanup", "--init-only"}); code != 0 || !ran {
+		t.Errorf("exit %d, cleanup ran %v; want 0 and a cleanup", code, ran)
+	}
+}
