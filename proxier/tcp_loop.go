@@ -153,8 +153,12 @@ func (h *loopClient) DialFailed(ep netip.AddrPort, err error) {
 }
 
 func (h *loopClient) Failed(err error) {
-	h.s.failed.Inc()
-	h.s.noBackend.report(h.s.label, h.from, err)
+	// A client the loops still held at shutdown tried no endpoint: not a
+	// failure to count or to report as "no endpoint".
+	if !errors.Is(err, relay.ErrLoopStopped) {
+		h.s.failed.Inc()
+		h.s.noBackend.report(h.s.label, h.from, err)
+	}
 	if h.fc != nil {
 		h.fc.Done()
 	}

@@ -1,6 +1,7 @@
 package proxier
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"runtime"
@@ -10,6 +11,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
 
 // On the event loops an idle proxied connection holds no goroutine: the
@@ -120,5 +122,19 @@ func TestEventLoopTrackedConnectionIsCutByDown(t *testing.T) {
 		if _, err := c.Read(make([]byte, 1)); !isConnReset(err) {
 			t.Fatalf("connection %d after the port went down: %v, want a reset", i, err)
 		}
+	}
+}
+
+// A client the loops held when they stopped (the proxy shutting down) is
+// not counted or reported as a failed connection: no endpoint was tried.
+func TestEventLoopShutdownIsNoFailure(t *testing.T) {
+	s := &tcpProxySocket{failed: new(counter), label: "default/web:http"}
+	(&loopClient{s: s}).Failed(relay.ErrLoopStopped)
+	if n := s.failed.value(); n != 0 {
+		t.Errorf("connections_failed counted %v for a shutdown", n)
+	}
+	(&loopClient{s: s}).Failed(errors.New("connection refused"))
+	if n := s.failed.value(); n != 1 {
+		t.Errorf("connections_failed %v after a real failure, want 1", n)
 	}
 }

@@ -404,7 +404,7 @@ func (l *Loop) shutdown() {
 	for _, cmd := range orphans {
 		if cmd.op == cmdAdopt {
 			resetClose(cmd.fd)
-			cmd.h.Failed(errLoopStopped)
+			cmd.h.Failed(ErrLoopStopped)
 		}
 	}
 	close(l.done)

@@ -13,8 +13,9 @@ import "errors"
 // over; a hand-off costs a command in the other loop's inbox (and its
 // wake-up, if it was parked: the idle CPU is then put to work).
 
-// errLoopStopped fails a client handed to a loop that stopped first.
-var errLoopStopped = errors.New("relay: loop stopped")
+// ErrLoopStopped fails a client handed to a loop that stopped first: the
+// proxy is shutting down, no endpoint was tried.
+var ErrLoopStopped = errors.New("relay: loop stopped")
 
 // balanceSlack is how many more connections than the lightest loop a loop
 // holding held may keep: 1, and one more per 16 held, so that the small

@@ -150,8 +150,8 @@ func TestLoopShutdownFailsClientsHandedToIt(t *testing.T) {
 	l.post(loopCmd{op: cmdAdopt, fd: fds[0], h: h})
 	l.shutdown()
 	h.wait(t)
-	if !errors.Is(h.failed, errLoopStopped) {
-		t.Fatalf("handler told %v, want %v", h.failed, errLoopStopped)
+	if !errors.Is(h.failed, ErrLoopStopped) {
+		t.Fatalf("handler told %v, want %v", h.failed, ErrLoopStopped)
 	}
 	if n, err := unix.Read(fds[1], make([]byte, 1)); n != 0 || (err != nil && err != unix.ECONNRESET) {
 		t.Fatalf("peer read %d, %v: the adopted socket was not closed", n, err)
