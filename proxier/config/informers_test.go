@@ -426,17 +426,37 @@ func TestInformerResyncIsNoChange(t *testing.T) {
 }
 
 // A Node that never appears is logged once, as kube-proxy logs that it
-// timed out waiting for it; one that was seen is not.
+// timed out waiting for it; one that exists is not. Through Run, so the
+// wait is started and the Node's delivery is what ends it.
 func TestInformerSourceLogsMissingNode(t *testing.T) {
-	for _, seen := range []bool{false, true} {
-		buf := captureKlog(t)
-		s := NewInformerSource(fake.NewClientset(), newInformerRecorder(), InformerOptions{NodeName: "ghost"})
-		s.nodeMissingAfter = time.Millisecond
-		s.nodeSeen.Store(seen)
-		s.logNodeMissing(context.Background())
-		klog.Flush()
-		if logged := strings.Contains(buf.String(), "Timed out waiting for this proxy's Node object") && strings.Contains(buf.String(), `node="ghost"`); logged == seen {
-			t.Errorf("node seen %v: log %q", seen, buf.String())
-		}
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
+	for _, tc := range []struct {
+		name    string
+		objects []runtime.Object
+		want    bool
+	}{
+		{"no Node", nil, true},
+		{"the Node exists", []runtime.Object{node}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			logs := &lockedBuffer{}
+			klog.SetOutput(logs)
+			klog.LogToStderr(false)
+			t.Cleanup(func() { klog.SetOutput(nil); klog.LogToStderr(true) })
+			r := newInformerRecorder()
+			s := NewInformerSource(fake.NewClientset(tc.objects...), r, InformerOptions{NodeName: "n1", NodeHandler: r})
+			s.nodeMissingAfter = 50 * time.Millisecond
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- s.Run(ctx) }()
+			r.waitFor(t, "node synced")
+			time.Sleep(200 * time.Millisecond)
+			cancel()
+			<-done
+			klog.Flush()
+			if got := strings.Contains(logs.String(), "Timed out waiting for this proxy's Node object") && strings.Contains(logs.String(), `node="n1"`); got != tc.want {
+				t.Errorf("logged %v, want %v; log:\n%s", got, tc.want, logs.String())
+			}
+		})
 	}
 }
