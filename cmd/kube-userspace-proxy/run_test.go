@@ -421,19 +421,7 @@ func TestBindAddressNotLocalWarned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	started := make(chan struct{})
-	go func() { done <- run(ctx, o, v, func(*proxier.Proxier, string) { close(started) }) }()
-	select {
-	case <-started:
-	case err := <-done:
-		t.Fatalf("run returned before starting (a warning, not an error, is wanted): %v", err)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("run: %v", err)
-	}
+	runStarted(t, o, v, "a warning, not an error, is wanted")()
 	klog.Flush()
 	var warned bool
 	for _, l := range strings.Split(logs.String(), "\n") {

@@ -33,21 +33,7 @@ func TestTakenServerPortsRetried(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	started := make(chan struct{})
-	go func() { done <- run(ctx, o, v, func(*proxier.Proxier, string) { close(started) }) }()
-	select {
-	case <-started:
-	case err := <-done:
-		t.Fatalf("run with the servers' ports taken: %v; want it to serve and retry them", err)
-	}
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("run: %v", err)
-		}
-	})
+	t.Cleanup(runStarted(t, o, v, "want it to serve and retry the servers' taken ports"))
 	health.Close()
 	metrics.Close()
 	for _, url := range []string{"http://" + o.healthzBindAddress + "/livez", "http://" + o.metricsBindAddress + "/proxyMode"} {
@@ -98,4 +84,27 @@ func occupy(t *testing.T) net.Listener {
 	}
 	t.Cleanup(func() { ln.Close() })
 	return ln
+}
+
+// runStarted runs the proxy until it has started (failing the test, with
+// want, if run returns first) and returns what stops it and checks that
+// it stopped cleanly.
+func runStarted(t *testing.T, o *options, v *validated, want string) func() {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	started := make(chan struct{})
+	go func() { done <- run(ctx, o, v, func(*proxier.Proxier, string) { close(started) }) }()
+	select {
+	case <-started:
+	case err := <-done:
+		cancel()
+		t.Fatalf("run returned before starting: %v; %s", err, want)
+	}
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	}
 }

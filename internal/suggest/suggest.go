@@ -62,20 +62,34 @@ func Closest(word string, candidates []string) string {
 // (JSON names, dot-separated parts) leads to from t, embedded structs'
 // fields included; nil when path leads to no struct.
 func JSONFields(t reflect.Type, path []string) []string {
-	t = deref(t)
-	for _, name := range path {
-		f, ok := field(t, name)
-		if !ok {
-			return nil
-		}
-		t = deref(f)
+	t, ok := FieldType(t, path)
+	if !ok {
+		return nil
 	}
-	if t.Kind() != reflect.Struct {
+	if t = deref(t); t.Kind() != reflect.Struct {
 		return nil
 	}
 	var names []string
 	collect(t, &names)
 	return names
+}
+
+// FieldType is the Go type of the field that path (JSON names) leads to
+// from t, walking through the pointers, lists and maps on the way and
+// into embedded structs; pointers to it are taken off, a list or map it
+// is stays. False when the path names no field.
+func FieldType(t reflect.Type, path []string) (reflect.Type, bool) {
+	for _, name := range path {
+		f, ok := field(deref(t), name)
+		if !ok {
+			return nil, false
+		}
+		t = f
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t, true
 }
 
 func deref(t reflect.Type) reflect.Type {

@@ -3,6 +3,7 @@ package suggest
 import (
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -66,5 +67,37 @@ func TestJSONFields(t *testing.T) {
 	}
 	if got := JSONFields(reflect.TypeOf(cfg{}), []string{"bindAddress"}); got != nil {
 		t.Errorf("a string's fields: %v", got)
+	}
+}
+
+func TestFieldType(t *testing.T) {
+	type port struct {
+		Port int32 `json:"port"`
+	}
+	type spec struct {
+		Ports    []port            `json:"ports"`
+		Selector map[string]string `json:"selector"`
+		Timeout  *int32            `json:"timeout"`
+	}
+	type svc struct {
+		Spec spec `json:"spec"`
+	}
+	for _, tc := range []struct {
+		path string
+		want string
+	}{
+		{"spec.ports.port", "int32"},
+		{"spec.ports", "[]suggest.port"},
+		{"spec.selector", "map[string]string"},
+		{"spec.timeout", "int32"},
+		{"spec.nope", ""},
+	} {
+		got, ok := FieldType(reflect.TypeOf(&svc{}), strings.Split(tc.path, "."))
+		switch {
+		case !ok && tc.want != "":
+			t.Errorf("FieldType(%s) found nothing, want %s", tc.path, tc.want)
+		case ok && got.String() != tc.want:
+			t.Errorf("FieldType(%s) = %s, want %s", tc.path, got, tc.want)
+		}
 	}
 }

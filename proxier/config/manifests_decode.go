@@ -21,6 +21,8 @@ import (
 	"k8s.io/klog/v2"
 	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/suggest"
 )
 
 // The kinds the manifests source understands.
@@ -231,7 +233,7 @@ func typeMismatch(obj any, j []byte, err error) *fieldError {
 	}
 	got, path := m[1], strings.Split(m[2], ".")
 	want := "of another type (" + m[3] + ")"
-	if t, ok := fieldType(reflect.TypeOf(obj), path); ok {
+	if t, ok := suggest.FieldType(reflect.TypeOf(obj), path); ok {
 		// The error names the type of the value that failed: the field's,
 		// or a list item's or map value's type (annotations: string).
 		for t.String() != m[3] && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array || t.Kind() == reflect.Map || t.Kind() == reflect.Pointer) {
@@ -280,44 +282,6 @@ func withArticle(noun string) string {
 		return "an " + noun
 	}
 	return "a " + noun
-}
-
-// fieldType follows a JSON field path through Go type t (pointers, lists
-// and embedded structs included) to the type of its last field.
-func fieldType(t reflect.Type, path []string) (reflect.Type, bool) {
-	for _, name := range path {
-		for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice || t.Kind() == reflect.Array {
-			t = t.Elem()
-		}
-		if t.Kind() != reflect.Struct {
-			return nil, false
-		}
-		f, ok := jsonField(t, name)
-		if !ok {
-			return nil, false
-		}
-		t = f
-	}
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	return t, true
-}
-
-func jsonField(t reflect.Type, name string) (reflect.Type, bool) {
-	for i := range t.NumField() {
-		f := t.Field(i)
-		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-		if tag == name {
-			return f.Type, true
-		}
-		if f.Anonymous && tag == "" {
-			if ft, ok := jsonField(f.Type, name); ok {
-				return ft, true
-			}
-		}
-	}
-	return nil, false
 }
 
 // findOfKind walks path through v (lists are walked item by item) to the
