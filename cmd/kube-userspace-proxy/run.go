@@ -130,7 +130,12 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 	if onStart != nil {
 		onStart(p, metricsAddr)
 	}
-	klog.InfoS("kube-userspace-proxy running", "mode", "userspace", "iptables", o.iptables, "bindAddress", v.bind, "metrics", metricsAddr)
+	shownMetrics := metricsAddr
+	if shownMetrics == "" && o.metricsBindAddress != "" {
+		// Its port is taken and retried (startServers): "" read as none.
+		shownMetrics = o.metricsBindAddress + " (not bound yet; retrying)"
+	}
+	klog.InfoS("kube-userspace-proxy running", "mode", "userspace", "iptables", o.iptables, "bindAddress", v.bind, "metrics", shownMetrics)
 
 	configErr := make(chan error, 1)
 	if o.configCheck != nil {

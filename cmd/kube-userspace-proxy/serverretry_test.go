@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/klog/v2"
+
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
 )
 
@@ -33,7 +35,13 @@ func TestTakenServerPortsRetried(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	logs := captureKlog(t)
 	t.Cleanup(runStarted(t, o, v, "want it to serve and retry the servers' taken ports"))
+	klog.Flush()
+	// The start-up line says where metrics will be, not metrics="".
+	if want := `metrics="` + o.metricsBindAddress + ` (not bound yet; retrying)"`; !strings.Contains(logs.String(), want) {
+		t.Errorf("the running line does not say %s; log:\n%s", want, logs)
+	}
 	health.Close()
 	metrics.Close()
 	for _, url := range []string{"http://" + o.healthzBindAddress + "/livez", "http://" + o.metricsBindAddress + "/proxyMode"} {
