@@ -82,7 +82,14 @@ func Cleanup(r Runner) error {
 				}
 				if err != nil {
 					fail(err)
+					continue
 				}
+				// Not one of our jumps (those went above): the legacy
+				// kube-proxy's, or another tool's. Our chains cannot go
+				// while it names them; it went silently.
+				klog.InfoS("Removed a rule that jumps to a chain of ours, so the chain can be deleted",
+					"ipFamily", r.Family(), "table", table, "chain", chain, "rule", rule,
+					"legacyKubeProxy", slices.Contains(legacyJumpComments, commentOf(args)))
 			}
 		}
 	}

@@ -3,7 +3,10 @@ package iptables
 import (
 	"errors"
 	"slices"
+	"strings"
 	"testing"
+
+	"k8s.io/klog/v2"
 )
 
 // assertClean checks that fake holds only the built-in chains and the
@@ -126,4 +129,23 @@ func TestCleanupAllWithoutIPv6NAT(t *testing.T) {
 		t.Fatalf("CleanupAll without an IPv6 nat table: %v", err)
 	}
 	assertClean(t, v4, nil)
+}
+
+// Cleanup must remove another tool's jumps into our chains to delete them,
+// and says so, rule by rule: it did it silently (iptables interplay audit).
+func TestCleanupNamesForeignRulesItRemoves(t *testing.T) {
+	var logs strings.Builder
+	klog.SetOutput(&logs)
+	klog.LogToStderr(false)
+	defer func() { klog.SetOutput(nil); klog.LogToStderr(true) }()
+	fake := NewFakeRunner(IPv4)
+	syncOK(t, New(fake, testConfig), webPortals())
+	must(t, fake.AppendRule(TableFilter, "FORWARD", "-m", "comment", "--comment", "my-cni", "-j", ChainProxyPortGuard))
+	if err := Cleanup(fake); err != nil {
+		t.Fatalf("Cleanup: %v", err)
+	}
+	klog.Flush()
+	if !strings.Contains(logs.String(), "Removed a rule that jumps to a chain of ours") || !strings.Contains(logs.String(), "my-cni") {
+		t.Errorf("cleanup did not name the foreign rule it removed; log:\n%s", logs.String())
+	}
 }

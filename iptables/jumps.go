@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+
+	"k8s.io/klog/v2"
 )
 
 // builtinModel mirrors the rules of the built-in chains as saved, updated
@@ -149,12 +151,23 @@ func (e *jumpEditor) delete(j jump, n int, why string) error {
 	return nil
 }
 
-// deleteStrays removes the other rules of j's built-in chain that jump to
-// j's chain of ours: those the legacy kube-proxy left (its jumps carry
-// other comments, "handle ClusterIPs; NOTE: ..."), or an edit by hand.
-// Kept, they sat beside ours after an in-place migration, a second way
-// into the same chain. Only called while our own copy is found by its
-// exact text, so a backend that prints ours differently loses nothing.
+// legacyJumpComments are the comments of the jumps the legacy userspace
+// kube-proxy put into the built-in chains (pkg/proxy/userspace, before
+// v1.26), which deleteStrays removes.
+var legacyJumpComments = []string{
+	"handle ClusterIPs; NOTE: this must be before the NodePort rules",
+	"handle service NodePorts; NOTE: this must be the last rule in the chain",
+	"Ensure that non-local NodePort traffic can flow",
+}
+
+// deleteStrays removes the legacy kube-proxy's jumps into j's chain of
+// ours (recognised by their comments): kept after an in-place migration,
+// they sat beside ours, a second way into the same chain. Any other rule
+// that jumps to our chain is another tool's (a CNI's "-i cni0 -j
+// KUBE-PORTALS-CONTAINER") and stays: every sync removed those too,
+// silently, and a tool that put its rule back fought us for ever. Only
+// called while our own copy is found by its exact text, so a backend that
+// prints ours differently loses nothing.
 func (e *jumpEditor) deleteStrays(j jump) error {
 	key, line := e.model.key(j), joinRule(j.spec())
 	for _, r := range slices.Clone(e.model[key]) {
@@ -162,18 +175,29 @@ func (e *jumpEditor) deleteStrays(j jump) error {
 			continue
 		}
 		args, err := splitRule(r)
-		if err != nil {
-			continue // not one we can name to delete
+		if err != nil || !slices.Contains(legacyJumpComments, commentOf(args)) {
+			continue
 		}
 		if e.deferred[key] {
 			e.lines[j.table] = append(e.lines[j.table], "-D "+j.from+" "+r)
 		} else if err := e.r.runner.DeleteRule(j.table, j.from, args...); err != nil {
 			return fmt.Errorf("%v: removing a stray jump %s -> %s (%s): %w", e.r.cfg.Family, j.from, j.to, r, err)
 		}
+		klog.InfoS("Removed the legacy kube-proxy's jump into a chain of ours", "ipFamily", e.r.cfg.Family, "table", j.table, "chain", j.from, "rule", r)
 		i := slices.Index(e.model[key], r)
 		e.model[key] = slices.Delete(e.model[key], i, i+1)
 	}
 	return nil
+}
+
+// commentOf is the value of a rule's "-m comment --comment" ("" if none).
+func commentOf(args []string) string {
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] == "--comment" {
+			return args[i+1]
+		}
+	}
+	return ""
 }
 
 // order moves first jump j below prev when it sits above it (only for

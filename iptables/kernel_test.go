@@ -286,11 +286,17 @@ func TestKernelSyncRemovesLegacyJumps(t *testing.T) {
 	inNetns(t, ns, "iptables", "-t", "nat", "-A", "OUTPUT", "-m", "addrtype", "--dst-type", "LOCAL", "-m", "comment", "--comment",
 		"handle service NodePorts; NOTE: this must be the last rule in the chain", "-j", ChainNodePortHost)
 	inNetns(t, ns, "iptables", "-t", "nat", "-A", "PREROUTING", "-p", "tcp", "-j", "RETURN") // foreign: stays
+	// Another tool's jumps into our chains stay too: every sync removed
+	// them, silently (iptables interplay audit).
+	inNetns(t, ns, "iptables", "-t", "nat", "-A", "PREROUTING", "-i", "cni0", "-m", "comment", "--comment", "cni: pods", "-j", ChainPortalsContainer)
+	inNetns(t, ns, "iptables", "-t", "nat", "-I", "OUTPUT", "1", "-o", "lo", "-p", "udp", "-j", ChainPortalsHost)
 	syncOK(t, New(runner, Config{Family: IPv4}), webPortals())
 	nat := kernelTables(t, ns, IPv4)[TableNAT]
 	for chain, want := range map[string][]string{
-		"PREROUTING": {jumpLine(ChainPortalsContainer), jumpLine(ChainNodePortContainer), "-p tcp -j RETURN"},
-		"OUTPUT":     {jumpLine(ChainPortalsHost), jumpLine(ChainNodePortHost)},
+		"PREROUTING": {jumpLine(ChainPortalsContainer), jumpLine(ChainNodePortContainer), "-p tcp -j RETURN",
+			`-i cni0 -m comment --comment "cni: pods" -j ` + ChainPortalsContainer},
+		// A rule put above ours stays above it (never reordered).
+		"OUTPUT": {"-o lo -p udp -j " + ChainPortalsHost, jumpLine(ChainPortalsHost), jumpLine(ChainNodePortHost)},
 	} {
 		if got := nat.rules[chain]; !slices.Equal(got, want) {
 			t.Errorf("nat %s:\n got %q\nwant %q", chain, got, want)
