@@ -31,8 +31,8 @@ func (m builtinModel) key(j jump) string { return string(j.table) + "/" + j.from
 // first sync at 10,000 Services 0.2 s. Once one edit of a built-in chain
 // goes to the restore, every later edit of that chain follows it there,
 // in order: positions are counted with the earlier edits applied.
-func (r *Rules) ensureJumps(saved map[Table]savedTable, fresh map[string]bool) (map[Table][]string, error) {
-	e := &jumpEditor{r: r, model: builtinModel{}, lines: map[Table][]string{}, deferred: map[string]bool{}, dropLater: map[string]bool{}}
+func (r *Rules) ensureJumps(saved map[Table]savedTable, fresh map[string]bool, repairing bool) (map[Table][]string, error) {
+	e := &jumpEditor{r: r, model: builtinModel{}, lines: map[Table][]string{}, deferred: map[string]bool{}, dropLater: map[string]bool{}, repairing: repairing}
 	for _, j := range jumps {
 		if _, ok := e.model[e.model.key(j)]; !ok {
 			e.model[e.model.key(j)] = slices.Clone(saved[j.table].rules[j.from])
@@ -84,6 +84,9 @@ type jumpEditor struct {
 	// dropLater holds jumps with a -D among the restore lines: the kernel
 	// still holds those copies, so iptables -C would find them.
 	dropLater map[string]bool
+	// repairing: a jump found missing was removed by someone else (Sync's
+	// repairing), which addMissing says.
+	repairing bool
 }
 
 // addMissing adds j unless iptables -C finds it in another spelling.
@@ -97,6 +100,9 @@ func (e *jumpEditor) addMissing(j jump, prev string) error {
 	}
 	if exists {
 		return nil
+	}
+	if e.repairing {
+		klog.InfoS("Restoring a jump into a chain of ours that another process removed", "family", e.r.cfg.Family, "table", j.table, "chain", j.from, "to", j.to)
 	}
 	return e.insert(j, prev)
 }

@@ -2,6 +2,7 @@ package iptables
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -76,6 +77,7 @@ func (r *Rules) Sync(portals []Portal) error {
 // hold for Update; on failure it forgets it, so the next Update is a full
 // Sync again.
 func (r *Rules) syncLocked(portals []Portal) error {
+	prev := r.have
 	r.have = nil
 	if err := r.cfg.validate(); err != nil {
 		return err
@@ -91,12 +93,19 @@ func (r *Rules) syncLocked(portals []Portal) error {
 			return err
 		}
 	}
+	// Nothing of ours changed since the last sync that went through: what
+	// differs now, someone else changed (a flush, a deleted rule), and a
+	// repair is said at the default level; it was only V(2) "Rewrote".
+	repairing := prev != nil && maps.EqualFunc(prev, want, slices.Equal)
 	fresh := missingChains(saved)
-	jumpLines, err := r.ensureJumps(saved, fresh)
+	jumpLines, err := r.ensureJumps(saved, fresh, repairing)
 	if err != nil {
 		return err
 	}
 	stale, drop := r.staleChains(want, saved), unwantedBuckets(want, saved)
+	if repairing && len(stale) > 0 {
+		klog.InfoS("Repairing iptables chains another process changed", "family", r.cfg.Family, "chains", chainNames(stale))
+	}
 	if len(stale) == 0 && len(drop) == 0 {
 		r.have = want
 		r.countHave()

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"k8s.io/klog/v2"
 )
 
 var testConfig = Config{Family: IPv4, BindAddress: netip.IPv4Unspecified(), NodeIP: netip.MustParseAddr("192.168.1.10")}
@@ -543,6 +545,37 @@ func TestSyncGuardBeforePortal(t *testing.T) {
 				syncOK(t, r, tt.after)
 				assertState(t, fake, r, tt.after)
 			})
+		}
+	}
+}
+
+// A sync that repairs what another process changed says so at the default
+// level (it was only V(2) "Rewrote iptables chains", the same as our own
+// writes, and a restored jump was not logged at all); a sync of our own
+// change does not call it a repair.
+func TestSyncSaysWhatItRepairs(t *testing.T) {
+	var logs strings.Builder
+	klog.SetOutput(&logs)
+	klog.LogToStderr(false)
+	defer func() { klog.SetOutput(nil); klog.LogToStderr(true) }()
+	f := NewFakeRunner(IPv4)
+	r := New(f, testConfig)
+	syncOK(t, r, webPortals())
+	syncOK(t, r, webPortals()[:1]) // our own change
+	klog.Flush()
+	if strings.Contains(logs.String(), "Repairing") || strings.Contains(logs.String(), "Restoring") {
+		t.Fatalf("our own change logged as a repair:\n%s", logs.String())
+	}
+	args, _ := splitRule(f.Rules(TableNAT, ChainPortalsContainer)[0])
+	must(t, f.DeleteRule(TableNAT, ChainPortalsContainer, args...))
+	j := jumps[0]
+	must(t, f.DeleteRule(j.table, j.from, j.spec()...))
+	syncOK(t, r, webPortals()[:1])
+	klog.Flush()
+	for _, want := range []string{`"Repairing iptables chains another process changed"`, ChainPortalsContainer,
+		`"Restoring a jump into a chain of ours that another process removed"`} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("log lacks %s:\n%s", want, logs.String())
 		}
 	}
 }
