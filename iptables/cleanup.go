@@ -141,6 +141,7 @@ func CleanupAll() error {
 		}
 		if err == nil {
 			err = Cleanup(r)
+			WarnOtherBackend(r)
 		}
 		if err != nil {
 			errs = append(errs, err)

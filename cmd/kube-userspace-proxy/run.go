@@ -242,12 +242,14 @@ func portalSyncers(v *validated, newRunner func(iptables.Family) (iptables.Runne
 		return nil, nil, fmt.Errorf("iptables: %w (run as root with iptables installed, or use --iptables=false)", err)
 	}
 	var v4, v6 proxier.PortalSyncer
+	iptables.WarnOtherBackend(r4)
 	v4 = iptables.New(r4, cfg)
 	r6, err := present(iptables.IPv6)
 	if err != nil {
 		klog.InfoS("No iptables support for family: its Services get no portals", "ipFamily", "IPv6", "reason", err)
 		r6 = nil
 	} else {
+		iptables.WarnOtherBackend(r6)
 		v6 = iptables.New(r6, cfg6)
 	}
 	if family, ok := bindFamily(v); ok {
