@@ -2,6 +2,7 @@ package proxier
 
 import (
 	"net"
+	"net/netip"
 
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
@@ -37,22 +38,18 @@ func enableDestinationInfo(conn *net.UDPConn) (bool, error) {
 }
 
 // replyControl returns the control message that sends a reply from the
-// destination reported in oob, nil when oob reports none. Called once per
-// session, so its allocations do not recur per datagram.
+// destination reported in oob (datagramDestination reads it), nil when oob
+// reports none. Called once per session, so its allocations do not recur
+// per datagram.
 func replyControl(oob []byte) []byte {
-	if len(oob) == 0 {
+	dst := datagramDestination(oob, netip.AddrPort{})
+	switch {
+	case !dst.IsValid():
 		return nil
+	case dst.Addr().Is4():
+		a := dst.Addr().As4()
+		return (&ipv4.ControlMessage{Src: net.IP(a[:])}).Marshal()
 	}
-	var cm4 ipv4.ControlMessage
-	if cm4.Parse(oob) == nil && cm4.Dst != nil {
-		return (&ipv4.ControlMessage{Src: cm4.Dst}).Marshal()
-	}
-	var cm6 ipv6.ControlMessage
-	if cm6.Parse(oob) == nil && cm6.Dst != nil {
-		if v4 := cm6.Dst.To4(); v4 != nil {
-			return (&ipv4.ControlMessage{Src: v4}).Marshal()
-		}
-		return (&ipv6.ControlMessage{Src: cm6.Dst}).Marshal()
-	}
-	return nil
+	a := dst.Addr().As16()
+	return (&ipv6.ControlMessage{Src: net.IP(a[:])}).Marshal()
 }
