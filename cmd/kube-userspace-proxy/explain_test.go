@@ -98,14 +98,10 @@ func TestExplainPortRangeTooSmall(t *testing.T) {
 		t.Fatalf("exit %d", code)
 	}
 	got := out.String()
-	for _, want := range []string{
+	outputHas(t, got,
 		"== default/sticky:http (TCP) ==\nservice address:  10.96.0.11:80\nproxy socket:     0.0.0.0:45000 (example port)",
 		"== default/web:http (TCP) ==\nservice address:  10.96.0.10:80\nproxy socket:     none: proxy port range exhausted: --proxy-port-range holds 1",
-	} {
-		if !strings.Contains(got, want) {
-			t.Errorf("output lacks %q:\n%s", want, got)
-		}
-	}
+	)
 	if strings.Contains(got, ":45001") {
 		t.Errorf("a port outside --proxy-port-range 45000:\n%s", got)
 	}
@@ -217,14 +213,10 @@ spec:
   clusterIP: 10.96.0.53
   ports: [{name: dns, port: 53, protocol: UDP}, {name: tcp, port: 53}]
 `)
-	for _, want := range []string{
+	outputHas(t, got,
 		"none ready: a UDP client's datagram is answered with ICMP port unreachable until one is",
 		"none ready: a TCP client's connection is reset until one is",
-	} {
-		if !strings.Contains(got, want) {
-			t.Errorf("output lacks %q:\n%s", want, got)
-		}
-	}
+	)
 }
 
 // An externalTrafficPolicy: Local Service is explained with its second
@@ -341,15 +333,11 @@ func TestExplainWithoutIptables(t *testing.T) {
 		t.Fatalf("exit %d", code)
 	}
 	got := out.String()
-	for _, want := range []string{
+	outputHas(t, got,
 		"--iptables=false: no rules would be installed",
 		"proxy socket:     127.0.0.1:40001 (example port): where clients connect, no rule leads here",
 		"rules:            none (--iptables=false)",
-	} {
-		if !strings.Contains(got, want) {
-			t.Errorf("output lacks %q:\n%s", want, got)
-		}
-	}
+	)
 	for _, bad := range []string{"-A ", "DNAT", "iptables-restore", "Each rule is shown"} {
 		if strings.Contains(got, bad) {
 			t.Errorf("output holds %q:\n%s", bad, got)
@@ -426,15 +414,11 @@ spec:
   clusterIP: 10.96.0.41
   ports: [{name: sig, port: 5001, protocol: SCTP}]
 `)
-	for _, want := range []string{
+	outputHas(t, got,
 		"faults:           none\nwarnings:         annotations this proxy does not know are ignored: kube-userspace-proxy/fault (known: kube-userspace-proxy/faults, ",
 		"\n                  SCTP ports are skipped (the userspace proxy carries TCP and UDP): sig 5000/SCTP\n",
 		"== default/sig (no service port to proxy) ==\nwarnings:         SCTP ports are skipped (the userspace proxy carries TCP and UDP): sig 5001/SCTP\n",
-	} {
-		if !strings.Contains(got, want) {
-			t.Errorf("output lacks %q:\n%s", want, got)
-		}
-	}
+	)
 }
 
 // explain's help lists the flags that change its output, words
@@ -491,11 +475,17 @@ func TestExplainWithoutDefaultRoute(t *testing.T) {
 		t.Fatalf("exit %d", code)
 	}
 	got := out.String()
-	for _, want := range []string{
+	outputHas(t, got,
 		"No IPv4 default route and no --node-ip: portals fall back to REDIRECT (README, \"iptables\nrules\")",
 		"-A KUBE-PORTALS-HOST -d 10.96.0.10/32 -p tcp -m comment --comment \"default/web:http\" -m tcp --dport 80 -j REDIRECT --to-ports ",
 		"sent by this node itself (OUTPUT): redirects it to the proxy socket 127.0.0.1:",
-	} {
+	)
+}
+
+// outputHas fails the test for each of wants that got does not contain.
+func outputHas(t *testing.T, got string, wants ...string) {
+	t.Helper()
+	for _, want := range wants {
 		if !strings.Contains(got, want) {
 			t.Errorf("output lacks %q:\n%s", want, got)
 		}
