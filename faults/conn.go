@@ -65,7 +65,7 @@ func (p *Port) Accept(client netip.Addr) *Conn {
 	// A refusal (down, refuse) applies whatever --fault-max-active says:
 	// the connection ends at accept and holds no slot, and let through
 	// unfaulted at the cap it kept a down port up.
-	refuse := s.refuses(seq, client)
+	refuse := s.refusals && s.refuses(seq, client)
 	for _, t := range s.toxics {
 		if t.kind == kindDatagram || !t.matches(client) {
 			continue

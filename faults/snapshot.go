@@ -57,6 +57,9 @@ type snapshot struct {
 	toxics  []*compiled // annotation toxics first, then API ones, in order
 	// datagram is the UDP plan, nil when no toxic acts on datagrams.
 	datagram *datagramPlan
+	// refusals: a down or refuse toxic is among toxics, so Accept looks
+	// for a refusal before the cap (refuses); without one it need not.
+	refusals bool
 	// Per-port series, resolved once per snapshot.
 	faultedLive *liveGauge
 	skipped     *eventCounter
@@ -84,6 +87,7 @@ func (p *Port) publishLocked() *snapshot {
 			}
 		}
 		s.toxics = append(s.toxics, c)
+		s.refusals = s.refusals || c.kind == kindDown || tx.Type == "refuse"
 	}
 	for _, tx := range p.annotation {
 		add(tx, OriginAnnotation)
