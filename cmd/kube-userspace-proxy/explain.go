@@ -112,7 +112,7 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 		return code
 	}
 	ports, v4, v6 := plan.Run()
-	cfg4, cfg6 := explainPortalConfigs(v)
+	cfg4, cfg6, _ := portalConfigs(v)
 	// Named for the families that have rules here; a family with rules
 	// and no node IP falls back to REDIRECT, which the header must say.
 	var nodeIPs []netip.Addr
@@ -152,21 +152,6 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 		return 1
 	}
 	return 0
-}
-
-// defaultRouteIPs are the addresses of the default-route interfaces, of
-// each family (zero: no default route); tests replace it to explain a
-// node without one.
-var defaultRouteIPs = func() (v4, v6 netip.Addr) { return defaultRouteIP(), defaultRouteIP6() }
-
-// explainPortalConfigs is portalConfigs with the node's default routes
-// taken from defaultRouteIPs.
-func explainPortalConfigs(v *validated) (cfg4, cfg6 iptables.Config) {
-	cfg4, cfg6, _ = portalConfigs(v)
-	r4, r6 := defaultRouteIPs()
-	cfg4.NodeIP = nodeIPOf(v, false, func() netip.Addr { return r4 })
-	cfg6.NodeIP = nodeIPOf(v, true, func() netip.Addr { return r6 })
-	return cfg4, cfg6
 }
 
 // explainUsage is explain's synopsis (main's usage names it too).

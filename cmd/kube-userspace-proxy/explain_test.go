@@ -467,9 +467,10 @@ func TestExplainHelpAndProxyFlags(t *testing.T) {
 // node-IP sentence vanished without a word), and the OUTPUT rule's comment
 // says where the node's own traffic goes, loopback.
 func TestExplainWithoutDefaultRoute(t *testing.T) {
-	saved := defaultRouteIPs
-	defaultRouteIPs = func() (netip.Addr, netip.Addr) { return netip.Addr{}, netip.Addr{} }
-	defer func() { defaultRouteIPs = saved }()
+	saved := defaultRoutes
+	none := func() netip.Addr { return netip.Addr{} }
+	defaultRoutes.v4, defaultRoutes.v6 = none, none
+	defer func() { defaultRoutes = saved }()
 	var out bytes.Buffer
 	if code := explain(t.Context(), []string{"--manifests", "../../examples/manifests"}, &out); code != 0 {
 		t.Fatalf("exit %d", code)

@@ -312,20 +312,14 @@ const nodePortAddressesPrimary = "primary"
 // resolveNodePortAddresses turns --nodeport-addresses primary into each
 // family's primary node IP as a single-address CIDR, as kube-proxy does at
 // start (expandNodePortAddressKeywords), for the NodePort portals and the
-// healthCheckNodePort servers alike.
-func resolveNodePortAddresses(v *validated) {
-	resolveNodePortAddressesFrom(v, defaultRouteIP, defaultRouteIP6)
-}
-
-// resolveNodePortAddressesFrom is resolveNodePortAddresses with each
-// family's default-route address from route4 and route6. The primary IP is
+// healthCheckNodePort servers alike. The primary IP is
 // --node-ip, else the default-route address: not --bind-address, which is
 // where proxy sockets listen. It was the bind address, so a loopback one
 // (the README's first run) left NodePorts on every address, and an IPv4 one
 // left IPv6 unrestricted. A family with neither is skipped, as kube-proxy
 // skips a family whose node IP it could not find (loopback): a family
 // without CIDRs of its own is not limited, there as here.
-func resolveNodePortAddressesFrom(v *validated, route4, route6 func() netip.Addr) {
+func resolveNodePortAddresses(v *validated) {
 	if !v.nodePortPrimary {
 		return
 	}
@@ -335,7 +329,7 @@ func resolveNodePortAddressesFrom(v *validated, route4, route6 func() netip.Addr
 		name  string
 		six   bool
 		route func() netip.Addr
-	}{{"IPv4", false, route4}, {"IPv6", true, route6}} {
+	}{{"IPv4", false, defaultRoutes.v4}, {"IPv6", true, defaultRoutes.v6}} {
 		ip := v.nodeIP
 		if !ip.IsValid() || ip.Is4() == f.six {
 			ip = f.route()
@@ -376,12 +370,12 @@ func portalConfigs(v *validated) (cfg4, cfg6 iptables.Config, nodeIPs []netip.Ad
 	if v.bind.Is4() {
 		cfg4.BindAddress = v.bind
 	}
-	cfg4.NodeIP = nodeIPOf(v, false, defaultRouteIP)
+	cfg4.NodeIP = nodeIPOf(v, false, defaultRoutes.v4)
 	cfg6 = iptables.Config{Family: iptables.IPv6, NodePortAddresses: v.nodePortAddresses, PreroutingRedirect: v.preroutingRedirect, ClusterCIDRs: v.clusterCIDRs}
 	if v.bind.Is6() {
 		cfg6.BindAddress = v.bind
 	}
-	cfg6.NodeIP = nodeIPOf(v, true, defaultRouteIP6)
+	cfg6.NodeIP = nodeIPOf(v, true, defaultRoutes.v6)
 	for _, ip := range []netip.Addr{cfg4.NodeIP, cfg6.NodeIP} {
 		if ip.IsValid() {
 			nodeIPs = append(nodeIPs, ip)
@@ -538,6 +532,11 @@ func (o *options) httpLimits() httpserver.Limits {
 	l.MaxConns = o.httpMaxConns
 	return l
 }
+
+// defaultRoutes find each family's default-route address, for the node
+// IPs of the portals and NodePorts (run and explain alike); explain's tests
+// replace them to explain a node without a default route.
+var defaultRoutes = struct{ v4, v6 func() netip.Addr }{defaultRouteIP, defaultRouteIP6}
 
 // defaultRouteIP is the first address of the interface that holds the IPv4
 // default route: the address other hosts reach this node on, and so the

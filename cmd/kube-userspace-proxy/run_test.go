@@ -372,7 +372,10 @@ func TestNodePortAddressesPrimary(t *testing.T) {
 			if tt.noRoute6 {
 				r6 = netip.Addr{}
 			}
-			resolveNodePortAddressesFrom(v, func() netip.Addr { return route4 }, func() netip.Addr { return r6 })
+			saved := defaultRoutes
+			defaultRoutes.v4, defaultRoutes.v6 = func() netip.Addr { return route4 }, func() netip.Addr { return r6 }
+			t.Cleanup(func() { defaultRoutes = saved })
+			resolveNodePortAddresses(v)
 			var want []netip.Prefix
 			for _, p := range tt.want {
 				want = append(want, netip.MustParsePrefix(p))
