@@ -73,10 +73,11 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		Faults:               faultTable,
 	}
 	popts.UDPMaxSessionsPerPort, popts.UDPMaxSessions = o.udpMaxPerPort, o.udpMaxSessions
+	// The families /healthz reports: a specific --bind-address's, else
+	// both; with rules, those the node has syncers for.
+	ipv4, ipv6 := true, true
 	if family, ok := bindFamily(v); ok {
-		health.SetFamilies(servedFamilies(family == iptables.IPv4, family == iptables.IPv6)...)
-	} else {
-		health.SetFamilies(servedFamilies(true, true)...)
+		ipv4, ipv6 = family == iptables.IPv4, family == iptables.IPv6
 	}
 	if o.iptables {
 		if !canProgramIptables() {
@@ -87,10 +88,11 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 			return err
 		}
 		popts.IPv4Portals, popts.IPv6Portals = v4, v6
-		health.SetFamilies(servedFamilies(v4 != nil, v6 != nil)...)
+		ipv4, ipv6 = v4 != nil, v6 != nil
 		popts.ClaimNodePorts = true
 		popts.Conntrack = proxier.NetlinkConntrack{}
 	}
+	health.SetFamilies(servedFamilies(ipv4, ipv6)...)
 	var p *proxier.Proxier
 	// Where NodePorts answer (--nodeport-addresses), as kube-proxy: not on
 	// --bind-address, which is the proxy sockets' address.
