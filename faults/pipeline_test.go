@@ -383,3 +383,21 @@ func TestPipelineAbortEndsFaultedDirection(t *testing.T) {
 		}
 	}
 }
+
+// The abort check itself, without a race to win: a delay asked for after
+// the relay's abort ends at once with the abort's error (it waited its
+// whole length, its deadline over the abort's).
+func TestPipelineSleepAfterAbort(t *testing.T) {
+	dst, peer := tcpPair(t)
+	defer peer.Close()
+	p := newPipeline([]*compiled{{Toxic: Toxic{Type: "latency"}}}, 0)
+	p.dst = dst
+	if err := p.at.init(dst); err != nil {
+		t.Fatal(err)
+	}
+	p.aborted.Store(true)
+	start := time.Now()
+	if err := p.sleep(time.Second); err != errAborted {
+		t.Errorf("sleep after the abort: %v after %v, want errAborted at once", err, time.Since(start))
+	}
+}
