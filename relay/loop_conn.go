@@ -203,6 +203,13 @@ func (l *Loop) connect(ep netip.AddrPort) (int, error) {
 	}
 	_ = rawio.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
 	_ = rawio.SetsockoptInt(fd, unix.SOL_TCP, unix.TCP_INQ, 1)
+	// The handshake's last ACK waits (as HAProxy's tcp-smart-connect has
+	// it) so that the client's first bytes, usually queued by the time
+	// the backend answers, carry it: one segment less per connection, and
+	// the backend wakes once for connection and request. connected sends
+	// it at once when there is nothing to carry it (a server that speaks
+	// first would otherwise wait for the delayed-ACK timer, 200 ms).
+	_ = rawio.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_QUICKACK, 0)
 	if err := rawio.Connect(fd, ep); err != nil && err != unix.EINPROGRESS {
 		rawio.Close(fd)
 		return -1, err
@@ -254,7 +261,14 @@ func (c *LoopConn) connected(failed bool) {
 		l.timers.set(&c.timers[timerLiveness], l.now+int64(l.liveAfter))
 	}
 	c.h.Connected(c, c.ep)
+	sent := c.in.Load()
 	c.pump()
+	if c.state == stateRelaying && !c.up.done && (c.in.Load() == sent || c.up.pending()) {
+		// Nothing (or not all) of the client's went out with the
+		// handshake's ACK, which connect asked the kernel to hold: send
+		// it now.
+		_ = rawio.SetsockoptInt(c.fds[sideBackend], unix.IPPROTO_TCP, unix.TCP_QUICKACK, 1)
+	}
 }
 
 func (c *LoopConn) closeBackend() {

@@ -737,3 +737,96 @@ func TestLocalShortage(t *testing.T) {
 		}
 	}
 }
+
+// segmentsIn is what the kernel counted arriving on a TCP socket, the
+// handshake's included.
+func segmentsIn(t *testing.T, c *net.TCPConn) uint32 {
+	t.Helper()
+	raw, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info *unix.TCPInfo
+	_ = raw.Control(func(fd uintptr) { info, err = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.Segs_in
+}
+
+// A client whose request is queued when the backend answers the dial has
+// its first bytes carry the handshake's last ACK: the backend's socket
+// sees two segments (SYN, then the request with the ACK), not three.
+func TestLoopFirstBytesCarryTheHandshakeACK(t *testing.T) {
+	b := newLoopBed(t, LoopOptions{})
+	// The loop dials only once the request is there (Accepted runs
+	// before the dial).
+	b.onAccept.Store(func(fd int) {
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			if n, _ := unix.IoctlGetInt(fd, unix.SIOCINQ); n > 0 {
+				return
+			}
+		}
+	})
+	for i := range 5 {
+		h := newLoopHandler(b.ep)
+		b.next <- h
+		client, err := net.DialTCP("tcp4", nil, net.TCPAddrFromAddrPort(b.front))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer client.Close()
+		const req = "GET / HTTP/1.1\r\n\r\n"
+		if _, err := client.Write([]byte(req)); err != nil {
+			t.Fatal(err)
+		}
+		_ = b.backend.SetDeadline(time.Now().Add(5 * time.Second))
+		backend, err := b.backend.AcceptTCP()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer backend.Close()
+		got := make([]byte, len(req))
+		if _, err := io.ReadFull(backend, got); err != nil || string(got) != req {
+			t.Fatalf("backend read %q, %v", got, err)
+		}
+		if n := segmentsIn(t, backend); n != 2 {
+			t.Fatalf("connection %d: the backend received %d segments for handshake and request, want 2 (SYN, request with the ACK)", i, n)
+		}
+		client.Close()
+		backend.Close()
+		h.wait(t)
+	}
+}
+
+// A client that sends nothing (the server speaks first) must not leave the
+// backend's connection waiting for the delayed-ACK timer (200 ms) that
+// holds the handshake's last ACK for the client's first bytes.
+func TestLoopServerSpeaksFirstWithoutDelay(t *testing.T) {
+	b := newLoopBed(t, LoopOptions{})
+	fastest := time.Hour
+	for range 3 {
+		h := newLoopHandler(b.ep)
+		b.next <- h
+		start := time.Now()
+		client, err := net.DialTCP("tcp4", nil, net.TCPAddrFromAddrPort(b.front))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = b.backend.SetDeadline(time.Now().Add(5 * time.Second))
+		backend, err := b.backend.AcceptTCP()
+		if err != nil {
+			t.Fatal(err)
+		}
+		pass(t, backend, client, "220 banner\r\n")
+		fastest = min(fastest, time.Since(start))
+		client.Close()
+		backend.Close()
+		h.wait(t)
+	}
+	// Each connection took the timer's 200 ms or more without the ACK sent
+	// at once; the fastest of three is far below.
+	if fastest >= 150*time.Millisecond {
+		t.Fatalf("the fastest of 3 server-first connections took %v to its banner: the handshake's ACK waited for the delayed-ACK timer", fastest)
+	}
+}
