@@ -219,16 +219,52 @@ func checkRestart(t *testing.T, e *env) {
 // checkCleanup: after the proxy stops, --cleanup removes every chain and
 // jump of ours (IPv4 and IPv6), exits 0, and is idempotent.
 func checkCleanup(t *testing.T, e *env) {
+	before := len(oursIn(save(t, e.c.Node)))
+	// A second proxy in the namespace says which one runs already (the
+	// two would rewrite each other's rules: this is the suite's end).
+	second := e.c.Node.Start("second proxy", proxyBin, "--manifests", e.p.dir, "--hostname-override", nodeName,
+		"--healthz-bind-address", "127.0.0.1:10356", "--metrics-bind-address", "127.0.0.1:10349")
+	wantPID := fmt.Sprintf("pid=%d", e.p.Proc.Pid)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		out := second.Output()
+		if strings.Contains(out, "Another kube-userspace-proxy is running") && strings.Contains(out, wantPID) {
+			break
+		}
+		if time.Now().After(deadline) || second.Exited() {
+			t.Errorf("a second proxy beside the running one (pid %d) did not say so:\n%s", e.p.Proc.Pid, out)
+			break
+		}
+	}
+	second.Signal(syscall.SIGTERM)
+	_ = second.Wait(5 * time.Second)
+	second.Kill()
+	// Run while the proxy still runs, --cleanup says so (the proxy puts
+	// its rules back at its next sync), and the proxy logs who found it.
+	out, err := e.p.Cleanup()
+	if err != nil {
+		t.Fatalf("--cleanup beside the running proxy: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "is running in this network namespace") || !strings.Contains(out, wantPID) {
+		t.Errorf("--cleanup beside the running proxy (pid %d) did not warn of it:\n%s", e.p.Proc.Pid, out)
+	}
+	for deadline := time.Now().Add(5 * time.Second); len(e.p.LogLines("found this one")) == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Errorf("the running proxy did not log the --cleanup that found it")
+			break
+		}
+	}
 	e.p.Proc.Signal(syscall.SIGTERM)
 	if err := e.p.Proc.Wait(5 * time.Second); err != nil && !strings.Contains(err.Error(), "signal") {
 		t.Logf("proxy after SIGTERM: %v", err)
 	}
 	e.p.Proc.Kill()
-	before := len(oursIn(save(t, e.c.Node)))
 	for i := 1; i <= 2; i++ {
 		out, err := e.p.Cleanup()
 		if err != nil {
 			t.Fatalf("--cleanup run %d: %v\n%s", i, err, out)
+		}
+		if strings.Contains(out, "is running in this network namespace") {
+			t.Errorf("--cleanup run %d after the proxy stopped warned of a running one:\n%s", i, out)
 		}
 	}
 	for _, v6 := range []bool{false, true} {

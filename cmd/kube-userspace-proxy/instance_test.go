@@ -1,0 +1,44 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A second claim in the namespace learns the holder's PID, and the holder
+// logs the process that found it; once released, the name is free again.
+func TestSecondInstanceFindsTheFirst(t *testing.T) {
+	saved := instanceSocket
+	instanceSocket = fmt.Sprintf("@kube-userspace-proxy.test.%d.%d", os.Getpid(), time.Now().UnixNano())
+	defer func() { instanceSocket = saved }()
+	logs := captureKlog(t)
+
+	if pid := holderPID(); pid != 0 {
+		t.Fatalf("holderPID with no holder = %d, want 0", pid)
+	}
+	first, other := claimInstance()
+	if first == nil || other != 0 {
+		t.Fatalf("first claim = %v, other %d; want held, 0", first, other)
+	}
+	second, other := claimInstance()
+	if second != nil || other != os.Getpid() {
+		t.Fatalf("second claim = %v, other %d; want nil, %d", second, other, os.Getpid())
+	}
+	want := fmt.Sprintf("pid=%d", os.Getpid())
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(logs.String(), want); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the holder did not log the process that found it:\n%s", logs.String())
+		}
+	}
+	first.release()
+	third, other := claimInstance()
+	if third == nil || other != 0 {
+		t.Fatalf("claim after release = %v, other %d; want held, 0", third, other)
+	}
+	third.release()
+	var none *instanceClaim
+	none.release() // the claim of a process that found another: nothing to do
+}
