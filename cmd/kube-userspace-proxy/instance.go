@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
@@ -61,15 +62,19 @@ func peerPID(c *net.UnixConn) int {
 	return int(cred.Pid)
 }
 
-// announceOthers logs every process that finds this one holding
-// instanceSocket (a second proxy starting, or --cleanup), until ln closes.
+// announceOthers logs the processes that find this one holding
+// instanceSocket (a second proxy starting, or --cleanup), until ln closes:
+// each new PID, and one already logged again after a minute (any process
+// of the namespace may connect: a loop of them must not flood the log).
 func announceOthers(ln *net.UnixListener) {
+	lastPID, lastAt := 0, time.Time{}
 	for {
 		c, err := ln.AcceptUnix()
 		if err != nil {
 			return
 		}
-		if pid := peerPID(c); pid > 0 {
+		if pid := peerPID(c); pid > 0 && (pid != lastPID || time.Since(lastAt) > time.Minute) {
+			lastPID, lastAt = pid, time.Now()
 			klog.ErrorS(nil, "Another kube-userspace-proxy process in this network namespace found this one (a second proxy rewrites this one's rules, --cleanup removes them until the next sync)", "pid", pid)
 		}
 		c.Close()
