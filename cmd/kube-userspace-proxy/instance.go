@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/client-go/util/flowcontrol"
 	"k8s.io/klog/v2"
 )
 
@@ -64,16 +65,18 @@ func peerPID(c *net.UnixConn) int {
 
 // announceOthers logs the processes that find this one holding
 // instanceSocket (a second proxy starting, or --cleanup), until ln closes:
-// each new PID, and one already logged again after a minute (any process
-// of the namespace may connect: a loop of them must not flood the log).
+// each new PID, and one already logged again after a minute, ten at once
+// and then one per 6 s at most (any process of the namespace may connect:
+// a loop of them must not flood the log).
 func announceOthers(ln *net.UnixListener) {
 	lastPID, lastAt := 0, time.Time{}
+	limit := flowcontrol.NewTokenBucketRateLimiter(1.0/6, 10)
 	for {
 		c, err := ln.AcceptUnix()
 		if err != nil {
 			return
 		}
-		if pid := peerPID(c); pid > 0 && (pid != lastPID || time.Since(lastAt) > time.Minute) {
+		if pid := peerPID(c); pid > 0 && (pid != lastPID || time.Since(lastAt) > time.Minute) && limit.TryAccept() {
 			lastPID, lastAt = pid, time.Now()
 			klog.ErrorS(nil, "Another kube-userspace-proxy process in this network namespace found this one (a second proxy rewrites this one's rules, --cleanup removes them until the next sync)", "pid", pid)
 		}

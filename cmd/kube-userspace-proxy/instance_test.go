@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -52,4 +53,50 @@ func TestSecondInstanceFindsTheFirst(t *testing.T) {
 	third.release()
 	var none *instanceClaim
 	none.release() // the claim of a process that found another: nothing to do
+}
+
+// TestInstanceConnectHelper is a process of its own for
+// TestInstanceLogIsBounded: it finds the holder of the socket it is given.
+func TestInstanceConnectHelper(t *testing.T) {
+	name := os.Getenv("KUP_TEST_INSTANCE_SOCKET")
+	if name == "" {
+		t.Skip("a helper process of TestInstanceLogIsBounded")
+	}
+	instanceSocket = name
+	if holderPID() == 0 {
+		t.Fatal("no holder found")
+	}
+}
+
+// Any process of the namespace may connect to the instance socket: fifteen
+// of them get ten lines logged, not fifteen.
+func TestInstanceLogIsBounded(t *testing.T) {
+	saved := instanceSocket
+	instanceSocket = fmt.Sprintf("@kube-userspace-proxy.test.%d.%d", os.Getpid(), time.Now().UnixNano())
+	defer func() { instanceSocket = saved }()
+	logs := captureKlog(t)
+	claim, _ := claimInstance()
+	if claim == nil {
+		t.Fatal("no claim")
+	}
+	defer claim.release()
+	pids := map[int]bool{}
+	for range 15 {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestInstanceConnectHelper$")
+		cmd.Env = append(os.Environ(), "KUP_TEST_INSTANCE_SOCKET="+instanceSocket)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("helper: %v\n%s", err, out)
+		}
+		pids[cmd.Process.Pid] = true
+	}
+	time.Sleep(200 * time.Millisecond)
+	logged := 0
+	for pid := range pids {
+		if strings.Contains(logs.String(), fmt.Sprintf("pid=%d\n", pid)) {
+			logged++
+		}
+	}
+	if logged != 10 {
+		t.Fatalf("%d of 15 processes that found the holder were logged, want 10 (the burst)", logged)
+	}
 }
