@@ -29,7 +29,7 @@ type instanceClaim struct{ ln *net.UnixListener }
 func claimInstance() (*instanceClaim, int) {
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: instanceSocket, Net: "unix"})
 	if err == nil {
-		go announceOthers(ln)
+		go announceOthers(ln, newInstanceLogLimiter())
 		return &instanceClaim{ln: ln}, 0
 	}
 	if !errors.Is(err, syscall.EADDRINUSE) {
@@ -68,9 +68,8 @@ func peerPID(c *net.UnixConn) int {
 // each new PID, and one already logged again after a minute, ten at once
 // and then one per 6 s at most (any process of the namespace may connect:
 // a loop of them must not flood the log).
-func announceOthers(ln *net.UnixListener) {
+func announceOthers(ln *net.UnixListener, limit flowcontrol.RateLimiter) {
 	lastPID, lastAt := 0, time.Time{}
-	limit := flowcontrol.NewTokenBucketRateLimiter(1.0/6, 10)
 	for {
 		c, err := ln.AcceptUnix()
 		if err != nil {
@@ -83,6 +82,10 @@ func announceOthers(ln *net.UnixListener) {
 		c.Close()
 	}
 }
+
+// newInstanceLogLimiter bounds announceOthers' lines (a variable: tests
+// stop its clock).
+var newInstanceLogLimiter = func() flowcontrol.RateLimiter { return flowcontrol.NewTokenBucketRateLimiter(1.0/6, 10) }
 
 func (c *instanceClaim) release() {
 	if c != nil {

@@ -7,6 +7,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"k8s.io/client-go/util/flowcontrol"
+	testingclock "k8s.io/utils/clock/testing"
 )
 
 // A second claim in the namespace learns the holder's PID, and the holder
@@ -73,7 +76,12 @@ func TestInstanceConnectHelper(t *testing.T) {
 func TestInstanceLogIsBounded(t *testing.T) {
 	saved := instanceSocket
 	instanceSocket = fmt.Sprintf("@kube-userspace-proxy.test.%d.%d", os.Getpid(), time.Now().UnixNano())
-	defer func() { instanceSocket = saved }()
+	savedLimiter := newInstanceLogLimiter
+	defer func() { instanceSocket, newInstanceLogLimiter = saved, savedLimiter }()
+	// Time stands still: no token comes back while the helpers start.
+	newInstanceLogLimiter = func() flowcontrol.RateLimiter {
+		return flowcontrol.NewTokenBucketRateLimiterWithClock(1.0/6, 10, testingclock.NewFakeClock(time.Now()))
+	}
 	logs := captureKlog(t)
 	claim, _ := claimInstance()
 	if claim == nil {
