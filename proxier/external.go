@@ -66,7 +66,8 @@ func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo, kept
 		ext := externalName(info.name)
 		sp := p.lb.ServicePort(ext)
 		p.setBalancerPolicy(ext, info)
-		sock, err := p.ports.OpenPreferred(kept.claimExternal(info), func(port int) (proxySocket, error) {
+		keptPort := kept.claimExternal(info)
+		sock, err := p.ports.OpenPreferred(keptPort, func(port int) (proxySocket, error) {
 			return p.listen(info.name, p.opts.BindAddress, port, info.hasIPv6(), sp, ap.faults, p.sockCfg)
 		})
 		if err != nil {
@@ -75,6 +76,7 @@ func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo, kept
 			return false
 		}
 		sock.Start()
+		logMovedPort(info, keptPort, sock.Port())
 		ap.external, ap.externalPort = sock, sock.Port()
 		p.debugTouched = append(p.debugTouched, info.name)
 		if logLine || klog.V(2).Enabled() {

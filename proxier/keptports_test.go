@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
@@ -135,6 +136,7 @@ func TestRestartKeepsProxyPorts(t *testing.T) {
 	}
 	defer other.Close()
 	fake.ResetCalls()
+	logs := captureKlog(t)
 	third := start()
 	defer stop(third)
 	got := ports(third)
@@ -143,6 +145,12 @@ func TestRestartKeepsProxyPorts(t *testing.T) {
 	}
 	if len(fake.Writes()) == 0 {
 		t.Errorf("b's rules were not rewritten for its new port %d", got[1])
+	}
+	// The move is logged, naming both ports; the kept ones are not.
+	klog.Flush()
+	moved := fmt.Sprintf(`servicePort="default/b:p" protocol="TCP" keptPort=%d proxyPort=%d`, before[1], got[1])
+	if out := logs.String(); !strings.Contains(out, moved) || strings.Count(out, "Proxy port taken by another process") != 1 {
+		t.Errorf("want one line naming b's move (%s):\n%s", moved, out)
 	}
 	if rules := fake.Rules(iptables.TableNAT, iptables.ChainPortalsHost); !containsSubstring(rules, ":"+strconv.Itoa(got[1])) {
 		t.Errorf("no host portal names b's new port %d: %q", got[1], rules)

@@ -629,6 +629,7 @@ func (p *Proxier) openPort(info *servicePortInfo, kept int, logLine bool) (*acti
 		return nil, err
 	}
 	sock.Start()
+	logMovedPort(info, kept, sock.Port())
 	ap := &activePort{info: info, socket: sock, proxyPort: sock.Port(), faults: fp}
 	fp.SetLabel(info.key) // a port the fault API created first has the API name
 	proxyAddr := net.JoinHostPort(p.listenHostOf(info), strconv.Itoa(ap.proxyPort))
@@ -642,6 +643,17 @@ func (p *Proxier) openPort(info *servicePortInfo, kept int, logLine bool) (*acti
 			"proxyAddress", proxyAddr)
 	}
 	return ap, nil
+}
+
+// logMovedPort says when a port the kernel's rules name for a service
+// port (kept) could not be opened again, another process holding it: its
+// clients are refused or reach that process until the sync rewrites the
+// rules for the new one.
+func logMovedPort(info *servicePortInfo, kept, port int) {
+	if kept > 0 && port != kept {
+		klog.InfoS("Proxy port taken by another process; the service port moves to a new one and its rules are rewritten",
+			"servicePort", info.name, "protocol", info.name.Protocol, "keptPort", kept, "proxyPort", port)
+	}
 }
 
 func (p *Proxier) listenHost() string {
