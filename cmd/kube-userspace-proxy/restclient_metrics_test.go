@@ -4,12 +4,18 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+)
+
+var (
+	restClientTestRegistry     = prometheus.NewRegistry()
+	restClientTestRegistryOnce sync.Once
 )
 
 // The API client's requests show on /metrics under kube-proxy's names:
@@ -20,8 +26,10 @@ func TestRESTClientMetrics(t *testing.T) {
 		_, _ = w.Write([]byte(`{"kind":"ServiceList","apiVersion":"v1","metadata":{},"items":[]}`))
 	}))
 	defer api.Close()
-	reg := prometheus.NewRegistry()
-	registerRESTClientMetrics(reg)
+	// client-go takes its metric hooks once per process: every run of the
+	// test (-count=2) reads the registry the first one registered them in.
+	restClientTestRegistryOnce.Do(func() { registerRESTClientMetrics(restClientTestRegistry) })
+	reg := restClientTestRegistry
 	client, err := kubernetes.NewForConfig(&rest.Config{Host: api.URL, ContentConfig: rest.ContentConfig{ContentType: "application/json"}})
 	if err != nil {
 		t.Fatal(err)
