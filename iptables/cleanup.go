@@ -89,7 +89,7 @@ func Cleanup(r Runner) error {
 				// while it names them; it went silently.
 				klog.InfoS("Removed a rule that jumps to a chain of ours, so the chain can be deleted",
 					"ipFamily", r.Family(), "table", table, "chain", chain, "rule", rule,
-					"legacyKubeProxy", slices.Contains(legacyJumpComments, commentOf(args)))
+					"legacyKubeProxy", isLegacyJump(args))
 			}
 		}
 	}

@@ -181,7 +181,7 @@ func (e *jumpEditor) deleteStrays(j jump) error {
 			continue
 		}
 		args, err := splitRule(r)
-		if err != nil || !slices.Contains(legacyJumpComments, commentOf(args)) {
+		if err != nil || !isLegacyJump(args) {
 			continue
 		}
 		if e.deferred[key] {
@@ -196,14 +196,10 @@ func (e *jumpEditor) deleteStrays(j jump) error {
 	return nil
 }
 
-// commentOf is the value of a rule's "-m comment --comment" ("" if none).
-func commentOf(args []string) string {
-	for i := 0; i+1 < len(args); i++ {
-		if args[i] == "--comment" {
-			return args[i+1]
-		}
-	}
-	return ""
+// isLegacyJump reports whether a rule's arguments carry one of
+// legacyJumpComments.
+func isLegacyJump(args []string) bool {
+	return slices.Contains(legacyJumpComments, readRuleArgs(args).comment)
 }
 
 // order moves first jump j below prev when it sits above it (only for
