@@ -263,10 +263,11 @@ func (c *LoopConn) connected(failed bool) {
 	c.h.Connected(c, c.ep)
 	sent := c.in.Load()
 	c.pump()
-	if c.state == stateRelaying && !c.up.done && (c.in.Load() == sent || c.up.pending()) {
-		// Nothing (or not all) of the client's went out with the
-		// handshake's ACK, which connect asked the kernel to hold: send
-		// it now.
+	if c.state == stateRelaying && !c.up.done && c.in.Load() == sent {
+		// Nothing of the client's went out to carry the handshake's ACK,
+		// which connect asked the kernel to hold: send it now. (Bytes
+		// read are written at once on a new connection, so any carried
+		// it.)
 		_ = rawio.SetsockoptInt(c.fds[sideBackend], unix.IPPROTO_TCP, unix.TCP_QUICKACK, 1)
 	}
 }
