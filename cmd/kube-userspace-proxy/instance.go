@@ -23,31 +23,43 @@ var instanceSocket = "@kube-userspace-proxy.rules"
 // process holds it, or the socket could not be made).
 type instanceClaim struct{ ln *net.UnixListener }
 
-// claimInstance takes instanceSocket, or reports the PID of the process
-// that holds it (0 when it holds none, or cannot tell). The holder logs
-// each process that finds it.
-func claimInstance() (*instanceClaim, int) {
+// claimInstance takes instanceSocket, or reports that another process
+// holds it (held) and, when this process can see it, that one's PID. The
+// holder logs each process that finds it.
+func claimInstance() (claim *instanceClaim, held bool, pid int) {
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: instanceSocket, Net: "unix"})
 	if err == nil {
 		go announceOthers(ln, newInstanceLogLimiter())
-		return &instanceClaim{ln: ln}, 0
+		return &instanceClaim{ln: ln}, false, 0
 	}
 	if !errors.Is(err, syscall.EADDRINUSE) {
 		klog.V(2).InfoS("Cannot watch for a second proxy on this node", "err", err)
-		return nil, 0
+		return nil, false, 0
 	}
-	return nil, holderPID()
+	held, pid = holder()
+	return nil, held, pid
 }
 
-// holderPID is the PID of the process listening on instanceSocket, by the
-// kernel's credentials of the listener.
-func holderPID() int {
+// holder reports whether a process listens on instanceSocket and its PID,
+// by the kernel's credentials of the listener: 0 when it runs in another
+// PID namespace (two pods of a DaemonSet without hostPID), which the
+// network namespace, and so the clash, does not depend on.
+func holder() (held bool, pid int) {
 	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: instanceSocket, Net: "unix"})
 	if err != nil {
-		return 0
+		return false, 0
 	}
 	defer c.Close()
-	return peerPID(c)
+	return true, peerPID(c)
+}
+
+// pidValue is a PID for a log line: "unknown" for 0 (another PID
+// namespace's process).
+func pidValue(pid int) any {
+	if pid == 0 {
+		return "unknown (another PID namespace)"
+	}
+	return pid
 }
 
 func peerPID(c *net.UnixConn) int {
@@ -75,9 +87,9 @@ func announceOthers(ln *net.UnixListener, limit flowcontrol.RateLimiter) {
 		if err != nil {
 			return
 		}
-		if pid := peerPID(c); pid > 0 && (pid != lastPID || time.Since(lastAt) > time.Minute) && limit.TryAccept() {
+		if pid := peerPID(c); (pid != lastPID || time.Since(lastAt) > time.Minute) && limit.TryAccept() {
 			lastPID, lastAt = pid, time.Now()
-			klog.ErrorS(nil, "Another kube-userspace-proxy process in this network namespace found this one (a second proxy rewrites this one's rules, --cleanup removes them until the next sync)", "pid", pid)
+			klog.ErrorS(nil, "Another kube-userspace-proxy process in this network namespace found this one (a second proxy rewrites this one's rules, --cleanup removes them until the next sync)", "pid", pidValue(pid))
 		}
 		c.Close()
 	}

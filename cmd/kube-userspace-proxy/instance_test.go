@@ -20,16 +20,16 @@ func TestSecondInstanceFindsTheFirst(t *testing.T) {
 	defer func() { instanceSocket = saved }()
 	logs := captureKlog(t)
 
-	if pid := holderPID(); pid != 0 {
-		t.Fatalf("holderPID with no holder = %d, want 0", pid)
+	if held, pid := holder(); held || pid != 0 {
+		t.Fatalf("holder with none = %v, %d; want false, 0", held, pid)
 	}
-	first, other := claimInstance()
-	if first == nil || other != 0 {
-		t.Fatalf("first claim = %v, other %d; want held, 0", first, other)
+	first, held, other := claimInstance()
+	if first == nil || held || other != 0 {
+		t.Fatalf("first claim = %v, held %v, other %d; want a claim", first, held, other)
 	}
-	second, other := claimInstance()
-	if second != nil || other != os.Getpid() {
-		t.Fatalf("second claim = %v, other %d; want nil, %d", second, other, os.Getpid())
+	second, held, other := claimInstance()
+	if second != nil || !held || other != os.Getpid() {
+		t.Fatalf("second claim = %v, held %v, other %d; want nil, true, %d", second, held, other, os.Getpid())
 	}
 	want := fmt.Sprintf("pid=%d", os.Getpid())
 	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(logs.String(), want); time.Sleep(10 * time.Millisecond) {
@@ -41,7 +41,7 @@ func TestSecondInstanceFindsTheFirst(t *testing.T) {
 	// writes a line once per severity it reaches: count, then compare).
 	time.Sleep(100 * time.Millisecond)
 	logged := strings.Count(logs.String(), want)
-	if _, other := claimInstance(); other != os.Getpid() {
+	if _, _, other := claimInstance(); other != os.Getpid() {
 		t.Fatalf("third claim's other = %d", other)
 	}
 	time.Sleep(100 * time.Millisecond)
@@ -49,9 +49,9 @@ func TestSecondInstanceFindsTheFirst(t *testing.T) {
 		t.Fatalf("the holder logged the same process again within a minute:\n%s", logs.String())
 	}
 	first.release()
-	third, other := claimInstance()
-	if third == nil || other != 0 {
-		t.Fatalf("claim after release = %v, other %d; want held, 0", third, other)
+	third, held, _ := claimInstance()
+	if third == nil || held {
+		t.Fatalf("claim after release = %v, held %v; want a claim", third, held)
 	}
 	third.release()
 	var none *instanceClaim
@@ -59,15 +59,50 @@ func TestSecondInstanceFindsTheFirst(t *testing.T) {
 }
 
 // TestInstanceConnectHelper is a process of its own for
-// TestInstanceLogIsBounded: it finds the holder of the socket it is given.
+// TestInstanceLogIsBounded and TestInstanceAcrossPIDNamespaces: it finds
+// the holder of the socket it is given (with KUP_TEST_WANT_PID, of that
+// PID as this process sees it).
 func TestInstanceConnectHelper(t *testing.T) {
 	name := os.Getenv("KUP_TEST_INSTANCE_SOCKET")
 	if name == "" {
 		t.Skip("a helper process of TestInstanceLogIsBounded")
 	}
 	instanceSocket = name
-	if holderPID() == 0 {
+	held, pid := holder()
+	if !held {
 		t.Fatal("no holder found")
+	}
+	if want := os.Getenv("KUP_TEST_WANT_PID"); want != "" && fmt.Sprint(pid) != want {
+		t.Fatalf("holder's PID %d, want %s", pid, want)
+	}
+}
+
+// A proxy whose PID namespace cannot see the holder (two DaemonSet pods
+// without hostPID) still finds it: held, PID 0 ("unknown" in the log).
+// Before, a PID of 0 read as no holder, and the clash went unsaid.
+func TestInstanceAcrossPIDNamespaces(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("unshare --pid needs root")
+	}
+	saved := instanceSocket
+	instanceSocket = fmt.Sprintf("@kube-userspace-proxy.test.%d.%d", os.Getpid(), time.Now().UnixNano())
+	defer func() { instanceSocket = saved }()
+	captureKlog(t)
+	claim, _, _ := claimInstance()
+	if claim == nil {
+		t.Fatal("no claim")
+	}
+	defer claim.release()
+	cmd := exec.Command("unshare", "--pid", "--fork", os.Args[0], "-test.run=^TestInstanceConnectHelper$")
+	cmd.Env = append(os.Environ(), "KUP_TEST_INSTANCE_SOCKET="+instanceSocket, "KUP_TEST_WANT_PID=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		if strings.Contains(string(out), "unshare failed") {
+			t.Skipf("no PID namespaces here: %s", out)
+		}
+		t.Fatalf("the helper in its own PID namespace: %v\n%s", err, out)
+	}
+	if got := pidValue(0); got != "unknown (another PID namespace)" {
+		t.Fatalf("pidValue(0) = %v", got)
 	}
 }
 
@@ -83,7 +118,7 @@ func TestInstanceLogIsBounded(t *testing.T) {
 		return flowcontrol.NewTokenBucketRateLimiterWithClock(1.0/6, 10, testingclock.NewFakeClock(time.Now()))
 	}
 	logs := captureKlog(t)
-	claim, _ := claimInstance()
+	claim, _, _ := claimInstance()
 	if claim == nil {
 		t.Fatal("no claim")
 	}
@@ -107,4 +142,11 @@ func TestInstanceLogIsBounded(t *testing.T) {
 	if logged != 10 {
 		t.Fatalf("%d of 15 processes that found the holder were logged, want 10 (the burst)", logged)
 	}
+}
+
+// The package's tests never meet a proxy running on this host: whatever
+// reaches claimInstance or holder (--cleanup's path in runMain) uses a name
+// of this test process's own.
+func init() {
+	instanceSocket = fmt.Sprintf("@kube-userspace-proxy.test.%d", os.Getpid())
 }

@@ -94,8 +94,8 @@ func runMain(args []string) int {
 			fmt.Fprintf(os.Stderr, "kube-userspace-proxy: cleanup: %v\n", errNoNetAdminCleanup)
 			return 1
 		}
-		if pid := holderPID(); pid > 0 {
-			klog.InfoS("Warning: a kube-userspace-proxy is running in this network namespace; it puts its rules back at its next sync (within --iptables-sync-period): stop it first", "pid", pid)
+		if held, pid := holder(); held {
+			klog.InfoS("Warning: a kube-userspace-proxy is running in this network namespace; it puts its rules back at its next sync (within --iptables-sync-period): stop it first", "pid", pidValue(pid))
 		}
 		if err := cleanupRules(); err != nil {
 			fmt.Fprintf(os.Stderr, "kube-userspace-proxy: cleanup: %v\n", err)

@@ -83,10 +83,10 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		if !canProgramIptables() {
 			return errNoNetAdmin
 		}
-		claim, other := claimInstance()
+		claim, held, other := claimInstance()
 		defer claim.release()
-		if other > 0 {
-			klog.ErrorS(nil, "Another kube-userspace-proxy is running in this network namespace: the two rewrite each other's portal rules, so Services fail by turns; stop one, or run this one with --iptables=false", "pid", other)
+		if held {
+			klog.ErrorS(nil, "Another kube-userspace-proxy is running in this network namespace: the two rewrite each other's portal rules, so Services fail by turns; stop one, or run this one with --iptables=false", "pid", pidValue(other))
 		}
 		v4, v6, err := portalSyncers(v, iptables.NewRunner)
 		if err != nil {
