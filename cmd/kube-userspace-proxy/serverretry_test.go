@@ -70,7 +70,11 @@ func TestTakenServerPortHardFail(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = run(t.Context(), o, v, nil)
+	// Bounded: a run that retried instead would serve until the context
+	// ends, and the test would hang to go test's timeout.
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	err = run(ctx, o, v, nil)
 	if err == nil || !strings.Contains(err.Error(), "--healthz-bind-address") {
 		t.Fatalf("run: %v; want the taken --healthz-bind-address as an error", err)
 	}
