@@ -20,7 +20,7 @@ const (
 
 // readBufSize is what the reader reads into (relay's copy buffer); it
 // waits until the budget has room for a whole one.
-const readBufSize = 32 << 10
+const readBufSize = relay.CopyBufSize
 
 // A short read is copied into a pooled buffer of the smallest of these
 // sizes that holds it, and the read buffer goes back at once: 500

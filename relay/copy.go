@@ -6,13 +6,14 @@ import (
 	"sync"
 )
 
-// copyBufSize matches the socket reads a busy connection sees; the buffer
-// is pooled, so a copy allocates nothing per byte or per call.
-const copyBufSize = 32 << 10
+// CopyBufSize, the length of a GetBuffer buffer, matches the socket reads
+// a busy connection sees; the buffer is pooled, so a copy allocates
+// nothing per byte or per call.
+const CopyBufSize = 32 << 10
 
-var copyBufs = sync.Pool{New: func() any { b := make([]byte, copyBufSize); return &b }}
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, CopyBufSize); return &b }}
 
-// GetBuffer lends a copy buffer; PutBuffer returns it.
+// GetBuffer lends a copy buffer (CopyBufSize long); PutBuffer returns it.
 func GetBuffer() *[]byte  { return copyBufs.Get().(*[]byte) }
 func PutBuffer(b *[]byte) { copyBufs.Put(b) }
 
