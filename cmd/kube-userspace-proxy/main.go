@@ -122,21 +122,21 @@ func runMain(args []string) int {
 var version string
 
 // flagSuggestion adds the flag a misspelt one probably meant: unknown
-// flag: --bind-adress (did you mean --bind-address?). Hidden (deprecated)
-// flags are not suggested.
+// flag: --bind-adress (did you mean --bind-address?). Deprecated flags are
+// not suggested; hidden ones are (explain hides the proxy flags it accepts
+// but does not need).
 func flagSuggestion(err error, fs *pflag.FlagSet) error {
-	name, ok := strings.CutPrefix(err.Error(), "unknown flag: --")
-	if !ok {
+	var unknown *pflag.NotExistError
+	if !errors.As(err, &unknown) || unknown.GetSpecifiedShortnames() != "" {
 		return err
 	}
-	name, _, _ = strings.Cut(name, "=")
 	var names []string
 	fs.VisitAll(func(f *pflag.Flag) {
-		if !f.Hidden {
+		if f.Deprecated == "" {
 			names = append(names, f.Name)
 		}
 	})
-	if s := suggest.Closest(name, names); s != "" {
+	if s := suggest.Closest(unknown.GetSpecifiedName(), names); s != "" {
 		return fmt.Errorf("%w (did you mean --%s?)", err, s)
 	}
 	return err

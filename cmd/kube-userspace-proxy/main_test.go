@@ -158,12 +158,18 @@ func TestMisspeltFlagSuggested(t *testing.T) {
 	}
 }
 
-// explain suggests among its own flags too.
+// explain suggests among its own flags too, the proxy flags it accepts
+// and hides from its help included.
 func TestExplainMisspeltFlagSuggested(t *testing.T) {
-	var code int
-	out := capture(t, &os.Stderr, func() { code = explain(t.Context(), []string{"--manifest", "x"}, io.Discard) })
-	if code != exitUsage || !strings.Contains(out, "(did you mean --manifests?)") {
-		t.Errorf("exit %d, stderr %q", code, out)
+	for _, tc := range []struct{ arg, want string }{
+		{"--manifest", "(did you mean --manifests?)"},
+		{"--udp-timout", "(did you mean --udp-timeout?)"},
+	} {
+		var code int
+		out := capture(t, &os.Stderr, func() { code = explain(t.Context(), []string{tc.arg, "x"}, io.Discard) })
+		if code != exitUsage || !strings.Contains(out, tc.want) {
+			t.Errorf("%s: exit %d, stderr %q", tc.arg, code, out)
+		}
 	}
 }
 
