@@ -73,9 +73,11 @@ func (o *options) applyConfig(cfg *configFile, fs *pflag.FlagSet) {
 	set("healthz-bind-address", "healthzBindAddress", c.HealthzBindAddress != "", func() { o.healthzBindAddress = c.HealthzBindAddress })
 	set("metrics-bind-address", "metricsBindAddress", c.MetricsBindAddress != "", func() { o.metricsBindAddress = c.MetricsBindAddress })
 	// kube-proxy defaults the servers' addresses from the family of the
-	// file's bindAddress (getDefaultAddresses): an IPv6 node configured
-	// with bindAddress '::1' kept metrics on 127.0.0.1.
-	if a, err := netip.ParseAddr(c.BindAddress); err == nil && !a.Unmap().Is4() {
+	// bind address (getDefaultAddresses): an IPv6 node configured with
+	// bindAddress '::1' kept metrics on 127.0.0.1. The effective one, a
+	// --bind-address flag's over the file's, as kube-proxy's flags write
+	// into the same configuration.
+	if a, err := netip.ParseAddr(o.bindAddress); err == nil && !a.Unmap().Is4() {
 		if c.HealthzBindAddress == "" && !fs.Changed("healthz-bind-address") {
 			o.healthzBindAddress = net.JoinHostPort("::", defaultHealthzPort)
 		}

@@ -60,6 +60,13 @@ udpIdleTimeout: 3s
 					t.Fatalf("healthz %q, metrics %q; want kube-proxy's [::]:10256, [::1]:10249", o.healthzBindAddress, o.metricsBindAddress)
 				}
 			}},
+		{name: "an IPv4 --bind-address over the file's IPv6 one keeps the IPv4 defaults", file: "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nbindAddress: '::'\n",
+			args: []string{"--bind-address=10.0.0.5"},
+			check: func(t *testing.T, o *options) {
+				if o.bindAddress != "10.0.0.5" || o.healthzBindAddress != "0.0.0.0:10256" || o.metricsBindAddress != "127.0.0.1:10249" {
+					t.Fatalf("bind %q, healthz %q, metrics %q; want 10.0.0.5, 0.0.0.0:10256, 127.0.0.1:10249", o.bindAddress, o.healthzBindAddress, o.metricsBindAddress)
+				}
+			}},
 		{name: "IPv4 bindAddress keeps the IPv4 defaults", file: "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nbindAddress: 10.0.0.5\n",
 			check: func(t *testing.T, o *options) {
 				if o.healthzBindAddress != "0.0.0.0:10256" || o.metricsBindAddress != "127.0.0.1:10249" {
