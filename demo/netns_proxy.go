@@ -1,15 +1,15 @@
 package demo
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os/exec"
 	"runtime"
-	"sync"
 	"syscall"
 	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/lockedbuf"
 )
 
 // Command is how to run kube-userspace-proxy itself: the demo --netns
@@ -23,7 +23,7 @@ type Command struct {
 // proxyProcess is the proxy running in the node namespace.
 type proxyProcess struct {
 	cmd  *exec.Cmd
-	out  lockedBuffer
+	out  lockedbuf.Buffer
 	done chan error
 }
 
@@ -102,23 +102,6 @@ func (p *proxyProcess) waitUp(ctx context.Context, cond func() bool) error {
 		}
 	}
 	return nil
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 var errNotRoot = errors.New("demo --netns needs root (it creates network namespaces and iptables rules); run it with sudo, or without --netns")

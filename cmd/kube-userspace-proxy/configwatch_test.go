@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/lockedbuf"
 )
 
 const watchedConfig = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmetricsBindAddress: 127.0.0.1:0\n"
@@ -105,7 +107,7 @@ func TestConfigChangeEndsTheCommand(t *testing.T) {
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^$", "--", "--config", path, "--iptables=false", "--bind-address", "127.0.0.1", "--manifests", t.TempDir())
 	cmd.Env = append(os.Environ(), runAsCommand+"=1")
-	var stderr syncBuffer
+	var stderr lockedbuf.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

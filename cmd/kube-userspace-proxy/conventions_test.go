@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -12,38 +11,20 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"k8s.io/klog/v2"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/lockedbuf"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
 )
 
-// syncBuffer is a bytes.Buffer klog may write to while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // captureKlog sends klog's output to a buffer until the test ends.
-func captureKlog(t *testing.T) *syncBuffer {
+func captureKlog(t *testing.T) *lockedbuf.Buffer {
 	t.Helper()
-	buf := &syncBuffer{}
+	buf := &lockedbuf.Buffer{}
 	klog.LogToStderr(false)
 	klog.SetOutput(buf)
 	t.Cleanup(func() {
@@ -203,7 +184,7 @@ func TestConfigzReportsVerbosity(t *testing.T) {
 				"--proxy-port-range", "0"}, tt.args...)
 			cmd := exec.Command(os.Args[0], args...)
 			cmd.Env = append(os.Environ(), runAsCommand+"=1")
-			var stderr syncBuffer
+			var stderr lockedbuf.Buffer
 			cmd.Stderr = &stderr
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)

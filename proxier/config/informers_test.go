@@ -20,6 +20,8 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/lockedbuf"
 )
 
 // informerRecorder is a Handler and NodeHandler that writes every call as one line.
@@ -439,7 +441,7 @@ func TestInformerSourceLogsMissingNode(t *testing.T) {
 		{"the Node exists", []runtime.Object{node}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			logs := &lockedBuffer{}
+			logs := &lockedbuf.Buffer{}
 			klog.SetOutput(logs)
 			klog.LogToStderr(false)
 			t.Cleanup(func() { klog.SetOutput(nil); klog.LogToStderr(true) })

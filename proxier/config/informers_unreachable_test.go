@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/lockedbuf"
 )
 
 // An API server that never answers: Run gives up when its context does,
@@ -18,7 +19,7 @@ import (
 // failed with, and logs no "Unable to sync caches" error (a stop before
 // the sync is no error; Ctrl-C printed it as logger="UnhandledError").
 func TestInformerSourceUnreachableSaysWhy(t *testing.T) {
-	logs := &lockedBuffer{}
+	logs := &lockedbuf.Buffer{}
 	captureKlog(t)
 	klog.SetOutput(logs)
 	client, err := kubernetes.NewForConfig(&rest.Config{Host: "http://127.0.0.1:1"})
@@ -53,23 +54,4 @@ func TestInformerSourceUnreachableSaysWhy(t *testing.T) {
 	if strings.Contains(logs.String(), "Unable to sync caches") {
 		t.Errorf("a stop before the sync was logged as an error:\n%s", logs.String())
 	}
-}
-
-// lockedBuffer is a log sink the informers' goroutines may write to while
-// the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -1,12 +1,12 @@
 package netns
 
 import (
-	"bytes"
 	"fmt"
 	"os/exec"
-	"sync"
 	"syscall"
 	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/lockedbuf"
 )
 
 // Proc is a process started inside a namespace. `ip netns exec` execs the
@@ -17,7 +17,7 @@ type Proc struct {
 	Pid  int
 
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *lockedbuf.Buffer
 	done chan struct{}
 	err  error
 }
@@ -28,7 +28,7 @@ type Proc struct {
 // already exited.
 func (n *NS) Start(name, bin string, args ...string) *Proc {
 	n.t.Helper()
-	buf := &syncBuffer{}
+	buf := &lockedbuf.Buffer{}
 	cmd := exec.Command("ip", append([]string{"netns", "exec", n.Name, bin}, args...)...)
 	cmd.Stdout, cmd.Stderr = buf, buf
 	if err := cmd.Start(); err != nil {
@@ -81,20 +81,3 @@ func (p *Proc) Exited() bool {
 
 // Output is everything the process has written so far.
 func (p *Proc) Output() string { return p.out.String() }
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
