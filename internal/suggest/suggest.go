@@ -124,7 +124,11 @@ func collect(t reflect.Type, names *[]string) {
 		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
 		switch {
 		case f.Anonymous && tag == "":
-			collect(deref(f.Type), names)
+			// An embedded non-struct (metav1.Duration's time.Duration)
+			// has no fields to offer.
+			if et := deref(f.Type); et.Kind() == reflect.Struct {
+				collect(et, names)
+			}
 		case tag != "" && tag != "-":
 			*names = append(*names, tag)
 		}

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestDistance(t *testing.T) {
@@ -67,6 +68,16 @@ func TestJSONFields(t *testing.T) {
 	}
 	if got := JSONFields(reflect.TypeOf(cfg{}), []string{"bindAddress"}); got != nil {
 		t.Errorf("a string's fields: %v", got)
+	}
+	// A struct that embeds a non-struct, as metav1.Duration embeds
+	// time.Duration: no fields, no panic (FuzzConfigFile found
+	// "iptables: {syncPeriod.x: ...}" panicking in NumField).
+	type duration struct{ time.Duration }
+	type withDuration struct {
+		Period duration `json:"period"`
+	}
+	if got := JSONFields(reflect.TypeOf(withDuration{}), []string{"period"}); len(got) != 0 {
+		t.Errorf("an embedded time.Duration's fields: %v", got)
 	}
 }
 
