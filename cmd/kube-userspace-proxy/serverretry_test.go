@@ -37,10 +37,18 @@ func TestTakenServerPortsRetried(t *testing.T) {
 	}
 	logs := captureKlog(t)
 	t.Cleanup(runStarted(t, o, v, "want it to serve and retry the servers' taken ports"))
-	klog.Flush()
-	// The start-up line says where metrics will be, not metrics="".
-	if want := `metrics="` + o.metricsBindAddress + ` (not bound yet; retrying)"`; !strings.Contains(logs.String(), want) {
-		t.Errorf("the running line does not say %s; log:\n%s", want, logs)
+	// The start-up line says where metrics will be, not metrics="". run
+	// writes it after the start callback runStarted waits for: poll.
+	want := `metrics="` + o.metricsBindAddress + ` (not bound yet; retrying)"`
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		klog.Flush()
+		if strings.Contains(logs.String(), want) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("the running line does not say %s; log:\n%s", want, logs)
+			break
+		}
 	}
 	health.Close()
 	metrics.Close()
