@@ -65,6 +65,8 @@ type options struct {
 	affinityMaxEntries int
 	httpMaxConns       int
 	httpIdleTimeout    time.Duration
+	stateFile          string
+	stateFileGrace     time.Duration
 	// kube-proxy's flags: deprecated ports, --init-only, and those accepted
 	// and not acted on (kubeproxyflags.go).
 	healthzPort, metricsPort int32
@@ -118,6 +120,7 @@ func newOptions() *options {
 		affinityMaxEntries: loadbalancer.DefaultMaxAffinityEntries,
 		httpMaxConns:       httpserver.DefaultLimits.MaxConns,
 		httpIdleTimeout:    httpserver.DefaultLimits.IdleTimeout,
+		stateFileGrace:     config.DefaultStateFileGrace,
 		healthzPort:        defaultHealthzPortNumber,
 		metricsPort:        defaultMetricsPortNumber,
 	}
@@ -144,6 +147,8 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.cleanup, "cleanup", o.cleanup, "Remove every chain and rule this proxy installs (IPv4 and IPv6), then exit.")
 	fs.StringVar(&o.proxyMode, "proxy-mode", o.proxyMode, "Which proxy mode to use: only 'userspace' is implemented.")
 	fs.DurationVar(&o.configSyncPeriod, "config-sync-period", o.configSyncPeriod, "How often configuration from the API server is refreshed. Must be greater than 0.")
+	fs.StringVar(&o.stateFile, "state-file", o.stateFile, "With an API server: a file to keep the last Services and EndpointSlices it gave in (rewritten after changes, at most every 10s, and at exit), served from when a start has not heard from the API server within --state-file-grace, until it does; kept on tmpfs (e.g. /run/kube-userspace-proxy/state.json) it lives as long as kube-proxy's kernel rules would: across a restart, not a reboot. Empty: none, and a start during an API server outage serves nothing until the API server answers.")
+	fs.DurationVar(&o.stateFileGrace, "state-file-grace", o.stateFileGrace, "How long a start waits for the API server before it serves --state-file's objects. Must not be negative.")
 	fs.Float32Var(&o.kubeAPIQPS, "kube-api-qps", o.kubeAPIQPS, "QPS to use while talking with the Kubernetes API server; a negative value means no client-side rate limit, 0 client-go's default (5).")
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", o.kubeAPIBurst, "Burst to use while talking with the Kubernetes API server.")
 	fs.StringVar(&o.kubeAPIContentType, "kube-api-content-type", o.kubeAPIContentType, "Content type of requests sent to the API server.")
@@ -246,6 +251,12 @@ func (o *options) validate() (*validated, error) {
 	}
 	if o.configSyncPeriod <= 0 {
 		add("--config-sync-period must be greater than 0, got %v", o.configSyncPeriod)
+	}
+	if o.stateFileGrace < 0 {
+		add("--state-file-grace must not be negative, got %v", o.stateFileGrace)
+	}
+	if o.stateFile != "" && o.manifests != "" && !o.cleanup {
+		add("--state-file keeps what an API server gave, and --manifests reads no API server: the manifests are their own last known state; drop one of the two")
 	}
 	if o.halfCloseTimeout < 0 {
 		add("--tcp-half-close-timeout must not be negative, got %v", o.halfCloseTimeout)

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -110,7 +111,13 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 	if o.manifests == "" {
 		registerRESTClientMetrics(metrics.Registry)
 	}
-	src, err := newSource(o, v, p, nodeState{health, p})
+	var h config.Handler = p
+	var lastState *config.LastKnownState
+	if o.stateFile != "" {
+		lastState = config.NewLastKnownState(o.stateFile, p, o.stateFileGrace)
+		h = lastState
+	}
+	src, err := newSource(o, v, h, nodeState{health, p})
 	if err != nil {
 		return err
 	}
@@ -129,9 +136,16 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 
 	srcErr := make(chan error, 1)
 	go func() { srcErr <- src.Run(ctx) }()
+	// proxierDone also waits for the last known state's last write, made
+	// when ctx ends.
 	proxierDone := make(chan struct{})
 	go func() {
+		var wg sync.WaitGroup
+		if lastState != nil {
+			wg.Go(func() { lastState.Run(ctx) })
+		}
 		p.Run(ctx)
+		wg.Wait()
 		close(proxierDone)
 	}()
 	if onStart != nil {

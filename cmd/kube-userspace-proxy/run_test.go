@@ -445,3 +445,38 @@ func TestBindAddressNotLocalWarned(t *testing.T) {
 		}
 	}
 }
+
+// --state-file keeps what an API server gave: refused beside --manifests,
+// which reads none; its grace must not be negative.
+func TestStateFileFlags(t *testing.T) {
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte("apiVersion: v1\nkind: Config\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	state := filepath.Join(t.TempDir(), "state.json")
+	manifests := t.TempDir()
+	tests := []struct {
+		args    []string
+		wantErr string // "" = valid
+	}{
+		{[]string{"--kubeconfig", kubeconfig, "--state-file", state}, ""},
+		{[]string{"--kubeconfig", kubeconfig, "--state-file", state, "--state-file-grace", "0"}, ""},
+		{[]string{"--kubeconfig", kubeconfig, "--state-file", state, "--state-file-grace", "-1s"}, "--state-file-grace must not be negative, got -1s"},
+		{[]string{"--manifests", manifests, "--state-file", state}, "--state-file keeps what an API server gave, and --manifests reads no API server"},
+		{[]string{"--manifests", manifests, "--state-file", state, "--cleanup"}, ""},
+	}
+	for _, tt := range tests {
+		_, err := parsedOptions(t, tt.args).validate()
+		switch {
+		case tt.wantErr == "" && err != nil:
+			t.Errorf("%q: refused: %v", tt.args, err)
+		case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+			t.Errorf("%q: error %v, want one containing %q", tt.args, err, tt.wantErr)
+		}
+		if tt.wantErr != "" && err != nil {
+			if code := runMain(tt.args); code != exitUsage {
+				t.Errorf("runMain(%q) = %d, want %d", tt.args, code, exitUsage)
+			}
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -62,6 +63,7 @@ const (
 	ipOutageAfter
 	ipFaults
 	ipFaultsInvalid
+	ipRestartOutage
 	ipRolloutProbe // waits until the rollout's Service is served, before the load starts
 	ipRolloutFirst // the rollout's clients use this and the ones after it
 	rolloutClients = 4
@@ -93,7 +95,9 @@ func setUp(t *testing.T) *env {
 	}
 	applyRBAC(t, e.admin, proxyClient)
 	registerNode(t, e.admin, lab.NodeIP)
-	e.proxy = harness.NewProxy(lab.Node, bin, nodeName, "--kubeconfig", e.cp.ProxyKubeconfig)
+	// --state-file: checkRestartDuringOutage restarts the proxy while kube-apiserver is down.
+	e.proxy = harness.NewProxy(lab.Node, bin, nodeName, "--kubeconfig", e.cp.ProxyKubeconfig,
+		"--state-file", filepath.Join(t.TempDir(), "state.json"))
 	e.proxy.Start(t, 20*time.Second)
 	return e
 }
@@ -111,8 +115,8 @@ func registerNode(t *testing.T, admin kubernetes.Interface, ip netip.Addr) {
 }
 
 // TestAgainstControlPlane runs every check against one control plane and one proxy, one
-// check at a time (the rollout and the outage want the machine to themselves), the
-// outage last because it restarts the API server.
+// check at a time (the rollout and the outages want the machine to themselves), the
+// outages last because they restart the API server (the second the proxy too).
 func TestAgainstControlPlane(t *testing.T) {
 	e := setUp(t)
 	for _, check := range []struct {
@@ -129,6 +133,7 @@ func TestAgainstControlPlane(t *testing.T) {
 		{"RollingUpdate", checkRollingUpdate},
 		{"LeastPrivilegeWasEnough", checkNoForbidden},
 		{"APIServerOutage", checkAPIServerOutage},
+		{"RestartDuringOutage", checkRestartDuringOutage},
 	} {
 		t.Run(check.name, func(t *testing.T) {
 			e.proxy.RequireRunning(t)

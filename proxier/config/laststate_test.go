@@ -1,0 +1,311 @@
+package config
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func stateService(name, clusterIP string) *v1.Service {
+	return &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, ResourceVersion: "7",
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}},
+		Spec: v1.ServiceSpec{ClusterIP: clusterIP, ClusterIPs: []string{clusterIP}, Type: v1.ServiceTypeClusterIP,
+			Ports: []v1.ServicePort{{Name: "http", Protocol: v1.ProtocolTCP, Port: 80}}},
+	}
+}
+
+func stateSlice(service, name, ip string) *discovery.EndpointSlice {
+	port, proto, ready, portName := int32(8080), v1.ProtocolTCP, true, "http"
+	return &discovery.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name,
+			Labels: map[string]string{discovery.LabelServiceName: service}},
+		AddressType: discovery.AddressTypeIPv4,
+		Endpoints:   []discovery.Endpoint{{Addresses: []string{ip}, Conditions: discovery.EndpointConditions{Ready: &ready}}},
+		Ports:       []discovery.EndpointPort{{Name: &portName, Port: &port, Protocol: &proto}},
+	}
+}
+
+// runState runs s until the test ends and waits for Run to return then.
+func runState(t *testing.T, s *LastKnownState) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		s.Run(ctx)
+		close(done)
+	}()
+	stop = func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatal("Run did not return after its context ended")
+		}
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func writeState(t *testing.T, path string, svcs []*v1.Service, slices []*discovery.EndpointSlice) {
+	t.Helper()
+	if err := WriteStateFile(path, State{Written: time.Now(), Services: svcs, EndpointSlices: slices}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func readState(t *testing.T, path string) (svcs, slices []string) {
+	t.Helper()
+	st, err := ReadStateFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range st.Services {
+		svcs = append(svcs, s.Name+"="+s.Spec.ClusterIP)
+	}
+	for _, es := range st.EndpointSlices {
+		slices = append(slices, es.Name+"="+es.Endpoints[0].Addresses[0])
+	}
+	return svcs, slices
+}
+
+func TestStateFileRoundTrip(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "sub", "state.json") // the directory is made
+	written := time.Date(2026, 12, 5, 3, 4, 5, 6, time.UTC)
+	svc := stateService("web", "10.96.0.10")
+	if err := WriteStateFile(path, State{Written: written,
+		Services:       []*v1.Service{stateService("z", "10.96.0.11"), svc},
+		EndpointSlices: []*discovery.EndpointSlice{stateSlice("web", "web-1", "10.1.0.5")}}); err != nil {
+		t.Fatal(err)
+	}
+	if svc.Kind != "" || len(svc.ManagedFields) != 1 {
+		t.Errorf("WriteStateFile changed the source's object: kind %q, %d managedFields", svc.Kind, len(svc.ManagedFields))
+	}
+	st, err := ReadStateFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Written.Equal(written) {
+		t.Errorf("Written = %v, want %v", st.Written, written)
+	}
+	if len(st.Services) != 2 || st.Services[0].Name != "web" || st.Services[1].Name != "z" {
+		t.Fatalf("services %v, want web and z, in order", st.Services)
+	}
+	if got := st.Services[0]; got.Kind != "Service" || got.ManagedFields != nil || got.Spec.ClusterIP != "10.96.0.10" || got.ResourceVersion != "7" {
+		t.Errorf("service read back: kind %q, managedFields %v, clusterIP %q, resourceVersion %q", got.Kind, got.ManagedFields, got.Spec.ClusterIP, got.ResourceVersion)
+	}
+	if len(st.EndpointSlices) != 1 || st.EndpointSlices[0].Endpoints[0].Addresses[0] != "10.1.0.5" {
+		t.Fatalf("slices %v", st.EndpointSlices)
+	}
+	// A v1 List: the manifest decoder (explain --manifests) reads it too.
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, errs := DecodeManifests(path, data)
+	if len(errs) > 0 || len(objs) != 3 {
+		t.Errorf("DecodeManifests: %d objects, errors %v", len(objs), errs)
+	}
+	if left, _ := filepath.Glob(filepath.Join(filepath.Dir(path), ".state.json.*")); len(left) > 0 {
+		t.Errorf("temporary files left beside the state file: %v", left)
+	}
+}
+
+func TestStateFileUnreadable(t *testing.T) {
+	dir := t.TempDir()
+	for name, content := range map[string]string{
+		"garbage":    "not json",
+		"other kind": `{"apiVersion":"v1","kind":"Service","metadata":{"name":"x"}}`,
+		"pod inside": `{"apiVersion":"v1","kind":"List","items":[{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p"}}]}`,
+	} {
+		path := filepath.Join(dir, "state.json")
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ReadStateFile(path); err == nil {
+			t.Errorf("%s: read without an error", name)
+		}
+	}
+}
+
+// A start whose source has not synced within the grace serves the file;
+// the source's sync then updates what it holds and deletes what it does
+// not, without a second synced call.
+func TestLastKnownStateServesFileUntilSourceSyncs(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.json")
+	writeState(t, path, []*v1.Service{stateService("a", "10.96.0.1"), stateService("b", "10.96.0.2")},
+		[]*discovery.EndpointSlice{stateSlice("a", "a-1", "10.1.0.1"), stateSlice("b", "b-1", "10.1.0.2")})
+	rec := newManifestRecorder()
+	s := NewLastKnownState(path, rec, 10*time.Millisecond)
+	s.writeEvery = time.Hour // only the sync's and the stop's writes
+	stop := runState(t, s)
+
+	rec.waitFor(t, 5*time.Second,
+		"add Service default/a", "add Service default/b",
+		"add EndpointSlice default/a-1", "add EndpointSlice default/b-1",
+		"synced Service", "synced EndpointSlice")
+
+	// The API server answers: a changed, b gone, c new.
+	s.OnServiceAdd(stateService("a", "10.96.0.1"))
+	s.OnServiceAdd(stateService("c", "10.96.0.3"))
+	s.OnEndpointSliceAdd(stateSlice("a", "a-1", "10.1.0.9"))
+	s.OnServiceSynced()
+	s.OnEndpointSlicesSynced()
+	rec.waitFor(t, 5*time.Second,
+		"update Service default/a", "add Service default/c", "update EndpointSlice default/a-1",
+		"delete EndpointSlice default/b-1", "delete Service default/b")
+	if got := rec.serviceYAML("default/a"); got.Kind != "" {
+		t.Errorf("the proxier holds the file's Service a after the source delivered its own")
+	}
+
+	// Later events pass through.
+	s.OnServiceDelete(stateService("c", "10.96.0.3"))
+	rec.waitFor(t, time.Second, "delete Service default/c")
+
+	stop()
+	svcs, slices := readState(t, path)
+	if want := "[a=10.96.0.1]"; fmtList(svcs) != want {
+		t.Errorf("file's services after the stop: %v, want %s", svcs, want)
+	}
+	if want := "[a-1=10.1.0.9]"; fmtList(slices) != want {
+		t.Errorf("file's slices after the stop: %v, want %s", slices, want)
+	}
+}
+
+func fmtList(l []string) string { return "[" + strings.Join(l, " ") + "]" }
+
+// A source that syncs within the grace is all the proxier sees, and the
+// file is rewritten from it.
+func TestLastKnownStateSourceInTime(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.json")
+	writeState(t, path, []*v1.Service{stateService("old", "10.96.0.1")}, nil)
+	rec := newManifestRecorder()
+	s := NewLastKnownState(path, rec, time.Hour)
+	s.writeEvery = time.Hour
+	runState(t, s)
+	s.OnServiceAdd(stateService("new", "10.96.0.2"))
+	s.OnServiceSynced()
+	s.OnEndpointSlicesSynced()
+	rec.waitFor(t, time.Second, "add Service default/new", "synced Service", "synced EndpointSlice")
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		svcs, _ := readState(t, path)
+		if fmtList(svcs) == "[new=10.96.0.2]" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the file still holds %v after the source synced", svcs)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Objects the source delivered before the grace ran out are not replaced
+// by the file's; what the file adds is deleted at the sync if the source
+// does not hold it.
+func TestLastKnownStatePartialListBeforeGrace(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.json")
+	writeState(t, path, []*v1.Service{stateService("a", "10.96.0.1"), stateService("b", "10.96.0.2")}, nil)
+	rec := newManifestRecorder()
+	s := NewLastKnownState(path, rec, 50*time.Millisecond)
+	s.OnServiceAdd(stateService("a", "10.96.0.9")) // before Run: before the grace ends
+	runState(t, s)
+	rec.waitFor(t, 5*time.Second, "add Service default/a", "add Service default/b", "synced Service", "synced EndpointSlice")
+	if got := rec.serviceYAML("default/a").Spec.ClusterIP; got != "10.96.0.9" {
+		t.Errorf("Service a is the file's (%s), not the source's", got)
+	}
+	s.OnServiceSynced()
+	s.OnEndpointSlicesSynced()
+	rec.waitFor(t, time.Second, "delete Service default/b")
+}
+
+// Without a readable file the grace changes nothing: the proxier waits for
+// the source, as without --state-file.
+func TestLastKnownStateNoFile(t *testing.T) {
+	for name, content := range map[string]string{"missing": "", "garbage": "{"} {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "state.json")
+			if content != "" {
+				if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			rec := newManifestRecorder()
+			s := NewLastKnownState(path, rec, time.Millisecond)
+			stop := runState(t, s)
+			time.Sleep(50 * time.Millisecond)
+			if ev := rec.take(); len(ev) > 0 {
+				t.Fatalf("events before the source synced: %q", ev)
+			}
+			s.OnServiceAdd(stateService("a", "10.96.0.1"))
+			s.OnServiceSynced()
+			s.OnEndpointSlicesSynced()
+			rec.waitFor(t, time.Second, "add Service default/a", "synced Service", "synced EndpointSlice")
+			stop()
+			if svcs, _ := readState(t, path); fmtList(svcs) != "[a=10.96.0.1]" {
+				t.Errorf("file after the stop: %v", svcs)
+			}
+		})
+	}
+}
+
+// A stop before the source synced keeps the file: a partial view must
+// not replace the last full one.
+func TestLastKnownStateStopBeforeSyncKeepsFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.json")
+	writeState(t, path, []*v1.Service{stateService("a", "10.96.0.1"), stateService("b", "10.96.0.2")}, nil)
+	rec := newManifestRecorder()
+	s := NewLastKnownState(path, rec, time.Millisecond)
+	stop := runState(t, s)
+	rec.waitFor(t, 5*time.Second, "add Service default/a", "add Service default/b", "synced Service", "synced EndpointSlice")
+	s.OnServiceAdd(stateService("c", "10.96.0.3"))
+	stop()
+	if svcs, _ := readState(t, path); fmtList(svcs) != "[a=10.96.0.1 b=10.96.0.2]" {
+		t.Errorf("file after a stop before the sync: %v, want the one from before", svcs)
+	}
+}
+
+// A kind the source synced before the grace ran out is whole: the file
+// adds none of its objects, and next hears its synced call once.
+func TestLastKnownStateOneKindSyncedBeforeGrace(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.json")
+	writeState(t, path, []*v1.Service{stateService("b", "10.96.0.2")}, []*discovery.EndpointSlice{stateSlice("b", "b-1", "10.1.0.2")})
+	rec := newManifestRecorder()
+	s := NewLastKnownState(path, rec, 50*time.Millisecond)
+	s.OnServiceAdd(stateService("a", "10.96.0.1"))
+	s.OnServiceSynced()
+	runState(t, s)
+	rec.waitFor(t, 5*time.Second, "add Service default/a", "synced Service", "add EndpointSlice default/b-1", "synced EndpointSlice")
+	s.OnEndpointSlicesSynced()
+	rec.waitFor(t, time.Second, "delete EndpointSlice default/b-1")
+}
+
+// BenchmarkWriteStateFile10k writes 10,000 Services and their slices: the
+// cost of one write of a large cluster's state (at most one per 10 s).
+func BenchmarkWriteStateFile10k(b *testing.B) {
+	st := State{Written: time.Now()}
+	for i := range 10000 {
+		name := fmt.Sprintf("svc-%05d", i)
+		ip := fmt.Sprintf("10.%d.%d.%d", 96+i/65536, i/256%256, i%256)
+		st.Services = append(st.Services, stateService(name, ip))
+		st.EndpointSlices = append(st.EndpointSlices, stateSlice(name, name+"-1", ip))
+	}
+	path := filepath.Join(b.TempDir(), "state.json")
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := WriteStateFile(path, st); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if fi, err := os.Stat(path); err == nil {
+		b.ReportMetric(float64(fi.Size())/(1<<20), "MiB")
+	}
+}
