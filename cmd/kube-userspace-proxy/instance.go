@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"net"
+	"sync"
 	"syscall"
 	"time"
 
@@ -19,25 +20,84 @@ import (
 // it; and it goes with the process, so a crash leaves nothing stale.
 var instanceSocket = "@kube-userspace-proxy.rules"
 
-// instanceClaim is this process's hold on instanceSocket (nil: another
-// process holds it, or the socket could not be made).
-type instanceClaim struct{ ln *net.UnixListener }
+// instanceClaim is this process's hold on instanceSocket, or its wait for
+// it: a process that found another holding it takes the name once that
+// one is gone, so that a third still finds a proxy (a rolling restart
+// overlaps the old and the new one; the new one stays).
+type instanceClaim struct {
+	// instanceSocket, instanceRetryEvery and newInstanceLogLimiter as
+	// they were at the claim (its wait runs on).
+	name       string
+	retryEvery time.Duration
+	newLimiter func() flowcontrol.RateLimiter
+
+	mu       sync.Mutex
+	ln       *net.UnixListener // nil while another process holds the name
+	released bool
+	done     chan struct{} // closed by release: the wait ends
+}
+
+// instanceRetryEvery is how often a process waiting for instanceSocket
+// tries to take it (a variable: tests shorten it).
+var instanceRetryEvery = 5 * time.Second
 
 // claimInstance takes instanceSocket, or reports that another process
-// holds it (held) and, when this process can see it, that one's PID. The
-// holder logs each process that finds it.
+// holds it (held) and, when this process can see it, that one's PID, and
+// then waits for it to be free. The holder logs each process that finds
+// it. release ends the hold or the wait.
 func claimInstance() (claim *instanceClaim, held bool, pid int) {
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: instanceSocket, Net: "unix"})
+	c := &instanceClaim{name: instanceSocket, retryEvery: instanceRetryEvery, newLimiter: newInstanceLogLimiter,
+		done: make(chan struct{})}
+	err := c.listen()
 	if err == nil {
-		go announceOthers(ln, newInstanceLogLimiter())
-		return &instanceClaim{ln: ln}, false, 0
+		return c, false, 0
 	}
 	if !errors.Is(err, syscall.EADDRINUSE) {
 		klog.V(2).InfoS("Cannot watch for a second proxy on this node", "err", err)
-		return nil, false, 0
+		return c, false, 0
 	}
 	held, pid = holder()
-	return nil, held, pid
+	go c.takeOverWhenFree()
+	return c, held, pid
+}
+
+// listen takes the name, unless the claim was released.
+func (c *instanceClaim) listen() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.released {
+		return net.ErrClosed
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: c.name, Net: "unix"})
+	if err != nil {
+		return err
+	}
+	c.ln = ln
+	go announceOthers(ln, c.newLimiter())
+	return nil
+}
+
+func (c *instanceClaim) takeOverWhenFree() {
+	tick := time.NewTicker(c.retryEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-c.done:
+			return
+		case <-tick.C:
+		}
+		if c.listen() == nil {
+			klog.InfoS("The other kube-userspace-proxy in this network namespace is gone; this one now answers a process that looks for one")
+			return
+		}
+	}
+}
+
+// holding reports whether this process holds instanceSocket now.
+func (c *instanceClaim) holding() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ln != nil
 }
 
 // holder reports whether a process listens on instanceSocket and its PID,
@@ -100,7 +160,17 @@ func announceOthers(ln *net.UnixListener, limit flowcontrol.RateLimiter) {
 var newInstanceLogLimiter = func() flowcontrol.RateLimiter { return flowcontrol.NewTokenBucketRateLimiter(1.0/6, 10) }
 
 func (c *instanceClaim) release() {
-	if c != nil {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.released {
+		return
+	}
+	c.released = true
+	close(c.done)
+	if c.ln != nil {
 		_ = c.ln.Close()
 	}
 }

@@ -24,13 +24,14 @@ func TestSecondInstanceFindsTheFirst(t *testing.T) {
 		t.Fatalf("holder with none = %v, %d; want false, 0", held, pid)
 	}
 	first, held, other := claimInstance()
-	if first == nil || held || other != 0 {
-		t.Fatalf("first claim = %v, held %v, other %d; want a claim", first, held, other)
+	if !first.holding() || held || other != 0 {
+		t.Fatalf("first claim holds %v, held %v, other %d; want a claim", first.holding(), held, other)
 	}
 	second, held, other := claimInstance()
-	if second != nil || !held || other != os.Getpid() {
-		t.Fatalf("second claim = %v, held %v, other %d; want nil, true, %d", second, held, other, os.Getpid())
+	if second.holding() || !held || other != os.Getpid() {
+		t.Fatalf("second claim holds %v, held %v, other %d; want false, true, %d", second.holding(), held, other, os.Getpid())
 	}
+	second.release() // no longer waiting to take the name over
 	want := fmt.Sprintf("pid=%d", os.Getpid())
 	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(logs.String(), want); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -50,12 +51,50 @@ func TestSecondInstanceFindsTheFirst(t *testing.T) {
 	}
 	first.release()
 	third, held, _ := claimInstance()
-	if third == nil || held {
-		t.Fatalf("claim after release = %v, held %v; want a claim", third, held)
+	if !third.holding() || held {
+		t.Fatalf("claim after release holds %v, held %v; want a claim", third.holding(), held)
 	}
 	third.release()
+	third.release() // twice: nothing more to do
 	var none *instanceClaim
-	none.release() // the claim of a process that found another: nothing to do
+	none.release() // a proxy without rules claims nothing
+}
+
+// A process that found another holding the name takes it once that one
+// is gone, so that a third still finds a proxy: a rolling restart
+// overlaps the old and the new one, and the new one stays. Without the
+// takeover, the third found none (the test failed at "a third claim").
+func TestSecondInstanceTakesOverTheName(t *testing.T) {
+	saved, savedEvery := instanceSocket, instanceRetryEvery
+	instanceSocket = fmt.Sprintf("@kube-userspace-proxy.test.%d.%d", os.Getpid(), time.Now().UnixNano())
+	instanceRetryEvery = 10 * time.Millisecond
+	defer func() { instanceSocket, instanceRetryEvery = saved, savedEvery }()
+	captureKlog(t)
+
+	old, _, _ := claimInstance()
+	replacement, held, _ := claimInstance()
+	defer replacement.release()
+	if !held || replacement.holding() {
+		t.Fatalf("second claim: held %v, holding %v; want true, false", held, replacement.holding())
+	}
+	old.release()
+	for deadline := time.Now().Add(5 * time.Second); !replacement.holding(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the second process did not take the name over after the first released it")
+		}
+	}
+	third, held, pid := claimInstance()
+	defer third.release()
+	if !held || pid != os.Getpid() {
+		t.Fatalf("a third claim: held %v, pid %d; want the second process found", held, pid)
+	}
+	// A released wait takes nothing over.
+	third.release()
+	replacement.release()
+	time.Sleep(50 * time.Millisecond)
+	if held, _ := holder(); held {
+		t.Fatal("a released claim took the name over")
+	}
 }
 
 // TestInstanceConnectHelper is a process of its own for
