@@ -224,9 +224,7 @@ func New(opts Options) *Proxier {
 		opts.Metrics = NewMetrics()
 	}
 	if opts.Dialer == nil {
-		// Go's own keep-alive setup is off (it would set the options after
-		// connect, one call each); Liveness sets them before connect.
-		opts.Dialer = &net.Dialer{KeepAlive: -1, Control: relay.SocketControl(opts.Liveness)}
+		opts.Dialer = backendDialer(opts.Liveness)
 	}
 	if len(opts.DialTimeouts) > maxDialAttempts {
 		opts.DialTimeouts = opts.DialTimeouts[:maxDialAttempts]
@@ -942,4 +940,12 @@ func (p *Proxier) debugMerged(prev []debugPort, touched []loadbalancer.ServicePo
 	}
 	rows = append(rows, fresh...)
 	return rows, len(rows) == len(p.active)
+}
+
+// backendDialer is the goroutine relay's dialer. Go's own keep-alive setup
+// is off (it would set the options after connect, one call each); l's
+// options are set before connect, with the handshake's last ACK held for
+// the client's first bytes (relay.DialControl; serve releases it).
+func backendDialer(l relay.Liveness) *net.Dialer {
+	return &net.Dialer{KeepAlive: -1, Control: relay.DialControl(l)}
 }

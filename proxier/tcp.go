@@ -175,6 +175,9 @@ func (s *tcpProxySocket) serve(client *net.TCPConn, from netip.AddrPort, fc *fau
 		}
 		return
 	}
+	// The dial held the handshake's last ACK for the client's first bytes
+	// (relay.DialControl; a test's Dialer holds none, and this is a no-op).
+	relay.ReleaseHandshakeACK(backend, client, fc != nil)
 	go s.relay(s.start(client, backend, from, fc))
 }
 

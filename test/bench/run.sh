@@ -434,15 +434,15 @@ endpoints:
 EOF
 # kup and kupel are the same process on the same addresses, started with
 # --data-path=goroutines or =eventloop (kupbase: BENCH_KUP_BASE_BIN's build on
-# the event loop): use_kup restarts it when the next measurement needs
-# another one.
+# the event loop, or on BENCH_KUP_BASE_PATH): use_kup restarts it when the next
+# measurement needs another one.
 KUP_PID=
 KUP_CFG=
 start_kup() { # [CFG]
 	local path=goroutines bin=$WORK/kube-userspace-proxy
 	KUP_CFG=${1:-kup}
 	[ "$KUP_CFG" = kupel ] && path=eventloop
-	[ "$KUP_CFG" = kupbase ] && path=eventloop bin=$WORK/kube-userspace-proxy-base
+	[ "$KUP_CFG" = kupbase ] && path=${BENCH_KUP_BASE_PATH:-eventloop} bin=$WORK/kube-userspace-proxy-base
 	start "$NSN" kup env ${KUP_ENV[@]+"${KUP_ENV[@]}"} "$bin" --manifests "$WORK/manifests" --bind-address 0.0.0.0 \
 		--healthz-bind-address 127.0.0.1:10256 --metrics-bind-address 127.0.0.1:10249 --data-path "$path"
 	KUP_PID=$LASTPID
