@@ -528,6 +528,67 @@ func TestTableDownUpdateKeepsItsDraw(t *testing.T) {
 	}
 }
 
+// An update of a down toxic cuts live connections again only when it
+// changes which it draws: inside its clients, those it did not draw stay up
+// through a stream-only update, and go once its toxicity takes them too.
+// (TestTableDownUpdateKeepsItsDraw's live connection is outside the
+// toxic's clients, so it stays up whatever the update does.)
+func TestTableDownUpdateCutsOnlyWhenItsDrawChanges(t *testing.T) {
+	tbl, p := declared(t, 3, 0, "TCP")
+	tbl.TrackLive = true
+	const n = 20
+	var dones []chan struct{}
+	for range n {
+		_, _, done := proxied(t, p, client1)
+		dones = append(dones, done)
+	}
+	if _, err := tbl.AddToxic(p.Name(), toxic(t, `{"name":"half","type":"down","toxicity":0.5,"clients":["10.0.0.0/24"]}`)); err != nil {
+		t.Fatal(err)
+	}
+	s := p.snap.Load()
+	var kept []chan struct{}
+	for seq, done := range dones {
+		if !s.downDraws(uint64(seq), client1) {
+			kept = append(kept, done)
+			continue
+		}
+		select {
+		case <-done:
+		case <-time.After(2 * time.Second):
+			t.Fatalf("connection %d drew down but was not cut", seq)
+		}
+	}
+	if len(kept) == 0 || len(kept) == n {
+		t.Fatalf("toxicity 0.5 kept %d of %d live connections", len(kept), n)
+	}
+	stillUp := func(what string) {
+		t.Helper()
+		time.Sleep(100 * time.Millisecond)
+		for i, done := range kept {
+			select {
+			case <-done:
+				t.Fatalf("%s cut live connection %d of %d that the toxic did not draw", what, i, len(kept))
+			default:
+			}
+		}
+	}
+	stillUp("adding the toxic")
+	if _, err := tbl.UpdateToxic(p.Name(), "half", []byte(`{"stream":"upstream"}`)); err != nil {
+		t.Fatal(err)
+	}
+	stillUp("a stream-only update")
+	if _, err := tbl.UpdateToxic(p.Name(), "half", []byte(`{"toxicity":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	for i, done := range kept {
+		select {
+		case <-done:
+		case <-time.After(2 * time.Second):
+			t.Fatalf("toxicity 1 left live connection %d of %d up", i, len(kept))
+		}
+	}
+}
+
 func TestDownDrawChanged(t *testing.T) {
 	one, two, alsoOne := int64(1), int64(2), int64(1)
 	base := Toxic{Type: "down", Toxicity: 1, Clients: []string{"10.0.0.0/8"}, Seed: &one}
