@@ -115,6 +115,7 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 	var lastState *config.LastKnownState
 	if o.stateFile != "" {
 		lastState = config.NewLastKnownState(o.stateFile, p, o.stateFileGrace)
+		registerLastKnownStateMetrics(metrics.Registry, lastState)
 		h = lastState
 	}
 	src, err := newSource(o, v, h, nodeState{health, p})

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -49,6 +50,32 @@ type LastKnownState struct {
 	bootstrapped bool          // the file's objects and the synced calls went to next
 	synced       chan struct{} // closed once the source synced both kinds
 	changed      chan struct{}
+
+	// For the metrics (Status): serving the file's objects now, the last
+	// good write (Unix ns, 0: none), failed writes.
+	serving     atomic.Bool
+	writtenAt   atomic.Int64
+	writeErrors atomic.Int64
+}
+
+// StateStatus is what LastKnownState reports for the metrics.
+type StateStatus struct {
+	// Serving: the proxier holds the file's objects (the API server has
+	// not answered since the start).
+	Serving bool
+	// Written is the last good write of the file (zero: none yet).
+	Written time.Time
+	// WriteErrors counts failed writes.
+	WriteErrors int64
+}
+
+// Status is the state of the file and of what is served from it.
+func (s *LastKnownState) Status() StateStatus {
+	st := StateStatus{Serving: s.serving.Load(), WriteErrors: s.writeErrors.Load()}
+	if ns := s.writtenAt.Load(); ns != 0 {
+		st.Written = time.Unix(0, ns)
+	}
+	return st
 }
 
 // kindState is one kind's share of LastKnownState, under its mu.
@@ -166,19 +193,23 @@ func NewLastKnownState(path string, next Handler, grace time.Duration) *LastKnow
 // synced: a partial view must not replace the last full one.
 func (s *LastKnownState) Run(ctx context.Context) {
 	grace := time.NewTimer(s.grace)
-	select {
-	case <-s.synced:
-		grace.Stop()
-	case <-grace.C:
-		s.bootstrap()
-	case <-ctx.Done():
-		grace.Stop()
-		return
-	}
-	select {
-	case <-s.synced:
-	case <-ctx.Done():
-		return
+	defer grace.Stop()
+	for waiting := true; waiting; {
+		select {
+		case <-s.synced:
+			waiting = false
+		case <-grace.C:
+			s.bootstrap()
+		case <-ctx.Done():
+			// A stop just after the sync (both ready, select chose
+			// this) still writes what the source gave.
+			select {
+			case <-s.synced:
+				s.write()
+			default:
+			}
+			return
+		}
 	}
 	s.write()
 	last := time.Now()
@@ -222,6 +253,7 @@ func (s *LastKnownState) bootstrap() {
 		return // the source synced meanwhile
 	}
 	s.bootstrapped = true
+	s.serving.Store(true)
 	// Every object, then the synced calls, as a source delivers them.
 	svcs, slices := s.services.serve(state.Services), s.slices.serve(state.EndpointSlices)
 	if svcs {
@@ -300,6 +332,7 @@ func (s *LastKnownState) sourceSynced() {
 	if s.bootstrapped {
 		slicesGone := s.slices.dropProvisional()
 		servicesGone := s.services.dropProvisional()
+		s.serving.Store(false)
 		klog.InfoS("The API server answered: its state replaced the last known state", "servicesGone", servicesGone, "endpointSlicesGone", slicesGone)
 	}
 	close(s.synced)
@@ -312,8 +345,11 @@ func (s *LastKnownState) write() {
 	state := State{Written: time.Now(), Services: s.services.snapshot(), EndpointSlices: s.slices.snapshot()}
 	s.mu.Unlock()
 	if err := WriteStateFile(s.path, state); err != nil {
+		s.writeErrors.Add(1)
 		klog.ErrorS(err, "Cannot write the last known state: a start during an API server outage would serve an older one, or none", "stateFile", s.path)
+		return
 	}
+	s.writtenAt.Store(state.Written.UnixNano())
 }
 
 // State is what a state file holds.

@@ -152,6 +152,9 @@ func TestLastKnownStateServesFileUntilSourceSyncs(t *testing.T) {
 		"add Service default/a", "add Service default/b",
 		"add EndpointSlice default/a-1", "add EndpointSlice default/b-1",
 		"synced Service", "synced EndpointSlice")
+	if st := s.Status(); !st.Serving || !st.Written.IsZero() {
+		t.Errorf("status while serving the file: %+v, want serving and nothing written", st)
+	}
 
 	// The API server answers: a changed, b gone, c new.
 	s.OnServiceAdd(stateService("a", "10.96.0.1"))
@@ -165,12 +168,18 @@ func TestLastKnownStateServesFileUntilSourceSyncs(t *testing.T) {
 	if got := rec.serviceYAML("default/a"); got.Kind != "" {
 		t.Errorf("the proxier holds the file's Service a after the source delivered its own")
 	}
+	if s.Status().Serving {
+		t.Error("status says serving the file after the source synced")
+	}
 
 	// Later events pass through.
 	s.OnServiceDelete(stateService("c", "10.96.0.3"))
 	rec.waitFor(t, time.Second, "delete Service default/c")
 
 	stop()
+	if st := s.Status(); st.Written.IsZero() || st.WriteErrors != 0 {
+		t.Errorf("status after the stop: %+v, want a write and no errors", st)
+	}
 	svcs, slices := readState(t, path)
 	if want := "[a=10.96.0.1]"; fmtList(svcs) != want {
 		t.Errorf("file's services after the stop: %v, want %s", svcs, want)
@@ -307,5 +316,28 @@ func BenchmarkWriteStateFile10k(b *testing.B) {
 	}
 	if fi, err := os.Stat(path); err == nil {
 		b.ReportMetric(float64(fi.Size())/(1<<20), "MiB")
+	}
+}
+
+// A file that cannot be written is counted (and logged); the proxier is
+// served as ever.
+func TestLastKnownStateWriteErrorsCounted(t *testing.T) {
+	dir := t.TempDir()
+	blocker := filepath.Join(dir, "not-a-dir")
+	if err := os.WriteFile(blocker, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rec := newManifestRecorder()
+	s := NewLastKnownState(filepath.Join(blocker, "state.json"), rec, time.Hour)
+	stop := runState(t, s)
+	s.OnServiceAdd(stateService("a", "10.96.0.1"))
+	s.OnServiceSynced()
+	s.OnEndpointSlicesSynced()
+	rec.waitFor(t, time.Second, "add Service default/a", "synced Service", "synced EndpointSlice")
+	stop()
+	// At least the stop's write was tried, even when the stop came before
+	// Run saw the sync (it returned without writing: 9 of 20 runs).
+	if st := s.Status(); st.WriteErrors < 1 || !st.Written.IsZero() {
+		t.Errorf("status: %+v, want failed writes counted, none written", st)
 	}
 }

@@ -51,6 +51,9 @@ func checkRestartDuringOutage(t *testing.T, e *env) {
 	if len(e.proxy.LogLines("serving the last known state")) == 0 {
 		t.Errorf("no log line says the last known state is served")
 	}
+	if v := e.proxy.Metric(t, "kubeproxy_userspace_last_known_state_serving"); v != 1 {
+		t.Errorf("kubeproxy_userspace_last_known_state_serving = %v while serving the file, want 1", v)
+	}
 
 	var err error
 	e.launch.Run(func() { err = e.cp.StartAPIServer() })
@@ -75,5 +78,12 @@ func checkRestartDuringOutage(t *testing.T, e *env) {
 		moved.Milliseconds(), gone.Milliseconds())
 	if len(e.proxy.LogLines("its state replaced the last known state")) == 0 {
 		t.Errorf("no log line says the API server's state replaced the last known state")
+	}
+	if v := e.proxy.Metric(t, "kubeproxy_userspace_last_known_state_serving"); v != 0 {
+		t.Errorf("kubeproxy_userspace_last_known_state_serving = %v after the API server's sync, want 0", v)
+	}
+	// Written at the API server's sync, so after this process started.
+	if v := e.proxy.Metric(t, "kubeproxy_userspace_last_known_state_written_timestamp_seconds"); v < float64(started.Unix()) {
+		t.Errorf("kubeproxy_userspace_last_known_state_written_timestamp_seconds = %v, before this process started (%d)", v, started.Unix())
 	}
 }
