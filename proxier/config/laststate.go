@@ -23,8 +23,10 @@ import (
 // LastKnownState stands between an API-server source and the proxier
 // (--state-file). It passes every event on and keeps the Services and
 // EndpointSlices they leave in a file; when a start's source has not synced
-// within its grace (the API server is away), it serves that file's objects
-// until the source syncs, then brings the proxier to the source's view.
+// within its grace (listed every Service and EndpointSlice: the API server
+// is away, or slow, or refuses the lists), it serves that file's objects
+// until the source syncs, however long that takes, then brings the proxier
+// to the source's view.
 //
 // Why: this proxy is the data path. kube-proxy's rules live in the kernel
 // and keep serving while kube-proxy restarts during an API server outage;
@@ -81,6 +83,9 @@ func (s *LastKnownState) Status() StateStatus {
 // kindState is one kind's share of LastKnownState, under its mu.
 type kindState[T metav1.Object] struct {
 	held map[string]T
+	// deleted holds the keys the source deleted before it synced: the
+	// file, older, must not bring them back (nil once it cannot).
+	deleted map[string]struct{}
 	// provisional holds what was served from the file and the source
 	// has not delivered yet: left over at the source's sync, it is gone.
 	provisional map[string]T
@@ -97,7 +102,7 @@ type kindHandler[T any] struct {
 }
 
 func newKindState[T metav1.Object](next kindHandler[T]) kindState[T] {
-	return kindState[T]{held: map[string]T{}, next: next}
+	return kindState[T]{held: map[string]T{}, deleted: map[string]struct{}{}, next: next}
 }
 
 func objKey(o metav1.Object) string { return o.GetNamespace() + "/" + o.GetName() }
@@ -119,8 +124,12 @@ func (k *kindState[T]) changed(old T, hadOld bool, cur T) {
 	k.next.update(old, cur)
 }
 
-func (k *kindState[T]) deleted(obj T) {
-	delete(k.held, objKey(obj))
+func (k *kindState[T]) gone(obj T) {
+	key := objKey(obj)
+	delete(k.held, key)
+	if k.deleted != nil {
+		k.deleted[key] = struct{}{}
+	}
 	k.next.del(obj)
 }
 
@@ -128,27 +137,25 @@ func (k *kindState[T]) deleted(obj T) {
 // objects went with one already.
 func (k *kindState[T]) sourceSynced(bootstrapped bool) {
 	k.synced = true
+	k.deleted = nil
 	if !bootstrapped {
 		k.next.markSynced()
 	}
 }
 
-// serve hands next the file's objects the source has not delivered; false
-// when the source has synced the kind: it is whole, and the file adds
-// nothing to it (nor a synced call).
-func (k *kindState[T]) serve(fromFile []T) bool {
-	if k.synced {
-		return false
-	}
+// serve hands next the file's objects the source has neither delivered
+// nor deleted.
+func (k *kindState[T]) serve(fromFile []T) {
 	k.provisional = map[string]T{}
 	for _, o := range fromFile {
 		key := objKey(o)
-		if _, ok := k.held[key]; !ok {
+		_, held := k.held[key]
+		if _, deleted := k.deleted[key]; !held && !deleted {
 			k.provisional[key] = o
 			k.next.add(o)
 		}
 	}
-	return true
+	k.deleted = nil
 }
 
 // dropProvisional deletes what the file served and the source does not
@@ -192,6 +199,7 @@ func NewLastKnownState(path string, next Handler, grace time.Duration) *LastKnow
 // when ctx ends, before it returns. Nothing is written before the source
 // synced: a partial view must not replace the last full one.
 func (s *LastKnownState) Run(ctx context.Context) {
+	removeStaleTemps(s.path)
 	grace := time.NewTimer(s.grace)
 	defer grace.Stop()
 	for waiting := true; waiting; {
@@ -249,19 +257,19 @@ func (s *LastKnownState) bootstrap() {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.services.synced && s.slices.synced {
-		return // the source synced meanwhile
+	if s.services.synced || s.slices.synced {
+		// The source synced meanwhile: it makes both calls at once, so
+		// the other kind is on its way (the file would add stale
+		// objects for a moment).
+		return
 	}
 	s.bootstrapped = true
 	s.serving.Store(true)
 	// Every object, then the synced calls, as a source delivers them.
-	svcs, slices := s.services.serve(state.Services), s.slices.serve(state.EndpointSlices)
-	if svcs {
-		s.services.next.markSynced()
-	}
-	if slices {
-		s.slices.next.markSynced()
-	}
+	s.services.serve(state.Services)
+	s.slices.serve(state.EndpointSlices)
+	s.services.next.markSynced()
+	s.slices.next.markSynced()
 	klog.InfoS("The API server has not answered yet: serving the last known state until it does", "stateFile", s.path,
 		"written", state.Written.Format(time.RFC3339), "age", time.Since(state.Written).Round(time.Second),
 		"services", len(state.Services), "endpointSlices", len(state.EndpointSlices))
@@ -286,7 +294,7 @@ func (s *LastKnownState) OnServiceUpdate(old, svc *v1.Service) {
 func (s *LastKnownState) OnServiceDelete(svc *v1.Service) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.services.deleted(svc)
+	s.services.gone(svc)
 	s.noteChange()
 }
 
@@ -311,7 +319,7 @@ func (s *LastKnownState) OnEndpointSliceUpdate(old, es *discovery.EndpointSlice)
 func (s *LastKnownState) OnEndpointSliceDelete(es *discovery.EndpointSlice) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.slices.deleted(es)
+	s.slices.gone(es)
 	s.noteChange()
 }
 
@@ -347,6 +355,7 @@ func (s *LastKnownState) write() {
 	if err := WriteStateFile(s.path, state); err != nil {
 		s.writeErrors.Add(1)
 		klog.ErrorS(err, "Cannot write the last known state: a start during an API server outage would serve an older one, or none", "stateFile", s.path)
+		s.noteChange() // tried again after writeEvery, changes or not
 		return
 	}
 	s.writtenAt.Store(state.Written.UnixNano())
@@ -429,6 +438,15 @@ func WriteStateFile(path string, state State) error {
 		return err
 	}
 	return os.Rename(tmp.Name(), path)
+}
+
+// removeStaleTemps removes the temporary files a process killed while it
+// wrote path left beside it (on tmpfs they would stay until a reboot).
+func removeStaleTemps(path string) {
+	stale, _ := filepath.Glob(filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".*"))
+	for _, f := range stale {
+		_ = os.Remove(f)
+	}
 }
 
 // ReadStateFile reads a file WriteStateFile wrote.

@@ -282,19 +282,39 @@ func TestLastKnownStateStopBeforeSyncKeepsFile(t *testing.T) {
 	}
 }
 
-// A kind the source synced before the grace ran out is whole: the file
-// adds none of its objects, and next hears its synced call once.
+// A source that synced one kind before the grace ran out is about to sync
+// the other (it makes both calls at once): the file is not served, which
+// would hand the proxier its stale objects for a moment.
 func TestLastKnownStateOneKindSyncedBeforeGrace(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state.json")
 	writeState(t, path, []*v1.Service{stateService("b", "10.96.0.2")}, []*discovery.EndpointSlice{stateSlice("b", "b-1", "10.1.0.2")})
 	rec := newManifestRecorder()
-	s := NewLastKnownState(path, rec, 50*time.Millisecond)
+	s := NewLastKnownState(path, rec, 10*time.Millisecond)
 	s.OnServiceAdd(stateService("a", "10.96.0.1"))
 	s.OnServiceSynced()
 	runState(t, s)
-	rec.waitFor(t, 5*time.Second, "add Service default/a", "synced Service", "add EndpointSlice default/b-1", "synced EndpointSlice")
+	rec.waitFor(t, time.Second, "add Service default/a", "synced Service")
+	time.Sleep(100 * time.Millisecond) // the grace runs out
 	s.OnEndpointSlicesSynced()
-	rec.waitFor(t, time.Second, "delete EndpointSlice default/b-1")
+	rec.waitFor(t, time.Second, "synced EndpointSlice")
+	if s.Status().Serving {
+		t.Error("status says serving the file")
+	}
+}
+
+// An object the source deleted before the grace ran out stays deleted: the
+// file, older, must not bring it back (it did, and served it until the
+// other kind's list came).
+func TestLastKnownStateDeletedBeforeGraceStaysDeleted(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.json")
+	writeState(t, path, []*v1.Service{stateService("a", "10.96.0.1"), stateService("x", "10.96.0.9")}, nil)
+	rec := newManifestRecorder()
+	s := NewLastKnownState(path, rec, 10*time.Millisecond)
+	s.OnServiceAdd(stateService("x", "10.96.0.9"))
+	s.OnServiceDelete(stateService("x", "10.96.0.9"))
+	runState(t, s)
+	rec.waitFor(t, 5*time.Second, "add Service default/x", "delete Service default/x",
+		"add Service default/a", "synced Service", "synced EndpointSlice")
 }
 
 // BenchmarkWriteStateFile10k writes 10,000 Services and their slices: the
@@ -329,11 +349,19 @@ func TestLastKnownStateWriteErrorsCounted(t *testing.T) {
 	}
 	rec := newManifestRecorder()
 	s := NewLastKnownState(filepath.Join(blocker, "state.json"), rec, time.Hour)
+	s.writeEvery = 10 * time.Millisecond
 	stop := runState(t, s)
 	s.OnServiceAdd(stateService("a", "10.96.0.1"))
 	s.OnServiceSynced()
 	s.OnEndpointSlicesSynced()
 	rec.waitFor(t, time.Second, "add Service default/a", "synced Service", "synced EndpointSlice")
+	// A failed write is tried again with nothing changed (before, it
+	// waited for the next change: 2 failures, then none).
+	for deadline := time.Now().Add(5 * time.Second); s.Status().WriteErrors < 3; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("status: %+v, want the failed write tried again", s.Status())
+		}
+	}
 	stop()
 	// At least the stop's write was tried, even when the stop came before
 	// Run saw the sync (it returned without writing: 9 of 20 runs).

@@ -17,8 +17,8 @@ const restartServedBudget = 5 * time.Second
 // state file the new process had nothing to serve from until the API server answered:
 // every Service on the node failed for the rest of the outage (kube-proxy's kernel rules
 // would have kept serving). With --state-file it serves what it last saw within the
-// grace; once kube-apiserver is back, a Service deleted since is gone and an endpoint
-// change is followed.
+// grace (a Service deleted while the proxy was down too: the file's view); once
+// kube-apiserver is back, that Service is gone and an endpoint change is followed.
 func checkRestartDuringOutage(t *testing.T, e *env) {
 	ns := e.cp.Namespace(t)
 	pod := e.pod(ipRestartOutage)
@@ -30,6 +30,16 @@ func checkRestartDuringOutage(t *testing.T, e *env) {
 	pod.WaitServed(t, "udp", udp, time.Now(), changePatience)
 	pod.WaitServed(t, "tcp", doomedTCP, time.Now(), changePatience)
 
+	// The stop writes the state file: what the proxy saw last. The Service
+	// deleted while the proxy is down is in it, and must go once the API
+	// server answers the restarted proxy.
+	e.proxy.Proc.Signal(syscall.SIGTERM)
+	if err := e.proxy.Proc.Wait(20 * time.Second); err != nil {
+		t.Logf("proxy exit: %v", err)
+	}
+	if err := e.admin.CoreV1().Services(ns).Delete(context.Background(), doomed.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	e.cp.StopAPIServer()
 	apiUp := false
 	defer func() {
@@ -37,15 +47,11 @@ func checkRestartDuringOutage(t *testing.T, e *env) {
 			e.launch.Run(func() { _ = e.cp.StartAPIServer() })
 		}
 	}()
-	// The stop writes the state file: what the proxy saw last.
-	e.proxy.Proc.Signal(syscall.SIGTERM)
-	if err := e.proxy.Proc.Wait(20 * time.Second); err != nil {
-		t.Logf("proxy exit: %v", err)
-	}
 	started := time.Now()
 	e.proxy.Start(t, 20*time.Second) // /healthz 200: a first sync, from the file (a new process: its own log)
 	tcpIn := pod.WaitServed(t, "tcp", tcp, started, restartServedBudget)
 	udpIn := pod.WaitServed(t, "udp", udp, started, restartServedBudget)
+	pod.WaitServed(t, "tcp", doomedTCP, started, restartServedBudget) // the file's view: deleted since
 	t.Logf("FIGURE restart during outage: the restarted proxy served an existing Service %d ms (TCP) and %d ms (UDP) after its start, from --state-file",
 		tcpIn.Milliseconds(), udpIn.Milliseconds())
 	if len(e.proxy.LogLines("serving the last known state")) == 0 {
@@ -61,11 +67,9 @@ func checkRestartDuringOutage(t *testing.T, e *env) {
 		t.Fatalf("restart kube-apiserver: %v", err)
 	}
 	apiUp = true
-	// Changes made once it is back: the file's view must give way to the API server's.
+	// The file's view must give way to the API server's: the Service
+	// deleted meanwhile goes at the sync, and a change made now is followed.
 	changed := time.Now()
-	if err := e.admin.CoreV1().Services(ns).Delete(context.Background(), doomed.Name, metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	setEndpoints(keptSlice, readyEndpoints(e.backendIPs(2)...))
 	if _, err := e.admin.DiscoveryV1().EndpointSlices(ns).Update(context.Background(), keptSlice, metav1.UpdateOptions{}); err != nil {
 		t.Fatalf("update %s: %v", keptSlice.Name, err)
@@ -74,8 +78,11 @@ func checkRestartDuringOutage(t *testing.T, e *env) {
 	moved := pod.WaitFor(t, "tcp", tcp, changed, resyncBudget, "answered by "+s3,
 		func(name string, err error) bool { return err == nil && name == s3 })
 	gone := pod.WaitUnserved(t, "tcp", doomedTCP, changed, resyncBudget)
-	t.Logf("FIGURE restart during outage: once kube-apiserver was back, an endpoint change was followed in %d ms and a deleted Service unserved in %d ms",
+	t.Logf("FIGURE restart during outage: once kube-apiserver was back, an endpoint change was followed in %d ms, and the Service deleted while the proxy was down (served from the file) was unserved %d ms after the change",
 		moved.Milliseconds(), gone.Milliseconds())
+	if len(e.proxy.LogLines("servicesGone=1")) == 0 {
+		t.Errorf("the API server's sync did not delete the file's Service deleted meanwhile (no servicesGone=1 line)")
+	}
 	if len(e.proxy.LogLines("its state replaced the last known state")) == 0 {
 		t.Errorf("no log line says the API server's state replaced the last known state")
 	}
