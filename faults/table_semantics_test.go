@@ -234,17 +234,26 @@ func TestTableDownCutsLiveConnections(t *testing.T) {
 	}
 }
 
-// A down toxic with toxicity cuts exactly the live connections a new
-// connection with the same sequence number would have refused.
-func TestTableDownToxicCutsItsShare(t *testing.T) {
+// liveConnections opens n live connections from client1 on a port of a
+// table that tracks them (seed 3, no cap); each done closes when its relay
+// ends.
+func liveConnections(t *testing.T, n int) (*Table, *Port, []chan struct{}) {
+	t.Helper()
 	tbl, p := declared(t, 3, 0, "TCP")
 	tbl.TrackLive = true
-	const n = 20
 	var dones []chan struct{}
 	for range n {
 		_, _, done := proxied(t, p, client1)
 		dones = append(dones, done)
 	}
+	return tbl, p, dones
+}
+
+// A down toxic with toxicity cuts exactly the live connections a new
+// connection with the same sequence number would have refused.
+func TestTableDownToxicCutsItsShare(t *testing.T) {
+	const n = 20
+	tbl, p, dones := liveConnections(t, n)
 	if _, err := tbl.AddToxic(p.Name(), toxic(t, `{"name":"half","type":"down","toxicity":0.5}`)); err != nil {
 		t.Fatal(err)
 	}
@@ -534,14 +543,8 @@ func TestTableDownUpdateKeepsItsDraw(t *testing.T) {
 // (TestTableDownUpdateKeepsItsDraw's live connection is outside the
 // toxic's clients, so it stays up whatever the update does.)
 func TestTableDownUpdateCutsOnlyWhenItsDrawChanges(t *testing.T) {
-	tbl, p := declared(t, 3, 0, "TCP")
-	tbl.TrackLive = true
 	const n = 20
-	var dones []chan struct{}
-	for range n {
-		_, _, done := proxied(t, p, client1)
-		dones = append(dones, done)
-	}
+	tbl, p, dones := liveConnections(t, n)
 	if _, err := tbl.AddToxic(p.Name(), toxic(t, `{"name":"half","type":"down","toxicity":0.5,"clients":["10.0.0.0/24"]}`)); err != nil {
 		t.Fatal(err)
 	}
