@@ -2,7 +2,6 @@ package relay
 
 import (
 	"net"
-	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -10,34 +9,26 @@ import (
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 )
 
-// The goroutine relay's share of the held handshake ACK (the event loop
-// does the same in LoopConn.connect and connected): a dialled backend
-// socket is put in delayed-ACK mode before connect (TCP_QUICKACK 0), so
-// the kernel holds the handshake's last ACK and the client's first bytes
-// carry it: one segment less per connection, and the backend wakes once
-// for connection and request instead of twice. When no first bytes are
-// about to go, the caller sends the ACK at once (ReleaseHandshakeACK): the
-// kernel would hold it for its delayed-ACK timer (up to 200 ms), and a
-// server that speaks first would wait that long to accept.
+// Both data paths hold a dialled backend socket's handshake ACK (as
+// HAProxy's tcp-smart-connect does): the socket is put in delayed-ACK mode
+// before connect (holdHandshakeACK), so the kernel holds the handshake's
+// last ACK and the client's first bytes, usually queued by the time the
+// backend answers, carry it: one segment less per connection, and the
+// backend wakes once for connection and request instead of twice. When no
+// first bytes are about to go, the ACK is sent at once (sendHandshakeACK):
+// the kernel would hold it for its delayed-ACK timer (up to 200 ms), and a
+// server that speaks first would wait that long to accept. The event loop
+// does both in LoopConn.connect and connected; the goroutine relay's
+// dialer uses DialControl, and its caller ReleaseHandshakeACK.
+
+func holdHandshakeACK(fd int) { _ = rawio.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_QUICKACK, 0) }
+func sendHandshakeACK(fd int) { _ = rawio.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_QUICKACK, 1) }
 
 // DialControl is SocketControl(l) for a socket about to connect: it also
 // holds the handshake's last ACK. Whoever dials with it must call
 // ReleaseHandshakeACK once connected.
 func DialControl(l Liveness) func(network, address string, c syscall.RawConn) error {
-	return func(network, address string, c syscall.RawConn) error {
-		if !strings.HasPrefix(network, "tcp") {
-			return nil
-		}
-		var err error
-		if cerr := c.Control(func(fd uintptr) {
-			if err = relayedSocketOptions(int(fd), l); err == nil {
-				_ = rawio.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_QUICKACK, 0) // an optimisation only
-			}
-		}); cerr != nil {
-			return cerr
-		}
-		return err
-	}
+	return socketControl(l, true)
 }
 
 // ReleaseHandshakeACK sends backend's held handshake ACK now unless the
@@ -49,9 +40,7 @@ func ReleaseHandshakeACK(backend, client *net.TCPConn, force bool) {
 		return
 	}
 	if raw, err := backend.SyscallConn(); err == nil {
-		_ = raw.Control(func(fd uintptr) {
-			_ = rawio.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_QUICKACK, 1)
-		})
+		_ = raw.Control(func(fd uintptr) { sendHandshakeACK(int(fd)) })
 	}
 }
 

@@ -7,27 +7,6 @@ import (
 	"time"
 )
 
-// clientPair is an accepted TCP connection (the proxy's side of a client)
-// and the client's side.
-func clientPair(t *testing.T) (proxySide, client *net.TCPConn) {
-	t.Helper()
-	ln, err := net.ListenTCP("tcp4", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	client, err = net.DialTCP("tcp4", nil, ln.Addr().(*net.TCPAddr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() })
-	if proxySide, err = ln.AcceptTCP(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { proxySide.Close() })
-	return proxySide, client
-}
-
 // dialHolding dials backend as the goroutine relay does (DialControl).
 func dialHolding(t *testing.T, backend *net.TCPListener) *net.TCPConn {
 	t.Helper()
@@ -49,7 +28,7 @@ func TestHandshakeACKRidesOnTheFirstBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer backendLn.Close()
-	proxySide, client := clientPair(t)
+	client, proxySide := plainPair(t) // the client's end, the proxy's
 	const req = "GET / HTTP/1.1\r\n\r\n"
 	if _, err := client.Write([]byte(req)); err != nil {
 		t.Fatal(err)
@@ -97,7 +76,7 @@ func TestHandshakeACKReleasedWhenNothingIsQueued(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer backendLn.Close()
-			proxySide, client := clientPair(t)
+			client, proxySide := plainPair(t) // the client's end, the proxy's
 			if tc.queue {
 				if _, err := client.Write([]byte("x")); err != nil {
 					t.Fatal(err)

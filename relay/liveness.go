@@ -121,12 +121,22 @@ func seconds(d time.Duration) int {
 // cost nothing per connection (accepted sockets inherit them); a kernel
 // without TCP_INQ (before 4.18) only loses the hint.
 func SocketControl(l Liveness) func(network, address string, c syscall.RawConn) error {
+	return socketControl(l, false)
+}
+
+// socketControl is SocketControl; holdACK also holds a dialled socket's
+// handshake ACK (DialControl).
+func socketControl(l Liveness, holdACK bool) func(network, address string, c syscall.RawConn) error {
 	return func(network, address string, c syscall.RawConn) error {
 		if !strings.HasPrefix(network, "tcp") {
 			return nil
 		}
 		var err error
-		if cerr := c.Control(func(fd uintptr) { err = relayedSocketOptions(int(fd), l) }); cerr != nil {
+		if cerr := c.Control(func(fd uintptr) {
+			if err = relayedSocketOptions(int(fd), l); err == nil && holdACK {
+				holdHandshakeACK(int(fd))
+			}
+		}); cerr != nil {
 			return cerr
 		}
 		return err

@@ -203,13 +203,9 @@ func (l *Loop) connect(ep netip.AddrPort) (int, error) {
 	}
 	_ = rawio.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
 	_ = rawio.SetsockoptInt(fd, unix.SOL_TCP, unix.TCP_INQ, 1)
-	// The handshake's last ACK waits (as HAProxy's tcp-smart-connect has
-	// it) so that the client's first bytes, usually queued by the time
-	// the backend answers, carry it: one segment less per connection, and
-	// the backend wakes once for connection and request. connected sends
-	// it at once when there is nothing to carry it (a server that speaks
-	// first would otherwise wait for the delayed-ACK timer, 200 ms).
-	_ = rawio.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_QUICKACK, 0)
+	// The client's first bytes carry the handshake's last ACK; connected
+	// sends it when there are none (handshake_ack.go).
+	holdHandshakeACK(fd)
 	if err := rawio.Connect(fd, ep); err != nil && err != unix.EINPROGRESS {
 		rawio.Close(fd)
 		return -1, err
@@ -268,7 +264,7 @@ func (c *LoopConn) connected(failed bool) {
 		// which connect asked the kernel to hold: send it now. (Bytes
 		// read are written at once on a new connection, so any carried
 		// it.)
-		_ = rawio.SetsockoptInt(c.fds[sideBackend], unix.IPPROTO_TCP, unix.TCP_QUICKACK, 1)
+		sendHandshakeACK(c.fds[sideBackend])
 	}
 }
 
