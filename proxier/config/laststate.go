@@ -17,6 +17,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/flowcontrol"
 	"k8s.io/klog/v2"
 )
 
@@ -62,8 +63,8 @@ type LastKnownState struct {
 
 // StateStatus is what LastKnownState reports for the metrics.
 type StateStatus struct {
-	// Serving: the proxier holds the file's objects (the API server has
-	// not answered since the start).
+	// Serving: the proxier holds the file's objects (the source has not
+	// synced since the start).
 	Serving bool
 	// Written is the last good write of the file (zero: none yet).
 	Written time.Time
@@ -219,27 +220,22 @@ func (s *LastKnownState) Run(ctx context.Context) {
 			return
 		}
 	}
-	s.write()
-	last := time.Now()
+	// One write per writeEvery at most; what changes meanwhile goes with
+	// the next. The sync's write takes the first token.
+	pace := flowcontrol.NewTokenBucketRateLimiter(float32(1/s.writeEvery.Seconds()), 1)
+	pace.Accept()
 	for {
+		s.write()
 		select {
 		case <-ctx.Done():
 			s.write()
 			return
 		case <-s.changed:
 		}
-		if wait := s.writeEvery - time.Since(last); wait > 0 {
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				s.write()
-				return
-			case <-t.C:
-			}
+		if pace.Wait(ctx) != nil {
+			s.write()
+			return
 		}
-		s.write()
-		last = time.Now()
 	}
 }
 
