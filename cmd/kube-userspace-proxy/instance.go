@@ -93,13 +93,6 @@ func (c *instanceClaim) takeOverWhenFree() {
 	}
 }
 
-// holding reports whether this process holds instanceSocket now.
-func (c *instanceClaim) holding() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.ln != nil
-}
-
 // holder reports whether a process listens on instanceSocket and its PID,
 // by the kernel's credentials of the listener: 0 when it runs in another
 // PID namespace (two pods of a DaemonSet without hostPID), which the

@@ -189,3 +189,10 @@ func TestInstanceLogIsBounded(t *testing.T) {
 func init() {
 	instanceSocket = fmt.Sprintf("@kube-userspace-proxy.test.%d", os.Getpid())
 }
+
+// holding reports whether the claim holds instanceSocket now.
+func (c *instanceClaim) holding() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ln != nil
+}
