@@ -112,13 +112,14 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		registerRESTClientMetrics(metrics.Registry)
 	}
 	var h config.Handler = p
+	var nodes config.NodeHandler = nodeState{health, p}
 	var lastState *config.LastKnownState
 	if o.stateFile != "" {
 		lastState = config.NewLastKnownState(o.stateFile, p, o.stateFileGrace)
 		registerLastKnownStateMetrics(metrics.Registry, lastState)
-		h = lastState
+		h, nodes = lastState, lastState.Nodes(nodeName(o.hostnameOverride), nodes)
 	}
-	src, err := newSource(o, v, h, nodeState{health, p})
+	src, err := newSource(o, v, h, nodes)
 	if err != nil {
 		return err
 	}

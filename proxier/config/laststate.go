@@ -50,6 +50,7 @@ type LastKnownState struct {
 	mu           sync.Mutex
 	services     kindState[*v1.Service]
 	slices       kindState[*discovery.EndpointSlice]
+	node         nodeShare
 	bootstrapped bool          // the file's objects and the synced calls went to next
 	synced       chan struct{} // closed once the source synced both kinds
 	changed      chan struct{}
@@ -172,6 +173,73 @@ func (k *kindState[T]) dropProvisional() int {
 
 func (k *kindState[T]) snapshot() []T { return slices.Collect(maps.Values(k.held)) }
 
+// nodeShare is the Node's share of LastKnownState, under its mu: its zone,
+// so that topology hints keep routing within it while the file is served
+// (an unknown zone uses every endpoint, so a restart during an outage
+// would have sent the node's traffic to other zones).
+type nodeShare struct {
+	name string // this node's; a file written under another name is not used
+	next NodeHandler
+	// zone is the last zone the source gave; known once it gave one.
+	zone  string
+	known bool
+	// provisional: the file's zone went to next and the source has
+	// given none since.
+	provisional bool
+}
+
+// stateNodes is LastKnownState's NodeHandler (Nodes).
+type stateNodes struct{ s *LastKnownState }
+
+// Nodes wraps next, the handler of this node's Node object (name), so
+// that the file keeps the Node's zone and a start that serves the file
+// hands it to next until the source's Node informer gives its own.
+func (s *LastKnownState) Nodes(name string, next NodeHandler) NodeHandler {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.node = nodeShare{name: name, next: next}
+	return stateNodes{s}
+}
+
+func (n stateNodes) OnNodeChange(info NodeInfo) {
+	s := n.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	zone := info.Zone
+	if info.Deleted {
+		zone = ""
+	}
+	if !s.node.known || zone != s.node.zone {
+		s.noteChange()
+	}
+	s.node.zone, s.node.known, s.node.provisional = zone, true, false
+	s.node.next.OnNodeChange(info)
+}
+
+func (n stateNodes) OnNodeSynced() {
+	s := n.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.node.provisional {
+		// The informer listed no Node of this name: the file's zone goes
+		// too (as a Node that never appears means no zone).
+		s.node.provisional = false
+		s.node.next.OnNodeChange(NodeInfo{Name: s.node.name})
+	}
+	s.node.next.OnNodeSynced()
+}
+
+// serve hands next the file's zone, unless the source gave one already
+// or the file was written for another node; it returns the zone served.
+func (n *nodeShare) serve(state State) string {
+	if n.next == nil || n.known || state.Zone == "" || state.Node != n.name {
+		return ""
+	}
+	n.provisional = true
+	n.next.OnNodeChange(NodeInfo{Name: n.name, Zone: state.Zone})
+	return state.Zone
+}
+
 // DefaultStateFileGrace is how long a start waits for the API server
 // before it serves the last known state.
 const DefaultStateFileGrace = 2 * time.Second
@@ -261,14 +329,16 @@ func (s *LastKnownState) bootstrap() {
 	}
 	s.bootstrapped = true
 	s.serving.Store(true)
-	// Every object, then the synced calls, as a source delivers them.
+	// The zone first, so that the first sync routes by it; then every
+	// object, then the synced calls, as a source delivers them.
+	zone := s.node.serve(state)
 	s.services.serve(state.Services)
 	s.slices.serve(state.EndpointSlices)
 	s.services.next.markSynced()
 	s.slices.next.markSynced()
 	klog.InfoS("The API server has not answered yet: serving the last known state until it does", "stateFile", s.path,
 		"written", state.Written.Format(time.RFC3339), "age", time.Since(state.Written).Round(time.Second),
-		"services", len(state.Services), "endpointSlices", len(state.EndpointSlices))
+		"services", len(state.Services), "endpointSlices", len(state.EndpointSlices), "zone", zone)
 }
 
 func (s *LastKnownState) noteChange() {
@@ -347,6 +417,9 @@ func (s *LastKnownState) sourceSynced() {
 func (s *LastKnownState) write() {
 	s.mu.Lock()
 	state := State{Written: time.Now(), Services: s.services.snapshot(), EndpointSlices: s.slices.snapshot()}
+	if s.node.known {
+		state.Node, state.Zone = s.node.name, s.node.zone
+	}
 	s.mu.Unlock()
 	if err := WriteStateFile(s.path, state); err != nil {
 		s.writeErrors.Add(1)
@@ -362,10 +435,17 @@ type State struct {
 	Written        time.Time
 	Services       []*v1.Service
 	EndpointSlices []*discovery.EndpointSlice
+	// Node and its Zone (topology.kubernetes.io/zone), when the source
+	// gave the Node and it has one.
+	Node, Zone string
 }
 
-// stateWrittenAnnotation carries State.Written on the file's List.
-const stateWrittenAnnotation = "kube-userspace-proxy/state-written"
+// Annotations of the file's List: State.Written, State.Node and State.Zone.
+const (
+	stateWrittenAnnotation = "kube-userspace-proxy/state-written"
+	stateNodeAnnotation    = "kube-userspace-proxy/state-node"
+	stateZoneAnnotation    = "kube-userspace-proxy/state-node-zone"
+)
 
 // stateList is the file: a v1 List of the objects (so that `explain
 // --manifests` and kubectl read it too), written when.
@@ -389,6 +469,10 @@ func WriteStateFile(path string, state State) error {
 	})
 	list := stateList{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "List"}}
 	list.Metadata.Annotations = map[string]string{stateWrittenAnnotation: state.Written.UTC().Format(time.RFC3339Nano)}
+	if state.Zone != "" {
+		list.Metadata.Annotations[stateNodeAnnotation] = state.Node
+		list.Metadata.Annotations[stateZoneAnnotation] = state.Zone
+	}
 	for _, svc := range state.Services {
 		c := *svc // the source's object is shared: change a copy
 		c.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "Service"}
@@ -464,6 +548,8 @@ func ReadStateFile(path string) (State, error) {
 			return state, fmt.Errorf("%s: annotation %s: %w", path, stateWrittenAnnotation, err)
 		}
 	}
+	state.Node = list.Metadata.Annotations[stateNodeAnnotation]
+	state.Zone = list.Metadata.Annotations[stateZoneAnnotation]
 	for i, item := range list.Items {
 		var tm metav1.TypeMeta
 		if err := json.Unmarshal(item, &tm); err != nil {

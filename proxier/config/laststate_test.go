@@ -369,3 +369,74 @@ func TestLastKnownStateWriteErrorsCounted(t *testing.T) {
 		t.Errorf("status: %+v, want failed writes counted, none written", st)
 	}
 }
+
+// nodeRecorder is a NodeHandler writing into a manifestRecorder's events,
+// so that their order with the Service calls shows: "node node-a zone=z1",
+// "node synced".
+type nodeRecorder struct{ r *manifestRecorder }
+
+func (n nodeRecorder) note(line string) {
+	n.r.mu.Lock()
+	n.r.events = append(n.r.events, line)
+	n.r.mu.Unlock()
+	select {
+	case n.r.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (n nodeRecorder) OnNodeChange(info NodeInfo) {
+	n.note(fmt.Sprintf("node %s zone=%s", info.Name, info.Zone))
+}
+
+func (n nodeRecorder) OnNodeSynced() { n.note("node synced") }
+
+// The file keeps the Node's zone: a start that serves the file hands it
+// on before the objects (the first sync routes by topology hints as the
+// last process did), and the source's own Node replaces it, or its
+// absence clears it.
+func TestLastKnownStateKeepsTheNodeZone(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.json")
+	first := newManifestRecorder()
+	s := NewLastKnownState(path, first, time.Hour)
+	nodes := s.Nodes("node-a", nodeRecorder{first})
+	stop := runState(t, s)
+	s.OnServiceAdd(stateService("a", "10.96.0.1"))
+	s.OnServiceSynced()
+	s.OnEndpointSlicesSynced()
+	nodes.OnNodeChange(NodeInfo{Name: "node-a", Zone: "zone-1"})
+	nodes.OnNodeSynced()
+	first.waitFor(t, time.Second, "add Service default/a", "synced Service", "synced EndpointSlice",
+		"node node-a zone=zone-1", "node synced")
+	stop()
+	if st, err := ReadStateFile(path); err != nil || st.Node != "node-a" || st.Zone != "zone-1" {
+		t.Fatalf("file's node %q zone %q (%v), want node-a in zone-1", st.Node, st.Zone, err)
+	}
+
+	restart := func(name string) (*LastKnownState, NodeHandler, *manifestRecorder) {
+		rec := newManifestRecorder()
+		s := NewLastKnownState(path, rec, 10*time.Millisecond)
+		s.writeEvery = time.Hour
+		nodes := s.Nodes(name, nodeRecorder{rec})
+		runState(t, s)
+		return s, nodes, rec
+	}
+
+	t.Run("the source's Node replaces the file's zone", func(t *testing.T) {
+		_, nodes, rec := restart("node-a")
+		rec.waitFor(t, 5*time.Second, "node node-a zone=zone-1", "add Service default/a", "synced Service", "synced EndpointSlice")
+		nodes.OnNodeChange(NodeInfo{Name: "node-a", Zone: "zone-2"})
+		nodes.OnNodeSynced()
+		rec.waitFor(t, time.Second, "node node-a zone=zone-2", "node synced")
+	})
+	t.Run("no Node at the source's sync clears it", func(t *testing.T) {
+		_, nodes, rec := restart("node-a")
+		rec.waitFor(t, 5*time.Second, "node node-a zone=zone-1", "add Service default/a", "synced Service", "synced EndpointSlice")
+		nodes.OnNodeSynced()
+		rec.waitFor(t, time.Second, "node node-a zone=", "node synced")
+	})
+	t.Run("a file of another node gives no zone", func(t *testing.T) {
+		_, _, rec := restart("node-b")
+		rec.waitFor(t, 5*time.Second, "add Service default/a", "synced Service", "synced EndpointSlice")
+	})
+}
