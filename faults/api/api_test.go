@@ -181,11 +181,13 @@ func TestHandler(t *testing.T) {
 					Error   *string     `json:"error"`
 					Proxies []proxyJSON `json:"proxies"`
 				}](t, rec.Body.String())
-				if got.Error != nil || len(got.Proxies) != 1 || got.Proxies[0].Name != webName || got.Proxies[0].Enabled {
+				if got.Error != nil || len(got.Proxies) != 1 || got.Proxies[0].Name != webName || !got.Proxies[0].Enabled {
 					t.Errorf("body = %s", rec.Body.String())
 				}
-				if info, _ := table.Proxy(webName); info.Enabled {
-					t.Error("enabled false was not applied")
+				// As Toxiproxy leaves an existing proxy: its Go client
+				// sends false unless told otherwise.
+				if info, _ := table.Proxy(webName); !info.Enabled {
+					t.Error("populate turned the proxy down")
 				}
 			}},
 		{name: "delete refused", method: "DELETE", path: webPath, wantStatus: 409,

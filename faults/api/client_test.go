@@ -125,10 +125,15 @@ func TestToxiproxyClient(t *testing.T) {
 	}
 
 	// Populate accepts the proxies that exist, as a test suite's set-up
-	// declares them.
-	populated, err := client.Populate([]toxiproxy.Proxy{{Name: "default.web.http", Enabled: true}})
+	// declares them, and leaves them up: the client sends "enabled":false
+	// when the caller does not set it, and Toxiproxy leaves an existing
+	// proxy as it is.
+	populated, err := client.Populate([]toxiproxy.Proxy{{Name: "default.web.http"}})
 	if err != nil || len(populated) != 1 || populated[0].Name != "default.web.http" || !populated[0].Enabled {
 		t.Errorf("Populate(existing) = %+v, %v", populated, err)
+	}
+	if info, _ := table.Proxy("default.web.http"); !info.Enabled {
+		t.Error("Populate turned the proxy down")
 	}
 
 	// Proxies are the cluster's Services: no create, populate or delete.
