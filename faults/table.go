@@ -255,6 +255,43 @@ type Port struct {
 
 	liveMu sync.Mutex
 	live   map[*liveConn]struct{}
+
+	// watchMu serialises changes of enabled with their notices to
+	// watchers (OnEnabled), so a socket learns them in their order.
+	watchMu  sync.Mutex
+	watchers []*enabledWatcher
+}
+
+type enabledWatcher struct{ f func(enabled bool) }
+
+// OnEnabled has f told the port's enabled state: now when the port is
+// down, then at every change, in order (f must not call back into the
+// port). A TCP proxy socket stops listening while its port is down, so
+// that a connect is refused as at Toxiproxy's disabled proxy, whose
+// listener is closed. stop ends the notices.
+func (p *Port) OnEnabled(f func(enabled bool)) (stop func()) {
+	w := &enabledWatcher{f}
+	p.watchMu.Lock()
+	defer p.watchMu.Unlock()
+	p.watchers = append(p.watchers, w)
+	p.mu.Lock()
+	enabled := p.enabled
+	p.mu.Unlock()
+	if !enabled {
+		f(false)
+	}
+	return func() {
+		p.watchMu.Lock()
+		defer p.watchMu.Unlock()
+		p.watchers = slices.DeleteFunc(p.watchers, func(x *enabledWatcher) bool { return x == w })
+	}
+}
+
+// notifyEnabled runs under watchMu.
+func (p *Port) notifyEnabled(enabled bool) {
+	for _, w := range p.watchers {
+		w.f(enabled)
+	}
 }
 
 func newPort(t *Table, name, protocol, label string) *Port {
@@ -335,6 +372,7 @@ func (p *Port) Info() ProxyInfo {
 }
 
 func (p *Port) setEnabled(enabled bool) {
+	p.watchMu.Lock()
 	p.mu.Lock()
 	changed := p.enabled != enabled
 	p.enabled = enabled
@@ -342,6 +380,12 @@ func (p *Port) setEnabled(enabled bool) {
 		p.publishLocked()
 	}
 	p.mu.Unlock()
+	if changed {
+		// New connections are refused before the live ones are cut,
+		// so that a client cut now cannot reconnect.
+		p.notifyEnabled(enabled)
+	}
+	p.watchMu.Unlock()
 	if changed && !enabled {
 		p.cutLive(func(*liveConn) bool { return true })
 	}
@@ -473,11 +517,17 @@ func (p *Port) removeAPI(name string) error {
 }
 
 func (p *Port) reset() {
+	p.watchMu.Lock()
+	defer p.watchMu.Unlock()
 	p.mu.Lock()
+	wasDown := !p.enabled
 	p.api = nil
 	p.enabled = true
 	p.publishLocked()
 	p.mu.Unlock()
+	if wasDown {
+		p.notifyEnabled(true)
+	}
 }
 
 func toxicsEqual(a, b []Toxic) bool {

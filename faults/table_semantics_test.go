@@ -2,6 +2,7 @@ package faults
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -660,5 +661,44 @@ func TestTableUpdateSwitchesLossModel(t *testing.T) {
 				t.Errorf("attributes %v: a Gilbert-Elliott toxic shows no rate", got.Attributes)
 			}
 		})
+	}
+}
+
+// OnEnabled tells a watcher the port's state: at once when it is down,
+// then each change once, in order, /reset included; stop ends it.
+func TestPortOnEnabled(t *testing.T) {
+	tbl := NewTable(0, 0, nil)
+	web := tbl.Port("default.web.http", "TCP")
+	var got []bool
+	stop := web.OnEnabled(func(enabled bool) { got = append(got, enabled) })
+	if len(got) != 0 {
+		t.Fatalf("an up port told %v at registration, want nothing", got)
+	}
+	for _, enabled := range []bool{false, false, true, false} {
+		if _, err := tbl.SetEnabled(web.Name(), enabled); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tbl.Reset()
+	tbl.Reset()
+	if want := "[false true false true]"; fmt.Sprint(got) != want {
+		t.Fatalf("told %v, want %s (each change once)", got, want)
+	}
+	if _, err := tbl.SetEnabled(web.Name(), false); err != nil {
+		t.Fatal(err)
+	}
+	var late []bool
+	stopLate := web.OnEnabled(func(enabled bool) { late = append(late, enabled) })
+	defer stopLate()
+	if fmt.Sprint(late) != "[false]" {
+		t.Fatalf("a watcher of a down port was told %v, want [false] at once", late)
+	}
+	stop()
+	got = nil
+	if _, err := tbl.SetEnabled(web.Name(), true); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 0 {
+		t.Fatalf("told %v after stop", got)
 	}
 }

@@ -116,7 +116,9 @@ func newProxySocket(name loadbalancer.ServicePortName, bind netip.Addr, port int
 			if err != nil {
 				return nil, err
 			}
-			return newLoopTCPProxySocket(name, fd, at, sp, fp, cfg), nil
+			sock := newLoopTCPProxySocket(name, fd, at, sp, fp, cfg)
+			sock.numbered = port != 0
+			return sock, nil
 		}
 		ln, err := cfg.listen.Listen(context.Background(), "tcp"+family, addr())
 		if err != nil {
@@ -127,6 +129,7 @@ func newProxySocket(name loadbalancer.ServicePortName, bind netip.Addr, port int
 			ln.Close()
 			return nil, err
 		}
+		sock.numbered = port != 0
 		return sock, nil
 	case v1.ProtocolUDP:
 		pc, err := cfg.listen.ListenPacket(context.Background(), "udp"+family, addr())

@@ -33,6 +33,11 @@ type tcpProxySocket struct {
 	faults *faults.Port
 	// lifetime is the port's max age and drain time.
 	lifetime *portLifetime
+	// numbered: bound to a port by number, so it can stop listening while
+	// its fault port is down (tcp_refuse.go); stopWatch ends that.
+	numbered  bool
+	stopWatch func()
+	gate      acceptGate
 
 	// The port's series (port_metrics.go), resolved once, not per connection.
 	active                                                         *gauge
@@ -77,6 +82,9 @@ func newTCPSocketState(name loadbalancer.ServicePortName, addr *net.TCPAddr, sp 
 func (s *tcpProxySocket) Port() int { return s.addr.Port }
 
 func (s *tcpProxySocket) Close() error {
+	if s.stopWatch != nil {
+		s.stopWatch()
+	}
 	if s.loopLn != nil {
 		return s.closeWith(s.loopLn.Close)
 	}
@@ -90,11 +98,13 @@ func (s *tcpProxySocket) Start() {
 	if s.loopLn == nil {
 		go s.acceptLoop()
 	}
+	s.watchEnabled()
 }
 
 func (s *tcpProxySocket) acceptLoop() {
 	backoff := time.Duration(0)
 	for {
+		since := s.gate.refusals.Load()
 		conn, err := s.ln.AcceptTCP()
 		if err != nil {
 			select {
@@ -104,6 +114,17 @@ func (s *tcpProxySocket) acceptLoop() {
 			}
 			if errors.Is(err, net.ErrClosed) {
 				return
+			}
+			if wait, refused := s.gate.refused(since); refused {
+				// Not listening (its port is down): no failure.
+				if wait != nil {
+					select {
+					case <-wait:
+					case <-s.closed:
+						return
+					}
+				}
+				continue
 			}
 			s.acceptErrors.Inc()
 			if !isTemporaryAcceptError(err) {

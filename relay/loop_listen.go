@@ -2,7 +2,9 @@ package relay
 
 import (
 	"errors"
+	"math"
 	"net/netip"
+	"os"
 	"sync"
 	"time"
 
@@ -56,7 +58,10 @@ type Listener struct {
 	// big node quadratic (10,000 ports: 0.66 s).
 	regs []*loopListener
 
-	closeOnce sync.Once
+	// mu orders Refuse, Resume and Close; refusing: Refuse's state.
+	mu               sync.Mutex
+	refusing, closed bool
+	closeOnce        sync.Once
 }
 
 // listenerTag marks a listener's epoll events (Fd: its slot in the loop).
@@ -82,22 +87,67 @@ func (g *Group) Listen(fd int, acc Acceptor) *Listener {
 func (ln *Listener) Close() error {
 	var err error
 	ln.closeOnce.Do(func() {
-		// Every loop is asked first, then waited for: they unlisten side
-		// by side.
-		done := make([]chan struct{}, len(ln.g.loops))
-		for i, l := range ln.g.loops {
-			done[i] = make(chan struct{})
-			l.post(loopCmd{op: cmdUnlisten, ln: ln, done: done[i]})
-		}
-		for i, l := range ln.g.loops {
-			select {
-			case <-done[i]:
-			case <-l.done: // the loop stopped: it holds nothing
-			}
-		}
+		ln.mu.Lock()
+		defer ln.mu.Unlock()
+		ln.unlistenAll()
 		err = unix.Close(ln.fd)
+		ln.closed = true
 	})
 	return err
+}
+
+// unlistenAll takes the socket out of every loop's set. Every loop is
+// asked first, then waited for: they unlisten side by side.
+func (ln *Listener) unlistenAll() {
+	done := make([]chan struct{}, len(ln.g.loops))
+	for i, l := range ln.g.loops {
+		done[i] = make(chan struct{})
+		l.post(loopCmd{op: cmdUnlisten, ln: ln, done: done[i]})
+	}
+	for i, l := range ln.g.loops {
+		select {
+		case <-done[i]:
+		case <-l.done: // the loop stopped: it holds nothing
+		}
+	}
+}
+
+// Refuse stops listening until Resume: the socket leaves the loops' sets
+// and the kernel's listening table (shutdown), so a client's connect is
+// refused (RST) as at a closed port, and the clients in its backlog are
+// reset; the socket stays bound to its port. The port must have been
+// bound by number: the kernel lets go of a port it chose (bind to port 0)
+// when the socket stops listening. Connections accepted stay.
+func (ln *Listener) Refuse() error {
+	ln.mu.Lock()
+	defer ln.mu.Unlock()
+	if ln.closed || ln.refusing {
+		return nil
+	}
+	// Out of the sets first: a socket that no longer listens is always
+	// ready (EPOLLHUP), and a level-triggered loop would spin on it.
+	ln.unlistenAll()
+	ln.refusing = true
+	return unix.Shutdown(ln.fd, unix.SHUT_RD)
+}
+
+// Resume listens again after Refuse. On an error (another socket took
+// the port meanwhile, which SO_REUSEADDR allows while this one does not
+// listen) the listener stays refusing, and a later Resume tries again.
+func (ln *Listener) Resume() error {
+	ln.mu.Lock()
+	defer ln.mu.Unlock()
+	if ln.closed || !ln.refusing {
+		return nil
+	}
+	if err := rawio.Listen(ln.fd, math.MaxInt32); err != nil {
+		return os.NewSyscallError("listen", err)
+	}
+	ln.refusing = false
+	for _, l := range ln.g.loops {
+		l.post(loopCmd{op: cmdListen, ln: ln})
+	}
+	return nil
 }
 
 // loopListener is one loop's registration of a Listener.

@@ -1,10 +1,14 @@
 package relay
 
 import (
+	"errors"
+	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -255,5 +259,103 @@ func TestLoopRetriesListenerItCouldNotAdd(t *testing.T) {
 	l.unlisten(ln)
 	if l.paused != 0 {
 		t.Fatalf("loop counts %d paused after unlisten", l.paused)
+	}
+}
+
+// listenNumbered is a listening socket bound to a port by number (Refuse
+// needs one: the kernel lets go of a port it chose once the socket stops
+// listening).
+func listenNumbered(t *testing.T) (int, netip.AddrPort) {
+	t.Helper()
+	fd, at, err := ListenTCP(netip.MustParseAddrPort("127.0.0.1:0"), false, Liveness{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(fd)
+	fd, at, err = ListenTCP(at, false, Liveness{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fd, at
+}
+
+// dialOutcome is a connect to addr and a read: "served" when the acceptor
+// took it (it closes the client: EOF), else the error.
+func dialOutcome(t *testing.T, addr netip.AddrPort) error {
+	t.Helper()
+	c, err := net.DialTimeout("tcp4", addr.String(), 2*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	_, err = c.Read(make([]byte, 1))
+	return err
+}
+
+// A refusing listener's port refuses connects (ECONNREFUSED, as a closed
+// port's) and stays the listener's: Resume serves it again, on every loop,
+// and an idle loop does not spin on the socket meanwhile.
+func TestListenerRefuseResume(t *testing.T) {
+	g, err := NewGroup(2, LoopOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Close)
+	acc := &takingAcceptor{}
+	fd, addr := listenNumbered(t)
+	ln := g.Listen(fd, acc)
+	t.Cleanup(func() { ln.Close() })
+	served := func(round string) {
+		t.Helper()
+		before := acc.accepted.Load()
+		for range 4 {
+			if err := dialOutcome(t, addr); !errors.Is(err, io.EOF) && !errors.Is(err, syscall.ECONNRESET) {
+				t.Fatalf("%s: connect served with %v", round, err)
+			}
+		}
+		if n := acc.accepted.Load() - before; n != 4 {
+			t.Fatalf("%s: %d of 4 clients accepted", round, n)
+		}
+	}
+	served("before Refuse")
+	for round := range 3 {
+		if err := ln.Refuse(); err != nil {
+			t.Fatal(err)
+		}
+		if err := ln.Refuse(); err != nil { // twice: nothing more
+			t.Fatal(err)
+		}
+		before := acc.accepted.Load()
+		if err := dialOutcome(t, addr); !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Fatalf("round %d: connect while refusing: %v, want ECONNREFUSED", round, err)
+		}
+		if acc.accepted.Load() != before {
+			t.Fatalf("round %d: a client was accepted while refusing", round)
+		}
+		// The port is still bound: a socket without SO_REUSEADDR
+		// cannot have it.
+		other, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = unix.Bind(other, &unix.SockaddrInet4{Port: int(addr.Port()), Addr: addr.Addr().As4()})
+		unix.Close(other)
+		if !errors.Is(err, syscall.EADDRINUSE) {
+			t.Fatalf("round %d: binding the refusing listener's port: %v, want EADDRINUSE", round, err)
+		}
+		if err := ln.Resume(); err != nil {
+			t.Fatalf("round %d: Resume: %v", round, err)
+		}
+		served(fmt.Sprintf("round %d after Resume", round))
+	}
+	if err := ln.Refuse(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ln.Close(); err != nil {
+		t.Fatalf("Close of a refusing listener: %v", err)
+	}
+	if err := ln.Resume(); err != nil {
+		t.Fatalf("Resume after Close: %v", err)
 	}
 }

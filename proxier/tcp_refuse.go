@@ -1,0 +1,99 @@
+package proxier
+
+import (
+	"math"
+	"os"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+)
+
+// A TCP proxy socket stops listening while its fault port is down (the
+// fault API's {"enabled":false}), so a client's connect is refused, as at
+// Toxiproxy's disabled proxy, whose listener is closed, and at a Service
+// whose server is down. Accepted and then reset, a client saw its connect
+// succeed (a Toxiproxy test that expects the dial to fail, failed). The
+// socket stays bound, so the port and the portal rules naming it stay the
+// service port's, and listens again when the port comes up. A port the
+// kernel chose (bind to port 0, the allocator's last resort) would be let
+// go when its socket stops listening: such a socket keeps accepting and
+// resets each client (faults.Port.Accept refuses them).
+
+// watchEnabled follows the fault port's enabled state until Close.
+func (s *tcpProxySocket) watchEnabled() {
+	if s.faults == nil || !s.numbered {
+		return
+	}
+	s.stopWatch = s.faults.OnEnabled(s.setListening)
+}
+
+func (s *tcpProxySocket) setListening(enabled bool) {
+	var err error
+	switch {
+	case s.loopLn != nil && enabled:
+		err = s.loopLn.Resume()
+	case s.loopLn != nil:
+		err = s.loopLn.Refuse()
+	default:
+		err = s.gate.set(s, enabled)
+	}
+	if err != nil {
+		klog.ErrorS(err, "Cannot switch the proxy socket's listening for the fault API's enabled", "servicePort", s.label, "enabled", enabled)
+	}
+}
+
+// acceptGate is the goroutine relay's share: its accept loop learns from
+// it that an accept error came from a refusal, and waits for the resume.
+type acceptGate struct {
+	mu       sync.Mutex
+	refusing bool
+	resumed  chan struct{}
+	// refusals counts Refuse calls, so an error of a refusal that came and
+	// went while the loop was in accept is told from a failure.
+	refusals atomic.Uint64
+}
+
+func (g *acceptGate) set(s *tcpProxySocket, enabled bool) error {
+	raw, err := s.ln.SyscallConn()
+	if err != nil {
+		return err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.refusing != enabled {
+		return nil // no change
+	}
+	var opErr error
+	if !enabled {
+		g.refusing, g.resumed = true, make(chan struct{})
+		g.refusals.Add(1)
+		err = raw.Control(func(fd uintptr) { opErr = unix.Shutdown(int(fd), unix.SHUT_RD) })
+		if err == nil && opErr != nil {
+			err = os.NewSyscallError("shutdown", opErr)
+		}
+		return err
+	}
+	err = raw.Control(func(fd uintptr) { opErr = unix.Listen(int(fd), math.MaxInt32) })
+	if err == nil && opErr != nil {
+		err = os.NewSyscallError("listen", opErr)
+	}
+	if err != nil {
+		return err // still refusing: the next enable tries again
+	}
+	g.refusing = false
+	close(g.resumed)
+	return nil
+}
+
+// refused reports whether an accept error that followed a look at
+// refusals (since) came from a refusal; wait, if not nil, ends with it.
+func (g *acceptGate) refused(since uint64) (wait <-chan struct{}, refused bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.refusing {
+		return g.resumed, true
+	}
+	return nil, g.refusals.Load() != since
+}
