@@ -1,14 +1,11 @@
 package proxier
 
 import (
-	"errors"
 	"net"
 	"net/netip"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	v1 "k8s.io/api/core/v1"
 )
@@ -97,14 +94,7 @@ func TestClaimedTCPPortRefuses(t *testing.T) {
 			p.OnServiceAdd(makeService("web", tt.svc(port)))
 			p.Sync()
 			addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-			conn, err := net.DialTimeout("tcp", addr, 2*time.Second)
-			if err == nil {
-				conn.Close()
-				t.Fatalf("connect to the claimed port %s completed a handshake; want refused", addr)
-			}
-			if !errors.Is(err, syscall.ECONNREFUSED) {
-				t.Fatalf("connect to the claimed port %s: %v, want connection refused", addr, err)
-			}
+			wantRefused(t, addr, "a claimed port")
 			if ln, err := net.Listen("tcp", addr); err == nil {
 				ln.Close()
 				t.Fatalf("another process could listen on %s (SO_REUSEADDR) while it is claimed", addr)

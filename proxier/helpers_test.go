@@ -11,9 +11,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -172,6 +174,34 @@ func proxyAddr(t *testing.T, p *Proxier, servicePort string) string {
 }
 
 func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
+
+// wantRefused fails unless a connect to addr is refused (ECONNREFUSED:
+// nothing listens there).
+func wantRefused(t *testing.T, addr, what string) {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err == nil {
+		c.Close()
+		t.Fatalf("connect to %s (%s) completed a handshake; want it refused", addr, what)
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("connect to %s (%s): %v, want ECONNREFUSED", addr, what, err)
+	}
+}
+
+// faultedWeb is a proxier whose fault table tracks live connections (as
+// with the fault API on), serving Service web on an echo backend.
+func faultedWeb(t *testing.T, path string) (*Proxier, *faults.Table, string) {
+	t.Helper()
+	backend := echoBackends(t, "127.0.0.2")[0]
+	table := faults.NewTable(0, 0, nil)
+	table.TrackLive = true
+	p := newTestProxier(t, Options{DataPath: path, Faults: table})
+	p.OnServiceAdd(makeService("web"))
+	p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, backend))
+	p.Sync()
+	return p, table, proxyAddr(t, p, "default/web:p")
+}
 
 func isConnReset(err error) bool {
 	var op *net.OpError

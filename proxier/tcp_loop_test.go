@@ -10,7 +10,6 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 
-	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
 
@@ -96,14 +95,7 @@ func TestEventLoopFaultedConnectionGetsItsFault(t *testing.T) {
 // cut still resets it there.
 func TestEventLoopTrackedConnectionIsCutByDown(t *testing.T) {
 	const conns = 20
-	backend := echoBackends(t, "127.0.0.2")[0]
-	table := faults.NewTable(0, 0, nil)
-	table.TrackLive = true
-	p := newTestProxier(t, Options{DataPath: DataPathEventLoop, Faults: table})
-	p.OnServiceAdd(makeService("web"))
-	p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, backend))
-	p.Sync()
-	addr := proxyAddr(t, p, "default/web:p")
+	_, table, addr := faultedWeb(t, DataPathEventLoop)
 	dialExchange(t, addr)
 	before := runtime.NumGoroutine()
 	var clients []*net.TCPConn

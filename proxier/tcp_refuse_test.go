@@ -1,15 +1,8 @@
 package proxier
 
 import (
-	"errors"
-	"net"
-	"syscall"
 	"testing"
 	"time"
-
-	v1 "k8s.io/api/core/v1"
-
-	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 )
 
 // A port the fault API sets down refuses connects (ECONNREFUSED, as
@@ -20,26 +13,8 @@ import (
 func TestDownPortRefusesConnects(t *testing.T) {
 	for _, path := range DataPaths {
 		t.Run(path, func(t *testing.T) {
-			backend := echoBackends(t, "127.0.0.2")[0]
-			table := faults.NewTable(0, 0, nil)
-			table.TrackLive = true
-			p := newTestProxier(t, Options{DataPath: path, Faults: table})
-			p.OnServiceAdd(makeService("web"))
-			p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, backend))
-			p.Sync()
-			addr := proxyAddr(t, p, "default/web:p")
+			p, table, addr := faultedWeb(t, path)
 			const proxy = "default.web.p"
-			refused := func(when string) {
-				t.Helper()
-				c, err := net.DialTimeout("tcp", addr, 2*time.Second)
-				if err == nil {
-					c.Close()
-					t.Fatalf("%s: connect succeeded, want it refused", when)
-				}
-				if !errors.Is(err, syscall.ECONNREFUSED) {
-					t.Fatalf("%s: connect: %v, want ECONNREFUSED", when, err)
-				}
-			}
 			for round, up := range []func() error{
 				func() error { _, err := table.SetEnabled(proxy, true); return err },
 				func() error { table.Reset(); return nil },
@@ -48,7 +23,7 @@ func TestDownPortRefusesConnects(t *testing.T) {
 				if _, err := table.SetEnabled(proxy, false); err != nil {
 					t.Fatal(err)
 				}
-				refused("down")
+				wantRefused(t, addr, "port down")
 				_ = live.SetReadDeadline(time.Now().Add(2 * time.Second))
 				if _, err := live.Read(make([]byte, 1)); !isConnReset(err) {
 					t.Fatalf("round %d: live connection after down: %v, want a reset", round, err)
@@ -74,7 +49,7 @@ func TestDownPortRefusesConnects(t *testing.T) {
 			p.OnServiceAdd(makeService("web"))
 			p.Sync()
 			addr = proxyAddr(t, p, "default/web:p")
-			refused("opened down")
+			wantRefused(t, addr, "port opened down")
 			if _, err := table.SetEnabled(proxy, true); err != nil {
 				t.Fatal(err)
 			}
