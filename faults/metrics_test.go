@@ -1,6 +1,7 @@
 package faults
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -55,11 +56,12 @@ kubeproxy_userspace_faults_skipped_max_active_total{service_port="default/web:ht
 `)
 }
 
-// A toxic's faults_injected_total series goes when the toxic does (removed
-// through the API or the annotation, or its stream changed), while the
-// port's other toxics keep theirs: experiments that add and remove toxics
-// by the thousand left a series behind for each.
-func TestRemovedToxicSeriesGo(t *testing.T) {
+// A removed toxic's faults_injected_total series stays (removed through
+// the API or the annotation, or its stream changed), with its count, so a
+// toxic added and removed between two scrapes is still seen; up to
+// retiredSeriesKept of them per port, the oldest going first: experiments
+// that add and remove toxics by the thousand left a series behind for each.
+func TestRemovedToxicSeriesStayAWhile(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	tbl := NewTable(0, 0, NewMetrics(reg))
 	p := tbl.Port("default.web.http", "TCP")
@@ -83,7 +85,7 @@ func TestRemovedToxicSeriesGo(t *testing.T) {
 				for _, lp := range m.GetLabel() {
 					l = append(l, lp.GetValue())
 				}
-				out = append(out, strings.Join(l, " "))
+				out = append(out, fmt.Sprintf("%s=%g", strings.Join(l, " "), m.GetCounter().GetValue()))
 			}
 		}
 		return out
@@ -94,16 +96,38 @@ func TestRemovedToxicSeriesGo(t *testing.T) {
 			t.Errorf("faults_injected_total series %q, want %q", got, want)
 		}
 	}
+	if c := p.Accept(client1); c == nil {
+		t.Fatal("connection not faulted")
+	} else {
+		c.Done()
+	}
 	// Label values in the labels' order: service_port, stream, toxic, type.
-	check("default.web.http downstream cut reset_peer", "default.web.http downstream slow latency")
+	check("default.web.http downstream cut reset_peer=1", "default.web.http downstream slow latency=1")
 	if _, err := tbl.UpdateToxic("default.web.http", "cut", []byte(`{"stream":"upstream"}`)); err != nil {
 		t.Fatal(err)
 	}
-	check("default.web.http downstream slow latency", "default.web.http upstream cut reset_peer")
+	check("default.web.http downstream cut reset_peer=1", "default.web.http downstream slow latency=1", "default.web.http upstream cut reset_peer=0")
 	if err := tbl.RemoveToxic("default.web.http", "cut"); err != nil {
 		t.Fatal(err)
 	}
-	check("default.web.http downstream slow latency")
 	p.SetDeclared(nil)
-	check()
+	check("default.web.http downstream cut reset_peer=1", "default.web.http downstream slow latency=1", "default.web.http upstream cut reset_peer=0")
+
+	// An experiment's worth of toxics more: the oldest removed go.
+	for i := range retiredSeriesKept {
+		name := fmt.Sprintf("t%02d", i)
+		if _, err := tbl.AddToxic("default.web.http", toxic(t, `{"name":"`+name+`","type":"latency","attributes":{"latency":1}}`)); err != nil {
+			t.Fatal(err)
+		}
+		if err := tbl.RemoveToxic("default.web.http", name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := series()
+	if len(got) != retiredSeriesKept {
+		t.Fatalf("%d series after %d toxics were removed, want %d", len(got), retiredSeriesKept+3, retiredSeriesKept)
+	}
+	if strings.Contains(strings.Join(got, ","), "cut") || !strings.Contains(strings.Join(got, ","), "t00") {
+		t.Errorf("series %q: want the oldest removed (cut, slow) gone and t00 kept", got)
+	}
 }

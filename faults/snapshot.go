@@ -100,25 +100,47 @@ func (p *Port) publishLocked() *snapshot {
 	}
 	old := p.snap.Swap(s)
 	if old != nil {
-		forgetRemoved(m, label, old.toxics, s.toxics)
+		p.retireRemoved(m, label, old.toxics, s.toxics)
 	}
 	return s
 }
 
-// forgetRemoved deletes the faults_injected_total series of the toxics in
+// retiredSeriesKept is how many removed toxics' faults_injected_total
+// series a port keeps.
+const retiredSeriesKept = 16
+
+// seriesKey is one faults_injected_total series of a port.
+type seriesKey struct{ label, name, typ, stream string }
+
+// retireRemoved keeps the faults_injected_total series of the toxics in
 // before that after no longer has (removed through the API or the
-// annotation, or changed type or stream): toxics set and removed by
-// experiments would otherwise add series for as long as the port lives.
-// A connection still holding the old snapshot counts into a detached
-// counter.
-func forgetRemoved(m *Metrics, label string, before, after []*compiled) {
+// annotation, or changed type or stream), up to retiredSeriesKept per
+// port, the oldest deleted first; a toxic that comes back takes its series
+// up again. Deleted at once, a toxic an experiment added and removed
+// between two scrapes (seconds, where Prometheus scrapes every 15-60 s)
+// was never seen counting; kept without a bound, experiments that add and
+// remove toxics by the thousand left a series behind for each. p.mu is
+// held.
+func (p *Port) retireRemoved(m *Metrics, label string, before, after []*compiled) {
 	for _, b := range before {
 		kept := slices.ContainsFunc(after, func(a *compiled) bool {
 			return a.Name == b.Name && a.Type == b.Type && a.Stream == b.Stream
 		})
-		if !kept {
-			m.Injected.DeleteLabelValues(label, b.Name, b.Type, b.Stream)
+		key := seriesKey{label, b.Name, b.Type, b.Stream}
+		if !kept && !slices.Contains(p.retired, key) {
+			p.retired = append(p.retired, key)
 		}
+	}
+	p.retired = slices.DeleteFunc(p.retired, func(k seriesKey) bool {
+		return k.label == label && slices.ContainsFunc(after, func(a *compiled) bool {
+			return a.Name == k.name && a.Type == k.typ && a.Stream == k.stream
+		})
+	})
+	if n := len(p.retired) - retiredSeriesKept; n > 0 {
+		for _, k := range p.retired[:n] {
+			m.Injected.DeleteLabelValues(k.label, k.name, k.typ, k.stream)
+		}
+		p.retired = slices.Delete(p.retired, 0, n)
 	}
 }
 

@@ -245,6 +245,9 @@ type Port struct {
 	api        []Toxic
 
 	snap atomic.Pointer[snapshot]
+	// retired: faults_injected_total series of removed toxics, kept a
+	// while (retireRemoved), oldest first; under mu.
+	retired []seriesKey
 	// connSeq numbers every connection (TCP) accepted on the port, faulted
 	// or not, so draws depend only on the seed and the arrival order.
 	connSeq atomic.Uint64
