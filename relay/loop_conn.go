@@ -440,13 +440,16 @@ func (c *LoopConn) step(d *loopDir) (bool, error) {
 	}
 	if d.splicing {
 		n, err := rawio.Splice(src, d.pipe.w, spliceChunk)
-		if err == unix.EAGAIN {
-			// src is empty for now: the (empty) pipe goes back, so an
-			// idle connection holds none, but the direction stays in
-			// splice mode until a splice moves less than a buffer (the
-			// burst is over): a stream that outruns its reader empties
-			// src on most wake-ups, and reading those back through the
-			// buffer cost 1 stream 16 % of its rate.
+		if n == 0 && err != unix.EINTR {
+			// Nothing came: src is empty for now, ended or failed. The
+			// pipe is empty (step reads only once nothing is pending)
+			// and goes back, so neither an idle connection nor a
+			// half-closed one holds one (a FIN right after a burst kept
+			// it to the connection's end). The direction stays in splice
+			// mode until a splice moves less than a buffer (the burst is
+			// over): a stream that outruns its reader empties src on
+			// most wake-ups, and reading those back through the buffer
+			// cost 1 stream 16 % of its rate.
 			pipes.put(d.pipe, true)
 			d.hasPipe = false
 		}

@@ -545,6 +545,40 @@ func TestLoopIdleHoldsNoPipe(t *testing.T) {
 	}
 }
 
+// A half-closed connection holds no pipe either: when the backend's FIN
+// comes right after a spliced burst, the splice that reads it gives the
+// (empty) pipe back, as the goroutine relay does, not the connection's end
+// (up to the half-close bound later, or never without one).
+func TestLoopHalfClosedHoldsNoPipe(t *testing.T) {
+	runtime.GC() // as in TestLoopIdleHoldsNoPipe
+	runtime.GC()
+	time.Sleep(50 * time.Millisecond)
+	base := pipesHeld(t)
+	b := newLoopBed(t, LoopOptions{})
+	const conns = 20
+	for range conns {
+		client, backend := b.connect(t, newLoopHandler(b.ep), true)
+		go func() {
+			_, _ = backend.Write(make([]byte, 1<<20))
+			_ = backend.CloseWrite()
+		}()
+		if n, err := io.Copy(io.Discard, client); n != 1<<20 || err != nil {
+			t.Fatalf("client read %d bytes, %v; want 1 MiB then a FIN", n, err)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		held := pipesHeld(t) - base
+		if held == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d half-closed connections hold %d pipes", conns, held)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // pipesHeld counts the process's pipes that are not idle in the pool.
 func pipesHeld(t *testing.T) int {
 	ents, err := os.ReadDir("/proc/self/fd")
