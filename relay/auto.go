@@ -124,6 +124,10 @@ func (a *autoCopier) run() (int64, error) {
 			case errors.Is(err, errNoPipe):
 				a.splicing, a.noPipe = false, true
 				continue
+			case errors.Is(err, errUrgentMark):
+				a.splicing = false // a read steps over the mark
+				a.changed()
+				continue
 			case err != nil:
 				return total, err
 			case n == 0:

@@ -22,17 +22,10 @@ func PutBuffer(b *[]byte) { copyBufs.Put(b) }
 func Copy(dst, src *net.TCPConn) (int64, error) {
 	bp := GetBuffer()
 	defer PutBuffer(bp)
-	buf := *bp
 	var total int64
 	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			w, werr := dst.Write(buf[:n])
-			total += int64(w)
-			if werr != nil {
-				return total, &WriteError{werr}
-			}
-		}
+		n, err := copyOnce(dst, src, *bp)
+		total += n
 		if err == io.EOF {
 			return total, nil
 		}
@@ -40,4 +33,17 @@ func Copy(dst, src *net.TCPConn) (int64, error) {
 			return total, err
 		}
 	}
+}
+
+// copyOnce reads src once into buf and writes what came to dst; io.EOF
+// once src ended. A failure on dst is a *WriteError.
+func copyOnce(dst, src *net.TCPConn, buf []byte) (int64, error) {
+	n, err := src.Read(buf)
+	if n > 0 {
+		w, werr := dst.Write(buf[:n])
+		if werr != nil {
+			return int64(w), &WriteError{werr}
+		}
+	}
+	return int64(n), err
 }

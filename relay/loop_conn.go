@@ -452,6 +452,17 @@ func (c *LoopConn) step(d *loopDir) (bool, error) {
 			// cost 1 stream 16 % of its rate.
 			pipes.put(d.pipe, true)
 			d.hasPipe = false
+			if (err == nil || err == unix.EAGAIN) && rawio.AtMark(src) {
+				// Not empty, nor ended: an urgent byte's mark heads src.
+				// splice stops there, saying EAGAIN at this and every
+				// wake-up to come, or end of file once a FIN is queued
+				// too: the stream would stall for good, or lose what
+				// follows the mark. A read steps over it (the urgent
+				// byte, not inline, is left out, as a read-based proxy
+				// leaves it): read now, as after EINTR.
+				d.splicing = false
+				return true, nil
+			}
 		}
 		if ok, moved, err := c.received(d, n, err); !ok {
 			return moved, err

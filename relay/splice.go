@@ -85,6 +85,19 @@ func Splice(dst, src *net.TCPConn) (int64, error) {
 			m, err := Copy(dst, src)
 			return total + m, err
 		}
+		if errors.Is(err, errUrgentMark) {
+			bp := GetBuffer()
+			m, err := copyOnce(dst, src, *bp)
+			PutBuffer(bp)
+			total += m
+			if err == io.EOF {
+				return total, nil
+			}
+			if err != nil {
+				return total, err
+			}
+			continue
+		}
 		if err != nil {
 			return total, err
 		}
@@ -97,6 +110,13 @@ func Splice(dst, src *net.TCPConn) (int64, error) {
 // errNoPipe wraps a pipe2 failure for want of descriptors or memory: the
 // caller goes on without splicing.
 var errNoPipe = errors.New("relay: no pipe for splice")
+
+// errUrgentMark is a splice that stopped at an urgent (MSG_OOB) byte's
+// mark: it moves nothing there, saying EAGAIN however much is queued behind
+// the mark, or end of file once a FIN is queued too. Only a read steps over
+// the mark (leaving out the urgent byte, which is not inline, as a
+// read-based proxy does); the caller reads once and splices again.
+var errUrgentMark = errors.New("relay: splice stopped at an urgent byte's mark")
 
 // splicer is one direction's splice state. One callback serves both of
 // its raw calls (fill and drain, told apart by draining) and is built once
@@ -149,6 +169,12 @@ func (s *splicer) fill(fd uintptr) bool {
 		// Retry: returning false would wait in the edge-triggered poller
 		// for bytes that may already be there.
 	}
+	if s.n == 0 && (s.readErr == nil || s.readErr == unix.EAGAIN) && rawio.AtMark(int(fd)) {
+		// Not empty, nor ended: waiting would stall the stream for good,
+		// a FIN passed on would lose what follows the mark.
+		s.readErr = errUrgentMark
+		return true
+	}
 	switch s.readErr {
 	case unix.EAGAIN:
 		// Nothing to read: give the pipe back while we wait.
@@ -162,7 +188,8 @@ func (s *splicer) fill(fd uintptr) bool {
 
 // cycle waits until src has bytes, splices what it has (up to a pipe) into
 // dst, and says how many it read and wrote. read == 0 with no error is EOF;
-// a failure on dst is a *WriteError; errNoPipe means no pipe could be had.
+// a failure on dst is a *WriteError; errNoPipe means no pipe could be had,
+// errUrgentMark that a read must step over an urgent byte's mark.
 func (s *splicer) cycle() (read, written int64, err error) {
 	s.held, s.n, s.readErr, s.draining = false, 0, nil, false
 	err = s.srcRaw.Read(s.call)

@@ -3,6 +3,7 @@ package relay
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"runtime"
@@ -12,6 +13,8 @@ import (
 	"time"
 	"unsafe"
 	"weak"
+
+	"golang.org/x/sys/unix"
 )
 
 // pair returns both ends of a loopback TCP connection, with the socket
@@ -282,4 +285,95 @@ func TestBackendResetDuringUploadIsNoFIN(t *testing.T) {
 		}
 		client.Close()
 	}
+}
+
+// An urgent byte (MSG_OOB) amid a spliced burst neither stalls nor cuts
+// the stream. splice stops at the byte's mark: once the mark heads the
+// receive queue it says EAGAIN however much is queued behind it, at every
+// wake-up to come (the stream stalled for good), or end of file once the
+// client's FIN is queued too (the relay passed a FIN on without the tail).
+// Only a read steps over the mark. The backend gets the stream without the
+// urgent byte (not inline: SO_OOBINLINE is off), as from a proxy that
+// reads and writes.
+func TestUrgentByteDoesNotStallSplice(t *testing.T) {
+	paths := []struct {
+		name  string
+		relay func(t *testing.T) (client, backend *net.TCPConn)
+	}{
+		{"loop", func(t *testing.T) (client, backend *net.TCPConn) {
+			b := newLoopBed(t, LoopOptions{})
+			return b.connect(t, newLoopHandler(b.ep), true)
+		}},
+		{"goroutines", func(t *testing.T) (client, backend *net.TCPConn) {
+			client, backend, _ = relayed(t, Options{})
+			return client, backend
+		}},
+		{"Splice", func(t *testing.T) (client, backend *net.TCPConn) {
+			client, proxyClient := pair(t)
+			proxyBackend, backend := pair(t)
+			go func() {
+				_, _ = Splice(proxyBackend, proxyClient)
+				_ = proxyBackend.CloseWrite()
+			}()
+			return client, backend
+		}},
+	}
+	bulk, tail := make([]byte, 1<<20), make([]byte, 1024)
+	for i := range bulk {
+		bulk[i] = byte(i * 7)
+	}
+	for i := range tail {
+		tail[i] = byte(i*3 + 1)
+	}
+	want := append(bulk[:len(bulk):len(bulk)], tail...)
+	for _, p := range paths {
+		for _, fin := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/fin=%v", p.name, fin), func(t *testing.T) {
+				client, backend := p.relay(t)
+				sent := make(chan error, 1)
+				go func() { sent <- sendWithUrgentByte(client, bulk, tail, fin) }()
+				_ = backend.SetReadDeadline(time.Now().Add(5 * time.Second))
+				got := make([]byte, len(want))
+				n, err := io.ReadFull(backend, got)
+				if err != nil || !bytes.Equal(got, want) {
+					t.Fatalf("backend got %d of %d bytes (%v), want them intact", n, len(want), err)
+				}
+				if err := <-sent; err != nil {
+					t.Fatal(err)
+				}
+				if !fin {
+					return
+				}
+				if n, err := backend.Read(got); n != 0 || err != io.EOF {
+					t.Fatalf("after the stream: %d bytes, %v; want the client's FIN", n, err)
+				}
+			})
+		}
+	}
+}
+
+// sendWithUrgentByte writes bulk, one urgent byte, tail, and then a FIN if
+// fin.
+func sendWithUrgentByte(c *net.TCPConn, bulk, tail []byte, fin bool) error {
+	if _, err := c.Write(bulk); err != nil {
+		return err
+	}
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := raw.Control(func(fd uintptr) { serr = unix.Sendto(int(fd), []byte{'!'}, unix.MSG_OOB, nil) }); err != nil {
+		return err
+	}
+	if serr != nil {
+		return serr
+	}
+	if _, err := c.Write(tail); err != nil {
+		return err
+	}
+	if fin {
+		return c.CloseWrite()
+	}
+	return nil
 }

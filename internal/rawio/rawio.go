@@ -102,6 +102,16 @@ func RecvInq(fd int, p []byte) (n, inq int, err error) {
 	return int(r), inq, nil
 }
 
+// AtMark reports whether a TCP socket's next byte is an urgent (MSG_OOB)
+// byte's mark (ioctl SIOCATMARK). splice stops at the mark and says EAGAIN
+// there, however much is queued behind it; recvmsg steps over it. SIOCINQ
+// cannot tell: it counts only the bytes before the mark, 0 at it.
+func AtMark(fd int) bool {
+	var v int32
+	_, _, e := unix.RawSyscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCATMARK, uintptr(unsafe.Pointer(&v)))
+	return e == 0 && v != 0
+}
+
 // EpollPoll is epoll_wait without waiting: the events ready now (0 on any
 // error, EINTR included: the caller looks again rather than sleep on
 // events it did not see).

@@ -278,6 +278,46 @@ func TestRecvInq(t *testing.T) {
 	}
 }
 
+// At an urgent byte's mark splice moves nothing and says EAGAIN with
+// bytes queued; AtMark tells that from an empty socket, and a read steps
+// over the mark (the byte, not inline, is skipped).
+func TestAtMark(t *testing.T) {
+	a, d := tcpPair(t, true)
+	_, pw := nonblockingPipe(t)
+	if AtMark(a) {
+		t.Fatal("empty socket: at the mark")
+	}
+	if _, err := unix.Write(d, []byte("ab")); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Sendto(d, []byte("!"), unix.MSG_OOB, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := unix.Write(d, []byte("cd")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * time.Millisecond) // all queued
+	if n, err := Splice(a, pw, 64); n != 2 || err != nil {
+		t.Fatalf("splice before the mark: %d, %v; want 2", n, err)
+	}
+	if _, err := Splice(a, pw, 64); !errors.Is(err, unix.EAGAIN) {
+		t.Fatalf("splice at the mark: %v, want EAGAIN", err)
+	}
+	if !AtMark(a) {
+		t.Fatal("AtMark after splice stopped at the mark: false")
+	}
+	buf := make([]byte, 8)
+	if n, _, err := RecvInq(a, buf); n != 2 || err != nil || string(buf[:n]) != "cd" {
+		t.Fatalf("read at the mark: %q, %v; want \"cd\"", buf[:n], err)
+	}
+	if AtMark(a) {
+		t.Fatal("AtMark after the read: true")
+	}
+	if AtMark(-1) {
+		t.Fatal("AtMark(-1): true")
+	}
+}
+
 func TestRecvInqWithoutTheOption(t *testing.T) {
 	a, d := tcpPair(t, false)
 	if _, err := unix.Write(d, []byte("x")); err != nil {
