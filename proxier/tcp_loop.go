@@ -153,8 +153,9 @@ func (h *loopClient) DialFailed(ep netip.AddrPort, err error) {
 }
 
 func (h *loopClient) Failed(err error) {
-	// A client the loops still held at shutdown tried no endpoint: not a
-	// failure to count or to report as "no endpoint".
+	// A client the loops still held at shutdown, handed over or dialing,
+	// is no endpoint's failure: not one to count or to report as "no
+	// endpoint".
 	if !errors.Is(err, relay.ErrLoopStopped) {
 		h.s.failed.Inc()
 		h.s.noBackend.report(h.s.label, h.from, err)

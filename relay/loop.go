@@ -389,7 +389,7 @@ func (l *Loop) fireTimers() {
 func (l *Loop) shutdown() {
 	for _, c := range l.conns {
 		if c != nil {
-			c.abort()
+			c.stop()
 		}
 	}
 	l.file.Close()

@@ -13,8 +13,9 @@ import "errors"
 // over; a hand-off costs a command in the other loop's inbox (and its
 // wake-up, if it was parked: the idle CPU is then put to work).
 
-// ErrLoopStopped fails a client handed to a loop that stopped first: the
-// proxy is shutting down, no endpoint was tried.
+// ErrLoopStopped fails a client handed to a loop that stopped first, or
+// still dialing when its loop stopped: the proxy is shutting down, no
+// endpoint is at fault.
 var ErrLoopStopped = errors.New("relay: loop stopped")
 
 // balanceSlack is how many more connections than the lightest loop a loop

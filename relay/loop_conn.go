@@ -653,7 +653,18 @@ func (c *LoopConn) failed(d *loopDir, err error) {
 	c.finish()
 }
 
-// abort resets both peers (a bound ran out, the loop stops).
+// stop ends the connection as its loop stops: as abort, but a dial still
+// pending fails with ErrLoopStopped. The proxy stopping is no endpoint's
+// fault: the proxier counts and reports no failure for it.
+func (c *LoopConn) stop() {
+	if c.state == stateDialing {
+		c.fail(ErrLoopStopped)
+		return
+	}
+	c.abort()
+}
+
+// abort resets both peers (a bound ran out, a fault's reset).
 func (c *LoopConn) abort() {
 	if c.state == stateClosed {
 		return

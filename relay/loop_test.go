@@ -346,6 +346,81 @@ func TestLoopResetsClientWhenNoBackendAnswers(t *testing.T) {
 	}
 }
 
+// A connection still dialing when the loop stops fails with
+// ErrLoopStopped, not ErrDialTimeout: the proxy stopping is no endpoint's
+// fault, and the proxier counts and reports no failure for it.
+func TestLoopStopFailsDialingWithErrLoopStopped(t *testing.T) {
+	silent := silentBackend(t)
+	b := newLoopBed(t, LoopOptions{DialTimeouts: []time.Duration{time.Minute}})
+	h := &dialingHandler{loopHandler: newLoopHandler(silent), dialing: make(chan struct{}, 1)}
+	client, _ := b.connect(t, h, false)
+	select {
+	case <-h.dialing:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the loop never dialled")
+	}
+	// The dial's connect follows Backend on the loop's goroutine, before
+	// the loop takes the stop.
+	b.g.Close()
+	h.wait(t)
+	h.mu.Lock()
+	failed, conn, dialFails := h.failed, h.conn, h.dialFails
+	h.mu.Unlock()
+	if conn != nil || len(dialFails) != 0 || !errors.Is(failed, ErrLoopStopped) {
+		t.Fatalf("connected %v, dial failures %v, failed %v; want the pending dial to fail with ErrLoopStopped",
+			conn != nil, dialFails, failed)
+	}
+	if client != nil {
+		expectReset(t, client)
+	}
+}
+
+// dialingHandler is a loopHandler that says when the loop dials.
+type dialingHandler struct {
+	*loopHandler
+	dialing chan struct{}
+}
+
+func (h *dialingHandler) Backend(attempt int) (netip.AddrPort, error) {
+	select {
+	case h.dialing <- struct{}{}:
+	default:
+	}
+	return h.loopHandler.Backend(attempt)
+}
+
+// silentBackend is a listener whose accept queue is full (backlog 0, one
+// connection queued and never accepted): it drops SYNs, so a dial to it
+// stays pending.
+func silentBackend(t *testing.T) netip.AddrPort {
+	t.Helper()
+	ln, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(ln) })
+	if err := unix.Bind(ln, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(ln, 0); err != nil {
+		t.Fatal(err)
+	}
+	ep, err := rawio.LocalAddr(ln)
+	if err != nil {
+		t.Fatal(err)
+	}
+	queued, err := net.DialTimeout("tcp4", ep.String(), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { queued.Close() })
+	if c, err := net.DialTimeout("tcp4", ep.String(), 200*time.Millisecond); err == nil {
+		c.Close()
+		t.Fatal("a dial to the full listener connected")
+	}
+	return ep
+}
+
 // refusedClient connects a client that h cannot give a backend, waits for
 // its reset and returns the dial failures h was told of and its end.
 func refusedClient(t *testing.T, b *loopBed, h *loopHandler) (dialFails []error, failed error) {
