@@ -54,6 +54,7 @@ const (
 	ipFaultLive = iota
 	ipFaultInvalid
 	ipFaultUDP
+	ipFaultAPI
 	faultClients
 )
 
@@ -61,7 +62,7 @@ const (
 // at start: every check declares its own, live.
 func faultServices(c *netns.Cluster) map[string]svc {
 	m := map[string]svc{}
-	for i, name := range []string{"faulty", "stubborn", "lossy"} {
+	for i, name := range []string{"faulty", "stubborn", "lossy", "downed"} {
 		m[name] = svc{name: name, clusterIP: fmt.Sprintf("10.96.0.%d", 90+i), endpoints: ips(c, 0)}
 	}
 	return m
@@ -74,7 +75,7 @@ func faultServices(c *netns.Cluster) map[string]svc {
 func TestFaults(t *testing.T) {
 	requireSuite(t)
 	c := netns.NewCluster(t, netns.ClusterOptions{Backends: 1, ClientIPsEach: faultClients})
-	e := &env{c: c, bs: c.StartBackends(t, backendBin, backendPort), svcs: faultServices(c), p: newProxy(t, c)}
+	e := &env{c: c, bs: c.StartBackends(t, backendBin, backendPort), svcs: faultServices(c), p: newProxy(t, c, "--fault-api-bind-address", faultAPIAddr)}
 	for _, s := range e.svcs {
 		writeSvc(t, e.p.dir, s)
 	}
@@ -91,6 +92,7 @@ func TestFaults(t *testing.T) {
 		{"LatencyThenResetThenNone", checkFaultsLive},
 		{"InvalidAnnotationKeepsLastFaults", checkFaultsInvalid},
 		{"UDPLoss", checkFaultsUDPLoss},
+		{"APIDownRefusesConnects", checkFaultsAPIDown},
 	} {
 		t.Run(check.name, func(t *testing.T) {
 			e.p.RequireRunning(t)
