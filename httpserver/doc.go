@@ -3,6 +3,8 @@
 // none of them lets the outside hold descriptors or goroutines the data
 // path needs: a header timeout (slowloris), read and write timeouts (none
 // of our handlers streams), an idle timeout for keep-alive connections and
-// a cap on open connections, beyond which clients wait in the kernel's
-// listen backlog instead of holding a descriptor of ours.
+// a cap on open connections, beyond which a new client takes the place of
+// the longest-idle keep-alive connection, or waits in the kernel's listen
+// backlog while every connection is busy with a request, instead of
+// holding a descriptor of ours.
 package httpserver

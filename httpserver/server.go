@@ -4,8 +4,6 @@ import (
 	"net"
 	"net/http"
 	"time"
-
-	"golang.org/x/net/netutil"
 )
 
 // Limits bound one HTTP server.
@@ -19,7 +17,9 @@ type Limits struct {
 	WriteTimeout time.Duration
 	// IdleTimeout closes a keep-alive connection that sends no next request.
 	IdleTimeout time.Duration
-	// MaxConns caps open connections; 0 means no cap.
+	// MaxConns caps open connections; 0 means no cap. At the cap a new
+	// client takes the place of the longest-idle keep-alive connection,
+	// or waits while every connection is busy with a request.
 	MaxConns int
 }
 
@@ -35,8 +35,8 @@ var DefaultLimits = Limits{
 	MaxConns:          100,
 }
 
-// New returns an http.Server for h with l's timeouts. Serve it on a
-// listener from Listen (or use Start) so the connection cap applies too.
+// New returns an http.Server for h with l's timeouts; Serve and Start
+// apply the connection cap too.
 func New(h http.Handler, l Limits) *http.Server {
 	return &http.Server{
 		Handler:           h,
@@ -47,13 +47,17 @@ func New(h http.Handler, l Limits) *http.Server {
 	}
 }
 
-// Limit wraps ln so that at most l.MaxConns accepted connections are open
-// at once; Accept waits for one to close before taking the next.
-func Limit(ln net.Listener, l Limits) net.Listener {
-	if l.MaxConns <= 0 {
-		return ln
+// Serve serves h on ln under l in a goroutine (the cap applies too) and
+// returns the server: Close it to stop it (that closes ln).
+func Serve(ln net.Listener, h http.Handler, l Limits) *http.Server {
+	srv := New(h, l)
+	if l.MaxConns > 0 {
+		capped := newCapListener(ln, l.MaxConns)
+		srv.ConnState = capped.track
+		ln = capped
 	}
-	return netutil.LimitListener(ln, l.MaxConns)
+	go func() { _ = srv.Serve(ln) }() // Serve closes ln when it returns
+	return srv
 }
 
 // Start binds addr (TCP) and serves h on it under l in a goroutine. Binding
@@ -64,7 +68,5 @@ func Start(addr string, h http.Handler, l Limits) (*http.Server, net.Addr, error
 	if err != nil {
 		return nil, nil, err
 	}
-	srv := New(h, l)
-	go func() { _ = srv.Serve(Limit(ln, l)) }() // Serve closes ln when it returns
-	return srv, ln.Addr(), nil
+	return Serve(ln, h, l), ln.Addr(), nil
 }

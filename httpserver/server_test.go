@@ -68,24 +68,75 @@ func TestSlowlorisCutAtHeaderTimeout(t *testing.T) {
 }
 
 // TestCapMakesClientsWait: with a cap of 1, a second connection is not
-// served while the first is open, and is served as soon as it closes.
+// served while the first is busy with a request, and is served as soon as
+// that connection closes.
 func TestCapMakesClientsWait(t *testing.T) {
-	addr := startTest(t, Limits{ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute, MaxConns: 1})
-	first := dialGet(t, addr)
+	release := make(chan struct{})
+	srv, bound, err := Start("127.0.0.1:0", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			<-release
+		}
+		_, _ = io.WriteString(w, "ok")
+	}), Limits{ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute, MaxConns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	addr := bound.String()
+	first, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer first.Close()
-	if _, err := http.ReadResponse(bufio.NewReader(first), nil); err != nil {
-		t.Fatalf("first connection: %v", err)
+	if _, err := io.WriteString(first, "GET /slow HTTP/1.1\r\nHost: test\r\n\r\n"); err != nil {
+		t.Fatal(err)
 	}
 	second := dialGet(t, addr)
 	defer second.Close()
 	_ = second.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
 	if _, err := http.ReadResponse(bufio.NewReader(second), nil); !errors.Is(err, os.ErrDeadlineExceeded) {
-		t.Fatalf("second connection answered while the first held the only slot: %v", err)
+		t.Fatalf("second connection answered while the first held the only slot with a request: %v", err)
+	}
+	close(release)
+	if _, err := http.ReadResponse(bufio.NewReader(first), nil); err != nil {
+		t.Fatalf("first connection: %v", err)
 	}
 	first.Close()
 	_ = second.SetReadDeadline(time.Now().Add(10 * time.Second))
 	if _, err := http.ReadResponse(bufio.NewReader(second), nil); err != nil {
 		t.Fatalf("second connection not served after the first closed: %v", err)
+	}
+}
+
+// TestCapIdleKeepAliveGivesWay: clients that keep every slot with idle
+// keep-alive connections (one request each, then silence within the idle
+// timeout) do not lock a probe out: at the cap the longest-idle one is
+// closed for it. Before, the probe waited until an idle timeout.
+func TestCapIdleKeepAliveGivesWay(t *testing.T) {
+	const slots = 5
+	addr := startTest(t, Limits{ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute, MaxConns: slots})
+	var held []net.Conn
+	for range slots {
+		c := dialGet(t, addr)
+		defer c.Close()
+		if _, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	time.Sleep(50 * time.Millisecond) // each is idle now
+	for i := range 3 {
+		probe := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+		resp, err := probe.Get("http://" + addr + "/healthz")
+		if err != nil {
+			t.Fatalf("probe %d with every slot held by an idle keep-alive connection: %v", i, err)
+		}
+		resp.Body.Close()
+	}
+	// The longest idle went first: the first held connection is closed.
+	_ = held[0].SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := held[0].Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("the longest-idle connection is still open (%v)", err)
 	}
 }
 

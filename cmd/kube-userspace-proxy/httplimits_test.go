@@ -31,11 +31,12 @@ func openFDs(t *testing.T) int {
 }
 
 // TestHealthServerIdleTimeoutAndCap is issue 9's scenario: 200 keep-alive
-// connections each make one GET /livez and then say nothing. The health
-// server closes each at the idle timeout, and while more than the cap are
-// connected the rest wait in the listen backlog: the process never holds
-// more than the cap of server-side descriptors (the client side of the 200
-// lives in this process too and is counted apart).
+// connections each make one GET /livez and then say nothing. The process
+// never holds more than the cap of server-side descriptors (the client side
+// of the 200 lives in this process too and is counted apart): at the cap a
+// new client takes the place of the longest-idle connection, which the
+// server closes, and the last ones in are closed at the idle timeout. So
+// every client is answered, none waiting for an idle timeout.
 func TestHealthServerIdleTimeoutAndCap(t *testing.T) {
 	const (
 		clients = 200
@@ -137,15 +138,21 @@ func TestHealthServerIdleTimeoutAndCap(t *testing.T) {
 			break
 		}
 	}
-	if len(held) > 0 && held[len(held)/2] < idle/2 {
-		t.Errorf("median idle connection closed after %v, before half the idle timeout %v", held[len(held)/2], idle)
+	atIdle := 0
+	for _, h := range held {
+		if h >= idle/2 {
+			atIdle++
+		}
+	}
+	if atIdle < maxConn/2 {
+		t.Errorf("%d connections were held to about the idle timeout %v, want at least %d (the last ones in, which no one displaced)", atIdle, idle, maxConn/2)
 	}
 	// Each client holds one descriptor of its own; the server may hold at
 	// most maxConn more, plus a few for the runtime (the sampler's ReadDir).
 	if limit := int64(clients + maxConn + 10); peak.Load() > limit {
 		t.Errorf("descriptors rose by %d with %d clients, want <= %d (%d clients + cap %d + slack)", peak.Load(), clients, limit, clients, maxConn)
 	}
-	t.Logf("%d/%d connections answered and closed at the idle timeout; peak +%d descriptors", len(held), clients, peak.Load())
+	t.Logf("%d/%d connections answered and closed by the server, %d at the idle timeout; peak +%d descriptors", len(held), clients, atIdle, peak.Load())
 }
 
 func freePortString(t *testing.T) string {

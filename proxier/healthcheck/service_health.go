@@ -173,8 +173,7 @@ func (s *ServiceHealthServer) SyncServices(want map[types.NamespacedName]int) er
 				ss = nil
 				break
 			}
-			srv := httpserver.New(s.handler(nn), s.limits)
-			go func() { _ = srv.Serve(httpserver.Limit(ln, s.limits)) }() // Serve closes ln when it returns
+			srv := httpserver.Serve(ln, s.handler(nn), s.limits)
 			ss.srvs, ss.lns = append(ss.srvs, srv), append(ss.lns, ln)
 		}
 		if ss != nil {

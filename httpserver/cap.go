@@ -1,0 +1,90 @@
+package httpserver
+
+import (
+	"net"
+	"net/http"
+	"sync"
+)
+
+// capListener caps open connections at max. At the cap, Accept first
+// closes the connection idle the longest (a keep-alive connection between
+// requests) and takes the client in its place; only when every open
+// connection is busy with a request (each bounded by the timeouts) does it
+// wait for one to end. Waiting alone (netutil.LimitListener) let 100
+// clients that each sent a request every IdleTimeout hold every slot for
+// as long as they liked: kubelet's and load balancers' probes of /healthz
+// and of the healthCheckNodePorts then hung.
+type capListener struct {
+	net.Listener
+	slots chan struct{} // one token per open connection
+
+	mu sync.Mutex
+	// idle holds the connections between requests (http.StateIdle), in
+	// the order they became idle.
+	idle []*cappedConn
+}
+
+func newCapListener(ln net.Listener, max int) *capListener {
+	return &capListener{Listener: ln, slots: make(chan struct{}, max)}
+}
+
+func (l *capListener) Accept() (net.Conn, error) {
+	select {
+	case l.slots <- struct{}{}:
+	default:
+		if oldest := l.oldestIdle(); oldest != nil {
+			_ = oldest.Close() // gives its slot back
+		}
+		l.slots <- struct{}{} // that slot, or wait for one
+	}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		<-l.slots
+		return nil, err
+	}
+	return &cappedConn{Conn: c, l: l}, nil
+}
+
+// oldestIdle takes the longest-idle connection off the idle list.
+func (l *capListener) oldestIdle() *cappedConn {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.idle) == 0 {
+		return nil
+	}
+	c := l.idle[0]
+	l.idle = l.idle[1:]
+	return c
+}
+
+// track is the server's ConnState hook: it keeps the idle list.
+func (l *capListener) track(nc net.Conn, state http.ConnState) {
+	c, ok := nc.(*cappedConn)
+	if !ok {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, x := range l.idle {
+		if x == c {
+			l.idle = append(l.idle[:i], l.idle[i+1:]...)
+			break
+		}
+	}
+	if state == http.StateIdle {
+		l.idle = append(l.idle, c)
+	}
+}
+
+// cappedConn gives its slot back once, at its first Close.
+type cappedConn struct {
+	net.Conn
+	l    *capListener
+	once sync.Once
+}
+
+func (c *cappedConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() { <-c.l.slots })
+	return err
+}
