@@ -85,13 +85,15 @@ func defaultEndpointSlice(es *discovery.EndpointSlice) {
 	}
 	for i := range es.Endpoints {
 		c := &es.Endpoints[i].Conditions
-		// An absent condition means "unknown"; consumers such as kube-proxy
-		// read an unknown ready as ready, and serving as ready.
+		// An absent condition means "unknown"; the API says to read an
+		// unknown ready and serving as true, as kube-proxy does (serving
+		// is not ready's copy: a terminating endpoint that still serves is
+		// the fallback when none is ready).
 		if c.Ready == nil {
 			c.Ready = ptr.To(true)
 		}
 		if c.Serving == nil {
-			c.Serving = ptr.To(*c.Ready)
+			c.Serving = ptr.To(true)
 		}
 		if c.Terminating == nil {
 			c.Terminating = ptr.To(false)

@@ -202,6 +202,38 @@ func TestDecodeManifestsDefaults(t *testing.T) {
 	}
 }
 
+// An absent serving condition is true, whatever ready says, as the API
+// documents and kube-proxy (and this proxy's informer path) read it: a
+// terminating endpoint that is not ready and says nothing of serving is a
+// fallback while no endpoint is ready. It was defaulted to ready, so a
+// rollout in manifests dropped traffic where the API source kept it.
+func TestDecodeManifestsServingDefaultsToTrue(t *testing.T) {
+	data := `apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints:
+- addresses: [10.1.0.1]
+  conditions: {ready: false, terminating: true}
+- addresses: [10.1.0.2]
+  conditions: {ready: false, serving: false, terminating: true}
+`
+	got, errs := DecodeManifests("m.yaml", []byte(data))
+	if len(errs) > 0 || len(got) != 1 {
+		t.Fatalf("got %d objects, errors %v", len(got), errs)
+	}
+	es := got[0].Object.(*discovery.EndpointSlice)
+	if c := es.Endpoints[0].Conditions; !*c.Serving || *c.Ready || !*c.Terminating {
+		t.Errorf("absent serving: ready=%v serving=%v terminating=%v, want serving true (ready false, terminating true)", *c.Ready, *c.Serving, *c.Terminating)
+	}
+	if c := es.Endpoints[1].Conditions; *c.Serving {
+		t.Error("serving: false given was defaulted to true")
+	}
+}
+
 // Every stream shape kubectl accepts loads every object it holds: YAML
 // documents (LF or CRLF), one JSON object, and a JSON stream of several
 // objects one after another (with or without whitespace between them). A
