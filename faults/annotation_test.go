@@ -251,6 +251,7 @@ func TestParseAnnotationErrors(t *testing.T) {
 		{"unknown field", `[{"type":"latency","latancy":300}]`, both, "[0].latancy: unknown field (a toxic has name, type, stream, toxicity, attributes, port, clients, seed)"},
 		{"name twice", `[{"type":"latency"},{"type":"latency","attributes":{"latency":1}}]`, both, `[1].name: "latency_downstream" is used twice`},
 		{"client not a CIDR", `[{"type":"latency","clients":["10.0.0.0/8","ten"]}]`, both, `[0].clients[1]: "ten" is not a CIDR or an IP`},
+		{"mapped CIDR wider than IPv4", `[{"type":"latency","clients":["::ffff:0:0/64"]}]`, both, `[0].clients[0]: "::ffff:0:0/64" is an IPv4-mapped CIDR shorter than /96`},
 		{"port not on the Service, by name", `[{"type":"latency","port":"https"}]`, both, `[0].port: the Service has no port "https"`},
 		{"port not on the Service, by number", `[{"type":"latency","port":443}]`, both, `[0].port: the Service has no port "443"`},
 		{"port neither name nor number", `[{"type":"latency","port":[80]}]`, both, "[0].port: must be a port name or number, not [80]"},

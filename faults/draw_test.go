@@ -165,7 +165,7 @@ func TestToxicityNotRedrawnWhenAnotherToxicChanges(t *testing.T) {
 // clients narrows a toxic to some client addresses; others are not faulted
 // (and cost no draw: the sequence still advances for everyone).
 func TestClientsNarrowAToxic(t *testing.T) {
-	_, p := declared(t, 0, 0, "TCP", `{"type":"refuse","clients":["10.1.0.0/16","192.168.0.9","fe80::/10"]}`)
+	_, p := declared(t, 0, 0, "TCP", `{"type":"refuse","clients":["10.1.0.0/16","192.168.0.9","fe80::/10","::ffff:172.16.0.0/108","::ffff:10.9.9.9/128"]}`)
 	for _, tc := range []struct {
 		from    string
 		refused bool
@@ -177,6 +177,11 @@ func TestClientsNarrowAToxic(t *testing.T) {
 		{"192.168.0.9", true},
 		{"192.168.0.10", false},
 		{"::ffff:10.1.0.1", true}, // IPv4 on a dual-stack socket
+		// IPv4 CIDRs written in their IPv4-mapped form match IPv4
+		// clients (they matched none: a client is compared unmapped).
+		{"172.16.5.5", true},
+		{"172.32.0.1", false},
+		{"10.9.9.9", true},
 	} {
 		c := p.Accept(mustAddr(tc.from))
 		if got := c != nil && c.Refuse; got != tc.refused {

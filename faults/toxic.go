@@ -12,6 +12,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/netaddr"
 )
 
 // Toxic is one fault in Toxiproxy's JSON shape, so its examples can be
@@ -291,9 +293,15 @@ func lossModel(given, attrs map[string]float64) error {
 	return nil
 }
 
+// parseClient reads a CIDR or an IP. An IPv4 CIDR in its IPv4-mapped form
+// (::ffff:10.0.0.0/104) is the IPv4 one: clients are compared unmapped.
 func parseClient(s string) (netip.Prefix, error) {
 	if p, err := netip.ParsePrefix(s); err == nil {
-		return p.Masked(), nil
+		unmapped, ok := netaddr.UnmapPrefix(p)
+		if !ok {
+			return netip.Prefix{}, fmt.Errorf("%q is an IPv4-mapped CIDR shorter than /96, which spans more than IPv4", s)
+		}
+		return unmapped, nil
 	}
 	a, err := netip.ParseAddr(s)
 	if err != nil {
