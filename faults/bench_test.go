@@ -1,6 +1,7 @@
 package faults
 
 import (
+	"fmt"
 	"io"
 	"strconv"
 	"testing"
@@ -160,4 +161,27 @@ func byteSize(n int) string {
 		return strconv.Itoa(n>>10) + "KiB"
 	}
 	return strconv.Itoa(n) + "B"
+}
+
+// BenchmarkToxicChangeAmongMany is one API toxic added and removed on a
+// port that already has 2,000 (a suite that adds toxics and never removes
+// them): each change republishes the port's snapshot under its lock.
+func BenchmarkToxicChangeAmongMany(b *testing.B) {
+	tbl := NewTable(0, 0, NewMetrics(nil))
+	const name = "default.web.http"
+	tbl.Port(name, "TCP")
+	for i := range 2000 {
+		if _, err := tbl.AddToxic(name, Toxic{Name: fmt.Sprintf("t%d", i), Type: "latency", Attributes: map[string]float64{"latency": 1}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := tbl.AddToxic(name, Toxic{Name: "x", Type: "latency", Attributes: map[string]float64{"latency": 1}}); err != nil {
+			b.Fatal(err)
+		}
+		if err := tbl.RemoveToxic(name, "x"); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

