@@ -37,7 +37,10 @@ func validateService(fe *fieldErrors, s *v1.Service, nodePorts PortRange) {
 	validateServicePorts(fe, spec.Child("ports"), s, nodePorts)
 
 	for i, ip := range s.Spec.ExternalIPs {
-		validateIP(fe, spec.Child("externalIPs").Index(i), ip)
+		path := spec.Child("externalIPs").Index(i)
+		if a, ok := validateIP(fe, path, ip); ok {
+			validateNonSpecialIP(fe, path, a, ip)
+		}
 	}
 	for i, ing := range s.Status.LoadBalancer.Ingress {
 		path := field.NewPath("status", "loadBalancer", "ingress").Index(i)
@@ -66,6 +69,28 @@ func validateService(fe *fieldErrors, s *v1.Service, nodePorts PortRange) {
 	}
 	if p := s.Spec.InternalTrafficPolicy; p != nil && *p != v1.ServiceInternalTrafficPolicyCluster && *p != v1.ServiceInternalTrafficPolicyLocal {
 		fe.add(spec.Child("internalTrafficPolicy"), "%q is not valid (Cluster or Local)", *p)
+	}
+}
+
+// validateNonSpecialIP refuses the addresses the API server refuses as an
+// external IP (its ValidateEndpointIP): the proxier would otherwise render a
+// rule that takes over such an address on every node, so that 127.0.0.1:80,
+// say, reached the Service instead of the node's own listener. Load balancer
+// ingress IPs are not checked: the API server accepts any there.
+func validateNonSpecialIP(fe *fieldErrors, path *field.Path, a netip.Addr, s string) {
+	// net.ParseIP, the API server's, reads ::ffff:127.0.0.1 as IPv4.
+	a = a.Unmap()
+	switch {
+	case a.IsUnspecified():
+		fe.add(path, "%q must not be unspecified", s)
+	case a.IsLoopback():
+		fe.add(path, "%q must not be in the loopback range (127.0.0.0/8, ::1/128)", s)
+	case a.IsLinkLocalUnicast():
+		fe.add(path, "%q must not be in the link-local range (169.254.0.0/16, fe80::/10)", s)
+	case a.IsLinkLocalMulticast():
+		// The API server's message says ff02::/10; what it (and this)
+		// refuses is link-local scope, ff02::/16 and its flagged ffx2::.
+		fe.add(path, "%q must not be in the link-local multicast range (224.0.0.0/24, ff02::/16)", s)
 	}
 }
 
