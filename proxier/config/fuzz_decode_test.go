@@ -37,6 +37,7 @@ func addManifestSeeds(f *testing.F) {
 		endpointsYAML,
 		"apiVersion: v1\nkind: ServiceList\nitems:\n- metadata: {name: a}\n  spec: {ports: [{port: 80}]}\n",
 		`{"apiVersion":"v1","kind":"List","items":[{"apiVersion":"v1","kind":"Service","metadata":{"name":"a"},"spec":{"ports":[{"port":80}]}}]}`,
+		`{"apiVersion":"v1","kind":"List","items":[{"apiVersion":"v1","kind":"List","items":[]}]}`,
 		`{"apiVersion":"v1","kind":"Service","metadata":{"name":"a"},"spec":{"ports":[{"port":80}]}}{"apiVersion": "v1", "kind": `,
 		"metadata: {name: x}\n",
 		"apiVersion: v1\nkind: Servce\nmetadata: {name: web}\n---\nkind: service\n---\napiVersion: apps/v1\nkind: Deployment\n",

@@ -73,7 +73,7 @@ func (d decoder) decode(name string, data []byte) ([]Manifest, []error) {
 	docs, streamErr := splitDocuments(data)
 	for i, doc := range docs {
 		loc := docLocation{file: name, doc: i + 1, line: doc.line}
-		ms, es := d.decodeDocument(loc, doc.body, "")
+		ms, es := d.decodeDocument(loc, doc.body, listItem{})
 		out = append(out, ms...)
 		errs = append(errs, es...)
 	}
@@ -104,9 +104,17 @@ type typeAndName struct {
 	} `json:"metadata"`
 }
 
-// decodeDocument decodes one YAML or JSON document. defaultKind is the kind of
-// items inside a typed list (ServiceList...), which may omit their own kind.
-func (d decoder) decodeDocument(loc docLocation, body []byte, defaultKind string) ([]Manifest, []error) {
+// listItem says which list a document is an item of, and where; the zero
+// value is a document of the file itself.
+type listItem struct {
+	list  string // the list's kind: List, ServiceList...
+	index int
+}
+
+// decodeDocument decodes one YAML or JSON document. Items of a typed list
+// (ServiceList...) may omit their kind: they take the list's item kind.
+func (d decoder) decodeDocument(loc docLocation, body []byte, in listItem) ([]Manifest, []error) {
+	defaultKind := strings.TrimSuffix(in.list, "List")
 	var tn typeAndName
 	if err := yaml.Unmarshal(body, &tn); err != nil {
 		return nil, []error{loc.err(atFileLine(err, loc.line))}
@@ -118,7 +126,16 @@ func (d decoder) decodeDocument(loc docLocation, body []byte, defaultKind string
 		return nil, []error{loc.err(errors.New("object has no kind"))}
 	}
 	if strings.HasSuffix(tn.Kind, "List") {
-		return d.decodeList(loc, body, strings.TrimSuffix(tn.Kind, "List"))
+		if in.list != "" {
+			// Each level parses all it holds again: 3,000 nested Lists (81 KB)
+			// took 30 s. Nor does a List of Lists mean anything to kubectl
+			// or the API server.
+			return nil, []error{loc.err(&fieldError{
+				Path: fmt.Sprintf("items[%d]", in.index),
+				Msg:  fmt.Sprintf("a %s inside a %s is not read: put its items in the outer list", printable(tn.Kind), printable(in.list)),
+			})}
+		}
+		return d.decodeList(loc, body, tn.Kind)
 	}
 	want, known := apiVersions[tn.Kind]
 	if !known {
@@ -351,8 +368,8 @@ func cleanDecodeError(err error) error {
 
 // decodeList unpacks a v1 List (or a typed list such as ServiceList) and
 // decodes each item as if it were its own document. Items of a plain List
-// (itemKind "") must name their own kind.
-func (d decoder) decodeList(loc docLocation, body []byte, itemKind string) ([]Manifest, []error) {
+// must name their own kind.
+func (d decoder) decodeList(loc docLocation, body []byte, kind string) ([]Manifest, []error) {
 	var list struct {
 		Items []json.RawMessage `json:"items"`
 	}
@@ -361,8 +378,8 @@ func (d decoder) decodeList(loc docLocation, body []byte, itemKind string) ([]Ma
 	}
 	var out []Manifest
 	var errs []error
-	for _, item := range list.Items {
-		ms, es := d.decodeDocument(loc, item, itemKind)
+	for i, item := range list.Items {
+		ms, es := d.decodeDocument(loc, item, listItem{list: kind, index: i})
 		out = append(out, ms...)
 		errs = append(errs, es...)
 	}
