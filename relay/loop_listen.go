@@ -125,7 +125,8 @@ func (ln *Listener) Refuse() error {
 		return nil
 	}
 	// Out of the sets first: a socket that no longer listens is always
-	// ready (EPOLLHUP), and a level-triggered loop would spin on it.
+	// ready (EPOLLHUP), so every loop would be woken to fail an accept on
+	// it (EINVAL) and count an error, again after each back-off.
 	ln.unlistenAll()
 	ln.refusing = true
 	return unix.Shutdown(ln.fd, unix.SHUT_RD)
