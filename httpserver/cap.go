@@ -17,6 +17,11 @@ import (
 type capListener struct {
 	net.Listener
 	slots chan struct{} // one token per open connection
+	// idled says a connection went idle (Accept may be waiting for one);
+	// done is closed by Close, ending a waiting Accept.
+	idled     chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
 
 	mu sync.Mutex
 	// idle holds the connections between requests (http.StateIdle), in
@@ -25,17 +30,31 @@ type capListener struct {
 }
 
 func newCapListener(ln net.Listener, max int) *capListener {
-	return &capListener{Listener: ln, slots: make(chan struct{}, max)}
+	return &capListener{Listener: ln, slots: make(chan struct{}, max),
+		idled: make(chan struct{}, 1), done: make(chan struct{})}
 }
 
 func (l *capListener) Accept() (net.Conn, error) {
-	select {
-	case l.slots <- struct{}{}:
-	default:
+	for acquired := false; !acquired; {
+		select {
+		case l.slots <- struct{}{}:
+			acquired = true
+			continue
+		default:
+		}
 		if oldest := l.oldestIdle(); oldest != nil {
 			_ = oldest.Close() // gives its slot back
+			continue
 		}
-		l.slots <- struct{}{} // that slot, or wait for one
+		// Every connection is busy with a request: wait for one to end,
+		// or to finish its request and go idle.
+		select {
+		case l.slots <- struct{}{}:
+			acquired = true
+		case <-l.idled:
+		case <-l.done:
+			return nil, net.ErrClosed
+		}
 	}
 	c, err := l.Listener.Accept()
 	if err != nil {
@@ -43,6 +62,11 @@ func (l *capListener) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	return &cappedConn{Conn: c, l: l}, nil
+}
+
+func (l *capListener) Close() error {
+	l.closeOnce.Do(func() { close(l.done) })
+	return l.Listener.Close()
 }
 
 // oldestIdle takes the longest-idle connection off the idle list.
@@ -73,6 +97,10 @@ func (l *capListener) track(nc net.Conn, state http.ConnState) {
 	}
 	if state == http.StateIdle {
 		l.idle = append(l.idle, c)
+		select {
+		case l.idled <- struct{}{}:
+		default:
+		}
 	}
 }
 

@@ -151,3 +151,76 @@ func dialGet(t *testing.T, addr string) net.Conn {
 	}
 	return c
 }
+
+// TestCapWaitingClientTakesANewlyIdleSlot: a client that arrived while
+// every connection was busy is served as soon as one of them finishes its
+// request and goes idle (that one gives way), not at its idle timeout.
+func TestCapWaitingClientTakesANewlyIdleSlot(t *testing.T) {
+	release := make(chan struct{})
+	srv, bound, err := Start("127.0.0.1:0", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			<-release
+		}
+		_, _ = io.WriteString(w, "ok")
+	}), Limits{ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute, MaxConns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	addr := bound.String()
+	busy, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	if _, err := io.WriteString(busy, "GET /slow HTTP/1.1\r\nHost: test\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	waiting := dialGet(t, addr)
+	defer waiting.Close()
+	time.Sleep(100 * time.Millisecond) // the server's Accept waits for the slot
+	close(release)
+	if _, err := http.ReadResponse(bufio.NewReader(busy), nil); err != nil {
+		t.Fatalf("busy connection: %v", err)
+	}
+	// busy stays open, idle: it must give way to the waiting client.
+	_ = waiting.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := http.ReadResponse(bufio.NewReader(waiting), nil); err != nil {
+		t.Fatalf("the waiting client was not served once the busy connection went idle: %v", err)
+	}
+}
+
+// A capped Accept waiting for a slot returns once the listener is closed,
+// so the server's Serve ends with Close.
+func TestCapWaitingAcceptEndsAtClose(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	capped := newCapListener(ln, 1)
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	held, err := capped.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	got := make(chan error, 1)
+	go func() {
+		_, err := capped.Accept()
+		got <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	capped.Close()
+	select {
+	case err := <-got:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("Accept after Close: %v, want net.ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a waiting Accept did not return after Close")
+	}
+}
