@@ -6,11 +6,11 @@ import (
 	"sync"
 )
 
-// capListener caps open connections at max. At the cap, Accept first
-// closes the connection idle the longest (a keep-alive connection between
-// requests) and takes the client in its place; only when every open
+// capListener caps open connections at max. A client accepted at the cap
+// takes the place of the connection idle the longest (a keep-alive
+// connection between requests), which is closed; only when every open
 // connection is busy with a request (each bounded by the timeouts) does it
-// wait for one to end. Waiting alone (netutil.LimitListener) let 100
+// wait for one to end or go idle. Waiting alone (netutil.LimitListener) let 100
 // clients that each sent a request every IdleTimeout hold every slot for
 // as long as they liked: kubelet's and load balancers' probes of /healthz
 // and of the healthCheckNodePorts then hung.
@@ -35,11 +35,18 @@ func newCapListener(ln net.Listener, max int) *capListener {
 }
 
 func (l *capListener) Accept() (net.Conn, error) {
-	for acquired := false; !acquired; {
+	// The client first, then its slot: a slot taken ahead closed an idle
+	// connection at the cap with no one waiting (the cap was one less,
+	// and keep-alive clients at the cap pushed each other out in turn).
+	// Waiting, this holds one accepted client beyond the cap.
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	for {
 		select {
 		case l.slots <- struct{}{}:
-			acquired = true
-			continue
+			return &cappedConn{Conn: c, l: l}, nil
 		default:
 		}
 		if oldest := l.oldestIdle(); oldest != nil {
@@ -50,18 +57,13 @@ func (l *capListener) Accept() (net.Conn, error) {
 		// or to finish its request and go idle.
 		select {
 		case l.slots <- struct{}{}:
-			acquired = true
+			return &cappedConn{Conn: c, l: l}, nil
 		case <-l.idled:
 		case <-l.done:
+			c.Close()
 			return nil, net.ErrClosed
 		}
 	}
-	c, err := l.Listener.Accept()
-	if err != nil {
-		<-l.slots
-		return nil, err
-	}
-	return &cappedConn{Conn: c, l: l}, nil
 }
 
 func (l *capListener) Close() error {
