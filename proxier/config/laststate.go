@@ -186,6 +186,9 @@ type nodeShare struct {
 	// provisional: the file's zone went to next and the source has
 	// given none since.
 	provisional bool
+	// synced: the source's Node informer listed (its view, Node or none,
+	// is the truth from then on).
+	synced bool
 }
 
 // stateNodes is LastKnownState's NodeHandler (Nodes).
@@ -220,6 +223,7 @@ func (n stateNodes) OnNodeSynced() {
 	s := n.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.node.synced = true
 	if s.node.provisional {
 		// The informer listed no Node of this name: the file's zone goes
 		// too (as a Node that never appears means no zone).
@@ -230,9 +234,10 @@ func (n stateNodes) OnNodeSynced() {
 }
 
 // serve hands next the file's zone, unless the source gave one already
-// or the file was written for another node; it returns the zone served.
+// or listed no Node, or the file was written for another node; it returns
+// the zone served.
 func (n *nodeShare) serve(state State) string {
-	if n.next == nil || n.known || state.Zone == "" || state.Node != n.name {
+	if n.next == nil || n.known || n.synced || state.Zone == "" || state.Node != n.name {
 		return ""
 	}
 	n.provisional = true

@@ -435,6 +435,15 @@ func TestLastKnownStateKeepsTheNodeZone(t *testing.T) {
 		nodes.OnNodeSynced()
 		rec.waitFor(t, time.Second, "node node-a zone=", "node synced")
 	})
+	t.Run("no zone once the Node informer listed none", func(t *testing.T) {
+		rec := newManifestRecorder()
+		s := NewLastKnownState(path, rec, 10*time.Millisecond)
+		s.writeEvery = time.Hour
+		nodes := s.Nodes("node-a", nodeRecorder{rec})
+		nodes.OnNodeSynced() // before the grace ends: no Node of this name
+		runState(t, s)
+		rec.waitFor(t, 5*time.Second, "node synced", "add Service default/a", "synced Service", "synced EndpointSlice")
+	})
 	t.Run("a file of another node gives no zone", func(t *testing.T) {
 		_, _, rec := restart("node-b")
 		rec.waitFor(t, 5*time.Second, "add Service default/a", "synced Service", "synced EndpointSlice")
