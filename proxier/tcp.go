@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"sync"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -38,6 +39,10 @@ type tcpProxySocket struct {
 	numbered  bool
 	stopWatch func()
 	gate      acceptGate
+	// listenMu orders setListening with its retries; wantListening is
+	// the fault port's last enabled.
+	listenMu      sync.Mutex
+	wantListening bool
 
 	// The port's series (port_metrics.go), resolved once, not per connection.
 	active                                                         *gauge

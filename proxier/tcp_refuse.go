@@ -5,6 +5,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
@@ -21,6 +22,13 @@ import (
 // go when its socket stops listening: such a socket keeps accepting and
 // resets each client (faults.Port.Accept refuses them).
 
+// relistenRetry is how soon a listen that failed when the port came up is
+// tried again, in ns (tests shorten it; retries of other tests' sockets
+// may read it meanwhile).
+var relistenRetry atomic.Int64
+
+func init() { relistenRetry.Store(int64(time.Second)) }
+
 // watchEnabled follows the fault port's enabled state until Close.
 func (s *tcpProxySocket) watchEnabled() {
 	if s.faults == nil || !s.numbered {
@@ -30,17 +38,47 @@ func (s *tcpProxySocket) watchEnabled() {
 }
 
 func (s *tcpProxySocket) setListening(enabled bool) {
-	var err error
+	s.listenMu.Lock()
+	defer s.listenMu.Unlock()
+	s.wantListening = enabled
+	if err := s.switchListening(enabled); err != nil {
+		klog.ErrorS(err, "Cannot switch the proxy socket's listening for the fault API's enabled", "servicePort", s.label, "enabled", enabled)
+		if enabled {
+			time.AfterFunc(time.Duration(relistenRetry.Load()), s.retryListening)
+		}
+	}
+}
+
+// retryListening tries a failed listen again until it works, the port goes
+// down again or the socket closes. It fails when another socket took the
+// port while this one did not listen (SO_REUSEADDR allows that): the
+// Service's clients go there, or are refused, until it lets go.
+func (s *tcpProxySocket) retryListening() {
+	s.listenMu.Lock()
+	defer s.listenMu.Unlock()
+	select {
+	case <-s.closed:
+		return
+	default:
+	}
+	if !s.wantListening {
+		return
+	}
+	if err := s.switchListening(true); err != nil {
+		time.AfterFunc(time.Duration(relistenRetry.Load()), s.retryListening)
+		return
+	}
+	klog.InfoS("The proxy socket listens again", "servicePort", s.label)
+}
+
+func (s *tcpProxySocket) switchListening(enabled bool) error {
 	switch {
 	case s.loopLn != nil && enabled:
-		err = s.loopLn.Resume()
+		return s.loopLn.Resume()
 	case s.loopLn != nil:
-		err = s.loopLn.Refuse()
+		return s.loopLn.Refuse()
 	default:
-		err = s.gate.set(s, enabled)
-	}
-	if err != nil {
-		klog.ErrorS(err, "Cannot switch the proxy socket's listening for the fault API's enabled", "servicePort", s.label, "enabled", enabled)
+		return s.gate.set(s, enabled)
 	}
 }
 
@@ -80,7 +118,7 @@ func (g *acceptGate) set(s *tcpProxySocket, enabled bool) error {
 		err = os.NewSyscallError("listen", opErr)
 	}
 	if err != nil {
-		return err // still refusing: the next enable tries again
+		return err // still refusing: retryListening tries again
 	}
 	g.refusing = false
 	close(g.resumed)

@@ -1,6 +1,7 @@
 package proxier
 
 import (
+	"net"
 	"testing"
 	"time"
 )
@@ -52,6 +53,44 @@ func TestDownPortRefusesConnects(t *testing.T) {
 			wantRefused(t, addr, "port opened down")
 			if _, err := table.SetEnabled(proxy, true); err != nil {
 				t.Fatal(err)
+			}
+			dialExchange(t, addr)
+		})
+	}
+}
+
+// A port that cannot listen again when it comes up (another socket took it
+// while it was down, which SO_REUSEADDR allows) keeps trying, and serves
+// once that socket lets go. Before, it stayed refusing until reopened.
+func TestDownPortListensAgainOnceThePortIsFree(t *testing.T) {
+	defer relistenRetry.Store(relistenRetry.Swap(int64(20 * time.Millisecond)))
+	for _, path := range DataPaths {
+		t.Run(path, func(t *testing.T) {
+			_, table, addr := faultedWeb(t, path)
+			const proxy = "default.web.p"
+			if _, err := table.SetEnabled(proxy, false); err != nil {
+				t.Fatal(err)
+			}
+			squatter, err := net.Listen("tcp", addr)
+			if err != nil {
+				t.Skipf("the refusing port could not be taken (%v): nothing to test", err)
+			}
+			if _, err := table.SetEnabled(proxy, true); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(100 * time.Millisecond) // retries fail meanwhile
+			squatter.Close()
+			deadline := time.Now().Add(5 * time.Second)
+			for {
+				c, err := net.DialTimeout("tcp", addr, time.Second)
+				if err == nil {
+					c.Close()
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the port did not listen again after the other socket let go: %v", err)
+				}
+				time.Sleep(20 * time.Millisecond)
 			}
 			dialExchange(t, addr)
 		})

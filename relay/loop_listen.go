@@ -134,7 +134,7 @@ func (ln *Listener) Refuse() error {
 
 // Resume listens again after Refuse. On an error (another socket took
 // the port meanwhile, which SO_REUSEADDR allows while this one does not
-// listen) the listener stays refusing, and a later Resume tries again.
+// listen) the listener stays refusing; Resume may be called again.
 func (ln *Listener) Resume() error {
 	ln.mu.Lock()
 	defer ln.mu.Unlock()
