@@ -71,26 +71,9 @@ func TestSlowlorisCutAtHeaderTimeout(t *testing.T) {
 // served while the first is busy with a request, and is served as soon as
 // that connection closes.
 func TestCapMakesClientsWait(t *testing.T) {
-	release := make(chan struct{})
-	srv, bound, err := Start("127.0.0.1:0", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/slow" {
-			<-release
-		}
-		_, _ = io.WriteString(w, "ok")
-	}), Limits{ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute, MaxConns: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Close() })
-	addr := bound.String()
-	first, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	addr, release := startWithSlowPath(t, 1)
+	first := dialSlow(t, addr)
 	defer first.Close()
-	if _, err := io.WriteString(first, "GET /slow HTTP/1.1\r\nHost: test\r\n\r\n"); err != nil {
-		t.Fatal(err)
-	}
 	second := dialGet(t, addr)
 	defer second.Close()
 	_ = second.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
@@ -114,16 +97,7 @@ func TestCapMakesClientsWait(t *testing.T) {
 // closed for it. Before, the probe waited until an idle timeout.
 func TestCapIdleKeepAliveGivesWay(t *testing.T) {
 	const slots = 5
-	addr := startTest(t, Limits{ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute, MaxConns: slots})
-	var held []net.Conn
-	for range slots {
-		c := dialGet(t, addr)
-		defer c.Close()
-		if _, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil {
-			t.Fatal(err)
-		}
-		held = append(held, c)
-	}
+	addr, held := fillWithIdle(t, slots)
 	time.Sleep(50 * time.Millisecond) // each is idle now
 	for i := range 3 {
 		probe := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
@@ -148,6 +122,53 @@ func TestCapIdleKeepAliveGivesWay(t *testing.T) {
 	}
 }
 
+// fillWithIdle starts a server capped at slots connections and fills them
+// with keep-alive connections that made one request each.
+func fillWithIdle(t *testing.T, slots int) (string, []net.Conn) {
+	t.Helper()
+	addr := startTest(t, Limits{ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute, MaxConns: slots})
+	var held []net.Conn
+	for range slots {
+		c := dialGet(t, addr)
+		t.Cleanup(func() { c.Close() })
+		if _, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	return addr, held
+}
+
+// startWithSlowPath serves "ok", on /slow only once release is closed.
+func startWithSlowPath(t *testing.T, maxConns int) (addr string, release chan struct{}) {
+	t.Helper()
+	release = make(chan struct{})
+	srv, bound, err := Start("127.0.0.1:0", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			<-release
+		}
+		_, _ = io.WriteString(w, "ok")
+	}), Limits{ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute, MaxConns: maxConns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	return bound.String(), release
+}
+
+// dialSlow sends GET /slow: the connection is busy until release.
+func dialSlow(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(c, "GET /slow HTTP/1.1\r\nHost: test\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 func dialGet(t *testing.T, addr string) net.Conn {
 	t.Helper()
 	c, err := net.Dial("tcp", addr)
@@ -164,26 +185,9 @@ func dialGet(t *testing.T, addr string) net.Conn {
 // every connection was busy is served as soon as one of them finishes its
 // request and goes idle (that one gives way), not at its idle timeout.
 func TestCapWaitingClientTakesANewlyIdleSlot(t *testing.T) {
-	release := make(chan struct{})
-	srv, bound, err := Start("127.0.0.1:0", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/slow" {
-			<-release
-		}
-		_, _ = io.WriteString(w, "ok")
-	}), Limits{ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute, MaxConns: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Close() })
-	addr := bound.String()
-	busy, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	addr, release := startWithSlowPath(t, 1)
+	busy := dialSlow(t, addr)
 	defer busy.Close()
-	if _, err := io.WriteString(busy, "GET /slow HTTP/1.1\r\nHost: test\r\n\r\n"); err != nil {
-		t.Fatal(err)
-	}
 	waiting := dialGet(t, addr)
 	defer waiting.Close()
 	time.Sleep(100 * time.Millisecond) // the server's Accept waits for the slot
@@ -245,16 +249,7 @@ func TestCapWaitingAcceptEndsAtClose(t *testing.T) {
 // clients at the cap pushed each other out in turn).
 func TestCapKeepsIdleConnectionsWithNoOneWaiting(t *testing.T) {
 	const slots = 2
-	addr := startTest(t, Limits{ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute, MaxConns: slots})
-	var held []net.Conn
-	for range slots {
-		c := dialGet(t, addr)
-		defer c.Close()
-		if _, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil {
-			t.Fatal(err)
-		}
-		held = append(held, c)
-	}
+	_, held := fillWithIdle(t, slots)
 	time.Sleep(200 * time.Millisecond)
 	for i, c := range held {
 		_ = c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))

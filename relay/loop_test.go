@@ -607,14 +607,20 @@ func TestLoopIdleHoldsNoPipe(t *testing.T) {
 	if _, err := io.ReadFull(client, make([]byte, 4<<20)); err != nil {
 		t.Fatal(err)
 	}
+	waitPipesBack(t, base, "an idle connection")
+}
+
+// waitPipesBack waits (bounded) until the pipes held are base again.
+func waitPipesBack(t *testing.T, base int, holder string) {
+	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		held := pipesHeld(t) - base
 		if held == 0 {
-			break
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("idle connection still holds %d pipes", held)
+			t.Fatalf("%s still holds %d pipes", holder, held)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -641,17 +647,7 @@ func TestLoopHalfClosedHoldsNoPipe(t *testing.T) {
 			t.Fatalf("client read %d bytes, %v; want 1 MiB then a FIN", n, err)
 		}
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		held := pipesHeld(t) - base
-		if held == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d half-closed connections hold %d pipes", conns, held)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitPipesBack(t, base, fmt.Sprintf("%d half-closed connections", conns))
 }
 
 // pipesHeld counts the process's pipes that are not idle in the pool.
