@@ -225,6 +225,10 @@ func (r *Rules) renderAll(usable []Portal) []*portalRules {
 // renderPortal renders one portal's rules.
 func (r *Rules) renderPortal(p Portal, podSrcs, nodePortDsts []string) *portalRules {
 	pr := &portalRules{chains: make([][]string, len(ownedChains))}
+	if p.GuardOnly {
+		pr.guards = []guardKey{{p.Protocol, p.ProxyPort}}
+		return pr
+	}
 	add := func(chain, rule string) {
 		c := chainIndex(chain)
 		if !slices.Contains(pr.chains[c], rule) {
@@ -310,6 +314,12 @@ func (r *Rules) sourceRangeRules(p Portal, protoComment string) []string {
 func (r *Rules) usable(portals []Portal) []Portal {
 	var out []Portal
 	for _, p := range portals {
+		if p.GuardOnly {
+			if p.Protocol != "" && validPort(p.ProxyPort) {
+				out = append(out, Portal{Name: p.Name, Protocol: p.Protocol, ProxyPort: p.ProxyPort, GuardOnly: true})
+			}
+			continue
+		}
 		if p.Protocol == "" || !validPort(p.Port) || !validPort(p.ProxyPort) {
 			continue
 		}
@@ -336,6 +346,9 @@ func comparePortals(a, b Portal) int {
 		return c
 	}
 	if c := boolCompare(a.NodePort, b.NodePort); c != 0 {
+		return c
+	}
+	if c := boolCompare(a.GuardOnly, b.GuardOnly); c != 0 {
 		return c
 	}
 	if c := a.IP.Unmap().Compare(b.IP.Unmap()); c != 0 {

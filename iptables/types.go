@@ -36,4 +36,10 @@ type Portal struct {
 	// are ignored, and with none of this family every source is allowed, as
 	// kube-proxy does.
 	SourceRanges []netip.Prefix
+	// GuardOnly: no portal, only the guard for ProxyPort (Port and IP are
+	// ignored): a proxy socket listens in this family without a portal in
+	// it (a dual-stack socket of a one-family Service, a socket of external
+	// traffic without an external address yet), and must not be a back
+	// door there either.
+	GuardOnly bool
 }

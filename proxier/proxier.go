@@ -746,58 +746,9 @@ func (p *Proxier) syncPortals(full bool) bool {
 	}
 	v4, v6 := make([]iptables.Portal, 0, len(p.active)), []iptables.Portal(nil)
 	for _, ap := range p.portalOrder() {
-		proto := portalProtocol(ap.info.name.Protocol)
-		hasV4, hasV6 := false, false
-		clusterPort := 0 // the shortcut of external portals, see below
-		add := func(ip netip.Addr, proxyPort int, sourceRanges ...netip.Prefix) {
-			portal := iptables.Portal{Name: ap.info.key, Protocol: proto, IP: ip, Port: ap.info.port, ProxyPort: proxyPort, SourceRanges: sourceRanges}
-			if proxyPort != ap.proxyPort {
-				portal.ClusterProxyPort = clusterPort
-			}
-			if ip.Is4() {
-				hasV4 = true
-				v4 = append(v4, portal)
-			} else {
-				hasV6 = true
-				v6 = append(v6, portal)
-			}
-		}
-		for _, ip := range ap.info.clusterIPs {
-			add(ip, ap.proxyPort)
-		}
-		externalPort := ap.proxyPort
-		if ap.external != nil {
-			externalPort = ap.externalPort
-			if ap.info.policy.externalLocal {
-				// Local external traffic, cluster-wide internal traffic: the
-				// node and its pods reach external addresses through the
-				// cluster-wide socket (kube-proxy's shortcut). With both
-				// policies Local there is no cluster-wide socket to send
-				// them to.
-				clusterPort = ap.proxyPort
-			}
-		} else if ap.info.policy.splitExternal() {
-			// Its own socket failed to open (retried: retry.go): sending
-			// external traffic to the cluster-wide socket would break the
-			// Local policy, so it gets no portal meanwhile.
-			continue
-		}
-		for _, ip := range ap.info.externalIPs {
-			add(ip, externalPort)
-		}
-		for _, ip := range ap.info.loadBalancerIPs {
-			add(ip, externalPort, ap.info.sourceRanges...)
-		}
-		if ap.info.nodePort != 0 {
-			np := iptables.Portal{Name: ap.info.key, Protocol: proto, Port: ap.info.nodePort, NodePort: true, ProxyPort: externalPort, ClusterProxyPort: clusterPort}
-			npV4, npV6 := ap.info.nodePortFamilies(hasV4, hasV6)
-			if npV4 {
-				v4 = append(v4, np)
-			}
-			if npV6 {
-				v6 = append(v6, np)
-			}
-		}
+		from4, from6 := len(v4), len(v6)
+		v4, v6 = p.appendPortals(ap, v4, v6)
+		v4, v6 = p.appendGuards(ap, v4, v6, from4, from6)
 	}
 	ok := true
 	for _, f := range []struct {
@@ -819,6 +770,106 @@ func (p *Proxier) syncPortals(full bool) bool {
 		}
 	}
 	return ok
+}
+
+// appendPortals appends ap's portals to each family's.
+func (p *Proxier) appendPortals(ap *activePort, v4, v6 []iptables.Portal) ([]iptables.Portal, []iptables.Portal) {
+	proto := portalProtocol(ap.info.name.Protocol)
+	hasV4, hasV6 := false, false
+	clusterPort := 0 // the shortcut of external portals, see below
+	add := func(ip netip.Addr, proxyPort int, sourceRanges ...netip.Prefix) {
+		portal := iptables.Portal{Name: ap.info.key, Protocol: proto, IP: ip, Port: ap.info.port, ProxyPort: proxyPort, SourceRanges: sourceRanges}
+		if proxyPort != ap.proxyPort {
+			portal.ClusterProxyPort = clusterPort
+		}
+		if ip.Is4() {
+			hasV4 = true
+			v4 = append(v4, portal)
+		} else {
+			hasV6 = true
+			v6 = append(v6, portal)
+		}
+	}
+	for _, ip := range ap.info.clusterIPs {
+		add(ip, ap.proxyPort)
+	}
+	externalPort := ap.proxyPort
+	if ap.external != nil {
+		externalPort = ap.externalPort
+		if ap.info.policy.externalLocal {
+			// Local external traffic, cluster-wide internal traffic: the
+			// node and its pods reach external addresses through the
+			// cluster-wide socket (kube-proxy's shortcut). With both
+			// policies Local there is no cluster-wide socket to send
+			// them to.
+			clusterPort = ap.proxyPort
+		}
+	} else if ap.info.policy.splitExternal() {
+		// Its own socket failed to open (retried: retry.go): sending
+		// external traffic to the cluster-wide socket would break the
+		// Local policy, so it gets no portal meanwhile.
+		return v4, v6
+	}
+	for _, ip := range ap.info.externalIPs {
+		add(ip, externalPort)
+	}
+	for _, ip := range ap.info.loadBalancerIPs {
+		add(ip, externalPort, ap.info.sourceRanges...)
+	}
+	if ap.info.nodePort != 0 {
+		np := iptables.Portal{Name: ap.info.key, Protocol: proto, Port: ap.info.nodePort, NodePort: true, ProxyPort: externalPort, ClusterProxyPort: clusterPort}
+		npV4, npV6 := ap.info.nodePortFamilies(hasV4, hasV6)
+		if npV4 {
+			v4 = append(v4, np)
+		}
+		if npV6 {
+			v6 = append(v6, np)
+		}
+	}
+	return v4, v6
+}
+
+// appendGuards guards each of ap's sockets in every family it listens in
+// where no portal of it (appended from from4, from6) names it: a
+// dual-stack socket of a one-family Service, or of any Service with
+// --bind-address ::, and a socket of external traffic that has no
+// external address yet, were reachable straight from other hosts there.
+func (p *Proxier) appendGuards(ap *activePort, v4, v6 []iptables.Portal, from4, from6 int) ([]iptables.Portal, []iptables.Portal) {
+	in4, in6 := p.listensIn(ap.info)
+	proto := portalProtocol(ap.info.name.Protocol)
+	named := func(portals []iptables.Portal, port int) bool {
+		return slices.ContainsFunc(portals, func(pt iptables.Portal) bool { return pt.ProxyPort == port })
+	}
+	ports := []int{ap.proxyPort}
+	if ap.external != nil {
+		ports = append(ports, ap.externalPort)
+	}
+	for _, port := range ports {
+		guard := iptables.Portal{Name: ap.info.key, Protocol: proto, ProxyPort: port, GuardOnly: true}
+		if in4 && !named(v4[from4:], port) {
+			v4 = append(v4, guard)
+		}
+		if in6 && !named(v6[from6:], port) {
+			v6 = append(v6, guard)
+		}
+	}
+	return v4, v6
+}
+
+// listensIn says in which families info's sockets listen (newProxySocket).
+func (p *Proxier) listensIn(info *servicePortInfo) (v4, v6 bool) {
+	switch host := p.listenHostOf(info); host {
+	case "::":
+		return true, true
+	case "0.0.0.0":
+		return true, false
+	default:
+		ip, err := netip.ParseAddr(host)
+		if err != nil {
+			return true, true
+		}
+		return ip.Unmap().Is4(), ip.Is6() && !ip.Is4In6()
+	}
 }
 
 // portalOrder is the active service ports in the order of their portals'
