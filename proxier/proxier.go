@@ -840,36 +840,34 @@ func (p *Proxier) appendGuards(ap *activePort, v4, v6 []iptables.Portal, from4, 
 	named := func(portals []iptables.Portal, port int) bool {
 		return slices.ContainsFunc(portals, func(pt iptables.Portal) bool { return pt.ProxyPort == port })
 	}
-	ports := []int{ap.proxyPort}
-	if ap.external != nil {
-		ports = append(ports, ap.externalPort)
-	}
-	for _, port := range ports {
-		guard := iptables.Portal{Name: ap.info.key, Protocol: proto, ProxyPort: port, GuardOnly: true}
+	guard := func(port int) {
+		g := iptables.Portal{Name: ap.info.key, Protocol: proto, ProxyPort: port, GuardOnly: true}
 		if in4 && !named(v4[from4:], port) {
-			v4 = append(v4, guard)
+			v4 = append(v4, g)
 		}
 		if in6 && !named(v6[from6:], port) {
-			v6 = append(v6, guard)
+			v6 = append(v6, g)
 		}
+	}
+	guard(ap.proxyPort)
+	if ap.external != nil {
+		guard(ap.externalPort)
 	}
 	return v4, v6
 }
 
-// listensIn says in which families info's sockets listen (newProxySocket).
+// listensIn says in which families info's sockets listen (newProxySocket,
+// listenHostOf): an unspecified address listens in both for a port with
+// IPv6 addresses or with --bind-address ::, an address in its own family.
 func (p *Proxier) listensIn(info *servicePortInfo) (v4, v6 bool) {
-	switch host := p.listenHostOf(info); host {
-	case "::":
-		return true, true
-	case "0.0.0.0":
-		return true, false
-	default:
-		ip, err := netip.ParseAddr(host)
-		if err != nil {
+	b := p.opts.BindAddress
+	if !b.IsValid() || b.IsUnspecified() {
+		if info.hasIPv6() || (b.IsValid() && b.Is6()) {
 			return true, true
 		}
-		return ip.Unmap().Is4(), ip.Is6() && !ip.Is4In6()
+		return true, false
 	}
+	return b.Unmap().Is4(), b.Is6() && !b.Is4In6()
 }
 
 // portalOrder is the active service ports in the order of their portals'
