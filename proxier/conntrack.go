@@ -245,6 +245,30 @@ func staleFlowsOf(ap *activePort) []StaleFlows {
 	}
 	var flows []StaleFlows
 	switch info.name.Protocol {
+	case v1.ProtocolUDP:
+		// A ClusterIP is served by the cluster-wide socket; external
+		// destinations by the external one when there is one (Local
+		// external traffic): an entry NATed to the cluster-wide socket
+		// predates it, and a client that keeps its source port (a
+		// resolver, a syslog sender) would stay on cluster-wide endpoints
+		// for as long as it sends. Pod and node flows that the shortcut
+		// sends to the cluster-wide socket are NATed there again at their
+		// next datagram: a one-off new session.
+		live, external := []int{ap.proxyPort}, []int{ap.proxyPort}
+		if ap.external != nil {
+			external = []int{ap.externalPort}
+		}
+		for _, ip := range info.clusterIPs {
+			flows = append(flows, StaleFlows{Protocol: v1.ProtocolUDP, Dst: netip.AddrPortFrom(ip, uint16(info.port)), Live: live})
+		}
+		for _, group := range [][]netip.Addr{info.externalIPs, info.loadBalancerIPs} {
+			for _, ip := range group {
+				flows = append(flows, StaleFlows{Protocol: v1.ProtocolUDP, Dst: netip.AddrPortFrom(ip, uint16(info.port)), Live: external})
+			}
+		}
+		if info.nodePort != 0 {
+			flows = append(flows, StaleFlows{Protocol: v1.ProtocolUDP, Dst: netip.AddrPortFrom(netip.Addr{}, uint16(info.nodePort)), Live: external})
+		}
 	case v1.ProtocolTCP:
 		// Service IPs only: a NodePort's destination is the node itself, where
 		// an early SYN was answered (by a reset or our claim) and left no
@@ -252,17 +276,6 @@ func staleFlowsOf(ap *activePort) []StaleFlows {
 		// the node's unrelated connections.
 		for _, ip := range serviceIPs {
 			flows = append(flows, StaleFlows{Protocol: v1.ProtocolTCP, Dst: netip.AddrPortFrom(ip, uint16(info.port))})
-		}
-	case v1.ProtocolUDP:
-		live := []int{ap.proxyPort}
-		if ap.external != nil {
-			live = append(live, ap.externalPort)
-		}
-		for _, ip := range serviceIPs {
-			flows = append(flows, StaleFlows{Protocol: v1.ProtocolUDP, Dst: netip.AddrPortFrom(ip, uint16(info.port)), Live: live})
-		}
-		if info.nodePort != 0 {
-			flows = append(flows, StaleFlows{Protocol: v1.ProtocolUDP, Dst: netip.AddrPortFrom(netip.Addr{}, uint16(info.nodePort)), Live: live})
 		}
 	}
 	return flows

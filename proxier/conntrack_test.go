@@ -199,6 +199,40 @@ func TestClosedExternalSocketClearsItsFlows(t *testing.T) {
 	}
 }
 
+// And the other way: Cluster to Local opens the external socket, and the
+// NodePort's entries NATed to the cluster-wide socket are stale (only the
+// external socket's port is spared): a client that keeps its source port
+// stayed on cluster-wide endpoints for as long as it sent, so the Local
+// policy never applied to it (a review's finding).
+func TestOpenedExternalSocketClearsClusterFlows(t *testing.T) {
+	ct := &fakeConntrack{}
+	p, _ := newPortalProxier(t)
+	p.opts.Conntrack = ct
+	cluster := makeService("dns", withProtocol(v1.ProtocolUDP), withNodePort(30053))
+	p.OnServiceAdd(cluster)
+	p.Sync()
+	ct.take()
+	local := makeService("dns", withProtocol(v1.ProtocolUDP), withNodePort(30053))
+	local.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+	p.OnServiceUpdate(cluster, local)
+	p.Sync()
+	dns := servicePortName("dns")
+	dns.Protocol = v1.ProtocolUDP
+	ap := p.active[dns]
+	if ap.external == nil {
+		t.Fatal("no external socket for the Local policy")
+	}
+	if got := ct.take(); !slices.Contains(got, "udp invalid IP:30053") {
+		t.Fatalf("opening the external socket cleared %v, want the NodePort's entries", got)
+	}
+	if spared := ct.spared["invalid IP:30053"]; !slices.Equal(spared, []int{ap.externalPort}) {
+		t.Errorf("the NodePort's clearing spared %v, want only the external socket's port %d", spared, ap.externalPort)
+	}
+	if spared := ct.spared["10.96.0.10:80"]; slices.Contains(spared, ap.externalPort) {
+		t.Errorf("the ClusterIP's clearing spared %v, the external socket's port among them (no ClusterIP flow goes there)", spared)
+	}
+}
+
 // A service port whose rules change (a NodePort added, here) has its
 // stale entries cleared too: a client that sent to the NodePort before
 // its portal existed holds an un-NATed entry, refreshed by each datagram.
