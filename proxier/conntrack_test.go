@@ -45,6 +45,28 @@ func (f *fakeConntrack) ClearStale(flows []StaleFlows) error {
 	return nil
 }
 
+// newConntrackProxier is newPortalProxier clearing entries in a fake.
+func newConntrackProxier(t *testing.T) (*Proxier, *fakeConntrack) {
+	t.Helper()
+	ct := &fakeConntrack{}
+	p, _ := newPortalProxier(t)
+	p.opts.Conntrack = ct
+	return p, ct
+}
+
+// udpDNSWithExternalSocket is UDP service port dns, which must have an
+// external socket (externalTrafficPolicy: Local).
+func udpDNSWithExternalSocket(t *testing.T, p *Proxier) *activePort {
+	t.Helper()
+	dns := servicePortName("dns")
+	dns.Protocol = v1.ProtocolUDP
+	ap := p.active[dns]
+	if ap == nil || ap.external == nil {
+		t.Fatal("no external socket for the Local policy")
+	}
+	return ap
+}
+
 // take returns what was cleared since the last call, sorted.
 func (f *fakeConntrack) take() []string {
 	f.mu.Lock()
@@ -56,9 +78,7 @@ func (f *fakeConntrack) take() []string {
 }
 
 func TestNewSocketClearsStaleConntrack(t *testing.T) {
-	ct := &fakeConntrack{}
-	p, _ := newPortalProxier(t)
-	p.opts.Conntrack = ct
+	p, ct := newConntrackProxier(t)
 	svc := makeService("dns", withProtocol(v1.ProtocolUDP), withNodePort(30053))
 	p.OnServiceAdd(svc)
 	p.OnServiceAdd(makeService("web", withClusterIP("10.96.0.20"), withNodePort(30080)))
@@ -172,19 +192,12 @@ func TestStaleSetMatches(t *testing.T) {
 // source port (a resolver, a syslog sender) would refresh the entry and
 // send to a closed port for as long as it keeps sending.
 func TestClosedExternalSocketClearsItsFlows(t *testing.T) {
-	ct := &fakeConntrack{}
-	p, _ := newPortalProxier(t)
-	p.opts.Conntrack = ct
+	p, ct := newConntrackProxier(t)
 	local := makeService("dns", withProtocol(v1.ProtocolUDP), withNodePort(30053))
 	local.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
 	p.OnServiceAdd(local)
 	p.Sync()
-	dns := servicePortName("dns")
-	dns.Protocol = v1.ProtocolUDP
-	ap := p.active[dns]
-	if ap.external == nil {
-		t.Fatal("no external socket for the Local policy")
-	}
+	ap := udpDNSWithExternalSocket(t, p)
 	ct.take()
 	p.OnServiceUpdate(local, makeService("dns", withProtocol(v1.ProtocolUDP), withNodePort(30053)))
 	p.Sync()
@@ -205,9 +218,7 @@ func TestClosedExternalSocketClearsItsFlows(t *testing.T) {
 // stayed on cluster-wide endpoints for as long as it sent, so the Local
 // policy never applied to it (a review's finding).
 func TestOpenedExternalSocketClearsClusterFlows(t *testing.T) {
-	ct := &fakeConntrack{}
-	p, _ := newPortalProxier(t)
-	p.opts.Conntrack = ct
+	p, ct := newConntrackProxier(t)
 	cluster := makeService("dns", withProtocol(v1.ProtocolUDP), withNodePort(30053))
 	p.OnServiceAdd(cluster)
 	p.Sync()
@@ -216,12 +227,7 @@ func TestOpenedExternalSocketClearsClusterFlows(t *testing.T) {
 	local.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
 	p.OnServiceUpdate(cluster, local)
 	p.Sync()
-	dns := servicePortName("dns")
-	dns.Protocol = v1.ProtocolUDP
-	ap := p.active[dns]
-	if ap.external == nil {
-		t.Fatal("no external socket for the Local policy")
-	}
+	ap := udpDNSWithExternalSocket(t, p)
 	if got := ct.take(); !slices.Contains(got, "udp invalid IP:30053") {
 		t.Fatalf("opening the external socket cleared %v, want the NodePort's entries", got)
 	}
@@ -237,9 +243,7 @@ func TestOpenedExternalSocketClearsClusterFlows(t *testing.T) {
 // stale entries cleared too: a client that sent to the NodePort before
 // its portal existed holds an un-NATed entry, refreshed by each datagram.
 func TestChangedRulesClearStaleFlows(t *testing.T) {
-	ct := &fakeConntrack{}
-	p, _ := newPortalProxier(t)
-	p.opts.Conntrack = ct
+	p, ct := newConntrackProxier(t)
 	clusterIP := makeService("dns", withProtocol(v1.ProtocolUDP))
 	p.OnServiceAdd(clusterIP)
 	p.Sync()
@@ -258,9 +262,7 @@ func TestChangedRulesClearStaleFlows(t *testing.T) {
 // unchanged, so its rules compare equal) those entries must be cleared too,
 // or such a client keeps missing the new portal for as long as it sends.
 func TestExternalSocketOpenedOnRetryClearsFlows(t *testing.T) {
-	ct := &fakeConntrack{}
-	p, _ := newPortalProxier(t)
-	p.opts.Conntrack = ct
+	p, ct := newConntrackProxier(t)
 	calls := 0
 	p.listen = func(_ loadbalancer.ServicePortName, _ netip.Addr, _ int, _ bool, _ *loadbalancer.ServicePort, _ *faults.Port, _ *socketConfig) (proxySocket, error) {
 		calls++

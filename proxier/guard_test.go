@@ -1,7 +1,6 @@
 package proxier
 
 import (
-	"context"
 	"net"
 	"strings"
 	"testing"
@@ -20,14 +19,7 @@ func newTwoFamilyProxier(t *testing.T, bind string) (*Proxier, *iptables.FakeRun
 	fake4, fake6 := iptables.NewFakeRunner(iptables.IPv4), iptables.NewFakeRunner(iptables.IPv6)
 	rules4 := iptables.New(fake4, iptables.Config{Family: iptables.IPv4, NodeIP: mustAddr("192.0.2.2")})
 	rules6 := iptables.New(fake6, iptables.Config{Family: iptables.IPv6, NodeIP: mustAddr("2001:db8::2")})
-	p := New(Options{IPv4Portals: rules4, IPv6Portals: rules6, BindAddress: mustAddr(bind)})
-	p.OnServiceSynced()
-	p.OnEndpointSlicesSynced()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel()
-		p.Run(ctx)
-	})
+	p := newTestProxier(t, Options{IPv4Portals: rules4, IPv6Portals: rules6, BindAddress: mustAddr(bind)})
 	return p, fake4, fake6
 }
 
