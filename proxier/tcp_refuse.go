@@ -1,13 +1,13 @@
 package proxier
 
 import (
-	"math"
-	"os"
+	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 	"k8s.io/klog/v2"
 )
 
@@ -78,7 +78,7 @@ func (s *tcpProxySocket) switchListening(enabled bool) error {
 	case s.loopLn != nil:
 		return s.loopLn.Refuse()
 	default:
-		return s.gate.set(s, enabled)
+		return s.gate.set(s.ln, enabled)
 	}
 }
 
@@ -93,8 +93,8 @@ type acceptGate struct {
 	refusals atomic.Uint64
 }
 
-func (g *acceptGate) set(s *tcpProxySocket, enabled bool) error {
-	raw, err := s.ln.SyscallConn()
+func (g *acceptGate) set(ln *net.TCPListener, enabled bool) error {
+	raw, err := ln.SyscallConn()
 	if err != nil {
 		return err
 	}
@@ -103,26 +103,26 @@ func (g *acceptGate) set(s *tcpProxySocket, enabled bool) error {
 	if g.refusing != enabled {
 		return nil // no change
 	}
-	var opErr error
 	if !enabled {
 		g.refusing, g.resumed = true, make(chan struct{})
 		g.refusals.Add(1)
-		err = raw.Control(func(fd uintptr) { opErr = unix.Shutdown(int(fd), unix.SHUT_RD) })
-		if err == nil && opErr != nil {
-			err = os.NewSyscallError("shutdown", opErr)
-		}
-		return err
+		return control(raw, relay.StopListening)
 	}
-	err = raw.Control(func(fd uintptr) { opErr = unix.Listen(int(fd), math.MaxInt32) })
-	if err == nil && opErr != nil {
-		err = os.NewSyscallError("listen", opErr)
-	}
-	if err != nil {
+	if err := control(raw, relay.ListenAgain); err != nil {
 		return err // still refusing: retryListening tries again
 	}
 	g.refusing = false
 	close(g.resumed)
 	return nil
+}
+
+// control runs op on raw's descriptor.
+func control(raw syscall.RawConn, op func(fd int) error) error {
+	var opErr error
+	if err := raw.Control(func(fd uintptr) { opErr = op(int(fd)) }); err != nil {
+		return err
+	}
+	return opErr
 }
 
 // refused reports whether an accept error that followed a look at

@@ -73,9 +73,7 @@ func ListenTCP(addr netip.AddrPort, dualStack bool, l Liveness) (int, netip.Addr
 	if err := rawio.Bind(fd, at, family); err != nil {
 		return fail("bind", err)
 	}
-	// The kernel takes net.core.somaxconn for anything above it, which is
-	// the backlog net.Listen asks for.
-	if err := rawio.Listen(fd, math.MaxInt32); err != nil {
+	if err := rawio.Listen(fd, listenBacklog); err != nil {
 		return fail("listen", err)
 	}
 	if at.Port() == 0 {
@@ -84,4 +82,30 @@ func ListenTCP(addr netip.AddrPort, dualStack bool, l Liveness) (int, netip.Addr
 		}
 	}
 	return fd, at, nil
+}
+
+// listenBacklog is net.Listen's: the kernel takes net.core.somaxconn for
+// anything above it.
+const listenBacklog = math.MaxInt32
+
+// StopListening takes a listening socket out of the kernel's listening
+// table (shutdown): connects to its port are refused (RST) as at a closed
+// port, clients in its backlog are reset, and a port it was bound to by
+// number stays its own (one the kernel chose is let go). ListenAgain undoes
+// it.
+func StopListening(fd int) error {
+	if err := unix.Shutdown(fd, unix.SHUT_RD); err != nil {
+		return os.NewSyscallError("shutdown", err)
+	}
+	return nil
+}
+
+// ListenAgain makes a socket StopListening stopped listen again. It fails
+// when another socket took the port meanwhile (SO_REUSEADDR allows that
+// while this one does not listen).
+func ListenAgain(fd int) error {
+	if err := rawio.Listen(fd, listenBacklog); err != nil {
+		return os.NewSyscallError("listen", err)
+	}
+	return nil
 }

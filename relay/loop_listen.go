@@ -2,9 +2,7 @@ package relay
 
 import (
 	"errors"
-	"math"
 	"net/netip"
-	"os"
 	"sync"
 	"time"
 
@@ -113,11 +111,8 @@ func (ln *Listener) unlistenAll() {
 }
 
 // Refuse stops listening until Resume: the socket leaves the loops' sets
-// and the kernel's listening table (shutdown), so a client's connect is
-// refused (RST) as at a closed port, and the clients in its backlog are
-// reset; the socket stays bound to its port. The port must have been
-// bound by number: the kernel lets go of a port it chose (bind to port 0)
-// when the socket stops listening. Connections accepted stay.
+// and then listening (StopListening); its port must have been bound by
+// number. Connections accepted stay.
 func (ln *Listener) Refuse() error {
 	ln.mu.Lock()
 	defer ln.mu.Unlock()
@@ -129,20 +124,19 @@ func (ln *Listener) Refuse() error {
 	// it (EINVAL) and count an error, again after each back-off.
 	ln.unlistenAll()
 	ln.refusing = true
-	return unix.Shutdown(ln.fd, unix.SHUT_RD)
+	return StopListening(ln.fd)
 }
 
-// Resume listens again after Refuse. On an error (another socket took
-// the port meanwhile, which SO_REUSEADDR allows while this one does not
-// listen) the listener stays refusing; Resume may be called again.
+// Resume listens again after Refuse (ListenAgain). On an error the
+// listener stays refusing; Resume may be called again.
 func (ln *Listener) Resume() error {
 	ln.mu.Lock()
 	defer ln.mu.Unlock()
 	if ln.closed || !ln.refusing {
 		return nil
 	}
-	if err := rawio.Listen(ln.fd, math.MaxInt32); err != nil {
-		return os.NewSyscallError("listen", err)
+	if err := ListenAgain(ln.fd); err != nil {
+		return err
 	}
 	ln.refusing = false
 	for _, l := range ln.g.loops {
