@@ -663,15 +663,21 @@ func (p *Proxier) listenHost() string {
 	return "0.0.0.0"
 }
 
-// listenHostOf is where info's sockets listen (newProxySocket): on the
+// listenAddrOf is where info's sockets listen (newProxySocket): on the
 // wildcard address a port with IPv6 addresses listens in both families,
 // so "::", not the "0.0.0.0" of --bind-address.
-func (p *Proxier) listenHostOf(info *servicePortInfo) string {
-	if b := p.opts.BindAddress; (!b.IsValid() || b.IsUnspecified()) && info.hasIPv6() {
-		return "::"
+func (p *Proxier) listenAddrOf(info *servicePortInfo) netip.Addr {
+	b := p.opts.BindAddress
+	if !b.IsValid() {
+		b = netip.IPv4Unspecified()
 	}
-	return p.listenHost()
+	if b.IsUnspecified() && info.hasIPv6() {
+		return netip.IPv6Unspecified()
+	}
+	return b
 }
+
+func (p *Proxier) listenHostOf(info *servicePortInfo) string { return p.listenAddrOf(info).String() }
 
 func (p *Proxier) closePort(name loadbalancer.ServicePortName, ap *activePort) {
 	if err := ap.socket.Close(); err != nil {
@@ -856,18 +862,14 @@ func (p *Proxier) appendGuards(ap *activePort, v4, v6 []iptables.Portal, from4, 
 	return v4, v6
 }
 
-// listensIn says in which families info's sockets listen (newProxySocket,
-// listenHostOf): an unspecified address listens in both for a port with
-// IPv6 addresses or with --bind-address ::, an address in its own family.
+// listensIn says in which families info's sockets listen: "::" in both,
+// any other address in its own.
 func (p *Proxier) listensIn(info *servicePortInfo) (v4, v6 bool) {
-	b := p.opts.BindAddress
-	if !b.IsValid() || b.IsUnspecified() {
-		if info.hasIPv6() || (b.IsValid() && b.Is6()) {
-			return true, true
-		}
-		return true, false
+	a := p.listenAddrOf(info)
+	if a.IsUnspecified() && a.Is6() {
+		return true, true
 	}
-	return b.Unmap().Is4(), b.Is6() && !b.Is4In6()
+	return a.Unmap().Is4(), a.Is6() && !a.Is4In6()
 }
 
 // portalOrder is the active service ports in the order of their portals'
