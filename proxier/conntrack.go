@@ -239,10 +239,6 @@ func (p *Proxier) clearStaleFlows() {
 // proxy socket of ap.
 func staleFlowsOf(ap *activePort) []StaleFlows {
 	info := ap.info
-	var serviceIPs []netip.Addr
-	for _, group := range [][]netip.Addr{info.clusterIPs, info.externalIPs, info.loadBalancerIPs} {
-		serviceIPs = append(serviceIPs, group...)
-	}
 	var flows []StaleFlows
 	switch info.name.Protocol {
 	case v1.ProtocolUDP:
@@ -274,8 +270,10 @@ func staleFlowsOf(ap *activePort) []StaleFlows {
 		// an early SYN was answered (by a reset or our claim) and left no
 		// lasting entry, and clearing "any address, that port" would reach
 		// the node's unrelated connections.
-		for _, ip := range serviceIPs {
-			flows = append(flows, StaleFlows{Protocol: v1.ProtocolTCP, Dst: netip.AddrPortFrom(ip, uint16(info.port))})
+		for _, group := range [][]netip.Addr{info.clusterIPs, info.externalIPs, info.loadBalancerIPs} {
+			for _, ip := range group {
+				flows = append(flows, StaleFlows{Protocol: v1.ProtocolTCP, Dst: netip.AddrPortFrom(ip, uint16(info.port))})
+			}
 		}
 	}
 	return flows
