@@ -157,25 +157,18 @@ func startWithSlowPath(t *testing.T, maxConns int) (addr string, release chan st
 }
 
 // dialSlow sends GET /slow: the connection is busy until release.
-func dialSlow(t *testing.T, addr string) net.Conn {
-	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.WriteString(c, "GET /slow HTTP/1.1\r\nHost: test\r\n\r\n"); err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
+func dialSlow(t *testing.T, addr string) net.Conn { return dialPath(t, addr, "/slow") }
 
-func dialGet(t *testing.T, addr string) net.Conn {
+func dialGet(t *testing.T, addr string) net.Conn { return dialPath(t, addr, "/") }
+
+// dialPath connects to addr and sends GET path.
+func dialPath(t *testing.T, addr, path string) net.Conn {
 	t.Helper()
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: test\r\n\r\n"); err != nil {
+	if _, err := io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: test\r\n\r\n"); err != nil {
 		t.Fatal(err)
 	}
 	return c
