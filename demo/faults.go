@@ -225,9 +225,10 @@ the connections that got no answer.
 	return t.verdict("Every fault behaved as expected", `
 How to read it: a fault acts inside the proxy, between the client and the
 backend; the backends are untouched. "latency" holds each reply back 300 ms, so
-every answer arrives 300 ms later. "reset_peer" with timeout 0 aborts the
-connection with a TCP reset before any reply: the client's next read or write
-fails with "connection reset by peer". Its "toxicity" 0.5 is the share of new
+every answer arrives 300 ms later. "reset_peer" on the downstream stream with
+timeout 0 drops the reply when it reaches the proxy and aborts the connection
+with a TCP reset instead: the client's next read or write fails with
+"connection reset by peer". Its "toxicity" 0.5 is the share of new
 connections it hits: each is decided once, when it is accepted, by a random
 draw that starts from --fault-seed, so running the demo again gives the same
 count. A change applies to connections accepted after it; with the annotation

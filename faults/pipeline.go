@@ -32,6 +32,10 @@ type pipeline struct {
 	timer   <-chan time.Time
 	end     time.Time
 	onTimer error
+	// resetAfter is reset_peer's timeout (the shortest of several), <0
+	// when there is none: its clock starts at the stream's first chunk
+	// (resetLater).
+	resetAfter time.Duration
 
 	// dst is where the writer waits (sleep): parked on its write side,
 	// not on a timer, so whatever ends the connection wakes it
@@ -49,7 +53,7 @@ type pipeline struct {
 
 func newPipeline(toxics []*compiled, seq uint64) *pipeline {
 	first := toxics[0]
-	return &pipeline{toxics: toxics, rng: streamRand(first.seed, first.key, seq), limitLeft: -1}
+	return &pipeline{toxics: toxics, rng: streamRand(first.seed, first.key, seq), limitLeft: -1, resetAfter: -1}
 }
 
 type chunk struct {
@@ -94,12 +98,8 @@ func (p *pipeline) copy(dst, src *net.TCPConn) (int64, error) {
 				end, p.onTimer = d, relay.ErrCut
 			}
 		case "reset_peer":
-			d := t.ms("timeout")
-			if d <= 0 {
-				return 0, relay.ErrReset
-			}
-			if end < 0 || d < end {
-				end, p.onTimer = d, relay.ErrReset
+			if d := max(t.ms("timeout"), 0); p.resetAfter < 0 || d < p.resetAfter {
+				p.resetAfter = d
 			}
 		case "limit_data":
 			b := int64(t.Attributes["bytes"])
@@ -142,6 +142,10 @@ func (p *pipeline) copy(dst, src *net.TCPConn) (int64, error) {
 				continue
 			}
 		}
+		if p.resetAfter >= 0 && (c.n > 0 || c.err == io.EOF) {
+			q.release(c)
+			return total, p.resetLater()
+		}
 		if c.n > 0 {
 			n, err := p.deliver(dst, c)
 			total += n
@@ -161,6 +165,25 @@ func (p *pipeline) copy(dst, src *net.TCPConn) (int64, error) {
 			return total, c.err
 		}
 	}
+}
+
+// resetLater ends a reset_peer stream once it brought its first chunk (or
+// its end), as Toxiproxy's toxic does: that chunk and everything after it
+// are dropped, and both sides are reset resetAfter later, unless an earlier
+// timer (timeout) or the connection's own end comes first. Counted from the
+// connection's start instead, a request and its answer went through before
+// the reset, so a client that asked at once was never reset.
+func (p *pipeline) resetLater() error {
+	if p.resetAfter == 0 {
+		return relay.ErrReset
+	}
+	if at := time.Now().Add(p.resetAfter); p.timer == nil || at.Before(p.end) {
+		p.end, p.onTimer = at, relay.ErrReset
+	}
+	if err := p.sleep(time.Until(p.end)); err != nil {
+		return err
+	}
+	return p.onTimer
 }
 
 // deliver runs one chunk through the toxics and writes what is left.

@@ -29,7 +29,7 @@ func TestPipelineTimersFireOnTime(t *testing.T) {
 		{
 			name:    "reset_peer before timeout",
 			toxics:  []string{`{"type":"reset_peer","attributes":{"timeout":200}}`, `{"type":"timeout","attributes":{"timeout":500}}`},
-			backend: func(io.WriteCloser) {},
+			backend: func(b io.WriteCloser) { b.Write([]byte("x")) }, // reset_peer's clock starts here
 			reset:   true, after: 200 * time.Millisecond,
 		},
 		{
