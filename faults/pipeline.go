@@ -22,9 +22,11 @@ type pipeline struct {
 	limitLeft int64 // limit_data: bytes still allowed; <0 = no limit
 	blackhole bool  // timeout: drop everything
 	// rate is the lowest bandwidth toxic's, in bytes/s (0 = none);
-	// bwNextFree is when the bytes written so far are paid for.
+	// bwNextFree is when the bytes written so far are paid for. hold: a
+	// bandwidth toxic's rate is 0, nothing is delivered.
 	rate       float64
 	bwNextFree time.Time
+	hold       bool
 	// timer ends the stream with onTimer (reset_peer, timeout): the
 	// earliest of them, nil when none, due at end. Every wait ends by
 	// end too, so a chunk held back by bandwidth or latency cannot
@@ -110,7 +112,9 @@ func (p *pipeline) copy(dst, src *net.TCPConn) (int64, error) {
 			slowEOF = addDelay(slowEOF, t.ms("delay"))
 		case "bandwidth":
 			// Several bandwidth toxics: the narrowest one limits.
-			if r := t.Attributes["rate"] * 1000; p.rate == 0 || r < p.rate {
+			if r := t.Attributes["rate"] * 1000; r == 0 {
+				p.hold = true
+			} else if p.rate == 0 || r < p.rate {
 				p.rate = r
 			}
 		}
@@ -192,6 +196,15 @@ func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
 	if p.blackhole {
 		return 0, nil
 	}
+	if p.hold {
+		// Until the connection ends; its reader stops at the queue's
+		// bound, so the source meets back-pressure, not loss.
+		for {
+			if err := p.sleep(time.Hour); err != nil {
+				return 0, err
+			}
+		}
+	}
 	var sliceSize, sliceVar int
 	var sliceDelay time.Duration
 	// ready is when the chunk was due at the bandwidth stage: read, plus
@@ -241,6 +254,12 @@ func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
 			}
 			n = min(max(n, 1), len(data))
 		}
+		// Paced before the write: each slice waits its own time at the
+		// rate, so a message that fits in one write is as late as a bulk
+		// stream's bytes.
+		if err := p.pace(n, ready); err != nil {
+			return total, err
+		}
 		w, err := dst.Write(data[:n])
 		total += int64(w)
 		if p.limitLeft >= 0 {
@@ -253,9 +272,6 @@ func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
 			return total, &relay.WriteError{Err: err}
 		}
 		data = data[n:]
-		if err := p.pace(w, ready); err != nil {
-			return total, err
-		}
 		if len(data) > 0 {
 			if err := p.sleep(sliceDelay); err != nil {
 				return total, err
@@ -268,11 +284,11 @@ func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
 	return total, nil
 }
 
-// pace holds the direction to the bandwidth rate (KB/s, 1 KB = 1000
-// bytes as in Toxiproxy) over the whole stream, not per chunk: an idle
-// source earns no credit (pacing restarts when a chunk is ready after
-// the bytes before it were paid for), a late wake-up is caught up. An
-// error ends the stream (sleep).
+// pace waits until n more bytes are paid for at the bandwidth rate (KB/s,
+// 1 KB = 1000 bytes as in Toxiproxy), over the whole stream, not per
+// chunk: an idle source earns no credit (pacing restarts when a chunk is
+// ready after the bytes before it were paid for), a late wake-up is caught
+// up. An error ends the stream (sleep).
 func (p *pipeline) pace(n int, ready time.Time) error {
 	if p.rate == 0 {
 		return nil

@@ -261,8 +261,10 @@ func (t *Toxic) Normalize() error {
 			return err
 		}
 	}
-	if t.Type == "bandwidth" && attrs["rate"] < minBandwidth {
-		return &FieldError{"attributes.rate", fmt.Sprintf("must be at least %g (KB/s: a byte a second), not %v", minBandwidth, attrs["rate"])}
+	// 0 holds the stream, as in Toxiproxy; between 0 and a byte a second
+	// the pacing would overflow its durations.
+	if r := attrs["rate"]; t.Type == "bandwidth" && r != 0 && r < minBandwidth {
+		return &FieldError{"attributes.rate", fmt.Sprintf("must be 0 (hold the stream) or at least %g (KB/s: a byte a second), not %v", minBandwidth, r)}
 	}
 	if t.Type == "slicer" && attrs["average_size"] == 0 {
 		return &FieldError{"attributes.average_size", "must be greater than 0 (bytes)"}

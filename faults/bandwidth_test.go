@@ -1,0 +1,100 @@
+package faults
+
+import (
+	"errors"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// bandwidth holds each chunk for its own time at the rate before it is
+// written, as Toxiproxy's does (toxics/bandwidth.go: sleep len/rate, then
+// send): a 2,000-byte answer at 100 KB/s arrives 20 ms late, every time.
+// Paced after the write instead, a message that fitted in one write went
+// through at once (0 ms) and only the next one paid, so request/response
+// tests saw no slow link at all.
+func TestBandwidthDelaysEachMessage(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		rate  int // KB/s
+		bytes int
+	}{
+		{100, 2000},   // 20 ms
+		{100, 5000},   // 50 ms
+		{1000, 20000}, // 20 ms
+	} {
+		_, p := declared(t, 0, 0, "TCP", `{"type":"bandwidth","attributes":{"rate":`+strconv.Itoa(tc.rate)+`}}`)
+		client, backend, _ := proxied(t, p, client1)
+		want := time.Duration(tc.bytes) * time.Second / time.Duration(tc.rate*1000)
+		var took []time.Duration
+		for range 3 {
+			start := time.Now()
+			if _, err := backend.Write(make([]byte, tc.bytes)); err != nil {
+				t.Fatal(err)
+			}
+			client.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if _, err := io.ReadFull(client, make([]byte, tc.bytes)); err != nil {
+				t.Fatal(err)
+			}
+			took = append(took, time.Since(start))
+			time.Sleep(200 * time.Millisecond) // idle: no credit is earned
+		}
+		slices.Sort(took)
+		t.Logf("%d B at %d KB/s: %v (want %v each)", tc.bytes, tc.rate, took, want)
+		// None early (the bound is the point); the median on time.
+		if took[0] < want*8/10 {
+			t.Errorf("%d B at %d KB/s arrived after %v; want at least %v", tc.bytes, tc.rate, took[0], want*8/10)
+		}
+		if took[1] > want+30*time.Millisecond {
+			t.Errorf("%d B at %d KB/s arrived after %v (median); want %v + 30 ms at most", tc.bytes, tc.rate, took[1], want)
+		}
+	}
+}
+
+// rate 0 holds the stream's data, as Toxiproxy's bandwidth 0 does (the
+// Testcontainers idiom for a cut connection): nothing is delivered and
+// nothing is dropped or closed, the other stream flows, and the connection
+// ends when a peer ends it. An omitted rate is 0, as there.
+func TestBandwidthZeroHoldsTheStream(t *testing.T) {
+	t.Parallel()
+	for _, js := range []string{
+		`{"type":"bandwidth","attributes":{"rate":0}}`,
+		`{"type":"bandwidth"}`,
+		`{"name":"a","type":"bandwidth","attributes":{"rate":100}}`, // with the narrowest of two
+	} {
+		toxics := []string{js}
+		if js[2:6] == "name" {
+			toxics = append(toxics, `{"name":"b","type":"bandwidth","attributes":{"rate":0}}`)
+		}
+		_, p := declared(t, 0, 0, "TCP", toxics...)
+		client, backend, done := proxied(t, p, client1)
+		if _, err := backend.Write([]byte("answer")); err != nil {
+			t.Fatal(err)
+		}
+		client.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+		if n, err := client.Read(make([]byte, 10)); !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("%s: client read %d bytes, %v; want nothing", toxics, n, err)
+		}
+		if _, err := client.Write([]byte("request")); err != nil {
+			t.Fatal(err)
+		}
+		backend.SetReadDeadline(time.Now().Add(5 * time.Second))
+		got := make([]byte, 7)
+		if _, err := io.ReadFull(backend, got); err != nil || string(got) != "request" {
+			t.Fatalf("%s: backend read %q, %v; want the request", toxics, got, err)
+		}
+		// A held stream waits on its destination, so a reset there ends
+		// it at once (a FIN would only half-close: the answer is still
+		// owed, as under an hour's latency).
+		client.SetLinger(0)
+		client.Close()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: the relay did not end when the client reset", toxics)
+		}
+	}
+}
