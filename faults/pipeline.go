@@ -44,9 +44,9 @@ type pipeline struct {
 	// (socketWait).
 	dst *net.TCPConn
 	at  socketWait
-	// srcErr is why src failed (not a FIN: a reset, a close) once
-	// srcFailed is set: the reader then wakes the writer, so the failure
-	// does not queue behind delayed chunks.
+	// srcErr is why src failed once srcFailed is set: the relay closed
+	// it, and the reader wakes the writer, so the end does not queue
+	// behind delayed chunks (a peer's reset does).
 	srcErr    error
 	srcFailed atomic.Bool
 	// aborted: the relay is resetting the connection (Conn.Abort).
@@ -72,10 +72,14 @@ func (p *pipeline) readChunks(src *net.TCPConn, q *chunkQueue) {
 		}
 		bp := relay.GetBuffer()
 		n, err := src.Read(*bp)
-		if err != nil && err != io.EOF && !errors.Is(err, os.ErrDeadlineExceeded) {
-			// A deadline is the relay's to act on: its bound also set
-			// one on dst, which wakes the writer; its quiet close wants
-			// what is delayed delivered before the FIN.
+		if errors.Is(err, net.ErrClosed) {
+			// The relay closed src: the connection is over, and the
+			// writer must not go on waiting to deliver. A peer's reset
+			// instead queues behind the chunks held before it, as a FIN
+			// does: over a slow link the bytes sent before a reset
+			// arrive before it. A deadline is the relay's to act on: its
+			// bound also set one on dst, which wakes the writer; its
+			// quiet close wants what is delayed delivered before the FIN.
 			p.srcErr = err
 			p.srcFailed.Store(true)
 			_ = p.dst.SetWriteDeadline(time.Unix(1, 0))
