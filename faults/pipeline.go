@@ -38,6 +38,8 @@ type pipeline struct {
 	// when there is none: its clock starts at the stream's first chunk
 	// (resetLater).
 	resetAfter time.Duration
+	// slowClose is how long slow_close holds the stream's close.
+	slowClose time.Duration
 
 	// dst is where the writer waits (sleep): parked on its write side,
 	// not on a timer, so whatever ends the connection wakes it
@@ -92,10 +94,7 @@ func (p *pipeline) readChunks(src *net.TCPConn, q *chunkQueue) {
 
 // copy is the relay.Copier of a faulted direction.
 func (p *pipeline) copy(dst, src *net.TCPConn) (int64, error) {
-	var (
-		slowEOF time.Duration
-		end     time.Duration = -1
-	)
+	var end time.Duration = -1
 	for _, t := range p.toxics {
 		switch t.Type {
 		case "timeout":
@@ -113,7 +112,7 @@ func (p *pipeline) copy(dst, src *net.TCPConn) (int64, error) {
 				p.limitLeft = b
 			}
 		case "slow_close":
-			slowEOF = addDelay(slowEOF, t.ms("delay"))
+			p.slowClose = addDelay(p.slowClose, t.ms("delay"))
 		case "bandwidth":
 			// Several bandwidth toxics: the narrowest one limits.
 			if r := t.Attributes["rate"] * 1000; r == 0 {
@@ -136,6 +135,21 @@ func (p *pipeline) copy(dst, src *net.TCPConn) (int64, error) {
 	if err := p.at.init(dst); err != nil {
 		return 0, &relay.WriteError{Err: err}
 	}
+	total, err := p.pump(dst, src)
+	if errors.Is(err, relay.ErrCut) && p.slowClose > 0 {
+		// slow_close delays every close of its stream, also one a toxic
+		// chose (limit_data, timeout), as Toxiproxy's holds whatever
+		// close comes down the chain to it.
+		p.timer = nil
+		if err := p.sleep(p.slowClose); err != nil {
+			return total, err
+		}
+	}
+	return total, err
+}
+
+// pump moves src's chunks through the toxics to dst until the stream ends.
+func (p *pipeline) pump(dst, src *net.TCPConn) (int64, error) {
 	q := newChunkQueue()
 	defer q.close()
 	go p.readChunks(src, q)
@@ -164,7 +178,7 @@ func (p *pipeline) copy(dst, src *net.TCPConn) (int64, error) {
 		}
 		q.release(c)
 		if c.err == io.EOF {
-			if err := p.sleep(slowEOF); err != nil {
+			if err := p.sleep(p.slowClose); err != nil {
 				return total, err
 			}
 			return total, nil

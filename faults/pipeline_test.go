@@ -15,7 +15,8 @@ import (
 
 // A stream's timers (reset_peer, timeout) fire on time whatever else the
 // stream is doing: the earliest wins, and a chunk held back by bandwidth,
-// latency or a slow close does not postpone them.
+// latency or a slow close does not postpone them; a slow_close holds the
+// close they (or limit_data) chose.
 func TestPipelineTimersFireOnTime(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -49,6 +50,20 @@ func TestPipelineTimersFireOnTime(t *testing.T) {
 			toxics:  []string{`{"type":"latency","attributes":{"latency":2000}}`, `{"type":"reset_peer","attributes":{"timeout":200}}`},
 			backend: func(b io.WriteCloser) { b.Write([]byte("late")) },
 			reset:   true, after: 200 * time.Millisecond,
+		},
+		{
+			// slow_close holds a close a toxic chose too (Toxiproxy's
+			// holds whatever close reaches it down the chain).
+			name:    "timeout then slow_close",
+			toxics:  []string{`{"type":"timeout","attributes":{"timeout":200}}`, `{"type":"slow_close","attributes":{"delay":300}}`},
+			backend: func(io.WriteCloser) {},
+			reset:   false, after: 500 * time.Millisecond,
+		},
+		{
+			name:    "limit_data then slow_close",
+			toxics:  []string{`{"type":"limit_data","attributes":{"bytes":1}}`, `{"type":"slow_close","attributes":{"delay":300}}`},
+			backend: func(b io.WriteCloser) { b.Write([]byte("xy")) },
+			reset:   false, after: 300 * time.Millisecond,
 		},
 		{
 			name:    "reset_peer during slow_close",
