@@ -437,11 +437,17 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error, fromBod
 	}
 }
 
+// proxyOut lists a proxy's toxics upstream first, then downstream, each in
+// the table's order, as Toxiproxy lists its two chains.
 func proxyOut(p faults.ProxyInfo) proxyJSON {
 	out := proxyJSON{Name: p.Name, Listen: p.Listen, Upstream: p.Upstream, Enabled: p.Enabled,
 		Toxics: make([]toxicJSON, 0, len(p.Toxics))}
-	for _, t := range p.Toxics {
-		out.Toxics = append(out.Toxics, toxicOut(t.Toxic, t.Origin))
+	for _, upstream := range []bool{true, false} {
+		for _, t := range p.Toxics {
+			if (t.Stream == faults.Upstream) == upstream {
+				out.Toxics = append(out.Toxics, toxicOut(t.Toxic, t.Origin))
+			}
+		}
 	}
 	return out
 }

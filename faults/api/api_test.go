@@ -459,3 +459,42 @@ func TestHandler(t *testing.T) {
 		})
 	}
 }
+
+// Toxics are listed upstream first, then downstream, each in the order
+// they were added, as Toxiproxy lists its two chains (GetToxicArray);
+// annotation toxics lead within their stream. Code written for Toxiproxy
+// that reads toxics[0] after adding an upstream toxic finds it.
+func TestToxicsListedUpstreamFirst(t *testing.T) {
+	table := newTestTable(t) // "declared": downstream, from the annotation
+	for _, tx := range []faults.Toxic{
+		{Name: "d1", Type: "latency", Stream: faults.Downstream, Toxicity: 1},
+		{Name: "u1", Type: "latency", Stream: faults.Upstream, Toxicity: 1},
+		{Name: "d2", Type: "latency", Stream: faults.Downstream, Toxicity: 1},
+		{Name: "u2", Type: "latency", Stream: faults.Upstream, Toxicity: 1},
+	} {
+		if _, err := table.AddToxic(webName, tx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := New(table, "test")
+	for _, path := range []string{"/proxies/" + webName + "/toxics", "/proxies/" + webName, "/proxies"} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+		var toxics []toxicJSON
+		switch path {
+		case "/proxies":
+			toxics = decode[map[string]proxyJSON](t, rec.Body.String())[webName].Toxics
+		case "/proxies/" + webName:
+			toxics = decode[proxyJSON](t, rec.Body.String()).Toxics
+		default:
+			toxics = decode[[]toxicJSON](t, rec.Body.String())
+		}
+		var names []string
+		for _, tx := range toxics {
+			names = append(names, tx.Name)
+		}
+		if got := strings.Join(names, " "); got != "u1 u2 declared d1 d2" {
+			t.Errorf("GET %s lists %s; want u1 u2 declared d1 d2", path, got)
+		}
+	}
+}

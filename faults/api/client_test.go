@@ -68,7 +68,8 @@ func TestToxiproxyClient(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Toxics: %v", err)
 	}
-	if names := toxicNames(toxics); names != "declared,slow,cut" {
+	// Upstream first, as Toxiproxy lists its chains.
+	if names := toxicNames(toxics); names != "cut,declared,slow" {
 		t.Errorf("Toxics = %s", names)
 	}
 	updated, err := proxy.UpdateToxic("slow", 0.5, toxiproxy.Attributes{"latency": 500})
@@ -98,7 +99,7 @@ func TestToxiproxyClient(t *testing.T) {
 	if err := proxy.RemoveToxic("declared"); err == nil || !strings.Contains(err.Error(), "HTTP 409") {
 		t.Errorf("RemoveToxic(declared) = %v, want HTTP 409", err)
 	}
-	if toxics, err = proxy.Toxics(); err != nil || toxicNames(toxics) != "declared,cut" {
+	if toxics, err = proxy.Toxics(); err != nil || toxicNames(toxics) != "cut,declared" {
 		t.Errorf("Toxics after remove = %s, %v", toxicNames(toxics), err)
 	}
 
