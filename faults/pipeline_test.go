@@ -11,6 +11,10 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
 
 // A stream's timers (reset_peer, timeout) fire on time whatever else the
@@ -76,15 +80,25 @@ func TestPipelineTimersFireOnTime(t *testing.T) {
 			t.Parallel()
 			_, p := declared(t, 0, 0, "TCP", tc.toxics...)
 			// Three connections: one can come late on a loaded runner,
-			// none early; the median must be on time.
-			var took []time.Duration
+			// none early; the median must be on time. On time is
+			// counted from when the timers have surely started (the
+			// connection set up, the backend's chunk sent) and less
+			// the lateness of a plain timer armed then: a runner that
+			// stalls the whole process (-race beside other packages)
+			// made all three 10-85 ms late (median 230 ms), while a
+			// timer held behind a chunk is late by seconds.
+			var took, onTime []time.Duration
 			for range 3 {
 				start := time.Now()
 				client, backend, done := proxied(t, p, client1)
 				tc.backend(backend)
+				set := time.Now()
+				refLate := make(chan time.Duration, 1)
+				time.AfterFunc(tc.after, func() { refLate <- time.Since(set) - tc.after })
 				client.SetReadDeadline(time.Now().Add(5 * time.Second))
 				_, err := io.Copy(io.Discard, client)
 				d := time.Since(start)
+				sinceSet := time.Since(set)
 				select {
 				case <-done:
 				case <-time.After(5 * time.Second):
@@ -97,11 +111,13 @@ func TestPipelineTimersFireOnTime(t *testing.T) {
 					t.Fatalf("ended after %v, before %v - 30 ms", d, tc.after)
 				}
 				took = append(took, d)
+				onTime = append(onTime, sinceSet-max(<-refLate, 0))
 			}
 			slices.Sort(took)
-			t.Logf("ended after %v (reset %v)", took, tc.reset)
-			if m := took[1]; m > tc.after+30*time.Millisecond {
-				t.Fatalf("ended after %v (median), want %v ± 30 ms", m, tc.after)
+			slices.Sort(onTime)
+			t.Logf("ended after %v (reset %v); less a plain timer's lateness, from set-up %v", took, tc.reset, onTime)
+			if m := onTime[1]; m > tc.after+30*time.Millisecond {
+				t.Fatalf("ended %v (median) after set-up, less a plain timer's lateness; want %v ± 30 ms (raw %v)", m, tc.after, took)
 			}
 		})
 	}
@@ -292,21 +308,33 @@ func TestPipelineDeadConnectionEndsDuringDelay(t *testing.T) {
 // what is in flight is bounded by bytes (chunkBudget), so 3 MB under 200
 // ms arrive about 200 ms late. With 16 chunks queued, about 18 reads (576
 // KiB) were in flight per delay: the 3 MB took five delays, over a second.
+// That cap slowed every transfer; a loaded runner (-race beside other
+// packages) stalls one now and then: a transfer took 661 ms and 544 ms
+// (the reader not run for 210 ms) against 200-260 ms. So the fastest of
+// three must be under three delays.
 func TestPipelineLatencyThroughput(t *testing.T) {
 	t.Parallel()
 	const size, latency = 3_000_000, 200 * time.Millisecond
 	_, p := declared(t, 0, 0, "TCP", `{"type":"latency","attributes":{"latency":200}}`)
-	client, backend, _ := proxied(t, p, client1)
-	start := time.Now()
-	go backend.Write(make([]byte, size))
-	client.SetReadDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.ReadFull(client, make([]byte, size)); err != nil {
-		t.Fatal(err)
+	fastest := time.Hour
+	var took []time.Duration
+	for range 3 {
+		client, backend, _ := proxied(t, p, client1)
+		start := time.Now()
+		go backend.Write(make([]byte, size))
+		client.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.ReadFull(client, make([]byte, size)); err != nil {
+			t.Fatal(err)
+		}
+		d := time.Since(start)
+		took = append(took, d.Round(time.Millisecond))
+		fastest = min(fastest, d)
+		client.Close()
+		backend.Close()
 	}
-	took := time.Since(start)
-	t.Logf("%d bytes under %v of latency in %v", size, latency, took.Round(time.Millisecond))
-	if took > 3*latency {
-		t.Fatalf("%d bytes under %v of latency took %v, want less than %v", size, latency, took, 3*latency)
+	t.Logf("%d bytes under %v of latency in %v", size, latency, took)
+	if fastest > 3*latency {
+		t.Fatalf("%d bytes under %v of latency took %v at the fastest of 3, want less than %v", size, latency, fastest, 3*latency)
 	}
 }
 
@@ -357,6 +385,16 @@ func TestPipelineSmallChunksHoldLittle(t *testing.T) {
 // for its own and cleared it, and the direction went on delivering what it
 // held at the toxic's pace (the review: 27 of 40 aborts lost under a
 // slicer).
+//
+// A lost abort is told by what the direction writes after the abort's
+// deadline, not by how long it takes to return: at most the one write
+// under way then (a chunk, 32 KiB at most), where a lost one goes on at
+// the toxic's pace through what it holds (MBs). Timed against 2 s, a
+// loaded runner (-race, several test binaries, load 12 on 2 CPUs) failed
+// it now and then: 1 of 20 directions returned 2.1-2.5 s after the abort
+// having written nothing (bandwidth, 0 bytes) or one slice (slicer, 1000
+// bytes) since. The time bound now only catches a direction that never
+// ends.
 func TestPipelineAbortEndsFaultedDirection(t *testing.T) {
 	const conns = 20
 	for _, tox := range []string{
@@ -373,17 +411,23 @@ func TestPipelineAbortEndsFaultedDirection(t *testing.T) {
 				proxyBackend, backend := tcpPair(t)
 				go func() { _, _ = backend.Write(make([]byte, 4<<20)) }()
 				go func() { _, _ = io.Copy(io.Discard, client) }()
-				done := make(chan error, 1)
-				go func() { _, err := fc.Downstream(proxyClient, proxyBackend); done <- err }()
+				done := make(chan int64, 1)
+				go func() { n, _ := fc.Downstream(proxyClient, proxyBackend); done <- n }()
 				time.Sleep(time.Duration(50+i*7) * time.Millisecond)
 				fc.Abort() // what relay.(*Conn).abort does, in its order
 				past := time.Unix(1, 0)
 				_ = proxyClient.SetDeadline(past)
+				atAbort := writtenTo(t, proxyClient)
 				_ = proxyBackend.SetDeadline(past)
 				select {
-				case <-done:
-				case <-time.After(2 * time.Second):
+				case n := <-done:
+					if after := n - atAbort; after > relay.CopyBufSize {
+						lost.Add(1)
+						t.Logf("%s: connection %d wrote %d bytes after the abort's deadline", tox, i, after)
+					}
+				case <-time.After(10 * time.Second):
 					lost.Add(1)
+					t.Logf("%s: connection %d still relaying 10 s after the abort", tox, i)
 				}
 				proxyClient.Close()
 				proxyBackend.Close()
@@ -391,9 +435,29 @@ func TestPipelineAbortEndsFaultedDirection(t *testing.T) {
 		}
 		wg.Wait()
 		if n := lost.Load(); n > 0 {
-			t.Errorf("%s: %d of %d aborts lost (still relaying 2 s after)", tox, n, conns)
+			t.Errorf("%s: %d of %d aborts lost", tox, n, conns)
 		}
 	}
+}
+
+// writtenTo is how many bytes were written to c: what its socket sent
+// (loopback retransmits nothing, but counted out) and what it still holds
+// unsent, in one TCP_INFO snapshot.
+func writtenTo(t *testing.T, c *net.TCPConn) int64 {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		t.Error(err)
+		return 0
+	}
+	var info *unix.TCPInfo
+	if cerr := raw.Control(func(fd uintptr) { info, err = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); cerr != nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Error(err)
+		return 0
+	}
+	return int64(info.Bytes_sent-info.Bytes_retrans) + int64(info.Notsent_bytes)
 }
 
 // The abort check itself, without a race to win: a delay asked for after
