@@ -179,28 +179,43 @@ func TestPipelineBandwidth(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			_, p := declared(t, 0, 0, "TCP", tc.toxics...)
-			client, backend, _ := proxied(t, p, client1)
 			total := 0
 			for _, s := range tc.sends {
 				total += s.bytes
 			}
-			start := time.Now()
-			go func() {
-				next := start
-				for _, s := range tc.sends {
-					next = next.Add(s.pause)
-					time.Sleep(time.Until(next))
-					backend.Write(make([]byte, s.bytes))
+			// Three streams: none may come early (faster than the
+			// rate: a load never does that), and the fastest must be
+			// on time. A loaded runner stalled a single one past the
+			// bound (100,000 bytes at 100 KB/s in 1.185 s, -race beside
+			// other test binaries).
+			var took []time.Duration
+			for range 3 {
+				client, backend, _ := proxied(t, p, client1)
+				start := time.Now()
+				go func() {
+					next := start
+					for _, s := range tc.sends {
+						next = next.Add(s.pause)
+						time.Sleep(time.Until(next))
+						backend.Write(make([]byte, s.bytes))
+					}
+				}()
+				client.SetReadDeadline(time.Now().Add(10 * time.Second))
+				if _, err := io.ReadFull(client, make([]byte, total)); err != nil {
+					t.Fatal(err)
 				}
-			}()
-			client.SetReadDeadline(time.Now().Add(10 * time.Second))
-			if _, err := io.ReadFull(client, make([]byte, total)); err != nil {
-				t.Fatal(err)
+				d := time.Since(start)
+				if d < tc.want*9/10 {
+					t.Fatalf("%d bytes in %v, want %v ± 10 %%", total, d, tc.want)
+				}
+				took = append(took, d)
+				client.Close()
+				backend.Close()
 			}
-			took := time.Since(start)
-			t.Logf("%d bytes in %v", total, took.Round(time.Millisecond))
-			if took < tc.want*9/10 || took > tc.want*11/10 {
-				t.Fatalf("%d bytes in %v, want %v ± 10 %%", total, took, tc.want)
+			slices.Sort(took)
+			t.Logf("%d bytes in %v", total, took)
+			if took[0] > tc.want*11/10 {
+				t.Fatalf("%d bytes in %v at the fastest of 3, want %v ± 10 %%", total, took[0], tc.want)
 			}
 		})
 	}
