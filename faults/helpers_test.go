@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
@@ -105,3 +106,13 @@ func proxied(t testing.TB, p *Port, from netip.Addr) (client, backend *net.TCPCo
 }
 
 func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
+
+// relayEnds waits for the relay proxied started to end.
+func relayEnds(t testing.TB, done <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the relay did not end")
+	}
+}

@@ -99,11 +99,7 @@ func TestPipelineTimersFireOnTime(t *testing.T) {
 				_, err := io.Copy(io.Discard, client)
 				d := time.Since(start)
 				sinceSet := time.Since(set)
-				select {
-				case <-done:
-				case <-time.After(5 * time.Second):
-					t.Fatal("the relay did not end")
-				}
+				relayEnds(t, done)
 				if gotReset := errors.Is(err, syscall.ECONNRESET); gotReset != tc.reset || (!tc.reset && err != nil) {
 					t.Fatalf("client read ended with %v after %v; want reset %v", err, d, tc.reset)
 				}
@@ -244,11 +240,7 @@ func TestLimitDataZeroCutsAtFirstChunk(t *testing.T) {
 	if n, err := io.Copy(io.Discard, client); n != 0 || err != nil {
 		t.Fatalf("client read %d bytes, ended with %v; want a FIN and nothing", n, err)
 	}
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the relay did not end")
-	}
+	relayEnds(t, done)
 }
 
 // A connection whose held chunk (latency) or FIN (slow_close) has no one
@@ -521,9 +513,5 @@ func TestPipelinePeerResetFollowsHeldData(t *testing.T) {
 	if _, err := client.Read(got); !errors.Is(err, syscall.ECONNRESET) {
 		t.Fatalf("client read after the answer: %v; want the backend's reset", err)
 	}
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the relay did not end")
-	}
+	relayEnds(t, done)
 }

@@ -55,11 +55,7 @@ func TestResetPeerAsToxiproxy(t *testing.T) {
 				if got := <-backendGot; got != (stream == "downstream") {
 					t.Errorf("backend received the request: %v; want %v", got, stream == "downstream")
 				}
-				select {
-				case <-done:
-				case <-time.After(5 * time.Second):
-					t.Fatal("the relay did not end")
-				}
+				relayEnds(t, done)
 			})
 		}
 	}
@@ -92,11 +88,7 @@ func TestResetPeerWaitsForItsStream(t *testing.T) {
 	if n, err := backend.Read(got); !isResetOrEOF(err) {
 		t.Fatalf("backend read %q, %v; want the connection ended without the client's bytes", got[:n], err)
 	}
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the relay did not end")
-	}
+	relayEnds(t, done)
 }
 
 func isResetOrEOF(err error) bool {
