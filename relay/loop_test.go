@@ -565,7 +565,9 @@ func TestLoopHalfCloseBound(t *testing.T) {
 }
 
 func TestLoopCloseWhenQuiet(t *testing.T) {
-	b := newLoopBed(t, LoopOptions{Quiet: 100 * time.Millisecond})
+	// Quiet is well above the 30 ms below, so that a stalled runner
+	// does not make the connection quiet before the answer.
+	b := newLoopBed(t, LoopOptions{Quiet: 500 * time.Millisecond})
 	h := newLoopHandler(b.ep)
 	client, backend := b.connect(t, h, true)
 	pass(t, client, backend, "ping")
