@@ -3,11 +3,14 @@ package faults
 import (
 	"errors"
 	"io"
+	"net"
 	"os"
 	"slices"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
 
 // bandwidth holds each chunk for its own time at the rate before it is
@@ -96,5 +99,70 @@ func TestBandwidthZeroHoldsTheStream(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatalf("%s: the relay did not end when the client reset", toxics)
 		}
+	}
+}
+
+// A held stream whose source ended (its peer closed or reset) can never
+// deliver what it holds, nor that end, and no direction of the relay
+// returned, so the relay's half-close bound never ran: a client that gave
+// up on a cut connection left it, its goroutines and its --fault-max-active
+// slot for as long as the backend kept the connection (a database: for
+// ever). Now both peers are reset the half-close bound after the source
+// ended; with no bound it is held, as in Toxiproxy.
+func TestBandwidthZeroHoldEndsAfterItsSourceEnds(t *testing.T) {
+	t.Parallel()
+	const bound = 200 * time.Millisecond
+	reset := func(c *net.TCPConn) { c.SetLinger(0); c.Close() }
+	for _, tc := range []struct {
+		name   string
+		stream string
+		// hold gets a chunk held; end ends the stream's source.
+		hold func(client, backend *net.TCPConn)
+		end  func(client, backend *net.TCPConn)
+	}{
+		{"upstream, the client closes", "upstream",
+			func(c, _ *net.TCPConn) { c.Write([]byte("request")) },
+			func(c, _ *net.TCPConn) { c.Close() }},
+		{"downstream, the backend resets", "downstream",
+			func(_, b *net.TCPConn) { b.Write([]byte("answer")) },
+			func(_, b *net.TCPConn) { reset(b) }},
+		{"downstream, both peers close", "downstream",
+			func(_, b *net.TCPConn) { b.Write([]byte("answer")) },
+			func(c, b *net.TCPConn) { c.Close(); b.Close() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			for _, hcBound := range []time.Duration{bound, 0} {
+				tbl, p := declared(t, 0, 1, "TCP", `{"type":"bandwidth","stream":"`+tc.stream+`","attributes":{"rate":0}}`)
+				tbl.TrackLive = true
+				client, backend, done := proxiedWith(t, p, client1, relay.Options{HalfCloseTimeout: hcBound})
+				tc.hold(client, backend)
+				time.Sleep(50 * time.Millisecond) // the chunk reaches the toxic
+				start := time.Now()
+				tc.end(client, backend)
+				if hcBound == 0 {
+					// No bound: held, as Toxiproxy holds it.
+					select {
+					case <-done:
+						t.Fatal("with no half-close bound the held stream ended")
+					case <-time.After(3 * bound):
+					}
+					client.Close()
+					backend.Close()
+					continue
+				}
+				select {
+				case <-done:
+				case <-time.After(3 * time.Second):
+					t.Fatalf("the relay still runs %v after the stream's source ended (half-close bound %v)", time.Since(start).Round(time.Millisecond), bound)
+				}
+				if took := time.Since(start); took < bound-20*time.Millisecond {
+					t.Errorf("ended %v after the source, before the bound %v", took, bound)
+				}
+				if n := p.active.Load(); n != 0 {
+					t.Errorf("%d --fault-max-active slots still held", n)
+				}
+			}
+		})
 	}
 }

@@ -243,6 +243,17 @@ func (p *Port) cutDown(s *snapshot, tx Toxic) {
 	})
 }
 
+// BoundHold bounds a bandwidth 0 hold once its stream's source ended (the
+// relay's half-close bound, which cannot see a direction that never
+// returns); 0: held for ever.
+func (c *Conn) BoundHold(d time.Duration) {
+	for _, p := range []*pipeline{c.up, c.down} {
+		if p != nil {
+			p.holdBound = d
+		}
+	}
+}
+
 // Abort tells the connection's pipelines that the relay is resetting it
 // (relay.Options.OnAbort): a delay ends, and none starts. Without it a
 // delay's own write deadline went over the past one the relay's abort set,

@@ -81,6 +81,14 @@ func tcpPair(t testing.TB) (a, b *net.TCPConn) {
 // connection returns nil ends.
 func proxied(t testing.TB, p *Port, from netip.Addr) (client, backend *net.TCPConn, done chan struct{}) {
 	t.Helper()
+	return proxiedWith(t, p, from, relay.Options{})
+}
+
+// proxiedWith is proxied with the relay's bounds in o, wired as the
+// proxier wires them; setup, if any, sees the proxy's own two sockets
+// first.
+func proxiedWith(t testing.TB, p *Port, from netip.Addr, o relay.Options, setup ...func(proxyClient, proxyBackend *net.TCPConn)) (client, backend *net.TCPConn, done chan struct{}) {
+	t.Helper()
 	done = make(chan struct{})
 	fc := p.Accept(from)
 	if fc != nil && fc.Refuse {
@@ -90,9 +98,13 @@ func proxied(t testing.TB, p *Port, from netip.Addr) (client, backend *net.TCPCo
 	}
 	client, proxyClient := tcpPair(t)
 	proxyBackend, backend := tcpPair(t)
-	var o relay.Options
+	for _, f := range setup {
+		f(proxyClient, proxyBackend)
+	}
 	if fc != nil {
 		o.Upstream, o.Downstream = fc.Upstream, fc.Downstream
+		o.OnAbort = fc.Abort
+		fc.BoundHold(o.HalfCloseTimeout)
 		fc.Attach(proxyClient, proxyBackend)
 	}
 	go func() {

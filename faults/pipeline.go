@@ -7,8 +7,10 @@ import (
 	"net"
 	"os"
 	"sync/atomic"
+	"syscall"
 	"time"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
 
@@ -27,6 +29,19 @@ type pipeline struct {
 	rate       float64
 	bwNextFree time.Time
 	hold       bool
+	// holding: the writer holds a chunk (hold); heldEnd: the source
+	// ended (a FIN, a reset) meanwhile, so nothing held can ever be
+	// followed by its end; holdBound is then how long the hold lasts
+	// (the relay's half-close bound; 0: for ever, as Toxiproxy).
+	holding   atomic.Bool
+	heldEnd   atomic.Bool
+	holdBound time.Duration
+	// srcReset: the source was reset (srcResetErr), which queues behind
+	// the held chunks; writing: the writer is in a write, which the
+	// reader then wakes (write).
+	srcReset    atomic.Bool
+	srcResetErr error
+	writing     atomic.Bool
 	// timer ends the stream with onTimer (reset_peer, timeout): the
 	// earliest of them, nil when none, due at end. Every wait ends by
 	// end too, so a chunk held back by bandwidth or latency cannot
@@ -85,6 +100,20 @@ func (p *pipeline) readChunks(src *net.TCPConn, q *chunkQueue) {
 			p.srcErr = err
 			p.srcFailed.Store(true)
 			_ = p.dst.SetWriteDeadline(time.Unix(1, 0))
+		} else if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+			// The source ended: a held stream's writer, which will
+			// never reach this end, must hear of it (holdEnded), and a
+			// write waiting on a destination that reads nothing must
+			// not outlast a reset (write).
+			reset := err != io.EOF
+			if reset {
+				p.srcResetErr = err
+				p.srcReset.Store(true)
+			}
+			p.heldEnd.Store(true)
+			if p.holding.Load() || reset && p.writing.Load() {
+				_ = p.dst.SetWriteDeadline(time.Unix(1, 0))
+			}
 		}
 		if !q.push(chunk{buf: rightSized(bp, n), n: n, at: time.Now(), err: err}) || err != nil {
 			return
@@ -178,6 +207,10 @@ func (p *pipeline) pump(dst, src *net.TCPConn) (int64, error) {
 		}
 		q.release(c)
 		if c.err == io.EOF {
+			// The stream ended: a timeout's timer no longer applies
+			// (Toxiproxy's passes its input's close at once), so it
+			// neither cuts the slow close short nor doubles it.
+			p.timer = nil
 			if err := p.sleep(p.slowClose); err != nil {
 				return total, err
 			}
@@ -217,8 +250,11 @@ func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
 	if p.hold {
 		// Until the connection ends; its reader stops at the queue's
 		// bound, so the source meets back-pressure, not loss.
+		p.holding.Store(true)
 		for {
-			if err := p.sleep(time.Hour); err != nil {
+			if err := p.sleep(time.Hour); err == errHeldEnd {
+				return 0, p.holdEnded()
+			} else if err != nil {
 				return 0, err
 			}
 		}
@@ -278,16 +314,13 @@ func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
 		if err := p.pace(n, ready); err != nil {
 			return total, err
 		}
-		w, err := dst.Write(data[:n])
+		w, err := p.write(dst, data[:n])
 		total += int64(w)
 		if p.limitLeft >= 0 {
 			p.limitLeft -= int64(w)
 		}
 		if err != nil {
-			if p.srcFailed.Load() {
-				return total, p.srcErr // the reader's wake-up
-			}
-			return total, &relay.WriteError{Err: err}
+			return total, err
 		}
 		data = data[n:]
 		if len(data) > 0 {
@@ -300,6 +333,88 @@ func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
 		return total, relay.ErrCut
 	}
 	return total, nil
+}
+
+// write writes b to dst; an error is what ends the stream: the source's
+// (the reader's wake-up) or a *relay.WriteError. Once the source has
+// reset, the reset waits for the chunks held before it but not for a
+// destination that reads nothing: a write then passes what dst takes at
+// once, and one that would wait, or was waiting when the reset came, ends
+// the stream with the source's error, as the built-in copy's read of a
+// reset source does. Otherwise a destination that stopped reading kept
+// the connection past its source's reset, for as long as it did not read.
+func (p *pipeline) write(dst *net.TCPConn, b []byte) (int, error) {
+	p.writing.Store(true)
+	defer p.writing.Store(false)
+	if p.srcReset.Load() {
+		return p.writeNow(b)
+	}
+	n, err := dst.Write(b)
+	switch {
+	case err == nil:
+		return n, nil
+	case p.srcFailed.Load():
+		return n, p.srcErr
+	case p.srcReset.Load() && errors.Is(err, os.ErrDeadlineExceeded) && !p.aborted.Load():
+		return n, p.srcResetErr
+	}
+	return n, &relay.WriteError{Err: err}
+}
+
+// writeNow writes what dst takes without waiting (write, after the
+// source's reset).
+func (p *pipeline) writeNow(b []byte) (int, error) {
+	if p.aborted.Load() {
+		return 0, errAborted
+	}
+	// The reader's wake-up may have come after the write it meant to
+	// wake had finished; its past deadline would refuse this one.
+	if err := p.dst.SetWriteDeadline(time.Time{}); err != nil {
+		return 0, &relay.WriteError{Err: err}
+	}
+	var n int
+	var werr error
+	err := p.at.raw.Write(func(fd uintptr) bool {
+		for n < len(b) && werr == nil {
+			var m int
+			m, werr = rawio.Send(int(fd), b[n:])
+			n += max(m, 0)
+		}
+		return true
+	})
+	switch {
+	case err != nil:
+		return n, &relay.WriteError{Err: err}
+	case errors.Is(werr, syscall.EAGAIN):
+		return n, p.srcResetErr
+	case werr != nil:
+		return n, &relay.WriteError{Err: werr}
+	}
+	return n, nil
+}
+
+// errHeldEnd: a held stream's source ended (sleep, while holding).
+var errHeldEnd = errors.New("faults: held stream's source ended")
+
+// holdEnded ends a held stream whose source ended: what it holds can never
+// be delivered, nor the end after it, and no direction of the relay ended,
+// so its half-close bound never ran (a client that gave up and closed left
+// the connection, its goroutines and its slot until the backend closed an
+// idle connection: with a database, never). After holdBound both peers are
+// reset (a FIN would pass the lost bytes off as a clean end).
+func (p *pipeline) holdEnded() error {
+	p.holding.Store(false)
+	if p.holdBound <= 0 {
+		for {
+			if err := p.sleep(time.Hour); err != nil {
+				return err
+			}
+		}
+	}
+	if err := p.sleep(p.holdBound); err != nil {
+		return err
+	}
+	return relay.ErrReset
 }
 
 // pace waits until n more bytes are paid for at the bandwidth rate (KB/s,
@@ -346,6 +461,9 @@ func (p *pipeline) sleep(d time.Duration) error {
 	if p.srcFailed.Load() {
 		return p.srcErr
 	}
+	if p.holding.Load() && p.heldEnd.Load() {
+		return errHeldEnd
+	}
 	err := p.at.wait(until)
 	switch {
 	case p.aborted.Load():
@@ -354,6 +472,8 @@ func (p *pipeline) sleep(d time.Duration) error {
 		return errAborted
 	case p.srcFailed.Load():
 		return p.srcErr
+	case p.holding.Load() && p.heldEnd.Load():
+		return errHeldEnd
 	case timerFirst && errors.Is(err, errWaitedOut):
 		return p.onTimer
 	case errors.Is(err, errWaitedOut):

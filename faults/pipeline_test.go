@@ -515,3 +515,70 @@ func TestPipelinePeerResetFollowsHeldData(t *testing.T) {
 	}
 	relayEnds(t, done)
 }
+
+// A FIN that reaches a timeout toxic's stream is held by slow_close once
+// and stays a half-close, as in Toxiproxy (timeout passes its input's
+// close at once, slow_close holds it): the timeout's timer firing during
+// the slow close made it a cut (a full close, at 200 ms) and then, once
+// slow_close held cuts too, a cut held a second time (501 ms).
+func TestPipelineFINUnderTimeoutAndSlowClose(t *testing.T) {
+	t.Parallel()
+	_, p := declared(t, 0, 0, "TCP",
+		`{"type":"timeout","attributes":{"timeout":200}}`,
+		`{"type":"slow_close","attributes":{"delay":300}}`)
+	client, backend, done := proxied(t, p, client1)
+	start := time.Now()
+	backend.CloseWrite()
+	client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, err := client.Read(make([]byte, 10))
+	took := time.Since(start)
+	if n != 0 || err != io.EOF {
+		t.Fatalf("client read %d bytes, %v; want the FIN", n, err)
+	}
+	if took < 270*time.Millisecond || took > 450*time.Millisecond {
+		t.Errorf("the FIN came after %v; want 300 ms (slow_close, once)", took)
+	}
+	// A half-close stays one: the client's bytes still reach the backend.
+	if _, err := client.Write([]byte("still here")); err != nil {
+		t.Fatal(err)
+	}
+	backend.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := backend.Read(make([]byte, 20)); err != nil {
+		t.Fatalf("backend read %d bytes, %v; want the client's bytes after the half-close", n, err)
+	}
+	client.Close()
+	backend.Close()
+	relayEnds(t, done)
+}
+
+// A faulted direction stuck writing to a destination that reads nothing
+// ends when its source resets, as the built-in copy does, and the reset
+// reaches the destination: the reset queues behind held chunks (a slow
+// link's), not behind a reader that may never come back.
+func TestPipelineBlockedWriteEndsAtSourceReset(t *testing.T) {
+	t.Parallel()
+	_, p := declared(t, 0, 0, "TCP", `{"type":"latency","attributes":{"latency":1}}`)
+	// Small buffers towards the client, so that its window fills while
+	// the pipeline still reads (its 4 MiB in flight not reached): a
+	// reader waiting for room sees no reset, as a full pipe's splice
+	// does not (--tcp-write-timeout bounds that).
+	client, backend, done := proxiedWith(t, p, client1, relay.Options{}, func(proxyClient, _ *net.TCPConn) {
+		proxyClient.SetWriteBuffer(4096)
+	})
+	client.SetReadBuffer(4096)
+	go func() { backend.Write(make([]byte, 1<<20)) }()
+	time.Sleep(500 * time.Millisecond) // the client's window is full, the writer blocked
+	backend.SetLinger(0)
+	backend.Close()
+	start := time.Now()
+	select {
+	case <-done:
+	case <-time.After(3 * time.Second):
+		t.Fatal("the backend reset; the relay still runs 3 s later, its writer blocked on a client that reads nothing")
+	}
+	t.Logf("the relay ended %v after the backend's reset", time.Since(start).Round(time.Millisecond))
+	client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.Copy(io.Discard, client); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("client read ended with %v; want the backend's reset", err)
+	}
+}
