@@ -243,13 +243,15 @@ func (p *Port) cutDown(s *snapshot, tx Toxic) {
 	})
 }
 
-// BoundHold bounds a bandwidth 0 hold once its stream's source ended (the
-// relay's half-close bound, which cannot see a direction that never
-// returns); 0: held for ever.
-func (c *Conn) BoundHold(d time.Duration) {
+// SetBounds gives the faulted directions the relay's bounds, which cannot
+// see inside a Copier: halfClose bounds a bandwidth 0 hold once its
+// stream's source ended (no direction returned, so the relay's own
+// half-close bound never starts), write a write that makes no progress
+// (--tcp-write-timeout, as the built-in copies have it); 0: no bound.
+func (c *Conn) SetBounds(halfClose, write time.Duration) {
 	for _, p := range []*pipeline{c.up, c.down} {
 		if p != nil {
-			p.holdBound = d
+			p.holdBound, p.writeTimeout = halfClose, write
 		}
 	}
 }

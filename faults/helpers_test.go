@@ -104,7 +104,7 @@ func proxiedWith(t testing.TB, p *Port, from netip.Addr, o relay.Options, setup 
 	if fc != nil {
 		o.Upstream, o.Downstream = fc.Upstream, fc.Downstream
 		o.OnAbort = fc.Abort
-		fc.BoundHold(o.HalfCloseTimeout)
+		fc.SetBounds(o.HalfCloseTimeout, o.WriteTimeout)
 		fc.Attach(proxyClient, proxyBackend)
 	}
 	go func() {

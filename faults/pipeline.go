@@ -42,6 +42,9 @@ type pipeline struct {
 	srcReset    atomic.Bool
 	srcResetErr error
 	writing     atomic.Bool
+	// writeTimeout bounds a write that makes no progress (write); 0:
+	// none.
+	writeTimeout time.Duration
 	// timer ends the stream with onTimer (reset_peer, timeout): the
 	// earliest of them, nil when none, due at end. Every wait ends by
 	// end too, so a chunk held back by bandwidth or latency cannot
@@ -343,22 +346,49 @@ func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
 // the stream with the source's error, as the built-in copy's read of a
 // reset source does. Otherwise a destination that stopped reading kept
 // the connection past its source's reset, for as long as it did not read.
+//
+// A write that makes no progress for writeTimeout ends the connection with
+// a reset to both peers, as the built-in copies' --tcp-write-timeout does;
+// each byte written restarts it.
 func (p *pipeline) write(dst *net.TCPConn, b []byte) (int, error) {
 	p.writing.Store(true)
 	defer p.writing.Store(false)
-	if p.srcReset.Load() {
-		return p.writeNow(b)
+	total := 0
+	for {
+		if p.srcReset.Load() {
+			n, err := p.writeNow(b)
+			return total + n, err
+		}
+		if p.writeTimeout > 0 {
+			if err := dst.SetWriteDeadline(time.Now().Add(p.writeTimeout)); err != nil {
+				return total, &relay.WriteError{Err: err}
+			}
+			// After the deadline is set: an abort, or the reader's
+			// wake-up, from now on sets its own over it; one that came
+			// before is seen here.
+			if p.aborted.Load() {
+				return total, errAborted
+			}
+			if p.srcReset.Load() {
+				continue
+			}
+		}
+		n, err := dst.Write(b)
+		total += n
+		switch {
+		case err == nil:
+			return total, nil
+		case p.srcFailed.Load():
+			return total, p.srcErr
+		case !errors.Is(err, os.ErrDeadlineExceeded) || p.aborted.Load():
+		case p.srcReset.Load():
+			return total, p.srcResetErr
+		case n > 0 && p.writeTimeout > 0:
+			b = b[n:] // progress: the bound starts again
+			continue
+		}
+		return total, &relay.WriteError{Err: err}
 	}
-	n, err := dst.Write(b)
-	switch {
-	case err == nil:
-		return n, nil
-	case p.srcFailed.Load():
-		return n, p.srcErr
-	case p.srcReset.Load() && errors.Is(err, os.ErrDeadlineExceeded) && !p.aborted.Load():
-		return n, p.srcResetErr
-	}
-	return n, &relay.WriteError{Err: err}
 }
 
 // writeNow writes what dst takes without waiting (write, after the

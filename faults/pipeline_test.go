@@ -582,3 +582,61 @@ func TestPipelineBlockedWriteEndsAtSourceReset(t *testing.T) {
 		t.Fatalf("client read ended with %v; want the backend's reset", err)
 	}
 }
+
+// A faulted direction has the built-in copies' --tcp-write-timeout: a
+// write that makes no progress that long (the client reads nothing) ends
+// the connection with a reset to both peers, while a slow reader that
+// takes a few bytes within each bound is served. Before, a faulted
+// connection whose client stopped reading held its goroutines, buffers
+// and --fault-max-active slot for as long as the client lived.
+func TestPipelineWriteTimeout(t *testing.T) {
+	t.Parallel()
+	// Above the stalls a tiny window makes (a zero window is probed
+	// every 200 ms or more), below the slow reader's whole transfer.
+	const bound = time.Second
+	small := func(proxyClient, _ *net.TCPConn) { proxyClient.SetWriteBuffer(4096) }
+	t.Run("no progress", func(t *testing.T) {
+		t.Parallel()
+		_, p := declared(t, 0, 0, "TCP", `{"type":"latency","attributes":{"latency":1}}`)
+		client, backend, done := proxiedWith(t, p, client1, relay.Options{WriteTimeout: bound}, small)
+		client.SetReadBuffer(4096)
+		go func() { backend.Write(make([]byte, 1<<20)) }()
+		start := time.Now()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("the relay still runs %v after the client stopped reading (write timeout %v)", time.Since(start).Round(time.Millisecond), bound)
+		}
+		client.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.Copy(io.Discard, client); !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("client read ended with %v; want a reset", err)
+		}
+		backend.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.Copy(io.Discard, backend); !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("backend read ended with %v; want a reset", err)
+		}
+	})
+	t.Run("slow progress", func(t *testing.T) {
+		t.Parallel()
+		_, p := declared(t, 0, 0, "TCP", `{"type":"latency","attributes":{"latency":1}}`)
+		client, backend, done := proxiedWith(t, p, client1, relay.Options{WriteTimeout: bound}, small)
+		client.SetReadBuffer(4096)
+		const size = 48 << 10
+		go func() { backend.Write(make([]byte, size)) }()
+		// 4 KiB every 100 ms over a tiny window: slow, with stalls of
+		// a few hundred ms, none a whole bound.
+		client.SetReadDeadline(time.Now().Add(20 * time.Second))
+		buf := make([]byte, 4<<10)
+		for got := 0; got < size; {
+			time.Sleep(100 * time.Millisecond)
+			n, err := io.ReadFull(client, buf[:min(len(buf), size-got)])
+			got += n
+			if err != nil {
+				t.Fatalf("slow reader cut after %d of %d bytes: %v", got, size, err)
+			}
+		}
+		client.Close()
+		backend.Close()
+		relayEnds(t, done)
+	})
+}

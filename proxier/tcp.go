@@ -217,7 +217,7 @@ func (s *tcpProxySocket) start(client, backend *net.TCPConn, from netip.AddrPort
 	if fc != nil {
 		opts.Upstream, opts.Downstream = fc.Upstream, fc.Downstream
 		opts.OnAbort = fc.Abort
-		fc.BoundHold(s.cfg.halfCloseTimeout)
+		fc.SetBounds(s.cfg.halfCloseTimeout, s.cfg.writeTimeout)
 		fc.Attach(client, backend)
 	}
 	rc := relay.New(client, backend, opts)

@@ -49,7 +49,8 @@ type Options struct {
 	// destination a single byte (the peer reads nothing, its window stays
 	// closed): then both peers get a reset; 0 = no bound. It costs nothing
 	// while writes go through: the deadline is armed only when the socket
-	// is full. It applies to the built-in copies (nil Upstream/Downstream).
+	// is full. It applies to the built-in copies (nil Upstream/Downstream);
+	// a Copier bounds its own writes (the faults' pipelines are given it).
 	WriteTimeout time.Duration
 	// In counts client→backend bytes, Out backend→client; nil = not counted.
 	In, Out Counter
