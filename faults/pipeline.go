@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -71,6 +72,15 @@ type pipeline struct {
 	srcFailed atomic.Bool
 	// aborted: the relay is resetting the connection (Conn.Abort).
 	aborted atomic.Bool
+	// wakeMu makes the reader's wake-up (its end stored, then a past
+	// deadline if the writer holds or writes) one step against the
+	// writer's own deadline and its look at those flags (sleep, write,
+	// writeNow). Without it a reader descheduled between its look at
+	// holding or writing and its deadline set that deadline over the
+	// writer's next wait: holdEnded's bound, or a latency wait after the
+	// write it meant to wake, ended at once with a WriteError (both peers
+	// reset, the held bytes lost).
+	wakeMu sync.Mutex
 }
 
 func newPipeline(toxics []*compiled, seq uint64) *pipeline {
@@ -109,6 +119,7 @@ func (p *pipeline) readChunks(src *net.TCPConn, q *chunkQueue) {
 			// write waiting on a destination that reads nothing must
 			// not outlast a reset (write).
 			reset := err != io.EOF
+			p.wakeMu.Lock()
 			if reset {
 				p.srcResetErr = err
 				p.srcReset.Store(true)
@@ -117,6 +128,7 @@ func (p *pipeline) readChunks(src *net.TCPConn, q *chunkQueue) {
 			if p.holding.Load() || reset && p.writing.Load() {
 				_ = p.dst.SetWriteDeadline(time.Unix(1, 0))
 			}
+			p.wakeMu.Unlock()
 		}
 		if !q.push(chunk{buf: rightSized(bp, n), n: n, at: time.Now(), err: err}) || err != nil {
 			return
@@ -354,22 +366,36 @@ func (p *pipeline) write(dst *net.TCPConn, b []byte) (int, error) {
 	p.writing.Store(true)
 	defer p.writing.Store(false)
 	total := 0
+	// progress is when the bound last started: the write's start, or
+	// the deadline step that saw bytes go in. A Write under a deadline
+	// tells of progress only when it returns, so the deadline is armed
+	// in steps of a quarter bound: armed for the whole bound, a write
+	// that took a byte just after it was armed and none since was cut
+	// nearly two bounds after that byte (2.1 s with a 1 s bound).
+	progress := time.Now()
 	for {
 		if p.srcReset.Load() {
 			n, err := p.writeNow(b)
 			return total + n, err
 		}
 		if p.writeTimeout > 0 {
-			if err := dst.SetWriteDeadline(time.Now().Add(p.writeTimeout)); err != nil {
-				return total, &relay.WriteError{Err: err}
+			due := time.Now().Add(max(p.writeTimeout/4, time.Millisecond))
+			if end := progress.Add(p.writeTimeout); end.Before(due) {
+				due = end
 			}
+			p.wakeMu.Lock()
+			err := dst.SetWriteDeadline(due)
 			// After the deadline is set: an abort, or the reader's
 			// wake-up, from now on sets its own over it; one that came
 			// before is seen here.
-			if p.aborted.Load() {
+			aborted, reset := p.aborted.Load(), p.srcReset.Load()
+			p.wakeMu.Unlock()
+			switch {
+			case err != nil:
+				return total, &relay.WriteError{Err: err}
+			case aborted:
 				return total, errAborted
-			}
-			if p.srcReset.Load() {
+			case reset:
 				continue
 			}
 		}
@@ -383,9 +409,11 @@ func (p *pipeline) write(dst *net.TCPConn, b []byte) (int, error) {
 		case !errors.Is(err, os.ErrDeadlineExceeded) || p.aborted.Load():
 		case p.srcReset.Load():
 			return total, p.srcResetErr
-		case n > 0 && p.writeTimeout > 0:
-			b = b[n:] // progress: the bound starts again
+		case p.writeTimeout > 0 && n > 0:
+			b, progress = b[n:], time.Now() // the bound starts again
 			continue
+		case p.writeTimeout > 0 && time.Since(progress) < p.writeTimeout:
+			continue // a step of the bound, not its end
 		}
 		return total, &relay.WriteError{Err: err}
 	}
@@ -394,17 +422,23 @@ func (p *pipeline) write(dst *net.TCPConn, b []byte) (int, error) {
 // writeNow writes what dst takes without waiting (write, after the
 // source's reset).
 func (p *pipeline) writeNow(b []byte) (int, error) {
-	if p.aborted.Load() {
-		return 0, errAborted
-	}
 	// The reader's wake-up may have come after the write it meant to
-	// wake had finished; its past deadline would refuse this one.
-	if err := p.dst.SetWriteDeadline(time.Time{}); err != nil {
+	// wake had finished; its past deadline would refuse this one. Under
+	// wakeMu: the reader, which set srcReset, is done with its wake-up.
+	// An abort is looked for after the deadline is cleared: one that came
+	// before it is seen here, one after sets its own past deadline.
+	p.wakeMu.Lock()
+	err := p.dst.SetWriteDeadline(time.Time{})
+	p.wakeMu.Unlock()
+	switch {
+	case err != nil:
 		return 0, &relay.WriteError{Err: err}
+	case p.aborted.Load():
+		return 0, errAborted
 	}
 	var n int
 	var werr error
-	err := p.at.raw.Write(func(fd uintptr) bool {
+	err = p.at.raw.Write(func(fd uintptr) bool {
 		for n < len(b) && werr == nil {
 			var m int
 			m, werr = rawio.Send(int(fd), b[n:])
@@ -479,22 +513,24 @@ func (p *pipeline) sleep(d time.Duration) error {
 	if p.timer != nil && !p.end.After(until) {
 		until, timerFirst = p.end, true
 	}
-	if err := p.dst.SetWriteDeadline(until); err != nil {
-		return &relay.WriteError{Err: err}
-	}
+	p.wakeMu.Lock()
+	err := p.dst.SetWriteDeadline(until)
 	// After the deadline is set: a reader failing, or the relay aborting,
 	// from now on sets its own over it, which wakes the wait below; one
 	// that came before is seen here (the deadline just set went over it).
-	if p.aborted.Load() {
+	aborted, failed, heldEnd := p.aborted.Load(), p.srcFailed.Load(), p.holding.Load() && p.heldEnd.Load()
+	p.wakeMu.Unlock()
+	switch {
+	case err != nil:
+		return &relay.WriteError{Err: err}
+	case aborted:
 		return errAborted
-	}
-	if p.srcFailed.Load() {
+	case failed:
 		return p.srcErr
-	}
-	if p.holding.Load() && p.heldEnd.Load() {
+	case heldEnd:
 		return errHeldEnd
 	}
-	err := p.at.wait(until)
+	err = p.at.wait(until)
 	switch {
 	case p.aborted.Load():
 		// Also when the wait took the abort's deadline for its own and

@@ -640,3 +640,35 @@ func TestPipelineWriteTimeout(t *testing.T) {
 		relayEnds(t, done)
 	})
 }
+
+// The write bound counts from the last byte the destination took, not
+// from when a write began: a Write under a deadline tells of progress only
+// when it returns, so armed for the whole bound at a write's start, a
+// write that took bytes just after and none since was cut up to two
+// bounds after them (2.1-3.1 s with a 1 s bound; the built-in copy's:
+// about 1 s).
+func TestPipelineWriteBoundFromLastProgress(t *testing.T) {
+	t.Parallel()
+	const bound = time.Second
+	_, p := declared(t, 0, 0, "TCP", `{"type":"latency","attributes":{"latency":1}}`)
+	client, backend, done := proxiedWith(t, p, client1, relay.Options{WriteTimeout: bound})
+	go backend.Write(make([]byte, 64<<20))
+	time.Sleep(150 * time.Millisecond) // the buffers full, a write blocked
+	client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(client, make([]byte, 1<<20)); err != nil { // progress, then none
+		t.Fatal(err)
+	}
+	last := time.Now()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the relay did not end")
+	}
+	took := time.Since(last)
+	t.Logf("ended %v after the last read (bound %v)", took.Round(10*time.Millisecond), bound)
+	// The kernel moves bytes into the freed window for a while after the
+	// read, and each step of the bound is a quarter of it.
+	if took < bound*3/4 || took > bound*19/10 {
+		t.Errorf("ended %v after the last read; want the bound %v (and at most 1.9 times it)", took, bound)
+	}
+}
