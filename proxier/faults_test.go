@@ -76,8 +76,11 @@ func within(t *testing.T, what string, got, want, tol time.Duration) {
 	}
 }
 
-// samples is how often a toxic's delay is measured.
-const samples = 3
+// samples is how often a toxic's delay is measured: the median of 5
+// stays on time with two samples stalled by a loaded runner (of 3, one
+// more stall put it 2-15 ms past the tolerance in 3 of 74 runs under load
+// 5-9).
+const samples = 5
 
 // measured checks a delay a toxic adds from several samples. A sample can
 // come late when a loaded 2-core runner stalls a goroutine, never early:
@@ -173,11 +176,20 @@ func TestFaultLatencyJitter(t *testing.T) {
 		`[{"type":"latency","attributes":{"latency":100,"jitter":50}}]`)
 	times := requestTimes(t, addrs[0], 8)
 	distinct := map[time.Duration]bool{}
+	late := 0
 	for i, d := range times {
-		if d < 50*time.Millisecond-5*time.Millisecond || d > 150*time.Millisecond+30*time.Millisecond {
+		// Never early; late now and then on a loaded runner (one of 8
+		// at 184.6 ms under load 5-9), so two may be.
+		if d < 50*time.Millisecond-5*time.Millisecond {
 			t.Errorf("request %d took %v, want within 100 ± 50 ms", i, d)
 		}
+		if d > 150*time.Millisecond+30*time.Millisecond {
+			late++
+		}
 		distinct[d.Round(5*time.Millisecond)] = true
+	}
+	if late > 2 {
+		t.Errorf("%d of 8 requests took over 150 + 30 ms: %v; want within 100 ± 50 ms", late, times)
 	}
 	t.Logf("latency 100 ± 50 ms: %v", times)
 	if len(distinct) < 3 {
