@@ -166,3 +166,31 @@ func TestBandwidthZeroHoldEndsAfterItsSourceEnds(t *testing.T) {
 		})
 	}
 }
+
+// A hold that has taken in its 4 MiB in flight reads no further, so the
+// source's reset never reached its reader: the connection, its goroutines
+// and its --fault-max-active slot stayed until the destination's peer
+// ended it (a database's idle connection: never). The holding writer now
+// looks at the source's state itself.
+func TestBandwidthZeroHoldPastItsBudgetSeesItsSourceReset(t *testing.T) {
+	t.Parallel()
+	const bound = 200 * time.Millisecond
+	tbl, p := declared(t, 0, 1, "TCP", `{"type":"bandwidth","stream":"upstream","attributes":{"rate":0}}`)
+	tbl.TrackLive = true
+	client, backend, done := proxiedWith(t, p, client1, relay.Options{HalfCloseTimeout: bound})
+	defer backend.Close()
+	go func() { _, _ = client.Write(make([]byte, 16<<20)) }() // blocks: held
+	time.Sleep(300 * time.Millisecond)
+	client.SetLinger(0)
+	client.Close()
+	start := time.Now()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("the relay still runs %v after the client's reset (half-close bound %v)", time.Since(start).Round(time.Millisecond), bound)
+	}
+	t.Logf("the relay ended %v after the client's reset", time.Since(start).Round(time.Millisecond))
+	if n := p.active.Load(); n != 0 {
+		t.Errorf("%d --fault-max-active slots still held", n)
+	}
+}

@@ -37,6 +37,7 @@ type pipeline struct {
 	holding   atomic.Bool
 	heldEnd   atomic.Bool
 	holdBound time.Duration
+	srcRaw    syscall.RawConn // the source, for srcEnded
 	// srcReset: the source was reset (srcResetErr), which queues behind
 	// the held chunks; writing: the writer is in a write, which the
 	// reader then wakes (write).
@@ -194,6 +195,11 @@ func (p *pipeline) copy(dst, src *net.TCPConn) (int64, error) {
 
 // pump moves src's chunks through the toxics to dst until the stream ends.
 func (p *pipeline) pump(dst, src *net.TCPConn) (int64, error) {
+	raw, err := src.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	p.srcRaw = raw
 	q := newChunkQueue()
 	defer q.close()
 	go p.readChunks(src, q)
@@ -266,10 +272,16 @@ func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
 		// Until the connection ends; its reader stops at the queue's
 		// bound, so the source meets back-pressure, not loss.
 		p.holding.Store(true)
+		poll := time.Hour
+		if p.holdBound > 0 {
+			poll = min(p.holdBound, holdPoll)
+		}
 		for {
-			if err := p.sleep(time.Hour); err == errHeldEnd {
+			err := p.sleep(poll)
+			if err == errHeldEnd || err == nil && p.srcEnded() {
 				return 0, p.holdEnded()
-			} else if err != nil {
+			}
+			if err != nil {
 				return 0, err
 			}
 		}
@@ -455,6 +467,23 @@ func (p *pipeline) writeNow(b []byte) (int, error) {
 		return n, &relay.WriteError{Err: werr}
 	}
 	return n, nil
+}
+
+// holdPoll is how often a hold looks at its source's state (srcEnded).
+const holdPoll = time.Second
+
+// srcEnded tells whether the source's peer reset or closed it, from the
+// socket's state: a hold whose reader stopped at the queue's bound reads
+// nothing more, so the source's end never reaches the reader (and it
+// would have waited for the other peer: a database's idle connection,
+// for ever).
+func (p *pipeline) srcEnded() bool {
+	ended := false
+	_ = p.srcRaw.Control(func(fd uintptr) {
+		st := rawio.TCPState(int(fd))
+		ended = st == rawio.TCPClose || st == rawio.TCPCloseWait
+	})
+	return ended
 }
 
 // errHeldEnd: a held stream's source ended (sleep, while holding).
