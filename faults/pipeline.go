@@ -30,14 +30,11 @@ type pipeline struct {
 	rate       float64
 	bwNextFree time.Time
 	hold       bool
-	// holding: the writer holds a chunk (hold); heldEnd: the source
-	// ended (a FIN, a reset) meanwhile, so nothing held can ever be
-	// followed by its end; holdBound is then how long the hold lasts
-	// (the relay's half-close bound; 0: for ever, as Toxiproxy).
-	holding   atomic.Bool
-	heldEnd   atomic.Bool
+	// holdBound is how long a hold lasts once its source ended (the
+	// relay's half-close bound; 0: for ever, as Toxiproxy); srcRaw is the
+	// source, whose state the hold looks at (srcEnded).
 	holdBound time.Duration
-	srcRaw    syscall.RawConn // the source, for srcEnded
+	srcRaw    syscall.RawConn
 	// srcReset: the source was reset (srcResetErr), which queues behind
 	// the held chunks; writing: the writer is in a write, which the
 	// reader then wakes (write).
@@ -73,14 +70,13 @@ type pipeline struct {
 	srcFailed atomic.Bool
 	// aborted: the relay is resetting the connection (Conn.Abort).
 	aborted atomic.Bool
-	// wakeMu makes the reader's wake-up (its end stored, then a past
-	// deadline if the writer holds or writes) one step against the
-	// writer's own deadline and its look at those flags (sleep, write,
-	// writeNow). Without it a reader descheduled between its look at
-	// holding or writing and its deadline set that deadline over the
-	// writer's next wait: holdEnded's bound, or a latency wait after the
-	// write it meant to wake, ended at once with a WriteError (both peers
-	// reset, the held bytes lost).
+	// wakeMu makes the reader's wake-up (srcReset stored, then a past
+	// deadline if the writer writes) one step against the writer's own
+	// deadline and its look at the flags (sleep, write, writeNow).
+	// Without it a reader descheduled between its look at writing and
+	// its deadline set that deadline over the writer's next wait: a
+	// latency wait after the write it meant to wake ended at once with a
+	// WriteError (both peers reset, the held bytes lost).
 	wakeMu sync.Mutex
 }
 
@@ -114,19 +110,13 @@ func (p *pipeline) readChunks(src *net.TCPConn, q *chunkQueue) {
 			p.srcErr = err
 			p.srcFailed.Store(true)
 			_ = p.dst.SetWriteDeadline(time.Unix(1, 0))
-		} else if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
-			// The source ended: a held stream's writer, which will
-			// never reach this end, must hear of it (holdEnded), and a
-			// write waiting on a destination that reads nothing must
-			// not outlast a reset (write).
-			reset := err != io.EOF
+		} else if err != nil && err != io.EOF && !errors.Is(err, os.ErrDeadlineExceeded) {
+			// The source was reset: a write waiting on a destination
+			// that reads nothing must not outlast it (write).
 			p.wakeMu.Lock()
-			if reset {
-				p.srcResetErr = err
-				p.srcReset.Store(true)
-			}
-			p.heldEnd.Store(true)
-			if p.holding.Load() || reset && p.writing.Load() {
+			p.srcResetErr = err
+			p.srcReset.Store(true)
+			if p.writing.Load() {
 				_ = p.dst.SetWriteDeadline(time.Unix(1, 0))
 			}
 			p.wakeMu.Unlock()
@@ -271,18 +261,16 @@ func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
 	if p.hold {
 		// Until the connection ends; its reader stops at the queue's
 		// bound, so the source meets back-pressure, not loss.
-		p.holding.Store(true)
 		poll := time.Hour
 		if p.holdBound > 0 {
 			poll = min(p.holdBound, holdPoll)
 		}
 		for {
-			err := p.sleep(poll)
-			if err == errHeldEnd || err == nil && p.srcEnded() {
-				return 0, p.holdEnded()
-			}
-			if err != nil {
+			if err := p.sleep(poll); err != nil {
 				return 0, err
+			}
+			if p.srcEnded() {
+				return 0, p.holdEnded()
 			}
 		}
 	}
@@ -473,10 +461,10 @@ func (p *pipeline) writeNow(b []byte) (int, error) {
 const holdPoll = time.Second
 
 // srcEnded tells whether the source's peer reset or closed it, from the
-// socket's state: a hold whose reader stopped at the queue's bound reads
-// nothing more, so the source's end never reaches the reader (and it
-// would have waited for the other peer: a database's idle connection,
-// for ever).
+// socket's state. A hold never takes the next chunk, where the source's
+// end would come, and once its queue is full its reader reads nothing
+// more either; so it looks (and would otherwise have waited for the other
+// peer: a database's idle connection, for ever).
 func (p *pipeline) srcEnded() bool {
 	ended := false
 	_ = p.srcRaw.Control(func(fd uintptr) {
@@ -486,9 +474,6 @@ func (p *pipeline) srcEnded() bool {
 	return ended
 }
 
-// errHeldEnd: a held stream's source ended (sleep, while holding).
-var errHeldEnd = errors.New("faults: held stream's source ended")
-
 // holdEnded ends a held stream whose source ended: what it holds can never
 // be delivered, nor the end after it, and no direction of the relay ended,
 // so its half-close bound never ran (a client that gave up and closed left
@@ -496,7 +481,6 @@ var errHeldEnd = errors.New("faults: held stream's source ended")
 // idle connection: with a database, never). After holdBound both peers are
 // reset (a FIN would pass the lost bytes off as a clean end).
 func (p *pipeline) holdEnded() error {
-	p.holding.Store(false)
 	if p.holdBound <= 0 {
 		for {
 			if err := p.sleep(time.Hour); err != nil {
@@ -547,7 +531,7 @@ func (p *pipeline) sleep(d time.Duration) error {
 	// After the deadline is set: a reader failing, or the relay aborting,
 	// from now on sets its own over it, which wakes the wait below; one
 	// that came before is seen here (the deadline just set went over it).
-	aborted, failed, heldEnd := p.aborted.Load(), p.srcFailed.Load(), p.holding.Load() && p.heldEnd.Load()
+	aborted, failed := p.aborted.Load(), p.srcFailed.Load()
 	p.wakeMu.Unlock()
 	switch {
 	case err != nil:
@@ -556,8 +540,6 @@ func (p *pipeline) sleep(d time.Duration) error {
 		return errAborted
 	case failed:
 		return p.srcErr
-	case heldEnd:
-		return errHeldEnd
 	}
 	err = p.at.wait(until)
 	switch {
@@ -567,8 +549,6 @@ func (p *pipeline) sleep(d time.Duration) error {
 		return errAborted
 	case p.srcFailed.Load():
 		return p.srcErr
-	case p.holding.Load() && p.heldEnd.Load():
-		return errHeldEnd
 	case timerFirst && errors.Is(err, errWaitedOut):
 		return p.onTimer
 	case errors.Is(err, errWaitedOut):
