@@ -43,7 +43,7 @@ func watchHalfClosed(c *Conn, conn, other *net.TCPConn) *halfClosed {
 	if err != nil {
 		return nil
 	}
-	last, ok := bytesReceived(raw)
+	last, _, ok := bytesReceived(raw)
 	if !ok {
 		_ = conn.SetReadDeadline(time.Now().Add(timeout))
 		_ = other.SetWriteDeadline(time.Now().Add(timeout))
@@ -63,16 +63,20 @@ func (h *halfClosed) fire() {
 	if h.stopped {
 		return
 	}
-	now, ok := bytesReceived(h.raw)
+	now, idle, ok := bytesReceived(h.raw)
 	if !ok {
 		return // closed: the relay is done
 	}
-	if now == h.last {
+	// The bound runs from the last byte received, not from this look:
+	// re-arming a whole timeout here let a source that went quiet just
+	// after one look idle up to twice the bound.
+	wait := h.c.o.HalfCloseTimeout - idle
+	if now == h.last || wait <= 0 {
 		h.c.abort()
 		return
 	}
 	h.last = now
-	h.t.Reset(h.c.o.HalfCloseTimeout)
+	h.t.Reset(wait)
 }
 
 // stop ends the bound once both directions returned; nil: none.
@@ -89,15 +93,14 @@ func (h *halfClosed) stop() {
 	h.mu.Unlock()
 }
 
-// bytesReceived is the kernel's count of bytes the socket received; false
-// once it is closed.
-func bytesReceived(raw syscall.RawConn) (uint64, bool) {
-	var n uint64
-	var ok bool
+// bytesReceived is the kernel's count of bytes the socket received and
+// how long ago the last of them came (to the kernel's tick); false once it
+// is closed.
+func bytesReceived(raw syscall.RawConn) (n uint64, idle time.Duration, ok bool) {
 	_ = raw.Control(func(fd uintptr) {
 		if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
-			n, ok = info.Bytes_received, true
+			n, idle, ok = info.Bytes_received, time.Duration(info.Last_data_recv)*time.Millisecond, true
 		}
 	})
-	return n, ok
+	return n, idle, ok
 }

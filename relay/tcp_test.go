@@ -192,6 +192,34 @@ func TestHalfCloseTimeoutResetsBothPeers(t *testing.T) {
 	}
 }
 
+// The half-close bound counts from the last byte the quiet side sent, not
+// from the look that saw it: a backend that answers right after the
+// client's FIN and then goes quiet is reset one bound after its answer.
+// The look at one bound saw the answer and re-armed a whole bound: reset
+// after two.
+func TestHalfCloseTimeoutCountsFromTheLastByte(t *testing.T) {
+	const bound = 400 * time.Millisecond
+	client, backend, done := relayed(t, Options{HalfCloseTimeout: bound})
+	client.CloseWrite()
+	if _, err := io.ReadAll(backend); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := backend.Write(make([]byte, 16384)); err != nil {
+		t.Fatal(err)
+	}
+	answered := time.Now()
+	client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got, err := io.ReadAll(client)
+	took := time.Since(answered)
+	if !errors.Is(err, syscall.ECONNRESET) || len(got) != 16384 {
+		t.Fatalf("client read %d bytes then %v; want 16384 and ECONNRESET", len(got), err)
+	}
+	if took > bound*3/2 {
+		t.Errorf("reset %v after the backend's last byte; want about %v", took.Round(time.Millisecond), bound)
+	}
+	<-done
+}
+
 // A relay that ended leaves nothing behind: the half-close bound's timer,
 // armed when the first direction ended, stops with the relay (left to run
 // out it kept the connection reachable for the whole bound).
