@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 )
 
 // Annotation declares a Service's toxics: a JSON list in Toxiproxy's shape.
@@ -23,12 +25,17 @@ type ServicePort struct {
 // that names a port of the wrong protocol, or matches no port, is an
 // error. Errors name the field: "[1].attributes.latency: ...".
 func ParseAnnotation(value string, ports []ServicePort) (map[string][]Toxic, error) {
+	if strings.TrimSpace(value) == "" {
+		// `kubectl annotate svc X kube-userspace-proxy/faults=` clears the
+		// faults, as removing the annotation, null and [] do; read as
+		// invalid JSON, it kept the last faults in force.
+		return map[string][]Toxic{}, nil
+	}
 	var raw []json.RawMessage
 	if err := json.Unmarshal([]byte(value), &raw); err != nil {
 		return nil, fmt.Errorf("not a JSON list of toxics: %v", err)
 	}
 	out := map[string][]Toxic{}
-	names := map[string]bool{}
 	for i, r := range raw {
 		at := func(err error) error {
 			if fe, ok := err.(*FieldError); ok {
@@ -43,10 +50,6 @@ func ParseAnnotation(value string, ports []ServicePort) (map[string][]Toxic, err
 		if err := t.Normalize(); err != nil {
 			return nil, at(err)
 		}
-		if names[t.Name] {
-			return nil, at(&FieldError{"name", fmt.Sprintf("%q is used twice; toxic names must be unique", t.Name)})
-		}
-		names[t.Name] = true
 		// A number can name two ports (DNS: 53/TCP and 53/UDP); the toxic
 		// goes to those its type acts on, and is wrong only if none is.
 		matched, wrongProtocol := 0, ""
@@ -57,6 +60,13 @@ func ParseAnnotation(value string, ports []ServicePort) (map[string][]Toxic, err
 			if !t.AppliesTo(p.Protocol) {
 				wrongProtocol = p.Protocol
 				continue
+			}
+			// Names are per port, as each port is its own proxy in the
+			// API: "slow" on port http and "slow" on port admin are two
+			// toxics; twice on one port (a toxic for every port and one
+			// for this port too) is an error.
+			if slices.ContainsFunc(out[p.Name], func(o Toxic) bool { return o.Name == t.Name }) {
+				return nil, at(&FieldError{"name", fmt.Sprintf("%q is used twice on port %q; toxic names must be unique per port", t.Name, p.Name)})
 			}
 			matched++
 			out[p.Name] = append(out[p.Name], t.clone())

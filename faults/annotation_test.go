@@ -43,6 +43,29 @@ func TestParseAnnotationValid(t *testing.T) {
 		want  string
 	}{
 		{
+			// Names are per port, as each port is its own proxy in the API:
+			// refused as "used twice" across the Service.
+			name:  "one name on two ports",
+			value: `[{"name":"slow","type":"latency","port":"http","attributes":{"latency":10}},{"name":"slow","type":"latency","port":"admin","attributes":{"latency":20}}]`,
+			ports: []ServicePort{tcpHTTP, tcpAdmin},
+			want:  "http:slow/latency/downstream/1 admin:slow/latency/downstream/1",
+		},
+		{
+			// `kubectl annotate svc X kube-userspace-proxy/faults=`: no
+			// faults, as null and []; it was invalid JSON that kept the
+			// last faults.
+			name:  "empty value",
+			value: " ",
+			ports: []ServicePort{tcpHTTP},
+			want:  "",
+		},
+		{
+			name:  "loss with rate and Gilbert-Elliott p 0 given",
+			value: `[{"type":"loss","attributes":{"rate":0.2,"p":0,"loss_good":0.01}}]`,
+			ports: []ServicePort{udpDNS},
+			want:  "dns:loss_downstream/loss/downstream/1",
+		},
+		{
 			// The issue's example, as Toxiproxy writes a toxic.
 			name:  "issue example",
 			value: `[{"name":"slow","type":"latency","stream":"downstream","toxicity":1.0,"attributes":{"latency":300,"jitter":0}}]`,
@@ -248,7 +271,17 @@ func TestParseAnnotationErrors(t *testing.T) {
 		{"slicer size past the bound", `[{"type":"slicer","attributes":{"average_size":1e19}}]`, both, "[0].attributes.average_size: must be at most 1e+12"},
 		{"slicer size 0", `[{"type":"slicer"}]`, both, "[0].attributes.average_size: must be greater than 0"},
 		{"unknown field", `[{"type":"latency","latancy":300}]`, both, "[0].latancy: unknown field (a toxic has name, type, stream, toxicity, attributes, port, clients, seed)"},
-		{"name twice", `[{"type":"latency"},{"type":"latency","attributes":{"latency":1}}]`, both, `[1].name: "latency_downstream" is used twice`},
+		{"name twice", `[{"type":"latency"},{"type":"latency","attributes":{"latency":1}}]`, both, `[1].name: "latency_downstream" is used twice on port "http"`},
+		{"name twice on one port, once for every port", `[{"name":"slow","type":"latency"},{"name":"slow","type":"latency","port":"admin"}]`, []ServicePort{tcpHTTP, tcpAdmin}, `[1].name: "slow" is used twice on port "admin"; toxic names must be unique per port`},
+		// A number, not an object: encoding/json's text named the Go type
+		// it decodes into ("cannot unmarshal number into Go value of type
+		// faults.plain").
+		{"a toxic not an object", `[1]`, both, `[0]: a toxic must be a JSON object {"name": ..., "type": ...}, not a JSON number`},
+		{"a toxic a list", `[[]]`, both, `[0]: a toxic must be a JSON object {"name": ..., "type": ...}, not a JSON array`},
+		// Gilbert-Elliott attributes without p > 0 were random loss at its
+		// default rate 1: every datagram lost.
+		{"loss Gilbert-Elliott with p 0", `[{"type":"loss","attributes":{"p":0,"r":0.5,"loss_good":0.01}}]`, both, "[0].attributes.p: r is the Gilbert-Elliott model's, which acts only with p > 0"},
+		{"loss loss_good alone", `[{"type":"loss","attributes":{"loss_good":0.01}}]`, both, "[0].attributes.p: loss_good is the Gilbert-Elliott model's"},
 		{"client not a CIDR", `[{"type":"latency","clients":["10.0.0.0/8","ten"]}]`, both, `[0].clients[1]: "ten" is not a CIDR or an IP`},
 		{"mapped CIDR wider than IPv4", `[{"type":"latency","clients":["::ffff:0:0/64"]}]`, both, `[0].clients[0]: "::ffff:0:0/64" is an IPv4-mapped CIDR shorter than /96`},
 		{"port not on the Service, by name", `[{"type":"latency","port":"https"}]`, both, `[0].port: the Service has no port "https"`},

@@ -86,6 +86,10 @@ const toxicFields = "name, type, stream, toxicity, attributes, port, clients, se
 func fieldOf(err error, b []byte) error {
 	var te *json.UnmarshalTypeError
 	switch {
+	case errors.As(err, &te) && te.Field == "":
+		// The whole toxic is not an object ([1], [[]]): encoding/json's text
+		// named the Go type it decodes into.
+		return fmt.Errorf("a toxic must be a JSON object {\"name\": ..., \"type\": ...}, not a JSON %s", te.Value)
 	case errors.As(err, &te) && te.Field != "":
 		field := te.Field
 		if i := strings.LastIndex(field, "plain."); i >= 0 {
@@ -286,6 +290,15 @@ func (t *Toxic) Normalize() error {
 // one shows p 0 and the inert Gilbert-Elliott defaults.
 func lossModel(given, attrs map[string]float64) error {
 	if attrs["p"] == 0 {
+		// Gilbert-Elliott attributes without p > 0 left random loss at
+		// its default rate 1: every datagram lost (p 0, r 0.5,
+		// loss_good 0.01 lost 300 of 300).
+		_, rateGiven := given["rate"]
+		for _, k := range []string{"r", "loss_bad", "loss_good"} {
+			if _, ok := given[k]; ok && !rateGiven {
+				return &FieldError{"attributes.p", fmt.Sprintf("%s is the Gilbert-Elliott model's, which acts only with p > 0 (the chance of entering the bad state); with p 0 the toxic is random loss at rate, whose default 1 loses every datagram: give p > 0, or rate", k)}
+			}
+		}
 		return nil
 	}
 	if _, ok := given["rate"]; ok {
