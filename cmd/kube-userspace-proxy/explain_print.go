@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
 )
@@ -199,7 +200,7 @@ func (e *explanation) writePort(w *bufio.Writer, p proxier.DebugServicePort) {
 	} else {
 		var fs []string
 		for _, t := range p.Faults {
-			fs = append(fs, fmt.Sprintf("%s (%s, %s, toxicity %g)", t.Name, t.Type, t.Stream, t.Toxicity))
+			fs = append(fs, toxicSummary(t.Toxic))
 		}
 		field(w, "faults", strings.Join(fs, "; "))
 	}
@@ -281,4 +282,22 @@ func families(addrs []string) (v4, v6 bool) {
 		v4, v6 = v4 || ip.Unmap().Is4(), v6 || ip.Unmap().Is6()
 	}
 	return v4, v6
+}
+
+// toxicSummary is one toxic as explain shows it: what it does (its
+// attributes) and to whom (clients), which the name and type alone hid (a
+// toxic for 10.0.0.0/8 read as one for every client).
+func toxicSummary(t faults.Toxic) string {
+	var attrs []string
+	for _, k := range slices.Sorted(maps.Keys(t.Attributes)) {
+		attrs = append(attrs, fmt.Sprintf("%s=%g", k, t.Attributes[k]))
+	}
+	out := fmt.Sprintf("%s (%s, %s, toxicity %g", t.Name, t.Type, t.Stream, t.Toxicity)
+	if len(attrs) > 0 {
+		out += ", " + strings.Join(attrs, " ")
+	}
+	if len(t.Clients) > 0 {
+		out += ", clients " + strings.Join(t.Clients, " ")
+	}
+	return out + ")"
 }

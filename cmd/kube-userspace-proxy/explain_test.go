@@ -492,3 +492,22 @@ func outputHas(t *testing.T, got string, wants ...string) {
 		}
 	}
 }
+
+// A fault reads as what it does and to whom: its attributes and its
+// clients (explain showed name, type, stream and toxicity only, so a
+// latency of 300 ms for 10.0.0.0/8 read as one of unknown size for
+// everyone).
+func TestExplainShowsWhatAFaultDoes(t *testing.T) {
+	got := explainManifests(t, `apiVersion: v1
+kind: Service
+metadata:
+  name: web
+  namespace: default
+  annotations:
+    kube-userspace-proxy/faults: '[{"name":"slow","type":"latency","attributes":{"latency":300},"clients":["10.0.0.0/8"]}]'
+spec:
+  clusterIP: 10.96.0.40
+  ports: [{name: http, port: 80}]
+`)
+	outputHas(t, got, "faults:           slow (latency, downstream, toxicity 1, jitter=0 latency=300, clients 10.0.0.0/8)\n")
+}
