@@ -87,7 +87,6 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 		klog.LogToStderr(false)
 		klog.SetOutput(io.Discard)
 	}
-	resolveNodePortAddresses(v)
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
@@ -111,6 +110,11 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 	if code := read(ctx, o, v, *timeout, plan.Handler(), report); code != 0 {
 		return code
 	}
+	// After the read, which waited for the API server (--timeout).
+	if o.manifests == "" {
+		readNodeObjectIPs(ctx, o, v, isLocalAddress)
+	}
+	resolveNodePortAddresses(v)
 	ports, v4, v6 := plan.Run()
 	cfg4, cfg6, _ := portalConfigs(v)
 	// Named for the families that have rules here; a family with rules

@@ -152,7 +152,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.Float32Var(&o.kubeAPIQPS, "kube-api-qps", o.kubeAPIQPS, "QPS to use while talking with the Kubernetes API server; a negative value means no client-side rate limit, 0 client-go's default (5).")
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", o.kubeAPIBurst, "Burst to use while talking with the Kubernetes API server.")
 	fs.StringVar(&o.kubeAPIContentType, "kube-api-content-type", o.kubeAPIContentType, "Content type of requests sent to the API server.")
-	fs.StringVar(&o.nodeIP, "node-ip", o.nodeIP, "The node's IP, target of the portals' DNAT (from the node itself, and with --bind-address 0.0.0.0 from pods and other hosts too); default: the address of the default-route interface. The other IP family uses the address of its own default-route interface.")
+	fs.StringVar(&o.nodeIP, "node-ip", o.nodeIP, "The node's IP, target of the portals' DNAT (from the node itself, and with --bind-address 0.0.0.0 from pods and other hosts too); default: with an API server the Node object's (its first InternalIP, else ExternalIP, that an interface here holds, read once at start), else the address of the default-route interface. The other IP family uses the Node object's address of that family, else the address of its own default-route interface.")
 	fs.BoolVar(&o.preroutingRedirect, "prerouting-redirect", o.preroutingRedirect, "With --bind-address 0.0.0.0 (or ::): send traffic from pods and other hosts to proxy sockets with REDIRECT, as the legacy userspace mode did, instead of DNAT to the node IP. REDIRECT drops packets that arrive on an interface without an address (pod veths on Calico, the AWS VPC CNI).")
 	fs.StringVar(&o.configFile, "config", o.configFile, "A KubeProxyConfiguration file; flags given on the command line override it.")
 	fs.StringVar(&o.faultAPIBind, "fault-api-bind-address", o.faultAPIBind, "HOST:PORT for Toxiproxy's REST API over this node's service ports (e.g. 127.0.0.1:8474); empty disables it.")
@@ -186,7 +186,10 @@ type validated struct {
 	nodePortPrimary bool
 	clusterCIDRs    []netip.Prefix
 	nodeIP          netip.Addr
-	serviceCIDRs    []netip.Prefix
+	// nodeObjectIPs: the Node object's node IPs (readNodeObjectIPs), for
+	// the families no flag names an address of.
+	nodeObjectIPs []netip.Addr
+	serviceCIDRs  []netip.Prefix
 	// preroutingRedirect: the legacy REDIRECT in PREROUTING (see the flag).
 	preroutingRedirect bool
 }

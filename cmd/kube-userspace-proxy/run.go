@@ -42,6 +42,9 @@ type started func(p *proxier.Proxier, metricsAddr string)
 
 // run wires source → proxier → sockets + rules and serves until ctx ends.
 func run(ctx context.Context, o *options, v *validated, onStart started) error {
+	if o.manifests == "" {
+		readNodeObjectIPs(ctx, o, v, isLocalAddress)
+	}
 	resolveNodePortAddresses(v)
 	warnBindAddressNotLocal(v.bind, isLocalAddress)
 	clk := clock.RealClock{}
@@ -112,7 +115,7 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		registerRESTClientMetrics(metrics.Registry)
 	}
 	var h config.Handler = p
-	var nodes config.NodeHandler = nodeState{health, p}
+	var nodes config.NodeHandler = nodeState{health, p, &nodeIPsChanged{start: v.nodeObjectIPs, isLocal: isLocalAddress}}
 	var lastState *config.LastKnownState
 	if o.stateFile != "" {
 		lastState = config.NewLastKnownState(o.stateFile, p, o.stateFileGrace)
@@ -126,6 +129,13 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	var events *nodeEvents
+	if o.manifests == "" {
+		if client, err := apiClient(o); err == nil {
+			events = startNodeEvents(ctx, client, nodeName(o.hostnameOverride))
+			serviceHealth.ListenFailed = events.healthCheckFailed
+		}
+	}
 	servers, metricsAddr, err := startServers(ctx, o, p, health, metrics, faultTable)
 	if err != nil {
 		return err
@@ -159,6 +169,9 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		shownMetrics = o.metricsBindAddress + " (not bound yet; retrying)"
 	}
 	klog.InfoS("kube-userspace-proxy running", "mode", "userspace", "iptables", o.iptables, "bindAddress", v.bind, "metrics", shownMetrics)
+	if events != nil {
+		events.started()
+	}
 
 	configErr := make(chan error, 1)
 	if o.configCheck != nil {
@@ -200,6 +213,21 @@ func newSource(o *options, v *validated, h config.Handler, nodes config.NodeHand
 		}
 		return config.NewManifestSource(o.manifests, h, config.WithServiceClusterIPRange(v.serviceCIDRs)), nil
 	}
+	client, err := apiClient(o)
+	if err != nil {
+		return nil, err
+	}
+	return config.NewInformerSource(client, h, config.InformerOptions{
+		ConfigSyncPeriod: o.configSyncPeriod,
+		NodeName:         nodeName(o.hostnameOverride),
+		NodeHandler:      nodes,
+	}), nil
+}
+
+// apiClient is the API server client the flags name (--kubeconfig,
+// --master, in-cluster config), with kube-proxy's QPS, burst and content
+// type options.
+func apiClient(o *options) (kubernetes.Interface, error) {
 	cfg, err := config.BuildClientConfig(o.kubeconfig, o.master)
 	if err != nil {
 		return nil, err
@@ -212,24 +240,22 @@ func newSource(o *options, v *validated, h config.Handler, nodes config.NodeHand
 	if err != nil {
 		return nil, fmt.Errorf("API server client: %w", err)
 	}
-	return config.NewInformerSource(client, h, config.InformerOptions{
-		ConfigSyncPeriod: o.configSyncPeriod,
-		NodeName:         nodeName(o.hostnameOverride),
-		NodeHandler:      nodes,
-	}), nil
+	return client, nil
 }
 
 // nodeState follows this node's Node object: its deletion makes /healthz
 // fail, so external load balancers drain the node (as kube-proxy does), and
 // its zone drives topology-aware routing.
 type nodeState struct {
-	h *healthcheck.ProxierHealth
-	p *proxier.Proxier
+	h   *healthcheck.ProxierHealth
+	p   *proxier.Proxier
+	ips *nodeIPsChanged
 }
 
 func (n nodeState) OnNodeChange(node config.NodeInfo) {
 	n.h.SetNodeDeleted(node.Deleted || node.Terminating)
 	n.p.SetNodeZone(node.Zone)
+	n.ips.check(node)
 }
 func (n nodeState) OnNodeSynced() {}
 
@@ -355,7 +381,7 @@ func resolveNodePortAddresses(v *validated) {
 	}{{"IPv4", false, defaultRoutes.v4}, {"IPv6", true, defaultRoutes.v6}} {
 		ip := v.nodeIP
 		if !ip.IsValid() || ip.Is4() == f.six {
-			ip = f.route()
+			ip = hostIPOf(v, f.six, f.route)
 		}
 		if !ip.IsValid() || ip.IsLoopback() {
 			unrestricted = append(unrestricted, f.name)
@@ -422,7 +448,7 @@ func nodeIPOf(v *validated, six bool, fromRoute func() netip.Addr) netip.Addr {
 	case v.bind.IsValid() && !v.bind.IsUnspecified():
 		return netip.Addr{} // sockets listen on one address of the other family
 	}
-	return fromRoute()
+	return hostIPOf(v, six, fromRoute)
 }
 
 // warnBindAddressNotLocal warns when --bind-address names an address no

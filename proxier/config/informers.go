@@ -275,3 +275,14 @@ func nodeInfo(node *v1.Node, deleted bool) NodeInfo {
 	}
 	return info
 }
+
+// ReadNode reads one Node once, as the proxy sees it. kube-proxy's
+// NodeManager reads its node's IPs this way before it programs anything;
+// the informer that follows the Node afterwards starts later.
+func ReadNode(ctx context.Context, client kubernetes.Interface, name string) (NodeInfo, error) {
+	node, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return NodeInfo{}, err
+	}
+	return nodeInfo(node, false), nil
+}

@@ -29,8 +29,15 @@ type ServiceHealthServer struct {
 	localEndpoints func(types.NamespacedName) int
 	proxyHealthy   func() bool
 
+	// ListenFailed (nil: none) hears of a healthCheckNodePort that could
+	// not be listened on, once per Service and port until it opens: the
+	// proxy records kube-proxy's FailedToStartServiceHealthcheck event
+	// with it. Each sync retries, so each retry must not be an event.
+	ListenFailed func(nn types.NamespacedName, port int, err error)
+
 	mu      sync.Mutex
 	servers map[types.NamespacedName]*serviceServer
+	failed  map[types.NamespacedName]int // the port whose failure was told
 }
 
 type serviceServer struct {
@@ -169,6 +176,7 @@ func (s *ServiceHealthServer) SyncServices(want map[types.NamespacedName]int) er
 			ln, err := s.listen(a.Network, net.JoinHostPort(a.Host, strconv.Itoa(port)))
 			if err != nil {
 				errs = append(errs, fmt.Errorf("healthCheckNodePort %d of %s: %w", port, nn, err))
+				s.tellFailed(nn, port, err)
 				ss.close()
 				ss = nil
 				break
@@ -178,6 +186,12 @@ func (s *ServiceHealthServer) SyncServices(want map[types.NamespacedName]int) er
 		}
 		if ss != nil {
 			s.servers[nn] = ss
+			delete(s.failed, nn)
+		}
+	}
+	for nn := range s.failed {
+		if _, ok := want[nn]; !ok {
+			delete(s.failed, nn)
 		}
 	}
 	return errors.Join(errs...)
@@ -220,4 +234,17 @@ func (s *ServiceHealthServer) handler(nn types.NamespacedName) http.Handler {
 		}
 		_ = json.NewEncoder(w).Encode(body)
 	})
+}
+
+// tellFailed passes a listen failure to ListenFailed, unless this port of
+// this Service was told already. Called with mu held.
+func (s *ServiceHealthServer) tellFailed(nn types.NamespacedName, port int, err error) {
+	if s.ListenFailed == nil || s.failed[nn] == port {
+		return
+	}
+	if s.failed == nil {
+		s.failed = make(map[types.NamespacedName]int)
+	}
+	s.failed[nn] = port
+	s.ListenFailed(nn, port, err)
 }

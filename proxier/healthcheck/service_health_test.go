@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -241,5 +242,46 @@ func TestServiceHealthListensOnEachAddress(t *testing.T) {
 		if !closed(a) {
 			t.Errorf("%s still open after its Service went away", a)
 		}
+	}
+}
+
+// A healthCheckNodePort that cannot be listened on is told to ListenFailed
+// (the proxy's FailedToStartServiceHealthcheck event) once, not on every
+// sync that retries it; again after it opened and failed anew, or for a
+// new port.
+func TestServiceHealthListenFailedToldOnce(t *testing.T) {
+	web := types.NamespacedName{Namespace: "default", Name: "web"}
+	fail := true
+	listen := func(network, address string) (net.Listener, error) {
+		if fail {
+			return nil, errors.New("bind: address already in use")
+		}
+		return net.Listen("tcp", "127.0.0.1:0")
+	}
+	s := newServiceHealthServer([]ListenAddr{{"tcp", "127.0.0.1"}}, listen, httpserver.DefaultLimits, func(types.NamespacedName) int { return 1 }, nil)
+	t.Cleanup(s.Close)
+	var told []string
+	s.ListenFailed = func(nn types.NamespacedName, port int, err error) {
+		told = append(told, fmt.Sprintf("%s %d %v", nn, port, err))
+	}
+	sync := func(port int) {
+		_ = s.SyncServices(map[types.NamespacedName]int{web: port})
+	}
+	sync(30200)
+	sync(30200)
+	sync(30200)
+	sync(30201) // a new port
+	fail = false
+	sync(30201)
+	_ = s.SyncServices(nil) // gone: closes it
+	fail = true
+	sync(30201) // fails anew
+	want := []string{
+		"default/web 30200 bind: address already in use",
+		"default/web 30201 bind: address already in use",
+		"default/web 30201 bind: address already in use",
+	}
+	if !slices.Equal(told, want) {
+		t.Errorf("told %q, want %q", told, want)
 	}
 }

@@ -94,7 +94,8 @@ func setUp(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	applyRBAC(t, e.admin, proxyClient)
-	registerNode(t, e.admin, lab.NodeIP)
+	lab.Node.MustIP("addr", "add", netip.PrefixFrom(nodeObjectIP, 32).String(), "dev", "lo")
+	registerNode(t, e.admin, nodeObjectIP)
 	// --state-file: checkRestartDuringOutage restarts the proxy while kube-apiserver is down.
 	e.proxy = harness.NewProxy(lab.Node, bin, nodeName, "--kubeconfig", e.cp.ProxyKubeconfig,
 		"--state-file", filepath.Join(t.TempDir(), "state.json"))
@@ -124,6 +125,8 @@ func TestAgainstControlPlane(t *testing.T) {
 		run  func(*testing.T, *env)
 	}{
 		{"ServedWithin1s", checkServedWithin1s},
+		{"NodeIPFromNodeObject", checkNodeIPFromNodeObject},
+		{"StartingEvent", checkStartingEvent},
 		{"ServicePortChange", checkPortChange},
 		{"AffinityTimeoutChange", checkAffinityTimeoutChange},
 		{"ExternalIPsChange", checkExternalIPsChange},

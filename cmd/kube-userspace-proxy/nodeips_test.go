@@ -1,0 +1,130 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
+)
+
+// The Node's node IPs are its first InternalIP of each family, else its
+// first ExternalIP (kube-proxy's GetNodeHostIPs), passing over addresses
+// no interface here holds.
+func TestNodeObjectIPs(t *testing.T) {
+	a := netip.MustParseAddr
+	local := func(ip netip.Addr) bool { return ip != a("10.0.0.9") && ip != a("fd00::9") }
+	tests := []struct {
+		name          string
+		addrs         []netip.Addr // InternalIPs then ExternalIPs, as NodeInfo holds them
+		want, notLoca []netip.Addr
+	}{
+		{"none", nil, nil, nil},
+		{"first of each family", []netip.Addr{a("10.0.0.1"), a("10.0.0.2"), a("fd00::1"), a("fd00::2")}, []netip.Addr{a("10.0.0.1"), a("fd00::1")}, nil},
+		{"IPv6 first", []netip.Addr{a("fd00::1"), a("10.0.0.1")}, []netip.Addr{a("fd00::1"), a("10.0.0.1")}, nil},
+		{"not local passed over", []netip.Addr{a("10.0.0.9"), a("10.0.0.2"), a("fd00::9")}, []netip.Addr{a("10.0.0.2")}, []netip.Addr{a("10.0.0.9"), a("fd00::9")}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, notLocal := nodeObjectIPs(config.NodeInfo{Addresses: tt.addrs}, local)
+			if !slices.Equal(got, tt.want) || !slices.Equal(notLocal, tt.notLoca) {
+				t.Errorf("got %v (not local %v), want %v (%v)", got, notLocal, tt.want, tt.notLoca)
+			}
+		})
+	}
+}
+
+// The Node's IPs stand in for the default route's, never for a flag:
+// --node-ip and a specific --bind-address still win for their family, and
+// --nodeport-addresses primary follows the same choice. Before, a node
+// whose InternalIP was not on the default-route interface had its
+// portals DNAT to the default route's address.
+func TestNodeObjectIPsStandInForTheDefaultRoute(t *testing.T) {
+	a := netip.MustParseAddr
+	route4 := func() netip.Addr { return a("192.168.50.10") }
+	route6 := func() netip.Addr { return a("fd00:50::10") }
+	node := []netip.Addr{a("10.1.0.5"), a("fd01::5")}
+	tests := []struct {
+		name         string
+		nodeIP, bind string
+		want4, want6 string
+	}{
+		{"defaults", "", "0.0.0.0", "10.1.0.5", "fd01::5"},
+		{"IPv4 --node-ip", "10.0.0.7", "0.0.0.0", "10.0.0.7", "fd01::5"},
+		{"specific IPv4 bind", "", "10.0.0.8", "10.0.0.8", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v := &validated{bind: a(tt.bind), nodeObjectIPs: node}
+			if tt.nodeIP != "" {
+				v.nodeIP = a(tt.nodeIP)
+			}
+			str := func(x netip.Addr) string {
+				if !x.IsValid() {
+					return ""
+				}
+				return x.String()
+			}
+			if got4, got6 := str(nodeIPOf(v, false, route4)), str(nodeIPOf(v, true, route6)); got4 != tt.want4 || got6 != tt.want6 {
+				t.Errorf("node IPs %q / %q, want %q / %q", got4, got6, tt.want4, tt.want6)
+			}
+		})
+	}
+	saved := defaultRoutes
+	defer func() { defaultRoutes = saved }()
+	defaultRoutes.v4, defaultRoutes.v6 = route4, route6
+	v := &validated{nodePortPrimary: true, nodeObjectIPs: node}
+	resolveNodePortAddresses(v)
+	want := []netip.Prefix{netip.MustParsePrefix("10.1.0.5/32"), netip.MustParsePrefix("fd01::5/128")}
+	if !slices.Equal(v.nodePortAddresses, want) {
+		t.Errorf("--nodeport-addresses primary: %v, want %v", v.nodePortAddresses, want)
+	}
+}
+
+// At start the proxy reads its Node (--hostname-override) from the API
+// server: an InternalIP that an interface holds becomes the node IP; a
+// missing Node or an API server that does not answer leaves the default
+// route, within nodeLookupTimeout.
+func TestReadNodeObjectIPsFromTheAPIServer(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/api/v1/nodes/node-a":
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"kind":"Node","apiVersion":"v1","metadata":{"name":"node-a"},
+				"status":{"addresses":[{"type":"Hostname","address":"node-a"},{"type":"ExternalIP","address":"203.0.113.5"},{"type":"InternalIP","address":"10.1.0.5"}]}}`))
+		case "/api/v1/nodes/slow":
+			time.Sleep(2 * nodeLookupTimeout)
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			_, _ = w.Write([]byte(`{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}`))
+		}
+	}))
+	defer srv.Close()
+	local := func(netip.Addr) bool { return true }
+	for _, tt := range []struct {
+		node string
+		want []netip.Addr
+	}{
+		{"node-a", []netip.Addr{netip.MustParseAddr("10.1.0.5")}}, // the InternalIP before the ExternalIP
+		{"Node-A\n", []netip.Addr{netip.MustParseAddr("10.1.0.5")}},
+		{"missing", nil},
+		{"slow", nil},
+	} {
+		o := newOptions()
+		o.master, o.hostnameOverride = srv.URL, tt.node
+		v := &validated{}
+		began := time.Now()
+		readNodeObjectIPs(context.Background(), o, v, local)
+		if !slices.Equal(v.nodeObjectIPs, tt.want) {
+			t.Errorf("Node %q: node IPs %v, want %v", tt.node, v.nodeObjectIPs, tt.want)
+		}
+		if took := time.Since(began); took > nodeLookupTimeout+time.Second {
+			t.Errorf("Node %q: read took %s", tt.node, took)
+		}
+	}
+}
