@@ -71,6 +71,21 @@ func watchDirs(path string, isDir bool, files []string) []string {
 	for _, f := range files {
 		follow(f, false, add, 0)
 	}
+	// A path that is gone (a directory removed to be generated again,
+	// rm -rf out && helm template -o out) is watched for from the nearest
+	// directory that is there: the watch on it went with it, and only the
+	// poll saw it come back (4-5 s, not within 1 s).
+	if _, err := os.Stat(path); err != nil {
+		for a := filepath.Dir(filepath.Clean(path)); ; a = filepath.Dir(a) {
+			if info, err := os.Stat(a); err == nil && info.IsDir() {
+				add(a)
+				break
+			}
+			if a == filepath.Dir(a) {
+				break
+			}
+		}
+	}
 	return slices.Sorted(func(yield func(string) bool) {
 		for d := range set {
 			if !yield(d) {
