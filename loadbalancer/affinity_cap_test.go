@@ -151,3 +151,27 @@ func TestAffinityEntryCost(t *testing.T) {
 		t.Errorf("%.0f bytes per affinity entry, want <= 300 (the default cap's memory bound assumes it)", perEntry)
 	}
 }
+
+// Every ClientIP service port is in AffinityStats from its start, at 0
+// entries, as the other per-port series are (/metrics showed its series
+// only from its first client); a port without affinity is not.
+func TestAffinityStatsListEveryClientIPPort(t *testing.T) {
+	lb, _ := newTestBalancer(t)
+	sticky, plain := svcName("sticky"), svcName("plain")
+	lb.SetAffinity(sticky, clientIPPolicy(time.Second))
+	lb.SetEndpoints(sticky, readyEndpoints(2))
+	lb.SetEndpoints(plain, readyEndpoints(2))
+	want := func(when string, entries int) {
+		t.Helper()
+		stats := lb.AffinityStats()
+		if st, ok := stats[sticky]; !ok || st.Entries != entries {
+			t.Errorf("%s: sticky %+v (listed %v), want %d entries", when, st, ok, entries)
+		}
+		if _, ok := stats[plain]; ok {
+			t.Errorf("%s: a port without affinity is listed", when)
+		}
+	}
+	want("before any client", 0)
+	mustNext(t, lb.ServicePort(sticky), netip.MustParseAddr("10.0.0.1"), false)
+	want("after a client", 1)
+}

@@ -185,14 +185,16 @@ func (lb *LoadBalancer) ServicePortNames() []ServicePortName {
 	return names
 }
 
-// AffinityStats returns, for every service port with affinity entries or
-// past evictions, its table size and eviction count (what /metrics shows).
+// AffinityStats returns, for every service port with ClientIP affinity,
+// affinity entries or past evictions, its table size and eviction count
+// (what /metrics shows: a ClientIP port's series are there at 0 from its
+// start, as every other per-port series is, not from its first client).
 func (lb *LoadBalancer) AffinityStats() map[ServicePortName]AffinityStats {
 	lb.mu.RLock()
 	defer lb.mu.RUnlock()
 	out := make(map[ServicePortName]AffinityStats)
 	for name, sp := range lb.ports {
-		if st := sp.affinityStats(); st.Entries > 0 || st.Evicted > 0 {
+		if st := sp.affinityStats(); st.ClientIP || st.Entries > 0 || st.Evicted > 0 {
 			out[name] = st
 		}
 	}

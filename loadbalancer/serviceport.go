@@ -322,7 +322,7 @@ func (sp *ServicePort) Snapshot() Snapshot {
 func (sp *ServicePort) affinityStats() AffinityStats {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
-	st := AffinityStats{Evicted: sp.evicted}
+	st := AffinityStats{ClientIP: sp.policy.ClientIP, Evicted: sp.evicted}
 	if sp.clients != nil {
 		st.Entries = sp.clients.len()
 	}

@@ -73,8 +73,9 @@ type Snapshot struct {
 // AffinityStats is the size of one service port's affinity table and how
 // many clients its cap evicted, for metrics.
 type AffinityStats struct {
-	Entries int
-	Evicted uint64
+	ClientIP bool // the port has ClientIP affinity now
+	Entries  int
+	Evicted  uint64
 }
 
 // Limits bound what the outside can make the balancer hold.
