@@ -252,3 +252,33 @@ func TestIgnoredConfigFields(t *testing.T) {
 		}
 	}
 }
+
+// --write-config-to writes the configuration in force (defaults, flags)
+// as a KubeProxyConfiguration and exits 0, and --config reads the file
+// back (kube-proxy's flag; it was "unknown flag", exit 2).
+func TestWriteConfigToReadsBack(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "config.yaml")
+	args := []string{"--write-config-to", file, "--manifests", dir, "--iptables=false", "--udp-timeout", "3s", "--iptables-sync-period", "45s"}
+	var code int
+	stderr := capture(t, &os.Stderr, func() { code = runMain(args) })
+	if code != 0 {
+		t.Fatalf("runMain(%q) = %d, want 0; stderr %s", args, code, stderr)
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := decodeConfigFile(data)
+	if err != nil {
+		t.Fatalf("the file written does not decode as --config: %v\n%s", err, data)
+	}
+	if cfg.UDPIdleTimeout == nil || cfg.UDPIdleTimeout.Duration != 3*time.Second || cfg.IPTables.SyncPeriod.Duration != 45*time.Second {
+		t.Errorf("udpIdleTimeout %v, iptables.syncPeriod %v; want 3s and 45s:\n%s", cfg.UDPIdleTimeout, cfg.IPTables.SyncPeriod, data)
+	}
+	args = []string{"--config", file, "--manifests", dir, "--iptables=false", "--init-only"}
+	stderr = capture(t, &os.Stderr, func() { code = runMain(args) })
+	if code != 0 {
+		t.Fatalf("runMain(%q) = %d, want 0; stderr %s", args, code, stderr)
+	}
+}

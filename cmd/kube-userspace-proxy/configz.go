@@ -1,10 +1,14 @@
 package main
 
 import (
+	"os"
+
 	"encoding/json"
 	"net/http"
 	"strconv"
 	"strings"
+
+	"sigs.k8s.io/yaml"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	logsapi "k8s.io/component-base/logs/api/v1"
@@ -45,7 +49,7 @@ func (o *options) effectiveConfig() configFile {
 	}
 	c.ClientConnection.AcceptContentTypes = config.AcceptContentTypes
 	c.IPTables.SyncPeriod = metav1.Duration{Duration: o.syncPeriod}
-	c.IPTables.MinSyncPeriod = metav1.Duration{Duration: o.minSyncPeriod}
+	c.IPTables.MinSyncPeriod = metav1.Duration{Duration: o.effectiveMinSyncPeriod()}
 	// klog's -v in force, as kube-proxy's /configz shows its logging
 	// configuration (it showed 0 whatever -v or logging.verbosity said).
 	c.Logging.Verbosity = logsapi.VerbosityLevel(o.logVerbosity)
@@ -92,4 +96,14 @@ func pingHandler() http.Handler {
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		_, _ = w.Write([]byte("ok"))
 	})
+}
+
+// writeConfig writes effectiveConfig to path as YAML, which --config reads
+// back (--write-config-to, kube-proxy's way to start a configuration file).
+func (o *options) writeConfig(path string) error {
+	data, err := yaml.Marshal(o.effectiveConfig())
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, data, 0o644)
 }

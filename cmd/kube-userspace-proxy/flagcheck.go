@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"net"
 	"net/netip"
+	"net/url"
 	"strconv"
 	"strings"
 
@@ -67,4 +68,28 @@ func statReason(err error) error {
 		return pe.Err
 	}
 	return err
+}
+
+// checkMasterURL checks --master as client-go will read it (a URL, or a
+// host[:port] taken as http://host[:port]) so that a value it cannot use
+// is a flag error (exit 2) and not, after --init-only said all was well,
+// an exit 1 at the client's start or a scheme retried forever.
+func checkMasterURL(master string) error {
+	u, err := url.Parse(master)
+	if err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host == "" {
+		return fmt.Errorf("names no host")
+	}
+	if err != nil || u.Scheme == "" || u.Host == "" {
+		// client-go's DefaultServerURL: no scheme, http:// is assumed.
+		if u, err = url.Parse("http://" + master); err != nil {
+			return fmt.Errorf("not a URL or host[:port]: %v", err)
+		}
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("the scheme must be http or https, not %q", u.Scheme)
+	}
+	if u.Host == "" {
+		return fmt.Errorf("names no host")
+	}
+	return nil
 }

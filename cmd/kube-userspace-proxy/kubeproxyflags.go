@@ -26,6 +26,11 @@ type kubeProxyFlags struct {
 	detectLocalMode, podBridgeInterface, podInterfaceNamePrefix                        string
 	showHiddenMetricsForVersion, ipvsScheduler                                         string
 	ipvsExcludeCIDRs                                                                   []string
+	// component-base's logging flags (kube-proxy registers them): klog's
+	// text output is what this proxy writes.
+	loggingFormat, logTextInfoBuffer, logJSONInfoBuffer string
+	logFlushFrequency                                   time.Duration
+	logTextSplitStream, logJSONSplitStream              bool
 }
 
 // ignoredFlagAnnotation marks the flags of kubeProxyFlags, which --help
@@ -66,6 +71,12 @@ func (o *options) addKubeProxyFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&k.ipvsTCP, "ipvs-tcp-timeout", 0, none)
 	fs.DurationVar(&k.ipvsTCPFin, "ipvs-tcpfin-timeout", 0, none)
 	fs.DurationVar(&k.ipvsUDP, "ipvs-udp-timeout", 0, none)
+	fs.StringVar(&k.loggingFormat, "logging-format", "text", "text is what this proxy writes; json is accepted and not acted on (logged at start).")
+	fs.DurationVar(&k.logFlushFrequency, "log-flush-frequency", 5*time.Second, none)
+	fs.StringVar(&k.logTextInfoBuffer, "log-text-info-buffer-size", "0", none)
+	fs.BoolVar(&k.logTextSplitStream, "log-text-split-stream", false, none)
+	fs.StringVar(&k.logJSONInfoBuffer, "log-json-info-buffer-size", "0", none)
+	fs.BoolVar(&k.logJSONSplitStream, "log-json-split-stream", false, none)
 	fs.VisitAll(func(f *pflag.Flag) {
 		if !before[f.Name] {
 			_ = fs.SetAnnotation(f.Name, ignoredFlagAnnotation, []string{"true"})
@@ -88,6 +99,9 @@ var detectLocalModes = []string{"", "ClusterCIDR", "NodeCIDR", "BridgeInterface"
 // validateKubeProxyFlags checks what kube-proxy's validation would refuse
 // of the flags above beyond their types, and applies the ports.
 func (o *options) validateKubeProxyFlags(add func(string, ...any)) {
+	if f := o.kubeProxy.loggingFormat; f != "" && f != "text" && f != "json" {
+		add("--logging-format %q is not one of text, json", f)
+	}
 	if !slices.Contains(detectLocalModes, o.kubeProxy.detectLocalMode) {
 		add("--detect-local-mode %q is not one of %s", o.kubeProxy.detectLocalMode, strings.Join(detectLocalModes[1:], ", "))
 	}
@@ -116,6 +130,9 @@ func ignoredFlagsGiven(fs *pflag.FlagSet) []string {
 			return
 		}
 		if f.Name == "detect-local-mode" && (f.Value.String() == "" || f.Value.String() == "ClusterCIDR") {
+			return
+		}
+		if f.Name == "logging-format" && f.Value.String() == "text" {
 			return
 		}
 		out = append(out, "--"+f.Name)

@@ -22,6 +22,10 @@ func TestKubeProxyFlagsAccepted(t *testing.T) {
 		"--show-hidden-metrics-for-version=1.36", "--iptables-masquerade-bit=14", "--iptables-localhost-nodeports=false",
 		"--ipvs-scheduler=rr", "--ipvs-sync-period=30s", "--ipvs-min-sync-period=1s", "--ipvs-exclude-cidrs=10.0.0.0/8",
 		"--ipvs-strict-arp", "--ipvs-tcp-timeout=0s", "--ipvs-tcpfin-timeout=0s", "--ipvs-udp-timeout=0s",
+		// component-base's logging flags, which kube-proxy registers: a
+		// sweep pasting a DaemonSet's --logging-format=json got exit 2.
+		"--logging-format=json", "--log-flush-frequency=5s", "--log-text-info-buffer-size=0",
+		"--log-text-split-stream", "--log-json-info-buffer-size=0", "--log-json-split-stream",
 	}
 	logs := captureKlog(t)
 	args := append([]string{"--manifests", t.TempDir(), "--iptables=false", "--init-only"}, given...)
@@ -121,6 +125,29 @@ func TestDeprecatedServerPorts(t *testing.T) {
 		}
 		if o.healthzBindAddress != tt.wantHealth || o.metricsBindAddress != tt.wantMetrs {
 			t.Errorf("%q: health %q, metrics %q; want %q, %q", tt.args, o.healthzBindAddress, o.metricsBindAddress, tt.wantHealth, tt.wantMetrs)
+		}
+	}
+}
+
+// --logging-format takes kube-proxy's formats: text (what this proxy
+// writes, so not "ignored") and json (accepted, not acted on); another is
+// exit 2, as kube-proxy's validation refuses it.
+func TestLoggingFormatValues(t *testing.T) {
+	for _, tc := range []struct {
+		format  string
+		code    int
+		ignored bool
+	}{{"text", 0, false}, {"json", 0, true}, {"xml", 2, false}} {
+		logs := captureKlog(t)
+		args := []string{"--manifests", t.TempDir(), "--iptables=false", "--init-only", "--logging-format=" + tc.format}
+		var code int
+		stderr := capture(t, &os.Stderr, func() { code = runMain(args) })
+		klog.Flush()
+		if code != tc.code {
+			t.Errorf("--logging-format=%s: exit %d, want %d; stderr %s", tc.format, code, tc.code, stderr)
+		}
+		if got := strings.Contains(logs.String(), `"--logging-format"`); got != tc.ignored {
+			t.Errorf("--logging-format=%s: named as ignored %v, want %v", tc.format, got, tc.ignored)
 		}
 	}
 }

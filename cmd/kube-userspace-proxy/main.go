@@ -81,12 +81,22 @@ func runMain(args []string) int {
 		o.logVerbosity = uint32(n)
 	}
 	o.logVModule = fs.Lookup("vmodule").Value.String()
+	o.minSyncPeriodGiven = fs.Changed("iptables-min-sync-period") || o.fileFields["iptables-min-sync-period"] != ""
 	v, err := o.validate()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy: invalid flags:\n%v\n", err)
 		return exitUsage
 	}
 	logIgnoredFlags(fs)
+	if o.writeConfigTo != "" {
+		// First, as kube-proxy's Run: nothing else is done.
+		if err := o.writeConfig(o.writeConfigTo); err != nil {
+			fmt.Fprintf(os.Stderr, "kube-userspace-proxy: --write-config-to: %v\n", err)
+			return 1
+		}
+		klog.InfoS("Wrote the configuration", "file", o.writeConfigTo)
+		return 0
+	}
 	// --cleanup before --init-only, as kube-proxy's Run: given both, the
 	// cleanup was skipped and the exit said all was well.
 	if o.cleanup {

@@ -22,16 +22,19 @@ import (
 // options are the command-line flags; names and defaults are kube-proxy's
 // wherever kube-proxy has the flag (the contract in DESIGN.md).
 type options struct {
-	manifests          string
-	kubeconfig         string
-	master             string
-	bindAddress        string
-	proxyPortRange     string
-	udpTimeout         time.Duration
-	udpMaxPerPort      int
-	udpMaxSessions     int
-	syncPeriod         time.Duration
-	minSyncPeriod      time.Duration
+	manifests      string
+	kubeconfig     string
+	master         string
+	bindAddress    string
+	proxyPortRange string
+	udpTimeout     time.Duration
+	udpMaxPerPort  int
+	udpMaxSessions int
+	syncPeriod     time.Duration
+	minSyncPeriod  time.Duration
+	// minSyncPeriodGiven: --iptables-min-sync-period or its --config field
+	// was given (see effectiveMinSyncPeriod).
+	minSyncPeriodGiven bool
 	hostnameOverride   string
 	nodePortAddresses  []string
 	clusterCIDR        string
@@ -71,6 +74,7 @@ type options struct {
 	// and not acted on (kubeproxyflags.go).
 	healthzPort, metricsPort int32
 	initOnly                 bool
+	writeConfigTo            string
 	bindAddressHardFail      bool
 	kubeProxy                kubeProxyFlags
 
@@ -173,6 +177,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.tcpWriteTimeout, "tcp-write-timeout", o.tcpWriteTimeout, "How long a direction of a proxied TCP connection may be unable to write a single byte (its peer reads nothing) before both sides are reset; 0 means no limit.")
 	fs.BoolVar(&o.bindAddressHardFail, "bind-address-hard-fail", o.bindAddressHardFail, "Exit 1 when the health or metrics server cannot bind its address (kube-proxy's flag); without it such a server is logged and retried every 5s while the proxy serves.")
 	fs.BoolVar(&o.initOnly, "init-only", o.initOnly, "kube-proxy's flag for an init container: this proxy needs no privileged initialisation, so it checks the flags and exits 0.")
+	fs.StringVar(&o.writeConfigTo, "write-config-to", "", "If set, write the configuration in force (the defaults, --config and the flags) to this file as a KubeProxyConfiguration that --config reads back, and exit (kube-proxy's flag).")
 	o.addKubeProxyFlags(fs)
 }
 
@@ -192,6 +197,19 @@ type validated struct {
 	serviceCIDRs  []netip.Prefix
 	// preroutingRedirect: the legacy REDIRECT in PREROUTING (see the flag).
 	preroutingRedirect bool
+}
+
+// effectiveMinSyncPeriod is the minimum between syncs. It rate-limits
+// iptables-restore runs, so with --iptables=false, where a sync writes no
+// rule, its default is 0: a change is served as soon as it arrives (the
+// third of three Services created within a second waited up to 1 s for
+// its token, 1.09 s with the manifests' settle time, past the 1 s the
+// manifests source promises). A value given still applies.
+func (o *options) effectiveMinSyncPeriod() time.Duration {
+	if !o.iptables && !o.minSyncPeriodGiven {
+		return 0
+	}
+	return o.minSyncPeriod
 }
 
 // liveness is the keep-alive and user timeout the flags ask for.
@@ -366,6 +384,11 @@ func (o *options) validate() (*validated, error) {
 		// naming the flag or the --config field, not a start-up failure.
 		if _, err := os.Stat(o.kubeconfig); err != nil {
 			add("%s %q: %v", cmp.Or(o.kubeconfigField, "--kubeconfig"), o.kubeconfig, statReason(err))
+		}
+	}
+	if o.master != "" {
+		if err := checkMasterURL(o.master); err != nil {
+			add("--master %q: %v", o.master, err)
 		}
 	}
 	if !o.cleanup {

@@ -59,7 +59,7 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		BindAddress:          v.bind,
 		PortRange:            v.portRange,
 		UDPIdleTimeout:       o.udpTimeout,
-		MinSyncPeriod:        o.minSyncPeriod,
+		MinSyncPeriod:        o.effectiveMinSyncPeriod(),
 		MinSyncPeriodSet:     true, // the flag's 0 means no minimum, not the default
 		SyncPeriod:           o.syncPeriod,
 		HalfCloseTimeout:     o.halfCloseTimeout,

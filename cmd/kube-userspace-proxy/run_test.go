@@ -168,7 +168,9 @@ func TestBadFlagsExitTwo(t *testing.T) {
 		{"--manifests", ".", "--cluster-cidr", "10.244.0.0/16,10.245.0.0/16"},
 		{"--no-such-flag"},
 		{"--manifests", ".", "--kubeconfig", "/x"},
-		{"--kubeconfig", "/nonexistent/kubeconfig"}, // was exit 1, at the client's start
+		{"--kubeconfig", "/nonexistent/kubeconfig"},        // was exit 1, at the client's start
+		{"--master", "not a url", "--init-only"},           // was exit 0, then exit 1 at the client's start
+		{"--master", "ftp://10.0.0.1:6443", "--init-only"}, // was retried forever
 		{"--manifests", ".", "--kube-api-burst", "-1"},
 		{"--manifests", ".", "--service-cluster-ip-range", "10.96.0.0"},
 		{"--manifests", ".", "--service-cluster-ip-range", "10.0.0.0/8,10.1.0.0/16"},
@@ -477,6 +479,100 @@ func TestStateFileFlags(t *testing.T) {
 			if code := runMain(tt.args); code != exitUsage {
 				t.Errorf("runMain(%q) = %d, want %d", tt.args, code, exitUsage)
 			}
+		}
+	}
+}
+
+// With --iptables=false no rule is written, so nothing is rate-limited by
+// default: a stream of new Services is each served as it arrives. With the
+// 1 s minimum and kube-proxy's burst of 2, the third of three changes
+// within a second waited for its token: up to 1.09 s after its write
+// (measured by a sweep), past the manifests' 1 s.
+func TestServiceStreamEachServedAtOnceWithoutIptables(t *testing.T) {
+	dir := t.TempDir()
+	o := newOptions()
+	o.manifests = dir
+	o.iptables = false
+	o.bindAddress = "127.0.0.1"
+	o.healthzBindAddress = "127.0.0.1:0"
+	o.metricsBindAddress = "127.0.0.1:0"
+	v, err := o.validate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	started := make(chan *proxier.Proxier, 1)
+	go func() { done <- run(ctx, o, v, func(p *proxier.Proxier, _ string) { started <- p }) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	})
+	p := <-started
+	const svc = "apiVersion: v1\nkind: Service\nmetadata: {name: s%d, namespace: default}\nspec:\n  clusterIP: 10.96.1.%d\n  ports: [{name: http, port: 80}]\n"
+	var worst time.Duration
+	for i := 1; i <= 8; i++ {
+		name := fmt.Sprintf("default/s%d:http", i)
+		written := time.Now()
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("s%d.yaml", i)), []byte(fmt.Sprintf(svc, i, i)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			if _, ok := p.ProxyPort(name); ok {
+				break
+			}
+			if time.Since(written) > 5*time.Second {
+				t.Fatalf("%s not served 5 s after its manifest was written", name)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		worst = max(worst, time.Since(written))
+		time.Sleep(250*time.Millisecond - time.Since(written)%(250*time.Millisecond))
+	}
+	t.Logf("slowest of 8 Services written 250 ms apart: served %v after its write", worst.Round(time.Millisecond))
+	if worst > 600*time.Millisecond {
+		t.Errorf("a new Service was served %v after its manifest was written; want each at once (the settle time and a sync)", worst.Round(time.Millisecond))
+	}
+}
+
+// The minimum between syncs rate-limits iptables-restore: without rules
+// its default is 0, and a value given, by flag or by --config, applies.
+func TestEffectiveMinSyncPeriod(t *testing.T) {
+	for _, tc := range []struct {
+		iptables, given bool
+		want            time.Duration
+	}{
+		{true, false, time.Second},
+		{true, true, 3 * time.Second},
+		{false, false, 0},
+		{false, true, 3 * time.Second},
+	} {
+		o := newOptions()
+		o.iptables = tc.iptables
+		if tc.given {
+			o.minSyncPeriod, o.minSyncPeriodGiven = 3*time.Second, true
+		}
+		if got := o.effectiveMinSyncPeriod(); got != tc.want {
+			t.Errorf("iptables %v, given %v: %v, want %v", tc.iptables, tc.given, got, tc.want)
+		}
+	}
+}
+
+// --master takes what client-go takes: a URL with http or https, or a
+// host[:port] (http:// assumed).
+func TestMasterURL(t *testing.T) {
+	for _, tc := range []struct {
+		master string
+		ok     bool
+	}{
+		{"https://10.0.0.1:6443", true}, {"http://127.0.0.1:8080", true}, {"10.0.0.1:6443", true},
+		{"localhost", true}, {"localhost:6443", true}, {"https://k8s.example.com/prefix", true},
+		{"not a url", false}, {"ftp://10.0.0.1", false}, {"https://", false},
+	} {
+		if err := checkMasterURL(tc.master); (err == nil) != tc.ok {
+			t.Errorf("checkMasterURL(%q) = %v, want ok %v", tc.master, err, tc.ok)
 		}
 	}
 }
