@@ -575,6 +575,11 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 		// Only now do new flows meet the new rules; old flows still point at
 		// ports that no longer exist, or at no port at all.
 		p.clearStaleFlows()
+		present := make(map[types.NamespacedName]bool, len(changedServices))
+		for nn, infos := range changedServices {
+			present[nn] = len(infos) > 0
+		}
+		p.endpoints.servedAfterSync(present, func(spn loadbalancer.ServicePortName) bool { return p.active[spn] != nil })
 	}
 	elapsed := p.clk.Since(start)
 	p.metrics.SyncProxyRulesLatency.Observe(elapsed.Seconds())

@@ -136,6 +136,8 @@ func TestNetworkProgrammingLatency(t *testing.T) {
 	start := time.Unix(1_000_000, 0)
 	clk := clocktesting.NewFakeClock(start)
 	p := newTestProxier(t, Options{Clock: clk})
+	p.OnServiceAdd(makeService("web"))
+	p.Sync() // served: an endpoint change is programmed once the balancer has it
 	stamped := func(name string, at time.Time) *discovery.EndpointSlice {
 		es := makeSlice("web", v1.ProtocolTCP, "10.1.0.1:8080")
 		es.Name = name
@@ -156,6 +158,30 @@ func TestNetworkProgrammingLatency(t *testing.T) {
 	m.read(t, p)
 	if m.count != 1 || m.sum != 2 {
 		t.Fatalf("programming latency count %d sum %.2fs, want one 2 s sample (the new slice's)", m.count, m.sum)
+	}
+}
+
+// A new Service's slice is programmed when the sync that opens its proxy
+// socket and writes its rules is done, not when the balancer has it (then
+// nothing serves it yet): its trigger time waits for that sync. A port that
+// failed to open waits for the retry that opens it.
+func TestNetworkProgrammingLatencyOfANewService(t *testing.T) {
+	start := time.Unix(1_000_000, 0)
+	clk := clocktesting.NewFakeClock(start)
+	p := newTestProxier(t, Options{Clock: clk})
+	es := makeSlice("web", v1.ProtocolTCP, "10.1.0.1:8080")
+	es.Annotations = map[string]string{endpointsTriggerTimeAnnotation: start.Add(time.Second).Format(time.RFC3339Nano)}
+	clk.Step(2 * time.Second)
+	p.OnEndpointSliceAdd(es) // before its Service: nothing serves it
+	p.OnServiceAdd(makeService("web"))
+	m := &dtoHistogram{}
+	if m.read(t, p); m.count != 0 {
+		t.Fatalf("observed %d samples (sum %.2fs) before any sync served the Service", m.count, m.sum)
+	}
+	clk.Step(time.Second)
+	p.Sync()
+	if m.read(t, p); m.count != 1 || m.sum != 2 {
+		t.Fatalf("programming latency count %d sum %.2fs, want one 2 s sample: trigger to the sync that served it", m.count, m.sum)
 	}
 }
 
