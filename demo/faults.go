@@ -192,16 +192,7 @@ func judgeResets(_, got probe) (string, bool) {
 // faultSection runs the steps in order and prints their table; it reports
 // whether every step behaved as expected. An error means ctx ended.
 func (l *lab) faultSection(ctx context.Context, w io.Writer, width int) (bool, error) {
-	fmt.Fprintf(w, `
-Fault injection, on the same Service default/web (the one without affinity).
-A fault is declared in the Service's annotation kube-userspace-proxy/faults, in
-the JSON of Toxiproxy (a tool that injects faults; it calls them "toxics"), by
-rewriting %s; each step waits until the proxy shows the fault in force. Then
-%d new connections from client 1 (%d at a time) are each timed until the
-backend's name has arrived: "median" is the middle one of those times, "errors"
-the connections that got no answer.
-
-`, webManifest, faultConnections, faultParallel)
+	fmt.Fprint(w, faultIntro())
 	t := newTable(w, width, "fault on default/web", "expected", "measured", "as expected?")
 	t.start("Running 4 steps (about 5 s)")
 	var before probe
@@ -303,4 +294,20 @@ func ms(d time.Duration) string {
 		return fmt.Sprintf("%.1fms", m)
 	}
 	return fmt.Sprintf("%.0fms", m)
+}
+
+// faultIntro is the fault section's introduction, in lines of at most 80
+// columns as the demo's other prose (one line was 82, and wrapped on an
+// 80-column terminal).
+func faultIntro() string {
+	return fmt.Sprintf(`
+Fault injection, on the same Service default/web (the one without affinity).
+A fault is declared in the Service's annotation kube-userspace-proxy/faults, in
+the JSON of Toxiproxy (a tool that injects faults; it calls them "toxics"), by
+rewriting %s; each step waits until the proxy shows the fault in force.
+Then %d new connections from client 1 (%d at a time) are each timed until the
+backend's name has arrived: "median" is the middle one of those times, "errors"
+the connections that got no answer.
+
+`, webManifest, faultConnections, faultParallel)
 }

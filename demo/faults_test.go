@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	v1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
@@ -193,5 +194,15 @@ func TestFaultSection(t *testing.T) {
 	}
 	if took > 10*time.Second {
 		t.Errorf("fault section took %v; the demo's budget for it is well under 10 s", took)
+	}
+}
+
+// The fault section's introduction fits an 80-column terminal, as the
+// rest of the demo's prose does.
+func TestFaultIntroFitsEightyColumns(t *testing.T) {
+	for _, line := range strings.Split(faultIntro(), "\n") {
+		if n := utf8.RuneCountInString(line); n > 80 {
+			t.Errorf("%d columns: %s", n, line)
+		}
 	}
 }
