@@ -483,8 +483,8 @@ func TestStateFileFlags(t *testing.T) {
 	}
 }
 
-// With --iptables=false no rule is written, so nothing is rate-limited by
-// default: a stream of new Services is each served as it arrives. With the
+// With --iptables=false no rule is written, so syncs are rate-limited to
+// 100 ms only: a stream of new Services is each served as it arrives. With the
 // 1 s minimum and kube-proxy's burst of 2, the third of three changes
 // within a second waited for its token: up to 1.09 s after its write
 // (measured by a sweep), past the manifests' 1 s.
@@ -538,7 +538,7 @@ func TestServiceStreamEachServedAtOnceWithoutIptables(t *testing.T) {
 }
 
 // The minimum between syncs rate-limits iptables-restore: without rules
-// its default is 0, and a value given, by flag or by --config, applies.
+// its default is 100 ms, and a value given, by flag or by --config, applies.
 func TestEffectiveMinSyncPeriod(t *testing.T) {
 	for _, tc := range []struct {
 		iptables, given bool
@@ -546,7 +546,7 @@ func TestEffectiveMinSyncPeriod(t *testing.T) {
 	}{
 		{true, false, time.Second},
 		{true, true, 3 * time.Second},
-		{false, false, 0},
+		{false, false, noRulesMinSyncPeriod},
 		{false, true, 3 * time.Second},
 	} {
 		o := newOptions()
