@@ -43,6 +43,7 @@ type ManifestSource struct {
 	summarized bool            // the start-up summary was given
 	lastShape  string          // files, skipped and erroneous files last summarized
 	badFiles   map[string]bool // files whose last decode reported errors
+	afterList  func()          // tests: runs between a reload's listing and its reads
 }
 
 // Option configures a ManifestSource.
@@ -175,7 +176,14 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 // reload re-reads every manifest file whose content changed, merges the
 // files and delivers the difference to the handler.
 func (s *ManifestSource) reload() {
+	// The path's own directories are watched before the listing: a file
+	// made between the listing and the watch (the path just made again,
+	// a first reload) was seen only by the next poll, 5 s later.
+	s.watcher.add(watchDirs(s.path, s.dirMode, nil))
 	names, skipped, err := s.listFiles()
+	if s.afterList != nil {
+		s.afterList()
+	}
 	// Before reading: what a link now points at is watched from here on.
 	s.watcher.update(watchDirs(s.path, s.dirMode, names))
 	if err != nil {

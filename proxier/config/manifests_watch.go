@@ -50,6 +50,19 @@ func (d *dirWatcher) update(dirs []string) {
 	}
 }
 
+// add watches dirs too, removing none.
+func (d *dirWatcher) add(dirs []string) {
+	if d == nil {
+		return
+	}
+	have := d.w.WatchList()
+	for _, dir := range dirs {
+		if !slices.Contains(have, dir) {
+			_ = d.w.Add(dir)
+		}
+	}
+}
+
 // watchDirs lists the directories to watch for path (a manifests directory
 // when isDir, else a file) and the manifest files in it: the directory
 // holding each file (a file renamed into place or re-created is an event
