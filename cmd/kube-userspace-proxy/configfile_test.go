@@ -276,6 +276,10 @@ func TestWriteConfigToReadsBack(t *testing.T) {
 	if cfg.UDPIdleTimeout == nil || cfg.UDPIdleTimeout.Duration != 3*time.Second || cfg.IPTables.SyncPeriod.Duration != 45*time.Second {
 		t.Errorf("udpIdleTimeout %v, iptables.syncPeriod %v; want 3s and 45s:\n%s", cfg.UDPIdleTimeout, cfg.IPTables.SyncPeriod, data)
 	}
+	// As kube-proxy's, it needs no source.
+	if code := runMain([]string{"--write-config-to", filepath.Join(dir, "bare.yaml")}); code != 0 {
+		t.Errorf("--write-config-to alone: exit %d, want 0", code)
+	}
 	args = []string{"--config", file, "--manifests", dir, "--iptables=false", "--init-only"}
 	stderr = capture(t, &os.Stderr, func() { code = runMain(args) })
 	if code != 0 {

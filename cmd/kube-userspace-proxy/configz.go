@@ -101,7 +101,11 @@ func pingHandler() http.Handler {
 // writeConfig writes effectiveConfig to path as YAML, which --config reads
 // back (--write-config-to, kube-proxy's way to start a configuration file).
 func (o *options) writeConfig(path string) error {
-	data, err := yaml.Marshal(o.effectiveConfig())
+	c := o.effectiveConfig()
+	// What this proxy's client accepts is not configurable here: written,
+	// the field read back as one "not implemented".
+	c.ClientConnection.AcceptContentTypes = ""
+	data, err := yaml.Marshal(c)
 	if err != nil {
 		return err
 	}

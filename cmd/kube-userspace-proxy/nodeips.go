@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"slices"
 	"sync/atomic"
@@ -15,7 +16,7 @@ import (
 // nodeLookupTimeout bounds the read of this node's Node object at start: a
 // proxy restarted while the API server is away goes on with the
 // default-route address and serves from its state file, rather than wait.
-const nodeLookupTimeout = 3 * time.Second
+const nodeLookupTimeout = 2 * time.Second
 
 // readNodeObjectIPs sets v.nodeObjectIPs from this node's Node object, as
 // kube-proxy takes its node IPs from it before it programs anything: they
@@ -38,6 +39,7 @@ func readNodeObjectIPs(ctx context.Context, o *options, v *validated, isLocal fu
 		return
 	}
 	var notLocal []netip.Addr
+	v.nodeObjectRead = true
 	v.nodeObjectIPs, notLocal = nodeObjectIPs(node, isLocal)
 	if len(notLocal) > 0 {
 		klog.InfoS("Warning: the Node object names addresses no interface of this node holds; they are not used as node IPs", "node", name, "addresses", notLocal)
@@ -82,22 +84,69 @@ func hostIPOf(v *validated, six bool, fromRoute func() netip.Addr) netip.Addr {
 	return fromRoute()
 }
 
-// nodeIPsChanged says, once, that the Node object's addresses moved since
-// start. The rules keep the start's node IPs until a restart (kube-proxy
-// exits here and is restarted by its DaemonSet; this proxy keeps serving).
-type nodeIPsChanged struct {
-	start   []netip.Addr
-	isLocal func(netip.Addr) bool
-	said    atomic.Bool
+// nodeIPsWatch compares the Node object's node IPs, as the informer
+// delivers them, with the node IPs the portals were built with, for each
+// family no flag decides. A difference needs a restart to reach the rules.
+// When the Node was read at start and its addresses moved since, restart
+// is called once (run returns its error and the process exits 1, as
+// kube-proxy exits on a change of its node IPs so that its DaemonSet
+// restarts it; rules and proxy ports are kept across it). When the Node
+// could not be read at start (the API server away: the default route was
+// taken), or without rules (restart nil), it is logged once: exiting then
+// would stop a proxy that serves from its state file through an outage
+// as soon as the API server is back.
+type nodeIPsWatch struct {
+	inUse       [2]netip.Addr // by family (0: IPv4, 1: IPv6); invalid: a flag decides it
+	readAtStart bool
+	isLocal     func(netip.Addr) bool
+	restart     func(error) // nil: log only
+	done        atomic.Bool
 }
 
-func (c *nodeIPsChanged) check(node config.NodeInfo) {
-	if c == nil || c.said.Load() || node.Deleted {
+// newNodeIPsWatch records the node IPs in use for the families --node-ip
+// and --bind-address leave to the Node object (hostIPOf).
+func newNodeIPsWatch(v *validated, isLocal func(netip.Addr) bool, restart func(error)) *nodeIPsWatch {
+	w := &nodeIPsWatch{isLocal: isLocal, restart: restart, readAtStart: v.nodeObjectRead}
+	if v.bind.IsValid() && !v.bind.IsUnspecified() {
+		return w // the bind address is the node IP
+	}
+	for i, f := range []struct {
+		six   bool
+		route func() netip.Addr
+	}{{false, defaultRoutes.v4}, {true, defaultRoutes.v6}} {
+		if v.nodeIP.IsValid() && v.nodeIP.Is4() != f.six {
+			continue
+		}
+		w.inUse[i] = hostIPOf(v, f.six, f.route)
+	}
+	return w
+}
+
+func (w *nodeIPsWatch) check(node config.NodeInfo) {
+	// A Node without addresses says nothing (the state file's copy
+	// carries only the zone; a Node being deleted keeps its own).
+	if w == nil || w.done.Load() || node.Deleted || len(node.Addresses) == 0 {
 		return
 	}
-	now, _ := nodeObjectIPs(node, c.isLocal)
-	if slices.Equal(now, c.start) || !c.said.CompareAndSwap(false, true) {
+	ips, _ := nodeObjectIPs(node, w.isLocal)
+	var differ []netip.Addr
+	for _, ip := range ips {
+		i := 0
+		if !ip.Is4() {
+			i = 1
+		}
+		if w.inUse[i].IsValid() && w.inUse[i] != ip {
+			differ = append(differ, ip)
+		}
+	}
+	if len(differ) == 0 || !w.done.CompareAndSwap(false, true) {
 		return
 	}
-	klog.InfoS("NodeIPs changed for the node; the portals keep the node IPs read at start until the proxy restarts", "node", node.Name, "newNodeIPs", now, "oldNodeIPs", c.start)
+	inUse := slices.DeleteFunc(slices.Clone(w.inUse[:]), func(a netip.Addr) bool { return !a.IsValid() })
+	if w.restart == nil || !w.readAtStart {
+		klog.InfoS("Warning: the Node's node IPs are not those in use; the proxy keeps the node IPs it started with until it restarts", "node", node.Name, "newNodeIPs", ips, "inUse", inUse)
+		return
+	}
+	klog.InfoS("NodeIPs changed for the node; restarting, as kube-proxy does, so that the portals take them (rules and proxy ports are kept)", "node", node.Name, "newNodeIPs", ips, "inUse", inUse)
+	w.restart(fmt.Errorf("the node IPs of Node %s (%v) are not those in use (%v): restart to take them", node.Name, ips, inUse))
 }

@@ -128,3 +128,58 @@ func TestReadNodeObjectIPsFromTheAPIServer(t *testing.T) {
 		}
 	}
 }
+
+// The Node's node IPs as the informer delivers them are compared with
+// those the portals were built with, for the families no flag decides: a
+// Node read at start whose address moved asks for a restart, once, as
+// kube-proxy exits on a change of its node IPs. A Node without addresses
+// (the state file's copy) or a family a flag decides asks for nothing; it
+// was logged as a change, with newNodeIPs [].
+func TestNodeIPsWatch(t *testing.T) {
+	a := netip.MustParseAddr
+	saved := defaultRoutes
+	defer func() { defaultRoutes = saved }()
+	defaultRoutes.v4 = func() netip.Addr { return a("192.168.50.10") }
+	defaultRoutes.v6 = func() netip.Addr { return netip.Addr{} }
+	local := func(netip.Addr) bool { return true }
+	node := func(addrs ...string) config.NodeInfo {
+		n := config.NodeInfo{Name: "node-a"}
+		for _, s := range addrs {
+			n.Addresses = append(n.Addresses, a(s))
+		}
+		return n
+	}
+	tests := []struct {
+		name      string
+		v         validated
+		seen      []config.NodeInfo
+		restarted int
+	}{
+		{"read at start, unchanged", validated{bind: a("0.0.0.0"), nodeObjectRead: true, nodeObjectIPs: []netip.Addr{a("10.1.0.5")}}, []config.NodeInfo{node("10.1.0.5"), node("10.1.0.5")}, 0},
+		{"moved since start", validated{bind: a("0.0.0.0"), nodeObjectRead: true, nodeObjectIPs: []netip.Addr{a("10.1.0.5")}}, []config.NodeInfo{node("10.1.0.5"), node("10.1.0.9"), node("10.1.0.10")}, 1},
+		{"read at start without addresses, then given one", validated{bind: a("0.0.0.0"), nodeObjectRead: true}, []config.NodeInfo{node("10.1.0.5")}, 1},
+		// Read failed (the API server away): the default route is in use,
+		// and a restart as the API server comes back would stop a proxy
+		// serving its state file through the outage; logged only.
+		{"not read at start", validated{bind: a("0.0.0.0")}, []config.NodeInfo{node("10.1.0.5")}, 0},
+		{"read, the default route's", validated{bind: a("0.0.0.0"), nodeObjectRead: true}, []config.NodeInfo{node("192.168.50.10")}, 0},
+		{"the state file's copy: no addresses", validated{bind: a("0.0.0.0"), nodeObjectRead: true, nodeObjectIPs: []netip.Addr{a("10.1.0.5")}}, []config.NodeInfo{node()}, 0},
+		{"--node-ip decides IPv4", validated{bind: a("0.0.0.0"), nodeObjectRead: true, nodeIP: a("10.0.0.7")}, []config.NodeInfo{node("10.1.0.5")}, 0},
+		{"a specific --bind-address decides", validated{bind: a("10.0.0.8"), nodeObjectRead: true}, []config.NodeInfo{node("10.1.0.5")}, 0},
+		{"a family the node had no IP of", validated{bind: a("0.0.0.0"), nodeObjectRead: true, nodeObjectIPs: []netip.Addr{a("10.1.0.5")}}, []config.NodeInfo{node("10.1.0.5", "fd00::5")}, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			restarted := 0
+			w := newNodeIPsWatch(&tt.v, local, func(error) { restarted++ })
+			for _, n := range tt.seen {
+				w.check(n)
+			}
+			if restarted != tt.restarted {
+				t.Errorf("restart asked %d times, want %d", restarted, tt.restarted)
+			}
+		})
+	}
+	// Without rules (restart nil) it is only logged.
+	newNodeIPsWatch(&validated{bind: a("0.0.0.0")}, local, nil).check(node("10.1.0.5"))
+}

@@ -141,9 +141,9 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.udpMaxPerPort, "udp-max-sessions-per-port", o.udpMaxPerPort, "At most this many UDP client sessions (one backend socket each) per service port; at the cap the oldest idle session is closed for the new one. Must be greater than 0.")
 	fs.IntVar(&o.udpMaxSessions, "udp-max-sessions", o.udpMaxSessions, "At most this many UDP client sessions in total, and never more than half of the open-file limit (the rest stays for TCP); at the cap a service port closes its own oldest idle session, or drops the datagram if it has none. Must be greater than 0.")
 	fs.DurationVar(&o.syncPeriod, "iptables-sync-period", o.syncPeriod, "The maximum interval of how often rules are refreshed and repaired (e.g. '5s', '1m'). Must be greater than 0.")
-	fs.DurationVar(&o.minSyncPeriod, "iptables-min-sync-period", o.minSyncPeriod, "The minimum interval between rule syncs as Services change (e.g. '1s'). 0 syncs on every change.")
+	fs.DurationVar(&o.minSyncPeriod, "iptables-min-sync-period", o.minSyncPeriod, "The minimum interval between rule syncs as Services change (e.g. '1s'). 0 syncs on every change. With --iptables=false, where no rule is written, the default is 100ms.")
 	fs.StringVar(&o.hostnameOverride, "hostname-override", o.hostnameOverride, "If non-empty, use this string as the node name instead of the hostname.")
-	fs.StringSliceVar(&o.nodePortAddresses, "nodeport-addresses", o.nodePortAddresses, "CIDRs of the node addresses that accept NodePort traffic and serve healthCheckNodePorts (e.g. 10.0.0.0/8,192.168.0.0/16); 'primary' means the node IP of each family (--node-ip, else the default-route address), as kube-proxy; empty means all local addresses.")
+	fs.StringSliceVar(&o.nodePortAddresses, "nodeport-addresses", o.nodePortAddresses, "CIDRs of the node addresses that accept NodePort traffic and serve healthCheckNodePorts (e.g. 10.0.0.0/8,192.168.0.0/16); 'primary' means the node IP of each family (--node-ip, else the Node object's, else the default-route address), as kube-proxy; empty means all local addresses.")
 	fs.StringVar(&o.clusterCIDR, "cluster-cidr", o.clusterCIDR, "The CIDR range of the pods in the cluster (for dual-stack, an IPv4 and an IPv6 CIDR, comma-separated), kube-proxy's flag with detect-local-mode ClusterCIDR: traffic from it counts as the cluster's own, so pods reach the LoadBalancer IPs, external IPs and NodePorts of externalTrafficPolicy: Local Services through all endpoints, as the node itself does. Empty: only the node's own traffic is recognised.")
 	fs.StringVar(&o.healthzBindAddress, "healthz-bind-address", o.healthzBindAddress, "HOST:PORT for the health check server (/healthz, /livez); an IP alone gets port 10256; empty disables it.")
 	fs.StringVar(&o.metricsBindAddress, "metrics-bind-address", o.metricsBindAddress, "HOST:PORT for the metrics server (/metrics, /debug/services, /debug/connections, /proxyMode, /configz); an IP alone gets port 10249; empty disables it.")
@@ -177,7 +177,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.tcpWriteTimeout, "tcp-write-timeout", o.tcpWriteTimeout, "How long a direction of a proxied TCP connection may be unable to write a single byte (its peer reads nothing) before both sides are reset; 0 means no limit.")
 	fs.BoolVar(&o.bindAddressHardFail, "bind-address-hard-fail", o.bindAddressHardFail, "Exit 1 when the health or metrics server cannot bind its address (kube-proxy's flag); without it such a server is logged and retried every 5s while the proxy serves.")
 	fs.BoolVar(&o.initOnly, "init-only", o.initOnly, "kube-proxy's flag for an init container: this proxy needs no privileged initialisation, so it checks the flags and exits 0.")
-	fs.StringVar(&o.writeConfigTo, "write-config-to", "", "If set, write the configuration in force (the defaults, --config and the flags) to this file as a KubeProxyConfiguration that --config reads back, and exit (kube-proxy's flag).")
+	fs.StringVar(&o.writeConfigTo, "write-config-to", "", "If set, write the configuration in force (the defaults, --config and the flags) to this file as a KubeProxyConfiguration that --config reads back, and exit (kube-proxy's flag). Only KubeProxyConfiguration's fields are written: this proxy's own flags (--manifests, --iptables, --fault-*, ...) are not. It needs no source.")
 	o.addKubeProxyFlags(fs)
 }
 
@@ -193,8 +193,9 @@ type validated struct {
 	nodeIP          netip.Addr
 	// nodeObjectIPs: the Node object's node IPs (readNodeObjectIPs), for
 	// the families no flag names an address of.
-	nodeObjectIPs []netip.Addr
-	serviceCIDRs  []netip.Prefix
+	nodeObjectIPs  []netip.Addr
+	nodeObjectRead bool // the Node object was read at start (readNodeObjectIPs)
+	serviceCIDRs   []netip.Prefix
 	// preroutingRedirect: the legacy REDIRECT in PREROUTING (see the flag).
 	preroutingRedirect bool
 }
@@ -410,7 +411,7 @@ func (o *options) validate() (*validated, error) {
 			add("--manifests cannot be combined with %s: choose one source (remove the field, or drop --manifests)", o.kubeconfigField)
 		case sources > 1:
 			add("--manifests cannot be combined with --kubeconfig/--master: choose one source")
-		case sources == 0 && os.Getenv("KUBERNETES_SERVICE_HOST") == "":
+		case sources == 0 && os.Getenv("KUBERNETES_SERVICE_HOST") == "" && o.writeConfigTo == "":
 			add("no source: give --manifests PATH, or --kubeconfig/--master for an API server (or run in a pod); " +
 				"try `kube-userspace-proxy demo` for a self-contained demonstration")
 		}

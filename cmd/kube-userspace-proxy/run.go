@@ -115,7 +115,12 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		registerRESTClientMetrics(metrics.Registry)
 	}
 	var h config.Handler = p
-	var nodes config.NodeHandler = nodeState{health, p, &nodeIPsChanged{start: v.nodeObjectIPs, isLocal: isLocalAddress}}
+	nodeIPsErr := make(chan error, 1)
+	var restart func(error)
+	if o.iptables {
+		restart = func(err error) { nodeIPsErr <- err } // buffered, told once
+	}
+	var nodes config.NodeHandler = nodeState{health, p, newNodeIPsWatch(v, isLocalAddress, restart)}
 	var lastState *config.LastKnownState
 	if o.stateFile != "" {
 		lastState = config.NewLastKnownState(o.stateFile, p, o.stateFileGrace)
@@ -180,6 +185,10 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		}()
 	}
 	select {
+	case err = <-nodeIPsErr:
+		cancel()
+		<-proxierDone
+		return err
 	case err = <-configErr:
 		if err != nil {
 			cancel()
@@ -249,7 +258,7 @@ func apiClient(o *options) (kubernetes.Interface, error) {
 type nodeState struct {
 	h   *healthcheck.ProxierHealth
 	p   *proxier.Proxier
-	ips *nodeIPsChanged
+	ips *nodeIPsWatch
 }
 
 func (n nodeState) OnNodeChange(node config.NodeInfo) {
