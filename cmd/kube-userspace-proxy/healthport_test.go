@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -9,8 +8,6 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
-
-	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
 )
 
 const localLBManifest = `apiVersion: v1
@@ -47,21 +44,7 @@ func TestHealthCheckNodePortOnNodePortAddresses(t *testing.T) {
 	o.nodePortAddresses = []string{"127.0.0.0/8", "::1/128"}
 	o.healthzBindAddress = "127.0.0.1:0"
 	o.metricsBindAddress = "127.0.0.1:0"
-	v, err := o.validate()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	started := make(chan *proxier.Proxier, 1)
-	go func() { done <- run(ctx, o, v, func(p *proxier.Proxier, _ string) { started <- p }) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("run: %v", err)
-		}
-	})
-	<-started
+	runProxy(t, o)
 
 	client := &http.Client{Timeout: time.Second}
 	status := func(host string) (int, error) {

@@ -84,6 +84,33 @@ func ask(addr string) string {
 	return strings.TrimSpace(line)
 }
 
+// runProxy runs the command's wiring (run) with o until the test ends, and
+// returns its proxier once it started.
+func runProxy(t *testing.T, o *options) *proxier.Proxier {
+	t.Helper()
+	v, err := o.validate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	started := make(chan *proxier.Proxier, 1)
+	go func() { done <- run(ctx, o, v, func(p *proxier.Proxier, _ string) { started <- p }) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	})
+	select {
+	case p := <-started:
+		return p
+	case err := <-done:
+		t.Fatalf("run returned before starting: %v", err)
+		return nil
+	}
+}
+
 // TestManifestChangeLiveWithinOneSecond runs the whole binary's wiring with
 // --manifests and --iptables=false and moves the Service's only endpoint by
 // rewriting the manifest file.
@@ -99,21 +126,7 @@ func TestManifestChangeLiveWithinOneSecond(t *testing.T) {
 	o.bindAddress = "127.0.0.1"
 	o.healthzBindAddress = "127.0.0.1:0"
 	o.metricsBindAddress = "127.0.0.1:0"
-	v, err := o.validate()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	started := make(chan *proxier.Proxier, 1)
-	go func() { done <- run(ctx, o, v, func(p *proxier.Proxier, _ string) { started <- p }) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("run: %v", err)
-		}
-	})
-	p := <-started
+	p := runProxy(t, o)
 
 	var addr string
 	deadline := time.Now().Add(5 * time.Second)
@@ -496,21 +509,7 @@ func TestServiceStreamEachServedAtOnceWithoutIptables(t *testing.T) {
 	o.bindAddress = "127.0.0.1"
 	o.healthzBindAddress = "127.0.0.1:0"
 	o.metricsBindAddress = "127.0.0.1:0"
-	v, err := o.validate()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	started := make(chan *proxier.Proxier, 1)
-	go func() { done <- run(ctx, o, v, func(p *proxier.Proxier, _ string) { started <- p }) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("run: %v", err)
-		}
-	})
-	p := <-started
+	p := runProxy(t, o)
 	const svc = "apiVersion: v1\nkind: Service\nmetadata: {name: s%d, namespace: default}\nspec:\n  clusterIP: 10.96.1.%d\n  ports: [{name: http, port: 80}]\n"
 	var worst time.Duration
 	for i := 1; i <= 8; i++ {
