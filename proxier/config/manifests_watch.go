@@ -37,17 +37,12 @@ func (d *dirWatcher) update(dirs []string) {
 	if d == nil {
 		return
 	}
-	have := d.w.WatchList()
-	for _, dir := range have {
+	for _, dir := range d.w.WatchList() {
 		if !slices.Contains(dirs, dir) {
 			_ = d.w.Remove(dir)
 		}
 	}
-	for _, dir := range dirs {
-		if !slices.Contains(have, dir) {
-			_ = d.w.Add(dir)
-		}
-	}
+	d.add(dirs)
 }
 
 // add watches dirs too, removing none.
