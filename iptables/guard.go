@@ -32,6 +32,10 @@ const guardGroupAbove = 256
 // proxy port as its source port must still receive its replies.
 const guardConntrack = " -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT -j DROP"
 
+// nonLocalConntrack ends a KUBE-NODEPORT-NON-LOCAL rule: it accepts a NodePort's
+// NEW connections to its proxy port, past an INPUT policy that drops.
+const nonLocalConntrack = " -m conntrack --ctstate NEW -j ACCEPT"
+
 // guardRules renders the guard chain for the proxy ports in keys (in any
 // order, repeats allowed), in port order: one rule per port up to
 // guardGroupAbove ports, else one per protocol and block of guardBlock port

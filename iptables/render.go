@@ -263,7 +263,10 @@ func (r *Rules) renderPortal(p Portal, podSrcs, nodePortDsts []string) *portalRu
 			portal(ChainNodePortContainer, ChainNodePortHost, dst)
 		}
 		for _, port := range proxyPorts {
-			add(ChainNodePortNonLocal, protoComment+" -m "+proto+" --dport "+strconv.Itoa(port)+" -j ACCEPT")
+			// NEW connections only, as the legacy proxier's rule (-m state
+			// --state NEW) and the design: an INVALID packet to a NodePort
+			// proxy port was accepted too.
+			add(ChainNodePortNonLocal, protoComment+" -m "+proto+" --dport "+strconv.Itoa(port)+nonLocalConntrack)
 		}
 	} else {
 		portal(ChainPortalsContainer, ChainPortalsHost, "-d "+netip.PrefixFrom(p.IP.Unmap(), r.cfg.Family.hostBits()).String()+" ")
