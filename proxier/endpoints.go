@@ -4,10 +4,10 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
@@ -45,11 +45,18 @@ type endpointsTracker struct {
 	// changed, if set, is told (under mu) of a Service whose eligible
 	// endpoints changed: connections to removed ones may drain.
 	changed func(types.NamespacedName)
-	// served holds the Services whose every port with endpoints has its
-	// proxy socket and rules (told by each sync, servedAfterSync); until
-	// then a change's trigger time waits in pending (observeProgramming).
-	served  map[types.NamespacedName]bool
-	pending map[types.NamespacedName][]time.Time
+	// open holds the service ports with a proxy socket whose rules a
+	// sync wrote (setOpen); a change to a port not open yet waits in
+	// pending (observeProgramming).
+	open    map[loadbalancer.ServicePortName]bool
+	pending map[types.NamespacedName][]pendingTrigger
+}
+
+// pendingTrigger is a slice change's trigger time that waits for its
+// ports' proxy sockets.
+type pendingTrigger struct {
+	at    time.Time
+	ports []loadbalancer.ServicePortName
 }
 
 // maxPendingTriggers bounds the trigger times kept for a Service not
@@ -68,8 +75,8 @@ func newEndpointsTracker(lb *loadbalancer.LoadBalancer, clk clock.PassiveClock, 
 		local:    map[types.NamespacedName]int{},
 		noLocal:  map[types.NamespacedName]noLocalPorts{},
 		node:     node,
-		served:   map[types.NamespacedName]bool{},
-		pending:  map[types.NamespacedName][]time.Time{},
+		open:     map[loadbalancer.ServicePortName]bool{},
+		pending:  map[types.NamespacedName][]pendingTrigger{},
 	}
 }
 
@@ -114,16 +121,18 @@ func (t *endpointsTracker) update(es *discovery.EndpointSlice, deleted bool) {
 
 // observeProgramming records how long the change took from its trigger
 // (the EndpointSlice annotation the endpoints controller sets) until it
-// was served: for a Service already served, once the balancer has it
-// (endpoint changes touch nothing else); for one whose proxy socket and
-// rules the next sync makes, at that sync (servedAfterSync). Taken at
-// the balancer always, a new Service's slice was recorded as programmed
-// while nothing served it yet (about 2.0 s against 3.0 s from trigger to
-// served, three Services created back to back). As kube-proxy, only for a
-// slice added or updated (a deleted slice's trigger time is its last
-// change, not the deletion) and only for a trigger after this process
-// started: at a restart every existing slice was observed with its age
-// (3.75 days in one audit). Called with mu held.
+// was served: once the balancer has it when the slice's ports have their
+// proxy sockets (endpoint changes touch nothing else), else at the sync
+// that opens them (setOpen). Taken at the balancer always, a new
+// Service's slice was recorded as programmed while nothing served it yet
+// (about 2.0 s against 3.0 s from trigger to served, three Services
+// created back to back). Ports this proxy carries no socket for (SCTP)
+// wait for nothing; a change to a port that never opens (a slice of a
+// port the Service renamed) is never served, and not recorded. As
+// kube-proxy, only for a slice added or updated (a deleted slice's
+// trigger time is its last change, not the deletion) and only for a
+// trigger after this process started: at a restart every existing slice
+// was observed with its age (3.75 days in one audit). Called with mu held.
 func (t *endpointsTracker) observeProgramming(svc types.NamespacedName, es *discovery.EndpointSlice) {
 	v, ok := es.Annotations[endpointsTriggerTimeAnnotation]
 	if !ok {
@@ -133,13 +142,38 @@ func (t *endpointsTracker) observeProgramming(svc types.NamespacedName, es *disc
 	if err != nil || at.Before(t.started) {
 		return
 	}
-	if !t.served[svc] {
-		if len(t.pending[svc]) < maxPendingTriggers {
-			t.pending[svc] = append(t.pending[svc], at)
+	var waiting []loadbalancer.ServicePortName
+	for _, spn := range slicePorts(svc, es) {
+		if !t.open[spn] {
+			waiting = append(waiting, spn)
 		}
+	}
+	if len(waiting) == 0 {
+		t.observeSince(at)
 		return
 	}
-	t.observeSince(at)
+	if len(t.pending[svc]) < maxPendingTriggers {
+		t.pending[svc] = append(t.pending[svc], pendingTrigger{at: at, ports: waiting})
+	}
+}
+
+// slicePorts are the service ports a slice gives endpoints to that this
+// proxy opens a socket for (TCP and UDP).
+func slicePorts(svc types.NamespacedName, es *discovery.EndpointSlice) []loadbalancer.ServicePortName {
+	var out []loadbalancer.ServicePortName
+	for _, p := range es.Ports {
+		spn := loadbalancer.ServicePortName{NamespacedName: svc, Protocol: v1.ProtocolTCP}
+		if p.Name != nil {
+			spn.Port = *p.Name
+		}
+		if p.Protocol != nil {
+			spn.Protocol = *p.Protocol
+		}
+		if spn.Protocol == v1.ProtocolTCP || spn.Protocol == v1.ProtocolUDP {
+			out = append(out, spn)
+		}
+	}
+	return out
 }
 
 func (t *endpointsTracker) observeSince(at time.Time) {
@@ -148,42 +182,26 @@ func (t *endpointsTracker) observeSince(at time.Time) {
 	}
 }
 
-// servedAfterSync is told, after a sync that wrote its rules, of the
-// Services it changed (present: still there); it records which are now
-// served (each of their ports with endpoints has a proxy socket: open)
-// and observes the trigger times that waited for it, also of Services a
-// sync before left unserved (a port that failed to open, retried).
-func (t *endpointsTracker) servedAfterSync(changed map[types.NamespacedName]bool, open func(loadbalancer.ServicePortName) bool) {
+// setOpen is told, after a sync that wrote its rules, which service ports
+// have a proxy socket, and observes the trigger times that waited for
+// them.
+func (t *endpointsTracker) setOpen(open map[loadbalancer.ServicePortName]bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	check := func(svc types.NamespacedName) {
-		served := true
-		for spn := range t.applied[svc] {
-			if !strings.HasSuffix(spn.Port, externalSuffix) && !open(spn) {
-				served = false
-				break
+	t.open = open
+	for svc, triggers := range t.pending {
+		kept := triggers[:0]
+		for _, tr := range triggers {
+			if slices.ContainsFunc(tr.ports, func(spn loadbalancer.ServicePortName) bool { return !open[spn] }) {
+				kept = append(kept, tr)
+				continue
 			}
+			t.observeSince(tr.at)
 		}
-		if !served {
-			delete(t.served, svc)
-			return
-		}
-		t.served[svc] = true
-		for _, at := range t.pending[svc] {
-			t.observeSince(at)
-		}
-		delete(t.pending, svc)
-	}
-	for svc, present := range changed {
-		if !present {
-			delete(t.served, svc)
-			continue
-		}
-		check(svc)
-	}
-	for svc := range t.pending {
-		if _, done := changed[svc]; !done {
-			check(svc)
+		if len(kept) == 0 {
+			delete(t.pending, svc)
+		} else {
+			t.pending[svc] = kept
 		}
 	}
 }

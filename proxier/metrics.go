@@ -58,7 +58,7 @@ func NewMetrics() *Metrics {
 		}),
 		NetworkProgrammingLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Subsystem: "kubeproxy", Name: "network_programming_duration_seconds",
-			Help:    "In Cluster Network Programming Latency in seconds (trigger time of an endpoint change to its being served: the balancer having it, or for a Service not served yet the sync that opens its proxy socket and writes its rules)",
+			Help:    "In Cluster Network Programming Latency in seconds (trigger time of an endpoint change to its being served: the balancer having it when its ports have their proxy sockets, else the sync that opens them and writes their rules)",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 20),
 		}),
 		EndpointChangesTotal: prometheus.NewCounter(prometheus.CounterOpts{

@@ -173,9 +173,12 @@ type Proxier struct {
 	noPortal map[types.NamespacedName]bool
 
 	// Owned by the sync goroutine (syncMu serialises a Sync() called by tests).
-	syncMu   sync.Mutex
-	active   map[loadbalancer.ServicePortName]*activePort
-	policies map[types.NamespacedName]trafficPolicy
+	syncMu sync.Mutex
+	active map[loadbalancer.ServicePortName]*activePort
+	// openChanged: a port opened or closed since the endpoints tracker
+	// was last told which are open (setOpen).
+	openChanged bool
+	policies    map[types.NamespacedName]trafficPolicy
 	// healthPorts are the healthCheckNodePorts in force; healthDirty says
 	// the service health server has not been told yet (external.go).
 	healthPorts map[types.NamespacedName]int
@@ -527,6 +530,7 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 			}
 			opened++
 			p.active[name] = ap
+			p.openChanged = true
 			p.debugTouched = append(p.debugTouched, name)
 			p.staleFlowsToClear(name)
 		}
@@ -575,11 +579,16 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 		// Only now do new flows meet the new rules; old flows still point at
 		// ports that no longer exist, or at no port at all.
 		p.clearStaleFlows()
-		present := make(map[types.NamespacedName]bool, len(changedServices))
-		for nn, infos := range changedServices {
-			present[nn] = len(infos) > 0
+		if p.openChanged {
+			// Ports opened or closed since the last sync that wrote its
+			// rules: what the programming latency waits for.
+			open := make(map[loadbalancer.ServicePortName]bool, len(p.active))
+			for name := range p.active {
+				open[name] = true
+			}
+			p.endpoints.setOpen(open)
+			p.openChanged = false
 		}
-		p.endpoints.servedAfterSync(present, func(spn loadbalancer.ServicePortName) bool { return p.active[spn] != nil })
 	}
 	elapsed := p.clk.Since(start)
 	p.metrics.SyncProxyRulesLatency.Observe(elapsed.Seconds())
@@ -696,6 +705,7 @@ func (p *Proxier) closePort(name loadbalancer.ServicePortName, ap *activePort) {
 	p.sockCfg.lifetimes.remove(name)
 	p.metrics.forgetServicePort(name.String())
 	delete(p.active, name)
+	p.openChanged = true
 	p.debugTouched = append(p.debugTouched, name)
 }
 
@@ -736,6 +746,7 @@ func (p *Proxier) closeForReopen(kept *keptPorts, name loadbalancer.ServicePortN
 		p.opts.Faults.RemovePort(ap.info.faultName)
 	}
 	delete(p.active, name)
+	p.openChanged = true
 	p.debugTouched = append(p.debugTouched, name)
 	return kept
 }

@@ -149,9 +149,6 @@ func topologyKeep(eps []loadbalancer.Endpoint, f int, node nodeTopology) func(lo
 // when it differs from its internal traffic. The suffix cannot clash with a
 // real port name: those are DNS labels, without '@'.
 func externalName(spn loadbalancer.ServicePortName) loadbalancer.ServicePortName {
-	spn.Port += externalSuffix
+	spn.Port += "@external"
 	return spn
 }
-
-// externalSuffix marks a balancer entry of external traffic (externalName).
-const externalSuffix = "@external"

@@ -161,28 +161,100 @@ func TestNetworkProgrammingLatency(t *testing.T) {
 	}
 }
 
-// A new Service's slice is programmed when the sync that opens its proxy
-// socket and writes its rules is done, not when the balancer has it (then
-// nothing serves it yet): its trigger time waits for that sync. A port that
-// failed to open waits for the retry that opens it.
-func TestNetworkProgrammingLatencyOfANewService(t *testing.T) {
+// A slice change is programmed when its ports' proxy sockets and rules
+// exist: for a new Service (or a new port of one already served) at the
+// sync that opens them, not when the balancer has it (then nothing served
+// it yet); ports this proxy opens no socket for (SCTP) wait for nothing,
+// and a change to a port that is open is recorded at once.
+func TestNetworkProgrammingLatencyWaitsForItsPorts(t *testing.T) {
 	start := time.Unix(1_000_000, 0)
-	clk := clocktesting.NewFakeClock(start)
-	p := newTestProxier(t, Options{Clock: clk})
-	es := makeSlice("web", v1.ProtocolTCP, "10.1.0.1:8080")
-	es.Annotations = map[string]string{endpointsTriggerTimeAnnotation: start.Add(time.Second).Format(time.RFC3339Nano)}
-	clk.Step(2 * time.Second)
-	p.OnEndpointSliceAdd(es) // before its Service: nothing serves it
-	p.OnServiceAdd(makeService("web"))
-	m := &dtoHistogram{}
-	if m.read(t, p); m.count != 0 {
-		t.Fatalf("observed %d samples (sum %.2fs) before any sync served the Service", m.count, m.sum)
+	stamped := func(svc string, at time.Time, ports ...discovery.EndpointPort) *discovery.EndpointSlice {
+		es := makeSlice(svc, v1.ProtocolTCP, "10.1.0.1:8080")
+		es.Ports = append(es.Ports, ports...)
+		es.Annotations = map[string]string{endpointsTriggerTimeAnnotation: at.Format(time.RFC3339Nano)}
+		return es
 	}
-	clk.Step(time.Second)
-	p.Sync()
-	if m.read(t, p); m.count != 1 || m.sum != 2 {
-		t.Fatalf("programming latency count %d sum %.2fs, want one 2 s sample: trigger to the sync that served it", m.count, m.sum)
+	port := func(name string, proto v1.Protocol) discovery.EndpointPort {
+		return discovery.EndpointPort{Name: ptr.To(name), Port: ptr.To(int32(9000)), Protocol: ptr.To(proto)}
 	}
+	withPort := func(name string, proto v1.Protocol) svcOpt {
+		return func(s *v1.Service) {
+			s.Spec.Ports = append(s.Spec.Ports, v1.ServicePort{Name: name, Port: 9000, Protocol: proto})
+		}
+	}
+	samples := func(t *testing.T, p *Proxier) (uint64, float64) {
+		m := &dtoHistogram{}
+		m.read(t, p)
+		return m.count, m.sum
+	}
+	t.Run("new Service", func(t *testing.T) {
+		clk := clocktesting.NewFakeClock(start)
+		p := newTestProxier(t, Options{Clock: clk})
+		clk.Step(2 * time.Second)
+		p.OnEndpointSliceAdd(stamped("web", start.Add(time.Second))) // before its Service: nothing serves it
+		p.OnServiceAdd(makeService("web"))
+		if n, sum := samples(t, p); n != 0 {
+			t.Fatalf("observed %d samples (sum %.2fs) before any sync served the Service", n, sum)
+		}
+		clk.Step(time.Second)
+		p.Sync()
+		if n, sum := samples(t, p); n != 1 || sum != 2 {
+			t.Fatalf("count %d sum %.2fs, want one 2 s sample: trigger to the sync that served it", n, sum)
+		}
+	})
+	t.Run("an SCTP port waits for nothing", func(t *testing.T) {
+		clk := clocktesting.NewFakeClock(start)
+		p := newTestProxier(t, Options{Clock: clk})
+		clk.Step(2 * time.Second)
+		p.OnEndpointSliceAdd(stamped("web", start.Add(time.Second), port("sig", v1.ProtocolSCTP)))
+		p.OnServiceAdd(makeService("web", withPort("sig", v1.ProtocolSCTP)))
+		clk.Step(time.Second)
+		p.Sync()
+		if n, sum := samples(t, p); n != 1 || sum != 2 {
+			t.Fatalf("count %d sum %.2fs, want one 2 s sample at the sync that opened the TCP port", n, sum)
+		}
+		moved := stamped("web", start.Add(2500*time.Millisecond), port("sig", v1.ProtocolSCTP))
+		moved.Endpoints[0].Addresses = []string{"10.1.0.2"}
+		p.OnEndpointSliceUpdate(nil, moved)
+		if n, sum := samples(t, p); n != 2 || sum != 2.5 {
+			t.Fatalf("count %d sum %.2fs, want a second sample of 0.5 s at once", n, sum)
+		}
+	})
+	t.Run("a new port of a served Service", func(t *testing.T) {
+		clk := clocktesting.NewFakeClock(start)
+		p := newTestProxier(t, Options{Clock: clk})
+		p.OnServiceAdd(makeService("web"))
+		p.Sync()
+		p.OnServiceUpdate(makeService("web"), makeService("web", withPort("admin", v1.ProtocolTCP)))
+		clk.Step(2 * time.Second)
+		p.OnEndpointSliceAdd(stamped("web", start.Add(time.Second), port("admin", v1.ProtocolTCP)))
+		if n, sum := samples(t, p); n != 0 {
+			t.Fatalf("observed %d samples (sum %.2fs) before the sync opened the new port", n, sum)
+		}
+		clk.Step(time.Second)
+		p.Sync()
+		if n, sum := samples(t, p); n != 1 || sum != 2 {
+			t.Fatalf("count %d sum %.2fs, want one 2 s sample at the sync that opened the port", n, sum)
+		}
+	})
+	t.Run("a renamed port, then its slice", func(t *testing.T) {
+		clk := clocktesting.NewFakeClock(start)
+		p := newTestProxier(t, Options{Clock: clk})
+		p.OnServiceAdd(makeService("web"))
+		p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, "10.1.0.1:8080")) // port p
+		p.Sync()
+		renamed := makeService("web")
+		renamed.Spec.Ports[0].Name = "q"
+		p.OnServiceUpdate(makeService("web"), renamed)
+		p.Sync()
+		clk.Step(time.Second)
+		es := stamped("web", start.Add(900*time.Millisecond))
+		es.Ports[0].Name = ptr.To("q")
+		p.OnEndpointSliceUpdate(nil, es) // the controller follows: q is open, served at once
+		if n, sum := samples(t, p); n != 1 || sum < 0.09 || sum > 0.11 {
+			t.Fatalf("count %d sum %.3fs, want one 0.1 s sample at once (it waited for a later sync)", n, sum)
+		}
+	})
 }
 
 // Under externalTrafficPolicy: Local with a cluster-wide internal policy,

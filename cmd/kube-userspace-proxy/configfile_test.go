@@ -276,6 +276,11 @@ func TestWriteConfigToReadsBack(t *testing.T) {
 	if cfg.UDPIdleTimeout == nil || cfg.UDPIdleTimeout.Duration != 3*time.Second || cfg.IPTables.SyncPeriod.Duration != 45*time.Second {
 		t.Errorf("udpIdleTimeout %v, iptables.syncPeriod %v; want 3s and 45s:\n%s", cfg.UDPIdleTimeout, cfg.IPTables.SyncPeriod, data)
 	}
+	// --iptables is not written, so neither is the 100 ms it gives the
+	// minimum: read back with rules, the file set 100 ms for them.
+	if got := cfg.IPTables.MinSyncPeriod.Duration; got != time.Second {
+		t.Errorf("iptables.minSyncPeriod %v, want the flag's 1s", got)
+	}
 	// As kube-proxy's, it needs no source.
 	if code := runMain([]string{"--write-config-to", filepath.Join(dir, "bare.yaml")}); code != 0 {
 		t.Errorf("--write-config-to alone: exit %d, want 0", code)

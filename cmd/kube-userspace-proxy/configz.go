@@ -105,6 +105,9 @@ func (o *options) writeConfig(path string) error {
 	// What this proxy's client accepts is not configurable here: written,
 	// the field read back as one "not implemented".
 	c.ClientConnection.AcceptContentTypes = ""
+	// The flag's value, not the one in force: --iptables is not written,
+	// and --iptables=false's 100 ms read back as the minimum for rules.
+	c.IPTables.MinSyncPeriod = metav1.Duration{Duration: o.minSyncPeriod}
 	data, err := yaml.Marshal(c)
 	if err != nil {
 		return err

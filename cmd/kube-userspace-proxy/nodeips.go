@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -101,6 +102,12 @@ type nodeIPsWatch struct {
 	isLocal     func(netip.Addr) bool
 	restart     func(error) // nil: log only
 	done        atomic.Bool
+	// seen is the differing node IPs of the last update: a change is
+	// acted on when a second update shows it too, so an address that is
+	// gone for a moment (an interface down, a DHCP renewal) does not
+	// restart the proxy, whose restart cuts the node's Service traffic.
+	mu   sync.Mutex
+	seen []netip.Addr
 }
 
 // newNodeIPsWatch records the node IPs in use for the families --node-ip
@@ -139,7 +146,11 @@ func (w *nodeIPsWatch) check(node config.NodeInfo) {
 			differ = append(differ, ip)
 		}
 	}
-	if len(differ) == 0 || !w.done.CompareAndSwap(false, true) {
+	w.mu.Lock()
+	again := len(differ) > 0 && slices.Equal(differ, w.seen)
+	w.seen = differ
+	w.mu.Unlock()
+	if !again || !w.done.CompareAndSwap(false, true) {
 		return
 	}
 	inUse := slices.DeleteFunc(slices.Clone(w.inUse[:]), func(a netip.Addr) bool { return !a.IsValid() })
