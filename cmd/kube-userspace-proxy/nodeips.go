@@ -25,7 +25,8 @@ const nodeLookupTimeout = 2 * time.Second
 // primary for each family --node-ip and --bind-address leave open, where
 // the default-route interface's address was (wrong on a node whose
 // InternalIP is on another interface). Without a Node, or without the API
-// server within nodeLookupTimeout, the default route stays.
+// server within nodeLookupTimeout, those the --state-file kept of the Node
+// (a restart during an outage), else the default route.
 func readNodeObjectIPs(ctx context.Context, o *options, v *validated, isLocal func(netip.Addr) bool) {
 	name := nodeName(o.hostnameOverride)
 	client, err := apiClient(o)
@@ -36,8 +37,15 @@ func readNodeObjectIPs(ctx context.Context, o *options, v *validated, isLocal fu
 	defer cancel()
 	node, err := config.ReadNode(ctx, client, name)
 	if err != nil {
-		klog.InfoS("Could not read this node's Node object; node IPs come from the default-route interfaces", "node", name, "err", err)
-		return
+		if ips := stateFileNodeIPs(o.stateFile, name); len(ips) > 0 {
+			// The Node as it was when the file was last written: a
+			// restart during an outage keeps the node IPs it had.
+			klog.InfoS("Could not read this node's Node object; node IPs from the --state-file", "node", name, "err", err)
+			node = config.NodeInfo{Name: name, Addresses: ips}
+		} else {
+			klog.InfoS("Could not read this node's Node object; node IPs come from the default-route interfaces", "node", name, "err", err)
+			return
+		}
 	}
 	var notLocal []netip.Addr
 	v.nodeObjectRead = true
@@ -160,4 +168,17 @@ func (w *nodeIPsWatch) check(node config.NodeInfo) {
 	}
 	klog.InfoS("NodeIPs changed for the node; restarting, as kube-proxy does, so that the portals take them (rules and proxy ports are kept)", "node", node.Name, "newNodeIPs", ips, "inUse", inUse)
 	w.restart(fmt.Errorf("the node IPs of Node %s (%v) are not those in use (%v): restart to take them", node.Name, ips, inUse))
+}
+
+// stateFileNodeIPs are the addresses of Node name kept in the state file
+// (none without a file, or one written for another node).
+func stateFileNodeIPs(path, name string) []netip.Addr {
+	if path == "" {
+		return nil
+	}
+	node, ips, err := config.ReadStateNode(path)
+	if err != nil || node != name {
+		return nil
+	}
+	return ips
 }

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -185,4 +186,27 @@ func TestNodeIPsWatch(t *testing.T) {
 	}
 	// Without rules (restart nil) it is only logged.
 	newNodeIPsWatch(&validated{bind: a("0.0.0.0")}, local, nil).check(node("10.1.0.5"))
+}
+
+// Without the API server at start, the node IPs are those the state file
+// kept of this Node (a restart during an outage), not the default route's;
+// a file of another node gives none.
+func TestReadNodeObjectIPsFromTheStateFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.json")
+	kept := []netip.Addr{netip.MustParseAddr("10.1.0.5")}
+	if err := config.WriteStateFile(path, config.State{Written: time.Now(), Node: "node-a", NodeIPs: kept}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		node string
+		want []netip.Addr
+	}{{"node-a", kept}, {"node-b", nil}} {
+		o := newOptions()
+		o.master, o.hostnameOverride, o.stateFile = "http://127.0.0.1:1", tc.node, path
+		v := &validated{}
+		readNodeObjectIPs(context.Background(), o, v, func(netip.Addr) bool { return true })
+		if !slices.Equal(v.nodeObjectIPs, tc.want) || v.nodeObjectRead != (tc.want != nil) {
+			t.Errorf("%s: node IPs %v (read %v), want %v", tc.node, v.nodeObjectIPs, v.nodeObjectRead, tc.want)
+		}
+	}
 }

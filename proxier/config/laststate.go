@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -183,6 +184,10 @@ type nodeShare struct {
 	// zone is the last zone the source gave; known once it gave one.
 	zone  string
 	known bool
+	// addrs are the Node's addresses as the source last gave them, kept
+	// in the file so that a start during an outage takes the node IPs
+	// the Node had (ReadStateNode), not the default route's.
+	addrs []netip.Addr
 	// provisional: the file's zone went to next and the source has
 	// given none since.
 	provisional bool
@@ -208,14 +213,14 @@ func (n stateNodes) OnNodeChange(info NodeInfo) {
 	s := n.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	zone := info.Zone
+	zone, addrs := info.Zone, info.Addresses
 	if info.Deleted {
-		zone = ""
+		zone, addrs = "", nil
 	}
-	if !s.node.known || zone != s.node.zone {
+	if !s.node.known || zone != s.node.zone || !slices.Equal(addrs, s.node.addrs) {
 		s.noteChange()
 	}
-	s.node.zone, s.node.known, s.node.provisional = zone, true, false
+	s.node.zone, s.node.addrs, s.node.known, s.node.provisional = zone, addrs, true, false
 	s.node.next.OnNodeChange(info)
 }
 
@@ -423,7 +428,7 @@ func (s *LastKnownState) write() {
 	s.mu.Lock()
 	state := State{Written: time.Now(), Services: s.services.snapshot(), EndpointSlices: s.slices.snapshot()}
 	if s.node.known {
-		state.Node, state.Zone = s.node.name, s.node.zone
+		state.Node, state.Zone, state.NodeIPs = s.node.name, s.node.zone, s.node.addrs
 	}
 	s.mu.Unlock()
 	if err := WriteStateFile(s.path, state); err != nil {
@@ -441,15 +446,19 @@ type State struct {
 	Services       []*v1.Service
 	EndpointSlices []*discovery.EndpointSlice
 	// Node and its Zone (topology.kubernetes.io/zone), when the source
-	// gave the Node and it has one.
+	// gave the Node and it has one; NodeIPs are its addresses
+	// (InternalIPs, then ExternalIPs).
 	Node, Zone string
+	NodeIPs    []netip.Addr
 }
 
-// Annotations of the file's List: State.Written, State.Node and State.Zone.
+// Annotations of the file's List: State.Written, State.Node, State.Zone
+// and State.NodeIPs.
 const (
 	stateWrittenAnnotation = "kube-userspace-proxy/state-written"
 	stateNodeAnnotation    = "kube-userspace-proxy/state-node"
 	stateZoneAnnotation    = "kube-userspace-proxy/state-node-zone"
+	stateNodeIPsAnnotation = "kube-userspace-proxy/state-node-ips"
 )
 
 // stateList is the file: a v1 List of the objects (so that `explain
@@ -477,6 +486,14 @@ func WriteStateFile(path string, state State) error {
 	if state.Zone != "" {
 		list.Metadata.Annotations[stateNodeAnnotation] = state.Node
 		list.Metadata.Annotations[stateZoneAnnotation] = state.Zone
+	}
+	if len(state.NodeIPs) > 0 {
+		list.Metadata.Annotations[stateNodeAnnotation] = state.Node
+		ips := make([]string, len(state.NodeIPs))
+		for i, ip := range state.NodeIPs {
+			ips[i] = ip.String()
+		}
+		list.Metadata.Annotations[stateNodeIPsAnnotation] = strings.Join(ips, ",")
 	}
 	for _, svc := range state.Services {
 		c := *svc // the source's object is shared: change a copy
@@ -555,6 +572,9 @@ func ReadStateFile(path string) (State, error) {
 	}
 	state.Node = list.Metadata.Annotations[stateNodeAnnotation]
 	state.Zone = list.Metadata.Annotations[stateZoneAnnotation]
+	if state.NodeIPs, err = parseNodeIPs(list.Metadata.Annotations[stateNodeIPsAnnotation]); err != nil {
+		return state, fmt.Errorf("%s: annotation %s: %w", path, stateNodeIPsAnnotation, err)
+	}
 	for i, item := range list.Items {
 		var tm metav1.TypeMeta
 		if err := json.Unmarshal(item, &tm); err != nil {
@@ -578,4 +598,47 @@ func ReadStateFile(path string) (State, error) {
 		}
 	}
 	return state, nil
+}
+
+func parseNodeIPs(v string) ([]netip.Addr, error) {
+	if v == "" {
+		return nil, nil
+	}
+	var out []netip.Addr
+	for f := range strings.SplitSeq(v, ",") {
+		ip, err := netip.ParseAddr(f)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ip)
+	}
+	return out, nil
+}
+
+// ReadStateNode reads only the Node a state file was written for and its
+// addresses, without decoding its objects: a start that could not read
+// its Node from the API server takes its node IPs from here before
+// anything else.
+func ReadStateNode(path string) (node string, ips []netip.Addr, err error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", nil, err
+	}
+	var head struct {
+		Kind     string `json:"kind"`
+		Metadata struct {
+			Annotations map[string]string `json:"annotations"`
+		} `json:"metadata"`
+	}
+	if err := json.Unmarshal(data, &head); err != nil {
+		return "", nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if head.Kind != "List" {
+		return "", nil, fmt.Errorf("%s: not a state file (kind %q, want List)", path, head.Kind)
+	}
+	ips, err = parseNodeIPs(head.Metadata.Annotations[stateNodeIPsAnnotation])
+	if err != nil {
+		return "", nil, fmt.Errorf("%s: annotation %s: %w", path, stateNodeIPsAnnotation, err)
+	}
+	return head.Metadata.Annotations[stateNodeAnnotation], ips, nil
 }

@@ -3,8 +3,10 @@ package config
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -448,4 +450,32 @@ func TestLastKnownStateKeepsTheNodeZone(t *testing.T) {
 		_, _, rec := restart("node-b")
 		rec.waitFor(t, 5*time.Second, "add Service default/a", "synced Service", "synced EndpointSlice")
 	})
+}
+
+// The file keeps the Node's addresses too, which a start that cannot read
+// its Node from the API server takes its node IPs from (ReadStateNode
+// reads them without the objects): a restart during an outage DNATed to
+// the default route's address instead.
+func TestLastKnownStateKeepsTheNodeAddresses(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.json")
+	rec := newManifestRecorder()
+	s := NewLastKnownState(path, rec, time.Hour)
+	nodes := s.Nodes("node-a", nodeRecorder{rec})
+	stop := runState(t, s)
+	s.OnServiceAdd(stateService("a", "10.96.0.1"))
+	s.OnServiceSynced()
+	s.OnEndpointSlicesSynced()
+	addrs := []netip.Addr{netip.MustParseAddr("10.1.0.5"), netip.MustParseAddr("fd00::5")}
+	nodes.OnNodeChange(NodeInfo{Name: "node-a", Addresses: addrs}) // no zone
+	nodes.OnNodeSynced()
+	rec.waitFor(t, time.Second, "add Service default/a", "synced Service", "synced EndpointSlice", "node node-a zone=", "node synced")
+	stop()
+	st, err := ReadStateFile(path)
+	if err != nil || st.Node != "node-a" || !slices.Equal(st.NodeIPs, addrs) {
+		t.Fatalf("file's node %q IPs %v (%v), want node-a with %v", st.Node, st.NodeIPs, err, addrs)
+	}
+	node, ips, err := ReadStateNode(path)
+	if err != nil || node != "node-a" || !slices.Equal(ips, addrs) {
+		t.Fatalf("ReadStateNode: %q %v (%v), want node-a with %v", node, ips, err, addrs)
+	}
 }

@@ -2,6 +2,7 @@ package e2ecp
 
 import (
 	"context"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -59,6 +60,17 @@ func checkRestartDuringOutage(t *testing.T, e *env) {
 	}
 	if v := e.proxy.Metric(t, "kubeproxy_userspace_last_known_state_serving"); v != 1 {
 		t.Errorf("kubeproxy_userspace_last_known_state_serving = %v while serving the file, want 1", v)
+	}
+	// The node IPs the file kept of the Node (it could not be read): the
+	// restarted proxy DNATed to the default route's address (10.77.1.1).
+	var host []string
+	for _, r := range e.proxy.Rules(t, portName(kept, tcpPortName)) {
+		if strings.Contains(r, "KUBE-PORTALS-HOST") {
+			host = append(host, r)
+		}
+	}
+	if len(host) == 0 || !allContain("--to-destination "+nodeObjectIP.String()+":")(host) {
+		t.Errorf("restarted during the outage, the node's own portals do not DNAT to the Node's InternalIP %s:\n%s", nodeObjectIP, strings.Join(host, "\n"))
 	}
 
 	var err error
