@@ -13,10 +13,10 @@ import (
 // with a FIN (Options.HalfCloseTimeout): it ends (with a reset) only once
 // its source has received nothing for a whole timeout, so a stream still
 // flowing is never cut (a fixed deadline cut a backend streaming for
-// longer than the bound). Progress is the kernel's byte count (TCP_INFO),
-// so the copy loop pays nothing per byte. A peer that stops reading
-// stalls that count too; the abort then wakes the stalled write as well
-// as the read.
+// longer than the bound). Progress is the kernel's time since the last
+// data received (TCP_INFO), so the copy loop pays nothing per byte. A peer
+// that stops reading stalls the source too; the abort then wakes the
+// stalled write as well as the read.
 //
 // Only the first direction to end arms it (the second leaves nothing
 // running to bound), and Run stops it and drops its references, so a
@@ -31,7 +31,6 @@ type halfClosed struct {
 	stopped bool
 	c       *Conn
 	raw     syscall.RawConn
-	last    uint64
 }
 
 // watchHalfClosed starts the bound on the direction reading from conn;
@@ -43,13 +42,12 @@ func watchHalfClosed(c *Conn, conn, other *net.TCPConn) *halfClosed {
 	if err != nil {
 		return nil
 	}
-	last, _, ok := bytesReceived(raw)
-	if !ok {
+	if _, ok := sinceLastReceived(raw); !ok {
 		_ = conn.SetReadDeadline(time.Now().Add(timeout))
 		_ = other.SetWriteDeadline(time.Now().Add(timeout))
 		return nil
 	}
-	h := &halfClosed{c: c, raw: raw, last: last}
+	h := &halfClosed{c: c, raw: raw}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	// A timer, not a goroutine; fire waits for mu, so it sees t set.
@@ -63,19 +61,19 @@ func (h *halfClosed) fire() {
 	if h.stopped {
 		return
 	}
-	now, idle, ok := bytesReceived(h.raw)
+	idle, ok := sinceLastReceived(h.raw)
 	if !ok {
 		return // closed: the relay is done
 	}
 	// The bound runs from the last byte received, not from this look:
-	// re-arming a whole timeout here let a source that went quiet just
-	// after one look idle up to twice the bound.
+	// re-arming a whole timeout when bytes had come since the last look
+	// let a source that went quiet just after it idle up to twice the
+	// bound.
 	wait := h.c.o.HalfCloseTimeout - idle
-	if now == h.last || wait <= 0 {
+	if wait <= 0 {
 		h.c.abort()
 		return
 	}
-	h.last = now
 	h.t.Reset(wait)
 }
 
@@ -93,14 +91,13 @@ func (h *halfClosed) stop() {
 	h.mu.Unlock()
 }
 
-// bytesReceived is the kernel's count of bytes the socket received and
-// how long ago the last of them came (to the kernel's tick); false once it
-// is closed.
-func bytesReceived(raw syscall.RawConn) (n uint64, idle time.Duration, ok bool) {
+// sinceLastReceived is how long ago the socket last received data, to the
+// kernel's tick (TCP_INFO's last_data_recv); false once it is closed.
+func sinceLastReceived(raw syscall.RawConn) (idle time.Duration, ok bool) {
 	_ = raw.Control(func(fd uintptr) {
 		if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
-			n, idle, ok = info.Bytes_received, time.Duration(info.Last_data_recv)*time.Millisecond, true
+			idle, ok = time.Duration(info.Last_data_recv)*time.Millisecond, true
 		}
 	})
-	return n, idle, ok
+	return idle, ok
 }
