@@ -162,18 +162,24 @@ func (t *endpointsTracker) observeProgramming(svc types.NamespacedName, es *disc
 func slicePorts(svc types.NamespacedName, es *discovery.EndpointSlice) []loadbalancer.ServicePortName {
 	var out []loadbalancer.ServicePortName
 	for _, p := range es.Ports {
-		spn := loadbalancer.ServicePortName{NamespacedName: svc, Protocol: v1.ProtocolTCP}
-		if p.Name != nil {
-			spn.Port = *p.Name
-		}
-		if p.Protocol != nil {
-			spn.Protocol = *p.Protocol
-		}
-		if spn.Protocol == v1.ProtocolTCP || spn.Protocol == v1.ProtocolUDP {
+		if spn := slicePortName(svc, p); spn.Protocol == v1.ProtocolTCP || spn.Protocol == v1.ProtocolUDP {
 			out = append(out, spn)
 		}
 	}
 	return out
+}
+
+// slicePortName is the service port a slice's port gives endpoints to:
+// its name and protocol (TCP when unset).
+func slicePortName(svc types.NamespacedName, p discovery.EndpointPort) loadbalancer.ServicePortName {
+	spn := loadbalancer.ServicePortName{NamespacedName: svc, Protocol: v1.ProtocolTCP}
+	if p.Name != nil {
+		spn.Port = *p.Name
+	}
+	if p.Protocol != nil {
+		spn.Protocol = *p.Protocol
+	}
+	return spn
 }
 
 func (t *endpointsTracker) observeSince(at time.Time) {
@@ -182,17 +188,23 @@ func (t *endpointsTracker) observeSince(at time.Time) {
 	}
 }
 
-// setOpen is told, after a sync that wrote its rules, which service ports
-// have a proxy socket, and observes the trigger times that waited for
-// them.
-func (t *endpointsTracker) setOpen(open map[loadbalancer.ServicePortName]bool) {
+// setOpen is told, after a sync that wrote its rules, of the service
+// ports opened (true) or closed (false) since the last such sync, and
+// observes the trigger times that waited for them.
+func (t *endpointsTracker) setOpen(changed map[loadbalancer.ServicePortName]bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.open = open
+	for spn, open := range changed {
+		if open {
+			t.open[spn] = true
+		} else {
+			delete(t.open, spn)
+		}
+	}
 	for svc, triggers := range t.pending {
 		kept := triggers[:0]
 		for _, tr := range triggers {
-			if slices.ContainsFunc(tr.ports, func(spn loadbalancer.ServicePortName) bool { return !open[spn] }) {
+			if slices.ContainsFunc(tr.ports, func(spn loadbalancer.ServicePortName) bool { return !t.open[spn] }) {
 				kept = append(kept, tr)
 				continue
 			}
@@ -348,13 +360,7 @@ func endpointsByPort(svc types.NamespacedName, sliceMap map[string]*discovery.En
 			if p.Port == nil || *p.Port < 1 || *p.Port > 65535 {
 				continue
 			}
-			spn := loadbalancer.ServicePortName{NamespacedName: svc, Protocol: "TCP"}
-			if p.Name != nil {
-				spn.Port = *p.Name
-			}
-			if p.Protocol != nil {
-				spn.Protocol = *p.Protocol
-			}
+			spn := slicePortName(svc, p)
 			for _, ep := range es.Endpoints {
 				// An endpoint's addresses are fungible (the API lets
 				// consumers use only the first, as kube-proxy does): one

@@ -175,9 +175,9 @@ type Proxier struct {
 	// Owned by the sync goroutine (syncMu serialises a Sync() called by tests).
 	syncMu sync.Mutex
 	active map[loadbalancer.ServicePortName]*activePort
-	// openChanged: a port opened or closed since the endpoints tracker
-	// was last told which are open (setOpen).
-	openChanged bool
+	// openTouched: ports opened or closed since the endpoints tracker was
+	// last told (setOpen, after a sync that wrote its rules).
+	openTouched []loadbalancer.ServicePortName
 	policies    map[types.NamespacedName]trafficPolicy
 	// healthPorts are the healthCheckNodePorts in force; healthDirty says
 	// the service health server has not been told yet (external.go).
@@ -530,7 +530,7 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 			}
 			opened++
 			p.active[name] = ap
-			p.openChanged = true
+			p.openTouched = append(p.openTouched, name)
 			p.debugTouched = append(p.debugTouched, name)
 			p.staleFlowsToClear(name)
 		}
@@ -579,15 +579,15 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 		// Only now do new flows meet the new rules; old flows still point at
 		// ports that no longer exist, or at no port at all.
 		p.clearStaleFlows()
-		if p.openChanged {
+		if len(p.openTouched) > 0 {
 			// Ports opened or closed since the last sync that wrote its
 			// rules: what the programming latency waits for.
-			open := make(map[loadbalancer.ServicePortName]bool, len(p.active))
-			for name := range p.active {
-				open[name] = true
+			changed := make(map[loadbalancer.ServicePortName]bool, len(p.openTouched))
+			for _, name := range p.openTouched {
+				changed[name] = p.active[name] != nil
 			}
-			p.endpoints.setOpen(open)
-			p.openChanged = false
+			p.endpoints.setOpen(changed)
+			p.openTouched = nil
 		}
 	}
 	elapsed := p.clk.Since(start)
@@ -705,7 +705,7 @@ func (p *Proxier) closePort(name loadbalancer.ServicePortName, ap *activePort) {
 	p.sockCfg.lifetimes.remove(name)
 	p.metrics.forgetServicePort(name.String())
 	delete(p.active, name)
-	p.openChanged = true
+	p.openTouched = append(p.openTouched, name)
 	p.debugTouched = append(p.debugTouched, name)
 }
 
@@ -746,7 +746,7 @@ func (p *Proxier) closeForReopen(kept *keptPorts, name loadbalancer.ServicePortN
 		p.opts.Faults.RemovePort(ap.info.faultName)
 	}
 	delete(p.active, name)
-	p.openChanged = true
+	p.openTouched = append(p.openTouched, name)
 	p.debugTouched = append(p.debugTouched, name)
 	return kept
 }
