@@ -112,7 +112,9 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 	}
 	// After the read, which waited for the API server (--timeout).
 	if o.manifests == "" {
-		readNodeObjectIPs(ctx, o, v, isLocalAddress)
+		if client, err := apiClient(o); err == nil { // read already reported one that fails
+			readNodeObjectIPs(ctx, client, o, v, isLocalAddress)
+		}
 	}
 	resolveNodePortAddresses(v)
 	ports, v4, v6 := plan.Run()
@@ -246,7 +248,7 @@ func readOnce(ctx context.Context, o *options, v *validated, h config.Handler, r
 			config.WithErrorReporter(report), config.WithoutWatcher())
 	} else {
 		var err error
-		if src, err = newSource(o, v, synced, nil); err != nil {
+		if src, err = newSource(o, v, nil, synced, nil); err != nil {
 			return err
 		}
 	}

@@ -37,13 +37,8 @@ func TestHealthCheckNodePortOnNodePortAddresses(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "local.yaml"), []byte(fmt.Sprintf(localLBManifest, port)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	o := newOptions()
-	o.manifests = dir
-	o.iptables = false
-	o.bindAddress = "127.0.0.2"
+	o := loopbackOptions(dir, "127.0.0.2")
 	o.nodePortAddresses = []string{"127.0.0.0/8", "::1/128"}
-	o.healthzBindAddress = "127.0.0.1:0"
-	o.metricsBindAddress = "127.0.0.1:0"
 	runProxy(t, o)
 
 	client := &http.Client{Timeout: time.Second}

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
@@ -27,12 +28,8 @@ const nodeLookupTimeout = 2 * time.Second
 // InternalIP is on another interface). Without a Node, or without the API
 // server within nodeLookupTimeout, those the --state-file kept of the Node
 // (a restart during an outage), else the default route.
-func readNodeObjectIPs(ctx context.Context, o *options, v *validated, isLocal func(netip.Addr) bool) {
+func readNodeObjectIPs(ctx context.Context, client kubernetes.Interface, o *options, v *validated, isLocal func(netip.Addr) bool) {
 	name := nodeName(o.hostnameOverride)
-	client, err := apiClient(o)
-	if err != nil {
-		return // newSource says it
-	}
 	ctx, cancel := context.WithTimeout(ctx, nodeLookupTimeout)
 	defer cancel()
 	node, err := config.ReadNode(ctx, client, name)

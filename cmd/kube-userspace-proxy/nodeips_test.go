@@ -120,7 +120,11 @@ func TestReadNodeObjectIPsFromTheAPIServer(t *testing.T) {
 		o.master, o.hostnameOverride = srv.URL, tt.node
 		v := &validated{}
 		began := time.Now()
-		readNodeObjectIPs(context.Background(), o, v, local)
+		client, err := apiClient(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		readNodeObjectIPs(context.Background(), client, o, v, local)
 		if !slices.Equal(v.nodeObjectIPs, tt.want) {
 			t.Errorf("Node %q: node IPs %v, want %v", tt.node, v.nodeObjectIPs, tt.want)
 		}
@@ -204,7 +208,11 @@ func TestReadNodeObjectIPsFromTheStateFile(t *testing.T) {
 		o := newOptions()
 		o.master, o.hostnameOverride, o.stateFile = "http://127.0.0.1:1", tc.node, path
 		v := &validated{}
-		readNodeObjectIPs(context.Background(), o, v, func(netip.Addr) bool { return true })
+		client, err := apiClient(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		readNodeObjectIPs(context.Background(), client, o, v, func(netip.Addr) bool { return true })
 		if !slices.Equal(v.nodeObjectIPs, tc.want) || v.nodeObjectRead != (tc.want != nil) {
 			t.Errorf("%s: node IPs %v (read %v), want %v", tc.node, v.nodeObjectIPs, v.nodeObjectRead, tc.want)
 		}

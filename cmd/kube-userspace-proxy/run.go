@@ -42,8 +42,14 @@ type started func(p *proxier.Proxier, metricsAddr string)
 
 // run wires source → proxier → sockets + rules and serves until ctx ends.
 func run(ctx context.Context, o *options, v *validated, onStart started) error {
+	// One client for the Node's read, the events and the informers.
+	var client kubernetes.Interface
 	if o.manifests == "" {
-		readNodeObjectIPs(ctx, o, v, isLocalAddress)
+		var err error
+		if client, err = apiClient(o); err != nil {
+			return err
+		}
+		readNodeObjectIPs(ctx, client, o, v, isLocalAddress)
 	}
 	resolveNodePortAddresses(v)
 	warnBindAddressNotLocal(v.bind, isLocalAddress)
@@ -127,7 +133,7 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		registerLastKnownStateMetrics(metrics.Registry, lastState)
 		h, nodes = lastState, lastState.Nodes(nodeName(o.hostnameOverride), nodes)
 	}
-	src, err := newSource(o, v, h, nodes)
+	src, err := newSource(o, v, client, h, nodes)
 	if err != nil {
 		return err
 	}
@@ -135,11 +141,9 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var events *nodeEvents
-	if o.manifests == "" {
-		if client, err := apiClient(o); err == nil {
-			events = startNodeEvents(ctx, client, nodeName(o.hostnameOverride))
-			serviceHealth.ListenFailed = events.healthCheckFailed
-		}
+	if client != nil {
+		events = startNodeEvents(ctx, client, nodeName(o.hostnameOverride))
+		serviceHealth.ListenFailed = events.healthCheckFailed
 	}
 	servers, metricsAddr, err := startServers(ctx, o, p, health, metrics, faultTable)
 	if err != nil {
@@ -214,17 +218,20 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 }
 
 // newSource builds the source the flags name, feeding h; nodes (nil: none)
-// follows this node's Node object when the source is an API server.
-func newSource(o *options, v *validated, h config.Handler, nodes config.NodeHandler) (source, error) {
+// follows this node's Node object when the source is an API server, read
+// through client (nil: one is made from the flags).
+func newSource(o *options, v *validated, client kubernetes.Interface, h config.Handler, nodes config.NodeHandler) (source, error) {
 	if o.manifests != "" {
 		if _, err := os.Stat(o.manifests); err != nil {
 			return nil, fmt.Errorf("--manifests: %w", err)
 		}
 		return config.NewManifestSource(o.manifests, h, config.WithServiceClusterIPRange(v.serviceCIDRs)), nil
 	}
-	client, err := apiClient(o)
-	if err != nil {
-		return nil, err
+	if client == nil {
+		var err error
+		if client, err = apiClient(o); err != nil {
+			return nil, err
+		}
 	}
 	return config.NewInformerSource(client, h, config.InformerOptions{
 		ConfigSyncPeriod: o.configSyncPeriod,

@@ -84,6 +84,18 @@ func ask(addr string) string {
 	return strings.TrimSpace(line)
 }
 
+// loopbackOptions are a test's options: manifests in dir, no rules, proxy
+// sockets on bind, the servers on free loopback ports.
+func loopbackOptions(dir, bind string) *options {
+	o := newOptions()
+	o.manifests = dir
+	o.iptables = false
+	o.bindAddress = bind
+	o.healthzBindAddress = "127.0.0.1:0"
+	o.metricsBindAddress = "127.0.0.1:0"
+	return o
+}
+
 // runProxy runs the command's wiring (run) with o until the test ends, and
 // returns its proxier once it started.
 func runProxy(t *testing.T, o *options) *proxier.Proxier {
@@ -120,12 +132,7 @@ func TestManifestChangeLiveWithinOneSecond(t *testing.T) {
 	dir := t.TempDir()
 	writeWeb(t, dir, a)
 
-	o := newOptions()
-	o.manifests = dir
-	o.iptables = false
-	o.bindAddress = "127.0.0.1"
-	o.healthzBindAddress = "127.0.0.1:0"
-	o.metricsBindAddress = "127.0.0.1:0"
+	o := loopbackOptions(dir, "127.0.0.1")
 	p := runProxy(t, o)
 
 	var addr string
@@ -503,12 +510,7 @@ func TestStateFileFlags(t *testing.T) {
 // (measured by a sweep), past the manifests' 1 s.
 func TestServiceStreamEachServedAtOnceWithoutIptables(t *testing.T) {
 	dir := t.TempDir()
-	o := newOptions()
-	o.manifests = dir
-	o.iptables = false
-	o.bindAddress = "127.0.0.1"
-	o.healthzBindAddress = "127.0.0.1:0"
-	o.metricsBindAddress = "127.0.0.1:0"
+	o := loopbackOptions(dir, "127.0.0.1")
 	p := runProxy(t, o)
 	const svc = "apiVersion: v1\nkind: Service\nmetadata: {name: s%d, namespace: default}\nspec:\n  clusterIP: 10.96.1.%d\n  ports: [{name: http, port: 80}]\n"
 	var worst time.Duration
