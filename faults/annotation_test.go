@@ -270,6 +270,11 @@ func TestParseAnnotationErrors(t *testing.T) {
 		{"latency past time.Duration", `[{"type":"latency","attributes":{"latency":1e16}}]`, both, "[0].attributes.latency: must be at most 1e+12"},
 		{"slicer size past the bound", `[{"type":"slicer","attributes":{"average_size":1e19}}]`, both, "[0].attributes.average_size: must be at most 1e+12"},
 		{"slicer size 0", `[{"type":"slicer"}]`, both, "[0].attributes.average_size: must be greater than 0"},
+		// A byte count is whole, as Toxiproxy's integers: 1.5 was taken,
+		// shown as 1.5 and passed 1 byte (0.5 passed none).
+		{"limit_data bytes a fraction", `[{"type":"limit_data","attributes":{"bytes":1.5}}]`, both, "[0].attributes.bytes: must be a whole number of bytes, not 1.5"},
+		{"slicer size a fraction", `[{"type":"slicer","attributes":{"average_size":10.5}}]`, both, "[0].attributes.average_size: must be a whole number of bytes, not 10.5"},
+		{"slicer variation a fraction", `[{"type":"slicer","attributes":{"average_size":10,"size_variation":0.5}}]`, both, "[0].attributes.size_variation: must be a whole number of bytes, not 0.5"},
 		{"unknown field", `[{"type":"latency","latancy":300}]`, both, "[0].latancy: unknown field (a toxic has name, type, stream, toxicity, attributes, port, clients, seed)"},
 		{"name twice", `[{"type":"latency"},{"type":"latency","attributes":{"latency":1}}]`, both, `[1].name: "latency_downstream" is used twice on port "http"`},
 		{"name twice on one port, once for every port", `[{"name":"slow","type":"latency"},{"name":"slow","type":"latency","port":"admin"}]`, []ServicePort{tcpHTTP, tcpAdmin}, `[1].name: "slow" is used twice on port "admin"; toxic names must be unique per port`},

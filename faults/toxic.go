@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -181,6 +182,14 @@ var toxicTypes = map[string]toxicType{
 	"reorder":   {kindDatagram, map[string]float64{"rate": 1, "delay": 10}},
 }
 
+// byteCounts are the attributes that count bytes: Toxiproxy's integers,
+// which a fraction would not fit (limit_data's 1.5 bytes passed 1). The
+// others are durations and rates, where a fraction means what it says.
+var byteCounts = map[string][]string{
+	"limit_data": {"bytes"},
+	"slicer":     {"average_size", "size_variation"},
+}
+
 // Types lists the toxic types this proxy knows.
 func Types() []string {
 	out := make([]string, 0, len(toxicTypes))
@@ -269,6 +278,11 @@ func (t *Toxic) Normalize() error {
 	// the pacing would overflow its durations.
 	if r := attrs["rate"]; t.Type == "bandwidth" && r != 0 && r < minBandwidth {
 		return &FieldError{"attributes.rate", fmt.Sprintf("must be 0 (hold the stream) or at least %g (KB/s: a byte a second), not %v", minBandwidth, r)}
+	}
+	for _, k := range byteCounts[t.Type] {
+		if v := attrs[k]; v != math.Trunc(v) {
+			return &FieldError{"attributes." + k, fmt.Sprintf("must be a whole number of bytes, not %v", v)}
+		}
 	}
 	if t.Type == "slicer" && attrs["average_size"] == 0 {
 		return &FieldError{"attributes.average_size", "must be greater than 0 (bytes)"}
