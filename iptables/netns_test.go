@@ -22,6 +22,9 @@ import (
 // the iptables binaries.
 func requireRealIptables(t testing.TB) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("real-kernel iptables test: skipped with -short (make unit); make test runs it")
+	}
 	if os.Geteuid() != 0 {
 		t.Skip("real-kernel iptables test needs root (it creates a network namespace); run as root to include it")
 	}

@@ -38,6 +38,9 @@ var (
 // per test binary.
 func FindBinaries(tb testing.TB) Binaries {
 	tb.Helper()
+	if testing.Short() {
+		tb.Skip("control-plane test: skipped with -short (make unit); make test runs it")
+	}
 	binariesOnce.Do(func() { binaries, binariesSkip, binariesErr = findBinaries() })
 	if binariesErr != nil {
 		tb.Fatalf("control plane: %v", binariesErr)
