@@ -20,7 +20,7 @@ import (
 //
 // Proxy ports are illustrative: a running proxier gets them from the
 // kernel, or at random from --proxy-port-range. A plan numbers the
-// service ports in name order from the range's first port (40001 when the
+// service ports in name order from the range's first port (61001 when the
 // kernel chooses), so the same input explains the same way every time; for
 // the same reason endpoints keep their given order instead of the
 // shuffled one a running proxier starts from.
@@ -39,7 +39,7 @@ type Plan struct {
 
 // PlanFirstPort is the first illustrative proxy port when the kernel
 // chooses ports.
-const PlanFirstPort = 40001
+const PlanFirstPort = 61001
 
 // NewPlan returns a plan for a proxier with opts. Portal syncers,
 // NodePort claims, conntrack cleaning and healthCheckNodePort servers are

@@ -335,7 +335,7 @@ func TestExplainWithoutIptables(t *testing.T) {
 	got := out.String()
 	outputHas(t, got,
 		"--iptables=false: no rules would be installed",
-		"proxy socket:     127.0.0.1:40001 (example port): where clients connect, no rule leads here",
+		"proxy socket:     127.0.0.1:61001 (example port): where clients connect, no rule leads here",
 		"rules:            none (--iptables=false)",
 	)
 	for _, bad := range []string{"-A ", "DNAT", "iptables-restore", "Each rule is shown"} {
