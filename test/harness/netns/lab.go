@@ -27,17 +27,20 @@ func New(t testing.TB) *Lab {
 }
 
 // NS creates the namespace "kup-<role>-<suffix>", brings its loopback up and
-// registers its deletion with t.Cleanup.
+// registers its deletion with t.Cleanup (and with the interrupt handler, see
+// interrupt.go).
 func (l *Lab) NS(role string) *NS {
 	l.t.Helper()
 	name := fmt.Sprintf("kup-%s-%s", role, l.Suffix)
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
 		l.t.Fatalf("netns: ip netns add %s: %v: %s", name, err, out)
 	}
+	held(name)
 	l.t.Cleanup(func() {
 		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
 			l.t.Errorf("netns: ip netns del %s: %v: %s", name, err, out)
 		}
+		released(name)
 	})
 	ns := &NS{t: l.t, Name: name}
 	ns.MustIP("link", "set", "lo", "up")
