@@ -15,6 +15,7 @@ import (
 func Cleanup(r Runner) error {
 	var errs []error
 	fail := func(err error) { errs = append(errs, fmt.Errorf("%v: %w", r.Family(), err)) }
+	jumpsDeleted, chainsDeleted := 0, 0
 
 	exists := map[string]bool{}
 	for _, c := range ownedChains {
@@ -44,6 +45,7 @@ func Cleanup(r Runner) error {
 				fail(err)
 				break
 			}
+			jumpsDeleted++
 		}
 	}
 
@@ -84,6 +86,7 @@ func Cleanup(r Runner) error {
 					fail(err)
 					continue
 				}
+				jumpsDeleted++
 				// Not one of our jumps (those went above): the legacy
 				// kube-proxy's, or another tool's. Our chains cannot go
 				// while it names them; it went silently.
@@ -100,14 +103,21 @@ func Cleanup(r Runner) error {
 		}
 		if err := r.DeleteChain(c.table, c.name); err != nil {
 			fail(err)
+		} else {
+			chainsDeleted++
 		}
 	}
 	// Their parents are gone, so nothing jumps to the buckets any more.
 	for _, c := range buckets {
 		if err := r.DeleteChain(c.table, c.name); err != nil {
 			fail(err)
+		} else {
+			chainsDeleted++
 		}
 	}
+	// --cleanup printed nothing at all: a user could not tell a node it
+	// cleaned from one that had nothing of ours.
+	klog.InfoS("Cleaned up", "ipFamily", r.Family(), "chainsDeleted", chainsDeleted, "jumpsDeleted", jumpsDeleted, "errors", len(errs))
 	return errors.Join(errs...)
 }
 

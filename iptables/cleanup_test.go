@@ -149,3 +149,36 @@ func TestCleanupNamesForeignRulesItRemoves(t *testing.T) {
 		t.Errorf("cleanup did not name the foreign rule it removed; log:\n%s", logs.String())
 	}
 }
+
+// --cleanup says what it removed, and that it found nothing: it printed
+// nothing either way.
+func TestCleanupSaysWhatItRemoved(t *testing.T) {
+	var logs strings.Builder
+	klog.SetOutput(&logs)
+	klog.LogToStderr(false)
+	defer func() { klog.SetOutput(nil); klog.LogToStderr(true) }()
+	fake := NewFakeRunner(IPv4)
+	syncOK(t, New(fake, testConfig), webPortals())
+	if err := Cleanup(fake); err != nil {
+		t.Fatalf("Cleanup: %v", err)
+	}
+	if err := Cleanup(fake); err != nil {
+		t.Fatalf("Cleanup again: %v", err)
+	}
+	klog.Flush()
+	var said []string
+	for line := range strings.Lines(logs.String()) {
+		if strings.Contains(line, `"Cleaned up"`) {
+			said = append(said, line)
+		}
+	}
+	if len(said) != 2 {
+		t.Fatalf("want one \"Cleaned up\" line per Cleanup, got %d; log:\n%s", len(said), logs.String())
+	}
+	if strings.Contains(said[0], "chainsDeleted=0") || strings.Contains(said[0], "jumpsDeleted=0") || !strings.Contains(said[0], `ipFamily="IPv4"`) {
+		t.Errorf("first cleanup removed chains and jumps, but said: %s", said[0])
+	}
+	if !strings.Contains(said[1], "chainsDeleted=0 jumpsDeleted=0 errors=0") {
+		t.Errorf("second cleanup found nothing, but said: %s", said[1])
+	}
+}
