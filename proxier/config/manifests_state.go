@@ -10,7 +10,10 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/klog/v2"
 )
 
 // objectKey identifies a delivered object (Kind is Service or EndpointSlice)
@@ -71,19 +74,37 @@ func (d decoder) applyFile(file string, data []byte, prev *fileState) (*fileStat
 	return next, errs
 }
 
-// deliverables turns one decoded manifest into what the handler receives.
+// deliverables turns one decoded manifest into what the handler receives:
+// nothing for what ProxyLabelSelector leaves out, as the informers list
+// it (a Service another proxy serves, a headless Service's slices).
 func deliverables(file string, doc int, src objectKey, obj runtime.Object) []servedObject {
+	var out []servedObject
+	add := func(key objectKey, o runtime.Object) {
+		if m, ok := o.(metav1.Object); ok && !proxySelector.Matches(labels.Set(m.GetLabels())) {
+			klog.V(2).InfoS("Manifest object left to another proxy by its labels", "object", key, "file", file, "selector", ProxyLabelSelector)
+			return
+		}
+		out = append(out, servedObject{key: key, source: src, file: file, doc: doc, obj: o})
+	}
 	switch o := obj.(type) {
 	case *v1.Endpoints:
-		var out []servedObject
 		for _, es := range EndpointsToSlices(o) {
-			out = append(out, servedObject{key: objectKey{KindEndpointSlice, es.Namespace, es.Name}, source: src, file: file, doc: doc, obj: es})
+			add(objectKey{KindEndpointSlice, es.Namespace, es.Name}, es)
 		}
-		return out
 	default:
-		return []servedObject{{key: src, source: src, file: file, doc: doc, obj: obj}}
+		add(src, obj)
 	}
+	return out
 }
+
+// proxySelector is ProxyLabelSelector, parsed once.
+var proxySelector = func() labels.Selector {
+	s, err := labels.Parse(ProxyLabelSelector)
+	if err != nil {
+		panic(err)
+	}
+	return s
+}()
 
 // resolve merges the files' contributions into the desired set. A key defined
 // twice is an error naming both places; the version already being served

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -235,6 +236,25 @@ func TestFileMadeWhileListingIsSeen(t *testing.T) {
 	})
 	rec.waitFor(t, liveWait, "add Service default/a", "synced Service", "synced EndpointSlice")
 	rec.waitFor(t, liveWait, "add Service default/b")
+	if log.String() != "[]" {
+		t.Errorf("unexpected errors: %s", log)
+	}
+}
+
+// A Service labelled service.kubernetes.io/service-proxy-name belongs to
+// another proxy, and the slices labelled service.kubernetes.io/headless to
+// a headless Service: kube-proxy's informers, and ours, never list them
+// (ProxyLabelSelector). The manifests source served them.
+func TestManifestsLeaveOtherProxiesObjects(t *testing.T) {
+	dir := t.TempDir()
+	other := "apiVersion: v1\nkind: Service\nmetadata:\n  name: other\n  labels: {service.kubernetes.io/service-proxy-name: cilium}\nspec:\n  ports: [{port: 80}]\n"
+	headlessSlice := strings.Replace(sliceYAML("headless-1", "IPv4", "10.1.0.9"), "  labels:\n", "  labels:\n    service.kubernetes.io/headless: \"\"\n", 1)
+	writeFile(t, filepath.Join(dir, "a.yaml"), other+"---\n"+serviceYAML("mine", 81)+"---\n"+headlessSlice)
+	rec, log := startSource(t, dir, []string{"add Service default/mine"})
+
+	// The label taken off: the Service is ours from then on; put on: it goes.
+	writeFile(t, filepath.Join(dir, "a.yaml"), serviceYAML("other", 80)+"---\n"+strings.Replace(other, "name: other", "name: mine", 1)+"---\n"+headlessSlice)
+	rec.waitFor(t, liveWait, "delete Service default/mine", "add Service default/other")
 	if log.String() != "[]" {
 		t.Errorf("unexpected errors: %s", log)
 	}
