@@ -80,8 +80,13 @@ func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo, kept
 		ap.external, ap.externalPort = sock, sock.Port()
 		p.debugTouched = append(p.debugTouched, info.name)
 		if logLine || klog.V(2).Enabled() {
-			klog.InfoS("Serving external traffic of service port on node-local endpoints (externalTrafficPolicy: Local)",
-				"servicePort", info.name, "protocol", info.name.Protocol,
+			// The split is either policy's Local: only externalTrafficPolicy's
+			// makes this socket's endpoints node-local.
+			msg := "Serving external traffic of service port on node-local endpoints (externalTrafficPolicy: Local)"
+			if !info.policy.externalLocal {
+				msg = "Serving external traffic of service port on every node's endpoints (externalTrafficPolicy: Cluster; internalTrafficPolicy: Local keeps the cluster IP's on this node)"
+			}
+			klog.InfoS(msg, "servicePort", info.name, "protocol", info.name.Protocol,
 				"proxyAddress", net.JoinHostPort(p.listenHostOf(info), strconv.Itoa(ap.externalPort)))
 		}
 		// Its portals are new: flows sent while they were missing (a

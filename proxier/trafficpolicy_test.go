@@ -1,6 +1,7 @@
 package proxier
 
 import (
+	"k8s.io/klog/v2"
 	"net"
 	"net/netip"
 	"slices"
@@ -446,6 +447,40 @@ func TestDualStackServiceFamiliesApart(t *testing.T) {
 			}
 			if !tt.v6Refused && (err != nil || got != "backend-a") {
 				t.Fatalf("IPv6 client of a single-stack Service: %q, %v", got, err)
+			}
+		})
+	}
+}
+
+// The external socket's line names the policy that split it: with
+// internalTrafficPolicy Local and externalTrafficPolicy Cluster its
+// endpoints are every node's, and the line said "node-local endpoints
+// (externalTrafficPolicy: Local)".
+func TestExternalSocketLineNamesItsPolicy(t *testing.T) {
+	local := v1.ServiceInternalTrafficPolicyLocal
+	for _, tc := range []struct {
+		name string
+		svc  svcOpt
+		want string
+	}{
+		{"externalTrafficPolicy Local", func(s *v1.Service) {
+			withNodePort(30080)(s)
+			s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+		}, `"Serving external traffic of service port on node-local endpoints (externalTrafficPolicy: Local)"`},
+		{"internalTrafficPolicy Local", func(s *v1.Service) {
+			withNodePort(30080)(s)
+			s.Spec.InternalTrafficPolicy = &local
+		}, `"Serving external traffic of service port on every node's endpoints (externalTrafficPolicy: Cluster; internalTrafficPolicy: Local keeps the cluster IP's on this node)"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			buf := captureKlog(t)
+			p := newTestProxier(t, Options{NodeName: "node1"})
+			p.OnServiceAdd(makeService("web", tc.svc))
+			p.OnEndpointSliceAdd(topologySlice(false))
+			p.Sync()
+			klog.Flush()
+			if !strings.Contains(buf.String(), tc.want) {
+				t.Errorf("log lacks %s:\n%s", tc.want, buf.String())
 			}
 		})
 	}
