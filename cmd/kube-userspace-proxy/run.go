@@ -346,13 +346,28 @@ func portalSyncers(v *validated, newRunner func(iptables.Family) (iptables.Runne
 	// Each family's with rules: the IPv6 portals DNAT to the IPv6 one
 	// (one address was named, whichever family it was).
 	nodeIPs = slices.DeleteFunc(nodeIPs, func(ip netip.Addr) bool { return ip.Is4() && v4 == nil || ip.Is6() && v6 == nil })
-	if len(nodeIPs) > 0 {
+	// A family with rules but no node IP (no default route, no --node-ip,
+	// no Node address) has portals that REDIRECT (to the address a packet
+	// arrived on), or DNAT to --bind-address when it names one, instead of
+	// DNAT to a node IP. Said per family: a dual-stack node missing one
+	// family's said nothing of it.
+	var without []string
+	for _, f := range []struct {
+		name   string
+		served bool
+		six    bool
+	}{{"IPv4", v4 != nil, false}, {"IPv6", v6 != nil, true}} {
+		if f.served && !slices.ContainsFunc(nodeIPs, func(ip netip.Addr) bool { return ip.Is6() == f.six }) {
+			without = append(without, f.name)
+		}
+	}
+	switch {
+	case len(without) == 0:
 		klog.InfoS("Portal rules enabled", "nodeIPs", nodeIPs)
-	} else {
-		// No default route and no --node-ip: the portals REDIRECT (to the
-		// address a packet arrived on), or DNAT to --bind-address when it
-		// names one, instead of DNAT to a node IP.
+	case len(nodeIPs) == 0:
 		klog.InfoS("Portal rules enabled; no node IP (no default route, no --node-ip): portals REDIRECT, or DNAT to --bind-address when it names an address")
+	default:
+		klog.InfoS("Portal rules enabled; some families have no node IP (no default route, no --node-ip): their portals REDIRECT, or DNAT to --bind-address when it names an address", "nodeIPs", nodeIPs, "withoutNodeIP", without)
 	}
 	return v4, v6, nil
 }
@@ -603,25 +618,72 @@ func (o *options) httpLimits() httpserver.Limits {
 // replace them to explain a node without a default route.
 var defaultRoutes = struct{ v4, v6 func() netip.Addr }{defaultRouteIP, defaultRouteIP6}
 
-// defaultRouteIP is the first address of the interface that holds the IPv4
-// default route: the address other hosts reach this node on, and so the
-// DNAT target for the node's own service traffic.
+// defaultRouteIP is the IPv4 address this node sends from on its default
+// route: the address other hosts reach it on, and so the DNAT target for
+// the node's own service traffic. It is the kernel's choice (routeSource),
+// else the first address of the route's interface.
 func defaultRouteIP() netip.Addr {
-	data, err := os.ReadFile("/proc/net/route")
+	data, err := os.ReadFile("/proc/thread-self/net/route")
 	if err != nil {
 		return netip.Addr{}
 	}
-	return interfaceAddr(parseDefaultRouteInterface(string(data)), false)
+	return defaultRouteSource(parseDefaultRouteInterface(string(data)), false)
 }
 
-// defaultRouteIP6 is the first global IPv6 address of the interface holding
-// the IPv6 default route, or none.
+// defaultRouteIP6 is defaultRouteIP for IPv6: a global address, or none.
 func defaultRouteIP6() netip.Addr {
-	data, err := os.ReadFile("/proc/net/ipv6_route")
+	data, err := os.ReadFile("/proc/thread-self/net/ipv6_route")
 	if err != nil {
 		return netip.Addr{}
 	}
-	return interfaceAddr(parseDefaultRoute6Interface(string(data)), true)
+	return defaultRouteSource(parseDefaultRoute6Interface(string(data)), true)
+}
+
+// defaultRouteSource is the source address of the default route on
+// ifname, "" for none: what the kernel picks, else ifname's first address.
+// The first address alone was wrong on three node shapes: a VIP (a
+// keepalived /32) listed before the node's address, gone when the VIP
+// moved; a deprecated IPv6 address (preferred_lft 0), gone when it
+// expired; and a routed node whose address is on lo with the route's
+// `src` naming it (unnumbered uplinks), where there was none at all.
+func defaultRouteSource(ifname string, six bool) netip.Addr {
+	if ifname == "" {
+		return netip.Addr{}
+	}
+	if a := routeSource(six); a.IsValid() {
+		return a
+	}
+	return interfaceAddr(ifname, six)
+}
+
+// routeProbe stands for "any other host": a documentation address
+// (RFC 5737, RFC 3849), which no node has a route of its own for, so the
+// lookup takes the default route.
+var routeProbe = struct{ v4, v6 string }{"192.0.2.1:9", "[2001:db8::1]:9"}
+
+// routeSource asks the kernel which address it would send from to
+// routeProbe: the default route's `src`, else its source selection (the
+// address on the gateway's subnet, not a deprecated IPv6 one). A UDP
+// connect only looks the route up: nothing is sent.
+func routeSource(six bool) netip.Addr {
+	network, probe := "udp4", routeProbe.v4
+	if six {
+		network, probe = "udp6", routeProbe.v6
+	}
+	c, err := net.Dial(network, probe)
+	if err != nil {
+		return netip.Addr{}
+	}
+	defer c.Close()
+	ap, err := netip.ParseAddrPort(c.LocalAddr().String())
+	if err != nil {
+		return netip.Addr{}
+	}
+	a := ap.Addr().Unmap()
+	if a.Is4() == six || a.IsLoopback() || a.IsUnspecified() || (six && !a.IsGlobalUnicast()) {
+		return netip.Addr{}
+	}
+	return a
 }
 
 // interfaceAddr returns the first address of one family on ifname; for
