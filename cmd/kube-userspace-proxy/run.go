@@ -124,7 +124,12 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 	nodeIPsErr := make(chan error, 1)
 	var restart func(error)
 	if o.iptables {
-		restart = func(err error) { nodeIPsErr <- err } // buffered, told once
+		restart = func(err error) { // the first of the watches to ask is told
+			select {
+			case nodeIPsErr <- err:
+			default:
+			}
+		}
 	}
 	var nodes config.NodeHandler = nodeState{health, p, newNodeIPsWatch(v, isLocalAddress, restart)}
 	var lastState *config.LastKnownState
@@ -155,6 +160,9 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		}
 	}()
 
+	if o.iptables {
+		go newRouteIPsWatch(v, isLocalAddress, restart).run(ctx, routeIPsInterval)
+	}
 	srcErr := make(chan error, 1)
 	go func() { srcErr <- src.Run(ctx) }()
 	// proxierDone also waits for the last known state's last write, made
