@@ -129,8 +129,30 @@ func holdUDPPort(ip netip.Addr, port int) (func() error, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Connected to a peer that never sends, it still holds the port but
+	// matches no datagram, so one that no portal caught (a NodePort on an
+	// address outside --nodeport-addresses) gets the kernel's port
+	// unreachable, as the held TCP port's reset, instead of vanishing into
+	// a socket nobody reads while its client waits out a timeout.
+	var peer unix.Sockaddr = &unix.SockaddrInet6{Port: claimPeerPort, Addr: netip.IPv6Loopback().As16()}
+	if network == "udp4" {
+		peer = &unix.SockaddrInet4{Port: claimPeerPort, Addr: netip.AddrFrom4([4]byte{127, 0, 0, 1}).As4()}
+	}
+	rc, err := pc.(*net.UDPConn).SyscallConn()
+	if err == nil {
+		cerr := rc.Control(func(fd uintptr) { err = unix.Connect(int(fd), peer) })
+		err = errors.Join(cerr, err)
+	}
+	if err != nil {
+		_ = pc.Close()
+		return nil, fmt.Errorf("connecting the held UDP port: %w", err)
+	}
 	return pc.Close, nil
 }
+
+// claimPeerPort is the port a held UDP socket is connected to on loopback:
+// discard's, which sends nothing.
+const claimPeerPort = 9
 
 func (p *Proxier) releaseClaims(ap *activePort) {
 	for _, c := range ap.claims {

@@ -3,7 +3,9 @@ package e2e
 import (
 	"context"
 	"errors"
+	"net"
 	"net/netip"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -41,5 +43,28 @@ func TestNodePortOutsideAddressesRefused(t *testing.T) {
 	}
 	if !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Fatalf("connect to %s: %v, want connection refused", outside, err)
+	}
+
+	// UDP alike: the held port swallowed the datagram, and the client
+	// waited out its timeout; now the kernel's port unreachable comes back.
+	outsideUDP := netip.AddrPortFrom(c.NodeExternalIP, 30053)
+	var uc *net.UDPConn
+	if err := c.External.Do(func() (err error) {
+		uc, err = net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(outsideUDP))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer uc.Close()
+	began = time.Now()
+	_ = uc.SetDeadline(time.Now().Add(2 * time.Second))
+	_, _ = uc.Write([]byte("hello"))
+	_, err = uc.Read(make([]byte, 64))
+	figure(t, "UDP NodePort %s outside --nodeport-addresses: %v after %v", outsideUDP, err, time.Since(began).Round(time.Millisecond))
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("datagram to %s: %v, want port unreachable (connection refused)", outsideUDP, err)
+	}
+	if conns := c.Node.MustExec("ss", "-Huanp", "sport", "= :30053"); !strings.Contains(conns, "users:") {
+		t.Errorf("the UDP NodePort is no longer held: ss shows %q", conns)
 	}
 }
