@@ -16,8 +16,8 @@ const (
 )
 
 // Names of the chains we own. The first five keep the legacy userspace
-// kube-proxy names so existing tooling recognises them; the guard and the
-// loadBalancerSourceRanges firewall are ours.
+// kube-proxy names so existing tooling recognises them; the guard, the
+// loadBalancerSourceRanges firewall and the portals' accept are ours.
 const (
 	ChainPortalsContainer  = "KUBE-PORTALS-CONTAINER"
 	ChainPortalsHost       = "KUBE-PORTALS-HOST"
@@ -26,6 +26,7 @@ const (
 	ChainNodePortNonLocal  = "KUBE-NODEPORT-NON-LOCAL"
 	ChainProxyPortGuard    = "KUBE-PROXY-PORT-GUARD"
 	ChainLBSourceRanges    = "KUBE-LB-SOURCE-RANGES"
+	ChainPortalsNonLocal   = "KUBE-PORTALS-NON-LOCAL"
 )
 
 // ownedChain is one chain we create and whose whole contents we write.
@@ -44,6 +45,7 @@ var ownedChains = []ownedChain{
 	{TableFilter, ChainNodePortNonLocal},
 	{TableFilter, ChainProxyPortGuard},
 	{TableFilter, ChainLBSourceRanges},
+	{TableFilter, ChainPortalsNonLocal},
 }
 
 // jump is one rule in a built-in chain that sends packets into one of ours.
@@ -75,9 +77,10 @@ var addrTypeLocal = []string{"-m", "addrtype", "--dst-type", "LOCAL"}
 
 // jumps is the single table of jump rules, used by Sync to install them and
 // by Cleanup to remove them. Order matters for first jumps: the guard and
-// the source-range firewall must come before KUBE-NODEPORT-NON-LOCAL, whose
-// ACCEPTs would otherwise let direct connections to NodePort proxy ports
-// (and LoadBalancer traffic sharing a NodePort's socket) through; the portal chains are
+// the source-range firewall must come before KUBE-NODEPORT-NON-LOCAL and
+// KUBE-PORTALS-NON-LOCAL, whose ACCEPTs would otherwise let direct
+// connections to proxy ports (and LoadBalancer traffic from outside its
+// ranges) through; the portal chains are
 // first so they win over any later NAT rule, and NodePorts are last so a
 // portal on a local address beats a NodePort with the same port.
 var jumps = []jump{
@@ -87,6 +90,8 @@ var jumps = []jump{
 		comment: "kube-userspace-proxy: loadBalancerSourceRanges", match: ctStateNew},
 	{table: TableFilter, from: "INPUT", to: ChainNodePortNonLocal, first: true,
 		comment: "kube-userspace-proxy: accept NodePort traffic to proxy ports"},
+	{table: TableFilter, from: "INPUT", to: ChainPortalsNonLocal, first: true,
+		comment: "kube-userspace-proxy: accept portal traffic to proxy ports", match: ctStateNew},
 	{table: TableNAT, from: "PREROUTING", to: ChainPortalsContainer, first: true,
 		comment: "kube-userspace-proxy: service portals"},
 	{table: TableNAT, from: "OUTPUT", to: ChainPortalsHost, first: true,

@@ -36,6 +36,11 @@ const guardConntrack = " -m conntrack --ctstate NEW -m conntrack ! --ctstate DNA
 // NEW connections to its proxy port, past an INPUT policy that drops.
 const nonLocalConntrack = " -m conntrack --ctstate NEW -j ACCEPT"
 
+// portalsAccept ends a KUBE-PORTALS-NON-LOCAL rule. Its jump takes only
+// NEW connections, and the guard before it has dropped those that did not
+// come through a portal.
+const portalsAccept = " -j ACCEPT"
+
 // guardRules renders the guard chain for the proxy ports in keys (in any
 // order, repeats allowed), in port order: one rule per port up to
 // guardGroupAbove ports, else one per protocol and block of guardBlock port
@@ -43,7 +48,18 @@ const nonLocalConntrack = " -m conntrack --ctstate NEW -j ACCEPT"
 // rule's bucket (chains.go), a hash of its port or block.
 func guardRules(keys []guardKey) ([]string, []uint8) {
 	keys = sortedGuardKeys(keys)
-	return guardRuleSet(keys, len(keys) > guardGroupAbove)
+	return guardRuleSet(keys, len(keys) > guardGroupAbove, guardConntrack)
+}
+
+// portalsAcceptRules renders KUBE-PORTALS-NON-LOCAL as guardRules renders
+// the guard, for the proxy ports the portals of ClusterIPs, external IPs
+// and LB IPs lead to: a portal's DNAT (or REDIRECT) hands its connection
+// to INPUT, which on a node whose policy drops dropped it (only NodePorts
+// were accepted, by KUBE-NODEPORT-NON-LOCAL, as in the legacy proxier);
+// kube-proxy's iptables mode forwards that traffic and never meets INPUT.
+func portalsAcceptRules(keys []guardKey) ([]string, []uint8) {
+	keys = sortedGuardKeys(keys)
+	return guardRuleSet(keys, len(keys) > guardGroupAbove, portalsAccept)
 }
 
 // sortedGuardKeys sorts keys by protocol and port and drops repeats.
@@ -54,8 +70,9 @@ func sortedGuardKeys(keys []guardKey) []guardKey {
 	return slices.Compact(keys)
 }
 
-// guardRuleSet is guardRules on sorted, distinct keys, grouped or not.
-func guardRuleSet(keys []guardKey, grouped bool) ([]string, []uint8) {
+// guardRuleSet is guardRules on sorted, distinct keys, grouped or not,
+// each rule ending in tail.
+func guardRuleSet(keys []guardKey, grouped bool, tail string) ([]string, []uint8) {
 	size := 1
 	if grouped {
 		size = guardBlock
@@ -69,7 +86,7 @@ func guardRuleSet(keys []guardKey, grouped bool) ([]string, []uint8) {
 			n++
 		}
 		proto := string(keys[0].proto)
-		rules = append(rules, guardRule(proto, keys[:n]))
+		rules = append(rules, guardRule(proto, keys[:n], tail))
 		buckets = append(buckets, bucketOf(proto+"/"+strconv.Itoa(block)))
 		keys = keys[n:]
 	}
@@ -77,11 +94,11 @@ func guardRuleSet(keys []guardKey, grouped bool) ([]string, []uint8) {
 }
 
 // guardRule is the rule for sorted, distinct ports of one protocol.
-func guardRule(proto string, ports []guardKey) string {
+func guardRule(proto string, ports []guardKey, tail string) string {
 	if len(ports) == 1 {
-		return "-p " + proto + " -m " + proto + " --dport " + strconv.Itoa(ports[0].port) + guardConntrack
+		return "-p " + proto + " -m " + proto + " --dport " + strconv.Itoa(ports[0].port) + tail
 	}
-	b := make([]byte, 0, 2*len(proto)+32+6*len(ports)+len(guardConntrack))
+	b := make([]byte, 0, 2*len(proto)+32+6*len(ports)+len(tail))
 	b = append(append(append(b, "-p "...), proto...), " -m multiport --dports "...)
 	for i := 0; i < len(ports); {
 		j := i + 1
@@ -98,18 +115,19 @@ func guardRule(proto string, ports []guardKey) string {
 		}
 		i = j
 	}
-	return string(append(b, guardConntrack...))
+	return string(append(b, tail...))
 }
 
 // GuardRuleCovering returns the line of restore input (as Render writes
-// it) whose guard rule covers port of proto, or "" when none does: a
-// Service's own rendering shows its port's guard alone, while the kernel
-// holds the rule of its whole block.
-func GuardRuleCovering(input []byte, proto Protocol, port int) string {
+// it) whose rule in chain (the guard, or KUBE-PORTALS-NON-LOCAL, which is
+// grouped alike) covers port of proto, or "" when none does: a Service's
+// own rendering shows its port's rule alone, while the kernel holds the
+// rule of its whole block.
+func GuardRuleCovering(input []byte, chain string, proto Protocol, port int) string {
 	for line := range strings.Lines(string(input)) {
 		line = strings.TrimSuffix(line, "\n")
-		chain, rule, _ := strings.Cut(strings.TrimPrefix(line, "-A "), " ")
-		if !strings.HasPrefix(line, "-A ") || !strings.HasPrefix(chain, ChainProxyPortGuard) {
+		c, rule, _ := strings.Cut(strings.TrimPrefix(line, "-A "), " ")
+		if !strings.HasPrefix(line, "-A ") || !strings.HasPrefix(c, chain) {
 			continue
 		}
 		if p, ports, _, ok := GuardRulePorts(rule); ok && p == proto && slices.Contains(ports, port) {

@@ -40,7 +40,7 @@ func TestKernelGuard(t *testing.T) {
 		proto Protocol
 		port  int
 	}{{TCP, proxyPort}, {UDP, udpProxyPort}} {
-		if rule := GuardRuleCovering([]byte(saved), want.proto, want.port); !strings.Contains(rule, "-m multiport --dports") {
+		if rule := GuardRuleCovering([]byte(saved), ChainProxyPortGuard, want.proto, want.port); !strings.Contains(rule, "-m multiport --dports") {
 			t.Fatalf("guard rule of %s %d is %q, want a multiport rule:\n%s", want.proto, want.port, rule, saved)
 		}
 	}

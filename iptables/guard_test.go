@@ -33,7 +33,7 @@ func TestGuardRules(t *testing.T) {
 			[]string{"-p tcp -m tcp --dport 53" + tail, "-p udp -m multiport --dports 53:54" + tail}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, buckets := guardRuleSet(sortedGuardKeys(tc.keys), true)
+			got, buckets := guardRuleSet(sortedGuardKeys(tc.keys), true, guardConntrack)
 			if !slices.Equal(got, tc.want) {
 				t.Errorf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(tc.want, "\n"))
 			}
@@ -59,7 +59,7 @@ func TestGuardRuleEveryBlockPattern(t *testing.T) {
 		for _, p := range ports {
 			keys = append(keys, guardKey{TCP, p})
 		}
-		rules, _ := guardRuleSet(keys, true)
+		rules, _ := guardRuleSet(keys, true, guardConntrack)
 		if len(rules) != 1 {
 			t.Fatalf("ports %v: %d rules, want 1", ports, len(rules))
 		}
@@ -164,7 +164,7 @@ func TestGuardRuleCovering(t *testing.T) {
 		{few, UDP, 40002, "-A KUBE-PROXY-PORT-GUARD -p udp -m udp --dport 40002 "},
 		{few, TCP, 40002, ""}, // a UDP proxy port
 	} {
-		got := GuardRuleCovering(tc.input, tc.proto, tc.port)
+		got := GuardRuleCovering(tc.input, ChainProxyPortGuard, tc.proto, tc.port)
 		if !strings.HasPrefix(got, tc.want) || (tc.want == "") != (got == "") {
 			t.Errorf("%s %d: %q, want %q...", tc.proto, tc.port, got, tc.want)
 		}

@@ -51,9 +51,9 @@ func TestUpdateWritesOnlyTheDelta(t *testing.T) {
 		// filter (non-local accept, guard), then nat (container, host), in
 		// one restore.
 		{"new NodePort service", append(webPortals(), newNodePort), map[string]int{"-I": 4}, 1},
-		{"proxy port moved", dnsMoved, map[string]int{"-D": 3, "-I": 3}, 1},
+		{"proxy port moved", dnsMoved, map[string]int{"-D": 4, "-I": 4}, 1},
 		{"service port moved", portMoved, map[string]int{"-D": 2, "-I": 2}, 1},
-		{"services removed", webPortals()[:4], map[string]int{"-D": 6}, 1},
+		{"services removed", webPortals()[:4], map[string]int{"-D": 8}, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

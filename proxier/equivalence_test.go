@@ -253,6 +253,17 @@ func newEquivWorld(t *testing.T, clk *clocktesting.FakeClock, bucketAbove int) *
 
 var proxyPortRE = regexp.MustCompile(`\b4\d{4}\b`)
 
+// groupedChain reports whether chain is, or is a bucket of, a chain whose
+// rules group proxy ports by number, and which.
+func groupedChain(chain string) (string, bool) {
+	for _, c := range []string{iptables.ChainProxyPortGuard, iptables.ChainPortalsNonLocal} {
+		if strings.HasPrefix(chain, c) {
+			return c, true
+		}
+	}
+	return "", false
+}
+
 // guardCoverage returns, for each port the guard chain covers (directly
 // or through a bucket it jumps to), "PROTO PORT: the rest of its rule";
 // a rule it cannot read is returned as written.
@@ -312,15 +323,16 @@ func (w *equivWorld) state(t *testing.T) string {
 			chains := f.Chains(table)
 			slices.Sort(chains)
 			for _, chain := range chains {
-				if strings.HasPrefix(chain, iptables.ChainProxyPortGuard) {
+				if grouped, ok := groupedChain(chain); ok {
 					// Guard rules group ports by number (iptables/guard.go),
-					// which differs between the two worlds, and so may their
-					// count and thus the buckets: compare the ports the chain
-					// covers, through the buckets it jumps to, with what each
-					// rule does to them.
-					if chain == iptables.ChainProxyPortGuard {
+					// and so do the portals' accepts, which differs between
+					// the two worlds, and so may their count and thus the
+					// buckets: compare the ports the chain covers, through
+					// the buckets it jumps to, with what each rule does to
+					// them.
+					if chain == grouped {
 						for _, g := range guardCoverage(f, table, chain) {
-							guarded = append(guarded, norm(fmt.Sprintf("%v guards %s", f.Family(), g)))
+							guarded = append(guarded, norm(fmt.Sprintf("%v %s covers %s", f.Family(), chain, g)))
 						}
 					}
 					continue

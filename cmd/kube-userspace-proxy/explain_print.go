@@ -226,14 +226,15 @@ func (e *explanation) writePort(w *bufio.Writer, p proxier.DebugServicePort) {
 				continue
 			}
 			chain, rule, _ := strings.Cut(line[len("-A "):], " ")
-			if proto, ports, _, ok := iptables.GuardRulePorts(rule); ok && chain == iptables.ChainProxyPortGuard && len(ports) == 1 {
-				// Past 256 proxy ports the guard groups them by blocks of
-				// 16: show the rule of the family's rendering that covers
-				// this port.
+			grouping := chain == iptables.ChainProxyPortGuard || chain == iptables.ChainPortalsNonLocal
+			if proto, ports, _, ok := iptables.GuardRulePorts(rule); ok && grouping && len(ports) == 1 {
+				// Past 256 proxy ports these chains group them by blocks
+				// of 16: show the rule of the family's rendering that
+				// covers this port.
 				if f.full == nil {
 					f.full = f.rules.Render(f.portals)
 				}
-				if grouped := iptables.GuardRuleCovering(f.full, proto, ports[0]); grouped != "" {
+				if grouped := iptables.GuardRuleCovering(f.full, chain, proto, ports[0]); grouped != "" {
 					line = grouped
 				}
 			}

@@ -14,7 +14,7 @@ import (
 var ourChains = []string{
 	"KUBE-PORTALS-CONTAINER", "KUBE-PORTALS-HOST",
 	"KUBE-NODEPORT-CONTAINER", "KUBE-NODEPORT-HOST",
-	"KUBE-NODEPORT-NON-LOCAL", "KUBE-PROXY-PORT-GUARD",
+	"KUBE-NODEPORT-NON-LOCAL", "KUBE-PROXY-PORT-GUARD", "KUBE-PORTALS-NON-LOCAL",
 }
 
 // save returns iptables-save of the namespace (v4), failing the test on error.
