@@ -134,10 +134,7 @@ func TestCleanupAllWithoutIPv6NAT(t *testing.T) {
 // Cleanup must remove another tool's jumps into our chains to delete them,
 // and says so, rule by rule: it did it silently (iptables interplay audit).
 func TestCleanupNamesForeignRulesItRemoves(t *testing.T) {
-	var logs strings.Builder
-	klog.SetOutput(&logs)
-	klog.LogToStderr(false)
-	defer func() { klog.SetOutput(nil); klog.LogToStderr(true) }()
+	logs := captureKlog(t)
 	fake := NewFakeRunner(IPv4)
 	syncOK(t, New(fake, testConfig), webPortals())
 	must(t, fake.AppendRule(TableFilter, "FORWARD", "-m", "comment", "--comment", "my-cni", "-j", ChainProxyPortGuard))
@@ -153,10 +150,7 @@ func TestCleanupNamesForeignRulesItRemoves(t *testing.T) {
 // --cleanup says what it removed, and that it found nothing: it printed
 // nothing either way.
 func TestCleanupSaysWhatItRemoved(t *testing.T) {
-	var logs strings.Builder
-	klog.SetOutput(&logs)
-	klog.LogToStderr(false)
-	defer func() { klog.SetOutput(nil); klog.LogToStderr(true) }()
+	logs := captureKlog(t)
 	fake := NewFakeRunner(IPv4)
 	syncOK(t, New(fake, testConfig), webPortals())
 	if err := Cleanup(fake); err != nil {
@@ -181,4 +175,13 @@ func TestCleanupSaysWhatItRemoved(t *testing.T) {
 	if !strings.Contains(said[1], "chainsDeleted=0 jumpsDeleted=0 errors=0") {
 		t.Errorf("second cleanup found nothing, but said: %s", said[1])
 	}
+}
+
+// captureKlog sends klog to the returned builder until the test ends.
+func captureKlog(t *testing.T) *strings.Builder {
+	var logs strings.Builder
+	klog.SetOutput(&logs)
+	klog.LogToStderr(false)
+	t.Cleanup(func() { klog.SetOutput(nil); klog.LogToStderr(true) })
+	return &logs
 }

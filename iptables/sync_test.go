@@ -555,10 +555,7 @@ func TestSyncGuardBeforePortal(t *testing.T) {
 // writes, and a restored jump was not logged at all); a sync of our own
 // change does not call it a repair.
 func TestSyncSaysWhatItRepairs(t *testing.T) {
-	var logs strings.Builder
-	klog.SetOutput(&logs)
-	klog.LogToStderr(false)
-	defer func() { klog.SetOutput(nil); klog.LogToStderr(true) }()
+	logs := captureKlog(t)
 	f := NewFakeRunner(IPv4)
 	r := New(f, testConfig)
 	syncOK(t, r, webPortals())

@@ -5,8 +5,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/netns"
 )
 
 // TestNodeRenumbered: the node IP came from the default route (no
@@ -16,15 +14,7 @@ import (
 // 1 within two looks (5 s apart), and the restarted one serves through
 // the new address.
 func TestNodeRenumbered(t *testing.T) {
-	requireSuite(t)
-	c := netns.NewCluster(t, netns.ClusterOptions{Backends: 2, ClientIPsEach: 1})
-	c.StartBackends(t, backendBin, backendPort)
-	p := newProxy(t, c)
-	s := svc{name: "web", clusterIP: "10.96.0.10", endpoints: ips(c, 0, 1)}
-	writeSvc(t, p.dir, s)
-	p.Start(t, startWithin)
-	e := &env{c: c}
-	e.pod1(0).WaitServed(t, "tcp", s.tcp(), time.Now(), startBudget)
+	c, p, e, s := servedWeb(t)
 
 	renumbered := netip.MustParseAddr("10.77.1.9")
 	// (Deleting the old primary first: it would take a secondary of its
