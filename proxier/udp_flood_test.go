@@ -76,7 +76,9 @@ func udpSessions(p *Proxier, servicePort string) int {
 func TestUDPSessionCostIsBounded(t *testing.T) {
 	const clients = 3000
 	echo := startUDPEcho(t, "127.0.0.2:0", "")
-	p := newTestProxier(t, Options{UDPIdleTimeout: time.Minute})
+	// Caps within the descriptor share, so that they are not scaled down
+	// below the clients (udpCaps).
+	p := newTestProxier(t, Options{UDPIdleTimeout: time.Minute, UDPMaxSessions: 2 * clients, UDPMaxSessionsPerPort: 2 * clients})
 	p.OnServiceAdd(makeService("dns", withProtocol(v1.ProtocolUDP)))
 	p.OnEndpointSliceAdd(makeSlice("dns", v1.ProtocolUDP, echo.LocalAddr().String()))
 	p.Sync()

@@ -4,6 +4,7 @@ import (
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
 )
 
 // Default UDP session caps. Sessions alive at once ≈ new client ip:ports
@@ -19,7 +20,7 @@ const (
 )
 
 // udpLimits turns the options into the per-port cap and the total budget.
-func udpLimits(o Options) (perPort int, total *udpBudget) {
+func udpLimits(o Options) (int, *udpBudget) {
 	perPort, limit := o.UDPMaxSessionsPerPort, o.UDPMaxSessions
 	if perPort <= 0 {
 		perPort = DefaultUDPMaxSessionsPerPort
@@ -27,7 +28,26 @@ func udpLimits(o Options) (perPort int, total *udpBudget) {
 	if limit <= 0 {
 		limit = DefaultUDPMaxSessions
 	}
-	return perPort, newUDPBudget(min(limit, udpDescriptorShare(nofileLimit())))
+	capped, total := udpCaps(perPort, limit, nofileLimit())
+	if total < limit {
+		klog.InfoS("UDP session caps held to half the open-file limit", "nofile", nofileLimit(),
+			"maxSessions", total, "maxSessionsPerPort", capped, "given", []int{limit, perPort})
+	}
+	return capped, newUDPBudget(total)
+}
+
+// udpCaps holds the total to the descriptor share of nofile and, when
+// that lowers it, the per-port cap by the same factor. The per-port cap
+// exists so that one flooded Service cannot take every session; left at
+// 16,384 while a limit of 20,000 descriptors made the total 10,000, one
+// port could hold them all, and every other port's new clients were
+// dropped until the flood's sessions expired.
+func udpCaps(perPort, limit int, nofile uint64) (int, int) {
+	total := min(limit, udpDescriptorShare(nofile))
+	if total < limit {
+		perPort = max(1, int(int64(perPort)*int64(total)/int64(limit)))
+	}
+	return min(perPort, total), total
 }
 
 // udpDescriptorShare is how many descriptors UDP sessions may hold of a

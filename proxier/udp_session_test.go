@@ -119,3 +119,30 @@ func TestUDPDescriptorShare(t *testing.T) {
 		t.Fatalf("total UDP session cap %d with a huge --udp-max-sessions, want half the descriptor limit, %d", got, want)
 	}
 }
+
+// The descriptor limit lowers the per-port cap with the total: a limit of
+// 20,000 made the total 10,000 and left the per-port cap at 16,384, so one
+// flooded port took every session and a quiet port's new clients were
+// dropped (1,500 forged sources at nofile 2,000: the good Service's first
+// 5 clients dropped).
+func TestUDPCapsScaleWithTheDescriptorLimit(t *testing.T) {
+	for _, tc := range []struct {
+		perPort, limit int
+		nofile         uint64
+		wantPerPort    int
+		wantTotal      int
+	}{
+		{DefaultUDPMaxSessionsPerPort, DefaultUDPMaxSessions, 1 << 20, 16384, 65536}, // room: as given
+		{DefaultUDPMaxSessionsPerPort, DefaultUDPMaxSessions, 20000, 2500, 10000},    // a quarter, as the defaults
+		{DefaultUDPMaxSessionsPerPort, DefaultUDPMaxSessions, 2000, 250, 1000},
+		{50, 80, 20000, 50, 80},    // the flags' own caps, under the share: as given
+		{100, 80, 1 << 20, 80, 80}, // a per-port cap above the total is the total
+		{1, 65536, 4, 1, 2},
+	} {
+		perPort, total := udpCaps(tc.perPort, tc.limit, tc.nofile)
+		if perPort != tc.wantPerPort || total != tc.wantTotal {
+			t.Errorf("udpCaps(%d, %d, nofile %d) = %d per port, %d in total; want %d, %d",
+				tc.perPort, tc.limit, tc.nofile, perPort, total, tc.wantPerPort, tc.wantTotal)
+		}
+	}
+}
