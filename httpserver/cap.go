@@ -1,19 +1,27 @@
 package httpserver
 
 import (
+	"context"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // capListener caps open connections at max. A client accepted at the cap
 // takes the place of the connection idle the longest (a keep-alive
-// connection between requests), which is closed; only when every open
-// connection is busy with a request (each bounded by the timeouts) does it
-// wait for one to end or go idle. Waiting alone (netutil.LimitListener) let 100
-// clients that each sent a request every IdleTimeout hold every slot for
-// as long as they liked: kubelet's and load balancers' probes of /healthz
-// and of the healthCheckNodePorts then hung.
+// connection between requests), else of the one that has been reading the
+// longest without a request to serve (its headers unfinished), which is
+// closed; only when every open connection is serving a request (each
+// bounded by the timeouts) does it wait for one to end or go idle. Waiting
+// alone (netutil.LimitListener) let 100 clients that each sent a request
+// every IdleTimeout hold every slot for as long as they liked, and counting
+// unfinished headers as busy let a slowloris client do the same with
+// connections the header timeout cut and it opened again: kubelet's and
+// load balancers' probes of /healthz and of the healthCheckNodePorts then
+// hung (9.5 s under 300 such connections).
 type capListener struct {
 	net.Listener
 	slots chan struct{} // one token per open connection
@@ -25,8 +33,10 @@ type capListener struct {
 
 	mu sync.Mutex
 	// idle holds the connections between requests (http.StateIdle), in
-	// the order they became idle.
+	// the order they became idle; open holds every connection, in the
+	// order they were accepted.
 	idle []*cappedConn
+	open []*cappedConn
 }
 
 func newCapListener(ln net.Listener, max int) *capListener {
@@ -46,29 +56,92 @@ func (l *capListener) Accept() (net.Conn, error) {
 	for {
 		select {
 		case l.slots <- struct{}{}:
-			return &cappedConn{Conn: c, l: l}, nil
+			return l.opened(c), nil
 		default:
 		}
 		if oldest := l.oldestIdle(); oldest != nil {
 			_ = oldest.Close() // gives its slot back
 			continue
 		}
-		// Every connection is busy with a request: wait for one to end,
-		// or to finish its request and go idle.
-		select {
-		case l.slots <- struct{}{}:
-			return &cappedConn{Conn: c, l: l}, nil
-		case <-l.idled:
-		case <-l.done:
+		oldest, ripe := l.oldestReading(time.Now())
+		if oldest != nil && ripe == 0 {
+			_ = oldest.Close()
+			continue
+		}
+		// Every connection is serving a request, or has only just come:
+		// wait for one to end, to finish its request and go idle, or to
+		// have read for readingGrace.
+		switch l.wait(oldest != nil, ripe) {
+		case waitSlot:
+			return l.opened(c), nil
+		case waitClosed:
 			c.Close()
 			return nil, net.ErrClosed
 		}
 	}
 }
 
+// What wait saw.
+const (
+	waitSlot   = iota // took a slot
+	waitAgain         // a connection went idle, or a reader's grace ended
+	waitClosed        // the listener was closed
+)
+
+// wait blocks until a slot is free, a connection goes idle, the listener
+// closes, or (reading) ripe has passed.
+func (l *capListener) wait(reading bool, ripe time.Duration) int {
+	var grace <-chan time.Time
+	if reading {
+		t := time.NewTimer(ripe)
+		defer t.Stop()
+		grace = t.C
+	}
+	select {
+	case l.slots <- struct{}{}:
+		return waitSlot
+	case <-grace:
+		return waitAgain
+	case <-l.idled:
+		return waitAgain
+	case <-l.done:
+		return waitClosed
+	}
+}
+
 func (l *capListener) Close() error {
 	l.closeOnce.Do(func() { close(l.done) })
 	return l.Listener.Close()
+}
+
+// opened wraps c, which holds a slot, and lists it as open.
+func (l *capListener) opened(c net.Conn) *cappedConn {
+	cc := &cappedConn{Conn: c, l: l, accepted: time.Now()}
+	l.mu.Lock()
+	l.open = append(l.open, cc)
+	l.mu.Unlock()
+	return cc
+}
+
+// readingGrace is how long a connection may read before the cap counts
+// it as reading, not about to serve: a client's request reaches its
+// handler within milliseconds of its accept, and one taken for a reader
+// in that window was cut with its request unanswered.
+const readingGrace = 250 * time.Millisecond
+
+// oldestReading is the open connection accepted first that is neither
+// serving a request nor idle: one still reading its request (or not yet
+// sent a byte), and in how long it will have read for readingGrace (0:
+// it has). Nil when there is none.
+func (l *capListener) oldestReading(now time.Time) (*cappedConn, time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, c := range l.open {
+		if !c.serving.Load() && !slices.Contains(l.idle, c) {
+			return c, max(0, c.accepted.Add(readingGrace).Sub(now))
+		}
+	}
+	return nil, 0
 }
 
 // oldestIdle takes the longest-idle connection off the idle list.
@@ -111,10 +184,42 @@ type cappedConn struct {
 	net.Conn
 	l    *capListener
 	once sync.Once
+	// serving is set while a handler runs a request of this connection
+	// (serveCapped).
+	serving  atomic.Bool
+	accepted time.Time
 }
 
 func (c *cappedConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(func() { <-c.l.slots })
+	c.once.Do(func() {
+		c.l.mu.Lock()
+		if i := slices.Index(c.l.open, c); i >= 0 {
+			c.l.open = slices.Delete(c.l.open, i, i+1)
+		}
+		c.l.mu.Unlock()
+		<-c.l.slots
+	})
 	return err
+}
+
+// connKey carries a request's connection in its context (ConnContext).
+type connKey struct{}
+
+// serveCapped marks a capped connection as serving while h runs one of
+// its requests: the cap closes a connection that is only reading.
+func serveCapped(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if c, ok := r.Context().Value(connKey{}).(*cappedConn); ok {
+			c.serving.Store(true)
+			defer c.serving.Store(false)
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// withConn is the server's ConnContext: it puts the connection in each of
+// its requests' context, for serveCapped.
+func withConn(ctx context.Context, c net.Conn) context.Context {
+	return context.WithValue(ctx, connKey{}, c)
 }

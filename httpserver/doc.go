@@ -4,7 +4,8 @@
 // path needs: a header timeout (slowloris), read and write timeouts (none
 // of our handlers streams), an idle timeout for keep-alive connections and
 // a cap on open connections, beyond which a new client takes the place of
-// the longest-idle keep-alive connection, or waits in the kernel's listen
-// backlog while every connection is busy with a request, instead of
-// holding a descriptor of ours.
+// the longest-idle keep-alive connection, else of the longest-reading one
+// (headers unfinished), or waits in the kernel's listen backlog while
+// every connection is serving a request, instead of holding a descriptor
+// of ours.
 package httpserver

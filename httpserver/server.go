@@ -19,7 +19,8 @@ type Limits struct {
 	IdleTimeout time.Duration
 	// MaxConns caps open connections; 0 means no cap. At the cap a new
 	// client takes the place of the longest-idle keep-alive connection,
-	// or waits while every connection is busy with a request.
+	// else of the longest-reading one (headers unfinished), or waits while
+	// every connection is serving a request.
 	MaxConns int
 }
 
@@ -54,6 +55,8 @@ func Serve(ln net.Listener, h http.Handler, l Limits) *http.Server {
 	if l.MaxConns > 0 {
 		capped := newCapListener(ln, l.MaxConns)
 		srv.ConnState = capped.track
+		srv.ConnContext = withConn
+		srv.Handler = serveCapped(h)
 		ln = capped
 	}
 	go func() { _ = srv.Serve(ln) }() // Serve closes ln when it returns

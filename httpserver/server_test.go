@@ -251,3 +251,32 @@ func TestCapKeepsIdleConnectionsWithNoOneWaiting(t *testing.T) {
 		}
 	}
 }
+
+// TestCapHeaderTricklersGiveWay: clients that fill every slot with
+// requests whose headers never end (slowloris, each cut only at the header
+// timeout and back at once) do not lock a probe out: at the cap the
+// connection that has read the longest without a request to serve is
+// closed for it. Before, they counted as busy with a request and the probe
+// waited in the backlog (/healthz answered after 9.5 s under 300 of them).
+func TestCapHeaderTricklersGiveWay(t *testing.T) {
+	const slots = 3
+	addr := startTest(t, Limits{ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute, MaxConns: slots})
+	for range slots {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: test\r\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(100 * time.Millisecond) // every slot taken, headers unfinished
+	probe := dialGet(t, addr)
+	defer probe.Close()
+	start := time.Now()
+	_ = probe.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := http.ReadResponse(bufio.NewReader(probe), nil); err != nil {
+		t.Fatalf("probe not answered while %d clients trickled headers into every slot: %v after %v", slots, err, time.Since(start))
+	}
+}
