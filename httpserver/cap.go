@@ -170,6 +170,9 @@ func (l *capListener) track(nc net.Conn, state http.ConnState) {
 			break
 		}
 	}
+	if state != http.StateActive {
+		c.serving.Store(false) // idle, closed or hijacked
+	}
 	if state == http.StateIdle {
 		l.idle = append(l.idle, c)
 		select {
@@ -184,8 +187,8 @@ type cappedConn struct {
 	net.Conn
 	l    *capListener
 	once sync.Once
-	// serving is set while a handler runs a request of this connection
-	// (serveCapped).
+	// serving is set from the start of a request's handler (serveCapped)
+	// until the connection goes idle or closes (track).
 	serving  atomic.Bool
 	accepted time.Time
 }
@@ -211,8 +214,9 @@ type connKey struct{}
 func serveCapped(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if c, ok := r.Context().Value(connKey{}).(*cappedConn); ok {
+			// Until the connection goes idle (track), not until h returns:
+			// the response is still being flushed then.
 			c.serving.Store(true)
-			defer c.serving.Store(false)
 		}
 		h.ServeHTTP(w, r)
 	})
