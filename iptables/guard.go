@@ -48,7 +48,7 @@ const portalsAccept = " -j ACCEPT"
 // rule's bucket (chains.go), a hash of its port or block.
 func guardRules(keys []guardKey) ([]string, []uint8) {
 	keys = sortedGuardKeys(keys)
-	return guardRuleSet(keys, len(keys) > guardGroupAbove, guardConntrack)
+	return guardRuleSet(keys, len(keys) > guardGroupAbove)
 }
 
 // portalsAcceptRules renders KUBE-PORTALS-NON-LOCAL from the guard's
@@ -77,9 +77,8 @@ func sortedGuardKeys(keys []guardKey) []guardKey {
 	return slices.Compact(keys)
 }
 
-// guardRuleSet is guardRules on sorted, distinct keys, grouped or not,
-// each rule ending in tail.
-func guardRuleSet(keys []guardKey, grouped bool, tail string) ([]string, []uint8) {
+// guardRuleSet is guardRules on sorted, distinct keys, grouped or not.
+func guardRuleSet(keys []guardKey, grouped bool) ([]string, []uint8) {
 	size := 1
 	if grouped {
 		size = guardBlock
@@ -93,7 +92,7 @@ func guardRuleSet(keys []guardKey, grouped bool, tail string) ([]string, []uint8
 			n++
 		}
 		proto := string(keys[0].proto)
-		rules = append(rules, guardRule(proto, keys[:n], tail))
+		rules = append(rules, guardRule(proto, keys[:n]))
 		buckets = append(buckets, bucketOf(proto+"/"+strconv.Itoa(block)))
 		keys = keys[n:]
 	}
@@ -101,11 +100,11 @@ func guardRuleSet(keys []guardKey, grouped bool, tail string) ([]string, []uint8
 }
 
 // guardRule is the rule for sorted, distinct ports of one protocol.
-func guardRule(proto string, ports []guardKey, tail string) string {
+func guardRule(proto string, ports []guardKey) string {
 	if len(ports) == 1 {
-		return "-p " + proto + " -m " + proto + " --dport " + strconv.Itoa(ports[0].port) + tail
+		return "-p " + proto + " -m " + proto + " --dport " + strconv.Itoa(ports[0].port) + guardConntrack
 	}
-	b := make([]byte, 0, 2*len(proto)+32+6*len(ports)+len(tail))
+	b := make([]byte, 0, 2*len(proto)+32+6*len(ports)+len(guardConntrack))
 	b = append(append(append(b, "-p "...), proto...), " -m multiport --dports "...)
 	for i := 0; i < len(ports); {
 		j := i + 1
@@ -122,7 +121,7 @@ func guardRule(proto string, ports []guardKey, tail string) string {
 		}
 		i = j
 	}
-	return string(append(b, tail...))
+	return string(append(b, guardConntrack...))
 }
 
 // GuardRuleCovering returns the line of restore input (as Render writes

@@ -33,7 +33,7 @@ func TestGuardRules(t *testing.T) {
 			[]string{"-p tcp -m tcp --dport 53" + tail, "-p udp -m multiport --dports 53:54" + tail}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, buckets := guardRuleSet(sortedGuardKeys(tc.keys), true, guardConntrack)
+			got, buckets := guardRuleSet(sortedGuardKeys(tc.keys), true)
 			if !slices.Equal(got, tc.want) {
 				t.Errorf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(tc.want, "\n"))
 			}
@@ -59,7 +59,7 @@ func TestGuardRuleEveryBlockPattern(t *testing.T) {
 		for _, p := range ports {
 			keys = append(keys, guardKey{TCP, p})
 		}
-		rules, _ := guardRuleSet(keys, true, guardConntrack)
+		rules, _ := guardRuleSet(keys, true)
 		if len(rules) != 1 {
 			t.Fatalf("ports %v: %d rules, want 1", ports, len(rules))
 		}
