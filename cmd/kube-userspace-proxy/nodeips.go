@@ -118,9 +118,23 @@ type nodeIPsWatch struct {
 // newNodeIPsWatch records the node IPs in use for the families --node-ip
 // and --bind-address leave to the Node object (hostIPOf).
 func newNodeIPsWatch(v *validated, isLocal func(netip.Addr) bool, restart func(error)) *nodeIPsWatch {
-	w := &nodeIPsWatch{isLocal: isLocal, restart: restart, readAtStart: v.nodeObjectRead}
+	return &nodeIPsWatch{isLocal: isLocal, restart: restart, readAtStart: v.nodeObjectRead, inUse: hostIPsInUse(v)}
+}
+
+// familyIndex is an address's index in the by-family arrays: 0 IPv4, 1 IPv6.
+func familyIndex(ip netip.Addr) int {
+	if ip.Unmap().Is4() {
+		return 0
+	}
+	return 1
+}
+
+// hostIPsInUse is, by family (0: IPv4, 1: IPv6), the node IP the portals
+// took from the Node object or the default route (hostIPOf); invalid for
+// a family a flag decides (--bind-address naming an address, --node-ip).
+func hostIPsInUse(v *validated) (inUse [2]netip.Addr) {
 	if v.bind.IsValid() && !v.bind.IsUnspecified() {
-		return w // the bind address is the node IP
+		return inUse // the bind address is the node IP
 	}
 	for i, f := range []struct {
 		six   bool
@@ -129,9 +143,9 @@ func newNodeIPsWatch(v *validated, isLocal func(netip.Addr) bool, restart func(e
 		if v.nodeIP.IsValid() && v.nodeIP.Is4() != f.six {
 			continue
 		}
-		w.inUse[i] = hostIPOf(v, f.six, f.route)
+		inUse[i] = hostIPOf(v, f.six, f.route)
 	}
-	return w
+	return inUse
 }
 
 func (w *nodeIPsWatch) check(node config.NodeInfo) {
@@ -143,11 +157,7 @@ func (w *nodeIPsWatch) check(node config.NodeInfo) {
 	ips, _ := nodeObjectIPs(node, w.isLocal)
 	var differ []netip.Addr
 	for _, ip := range ips {
-		i := 0
-		if !ip.Is4() {
-			i = 1
-		}
-		if w.inUse[i].IsValid() && w.inUse[i] != ip {
+		if i := familyIndex(ip); w.inUse[i].IsValid() && w.inUse[i] != ip {
 			differ = append(differ, ip)
 		}
 	}

@@ -34,18 +34,9 @@ type routeIPsWatch struct {
 // newRouteIPsWatch watches the families whose node IP hostIPOf took from
 // the default route.
 func newRouteIPsWatch(v *validated, isLocal func(netip.Addr) bool, restart func(error)) *routeIPsWatch {
-	w := &routeIPsWatch{routes: [2]func() netip.Addr{defaultRoutes.v4, defaultRoutes.v6}, isLocal: isLocal, restart: restart}
-	if v.bind.IsValid() && !v.bind.IsUnspecified() {
-		return w // the bind address is the node IP
-	}
-	for i, six := range []bool{false, true} {
-		decided := v.nodeIP.IsValid() && v.nodeIP.Is4() != six
-		for _, ip := range v.nodeObjectIPs {
-			decided = decided || ip.Is4() != six
-		}
-		if !decided {
-			w.inUse[i] = w.routes[i]()
-		}
+	w := &routeIPsWatch{inUse: hostIPsInUse(v), routes: [2]func() netip.Addr{defaultRoutes.v4, defaultRoutes.v6}, isLocal: isLocal, restart: restart}
+	for _, ip := range v.nodeObjectIPs {
+		w.inUse[familyIndex(ip)] = netip.Addr{} // the Node's: nodeIPsWatch looks after it
 	}
 	return w
 }
