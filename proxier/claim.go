@@ -136,7 +136,7 @@ func holdUDPPort(ip netip.Addr, port int) (func() error, error) {
 	// a socket nobody reads while its client waits out a timeout.
 	var peer unix.Sockaddr = &unix.SockaddrInet6{Port: claimPeerPort, Addr: netip.IPv6Loopback().As16()}
 	if network == "udp4" {
-		peer = &unix.SockaddrInet4{Port: claimPeerPort, Addr: netip.AddrFrom4([4]byte{127, 0, 0, 1}).As4()}
+		peer = &unix.SockaddrInet4{Port: claimPeerPort, Addr: [4]byte{127, 0, 0, 1}}
 	}
 	rc, err := pc.(*net.UDPConn).SyscallConn()
 	if err == nil {

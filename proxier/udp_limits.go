@@ -28,9 +28,10 @@ func udpLimits(o Options) (int, *udpBudget) {
 	if limit <= 0 {
 		limit = DefaultUDPMaxSessions
 	}
-	capped, total := udpCaps(perPort, limit, nofileLimit())
+	nofile := nofileLimit()
+	capped, total := udpCaps(perPort, limit, nofile)
 	if total < limit {
-		klog.InfoS("UDP session caps held to half the open-file limit", "nofile", nofileLimit(),
+		klog.InfoS("UDP session caps held to half the open-file limit", "nofile", nofile,
 			"maxSessions", total, "maxSessionsPerPort", capped, "given", []int{limit, perPort})
 	}
 	return capped, newUDPBudget(total)
