@@ -137,7 +137,7 @@ func (l *capListener) oldestReading(now time.Time) (*cappedConn, time.Duration) 
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, c := range l.open {
-		if !c.serving.Load() && !slices.Contains(l.idle, c) {
+		if !c.serving.Load() && !c.idle {
 			return c, max(0, c.accepted.Add(readingGrace).Sub(now))
 		}
 	}
@@ -173,7 +173,8 @@ func (l *capListener) track(nc net.Conn, state http.ConnState) {
 	if state != http.StateActive {
 		c.serving.Store(false) // idle, closed or hijacked
 	}
-	if state == http.StateIdle {
+	c.idle = state == http.StateIdle
+	if c.idle {
 		l.idle = append(l.idle, c)
 		select {
 		case l.idled <- struct{}{}:
@@ -191,6 +192,7 @@ type cappedConn struct {
 	// until the connection goes idle or closes (track).
 	serving  atomic.Bool
 	accepted time.Time
+	idle     bool // on the idle list; guarded by l.mu
 }
 
 func (c *cappedConn) Close() error {
