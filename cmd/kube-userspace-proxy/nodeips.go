@@ -40,7 +40,7 @@ func readNodeObjectIPs(ctx context.Context, client kubernetes.Interface, o *opti
 			klog.InfoS("Could not read this node's Node object; node IPs from the --state-file", "node", name, "err", err)
 			node = config.NodeInfo{Name: name, Addresses: ips}
 		} else {
-			klog.InfoS("Could not read this node's Node object; node IPs come from the default-route interfaces", "node", name, "err", err)
+			klog.InfoS("Could not read this node's Node object; node IPs come from the default routes' source addresses", "node", name, "err", err)
 			return
 		}
 	}
@@ -80,7 +80,7 @@ func nodeObjectIPs(node config.NodeInfo, isLocal func(netip.Addr) bool) (ips, no
 }
 
 // hostIPOf is one family's node IP when no flag names one: the Node
-// object's (readNodeObjectIPs), else the default-route interface's.
+// object's (readNodeObjectIPs), else the default route's source address.
 func hostIPOf(v *validated, six bool, fromRoute func() netip.Addr) netip.Addr {
 	for _, ip := range v.nodeObjectIPs {
 		if ip.Is4() != six {

@@ -143,7 +143,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.syncPeriod, "iptables-sync-period", o.syncPeriod, "The maximum interval of how often rules are refreshed and repaired (e.g. '5s', '1m'). Must be greater than 0.")
 	fs.DurationVar(&o.minSyncPeriod, "iptables-min-sync-period", o.minSyncPeriod, "The minimum interval between rule syncs as Services change (e.g. '1s'). 0 syncs on every change. With --iptables=false, where no rule is written, the default is 100ms.")
 	fs.StringVar(&o.hostnameOverride, "hostname-override", o.hostnameOverride, "If non-empty, use this string as the node name instead of the hostname.")
-	fs.StringSliceVar(&o.nodePortAddresses, "nodeport-addresses", o.nodePortAddresses, "CIDRs of the node addresses that accept NodePort traffic and serve healthCheckNodePorts (e.g. 10.0.0.0/8,192.168.0.0/16); 'primary' means the node IP of each family (--node-ip, else the Node object's, else the default-route address), as kube-proxy; empty means all local addresses.")
+	fs.StringSliceVar(&o.nodePortAddresses, "nodeport-addresses", o.nodePortAddresses, "CIDRs of the node addresses that accept NodePort traffic and serve healthCheckNodePorts (e.g. 10.0.0.0/8,192.168.0.0/16); 'primary' means the node IP of each family (--node-ip, else the Node object's, else the default route's source address), as kube-proxy; empty means all local addresses.")
 	fs.StringVar(&o.clusterCIDR, "cluster-cidr", o.clusterCIDR, "The CIDR range of the pods in the cluster (for dual-stack, an IPv4 and an IPv6 CIDR, comma-separated), kube-proxy's flag with detect-local-mode ClusterCIDR: traffic from it counts as the cluster's own, so pods reach the LoadBalancer IPs, external IPs and NodePorts of externalTrafficPolicy: Local Services through all endpoints, as the node itself does. Empty: only the node's own traffic is recognised.")
 	fs.StringVar(&o.healthzBindAddress, "healthz-bind-address", o.healthzBindAddress, "HOST:PORT for the health check server (/healthz, /livez); an IP alone gets port 10256; empty disables it.")
 	fs.StringVar(&o.metricsBindAddress, "metrics-bind-address", o.metricsBindAddress, "HOST:PORT for the metrics server (/metrics, /debug/services, /debug/connections, /proxyMode, /configz); an IP alone gets port 10249; empty disables it.")
@@ -156,7 +156,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.Float32Var(&o.kubeAPIQPS, "kube-api-qps", o.kubeAPIQPS, "QPS to use while talking with the Kubernetes API server; a negative value means no client-side rate limit, 0 client-go's default (5).")
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", o.kubeAPIBurst, "Burst to use while talking with the Kubernetes API server.")
 	fs.StringVar(&o.kubeAPIContentType, "kube-api-content-type", o.kubeAPIContentType, "Content type of requests sent to the API server.")
-	fs.StringVar(&o.nodeIP, "node-ip", o.nodeIP, "The node's IP, target of the portals' DNAT (from the node itself, and with --bind-address 0.0.0.0 from pods and other hosts too); default: with an API server the Node object's (its first InternalIP, else ExternalIP, that an interface here holds, read once at start), else the address of the default-route interface. The other IP family uses the Node object's address of that family, else the address of its own default-route interface.")
+	fs.StringVar(&o.nodeIP, "node-ip", o.nodeIP, "The node's IP, target of the portals' DNAT (from the node itself, and with --bind-address 0.0.0.0 from pods and other hosts too); default: with an API server the Node object's (its first InternalIP, else ExternalIP, that an interface here holds, read once at start), else the default route's source address (the route's src, else the kernel's choice on its interface, as `ip route get` shows). The other IP family uses the Node object's address of that family, else its own default route's source address.")
 	fs.BoolVar(&o.preroutingRedirect, "prerouting-redirect", o.preroutingRedirect, "With --bind-address 0.0.0.0 (or ::): send traffic from pods and other hosts to proxy sockets with REDIRECT, as the legacy userspace mode did, instead of DNAT to the node IP. REDIRECT drops packets that arrive on an interface without an address (pod veths on Calico, the AWS VPC CNI).")
 	fs.StringVar(&o.configFile, "config", o.configFile, "A KubeProxyConfiguration file; flags given on the command line override it.")
 	fs.StringVar(&o.faultAPIBind, "fault-api-bind-address", o.faultAPIBind, "HOST:PORT for Toxiproxy's REST API over this node's service ports (e.g. 127.0.0.1:8474); empty disables it.")
@@ -370,7 +370,7 @@ func (o *options) validate() (*validated, error) {
 		} else if v.nodeIP.Zone() != "" {
 			add("--node-ip %q: IPv6 zone ids are not supported; give the address without %%%s", o.nodeIP, v.nodeIP.Zone())
 		} else if v.nodeIP = v.nodeIP.Unmap(); v.nodeIP.IsUnspecified() {
-			add("--node-ip %s is not an address of the node: give one, or leave it out for the default-route address", v.nodeIP)
+			add("--node-ip %s is not an address of the node: give one, or leave it out for the default route's source address", v.nodeIP)
 		} else if v.nodeIP.IsLoopback() && o.iptables && !o.cleanup {
 			// As --bind-address: pods' and other hosts' traffic DNATed to
 			// a loopback address is dropped (route_localnet is off).
