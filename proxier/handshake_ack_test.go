@@ -110,3 +110,58 @@ func (g gatedDialer) DialContext(ctx context.Context, network, address string) (
 	<-g.gate
 	return g.d.DialContext(ctx, network, address)
 }
+
+// A backend with Nagle on (most not written in Go) that answers in two
+// writes gets the ACK of the first at once through every path a
+// connection can take: the event loop, the goroutine relay, and a faulted
+// connection's pipelines. The held handshake ACK left the backend socket
+// in delayed-ACK mode, and every connection's first answer came 40 ms
+// late; a faulted connection's too, whose copies never took it out.
+func TestNagleBackendAnsweredAtOnce(t *testing.T) {
+	backend := serveTCP(t, "127.0.0.2", func(c net.Conn) {
+		_ = c.(*net.TCPConn).SetNoDelay(false)
+		if _, err := bufio.NewReader(c).ReadString('\n'); err != nil {
+			return
+		}
+		_, _ = c.Write([]byte("HTTP/1.0 200 OK\r\n\r\n"))
+		_, _ = c.Write([]byte("body\n"))
+	})
+	for _, path := range []string{DataPathEventLoop, DataPathGoroutines} {
+		t.Run(path, func(t *testing.T) {
+			p := newTestProxier(t, Options{DataPath: path})
+			p.OnServiceAdd(makeService("plain"))
+			p.OnEndpointSliceAdd(makeSlice("plain", v1.ProtocolTCP, backend.Addr().String()))
+			p.OnServiceAdd(makeService("faulted", withClusterIP("10.96.0.11"),
+				withFaults(`[{"type":"bandwidth","stream":"upstream","attributes":{"rate":1000000}}]`)))
+			p.OnEndpointSliceAdd(makeSlice("faulted", v1.ProtocolTCP, backend.Addr().String()))
+			p.Sync()
+			for _, svc := range []string{"plain", "faulted"} {
+				addr := proxyAddr(t, p, "default/"+svc+":p")
+				var slowest time.Duration
+				for range 5 {
+					c := dialTCP(t, addr)
+					start := time.Now()
+					if _, err := c.Write([]byte("GET /\n")); err != nil {
+						t.Fatal(err)
+					}
+					r := bufio.NewReader(c)
+					if _, err := r.ReadString('\n'); err != nil {
+						t.Fatal(err)
+					}
+					if line, err := r.ReadString('\n'); err != nil || line != "\r\n" {
+						t.Fatalf("%s: %q, %v", svc, line, err)
+					}
+					if line, err := r.ReadString('\n'); err != nil || line != "body\n" {
+						t.Fatalf("%s: %q, %v", svc, line, err)
+					}
+					slowest = max(slowest, time.Since(start))
+					c.Close()
+				}
+				t.Logf("%s: slowest of 5 answers %v", svc, slowest)
+				if slowest > 25*time.Millisecond {
+					t.Errorf("%s: the slowest of 5 answers took %v: the proxy delayed the ACK of the answer's first write", svc, slowest)
+				}
+			}
+		})
+	}
+}

@@ -226,8 +226,9 @@ func New(opts Options) *Proxier {
 	if opts.Metrics == nil {
 		opts.Metrics = NewMetrics()
 	}
+	faultDialer := opts.Dialer
 	if opts.Dialer == nil {
-		opts.Dialer = backendDialer(opts.Liveness)
+		opts.Dialer, faultDialer = backendDialer(opts.Liveness), faultedBackendDialer(opts.Liveness)
 	}
 	if len(opts.DialTimeouts) > maxDialAttempts {
 		opts.DialTimeouts = opts.DialTimeouts[:maxDialAttempts]
@@ -261,6 +262,7 @@ func New(opts Options) *Proxier {
 		active:    map[loadbalancer.ServicePortName]*activePort{},
 		sockCfg: &socketConfig{
 			dialer:           opts.Dialer,
+			faultDialer:      faultDialer,
 			dialTimeouts:     opts.DialTimeouts,
 			udpIdleTimeout:   opts.UDPIdleTimeout,
 			halfCloseTimeout: opts.HalfCloseTimeout,
@@ -1015,4 +1017,13 @@ func (p *Proxier) debugMerged(prev []debugPort, touched []loadbalancer.ServicePo
 // the client's first bytes (relay.DialControl; serve releases it).
 func backendDialer(l relay.Liveness) *net.Dialer {
 	return &net.Dialer{KeepAlive: -1, Control: relay.DialControl(l)}
+}
+
+// faultedBackendDialer is backendDialer for faulted connections, without
+// the held ACK: the faults' copies write the first bytes, and only the
+// built-in copy takes the socket out of the delayed-ACK mode that held it
+// (relay.Conn.BackendHoldsACK), which left a Nagle backend's answer in
+// two writes 40 ms late.
+func faultedBackendDialer(l relay.Liveness) *net.Dialer {
+	return &net.Dialer{KeepAlive: -1, Control: relay.SocketControl(l)}
 }

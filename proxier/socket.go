@@ -38,7 +38,10 @@ type Dialer interface {
 
 // socketConfig is shared by every proxy socket of one proxier.
 type socketConfig struct {
-	dialer           Dialer
+	dialer Dialer
+	// faultDialer dials for faulted connections: it holds no handshake
+	// ACK, which the faults' copies would not release (backendDialer).
+	faultDialer      Dialer
 	dialTimeouts     []time.Duration
 	udpIdleTimeout   time.Duration
 	halfCloseTimeout time.Duration

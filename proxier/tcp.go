@@ -188,7 +188,7 @@ func (s *tcpProxySocket) serve(client *net.TCPConn, from netip.AddrPort, fc *fau
 			return
 		}
 	}
-	backend, err := s.dial(from)
+	backend, err := s.dial(from, fc != nil)
 	if err != nil {
 		// A reset, not a FIN: the client must not mistake "no backend" for an
 		// empty answer.
@@ -201,9 +201,12 @@ func (s *tcpProxySocket) serve(client *net.TCPConn, from netip.AddrPort, fc *fau
 		}
 		return
 	}
-	// The dial held the handshake's last ACK for the client's first bytes
-	// (relay.DialControl; a test's Dialer holds none, and this is a no-op).
-	relay.ReleaseHandshakeACK(backend, client, fc != nil)
+	if fc == nil {
+		// The dial held the handshake's last ACK for the client's first
+		// bytes (relay.DialControl; a test's Dialer holds none, and this
+		// is a no-op).
+		relay.ReleaseHandshakeACK(backend, client)
+	}
 	go s.relay(s.start(client, backend, from, fc))
 }
 
@@ -221,6 +224,9 @@ func (s *tcpProxySocket) start(client, backend *net.TCPConn, from netip.AddrPort
 		fc.Attach(client, backend)
 	}
 	rc := relay.New(client, backend, opts)
+	if fc == nil {
+		rc.BackendHoldsACK() // backendDialer held it
+	}
 	live.sp, live.lifetime = s.sp, s.lifetime
 	live.relay.Store(quietCloser(rc))
 	startLifetime(rc, s.lifetime.load())
@@ -240,7 +246,11 @@ func (s *tcpProxySocket) relay(rc *relay.Conn, live *liveConn, fc *faults.Conn) 
 	s.active.Dec()
 }
 
-func (s *tcpProxySocket) dial(client netip.AddrPort) (*net.TCPConn, error) {
+func (s *tcpProxySocket) dial(client netip.AddrPort, faulted bool) (*net.TCPConn, error) {
+	dialer := s.cfg.dialer
+	if faulted {
+		dialer = s.cfg.faultDialer
+	}
 	var lastErr error
 	var failed [maxDialAttempts]netip.AddrPort
 	for i, timeout := range s.cfg.dialTimeouts {
@@ -250,7 +260,7 @@ func (s *tcpProxySocket) dial(client netip.AddrPort) (*net.TCPConn, error) {
 		if err != nil {
 			return nil, err
 		}
-		conn, err := s.cfg.dialer.DialContext(dialDeadline(time.Now().Add(timeout)), "tcp", ep.String())
+		conn, err := dialer.DialContext(dialDeadline(time.Now().Add(timeout)), "tcp", ep.String())
 		if err == nil {
 			if tc, ok := conn.(*net.TCPConn); ok {
 				return tc, nil

@@ -47,7 +47,10 @@ type autoCopier struct {
 	splicing bool
 	noPipe   bool // pipe2 failed once: stay buffered
 	op       uint8
-	call     func(fd uintptr) bool
+	// ackHeld: dst holds its handshake's ACK in delayed-ACK mode until
+	// this direction's first write (Conn.BackendHoldsACK).
+	ackHeld bool
+	call    func(fd uintptr) bool
 
 	// observe, if set (tests), is told of every change of mode and of
 	// whether a buffer is held; nil costs a comparison.
@@ -253,6 +256,15 @@ func (a *autoCopier) write(fd uintptr) bool {
 // writeSome writes what is left of the buffer's n bytes from a.written
 // on, until done, a failure (a.writeErr), or a full socket (true).
 func (a *autoCopier) writeSome(fd uintptr) (full bool) {
+	full = a.send(fd)
+	if a.ackHeld && a.written > 0 {
+		a.ackHeld = false
+		sendHandshakeACK(int(fd))
+	}
+	return full
+}
+
+func (a *autoCopier) send(fd uintptr) (full bool) {
 	out := (*a.buf)[:a.n]
 	for a.written < int64(len(out)) {
 		m, err := rawio.Send(int(fd), out[a.written:])

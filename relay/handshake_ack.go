@@ -17,26 +17,35 @@ import (
 // backend wakes once for connection and request instead of twice. When no
 // first bytes are about to go, the ACK is sent at once (sendHandshakeACK):
 // the kernel would hold it for its delayed-ACK timer (up to 200 ms), and a
-// server that speaks first would wait that long to accept. The event loop
-// does both in LoopConn.connect and connected; the goroutine relay's
-// dialer uses DialControl, and its caller ReleaseHandshakeACK.
+// server that speaks first would wait that long to accept.
+//
+// The held ACK also primes the kernel's delayed-ACK clock, so the first
+// write to the backend, soon after, puts the socket in its interactive
+// ("pingpong") mode, where the ACK of each answer waits for a reply to
+// ride on, up to 40 ms: a backend with Nagle on (most that are not written
+// in Go) that answers in two writes then holds its second for that ACK,
+// 40 ms on every connection's first answer. So the first write to the
+// backend is followed by TCP_QUICKACK 1, which leaves that mode. The event
+// loop does all of it in LoopConn.connect, connected and write; the
+// goroutine relay's dialer uses DialControl, its caller
+// ReleaseHandshakeACK, and the relay Conn.BackendHoldsACK.
 
 func holdHandshakeACK(fd int) { _ = rawio.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_QUICKACK, 0) }
 func sendHandshakeACK(fd int) { _ = rawio.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_QUICKACK, 1) }
 
 // DialControl is SocketControl(l) for a socket about to connect: it also
 // holds the handshake's last ACK. Whoever dials with it must call
-// ReleaseHandshakeACK once connected.
+// ReleaseHandshakeACK once connected, and relay with the built-in copy
+// after Conn.BackendHoldsACK.
 func DialControl(l Liveness) func(network, address string, c syscall.RawConn) error {
 	return socketControl(l, true)
 }
 
 // ReleaseHandshakeACK sends backend's held handshake ACK now unless the
 // client has bytes queued, which the relay writes at once and which carry
-// it; force sends it whatever is queued (a faulted connection, whose first
-// bytes a toxic may hold past the kernel's timer).
-func ReleaseHandshakeACK(backend, client *net.TCPConn, force bool) {
-	if !force && queuedBytes(client) > 0 {
+// it.
+func ReleaseHandshakeACK(backend, client *net.TCPConn) {
+	if queuedBytes(client) > 0 {
 		return
 	}
 	if raw, err := backend.SyscallConn(); err == nil {

@@ -46,9 +46,12 @@ type LoopConn struct {
 	readable, writable [2]bool
 	state              uint8
 	queued             bool
-	attempt            int
-	ep                 netip.AddrPort
-	dialErr            error
+	// ackHeld: the backend socket is in the delayed-ACK mode that held
+	// its handshake's ACK, until the first write to it (write).
+	ackHeld bool
+	attempt int
+	ep      netip.AddrPort
+	dialErr error
 	// tags are what each socket's epoll events carry besides the slot,
 	// unique per registration in the loop (tag&1 is the side): an event
 	// of a socket closed since — an earlier dial attempt's, or a finished
@@ -147,6 +150,7 @@ func (c *LoopConn) dial() {
 		if err == nil {
 			c.fds[sideBackend] = fd
 			c.readable[sideBackend], c.writable[sideBackend] = false, false
+			c.ackHeld = true
 			l.timers.set(&c.timers[timerDial], l.now+int64(l.o.DialTimeouts[c.attempt]))
 			return
 		}
@@ -263,7 +267,7 @@ func (c *LoopConn) connected(failed bool) {
 		// Nothing of the client's went out to carry the handshake's ACK,
 		// which connect asked the kernel to hold: send it now. (Bytes
 		// read are written at once on a new connection, so any carried
-		// it.)
+		// it.) The first write still ends the delayed-ACK mode (write).
 		sendHandshakeACK(c.fds[sideBackend])
 	}
 }
@@ -535,6 +539,10 @@ func (c *LoopConn) write(d *loopDir, p []byte) (int, error) {
 			return done, err
 		}
 		done += m
+	}
+	if c.ackHeld && d.dst == sideBackend && done > 0 {
+		c.ackHeld = false
+		sendHandshakeACK(fd)
 	}
 	return done, nil
 }

@@ -124,6 +124,13 @@ func New(client, backend *net.TCPConn, o Options) *Conn {
 	return c
 }
 
+// BackendHoldsACK says the backend was dialled with DialControl: the
+// built-in client→backend copy's first write takes its socket out of the
+// delayed-ACK mode that held the handshake's ACK (handshake_ack.go). Call
+// before Run. (Not an Options field: one more word would put Conn in the
+// next size class, TestConnSize.)
+func (c *Conn) BackendHoldsACK() { c.up.ackHeld = true }
+
 // Run relays until both directions are done, then closes both sockets.
 func (c *Conn) Run() {
 	if c.o.Upstream == nil || c.o.Downstream == nil {
