@@ -22,7 +22,7 @@ import (
 // connection the portals do not catch (a NodePort on an address outside
 // --nodeport-addresses) is refused with a reset instead of completing its
 // handshake into a backlog nobody accepts from. A held UDP port is a bound
-// socket nobody reads (datagrams there are dropped).
+// socket nobody reads (datagrams there are dropped; see holdUDPPort).
 func (p *Proxier) claim(info *servicePortInfo) []func() error {
 	var closers []func() error
 	hold := func(ip netip.Addr, port int) {
@@ -129,30 +129,13 @@ func holdUDPPort(ip netip.Addr, port int) (func() error, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Connected to a peer that never sends, it still holds the port but
-	// matches no datagram, so one that no portal caught (a NodePort on an
-	// address outside --nodeport-addresses) gets the kernel's port
-	// unreachable, as the held TCP port's reset, instead of vanishing into
-	// a socket nobody reads while its client waits out a timeout.
-	var peer unix.Sockaddr = &unix.SockaddrInet6{Port: claimPeerPort, Addr: netip.IPv6Loopback().As16()}
-	if network == "udp4" {
-		peer = &unix.SockaddrInet4{Port: claimPeerPort, Addr: [4]byte{127, 0, 0, 1}}
-	}
-	rc, err := pc.(*net.UDPConn).SyscallConn()
-	if err == nil {
-		cerr := rc.Control(func(fd uintptr) { err = unix.Connect(int(fd), peer) })
-		err = errors.Join(cerr, err)
-	}
-	if err != nil {
-		_ = pc.Close()
-		return nil, fmt.Errorf("connecting the held UDP port: %w", err)
-	}
+	// Not connected: a connected socket's bound address narrows to the
+	// route's source (loopback, for a loopback peer), and every other
+	// address would be free to take. So a datagram to an address outside
+	// --nodeport-addresses is taken here and dropped, not refused with a
+	// port unreachable as a TCP connect is.
 	return pc.Close, nil
 }
-
-// claimPeerPort is the port a held UDP socket is connected to on loopback:
-// discard's, which sends nothing.
-const claimPeerPort = 9
 
 func (p *Proxier) releaseClaims(ap *activePort) {
 	for _, c := range ap.claims {

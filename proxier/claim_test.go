@@ -11,7 +11,12 @@ import (
 )
 
 // A NodePort is held open while its Service exists, so no other process can
-// bind it and silently lose its traffic to our portal rules.
+// bind it and silently lose its traffic to our portal rules: not on every
+// address (the wildcard), nor on any one of them. A held UDP port once
+// connected to a loopback peer (to make datagrams outside
+// --nodeport-addresses get a port unreachable), which made the kernel
+// narrow its bound address to the route's source, 127.0.0.1: every other
+// address was free to take.
 func TestNodePortIsClaimed(t *testing.T) {
 	for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {
 		t.Run(string(proto), func(t *testing.T) {
@@ -21,8 +26,10 @@ func TestNodePortIsClaimed(t *testing.T) {
 			svc := makeService("web", withProtocol(proto), withNodePort(int32(port)))
 			p.OnServiceAdd(svc)
 			p.Sync()
-			if err := bindable(network, port); err == nil {
-				t.Fatalf("%s NodePort %d could be bound by another process", network, port)
+			for _, host := range []string{"", "127.0.0.1", "127.0.0.2"} {
+				if err := bindableOn(network, host, port); err == nil {
+					t.Errorf("%s NodePort %d could be bound on %q by another process", network, port, host)
+				}
 			}
 			p.OnServiceDelete(svc)
 			p.Sync()
@@ -59,8 +66,10 @@ func freePortFor(t *testing.T, network string) int {
 	return pc.LocalAddr().(*net.UDPAddr).Port
 }
 
-func bindable(network string, port int) error {
-	addr := net.JoinHostPort("", strconv.Itoa(port))
+func bindable(network string, port int) error { return bindableOn(network, "", port) }
+
+func bindableOn(network, host string, port int) error {
+	addr := net.JoinHostPort(host, strconv.Itoa(port))
 	if strings.HasPrefix(network, "tcp") {
 		ln, err := net.Listen(network, addr)
 		if err == nil {
