@@ -23,8 +23,8 @@ import (
 // --nodeport-addresses) is refused with a reset instead of completing its
 // handshake into a backlog nobody accepts from. A held UDP port is a bound
 // socket nobody reads (datagrams there are dropped; see holdUDPPort).
-func (p *Proxier) claim(info *servicePortInfo) []func() error {
-	var closers []func() error
+func (p *Proxier) claim(info *servicePortInfo) (closers []func() error, all bool) {
+	all = true
 	hold := func(ip netip.Addr, port int) {
 		var c func() error
 		var err error
@@ -35,6 +35,7 @@ func (p *Proxier) claim(info *servicePortInfo) []func() error {
 		}
 		if err != nil {
 			klog.ErrorS(err, "Cannot claim port; another process holds it", "servicePort", info.name, "address", claimAddress(ip), "port", port)
+			all = false
 			return
 		}
 		closers = append(closers, c)
@@ -57,7 +58,18 @@ func (p *Proxier) claim(info *servicePortInfo) []func() error {
 			hold(ip, info.port)
 		}
 	}
-	return closers
+	return closers, all
+}
+
+// claimPorts holds ap's ports (its claims are released), and reports
+// whether it holds them all; one another process holds is tried again by
+// the sync's retry and every later sync (activePort.claimsMissing), so the
+// port is held once that process lets it go (a proxy being replaced, in a
+// rolling update that overlaps).
+func (p *Proxier) claimPorts(ap *activePort) bool {
+	claims, all := p.claim(ap.info)
+	ap.claims, ap.claimsMissing = claims, !all
+	return all
 }
 
 // holdTCPPort binds ip:port (every address, both families, when ip is

@@ -1,8 +1,10 @@
 package proxier
 
 import (
+	"context"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -163,5 +165,86 @@ func TestNodePortClaimedInItsFamilies(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// Held ports that move between service ports in one sync stay held: two
+// ports of a Service swapping their NodePorts, or a Service taking the
+// NodePort another gives up. The sync released and took each port's
+// claims in turn, in the map's random order, so the port met first could
+// not bind what the other still held: it logged "another process holds
+// it" and the port stayed free until that Service port changed again
+// (5-6 of 6 swaps left one free, in the API-server sweep).
+func TestClaimsMoveBetweenServicePorts(t *testing.T) {
+	a, b := freePortFor(t, "tcp"), freePortFor(t, "tcp")
+	twoPorts := func(first, second int) svcOpt {
+		return func(s *v1.Service) {
+			s.Spec.Type = v1.ServiceTypeNodePort
+			s.Spec.Ports = []v1.ServicePort{
+				{Name: "a", Port: 80, Protocol: v1.ProtocolTCP, NodePort: int32(first)},
+				{Name: "b", Port: 81, Protocol: v1.ProtocolTCP, NodePort: int32(second)},
+			}
+		}
+	}
+	held := func(t *testing.T, ports ...int) {
+		t.Helper()
+		for _, port := range ports {
+			if err := bindable("tcp", port); err == nil {
+				t.Fatalf("NodePort %d is not held", port)
+			}
+		}
+	}
+	t.Run("swap", func(t *testing.T) {
+		p := newTestProxier(t, Options{ClaimNodePorts: true})
+		p.OnServiceAdd(makeService("np", twoPorts(a, b)))
+		p.Sync()
+		held(t, a, b)
+		for i := range 8 { // the map's order is random: several swaps
+			if i%2 == 0 {
+				p.OnServiceUpdate(makeService("np", twoPorts(a, b)), makeService("np", twoPorts(b, a)))
+			} else {
+				p.OnServiceUpdate(makeService("np", twoPorts(b, a)), makeService("np", twoPorts(a, b)))
+			}
+			p.Sync()
+			held(t, a, b)
+		}
+	})
+	t.Run("to another Service", func(t *testing.T) {
+		for range 8 {
+			p := newTestProxier(t, Options{ClaimNodePorts: true})
+			giver := makeService("giver", withNodePort(int32(a)))
+			p.OnServiceAdd(giver)
+			p.Sync()
+			held(t, a)
+			p.OnServiceUpdate(giver, makeService("giver", withNodePort(int32(b))))
+			p.OnServiceAdd(makeService("taker", withClusterIP("10.96.0.11"), withNodePort(int32(a))))
+			p.Sync()
+			held(t, a, b)
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			p.Run(ctx) // closes its sockets for the next round
+		}
+	})
+}
+
+// A port another process holds is taken once it lets go (a proxy being
+// replaced in an overlapping rolling update): the sync's retry and every
+// later sync try again. It was tried only when the Service port changed.
+func TestClaimRetriedUntilHeld(t *testing.T) {
+	port := freePortFor(t, "tcp")
+	other, err := net.Listen("tcp", ":"+strconv.Itoa(port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newTestProxier(t, Options{ClaimNodePorts: true})
+	p.OnServiceAdd(makeService("np", withNodePort(int32(port))))
+	p.Sync()
+	if !slices.Contains(p.lastFailed, "claim default/np:p") || p.runner.retry == 0 {
+		t.Errorf("no retry asked for the claim another process holds (left undone: %q)", p.lastFailed)
+	}
+	other.Close()
+	p.Sync() // the retry
+	if err := bindable("tcp", port); err == nil {
+		t.Fatalf("NodePort %d is not held once the other process let it go", port)
 	}
 }

@@ -141,7 +141,10 @@ type activePort struct {
 	external     proxySocket
 	externalPort int
 	claims       []func() error // close functions of held NodePort/external IP sockets
-	faults       *faults.Port
+	// claimsMissing: a port of claims could not be held (claimPorts);
+	// each sync tries again.
+	claimsMissing bool
+	faults        *faults.Port
 }
 
 // Proxier implements config.Handler.
@@ -498,9 +501,15 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 	// few more may reopen below: the line count is a threshold, not a tally).
 	opening := len(want) - len(p.active)
 	perPortLines, opened := opening <= servingLinesUpTo, 0
+	// Ports whose held NodePorts and external IP ports change: all are
+	// released in the loop and taken after it, so a port that moves from
+	// one service port to another in one sync (two ports swapping their
+	// NodePorts, a Service taking the NodePort another gave up) is free
+	// whichever of them the loop meets first.
+	var claimLater []*activePort
 	for name, info := range want {
 		ap := p.active[name]
-		if ap != nil && ap.info == info && (ap.external != nil || !info.policy.splitExternal()) {
+		if ap != nil && ap.info == info && !ap.claimsMissing && (ap.external != nil || !info.policy.splitExternal()) {
 			continue // the same Service object as last sync, and nothing to retry
 		}
 		if ap != nil && ap.info != info {
@@ -532,6 +541,9 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 			}
 			opened++
 			p.active[name] = ap
+			if p.opts.ClaimNodePorts {
+				claimLater = append(claimLater, ap)
+			}
 			p.openTouched = append(p.openTouched, name)
 			p.debugTouched = append(p.debugTouched, name)
 			p.staleFlowsToClear(name)
@@ -556,12 +568,20 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 			p.staleFlowsToClear(name)
 			if p.opts.ClaimNodePorts {
 				p.releaseClaims(ap)
-				ap.claims = p.claim(info)
+				claimLater = append(claimLater, ap)
 			}
+		} else if ap.claimsMissing {
+			p.releaseClaims(ap)
+			claimLater = append(claimLater, ap)
 		}
 		if ap.info != info {
 			p.debugTouched = append(p.debugTouched, name)
 			ap.info = info
+		}
+	}
+	for _, ap := range claimLater {
+		if !p.claimPorts(ap) {
+			failed = append(failed, "claim "+ap.info.key)
 		}
 	}
 	p.metrics.ServicePorts.Set(float64(len(p.active)))
@@ -649,9 +669,6 @@ func (p *Proxier) openPort(info *servicePortInfo, kept int, logLine bool) (*acti
 	proxyAddr := net.JoinHostPort(p.listenHostOf(info), strconv.Itoa(ap.proxyPort))
 	fp.SetAddresses(proxyAddr, "")
 	fp.SetUpstreamFunc(func() string { return p.upstreamOf(info.name) })
-	if p.opts.ClaimNodePorts {
-		ap.claims = p.claim(info)
-	}
 	if logLine || klog.V(2).Enabled() {
 		klog.InfoS("Serving service port", "servicePort", info.name, "protocol", info.name.Protocol,
 			"proxyAddress", proxyAddr)
