@@ -2,8 +2,10 @@ package proxier
 
 import (
 	"maps"
+	"net/netip"
 	"slices"
 
+	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
@@ -91,7 +93,36 @@ func (p *Proxier) reserveKeptPorts(want map[loadbalancer.ServicePortName]*servic
 		}
 	}
 	k.reserved = p.ports.Reserve(ports)
+	p.lostFlowsToClear(want, host, container)
 	return k
+}
+
+// lostFlowsToClear remembers the UDP destinations the portals of the proxy
+// before this one had and no wanted service port has (a Service deleted,
+// its NodePort or ClusterIP changed while no proxy ran), for the clearing
+// closedFlowsToClear does while one runs: a client that keeps its source
+// port kept being served at an address the Service had given up, or by
+// whichever Service was given the old proxy port (the lifecycle sweep: a
+// deleted Service's clients answered by another Service's backends after a
+// restart).
+func (p *Proxier) lostFlowsToClear(want map[loadbalancer.ServicePortName]*servicePortInfo, portals ...map[iptables.PortalKey]int) {
+	if p.opts.Conntrack == nil {
+		return
+	}
+	wanted := map[netip.AddrPort]bool{}
+	for _, info := range want {
+		if info.name.Protocol == v1.ProtocolUDP {
+			udpDestinations(info, func(dst netip.AddrPort) { wanted[dst] = true })
+		}
+	}
+	for _, m := range portals {
+		for key := range m {
+			// A NodePort's key has no address, as udpDestinations names it.
+			if dst := netip.AddrPortFrom(key.IP, uint16(key.Port)); key.Protocol == iptables.UDP && !wanted[dst] {
+				p.closedUDP[dst] = struct{}{}
+			}
+		}
+	}
 }
 
 // claim is the reserved port of info's cluster-wide socket, now the

@@ -281,3 +281,50 @@ func syncedProxier(opts Options, planned bool, svcs ...*v1.Service) *Proxier {
 	p.Sync()
 	return p
 }
+
+// A restart clears the UDP flows of destinations the old portals had and
+// the new proxy does not serve (a Service deleted, a NodePort changed
+// while no proxy ran), as a running proxy clears them when they go: a
+// client that keeps its source port was still NATed to the old proxy port
+// through its conntrack entry, and so served at an address the Service
+// gave up, or answered by whichever Service the port was given to next.
+func TestRestartClearsFlowsOfLostDestinations(t *testing.T) {
+	udp := func(name, ip string, nodePort int32) *v1.Service {
+		return makeService(name, withClusterIP(ip), withProtocol(v1.ProtocolUDP), withNodePort(nodePort))
+	}
+	for _, tc := range []struct {
+		name        string
+		before, now []*v1.Service
+		want        []string // cleared
+	}{
+		{"service deleted, its port given to another",
+			[]*v1.Service{udp("a", "10.96.0.1", 30090)}, []*v1.Service{udp("b", "10.96.0.2", 30091)},
+			[]string{"udp 10.96.0.1:80", "udp invalid IP:30090"}},
+		{"NodePort changed",
+			[]*v1.Service{udp("a", "10.96.0.1", 30090)}, []*v1.Service{udp("a", "10.96.0.1", 30091)},
+			[]string{"udp invalid IP:30090"}},
+		{"nothing changed", []*v1.Service{udp("a", "10.96.0.1", 30090)}, []*v1.Service{udp("a", "10.96.0.1", 30090)}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fake := iptables.NewFakeRunner(iptables.IPv4)
+			cfg := iptables.Config{Family: iptables.IPv4, NodeIP: mustAddr("192.168.1.10")}
+			opts := func(ct ConntrackCleaner) Options {
+				return Options{IPv4Portals: iptables.New(fake, cfg), PortRange: PortRange{Base: 47000, Size: 1}, Conntrack: ct}
+			}
+			syncedProxier(opts(nil), true, tc.before...)
+			ct := &fakeConntrack{}
+			syncedProxier(opts(ct), true, tc.now...)
+			// The new sockets' own destinations are cleared too, sparing
+			// their proxy ports; a lost one is cleared of every entry.
+			var lost []string
+			for _, c := range ct.take() {
+				if len(ct.spared[strings.TrimPrefix(c, "udp ")]) == 0 {
+					lost = append(lost, c)
+				}
+			}
+			if !slices.Equal(lost, tc.want) {
+				t.Errorf("cleared whole %q, want %q", lost, tc.want)
+			}
+		})
+	}
+}
