@@ -470,3 +470,39 @@ func newSyncedPlanProxier(t *testing.T, opts Options) *Proxier {
 	p.OnEndpointSlicesSynced()
 	return p
 }
+
+// RepairSoon makes the next sync a full one, which reads the rules back
+// and repairs them, whenever it comes: a proxy that took over from one it
+// overlapped (whose last sync left the rules naming its ports) repairs at
+// once, not a sync period later.
+func TestRepairSoonMakesTheNextSyncFull(t *testing.T) {
+	fake := iptables.NewFakeRunner(iptables.IPv4)
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	rules := iptables.New(fake, iptables.Config{Family: iptables.IPv4, BindAddress: mustAddr("127.0.0.1")})
+	p := New(Options{IPv4Portals: rules, BindAddress: mustAddr("127.0.0.1"), Clock: clk, SyncPeriod: 30 * time.Second})
+	t.Cleanup(func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		p.Run(ctx)
+	})
+	p.OnServiceSynced()
+	p.OnEndpointSlicesSynced()
+	p.OnServiceAdd(makeService("web"))
+	p.Sync()
+	want := natRules(fake)
+	for _, r := range fake.Rules("nat", "KUBE-PORTALS-HOST") {
+		if err := fake.Restore([]byte("*nat\n-D KUBE-PORTALS-HOST " + r + "\nCOMMIT\n")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk.Step(time.Second)
+	p.Sync()
+	if natRules(fake) == want {
+		t.Fatal("a change sync repaired the flushed chain: the test shows nothing")
+	}
+	p.RepairSoon()
+	p.Sync()
+	if got := natRules(fake); got != want {
+		t.Fatalf("the sync after RepairSoon did not repair:\n%s\nwant:\n%s", got, want)
+	}
+}

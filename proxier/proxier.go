@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -194,6 +195,8 @@ type Proxier struct {
 	closedUDP map[netip.AddrPort]struct{}
 	// lastFull is when the portals last had a full (repairing) sync.
 	lastFull time.Time
+	// repairAsked: RepairSoon asked for the next sync to be a full one.
+	repairAsked atomic.Bool
 	// keptPortsRead: the first sync has read the proxy ports the kernel's
 	// portals already name (keptports.go).
 	keptPortsRead bool
@@ -413,6 +416,16 @@ func (p *Proxier) Sync() { p.syncProxyRules(false) }
 // repaired.
 func (p *Proxier) SyncFull() { p.syncProxyRules(true) }
 
+// RepairSoon asks for a full sync, which reads the portal rules back and
+// repairs them, as soon as the rate limit allows, rather than at the sync
+// period: when another writer of the rules is known to be gone (a proxy
+// this one overlapped in a rolling update), whose last sync left them
+// naming its ports. Safe from any goroutine.
+func (p *Proxier) RepairSoon() {
+	p.repairAsked.Store(true)
+	p.runner.Run()
+}
+
 // parsedService is one Service object and its service ports.
 type parsedService struct {
 	svc   *v1.Service
@@ -474,7 +487,7 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 		return
 	}
 	start := p.clk.Now()
-	full := periodic || p.lastFull.IsZero() || p.clk.Since(p.lastFull) >= p.opts.SyncPeriod
+	full := p.repairAsked.Swap(false) || periodic || p.lastFull.IsZero() || p.clk.Since(p.lastFull) >= p.opts.SyncPeriod
 	if full {
 		p.lastFull = start
 	}

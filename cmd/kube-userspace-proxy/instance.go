@@ -34,6 +34,8 @@ type instanceClaim struct {
 	mu       sync.Mutex
 	ln       *net.UnixListener // nil while another process holds the name
 	released bool
+	// onTakeOver is called once the other process is gone (OnTakeOver).
+	onTakeOver func()
 	done     chan struct{} // closed by release: the wait ends
 }
 
@@ -87,10 +89,26 @@ func (c *instanceClaim) takeOverWhenFree() {
 		case <-tick.C:
 		}
 		if c.listen() == nil {
-			klog.InfoS("The other kube-userspace-proxy in this network namespace is gone; this one now answers a process that looks for one")
+			klog.InfoS("The other kube-userspace-proxy in this network namespace is gone; this one now answers a process that looks for one, and repairs the portal rules it left")
+			c.mu.Lock()
+			f := c.onTakeOver
+			c.mu.Unlock()
+			if f != nil {
+				f()
+			}
 			return
 		}
 	}
+}
+
+// OnTakeOver sets what to do once the other process is gone: its last
+// sync left the portal rules naming its proxy ports, refused since it
+// exited, until this one's next full sync repairs them (21-24 s of every
+// Service refused, in the lifecycle sweep's overlapping restarts).
+func (c *instanceClaim) OnTakeOver(f func()) {
+	c.mu.Lock()
+	c.onTakeOver = f
+	c.mu.Unlock()
 }
 
 // holder reports whether a process listens on instanceSocket and its PID,

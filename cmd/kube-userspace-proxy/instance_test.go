@@ -77,11 +77,20 @@ func TestSecondInstanceTakesOverTheName(t *testing.T) {
 	if !held || replacement.holding() {
 		t.Fatalf("second claim: held %v, holding %v; want true, false", held, replacement.holding())
 	}
+	// It repairs the rules the other left naming its ports at once (the
+	// run wires this to Proxier.RepairSoon), not at its next full sync.
+	tookOver := make(chan struct{}, 1)
+	replacement.OnTakeOver(func() { tookOver <- struct{}{} })
 	old.release()
 	for deadline := time.Now().Add(5 * time.Second); !replacement.holding(); time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the second process did not take the name over after the first released it")
 		}
+	}
+	select {
+	case <-tookOver:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the takeover did not call OnTakeOver's function")
 	}
 	third, held, pid := claimInstance()
 	defer third.release()
