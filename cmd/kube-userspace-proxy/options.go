@@ -132,7 +132,7 @@ func newOptions() *options {
 
 func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.manifests, "manifests", o.manifests, "File or directory of YAML/JSON manifests (v1 Service, discovery.k8s.io/v1 EndpointSlice, v1 Endpoints); re-read on change.")
-	fs.StringVar(&o.serviceCIDRs, "service-cluster-ip-range", o.serviceCIDRs, "With --manifests: CIDR (or an IPv4 and an IPv6 CIDR, comma-separated) a Service without clusterIP gets one from, stable per namespace/name (kube-apiserver's flag). Empty: such a Service is an error.")
+	fs.StringVar(&o.serviceCIDRs, "service-cluster-ip-range", o.serviceCIDRs, "With --manifests: CIDR (or an IPv4 and an IPv6 CIDR, comma-separated) a Service without clusterIP gets one from, by a hash of its namespace/name: the same on every start with the same files (kube-apiserver's flag). Empty: such a Service is an error.")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", o.kubeconfig, "Path to a kubeconfig file; watch Services and EndpointSlices on that API server.")
 	fs.StringVar(&o.master, "master", o.master, "The address of the Kubernetes API server (overrides any value in kubeconfig).")
 	fs.StringVar(&o.bindAddress, "bind-address", o.bindAddress, "The IP address proxy sockets listen on. 0.0.0.0 and :: both take every address of both families: a service port with IPv6 addresses listens on one dual-stack socket, one with IPv4 addresses only on an IPv4 socket (with ::, dual-stack too). A specific address takes its own family only.")

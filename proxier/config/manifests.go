@@ -226,11 +226,8 @@ func (s *ManifestSource) reload() {
 	}
 
 	desired, problems := resolve(s.files, s.served)
-	allocated, allocErrs := s.alloc.assign(desired)
-	// After allocation: an allocated address never clashes (the allocator
-	// steps around named ones), and the served versions carry theirs.
-	clashes := resolveClaims(desired, s.served)
-	s.reportOnce(slices.Concat(problems, allocErrs, clashes))
+	allocated, placeErrs := s.alloc.place(desired, s.served)
+	s.reportOnce(slices.Concat(problems, placeErrs))
 	for _, a := range allocated {
 		s.summary(a.String())
 	}

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -107,6 +108,9 @@ func resolveClaims(desired, served map[objectKey]servedObject) []error {
 		}
 		h := desired[*holder]
 		msg := fmt.Sprintf("%s: %s is already used by %s (%s document %d)", c.path, c.what, holder, h.file, h.doc)
+		if h.allocated && strings.HasPrefix(c.what, "clusterIP ") {
+			msg += ", allocated to it from --service-cluster-ip-range"
+		}
 		prev, had := served[k]
 		if _, again := clash(claimsOf(prev), owner, k); had && again == nil && !equality.Semantic.DeepEqual(prev.obj, o.obj) {
 			take(claimsOf(prev), owner, k)

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 )
 
 // DefaultServiceClusterIPRange is kube-apiserver's --service-cluster-ip-range
@@ -46,99 +48,131 @@ func ParseServiceClusterIPRange(s string) ([]netip.Prefix, error) {
 }
 
 // clusterIPAllocator gives Services that name no clusterIP one from the
-// range, as the API server would: the same address for the same
-// namespace/name on every start (a hash into the range, probing to the next
-// free address on collision), and the address it got for as long as the
-// Service exists, even when a Service added later hashes to it.
+// range. What each gets is a function of the set of Services the files hold,
+// not of the order they came in, so that a restart with the same files (or
+// another node with the same files) gives every Service the address it had:
+// the Services, in the order of the hash of their namespace/name (then of
+// the name), each take their hash's slot in the range or the next free
+// address after it. The price of keeping no state: a Service that found its
+// slot taken can move when a Service that ranks before it for that stretch
+// of the range is added or removed (see README).
 type clusterIPAllocator struct {
-	ranges   []netip.Prefix
-	assigned map[objectKey][]netip.Addr
+	ranges []netip.Prefix
+	given  map[objectKey][]netip.Addr // the last allocation, so that only changes are logged
 }
 
 func newClusterIPAllocator(ranges []netip.Prefix) clusterIPAllocator {
-	return clusterIPAllocator{ranges: ranges, assigned: map[objectKey][]netip.Addr{}}
+	return clusterIPAllocator{ranges: ranges, given: map[objectKey][]netip.Addr{}}
 }
 
-// allocation is one address newly given to a Service, for the log.
+// allocation is an address newly given to a Service, for the log; was is
+// the one it had before, if any.
 type allocation struct {
-	key  objectKey
-	ips  []netip.Addr
-	from []netip.Prefix
+	key      objectKey
+	ips, was []netip.Addr
+	from     []netip.Prefix
 }
 
 func (a allocation) String() string {
-	ips := make([]string, len(a.ips))
-	for i, ip := range a.ips {
-		ips[i] = ip.String()
+	msg := fmt.Sprintf("%s has no clusterIP: allocated %s from --service-cluster-ip-range %s",
+		a.key, addrs(a.ips), prefixes(a.from))
+	if len(a.was) > 0 {
+		msg += fmt.Sprintf(" (moved from %s: the Services allocated from the range changed)", addrs(a.was))
 	}
-	from := make([]string, len(a.from))
-	for i, p := range a.from {
-		from[i] = p.String()
-	}
-	return fmt.Sprintf("%s has no clusterIP: allocated %s from --service-cluster-ip-range %s",
-		a.key, strings.Join(ips, ","), strings.Join(from, ","))
+	return msg
+}
+
+// place gives every Service of desired that names no clusterIP one, then
+// leaves out each Service that claims what another holds; served is what
+// the handler has now.
+func (a *clusterIPAllocator) place(desired, served map[objectKey]servedObject) ([]allocation, []error) {
+	allocated, errs := a.assign(desired, served)
+	// After allocation: an allocated address never clashes (the allocator
+	// steps around named ones), and the served versions carry theirs.
+	return allocated, append(errs, resolveClaims(desired, served)...)
 }
 
 // assign sets spec.clusterIP(s) of every Service in desired that has none
 // (and is not headless or ExternalName), on a copy. A Service that cannot
 // get one is left out of desired with an error naming it.
-func (a *clusterIPAllocator) assign(desired map[objectKey]servedObject) ([]allocation, []error) {
-	taken := map[netip.Addr]bool{}
-	var needers []objectKey
+//
+// Addresses that files name are stepped around, but not one that a served
+// Service was allocated: as the API server, which refuses a clusterIP it
+// has allocated, the served Service keeps it and resolveClaims refuses the
+// Service that names it (or keeps that one's last good version).
+func (a *clusterIPAllocator) assign(desired, served map[objectKey]servedObject) ([]allocation, []error) {
+	type needer struct {
+		key objectKey
+		sum uint64
+	}
+	var needers []needer
+	var named []objectKey
 	for k, o := range desired {
 		svc, ok := o.obj.(*v1.Service)
 		if !ok {
 			continue
 		}
-		if !needsClusterIP(svc) {
-			for _, ip := range svc.Spec.ClusterIPs {
-				if addr, err := netip.ParseAddr(ip); err == nil {
-					taken[addr.Unmap()] = true
-				}
-			}
-			continue
-		}
-		needers = append(needers, k)
-	}
-	for k := range a.assigned {
-		if o, ok := desired[k]; !ok || !needsClusterIP(o.obj.(*v1.Service)) {
-			delete(a.assigned, k) // gone, or names its own address now
+		if needsClusterIP(svc) {
+			needers = append(needers, needer{k, slotHash(k)})
+		} else {
+			named = append(named, k)
 		}
 	}
-	slices.SortFunc(needers, func(x, y objectKey) int { return strings.Compare(x.String(), y.String()) })
-
-	// Addresses held from before are kept first, so that a newcomer probes
-	// around them instead of taking one.
-	for _, k := range needers {
-		for _, ip := range a.assigned[k] {
-			if taken[ip] {
-				delete(a.assigned, k) // an explicit clusterIP claimed it
-				break
+	held := map[netip.Addr]objectKey{}
+	for _, n := range needers {
+		for _, ip := range a.heldBy(n.key, desired, served) {
+			held[ip] = n.key
+		}
+	}
+	taken := map[netip.Addr]bool{}
+	pinned := map[objectKey]bool{}
+	for _, k := range named {
+		ips := serviceAddrs(desired[k].obj)
+		refused := false
+		for _, ip := range ips {
+			if h, ok := held[ip]; ok {
+				pinned[h], refused = true, true
 			}
 		}
-		for _, ip := range a.assigned[k] {
+		if refused {
+			ips = nil // what resolveClaims keeps of it instead: its served version, if any
+			if prev, ok := served[k]; ok {
+				ips = serviceAddrs(prev.obj)
+			}
+		}
+		for _, ip := range ips {
+			taken[ip] = true
+		}
+	}
+	given := make(map[objectKey][]netip.Addr, len(needers))
+	for k := range pinned {
+		given[k] = a.heldBy(k, desired, served)
+		for _, ip := range given[k] {
 			taken[ip] = true
 		}
 	}
 
+	slices.SortFunc(needers, func(x, y needer) int {
+		return cmp.Or(cmp.Compare(x.sum, y.sum), cmp.Compare(x.key.String(), y.key.String()))
+	})
 	var news []allocation
 	var errs []error
-	for _, k := range needers {
-		o := desired[k]
+	for _, n := range needers {
+		k, o := n.key, desired[n.key]
 		svc := o.obj.(*v1.Service)
-		ips, ok := a.assigned[k]
-		if !ok {
-			ranges, err := a.rangesFor(svc)
-			if err == nil {
-				ips, err = allocate(k, ranges, taken)
-			}
-			if err != nil {
-				delete(desired, k)
-				errs = append(errs, &ManifestError{File: o.file, Doc: o.doc, Kind: k.Kind, Namespace: k.Namespace, Name: k.Name, Err: err})
-				continue
-			}
-			a.assigned[k] = ips
-			news = append(news, allocation{key: k, ips: ips, from: ranges})
+		ranges, err := a.rangesFor(svc)
+		ips, ok := given[k]
+		if !ok && err == nil {
+			ips, err = allocate(n.sum, ranges, taken)
+		}
+		if err != nil {
+			delete(desired, k)
+			errs = append(errs, &ManifestError{File: o.file, Doc: o.doc, Kind: k.Kind, Namespace: k.Namespace, Name: k.Name, Err: err})
+			continue
+		}
+		given[k] = ips
+		if was := a.given[k]; !slices.Equal(was, ips) {
+			news = append(news, allocation{key: k, ips: ips, was: was, from: ranges})
 		}
 		cp := svc.DeepCopy()
 		cp.Spec.ClusterIPs = nil
@@ -146,10 +180,43 @@ func (a *clusterIPAllocator) assign(desired map[objectKey]servedObject) ([]alloc
 			cp.Spec.ClusterIPs = append(cp.Spec.ClusterIPs, ip.String())
 		}
 		cp.Spec.ClusterIP = cp.Spec.ClusterIPs[0]
-		o.obj = cp
+		o.obj, o.allocated = cp, true
 		desired[k] = o
 	}
+	a.given = given
+	slices.SortFunc(news, func(x, y allocation) int { return cmp.Compare(x.key.String(), y.key.String()) })
 	return news, errs
+}
+
+// heldBy is the addresses Service k is served with when they were
+// allocated to it and still fit the ranges it gets addresses from; else nil.
+func (a *clusterIPAllocator) heldBy(k objectKey, desired, served map[objectKey]servedObject) []netip.Addr {
+	prev, ok := served[k]
+	if !ok || !prev.allocated {
+		return nil
+	}
+	ranges, err := a.rangesFor(desired[k].obj.(*v1.Service))
+	ips := serviceAddrs(prev.obj)
+	if err != nil || len(ips) != len(ranges) {
+		return nil
+	}
+	for i, r := range ranges {
+		if !r.Contains(ips[i]) {
+			return nil
+		}
+	}
+	return ips
+}
+
+// serviceAddrs is the cluster IPs a Service names (none for "None").
+func serviceAddrs(obj runtime.Object) []netip.Addr {
+	var out []netip.Addr
+	for _, ip := range obj.(*v1.Service).Spec.ClusterIPs {
+		if addr, err := netip.ParseAddr(ip); err == nil {
+			out = append(out, addr.Unmap())
+		}
+	}
+	return out
 }
 
 func needsClusterIP(svc *v1.Service) bool {
@@ -185,6 +252,14 @@ func (a *clusterIPAllocator) rangesFor(svc *v1.Service) ([]netip.Prefix, error) 
 	return a.ranges[:1], nil
 }
 
+func addrs(ips []netip.Addr) string {
+	s := make([]string, len(ips))
+	for i, ip := range ips {
+		s[i] = ip.String()
+	}
+	return strings.Join(s, ",")
+}
+
 func prefixes(ps []netip.Prefix) string {
 	s := make([]string, len(ps))
 	for i, p := range ps {
@@ -193,12 +268,17 @@ func prefixes(ps []netip.Prefix) string {
 	return strings.Join(s, ",")
 }
 
-// allocate takes one free address per range for k: its hash's slot, or the
-// next free one after it.
-func allocate(k objectKey, ranges []netip.Prefix, taken map[netip.Addr]bool) ([]netip.Addr, error) {
+// slotHash places namespace/name in the range: its slot is the hash modulo
+// the range's size.
+func slotHash(k objectKey) uint64 {
 	h := fnv.New64a()
 	h.Write([]byte(k.Namespace + "/" + k.Name))
-	sum := h.Sum64()
+	return h.Sum64()
+}
+
+// allocate takes one free address per range for the Service whose slotHash
+// is sum: its slot, or the next free one after it.
+func allocate(sum uint64, ranges []netip.Prefix, taken map[netip.Addr]bool) ([]netip.Addr, error) {
 	var out []netip.Addr
 	for _, r := range ranges {
 		size := usableSize(r)

@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -127,7 +128,7 @@ func TestClusterIPAllocation(t *testing.T) {
 					t.Errorf("a b got %s, want .1 and .2", got)
 				}
 			}},
-		{name: "full range", ranges: "10.0.0.0/30", svcs: []*v1.Service{svc("a"), svc("b"), svc("c")}, wantErr: "Service default/c: spec.clusterIP: not set, and --service-cluster-ip-range 10.0.0.0/30 is full"},
+		{name: "full range: the last by hash gets none", ranges: "10.0.0.0/30", svcs: []*v1.Service{svc("a"), svc("b"), svc("c")}, wantErr: "Service default/a: spec.clusterIP: not set, and --service-cluster-ip-range 10.0.0.0/30 is full"},
 		{name: "explicit addresses are not handed out", ranges: "10.0.0.0/30", svcs: []*v1.Service{svc("a"), svc("x", withIP("10.0.0.1")), svc("y", withIP("10.0.0.2"))},
 			wantErr: "Service default/a: spec.clusterIP: not set, and --service-cluster-ip-range 10.0.0.0/30 is full"},
 		{name: "headless and ExternalName untouched", ranges: DefaultServiceClusterIPRange,
@@ -165,7 +166,7 @@ func TestClusterIPAllocation(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			a := newClusterIPAllocator(mustRange(t, tt.ranges))
 			d := desiredOf(tt.svcs...)
-			_, errs := a.assign(d)
+			_, errs := a.assign(d, nil)
 			for _, s := range tt.svcs {
 				if s.Spec.ClusterIP == "" && len(s.Spec.ClusterIPs) != 0 {
 					t.Errorf("%s: the file's object was modified", s.Name)
@@ -191,62 +192,227 @@ func TestClusterIPAllocation(t *testing.T) {
 	}
 }
 
-// The address depends on namespace/name only, not on start order or other
-// Services; a Service keeps its address while it exists, even when one
-// added later hashes to the same slot.
+// Without a collision the address depends on namespace/name only, not on
+// start order or other Services.
 func TestClusterIPAllocationStable(t *testing.T) {
 	r := mustRange(t, DefaultServiceClusterIPRange)
 	alone := newClusterIPAllocator(r)
 	d := desiredOf(svc("web"))
-	alone.assign(d)
+	alone.assign(d, nil)
 	first := clusterIPsOf(d, "web")[0]
 	crowd := newClusterIPAllocator(r)
 	d = desiredOf(svc("a"), svc("web"), svc("z"))
-	crowd.assign(d)
+	crowd.assign(d, nil)
 	if got := clusterIPsOf(d, "web")[0]; got != first {
 		t.Errorf("web got %s among others, %s alone", got, first)
 	}
+}
 
-	// In a /30 two names share a slot half the time: find a pair whose
-	// second sorts first, so that a fresh allocation would give the first
-	// one's address to the newcomer.
-	small := mustRange(t, "10.0.0.0/30")
-	slot := func(name string) string {
-		ips, _ := allocate(objectKey{KindService, "default", name}, small, map[netip.Addr]bool{})
-		return ips[0].String()
+// reloadServices places the Services as a reload does, with served the
+// Services the handler has, and returns what is served next.
+func reloadServices(a *clusterIPAllocator, served map[objectKey]servedObject, svcs ...*v1.Service) (map[objectKey]servedObject, []error) {
+	d := desiredOf(svcs...)
+	_, errs := a.place(d, served)
+	return d, errs
+}
+
+// firstIPs is each served Service's spec.clusterIP by name.
+func firstIPs(d map[objectKey]servedObject) map[string]string {
+	m := map[string]string{}
+	for k, o := range d {
+		m[k.Name] = o.obj.(*v1.Service).Spec.ClusterIP
 	}
-	holder := "svc-z"
-	var newcomer string
-	for i := range 100 {
-		if n := fmt.Sprintf("svc-a%d", i); slot(n) == slot(holder) {
-			newcomer = n
-			break
-		}
+	return m
+}
+
+func svcsNamed(names ...string) []*v1.Service {
+	out := make([]*v1.Service, len(names))
+	for i, n := range names {
+		out[i] = svc(n)
 	}
-	if newcomer == "" {
-		t.Fatal("no colliding pair found")
+	return out
+}
+
+// growing is the Services present after each of len(names) reloads that add
+// one name at a time.
+func growing(names ...string) [][]string {
+	var steps [][]string
+	for i := range names {
+		steps = append(steps, names[:i+1])
 	}
-	a := newClusterIPAllocator(small)
-	d = desiredOf(svc(holder))
-	a.assign(d)
-	held := clusterIPsOf(d, holder)[0]
-	d = desiredOf(svc(holder), svc(newcomer))
-	news, errs := a.assign(d)
+	return steps
+}
+
+// The address a Service is allocated depends on the set of Services present,
+// not on the order they came in: after a restart with the same files every
+// Service has the address it had. Two Services hashing to one slot used to
+// swap addresses across a restart (the one added live first held the slot;
+// at start the one whose name sorts first took it), so that clients of one
+// reached the other.
+func TestClusterIPAllocationSurvivesRestart(t *testing.T) {
+	// In a /28 web and auth share a slot, and cache and api share another.
+	eight := []string{"api", "auth", "cache", "db", "metrics", "queue", "search", "web"}
+	reversed := slices.Clone(eight)
+	slices.Reverse(reversed)
+	tests := []struct {
+		name   string
+		ranges string
+		steps  [][]string // the Services present after each reload, the first at start
+	}{
+		// app-4786 and app-3499 share a slot of the default range.
+		{name: "one slot, app-4786 first", ranges: DefaultServiceClusterIPRange, steps: growing("app-4786", "app-3499")},
+		{name: "one slot, app-3499 first", ranges: DefaultServiceClusterIPRange, steps: growing("app-3499", "app-4786")},
+		{name: "a /28 filled in name order", ranges: "10.0.0.0/28", steps: growing(eight...)},
+		{name: "a /28 filled in reverse name order", ranges: "10.0.0.0/28", steps: growing(reversed...)},
+		{name: "a /28 emptied in name order", ranges: "10.0.0.0/28", steps: [][]string{eight, eight[1:], eight[2:], eight[3:]}},
+		{name: "a /28 emptied in reverse name order", ranges: "10.0.0.0/28", steps: [][]string{eight, eight[:7], eight[:6], eight[:5]}},
+		{name: "a /30 in both orders", ranges: "10.0.0.0/30", steps: [][]string{{"b"}, {"a", "b"}, {"a"}, {"a", "b"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := mustRange(t, tt.ranges)
+			live := newClusterIPAllocator(r)
+			served := map[objectKey]servedObject{}
+			for _, step := range tt.steps {
+				var errs []error
+				if served, errs = reloadServices(&live, served, svcsNamed(step...)...); len(errs) > 0 {
+					t.Fatalf("%v: %v", step, errs)
+				}
+			}
+			restarted := newClusterIPAllocator(r)
+			after, errs := reloadServices(&restarted, map[objectKey]servedObject{}, svcsNamed(tt.steps[len(tt.steps)-1]...)...)
+			if len(errs) > 0 {
+				t.Fatal(errs)
+			}
+			before, now := firstIPs(served), firstIPs(after)
+			moved := 0
+			for name, ip := range before {
+				if now[name] != ip {
+					t.Errorf("%s: %s before the restart, %s after", name, ip, now[name])
+					moved++
+				}
+			}
+			if moved > 0 {
+				t.Errorf("%d of %d Services changed address across a restart with the same files", moved, len(before))
+			}
+		})
+	}
+}
+
+// A file that names the address a running Service was allocated is refused
+// with an error naming both, as kube-apiserver refuses an address it has
+// allocated ("provided IP is already allocated"), and the running Service
+// keeps it; everything else keeps serving. It used to take the address, and
+// the running Service was silently moved, or dropped when the range was full.
+// At start, with nothing running, the address a file names wins.
+func TestClusterIPNamedAfterAllocation(t *testing.T) {
+	tests := []struct {
+		name    string
+		ranges  string
+		start   []*v1.Service
+		next    func(ip map[string]string) []*v1.Service // ip: the addresses after start
+		want    func(ip map[string]string) map[string]string
+		wantErr func(ip map[string]string) string
+	}{
+		{name: "a new Service names a running one's address", ranges: "10.200.0.0/24",
+			start: svcsNamed("s1", "s2", "s3"),
+			next: func(ip map[string]string) []*v1.Service {
+				return append(svcsNamed("s1", "s2", "s3"), svc("fixed", withIP(ip["s1"])))
+			},
+			want: func(ip map[string]string) map[string]string { return ip },
+			wantErr: func(ip map[string]string) string {
+				return "Service default/fixed: spec.clusterIP: clusterIP " + ip["s1"] + " is already used by Service default/s1 (svc.yaml document 1), allocated to it from --service-cluster-ip-range"
+			}},
+		{name: "the range is full", ranges: "10.0.0.0/30",
+			start: svcsNamed("s1", "s2"),
+			next: func(ip map[string]string) []*v1.Service {
+				return append(svcsNamed("s1", "s2"), svc("fixed", withIP(ip["s2"])))
+			},
+			want: func(ip map[string]string) map[string]string { return ip },
+			wantErr: func(ip map[string]string) string {
+				return "Service default/fixed: spec.clusterIP: clusterIP " + ip["s2"] + " is already used by Service default/s2 (svc.yaml document 1), allocated to it from --service-cluster-ip-range"
+			}},
+		{name: "a running Service edited to name another's address keeps its last good version", ranges: "10.200.0.0/24",
+			start: []*v1.Service{svc("s1"), svc("fixed", withIP("10.200.0.250"))},
+			next: func(ip map[string]string) []*v1.Service {
+				return []*v1.Service{svc("s1"), svc("fixed", withIP(ip["s1"]))}
+			},
+			want: func(ip map[string]string) map[string]string { return ip },
+			wantErr: func(ip map[string]string) string {
+				return "Service default/fixed: spec.clusterIP: clusterIP " + ip["s1"] + " is already used by Service default/s1 (svc.yaml document 1), allocated to it from --service-cluster-ip-range"
+			}},
+		{name: "at start the named address wins", ranges: "10.200.0.0/24",
+			start: svcsNamed("s1"),
+			next: func(ip map[string]string) []*v1.Service {
+				return []*v1.Service{svc("s1"), svc("fixed", withIP(ip["s1"]))}
+			},
+			want: func(ip map[string]string) map[string]string {
+				return map[string]string{"fixed": ip["s1"], "s1": "another"}
+			}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := mustRange(t, tt.ranges)
+			a := newClusterIPAllocator(r)
+			served, errs := reloadServices(&a, map[objectKey]servedObject{}, tt.start...)
+			if len(errs) > 0 {
+				t.Fatal(errs)
+			}
+			ip := firstIPs(served)
+			if tt.wantErr == nil {
+				// A fresh start with the next files.
+				a, served = newClusterIPAllocator(r), map[objectKey]servedObject{}
+			}
+			next, errs := reloadServices(&a, served, tt.next(ip)...)
+			got, want := firstIPs(next), tt.want(ip)
+			for name, w := range want {
+				if w == "another" {
+					if got[name] == "" || got[name] == ip[name] {
+						t.Errorf("%s: %q, want an address other than %s", name, got[name], ip[name])
+					}
+				} else if got[name] != w {
+					t.Errorf("%s: %q, want %q", name, got[name], w)
+				}
+			}
+			if len(got) != len(want) {
+				t.Errorf("served %v, want %v", got, want)
+			}
+			var wantErr string
+			if tt.wantErr != nil {
+				wantErr = tt.wantErr(ip)
+			}
+			if wantErr == "" && len(errs) > 0 || wantErr != "" && (len(errs) != 1 || !strings.Contains(errs[0].Error(), wantErr)) {
+				t.Errorf("errors %v, want %q", errs, wantErr)
+			}
+		})
+	}
+}
+
+// A live add that moves a running Service (the newcomer ranks before it for
+// its slot) is logged with the address it had; the unmoved are not logged.
+func TestClusterIPMoveIsLogged(t *testing.T) {
+	a := newClusterIPAllocator(mustRange(t, "10.0.0.0/28"))
+	// In a /28 web and auth share a slot, and auth's hash is the lower.
+	served, errs := reloadServices(&a, map[objectKey]servedObject{}, svc("web"), svc("db"))
 	if len(errs) > 0 {
 		t.Fatal(errs)
 	}
-	if got := clusterIPsOf(d, holder)[0]; got != held {
-		t.Errorf("%s moved from %s to %s when %s was added", holder, held, got, newcomer)
-	}
-	if len(news) != 1 || news[0].key.Name != newcomer || clusterIPsOf(d, newcomer)[0] == held {
-		t.Errorf("newcomer allocation %v, addresses %v", news, clusterIPsOf(d, newcomer))
-	}
-	// An explicit clusterIP that claims the held address moves the holder.
-	d = desiredOf(svc(holder), svc("pinned", withIP(held)))
-	if _, errs := a.assign(d); len(errs) > 0 {
+	was := clusterIPsOf(served, "web")[0]
+	d := desiredOf(svc("web"), svc("db"), svc("auth"))
+	news, errs := a.place(d, served)
+	if len(errs) > 0 {
 		t.Fatal(errs)
 	}
-	if got := clusterIPsOf(d, holder)[0]; got == held {
-		t.Errorf("%s kept %s, which pinned names explicitly", holder, got)
+	var got []string
+	for _, n := range news {
+		got = append(got, n.String())
+	}
+	want := []string{
+		"Service default/auth has no clusterIP: allocated " + was + " from --service-cluster-ip-range 10.0.0.0/28",
+		"Service default/web has no clusterIP: allocated " + clusterIPsOf(d, "web")[0] + " from --service-cluster-ip-range 10.0.0.0/28 " +
+			"(moved from " + was + ": the Services allocated from the range changed)",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("logged\n%q\nwant\n%q", got, want)
 	}
 }

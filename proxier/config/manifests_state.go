@@ -31,6 +31,8 @@ type servedObject struct {
 	file   string
 	doc    int
 	obj    runtime.Object
+
+	allocated bool // a Service whose clusterIPs the allocator gave, not its file
 }
 
 // fileState is the last good contribution of one manifest file.
