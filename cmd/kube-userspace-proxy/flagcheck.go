@@ -10,11 +10,12 @@ import (
 	"io/fs"
 	"net"
 	"net/netip"
-	"net/url"
 	"strconv"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/rest"
 )
 
 // checkHostPort checks a HOST:PORT flag as kube-proxy does its bind
@@ -73,23 +74,25 @@ func statReason(err error) error {
 // checkMasterURL checks --master as client-go will read it (a URL, or a
 // host[:port] taken as http://host[:port]) so that a value it cannot use
 // is a flag error (exit 2) and not, after --init-only said all was well,
-// an exit 1 at the client's start or a scheme retried forever.
+// an exit 1 at the client's start or a scheme or port retried forever.
+// client-go's own parse decides what is a URL: a copy of it had re-read
+// 'http://[::1' as http://http://[::1 and let it through.
 func checkMasterURL(master string) error {
-	u, err := url.Parse(master)
-	if err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host == "" {
-		return fmt.Errorf("names no host")
-	}
-	if err != nil || u.Scheme == "" || u.Host == "" {
-		// client-go's DefaultServerURL: no scheme, http:// is assumed.
-		if u, err = url.Parse("http://" + master); err != nil {
-			return fmt.Errorf("not a URL or host[:port]: %v", err)
-		}
+	u, _, err := rest.DefaultServerURL(master, "", schema.GroupVersion{}, false)
+	if err != nil {
+		return err // "host must be a URL or a host:port pair", the start's own words
 	}
 	if u.Scheme != "http" && u.Scheme != "https" {
 		return fmt.Errorf("the scheme must be http or https, not %q", u.Scheme)
 	}
 	if u.Host == "" {
 		return fmt.Errorf("names no host")
+	}
+	if port := u.Port(); port != "" {
+		// url.Parse takes any digits; no dial can reach port 0 or 99999.
+		if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+			return fmt.Errorf("port %s is not a number 1-65535", port)
+		}
 	}
 	return nil
 }

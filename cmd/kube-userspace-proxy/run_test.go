@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
@@ -191,6 +193,8 @@ func TestBadFlagsExitTwo(t *testing.T) {
 		{"--kubeconfig", "/nonexistent/kubeconfig"},        // was exit 1, at the client's start
 		{"--master", "not a url", "--init-only"},           // was exit 0, then exit 1 at the client's start
 		{"--master", "ftp://10.0.0.1:6443", "--init-only"}, // was retried forever
+		{"--master", "http://[::1", "--init-only"},         // was exit 0, then exit 1 at the client's start
+		{"--master", "http://h:99999", "--init-only"},      // was exit 0, then a dial that cannot work
 		{"--manifests", ".", "--kube-api-burst", "-1"},
 		{"--manifests", ".", "--service-cluster-ip-range", "10.96.0.0"},
 		{"--manifests", ".", "--service-cluster-ip-range", "10.0.0.0/8,10.1.0.0/16"},
@@ -562,7 +566,10 @@ func TestEffectiveMinSyncPeriod(t *testing.T) {
 }
 
 // --master takes what client-go takes: a URL with http or https, or a
-// host[:port] (http:// assumed).
+// host[:port] (http:// assumed), with a port 1-65535. Whatever client-go's
+// DefaultServerURL refuses is refused here too: 'http://[::1' and
+// 'http://a b' passed the check (they were re-read as http://http://...)
+// and the start exited 1.
 func TestMasterURL(t *testing.T) {
 	for _, tc := range []struct {
 		master string
@@ -570,10 +577,17 @@ func TestMasterURL(t *testing.T) {
 	}{
 		{"https://10.0.0.1:6443", true}, {"http://127.0.0.1:8080", true}, {"10.0.0.1:6443", true},
 		{"localhost", true}, {"localhost:6443", true}, {"https://k8s.example.com/prefix", true},
+		{"https://[::1]:6443", true}, {"[fe80::1%25lo]:6443", true}, {"http://h:65535", true},
 		{"not a url", false}, {"ftp://10.0.0.1", false}, {"https://", false},
+		{"http://[::1", false}, {"http://a b", false}, {"http://h:99999", false},
+		{"h:99999", false}, {"http://h:0", false}, {"[::1]:70000", false}, {"h/prefix", false},
 	} {
-		if err := checkMasterURL(tc.master); (err == nil) != tc.ok {
+		err := checkMasterURL(tc.master)
+		if (err == nil) != tc.ok {
 			t.Errorf("checkMasterURL(%q) = %v, want ok %v", tc.master, err, tc.ok)
+		}
+		if _, _, cerr := rest.DefaultServerURL(tc.master, "", schema.GroupVersion{}, false); cerr != nil && err == nil {
+			t.Errorf("checkMasterURL(%q) accepts what client-go refuses: %v", tc.master, cerr)
 		}
 	}
 }
