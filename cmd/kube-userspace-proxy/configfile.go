@@ -70,8 +70,8 @@ func (o *options) applyConfig(cfg *configFile, fs *pflag.FlagSet) {
 		o.kubeconfigField = fmt.Sprintf("clientConnection.kubeconfig (set in --config %s)", o.configFile)
 	})
 	set("bind-address", "bindAddress", c.BindAddress != "", func() { o.bindAddress = c.BindAddress })
-	set("healthz-bind-address", "healthzBindAddress", c.HealthzBindAddress != "", func() { o.healthzBindAddress = c.HealthzBindAddress })
-	set("metrics-bind-address", "metricsBindAddress", c.MetricsBindAddress != "", func() { o.metricsBindAddress = c.MetricsBindAddress })
+	set("healthz-bind-address", "healthzBindAddress", c.HealthzBindAddress != "", func() { o.healthzBindAddress = serverAddress(c.HealthzBindAddress) })
+	set("metrics-bind-address", "metricsBindAddress", c.MetricsBindAddress != "", func() { o.metricsBindAddress = serverAddress(c.MetricsBindAddress) })
 	// kube-proxy defaults the servers' addresses from the family of the
 	// bind address (getDefaultAddresses): an IPv6 node configured with
 	// bindAddress '::1' kept metrics on 127.0.0.1. The effective one, a

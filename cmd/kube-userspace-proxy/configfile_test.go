@@ -4,6 +4,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
+	"sigs.k8s.io/yaml"
 )
 
 func TestConfigFile(t *testing.T) {
@@ -276,10 +278,10 @@ func TestWriteConfigToReadsBack(t *testing.T) {
 	if cfg.UDPIdleTimeout == nil || cfg.UDPIdleTimeout.Duration != 3*time.Second || cfg.IPTables.SyncPeriod.Duration != 45*time.Second {
 		t.Errorf("udpIdleTimeout %v, iptables.syncPeriod %v; want 3s and 45s:\n%s", cfg.UDPIdleTimeout, cfg.IPTables.SyncPeriod, data)
 	}
-	// --iptables is not written, so neither is the 100 ms it gives the
-	// minimum: read back with rules, the file set 100 ms for them.
-	if got := cfg.IPTables.MinSyncPeriod.Duration; got != time.Second {
-		t.Errorf("iptables.minSyncPeriod %v, want the flag's 1s", got)
+	// The minimum in force, --iptables=false's 100 ms (it was the flag's
+	// 1s, which read back as given and so in force).
+	if got := cfg.IPTables.MinSyncPeriod.Duration; got != noRulesMinSyncPeriod {
+		t.Errorf("iptables.minSyncPeriod %v, want the 100ms in force", got)
 	}
 	// As kube-proxy's, it needs no source.
 	if code := runMain([]string{"--write-config-to", filepath.Join(dir, "bare.yaml")}); code != 0 {
@@ -290,4 +292,58 @@ func TestWriteConfigToReadsBack(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("runMain(%q) = %d, want 0; stderr %s", args, code, stderr)
 	}
+}
+
+// TestWriteConfigRoundTrip: a file --write-config-to writes, read back by
+// --config with the same flags of this proxy's own (those not written:
+// --iptables, --manifests), gives the configuration in force it was
+// written from. Disabled servers came back on (written "", which reads
+// as the default), and --iptables=false's 100 ms minSyncPeriod came back
+// as 1s.
+func TestWriteConfigRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	for i, tc := range []struct {
+		written, own []string
+	}{
+		{nil, nil},
+		{nil, []string{"--iptables=false"}},
+		{[]string{"--iptables-min-sync-period", "1s"}, []string{"--iptables=false"}},
+		{[]string{"--iptables-min-sync-period", "2s"}, []string{"--iptables=false"}},
+		{[]string{"--healthz-bind-address=", "--metrics-bind-address="}, []string{"--iptables=false"}},
+		{[]string{"--healthz-bind-address="}, nil},
+		{[]string{"--metrics-port", "0"}, nil},
+		{[]string{"--healthz-bind-address", "127.0.0.1", "--metrics-bind-address", "[::1]:9999"}, nil},
+		{[]string{"--bind-address", "::1"}, []string{"--iptables=false"}},
+		{[]string{"--bind-address", "::1", "--healthz-bind-address=", "--metrics-bind-address="}, []string{"--iptables=false"}},
+		{[]string{"--iptables-sync-period", "45s", "--iptables-min-sync-period", "3s", "--udp-timeout", "3s",
+			"--config-sync-period", "10m", "--kube-api-qps", "7", "--kube-api-burst", "20", "--cluster-cidr", "10.244.0.0/16",
+			"--nodeport-addresses", "10.0.0.0/8", "--hostname-override", "Node-A", "--proxy-port-range", "30000-30099",
+			"--bind-address-hard-fail", "--kube-api-content-type", "application/json"}, nil},
+	} {
+		file := filepath.Join(dir, strconv.Itoa(i)+".yaml")
+		base := []string{"--manifests", dir}
+		o := validatedOptions(t, slices.Concat(base, tc.own, tc.written))
+		if err := o.writeConfig(file); err != nil {
+			t.Fatal(err)
+		}
+		back := validatedOptions(t, slices.Concat(base, tc.own, []string{"--config", file}))
+		want, got := o.effectiveConfig(), back.effectiveConfig()
+		if !reflect.DeepEqual(got, want) {
+			data, _ := os.ReadFile(file)
+			wy, _ := yaml.Marshal(want)
+			gy, _ := yaml.Marshal(got)
+			t.Errorf("%q then --config %q: in force\n%s\nread back as\n%s\nfrom the file\n%s", tc.written, tc.own, wy, gy, data)
+		}
+	}
+}
+
+// validatedOptions is the options args give once validated, as runMain
+// has them when it writes or runs.
+func validatedOptions(t *testing.T, args []string) *options {
+	t.Helper()
+	o := parsedOptions(t, args)
+	if _, err := o.validate(); err != nil {
+		t.Fatalf("%q: %v", args, err)
+	}
+	return o
 }

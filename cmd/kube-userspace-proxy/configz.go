@@ -99,18 +99,41 @@ func pingHandler() http.Handler {
 }
 
 // writeConfig writes effectiveConfig to path as YAML, which --config reads
-// back (--write-config-to, kube-proxy's way to start a configuration file).
+// back (--write-config-to, kube-proxy's way to start a configuration file)
+// as the same configuration, given the same flags of this proxy's own.
 func (o *options) writeConfig(path string) error {
 	c := o.effectiveConfig()
 	// What this proxy's client accepts is not configurable here: written,
 	// the field read back as one "not implemented".
 	c.ClientConnection.AcceptContentTypes = ""
-	// The flag's value, not the one in force: --iptables is not written,
-	// and --iptables=false's 100 ms read back as the minimum for rules.
-	c.IPTables.MinSyncPeriod = metav1.Duration{Duration: o.minSyncPeriod}
+	// A disabled server, "" in force, is defaulted when read back, by
+	// kube-proxy as here: it came back on.
+	c.HealthzBindAddress = disabledIfEmpty(c.HealthzBindAddress)
+	c.MetricsBindAddress = disabledIfEmpty(c.MetricsBindAddress)
 	data, err := yaml.Marshal(c)
 	if err != nil {
 		return err
 	}
 	return os.WriteFile(path, data, 0o644)
+}
+
+// serverDisabled is a --config healthzBindAddress or metricsBindAddress
+// that turns the server off, which kube-proxy's files cannot say (empty
+// means the default address). kube-proxy refuses it as not HOST:PORT
+// rather than serving where this proxy was told not to.
+const serverDisabled = "disabled"
+
+func disabledIfEmpty(addr string) string {
+	if addr == "" {
+		return serverDisabled
+	}
+	return addr
+}
+
+// serverAddress is the address a --config bind-address field gives.
+func serverAddress(field string) string {
+	if field == serverDisabled {
+		return ""
+	}
+	return field
 }
