@@ -2,7 +2,6 @@ package main
 
 import (
 	"errors"
-	"os"
 
 	"golang.org/x/sys/unix"
 )
@@ -16,19 +15,22 @@ var errNoNetAdmin = errors.New("needs root or CAP_NET_ADMIN for iptables; run wi
 // error from iptables for each chain and family.
 var errNoNetAdminCleanup = errors.New("needs root or CAP_NET_ADMIN to remove iptables rules")
 
-// capNetAdmin is CAP_NET_ADMIN's bit in the effective set.
-const capNetAdmin = 12
-
 // canProgramIptables reports whether this process may change netfilter
-// rules: root, or CAP_NET_ADMIN in its effective set.
+// rules: CAP_NET_ADMIN in its effective set. Root is not enough: root in a
+// container without NET_ADMIN passed, and iptables then failed with
+// "Permission denied (you must be root)" for each chain.
 var canProgramIptables = func() bool {
-	if os.Geteuid() == 0 {
-		return true
-	}
+	caps, err := effectiveCaps()
+	return err == nil && caps&(1<<unix.CAP_NET_ADMIN) != 0
+}
+
+// effectiveCaps is this process's effective capability set, bit n for
+// capability n; a variable so that tests can give any set.
+var effectiveCaps = func() (uint64, error) {
 	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 	var data [2]unix.CapUserData
 	if err := unix.Capget(&hdr, &data[0]); err != nil {
-		return false
+		return 0, err
 	}
-	return data[0].Effective&(1<<capNetAdmin) != 0
+	return uint64(data[1].Effective)<<32 | uint64(data[0].Effective), nil
 }
