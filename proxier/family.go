@@ -104,6 +104,15 @@ func (p *Proxier) noteNoPortal(nn types.NamespacedName, infos []*servicePortInfo
 		delete(p.noPortal, nn)
 	case !p.noPortal[nn]:
 		p.noPortal[nn] = true
+		// A family goes without portals for one of two causes: the bind
+		// address names one address (the command drops the other family's
+		// syncer: sockets there cannot take its traffic), or the node's
+		// netfilter lacks it.
+		if b := p.opts.BindAddress; b.IsValid() && !b.IsUnspecified() && b.Unmap().Is4() != (missing == "IPv4") {
+			klog.InfoS("Service gets no portal and is not served: the bind address is of the other IP family (proxy sockets on one address cannot take this family's traffic)",
+				"service", nn, "ipFamily", missing, "bindAddress", b)
+			return
+		}
 		klog.InfoS("Service gets no portal and is not served: no iptables support for its IP family on this node", "service", nn, "ipFamily", missing)
 	}
 }

@@ -366,6 +366,49 @@ func TestServiceOfAnUnsupportedFamilyLoggedOnce(t *testing.T) {
 	}
 }
 
+// The log line for a Service of the family without portals names the
+// cause: a bind address of the other family (the command drops that
+// family's syncer for it) or the node's netfilter. With --bind-address
+// fd77::1 an IPv4 Service was said to lack "iptables support for its IP
+// family on this node", which the node had.
+func TestNoPortalLogNamesTheCause(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		bind      string
+		v4, v6    bool
+		clusterIP string
+		want      string
+	}{
+		{"no ip6tables", "", true, false, "fd00::10", "no iptables support for its IP family on this node"},
+		{"no ip6tables, all IPv4 addresses", "0.0.0.0", true, false, "fd00::10", "no iptables support for its IP family on this node"},
+		{"IPv6 bind address", "fd77::1", false, true, "10.96.0.10", `the bind address is of the other IP family (proxy sockets on one address cannot take this family's traffic)" service="default/other" ipFamily="IPv4" bindAddress="fd77::1"`},
+		{"IPv4 bind address", "10.0.0.5", true, false, "fd00::10", `the bind address is of the other IP family (proxy sockets on one address cannot take this family's traffic)" service="default/other" ipFamily="IPv6" bindAddress="10.0.0.5"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			logs := captureKlog(t)
+			opts := Options{}
+			if tc.bind != "" {
+				opts.BindAddress = netip.MustParseAddr(tc.bind)
+			}
+			if tc.v4 {
+				opts.IPv4Portals = &portalRecorder{}
+			}
+			if tc.v6 {
+				opts.IPv6Portals = &portalRecorder{}
+			}
+			p := newSyncedPlanProxier(t, opts)
+			svc := makeService("other")
+			svc.Spec.ClusterIP, svc.Spec.ClusterIPs = tc.clusterIP, []string{tc.clusterIP}
+			p.OnServiceAdd(svc)
+			p.Sync()
+			klog.Flush()
+			if !strings.Contains(logs.String(), "Service gets no portal and is not served: "+tc.want) {
+				t.Errorf("log does not say %q:\n%s", tc.want, logs)
+			}
+		})
+	}
+}
+
 // With portals of one family only (the node's netfilter lacks the other:
 // see iptables.Present), a service port whose every address is of the
 // other family is not served at all, as kube-proxy, which has no proxier
