@@ -36,7 +36,7 @@ type instanceClaim struct {
 	released bool
 	// onTakeOver is called once the other process is gone (OnTakeOver).
 	onTakeOver func()
-	done     chan struct{} // closed by release: the wait ends
+	done       chan struct{} // closed by release: the wait ends
 }
 
 // instanceRetryEvery is how often a process waiting for instanceSocket
