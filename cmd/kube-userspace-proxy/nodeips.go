@@ -107,18 +107,29 @@ type nodeIPsWatch struct {
 	isLocal     func(netip.Addr) bool
 	restart     func(error) // nil: log only
 	done        atomic.Bool
-	// seen is the differing node IPs of the last update: a change is
-	// acted on when a second update shows it too, so an address that is
-	// gone for a moment (an interface down, a DHCP renewal) does not
-	// restart the proxy, whose restart cuts the node's Service traffic.
-	mu   sync.Mutex
-	seen []netip.Addr
+	// seen is the differing node IPs of the last look: a change is acted
+	// on when a second look shows it too, so an address that is gone for
+	// a moment (an interface down, a DHCP renewal) does not restart the
+	// proxy, whose restart cuts the node's Service traffic. A look is an
+	// update, or the last update looked at again recheck after it: a
+	// kubelet reports a renumbering in one update and may send the next
+	// minutes later (nodeStatusReportFrequency, 5 min), all that time
+	// DNATing the node's Service traffic to an address it no longer has.
+	mu      sync.Mutex
+	seen    []netip.Addr
+	last    config.NodeInfo
+	recheck time.Duration
+	timer   *time.Timer
 }
+
+// nodeIPsRecheck is nodeIPsWatch.recheck: as the default-route watch's
+// second look (routeIPsWatch).
+const nodeIPsRecheck = 5 * time.Second
 
 // newNodeIPsWatch records the node IPs in use for the families --node-ip
 // and --bind-address leave to the Node object (hostIPOf).
 func newNodeIPsWatch(v *validated, isLocal func(netip.Addr) bool, restart func(error)) *nodeIPsWatch {
-	return &nodeIPsWatch{isLocal: isLocal, restart: restart, readAtStart: v.nodeObjectRead, inUse: hostIPsInUse(v)}
+	return &nodeIPsWatch{isLocal: isLocal, restart: restart, readAtStart: v.nodeObjectRead, inUse: hostIPsInUse(v), recheck: nodeIPsRecheck}
 }
 
 // familyIndex is an address's index in the by-family arrays: 0 IPv4, 1 IPv6.
@@ -154,6 +165,15 @@ func (w *nodeIPsWatch) check(node config.NodeInfo) {
 	if w == nil || w.done.Load() || node.Deleted || len(node.Addresses) == 0 {
 		return
 	}
+	w.mu.Lock()
+	w.last = node
+	w.mu.Unlock()
+	w.look(node)
+}
+
+// look compares node's IPs with those in use; a difference seen in two
+// looks in a row restarts, and a first one schedules the second.
+func (w *nodeIPsWatch) look(node config.NodeInfo) {
 	ips, _ := nodeObjectIPs(node, w.isLocal)
 	var differ []netip.Addr
 	for _, ip := range ips {
@@ -164,6 +184,15 @@ func (w *nodeIPsWatch) check(node config.NodeInfo) {
 	w.mu.Lock()
 	again := len(differ) > 0 && slices.Equal(differ, w.seen)
 	w.seen = differ
+	if len(differ) > 0 && !again && w.timer == nil && w.recheck > 0 {
+		w.timer = time.AfterFunc(w.recheck, func() {
+			w.mu.Lock()
+			w.timer = nil
+			last := w.last
+			w.mu.Unlock()
+			w.look(last)
+		})
+	}
 	w.mu.Unlock()
 	if !again || !w.done.CompareAndSwap(false, true) {
 		return

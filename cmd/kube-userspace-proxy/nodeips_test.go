@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -180,6 +181,7 @@ func TestNodeIPsWatch(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			restarted := 0
 			w := newNodeIPsWatch(&tt.v, local, func(error) { restarted++ })
+			w.recheck = 0 // updates alone (TestNodeIPsWatchLooksAgain)
 			for _, n := range tt.seen {
 				w.check(n)
 			}
@@ -190,6 +192,42 @@ func TestNodeIPsWatch(t *testing.T) {
 	}
 	// Without rules (restart nil) it is only logged.
 	newNodeIPsWatch(&validated{bind: a("0.0.0.0")}, local, nil).check(node("10.1.0.5"))
+}
+
+// A renumbering the kubelet reports in one update, with no other for
+// minutes (nodeStatusReportFrequency), restarts the proxy once a second
+// look at that update, recheck later, still shows it: it waited for a
+// second update, while every Service of the node was DNATed to an address
+// the node no longer had (the API-server sweep: 30 of 30 probes failed
+// over 60 s). An update that takes the change back before then does not.
+func TestNodeIPsWatchLooksAgain(t *testing.T) {
+	a := netip.MustParseAddr
+	node := func(addr string) config.NodeInfo {
+		return config.NodeInfo{Name: "node-a", Addresses: []netip.Addr{a(addr)}}
+	}
+	for _, tt := range []struct {
+		name      string
+		seen      []string
+		restarted int32
+	}{
+		{"renumbered in one update", []string{"10.1.0.9"}, 1},
+		{"taken back before the second look", []string{"10.1.0.9", "10.1.0.5"}, 0},
+		{"unchanged", []string{"10.1.0.5"}, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var restarted atomic.Int32
+			v := validated{bind: a("0.0.0.0"), nodeObjectRead: true, nodeObjectIPs: []netip.Addr{a("10.1.0.5")}}
+			w := newNodeIPsWatch(&v, func(netip.Addr) bool { return true }, func(error) { restarted.Add(1) })
+			w.recheck = 20 * time.Millisecond
+			for _, n := range tt.seen {
+				w.check(node(n))
+			}
+			time.Sleep(100 * time.Millisecond)
+			if got := restarted.Load(); got != tt.restarted {
+				t.Errorf("restart asked %d times, want %d", got, tt.restarted)
+			}
+		})
+	}
 }
 
 // Without the API server at start, the node IPs are those the state file
