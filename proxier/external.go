@@ -67,7 +67,7 @@ func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo, kept
 		sp := p.lb.ServicePort(ext)
 		p.setBalancerPolicy(ext, info)
 		keptPort := kept.claimExternal(info)
-		sock, err := p.ports.OpenPreferred(keptPort, func(port int) (proxySocket, error) {
+		sock, err := p.openSocket(keptPort, func(port int) (proxySocket, error) {
 			return p.listen(info.name, p.opts.BindAddress, port, info.hasIPv6(), sp, ap.faults, p.sockCfg)
 		})
 		if err != nil {

@@ -154,6 +154,7 @@ type Proxier struct {
 	lb        *loadbalancer.LoadBalancer
 	endpoints *endpointsTracker
 	ports     *PortAllocator
+	fds       *descriptorBudget
 	sockCfg   *socketConfig
 	runner    *boundedFrequencyRunner
 	metrics   *Metrics
@@ -258,6 +259,7 @@ func New(opts Options) *Proxier {
 		opts:      opts,
 		lb:        loadbalancer.New(opts.Clock, opts.Affinity),
 		ports:     newPortAllocator(opts.PortRange),
+		fds:       newDescriptorBudget(),
 		metrics:   opts.Metrics,
 		clk:       opts.Clock,
 		services:  map[types.NamespacedName]*v1.Service{},
@@ -492,6 +494,7 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 		p.lastFull = start
 	}
 	want, changedServices, changes := p.desired()
+	p.fds.begin()
 	var kept *keptPorts
 	if !p.keptPortsRead {
 		p.keptPortsRead = true
@@ -664,7 +667,7 @@ func (p *Proxier) openPort(info *servicePortInfo, kept int, logLine bool) (*acti
 	listen := func(port int) (proxySocket, error) {
 		return p.listen(info.name, p.opts.BindAddress, port, info.hasIPv6(), sp, fp, p.sockCfg)
 	}
-	sock, err := p.ports.OpenPreferred(kept, listen)
+	sock, err := p.openSocket(kept, listen)
 	if err != nil {
 		// Not serving: the retry calls ServicePort again. Left marked as a
 		// Service, the entry and its affinity table outlived a Service
@@ -687,6 +690,19 @@ func (p *Proxier) openPort(info *servicePortInfo, kept int, logLine bool) (*acti
 			"proxyAddress", proxyAddr)
 	}
 	return ap, nil
+}
+
+// openSocket opens a proxy socket on the kept port if it can, else on one
+// the allocator picks, within the sync's descriptor budget.
+func (p *Proxier) openSocket(kept int, listen func(port int) (proxySocket, error)) (proxySocket, error) {
+	if err := p.fds.take(); err != nil {
+		return nil, err
+	}
+	sock, err := p.ports.OpenPreferred(kept, listen)
+	if err != nil {
+		p.fds.giveBack()
+	}
+	return sock, err
 }
 
 // logMovedPort says when a port the kernel's rules name for a service

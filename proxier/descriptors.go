@@ -1,0 +1,99 @@
+package proxier
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// descriptorBudget keeps the proxy sockets a sync opens from taking the
+// last descriptors of RLIMIT_NOFILE: the proxy also needs some for its
+// rule writes (iptables-restore's pipes), the health and metrics servers,
+// reading the manifests and the connections it relays. With listeners
+// alone at the limit (150 Services of TCP and UDP under `ulimit -n 256`),
+// every rule write failed, so no Service was served, not even those whose
+// sockets opened; nor could the manifests be read again to shed any, nor
+// /healthz answer: an outage that lasted until a restart. A socket past the
+// budget fails to open, as one whose port is taken does: logged, listed
+// in /debug/services, and retried by the sync's retry.
+type descriptorBudget struct {
+	// count is the descriptors in use and the limit (ok false: unknown,
+	// no budget). A variable for tests.
+	count func() (inUse, limit int, ok bool)
+
+	// room is what this sync may still open; counted is whether it was
+	// counted in this sync (counting costs a read of /proc/self/fd, paid
+	// only by a sync that opens something).
+	room    int
+	counted bool
+}
+
+func newDescriptorBudget() *descriptorBudget { return &descriptorBudget{count: descriptorsInUse} }
+
+// descriptorReserve is what the sockets of a sync leave free of limit.
+func descriptorReserve(limit int) int { return max(64, limit/16) }
+
+// begin starts a sync: the next take counts again.
+func (b *descriptorBudget) begin() { b.counted = false }
+
+// take accounts for one more socket, or says why none may open. A socket
+// is taken to cost socketDescriptors, more than most do, and the room is
+// counted again once that estimate runs out: so the budget never lets the
+// sockets overrun it, and a sync of 10,000 counts a few times, not once per
+// socket.
+func (b *descriptorBudget) take() error {
+	if !b.counted || b.room < socketDescriptors {
+		b.counted = true
+		b.room = 1 << 30
+		if inUse, limit, ok := b.count(); ok {
+			b.room = limit - descriptorReserve(limit) - inUse
+		}
+	}
+	if b.room < socketDescriptors {
+		inUse, limit, _ := b.count()
+		return fmt.Errorf("no descriptor to spare for a proxy socket: %d of the open-file limit %d in use, and %d kept for rule writes, servers and connections; raise the limit (ulimit -n, systemd's LimitNOFILE)",
+			inUse, limit, descriptorReserve(limit))
+	}
+	b.room -= socketDescriptors
+	return nil
+}
+
+// socketDescriptors is the most a proxy socket holds: a UDP one its
+// socket, its poller's epoll and wake-up descriptors.
+const socketDescriptors = 4
+
+// giveBack returns what take accounted for a socket that did not open.
+func (b *descriptorBudget) giveBack() { b.room += socketDescriptors }
+
+// descriptorsInUse counts this process's open descriptors and reads its
+// limit. It reads /proc/self/fd's entries without their names: a sync
+// that opens 10,000 sockets counts several times.
+func descriptorsInUse() (inUse, limit int, ok bool) {
+	fd, err := unix.Open("/proc/self/fd", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, 0, false
+	}
+	defer unix.Close(fd)
+	buf := direntBuf.Get().(*[]byte)
+	defer direntBuf.Put(buf)
+	entries := 0
+	for {
+		n, err := unix.Getdents(fd, *buf)
+		if err != nil {
+			return 0, 0, false
+		}
+		if n <= 0 {
+			break
+		}
+		// linux_dirent64: inode (8), offset (8), record length (2), ...
+		for off := 0; off+18 <= n; off += int(binary.NativeEndian.Uint16((*buf)[off+16:])) {
+			entries++
+		}
+	}
+	// Less ".", ".." and the descriptor reading them.
+	return entries - 3, int(min(nofileLimit(), 1<<30)), true
+}
+
+var direntBuf = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}

@@ -1,0 +1,81 @@
+package proxier
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// A sync opens proxy sockets only while RLIMIT_NOFILE keeps descriptors
+// for the rest (descriptorReserve): the others fail as a taken port does,
+// with the cause, and are retried. With 150 Services of TCP and UDP under
+// `ulimit -n 256`, the listeners took every descriptor, every rule write
+// failed, and nothing was served until a restart.
+func TestSocketsLeaveDescriptorsForTheRest(t *testing.T) {
+	p := newTestProxier(t, Options{})
+	// Each open socket holds one more descriptor; the budget counts
+	// again as its estimate (4 a socket) runs out, and stops once fewer
+	// than 4 are left above the 64 kept: at 133 in use, 33 sockets.
+	base := 100
+	p.fds.count = func() (int, int, bool) { return base + len(p.active), 200, true }
+	for i := range 50 {
+		p.OnServiceAdd(makeService(fmt.Sprintf("s%d", i), withClusterIP(fmt.Sprintf("10.96.1.%d", i))))
+	}
+	p.Sync()
+	if got := len(p.active); got != 33 {
+		t.Fatalf("%d proxy sockets open, want 33", got)
+	}
+	failures := p.DebugServices()
+	var opens int
+	for _, f := range p.lastFailed {
+		if strings.HasPrefix(f, "open ") {
+			opens++
+		}
+	}
+	if opens != 17 {
+		t.Errorf("%d opens left to retry, want 17: %q", opens, p.lastFailed)
+	}
+	if !slices.ContainsFunc(failures, func(r DebugServicePort) bool { return strings.Contains(r.Error, "no descriptor to spare") }) {
+		t.Errorf("/debug/services names no descriptor shortage: %+v", failures)
+	}
+	// Descriptors freed (connections ended): the retry opens the rest.
+	base = 10
+	p.Sync()
+	if got := len(p.active); got != 50 {
+		t.Fatalf("%d proxy sockets open after descriptors were freed, want 50", got)
+	}
+}
+
+// descriptorsInUse counts what /proc/self/fd lists, less its own.
+func TestDescriptorsInUseCounts(t *testing.T) {
+	before, limit, ok := descriptorsInUse()
+	if !ok || limit <= 0 {
+		t.Fatalf("descriptorsInUse: %d, %d, %v", before, limit, ok)
+	}
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := len(entries) - 1; before != want { // ReadDir's own
+		t.Errorf("counted %d in use, /proc/self/fd lists %d", before, want)
+	}
+	var fds []int
+	for range 100 {
+		fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fds = append(fds, fd)
+	}
+	after, _, _ := descriptorsInUse()
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+	if after != before+100 {
+		t.Errorf("counted %d after opening 100 more, want %d", after, before+100)
+	}
+}
