@@ -11,12 +11,17 @@ import (
 
 // halfClosed bounds the direction still running after the other one ended
 // with a FIN (Options.HalfCloseTimeout): it ends (with a reset) only once
-// its source has received nothing for a whole timeout, so a stream still
-// flowing is never cut (a fixed deadline cut a backend streaming for
-// longer than the bound). Progress is the kernel's time since the last
-// data received (TCP_INFO), so the copy loop pays nothing per byte. A peer
-// that stops reading stalls the source too; the abort then wakes the
-// stalled write as well as the read.
+// nothing moved for a whole timeout, neither into its source nor out to
+// its destination's reader, so a stream still flowing is never cut (a
+// fixed deadline cut a backend streaming for longer than the bound).
+// Progress is what the kernel says of both sockets (TCP_INFO: since the
+// last data received; since the last data sent, while the reader
+// acknowledges bytes), so the copy pays nothing per byte. The source alone
+// did not do: a direction writing to a slow reader reads its source again
+// only once a pipe (up to 1 MiB) went into the destination and its send
+// buffer (up to 4 MiB) drained by a third, and any download slower than
+// that per bound was reset mid-stream. A peer that stops reading stalls
+// both; the abort then wakes the stalled write as well as the read.
 //
 // Only the first direction to end arms it (the second leaves nothing
 // running to bound), and Run stops it and drops its references, so a
@@ -30,7 +35,10 @@ type halfClosed struct {
 	t       *time.Timer
 	stopped bool
 	c       *Conn
-	raw     syscall.RawConn
+	// raw is the direction's source, dstRaw its destination; acked is
+	// what the destination's reader had acknowledged at the last look.
+	raw, dstRaw syscall.RawConn
+	acked       uint64
 }
 
 // watchHalfClosed starts the bound on the direction reading from conn;
@@ -42,12 +50,16 @@ func watchHalfClosed(c *Conn, conn, other *net.TCPConn) *halfClosed {
 	if err != nil {
 		return nil
 	}
+	dstRaw, err := other.SyscallConn()
+	if err != nil {
+		return nil
+	}
 	if _, ok := sinceLastReceived(raw); !ok {
 		_ = conn.SetReadDeadline(time.Now().Add(timeout))
 		_ = other.SetWriteDeadline(time.Now().Add(timeout))
 		return nil
 	}
-	h := &halfClosed{c: c, raw: raw}
+	h := &halfClosed{c: c, raw: raw, dstRaw: dstRaw}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	// A timer, not a goroutine; fire waits for mu, so it sees t set.
@@ -65,7 +77,15 @@ func (h *halfClosed) fire() {
 	if !ok {
 		return // closed: the relay is done
 	}
-	// The bound runs from the last byte received, not from this look:
+	var sent time.Duration
+	var acked uint64
+	var asked bool
+	_ = h.dstRaw.Control(func(fd uintptr) { sent, acked, asked = sinceLastSent(int(fd)) })
+	if asked && acked != h.acked {
+		h.acked = acked
+		idle = min(idle, sent)
+	}
+	// The bound runs from the last byte moved, not from this look:
 	// re-arming a whole timeout when bytes had come since the last look
 	// let a source that went quiet just after it idle up to twice the
 	// bound.
@@ -86,7 +106,7 @@ func (h *halfClosed) stop() {
 	h.stopped = true
 	if h.t != nil {
 		h.t.Stop()
-		h.t, h.c, h.raw = nil, nil, nil
+		h.t, h.c, h.raw, h.dstRaw = nil, nil, nil, nil
 	}
 	h.mu.Unlock()
 }
@@ -100,4 +120,18 @@ func sinceLastReceived(raw syscall.RawConn) (idle time.Duration, ok bool) {
 		}
 	})
 	return idle, ok
+}
+
+// sinceLastSent is how long ago the socket last sent data, and how many
+// bytes its peer acknowledged so far (TCP_INFO's last_data_sent and
+// bytes_acked); false once it is closed. The time counts as the reader's
+// progress only if the count moved since the last look (the first look
+// has none to compare with): a retransmission to a peer that vanished is
+// data sent, but no progress.
+func sinceLastSent(fd int) (idle time.Duration, acked uint64, ok bool) {
+	info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+	if err != nil {
+		return 0, 0, false
+	}
+	return time.Duration(info.Last_data_sent) * time.Millisecond, info.Bytes_acked, true
 }

@@ -83,7 +83,13 @@ type loopDir struct {
 	// eof: src sent its FIN (fin) or the relay ends this direction as if
 	// it had (CloseWhenQuiet); done: the FIN was passed on.
 	eof, fin, done bool
-	lastRecv       int64
+	// lastActive is when src last gave bytes, dst last took some, or
+	// (readerTook) dst's kernel last sent its reader some: the half-close
+	// bound's measure of progress (halfClosed tells why reads alone do
+	// not do); acked is what dst's reader had acknowledged at the last
+	// look.
+	lastActive int64
+	acked      uint64
 	// stallSince is when dst last took bytes while bytes wait for it; 0:
 	// nothing waits on a full dst.
 	stallSince int64
@@ -316,7 +322,11 @@ func (c *LoopConn) timer(t *loopTimer) {
 		if c.up.done {
 			d = &c.down
 		}
-		if due := d.lastRecv + int64(l.o.HalfCloseTimeout); due > l.now {
+		due := d.lastActive + int64(l.o.HalfCloseTimeout)
+		if due <= l.now && c.readerTook(d) {
+			due = d.lastActive + int64(l.o.HalfCloseTimeout)
+		}
+		if due > l.now {
 			l.timers.set(t, due)
 			return
 		}
@@ -330,6 +340,21 @@ func (c *LoopConn) timer(t *loopTimer) {
 			_ = l.o.Liveness.apply(fd)
 		}
 	}
+}
+
+// readerTook moves d.lastActive on to when dst's kernel last sent data,
+// if its reader acknowledged bytes since the last look: bytes written
+// earlier still going out of a full send buffer to a slow reader, which
+// the loop sees no event of for as long as a third of the buffer takes
+// to drain.
+func (c *LoopConn) readerTook(d *loopDir) bool {
+	sent, acked, ok := sinceLastSent(c.fds[d.dst])
+	if !ok || acked == d.acked {
+		return false
+	}
+	d.acked = acked
+	d.lastActive = max(d.lastActive, c.l.now-int64(sent))
+	return true
 }
 
 // quietAt asks for the end at the first quiet moment from at on.
@@ -518,7 +543,7 @@ func (c *LoopConn) received(d *loopDir, n int64, err error) (ok, moved bool, _ e
 		d.eof, d.fin = true, true
 		return false, true, nil
 	}
-	d.lastRecv = c.l.now
+	d.lastActive = c.l.now
 	d.count.Add(n)
 	return true, false, nil
 }
@@ -580,6 +605,9 @@ func (c *LoopConn) flush(d *loopDir) (bool, error) {
 			autoBufs.Put(d.buf)
 			d.buf, d.off, d.n = nil, 0, 0
 		}
+	}
+	if moved {
+		d.lastActive = c.l.now
 	}
 	if d.pending() {
 		if moved {
@@ -643,7 +671,7 @@ func (c *LoopConn) directionEnded(d *loopDir) {
 	l := c.l
 	other := c.other(d)
 	if !other.done && l.o.HalfCloseTimeout > 0 {
-		other.lastRecv = l.now
+		other.lastActive = l.now
 		l.timers.set(&c.timers[timerHalf], l.now+int64(l.o.HalfCloseTimeout))
 	}
 }

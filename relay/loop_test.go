@@ -564,6 +564,37 @@ func TestLoopHalfCloseBound(t *testing.T) {
 	}
 }
 
+// The event loop's half-close bound spares a slow but steady reader too
+// (slowDownloads).
+func TestLoopHalfCloseBoundSparesSlowReader(t *testing.T) {
+	for _, tc := range slowDownloads {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newLoopBed(t, LoopOptions{HalfCloseTimeout: time.Second})
+			b.onAccept.Store(func(fd int) { _ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF, tc.sndbuf) })
+			h := newLoopHandler(b.ep)
+			client, backend := b.connect(t, h, true)
+			downloadSlowlyAfterHalfClose(t, client, backend, tc.size, tc.chunk, tc.holdFIN)
+			h.wait(t)
+		})
+	}
+}
+
+// Delivery counts as activity only while it goes on: a client that stops
+// reading after its FIN moves nothing either way, and the bound resets
+// both peers (the backend, flooding, learns of it on its writes).
+func TestLoopHalfCloseBoundCutsStuckReader(t *testing.T) {
+	b := newLoopBed(t, LoopOptions{HalfCloseTimeout: 300 * time.Millisecond})
+	h := newLoopHandler(b.ep)
+	client, backend := b.connect(t, h, true)
+	_ = client.SetReadBuffer(4096)
+	_ = client.CloseWrite()
+	errc := flood(backend)
+	took := waitDone(t, h.done, 3*time.Second, "a 300 ms half-close bound with a client that reads nothing")
+	t.Logf("relay ended %v after the half-close", took.Round(time.Millisecond))
+	wantResetWrite(t, "backend", errc)
+	wantResetRead(t, "client", client)
+}
+
 func TestLoopCloseWhenQuiet(t *testing.T) {
 	// Quiet is well above the 30 ms below, so that a stalled runner
 	// does not make the connection quiet before the answer.

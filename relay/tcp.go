@@ -42,8 +42,9 @@ func (e *WriteError) Unwrap() error { return e.Err }
 // with Auto (small messages buffered, bulk spliced), no bounds, and counts
 // nothing.
 type Options struct {
-	// HalfCloseTimeout bounds the direction still running after the other
-	// ended with a FIN; 0 = no bound.
+	// HalfCloseTimeout bounds the inactivity of the direction still
+	// running after the other ended with a FIN: nothing received from its
+	// source, nothing taken by its destination; 0 = no bound.
 	HalfCloseTimeout time.Duration
 	// WriteTimeout bounds how long a direction may be unable to hand its
 	// destination a single byte (the peer reads nothing, its window stays

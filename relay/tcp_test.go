@@ -407,3 +407,94 @@ func sendWithUrgentByte(c *net.TCPConn, bulk, tail []byte, fin bool) error {
 	}
 	return nil
 }
+
+// slowDownloads are the two places a download waits for a reader that
+// half-closed after its request (nc -N, an HTTP/1.0 client) and then
+// reads slowly but steadily, never idle for long next to the 1 s
+// half-close bound the tests set. Measured by the backend's receipts
+// alone, both were reset mid-stream.
+var slowDownloads = []struct {
+	name string
+	// sndbuf is the proxy's send buffer to the client (SO_SNDBUF, held
+	// so that a short test shows what larger buffers do at larger sizes
+	// or slower readers); the client reads chunk bytes every 40 ms.
+	sndbuf, size, chunk int
+	// holdFIN: the backend sends its FIN only once the client read all.
+	holdFIN bool
+}{
+	// The backend's answer is received at once and spliced into a pipe,
+	// which takes 1.9 s to drain into the 400 KB/s reader: the backend is
+	// read again only then. Reset after about 400 KB.
+	{name: "pipe", sndbuf: 64 << 10, size: 768 << 10, chunk: 16 << 10},
+	// The whole answer went into the proxy's send buffer at once, and the
+	// kernel sends it on as the 100 KB/s reader takes it, for 1.9 s; the
+	// proxy has nothing to do meanwhile (an autotuned buffer reaches 4
+	// MiB: the proxy then writes again only once a third of it drained).
+	// Reset after about 125 KB.
+	{name: "send buffer", sndbuf: 1 << 20, size: 192 << 10, chunk: 4 << 10, holdFIN: true},
+}
+
+// downloadSlowlyAfterHalfClose plays the client of a slowDownloads case
+// (after which the proxy's send buffer is sized): it fails unless the
+// whole answer arrives intact, then a clean EOF.
+func downloadSlowlyAfterHalfClose(t *testing.T, client, backend *net.TCPConn, size, chunk int, holdFIN bool) {
+	t.Helper()
+	_ = client.SetReadBuffer(32 << 10) // the proxy's buffers fill, not the client's
+	pass(t, client, backend, "GET /big\n")
+	if err := client.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	_ = backend.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := backend.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+		t.Fatalf("backend read %d bytes, %v; want the client's FIN", n, err)
+	}
+	data := bytes.Repeat([]byte("0123456789abcdef"), size/16)
+	go func() {
+		_, _ = backend.Write(data)
+		if !holdFIN {
+			_ = backend.CloseWrite()
+		}
+	}()
+	got := make([]byte, 0, len(data))
+	buf := make([]byte, chunk)
+	start := time.Now()
+	for {
+		_ = client.SetReadDeadline(time.Now().Add(10 * time.Second))
+		n, err := client.Read(buf)
+		got = append(got, buf[:n]...)
+		if holdFIN && len(got) == len(data) {
+			_ = backend.CloseWrite()
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("after %d of %d bytes in %v, while the client read steadily: %v",
+				len(got), len(data), time.Since(start).Round(time.Millisecond), err)
+		}
+		time.Sleep(40 * time.Millisecond)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatalf("client got %d bytes, want the %d sent, intact", len(got), len(data))
+	}
+}
+
+// After the client's FIN, a download to a slow but steady reader is not
+// cut: bytes going out to the reader count as activity, as bytes read from
+// the backend do (slowDownloads).
+func TestHalfCloseTimeoutSparesSlowReader(t *testing.T) {
+	for _, tc := range slowDownloads {
+		t.Run(tc.name, func(t *testing.T) {
+			client, proxyClient := pair(t)
+			proxyBackend, backend := pair(t)
+			_ = proxyClient.SetWriteBuffer(tc.sndbuf)
+			done := make(chan struct{})
+			go func() {
+				TCP(proxyClient, proxyBackend, Options{HalfCloseTimeout: time.Second})
+				close(done)
+			}()
+			downloadSlowlyAfterHalfClose(t, client, backend, tc.size, tc.chunk, tc.holdFIN)
+			<-done
+		})
+	}
+}
