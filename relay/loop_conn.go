@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/mono"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 )
 
@@ -104,7 +105,7 @@ func (c *LoopConn) Bytes() (in, out int64) { return c.in.Load(), c.out.Load() }
 // CloseWhenQuiet ends the connection at its first quiet moment at least d
 // from now, as Conn.CloseWhenQuiet does. Safe from any goroutine.
 func (c *LoopConn) CloseWhenQuiet(d time.Duration) {
-	c.l.post(loopCmd{op: cmdQuiet, c: c, at: c.l.clock() + int64(d)})
+	c.l.post(loopCmd{op: cmdQuiet, c: c, at: mono.Add(c.l.clock(), d)})
 }
 
 // Reset ends the connection with a reset to both peers (a fault's cut of
@@ -157,7 +158,7 @@ func (c *LoopConn) dial() {
 			c.fds[sideBackend] = fd
 			c.readable[sideBackend], c.writable[sideBackend] = false, false
 			c.ackHeld = true
-			l.timers.set(&c.timers[timerDial], l.now+int64(l.o.DialTimeouts[c.attempt]))
+			l.timers.set(&c.timers[timerDial], mono.Add(l.now, l.o.DialTimeouts[c.attempt]))
 			return
 		}
 		if LocalShortage(err) {
@@ -264,7 +265,7 @@ func (c *LoopConn) connected(failed bool) {
 	l.timers.stop(&c.timers[timerDial])
 	c.state = stateRelaying
 	if l.liveAfter > 0 {
-		l.timers.set(&c.timers[timerLiveness], l.now+int64(l.liveAfter))
+		l.timers.set(&c.timers[timerLiveness], mono.Add(l.now, l.liveAfter))
 	}
 	c.h.Connected(c, c.ep)
 	sent := c.in.Load()
@@ -312,7 +313,7 @@ func (c *LoopConn) timer(t *loopTimer) {
 		if d.stallSince == 0 {
 			return
 		}
-		if due := d.stallSince + int64(l.o.WriteTimeout); due > l.now {
+		if due := mono.Add(d.stallSince, l.o.WriteTimeout); due > l.now {
 			l.timers.set(t, due)
 			return
 		}
@@ -322,9 +323,9 @@ func (c *LoopConn) timer(t *loopTimer) {
 		if c.up.done {
 			d = &c.down
 		}
-		due := d.lastActive + int64(l.o.HalfCloseTimeout)
+		due := mono.Add(d.lastActive, l.o.HalfCloseTimeout)
 		if due <= l.now && c.readerTook(d) {
-			due = d.lastActive + int64(l.o.HalfCloseTimeout)
+			due = mono.Add(d.lastActive, l.o.HalfCloseTimeout)
 		}
 		if due > l.now {
 			l.timers.set(t, due)
@@ -374,11 +375,11 @@ func (c *LoopConn) checkQuiet() {
 	l := c.l
 	t := &c.timers[timerQuiet]
 	if c.state == stateDialing {
-		l.timers.set(t, l.now+int64(l.o.Quiet/4)+1)
+		l.timers.set(t, mono.Add(l.now, l.o.Quiet/4+1))
 		return
 	}
 	if c.up.pending() || c.down.pending() {
-		l.timers.set(t, l.now+int64(max(l.o.Quiet/4, time.Millisecond)))
+		l.timers.set(t, mono.Add(l.now, max(l.o.Quiet/4, time.Millisecond)))
 		return
 	}
 	client, ok1 := fdQuiet(c.fds[sideClient])
@@ -388,7 +389,7 @@ func (c *LoopConn) checkQuiet() {
 		return
 	}
 	if quiet, wait := quietFor(client, backend, l.o.Quiet); !quiet {
-		l.timers.set(t, l.now+int64(wait))
+		l.timers.set(t, mono.Add(l.now, wait))
 		return
 	}
 	// As if the backend had sent a FIN: the client reads the end, as from
@@ -633,7 +634,7 @@ func (c *LoopConn) stalled(d *loopDir) {
 		t = &c.timers[timerWriteDown]
 	}
 	if t.index < 0 {
-		l.timers.set(t, l.now+int64(l.o.WriteTimeout))
+		l.timers.set(t, mono.Add(l.now, l.o.WriteTimeout))
 	}
 }
 
@@ -672,7 +673,7 @@ func (c *LoopConn) directionEnded(d *loopDir) {
 	other := c.other(d)
 	if !other.done && l.o.HalfCloseTimeout > 0 {
 		other.lastActive = l.now
-		l.timers.set(&c.timers[timerHalf], l.now+int64(l.o.HalfCloseTimeout))
+		l.timers.set(&c.timers[timerHalf], mono.Add(l.now, l.o.HalfCloseTimeout))
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/mono"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 )
 
@@ -264,7 +265,7 @@ func (l *Loop) pause(ll *loopListener) {
 		ll.backoff = min(2*ll.backoff, time.Second)
 	}
 	_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, ll.ln.fd, nil)
-	ll.paused, ll.resume = true, l.now+int64(ll.backoff)
+	ll.paused, ll.resume = true, mono.Add(l.now, ll.backoff)
 	if l.paused == 0 || ll.resume < l.resumeAt {
 		l.resumeAt = ll.resume
 	}
