@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/mono"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 )
@@ -388,7 +389,7 @@ func (s *udpProxySocket) forward(client netip.AddrPort, b, oob []byte) {
 	// proxied, a duplicated one twice.
 	if d := plan.Send(faults.StreamUp, client, b, send); d > 0 {
 		s.mu.Lock()
-		sess.deferredUntil = max(sess.deferredUntil, monoNow()+int64(d))
+		sess.deferredUntil = max(sess.deferredUntil, mono.Add(monoNow(), d))
 		s.mu.Unlock()
 	}
 }
@@ -441,7 +442,7 @@ func (s *udpProxySocket) sessionLocked(client netip.AddrPort, oob []byte, now in
 		s.sessions.add(sess, now)
 		s.sessionsGauge.Inc()
 		if s.sessions.len() == 1 {
-			s.poller.setDeadline(monoTime(now + int64(s.cfg.udpIdleTimeout)))
+			s.poller.setDeadline(monoTime(s.idleAt(now)))
 		}
 		return sess, nil
 	}
@@ -739,8 +740,7 @@ func (s *udpProxySocket) expireIdle() {
 		return
 	}
 	now := monoNow()
-	idle := int64(s.cfg.udpIdleTimeout)
-	for old := s.sessions.oldest; old != nil && old.lastActive+idle <= now; old = s.sessions.oldest {
+	for old := s.sessions.oldest; old != nil && s.idleAt(old.lastActive) <= now; old = s.sessions.oldest {
 		if old.deferredUntil > now {
 			s.sessions.touch(old, now) // a delayed datagram still goes out
 			continue
@@ -761,10 +761,17 @@ func (s *udpProxySocket) expireIdle() {
 		})
 	}
 	if old := s.sessions.oldest; old != nil {
-		s.poller.setDeadline(monoTime(old.lastActive + idle))
+		s.poller.setDeadline(monoTime(s.idleAt(old.lastActive)))
 	} else {
 		s.poller.setDeadline(time.Time{})
 	}
+}
+
+// idleAt is when a session last active at lastActive idles out (monoNow
+// time). It saturates: a --udp-timeout near the largest duration ("never")
+// wrapped into the past, and every session closed as it opened.
+func (s *udpProxySocket) idleAt(lastActive int64) int64 {
+	return mono.Add(lastActive, s.cfg.udpIdleTimeout)
 }
 
 // dialUDPBackend opens a non-blocking socket connected to ep. A raw

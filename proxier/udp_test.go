@@ -2,6 +2,7 @@ package proxier
 
 import (
 	"bytes"
+	"math"
 	"net"
 	"net/netip"
 	"testing"
@@ -238,5 +239,48 @@ func TestUDPRefusedEndpointRepinsAffinity(t *testing.T) {
 	}
 	if answered < 5 {
 		t.Fatalf("%d answers in 50 tries: the client stayed pinned to the endpoint that refuses", answered)
+	}
+}
+
+// A --udp-timeout as large as a duration goes (2562047h47m16.854775807s,
+// a natural way to say "never") keeps sessions open: the session's expiry
+// (its last datagram's monoNow plus the timeout) wrapped into the past,
+// every session closed as it opened and a reply that took a moment was
+// lost. (2562047h wraps alike once the process has run 47 minutes.)
+func TestUDPHugeTimeoutKeepsSessions(t *testing.T) {
+	be, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { be.Close() })
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := be.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond) // a backend that takes a moment
+			_, _ = be.WriteToUDPAddrPort(append([]byte("re:"), buf[:n]...), from)
+		}
+	}()
+	never := time.Duration(math.MaxInt64)
+	p := newTestProxier(t, Options{UDPIdleTimeout: never})
+	p.OnServiceAdd(makeService("dns", withProtocol(v1.ProtocolUDP)))
+	p.OnEndpointSliceAdd(makeSlice("dns", v1.ProtocolUDP, be.LocalAddr().String()))
+	p.Sync()
+	c, err := net.Dial("udp", proxyAddr(t, p, "default/dns:p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if _, err := c.Write([]byte("q")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	n, err := c.Read(buf)
+	if err != nil || string(buf[:n]) != "re:q" {
+		t.Fatalf("reply %q, %v; want \"re:q\" (the session was closed before it came)", buf[:n], err)
 	}
 }
