@@ -120,12 +120,10 @@ func TestServiceChangeKeepsProxyPort(t *testing.T) {
 	}
 }
 
-// A Service change is written as a delta without reading the rules back;
-// the rules someone deleted by hand come back with the next full sync:
-// the periodic one, or the first change-driven one once a sync period
-// passed without one (constant churn keeps the periodic timer from ever
-// firing).
-func TestChangeSyncsWriteDeltasAndFullSyncsRepair(t *testing.T) {
+// newFakeClockProxier is a synced proxier on fake IPv4 iptables and a fake
+// clock, with a sync period of 30 s.
+func newFakeClockProxier(t *testing.T) (*Proxier, *iptables.FakeRunner, *clocktesting.FakeClock) {
+	t.Helper()
 	fake := iptables.NewFakeRunner(iptables.IPv4)
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	rules := iptables.New(fake, iptables.Config{Family: iptables.IPv4, BindAddress: mustAddr("127.0.0.1")})
@@ -137,6 +135,16 @@ func TestChangeSyncsWriteDeltasAndFullSyncsRepair(t *testing.T) {
 	})
 	p.OnServiceSynced()
 	p.OnEndpointSlicesSynced()
+	return p, fake, clk
+}
+
+// A Service change is written as a delta without reading the rules back;
+// the rules someone deleted by hand come back with the next full sync:
+// the periodic one, or the first change-driven one once a sync period
+// passed without one (constant churn keeps the periodic timer from ever
+// firing).
+func TestChangeSyncsWriteDeltasAndFullSyncsRepair(t *testing.T) {
+	p, fake, clk := newFakeClockProxier(t)
 	p.OnServiceAdd(makeService("web", withNodePort(30080)))
 	p.OnServiceAdd(makeService("api", withClusterIP("10.96.0.20")))
 	p.Sync() // the first sync is full
@@ -519,17 +527,7 @@ func newSyncedPlanProxier(t *testing.T, opts Options) *Proxier {
 // overlapped (whose last sync left the rules naming its ports) repairs at
 // once, not a sync period later.
 func TestRepairSoonMakesTheNextSyncFull(t *testing.T) {
-	fake := iptables.NewFakeRunner(iptables.IPv4)
-	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
-	rules := iptables.New(fake, iptables.Config{Family: iptables.IPv4, BindAddress: mustAddr("127.0.0.1")})
-	p := New(Options{IPv4Portals: rules, BindAddress: mustAddr("127.0.0.1"), Clock: clk, SyncPeriod: 30 * time.Second})
-	t.Cleanup(func() {
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel()
-		p.Run(ctx)
-	})
-	p.OnServiceSynced()
-	p.OnEndpointSlicesSynced()
+	p, fake, clk := newFakeClockProxier(t)
 	p.OnServiceAdd(makeService("web"))
 	p.Sync()
 	want := natRules(fake)
