@@ -435,7 +435,7 @@ func (s *udpProxySocket) sessionLocked(client netip.AddrPort, oob []byte, now in
 			s.dialFailures.Inc()
 			continue
 		}
-		sess := &udpSession{client: client, backend: ep, fd: fd, generation: generation, started: time.Now().UnixNano()}
+		sess := &udpSession{client: client, backend: ep, local: datagramDestination(oob, s.bound), fd: fd, generation: generation, started: time.Now().UnixNano()}
 		if s.replyFromDestination {
 			sess.replyControl = replyControl(oob)
 		}
@@ -474,10 +474,14 @@ func (s *udpProxySocket) makeRoomLocked() error {
 // refusedLocked ends a session whose endpoint refused its datagrams (an
 // ICMP port unreachable): counted as the endpoint's failure, as a refused
 // TCP dial is, and logged at -v=2. It ended in no counter and no line, so
-// UDP to a dead endpoint was invisible. The client's next datagram picks
-// again, past this endpoint (the balancer's Failed).
+// UDP to a dead endpoint was invisible. The client is told with a port
+// unreachable of its own, as the endpoint's reaches it through kube-proxy's
+// DNAT (a DNS client gave up on the server at once instead of waiting out
+// its timeout); its next datagram picks again, past this endpoint (the
+// balancer's Failed).
 func (s *udpProxySocket) refusedLocked(sess *udpSession, err error) {
 	s.dialFailures.Inc()
+	s.cfg.unreachable.endpointRefused(sess.client, sess.local)
 	// With ClientIP affinity the client is pinned to the endpoint that
 	// refused: its next datagram must not find the pin again.
 	s.sp.Failed(sess.client.Addr(), sess.backend)

@@ -63,7 +63,25 @@ func (u *unreachableSender) send(client netip.AddrPort, oob []byte, bound netip.
 	if u == nil || !u.limit.Allow() {
 		return
 	}
-	local := datagramDestination(oob, bound)
+	u.sendTo(client, datagramDestination(oob, bound), len(payload))
+}
+
+// endpointRefused answers a session's client whose endpoint refused its datagrams
+// (the endpoint's own port unreachable, which the proxy's backend socket
+// took): kube-proxy's DNAT lets the endpoint's error reach the client, and
+// without it the client waited out its timeouts, as for a Service without
+// endpoints. local is where the session's first datagram arrived; the
+// datagram itself is gone, so the quote carries its header alone.
+func (u *unreachableSender) endpointRefused(client, local netip.AddrPort) {
+	if u == nil || !u.limit.Allow() {
+		return
+	}
+	u.sendTo(client, local, 0)
+}
+
+// sendTo sends the error about a datagram of payloadLen bytes from client
+// to local, the rate already allowed.
+func (u *unreachableSender) sendTo(client, local netip.AddrPort, payloadLen int) {
 	if !local.IsValid() || local.Addr().IsUnspecified() {
 		return
 	}
@@ -78,10 +96,10 @@ func (u *unreachableSender) send(client netip.AddrPort, oob []byte, bound netip.
 	var msg []byte
 	var to unix.Sockaddr
 	if family == 0 {
-		msg = portUnreachable4(client, local, len(payload))
+		msg = portUnreachable4(client, local, payloadLen)
 		to = &unix.SockaddrInet4{Addr: client.Addr().As4()}
 	} else {
-		msg = portUnreachable6(client, local, len(payload))
+		msg = portUnreachable6(client, local, payloadLen)
 		to = &unix.SockaddrInet6{Addr: client.Addr().As16()}
 	}
 	u.mu.Lock()

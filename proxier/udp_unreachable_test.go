@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 	"golang.org/x/time/rate"
 	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
 )
 
 // TestUDPNoEndpointsRefused: a datagram to a UDP service port without
@@ -34,6 +35,57 @@ func TestUDPNoEndpointsRefused(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			p := newTestProxier(t, Options{BindAddress: netip.MustParseAddr(tt.bind)})
 			p.OnServiceAdd(makeService("dns", withProtocol(v1.ProtocolUDP)))
+			p.Sync()
+			port, ok := p.ProxyPort("default/dns:p")
+			if !ok {
+				t.Fatal("no proxy socket")
+			}
+			c, err := net.Dial(tt.client, net.JoinHostPort(tt.bind, strconv.Itoa(port)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			start := time.Now()
+			if _, err := c.Write([]byte("query")); err != nil {
+				t.Fatal(err)
+			}
+			_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			_, err = c.Read(make([]byte, 64))
+			if !errors.Is(err, syscall.ECONNREFUSED) {
+				t.Fatalf("read: %v after %v, want ECONNREFUSED at once", err, time.Since(start))
+			}
+		})
+	}
+}
+
+// TestUDPEndpointRefusalReachesTheClient: a client whose endpoint refuses
+// its datagrams (nothing listens on the endpoint's port) gets a port
+// unreachable too, as the endpoint's own reaches it through kube-proxy's
+// DNAT: the proxy's backend socket took the endpoint's error, and the
+// client waited out its timeout (review: an i/o timeout on every query).
+// Needs CAP_NET_RAW.
+func TestUDPEndpointRefusalReachesTheClient(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs CAP_NET_RAW (root) for the raw ICMP socket")
+	}
+	for _, tt := range []struct{ name, bind, endpoint, client string }{
+		{"IPv4", "127.0.0.1", "127.0.0.2", "udp4"},
+		{"IPv6", "::1", "::1", "udp6"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			closed, err := net.ListenPacket(tt.client, net.JoinHostPort(tt.endpoint, "0"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			endpoint := closed.LocalAddr().String()
+			closed.Close() // nothing listens there now
+			p := newTestProxier(t, Options{BindAddress: netip.MustParseAddr(tt.bind)})
+			p.OnServiceAdd(makeService("dns", withProtocol(v1.ProtocolUDP)))
+			slice := makeSlice("dns", v1.ProtocolUDP, endpoint)
+			if tt.client == "udp6" {
+				slice.AddressType = discovery.AddressTypeIPv6
+			}
+			p.OnEndpointSliceAdd(slice)
 			p.Sync()
 			port, ok := p.ProxyPort("default/dns:p")
 			if !ok {
