@@ -25,9 +25,12 @@ type descriptorBudget struct {
 
 	// room is what this sync may still open; counted is whether it was
 	// counted in this sync (counting costs a read of /proc/self/fd, paid
-	// only by a sync that opens something).
+	// only by a sync that opens something); short, once a count found no
+	// room, is the refusal of every socket left in this sync (each of
+	// thousands counted twice again).
 	room    int
 	counted bool
+	short   error
 }
 
 func newDescriptorBudget() *descriptorBudget { return &descriptorBudget{count: descriptorsInUse} }
@@ -36,7 +39,7 @@ func newDescriptorBudget() *descriptorBudget { return &descriptorBudget{count: d
 func descriptorReserve(limit int) int { return max(64, limit/16) }
 
 // begin starts a sync: the next take counts again.
-func (b *descriptorBudget) begin() { b.counted = false }
+func (b *descriptorBudget) begin() { b.counted, b.short = false, nil }
 
 // take accounts for one more socket, or says why none may open. A socket
 // is taken to cost socketDescriptors, more than most do, and the room is
@@ -44,17 +47,20 @@ func (b *descriptorBudget) begin() { b.counted = false }
 // sockets overrun it, and a sync of 10,000 counts a few times, not once per
 // socket.
 func (b *descriptorBudget) take() error {
+	if b.short != nil {
+		return b.short
+	}
 	if !b.counted || b.room < socketDescriptors {
 		b.counted = true
 		b.room = 1 << 30
 		if inUse, limit, ok := b.count(); ok {
 			b.room = limit - descriptorReserve(limit) - inUse
+			if b.room < socketDescriptors {
+				b.short = fmt.Errorf("no descriptor to spare for a proxy socket: %d of the open-file limit %d in use, and %d kept for rule writes, servers and connections; raise the limit (ulimit -n, systemd's LimitNOFILE)",
+					inUse, limit, descriptorReserve(limit))
+				return b.short
+			}
 		}
-	}
-	if b.room < socketDescriptors {
-		inUse, limit, _ := b.count()
-		return fmt.Errorf("no descriptor to spare for a proxy socket: %d of the open-file limit %d in use, and %d kept for rule writes, servers and connections; raise the limit (ulimit -n, systemd's LimitNOFILE)",
-			inUse, limit, descriptorReserve(limit))
 	}
 	b.room -= socketDescriptors
 	return nil

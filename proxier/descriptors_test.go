@@ -20,14 +20,21 @@ func TestSocketsLeaveDescriptorsForTheRest(t *testing.T) {
 	// Each open socket holds one more descriptor; the budget counts
 	// again as its estimate (4 a socket) runs out, and stops once fewer
 	// than 4 are left above the 64 kept: at 133 in use, 33 sockets.
-	base := 100
-	p.fds.count = func() (int, int, bool) { return base + len(p.active), 200, true }
+	base, counts := 100, 0
+	p.fds.count = func() (int, int, bool) { counts++; return base + len(p.active), 200, true }
 	for i := range 50 {
 		p.OnServiceAdd(makeService(fmt.Sprintf("s%d", i), withClusterIP(fmt.Sprintf("10.96.1.%d", i))))
 	}
 	p.Sync()
 	if got := len(p.active); got != 33 {
 		t.Fatalf("%d proxy sockets open, want 33", got)
+	}
+	// Once a count found no room, the sockets left are refused without
+	// counting again: each counted twice, a sync that could not open
+	// thousands read /proc/self/fd thousands of times.
+	t.Logf("%d counts", counts)
+	if counts > 20 {
+		t.Errorf("%d counts of the descriptors for 50 sockets", counts)
 	}
 	failures := p.DebugServices()
 	var opens int
