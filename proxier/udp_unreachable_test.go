@@ -40,20 +40,7 @@ func TestUDPNoEndpointsRefused(t *testing.T) {
 			if !ok {
 				t.Fatal("no proxy socket")
 			}
-			c, err := net.Dial(tt.client, net.JoinHostPort(tt.bind, strconv.Itoa(port)))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			start := time.Now()
-			if _, err := c.Write([]byte("query")); err != nil {
-				t.Fatal(err)
-			}
-			_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
-			_, err = c.Read(make([]byte, 64))
-			if !errors.Is(err, syscall.ECONNREFUSED) {
-				t.Fatalf("read: %v after %v, want ECONNREFUSED at once", err, time.Since(start))
-			}
+			queryRefused(t, tt.client, net.JoinHostPort(tt.bind, strconv.Itoa(port)))
 		})
 	}
 }
@@ -91,21 +78,28 @@ func TestUDPEndpointRefusalReachesTheClient(t *testing.T) {
 			if !ok {
 				t.Fatal("no proxy socket")
 			}
-			c, err := net.Dial(tt.client, net.JoinHostPort(tt.bind, strconv.Itoa(port)))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			start := time.Now()
-			if _, err := c.Write([]byte("query")); err != nil {
-				t.Fatal(err)
-			}
-			_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
-			_, err = c.Read(make([]byte, 64))
-			if !errors.Is(err, syscall.ECONNREFUSED) {
-				t.Fatalf("read: %v after %v, want ECONNREFUSED at once", err, time.Since(start))
-			}
+			queryRefused(t, tt.client, net.JoinHostPort(tt.bind, strconv.Itoa(port)))
 		})
+	}
+}
+
+// queryRefused sends a datagram to addr from a connected socket and wants
+// ECONNREFUSED (a port unreachable) back at once.
+func queryRefused(t *testing.T, network, addr string) {
+	t.Helper()
+	c, err := net.Dial(network, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	start := time.Now()
+	if _, err := c.Write([]byte("query")); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	_, err = c.Read(make([]byte, 64))
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("read: %v after %v, want ECONNREFUSED at once", err, time.Since(start))
 	}
 }
 
