@@ -201,10 +201,12 @@ type Proxier struct {
 	// keptPortsRead: the first sync has read the proxy ports the kernel's
 	// portals already name (keptports.go).
 	keptPortsRead bool
-	// failedSyncs counts the syncs in a row that left work undone, and
+	// failedSyncs counts the syncs in a row that left work undone,
+	// failingSince is when the first of them that still fails ran, and
 	// lastFailed is what the last one left (sorted; retry.go).
-	failedSyncs int
-	lastFailed  []string
+	failedSyncs  int
+	failingSince time.Time
+	lastFailed   []string
 	// debugTouched: the service ports opened, closed or changed since the
 	// debug rows were published (publishDebug).
 	debugTouched []loadbalancer.ServicePortName

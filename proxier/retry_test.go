@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -21,21 +22,21 @@ import (
 
 func TestRetryBackoff(t *testing.T) {
 	for _, c := range []struct {
-		n              int
-		min, max, want time.Duration
+		failingFor, min, max, want time.Duration
 	}{
-		{1, time.Second, 30 * time.Second, time.Second},
-		{2, time.Second, 30 * time.Second, 2 * time.Second},
-		{5, time.Second, 30 * time.Second, 16 * time.Second},
-		{6, time.Second, 30 * time.Second, 30 * time.Second},
-		{60, time.Second, 30 * time.Second, 30 * time.Second},
-		{1, 0, 30 * time.Second, time.Second}, // at least a second
-		{1, 5 * time.Second, 30 * time.Second, 5 * time.Second},
-		{3, 10 * time.Second, 30 * time.Second, 30 * time.Second},
-		{2, time.Second, 500 * time.Millisecond, time.Second},
+		{0, time.Second, 30 * time.Second, time.Second},
+		{time.Second, time.Second, 30 * time.Second, 2 * time.Second},
+		{15 * time.Second, time.Second, 30 * time.Second, 16 * time.Second},
+		{31 * time.Second, time.Second, 30 * time.Second, 30 * time.Second},
+		{time.Hour, time.Second, 30 * time.Second, 30 * time.Second},
+		{0, 0, 30 * time.Second, time.Second}, // at least a second
+		{0, 5 * time.Second, 30 * time.Second, 5 * time.Second},
+		{20 * time.Second, 10 * time.Second, 30 * time.Second, 30 * time.Second},
+		{time.Second, time.Second, 500 * time.Millisecond, time.Second},
+		{-time.Second, time.Second, 30 * time.Second, time.Second}, // a clock stepped back
 	} {
-		if got := retryBackoff(c.n, c.min, c.max); got != c.want {
-			t.Errorf("retryBackoff(%d, %v, %v) = %v, want %v", c.n, c.min, c.max, got, c.want)
+		if got := retryBackoff(c.failingFor, c.min, c.max); got != c.want {
+			t.Errorf("retryBackoff(%v, %v, %v) = %v, want %v", c.failingFor, c.min, c.max, got, c.want)
 		}
 	}
 }
@@ -169,8 +170,10 @@ func TestPortalFailureIsRetried(t *testing.T) {
 
 // The backoff grows while the same things keep failing and starts over at
 // the short wait when something fails that did not fail the sync before.
+// Each step runs when the retry before it was due.
 func TestRetryStartsOverOnANewFailure(t *testing.T) {
-	p := New(Options{BindAddress: mustAddr("127.0.0.1"), MinSyncPeriod: time.Second, SyncPeriod: 30 * time.Second})
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	p := New(Options{BindAddress: mustAddr("127.0.0.1"), Clock: clk, MinSyncPeriod: time.Second, SyncPeriod: 30 * time.Second})
 	for _, step := range []struct {
 		failed []string
 		want   time.Duration // 0: no retry
@@ -189,6 +192,26 @@ func TestRetryStartsOverOnANewFailure(t *testing.T) {
 		if got := p.runner.retry; got != step.want {
 			t.Fatalf("after %q: retry in %v, want %v", step.failed, got, step.want)
 		}
+		clk.Step(max(step.want, time.Second))
+	}
+}
+
+// Syncs that come between the retries (Service changes, each of which
+// retries the same work) do not stretch the wait: it counts the time the
+// work has been failing. Counting syncs, five manifest edits in half a
+// second put the next retry of a port that could not open 16 s away, 32 s
+// with one more edit: past the sync period.
+func TestRetryWaitCountsTimeNotSyncs(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	p := New(Options{BindAddress: mustAddr("127.0.0.1"), Clock: clk, MinSyncPeriod: time.Second, SyncPeriod: time.Minute})
+	failed := []string{"open default/a:p"}
+	for range 6 {
+		p.runner.retry = 0
+		p.retryFailures(slices.Clone(failed))
+		clk.Step(100 * time.Millisecond)
+	}
+	if got, want := p.runner.retry, 1500*time.Millisecond; got != want {
+		t.Errorf("after six failing syncs in half a second: retry in %v, want %v (1 s plus the 0.5 s it has been failing)", got, want)
 	}
 }
 
