@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"net"
 	"net/netip"
+	"net/url"
 	"strconv"
 	"strings"
 
@@ -80,6 +81,12 @@ func statReason(err error) error {
 func checkMasterURL(master string) error {
 	u, _, err := rest.DefaultServerURL(master, "", schema.GroupVersion{}, false)
 	if err != nil {
+		// A value that has a scheme but does not parse is re-read there as
+		// http://VALUE, and the error quotes that ("http://http://%zz"):
+		// the parse of the value itself names what the user typed.
+		if _, perr := url.Parse(master); perr != nil && strings.Contains(master, "://") {
+			return perr
+		}
 		return err // "host must be a URL or a host:port pair", the start's own words
 	}
 	if u.Scheme != "http" && u.Scheme != "https" {

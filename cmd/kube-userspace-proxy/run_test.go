@@ -565,6 +565,21 @@ func TestEffectiveMinSyncPeriod(t *testing.T) {
 	}
 }
 
+// A --master that has a scheme but does not parse is refused in the
+// user's own words: client-go's message quoted it as
+// "http://http://%zz".
+func TestMasterURLErrorQuotesTheValue(t *testing.T) {
+	for _, master := range []string{"http://%zz", "https://[::1", "http://a b"} {
+		err := checkMasterURL(master)
+		if err == nil {
+			t.Fatalf("checkMasterURL(%q) accepted it", master)
+		}
+		if msg := err.Error(); strings.Count(msg, "://") != 1 || !strings.Contains(msg, master) {
+			t.Errorf("checkMasterURL(%q) = %q; want the value quoted as given", master, msg)
+		}
+	}
+}
+
 // --master takes what client-go takes: a URL with http or https, or a
 // host[:port] (http:// assumed), with a port 1-65535. Whatever client-go's
 // DefaultServerURL refuses is refused here too: 'http://[::1' and
