@@ -520,12 +520,13 @@ func TestPipelinePeerResetFollowsHeldData(t *testing.T) {
 // and stays a half-close, as in Toxiproxy (timeout passes its input's
 // close at once, slow_close holds it): the timeout's timer firing during
 // the slow close made it a cut (a full close, at 200 ms) and then, once
-// slow_close held cuts too, a cut held a second time (501 ms).
+// slow_close held cuts too, a cut held a second time (501 ms; both with
+// a 200 ms timeout and a 300 ms slow close).
 func TestPipelineFINUnderTimeoutAndSlowClose(t *testing.T) {
 	t.Parallel()
 	_, p := declared(t, 0, 0, "TCP",
-		`{"type":"timeout","attributes":{"timeout":200}}`,
-		`{"type":"slow_close","attributes":{"delay":300}}`)
+		`{"type":"timeout","attributes":{"timeout":400}}`,
+		`{"type":"slow_close","attributes":{"delay":1000}}`)
 	client, backend, done := proxied(t, p, client1)
 	start := time.Now()
 	backend.CloseWrite()
@@ -535,8 +536,10 @@ func TestPipelineFINUnderTimeoutAndSlowClose(t *testing.T) {
 	if n != 0 || err != io.EOF {
 		t.Fatalf("client read %d bytes, %v; want the FIN", n, err)
 	}
-	if took < 270*time.Millisecond || took > 450*time.Millisecond {
-		t.Errorf("the FIN came after %v; want 300 ms (slow_close, once)", took)
+	// Wide enough for a loaded machine, narrow enough to tell the cut
+	// (400 ms) and the second hold (1.4 s) from one slow close.
+	if took < 900*time.Millisecond || took > 1300*time.Millisecond {
+		t.Errorf("the FIN came after %v; want 1 s (slow_close, once)", took)
 	}
 	// A half-close stays one: the client's bytes still reach the backend.
 	if _, err := client.Write([]byte("still here")); err != nil {
