@@ -102,3 +102,16 @@ func parsedOptions(t *testing.T, args []string) *options {
 	o.minSyncPeriodGiven = fs.Changed("iptables-min-sync-period") || o.fileFields["iptables-min-sync-period"] != "" // as runMain
 	return o
 }
+
+// Every flag's --help line names its value by its type (or a word the
+// usage chose on purpose): pflag takes backquoted text in a usage as the
+// value's name, and --node-ip showed as "--node-ip ip route get".
+func TestHelpValueNamesAreOneWord(t *testing.T) {
+	fs := pflag.NewFlagSet("help", pflag.ContinueOnError)
+	newOptions().addFlags(fs)
+	fs.VisitAll(func(f *pflag.Flag) {
+		if name, _ := pflag.UnquoteUsage(f); strings.ContainsAny(name, " \t") {
+			t.Errorf("--%s shows its value as %q in --help", f.Name, name)
+		}
+	})
+}
