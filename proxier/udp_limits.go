@@ -1,6 +1,7 @@
 package proxier
 
 import (
+	"math/bits"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
@@ -46,7 +47,12 @@ func udpLimits(o Options) (int, *udpBudget) {
 func udpCaps(perPort, limit int, nofile uint64) (int, int) {
 	total := min(limit, udpDescriptorShare(nofile))
 	if total < limit {
-		perPort = max(1, int(int64(perPort)*int64(total)/int64(limit)))
+		// perPort × total / limit in 128 bits: a per-port cap given as a
+		// huge number (a user's "unlimited") wrapped the product and left
+		// one session per port. total < limit, so the quotient fits.
+		hi, lo := bits.Mul64(uint64(perPort), uint64(total))
+		q, _ := bits.Div64(hi, lo, uint64(limit))
+		perPort = max(1, int(q))
 	}
 	return min(perPort, total), total
 }

@@ -2,6 +2,7 @@ package proxier
 
 import (
 	"fmt"
+	"math"
 	"net/netip"
 	"slices"
 	"testing"
@@ -138,6 +139,11 @@ func TestUDPCapsScaleWithTheDescriptorLimit(t *testing.T) {
 		{50, 80, 20000, 50, 80},    // the flags' own caps, under the share: as given
 		{100, 80, 1 << 20, 80, 80}, // a per-port cap above the total is the total
 		{1, 65536, 4, 1, 2},
+		// A huge per-port cap (a user's "unlimited") scaled in int64
+		// wrapped to 1 session per port.
+		{1_000_000_000_000_000, DefaultUDPMaxSessions, 20000, 10000, 10000},
+		{math.MaxInt64, math.MaxInt64, 20000, 10000, 10000},
+		{math.MaxInt64, DefaultUDPMaxSessions, 20000, 10000, 10000},
 	} {
 		perPort, total := udpCaps(tc.perPort, tc.limit, tc.nofile)
 		if perPort != tc.wantPerPort || total != tc.wantTotal {
