@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/mono"
 )
 
 // A sync that leaves work undone — a proxy socket that did not open (its
@@ -52,6 +54,8 @@ func (p *Proxier) retryFailures(failed []string) {
 // for the given time: the short wait plus that time, so that retries alone
 // double it.
 func retryBackoff(failingFor, minInterval, maxInterval time.Duration) time.Duration {
-	d := max(minInterval, time.Second) + max(failingFor, 0)
+	// Saturating: a min-sync-period of the largest duration (a "never")
+	// plus the time failing wrapped negative, and the retry came every 1 s.
+	d := time.Duration(mono.Add(int64(max(minInterval, time.Second)), max(failingFor, 0)))
 	return max(min(d, maxInterval), time.Second)
 }

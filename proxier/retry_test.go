@@ -3,6 +3,7 @@ package proxier
 import (
 	"context"
 	"errors"
+	"math"
 	"net"
 	"net/netip"
 	"os"
@@ -34,6 +35,10 @@ func TestRetryBackoff(t *testing.T) {
 		{20 * time.Second, 10 * time.Second, 30 * time.Second, 30 * time.Second},
 		{time.Second, time.Second, 500 * time.Millisecond, time.Second},
 		{-time.Second, time.Second, 30 * time.Second, time.Second}, // a clock stepped back
+		// A "never" of a min-sync-period plus the time failing wrapped
+		// negative: a retry every second.
+		{time.Second, math.MaxInt64, math.MaxInt64, math.MaxInt64},
+		{time.Hour, 2562047 * time.Hour, 2562047 * time.Hour, 2562047 * time.Hour},
 	} {
 		if got := retryBackoff(c.failingFor, c.min, c.max); got != c.want {
 			t.Errorf("retryBackoff(%v, %v, %v) = %v, want %v", c.failingFor, c.min, c.max, got, c.want)
