@@ -23,6 +23,7 @@ import (
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	faultapi "github.com/kube-userspace-proxy/kube-userspace-proxy/faults/api"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/httpserver"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/mono"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/netaddr"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
@@ -55,7 +56,7 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 	warnBindAddressNotLocal(v.bind, isLocalAddress)
 	clk := clock.RealClock{}
 	metrics := proxier.NewMetrics()
-	health := healthcheck.NewProxierHealth(clk, 2*o.syncPeriod)
+	health := healthcheck.NewProxierHealth(clk, healthTimeout(o.syncPeriod))
 	faultTable := faults.NewTable(o.faultSeed, o.faultMaxActive, faults.NewMetrics(metrics.Registry))
 	// Only the API can take a port down and cut its live connections, so
 	// only then is every connection tracked.
@@ -613,6 +614,14 @@ func retryServer(ctx context.Context, flag, addr string, h http.Handler, limits 
 		_ = s.Close()
 		return
 	}
+}
+
+// healthTimeout is how long a queued change may wait for a sync before
+// /healthz fails: two sync periods, as kube-proxy's, saturating, since a
+// sync period above half the largest duration (2562047h, a "never")
+// doubled to a negative timeout and any queued change failed the probe.
+func healthTimeout(syncPeriod time.Duration) time.Duration {
+	return time.Duration(mono.Add(int64(syncPeriod), syncPeriod))
 }
 
 // httpLimits are the limits of every HTTP server: the defaults with the

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/netip"
 	"os"
@@ -603,6 +604,21 @@ func TestMasterURL(t *testing.T) {
 		}
 		if _, _, cerr := rest.DefaultServerURL(tc.master, "", schema.GroupVersion{}, false); cerr != nil && err == nil {
 			t.Errorf("checkMasterURL(%q) accepts what client-go refuses: %v", tc.master, cerr)
+		}
+	}
+}
+
+// The health timeout is two sync periods, and a sync period meant as
+// "never" (2562047h) keeps it the largest: doubled plainly it wrapped to
+// -2ns, and any change queued for a moment failed /healthz and /livez.
+func TestHealthTimeoutSaturates(t *testing.T) {
+	for _, tc := range []struct{ period, want time.Duration }{
+		{30 * time.Second, time.Minute},
+		{math.MaxInt64, math.MaxInt64},
+		{2562047 * time.Hour, math.MaxInt64},
+	} {
+		if got := healthTimeout(tc.period); got != tc.want {
+			t.Errorf("healthTimeout(%v) = %v, want %v", tc.period, got, tc.want)
 		}
 	}
 }
