@@ -12,9 +12,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
@@ -687,10 +689,12 @@ var routeProbe = struct{ v4, v6 string }{"192.0.2.1:9", "[2001:db8::1]:9"}
 // connect only looks the route up: nothing is sent.
 func routeSource(six bool) netip.Addr {
 	network, probe := "udp4", routeProbe.v4
+	var d net.Dialer
 	if six {
 		network, probe = "udp6", routeProbe.v6
+		d.Control = preferPublicSource
 	}
-	c, err := net.Dial(network, probe)
+	c, err := d.Dial(network, probe)
 	if err != nil {
 		return netip.Addr{}
 	}
@@ -704,6 +708,27 @@ func routeSource(six bool) netip.Addr {
 		return netip.Addr{}
 	}
 	return a
+}
+
+// ipv6PreferSrcPublic is linux/in6.h's IPV6_PREFER_SRC_PUBLIC (RFC 5014),
+// which x/sys does not name.
+const ipv6PreferSrcPublic = 0x0002
+
+// preferPublicSource makes an IPv6 socket's source selection prefer a
+// stable address to an RFC 4941 temporary one (use_tempaddr 2 prefers the
+// temporary one): a privacy address is deprecated within a day and gone
+// within a week, and a node IP taken from it restarted the proxy as it went.
+func preferPublicSource(_, _ string, c syscall.RawConn) error {
+	var serr error
+	if err := c.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_ADDR_PREFERENCES, ipv6PreferSrcPublic)
+	}); err != nil {
+		return err
+	}
+	if serr != nil {
+		klog.V(2).InfoS("Could not ask for a stable IPv6 source address; the kernel's default choice stands", "err", serr)
+	}
+	return nil
 }
 
 // interfaceAddr returns the first address of one family on ifname; for
