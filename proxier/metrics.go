@@ -28,8 +28,13 @@ type Metrics struct {
 	ProxyHealthzTotal *prometheus.CounterVec
 	ProxyLivezTotal   *prometheus.CounterVec
 
-	ServicePorts  prometheus.Gauge
-	AffinitySwept prometheus.Counter
+	ServicePorts prometheus.Gauge
+	// ServicePortsUnserved counts the wanted proxy sockets the last sync
+	// could not open (retried; /debug/services names each): the sync
+	// timestamp and /healthz follow the rules, which such a port does not
+	// stop, so an alert on them never saw a port that could not open.
+	ServicePortsUnserved prometheus.Gauge
+	AffinitySwept        prometheus.Counter
 
 	// ports are the per-service-port data-path series
 	// (kubeproxy_userspace_active_connections and the rest, port_metrics.go).
@@ -97,6 +102,10 @@ func NewMetrics() *Metrics {
 			Namespace: "kubeproxy", Subsystem: "userspace", Name: "service_ports",
 			Help: "Service ports with an open proxy socket",
 		}),
+		ServicePortsUnserved: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "kubeproxy", Subsystem: "userspace", Name: "service_ports_unserved",
+			Help: "Proxy sockets of service ports that the last sync could not open (retried)",
+		}),
 		AffinitySwept: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "kubeproxy", Subsystem: "userspace", Name: "affinity_entries_swept_total",
 			Help: "Expired ClientIP affinity entries removed by the periodic sweep",
@@ -115,7 +124,7 @@ func NewMetrics() *Metrics {
 		m.EndpointChangesTotal, m.EndpointChangesPending,
 		m.ServiceChangesTotal, m.ServiceChangesPending, m.IPTablesRestoreFailures, m.NoLocalEndpoints,
 		m.ProxyHealthzTotal, m.ProxyLivezTotal,
-		m.ports, m.ServicePorts, m.AffinitySwept,
+		m.ports, m.ServicePorts, m.ServicePortsUnserved, m.AffinitySwept,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	return m

@@ -603,6 +603,13 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 		}
 	}
 	p.metrics.ServicePorts.Set(float64(len(p.active)))
+	unserved := 0
+	for _, f := range failed {
+		if strings.HasPrefix(f, "open ") {
+			unserved++
+		}
+	}
+	p.metrics.ServicePortsUnserved.Set(float64(unserved))
 	p.releaseKeptPorts(kept)
 	if !perPortLines {
 		klog.InfoS("Serving service ports", "opened", opened, "servicePorts", len(p.active), "listenAddress", p.listenHost())

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	v1 "k8s.io/api/core/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -261,11 +262,19 @@ func TestOpenFailureIsListed(t *testing.T) {
 	if len(rows) != 1 || rows[0].ProxyAddress != "" || rows[0].Error == "" || rows[0].ServicePort != "default/web:p" {
 		t.Fatalf("rows while the port is taken: %+v, want default/web:p with an error and no proxy address", rows)
 	}
+	// The metric an alert can watch: the sync timestamp and /healthz
+	// follow the rules, which a port that cannot open does not stop.
+	if got := testutil.ToFloat64(p.metrics.ServicePortsUnserved); got != 1 {
+		t.Errorf("service_ports_unserved %v while the port is taken, want 1", got)
+	}
 	holder.Close()
 	p.Sync()
 	rows = p.DebugServices()
 	if len(rows) != 1 || rows[0].Error != "" || !strings.HasSuffix(rows[0].ProxyAddress, ":"+strconv.Itoa(port)) {
 		t.Fatalf("rows once the port is free: %+v", rows)
+	}
+	if got := testutil.ToFloat64(p.metrics.ServicePortsUnserved); got != 0 {
+		t.Errorf("service_ports_unserved %v once the port opened, want 0", got)
 	}
 	p.OnServiceDelete(svc)
 	p.Sync()
