@@ -130,6 +130,28 @@ func (pl *Plan) Warnings() map[string][]string {
 	return out
 }
 
+// LocalPolicy says which of a service port's traffic policies are Local:
+// Internal (internalTrafficPolicy, ClusterIP traffic) and External
+// (externalTrafficPolicy, NodePort, externalIP and LB IP traffic).
+type LocalPolicy struct{ Internal, External bool }
+
+// LocalPolicies reports, per service port (as DebugServicePort.ServicePort
+// names it), which of its traffic policies are Local. A row shows the
+// endpoint lists these give, not why: an external socket comes with
+// either policy Local alone, and holds this node's endpoints under one and
+// every node's under the other.
+func (pl *Plan) LocalPolicies() map[string]LocalPolicy {
+	pl.p.mu.Lock()
+	defer pl.p.mu.Unlock()
+	out := map[string]LocalPolicy{}
+	for _, svc := range pl.p.services {
+		for _, info := range servicePorts(svc) {
+			out[info.key] = LocalPolicy{Internal: info.policy.internalLocal, External: info.policy.externalLocal}
+		}
+	}
+	return out
+}
+
 // KernelChosenPorts reports whether a running proxier would let the
 // kernel choose its proxy ports.
 func (pl *Plan) KernelChosenPorts() bool { return pl.portRange.Size == 0 }

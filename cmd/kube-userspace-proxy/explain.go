@@ -139,7 +139,7 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 	e := explanation{
 		source: o.manifests, bind: v.bind, nodeIPs: nodeIPs, redirect: redirect, portRange: o.proxyPortRange,
 		kernelPorts: plan.KernelChosenPorts(), ports: ports, noRules: !o.iptables, invalid: invalid,
-		warnings: plan.Warnings(),
+		warnings: plan.Warnings(), policies: plan.LocalPolicies(),
 	}
 	if o.iptables {
 		e.families = []familyRules{
@@ -185,7 +185,7 @@ func explainFlags(fs *pflag.FlagSet) {
 		"kubeconfig": "Path to a kubeconfig file; read the Services and EndpointSlices of that API server once.",
 		"iptables":   "With --iptables=false the proxy installs no rules: explain then lists only the proxy sockets.",
 		"hostname-override": "If non-empty, use this string as the node name instead of the hostname " +
-			"(which endpoints are this node's own, for externalTrafficPolicy: Local).",
+			"(which endpoints are this node's own, for a Local traffic policy).",
 	} {
 		fs.Lookup(name).Usage = usage
 	}

@@ -35,6 +35,9 @@ type explanation struct {
 	invalid int
 	// warnings are the plan's, per Service (namespace/name).
 	warnings map[string][]string
+	// policies are the plan's, per service port: which traffic policies
+	// are Local.
+	policies map[string]proxier.LocalPolicy
 	// noRules: --iptables=false, the proxy serves its sockets and nothing
 	// sends service traffic to them.
 	noRules bool
@@ -151,16 +154,37 @@ func (e *explanation) writePort(w *bufio.Writer, p proxier.DebugServicePort) {
 	} else {
 		field(w, "proxy socket", p.ProxyAddress+" (example port)")
 	}
+	policy := e.policies[p.ServicePort]
+	// The proxy socket's endpoints are this node's own when the policy
+	// its traffic follows is Local: internal, and external too when both
+	// are (with one Local alone, external traffic has a socket of its own).
+	localOnly := ""
+	switch {
+	case policy.Internal && policy.External:
+		localOnly = "internalTrafficPolicy and externalTrafficPolicy Local send all its traffic"
+	case policy.Internal:
+		localOnly = "internalTrafficPolicy Local sends cluster IP traffic"
+	}
+	refusal := "a TCP client's connection is reset"
+	if p.Protocol == "UDP" {
+		refusal = "a UDP client's datagram is answered with ICMP port unreachable"
+	}
 	if p.Error != "" {
 		field(w, "endpoints", "not used while the port has no proxy socket")
+	} else if len(p.Endpoints) == 0 && localOnly != "" {
+		// Not "none ready": other nodes may have ready ones, which this
+		// node's clients do not get.
+		fieldWrapped(w, "endpoints", "none on this node: "+localOnly+" to this node's endpoints only, so "+refusal+" (other nodes' are not used for it)")
 	} else if len(p.Endpoints) == 0 {
-		refusal := "a TCP client's connection is reset"
-		if p.Protocol == "UDP" {
-			refusal = "a UDP client's datagram is answered with ICMP port unreachable"
-		}
 		field(w, "endpoints", "none ready: "+refusal+" until one is")
 	} else {
 		field(w, "endpoints", strings.Join(p.Endpoints, ", "))
+		switch {
+		case policy.Internal && policy.External:
+			field(w, "", "this node's own only: internalTrafficPolicy and externalTrafficPolicy Local")
+		case policy.Internal:
+			field(w, "", "this node's own only: internalTrafficPolicy Local")
+		}
 		field(w, "", "round robin: each new connection (UDP: each new client address) takes the next one")
 		field(w, "", "in this order; a running proxy shuffles the list once when it changes")
 		if s4, s6 := families(p.ServiceIPs); s4 && s6 {
@@ -177,18 +201,7 @@ func (e *explanation) writePort(w *bufio.Writer, p proxier.DebugServicePort) {
 		}
 	}
 	if p.ExternalProxyAddress != "" {
-		if e.noRules {
-			field(w, "external socket", p.ExternalProxyAddress+" (example port): externalTrafficPolicy Local; no rule leads here")
-		} else {
-			field(w, "external socket", p.ExternalProxyAddress+" (example port): externalTrafficPolicy Local; NodePort, external")
-			field(w, "", "and LoadBalancer IP traffic from other hosts comes here")
-		}
-		if len(p.ExternalEndpoints) == 0 {
-			field(w, "local endpoints", "none on this node: external clients are refused here (the Service's")
-			field(w, "", "healthCheckNodePort tells a load balancer to send them to nodes that have one)")
-		} else {
-			field(w, "local endpoints", strings.Join(p.ExternalEndpoints, ", ")+" (this node's own)")
-		}
+		e.writeExternal(w, p, policy)
 	}
 	if p.Affinity == "ClientIP" {
 		field(w, "session affinity", fmt.Sprintf("ClientIP: a client keeps the endpoint it got until it has been idle for %s", time.Duration(p.TimeoutSec)*time.Second))
@@ -243,6 +256,42 @@ func (e *explanation) writePort(w *bufio.Writer, p proxier.DebugServicePort) {
 	}
 }
 
+// writeExternal prints a port's external socket, which either traffic
+// policy being Local alone gives it: under externalTrafficPolicy Local it
+// holds this node's endpoints, under internalTrafficPolicy Local (the
+// proxy socket's being this node's) every node's.
+func (e *explanation) writeExternal(w *bufio.Writer, p proxier.DebugServicePort, policy proxier.LocalPolicy) {
+	socket := p.ExternalProxyAddress + " (example port): "
+	switch {
+	case e.noRules && policy.Internal:
+		fieldWrapped(w, "external socket", socket+"internalTrafficPolicy Local, externalTrafficPolicy Cluster; no rule leads here")
+	case e.noRules:
+		field(w, "external socket", socket+"externalTrafficPolicy Local; no rule leads here")
+	case policy.Internal:
+		fieldWrapped(w, "external socket", socket+"NodePort, external and LoadBalancer IP traffic from other hosts "+
+			"comes here, to every node's endpoints (externalTrafficPolicy Cluster; only cluster IP traffic "+
+			"stays on this node's, by internalTrafficPolicy Local)")
+	default:
+		field(w, "external socket", socket+"externalTrafficPolicy Local; NodePort, external")
+		field(w, "", "and LoadBalancer IP traffic from other hosts comes here")
+	}
+	switch {
+	case policy.Internal && len(p.ExternalEndpoints) == 0:
+		refusal := "a TCP client's connection is reset"
+		if p.Protocol == "UDP" {
+			refusal = "a UDP client's datagram is answered with ICMP port unreachable"
+		}
+		field(w, "all endpoints", "none ready: "+refusal+" until one is")
+	case policy.Internal:
+		field(w, "all endpoints", strings.Join(p.ExternalEndpoints, ", ")+" (every node's)")
+	case len(p.ExternalEndpoints) == 0:
+		field(w, "local endpoints", "none on this node: external clients are refused here (the Service's")
+		field(w, "", "healthCheckNodePort tells a load balancer to send them to nodes that have one)")
+	default:
+		field(w, "local endpoints", strings.Join(p.ExternalEndpoints, ", ")+" (this node's own)")
+	}
+}
+
 // writeWarnings prints a Service's warnings, one a line.
 func writeWarnings(w *bufio.Writer, warnings []string) {
 	for i, warning := range warnings {
@@ -267,6 +316,23 @@ func field(w *bufio.Writer, name, value string) {
 		label = name + ":"
 	}
 	fmt.Fprintf(w, "%-18s%s\n", label, value)
+}
+
+// fieldWrapped prints a field whose value is a sentence, wrapped at
+// word boundaries so no line's value passes 80 characters.
+func fieldWrapped(w *bufio.Writer, name, value string) {
+	line := ""
+	for _, word := range strings.Fields(value) {
+		if line != "" && len(line)+1+len(word) > 80 {
+			field(w, name, line)
+			name, line = "", ""
+		}
+		if line != "" {
+			line += " "
+		}
+		line += word
+	}
+	field(w, name, line)
 }
 
 // families reports which families addrs (IPs, or ip:port) hold.

@@ -511,3 +511,61 @@ spec:
 `)
 	outputHas(t, got, "faults:           slow (latency, downstream, toxicity 1, jitter=0 latency=300, clients 10.0.0.0/8)\n")
 }
+
+// An internalTrafficPolicy: Local Service (externalTrafficPolicy left at
+// Cluster) keeps cluster IP traffic on this node's endpoints, and has an
+// external socket because of that policy, holding every node's endpoints.
+// explain took any external socket for externalTrafficPolicy Local: on a
+// node without the endpoint it said "none ready" of a ready endpoint, and
+// listed another node's endpoint as "this node's own".
+func TestExplainInternalTrafficPolicyLocal(t *testing.T) {
+	const manifests = `apiVersion: v1
+kind: Service
+metadata: {name: itp, namespace: t}
+spec:
+  type: NodePort
+  clusterIP: 10.96.1.50
+  internalTrafficPolicy: Local
+  ports: [{port: 80, targetPort: 8080, nodePort: 30055}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: itp-1, namespace: t, labels: {kubernetes.io/service-name: itp}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints: [{addresses: [10.60.0.12], conditions: {ready: true}, nodeName: node2}]
+`
+	for _, tt := range []struct {
+		node  string
+		wants []string
+	}{
+		{"node1", []string{
+			"endpoints:        none on this node: internalTrafficPolicy Local sends cluster IP traffic to this\n" +
+				"                  node's endpoints only, so a TCP client's connection is reset (other nodes' are\n" +
+				"                  not used for it)\n",
+		}},
+		{"node2", []string{
+			"endpoints:        10.60.0.12:8080\n                  this node's own only: internalTrafficPolicy Local\n",
+		}},
+	} {
+		got := explainManifests(t, manifests, "--hostname-override", tt.node, "--node-ip", "192.168.50.10")
+		outputHas(t, got, append(tt.wants,
+			"external socket:  0.0.0.0:61002 (example port): NodePort, external and LoadBalancer IP traffic\n"+
+				"                  from other hosts comes here, to every node's endpoints (externalTrafficPolicy\n"+
+				"                  Cluster; only cluster IP traffic stays on this node's, by internalTrafficPolicy\n"+
+				"                  Local)\n",
+			"all endpoints:    10.60.0.12:8080 (every node's)\n")...)
+		for _, bad := range []string{"none ready", "externalTrafficPolicy Local", "(this node's own)", "local endpoints:"} {
+			if strings.Contains(got, bad) {
+				t.Errorf("%s: output holds %q:\n%s", tt.node, bad, got)
+			}
+		}
+	}
+	// Both Local: one socket, this node's endpoints for all its traffic.
+	both := strings.Replace(manifests, "internalTrafficPolicy: Local", "internalTrafficPolicy: Local\n  externalTrafficPolicy: Local", 1)
+	got := explainManifests(t, both, "--hostname-override", "node1", "--node-ip", "192.168.50.10")
+	outputHas(t, got, "endpoints:        none on this node: internalTrafficPolicy and externalTrafficPolicy Local send\n                  all its traffic to this node's endpoints only")
+	if strings.Contains(got, "none ready") || strings.Contains(got, "external socket") {
+		t.Errorf("both Local:\n%s", got)
+	}
+}
