@@ -225,3 +225,22 @@ func countRule(rules []string, rule string) int {
 	}
 	return n
 }
+
+// FirstStartJumps returns, per table, the jump lines a first start (no
+// chain of ours in the kernel) writes into that table's restore after our
+// chains: the first jumps inserted at the top of their built-in chain in
+// order (-I CHAIN N), the NodePort ones appended (-A). A later start adds
+// only the jumps it finds missing, with iptables -I/-A, and a sync never
+// rewrites the built-in chains. For explain, which shows them.
+func (r *Rules) FirstStartJumps() map[Table][]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	fresh := map[string]bool{}
+	for _, c := range ownedChains {
+		fresh[c.name] = true
+	}
+	// Every jump names a fresh chain, so each becomes a line and none asks
+	// the runner: this cannot fail.
+	lines, _ := r.ensureJumps(map[Table]savedTable{}, fresh, false)
+	return lines
+}

@@ -577,3 +577,36 @@ func TestSyncSaysWhatItRepairs(t *testing.T) {
 		}
 	}
 }
+
+// FirstStartJumps are the jump lines a first sync writes into each
+// table's restore, in the same order (explain prints them).
+func TestFirstStartJumpsAreTheFirstSyncs(t *testing.T) {
+	fake := NewFakeRunner(IPv4)
+	r := New(fake, Config{Family: IPv4})
+	want := r.FirstStartJumps()
+	if err := r.Sync(nil); err != nil {
+		t.Fatal(err)
+	}
+	written := map[Table][]string{}
+	for _, data := range fake.Writes() {
+		var table Table
+		for _, line := range strings.Split(string(data), "\n") {
+			if name, ok := strings.CutPrefix(line, "*"); ok {
+				table = Table(name)
+			} else if strings.HasPrefix(line, "-I ") || strings.HasPrefix(line, "-A ") && !isOwnedChainRule(line) {
+				written[table] = append(written[table], line)
+			}
+		}
+	}
+	for _, table := range []Table{TableNAT, TableFilter} {
+		if len(want[table]) == 0 || !slices.Equal(want[table], written[table]) {
+			t.Errorf("%s: FirstStartJumps %q, the first sync wrote %q", table, want[table], written[table])
+		}
+	}
+}
+
+// isOwnedChainRule reports whether a restore line appends to a chain of ours.
+func isOwnedChainRule(line string) bool {
+	f := strings.Fields(line)
+	return len(f) > 1 && slices.ContainsFunc(ownedChains, func(c ownedChain) bool { return c.name == f[1] })
+}

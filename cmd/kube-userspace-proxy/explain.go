@@ -47,9 +47,11 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 			"Reads the Services and EndpointSlices once and prints, for each service port, the\n"+
 			"iptables rules the proxy would install (one comment line per rule saying what it\n"+
 			"catches), its proxy socket, its endpoints in round-robin order and its session\n"+
-			"affinity. Needs no root: it opens no socket and writes no rule. The flags below shape\n"+
-			"the explanation as they would shape the proxy; the proxy's other flags are accepted\n"+
-			"(paste its command line) and change nothing here, except --cleanup, which is refused.\n\n"+
+			"affinity; then each family's rules as iptables-restore input, with the jumps into\n"+
+			"our chains as comments (the proxy adds each once). Needs no root: it opens no\n"+
+			"socket and writes no rule. The flags below shape the explanation as they would\n"+
+			"shape the proxy; the proxy's other flags are accepted (paste its command line)\n"+
+			"and change nothing here, except --cleanup, which is refused.\n\n"+
 			"Flags:\n%s", explainUsage, fs.FlagUsages())
 	}
 	if err := fs.Parse(args); err != nil {

@@ -130,9 +130,31 @@ func (e *explanation) write(out io.Writer) error {
 			restore = "ip6tables-restore"
 		}
 		fmt.Fprintf(w, "== All %s rules as %s input (%s --noflush makes our chains hold exactly these) ==\n", f.name, restore, restore)
-		_, _ = w.Write(f.rules.Render(f.portals))
+		writeWithJumps(w, f.rules.Render(f.portals), f.rules.FirstStartJumps())
 	}
 	return w.Flush()
+}
+
+// writeWithJumps writes a rendering of our chains with, before each
+// table's COMMIT, the jumps from the built-in chains into them as comment
+// lines: uncommented they would be added again each time the input is
+// restored, where the proxy adds each one once, where it is missing.
+func writeWithJumps(w *bufio.Writer, rendered []byte, jumps map[iptables.Table][]string) {
+	var table iptables.Table
+	for _, line := range strings.SplitAfter(string(rendered), "\n") {
+		if name, ok := strings.CutPrefix(line, "*"); ok {
+			table = iptables.Table(strings.TrimSpace(name))
+		}
+		if line == "COMMIT\n" && len(jumps[table]) > 0 {
+			fmt.Fprintln(w, "# The jumps into these chains, commented out: the proxy adds each one to its built-in")
+			fmt.Fprintln(w, "# chain where it is missing (a first start with these lines, later ones with iptables")
+			fmt.Fprintln(w, "# -I/-A), and never twice; restored as lines, they would be added again each time.")
+			for _, jump := range jumps[table] {
+				fmt.Fprintln(w, "# "+jump)
+			}
+		}
+		_, _ = w.WriteString(line)
+	}
 }
 
 func (e *explanation) writePort(w *bufio.Writer, p proxier.DebugServicePort) {

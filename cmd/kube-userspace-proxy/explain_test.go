@@ -569,3 +569,58 @@ endpoints: [{addresses: [10.60.0.12], conditions: {ready: true}, nodeName: node2
 		t.Errorf("both Local:\n%s", got)
 	}
 }
+
+// The rules block ends each table with the jumps from the built-in chains
+// into ours, as comment lines: the block stays restore input that makes
+// our chains hold exactly its rules, and the jumps, uncommented, put into
+// an empty kernel exactly what a proxy's first sync puts there (explain
+// left them out, though README said it printed every rule).
+func TestExplainShowsTheJumps(t *testing.T) {
+	var out bytes.Buffer
+	if code := explain(t.Context(), []string{"--manifests", "../../examples/manifests", "--node-ip", "192.168.50.10"}, &out); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	_, block, ok := strings.Cut(out.String(), "== All IPv4 rules as iptables-restore input")
+	if !ok {
+		t.Fatalf("no IPv4 rules block:\n%s", out.String())
+	}
+	_, block, _ = strings.Cut(block, "\n")
+	block, _, _ = strings.Cut(block, "\n== ")
+	var uncommented []string
+	jumps := 0
+	for _, line := range strings.Split(block, "\n") {
+		if rule, ok := strings.CutPrefix(line, "# "); ok && (strings.HasPrefix(rule, "-I ") || strings.HasPrefix(rule, "-A ")) {
+			line = rule
+			jumps++
+		}
+		uncommented = append(uncommented, line)
+	}
+	if jumps == 0 {
+		t.Fatalf("no jump in the IPv4 rules block:\n%s", block)
+	}
+
+	asIs := iptables.NewFakeRunner(iptables.IPv4)
+	if err := asIs.Restore([]byte(block)); err != nil {
+		t.Fatalf("the block as printed is not restore input: %v", err)
+	}
+	withJumps := iptables.NewFakeRunner(iptables.IPv4)
+	if err := withJumps.Restore([]byte(strings.Join(uncommented, "\n"))); err != nil {
+		t.Fatalf("the block with its jumps uncommented is not restore input: %v", err)
+	}
+	proxy := iptables.NewFakeRunner(iptables.IPv4)
+	if err := iptables.New(proxy, iptables.Config{Family: iptables.IPv4}).Sync(nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		table iptables.Table
+		chain string
+	}{{iptables.TableNAT, "PREROUTING"}, {iptables.TableNAT, "OUTPUT"}, {iptables.TableFilter, "INPUT"}} {
+		if got := asIs.Rules(c.table, c.chain); len(got) != 0 {
+			t.Errorf("%s %s: the block as printed adds %q", c.table, c.chain, got)
+		}
+		got, want := withJumps.Rules(c.table, c.chain), proxy.Rules(c.table, c.chain)
+		if len(want) == 0 || !slices.Equal(got, want) {
+			t.Errorf("%s %s: the block's jumps make\n%q\nthe proxy's first sync\n%q", c.table, c.chain, got, want)
+		}
+	}
+}
