@@ -106,10 +106,12 @@ func (pl *Plan) Run() (ports []DebugServicePort, v4, v6 []iptables.Portal) {
 
 // Warnings lists, per Service ("namespace/name"), what a proxier fed the
 // same Services warns about: annotations under our prefix it does not know
-// (a misspelt fault annotation) and SCTP ports it skips. The proxier logs
-// them at info level, which explain's output does not carry, so without
-// this a typo'd annotation read as "faults: none" and an SCTP port simply
-// went missing.
+// (a misspelt fault annotation), SCTP ports it skips, and Services it
+// does not serve for want of portals in their family (OnlyFamily). The
+// proxier logs them at info level, which explain's output does not carry,
+// so without this a typo'd annotation read as "faults: none" and an SCTP
+// port, or an IPv6 Service beside an IPv4 --bind-address, simply went
+// missing.
 func (pl *Plan) Warnings() map[string][]string {
 	pl.p.mu.Lock()
 	defer pl.p.mu.Unlock()
@@ -122,6 +124,11 @@ func (pl *Plan) Warnings() map[string][]string {
 		}
 		if sctp := config.SCTPPorts(svc); len(sctp) > 0 {
 			w = append(w, fmt.Sprintf("SCTP ports are skipped (the userspace proxy carries TCP and UDP): %s", strings.Join(sctp, ", ")))
+		}
+		if pl.p.noPortal[nn] {
+			// Only OnlyFamily takes a family's portals away in a plan.
+			w = append(w, fmt.Sprintf("not served: its addresses are %s, which --bind-address %s does not serve",
+				pl.p.unsupportedFamily(), pl.p.opts.BindAddress))
 		}
 		if len(w) > 0 {
 			out[nn.String()] = w

@@ -97,8 +97,15 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 		PortRange:   v.portRange,
 		NodeName:    nodeName(o.hostnameOverride),
 	})
-	if family, ok := bindFamily(v); ok {
-		plan.OnlyFamily(family == iptables.IPv6) // as the proxy (portalSyncers)
+	// As the proxy (portalSyncers), which has no portals to leave out
+	// with --iptables=false.
+	unserved := ""
+	if family, ok := bindFamily(v); ok && o.iptables {
+		plan.OnlyFamily(family == iptables.IPv6)
+		unserved = "IPv6"
+		if family == iptables.IPv6 {
+			unserved = "IPv4"
+		}
 	}
 	// Each problem is an object (or a file, or a document) the proxy
 	// would leave out: said on stdout too, and exit 1, so that CI running
@@ -141,7 +148,7 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 	e := explanation{
 		source: o.manifests, bind: v.bind, nodeIPs: nodeIPs, redirect: redirect, portRange: o.proxyPortRange,
 		kernelPorts: plan.KernelChosenPorts(), ports: ports, noRules: !o.iptables, invalid: invalid,
-		warnings: plan.Warnings(), policies: plan.LocalPolicies(),
+		warnings: plan.Warnings(), policies: plan.LocalPolicies(), unserved: unserved,
 	}
 	if o.iptables {
 		e.families = []familyRules{

@@ -38,6 +38,9 @@ type explanation struct {
 	// policies are the plan's, per service port: which traffic policies
 	// are Local.
 	policies map[string]proxier.LocalPolicy
+	// unserved is the family a one-address --bind-address leaves without
+	// portals ("IPv4", "IPv6"; "" when both are served).
+	unserved string
 	// noRules: --iptables=false, the proxy serves its sockets and nothing
 	// sends service traffic to them.
 	noRules bool
@@ -67,6 +70,11 @@ func (e *explanation) write(out io.Writer) error {
 			"on %s (--bind-address).\n", e.bind)
 	} else if e.bind.IsValid() && !e.bind.IsUnspecified() {
 		fmt.Fprintf(w, "Proxy sockets listen on %s (--bind-address); rules send service traffic there.\n", e.bind)
+		if e.unserved != "" {
+			// As the proxy logs it at start.
+			fmt.Fprintf(w, "--bind-address names one address: the other family's (%s) Services get no portals; dual-stack\n"+
+				"ones are served in %s only.\n", e.unserved, e.served())
+		}
 	} else {
 		fmt.Fprintf(w, "Proxy sockets listen on every address (--bind-address %s).\n", e.bind)
 		switch len(e.nodeIPs) {
@@ -159,14 +167,26 @@ func writeWithJumps(w *bufio.Writer, rendered []byte, jumps map[iptables.Table][
 
 func (e *explanation) writePort(w *bufio.Writer, p proxier.DebugServicePort) {
 	fmt.Fprintf(w, "== %s (%s) ==\n", p.ServicePort, p.Protocol)
-	var addrs []string
+	var addrs, unserved []string
 	for _, ip := range p.ServiceIPs {
-		addrs = append(addrs, net.JoinHostPort(ip, strconv.Itoa(p.Port)))
+		addr := net.JoinHostPort(ip, strconv.Itoa(p.Port))
+		if v4, _ := families([]string{ip}); e.unserved != "" && v4 == (e.unserved == "IPv4") {
+			unserved = append(unserved, addr)
+		} else {
+			addrs = append(addrs, addr)
+		}
 	}
 	if p.NodePort != 0 {
-		addrs = append(addrs, fmt.Sprintf("port %d of the node's addresses (NodePort)", p.NodePort))
+		nodeAddrs := "the node's addresses"
+		if e.unserved != "" {
+			nodeAddrs = "the node's " + e.served() + " addresses"
+		}
+		addrs = append(addrs, fmt.Sprintf("port %d of %s (NodePort)", p.NodePort, nodeAddrs))
 	}
 	field(w, "service address", strings.Join(addrs, ", "))
+	if len(unserved) > 0 {
+		field(w, "not served", fmt.Sprintf("%s (%s, which --bind-address %s does not serve: no rule)", strings.Join(unserved, ", "), e.unserved, e.bind))
+	}
 	if p.Error != "" {
 		// The plan found no port for it (a --proxy-port-range too small):
 		// a running proxy would not serve it, and retry.
@@ -209,7 +229,22 @@ func (e *explanation) writePort(w *bufio.Writer, p proxier.DebugServicePort) {
 		}
 		field(w, "", "round robin: each new connection (UDP: each new client address) takes the next one")
 		field(w, "", "in this order; a running proxy shuffles the list once when it changes")
-		if s4, s6 := families(p.ServiceIPs); s4 && s6 {
+		if s4, s6 := families(p.ServiceIPs); s4 && s6 && e.unserved != "" {
+			// Dual-stack, one family served: its clients alone.
+			e4, e6 := families(p.Endpoints)
+			eServed, eUnserved := e4, e6
+			if e.unserved == "IPv4" {
+				eServed, eUnserved = e6, e4
+			}
+			served := "an " + e.served() + " client is refused (no " + e.served() + " endpoint)"
+			if eServed {
+				served = e.served() + " clients take the " + e.served() + " ones"
+			}
+			if eUnserved {
+				served += "; the " + e.unserved + " ones are not used"
+			}
+			field(w, "", served+" ("+e.unserved+" is not served)")
+		} else if s4 && s6 {
 			// Dual-stack: each family's clients are served by its own
 			// endpoints, or refused without one.
 			switch e4, e6 := families(p.Endpoints); {
@@ -276,6 +311,14 @@ func (e *explanation) writePort(w *bufio.Writer, p proxier.DebugServicePort) {
 			fmt.Fprintf(w, "  # %s\n  %s\n", iptables.Describe(line), line)
 		}
 	}
+}
+
+// served is the family a one-address --bind-address serves.
+func (e *explanation) served() string {
+	if e.unserved == "IPv4" {
+		return "IPv6"
+	}
+	return "IPv4"
 }
 
 // writeExternal prints a port's external socket, which either traffic

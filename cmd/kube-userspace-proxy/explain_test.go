@@ -109,14 +109,32 @@ func TestExplainPortRangeTooSmall(t *testing.T) {
 
 // explain follows the proxy on a --bind-address of one family: the other
 // family gets no rules, a dual-stack Service is explained in the bind
-// address's family and an IPv6-only one not at all.
+// address's family and an IPv6-only one is not served. It says so, in
+// the header as the proxy's log does and for each Service: it listed the
+// IPv6 ClusterIP as a service address, said "IPv6 clients the IPv6 ones"
+// and left the IPv6-only Service out without a word.
 func TestExplainBindAddressOfOneFamily(t *testing.T) {
 	got := explainManifests(t, `apiVersion: v1
 kind: Service
 metadata: {name: ds, namespace: default}
 spec:
+  type: NodePort
   clusterIPs: [10.96.0.20, "fd36:96::20"]
-  ports: [{name: http, port: 80}]
+  ports: [{name: http, port: 80, nodePort: 30100}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: ds-4, namespace: default, labels: {kubernetes.io/service-name: ds}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: [10.1.0.1]}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: ds-6, namespace: default, labels: {kubernetes.io/service-name: ds}}
+addressType: IPv6
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: ["fd00:1::1"]}]
 ---
 apiVersion: v1
 kind: Service
@@ -125,8 +143,34 @@ spec:
   clusterIPs: ["fd36:96::10"]
   ports: [{name: http, port: 80}]
 `, "--bind-address", "10.236.1.1")
-	if !strings.Contains(got, "-d 10.96.0.20/32") || strings.Contains(got, "fd36:96::20/128") || strings.Contains(got, "default/six") {
+	if !strings.Contains(got, "-d 10.96.0.20/32") || strings.Contains(got, "fd36:96::20/128") || strings.Contains(got, "== default/six:http") {
 		t.Errorf("want IPv4 rules of default/ds only:\n%s", got)
+	}
+	outputHas(t, got,
+		"--bind-address names one address: the other family's (IPv6) Services get no portals; dual-stack\n"+
+			"ones are served in IPv4 only.\n",
+		"service address:  10.96.0.20:80, port 30100 of the node's IPv4 addresses (NodePort)\n"+
+			"not served:       [fd36:96::20]:80 (IPv6, which --bind-address 10.236.1.1 does not serve: no rule)\n",
+		"IPv4 clients take the IPv4 ones; the IPv6 ones are not used (IPv6 is not served)\n",
+		"== default/six (no service port to proxy) ==\n"+
+			"warnings:         not served: its addresses are IPv6, which --bind-address 10.236.1.1 does not serve\n",
+	)
+	if strings.Contains(got, "IPv6 clients") {
+		t.Errorf("IPv6 clients described as served:\n%s", got)
+	}
+	// --iptables=false: the proxy has no portals of either family to leave
+	// out, and serves every port on its socket (explain left the IPv6-only
+	// Service out).
+	got = explainManifests(t, `apiVersion: v1
+kind: Service
+metadata: {name: six, namespace: default}
+spec:
+  clusterIPs: ["fd36:96::10"]
+  ports: [{name: http, port: 80}]
+`, "--iptables=false", "--bind-address", "127.0.0.1")
+	outputHas(t, got, "== default/six:http (TCP) ==\n")
+	if strings.Contains(got, "not served") || strings.Contains(got, "names one address") {
+		t.Errorf("--iptables=false:\n%s", got)
 	}
 }
 
