@@ -214,10 +214,14 @@ func bytesReceived(conn *net.TCPConn) int64 {
 		if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
 			n = int64(info.Bytes_received)
 			switch info.State {
-			case rawio.TCPCloseWait, rawio.TCPLastAck, rawio.TCPClosing:
+			case rawio.TCPCloseWait, rawio.TCPLastAck, rawio.TCPClosing, rawio.TCPClose:
 				// The peer's FIN took a sequence number, which the
 				// count includes, and no byte (100,001 for 100,000).
-				n--
+				// CLOSE is also a reset's, without a FIN: one low
+				// there is the safe side, as the relay's count, final
+				// at the end, makes it up, while one high would stay
+				// in bytes_total.
+				n = max(n-1, 0)
 			}
 		}
 	})

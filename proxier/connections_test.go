@@ -15,6 +15,8 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 )
 
 // getConnections asks the handler as a client of the metrics server would.
@@ -231,5 +233,52 @@ func TestDebugConnectionsBytesAfterFIN(t *testing.T) {
 	rows := getConnections(t, p)
 	if len(rows) != 1 || rows[0].BytesFromClient != 100000 {
 		t.Fatalf("rows %+v, want one with bytesFromClient 100000", rows)
+	}
+}
+
+// A socket whose FIN went first reads CLOSE once the peer's FIN came too
+// (the full socket hands over to a time-wait one), and the kernel's count
+// still takes that FIN for a byte: read live, it would put one byte into
+// bytes_total that the relay's final count never moved.
+func TestBytesReceivedAfterBothFINs(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	peer, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	accepted, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ours := accepted.(*net.TCPConn)
+	defer ours.Close()
+	if err := ours.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(io.Discard, peer); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := peer.Write(make([]byte, 100)); err != nil {
+		t.Fatal(err)
+	}
+	peer.Close()
+	raw, err := ours.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := -1
+	for deadline := time.Now().Add(2 * time.Second); state != rawio.TCPClose && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		_ = raw.Control(func(fd uintptr) { state = rawio.TCPState(int(fd)) })
+	}
+	if state != rawio.TCPClose {
+		t.Fatalf("state %d, want CLOSE (%d)", state, rawio.TCPClose)
+	}
+	if n := bytesReceived(ours); n != 100 {
+		t.Fatalf("bytesReceived %d, want 100", n)
 	}
 }
