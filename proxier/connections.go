@@ -64,17 +64,52 @@ type liveConn struct {
 	draining atomic.Bool
 }
 
-// byteCount counts one direction of one connection and passes each count
-// on to the service port's counter: one atomic add more per count, no lock.
+// byteCount counts one direction of one connection for its service port's
+// counter, which gets the bytes while they move, not in one lump at the end
+// (a rate() of a long stream would read zero, then a spike): each scrape
+// flushes what a live reading shows beyond what was flushed so far, and the
+// end adds only what the final count leaves. flushed is what the port has
+// from scrapes; the end swaps in flushEnded, so a scrape racing with the
+// end adds nothing more (its compare-and-swap fails) and the end nothing
+// already added. The data path pays one atomic swap more per direction.
 type byteCount struct {
-	n    atomic.Int64
-	port relay.Counter
+	n       atomic.Int64 // the relay's count, final at the direction's end
+	flushed atomic.Int64 // passed on by scrapes; flushEnded once ended
+	port    relay.Counter
 }
 
+// flushEnded marks a direction whose end settled its port's count.
+const flushEnded = -1
+
+// Add takes the direction's count at its end (the relays call it once).
 func (b *byteCount) Add(v float64) {
-	b.n.Add(int64(v))
-	b.port.Add(v)
+	total := b.n.Add(int64(v))
+	switch prior := b.flushed.Swap(flushEnded); {
+	case prior == flushEnded: // settled by an earlier Add
+		b.port.Add(v)
+	case total > prior:
+		b.port.Add(float64(total - prior))
+	}
+	// Otherwise a scrape read more than was finally delivered (bytes
+	// received, lost to a reset): a counter is never taken back.
 }
+
+// flush passes on what live, the direction's count so far as a scrape
+// reads it, shows beyond what was passed on already.
+func (b *byteCount) flush(live int64) {
+	for {
+		prior := b.flushed.Load()
+		if prior == flushEnded || live <= prior {
+			return
+		}
+		if b.flushed.CompareAndSwap(prior, live) {
+			b.port.Add(float64(live - prior))
+			return
+		}
+	}
+}
+
+func (b *byteCount) ended() bool { return b.flushed.Load() == flushEnded }
 
 // addTCP registers a TCP connection once its backend answered. in and out
 // are the port's byte counters; the relay counts through the entry's.
@@ -115,6 +150,33 @@ func (r *connRegistry) resetAll() {
 				_ = conn.Close()
 			}
 		}
+		return true
+	})
+}
+
+// flush passes the bytes the connection moved since the last scrape on
+// to its port's counters: the event loop's own counts, the goroutine
+// relay's sockets' kernel counts (its own arrive as a direction ends).
+func (c *liveConn) flush() {
+	if c.loop != nil {
+		in, out := c.loop.Bytes()
+		c.in.flush(in)
+		c.out.flush(out)
+		return
+	}
+	if !c.in.ended() {
+		c.in.flush(bytesReceived(c.clientConn))
+	}
+	if !c.out.ended() {
+		c.out.flush(bytesReceived(c.backendConn))
+	}
+}
+
+// flush flushes every live TCP connection's bytes (a scrape): O(live
+// connections), two getsockopt calls for each on the goroutine relay.
+func (r *connRegistry) flush() {
+	r.tcp.Range(func(k, _ any) bool {
+		k.(*liveConn).flush()
 		return true
 	})
 }

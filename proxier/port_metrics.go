@@ -53,6 +53,9 @@ func (g *gauge) value() float64 {
 type portSeries struct {
 	mu    sync.RWMutex
 	ports map[string]*portMetrics
+	// conns are the live TCP connections whose bytes a scrape counts so
+	// far (byteCount); the latest proxier built on these Metrics wins.
+	conns atomic.Pointer[connRegistry]
 
 	active, failed, dialFailures, dialRetries, acceptErrors, bytes, udpSessions, udpLimit *prometheus.Desc
 }
@@ -104,6 +107,9 @@ func (s *portSeries) forget(label string) {
 	s.mu.Unlock()
 }
 
+// observe makes r's connections the ones flushed at each scrape.
+func (s *portSeries) observe(r *connRegistry) { s.conns.Store(r) }
+
 // lookup returns the series of a port, for tests.
 func (s *portSeries) lookup(label string) *portMetrics {
 	s.mu.RLock()
@@ -121,6 +127,9 @@ func (s *portSeries) Collect(ch chan<- prometheus.Metric) {
 	type port struct {
 		m        *portMetrics
 		tcp, udp bool
+	}
+	if r := s.conns.Load(); r != nil {
+		r.flush() // before the counters are read: they include it
 	}
 	s.mu.RLock()
 	ports := make([]port, 0, len(s.ports))

@@ -89,8 +89,9 @@ kubeproxy_userspace_udp_session_limit_total{action="evicted",service_port="defau
 # TYPE kubeproxy_userspace_udp_sessions gauge
 kubeproxy_userspace_udp_sessions{service_port="default/dns:p"} 0
 `
-	// The relay counts a connection's bytes when it ends; the dropped
-	// datagram is counted when the socket reads it.
+	// The connection's end settles its bytes (a scrape before it may
+	// still miss the last ones); the dropped datagram is counted when the
+	// socket reads it.
 	var last error
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		if last = testutil.GatherAndCompare(p.metrics.Registry, strings.NewReader(want), portSeriesNames...); last == nil {

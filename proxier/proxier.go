@@ -292,6 +292,7 @@ func New(opts Options) *Proxier {
 		p.sockCfg.loops = newLoopGroup(opts)
 	}
 	opts.Metrics.affinity.observe(p.lb)
+	opts.Metrics.ports.observe(p.sockCfg.conns)
 	opts.Metrics.portals.observe(opts.IPv4Portals, opts.IPv6Portals)
 	p.endpoints = newEndpointsTracker(p.lb, opts.Clock, opts.Metrics, nodeTopology{name: opts.NodeName})
 	p.endpoints.changed = p.drainRemoved
