@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
 )
 
 // descriptorBudget keeps the proxy sockets a sync opens from taking the
@@ -31,6 +32,10 @@ type descriptorBudget struct {
 	room    int
 	counted bool
 	short   error
+	// refused counts this sync's refusals, of which only the first is
+	// logged in full: the same error per service port was thousands of
+	// lines per retry.
+	refused int
 }
 
 func newDescriptorBudget() *descriptorBudget { return &descriptorBudget{count: descriptorsInUse} }
@@ -39,7 +44,25 @@ func newDescriptorBudget() *descriptorBudget { return &descriptorBudget{count: d
 func descriptorReserve(limit int) int { return max(64, limit/16) }
 
 // begin starts a sync: the next take counts again.
-func (b *descriptorBudget) begin() { b.counted, b.short = false, nil }
+func (b *descriptorBudget) begin() { b.counted, b.short, b.refused = false, nil, 0 }
+
+// logged says whether err, a socket's failure to open, is for the log:
+// all but the budget's refusals after this sync's first.
+func (b *descriptorBudget) logged(err error) bool {
+	if b.short == nil || err != b.short {
+		return true
+	}
+	b.refused++
+	return b.refused == 1
+}
+
+// logRefusals logs, at the end of a sync, how many more proxy sockets the
+// budget refused than the one logged.
+func (b *descriptorBudget) logRefusals() {
+	if b.refused > 1 {
+		klog.ErrorS(b.short, "More proxy sockets not opened for want of descriptors (retried)", "count", b.refused-1)
+	}
+}
 
 // take accounts for one more socket, or says why none may open. A socket
 // is taken to cost socketDescriptors, more than most do, and the room is

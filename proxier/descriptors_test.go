@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
 )
 
 // A sync opens proxy sockets only while RLIMIT_NOFILE keeps descriptors
@@ -17,6 +18,7 @@ import (
 // failed, and nothing was served until a restart.
 func TestSocketsLeaveDescriptorsForTheRest(t *testing.T) {
 	p := newTestProxier(t, Options{})
+	logs := captureKlog(t)
 	// Each open socket holds one more descriptor; the budget counts
 	// again as its estimate (4 a socket) runs out, and stops once fewer
 	// than 4 are left above the 64 kept: at 133 in use, 33 sockets.
@@ -48,6 +50,23 @@ func TestSocketsLeaveDescriptorsForTheRest(t *testing.T) {
 	}
 	if !slices.ContainsFunc(failures, func(r DebugServicePort) bool { return strings.Contains(r.Error, "no descriptor to spare") }) {
 		t.Errorf("/debug/services names no descriptor shortage: %+v", failures)
+	}
+	// One line says the shortage in full and one how many more it
+	// refused: a line per socket was thousands per retry.
+	klog.Flush()
+	// klog writes an error line once per severity below it: count lines
+	// once each.
+	shortage := map[string]bool{}
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, "no descriptor to spare") {
+			shortage[line] = true
+		}
+	}
+	if n := len(shortage); n != 2 {
+		t.Errorf("%d log lines name the shortage for 17 refused sockets, want 2 (the first, the count of the rest):\n%s", n, logs)
+	}
+	if !strings.Contains(logs.String(), "count=16") {
+		t.Errorf("no line counts the 16 other refusals:\n%s", logs)
 	}
 	// Descriptors freed (connections ended): the retry opens the rest.
 	base = 10

@@ -72,7 +72,9 @@ func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo, kept
 		})
 		if err != nil {
 			p.lb.DeleteServicePort(ext)
-			klog.ErrorS(err, "Failed to open external proxy socket", "servicePort", info.name)
+			if p.fds.logged(err) {
+				klog.ErrorS(err, "Failed to open external proxy socket", "servicePort", info.name)
+			}
 			return false
 		}
 		sock.Start()

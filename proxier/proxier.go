@@ -553,7 +553,9 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 			var err error
 			if ap, err = p.openPort(info, kept.claim(info), perPortLines); err != nil {
 				// Tried again by the retry (retry.go); the port was released.
-				klog.ErrorS(err, "Failed to open proxy socket", "servicePort", name)
+				if p.fds.logged(err) {
+					klog.ErrorS(err, "Failed to open proxy socket", "servicePort", name)
+				}
 				failed = append(failed, "open "+info.key)
 				openFailures = append(openFailures, debugFailure{name: name, info: info, err: err.Error()})
 				continue
@@ -603,6 +605,7 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 			failed = append(failed, "claim "+ap.info.key)
 		}
 	}
+	p.fds.logRefusals()
 	p.metrics.ServicePorts.Set(float64(len(p.active)))
 	unserved := 0
 	for _, f := range failed {
