@@ -261,7 +261,7 @@ func (e *explanation) writePort(w *bufio.Writer, p proxier.DebugServicePort) {
 		e.writeExternal(w, p, policy)
 	}
 	if p.Affinity == "ClientIP" {
-		field(w, "session affinity", fmt.Sprintf("ClientIP: a client keeps the endpoint it got until it has been idle for %s", time.Duration(p.TimeoutSec)*time.Second))
+		field(w, "session affinity", fmt.Sprintf("ClientIP: a client keeps the endpoint it got until %s pass without a new connection (UDP: session) from it", time.Duration(p.TimeoutSec)*time.Second))
 	} else {
 		field(w, "session affinity", "none")
 	}
