@@ -406,10 +406,12 @@ func endpointFromSlice(ep discovery.Endpoint) loadbalancer.Endpoint {
 	return e
 }
 
-// dedupe drops the same address listed by two slices (it happens briefly
-// while an endpoint moves between slices), keeping the copy that serves
-// best (ready, then serving): which copy came first must not decide whether
-// the endpoint is eligible.
+// dedupe drops the same address listed twice, keeping one copy by a rank
+// that does not depend on which came first: a copy not terminating beats
+// one terminating, as kube-proxy keeps it (a pod network may give a
+// terminating pod's IP to a new pod, which is the one there now, ready or
+// not), then ready beats serving (an endpoint seen in two slices while it
+// moves between them).
 func dedupe(eps []loadbalancer.Endpoint) []loadbalancer.Endpoint {
 	at := make(map[netip.AddrPort]int, len(eps))
 	out := eps[:0]
@@ -429,13 +431,17 @@ func dedupe(eps []loadbalancer.Endpoint) []loadbalancer.Endpoint {
 
 func servesBetter(a, b loadbalancer.Endpoint) bool {
 	rank := func(e loadbalancer.Endpoint) int {
+		r := 0
+		if !e.Terminating {
+			r = 4
+		}
 		switch {
 		case e.Ready:
-			return 2
+			r += 2
 		case e.Serving:
-			return 1
+			r++
 		}
-		return 0
+		return r
 	}
 	return rank(a) > rank(b)
 }

@@ -32,6 +32,36 @@ func TestEndpointInTwoSlicesServesByItsBestCopy(t *testing.T) {
 	}
 }
 
+// TestReusedPodIPServesByTheRunningPod: a pod network that reuses a
+// terminating pod's IP for a new pod lists the address twice, the old copy
+// terminating (and perhaps still serving), the new one not terminating.
+// kube-proxy keeps the new pod's copy whatever the order (its
+// endpointslicecache addEndpoints, kubernetes#135266), so until the new pod
+// is ready the address serves nothing; the best-serving copy kept the old
+// pod's, and traffic went to the new pod before it was ready (an
+// externalTrafficPolicy Local node kept taking external clients).
+func TestReusedPodIPServesByTheRunningPod(t *testing.T) {
+	svc := types.NamespacedName{Namespace: "default", Name: "web"}
+	old := makeSlice("web", "TCP", "10.0.0.1:80", "10.0.0.2:80")
+	old.Name = "web-a"
+	old.Endpoints[0].Conditions = discovery.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(true), Terminating: ptr.To(true)}
+	old.Endpoints[1].Conditions = discovery.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(true), Terminating: ptr.To(true)}
+	fresh := makeSlice("web", "TCP", "10.0.0.1:80")
+	fresh.Name = "web-b"
+	fresh.Endpoints[0].Conditions = discovery.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(false), Terminating: ptr.To(false)}
+	for _, names := range [][2]string{{"web-a", "web-b"}, {"web-b", "web-a"}} {
+		// Either name order, so either copy is read first.
+		old.Name, fresh.Name = names[0], names[1]
+		in := map[string]*discovery.EndpointSlice{old.Name: old, fresh.Name: fresh}
+		for spn, eps := range endpointsByPort(svc, in) {
+			eps = dedupe(eps)
+			if len(eps) != 2 || eps[0].Addr != netip.MustParseAddrPort("10.0.0.1:80") || eps[0].Terminating || eps[0].Serving {
+				t.Fatalf("%s (slices %v): %+v, want 10.0.0.1:80 as the new pod's copy (not terminating, not serving)", spn, names, eps)
+			}
+		}
+	}
+}
+
 // TestEndpointWithSeveralAddressesIsOneSlot: an endpoint's addresses are
 // fungible (the API lets consumers use the first only, as kube-proxy does):
 // a pod with two addresses is one round-robin slot, not two.
