@@ -267,7 +267,7 @@ func (t *endpointsTracker) apply(svc types.NamespacedName) bool {
 	byPort := endpointsByPort(svc, t.slices[svc])
 	policy := t.policies[svc]
 	want := map[loadbalancer.ServicePortName][]loadbalancer.Endpoint{}
-	local := 0
+	localIPs := map[netip.Addr]bool{}
 	var noLocal noLocalPorts
 	for spn, eps := range byPort {
 		eps = dedupe(eps)
@@ -275,10 +275,10 @@ func (t *endpointsTracker) apply(svc types.NamespacedName) bool {
 		if policy.splitExternal() {
 			want[externalName(spn)] = policy.externalEndpoints(eps, t.node)
 		}
-		local = max(local, countReadyLocal(eps, t.node.name))
+		addReadyLocalIPs(localIPs, eps, t.node.name)
 		noLocal = noLocal.add(policy, eps, t.node.name)
 	}
-	if local > 0 {
+	if local := localPodCount(localIPs); local > 0 {
 		t.local[svc] = local
 	} else {
 		delete(t.local, svc)

@@ -7,7 +7,9 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 )
 
 // healthRecorder is a ServiceHealthSyncer that keeps every set it was
@@ -75,5 +77,40 @@ func TestHealthCheckNodePortsFollowServices(t *testing.T) {
 	p.Sync()
 	if got := last(); len(got) != 0 {
 		t.Fatalf("health ports %v after the Service went, want none", got)
+	}
+}
+
+// The healthCheckNodePort's count of local endpoints is kube-proxy's
+// (LocalReadyEndpoints): the distinct IPs of ready endpoints on this node
+// over all the Service's ports, in one family (kube-proxy's per-family
+// proxiers each count their own), so a load balancer weighs the node by
+// its pods. The largest per-port count of ip:port endpoints, both families
+// in one list, gave 1 for two pods that serve one port each and 2 for one
+// dual-stack pod.
+func TestHealthCheckCountsLocalPodsAsKubeProxy(t *testing.T) {
+	p := newTestProxier(t, Options{NodeName: "node1"})
+	svc := types.NamespacedName{Namespace: "default", Name: "web"}
+	slice := func(name, port string, family discovery.AddressType, addrs ...string) *discovery.EndpointSlice {
+		es := makeSlice("web", v1.ProtocolTCP, "10.0.0.250:80")
+		es.Name, es.AddressType, es.Endpoints = name, family, nil
+		es.Ports[0].Name = ptr.To(port)
+		for _, a := range addrs {
+			es.Endpoints = append(es.Endpoints, discovery.Endpoint{Addresses: []string{a}, NodeName: ptr.To("node1"),
+				Conditions: discovery.EndpointConditions{Ready: ptr.To(true)}})
+		}
+		return es
+	}
+	p.OnServiceAdd(makeService("web"))
+	// Two pods, each serving one of the Service's two ports.
+	p.OnEndpointSliceAdd(slice("web-http", "http", discovery.AddressTypeIPv4, "10.0.0.1"))
+	p.OnEndpointSliceAdd(slice("web-https", "https", discovery.AddressTypeIPv4, "10.0.0.2"))
+	if got := p.LocalEndpoints(svc); got != 2 {
+		t.Errorf("two local pods on two ports: %d local endpoints, want 2", got)
+	}
+	// One dual-stack pod (and the IPv4 one of the other port).
+	p.OnEndpointSliceDelete(slice("web-https", "https", discovery.AddressTypeIPv4, "10.0.0.2"))
+	p.OnEndpointSliceAdd(slice("web-http6", "http", discovery.AddressTypeIPv6, "fd00::1"))
+	if got := p.LocalEndpoints(svc); got != 1 {
+		t.Errorf("one dual-stack local pod: %d local endpoints, want 1", got)
 	}
 }

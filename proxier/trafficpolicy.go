@@ -1,6 +1,7 @@
 package proxier
 
 import (
+	"net/netip"
 	"slices"
 
 	v1 "k8s.io/api/core/v1"
@@ -69,14 +70,31 @@ func onNode(eps []loadbalancer.Endpoint, node string) []loadbalancer.Endpoint {
 	return out
 }
 
-func countReadyLocal(eps []loadbalancer.Endpoint, node string) int {
-	n := 0
+// addReadyLocalIPs adds the IPs of eps's ready endpoints on node to ips.
+func addReadyLocalIPs(ips map[netip.Addr]bool, eps []loadbalancer.Endpoint, node string) {
 	for _, e := range eps {
 		if node != "" && e.NodeName == node && e.Ready {
-			n++
+			ips[e.Addr.Addr().Unmap()] = true
 		}
 	}
-	return n
+}
+
+// localPodCount is what a healthCheckNodePort reports as the node's local
+// endpoints, from the distinct IPs of its ready local endpoints over all
+// the Service's ports: kube-proxy's LocalReadyEndpoints, which counts IPs
+// and not ip:port endpoints (two pods serving one port each are two), in
+// its per-family proxiers, each of its own family (a dual-stack pod is one,
+// not two); the larger family's count here, with one server for both.
+func localPodCount(ips map[netip.Addr]bool) int {
+	v4, v6 := 0, 0
+	for a := range ips {
+		if a.Is4() {
+			v4++
+		} else {
+			v6++
+		}
+	}
+	return max(v4, v6)
 }
 
 // topologyFiltered applies EndpointSlice hints as kube-proxy does, deciding
