@@ -16,8 +16,13 @@ const ManagedByManifests = "manifests.kube-userspace-proxy"
 // EndpointsToSlices converts a validated v1 Endpoints into EndpointSlices the
 // way the mirroring controller would: one slice per subset and address family
 // (named "<name>-subset<i>-ipv4|ipv6"), labelled with the Service name;
-// NotReadyAddresses become endpoints with ready=false.
+// NotReadyAddresses become endpoints with ready=false. An Endpoints
+// labelled endpointslice.kubernetes.io/skip-mirror=true gives none: the
+// controller does not mirror it, so kube-proxy never serves it.
 func EndpointsToSlices(e *v1.Endpoints) []*discovery.EndpointSlice {
+	if e.Labels[discovery.LabelSkipMirror] == "true" {
+		return nil
+	}
 	var out []*discovery.EndpointSlice
 	for i, ss := range e.Subsets {
 		for _, family := range []discovery.AddressType{discovery.AddressTypeIPv4, discovery.AddressTypeIPv6} {

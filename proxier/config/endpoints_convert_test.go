@@ -74,3 +74,23 @@ func TestExampleManifestsAreValid(t *testing.T) {
 		}
 	}
 }
+
+// An Endpoints labelled endpointslice.kubernetes.io/skip-mirror=true is
+// one the mirroring controller leaves alone, so no slice of it reaches
+// kube-proxy; converted anyway, its addresses were served (beside a
+// hand-written slice's, a stale one's).
+func TestEndpointsSkipMirrorIsNotConverted(t *testing.T) {
+	got, errs := DecodeManifests("ep.yaml", []byte(endpointsYAML))
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	e := got[0].Object.(*v1.Endpoints)
+	e.Labels = map[string]string{discovery.LabelSkipMirror: "true"}
+	if slices := EndpointsToSlices(e); len(slices) != 0 {
+		t.Errorf("skip-mirror Endpoints converted to %d slices, want none", len(slices))
+	}
+	e.Labels[discovery.LabelSkipMirror] = "false"
+	if slices := EndpointsToSlices(e); len(slices) == 0 {
+		t.Error("skip-mirror=false Endpoints not converted")
+	}
+}
