@@ -51,6 +51,12 @@ type pipeline struct {
 	timer   <-chan time.Time
 	end     time.Time
 	onTimer error
+	// idleTimer is the timer when timeout drives it: each chunk that
+	// reaches the stream starts it again, so the stream ends after
+	// idleTimeout without data, as Toxiproxy's timeout (a time.After
+	// per chunk), not at a fixed time after the connection's start.
+	idleTimer   *time.Timer
+	idleTimeout time.Duration
 	// resetAfter is reset_peer's timeout (the shortest of several), <0
 	// when there is none: its clock starts at the stream's first chunk
 	// (resetLater).
@@ -165,6 +171,7 @@ func (p *pipeline) copy(dst, src *net.TCPConn) (int64, error) {
 		t := time.NewTimer(end)
 		defer t.Stop()
 		p.timer = t.C
+		p.idleTimer, p.idleTimeout = t, end
 	}
 	p.dst = dst
 	if err := p.at.init(dst); err != nil {
@@ -203,6 +210,11 @@ func (p *pipeline) pump(dst, src *net.TCPConn) (int64, error) {
 			case <-q.ready:
 				continue
 			}
+		}
+		if c.n > 0 && p.idleTimer != nil {
+			// A timer's Reset leaves no stale tick behind (Go 1.23).
+			p.idleTimer.Reset(p.idleTimeout)
+			p.end = time.Now().Add(p.idleTimeout)
 		}
 		if p.resetAfter >= 0 && (c.n > 0 || c.err == io.EOF) {
 			q.release(c)

@@ -516,6 +516,35 @@ func TestPipelinePeerResetFollowsHeldData(t *testing.T) {
 	relayEnds(t, done)
 }
 
+// timeout ends its stream after that long without data, as Toxiproxy's
+// (a time.After per chunk, toxics/timeout.go): each chunk that reaches it
+// starts the wait again. One timer from the connection's start cut a
+// stream that was busy all along: with a byte every 200 ms against a
+// 500 ms timeout, the FIN came at 0.5 s.
+func TestPipelineTimeoutCountsFromTheLastChunk(t *testing.T) {
+	t.Parallel()
+	_, p := declared(t, 0, 0, "TCP", `{"type":"timeout","attributes":{"timeout":500}}`)
+	client, backend, done := proxied(t, p, client1)
+	start := time.Now()
+	var last time.Time
+	for range 8 {
+		if _, err := backend.Write([]byte("x")); err != nil {
+			break // the stream was cut: the check below says when
+		}
+		last = time.Now()
+		time.Sleep(200 * time.Millisecond)
+	}
+	client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, err := io.Copy(io.Discard, client)
+	if err != nil || n != 0 {
+		t.Fatalf("client read %d bytes, %v; want nothing (timeout drops it) and the FIN", n, err)
+	}
+	if took, idle := time.Since(start), time.Since(last); idle < 400*time.Millisecond || idle > 2*time.Second {
+		t.Errorf("the FIN came %v after the start, %v after the last chunk; want about 500 ms after the last chunk", took, idle)
+	}
+	relayEnds(t, done)
+}
+
 // A FIN that reaches a timeout toxic's stream is held by slow_close once
 // and stays a half-close, as in Toxiproxy (timeout passes its input's
 // close at once, slow_close holds it): the timeout's timer firing during
