@@ -38,6 +38,7 @@ type liveConn struct {
 	seq        uint64
 	clientAddr netip.Addr
 	reset      func()
+	conn       *Conn // its pipelines, for a removed timeout toxic
 }
 
 // Accept decides the faults of the next connection from client. It
@@ -163,7 +164,7 @@ func (c *Conn) AttachReset(reset func()) {
 	if !c.port.table.TrackLive {
 		return
 	}
-	c.live = &liveConn{seq: c.seq, clientAddr: c.client, reset: reset}
+	c.live = &liveConn{seq: c.seq, clientAddr: c.client, reset: reset, conn: c}
 	c.port.liveMu.Lock()
 	c.port.live[c.live] = struct{}{}
 	c.port.liveMu.Unlock()
@@ -223,6 +224,26 @@ func (p *Port) cutLive(which func(*liveConn) bool) {
 	p.liveMu.Unlock()
 	for _, l := range cut {
 		l.cut()
+	}
+}
+
+// endRemovedTimeouts ends the streams of live connections that the timeout
+// toxics the API removed (names) hold, as Toxiproxy's removal closes them.
+func (p *Port) endRemovedTimeouts(names []string) {
+	if len(names) == 0 {
+		return
+	}
+	p.liveMu.Lock()
+	conns := make([]*Conn, 0, len(p.live))
+	for l := range p.live {
+		conns = append(conns, l.conn)
+	}
+	p.liveMu.Unlock()
+	for _, c := range conns {
+		for _, name := range names {
+			c.up.timeoutRemoved(name)
+			c.down.timeoutRemoved(name)
+		}
 	}
 }
 

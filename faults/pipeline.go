@@ -57,6 +57,14 @@ type pipeline struct {
 	// per chunk), not at a fixed time after the connection's start.
 	idleTimer   *time.Timer
 	idleTimeout time.Duration
+	// timeoutGone is closed when the fault API removes a timeout toxic of
+	// this stream (timeoutRemoved): the stream then ends as when the
+	// timeout runs out, as Toxiproxy's TimeoutToxic.Cleanup closes its
+	// stub. Kept instead, a timeout 0 held the connection for ever, and
+	// Toxiproxy's pattern "hang it, remove the toxic, the client sees EOF
+	// and reconnects" hung. nil: the stream has no timeout toxic.
+	timeoutGone chan struct{}
+	goneOnce    sync.Once
 	// resetAfter is reset_peer's timeout (the shortest of several), <0
 	// when there is none: its clock starts at the stream's first chunk
 	// (resetLater).
@@ -88,7 +96,26 @@ type pipeline struct {
 
 func newPipeline(toxics []*compiled, seq uint64) *pipeline {
 	first := toxics[0]
-	return &pipeline{toxics: toxics, rng: streamRand(first.seed, first.key, seq), limitLeft: -1, resetAfter: -1}
+	p := &pipeline{toxics: toxics, rng: streamRand(first.seed, first.key, seq), limitLeft: -1, resetAfter: -1}
+	for _, t := range toxics {
+		if t.Type == "timeout" {
+			p.timeoutGone = make(chan struct{})
+		}
+	}
+	return p
+}
+
+// timeoutRemoved ends the stream if it holds a timeout toxic of that name
+// (the API removed it); nil: no pipeline.
+func (p *pipeline) timeoutRemoved(name string) {
+	if p == nil || p.timeoutGone == nil {
+		return
+	}
+	for _, t := range p.toxics {
+		if t.Type == "timeout" && t.Name == name {
+			p.goneOnce.Do(func() { close(p.timeoutGone) })
+		}
+	}
 }
 
 type chunk struct {
@@ -207,6 +234,8 @@ func (p *pipeline) pump(dst, src *net.TCPConn) (int64, error) {
 			select {
 			case <-p.timer:
 				return total, p.onTimer
+			case <-p.timeoutGone:
+				return total, relay.ErrCut
 			case <-q.ready:
 				continue
 			}

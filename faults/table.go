@@ -506,17 +506,32 @@ func switchLossModel(wasGilbertElliott bool, patch, merged map[string]float64) e
 
 func (p *Port) removeAPI(name string) error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	i, found := p.findLocked(name)
 	if !found {
+		p.mu.Unlock()
 		return fmt.Errorf("%w: %s", ErrToxicNotFound, name)
 	}
 	if i < 0 {
+		p.mu.Unlock()
 		return fmt.Errorf("%w: %s", ErrDeclared, name)
 	}
+	removed := p.api[i]
 	p.api = append(append([]Toxic{}, p.api[:i]...), p.api[i+1:]...)
 	p.publishLocked()
+	p.mu.Unlock()
+	p.endRemovedTimeouts(timeoutNames([]Toxic{removed}))
 	return nil
+}
+
+// timeoutNames are the names of the timeout toxics among toxics.
+func timeoutNames(toxics []Toxic) []string {
+	var names []string
+	for _, t := range toxics {
+		if t.Type == "timeout" {
+			names = append(names, t.Name)
+		}
+	}
+	return names
 }
 
 func (p *Port) reset() {
@@ -524,10 +539,12 @@ func (p *Port) reset() {
 	defer p.watchMu.Unlock()
 	p.mu.Lock()
 	wasDown := !p.enabled
+	removed := timeoutNames(p.api)
 	p.api = nil
 	p.enabled = true
 	p.publishLocked()
 	p.mu.Unlock()
+	p.endRemovedTimeouts(removed)
 	if wasDown {
 		p.notifyEnabled(true)
 	}

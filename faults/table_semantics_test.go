@@ -702,3 +702,54 @@ func TestPortOnEnabled(t *testing.T) {
 		t.Fatalf("told %v after stop", got)
 	}
 }
+
+// Removing a timeout toxic through the API (or /reset) ends the live
+// connections it holds, with a FIN, as Toxiproxy's TimeoutToxic.Cleanup
+// closes its stub (its TestTimeoutToxicClosesConnectionOnRemove): the
+// pattern "hang the connection with timeout 0, remove the toxic, the
+// client sees EOF and reconnects". Kept with the toxics it drew, such a
+// connection was held for ever. A connection that did not draw it stays.
+func TestRemovedTimeoutToxicEndsTheConnectionsItHolds(t *testing.T) {
+	for _, remove := range []string{"delete", "reset"} {
+		t.Run(remove, func(t *testing.T) {
+			tbl, p := declared(t, 3, 0, "TCP")
+			tbl.TrackLive = true
+			if _, err := tbl.AddToxic(p.Name(), toxic(t, `{"name":"hang","type":"timeout","attributes":{"timeout":0}}`)); err != nil {
+				t.Fatal(err)
+			}
+			held, backend, done := proxied(t, p, client1)
+			if _, err := backend.Write([]byte("dropped")); err != nil {
+				t.Fatal(err)
+			}
+			if remove == "delete" {
+				if err := tbl.RemoveToxic(p.Name(), "hang"); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				tbl.Reset()
+			}
+			held.SetReadDeadline(time.Now().Add(3 * time.Second))
+			n, err := io.Copy(io.Discard, held)
+			if err != nil || n != 0 {
+				t.Fatalf("held connection read %d bytes, then %v; want its FIN once the toxic was removed", n, err)
+			}
+			select {
+			case <-done:
+			case <-time.After(3 * time.Second):
+				t.Fatal("the relay did not end")
+			}
+			// A new connection has no toxic, and is not ended.
+			client, backend2, done2 := proxied(t, p, client1)
+			if _, err := backend2.Write([]byte("ok")); err != nil {
+				t.Fatal(err)
+			}
+			client.SetReadDeadline(time.Now().Add(3 * time.Second))
+			if _, err := io.ReadFull(client, make([]byte, 2)); err != nil {
+				t.Fatalf("a connection after the removal: %v", err)
+			}
+			client.Close()
+			backend2.Close()
+			<-done2
+		})
+	}
+}
