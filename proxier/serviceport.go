@@ -59,7 +59,10 @@ func (a *servicePortInfo) sameRules(b *servicePortInfo) bool {
 // servicePorts converts a Service into its proxied ports. ExternalName and
 // headless Services have none: there is nothing to proxy.
 func servicePorts(svc *v1.Service) []*servicePortInfo {
-	if svc.Spec.Type == v1.ServiceTypeExternalName {
+	// Headless whatever else it lists (externalIPs, which the API server
+	// accepts with a warning that they are ignored): kube-proxy's
+	// ShouldSkipService, and the API-server source's informerSkipsService.
+	if svc.Spec.Type == v1.ServiceTypeExternalName || svc.Spec.ClusterIP == v1.ClusterIPNone {
 		return nil
 	}
 	clusterIPs := parseIPs(svc.Spec.ClusterIPs)

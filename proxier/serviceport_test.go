@@ -37,6 +37,24 @@ func TestLoadBalancerIngressIPMode(t *testing.T) {
 	}
 }
 
+// TestHeadlessServiceHasNoPorts: a headless Service (clusterIP None) is
+// not proxied whatever else it lists, as kube-proxy skips it
+// (ShouldSkipService) and the API-server source does: one with externalIPs
+// (which the API server accepts, warning they are ignored) captured them.
+func TestHeadlessServiceHasNoPorts(t *testing.T) {
+	svc := &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "hl"},
+		Spec: v1.ServiceSpec{
+			ClusterIP: v1.ClusterIPNone, ClusterIPs: []string{v1.ClusterIPNone},
+			ExternalIPs: []string{"192.0.2.61"},
+			Ports:       []v1.ServicePort{{Port: 80, Protocol: v1.ProtocolTCP}},
+		},
+	}
+	if infos := servicePorts(svc); len(infos) != 0 {
+		t.Errorf("headless Service with an externalIP: %d service ports, want none", len(infos))
+	}
+}
+
 // TestServiceAddressFamilies: externalIPs and LoadBalancer IPs are served
 // only in the families of the Service's ClusterIPs, as kube-proxy's
 // per-family proxiers: an IPv4-only Service's IPv6 addresses get no portal

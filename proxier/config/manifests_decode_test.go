@@ -34,6 +34,12 @@ func TestDecodeManifests(t *testing.T) {
 		{"bad cluster IP", svcHead + "  clusterIP: 10.0.0.300\n  ports: [{port: 80}]\n", 0,
 			`spec.clusterIP: "10.0.0.300" is not a valid IP address`},
 		{"headless needs no ports", svcHead + "  clusterIP: None\n", 1, ""},
+		// As the API server refuses them: such a Service took its node
+		// port on every node, where kube-proxy skips a headless Service.
+		{"headless NodePort", svcHead + "  type: NodePort\n  clusterIP: None\n  ports: [{port: 80, nodePort: 30070}]\n", 0,
+			`spec.clusterIP: "None" may not be set for a NodePort Service`},
+		{"headless LoadBalancer", svcHead + "  type: LoadBalancer\n  clusterIP: None\n  ports: [{port: 80, nodePort: 30070}]\n", 0,
+			`spec.clusterIP: "None" may not be set for a LoadBalancer Service`},
 		{"bad max-connection-age", strings.Replace(svcHead, "metadata:\n", "metadata:\n  annotations: {kube-userspace-proxy/max-connection-age: 5x}\n", 1) + "  ports: [{port: 80}]\n", 0,
 			`Service default/web: metadata.annotations[kube-userspace-proxy/max-connection-age]: "5x" is not a duration`},
 		{"negative drain-removed", strings.Replace(svcHead, "metadata:\n", "metadata:\n  annotations: {kube-userspace-proxy/drain-removed: -1s}\n", 1) + "  ports: [{port: 80}]\n", 0,

@@ -142,6 +142,11 @@ func validateClusterIPs(fe *fieldErrors, spec *field.Path, s *v1.Service) {
 		if len(s.Spec.ClusterIPs) > 1 {
 			fe.add(spec.Child("clusterIPs"), "must hold only \"None\" for a headless Service")
 		}
+		// The API server refuses these; served, a NodePort headless
+		// Service took its node port on every node.
+		if t := s.Spec.Type; t == v1.ServiceTypeNodePort || t == v1.ServiceTypeLoadBalancer {
+			fe.add(spec.Child("clusterIP"), "%q may not be set for a %s Service", v1.ClusterIPNone, t)
+		}
 		return
 	}
 	if len(s.Spec.ClusterIPs) > 2 {
