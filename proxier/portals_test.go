@@ -343,6 +343,21 @@ func TestLoadBalancerSourceRanges(t *testing.T) {
 	if got := rangesOf(v4.portals)["198.51.100.1"]; !slices.Equal(got, []netip.Prefix{netip.MustParsePrefix("10.2.0.0/16")}) {
 		t.Errorf("after the ranges changed, the LB portal has %v, want 10.2.0.0/16", got)
 	}
+
+	// An LB IP that is also an externalIP is an externalIP: kube-proxy
+	// captures externalIPs first, straight to the Service, so its LB
+	// firewall never sees them and every source is served. With the
+	// ranges on an LB portal of the same address, clients outside them
+	// were dropped.
+	both := lb("10.2.0.0/16")
+	both.Spec.ExternalIPs = []string{"198.51.100.1"}
+	p.OnServiceUpdate(lb("10.2.0.0/16"), both)
+	p.Sync()
+	for _, portal := range v4.portals {
+		if portal.IP == netip.MustParseAddr("198.51.100.1") && portal.SourceRanges != nil {
+			t.Errorf("198.51.100.1, an externalIP and an LB IP, has source ranges %v: %+v", portal.SourceRanges, v4.portals)
+		}
+	}
 }
 
 // With portals of one family only (the node has no ip6tables nat table: see

@@ -897,7 +897,12 @@ func (p *Proxier) appendPortals(ap *activePort, v4, v6 []iptables.Portal) ([]ipt
 		add(ip, externalPort)
 	}
 	for _, ip := range ap.info.loadBalancerIPs {
-		add(ip, externalPort, ap.info.sourceRanges...)
+		// An LB IP that is also an externalIP has its portal above and
+		// no source ranges: kube-proxy captures externalIPs first,
+		// straight to the Service, so its LB firewall never sees them.
+		if !slices.Contains(ap.info.externalIPs, ip) {
+			add(ip, externalPort, ap.info.sourceRanges...)
+		}
 	}
 	if ap.info.nodePort != 0 {
 		np := iptables.Portal{Name: ap.info.key, Protocol: proto, Port: ap.info.nodePort, NodePort: true, ProxyPort: externalPort, ClusterProxyPort: clusterPort}
