@@ -157,11 +157,13 @@ func TestParseAnnotationValid(t *testing.T) {
 			want:  "dns:loss_downstream/loss/downstream/1 dns:duplicate_upstream/duplicate/upstream/1 dns:reorder_downstream/reorder/downstream/1 dns:down_downstream/down/downstream/1",
 		},
 		{
-			// Toxiproxy reads the direction case-insensitively.
+			// Toxiproxy reads the direction case-insensitively, and
+			// names the toxic by the stream as given: a client that
+			// deletes latency_UpStream got a 404.
 			name:  "stream in any case",
 			value: `[{"type":"latency","stream":"UpStream","attributes":{"latency":1}}]`,
 			ports: []ServicePort{tcpHTTP},
-			want:  "http:latency_upstream/latency/upstream/1",
+			want:  "http:latency_UpStream/latency/upstream/1",
 		},
 		{
 			name:  "port null is no port",

@@ -229,16 +229,19 @@ func (t *Toxic) Normalize() error {
 		}
 		return &FieldError{"type", fmt.Sprintf("unknown toxic type %q (known: %s)", t.Type, strings.Join(Types(), ", "))}
 	}
-	// Toxiproxy reads the direction case-insensitively.
+	// Toxiproxy reads the direction case-insensitively, and names a
+	// toxic by the stream as given ("latency_UpStream"): a client that
+	// deletes by that name must find it.
+	given := t.Stream
 	switch t.Stream = strings.ToLower(t.Stream); t.Stream {
 	case "":
-		t.Stream = Downstream
+		t.Stream, given = Downstream, Downstream
 	case Upstream, Downstream:
 	default:
 		return &FieldError{"stream", fmt.Sprintf("must be %q or %q, not %q", Upstream, Downstream, t.Stream)}
 	}
 	if t.Name == "" {
-		t.Name = t.Type + "_" + t.Stream
+		t.Name = t.Type + "_" + given
 	}
 	if !(t.Toxicity >= 0 && t.Toxicity <= 1) { // NaN too
 		return &FieldError{"toxicity", fmt.Sprintf("must be within [0, 1], not %v", t.Toxicity)}
