@@ -192,8 +192,9 @@ func (s *server) populate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var in []struct {
-		Name   string `json:"name"`
-		Listen string `json:"listen"`
+		Name     string `json:"name"`
+		Listen   string `json:"listen"`
+		Upstream string `json:"upstream"`
 	}
 	if err := json.Unmarshal(body, &in); err != nil {
 		writePopulated(w, http.StatusBadRequest, "bad request body (a JSON list of proxies): "+err.Error(), nil)
@@ -201,8 +202,14 @@ func (s *server) populate(w http.ResponseWriter, r *http.Request) {
 	}
 	infos := make([]faults.ProxyInfo, len(in))
 	for i, p := range in {
+		// Toxiproxy's checks and words (proxy_collection.go): a set-up
+		// written against it must fail here as it fails there.
 		if p.Name == "" {
-			writePopulated(w, http.StatusBadRequest, fmt.Sprintf("name at proxy %d: missing required field", i+1), nil)
+			writePopulated(w, http.StatusBadRequest, fmt.Sprintf("missing required field: name at proxy %d", i+1), nil)
+			return
+		}
+		if p.Upstream == "" {
+			writePopulated(w, http.StatusBadRequest, fmt.Sprintf("missing required field: upstream at proxy %d", i+1), nil)
 			return
 		}
 		info, err := s.table.Proxy(p.Name)

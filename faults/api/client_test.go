@@ -129,7 +129,7 @@ func TestToxiproxyClient(t *testing.T) {
 	// declares them, and leaves them up: the client sends "enabled":false
 	// when the caller does not set it, and Toxiproxy leaves an existing
 	// proxy as it is.
-	populated, err := client.Populate([]toxiproxy.Proxy{{Name: "default.web.http"}})
+	populated, err := client.Populate([]toxiproxy.Proxy{{Name: "default.web.http", Upstream: "10.0.0.1:80"}})
 	if err != nil || len(populated) != 1 || populated[0].Name != "default.web.http" || !populated[0].Enabled {
 		t.Errorf("Populate(existing) = %+v, %v", populated, err)
 	}
