@@ -506,6 +506,7 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 
 	var failed []string // what this sync left undone (retry.go)
 	var openFailures []debugFailure
+	unserved := 0 // sockets that did not open, service_ports_unserved
 	if !p.syncPolicies(changedServices) {
 		failed = append(failed, "health check servers")
 	}
@@ -557,6 +558,7 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 					klog.ErrorS(err, "Failed to open proxy socket", "servicePort", name)
 				}
 				failed = append(failed, "open "+info.key)
+				unserved++
 				openFailures = append(openFailures, debugFailure{name: name, info: info, err: err.Error()})
 				continue
 			}
@@ -579,6 +581,7 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 		p.syncLifetime(info)
 		if !p.syncExternalSocket(ap, info, kept, perPortLines) {
 			failed = append(failed, "open external "+info.key)
+			unserved++
 		}
 		if !ap.info.sameRules(info) {
 			// New destinations (a NodePort, an external IP) may hold
@@ -607,12 +610,6 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 	}
 	p.fds.logRefusals()
 	p.metrics.ServicePorts.Set(float64(len(p.active)))
-	unserved := 0
-	for _, f := range failed {
-		if strings.HasPrefix(f, "open ") {
-			unserved++
-		}
-	}
 	p.metrics.ServicePortsUnserved.Set(float64(unserved))
 	p.releaseKeptPorts(kept)
 	if !perPortLines {
