@@ -80,10 +80,7 @@ func TestLoopHugeCloseWhenQuietDelayIsNoRequest(t *testing.T) {
 	b := newLoopBed(t, LoopOptions{Quiet: 50 * time.Millisecond})
 	h := newLoopHandler(b.ep)
 	client, backend := b.connect(t, h, true)
-	h.connected(t)
-	h.mu.Lock()
-	c := h.conn
-	h.mu.Unlock()
+	c := h.loopConn(t)
 	time.Sleep(10 * time.Millisecond)
 	c.CloseWhenQuiet(never)
 	time.Sleep(300 * time.Millisecond) // six quiet periods
@@ -101,10 +98,7 @@ func TestLoopHugeQuietKeepsLoopServing(t *testing.T) {
 	b := newLoopBed(t, LoopOptions{Quiet: never})
 	h := newLoopHandler(b.ep)
 	client, backend := b.connect(t, h, true)
-	h.connected(t)
-	h.mu.Lock()
-	c := h.conn
-	h.mu.Unlock()
+	c := h.loopConn(t)
 	time.Sleep(time.Second)
 	pass(t, client, backend, "ping")
 	pass(t, backend, client, "pong")

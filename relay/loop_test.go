@@ -92,6 +92,15 @@ func (h *loopHandler) connected(t *testing.T) *loopHandler {
 	}
 }
 
+// loopConn waits for Connected and returns the connection.
+func (h *loopHandler) loopConn(t *testing.T) *LoopConn {
+	t.Helper()
+	h.connected(t)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.conn
+}
+
 func (h *loopHandler) wait(t *testing.T) {
 	t.Helper()
 	select {
@@ -602,10 +611,7 @@ func TestLoopCloseWhenQuiet(t *testing.T) {
 	h := newLoopHandler(b.ep)
 	client, backend := b.connect(t, h, true)
 	pass(t, client, backend, "ping")
-	h.mu.Lock()
-	c := h.conn
-	h.mu.Unlock()
-	c.CloseWhenQuiet(0)
+	h.loopConn(t).CloseWhenQuiet(0)
 	// The answer is under way while the request stands: not cut.
 	time.Sleep(30 * time.Millisecond)
 	if _, err := backend.Write([]byte("pong")); err != nil {
