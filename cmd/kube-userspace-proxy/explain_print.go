@@ -207,10 +207,7 @@ func (e *explanation) writePort(w *bufio.Writer, p proxier.DebugServicePort) {
 	case policy.Internal:
 		localOnly = "internalTrafficPolicy Local sends cluster IP traffic"
 	}
-	refusal := "a TCP client's connection is reset"
-	if p.Protocol == "UDP" {
-		refusal = "a UDP client's datagram is answered with ICMP port unreachable"
-	}
+	refusal := refusalOf(p.Protocol)
 	if p.Error != "" {
 		field(w, "endpoints", "not used while the port has no proxy socket")
 	} else if len(p.Endpoints) == 0 && localOnly != "" {
@@ -313,6 +310,14 @@ func (e *explanation) writePort(w *bufio.Writer, p proxier.DebugServicePort) {
 	}
 }
 
+// refusalOf says what a client of a port without endpoints gets.
+func refusalOf(protocol string) string {
+	if protocol == "UDP" {
+		return "a UDP client's datagram is answered with ICMP port unreachable"
+	}
+	return "a TCP client's connection is reset"
+}
+
 // served is the family a one-address --bind-address serves.
 func (e *explanation) served() string {
 	if e.unserved == "IPv4" {
@@ -342,11 +347,7 @@ func (e *explanation) writeExternal(w *bufio.Writer, p proxier.DebugServicePort,
 	}
 	switch {
 	case policy.Internal && len(p.ExternalEndpoints) == 0:
-		refusal := "a TCP client's connection is reset"
-		if p.Protocol == "UDP" {
-			refusal = "a UDP client's datagram is answered with ICMP port unreachable"
-		}
-		field(w, "all endpoints", "none ready: "+refusal+" until one is")
+		field(w, "all endpoints", "none ready: "+refusalOf(p.Protocol)+" until one is")
 	case policy.Internal:
 		field(w, "all endpoints", strings.Join(p.ExternalEndpoints, ", ")+" (every node's)")
 	case len(p.ExternalEndpoints) == 0:
