@@ -37,14 +37,3 @@ func stopBackends(bs []*backend.Server) {
 		b.Close()
 	}
 }
-
-// backendByTCPAddr maps a TCP endpoint ("127.0.0.1:PORT") back to its name, so
-// that tables speak of backend-a rather than of port numbers.
-func backendByTCPAddr(bs []*backend.Server, addr string) string {
-	for _, b := range bs {
-		if b.TCPAddr().String() == addr {
-			return b.Name
-		}
-	}
-	return addr
-}

@@ -1,5 +1,7 @@
 package proxier
 
+//lint:file-ignore SA1019 v1.Endpoints is read on purpose: manifests may hold them, and they are converted to EndpointSlices
+
 import (
 	"net/netip"
 	"testing"

@@ -103,9 +103,7 @@ func TestUDPRepliesGroupIntoGSORuns(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := newUDPBatch()
-			for i, n := range tc.sizes {
-				b.size[i] = n
-			}
+			copy(b.size[:], tc.sizes)
 			if !b.queueReplies(len(tc.sizes), client, nil, unix.AF_INET, tc.gso) {
 				t.Fatal("an IPv4 client of an IPv4 socket was not queued")
 			}

@@ -156,9 +156,6 @@ func (b *udpBatch) segment(i int) int {
 // isGSO reports whether queued message k is a GSO buffer.
 func (b *udpBatch) isGSO(k int) bool { return b.count[k] > 1 || b.seg[b.first[k]] > 0 }
 
-// datagram is what slot i holds: one datagram, or with seg[i] several.
-func (b *udpBatch) datagram(i int) []byte { return b.data[i][:b.size[i]] }
-
 // controlMessages are the control messages read with slot i's datagram.
 func (b *udpBatch) controlMessages(i int) []byte { return b.oob[i][:b.msgs[i].Hdr.Controllen] }
 

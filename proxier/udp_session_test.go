@@ -91,8 +91,10 @@ func TestUDPSessionTableEachRemoves(t *testing.T) {
 
 func TestUDPBudget(t *testing.T) {
 	b := newUDPBudget(2)
-	if !b.acquire() || !b.acquire() {
-		t.Fatal("a budget of 2 refused one of the first two")
+	for i := range 2 {
+		if !b.acquire() {
+			t.Fatalf("a budget of 2 refused acquisition %d", i+1)
+		}
 	}
 	if b.acquire() {
 		t.Fatal("a budget of 2 gave a third slot")

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"net/netip"
 	"testing"
 	"time"
 
@@ -136,9 +135,4 @@ func TestProxy(t *testing.T) {
 	})
 	t.Run("KillAndRestart", func(t *testing.T) { checkRestart(t, e) })
 	t.Run("Cleanup", func(t *testing.T) { checkCleanup(t, e) })
-}
-
-// addrOf is a shorthand for an IP:port literal.
-func addrOf(ip string, port uint16) netip.AddrPort {
-	return netip.AddrPortFrom(netip.MustParseAddr(ip), port)
 }
