@@ -49,6 +49,7 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	@GO=$(GO) hack/staticcheck.sh
 	@hack/fuzz_test.sh
 
 bench:
