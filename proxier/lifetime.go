@@ -39,9 +39,12 @@ func (p *portLifetime) load() lifetimeSettings {
 // sockets (cluster and external traffic) share one.
 type lifetimes struct {
 	ports sync.Map // loadbalancer.ServicePortName → *portLifetime
-	// draining counts ports with a drain time, so endpoint changes of
-	// other Services look at no connection.
-	draining atomic.Int64
+	// draining counts each Service's ports with a drain time, so that an
+	// endpoint change of a Service without one looks at no connection
+	// (the scan runs under the endpoints tracker's lock). Written by the
+	// sync loop when a drain time comes or goes, read per endpoint change.
+	mu       sync.Mutex
+	draining map[types.NamespacedName]int
 }
 
 func (l *lifetimes) port(name loadbalancer.ServicePortName) *portLifetime {
@@ -61,9 +64,9 @@ func (l *lifetimes) set(name loadbalancer.ServicePortName, s lifetimeSettings) {
 	}
 	if (old.drain > 0) != (s.drain > 0) {
 		if s.drain > 0 {
-			l.draining.Add(1)
+			l.countDraining(name.NamespacedName, 1)
 		} else {
-			l.draining.Add(-1)
+			l.countDraining(name.NamespacedName, -1)
 		}
 	}
 	p.settings.Store(&s)
@@ -71,8 +74,28 @@ func (l *lifetimes) set(name loadbalancer.ServicePortName, s lifetimeSettings) {
 
 func (l *lifetimes) remove(name loadbalancer.ServicePortName) {
 	if v, ok := l.ports.LoadAndDelete(name); ok && v.(*portLifetime).load().drain > 0 {
-		l.draining.Add(-1)
+		l.countDraining(name.NamespacedName, -1)
 	}
+}
+
+func (l *lifetimes) countDraining(svc types.NamespacedName, delta int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.draining == nil {
+		l.draining = map[types.NamespacedName]int{}
+	}
+	if n := l.draining[svc] + delta; n > 0 {
+		l.draining[svc] = n
+	} else {
+		delete(l.draining, svc)
+	}
+}
+
+// drains reports whether a port of svc has a drain time.
+func (l *lifetimes) drains(svc types.NamespacedName) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.draining[svc] > 0
 }
 
 // syncLifetime puts a port's lifetime in force: the annotations' if valid,
@@ -118,9 +141,10 @@ func logLifetimeError(old, svc *v1.Service) {
 // endpoint is no longer served the port's drain time, then closes it at
 // its next quiet moment (unless the endpoint came back meanwhile). It runs
 // when svc's endpoints changed; Services without a drain time cost one
-// atomic load.
+// map lookup. A draining Service's change walks the node's connections
+// (the registry is not kept per Service, so that accepts share no lock).
 func (p *Proxier) drainRemoved(svc types.NamespacedName) {
-	if p.sockCfg.lifetimes.draining.Load() == 0 {
+	if !p.sockCfg.lifetimes.drains(svc) {
 		return
 	}
 	p.sockCfg.conns.tcp.Range(func(k, _ any) bool {
