@@ -4,6 +4,7 @@ package config
 
 import (
 	"fmt"
+	"maps"
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
@@ -17,8 +18,9 @@ const ManagedByManifests = "manifests.kube-userspace-proxy"
 
 // EndpointsToSlices converts a validated v1 Endpoints into EndpointSlices the
 // way the mirroring controller would: one slice per subset and address family
-// (named "<name>-subset<i>-ipv4|ipv6"), labelled with the Service name;
-// NotReadyAddresses become endpoints with ready=false. An Endpoints
+// (named "<name>-subset<i>-ipv4|ipv6"), with the Endpoints' labels and
+// annotations (mirroredMetadata); NotReadyAddresses become endpoints with
+// ready=false. An Endpoints
 // labelled endpointslice.kubernetes.io/skip-mirror=true gives none: the
 // controller does not mirror it, so kube-proxy never serves it.
 func EndpointsToSlices(e *v1.Endpoints) []*discovery.EndpointSlice {
@@ -43,15 +45,8 @@ func EndpointsToSlices(e *v1.Endpoints) []*discovery.EndpointSlice {
 				continue
 			}
 			out = append(out, &discovery.EndpointSlice{
-				TypeMeta: metav1.TypeMeta{APIVersion: "discovery.k8s.io/v1", Kind: KindEndpointSlice},
-				ObjectMeta: metav1.ObjectMeta{
-					Name:      sliceNameForSubset(e.Name, i, family),
-					Namespace: e.Namespace,
-					Labels: map[string]string{
-						discovery.LabelServiceName: e.Name,
-						discovery.LabelManagedBy:   ManagedByManifests,
-					},
-				},
+				TypeMeta:    metav1.TypeMeta{APIVersion: "discovery.k8s.io/v1", Kind: KindEndpointSlice},
+				ObjectMeta:  mirroredMetadata(e, sliceNameForSubset(e.Name, i, family)),
 				AddressType: family,
 				Endpoints:   eps,
 				Ports:       slicePorts(ss.Ports),
@@ -59,6 +54,31 @@ func EndpointsToSlices(e *v1.Endpoints) []*discovery.EndpointSlice {
 		}
 	}
 	return out
+}
+
+// mirroredMetadata is a slice's metadata as the mirroring controller
+// writes it: every label of the Endpoints (so that ProxyLabelSelector
+// leaves out the slices of one labelled for another proxy or headless, as
+// kube-proxy's informers do) but the service-name and managed-by labels,
+// which it sets; every annotation but the trigger time and kubectl's
+// last-applied configuration.
+func mirroredMetadata(e *v1.Endpoints, name string) metav1.ObjectMeta {
+	m := metav1.ObjectMeta{Name: name, Namespace: e.Namespace, Labels: maps.Clone(e.Labels)}
+	if m.Labels == nil {
+		m.Labels = map[string]string{}
+	}
+	m.Labels[discovery.LabelServiceName] = e.Name
+	m.Labels[discovery.LabelManagedBy] = ManagedByManifests
+	for k, v := range e.Annotations {
+		if k == v1.EndpointsLastChangeTriggerTime || k == v1.LastAppliedConfigAnnotation {
+			continue
+		}
+		if m.Annotations == nil {
+			m.Annotations = map[string]string{}
+		}
+		m.Annotations[k] = v
+	}
+	return m
 }
 
 func sliceNameForSubset(name string, subset int, family discovery.AddressType) string {

@@ -3,6 +3,7 @@ package config
 //lint:file-ignore SA1019 v1.Endpoints is read on purpose: manifests may hold them, and they are converted to EndpointSlices
 
 import (
+	"maps"
 	"os"
 	"testing"
 
@@ -94,5 +95,67 @@ func TestEndpointsSkipMirrorIsNotConverted(t *testing.T) {
 	e.Labels[discovery.LabelSkipMirror] = "false"
 	if slices := EndpointsToSlices(e); len(slices) == 0 {
 		t.Error("skip-mirror=false Endpoints not converted")
+	}
+}
+
+// Slices converted from an Endpoints carry its labels and annotations, as
+// the mirroring controller's do (it sets the service-name and managed-by
+// labels itself and leaves out the trigger-time and last-applied
+// annotations), so that ProxyLabelSelector leaves out what kube-proxy
+// would: the slices of an Endpoints labelled for another proxy or
+// headless were served.
+func TestEndpointsToSlicesCopyMetadata(t *testing.T) {
+	own := map[string]string{discovery.LabelServiceName: "web", discovery.LabelManagedBy: ManagedByManifests}
+	with := func(m map[string]string) map[string]string {
+		out := maps.Clone(own)
+		maps.Copy(out, m)
+		return out
+	}
+	for _, tc := range []struct {
+		name                  string
+		labels, annotations   map[string]string
+		wantLabels, wantAnnot map[string]string
+		served                bool
+	}{
+		{name: "none", wantLabels: own, served: true},
+		{name: "plain labels", labels: map[string]string{"app": "web"},
+			wantLabels: with(map[string]string{"app": "web"}), served: true},
+		{name: "another proxy's", labels: map[string]string{"service.kubernetes.io/service-proxy-name": "other"},
+			wantLabels: with(map[string]string{"service.kubernetes.io/service-proxy-name": "other"})},
+		{name: "headless", labels: map[string]string{"service.kubernetes.io/headless": ""},
+			wantLabels: with(map[string]string{"service.kubernetes.io/headless": ""})},
+		{name: "own labels overwritten", labels: map[string]string{discovery.LabelServiceName: "api", discovery.LabelManagedBy: "someone"},
+			wantLabels: own, served: true},
+		{name: "annotations", annotations: map[string]string{"note": "x", v1.EndpointsLastChangeTriggerTime: "2026-01-01T00:00:00Z",
+			v1.LastAppliedConfigAnnotation: "{}"},
+			wantLabels: own, wantAnnot: map[string]string{"note": "x"}, served: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, errs := DecodeManifests("ep.yaml", []byte(endpointsYAML))
+			if len(errs) > 0 {
+				t.Fatal(errs)
+			}
+			e := got[0].Object.(*v1.Endpoints)
+			e.Labels, e.Annotations = tc.labels, tc.annotations
+			slices := EndpointsToSlices(e)
+			if len(slices) == 0 {
+				t.Fatal("no slice")
+			}
+			for _, s := range slices {
+				if !maps.Equal(s.Labels, tc.wantLabels) || !maps.Equal(s.Annotations, tc.wantAnnot) {
+					t.Errorf("%s: labels %v, annotations %v; want %v, %v", s.Name, s.Labels, s.Annotations, tc.wantLabels, tc.wantAnnot)
+				}
+			}
+			served := deliverables("ep.yaml", 0, objectKey{"Endpoints", e.Namespace, e.Name}, e)
+			if (len(served) > 0) != tc.served {
+				t.Errorf("%d slices served, want served=%v", len(served), tc.served)
+			}
+			if e.Labels != nil {
+				e.Labels["later"] = "edit"
+				if !maps.Equal(slices[0].Labels, tc.wantLabels) {
+					t.Errorf("labels %v once the Endpoints' changed, want %v: the maps are shared", slices[0].Labels, tc.wantLabels)
+				}
+			}
+		})
 	}
 }
