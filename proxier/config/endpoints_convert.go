@@ -21,10 +21,14 @@ const ManagedByManifests = "manifests.kube-userspace-proxy"
 // (named "<name>-subset<i>-ipv4|ipv6"), with the Endpoints' labels and
 // annotations (mirroredMetadata); NotReadyAddresses become endpoints with
 // ready=false. An Endpoints
-// labelled endpointslice.kubernetes.io/skip-mirror=true gives none: the
-// controller does not mirror it, so kube-proxy never serves it.
+// labelled endpointslice.kubernetes.io/skip-mirror=true, or holding a
+// leader-election record, gives none: the controller does not mirror it,
+// so kube-proxy never serves it.
 func EndpointsToSlices(e *v1.Endpoints) []*discovery.EndpointSlice {
 	if e.Labels[discovery.LabelSkipMirror] == "true" {
+		return nil
+	}
+	if _, lock := e.Annotations[leaderElectionAnnotation]; lock {
 		return nil
 	}
 	var out []*discovery.EndpointSlice
@@ -80,6 +84,11 @@ func mirroredMetadata(e *v1.Endpoints, name string) metav1.ObjectMeta {
 	}
 	return m
 }
+
+// leaderElectionAnnotation marks an Endpoints used as a leader-election
+// lock (client-go's resourcelock.LeaderElectionRecordAnnotationKey, not
+// imported for one string).
+const leaderElectionAnnotation = "control-plane.alpha.kubernetes.io/leader"
 
 func sliceNameForSubset(name string, subset int, family discovery.AddressType) string {
 	suffix := "ipv4"

@@ -159,3 +159,18 @@ func TestEndpointsToSlicesCopyMetadata(t *testing.T) {
 		})
 	}
 }
+
+// An Endpoints that holds a leader-election record (the annotation client-go's
+// Endpoints lock wrote) is a lock, not a set of backends: the mirroring
+// controller skips it.
+func TestEndpointsLeaderElectionLockIsNotConverted(t *testing.T) {
+	got, errs := DecodeManifests("ep.yaml", []byte(endpointsYAML))
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	e := got[0].Object.(*v1.Endpoints)
+	e.Annotations = map[string]string{"control-plane.alpha.kubernetes.io/leader": `{"holderIdentity":"a"}`}
+	if slices := EndpointsToSlices(e); len(slices) != 0 {
+		t.Errorf("a leader-election Endpoints converted to %d slices, want none", len(slices))
+	}
+}
