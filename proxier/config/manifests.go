@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -44,6 +45,9 @@ type ManifestSource struct {
 	lastShape  string          // files, skipped and erroneous files last summarized
 	badFiles   map[string]bool // files whose last decode reported errors
 	afterList  func()          // tests: runs between a reload's listing and its reads
+
+	emptiedGrace time.Duration        // how long a file that reads empty keeps its objects
+	emptied      map[string]time.Time // files kept so: since when they read empty
 }
 
 // Option configures a ManifestSource.
@@ -101,6 +105,9 @@ func NewManifestSource(path string, h Handler, opts ...Option) *ManifestSource {
 		settle:  100 * time.Millisecond,
 		watch:   true,
 
+		emptiedGrace: defaultEmptiedGrace,
+		emptied:      map[string]time.Time{},
+
 		files:     map[string]*fileState{},
 		served:    map[objectKey]servedObject{},
 		lastDups:  map[string]bool{},
@@ -139,12 +146,30 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 	defer ticker.Stop()
 	var settle clock.Timer
 	var settleC <-chan time.Time
+	// A file kept while it reads empty is read again when its grace ends,
+	// whether or not anything else prompts a reload.
+	var recheck clock.Timer
+	var recheckC <-chan time.Time
+	reload := func() {
+		s.reload()
+		if recheck != nil {
+			recheck.Stop()
+			recheck, recheckC = nil, nil
+		}
+		if d, ok := s.emptiedGraceLeft(); ok {
+			recheck = s.clock.NewTimer(d)
+			recheckC = recheck.C()
+		}
+	}
 	events, watchErrs := w.events(), w.errors()
 	for {
 		select {
 		case <-ctx.Done():
 			if settle != nil {
 				settle.Stop()
+			}
+			if recheck != nil {
+				recheck.Stop()
 			}
 			return ctx.Err()
 		case ev, ok := <-events:
@@ -166,9 +191,12 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 			s.report(fmt.Errorf("watching %s: %w", s.path, err))
 		case <-settleC:
 			settleC = nil
-			s.reload()
+			reload()
+		case <-recheckC:
+			recheckC = nil
+			reload()
 		case <-ticker.C():
-			s.reload()
+			reload()
 		}
 	}
 }
@@ -206,6 +234,10 @@ func (s *ManifestSource) reload() {
 		s.forgetRead(name)
 		prev := s.files[name]
 		if prev != nil && prev.digest == digestOf(data) {
+			delete(s.emptied, name)
+			continue
+		}
+		if s.keepEmptied(name, data, prev) {
 			continue
 		}
 		next, errs := s.dec.applyFile(name, data, prev)
@@ -222,6 +254,7 @@ func (s *ManifestSource) reload() {
 		if !present[name] {
 			delete(s.files, name)
 			delete(s.badFiles, name)
+			delete(s.emptied, name)
 		}
 	}
 
@@ -237,6 +270,52 @@ func (s *ManifestSource) reload() {
 	}
 	s.served = desired
 	s.summarize(len(present), skipped, events, recovered)
+}
+
+// defaultEmptiedGrace is how long a file that held objects and reads as
+// holding none keeps them: longer than a generator writing through a shell
+// redirection usually runs (helm template, kustomize build: well under a
+// second from local files, seconds when they fetch a remote chart or base),
+// and no longer than the fallback poll, so that a file emptied on purpose
+// still serves nothing within seconds.
+const defaultEmptiedGrace = 5 * time.Second
+
+// keepEmptied says whether a file that held objects and now reads as holding
+// none (empty, or only blanks and comments) keeps them. A file is rewritten
+// in place (kustomize build > all.yaml) by truncating it and writing it again
+// when the generator is done; read meanwhile, as an edit, it deleted every
+// Service of the file (closing its proxy sockets, losing its affinity) and
+// added them again, on other proxy ports, a moment later. A file is deleted
+// to remove its objects: one that still reads empty when emptiedGrace has
+// passed is taken as it is.
+func (s *ManifestSource) keepEmptied(name string, data []byte, prev *fileState) bool {
+	if prev == nil || len(prev.objects) == 0 || !blank(data) {
+		delete(s.emptied, name)
+		return false
+	}
+	now := s.clock.Now()
+	since, kept := s.emptied[name]
+	if !kept {
+		since = now
+		s.emptied[name] = since
+		s.summary(fmt.Sprintf("%s holds no objects: keeping its last %d for %v, as it may be being written in place "+
+			"(write it to a temporary file in the same directory and rename it into place)", name, len(prev.objects), s.emptiedGrace))
+	}
+	if now.Sub(since) < s.emptiedGrace {
+		return true
+	}
+	delete(s.emptied, name)
+	return false
+}
+
+// emptiedGraceLeft is how long until the first file kept by keepEmptied is
+// to be read again; false when none is kept.
+func (s *ManifestSource) emptiedGraceLeft() (time.Duration, bool) {
+	if len(s.emptied) == 0 {
+		return 0, false
+	}
+	first := slices.MinFunc(slices.Collect(maps.Values(s.emptied)), time.Time.Compare)
+	return max(0, first.Add(s.emptiedGrace).Sub(s.clock.Now())), true
 }
 
 // skippedFile is a directory entry that is not read, and why.

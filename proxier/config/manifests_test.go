@@ -120,7 +120,7 @@ func TestSingleFileMode(t *testing.T) {
 	path := filepath.Join(dir, "svc.yaml")
 	writeFile(t, path, serviceYAML("a", 80))
 	writeFile(t, filepath.Join(dir, "other.yaml"), serviceYAML("other", 80)) // not watched
-	rec, log := startSource(t, path, []string{"add Service default/a"})
+	rec, log := startSource(t, path, []string{"add Service default/a"}, withEmptiedGrace(200*time.Millisecond))
 
 	writeAtomic(t, path, serviceYAML("a", 81)+"---\n"+serviceYAML("b", 80))
 	rec.waitFor(t, liveWait, "update Service default/a", "add Service default/b")
@@ -128,7 +128,8 @@ func TestSingleFileMode(t *testing.T) {
 		t.Errorf("port %d, want 81", p)
 	}
 	// The file gone keeps its last good objects serving, as a directory
-	// gone does; back, it is read again. Emptied, it serves nothing.
+	// gone does; back, it is read again. Emptied, it serves nothing once
+	// the grace for a file being rewritten in place has passed.
 	os.Remove(path)
 	eventually(t, func() bool {
 		return log.contains(path + ": stat " + path + ": no such file or directory (keeping its last good objects)")
