@@ -221,6 +221,7 @@ func (s *ManifestSource) reload() {
 	s.forgetRead(s.path)
 	present := map[string]bool{}
 	var recovered []string
+	changed := false // a file's contribution changed: only then is the merge redone
 	for _, name := range names {
 		data, err := os.ReadFile(name)
 		if errors.Is(err, fs.ErrNotExist) {
@@ -249,13 +250,22 @@ func (s *ManifestSource) reload() {
 		}
 		s.badFiles[name] = len(errs) > 0
 		s.files[name] = next
+		changed = true
 	}
 	for name := range s.files {
 		if !present[name] {
 			delete(s.files, name)
 			delete(s.badFiles, name)
 			delete(s.emptied, name)
+			changed = true
 		}
+	}
+	if !changed {
+		// What is served is what these files gave: an idle poll at 10,000
+		// Services spent 140-210 ms merging, allocating (a copy of every
+		// Service without clusterIP) and comparing them to find nothing.
+		s.summarize(len(present), skipped, nil, nil)
+		return
 	}
 
 	desired, problems := resolve(s.files, s.served)

@@ -1,0 +1,86 @@
+package config
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// writeServices writes n Services named svc-NNNNN, with clusterIP or without
+// (allocated then), each with one EndpointSlice, over files files.
+func writeServices(tb testing.TB, dir string, n, files int, named bool) {
+	tb.Helper()
+	for f := range files {
+		var b strings.Builder
+		for i := f * n / files; i < (f+1)*n/files; i++ {
+			ip := ""
+			if named {
+				ip = fmt.Sprintf("\n  clusterIP: 10.%d.%d.%d", 96+i/65536, i/256%256, i%256)
+			}
+			fmt.Fprintf(&b, "---\napiVersion: v1\nkind: Service\nmetadata: {name: svc-%05d}\nspec:%s\n  ports: [{name: http, port: 80}]\n", i, ip)
+			fmt.Fprintf(&b, "---\n%s", sliceYAML(fmt.Sprintf("svc-%05d-1", i), "IPv4", fmt.Sprintf("10.1.%d.%d", i/256%256, i%256)))
+		}
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%03d.yaml", f)), []byte(b.String()), 0o644); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
+// newIdleSource is a source on dir that has read it once, driven by calling
+// reload, as Run's poll does.
+func newIdleSource(tb testing.TB, dir string, h Handler) *ManifestSource {
+	tb.Helper()
+	errs := &manifestErrors{}
+	src := NewManifestSource(dir, h, WithoutWatcher(), WithErrorReporter(errs.report), WithSummaryReporter(func(string) {}))
+	src.dirMode = true
+	src.reload()
+	if errs.String() != "[]" {
+		tb.Fatalf("errors: %s", errs)
+	}
+	return src
+}
+
+// A poll that finds no file changed does nothing but read them: it ran the
+// merge, the ClusterIP allocation (a fresh copy of every Service without
+// clusterIP) and the comparison of every object, 140-210 ms of CPU every
+// 5 s at 10,000 Services. Seen here as the objects served staying the very
+// ones delivered.
+func TestIdlePollKeepsServedObjects(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "a.yaml"), serviceYAML("allocated", 80)+"---\n"+
+		strings.Replace(serviceYAML("named", 81), "spec:\n", "spec:\n  clusterIP: 10.96.0.10\n", 1))
+	rec := newManifestRecorder()
+	src := newIdleSource(t, dir, rec)
+	rec.take()
+	before := map[objectKey]servedObject{}
+	for k, o := range src.served {
+		before[k] = o
+	}
+
+	src.reload()
+	if got := rec.take(); len(got) != 0 {
+		t.Errorf("events at an idle poll: %q", got)
+	}
+	for k, o := range src.served {
+		if o.obj != before[k].obj {
+			t.Errorf("%s: an idle poll made a new copy of it", k)
+		}
+	}
+	if len(src.served) != len(before) {
+		t.Errorf("served %d objects, then %d", len(before), len(src.served))
+	}
+}
+
+// BenchmarkIdlePoll10k is one poll that finds none of 100 files of 10,000
+// Services (no clusterIP: allocated) and their slices changed.
+func BenchmarkIdlePoll10k(b *testing.B) {
+	dir := b.TempDir()
+	writeServices(b, dir, 10000, 100, false)
+	src := newIdleSource(b, dir, newManifestRecorder())
+	b.ReportAllocs()
+	for b.Loop() {
+		src.reload()
+	}
+}
