@@ -407,11 +407,16 @@ const readBufferSize = 4096
 // text) ends the stream; the documents before it are returned with it.
 func splitDocuments(data []byte) ([]document, error) {
 	var docs []document
-	cursor := 0
+	cursor, lines := 0, 0 // lines: how many end before cursor
 	add := func(body []byte) {
 		line := 0
 		if i := bytes.Index(data[cursor:], body); i >= 0 {
-			line = 1 + bytes.Count(data[:cursor+i], []byte("\n"))
+			// Counted from the cursor, not from the file's start: a file
+			// of 20,000 documents spent 0.6 s counting its lines again
+			// for each one.
+			lines += bytes.Count(data[cursor:cursor+i], []byte("\n"))
+			line = 1 + lines
+			lines += bytes.Count(body, []byte("\n"))
 			cursor += i + len(body)
 		}
 		if !blank(body) {

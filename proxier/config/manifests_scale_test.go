@@ -84,3 +84,29 @@ func BenchmarkIdlePoll10k(b *testing.B) {
 		src.reload()
 	}
 }
+
+// BenchmarkEditBigFile10k is the reload after one endpoint address changed
+// in one file of 10,000 Services (named clusterIPs) and their slices.
+func BenchmarkEditBigFile10k(b *testing.B) {
+	dir := b.TempDir()
+	writeServices(b, dir, 10000, 1, true)
+	src := newIdleSource(b, dir, newManifestRecorder())
+	path := filepath.Join(dir, "f000.yaml")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	versions := [2][]byte{
+		[]byte(strings.Replace(string(data), `"10.1.0.7"`, `"10.2.0.7"`, 1)),
+		data,
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if err := os.WriteFile(path, versions[i%2], 0o644); err != nil {
+			b.Fatal(err)
+		}
+		i++
+		src.reload()
+	}
+}
