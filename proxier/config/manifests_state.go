@@ -41,6 +41,7 @@ type servedObject struct {
 type fileState struct {
 	digest  [sha256.Size]byte
 	objects []servedObject
+	docs    map[docDigest][]Manifest // its documents that decoded without error, for the next version
 }
 
 // applyFile decodes new content for a file and returns its new state. Only
@@ -49,8 +50,12 @@ type fileState struct {
 // not even be identified keeps every previous object of the file that the new
 // content does not provide.
 func (d decoder) applyFile(file string, data []byte, prev *fileState) (*fileState, []error) {
-	manifests, errs := d.decode(file, data)
-	next := &fileState{digest: sha256.Sum256(data)}
+	var known map[docDigest][]Manifest
+	if prev != nil {
+		known = prev.docs
+	}
+	manifests, errs, docs := d.decodeKnown(file, data, known)
+	next := &fileState{digest: sha256.Sum256(data), docs: docs}
 	provided := map[objectKey]bool{}
 	for _, m := range manifests {
 		src := objectKey{m.Kind, m.Namespace, m.Name}
@@ -153,7 +158,7 @@ func diff(served, desired map[objectKey]servedObject) []event {
 	for k, cur := range desired {
 		if old, ok := served[k]; !ok {
 			evs = append(evs, event{cur: &cur})
-		} else if !equality.Semantic.DeepEqual(old.obj, cur.obj) {
+		} else if old.obj != cur.obj && !equality.Semantic.DeepEqual(old.obj, cur.obj) {
 			evs = append(evs, event{old: &old, cur: &cur})
 		}
 	}
