@@ -67,8 +67,9 @@ func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo, kept
 		sp := p.lb.ServicePort(ext)
 		p.setBalancerPolicy(ext, info)
 		keptPort := kept.claimExternal(info)
+		bind := p.listenAddrOf(info)
 		sock, err := p.openSocket(keptPort, func(port int) (proxySocket, error) {
-			return p.listen(info.name, p.opts.BindAddress, port, info.hasIPv6(), sp, ap.faults, p.sockCfg)
+			return p.listen(info.name, bind, port, bind.Is6(), sp, ap.faults, p.sockCfg)
 		})
 		if err != nil {
 			p.lb.DeleteServicePort(ext)

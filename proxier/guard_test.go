@@ -97,3 +97,46 @@ func proxyRow(t *testing.T, p *Proxier, servicePort string) DebugServicePort {
 	t.Fatalf("no row for %s: %+v", servicePort, p.DebugServices())
 	return DebugServicePort{}
 }
+
+// On a node without IPv6 netfilter (no ip6tables, no IPv6 nat table) the
+// proxy sockets listen in IPv4 only, as with --bind-address of an IPv4
+// address: IPv6 has no portals and no guard, so a dual-stack socket let
+// any IPv6 host reach a proxy port straight, past the portals, the
+// loadBalancerSourceRanges and the Local policy's split (a black-box
+// tester's finding), and --bind-address :: did so even for an IPv4-only
+// Service. kube-proxy serves nothing in a family it has no proxier for.
+func TestNoSocketListensInAFamilyWithoutPortals(t *testing.T) {
+	for _, bind := range []string{"0.0.0.0", "::"} {
+		for _, svc := range []*v1.Service{makeService("v4only"), func() *v1.Service {
+			svc := localLB("dual", 0)
+			svc.Spec.ClusterIPs = []string{"10.96.0.10", "fd00::10"}
+			svc.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "192.0.2.10"}, {IP: "2001:db8::10"}}
+			return svc
+		}()} {
+			t.Run(bind+" "+svc.Name, func(t *testing.T) {
+				fake4 := iptables.NewFakeRunner(iptables.IPv4)
+				rules4 := iptables.New(fake4, iptables.Config{Family: iptables.IPv4, NodeIP: mustAddr("192.0.2.2")})
+				p := newTestProxier(t, Options{IPv4Portals: rules4, BindAddress: mustAddr(bind)})
+				p.OnServiceAdd(svc)
+				p.Sync()
+				row := proxyRow(t, p, "default/"+svc.Name+":p")
+				addrs := []string{row.ProxyAddress}
+				if row.ExternalProxyAddress != "" {
+					addrs = append(addrs, row.ExternalProxyAddress)
+				}
+				for _, a := range addrs {
+					if host, _, _ := net.SplitHostPort(a); host != "0.0.0.0" {
+						t.Errorf("proxy address %s; want 0.0.0.0, IPv4 only", a)
+					}
+					// The port is free in IPv6 when no socket listens there.
+					ln, err := net.Listen("tcp6", net.JoinHostPort("::", portOfAddr(t, a)))
+					if err != nil {
+						t.Errorf("proxy port %s listens in IPv6, with no IPv6 portal nor guard: %v", a, err)
+						continue
+					}
+					ln.Close()
+				}
+			})
+		}
+	}
+}

@@ -674,8 +674,9 @@ func (p *Proxier) openPort(info *servicePortInfo, kept int, logLine bool) (*acti
 	sp := p.lb.ServicePort(info.name)
 	p.setBalancerPolicy(info.name, info)
 	fp := p.opts.Faults.PortLabeled(info.faultName, string(info.name.Protocol), info.key)
+	bind := p.listenAddrOf(info)
 	listen := func(port int) (proxySocket, error) {
-		return p.listen(info.name, p.opts.BindAddress, port, info.hasIPv6(), sp, fp, p.sockCfg)
+		return p.listen(info.name, bind, port, bind.Is6(), sp, fp, p.sockCfg)
 	}
 	sock, err := p.openSocket(kept, listen)
 	if err != nil {
@@ -727,26 +728,33 @@ func logMovedPort(info *servicePortInfo, kept, port int) {
 }
 
 func (p *Proxier) listenHost() string {
-	if p.opts.BindAddress.IsValid() {
+	if b := p.opts.BindAddress; b.IsValid() && !(b.IsUnspecified() && p.unsupportedFamily() == "IPv6") {
 		// "::" too: sockets then listen on every address of both
 		// families, which "0.0.0.0" (shown for it before) hid.
-		return p.opts.BindAddress.String()
+		return b.String()
 	}
 	return "0.0.0.0"
 }
 
 // listenAddrOf is where info's sockets listen (newProxySocket): on the
 // wildcard address a port with IPv6 addresses listens in both families,
-// so "::", not the "0.0.0.0" of --bind-address.
+// so "::", not the "0.0.0.0" of --bind-address. Without IPv6 portals (no
+// IPv6 netfilter on the node) the wildcard is IPv4's, "::" of the flag
+// too, as kube-proxy serves nothing in a family it has no proxier for:
+// IPv6 has no guard rule then either, and a dual-stack socket let any
+// IPv6 host reach the proxy port straight, past the portals,
+// loadBalancerSourceRanges and the Local policy's split.
 func (p *Proxier) listenAddrOf(info *servicePortInfo) netip.Addr {
 	b := p.opts.BindAddress
-	if !b.IsValid() {
-		b = netip.IPv4Unspecified()
-	}
-	if b.IsUnspecified() && info.hasIPv6() {
+	switch {
+	case b.IsValid() && !b.IsUnspecified():
+		return b
+	case p.unsupportedFamily() == "IPv6":
+		return netip.IPv4Unspecified()
+	case info.hasIPv6() || b.Is6():
 		return netip.IPv6Unspecified()
 	}
-	return b
+	return netip.IPv4Unspecified()
 }
 
 func (p *Proxier) listenHostOf(info *servicePortInfo) string { return p.listenAddrOf(info).String() }
