@@ -1,11 +1,13 @@
 package proxier
 
 import (
+	"encoding/binary"
 	"net"
 	"net/netip"
 
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
+	"golang.org/x/sys/unix"
 )
 
 // A socket bound to the wildcard address replies from whatever source the
@@ -51,5 +53,31 @@ func replyControl(oob []byte) []byte {
 		return (&ipv4.ControlMessage{Src: net.IP(a[:])}).Marshal()
 	}
 	a := dst.Addr().As16()
-	return (&ipv6.ControlMessage{Src: net.IP(a[:])}).Marshal()
+	cm := &ipv6.ControlMessage{Src: net.IP(a[:])}
+	if dst.Addr().IsLinkLocalUnicast() {
+		// A link-local source means nothing without its link: the
+		// kernel refuses it (EINVAL) unless the reply names the
+		// interface, the one the datagram came in on. A global source
+		// leaves the interface to the route, as kube-proxy's replies
+		// do: the arrival one is wrong under asymmetric routing.
+		cm.IfIndex = arrivalInterface(oob)
+	}
+	return cm.Marshal()
+}
+
+// arrivalInterface is the index of the interface an IPv6 datagram came in
+// on, from its IPV6_PKTINFO in oob (0: none).
+func arrivalInterface(oob []byte) int {
+	for len(oob) >= unix.CmsgLen(0) {
+		h, data, rest, err := unix.ParseOneSocketControlMessage(oob)
+		if err != nil {
+			break
+		}
+		if h.Level == unix.IPPROTO_IPV6 && h.Type == unix.IPV6_PKTINFO && len(data) >= unix.SizeofInet6Pktinfo {
+			// struct in6_pktinfo: addr, ifindex.
+			return int(binary.NativeEndian.Uint32(data[16:20]))
+		}
+		oob = rest
+	}
+	return 0
 }

@@ -3,8 +3,11 @@ package proxier
 import (
 	"net"
 	"net/netip"
+	"strconv"
 	"testing"
 	"time"
+
+	"golang.org/x/net/ipv6"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -45,6 +48,10 @@ func TestUDPRepliesLeaveFromTheAddressTheClientSentTo(t *testing.T) {
 		{"dual-stack socket, IPv4 client", "udp", "10.78.0.10", "10.78.0.2"},
 		{"dual-stack socket, IPv6 secondary address", "udp", "fd78::10", "fd78::2"},
 		{"dual-stack socket, IPv6 primary address", "udp", "fd78::10", "fd78::1"},
+		// The node's link-local address (a --node-ip fe80::..., a REDIRECT
+		// on a link with no other IPv6 address): its replies failed
+		// (sendmmsg EINVAL) without the interface they leave on.
+		{"dual-stack socket, IPv6 link-local address", "udp", "fd78::10", "link-local"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var conn *net.UDPConn
@@ -60,7 +67,12 @@ func TestUDPRepliesLeaveFromTheAddressTheClientSentTo(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer c.Close()
-			to := netip.AddrPortFrom(netip.MustParseAddr(tc.to), uint16(sock.Port()))
+			var to netip.AddrPort
+			if tc.to == "link-local" {
+				to = netip.AddrPortFrom(linkLocalOf(t, node, client, "eth0"), uint16(sock.Port()))
+			} else {
+				to = netip.AddrPortFrom(netip.MustParseAddr(tc.to), uint16(sock.Port()))
+			}
 			// The first datagram opens the session,
 			// the second uses it.
 			for i := range 2 {
@@ -73,9 +85,81 @@ func TestUDPRepliesLeaveFromTheAddressTheClientSentTo(t *testing.T) {
 				if err != nil {
 					t.Fatalf("datagram %d: no reply: %v", i, err)
 				}
-				if from.Addr().Unmap() != to.Addr() {
+				if from.Addr().Unmap().WithZone("") != to.Addr().WithZone("") {
 					t.Fatalf("datagram %d to %v: reply from %v, want from the address the client sent to", i, to, from)
 				}
+			}
+		})
+	}
+}
+
+// linkLocalOf is the link-local address of node's interface, zoned for
+// peer's end of the link, which has the same name (a numeric zone: a
+// name would be looked up in the test's namespace, not peer's). It waits
+// for both ends' link-local addresses, which come a moment after the link.
+func linkLocalOf(t *testing.T, node, peer *netns.NS, ifName string) netip.Addr {
+	t.Helper()
+	ll, _ := waitLinkLocal(t, node, ifName)
+	_, index := waitLinkLocal(t, peer, ifName)
+	return ll.WithZone(strconv.Itoa(index))
+}
+
+// waitLinkLocal returns the link-local address of ns's interface and the
+// interface's index.
+func waitLinkLocal(t *testing.T, ns *netns.NS, ifName string) (netip.Addr, int) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		var ll netip.Addr
+		var index int
+		if err := ns.Do(func() error {
+			ifi, err := net.InterfaceByName(ifName)
+			if err != nil {
+				return err
+			}
+			index = ifi.Index
+			addrs, err := ifi.Addrs()
+			for _, a := range addrs {
+				if p, perr := netip.ParsePrefix(a.String()); perr == nil && p.Addr().Is6() && p.Addr().IsLinkLocalUnicast() {
+					ll = p.Addr()
+				}
+			}
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if ll.IsValid() {
+			return ll, index
+		}
+	}
+	t.Fatalf("no link-local address on %s in %s", ifName, ns.Name)
+	return netip.Addr{}, 0
+}
+
+// A reply's source is the address the client sent to, and from a
+// link-local one it leaves on the interface the datagram came in on: the
+// kernel cannot send from a link-local source without its link (EINVAL).
+// A global source leaves the output interface to the route, which need
+// not be the arrival one (asymmetric routing).
+func TestReplyControlCarriesTheLinkOfALinkLocalSource(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		dst         string
+		ifIndex     int
+		wantIfIndex int
+	}{
+		{"link-local destination", "fe80::1", 7, 7},
+		{"global destination", "fd00::1", 7, 0},
+		{"unique local destination", "fd78::2", 3, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// A received IPV6_PKTINFO has the sent one's layout (struct in6_pktinfo).
+			oob := (&ipv6.ControlMessage{Src: net.ParseIP(tc.dst), IfIndex: tc.ifIndex}).Marshal()
+			var cm ipv6.ControlMessage
+			if err := cm.Parse(replyControl(oob)); err != nil {
+				t.Fatal(err)
+			}
+			if !cm.Dst.Equal(net.ParseIP(tc.dst)) || cm.IfIndex != tc.wantIfIndex {
+				t.Errorf("reply pktinfo: source %v, ifindex %d; want %s, %d", cm.Dst, cm.IfIndex, tc.dst, tc.wantIfIndex)
 			}
 		})
 	}
