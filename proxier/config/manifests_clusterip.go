@@ -71,11 +71,16 @@ type allocation struct {
 	key      objectKey
 	ips, was []netip.Addr
 	from     []netip.Prefix
+	named    int // how many of ips the Service names (a dual-stack one's primary)
 }
 
 func (a allocation) String() string {
 	msg := fmt.Sprintf("%s has no clusterIP: allocated %s from --service-cluster-ip-range %s",
 		a.key, addrs(a.ips), prefixes(a.from))
+	if a.named > 0 {
+		msg = fmt.Sprintf("%s names clusterIP %s, and its ipFamilyPolicy asks for both IP families: allocated %s from --service-cluster-ip-range %s",
+			a.key, addrs(a.ips[:a.named]), addrs(a.ips[a.named:]), prefixes(a.from[a.named:]))
+	}
 	if len(a.was) > 0 {
 		msg += fmt.Sprintf(" (moved from %s: the Services allocated from the range changed)", addrs(a.was))
 	}
@@ -112,9 +117,10 @@ func (a *clusterIPAllocator) assign(desired, served map[objectKey]servedObject) 
 		if !ok {
 			continue
 		}
-		if needsClusterIP(svc) {
+		if a.needsClusterIP(svc) {
 			needers = append(needers, needer{k, slotHash(k)})
-		} else {
+		}
+		if svc.Spec.ClusterIP != "" {
 			named = append(named, k)
 		}
 	}
@@ -130,7 +136,7 @@ func (a *clusterIPAllocator) assign(desired, served map[objectKey]servedObject) 
 		ips := serviceAddrs(desired[k].obj)
 		refused := false
 		for _, ip := range ips {
-			if h, ok := held[ip]; ok {
+			if h, ok := held[ip]; ok && h != k {
 				pinned[h], refused = true, true
 			}
 		}
@@ -161,9 +167,11 @@ func (a *clusterIPAllocator) assign(desired, served map[objectKey]servedObject) 
 		k, o := n.key, desired[n.key]
 		svc := o.obj.(*v1.Service)
 		ranges, err := a.rangesFor(svc)
+		named := serviceAddrs(svc) // a dual-stack Service's own primary: the other family's is allocated
 		ips, ok := given[k]
 		if !ok && err == nil {
-			ips, err = allocate(n.sum, ranges, taken)
+			ips, err = allocate(n.sum, ranges[len(named):], taken)
+			ips = append(named, ips...)
 		}
 		if err != nil {
 			delete(desired, k)
@@ -172,7 +180,7 @@ func (a *clusterIPAllocator) assign(desired, served map[objectKey]servedObject) 
 		}
 		given[k] = ips
 		if was := a.given[k]; !slices.Equal(was, ips) {
-			news = append(news, allocation{key: k, ips: ips, was: was, from: ranges})
+			news = append(news, allocation{key: k, ips: ips, was: was, from: ranges, named: len(named)})
 		}
 		cp := svc.DeepCopy()
 		cp.Spec.ClusterIPs = nil
@@ -195,13 +203,14 @@ func (a *clusterIPAllocator) heldBy(k objectKey, desired, served map[objectKey]s
 	if !ok || !prev.allocated {
 		return nil
 	}
-	ranges, err := a.rangesFor(desired[k].obj.(*v1.Service))
-	ips := serviceAddrs(prev.obj)
-	if err != nil || len(ips) != len(ranges) {
+	svc := desired[k].obj.(*v1.Service)
+	ranges, err := a.rangesFor(svc)
+	ips, named := serviceAddrs(prev.obj), serviceAddrs(svc)
+	if err != nil || len(ips) != len(ranges) || !slices.Equal(ips[:len(named)], named) {
 		return nil
 	}
-	for i, r := range ranges {
-		if !r.Contains(ips[i]) {
+	for i, r := range ranges[len(named):] {
+		if !r.Contains(ips[len(named)+i]) {
 			return nil
 		}
 	}
@@ -219,37 +228,68 @@ func serviceAddrs(obj runtime.Object) []netip.Addr {
 	return out
 }
 
-func needsClusterIP(svc *v1.Service) bool {
-	return svc.Spec.ClusterIP == "" && svc.Spec.Type != v1.ServiceTypeExternalName
+// needsClusterIP reports whether the Service needs addresses from the
+// ranges: it names none, or names one and its ipFamilyPolicy asks for both
+// families, which kube-apiserver gives it on a dual-stack range (and
+// refuses for RequireDualStack on a single-stack one: rangesFor says so).
+// Without ranges a Service is served with what it names.
+func (a *clusterIPAllocator) needsClusterIP(svc *v1.Service) bool {
+	if svc.Spec.Type == v1.ServiceTypeExternalName || svc.Spec.ClusterIP == v1.ClusterIPNone {
+		return false
+	}
+	if svc.Spec.ClusterIP == "" {
+		return true
+	}
+	policy := svc.Spec.IPFamilyPolicy
+	dualStack := policy != nil && *policy != v1.IPFamilyPolicySingleStack
+	return len(svc.Spec.ClusterIPs) == 1 && dualStack && len(a.ranges) > 0 &&
+		(len(a.ranges) == 2 || *policy == v1.IPFamilyPolicyRequireDualStack)
 }
 
-// rangesFor picks the ranges a Service gets an address from: the families
-// it lists in spec.ipFamilies, both for a dual-stack policy when two ranges
-// exist, else the primary range.
+// rangesFor picks the ranges a Service gets its addresses from, one per
+// IP family, as kube-apiserver's defaulting picks the families
+// (initIPFamilyFields): those of the clusterIPs it names, then those it
+// lists in spec.ipFamilies, else the primary range's; a dual-stack policy
+// on a dual-stack range adds the other family. The first len(named)
+// ranges are those of the addresses it names.
 func (a *clusterIPAllocator) rangesFor(svc *v1.Service) ([]netip.Prefix, error) {
 	if len(a.ranges) == 0 {
 		return nil, errors.New(`spec.clusterIP: not set, and --service-cluster-ip-range is empty: ` +
 			`set spec.clusterIP (or "None" for a headless Service), or give the proxy a range to allocate from`)
 	}
-	if len(svc.Spec.IPFamilies) > 0 {
-		var out []netip.Prefix
-		for _, fam := range svc.Spec.IPFamilies {
-			i := slices.IndexFunc(a.ranges, func(p netip.Prefix) bool { return p.Addr().Is4() == (fam == v1.IPv4Protocol) })
-			if i < 0 {
-				return nil, fmt.Errorf("spec.ipFamilies: no %s range in --service-cluster-ip-range %s to allocate a clusterIP from", fam, prefixes(a.ranges))
-			}
-			out = append(out, a.ranges[i])
-		}
-		return out, nil
-	}
 	policy := svc.Spec.IPFamilyPolicy
 	if policy != nil && *policy == v1.IPFamilyPolicyRequireDualStack && len(a.ranges) < 2 {
-		return nil, fmt.Errorf("spec.ipFamilyPolicy: RequireDualStack, but --service-cluster-ip-range %s has one IP family", prefixes(a.ranges))
+		return nil, fmt.Errorf("spec.ipFamilyPolicy: RequireDualStack, but --service-cluster-ip-range %s has one IP family "+
+			"(kube-apiserver refuses it: the cluster is not configured for dual-stack Services)", prefixes(a.ranges))
 	}
-	if policy != nil && *policy != v1.IPFamilyPolicySingleStack {
-		return a.ranges, nil
+	var families []bool // is IPv4
+	for _, ip := range serviceAddrs(svc) {
+		families = append(families, ip.Is4())
 	}
-	return a.ranges[:1], nil
+	for _, fam := range svc.Spec.IPFamilies {
+		if four := fam == v1.IPv4Protocol; !slices.Contains(families, four) {
+			families = append(families, four)
+		}
+	}
+	if len(families) == 0 {
+		families = append(families, a.ranges[0].Addr().Is4())
+	}
+	if policy != nil && *policy != v1.IPFamilyPolicySingleStack && len(families) == 1 && len(a.ranges) == 2 {
+		families = append(families, !families[0])
+	}
+	var out []netip.Prefix
+	for _, four := range families {
+		i := slices.IndexFunc(a.ranges, func(p netip.Prefix) bool { return p.Addr().Is4() == four })
+		if i < 0 {
+			fam := v1.IPv6Protocol
+			if four {
+				fam = v1.IPv4Protocol
+			}
+			return nil, fmt.Errorf("spec.ipFamilies: no %s range in --service-cluster-ip-range %s to allocate a clusterIP from", fam, prefixes(a.ranges))
+		}
+		out = append(out, a.ranges[i])
+	}
+	return out, nil
 }
 
 func addrs(ips []netip.Addr) string {

@@ -192,6 +192,89 @@ func TestClusterIPAllocation(t *testing.T) {
 	}
 }
 
+// The IP families a Service gets follow kube-apiserver's defaulting
+// (initIPFamilyFields): a Prefer- or RequireDualStack Service on a
+// dual-stack range gets both families whatever one it lists or names (the
+// other is appended and its address allocated), and RequireDualStack on a
+// single-stack range is refused. Only the listed family was served before,
+// and a Service naming its clusterIP never got a secondary one.
+func TestClusterIPFamiliesFollowThePolicy(t *testing.T) {
+	policy := func(p v1.IPFamilyPolicy, fams ...v1.IPFamily) svcOpt {
+		return func(s *v1.Service) { s.Spec.IPFamilyPolicy, s.Spec.IPFamilies = ptr.To(p), fams }
+	}
+	const dual = "10.96.0.0/16,fd00:96::/112"
+	for _, tt := range []struct {
+		name    string
+		ranges  string
+		svc     *v1.Service
+		want    string // each clusterIP's family or named address, in order
+		wantErr string
+	}{
+		{"RequireDualStack, IPv6 listed", dual, svc("s", policy(v1.IPFamilyPolicyRequireDualStack, v1.IPv6Protocol)), "IPv6,IPv4", ""},
+		{"PreferDualStack, IPv6 listed", dual, svc("s", policy(v1.IPFamilyPolicyPreferDualStack, v1.IPv6Protocol)), "IPv6,IPv4", ""},
+		{"PreferDualStack, IPv4 listed", dual, svc("s", policy(v1.IPFamilyPolicyPreferDualStack, v1.IPv4Protocol)), "IPv4,IPv6", ""},
+		{"PreferDualStack, none listed", dual, svc("s", policy(v1.IPFamilyPolicyPreferDualStack)), "IPv4,IPv6", ""},
+		{"PreferDualStack, IPv6-first range", "fd00:96::/112,10.96.0.0/16", svc("s", policy(v1.IPFamilyPolicyPreferDualStack)), "IPv6,IPv4", ""},
+		{"SingleStack, IPv6 listed", dual, svc("s", policy(v1.IPFamilyPolicySingleStack, v1.IPv6Protocol)), "IPv6", ""},
+		{"no policy, IPv6 listed", dual, svc("s", func(s *v1.Service) { s.Spec.IPFamilies = []v1.IPFamily{v1.IPv6Protocol} }), "IPv6", ""},
+		{"RequireDualStack names its IPv6 clusterIP", dual, svc("s", withIP("fd00:96::77"), policy(v1.IPFamilyPolicyRequireDualStack)), "fd00:96::77,IPv4", ""},
+		{"PreferDualStack names its IPv4 clusterIP", dual, svc("s", withIP("10.96.3.3"), policy(v1.IPFamilyPolicyPreferDualStack)), "10.96.3.3,IPv6", ""},
+		{"PreferDualStack names both", dual, svc("s", withIP("10.96.3.3", "fd00:96::77"), policy(v1.IPFamilyPolicyPreferDualStack)), "10.96.3.3,fd00:96::77", ""},
+		{"SingleStack names its clusterIP", dual, svc("s", withIP("10.96.3.3"), policy(v1.IPFamilyPolicySingleStack)), "10.96.3.3", ""},
+		{"PreferDualStack on a single-stack range", "10.96.0.0/16", svc("s", policy(v1.IPFamilyPolicyPreferDualStack, v1.IPv4Protocol)), "IPv4", ""},
+		{"PreferDualStack names its clusterIP on a single-stack range", "10.96.0.0/16", svc("s", withIP("10.96.3.3"), policy(v1.IPFamilyPolicyPreferDualStack)), "10.96.3.3", ""},
+		{"RequireDualStack on a single-stack range", "10.96.0.0/16", svc("s", policy(v1.IPFamilyPolicyRequireDualStack, v1.IPv4Protocol)), "",
+			"Service default/s: spec.ipFamilyPolicy: RequireDualStack, but --service-cluster-ip-range 10.96.0.0/16 has one IP family"},
+		{"RequireDualStack names its clusterIP on a single-stack range", "10.96.0.0/16", svc("s", withIP("10.96.3.3"), policy(v1.IPFamilyPolicyRequireDualStack)), "",
+			"Service default/s: spec.ipFamilyPolicy: RequireDualStack, but --service-cluster-ip-range 10.96.0.0/16 has one IP family"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			a := newClusterIPAllocator(mustRange(t, tt.ranges))
+			d := desiredOf(tt.svc)
+			news, errs := a.assign(d, nil)
+			if tt.wantErr != "" {
+				if len(errs) != 1 || !strings.Contains(errs[0].Error(), tt.wantErr) {
+					t.Fatalf("errors %v, want one containing %q", errs, tt.wantErr)
+				}
+				if _, ok := d[objectKey{KindService, "default", "s"}]; ok {
+					t.Error("the refused Service is still served")
+				}
+				return
+			}
+			if len(errs) > 0 {
+				t.Fatalf("errors: %v", errs)
+			}
+			ips := clusterIPsOf(d, "s")
+			var got []string
+			for _, ip := range ips {
+				a := netip.MustParseAddr(ip)
+				switch {
+				case slices.Contains(tt.svc.Spec.ClusterIPs, ip):
+					got = append(got, ip)
+				case !slices.ContainsFunc(mustRange(t, tt.ranges), func(p netip.Prefix) bool { return p.Contains(a) }):
+					got = append(got, ip+" (outside the range)")
+				case a.Is4():
+					got = append(got, "IPv4")
+				default:
+					got = append(got, "IPv6")
+				}
+			}
+			if strings.Join(got, ",") != tt.want {
+				t.Errorf("clusterIPs %v: %s, want %s", ips, strings.Join(got, ","), tt.want)
+			}
+			if o := d[objectKey{KindService, "default", "s"}]; o.obj.(*v1.Service).Spec.ClusterIP != ips[0] {
+				t.Errorf("clusterIP %s, clusterIPs %v", o.obj.(*v1.Service).Spec.ClusterIP, ips)
+			}
+			if named := tt.svc.Spec.ClusterIPs; len(named) == 1 && len(ips) == 2 {
+				want := "Service default/s names clusterIP " + named[0] + ", and its ipFamilyPolicy asks for both IP families: allocated " + ips[1] + " from --service-cluster-ip-range "
+				if len(news) != 1 || !strings.HasPrefix(news[0].String(), want) {
+					t.Errorf("logged %v, want %q", news, want)
+				}
+			}
+		})
+	}
+}
+
 // Without a collision the address depends on namespace/name only, not on
 // start order or other Services.
 func TestClusterIPAllocationStable(t *testing.T) {
