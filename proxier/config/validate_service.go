@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"net/netip"
+	"slices"
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
@@ -31,6 +32,7 @@ func validateService(fe *fieldErrors, s *v1.Service, nodePorts PortRange) {
 
 	headless := s.Spec.ClusterIP == v1.ClusterIPNone
 	validateClusterIPs(fe, spec, s)
+	validateIPFamilies(fe, spec, s)
 	if len(s.Spec.Ports) == 0 && !headless {
 		fe.add(spec.Child("ports"), "at least one port is required")
 	}
@@ -162,14 +164,65 @@ func validateClusterIPs(fe *fieldErrors, spec *field.Path, s *v1.Service) {
 		if !ok {
 			continue
 		}
+		if a.Is4In6() {
+			// The API server refuses it (strict IP validation): served, it
+			// was IPv4 to the proxy and IPv6 to whatever else reads it.
+			fe.add(path, "%q is an IPv4-mapped IPv6 address (write %s)", ip, a.Unmap())
+			continue
+		}
 		seen := &seen4
-		if a.Is6() && !a.Is4In6() {
+		if a.Is6() {
 			seen = &seen6
 		}
 		if *seen {
 			fe.add(path, "%q is a second address of the same IP family", ip)
 		}
 		*seen = true
+	}
+}
+
+// validateIPFamilies checks spec.ipFamilyPolicy and spec.ipFamilies, and
+// that they agree with the clusterIPs, as the API server does: a Service
+// whose fields disagreed was served in its addresses' families, whatever
+// it stated (SingleStack with two clusterIPs, dual-stack).
+func validateIPFamilies(fe *fieldErrors, spec *field.Path, s *v1.Service) {
+	if p := s.Spec.IPFamilyPolicy; p != nil {
+		path := spec.Child("ipFamilyPolicy")
+		switch *p {
+		case v1.IPFamilyPolicySingleStack:
+			if len(s.Spec.ClusterIPs) == 2 {
+				fe.add(path, "SingleStack, but spec.clusterIPs holds two addresses (RequireDualStack or PreferDualStack serves both)")
+			}
+			if len(s.Spec.IPFamilies) == 2 {
+				fe.add(path, "SingleStack, but spec.ipFamilies lists two (RequireDualStack or PreferDualStack serves both)")
+			}
+		case v1.IPFamilyPolicyPreferDualStack, v1.IPFamilyPolicyRequireDualStack:
+		default:
+			fe.add(path, "%q is not a valid policy (SingleStack, PreferDualStack or RequireDualStack)", *p)
+		}
+	}
+	if len(s.Spec.IPFamilies) > 2 {
+		fe.add(spec.Child("ipFamilies"), "at most two (one per IP family)")
+	}
+	for i, fam := range s.Spec.IPFamilies {
+		path := spec.Child("ipFamilies").Index(i)
+		if fam != v1.IPv4Protocol && fam != v1.IPv6Protocol {
+			fe.add(path, "%q is not a valid IP family (IPv4 or IPv6)", fam)
+			continue
+		}
+		if slices.Contains(s.Spec.IPFamilies[:i], fam) {
+			fe.add(path, "%q is listed twice", fam)
+		}
+		if i >= len(s.Spec.ClusterIPs) || s.Spec.ClusterIP == v1.ClusterIPNone {
+			continue
+		}
+		if a, ok := parseIP(s.Spec.ClusterIPs[i]); ok && !a.Is4In6() && a.Is4() != (fam == v1.IPv4Protocol) {
+			ipPath := spec.Child("clusterIPs").Index(i)
+			if i == 0 {
+				ipPath = spec.Child("clusterIP")
+			}
+			fe.add(ipPath, "%q is not an %s address, as spec.ipFamilies[%d] says", s.Spec.ClusterIPs[i], fam, i)
+		}
 	}
 }
 
