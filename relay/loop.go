@@ -33,8 +33,9 @@ type LoopOptions struct {
 	// DialTimeouts bounds each dial attempt; its length is the number of
 	// attempts (each may go to another endpoint: Handler.Backend).
 	DialTimeouts []time.Duration
-	// HalfCloseTimeout, WriteTimeout and Quiet as in Options.
-	HalfCloseTimeout, WriteTimeout, Quiet time.Duration
+	// HalfCloseTimeout, WriteTimeout, Quiet and CloseDeadline as in
+	// Options.
+	HalfCloseTimeout, WriteTimeout, Quiet, CloseDeadline time.Duration
 	// Liveness is applied to dialled sockets once they have relayed a
 	// moment (Liveness.settle); accepted ones inherit the listener's.
 	Liveness Liveness

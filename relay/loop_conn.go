@@ -2,6 +2,7 @@ package relay
 
 import (
 	"errors"
+	"math"
 	"net/netip"
 	"sync/atomic"
 	"time"
@@ -63,8 +64,12 @@ type LoopConn struct {
 
 	up, down loopDir
 	timers   [numTimers]loopTimer
-	// quietDue: a CloseWhenQuiet is pending (its timer then runs).
+	// quietDue: a CloseWhenQuiet is pending (its timer then runs);
+	// closeBy is when it closes the connection even if busy (loop time;
+	// max int64: no deadline). quietEnd is how it ended the connection.
 	quietDue bool
+	quietEnd QuietEnd
+	closeBy  int64
 
 	// in and out are read by other goroutines (Bytes).
 	in, out atomic.Int64
@@ -107,6 +112,10 @@ func (c *LoopConn) Bytes() (in, out int64) { return c.in.Load(), c.out.Load() }
 func (c *LoopConn) CloseWhenQuiet(d time.Duration) {
 	c.l.post(loopCmd{op: cmdQuiet, c: c, at: mono.Add(c.l.clock(), d)})
 }
+
+// QuietEnd tells whether CloseWhenQuiet ended the connection, and how;
+// the loop's goroutine reads it (Handler.Ended).
+func (c *LoopConn) QuietEnd() QuietEnd { return c.quietEnd }
 
 // Reset ends the connection with a reset to both peers (a fault's cut of
 // live connections). Safe from any goroutine, also after the end.
@@ -368,7 +377,39 @@ func (c *LoopConn) quietAt(at int64) {
 		return // an earlier request stands
 	}
 	c.quietDue = true
+	c.closeBy = math.MaxInt64
+	if d := c.l.o.CloseDeadline; d > 0 {
+		c.closeBy = mono.Add(at, d)
+	}
 	c.l.timers.set(t, max(at, c.l.now))
+}
+
+// recheckQuiet looks again after wait, or at the deadline if sooner; past
+// it, the connection is closed now.
+func (c *LoopConn) recheckQuiet(wait time.Duration) {
+	l := c.l
+	if l.now >= c.closeBy {
+		c.endQuietly(true)
+		return
+	}
+	l.timers.set(&c.timers[timerQuiet], min(mono.Add(l.now, wait), c.closeBy))
+}
+
+// endQuietly ends the backend→client direction as if the backend had
+// sent a FIN: the client reads the end, as from a server closing an idle
+// keep-alive connection. Forced (the deadline came before a quiet
+// moment), the client→backend direction ends so too, as Conn's does.
+// What was read is delivered first (step flushes before it passes the
+// end on).
+func (c *LoopConn) endQuietly(forced bool) {
+	c.quietDue = false
+	c.down.eof = true
+	c.quietEnd = ClosedQuiet
+	if forced {
+		c.up.eof = true
+		c.quietEnd = ClosedAtDeadline
+	}
+	c.pump()
 }
 
 func (c *LoopConn) checkQuiet() {
@@ -379,7 +420,7 @@ func (c *LoopConn) checkQuiet() {
 		return
 	}
 	if c.up.pending() || c.down.pending() {
-		l.timers.set(t, mono.Add(l.now, max(l.o.Quiet/4, time.Millisecond)))
+		c.recheckQuiet(max(l.o.Quiet/4, time.Millisecond))
 		return
 	}
 	client, ok1 := fdQuiet(c.fds[sideClient])
@@ -389,14 +430,10 @@ func (c *LoopConn) checkQuiet() {
 		return
 	}
 	if quiet, wait := quietFor(client, backend, l.o.Quiet); !quiet {
-		l.timers.set(t, mono.Add(l.now, wait))
+		c.recheckQuiet(wait)
 		return
 	}
-	// As if the backend had sent a FIN: the client reads the end, as from
-	// a server closing an idle keep-alive connection.
-	c.quietDue = false
-	c.down.eof = true
-	c.pump()
+	c.endQuietly(false)
 }
 
 // pump moves what both directions can move now, for one turn.

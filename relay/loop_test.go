@@ -629,6 +629,22 @@ func TestLoopCloseWhenQuiet(t *testing.T) {
 	h.wait(t)
 }
 
+// As TestCloseWhenQuietDeadlineClosesBusy, on a loop.
+func TestLoopCloseWhenQuietDeadlineClosesBusy(t *testing.T) {
+	b := newLoopBed(t, LoopOptions{Quiet: 300 * time.Millisecond, CloseDeadline: time.Second})
+	h := newLoopHandler(b.ep)
+	client, backend := b.connect(t, h, true)
+	c := h.loopConn(t)
+	took := busyUntilClosed(t, client, backend, func() { c.CloseWhenQuiet(0) })
+	if took > 1600*time.Millisecond {
+		t.Errorf("closed %v after the request, want about the 1 s deadline", took.Round(time.Millisecond))
+	}
+	h.wait(t)
+	if got := c.QuietEnd(); took >= 900*time.Millisecond && got != ClosedAtDeadline {
+		t.Errorf("QuietEnd = %d after %v, want ClosedAtDeadline", got, took)
+	}
+}
+
 // An idle connection holds its two sockets and nothing else: no pipe,
 // even after a burst was spliced.
 func TestLoopIdleHoldsNoPipe(t *testing.T) {

@@ -15,6 +15,15 @@ import (
 // connection qualifies between requests.
 const DefaultQuiet = time.Second
 
+// QuietEnd is how CloseWhenQuiet ended a connection, if it did.
+type QuietEnd uint8
+
+const (
+	NotClosed        QuietEnd = iota // it ended otherwise (or first)
+	ClosedQuiet                      // at a quiet moment
+	ClosedAtDeadline                 // still busy at the close deadline
+)
+
 // sockQuiet is what the kernel says of one socket at a check.
 type sockQuiet struct {
 	sinceRecv time.Duration // since it last received data (TCP_INFO)
@@ -39,14 +48,19 @@ func quietFor(client, backend sockQuiet, need time.Duration) (bool, time.Duratio
 
 // quietCloser ends a connection, gracefully, at its first quiet moment
 // after a due time; requests (max age, drain) keep the earliest due time.
-// It costs one timer per connection that has a due time, nothing per byte.
+// One still busy a deadline after the due time is closed then (forced):
+// a kept-alive pool's connection with a request always going is never
+// quiet, and such pools are what max age and drain are for. It costs one
+// timer per connection that has a due time, nothing per byte.
 type quietCloser struct {
 	clk   clock.WithDelayedExecution
 	quiet time.Duration
+	// deadline bounds the wait for quiet past the due time; 0: none.
+	deadline time.Duration
 	// state reads both sockets; false once the connection is gone.
 	state func() (client, backend sockQuiet, ok bool)
-	// close ends the connection (once).
-	close func()
+	// close ends the connection (once); forced: at the deadline, busy.
+	close func(forced bool)
 
 	mu    sync.Mutex
 	due   time.Time // zero: no request
@@ -86,14 +100,21 @@ func (q *quietCloser) check() {
 		return
 	}
 	quiet, wait := quietFor(client, backend, q.quiet)
-	if !quiet {
+	forced := false
+	if !quiet && q.deadline > 0 {
+		// check runs at or after the due time: due.Sub is small.
+		left := q.deadline + q.due.Sub(q.clk.Now())
+		forced = left <= 0
+		wait = min(wait, left)
+	}
+	if !quiet && !forced {
 		q.armLocked(wait)
 		q.mu.Unlock()
 		return
 	}
 	q.done = true
 	q.mu.Unlock()
-	q.close()
+	q.close(forced)
 }
 
 // stop forgets any request (the connection ended).

@@ -63,7 +63,7 @@ func (c asyncClock) AfterFunc(d time.Duration, f func()) clock.Timer {
 }
 
 func (s *scripted) closer(clk *clocktesting.FakeClock) *quietCloser {
-	return &quietCloser{clk: asyncClock{clk}, quiet: time.Second, state: s.state, close: func() { s.closed <- struct{}{} }}
+	return &quietCloser{clk: asyncClock{clk}, quiet: time.Second, state: s.state, close: func(bool) { s.closed <- struct{}{} }}
 }
 
 // step advances the fake clock and waits for the check it fires.
@@ -211,5 +211,89 @@ func TestCloseWhenQuietFINsAtIdle(t *testing.T) {
 	_ = backend.SetReadDeadline(time.Now().Add(2 * time.Second))
 	if _, err := backend.Read(buf); err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 		t.Errorf("backend ended with %v, want a FIN", err)
+	}
+}
+
+// A connection that is never quiet is closed anyway once the deadline
+// passed since its due time: checked as often as it could be quiet, then
+// at the deadline itself.
+func TestQuietCloserDeadlineClosesBusy(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	s := newScripted()
+	var forced atomic.Bool
+	q := s.closer(clk)
+	q.deadline = time.Second
+	q.close = func(f bool) { forced.Store(f); s.closed <- struct{}{} }
+	s.sinceRecv.Store(int64(100 * time.Millisecond)) // a request every 100 ms
+	q.closeAt(clk.Now().Add(time.Minute))
+	step(t, clk, s, time.Minute)
+	wantClosed(t, s, false)
+	step(t, clk, s, 900*time.Millisecond) // as if a quiet second could have passed
+	wantClosed(t, s, false)
+	step(t, clk, s, 100*time.Millisecond) // the deadline
+	wantClosed(t, s, true)
+	if !forced.Load() {
+		t.Error("closed at the deadline as if quiet")
+	}
+	if clk.HasWaiters() {
+		t.Error("a timer is still armed after the close")
+	}
+}
+
+// busyUntilClosed exchanges a ping with the echoing backend every 100 ms
+// from ask on, until the connection ends; it returns how long after ask
+// that was. The end must be one a client sees from a closing server (a
+// FIN, or a reset for a request sent after the close), never a stall.
+func busyUntilClosed(t *testing.T, client, backend *net.TCPConn, ask func()) time.Duration {
+	t.Helper()
+	go func() { // the backend echoes until the client's end
+		_, _ = io.Copy(backend, backend)
+		_ = backend.CloseWrite()
+	}()
+	buf := make([]byte, 5)
+	asked := time.Now()
+	ask()
+	exchanges := 0
+	for time.Since(asked) < 3*time.Second {
+		_ = client.SetDeadline(time.Now().Add(2 * time.Second))
+		_, err := client.Write([]byte("ping\n"))
+		if err == nil {
+			_, err = io.ReadFull(client, buf)
+		}
+		if err != nil {
+			took := time.Since(asked)
+			if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) && !isReset(err) {
+				t.Fatalf("exchange %d ended with %v, want a FIN or a reset", exchanges, err)
+			}
+			t.Logf("closed %v after the request, %d exchanges later (%v)", took.Round(time.Millisecond), exchanges, err)
+			client.Close() // as the client's pool does
+			return took
+		}
+		exchanges++
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("still open 3 s after the close was asked, %d exchanges later: a busy connection is never closed", exchanges)
+	return 0
+}
+
+// An exchange every 100 ms keeps a connection from ever being quiet for
+// 300 ms: with a 1 s deadline it is closed about 1 s after the close came
+// due all the same (a pooled keep-alive connection with a request always
+// going was never closed, so max age and drain did nothing for it).
+func TestCloseWhenQuietDeadlineClosesBusy(t *testing.T) {
+	client, backend, c, done := relayedConn(t, Options{Quiet: 300 * time.Millisecond, CloseDeadline: time.Second})
+	took := busyUntilClosed(t, client, backend, func() { c.CloseWhenQuiet(0) })
+	if took > 1600*time.Millisecond {
+		t.Errorf("closed %v after the request, want about the 1 s deadline", took.Round(time.Millisecond))
+	}
+	select {
+	case <-done:
+	case <-time.After(3 * time.Second):
+		t.Fatal("relay still running after the forced close")
+	}
+	// (A stall of the test's 300 ms quiet time, on a loaded machine, lets
+	// it close quietly first.)
+	if got := c.QuietEnd(); took >= 900*time.Millisecond && got != ClosedAtDeadline {
+		t.Errorf("QuietEnd = %d after %v, want ClosedAtDeadline", got, took)
 	}
 }

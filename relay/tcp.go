@@ -60,8 +60,10 @@ type Options struct {
 	// Quiet is how long both directions must be silent before a
 	// CloseWhenQuiet request ends the connection; 0 = DefaultQuiet.
 	Quiet time.Duration
-	// Clock times CloseWhenQuiet; nil = the real clock.
-	Clock clock.WithDelayedExecution
+	// CloseDeadline bounds the wait for that quiet moment: a connection
+	// still busy this long after its CloseWhenQuiet came due is closed
+	// anyway (CloseWhenQuiet says how); 0 = wait for quiet however long.
+	CloseDeadline time.Duration
 	// OnAbort is called when the relay resets the connection itself (a
 	// bound ran out), before the past deadlines that wake the copies are
 	// set: a Copier that sets deadlines of its own (the faults' delays)
@@ -71,9 +73,10 @@ type Options struct {
 
 // How a connection is being ended by the relay itself (conn.ending).
 const (
-	endNone  int32 = iota
-	endQuiet       // the client gets a FIN at a quiet moment (CloseWhenQuiet)
-	endAbort       // both peers reset: a bound ran out
+	endNone     int32 = iota
+	endQuiet          // the client gets a FIN at a quiet moment (CloseWhenQuiet)
+	endDeadline       // both peers get a FIN: CloseWhenQuiet's deadline came first
+	endAbort          // both peers reset: a bound ran out
 )
 
 // forceBuffered keeps the built-in copy buffered, as when no pipe can be
@@ -176,21 +179,21 @@ func (c *Conn) initAuto() error {
 // directions silent for Options.Quiet, nothing in flight) at least d from
 // now, so no request is cut mid-flight: the client gets a FIN, as from a
 // server closing an idle keep-alive connection, and its pool reconnects;
-// the backend gets its FIN once the client closed. The earliest request
-// wins; a connection that ends first costs one timer. Safe from any
-// goroutine, before or during Run.
+// the backend gets its FIN once the client closed. One still not quiet
+// Options.CloseDeadline after that is closed anyway, the same way but on
+// both sides at once: what was read is delivered, then each peer gets a
+// FIN (a request in progress is cut). The earliest request wins; a
+// connection that ends first costs one timer. Safe from any goroutine,
+// before or during Run.
 func (c *Conn) CloseWhenQuiet(d time.Duration) {
 	c.quietMu.Lock()
 	if c.quiet == nil {
-		clk := c.o.Clock
-		if clk == nil {
-			clk = clock.RealClock{}
-		}
 		quiet := c.o.Quiet
 		if quiet <= 0 {
 			quiet = DefaultQuiet
 		}
-		c.quiet = &quietCloser{clk: clk, quiet: quiet, state: c.quietState, close: c.endQuietly}
+		c.quiet = &quietCloser{clk: clock.RealClock{}, quiet: quiet, deadline: c.o.CloseDeadline,
+			state: c.quietState, close: c.endQuietly}
 	}
 	q := c.quiet
 	c.quietMu.Unlock()
@@ -208,11 +211,45 @@ func (c *Conn) quietState() (client, backend sockQuiet, ok bool) {
 
 // endQuietly stops the backend→client direction as if the backend had
 // sent a FIN: a read deadline in the past wakes its read, and copyHalf
-// passes a FIN on to the client.
-func (c *Conn) endQuietly() {
-	if c.ending.CompareAndSwap(endNone, endQuiet) {
-		_ = c.backend.SetReadDeadline(time.Unix(1, 0))
+// passes a FIN on to the client. Forced (the deadline came before a quiet
+// moment), the client→backend direction stops so too: the connection
+// ends even if its client, uploading, never reads the FIN.
+func (c *Conn) endQuietly(forced bool) {
+	past := time.Unix(1, 0)
+	if !forced {
+		if c.ending.CompareAndSwap(endNone, endQuiet) {
+			_ = c.backend.SetReadDeadline(past)
+		}
+		return
 	}
+	if c.ending.CompareAndSwap(endNone, endDeadline) {
+		_ = c.backend.SetReadDeadline(past)
+		_ = c.client.SetReadDeadline(past)
+	}
+}
+
+// endsAsFIN tells whether a read of src that hit its deadline is
+// CloseWhenQuiet's end of it.
+func (c *Conn) endsAsFIN(src *net.TCPConn) bool {
+	switch c.ending.Load() {
+	case endQuiet:
+		return src == c.backend
+	case endDeadline:
+		return true
+	}
+	return false
+}
+
+// QuietEnd tells, once Run returned, whether CloseWhenQuiet ended the
+// connection, and how.
+func (c *Conn) QuietEnd() QuietEnd {
+	switch c.ending.Load() {
+	case endQuiet:
+		return ClosedQuiet
+	case endDeadline:
+		return ClosedAtDeadline
+	}
+	return NotClosed
 }
 
 // abort wakes both copies with a deadline in the past; they end with a
@@ -245,7 +282,7 @@ func (c *Conn) copyHalf(dst, src *net.TCPConn, copier Copier, bytes Counter, a *
 	if bytes != nil {
 		bytes.Add(float64(n))
 	}
-	if err != nil && src == c.backend && c.ending.Load() == endQuiet && errors.Is(err, os.ErrDeadlineExceeded) {
+	if err != nil && c.endsAsFIN(src) && errors.Is(err, os.ErrDeadlineExceeded) {
 		err = nil // CloseWhenQuiet: end this direction as with a FIN
 	}
 	if err != nil {
