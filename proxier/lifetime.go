@@ -11,7 +11,19 @@ import (
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
+
+// DefaultConnectionCloseDeadline is how long past its max age or drain
+// time a connection that is never quiet is waited for before it is closed
+// anyway (--connection-close-deadline). Long against the 1 s quiet time,
+// so a pool with a second's gap between requests still closes at a quiet
+// moment and cuts nothing; short against the ages it bounds (minutes) and
+// a pod's default 30 s termination grace, so a busy connection to a
+// removed endpoint is closed by a FIN of ours before the pod's end resets
+// it. (Envoy's max_downstream_connection_duration and HAProxy's
+// hard-stop-after close at once, with no wait for quiet at all.)
+const DefaultConnectionCloseDeadline = 10 * time.Second
 
 // portLifetime is the lifetime policy in force on one service port's
 // sockets: read with one atomic load per accepted connection, replaced by
@@ -166,6 +178,22 @@ func (p *Proxier) drainRemoved(svc types.NamespacedName) {
 		})
 		return true
 	})
+}
+
+// lifetimeEnded counts, and logs, a connection that its max age or
+// drain-removed ended. A forced close, which may cut a request, is logged
+// at -v=2; a quiet one, as routine as a pool's reconnect, at -v=3.
+func (s *tcpProxySocket) lifetimeEnded(how relay.QuietEnd, live *liveConn) {
+	switch how {
+	case relay.ClosedQuiet:
+		s.closedQuiet.Inc()
+		klog.V(3).InfoS("Closed a connection at its lifetime's end, at a quiet moment",
+			"servicePort", s.label, "client", live.client, "endpoint", live.backend)
+	case relay.ClosedAtDeadline:
+		s.closedAtDeadline.Inc()
+		klog.V(2).InfoS("Closed a busy connection at its lifetime's end: never quiet before the close deadline",
+			"servicePort", s.label, "client", live.client, "endpoint", live.backend, "age", time.Since(live.started).Round(time.Millisecond))
+	}
 }
 
 // quietCloser is a relayed connection of either data path.

@@ -126,6 +126,51 @@ func TestMaxConnectionAgeClosesWithFIN(t *testing.T) {
 	}
 }
 
+// A kept-alive connection with a request every 100 ms is never quiet for
+// the 300 ms quiet time: past its max age it is closed at the close
+// deadline all the same (before, never), on both data paths, and counted
+// as such.
+func TestMaxConnectionAgeClosesBusyAtDeadline(t *testing.T) {
+	for _, path := range DataPaths {
+		t.Run(path, func(t *testing.T) {
+			be := echoBackends(t, "127.0.0.2")
+			p := newTestProxier(t, Options{DataPath: path, MaxConnectionAge: 300 * time.Millisecond,
+				ConnectionCloseQuiet: 300 * time.Millisecond, ConnectionCloseDeadline: 500 * time.Millisecond})
+			p.OnServiceAdd(makeService("web"))
+			p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, be...))
+			p.Sync()
+			start := time.Now()
+			c := dialExchange(t, proxyAddr(t, p, "default/web:p"))
+			var err error
+			for exchanges := 0; time.Since(start) < 3*time.Second; exchanges++ {
+				_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+				if _, err = c.Write([]byte("hi")); err == nil {
+					_, err = io.ReadFull(c, make([]byte, 2))
+				}
+				if err != nil {
+					t.Logf("closed %v after the dial, %d exchanges later: %v", time.Since(start).Round(time.Millisecond), exchanges, err)
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			if err == nil {
+				t.Fatal("a busy connection is still open 3 s after the dial, past its 300 ms age and 500 ms close deadline")
+			}
+			if took := time.Since(start); took > 1500*time.Millisecond {
+				t.Errorf("closed %v after the dial, want about 800 ms (age and close deadline)", took.Round(time.Millisecond))
+			}
+			c.Close()
+			m := p.metrics.ports.lookup("default/web:p")
+			for deadline := time.Now().Add(2 * time.Second); m.closedAtDeadline.value() != 1 && time.Now().Before(deadline); {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if got := m.closedAtDeadline.value(); got != 1 {
+				t.Errorf("lifetime_closes_total{when=deadline} = %v, want 1", got)
+			}
+		})
+	}
+}
+
 // drain-removed closes connections to an endpoint removed from the
 // Service after the drain time, with a FIN; without the annotation they
 // stay.

@@ -22,11 +22,15 @@ type portMetrics struct {
 	dialFailures counter
 	dialRetries  counter
 	acceptErrors counter
-	bytesIn      counter
-	bytesOut     counter
-	udpSessions  gauge
-	udpEvicted   counter
-	udpDropped   counter
+	// TCP connections max age or drain-removed closed: quiet, or busy at
+	// the close deadline.
+	closedQuiet      counter
+	closedAtDeadline counter
+	bytesIn          counter
+	bytesOut         counter
+	udpSessions      gauge
+	udpEvicted       counter
+	udpDropped       counter
 }
 
 type counter struct{ n atomic.Uint64 }
@@ -57,7 +61,7 @@ type portSeries struct {
 	// far (byteCount); the latest proxier built on these Metrics wins.
 	conns atomic.Pointer[connRegistry]
 
-	active, failed, dialFailures, dialRetries, acceptErrors, bytes, udpSessions, udpLimit *prometheus.Desc
+	active, failed, dialFailures, dialRetries, acceptErrors, lifetimeCloses, bytes, udpSessions, udpLimit *prometheus.Desc
 }
 
 func newPortSeries() *portSeries {
@@ -72,8 +76,10 @@ func newPortSeries() *portSeries {
 		dialFailures: desc("dial_failures_total", "Failed attempts to connect to an endpoint (UDP: an endpoint that refused a session's datagrams)"),
 		dialRetries:  desc("dial_retries_total", "Dial attempts made on another endpoint after a failure"),
 		acceptErrors: desc("accept_errors_total", "Errors from accept(), such as EMFILE, each followed by a back-off"),
-		bytes:        desc("bytes_total", "Bytes proxied; direction in = client to endpoint, out = endpoint to client", "direction"),
-		udpSessions:  desc("udp_sessions", "UDP client sessions with a backend socket"),
+		lifetimeCloses: desc("lifetime_closes_total", "TCP connections closed for their max connection age or drain-removed: when quiet = at a quiet moment, deadline = still busy at --connection-close-deadline",
+			"when"),
+		bytes:       desc("bytes_total", "Bytes proxied; direction in = client to endpoint, out = endpoint to client", "direction"),
+		udpSessions: desc("udp_sessions", "UDP client sessions with a backend socket"),
 		udpLimit: desc("udp_session_limit_total", "UDP sessions at a session cap: action evicted = the port's oldest idle session closed to make room, dropped = a new client's datagram dropped (total cap reached, the port had no session to give up)",
 			"action"),
 	}
@@ -118,7 +124,7 @@ func (s *portSeries) lookup(label string) *portMetrics {
 }
 
 func (s *portSeries) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{s.active, s.failed, s.dialFailures, s.dialRetries, s.acceptErrors, s.bytes, s.udpSessions, s.udpLimit} {
+	for _, d := range []*prometheus.Desc{s.active, s.failed, s.dialFailures, s.dialRetries, s.acceptErrors, s.lifetimeCloses, s.bytes, s.udpSessions, s.udpLimit} {
 		ch <- d
 	}
 }
@@ -150,6 +156,8 @@ func (s *portSeries) Collect(ch chan<- prometheus.Metric) {
 			emit(s.active, prometheus.GaugeValue, m.active.value(), l)
 			emit(s.dialRetries, prometheus.CounterValue, m.dialRetries.value(), l)
 			emit(s.acceptErrors, prometheus.CounterValue, m.acceptErrors.value(), l)
+			emit(s.lifetimeCloses, prometheus.CounterValue, m.closedQuiet.value(), l, "quiet")
+			emit(s.lifetimeCloses, prometheus.CounterValue, m.closedAtDeadline.value(), l, "deadline")
 		}
 		if p.udp {
 			emit(s.udpSessions, prometheus.GaugeValue, m.udpSessions.value(), l)

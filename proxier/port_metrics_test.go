@@ -18,6 +18,7 @@ var portSeriesNames = []string{
 	"kubeproxy_userspace_dial_failures_total",
 	"kubeproxy_userspace_dial_retries_total",
 	"kubeproxy_userspace_accept_errors_total",
+	"kubeproxy_userspace_lifetime_closes_total",
 	"kubeproxy_userspace_bytes_total",
 	"kubeproxy_userspace_udp_sessions",
 	"kubeproxy_userspace_udp_session_limit_total",
@@ -81,6 +82,10 @@ kubeproxy_userspace_dial_failures_total{service_port="default/web:p"} 0
 # HELP kubeproxy_userspace_dial_retries_total Dial attempts made on another endpoint after a failure
 # TYPE kubeproxy_userspace_dial_retries_total counter
 kubeproxy_userspace_dial_retries_total{service_port="default/web:p"} 0
+# HELP kubeproxy_userspace_lifetime_closes_total TCP connections closed for their max connection age or drain-removed: when quiet = at a quiet moment, deadline = still busy at --connection-close-deadline
+# TYPE kubeproxy_userspace_lifetime_closes_total counter
+kubeproxy_userspace_lifetime_closes_total{service_port="default/web:p",when="deadline"} 0
+kubeproxy_userspace_lifetime_closes_total{service_port="default/web:p",when="quiet"} 0
 # HELP kubeproxy_userspace_udp_session_limit_total UDP sessions at a session cap: action evicted = the port's oldest idle session closed to make room, dropped = a new client's datagram dropped (total cap reached, the port had no session to give up)
 # TYPE kubeproxy_userspace_udp_session_limit_total counter
 kubeproxy_userspace_udp_session_limit_total{action="dropped",service_port="default/dns:p"} 0

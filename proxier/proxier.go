@@ -83,8 +83,12 @@ type Options struct {
 	// next quiet moment, for Services without the max-connection-age
 	// annotation; 0 = off. ConnectionCloseQuiet is that quiet time (0:
 	// relay.DefaultQuiet); it applies to drain-removed as well.
-	MaxConnectionAge     time.Duration
-	ConnectionCloseQuiet time.Duration
+	// ConnectionCloseDeadline closes a connection still busy this long
+	// after either came due; 0 = wait for quiet however long
+	// (DefaultConnectionCloseDeadline is the binary's default).
+	MaxConnectionAge        time.Duration
+	ConnectionCloseQuiet    time.Duration
+	ConnectionCloseDeadline time.Duration
 	// Affinity bounds the ClientIP affinity tables (zero: no cap).
 	Affinity loadbalancer.Limits
 	// Portals by family; empty means --iptables=false (sockets only).
@@ -281,6 +285,7 @@ func New(opts Options) *Proxier {
 			conns:            &connRegistry{},
 			lifetimes:        &lifetimes{},
 			closeQuiet:       opts.ConnectionCloseQuiet,
+			closeDeadline:    opts.ConnectionCloseDeadline,
 			listen:           tcpListenConfig(opts.MultipathTCP, opts.Liveness),
 			liveness:         opts.Liveness,
 			multipath:        opts.MultipathTCP,

@@ -56,9 +56,10 @@ type socketConfig struct {
 	conns *connRegistry
 	// lifetimes: each TCP port's max age and drain time (lifetime.go);
 	// closeQuiet is the silence a connection must keep before either
-	// closes it.
-	lifetimes  *lifetimes
-	closeQuiet time.Duration
+	// closes it, closeDeadline how long past it a busy one is waited for.
+	lifetimes     *lifetimes
+	closeQuiet    time.Duration
+	closeDeadline time.Duration
 	// listen opens the proxy sockets (see tcpListenConfig), but for the
 	// loops' TCP ones without MPTCP: relay.ListenTCP opens those, with
 	// liveness, and the runtime's poller never holds them.

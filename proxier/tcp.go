@@ -47,6 +47,7 @@ type tcpProxySocket struct {
 	// The port's series (port_metrics.go), resolved once, not per connection.
 	active                                                         *gauge
 	failed, retries, dialFailures, acceptErrors, bytesIn, bytesOut *counter
+	closedQuiet, closedAtDeadline                                  *counter
 
 	closer
 }
@@ -81,6 +82,7 @@ func newTCPSocketState(name loadbalancer.ServicePortName, addr *net.TCPAddr, sp 
 		lifetime: cfg.lifetimes.port(name),
 		active:   &m.active, failed: &m.failed, retries: &m.dialRetries, dialFailures: &m.dialFailures,
 		acceptErrors: &m.acceptErrors, bytesIn: &m.bytesIn, bytesOut: &m.bytesOut,
+		closedQuiet: &m.closedQuiet, closedAtDeadline: &m.closedAtDeadline,
 	}
 }
 
@@ -216,7 +218,7 @@ func (s *tcpProxySocket) start(client, backend *net.TCPConn, from netip.AddrPort
 	s.active.Inc()
 	live := s.cfg.conns.addTCP(s.label, from, client, backend, fc, s.bytesIn, s.bytesOut)
 	opts := relay.Options{HalfCloseTimeout: s.cfg.halfCloseTimeout, WriteTimeout: s.cfg.writeTimeout,
-		Quiet: s.cfg.closeQuiet, In: &live.in, Out: &live.out}
+		Quiet: s.cfg.closeQuiet, CloseDeadline: s.cfg.closeDeadline, In: &live.in, Out: &live.out}
 	if fc != nil {
 		opts.Upstream, opts.Downstream = fc.Upstream, fc.Downstream
 		opts.OnAbort = fc.Abort
@@ -242,6 +244,7 @@ func (s *tcpProxySocket) relay(rc *relay.Conn, live *liveConn, fc *faults.Conn) 
 	if fc != nil {
 		fc.Done()
 	}
+	s.lifetimeEnded(rc.QuietEnd(), live)
 	live.end()
 	s.active.Dec()
 }

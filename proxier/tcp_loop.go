@@ -41,7 +41,8 @@ func newLoopGroup(opts Options) *relay.Group {
 	}
 	g, err := relay.NewGroup(n, relay.LoopOptions{
 		DialTimeouts: opts.DialTimeouts, HalfCloseTimeout: opts.HalfCloseTimeout,
-		WriteTimeout: opts.WriteTimeout, Quiet: opts.ConnectionCloseQuiet, Liveness: opts.Liveness,
+		WriteTimeout: opts.WriteTimeout, Quiet: opts.ConnectionCloseQuiet,
+		CloseDeadline: opts.ConnectionCloseDeadline, Liveness: opts.Liveness,
 	})
 	if err != nil {
 		klog.ErrorS(err, "Cannot start the event loops; relaying with goroutines")
@@ -181,6 +182,7 @@ func (h *loopClient) Connected(c *relay.LoopConn, ep netip.AddrPort) {
 func (h *loopClient) Ended(in, out int64) {
 	h.live.in.Add(float64(in))
 	h.live.out.Add(float64(out))
+	h.s.lifetimeEnded(h.live.loop.QuietEnd(), h.live)
 	h.live.end()
 	h.s.active.Dec()
 	if h.fc != nil {

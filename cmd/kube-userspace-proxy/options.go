@@ -53,6 +53,7 @@ type options struct {
 	halfCloseTimeout   time.Duration
 	maxConnectionAge   time.Duration
 	closeQuiet         time.Duration
+	closeDeadline      time.Duration
 	multipathTCP       bool
 	dataPath           string
 	keepAliveIdle      time.Duration
@@ -115,6 +116,7 @@ func newOptions() *options {
 		kubeAPIContentType: "application/vnd.kubernetes.protobuf",
 		halfCloseTimeout:   2 * time.Minute,
 		closeQuiet:         relay.DefaultQuiet,
+		closeDeadline:      proxier.DefaultConnectionCloseDeadline,
 		keepAliveIdle:      proxier.DefaultLiveness.KeepAliveIdle,
 		keepAliveInterval:  proxier.DefaultLiveness.KeepAliveInterval,
 		keepAliveCount:     proxier.DefaultLiveness.KeepAliveCount,
@@ -174,6 +176,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.tcpUserTimeout, "tcp-user-timeout", o.tcpUserTimeout, "TCP_USER_TIMEOUT on both sockets of a proxied connection: data or a keep-alive probe unacknowledged this long, or a peer window closed this long, ends the connection (both sides reset). 0 keeps the kernel's retransmission limit (about 15 minutes).")
 	fs.DurationVar(&o.maxConnectionAge, "max-connection-age", o.maxConnectionAge, "Close a proxied TCP connection older than this at its next quiet moment (see --connection-close-quiet; the client gets a FIN and its pool reconnects, to any endpoint), so kept-alive pools spread over endpoints added later. A Service's kube-userspace-proxy/max-connection-age annotation overrides it ('0' turns it off for that Service). 0 means off.")
 	fs.DurationVar(&o.closeQuiet, "connection-close-quiet", o.closeQuiet, "How long both directions of a TCP connection must be silent, with nothing in flight, before --max-connection-age or a Service's kube-userspace-proxy/drain-removed closes it, so that no request is cut mid-flight. Must be greater than 0.")
+	fs.DurationVar(&o.closeDeadline, "connection-close-deadline", o.closeDeadline, "How long past its max age (or drain time) a TCP connection that is never quiet for --connection-close-quiet (a kept-alive pool's connection with a request always going) is waited for before it is closed anyway: what was read is delivered, then both sides get a FIN; a request in progress is cut. 0 means wait for a quiet moment however long.")
 	fs.DurationVar(&o.tcpWriteTimeout, "tcp-write-timeout", o.tcpWriteTimeout, "How long a direction of a proxied TCP connection may be unable to write a single byte (its peer reads nothing) before both sides are reset; 0 means no limit.")
 	fs.BoolVar(&o.bindAddressHardFail, "bind-address-hard-fail", o.bindAddressHardFail, "Exit 1 when the health or metrics server cannot bind its address (kube-proxy's flag); without it such a server is logged and retried every 5s while the proxy serves.")
 	fs.BoolVar(&o.initOnly, "init-only", o.initOnly, "kube-proxy's flag for an init container: this proxy needs no privileged initialisation, so it checks the flags and exits 0.")
@@ -299,6 +302,9 @@ func (o *options) validate() (*validated, error) {
 	}
 	if o.maxConnectionAge < 0 {
 		add("--max-connection-age must not be negative, got %v", o.maxConnectionAge)
+	}
+	if o.closeDeadline < 0 {
+		add("--connection-close-deadline must not be negative, got %v", o.closeDeadline)
 	}
 	if o.closeQuiet <= 0 {
 		add("--connection-close-quiet must be greater than 0, got %v", o.closeQuiet)

@@ -65,25 +65,26 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 	faultTable.TrackLive = o.faultAPIBind != ""
 
 	popts := proxier.Options{
-		BindAddress:          v.bind,
-		PortRange:            v.portRange,
-		UDPIdleTimeout:       o.udpTimeout,
-		MinSyncPeriod:        o.effectiveMinSyncPeriod(),
-		MinSyncPeriodSet:     true, // the flag's 0 means no minimum, not the default
-		SyncPeriod:           o.syncPeriod,
-		HalfCloseTimeout:     o.halfCloseTimeout,
-		MultipathTCP:         o.multipathTCP,
-		DataPath:             o.dataPath,
-		Liveness:             o.liveness(),
-		WriteTimeout:         o.tcpWriteTimeout,
-		MaxConnectionAge:     o.maxConnectionAge,
-		ConnectionCloseQuiet: o.closeQuiet,
-		Affinity:             loadbalancer.Limits{MaxAffinityEntries: o.affinityMaxEntries},
-		Health:               health,
-		Metrics:              metrics,
-		Clock:                clk,
-		NodeName:             nodeName(o.hostnameOverride),
-		Faults:               faultTable,
+		BindAddress:             v.bind,
+		PortRange:               v.portRange,
+		UDPIdleTimeout:          o.udpTimeout,
+		MinSyncPeriod:           o.effectiveMinSyncPeriod(),
+		MinSyncPeriodSet:        true, // the flag's 0 means no minimum, not the default
+		SyncPeriod:              o.syncPeriod,
+		HalfCloseTimeout:        o.halfCloseTimeout,
+		MultipathTCP:            o.multipathTCP,
+		DataPath:                o.dataPath,
+		Liveness:                o.liveness(),
+		WriteTimeout:            o.tcpWriteTimeout,
+		MaxConnectionAge:        o.maxConnectionAge,
+		ConnectionCloseQuiet:    o.closeQuiet,
+		ConnectionCloseDeadline: o.closeDeadline,
+		Affinity:                loadbalancer.Limits{MaxAffinityEntries: o.affinityMaxEntries},
+		Health:                  health,
+		Metrics:                 metrics,
+		Clock:                   clk,
+		NodeName:                nodeName(o.hostnameOverride),
+		Faults:                  faultTable,
 	}
 	popts.UDPMaxSessionsPerPort, popts.UDPMaxSessions = o.udpMaxPerPort, o.udpMaxSessions
 	// The families /healthz reports: a specific --bind-address's, else

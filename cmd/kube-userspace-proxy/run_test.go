@@ -184,6 +184,7 @@ func TestBadFlagsExitTwo(t *testing.T) {
 		{"--tcp-write-timeout", "soon"},
 		{"--max-connection-age", "-1m"},
 		{"--connection-close-quiet", "0s"},
+		{"--connection-close-deadline", "-1s"},
 		{"--iptables-min-sync-period", "1m", "--iptables-sync-period", "30s"},
 		{"--nodeport-addresses", "10.0.0.0"},
 		{"--nodeport-addresses", "primary,10.0.0.0/8"},
@@ -255,6 +256,8 @@ func TestBindAndNodeIPValidation(t *testing.T) {
 		{[]string{"--tcp-keepalive-idle", "0", "--tcp-keepalive-interval", "1500ms"}, ""}, // keep-alive off
 		{[]string{"--tcp-keepalive-idle", "2m", "--tcp-keepalive-interval", "15s"}, ""},
 		{[]string{"--tcp-user-timeout", "0", "--tcp-write-timeout", "0"}, ""},
+		{[]string{"--connection-close-deadline", "0"}, ""}, // wait for quiet however long
+		{[]string{"--connection-close-deadline", "-1s"}, "--connection-close-deadline must not be negative, got -1s"},
 		{[]string{"--hostname-override", " \n"}, "--hostname-override \" \\n\" is blank"},
 		{[]string{"--hostname-override", "Node-1"}, ""},
 		{[]string{"--iptables-min-sync-period", "0"}, ""}, // kube-proxy's "no minimum"

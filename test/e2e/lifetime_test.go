@@ -97,6 +97,55 @@ func TestMaxConnectionAgeRebalances(t *testing.T) {
 	plainPool.checkCuts(t, "plain", 0)
 }
 
+// TestMaxConnectionAgeBusyPool: 9 kept-alive clients that send a request
+// every 200 ms, never quiet for the 300 ms quiet time, all on one endpoint
+// of a Service with a 3 s max age, which then gets two more. Each
+// connection is closed at the close deadline (1 s) past its age all the
+// same, and the pool spreads 3/3/3 (it stayed 9/0/0 while a close waited
+// for a quiet moment that never came).
+func TestMaxConnectionAgeBusyPool(t *testing.T) {
+	requireSuite(t)
+	const (
+		clients  = 9
+		every    = 200 * time.Millisecond
+		deadline = time.Second
+	)
+	c := netns.NewCluster(t, netns.ClusterOptions{Backends: 3, ClientIPsEach: 1})
+	c.StartBackends(t, backendBin, backendPort)
+	p := newProxy(t, c, "--connection-close-quiet="+closeQuiet.String(), "--connection-close-deadline="+deadline.String())
+	busy := svc{name: "busy", clusterIP: "10.96.8.30", endpoints: ips(c, 0),
+		annotations: map[string]string{"kube-userspace-proxy/max-connection-age": maxAge.String()}}
+	writeSvc(t, p.dir, busy)
+	p.Start(t, startWithin)
+	e2ePod1(c, 0).WaitServed(t, "tcp", busy.tcp(), time.Now(), startBudget)
+
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	pool := startPoolEvery(ctx, c.Pod1, c.Pod1IPs[0], busy.tcp(), clients, every)
+	if !pool.waitAll(10 * time.Second) {
+		t.Fatalf("only %v of %d clients connected", pool.counts(), clients)
+	}
+	busy.endpoints = ips(c, 0, 1, 2)
+	scaled := time.Now()
+	writeSvc(t, p.dir, busy)
+	budget := maxAge + deadline + 2*time.Second
+	var counts map[string]int
+	for counts = pool.counts(); !spread(counts, c, 2, 4); counts = pool.counts() {
+		if time.Since(scaled) > budget {
+			t.Fatalf("busy pool: %v %v after the scale-up; want 2-4 on each of the 3 endpoints", counts, budget)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	figure(t, "max-connection-age %v, quiet %v, close deadline %v: %d clients sending every %v spread %v over 3 endpoints %v after the scale-up from 1",
+		maxAge, closeQuiet, deadline, clients, every, sorted(counts), time.Since(scaled).Round(100*time.Millisecond))
+	stop()
+	pool.wg.Wait()
+	// A close at a busy moment may meet a request on the wire (each
+	// connection once at most); none may get half an answer or none at
+	// all without the connection's end.
+	pool.checkCuts(t, "busy", clients)
+}
+
 // TestDrainRemoved: 40 kept-alive clients of a Service with
 // kube-userspace-proxy/drain-removed over two endpoints; one is removed
 // from the Service (its backend keeps running, as a pod that is being
@@ -185,10 +234,17 @@ type pool struct {
 	// at a quiet moment makes it rare; checkCuts bounds it.
 	crossed atomic.Int64
 	wg      sync.WaitGroup
+	// every is the time between a client's requests.
+	every time.Duration
 }
 
 func startPool(ctx context.Context, ns *netns.NS, src netip.Addr, dst netip.AddrPort, n int) *pool {
-	p := &pool{backend: make([]string, n)}
+	return startPoolEvery(ctx, ns, src, dst, n, pingInterval)
+}
+
+// startPoolEvery is startPool with a request every interval.
+func startPoolEvery(ctx context.Context, ns *netns.NS, src netip.Addr, dst netip.AddrPort, n int, every time.Duration) *pool {
+	p := &pool{backend: make([]string, n), every: every}
 	for i := range n {
 		p.wg.Add(1)
 		go func() {
@@ -273,7 +329,7 @@ func (p *pool) session(ctx context.Context, conn *net.TCPConn, i int) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(pingInterval):
+		case <-time.After(p.every):
 		}
 		// A pool looks before it reuses: a FIN already here means the
 		// connection is done.
