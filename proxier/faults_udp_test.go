@@ -313,3 +313,97 @@ func TestFaultUDPBytesCountDelivered(t *testing.T) {
 		t.Errorf("bytes out %v, want 0: every reply was lost", got)
 	}
 }
+
+// A datagram a latency toxic delays past --udp-timeout reaches the backend,
+// and the session then lives a full --udp-timeout, so the backend's reply
+// reaches the client. The expiry re-touched the session only while the
+// delay was still ahead: once the datagram left, the session lived 0 to
+// --udp-timeout (latency mod timeout), and an expiry check between the
+// datagram's due time and the delay line's send closed it first.
+func TestFaultUDPLatencyPastIdleTimeout(t *testing.T) {
+	t.Parallel()
+	const timeout = 100 * time.Millisecond
+	be, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { be.Close() })
+	var got atomic.Int64
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			n, from, err := be.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			got.Add(1)
+			b := append([]byte("re:"), buf[:n]...)
+			time.AfterFunc(30*time.Millisecond, func() { _, _ = be.WriteToUDPAddrPort(b, from) })
+		}
+	}()
+	for _, latency := range []int{390, 400, 450} {
+		t.Run(strconv.Itoa(latency), func(t *testing.T) {
+			p := newTestProxier(t, Options{Faults: faults.NewTable(0, 0, nil), UDPIdleTimeout: timeout})
+			p.OnServiceAdd(makeService("dns", withProtocol(v1.ProtocolUDP),
+				withFaults(fmt.Sprintf(`[{"name":"lat","type":"latency","stream":"upstream","attributes":{"latency":%d}}]`, latency))))
+			p.OnEndpointSliceAdd(makeSlice("dns", v1.ProtocolUDP, be.LocalAddr().String()))
+			p.Sync()
+			addr := proxyAddr(t, p, "default/dns:p")
+			got.Store(0)
+			const clients = 20
+			var answered atomic.Int64
+			var wg sync.WaitGroup
+			for i := range clients {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					c, err := net.Dial("udp", addr)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					defer c.Close()
+					fmt.Fprintf(c, "q%d", i)
+					_ = c.SetReadDeadline(time.Now().Add(time.Duration(latency)*time.Millisecond + time.Second))
+					buf := make([]byte, 64)
+					if n, err := c.Read(buf); err == nil && string(buf[:n]) == fmt.Sprintf("re:q%d", i) {
+						answered.Add(1)
+					}
+				}()
+			}
+			wg.Wait()
+			if got.Load() != clients || answered.Load() != clients {
+				t.Errorf("latency %d ms, --udp-timeout %v: the backend got %d of %d datagrams, %d replies came back",
+					latency, timeout, got.Load(), clients, answered.Load())
+			}
+		})
+	}
+}
+
+// A reply a latency toxic delays past --udp-timeout keeps the session as a
+// delayed request does, so the client's next datagram finds its backend:
+// the delay a reply's Send returned was ignored and the session closed
+// at --udp-timeout, the reply still on its way.
+func TestFaultUDPDelayedReplyKeepsSession(t *testing.T) {
+	t.Parallel()
+	echo := loopbackUDPEcho(t)
+	p := newTestProxier(t, Options{Faults: faults.NewTable(0, 0, nil), UDPIdleTimeout: 100 * time.Millisecond})
+	p.OnServiceAdd(makeService("dns", withProtocol(v1.ProtocolUDP),
+		withFaults(`[{"name":"lat","type":"latency","stream":"downstream","attributes":{"latency":390}}]`)))
+	p.OnEndpointSliceAdd(makeSlice("dns", v1.ProtocolUDP, echo.LocalAddr().String()))
+	p.Sync()
+	c, err := net.Dial("udp", proxyAddr(t, p, "default/dns:p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	fmt.Fprint(c, "q")
+	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	buf := make([]byte, 64)
+	if _, err := c.Read(buf); err != nil {
+		t.Fatalf("no reply: %v", err)
+	}
+	if n := udpSessions(p, "default/dns:p"); n != 1 {
+		t.Errorf("%d sessions when the delayed reply arrived, want 1 (closed while the reply was delayed)", n)
+	}
+}

@@ -388,8 +388,10 @@ func (s *udpProxySocket) forward(client netip.AddrPort, b, oob []byte) {
 	// bytes_total counts what send delivers: a lost datagram is not
 	// proxied, a duplicated one twice.
 	if d := plan.Send(faults.StreamUp, client, b, send); d > 0 {
+		// From now, taken before Send: the datagram is due no earlier, so
+		// its send (which touches the session) is never before this.
 		s.mu.Lock()
-		sess.deferredUntil = max(sess.deferredUntil, mono.Add(monoNow(), d))
+		sess.deferredUntil = max(sess.deferredUntil, mono.Add(now, d))
 		s.mu.Unlock()
 	}
 }
@@ -510,6 +512,9 @@ func (s *udpProxySocket) upSenderLocked(sess *udpSession) func([]byte) {
 				if n, err := rawio.Write(sess.fd, b); err == nil {
 					s.bytesIn.Add(float64(n))
 				}
+				// The session idles from when the datagram left, not
+				// from when it came in: the backend's answer must find it.
+				s.sessions.touch(sess, monoNow())
 			}
 		}
 	}
@@ -689,8 +694,9 @@ func (s *udpProxySocket) relayFrom(fd int, b *udpBatch) {
 		s.mu.Unlock()
 		return
 	}
+	now := monoNow()
 	if !sess.removed {
-		s.sessions.touch(sess, monoNow())
+		s.sessions.touch(sess, now)
 	}
 	if n > 1 && !sess.gro {
 		// Replies come in bursts: take those a GSO sender or a NIC's GRO
@@ -714,18 +720,29 @@ func (s *udpProxySocket) relayFrom(fd int, b *udpBatch) {
 	if plan == nil && b.queueReplies(n, client, control, s.serviceFamily, !s.noGSO) {
 		return
 	}
+	var deferred time.Duration
 	for i := first; i < first+n; i++ {
 		for off := 0; off >= 0; {
 			var d []byte
 			d, off = b.datagramAt(i, off)
 			if plan != nil {
-				plan.Send(faults.StreamDown, client, d, send) // send counts bytes_total
+				deferred = max(deferred, plan.Send(faults.StreamDown, client, d, send)) // send counts bytes_total
 			} else if m, _, err := s.conn.WriteMsgUDPAddrPort(d, control, client); err != nil {
 				klog.V(3).InfoS("UDP write to client failed", "servicePort", s.label, "client", client, "err", err)
 			} else {
 				s.bytesOut.Add(float64(m))
 			}
 		}
+	}
+	if deferred > 0 {
+		// A delayed reply keeps the session as a delayed request does
+		// (the client's next datagram finds its backend), unless replies
+		// no longer keep it (removed).
+		s.mu.Lock()
+		if sess.fd >= 0 && !sess.removed {
+			sess.deferredUntil = max(sess.deferredUntil, mono.Add(now, deferred))
+		}
+		s.mu.Unlock()
 	}
 }
 
@@ -745,8 +762,14 @@ func (s *udpProxySocket) expireIdle() {
 	}
 	now := monoNow()
 	for old := s.sessions.oldest; old != nil && s.idleAt(old.lastActive) <= now; old = s.sessions.oldest {
-		if old.deferredUntil > now {
-			s.sessions.touch(old, now) // a delayed datagram still goes out
+		if s.idleAt(old.deferredUntil) > now {
+			// A datagram a fault delayed is still to go out, or left less
+			// than the idle timeout ago: its answer must find the session.
+			// Re-touched only while the delay was ahead, the session lived
+			// 0 to --udp-timeout after the datagram left, and a check
+			// between its due time and the delay line's send closed the
+			// session before the datagram could go out.
+			s.sessions.touch(old, now)
 			continue
 		}
 		s.closeSessionLocked(old)
