@@ -96,7 +96,11 @@ func (p *Port) publishLocked() *snapshot {
 		add(tx, OriginAPI)
 	}
 	if p.protocol == "UDP" {
-		s.datagram = newDatagramPlan(p, s)
+		var old *datagramPlan
+		if prev := p.snap.Load(); prev != nil {
+			old = prev.datagram
+		}
+		s.datagram = newDatagramPlan(p, s, old)
 	}
 	old := p.snap.Swap(s)
 	if old != nil {

@@ -253,6 +253,8 @@ type Port struct {
 	connSeq atomic.Uint64
 	// udpSeq numbers datagrams per stream (up, down).
 	udpSeq [2]atomic.Uint64
+	// udpDelays holds each stream's delayed datagrams (latency).
+	udpDelays [2]delayLine
 	// active counts live faulted connections, for the max-active cap.
 	active atomic.Int64
 

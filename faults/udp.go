@@ -1,7 +1,9 @@
 package faults
 
 import (
+	"maps"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,12 +22,24 @@ type datagramPlan struct {
 	enabled bool
 	streams [2][]*datagramToxic
 	seq     [2]*atomic.Uint64
-	// delays sends each stream's delayed datagrams (latency).
-	delays [2]delayLine
+	// delays sends each stream's delayed datagrams (latency): the port's,
+	// so a change of toxics neither splits a stream over two lines nor
+	// loses its order.
+	delays *[2]delayLine
 }
 
 type datagramToxic struct {
 	*compiled
+	*toxicState
+}
+
+// toxicState is what a toxic carries from one datagram to the next. A
+// toxic left unchanged by a change of the port's toxics keeps it, so that
+// the change re-draws nothing the toxic decides: each publish built fresh
+// state, so adding an unrelated toxic restarted a Gilbert-Elliott model in
+// its good state and forgot the datagrams reorder held (which then waited
+// their whole delay, overtaken by nothing).
+type toxicState struct {
 	// Gilbert-Elliott state (loss with p > 0); guarded by mu because
 	// downstream datagrams come from one goroutine per session.
 	mu  sync.Mutex
@@ -44,11 +58,39 @@ type heldDatagram struct {
 	timer *time.Timer
 }
 
-func newDatagramPlan(p *Port, s *snapshot) *datagramPlan {
+// toxicSlot names a toxic in one stream of a plan, to find it again in the
+// next plan.
+type toxicSlot struct {
+	stream int
+	name   string
+}
+
+// newDatagramPlan builds the plan of snapshot s; the toxics of old (the
+// port's plan until now, nil if none) that s keeps unchanged keep their
+// state.
+func newDatagramPlan(p *Port, s *snapshot, old *datagramPlan) *datagramPlan {
 	if s.enabled && len(s.toxics) == 0 {
 		return nil
 	}
-	d := &datagramPlan{enabled: s.enabled, seq: [2]*atomic.Uint64{&p.udpSeq[0], &p.udpSeq[1]}}
+	var kept map[toxicSlot]*datagramToxic
+	if old != nil {
+		kept = make(map[toxicSlot]*datagramToxic)
+		for i, ts := range old.streams {
+			for _, t := range ts {
+				kept[toxicSlot{i, t.Name}] = t
+			}
+		}
+	}
+	d := &datagramPlan{enabled: s.enabled, seq: [2]*atomic.Uint64{&p.udpSeq[0], &p.udpSeq[1]}, delays: &p.udpDelays}
+	add := func(i int, t *compiled) {
+		dt := &datagramToxic{compiled: t}
+		if o := kept[toxicSlot{i, t.Name}]; o != nil && sameDraws(o.compiled, t) {
+			dt.toxicState = o.toxicState
+		} else {
+			dt.toxicState = &toxicState{}
+		}
+		d.streams[i] = append(d.streams[i], dt)
+	}
 	for _, t := range s.toxics {
 		if t.kind == kindDatagram || t.kind == kindBoth || t.kind == kindDown {
 			i := StreamDown
@@ -57,14 +99,22 @@ func newDatagramPlan(p *Port, s *snapshot) *datagramPlan {
 			}
 			if t.kind == kindDown {
 				// down drops both ways
-				d.streams[StreamUp] = append(d.streams[StreamUp], &datagramToxic{compiled: t})
-				d.streams[StreamDown] = append(d.streams[StreamDown], &datagramToxic{compiled: t})
+				add(StreamUp, t)
+				add(StreamDown, t)
 				continue
 			}
-			d.streams[i] = append(d.streams[i], &datagramToxic{compiled: t})
+			add(i, t)
 		}
 	}
 	return d
+}
+
+// sameDraws reports whether a and b decide every datagram alike: the same
+// toxic, unchanged.
+func sameDraws(a, b *compiled) bool {
+	return a.Type == b.Type && a.Stream == b.Stream && a.Toxicity == b.Toxicity &&
+		a.seed == b.seed && a.key == b.key &&
+		maps.Equal(a.Attributes, b.Attributes) && slices.Equal(a.clients, b.clients)
 }
 
 // Datagrams returns the port's UDP fault plan; nil means none applies and

@@ -293,3 +293,60 @@ func TestDatagramReorderPerClient(t *testing.T) {
 		}
 	}
 }
+
+// A toxic added midway changes nothing another toxic decides: a
+// Gilbert-Elliott loss toxic keeps its good/bad state, so the same
+// datagrams are lost with and without an unrelated toxic added. Each
+// publish built fresh toxics, and the model restarted in the good state.
+func TestDatagramStateKeptAcrossChanges(t *testing.T) {
+	const n, at = 4000, 2000
+	ge := `{"name":"ge","type":"loss","stream":"upstream","attributes":{"p":0.1,"r":0.1,"loss_bad":1}}`
+	run := func(addMidway bool) []uint32 {
+		tbl, p := declared(t, 7, 0, "UDP", ge)
+		r := &recorder{}
+		buf := make([]byte, 4)
+		for i := range n {
+			if i == at && addMidway {
+				if _, err := tbl.AddToxic(p.Name(), toxic(t, `{"name":"other","type":"duplicate","stream":"downstream","attributes":{"rate":1}}`)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			binary.BigEndian.PutUint32(buf, uint32(i))
+			p.Datagrams().Send(StreamUp, session1, buf, r.send)
+		}
+		return r.seqs()
+	}
+	alone, added := run(false), run(true)
+	if !slices.Equal(alone, added) {
+		t.Errorf("an unrelated toxic added at datagram %d changed which datagrams were lost: %d delivered alone, %d with it; first difference at %d",
+			at, len(alone), len(added), firstDifference(alone, added))
+	}
+}
+
+func firstDifference(a, b []uint32) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return int(a[i])
+		}
+	}
+	return -1
+}
+
+// A datagram reorder holds stays held across a change of other toxics:
+// the client's next datagram still overtakes it. A fresh reorder toxic
+// forgot it, and it went out only when its delay ran out, in order.
+func TestDatagramReorderHeldAcrossChanges(t *testing.T) {
+	tbl, p := declared(t, 0, 0, "UDP", `{"name":"ro","type":"reorder","stream":"upstream","attributes":{"rate":1,"delay":3000}}`)
+	r := &recorder{}
+	buf := make([]byte, 4)
+	binary.BigEndian.PutUint32(buf, 0)
+	p.Datagrams().Send(StreamUp, session1, buf, r.send)
+	if _, err := tbl.AddToxic(p.Name(), toxic(t, `{"name":"other","type":"duplicate","stream":"downstream","attributes":{"rate":1}}`)); err != nil {
+		t.Fatal(err)
+	}
+	binary.BigEndian.PutUint32(buf, 1)
+	p.Datagrams().Send(StreamUp, session1, buf, r.send)
+	if got, want := r.seqs(), []uint32{1, 0}; !slices.Equal(got, want) {
+		t.Errorf("delivered at once %v, want %v (datagram 0 still held after a toxic was added)", got, want)
+	}
+}
