@@ -84,6 +84,22 @@ func (l *delayLine) add(due time.Time, b []byte, send func([]byte)) bool {
 	return true
 }
 
+// drop discards the datagrams the line holds.
+func (l *delayLine) drop() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	clear(l.q)
+	l.q = l.q[:0]
+	l.bytes = 0
+	l.full = false
+	if l.running {
+		select { // its goroutine ends instead of waiting for nothing
+		case l.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
 func (l *delayLine) run() {
 	t := time.NewTimer(time.Hour)
 	defer t.Stop()

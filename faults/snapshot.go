@@ -101,6 +101,11 @@ func (p *Port) publishLocked() *snapshot {
 			old = prev.datagram
 		}
 		s.datagram = newDatagramPlan(p, s, old)
+		if !s.enabled {
+			// Down drops datagrams, also those a toxic still delays: they
+			// went out up to the delay later.
+			p.dropDelayedDatagrams(old, s.datagram)
+		}
 	}
 	old := p.snap.Swap(s)
 	if old != nil {

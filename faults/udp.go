@@ -109,6 +109,34 @@ func newDatagramPlan(p *Port, s *snapshot, old *datagramPlan) *datagramPlan {
 	return d
 }
 
+// dropDelayedDatagrams drops every datagram the port's delay lines and
+// the reorder toxics of plans hold.
+func (p *Port) dropDelayedDatagrams(plans ...*datagramPlan) {
+	for i := range p.udpDelays {
+		p.udpDelays[i].drop()
+	}
+	for _, d := range plans {
+		if d == nil {
+			continue
+		}
+		for _, ts := range d.streams {
+			for _, t := range ts {
+				t.dropHeld()
+			}
+		}
+	}
+}
+
+// dropHeld drops the datagrams reorder holds.
+func (s *toxicState) dropHeld() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for client, h := range s.held {
+		h.timer.Stop()
+		delete(s.held, client)
+	}
+}
+
 // sameDraws reports whether a and b decide every datagram alike: the same
 // toxic, unchanged.
 func sameDraws(a, b *compiled) bool {

@@ -350,3 +350,35 @@ func TestDatagramReorderHeldAcrossChanges(t *testing.T) {
 		t.Errorf("delivered at once %v, want %v (datagram 0 still held after a toxic was added)", got, want)
 	}
 }
+
+// A port set down drops the datagrams its toxics still hold (latency's
+// delay line, reorder's held ones), as it drops new ones: they went out
+// up to the delay later.
+func TestDatagramsHeldDroppedWhenDisabled(t *testing.T) {
+	for _, tc := range []struct{ name, toxic string }{
+		{"latency", `{"name":"lat","type":"latency","stream":"upstream","attributes":{"latency":100}}`},
+		{"reorder", `{"name":"ro","type":"reorder","stream":"upstream","attributes":{"rate":1,"delay":100}}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tbl, p := declared(t, 0, 0, "UDP", tc.toxic)
+			r := &recorder{}
+			sendAll(p, 1, r)
+			if _, err := tbl.SetEnabled(p.Name(), false); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(300 * time.Millisecond)
+			if got := r.seqs(); len(got) > 0 {
+				t.Errorf("the port set down delivered %v after it went down", got)
+			}
+			// Up again, the toxic delays as before.
+			if _, err := tbl.SetEnabled(p.Name(), true); err != nil {
+				t.Fatal(err)
+			}
+			sendAll(p, 2, r)
+			time.Sleep(300 * time.Millisecond)
+			if got := r.seqs(); len(got) != 2 {
+				t.Errorf("up again, delivered %v, want both datagrams", got)
+			}
+		})
+	}
+}
