@@ -119,7 +119,9 @@ type Options struct {
 	Faults *faults.Table
 
 	// UDP session caps per service port and in total; 0 takes the
-	// defaults, and the total is also held to half of RLIMIT_NOFILE.
+	// defaults. The total is also held to half of RLIMIT_NOFILE, and the
+	// per-port cap to the total; the default per-port cap is lowered with
+	// the total by the same factor (udpCaps).
 	UDPMaxSessionsPerPort, UDPMaxSessions int
 
 	// DataPath is how TCP connections are relayed: DataPathGoroutines

@@ -23,36 +23,42 @@ const (
 // udpLimits turns the options into the per-port cap and the total budget.
 func udpLimits(o Options) (int, *udpBudget) {
 	perPort, limit := o.UDPMaxSessionsPerPort, o.UDPMaxSessions
-	if perPort <= 0 {
-		perPort = DefaultUDPMaxSessionsPerPort
-	}
 	if limit <= 0 {
 		limit = DefaultUDPMaxSessions
 	}
 	nofile := nofileLimit()
 	capped, total := udpCaps(perPort, limit, nofile)
 	if total < limit {
+		given := any(perPort)
+		if perPort <= 0 {
+			given = "default"
+		}
 		klog.InfoS("UDP session caps held to half the open-file limit", "nofile", nofile,
-			"maxSessions", total, "maxSessionsPerPort", capped, "given", []int{limit, perPort})
+			"maxSessions", total, "maxSessionsPerPort", capped, "given", []any{limit, given})
 	}
 	return capped, newUDPBudget(total)
 }
 
-// udpCaps holds the total to the descriptor share of nofile and, when
-// that lowers it, the per-port cap by the same factor. The per-port cap
-// exists so that one flooded Service cannot take every session; left at
-// 16,384 while a limit of 20,000 descriptors made the total 10,000, one
-// port could hold them all, and every other port's new clients were
-// dropped until the flood's sessions expired.
+// udpCaps holds the total to the descriptor share of nofile, and the
+// per-port cap to the total. When the share lowers the total, the default
+// per-port cap (perPort 0) is lowered by the same factor: it exists so that
+// one flooded Service cannot take every session, and left at 16,384 while
+// a limit of 20,000 descriptors made the total 10,000, one port could hold
+// them all, and every other port's new clients were dropped until the
+// flood's sessions expired. A per-port cap given is the user's own share
+// and is only held to the total: scaled too, a given 10 became 1 under the
+// default total, and a Service with two clients evicted at every datagram.
 func udpCaps(perPort, limit int, nofile uint64) (int, int) {
 	total := min(limit, udpDescriptorShare(nofile))
-	if total < limit {
-		// perPort × total / limit in 128 bits: a per-port cap given as a
-		// huge number (a user's "unlimited") wrapped the product and left
-		// one session per port. total < limit, so the quotient fits.
-		hi, lo := bits.Mul64(uint64(perPort), uint64(total))
-		q, _ := bits.Div64(hi, lo, uint64(limit))
-		perPort = max(1, int(q))
+	if perPort <= 0 {
+		perPort = DefaultUDPMaxSessionsPerPort
+		if total < limit {
+			// perPort × total / limit in 128 bits; total < limit, so
+			// the quotient fits.
+			hi, lo := bits.Mul64(uint64(perPort), uint64(total))
+			q, _ := bits.Div64(hi, lo, uint64(limit))
+			perPort = max(1, int(q))
+		}
 	}
 	return min(perPort, total), total
 }

@@ -123,11 +123,13 @@ func TestUDPDescriptorShare(t *testing.T) {
 	}
 }
 
-// The descriptor limit lowers the per-port cap with the total: a limit of
-// 20,000 made the total 10,000 and left the per-port cap at 16,384, so one
-// flooded port took every session and a quiet port's new clients were
-// dropped (1,500 forged sources at nofile 2,000: the good Service's first
-// 5 clients dropped).
+// The descriptor limit lowers the default per-port cap with the total: a
+// limit of 20,000 made the total 10,000 and left the per-port cap at
+// 16,384, so one flooded port took every session and a quiet port's new
+// clients were dropped (1,500 forged sources at nofile 2,000: the good
+// Service's first 5 clients dropped). A per-port cap given (perPort > 0) is
+// held to the total only: scaled too, a given 10 became 1 and a Service
+// with two clients evicted at every datagram.
 func TestUDPCapsScaleWithTheDescriptorLimit(t *testing.T) {
 	for _, tc := range []struct {
 		perPort, limit int
@@ -135,14 +137,20 @@ func TestUDPCapsScaleWithTheDescriptorLimit(t *testing.T) {
 		wantPerPort    int
 		wantTotal      int
 	}{
-		{DefaultUDPMaxSessionsPerPort, DefaultUDPMaxSessions, 1 << 20, 16384, 65536}, // room: as given
-		{DefaultUDPMaxSessionsPerPort, DefaultUDPMaxSessions, 20000, 2500, 10000},    // a quarter, as the defaults
-		{DefaultUDPMaxSessionsPerPort, DefaultUDPMaxSessions, 2000, 250, 1000},
-		{50, 80, 20000, 50, 80},    // the flags' own caps, under the share: as given
-		{100, 80, 1 << 20, 80, 80}, // a per-port cap above the total is the total
+		{0, DefaultUDPMaxSessions, 1 << 20, 16384, 65536}, // room: the defaults
+		{0, DefaultUDPMaxSessions, 20000, 2500, 10000},    // a quarter, as the defaults
+		{0, DefaultUDPMaxSessions, 2000, 250, 1000},
+		{0, 1000, 1 << 20, 1000, 1000}, // the default per-port cap is held to a smaller total given
+		{50, 80, 20000, 50, 80},        // the flags' own caps, under the share: as given
+		{100, 80, 1 << 20, 80, 80},     // a per-port cap above the total is the total
 		{1, 65536, 4, 1, 2},
-		// A huge per-port cap (a user's "unlimited") scaled in int64
-		// wrapped to 1 session per port.
+		// A per-port cap given, at or below the lowered total, needs no
+		// scaling.
+		{10, DefaultUDPMaxSessions, 20000, 10, 10000},
+		{2500, DefaultUDPMaxSessions, 20000, 2500, 10000},
+		{10000, DefaultUDPMaxSessions, 20000, 10000, 10000},
+		// Above it, it is the total.
+		{DefaultUDPMaxSessionsPerPort, DefaultUDPMaxSessions, 20000, 10000, 10000},
 		{1_000_000_000_000_000, DefaultUDPMaxSessions, 20000, 10000, 10000},
 		{math.MaxInt64, math.MaxInt64, 20000, 10000, 10000},
 		{math.MaxInt64, DefaultUDPMaxSessions, 20000, 10000, 10000},

@@ -82,6 +82,7 @@ func runMain(args []string) int {
 	}
 	o.logVModule = fs.Lookup("vmodule").Value.String()
 	o.minSyncPeriodGiven = fs.Changed("iptables-min-sync-period") || o.fileFields["iptables-min-sync-period"] != ""
+	o.udpMaxPerPortGiven = fs.Changed("udp-max-sessions-per-port")
 	v, err := o.validate()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy: invalid flags:\n%v\n", err)

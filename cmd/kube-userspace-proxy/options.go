@@ -35,6 +35,9 @@ type options struct {
 	// minSyncPeriodGiven: --iptables-min-sync-period or its --config field
 	// was given (see effectiveMinSyncPeriod).
 	minSyncPeriodGiven bool
+	// udpMaxPerPortGiven: --udp-max-sessions-per-port was given, so the
+	// descriptor limit does not scale it (proxier's udpCaps).
+	udpMaxPerPortGiven bool
 	hostnameOverride   string
 	nodePortAddresses  []string
 	clusterCIDR        string

@@ -87,6 +87,9 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		Faults:                  faultTable,
 	}
 	popts.UDPMaxSessionsPerPort, popts.UDPMaxSessions = o.udpMaxPerPort, o.udpMaxSessions
+	if !o.udpMaxPerPortGiven {
+		popts.UDPMaxSessionsPerPort = 0 // the default, which the descriptor limit scales
+	}
 	// The families /healthz reports: a specific --bind-address's, else
 	// both; with rules, those the node has syncers for.
 	ipv4, ipv6 := true, true
