@@ -47,18 +47,20 @@ func ParseAnnotation(value string, ports []ServicePort) (map[string][]Toxic, err
 		if err := t.UnmarshalJSON(bytes.TrimSpace(r)); err != nil {
 			return nil, at(err)
 		}
+		// Where the toxic goes is checked before its attributes: a slicer
+		// without average_size on a UDP port was told of the attribute,
+		// and of the protocol only once that was fixed. (A type unknown
+		// is Normalize's error.)
+		if _, known := toxicTypes[t.Type]; known {
+			if err := portsFor(&t, ports); err != nil {
+				return nil, at(err)
+			}
+		}
 		if err := t.Normalize(); err != nil {
 			return nil, at(err)
 		}
-		// A number can name two ports (DNS: 53/TCP and 53/UDP); the toxic
-		// goes to those its type acts on, and is wrong only if none is.
-		matched, wrongProtocol := 0, ""
 		for _, p := range ports {
-			if t.Port != "" && string(t.Port) != p.Name && string(t.Port) != strconv.Itoa(int(p.Number)) {
-				continue
-			}
-			if !t.AppliesTo(p.Protocol) {
-				wrongProtocol = p.Protocol
+			if !selects(&t, p) || !t.AppliesTo(p.Protocol) {
 				continue
 			}
 			// Names are per port, as each port is its own proxy in the
@@ -68,18 +70,37 @@ func ParseAnnotation(value string, ports []ServicePort) (map[string][]Toxic, err
 			if slices.ContainsFunc(out[p.Name], func(o Toxic) bool { return o.Name == t.Name }) {
 				return nil, at(&FieldError{"name", fmt.Sprintf("%q is used twice on port %q; toxic names must be unique per port", t.Name, p.Name)})
 			}
-			matched++
 			out[p.Name] = append(out[p.Name], t.clone())
-		}
-		if matched == 0 {
-			switch {
-			case t.Port != "" && wrongProtocol != "":
-				return nil, at(&FieldError{"type", fmt.Sprintf("%s acts on %s, and port %q is %s", t.Type, protocolsOf(t.Type), t.Port, wrongProtocol)})
-			case t.Port != "":
-				return nil, at(&FieldError{"port", fmt.Sprintf("the Service has no port %q", t.Port)})
-			}
-			return nil, at(&FieldError{"type", fmt.Sprintf("%s acts on %s, and the Service has no such port", t.Type, protocolsOf(t.Type))})
 		}
 	}
 	return out, nil
+}
+
+// selects reports whether t's port field (absent: every port) names p.
+func selects(t *Toxic, p ServicePort) bool {
+	return t.Port == "" || string(t.Port) == p.Name || string(t.Port) == strconv.Itoa(int(p.Number))
+}
+
+// portsFor checks that t, of a known type, goes to some port: one its port
+// field names whose protocol its type acts on. A number can name two ports
+// (DNS: 53/TCP and 53/UDP); the toxic goes to those its type acts on, and
+// is wrong only if none is.
+func portsFor(t *Toxic, ports []ServicePort) error {
+	wrongProtocol := ""
+	for _, p := range ports {
+		if !selects(t, p) {
+			continue
+		}
+		if t.AppliesTo(p.Protocol) {
+			return nil
+		}
+		wrongProtocol = p.Protocol
+	}
+	switch {
+	case t.Port != "" && wrongProtocol != "":
+		return &FieldError{"type", fmt.Sprintf("%s acts on %s, and port %q is %s", t.Type, protocolsOf(t.Type), t.Port, wrongProtocol)}
+	case t.Port != "":
+		return &FieldError{"port", fmt.Sprintf("the Service has no port %q", t.Port)}
+	}
+	return &FieldError{"type", fmt.Sprintf("%s acts on %s, and the Service has no such port", t.Type, protocolsOf(t.Type))}
 }

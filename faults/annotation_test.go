@@ -302,6 +302,13 @@ func TestParseAnnotationErrors(t *testing.T) {
 		{"any toxic on an SCTP port", `[{"type":"latency","port":"sig"}]`, []ServicePort{tcpHTTP, {Name: "sig", Number: 3868, Protocol: "SCTP"}}, `[0].type: latency acts on TCP and UDP, and port "sig" is SCTP`},
 		{"UDP toxic, no UDP port", `[{"type":"reorder"}]`, []ServicePort{tcpHTTP}, "[0].type: reorder acts on UDP, and the Service has no such port"},
 		{"TCP toxic, no TCP port", `[{"type":"slow_close"}]`, []ServicePort{udpDNS}, "[0].type: slow_close acts on TCP, and the Service has no such port"},
+		// The protocol is checked before the attributes: a slicer without
+		// its average_size on a UDP port was told of the attribute first,
+		// and of the protocol only once that was fixed.
+		{"TCP toxic without its attributes, no TCP port", `[{"name":"x","type":"slicer"}]`, []ServicePort{udpDNS}, "[0].type: slicer acts on TCP, and the Service has no such port"},
+		{"TCP toxic without its attributes on a UDP port", `[{"type":"slicer","port":"dns"}]`, both, `[0].type: slicer acts on TCP, and port "dns" is UDP`},
+		{"UDP toxic with a bad attribute on a TCP port", `[{"type":"loss","port":"http","attributes":{"rate":2}}]`, both, `[0].type: loss acts on UDP, and port "http" is TCP`},
+		{"port not on the Service, bad attribute", `[{"type":"latency","port":"https","attributes":{"latency":-1}}]`, both, `[0].port: the Service has no port "https"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := ParseAnnotation(tc.value, tc.ports)

@@ -166,14 +166,16 @@ func (t *Table) AddToxic(name string, tx Toxic) (Toxic, error) {
 	if err != nil {
 		return Toxic{}, err
 	}
+	// The protocol before the attributes, as in the annotation (a type
+	// unknown is Normalize's error).
+	if _, known := toxicTypes[tx.Type]; known && !tx.AppliesTo(p.protocol) {
+		return Toxic{}, &FieldError{"type", fmt.Sprintf("%s acts on %s, and %s is %s", tx.Type, protocolsOf(tx.Type), name, p.protocol)}
+	}
 	if err := tx.Normalize(); err != nil {
 		return Toxic{}, err
 	}
 	if tx.Port != "" {
 		return Toxic{}, &FieldError{"port", "not allowed through the API: the proxy is already one service port"}
-	}
-	if !tx.AppliesTo(p.protocol) {
-		return Toxic{}, &FieldError{"type", fmt.Sprintf("%s acts on %s, and %s is %s", tx.Type, protocolsOf(tx.Type), name, p.protocol)}
 	}
 	if err := p.addAPI(tx); err != nil {
 		return Toxic{}, err

@@ -382,3 +382,18 @@ func TestDatagramsHeldDroppedWhenDisabled(t *testing.T) {
 		})
 	}
 }
+
+// The API checks a toxic's protocol before its attributes, as the
+// annotation does: a slicer without attributes on a UDP port was refused
+// for its average_size first, and for its protocol once that was given.
+func TestAddToxicProtocolFirst(t *testing.T) {
+	tbl, p := declared(t, 0, 0, "UDP")
+	var tx Toxic
+	if err := tx.UnmarshalJSON([]byte(`{"name":"x","type":"slicer"}`)); err != nil {
+		t.Fatal(err)
+	}
+	_, err := tbl.AddToxic(p.Name(), tx)
+	if want := "type: slicer acts on TCP, and default.web.http is UDP"; err == nil || err.Error() != want {
+		t.Fatalf("AddToxic: %v, want %q", err, want)
+	}
+}
