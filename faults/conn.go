@@ -247,8 +247,9 @@ func (p *Port) endRemovedTimeouts(names []string) {
 	}
 }
 
-// cutDown applies a newly added down toxic to live connections: the same
-// draw a new connection with that sequence number would have made.
+// cutDown applies a newly added down toxic to live connections (UDP: to
+// the datagrams still delayed): the same draw a new connection (datagram)
+// with that sequence number would have made.
 func (p *Port) cutDown(s *snapshot, tx Toxic) {
 	var t *compiled
 	for _, c := range s.toxics {
@@ -262,6 +263,12 @@ func (p *Port) cutDown(s *snapshot, tx Toxic) {
 	p.cutLive(func(l *liveConn) bool {
 		return t.matches(l.clientAddr) && draw(t.seed, t.key, l.seq, saltToxicity) < float64(t.Toxicity)
 	})
+	if s.datagram != nil {
+		// UDP: the delayed datagrams it draws, as Send draws a new one.
+		p.dropDelayedDatagrams(func(d datagramID) bool {
+			return t.matches(d.client.Addr()) && draw(t.seed, t.key, d.seq, saltToxicity) < float64(t.Toxicity)
+		}, s.datagram)
+	}
 }
 
 // SetBounds gives the faulted directions the relay's bounds, which cannot

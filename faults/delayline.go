@@ -2,6 +2,7 @@ package faults
 
 import (
 	"container/heap"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -45,13 +46,22 @@ const (
 type delayedDatagram struct {
 	due  time.Time
 	n    uint64
+	id   datagramID
 	b    []byte
 	send func([]byte)
 }
 
+// datagramID is what a draw needs of a datagram: its number in its stream
+// and its client, so that a down toxic added later drops the delayed
+// datagrams it draws.
+type datagramID struct {
+	seq    uint64
+	client netip.AddrPort
+}
+
 // add queues b for send at due; b is the line's from now on. It reports
 // false when the line is at its bound and b is dropped.
-func (l *delayLine) add(due time.Time, b []byte, send func([]byte)) bool {
+func (l *delayLine) add(due time.Time, id datagramID, b []byte, send func([]byte)) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.q) >= delayLineMaxDatagrams || l.bytes+len(b) > delayLineMaxBytes {
@@ -65,7 +75,7 @@ func (l *delayLine) add(due time.Time, b []byte, send func([]byte)) bool {
 	if l.full && len(l.q) < delayLineMaxDatagrams/2 && l.bytes < delayLineMaxBytes/2 {
 		l.full = false // the episode is over once the line drained to half
 	}
-	heap.Push(&l.q, delayedDatagram{due: due, n: l.n, b: b, send: send})
+	heap.Push(&l.q, delayedDatagram{due: due, n: l.n, id: id, b: b, send: send})
 	l.bytes += len(b)
 	l.n++
 	switch {
@@ -84,14 +94,25 @@ func (l *delayLine) add(due time.Time, b []byte, send func([]byte)) bool {
 	return true
 }
 
-// drop discards the datagrams the line holds.
-func (l *delayLine) drop() {
+// drop discards the datagrams the line holds that drops reports (nil:
+// every one).
+func (l *delayLine) drop(drops func(datagramID) bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	clear(l.q)
-	l.q = l.q[:0]
-	l.bytes = 0
-	l.full = false
+	kept := l.q[:0]
+	for _, d := range l.q {
+		if drops != nil && !drops(d.id) {
+			kept = append(kept, d)
+			continue
+		}
+		l.bytes -= len(d.b)
+	}
+	clear(l.q[len(kept):])
+	l.q = kept
+	heap.Init(&l.q)
+	if len(l.q) < delayLineMaxDatagrams/2 && l.bytes < delayLineMaxBytes/2 {
+		l.full = false
+	}
 	if l.running {
 		select { // its goroutine ends instead of waiting for nothing
 		case l.wake <- struct{}{}:

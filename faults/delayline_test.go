@@ -18,7 +18,7 @@ func TestDelayLineBounded(t *testing.T) {
 
 	var byCount delayLine
 	for i := range delayLineMaxDatagrams + 10 {
-		if ok := byCount.add(later, make([]byte, 10), send); ok != (i < delayLineMaxDatagrams) {
+		if ok := byCount.add(later, datagramID{}, make([]byte, 10), send); ok != (i < delayLineMaxDatagrams) {
 			t.Fatalf("datagram %d: taken %v", i, ok)
 		}
 	}
@@ -26,7 +26,7 @@ func TestDelayLineBounded(t *testing.T) {
 	const size = 60000
 	taken := 0
 	for range 2 * delayLineMaxBytes / size {
-		if byBytes.add(later, make([]byte, size), send) {
+		if byBytes.add(later, datagramID{}, make([]byte, size), send) {
 			taken++
 		}
 	}
@@ -38,7 +38,7 @@ func TestDelayLineBounded(t *testing.T) {
 	var drains delayLine
 	soon := time.Now().Add(50 * time.Millisecond)
 	for range delayLineMaxDatagrams {
-		drains.add(soon, make([]byte, 10), send)
+		drains.add(soon, datagramID{}, make([]byte, 10), send)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for sent.Load() < delayLineMaxDatagrams {
@@ -47,7 +47,7 @@ func TestDelayLineBounded(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if !drains.add(time.Now(), make([]byte, 10), send) {
+	if !drains.add(time.Now(), datagramID{}, make([]byte, 10), send) {
 		t.Fatal("the line refused a datagram once it had sent what it held")
 	}
 }

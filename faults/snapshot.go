@@ -104,7 +104,7 @@ func (p *Port) publishLocked() *snapshot {
 		if !s.enabled {
 			// Down drops datagrams, also those a toxic still delays: they
 			// went out up to the delay later.
-			p.dropDelayedDatagrams(old, s.datagram)
+			p.dropDelayedDatagrams(nil, old, s.datagram)
 		}
 	}
 	old := p.snap.Swap(s)

@@ -53,6 +53,7 @@ type toxicState struct {
 
 // heldDatagram is one client's datagram that reorder keeps back.
 type heldDatagram struct {
+	seq   uint64
 	b     []byte
 	send  func([]byte)
 	timer *time.Timer
@@ -109,11 +110,11 @@ func newDatagramPlan(p *Port, s *snapshot, old *datagramPlan) *datagramPlan {
 	return d
 }
 
-// dropDelayedDatagrams drops every datagram the port's delay lines and
-// the reorder toxics of plans hold.
-func (p *Port) dropDelayedDatagrams(plans ...*datagramPlan) {
+// dropDelayedDatagrams drops the datagrams the port's delay lines and
+// the reorder toxics of plans hold that drops reports (nil: every one).
+func (p *Port) dropDelayedDatagrams(drops func(datagramID) bool, plans ...*datagramPlan) {
 	for i := range p.udpDelays {
-		p.udpDelays[i].drop()
+		p.udpDelays[i].drop(drops)
 	}
 	for _, d := range plans {
 		if d == nil {
@@ -121,19 +122,22 @@ func (p *Port) dropDelayedDatagrams(plans ...*datagramPlan) {
 		}
 		for _, ts := range d.streams {
 			for _, t := range ts {
-				t.dropHeld()
+				t.dropHeld(drops)
 			}
 		}
 	}
 }
 
-// dropHeld drops the datagrams reorder holds.
-func (s *toxicState) dropHeld() {
+// dropHeld drops the datagrams reorder holds that drops reports (nil:
+// every one).
+func (s *toxicState) dropHeld(drops func(datagramID) bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for client, h := range s.held {
-		h.timer.Stop()
-		delete(s.held, client)
+		if drops == nil || drops(datagramID{h.seq, client}) {
+			h.timer.Stop()
+			delete(s.held, client)
+		}
 	}
 }
 
@@ -216,7 +220,8 @@ func (dp *DatagramPlan) Send(stream int, client netip.AddrPort, b []byte, send f
 		b = append([]byte(nil), b...)
 		due := time.Now().Add(delay)
 		line := &d.delays[stream]
-		out = func(b []byte) { _ = line.add(due, b, send) }
+		id := datagramID{seq, client}
+		out = func(b []byte) { _ = line.add(due, id, b, send) }
 	}
 	for _, t := range d.streams[stream] {
 		if t.Type == "reorder" && t != reorder {
@@ -226,7 +231,7 @@ func (dp *DatagramPlan) Send(stream int, client netip.AddrPort, b []byte, send f
 	}
 	if reorder != nil {
 		reorder.injected.Inc()
-		reorder.hold(client, b, out, copies)
+		reorder.hold(client, seq, b, out, copies)
 		return max(delay, 0) + reorder.ms("delay")
 	}
 	for range copies {
@@ -264,7 +269,7 @@ func (t *datagramToxic) lose(e float64, seq uint64) bool {
 // rate draws is then reordered. Holding b in turn sent the held one first,
 // so rate 1 kept the stream in order (the UDP audit: r0…r7 in order at
 // rate 1, swapped pairs at 0.5).
-func (t *datagramToxic) hold(client netip.AddrPort, b []byte, send func([]byte), copies int) {
+func (t *datagramToxic) hold(client netip.AddrPort, seq uint64, b []byte, send func([]byte), copies int) {
 	t.mu.Lock()
 	if prev := t.held[client]; prev != nil {
 		delete(t.held, client)
@@ -276,7 +281,7 @@ func (t *datagramToxic) hold(client netip.AddrPort, b []byte, send func([]byte),
 		prev.send(prev.b)
 		return
 	}
-	h := &heldDatagram{b: append([]byte(nil), b...), send: func(b []byte) {
+	h := &heldDatagram{seq: seq, b: append([]byte(nil), b...), send: func(b []byte) {
 		for range copies {
 			send(b)
 		}

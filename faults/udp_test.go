@@ -397,3 +397,39 @@ func TestAddToxicProtocolFirst(t *testing.T) {
 		t.Fatalf("AddToxic: %v, want %q", err, want)
 	}
 }
+
+// A down toxic added through the API drops the delayed datagrams it draws,
+// as it cuts the live TCP connections it draws: they went out up to the
+// delay later.
+func TestDownAddedDropsDelayedDatagramsItDraws(t *testing.T) {
+	for _, tc := range []struct{ name, toxic string }{
+		{"latency", `{"name":"lat","type":"latency","stream":"upstream","attributes":{"latency":100}}`},
+		{"reorder", `{"name":"ro","type":"reorder","stream":"upstream","attributes":{"rate":1,"delay":100}}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tbl, p := declared(t, 0, 0, "UDP", tc.toxic)
+			r := &recorder{}
+			const n = 40
+			buf := make([]byte, 4)
+			for i := range n { // one datagram from each of n clients: reorder holds each
+				binary.BigEndian.PutUint32(buf, uint32(i))
+				p.Datagrams().Send(StreamUp, netip.AddrPortFrom(client1, uint16(40000+i)), buf, r.send)
+			}
+			if _, err := tbl.AddToxic(p.Name(), toxic(t, `{"name":"d","type":"down","toxicity":0.5}`)); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(300 * time.Millisecond)
+			var want []uint32
+			for seq := range uint64(n) {
+				if draw(0, keyOf("d", p.Name()), seq, saltToxicity) >= 0.5 {
+					want = append(want, uint32(seq))
+				}
+			}
+			got := r.seqs()
+			slices.Sort(got)
+			if !slices.Equal(got, want) {
+				t.Errorf("delivered after down came %v, want %v (those down does not draw)", got, want)
+			}
+		})
+	}
+}
