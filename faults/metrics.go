@@ -42,6 +42,8 @@ func (m *Metrics) forget(label string) {
 type portCounters struct {
 	faulted liveGauge
 	skipped eventCounter
+	// delayDropped: UDP datagrams dropped at a full delay line.
+	delayDropped eventCounter
 }
 
 type liveGauge struct{ n atomic.Int64 }
@@ -61,6 +63,7 @@ type portSeries struct {
 	ports   map[string]*portCounters
 	faulted *prometheus.Desc
 	skipped *prometheus.Desc
+	dropped *prometheus.Desc
 }
 
 func newPortSeries() *portSeries {
@@ -70,6 +73,8 @@ func newPortSeries() *portSeries {
 			"Live TCP connections with at least one toxic applied", []string{"service_port"}, nil),
 		skipped: prometheus.NewDesc("kubeproxy_userspace_faults_skipped_max_active_total",
 			"Connections left unfaulted because --fault-max-active faulted connections were live", []string{"service_port"}, nil),
+		dropped: prometheus.NewDesc("kubeproxy_userspace_faults_delay_queue_dropped_total",
+			"UDP datagrams dropped because the service port's queue of delayed datagrams (one per direction, 10,000 datagrams or 16 MiB) was full", []string{"service_port"}, nil),
 	}
 }
 
@@ -101,6 +106,7 @@ func (s *portSeries) lookup(label string) *portCounters {
 func (s *portSeries) Describe(ch chan<- *prometheus.Desc) {
 	ch <- s.faulted
 	ch <- s.skipped
+	ch <- s.dropped
 }
 
 // Collect copies the port list under the lock and prints outside it, so a
@@ -119,5 +125,6 @@ func (s *portSeries) Collect(ch chan<- prometheus.Metric) {
 	for _, p := range ports {
 		ch <- prometheus.MustNewConstMetric(s.faulted, prometheus.GaugeValue, float64(p.c.faulted.n.Load()), p.label)
 		ch <- prometheus.MustNewConstMetric(s.skipped, prometheus.CounterValue, float64(p.c.skipped.n.Load()), p.label)
+		ch <- prometheus.MustNewConstMetric(s.dropped, prometheus.CounterValue, float64(p.c.delayDropped.n.Load()), p.label)
 	}
 }

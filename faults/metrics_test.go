@@ -131,3 +131,23 @@ func TestRemovedToxicSeriesStayAWhile(t *testing.T) {
 		t.Errorf("series %q: want the oldest removed (cut, slow) gone and t00 kept", got)
 	}
 }
+
+// A datagram dropped because the port's delay line is full is counted: it
+// showed in no metric, only in a -v=2 line.
+func TestDelayLineOverflowCounted(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	tbl := NewTable(0, 0, NewMetrics(reg))
+	p := tbl.Port("default.dns.dns", "UDP")
+	p.SetDeclared([]Toxic{toxic(t, `{"type":"latency","stream":"upstream","attributes":{"latency":60000}}`)})
+	r := &recorder{}
+	sendAll(p, delayLineMaxDatagrams+5, r)
+	const want = `
+# HELP kubeproxy_userspace_faults_delay_queue_dropped_total UDP datagrams dropped because the service port's queue of delayed datagrams (one per direction, 10,000 datagrams or 16 MiB) was full
+# TYPE kubeproxy_userspace_faults_delay_queue_dropped_total counter
+kubeproxy_userspace_faults_delay_queue_dropped_total{service_port="default.dns.dns"} 5
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "kubeproxy_userspace_faults_delay_queue_dropped_total"); err != nil {
+		t.Fatal(err)
+	}
+	tbl.SetEnabled(p.Name(), false) // ends the delay line's wait
+}

@@ -61,8 +61,9 @@ type snapshot struct {
 	// for a refusal before the cap (refuses); without one it need not.
 	refusals bool
 	// Per-port series, resolved once per snapshot.
-	faultedLive *liveGauge
-	skipped     *eventCounter
+	faultedLive  *liveGauge
+	skipped      *eventCounter
+	delayDropped *eventCounter
 }
 
 // publishLocked builds and stores a new snapshot; p.mu is held.
@@ -70,7 +71,7 @@ func (p *Port) publishLocked() *snapshot {
 	m := p.table.metrics
 	label := p.metricLabel()
 	c := m.ports.forLabel(label)
-	s := &snapshot{enabled: p.enabled, faultedLive: &c.faulted, skipped: &c.skipped}
+	s := &snapshot{enabled: p.enabled, faultedLive: &c.faulted, skipped: &c.skipped, delayDropped: &c.delayDropped}
 	add := func(tx Toxic, origin string) {
 		seed := p.table.seed
 		if tx.Seed != nil {

@@ -26,6 +26,8 @@ type datagramPlan struct {
 	// so a change of toxics neither splits a stream over two lines nor
 	// loses its order.
 	delays *[2]delayLine
+	// delayDropped counts the datagrams a full delay line dropped.
+	delayDropped *eventCounter
 }
 
 type datagramToxic struct {
@@ -82,7 +84,7 @@ func newDatagramPlan(p *Port, s *snapshot, old *datagramPlan) *datagramPlan {
 			}
 		}
 	}
-	d := &datagramPlan{enabled: s.enabled, seq: [2]*atomic.Uint64{&p.udpSeq[0], &p.udpSeq[1]}, delays: &p.udpDelays}
+	d := &datagramPlan{enabled: s.enabled, seq: [2]*atomic.Uint64{&p.udpSeq[0], &p.udpSeq[1]}, delays: &p.udpDelays, delayDropped: s.delayDropped}
 	add := func(i int, t *compiled) {
 		dt := &datagramToxic{compiled: t}
 		if o := kept[toxicSlot{i, t.Name}]; o != nil && sameDraws(o.compiled, t) {
@@ -221,7 +223,11 @@ func (dp *DatagramPlan) Send(stream int, client netip.AddrPort, b []byte, send f
 		due := time.Now().Add(delay)
 		line := &d.delays[stream]
 		id := datagramID{seq, client}
-		out = func(b []byte) { _ = line.add(due, id, b, send) }
+		out = func(b []byte) {
+			if !line.add(due, id, b, send) {
+				d.delayDropped.Inc()
+			}
+		}
 	}
 	for _, t := range d.streams[stream] {
 		if t.Type == "reorder" && t != reorder {
