@@ -322,7 +322,7 @@ func TestFaultUDPBytesCountDelivered(t *testing.T) {
 // datagram's due time and the delay line's send closed it first.
 func TestFaultUDPLatencyPastIdleTimeout(t *testing.T) {
 	t.Parallel()
-	const timeout = 100 * time.Millisecond
+	const timeout = 200 * time.Millisecond
 	be, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 2)})
 	if err != nil {
 		t.Fatal(err)
@@ -341,7 +341,7 @@ func TestFaultUDPLatencyPastIdleTimeout(t *testing.T) {
 			time.AfterFunc(30*time.Millisecond, func() { _, _ = be.WriteToUDPAddrPort(b, from) })
 		}
 	}()
-	for _, latency := range []int{390, 400, 450} {
+	for _, latency := range []int{790, 800, 850} {
 		t.Run(strconv.Itoa(latency), func(t *testing.T) {
 			p := newTestProxier(t, Options{Faults: faults.NewTable(0, 0, nil), UDPIdleTimeout: timeout})
 			p.OnServiceAdd(makeService("dns", withProtocol(v1.ProtocolUDP),
