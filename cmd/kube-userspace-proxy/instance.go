@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"io"
 	"net"
 	"sync"
 	"syscall"
@@ -23,7 +24,10 @@ var instanceSocket = "@kube-userspace-proxy.rules"
 // instanceClaim is this process's hold on instanceSocket, or its wait for
 // it: a process that found another holding it takes the name once that
 // one is gone, so that a third still finds a proxy (a rolling restart
-// overlaps the old and the new one; the new one stays).
+// overlaps the old and the new one; the new one stays). Meanwhile it
+// stays connected to the holder and says it is a proxy (instanceHello),
+// so that the holder learns of its exit too: either one repairs the rules
+// at once when the other goes, whichever outlives the other.
 type instanceClaim struct {
 	// instanceSocket, instanceRetryEvery and newInstanceLogLimiter as
 	// they were at the claim (its wait runs on).
@@ -34,10 +38,31 @@ type instanceClaim struct {
 	mu       sync.Mutex
 	ln       *net.UnixListener // nil while another process holds the name
 	released bool
-	// onTakeOver is called once the other process is gone (OnTakeOver).
-	onTakeOver func()
-	done       chan struct{} // closed by release: the wait ends
+	// onOtherGone is called once the other process is gone (OnOtherGone).
+	onOtherGone func()
+	done        chan struct{} // closed by release: the wait ends
+	// toHolder is the connection to the holder while this process waits
+	// (nil once it ended); holderGone is told when it ends.
+	toHolder   *net.UnixConn
+	holderGone chan struct{}
+	// peers are the proxies that found this one and said so, while they
+	// run (at most maxInstancePeers).
+	peers map[*net.UnixConn]bool
 }
+
+// instanceHello is what a proxy that programs rules writes to the holder
+// of instanceSocket, whose connection it then keeps for its life: the
+// holder repairs the rules when that connection ends. A process that only
+// looks (--cleanup) or an older proxy writes nothing and is not waited on.
+const instanceHello = "kube-userspace-proxy rules\n"
+
+// instanceHelloWithin is how long the holder waits for instanceHello;
+// maxInstancePeers bounds the connections it keeps (any process of the
+// namespace may connect).
+const (
+	instanceHelloWithin = 2 * time.Second
+	maxInstancePeers    = 16
+)
 
 // instanceRetryEvery is how often a process waiting for instanceSocket
 // tries to take it (a variable: tests shorten it).
@@ -49,7 +74,7 @@ var instanceRetryEvery = 5 * time.Second
 // it. release ends the hold or the wait.
 func claimInstance() (claim *instanceClaim, held bool, pid int) {
 	c := &instanceClaim{name: instanceSocket, retryEvery: instanceRetryEvery, newLimiter: newInstanceLogLimiter,
-		done: make(chan struct{})}
+		done: make(chan struct{}), holderGone: make(chan struct{}, 1), peers: map[*net.UnixConn]bool{}}
 	err := c.listen()
 	if err == nil {
 		return c, false, 0
@@ -58,9 +83,47 @@ func claimInstance() (claim *instanceClaim, held bool, pid int) {
 		klog.V(2).InfoS("Cannot watch for a second proxy on this node", "err", err)
 		return c, false, 0
 	}
-	held, pid = holder()
+	held, pid = c.connect()
 	go c.takeOverWhenFree()
 	return c, held, pid
+}
+
+// connect connects to the holder and says this is a proxy (instanceHello),
+// keeping the connection until release or the holder's exit, which tells
+// holderGone. It reports whether a process holds the name, and its PID.
+func (c *instanceClaim) connect() (held bool, pid int) {
+	conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: c.name, Net: "unix"})
+	if err != nil {
+		return false, 0
+	}
+	pid = peerPID(conn)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.released {
+		conn.Close()
+		return true, pid
+	}
+	if _, err := conn.Write([]byte(instanceHello)); err != nil {
+		conn.Close()
+		return true, pid
+	}
+	c.toHolder = conn
+	go func() {
+		// The holder writes nothing: the read ends when it exits (or
+		// closes the connection: an older proxy does at once).
+		_, _ = io.Copy(io.Discard, conn)
+		c.mu.Lock()
+		if c.toHolder == conn {
+			c.toHolder = nil
+		}
+		c.mu.Unlock()
+		conn.Close()
+		select {
+		case c.holderGone <- struct{}{}:
+		default:
+		}
+	}()
+	return true, pid
 }
 
 // listen takes the name, unless the claim was released.
@@ -75,7 +138,11 @@ func (c *instanceClaim) listen() error {
 		return err
 	}
 	c.ln = ln
-	go announceOthers(ln, c.newLimiter())
+	if c.toHolder != nil {
+		c.toHolder.Close()
+		c.toHolder = nil
+	}
+	go c.announceOthers(ln, c.newLimiter())
 	return nil
 }
 
@@ -83,32 +150,50 @@ func (c *instanceClaim) takeOverWhenFree() {
 	tick := time.NewTicker(c.retryEvery)
 	defer tick.Stop()
 	for {
+		reconnect := false
 		select {
 		case <-c.done:
 			return
+		case <-c.holderGone: // its exit, most likely: try at once
 		case <-tick.C:
+			reconnect = true
 		}
 		if c.listen() == nil {
 			klog.InfoS("The other kube-userspace-proxy in this network namespace is gone; this one now answers a process that looks for one, and repairs the portal rules it left")
-			c.mu.Lock()
-			f := c.onTakeOver
-			c.mu.Unlock()
-			if f != nil {
-				f()
-			}
+			c.otherGone()
 			return
+		}
+		c.mu.Lock()
+		lost := c.toHolder == nil
+		c.mu.Unlock()
+		if reconnect && lost {
+			// Another process took the name first (a third proxy), or
+			// an older holder closed the connection: at most once per
+			// tick, so that one closing at once costs no busy loop.
+			c.connect()
 		}
 	}
 }
 
-// OnTakeOver sets what to do once the other process is gone: its last
+// OnOtherGone sets what to do once the other process is gone: this one
+// took the name over, or the one that found this one exited. Its last
 // sync left the portal rules naming its proxy ports, refused since it
 // exited, until this one's next full sync repairs them (21-24 s of every
-// Service refused, in the lifecycle sweep's overlapping restarts).
-func (c *instanceClaim) OnTakeOver(f func()) {
+// Service refused, in the lifecycle sweep's overlapping restarts; 23 s in
+// the upgrade sweep when the second one went first).
+func (c *instanceClaim) OnOtherGone(f func()) {
 	c.mu.Lock()
-	c.onTakeOver = f
+	c.onOtherGone = f
 	c.mu.Unlock()
+}
+
+func (c *instanceClaim) otherGone() {
+	c.mu.Lock()
+	f := c.onOtherGone
+	c.mu.Unlock()
+	if f != nil {
+		f()
+	}
 }
 
 // holder reports whether a process listens on instanceSocket and its PID,
@@ -150,20 +235,62 @@ func peerPID(c *net.UnixConn) int {
 // instanceSocket (a second proxy starting, or --cleanup), until ln closes:
 // each new PID, and one already logged again after a minute, ten at once
 // and then one per 6 s at most (any process of the namespace may connect:
-// a loop of them must not flood the log).
-func announceOthers(ln *net.UnixListener, limit flowcontrol.RateLimiter) {
+// a loop of them must not flood the log). A proxy among them is watched
+// until it exits (watchPeer).
+func (c *instanceClaim) announceOthers(ln *net.UnixListener, limit flowcontrol.RateLimiter) {
 	lastPID, lastAt := 0, time.Time{}
 	for {
-		c, err := ln.AcceptUnix()
+		conn, err := ln.AcceptUnix()
 		if err != nil {
 			return
 		}
-		if pid := peerPID(c); (pid != lastPID || time.Since(lastAt) > time.Minute) && limit.TryAccept() {
+		pid := peerPID(conn)
+		if (pid != lastPID || time.Since(lastAt) > time.Minute) && limit.TryAccept() {
 			lastPID, lastAt = pid, time.Now()
 			klog.ErrorS(nil, "Another kube-userspace-proxy process in this network namespace found this one (a second proxy rewrites this one's rules, --cleanup removes them until the next sync)", "pid", pidValue(pid))
 		}
-		c.Close()
+		c.mu.Lock()
+		keep := !c.released && len(c.peers) < maxInstancePeers
+		if keep {
+			c.peers[conn] = true
+		}
+		c.mu.Unlock()
+		if !keep {
+			conn.Close()
+			continue
+		}
+		go c.watchPeer(conn, pid, limit)
 	}
+}
+
+// watchPeer waits for a process that found this one to say it is a proxy
+// (instanceHello) and then for its exit, which the end of its connection
+// tells: its last sync left the rules naming its ports, so this one
+// repairs them at once. Anything else is closed.
+func (c *instanceClaim) watchPeer(conn *net.UnixConn, pid int, limit flowcontrol.RateLimiter) {
+	defer func() {
+		c.mu.Lock()
+		delete(c.peers, conn)
+		c.mu.Unlock()
+		conn.Close()
+	}()
+	hello := make([]byte, len(instanceHello))
+	_ = conn.SetReadDeadline(time.Now().Add(instanceHelloWithin))
+	if _, err := io.ReadFull(conn, hello); err != nil || string(hello) != instanceHello {
+		return
+	}
+	_ = conn.SetReadDeadline(time.Time{})
+	_, _ = io.Copy(io.Discard, conn)
+	c.mu.Lock()
+	released := c.released
+	c.mu.Unlock()
+	if released {
+		return // this one is stopping: its own close ended the connection
+	}
+	if limit.TryAccept() {
+		klog.InfoS("The other kube-userspace-proxy in this network namespace exited; repairing the portal rules it left naming its ports", "pid", pidValue(pid))
+	}
+	c.otherGone()
 }
 
 // newInstanceLogLimiter bounds announceOthers' lines (a variable: tests
@@ -183,5 +310,14 @@ func (c *instanceClaim) release() {
 	close(c.done)
 	if c.ln != nil {
 		_ = c.ln.Close()
+	}
+	// After the listener: a waiting proxy told of this one's exit finds
+	// the name free.
+	for conn := range c.peers {
+		conn.Close()
+	}
+	if c.toHolder != nil {
+		c.toHolder.Close()
+		c.toHolder = nil
 	}
 }

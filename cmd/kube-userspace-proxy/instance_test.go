@@ -42,13 +42,17 @@ func TestSecondInstanceFindsTheFirst(t *testing.T) {
 	// writes a line once per severity it reaches: count, then compare).
 	time.Sleep(100 * time.Millisecond)
 	logged := strings.Count(logs.String(), want)
-	if _, _, other := claimInstance(); other != os.Getpid() {
+	again, _, other := claimInstance()
+	if other != os.Getpid() {
 		t.Fatalf("third claim's other = %d", other)
 	}
 	time.Sleep(100 * time.Millisecond)
 	if n := strings.Count(logs.String(), want); n != logged {
 		t.Fatalf("the holder logged the same process again within a minute:\n%s", logs.String())
 	}
+	// Released before the first: a claim still waiting takes the name as
+	// soon as its holder goes.
+	again.release()
 	first.release()
 	third, held, _ := claimInstance()
 	if !third.holding() || held {
@@ -80,7 +84,7 @@ func TestSecondInstanceTakesOverTheName(t *testing.T) {
 	// It repairs the rules the other left naming its ports at once (the
 	// run wires this to Proxier.RepairSoon), not at its next full sync.
 	tookOver := make(chan struct{}, 1)
-	replacement.OnTakeOver(func() { tookOver <- struct{}{} })
+	replacement.OnOtherGone(func() { tookOver <- struct{}{} })
 	old.release()
 	for deadline := time.Now().Add(5 * time.Second); !replacement.holding(); time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -90,7 +94,7 @@ func TestSecondInstanceTakesOverTheName(t *testing.T) {
 	select {
 	case <-tookOver:
 	case <-time.After(5 * time.Second):
-		t.Fatal("the takeover did not call OnTakeOver's function")
+		t.Fatal("the takeover did not call OnOtherGone's function")
 	}
 	third, held, pid := claimInstance()
 	defer third.release()
@@ -103,6 +107,87 @@ func TestSecondInstanceTakesOverTheName(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	if held, _ := holder(); held {
 		t.Fatal("a released claim took the name over")
+	}
+}
+
+// The proxy that held the name repairs the rules at once when the one
+// that found it exits (a rolled-back surge pod, or "stop one"): that one's
+// last sync left them naming its ports, and every Service was refused
+// until this one's next full sync (23 s in the upgrade sweep). A process
+// that only looks (--cleanup) and goes asks for no repair. Before, the
+// holder closed the other's connection at once and never learned of its
+// exit (the test failed at "did not repair").
+func TestFirstInstanceRepairsWhenTheSecondExits(t *testing.T) {
+	saved := instanceSocket
+	instanceSocket = fmt.Sprintf("@kube-userspace-proxy.test.%d.%d", os.Getpid(), time.Now().UnixNano())
+	defer func() { instanceSocket = saved }()
+	logs := captureKlog(t)
+
+	first, _, _ := claimInstance()
+	defer first.release()
+	repaired := make(chan struct{}, 4)
+	first.OnOtherGone(func() { repaired <- struct{}{} })
+	if held, _ := holder(); !held { // --cleanup's look
+		t.Fatal("holder() found no holder")
+	}
+	second, held, _ := claimInstance()
+	if !held || second.holding() {
+		t.Fatalf("second claim: held %v, holding %v; want true, false", held, second.holding())
+	}
+	time.Sleep(200 * time.Millisecond)
+	select {
+	case <-repaired:
+		t.Fatal("the holder repaired while the other still runs, or after a process that only looked")
+	default:
+	}
+	second.release() // the second process exits
+	select {
+	case <-repaired:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("the holder did not repair once the other exited:\n%s", logs.String())
+	}
+	if !strings.Contains(logs.String(), "exited") {
+		t.Errorf("the holder did not log the other's exit:\n%s", logs.String())
+	}
+}
+
+// With three proxies, the one still waiting when another took the name
+// over connects to the new holder, which then learns of its exit too.
+func TestWaitingInstanceFollowsTheNewHolder(t *testing.T) {
+	saved, savedEvery := instanceSocket, instanceRetryEvery
+	instanceSocket = fmt.Sprintf("@kube-userspace-proxy.test.%d.%d", os.Getpid(), time.Now().UnixNano())
+	instanceRetryEvery = 10 * time.Millisecond
+	defer func() { instanceSocket, instanceRetryEvery = saved, savedEvery }()
+	captureKlog(t)
+
+	first, _, _ := claimInstance()
+	second, _, _ := claimInstance()
+	third, _, _ := claimInstance()
+	defer second.release()
+	defer third.release()
+	repaired := map[*instanceClaim]chan struct{}{second: make(chan struct{}, 4), third: make(chan struct{}, 4)}
+	for c, ch := range repaired {
+		c.OnOtherGone(func() { ch <- struct{}{} })
+	}
+	first.release()
+	var holder, waiter *instanceClaim
+	for deadline := time.Now().Add(5 * time.Second); holder == nil; time.Sleep(5 * time.Millisecond) {
+		switch {
+		case second.holding():
+			holder, waiter = second, third
+		case third.holding():
+			holder, waiter = third, second
+		case time.Now().After(deadline):
+			t.Fatal("neither waiting claim took the name over")
+		}
+	}
+	<-repaired[holder]                 // its takeover's repair
+	time.Sleep(100 * time.Millisecond) // the waiter's ticks: it connects to the new holder
+	waiter.release()
+	select {
+	case <-repaired[holder]:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the new holder did not repair when the proxy still waiting exited")
 	}
 }
 

@@ -96,14 +96,14 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 	if family, ok := bindFamily(v); ok {
 		ipv4, ipv6 = family == iptables.IPv4, family == iptables.IPv6
 	}
-	takeOver := func(func()) {} // claim.OnTakeOver with rules to repair
+	otherGone := func(func()) {} // claim.OnOtherGone with rules to repair
 	if o.iptables {
 		if !canProgramIptables() {
 			return errNoNetAdmin
 		}
 		claim, held, other := claimInstance()
 		defer claim.release()
-		takeOver = claim.OnTakeOver
+		otherGone = claim.OnOtherGone
 		if held {
 			klog.ErrorS(nil, "Another kube-userspace-proxy is running in this network namespace: the two rewrite each other's portal rules, so Services fail by turns; stop one, or run this one with --iptables=false", "pid", pidValue(other))
 		}
@@ -125,7 +125,7 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 	defer serviceHealth.Close()
 	popts.ServiceHealth = serviceHealth
 	p = proxier.New(popts)
-	takeOver(p.RepairSoon)
+	otherGone(p.RepairSoon)
 
 	if o.manifests == "" {
 		registerRESTClientMetrics(metrics.Registry)
