@@ -8,6 +8,7 @@ import "sync/atomic"
 type ruleStats struct {
 	filter, nat     atomic.Int64
 	partialFailures atomic.Uint64
+	repairs         atomic.Uint64
 }
 
 // countHave records how many rules our chains hold per table, from r.have
@@ -31,6 +32,12 @@ func (r *Rules) countHave() {
 func (r *Rules) RuleCounts() (filter, nat int) {
 	return int(r.stats.filter.Load()), int(r.stats.nat.Load())
 }
+
+// Repairs counts the Syncs that rewrote chains of ours someone else had
+// changed since the last sync that went through (another proxy's sync, a
+// flush). The proxier then clears the conntrack entries those rules left
+// NATed to ports none of its sockets holds.
+func (r *Rules) Repairs() uint64 { return r.stats.repairs.Load() }
 
 // PartialRestoreFailures counts Update's incremental restores that
 // iptables-restore refused (each then fell back to a full rewrite):

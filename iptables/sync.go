@@ -47,6 +47,10 @@ type Rules struct {
 	// error). Reading every write back cost the first sync at 10,000
 	// Services 0.58 s of its 1.9 s.
 	written map[string]bool
+	// drifted: a Sync found our chains changed by someone else and has
+	// not rewritten them yet (its write failed): the next one that does
+	// counts the repair, though its own read-back no longer shows it.
+	drifted bool
 	stats   ruleStats
 }
 
@@ -106,6 +110,13 @@ func (r *Rules) syncLocked(portals []Portal) error {
 	if repairing && len(stale) > 0 {
 		klog.InfoS("Repairing iptables chains another process changed", "family", r.cfg.Family, "chains", chainNames(stale))
 	}
+	switch {
+	case repairing:
+		r.drifted = r.drifted || len(stale) > 0
+	case prev != nil:
+		// Our own changes are rewritten too: compare with what we had.
+		r.drifted = r.drifted || len(r.staleChains(prev, saved)) > 0
+	}
 	if len(stale) == 0 && len(drop) == 0 {
 		r.have = want
 		r.countHave()
@@ -136,6 +147,10 @@ func (r *Rules) syncLocked(portals []Portal) error {
 		}
 	}
 	klog.V(2).InfoS("Rewrote iptables chains", "family", r.cfg.Family, "chains", chainNames(stale))
+	if r.drifted {
+		r.drifted = false
+		r.stats.repairs.Add(1)
+	}
 	if len(check) > 0 {
 		if err := r.learnPrinting(want, check); err != nil {
 			return err

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -519,5 +520,60 @@ func TestLostUDPDestinationClearsItsFlows(t *testing.T) {
 				t.Errorf("the next sync cleared %v again", got)
 			}
 		})
+	}
+}
+
+// A repair of rules another process rewrote (a second proxy's sync named
+// its own ports, then it exited) clears the UDP entries its portals NATed
+// to its ports: a client that keeps its source port (a resolver, statsd)
+// refreshed its entry with every datagram and stayed on the dead port for
+// as long as it sent. A full sync that finds nothing changed clears
+// nothing. Before, the repair cleared nothing (the test failed at the
+// repair).
+func TestRepairedRulesClearFlowsToOtherPorts(t *testing.T) {
+	p, fake := newPortalProxier(t)
+	ct := &fakeConntrack{}
+	p.opts.Conntrack = ct
+	p.OnServiceAdd(makeService("dns", withProtocol(v1.ProtocolUDP)))
+	p.Sync()
+	ct.take()
+	p.SyncFull()
+	if got := ct.take(); len(got) != 0 {
+		t.Fatalf("a full sync of unchanged rules cleared %v", got)
+	}
+	// The other proxy's rules: the same portals, to its own port.
+	otherProxy := func() {
+		t.Helper()
+		for _, chain := range []string{iptables.ChainPortalsContainer, iptables.ChainPortalsHost} {
+			for _, r := range fake.Rules(iptables.TableNAT, chain) {
+				other := regexp.MustCompile(`--to-ports? [0-9]+|--to-destination ([0-9.]+):[0-9]+`).ReplaceAllStringFunc(r, func(s string) string {
+					return s[:strings.LastIndexAny(s, " :")+1] + "41999"
+				})
+				if other == r {
+					continue // another Service's, rewritten already
+				}
+				if err := fake.Restore([]byte("*nat\n-D " + chain + " " + r + "\n-A " + chain + " " + other + "\nCOMMIT\n")); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	otherProxy()
+	p.RepairSoon()
+	p.Sync()
+	if got, want := ct.take(), []string{"udp 10.96.0.10:80"}; !slices.Equal(got, want) {
+		t.Fatalf("the repair cleared %v, want %v", got, want)
+	}
+	dns := servicePortName("dns")
+	dns.Protocol = v1.ProtocolUDP
+	if got, want := ct.spared["10.96.0.10:80"], []int{p.active[dns].proxyPort}; !slices.Equal(got, want) {
+		t.Errorf("the repair's clearing spared %v, want the live proxy port %v", got, want)
+	}
+	// A repair in the full sync that also writes a change of ours.
+	otherProxy()
+	p.OnServiceAdd(makeService("web", withClusterIP("10.96.0.20")))
+	p.SyncFull()
+	if got, want := ct.take(), []string{"tcp-unnated 10.96.0.20:80", "udp 10.96.0.10:80"}; !slices.Equal(got, want) {
+		t.Fatalf("the repair with a change of ours cleared %v, want %v", got, want)
 	}
 }

@@ -45,6 +45,12 @@ type PortalUpdater interface {
 	Update(portals []iptables.Portal) error
 }
 
+// PortalRepairer is a PortalSyncer that counts the Syncs that rewrote
+// rules someone else had changed (iptables.Rules.Repairs).
+type PortalRepairer interface {
+	Repairs() uint64
+}
+
 // HealthUpdater is told when changes are queued and when a sync finished
 // (kube-proxy's ProxierHealthUpdater).
 type HealthUpdater interface {
@@ -625,9 +631,19 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 
 	p.publishDebug()
 	p.publishOpenFailures(openFailures)
-	ok := p.syncPortals(full)
+	ok, repaired := p.syncPortals(full)
 	if !ok {
 		failed = append(failed, "portals")
+	}
+	if repaired {
+		// The rules replaced (another proxy's, which named its own ports)
+		// left entries NATed to ports no socket of ours holds: a UDP
+		// client that keeps its source port refreshes its entry with
+		// every datagram and stays on the dead port for as long as it
+		// sends. Every service port's, as for a new socket.
+		for name := range p.active {
+			p.staleFlowsToClear(name)
+		}
 	}
 	p.retryFailures(failed)
 	if ok {
@@ -834,10 +850,11 @@ func portalProtocol(p v1.Protocol) iptables.Protocol {
 
 // syncPortals hands every family its complete desired portal set: to
 // Update (only what changed is written) unless full is set or the syncer
-// has no such path.
-func (p *Proxier) syncPortals(full bool) bool {
+// has no such path. repaired: a family's Sync rewrote rules someone else
+// had changed (PortalRepairer).
+func (p *Proxier) syncPortals(full bool) (ok, repaired bool) {
 	if p.opts.IPv4Portals == nil && p.opts.IPv6Portals == nil {
-		return true
+		return true, false
 	}
 	v4, v6 := make([]iptables.Portal, 0, len(p.active)), []iptables.Portal(nil)
 	for _, ap := range p.portalOrder() {
@@ -845,7 +862,7 @@ func (p *Proxier) syncPortals(full bool) bool {
 		v4, v6 = p.appendPortals(ap, v4, v6)
 		v4, v6 = p.appendGuards(ap, v4, v6, from4, from6)
 	}
-	ok := true
+	ok = true
 	for _, f := range []struct {
 		s       PortalSyncer
 		portals []iptables.Portal
@@ -858,13 +875,21 @@ func (p *Proxier) syncPortals(full bool) bool {
 		if u, ok := f.s.(PortalUpdater); ok && !full {
 			sync = u.Update
 		}
+		r, counts := f.s.(PortalRepairer)
+		var before uint64
+		if counts {
+			before = r.Repairs()
+		}
 		if err := sync(f.portals); err != nil {
 			ok = false
 			p.metrics.IPTablesRestoreFailures.Inc()
 			klog.ErrorS(err, "Failed to sync portal rules; will retry", "family", f.family)
 		}
+		if counts && r.Repairs() != before {
+			repaired = true
+		}
 	}
-	return ok
+	return ok, repaired
 }
 
 // appendPortals appends ap's portals to each family's.
