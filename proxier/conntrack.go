@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
@@ -24,7 +25,12 @@ import (
 //     old, closed port forever. kube-proxy clears entries for the same reason.
 //   - TCP: a SYN sent to a service IP before its portal existed leaves an
 //     un-NATed SYN_SENT entry for 120 s, so the client's retransmissions, and
-//     a new connection from the same source port, bypass the portal.
+//     a new connection from the same source port, bypass the portal. And a
+//     connection the last proxy reset at its exit leaves an entry in CLOSE
+//     NATed to its port for 10 s: the kernel sends a new SYN from the same
+//     source port (ephemeral ports are reused under load) to that port
+//     again rather than through the portal, refused when the new proxy
+//     listens elsewhere (an overlap, a taken port, a port range changed).
 //
 // Each clearing is a dump of the whole conntrack table (the kernel walks
 // every bucket of the hash shared by all namespaces: 10 ms on an idle
@@ -45,15 +51,20 @@ type StaleFlows struct {
 	// Dst is the original destination; an invalid address stands for that
 	// port on every address (NodePorts).
 	Dst netip.AddrPort
-	// Live are the proxy ports serving Dst (UDP): entries a portal NATed to
-	// one of them are not stale. Those flows already reach a socket of
-	// ours, and an entry deleted under a flow in full swing turns the
-	// replies in flight into un-NATed datagrams the client's connected
-	// socket drops. Every UDP entry to Dst NATed elsewhere, or not NATed,
-	// is stale. TCP: only un-NATed entries are; those that passed a portal
-	// are connections, live or ending with their socket.
+	// Live are the proxy ports serving Dst: entries a portal NATed to one
+	// of them are not stale. Those flows already reach a socket of ours,
+	// and an entry deleted under a flow in full swing turns the replies
+	// in flight into un-NATed datagrams the client's connected socket
+	// drops. Every UDP entry to Dst NATed elsewhere, or not NATed, is
+	// stale. TCP: un-NATed entries are, and those NATed elsewhere only
+	// once reset (CLOSE): the others are connections, live or ending with
+	// their socket, possibly another proxy's beside this one (which
+	// rewrites the same portals, but whose connections go on meanwhile).
 	Live []int
 }
+
+// tcpReset is the kernel's TCP conntrack state after a reset.
+const tcpReset = nl.TCP_CONNTRACK_CLOSE
 
 // NetlinkConntrack talks to the kernel's conntrack table over netlink.
 type NetlinkConntrack struct{}
@@ -98,16 +109,16 @@ func (s *staleSet) add(f StaleFlows) {
 		*s = staleSet{}
 	}
 	proto := uint8(unix.IPPROTO_UDP)
-	live := f.Live
 	switch f.Protocol {
 	case v1.ProtocolTCP:
-		proto, live = unix.IPPROTO_TCP, nil
+		proto = unix.IPPROTO_TCP
 	case v1.ProtocolUDP:
-		if live == nil {
-			live = []int{} // present, and no port is live
-		}
 	default:
 		return
+	}
+	live := f.Live
+	if live == nil {
+		live = []int{} // present, and no port is live
 	}
 	dst := netip.AddrPortFrom(f.Dst.Addr().Unmap(), f.Dst.Port())
 	(*s)[staleKey{proto, dst}] = live
@@ -136,7 +147,12 @@ func (s staleSet) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 	if replySrc.Unmap() == orig && flow.Reverse.SrcPort == flow.Forward.DstPort {
 		return true // no NAT rewrote it: tracked before the portal existed
 	}
-	return live != nil && !slices.Contains(live, int(flow.Reverse.SrcPort))
+	if key.protocol == unix.IPPROTO_TCP {
+		if tcp, ok := flow.ProtoInfo.(*netlink.ProtoInfoTCP); !ok || tcp.State != tcpReset {
+			return false
+		}
+	}
+	return !slices.Contains(live, int(flow.Reverse.SrcPort))
 }
 
 // staleFlowsToClear remembers a service port whose proxy socket is new, or
@@ -269,10 +285,16 @@ func staleFlowsOf(ap *activePort) []StaleFlows {
 		// Service IPs only: a NodePort's destination is the node itself, where
 		// an early SYN was answered (by a reset or our claim) and left no
 		// lasting entry, and clearing "any address, that port" would reach
-		// the node's unrelated connections.
+		// the node's unrelated connections (another NAT's among them).
+		// Reset connections are spared on either socket of the port: the
+		// node reaches external addresses through the cluster-wide one.
+		live := []int{ap.proxyPort}
+		if ap.external != nil {
+			live = append(live, ap.externalPort)
+		}
 		for _, group := range [][]netip.Addr{info.clusterIPs, info.externalIPs, info.loadBalancerIPs} {
 			for _, ip := range group {
-				flows = append(flows, StaleFlows{Protocol: v1.ProtocolTCP, Dst: netip.AddrPortFrom(ip, uint16(info.port))})
+				flows = append(flows, StaleFlows{Protocol: v1.ProtocolTCP, Dst: netip.AddrPortFrom(ip, uint16(info.port)), Live: live})
 			}
 		}
 	}

@@ -3,6 +3,7 @@ package proxier
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"testing"
@@ -76,6 +77,16 @@ func conntrackBed(t *testing.T, name string) (*netns.NS, *Proxier, func()) {
 	ns.MustIP("link", "set", "kup1", "up")
 	ns.MustIP("route", "add", "10.96.0.0/16", "dev", "kup0")
 
+	p, sync := bedProxier(t, ns, PortRange{})
+	p.OnServiceAdd(makeService("other", withClusterIP("10.96.0.20")))
+	sync()
+	return ns, p, sync
+}
+
+// bedProxier is a proxier of conntrackBed's namespace ns taking its proxy
+// ports from ports, its sources synced, and sync, which runs a sync in ns.
+func bedProxier(t *testing.T, ns *netns.NS, ports PortRange) (*Proxier, func()) {
+	t.Helper()
 	var runner iptables.Runner
 	if err := ns.Do(func() (err error) { runner, err = iptables.NewRunner(iptables.IPv4); return err }); err != nil {
 		t.Skipf("iptables: %v", err)
@@ -84,14 +95,9 @@ func conntrackBed(t *testing.T, name string) (*netns.NS, *Proxier, func()) {
 		IPv4Portals: iptables.New(runner, iptables.Config{Family: iptables.IPv4, BindAddress: netip.IPv4Unspecified(), NodeIP: conntrackNodeIP}),
 		BindAddress: netip.IPv4Unspecified(),
 		Conntrack:   NetlinkConntrack{},
+		PortRange:   ports,
 	})
-	t.Cleanup(func() {
-		p.syncMu.Lock()
-		defer p.syncMu.Unlock()
-		for name, ap := range p.active {
-			p.closePort(name, ap)
-		}
-	})
+	t.Cleanup(func() { stopBedProxier(p) })
 	p.OnServiceSynced()
 	p.OnEndpointSlicesSynced()
 	sync := func() {
@@ -100,9 +106,70 @@ func conntrackBed(t *testing.T, name string) (*netns.NS, *Proxier, func()) {
 			t.Fatal(err)
 		}
 	}
-	p.OnServiceAdd(makeService("other", withClusterIP("10.96.0.20")))
+	return p, sync
+}
+
+// stopBedProxier closes p's proxy sockets (its rules stay, as a stopped
+// proxy leaves them).
+func stopBedProxier(p *Proxier) {
+	p.syncMu.Lock()
+	defer p.syncMu.Unlock()
+	for name, ap := range p.active {
+		p.closePort(name, ap)
+	}
+}
+
+// TestKernelResetConnectionDoesNotRefuseTheNextProxy, in a namespace of its
+// own with real iptables and conntrack: a connection reset through a
+// portal (the proxy resets every connection at SIGTERM; here web has no
+// endpoints, which resets it at once) leaves an entry in CLOSE NATed to
+// that proxy's port for 10 s, and the kernel sends a new SYN from the same
+// source port to that port again rather than through the portal. A next
+// proxy listening on another port (an overlap, a taken port, another
+// --proxy-port-range) must still be reached from that source port: before,
+// it was refused (ECONNREFUSED) while a connection from another port was
+// served.
+func TestKernelResetConnectionDoesNotRefuseTheNextProxy(t *testing.T) {
+	ns, p, sync := conntrackBed(t, "ctr")
+	p.OnServiceAdd(makeService("web"))
 	sync()
-	return ns, p, sync
+	// connect dials the ClusterIP from srcPort: a reset is as good as a
+	// connection (web has no endpoints); a refusal is not.
+	connect := func(srcPort int) error {
+		return ns.Do(func() error {
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: conntrackNodeIP.AsSlice(), Port: srcPort}, Timeout: time.Second}
+			c, err := d.Dial("tcp4", "10.96.0.10:80")
+			if err == nil {
+				_ = c.SetReadDeadline(time.Now().Add(time.Second))
+				_, err = c.Read(make([]byte, 1))
+				c.Close()
+			}
+			if errors.Is(err, unix.ECONNRESET) || errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		})
+	}
+	if err := connect(50000); err != nil {
+		t.Fatalf("through the first proxy's portal: %v", err)
+	}
+	oldPort := p.active[servicePortName("web")].proxyPort
+	stopBedProxier(p)
+
+	// The next proxy, on ports that exclude the last one's.
+	next, nextSync := bedProxier(t, ns, PortRange{Base: oldPort%60000 + 1, Size: 1000})
+	next.OnServiceAdd(makeService("other", withClusterIP("10.96.0.20")))
+	next.OnServiceAdd(makeService("web"))
+	nextSync()
+	if got := next.active[servicePortName("web")].proxyPort; got == oldPort {
+		t.Fatalf("the next proxy listens on the same port %d: the scenario is not reproduced", got)
+	}
+	if err := connect(50001); err != nil {
+		t.Fatalf("from a fresh source port, through the next proxy's portal: %v", err)
+	}
+	if err := connect(50000); err != nil {
+		t.Fatalf("from the reset connection's source port, through the next proxy's portal: %v", err)
+	}
 }
 
 func unNATedEntries(t *testing.T, ns *netns.NS) int {
@@ -113,7 +180,8 @@ func unNATedEntries(t *testing.T, ns *netns.NS) int {
 	err := ns.Do(func() error {
 		flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
 		for _, f := range flows {
-			if filter.MatchConntrackFlow(f) {
+			// The filter also takes reset connections NATed elsewhere.
+			if filter.MatchConntrackFlow(f) && f.Reverse.SrcPort == f.Forward.DstPort {
 				n++
 			}
 		}

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -24,7 +25,10 @@ type fakeConntrack struct {
 	mu      sync.Mutex
 	cleared []string
 	spared  map[string][]int // UDP target → the live proxy ports its clearing spared
-	passes  int              // ClearStale calls: each is a walk of the table
+	// sparedTCP: TCP target → the live proxy ports whose reset
+	// connections its clearing spared.
+	sparedTCP map[string][]int
+	passes    int // ClearStale calls: each is a walk of the table
 }
 
 func (f *fakeConntrack) ClearStale(flows []StaleFlows) error {
@@ -34,7 +38,11 @@ func (f *fakeConntrack) ClearStale(flows []StaleFlows) error {
 	for _, fl := range flows {
 		target := fmt.Sprintf("%v:%d", fl.Dst.Addr(), fl.Dst.Port())
 		if fl.Protocol == v1.ProtocolTCP {
-			f.cleared = append(f.cleared, "tcp-unnated "+target)
+			f.cleared = append(f.cleared, "tcp "+target)
+			if f.sparedTCP == nil {
+				f.sparedTCP = map[string][]int{}
+			}
+			f.sparedTCP[target] = fl.Live
 			continue
 		}
 		f.cleared = append(f.cleared, "udp "+target)
@@ -86,7 +94,7 @@ func TestNewSocketClearsStaleConntrack(t *testing.T) {
 	p.Sync()
 	// UDP: every entry to the service IPs and the NodePort; TCP: the
 	// un-NATed entries of the service IPs only (no NodePort).
-	want := []string{"tcp-unnated 10.96.0.20:80", "udp 10.96.0.10:80", "udp invalid IP:30053"}
+	want := []string{"tcp 10.96.0.20:80", "udp 10.96.0.10:80", "udp invalid IP:30053"}
 	if got := ct.take(); !slices.Equal(got, want) {
 		t.Fatalf("cleared %v, want %v", got, want)
 	}
@@ -101,6 +109,14 @@ func TestNewSocketClearsStaleConntrack(t *testing.T) {
 		if !slices.Equal(spared, live) {
 			t.Errorf("clearing %s spared ports %v, want the proxy port %v", target, spared, live)
 		}
+	}
+	// TCP: a connection reset to a port no socket of ours holds (the last
+	// proxy's, which reset its connections at its exit) is stale too;
+	// those to the new socket's port are not. Before, TCP named no live
+	// port: entries NATed anywhere were kept.
+	web := servicePortName("web")
+	if got, want := ct.sparedTCP["10.96.0.20:80"], []int{p.active[web].proxyPort}; !slices.Equal(got, want) {
+		t.Errorf("clearing the TCP ClusterIP spared ports %v, want the proxy port %v", got, want)
 	}
 	// A sync that keeps the sockets clears nothing.
 	p.OnServiceUpdate(svc, svc)
@@ -130,7 +146,7 @@ func TestConntrackClearingWaitsForSuccessfulSync(t *testing.T) {
 	}
 	fake.Errors = nil
 	p.Sync()
-	want := []string{"tcp-unnated 10.96.0.20:80", "udp 10.96.0.10:80"}
+	want := []string{"tcp 10.96.0.20:80", "udp 10.96.0.10:80"}
 	if got := ct.take(); !slices.Equal(got, want) {
 		t.Fatalf("after the first successful sync cleared %v, want %v", got, want)
 	}
@@ -152,6 +168,12 @@ func TestStaleSetMatches(t *testing.T) {
 		f.Reverse.Protocol, f.Reverse.SrcIP, f.Reverse.SrcPort = proto, r.Addr().AsSlice(), r.Port()
 		return f
 	}
+	// tcp is a TCP flow in the kernel's state (nl.TCP_CONNTRACK_*).
+	tcp := func(dst, replySrc string, state uint8) *netlink.ConntrackFlow {
+		f := flow(unix.IPPROTO_TCP, dst, replySrc)
+		f.ProtoInfo = &netlink.ProtoInfoTCP{State: state}
+		return f
+	}
 	service := netip.MustParseAddrPort("10.96.0.10:53")
 	nodePort := netip.AddrPortFrom(netip.Addr{}, 30053)
 	for _, tc := range []struct {
@@ -169,6 +191,11 @@ func TestStaleSetMatches(t *testing.T) {
 		{"TCP to a UDP destination", service, flow(unix.IPPROTO_TCP, "10.96.0.10:53", "10.96.0.10:53"), false},
 		{"TCP tracked before the portal existed", service, flow(unix.IPPROTO_TCP, "10.96.0.20:80", "10.96.0.20:80"), true},
 		{"TCP through a portal, to whatever port", service, flow(unix.IPPROTO_TCP, "10.96.0.20:80", "10.0.0.1:41000"), false},
+		{"TCP established to a port not ours (a proxy beside this one)", service, tcp("10.96.0.20:80", "10.0.0.1:41000", nl.TCP_CONNTRACK_ESTABLISHED), false},
+		{"TCP half-closed to a port not ours", service, tcp("10.96.0.20:80", "10.0.0.1:41000", nl.TCP_CONNTRACK_FIN_WAIT), false},
+		{"TCP reset, to a port gone (the last proxy's)", service, tcp("10.96.0.20:80", "10.0.0.1:41000", nl.TCP_CONNTRACK_CLOSE), true},
+		{"TCP reset, to the live socket", service, tcp("10.96.0.20:80", "10.0.0.1:40000", nl.TCP_CONNTRACK_CLOSE), false},
+		{"TCP reset, un-NATed", service, tcp("10.96.0.20:80", "10.96.0.20:80", nl.TCP_CONNTRACK_CLOSE), true},
 		{"IPv6, un-NATed", netip.MustParseAddrPort("[fd00::10]:53"), flow(unix.IPPROTO_UDP, "[fd00::10]:53", "[fd00::10]:53"), true},
 		{"IPv6, live", netip.MustParseAddrPort("[fd00::10]:53"), flow(unix.IPPROTO_UDP, "[fd00::10]:53", "[fd00::1]:40000"), false},
 		{"NodePort on any address, un-NATed", nodePort, flow(unix.IPPROTO_UDP, "192.168.1.5:30053", "192.168.1.5:30053"), true},
@@ -179,7 +206,7 @@ func TestStaleSetMatches(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var set staleSet
 			set.add(StaleFlows{Protocol: v1.ProtocolUDP, Dst: tc.target, Live: []int{proxyPort}})
-			set.add(StaleFlows{Protocol: v1.ProtocolTCP, Dst: netip.MustParseAddrPort("10.96.0.20:80")})
+			set.add(StaleFlows{Protocol: v1.ProtocolTCP, Dst: netip.MustParseAddrPort("10.96.0.20:80"), Live: []int{proxyPort}})
 			if got := set.MatchConntrackFlow(tc.flow); got != tc.stale {
 				t.Errorf("stale = %v, want %v", got, tc.stale)
 			}
@@ -325,7 +352,7 @@ func TestClosedUDPPortClearsItsFlows(t *testing.T) {
 		before: udp("dns", unnamed),
 		change: func(p *Proxier, before *v1.Service) { p.OnServiceUpdate(before, makeService("dns", unnamed)) },
 		// The new TCP socket's un-NATed entries, as for any new socket.
-		want: []string{"tcp-unnated 10.96.0.10:80", "udp 10.96.0.10:80"},
+		want: []string{"tcp 10.96.0.10:80", "udp 10.96.0.10:80"},
 	}, {
 		name:   "ClusterIP served by a new Service in the same sync",
 		before: udp("dns"),
@@ -468,7 +495,7 @@ func TestLostUDPDestinationClearsItsFlows(t *testing.T) {
 		name:   "TCP external IP removed: connections, left alone",
 		before: makeService("web", withExternalIP("192.0.2.10")),
 		after:  makeService("web"),
-		want:   []string{"tcp-unnated 10.96.0.10:80"},
+		want:   []string{"tcp 10.96.0.10:80"},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			ct := &fakeConntrack{}
@@ -573,7 +600,7 @@ func TestRepairedRulesClearFlowsToOtherPorts(t *testing.T) {
 	otherProxy()
 	p.OnServiceAdd(makeService("web", withClusterIP("10.96.0.20")))
 	p.SyncFull()
-	if got, want := ct.take(), []string{"tcp-unnated 10.96.0.20:80", "udp 10.96.0.10:80"}; !slices.Equal(got, want) {
+	if got, want := ct.take(), []string{"tcp 10.96.0.20:80", "udp 10.96.0.10:80"}; !slices.Equal(got, want) {
 		t.Fatalf("the repair with a change of ours cleared %v, want %v", got, want)
 	}
 }
