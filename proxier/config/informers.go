@@ -263,6 +263,11 @@ func nodeInfo(node *v1.Node, deleted bool) NodeInfo {
 		}),
 		Deleted: deleted,
 	}
+	if deleted {
+		// kube-proxy's OnNodeDelete drops the node's labels: without a
+		// zone, topology hints no longer narrow the endpoints.
+		info.Zone = ""
+	}
 	for _, kind := range []v1.NodeAddressType{v1.NodeInternalIP, v1.NodeExternalIP} {
 		for _, a := range node.Status.Addresses {
 			if a.Type != kind {

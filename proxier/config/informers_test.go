@@ -385,6 +385,12 @@ func TestInformerSourceNode(t *testing.T) {
 	if !waitNode(t, r, func(n NodeInfo) bool { return n.Deleted }) {
 		t.Errorf("node %+v, want Deleted", r.lastNode())
 	}
+	// A deleted Node has no zone: kube-proxy's OnNodeDelete drops the
+	// node's labels, so topology hints stop narrowing its endpoints (the
+	// deleted object's zone kept them on its old zone's endpoints).
+	if n := r.lastNode(); n.Zone != "" {
+		t.Errorf("deleted node's zone %q, want none", n.Zone)
+	}
 }
 
 func waitNode(t *testing.T, r *informerRecorder, ok func(NodeInfo) bool) bool {
