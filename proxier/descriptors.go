@@ -7,6 +7,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
 
 // descriptorBudget keeps the proxy sockets a sync opens from taking the
@@ -40,8 +42,20 @@ type descriptorBudget struct {
 
 func newDescriptorBudget() *descriptorBudget { return &descriptorBudget{count: descriptorsInUse} }
 
-// descriptorReserve is what the sockets of a sync leave free of limit.
+// descriptorReserve is what the sockets of a sync leave free of limit,
+// and the connections too (setDescriptorCeiling).
 func descriptorReserve(limit int) int { return max(64, limit/16) }
+
+// setDescriptorCeiling keeps the connections of both data paths (their
+// client and backend sockets, UDP sessions' sockets) out of the top
+// descriptorReserve of RLIMIT_NOFILE (relay.InReserve): listeners are held
+// below it by the budget, connections by the ceiling, and what stays free
+// is for the rule writes, the health and metrics servers and reading the
+// manifests, which idle clients took before.
+func setDescriptorCeiling() {
+	limit := int(min(nofileLimit(), 1<<30))
+	relay.SetDescriptorCeiling(limit - descriptorReserve(limit))
+}
 
 // begin starts a sync: the next take counts again.
 func (b *descriptorBudget) begin() { b.counted, b.short, b.refused = false, nil, 0 }

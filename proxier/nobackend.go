@@ -1,6 +1,7 @@
 package proxier
 
 import (
+	"errors"
 	"net/netip"
 	"sync/atomic"
 	"time"
@@ -23,7 +24,17 @@ type noBackendLog struct {
 	suppressed atomic.Int64
 }
 
+// reserveRefusals is the log of clients refused because their socket fell
+// in the descriptor reserve (relay.ErrDescriptorReserve): one for every
+// service port, as the shortage is the process's, not a port's, and
+// thousands of ports each saying so every 10 s would flood the log.
+var reserveRefusals noBackendLog
+
 func (l *noBackendLog) report(servicePort string, client netip.AddrPort, err error) {
+	if l != &reserveRefusals && errors.Is(err, relay.ErrDescriptorReserve) {
+		reserveRefusals.report(servicePort, client, err)
+		return
+	}
 	now := time.Now().UnixNano()
 	last := l.last.Load()
 	if now-last < int64(noBackendLogEvery) || !l.last.CompareAndSwap(last, now) {
@@ -32,7 +43,9 @@ func (l *noBackendLog) report(servicePort string, client netip.AddrPort, err err
 		return
 	}
 	msg := "No endpoint could be reached; the client was refused"
-	if relay.LocalShortage(err) {
+	if l == &reserveRefusals {
+		msg = "Clients refused: connections hold every descriptor not kept back for the proxy's own use; the count is of all service ports"
+	} else if relay.LocalShortage(err) {
 		msg = "No socket to dial an endpoint (this node is out of descriptors or ports); the client was refused"
 	}
 	klog.InfoS(msg, "servicePort", servicePort, "client", client, "err", err, "alsoSinceLastReport", l.suppressed.Swap(0))

@@ -299,6 +299,7 @@ func New(opts Options) *Proxier {
 			multipath:        opts.MultipathTCP,
 		},
 	}
+	setDescriptorCeiling()
 	p.sockCfg.udpMaxSessionsPerPort, p.sockCfg.udpBudget = udpLimits(opts)
 	p.sockCfg.unreachable = newUnreachableSender()
 	if opts.DataPath == DataPathEventLoop {
@@ -1126,5 +1127,5 @@ func backendDialer(l relay.Liveness) *net.Dialer {
 // (relay.Conn.BackendHoldsACK), which left a Nagle backend's answer in
 // two writes 40 ms late.
 func faultedBackendDialer(l relay.Liveness) *net.Dialer {
-	return &net.Dialer{KeepAlive: -1, Control: relay.SocketControl(l)}
+	return &net.Dialer{KeepAlive: -1, Control: relay.BackendControl(l)}
 }

@@ -190,7 +190,11 @@ func (s *tcpProxySocket) serve(client *net.TCPConn, from netip.AddrPort, fc *fau
 			return
 		}
 	}
-	backend, err := s.dial(from, fc != nil)
+	var backend *net.TCPConn
+	err := relay.ErrDescriptorReserve
+	if !relay.ConnInReserve(client) {
+		backend, err = s.dial(from, fc != nil)
+	}
 	if err != nil {
 		// A reset, not a FIN: the client must not mistake "no backend" for an
 		// empty answer.

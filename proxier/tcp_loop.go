@@ -99,6 +99,13 @@ func (s *tcpProxySocket) Accepted(fd int, from netip.AddrPort) relay.Handler {
 	return h
 }
 
+// Refused counts a client the event loops refused as they accepted it (its
+// descriptor fell in the reserve), as a dial's local shortage is counted.
+func (s *tcpProxySocket) Refused(from netip.AddrPort, err error) {
+	s.failed.Inc()
+	s.noBackend.report(s.label, from, err)
+}
+
 // AcceptFailed counts an accept error of the event loops.
 func (s *tcpProxySocket) AcceptFailed(err error) {
 	s.acceptErrors.Inc()

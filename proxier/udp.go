@@ -17,6 +17,7 @@ import (
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/mono"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
 
 // repliesPerWake bounds how many replies one session relays per wake-up,
@@ -434,6 +435,9 @@ func (s *udpProxySocket) sessionLocked(client netip.AddrPort, oob []byte, now in
 		}
 		if err != nil {
 			lastErr = err
+			if relay.LocalShortage(err) {
+				break // no endpoint's fault, and the next would fail alike
+			}
 			s.dialFailures.Inc()
 			continue
 		}
@@ -814,6 +818,10 @@ func dialUDPBackend(ep netip.AddrPort) (int, error) {
 	fd, err := unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return -1, os.NewSyscallError("socket", err)
+	}
+	if relay.InReserve(fd) {
+		unix.Close(fd)
+		return -1, relay.ErrDescriptorReserve
 	}
 	if err := unix.Connect(fd, sa); err != nil {
 		unix.Close(fd)

@@ -64,9 +64,12 @@ func udpCaps(perPort, limit int, nofile uint64) (int, int) {
 }
 
 // udpDescriptorShare is how many descriptors UDP sessions may hold of a
-// process limit of nofile: half. The other half stays for TCP (two per
-// connection plus pooled pipes) and listeners, so a UDP flood never makes
-// accept fail with EMFILE.
+// process limit of nofile: half, so a UDP flood leaves TCP (two per
+// connection plus pooled pipes) room. Half of the limit, not of what is
+// free: the listeners count against TCP's half, so with many service ports
+// TCP may have much less. What keeps the proxy's own descriptors (servers,
+// rule writes, manifests) free of both is the connection ceiling
+// (setDescriptorCeiling): sessions' sockets stop at it as TCP's do.
 func udpDescriptorShare(nofile uint64) int {
 	return int(min(nofile/2, 1<<30))
 }

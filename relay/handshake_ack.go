@@ -38,7 +38,15 @@ func sendHandshakeACK(fd int) { _ = rawio.SetsockoptInt(fd, unix.IPPROTO_TCP, un
 // ReleaseHandshakeACK once connected, and relay with the built-in copy
 // after Conn.BackendHoldsACK.
 func DialControl(l Liveness) func(network, address string, c syscall.RawConn) error {
-	return socketControl(l, true)
+	return socketControl(l, dialHoldingACK)
+}
+
+// BackendControl is SocketControl(l) for a backend socket about to connect
+// that holds no handshake ACK (the faulted connections' dialer): it, like
+// DialControl, fails the dial with ErrDescriptorReserve when the socket
+// fell in the descriptor reserve.
+func BackendControl(l Liveness) func(network, address string, c syscall.RawConn) error {
+	return socketControl(l, dialing)
 }
 
 // ReleaseHandshakeACK sends backend's held handshake ACK now unless the

@@ -13,6 +13,7 @@ type refuseAll struct{}
 
 func (refuseAll) Accepted(fd int, _ netip.AddrPort) Handler { unix.Close(fd); return nil }
 func (refuseAll) AcceptFailed(error)                        {}
+func (refuseAll) Refused(netip.AddrPort, error)             {}
 
 // listeningSocket is a non-blocking TCP socket listening on a free
 // loopback port.

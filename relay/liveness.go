@@ -121,19 +121,32 @@ func seconds(d time.Duration) int {
 // cost nothing per connection (accepted sockets inherit them); a kernel
 // without TCP_INQ (before 4.18) only loses the hint.
 func SocketControl(l Liveness) func(network, address string, c syscall.RawConn) error {
-	return socketControl(l, false)
+	return socketControl(l, listening)
 }
 
-// socketControl is SocketControl; holdACK also holds a dialled socket's
-// handshake ACK (DialControl).
-func socketControl(l Liveness, holdACK bool) func(network, address string, c syscall.RawConn) error {
+// socketKind is what socketControl's socket is for.
+type socketKind uint8
+
+const (
+	listening      socketKind = iota
+	dialing                   // a backend socket: refused in the descriptor reserve
+	dialHoldingACK            // dialing, and it holds the handshake's last ACK
+)
+
+// socketControl is SocketControl, DialControl or BackendControl as kind
+// says.
+func socketControl(l Liveness, kind socketKind) func(network, address string, c syscall.RawConn) error {
 	return func(network, address string, c syscall.RawConn) error {
 		if !strings.HasPrefix(network, "tcp") {
 			return nil
 		}
 		var err error
 		if cerr := c.Control(func(fd uintptr) {
-			if err = relayedSocketOptions(int(fd), l); err == nil && holdACK {
+			if kind != listening && InReserve(int(fd)) {
+				err = ErrDescriptorReserve // net closes the socket
+				return
+			}
+			if err = relayedSocketOptions(int(fd), l); err == nil && kind == dialHoldingACK {
 				holdHandshakeACK(int(fd))
 			}
 		}); cerr != nil {

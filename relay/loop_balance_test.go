@@ -27,7 +27,8 @@ func (a *burstAcceptor) Accepted(int, netip.AddrPort) Handler {
 	a.mu.Unlock()
 	return h
 }
-func (a *burstAcceptor) AcceptFailed(error) {}
+func (a *burstAcceptor) AcceptFailed(error)            {}
+func (a *burstAcceptor) Refused(netip.AddrPort, error) {}
 
 // A burst of clients connecting at once (wrk opening its connections) is
 // spread over the loops: the loop that woke first used to take nearly all

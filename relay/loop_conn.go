@@ -185,6 +185,9 @@ func (c *LoopConn) dial() {
 // LocalShortage reports a dial that failed for want of something on this
 // node (descriptors, local ports, buffers), not because of the endpoint.
 func LocalShortage(err error) bool {
+	if errors.Is(err, ErrDescriptorReserve) {
+		return true
+	}
 	var errno unix.Errno
 	if !errors.As(err, &errno) {
 		return false
@@ -220,6 +223,10 @@ func (l *Loop) connect(ep netip.AddrPort) (int, error) {
 	fd, err := newSocket(family)
 	if err != nil {
 		return -1, err
+	}
+	if InReserve(fd) {
+		rawio.Close(fd)
+		return -1, ErrDescriptorReserve
 	}
 	_ = rawio.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
 	_ = rawio.SetsockoptInt(fd, unix.SOL_TCP, unix.TCP_INQ, 1)

@@ -18,6 +18,9 @@ type Acceptor interface {
 	// Accepted is a new client (a non-blocking socket): the Handler of its
 	// connection, or nil when the caller took the socket for itself.
 	Accepted(fd int, from netip.AddrPort) Handler
+	// Refused reports a client refused at once (reset) because its
+	// descriptor fell in the reserve (ErrDescriptorReserve).
+	Refused(from netip.AddrPort, err error)
 	// AcceptFailed reports an accept error; on running out of descriptors
 	// or memory the loop pauses this socket a while (backing off).
 	AcceptFailed(err error)
@@ -216,6 +219,13 @@ func (l *Loop) accept(slot int32) {
 			ll.ln.acc.AcceptFailed(err)
 			l.pause(ll)
 			return
+		}
+		if InReserve(fd) {
+			// Refused, not left in the backlog to hang: the clients
+			// queued behind it are refused alike until descriptors free.
+			resetClose(fd)
+			ll.ln.acc.Refused(from, ErrDescriptorReserve)
+			continue
 		}
 		// A client taken: the descriptors are back, so the next shortage
 		// starts its back-off afresh (under load the backlog may never

@@ -25,7 +25,8 @@ func (a *takingAcceptor) Accepted(fd int, _ netip.AddrPort) Handler {
 	unix.Close(fd)
 	return nil
 }
-func (a *takingAcceptor) AcceptFailed(error) {}
+func (a *takingAcceptor) AcceptFailed(error)            {}
+func (a *takingAcceptor) Refused(netip.AddrPort, error) {}
 
 // loopListening is a loop (not running) with one listener on loopback.
 func loopListening(t *testing.T, acc Acceptor) (*Loop, *loopListener, netip.AddrPort) {

@@ -120,6 +120,7 @@ type loopBed struct {
 	ep      netip.AddrPort
 	next    chan Handler
 	failed  chan error
+	refused chan error
 	// onAccept, if set (a func(fd int)), sees each accepted socket first.
 	onAccept atomic.Value
 }
@@ -130,7 +131,8 @@ func (b *loopBed) Accepted(fd int, _ netip.AddrPort) Handler {
 	}
 	return <-b.next
 }
-func (b *loopBed) AcceptFailed(err error) { b.failed <- err }
+func (b *loopBed) AcceptFailed(err error)              { b.failed <- err }
+func (b *loopBed) Refused(_ netip.AddrPort, err error) { b.refused <- err }
 
 func newLoopBed(t *testing.T, o LoopOptions) *loopBed {
 	t.Helper()
@@ -150,7 +152,7 @@ func newLoopBed(t *testing.T, o LoopOptions) *loopBed {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { backend.Close() })
-	b := &loopBed{g: g, backend: backend.(*net.TCPListener), next: make(chan Handler, 1), failed: make(chan error, 10)}
+	b := &loopBed{g: g, backend: backend.(*net.TCPListener), next: make(chan Handler, 1), failed: make(chan error, 10), refused: make(chan error, 10)}
 	b.front = front.Addr().(*net.TCPAddr).AddrPort()
 	b.ep = backend.Addr().(*net.TCPAddr).AddrPort()
 	fd := dupListener(t, front.(*net.TCPListener))
