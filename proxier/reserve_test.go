@@ -1,15 +1,22 @@
 package proxier
 
 import (
+	"bufio"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
@@ -137,4 +144,117 @@ func TestUDPSessionInReserveRefused(t *testing.T) {
 	if err := ask(); err != nil {
 		t.Fatalf("below the ceiling: %v", err)
 	}
+}
+
+// With a real limit of 256 descriptors, idle clients held until the
+// proxy refuses them leave its health server able to answer. The proxy
+// runs in a child process (the limit is the process's), the clients and
+// the backend here: their descriptors must not count against the proxy's.
+// Before, the connections took every descriptor and /healthz could not
+// accept.
+func TestIdleClientsLeaveHealthzDescriptors(t *testing.T) {
+	if testing.Short() {
+		t.Skip("holds hundreds of connections")
+	}
+	for _, path := range DataPaths {
+		t.Run(path, func(t *testing.T) {
+			backend := echoBackends(t, "127.0.0.2")[0]
+			cmd := exec.Command(os.Args[0], "-test.run=^TestReserveChild$", "-test.v")
+			cmd.Env = append(os.Environ(), "KUP_RESERVE_CHILD="+path+","+backend)
+			stdin, _ := cmd.StdinPipe() // the child lives until it closes
+			out, _ := cmd.StdoutPipe()
+			cmd.Stderr = io.Discard
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() { stdin.Close(); _ = cmd.Wait() }()
+			var proxy, health string
+			sc := bufio.NewScanner(out)
+			for sc.Scan() {
+				if _, err := fmt.Sscanf(sc.Text(), "ADDRS %s %s", &proxy, &health); err == nil {
+					break
+				}
+			}
+			go func() { _, _ = io.Copy(io.Discard, out) }()
+			if proxy == "" {
+				t.Fatal("the child never said where it listens")
+			}
+
+			served, refused := 0, 0
+			var held []net.Conn
+			defer func() {
+				for _, c := range held {
+					c.Close()
+				}
+			}()
+			for range 200 {
+				c, err := net.DialTimeout("tcp", proxy, 2*time.Second)
+				if err == nil {
+					held = append(held, c)
+					_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+					if _, err = c.Write([]byte("x")); err == nil {
+						_, err = io.ReadFull(c, make([]byte, 1))
+					}
+				}
+				if err == nil {
+					served++
+				} else {
+					refused++
+				}
+			}
+			if served == 0 || refused == 0 {
+				t.Fatalf("%d clients served, %d refused; want the limit reached", served, refused)
+			}
+			t.Logf("%d clients served, %d refused", served, refused)
+			// The proxy's own work needs several descriptors at once (a rule
+			// write's pipes, a scrape beside a probe): eight health clients
+			// held open together. Before, a refused client freed only its
+			// own descriptor, and the second of them hung.
+			for i := range 8 {
+				c, err := net.DialTimeout("tcp", health, 2*time.Second)
+				if err != nil {
+					t.Fatal(err)
+				}
+				held = append(held, c)
+				_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+				if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+					t.Fatal(err)
+				}
+				line, err := bufio.NewReader(c).ReadString('\n')
+				if err != nil || !strings.Contains(line, "200") {
+					t.Fatalf("/healthz client %d with %d idle clients held: %q, %v", i+1, served, line, err)
+				}
+			}
+		})
+	}
+}
+
+// TestReserveChild is TestIdleClientsLeaveHealthzDescriptors' proxy.
+func TestReserveChild(t *testing.T) {
+	arg := os.Getenv("KUP_RESERVE_CHILD")
+	if arg == "" {
+		t.Skip("run by TestIdleClientsLeaveHealthzDescriptors")
+	}
+	path, backend, _ := strings.Cut(arg, ",")
+	var r unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &r); err != nil {
+		t.Fatal(err)
+	}
+	r.Cur = 256
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &r); err != nil {
+		t.Fatal(err)
+	}
+	hl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
+	go func() { _ = http.Serve(hl, mux) }()
+	p := newTestProxier(t, Options{DataPath: path})
+	p.OnServiceAdd(makeService("web"))
+	p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, backend))
+	p.Sync()
+	fmt.Printf("ADDRS %s %s\n", proxyAddr(t, p, "default/web:p"), hl.Addr())
+	_, _ = io.Copy(io.Discard, os.Stdin)
 }
