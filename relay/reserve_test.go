@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 )
 
@@ -131,4 +133,22 @@ func TestConnInReserve(t *testing.T) {
 			t.Errorf("ceiling %d: in reserve %v, want %v", tt.ceiling, got, tt.want)
 		}
 	}
+}
+
+// A new splice pipe in the reserve is given back as EMFILE, so the
+// connection stays buffered (as when pipe2 finds no descriptor); before, the
+// pool's pipes (up to 512 descriptors idle) took from the reserve too.
+func TestPipeInReserve(t *testing.T) {
+	pool := &pipePool{max: 1}
+	lowCeiling(t, 1)
+	if pp, err := pool.get(); err != unix.EMFILE || !isPipeShortage(err) {
+		pool.put(pp, false)
+		t.Fatalf("pipe in the reserve: %v, want EMFILE", err)
+	}
+	SetDescriptorCeiling(1 << 30)
+	pp, err := pool.get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool.put(pp, false)
 }

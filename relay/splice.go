@@ -48,6 +48,13 @@ func (p *pipePool) get() (pipePair, error) {
 	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
 		return pipePair{}, err
 	}
+	if InReserve(max(fds[0], fds[1])) {
+		// The descriptor reserve's: a connection stays buffered, as
+		// when pipe2 finds no descriptor.
+		unix.Close(fds[0])
+		unix.Close(fds[1])
+		return pipePair{}, unix.EMFILE
+	}
 	_, _ = unix.FcntlInt(uintptr(fds[0]), unix.F_SETPIPE_SZ, spliceChunk)
 	return pipePair{r: fds[0], w: fds[1]}, nil
 }
