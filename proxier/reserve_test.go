@@ -258,3 +258,25 @@ func TestReserveChild(t *testing.T) {
 	fmt.Printf("ADDRS %s %s\n", proxyAddr(t, p, "default/web:p"), hl.Addr())
 	_, _ = io.Copy(io.Discard, os.Stdin)
 }
+
+// A faulted client in the reserve is refused at once, not after its
+// connect_delay: the delay held a reserved descriptor all that time.
+func TestFaultedClientInReserveRefusedBeforeConnectDelay(t *testing.T) {
+	ln := serveTCP(t, "127.0.0.2", func(c net.Conn) { c.Close() })
+	addr := faultedProxies(t, 0, v1.ProtocolTCP, ln.Addr().String(),
+		`[{"type":"connect_delay","attributes":{"delay":3000}}]`)[0]
+	lowCeiling(t, 1)
+	start := time.Now()
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err == nil {
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err = c.Read(make([]byte, 1))
+		c.Close()
+	}
+	if !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("faulted client in the reserve: %v, want a reset", err)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("refused after %v: the 3 s connect_delay ran first", took.Round(time.Millisecond))
+	}
+}

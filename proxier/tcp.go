@@ -177,7 +177,10 @@ func (s *tcpProxySocket) handle(client *net.TCPConn) {
 // serve relays one accepted client with the goroutine relay; fc are its
 // faults (nil: none).
 func (s *tcpProxySocket) serve(client *net.TCPConn, from netip.AddrPort, fc *faults.Conn) {
-	if fc != nil {
+	// Looked at before the faults' steps: a connect_delay held the
+	// reserved descriptor for its whole delay.
+	inReserve := relay.ConnInReserve(client)
+	if fc != nil && !inReserve {
 		if fc.Refuse {
 			_ = client.SetLinger(0)
 			_ = client.Close()
@@ -192,7 +195,7 @@ func (s *tcpProxySocket) serve(client *net.TCPConn, from netip.AddrPort, fc *fau
 	}
 	var backend *net.TCPConn
 	err := relay.ErrDescriptorReserve
-	if !relay.ConnInReserve(client) {
+	if !inReserve {
 		backend, err = s.dial(from, fc != nil)
 	}
 	if err != nil {
