@@ -351,14 +351,18 @@ func TestDatagramReorderHeldAcrossChanges(t *testing.T) {
 	}
 }
 
+// holdingToxics are the toxics that hold a datagram back: latency's delay
+// line and reorder.
+var holdingToxics = []struct{ name, toxic string }{
+	{"latency", `{"name":"lat","type":"latency","stream":"upstream","attributes":{"latency":100}}`},
+	{"reorder", `{"name":"ro","type":"reorder","stream":"upstream","attributes":{"rate":1,"delay":100}}`},
+}
+
 // A port set down drops the datagrams its toxics still hold (latency's
 // delay line, reorder's held ones), as it drops new ones: they went out
 // up to the delay later.
 func TestDatagramsHeldDroppedWhenDisabled(t *testing.T) {
-	for _, tc := range []struct{ name, toxic string }{
-		{"latency", `{"name":"lat","type":"latency","stream":"upstream","attributes":{"latency":100}}`},
-		{"reorder", `{"name":"ro","type":"reorder","stream":"upstream","attributes":{"rate":1,"delay":100}}`},
-	} {
+	for _, tc := range holdingToxics {
 		t.Run(tc.name, func(t *testing.T) {
 			tbl, p := declared(t, 0, 0, "UDP", tc.toxic)
 			r := &recorder{}
@@ -402,10 +406,7 @@ func TestAddToxicProtocolFirst(t *testing.T) {
 // as it cuts the live TCP connections it draws: they went out up to the
 // delay later.
 func TestDownAddedDropsDelayedDatagramsItDraws(t *testing.T) {
-	for _, tc := range []struct{ name, toxic string }{
-		{"latency", `{"name":"lat","type":"latency","stream":"upstream","attributes":{"latency":100}}`},
-		{"reorder", `{"name":"ro","type":"reorder","stream":"upstream","attributes":{"rate":1,"delay":100}}`},
-	} {
+	for _, tc := range holdingToxics {
 		t.Run(tc.name, func(t *testing.T) {
 			tbl, p := declared(t, 0, 0, "UDP", tc.toxic)
 			r := &recorder{}

@@ -49,6 +49,19 @@ func failedConnections(t *testing.T, p *Proxier) float64 {
 	return sum
 }
 
+// firstRead connects to addr and reads a byte: the error a refused client
+// sees (a reset), or nil once served.
+func firstRead(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err = c.Read(make([]byte, 1))
+	return err
+}
+
 func counterValue(m *dto.Metric) float64 { return m.GetCounter().GetValue() }
 
 // A TCP client whose socket (or backend socket) falls in the descriptor
@@ -68,13 +81,7 @@ func TestTCPClientInReserveRefused(t *testing.T) {
 			addr := proxyAddr(t, p, "default/web:p")
 
 			lowCeiling(t, 1)
-			c, err := net.DialTimeout("tcp", addr, 2*time.Second)
-			if err == nil {
-				_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-				_, err = c.Read(make([]byte, 1))
-				c.Close()
-			}
-			if !errors.Is(err, syscall.ECONNRESET) {
+			if err := firstRead(addr); !errors.Is(err, syscall.ECONNRESET) {
 				t.Fatalf("client in the reserve: %v, want a reset", err)
 			}
 			if got := failedConnections(t, p); got != 1 {
@@ -82,7 +89,7 @@ func TestTCPClientInReserveRefused(t *testing.T) {
 			}
 
 			setDescriptorCeiling()
-			c, err = net.DialTimeout("tcp", addr, 2*time.Second)
+			c, err := net.DialTimeout("tcp", addr, 2*time.Second)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -267,13 +274,7 @@ func TestFaultedClientInReserveRefusedBeforeConnectDelay(t *testing.T) {
 		`[{"type":"connect_delay","attributes":{"delay":3000}}]`)[0]
 	lowCeiling(t, 1)
 	start := time.Now()
-	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
-	if err == nil {
-		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		_, err = c.Read(make([]byte, 1))
-		c.Close()
-	}
-	if !errors.Is(err, syscall.ECONNRESET) {
+	if err := firstRead(addr); !errors.Is(err, syscall.ECONNRESET) {
 		t.Fatalf("faulted client in the reserve: %v, want a reset", err)
 	}
 	if took := time.Since(start); took > time.Second {
