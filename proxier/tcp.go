@@ -199,12 +199,14 @@ func (s *tcpProxySocket) serve(client *net.TCPConn, from netip.AddrPort, fc *fau
 		backend, err = s.dial(from, fc != nil)
 	}
 	if err != nil {
+		// Counted before the reset, so that a client (or a test) that
+		// saw it finds it counted.
+		s.failed.Inc()
+		s.noBackend.report(s.label, from, err)
 		// A reset, not a FIN: the client must not mistake "no backend" for an
 		// empty answer.
 		_ = client.SetLinger(0)
 		_ = client.Close()
-		s.failed.Inc()
-		s.noBackend.report(s.label, from, err)
 		if fc != nil {
 			fc.Done()
 		}

@@ -307,10 +307,12 @@ func (c *LoopConn) fail(err error) {
 	if c.fds[sideBackend] >= 0 {
 		c.closeBackend()
 	}
+	// Told before the reset, so that a client (or a test) that saw the
+	// reset finds the failure counted.
+	c.h.Failed(err)
 	resetClose(c.fds[sideClient])
 	c.fds[sideClient] = -1
 	c.release()
-	c.h.Failed(err)
 }
 
 // timer runs a bound that came due.

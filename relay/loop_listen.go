@@ -223,8 +223,8 @@ func (l *Loop) accept(slot int32) {
 		if InReserve(fd) {
 			// Refused, not left in the backlog to hang: the clients
 			// queued behind it are refused alike until descriptors free.
+			ll.ln.acc.Refused(from, ErrDescriptorReserve) // before the client can see it
 			resetClose(fd)
-			ll.ln.acc.Refused(from, ErrDescriptorReserve)
 			continue
 		}
 		// A client taken: the descriptors are back, so the next shortage
