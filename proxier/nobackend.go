@@ -31,22 +31,30 @@ type noBackendLog struct {
 var reserveRefusals noBackendLog
 
 func (l *noBackendLog) report(servicePort string, client netip.AddrPort, err error) {
-	if l != &reserveRefusals && errors.Is(err, relay.ErrDescriptorReserve) {
-		reserveRefusals.report(servicePort, client, err)
+	lines, msg := l, "No endpoint could be reached; the client was refused"
+	switch {
+	case errors.Is(err, relay.ErrDescriptorReserve):
+		lines, msg = &reserveRefusals, "Clients refused: connections hold every descriptor not kept back for the proxy's own use; the count is of all service ports"
+	case relay.LocalShortage(err):
+		msg = "No socket to dial an endpoint (this node is out of descriptors or ports); the client was refused"
+	}
+	suppressed, due := lines.due()
+	if !due {
+		klog.V(3).InfoS("No endpoint could be reached", "servicePort", servicePort, "client", client, "err", err)
 		return
 	}
+	klog.InfoS(msg, "servicePort", servicePort, "client", client, "err", err, "alsoSinceLastReport", suppressed)
+}
+
+// due takes the next -v=0 line if noBackendLogEvery has passed since the
+// last, with the count of those suppressed meanwhile; else it counts one
+// more suppressed.
+func (l *noBackendLog) due() (suppressed int64, ok bool) {
 	now := time.Now().UnixNano()
 	last := l.last.Load()
 	if now-last < int64(noBackendLogEvery) || !l.last.CompareAndSwap(last, now) {
 		l.suppressed.Add(1)
-		klog.V(3).InfoS("No endpoint could be reached", "servicePort", servicePort, "client", client, "err", err)
-		return
+		return 0, false
 	}
-	msg := "No endpoint could be reached; the client was refused"
-	if l == &reserveRefusals {
-		msg = "Clients refused: connections hold every descriptor not kept back for the proxy's own use; the count is of all service ports"
-	} else if relay.LocalShortage(err) {
-		msg = "No socket to dial an endpoint (this node is out of descriptors or ports); the client was refused"
-	}
-	klog.InfoS(msg, "servicePort", servicePort, "client", client, "err", err, "alsoSinceLastReport", l.suppressed.Swap(0))
+	return l.suppressed.Swap(0), true
 }
