@@ -68,10 +68,7 @@ func (p *Port) Accept(client netip.Addr) *Conn {
 	// unfaulted at the cap it kept a down port up.
 	refuse := s.refusals && s.refuses(seq, client)
 	for _, t := range s.toxics {
-		if t.kind == kindDatagram || !t.matches(client) {
-			continue
-		}
-		if draw(t.seed, t.key, seq, saltToxicity) >= float64(t.Toxicity) {
+		if t.kind == kindDatagram || !t.draws(client, seq) {
 			continue
 		}
 		// The slot is taken at the first toxic that applies, so two
@@ -179,7 +176,7 @@ func (c *Conn) AttachReset(reset func()) {
 // connection with this sequence number.
 func (s *snapshot) refuses(seq uint64, client netip.Addr) bool {
 	for _, t := range s.toxics {
-		if (t.kind == kindDown || t.Type == "refuse") && t.matches(client) && draw(t.seed, t.key, seq, saltToxicity) < float64(t.Toxicity) {
+		if (t.kind == kindDown || t.Type == "refuse") && t.draws(client, seq) {
 			return true
 		}
 	}
@@ -190,7 +187,7 @@ func (s *snapshot) refuses(seq uint64, client netip.Addr) bool {
 // with this sequence number: the draw Accept would have made.
 func (s *snapshot) downDraws(seq uint64, client netip.Addr) bool {
 	for _, t := range s.toxics {
-		if t.kind == kindDown && t.matches(client) && draw(t.seed, t.key, seq, saltToxicity) < float64(t.Toxicity) {
+		if t.kind == kindDown && t.draws(client, seq) {
 			return true
 		}
 	}
@@ -261,12 +258,12 @@ func (p *Port) cutDown(s *snapshot, tx Toxic) {
 		return
 	}
 	p.cutLive(func(l *liveConn) bool {
-		return t.matches(l.clientAddr) && draw(t.seed, t.key, l.seq, saltToxicity) < float64(t.Toxicity)
+		return t.draws(l.clientAddr, l.seq)
 	})
 	if s.datagram != nil {
 		// UDP: the delayed datagrams it draws, as Send draws a new one.
 		p.dropDelayedDatagrams(func(d datagramID) bool {
-			return t.matches(d.client.Addr()) && draw(t.seed, t.key, d.seq, saltToxicity) < float64(t.Toxicity)
+			return t.draws(d.client.Addr(), d.seq)
 		}, s.datagram)
 	}
 }

@@ -21,6 +21,14 @@ type compiled struct {
 	injected prometheus.Counter
 }
 
+// draws reports whether the toxic applies to the connection or datagram
+// with this sequence number from client: its clients match and its
+// toxicity draw falls under. Accept, Send and a down toxic's cut of what
+// is live all decide with it, so they agree.
+func (c *compiled) draws(client netip.Addr, seq uint64) bool {
+	return c.matches(client) && draw(c.seed, c.key, seq, saltToxicity) < float64(c.Toxicity)
+}
+
 func (c *compiled) matches(client netip.Addr) bool {
 	if len(c.clients) == 0 {
 		return true

@@ -183,7 +183,7 @@ func (dp *DatagramPlan) Send(stream int, client netip.AddrPort, b []byte, send f
 	copies := 1
 	var reorder *datagramToxic
 	for _, t := range d.streams[stream] {
-		if !t.matches(client.Addr()) || draw(t.seed, t.key, seq, saltToxicity) >= float64(t.Toxicity) {
+		if !t.draws(client.Addr(), seq) {
 			continue
 		}
 		e := draw(t.seed, t.key, seq, saltEffect)
