@@ -268,7 +268,7 @@ func (s *ManifestSource) reload() {
 		return
 	}
 
-	desired, problems := resolve(s.files, s.served)
+	desired, problems := resolve(s.files)
 	allocated, placeErrs := s.alloc.place(desired, s.served)
 	s.reportOnce(slices.Concat(problems, placeErrs))
 	for _, a := range allocated {

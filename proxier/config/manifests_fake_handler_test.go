@@ -132,3 +132,11 @@ func (l *manifestErrors) String() string {
 	defer l.mu.Unlock()
 	return fmt.Sprint(l.msgs)
 }
+
+// object is the latest version of the object recorded under key
+// ("Service default/web").
+func (r *manifestRecorder) object(key string) any {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.objects[key]
+}

@@ -116,10 +116,12 @@ var proxySelector = func() labels.Selector {
 }()
 
 // resolve merges the files' contributions into the desired set. A key defined
-// twice is an error naming both places; the version already being served
-// wins, otherwise the first in file order (files sorted by name, then
-// documents in order).
-func resolve(files map[string]*fileState, served map[objectKey]servedObject) (map[objectKey]servedObject, []error) {
+// twice is an error naming both places, and the first in file order (files
+// sorted by name, then documents in order) is used, whatever was served
+// before: a restart, or another node, with the same files serves the same
+// version. When the one being served loses, diff makes that an update of the
+// object, as an edit of its file would.
+func resolve(files map[string]*fileState) (map[objectKey]servedObject, []error) {
 	names := make([]string, 0, len(files))
 	for f := range files {
 		names = append(names, f)
@@ -134,13 +136,8 @@ func resolve(files map[string]*fileState, served map[objectKey]servedObject) (ma
 				desired[o.key] = o
 				continue
 			}
-			winner := first
-			if cur, ok := served[o.key]; ok && cur.file == o.file && cur.file != first.file {
-				winner = o
-			}
-			desired[o.key] = winner
 			errs = append(errs, fmt.Errorf("%s is defined twice: in %s (document %d) and in %s (document %d); using %s (document %d)",
-				o.key, first.file, first.doc, o.file, o.doc, winner.file, winner.doc))
+				o.key, first.file, first.doc, o.file, o.doc, first.file, first.doc))
 		}
 	}
 	return desired, errs

@@ -170,24 +170,25 @@ func TestInvalidEditKeepsLastGood(t *testing.T) {
 	}
 }
 
+// Live, through the watcher: a file sorting first that redefines a served
+// object takes it over, as an edit (see TestDuplicateServedFromFilesAlone).
 func TestDuplicateFirstWins(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "b.yaml"), serviceYAML("web", 80))
 	rec, log := startSource(t, dir, []string{"add Service default/web"})
 
-	// a.yaml sorts first, but b.yaml's version is the one being served.
 	writeFile(t, filepath.Join(dir, "a.yaml"), serviceYAML("web", 81))
-	eventually(t, func() bool { return log.contains("Service default/web is defined twice") })
-	if !log.contains("using " + filepath.Join(dir, "b.yaml")) {
-		t.Errorf("duplicate error should keep b.yaml: %s", log)
-	}
-	if got := rec.take(); len(got) != 0 {
-		t.Errorf("unexpected events %q", got)
-	}
-	os.Remove(filepath.Join(dir, "b.yaml"))
 	rec.waitFor(t, liveWait, "update Service default/web")
+	if !log.contains("Service default/web is defined twice") || !log.contains("using "+filepath.Join(dir, "a.yaml")) {
+		t.Errorf("duplicate error should use a.yaml: %s", log)
+	}
 	if p := rec.serviceYAML("default/web").Spec.Ports[0].Port; p != 81 {
 		t.Errorf("port %d, want 81 from a.yaml", p)
+	}
+	os.Remove(filepath.Join(dir, "a.yaml"))
+	rec.waitFor(t, liveWait, "update Service default/web")
+	if p := rec.serviceYAML("default/web").Spec.Ports[0].Port; p != 80 {
+		t.Errorf("port %d, want 80 from b.yaml", p)
 	}
 }
 
