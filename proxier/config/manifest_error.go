@@ -12,10 +12,15 @@ import (
 //
 //	svc.yaml: Service default/web: spec.ports[0].port: 70000 is out of range 1-65535
 //	svc.yaml: document 2 (line 14): yaml: line 3: mapping values are not allowed in this context
+//	list.yaml: document 1 (line 1), items[1] (line 9): kind "Servce" is not one the proxy reads: did you mean "Service"?
 type ManifestError struct {
 	File string
 	// Doc is the 1-based document number inside File; Line is where it starts.
 	Doc, Line int
+	// Item is "items[i]" when the document is a List and the error is its
+	// item's; ItemLine is where that item starts (0: not known).
+	Item     string
+	ItemLine int
 	// Kind, Namespace and Name identify the object when the document got far
 	// enough to say what it is. An identified object that is invalid keeps its
 	// last good version; an unidentified document makes the whole file keep
@@ -30,10 +35,23 @@ func (e *ManifestError) Error() string {
 	b.WriteString(": ")
 	if e.Identified() {
 		fmt.Fprintf(&b, "%s %s/%s: ", printable(e.Kind), printable(e.Namespace), printable(e.Name))
-	} else if e.Doc > 0 && e.Line > 0 {
-		fmt.Fprintf(&b, "document %d (line %d): ", e.Doc, e.Line)
-	} else if e.Doc > 0 {
-		fmt.Fprintf(&b, "document %d: ", e.Doc)
+	} else {
+		if e.Doc > 0 && e.Line > 0 {
+			fmt.Fprintf(&b, "document %d (line %d)", e.Doc, e.Line)
+		} else if e.Doc > 0 {
+			fmt.Fprintf(&b, "document %d", e.Doc)
+		}
+		if e.Item != "" && e.Doc > 0 {
+			b.WriteString(", ")
+		}
+		if e.Item != "" && e.ItemLine > 0 {
+			fmt.Fprintf(&b, "%s (line %d)", e.Item, e.ItemLine)
+		} else if e.Item != "" {
+			b.WriteString(e.Item)
+		}
+		if e.Doc > 0 || e.Item != "" {
+			b.WriteString(": ")
+		}
 	}
 	b.WriteString(oneLine(e.Err.Error()))
 	return b.String()

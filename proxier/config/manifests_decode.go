@@ -25,6 +25,8 @@ import (
 	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
+	yamlv3 "go.yaml.in/yaml/v3"
+
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/suggest"
 )
 
@@ -118,10 +120,11 @@ func (d decoder) decodeKnown(name string, data []byte, known map[docDigest][]Man
 type docLocation struct {
 	file      string
 	doc, line int
+	item      string // "items[i]" for an item of a List document
 }
 
 func (l docLocation) err(err error) *ManifestError {
-	return &ManifestError{File: l.file, Doc: l.doc, Line: l.line, Err: err}
+	return &ManifestError{File: l.file, Doc: l.doc, Line: l.line, Item: l.item, Err: err}
 }
 
 // typeAndName is read leniently first, so that even an object that fails
@@ -161,10 +164,8 @@ func (d decoder) decodeDocument(loc docLocation, body []byte, in listItem) ([]Ma
 			// Each level parses all it holds again: 3,000 nested Lists (81 KB)
 			// took 30 s. Nor does a List of Lists mean anything to kubectl
 			// or the API server.
-			return nil, []error{loc.err(&fieldError{
-				Path: fmt.Sprintf("items[%d]", in.index),
-				Msg:  fmt.Sprintf("a %s inside a %s is not read: put its items in the outer list", printable(tn.Kind), printable(in.list)),
-			})}
+			return nil, []error{loc.err(fmt.Errorf("a %s inside a %s is not read: put its items in the outer list",
+				printable(tn.Kind), printable(in.list)))}
 		}
 		return d.decodeList(loc, body, tn.Kind)
 	}
@@ -409,12 +410,51 @@ func (d decoder) decodeList(loc docLocation, body []byte, kind string) ([]Manife
 	}
 	var out []Manifest
 	var errs []error
+	var lines []int // where each item starts, found at the first error
 	for i, item := range list.Items {
-		ms, es := d.decodeDocument(loc, item, listItem{list: kind, index: i})
+		at := loc
+		at.item = fmt.Sprintf("items[%d]", i)
+		ms, es := d.decodeDocument(at, item, listItem{list: kind, index: i})
+		if len(es) > 0 && lines == nil {
+			lines = itemLines(body, loc.line)
+		}
+		for _, e := range es {
+			if merr, ok := e.(*ManifestError); ok && i < len(lines) {
+				merr.ItemLine = lines[i]
+			}
+		}
 		out = append(out, ms...)
 		errs = append(errs, es...)
 	}
 	return out, errs
+}
+
+// itemLines is the file line where each item of a List document starts
+// (docLine: where the document does). The items were turned into JSON to be
+// decoded, which keeps no lines, so the document is parsed again for them:
+// only when an item has an error, to point at it. Empty when the parser
+// cannot say.
+func itemLines(body []byte, docLine int) []int {
+	var doc yamlv3.Node
+	if docLine <= 0 || yamlv3.Unmarshal(body, &doc) != nil || len(doc.Content) == 0 {
+		return []int{}
+	}
+	top := doc.Content[0]
+	if top.Kind != yamlv3.MappingNode {
+		return []int{}
+	}
+	for i := 0; i+1 < len(top.Content); i += 2 {
+		if top.Content[i].Value != "items" || top.Content[i+1].Kind != yamlv3.SequenceNode {
+			continue
+		}
+		items := top.Content[i+1].Content
+		lines := make([]int, len(items))
+		for j, item := range items {
+			lines[j] = docLine + item.Line - 1
+		}
+		return lines
+	}
+	return []int{}
 }
 
 // document is one object of a manifest file's stream: a YAML document or

@@ -177,11 +177,11 @@ func TestDecodeManifests(t *testing.T) {
 		{"list in a list", `{"apiVersion":"v1","kind":"List","items":[` +
 			`{"apiVersion":"v1","kind":"Service","metadata":{"name":"a"},"spec":{"ports":[{"port":80}]}},` +
 			`{"apiVersion":"v1","kind":"List","items":[{"apiVersion":"v1","kind":"Service","metadata":{"name":"b"},"spec":{"ports":[{"port":80}]}}]}]}`, 1,
-			`svc.yaml: document 1 (line 1): items[1]: a List inside a List is not read: put its items in the outer list`},
+			`svc.yaml: document 1 (line 1), items[1] (line 1): a List inside a List is not read: put its items in the outer list`},
 		{"typed list in a list", "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: ServiceList\n  items: []\n", 0,
-			`svc.yaml: document 1 (line 1): items[0]: a ServiceList inside a List is not read`},
+			`svc.yaml: document 1 (line 1), items[0] (line 4): a ServiceList inside a List is not read`},
 		{"list in a typed list", "apiVersion: v1\nkind: ServiceList\nitems:\n- metadata: {name: a}\n  spec: {ports: [{port: 80}]}\n- kind: List\n  items: []\n", 1,
-			`items[1]: a List inside a ServiceList is not read`},
+			`items[1] (line 6): a List inside a ServiceList is not read`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -216,7 +216,7 @@ func TestDecodeManifestsDeepListNesting(t *testing.T) {
 	if len(got) != 0 || len(errs) != 1 {
 		t.Fatalf("got %d objects and errors %v, want one error", len(got), errs)
 	}
-	if want := "deep.json: document 1 (line 1): items[0]: a List inside a List is not read"; !strings.Contains(errs[0].Error(), want) {
+	if want := "deep.json: document 1 (line 1), items[0] (line 1): a List inside a List is not read"; !strings.Contains(errs[0].Error(), want) {
 		t.Errorf("error %q does not contain %q", errs[0], want)
 	}
 }
@@ -350,6 +350,51 @@ func TestDecodeManifestStreams(t *testing.T) {
 				t.Errorf("unexpected errors: %v", errs)
 			case tc.wantErr != "" && (len(errs) != 1 || !strings.Contains(errs[0].Error(), tc.wantErr)):
 				t.Errorf("errors %v, want one containing %q", errs, tc.wantErr)
+			}
+		})
+	}
+}
+
+// An error in an item of a List names the item and its line: the second
+// item's misspelt kind was reported as "document 1 (line 1)", the List's
+// own place, which left the reader to find the item.
+func TestDecodeManifestsListItemErrors(t *testing.T) {
+	const service = "apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec: {ports: [{port: 80}]}\n"
+	const yamlList = "apiVersion: v1\nkind: List\nitems:\n" +
+		"- apiVersion: v1\n  kind: Service\n  metadata: {name: a}\n  spec: {ports: [{port: 80}]}\n" +
+		"- apiVersion: v1\n  kind: Servce\n  metadata: {name: b}\n  spec: {ports: [{port: 80}]}\n"
+	tests := []struct {
+		name    string
+		data    string
+		objects int
+		want    string // the one error starts with it
+	}{
+		{"misspelt kind in a YAML List", yamlList, 1,
+			`svc.yaml: document 1 (line 1), items[1] (line 8): kind "Servce" is not one the proxy reads`},
+		{"the List as the second document", service + "---\n" + yamlList, 2,
+			`svc.yaml: document 2 (line 6), items[1] (line 13): kind "Servce"`},
+		{"item without kind in a List", "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  metadata: {name: a}\n", 0,
+			`svc.yaml: document 1 (line 1), items[0] (line 4): object has no kind`},
+		{"JSON List on one line", `{"apiVersion":"v1","kind":"List","items":[` +
+			`{"apiVersion":"v1","kind":"Service","metadata":{"name":"a"},"spec":{"ports":[{"port":80}]}},` +
+			`{"apiVersion":"v1","kind":"Servce","metadata":{"name":"b"}}]}`, 1,
+			`svc.yaml: document 1 (line 1), items[1] (line 1): kind "Servce"`},
+		{"indented JSON List", "{\n  \"apiVersion\": \"v1\",\n  \"kind\": \"List\",\n  \"items\": [\n" +
+			"    {\"apiVersion\": \"v1\", \"kind\": \"Service\", \"metadata\": {\"name\": \"a\"}, \"spec\": {\"ports\": [{\"port\": 80}]}},\n" +
+			"    {\"apiVersion\": \"v1\", \"kind\": \"Servce\", \"metadata\": {\"name\": \"b\"}}\n  ]\n}\n", 1,
+			`svc.yaml: document 1 (line 1), items[1] (line 6): kind "Servce"`},
+		{"List inside a List", "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Service\n  metadata: {name: a}\n  spec: {ports: [{port: 80}]}\n" +
+			"- apiVersion: v1\n  kind: List\n  items: []\n", 1,
+			`svc.yaml: document 1 (line 1), items[1] (line 8): a List inside a List is not read: put its items in the outer list`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, errs := DecodeManifests("svc.yaml", []byte(tc.data))
+			if len(got) != tc.objects {
+				t.Errorf("got %d objects, want %d (errors: %v)", len(got), tc.objects, errs)
+			}
+			if len(errs) != 1 || !strings.HasPrefix(errs[0].Error(), tc.want) {
+				t.Errorf("got errors %q, want one starting %q", errs, tc.want)
 			}
 		})
 	}
