@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -237,5 +238,42 @@ func TestConfigzHostnameOverrideLowercased(t *testing.T) {
 	o.hostnameOverride = " Node-A\n"
 	if got := o.effectiveConfig().HostnameOverride; got != "node-a" {
 		t.Fatalf("hostnameOverride %q, want node-a", got)
+	}
+}
+
+// A kubeconfig that is there but does not parse is bad input known before
+// anything starts, as a --config that does not parse: exit 2 naming the
+// flag, from the proxy and from explain, and explain does not first say it
+// waits for an API server. It was exit 1, at the client's start, and
+// explain printed "waiting for the API server for up to 30s" before
+// failing at once.
+func TestUnparsableKubeconfigExitsTwo(t *testing.T) {
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte("apiVersion: v1\nkind: Config\nclusters: {\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var code int
+	stderr := capture(t, &os.Stderr, func() { code = runMain([]string{"--kubeconfig", kubeconfig, "--iptables=false"}) })
+	if code != exitUsage || !strings.Contains(stderr, "--kubeconfig "+strconv.Quote(kubeconfig)) {
+		t.Errorf("proxy: exit %d, stderr %q; want %d naming --kubeconfig", code, stderr, exitUsage)
+	}
+	stderr = capture(t, &os.Stderr, func() {
+		code = explain(t.Context(), []string{"--kubeconfig", kubeconfig}, io.Discard)
+	})
+	if code != exitUsage || !strings.Contains(stderr, "--kubeconfig "+strconv.Quote(kubeconfig)) || strings.Contains(stderr, "waiting") {
+		t.Errorf("explain: exit %d, stderr %q; want %d naming --kubeconfig, and no waiting line", code, stderr, exitUsage)
+	}
+
+	// One that parses and names no server cannot be used either: explain
+	// fails at once (exit 1, the source could not be read), without saying
+	// it waits.
+	if err := os.WriteFile(kubeconfig, []byte("apiVersion: v1\nkind: Config\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stderr = capture(t, &os.Stderr, func() {
+		code = explain(t.Context(), []string{"--kubeconfig", kubeconfig}, io.Discard)
+	})
+	if code != 1 || !strings.Contains(stderr, "no configuration has been provided") || strings.Contains(stderr, "waiting") {
+		t.Errorf("explain, no server: exit %d, stderr %q; want 1 with the client's error, and no waiting line", code, stderr)
 	}
 }

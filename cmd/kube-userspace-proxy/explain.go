@@ -213,10 +213,14 @@ func read(ctx context.Context, o *options, v *validated, timeout time.Duration, 
 	readCtx := ctx
 	where := ""
 	if o.manifests == "" {
-		where = "the API server"
-		if cfg, err := config.BuildClientConfig(o.kubeconfig, o.master); err == nil {
-			where += " at " + cfg.Host
+		// A client configuration that cannot be built fails at once: not
+		// something to say we wait for.
+		cfg, err := config.BuildClientConfig(o.kubeconfig, o.master)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "kube-userspace-proxy explain: %v\n", err)
+			return 1
 		}
+		where = "the API server at " + cfg.Host
 		limit := "without limit (--timeout 0)"
 		if timeout > 0 {
 			var cancel context.CancelFunc

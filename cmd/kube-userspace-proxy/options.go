@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/httpserver"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
@@ -396,10 +397,13 @@ func (o *options) validate() (*validated, error) {
 		}
 	}
 	if o.kubeconfig != "" && !o.cleanup {
-		// Likewise a kubeconfig that is not there: a usage error (exit 2)
-		// naming the flag or the --config field, not a start-up failure.
+		// Likewise a kubeconfig that is not there, or does not parse (as a
+		// --config that does not): a usage error (exit 2) naming the flag or
+		// the --config field, not a start-up failure.
 		if _, err := os.Stat(o.kubeconfig); err != nil {
 			add("%s %q: %v", cmp.Or(o.kubeconfigField, "--kubeconfig"), o.kubeconfig, statReason(err))
+		} else if _, err := clientcmd.LoadFromFile(o.kubeconfig); err != nil {
+			add("%s %q: not a kubeconfig: %v", cmp.Or(o.kubeconfigField, "--kubeconfig"), o.kubeconfig, err)
 		}
 	}
 	if o.master != "" {
