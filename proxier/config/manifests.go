@@ -335,7 +335,7 @@ type skippedFile struct {
 
 // listFiles names the manifest files: the file itself, or the directory's
 // non-hidden *.yaml, *.yml and *.json entries (symlinks followed, no
-// recursion), and the entries it skips. A single file that is gone is an
+// recursion: a subdirectory is skipped as one), and the entries it skips. A single file that is gone is an
 // error, as a directory that is gone: the path keeps its last good objects
 // until it returns (emptied, it serves nothing). Listed as nothing, every
 // Service it held was dropped, and came back on new proxy ports.
@@ -353,13 +353,21 @@ func (s *ManifestSource) listFiles() ([]string, []skippedFile, error) {
 	var names []string
 	var skipped []skippedFile
 	for _, e := range entries {
-		if why := notManifest(e.Name()); why != "" {
-			skipped = append(skipped, skippedFile{e.Name(), why})
-			continue
-		}
 		full := filepath.Join(s.path, e.Name())
-		if info, err := os.Stat(full); err != nil || !info.Mode().IsRegular() {
-			skipped = append(skipped, skippedFile{e.Name(), "not a regular file"})
+		why := notManifest(e.Name())
+		if why == "" || (why != hiddenEntry && mayBeDir(e)) {
+			// A subdirectory is said to be one whatever its name: "not
+			// .yaml" left the reader wondering about the name.
+			info, err := os.Stat(full)
+			switch {
+			case err == nil && info.IsDir():
+				why = "a directory, not read"
+			case why == "" && (err != nil || !info.Mode().IsRegular()):
+				why = "not a regular file"
+			}
+		}
+		if why != "" {
+			skipped = append(skipped, skippedFile{e.Name(), why})
 			continue
 		}
 		names = append(names, full)
@@ -368,10 +376,18 @@ func (s *ManifestSource) listFiles() ([]string, []skippedFile, error) {
 	return names, skipped, nil
 }
 
-// notManifest says why a directory entry is not read, or "" when it is.
+// hiddenEntry is why a name starting with a dot is not read.
+const hiddenEntry = "hidden"
+
+// mayBeDir says whether a directory entry is a directory or a link that
+// may point at one, without a system call.
+func mayBeDir(e fs.DirEntry) bool { return e.IsDir() || e.Type()&fs.ModeSymlink != 0 }
+
+// notManifest says why a directory entry is not read by its name, or ""
+// when its name is a manifest's.
 func notManifest(name string) string {
 	if strings.HasPrefix(name, ".") {
-		return "hidden" // editor swap files, ConfigMap volume internals (..data)
+		return hiddenEntry // editor swap files, ConfigMap volume internals (..data)
 	}
 	switch strings.ToLower(filepath.Ext(name)) {
 	case ".yaml", ".yml", ".json":

@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -96,5 +97,40 @@ func TestManifestSummaries(t *testing.T) {
 	sum.waitLine(t, "skipped .draft.yaml (hidden)")
 	if l := sum.all(); len(l) != 0 {
 		t.Errorf("unexpected summaries %q", l)
+	}
+}
+
+// A subdirectory is not read (no recursion), and the summary says so: it
+// was listed as "sub (not .yaml, .yml or .json)", or, named sub.yaml, as
+// "not a regular file", which sent the reader looking at its name.
+func TestListFilesSaysDirectoriesAreNotRead(t *testing.T) {
+	dir := t.TempDir()
+	for _, d := range []string{"sub", "old.yaml", ".git"} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink("sub", filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(dir, "README.md"), "notes")
+	writeFile(t, filepath.Join(dir, "web.yaml"), serviceYAML("web", 80))
+	src := NewManifestSource(dir, newManifestRecorder())
+	src.dirMode = true
+	names, skipped, err := src.listFiles()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{filepath.Join(dir, "web.yaml")}; !slices.Equal(names, want) {
+		t.Errorf("read %q, want %q", names, want)
+	}
+	var got []string
+	for _, s := range skipped {
+		got = append(got, s.name+" ("+s.why+")")
+	}
+	want := []string{".git (hidden)", "README.md (not .yaml, .yml or .json)", "link (a directory, not read)",
+		"old.yaml (a directory, not read)", "sub (a directory, not read)"}
+	if !slices.Equal(got, want) {
+		t.Errorf("skipped %q, want %q", got, want)
 	}
 }
