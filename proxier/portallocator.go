@@ -344,9 +344,10 @@ func (a *PortAllocator) segmentAfter(port int) int {
 }
 
 // newPortAllocator is the proxier's: the explicit range if there is one,
-// else ports outside this namespace's ephemeral range (and the API
-// server's default NodePort range), else whatever the kernel chooses.
-func newPortAllocator(r PortRange) *PortAllocator {
+// else ports outside this namespace's ephemeral range and the NodePort
+// range np (zero: the API server's default), else whatever the kernel
+// chooses.
+func newPortAllocator(r PortRange, np config.PortRange) *PortAllocator {
 	if r.Size > 0 {
 		return NewPortAllocator(r)
 	}
@@ -355,6 +356,8 @@ func newPortAllocator(r PortRange) *PortAllocator {
 		klog.InfoS("Proxy ports are kernel-chosen: cannot read the ephemeral port range", "err", err)
 		return NewPortAllocator(r)
 	}
-	np := config.DefaultNodePortRange
+	if np == (config.PortRange{}) {
+		np = config.DefaultNodePortRange
+	}
 	return NewNodePortAllocator(kp, PortRange{Base: int(np.Min), Size: int(np.Max-np.Min) + 1})
 }

@@ -6,6 +6,8 @@ import (
 	"os"
 	"syscall"
 	"testing"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
 )
 
 func TestReadKernelPorts(t *testing.T) {
@@ -212,5 +214,34 @@ func TestPortAllocatorOpen(t *testing.T) {
 	}
 	if !errors.Is(inUse, syscall.EADDRINUSE) {
 		t.Fatal("wrapped EADDRINUSE not recognised")
+	}
+}
+
+// The default allocator keeps out of the NodePort range given
+// (--service-node-port-range), not the API server's default one: with node
+// ports from 20000-22767 a proxy port could be a Service's NodePort, whose
+// hold then met the proxy's own socket, while 30000-32767, where no node
+// port is then allocated, was left unused.
+func TestDefaultProxyPortsAvoidTheNodePortRangeGiven(t *testing.T) {
+	kp, err := readKernelPortsFromProc()
+	if err != nil {
+		t.Skipf("cannot read the ephemeral range: %v", err)
+	}
+	p := newTestProxier(t, Options{NodePortRange: config.PortRange{Min: 20000, Max: 22767}})
+	candidate := func(port int) bool {
+		return !inAny(port, append([]PortRange{kp.Ephemeral}, kp.Reserved...))
+	}
+	for _, port := range []int{20000, 21000, 22767} {
+		if candidate(port) && p.ports.take(port) {
+			t.Errorf("port %d of the NodePort range 20000-22767 could be a proxy port", port)
+		}
+	}
+	for _, port := range []int{30000, 31000, 32767} {
+		if candidate(port) && !p.ports.take(port) {
+			t.Errorf("port %d, outside the NodePort range 20000-22767, is never a proxy port", port)
+		}
+	}
+	if p := newTestProxier(t, Options{}); candidate(30080) && p.ports.take(30080) {
+		t.Error("without a NodePort range given, port 30080 of the default one could be a proxy port")
 	}
 }

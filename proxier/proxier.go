@@ -60,8 +60,12 @@ type HealthUpdater interface {
 
 // Options configure a Proxier.
 type Options struct {
-	BindAddress      netip.Addr
-	PortRange        PortRange
+	BindAddress netip.Addr
+	PortRange   PortRange
+	// NodePortRange is where the API server allocates node ports
+	// (--service-node-port-range; zero: config.DefaultNodePortRange):
+	// proxy ports are not taken from it when PortRange is empty.
+	NodePortRange    config.PortRange
 	UDPIdleTimeout   time.Duration
 	MinSyncPeriod    time.Duration
 	SyncPeriod       time.Duration
@@ -272,7 +276,7 @@ func New(opts Options) *Proxier {
 	p := &Proxier{
 		opts:      opts,
 		lb:        loadbalancer.New(opts.Clock, opts.Affinity),
-		ports:     newPortAllocator(opts.PortRange),
+		ports:     newPortAllocator(opts.PortRange, opts.NodePortRange),
 		fds:       newDescriptorBudget(),
 		metrics:   opts.Metrics,
 		clk:       opts.Clock,

@@ -93,9 +93,10 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 	defer stop()
 
 	plan := proxier.NewPlan(proxier.Options{
-		BindAddress: v.bind,
-		PortRange:   v.portRange,
-		NodeName:    nodeName(o.hostnameOverride),
+		BindAddress:   v.bind,
+		PortRange:     v.portRange,
+		NodePortRange: v.nodePorts,
+		NodeName:      nodeName(o.hostnameOverride),
 	})
 	// As the proxy (portalSyncers), which has no portals to leave out
 	// with --iptables=false.
@@ -176,7 +177,7 @@ const explainUsage = "explain (--manifests PATH | --kubeconfig PATH | --master U
 // others are hidden from its help, not refused: a proxy's command line
 // pasted after "explain" must work.
 var explainShown = []string{
-	"manifests", "service-cluster-ip-range", "kubeconfig", "master", "timeout", "config",
+	"manifests", "service-cluster-ip-range", "service-node-port-range", "kubeconfig", "master", "timeout", "config",
 	"bind-address", "node-ip", "proxy-port-range", "nodeport-addresses", "cluster-cidr",
 	"prerouting-redirect", "iptables", "hostname-override", "v",
 }
@@ -257,8 +258,7 @@ func readOnce(ctx context.Context, o *options, v *validated, h config.Handler, r
 	synced := &syncedHandler{Handler: h, done: make(chan struct{})}
 	var src source
 	if o.manifests != "" && report != nil {
-		src = config.NewManifestSource(o.manifests, synced, config.WithServiceClusterIPRange(v.serviceCIDRs),
-			config.WithErrorReporter(report), config.WithoutWatcher())
+		src = config.NewManifestSource(o.manifests, synced, manifestOptions(v, config.WithErrorReporter(report), config.WithoutWatcher())...)
 	} else {
 		var err error
 		if src, err = newSource(o, v, nil, synced, nil); err != nil {

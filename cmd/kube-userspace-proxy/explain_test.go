@@ -668,3 +668,38 @@ func TestExplainShowsTheJumps(t *testing.T) {
 		}
 	}
 }
+
+// --service-node-port-range sets the range a manifest's nodePort must fall
+// in, for explain as for the proxy (the same source options): a NodePort
+// of a cluster whose API server uses 20000-22767 was invalid, exit 1,
+// whatever the flags said. explain's help lists the flag.
+func TestExplainServiceNodePortRange(t *testing.T) {
+	const nodePort = `apiVersion: v1
+kind: Service
+metadata: {name: np, namespace: default}
+spec: {type: NodePort, clusterIP: 10.96.7.1, ports: [{name: http, port: 80, nodePort: 20080}]}
+`
+	got := explainManifests(t, nodePort, "--service-node-port-range", "20000-22767")
+	outputHas(t, got, `-A KUBE-NODEPORT-CONTAINER -p tcp -m comment --comment "default/np:http" -m tcp --dport 20080`)
+
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "np.yaml"), []byte(nodePort), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var stderr string
+	var code int
+	stderr = capture(t, &os.Stderr, func() { code = explain(t.Context(), []string{"--manifests", dir}, &bytes.Buffer{}) })
+	if want := "spec.ports[0].nodePort: 20080 is out of the node port range 30000-32767"; code != 1 || !strings.Contains(stderr, want) {
+		t.Errorf("default range: exit %d, stderr %q; want 1 and %q", code, stderr, want)
+	}
+	stderr = capture(t, &os.Stderr, func() {
+		code = explain(t.Context(), []string{"--manifests", dir, "--service-node-port-range", "20000-"}, &bytes.Buffer{})
+	})
+	if code != exitUsage || !strings.Contains(stderr, "--service-node-port-range: invalid port range") {
+		t.Errorf("a bad range: exit %d, stderr %q; want %d naming the flag", code, stderr, exitUsage)
+	}
+	help := captureStdout(t, func() { explain(t.Context(), []string{"--help"}, &bytes.Buffer{}) })
+	if !strings.Contains(help, "--service-node-port-range") {
+		t.Errorf("explain --help lacks --service-node-port-range:\n%s", help)
+	}
+}

@@ -70,6 +70,7 @@ type options struct {
 	faultSeed          int64
 	faultMaxActive     int
 	serviceCIDRs       string
+	nodePortRange      string
 	affinityMaxEntries int
 	httpMaxConns       int
 	httpIdleTimeout    time.Duration
@@ -127,6 +128,7 @@ func newOptions() *options {
 		tcpUserTimeout:     proxier.DefaultLiveness.UserTimeout,
 		tcpWriteTimeout:    proxier.DefaultTCPWriteTimeout,
 		serviceCIDRs:       config.DefaultServiceClusterIPRange,
+		nodePortRange:      config.DefaultNodePortRange.String(),
 		affinityMaxEntries: loadbalancer.DefaultMaxAffinityEntries,
 		httpMaxConns:       httpserver.DefaultLimits.MaxConns,
 		httpIdleTimeout:    httpserver.DefaultLimits.IdleTimeout,
@@ -139,6 +141,7 @@ func newOptions() *options {
 func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.manifests, "manifests", o.manifests, "File or directory of YAML/JSON manifests (v1 Service, discovery.k8s.io/v1 EndpointSlice, v1 Endpoints); re-read on change.")
 	fs.StringVar(&o.serviceCIDRs, "service-cluster-ip-range", o.serviceCIDRs, "With --manifests: CIDR (or an IPv4 and an IPv6 CIDR, comma-separated) a Service without clusterIP gets one from, by a hash of its namespace/name: the same on every start with the same files (kube-apiserver's flag). Empty: such a Service is an error.")
+	fs.StringVar(&o.nodePortRange, "service-node-port-range", o.nodePortRange, "The range of node ports (BEGIN-END, BEGIN+N or one port; kube-apiserver's flag): with --manifests a Service's nodePort must be in it; without --proxy-port-range no proxy socket takes a port of it. Empty: the default.")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", o.kubeconfig, "Path to a kubeconfig file; watch Services and EndpointSlices on that API server.")
 	fs.StringVar(&o.master, "master", o.master, "The address of the Kubernetes API server (overrides any value in kubeconfig).")
 	fs.StringVar(&o.bindAddress, "bind-address", o.bindAddress, "The IP address proxy sockets listen on. 0.0.0.0 and :: both take every address of both families: a service port with IPv6 addresses listens on one dual-stack socket, one with IPv4 addresses only on an IPv4 socket (with ::, dual-stack too). A specific address takes its own family only.")
@@ -203,6 +206,8 @@ type validated struct {
 	nodeObjectIPs  []netip.Addr
 	nodeObjectRead bool // the Node object was read at start (readNodeObjectIPs)
 	serviceCIDRs   []netip.Prefix
+	// nodePorts is --service-node-port-range.
+	nodePorts config.PortRange
 	// preroutingRedirect: the legacy REDIRECT in PREROUTING (see the flag).
 	preroutingRedirect bool
 }
@@ -349,6 +354,9 @@ func (o *options) validate() (*validated, error) {
 	if v.serviceCIDRs, err = config.ParseServiceClusterIPRange(o.serviceCIDRs); err != nil {
 		add("--service-cluster-ip-range: %v", err)
 	}
+	if v.nodePorts, err = parseNodePortRange(o.nodePortRange); err != nil {
+		add("--service-node-port-range: %v", err)
+	}
 	if o.faultMaxActive < 0 {
 		add("--fault-max-active must not be negative, got %d", o.faultMaxActive)
 	}
@@ -464,6 +472,23 @@ func mentionsFlag(msg, flag string) bool {
 			return true
 		}
 	}
+}
+
+// parseNodePortRange reads --service-node-port-range as kube-apiserver
+// does: BEGIN-END, BEGIN+N (BEGIN to BEGIN+N) or one port; empty is the
+// default range.
+func parseNodePortRange(s string) (config.PortRange, error) {
+	if strings.TrimSpace(s) == "" {
+		return config.DefaultNodePortRange, nil
+	}
+	r, err := proxier.ParsePortRange(s)
+	if err != nil {
+		return config.PortRange{}, err
+	}
+	if r.Size == 0 { // "0" or "0-0", kernel-chosen ports to --proxy-port-range
+		return config.PortRange{}, fmt.Errorf("%q names no port (node ports are 1-65535)", s)
+	}
+	return config.PortRange{Min: int32(r.Base), Max: int32(r.Base + r.Size - 1)}, nil
 }
 
 // parseClusterCIDR reads kube-proxy's --cluster-cidr: empty, one CIDR, or

@@ -67,6 +67,7 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 	popts := proxier.Options{
 		BindAddress:             v.bind,
 		PortRange:               v.portRange,
+		NodePortRange:           v.nodePorts,
 		UDPIdleTimeout:          o.udpTimeout,
 		MinSyncPeriod:           o.effectiveMinSyncPeriod(),
 		MinSyncPeriodSet:        true, // the flag's 0 means no minimum, not the default
@@ -235,6 +236,12 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 	return nil
 }
 
+// manifestOptions are what the flags set in a manifest source, the
+// proxy's and explain's alike.
+func manifestOptions(v *validated, opts ...config.Option) []config.Option {
+	return append([]config.Option{config.WithServiceClusterIPRange(v.serviceCIDRs), config.WithNodePortRange(v.nodePorts)}, opts...)
+}
+
 // newSource builds the source the flags name, feeding h; nodes (nil: none)
 // follows this node's Node object when the source is an API server, read
 // through client (nil: one is made from the flags).
@@ -243,7 +250,7 @@ func newSource(o *options, v *validated, client kubernetes.Interface, h config.H
 		if _, err := os.Stat(o.manifests); err != nil {
 			return nil, fmt.Errorf("--manifests: %w", err)
 		}
-		return config.NewManifestSource(o.manifests, h, config.WithServiceClusterIPRange(v.serviceCIDRs)), nil
+		return config.NewManifestSource(o.manifests, h, manifestOptions(v)...), nil
 	}
 	if client == nil {
 		var err error

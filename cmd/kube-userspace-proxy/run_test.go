@@ -21,6 +21,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/healthcheck"
 )
 
@@ -623,5 +624,48 @@ func TestHealthTimeoutSaturates(t *testing.T) {
 		if got := healthTimeout(tc.period); got != tc.want {
 			t.Errorf("healthTimeout(%v) = %v, want %v", tc.period, got, tc.want)
 		}
+	}
+}
+
+// --service-node-port-range is kube-apiserver's flag with its syntax
+// (BEGIN-END, BEGIN+N, one port; empty: the default): a cluster whose API
+// server hands out node ports from another range could not describe its
+// NodePort Services in --manifests, whose range was fixed at 30000-32767.
+// A bad value is a usage error naming the flag.
+func TestServiceNodePortRangeFlag(t *testing.T) {
+	tests := []struct {
+		value   string
+		want    config.PortRange
+		wantErr string // "" = valid
+	}{
+		{"20000-22767", config.PortRange{Min: 20000, Max: 22767}, ""},
+		{"20000+2767", config.PortRange{Min: 20000, Max: 22767}, ""},
+		{" 30080 ", config.PortRange{Min: 30080, Max: 30080}, ""},
+		{"", config.DefaultNodePortRange, ""}, // as kube-apiserver: unset is the default
+		{"0", config.PortRange{}, `--service-node-port-range: "0" names no port`},
+		{"0-0", config.PortRange{}, `--service-node-port-range: "0-0" names no port`},
+		{"30000-", config.PortRange{}, "--service-node-port-range: invalid port range \"30000-\": END is missing"},
+		{"32767-30000", config.PortRange{}, "--service-node-port-range: invalid port range \"32767-30000\""},
+		{"1-70000", config.PortRange{}, "--service-node-port-range: invalid port range \"1-70000\""},
+		{"ports", config.PortRange{}, "--service-node-port-range: invalid port range \"ports\""},
+	}
+	for _, tt := range tests {
+		args := []string{"--manifests", t.TempDir(), "--service-node-port-range", tt.value}
+		v, err := parsedOptions(t, args).validate()
+		switch {
+		case tt.wantErr == "" && err != nil:
+			t.Errorf("%q: refused: %v", tt.value, err)
+		case tt.wantErr == "" && v.nodePorts != tt.want:
+			t.Errorf("%q: range %v, want %v", tt.value, v.nodePorts, tt.want)
+		case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+			t.Errorf("%q: error %v, want one containing %q", tt.value, err, tt.wantErr)
+		case tt.wantErr != "":
+			if code := runMain(args); code != exitUsage {
+				t.Errorf("runMain(%q) = %d, want %d", args, code, exitUsage)
+			}
+		}
+	}
+	if v, err := parsedOptions(t, []string{"--manifests", t.TempDir()}).validate(); err != nil || v.nodePorts != config.DefaultNodePortRange {
+		t.Errorf("without the flag: range %v (%v), want kube-apiserver's default %v", v.nodePorts, err, config.DefaultNodePortRange)
 	}
 }
