@@ -2,6 +2,7 @@ package proxier
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/netip"
 	"slices"
@@ -10,6 +11,10 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 )
 
 // A NodePort is held open while its Service exists, so no other process can
@@ -246,5 +251,145 @@ func TestClaimRetriedUntilHeld(t *testing.T) {
 	p.Sync() // the retry
 	if err := bindable("tcp", port); err == nil {
 		t.Fatalf("NodePort %d is not held once the other process let it go", port)
+	}
+}
+
+// A --proxy-port-range over a Service's NodePort gives that port to no
+// proxy socket, so the NodePort hold is never the proxy's own socket: a
+// service port took it (4 of 5 ports handed out at random), and the hold
+// logged "another process holds it" and was retried forever.
+func TestProxyPortRangeSkipsNodePorts(t *testing.T) {
+	for round := range 10 { // the allocator picks at random
+		svcs := []*v1.Service{makeService("np", withClusterIP("10.96.0.1"), withNodePort(30080))}
+		for i := range 3 {
+			svcs = append(svcs, makeService(fmt.Sprintf("s%d", i), withClusterIP(fmt.Sprintf("10.96.1.%d", i+1))))
+		}
+		p := syncedProxier(Options{PortRange: PortRange{Base: 30078, Size: 5}}, true, svcs...)
+		if len(p.active) != 4 {
+			t.Fatalf("round %d: %d service ports served, want 4 (left undone: %q)", round, len(p.active), p.lastFailed)
+		}
+		for name, ap := range p.active {
+			if ap.proxyPort == 30080 {
+				t.Fatalf("round %d: %s took NodePort 30080 for its proxy socket", round, name)
+			}
+		}
+	}
+}
+
+// A NodePort that appears on a port one of our proxy sockets listens on
+// (a Service created or changed while the proxy runs) is held all the
+// same: the proxy socket moves to another port of the range in that sync,
+// its rules with it, as kube-proxy's holds come first. The socket stayed,
+// and the hold failed ("another process holds it") on every sync.
+func TestProxySocketMovesOffANewNodePort(t *testing.T) {
+	base := freeTCPPorts(t, 3)
+	p := newTestProxier(t, Options{ClaimNodePorts: true, PortRange: PortRange{Base: base, Size: 3}})
+	p.OnServiceAdd(makeService("a", withClusterIP("10.96.0.10")))
+	p.Sync()
+	taken, ok := p.ProxyPort("default/a:p")
+	if !ok {
+		t.Fatalf("a has no proxy socket (left undone: %q)", p.lastFailed)
+	}
+	p.OnServiceAdd(makeService("b", withClusterIP("10.96.0.11"), withNodePort(int32(taken))))
+	p.Sync()
+	moved, ok := p.ProxyPort("default/a:p")
+	switch {
+	case !ok:
+		t.Fatalf("a lost its proxy socket (left undone: %q)", p.lastFailed)
+	case moved == taken:
+		t.Fatalf("a still listens on %d, now b's NodePort (left undone: %q)", taken, p.lastFailed)
+	case len(p.lastFailed) > 0:
+		t.Fatalf("the sync left %q undone", p.lastFailed)
+	}
+	if port, ok := p.ProxyPort("default/b:p"); !ok || port == taken {
+		t.Fatalf("b's proxy socket: port %d, served %v; want one other than its NodePort %d", port, ok, taken)
+	}
+	if err := bindable("tcp", taken); err == nil {
+		t.Fatalf("b's NodePort %d is not held", taken)
+	}
+	if err := bindableOn("tcp", "127.0.0.1", moved); err == nil {
+		t.Fatalf("no socket of a's listens on its new proxy port %d", moved)
+	}
+}
+
+// freeTCPPorts finds n consecutive ports no one listens on and returns
+// the first.
+func freeTCPPorts(t *testing.T, n int) int {
+	t.Helper()
+	for range 50 {
+		base := freePortFor(t, "tcp")
+		if base+n-1 > 65535 {
+			continue
+		}
+		free := true
+		for port := base; port < base+n && free; port++ {
+			free = bindable("tcp", port) == nil
+		}
+		if free {
+			return base
+		}
+	}
+	t.Skipf("found no %d consecutive free ports", n)
+	return 0
+}
+
+// Either socket of an externalTrafficPolicy: Local port moves off a port
+// that becomes a node port (a NodePort or a healthCheckNodePort, which the
+// health server listens on), its portals with it; the other socket keeps
+// its port.
+func TestExternalSocketMovesOffANewNodePort(t *testing.T) {
+	cfg := iptables.Config{Family: iptables.IPv4, NodeIP: mustAddr("192.168.1.10")}
+	for _, tc := range []struct {
+		name  string
+		other func(port int32) *v1.Service
+	}{
+		{"NodePort", func(port int32) *v1.Service {
+			return makeService("other", withClusterIP("10.96.0.11"), withNodePort(port))
+		}},
+		{"healthCheckNodePort", func(port int32) *v1.Service {
+			svc := localLB("other", port)
+			svc.Spec.ClusterIP, svc.Spec.ClusterIPs = "10.96.0.11", []string{"10.96.0.11"}
+			svc.Spec.Ports[0].NodePort = 30081
+			return svc
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fake := iptables.NewFakeRunner(iptables.IPv4)
+			p := syncedProxier(Options{IPv4Portals: iptables.New(fake, cfg), PortRange: PortRange{Base: 40000, Size: 5}, NodeName: "n1"},
+				true, localLB("local", 0))
+			local := p.active[loadbalancer.ServicePortName{NamespacedName: types.NamespacedName{Namespace: "default", Name: "local"}, Port: "p", Protocol: v1.ProtocolTCP}]
+			if local == nil || local.external == nil {
+				t.Fatalf("local has no external socket (left undone: %q)", p.lastFailed)
+			}
+			cluster, external := local.proxyPort, local.externalPort
+			p.OnServiceAdd(tc.other(int32(external)))
+			p.Sync()
+			switch {
+			case len(p.lastFailed) > 0:
+				t.Fatalf("the sync left %q undone", p.lastFailed)
+			case local.socket == nil || p.active[local.info.name] == local:
+				t.Fatal("local's sockets were not reopened")
+			}
+			now := p.active[local.info.name]
+			if now.proxyPort != cluster || now.externalPort == external || now.externalPort == 0 {
+				t.Errorf("local's ports: cluster %d, external %d; want cluster %d kept and external off %d",
+					now.proxyPort, now.externalPort, cluster, external)
+			}
+			for name, ap := range p.active {
+				if ap.proxyPort == external || ap.externalPort == external {
+					t.Errorf("%s listens on node port %d", name, external)
+				}
+			}
+			nat, err := fake.Save(iptables.TableNAT)
+			if err != nil {
+				t.Fatal(err)
+			}
+			target := "192.168.1.10:" + strconv.Itoa(external)
+			for _, rule := range strings.Split(string(nat), "\n") {
+				if strings.HasSuffix(rule, " "+target) {
+					t.Errorf("a portal still sends traffic to %s: %s", target, rule)
+				}
+			}
+		})
 	}
 }

@@ -35,6 +35,9 @@ type Plan struct {
 	mu    sync.Mutex
 	index map[loadbalancer.ServicePortName]int
 	calls map[loadbalancer.ServicePortName]int
+	// nodePorts are the Services' node ports, sorted: the numbering skips
+	// them, as a proxier's allocator never hands them out.
+	nodePorts []int
 }
 
 // PlanFirstPort is the first illustrative proxy port when the kernel
@@ -80,12 +83,15 @@ func (pl *Plan) Handler() config.Handler { return pl.p }
 func (pl *Plan) Run() (ports []DebugServicePort, v4, v6 []iptables.Portal) {
 	pl.p.mu.Lock()
 	var names []loadbalancer.ServicePortName
+	var nodePorts []int
 	for _, svc := range pl.p.services {
 		for _, info := range servicePorts(svc) {
 			names = append(names, info.name)
+			nodePorts = append(nodePorts, info.nodePort, info.healthCheckNodePort)
 		}
 	}
 	pl.p.mu.Unlock()
+	slices.Sort(nodePorts)
 	slices.SortFunc(names, func(a, b loadbalancer.ServicePortName) int {
 		if a.String() < b.String() {
 			return -1
@@ -99,6 +105,7 @@ func (pl *Plan) Run() (ports []DebugServicePort, v4, v6 []iptables.Portal) {
 	for i, n := range names {
 		pl.index[n] = i
 	}
+	pl.nodePorts = slices.Compact(nodePorts)
 	pl.mu.Unlock()
 	pl.p.Sync()
 	return pl.p.DebugServices(), pl.v4.portals, pl.v6.portals
@@ -164,22 +171,36 @@ func (pl *Plan) LocalPolicies() map[string]LocalPolicy {
 func (pl *Plan) KernelChosenPorts() bool { return pl.portRange.Size == 0 }
 
 // listen stands in for newProxySocket: the first socket of a service port
-// gets first+index, a second one (external traffic under a Local policy)
-// first+index+number of service ports; past the end of --proxy-port-range
-// the range is exhausted, as it would be for a proxier.
+// gets the index-th port from first that is not a node port, a second one
+// (external traffic under a Local policy) the one a number of service
+// ports further; past the end of --proxy-port-range the range is
+// exhausted, as it would be for a proxier.
 func (pl *Plan) listen(name loadbalancer.ServicePortName, _ netip.Addr, _ int, _ bool, _ *loadbalancer.ServicePort, _ *faults.Port, _ *socketConfig) (proxySocket, error) {
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
 	first := PlanFirstPort
+	if pl.portRange.Size > 0 {
+		first = pl.portRange.Base
+	}
 	i := pl.index[name] + pl.calls[name]*len(pl.index)
-	if r := pl.portRange; r.Size > 0 {
-		if i >= r.Size {
-			return nil, fmt.Errorf("%w: --proxy-port-range holds %d, fewer than the proxy sockets to open", ErrPortRangeExhausted, r.Size)
-		}
-		first = r.Base
+	// Each node port from first up to the port moves it one further.
+	port := first + i
+	for n := pl.nodePortsIn(first, port); first+i+n != port; n = pl.nodePortsIn(first, port) {
+		port = first + i + n
+	}
+	if r := pl.portRange; r.Size > 0 && port >= r.Base+r.Size {
+		usable := r.Size - pl.nodePortsIn(r.Base, r.Base+r.Size-1)
+		return nil, fmt.Errorf("%w: --proxy-port-range holds %d, fewer than the proxy sockets to open", ErrPortRangeExhausted, usable)
 	}
 	pl.calls[name]++
-	return planSocket(first + i), nil
+	return planSocket(port), nil
+}
+
+// nodePortsIn counts the node ports from lo to hi.
+func (pl *Plan) nodePortsIn(lo, hi int) int {
+	from, _ := slices.BinarySearch(pl.nodePorts, lo)
+	to, _ := slices.BinarySearch(pl.nodePorts, hi+1)
+	return to - from
 }
 
 // planSocket is a proxy socket that was never opened.

@@ -3,6 +3,7 @@ package proxier
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -94,6 +95,10 @@ type PortAllocator struct {
 	r     PortRange
 	pool  []*portSegment // default mode's candidates, in order of preference
 	inUse map[int]bool
+	// nodePorts are the node ports of the Services served (setNodePorts),
+	// which the proxy holds (NodePorts) or listens on itself
+	// (healthCheckNodePorts): never handed out, in either mode.
+	nodePorts map[int]bool
 }
 
 // portSegment is a run of candidate ports with how many of them we hold,
@@ -176,12 +181,26 @@ func (a *PortAllocator) allocateFrom(skip int) (int, error) {
 	start := rand.IntN(a.r.Size)
 	for i := 0; i < a.r.Size; i++ {
 		p := a.r.Base + (start+i)%a.r.Size
-		if !a.inUse[p] {
+		if !a.inUse[p] && !a.nodePorts[p] {
 			a.inUse[p] = true
 			return p, nil
 		}
 	}
+	if n := a.nodePortsInRange(); n > 0 {
+		return 0, fmt.Errorf("%w (%d of its %d ports are node ports of Services, which no proxy socket takes)", ErrPortRangeExhausted, n, a.r.Size)
+	}
 	return 0, ErrPortRangeExhausted
+}
+
+// nodePortsInRange counts the node ports in the explicit range.
+func (a *PortAllocator) nodePortsInRange() int {
+	n := 0
+	for p := range a.nodePorts {
+		if p >= a.r.Base && p < a.r.Base+a.r.Size {
+			n++
+		}
+	}
+	return n
 }
 
 // nextFromPool takes a free candidate of the segments after the first
@@ -195,7 +214,7 @@ func (a *PortAllocator) nextFromPool(skip int) int {
 		start := rand.IntN(len(s.ports))
 		for i := range s.ports {
 			p := int(s.ports[(start+i)%len(s.ports)])
-			if !a.inUse[p] {
+			if !a.inUse[p] && !a.nodePorts[p] {
 				a.inUse[p] = true
 				s.used++
 				return p
@@ -203,6 +222,24 @@ func (a *PortAllocator) nextFromPool(skip int) int {
 		}
 	}
 	return 0
+}
+
+// setNodePorts makes ports the node ports no proxy socket is given, and
+// reports whether they differ from the last ones. Ports handed out before
+// stay out: the caller moves those that are node ports now (isNodePort).
+func (a *PortAllocator) setNodePorts(ports map[int]bool) (changed bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	changed = !maps.Equal(a.nodePorts, ports)
+	a.nodePorts = ports
+	return changed
+}
+
+// isNodePort reports whether port is one of the node ports (setNodePorts).
+func (a *PortAllocator) isNodePort(port int) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.nodePorts[port]
 }
 
 // Release returns a port; ports not handed out (kernel-chosen) are ignored.
@@ -306,11 +343,12 @@ func (a *PortAllocator) OpenPreferred(reserved int, listen func(port int) (proxy
 }
 
 // take marks port as ours if it is a free candidate: in the explicit range,
-// or in the default mode's pool (never with ports left to the kernel).
+// or in the default mode's pool (never with ports left to the kernel), and
+// not a node port.
 func (a *PortAllocator) take(port int) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.inUse[port] {
+	if a.inUse[port] || a.nodePorts[port] {
 		return false
 	}
 	if a.r.Size > 0 {

@@ -1,6 +1,8 @@
 package proxier
 
 import (
+	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -93,5 +95,48 @@ func TestFailedListenReleasesRangePort(t *testing.T) {
 	p.Sync()
 	if got, ok := p.ProxyPort("default/web:p"); !ok || got != port {
 		t.Fatalf("after the port freed up: port %d ok=%v, want %d", got, ok, port)
+	}
+}
+
+// The allocator hands out no node port of a Service served (setNodePorts),
+// in either mode, nor reserves one for a restart: its NodePort hold would
+// meet the proxy's own socket. With --proxy-port-range 30078-30082 over
+// NodePort 30080, a proxy socket took 30080 and the hold failed forever.
+func TestPortAllocatorSkipsNodePorts(t *testing.T) {
+	a := NewPortAllocator(PortRange{Base: 30078, Size: 5})
+	a.setNodePorts(map[int]bool{30080: true, 40000: true})
+	var got []int
+	for range 4 {
+		p, err := a.AllocateNext()
+		if err != nil {
+			t.Fatalf("AllocateNext after %v: %v", got, err)
+		}
+		got = append(got, p)
+	}
+	if slices.Contains(got, 30080) {
+		t.Errorf("explicit range handed out NodePort 30080: %v", got)
+	}
+	if _, err := a.AllocateNext(); !errors.Is(err, ErrPortRangeExhausted) || !strings.Contains(err.Error(), "1 of its 5 ports are node ports") {
+		t.Errorf("the range's other ports all taken: err %v, want ErrPortRangeExhausted saying 1 of 5 ports are node ports", err)
+	}
+	if r := NewPortAllocator(PortRange{Base: 30078, Size: 5}); len(r.Reserve([]int{30079, 30080})) != 2 {
+		t.Fatal("Reserve refused free ports of the range")
+	}
+	r := NewPortAllocator(PortRange{Base: 30078, Size: 5})
+	r.setNodePorts(map[int]bool{30080: true})
+	if kept := r.Reserve([]int{30079, 30080}); !kept[30079] || kept[30080] {
+		t.Errorf("Reserve took %v of 30079 and NodePort 30080, want 30079 only", kept)
+	}
+
+	// The default mode: a pool of 65532-65535 above the ephemeral range.
+	pool := NewNodePortAllocator(kernelPorts{Ephemeral: PortRange{Base: 1024, Size: 65532 - 1024}})
+	pool.setNodePorts(map[int]bool{65533: true})
+	if got := allocateAll(t, pool); len(got) != 3 || slices.Contains(got, 65533) {
+		t.Errorf("pool handed out %v, want 65532, 65534 and 65535", got)
+	}
+	// Node ports no longer served are handed out again.
+	pool.setNodePorts(nil)
+	if p, _ := pool.AllocateNext(); p != 65533 {
+		t.Errorf("after its Service went, 65533 is not handed out (got %d)", p)
 	}
 }

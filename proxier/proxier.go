@@ -515,6 +515,10 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 		p.lastFull = start
 	}
 	want, changedServices, changes := p.desired()
+	// Before a port is handed out or kept: a node port is the proxy's own
+	// to hold (NodePorts) or serve (healthCheckNodePorts), never a proxy
+	// socket's, whatever --proxy-port-range covers.
+	nodePortsChanged := len(changedServices) > 0 && p.ports.setNodePorts(nodePortsOf(want))
 	p.fds.begin()
 	var kept *keptPorts
 	if !p.keptPortsRead {
@@ -547,14 +551,16 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 	var claimLater []*activePort
 	for name, info := range want {
 		ap := p.active[name]
-		if ap != nil && ap.info == info && !ap.claimsMissing && (ap.external != nil || !info.policy.splitExternal()) {
+		// A socket on a port that became a node port moves off it.
+		onNodePort := nodePortsChanged && ap != nil && p.onNodePort(ap)
+		if ap != nil && ap.info == info && !ap.claimsMissing && !onNodePort && (ap.external != nil || !info.policy.splitExternal()) {
 			continue // the same Service object as last sync, and nothing to retry
 		}
 		if ap != nil && ap.info != info {
 			// Before a reopen, which forgets the old info.
 			p.removedFlowsToClear(ap.info, info)
 		}
-		if ap != nil && (ap.info.hasIPv6() != info.hasIPv6() || ap.info.faultName != info.faultName) {
+		if ap != nil && (ap.info.hasIPv6() != info.hasIPv6() || ap.info.faultName != info.faultName || onNodePort) {
 			// The socket's address family must change, or its fault port
 			// is renamed (an unnamed port's number is in the name, and the
 			// socket holds its fault port): reopen it, as a fresh proxier
@@ -564,7 +570,8 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 			// (an IPv6 address added, even by a cloud controller's
 			// status update) must not end a fault experiment, nor bring
 			// a port the API set down back up. The service port is the
-			// same: it keeps its balancer state and its proxy ports.
+			// same: it keeps its balancer state and its proxy ports, but
+			// for one that is now a node port (closeForReopen).
 			kept = p.closeForReopen(kept, name, ap, info)
 			ap = nil
 		}
@@ -805,13 +812,14 @@ func (p *Proxier) closePort(name loadbalancer.ServicePortName, ap *activePort) {
 
 // closeForReopen closes ap's sockets so that they reopen for info under
 // the same service port name (a new address family, an unnamed port's new
-// number). What belongs to the name stays: the balancer's entries, so
-// ClientIP affinity pins survive, the connection lifetimes and metric
-// series of its live connections, and the fault port unless it is renamed.
-// So do its proxy ports: they stay taken in the allocator and are handed
-// to kept (keptports.go), for the new sockets to open on them, so the
-// portals change only where the Service did (a listen that fails there
-// takes another port). Closing the port and opening a new one dropped the
+// number, a proxy port that is now a node port). What belongs to the name
+// stays: the balancer's entries, so ClientIP affinity pins survive, the
+// connection lifetimes and metric series of its live connections, and the
+// fault port unless it is renamed. So do its proxy ports, but for a node
+// port: they stay taken in the allocator and are handed to kept
+// (keptports.go), for the new sockets to open on them, so the portals
+// change only where the Service did (a listen that fails there takes
+// another port). Closing the port and opening a new one dropped the
 // pins and moved every portal to a new proxy port.
 func (p *Proxier) closeForReopen(kept *keptPorts, name loadbalancer.ServicePortName, ap *activePort, info *servicePortInfo) *keptPorts {
 	if err := ap.socket.Close(); err != nil {
@@ -823,12 +831,24 @@ func (p *Proxier) closeForReopen(kept *keptPorts, name loadbalancer.ServicePortN
 	if kept.reserved == nil {
 		kept.reserved = map[int]bool{}
 	}
-	kept.cluster[name] = ap.proxyPort
-	kept.reserved[ap.proxyPort] = true
+	keep := func(ports map[loadbalancer.ServicePortName]int, port int) {
+		if p.ports.isNodePort(port) {
+			// A Service's node port now: the port is held for it (as
+			// kube-proxy's holds come first) and the socket opens on
+			// another, its rules rewritten by this sync. Kept, the hold
+			// failed on every sync, blaming "another process".
+			klog.InfoS("Proxy port is now a Service's node port; the service port moves to another proxy port",
+				"servicePort", name, "protocol", name.Protocol, "proxyPort", port)
+			p.ports.Release(port)
+			return
+		}
+		ports[name] = port
+		kept.reserved[port] = true
+	}
+	keep(kept.cluster, ap.proxyPort)
 	if ap.external != nil {
 		_ = ap.external.Close()
-		kept.external[name] = ap.externalPort
-		kept.reserved[ap.externalPort] = true
+		keep(kept.external, ap.externalPort)
 		if !info.policy.splitExternal() {
 			// No external socket will reopen (its port is released with
 			// the kept ports no socket claimed).
@@ -843,6 +863,25 @@ func (p *Proxier) closeForReopen(kept *keptPorts, name loadbalancer.ServicePortN
 	p.openTouched = append(p.openTouched, name)
 	p.debugTouched = append(p.debugTouched, name)
 	return kept
+}
+
+// nodePortsOf is the node ports of the service ports of want: their
+// NodePorts and healthCheckNodePorts.
+func nodePortsOf(want map[loadbalancer.ServicePortName]*servicePortInfo) map[int]bool {
+	ports := map[int]bool{}
+	for _, info := range want {
+		for _, port := range []int{info.nodePort, info.healthCheckNodePort} {
+			if port != 0 {
+				ports[port] = true
+			}
+		}
+	}
+	return ports
+}
+
+// onNodePort reports whether a socket of ap listens on a node port.
+func (p *Proxier) onNodePort(ap *activePort) bool {
+	return p.ports.isNodePort(ap.proxyPort) || ap.external != nil && p.ports.isNodePort(ap.externalPort)
 }
 
 // portalProtocol is a service port's protocol as a portal's.

@@ -703,3 +703,24 @@ spec: {type: NodePort, clusterIP: 10.96.7.1, ports: [{name: http, port: 80, node
 		t.Errorf("explain --help lacks --service-node-port-range:\n%s", help)
 	}
 }
+
+// A --proxy-port-range over a NodePort: explain numbers the proxy ports
+// around it, as the proxy never gives a proxy socket a node port, and
+// counts a range of node ports only as holding none (it showed 30080,
+// web-nodeport's NodePort, as a proxy port of the range 30078-30082).
+func TestExplainProxyPortsSkipNodePorts(t *testing.T) {
+	var out bytes.Buffer
+	if code := explain(t.Context(), []string{"--manifests", "../../examples/manifests", "--proxy-port-range", "30078-30082"}, &out); code != 0 {
+		t.Fatalf("exit %d:\n%s", code, out.String())
+	}
+	got := out.String()
+	if strings.Contains(got, ":30080 (example port)") {
+		t.Errorf("NodePort 30080 shown as a proxy port:\n%s", got)
+	}
+	outputHas(t, got, "0.0.0.0:30078 (example port)", "0.0.0.0:30079 (example port)", "0.0.0.0:30081 (example port)", "0.0.0.0:30082 (example port)")
+	out.Reset()
+	if code := explain(t.Context(), []string{"--manifests", "../../examples/manifests", "--proxy-port-range", "30080"}, &out); code != 0 {
+		t.Fatalf("exit %d:\n%s", code, out.String())
+	}
+	outputHas(t, out.String(), "proxy socket:     none: proxy port range exhausted: --proxy-port-range holds 0,")
+}

@@ -56,6 +56,7 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 	}
 	resolveNodePortAddresses(v)
 	warnBindAddressNotLocal(v.bind, isLocalAddress)
+	warnProxyPortsOverNodePorts(v.portRange, v.nodePorts)
 	clk := clock.RealClock{}
 	metrics := proxier.NewMetrics()
 	health := healthcheck.NewProxierHealth(clk, healthTimeout(o.syncPeriod))
@@ -518,6 +519,19 @@ func warnBindAddressNotLocal(bind netip.Addr, isLocal func(netip.Addr) bool) {
 		return
 	}
 	klog.InfoS("Warning: --bind-address is not an address of this node's interfaces: proxy sockets cannot listen on it until it is added", "bindAddress", bind)
+}
+
+// warnProxyPortsOverNodePorts warns when --proxy-port-range overlaps
+// --service-node-port-range: the proxy gives no proxy socket a Service's
+// node port, so a NodePort there shrinks the range, and a socket on a port
+// that becomes one moves to another (the default ports stay out of the
+// node port range).
+func warnProxyPortsOverNodePorts(r proxier.PortRange, nodePorts config.PortRange) {
+	if r.Size == 0 || r.Base > int(nodePorts.Max) || r.Base+r.Size-1 < int(nodePorts.Min) {
+		return
+	}
+	klog.InfoS("Warning: --proxy-port-range overlaps --service-node-port-range: a port of it that is a Service's node port is no proxy socket's (a socket on a port that becomes one moves to another)",
+		"proxyPortRange", r.String(), "serviceNodePortRange", nodePorts.String())
 }
 
 // isLocalAddress reports whether ip is an address of one of the node's

@@ -669,3 +669,43 @@ func TestServiceNodePortRangeFlag(t *testing.T) {
 		t.Errorf("without the flag: range %v (%v), want kube-apiserver's default %v", v.nodePorts, err, config.DefaultNodePortRange)
 	}
 }
+
+// A --proxy-port-range over --service-node-port-range is warned about once
+// at start, naming both: its ports that are NodePorts are skipped, and a
+// proxy socket moves off a port that becomes one (nothing said so).
+func TestProxyPortRangeOverNodePortsWarned(t *testing.T) {
+	logs := captureKlog(t)
+	manifests := t.TempDir()
+	for _, tc := range []struct {
+		args []string
+		want string // "": no warning
+	}{
+		{[]string{"--proxy-port-range", "30078-30082"}, `proxyPortRange="30078-30082" serviceNodePortRange="30000-32767"`},
+		{[]string{"--proxy-port-range", "22000+9999", "--service-node-port-range", "20000-22767"}, `proxyPortRange="22000-31999" serviceNodePortRange="20000-22767"`},
+		{[]string{"--proxy-port-range", "40000-40009"}, ""},
+		{[]string{"--proxy-port-range", "30078-30082", "--service-node-port-range", "20000-22767"}, ""},
+		{nil, ""}, // the default pool stays out of the range
+	} {
+		o := parsedOptions(t, append([]string{"--manifests", manifests, "--iptables=false",
+			"--healthz-bind-address", "", "--metrics-bind-address", ""}, tc.args...))
+		v, err := o.validate()
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := len(logs.String())
+		runStarted(t, o, v, "a warning, not an error, is wanted")()
+		klog.Flush()
+		var warned []string
+		for _, l := range strings.Split(logs.String()[before:], "\n") {
+			if strings.Contains(l, "Warning: --proxy-port-range") {
+				warned = append(warned, l)
+			}
+		}
+		switch {
+		case tc.want == "" && len(warned) > 0:
+			t.Errorf("%q: warned %q", tc.args, warned)
+		case tc.want != "" && (len(warned) != 1 || !strings.Contains(warned[0], tc.want)):
+			t.Errorf("%q: warned %q, want one line with %s", tc.args, warned, tc.want)
+		}
+	}
+}
