@@ -79,6 +79,13 @@ func Describe(line string) string {
 		}
 		return fmt.Sprintf("%s to node port %s on %s, %s: %s", proto, dport, where, audience, action)
 	case ChainNodePortNonLocal:
+		if name, ok := strings.CutSuffix(a.comment, healthCheckComment); ok {
+			where := "any local address"
+			if dst != "" {
+				where = "a local address in " + dst
+			}
+			return fmt.Sprintf("%s to healthCheckNodePort %s on %s, where load balancers check %s (filter INPUT): %s when it opens a connection, even where the node's firewall drops by default", proto, dport, where, name, action)
+		}
 		return fmt.Sprintf("%s to proxy port %s after a node port rule sent it there (filter INPUT): %s when it opens a connection, even where the node's firewall drops by default (the packets after it are the firewall's established-traffic rule's)", proto, dport, action)
 	case ChainPortalsNonLocal:
 		return fmt.Sprintf("%s to proxy %s %s after a service address rule sent it there (filter INPUT, a connection's first packet): %s, even where the node's firewall drops by default", proto, portWord, dport, action)

@@ -34,6 +34,10 @@ func TestDescribeRenderedRules(t *testing.T) {
 			localPolicyPortals(), map[string][]string{
 				ChainPortalsHost: {"sent by this node itself", "proxy socket"},
 			}},
+		{"healthCheckNodePort", Config{Family: IPv4, NodeIP: nodeIP, NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")}},
+			[]Portal{{Name: "default/lb:http", Port: 30301, HealthCheck: true}}, map[string][]string{
+				ChainNodePortNonLocal: {"TCP to healthCheckNodePort 30301 on a local address in 192.168.1.0/24", "where load balancers check default/lb:http", "accepts it"},
+			}},
 		{"loadBalancerSourceRanges", Config{Family: IPv4, NodeIP: nodeIP}, sourceRangePortals(), map[string][]string{
 			ChainLBSourceRanges: {"to the LoadBalancer IP 198.51.100.20 port 80", "loadBalancerSourceRanges"},
 		}},

@@ -33,8 +33,14 @@ const guardGroupAbove = 256
 const guardConntrack = " -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT -j DROP"
 
 // nonLocalConntrack ends a KUBE-NODEPORT-NON-LOCAL rule: it accepts a NodePort's
-// NEW connections to its proxy port, past an INPUT policy that drops.
+// NEW connections to its proxy port, or a healthCheckNodePort's, past an
+// INPUT policy that drops.
 const nonLocalConntrack = " -m conntrack --ctstate NEW -j ACCEPT"
+
+// healthCheckComment follows the Service port's name in the comment of the
+// accept of its healthCheckNodePort (Portal.HealthCheck), in
+// KUBE-NODEPORT-NON-LOCAL too: kube-proxy's comment on its rule.
+const healthCheckComment = " health check node port"
 
 // portalsAccept ends a KUBE-PORTALS-NON-LOCAL rule. Its jump takes only
 // NEW connections, and the guard before it has dropped those that did not

@@ -85,14 +85,17 @@ func assertKernelClean(t *testing.T, ns string) {
 func TestKernelSyncRepairRestartCleanup(t *testing.T) {
 	requireRealIptables(t)
 	ns := newNetns(t)
+	// A healthCheckNodePort's accept, limited to --nodeport-addresses in
+	// IPv4: printed as rendered, cleaned up with the rest.
+	healthCheck := Portal{Name: "default/web:http", Port: 30301, HealthCheck: true}
 	families := []struct {
 		cfg     Config
 		portals []Portal
 		cmd     string
 	}{
 		{Config{Family: IPv4, BindAddress: netip.IPv4Unspecified(), NodeIP: netip.MustParseAddr("192.168.1.10"),
-			NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")}}, webPortals(), "iptables"},
-		{Config{Family: IPv6, NodeIP: netip.MustParseAddr("fd00:1::10")}, dualStackPortals(), "ip6tables"},
+			NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")}}, append(webPortals(), healthCheck), "iptables"},
+		{Config{Family: IPv6, NodeIP: netip.MustParseAddr("fd00:1::10")}, append(dualStackPortals(), healthCheck), "ip6tables"},
 	}
 	for _, fam := range families {
 		t.Run(fam.cfg.Family.String(), func(t *testing.T) {

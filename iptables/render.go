@@ -234,6 +234,17 @@ func (r *Rules) renderPortal(p Portal, podSrcs, nodePortDsts []string) *portalRu
 		pr.guards = []guardKey{{p.Protocol, p.ProxyPort}}
 		return pr
 	}
+	if p.HealthCheck {
+		// Only where the health server listens: every local address, or
+		// the node's addresses in --nodeport-addresses (a range the server
+		// does not listen in must not open the port to another listener).
+		c := chainIndex(ChainNodePortNonLocal)
+		for _, dst := range nodePortDsts {
+			pr.chains[c] = append(pr.chains[c], dst+"-p tcp -m comment --comment "+quoteSaveString(p.Name+healthCheckComment)+
+				" -m tcp --dport "+strconv.Itoa(p.Port)+nonLocalConntrack)
+		}
+		return pr
+	}
 	add := func(chain, rule string) {
 		c := chainIndex(chain)
 		if !slices.Contains(pr.chains[c], rule) {
@@ -328,6 +339,12 @@ func (r *Rules) usable(portals []Portal) []Portal {
 			}
 			continue
 		}
+		if p.HealthCheck {
+			if validPort(p.Port) {
+				out = append(out, Portal{Name: p.Name, Protocol: TCP, Port: p.Port, HealthCheck: true})
+			}
+			continue
+		}
 		if p.Protocol == "" || !validPort(p.Port) || !validPort(p.ProxyPort) {
 			continue
 		}
@@ -357,6 +374,9 @@ func comparePortals(a, b Portal) int {
 		return c
 	}
 	if c := boolCompare(a.GuardOnly, b.GuardOnly); c != 0 {
+		return c
+	}
+	if c := boolCompare(a.HealthCheck, b.HealthCheck); c != 0 {
 		return c
 	}
 	if c := a.IP.Unmap().Compare(b.IP.Unmap()); c != 0 {

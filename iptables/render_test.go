@@ -29,9 +29,13 @@ func webPortals() []Portal {
 // localPolicyPortals is a Service with externalTrafficPolicy: Local: its
 // ClusterIP on the cluster-wide socket (40001), its externalIP, LB IP and
 // NodePort on the Local one (40002) with the shortcut to 40001 for the
-// node and pods; a UDP port of the same kind beside it.
+// node and pods; a UDP port of the same kind beside it; the accept of its
+// healthCheckNodePort, 30301, for each port (the UDP port's given as UDP,
+// rendered as TCP).
 func localPolicyPortals() []Portal {
 	return []Portal{
+		{Name: "default/lb:http", Protocol: TCP, Port: 30301, HealthCheck: true},
+		{Name: "default/lb:dns", Protocol: UDP, Port: 30301, HealthCheck: true},
 		{Name: "default/lb:http", Protocol: TCP, IP: netip.MustParseAddr("10.96.0.10"), Port: 80, ProxyPort: 40001},
 		{Name: "default/lb:http", Protocol: TCP, IP: netip.MustParseAddr("203.0.113.7"), Port: 80, ProxyPort: 40002, ClusterProxyPort: 40001},
 		{Name: "default/lb:http", Protocol: TCP, IP: netip.MustParseAddr("198.51.100.20"), Port: 80, ProxyPort: 40002, ClusterProxyPort: 40001},

@@ -42,4 +42,11 @@ type Portal struct {
 	// traffic without an external address yet), and must not be a back
 	// door there either.
 	GuardOnly bool
+	// HealthCheck: no portal, only the accept of a Service's
+	// healthCheckNodePort (Port; always TCP, IP and proxy ports ignored)
+	// in KUBE-NODEPORT-NON-LOCAL. Its health server listens on the node
+	// port itself, where NodePorts answer: on a node whose INPUT policy
+	// drops, nothing else lets a load balancer's check in, as kube-proxy's
+	// rule in KUBE-NODEPORTS does.
+	HealthCheck bool
 }

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 
+	"k8s.io/apimachinery/pkg/types"
+
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
@@ -56,7 +58,7 @@ func NewPlan(opts Options) *Plan {
 	opts.IPv4Portals, opts.IPv6Portals = &pl.v4, &pl.v6
 	opts.ClaimNodePorts = false
 	opts.Conntrack = nil
-	opts.ServiceHealth = nil
+	opts.ServiceHealth = planHealth{}
 	pl.p = New(opts)
 	pl.p.lb.KeepOrder()
 	pl.p.listen = pl.listen
@@ -209,6 +211,12 @@ type planSocket int
 func (s planSocket) Port() int    { return int(s) }
 func (s planSocket) Start()       {}
 func (s planSocket) Close() error { return nil }
+
+// planHealth is the plan's healthCheckNodePort server: it opens nothing,
+// and the plan's rules accept the ports a proxier's server would serve.
+type planHealth struct{}
+
+func (planHealth) SyncServices(map[types.NamespacedName]int) error { return nil }
 
 // portalRecorder is a PortalSyncer that keeps the last set it was handed.
 type portalRecorder struct{ portals []iptables.Portal }

@@ -905,6 +905,7 @@ func (p *Proxier) syncPortals(full bool) (ok, repaired bool) {
 		from4, from6 := len(v4), len(v6)
 		v4, v6 = p.appendPortals(ap, v4, v6)
 		v4, v6 = p.appendGuards(ap, v4, v6, from4, from6)
+		v4, v6 = p.appendHealthCheck(ap, v4, v6)
 	}
 	ok = true
 	for _, f := range []struct {
@@ -1021,6 +1022,27 @@ func (p *Proxier) appendGuards(ap *activePort, v4, v6 []iptables.Portal, from4, 
 	guard(ap.proxyPort)
 	if ap.external != nil {
 		guard(ap.externalPort)
+	}
+	return v4, v6
+}
+
+// appendHealthCheck appends the accept of ap's healthCheckNodePort
+// (externalTrafficPolicy Local on a LoadBalancer), which the health server
+// serves, in the families of the port's NodePort, as kube-proxy's proxier of
+// each family of the Service writes it; whether or not the node has a local
+// endpoint, as there: a check must reach the server to hear 503. One per
+// Service port, each with its name, as kube-proxy's.
+func (p *Proxier) appendHealthCheck(ap *activePort, v4, v6 []iptables.Portal) ([]iptables.Portal, []iptables.Portal) {
+	if ap.info.healthCheckNodePort == 0 || p.opts.ServiceHealth == nil {
+		return v4, v6
+	}
+	hc := iptables.Portal{Name: ap.info.key, Protocol: iptables.TCP, Port: ap.info.healthCheckNodePort, HealthCheck: true}
+	in4, in6 := ap.info.nodePortFamilies(ap.info.portalFamilies())
+	if in4 {
+		v4 = append(v4, hc)
+	}
+	if in6 {
+		v6 = append(v6, hc)
 	}
 	return v4, v6
 }

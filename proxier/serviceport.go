@@ -47,7 +47,9 @@ type servicePortInfo struct {
 }
 
 // sameRules reports whether a and b yield the same portal rules. The socket
-// itself depends only on the protocol, which is part of the name.
+// itself depends only on the protocol, which is part of the name. The
+// accept of a healthCheckNodePort is left out: no socket, flow or claim
+// depends on it (syncPortals renders it from the current info).
 func (a *servicePortInfo) sameRules(b *servicePortInfo) bool {
 	return a.port == b.port && a.nodePort == b.nodePort && a.policy == b.policy &&
 		slices.Equal(a.clusterIPs, b.clusterIPs) &&

@@ -40,6 +40,9 @@ type svc struct {
 	// endpoints are on the proxy's node (nodeName), the others nowhere.
 	etpLocal       bool
 	localEndpoints int
+	// healthCheckNodePort is the Service's (externalTrafficPolicy: Local
+	// on a LoadBalancer); 0: none.
+	healthCheckNodePort int32
 	// annotations are added to the Service's (lifetime annotations, say).
 	annotations map[string]string
 }
@@ -89,6 +92,7 @@ func (s svc) service() *v1.Service {
 	}
 	if s.etpLocal {
 		o.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+		o.Spec.HealthCheckNodePort = s.healthCheckNodePort
 	}
 	if s.affinity {
 		o.Spec.SessionAffinity = v1.ServiceAffinityClientIP
