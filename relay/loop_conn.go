@@ -65,11 +65,15 @@ type LoopConn struct {
 	up, down loopDir
 	timers   [numTimers]loopTimer
 	// quietDue: a CloseWhenQuiet is pending (its timer then runs);
-	// closeBy is when it closes the connection even if busy (loop time;
-	// max int64: no deadline). quietEnd is how it ended the connection.
-	quietDue bool
-	quietEnd QuietEnd
-	closeBy  int64
+	// quietFrom is when the earliest pending request came due (the
+	// timer, which a busy connection's re-checks move on, is no
+	// measure of it); closeBy is when it closes the connection even if
+	// busy (loop time; max int64: no deadline). quietEnd is how it ended
+	// the connection.
+	quietDue  bool
+	quietEnd  QuietEnd
+	quietFrom int64
+	closeBy   int64
 
 	// in and out are read by other goroutines (Bytes).
 	in, out atomic.Int64
@@ -381,16 +385,16 @@ func (c *LoopConn) quietAt(at int64) {
 	if c.state == stateClosed || c.down.eof {
 		return
 	}
-	t := &c.timers[timerQuiet]
-	if c.quietDue && t.at <= at {
+	if c.quietDue && c.quietFrom <= at {
 		return // an earlier request stands
 	}
 	c.quietDue = true
+	c.quietFrom = at
 	c.closeBy = math.MaxInt64
 	if d := c.l.o.CloseDeadline; d > 0 {
 		c.closeBy = mono.Add(at, d)
 	}
-	c.l.timers.set(t, max(at, c.l.now))
+	c.l.timers.set(&c.timers[timerQuiet], max(at, c.l.now))
 }
 
 // recheckQuiet looks again after wait, or at the deadline if sooner; past

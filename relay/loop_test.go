@@ -647,6 +647,58 @@ func TestLoopCloseWhenQuietDeadlineClosesBusy(t *testing.T) {
 	}
 }
 
+// A later request (drain after max age came due) leaves the earlier one's
+// deadline: the earliest request wins. The timer a busy connection's
+// re-checks moved on is no measure of when the standing request came due
+// (it took the later request for an earlier one and closed up to a
+// deadline late). An earlier request still moves the deadline forward.
+func TestLoopQuietRequestsKeepTheEarliestDeadline(t *testing.T) {
+	const ms = int64(time.Millisecond)
+	for _, tc := range []struct {
+		name          string
+		second        int64 // when the second request is due, after a busy re-check at 600 ms
+		wantCloseBy   int64
+		wantTimerNext int64
+	}{
+		{"later request", 700 * ms, 1000 * ms, 900 * ms},
+		{"earlier request", -500 * ms, 500 * ms, 600 * ms},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := &Loop{o: LoopOptions{Quiet: 300 * time.Millisecond, CloseDeadline: time.Second}}
+			c := l.newConn(nil, -1, -1)
+			c.state = stateRelaying
+			c.quietAt(0)
+			l.now = 600 * ms
+			c.recheckQuiet(300 * time.Millisecond) // busy: the timer moves on to 900 ms
+			c.quietAt(tc.second)
+			if c.closeBy != tc.wantCloseBy {
+				t.Errorf("closeBy %d ms, want %d ms", c.closeBy/ms, tc.wantCloseBy/ms)
+			}
+			if got := c.timers[timerQuiet].at; got != tc.wantTimerNext {
+				t.Errorf("next check at %d ms, want %d ms", got/ms, tc.wantTimerNext/ms)
+			}
+		})
+	}
+}
+
+// As TestLoopQuietRequestsKeepTheEarliestDeadline, on a running loop with a
+// connection kept busy: a second request 900 ms after the first had it
+// closed 1.9 s after the first.
+func TestLoopSecondQuietRequestKeepsDeadline(t *testing.T) {
+	b := newLoopBed(t, LoopOptions{Quiet: 300 * time.Millisecond, CloseDeadline: time.Second})
+	h := newLoopHandler(b.ep)
+	client, backend := b.connect(t, h, true)
+	c := h.loopConn(t)
+	took := busyUntilClosed(t, client, backend, func() {
+		c.CloseWhenQuiet(0)
+		time.AfterFunc(900*time.Millisecond, func() { c.CloseWhenQuiet(0) })
+	})
+	if took > 1600*time.Millisecond {
+		t.Errorf("closed %v after the first request, want about its 1 s deadline", took.Round(time.Millisecond))
+	}
+	h.wait(t)
+}
+
 // An idle connection holds its two sockets and nothing else: no pipe,
 // even after a burst was spliced.
 func TestLoopIdleHoldsNoPipe(t *testing.T) {
