@@ -173,7 +173,7 @@ func (c *liveConn) flush() {
 }
 
 // flush flushes every live TCP connection's bytes (a scrape): O(live
-// connections), two getsockopt calls for each on the goroutine relay.
+// connections), four getsockopt calls for each on the goroutine relay.
 func (r *connRegistry) flush() {
 	r.tcp.Range(func(k, _ any) bool {
 		k.(*liveConn).flush()
@@ -273,18 +273,25 @@ func bytesReceived(conn *net.TCPConn) int64 {
 	}
 	var n int64
 	_ = raw.Control(func(fd uintptr) {
-		if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
-			n = int64(info.Bytes_received)
-			switch info.State {
-			case rawio.TCPCloseWait, rawio.TCPLastAck, rawio.TCPClosing, rawio.TCPClose:
-				// The peer's FIN took a sequence number, which the
-				// count includes, and no byte (100,001 for 100,000).
-				// CLOSE is also a reset's, without a FIN: one low
-				// there is the safe side, as the relay's count, final
-				// at the end, makes it up, while one high would stay
-				// in bytes_total.
-				n = max(n-1, 0)
-			}
+		info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+		if err != nil {
+			return
+		}
+		n = int64(info.Bytes_received)
+		// The peer's FIN took a sequence number, which the count
+		// includes, and no byte (100,001 for 100,000); the states below
+		// say it came. The state is read after the count, not taken
+		// from info: the kernel reads info's before it locks the socket
+		// for the count, so a FIN that came between was counted with
+		// ESTABLISHED (or FIN_WAIT). Read after, it makes the count one
+		// low when the FIN came after the count, or at a reset's CLOSE
+		// (no FIN): the safe side, as the relay's count, final at the
+		// end, makes it up, while one high would stay in bytes_total.
+		// (Past FIN_WAIT2 the peer's FIN makes it CLOSE: the socket
+		// hands over to a time-wait one.)
+		switch rawio.TCPState(int(fd)) {
+		case rawio.TCPCloseWait, rawio.TCPLastAck, rawio.TCPClosing, rawio.TCPClose:
+			n = max(n-1, 0)
 		}
 	})
 	return n
