@@ -281,6 +281,25 @@ func (c *Conn) SetBounds(halfClose, write time.Duration) {
 	}
 }
 
+// Passed is what the toxics of each direction let through so far, up
+// (client→backend) and down; -1 for a direction without toxics (the
+// relay's own copy moves it). While the connection runs it is what its
+// bytes counters read: the kernel's count of bytes received also has
+// what the toxics dropped.
+func (c *Conn) Passed() (up, down int64) {
+	if c == nil {
+		return -1, -1
+	}
+	return c.up.passedSoFar(), c.down.passedSoFar()
+}
+
+func (p *pipeline) passedSoFar() int64 {
+	if p == nil {
+		return -1
+	}
+	return p.passed.Load()
+}
+
 // Abort tells the connection's pipelines that the relay is resetting it
 // (relay.Options.OnAbort): a delay ends, and none starts. Without it a
 // delay's own write deadline went over the past one the relay's abort set,

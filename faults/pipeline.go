@@ -71,6 +71,8 @@ type pipeline struct {
 	resetAfter time.Duration
 	// slowClose is how long slow_close holds the stream's close.
 	slowClose time.Duration
+	// passed is what the toxics let through to dst so far (Passed).
+	passed atomic.Int64
 
 	// dst is where the writer waits (sleep): parked on its write side,
 	// not on a timer, so whatever ends the connection wakes it
@@ -372,6 +374,7 @@ func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
 		}
 		w, err := p.write(dst, data[:n])
 		total += int64(w)
+		p.passed.Add(int64(w))
 		if p.limitLeft >= 0 {
 			p.limitLeft -= int64(w)
 		}

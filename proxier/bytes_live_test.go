@@ -9,6 +9,8 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 )
 
 // portBytes reads kubeproxy_userspace_bytes_total of one service port off a
@@ -204,6 +206,55 @@ func TestByteCountFlush(t *testing.T) {
 			}
 			if got := port.value(); got != tc.want {
 				t.Fatalf("port counter %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// A direction a toxic acts on counts in bytes_total what its toxics passed
+// on, also while it runs: a scrape read the kernel's bytes received, which
+// has what a blackhole dropped, and no end takes it back, so two runs that
+// differed only in when Prometheus scraped reported 0 and 50000. A latency
+// toxic's stream still counts while it runs.
+func TestBytesTotalCountsWhatAToxicPassedOn(t *testing.T) {
+	const size = 50000
+	for _, tc := range []struct {
+		name, toxic string
+		relayed     float64
+	}{
+		{"timeout drops it all", `{"type":"timeout","stream":"upstream","attributes":{"timeout":600}}`, 0},
+		{"reset_peer drops it all", `{"type":"reset_peer","stream":"upstream","attributes":{"timeout":600}}`, 0},
+		{"latency passes it on", `{"type":"latency","stream":"upstream","attributes":{"latency":50}}`, size},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			backend := serveTCP(t, "127.0.0.1", func(c net.Conn) { io.Copy(io.Discard, c) })
+			p := newTestProxier(t, Options{Faults: faults.NewTable(0, 0, nil)})
+			p.OnServiceAdd(makeService("web", withProtocol(v1.ProtocolTCP), withFaults("["+tc.toxic+"]")))
+			p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, backend.Addr().String()))
+			p.Sync()
+			c, err := net.DialTimeout("tcp", proxyAddr(t, p, "default/web:p"), 2*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if _, err := c.Write(make([]byte, size)); err != nil {
+				t.Fatal(err)
+			}
+			if tc.relayed > 0 {
+				waitBytes(t, p, "open", tc.relayed, 0) // counted while it runs
+				c.Close()
+			} else {
+				time.Sleep(200 * time.Millisecond)
+				in, _ := portBytes(t, p, "default/web:p") // a scrape while it runs
+				t.Logf("scraped while open: in %v", in)
+				_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+				_, _ = io.ReadAll(c) // the toxic ends it
+			}
+			waitBytes(t, p, "ended", tc.relayed, 0)
+			time.Sleep(100 * time.Millisecond) // an end counted late would show now
+			if in, _ := portBytes(t, p, "default/web:p"); in != tc.relayed {
+				t.Fatalf("after the end: bytes_total{in} %v, want %v", in, tc.relayed)
 			}
 		})
 	}

@@ -45,8 +45,11 @@ type liveConn struct {
 	servicePort     string
 	client, backend netip.AddrPort
 	started         time.Time
-	// faults are the toxics drawn once at accept.
+	// faults are the toxics drawn once at accept; toxics is their
+	// connection (nil: none), whose faulted directions count what they
+	// passed on.
 	faults []string
+	toxics *faults.Conn
 	// clientConn and backendConn give live byte counts through TCP_INFO
 	// while the relay's own counts arrive only as a direction ends.
 	clientConn, backendConn *net.TCPConn
@@ -115,7 +118,7 @@ func (b *byteCount) ended() bool { return b.flushed.Load() == flushEnded }
 // are the port's byte counters; the relay counts through the entry's.
 func (r *connRegistry) addTCP(servicePort string, client netip.AddrPort, clientConn, backendConn *net.TCPConn, fc *faults.Conn, in, out relay.Counter) *liveConn {
 	c := &liveConn{reg: r, servicePort: servicePort, client: client,
-		backend: clientAddr(backendConn.RemoteAddr()), started: time.Now(), faults: fc.Applied(),
+		backend: clientAddr(backendConn.RemoteAddr()), started: time.Now(), faults: fc.Applied(), toxics: fc,
 		clientConn: clientConn, backendConn: backendConn}
 	c.in.port, c.out.port = in, out
 	if r != nil { // nil: a socket built without a proxier (tests)
@@ -155,8 +158,9 @@ func (r *connRegistry) resetAll() {
 }
 
 // flush passes the bytes the connection moved since the last scrape on
-// to its port's counters: the event loop's own counts, the goroutine
-// relay's sockets' kernel counts (its own arrive as a direction ends).
+// to its port's counters: the event loop's own counts; on the goroutine
+// relay (whose own counts arrive as a direction ends) what a faulted
+// direction's toxics passed on, another's source socket's kernel count.
 func (c *liveConn) flush() {
 	if c.loop != nil {
 		in, out := c.loop.Bytes()
@@ -164,16 +168,29 @@ func (c *liveConn) flush() {
 		c.out.flush(out)
 		return
 	}
+	up, down := c.toxics.Passed()
 	if !c.in.ended() {
-		c.in.flush(bytesReceived(c.clientConn))
+		c.in.flush(movedSoFar(up, c.clientConn))
 	}
 	if !c.out.ended() {
-		c.out.flush(bytesReceived(c.backendConn))
+		c.out.flush(movedSoFar(down, c.backendConn))
 	}
 }
 
+// movedSoFar is a goroutine-relayed direction's count while it runs: what
+// its toxics passed on (passed, -1: no toxics), else what its source
+// received. Not the kernel's count with toxics: what they dropped (a
+// timeout's blackhole) would stay in bytes_total.
+func movedSoFar(passed int64, src *net.TCPConn) int64 {
+	if passed >= 0 {
+		return passed
+	}
+	return bytesReceived(src)
+}
+
 // flush flushes every live TCP connection's bytes (a scrape): O(live
-// connections), four getsockopt calls for each on the goroutine relay.
+// connections), up to four getsockopt calls for each on the goroutine
+// relay.
 func (r *connRegistry) flush() {
 	r.tcp.Range(func(k, _ any) bool {
 		k.(*liveConn).flush()
