@@ -158,18 +158,45 @@ func (c *Conn) Faulted() bool { return c.faulted }
 // loops): reset resets both of its sockets, from any goroutine; it may be
 // called more than once.
 func (c *Conn) AttachReset(reset func()) {
-	if !c.port.table.TrackLive {
+	// One that holds a timeout toxic is tracked without the fault API
+	// too: the annotation's removal of the toxic must reach it.
+	if !c.port.table.TrackLive && !c.holdsTimeout() {
 		return
 	}
 	c.live = &liveConn{seq: c.seq, clientAddr: c.client, reset: reset, conn: c}
 	c.port.liveMu.Lock()
 	c.port.live[c.live] = struct{}{}
 	c.port.liveMu.Unlock()
+	s := c.port.snap.Load()
 	// A port set down, or given a down toxic, between accept and now
 	// must not keep it: the cut of live connections did not see it yet.
-	if s := c.port.snap.Load(); !s.enabled || (s != c.snap && s.downDraws(c.seq, c.client)) {
+	if !s.enabled || (s != c.snap && s.downDraws(c.seq, c.client)) {
 		c.live.cut()
+		return
 	}
+	// Nor a timeout toxic removed since: its removal did not see it yet.
+	if s != c.snap && c.holdsTimeout() {
+		for _, k := range removedTimeouts(c.snap.timeouts(), s.timeouts()) {
+			c.up.timeoutRemoved(k)
+			c.down.timeoutRemoved(k)
+		}
+	}
+}
+
+// holdsTimeout tells whether a timeout toxic applies to the connection.
+func (c *Conn) holdsTimeout() bool {
+	return (c.up != nil && c.up.timeoutGone != nil) || (c.down != nil && c.down.timeoutGone != nil)
+}
+
+// timeouts are the keys of s's timeout toxics.
+func (s *snapshot) timeouts() []timeoutKey {
+	var keys []timeoutKey
+	for _, t := range s.toxics {
+		if t.Type == "timeout" {
+			keys = append(keys, timeoutKey{t.Name, t.origin, t.Stream})
+		}
+	}
+	return keys
 }
 
 // refuses reports whether a down or refuse toxic of s applies to the
@@ -224,10 +251,11 @@ func (p *Port) cutLive(which func(*liveConn) bool) {
 	}
 }
 
-// endRemovedTimeouts ends the streams of live connections that the timeout
-// toxics the API removed (names) hold, as Toxiproxy's removal closes them.
-func (p *Port) endRemovedTimeouts(names []string) {
-	if len(names) == 0 {
+// endRemovedTimeouts ends the streams of live connections that the removed
+// timeout toxics (removed through the API or /reset, or gone from the
+// annotation) hold, as Toxiproxy's removal closes them.
+func (p *Port) endRemovedTimeouts(removed []timeoutKey) {
+	if len(removed) == 0 {
 		return
 	}
 	p.liveMu.Lock()
@@ -237,9 +265,9 @@ func (p *Port) endRemovedTimeouts(names []string) {
 	}
 	p.liveMu.Unlock()
 	for _, c := range conns {
-		for _, name := range names {
-			c.up.timeoutRemoved(name)
-			c.down.timeoutRemoved(name)
+		for _, k := range removed {
+			c.up.timeoutRemoved(k)
+			c.down.timeoutRemoved(k)
 		}
 	}
 }

@@ -57,8 +57,9 @@ type pipeline struct {
 	// per chunk), not at a fixed time after the connection's start.
 	idleTimer   *time.Timer
 	idleTimeout time.Duration
-	// timeoutGone is closed when the fault API removes a timeout toxic of
-	// this stream (timeoutRemoved): the stream then ends as when the
+	// timeoutGone is closed when a timeout toxic of this stream is removed
+	// (through the fault API or /reset, or from the Service's annotation:
+	// timeoutRemoved): the stream then ends as when the
 	// timeout runs out, as Toxiproxy's TimeoutToxic.Cleanup closes its
 	// stub. Kept instead, a timeout 0 held the connection for ever, and
 	// Toxiproxy's pattern "hang it, remove the toxic, the client sees EOF
@@ -107,14 +108,14 @@ func newPipeline(toxics []*compiled, seq uint64) *pipeline {
 	return p
 }
 
-// timeoutRemoved ends the stream if it holds a timeout toxic of that name
-// (the API removed it); nil: no pipeline.
-func (p *pipeline) timeoutRemoved(name string) {
+// timeoutRemoved ends the stream if it holds the removed timeout toxic k;
+// nil: no pipeline.
+func (p *pipeline) timeoutRemoved(k timeoutKey) {
 	if p == nil || p.timeoutGone == nil {
 		return
 	}
 	for _, t := range p.toxics {
-		if t.Type == "timeout" && t.Name == name {
+		if t.Type == "timeout" && t.Name == k.name && t.origin == k.origin && t.Stream == k.stream {
 			p.goneOnce.Do(func() { close(p.timeoutGone) })
 		}
 	}

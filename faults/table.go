@@ -326,10 +326,11 @@ func (p *Port) SetUpstreamFunc(upstream func() string) {
 // filtered for this port).
 func (p *Port) SetDeclared(toxics []Toxic) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if toxicsEqual(p.annotation, toxics) {
+		p.mu.Unlock()
 		return
 	}
+	before := p.timeoutsLocked()
 	p.annotation = toxics
 	// A name is one toxic: an API toxic whose name the annotation now
 	// declares gives way to it (the Service is the declared state), else
@@ -349,6 +350,12 @@ func (p *Port) SetDeclared(toxics []Toxic) {
 		p.api = kept
 	}
 	p.publishLocked()
+	gone := removedTimeouts(before, p.timeoutsLocked())
+	p.mu.Unlock()
+	// As at the API's removal: a timeout the Service no longer declares
+	// (or an API one that gave way) must not hold its connections for
+	// ever.
+	p.endRemovedTimeouts(gone)
 }
 
 // Name is the port's API name.
@@ -523,19 +530,40 @@ func (p *Port) removeAPI(name string) error {
 	p.api = append(append([]Toxic{}, p.api[:i]...), p.api[i+1:]...)
 	p.publishLocked()
 	p.mu.Unlock()
-	p.endRemovedTimeouts(timeoutNames([]Toxic{removed}))
+	p.endRemovedTimeouts(timeoutsOf(nil, []Toxic{removed}, OriginAPI))
 	return nil
 }
 
-// timeoutNames are the names of the timeout toxics among toxics.
-func timeoutNames(toxics []Toxic) []string {
-	var names []string
+// timeoutKey is what makes a timeout toxic the one a connection holds:
+// its name, origin and stream. A change that keeps them is an update,
+// which reaches new connections only; one that takes the key away
+// (removed, another type or stream, an API toxic giving way) removes it.
+type timeoutKey struct{ name, origin, stream string }
+
+// timeoutsOf appends the keys of the timeout toxics among toxics.
+func timeoutsOf(keys []timeoutKey, toxics []Toxic, origin string) []timeoutKey {
 	for _, t := range toxics {
 		if t.Type == "timeout" {
-			names = append(names, t.Name)
+			keys = append(keys, timeoutKey{t.Name, origin, t.Stream})
 		}
 	}
-	return names
+	return keys
+}
+
+// timeoutsLocked are the keys of the port's timeout toxics; p.mu is held.
+func (p *Port) timeoutsLocked() []timeoutKey {
+	return timeoutsOf(timeoutsOf(nil, p.annotation, OriginAnnotation), p.api, OriginAPI)
+}
+
+// removedTimeouts are the keys in before that after lacks.
+func removedTimeouts(before, after []timeoutKey) []timeoutKey {
+	var gone []timeoutKey
+	for _, k := range before {
+		if !slices.Contains(after, k) {
+			gone = append(gone, k)
+		}
+	}
+	return gone
 }
 
 func (p *Port) reset() {
@@ -543,7 +571,7 @@ func (p *Port) reset() {
 	defer p.watchMu.Unlock()
 	p.mu.Lock()
 	wasDown := !p.enabled
-	removed := timeoutNames(p.api)
+	removed := timeoutsOf(nil, p.api, OriginAPI)
 	p.api = nil
 	p.enabled = true
 	p.publishLocked()

@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
 
 // origins lists a port's toxics as "name:origin" in order.
@@ -750,6 +753,105 @@ func TestRemovedTimeoutToxicEndsTheConnectionsItHolds(t *testing.T) {
 			client.Close()
 			backend2.Close()
 			<-done2
+		})
+	}
+}
+
+// A timeout toxic that leaves the Service's annotation ends the live
+// connections it holds, as one removed through the API does: removed, or
+// no longer that timeout (another type, the other stream), or an API
+// timeout whose name the annotation comes to declare (it gives way). Kept,
+// a connection held by timeout 0 hung until its client gave up, and
+// stayed counted as faulted. An annotation that only changes the
+// timeout's attributes updates it, which reaches new connections only (as
+// an API update). Without the fault API (live connections not tracked
+// for it) the annotation's removal still reaches them.
+func TestDeclaredTimeoutLeavingEndsTheConnectionsItHolds(t *testing.T) {
+	const hold = `{"name":"hold","type":"timeout","attributes":{"timeout":0}}`
+	for _, tc := range []struct {
+		name     string
+		declared string // the annotation's toxic before ("" = none)
+		api      string // an API toxic before ("" = none)
+		after    string // the annotation's toxic after ("" = none)
+		ends     bool
+	}{
+		{"removed", hold, "", "", true},
+		{"type changed", hold, "", `{"name":"hold","type":"latency","attributes":{"latency":10}}`, true},
+		{"stream changed", hold, "", `{"name":"hold","type":"timeout","stream":"upstream","attributes":{"timeout":0}}`, true},
+		{"API toxic gives way", "", hold, `{"name":"hold","type":"latency","attributes":{"latency":10}}`, true},
+		{"attributes changed", hold, "", `{"name":"hold","type":"timeout","attributes":{"timeout":60000}}`, false},
+		{"another toxic removed", `{"name":"other","type":"latency","attributes":{"latency":1}}`, hold, "", false},
+	} {
+		for _, track := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/tracked=%v", tc.name, track), func(t *testing.T) {
+				var before []string
+				if tc.declared != "" {
+					before = append(before, tc.declared)
+				}
+				tbl, p := declared(t, 0, 0, "TCP", before...)
+				tbl.TrackLive = track
+				if tc.api != "" {
+					if _, err := tbl.AddToxic(p.Name(), toxic(t, tc.api)); err != nil {
+						t.Fatal(err)
+					}
+				}
+				held, backend, done := proxied(t, p, client1)
+				if _, err := backend.Write([]byte("dropped")); err != nil {
+					t.Fatal(err)
+				}
+				var after []Toxic
+				if tc.after != "" {
+					after = append(after, toxic(t, tc.after))
+				}
+				p.SetDeclared(after)
+				if !tc.ends {
+					held.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+					if n, err := held.Read(make([]byte, 64)); !errors.Is(err, os.ErrDeadlineExceeded) {
+						t.Fatalf("held connection read %d bytes, %v; want it still held", n, err)
+					}
+					held.Close()
+					backend.Close()
+					relayEnds(t, done)
+					return
+				}
+				held.SetReadDeadline(time.Now().Add(3 * time.Second))
+				n, err := io.Copy(io.Discard, held)
+				if err != nil || n != 0 {
+					t.Fatalf("held connection read %d bytes, then %v; want its FIN once the annotation no longer declares the timeout", n, err)
+				}
+				relayEnds(t, done)
+			})
+		}
+	}
+}
+
+// A connection accepted while a timeout toxic was in force, and attached
+// (its backend dialled) after the toxic was removed, is ended too: the
+// removal's look at the live connections did not see it yet.
+func TestTimeoutRemovedBeforeAttachEndsTheConnection(t *testing.T) {
+	const hold = `{"name":"hold","type":"timeout","attributes":{"timeout":0}}`
+	for _, via := range []string{"annotation", "api"} {
+		t.Run(via, func(t *testing.T) {
+			tbl, p := declared(t, 0, 0, "TCP")
+			tbl.TrackLive = true
+			if via == "annotation" {
+				p.SetDeclared([]Toxic{toxic(t, hold)})
+			} else if _, err := tbl.AddToxic(p.Name(), toxic(t, hold)); err != nil {
+				t.Fatal(err)
+			}
+			remove := func(_, _ *net.TCPConn) {
+				if via == "annotation" {
+					p.SetDeclared(nil)
+				} else if err := tbl.RemoveToxic(p.Name(), "hold"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			held, _, done := proxiedWith(t, p, client1, relay.Options{}, remove)
+			held.SetReadDeadline(time.Now().Add(3 * time.Second))
+			if n, err := io.Copy(io.Discard, held); err != nil || n != 0 {
+				t.Fatalf("held connection read %d bytes, then %v; want its FIN", n, err)
+			}
+			relayEnds(t, done)
 		})
 	}
 }

@@ -404,6 +404,33 @@ func TestFaultTimeout(t *testing.T) {
 	})
 }
 
+// A timeout 0 the Service's annotation no longer declares ends the
+// connections it holds, as its removal through the fault API does (the
+// fault API off here): the client sees EOF and can reconnect. Kept, the
+// connection hung until the client gave up.
+func TestFaultTimeoutLeavingTheAnnotationEndsHeldConnections(t *testing.T) {
+	t.Parallel()
+	ln := serveTCP(t, "127.0.0.2", lineEcho)
+	p := newTestProxier(t, Options{Faults: faults.NewTable(0, 0, nil)})
+	const hold = `[{"name":"hold","type":"timeout","attributes":{"timeout":0}}]`
+	p.OnServiceAdd(makeService("web", withFaults(hold)))
+	p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, ln.Addr().String()))
+	p.Sync()
+	c := dialTCP(t, proxyAddr(t, p, "default/web:p"))
+	if _, err := io.WriteString(c, "ping\n"); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if n, err := c.Read(make([]byte, 64)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read %d bytes, %v; want the connection held", n, err)
+	}
+	p.OnServiceUpdate(nil, makeService("web"))
+	c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if b, err := io.ReadAll(c); len(b) != 0 || err != nil {
+		t.Fatalf("read %q, %v; want EOF once the annotation no longer declares the timeout", b, err)
+	}
+}
+
 // slow_close delays the FIN by its delay; the bytes before it are not.
 func TestFaultSlowClose(t *testing.T) {
 	t.Parallel()
