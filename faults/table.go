@@ -463,7 +463,13 @@ func (p *Port) updateAPI(name string, patch []byte) (Toxic, error) {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&v); err != nil {
 		p.mu.Unlock()
-		return Toxic{}, &FieldError{"body", err.Error()}
+		// Named as AddToxic's body errors are (a wrong type, an unknown
+		// field), not in Go terms ("Go struct field plain.toxicity").
+		var fe *FieldError
+		if err = fieldOf(err, patch); !errors.As(err, &fe) {
+			fe = &FieldError{"body", err.Error()}
+		}
+		return Toxic{}, fe
 	}
 	next := Toxic(v)
 	if next.Port != cur.Port {
