@@ -118,6 +118,9 @@ func (p *Port) Accept(client netip.Addr) *Conn {
 		c.down = newPipeline(down, seq)
 		c.Downstream = c.down.copy
 	}
+	if c.up != nil && c.down != nil {
+		c.up.other, c.down.other = c.down, c.up
+	}
 	if faulted {
 		s.faultedLive.Inc()
 	}

@@ -87,6 +87,13 @@ type pipeline struct {
 	srcFailed atomic.Bool
 	// aborted: the relay is resetting the connection (Conn.Abort).
 	aborted atomic.Bool
+	// other is the connection's other direction's pipeline (nil: none).
+	// A cut here sets its srcCut before the relay ends its source with a
+	// read deadline (relay.ErrCut), which it then takes as the source's
+	// end: the close passes its toxics (slow_close), as Toxiproxy's other
+	// link reads the end of the connection the toxic closed.
+	other  *pipeline
+	srcCut atomic.Bool
 	// wakeMu makes the reader's wake-up (srcReset stored, then a past
 	// deadline if the writer writes) one step against the writer's own
 	// deadline and its look at the flags (sleep, write, writeNow).
@@ -135,6 +142,9 @@ func (p *pipeline) readChunks(src *net.TCPConn, q *chunkQueue) {
 		}
 		bp := relay.GetBuffer()
 		n, err := src.Read(*bp)
+		if errors.Is(err, os.ErrDeadlineExceeded) && p.srcCut.Load() && !p.aborted.Load() {
+			err = io.EOF // the other direction's cut ended src (other)
+		}
 		if errors.Is(err, net.ErrClosed) {
 			// The relay closed src: the connection is over, and the
 			// writer must not go on waiting to deliver. A peer's reset
@@ -216,6 +226,9 @@ func (p *pipeline) copy(dst, src *net.TCPConn) (int64, error) {
 		if err := p.sleep(p.slowClose); err != nil {
 			return total, err
 		}
+	}
+	if errors.Is(err, relay.ErrCut) && p.other != nil {
+		p.other.srcCut.Store(true)
 	}
 	return total, err
 }
@@ -511,6 +524,9 @@ const holdPoll = time.Second
 // more either; so it looks (and would otherwise have waited for the other
 // peer: a database's idle connection, for ever).
 func (p *pipeline) srcEnded() bool {
+	if p.srcCut.Load() {
+		return true // the other direction's cut ended it
+	}
 	ended := false
 	_ = p.srcRaw.Control(func(fd uintptr) {
 		st := rawio.TCPState(int(fd))

@@ -2,6 +2,7 @@ package faults
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"runtime"
@@ -702,5 +703,95 @@ func TestPipelineWriteBoundFromLastProgress(t *testing.T) {
 	// read, and each step of the bound is a quarter of it.
 	if took < bound*3/4 || took > bound*19/10 {
 		t.Errorf("ended %v after the last read; want the bound %v (and at most 1.9 times it)", took, bound)
+	}
+}
+
+// A downstream slow_close holds the client's FIN also when an upstream
+// toxic (timeout, limit_data) ended the connection, as Toxiproxy's: the
+// upstream toxic closes the backend connection, the downstream link reads
+// that end, and it passes the downstream chain (a latency's chunk ahead of
+// it is delivered first). The backend's FIN comes at the cut. A reset stays
+// immediate, and a held downstream (bandwidth 0) is bounded by the
+// half-close timeout. Closing both sockets at the cut sent the client's
+// FIN at once (after 300 ms where Toxiproxy's came after 1.3 s).
+func TestCutReachesTheOtherStreamsClose(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		toxics []string
+		// client writes this, backend that, once connected
+		client, backend string
+		halfClose       time.Duration
+		backendGets     string // before its FIN, at cut after the start
+		cut             time.Duration
+		clientGets      string        // before its end
+		reset           bool          // the client's end is a reset, else a FIN
+		after, tol      time.Duration // the client's end, from the start
+	}{
+		{name: "upstream timeout, downstream slow_close",
+			toxics: []string{`{"type":"timeout","stream":"upstream","attributes":{"timeout":200}}`, `{"type":"slow_close","attributes":{"delay":500}}`},
+			cut:    200 * time.Millisecond,
+			after:  700 * time.Millisecond, tol: 150 * time.Millisecond},
+		{name: "upstream limit_data, downstream slow_close",
+			toxics: []string{`{"type":"limit_data","stream":"upstream","attributes":{"bytes":2}}`, `{"type":"slow_close","attributes":{"delay":500}}`},
+			client: "hello", backendGets: "he",
+			after: 500 * time.Millisecond, tol: 150 * time.Millisecond},
+		{name: "upstream timeout, downstream latency",
+			toxics:  []string{`{"type":"timeout","stream":"upstream","attributes":{"timeout":100}}`, `{"type":"latency","attributes":{"latency":400}}`},
+			backend: "late", clientGets: "late", cut: 100 * time.Millisecond,
+			after: 400 * time.Millisecond, tol: 150 * time.Millisecond},
+		{name: "upstream reset_peer, downstream slow_close",
+			toxics: []string{`{"type":"reset_peer","stream":"upstream","attributes":{"timeout":0}}`, `{"type":"slow_close","attributes":{"delay":2000}}`},
+			client: "x", reset: true,
+			after: 0, tol: 150 * time.Millisecond},
+		{name: "upstream timeout, downstream held",
+			toxics:    []string{`{"type":"timeout","stream":"upstream","attributes":{"timeout":100}}`, `{"type":"bandwidth","attributes":{"rate":0}}`},
+			backend:   "held",
+			halfClose: 300 * time.Millisecond, reset: true,
+			after: 400 * time.Millisecond, tol: 400 * time.Millisecond}, // the cut, then the bound
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			_, p := declared(t, 0, 0, "TCP", tc.toxics...)
+			start := time.Now()
+			client, backend, done := proxiedWith(t, p, client1, relay.Options{HalfCloseTimeout: tc.halfClose})
+			if tc.client != "" {
+				if _, err := client.Write([]byte(tc.client)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.backend != "" {
+				if _, err := backend.Write([]byte(tc.backend)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			backendEnd := make(chan string, 1)
+			go func() {
+				backend.SetReadDeadline(time.Now().Add(5 * time.Second))
+				got, err := io.ReadAll(backend)
+				if took := time.Since(start); err != nil || string(got) != tc.backendGets || took > tc.cut+100*time.Millisecond {
+					backendEnd <- fmt.Sprintf("backend read %q, then %v after %v; want %q, then its FIN at %v", got, err, took, tc.backendGets, tc.cut)
+				}
+				close(backendEnd)
+			}()
+			client.SetReadDeadline(time.Now().Add(5 * time.Second))
+			got, err := io.ReadAll(client)
+			took := time.Since(start)
+			relayEnds(t, done)
+			if gotReset := errors.Is(err, syscall.ECONNRESET); gotReset != tc.reset || (!tc.reset && err != nil) {
+				t.Fatalf("client read %q, then %v after %v; want reset %v", got, err, took, tc.reset)
+			}
+			if string(got) != tc.clientGets {
+				t.Errorf("client read %q, want %q", got, tc.clientGets)
+			}
+			if took < tc.after-30*time.Millisecond || took > tc.after+tc.tol {
+				t.Errorf("the client's end came after %v; want %v (+%v)", took, tc.after, tc.tol)
+			}
+			if !tc.reset {
+				if msg, failed := <-backendEnd; failed {
+					t.Error(msg)
+				}
+			}
+		})
 	}
 }

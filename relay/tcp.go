@@ -27,8 +27,13 @@ type Copier func(dst, src *net.TCPConn) (int64, error)
 // ErrReset asks TCP to abort both connections with a reset (SO_LINGER 0).
 var ErrReset = errors.New("relay: reset requested")
 
-// ErrCut asks TCP to close both connections with a FIN, as a peer that
-// hung up would.
+// ErrCut asks TCP to end the copier's direction as a peer that hung up
+// would: its destination gets a FIN and is read no more. The other
+// direction's source is that socket: its read then fails with
+// os.ErrDeadlineExceeded, which TCP takes as that source's FIN (a Copier
+// may return the error or nil), so the other direction closes its own way
+// (a Copier's slow close) before its destination's FIN, as Toxiproxy's
+// other link reads the end of the connection a toxic closed.
 var ErrCut = errors.New("relay: cut requested")
 
 // WriteError marks a failure on the destination side, so the peer that
@@ -101,6 +106,10 @@ type Conn struct {
 	// finSent: a FIN of ours went to the client ([0]) or the backend
 	// ([1]); set before the shutdown, read by resetUnderneath.
 	finSent [2]atomic.Bool
+	// cutFrom: the direction reading the client ([0]) or the backend
+	// ([1]) is ended by the other's cut (ErrCut): a read deadline on it
+	// is its source's FIN. Set before that deadline.
+	cutFrom [2]atomic.Bool
 
 	// up and down are the built-in copy's directions (client→backend,
 	// backend→client), part of conn; rawErr is why they cannot run.
@@ -285,10 +294,15 @@ func (c *Conn) copyHalf(dst, src *net.TCPConn, copier Copier, bytes Counter, a *
 	if err != nil && c.endsAsFIN(src) && errors.Is(err, os.ErrDeadlineExceeded) {
 		err = nil // CloseWhenQuiet: end this direction as with a FIN
 	}
+	if err != nil && c.cutEnds(src, err) {
+		err = nil // the other direction's cut ended src
+	}
+	if errors.Is(err, ErrCut) {
+		c.cut(dst, src)
+		return
+	}
 	if err != nil {
 		switch {
-		case errors.Is(err, ErrCut):
-			// A fault's cut: both get a FIN, as from a peer that hung up.
 		case errors.Is(err, net.ErrClosed):
 			// The other direction ended first and closed both; it has
 			// decided how the peers learn of the end.
@@ -339,6 +353,31 @@ func (c *Conn) copyHalf(dst, src *net.TCPConn, copier Copier, bytes Counter, a *
 }
 
 func (c *Conn) aborted() bool { return c.ending.Load() == endAbort }
+
+// cut ends a direction whose fault cut it (ErrCut) as a peer that hung up:
+// dst gets a FIN, and the other direction, reading dst, meets a deadline
+// that ends its source as a FIN, so it runs its own close (slow_close)
+// before its peer's FIN. It counts as a direction ended: the half-close
+// bound then covers the other direction, as after a peer's FIN. Closing
+// both at once here skipped the other direction's close.
+func (c *Conn) cut(dst, src *net.TCPConn) {
+	c.cutFrom[c.sideOf(dst)].Store(true)
+	c.finSent[c.sideOf(dst)].Store(true)
+	_ = dst.CloseWrite()
+	_ = dst.SetReadDeadline(time.Unix(1, 0))
+	if c.ended.Add(1) == 1 && c.o.HalfCloseTimeout > 0 {
+		c.half = watchHalfClosed(c, dst, src)
+	}
+}
+
+// cutEnds tells whether err, a direction's failure reading src, is the
+// end the other direction's cut gave src: its deadline, unless the relay
+// is aborting (a bound's deadline) or the failure is a write's.
+func (c *Conn) cutEnds(src *net.TCPConn, err error) bool {
+	var we *WriteError
+	return c.cutFrom[c.sideOf(src)].Load() && !c.aborted() &&
+		errors.Is(err, os.ErrDeadlineExceeded) && !errors.As(err, &we)
+}
 
 // How src ended, for a read that saw an end of file (endOf).
 const (

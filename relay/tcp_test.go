@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"runtime"
 	"sync/atomic"
 	"syscall"
@@ -126,6 +127,51 @@ func TestTCPErrCutClosesBothPeers(t *testing.T) {
 		if err != io.EOF {
 			t.Errorf("%s read: %v, want EOF", name, err)
 		}
+	}
+}
+
+// A cut ends its own direction as a peer that hung up: its destination
+// gets a FIN at once, and the other direction's source ends there (its
+// read meets a deadline, which the relay takes as that source's FIN), so
+// that direction closes its own way (a Copier's slow close) before its
+// peer's FIN, as Toxiproxy's other link reads the end of the connection
+// the cut closed. Closing both at the cut skipped the other's close.
+func TestTCPErrCutLetsTheOtherDirectionClose(t *testing.T) {
+	const closing = 300 * time.Millisecond
+	for _, returns := range []string{"nil", "its read's error"} {
+		t.Run(returns, func(t *testing.T) {
+			cut := func(dst, src *net.TCPConn) (int64, error) { return 0, ErrCut }
+			readErr := make(chan error, 1)
+			slowClose := func(dst, src *net.TCPConn) (int64, error) {
+				_, err := src.Read(make([]byte, 1))
+				readErr <- err
+				time.Sleep(closing)
+				if returns == "nil" {
+					return 0, nil
+				}
+				return 0, err
+			}
+			start := time.Now()
+			client, backend, done := relayed(t, Options{Upstream: cut, Downstream: slowClose})
+			backend.SetReadDeadline(time.Now().Add(2 * time.Second))
+			if n, err := backend.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+				t.Fatalf("backend read %d bytes, %v; want EOF", n, err)
+			}
+			if took := time.Since(start); took > closing/2 {
+				t.Errorf("the backend's FIN came after %v; want it at the cut", took)
+			}
+			client.SetReadDeadline(time.Now().Add(2 * time.Second))
+			if n, err := client.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+				t.Fatalf("client read %d bytes, %v; want EOF", n, err)
+			}
+			if took := time.Since(start); took < closing {
+				t.Errorf("the client's FIN came after %v; want it after the other direction's close (%v)", took, closing)
+			}
+			if err := <-readErr; !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Errorf("the other direction's read: %v, want a deadline", err)
+			}
+			<-done
+		})
 	}
 }
 
