@@ -499,6 +499,11 @@ func (p *Port) updateAPI(name string, patch []byte) (Toxic, error) {
 	if next.Type == "down" && downDrawChanged(cur, next) {
 		p.cutDown(s, next) // as when added: its share of live connections goes
 	}
+	if next.Stream != cur.Stream {
+		// Moved to the other stream, a timeout leaves the one whose
+		// connections it holds, as if removed there (as in SetDeclared).
+		p.endRemovedTimeouts(timeoutsOf(nil, []Toxic{cur}, OriginAPI))
+	}
 	return next, nil
 }
 

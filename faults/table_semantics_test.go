@@ -857,3 +857,44 @@ func TestTimeoutRemovedBeforeAttachEndsTheConnection(t *testing.T) {
 		})
 	}
 }
+
+// An API update that moves a timeout toxic to the other stream takes it
+// off the stream whose connections it holds: they end, as when the
+// annotation moves one (an update of its attributes reaches new
+// connections only).
+func TestAPITimeoutMovedToTheOtherStreamEndsTheConnectionsItHolds(t *testing.T) {
+	for _, tc := range []struct {
+		patch string
+		ends  bool
+	}{
+		{`{"stream":"upstream"}`, true},
+		{`{"attributes":{"timeout":60000}}`, false},
+	} {
+		t.Run(tc.patch, func(t *testing.T) {
+			tbl, p := declared(t, 0, 0, "TCP")
+			tbl.TrackLive = true
+			if _, err := tbl.AddToxic(p.Name(), toxic(t, `{"name":"hold","type":"timeout","attributes":{"timeout":0}}`)); err != nil {
+				t.Fatal(err)
+			}
+			held, backend, done := proxied(t, p, client1)
+			if _, err := tbl.UpdateToxic(p.Name(), "hold", []byte(tc.patch)); err != nil {
+				t.Fatal(err)
+			}
+			if !tc.ends {
+				held.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+				if n, err := held.Read(make([]byte, 64)); !errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Fatalf("held connection read %d bytes, %v; want it still held", n, err)
+				}
+				held.Close()
+				backend.Close()
+				relayEnds(t, done)
+				return
+			}
+			held.SetReadDeadline(time.Now().Add(3 * time.Second))
+			if n, err := io.Copy(io.Discard, held); err != nil || n != 0 {
+				t.Fatalf("held connection read %d bytes, then %v; want its FIN", n, err)
+			}
+			relayEnds(t, done)
+		})
+	}
+}
