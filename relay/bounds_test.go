@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 )
 
 // flood writes to c until a write fails, and reports that error.
@@ -152,4 +154,68 @@ func TestAbnormalEndResetsOtherPeer(t *testing.T) {
 			wantResetRead(t, "backend", backend)
 		})
 	}
+}
+
+// finThenResets are peers that half-close and then abort (SO_LINGER 0):
+// nothing the relay still runs reads or writes their socket again, and
+// the other peer neither reads nor writes.
+var finThenResets = []struct {
+	name    string
+	data    bool          // bytes before the FIN
+	wait    time.Duration // between the FIN and the reset
+	seenFIN bool          // the other peer read the FIN before the reset
+}{
+	{"FIN passed on, then reset", false, 0, true},
+	{"bytes, FIN passed on, then reset", true, 0, true},
+	{"FIN, 1 ms, reset", false, time.Millisecond, false},
+	{"FIN, 200 ms, reset", false, 200 * time.Millisecond, false},
+}
+
+// finThenReset has from half-close and then reset, and wants to learn of
+// the reset promptly (the half-close bound is far off): the relay used to
+// leave both sockets, and to's peer in CLOSE_WAIT, for the whole bound.
+func finThenReset(t *testing.T, from, to *net.TCPConn, data bool, wait time.Duration, seenFIN bool) {
+	t.Helper()
+	if data {
+		if _, err := from.Write([]byte("request")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = from.CloseWrite()
+	if seenFIN {
+		_ = to.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.ReadAll(to); err != nil {
+			t.Fatalf("the FIN did not come through: %v", err)
+		}
+	}
+	time.Sleep(wait)
+	_ = from.SetLinger(0)
+	from.Close()
+	wantResetAfterFIN(t, to, 2*time.Second)
+}
+
+// wantResetAfterFIN wants c reset within d. A read that reached the FIN
+// cannot say so any more (it says end of file from then on): the socket's
+// state can, CLOSE with no FIN of ours sent.
+func wantResetAfterFIN(t *testing.T, c *net.TCPConn, d time.Duration) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(d))
+	if _, err := io.Copy(io.Discard, c); err != nil {
+		if !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("read ended with %v; want a reset", err)
+		}
+		return
+	}
+	raw, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := -1
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		_ = raw.Control(func(fd uintptr) { state = rawio.TCPState(int(fd)) })
+		if state == rawio.TCPClose {
+			return
+		}
+	}
+	t.Fatalf("no reset within %v of the peer's: TCP state %d (8: CLOSE_WAIT, the FIN alone)", d, state)
 }

@@ -265,7 +265,35 @@ func (c *LoopConn) event(ev uint32, tag int32) {
 		}
 		return
 	}
+	if ev&(unix.EPOLLHUP|unix.EPOLLERR) != 0 && c.resetAfterEnd(side) {
+		return
+	}
 	c.pump()
+}
+
+// resetAfterEnd passes on a reset of a socket whose direction has ended
+// (its FIN passed on): nothing reads it any more, and the direction still
+// running, waiting on the other socket, would not learn of the reset
+// before the half-close bound. Only a hang-up or error event asks (a FIN
+// sent both ways ends the connection first, so on a live one it is a
+// reset): one system call per such event, nothing per byte.
+func (c *LoopConn) resetAfterEnd(side int32) bool {
+	d := &c.up
+	if side == sideBackend {
+		d = &c.down
+	}
+	if !d.done {
+		return false
+	}
+	err := rawio.SocketError(c.fds[side])
+	if err == nil && rawio.TCPState(c.fds[side]) == rawio.TCPClose {
+		err = unix.ECONNRESET // the error was taken already
+	}
+	if err == nil {
+		return false
+	}
+	c.failed(d, err)
+	return true
 }
 
 // connected finishes a dial the backend socket's event ended. Only an

@@ -1051,3 +1051,28 @@ func TestLoopServerSpeaksFirstWithoutDelay(t *testing.T) {
 		t.Fatalf("the fastest of 3 server-first connections took %v to its banner: the handshake's ACK waited for the delayed-ACK timer", fastest)
 	}
 }
+
+// The event loop passes a reset after a FIN on at once too (see
+// TestFINThenResetIsPassedOn): the direction the FIN ended read the
+// socket no more, and its error waited for the half-close bound.
+func TestLoopFINThenResetIsPassedOn(t *testing.T) {
+	for _, tc := range finThenResets {
+		for _, from := range []string{"client", "backend"} {
+			t.Run(from+"/"+tc.name, func(t *testing.T) {
+				b := newLoopBed(t, LoopOptions{HalfCloseTimeout: time.Hour})
+				h := newLoopHandler(b.ep)
+				client, backend := b.connect(t, h, true)
+				if from == "client" {
+					finThenReset(t, client, backend, tc.data, tc.wait, tc.seenFIN)
+				} else {
+					finThenReset(t, backend, client, tc.data, tc.wait, tc.seenFIN)
+				}
+				select {
+				case <-h.done:
+				case <-time.After(2 * time.Second):
+					t.Fatal("connection still held 2 s after a reset that followed a FIN")
+				}
+			})
+		}
+	}
+}

@@ -347,8 +347,47 @@ func (c *Conn) copyHalf(dst, src *net.TCPConn, copier Copier, bytes Counter, a *
 		_ = dst.CloseWrite()
 	}
 	// Only the first direction to end leaves the other running to bound.
-	if c.ended.Add(1) == 1 && c.o.HalfCloseTimeout > 0 {
+	if c.ended.Add(1) > 1 {
+		// Wake the first one's awaitReset on this socket.
+		_ = dst.SetReadDeadline(time.Unix(1, 0))
+		return
+	}
+	if c.o.HalfCloseTimeout > 0 {
 		c.half = watchHalfClosed(c, dst, src)
+	}
+	c.awaitReset(src, dst, srcRaw)
+}
+
+// awaitReset waits, in the goroutine of the direction that ended first
+// with a FIN, for src to be reset (a peer that half-closed and then
+// aborted), and passes the reset on to dst: nothing reads src any more,
+// and the direction still running, waiting on dst, learnt of it only
+// when its half-close bound ran out, the sockets held till then. The
+// wait is the runtime poller's (a reset wakes it; it costs nothing per
+// byte); it ends when the other direction ends too (which closes both
+// sockets or, with a FIN, sets a past read deadline on src) or an abort
+// or CloseWhenQuiet sets one. raw is src's raw conn if one is at hand.
+func (c *Conn) awaitReset(src, dst *net.TCPConn, raw syscall.RawConn) {
+	if raw == nil {
+		var err error
+		if raw, err = src.SyscallConn(); err != nil {
+			return
+		}
+	}
+	side := c.sideOf(src)
+	reset := false
+	_ = raw.Read(func(fd uintptr) bool {
+		if c.finSent[side].Load() {
+			return true // the other direction ended with a FIN too
+		}
+		// CLOSE with no FIN of ours sent on src is a reset (endOf).
+		reset = rawio.TCPState(int(fd)) == rawio.TCPClose && !c.finSent[side].Load()
+		return reset
+	})
+	if reset {
+		_ = dst.SetLinger(0)
+		dst.Close()
+		src.Close()
 	}
 }
 

@@ -546,3 +546,22 @@ func TestHalfCloseTimeoutSparesSlowReader(t *testing.T) {
 		})
 	}
 }
+
+// A peer that half-closes and then resets reaches the other peer as a
+// reset at once, from either side, with or without bytes before; the
+// half-close bound (an hour here) only ended it before.
+func TestFINThenResetIsPassedOn(t *testing.T) {
+	for _, tc := range finThenResets {
+		for _, from := range []string{"client", "backend"} {
+			t.Run(from+"/"+tc.name, func(t *testing.T) {
+				client, backend, done := relayed(t, Options{HalfCloseTimeout: time.Hour})
+				if from == "client" {
+					finThenReset(t, client, backend, tc.data, tc.wait, tc.seenFIN)
+				} else {
+					finThenReset(t, backend, client, tc.data, tc.wait, tc.seenFIN)
+				}
+				waitDone(t, done, 2*time.Second, "a reset after a FIN")
+			})
+		}
+	}
+}
