@@ -20,15 +20,33 @@ import (
 var descriptorCeiling atomic.Int64
 
 // SetDescriptorCeiling makes descriptors numbered n or more off limits
-// to connections (0: no ceiling). Set once at start.
-func SetDescriptorCeiling(n int) { descriptorCeiling.Store(int64(n)) }
+// to connections (0: no ceiling). Set once at start; a new ceiling ends
+// a squeeze of the pipe pool the old one caused.
+func SetDescriptorCeiling(n int) {
+	descriptorCeiling.Store(int64(n))
+	pipes.unsqueeze()
+}
 
 // InReserve tells whether fd, a descriptor just opened for a connection,
 // is one of the reserve's: the connection must give it back and be
 // refused.
 func InReserve(fd int) bool {
 	c := descriptorCeiling.Load()
-	return c > 0 && int64(fd) >= c
+	if c <= 0 {
+		return false
+	}
+	if nearCeiling(fd) {
+		pipes.squeeze() // pipes give way to clients (pipePool)
+	}
+	return int64(fd) >= c
+}
+
+// nearCeiling tells whether fd is in the top eighth of the descriptors
+// below the ceiling (or above it), where splice pipes, only a speed-up,
+// are not opened nor kept.
+func nearCeiling(fd int) bool {
+	c := descriptorCeiling.Load()
+	return c > 0 && int64(fd) >= c-c/8
 }
 
 // ErrDescriptorReserve is the refusal of a connection whose socket fell in

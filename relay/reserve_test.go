@@ -18,7 +18,10 @@ func lowCeiling(t *testing.T, n int) {
 	t.Helper()
 	old := descriptorCeiling.Load()
 	SetDescriptorCeiling(n)
-	t.Cleanup(func() { descriptorCeiling.Store(old) })
+	t.Cleanup(func() {
+		descriptorCeiling.Store(old)
+		pipes.unsqueeze() // the ceiling's descriptors squeezed the pool
+	})
 }
 
 // A client accepted into the descriptor reserve is reset at once and
@@ -151,4 +154,111 @@ func TestPipeInReserve(t *testing.T) {
 		t.Fatal(err)
 	}
 	pool.put(pp, false)
+}
+
+// nextPipeFD is the higher descriptor a pipe opened now would get.
+func nextPipeFD(t *testing.T) int {
+	t.Helper()
+	var fds [2]int
+	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(fds[0])
+	unix.Close(fds[1])
+	return max(fds[0], fds[1])
+}
+
+// A splice pipe is an optional speed-up: one that would take a descriptor
+// in the top eighth below the ceiling is not opened (the connection copies
+// through its buffer), so the last descriptors go to clients. Before, pipes
+// took any descriptor below the ceiling, and a burst of 400 streaming
+// clients under a 1,024 limit had 83-115 refused while pipes held the
+// descriptors their sockets needed.
+func TestPipeNotTakenNearCeiling(t *testing.T) {
+	pool := &pipePool{max: 4, idle: time.Hour}
+	fd := nextPipeFD(t)
+	lowCeiling(t, fd+1) // the pipe's last descriptor is the last below the ceiling
+	if fd+1 < 8 {
+		t.Skipf("descriptor %d: no eighth to keep", fd)
+	}
+	if pp, err := pool.get(); err == nil || !isPipeShortage(err) {
+		pool.put(pp, false)
+		t.Fatalf("pipe at %d with the ceiling at %d: %v, want EMFILE", fd, fd+1, err)
+	}
+}
+
+// Once a connection's descriptor comes near the ceiling, the pool closes
+// its idle pipes, closes the ones given back, and opens none for a while:
+// live connections go on buffered, and the descriptors go to clients.
+// Before, up to 256 idle pipes (512 descriptors) stayed pooled whatever the
+// clients lacked.
+func TestPipesSqueezedNearCeiling(t *testing.T) {
+	lowCeiling(t, 1<<30)
+	var held []pipePair
+	for range 3 {
+		pp, err := pipes.get()
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, pp)
+	}
+	pipes.put(held[0], true)
+	pipes.put(held[1], true)
+	SetDescriptorCeiling(800)
+	if InReserve(750) {
+		t.Fatal("750 is below the ceiling of 800")
+	}
+	pipes.mu.Lock()
+	idle := len(pipes.free)
+	pipes.mu.Unlock()
+	if idle != 0 {
+		t.Errorf("%d idle pipes kept with the ceiling near", idle)
+	}
+	for _, fd := range []int{held[0].r, held[0].w, held[1].r, held[1].w} {
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != unix.EBADF {
+			t.Errorf("idle pipe descriptor %d still open", fd)
+		}
+	}
+	pipes.put(held[2], true)
+	if _, err := unix.FcntlInt(uintptr(held[2].r), unix.F_GETFD, 0); err != unix.EBADF {
+		t.Errorf("a pipe given back with the ceiling near was pooled")
+	}
+	descriptorCeiling.Store(1 << 30) // the squeeze goes on
+	if pp, err := pipes.get(); err == nil || !isPipeShortage(err) {
+		pipes.put(pp, false)
+		t.Fatalf("new pipe just after the ceiling came near: %v, want EMFILE", err)
+	}
+}
+
+// Idle pooled pipes are closed once unused for the pool's idle time, with
+// no traffic to trigger it; before, a burst's pipes stayed pooled for good
+// (29-111 descriptors after a burst of 400 clients).
+func TestPipePoolTrimsIdle(t *testing.T) {
+	pool := &pipePool{max: 4, idle: 100 * time.Millisecond}
+	a, err := pool.get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := pool.get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool.put(a, true)
+	time.Sleep(60 * time.Millisecond)
+	pool.put(b, true) // used 60 ms later: closed 60 ms after a
+	closed := func(pp pipePair) bool {
+		_, err := unix.FcntlInt(uintptr(pp.r), unix.F_GETFD, 0)
+		return err == unix.EBADF
+	}
+	time.Sleep(80 * time.Millisecond)
+	if !closed(a) || closed(b) {
+		t.Fatalf("140 ms on: first pipe closed %v (want true), second %v (want false)", closed(a), closed(b))
+	}
+	time.Sleep(200 * time.Millisecond)
+	pool.mu.Lock()
+	idle := len(pool.free)
+	pool.mu.Unlock()
+	if idle != 0 || !closed(b) {
+		t.Fatalf("%d pipes still pooled after their idle time", idle)
+	}
 }

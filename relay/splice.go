@@ -6,7 +6,9 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -27,32 +29,68 @@ type pipePair struct {
 // connection: the legacy proxier and a naive Go proxy hit the descriptor
 // limit near 3,300 idle connections), we hold a pipe only while bytes move,
 // so an idle connection costs its two sockets and nothing else.
+//
+// A pipe is only a speed-up, never worth a client: none is opened in the
+// top eighth of the descriptors below the ceiling (nearCeiling), and once
+// any connection's descriptor lands there the pool is squeezed: its idle
+// pipes are closed, pipes given back are closed, and no new one is opened
+// for idle, so connections go on through their buffers and the
+// descriptors go to clients (pipes took up to a quarter of a 1,024 limit
+// in a burst of streaming clients, and 83-115 of 400 were refused). Idle
+// pipes are closed too once unused for idle (one timer for the pool, armed
+// while pipes wait), so a burst's pipes do not stay pooled for good.
 type pipePool struct {
-	mu   sync.Mutex
-	free []pipePair
+	mu sync.Mutex
+	// free is a stack, oldest use first: get takes the last one given
+	// back, trimIdle closes from the front.
+	free []idlePipe
 	max  int
+	idle time.Duration
+	trim *time.Timer
+	// armed: trim runs; squeezedUntil is when the squeeze ends
+	// (monoNow).
+	armed         bool
+	squeezedUntil atomic.Int64
 }
 
-var pipes = &pipePool{max: 256}
+type idlePipe struct {
+	pipePair
+	since int64 // given back then (monoNow)
+}
+
+var pipes = &pipePool{max: 256, idle: pipeIdle}
+
+// pipeIdle is how long a pooled pipe may wait unused, and how long a
+// squeeze lasts.
+const pipeIdle = 10 * time.Second
+
+var monoBase = time.Now()
+
+// monoNow is the pool's clock: nanoseconds on the monotonic clock.
+func monoNow() int64 { return int64(time.Since(monoBase)) }
 
 func (p *pipePool) get() (pipePair, error) {
 	p.mu.Lock()
 	if n := len(p.free); n > 0 {
-		pp := p.free[n-1]
+		pp := p.free[n-1].pipePair
 		p.free = p.free[:n-1]
 		p.mu.Unlock()
 		return pp, nil
 	}
 	p.mu.Unlock()
+	if p.squeezed(monoNow()) {
+		return pipePair{}, unix.EMFILE // stay buffered, as when pipe2 finds no descriptor
+	}
 	var fds [2]int
 	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
 		return pipePair{}, err
 	}
-	if InReserve(max(fds[0], fds[1])) {
-		// The descriptor reserve's: a connection stays buffered, as
-		// when pipe2 finds no descriptor.
+	if nearCeiling(max(fds[0], fds[1])) {
+		// Left to clients: a connection stays buffered, as when pipe2
+		// finds no descriptor.
 		unix.Close(fds[0])
 		unix.Close(fds[1])
+		p.squeeze()
 		return pipePair{}, unix.EMFILE
 	}
 	_, _ = unix.FcntlInt(uintptr(fds[0]), unix.F_SETPIPE_SZ, spliceChunk)
@@ -60,15 +98,70 @@ func (p *pipePool) get() (pipePair, error) {
 }
 
 // put returns an empty pipe; one that still holds bytes (after an error)
-// is closed instead, since its contents belong to a dead connection.
+// is closed instead, since its contents belong to a dead connection, and
+// so is one given back while the pool is squeezed or full.
 func (p *pipePool) put(pp pipePair, empty bool) {
+	now := monoNow()
 	p.mu.Lock()
-	if empty && len(p.free) < p.max {
-		p.free = append(p.free, pp)
+	if empty && len(p.free) < p.max && !p.squeezed(now) {
+		p.free = append(p.free, idlePipe{pp, now})
+		if !p.armed {
+			p.armed = true
+			if p.trim == nil {
+				p.trim = time.AfterFunc(p.idle, p.trimIdle)
+			} else {
+				p.trim.Reset(p.idle)
+			}
+		}
 		p.mu.Unlock()
 		return
 	}
 	p.mu.Unlock()
+	pp.close()
+}
+
+// trimIdle closes the pipes unused for idle, and looks again when the
+// oldest left will have been.
+func (p *pipePool) trimIdle() {
+	now := monoNow()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for n < len(p.free) && now-p.free[n].since >= int64(p.idle) {
+		p.free[n].close()
+		n++
+	}
+	p.free = p.free[:copy(p.free, p.free[n:])]
+	if len(p.free) == 0 {
+		p.armed = false
+		return
+	}
+	p.trim.Reset(time.Duration(p.free[0].since + int64(p.idle) - now))
+}
+
+// squeeze closes the idle pipes and keeps the pool from opening or
+// keeping any for idle: a connection's descriptor came near the ceiling.
+func (p *pipePool) squeeze() {
+	now := monoNow()
+	was := p.squeezed(now)
+	p.squeezedUntil.Store(now + int64(p.idle))
+	if was {
+		return // idle pipes closed already, none pooled since
+	}
+	p.mu.Lock()
+	for _, pp := range p.free {
+		pp.close()
+	}
+	p.free = p.free[:0]
+	p.mu.Unlock()
+}
+
+func (p *pipePool) squeezed(now int64) bool { return now < p.squeezedUntil.Load() }
+
+// unsqueeze ends a squeeze (a new ceiling).
+func (p *pipePool) unsqueeze() { p.squeezedUntil.Store(0) }
+
+func (pp pipePair) close() {
 	unix.Close(pp.r)
 	unix.Close(pp.w)
 }
