@@ -670,6 +670,11 @@ func (c *LoopConn) flush(d *loopDir) (bool, error) {
 			d.inPipe -= int(m)
 			moved = true
 		}
+		if d.inPipe == 0 && d.splicing && pipes.squeezing() {
+			// Descriptors run short: a stream that never empties its
+			// source would hold its pipe, which a client needs, for good.
+			d.splicing, d.noPipe = false, true
+		}
 		if d.inPipe == 0 && !d.splicing {
 			c.endSplicing(d)
 		}

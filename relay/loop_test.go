@@ -1076,3 +1076,58 @@ func TestLoopFINThenResetIsPassedOn(t *testing.T) {
 		}
 	}
 }
+
+// A stream that never empties its source (the backend outruns its reader)
+// gives its pipe back once the pool is squeezed (descriptors near the
+// ceiling), and goes on through its buffer: before, it kept splicing
+// through the pipe for as long as it streamed, and a burst of such streams
+// held the descriptors clients were then refused for.
+func TestLoopStreamGivesPipeBackWhenSqueezed(t *testing.T) {
+	runtime.GC() // as in TestLoopIdleHoldsNoPipe
+	runtime.GC()
+	time.Sleep(50 * time.Millisecond)
+	t.Cleanup(pipes.unsqueeze)
+	base := pipesHeld(t)
+	b := newLoopBed(t, LoopOptions{})
+	client, backend := b.connect(t, newLoopHandler(b.ep), true)
+	errc := flood(backend)
+	read := make(chan int64, 1)
+	stop := make(chan struct{})
+	go func() { // slower than the backend: its pipe never empties its source
+		var n int64
+		buf := make([]byte, 64<<10)
+		for {
+			select {
+			case <-stop:
+				read <- n
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+			m, err := client.Read(buf)
+			n += int64(m)
+			if err != nil {
+				read <- n
+				return
+			}
+		}
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for pipesHeld(t) == base {
+		if time.Now().After(deadline) {
+			t.Fatal("the stream never took a pipe")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	pipes.squeeze()
+	waitPipesBack(t, base, "a stream with the pool squeezed")
+	close(stop)
+	before := <-read
+	go func() { _, _ = io.CopyN(io.Discard, client, 1<<20); read <- 0 }()
+	select {
+	case <-read:
+	case err := <-errc:
+		t.Fatalf("backend write failed: %v (read %d)", err, before)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the stream stopped once its pipe was given back")
+	}
+}

@@ -156,7 +156,22 @@ func (p *pipePool) squeeze() {
 	p.mu.Unlock()
 }
 
+// squeezed tells whether a squeeze lasts at now (monoNow).
 func (p *pipePool) squeezed(now int64) bool { return now < p.squeezedUntil.Load() }
+
+// squeezing is squeezed now, with no clock read unless a squeeze began
+// (a direction holding a pipe asks it per pipe emptied).
+func (p *pipePool) squeezing() bool {
+	until := p.squeezedUntil.Load()
+	if until == 0 {
+		return false
+	}
+	if monoNow() < until {
+		return true
+	}
+	p.squeezedUntil.CompareAndSwap(until, 0)
+	return false
+}
 
 // unsqueeze ends a squeeze (a new ceiling).
 func (p *pipePool) unsqueeze() { p.squeezedUntil.Store(0) }
