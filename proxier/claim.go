@@ -34,7 +34,13 @@ func (p *Proxier) claim(info *servicePortInfo) (closers []func() error, all bool
 			c, err = holdTCPPort(ip, port)
 		}
 		if err != nil {
-			klog.ErrorS(err, "Cannot claim port; another process holds it", "servicePort", info.name, "address", claimAddress(ip), "port", port)
+			holder := "another process holds it"
+			if p.ports.handedOut(port) {
+				// --proxy-port-range over node ports, with no free port to
+				// move our socket to (canMove).
+				holder = "a proxy socket of ours holds it (--proxy-port-range has no free port to move it to)"
+			}
+			klog.ErrorS(err, "Cannot claim port; "+holder, "servicePort", info.name, "address", claimAddress(ip), "port", port)
 			all = false
 			return
 		}

@@ -312,6 +312,34 @@ func TestProxySocketMovesOffANewNodePort(t *testing.T) {
 	}
 }
 
+// A socket on a port that becomes a node port moves only onto a port the
+// range has free, after the sync's new service ports have theirs: with a
+// --proxy-port-range of two ports, a ClusterIP Service serving on the
+// one a new NodePort Service names keeps its socket there (the hold fails,
+// naming the proxy's own socket), and the new Service takes the other.
+// Closed before a port was known to be free, the socket was lost and
+// either Service left unserved ("proxy port range exhausted") for good.
+func TestProxySocketStaysOnANodePortWhenTheRangeIsFull(t *testing.T) {
+	for round := range 5 { // the sync meets the two in map order
+		base := freeTCPPorts(t, 2)
+		p := newTestProxier(t, Options{ClaimNodePorts: true, PortRange: PortRange{Base: base, Size: 2}})
+		p.OnServiceAdd(makeService("a", withClusterIP("10.96.0.10")))
+		p.Sync()
+		taken, ok := p.ProxyPort("default/a:p")
+		if !ok {
+			t.Fatalf("round %d: a has no proxy socket (left undone: %q)", round, p.lastFailed)
+		}
+		p.OnServiceAdd(makeService("b", withClusterIP("10.96.0.11"), withNodePort(int32(taken))))
+		p.Sync()
+		if port, ok := p.ProxyPort("default/a:p"); !ok || port != taken {
+			t.Fatalf("round %d: a, serving on %d, now on %d (served %v); left undone %q", round, taken, port, ok, p.lastFailed)
+		}
+		if port, ok := p.ProxyPort("default/b:p"); !ok || port == taken {
+			t.Fatalf("round %d: b's proxy socket: port %d, served %v (left undone %q)", round, port, ok, p.lastFailed)
+		}
+	}
+}
+
 // freeTCPPorts finds n consecutive ports no one listens on and returns
 // the first.
 func freeTCPPorts(t *testing.T, n int) int {

@@ -242,6 +242,30 @@ func (a *PortAllocator) isNodePort(port int) bool {
 	return a.nodePorts[port]
 }
 
+// hasFree reports whether n more ports can be handed out: in an explicit
+// range, n of its ports are neither handed out nor node ports; the
+// default mode always has one (the kernel chooses when its pool is spent).
+func (a *PortAllocator) hasFree(n int) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.r.Size == 0 {
+		return true
+	}
+	for p := a.r.Base; p < a.r.Base+a.r.Size && n > 0; p++ {
+		if !a.inUse[p] && !a.nodePorts[p] {
+			n--
+		}
+	}
+	return n == 0
+}
+
+// handedOut reports whether port is held by one of our proxy sockets.
+func (a *PortAllocator) handedOut(port int) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.inUse[port]
+}
+
 // Release returns a port; ports not handed out (kernel-chosen) are ignored.
 func (a *PortAllocator) Release(port int) {
 	a.mu.Lock()

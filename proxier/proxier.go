@@ -7,6 +7,7 @@ package proxier
 
 import (
 	"context"
+	"iter"
 	"net"
 	"net/netip"
 	"slices"
@@ -549,10 +550,12 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 	// NodePorts, a Service taking the NodePort another gave up) is free
 	// whichever of them the loop meets first.
 	var claimLater []*activePort
-	for name, info := range want {
+	for name, info := range p.movesLast(want, nodePortsChanged) {
 		ap := p.active[name]
-		// A socket on a port that became a node port moves off it.
-		onNodePort := nodePortsChanged && ap != nil && p.onNodePort(ap)
+		// A socket on a port that became a node port moves off it, onto
+		// a port the range has free once the sync's new service ports
+		// have theirs; with none, it stays (closed first, it was lost).
+		onNodePort := nodePortsChanged && ap != nil && p.onNodePort(ap) && p.canMove(name, ap)
 		if ap != nil && ap.info == info && !ap.claimsMissing && !onNodePort && (ap.external != nil || !info.policy.splitExternal()) {
 			continue // the same Service object as last sync, and nothing to retry
 		}
@@ -877,6 +880,47 @@ func nodePortsOf(want map[loadbalancer.ServicePortName]*servicePortInfo) map[int
 		}
 	}
 	return ports
+}
+
+// movesLast yields want's service ports, those with a socket on a node
+// port last (when node ports changed), so that a move takes a port of
+// --proxy-port-range only after the new service ports have taken theirs.
+func (p *Proxier) movesLast(want map[loadbalancer.ServicePortName]*servicePortInfo, nodePortsChanged bool) iter.Seq2[loadbalancer.ServicePortName, *servicePortInfo] {
+	return func(yield func(loadbalancer.ServicePortName, *servicePortInfo) bool) {
+		var last []loadbalancer.ServicePortName
+		for name, info := range want {
+			if ap := p.active[name]; nodePortsChanged && ap != nil && p.onNodePort(ap) {
+				last = append(last, name)
+				continue
+			}
+			if !yield(name, info) {
+				return
+			}
+		}
+		for _, name := range last {
+			if !yield(name, want[name]) {
+				return
+			}
+		}
+	}
+}
+
+// canMove reports whether the range has a free port for each socket of ap
+// on a node port, and logs when it has not: the socket then stays, and the
+// NodePort hold meets it (claim says so).
+func (p *Proxier) canMove(name loadbalancer.ServicePortName, ap *activePort) bool {
+	n := 0
+	if p.ports.isNodePort(ap.proxyPort) {
+		n++
+	}
+	if ap.external != nil && p.ports.isNodePort(ap.externalPort) {
+		n++
+	}
+	if p.ports.hasFree(n) {
+		return true
+	}
+	klog.InfoS("Proxy port is now a Service's node port, but --proxy-port-range has no free port to move to; the socket stays", "servicePort", name, "protocol", name.Protocol, "proxyPort", ap.proxyPort)
+	return false
 }
 
 // onNodePort reports whether a socket of ap listens on a node port.
