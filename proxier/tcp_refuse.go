@@ -50,9 +50,9 @@ func (s *tcpProxySocket) setListening(enabled bool) {
 }
 
 // retryListening tries a failed listen again until it works, the port goes
-// down again or the socket closes. It fails when another socket took the
-// port while this one did not listen (SO_REUSEADDR allows that): the
-// Service's clients go there, or are refused, until it lets go.
+// down again or the socket closes. It fails when another socket listens on
+// the port: one that bound it in the instant relay.ListenAgain leaves open.
+// The Service's clients go there, or are refused, until it lets go.
 func (s *tcpProxySocket) retryListening() {
 	s.listenMu.Lock()
 	defer s.listenMu.Unlock()

@@ -1,9 +1,16 @@
 package proxier
 
 import (
+	"context"
+	"errors"
 	"net"
+	"syscall"
 	"testing"
 	"time"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 )
 
 // A port the fault API sets down refuses connects (ECONNREFUSED, as
@@ -59,40 +66,64 @@ func TestDownPortRefusesConnects(t *testing.T) {
 	}
 }
 
-// A port that cannot listen again when it comes up (another socket took it
-// while it was down, which SO_REUSEADDR allows) keeps trying, and serves
-// once that socket lets go. Before, it stayed refusing until reopened.
-func TestDownPortListensAgainOnceThePortIsFree(t *testing.T) {
-	defer relistenRetry.Store(relistenRetry.Swap(int64(20 * time.Millisecond)))
+// No other socket can take a down port, SO_REUSEADDR or not (net.Listen
+// sets it), on either data path, and the port serves again when it comes
+// up. Before, any local user's SO_REUSEADDR socket could bind the down
+// port and listen on it: the port's listen failed when it came up, and the
+// Service's clients reached that socket.
+func TestDownPortCannotBeTaken(t *testing.T) {
 	for _, path := range DataPaths {
 		t.Run(path, func(t *testing.T) {
 			_, table, addr := faultedWeb(t, path)
 			const proxy = "default.web.p"
+			dialExchange(t, addr).Close() // a connection in TIME_WAIT or open on the port
 			if _, err := table.SetEnabled(proxy, false); err != nil {
 				t.Fatal(err)
 			}
-			squatter, err := net.Listen("tcp", addr)
-			if err != nil {
-				t.Skipf("the refusing port could not be taken (%v): nothing to test", err)
+			_, port, _ := net.SplitHostPort(addr)
+			for _, at := range []string{addr, ":" + port} {
+				if squatter, err := net.Listen("tcp", at); !errors.Is(err, syscall.EADDRINUSE) {
+					if err == nil {
+						squatter.Close()
+					}
+					t.Fatalf("listen on %s while the port is down: %v, want EADDRINUSE", at, err)
+				}
 			}
 			if _, err := table.SetEnabled(proxy, true); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(100 * time.Millisecond) // retries fail meanwhile
-			squatter.Close()
-			deadline := time.Now().Add(5 * time.Second)
-			for {
-				c, err := net.DialTimeout("tcp", addr, time.Second)
-				if err == nil {
-					c.Close()
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("the port did not listen again after the other socket let go: %v", err)
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
 			dialExchange(t, addr)
 		})
+	}
+}
+
+// A down UDP port keeps its socket bound and open (its datagrams are
+// dropped), without SO_REUSEADDR: no other socket can bind it, with
+// SO_REUSEADDR or without.
+func TestDownUDPPortCannotBeTaken(t *testing.T) {
+	echo := loopbackUDPEcho(t)
+	table := faults.NewTable(0, 0, nil)
+	p := newTestProxier(t, Options{Faults: table})
+	p.OnServiceAdd(makeService("dns", withProtocol(v1.ProtocolUDP)))
+	p.OnEndpointSliceAdd(makeSlice("dns", v1.ProtocolUDP, echo.LocalAddr().String()))
+	p.Sync()
+	addr := proxyAddr(t, p, "default/dns:p")
+	if _, err := table.SetEnabled("default.dns.p", false); err != nil {
+		t.Fatal(err)
+	}
+	reuseAddr := net.ListenConfig{Control: func(_, _ string, raw syscall.RawConn) error {
+		var serr error
+		err := raw.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1)
+		})
+		return errors.Join(err, serr)
+	}}
+	for _, lc := range []net.ListenConfig{{}, reuseAddr} {
+		if c, err := lc.ListenPacket(context.Background(), "udp", addr); !errors.Is(err, syscall.EADDRINUSE) {
+			if err == nil {
+				c.Close()
+			}
+			t.Fatalf("UDP bind to %s while the port is down: %v, want EADDRINUSE", addr, err)
+		}
 	}
 }

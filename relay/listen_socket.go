@@ -93,19 +93,43 @@ const listenBacklog = math.MaxInt32
 // port, clients in its backlog are reset, and a port it was bound to by
 // number stays its own (one the kernel chose is let go). ListenAgain undoes
 // it.
+//
+// It also clears SO_REUSEADDR, so that no other socket can bind the port
+// meanwhile: the kernel lets two SO_REUSEADDR sockets share a port while
+// neither listens, whatever their users, so any local process could bind
+// it and listen first, and the Service's clients reached that process.
+// Without it on this socket, every other bind to the port is refused
+// (EADDRINUSE), SO_REUSEADDR or not.
 func StopListening(fd int) error {
+	if err := rawio.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 0); err != nil {
+		return os.NewSyscallError("setsockopt", err)
+	}
 	if err := unix.Shutdown(fd, unix.SHUT_RD); err != nil {
 		return os.NewSyscallError("shutdown", err)
 	}
 	return nil
 }
 
-// ListenAgain makes a socket StopListening stopped listen again. It fails
-// when another socket took the port meanwhile (SO_REUSEADDR allows that
-// while this one does not listen).
+// ListenAgain makes a socket StopListening stopped listen again, and sets
+// SO_REUSEADDR back (the connections it accepts inherit it, and their
+// TIME_WAIT sockets must not keep a later ListenAgain off the port).
+// Without SO_REUSEADDR the listen fails (EADDRINUSE) while connections it
+// accepted before are open or in TIME_WAIT on the port: only then is it
+// set first, which leaves another socket the two system calls between to
+// bind and listen first. It fails when another socket listens on the port.
 func ListenAgain(fd int) error {
-	if err := rawio.Listen(fd, listenBacklog); err != nil {
+	err := rawio.Listen(fd, listenBacklog)
+	if err == unix.EADDRINUSE {
+		if err := rawio.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
+			return os.NewSyscallError("setsockopt", err)
+		}
+		err = rawio.Listen(fd, listenBacklog)
+	}
+	if err != nil {
 		return os.NewSyscallError("listen", err)
+	}
+	if err := rawio.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
+		return os.NewSyscallError("setsockopt", err)
 	}
 	return nil
 }

@@ -167,3 +167,87 @@ func TestListenTCPErrorsAsNetListen(t *testing.T) {
 		}
 	}
 }
+
+// bindReuseAddr binds a socket with SO_REUSEADDR to at, as any user's
+// process may (the kernel checks no uid for SO_REUSEADDR), and closes it.
+func bindReuseAddr(t *testing.T, at netip.AddrPort) error {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
+		t.Fatal(err)
+	}
+	return unix.Bind(fd, &unix.SockaddrInet4{Port: int(at.Port()), Addr: at.Addr().As4()})
+}
+
+// A socket that stopped listening keeps its port from every other socket,
+// SO_REUSEADDR or not, and listens again, also with connections it
+// accepted before still open or in TIME_WAIT on the port. Before, another
+// SO_REUSEADDR socket could bind the stopped port, and listen on it first
+// (the fault API's down port taken by any local user).
+func TestStoppedListenerKeepsItsPort(t *testing.T) {
+	for _, addr := range []string{"0.0.0.0", "127.0.0.1"} {
+		t.Run(addr, func(t *testing.T) {
+			// Bound by number, as the proxier binds a port it can stop
+			// (a port the kernel chose is let go by StopListening).
+			free, err := net.Listen("tcp4", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			port := free.Addr().(*net.TCPAddr).Port
+			free.Close()
+			fd, at, err := ListenTCP(netip.AddrPortFrom(netip.MustParseAddr(addr), uint16(port)), false, Liveness{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unix.Close(fd)
+			loopback := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), at.Port())
+			// One connection closed by the server first (its side in
+			// TIME_WAIT), one left open.
+			for _, open := range []bool{false, true} {
+				c, err := net.Dial("tcp", loopback.String())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				var afd int
+				for deadline := time.Now().Add(2 * time.Second); ; {
+					if afd, _, err = unix.Accept(fd); err == nil || time.Now().After(deadline) {
+						break
+					}
+					time.Sleep(time.Millisecond)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !open {
+					unix.Close(afd)
+					_, _ = c.Read(make([]byte, 1))
+				} else {
+					defer unix.Close(afd)
+				}
+			}
+			for round := range 2 {
+				if err := StopListening(fd); err != nil {
+					t.Fatal(err)
+				}
+				for _, other := range []netip.AddrPort{loopback, netip.AddrPortFrom(netip.IPv4Unspecified(), at.Port())} {
+					if err := bindReuseAddr(t, other); !errors.Is(err, unix.EADDRINUSE) {
+						t.Fatalf("round %d: a SO_REUSEADDR bind to %s of the stopped port: %v, want EADDRINUSE", round, other, err)
+					}
+				}
+				if err := ListenAgain(fd); err != nil {
+					t.Fatalf("round %d: listen again: %v", round, err)
+				}
+				c, err := net.DialTimeout("tcp", loopback.String(), time.Second)
+				if err != nil {
+					t.Fatalf("round %d: connect after listening again: %v", round, err)
+				}
+				c.Close()
+			}
+		})
+	}
+}
