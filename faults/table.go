@@ -25,6 +25,10 @@ var (
 	ErrToxicNotFound = errors.New("toxic not found")
 	ErrToxicExists   = errors.New("toxic already exists")
 	ErrDeclared      = errors.New("toxic is declared in the Service's annotation; change the annotation instead")
+	// ErrNotServing: the port's state changed, but its proxy socket
+	// could not follow (a port enabled whose socket cannot listen again:
+	// another socket listens on its port). The socket keeps trying.
+	ErrNotServing = errors.New("the proxy socket could not follow")
 )
 
 // ProxyInfo is what the API shows of a service port.
@@ -150,14 +154,16 @@ func (t *Table) Proxy(name string) (ProxyInfo, error) {
 }
 
 // SetEnabled turns a port up or down. Down refuses new connections with a
-// reset (UDP: drops datagrams) and cuts live ones.
+// reset (UDP: drops datagrams) and cuts live ones. An error that wraps
+// ErrNotServing comes with the info: the port is set, but its socket does
+// not serve it (yet).
 func (t *Table) SetEnabled(name string, enabled bool) (ProxyInfo, error) {
 	p, err := t.lookup(name)
 	if err != nil {
 		return ProxyInfo{}, err
 	}
-	p.setEnabled(enabled)
-	return p.Info(), nil
+	err = p.setEnabled(enabled)
+	return p.Info(), err
 }
 
 // AddToxic adds an API toxic to a port.
@@ -217,17 +223,22 @@ func (t *Table) Toxic(name, toxic string) (ActiveToxic, error) {
 }
 
 // Reset removes every API toxic and enables every port; annotation toxics
-// stay, since they are declared.
-func (t *Table) Reset() {
+// stay, since they are declared. Its error wraps ErrNotServing, for the
+// ports whose sockets could not listen again.
+func (t *Table) Reset() error {
 	t.mu.Lock()
 	ports := make([]*Port, 0, len(t.ports))
 	for _, p := range t.ports {
 		ports = append(ports, p)
 	}
 	t.mu.Unlock()
+	var errs []error
 	for _, p := range ports {
-		p.reset()
+		if err := p.reset(); err != nil {
+			errs = append(errs, err)
+		}
 	}
+	return errors.Join(errs...)
 }
 
 // Port is one service port's fault state. Writers hold mu and publish a
@@ -269,14 +280,15 @@ type Port struct {
 	watchers []*enabledWatcher
 }
 
-type enabledWatcher struct{ f func(enabled bool) }
+type enabledWatcher struct{ f func(enabled bool) error }
 
 // OnEnabled has f told the port's enabled state: now when the port is
 // down, then at every change, in order (f must not call back into the
 // port). A TCP proxy socket stops listening while its port is down, so
 // that a connect is refused as at Toxiproxy's disabled proxy, whose
-// listener is closed. stop ends the notices.
-func (p *Port) OnEnabled(f func(enabled bool)) (stop func()) {
+// listener is closed. f's error (it could not follow) is the change's
+// (ErrNotServing). stop ends the notices.
+func (p *Port) OnEnabled(f func(enabled bool) error) (stop func()) {
 	w := &enabledWatcher{f}
 	p.watchMu.Lock()
 	defer p.watchMu.Unlock()
@@ -285,7 +297,7 @@ func (p *Port) OnEnabled(f func(enabled bool)) (stop func()) {
 	enabled := p.enabled
 	p.mu.Unlock()
 	if !enabled {
-		f(false)
+		_ = f(false) // the socket logs it; no one asked
 	}
 	return func() {
 		p.watchMu.Lock()
@@ -295,10 +307,17 @@ func (p *Port) OnEnabled(f func(enabled bool)) (stop func()) {
 }
 
 // notifyEnabled runs under watchMu.
-func (p *Port) notifyEnabled(enabled bool) {
+func (p *Port) notifyEnabled(enabled bool) error {
+	var errs []error
 	for _, w := range p.watchers {
-		w.f(enabled)
+		if err := w.f(enabled); err != nil {
+			errs = append(errs, err)
+		}
 	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: proxy %s: %w", ErrNotServing, p.name, errors.Join(errs...))
 }
 
 func newPort(t *Table, name, protocol, label string) *Port {
@@ -385,7 +404,7 @@ func (p *Port) Info() ProxyInfo {
 	return info
 }
 
-func (p *Port) setEnabled(enabled bool) {
+func (p *Port) setEnabled(enabled bool) error {
 	p.watchMu.Lock()
 	p.mu.Lock()
 	changed := p.enabled != enabled
@@ -394,15 +413,17 @@ func (p *Port) setEnabled(enabled bool) {
 		p.publishLocked()
 	}
 	p.mu.Unlock()
+	var err error
 	if changed {
 		// New connections are refused before the live ones are cut,
 		// so that a client cut now cannot reconnect.
-		p.notifyEnabled(enabled)
+		err = p.notifyEnabled(enabled)
 	}
 	p.watchMu.Unlock()
 	if changed && !enabled {
 		p.cutLive(func(*liveConn) bool { return true })
 	}
+	return err
 }
 
 func (p *Port) findLocked(name string) (int, bool) {
@@ -577,7 +598,7 @@ func removedTimeouts(before, after []timeoutKey) []timeoutKey {
 	return gone
 }
 
-func (p *Port) reset() {
+func (p *Port) reset() error {
 	p.watchMu.Lock()
 	defer p.watchMu.Unlock()
 	p.mu.Lock()
@@ -589,8 +610,9 @@ func (p *Port) reset() {
 	p.mu.Unlock()
 	p.endRemovedTimeouts(removed)
 	if wasDown {
-		p.notifyEnabled(true)
+		return p.notifyEnabled(true)
 	}
+	return nil
 }
 
 func toxicsEqual(a, b []Toxic) bool {

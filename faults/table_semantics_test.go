@@ -675,7 +675,7 @@ func TestPortOnEnabled(t *testing.T) {
 	tbl := NewTable(0, 0, nil)
 	web := tbl.Port("default.web.http", "TCP")
 	var got []bool
-	stop := web.OnEnabled(func(enabled bool) { got = append(got, enabled) })
+	stop := web.OnEnabled(func(enabled bool) error { got = append(got, enabled); return nil })
 	if len(got) != 0 {
 		t.Fatalf("an up port told %v at registration, want nothing", got)
 	}
@@ -684,8 +684,8 @@ func TestPortOnEnabled(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	tbl.Reset()
-	tbl.Reset()
+	_ = tbl.Reset()
+	_ = tbl.Reset()
 	if want := "[false true false true]"; fmt.Sprint(got) != want {
 		t.Fatalf("told %v, want %s (each change once)", got, want)
 	}
@@ -693,7 +693,7 @@ func TestPortOnEnabled(t *testing.T) {
 		t.Fatal(err)
 	}
 	var late []bool
-	stopLate := web.OnEnabled(func(enabled bool) { late = append(late, enabled) })
+	stopLate := web.OnEnabled(func(enabled bool) error { late = append(late, enabled); return nil })
 	defer stopLate()
 	if fmt.Sprint(late) != "[false]" {
 		t.Fatalf("a watcher of a down port was told %v, want [false] at once", late)

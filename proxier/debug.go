@@ -1,6 +1,7 @@
 package proxier
 
 import (
+	"cmp"
 	"encoding/json"
 	"net"
 	"net/http"
@@ -40,7 +41,9 @@ type DebugServicePort struct {
 	FaultsEnabled        bool         `json:"faultsEnabled"`
 	Faults               []DebugToxic `json:"faults,omitempty"`
 	// Error says why the port has no proxy socket (its proxyAddress is
-	// empty): the last sync could not open one, and retries.
+	// empty): the last sync could not open one, and retries; or why its
+	// socket does not serve: the fault API enabled the port, and the
+	// socket cannot listen again (retried).
 	Error string `json:"error,omitempty"`
 }
 
@@ -90,10 +93,14 @@ func (p *Proxier) DebugServices() []DebugServicePort {
 	p.debugMu.RLock()
 	rows, failed := p.debug, p.debugFailed
 	p.debugMu.RUnlock()
+	deaf := p.sockCfg.deaf.errors()
 	out := make([]DebugServicePort, 0, len(rows))
 	for _, r := range rows {
 		d := infoRow(r.name, r.info)
 		d.ProxyAddress = net.JoinHostPort(p.listenHostOf(r.info), strconv.Itoa(r.proxyPort))
+		if deaf != nil {
+			d.Error = cmp.Or(deaf[r.name], deaf[externalName(r.name)])
+		}
 		if info, err := p.opts.Faults.Proxy(r.info.faultName); err == nil {
 			d.FaultsEnabled = info.Enabled
 			for _, t := range info.Toxics {

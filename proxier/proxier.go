@@ -316,6 +316,7 @@ func New(opts Options) *Proxier {
 	p.endpoints = newEndpointsTracker(p.lb, opts.Clock, opts.Metrics, nodeTopology{name: opts.NodeName})
 	p.endpoints.changed = p.drainRemoved
 	p.runner = newBoundedFrequencyRunner(p.syncProxyRules, opts.MinSyncPeriod, opts.SyncPeriod, opts.Clock)
+	p.sockCfg.deaf = &deafSockets{changed: p.runner.Run}
 	return p
 }
 
@@ -634,6 +635,14 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 	for _, ap := range claimLater {
 		if !p.claimPorts(ap) {
 			failed = append(failed, "claim "+ap.info.key)
+		}
+	}
+	// Sockets whose fault port came up but that could not listen again:
+	// unserved, and retried, as sockets that did not open.
+	for _, s := range p.sockCfg.deaf.list() {
+		if s.listenAgainNow() != nil {
+			failed = append(failed, "listen "+s.label)
+			unserved++
 		}
 	}
 	p.fds.logRefusals()

@@ -72,6 +72,9 @@ type socketConfig struct {
 	// unreachable answers UDP datagrams of ports without endpoints
 	// (udp_unreachable.go).
 	unreachable *unreachableSender
+	// deaf lists the TCP sockets that cannot listen again although their
+	// fault port is up (tcp_refuse.go).
+	deaf *deafSockets
 }
 
 // defaultDialTimeouts are the legacy proxier's: each attempt goes to the

@@ -39,10 +39,12 @@ type tcpProxySocket struct {
 	numbered  bool
 	stopWatch func()
 	gate      acceptGate
-	// listenMu orders setListening with its retries; wantListening is
-	// the fault port's last enabled.
-	listenMu      sync.Mutex
-	wantListening bool
+	// listenMu orders setListening with its retries; listenErr is why
+	// the socket does not listen although its port is up (nil: it
+	// listens, or the port is down).
+	listenMu  sync.Mutex
+	listenErr error
+	retrying  bool // a retryListening is scheduled
 
 	// The port's series (port_metrics.go), resolved once, not per connection.
 	active                                                         *gauge
@@ -91,6 +93,9 @@ func (s *tcpProxySocket) Port() int { return s.addr.Port }
 func (s *tcpProxySocket) Close() error {
 	if s.stopWatch != nil {
 		s.stopWatch()
+		s.listenMu.Lock()
+		s.listenFailed(nil) // nothing to retry, nor to count, once closed
+		s.listenMu.Unlock()
 	}
 	if s.loopLn != nil {
 		return s.closeWith(s.loopLn.Close)

@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
+
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 	"k8s.io/klog/v2"
 )
@@ -27,6 +29,10 @@ import (
 // may read it meanwhile).
 var relistenRetry atomic.Int64
 
+// relistenFault, when set (tests), is the error a listen again fails
+// with, as when another socket listens on the port.
+var relistenFault atomic.Pointer[error]
+
 func init() { relistenRetry.Store(int64(time.Second)) }
 
 // watchEnabled follows the fault port's enabled state until Close.
@@ -37,16 +43,22 @@ func (s *tcpProxySocket) watchEnabled() {
 	s.stopWatch = s.faults.OnEnabled(s.setListening)
 }
 
-func (s *tcpProxySocket) setListening(enabled bool) {
+// setListening follows the fault port's enabled state. Its error goes to
+// whoever set it (the fault API answers it): the port is up, but this
+// socket does not serve it until a retry listens.
+func (s *tcpProxySocket) setListening(enabled bool) error {
 	s.listenMu.Lock()
 	defer s.listenMu.Unlock()
-	s.wantListening = enabled
-	if err := s.switchListening(enabled); err != nil {
+	err := s.switchListening(enabled)
+	if err != nil {
 		klog.ErrorS(err, "Cannot switch the proxy socket's listening for the fault API's enabled", "servicePort", s.label, "enabled", enabled)
-		if enabled {
-			time.AfterFunc(time.Duration(relistenRetry.Load()), s.retryListening)
-		}
 	}
+	if enabled {
+		s.listenFailed(err)
+	} else {
+		s.listenFailed(nil) // down: no listen to retry
+	}
+	return err
 }
 
 // retryListening tries a failed listen again until it works, the port goes
@@ -56,23 +68,103 @@ func (s *tcpProxySocket) setListening(enabled bool) {
 func (s *tcpProxySocket) retryListening() {
 	s.listenMu.Lock()
 	defer s.listenMu.Unlock()
-	select {
-	case <-s.closed:
-		return
-	default:
+	s.retrying = false
+	_ = s.listenAgainLocked()
+}
+
+// listenAgainNow is the sync's retry of a failed listen: the error while
+// the socket still does not listen.
+func (s *tcpProxySocket) listenAgainNow() error {
+	s.listenMu.Lock()
+	defer s.listenMu.Unlock()
+	return s.listenAgainLocked()
+}
+
+func (s *tcpProxySocket) listenAgainLocked() error {
+	if s.listenErr == nil {
+		return nil // listening, down, or closed
 	}
-	if !s.wantListening {
-		return
+	err := s.switchListening(true)
+	if err == nil {
+		klog.InfoS("The proxy socket listens again", "servicePort", s.label)
 	}
-	if err := s.switchListening(true); err != nil {
+	s.listenFailed(err)
+	return err
+}
+
+// listenFailed records the outcome of a listen the port wants (nil: it
+// listens), under listenMu: a failure is tried again after relistenRetry
+// (one timer at a time), and lists the socket as not serving (cfg.deaf),
+// which the sync counts.
+func (s *tcpProxySocket) listenFailed(err error) {
+	was := s.listenErr
+	s.listenErr = err
+	if err != nil && !s.retrying {
+		s.retrying = true
 		time.AfterFunc(time.Duration(relistenRetry.Load()), s.retryListening)
-		return
 	}
-	klog.InfoS("The proxy socket listens again", "servicePort", s.label)
+	if (was == nil) != (err == nil) && s.cfg.deaf != nil {
+		s.cfg.deaf.set(s, err)
+	}
+}
+
+// deafSockets are the TCP proxy sockets whose port is up but that could
+// not listen again (another socket listens on the port), until they do: a
+// sync counts them in service_ports_unserved, shows their error in
+// /debug/services, and retries them, as a socket that did not open.
+type deafSockets struct {
+	mu    sync.Mutex
+	socks map[*tcpProxySocket]error
+	// changed asks for a sync (the runner's Run; it never blocks).
+	changed func()
+}
+
+func (d *deafSockets) set(s *tcpProxySocket, err error) {
+	d.mu.Lock()
+	if err != nil {
+		if d.socks == nil {
+			d.socks = map[*tcpProxySocket]error{}
+		}
+		d.socks[s] = err
+	} else {
+		delete(d.socks, s)
+	}
+	d.mu.Unlock()
+	if d.changed != nil {
+		d.changed()
+	}
+}
+
+// list returns the deaf sockets.
+func (d *deafSockets) list() []*tcpProxySocket {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]*tcpProxySocket, 0, len(d.socks))
+	for s := range d.socks {
+		out = append(out, s)
+	}
+	return out
+}
+
+// errors returns why each deaf socket does not listen, by its name (nil
+// when none is deaf).
+func (d *deafSockets) errors() map[loadbalancer.ServicePortName]string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.socks) == 0 {
+		return nil
+	}
+	out := make(map[loadbalancer.ServicePortName]string, len(d.socks))
+	for s, err := range d.socks {
+		out[s.name] = "the fault API enabled the port, but its proxy socket cannot listen again (retried): " + err.Error()
+	}
+	return out
 }
 
 func (s *tcpProxySocket) switchListening(enabled bool) error {
 	switch {
+	case enabled && relistenFault.Load() != nil:
+		return *relistenFault.Load()
 	case s.loopLn != nil && enabled:
 		return s.loopLn.Resume()
 	case s.loopLn != nil:

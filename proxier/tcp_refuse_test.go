@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
@@ -95,6 +97,85 @@ func TestDownPortCannotBeTaken(t *testing.T) {
 			dialExchange(t, addr)
 		})
 	}
+}
+
+// A port whose socket cannot listen again when the fault API enables it
+// (another socket listens on its port: one that bound it in the instant
+// relay.ListenAgain leaves open) is not reported served: the API's
+// SetEnabled fails (ErrNotServing, the API's 503), the port stays up, a
+// sync counts it in service_ports_unserved and shows the error in
+// /debug/services, and the socket's own retry or the sync's listens once
+// the port is free. Before, SetEnabled succeeded (the API answered
+// "enabled":true), and metrics and /debug showed the port served.
+func TestDownPortNotListeningAgainIsUnserved(t *testing.T) {
+	defer relistenRetry.Store(relistenRetry.Swap(int64(20 * time.Millisecond)))
+	taken := error(&net.OpError{Op: "listen", Net: "tcp", Err: syscall.EADDRINUSE})
+	for _, path := range DataPaths {
+		for _, takenBack := range []string{"retry", "sync"} {
+			t.Run(path+"/"+takenBack, func(t *testing.T) {
+				if takenBack == "sync" {
+					defer relistenRetry.Store(relistenRetry.Swap(int64(time.Hour)))
+				}
+				p, table, addr := faultedWeb(t, path)
+				const proxy = "default.web.p"
+				if _, err := table.SetEnabled(proxy, false); err != nil {
+					t.Fatal(err)
+				}
+				relistenFault.Store(&taken)
+				defer relistenFault.Store(nil)
+				info, err := table.SetEnabled(proxy, true)
+				if !errors.Is(err, faults.ErrNotServing) || !errors.Is(err, syscall.EADDRINUSE) {
+					t.Fatalf("enabling a port whose socket cannot listen: %v, want ErrNotServing with EADDRINUSE", err)
+				}
+				if !info.Enabled {
+					t.Fatal("the port shows down: its socket retries to serve it enabled")
+				}
+				wantRefused(t, addr, "not listening again")
+				p.Sync()
+				if got := testutil.ToFloat64(p.metrics.ServicePortsUnserved); got != 1 {
+					t.Fatalf("service_ports_unserved = %v, want 1", got)
+				}
+				if row := debugRowOf(t, p, "default/web:p"); !strings.Contains(row.Error, "cannot listen again") {
+					t.Fatalf("/debug/services error = %q, want why the socket does not listen", row.Error)
+				}
+				relistenFault.Store(nil)
+				if takenBack == "sync" {
+					p.Sync()
+				}
+				deadline := time.Now().Add(5 * time.Second)
+				for {
+					c, err := net.DialTimeout("tcp", addr, time.Second)
+					if err == nil {
+						c.Close()
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("the port did not listen again once free: %v", err)
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+				dialExchange(t, addr)
+				p.Sync()
+				if got := testutil.ToFloat64(p.metrics.ServicePortsUnserved); got != 0 {
+					t.Fatalf("service_ports_unserved = %v after the socket listens again, want 0", got)
+				}
+				if row := debugRowOf(t, p, "default/web:p"); row.Error != "" {
+					t.Fatalf("/debug/services error = %q after the socket listens again", row.Error)
+				}
+			})
+		}
+	}
+}
+
+func debugRowOf(t *testing.T, p *Proxier, key string) DebugServicePort {
+	t.Helper()
+	for _, r := range p.DebugServices() {
+		if r.ServicePort == key {
+			return r
+		}
+	}
+	t.Fatalf("no /debug/services row %s", key)
+	return DebugServicePort{}
 }
 
 // A down UDP port keeps its socket bound and open (its datagrams are

@@ -399,7 +399,10 @@ func (s *server) toxicDelete(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) reset(w http.ResponseWriter, r *http.Request) {
-	s.table.Reset()
+	if err := s.table.Reset(); err != nil {
+		s.fail(w, r, err, false)
+		return
+	}
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -420,6 +423,11 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error, fromBod
 		writeError(w, http.StatusNotFound, err.Error())
 	case errors.Is(err, faults.ErrToxicExists):
 		writeError(w, http.StatusConflict, err.Error())
+	case errors.Is(err, faults.ErrNotServing):
+		// The port is enabled (its socket retries), but nothing serves
+		// it: not a success, and not the request's fault.
+		writeError(w, http.StatusServiceUnavailable, err.Error()+
+			"; the proxy is enabled and its socket keeps trying to listen (service_ports_unserved counts it until then)")
 	case errors.Is(err, faults.ErrDeclared):
 		writeError(w, http.StatusConflict, fmt.Sprintf(
 			"toxic %s is declared in the kube-userspace-proxy/faults annotation of its Service and "+

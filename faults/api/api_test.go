@@ -2,6 +2,7 @@ package faultapi
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http/httptest"
 	"sort"
 	"strings"
@@ -86,6 +87,31 @@ func checkErrorFields(contains, fields string) func(*testing.T, *faults.Table, *
 		}
 		if ct := rec.Header().Get("Content-Type"); ct != "application/json" {
 			t.Errorf("Content-Type = %q", ct)
+		}
+	}
+}
+
+// downWithDeafSocket sets web down with a watcher that, as a proxy socket
+// whose port another socket took, cannot listen again.
+func downWithDeafSocket(t *testing.T, table *faults.Table) {
+	t.Helper()
+	table.Port(webName, "TCP").OnEnabled(func(enabled bool) error {
+		if enabled {
+			return errors.New("listen: address already in use")
+		}
+		return nil
+	})
+	if _, err := table.SetEnabled(webName, false); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func checkEnabledNotServed(check func(*testing.T, *faults.Table, *httptest.ResponseRecorder)) func(*testing.T, *faults.Table, *httptest.ResponseRecorder) {
+	return func(t *testing.T, table *faults.Table, rec *httptest.ResponseRecorder) {
+		t.Helper()
+		check(t, table, rec)
+		if info, _ := table.Proxy(webName); !info.Enabled {
+			t.Error("the proxy shows down: its socket retries to serve it enabled")
 		}
 	}
 }
@@ -445,6 +471,16 @@ func TestHandler(t *testing.T) {
 					t.Errorf("Allow = %q", allow)
 				}
 			}},
+		// A port whose socket cannot listen again when it comes up
+		// (another socket listens on its port) is not a success: 503, the
+		// error body, and the port shown enabled (its socket retries).
+		// Before, the answer was 200 "enabled":true, and /reset's 204.
+		{name: "enable not served", method: "POST", path: webPath, body: `{"enabled":true}`,
+			setup: downWithDeafSocket, wantStatus: 503,
+			check: checkEnabledNotServed(checkError("default.web.http: listen: address already in use; the proxy is enabled"))},
+		{name: "reset not served", method: "POST", path: "/reset",
+			setup: downWithDeafSocket, wantStatus: 503,
+			check: checkEnabledNotServed(checkError("listen: address already in use"))},
 		{name: "GET reset", method: "GET", path: "/reset", wantStatus: 405, check: checkError("not allowed")},
 		{name: "unknown route", method: "GET", path: "/nope", wantStatus: 404, check: checkError("no such route")},
 	}
