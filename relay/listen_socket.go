@@ -116,14 +116,19 @@ func StopListening(fd int) error {
 // Without SO_REUSEADDR the listen fails (EADDRINUSE) while connections it
 // accepted before are open or in TIME_WAIT on the port: only then is it
 // set first, which leaves another socket the two system calls between to
-// bind and listen first. It fails when another socket listens on the port.
+// bind and listen first. It fails when another socket listens on the port,
+// and then leaves SO_REUSEADDR clear, as StopListening did.
 func ListenAgain(fd int) error {
 	err := rawio.Listen(fd, listenBacklog)
 	if err == unix.EADDRINUSE {
 		if err := rawio.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
 			return os.NewSyscallError("setsockopt", err)
 		}
-		err = rawio.Listen(fd, listenBacklog)
+		if err = rawio.Listen(fd, listenBacklog); err != nil {
+			// Another socket listens on the port: no more may bind it
+			// while this one waits to listen again.
+			_ = rawio.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 0)
+		}
 	}
 	if err != nil {
 		return os.NewSyscallError("listen", err)

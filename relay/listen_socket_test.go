@@ -251,3 +251,57 @@ func TestStoppedListenerKeepsItsPort(t *testing.T) {
 		})
 	}
 }
+
+// A listen again that lost the port (another socket bound and listened in
+// the instant ListenAgain sets SO_REUSEADDR back, played here by setting
+// it first) fails, and leaves the port closed to further binds until it
+// listens, once the other socket let go. Before, the failed listen left
+// SO_REUSEADDR set: any socket could bind the port again meanwhile.
+func TestListenAgainThatLostThePortKeepsItClosed(t *testing.T) {
+	free, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := free.Addr().(*net.TCPAddr).AddrPort()
+	free.Close()
+	fd, _, err := ListenTCP(at, false, Liveness{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	// A connection open on the port: the listen needs SO_REUSEADDR.
+	c, err := net.Dial("tcp", at.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	afd := -1
+	for deadline := time.Now().Add(2 * time.Second); afd < 0 && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		afd, _, _ = unix.Accept(fd)
+	}
+	if afd < 0 {
+		t.Fatal("the client was not accepted")
+	}
+	defer unix.Close(afd)
+	if err := StopListening(fd); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
+		t.Fatal(err)
+	}
+	other, err := net.Listen("tcp4", at.String()) // SO_REUSEADDR, as net.Listen sets it
+	if err != nil {
+		t.Fatalf("the other socket could not take the port in the window: %v", err)
+	}
+	if err := ListenAgain(fd); !errors.Is(err, unix.EADDRINUSE) {
+		other.Close()
+		t.Fatalf("listen again on a port another socket listens on: %v, want EADDRINUSE", err)
+	}
+	other.Close()
+	if err := bindReuseAddr(t, at); !errors.Is(err, unix.EADDRINUSE) {
+		t.Fatalf("a SO_REUSEADDR bind after the failed listen again: %v, want EADDRINUSE", err)
+	}
+	if err := ListenAgain(fd); err != nil {
+		t.Fatalf("listen again once the other socket let go: %v", err)
+	}
+}
