@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/regularfile"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 )
@@ -223,7 +224,7 @@ func (s *ManifestSource) reload() {
 	var recovered []string
 	changed := false // a file's contribution changed: only then is the merge redone
 	for _, name := range names {
-		data, err := os.ReadFile(name)
+		data, err := readManifest(name)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue // removed between listing and reading: treated as deleted
 		}
@@ -280,6 +281,18 @@ func (s *ManifestSource) reload() {
 	}
 	s.served = desired
 	s.summarize(len(present), skipped, events, recovered)
+}
+
+// readManifest reads a manifest file through regularfile.Read: a FIFO
+// renamed over it after the listing, or a file over the cap, is an error of
+// that file, not a read that blocks the source or exhausts memory.
+func readManifest(name string) ([]byte, error) {
+	data, err := regularfile.Read(name, maxManifestFileSize, nil)
+	var tooLarge *regularfile.TooLargeError
+	if errors.As(err, &tooLarge) {
+		err = fmt.Errorf("%w, the most a manifest file may hold: split it into several files in a directory", err)
+	}
+	return data, err
 }
 
 // defaultEmptiedGrace is how long a file that held objects and reads as
@@ -420,3 +433,9 @@ func (s *ManifestSource) reportOnce(errs []error) {
 	}
 	s.lastDups = now
 }
+
+// maxManifestFileSize is the most a manifest file may hold: twenty times
+// what 10,000 Services and their slices weigh in one file (3 MiB), and a
+// bound on what a file decodes into. A larger one is an error of the file,
+// not an allocation of its size (a sparse 1 TiB file killed the proxy).
+const maxManifestFileSize = 64 << 20

@@ -1,0 +1,112 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// reloadWithin runs one reload and fails the test if it does not return in
+// time (a reload blocked on a file leaks its goroutine: the test is over).
+func reloadWithin(t *testing.T, src *ManifestSource, d time.Duration) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		src.reload()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
+		t.Fatalf("reload still blocked after %v", d)
+	}
+}
+
+// A FIFO renamed over a manifest between the listing (a regular file then)
+// and the read blocked the read for good: os.ReadFile opened it and waited
+// for a writer, and the source applied nothing from then on. The read now
+// opens without blocking and refuses what the open descriptor shows is not
+// a regular file, as an error of that file.
+func TestManifestSwappedForFIFOAfterListing(t *testing.T) {
+	dir := t.TempDir()
+	name := filepath.Join(dir, "x.yaml")
+	writeFile(t, name, serviceYAML("x", 80))
+	rec, log := newManifestRecorder(), &manifestErrors{}
+	src := NewManifestSource(dir, rec, WithoutWatcher(), WithErrorReporter(log.report), WithSummaryReporter(func(string) {}))
+	src.dirMode = true
+	src.reload()
+	if got := rec.take(); len(got) != 1 || got[0] != "add Service default/x" {
+		t.Fatalf("first reload: %q", got)
+	}
+
+	writeFile(t, name, serviceYAML("x", 81)) // changed: read again
+	src.afterList = func() {
+		fifo := filepath.Join(dir, ".fifo")
+		if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+			t.Error(err)
+			return
+		}
+		if err := os.Rename(fifo, name); err != nil {
+			t.Error(err)
+		}
+	}
+	reloadWithin(t, src, 2*time.Second)
+	if got := rec.take(); len(got) != 0 {
+		t.Errorf("events: %q, want none (the file keeps its last good objects)", got)
+	}
+	if !log.contains("x.yaml: not a regular file") {
+		t.Errorf("errors: %s, want x.yaml named as not a regular file", log)
+	}
+}
+
+// A 1 TiB sparse file (no blocks on disk) in the directory killed the
+// proxy: os.ReadFile allocates the size stat gives, "fatal error: runtime:
+// out of memory". A file over the cap is an error of that file, naming the
+// cap; the file keeps its last good objects, as for any unreadable file.
+func TestManifestOverSizeCap(t *testing.T) {
+	dir := t.TempDir()
+	name := filepath.Join(dir, "zz.yaml")
+	writeFile(t, name, serviceYAML("zz", 80))
+	rec, log := newManifestRecorder(), &manifestErrors{}
+	src := NewManifestSource(dir, rec, WithoutWatcher(), WithErrorReporter(log.report), WithSummaryReporter(func(string) {}))
+	src.dirMode = true
+	src.reload()
+	rec.take()
+
+	if err := os.Truncate(name, 1<<40); err != nil {
+		t.Skip("no sparse 1 TiB file here:", err)
+	}
+	reloadWithin(t, src, 5*time.Second)
+	if got := rec.take(); len(got) != 0 {
+		t.Errorf("events: %q, want none (the file keeps its last good objects)", got)
+	}
+	if !log.contains("zz.yaml: larger than 64 MiB") {
+		t.Errorf("errors: %s, want zz.yaml named as over the 64 MiB cap", log)
+	}
+}
+
+// The cap is well above what 10,000 Services and their slices weigh in one
+// file (the scale benchmarks' objects: about 3 MiB).
+func TestManifestSizeCapHolds10kServices(t *testing.T) {
+	dir := t.TempDir()
+	writeServices(t, dir, 10000, 1, true)
+	info, err := os.Stat(filepath.Join(dir, "f000.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("10,000 Services and their slices in one file: %d bytes", info.Size())
+	if info.Size()*10 > maxManifestFileSize {
+		t.Errorf("10,000 Services weigh %d bytes: the cap (%d) is not ten times that", info.Size(), maxManifestFileSize)
+	}
+	if testing.Short() {
+		return
+	}
+	rec := newManifestRecorder()
+	newIdleSource(t, dir, rec)
+	if n := strings.Count(strings.Join(rec.take(), "\n"), "add Service"); n != 10000 {
+		t.Errorf("%d Services added, want 10000", n)
+	}
+}
