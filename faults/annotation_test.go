@@ -261,6 +261,10 @@ func TestParseAnnotationErrors(t *testing.T) {
 		{"attribute not a number", `[{"type":"latency","attributes":{"latency":"300ms"}}]`, both, `[0].attributes.latency: must be a number, not "300ms"`},
 		{"attributes not an object", `[{"type":"latency","attributes":[300]}]`, both, "[0].attributes: must be a JSON object, not a JSON array"},
 		{"name not a string", `[{"type":"latency","name":5}]`, both, "[0].name: must be a JSON string, not a JSON number"},
+		// Printed raw by /debug/connections?format=text, an ESC sequence
+		// cleared the operator's terminal and a newline forged a row.
+		{"name with control characters", `[{"name":"x\u001b[2J\nforged","type":"latency"}]`, both, `[0].name: must be printable, not "x\x1b[2J\nforged" (U+001B at byte 1)`},
+		{"name with a bidi override", `[{"name":"x\u202egp","type":"latency"}]`, both, `[0].name: must be printable, not "x\u202egp" (U+202E at byte 1)`},
 		{"clients not a list", `[{"type":"latency","clients":"10.0.0.0/8"}]`, both, "[0].clients: must be a JSON list, not a JSON string"},
 		{"seed not a number", `[{"type":"latency","seed":"x"}]`, both, "[0].seed: must be a JSON number, not a JSON string"},
 		{"seed a fraction", `[{"type":"latency","seed":1.5}]`, both, "[0].seed: must be a whole number within int64's range, not 1.5"},

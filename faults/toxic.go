@@ -13,6 +13,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/netaddr"
 )
@@ -243,6 +245,12 @@ func (t *Toxic) Normalize() error {
 	if t.Name == "" {
 		t.Name = t.Type + "_" + given
 	}
+	if i, r, ok := firstUnprintable(t.Name); ok {
+		// Names are printed for operators (/debug/connections?format=text,
+		// logs): an ESC sequence or a newline there cleared their terminal
+		// or forged a row. Toxiproxy takes any string; no client needs these.
+		return &FieldError{"name", fmt.Sprintf("must be printable, not %q (%U at byte %d)", t.Name, r, i)}
+	}
 	if !(t.Toxicity >= 0 && t.Toxicity <= 1) { // NaN too
 		return &FieldError{"toxicity", fmt.Sprintf("must be within [0, 1], not %v", t.Toxicity)}
 	}
@@ -374,4 +382,15 @@ func (t Toxic) clone() Toxic {
 	}
 	c.Clients = slices.Clone(t.Clients)
 	return c
+}
+
+// firstUnprintable finds the first rune of s that is not printable (a
+// control or format character, a space other than ' ', or invalid UTF-8).
+func firstUnprintable(s string) (at int, r rune, found bool) {
+	for i, r := range s {
+		if r == utf8.RuneError || !unicode.IsPrint(r) {
+			return i, r, true
+		}
+	}
+	return 0, 0, false
 }

@@ -8,11 +8,13 @@ import (
 	"net/http"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
@@ -357,12 +359,29 @@ func writeConnectionsText(w http.ResponseWriter, conns []DebugConnection) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "PROTO\tSERVICE PORT\tCLIENT\tBACKEND\tFROM CLIENT\tFROM BACKEND\tAGE\tFAULTS")
 	for _, c := range conns {
-		f := strings.Join(c.Faults, ",")
+		names := make([]string, len(c.Faults))
+		for i, name := range c.Faults {
+			names[i] = textField(name)
+		}
+		f := strings.Join(names, ",")
 		if f == "" {
 			f = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d B\t%d B\t%s\t%s\n", c.Protocol, c.ServicePort, c.Client, c.Backend,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d B\t%d B\t%s\t%s\n", c.Protocol, textField(c.ServicePort), textField(c.Client), textField(c.Backend),
 			c.BytesFromClient, c.BytesFromBackend, time.Duration(c.AgeSeconds*float64(time.Second)).Round(time.Millisecond), f)
 	}
 	_ = tw.Flush()
+}
+
+// textField is s as the text table writes it: quoted when it holds
+// anything not printable, so that no value read into it (a toxic name,
+// validated elsewhere) can move the terminal's cursor, clear it, or end
+// the row and forge another.
+func textField(s string) string {
+	for _, r := range s {
+		if r == utf8.RuneError || !strconv.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
 }

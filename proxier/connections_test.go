@@ -328,3 +328,22 @@ func TestBytesReceivedNeverCountsTheFIN(t *testing.T) {
 		t.Errorf("%d of %d rounds read more bytes than the peer sent", over, rounds)
 	}
 }
+
+// The text form writes a name that is not printable quoted: a toxic name
+// holding ESC[2J and a newline cleared the terminal reading it and forged
+// a row. Names are refused so at validation (faults); this is the second
+// line, for whatever else reaches a row.
+func TestConnectionsTextQuotesUnprintable(t *testing.T) {
+	rec := httptest.NewRecorder()
+	writeConnectionsText(rec, []DebugConnection{{
+		Protocol: "TCP", ServicePort: "default/web:p", Client: "10.0.0.1:1234", Backend: "10.1.0.1:80",
+		Faults: []string{"slow", "x\x1b[2J\nTCP  default/forged:p"},
+	}})
+	out := rec.Body.String()
+	if strings.ContainsAny(out, "\x1b") || strings.Count(out, "\n") != 2 {
+		t.Errorf("text form holds the name raw:\n%q", out)
+	}
+	if !strings.Contains(out, `slow,"x\x1b[2J\nTCP  default/forged:p"`) {
+		t.Errorf("text form does not quote the name:\n%q", out)
+	}
+}

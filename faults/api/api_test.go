@@ -332,6 +332,8 @@ func TestHandler(t *testing.T) {
 			body: `{"type":"nope"}`, wantStatus: 400, check: checkError("invalid toxic type")},
 		{name: "toxic create no type", method: "POST", path: webPath + "/toxics",
 			body: `{"name":"x"}`, wantStatus: 400, check: checkError("invalid toxic type")},
+		{name: "toxic create name with control characters", method: "POST", path: webPath + "/toxics",
+			body: `{"name":"x\u001b[2J\nforged","type":"latency"}`, wantStatus: 400, check: checkError("name: must be printable")},
 		{name: "toxic create bad stream", method: "POST", path: webPath + "/toxics",
 			body: `{"type":"latency","stream":"sideways"}`, wantStatus: 400,
 			check: checkError("stream was invalid, can be either upstream or downstream")},
