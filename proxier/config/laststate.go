@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"net/netip"
 	"os"
@@ -13,13 +14,18 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/util/flowcontrol"
 	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/regularfile"
 )
 
 // LastKnownState stands between an API-server source and the proxier
@@ -329,6 +335,9 @@ func (s *LastKnownState) bootstrap() {
 		klog.ErrorS(err, "The API server has not answered yet and the last known state cannot be read: nothing is served until the API server answers", "stateFile", s.path)
 		return
 	}
+	for _, err := range state.Skipped {
+		klog.ErrorS(err, "Not serving an invalid object of the last known state", "stateFile", s.path)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.services.synced || s.slices.synced {
@@ -450,6 +459,8 @@ type State struct {
 	// (InternalIPs, then ExternalIPs).
 	Node, Zone string
 	NodeIPs    []netip.Addr
+	// Skipped are the objects ReadStateFile left out, as invalid.
+	Skipped []error
 }
 
 // Annotations of the file's List: State.Written, State.Node, State.Zone
@@ -551,10 +562,59 @@ func removeStaleTemps(path string) {
 	}
 }
 
-// ReadStateFile reads a file WriteStateFile wrote.
+// maxStateFileSize bounds what a state file is read into memory: 10,000
+// small Services and their slices are 6 MiB.
+const maxStateFileSize = 1 << 30
+
+// readStateData reads the state file if the proxy can trust it: a regular
+// file (not a FIFO, which would block the read), owned by the proxy's uid
+// and writable by no one else, as WriteStateFile leaves it (0600), the
+// checks ssh makes of a key. Its objects are served, and its node IPs taken,
+// before the API server answers: another user's file, in a directory open
+// to them, was served as it was, a loopback externalIP included.
+func readStateData(path string) ([]byte, error) {
+	data, err := regularfile.Read(path, maxStateFileSize, func(info os.FileInfo) error {
+		if st, ok := info.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
+			return fmt.Errorf("owned by uid %d, not %d (this proxy's): not trusted", st.Uid, os.Geteuid())
+		}
+		if perm := info.Mode().Perm(); perm&0o022 != 0 {
+			return fmt.Errorf("writable by group or others (mode %04o): not trusted", perm)
+		}
+		return nil
+	})
+	var pathErr *fs.PathError
+	if err != nil && !errors.As(err, &pathErr) { // a PathError names the file
+		err = fmt.Errorf("%s: %w", path, err)
+	}
+	return data, err
+}
+
+// validStateObject checks an object of the state file with the manifests'
+// validation (on a defaulted copy: the object served is the one kept),
+// less what the API server does not check either: the proxy's own
+// annotations (a Service with a bad faults annotation is served without
+// faults from the informers, and so from the file) and the node port range
+// (the cluster's may be another).
+func validStateObject(obj runtime.Object) error {
+	obj = obj.DeepCopyObject()
+	setDefaults(obj)
+	var fe fieldErrors
+	switch o := obj.(type) {
+	case *v1.Service:
+		validateService(&fe, o, PortRange{Min: 1, Max: 65535})
+	case *discovery.EndpointSlice:
+		validateEndpointSlice(&fe, o)
+	}
+	annotations := field.NewPath("metadata", "annotations").String()
+	fe = slices.DeleteFunc(fe, func(e *fieldError) bool { return strings.HasPrefix(e.Path, annotations) })
+	return fe.err()
+}
+
+// ReadStateFile reads a file WriteStateFile wrote. An object that is not
+// valid is left out, and named in State.Skipped.
 func ReadStateFile(path string) (State, error) {
 	var state State
-	data, err := os.ReadFile(path)
+	data, err := readStateData(path)
 	if err != nil {
 		return state, err
 	}
@@ -586,11 +646,19 @@ func ReadStateFile(path string) (State, error) {
 			if err := json.Unmarshal(item, svc); err != nil {
 				return state, fmt.Errorf("%s: item %d (Service): %w", path, i, err)
 			}
+			if err := validStateObject(svc); err != nil {
+				state.Skipped = append(state.Skipped, fmt.Errorf("item %d, Service %s: %w", i, objKey(svc), err))
+				continue
+			}
 			state.Services = append(state.Services, svc)
 		case "EndpointSlice":
 			es := &discovery.EndpointSlice{}
 			if err := json.Unmarshal(item, es); err != nil {
 				return state, fmt.Errorf("%s: item %d (EndpointSlice): %w", path, i, err)
+			}
+			if err := validStateObject(es); err != nil {
+				state.Skipped = append(state.Skipped, fmt.Errorf("item %d, EndpointSlice %s: %w", i, objKey(es), err))
+				continue
 			}
 			state.EndpointSlices = append(state.EndpointSlices, es)
 		default:
@@ -620,7 +688,7 @@ func parseNodeIPs(v string) ([]netip.Addr, error) {
 // its Node from the API server takes its node IPs from here before
 // anything else.
 func ReadStateNode(path string) (node string, ips []netip.Addr, err error) {
-	data, err := os.ReadFile(path)
+	data, err := readStateData(path)
 	if err != nil {
 		return "", nil, err
 	}
