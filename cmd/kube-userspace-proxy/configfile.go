@@ -1,10 +1,11 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/netip"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -13,6 +14,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 	kubeproxyconfig "k8s.io/kube-proxy/config/v1alpha1"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/regularfile"
 )
 
 // configFile is a KubeProxyConfiguration plus the legacy userspace field
@@ -31,11 +34,28 @@ const configAPIVersion = "kubeproxy.config.k8s.io/v1alpha1"
 // (the file wins), save the logging flags and --hostname-override. Unknown
 // fields are an error.
 func (o *options) applyConfigFile(fs *pflag.FlagSet) error {
-	data, err := os.ReadFile(o.configFile)
+	data, err := readConfigFile(o.configFile)
 	if err != nil {
 		return err
 	}
 	return o.applyConfigData(data, fs)
+}
+
+// maxConfigFileSize bounds --config: a ConfigMap holds at most 1 MiB, and
+// a KubeProxyConfiguration a few KiB.
+const maxConfigFileSize = 1 << 20
+
+// readConfigFile reads --config, at start and when polled, through
+// regularfile.Read: a FIFO renamed over it blocked the poll for good (no
+// change seen again), and a sparse 1 TiB file was allocated whole, which
+// killed the proxy.
+func readConfigFile(path string) ([]byte, error) {
+	data, err := regularfile.Read(path, maxConfigFileSize, nil)
+	var pathErr *fs.PathError
+	if err != nil && !errors.As(err, &pathErr) { // a PathError names the file
+		err = fmt.Errorf("%s: %w", path, err)
+	}
+	return data, err
 }
 
 // applyConfigData is applyConfigFile on the file's content data.

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"os"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -40,7 +39,7 @@ func watchConfigFile(ctx context.Context, path string, loaded []byte, check func
 			return nil
 		case <-t.C:
 		}
-		data, err := os.ReadFile(path)
+		data, err := readConfigFile(path)
 		if err != nil {
 			if lastReadErr == nil || err.Error() != lastReadErr.Error() {
 				klog.ErrorS(err, "Cannot read --config; serving with the configuration loaded at start", "config", path)

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -32,6 +33,17 @@ func TestWatchConfigFile(t *testing.T) {
 		{"a value refused", func(v configVolume) error {
 			return os.WriteFile(v.file, []byte(watchedConfig+"portRange: 9-1\n"), 0o644)
 		}, false},
+		// A FIFO blocked the read for good (the watch never saw another
+		// change, nor its context end); a sparse 1 TiB file was allocated
+		// whole and the runtime died of it.
+		{"a FIFO renamed over it", func(v configVolume) error {
+			fifo := v.file + ".fifo"
+			if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+				return err
+			}
+			return os.Rename(fifo, v.file)
+		}, false},
+		{"grown to a sparse 1 TiB", func(v configVolume) error { return os.Truncate(v.file, 1<<40) }, false},
 		{"a valid change", func(v configVolume) error {
 			return os.WriteFile(v.file, []byte(watchedConfig+"iptables: {syncPeriod: 20s}\n"), 0o644)
 		}, true},
@@ -83,7 +95,12 @@ func TestWatchConfigFile(t *testing.T) {
 			if err := tt.edit(configVolume{dir: dir, file: filepath.Join(first, "config.conf")}); err != nil {
 				t.Fatal(err)
 			}
-			err := <-done
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(budget + 5*time.Second):
+				t.Fatal("the watch is still blocked after its context ended")
+			}
 			if tt.wantExit && !errors.Is(err, errConfigUpdated) {
 				t.Fatalf("watch ended with %v, want %v", err, errConfigUpdated)
 			}
