@@ -17,7 +17,8 @@ const (
 
 // Names of the chains we own. The first five keep the legacy userspace
 // kube-proxy names so existing tooling recognises them; the guard, the
-// loadBalancerSourceRanges firewall and the portals' accept are ours.
+// loadBalancerSourceRanges firewall, the portals' accept and the reject of
+// portal traffic no running proxy accepts are ours.
 const (
 	ChainPortalsContainer  = "KUBE-PORTALS-CONTAINER"
 	ChainPortalsHost       = "KUBE-PORTALS-HOST"
@@ -27,6 +28,7 @@ const (
 	ChainProxyPortGuard    = "KUBE-PROXY-PORT-GUARD"
 	ChainLBSourceRanges    = "KUBE-LB-SOURCE-RANGES"
 	ChainPortalsNonLocal   = "KUBE-PORTALS-NON-LOCAL"
+	ChainProxyPortReject   = "KUBE-PROXY-PORT-REJECT"
 )
 
 // ownedChain is one chain we create and whose whole contents we write.
@@ -46,6 +48,7 @@ var ownedChains = []ownedChain{
 	{TableFilter, ChainProxyPortGuard},
 	{TableFilter, ChainLBSourceRanges},
 	{TableFilter, ChainPortalsNonLocal},
+	{TableFilter, ChainProxyPortReject},
 }
 
 // jump is one rule in a built-in chain that sends packets into one of ours.
@@ -80,7 +83,8 @@ var addrTypeLocal = []string{"-m", "addrtype", "--dst-type", "LOCAL"}
 // the source-range firewall must come before KUBE-NODEPORT-NON-LOCAL and
 // KUBE-PORTALS-NON-LOCAL, whose ACCEPTs would otherwise let direct
 // connections to proxy ports (and LoadBalancer traffic from outside its
-// ranges) through; the portal chains are
+// ranges) through; the reject chain must come after both accept chains,
+// which a stopped proxy flushes (Rules.Stop); the portal chains are
 // first so they win over any later NAT rule, and NodePorts are last so a
 // portal on a local address beats a NodePort with the same port.
 var jumps = []jump{
@@ -92,6 +96,8 @@ var jumps = []jump{
 		comment: "kube-userspace-proxy: accept NodePort traffic to proxy ports"},
 	{table: TableFilter, from: "INPUT", to: ChainPortalsNonLocal, first: true,
 		comment: "kube-userspace-proxy: accept portal traffic to proxy ports", match: ctStateNew},
+	{table: TableFilter, from: "INPUT", to: ChainProxyPortReject, first: true,
+		comment: "kube-userspace-proxy: reject portal traffic to proxy ports no running proxy accepts", match: ctStateNew},
 	{table: TableNAT, from: "PREROUTING", to: ChainPortalsContainer, first: true,
 		comment: "kube-userspace-proxy: service portals"},
 	{table: TableNAT, from: "OUTPUT", to: ChainPortalsHost, first: true,

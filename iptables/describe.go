@@ -59,6 +59,8 @@ func Describe(line string) string {
 		action = "accepts it"
 	case "DROP":
 		action = "drops it"
+	case "REJECT":
+		action = "refuses it, as where nothing listens"
 	default:
 		action = "jumps to " + target
 	}
@@ -89,6 +91,8 @@ func Describe(line string) string {
 		return fmt.Sprintf("%s to proxy port %s after a node port rule sent it there (filter INPUT): %s when it opens a connection, even where the node's firewall drops by default (the packets after it are the firewall's established-traffic rule's)", proto, dport, action)
 	case ChainPortalsNonLocal:
 		return fmt.Sprintf("%s to proxy %s %s after a service address rule sent it there (filter INPUT, a connection's first packet): %s, even where the node's firewall drops by default", proto, portWord, dport, action)
+	case ChainProxyPortReject:
+		return fmt.Sprintf("%s to proxy %s %s that a portal sent there and no accept above took (filter INPUT, a connection's first packet): %s; reached only while no proxy serves (a stopping proxy flushes the accepts), so another local process that binds the port gets nothing", proto, portWord, dport, action)
 	case ChainLBSourceRanges:
 		to := fmt.Sprintf("%s to the LoadBalancer IP %s port %s (filter INPUT, where its portal delivered it)", proto, a.origDst, a.origDport)
 		if target == "RETURN" {

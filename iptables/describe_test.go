@@ -24,6 +24,7 @@ func TestDescribeRenderedRules(t *testing.T) {
 			ChainNodePortNonLocal:  {"TCP to proxy port 40001", "accepts it"},
 			ChainProxyPortGuard:    {"did not come through", "drops it", "back door"},
 			ChainPortalsNonLocal:   {"to proxy port 4000", "after a service address rule", "accepts it"},
+			ChainProxyPortReject:   {"to proxy port 4000", "no accept above took", "refuses it"},
 		}},
 		{"bind one address, node ports limited", Config{Family: IPv4, BindAddress: netip.MustParseAddr("192.168.1.10"),
 			NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")}}, webPortals(), map[string][]string{

@@ -75,6 +75,31 @@ func portalsAcceptRules(guard []string) []string {
 	return out
 }
 
+// portalsRejectRules renders KUBE-PROXY-PORT-REJECT from the guard's
+// rules: the same ports, rejected as a closed port is (a TCP reset, an
+// ICMP port unreachable), which is what a client meets when nothing
+// listens. Its jump comes after both accept chains, so while the proxy
+// runs no packet reaches it; a stopped proxy flushes the accepts (Stop),
+// and until its successor's first sync writes them back, portal traffic
+// is refused instead of handed to whoever binds a proxy port the portals
+// still name (the guard drops only what bypassed a portal).
+func (r *Rules) portalsRejectRules(guard []string) []string {
+	unreachable := " -j REJECT --reject-with icmp-port-unreachable"
+	if r.cfg.Family == IPv6 {
+		unreachable = " -j REJECT --reject-with icmp6-port-unreachable"
+	}
+	out := make([]string, len(guard))
+	for i, rule := range guard {
+		rule = strings.TrimSuffix(rule, guardConntrack)
+		if strings.HasPrefix(rule, "-p tcp ") {
+			out[i] = rule + " -j REJECT --reject-with tcp-reset"
+		} else {
+			out[i] = rule + unreachable
+		}
+	}
+	return out
+}
+
 // sortedGuardKeys sorts keys by protocol and port and drops repeats.
 func sortedGuardKeys(keys []guardKey) []guardKey {
 	slices.SortFunc(keys, func(a, b guardKey) int {
@@ -131,8 +156,8 @@ func guardRule(proto string, ports []guardKey) string {
 }
 
 // GuardRuleCovering returns the line of restore input (as Render writes
-// it) whose rule in chain (the guard, or KUBE-PORTALS-NON-LOCAL, which is
-// grouped alike) covers port of proto, or "" when none does: a Service's
+// it) whose rule in chain (the guard, or KUBE-PORTALS-NON-LOCAL or
+// KUBE-PROXY-PORT-REJECT, which are grouped alike) covers port of proto, or "" when none does: a Service's
 // own rendering shows its port's rule alone, while the kernel holds the
 // rule of its whole block.
 func GuardRuleCovering(input []byte, chain string, proto Protocol, port int) string {

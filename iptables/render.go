@@ -119,6 +119,7 @@ func (r *Rules) desired(portals []Portal) chainRules {
 	}
 	out[guardChain], bucket[guardChain] = guardRules(guards)
 	out[portalsAcceptChain], bucket[portalsAcceptChain] = portalsAcceptRules(out[guardChain]), bucket[guardChain]
+	out[rejectChain], bucket[rejectChain] = r.portalsRejectRules(out[guardChain]), bucket[guardChain]
 	want := make(chainRules, len(ownedChains))
 	for c, oc := range ownedChains {
 		if len(out[c]) > r.bucketAbove {
@@ -175,11 +176,13 @@ type guardKey struct {
 	port  int
 }
 
-// guardChain and portalsAcceptChain are the indexes in ownedChains of the
-// chains rendered from every portal's proxy ports together.
+// guardChain, portalsAcceptChain and rejectChain are the indexes in
+// ownedChains of the chains rendered from every portal's proxy ports
+// together.
 var (
 	guardChain         = chainIndex(ChainProxyPortGuard)
 	portalsAcceptChain = chainIndex(ChainPortalsNonLocal)
+	rejectChain        = chainIndex(ChainProxyPortReject)
 )
 
 func chainIndex(name string) int {

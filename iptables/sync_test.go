@@ -33,7 +33,7 @@ var wantBuiltins = map[Table]map[string][]string{
 		"OUTPUT":     {jumpLine(ChainPortalsHost), jumpLine(ChainNodePortHost)},
 	},
 	TableFilter: {
-		"INPUT": {jumpLine(ChainProxyPortGuard), jumpLine(ChainLBSourceRanges), jumpLine(ChainNodePortNonLocal), jumpLine(ChainPortalsNonLocal)},
+		"INPUT": {jumpLine(ChainProxyPortGuard), jumpLine(ChainLBSourceRanges), jumpLine(ChainNodePortNonLocal), jumpLine(ChainPortalsNonLocal), jumpLine(ChainProxyPortReject)},
 	},
 }
 
@@ -95,7 +95,7 @@ func TestSyncInstallsChainsJumpsAndRules(t *testing.T) {
 	syncOK(t, r, webPortals())
 	assertState(t, fake, r, webPortals())
 	// One restore per table, the guard's table first (see Rules.Sync).
-	want := [][]string{{ChainNodePortNonLocal, ChainProxyPortGuard, ChainLBSourceRanges, ChainPortalsNonLocal}, {ChainPortalsContainer, ChainPortalsHost, ChainNodePortContainer, ChainNodePortHost}}
+	want := [][]string{{ChainNodePortNonLocal, ChainProxyPortGuard, ChainLBSourceRanges, ChainPortalsNonLocal, ChainProxyPortReject}, {ChainPortalsContainer, ChainPortalsHost, ChainNodePortContainer, ChainNodePortHost}}
 	if got := writtenChains(fake); !slices.EqualFunc(got, want, slices.Equal) {
 		t.Errorf("restores wrote chains %q, want %q", got, want)
 	}
@@ -154,11 +154,11 @@ func TestSyncRewritesOnlyChangedChains(t *testing.T) {
 		{"new externalIP on a known proxy port", append(webPortals(), extraIP),
 			[][]string{{ChainPortalsContainer, ChainPortalsHost}}},
 		{"new NodePort service", append(webPortals(), newNodePort),
-			[][]string{{ChainNodePortNonLocal, ChainProxyPortGuard, ChainPortalsNonLocal}, {ChainNodePortContainer, ChainNodePortHost}}},
+			[][]string{{ChainNodePortNonLocal, ChainProxyPortGuard, ChainPortalsNonLocal, ChainProxyPortReject}, {ChainNodePortContainer, ChainNodePortHost}}},
 		{"proxy port moved", dnsMoved,
-			[][]string{{ChainProxyPortGuard, ChainPortalsNonLocal}, {ChainPortalsContainer, ChainPortalsHost}}},
+			[][]string{{ChainProxyPortGuard, ChainPortalsNonLocal, ChainProxyPortReject}, {ChainPortalsContainer, ChainPortalsHost}}},
 		{"service removed", webPortals()[:4],
-			[][]string{{ChainProxyPortGuard, ChainPortalsNonLocal}, {ChainPortalsContainer, ChainPortalsHost}}},
+			[][]string{{ChainProxyPortGuard, ChainPortalsNonLocal, ChainProxyPortReject}, {ChainPortalsContainer, ChainPortalsHost}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -318,6 +318,7 @@ func TestSyncFirstStartIsOneRestorePerTable(t *testing.T) {
 
 func TestSyncPlacesFirstJumpsInOrder(t *testing.T) {
 	guard, lbsr, nonLocal, portalsNL := jumpLine(ChainProxyPortGuard), jumpLine(ChainLBSourceRanges), jumpLine(ChainNodePortNonLocal), jumpLine(ChainPortalsNonLocal)
+	reject := jumpLine(ChainProxyPortReject)
 	portals, nodePorts := jumpLine(ChainPortalsContainer), jumpLine(ChainNodePortContainer)
 	const foreignInput, foreignNAT = "-p tcp -j ACCEPT", "-p tcp -j RETURN"
 	tests := []struct {
@@ -326,45 +327,45 @@ func TestSyncPlacesFirstJumpsInOrder(t *testing.T) {
 		input   []string // filter INPUT afterwards
 	}{
 		{"fresh node with foreign rules", func(*testing.T, *FakeRunner) {},
-			[]string{guard, lbsr, nonLocal, portalsNL, foreignInput}},
+			[]string{guard, lbsr, nonLocal, portalsNL, reject, foreignInput}},
 		{"non-local jump deleted after a foreign rule went on top", func(t *testing.T, f *FakeRunner) {
 			syncOK(t, New(f, testConfig), nil)
 			must(t, f.DeleteRule(TableFilter, "INPUT", jumpTo(ChainNodePortNonLocal).spec()...))
 			must(t, f.InsertRule(TableFilter, "INPUT", 1, "-p", "udp", "-j", "ACCEPT"))
-		}, []string{"-p udp -j ACCEPT", guard, lbsr, nonLocal, portalsNL, foreignInput}},
+		}, []string{"-p udp -j ACCEPT", guard, lbsr, nonLocal, portalsNL, reject, foreignInput}},
 		{"non-local jump above the guard", func(t *testing.T, f *FakeRunner) {
 			newFilterChains(t, f)
 			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumpTo(ChainProxyPortGuard).spec()...))
 			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumpTo(ChainNodePortNonLocal).spec()...))
-		}, []string{guard, lbsr, nonLocal, portalsNL, foreignInput}},
+		}, []string{guard, lbsr, nonLocal, portalsNL, reject, foreignInput}},
 		{"duplicates around the guard", func(t *testing.T, f *FakeRunner) {
 			newFilterChains(t, f)
 			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumpTo(ChainNodePortNonLocal).spec()...))
 			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumpTo(ChainProxyPortGuard).spec()...))
 			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumpTo(ChainNodePortNonLocal).spec()...))
-		}, []string{guard, lbsr, nonLocal, portalsNL, foreignInput}},
+		}, []string{guard, lbsr, nonLocal, portalsNL, reject, foreignInput}},
 		// The guard's jump goes in with its chain's restore; the non-local
 		// jump placed after it must count with it there, not in the kernel
 		// before the restore (the legacy userspace proxier's layout, or a
 		// guard chain someone deleted).
 		{"guard chain missing, non-local chain present", func(t *testing.T, f *FakeRunner) {
 			must(t, f.NewChain(TableFilter, ChainNodePortNonLocal))
-		}, []string{guard, lbsr, nonLocal, portalsNL, foreignInput}},
+		}, []string{guard, lbsr, nonLocal, portalsNL, reject, foreignInput}},
 		{"guard chain missing, non-local jumps duplicated on top", func(t *testing.T, f *FakeRunner) {
 			must(t, f.NewChain(TableFilter, ChainNodePortNonLocal))
 			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumpTo(ChainNodePortNonLocal).spec()...))
 			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumpTo(ChainNodePortNonLocal).spec()...))
-		}, []string{guard, lbsr, nonLocal, portalsNL, foreignInput}},
+		}, []string{guard, lbsr, nonLocal, portalsNL, reject, foreignInput}},
 		{"guard chain missing, a foreign rule above the non-local jump", func(t *testing.T, f *FakeRunner) {
 			must(t, f.NewChain(TableFilter, ChainNodePortNonLocal))
 			must(t, f.InsertRule(TableFilter, "INPUT", 1, jumpTo(ChainNodePortNonLocal).spec()...))
 			must(t, f.InsertRule(TableFilter, "INPUT", 1, "-p", "udp", "-j", "ACCEPT"))
-		}, []string{guard, lbsr, "-p udp -j ACCEPT", nonLocal, portalsNL, foreignInput}},
+		}, []string{guard, lbsr, "-p udp -j ACCEPT", nonLocal, portalsNL, reject, foreignInput}},
 		{"duplicate jumps below a foreign rule", func(t *testing.T, f *FakeRunner) {
 			syncOK(t, New(f, testConfig), nil)
 			must(t, f.AppendRule(TableFilter, "INPUT", jumpTo(ChainProxyPortGuard).spec()...))
 			must(t, f.AppendRule(TableFilter, "INPUT", jumpTo(ChainNodePortNonLocal).spec()...))
-		}, []string{guard, lbsr, nonLocal, portalsNL, foreignInput}},
+		}, []string{guard, lbsr, nonLocal, portalsNL, reject, foreignInput}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -48,12 +48,12 @@ func TestUpdateWritesOnlyTheDelta(t *testing.T) {
 	}{
 		{"unchanged", webPortals(), map[string]int{}, 0},
 		{"new externalIP on a known proxy port", append(webPortals(), extraIP), map[string]int{"-I": 2}, 1},
-		// filter (non-local accept, guard, portals' accept), then nat
-		// (container, host), in one restore.
-		{"new NodePort service", append(webPortals(), newNodePort), map[string]int{"-I": 5}, 1},
-		{"proxy port moved", dnsMoved, map[string]int{"-D": 4, "-I": 4}, 1},
+		// filter (non-local accept, guard, portals' accept, reject), then
+		// nat (container, host), in one restore.
+		{"new NodePort service", append(webPortals(), newNodePort), map[string]int{"-I": 6}, 1},
+		{"proxy port moved", dnsMoved, map[string]int{"-D": 5, "-I": 5}, 1},
 		{"service port moved", portMoved, map[string]int{"-D": 2, "-I": 2}, 1},
-		{"services removed", webPortals()[:4], map[string]int{"-D": 8}, 1},
+		{"services removed", webPortals()[:4], map[string]int{"-D": 10}, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -256,7 +256,7 @@ var proxyPortRE = regexp.MustCompile(`\b4\d{4}\b`)
 // groupedChain reports whether chain is, or is a bucket of, a chain whose
 // rules group proxy ports by number, and which.
 func groupedChain(chain string) (string, bool) {
-	for _, c := range []string{iptables.ChainProxyPortGuard, iptables.ChainPortalsNonLocal} {
+	for _, c := range []string{iptables.ChainProxyPortGuard, iptables.ChainPortalsNonLocal, iptables.ChainProxyPortReject} {
 		if strings.HasPrefix(chain, c) {
 			return c, true
 		}
@@ -325,7 +325,7 @@ func (w *equivWorld) state(t *testing.T) string {
 			for _, chain := range chains {
 				if grouped, ok := groupedChain(chain); ok {
 					// Guard rules group ports by number (iptables/guard.go),
-					// and so do the portals' accepts, which differs between
+					// and so do the portals' accepts and rejects, which differs between
 					// the two worlds, and so may their count and thus the
 					// buckets: compare the ports the chain covers, through
 					// the buckets it jumps to, with what each rule does to

@@ -52,6 +52,14 @@ type PortalRepairer interface {
 	Repairs() uint64
 }
 
+// PortalStopper is a PortalSyncer that can take back, when the proxy
+// stops, its accepts of portal traffic while leaving the portals in place
+// (iptables.Rules.Stop): traffic they send to a proxy port is then refused
+// until a successor's first sync, not handed to whoever binds the port.
+type PortalStopper interface {
+	Stop() error
+}
+
 // HealthUpdater is told when changes are queued and when a sync finished
 // (kube-proxy's ProxierHealthUpdater).
 type HealthUpdater interface {
@@ -323,14 +331,16 @@ func New(opts Options) *Proxier {
 // LoadBalancer exposes the balancer, for the debug handler and tests.
 func (p *Proxier) LoadBalancer() *loadbalancer.LoadBalancer { return p.lb }
 
-// Run syncs until ctx ends, then closes every proxy socket. Rules are left
-// in place on purpose: a restarting proxy keeps traffic flowing to sockets
-// the next process re-opens (use --cleanup to remove them).
+// Run syncs until ctx ends, then closes every proxy socket. The portals
+// are left in place on purpose: a restarting proxy keeps its ports and
+// rewrites no rule (use --cleanup to remove them). Only their accepts go,
+// before the sockets close (stopPortals).
 func (p *Proxier) Run(ctx context.Context) {
 	go p.sweepAffinity(ctx)
 	p.runner.Loop(ctx)
 	p.syncMu.Lock()
 	defer p.syncMu.Unlock()
+	p.stopPortals()
 	for name, ap := range p.active {
 		p.closePort(name, ap)
 	}
@@ -342,6 +352,24 @@ func (p *Proxier) Run(ctx context.Context) {
 		p.sockCfg.loops.Close() // resets the event loops' connections
 	}
 	p.sockCfg.unreachable.close()
+}
+
+// stopPortals has each family's rules refuse portal traffic from now on
+// (PortalStopper), while the sockets still listen: a port is never
+// accepted into while no socket of ours holds it.
+func (p *Proxier) stopPortals() {
+	for _, f := range []struct {
+		s      PortalSyncer
+		family string
+	}{{p.opts.IPv4Portals, "IPv4"}, {p.opts.IPv6Portals, "IPv6"}} {
+		st, ok := f.s.(PortalStopper)
+		if !ok {
+			continue
+		}
+		if err := st.Stop(); err != nil {
+			klog.ErrorS(err, "Failed to flush the accepts of portal traffic: until the next start, a local process that binds a proxy port receives the traffic its portal sends there", "family", f.family)
+		}
+	}
 }
 
 func (p *Proxier) sweepAffinity(ctx context.Context) {

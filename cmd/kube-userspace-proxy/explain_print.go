@@ -293,7 +293,7 @@ func (e *explanation) writePort(w *bufio.Writer, p proxier.DebugServicePort) {
 				continue
 			}
 			chain, rule, _ := strings.Cut(line[len("-A "):], " ")
-			grouping := chain == iptables.ChainProxyPortGuard || chain == iptables.ChainPortalsNonLocal
+			grouping := chain == iptables.ChainProxyPortGuard || chain == iptables.ChainPortalsNonLocal || chain == iptables.ChainProxyPortReject
 			if proto, ports, _, ok := iptables.GuardRulePorts(rule); ok && grouping && len(ports) == 1 {
 				// Past 256 proxy ports these chains group them by blocks
 				// of 16: show the rule of the family's rendering that

@@ -15,6 +15,7 @@ var ourChains = []string{
 	"KUBE-PORTALS-CONTAINER", "KUBE-PORTALS-HOST",
 	"KUBE-NODEPORT-CONTAINER", "KUBE-NODEPORT-HOST",
 	"KUBE-NODEPORT-NON-LOCAL", "KUBE-PROXY-PORT-GUARD", "KUBE-PORTALS-NON-LOCAL",
+	"KUBE-PROXY-PORT-REJECT",
 }
 
 // save returns iptables-save of the namespace (v4), failing the test on error.

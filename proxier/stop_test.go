@@ -1,0 +1,66 @@
+package proxier
+
+import (
+	"context"
+	"errors"
+	"net"
+	"syscall"
+	"testing"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
+)
+
+// stopWatcher is iptables.Rules that notes, when told to stop, whether the
+// proxy socket at addr still listened then.
+type stopWatcher struct {
+	*iptables.Rules
+	addr      string
+	stopped   bool
+	listening bool
+	dialErr   error
+}
+
+func (s *stopWatcher) Stop() error {
+	s.stopped = true
+	// A port without endpoints may reset the client at once: anything but
+	// ECONNREFUSED means a socket held the port.
+	c, err := net.Dial("tcp", s.addr)
+	if err == nil {
+		c.Close()
+	}
+	s.dialErr = err
+	s.listening = !errors.Is(err, syscall.ECONNREFUSED)
+	return s.Rules.Stop()
+}
+
+// A proxy that stops flushes the accepts of portal traffic before it closes
+// its sockets, so no moment passes in which a portal's traffic is accepted
+// into a port nobody of ours holds; the portals themselves stay.
+func TestRunFlushesTheAcceptsBeforeClosingSockets(t *testing.T) {
+	fake := iptables.NewFakeRunner(iptables.IPv4)
+	w := &stopWatcher{Rules: iptables.New(fake, iptables.Config{Family: iptables.IPv4, BindAddress: mustAddr("127.0.0.1"), NodeIP: mustAddr("127.0.0.1")})}
+	p := New(Options{IPv4Portals: w, BindAddress: mustAddr("127.0.0.1")})
+	p.OnServiceSynced()
+	p.OnEndpointSlicesSynced()
+	p.OnServiceAdd(makeService("web", withNodePort(30080)))
+	p.Sync()
+	w.addr = proxyAddr(t, p, "default/web:p")
+	if len(fake.Rules(iptables.TableFilter, iptables.ChainPortalsNonLocal)) == 0 {
+		t.Fatalf("no accept of portal traffic after the sync")
+	}
+	nat := natRules(fake)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	p.Run(ctx)
+	if !w.stopped || !w.listening {
+		t.Errorf("Stop called: %v; the proxy socket still listened then: %v (want both): %v", w.stopped, w.listening, w.dialErr)
+	}
+	for _, c := range []string{iptables.ChainPortalsNonLocal, iptables.ChainNodePortNonLocal} {
+		if got := fake.Rules(iptables.TableFilter, c); len(got) != 0 {
+			t.Errorf("after the proxy stopped %s holds %q, want nothing", c, got)
+		}
+	}
+	if got := natRules(fake); got != nat {
+		t.Errorf("the stop changed the portals:\n got %s\nwant %s", got, nat)
+	}
+}
