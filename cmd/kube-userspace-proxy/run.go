@@ -545,12 +545,13 @@ func isLocalAddress(ip netip.Addr) bool {
 // the host).
 var cleanupRules = iptables.CleanupAll
 
-// startServers starts the healthz, metrics and fault API servers. A health
-// or metrics address that cannot be bound (its port taken) is logged and
-// tried again every serverRetryInterval until ctx ends, while the proxy
-// serves, as kube-proxy's serveHealthz and serveMetrics do; with
+// startServers starts the healthz, metrics and fault API servers. An
+// address that cannot be bound (its port taken) is logged and tried again
+// every serverRetryInterval until ctx ends, while the proxy serves, as
+// kube-proxy's serveHealthz and serveMetrics do; with
 // --bind-address-hard-fail it is an error, as there. The fault API, this
-// proxy's own, is always an error.
+// proxy's own, is retried too: as an error, any local user who held its
+// port kept the proxy from ever serving its Services.
 func startServers(ctx context.Context, o *options, p *proxier.Proxier, health *healthcheck.ProxierHealth, m *proxier.Metrics, faultTable *faults.Table) ([]*http.Server, string, error) {
 	var servers []*http.Server
 	closeAll := func() {
@@ -559,13 +560,13 @@ func startServers(ctx context.Context, o *options, p *proxier.Proxier, health *h
 		}
 	}
 	// serve returns the address bound, or "" while it is being retried.
-	serve := func(flag, addr string, mux *http.ServeMux, retry bool) (string, error) {
+	serve := func(flag, addr string, mux *http.ServeMux) (string, error) {
 		s, bound, err := httpserver.Start(addr, mux, o.httpLimits())
 		if err == nil {
 			servers = append(servers, s)
 			return bound.String(), nil
 		}
-		if !retry || o.bindAddressHardFail {
+		if o.bindAddressHardFail {
 			closeAll()
 			return "", fmt.Errorf("%s: %w", flag, err)
 		}
@@ -577,7 +578,7 @@ func startServers(ctx context.Context, o *options, p *proxier.Proxier, health *h
 		mux := http.NewServeMux()
 		mux.Handle("/healthz", health.Handler(false, func(c int) { m.ProxyHealthzTotal.WithLabelValues(strconv.Itoa(c)).Inc() }))
 		mux.Handle("/livez", health.Handler(true, func(c int) { m.ProxyLivezTotal.WithLabelValues(strconv.Itoa(c)).Inc() }))
-		addr, err := serve("--healthz-bind-address", o.healthzBindAddress, mux, true)
+		addr, err := serve("--healthz-bind-address", o.healthzBindAddress, mux)
 		if err != nil {
 			return nil, "", err
 		}
@@ -598,7 +599,7 @@ func startServers(ctx context.Context, o *options, p *proxier.Proxier, health *h
 		})
 		mux.Handle("/configz", configzHandler(o.effectiveConfig()))
 		mux.Handle("/healthz", pingHandler())
-		addr, err := serve("--metrics-bind-address", o.metricsBindAddress, mux, true)
+		addr, err := serve("--metrics-bind-address", o.metricsBindAddress, mux)
 		if err != nil {
 			return nil, "", err
 		}
@@ -607,11 +608,13 @@ func startServers(ctx context.Context, o *options, p *proxier.Proxier, health *h
 	if o.faultAPIBind != "" {
 		mux := http.NewServeMux()
 		mux.Handle("/", faultapi.New(faultTable, buildVersion()))
-		addr, err := serve("--fault-api-bind-address", o.faultAPIBind, mux, false)
+		addr, err := serve("--fault-api-bind-address", o.faultAPIBind, mux)
 		if err != nil {
 			return nil, "", err
 		}
-		klog.InfoS("Fault API (Toxiproxy's REST API) listening", "address", addr)
+		if addr != "" {
+			klog.InfoS("Fault API (Toxiproxy's REST API) listening", "address", addr)
+		}
 	}
 	return servers, metricsAddr, nil
 }

@@ -15,15 +15,18 @@ import (
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
 )
 
-// A health or metrics address whose port is taken is logged and retried
-// in the background while the proxy serves, as kube-proxy's serveHealthz
-// and serveMetrics (wait.Until, 5 s): it exited 1 ("address already in
-// use"). Each server answers once its port comes free.
+// A health, metrics or fault API address whose port is taken is logged
+// and retried in the background while the proxy serves, as kube-proxy's
+// serveHealthz and serveMetrics (wait.Until, 5 s): it exited 1 ("address
+// already in use"). Each server answers once its port comes free. The
+// fault API's was fatal until it was retried too: any local user holding
+// its port kept the proxy from ever serving, its portals' traffic meanwhile
+// refused (or, before that, received by whoever held the proxy ports).
 func TestTakenServerPortsRetried(t *testing.T) {
 	saved := serverRetryInterval
 	serverRetryInterval = 50 * time.Millisecond
 	t.Cleanup(func() { serverRetryInterval = saved })
-	health, metrics := occupy(t), occupy(t)
+	health, metrics, faultAPI := occupy(t), occupy(t), occupy(t)
 
 	o := newOptions()
 	o.manifests = t.TempDir()
@@ -31,6 +34,7 @@ func TestTakenServerPortsRetried(t *testing.T) {
 	o.bindAddress = "127.0.0.1"
 	o.healthzBindAddress = health.Addr().String()
 	o.metricsBindAddress = metrics.Addr().String()
+	o.faultAPIBind = faultAPI.Addr().String()
 	v, err := o.validate()
 	if err != nil {
 		t.Fatal(err)
@@ -52,7 +56,8 @@ func TestTakenServerPortsRetried(t *testing.T) {
 	}
 	health.Close()
 	metrics.Close()
-	for _, url := range []string{"http://" + o.healthzBindAddress + "/livez", "http://" + o.metricsBindAddress + "/proxyMode"} {
+	faultAPI.Close()
+	for _, url := range []string{"http://" + o.healthzBindAddress + "/livez", "http://" + o.metricsBindAddress + "/proxyMode", "http://" + o.faultAPIBind + "/version"} {
 		deadline := time.Now().Add(5 * time.Second)
 		for {
 			resp, err := (&http.Client{Timeout: time.Second}).Get(url)
