@@ -116,10 +116,14 @@ type Options struct {
 	// ClaimNodePorts holds NodePorts (and local external IP ports) open, as
 	// the legacy proxier did, so no other process can take them unnoticed.
 	ClaimNodePorts bool
-	Health         HealthUpdater
-	Metrics        *Metrics
-	Clock          clock.WithTicker
-	Dialer         Dialer
+	// OtherProxyRunning reports whether another proxy programs the rules
+	// of this network namespace (cmd's instance claim): a stopping proxy
+	// then leaves the accepts of portal traffic (PortalStopper) to it.
+	OtherProxyRunning func() bool
+	Health            HealthUpdater
+	Metrics           *Metrics
+	Clock             clock.WithTicker
+	Dialer            Dialer
 	// DialTimeouts are a connection's dial attempts (at most
 	// maxDialAttempts are used; nil: defaultDialTimeouts).
 	DialTimeouts []time.Duration
@@ -358,6 +362,13 @@ func (p *Proxier) Run(ctx context.Context) {
 // (PortalStopper), while the sockets still listen: a port is never
 // accepted into while no socket of ours holds it.
 func (p *Proxier) stopPortals() {
+	if p.opts.OtherProxyRunning != nil && p.opts.OtherProxyRunning() {
+		// The accepts let the other proxy's traffic in too: its last sync
+		// may have written the portals, naming its ports. Flushed, its
+		// Services were refused until it repaired the rules.
+		klog.InfoS("Another kube-userspace-proxy runs in this network namespace: leaving the accepts of portal traffic to it")
+		return
+	}
 	for _, f := range []struct {
 		s      PortalSyncer
 		family string

@@ -64,3 +64,29 @@ func TestRunFlushesTheAcceptsBeforeClosingSockets(t *testing.T) {
 		t.Errorf("the stop changed the portals:\n got %s\nwant %s", got, nat)
 	}
 }
+
+// While another proxy programs this namespace's rules (an overlapping
+// restart), a stopping one leaves the accepts of portal traffic in place:
+// the other's last sync may have written the portals, naming its own
+// ports, whose traffic the accepts let in. Flushed, every Service of the
+// proxy that stays was refused until it repaired the rules.
+func TestStopLeavesTheAcceptsToAnotherProxy(t *testing.T) {
+	fake := iptables.NewFakeRunner(iptables.IPv4)
+	w := &stopWatcher{Rules: iptables.New(fake, iptables.Config{Family: iptables.IPv4, BindAddress: mustAddr("127.0.0.1"), NodeIP: mustAddr("127.0.0.1")})}
+	p := New(Options{IPv4Portals: w, BindAddress: mustAddr("127.0.0.1"), OtherProxyRunning: func() bool { return true }})
+	p.OnServiceSynced()
+	p.OnEndpointSlicesSynced()
+	p.OnServiceAdd(makeService("web", withNodePort(30080)))
+	p.Sync()
+	w.addr = proxyAddr(t, p, "default/web:p")
+	before := fake.Rules(iptables.TableFilter, iptables.ChainPortalsNonLocal)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	p.Run(ctx)
+	if w.stopped {
+		t.Errorf("Stop called while another proxy runs")
+	}
+	if got := fake.Rules(iptables.TableFilter, iptables.ChainPortalsNonLocal); len(got) == 0 || len(got) != len(before) {
+		t.Errorf("after the proxy stopped %s holds %q, want %q", iptables.ChainPortalsNonLocal, got, before)
+	}
+}

@@ -48,6 +48,9 @@ type instanceClaim struct {
 	// peers are the proxies that found this one and said so, while they
 	// run (at most maxInstancePeers).
 	peers map[*net.UnixConn]bool
+	// proxies counts the peers that said they are proxies (instanceHello)
+	// and still run.
+	proxies int
 }
 
 // instanceHello is what a proxy that programs rules writes to the holder
@@ -280,8 +283,12 @@ func (c *instanceClaim) watchPeer(conn *net.UnixConn, pid int, limit flowcontrol
 		return
 	}
 	_ = conn.SetReadDeadline(time.Time{})
+	c.mu.Lock()
+	c.proxies++
+	c.mu.Unlock()
 	_, _ = io.Copy(io.Discard, conn)
 	c.mu.Lock()
+	c.proxies--
 	released := c.released
 	c.mu.Unlock()
 	if released {
@@ -291,6 +298,18 @@ func (c *instanceClaim) watchPeer(conn *net.UnixConn, pid int, limit flowcontrol
 		klog.InfoS("The other kube-userspace-proxy in this network namespace exited; repairing the portal rules it left naming its ports", "pid", pidValue(pid))
 	}
 	c.otherGone()
+}
+
+// othersRunning reports whether another proxy programs this network
+// namespace's rules: one that found this one and said so, or the holder
+// this one waits for.
+func (c *instanceClaim) othersRunning() bool {
+	if c == nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.proxies > 0 || c.toHolder != nil
 }
 
 // newInstanceLogLimiter bounds announceOthers' lines (a variable: tests

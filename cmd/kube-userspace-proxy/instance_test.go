@@ -290,3 +290,45 @@ func (c *instanceClaim) holding() bool {
 	defer c.mu.Unlock()
 	return c.ln != nil
 }
+
+// Each of two proxies knows the other runs (othersRunning: a stopping one
+// then leaves the accepts of portal traffic to it) while both do, and the
+// one that stays knows it no longer does once the other exits; a process
+// that only looks (--cleanup) is no proxy.
+func TestInstancesKnowTheOtherRuns(t *testing.T) {
+	saved := instanceSocket
+	instanceSocket = fmt.Sprintf("@kube-userspace-proxy.test.%d.%d", os.Getpid(), time.Now().UnixNano())
+	defer func() { instanceSocket = saved }()
+
+	first, _, _ := claimInstance()
+	defer first.release()
+	if first.othersRunning() {
+		t.Fatal("a lone proxy finds another running")
+	}
+	if held, _ := holder(); !held { // --cleanup's look
+		t.Fatal("holder() found no holder")
+	}
+	time.Sleep(100 * time.Millisecond)
+	if first.othersRunning() {
+		t.Fatal("a process that only looked counts as a proxy")
+	}
+	second, _, _ := claimInstance()
+	if !second.othersRunning() {
+		t.Error("the second proxy does not know the first runs")
+	}
+	waitFor(t, "the first to know the second runs", first.othersRunning)
+	second.release()
+	waitFor(t, "the first to know the second exited", func() bool { return !first.othersRunning() })
+	if second.othersRunning() {
+		t.Error("a released claim still finds another running")
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}

@@ -116,6 +116,7 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		popts.IPv4Portals, popts.IPv6Portals = v4, v6
 		ipv4, ipv6 = v4 != nil, v6 != nil
 		popts.ClaimNodePorts = true
+		popts.OtherProxyRunning = claim.othersRunning
 		popts.Conntrack = proxier.NetlinkConntrack{}
 	}
 	health.SetFamilies(servedFamilies(ipv4, ipv6)...)
