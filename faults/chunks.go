@@ -2,6 +2,7 @@ package faults
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
@@ -21,6 +22,147 @@ const (
 // readBufSize is what the reader reads into (relay's copy buffer); it
 // waits until the budget has room for a whole one.
 const readBufSize = relay.CopyBufSize
+
+// readCost is what a read takes of the process's budget (bufferBudget)
+// until what it read is known.
+const readCost = readBufSize + chunkOverhead
+
+// bufferBudget bounds what every faulted direction of the process holds
+// together (--fault-max-buffered-bytes): the chunks of its queue, as
+// chunkBudget counts them, and its read in progress (readCost). Without
+// it each direction of a latency-faulted stream held its 4 MiB: 300
+// clients of one such Service took the proxy from 32 MB to 1.27 GB.
+//
+// Once it is spent, a reader waits in line (first come, first served)
+// and its source meets TCP back-pressure, as behind a slow peer. A
+// direction that holds nothing always reads, over the budget if need be,
+// so a stream is never stalled by what others hold (a bandwidth 0 hold
+// never gives its bytes back): the bound is the budget plus one read per
+// faulted direction, which each connection's copy buffers cost anyway.
+// The zero value and nil have no bound; held is still counted.
+type bufferBudget struct {
+	max  int64 // 0: no bound
+	held atomic.Int64
+	// waiting is len(line), read without mu by give.
+	waiting atomic.Int32
+	mu      sync.Mutex
+	line    []*chunkQueue // readers waiting for room, oldest first
+}
+
+// take reserves a read for q's reader: at once when the budget has room
+// and nobody waits before it, or when force (q holds nothing), or when
+// give granted it one while it waited; otherwise q waits in line and
+// take reports false (q.space is signalled at the grant).
+func (b *bufferBudget) take(q *chunkQueue, force bool) bool {
+	if b == nil {
+		return true
+	}
+	if !q.waited {
+		// Without the lock while nobody waits: a read per chunk.
+		if b.max <= 0 || force {
+			b.held.Add(readCost)
+			return true
+		}
+		for b.waiting.Load() == 0 {
+			held := b.held.Load()
+			if held+readCost > b.max {
+				break
+			}
+			if b.held.CompareAndSwap(held, held+readCost) {
+				return true
+			}
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case q.granted:
+		q.granted, q.waited = false, false
+		return true
+	case force:
+		if q.inLine {
+			b.leaveLine(q)
+		}
+		q.waited = false
+		b.held.Add(readCost)
+		return true
+	case !q.inLine:
+		// In line before the look at held below, so that a give that
+		// freed room since either sees the line or is seen there (it
+		// looks at waiting after its subtraction).
+		b.line = append(b.line, q)
+		q.inLine = true
+		b.waiting.Add(1)
+	}
+	if b.line[0] == q && b.room() {
+		b.leaveLine(q)
+		q.waited = false
+		b.held.Add(readCost)
+		return true
+	}
+	q.waited = true
+	return false
+}
+
+func (b *bufferBudget) room() bool { return b.held.Load()+readCost <= b.max }
+
+// give returns n bytes to the budget, and grants the readers in line
+// what room it made.
+func (b *bufferBudget) give(n int64) {
+	if b == nil {
+		return
+	}
+	b.held.Add(-n)
+	if b.max <= 0 || b.waiting.Load() == 0 {
+		return
+	}
+	b.mu.Lock()
+	for len(b.line) > 0 && b.room() {
+		q := b.line[0]
+		b.leaveLine(q)
+		q.granted = true
+		b.held.Add(readCost)
+		signal(q.space)
+	}
+	b.mu.Unlock()
+}
+
+// leave takes q's reader out of line when its queue closed, with the
+// read it was granted, if any.
+func (b *bufferBudget) leave(q *chunkQueue) {
+	if b == nil || b.max <= 0 {
+		return
+	}
+	b.mu.Lock()
+	granted := q.granted
+	q.granted = false
+	if q.inLine {
+		b.leaveLine(q)
+	}
+	b.mu.Unlock()
+	if granted {
+		b.give(readCost)
+	}
+}
+
+// leaveLine takes q out of line; under mu.
+func (b *bufferBudget) leaveLine(q *chunkQueue) {
+	if b.line[0] == q {
+		// Grants take the head: no copy of a long line per grant.
+		b.line[0] = nil
+		b.line = b.line[1:]
+	} else {
+		i := 1
+		for b.line[i] != q {
+			i++
+		}
+		copy(b.line[i:], b.line[i+1:])
+		b.line[len(b.line)-1] = nil
+		b.line = b.line[:len(b.line)-1]
+	}
+	q.inLine = false
+	b.waiting.Add(-1)
+}
 
 // A short read is copied into a pooled buffer of the smallest of these
 // sizes that holds it, and the read buffer goes back at once: 500
@@ -76,8 +218,9 @@ func chunkCost(c chunk) int {
 }
 
 // chunkQueue hands chunks from a direction's reader to its writer, in
-// order, within chunkBudget. It grows with what is queued rather than
-// being sized for the most chunks the budget allows.
+// order, within chunkBudget and the process's budget. It grows with what
+// is queued rather than being sized for the most chunks the budget
+// allows.
 type chunkQueue struct {
 	mu     sync.Mutex
 	q      []chunk
@@ -85,11 +228,17 @@ type chunkQueue struct {
 	held   int           // the queued and in-hand chunks' cost
 	closed bool          // the writer returned
 	ready  chan struct{} // cap 1: a chunk was queued
-	space  chan struct{} // cap 1: held went down, or closed
+	space  chan struct{} // cap 1: held went down, closed, or a read granted
+	budget *bufferBudget
+	// inLine, granted: the reader waits in budget's line, or was granted
+	// a read there; under budget.mu. waited: take last reported false
+	// (the reader's own).
+	inLine, granted bool
+	waited          bool
 }
 
-func newChunkQueue() *chunkQueue {
-	return &chunkQueue{ready: make(chan struct{}, 1), space: make(chan struct{}, 1)}
+func newChunkQueue(b *bufferBudget) *chunkQueue {
+	return &chunkQueue{ready: make(chan struct{}, 1), space: make(chan struct{}, 1), budget: b}
 }
 
 func signal(ch chan struct{}) {
@@ -99,29 +248,32 @@ func signal(ch chan struct{}) {
 	}
 }
 
-// waitSpace waits until the budget has room for a read; false: the writer
-// returned.
+// waitSpace waits until both budgets have room for a read, which it
+// reserves (push settles it); false: the writer returned.
 func (q *chunkQueue) waitSpace() bool {
 	for {
 		q.mu.Lock()
-		closed, room := q.closed, q.held+readBufSize+chunkOverhead <= chunkBudget
+		closed, held := q.closed, q.held
 		q.mu.Unlock()
 		if closed {
+			q.budget.leave(q)
 			return false
 		}
-		if room {
+		if held+readCost <= chunkBudget && q.budget.take(q, held == 0) {
 			return true
 		}
 		<-q.space
 	}
 }
 
-// push queues c; false (c's buffer returned) when the writer returned.
+// push queues c, which takes the place of its read's reservation; false
+// (c's buffer returned) when the writer returned.
 func (q *chunkQueue) push(c chunk) bool {
 	q.mu.Lock()
 	if q.closed {
 		q.mu.Unlock()
 		putChunkBuffer(c.buf)
+		q.budget.give(readCost)
 		return false
 	}
 	switch {
@@ -135,8 +287,10 @@ func (q *chunkQueue) push(c chunk) bool {
 		q.q, q.head = q.q[:n], 0
 	}
 	q.q = append(q.q, c)
-	q.held += chunkCost(c)
+	cost := chunkCost(c)
+	q.held += cost
 	q.mu.Unlock()
+	q.budget.give(int64(readCost - cost))
 	signal(q.ready)
 	return true
 }
@@ -158,9 +312,11 @@ func (q *chunkQueue) pop() (chunk, bool) {
 // release returns a popped chunk's buffer and its share of the budget.
 func (q *chunkQueue) release(c chunk) {
 	putChunkBuffer(c.buf)
+	cost := chunkCost(c)
 	q.mu.Lock()
-	q.held -= chunkCost(c)
+	q.held -= cost
 	q.mu.Unlock()
+	q.budget.give(int64(cost))
 	signal(q.space)
 }
 
@@ -174,7 +330,24 @@ func (q *chunkQueue) close() {
 		putChunkBuffer(q.q[i].buf)
 		q.q[i] = chunk{}
 	}
+	held := q.held
 	q.q, q.head, q.held = nil, 0, 0
 	q.mu.Unlock()
+	q.budget.give(int64(held))
 	signal(q.space)
 }
+
+// DefaultMaxBufferedBytes is --fault-max-buffered-bytes' default: what 64
+// directions hold at their own bound of 4 MiB, so that up to 64 streams
+// under latency keep their full rate (4 MiB per delay each), and that
+// many more at once cost 256 MiB, not 4 MiB each (1.27 GB for 300).
+const DefaultMaxBufferedBytes = 64 * chunkBudget
+
+// SetMaxBufferedBytes bounds what the faulted directions of every port
+// hold in flight together (--fault-max-buffered-bytes; 0: no bound). Set
+// it before any Accept.
+func (t *Table) SetMaxBufferedBytes(n int64) { t.buffers.max = n }
+
+// BufferedBytes is what the faulted directions hold in flight now, and
+// the bound (0: none).
+func (t *Table) BufferedBytes() (held, max int64) { return t.buffers.held.Load(), t.buffers.max }

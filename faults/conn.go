@@ -112,10 +112,12 @@ func (p *Port) Accept(client netip.Addr) *Conn {
 	c.ConnectDelay = connectDelay
 	if len(up) > 0 {
 		c.up = newPipeline(up, seq)
+		c.up.budget = &p.table.buffers
 		c.Upstream = c.up.copy
 	}
 	if len(down) > 0 {
 		c.down = newPipeline(down, seq)
+		c.down.budget = &p.table.buffers
 		c.Downstream = c.down.copy
 	}
 	if c.up != nil && c.down != nil {

@@ -16,6 +16,9 @@ type Metrics struct {
 	// scrape time. As vector children they were created for every service
 	// port (about 1 KiB each) whether or not it ever saw a toxic.
 	ports *portSeries
+	// buffers is the table's bound on what faulted directions hold, which
+	// the buffered-bytes gauges read.
+	buffers atomic.Pointer[bufferBudget]
 }
 
 // NewMetrics registers on reg (nil: unregistered, for tests).
@@ -28,9 +31,26 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		ports: newPortSeries(),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Injected, m.ports)
+		reg.MustRegister(m.Injected, m.ports,
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Namespace: "kubeproxy", Subsystem: "userspace", Name: "faults_buffered_bytes",
+				Help: "Bytes the faulted TCP directions of every service port hold in flight (read, not yet written), with each one's read in progress",
+			}, func() float64 { held, _ := m.buffered(); return float64(held) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Namespace: "kubeproxy", Subsystem: "userspace", Name: "faults_max_buffered_bytes",
+				Help: "--fault-max-buffered-bytes: the bound of faults_buffered_bytes (0: none); a direction that holds nothing still reads",
+			}, func() float64 { _, max := m.buffered(); return float64(max) }))
 	}
 	return m
+}
+
+// buffered is what faulted directions hold and the bound; zero before a
+// table uses m.
+func (m *Metrics) buffered() (held, max int64) {
+	if b := m.buffers.Load(); b != nil {
+		return b.held.Load(), b.max
+	}
+	return 0, 0
 }
 
 func (m *Metrics) forget(label string) {

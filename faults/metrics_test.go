@@ -151,3 +151,23 @@ kubeproxy_userspace_faults_delay_queue_dropped_total{service_port="default.dns.d
 	}
 	tbl.SetEnabled(p.Name(), false) // ends the delay line's wait
 }
+
+// faults_buffered_bytes and faults_max_buffered_bytes show the table's
+// bound on what faulted directions hold, and what they hold.
+func TestBufferedBytesExposition(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	tbl := NewTable(0, 0, NewMetrics(reg))
+	tbl.SetMaxBufferedBytes(256 << 20)
+	tbl.buffers.held.Add(1000)
+	want := `
+# HELP kubeproxy_userspace_faults_buffered_bytes Bytes the faulted TCP directions of every service port hold in flight (read, not yet written), with each one's read in progress
+# TYPE kubeproxy_userspace_faults_buffered_bytes gauge
+kubeproxy_userspace_faults_buffered_bytes 1000
+# HELP kubeproxy_userspace_faults_max_buffered_bytes --fault-max-buffered-bytes: the bound of faults_buffered_bytes (0: none); a direction that holds nothing still reads
+# TYPE kubeproxy_userspace_faults_max_buffered_bytes gauge
+kubeproxy_userspace_faults_max_buffered_bytes 2.68435456e+08
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "kubeproxy_userspace_faults_buffered_bytes", "kubeproxy_userspace_faults_max_buffered_bytes"); err != nil {
+		t.Fatal(err)
+	}
+}

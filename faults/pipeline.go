@@ -74,6 +74,9 @@ type pipeline struct {
 	slowClose time.Duration
 	// passed is what the toxics let through to dst so far (Passed).
 	passed atomic.Int64
+	// budget is the process's bound on what faulted directions hold
+	// (Table.SetMaxBufferedBytes); nil: none.
+	budget *bufferBudget
 
 	// dst is where the writer waits (sleep): parked on its write side,
 	// not on a timer, so whatever ends the connection wakes it
@@ -240,7 +243,7 @@ func (p *pipeline) pump(dst, src *net.TCPConn) (int64, error) {
 		return 0, err
 	}
 	p.srcRaw = raw
-	q := newChunkQueue()
+	q := newChunkQueue(p.budget)
 	defer q.close()
 	go p.readChunks(src, q)
 	var total int64

@@ -59,18 +59,26 @@ type Table struct {
 	// down (API, down toxic) cuts them; set it before any Accept when the
 	// fault API is served. Off, connections without faults cost nothing.
 	TrackLive bool
+	// buffers bounds what faulted directions hold in flight
+	// (SetMaxBufferedBytes).
+	buffers bufferBudget
 
 	mu    sync.Mutex
 	ports map[string]*Port
 }
 
 // NewTable builds an empty table. seed is --fault-seed; maxActive caps
-// faulted live connections per service port (0 = unlimited).
+// faulted live connections per service port (0 = unlimited). What
+// faulted directions hold is bounded by DefaultMaxBufferedBytes until
+// SetMaxBufferedBytes.
 func NewTable(seed int64, maxActive int, m *Metrics) *Table {
 	if m == nil {
 		m = NewMetrics(nil)
 	}
-	return &Table{seed: seed, maxActive: maxActive, metrics: m, ports: map[string]*Port{}}
+	t := &Table{seed: seed, maxActive: maxActive, metrics: m, ports: map[string]*Port{}}
+	t.buffers.max = DefaultMaxBufferedBytes
+	m.buffers.Store(&t.buffers)
+	return t
 }
 
 // Port returns the port named name, creating it (enabled, no toxics).

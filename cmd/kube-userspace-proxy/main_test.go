@@ -64,6 +64,7 @@ func TestBadFaultFlagsExitTwo(t *testing.T) {
 	for _, args := range [][]string{
 		{"--fault-api-bind-address", "8474"},
 		{"--fault-max-active", "-1"},
+		{"--fault-max-buffered-bytes", "-1"},
 		{"--fault-seed", "x"},
 	} {
 		if code := runMain(args); code != exitUsage {

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/httpserver"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
@@ -69,6 +70,7 @@ type options struct {
 	faultAPIBind       string
 	faultSeed          int64
 	faultMaxActive     int
+	faultMaxBuffered   int64
 	serviceCIDRs       string
 	nodePortRange      string
 	affinityMaxEntries int
@@ -130,6 +132,7 @@ func newOptions() *options {
 		serviceCIDRs:       config.DefaultServiceClusterIPRange,
 		nodePortRange:      config.DefaultNodePortRange.String(),
 		affinityMaxEntries: loadbalancer.DefaultMaxAffinityEntries,
+		faultMaxBuffered:   faults.DefaultMaxBufferedBytes,
 		httpMaxConns:       httpserver.DefaultLimits.MaxConns,
 		httpIdleTimeout:    httpserver.DefaultLimits.IdleTimeout,
 		stateFileGrace:     config.DefaultStateFileGrace,
@@ -171,6 +174,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.faultAPIBind, "fault-api-bind-address", o.faultAPIBind, "HOST:PORT for Toxiproxy's REST API over this node's service ports (e.g. 127.0.0.1:8474); empty disables it.")
 	fs.Int64Var(&o.faultSeed, "fault-seed", o.faultSeed, "Seed of every fault draw: the same seed and arrival order give the same faults.")
 	fs.IntVar(&o.faultMaxActive, "fault-max-active", o.faultMaxActive, "At most this many live faulted connections per service port; further connections get no fault, except down and refuse, which hold no slot. 0 means unlimited.")
+	fs.Int64Var(&o.faultMaxBuffered, "fault-max-buffered-bytes", o.faultMaxBuffered, "At most this many bytes held in flight (read, not yet written) by the faulted TCP connections of every service port together; past it a faulted direction stops reading, and its sender is held back by TCP flow control, except that a direction holding nothing still reads one buffer (32 KiB). 0 means unlimited.")
 	fs.IntVar(&o.affinityMaxEntries, "affinity-max-entries-per-port", o.affinityMaxEntries, "At most this many clients in one service port's ClientIP affinity table; a new client of a full table evicts the least recently used one. 0 means unlimited.")
 	fs.IntVar(&o.httpMaxConns, "http-max-connections", o.httpMaxConns, "At most this many open connections per HTTP server (health, metrics, healthCheckNodePort, fault API); at the cap a new client takes the place of the longest-idle keep-alive connection, or waits in the listen backlog while every connection is busy with a request. 0 means unlimited.")
 	fs.DurationVar(&o.httpIdleTimeout, "http-idle-timeout", o.httpIdleTimeout, "How long an HTTP server keeps an idle keep-alive connection open (e.g. '30s'). Must be greater than 0.")
@@ -359,6 +363,9 @@ func (o *options) validate() (*validated, error) {
 	}
 	if o.faultMaxActive < 0 {
 		add("--fault-max-active must not be negative, got %d", o.faultMaxActive)
+	}
+	if o.faultMaxBuffered < 0 {
+		add("--fault-max-buffered-bytes must not be negative, got %d", o.faultMaxBuffered)
 	}
 	if o.affinityMaxEntries < 0 {
 		add("--affinity-max-entries-per-port must not be negative, got %d", o.affinityMaxEntries)

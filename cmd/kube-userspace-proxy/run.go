@@ -61,6 +61,7 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 	metrics := proxier.NewMetrics()
 	health := healthcheck.NewProxierHealth(clk, healthTimeout(o.syncPeriod))
 	faultTable := faults.NewTable(o.faultSeed, o.faultMaxActive, faults.NewMetrics(metrics.Registry))
+	faultTable.SetMaxBufferedBytes(o.faultMaxBuffered)
 	// Only the API can take a port down and cut its live connections, so
 	// only then is every connection tracked.
 	faultTable.TrackLive = o.faultAPIBind != ""

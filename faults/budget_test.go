@@ -1,0 +1,112 @@
+package faults
+
+import (
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
+)
+
+// stream has backend write until its connection fails, and client read
+// everything; it returns what the client read so far.
+func stream(t *testing.T, client, backend *net.TCPConn) *atomic.Int64 {
+	t.Helper()
+	var got atomic.Int64
+	go func() {
+		buf := make([]byte, 32<<10)
+		for {
+			if _, err := backend.Write(buf); err != nil {
+				return
+			}
+		}
+	}()
+	go func() {
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := client.Read(buf)
+			got.Add(int64(n))
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return &got
+}
+
+// Faulted directions hold at most --fault-max-buffered-bytes together
+// (plus one read each), however many there are; each still moves. Before
+// the bound each held its own 4 MiB: 8 latency-faulted streams held 32 MiB
+// against a bound of 8 MiB.
+func TestBufferedBytesBounded(t *testing.T) {
+	const conns, bound = 8, 8 << 20
+	tbl, p := declared(t, 0, 0, "TCP", `{"type":"latency","attributes":{"latency":1500}}`)
+	tbl.SetMaxBufferedBytes(bound)
+	var got []*atomic.Int64
+	var ends []*net.TCPConn
+	var dones []chan struct{}
+	for range conns {
+		client, backend, done := proxied(t, p, client1)
+		got = append(got, stream(t, client, backend))
+		ends = append(ends, client, backend)
+		dones = append(dones, done)
+	}
+	var peak int64
+	for start := time.Now(); time.Since(start) < 3*time.Second; time.Sleep(10 * time.Millisecond) {
+		held, _ := tbl.BufferedBytes()
+		peak = max(peak, held)
+	}
+	if limit := int64(bound + conns*readCost); peak > limit {
+		t.Errorf("%d latency-faulted streams held up to %d bytes together; want at most %d (bound %d and a read each)", conns, peak, limit, bound)
+	}
+	for i, g := range got {
+		if g.Load() == 0 {
+			t.Errorf("stream %d delivered nothing in 3 s under a 1.5 s latency", i)
+		}
+	}
+	for _, c := range ends {
+		c.Close()
+	}
+	for _, d := range dones {
+		relayEnds(t, d)
+	}
+	// A reader still in its read when the relay ended gives its
+	// reservation back when that read fails, just after.
+	held, _ := tbl.BufferedBytes()
+	for deadline := time.Now().Add(2 * time.Second); held != 0 && time.Now().Before(deadline); held, _ = tbl.BufferedBytes() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if held != 0 {
+		t.Errorf("after every connection ended the faulted directions hold %d bytes, want 0", held)
+	}
+}
+
+// A direction that holds nothing always reads, whatever others hold: with
+// a bound of one byte, spent by a bandwidth 0 hold that never gives its
+// bytes back, a latency-faulted stream still moves, a read at a time.
+func TestBufferedBytesNeverStall(t *testing.T) {
+	tbl, p := declared(t, 0, 0, "TCP",
+		`{"type":"bandwidth","clients":["10.0.0.2/32"],"attributes":{"rate":0}}`,
+		`{"type":"latency","clients":["10.0.0.1/32"],"attributes":{"latency":20}}`)
+	tbl.SetMaxBufferedBytes(1)
+	// The hold ends its connection once its source ended (holdEnded).
+	o := relay.Options{HalfCloseTimeout: 100 * time.Millisecond}
+	holdClient, holdBackend, holdDone := proxiedWith(t, p, mustAddr("10.0.0.2"), o)
+	stream(t, holdClient, holdBackend)
+	client, backend, done := proxied(t, p, client1)
+	got := stream(t, client, backend)
+	deadline := time.Now().Add(5 * time.Second)
+	for got.Load() < 1<<20 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := got.Load(); n < 1<<20 {
+		held, _ := tbl.BufferedBytes()
+		t.Errorf("the latency-faulted stream delivered %d bytes in 5 s beside a hold (faulted directions hold %d); want 1 MiB", n, held)
+	}
+	for _, c := range []*net.TCPConn{client, backend, holdClient, holdBackend} {
+		c.Close()
+	}
+	relayEnds(t, done)
+	relayEnds(t, holdDone)
+}
