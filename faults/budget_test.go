@@ -110,3 +110,34 @@ func TestBufferedBytesNeverStall(t *testing.T) {
 	relayEnds(t, done)
 	relayEnds(t, holdDone)
 }
+
+// Once what faulted directions held falls from over 64 MiB to under
+// 8 MiB, the heap is given back to the system, twice (a pooled buffer
+// survives one collection), and only then: an idle process kept what 300
+// latency-faulted streams held for 4 minutes after they ended (1.27 GB).
+func TestBufferedBytesGivenBackAfterDrop(t *testing.T) {
+	defer func(after, every time.Duration, free func()) {
+		trimAfter, trimEvery, freeOSMemory = after, every, free
+	}(trimAfter, trimEvery, freeOSMemory)
+	var frees atomic.Int32
+	trimAfter, trimEvery, freeOSMemory = 0, 0, func() { frees.Add(1) }
+	settled := func(want int32) {
+		t.Helper()
+		time.Sleep(50 * time.Millisecond)
+		if n := frees.Load(); n != want {
+			t.Fatalf("the heap was given back %d times, want %d", n, want)
+		}
+	}
+	var b bufferBudget
+	b.took(b.held.Add(32 << 20))
+	b.give(32<<20 - 1<<20)
+	settled(0) // never over 64 MiB
+	b.took(b.held.Add(100 << 20))
+	b.give(90 << 20)
+	settled(0) // still over 8 MiB
+	b.give(10 << 20)
+	settled(2)
+	b.took(b.held.Add(1 << 20))
+	b.give(1 << 20)
+	settled(2) // no burst since
+}
