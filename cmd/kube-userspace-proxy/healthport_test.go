@@ -39,6 +39,7 @@ func TestHealthCheckNodePortOnNodePortAddresses(t *testing.T) {
 	}
 	o := loopbackOptions(dir, "127.0.0.2")
 	o.nodePortAddresses = []string{"127.0.0.0/8", "::1/128"}
+	o.nodePortRange = port // a manifest's healthCheckNodePort must be in the range
 	runProxy(t, o)
 
 	client := &http.Client{Timeout: time.Second}

@@ -94,6 +94,10 @@ func TestDecodeManifests(t *testing.T) {
 		{"health check node port", svcHead + "  type: LoadBalancer\n  externalTrafficPolicy: Local\n  healthCheckNodePort: 30999\n  ports: [{port: 80, nodePort: 30080}]\n", 1, ""},
 		{"health check node port is a node port", svcHead + "  type: LoadBalancer\n  externalTrafficPolicy: Local\n  healthCheckNodePort: 30080\n  ports: [{port: 80, nodePort: 30080}]\n", 0,
 			"spec.healthCheckNodePort: 30080 is also spec.ports[0].nodePort"},
+		// As the API server refuses it: served, port 22 was opened in a
+		// drop-policy node's firewall for any host.
+		{"health check node port out of the node port range", svcHead + "  type: LoadBalancer\n  externalTrafficPolicy: Local\n  healthCheckNodePort: 22\n  ports: [{port: 80, nodePort: 30080}]\n", 0,
+			"spec.healthCheckNodePort: 22 is out of the node port range 30000-32767"},
 		{"source ranges", svcHead + "  type: LoadBalancer\n  loadBalancerSourceRanges: [10.0.0.0/8, ' fd00::/64 ']\n  ports: [{port: 80}]\n", 1, ""},
 		{"bad source range", svcHead + "  type: LoadBalancer\n  loadBalancerSourceRanges: [10.0.0.0/8, 10.1.2.3]\n  ports: [{port: 80}]\n", 0,
 			`spec.loadBalancerSourceRanges[1]: "10.1.2.3" is not a valid IP range`},

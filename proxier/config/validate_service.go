@@ -52,7 +52,7 @@ func validateService(fe *fieldErrors, s *v1.Service, nodePorts PortRange) {
 			fe.add(path, "needs an ip or a hostname")
 		}
 	}
-	validateHealthCheckNodePort(fe, spec.Child("healthCheckNodePort"), s)
+	validateHealthCheckNodePort(fe, spec.Child("healthCheckNodePort"), s, nodePorts)
 	validateSourceRanges(fe, spec.Child("loadBalancerSourceRanges"), s)
 	validateAffinity(fe, spec, s)
 	if _, err := faults.ForService(s); err != nil {
@@ -96,13 +96,18 @@ func validateNonSpecialIP(fe *fieldErrors, path *field.Path, a netip.Addr, s str
 	}
 }
 
-// validateHealthCheckNodePort refuses a healthCheckNodePort that is one of
-// the Service's own node ports, as the API server's allocator would: the
-// health server and the node port's claim cannot both hold it. Its range is
-// not checked (manifests may pick any free port for it, and have done so).
-func validateHealthCheckNodePort(fe *fieldErrors, path *field.Path, s *v1.Service) {
+// validateHealthCheckNodePort refuses a healthCheckNodePort outside the
+// node port range, or one of the Service's own node ports, as the API
+// server's allocator would: the proxy opens it in a drop-policy node's
+// firewall to every host (port 22 as well), and the health server and the
+// node port's claim cannot both hold it.
+func validateHealthCheckNodePort(fe *fieldErrors, path *field.Path, s *v1.Service, r PortRange) {
 	port := s.Spec.HealthCheckNodePort
 	if port == 0 {
+		return
+	}
+	if !r.contains(port) {
+		fe.add(path, "%d is out of the node port range %s", port, r)
 		return
 	}
 	for i, p := range s.Spec.Ports {
