@@ -74,6 +74,11 @@ func servicePorts(svc *v1.Service) []*servicePortInfo {
 	if len(clusterIPs) == 0 && svc.Spec.Type == v1.ServiceTypeClusterIP && len(svc.Spec.ExternalIPs) == 0 {
 		return nil // headless or not yet allocated
 	}
+	if len(clusterIPs) > 0 {
+		if clusterIPs = usable(clusterIPs); len(clusterIPs) == 0 {
+			return nil // every ClusterIP unusable (logged by the source)
+		}
+	}
 	externalIPs := parseIPs(svc.Spec.ExternalIPs)
 	var lbIPs []netip.Addr
 	for _, ing := range svc.Status.LoadBalancer.Ingress {
@@ -82,7 +87,7 @@ func servicePorts(svc *v1.Service) []*servicePortInfo {
 			// kube-proxy installs no portal for it, so pods reach the real LB.
 			continue
 		}
-		if a, err := netip.ParseAddr(ing.IP); err == nil {
+		if a, err := netip.ParseAddr(ing.IP); err == nil && config.UnusableServiceIP(a) == "" {
 			lbIPs = append(lbIPs, a.Unmap())
 		}
 	}
@@ -168,6 +173,19 @@ func inFamiliesOf(clusterIPs, ips []netip.Addr, nn types.NamespacedName, field s
 			"service", nn, "field", field, "address", ip)
 	}
 	return kept
+}
+
+// usable leaves out the ClusterIPs config.UnusableServiceIP refuses
+// (loopback, link-local, unspecified): a portal for one captured the
+// node's own traffic. The API server allocates ClusterIPs from its range,
+// so usually nothing is left out (nor copied). (ExternalIPs are not
+// checked here: the API server and the manifests source refuse such.)
+func usable(ips []netip.Addr) []netip.Addr {
+	unusable := func(a netip.Addr) bool { return config.UnusableServiceIP(a) != "" }
+	if !slices.ContainsFunc(ips, unusable) {
+		return ips
+	}
+	return slices.DeleteFunc(slices.Clone(ips), unusable)
 }
 
 func parseIPs(ss []string) []netip.Addr {

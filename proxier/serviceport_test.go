@@ -108,3 +108,44 @@ func TestServiceAddressFamilies(t *testing.T) {
 		})
 	}
 }
+
+// TestUnusableServiceAddresses: a loopback, link-local or unspecified
+// ClusterIP or LoadBalancer ingress IP (which an API server takes through
+// the status, or with an odd --service-cluster-ip-range) gets no portal:
+// with one, the node's own connections to 127.0.0.1:80, or any host's to
+// the cloud metadata address 169.254.169.254, reached the Service.
+func TestUnusableServiceAddresses(t *testing.T) {
+	lb := func(clusterIPs []string, ingress ...string) *v1.Service {
+		svc := &v1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "tenant", Name: "lb"},
+			Spec: v1.ServiceSpec{
+				Type:       v1.ServiceTypeLoadBalancer,
+				ClusterIP:  clusterIPs[0],
+				ClusterIPs: clusterIPs,
+				Ports:      []v1.ServicePort{{Port: 80, Protocol: v1.ProtocolTCP, NodePort: 30111}},
+			},
+		}
+		for _, ip := range ingress {
+			svc.Status.LoadBalancer.Ingress = append(svc.Status.LoadBalancer.Ingress, v1.LoadBalancerIngress{IP: ip})
+		}
+		return svc
+	}
+	a := netip.MustParseAddr
+	infos := servicePorts(lb([]string{"10.96.7.7"}, "127.0.0.1", "198.51.100.1", "169.254.169.254", "0.0.0.0", "::ffff:127.0.0.2"))
+	if len(infos) != 1 {
+		t.Fatalf("%d service ports, want 1", len(infos))
+	}
+	if got, want := infos[0].loadBalancerIPs, []netip.Addr{a("198.51.100.1")}; !slices.Equal(got, want) {
+		t.Errorf("load balancer portals %v, want %v", got, want)
+	}
+	infos = servicePorts(lb([]string{"10.96.7.7", "fe80::7"}))
+	if len(infos) != 1 {
+		t.Fatalf("%d service ports, want 1", len(infos))
+	}
+	if got, want := infos[0].clusterIPs, []netip.Addr{a("10.96.7.7")}; !slices.Equal(got, want) {
+		t.Errorf("cluster IPs %v, want %v", got, want)
+	}
+	if infos := servicePorts(lb([]string{"127.0.0.8"}, "198.51.100.1")); len(infos) != 0 {
+		t.Errorf("Service whose only ClusterIP is loopback: %d service ports (clusterIPs %v), want none", len(infos), infos[0].clusterIPs)
+	}
+}

@@ -43,6 +43,7 @@ func (e serviceEvents) OnAdd(obj any, _ bool) {
 		return
 	}
 	logSCTPPorts(nil, svc)
+	logUnusableServiceIPs(nil, svc)
 	e.s.deliver(func() { e.s.handler.OnServiceAdd(svc) })
 }
 
@@ -58,9 +59,11 @@ func (e serviceEvents) OnUpdate(oldObj, newObj any) {
 		e.s.deliver(func() { e.s.handler.OnServiceDelete(old) })
 	case skipOld:
 		logSCTPPorts(nil, svc)
+		logUnusableServiceIPs(nil, svc)
 		e.s.deliver(func() { e.s.handler.OnServiceAdd(svc) })
 	default:
 		logSCTPPorts(old, svc)
+		logUnusableServiceIPs(old, svc)
 		e.s.deliver(func() { e.s.handler.OnServiceUpdate(old, svc) })
 	}
 }

@@ -113,3 +113,30 @@ func TestSCTPOnlyServiceSaidNotServed(t *testing.T) {
 		t.Errorf("log: %s", logs)
 	}
 }
+
+// TestUnusableServiceIPsLogged: the API-server source says once per change
+// that brings one which ClusterIPs and LoadBalancer ingress IPs are not
+// programmed (loopback, link-local, unspecified), not on a resync.
+func TestUnusableServiceIPsLogged(t *testing.T) {
+	logs := captureKlog(t)
+	s := svc("lb", func(s *v1.Service) {
+		s.Spec.Type = v1.ServiceTypeLoadBalancer
+		s.Spec.ClusterIP, s.Spec.ClusterIPs = "10.96.7.7", []string{"10.96.7.7"}
+		s.Spec.Ports = []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP, NodePort: 30111}}
+		s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "127.0.0.1"}, {IP: "198.51.100.1"}, {IP: "169.254.169.254"}}
+	})
+	rec := newManifestRecorder()
+	e := serviceEvents{s: NewInformerSource(nil, rec, InformerOptions{})}
+	e.OnAdd(s, false)
+	again := s.DeepCopy()
+	again.ResourceVersion = "2"
+	e.OnUpdate(s, again)
+	klog.Flush()
+	if got := rec.take(); !slices.Equal(got, []string{"add Service default/lb", "update Service default/lb"}) {
+		t.Errorf("events %q", got)
+	}
+	const line = `addresses=["status.loadBalancer.ingress[0].ip 127.0.0.1: must not be in the loopback range (127.0.0.0/8, ::1/128)","status.loadBalancer.ingress[2].ip 169.254.169.254: must not be in the link-local range (169.254.0.0/16, fe80::/10)"]`
+	if n := strings.Count(logs.String(), line); n != 1 {
+		t.Errorf("%d lines with %s, want one; log:\n%s", n, line, logs)
+	}
+}

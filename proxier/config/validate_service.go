@@ -47,7 +47,9 @@ func validateService(fe *fieldErrors, s *v1.Service, nodePorts PortRange) {
 	for i, ing := range s.Status.LoadBalancer.Ingress {
 		path := field.NewPath("status", "loadBalancer", "ingress").Index(i)
 		if ing.IP != "" {
-			validateIP(fe, path.Child("ip"), ing.IP)
+			if a, ok := validateIP(fe, path.Child("ip"), ing.IP); ok {
+				validateNonSpecialIP(fe, path.Child("ip"), a, ing.IP)
+			}
 		} else if ing.Hostname == "" {
 			fe.add(path, "needs an ip or a hostname")
 		}
@@ -74,25 +76,12 @@ func validateService(fe *fieldErrors, s *v1.Service, nodePorts PortRange) {
 	}
 }
 
-// validateNonSpecialIP refuses the addresses the API server refuses as an
-// external IP (its ValidateEndpointIP): the proxier would otherwise render a
-// rule that takes over such an address on every node, so that 127.0.0.1:80,
-// say, reached the Service instead of the node's own listener. Load balancer
-// ingress IPs are not checked: the API server accepts any there.
+// validateNonSpecialIP refuses the addresses UnusableServiceIP names: the
+// proxier would otherwise render a rule that takes over such an address on
+// every node.
 func validateNonSpecialIP(fe *fieldErrors, path *field.Path, a netip.Addr, s string) {
-	// net.ParseIP, the API server's, reads ::ffff:127.0.0.1 as IPv4.
-	a = a.Unmap()
-	switch {
-	case a.IsUnspecified():
-		fe.add(path, "%q must not be unspecified", s)
-	case a.IsLoopback():
-		fe.add(path, "%q must not be in the loopback range (127.0.0.0/8, ::1/128)", s)
-	case a.IsLinkLocalUnicast():
-		fe.add(path, "%q must not be in the link-local range (169.254.0.0/16, fe80::/10)", s)
-	case a.IsLinkLocalMulticast():
-		// The API server's message says ff02::/10; what it (and this)
-		// refuses is link-local scope, ff02::/16 and its flagged ffx2::.
-		fe.add(path, "%q must not be in the link-local multicast range (224.0.0.0/24, ff02::/16)", s)
+	if why := UnusableServiceIP(a); why != "" {
+		fe.add(path, "%q %s", s, why)
 	}
 }
 
@@ -175,6 +164,7 @@ func validateClusterIPs(fe *fieldErrors, spec *field.Path, s *v1.Service) {
 			fe.add(path, "%q is an IPv4-mapped IPv6 address (write %s)", ip, a.Unmap())
 			continue
 		}
+		validateNonSpecialIP(fe, path, a, ip)
 		seen := &seen4
 		if a.Is6() {
 			seen = &seen6
