@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"syscall"
 	"time"
@@ -45,6 +46,10 @@ type instanceClaim struct {
 	// (nil once it ended); holderGone is told when it ends.
 	toHolder   *net.UnixConn
 	holderGone chan struct{}
+	// otherUser: the last look found the name held by a process of
+	// another user (logged once), which is no proxy: its going asks for
+	// no repair.
+	otherUser, otherUserLogged bool
 	// peers are the proxies that found this one and said so, while they
 	// run (at most maxInstancePeers).
 	peers map[*net.UnixConn]bool
@@ -99,9 +104,18 @@ func (c *instanceClaim) connect() (held bool, pid int) {
 	if err != nil {
 		return false, 0
 	}
-	pid = peerPID(conn)
+	pid, uid, trusted := peerCred(conn)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.otherUser = !trusted
+	if !trusted {
+		conn.Close()
+		if !c.otherUserLogged {
+			c.otherUserLogged = true
+			logOtherUserHolder(pid, uid)
+		}
+		return false, 0
+	}
 	if c.released {
 		conn.Close()
 		return true, pid
@@ -162,6 +176,13 @@ func (c *instanceClaim) takeOverWhenFree() {
 			reconnect = true
 		}
 		if c.listen() == nil {
+			c.mu.Lock()
+			otherUser := c.otherUser
+			c.mu.Unlock()
+			if otherUser {
+				klog.InfoS("The process of another user that held the instance socket's name is gone; this proxy now holds it", "name", c.name)
+				return
+			}
 			klog.InfoS("The other kube-userspace-proxy in this network namespace is gone; this one now answers a process that looks for one, and repairs the portal rules it left")
 			c.otherGone()
 			return
@@ -199,17 +220,31 @@ func (c *instanceClaim) otherGone() {
 	}
 }
 
-// holder reports whether a process listens on instanceSocket and its PID,
-// by the kernel's credentials of the listener: 0 when it runs in another
-// PID namespace (two pods of a DaemonSet without hostPID), which the
-// network namespace, and so the clash, does not depend on.
+// holder reports whether a kube-userspace-proxy (a process of root or of
+// this process's user) listens on instanceSocket and its PID, by the
+// kernel's credentials of the listener: 0 when it runs in another PID
+// namespace (two pods of a DaemonSet without hostPID), which the network
+// namespace, and so the clash, does not depend on. A process of another
+// user holding the name is logged and is no proxy.
 func holder() (held bool, pid int) {
 	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: instanceSocket, Net: "unix"})
 	if err != nil {
 		return false, 0
 	}
 	defer c.Close()
-	return true, peerPID(c)
+	pid, uid, trusted := peerCred(c)
+	if !trusted {
+		logOtherUserHolder(pid, uid)
+		return false, 0
+	}
+	return true, pid
+}
+
+// logOtherUserHolder says that the name is held by a process that is no
+// proxy: any local user can take an abstract name before the proxy starts.
+func logOtherUserHolder(pid int, uid uint32) {
+	klog.InfoS("Warning: the instance socket's name is held by a process of another user, not a kube-userspace-proxy: ignored, so a second proxy on this node goes unnoticed while it holds it",
+		"name", instanceSocket, "uid", uid, "pid", pidValue(pid))
 }
 
 // pidValue is a PID for a log line: "unknown" for 0 (another PID
@@ -221,17 +256,22 @@ func pidValue(pid int) any {
 	return pid
 }
 
-func peerPID(c *net.UnixConn) int {
+// peerCred reads the kernel's credentials of c's other end (SO_PEERCRED)
+// and whether it may be a kube-userspace-proxy of this node: a process of
+// root or of this process's user. Any user of the network namespace can
+// connect to an abstract socket, or take its name, so one of another user
+// is not heard (it forced full repair syncs at will, and could fill the
+// peer places); credentials that cannot be read are not trusted.
+func peerCred(c *net.UnixConn) (pid int, uid uint32, trusted bool) {
 	raw, err := c.SyscallConn()
 	if err != nil {
-		return 0
+		return 0, 0, false
 	}
 	var cred *unix.Ucred
-	_ = raw.Control(func(fd uintptr) { cred, err = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
-	if err != nil || cred == nil {
-		return 0
+	if cerr := raw.Control(func(fd uintptr) { cred, err = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); cerr != nil || err != nil || cred == nil {
+		return 0, 0, false
 	}
-	return int(cred.Pid)
+	return int(cred.Pid), cred.Uid, cred.Uid == 0 || cred.Uid == uint32(os.Geteuid())
 }
 
 // announceOthers logs the processes that find this one holding
@@ -242,12 +282,24 @@ func peerPID(c *net.UnixConn) int {
 // until it exits (watchPeer).
 func (c *instanceClaim) announceOthers(ln *net.UnixListener, limit flowcontrol.RateLimiter) {
 	lastPID, lastAt := 0, time.Time{}
+	otherUsers, otherUsersLimit := 0, c.newLimiter()
 	for {
 		conn, err := ln.AcceptUnix()
 		if err != nil {
 			return
 		}
-		pid := peerPID(conn)
+		pid, uid, trusted := peerCred(conn)
+		if !trusted {
+			// Closed at once, holding no peer place: its hello and close
+			// asked for a full repair sync, as often as it liked.
+			conn.Close()
+			otherUsers++
+			if otherUsersLimit.TryAccept() {
+				klog.InfoS("Warning: ignored a process of another user on the instance socket (only root's and this proxy's user's are heard)",
+					"uid", uid, "pid", pidValue(pid), "ignoredSoFar", otherUsers)
+			}
+			continue
+		}
 		if (pid != lastPID || time.Since(lastAt) > time.Minute) && limit.TryAccept() {
 			lastPID, lastAt = pid, time.Now()
 			klog.ErrorS(nil, "Another kube-userspace-proxy process in this network namespace found this one (a second proxy rewrites this one's rules, --cleanup removes them until the next sync)", "pid", pidValue(pid))

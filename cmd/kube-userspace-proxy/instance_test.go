@@ -1,10 +1,15 @@
 package main
 
 import (
+	"bufio"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -329,6 +334,143 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// TestInstanceOtherUserHelper is a process of its own for the tests of
+// processes of another user: it drops to nobody and, with
+// KUP_TEST_INSTANCE_MODE "hello", holds 20 connections to the socket
+// each saying instanceHello, or with "squat" holds the name itself; it
+// says "ready" and keeps them until its stdin closes.
+func TestInstanceOtherUserHelper(t *testing.T) {
+	name, mode := os.Getenv("KUP_TEST_INSTANCE_SOCKET"), os.Getenv("KUP_TEST_INSTANCE_MODE")
+	if name == "" || mode == "" {
+		t.Skip("a helper process of the other-user instance tests")
+	}
+	if err := syscall.Setgid(65534); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Setuid(65534); err != nil {
+		t.Fatal(err)
+	}
+	addr := &net.UnixAddr{Name: name, Net: "unix"}
+	switch mode {
+	case "hello":
+		for range 20 {
+			c, err := net.DialUnix("unix", nil, addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if _, err := c.Write([]byte(instanceHello)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	case "squat":
+		ln, err := net.ListenUnix("unix", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+	}
+	fmt.Println("ready")
+	_, _ = io.Copy(io.Discard, os.Stdin)
+}
+
+// startOtherUser runs TestInstanceOtherUserHelper in mode on the test's
+// socket; stop ends it (its connections or listener go with it).
+func startOtherUser(t *testing.T, mode string) (stop func()) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("a process of another user needs root")
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestInstanceOtherUserHelper$")
+	cmd.Env = append(os.Environ(), "KUP_TEST_INSTANCE_SOCKET="+instanceSocket, "KUP_TEST_INSTANCE_MODE="+mode)
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || line != "ready\n" {
+		stdin.Close()
+		_ = cmd.Wait()
+		t.Fatalf("helper as nobody: %q, %v", line, err)
+	}
+	var once sync.Once
+	stop = func() { once.Do(func() { stdin.Close(); _ = cmd.Wait() }) }
+	t.Cleanup(stop)
+	return stop
+}
+
+// A process of another user (any local user can connect to an abstract
+// socket) is not heard: its hellos and their ends ask for no repair, and
+// its connections take none of the maxInstancePeers places, so a real
+// second proxy is still watched. Before, each hello then close forced a
+// full repair sync, and 16 held connections made the holder drop the real
+// one's, which got no repair at its exit.
+func TestInstanceIgnoresOtherUsers(t *testing.T) {
+	saved := instanceSocket
+	instanceSocket = fmt.Sprintf("@kube-userspace-proxy.test.%d.%d", os.Getpid(), time.Now().UnixNano())
+	defer func() { instanceSocket = saved }()
+	logs := captureKlog(t)
+
+	first, _, _ := claimInstance()
+	defer first.release()
+	repaired := make(chan struct{}, 64)
+	first.OnOtherGone(func() { repaired <- struct{}{} })
+	stop := startOtherUser(t, "hello")
+	time.Sleep(100 * time.Millisecond)
+	second, held, _ := claimInstance()
+	if !held {
+		t.Fatal("the second claim did not find the first")
+	}
+	time.Sleep(100 * time.Millisecond)
+	second.release()
+	select {
+	case <-repaired:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("the holder did not repair at the real second proxy's exit while another user held 20 connections:\n%s", logs)
+	}
+	stop() // its 20 hellos end
+	time.Sleep(300 * time.Millisecond)
+	if n := len(repaired); n != 0 {
+		t.Fatalf("%d repairs asked for by another user's connections ending, want none:\n%s", n, logs)
+	}
+	if !strings.Contains(logs.String(), "uid=65534") {
+		t.Errorf("the ignored connections were not logged:\n%s", logs)
+	}
+}
+
+// A process of another user holding the name is no kube-userspace-proxy:
+// a starting proxy and --cleanup say so rather than "Another
+// kube-userspace-proxy is running" with its PID, and the proxy takes the
+// name once it is free. Before, the squatter was reported as a proxy.
+func TestInstanceNameHeldByOtherUser(t *testing.T) {
+	saved, savedEvery := instanceSocket, instanceRetryEvery
+	instanceSocket = fmt.Sprintf("@kube-userspace-proxy.test.%d.%d", os.Getpid(), time.Now().UnixNano())
+	instanceRetryEvery = 10 * time.Millisecond
+	defer func() { instanceSocket, instanceRetryEvery = saved, savedEvery }()
+	logs := captureKlog(t)
+
+	stop := startOtherUser(t, "squat")
+	if held, pid := holder(); held {
+		t.Errorf("--cleanup's look: held by pid %d, want no proxy found", pid)
+	}
+	claim, held, pid := claimInstance()
+	defer claim.release()
+	if held {
+		t.Errorf("a starting proxy found pid %d holding the name, want no proxy found", pid)
+	}
+	if !strings.Contains(logs.String(), "held by a process of another user") {
+		t.Errorf("the squatter was not said to be another user's:\n%s", logs)
+	}
+	stop()
+	for deadline := time.Now().Add(5 * time.Second); !claim.holding(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the proxy did not take the name once the other user's process was gone")
 		}
 	}
 }
