@@ -20,9 +20,7 @@ import (
 // A second claim in the namespace learns the holder's PID, and the holder
 // logs the process that found it; once released, the name is free again.
 func TestSecondInstanceFindsTheFirst(t *testing.T) {
-	saved := instanceSocket
-	instanceSocket = fmt.Sprintf("@kube-userspace-proxy.test.%d.%d", os.Getpid(), time.Now().UnixNano())
-	defer func() { instanceSocket = saved }()
+	useOwnInstanceName(t)
 	logs := captureKlog(t)
 
 	if held, pid := holder(); held || pid != 0 {
@@ -123,9 +121,7 @@ func TestSecondInstanceTakesOverTheName(t *testing.T) {
 // holder closed the other's connection at once and never learned of its
 // exit (the test failed at "did not repair").
 func TestFirstInstanceRepairsWhenTheSecondExits(t *testing.T) {
-	saved := instanceSocket
-	instanceSocket = fmt.Sprintf("@kube-userspace-proxy.test.%d.%d", os.Getpid(), time.Now().UnixNano())
-	defer func() { instanceSocket = saved }()
+	useOwnInstanceName(t)
 	logs := captureKlog(t)
 
 	first, _, _ := claimInstance()
@@ -222,9 +218,7 @@ func TestInstanceAcrossPIDNamespaces(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("unshare --pid needs root")
 	}
-	saved := instanceSocket
-	instanceSocket = fmt.Sprintf("@kube-userspace-proxy.test.%d.%d", os.Getpid(), time.Now().UnixNano())
-	defer func() { instanceSocket = saved }()
+	useOwnInstanceName(t)
 	captureKlog(t)
 	claim, _, _ := claimInstance()
 	if claim == nil {
@@ -247,10 +241,9 @@ func TestInstanceAcrossPIDNamespaces(t *testing.T) {
 // Any process of the namespace may connect to the instance socket: fifteen
 // of them get ten lines logged, not fifteen.
 func TestInstanceLogIsBounded(t *testing.T) {
-	saved := instanceSocket
-	instanceSocket = fmt.Sprintf("@kube-userspace-proxy.test.%d.%d", os.Getpid(), time.Now().UnixNano())
+	useOwnInstanceName(t)
 	savedLimiter := newInstanceLogLimiter
-	defer func() { instanceSocket, newInstanceLogLimiter = saved, savedLimiter }()
+	defer func() { newInstanceLogLimiter = savedLimiter }()
 	// Time stands still: no token comes back while the helpers start.
 	newInstanceLogLimiter = func() flowcontrol.RateLimiter {
 		return flowcontrol.NewTokenBucketRateLimiterWithClock(1.0/6, 10, testingclock.NewFakeClock(time.Now()))
@@ -289,6 +282,14 @@ func init() {
 	instanceSocket = fmt.Sprintf("@kube-userspace-proxy.test.%d", os.Getpid())
 }
 
+// useOwnInstanceName gives the test an instanceSocket name no other test
+// (nor a claim left by one) meets, for its duration.
+func useOwnInstanceName(t *testing.T) {
+	saved := instanceSocket
+	instanceSocket = fmt.Sprintf("@kube-userspace-proxy.test.%d.%d", os.Getpid(), time.Now().UnixNano())
+	t.Cleanup(func() { instanceSocket = saved })
+}
+
 // holding reports whether the claim holds instanceSocket now.
 func (c *instanceClaim) holding() bool {
 	c.mu.Lock()
@@ -301,9 +302,7 @@ func (c *instanceClaim) holding() bool {
 // one that stays knows it no longer does once the other exits; a process
 // that only looks (--cleanup) is no proxy.
 func TestInstancesKnowTheOtherRuns(t *testing.T) {
-	saved := instanceSocket
-	instanceSocket = fmt.Sprintf("@kube-userspace-proxy.test.%d.%d", os.Getpid(), time.Now().UnixNano())
-	defer func() { instanceSocket = saved }()
+	useOwnInstanceName(t)
 
 	first, _, _ := claimInstance()
 	defer first.release()
@@ -413,9 +412,7 @@ func startOtherUser(t *testing.T, mode string) (stop func()) {
 // full repair sync, and 16 held connections made the holder drop the real
 // one's, which got no repair at its exit.
 func TestInstanceIgnoresOtherUsers(t *testing.T) {
-	saved := instanceSocket
-	instanceSocket = fmt.Sprintf("@kube-userspace-proxy.test.%d.%d", os.Getpid(), time.Now().UnixNano())
-	defer func() { instanceSocket = saved }()
+	useOwnInstanceName(t)
 	logs := captureKlog(t)
 
 	first, _, _ := claimInstance()
