@@ -58,7 +58,12 @@ type jump struct {
 	to    string // our chain
 	// first jumps go to the top of the built-in chain, in the order they
 	// appear in jumps; the others are appended.
-	first   bool
+	first bool
+	// refuses: a jump whose chain refuses traffic, which must never sit
+	// above the jumps before it (their accepts would not be reached);
+	// where its predecessor cannot be located (printed in another
+	// spelling), it is appended instead of going to the top.
+	refuses bool
 	comment string
 	match   []string // extra match arguments, before -j
 }
@@ -96,7 +101,7 @@ var jumps = []jump{
 		comment: "kube-userspace-proxy: accept NodePort traffic to proxy ports"},
 	{table: TableFilter, from: "INPUT", to: ChainPortalsNonLocal, first: true,
 		comment: "kube-userspace-proxy: accept portal traffic to proxy ports", match: ctStateNew},
-	{table: TableFilter, from: "INPUT", to: ChainProxyPortReject, first: true,
+	{table: TableFilter, from: "INPUT", to: ChainProxyPortReject, first: true, refuses: true,
 		comment: "kube-userspace-proxy: reject portal traffic to proxy ports no running proxy accepts", match: ctStateNew},
 	{table: TableNAT, from: "PREROUTING", to: ChainPortalsContainer, first: true,
 		comment: "kube-userspace-proxy: service portals"},

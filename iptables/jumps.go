@@ -108,7 +108,8 @@ func (e *jumpEditor) addMissing(j jump, prev string) error {
 }
 
 // insert puts j at its position: a first jump right below prev (the first
-// jump before it in the same chain) or at the top, another at the end.
+// jump before it in the same chain) or at the top (a refusing one, whose
+// prev is not found, at the end), another at the end.
 func (e *jumpEditor) insert(j jump, prev string) error {
 	key, line := e.model.key(j), joinRule(j.spec())
 	pos := 0 // append
@@ -116,6 +117,8 @@ func (e *jumpEditor) insert(j jump, prev string) error {
 		pos = 1
 		if i := slices.Index(e.model[key], prev); prev != "" && i >= 0 {
 			pos = i + 2
+		} else if prev != "" && j.refuses {
+			pos = 0 // below its predecessors, wherever they are
 		}
 	}
 	switch {

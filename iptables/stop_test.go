@@ -139,3 +139,34 @@ func TestStopBeforeAnySync(t *testing.T) {
 		}
 	}
 }
+
+// An upgrade on a backend that prints rules in another spelling than ours
+// (TestSyncToleratesDifferentPrinting): the jumps before the reject
+// chain's cannot be located by their text, and a first jump whose
+// predecessor is not found went to the top of INPUT: above both accepts,
+// where it refused every portal and NodePort connection while the proxy
+// ran. A refusing jump goes last instead.
+func TestUpgradeRejectJumpBelowAcceptsInAnotherSpelling(t *testing.T) {
+	fake := NewFakeRunner(IPv4)
+	fake.Normalize = func(rule string) string { return strings.ReplaceAll(rule, " -j ", "  -j ") }
+	must(t, fake.AppendRule(TableFilter, "INPUT", "-p", "tcp", "-j", "ACCEPT"))
+	r0 := New(fake, testConfig)
+	syncOK(t, r0, webPortals())
+	// What the previous build left: no reject chain, no jump to it.
+	for _, l := range fake.Rules(TableFilter, "INPUT") {
+		if strings.Contains(l, ChainProxyPortReject) {
+			args, _ := splitRule(l)
+			must(t, fake.DeleteRule(TableFilter, "INPUT", args...))
+		}
+	}
+	must(t, fake.DeleteChain(TableFilter, ChainProxyPortReject))
+	syncOK(t, New(fake, testConfig), webPortals())
+	in := fake.Rules(TableFilter, "INPUT")
+	at := func(chain string) int {
+		return slices.IndexFunc(in, func(l string) bool { return strings.HasSuffix(l, " "+chain) })
+	}
+	rej, acc, np := at(ChainProxyPortReject), at(ChainPortalsNonLocal), at(ChainNodePortNonLocal)
+	if rej < 0 || acc < 0 || np < 0 || rej < acc || rej < np {
+		t.Errorf("INPUT %q: reject jump at %d, accept jumps at %d (portals) and %d (NodePorts): want it below both", in, rej, acc, np)
+	}
+}
