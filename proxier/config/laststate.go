@@ -593,8 +593,9 @@ func readStateData(path string) ([]byte, error) {
 // validation (on a defaulted copy: the object served is the one kept),
 // less what the API server does not check either: the proxy's own
 // annotations (a Service with a bad faults annotation is served without
-// faults from the informers, and so from the file) and the node port range
-// (the cluster's may be another).
+// faults from the informers, and so from the file), LoadBalancer ingress
+// IPs (one no portal may have is left out of its Service, which is
+// served) and the node port range (the cluster's may be another).
 func validStateObject(obj runtime.Object) error {
 	obj = obj.DeepCopyObject()
 	setDefaults(obj)
@@ -605,8 +606,15 @@ func validStateObject(obj runtime.Object) error {
 	case *discovery.EndpointSlice:
 		validateEndpointSlice(&fe, o)
 	}
+	// What the informers would serve: they take the proxy's annotations
+	// without faults, and an ingress IP no portal may have (loopback,
+	// link-local; the API server accepts them) gets none while the rest
+	// of its Service is served (servicePorts).
 	annotations := field.NewPath("metadata", "annotations").String()
-	fe = slices.DeleteFunc(fe, func(e *fieldError) bool { return strings.HasPrefix(e.Path, annotations) })
+	ingress := field.NewPath("status", "loadBalancer", "ingress").String()
+	fe = slices.DeleteFunc(fe, func(e *fieldError) bool {
+		return strings.HasPrefix(e.Path, annotations) || strings.HasPrefix(e.Path, ingress)
+	})
 	return fe.err()
 }
 

@@ -103,3 +103,33 @@ func TestStateFileInvalidObjectsLeftOut(t *testing.T) {
 		t.Errorf("skipped:\n%s", all)
 	}
 }
+
+// A Service the API server accepts, and the informers' path
+// serves (its ClusterIP and NodePort; only the ingress IP gets no portal),
+// must not vanish from the last known state: validated as a manifest, it
+// was left out, and after a restart while the API server was down
+// neither its ClusterIP nor its NodePort was served.
+func TestStateFileKeepsServiceWithUnusableIngressIP(t *testing.T) {
+	for _, ing := range []string{"127.0.0.1", "169.254.10.1"} {
+		svc := stateService("lb", "10.96.0.20")
+		svc.Spec.Type = v1.ServiceTypeLoadBalancer
+		svc.Spec.Ports[0].NodePort = 30080
+		svc.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: ing}}
+		path := filepath.Join(t.TempDir(), "state.json")
+		if err := WriteStateFile(path, State{Written: time.Now(), Node: "node-a",
+			Services: []*v1.Service{svc, stateService("web", "10.96.0.10")}}); err != nil {
+			t.Fatal(err)
+		}
+		st, err := ReadStateFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, s := range st.Services {
+			names = append(names, s.Name)
+		}
+		if len(st.Services) != 2 {
+			t.Errorf("ingress %s: state served %v, skipped %v; want the LoadBalancer Service kept (ClusterIP 10.96.0.20, NodePort 30080), as the informers serve it", ing, names, st.Skipped)
+		}
+	}
+}
