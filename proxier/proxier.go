@@ -344,10 +344,19 @@ func (p *Proxier) Run(ctx context.Context) {
 	p.runner.Loop(ctx)
 	p.syncMu.Lock()
 	defer p.syncMu.Unlock()
-	p.stopPortals()
+	flushed := p.stopPortals()
 	for name, ap := range p.active {
+		if flushed {
+			p.closedFlowsToClear(ap)
+		}
 		p.closePort(name, ap)
 	}
+	// A UDP client that keeps its source port keeps its entry, NATed to a
+	// proxy port no socket of ours holds now and that no accept guards:
+	// its datagrams reached whoever bound the port, and that process's
+	// answers reached it as the service address. Cleared, its next
+	// datagram is a new flow, which KUBE-PROXY-PORT-REJECT refuses.
+	p.clearStaleFlows()
 	// The live connections end with a reset to both peers: left to the
 	// process's exit they got a FIN, and a peer took a stream cut short
 	// for a complete one (DESIGN: an abnormal end is a reset, never a FIN).
@@ -360,8 +369,9 @@ func (p *Proxier) Run(ctx context.Context) {
 
 // stopPortals has each family's rules refuse portal traffic from now on
 // (PortalStopper), while the sockets still listen: a port is never
-// accepted into while no socket of ours holds it.
-func (p *Proxier) stopPortals() {
+// accepted into while no socket of ours holds it. flushed: a family's
+// accepts went.
+func (p *Proxier) stopPortals() (flushed bool) {
 	if p.opts.OtherProxyRunning != nil && p.opts.OtherProxyRunning() {
 		// The accepts let the other proxy's traffic in too: its last sync
 		// may have written the portals, naming its ports. Flushed, its
@@ -379,8 +389,11 @@ func (p *Proxier) stopPortals() {
 		}
 		if err := st.Stop(); err != nil {
 			klog.ErrorS(err, "Failed to flush the accepts of portal traffic: until the next start, a local process that binds a proxy port receives the traffic its portal sends there", "family", f.family)
+			continue
 		}
+		flushed = true
 	}
+	return flushed
 }
 
 func (p *Proxier) sweepAffinity(ctx context.Context) {

@@ -4,8 +4,12 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
+	"strings"
 	"syscall"
 	"testing"
+
+	v1 "k8s.io/api/core/v1"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
 )
@@ -88,5 +92,39 @@ func TestStopLeavesTheAcceptsToAnotherProxy(t *testing.T) {
 	}
 	if got := fake.Rules(iptables.TableFilter, iptables.ChainPortalsNonLocal); len(got) == 0 || len(got) != len(before) {
 		t.Errorf("after the proxy stopped %s holds %q, want %q", iptables.ChainPortalsNonLocal, got, before)
+	}
+}
+
+// A proxy that stops clears the entries of its UDP service ports' flows: a
+// client that keeps its source port (a resolver, statsd) kept an entry
+// NATed to the proxy port, which no accept guards once the stop flushed
+// them, so its datagrams reached whoever bound the port next and that
+// process's answers reached it as the service address. While another
+// proxy runs, which keeps the accepts, nothing is cleared.
+func TestStopClearsUDPFlows(t *testing.T) {
+	for _, other := range []bool{false, true} {
+		fake := iptables.NewFakeRunner(iptables.IPv4)
+		rules := iptables.New(fake, iptables.Config{Family: iptables.IPv4, BindAddress: mustAddr("127.0.0.1"), NodeIP: mustAddr("127.0.0.1")})
+		ct := &fakeConntrack{}
+		p := New(Options{IPv4Portals: rules, BindAddress: mustAddr("127.0.0.1"), Conntrack: ct,
+			OtherProxyRunning: func() bool { return other }})
+		p.OnServiceSynced()
+		p.OnEndpointSlicesSynced()
+		p.OnServiceAdd(makeService("dns", withProtocol(v1.ProtocolUDP), withClusterIP("10.96.0.10")))
+		p.OnServiceAdd(makeService("web", withClusterIP("10.96.0.11")))
+		p.Sync()
+		ct.take()
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		p.Run(ctx)
+		got := ct.take()
+		switch want := "udp 10.96.0.10:80"; {
+		case !other && !slices.Contains(got, want):
+			t.Errorf("after the stop cleared %q, want %s among them", got, want)
+		case other && len(got) > 0:
+			t.Errorf("another proxy runs: cleared %q, want nothing", got)
+		case slices.ContainsFunc(got, func(s string) bool { return strings.HasPrefix(s, "tcp ") }):
+			t.Errorf("cleared TCP entries %q: connections are the sockets' own", got)
+		}
 	}
 }
