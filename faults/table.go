@@ -291,8 +291,9 @@ type Port struct {
 type enabledWatcher struct{ f func(enabled bool) error }
 
 // OnEnabled has f told the port's enabled state: now when the port is
-// down, then at every change, in order (f must not call back into the
-// port). A TCP proxy socket stops listening while its port is down, so
+// down, then at every change, in order, and at every enable of a port
+// already up (f must not call back into the port, and takes a repeated
+// true as a chance to retry what it could not do). A TCP proxy socket stops listening while its port is down, so
 // that a connect is refused as at Toxiproxy's disabled proxy, whose
 // listener is closed. f's error (it could not follow) is the change's
 // (ErrNotServing). stop ends the notices.
@@ -422,9 +423,12 @@ func (p *Port) setEnabled(enabled bool) error {
 	}
 	p.mu.Unlock()
 	var err error
-	if changed {
+	if changed || enabled {
 		// New connections are refused before the live ones are cut,
-		// so that a client cut now cannot reconnect.
+		// so that a client cut now cannot reconnect. An enable of a port
+		// already up is told too: a socket that could not listen again
+		// tries now and answers why not (a client retrying a 503 got
+		// success while the port stayed unserved).
 		err = p.notifyEnabled(enabled)
 	}
 	p.watchMu.Unlock()
@@ -610,17 +614,13 @@ func (p *Port) reset() error {
 	p.watchMu.Lock()
 	defer p.watchMu.Unlock()
 	p.mu.Lock()
-	wasDown := !p.enabled
 	removed := timeoutsOf(nil, p.api, OriginAPI)
 	p.api = nil
 	p.enabled = true
 	p.publishLocked()
 	p.mu.Unlock()
 	p.endRemovedTimeouts(removed)
-	if wasDown {
-		return p.notifyEnabled(true)
-	}
-	return nil
+	return p.notifyEnabled(true) // up already: as a repeated enable (setEnabled)
 }
 
 func toxicsEqual(a, b []Toxic) bool {

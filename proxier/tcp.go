@@ -45,6 +45,7 @@ type tcpProxySocket struct {
 	listenMu  sync.Mutex
 	listenErr error
 	retrying  bool // a retryListening is scheduled
+	refusing  bool // the port went down and the socket has not listened since
 
 	// The port's series (port_metrics.go), resolved once, not per connection.
 	active                                                         *gauge

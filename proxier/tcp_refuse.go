@@ -49,9 +49,14 @@ func (s *tcpProxySocket) watchEnabled() {
 func (s *tcpProxySocket) setListening(enabled bool) error {
 	s.listenMu.Lock()
 	defer s.listenMu.Unlock()
+	if enabled && !s.refusing {
+		return nil // up already (a repeated enable, /reset): it listens
+	}
 	err := s.switchListening(enabled)
 	if err != nil {
 		klog.ErrorS(err, "Cannot switch the proxy socket's listening for the fault API's enabled", "servicePort", s.label, "enabled", enabled)
+	} else {
+		s.refusing = !enabled
 	}
 	if enabled {
 		s.listenFailed(err)
@@ -86,6 +91,7 @@ func (s *tcpProxySocket) listenAgainLocked() error {
 	}
 	err := s.switchListening(true)
 	if err == nil {
+		s.refusing = false
 		klog.InfoS("The proxy socket listens again", "servicePort", s.label)
 	}
 	s.listenFailed(err)

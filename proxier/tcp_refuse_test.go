@@ -208,3 +208,35 @@ func TestDownUDPPortCannotBeTaken(t *testing.T) {
 		}
 	}
 }
+
+// An enable that could not listen answers 503 (ErrNotServing);
+// a client that retries the same enable (or calls /reset) while the socket
+// still cannot listen gets that error again: the port was already
+// "enabled", so no watcher was told, and the retry answered success.
+func TestRepeatedEnableOfANotListeningPortAnswersItsError(t *testing.T) {
+	defer relistenRetry.Store(relistenRetry.Swap(int64(time.Hour)))
+	taken := error(&net.OpError{Op: "listen", Net: "tcp", Err: syscall.EADDRINUSE})
+	for _, path := range DataPaths {
+		t.Run(path, func(t *testing.T) {
+			_, table, addr := faultedWeb(t, path)
+			const proxy = "default.web.p"
+			if _, err := table.SetEnabled(proxy, false); err != nil {
+				t.Fatal(err)
+			}
+			relistenFault.Store(&taken)
+			defer relistenFault.Store(nil)
+			if _, err := table.SetEnabled(proxy, true); !errors.Is(err, faults.ErrNotServing) {
+				t.Fatalf("first enable: %v", err)
+			}
+			_, err := table.SetEnabled(proxy, true)
+			rerr := table.Reset()
+			wantRefused(t, addr, "still not listening")
+			if !errors.Is(err, faults.ErrNotServing) {
+				t.Errorf("a second enable while the socket still cannot listen: err %v (API 200 \"enabled\":true), want ErrNotServing (503)", err)
+			}
+			if !errors.Is(rerr, faults.ErrNotServing) {
+				t.Errorf("/reset while the socket cannot listen: err %v (API 204), want ErrNotServing (503)", rerr)
+			}
+		})
+	}
+}
