@@ -307,7 +307,7 @@ func (s *udpProxySocket) forwardRun(client netip.AddrPort, b *udpBatch, i, j int
 // session, a re-check, GSO refused; a refusal of the kernel's for GSO
 // itself turns it off for this socket's backends).
 func (s *udpProxySocket) forwardGSO(client netip.AddrPort, b *udpBatch, i, g int) int {
-	now := monoNow()
+	now := mono.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sess := s.sessions.get(client)
@@ -350,7 +350,7 @@ func (s *udpProxySocket) forwardGSO(client netip.AddrPort, b *udpBatch, i, g int
 
 // forward sends one client datagram to the client's backend.
 func (s *udpProxySocket) forward(client netip.AddrPort, b, oob []byte) {
-	now := monoNow()
+	now := mono.Now()
 	plan := s.datagramFaults()
 	s.mu.Lock()
 	sess, err := s.sessionLocked(client, oob, now)
@@ -448,7 +448,7 @@ func (s *udpProxySocket) sessionLocked(client netip.AddrPort, oob []byte, now in
 		s.sessions.add(sess, now)
 		s.sessionsGauge.Inc()
 		if s.sessions.len() == 1 {
-			s.poller.setDeadline(monoTime(s.idleAt(now)))
+			s.poller.setDeadline(mono.Time(s.idleAt(now)))
 		}
 		return sess, nil
 	}
@@ -518,7 +518,7 @@ func (s *udpProxySocket) upSenderLocked(sess *udpSession) func([]byte) {
 				}
 				// The session idles from when the datagram left, not
 				// from when it came in: the backend's answer must find it.
-				s.sessions.touch(sess, monoNow())
+				s.sessions.touch(sess, mono.Now())
 			}
 		}
 	}
@@ -698,7 +698,7 @@ func (s *udpProxySocket) relayFrom(fd int, b *udpBatch) {
 		s.mu.Unlock()
 		return
 	}
-	now := monoNow()
+	now := mono.Now()
 	if !sess.removed {
 		s.sessions.touch(sess, now)
 	}
@@ -764,7 +764,7 @@ func (s *udpProxySocket) expireIdle() {
 	if s.shut {
 		return
 	}
-	now := monoNow()
+	now := mono.Now()
 	for old := s.sessions.oldest; old != nil && s.idleAt(old.lastActive) <= now; old = s.sessions.oldest {
 		if s.idleAt(old.deferredUntil) > now {
 			// A datagram a fault delayed is still to go out, or left less
@@ -792,13 +792,13 @@ func (s *udpProxySocket) expireIdle() {
 		})
 	}
 	if old := s.sessions.oldest; old != nil {
-		s.poller.setDeadline(monoTime(s.idleAt(old.lastActive)))
+		s.poller.setDeadline(mono.Time(s.idleAt(old.lastActive)))
 	} else {
 		s.poller.setDeadline(time.Time{})
 	}
 }
 
-// idleAt is when a session last active at lastActive idles out (monoNow
+// idleAt is when a session last active at lastActive idles out (mono.Now
 // time). It saturates: a --udp-timeout near the largest duration ("never")
 // wrapped into the past, and every session closed as it opened.
 func (s *udpProxySocket) idleAt(lastActive int64) int64 {

@@ -2,7 +2,6 @@ package proxier
 
 import (
 	"net/netip"
-	"time"
 )
 
 // udpSession is one client ip:port's connected backend socket. It is a few
@@ -30,10 +29,10 @@ type udpSession struct {
 	removed bool
 	// gro: UDP_GRO is on for fd (asked once its replies came in a burst).
 	gro bool
-	// lastActive is when a datagram last passed either way (monoNow).
+	// lastActive is when a datagram last passed either way (mono.Now).
 	lastActive int64
 	// deferredUntil is when the last datagram a fault delayed goes out
-	// (monoNow): the session must outlive it even past the idle timeout.
+	// (mono.Now): the session must outlive it even past the idle timeout.
 	deferredUntil int64
 	// replyControl is the control message that makes replies leave from
 	// the address the client sent to (IP_PKTINFO); nil when the socket is
@@ -130,11 +129,3 @@ func (t *udpSessionTable) each(fn func(*udpSession)) {
 		s = newer
 	}
 }
-
-// monoEpoch anchors monoNow: session times are monotonic, so a wall-clock
-// step never expires every session at once or keeps them forever.
-var monoEpoch = time.Now()
-
-func monoNow() int64 { return int64(time.Since(monoEpoch)) }
-
-func monoTime(t int64) time.Time { return monoEpoch.Add(time.Duration(t)) }

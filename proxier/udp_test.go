@@ -244,7 +244,7 @@ func TestUDPRefusedEndpointRepinsAffinity(t *testing.T) {
 
 // A --udp-timeout as large as a duration goes (2562047h47m16.854775807s,
 // a natural way to say "never") keeps sessions open: the session's expiry
-// (its last datagram's monoNow plus the timeout) wrapped into the past,
+// (its last datagram's mono.Now plus the timeout) wrapped into the past,
 // every session closed as it opened and a reply that took a moment was
 // lost. (2562047h wraps alike once the process has run 47 minutes.)
 func TestUDPHugeTimeoutKeepsSessions(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/mono"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 )
 
@@ -48,14 +49,14 @@ type pipePool struct {
 	idle time.Duration
 	trim *time.Timer
 	// armed: trim runs; squeezedUntil is when the squeeze ends
-	// (monoNow).
+	// (mono.Now).
 	armed         bool
 	squeezedUntil atomic.Int64
 }
 
 type idlePipe struct {
 	pipePair
-	since int64 // given back then (monoNow)
+	since int64 // given back then (mono.Now)
 }
 
 var pipes = &pipePool{max: 256, idle: pipeIdle}
@@ -63,11 +64,6 @@ var pipes = &pipePool{max: 256, idle: pipeIdle}
 // pipeIdle is how long a pooled pipe may wait unused, and how long a
 // squeeze lasts.
 const pipeIdle = 10 * time.Second
-
-var monoBase = time.Now()
-
-// monoNow is the pool's clock: nanoseconds on the monotonic clock.
-func monoNow() int64 { return int64(time.Since(monoBase)) }
 
 func (p *pipePool) get() (pipePair, error) {
 	p.mu.Lock()
@@ -78,7 +74,7 @@ func (p *pipePool) get() (pipePair, error) {
 		return pp, nil
 	}
 	p.mu.Unlock()
-	if p.squeezed(monoNow()) {
+	if p.squeezed(mono.Now()) {
 		return pipePair{}, unix.EMFILE // stay buffered, as when pipe2 finds no descriptor
 	}
 	var fds [2]int
@@ -101,7 +97,7 @@ func (p *pipePool) get() (pipePair, error) {
 // is closed instead, since its contents belong to a dead connection, and
 // so is one given back while the pool is squeezed or full.
 func (p *pipePool) put(pp pipePair, empty bool) {
-	now := monoNow()
+	now := mono.Now()
 	p.mu.Lock()
 	if empty && len(p.free) < p.max && !p.squeezed(now) {
 		p.free = append(p.free, idlePipe{pp, now})
@@ -123,7 +119,7 @@ func (p *pipePool) put(pp pipePair, empty bool) {
 // trimIdle closes the pipes unused for idle, and looks again when the
 // oldest left will have been.
 func (p *pipePool) trimIdle() {
-	now := monoNow()
+	now := mono.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	n := 0
@@ -142,7 +138,7 @@ func (p *pipePool) trimIdle() {
 // squeeze closes the idle pipes and keeps the pool from opening or
 // keeping any for idle: a connection's descriptor came near the ceiling.
 func (p *pipePool) squeeze() {
-	now := monoNow()
+	now := mono.Now()
 	was := p.squeezed(now)
 	p.squeezedUntil.Store(now + int64(p.idle))
 	if was {
@@ -156,7 +152,7 @@ func (p *pipePool) squeeze() {
 	p.mu.Unlock()
 }
 
-// squeezed tells whether a squeeze lasts at now (monoNow).
+// squeezed tells whether a squeeze lasts at now (mono.Now).
 func (p *pipePool) squeezed(now int64) bool { return now < p.squeezedUntil.Load() }
 
 // squeezing is squeezed now, with no clock read unless a squeeze began
@@ -166,7 +162,7 @@ func (p *pipePool) squeezing() bool {
 	if until == 0 {
 		return false
 	}
-	if monoNow() < until {
+	if mono.Now() < until {
 		return true
 	}
 	p.squeezedUntil.CompareAndSwap(until, 0)
