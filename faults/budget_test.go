@@ -1,6 +1,7 @@
 package faults
 
 import (
+	"fmt"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -140,4 +141,52 @@ func TestBufferedBytesGivenBackAfterDrop(t *testing.T) {
 	b.took(b.held.Add(1 << 20))
 	b.give(1 << 20)
 	settled(2) // no burst since
+}
+
+// UDP datagrams a latency toxic delays count in --fault-max-buffered-bytes
+// with the faulted TCP directions: each port's delay line was bounded only
+// by its own 16 MiB, so N ports under latency could hold N × 16 MiB (with
+// both directions, 32 MiB a port) whatever the flag said. A line holding
+// nothing still takes a datagram, as a TCP direction holding nothing still
+// reads.
+func TestBufferedBytesBoundDelayedDatagrams(t *testing.T) {
+	const max = 1 << 20
+	tbl := NewTable(0, 0, nil)
+	tbl.SetMaxBufferedBytes(max)
+	latency := []Toxic{toxic(t, `{"name":"slow","type":"latency","attributes":{"latency":3600000}}`)}
+	dg := make([]byte, 60000)
+	var ports []*Port
+	taken := 0
+	for i := range 4 {
+		p := tbl.Port(fmt.Sprintf("default.web%d.udp", i), "UDP")
+		p.SetDeclared(latency)
+		ports = append(ports, p)
+		for range 10 { // 600 KB a port: within its own line's bound
+			before := p.snap.Load().delayDropped.n.Load()
+			p.Datagrams().Send(StreamDown, session1, dg, func([]byte) {})
+			if p.snap.Load().delayDropped.n.Load() == before {
+				taken++
+			}
+		}
+	}
+	inLines := 0
+	for _, p := range ports {
+		inLines += p.udpDelays[StreamDown].len()
+	}
+	if inLines > max+len(ports)*len(dg) { // one datagram over, at most, per line
+		t.Errorf("delayed datagrams hold %d bytes (%d datagrams of %d) with --fault-max-buffered-bytes %d", inLines, taken, len(dg), max)
+	}
+	if held, _ := tbl.BufferedBytes(); held != int64(inLines) {
+		t.Errorf("kubeproxy_userspace_faults_buffered_bytes says %d, the delay lines hold %d", held, inLines)
+	}
+	if want := max / len(dg); taken < want {
+		t.Errorf("%d datagrams taken, want at least %d (the bound's worth)", taken, want)
+	}
+	// Dropping what the lines hold (a port disabled) gives the bytes back.
+	for _, p := range ports {
+		p.dropDelayedDatagrams(nil)
+	}
+	if held, _ := tbl.BufferedBytes(); held != 0 {
+		t.Errorf("%d bytes still counted after the delay lines were emptied", held)
+	}
 }

@@ -163,6 +163,29 @@ func (b *bufferBudget) take(q *chunkQueue, force bool) bool {
 
 func (b *bufferBudget) room() bool { return b.held.Load()+readCost <= b.max }
 
+// hold counts n bytes held outside a chunk queue (a UDP delay line's
+// datagram), which cannot wait in line: it reports false, counting
+// nothing, when they would take what is held past the bound, unless
+// force.
+func (b *bufferBudget) hold(n int64, force bool) bool {
+	if b == nil {
+		return true
+	}
+	if !force && b.max > 0 && b.held.Load()+n > b.max {
+		return false
+	}
+	b.took(b.held.Add(n))
+	return true
+}
+
+// counts returns what is held and the bound (0: none).
+func (b *bufferBudget) counts() (held, max int64) {
+	if b == nil {
+		return 0, 0
+	}
+	return b.held.Load(), b.max
+}
+
 // give returns n bytes to the budget, and grants the readers in line
 // what room it made.
 func (b *bufferBudget) give(n int64) {

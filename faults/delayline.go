@@ -28,6 +28,10 @@ type delayLine struct {
 	// drained to half since (said once per such episode, not per
 	// datagram: a line held at its bound lets one in per send).
 	full bool
+	// budget is the process's bound on what faults hold
+	// (--fault-max-buffered-bytes), which the line's bytes count in with
+	// the faulted TCP directions; nil: none. Set before the first add.
+	budget *bufferBudget
 }
 
 // A delay line holds at most delayLineMaxDatagrams datagrams and
@@ -64,11 +68,16 @@ type datagramID struct {
 func (l *delayLine) add(due time.Time, id datagramID, b []byte, send func([]byte)) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if len(l.q) >= delayLineMaxDatagrams || l.bytes+len(b) > delayLineMaxBytes {
+	// A line holding nothing takes one over the process's bound, as a TCP
+	// direction holding nothing still reads: no port is shut out by what
+	// others hold.
+	if len(l.q) >= delayLineMaxDatagrams || l.bytes+len(b) > delayLineMaxBytes || !l.budget.hold(int64(len(b)), len(l.q) == 0) {
 		if !l.full {
 			l.full = true
-			klog.V(2).InfoS("UDP latency toxic: datagrams dropped while the delay line holds its maximum",
-				"datagrams", len(l.q), "bytes", l.bytes, "maxDatagrams", delayLineMaxDatagrams, "maxBytes", delayLineMaxBytes)
+			held, maxHeld := l.budget.counts()
+			klog.V(2).InfoS("UDP latency toxic: datagrams dropped while the delay line, or what faults hold together, is at its maximum",
+				"datagrams", len(l.q), "bytes", l.bytes, "maxDatagrams", delayLineMaxDatagrams, "maxBytes", delayLineMaxBytes,
+				"faultsBufferedBytes", held, "faultMaxBufferedBytes", maxHeld)
 		}
 		return false
 	}
@@ -100,13 +109,16 @@ func (l *delayLine) drop(drops func(datagramID) bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	kept := l.q[:0]
+	freed := 0
 	for _, d := range l.q {
 		if drops != nil && !drops(d.id) {
 			kept = append(kept, d)
 			continue
 		}
-		l.bytes -= len(d.b)
+		freed += len(d.b)
 	}
+	l.bytes -= freed
+	l.budget.give(int64(freed))
 	clear(l.q[len(kept):])
 	l.q = kept
 	heap.Init(&l.q)
@@ -136,6 +148,7 @@ func (l *delayLine) run() {
 			d := heap.Pop(&l.q).(delayedDatagram)
 			l.bytes -= len(d.b)
 			l.mu.Unlock()
+			l.budget.give(int64(len(d.b)))
 			d.send(d.b)
 			continue
 		}
@@ -166,4 +179,11 @@ func (q *delayQueue) Pop() any {
 	old[len(old)-1] = delayedDatagram{}
 	*q = old[:len(old)-1]
 	return d
+}
+
+// len returns the bytes the line holds.
+func (l *delayLine) len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.bytes
 }

@@ -331,6 +331,7 @@ func (p *Port) notifyEnabled(enabled bool) error {
 
 func newPort(t *Table, name, protocol, label string) *Port {
 	p := &Port{table: t, name: name, protocol: protocol, label: label, enabled: true, live: map[*liveConn]struct{}{}}
+	p.udpDelays[0].budget, p.udpDelays[1].budget = &t.buffers, &t.buffers
 	p.publishLocked()
 	return p
 }
