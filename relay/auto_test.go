@@ -173,8 +173,8 @@ func TestAutoWriteFailureIsWriteError(t *testing.T) {
 }
 
 // With the TCP_INQ hint a direction writes a message that emptied its
-// source inside the raw read and waits without reading again; without it
-// (plain sockets) it reads until EAGAIN. Both must relay the same.
+// source inside the raw read, without going back to run; without it
+// (plain sockets) run writes it. Both must relay the same.
 var inqPairs = map[string]func(*testing.T) (a, b *net.TCPConn){"inq": pair, "no-hint": plainPair}
 
 func TestAutoSmallMessagesBothWays(t *testing.T) {

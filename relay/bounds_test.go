@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 )
 
@@ -218,4 +220,64 @@ func wantResetAfterFIN(t *testing.T, c *net.TCPConn, d time.Duration) {
 		}
 	}
 	t.Fatalf("no reset within %v of the peer's: TCP state %d (8: CLOSE_WAIT, the FIN alone)", d, state)
+}
+
+// endsBeforeRead are peers that send bytes and reset (after a FIN or
+// not), all of it queued on the proxy's socket before the relay reads it.
+// The read that takes the bytes must not be the direction's last: the
+// kernel's TCP_INQ hint counts bytes and a FIN, not a reset, and the
+// reset's (edge-triggered) wake-up came with the bytes'.
+var endsBeforeRead = []struct {
+	name string
+	fin  bool
+}{
+	{"bytes, reset", false},
+}
+
+// endBeforeRead has from send "request" (and a FIN, if fin) and reset,
+// and waits for each to reach the proxy's socket, which onProxySide runs
+// a look at: the bytes before the reset (which drops what is unsent), the
+// reset (CLOSE) and its wake-up before returning.
+func endBeforeRead(t *testing.T, from *net.TCPConn, fin bool, onProxySide func(look func(fd int))) {
+	t.Helper()
+	if _, err := from.Write([]byte("request")); err != nil {
+		t.Fatal(err)
+	}
+	if fin {
+		_ = from.CloseWrite()
+	}
+	waitProxySide(t, onProxySide, func(fd int) bool {
+		n, err := unix.IoctlGetInt(fd, unix.SIOCINQ)
+		return err == nil && n == len("request") && (!fin || rawio.TCPState(fd) == rawio.TCPCloseWait)
+	})
+	_ = from.SetLinger(0)
+	from.Close()
+	waitProxySide(t, onProxySide, func(fd int) bool { return rawio.TCPState(fd) == rawio.TCPClose })
+	// Let the runtime's poller take the reset's event too, as it does
+	// with a relay waiting (it polls when idle, and every 10 ms at least):
+	// readiness the goroutine relay's next read then starts by clearing.
+	time.Sleep(20 * time.Millisecond)
+}
+
+func waitProxySide(t *testing.T, onProxySide func(look func(fd int)), arrived func(fd int) bool) {
+	t.Helper()
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		ok := false
+		onProxySide(func(fd int) { ok = arrived(fd) })
+		if ok {
+			return
+		}
+	}
+	t.Fatal("the peer's bytes or reset never reached the proxy's socket")
+}
+
+// wantRequestThenReset wants c to read "request" and then a reset, not a
+// FIN nor nothing, within 2 s.
+func wantRequestThenReset(t *testing.T, c *net.TCPConn) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	got, err := io.ReadAll(c)
+	if string(got) != "request" || !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("read %q, then %v (nil: a FIN); want %q, then a reset", got, err, "request")
+	}
 }

@@ -48,6 +48,9 @@ type LoopConn struct {
 	readable, writable [2]bool
 	state              uint8
 	queued             bool
+	// errHup: an event of the socket said EPOLLERR or EPOLLHUP (a reset,
+	// mostly), which a read may find queued behind bytes (step).
+	errHup [2]bool
 	// ackHeld: the backend socket is in the delayed-ACK mode that held
 	// its handshake's ACK, until the first write to it (write).
 	ackHeld bool
@@ -170,6 +173,7 @@ func (c *LoopConn) dial() {
 		if err == nil {
 			c.fds[sideBackend] = fd
 			c.readable[sideBackend], c.writable[sideBackend] = false, false
+			c.errHup[sideBackend] = false
 			c.ackHeld = true
 			l.timers.set(&c.timers[timerDial], mono.Add(l.now, l.o.DialTimeouts[c.attempt]))
 			return
@@ -255,6 +259,9 @@ func (c *LoopConn) event(ev uint32, tag int32) {
 	}
 	if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 		c.readable[side] = true
+	}
+	if ev&(unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		c.errHup[side] = true
 	}
 	if ev&(unix.EPOLLOUT|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 		c.writable[side] = true
@@ -585,8 +592,13 @@ func (c *LoopConn) step(d *loopDir) (bool, error) {
 	if ok, moved, err := c.received(d, int64(n), err); !ok {
 		return moved, err
 	}
-	if inq == 0 {
-		c.readable[d.src] = false // nothing queued, no FIN: skip the EAGAIN read
+	if inq == 0 && !c.errHup[d.src] {
+		// Nothing queued, no FIN: skip the EAGAIN read. Not once an event
+		// said error or hang-up: the hint counts no reset, and a reset
+		// queued behind these bytes came with that event, the last
+		// wake-up it gives; the next read returns it. (A reset arriving
+		// after the event raises one of its own.)
+		c.readable[d.src] = false
 	}
 	if n == len(l.scratch) && inq != 0 && !d.noPipe {
 		// Bulk is queued: splice it. (With src emptied, a pipe taken now

@@ -1131,3 +1131,80 @@ func TestLoopStreamGivesPipeBackWhenSqueezed(t *testing.T) {
 		t.Fatal("the stream stopped once its pipe was given back")
 	}
 }
+
+// heldHandler is a loopHandler whose Connected holds its loop until
+// release is closed, once it sent the connection's sockets on held: what
+// the peers send meanwhile is all queued before the loop reads it.
+type heldHandler struct {
+	*loopHandler
+	held    chan [2]int
+	release chan struct{}
+}
+
+func (h *heldHandler) Connected(c *LoopConn, ep netip.AddrPort) {
+	h.loopHandler.Connected(c, ep)
+	h.held <- c.fds
+	<-h.release
+}
+
+// A peer's bytes and reset (after a FIN or not), all queued before the
+// loop reads them, reach the other peer as those bytes and a reset: the
+// loop, held in Connected, then sees one event for all of them.
+func TestLoopEndQueuedBeforeReadIsPassedOn(t *testing.T) {
+	for _, tc := range endsBeforeRead {
+		for _, from := range []string{"client", "backend"} {
+			t.Run(from+"/"+tc.name, func(t *testing.T) {
+				b := newLoopBed(t, LoopOptions{HalfCloseTimeout: time.Hour})
+				h := &heldHandler{loopHandler: newLoopHandler(b.ep), held: make(chan [2]int, 1), release: make(chan struct{})}
+				client, backend := b.connect(t, h, true)
+				var fds [2]int
+				select {
+				case fds = <-h.held:
+				case <-time.After(5 * time.Second):
+					t.Fatal("the loop never connected")
+				}
+				peer, other, fd := client, backend, fds[sideClient]
+				if from == "backend" {
+					peer, other, fd = backend, client, fds[sideBackend]
+				}
+				endBeforeRead(t, peer, tc.fin, func(look func(fd int)) { look(fd) })
+				close(h.release)
+				wantRequestThenReset(t, other)
+				select {
+				case <-h.done:
+				case <-time.After(2 * time.Second):
+					t.Fatal("connection still held 2 s after a reset queued behind bytes")
+				}
+			})
+		}
+	}
+}
+
+// The same from the client while the loop dials a silent endpoint first:
+// the bytes' and the reset's events come during the dial.
+func TestLoopEndQueuedWhileDialingIsPassedOn(t *testing.T) {
+	for _, tc := range endsBeforeRead {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newLoopBed(t, LoopOptions{DialTimeouts: []time.Duration{300 * time.Millisecond, 2 * time.Second},
+				HalfCloseTimeout: time.Hour})
+			accepted := make(chan int, 1)
+			b.onAccept.Store(func(fd int) { accepted <- fd })
+			h := newLoopHandler(silentBackend(t), b.ep)
+			client, _ := b.connect(t, h, false)
+			fd := <-accepted
+			endBeforeRead(t, client, tc.fin, func(look func(fd int)) { look(fd) })
+			_ = b.backend.SetDeadline(time.Now().Add(5 * time.Second))
+			backend, err := b.backend.AcceptTCP()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer backend.Close()
+			if h.mu.Lock(); len(h.dialFails) != 1 {
+				t.Errorf("dial failures %v; want the silent endpoint's timeout", h.dialFails)
+			}
+			h.mu.Unlock()
+			wantRequestThenReset(t, backend)
+			h.wait(t)
+		})
+	}
+}

@@ -565,3 +565,36 @@ func TestFINThenResetIsPassedOn(t *testing.T) {
 		}
 	}
 }
+
+// A peer's bytes and reset (after a FIN or not), all queued before the
+// relay first reads them, reach the other peer as those bytes and a reset.
+// The relay starts late so that they are: its first read wakes on the
+// readiness they raised together.
+func TestEndQueuedBeforeReadIsPassedOn(t *testing.T) {
+	for _, tc := range endsBeforeRead {
+		for _, from := range []string{"client", "backend"} {
+			t.Run(from+"/"+tc.name, func(t *testing.T) {
+				client, proxyClient := pair(t)
+				proxyBackend, backend := pair(t)
+				peer, other, proxySide := client, backend, proxyClient
+				if from == "backend" {
+					peer, other, proxySide = backend, client, proxyBackend
+				}
+				raw, err := proxySide.SyscallConn()
+				if err != nil {
+					t.Fatal(err)
+				}
+				endBeforeRead(t, peer, tc.fin, func(look func(fd int)) {
+					_ = raw.Control(func(fd uintptr) { look(int(fd)) })
+				})
+				done := make(chan struct{})
+				go func() {
+					TCP(proxyClient, proxyBackend, Options{HalfCloseTimeout: time.Hour})
+					close(done)
+				}()
+				wantRequestThenReset(t, other)
+				waitDone(t, done, 2*time.Second, "a reset queued behind bytes")
+			})
+		}
+	}
+}
