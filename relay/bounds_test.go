@@ -226,12 +226,15 @@ func wantResetAfterFIN(t *testing.T, c *net.TCPConn, d time.Duration) {
 // not), all of it queued on the proxy's socket before the relay reads it.
 // The read that takes the bytes must not be the direction's last: the
 // kernel's TCP_INQ hint counts bytes and a FIN, not a reset, and the
-// reset's (edge-triggered) wake-up came with the bytes'.
+// reset's (edge-triggered) wake-up came with the bytes'. Nor may the end
+// of file a read returns ahead of a reset behind a FIN (a read gives the
+// FIN before a pending error) pass for a FIN.
 var endsBeforeRead = []struct {
 	name string
 	fin  bool
 }{
 	{"bytes, reset", false},
+	{"bytes, FIN, reset", true},
 }
 
 // endBeforeRead has from send "request" (and a FIN, if fin) and reset,

@@ -292,15 +292,24 @@ func (c *LoopConn) resetAfterEnd(side int32) bool {
 	if !d.done {
 		return false
 	}
-	err := rawio.SocketError(c.fds[side])
-	if err == nil && rawio.TCPState(c.fds[side]) == rawio.TCPClose {
-		err = unix.ECONNRESET // the error was taken already
-	}
+	err := c.resetOf(side)
 	if err == nil {
 		return false
 	}
 	c.failed(d, err)
 	return true
+}
+
+// resetOf is the reset the socket of side took, if any: its error
+// (SO_ERROR, which takes it), or ECONNRESET for the CLOSE state a reset
+// leaves once the error was taken. Only for a socket no FIN of ours went
+// to: one that did reaches CLOSE without a reset too.
+func (c *LoopConn) resetOf(side int32) error {
+	err := rawio.SocketError(c.fds[side])
+	if err == nil && rawio.TCPState(c.fds[side]) == rawio.TCPClose {
+		err = unix.ECONNRESET // the error was taken already
+	}
+	return err
 }
 
 // connected finishes a dial the backend socket's event ended. Only an
@@ -631,6 +640,17 @@ func (c *LoopConn) received(d *loopDir, n int64, err error) (ok, moved bool, _ e
 	case err != nil:
 		return false, false, err
 	case n == 0:
+		if c.errHup[d.src] && !c.other(d).done {
+			// A read returns the FIN before a pending error, and the
+			// event of a reset right behind the FIN was the FIN's, so
+			// resetAfterEnd hears of it no more: passed on as a FIN, the
+			// reset reached the other peer only at the half-close bound.
+			// Only an error or hang-up event asks: a FIN alone says
+			// neither while no FIN of ours went to src (no system call).
+			if err := c.resetOf(int32(d.src)); err != nil {
+				return false, false, err
+			}
+		}
 		d.eof, d.fin = true, true
 		return false, true, nil
 	}
