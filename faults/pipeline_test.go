@@ -769,7 +769,9 @@ func TestCutReachesTheOtherStreamsClose(t *testing.T) {
 			go func() {
 				backend.SetReadDeadline(time.Now().Add(5 * time.Second))
 				got, err := io.ReadAll(backend)
-				if took := time.Since(start); err != nil || string(got) != tc.backendGets || took > tc.cut+100*time.Millisecond {
+				// 200 ms of slack (a loaded runner) still ends well before
+				// the client's end, which the other stream's toxic delays.
+				if took := time.Since(start); err != nil || string(got) != tc.backendGets || took > tc.cut+200*time.Millisecond {
 					backendEnd <- fmt.Sprintf("backend read %q, then %v after %v; want %q, then its FIN at %v", got, err, took, tc.backendGets, tc.cut)
 				}
 				close(backendEnd)

@@ -84,7 +84,7 @@ const samples = 5
 
 // measured checks a delay a toxic adds from several samples. A sample can
 // come late when a loaded 2-core runner stalls a goroutine, never early:
-// each must be at least want - tol, and their median want ± tol.
+// each must be at least want - tol, and their median want - tol + 2 tol.
 func measured(t *testing.T, what string, got []time.Duration, want, tol time.Duration) {
 	t.Helper()
 	for i, d := range got {
@@ -97,7 +97,14 @@ func measured(t *testing.T, what string, got []time.Duration, want, tol time.Dur
 		rounded[i] = d.Round(time.Millisecond)
 	}
 	t.Logf("%s: samples %v", what, rounded)
-	within(t, what+" (median)", median(got), want, tol)
+	// The median may run late by twice the tolerance (233.7 ms for 200 ±
+	// 30 in 1 of 20 runs at load 5-9), still well short of a toxic applied
+	// twice; early it may not be.
+	m := median(got)
+	t.Logf("%s (median): %v (want %v - %v + %v)", what, m.Round(time.Millisecond), want, tol, 2*tol)
+	if m < want-tol || m > want+2*tol {
+		t.Errorf("%s (median): %v, want %v - %v + %v", what, m, want, tol, 2*tol)
+	}
 }
 
 // sample runs f n times and returns what it measured each time.
