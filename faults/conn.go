@@ -41,12 +41,33 @@ type liveConn struct {
 	conn       *Conn // its pipelines, for a removed timeout toxic
 }
 
-// Accept decides the faults of the next connection from client. It
-// returns nil when nothing applies and live connections need not be
-// tracked: the connection then costs one atomic add, one load and its
-// draws, and allocates nothing.
+// NextConn numbers the port's next TCP connection, for AcceptNumbered.
+// Call it where connections are taken from the listening socket, one at a
+// time, so the numbers follow the kernel's accept order (the same seed
+// and arrival order give the same faults): in a goroutine per connection
+// the scheduler would number them.
+func (p *Port) NextConn() uint64 { return p.connSeq.Add(1) - 1 }
+
+// InOrder reports whether the numbers of the port's connections decide
+// anything, so that connections accepted side by side (the event loops)
+// must be numbered in their accept order: the port has toxics, or live
+// connections are tracked, which a down toxic added later cuts by number.
+// A port without either numbers its connections in any order at no cost.
+func (p *Port) InOrder() bool {
+	return p.table.TrackLive || len(p.snap.Load().toxics) > 0
+}
+
+// Accept numbers the next connection from client and decides its faults
+// (AcceptNumbered): for a caller that accepts one connection at a time.
 func (p *Port) Accept(client netip.Addr) *Conn {
-	seq := p.connSeq.Add(1) - 1
+	return p.AcceptNumbered(client, p.NextConn())
+}
+
+// AcceptNumbered decides the faults of connection seq (NextConn) from
+// client. It returns nil when nothing applies and live connections need
+// not be tracked: the connection then costs one load and its draws, and
+// allocates nothing.
+func (p *Port) AcceptNumbered(client netip.Addr, seq uint64) *Conn {
 	s := p.snap.Load()
 	track := p.table.TrackLive
 	if s.enabled && len(s.toxics) == 0 && !track {

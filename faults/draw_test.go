@@ -192,3 +192,39 @@ func TestClientsNarrowAToxic(t *testing.T) {
 		}
 	}
 }
+
+// Connections numbered first (NextConn, where they are accepted, in
+// order) and decided later in any order get the faults of their numbers;
+// InOrder asks for that order only where the numbers decide something.
+func TestNumberedConnectionsKeepTheirDraws(t *testing.T) {
+	const lat = `{"name":"slow","type":"latency","toxicity":0.5,"attributes":{"latency":1}}`
+	_, serial := declared(t, 3, 0, "TCP", lat)
+	want := faultedSet(serial, 100, client1)
+	_, p := declared(t, 3, 0, "TCP", lat)
+	seqs := make([]uint64, 100)
+	for i := range seqs {
+		seqs[i] = p.NextConn()
+	}
+	got := make([]bool, len(seqs))
+	for i := len(seqs) - 1; i >= 0; i-- { // decided last first
+		if c := p.AcceptNumbered(client1, seqs[i]); c != nil {
+			got[i] = true
+			c.Done()
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatal("connections decided out of order got other faults than their numbers'")
+	}
+
+	tbl, bare := declared(t, 3, 0, "TCP")
+	if bare.InOrder() {
+		t.Error("a port without toxics asks for accept order")
+	}
+	if !p.InOrder() {
+		t.Error("a port with toxics does not ask for accept order")
+	}
+	tbl.TrackLive = true // a down toxic added later cuts live connections by number
+	if !bare.InOrder() {
+		t.Error("a port whose live connections are tracked does not ask for accept order")
+	}
+}

@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
 )
 
@@ -323,6 +324,50 @@ func BenchmarkTCPConnectRequest(b *testing.B) {
 	b.Run("proxied-eventloop", func(b *testing.B) { benchConnectRequest(b, loop) })
 	mptcp := proxiedPortWith(b, v1.ProtocolTCP, backend, proxier.Options{MultipathTCP: true})
 	b.Run("proxied-mptcp", func(b *testing.B) { benchConnectRequest(b, mptcp) })
+}
+
+// BenchmarkTCPConnectRequestParallel is BenchmarkTCPConnectRequest's
+// exchange from GOMAXPROCS clients at once on the event loops, which then
+// race for the shared listener: "faults" with a fault table and no toxic
+// (the binary without the fault API), "faultapi" with the fault API's
+// tracking on, when the loops accept the port's clients one at a time
+// (their numbers may decide a down toxic's cut).
+func BenchmarkTCPConnectRequestParallel(b *testing.B) {
+	backend := startHTTPish(b)
+	for _, tc := range []struct {
+		name  string
+		track bool
+	}{{"eventloop-faults", false}, {"eventloop-faultapi", true}} {
+		table := faults.NewTable(0, 0, nil)
+		table.TrackLive = tc.track
+		addr := proxiedPortWith(b, v1.ProtocolTCP, backend, proxier.Options{
+			Liveness: proxier.DefaultLiveness, WriteTimeout: proxier.DefaultTCPWriteTimeout,
+			HalfCloseTimeout: 2 * time.Minute, DataPath: proxier.DataPathEventLoop, Faults: table,
+		})
+		b.Run(tc.name, func(b *testing.B) {
+			req := []byte("GET / HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
+			cpu := processCPU()
+			b.RunParallel(func(pb *testing.PB) {
+				buf := make([]byte, 512)
+				for pb.Next() {
+					c, err := net.DialTCP("tcp", nil, net.TCPAddrFromAddrPort(addr))
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					if _, err := c.Write(req); err != nil {
+						b.Error(err)
+					}
+					_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+					if _, err := io.ReadAll(io.LimitReader(c, int64(len(buf)))); err != nil {
+						b.Error(err)
+					}
+					c.Close()
+				}
+			})
+			b.ReportMetric(float64(processCPU()-cpu)/float64(b.N), "cpu-ns/op")
+		})
+	}
 }
 
 func benchConnectRequest(b *testing.B, addr netip.AddrPort) {

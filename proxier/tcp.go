@@ -152,7 +152,13 @@ func (s *tcpProxySocket) acceptLoop() {
 			continue
 		}
 		backoff = 0
-		go s.handle(conn)
+		// Numbered here, in the kernel's accept order: the goroutines
+		// start in the scheduler's.
+		var seq uint64
+		if s.faults != nil {
+			seq = s.faults.NextConn()
+		}
+		go s.handle(conn, seq)
 	}
 }
 
@@ -169,13 +175,14 @@ func nextBackoff(cur, base time.Duration) time.Duration {
 	return cur
 }
 
-// handle picks a backend, retrying on the next endpoint when a dial fails,
-// then copies both ways.
-func (s *tcpProxySocket) handle(client *net.TCPConn) {
+// handle decides the faults of connection seq (faults.Port.NextConn),
+// picks a backend, retrying on the next endpoint when a dial fails, then
+// copies both ways.
+func (s *tcpProxySocket) handle(client *net.TCPConn, seq uint64) {
 	from := clientAddr(client.RemoteAddr())
 	var fc *faults.Conn
 	if s.faults != nil {
-		fc = s.faults.Accept(from.Addr())
+		fc = s.faults.AcceptNumbered(from.Addr(), seq)
 	}
 	s.serve(client, from, fc)
 }

@@ -74,10 +74,19 @@ func takeListener(ln *net.TCPListener) (int, error) {
 	return fd, nil
 }
 
+// InOrder asks the loops to accept the port's clients one at a time while
+// their connection numbers decide faults (relay.OrderedAcceptor): Accepted
+// numbers them, and loops racing between accept4 and Accepted would
+// number them in the scheduler's order, not the kernel's.
+func (s *tcpProxySocket) InOrder() bool {
+	return s.faults != nil && s.faults.InOrder()
+}
+
 // Accepted gives a client of the event loops its handler, or relays it
 // with goroutines when its connection draws a fault (relay.Acceptor). A
 // connection only tracked for the fault API stays on the loops: the API's
-// cut resets it there.
+// cut resets it there. The loops call it in the kernel's accept order
+// while InOrder says so, which Accept's numbering relies on.
 func (s *tcpProxySocket) Accepted(fd int, from netip.AddrPort) relay.Handler {
 	h := &loopClient{s: s, from: from}
 	if s.faults != nil {

@@ -26,6 +26,19 @@ type Acceptor interface {
 	AcceptFailed(err error)
 }
 
+// OrderedAcceptor is an Acceptor whose clients may have to reach Accepted
+// in the order the kernel queued them (the fault draws number them there).
+// The loops share the socket, so two of them race between accept4 and
+// Accepted; while InOrder is true, a loop holds the listener's order lock
+// from its accept4 until Accepted returns, so Accepted sees the clients
+// one at a time in the queue's order. InOrder is asked before every
+// accept and must be cheap; while it is false an accept costs that call
+// and no lock.
+type OrderedAcceptor interface {
+	Acceptor
+	InOrder() bool
+}
+
 // Listener is a listening socket served by every loop of a Group: it sits in
 // every loop's epoll set, and the loop that accepts a client relays it, so
 // no hand-off between goroutines (unless that loop holds more connections
@@ -51,6 +64,10 @@ type Listener struct {
 	g   *Group
 	fd  int
 	acc Acceptor
+	// ordered is acc when it is an OrderedAcceptor (nil: never in order);
+	// orderMu is held from accept4 to Accepted while it asks for order.
+	ordered OrderedAcceptor
+	orderMu sync.Mutex
 	// inherited: the listening socket has TCP_NODELAY, which every socket
 	// it accepts inherits (else each accepted one is given it).
 	inherited bool
@@ -77,6 +94,7 @@ const acceptBatch = 32
 // from now on: Close closes it).
 func (g *Group) Listen(fd int, acc Acceptor) *Listener {
 	ln := &Listener{g: g, fd: fd, acc: acc, regs: make([]*loopListener, len(g.loops))}
+	ln.ordered, _ = acc.(OrderedAcceptor)
 	ln.inherited = rawio.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1) == nil
 	for _, l := range g.loops {
 		l.post(loopCmd{op: cmdListen, ln: ln})
@@ -204,42 +222,60 @@ func (l *Loop) accept(slot int32) {
 	if ll == nil || ll.paused {
 		return
 	}
+	ln := ll.ln
 	for range acceptBatch {
-		fd, from, err := rawio.Accept4(ll.ln.fd)
-		switch {
-		case err == unix.EAGAIN:
-			ll.backoff = 0
+		inOrder := ln.ordered != nil && ln.ordered.InOrder()
+		if inOrder {
+			ln.orderMu.Lock()
+		}
+		more := l.acceptOne(ll)
+		if inOrder {
+			ln.orderMu.Unlock()
+		}
+		if !more {
 			return
-		case err == unix.EINTR:
-			continue
-		case ClientGone(err):
-			ll.ln.acc.AcceptFailed(err) // that client is gone; the next
-			continue
-		case err != nil:
-			ll.ln.acc.AcceptFailed(err)
-			l.pause(ll)
-			return
-		}
-		if InReserve(fd) {
-			// Refused, not left in the backlog to hang: the clients
-			// queued behind it are refused alike until descriptors free.
-			ll.ln.acc.Refused(from, ErrDescriptorReserve) // before the client can see it
-			resetClose(fd)
-			continue
-		}
-		// A client taken: the descriptors are back, so the next shortage
-		// starts its back-off afresh (under load the backlog may never
-		// run empty to say so with EAGAIN).
-		ll.backoff = 0
-		// What net sets on every accepted socket (the rest is inherited
-		// from the listener, and this too where the listener took it).
-		if !ll.ln.inherited {
-			_ = rawio.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
-		}
-		if h := ll.ln.acc.Accepted(fd, from); h != nil {
-			l.place(ll.ln.g, fd, h)
 		}
 	}
+}
+
+// acceptOne takes one client (or one error); false: stop accepting on
+// this listener for now.
+func (l *Loop) acceptOne(ll *loopListener) bool {
+	fd, from, err := rawio.Accept4(ll.ln.fd)
+	switch {
+	case err == unix.EAGAIN:
+		ll.backoff = 0
+		return false
+	case err == unix.EINTR:
+		return true
+	case ClientGone(err):
+		ll.ln.acc.AcceptFailed(err) // that client is gone; the next
+		return true
+	case err != nil:
+		ll.ln.acc.AcceptFailed(err)
+		l.pause(ll)
+		return false
+	}
+	if InReserve(fd) {
+		// Refused, not left in the backlog to hang: the clients
+		// queued behind it are refused alike until descriptors free.
+		ll.ln.acc.Refused(from, ErrDescriptorReserve) // before the client can see it
+		resetClose(fd)
+		return true
+	}
+	// A client taken: the descriptors are back, so the next shortage
+	// starts its back-off afresh (under load the backlog may never
+	// run empty to say so with EAGAIN).
+	ll.backoff = 0
+	// What net sets on every accepted socket (the rest is inherited
+	// from the listener, and this too where the listener took it).
+	if !ll.ln.inherited {
+		_ = rawio.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	}
+	if h := ll.ln.acc.Accepted(fd, from); h != nil {
+		l.place(ll.ln.g, fd, h)
+	}
+	return true
 }
 
 // ClientGone reports an accept error that belongs to one client, not to

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -360,5 +361,80 @@ func TestListenerRefuseResume(t *testing.T) {
 	}
 	if err := ln.Resume(); err != nil {
 		t.Fatalf("Resume after Close: %v", err)
+	}
+}
+
+// orderingAcceptor numbers its clients as they reach Accepted, after a
+// pause that lets another loop accept meanwhile, and asks for the kernel's
+// order (OrderedAcceptor).
+type orderingAcceptor struct {
+	mu    sync.Mutex
+	order []uint16 // the clients' ports, in the order numbered
+	all   chan struct{}
+	n     int
+}
+
+func (a *orderingAcceptor) InOrder() bool { return true }
+func (a *orderingAcceptor) Accepted(fd int, from netip.AddrPort) Handler {
+	time.Sleep(50 * time.Microsecond) // the window between accept4 and the number
+	a.mu.Lock()
+	a.order = append(a.order, from.Port())
+	if len(a.order) == a.n {
+		close(a.all)
+	}
+	a.mu.Unlock()
+	unix.Close(fd)
+	return nil
+}
+func (a *orderingAcceptor) AcceptFailed(error)            {}
+func (a *orderingAcceptor) Refused(netip.AddrPort, error) {}
+
+// Clients queued one after another reach an OrderedAcceptor in that order,
+// although several loops accept from the shared socket: fault draws are
+// numbered there, and README promises "same seed and arrival order → same
+// faults".
+func TestLoopsKeepAcceptOrderForOrderedAcceptor(t *testing.T) {
+	const n = 300
+	g, err := NewGroup(4, LoopOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	fd := listeningSocket(t)
+	if err := unix.Listen(fd, n); err != nil { // the whole pool queues
+		t.Fatal(err)
+	}
+	acc := &orderingAcceptor{n: n, all: make(chan struct{})}
+	ln := g.Listen(fd, acc)
+	defer ln.Close()
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := netip.AddrPortFrom(netip.AddrFrom4(sa.(*unix.SockaddrInet4).Addr), uint16(sa.(*unix.SockaddrInet4).Port))
+	dialed := make([]uint16, n)
+	for i := range dialed {
+		c, err := net.DialTCP("tcp4", nil, net.TCPAddrFromAddrPort(addr))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		dialed[i] = uint16(c.LocalAddr().(*net.TCPAddr).Port)
+	}
+	select {
+	case <-acc.all:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%d of %d clients accepted", len(acc.order), n)
+	}
+	acc.mu.Lock()
+	defer acc.mu.Unlock()
+	moved := 0
+	for i := range dialed {
+		if acc.order[i] != dialed[i] {
+			moved++
+		}
+	}
+	if moved > 0 {
+		t.Errorf("%d of %d clients numbered out of the order they were queued in", moved, n)
 	}
 }
