@@ -89,7 +89,9 @@ func (p *Port) AcceptNumbered(client netip.Addr, seq uint64) *Conn {
 	// unfaulted at the cap it kept a down port up.
 	refuse := s.refusals && s.refuses(seq, client)
 	for _, t := range s.toxics {
-		if t.kind == kindDatagram || !t.draws(client, seq) {
+		if t.kind == kindDatagram || (refuse && !t.refuses()) || !t.draws(client, seq) {
+			// A refused connection ends at accept: only what refuses
+			// it acts (and counts in faults_injected_total).
 			continue
 		}
 		// The slot is taken at the first toxic that applies, so two
@@ -229,12 +231,16 @@ func (s *snapshot) timeouts() []timeoutKey {
 // connection with this sequence number.
 func (s *snapshot) refuses(seq uint64, client netip.Addr) bool {
 	for _, t := range s.toxics {
-		if (t.kind == kindDown || t.Type == "refuse") && t.draws(client, seq) {
+		if t.refuses() && t.draws(client, seq) {
 			return true
 		}
 	}
 	return false
 }
+
+// refuses tells a toxic that refuses the connections it draws (down,
+// refuse).
+func (c *compiled) refuses() bool { return c.kind == kindDown || c.Type == "refuse" }
 
 // downDraws reports whether a down toxic of s applies to the connection
 // with this sequence number: the draw Accept would have made.

@@ -171,3 +171,75 @@ kubeproxy_userspace_faults_max_buffered_bytes 2.68435456e+08
 		t.Fatal(err)
 	}
 }
+
+// faults_injected_total counts what acted (README: per connection for TCP,
+// per datagram for UDP): not a toxic drawn for a datagram a later toxic
+// dropped, nor one drawn for a connection refused at accept; and a UDP
+// down, which drops both ways, counts each drop under the stream it was
+// dropped on.
+func TestInjectedCountsOnlyWhatActed(t *testing.T) {
+	const n = 1000
+	count := func(m *Metrics, label, name, typ, stream string) int {
+		return int(testutil.ToFloat64(m.Injected.WithLabelValues(label, name, typ, stream)))
+	}
+	t.Run("UDP duplicate, then loss", func(t *testing.T) {
+		m := NewMetrics(nil)
+		p := NewTable(4, 0, m).Port("default.dns.dns", "UDP")
+		p.SetDeclared([]Toxic{
+			toxic(t, `{"name":"dup","type":"duplicate","stream":"upstream","attributes":{"rate":1}}`),
+			toxic(t, `{"name":"loss","type":"loss","stream":"upstream","attributes":{"rate":0.5}}`),
+		})
+		r := &recorder{}
+		sendAll(p, n, r)
+		delivered := len(r.seqs()) / 2 // each twice
+		if got := count(m, "default.dns.dns", "dup", "duplicate", Upstream); got != delivered {
+			t.Errorf("duplicate counted %d, want the %d datagrams sent twice (%d lost)", got, delivered, n-delivered)
+		}
+		if got := count(m, "default.dns.dns", "loss", "loss", Upstream); got != n-delivered {
+			t.Errorf("loss counted %d, want %d", got, n-delivered)
+		}
+	})
+	t.Run("TCP latency on refused connections", func(t *testing.T) {
+		m := NewMetrics(nil)
+		p := NewTable(4, 0, m).Port("default.web.http", "TCP")
+		p.SetDeclared([]Toxic{
+			toxic(t, `{"name":"lat","type":"latency","attributes":{"latency":50}}`),
+			toxic(t, `{"name":"ref","type":"refuse","toxicity":0.5}`),
+		})
+		refused := 0
+		for range n {
+			c := p.Accept(client1)
+			if c.Refuse {
+				refused++
+			}
+			c.Done()
+		}
+		if got := count(m, "default.web.http", "lat", "latency", Downstream); got != n-refused {
+			t.Errorf("latency counted %d, want the %d connections not refused (%d refused)", got, n-refused, refused)
+		}
+		if got := count(m, "default.web.http", "ref", "refuse", Downstream); got != refused {
+			t.Errorf("refuse counted %d, want %d", got, refused)
+		}
+	})
+	t.Run("UDP down on both streams", func(t *testing.T) {
+		m := NewMetrics(nil)
+		p := NewTable(4, 0, m).Port("default.dns.dns", "UDP")
+		p.SetDeclared([]Toxic{toxic(t, `{"name":"dn","type":"down","toxicity":0.4}`)})
+		var dropped [2]int
+		buf := make([]byte, 4)
+		for range n {
+			for _, stream := range []int{StreamUp, StreamDown} {
+				sent := false
+				p.Datagrams().Send(stream, session1, buf, func([]byte) { sent = true })
+				if !sent {
+					dropped[stream]++
+				}
+			}
+		}
+		for stream, name := range map[int]string{StreamUp: Upstream, StreamDown: Downstream} {
+			if got := count(m, "default.dns.dns", "dn", "down", name); got != dropped[stream] {
+				t.Errorf("down{stream=%q} counted %d, want the %d dropped on it", name, got, dropped[stream])
+			}
+		}
+	})
+}

@@ -96,7 +96,7 @@ func (p *Port) publishLocked() *snapshot {
 			}
 		}
 		s.toxics = append(s.toxics, c)
-		s.refusals = s.refusals || c.kind == kindDown || tx.Type == "refuse"
+		s.refusals = s.refusals || c.refuses()
 	}
 	for _, tx := range p.annotation {
 		add(tx, OriginAnnotation)
@@ -148,16 +148,20 @@ func (p *Port) retireRemoved(m *Metrics, label string, before, after []*compiled
 	// an add at 2,100 toxics, under the port's lock).
 	live := make(map[seriesKey]struct{}, len(after))
 	for _, a := range after {
-		live[seriesKey{label, a.Name, a.Type, a.Stream}] = struct{}{}
+		for _, stream := range p.seriesStreams(a) {
+			live[seriesKey{label, a.Name, a.Type, stream}] = struct{}{}
+		}
 	}
 	p.retired = slices.DeleteFunc(p.retired, func(k seriesKey) bool {
 		_, back := live[k]
 		return back
 	})
 	for _, b := range before {
-		key := seriesKey{label, b.Name, b.Type, b.Stream}
-		if _, kept := live[key]; !kept && !slices.Contains(p.retired, key) {
-			p.retired = append(p.retired, key)
+		for _, stream := range p.seriesStreams(b) {
+			key := seriesKey{label, b.Name, b.Type, stream}
+			if _, kept := live[key]; !kept && !slices.Contains(p.retired, key) {
+				p.retired = append(p.retired, key)
+			}
 		}
 	}
 	if n := len(p.retired) - retiredSeriesKept; n > 0 {
@@ -166,6 +170,16 @@ func (p *Port) retireRemoved(m *Metrics, label string, before, after []*compiled
 		}
 		p.retired = slices.Delete(p.retired, 0, n)
 	}
+}
+
+// seriesStreams are the stream labels of c's faults_injected_total series:
+// its stream, and on a UDP port both for a down toxic, which drops both
+// ways (newDatagramPlan).
+func (p *Port) seriesStreams(c *compiled) []string {
+	if p.protocol == "UDP" && c.kind == kindDown {
+		return streamNames[:]
+	}
+	return []string{c.Stream}
 }
 
 // metricLabel is the port's service_port label; p.mu is held.

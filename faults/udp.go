@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Datagram streams: upstream is client→backend.
@@ -33,7 +35,14 @@ type datagramPlan struct {
 type datagramToxic struct {
 	*compiled
 	*toxicState
+	// injected is the toxic's faults_injected_total series on this
+	// stream: a down toxic drops both ways, each drop counted under the
+	// stream it was dropped on. It hides compiled's.
+	injected prometheus.Counter
 }
+
+// streamNames are the streams' names, the stream label's values.
+var streamNames = [2]string{StreamUp: Upstream, StreamDown: Downstream}
 
 // toxicState is what a toxic carries from one datagram to the next. A
 // toxic left unchanged by a change of the port's toxics keeps it, so that
@@ -86,7 +95,11 @@ func newDatagramPlan(p *Port, s *snapshot, old *datagramPlan) *datagramPlan {
 	}
 	d := &datagramPlan{enabled: s.enabled, seq: [2]*atomic.Uint64{&p.udpSeq[0], &p.udpSeq[1]}, delays: &p.udpDelays, delayDropped: s.delayDropped}
 	add := func(i int, t *compiled) {
-		dt := &datagramToxic{compiled: t}
+		dt := &datagramToxic{compiled: t, injected: t.injected}
+		if streamNames[i] != t.Stream {
+			// down, on the stream it does not name
+			dt.injected = p.table.metrics.Injected.WithLabelValues(p.metricLabel(), t.Name, t.Type, streamNames[i])
+		}
 		if o := kept[toxicSlot{i, t.Name}]; o != nil && sameDraws(o.compiled, t) {
 			dt.toxicState = o.toxicState
 		} else {
@@ -182,6 +195,7 @@ func (dp *DatagramPlan) Send(stream int, client netip.AddrPort, b []byte, send f
 	var delay, latency time.Duration
 	copies := 1
 	var reorder *datagramToxic
+	shaped := false // by a latency or duplicate toxic
 	for _, t := range d.streams[stream] {
 		if !t.draws(client.Addr(), seq) {
 			continue
@@ -197,7 +211,7 @@ func (dp *DatagramPlan) Send(stream int, client netip.AddrPort, b []byte, send f
 				return 0
 			}
 		case "latency":
-			t.injected.Inc()
+			shaped = true
 			d := t.ms("latency")
 			if j := t.ms("jitter"); j > 0 {
 				d += time.Duration((2*draw(t.seed, t.key, seq, saltStream) - 1) * float64(j))
@@ -207,8 +221,8 @@ func (dp *DatagramPlan) Send(stream int, client netip.AddrPort, b []byte, send f
 			latency = addDelay(latency, d)
 			delay = max(delay, latency)
 		case "duplicate":
-			if e < t.Attributes["rate"] {
-				t.injected.Inc()
+			if t.duplicates(e) {
+				shaped = true
 				copies++
 			}
 		case "reorder":
@@ -216,6 +230,11 @@ func (dp *DatagramPlan) Send(stream int, client netip.AddrPort, b []byte, send f
 				reorder = t
 			}
 		}
+	}
+	if shaped {
+		// Counted once the datagram passed every toxic: one that a
+		// later loss or down dropped was neither delayed nor sent twice.
+		d.countShaping(stream, client.Addr(), seq)
 	}
 	out := send
 	if delay > 0 {
@@ -245,6 +264,27 @@ func (dp *DatagramPlan) Send(stream int, client netip.AddrPort, b []byte, send f
 	}
 	return max(delay, 0)
 }
+
+// countShaping counts the latency and duplicate toxics of stream that
+// acted on datagram seq, which passed: Send's draws again (pure), rather
+// than a record of them per datagram.
+func (d *datagramPlan) countShaping(stream int, client netip.Addr, seq uint64) {
+	for _, t := range d.streams[stream] {
+		switch t.Type {
+		case "latency":
+			if t.draws(client, seq) {
+				t.injected.Inc()
+			}
+		case "duplicate":
+			if t.draws(client, seq) && t.duplicates(draw(t.seed, t.key, seq, saltEffect)) {
+				t.injected.Inc()
+			}
+		}
+	}
+}
+
+// duplicates decides a duplicate toxic's effect draw e.
+func (t *datagramToxic) duplicates(e float64) bool { return e < t.Attributes["rate"] }
 
 // lose decides loss for one datagram: a plain rate, or tc-netem's
 // Gilbert-Elliott model when p > 0 (bursts of loss).
