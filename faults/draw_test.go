@@ -228,3 +228,37 @@ func TestNumberedConnectionsKeepTheirDraws(t *testing.T) {
 		t.Error("a port whose live connections are tracked does not ask for accept order")
 	}
 }
+
+// Where the numbers start (README, Deterministic): a TCP port numbers every
+// connection since it was created, so a toxic added after unfaulted ones
+// draws for the numbers that follow; a UDP port numbers only datagrams
+// sent while it has a plan, so a toxic added after fault-free traffic
+// draws as on a fresh port.
+func TestNumbersStartAsDocumented(t *testing.T) {
+	const refuse = `{"name":"r","type":"refuse","toxicity":0.5}`
+	_, fresh := declared(t, 7, 0, "TCP", refuse)
+	first := faultedSet(fresh, 400, client1)
+	tbl, p := declared(t, 7, 0, "TCP")
+	faultedSet(p, 300, client1) // unfaulted
+	if ok := tbl.Declare(p.Name(), []Toxic{toxic(t, refuse)}); !ok {
+		t.Fatal("no port")
+	}
+	if got := faultedSet(p, 100, client1); !slices.Equal(got, first[300:]) {
+		t.Error("TCP: a toxic added after 300 connections does not draw for numbers 300 on")
+	}
+
+	const loss = `{"name":"l","type":"loss","stream":"upstream","attributes":{"rate":0.5}}`
+	_, freshUDP := declared(t, 7, 0, "UDP", loss)
+	want := &recorder{}
+	sendAll(freshUDP, 100, want)
+	tbl, u := declared(t, 7, 0, "UDP")
+	if u.Datagrams() != nil {
+		t.Fatal("a UDP port without toxics has a plan")
+	}
+	tbl.Declare(u.Name(), []Toxic{toxic(t, loss)})
+	got := &recorder{}
+	sendAll(u, 100, got)
+	if !slices.Equal(got.seqs(), want.seqs()) {
+		t.Error("UDP: a toxic added to a port that had none does not draw as on a fresh port")
+	}
+}
