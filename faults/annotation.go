@@ -3,6 +3,7 @@ package faults
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -33,6 +34,15 @@ func ParseAnnotation(value string, ports []ServicePort) (map[string][]Toxic, err
 	}
 	var raw []json.RawMessage
 	if err := json.Unmarshal([]byte(value), &raw); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			// encoding/json's text named the Go type it decodes into.
+			hint := ""
+			if te.Value == "object" {
+				hint = "; put a single toxic in a list, [{...}]"
+			}
+			return nil, fmt.Errorf("not a JSON list of toxics: a JSON %s%s", te.Value, hint)
+		}
 		return nil, fmt.Errorf("not a JSON list of toxics: %v", err)
 	}
 	out := map[string][]Toxic{}

@@ -249,7 +249,12 @@ func TestParseAnnotationErrors(t *testing.T) {
 		want  string // a substring of the error; the field path comes first
 	}{
 		{"not JSON", `latency please`, both, "not a JSON list of toxics"},
-		{"an object, not a list", `{"type":"latency"}`, both, "not a JSON list of toxics"},
+		// In the user's terms, not Go's ("cannot unmarshal object into Go
+		// value of type []json.RawMessage").
+		{"an object, not a list", `{"type":"latency"}`, both, "not a JSON list of toxics: a JSON object; put a single toxic in a list, [{...}]"},
+		{"a number, not a list", `5`, both, "not a JSON list of toxics: a JSON number"},
+		{"down given an attribute", `[{"type":"down","attributes":{"delay":5}}]`, both, "[0].attributes.delay: down takes no attributes"},
+		{"name past 253 bytes", `[{"type":"latency","name":"` + strings.Repeat("n", 254) + `"}]`, both, "[0].name: at most 253 bytes, not 254 (a name is a metric label)"},
 		{"type missing", `[{"name":"x"}]`, both, "[0].type: required"},
 		{"type unknown", `[{"type":"latency"},{"type":"lag"}]`, both, `[1].type: unknown toxic type "lag"`},
 		{"stream unknown", `[{"type":"latency","stream":"sideways"}]`, both, "[0].stream: must be"},

@@ -79,6 +79,10 @@ func (t *Toxic) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+// MaxNameLength is the longest toxic name, in bytes: a Kubernetes object
+// name's bound (a name is a label value of faults_injected_total).
+const MaxNameLength = 253
+
 // toxicFields are the JSON fields of a toxic, for "unknown field" errors.
 const toxicFields = "name, type, stream, toxicity, attributes, port, clients, seed"
 
@@ -251,6 +255,11 @@ func (t *Toxic) Normalize() error {
 		// or forged a row. Toxiproxy takes any string; no client needs these.
 		return &FieldError{"name", fmt.Sprintf("must be printable, not %q (%U at byte %d)", t.Name, r, i)}
 	}
+	if len(t.Name) > MaxNameLength {
+		// A name is a label value of faults_injected_total: a name of a
+		// megabyte made /metrics a megabyte.
+		return &FieldError{"name", fmt.Sprintf("at most %d bytes, not %d (a name is a metric label)", MaxNameLength, len(t.Name))}
+	}
 	if !(t.Toxicity >= 0 && t.Toxicity <= 1) { // NaN too
 		return &FieldError{"toxicity", fmt.Sprintf("must be within [0, 1], not %v", t.Toxicity)}
 	}
@@ -263,6 +272,9 @@ func (t *Toxic) Normalize() error {
 			names := make([]string, 0, len(tt.attrs))
 			for n := range tt.attrs {
 				names = append(names, n)
+			}
+			if len(names) == 0 {
+				return &FieldError{"attributes." + k, fmt.Sprintf("%s takes no attributes", t.Type)}
 			}
 			sort.Strings(names)
 			return &FieldError{"attributes." + k, fmt.Sprintf("not an attribute of %s (known: %s)", t.Type, strings.Join(names, ", "))}

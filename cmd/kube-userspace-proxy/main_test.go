@@ -73,6 +73,21 @@ func TestBadFaultFlagsExitTwo(t *testing.T) {
 	}
 }
 
+// A --fault-seed that is an integer out of int64's range says so; pflag's
+// own message was "must be an integer".
+func TestFaultSeedOutOfRange(t *testing.T) {
+	for _, tc := range []struct{ value, want string }{
+		{"9223372036854775808", `invalid argument "9223372036854775808" for "--fault-seed" flag: out of range: from -9223372036854775808 to 9223372036854775807`},
+		{"x", `invalid argument "x" for "--fault-seed" flag: must be an integer`},
+	} {
+		var code int
+		stderr := capture(t, &os.Stderr, func() { code = runMain([]string{"--fault-seed", tc.value}) })
+		if code != exitUsage || !strings.Contains(stderr, tc.want) {
+			t.Errorf("--fault-seed %s: exit %d, stderr %q; want %d and %q", tc.value, code, stderr, exitUsage, tc.want)
+		}
+	}
+}
+
 // --cleanup without the privilege iptables needs says so and exits 1,
 // before any iptables command (which printed their own permission errors,
 // one per chain and family).

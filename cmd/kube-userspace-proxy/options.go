@@ -2,11 +2,14 @@ package main
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"net/netip"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -172,9 +175,9 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.preroutingRedirect, "prerouting-redirect", o.preroutingRedirect, "With --bind-address 0.0.0.0 (or ::): send traffic from pods and other hosts to proxy sockets with REDIRECT, as the legacy userspace mode did, instead of DNAT to the node IP. REDIRECT drops packets that arrive on an interface without an address (pod veths on Calico, the AWS VPC CNI).")
 	fs.StringVar(&o.configFile, "config", o.configFile, "A KubeProxyConfiguration file; flags given on the command line override it.")
 	fs.StringVar(&o.faultAPIBind, "fault-api-bind-address", o.faultAPIBind, "HOST:PORT for Toxiproxy's REST API over this node's service ports (e.g. 127.0.0.1:8474); empty disables it.")
-	fs.Int64Var(&o.faultSeed, "fault-seed", o.faultSeed, "Seed of every fault draw: the same seed and arrival order give the same faults.")
+	fs.Var(int64Value{&o.faultSeed}, "fault-seed", "Seed of every fault draw: the same seed and arrival order give the same faults.")
 	fs.IntVar(&o.faultMaxActive, "fault-max-active", o.faultMaxActive, "At most this many live faulted connections per service port; further connections get no fault, except down and refuse, which hold no slot. 0 means unlimited.")
-	fs.Int64Var(&o.faultMaxBuffered, "fault-max-buffered-bytes", o.faultMaxBuffered, "At most this many bytes held in flight (read, not yet written) by the faulted TCP connections of every service port together; past it a faulted direction stops reading, and its sender is held back by TCP flow control, except that a direction holding nothing still reads one buffer (32 KiB); UDP datagrams a latency toxic delays count too, and one past it is dropped. 0 means unlimited.")
+	fs.Var(int64Value{&o.faultMaxBuffered}, "fault-max-buffered-bytes", "At most this many bytes held in flight (read, not yet written) by the faulted TCP connections of every service port together; past it a faulted direction stops reading, and its sender is held back by TCP flow control, except that a direction holding nothing still reads one buffer (32 KiB); UDP datagrams a latency toxic delays count too, and one past it is dropped. 0 means unlimited.")
 	fs.IntVar(&o.affinityMaxEntries, "affinity-max-entries-per-port", o.affinityMaxEntries, "At most this many clients in one service port's ClientIP affinity table; a new client of a full table evicts the least recently used one. 0 means unlimited.")
 	fs.IntVar(&o.httpMaxConns, "http-max-connections", o.httpMaxConns, "At most this many open connections per HTTP server (health, metrics, healthCheckNodePort, fault API); at the cap a new client takes the place of the longest-idle keep-alive connection, or waits in the listen backlog while every connection is busy with a request. 0 means unlimited.")
 	fs.DurationVar(&o.httpIdleTimeout, "http-idle-timeout", o.httpIdleTimeout, "How long an HTTP server keeps an idle keep-alive connection open (e.g. '30s'). Must be greater than 0.")
@@ -520,4 +523,23 @@ func parseClusterCIDR(s string) ([]netip.Prefix, error) {
 		out = append(out, p)
 	}
 	return out, nil
+}
+
+// int64Value is pflag's int64 flag, save that an integer out of int64's
+// range is said to be: pflag's says "must be an integer" of it.
+type int64Value struct{ p *int64 }
+
+func (v int64Value) String() string { return strconv.FormatInt(*v.p, 10) }
+func (v int64Value) Type() string   { return "int64" }
+
+func (v int64Value) Set(s string) error {
+	n, err := strconv.ParseInt(s, 0, 64) // as pflag parses it
+	switch {
+	case errors.Is(err, strconv.ErrRange):
+		return fmt.Errorf("out of range: from %d to %d", int64(math.MinInt64), int64(math.MaxInt64))
+	case err != nil:
+		return errors.New("must be an integer")
+	}
+	*v.p = n
+	return nil
 }

@@ -38,6 +38,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"strings"
 
 	"k8s.io/klog/v2"
@@ -197,7 +198,7 @@ func (s *server) populate(w http.ResponseWriter, r *http.Request) {
 		Upstream string `json:"upstream"`
 	}
 	if err := json.Unmarshal(body, &in); err != nil {
-		writePopulated(w, http.StatusBadRequest, "bad request body (a JSON list of proxies): "+err.Error(), nil)
+		writePopulated(w, http.StatusBadRequest, "bad request body: "+bodyError(err, "a JSON list of proxies"), nil)
 		return
 	}
 	infos := make([]faults.ProxyInfo, len(in))
@@ -277,7 +278,7 @@ func (s *server) proxyUpdate(w http.ResponseWriter, r *http.Request) {
 		Enabled  *bool   `json:"enabled"`
 	}
 	if err := json.Unmarshal(body, &in); err != nil {
-		writeError(w, http.StatusBadRequest, "bad request body: "+err.Error())
+		writeError(w, http.StatusBadRequest, "bad request body: "+bodyError(err, `a JSON object (a proxy: {"enabled": ...})`))
 		return
 	}
 	if in.Name != nil && *in.Name != "" && *in.Name != info.Name {
@@ -501,7 +502,7 @@ func withoutOrigin(body []byte) ([]byte, error) {
 		if len(strings.TrimSpace(string(body))) == 0 {
 			return nil, errors.New("empty body, want a JSON object")
 		}
-		return nil, err
+		return nil, errors.New(bodyError(err, "a JSON object (a toxic)"))
 	}
 	if fields == nil {
 		return nil, errors.New("null body, want a JSON object")
@@ -511,6 +512,35 @@ func withoutOrigin(body []byte) ([]byte, error) {
 	}
 	delete(fields, "origin")
 	return json.Marshal(fields)
+}
+
+// bodyError words a request body's JSON error in the client's terms:
+// encoding/json's named the Go type it decodes into ("cannot unmarshal
+// array into Go value of type map[string]json.RawMessage"). want is what
+// the body must be.
+func bodyError(err error, want string) string {
+	var te *json.UnmarshalTypeError
+	if !errors.As(err, &te) {
+		return err.Error()
+	}
+	if te.Field == "" {
+		return fmt.Sprintf("want %s, not a JSON %s", want, te.Value)
+	}
+	kind := "value"
+	switch te.Type.Kind() {
+	case reflect.Bool:
+		kind = "boolean"
+	case reflect.String:
+		kind = "string"
+	case reflect.Slice, reflect.Array:
+		kind = "list"
+	case reflect.Map, reflect.Struct:
+		kind = "object"
+	case reflect.Float32, reflect.Float64, reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		kind = "number"
+	}
+	return fmt.Sprintf("%s: must be a JSON %s, not a JSON %s", te.Field, kind, te.Value)
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {
