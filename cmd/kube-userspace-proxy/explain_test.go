@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
@@ -723,4 +724,31 @@ func TestExplainProxyPortsSkipNodePorts(t *testing.T) {
 		t.Fatalf("exit %d:\n%s", code, out.String())
 	}
 	outputHas(t, out.String(), "proxy socket:     none: proxy port range exhausted: --proxy-port-range holds 0,")
+}
+
+// A manifest that is not a regular file (a named pipe) is an error of the
+// proxy's (its file keeps its last good objects): explain said nothing of
+// it and exited 0.
+func TestExplainCountsUnreadableManifest(t *testing.T) {
+	dir := t.TempDir()
+	data, err := os.ReadFile("../../examples/manifests/web.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "web.yaml"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(filepath.Join(dir, "pipe.yaml"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if code := explain(t.Context(), []string{"--manifests", dir}, &out); code != 1 {
+		t.Errorf("exit %d, want 1", code)
+	}
+	if want := "1 manifest object was invalid"; !strings.Contains(out.String(), want) {
+		t.Errorf("output lacks %q:\n%s", want, out.String())
+	}
+	if !strings.Contains(out.String(), "== default/web:http (TCP) ==") {
+		t.Errorf("the valid Service is not explained:\n%s", out.String())
+	}
 }

@@ -57,11 +57,11 @@ func TestEndpointsToSlices(t *testing.T) {
 }
 
 func TestExampleManifestsAreValid(t *testing.T) {
-	names, _, err := (&ManifestSource{path: "../../examples/manifests", dirMode: true}).listFiles()
+	names, _, _, err := (&ManifestSource{path: "../../examples/manifests", dirMode: true}).listFiles()
 	if err != nil || len(names) < 4 {
 		t.Fatalf("examples: %v %v", names, err)
 	}
-	faultNames, _, err := (&ManifestSource{path: "../../examples/faults", dirMode: true}).listFiles()
+	faultNames, _, _, err := (&ManifestSource{path: "../../examples/faults", dirMode: true}).listFiles()
 	if err != nil || len(faultNames) < 1 {
 		t.Fatalf("examples/faults: %v %v", faultNames, err)
 	}

@@ -209,7 +209,7 @@ func (s *ManifestSource) reload() {
 	// made between the listing and the watch (the path just made again,
 	// a first reload) was seen only by the next poll, 5 s later.
 	s.watcher.add(watchDirs(s.path, s.dirMode, nil))
-	names, skipped, err := s.listFiles()
+	names, unreadable, skipped, err := s.listFiles()
 	if s.afterList != nil {
 		s.afterList()
 	}
@@ -224,6 +224,11 @@ func (s *ManifestSource) reload() {
 	var recovered []string
 	changed := false // a file's contribution changed: only then is the merge redone
 	for _, name := range names {
+		if err := unreadable[name]; err != nil {
+			present[name] = true
+			s.reportRead(name, err)
+			continue // keep the file's last good objects
+		}
 		data, err := readManifest(name)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue // removed between listing and reading: treated as deleted
@@ -352,19 +357,23 @@ type skippedFile struct {
 // error, as a directory that is gone: the path keeps its last good objects
 // until it returns (emptied, it serves nothing). Listed as nothing, every
 // Service it held was dropped, and came back on new proxy ports.
-func (s *ManifestSource) listFiles() ([]string, []skippedFile, error) {
+//
+// A listed file that cannot be read as a manifest (a named pipe or a device
+// renamed or linked over it) is named, with why, in unreadable: it is an
+// error of that file, which keeps its last good objects, and is not opened.
+// Skipped as "not a regular file", it was taken as gone and its Services
+// were deleted, with nothing at error level.
+func (s *ManifestSource) listFiles() (names []string, unreadable map[string]error, skipped []skippedFile, err error) {
 	if !s.dirMode {
 		if _, err := os.Stat(s.path); err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
-		return []string{s.path}, nil, nil
+		return []string{s.path}, nil, nil, nil
 	}
 	entries, err := os.ReadDir(s.path)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	var names []string
-	var skipped []skippedFile
 	for _, e := range entries {
 		full := filepath.Join(s.path, e.Name())
 		why := notManifest(e.Name())
@@ -375,8 +384,13 @@ func (s *ManifestSource) listFiles() ([]string, []skippedFile, error) {
 			switch {
 			case err == nil && info.IsDir():
 				why = "a directory, not read"
-			case why == "" && (err != nil || !info.Mode().IsRegular()):
+			case why == "" && err != nil:
 				why = "not a regular file"
+			case why == "" && !info.Mode().IsRegular():
+				if unreadable == nil {
+					unreadable = map[string]error{}
+				}
+				unreadable[full] = &regularfile.NotRegularError{Mode: info.Mode()}
 			}
 		}
 		if why != "" {
@@ -386,7 +400,7 @@ func (s *ManifestSource) listFiles() ([]string, []skippedFile, error) {
 		names = append(names, full)
 	}
 	slices.Sort(names)
-	return names, skipped, nil
+	return names, unreadable, skipped, nil
 }
 
 // hiddenEntry is why a name starting with a dot is not read.

@@ -110,3 +110,56 @@ func TestManifestSizeCapHolds10kServices(t *testing.T) {
 		t.Errorf("%d Services added, want 10000", n)
 	}
 }
+
+// A named pipe or a device put over a manifest before the listing (mkfifo
+// .f && mv .f x.yaml; ln -sfn /dev/zero .l && mv -T .l x.yaml) was listed
+// as skipped, "not a regular file", at info level only, and its file's
+// Services were deleted as if it were gone. It is an error naming the file
+// and what it is, reported once, and the file keeps its last good objects,
+// as one that turns into a pipe after the listing does; it is not opened.
+func TestManifestReplacedByNonRegularFile(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		replace func(t *testing.T, tmp string)
+		want    string
+	}{
+		{"named pipe renamed over it", func(t *testing.T, tmp string) {
+			if err := syscall.Mkfifo(tmp, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, "x.yaml: not a regular file (a named pipe)"},
+		{"link to a device renamed over it", func(t *testing.T, tmp string) {
+			if err := os.Symlink("/dev/zero", tmp); err != nil {
+				t.Fatal(err)
+			}
+		}, "x.yaml: not a regular file (a character device)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			name := filepath.Join(dir, "x.yaml")
+			writeFile(t, name, serviceYAML("x", 80))
+			rec, log := newManifestRecorder(), &manifestErrors{}
+			src := NewManifestSource(dir, rec, WithoutWatcher(), WithErrorReporter(log.report), WithSummaryReporter(func(string) {}))
+			src.dirMode = true
+			src.reload()
+			if got := rec.take(); len(got) != 1 || got[0] != "add Service default/x" {
+				t.Fatalf("first reload: %q", got)
+			}
+
+			tmp := filepath.Join(dir, ".tmp")
+			tc.replace(t, tmp)
+			if err := os.Rename(tmp, name); err != nil {
+				t.Fatal(err)
+			}
+			for range 2 { // the poll's next reload does not repeat the error
+				reloadWithin(t, src, 2*time.Second)
+			}
+			if got := rec.take(); len(got) != 0 {
+				t.Errorf("events: %q, want none (the file keeps its last good objects)", got)
+			}
+			if got := log.String(); strings.Count(got, tc.want) != 1 || strings.Count(got, "x.yaml") != 1 {
+				t.Errorf("errors: %s, want %q once", got, tc.want)
+			}
+		})
+	}
+}

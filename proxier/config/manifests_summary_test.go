@@ -117,7 +117,7 @@ func TestListFilesSaysDirectoriesAreNotRead(t *testing.T) {
 	writeFile(t, filepath.Join(dir, "web.yaml"), serviceYAML("web", 80))
 	src := NewManifestSource(dir, newManifestRecorder())
 	src.dirMode = true
-	names, skipped, err := src.listFiles()
+	names, _, skipped, err := src.listFiles()
 	if err != nil {
 		t.Fatal(err)
 	}
