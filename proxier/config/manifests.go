@@ -358,11 +358,13 @@ type skippedFile struct {
 // until it returns (emptied, it serves nothing). Listed as nothing, every
 // Service it held was dropped, and came back on new proxy ports.
 //
-// A listed file that cannot be read as a manifest (a named pipe or a device
-// renamed or linked over it) is named, with why, in unreadable: it is an
-// error of that file, which keeps its last good objects, and is not opened.
-// Skipped as "not a regular file", it was taken as gone and its Services
-// were deleted, with nothing at error level.
+// Only a file that does not exist (a link to nothing included) is gone. A
+// listed file that cannot be read as a manifest (a named pipe or a device
+// renamed or linked over it, a stat that fails otherwise: a link loop,
+// EACCES, EIO) is named, with why, in unreadable: it is an error of that
+// file, which keeps its last good objects, and is not opened. Skipped as
+// "not a regular file", it was taken as gone and its Services were
+// deleted (one NFS hiccup dropped them), with nothing at error level.
 func (s *ManifestSource) listFiles() (names []string, unreadable map[string]error, skipped []skippedFile, err error) {
 	if !s.dirMode {
 		if _, err := os.Stat(s.path); err != nil {
@@ -381,16 +383,25 @@ func (s *ManifestSource) listFiles() (names []string, unreadable map[string]erro
 			// A subdirectory is said to be one whatever its name: "not
 			// .yaml" left the reader wondering about the name.
 			info, err := os.Stat(full)
+			var cannot error
 			switch {
 			case err == nil && info.IsDir():
 				why = "a directory, not read"
-			case why == "" && err != nil:
-				why = "not a regular file"
-			case why == "" && !info.Mode().IsRegular():
+			case why != "":
+			case errors.Is(err, fs.ErrNotExist) && e.Type()&fs.ModeSymlink != 0:
+				why = "a link to nothing" // gone, as the file it named
+			case errors.Is(err, fs.ErrNotExist):
+				continue // removed since the directory was read
+			case err != nil:
+				cannot = err // a link loop, EACCES on the way, EIO: not gone
+			case !info.Mode().IsRegular():
+				cannot = &regularfile.NotRegularError{Mode: info.Mode()}
+			}
+			if cannot != nil {
 				if unreadable == nil {
 					unreadable = map[string]error{}
 				}
-				unreadable[full] = &regularfile.NotRegularError{Mode: info.Mode()}
+				unreadable[full] = cannot
 			}
 		}
 		if why != "" {

@@ -163,3 +163,57 @@ func TestManifestReplacedByNonRegularFile(t *testing.T) {
 		})
 	}
 }
+
+// A listed manifest whose stat fails for another reason than "does not
+// exist" (a link loop: ELOOP; a directory on the way made unreadable:
+// EACCES; an NFS hiccup: EIO) was skipped as "not a regular file" and its
+// Services deleted, at info level only. Only a file that is not there (a
+// link whose target is gone included) is gone; any other failure is an
+// error naming the file and why, reported once, and the file keeps its
+// last good objects.
+func TestManifestStatFailureKeepsLastGood(t *testing.T) {
+	for _, tc := range []struct {
+		name, target string // x.yaml becomes a link to target
+		wantErr      string
+		wantEvents   []string
+		wantSkipped  string
+	}{
+		{"link loop", "x.yaml", "x.yaml: stat " + "DIR" + "/x.yaml: too many levels of symbolic links", nil, ""},
+		{"link to nothing", "gone.yaml", "", []string{"delete Service default/x"}, "x.yaml (a link to nothing)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			name := filepath.Join(dir, "x.yaml")
+			writeFile(t, name, serviceYAML("x", 80))
+			rec, log, sums := newManifestRecorder(), &manifestErrors{}, &summaries{}
+			src := NewManifestSource(dir, rec, WithoutWatcher(), WithErrorReporter(log.report), WithSummaryReporter(sums.report))
+			src.dirMode = true
+			src.reload()
+			rec.take()
+
+			tmp := filepath.Join(dir, ".tmp")
+			if err := os.Symlink(tc.target, tmp); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(tmp, name); err != nil {
+				t.Fatal(err)
+			}
+			for range 2 {
+				reloadWithin(t, src, 2*time.Second)
+			}
+			if got := rec.take(); strings.Join(got, "\n") != strings.Join(tc.wantEvents, "\n") {
+				t.Errorf("events: %q, want %q", got, tc.wantEvents)
+			}
+			want := strings.ReplaceAll(tc.wantErr, "DIR", dir)
+			got := log.String()
+			if want == "" && got != "[]" || want != "" && (strings.Count(got, want) != 1 || strings.Count(got, "keeping") != 1) {
+				t.Errorf("errors: %s, want %q once", got, want)
+			}
+			last := sums.all()[len(sums.all())-1]
+			skips := strings.Contains(last, "skipped ")
+			if tc.wantSkipped == "" && skips || tc.wantSkipped != "" && !strings.Contains(last, "skipped "+tc.wantSkipped) {
+				t.Errorf("summary %q, want skipped %q", last, tc.wantSkipped)
+			}
+		})
+	}
+}
