@@ -219,7 +219,12 @@ func (s *ManifestSource) reload() {
 		s.reportRead(s.path, err)
 		return // keep serving what we have
 	}
-	s.forgetRead(s.path)
+	if s.dirMode {
+		// A single file's listing and read share its name: its read
+		// forgets an error that is over, and this forgot the read's error
+		// each time, so every poll repeated it.
+		s.forgetRead(s.path)
+	}
 	present := map[string]bool{}
 	var recovered []string
 	changed := false // a file's contribution changed: only then is the merge redone

@@ -217,3 +217,44 @@ func TestManifestStatFailureKeepsLastGood(t *testing.T) {
 		})
 	}
 }
+
+// In single-file mode a read error was reported again at every reload
+// (every 5 s poll, every event in the file's directory): the listing's
+// success cleared the suppression under the same name, the path's. It is
+// reported once until it changes or the file reads again, as in a directory.
+func TestSingleFileReadErrorReportedOnce(t *testing.T) {
+	dir := t.TempDir()
+	name := filepath.Join(dir, "x.yaml")
+	writeFile(t, name, serviceYAML("x", 80))
+	rec, log := newManifestRecorder(), &manifestErrors{}
+	src := NewManifestSource(name, rec, WithoutWatcher(), WithErrorReporter(log.report), WithSummaryReporter(func(string) {}))
+	src.reload()
+	rec.take()
+
+	pipe := func() {
+		tmp := filepath.Join(dir, ".fifo")
+		if err := syscall.Mkfifo(tmp, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pipe()
+	for range 3 {
+		reloadWithin(t, src, 2*time.Second)
+	}
+	if n := strings.Count(log.String(), "not a regular file"); n != 1 {
+		t.Errorf("%d errors for 3 reloads of one unreadable file, want 1: %s", n, log)
+	}
+	writeAtomic(t, name, serviceYAML("x", 80))
+	reloadWithin(t, src, 2*time.Second)
+	pipe()
+	reloadWithin(t, src, 2*time.Second)
+	if n := strings.Count(log.String(), "not a regular file"); n != 2 {
+		t.Errorf("%d errors after it read again and became unreadable again, want 2: %s", n, log)
+	}
+	if got := rec.take(); len(got) != 0 {
+		t.Errorf("events: %q, want none", got)
+	}
+}
