@@ -3,6 +3,7 @@ package config
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -163,5 +164,44 @@ func TestSymlinkedPathFollowsRepoint(t *testing.T) {
 				t.Errorf("unexpected errors: %s", log)
 			}
 		})
+	}
+}
+
+// follow walked every ancestor of a path again from every ancestor that is
+// a symlink: 2^k walks for k symlinked ancestors, per file, per reload (the
+// tester's: 21 ms at k=8, 17 s at k=18; an idle proxy with 1,000 files at
+// k=6 spent a third of a core). Each directory is now looked at once per
+// call, and the answer is the same: every real directory on the way.
+func TestWatchDirsNestedLinksOnce(t *testing.T) {
+	const k = 10
+	root := t.TempDir()
+	realDir, link := root, root
+	want := []string{root}
+	for i := 1; i <= k; i++ {
+		r := filepath.Join(realDir, "r"+strconv.Itoa(i))
+		if err := os.Mkdir(r, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink("r"+strconv.Itoa(i), filepath.Join(realDir, "l"+strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+		realDir, link = r, filepath.Join(link, "l"+strconv.Itoa(i))
+		want = append(want, r)
+	}
+	var files []string
+	for i := range 100 {
+		f := filepath.Join(link, "f"+strconv.Itoa(i)+".yaml")
+		writeFile(t, f, serviceYAML("x", 80))
+		files = append(files, f)
+	}
+	start := time.Now()
+	got := watchDirs(link, true, files)
+	took := time.Since(start)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("watchDirs: %q\nwant %q", got, want)
+	}
+	if took > time.Second {
+		t.Errorf("watchDirs took %v for %d files under %d symlinked ancestors", took, len(files), k)
 	}
 }

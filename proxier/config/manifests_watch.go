@@ -70,14 +70,23 @@ func (d *dirWatcher) add(dirs []string) {
 // reached two ways is watched once.
 func watchDirs(path string, isDir bool, files []string) []string {
 	set := map[string]bool{}
-	add := func(dir string) {
-		if real, err := filepath.EvalSymlinks(dir); err == nil {
-			set[real] = true
-		}
+	added := map[string]bool{}
+	w := &linkWalker{
+		add: func(dir string) {
+			if added[dir] {
+				return
+			}
+			added[dir] = true
+			if real, err := filepath.EvalSymlinks(dir); err == nil {
+				set[real] = true
+			}
+		},
+		followed: map[followKey]bool{},
+		walked:   map[string]bool{},
 	}
-	follow(path, isDir, add, 0)
+	w.follow(path, isDir, 0)
 	for _, f := range files {
-		follow(f, false, add, 0)
+		w.follow(f, false, 0)
 	}
 	// A path that is gone (a directory removed to be generated again,
 	// rm -rf out && helm template -o out) is watched for from the nearest
@@ -86,7 +95,7 @@ func watchDirs(path string, isDir bool, files []string) []string {
 	if _, err := os.Stat(path); err != nil {
 		for a := filepath.Dir(filepath.Clean(path)); ; a = filepath.Dir(a) {
 			if info, err := os.Stat(a); err == nil && info.IsDir() {
-				add(a)
+				w.add(a)
 				break
 			}
 			if a == filepath.Dir(a) {
@@ -106,29 +115,46 @@ func watchDirs(path string, isDir bool, files []string) []string {
 // maxLinks bounds a chain of symlinks, as the kernel's ELOOP does.
 const maxLinks = 40
 
+// linkWalker is one watchDirs call's walk: each path is followed, and each
+// directory's ancestors walked, once. Without that, every symlinked
+// ancestor walked all the ancestors again: 2^k walks for k of them, per
+// file and per reload (17 s for one file at k=18).
+type linkWalker struct {
+	add      func(dir string)
+	followed map[followKey]bool
+	walked   map[string]bool // directories whose ancestors, themselves included, were followed
+}
+
+type followKey struct {
+	path  string
+	isDir bool
+}
+
 // follow adds the directories p depends on: the directory holding p (or p
 // itself when it is a directory), and for p and each of its parent
 // directories that is a symlink, the directory holding the link and what
 // the link names.
-func follow(p string, isDir bool, add func(string), depth int) {
-	if depth > maxLinks {
+func (w *linkWalker) follow(p string, isDir bool, depth int) {
+	p = filepath.Clean(p)
+	if depth > maxLinks || w.followed[followKey{p, isDir}] {
 		return
 	}
-	p = filepath.Clean(p)
-	for a := filepath.Dir(p); a != filepath.Dir(a); a = filepath.Dir(a) {
+	w.followed[followKey{p, isDir}] = true
+	for a := filepath.Dir(p); a != filepath.Dir(a) && !w.walked[a]; a = filepath.Dir(a) {
+		w.walked[a] = true // its own ancestors are next in this loop
 		if isSymlink(a) {
-			follow(a, true, add, depth+1)
+			w.follow(a, true, depth+1)
 		}
 	}
 	if !isSymlink(p) {
 		if isDir {
-			add(p)
+			w.add(p)
 		} else {
-			add(filepath.Dir(p))
+			w.add(filepath.Dir(p))
 		}
 		return
 	}
-	add(filepath.Dir(p))
+	w.add(filepath.Dir(p))
 	target, err := os.Readlink(p)
 	if err != nil {
 		return
@@ -142,7 +168,7 @@ func follow(p string, isDir bool, add func(string), depth int) {
 		}
 		target = filepath.Join(base, target)
 	}
-	follow(target, isDir, add, depth+1)
+	w.follow(target, isDir, depth+1)
 }
 
 func isSymlink(p string) bool {
