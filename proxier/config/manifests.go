@@ -49,6 +49,9 @@ type ManifestSource struct {
 
 	emptiedGrace time.Duration        // how long a file that reads empty keeps its objects
 	emptied      map[string]time.Time // files kept so: since when they read empty
+
+	vanishedGrace time.Duration        // how long a file that is gone keeps its objects
+	vanished      map[string]time.Time // files kept so: since when they are gone
 }
 
 // Option configures a ManifestSource.
@@ -63,8 +66,11 @@ func WithErrorReporter(report func(error)) Option {
 // WithPollInterval sets the fallback re-read interval (default 5 s).
 func WithPollInterval(d time.Duration) Option { return func(s *ManifestSource) { s.poll = d } }
 
-// WithDebounce sets how long after the first file event the files are
-// re-read, so that a burst of writes becomes one reload (default 100 ms).
+// WithDebounce sets how long the manifest files must have been quiet (no
+// event on a manifest's name) before they are re-read, so that a burst of
+// writes becomes one reload and a file being written is read once written
+// (default 100 ms). A stream of writes postpones the reload to ten times
+// this after the first event at most.
 func WithDebounce(d time.Duration) Option { return func(s *ManifestSource) { s.settle = d } }
 
 // WithClock replaces the real clock (poll ticker and debounce timer).
@@ -109,6 +115,9 @@ func NewManifestSource(path string, h Handler, opts ...Option) *ManifestSource {
 		emptiedGrace: defaultEmptiedGrace,
 		emptied:      map[string]time.Time{},
 
+		vanishedGrace: defaultVanishedGrace,
+		vanished:      map[string]time.Time{},
+
 		files:     map[string]*fileState{},
 		served:    map[objectKey]servedObject{},
 		lastDups:  map[string]bool{},
@@ -147,8 +156,30 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 	defer ticker.Stop()
 	var settle clock.Timer
 	var settleC <-chan time.Time
-	// A file kept while it reads empty is read again when its grace ends,
-	// whether or not anything else prompts a reload.
+	// The reload waits until no manifest has had an event for s.settle:
+	// a tool writing a new file (vim, emacs, git) writes it in pieces, and
+	// a reload a fixed time after the first event read one save in 40 of
+	// a 5,000-Service file half written. Events on other names (a ConfigMap
+	// volume's ..data swap, an editor's swap file) do not postpone it, and
+	// nothing postpones it past maxSettle after the first event.
+	var firstEvent, lastManifestEvent time.Time
+	maxSettle := 10 * s.settle
+	noteEvent := func(ev fsnotify.Event) {
+		if ev.Op == fsnotify.Chmod {
+			return
+		}
+		now := s.clock.Now()
+		if settleC == nil {
+			firstEvent = now
+			settle = s.clock.NewTimer(s.settle)
+			settleC = settle.C()
+		}
+		if notManifest(filepath.Base(ev.Name)) == "" {
+			lastManifestEvent = now
+		}
+	}
+	// A file kept while it reads empty or is gone is read again when its
+	// grace ends, whether or not anything else prompts a reload.
 	var recheck clock.Timer
 	var recheckC <-chan time.Time
 	reload := func() {
@@ -157,7 +188,7 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 			recheck.Stop()
 			recheck, recheckC = nil, nil
 		}
-		if d, ok := s.emptiedGraceLeft(); ok {
+		if d, ok := s.graceLeft(); ok {
 			recheck = s.clock.NewTimer(d)
 			recheckC = recheck.C()
 		}
@@ -178,12 +209,7 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 				events = nil // watcher gone; the poll carries on
 				continue
 			}
-			// Reload a fixed time after the first event, not after the
-			// last, so a steady stream of writes cannot postpone it.
-			if ev.Op != fsnotify.Chmod && settleC == nil {
-				settle = s.clock.NewTimer(s.settle)
-				settleC = settle.C()
-			}
+			noteEvent(ev)
 		case err, ok := <-watchErrs:
 			if !ok {
 				watchErrs = nil
@@ -191,13 +217,38 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 			}
 			s.report(fmt.Errorf("watching %s: %w", s.path, err))
 		case <-settleC:
+			// Events already queued count: select picks among ready
+			// channels at random.
+		drain:
+			for events != nil {
+				select {
+				case ev, ok := <-events:
+					if !ok {
+						events = nil
+						break drain
+					}
+					noteEvent(ev)
+				default:
+					break drain
+				}
+			}
+			now := s.clock.Now()
+			if wait := min(lastManifestEvent.Add(s.settle).Sub(now), firstEvent.Add(maxSettle).Sub(now)); wait > 0 {
+				settle = s.clock.NewTimer(wait)
+				settleC = settle.C()
+				continue
+			}
 			settleC = nil
 			reload()
 		case <-recheckC:
 			recheckC = nil
-			reload()
+			if settleC == nil { // else the settle's reload comes first and re-arms this
+				reload()
+			}
 		case <-ticker.C():
-			reload()
+			if settleC == nil { // files are being written: the settle's reload reads them once written
+				reload()
+			}
 		}
 	}
 }
@@ -231,14 +282,16 @@ func (s *ManifestSource) reload() {
 	for _, name := range names {
 		if err := unreadable[name]; err != nil {
 			present[name] = true
+			delete(s.vanished, name)
 			s.reportRead(name, err)
 			continue // keep the file's last good objects
 		}
 		data, err := readManifest(name)
 		if errors.Is(err, fs.ErrNotExist) {
-			continue // removed between listing and reading: treated as deleted
+			continue // removed between listing and reading: gone
 		}
 		present[name] = true
+		delete(s.vanished, name)
 		if err != nil {
 			s.reportRead(name, err)
 			continue // keep the file's last good objects
@@ -263,8 +316,15 @@ func (s *ManifestSource) reload() {
 		s.files[name] = next
 		changed = true
 	}
-	for name := range s.files {
-		if !present[name] {
+	var provided map[objectKey]bool // by the files that are there, once one is gone
+	for name, f := range s.files {
+		if present[name] {
+			continue
+		}
+		if provided == nil {
+			provided = s.providedBy(func(name string) bool { return present[name] })
+		}
+		if !s.keepVanished(name, f, provided) {
 			delete(s.files, name)
 			delete(s.badFiles, name)
 			delete(s.emptied, name)
@@ -279,7 +339,7 @@ func (s *ManifestSource) reload() {
 		return
 	}
 
-	desired, problems := resolve(s.files)
+	desired, problems := resolve(s.withoutShadowed())
 	allocated, placeErrs := s.alloc.place(desired, s.served)
 	s.reportOnce(slices.Concat(problems, placeErrs))
 	for _, a := range allocated {
@@ -339,6 +399,102 @@ func (s *ManifestSource) keepEmptied(name string, data []byte, prev *fileState) 
 	}
 	delete(s.emptied, name)
 	return false
+}
+
+// defaultVanishedGrace is how long a file that held objects and is gone
+// keeps them: far longer than tools that save by writing a new file leave
+// it missing (vim and emacs rename it to a backup and create it again at
+// once; git checkout unlinks each changed file and creates it again: a
+// few milliseconds), and short enough that a file deleted on purpose still
+// takes its objects with it within the source's 1 s (the settle, then this).
+const defaultVanishedGrace = 500 * time.Millisecond
+
+// keepVanished says whether a file that held objects and is gone keeps
+// them. Deleted at once, a git checkout's or vim's save deleted every
+// Service of the file (closing its proxy sockets, losing its affinity) and
+// added them again, on other proxy ports, a moment later. A file whose
+// objects the files that are there all provide (it was renamed) is not
+// kept: there is nothing to wait for.
+func (s *ManifestSource) keepVanished(name string, f *fileState, provided map[objectKey]bool) bool {
+	if !slices.ContainsFunc(f.objects, func(o servedObject) bool { return !provided[o.key] }) {
+		delete(s.vanished, name)
+		return false
+	}
+	now := s.clock.Now()
+	since, kept := s.vanished[name]
+	if !kept {
+		since = now
+		s.vanished[name] = since
+		klog.V(2).InfoS("Manifest file gone: keeping its objects for a grace, as it may be being saved anew", "file", name, "grace", s.vanishedGrace)
+	}
+	if now.Sub(since) < s.vanishedGrace {
+		return true
+	}
+	delete(s.vanished, name)
+	return false
+}
+
+// withoutShadowed is the files' contributions as served: a gone file kept
+// by keepVanished gives only the objects no file that is there provides, so
+// that a file renamed (mv a.yaml b.yaml, a git checkout moving it) hands
+// them on at once rather than making each a duplicate for the grace.
+func (s *ManifestSource) withoutShadowed() map[string]*fileState {
+	if len(s.vanished) == 0 {
+		return s.files
+	}
+	provided := s.providedBy(func(name string) bool { _, gone := s.vanished[name]; return !gone })
+	files := maps.Clone(s.files)
+	for name := range s.vanished {
+		f := s.files[name]
+		if f == nil {
+			continue
+		}
+		kept := &fileState{}
+		for _, o := range f.objects {
+			if !provided[o.key] {
+				kept.objects = append(kept.objects, o)
+			}
+		}
+		files[name] = kept
+	}
+	return files
+}
+
+// providedBy is the keys of the objects of the files that there says are there.
+func (s *ManifestSource) providedBy(there func(name string) bool) map[objectKey]bool {
+	provided := map[objectKey]bool{}
+	for name, f := range s.files {
+		if there(name) {
+			for _, o := range f.objects {
+				provided[o.key] = true
+			}
+		}
+	}
+	return provided
+}
+
+// vanishedGraceLeft is how long until the first file kept by keepVanished
+// is to be looked for again; false when none is kept.
+func (s *ManifestSource) vanishedGraceLeft() (time.Duration, bool) {
+	if len(s.vanished) == 0 {
+		return 0, false
+	}
+	first := slices.MinFunc(slices.Collect(maps.Values(s.vanished)), time.Time.Compare)
+	return max(0, first.Add(s.vanishedGrace).Sub(s.clock.Now())), true
+}
+
+// graceLeft is how long until a file kept by either grace is to be read
+// again; false when none is kept.
+func (s *ManifestSource) graceLeft() (time.Duration, bool) {
+	e, eok := s.emptiedGraceLeft()
+	v, vok := s.vanishedGraceLeft()
+	switch {
+	case eok && vok:
+		return min(e, v), true
+	case eok:
+		return e, true
+	}
+	return v, vok
 }
 
 // emptiedGraceLeft is how long until the first file kept by keepEmptied is

@@ -186,7 +186,8 @@ func TestManifestStatFailureKeepsLastGood(t *testing.T) {
 			name := filepath.Join(dir, "x.yaml")
 			writeFile(t, name, serviceYAML("x", 80))
 			rec, log, sums := newManifestRecorder(), &manifestErrors{}, &summaries{}
-			src := NewManifestSource(dir, rec, WithoutWatcher(), WithErrorReporter(log.report), WithSummaryReporter(sums.report))
+			src := NewManifestSource(dir, rec, WithoutWatcher(), WithErrorReporter(log.report), WithSummaryReporter(sums.report),
+				withVanishedGrace(0))
 			src.dirMode = true
 			src.reload()
 			rec.take()
