@@ -12,7 +12,7 @@ import (
 // FuzzParseSave: no iptables-save dump panics the parser; a dump it refuses
 // gets an error naming the table and the line; a dump it accepts has named
 // chains (every chain a rule is appended to is known), reads back the same
-// after being printed again, and every rule either splits into arguments
+// after being printed again (unless a quote in it never closes), and every rule either splits into arguments
 // that survive quoting (quoteSaveString, then splitRule) or is refused with
 // an error quoting the rule.
 func FuzzParseSave(f *testing.F) {
@@ -49,16 +49,23 @@ func FuzzParseSave(f *testing.F) {
 			}
 			fmt.Fprintf(&dump, ":%s - [0:0]\n", c)
 		}
+		unclosed := false
 		for chain, rules := range got.rules {
 			if !got.chains[chain] {
 				t.Fatalf("rules of unknown chain %q", chain)
 			}
 			for _, r := range rules {
+				unclosed = unclosed || quoteState{}.scan([]byte(" "+r)).open()
 				fmt.Fprintf(&dump, "-A %s %s\n", chain, r)
 				checkRuleSplit(t, r)
 			}
 		}
 		dump.WriteString("COMMIT\n")
+		if unclosed {
+			// Read line by line (parseSave), in whatever order they were:
+			// printed in another order, they pair up differently.
+			return
+		}
 		again, err := parseSave([]byte(dump.String()), TableNAT)
 		if err != nil {
 			t.Fatalf("printed table does not parse: %v\n%s", err, dump.String())

@@ -3,6 +3,7 @@ package iptables
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -96,21 +97,76 @@ func splitRule(line string) ([]string, error) {
 type savedTable struct {
 	chains map[string]bool
 	rules  map[string][]string
+	// skipped counts the lines of the table parseSave did not understand.
+	skipped int
 }
 
 // parseSave reads the given table out of iptables-save output. A dump that
 // lacks the table (nothing created yet) yields an empty table.
+//
+// Of the dump we need the chain declarations, our chains' rules and the
+// built-in chains' rules (where our jumps are). The rest is other tools'
+// business: a line not understood is skipped (counted in skipped), never
+// an error, as one foreign rule failed every sync of its family. A quoted
+// value holding a newline (a comment "allow\nfrom admin", which iptables
+// accepts) is printed across lines: those are joined back into their rule,
+// so a continuation is read neither as a rule nor as a table's end. Should
+// a quote never close (no iptables prints that), the dump is read line by
+// line instead.
 func parseSave(data []byte, table Table) (savedTable, error) {
+	t, err := parseSaveLines(data, table, true)
+	if errors.Is(err, errUnclosedQuote) {
+		return parseSaveLines(data, table, false)
+	}
+	return t, err
+}
+
+var errUnclosedQuote = errors.New("a quoted value is never closed")
+
+func parseSaveLines(data []byte, table Table, joinQuoted bool) (savedTable, error) {
 	t := savedTable{chains: map[string]bool{}, rules: map[string][]string{}}
 	in := false
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	sc.Buffer(make([]byte, 64*1024), 16*1024*1024)
 	n := 0
+	var quote quoteState // of the rule being continued
+	var cont []byte      // that rule so far, when in the table
+	addRule := func(line string) {
+		chain, rule, _ := strings.Cut(line[3:], " ")
+		if !validChainName(chain) {
+			t.skipped++
+			return
+		}
+		t.chains[chain] = true
+		t.rules[chain] = append(t.rules[chain], rule)
+	}
 	for sc.Scan() {
+		n++
+		if quote.open() {
+			quote = quote.scan(sc.Bytes())
+			if in {
+				cont = append(append(cont, '\n'), sc.Bytes()...)
+			}
+			if !quote.open() && in {
+				addRule(string(bytes.TrimRight(cont, " \t\r")))
+			}
+			continue
+		}
 		// Trailing blanks and CRs carry nothing (iptables-save never ends a
 		// rule with one) but would make a rule differ from its rendering.
 		raw := bytes.TrimRight(sc.Bytes(), " \t\r")
-		n++
+		if joinQuoted && bytes.HasPrefix(raw, []byte("-A ")) {
+			// The rule after the chain name (which may hold a quote).
+			// Blanks at the end of a line that leaves a quote open are
+			// the quoted value's.
+			_, rule, _ := bytes.Cut(sc.Bytes()[3:], []byte(" "))
+			if quote = quote.scan(rule); quote.open() {
+				if in {
+					cont = append(cont[:0], sc.Bytes()...)
+				}
+				continue
+			}
+		}
 		// The dump holds every table: lines of the others are skipped
 		// before they are copied into strings.
 		if len(raw) == 0 || raw[0] == '#' || (!in && raw[0] != '*') {
@@ -123,26 +179,64 @@ func parseSave(data []byte, table Table) (savedTable, error) {
 		case line == "COMMIT":
 			in = false
 		case strings.HasPrefix(line, ":"):
-			name, _, _ := strings.Cut(line[1:], " ")
-			if !validChainName(name) {
-				return t, fmt.Errorf("iptables-save output for table %s, line %d: bad chain name %q", table, n, name)
+			if name, _, _ := strings.Cut(line[1:], " "); validChainName(name) {
+				t.chains[name] = true
+			} else {
+				t.skipped++
 			}
-			t.chains[name] = true
 		case strings.HasPrefix(line, "-A "):
-			chain, rule, _ := strings.Cut(line[3:], " ")
-			if !validChainName(chain) {
-				return t, fmt.Errorf("iptables-save output for table %s, line %d: bad chain name %q", table, n, chain)
-			}
-			t.chains[chain] = true
-			t.rules[chain] = append(t.rules[chain], rule)
+			addRule(line)
 		default:
-			return t, fmt.Errorf("iptables-save output for table %s, line %d: unexpected line %q", table, n, line)
+			t.skipped++
 		}
 	}
 	if err := sc.Err(); err != nil {
 		return t, fmt.Errorf("iptables-save output for table %s, after line %d: %w", table, n, err)
 	}
+	if quote.open() {
+		return t, errUnclosedQuote
+	}
 	return t, nil
+}
+
+// quoteState tells whether a rule line ends inside double quotes, read as
+// iptables-save quotes (xtables_save_string): a quoted value is a whole
+// argument, so only a quote at an argument's start opens one (an
+// interface name printed bare may hold a quote), and inside, a backslash
+// escapes the next character.
+type quoteState struct{ quoted bool }
+
+func (q quoteState) open() bool { return q.quoted }
+
+// scan returns the state after line (a rule's arguments, or a line that
+// continues them), read from q. The newline ending the line is a character
+// of its own, so a backslash before it escapes it.
+func (q quoteState) scan(line []byte) quoteState {
+	// By index searches, not rune by rune: every rule of ours has a
+	// quoted comment, and this reads each line of the table.
+	for i := 0; i < len(line); i++ {
+		if !q.quoted {
+			j := bytes.IndexByte(line[i:], '"')
+			if j < 0 {
+				break
+			}
+			// At an argument's start, so not after a backslash either.
+			if i += j; i == 0 || line[i-1] == ' ' || line[i-1] == '\t' {
+				q.quoted = true
+			}
+			continue
+		}
+		j := bytes.IndexAny(line[i:], `"\`)
+		if j < 0 {
+			break
+		}
+		if i += j; line[i] == '\\' {
+			i++ // the escaped character (or the newline ending the line)
+		} else {
+			q.quoted = false
+		}
+	}
+	return q
 }
 
 // validChainName: iptables prints a chain name as one non-empty word.

@@ -63,7 +63,93 @@ COMMIT
 	if ruleTarget(got.rules["PREROUTING"][0]) != "KUBE-PORTALS-HOST" {
 		t.Error("ruleTarget did not find the jump target")
 	}
-	if _, err := parseSave([]byte("*nat\ngarbage\nCOMMIT\n"), TableNAT); err == nil {
-		t.Error("parseSave accepted garbage")
+}
+
+// TestParseSaveForeignLines: a line parseSave does not understand, or a
+// rule whose comment holds a newline (iptables-save prints it across two
+// lines), is another tool's business: it must not fail the table, and the
+// continuation of a comment must not be read as a rule, nor as the end of
+// the table, whatever it looks like.
+func TestParseSaveForeignLines(t *testing.T) {
+	tests := []struct {
+		name string
+		dump string
+		want map[string][]string // chain -> rules
+	}{{
+		name: "comment across two lines",
+		dump: "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:KUBE-PROXY-PORT-GUARD - [0:0]\n" +
+			"-A FORWARD -m comment --comment \"allow\nfrom admin\" -j ACCEPT\n" +
+			"-A INPUT -j KUBE-PROXY-PORT-GUARD\n-A KUBE-PROXY-PORT-GUARD -p tcp -j DROP\nCOMMIT\n",
+		want: map[string][]string{
+			"FORWARD":               {"-m comment --comment \"allow\nfrom admin\" -j ACCEPT"},
+			"INPUT":                 {"-j KUBE-PROXY-PORT-GUARD"},
+			"KUBE-PROXY-PORT-GUARD": {"-p tcp -j DROP"},
+		},
+	}, {
+		name: "continuation that looks like a rule of ours, a table end and blanks",
+		dump: "*filter\n:FORWARD ACCEPT [0:0]\n:KUBE-PROXY-PORT-GUARD - [0:0]\n" +
+			"-A FORWARD -m comment --comment \"a \n-A KUBE-PROXY-PORT-GUARD -j ACCEPT\nCOMMIT\n*nat\n\\\" \" -j ACCEPT \n" +
+			"-A KUBE-PROXY-PORT-GUARD -p tcp -j DROP\nCOMMIT\n",
+		want: map[string][]string{
+			"FORWARD":               {"-m comment --comment \"a \n-A KUBE-PROXY-PORT-GUARD -j ACCEPT\nCOMMIT\n*nat\n\\\" \" -j ACCEPT"},
+			"KUBE-PROXY-PORT-GUARD": {"-p tcp -j DROP"},
+		},
+	}, {
+		name: "lines not understood",
+		dump: "*filter\n:FORWARD ACCEPT [0:0]\ngarbage\n: - [0:0]\n-A  -j ACCEPT\n[0:0] -A FORWARD -j DROP\n" +
+			":KUBE-PROXY-PORT-GUARD - [0:0]\n-A KUBE-PROXY-PORT-GUARD -p tcp -j DROP\nCOMMIT\n",
+		want: map[string][]string{
+			"KUBE-PROXY-PORT-GUARD": {"-p tcp -j DROP"},
+		},
+	}, {
+		name: "a quote inside an argument or a chain name opens nothing",
+		dump: "*filter\n:FORWARD ACCEPT [0:0]\n:a\"b - [0:0]\n:KUBE-PROXY-PORT-GUARD - [0:0]\n-A FORWARD -i a\"b -j ACCEPT\n" +
+			"-A a\"b -j ACCEPT\n-A KUBE-PROXY-PORT-GUARD -p tcp -j DROP\nCOMMIT\n",
+		want: map[string][]string{
+			"FORWARD":               {"-i a\"b -j ACCEPT"},
+			"a\"b":                  {"-j ACCEPT"},
+			"KUBE-PROXY-PORT-GUARD": {"-p tcp -j DROP"},
+		},
+	}, {
+		name: "a quote never closed: read line by line",
+		dump: "*filter\n:FORWARD ACCEPT [0:0]\n:KUBE-PROXY-PORT-GUARD - [0:0]\n-A FORWARD -m comment --comment \"open -j ACCEPT\n" +
+			"-A KUBE-PROXY-PORT-GUARD -p tcp -j DROP\nCOMMIT\n",
+		want: map[string][]string{
+			"FORWARD":               {"-m comment --comment \"open -j ACCEPT"},
+			"KUBE-PROXY-PORT-GUARD": {"-p tcp -j DROP"},
+		},
+	}, {
+		name: "another table's comment across lines",
+		dump: "*mangle\n:PREROUTING ACCEPT [0:0]\n-A PREROUTING -m comment --comment \"x\n*filter\n:KUBE-NODEPORT-NON-LOCAL - [0:0]\n\" -j ACCEPT\nCOMMIT\n" +
+			"*filter\n:KUBE-PROXY-PORT-GUARD - [0:0]\n-A KUBE-PROXY-PORT-GUARD -p tcp -j DROP\nCOMMIT\n",
+		want: map[string][]string{
+			"KUBE-PROXY-PORT-GUARD": {"-p tcp -j DROP"},
+		},
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parseSave([]byte(tt.dump), TableFilter)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !got.chains["KUBE-PROXY-PORT-GUARD"] {
+				t.Error("our chain's declaration not found")
+			}
+			if got.chains["KUBE-NODEPORT-NON-LOCAL"] {
+				t.Error("a comment's continuation read as a chain declaration")
+			}
+			if len(got.rules) != len(tt.want) {
+				t.Errorf("rules of %d chains, want %d: %q", len(got.rules), len(tt.want), got.rules)
+			}
+			for chain, want := range tt.want {
+				if !slices.Equal(got.rules[chain], want) {
+					t.Errorf("%s = %q, want %q", chain, got.rules[chain], want)
+				}
+			}
+		})
+	}
+	rule := "-m comment --comment \"allow\nfrom admin\" -j KUBE-PORTALS-CONTAINER"
+	if got := ruleTarget(rule); got != "KUBE-PORTALS-CONTAINER" {
+		t.Errorf("ruleTarget(%q) = %q", rule, got)
 	}
 }

@@ -175,6 +175,9 @@ func (r *Rules) readBack() (map[Table]savedTable, error) {
 		if out[table], err = parseSave(data, table); err != nil {
 			return nil, fmt.Errorf("%v: %w", r.cfg.Family, err)
 		}
+		if n := out[table].skipped; n > 0 {
+			klog.V(2).InfoS("Skipped lines of iptables-save output not understood (another tool's)", "family", r.cfg.Family, "table", table, "lines", n)
+		}
 	}
 	return out, nil
 }

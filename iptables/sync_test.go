@@ -611,3 +611,35 @@ func isOwnedChainRule(line string) bool {
 	f := strings.Fields(line)
 	return len(f) > 1 && slices.ContainsFunc(ownedChains, func(c ownedChain) bool { return c.name == f[1] })
 }
+
+// TestSyncBesideForeignMultiLineComment: another tool's rule whose comment
+// holds a newline (iptables-save prints it across two lines) failed every
+// sync of its family, so nothing of ours was ever written or repaired.
+func TestSyncBesideForeignMultiLineComment(t *testing.T) {
+	fake := NewFakeRunner(IPv4)
+	foreign := []string{"-m", "comment", "--comment", "allow\nfrom admin", "-j", "ACCEPT"}
+	must(t, fake.AppendRule(TableFilter, "FORWARD", foreign...))
+	r := New(fake, testConfig)
+	syncOK(t, r, webPortals())
+	assertState(t, fake, r, webPortals())
+
+	// Above our first jump in nat: it still counts as one rule there.
+	must(t, fake.InsertRule(TableNAT, "PREROUTING", 1, foreign...))
+	must(t, fake.Restore(restoreLines("*nat", ":KUBE-PORTALS-CONTAINER - [0:0]", "COMMIT")))
+	syncOK(t, r, webPortals())
+	want := joinRule(foreign)
+	if got := fake.Rules(TableFilter, "FORWARD"); !slices.Equal(got, []string{want}) {
+		t.Errorf("filter/FORWARD = %q, want the foreign rule alone", got)
+	}
+	if got := fake.Rules(TableNAT, "PREROUTING"); len(got) != 3 || got[0] != want || got[1] != jumpLine(ChainPortalsContainer) {
+		t.Errorf("nat/PREROUTING = %q, want the foreign rule, then our jumps", got)
+	}
+	if got, want := fake.Rules(TableNAT, ChainPortalsContainer), r.desired(webPortals())[ChainPortalsContainer]; !slices.Equal(got, want) {
+		t.Errorf("flushed %s not repaired: %q", ChainPortalsContainer, got)
+	}
+	fake.ResetCalls()
+	syncOK(t, r, webPortals())
+	if n := len(fake.Writes()); n != 0 {
+		t.Errorf("sync after repair wrote %d times, want 0", n)
+	}
+}
