@@ -137,7 +137,8 @@ func isOwned(table Table, chain string) bool {
 // families are attempted whatever happens to the first. A node without
 // ip6tables, or whose kernel has no IPv6 nat or filter table (not Present),
 // has no IPv6 rules of ours (running serves IPv4 only there), so that is
-// not an error.
+// not an error; an xtables lock held by another process says nothing of
+// that, so the IPv6 cleanup is tried (and fails) then.
 func CleanupAll() error {
 	var errs []error
 	for _, f := range []Family{IPv4, IPv6} {
@@ -145,7 +146,7 @@ func CleanupAll() error {
 		if err == nil && f == IPv6 {
 			err = Present(r)
 		}
-		if err != nil && f == IPv6 {
+		if err != nil && f == IPv6 && !IsLockHeld(err) {
 			klog.InfoS("No IPv6 rules to clean up: no iptables support for the family", "reason", err)
 			continue
 		}

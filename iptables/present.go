@@ -1,6 +1,9 @@
 package iptables
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // Present reports why r's family cannot hold our rules on this node, or nil
 // when it can. The binaries can be installed while the kernel has no table
@@ -8,9 +11,8 @@ import "fmt"
 // failed every sync, so /healthz never turned ready, and failed --cleanup.
 // As kube-proxy's Present, a built-in chain must answer (iptables -t nat -S
 // POSTROUTING 1): in nat, and in filter, which the port guard needs too.
-// Called once, at start, as kube-proxy's probe; any failure counts, as
-// there, so a lock held past the wait then leaves the family off until a
-// restart (the caller logs why).
+// Called at start, as kube-proxy's probe. A failure is not always an
+// absence: the caller retries one that IsLockHeld, as it passes.
 func Present(r Runner) error {
 	for _, c := range []ownedChain{{TableNAT, "POSTROUTING"}, {TableFilter, "INPUT"}} {
 		ok, err := r.ChainExists(c.table, c.name)
@@ -22,4 +24,12 @@ func Present(r Runner) error {
 		}
 	}
 	return nil
+}
+
+// IsLockHeld reports whether err is iptables giving up on the xtables lock
+// another process holds (iptables-legacy, exit status 4: "Another app is
+// currently holding the xtables lock"): the binaries and tables may be
+// fine, and the next try may get through.
+func IsLockHeld(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "holding the xtables lock")
 }

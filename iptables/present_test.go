@@ -29,3 +29,18 @@ func TestPresent(t *testing.T) {
 		})
 	}
 }
+
+// A held xtables lock is told apart from a family iptables cannot serve:
+// the start-up probe and --cleanup take only the latter as "no IPv6".
+func TestIsLockHeld(t *testing.T) {
+	f := NewFakeRunner(IPv6)
+	f.SetError("ChainExists", errors.New("running [ip6tables -t nat -S POSTROUTING 1 --wait 5]: exit status 4: Another app is currently holding the xtables lock. Stopped waiting after 5s."))
+	if err := Present(f); !IsLockHeld(err) {
+		t.Errorf("Present under a held lock = %v, not IsLockHeld", err)
+	}
+	f.SetError("ChainExists", nil)
+	f.RemoveTable(TableNAT)
+	if err := Present(f); err == nil || IsLockHeld(err) {
+		t.Errorf("Present without a nat table = %v, want an error that is not IsLockHeld", err)
+	}
+}

@@ -28,7 +28,7 @@ func TestNodeWithoutIPv6NAT(t *testing.T) {
 	logs := captureKlog(t)
 	r4, r6 := iptables.NewFakeRunner(iptables.IPv4), iptables.NewFakeRunner(iptables.IPv6)
 	r6.RemoveTable(iptables.TableNAT)
-	v4, v6, err := portalSyncers(&validated{bind: netip.MustParseAddr("127.0.0.1")}, func(f iptables.Family) (iptables.Runner, error) {
+	v4, v6, err := portalSyncers(context.Background(), &validated{bind: netip.MustParseAddr("127.0.0.1")}, func(f iptables.Family) (iptables.Runner, error) {
 		if f == iptables.IPv6 {
 			return r6, nil
 		}
@@ -86,7 +86,7 @@ func TestBindAddressOfOneFamily(t *testing.T) {
 				t.Fatal(err)
 			}
 			bind := netip.MustParseAddr(tc.bind)
-			v4, v6, err := portalSyncers(&validated{bind: bind}, func(f iptables.Family) (iptables.Runner, error) { return runners[f], nil })
+			v4, v6, err := portalSyncers(context.Background(), &validated{bind: bind}, func(f iptables.Family) (iptables.Runner, error) { return runners[f], nil })
 			if err != nil {
 				t.Fatalf("portalSyncers: %v", err)
 			}

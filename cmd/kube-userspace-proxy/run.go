@@ -110,7 +110,7 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		if held {
 			klog.ErrorS(nil, "Another kube-userspace-proxy is running in this network namespace: the two rewrite each other's portal rules, so Services fail by turns; stop one, or run this one with --iptables=false", "pid", pidValue(other))
 		}
-		v4, v6, err := portalSyncers(v, iptables.NewRunner)
+		v4, v6, err := portalSyncers(ctx, v, iptables.NewRunner)
 		if err != nil {
 			return err
 		}
@@ -317,19 +317,14 @@ func nodeName(override string) string {
 
 // portalSyncers builds one rule syncer per IP family the node can program,
 // each on the runner newRunner returns (iptables.NewRunner; tests pass
-// fakes). Each family is probed once here, as kube-proxy does at start
+// fakes). Each family is probed here, as kube-proxy does at start
 // (iptables.Present). IPv6 is optional: a node without ip6tables, or whose
 // kernel has no IPv6 nat table, serves IPv4 only; it is said once here,
-// where a syncer for it failed every sync and kept /healthz unready.
-func portalSyncers(v *validated, newRunner func(iptables.Family) (iptables.Runner, error)) (proxier.PortalSyncer, proxier.PortalSyncer, error) {
+// where a syncer for it failed every sync and kept /healthz unready. An
+// xtables lock another process holds says nothing of either (probeFamily).
+func portalSyncers(ctx context.Context, v *validated, newRunner func(iptables.Family) (iptables.Runner, error)) (proxier.PortalSyncer, proxier.PortalSyncer, error) {
 	cfg, cfg6, nodeIPs := portalConfigs(v)
-	present := func(f iptables.Family) (iptables.Runner, error) {
-		r, err := newRunner(f)
-		if err == nil {
-			err = iptables.Present(r)
-		}
-		return r, err
-	}
+	present := func(f iptables.Family) (iptables.Runner, error) { return probeFamily(ctx, f, newRunner) }
 	r4, err := present(iptables.IPv4)
 	if err != nil {
 		return nil, nil, fmt.Errorf("iptables: %w (run as root with iptables installed, or use --iptables=false)", err)
@@ -338,6 +333,13 @@ func portalSyncers(v *validated, newRunner func(iptables.Family) (iptables.Runne
 	iptables.WarnOtherBackend(r4)
 	v4 = iptables.New(r4, cfg)
 	r6, err := present(iptables.IPv6)
+	if iptables.IsLockHeld(err) && r6 != nil {
+		// ip6tables runs: only the lock kept it from answering. Taken as
+		// absent, IPv6 stayed off until a restart, its Services refused
+		// and the last run's portals sending them to closed ports.
+		klog.InfoS("The xtables lock is still held by another process: IPv6 is served and its syncs retry until the lock frees", "waited", lockWait, "reason", err)
+		err = nil
+	}
 	if err != nil {
 		klog.InfoS("No iptables support for family: its Services get no portals", "ipFamily", "IPv6", "reason", err)
 		r6 = nil
@@ -398,6 +400,34 @@ func portalSyncers(v *validated, newRunner func(iptables.Family) (iptables.Runne
 		klog.InfoS("Portal rules enabled; some families have no node IP (no default route, no --node-ip): their portals REDIRECT, or DNAT to --bind-address when it names an address", "nodeIPs", nodeIPs, "withoutNodeIP", without)
 	}
 	return v4, v6, nil
+}
+
+// lockWait bounds how long start-up waits out an xtables lock another
+// process holds, trying again every lockRetryInterval (each try itself
+// waits 5 s for the lock, iptables -w 5).
+var lockWait, lockRetryInterval = 60 * time.Second, 2 * time.Second
+
+// probeFamily returns f's runner and whether the family can hold our
+// rules (iptables.Present), trying again while the xtables lock is held
+// by another process, for up to lockWait: a lock held at the wrong moment
+// is no answer about the family.
+func probeFamily(ctx context.Context, f iptables.Family, newRunner func(iptables.Family) (iptables.Runner, error)) (iptables.Runner, error) {
+	start := time.Now()
+	for attempt := 1; ; attempt++ {
+		r, err := newRunner(f)
+		if err == nil {
+			err = iptables.Present(r)
+		}
+		if !iptables.IsLockHeld(err) || time.Since(start) >= lockWait {
+			return r, err
+		}
+		klog.InfoS("The xtables lock is held by another process: waiting for it to probe the family's iptables", "ipFamily", f, "attempt", attempt, "waited", time.Since(start).Round(time.Second), "giveUpAfter", lockWait)
+		select {
+		case <-ctx.Done():
+			return r, err
+		case <-time.After(lockRetryInterval):
+		}
+	}
 }
 
 // servedFamilies names the IP families served, as /healthz's per-family

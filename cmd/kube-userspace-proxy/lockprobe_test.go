@@ -1,0 +1,86 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
+)
+
+// errLockHeld is what go-iptables returns when iptables-legacy gave up
+// waiting for the xtables lock another process holds.
+var errLockHeld = errors.New("running [/usr/sbin/ip6tables -t nat -S POSTROUTING 1 --wait 5]: exit status 4: " +
+	"Another app is currently holding the xtables lock. Stopped waiting after 5s.\n")
+
+// lockedRunner is a fake whose first `locked` ChainExists calls fail as
+// under a held xtables lock (<0: all of them).
+type lockedRunner struct {
+	*iptables.FakeRunner
+	locked atomic.Int32
+}
+
+func (r *lockedRunner) ChainExists(table iptables.Table, chain string) (bool, error) {
+	if n := r.locked.Load(); n != 0 {
+		r.locked.Add(-1)
+		return false, errLockHeld
+	}
+	return r.FakeRunner.ChainExists(table, chain)
+}
+
+func newLockedRunner(f iptables.Family, locked int32) *lockedRunner {
+	r := &lockedRunner{FakeRunner: iptables.NewFakeRunner(f)}
+	r.locked.Store(locked)
+	return r
+}
+
+// shortLockWait makes the start-up wait for a held lock fit a unit test.
+func shortLockWait(t *testing.T) {
+	oldWait, oldInterval := lockWait, lockRetryInterval
+	lockWait, lockRetryInterval = 200*time.Millisecond, 10*time.Millisecond
+	t.Cleanup(func() { lockWait, lockRetryInterval = oldWait, oldInterval })
+}
+
+// A lock another process holds during the start-up probe of ip6tables is
+// not "no ip6tables": IPv6 was left off until a restart, its Services
+// refused and their old portals DNATing to ports nothing listened on. The
+// probe is retried; a lock held past the wait still serves IPv6, whose
+// syncs retry until the lock frees.
+func TestIPv6ProbeUnderHeldLock(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		locked  int32
+		wantLog string
+	}{
+		{"freed while waiting", 2, "waiting for it"},
+		{"held past the wait", -1, "IPv6 is served and its syncs retry"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			shortLockWait(t)
+			logs := captureKlog(t)
+			r4, r6 := iptables.NewFakeRunner(iptables.IPv4), newLockedRunner(iptables.IPv6, tc.locked)
+			v4, v6, err := portalSyncers(context.Background(), &validated{bind: netip.MustParseAddr("::")}, func(f iptables.Family) (iptables.Runner, error) {
+				if f == iptables.IPv6 {
+					return r6, nil
+				}
+				return r4, nil
+			})
+			if err != nil {
+				t.Fatalf("portalSyncers: %v", err)
+			}
+			if v4 == nil || v6 == nil {
+				t.Fatalf("syncers IPv4 %v, IPv6 %v; want both", v4 != nil, v6 != nil)
+			}
+			klog.Flush()
+			if strings.Contains(logs.String(), "No iptables support for family") || !strings.Contains(logs.String(), tc.wantLog) {
+				t.Errorf("log does not say %q, or says IPv6 unsupported:\n%s", tc.wantLog, logs)
+			}
+		})
+	}
+}
