@@ -45,6 +45,11 @@ func TestCleanup(t *testing.T) {
 			must(t, f.InsertRule(TableNAT, "PREROUTING", 1, "-m", "comment", "--comment", "handle ClusterIPs; NOTE: this must be before the NodePort rules", "-j", ChainPortalsContainer))
 			must(t, f.AppendRule(TableFilter, "INPUT", "-m", "comment", "--comment", "Ensure that non-local NodePort traffic can flow", "-j", ChainNodePortNonLocal))
 		}},
+		{"another tool's goto (-g) into our chains", func(t *testing.T, f *FakeRunner) {
+			syncOK(t, New(f, testConfig), webPortals())
+			must(t, f.AppendRule(TableNAT, "PREROUTING", "-i", "cni0", "-p", "tcp", "-g", ChainPortalsContainer))
+			must(t, f.AppendRule(TableFilter, "INPUT", "-m", "comment", "--comment", "-j", "-g", ChainProxyPortGuard))
+		}},
 		{"chains without jumps", func(t *testing.T, f *FakeRunner) {
 			must(t, f.NewChain(TableNAT, ChainPortalsHost))
 			must(t, f.NewChain(TableFilter, ChainProxyPortGuard))

@@ -96,8 +96,8 @@ func checkRuleSplit(t *testing.T, rule string) {
 	if err != nil || !slices.Equal(args, again) {
 		t.Fatalf("rule %q: args %q quote and split to %q, %v", rule, args, again, err)
 	}
-	if ruleTarget(rule) != "" && !slices.Contains(args, "-j") {
-		t.Fatalf("rule %q: target %q without -j", rule, ruleTarget(rule))
+	if ruleTarget(rule) != "" && !slices.Contains(args, "-j") && !slices.Contains(args, "-g") {
+		t.Fatalf("rule %q: target %q without -j or -g", rule, ruleTarget(rule))
 	}
 }
 

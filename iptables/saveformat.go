@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"unicode/utf8"
 )
@@ -244,11 +243,18 @@ func validChainName(name string) bool {
 	return name != "" && !strings.ContainsAny(name, " \t\r\n\v\f")
 }
 
-// ruleTarget returns the -j target of a saved rule line.
+// ruleTarget returns the chain or target a saved rule line jumps (-j) or
+// goes (-g) to: a goto into a chain of ours holds it as a jump does, and
+// a comment's value is not an option.
 func ruleTarget(rule string) string {
 	args, _ := splitRule(rule)
-	if i := slices.Index(args, "-j"); i >= 0 && i+1 < len(args) {
-		return args[i+1]
+	for i := 0; i+1 < len(args); i++ {
+		switch args[i] {
+		case "--comment":
+			i++
+		case "-j", "-g":
+			return args[i+1]
+		}
 	}
 	return ""
 }

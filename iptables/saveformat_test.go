@@ -63,6 +63,16 @@ COMMIT
 	if ruleTarget(got.rules["PREROUTING"][0]) != "KUBE-PORTALS-HOST" {
 		t.Error("ruleTarget did not find the jump target")
 	}
+	for rule, want := range map[string]string{
+		"-i cni0 -p tcp -g KUBE-PORTALS-CONTAINER":     "KUBE-PORTALS-CONTAINER", // goto
+		"-m comment --comment -j -g KUBE-PORTALS-HOST": "KUBE-PORTALS-HOST",      // a comment "-j"
+		"-m comment --comment -g -j ACCEPT":            "ACCEPT",
+		"-p tcp":                                       "",
+	} {
+		if got := ruleTarget(rule); got != want {
+			t.Errorf("ruleTarget(%q) = %q, want %q", rule, got, want)
+		}
+	}
 }
 
 // TestParseSaveForeignLines: a line parseSave does not understand, or a
