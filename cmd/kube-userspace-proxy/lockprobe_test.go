@@ -84,3 +84,32 @@ func TestIPv6ProbeUnderHeldLock(t *testing.T) {
 		})
 	}
 }
+
+// At start, an xtables lock held past iptables' own 5 s wait exited 1 at
+// once (a CrashLoopBackOff under kubelet), with a hint blaming root or a
+// missing iptables. The probe waits the lock out; held past lockWait, the
+// error says the lock is held by another process, and nothing else.
+func TestIPv4ProbeUnderHeldLock(t *testing.T) {
+	shortLockWait(t)
+	logs := captureKlog(t)
+	r4 := newLockedRunner(iptables.IPv4, 2)
+	runners := func(f iptables.Family) (iptables.Runner, error) {
+		if f == iptables.IPv6 {
+			return iptables.NewFakeRunner(iptables.IPv6), nil
+		}
+		return r4, nil
+	}
+	if v4, _, err := portalSyncers(context.Background(), &validated{bind: netip.MustParseAddr("0.0.0.0")}, runners); err != nil || v4 == nil {
+		t.Fatalf("portalSyncers with the lock freed after 2 tries: IPv4 syncer %v, %v", v4 != nil, err)
+	}
+	klog.Flush()
+	if n := strings.Count(logs.String(), "The xtables lock is held by another process: waiting"); n != 2 {
+		t.Errorf("%d waits logged, want 2:\n%s", n, logs)
+	}
+
+	r4.locked.Store(-1)
+	_, _, err := portalSyncers(context.Background(), &validated{bind: netip.MustParseAddr("0.0.0.0")}, runners)
+	if err == nil || !strings.Contains(err.Error(), "xtables lock is held by another process") || strings.Contains(err.Error(), "run as root") {
+		t.Errorf("portalSyncers under a lock held past the wait: %v; want it to name the held lock, without the root hint", err)
+	}
+}

@@ -326,6 +326,11 @@ func portalSyncers(ctx context.Context, v *validated, newRunner func(iptables.Fa
 	cfg, cfg6, nodeIPs := portalConfigs(v)
 	present := func(f iptables.Family) (iptables.Runner, error) { return probeFamily(ctx, f, newRunner) }
 	r4, err := present(iptables.IPv4)
+	if iptables.IsLockHeld(err) {
+		// Not a node without iptables, nor a lack of privileges: another
+		// process (a CNI, a firewall) keeps the lock; a restart retries.
+		return nil, nil, fmt.Errorf("iptables: the xtables lock is held by another process (waited %v for it): %s", lockWait, strings.TrimSpace(err.Error()))
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("iptables: %w (run as root with iptables installed, or use --iptables=false)", err)
 	}
