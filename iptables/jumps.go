@@ -43,17 +43,27 @@ func (r *Rules) ensureJumps(saved map[Table]savedTable, fresh map[string]bool, r
 		key, line := e.model.key(j), joinRule(j.spec())
 		prev := prevFirst[key]
 		var err error
-		switch count := countRule(e.model[key], line); {
+		count := countRule(e.model[key], line)
+		if count > 1 && !fresh[j.to] {
+			// Never ours (a restore --noflush of a saved ruleset): said as
+			// what it is, where it was "Restoring a jump ... removed".
+			klog.InfoS("Removing duplicate jumps into a chain of ours", "family", e.r.cfg.Family, "table", j.table, "chain", j.from, "to", j.to, "copies", count)
+		}
+		switch {
 		case fresh[j.to]:
+			if e.repairing {
+				// The chain went with its jump (nat -F; -X): both come back.
+				klog.InfoS("Restoring a jump into a chain of ours that another process removed", "family", e.r.cfg.Family, "table", j.table, "chain", j.from, "to", j.to)
+			}
 			e.deferred[key] = true
 			err = e.insert(j, prev)
 		case count == 0:
-			err = e.addMissing(j, prev)
+			err = e.addMissing(j, prev, e.repairing)
 		case count > 1 && j.first:
 			// iptables -D removes the top copy, which is the one to keep, so
 			// remove all and put one back in its place.
 			if err = e.delete(j, count, "removing duplicate"); err == nil {
-				err = e.addMissing(j, prev)
+				err = e.addMissing(j, prev, false)
 			}
 		case count > 1:
 			err = e.delete(j, count-1, "removing duplicate") // the last copy stays last
@@ -85,12 +95,13 @@ type jumpEditor struct {
 	// still holds those copies, so iptables -C would find them.
 	dropLater map[string]bool
 	// repairing: a jump found missing was removed by someone else (Sync's
-	// repairing), which addMissing says.
+	// repairing), which is said.
 	repairing bool
 }
 
-// addMissing adds j unless iptables -C finds it in another spelling.
-func (e *jumpEditor) addMissing(j jump, prev string) error {
+// addMissing adds j unless iptables -C finds it in another spelling;
+// removed: another process removed it (Sync's repairing), which is said.
+func (e *jumpEditor) addMissing(j jump, prev string, removed bool) error {
 	if e.dropLater[joinRule(j.spec())] {
 		return e.insert(j, prev) // -C would see the copy the restore deletes
 	}
@@ -101,7 +112,7 @@ func (e *jumpEditor) addMissing(j jump, prev string) error {
 	if exists {
 		return nil
 	}
-	if e.repairing {
+	if removed {
 		klog.InfoS("Restoring a jump into a chain of ours that another process removed", "family", e.r.cfg.Family, "table", j.table, "chain", j.from, "to", j.to)
 	}
 	return e.insert(j, prev)
@@ -216,7 +227,7 @@ func (e *jumpEditor) order(j jump, prev string) error {
 	if err := e.delete(j, 1, "moving"); err != nil {
 		return err
 	}
-	return e.addMissing(j, prev)
+	return e.addMissing(j, prev, false)
 }
 
 func countRule(rules []string, rule string) int {

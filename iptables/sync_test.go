@@ -643,3 +643,41 @@ func TestSyncBesideForeignMultiLineComment(t *testing.T) {
 		t.Errorf("sync after repair wrote %d times, want 0", n)
 	}
 }
+
+// What a repair of the jumps logs names what happened: duplicate jumps
+// (an iptables-restore --noflush of a saved ruleset) were logged as
+// "Restoring a jump ... that another process removed", and the jumps of a
+// chain deleted and recreated went back silently.
+func TestSyncSaysWhatItDoesToJumps(t *testing.T) {
+	const restoring, duplicate = `"Restoring a jump into a chain of ours that another process removed"`, `"Removing duplicate jumps into a chain of ours"`
+	for _, tc := range []struct {
+		name      string
+		tamper    tamper
+		want, not string
+	}{
+		{"jumps duplicated", func(t *testing.T, f *FakeRunner) {
+			for _, j := range jumps {
+				must(t, f.InsertRule(j.table, j.from, 1, j.spec()...))
+			}
+		}, duplicate, restoring},
+		{"chain and its jump deleted", func(t *testing.T, f *FakeRunner) {
+			j := jumpTo(ChainNodePortHost)
+			must(t, f.DeleteRule(j.table, j.from, j.spec()...))
+			must(t, f.DeleteChain(j.table, j.to))
+		}, restoring, duplicate},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			logs := captureKlog(t)
+			f := NewFakeRunner(IPv4)
+			r := New(f, testConfig)
+			syncOK(t, r, webPortals())
+			tc.tamper(t, f)
+			syncOK(t, r, webPortals())
+			assertState(t, f, r, webPortals())
+			klog.Flush()
+			if !strings.Contains(logs.String(), tc.want) || strings.Contains(logs.String(), tc.not) {
+				t.Errorf("log lacks %s or holds %s:\n%s", tc.want, tc.not, logs.String())
+			}
+		})
+	}
+}
