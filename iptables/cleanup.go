@@ -18,8 +18,21 @@ func Cleanup(r Runner) error {
 	jumpsDeleted, chainsDeleted := 0, 0
 
 	exists := map[string]bool{}
+	lockTries := cleanupLockTries
 	for _, c := range ownedChains {
 		ok, err := r.ChainExists(c.table, c.name)
+		// A chain whose check failed was skipped, left behind for a
+		// second run: under a held lock, ask again (each try waits 5 s).
+		for ; IsLockHeld(err) && lockTries > 0; lockTries-- {
+			klog.InfoS("The xtables lock is held by another process: waiting for it", "ipFamily", r.Family(), "triesLeft", lockTries)
+			ok, err = r.ChainExists(c.table, c.name)
+		}
+		if IsLockHeld(err) {
+			// Nothing removed yet; every later call would wait and fail.
+			fail(fmt.Errorf("nothing removed, the xtables lock stays held by another process (run --cleanup again): %w", err))
+			klog.InfoS("Cleaned up", "ipFamily", r.Family(), "chainsDeleted", 0, "jumpsDeleted", 0, "errors", len(errs))
+			return errors.Join(errs...)
+		}
 		if err != nil {
 			fail(err)
 		}
@@ -87,6 +100,9 @@ func Cleanup(r Runner) error {
 					continue
 				}
 				jumpsDeleted++
+				if isOurJump(table, chain, rule) {
+					continue // left by the jumps table's pass (its -C failed)
+				}
 				// Not one of our jumps (those went above): the legacy
 				// kube-proxy's, or another tool's. Our chains cannot go
 				// while it names them; it went silently.
@@ -119,6 +135,21 @@ func Cleanup(r Runner) error {
 	// cleaned from one that had nothing of ours.
 	klog.InfoS("Cleaned up", "ipFamily", r.Family(), "chainsDeleted", chainsDeleted, "jumpsDeleted", jumpsDeleted, "errors", len(errs))
 	return errors.Join(errs...)
+}
+
+// cleanupLockTries bounds how often Cleanup asks again while the xtables
+// lock is held (each try waits 5 s for it: a minute in all).
+var cleanupLockTries = 12
+
+// isOurJump reports whether rule, saved in table's chain, is one of the
+// jumps table's, printed as we render it.
+func isOurJump(table Table, chain, rule string) bool {
+	for _, j := range jumps {
+		if j.table == table && j.from == chain && joinRule(j.spec()) == rule {
+			return true
+		}
+	}
+	return false
 }
 
 // maxDuplicates bounds the delete loop per jump, in case a delete reports

@@ -190,3 +190,66 @@ func captureKlog(t *testing.T) *strings.Builder {
 	t.Cleanup(func() { klog.SetOutput(nil); klog.LogToStderr(true) })
 	return &logs
 }
+
+// lockHeldRunner fails its first `locked` ChainExists calls as under an
+// xtables lock another process holds (<0: all).
+type lockHeldRunner struct {
+	*FakeRunner
+	locked int
+}
+
+var errLockHeld = errors.New("running [iptables -t nat -S KUBE-PORTALS-CONTAINER 1 --wait 5]: exit status 4: Another app is currently holding the xtables lock. Stopped waiting after 5s.")
+
+func (r *lockHeldRunner) ChainExists(table Table, chain string) (bool, error) {
+	if r.locked != 0 {
+		r.locked--
+		return false, errLockHeld
+	}
+	return r.FakeRunner.ChainExists(table, chain)
+}
+
+// --cleanup under a held xtables lock: a chain whose existence check
+// failed was skipped (left behind, exit 1, a second run needed), and our
+// own jumps into it, then found by the iptables-save scan, were logged as
+// another tool's rules. The check is tried again while the lock is held
+// (a bounded number of times); a lock that stays held fails the family at
+// once, removing nothing; our jumps are never logged as another's.
+func TestCleanupUnderHeldLock(t *testing.T) {
+	t.Run("freed", func(t *testing.T) {
+		logs := captureKlog(t)
+		fake := NewFakeRunner(IPv4)
+		syncOK(t, New(fake, testConfig), webPortals())
+		if err := Cleanup(&lockHeldRunner{FakeRunner: fake, locked: 7}); err != nil {
+			t.Fatalf("Cleanup with the lock freed after 7 checks: %v", err)
+		}
+		assertClean(t, fake, nil)
+		klog.Flush()
+		if strings.Contains(logs.String(), "Removed a rule that jumps to a chain of ours") {
+			t.Errorf("our own jumps logged as another tool's:\n%s", logs.String())
+		}
+	})
+	t.Run("held", func(t *testing.T) {
+		fake := NewFakeRunner(IPv4)
+		syncOK(t, New(fake, testConfig), webPortals())
+		err := Cleanup(&lockHeldRunner{FakeRunner: fake, locked: -1})
+		if !IsLockHeld(err) {
+			t.Errorf("Cleanup under a lock held throughout = %v, want the lock's error", err)
+		}
+		if n := fake.CallsOf("DeleteRule") + fake.CallsOf("DeleteChain"); n != 0 {
+			t.Errorf("%d removals tried under a held lock, want none", n)
+		}
+	})
+	t.Run("our jumps found by the scan", func(t *testing.T) {
+		logs := captureKlog(t)
+		fake := NewFakeRunner(IPv4)
+		syncOK(t, New(fake, testConfig), webPortals())
+		fake.SetError("RuleExists", errors.New("boom")) // the jumps table finds nothing
+		_ = Cleanup(fake)
+		fake.SetError("RuleExists", nil)
+		assertClean(t, fake, nil)
+		klog.Flush()
+		if strings.Contains(logs.String(), "Removed a rule that jumps to a chain of ours") {
+			t.Errorf("our own jumps logged as another tool's:\n%s", logs.String())
+		}
+	})
+}
