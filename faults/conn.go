@@ -202,7 +202,15 @@ func (c *Conn) AttachReset(reset func()) {
 		c.live.cut()
 		return
 	}
-	// Nor a timeout toxic removed since: its removal did not see it yet.
+	// Nor a timeout toxic removed since, or with its port: its removal
+	// did not see it yet.
+	if c.port.removed.Load() && c.holdsTimeout() {
+		for _, k := range c.snap.timeouts() {
+			c.up.timeoutRemoved(k)
+			c.down.timeoutRemoved(k)
+		}
+		return
+	}
 	if s != c.snap && c.holdsTimeout() {
 		for _, k := range removedTimeouts(c.snap.timeouts(), s.timeouts()) {
 			c.up.timeoutRemoved(k)

@@ -115,16 +115,25 @@ func (t *Table) Declare(name string, toxics []Toxic) bool {
 }
 
 // RemovePort forgets a service port that is gone, API toxics included.
+// The connections its timeout toxics hold end, as at the toxics' removal:
+// forgotten with the port, they were held until the client closed, out of
+// reach of the API (404) and of /reset.
 func (t *Table) RemovePort(name string) {
 	t.mu.Lock()
 	p := t.ports[name]
 	delete(t.ports, name)
 	t.mu.Unlock()
-	if p != nil {
-		p.mu.Lock()
-		t.metrics.forget(p.metricLabel())
-		p.mu.Unlock()
+	if p == nil {
+		return
 	}
+	p.mu.Lock()
+	t.metrics.forget(p.metricLabel())
+	held := p.timeoutsLocked()
+	p.mu.Unlock()
+	// Before the scan of live connections: one attached after it sees
+	// removed (AttachReset).
+	p.removed.Store(true)
+	p.endRemovedTimeouts(held)
 }
 
 func (t *Table) lookup(name string) (*Port, error) {
@@ -278,6 +287,9 @@ type Port struct {
 	udpDelays [2]delayLine
 	// active counts live faulted connections, for the max-active cap.
 	active atomic.Int64
+	// removed: RemovePort forgot the port, and ended what its timeout
+	// toxics held.
+	removed atomic.Bool
 
 	liveMu sync.Mutex
 	live   map[*liveConn]struct{}

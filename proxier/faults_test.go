@@ -15,6 +15,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 )
@@ -435,6 +436,54 @@ func TestFaultTimeoutLeavingTheAnnotationEndsHeldConnections(t *testing.T) {
 	c.SetReadDeadline(time.Now().Add(3 * time.Second))
 	if b, err := io.ReadAll(c); len(b) != 0 || err != nil {
 		t.Fatalf("read %q, %v; want EOF once the annotation no longer declares the timeout", b, err)
+	}
+}
+
+// A timeout 0 whose fault port goes (its Service deleted, or the port
+// renamed: an unnamed port's new number) ends the connections it holds,
+// as the toxic's removal does. Forgotten with the port, they were held
+// until the client closed, and no API call could reach them any more
+// (their proxy 404, /reset skips them).
+func TestFaultTimeoutOfARemovedPortEndsHeldConnections(t *testing.T) {
+	t.Parallel()
+	const hold = `[{"name":"hold","type":"timeout","attributes":{"timeout":0}}]`
+	unnamed := func(port int32) svcOpt {
+		return func(s *v1.Service) { s.Spec.Ports[0].Name, s.Spec.Ports[0].Port = "", port }
+	}
+	for _, tc := range []struct {
+		name   string
+		change func(p *Proxier, svc *v1.Service)
+	}{
+		{"Service deleted", func(p *Proxier, svc *v1.Service) { p.OnServiceDelete(svc) }},
+		{"port renamed", func(p *Proxier, svc *v1.Service) {
+			p.OnServiceUpdate(svc, makeService("web", withFaults(hold), unnamed(81)))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ln := serveTCP(t, "127.0.0.2", lineEcho)
+			p := newTestProxier(t, Options{Faults: faults.NewTable(0, 0, nil)})
+			svc := makeService("web", withFaults(hold), unnamed(80))
+			p.OnServiceAdd(svc)
+			es := makeSlice("web", v1.ProtocolTCP, ln.Addr().String())
+			es.Ports[0].Name = ptr.To("")
+			p.OnEndpointSliceAdd(es)
+			p.Sync()
+			c := dialTCP(t, proxyAddr(t, p, "default/web"))
+			if _, err := io.WriteString(c, "ping\n"); err != nil {
+				t.Fatal(err)
+			}
+			c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+			if n, err := c.Read(make([]byte, 64)); !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("read %d bytes, %v; want the connection held", n, err)
+			}
+			tc.change(p, svc)
+			p.Sync()
+			c.SetReadDeadline(time.Now().Add(3 * time.Second))
+			if b, err := io.ReadAll(c); len(b) != 0 || err != nil {
+				t.Fatalf("read %q, %v; want EOF once the timeout's fault port is gone", b, err)
+			}
+		})
 	}
 }
 
