@@ -38,6 +38,50 @@ import (
 type connRegistry struct {
 	tcp        sync.Map // *liveConn → struct{}
 	udpSockets sync.Map // *udpProxySocket → struct{}
+	// pending is every goroutine-relayed client not yet in tcp (waiting
+	// out a connect_delay, dialling its backend), so that the stop resets
+	// it too; stopped: resetAll ran, and no connection starts any more.
+	pending pendingClients
+	stopped atomic.Bool
+}
+
+// pendingClients is a set of clients spread over shards by their port:
+// accepts on different cores rarely meet on a lock, and a map reuses its
+// slots where a sync.Map allocates an entry for every store.
+type pendingClients struct {
+	shards [32]struct {
+		mu      sync.Mutex
+		clients map[*net.TCPConn]struct{}
+		_       [48]byte // a cache line each
+	}
+}
+
+func (pc *pendingClients) add(c *net.TCPConn, from netip.AddrPort) {
+	sh := &pc.shards[int(from.Port())%len(pc.shards)]
+	sh.mu.Lock()
+	if sh.clients == nil {
+		sh.clients = map[*net.TCPConn]struct{}{}
+	}
+	sh.clients[c] = struct{}{}
+	sh.mu.Unlock()
+}
+
+func (pc *pendingClients) remove(c *net.TCPConn, from netip.AddrPort) {
+	sh := &pc.shards[int(from.Port())%len(pc.shards)]
+	sh.mu.Lock()
+	delete(sh.clients, c)
+	sh.mu.Unlock()
+}
+
+func (pc *pendingClients) each(f func(*net.TCPConn)) {
+	for i := range pc.shards {
+		sh := &pc.shards[i]
+		sh.mu.Lock()
+		for c := range sh.clients {
+			f(c)
+		}
+		sh.mu.Unlock()
+	}
 }
 
 // liveConn is one registered TCP connection. Everything but the byte
@@ -125,9 +169,43 @@ func (r *connRegistry) addTCP(servicePort string, client netip.AddrPort, clientC
 	c.in.port, c.out.port = in, out
 	if r != nil { // nil: a socket built without a proxier (tests)
 		r.tcp.Store(c, struct{}{})
+		r.pending.remove(clientConn, client)
+		if r.stopped.Load() {
+			// resetAll may have ranged over tcp before the Store: the
+			// relay then ends at once.
+			resetTCP(clientConn)
+			resetTCP(backendConn)
+		}
 	}
 	return c
 }
+
+// addPending registers a goroutine-relayed client until addTCP does, or
+// removePending; false: the proxier stopped (the caller resets it).
+func (r *connRegistry) addPending(client *net.TCPConn, from netip.AddrPort) bool {
+	if r == nil {
+		return true
+	}
+	r.pending.add(client, from)
+	// Loaded after the add: resetAll, which sets stopped before it goes
+	// through pending, either sees client or is seen here.
+	if r.stopped.Load() {
+		r.pending.remove(client, from)
+		return false
+	}
+	return true
+}
+
+// removePending forgets a client that ends before its relay starts.
+func (r *connRegistry) removePending(client *net.TCPConn, from netip.AddrPort) {
+	if r != nil {
+		r.pending.remove(client, from)
+	}
+}
+
+// isStopped reports whether resetAll ran: a connection whose dial
+// completes now must not start relaying.
+func (r *connRegistry) isStopped() bool { return r != nil && r.stopped.Load() }
 
 // addLoop registers a connection on the event loops once its backend
 // answered.
@@ -142,21 +220,28 @@ func (r *connRegistry) addLoop(servicePort string, client, backend netip.AddrPor
 
 // resetAll ends every live goroutine-relayed TCP connection with a reset to
 // both peers, as the proxier stops (the event loops' connections are reset
-// when their group closes).
+// when their group closes); so too the clients still waiting for their
+// backend, whose goroutines then relay nothing (addTCP, isStopped).
 func (r *connRegistry) resetAll() {
+	r.stopped.Store(true)
+	r.pending.each(resetTCP)
 	r.tcp.Range(func(k, _ any) bool {
 		c := k.(*liveConn)
 		if c.loop != nil {
 			return true
 		}
-		for _, conn := range []*net.TCPConn{c.clientConn, c.backendConn} {
-			if conn != nil {
-				_ = conn.SetLinger(0)
-				_ = conn.Close()
-			}
-		}
+		resetTCP(c.clientConn)
+		resetTCP(c.backendConn)
 		return true
 	})
+}
+
+// resetTCP closes conn (nil: none) with a reset to its peer.
+func resetTCP(conn *net.TCPConn) {
+	if conn != nil {
+		_ = conn.SetLinger(0)
+		_ = conn.Close()
+	}
 }
 
 // flush passes the bytes the connection moved since the last scrape on

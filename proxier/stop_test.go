@@ -4,13 +4,16 @@ import (
 	"context"
 	"errors"
 	"net"
+	"os"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
 )
 
@@ -126,5 +129,94 @@ func TestStopClearsUDPFlows(t *testing.T) {
 		case slices.ContainsFunc(got, func(s string) bool { return strings.HasPrefix(s, "tcp ") }):
 			t.Errorf("cleared TCP entries %q: connections are the sockets' own", got)
 		}
+	}
+}
+
+// releasedDialer dials only once released, as an endpoint slow to answer
+// the SYN; entered tells a dial began.
+type releasedDialer struct{ entered, release chan struct{} }
+
+func (d releasedDialer) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	d.entered <- struct{}{}
+	<-d.release
+	return (&net.Dialer{}).DialContext(ctx, network, addr)
+}
+
+// A connection the stop finds before its backend answered (dialling, or
+// waiting out a connect_delay toxic: faulted connections take goroutines
+// on the event loops too) is reset like a relayed one (DESIGN: the
+// proxy's own stop reaches the peers as a reset), and its goroutine does
+// not go on to relay once the dial completes. Registered only once its
+// backend answered, it was out of the stop's reach: its client stayed open
+// (a FIN at the process's exit), and a dial that completed after the stop
+// relayed.
+func TestStopResetsConnectionsNotYetRelayed(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// dialer: the dial blocks until released (goroutine relay);
+		// else a connect_delay toxic holds the connection.
+		dialer bool
+	}{
+		{"dialling", true},
+		{"in a connect_delay", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.2:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			accepted := make(chan net.Conn, 1)
+			go func() {
+				if c, err := ln.Accept(); err == nil {
+					accepted <- c
+				}
+			}()
+			d := releasedDialer{entered: make(chan struct{}, 1), release: make(chan struct{})}
+			opts := Options{BindAddress: mustAddr("127.0.0.1"), Faults: faults.NewTable(0, 0, nil)}
+			svc := makeService("web")
+			if tc.dialer {
+				opts.DataPath, opts.Dialer = DataPathGoroutines, d
+			} else {
+				opts.DataPath = os.Getenv("KUP_TEST_DATA_PATH")
+				svc = makeService("web", withFaults(`[{"type":"connect_delay","attributes":{"delay":5000}}]`))
+			}
+			p := New(opts)
+			p.OnServiceSynced()
+			p.OnEndpointSlicesSynced()
+			p.OnServiceAdd(svc)
+			p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, ln.Addr().String()))
+			p.Sync()
+			c, err := net.Dial("tcp", proxyAddr(t, p, "default/web:p"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if tc.dialer {
+				<-d.entered
+			} else {
+				time.Sleep(200 * time.Millisecond) // in the delay
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			p.Run(ctx)
+			_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+			if _, err := c.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
+				t.Errorf("client read after the proxy's stop: %v; want a reset", err)
+			}
+			close(d.release)
+			select {
+			case b := <-accepted:
+				defer b.Close()
+				if !tc.dialer {
+					t.Fatalf("the backend got a connection after the stop, the connect_delay cut short")
+				}
+				_ = b.SetReadDeadline(time.Now().Add(3 * time.Second))
+				if _, err := b.Read(make([]byte, 1)); errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Errorf("the backend's connection, dialled before the stop, is still open 3 s after it completed; want it ended")
+				}
+			case <-time.After(time.Second):
+			}
+		})
 	}
 }

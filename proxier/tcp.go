@@ -190,17 +190,28 @@ func (s *tcpProxySocket) handle(client *net.TCPConn, seq uint64) {
 // serve relays one accepted client with the goroutine relay; fc are its
 // faults (nil: none).
 func (s *tcpProxySocket) serve(client *net.TCPConn, from netip.AddrPort, fc *faults.Conn) {
+	conns := s.cfg.conns
+	// Registered before the connect_delay and the dial: the stop resets
+	// the client then too, which the process's exit ended with a FIN.
+	if !conns.addPending(client, from) {
+		resetTCP(client)
+		if fc != nil {
+			fc.Done()
+		}
+		return
+	}
 	// Looked at before the faults' steps: a connect_delay held the
 	// reserved descriptor for its whole delay.
 	inReserve := relay.ConnInReserve(client)
 	if fc != nil && !inReserve {
 		if fc.Refuse {
-			_ = client.SetLinger(0)
-			_ = client.Close()
+			conns.removePending(client, from)
+			resetTCP(client)
 			fc.Done()
 			return
 		}
 		if !fc.WaitConnectDelay(client) {
+			conns.removePending(client, from)
 			_ = client.Close()
 			fc.Done()
 			return
@@ -211,7 +222,18 @@ func (s *tcpProxySocket) serve(client *net.TCPConn, from netip.AddrPort, fc *fau
 	if !inReserve {
 		backend, err = s.dial(from, fc != nil)
 	}
+	if err == nil && conns.isStopped() {
+		// The stop reset the client while it dialled: nothing to relay.
+		conns.removePending(client, from)
+		resetTCP(client)
+		resetTCP(backend)
+		if fc != nil {
+			fc.Done()
+		}
+		return
+	}
 	if err != nil {
+		conns.removePending(client, from)
 		// Counted before the reset, so that a client (or a test) that
 		// saw it finds it counted.
 		s.failed.Inc()
