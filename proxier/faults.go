@@ -13,10 +13,21 @@ import (
 // syncFaults hands a service port's declared toxics to its fault port (a
 // port just opened gets them here). An invalid annotation changes nothing:
 // the fault port keeps the last valid toxics, and applyFaultsNow has
-// logged it.
+// logged it. Under p.mu, as applyFaultsNow: an annotation changed since
+// the sync parsed info (applyFaultsNow gave it to the port meanwhile) is
+// applied, if valid, rather than info's older toxics, which reverted it
+// until the next sync.
 func (p *Proxier) syncFaults(ap *activePort, info *servicePortInfo) {
-	if info.faultsErr == nil {
-		ap.faults.SetDeclared(info.toxics)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	toxics, err := info.toxics, info.faultsErr
+	if svc := p.services[info.name.NamespacedName]; svc != nil && svc.Annotations[faults.Annotation] != info.faultsAnnotation {
+		if latest, latestErr := faults.ForService(svc); latestErr == nil {
+			toxics, err = latest[info.name.Port], nil
+		}
+	}
+	if err == nil {
+		ap.faults.SetDeclared(toxics)
 	}
 }
 

@@ -1,11 +1,14 @@
 package proxier
 
 import (
+	"net/netip"
+	"slices"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 )
 
 func annotated(value string) svcOpt {
@@ -60,6 +63,40 @@ func TestFaultAnnotationAppliesWithoutSync(t *testing.T) {
 		if after := declaredToxics(t, p, proxy); len(after) != len(got) || (len(got) > 0 && after[0] != got[0]) {
 			t.Fatalf("annotation %q: a sync changed toxics %v to %v", step.annotation, got, after)
 		}
+	}
+}
+
+// A faults annotation changed while a sync runs (here: while it opens the
+// Service's port) keeps the toxics applyFaultsNow gave the port: the sync
+// parsed the Service before the change, and applied its older toxics over
+// them until the next sync. An invalid change leaves the last valid
+// toxics, and a change of something else the Service's own.
+func TestFaultAnnotationChangedDuringSyncStays(t *testing.T) {
+	const a = `[{"name":"a","type":"latency","attributes":{"latency":100}}]`
+	for _, tc := range []struct {
+		name   string
+		during svcOpt // the Service as updated during the sync
+		want   []string
+	}{
+		{"annotation changed", annotated(`[{"name":"b","type":"latency","attributes":{"latency":200}}]`), []string{"b/annotation"}},
+		{"annotation made invalid", annotated(`[{"name":"bad","type":"explode"}]`), []string{"a/annotation"}},
+		{"another change", func(s *v1.Service) { annotated(a)(s); s.Labels = map[string]string{"tier": "web"} }, []string{"a/annotation"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newTestProxier(t, Options{})
+			before, during := makeService("web", annotated(a)), makeService("web", tc.during)
+			p.OnServiceAdd(before)
+			listen := p.listen
+			p.listen = func(name loadbalancer.ServicePortName, bind netip.Addr, port int, needIPv6 bool, sp *loadbalancer.ServicePort, fp *faults.Port, cfg *socketConfig) (proxySocket, error) {
+				p.listen = listen
+				p.OnServiceUpdate(before, during) // the informer delivers it now
+				return listen(name, bind, port, needIPv6, sp, fp, cfg)
+			}
+			p.Sync()
+			if got := declaredToxics(t, p, "default.web.p"); !slices.Equal(got, tc.want) {
+				t.Errorf("toxics after the sync: %v, want %v", got, tc.want)
+			}
+		})
 	}
 }
 

@@ -40,6 +40,9 @@ type servicePortInfo struct {
 	faultName string
 	toxics    []faults.Toxic
 	faultsErr error
+	// faultsAnnotation is the annotation's value toxics were parsed from,
+	// which syncFaults compares with the Service's latest.
+	faultsAnnotation string
 	// lifetime is what the Service's connection lifetime annotations
 	// ask for, unless lifetimeErr says they are invalid.
 	lifetime    config.ConnectionLifetime
@@ -122,21 +125,22 @@ func servicePorts(svc *v1.Service) []*servicePortInfo {
 		}
 		name := loadbalancer.ServicePortName{NamespacedName: nn, Port: p.Name, Protocol: proto}
 		info := &servicePortInfo{
-			name:            name,
-			key:             name.String(),
-			port:            int(p.Port),
-			clusterIPs:      clusterIPs,
-			externalIPs:     externalIPs,
-			loadBalancerIPs: lbIPs,
-			sourceRanges:    sourceRanges,
-			affinity:        affinity,
-			dualStack:       slices.ContainsFunc(clusterIPs, netip.Addr.Is4) && slices.ContainsFunc(clusterIPs, netip.Addr.Is6),
-			policy:          policy,
-			faultName:       faults.ProxyName(svc.Namespace, svc.Name, p.Name, int(p.Port)),
-			toxics:          toxics[p.Name],
-			faultsErr:       faultsErr,
-			lifetime:        lifetime,
-			lifetimeErr:     lifetimeErr,
+			name:             name,
+			key:              name.String(),
+			port:             int(p.Port),
+			clusterIPs:       clusterIPs,
+			externalIPs:      externalIPs,
+			loadBalancerIPs:  lbIPs,
+			sourceRanges:     sourceRanges,
+			affinity:         affinity,
+			dualStack:        slices.ContainsFunc(clusterIPs, netip.Addr.Is4) && slices.ContainsFunc(clusterIPs, netip.Addr.Is6),
+			policy:           policy,
+			faultName:        faults.ProxyName(svc.Namespace, svc.Name, p.Name, int(p.Port)),
+			toxics:           toxics[p.Name],
+			faultsErr:        faultsErr,
+			faultsAnnotation: svc.Annotations[faults.Annotation],
+			lifetime:         lifetime,
+			lifetimeErr:      lifetimeErr,
 		}
 		if policy.externalLocal && svc.Spec.Type == v1.ServiceTypeLoadBalancer {
 			info.healthCheckNodePort = int(svc.Spec.HealthCheckNodePort)
