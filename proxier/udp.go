@@ -170,7 +170,7 @@ func (s *udpProxySocket) Start() { go s.Serve() }
 func (s *udpProxySocket) Serve() {
 	raw, err := s.conn.SyscallConn()
 	if err != nil {
-		klog.ErrorS(err, "UDP service socket unusable", "servicePort", s.label)
+		s.logUnusable(err)
 		return
 	}
 	s.serviceRaw = raw
@@ -185,13 +185,24 @@ func (s *udpProxySocket) Serve() {
 		}
 	})
 	if err = errors.Join(err, famErr); err != nil {
-		klog.ErrorS(err, "UDP service socket unusable", "servicePort", s.label)
+		s.logUnusable(err)
 		return
 	}
 	if !s.joinPoller(raw) {
 		return
 	}
 	s.relayLoop()
+}
+
+// logUnusable logs why Serve cannot serve the service socket, unless it
+// was closed: a port closed before its goroutine started (a Service added
+// and removed at once, on a loaded node) is not an error.
+func (s *udpProxySocket) logUnusable(err error) {
+	select {
+	case <-s.closed:
+	default:
+		klog.ErrorS(err, "UDP service socket unusable", "servicePort", s.label)
+	}
 }
 
 // joinPoller adds the service socket to the port's poller, trying again

@@ -5,12 +5,16 @@ import (
 	"math"
 	"net"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
-
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 )
 
 // startUDPEcho answers each datagram with prefix + the datagram.
@@ -282,5 +286,40 @@ func TestUDPHugeTimeoutKeepsSessions(t *testing.T) {
 	n, err := c.Read(buf)
 	if err != nil || string(buf[:n]) != "re:q" {
 		t.Fatalf("reply %q, %v; want \"re:q\" (the session was closed before it came)", buf[:n], err)
+	}
+}
+
+// lateStart is a proxy socket whose loop starts only when the test says.
+type lateStart struct{ proxySocket }
+
+func (lateStart) Start() {}
+
+// A UDP port closed before its goroutine started (a Service added and
+// removed at once, on a loaded node) is not an error: Serve finds the
+// socket closed and returns without logging it "unusable" (ERROR, "use of
+// closed network connection").
+func TestUDPPortClosedBeforeServeLogsNoError(t *testing.T) {
+	logs := captureKlog(t)
+	p := newTestProxier(t, Options{})
+	var sock proxySocket
+	listen := p.listen
+	p.listen = func(name loadbalancer.ServicePortName, bind netip.Addr, port int, needIPv6 bool, sp *loadbalancer.ServicePort, fp *faults.Port, cfg *socketConfig) (proxySocket, error) {
+		s, err := listen(name, bind, port, needIPv6, sp, fp, cfg)
+		sock = s
+		return lateStart{s}, err
+	}
+	svc := makeService("dns", withProtocol(v1.ProtocolUDP))
+	p.OnServiceAdd(svc)
+	p.Sync()
+	p.OnServiceDelete(svc)
+	p.Sync()
+	udp, ok := sock.(*udpProxySocket)
+	if !ok {
+		t.Fatalf("the port's socket is %T, want *udpProxySocket", sock)
+	}
+	udp.Serve() // as its goroutine, started late, runs
+	klog.Flush()
+	if out := logs.String(); strings.Contains(out, "UDP service socket unusable") {
+		t.Errorf("a port closed before its loop started was logged unusable:\n%s", out)
 	}
 }
