@@ -198,7 +198,7 @@ type lockHeldRunner struct {
 	locked int
 }
 
-var errLockHeld = errors.New("running [iptables -t nat -S KUBE-PORTALS-CONTAINER 1 --wait 5]: exit status 4: Another app is currently holding the xtables lock. Stopped waiting after 5s.")
+var errLockHeld = errors.New("running [iptables -t nat -S KUBE-PORTALS-CONTAINER 1 --wait 5]: exit status 4: Another app is currently holding the xtables lock. Stopped waiting after 5s")
 
 func (r *lockHeldRunner) ChainExists(table Table, chain string) (bool, error) {
 	if r.locked != 0 {

@@ -1,7 +1,6 @@
 package proxier
 
 import (
-	"fmt"
 	"net"
 	"testing"
 	"time"
@@ -112,5 +111,5 @@ func pattern(refused []bool) string {
 			b[i] = 'F'
 		}
 	}
-	return fmt.Sprintf("%s", b)
+	return string(b)
 }

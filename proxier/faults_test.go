@@ -68,15 +68,6 @@ func dialTCP(t *testing.T, addr string) *net.TCPConn {
 	return c.(*net.TCPConn)
 }
 
-// within fails unless got is want ± tol.
-func within(t *testing.T, what string, got, want, tol time.Duration) {
-	t.Helper()
-	t.Logf("%s: %v (want %v ± %v)", what, got.Round(time.Millisecond), want, tol)
-	if got < want-tol || got > want+tol {
-		t.Errorf("%s: %v, want %v ± %v", what, got, want, tol)
-	}
-}
-
 // samples is how often a toxic's delay is measured: the median of 5
 // stays on time with two samples stalled by a loaded runner (of 3, one
 // more stall put it 2-15 ms past the tolerance in 3 of 74 runs under load

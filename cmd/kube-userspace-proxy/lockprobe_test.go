@@ -17,7 +17,7 @@ import (
 // errLockHeld is what go-iptables returns when iptables-legacy gave up
 // waiting for the xtables lock another process holds.
 var errLockHeld = errors.New("running [/usr/sbin/ip6tables -t nat -S POSTROUTING 1 --wait 5]: exit status 4: " +
-	"Another app is currently holding the xtables lock. Stopped waiting after 5s.\n")
+	"Another app is currently holding the xtables lock. Stopped waiting after 5s")
 
 // lockedRunner is a fake whose first `locked` ChainExists calls fail as
 // under a held xtables lock (<0: all of them).
