@@ -200,10 +200,35 @@ func parseSaveLines(data []byte, table Table, joinQuoted bool) (savedTable, erro
 
 // quoteState tells whether a rule line ends inside double quotes, read as
 // iptables-save quotes (xtables_save_string): a quoted value is a whole
-// argument, so only a quote at an argument's start opens one (an
-// interface name printed bare may hold a quote), and inside, a backslash
-// escapes the next character.
+// argument, so only a quote at an argument's start opens one, and only as
+// the value of an option iptables-save prints quoted (quotedOptions):
+// names it prints bare may start with a quote (an interface "eth9, a
+// chain "audit), and taking one for an opening swallowed the lines after
+// it, our rules and the next table's header with them. Inside, a
+// backslash escapes the next character.
 type quoteState struct{ quoted bool }
+
+// quotedOptions are the options whose values iptables-save prints through
+// xtables_save_string, quoted: those are the ones a newline can be in.
+var quotedOptions = map[string]bool{
+	"--comment": true, "--log-prefix": true, "--nflog-prefix": true,
+	"--string": true, "--hex-string": true, "--helper": true,
+}
+
+// quoteOpensAt reports whether the quote at line[i], at an argument's
+// start, opens a quoted value: the argument before it is an option in
+// quotedOptions.
+func quoteOpensAt(line []byte, i int) bool {
+	end := i
+	for end > 0 && (line[end-1] == ' ' || line[end-1] == '\t') {
+		end--
+	}
+	start := end
+	for start > 0 && line[start-1] != ' ' && line[start-1] != '\t' {
+		start--
+	}
+	return start < end && quotedOptions[string(line[start:end])]
+}
 
 func (q quoteState) open() bool { return q.quoted }
 
@@ -219,8 +244,9 @@ func (q quoteState) scan(line []byte) quoteState {
 			if j < 0 {
 				break
 			}
-			// At an argument's start, so not after a backslash either.
-			if i += j; i == 0 || line[i-1] == ' ' || line[i-1] == '\t' {
+			// At an argument's start (so not after a backslash either),
+			// as the value of an option printed quoted.
+			if i += j; i > 0 && (line[i-1] == ' ' || line[i-1] == '\t') && quoteOpensAt(line, i) {
 				q.quoted = true
 			}
 			continue

@@ -121,6 +121,19 @@ func TestParseSaveForeignLines(t *testing.T) {
 			"KUBE-PROXY-PORT-GUARD": {"-p tcp -j DROP"},
 		},
 	}, {
+		// iptables-save prints interface and chain names bare; one may
+		// start with a quote (iptables -i '"eth9', -N '"audit'). Taken for
+		// an opening, it swallowed our rules, COMMIT and the next table's
+		// header up to the next quoted comment.
+		name: "a bare name starting with a quote opens nothing",
+		dump: "*filter\n:FORWARD ACCEPT [0:0]\n:\"audit - [0:0]\n:KUBE-PROXY-PORT-GUARD - [0:0]\n" +
+			"-A FORWARD -i \"eth9 -j ACCEPT\n-A FORWARD -j \"audit\n" +
+			"-A KUBE-PROXY-PORT-GUARD -p tcp -m comment --comment \"ours\" -j DROP\nCOMMIT\n",
+		want: map[string][]string{
+			"FORWARD":               {"-i \"eth9 -j ACCEPT", "-j \"audit"},
+			"KUBE-PROXY-PORT-GUARD": {"-p tcp -m comment --comment \"ours\" -j DROP"},
+		},
+	}, {
 		name: "a quote never closed: read line by line",
 		dump: "*filter\n:FORWARD ACCEPT [0:0]\n:KUBE-PROXY-PORT-GUARD - [0:0]\n-A FORWARD -m comment --comment \"open -j ACCEPT\n" +
 			"-A KUBE-PROXY-PORT-GUARD -p tcp -j DROP\nCOMMIT\n",
@@ -161,5 +174,33 @@ func TestParseSaveForeignLines(t *testing.T) {
 	rule := "-m comment --comment \"allow\nfrom admin\" -j KUBE-PORTALS-CONTAINER"
 	if got := ruleTarget(rule); got != "KUBE-PORTALS-CONTAINER" {
 		t.Errorf("ruleTarget(%q) = %q", rule, got)
+	}
+}
+
+// iptables-save prints an interface name bare; one that starts
+// with a quote ("eth9, legal on Linux) opened a "multi-line quoted value"
+// that swallowed the rest of filter, COMMIT, *nat and nat's chain
+// declarations up to the first quote in nat.
+func TestParseSaveBareQuoteKeepsNextTable(t *testing.T) {
+	dump := "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:KUBE-PROXY-PORT-GUARD - [0:0]\n" +
+		"-A INPUT -m comment --comment \"kube-userspace-proxy: drop connections to proxy ports that bypassed a portal\" -j KUBE-PROXY-PORT-GUARD\n" +
+		"-A FORWARD -i \"eth9 -j ACCEPT\n" +
+		"-A KUBE-PROXY-PORT-GUARD -p tcp -m tcp --dport 63768 -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT -j DROP\n" +
+		"COMMIT\n*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-PORTALS-CONTAINER - [0:0]\n" +
+		"-A PREROUTING -m comment --comment \"kube-userspace-proxy: service portals\" -j KUBE-PORTALS-CONTAINER\n" +
+		"-A KUBE-PORTALS-CONTAINER -d 10.96.0.10/32 -p tcp -m comment --comment \"default/web:http\" -m tcp --dport 80 -j REDIRECT --to-ports 63768\nCOMMIT\n"
+	f, err := parseSave([]byte(dump), TableFilter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(f.rules["KUBE-PROXY-PORT-GUARD"]) != 1 {
+		t.Errorf("filter KUBE-PROXY-PORT-GUARD rules = %q, want 1", f.rules["KUBE-PROXY-PORT-GUARD"])
+	}
+	n, err := parseSave([]byte(dump), TableNAT)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !n.chains["KUBE-PORTALS-CONTAINER"] || len(n.rules["PREROUTING"]) != 1 {
+		t.Errorf("nat chains %v, rules %q: want KUBE-PORTALS-CONTAINER and its jump", n.chains, n.rules)
 	}
 }
