@@ -111,6 +111,9 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 			klog.ErrorS(nil, "Another kube-userspace-proxy is running in this network namespace: the two rewrite each other's portal rules, so Services fail by turns; stop one, or run this one with --iptables=false", "pid", pidValue(other))
 		}
 		v4, v6, err := portalSyncers(ctx, v, iptables.NewRunner)
+		if ctx.Err() != nil {
+			return nil // stopped while the probe waited out a held lock: nothing set up yet
+		}
 		if err != nil {
 			return err
 		}
@@ -324,12 +327,11 @@ func nodeName(override string) string {
 // xtables lock another process holds says nothing of either (probeFamily).
 func portalSyncers(ctx context.Context, v *validated, newRunner func(iptables.Family) (iptables.Runner, error)) (proxier.PortalSyncer, proxier.PortalSyncer, error) {
 	cfg, cfg6, nodeIPs := portalConfigs(v)
-	present := func(f iptables.Family) (iptables.Runner, error) { return probeFamily(ctx, f, newRunner) }
-	r4, err := present(iptables.IPv4)
+	r4, waited, err := probeFamily(ctx, iptables.IPv4, newRunner)
 	if iptables.IsLockHeld(err) {
 		// Not a node without iptables, nor a lack of privileges: another
 		// process (a CNI, a firewall) keeps the lock; a restart retries.
-		return nil, nil, fmt.Errorf("iptables: the xtables lock is held by another process (waited %v for it): %s", lockWait, strings.TrimSpace(err.Error()))
+		return nil, nil, fmt.Errorf("iptables: the xtables lock is held by another process (waited %v for it): %s", waited.Round(time.Second), strings.TrimSpace(err.Error()))
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("iptables: %w (run as root with iptables installed, or use --iptables=false)", err)
@@ -337,12 +339,12 @@ func portalSyncers(ctx context.Context, v *validated, newRunner func(iptables.Fa
 	var v4, v6 proxier.PortalSyncer
 	iptables.WarnOtherBackend(r4)
 	v4 = iptables.New(r4, cfg)
-	r6, err := present(iptables.IPv6)
+	r6, waited, err := probeFamily(ctx, iptables.IPv6, newRunner)
 	if iptables.IsLockHeld(err) && r6 != nil {
 		// ip6tables runs: only the lock kept it from answering. Taken as
 		// absent, IPv6 stayed off until a restart, its Services refused
 		// and the last run's portals sending them to closed ports.
-		klog.InfoS("The xtables lock is still held by another process: IPv6 is served and its syncs retry until the lock frees", "waited", lockWait, "reason", err)
+		klog.InfoS("The xtables lock is still held by another process: IPv6 is served and its syncs retry until the lock frees", "waited", waited.Round(time.Second), "reason", err)
 		err = nil
 	}
 	if err != nil {
@@ -409,14 +411,19 @@ func portalSyncers(ctx context.Context, v *validated, newRunner func(iptables.Fa
 
 // lockWait bounds how long start-up waits out an xtables lock another
 // process holds, trying again every lockRetryInterval (each try itself
-// waits 5 s for the lock, iptables -w 5).
-var lockWait, lockRetryInterval = 60 * time.Second, 2 * time.Second
+// waits 5 s for the lock, iptables -w 5): about 25 s at most per family,
+// within the shipped DaemonSet's liveness probe (which kills the
+// container at about 40 s: /livez is served only after this), so the
+// clear error below is what the log shows, not a kill. 60 s never got
+// that far.
+var lockWait, lockRetryInterval = 20 * time.Second, 2 * time.Second
 
 // probeFamily returns f's runner and whether the family can hold our
 // rules (iptables.Present), trying again while the xtables lock is held
 // by another process, for up to lockWait: a lock held at the wrong moment
 // is no answer about the family.
-func probeFamily(ctx context.Context, f iptables.Family, newRunner func(iptables.Family) (iptables.Runner, error)) (iptables.Runner, error) {
+// It also returns how long it waited.
+func probeFamily(ctx context.Context, f iptables.Family, newRunner func(iptables.Family) (iptables.Runner, error)) (iptables.Runner, time.Duration, error) {
 	start := time.Now()
 	for attempt := 1; ; attempt++ {
 		r, err := newRunner(f)
@@ -424,12 +431,12 @@ func probeFamily(ctx context.Context, f iptables.Family, newRunner func(iptables
 			err = iptables.Present(r)
 		}
 		if !iptables.IsLockHeld(err) || time.Since(start) >= lockWait {
-			return r, err
+			return r, time.Since(start), err
 		}
 		klog.InfoS("The xtables lock is held by another process: waiting for it to probe the family's iptables", "ipFamily", f, "attempt", attempt, "waited", time.Since(start).Round(time.Second), "giveUpAfter", lockWait)
 		select {
 		case <-ctx.Done():
-			return r, err
+			return r, time.Since(start), err
 		case <-time.After(lockRetryInterval):
 		}
 	}
