@@ -52,6 +52,13 @@ type ManifestSource struct {
 
 	vanishedGrace time.Duration        // how long a file that is gone keeps its objects
 	vanished      map[string]time.Time // files kept so: since when they are gone
+	// removedAt is when a manifest name last had a remove or rename event
+	// (by base name: the watched directories are named by their real path,
+	// which the listed names need not be), so that a file's grace counts
+	// from when it went, not from the reload that found it gone, which a
+	// stream of writes to other files holds back for up to ten settles.
+	// Cleared by each reload: its listing is newer.
+	removedAt map[string]time.Time
 }
 
 // Option configures a ManifestSource.
@@ -117,6 +124,7 @@ func NewManifestSource(path string, h Handler, opts ...Option) *ManifestSource {
 
 		vanishedGrace: defaultVanishedGrace,
 		vanished:      map[string]time.Time{},
+		removedAt:     map[string]time.Time{},
 
 		files:     map[string]*fileState{},
 		served:    map[objectKey]servedObject{},
@@ -174,8 +182,11 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 			settle = s.clock.NewTimer(s.settle)
 			settleC = settle.C()
 		}
-		if notManifest(filepath.Base(ev.Name)) == "" {
+		if base := filepath.Base(ev.Name); notManifest(base) == "" {
 			lastManifestEvent = now
+			if ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename) {
+				s.removedAt[base] = now
+			}
 		}
 	}
 	// A file kept while it reads empty or is gone is read again when its
@@ -242,8 +253,21 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 			reload()
 		case <-recheckC:
 			recheckC = nil
-			if settleC == nil { // else the settle's reload comes first and re-arms this
+			if settleC == nil {
 				reload()
+				continue
+			}
+			// The files are being written: the gone ones whose grace
+			// ended are dropped without reading any file (the settle's
+			// reload reads them once written, and re-arms this for the
+			// emptied ones). Left to the settle, a deleted file stayed up
+			// to a capped settle more: 1.85 s beside a file rewritten
+			// every 30 ms.
+			s.dropGone()
+			recheck = nil
+			if d, ok := s.vanishedGraceLeft(); ok {
+				recheck = s.clock.NewTimer(d)
+				recheckC = recheck.C()
 			}
 		case <-ticker.C():
 			if settleC == nil { // files are being written: the settle's reload reads them once written
@@ -255,7 +279,17 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 
 // reload re-reads every manifest file whose content changed, merges the
 // files and delivers the difference to the handler.
-func (s *ManifestSource) reload() {
+func (s *ManifestSource) reload() { s.load(true) }
+
+// dropGone removes the objects of the files kept by keepVanished that are
+// still gone when their grace has ended, and reads no file: the files that
+// are there may be being written.
+func (s *ManifestSource) dropGone() { s.load(false) }
+
+// load lists the manifest files, reads those whose content changed when
+// read is set, merges the files and delivers the difference to the handler.
+func (s *ManifestSource) load(read bool) {
+	defer clear(s.removedAt)
 	// The path's own directories are watched before the listing: a file
 	// made between the listing and the watch (the path just made again,
 	// a first reload) was seen only by the next poll, 5 s later.
@@ -280,6 +314,11 @@ func (s *ManifestSource) reload() {
 	var recovered []string
 	changed := false // a file's contribution changed: only then is the merge redone
 	for _, name := range names {
+		if !read {
+			present[name] = true
+			delete(s.vanished, name) // back: the next reload reads it
+			continue
+		}
 		if err := unreadable[name]; err != nil {
 			present[name] = true
 			delete(s.vanished, name)
@@ -406,7 +445,10 @@ func (s *ManifestSource) keepEmptied(name string, data []byte, prev *fileState) 
 // it missing (vim and emacs rename it to a backup and create it again at
 // once; git checkout unlinks each changed file and creates it again: a
 // few milliseconds), and short enough that a file deleted on purpose still
-// takes its objects with it within the source's 1 s (the settle, then this).
+// takes its objects with it within the source's 1 s. It counts from the
+// file's remove or rename event when one was seen (else from the reload
+// that found it gone), so a reload held back by a stream of writes to
+// other files does not add to it.
 const defaultVanishedGrace = 500 * time.Millisecond
 
 // keepVanished says whether a file that held objects and is gone keeps
@@ -424,6 +466,9 @@ func (s *ManifestSource) keepVanished(name string, f *fileState, provided map[ob
 	since, kept := s.vanished[name]
 	if !kept {
 		since = now
+		if removed, ok := s.removedAt[filepath.Base(name)]; ok && removed.Before(now) {
+			since = removed
+		}
 		s.vanished[name] = since
 		klog.V(2).InfoS("Manifest file gone: keeping its objects for a grace, as it may be being saved anew", "file", name, "grace", s.vanishedGrace)
 	}

@@ -262,3 +262,94 @@ func TestStreamOfWritesDoesNotPostponeForEver(t *testing.T) {
 	rec.waitFor(t, liveWait, "update Service default/web")
 	t.Logf("seen after %v", time.Since(begin))
 }
+
+// A file deleted beside a stream of writes (another manifest rewritten every
+// 30 ms) takes its Service with it within 1 s of the deletion, wherever the
+// deletion falls in the capped settle. The grace started only at the capped
+// reload, and its re-check waited for the next capped settle: 1.85 s.
+func TestDeletedFileLeavesWithinASecondBesideAStreamOfWrites(t *testing.T) {
+	for _, after := range []time.Duration{200 * time.Millisecond, 900 * time.Millisecond} {
+		t.Run("deleted "+after.String()+" into the stream", func(t *testing.T) {
+			dir := t.TempDir()
+			writeFile(t, filepath.Join(dir, "web.yaml"), serviceYAML("web", 80))
+			writeFile(t, filepath.Join(dir, "busy.yaml"), serviceYAML("busy", 80))
+			rec, log := startSource(t, dir, []string{"add Service default/busy", "add Service default/web"}, WithPollInterval(time.Hour))
+			stop, done := make(chan struct{}), make(chan struct{})
+			go func() {
+				defer close(done)
+				for {
+					select {
+					case <-stop:
+						return
+					case <-time.After(30 * time.Millisecond):
+						_ = os.WriteFile(filepath.Join(dir, "busy.yaml"), []byte(serviceYAML("busy", 80)), 0o644)
+					}
+				}
+			}()
+			defer func() { close(stop); <-done }()
+			time.Sleep(after)
+			begin := time.Now()
+			if err := os.Remove(filepath.Join(dir, "web.yaml")); err != nil {
+				t.Fatal(err)
+			}
+			rec.waitFor(t, 5*time.Second, "delete Service default/web")
+			if d := time.Since(begin); d > time.Second {
+				t.Errorf("deletion seen after %v, want within 1 s", d)
+			} else {
+				t.Logf("deletion seen after %v", d)
+			}
+			if log.String() != "[]" {
+				t.Errorf("unexpected errors: %s", log)
+			}
+		})
+	}
+}
+
+// A gone file's grace counts from its remove event, not from the reload that
+// found it gone, and once it has ended dropGone removes the file's objects
+// without reading the files being written. Before, a reload held back by a
+// stream of writes started the grace late, and its end waited for the next
+// reload.
+func TestVanishedGraceFromTheRemoveEventAndDroppedWhileWriting(t *testing.T) {
+	dir := t.TempDir()
+	gone, busy := filepath.Join(dir, "gone.yaml"), filepath.Join(dir, "busy.yaml")
+	writeFile(t, gone, serviceYAML("gone", 80))
+	writeFile(t, busy, serviceYAML("busy", 80))
+	rec, log := newManifestRecorder(), &manifestErrors{}
+	clk := testclock.NewFakeClock(time.Now())
+	src := NewManifestSource(dir, rec, WithoutWatcher(), WithClock(clk),
+		WithErrorReporter(log.report), WithSummaryReporter(func(string) {}))
+	src.dirMode = true
+	src.reload()
+	rec.take()
+
+	if err := os.Remove(gone); err != nil {
+		t.Fatal(err)
+	}
+	src.removedAt["gone.yaml"] = clk.Now() // as Run notes the event
+	clk.Step(defaultVanishedGrace - 100*time.Millisecond)
+	src.reload()
+	if got := rec.take(); len(got) != 0 {
+		t.Fatalf("events within the grace: %q", got)
+	}
+	if d, ok := src.vanishedGraceLeft(); !ok || d != 100*time.Millisecond {
+		t.Errorf("re-check due in %v (%v), want 100ms from the remove event", d, ok)
+	}
+
+	writeFile(t, busy, serviceYAML("busy", 81)) // being written: not to be read yet
+	clk.Step(100 * time.Millisecond)
+	src.dropGone()
+	if got, want := rec.take(), []string{"delete Service default/gone"}; strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("events when the grace ended: %q, want %q", got, want)
+	}
+	if _, ok := src.vanishedGraceLeft(); ok {
+		t.Error("a re-check is still due")
+	}
+	src.reload()
+	if got, want := rec.take(), []string{"update Service default/busy"}; strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("events at the next reload: %q, want %q", got, want)
+	}
+	if log.String() != "[]" {
+		t.Errorf("unexpected errors: %s", log)
+	}
+}
