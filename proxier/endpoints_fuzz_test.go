@@ -57,6 +57,10 @@ func FuzzEndpointsConversion(f *testing.F) {
 		`{"addressType":"IPv6","metadata":{"name":"s","labels":{"kubernetes.io/service-name":"web"}},"ports":[{"port":-1},{"port":0},{"port":80,"protocol":"SCTP"}],"endpoints":[{"addresses":["fe80::1%eth0","::ffff:10.0.0.1","x"]}]}`,
 		`{"metadata":{"name":"s","labels":{"kubernetes.io/service-name":"web"}},"ports":[{}],"endpoints":[{"addresses":[]}]}`,
 		"apiVersion: v1\nkind: Endpoints\nmetadata: {name: web}\nsubsets: [{}]\n",
+		// nodeName: a name the API server refuses, and an empty one it
+		// takes (the slice must then carry none, as it refuses "" there).
+		"apiVersion: v1\nkind: Endpoints\nmetadata: {name: web}\nsubsets: [{addresses: [{ip: 10.1.0.1, nodeName: nodT}], ports: [{port: 80}]}]\n",
+		"apiVersion: v1\nkind: Endpoints\nmetadata: {name: web}\nsubsets: [{addresses: [{ip: 10.1.0.1, nodeName: \"\"}], ports: [{port: 80}]}]\n",
 	} {
 		f.Add([]byte(seed))
 	}

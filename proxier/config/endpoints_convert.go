@@ -114,8 +114,12 @@ func endpointFromAddress(a v1.EndpointAddress, ready bool) discovery.Endpoint {
 			Serving:     ptr.To(ready),
 			Terminating: ptr.To(false),
 		},
-		NodeName:  a.NodeName,
 		TargetRef: a.TargetRef,
+	}
+	// The API server takes an empty nodeName in an Endpoints, not in a
+	// slice.
+	if a.NodeName != nil && *a.NodeName != "" {
+		ep.NodeName = a.NodeName
 	}
 	if a.Hostname != "" {
 		ep.Hostname = ptr.To(a.Hostname)

@@ -184,6 +184,11 @@ func TestDecodeManifests(t *testing.T) {
 		{"endpoints", endpointsYAML, 1, ""},
 		{"endpoints bad ip", strings.Replace(endpointsYAML, "10.1.0.9", "10.1.0", 1), 0,
 			`Endpoints default/web: subsets[0].notReadyAddresses[0].ip: "10.1.0" is not a valid IP address`},
+		// As the API server checks it (and a slice converted from it would
+		// be invalid: FuzzEndpointsConversion found "nodT").
+		{"endpoints nodeName in upper case", strings.Replace(endpointsYAML, "  - ip: 10.1.0.9", "  - ip: 10.1.0.9\n    nodeName: nodT", 1), 0,
+			`Endpoints default/web: subsets[0].notReadyAddresses[0].nodeName: "nodT": a lowercase RFC 1123 subdomain`},
+		{"endpoints nodeName", strings.Replace(endpointsYAML, "  - ip: 10.1.0.1", "  - ip: 10.1.0.1\n    nodeName: node-a", 1), 1, ""},
 		{"json list", `{"apiVersion":"v1","kind":"List","items":[` +
 			`{"apiVersion":"v1","kind":"Service","metadata":{"name":"a"},"spec":{"ports":[{"port":80}]}},` +
 			`{"apiVersion":"v1","kind":"Service","metadata":{"name":"b"},"spec":{"ports":[{"port":80}]}}]}`, 2, ""},

@@ -84,10 +84,10 @@ func validateEndpoints(fe *fieldErrors, e *v1.Endpoints) {
 	for i, ss := range e.Subsets {
 		sp := field.NewPath("subsets").Index(i)
 		for j, a := range ss.Addresses {
-			validateIP(fe, sp.Child("addresses").Index(j).Child("ip"), a.IP)
+			validateEndpointAddress(fe, sp.Child("addresses").Index(j), a)
 		}
 		for j, a := range ss.NotReadyAddresses {
-			validateIP(fe, sp.Child("notReadyAddresses").Index(j).Child("ip"), a.IP)
+			validateEndpointAddress(fe, sp.Child("notReadyAddresses").Index(j), a)
 		}
 		names := newPortNames("subset", len(ss.Ports))
 		for j, p := range ss.Ports {
@@ -96,5 +96,15 @@ func validateEndpoints(fe *fieldErrors, e *v1.Endpoints) {
 			validatePortNumber(fe, pp.Child("port"), p.Port)
 			validateProtocol(fe, pp.Child("protocol"), p.Protocol)
 		}
+	}
+}
+
+// validateEndpointAddress checks an Endpoints address as the API server
+// does: its IP, and a nodeName that names a node (a slice converted from it
+// carries the name, and is checked alike).
+func validateEndpointAddress(fe *fieldErrors, path *field.Path, a v1.EndpointAddress) {
+	validateIP(fe, path.Child("ip"), a.IP)
+	if a.NodeName != nil && *a.NodeName != "" {
+		dnsCheck(fe, path.Child("nodeName"), *a.NodeName, validation.IsDNS1123Subdomain)
 	}
 }
