@@ -52,6 +52,9 @@ type ManifestSource struct {
 
 	vanishedGrace time.Duration        // how long a file that is gone keeps its objects
 	vanished      map[string]time.Time // files kept so: since when they are gone
+	// listFailed: the last listing failed (the directory gone): no kept
+	// file can be looked at until it is back.
+	listFailed bool
 	// removedAt is when a manifest name last had a remove or rename event
 	// (by base name: the watched directories are named by their real path,
 	// which the listed names need not be), so that a file's grace counts
@@ -199,7 +202,11 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 			recheck.Stop()
 			recheck, recheckC = nil, nil
 		}
-		if d, ok := s.graceLeft(); ok {
+		// With the listing failed (the directory gone) the kept files
+		// wait for it to come back (its events, or the poll): re-checked
+		// at once, over and over, the re-check spun (27,000 listings a
+		// second).
+		if d, ok := s.graceLeft(); ok && !s.listFailed {
 			recheck = s.clock.NewTimer(d)
 			recheckC = recheck.C()
 		}
@@ -265,7 +272,7 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 			// every 30 ms.
 			s.dropGone()
 			recheck = nil
-			if d, ok := s.vanishedGraceLeft(); ok {
+			if d, ok := s.vanishedGraceLeft(); ok && !s.listFailed {
 				recheck = s.clock.NewTimer(d)
 				recheckC = recheck.C()
 			}
@@ -300,6 +307,7 @@ func (s *ManifestSource) load(read bool) {
 	}
 	// Before reading: what a link now points at is watched from here on.
 	s.watcher.update(watchDirs(s.path, s.dirMode, names))
+	s.listFailed = err != nil
 	if err != nil {
 		s.reportRead(s.path, err)
 		return // keep serving what we have
@@ -315,6 +323,13 @@ func (s *ManifestSource) load(read bool) {
 	changed := false // a file's contribution changed: only then is the merge redone
 	for _, name := range names {
 		if !read {
+			if _, known := s.files[name]; !known {
+				// A file not read yet may hold a gone file's objects (mv
+				// a.yaml b.yaml, a git checkout's new file): dropping them
+				// now deleted and re-added its Services at the settle's
+				// reload, which reads it and drops what is still gone.
+				return
+			}
 			present[name] = true
 			delete(s.vanished, name) // back: the next reload reads it
 			continue
@@ -525,8 +540,13 @@ func (s *ManifestSource) vanishedGraceLeft() (time.Duration, bool) {
 		return 0, false
 	}
 	first := slices.MinFunc(slices.Collect(maps.Values(s.vanished)), time.Time.Compare)
-	return max(0, first.Add(s.vanishedGrace).Sub(s.clock.Now())), true
+	return max(minRecheck, first.Add(s.vanishedGrace).Sub(s.clock.Now())), true
 }
+
+// minRecheck is the soonest a kept file is looked at again: a grace can be
+// over with the file still kept, when dropGone left the drop to the
+// settle's reload, and re-armed at 0 the re-check would spin until then.
+const minRecheck = 50 * time.Millisecond
 
 // graceLeft is how long until a file kept by either grace is to be read
 // again; false when none is kept.
@@ -549,7 +569,7 @@ func (s *ManifestSource) emptiedGraceLeft() (time.Duration, bool) {
 		return 0, false
 	}
 	first := slices.MinFunc(slices.Collect(maps.Values(s.emptied)), time.Time.Compare)
-	return max(0, first.Add(s.emptiedGrace).Sub(s.clock.Now())), true
+	return max(minRecheck, first.Add(s.emptiedGrace).Sub(s.clock.Now())), true
 }
 
 // skippedFile is a directory entry that is not read, and why.
