@@ -209,10 +209,15 @@ func parseSaveLines(data []byte, table Table, joinQuoted bool) (savedTable, erro
 type quoteState struct{ quoted bool }
 
 // quotedOptions are the options whose values iptables-save prints through
-// xtables_save_string, quoted: those are the ones a newline can be in.
+// xtables_save_string, quoted. A newline can be only in some (--comment,
+// -m helper --helper), but every one is tracked: an untracked value's
+// closing quote, read with no quote open, opened one when the word before
+// it was a tracked option (a cgroup named "/batch --comment ").
 var quotedOptions = map[string]bool{
 	"--comment": true, "--log-prefix": true, "--nflog-prefix": true,
 	"--string": true, "--hex-string": true, "--helper": true,
+	"--path": true, "--nfacct-name": true, "--bytecode": true, "--u32": true,
+	"--led-trigger-id": true, "--ulog-prefix": true,
 }
 
 // quoteOpensAt reports whether the quote at line[i], at an argument's

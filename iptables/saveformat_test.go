@@ -204,3 +204,27 @@ func TestParseSaveBareQuoteKeepsNextTable(t *testing.T) {
 		t.Errorf("nat chains %v, rules %q: want KUBE-PORTALS-CONTAINER and its jump", n.chains, n.rules)
 	}
 }
+
+// A value iptables-save prints quoted under an option not in quotedOptions
+// (cgroup --path, nfacct --nfacct-name, bpf --bytecode, LED --led-trigger-id)
+// was not read as quoted: its closing quote was then taken for an
+// opening one when the value's last word is an option of quotedOptions
+// (a cgroup named "/batch --comment "), and the rest of the dump up to the next
+// quote, our guard rule here, swallowed into the foreign rule.
+func TestParseSaveQuotedValueOfEveryQuotedOption(t *testing.T) {
+	dump := "*filter\n:INPUT ACCEPT [0:0]\n:KUBE-PROXY-PORT-GUARD - [0:0]\n" +
+		"-A INPUT -m cgroup --path \"/batch --comment \" -j ACCEPT\n" +
+		"-A INPUT -m comment --comment \"kube-userspace-proxy: drop connections to proxy ports that bypassed a portal\" -j KUBE-PROXY-PORT-GUARD\n" +
+		"-A KUBE-PROXY-PORT-GUARD -p tcp -m tcp --dport 63768 -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT -j DROP\n" +
+		"COMMIT\n"
+	f, err := parseSave([]byte(dump), TableFilter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := f.rules["INPUT"]; len(got) != 2 {
+		t.Errorf("INPUT rules = %q, want 2 (the cgroup rule and our jump)", got)
+	}
+	if got := f.rules["KUBE-PROXY-PORT-GUARD"]; len(got) != 1 {
+		t.Errorf("KUBE-PROXY-PORT-GUARD rules = %q, want 1", got)
+	}
+}
