@@ -113,3 +113,31 @@ func TestIPv4ProbeUnderHeldLock(t *testing.T) {
 		t.Errorf("portalSyncers under a lock held past the wait: %v; want it to name the held lock, without the root hint", err)
 	}
 }
+
+// A stop during the IPv6 probe's wait ends start-up there: it went on to
+// log that IPv6 was served and, with a --bind-address of one family, to
+// clean that family's rules under the held lock (12 tries of 5 s each: 77 s
+// from start to exit, a SIGTERM at 9 s).
+func TestStopDuringIPv6ProbeEndsStartUp(t *testing.T) {
+	oldWait, oldInterval := lockWait, lockRetryInterval
+	lockWait, lockRetryInterval = time.Minute, 10*time.Millisecond
+	t.Cleanup(func() { lockWait, lockRetryInterval = oldWait, oldInterval })
+	logs := captureKlog(t)
+	r4, r6 := iptables.NewFakeRunner(iptables.IPv4), newLockedRunner(iptables.IPv6, -1)
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, cancel)
+	start := time.Now()
+	_, _, err := portalSyncers(ctx, &validated{bind: netip.MustParseAddr("127.0.0.1")}, func(f iptables.Family) (iptables.Runner, error) {
+		if f == iptables.IPv6 {
+			return r6, nil
+		}
+		return r4, nil
+	})
+	if took := time.Since(start); err == nil || took > 2*time.Second {
+		t.Errorf("portalSyncers stopped 100 ms in: returned %v after %v; want the stop, at once", err, took)
+	}
+	klog.Flush()
+	if strings.Contains(logs.String(), "IPv6 is served") {
+		t.Errorf("a stopped start-up logged IPv6 as served:\n%s", logs)
+	}
+}

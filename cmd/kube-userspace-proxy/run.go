@@ -328,6 +328,9 @@ func nodeName(override string) string {
 func portalSyncers(ctx context.Context, v *validated, newRunner func(iptables.Family) (iptables.Runner, error)) (proxier.PortalSyncer, proxier.PortalSyncer, error) {
 	cfg, cfg6, nodeIPs := portalConfigs(v)
 	r4, waited, err := probeFamily(ctx, iptables.IPv4, newRunner)
+	if ctx.Err() != nil {
+		return nil, nil, ctx.Err()
+	}
 	if iptables.IsLockHeld(err) {
 		// Not a node without iptables, nor a lack of privileges: another
 		// process (a CNI, a firewall) keeps the lock; a restart retries.
@@ -340,6 +343,11 @@ func portalSyncers(ctx context.Context, v *validated, newRunner func(iptables.Fa
 	iptables.WarnOtherBackend(r4)
 	v4 = iptables.New(r4, cfg)
 	r6, waited, err := probeFamily(ctx, iptables.IPv6, newRunner)
+	if ctx.Err() != nil {
+		// Stopped during the wait: nothing more to set up (no IPv6 verdict
+		// to log, no other family's rules to clean under a held lock).
+		return nil, nil, ctx.Err()
+	}
 	if iptables.IsLockHeld(err) && r6 != nil {
 		// ip6tables runs: only the lock kept it from answering. Taken as
 		// absent, IPv6 stayed off until a restart, its Services refused
