@@ -141,3 +141,26 @@ func TestStopDuringIPv6ProbeEndsStartUp(t *testing.T) {
 		t.Errorf("a stopped start-up logged IPv6 as served:\n%s", logs)
 	}
 }
+
+// Both families' probes share one wait: each waiting its own, a lock held
+// through start-up took twice as long (about 52 s), past the example
+// DaemonSet's liveness probe.
+func TestLockWaitSharedByBothFamilies(t *testing.T) {
+	oldWait, oldInterval := lockWait, lockRetryInterval
+	lockWait, lockRetryInterval = time.Second, 10*time.Millisecond
+	t.Cleanup(func() { lockWait, lockRetryInterval = oldWait, oldInterval })
+	r4, r6 := newLockedRunner(iptables.IPv4, 60), newLockedRunner(iptables.IPv6, -1)
+	start := time.Now()
+	v4, v6, err := portalSyncers(context.Background(), &validated{bind: netip.MustParseAddr("::")}, func(f iptables.Family) (iptables.Runner, error) {
+		if f == iptables.IPv6 {
+			return r6, nil
+		}
+		return r4, nil
+	})
+	if err != nil || v4 == nil || v6 == nil {
+		t.Fatalf("portalSyncers: IPv4 %v, IPv6 %v, %v", v4 != nil, v6 != nil, err)
+	}
+	if took := time.Since(start); took > 1400*time.Millisecond {
+		t.Errorf("start-up waited %v for the lock with a 1 s wait: each family waited its own", took)
+	}
+}

@@ -327,7 +327,10 @@ func nodeName(override string) string {
 // xtables lock another process holds says nothing of either (probeFamily).
 func portalSyncers(ctx context.Context, v *validated, newRunner func(iptables.Family) (iptables.Runner, error)) (proxier.PortalSyncer, proxier.PortalSyncer, error) {
 	cfg, cfg6, nodeIPs := portalConfigs(v)
-	r4, waited, err := probeFamily(ctx, iptables.IPv4, newRunner)
+	// One wait for both families: two full waits outlived the liveness
+	// probe.
+	deadline := time.Now().Add(lockWait)
+	r4, waited, err := probeFamily(ctx, iptables.IPv4, newRunner, deadline)
 	if ctx.Err() != nil {
 		return nil, nil, ctx.Err()
 	}
@@ -342,13 +345,14 @@ func portalSyncers(ctx context.Context, v *validated, newRunner func(iptables.Fa
 	var v4, v6 proxier.PortalSyncer
 	iptables.WarnOtherBackend(r4)
 	v4 = iptables.New(r4, cfg)
-	r6, waited, err := probeFamily(ctx, iptables.IPv6, newRunner)
+	r6, waited, err := probeFamily(ctx, iptables.IPv6, newRunner, deadline)
 	if ctx.Err() != nil {
 		// Stopped during the wait: nothing more to set up (no IPv6 verdict
 		// to log, no other family's rules to clean under a held lock).
 		return nil, nil, ctx.Err()
 	}
-	if iptables.IsLockHeld(err) && r6 != nil {
+	r6Locked := iptables.IsLockHeld(err) && r6 != nil
+	if r6Locked {
 		// ip6tables runs: only the lock kept it from answering. Taken as
 		// absent, IPv6 stayed off until a restart, its Services refused
 		// and the last run's portals sending them to closed ports.
@@ -380,8 +384,19 @@ func portalSyncers(ctx context.Context, v *validated, newRunner func(iptables.Fa
 			// family's portals, which no syncer of this one repairs: they
 			// sent its clients to proxy ports nothing of ours listens on
 			// (another process's, once).
-			if err := iptables.Cleanup(otherRunner); err != nil {
-				klog.ErrorS(err, "Removing the rules a previous run left in the family --bind-address does not serve", "ipFamily", other)
+			cleanup := func() {
+				if err := iptables.Cleanup(otherRunner); err != nil {
+					klog.ErrorS(err, "Removing the rules a previous run left in the family --bind-address does not serve", "ipFamily", other)
+				}
+			}
+			if family == iptables.IPv4 && r6Locked {
+				// In the background: under the held lock Cleanup asks
+				// again for about a minute, which held start-up (and
+				// /livez) past the liveness probe; no syncer of ours
+				// touches that family.
+				go cleanup()
+			} else {
+				cleanup()
 			}
 		}
 	}
@@ -430,15 +445,15 @@ var lockWait, lockRetryInterval = 20 * time.Second, 2 * time.Second
 // rules (iptables.Present), trying again while the xtables lock is held
 // by another process, for up to lockWait: a lock held at the wrong moment
 // is no answer about the family.
-// It also returns how long it waited.
-func probeFamily(ctx context.Context, f iptables.Family, newRunner func(iptables.Family) (iptables.Runner, error)) (iptables.Runner, time.Duration, error) {
+// It also returns how long it waited. It waits no longer than deadline.
+func probeFamily(ctx context.Context, f iptables.Family, newRunner func(iptables.Family) (iptables.Runner, error), deadline time.Time) (iptables.Runner, time.Duration, error) {
 	start := time.Now()
 	for attempt := 1; ; attempt++ {
 		r, err := newRunner(f)
 		if err == nil {
 			err = iptables.Present(r)
 		}
-		if !iptables.IsLockHeld(err) || time.Since(start) >= lockWait {
+		if !iptables.IsLockHeld(err) || !time.Now().Before(deadline) {
 			return r, time.Since(start), err
 		}
 		klog.InfoS("The xtables lock is held by another process: waiting for it to probe the family's iptables", "ipFamily", f, "attempt", attempt, "waited", time.Since(start).Round(time.Second), "giveUpAfter", lockWait)
