@@ -80,6 +80,12 @@ func (pl *Plan) OnlyFamily(six bool) {
 // Handler is what the source feeds.
 func (pl *Plan) Handler() config.Handler { return pl.p }
 
+// SetNodeZone gives the plan its node's zone (the Node object's
+// topology.kubernetes.io/zone label), whose topology hints decide the
+// endpoints as on a proxier told it by its Node informer. Without it (no
+// Node, manifests) hints are not used, as by a proxier that knows no zone.
+func (pl *Plan) SetNodeZone(zone string) { pl.p.SetNodeZone(zone) }
+
 // Run syncs once and returns the service ports as /debug/services would
 // list them and the portals each family's syncer would be handed.
 func (pl *Plan) Run() (ports []DebugServicePort, v4, v6 []iptables.Portal) {

@@ -127,6 +127,9 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 		}
 	}
 	resolveNodePortAddresses(v)
+	// The Node's zone decides which endpoints zone hints keep, as on the
+	// proxy (its Node informer): without it every zone's were explained.
+	plan.SetNodeZone(v.nodeObjectZone)
 	ports, v4, v6 := plan.Run()
 	cfg4, cfg6, _ := portalConfigs(v)
 	// Named for the families that have rules here; a family with rules
@@ -150,6 +153,7 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 		source: o.manifests, bind: v.bind, nodeIPs: nodeIPs, redirect: redirect, portRange: o.proxyPortRange,
 		kernelPorts: plan.KernelChosenPorts(), ports: ports, noRules: !o.iptables, invalid: invalid,
 		warnings: plan.Warnings(), policies: plan.LocalPolicies(), unserved: unserved,
+		zone: v.nodeObjectZone, node: nodeName(o.hostnameOverride),
 	}
 	if o.iptables {
 		e.families = []familyRules{

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strings"
@@ -91,6 +93,79 @@ func TestExplainInterruptedWhileWaiting(t *testing.T) {
 	for _, bad := range []string{"UnhandledError", "Unable to sync caches", "context canceled"} {
 		if strings.Contains(got, bad) {
 			t.Errorf("stderr holds %q:\n%s", bad, got)
+		}
+	}
+}
+
+// fakeAPIServer answers explain's reads as an API server holding objects:
+// each list path's JSON list, this node's Node at its path, /readyz. A
+// watch-list request (sendInitialEvents) is refused as a server without
+// it refuses it, so the informers list; a plain watch then waits for the
+// client to go.
+func fakeAPIServer(t *testing.T, lists, objects map[string]string) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		q := r.URL.Query()
+		switch {
+		case r.URL.Path == "/readyz":
+			_, _ = w.Write([]byte("ok"))
+		case q.Get("watch") == "true" && q.Get("sendInitialEvents") == "true":
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = w.Write([]byte(`{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"BadRequest","code":400}`))
+		case q.Get("watch") == "true":
+			<-r.Context().Done()
+		case lists[r.URL.Path] != "":
+			_, _ = w.Write([]byte(lists[r.URL.Path]))
+		case objects[r.URL.Path] != "":
+			_, _ = w.Write([]byte(objects[r.URL.Path]))
+		default:
+			w.WriteHeader(http.StatusNotFound)
+			_, _ = w.Write([]byte(`{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}`))
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// explain against an API server applies the zone hints of the node it
+// explains, as the proxy on that node does: the zone is its Node's
+// topology.kubernetes.io/zone label. It listed the endpoints of every
+// zone, where the proxy serves only its own zone's.
+func TestExplainAPIServerZoneHints(t *testing.T) {
+	srv := fakeAPIServer(t, map[string]string{
+		"/api/v1/services": `{"kind":"ServiceList","apiVersion":"v1","metadata":{"resourceVersion":"1"},"items":[
+			{"metadata":{"namespace":"default","name":"web","resourceVersion":"1"},
+			 "spec":{"type":"ClusterIP","clusterIP":"10.96.0.10","clusterIPs":["10.96.0.10"],"ipFamilies":["IPv4"],
+			  "trafficDistribution":"PreferSameZone","ports":[{"name":"http","protocol":"TCP","port":80,"targetPort":8080}]}}]}`,
+		"/apis/discovery.k8s.io/v1/endpointslices": `{"kind":"EndpointSliceList","apiVersion":"discovery.k8s.io/v1","metadata":{"resourceVersion":"1"},"items":[
+			{"metadata":{"namespace":"default","name":"web-1","resourceVersion":"1","labels":{"kubernetes.io/service-name":"web"}},
+			 "addressType":"IPv4","ports":[{"name":"http","protocol":"TCP","port":8080}],
+			 "endpoints":[
+			  {"addresses":["10.1.1.1"],"conditions":{"ready":true},"zone":"zone-a","hints":{"forZones":[{"name":"zone-a"}]}},
+			  {"addresses":["10.1.2.1"],"conditions":{"ready":true},"zone":"zone-b","hints":{"forZones":[{"name":"zone-b"}]}}]}]}`,
+	}, map[string]string{
+		"/api/v1/nodes/node-a": `{"kind":"Node","apiVersion":"v1","metadata":{"name":"node-a","labels":{"topology.kubernetes.io/zone":"zone-a"}},
+			"status":{"addresses":[{"type":"InternalIP","address":"192.168.50.10"}]}}`,
+	})
+	for _, tt := range []struct {
+		node, want, zone string
+	}{
+		{"node-a", "endpoints:        10.1.1.1:8080\n", "Endpoints follow topology hints for zone zone-a, the topology.kubernetes.io/zone of Node node-a.\n"},
+		// No Node (or no zone): hints are not used, as by the proxy.
+		{"node-b", "endpoints:        10.1.1.1:8080, 10.1.2.1:8080\n", ""},
+	} {
+		var out bytes.Buffer
+		code := explain(t.Context(), []string{"--master", srv.URL, "--hostname-override", tt.node, "--node-ip", "192.168.50.10",
+			"--timeout", "10s"}, &out)
+		if code != 0 {
+			t.Fatalf("node %s: exit %d\n%s", tt.node, code, &out)
+		}
+		if !strings.Contains(out.String(), tt.want) {
+			t.Errorf("node %s: explain does not show %q:\n%s", tt.node, tt.want, &out)
+		}
+		if said := strings.Contains(out.String(), "topology hints for zone"); said != (tt.zone != "") || !strings.Contains(out.String(), tt.zone) {
+			t.Errorf("node %s: the header should say %q:\n%s", tt.node, tt.zone, &out)
 		}
 	}
 }

@@ -44,6 +44,10 @@ type explanation struct {
 	// noRules: --iptables=false, the proxy serves its sockets and nothing
 	// sends service traffic to them.
 	noRules bool
+	// zone is the zone of the Node explained (node), whose topology hints
+	// decide the endpoints; "" when there is none (manifests, no Node, no
+	// zone label).
+	zone, node string
 }
 
 type familyRules struct {
@@ -102,6 +106,9 @@ func (e *explanation) write(out io.Writer) error {
 	} else {
 		fmt.Fprintf(w, "Proxy port numbers are examples: at start each service port gets a free port of\n"+
 			"--proxy-port-range %s, picked at random; %s then use those numbers.\n", e.portRange, users)
+	}
+	if e.zone != "" {
+		fmt.Fprintf(w, "Endpoints follow topology hints for zone %s, the topology.kubernetes.io/zone of Node %s.\n", e.zone, e.node)
 	}
 	if !e.noRules {
 		fmt.Fprintln(w, "Each rule is shown after a line (#) saying which traffic it catches.")

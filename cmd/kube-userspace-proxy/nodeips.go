@@ -46,6 +46,7 @@ func readNodeObjectIPs(ctx context.Context, client kubernetes.Interface, o *opti
 	}
 	var notLocal []netip.Addr
 	v.nodeObjectRead = true
+	v.nodeObjectZone = node.Zone
 	v.nodeObjectIPs, notLocal = nodeObjectIPs(node, isLocal)
 	if len(notLocal) > 0 {
 		klog.InfoS("Warning: the Node object names addresses no interface of this node holds; they are not used as node IPs", "node", name, "addresses", notLocal)

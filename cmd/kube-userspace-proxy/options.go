@@ -212,6 +212,10 @@ type validated struct {
 	// the families no flag names an address of.
 	nodeObjectIPs  []netip.Addr
 	nodeObjectRead bool // the Node object was read at start (readNodeObjectIPs)
+	// nodeObjectZone is that Node's topology.kubernetes.io/zone label, ""
+	// when it has none or was not read: explain's plan applies the zone
+	// hints of this zone, as the proxy does with its Node informer's.
+	nodeObjectZone string
 	serviceCIDRs   []netip.Prefix
 	// nodePorts is --service-node-port-range.
 	nodePorts config.PortRange
