@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
-	"syscall"
 
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
@@ -54,7 +53,7 @@ func runDemo(args []string) int {
 		klog.LogToStderr(false)
 		klog.SetOutput(io.Discard)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	ctx, stop := signal.NotifyContext(context.Background(), stopSignals...)
 	defer stop()
 	opt := demo.Options{Serve: *serve, Width: outputWidth(os.Stdout)}
 	var matched bool

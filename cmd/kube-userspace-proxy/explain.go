@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/signal"
 	"slices"
-	"syscall"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -89,7 +88,7 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 		klog.LogToStderr(false)
 		klog.SetOutput(io.Discard)
 	}
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	ctx, stop := signal.NotifyContext(ctx, stopSignals...)
 	defer stop()
 
 	plan := proxier.NewPlan(proxier.Options{
@@ -206,7 +205,7 @@ func explainFlags(fs *pflag.FlagSet) {
 }
 
 // exitInterrupted is the status of an explain stopped by Ctrl-C (or
-// SIGTERM) before it had read its source: 128 + SIGINT, as a shell reports.
+// SIGTERM, SIGHUP) before it had read its source: 128 + SIGINT, as a shell reports.
 const exitInterrupted = 130
 
 // read is readOnce as a one-shot command wants it: an API server that does

@@ -118,7 +118,7 @@ func runMain(args []string) int {
 		klog.InfoS("--init-only: this proxy has no privileged initialisation to do; exiting")
 		return 0
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	ctx, stop := signal.NotifyContext(context.Background(), stopSignals...)
 	defer stop()
 	if err := run(ctx, o, v, nil); err != nil {
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy: %v\n", err)
@@ -126,6 +126,15 @@ func runMain(args []string) int {
 	}
 	return 0
 }
+
+// stopSignals end the proxy (and demo, explain) through its stop: SIGINT,
+// SIGTERM and SIGHUP, a terminal's or ssh session's hang-up, which is also
+// what a unit's `ExecReload=kill -HUP` or a logrotate script sends (there is
+// nothing to reload: --config and the manifests are watched). Go's default
+// for an uncaught SIGHUP ends the process at once, as SIGKILL does: the
+// accepts of portal traffic stayed, live connections ended with a FIN, the
+// state file was not written, and nothing was logged.
+var stopSignals = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP}
 
 // version is set by `make static` and the image build
 // (-ldflags "-X main.version=..."), whose sources carry no VCS information

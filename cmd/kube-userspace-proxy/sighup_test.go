@@ -1,0 +1,81 @@
+package main
+
+import (
+	"bufio"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// A SIGHUP (a terminal or ssh session that closes, a unit's
+// ExecReload=kill -HUP, a logrotate postrotate script) stops the proxy as
+// SIGTERM does: its whole stop runs (the accepts of portal traffic
+// flushed, live connections reset, the state file written) and it exits 0.
+// It was not caught, so Go's default ended the process at once, as a
+// SIGKILL would: the accepts stayed and nothing was said.
+func TestSIGHUPStopsAsSIGTERM(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGHUP} {
+		t.Run(sig.String(), func(t *testing.T) {
+			dir := t.TempDir()
+			svc := `apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{name: http, port: 80, targetPort: 8080}]
+`
+			if err := os.WriteFile(filepath.Join(dir, "web.yaml"), []byte(svc), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command(os.Args[0], "-test.run=^$", "--", "--manifests", dir, "--iptables=false",
+				"--bind-address", "127.0.0.1", "--healthz-bind-address", "", "--metrics-bind-address", "")
+			cmd.Env = append(os.Environ(), runAsCommand+"=1")
+			stderr, err := cmd.StderrPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+			lines := make(chan string, 1000)
+			go func() {
+				sc := bufio.NewScanner(stderr)
+				for sc.Scan() {
+					lines <- sc.Text()
+				}
+				close(lines)
+			}()
+			var out []string
+			deadline := time.After(30 * time.Second)
+			for serving := false; !serving; {
+				select {
+				case l, ok := <-lines:
+					if !ok {
+						t.Fatalf("proxy ended before serving:\n%s", strings.Join(out, "\n"))
+					}
+					out = append(out, l)
+					serving = strings.Contains(l, "Serving service port")
+				case <-deadline:
+					t.Fatalf("proxy not serving after 30 s:\n%s", strings.Join(out, "\n"))
+				}
+			}
+			if err := cmd.Process.Signal(sig); err != nil {
+				t.Fatal(err)
+			}
+			for l := range lines {
+				out = append(out, l)
+			}
+			if err := cmd.Wait(); err != nil {
+				t.Fatalf("after %v: %v, want exit 0 after the stop\n%s", sig, err, strings.Join(out, "\n"))
+			}
+			if !strings.Contains(strings.Join(out, "\n"), `"Stopped"`) {
+				t.Errorf("after %v: no \"Stopped\" line:\n%s", sig, strings.Join(out, "\n"))
+			}
+		})
+	}
+}
