@@ -24,6 +24,11 @@ type FakeRunner struct {
 	// Normalize, when set, rewrites every stored rule, to mimic a backend
 	// whose iptables-save prints rules differently from how we render them.
 	Normalize func(rule string) string
+	// Unprintable names tables whose dump is only iptables-save's
+	// "# Table `nat' is incompatible, use 'nft' tool." (rules it cannot
+	// decode: written by a newer iptables or by nft); every other call
+	// works on them as on any table, as iptables does.
+	Unprintable map[Table]bool
 }
 
 type fakeTable struct {

@@ -98,6 +98,10 @@ type savedTable struct {
 	rules  map[string][]string
 	// skipped counts the lines of the table parseSave did not understand.
 	skipped int
+	// unprintable is the line iptables-save printed instead of the table
+	// (see unprintable), set by Rules.readBack; the table then reads as
+	// empty, which it is not.
+	unprintable string
 }
 
 // parseSave reads the given table out of iptables-save output. A dump that
@@ -121,6 +125,23 @@ func parseSave(data []byte, table Table) (savedTable, error) {
 }
 
 var errUnclosedQuote = errors.New("a quoted value is never closed")
+
+// unprintable returns the line iptables-save prints in place of table when
+// it cannot decode the table's rules ("# Table `nat' is incompatible, use
+// 'nft' tool.": iptables-nft meeting an expression a newer iptables-nft or
+// nft itself wrote), exiting 0. parseSave reads such a dump as one without
+// the table; a sync must not: our chains and jumps are in the kernel all
+// the same, and taken for missing, each sync inserted another copy of every
+// jump.
+func unprintable(data []byte, table Table) (string, bool) {
+	prefix := []byte("# Table `" + string(table) + "'")
+	for line := range bytes.Lines(data) {
+		if bytes.HasPrefix(line, prefix) && bytes.Contains(line, []byte("incompatible")) {
+			return string(bytes.TrimSpace(line)), true
+		}
+	}
+	return "", false
+}
 
 func parseSaveLines(data []byte, table Table, joinQuoted bool) (savedTable, error) {
 	t := savedTable{chains: map[string]bool{}, rules: map[string][]string{}}

@@ -102,6 +102,30 @@ func (r *Rules) syncLocked(portals []Portal) error {
 	// repair is said at the default level; it was only V(2) "Rewrote".
 	repairing := prev != nil && maps.EqualFunc(prev, want, slices.Equal)
 	fresh := missingChains(saved)
+	unprintables := map[Table]string{}
+	for _, table := range []Table{TableFilter, TableNAT} {
+		if line := saved[table].unprintable; line != "" {
+			unprintables[table] = line
+		}
+	}
+	if len(unprintables) > 0 {
+		// Such a table reads as empty, but our chains may be in it all the
+		// same: each is asked for, so that the jump to one that exists is
+		// checked with iptables -C (which works there) and not inserted
+		// blind once more at every sync.
+		for _, c := range ownedChains {
+			if !fresh[c.name] || unprintables[c.table] == "" {
+				continue
+			}
+			exists, err := r.runner.ChainExists(c.table, c.name)
+			if err != nil {
+				return fmt.Errorf("%v: looking for chain %s/%s, as iptables-save cannot print its table (%q): %w", r.cfg.Family, c.table, c.name, unprintables[c.table], err)
+			}
+			if exists {
+				delete(fresh, c.name)
+			}
+		}
+	}
 	jumpLines, err := r.ensureJumps(saved, fresh, repairing)
 	if err != nil {
 		return err
@@ -140,7 +164,7 @@ func (r *Rules) syncLocked(portals []Portal) error {
 		// Recorded per table: a later table's failure leaves this one's
 		// write in force, and known.
 		for _, c := range these {
-			if r.written[c.name] {
+			if r.written[c.name] && unprintables[table] == "" {
 				check = append(check, c)
 			}
 			r.written[c.name] = true
@@ -154,6 +178,14 @@ func (r *Rules) syncLocked(portals []Portal) error {
 	if len(check) > 0 {
 		if err := r.learnPrinting(want, check); err != nil {
 			return err
+		}
+	}
+	for _, table := range []Table{TableFilter, TableNAT} {
+		if line := unprintables[table]; line != "" {
+			// Written, but neither checked nor comparable at the next sync:
+			// failed, so that it is said and retried (a full sync).
+			return fmt.Errorf("%v: iptables-save cannot print table %s (%q): it holds rules this iptables cannot decode, written by a newer iptables or by nft; "+
+				"our chains in it are rewritten at every sync and cannot be checked", r.cfg.Family, table, line)
 		}
 	}
 	r.have = want
@@ -172,9 +204,12 @@ func (r *Rules) readBack() (map[Table]savedTable, error) {
 	}
 	out := map[Table]savedTable{}
 	for _, table := range []Table{TableNAT, TableFilter} {
-		if out[table], err = parseSave(data, table); err != nil {
+		t, err := parseSave(data, table)
+		if err != nil {
 			return nil, fmt.Errorf("%v: %w", r.cfg.Family, err)
 		}
+		t.unprintable, _ = unprintable(data, table)
+		out[table] = t
 		if n := out[table].skipped; n > 0 {
 			klog.V(2).InfoS("Skipped lines of iptables-save output not understood (another tool's)", "family", r.cfg.Family, "table", table, "lines", n)
 		}
