@@ -170,3 +170,23 @@ func TestUpgradeRejectJumpBelowAcceptsInAnotherSpelling(t *testing.T) {
 		t.Errorf("INPUT %q: reject jump at %d, accept jumps at %d (portals) and %d (NodePorts): want it below both", in, rej, acc, np)
 	}
 }
+
+// A stop whose process never synced (every sync fails while iptables-save
+// cannot print the filter table: TestSyncUnprintableTableAddsNoJumps)
+// reads the kernel to find the accepts, and such a table read as holding
+// none of our chains: the accepts stayed after the stop, so a local process
+// that bound a proxy port got the Services' traffic. They are looked for
+// one by one there, as a sync does.
+func TestStopFlushesAcceptsOfAnUnprintableTable(t *testing.T) {
+	fake := NewFakeRunner(IPv4)
+	syncOK(t, New(fake, testConfig), webPortals())
+	fake.Unprintable = map[Table]bool{TableFilter: true}
+	if err := New(fake, testConfig).Stop(); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	for _, c := range []string{ChainPortalsNonLocal, ChainNodePortNonLocal} {
+		if got := fake.Rules(TableFilter, c); len(got) != 0 {
+			t.Errorf("after a stop over an unprintable filter table %s holds %q, want nothing", c, got)
+		}
+	}
+}
