@@ -4,9 +4,11 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
+	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
@@ -122,7 +124,10 @@ func (pl *Plan) Run() (ports []DebugServicePort, v4, v6 []iptables.Portal) {
 // Warnings lists, per Service ("namespace/name"), what a proxier fed the
 // same Services warns about: annotations under our prefix it does not know
 // (a misspelt fault annotation), SCTP ports it skips, and Services it
-// does not serve for want of portals in their family (OnlyFamily). The
+// does not serve for want of portals in their family (OnlyFamily); and a
+// service port left without endpoints because its slices carry theirs
+// under another port name or protocol (an unnamed slice port beside a
+// named Service port: explain said "none ready" of ready endpoints). The
 // proxier logs them at info level, which explain's output does not carry,
 // so without this a typo'd annotation read as "faults: none" and an SCTP
 // port, or an IPv6 Service beside an IPv4 --bind-address, simply went
@@ -133,6 +138,16 @@ func (pl *Plan) Warnings() map[string][]string {
 	out := map[string][]string{}
 	for nn, svc := range pl.p.services {
 		var w []string
+		for _, info := range servicePorts(svc) {
+			if carried, ok := pl.p.endpoints.portMismatch(info.name); ok {
+				port := fmt.Sprintf("port %q (%s)", info.name.Port, info.name.Protocol)
+				if info.name.Port == "" {
+					port = fmt.Sprintf("the unnamed port (%s)", info.name.Protocol)
+				}
+				w = append(w, fmt.Sprintf("%s gets no endpoint: the Service's EndpointSlices have endpoints %s; an EndpointSlice port must have the Service port's name and protocol",
+					port, carried))
+			}
+		}
 		if unknown := unknownAnnotations(nil, svc); len(unknown) > 0 {
 			w = append(w, fmt.Sprintf("annotations this proxy does not know are ignored: %s (known: %s)",
 				strings.Join(unknown, ", "), strings.Join(knownAnnotations, ", ")))
@@ -230,4 +245,54 @@ type portalRecorder struct{ portals []iptables.Portal }
 func (r *portalRecorder) Sync(portals []iptables.Portal) error {
 	r.portals = slices.Clone(portals)
 	return nil
+}
+
+// portMismatch reports whether spn gets no endpoint because its Service's
+// EndpointSlices carry theirs under other ports (another name, another
+// protocol, or none listed), and says which: "only for an unnamed TCP port
+// (8080)", "but list no port". It is false when a slice with an endpoint
+// has spn's port (its endpoints may still be unready or elsewhere: that
+// is not a mismatch) or no slice has an endpoint.
+func (t *endpointsTracker) portMismatch(spn loadbalancer.ServicePortName) (string, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var carried []string
+	found := false
+	for _, es := range t.slices[spn.NamespacedName] {
+		if len(es.Endpoints) == 0 {
+			continue
+		}
+		found = true
+		for _, p := range es.Ports {
+			got := slicePortName(spn.NamespacedName, p)
+			if got == spn {
+				return "", false
+			}
+			d := fmt.Sprintf("port %q %s", got.Port, got.Protocol)
+			if got.Port == "" {
+				d = fmt.Sprintf("an unnamed %s port", got.Protocol)
+			}
+			var notes []string
+			if p.Port != nil {
+				notes = append(notes, strconv.Itoa(int(*p.Port)))
+			}
+			if got.Port == spn.Port && got.Protocol == v1.ProtocolTCP {
+				// The name matches: the protocol was left out, most
+				// likely (the API server and the manifests default it).
+				notes = append(notes, "a port without protocol is TCP")
+			}
+			if len(notes) > 0 {
+				d += " (" + strings.Join(notes, "; ") + ")"
+			}
+			carried = append(carried, d)
+		}
+	}
+	if !found {
+		return "", false
+	}
+	if len(carried) == 0 {
+		return "but list no port", true
+	}
+	slices.Sort(carried)
+	return "only for " + strings.Join(slices.Compact(carried), ", "), true
 }

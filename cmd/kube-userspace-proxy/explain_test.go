@@ -752,3 +752,79 @@ func TestExplainCountsUnreadableManifest(t *testing.T) {
 		t.Errorf("the valid Service is not explained:\n%s", out.String())
 	}
 }
+
+// A Service port whose EndpointSlices hold endpoints, but under another
+// port name or protocol (the slice's port unnamed beside a named Service
+// port, a UDP port's slice without protocol: TCP), or under no port at
+// all, gets no endpoint, as in kube-proxy. explain said "none ready",
+// which sent the user to the endpoints' conditions; it now says what the
+// slices carry and what they must. A slice whose port matches, with no
+// ready endpoint, is still "none ready", with no such warning.
+func TestExplainSlicePortNameMismatch(t *testing.T) {
+	got := explainManifests(t, `apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  clusterIP: 10.96.0.40
+  ports: [{name: http, port: 80, targetPort: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints: [{addresses: [10.1.0.1]}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: dns, namespace: default}
+spec:
+  clusterIP: 10.96.0.53
+  ports: [{name: dns, port: 53, protocol: UDP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: dns-1, namespace: default, labels: {kubernetes.io/service-name: dns}}
+addressType: IPv4
+ports: [{name: dns, port: 5353}]
+endpoints: [{addresses: [10.1.0.2]}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: bare, namespace: default}
+spec:
+  clusterIP: 10.96.0.54
+  ports: [{port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: bare-1, namespace: default, labels: {kubernetes.io/service-name: bare}}
+addressType: IPv4
+endpoints: [{addresses: [10.1.0.3]}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: down, namespace: default}
+spec:
+  clusterIP: 10.96.0.55
+  ports: [{name: http, port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: down-1, namespace: default, labels: {kubernetes.io/service-name: down}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: [10.1.0.4], conditions: {ready: false}}]
+`, "--node-ip", "192.168.50.10")
+	outputHas(t, got,
+		"== default/web:http (TCP) ==",
+		`warnings:         port "http" (TCP) gets no endpoint: the Service's EndpointSlices have endpoints only for an unnamed TCP port (8080); an EndpointSlice port must have the Service port's name and protocol`,
+		`warnings:         port "dns" (UDP) gets no endpoint: the Service's EndpointSlices have endpoints only for port "dns" TCP (5353; a port without protocol is TCP); an EndpointSlice port must have the Service port's name and protocol`,
+		`warnings:         the unnamed port (TCP) gets no endpoint: the Service's EndpointSlices have endpoints but list no port; an EndpointSlice port must have the Service port's name and protocol`,
+	)
+	down := got[strings.Index(got, "== default/down:http (TCP) =="):]
+	down = down[:strings.Index(down, "rules:")]
+	if !strings.Contains(down, "none ready") || strings.Contains(down, "warnings:") {
+		t.Errorf("a matching slice with no ready endpoint must read \"none ready\", with no warning:\n%s", down)
+	}
+}
