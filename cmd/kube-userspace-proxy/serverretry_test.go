@@ -133,3 +133,31 @@ func runStarted(t *testing.T, o *options, v *validated, want string) func() {
 		}
 	}
 }
+
+// --bind-address-hard-fail makes the fault API's taken port fatal too,
+// and its help says so (it named only the health and metrics servers,
+// where README's row names the fault API as well).
+func TestHardFailCoversTheFaultAPI(t *testing.T) {
+	help := captureStdout(t, func() { runMain([]string{"--help"}) })
+	var line string
+	for _, l := range strings.Split(help, "\n") {
+		if strings.Contains(l, "--bind-address-hard-fail") {
+			line = l
+		}
+	}
+	if !strings.Contains(line, "fault API") {
+		t.Errorf("--help of --bind-address-hard-fail does not name the fault API:\n%s", line)
+	}
+	taken := occupy(t)
+	o := parsedOptions(t, []string{"--manifests", t.TempDir(), "--iptables=false", "--bind-address=127.0.0.1",
+		"--bind-address-hard-fail", "--healthz-bind-address=", "--metrics-bind-address=", "--fault-api-bind-address=" + taken.Addr().String()})
+	v, err := o.validate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := run(ctx, o, v, nil); err == nil || !strings.Contains(err.Error(), "--fault-api-bind-address") {
+		t.Fatalf("run: %v; want the taken --fault-api-bind-address as an error", err)
+	}
+}
