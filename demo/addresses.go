@@ -112,7 +112,7 @@ func (l *lab) serve(ctx context.Context, w io.Writer, width int, metricsAddr str
 	if _, err := l.setWebFaults(ctx, "", nil); err != nil {
 		return err
 	}
-	fmt.Fprintln(w, "\nServing until Ctrl-C. Every Service, its proxy socket and its backends:")
+	fmt.Fprintln(w, "\nServing until Ctrl-C, with all three backends. Every Service and its proxy socket:")
 	l.printServices(w, width, "  ")
 	fmt.Fprintln(w, "\nTry them (the proxy sockets: --serve installs no portal rules, so the ClusterIPs")
 	fmt.Fprintln(w, "do not answer; demo --netns shows them answering):")

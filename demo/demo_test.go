@@ -159,6 +159,11 @@ func TestDemoServe(t *testing.T) {
 	}
 
 	served := out.String()[strings.Index(out.String(), "Serving until Ctrl-C"):]
+	// The table below the banner has no backends column: the banner
+	// promised "its backends" over it.
+	if banner, _, _ := strings.Cut(served, "\n"); strings.Contains(banner, "its backends") {
+		t.Errorf("the serving banner promises backends its table does not list: %q", banner)
+	}
 	web := regexp.MustCompile(`default/web:http\s+TCP 10\.96\.0\.10:80\s+(127\.0\.0\.1:\d+)\s+none\n`).FindStringSubmatch(served)
 	sticky := regexp.MustCompile(`default/web-sticky:http\s+TCP 10\.96\.0\.11:80\s+(127\.0\.0\.1:\d+)\s+client IP, 10800 s\n`).FindStringSubmatch(served)
 	echo := regexp.MustCompile(`default/echo:echo\s+UDP 10\.96\.0\.12:7\s+(127\.0\.0\.1:\d+)`).FindStringSubmatch(served)
