@@ -370,6 +370,11 @@ func (s *ManifestSource) load(read bool) {
 		s.files[name] = next
 		changed = true
 	}
+	for name := range s.lastReads {
+		if !present[name] {
+			delete(s.lastReads, name) // gone: its read error with it
+		}
+	}
 	var provided map[objectKey]bool // by the files that are there, once one is gone
 	for name, f := range s.files {
 		if present[name] {

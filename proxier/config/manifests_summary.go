@@ -18,7 +18,15 @@ var defaultServiceClusterIPRange, _ = ParseServiceClusterIPRange(DefaultServiceC
 func (s *ManifestSource) summarize(files int, skipped []skippedFile, events []event, recovered []string) {
 	var bad []string
 	for name, isBad := range s.badFiles {
-		if isBad {
+		if isBad || s.lastReads[name] != "" {
+			bad = append(bad, s.display(name))
+		}
+	}
+	// A file that cannot be read (not a regular file, over the size cap,
+	// permission denied) keeps its last good objects, if any, and is as
+	// much in error as one that does not decode.
+	for name := range s.lastReads {
+		if _, known := s.badFiles[name]; !known {
 			bad = append(bad, s.display(name))
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 )
 
@@ -132,5 +133,48 @@ func TestListFilesSaysDirectoriesAreNotRead(t *testing.T) {
 		"old.yaml (a directory, not read)", "sub (a directory, not read)"}
 	if !slices.Equal(got, want) {
 		t.Errorf("skipped %q, want %q", got, want)
+	}
+}
+
+// A file that cannot be read (a named pipe, over the size cap, permission
+// denied) is an error of that file, logged once; the summary's "errors in"
+// now names it as it names a file that does not decode (it named only the
+// latter: "from 2 files; errors in bad.yaml" beside an unreadable pipe.yaml),
+// and stops naming it once it is read again or gone.
+func TestSummaryNamesFilesThatCannotBeRead(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "web.yaml"), serviceYAML("web", 80))
+	writeFile(t, filepath.Join(dir, "bad.yaml"), serviceYAML("bad", 70000))
+	pipe := filepath.Join(dir, "pipe.yaml")
+	if err := syscall.Mkfifo(pipe, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sum := &summaries{}
+	src := NewManifestSource(dir, newManifestRecorder(), WithoutWatcher(), WithErrorReporter(func(error) {}), WithSummaryReporter(sum.report))
+	src.dirMode = true
+	src.reload()
+	got := sum.waitLine(t, "from 3 files")
+	if !strings.Contains(got, "errors in bad.yaml, pipe.yaml") {
+		t.Errorf("summary %q does not name the unreadable pipe.yaml among the files with errors", got)
+	}
+	if err := os.Remove(pipe); err != nil {
+		t.Fatal(err)
+	}
+	src.reload()
+	got = sum.waitLine(t, "from 2 files")
+	if strings.Contains(got, "pipe.yaml") {
+		t.Errorf("summary %q still names pipe.yaml, which is gone", got)
+	}
+	if err := syscall.Mkfifo(pipe, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	src.reload()
+	sum.waitLine(t, "from 3 files", "errors in bad.yaml, pipe.yaml")
+	os.Remove(pipe)
+	writeFile(t, pipe, serviceYAML("pipe", 80))
+	src.reload()
+	got = sum.waitLine(t, "from 3 files")
+	if !strings.Contains(got, "errors in bad.yaml") || strings.Contains(got, "pipe.yaml,") || strings.Contains(got, ", pipe.yaml") {
+		t.Errorf("summary %q: pipe.yaml, now a readable file, is still named with errors", got)
 	}
 }
