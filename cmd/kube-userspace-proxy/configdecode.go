@@ -96,11 +96,38 @@ func yamlError(err error) error {
 // refused, so the field is found by decoding each field alone.
 func fieldError(j []byte, err error) error {
 	msg := cleanJSONError(err.Error())
-	path := badField(j, nil)
-	if path == "" {
+	path := badFieldPath(j, nil)
+	if path == nil {
 		return fmt.Errorf("document: %s", msg)
 	}
-	return fmt.Errorf("%s: %s", path, msg)
+	// A duration is a string with a unit; given a number (YAML's 30) the
+	// decoder said "cannot unmarshal number into a value of type string",
+	// which does not say so.
+	if v := valueAt(j, path); v != nil && jsonKind(v) != "string" && isDuration(path) {
+		return fmt.Errorf("%s: must be a duration with a unit, such as \"30s\" or \"1m\", not %s", fieldPath(path), oneLine(string(v)))
+	}
+	return fmt.Errorf("%s: %s", fieldPath(path), msg)
+}
+
+// isDuration reports whether the field at path is a duration: it takes
+// "1s" and refuses a string that is not one.
+func isDuration(path []string) bool {
+	return decodesAlone(path, json.RawMessage(`"1s"`)) && !decodesAlone(path, json.RawMessage(`"x"`))
+}
+
+// valueAt is the JSON value at path in the object j, or nil.
+func valueAt(j []byte, path []string) json.RawMessage {
+	v := json.RawMessage(j)
+	for _, k := range path {
+		var obj map[string]json.RawMessage
+		if json.Unmarshal(v, &obj) != nil {
+			return nil
+		}
+		if v = obj[k]; v == nil {
+			return nil
+		}
+	}
+	return v
 }
 
 // goField is how encoding/json names the Go field of a type mismatch; the
@@ -139,13 +166,13 @@ func withFieldSuggestion(msg string) string {
 	return fmt.Sprintf("%s: did you mean %q?", msg, strings.Join(append(parts[:len(parts)-1:len(parts)-1], s), "."))
 }
 
-// badField returns the dotted path of the first field (in name order) of
-// the JSON object j, under prefix, whose value alone does not decode into a
-// configFile; "" when none fails alone.
-func badField(j []byte, prefix []string) string {
+// badFieldPath returns the path of the first field (in name order) of the
+// JSON object j, under prefix, whose value alone does not decode into a
+// configFile (fieldPath writes it dotted); nil when none fails alone.
+func badFieldPath(j []byte, prefix []string) []string {
 	var obj map[string]json.RawMessage
 	if json.Unmarshal(j, &obj) != nil {
-		return ""
+		return nil
 	}
 	keys := make([]string, 0, len(obj))
 	for k := range obj {
@@ -161,13 +188,13 @@ func badField(j []byte, prefix []string) string {
 		// scalar field given an object, the field is what is wrong, not
 		// a key of the object (mode: {0: x} is "mode", not "mode.0").
 		if decodesAlone(path, json.RawMessage("{}")) {
-			if deeper := badField(obj[k], path); deeper != "" {
+			if deeper := badFieldPath(obj[k], path); deeper != nil {
 				return deeper
 			}
 		}
-		return fieldPath(path)
+		return path
 	}
-	return ""
+	return nil
 }
 
 // fieldPath writes a field's path as the config file's readers know it,

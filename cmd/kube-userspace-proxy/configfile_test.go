@@ -89,6 +89,15 @@ udpIdleTimeout: 3s
 			wantErr: `unknown field "iptables.syncPerod": did you mean "iptables.syncPeriod"?`},
 		{name: "bad duration names its field", file: "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\niptables: {syncPeriod: abc}\n",
 			wantErr: `iptables.syncPeriod: time: invalid duration "abc"`},
+		// A duration written as a bare number (YAML's 30, not "30s") was
+		// "cannot unmarshal number into a value of type string", which does
+		// not say that a duration with a unit is wanted.
+		{name: "a duration given as a number says a duration is wanted", file: "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\niptables: {syncPeriod: 30}\n",
+			wantErr: `iptables.syncPeriod: must be a duration with a unit, such as "30s" or "1m", not 30`},
+		{name: "a duration given as a boolean says a duration is wanted", file: "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nudpIdleTimeout: true\n",
+			wantErr: `udpIdleTimeout: must be a duration with a unit, such as "30s" or "1m", not true`},
+		{name: "a string field given a number keeps the decoder's words", file: "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nbindAddress: 5\n",
+			wantErr: `bindAddress: cannot unmarshal number into a value of type string`},
 		{name: "wrong kind", file: "apiVersion: v1\nkind: ConfigMap\n", wantErr: "KubeProxyConfiguration"},
 		{name: "a second document", file: full + "---\napiVersion: v1\nkind: Service\n",
 			wantErr: "document: expected one KubeProxyConfiguration, but a second document starts at line 15"},
