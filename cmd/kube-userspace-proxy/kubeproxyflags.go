@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/api/resource"
 	cliflag "k8s.io/component-base/cli/flag"
 	"k8s.io/klog/v2"
 )
@@ -28,9 +29,11 @@ type kubeProxyFlags struct {
 	ipvsExcludeCIDRs                                                                   []string
 	// component-base's logging flags (kube-proxy registers them): klog's
 	// text output is what this proxy writes.
-	loggingFormat, logTextInfoBuffer, logJSONInfoBuffer string
-	logFlushFrequency                                   time.Duration
-	logTextSplitStream, logJSONSplitStream              bool
+	// The buffer sizes are quantities (512, 1K, 2Ki), as component-base's.
+	loggingFormat                          string
+	logTextInfoBuffer, logJSONInfoBuffer   resource.QuantityValue
+	logFlushFrequency                      time.Duration
+	logTextSplitStream, logJSONSplitStream bool
 }
 
 // ignoredFlagAnnotation marks the flags of kubeProxyFlags, which --help
@@ -73,9 +76,9 @@ func (o *options) addKubeProxyFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&k.ipvsUDP, "ipvs-udp-timeout", 0, none)
 	fs.StringVar(&k.loggingFormat, "logging-format", "text", "text is what this proxy writes; json is accepted and not acted on (logged at start).")
 	fs.DurationVar(&k.logFlushFrequency, "log-flush-frequency", 5*time.Second, none)
-	fs.StringVar(&k.logTextInfoBuffer, "log-text-info-buffer-size", "0", none)
+	fs.Var(&k.logTextInfoBuffer, "log-text-info-buffer-size", none)
 	fs.BoolVar(&k.logTextSplitStream, "log-text-split-stream", false, none)
-	fs.StringVar(&k.logJSONInfoBuffer, "log-json-info-buffer-size", "0", none)
+	fs.Var(&k.logJSONInfoBuffer, "log-json-info-buffer-size", none)
 	fs.BoolVar(&k.logJSONSplitStream, "log-json-split-stream", false, none)
 	fs.VisitAll(func(f *pflag.Flag) {
 		if !before[f.Name] {

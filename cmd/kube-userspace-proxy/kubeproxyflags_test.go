@@ -24,8 +24,8 @@ func TestKubeProxyFlagsAccepted(t *testing.T) {
 		"--ipvs-strict-arp", "--ipvs-tcp-timeout=0s", "--ipvs-tcpfin-timeout=0s", "--ipvs-udp-timeout=0s",
 		// component-base's logging flags, which kube-proxy registers: a
 		// sweep pasting a DaemonSet's --logging-format=json got exit 2.
-		"--logging-format=json", "--log-flush-frequency=5s", "--log-text-info-buffer-size=0",
-		"--log-text-split-stream", "--log-json-info-buffer-size=0", "--log-json-split-stream",
+		"--logging-format=json", "--log-flush-frequency=5s", "--log-text-info-buffer-size=64Ki",
+		"--log-text-split-stream", "--log-json-info-buffer-size=1M", "--log-json-split-stream",
 	}
 	logs := captureKlog(t)
 	args := append([]string{"--manifests", t.TempDir(), "--iptables=false", "--init-only"}, given...)
@@ -72,6 +72,9 @@ func TestKubeProxyFlagsAccepted(t *testing.T) {
 		{"--conntrack-min=many"}, {"--masquerade-all=maybe"}, {"--oom-score-adj=1.5"},
 		{"--feature-gates=SomeGate=yes-please"}, {"--conntrack-udp-timeout=30"},
 		{"--detect-local-mode=Bogus"}, {"--healthz-port=70000"},
+		// component-base's buffer sizes are quantities (512, 1K, 2Ki):
+		// they were plain strings here, so any text passed.
+		{"--log-text-info-buffer-size=lots"}, {"--log-json-info-buffer-size=1 MB"},
 	} {
 		if code := runMain(append([]string{"--manifests", t.TempDir(), "--init-only"}, bad...)); code != exitUsage {
 			t.Errorf("runMain(%q) = %d, want %d", bad, code, exitUsage)
