@@ -296,7 +296,15 @@ func (s *ManifestSource) dropGone() { s.load(false) }
 // load lists the manifest files, reads those whose content changed when
 // read is set, merges the files and delivers the difference to the handler.
 func (s *ManifestSource) load(read bool) {
-	defer clear(s.removedAt)
+	// The remove events are older than this listing, unless dropGone
+	// defers to the settle's reload, which has yet to find those files
+	// gone: their grace counts from the event.
+	deferred := false
+	defer func() {
+		if !deferred {
+			clear(s.removedAt)
+		}
+	}()
 	// The path's own directories are watched before the listing: a file
 	// made between the listing and the watch (the path just made again,
 	// a first reload) was seen only by the next poll, 5 s later.
@@ -324,10 +332,17 @@ func (s *ManifestSource) load(read bool) {
 	for _, name := range names {
 		if !read {
 			if _, known := s.files[name]; !known {
+				if _, failed := s.lastReads[name]; failed {
+					// Its read failed (a named pipe, a link loop, EIO):
+					// it provides nothing until it is read, and waiting
+					// for it kept every gone file while it stayed.
+					continue
+				}
 				// A file not read yet may hold a gone file's objects (mv
 				// a.yaml b.yaml, a git checkout's new file): dropping them
 				// now deleted and re-added its Services at the settle's
 				// reload, which reads it and drops what is still gone.
+				deferred = true
 				return
 			}
 			present[name] = true

@@ -1,0 +1,101 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	testclock "k8s.io/utils/clock/testing"
+)
+
+// A manifest name that cannot be read (a named pipe, a link loop: an error
+// of that file, reported once) is no file "not read yet" that may provide a
+// gone file's objects: while one is listed, dropGone never dropped anything,
+// so beside a stream of writes a deleted file's Services stayed until the
+// settle's reload, and the early return forgot the remove events, so a file
+// removed just before that dropGone started its grace only at the reload.
+func TestDropGoneBesideAnUnreadableFile(t *testing.T) {
+	dir := t.TempDir()
+	gone, busy := filepath.Join(dir, "gone.yaml"), filepath.Join(dir, "busy.yaml")
+	writeFile(t, gone, serviceYAML("gone", 80))
+	writeFile(t, busy, serviceYAML("busy", 80))
+	if err := syscall.Mkfifo(filepath.Join(dir, "pipe.yaml"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rec, log := newManifestRecorder(), &manifestErrors{}
+	clk := testclock.NewFakeClock(time.Now())
+	src := NewManifestSource(dir, rec, WithoutWatcher(), WithClock(clk),
+		WithErrorReporter(log.report), WithSummaryReporter(func(string) {}))
+	src.dirMode = true
+	src.reload()
+	rec.take()
+	if !strings.Contains(log.String(), "pipe.yaml") {
+		t.Fatalf("the named pipe was not reported: %s", log)
+	}
+
+	if err := os.Remove(gone); err != nil {
+		t.Fatal(err)
+	}
+	src.removedAt["gone.yaml"] = clk.Now() // as Run notes the event
+	clk.Step(100 * time.Millisecond)
+	src.reload() // finds it gone: kept
+	if got := rec.take(); len(got) != 0 {
+		t.Fatalf("events within the grace: %q", got)
+	}
+	writeFile(t, busy, serviceYAML("busy", 81)) // being written: not to be read yet
+	clk.Step(defaultVanishedGrace)
+	src.dropGone() // the re-check, fired while the settle is pending
+	if got, want := rec.take(), []string{"delete Service default/gone"}; strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("events when the grace ended: %q, want %q", got, want)
+	}
+}
+
+// dropGone returns early while a file it has not read is listed (it may
+// provide a gone file's objects), but that return must not forget the
+// remove events of files the next reload has yet to find gone: their grace
+// then counted from that reload, up to a capped settle late.
+func TestDropGoneKeepsRemoveEventsWhenItDefers(t *testing.T) {
+	dir := t.TempDir()
+	first, second, busy := filepath.Join(dir, "first.yaml"), filepath.Join(dir, "second.yaml"), filepath.Join(dir, "busy.yaml")
+	writeFile(t, first, serviceYAML("first", 80))
+	writeFile(t, second, serviceYAML("second", 80))
+	writeFile(t, busy, serviceYAML("busy", 80))
+	rec, log := newManifestRecorder(), &manifestErrors{}
+	clk := testclock.NewFakeClock(time.Now())
+	src := NewManifestSource(dir, rec, WithoutWatcher(), WithClock(clk),
+		WithErrorReporter(log.report), WithSummaryReporter(func(string) {}))
+	src.dirMode = true
+	src.reload()
+	rec.take()
+
+	// first.yaml goes and is found gone: a re-check is armed.
+	if err := os.Remove(first); err != nil {
+		t.Fatal(err)
+	}
+	src.removedAt["first.yaml"] = clk.Now()
+	src.reload()
+	// second.yaml goes, and a new file is written before the re-check.
+	clk.Step(100 * time.Millisecond)
+	if err := os.Remove(second); err != nil {
+		t.Fatal(err)
+	}
+	removed := clk.Now()
+	src.removedAt["second.yaml"] = removed
+	writeFile(t, filepath.Join(dir, "new.yaml"), serviceYAML("new", 80))
+	clk.Step(50 * time.Millisecond)
+	src.dropGone() // defers: new.yaml is not read yet
+	if got := rec.take(); len(got) != 0 {
+		t.Fatalf("events while deferring: %q", got)
+	}
+	clk.Step(300 * time.Millisecond)
+	src.reload() // the settle's reload finds second.yaml gone
+	if since, ok := src.vanished[second]; !ok || !since.Equal(removed) {
+		t.Errorf("second.yaml's grace counts from %v (kept %v), want its remove event %v", since, ok, removed)
+	}
+	if log.String() != "[]" {
+		t.Errorf("unexpected errors: %s", log)
+	}
+}
