@@ -33,6 +33,10 @@ type ManifestSource struct {
 	settle  time.Duration
 	watch   bool
 	dirMode bool
+	// target is the base name of the file a single-file path's link
+	// names, as of the last listing ("" in directory mode): its events
+	// are the file's (manifestEvent).
+	target string
 
 	files     map[string]*fileState
 	served    map[objectKey]servedObject
@@ -185,7 +189,7 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 			settle = s.clock.NewTimer(s.settle)
 			settleC = settle.C()
 		}
-		if base := filepath.Base(ev.Name); notManifest(base) == "" {
+		if base := filepath.Base(ev.Name); s.manifestEvent(base) {
 			lastManifestEvent = now
 			if ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename) {
 				s.removedAt[base] = now
@@ -282,6 +286,17 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// manifestEvent reports whether a file event on base is a manifest's,
+// which postpones the reload until the files are quiet. A single file
+// (PATH names one) may have any name: its events, or those of the file
+// its link names, are; a directory's manifests are the entries it reads.
+func (s *ManifestSource) manifestEvent(base string) bool {
+	if !s.dirMode {
+		return base == filepath.Base(s.path) || base == s.target
+	}
+	return notManifest(base) == ""
 }
 
 // reload re-reads every manifest file whose content changed, merges the
@@ -615,6 +630,9 @@ func (s *ManifestSource) listFiles() (names []string, unreadable map[string]erro
 	if !s.dirMode {
 		if _, err := os.Stat(s.path); err != nil {
 			return nil, nil, nil, err
+		}
+		if real, err := filepath.EvalSymlinks(s.path); err == nil {
+			s.target = filepath.Base(real)
 		}
 		return []string{s.path}, nil, nil, nil
 	}
