@@ -4,6 +4,7 @@ import (
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
@@ -21,8 +22,16 @@ func (p *Proxier) syncFaults(ap *activePort, info *servicePortInfo) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	toxics, err := info.toxics, info.faultsErr
-	if svc := p.services[info.name.NamespacedName]; svc != nil && svc.Annotations[faults.Annotation] != info.faultsAnnotation {
-		if latest, latestErr := faults.ForService(svc); latestErr == nil {
+	nn := info.name.NamespacedName
+	if svc := p.services[nn]; svc != nil && svc.Annotations[faults.Annotation] != info.faultsAnnotation {
+		latest, latestErr := faults.ForService(svc)
+		if v, ok := p.validFaults[nn]; latestErr != nil && ok {
+			// The latest is invalid: the last valid one stands (the
+			// port has it already, unless it opened since), not the one
+			// this sync parsed, which may be older.
+			latest, latestErr = faults.ForService(v.on(svc))
+		}
+		if latestErr == nil {
 			toxics, err = latest[info.name.Port], nil
 		}
 	}
@@ -54,6 +63,27 @@ func (p *Proxier) applyFaultsNow(old, svc *v1.Service) {
 		}
 		p.opts.Faults.Declare(info.faultName, info.toxics)
 	}
+	if len(infos) > 0 {
+		p.validFaults[types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}] = faultsAnnotation{value, has}
+	}
+}
+
+// faultsAnnotation is a Service's faults annotation: its value, and
+// whether it has one.
+type faultsAnnotation struct {
+	value string
+	has   bool
+}
+
+// on returns svc with a as its faults annotation (and no other), for
+// faults.ForService to parse a against svc's ports.
+func (a faultsAnnotation) on(svc *v1.Service) *v1.Service {
+	c := *svc
+	c.Annotations = nil
+	if a.has {
+		c.Annotations = map[string]string{faults.Annotation: a.value}
+	}
+	return &c
 }
 
 // upstreamOf lists a port's endpoints, what the fault API shows as the

@@ -169,3 +169,34 @@ func TestFamilyChangeKeepsFaultAPIState(t *testing.T) {
 		t.Errorf("toxics after the reopen: %v, want [slow/annotation cut/api]", got)
 	}
 }
+
+// Two updates during one sync: the annotation changed to b (valid, given to
+// the port at once), then to something invalid (logged; the port keeps b).
+// The sync, which parsed a, must leave the last valid one, b: it fell back
+// to a, which then stood until the next change of the annotation (each
+// later sync parses the invalid one and leaves the port alone).
+func TestFaultAnnotationKeepsLastValidDuringSync(t *testing.T) {
+	const (
+		a   = `[{"name":"a","type":"latency","attributes":{"latency":100}}]`
+		b   = `[{"name":"b","type":"latency","attributes":{"latency":200}}]`
+		bad = `[{"name":"bad","type":"explode"}]`
+	)
+	p := newTestProxier(t, Options{})
+	before, mid, invalid := makeService("web", annotated(a)), makeService("web", annotated(b)), makeService("web", annotated(bad))
+	p.OnServiceAdd(before)
+	listen := p.listen
+	p.listen = func(name loadbalancer.ServicePortName, bind netip.Addr, port int, needIPv6 bool, sp *loadbalancer.ServicePort, fp *faults.Port, cfg *socketConfig) (proxySocket, error) {
+		p.listen = listen
+		p.OnServiceUpdate(before, mid)
+		p.OnServiceUpdate(mid, invalid)
+		return listen(name, bind, port, needIPv6, sp, fp, cfg)
+	}
+	p.Sync()
+	if got, want := declaredToxics(t, p, "default.web.p"), []string{"b/annotation"}; !slices.Equal(got, want) {
+		t.Errorf("toxics after the sync: %v, want %v (the last valid annotation)", got, want)
+	}
+	p.Sync()
+	if got, want := declaredToxics(t, p, "default.web.p"), []string{"b/annotation"}; !slices.Equal(got, want) {
+		t.Errorf("toxics after the next sync: %v, want %v", got, want)
+	}
+}

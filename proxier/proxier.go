@@ -196,6 +196,10 @@ type Proxier struct {
 	// parsed caches servicePorts of each Service object, so a sync parses
 	// only the Services that changed since the previous one.
 	parsed map[types.NamespacedName]parsedService
+	// validFaults is, per Service, the last faults annotation that
+	// applyFaultsNow found valid (and gave its open ports), which a sync
+	// that parsed an older one applies when the latest is invalid.
+	validFaults map[types.NamespacedName]faultsAnnotation
 	// pendingChanges are the Services changed since the last sync, as
 	// kube-proxy's service_changes_pending counts them (five edits of one
 	// Service are one pending change).
@@ -287,18 +291,19 @@ func New(opts Options) *Proxier {
 		opts.Faults = faults.NewTable(0, 0, faults.NewMetrics(opts.Metrics.Registry))
 	}
 	p := &Proxier{
-		opts:      opts,
-		lb:        loadbalancer.New(opts.Clock, opts.Affinity),
-		ports:     newPortAllocator(opts.PortRange, opts.NodePortRange),
-		fds:       newDescriptorBudget(),
-		metrics:   opts.Metrics,
-		clk:       opts.Clock,
-		services:  map[types.NamespacedName]*v1.Service{},
-		parsed:    map[types.NamespacedName]parsedService{},
-		noPortal:  map[types.NamespacedName]bool{},
-		closedUDP: map[netip.AddrPort]struct{}{},
-		listen:    newProxySocket,
-		active:    map[loadbalancer.ServicePortName]*activePort{},
+		opts:        opts,
+		lb:          loadbalancer.New(opts.Clock, opts.Affinity),
+		ports:       newPortAllocator(opts.PortRange, opts.NodePortRange),
+		fds:         newDescriptorBudget(),
+		metrics:     opts.Metrics,
+		clk:         opts.Clock,
+		services:    map[types.NamespacedName]*v1.Service{},
+		parsed:      map[types.NamespacedName]parsedService{},
+		validFaults: map[types.NamespacedName]faultsAnnotation{},
+		noPortal:    map[types.NamespacedName]bool{},
+		closedUDP:   map[netip.AddrPort]struct{}{},
+		listen:      newProxySocket,
+		active:      map[loadbalancer.ServicePortName]*activePort{},
 		sockCfg: &socketConfig{
 			dialer:           opts.Dialer,
 			faultDialer:      faultDialer,
@@ -445,6 +450,7 @@ func (p *Proxier) OnServiceDelete(svc *v1.Service) {
 	defer p.mu.Unlock()
 	nn := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
 	delete(p.services, nn)
+	delete(p.validFaults, nn)
 	p.queueServiceChange(nn)
 }
 
