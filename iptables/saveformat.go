@@ -297,14 +297,15 @@ func validChainName(name string) bool {
 
 // ruleTarget returns the chain or target a saved rule line jumps (-j) or
 // goes (-g) to: a goto into a chain of ours holds it as a jump does, and
-// a comment's value is not an option.
+// the value of an option printed quoted (a comment, a string match's
+// --string, a cgroup's --path: free text) is not an option.
 func ruleTarget(rule string) string {
 	args, _ := splitRule(rule)
 	for i := 0; i+1 < len(args); i++ {
-		switch args[i] {
-		case "--comment":
+		switch {
+		case quotedOptions[args[i]]:
 			i++
-		case "-j", "-g":
+		case args[i] == "-j" || args[i] == "-g":
 			return args[i+1]
 		}
 	}

@@ -68,6 +68,10 @@ COMMIT
 		"-m comment --comment -j -g KUBE-PORTALS-HOST": "KUBE-PORTALS-HOST",      // a comment "-j"
 		"-m comment --comment -g -j ACCEPT":            "ACCEPT",
 		"-p tcp":                                       "",
+		// The value of any option printed quoted is no option either.
+		`-m cgroup --path "-j" -j KUBE-PORTALS-HOST`:                         "KUBE-PORTALS-HOST",
+		`-p tcp -m string --string "-g" --algo bm -j KUBE-PORTALS-CONTAINER`: "KUBE-PORTALS-CONTAINER",
+		`-m helper --helper "-g" -g KUBE-PORTALS-CONTAINER`:                  "KUBE-PORTALS-CONTAINER",
 	} {
 		if got := ruleTarget(rule); got != want {
 			t.Errorf("ruleTarget(%q) = %q, want %q", rule, got, want)
