@@ -116,8 +116,9 @@ func endpointFromAddress(a v1.EndpointAddress, ready bool) discovery.Endpoint {
 		},
 		TargetRef: a.TargetRef,
 	}
-	// The API server takes an empty nodeName in an Endpoints, not in a
-	// slice.
+	// An empty nodeName, which validateEndpointAddress lets through (the
+	// API server refuses it, as any name that is not a DNS subdomain),
+	// would make an invalid slice: it is left out.
 	if a.NodeName != nil && *a.NodeName != "" {
 		ep.NodeName = a.NodeName
 	}

@@ -101,7 +101,10 @@ func validateEndpoints(fe *fieldErrors, e *v1.Endpoints) {
 
 // validateEndpointAddress checks an Endpoints address as the API server
 // does: its IP, and a nodeName that names a node (a slice converted from it
-// carries the name, and is checked alike).
+// carries the name, and is checked alike). Unlike the API server, which
+// refuses nodeName "" (not a DNS subdomain), it takes an empty one, as
+// this source always did: refused, the Endpoints lost all its endpoints
+// (the conversion leaves the empty name out).
 func validateEndpointAddress(fe *fieldErrors, path *field.Path, a v1.EndpointAddress) {
 	validateIP(fe, path.Child("ip"), a.IP)
 	if a.NodeName != nil && *a.NodeName != "" {
