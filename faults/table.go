@@ -134,6 +134,15 @@ func (t *Table) RemovePort(name string) {
 	// removed (AttachReset).
 	p.removed.Store(true)
 	p.endRemovedTimeouts(held)
+	// The datagrams its toxics still delay or hold can never be delivered
+	// (the port's sessions and socket are closed): kept, they held
+	// --fault-max-buffered-bytes for the rest of their delay, so another
+	// port's latency dropped its datagrams meanwhile.
+	var plan *datagramPlan
+	if s := p.snap.Load(); s != nil {
+		plan = s.datagram
+	}
+	p.dropDelayedDatagrams(nil, plan)
 }
 
 func (t *Table) lookup(name string) (*Port, error) {

@@ -439,3 +439,45 @@ func TestDownAddedDropsDelayedDatagramsItDraws(t *testing.T) {
 		})
 	}
 }
+
+// A service port removed (its Service deleted) drops the datagrams its
+// toxics still hold and gives their bytes back: its sessions and socket are
+// closed, so they can never be delivered. Kept, they held
+// --fault-max-buffered-bytes for the rest of their delay (an hour here),
+// and another port's latency toxic dropped its datagrams meanwhile.
+func TestRemovePortDropsHeldDatagrams(t *testing.T) {
+	for _, tc := range []struct{ name, toxic string }{
+		{"latency", `{"name":"lat","type":"latency","stream":"upstream","attributes":{"latency":3600000}}`},
+		{"reorder", `{"name":"ro","type":"reorder","stream":"upstream","attributes":{"rate":1,"delay":3600000}}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tbl, p := declared(t, 0, 0, "UDP", tc.toxic)
+			tbl.SetMaxBufferedBytes(1 << 20)
+			dg := make([]byte, 60000)
+			for i := range 10 { // one datagram from each of 10 clients: reorder holds each
+				p.Datagrams().Send(StreamUp, netip.AddrPortFrom(client1, uint16(40000+i)), dg, func([]byte) {})
+			}
+			held := func() int {
+				n := p.udpDelays[StreamUp].len()
+				for _, tx := range p.snap.Load().datagram.streams[StreamUp] {
+					tx.mu.Lock()
+					for _, h := range tx.held {
+						n += len(h.b)
+					}
+					tx.mu.Unlock()
+				}
+				return n
+			}
+			if n := held(); n == 0 {
+				t.Fatalf("the toxic holds nothing before the port is removed")
+			}
+			tbl.RemovePort(p.Name())
+			if n := held(); n != 0 {
+				t.Errorf("the removed port's toxic still holds %d bytes", n)
+			}
+			if b, _ := tbl.BufferedBytes(); b != 0 {
+				t.Errorf("kubeproxy_userspace_faults_buffered_bytes %d after the port was removed, want 0", b)
+			}
+		})
+	}
+}
