@@ -34,7 +34,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		reg.MustRegister(m.Injected, m.ports,
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 				Namespace: "kubeproxy", Subsystem: "userspace", Name: "faults_buffered_bytes",
-				Help: "Bytes the faulted TCP directions of every service port hold in flight (read, not yet written), with each one's read in progress",
+				Help: "Bytes the faulted TCP directions of every service port hold in flight (read, not yet written), with each one's read in progress, and the UDP datagrams latency delays and reorder holds",
 			}, func() float64 { held, _ := m.buffered(); return float64(held) }),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 				Namespace: "kubeproxy", Subsystem: "userspace", Name: "faults_max_buffered_bytes",
@@ -94,7 +94,7 @@ func newPortSeries() *portSeries {
 		skipped: prometheus.NewDesc("kubeproxy_userspace_faults_skipped_max_active_total",
 			"Connections left unfaulted because --fault-max-active faulted connections were live", []string{"service_port"}, nil),
 		dropped: prometheus.NewDesc("kubeproxy_userspace_faults_delay_queue_dropped_total",
-			"UDP datagrams dropped because the service port's queue of delayed datagrams (one per direction, 10,000 datagrams or 16 MiB) was full", []string{"service_port"}, nil),
+			"UDP datagrams dropped because the service port's queue of delayed datagrams (one per direction, 10,000 datagrams or 16 MiB), or a reorder toxic's held ones (as many), was full, or faults held --fault-max-buffered-bytes", []string{"service_port"}, nil),
 	}
 }
 

@@ -142,7 +142,7 @@ func TestDelayLineOverflowCounted(t *testing.T) {
 	r := &recorder{}
 	sendAll(p, delayLineMaxDatagrams+5, r)
 	const want = `
-# HELP kubeproxy_userspace_faults_delay_queue_dropped_total UDP datagrams dropped because the service port's queue of delayed datagrams (one per direction, 10,000 datagrams or 16 MiB) was full
+# HELP kubeproxy_userspace_faults_delay_queue_dropped_total UDP datagrams dropped because the service port's queue of delayed datagrams (one per direction, 10,000 datagrams or 16 MiB), or a reorder toxic's held ones (as many), was full, or faults held --fault-max-buffered-bytes
 # TYPE kubeproxy_userspace_faults_delay_queue_dropped_total counter
 kubeproxy_userspace_faults_delay_queue_dropped_total{service_port="default.dns.dns"} 5
 `
@@ -160,7 +160,7 @@ func TestBufferedBytesExposition(t *testing.T) {
 	tbl.SetMaxBufferedBytes(256 << 20)
 	tbl.buffers.held.Add(1000)
 	want := `
-# HELP kubeproxy_userspace_faults_buffered_bytes Bytes the faulted TCP directions of every service port hold in flight (read, not yet written), with each one's read in progress
+# HELP kubeproxy_userspace_faults_buffered_bytes Bytes the faulted TCP directions of every service port hold in flight (read, not yet written), with each one's read in progress, and the UDP datagrams latency delays and reorder holds
 # TYPE kubeproxy_userspace_faults_buffered_bytes gauge
 kubeproxy_userspace_faults_buffered_bytes 1000
 # HELP kubeproxy_userspace_faults_max_buffered_bytes --fault-max-buffered-bytes: the bound of faults_buffered_bytes (0: none); a direction that holds nothing still reads
