@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
 
@@ -329,9 +331,25 @@ func (p *Port) cutDown(s *snapshot, tx Toxic) {
 		return t.draws(l.clientAddr, l.seq)
 	})
 	if s.datagram != nil {
-		// UDP: the delayed datagrams it draws, as Send draws a new one.
-		p.dropDelayedDatagrams(func(d datagramID) bool {
-			return t.draws(d.client.Addr(), d.seq)
+		// UDP: the delayed datagrams it draws, as Send draws a new one,
+		// each counted under the stream it was dropped on, as Send
+		// counts its drops (they went uncounted).
+		var injected [2]prometheus.Counter
+		for i, ts := range s.datagram.streams {
+			for _, dt := range ts {
+				if dt.compiled == t {
+					injected[i] = dt.injected
+				}
+			}
+		}
+		p.dropDelayedDatagrams(func(stream int, d datagramID) bool {
+			if !t.draws(d.client.Addr(), d.seq) {
+				return false
+			}
+			if c := injected[stream]; c != nil {
+				c.Inc()
+			}
+			return true
 		}, s.datagram)
 	}
 }

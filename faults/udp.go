@@ -143,18 +143,25 @@ func newDatagramPlan(p *Port, s *snapshot, old *datagramPlan) *datagramPlan {
 }
 
 // dropDelayedDatagrams drops the datagrams the port's delay lines and
-// the reorder toxics of plans hold that drops reports (nil: every one).
-func (p *Port) dropDelayedDatagrams(drops func(datagramID) bool, plans ...*datagramPlan) {
+// the reorder toxics of plans hold that drops reports, given the stream
+// each is on (nil: every one).
+func (p *Port) dropDelayedDatagrams(drops func(stream int, id datagramID) bool, plans ...*datagramPlan) {
+	on := func(stream int) func(datagramID) bool {
+		if drops == nil {
+			return nil
+		}
+		return func(id datagramID) bool { return drops(stream, id) }
+	}
 	for i := range p.udpDelays {
-		p.udpDelays[i].drop(drops)
+		p.udpDelays[i].drop(on(i))
 	}
 	for _, d := range plans {
 		if d == nil {
 			continue
 		}
-		for _, ts := range d.streams {
+		for i, ts := range d.streams {
 			for _, t := range ts {
-				t.dropHeld(drops)
+				t.dropHeld(on(i))
 			}
 		}
 	}

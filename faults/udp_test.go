@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // recorder collects what a datagram plan delivers, as a proxier's send
@@ -534,7 +536,7 @@ func TestReorderHeldBounded(t *testing.T) {
 	t.Run("count", func(t *testing.T) {
 		_, p := declared(t, 0, 0, "UDP", `{"name":"ro","type":"reorder","stream":"upstream","attributes":{"rate":1,"delay":3600000}}`)
 		buf := make([]byte, 4)
-		for i := range delayLineMaxDatagrams + 50 { // no byte bound: 0 is unlimited
+		for i := range delayLineMaxDatagrams + 50 { // 40 KB: far within the byte bounds
 			addr := netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)})
 			p.Datagrams().Send(StreamUp, netip.AddrPortFrom(addr, 40000), buf, func([]byte) {})
 		}
@@ -556,4 +558,40 @@ func TestReorderHeldBounded(t *testing.T) {
 			t.Errorf("%d bytes still counted after every held datagram left", b)
 		}
 	})
+}
+
+// A down toxic added through the API counts each delayed datagram it drops
+// in faults_injected_total, under the stream it was dropped on, as it
+// counts the new datagrams it drops: those drops were invisible (10 sent
+// under a 2 s latency, down added: none answered, the down series 0).
+func TestDownAddedCountsDelayedDatagramsItDrops(t *testing.T) {
+	for _, tc := range []struct{ name, toxic string }{
+		{"latency", `{"name":"lat","type":"latency","stream":"downstream","attributes":{"latency":3600000}}`},
+		{"reorder", `{"name":"ro","type":"reorder","stream":"downstream","attributes":{"rate":1,"delay":3600000}}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tbl, p := declared(t, 0, 0, "UDP", tc.toxic)
+			const n = 40
+			buf := make([]byte, 4)
+			for i := range n { // one datagram to each of n clients: reorder holds each
+				binary.BigEndian.PutUint32(buf, uint32(i))
+				p.Datagrams().Send(StreamDown, netip.AddrPortFrom(client1, uint16(40000+i)), buf, func([]byte) {})
+			}
+			if _, err := tbl.AddToxic(p.Name(), toxic(t, `{"name":"d","type":"down","toxicity":0.5}`)); err != nil {
+				t.Fatal(err)
+			}
+			want := 0
+			for seq := range uint64(n) {
+				if draw(0, keyOf("d", p.Name()), seq, saltToxicity) < 0.5 {
+					want++
+				}
+			}
+			for stream, w := range map[string]int{Downstream: want, Upstream: 0} {
+				got := testutil.ToFloat64(tbl.metrics.Injected.WithLabelValues(p.metricLabel(), "d", "down", stream))
+				if got != float64(w) {
+					t.Errorf("faults_injected_total{toxic=d,stream=%s} = %v, want %d (the delayed datagrams down dropped)", stream, got, w)
+				}
+			}
+		})
+	}
 }
