@@ -51,6 +51,21 @@ func readKernelPorts(read func(string) ([]byte, error)) (kernelPorts, error) {
 	return kp, nil
 }
 
+// ephemeralFree is how many ports of the ephemeral range are not reserved:
+// those bind(0) and connect() hand out.
+func (kp kernelPorts) ephemeralFree() int {
+	free := kp.Ephemeral.Size
+	for port := kp.Ephemeral.Base; port < kp.Ephemeral.Base+kp.Ephemeral.Size; port++ {
+		for _, r := range kp.Reserved {
+			if port >= r.Base && port < r.Base+r.Size {
+				free--
+				break
+			}
+		}
+	}
+	return free
+}
+
 // parseReservedPorts reads the kernel's "1,3-5,8080" list; bad items are
 // skipped (the kernel never writes them).
 func parseReservedPorts(s string) []PortRange {

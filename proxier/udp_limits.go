@@ -14,7 +14,8 @@ import (
 // what one node's pods ask, while a flood of forged sources costs at most
 // 16,384 descriptors and ~7 MiB of Go memory on that port. The total is four
 // such ports, so one flooded Service cannot take every session, and it is
-// further held to half the descriptor limit (udpDescriptorShare).
+// further held to half the descriptor limit (udpDescriptorShare) and to
+// half the ephemeral ports (udpPortShare).
 const (
 	DefaultUDPMaxSessionsPerPort = 16384
 	DefaultUDPMaxSessions        = 65536
@@ -26,21 +27,33 @@ func udpLimits(o Options) (int, *udpBudget) {
 	if limit <= 0 {
 		limit = DefaultUDPMaxSessions
 	}
-	nofile := nofileLimit()
-	capped, total := udpCaps(perPort, limit, nofile)
+	nofile, ports := nofileLimit(), ephemeralPorts()
+	capped, total := udpCaps(perPort, limit, nofile, ports)
 	if total < limit {
 		given := any(perPort)
 		if perPort <= 0 {
 			given = "default"
 		}
-		klog.InfoS("UDP session caps held to half the open-file limit", "nofile", nofile,
-			"maxSessions", total, "maxSessionsPerPort", capped, "given", []any{limit, given})
+		klog.InfoS("UDP session caps held to half the open-file limit and half the ephemeral ports", "nofile", nofile,
+			"ephemeralPorts", ports, "maxSessions", total, "maxSessionsPerPort", capped, "given", []any{limit, given})
 	}
 	return capped, newUDPBudget(total)
 }
 
-// udpCaps holds the total to the descriptor share of nofile, and the
-// per-port cap to the total. When the share lowers the total, the default
+// ephemeralPorts is how many ports of this namespace's ephemeral range
+// connect() can give a session's backend socket (the range less its
+// reserved ports); 0 when the range cannot be read.
+func ephemeralPorts() int {
+	kp, err := readKernelPortsFromProc()
+	if err != nil {
+		return 0
+	}
+	return kp.ephemeralFree()
+}
+
+// udpCaps holds the total to the descriptor share of nofile and the port
+// share of the ephemeral ports (0: unknown, no bound), and the per-port
+// cap to the total. When the share lowers the total, the default
 // per-port cap (perPort 0) is lowered by the same factor: it exists so that
 // one flooded Service cannot take every session, and left at 16,384 while
 // a limit of 20,000 descriptors made the total 10,000, one port could hold
@@ -48,8 +61,11 @@ func udpLimits(o Options) (int, *udpBudget) {
 // flood's sessions expired. A per-port cap given is the user's own share
 // and is only held to the total: scaled too, a given 10 became 1 under the
 // default total, and a Service with two clients evicted at every datagram.
-func udpCaps(perPort, limit int, nofile uint64) (int, int) {
+func udpCaps(perPort, limit int, nofile uint64, ephemeral int) (int, int) {
 	total := min(limit, udpDescriptorShare(nofile))
+	if ephemeral > 0 {
+		total = min(total, udpPortShare(ephemeral))
+	}
 	if perPort <= 0 {
 		perPort = DefaultUDPMaxSessionsPerPort
 		if total < limit {
@@ -72,6 +88,21 @@ func udpCaps(perPort, limit int, nofile uint64) (int, int) {
 // (setDescriptorCeiling): sessions' sockets stop at it as TCP's do.
 func udpDescriptorShare(nofile uint64) int {
 	return int(min(nofile/2, 1<<30))
+}
+
+// udpPortShare is how many sessions may hold a port of the ephemeral
+// range's ephemeral ports: half. A session's backend socket is a connected
+// UDP socket, whose local port is its own whatever its peer (the kernel
+// picks it before the connect, across every address), so sessions beyond
+// the range's ports could not open: connect fails with EAGAIN and the new
+// client's datagram was dropped, on every UDP service port, with no idle
+// session evicted, while the caps, 65,536 against the default range's
+// 28,232 ports, were far away; and the node's own UDP clients (resolvers,
+// NTP) found no source port either. Half stays for them, as half the
+// descriptors stays for TCP, and at the cap a flooded port closes its own
+// oldest idle session.
+func udpPortShare(ephemeral int) int {
+	return max(1, ephemeral/2)
 }
 
 // nofileLimit is the process's RLIMIT_NOFILE (Go raises the soft limit to

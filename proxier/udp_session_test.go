@@ -118,8 +118,12 @@ func TestUDPDescriptorShare(t *testing.T) {
 		}
 	}
 	p := newTestProxier(t, Options{UDPMaxSessions: 1 << 30})
-	if got, want := p.sockCfg.udpBudget.limit, int64(udpDescriptorShare(nofileLimit())); got != want {
-		t.Fatalf("total UDP session cap %d with a huge --udp-max-sessions, want half the descriptor limit, %d", got, want)
+	want := udpDescriptorShare(nofileLimit())
+	if ports := ephemeralPorts(); ports > 0 {
+		want = min(want, udpPortShare(ports)) // TestUDPCapsWithinTheEphemeralPorts
+	}
+	if got := p.sockCfg.udpBudget.limit; got != int64(want) {
+		t.Fatalf("total UDP session cap %d with a huge --udp-max-sessions, want half the descriptor limit (or of the ephemeral ports), %d", got, want)
 	}
 }
 
@@ -155,10 +159,69 @@ func TestUDPCapsScaleWithTheDescriptorLimit(t *testing.T) {
 		{math.MaxInt64, math.MaxInt64, 20000, 10000, 10000},
 		{math.MaxInt64, DefaultUDPMaxSessions, 20000, 10000, 10000},
 	} {
-		perPort, total := udpCaps(tc.perPort, tc.limit, tc.nofile)
+		perPort, total := udpCaps(tc.perPort, tc.limit, tc.nofile, 0)
 		if perPort != tc.wantPerPort || total != tc.wantTotal {
 			t.Errorf("udpCaps(%d, %d, nofile %d) = %d per port, %d in total; want %d, %d",
 				tc.perPort, tc.limit, tc.nofile, perPort, total, tc.wantPerPort, tc.wantTotal)
 		}
+	}
+}
+
+// Every session's backend socket takes a local port from the ephemeral
+// range of the proxier's namespace (a connected UDP socket's port is its
+// own, whatever its peer), so the total cap is held to half of the range's
+// ports, as it is to half the descriptors: the rest stays for the node's
+// own UDP clients, and the port's own oldest idle session gives way at the
+// cap. Above the range, the ports ran out first, and every new client of
+// every UDP Service was dropped ("connect: resource temporarily
+// unavailable") until the flood's sessions idled out: a range of 100
+// ports, 150 forged sources to one Service with --udp-timeout 30s, and
+// another Service's first client dropped, both caps far away.
+func TestUDPCapsWithinTheEphemeralPorts(t *testing.T) {
+	kp, err := readKernelPortsFromProc()
+	if err != nil {
+		t.Skipf("cannot read the ephemeral range: %v", err)
+	}
+	p := newTestProxier(t, Options{})
+	share := max(1, kp.Ephemeral.Size/2)
+	if got := p.sockCfg.udpBudget.limit; got > int64(share) {
+		t.Errorf("total UDP session cap %d with an ephemeral range of %d ports (%s), want at most half, %d",
+			got, kp.Ephemeral.Size, kp.Ephemeral, share)
+	}
+	if got := p.sockCfg.udpMaxSessionsPerPort; got > share/4+1 {
+		t.Errorf("per-port UDP session cap %d with %d ephemeral ports, want it scaled with the total (at most %d)",
+			got, kp.Ephemeral.Size, share/4+1)
+	}
+}
+
+// The ephemeral ports' share holds the total as the descriptors' does, and
+// lowers the default per-port cap with it.
+func TestUDPCapsScaleWithTheEphemeralPorts(t *testing.T) {
+	for _, tc := range []struct {
+		perPort, limit int
+		nofile         uint64
+		ephemeral      int
+		wantPerPort    int
+		wantTotal      int
+	}{
+		{0, DefaultUDPMaxSessions, 1 << 20, 0, 16384, 65536},         // unknown range: no bound
+		{0, DefaultUDPMaxSessions, 1 << 20, 28232, 3529, 14116},      // the default range, 32768-60999
+		{0, DefaultUDPMaxSessions, 1 << 20, 64512, 8064, 32256},      // 1024-65535
+		{0, DefaultUDPMaxSessions, 20000, 28232, 2500, 10000},        // the descriptors bind first
+		{0, DefaultUDPMaxSessions, 1 << 20, 100, 12, 50},             // a small range
+		{1000, DefaultUDPMaxSessions, 1 << 20, 28232, 1000, 14116},   // a per-port cap given, within the total
+		{20000, DefaultUDPMaxSessions, 1 << 20, 28232, 14116, 14116}, // above it: the total
+		{0, 1000, 1 << 20, 28232, 1000, 1000},                        // a total given, within the share
+		{0, DefaultUDPMaxSessions, 1 << 20, 1, 1, 1},
+	} {
+		perPort, total := udpCaps(tc.perPort, tc.limit, tc.nofile, tc.ephemeral)
+		if perPort != tc.wantPerPort || total != tc.wantTotal {
+			t.Errorf("udpCaps(%d, %d, nofile %d, %d ephemeral ports) = %d per port, %d in total; want %d, %d",
+				tc.perPort, tc.limit, tc.nofile, tc.ephemeral, perPort, total, tc.wantPerPort, tc.wantTotal)
+		}
+	}
+	kp := kernelPorts{Ephemeral: PortRange{Base: 32768, Size: 28232}, Reserved: []PortRange{{Base: 10249, Size: 2}, {Base: 40000, Size: 100}, {Base: 60990, Size: 20}}}
+	if got, want := kp.ephemeralFree(), 28232-100-10; got != want {
+		t.Errorf("ephemeral ports less reserved: %d, want %d", got, want)
 	}
 }
