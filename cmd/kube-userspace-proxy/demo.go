@@ -53,7 +53,7 @@ func runDemo(args []string) int {
 		klog.LogToStderr(false)
 		klog.SetOutput(io.Discard)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), stopSignals...)
+	ctx, stop := signal.NotifyContext(context.Background(), stopSignals()...)
 	defer stop()
 	opt := demo.Options{Serve: *serve, Width: outputWidth(os.Stdout)}
 	var matched bool

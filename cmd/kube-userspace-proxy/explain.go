@@ -88,7 +88,7 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 		klog.LogToStderr(false)
 		klog.SetOutput(io.Discard)
 	}
-	ctx, stop := signal.NotifyContext(ctx, stopSignals...)
+	ctx, stop := signal.NotifyContext(ctx, stopSignals()...)
 	defer stop()
 
 	plan := proxier.NewPlan(proxier.Options{

@@ -118,7 +118,7 @@ func runMain(args []string) int {
 		klog.InfoS("--init-only: this proxy has no privileged initialisation to do; exiting")
 		return 0
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), stopSignals...)
+	ctx, stop := signal.NotifyContext(context.Background(), stopSignals()...)
 	defer stop()
 	if err := run(ctx, o, v, nil); err != nil {
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy: %v\n", err)
@@ -134,7 +134,17 @@ func runMain(args []string) int {
 // for an uncaught SIGHUP ends the process at once, as SIGKILL does: the
 // accepts of portal traffic stayed, live connections ended with a FIN, the
 // state file was not written, and nothing was logged.
-var stopSignals = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP}
+//
+// A SIGHUP ignored at start (nohup) is left ignored: signal.Notify would
+// un-ignore it, and a proxy started with `nohup ... &` from an ssh session
+// stopped, taking the node's Services with it, when the session closed.
+func stopSignals() []os.Signal {
+	sigs := []os.Signal{syscall.SIGINT, syscall.SIGTERM}
+	if !signal.Ignored(syscall.SIGHUP) {
+		sigs = append(sigs, syscall.SIGHUP)
+	}
+	return sigs
+}
 
 // version is set by `make static` and the image build
 // (-ldflags "-X main.version=..."), whose sources carry no VCS information

@@ -79,3 +79,85 @@ spec:
 		})
 	}
 }
+
+// A proxy started under nohup (SIGHUP ignored: `nohup kube-userspace-proxy
+// ... &` from an ssh session) keeps ignoring a hang-up, as before SIGHUP
+// was caught: signal.Notify un-ignores an ignored SIGHUP, so closing the
+// session stopped every Service of the node.
+func TestSIGHUPIgnoredUnderNohup(t *testing.T) {
+	nohup, err := exec.LookPath("nohup")
+	if err != nil {
+		t.Skip("no nohup:", err)
+	}
+	dir := t.TempDir()
+	svc := `apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{name: http, port: 80, targetPort: 8080}]
+`
+	if err := os.WriteFile(filepath.Join(dir, "web.yaml"), []byte(svc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(nohup, os.Args[0], "-test.run=^$", "--", "--manifests", dir, "--iptables=false",
+		"--bind-address", "127.0.0.1", "--healthz-bind-address", "", "--metrics-bind-address", "")
+	cmd.Env = append(os.Environ(), runAsCommand+"=1")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	lines := make(chan string, 1000)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	var out []string
+	deadline := time.After(30 * time.Second)
+	for serving := false; !serving; {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatalf("proxy ended before serving:\n%s", strings.Join(out, "\n"))
+			}
+			out = append(out, l)
+			serving = strings.Contains(l, "Serving service port")
+		case <-deadline:
+			t.Fatalf("proxy not serving after 30 s:\n%s", strings.Join(out, "\n"))
+		}
+	}
+	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	for quiet := time.After(time.Second); ; {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatalf("a proxy run under nohup ended on SIGHUP:\n%s", strings.Join(out, "\n"))
+			}
+			out = append(out, l)
+			continue
+		case <-quiet:
+		}
+		break
+	}
+	if strings.Contains(strings.Join(out, "\n"), `"Stopped"`) {
+		t.Fatalf("a proxy run under nohup stopped on SIGHUP:\n%s", strings.Join(out, "\n"))
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	for l := range lines {
+		out = append(out, l)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("after SIGTERM: %v, want exit 0\n%s", err, strings.Join(out, "\n"))
+	}
+}
