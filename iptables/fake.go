@@ -29,6 +29,11 @@ type FakeRunner struct {
 	// decode: written by a newer iptables or by nft); every other call
 	// works on them as on any table, as iptables does.
 	Unprintable map[Table]bool
+	// Tainted names tables whose dump iptables-nft (1.8.8 on) begins with
+	// "# Table `nat' contains incompatible base-chains, use 'nft' tool to
+	// list them." (a base chain of another tool's in the table) and then
+	// prints in full.
+	Tainted map[Table]bool
 }
 
 type fakeTable struct {

@@ -132,11 +132,15 @@ var errUnclosedQuote = errors.New("a quoted value is never closed")
 // nft itself wrote), exiting 0. parseSave reads such a dump as one without
 // the table; a sync must not: our chains and jumps are in the kernel all
 // the same, and taken for missing, each sync inserted another copy of every
-// jump.
+// jump. Only that line: iptables-nft 1.8.8 on also prints "# Table `nat'
+// contains incompatible base-chains, use 'nft' tool to list them." over a
+// table holding another tool's base chain, and then the whole table, which
+// is read as any other (taken for unprintable, each sync that wrote a chain
+// there failed).
 func unprintable(data []byte, table Table) (string, bool) {
-	prefix := []byte("# Table `" + string(table) + "'")
+	prefix := []byte("# Table `" + string(table) + "' is incompatible")
 	for line := range bytes.Lines(data) {
-		if bytes.HasPrefix(line, prefix) && bytes.Contains(line, []byte("incompatible")) {
+		if bytes.HasPrefix(line, prefix) {
 			return string(bytes.TrimSpace(line)), true
 		}
 	}

@@ -714,3 +714,27 @@ func TestSyncUnprintableTableAddsNoJumps(t *testing.T) {
 		})
 	}
 }
+
+// iptables-nft 1.8.8 on prints "# Table `nat' contains incompatible
+// base-chains, use 'nft' tool to list them." over a table that holds a
+// base chain of another tool's (podman's netavark, VyOS, an nft script),
+// and then the whole table: it is printed, not unprintable. Taken for an
+// unprintable one, every sync that wrote a chain there (the first after a
+// start, each repair) failed saying iptables-save cannot print it.
+func TestSyncTaintedTableIsPrinted(t *testing.T) {
+	fake := NewFakeRunner(IPv4)
+	fake.Tainted = map[Table]bool{TableNAT: true, TableFilter: true}
+	r := New(fake, testConfig)
+	syncOK(t, r, webPortals())
+	assertState(t, fake, r, webPortals())
+	rule, _ := splitRule(fake.Rules(TableNAT, ChainPortalsContainer)[0])
+	must(t, fake.DeleteRule(TableNAT, ChainPortalsContainer, rule...))
+	syncOK(t, r, webPortals()) // the repair
+	assertState(t, fake, r, webPortals())
+	if err := r.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got := fake.Rules(TableFilter, ChainPortalsNonLocal); len(got) != 0 {
+		t.Errorf("after a stop %s holds %q, want nothing", ChainPortalsNonLocal, got)
+	}
+}
