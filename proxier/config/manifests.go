@@ -350,7 +350,11 @@ func (s *ManifestSource) load(read bool) {
 				if _, failed := s.lastReads[name]; failed {
 					// Its read failed (a named pipe, a link loop, EIO):
 					// it provides nothing until it is read, and waiting
-					// for it kept every gone file while it stayed.
+					// for it kept every gone file while it stayed. It is
+					// there all the same: its read error is kept (not
+					// forgotten below, and reported again at the next
+					// reload) and the summary counts and names it.
+					present[name] = true
 					continue
 				}
 				// A file not read yet may hold a gone file's objects (mv

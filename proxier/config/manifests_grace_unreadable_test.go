@@ -99,3 +99,66 @@ func TestDropGoneKeepsRemoveEventsWhenItDefers(t *testing.T) {
 		t.Errorf("unexpected errors: %s", log)
 	}
 }
+
+// dropGone skips a listed file whose read failed, but it must not forget
+// that read's error (the file is still there): forgotten, the next reload
+// reported the same error again (it is reported once), and the summary
+// in between left the file out.
+func TestDropGoneKeepsAnUnreadableFilesError(t *testing.T) {
+	dir := t.TempDir()
+	one, busy := filepath.Join(dir, "one.yaml"), filepath.Join(dir, "busy.yaml")
+	writeFile(t, one, serviceYAML("one", 80))
+	writeFile(t, busy, serviceYAML("busy", 80))
+	pipe := filepath.Join(dir, "pipe.yaml")
+	if err := syscall.Mkfifo(pipe, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rec, log := newManifestRecorder(), &manifestErrors{}
+	var summaries []string
+	clk := testclock.NewFakeClock(time.Now())
+	src := NewManifestSource(dir, rec, WithoutWatcher(), WithClock(clk),
+		WithErrorReporter(log.report), WithSummaryReporter(func(s string) { summaries = append(summaries, s) }))
+	src.dirMode = true
+	src.reload()
+	rec.take()
+	pipeErrors := func() int {
+		log.mu.Lock()
+		defer log.mu.Unlock()
+		n := 0
+		for _, m := range log.msgs {
+			if strings.Contains(m, "pipe.yaml") {
+				n++
+			}
+		}
+		return n
+	}
+	if pipeErrors() != 1 {
+		t.Fatalf("the named pipe was not reported once: %s", log)
+	}
+
+	// one.yaml goes; its grace ends while busy.yaml is being written.
+	if err := os.Remove(one); err != nil {
+		t.Fatal(err)
+	}
+	src.removedAt["one.yaml"] = clk.Now()
+	src.reload()
+	writeFile(t, busy, serviceYAML("busy", 81))
+	clk.Step(defaultVanishedGrace)
+	summaries = nil
+	src.dropGone()
+	if got, want := rec.take(), []string{"delete Service default/one"}; strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("events when one.yaml's grace ended: %q, want %q", got, want)
+	}
+	if _, ok := src.lastReads[pipe]; !ok {
+		t.Errorf("after a dropGone the unreadable pipe.yaml's read error is forgotten: lastReads %q", src.lastReads)
+	}
+	for _, s := range summaries {
+		if !strings.Contains(s, "pipe.yaml") {
+			t.Errorf("summary after the dropGone does not name the unreadable pipe.yaml: %q", s)
+		}
+	}
+	src.reload()
+	if n := pipeErrors(); n != 1 {
+		t.Errorf("the unchanged pipe.yaml error was reported %d times, want once: %s", n, log)
+	}
+}
