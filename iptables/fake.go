@@ -34,6 +34,11 @@ type FakeRunner struct {
 	// list them." (a base chain of another tool's in the table) and then
 	// prints in full.
 	Tainted map[Table]bool
+	// Incompatible names chains ("nat/POSTROUTING") holding a rule this
+	// iptables cannot decode: `iptables -S CHAIN 1` exits 1 ("chain
+	// `POSTROUTING' in table `nat' is incompatible, use 'nft' tool."),
+	// which ChainExists reads as no such chain.
+	Incompatible map[string]bool
 }
 
 type fakeTable struct {
@@ -177,6 +182,9 @@ func (f *FakeRunner) ChainExists(table Table, chain string) (bool, error) {
 	t, err := f.table(table)
 	if err != nil {
 		return false, err
+	}
+	if f.Incompatible[string(table)+"/"+chain] {
+		return false, nil
 	}
 	return slices.Contains(t.chains, chain), nil
 }

@@ -16,6 +16,14 @@ import (
 func Present(r Runner) error {
 	for _, c := range []ownedChain{{TableNAT, "POSTROUTING"}, {TableFilter, "INPUT"}} {
 		ok, err := r.ChainExists(c.table, c.name)
+		if err == nil && !ok && printedIncompatible(r, c.table) {
+			// iptables-nft cannot list a chain holding a rule only nft
+			// decodes (a masquerade written with nft in POSTROUTING) and
+			// says so with exit status 1, which reads as no such chain;
+			// but the table is there, and holds our chains as any other
+			// (see unprintable): the start refused such a node.
+			ok = true
+		}
 		if err == nil && !ok {
 			err = fmt.Errorf("no built-in chain %s", c.name)
 		}
@@ -32,4 +40,16 @@ func Present(r Runner) error {
 // fine, and the next try may get through.
 func IsLockHeld(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "holding the xtables lock")
+}
+
+// printedIncompatible reports whether iptables-save prints table as one it
+// cannot decode ("# Table `nat' is incompatible, use 'nft' tool."): a table
+// the kernel has.
+func printedIncompatible(r Runner, table Table) bool {
+	data, err := r.Save(table)
+	if err != nil {
+		return false
+	}
+	_, ok := unprintable(data, table)
+	return ok
 }

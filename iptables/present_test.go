@@ -18,6 +18,18 @@ func TestPresent(t *testing.T) {
 		{"no nat table", func(f *FakeRunner) { f.RemoveTable(TableNAT) }, "IPv6 nat table"},
 		{"no filter table", func(f *FakeRunner) { f.RemoveTable(TableFilter) }, "IPv6 filter table"},
 		{"iptables fails", func(f *FakeRunner) { f.SetError("ChainExists", errors.New("exit status 4")) }, "exit status 4"},
+		// A built-in chain holding a rule only nft decodes (nft add rule ip
+		// nat POSTROUTING oifname eth0 masquerade): iptables -S cannot list
+		// it and iptables-save prints the table as incompatible, but the
+		// table is there and can hold our chains.
+		{"nat table iptables cannot print", func(f *FakeRunner) {
+			f.Unprintable = map[Table]bool{TableNAT: true}
+			f.Incompatible = map[string]bool{"nat/POSTROUTING": true}
+		}, ""},
+		{"filter table iptables cannot print", func(f *FakeRunner) {
+			f.Unprintable = map[Table]bool{TableFilter: true}
+			f.Incompatible = map[string]bool{"filter/INPUT": true}
+		}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := NewFakeRunner(IPv6)
