@@ -47,6 +47,9 @@ type Rules struct {
 	// error). Reading every write back cost the first sync at 10,000
 	// Services 0.58 s of its 1.9 s.
 	written map[string]bool
+	// unprintableSaid holds the tables sayUnprintables has said
+	// iptables-save cannot print, until it prints them again.
+	unprintableSaid map[Table]bool
 	// drifted: a Sync found our chains changed by someone else and has
 	// not rewritten them yet (its write failed): the next one that does
 	// counts the repair, though its own read-back no longer shows it.
@@ -60,7 +63,7 @@ type printedAs struct {
 
 // New returns the Rules for cfg.Family, programmed through r.
 func New(r Runner, cfg Config) *Rules {
-	return &Rules{runner: r, cfg: cfg, printed: map[string]printedAs{}, written: map[string]bool{}, bucketAbove: defaultBucketAbove, splitRestoreAbove: defaultSplitRestoreAbove}
+	return &Rules{runner: r, cfg: cfg, printed: map[string]printedAs{}, written: map[string]bool{}, unprintableSaid: map[Table]bool{}, bucketAbove: defaultBucketAbove, splitRestoreAbove: defaultSplitRestoreAbove}
 }
 
 // Sync makes the kernel hold exactly the rules for portals. It reads our
@@ -126,20 +129,26 @@ func (r *Rules) syncLocked(portals []Portal) error {
 			}
 		}
 	}
+	r.sayUnprintables(unprintables)
 	jumpLines, err := r.ensureJumps(saved, fresh, repairing)
 	if err != nil {
 		return err
 	}
 	stale, drop := r.staleChains(want, saved), unwantedBuckets(want, saved)
-	if repairing && len(stale) > 0 {
-		klog.InfoS("Repairing iptables chains another process changed", "family", r.cfg.Family, "chains", chainNames(stale))
+	// An unprintable table's chains read as missing at every sync and are
+	// rewritten: that is no repair of someone else's change.
+	seen := func(cs []ownedChain) []ownedChain {
+		return slices.DeleteFunc(slices.Clone(cs), func(c ownedChain) bool { return unprintables[c.table] != "" })
+	}
+	if visible := seen(stale); repairing && len(visible) > 0 {
+		klog.InfoS("Repairing iptables chains another process changed", "family", r.cfg.Family, "chains", chainNames(visible))
 	}
 	switch {
 	case repairing:
-		r.drifted = r.drifted || len(stale) > 0
+		r.drifted = r.drifted || len(seen(stale)) > 0
 	case prev != nil:
 		// Our own changes are rewritten too: compare with what we had.
-		r.drifted = r.drifted || len(r.staleChains(prev, saved)) > 0
+		r.drifted = r.drifted || len(seen(r.staleChains(prev, saved))) > 0
 	}
 	if len(stale) == 0 && len(drop) == 0 {
 		r.have = want
@@ -180,17 +189,30 @@ func (r *Rules) syncLocked(portals []Portal) error {
 			return err
 		}
 	}
-	for _, table := range []Table{TableFilter, TableNAT} {
-		if line := unprintables[table]; line != "" {
-			// Written, but neither checked nor comparable at the next sync:
-			// failed, so that it is said and retried (a full sync).
-			return fmt.Errorf("%v: iptables-save cannot print table %s (%q): it holds rules this iptables cannot decode, written by a newer iptables or by nft; "+
-				"our chains in it are rewritten at every sync and cannot be checked", r.cfg.Family, table, line)
-		}
-	}
 	r.have = want
 	r.countHave()
 	return nil
+}
+
+// sayUnprintables logs, once each time it starts and ends, that
+// iptables-save cannot print a table. Our chains in it are written all the
+// same (iptables-restore and iptables -C work there) and the sync succeeds:
+// failed, it was retried without end and /healthz answered 503 on a node
+// whose Services were served, so load balancers took it out. What such a
+// table costs is that every full sync rewrites our chains in it, unchecked.
+func (r *Rules) sayUnprintables(unprintables map[Table]string) {
+	for _, table := range []Table{TableFilter, TableNAT} {
+		line := unprintables[table]
+		switch {
+		case line != "" && !r.unprintableSaid[table]:
+			r.unprintableSaid[table] = true
+			klog.InfoS("Warning: iptables-save cannot print a table: it holds rules this iptables cannot decode, written by a newer iptables or by nft; "+
+				"our chains in it are rewritten at every full sync and cannot be checked", "family", r.cfg.Family, "table", table, "printed", line)
+		case line == "" && r.unprintableSaid[table]:
+			delete(r.unprintableSaid, table)
+			klog.InfoS("iptables-save prints the table again", "family", r.cfg.Family, "table", table)
+		}
+	}
 }
 
 // readBack returns the nat and filter tables as the kernel prints them,
