@@ -426,17 +426,27 @@ func (r *Rules) nodePortDestinations() []string {
 
 // containerTarget is where traffic from other hosts and pods (PREROUTING)
 // goes: DNAT to the bind address, or when sockets listen on every address
-// DNAT to the node IP. REDIRECT only on request (the legacy rule) or without
-// a node IP: it needs an address on the incoming interface, which pod veths
-// of several CNIs do not have (Config.PreroutingRedirect).
+// DNAT to the node IP. REDIRECT only on request (the legacy rule), without
+// a node IP, or with an IPv6 link-local one: it needs an address on the
+// incoming interface, which pod veths of several CNIs do not have
+// (Config.PreroutingRedirect); a link-local node IP is local on its own
+// link only, so a packet of any other link DNATed to it was routed out
+// again and lost (every IPv6 interface has a link-local address, which
+// REDIRECT can take).
 func (r *Rules) containerTarget(proxyPort int) string {
 	if !r.cfg.bindsAll() {
 		return dnatTo(r.cfg.BindAddress, proxyPort)
 	}
-	if !r.cfg.PreroutingRedirect && r.cfg.Family.owns(r.cfg.NodeIP) {
+	if !r.cfg.PreroutingRedirect && r.cfg.Family.owns(r.cfg.NodeIP) && !LinkScoped(r.cfg.NodeIP) {
 		return dnatTo(r.cfg.NodeIP, proxyPort)
 	}
 	return redirectTo(proxyPort)
+}
+
+// LinkScoped reports an IPv6 link-local address: local only on the link
+// that holds it, so not a DNAT target for traffic of other links.
+func LinkScoped(addr netip.Addr) bool {
+	return addr.Is6() && !addr.Is4In6() && addr.IsLinkLocalUnicast()
 }
 
 // hostTarget is where traffic the node sends itself (OUTPUT) goes: DNAT to

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -168,5 +169,31 @@ func TestFamilyCIDRsUnmapsPrefixes(t *testing.T) {
 	want := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.168.0.0/16")}
 	if !slices.Equal(got, want) {
 		t.Errorf("IPv4 CIDRs %v, want %v", got, want)
+	}
+}
+
+// TestLinkLocalNodeIPRedirectsPrerouting: an IPv6 link-local node IP is
+// local only on its own link, so a PREROUTING DNAT to it sent the traffic
+// of pods and hosts on every other link out again (forwarded, lost). Those
+// portals REDIRECT to the arrival interface's own address instead; the
+// node's own traffic (OUTPUT) keeps its DNAT, which works.
+func TestLinkLocalNodeIPRedirectsPrerouting(t *testing.T) {
+	cfg := Config{Family: IPv6, BindAddress: netip.IPv6Unspecified(), NodeIP: netip.MustParseAddr("fe80::1")}
+	got := string(New(NewFakeRunner(IPv6), cfg).Render(dualStackPortals()))
+	for _, line := range strings.Split(got, "\n") {
+		container := strings.HasPrefix(line, "-A "+ChainPortalsContainer+" ") || strings.HasPrefix(line, "-A "+ChainNodePortContainer+" ")
+		host := strings.HasPrefix(line, "-A "+ChainPortalsHost+" ") || strings.HasPrefix(line, "-A "+ChainNodePortHost+" ")
+		switch {
+		case container && !strings.Contains(line, "-j REDIRECT --to-ports "):
+			t.Errorf("PREROUTING portal to a link-local node IP does not REDIRECT:\n%s", line)
+		case host && !strings.Contains(line, "-j DNAT --to-destination [fe80::1]:"):
+			t.Errorf("OUTPUT portal does not DNAT to the node IP:\n%s", line)
+		}
+	}
+	// A global (ULA) node IP keeps the DNAT from PREROUTING.
+	cfg.NodeIP = netip.MustParseAddr("fd00:1::10")
+	got = string(New(NewFakeRunner(IPv6), cfg).Render(dualStackPortals()))
+	if !strings.Contains(got, "-A "+ChainPortalsContainer+" -d fd00:96::10/128 -p tcp -m comment --comment \"default/dual:http\" -m tcp --dport 80 -j DNAT --to-destination [fd00:1::10]:41001") {
+		t.Errorf("PREROUTING portal to a global node IP does not DNAT:\n%s", got)
 	}
 }
