@@ -271,6 +271,13 @@ func (o *options) validate() (*validated, error) {
 		// (route_localnet is off), so no portal could ever reach the socket.
 		add("--bind-address %s is a loopback address, which portal rules cannot reach: use --iptables=false, or bind 0.0.0.0 or a node address", v.bind)
 	}
+	if v.bind.Is6() && v.bind.IsLinkLocalUnicast() && !o.cleanup {
+		// A socket listens on a link-local address only with its
+		// interface (bind: EINVAL at every sync, nothing served), whose
+		// zone id is refused above; and other links' traffic could not be
+		// DNATed to it.
+		add("--bind-address %s is an IPv6 link-local address, on which a proxy socket cannot listen without its interface: bind :: (with --node-ip %s if it must be the node IP) or a global address", v.bind, v.bind)
+	}
 	if v.portRange, err = proxier.ParsePortRange(o.proxyPortRange); err != nil {
 		add("--proxy-port-range: %v", err)
 	}

@@ -239,6 +239,14 @@ func TestBindAndNodeIPValidation(t *testing.T) {
 		{[]string{"--bind-address", "127.0.0.1", "--cleanup"}, ""},
 		{[]string{"--bind-address", "fe80::1%eth0", "--iptables=false"}, "--bind-address \"fe80::1%eth0\": IPv6 zone ids are not supported"},
 		{[]string{"--node-ip", "fe80::1%eth0"}, "--node-ip \"fe80::1%eth0\": IPv6 zone ids are not supported"},
+		// A socket cannot listen on a link-local address without its
+		// interface (EINVAL at every sync, nothing served), and the zone
+		// that would name it is refused above.
+		{[]string{"--bind-address", "fe80::1"}, "--bind-address fe80::1 is an IPv6 link-local address"},
+		{[]string{"--bind-address", "fe80::1", "--iptables=false"}, "link-local"},
+		{[]string{"--bind-address", "fe80::1", "--cleanup"}, ""},
+		{[]string{"--bind-address", "fd00:1::10"}, ""},
+		{[]string{"--bind-address", "169.254.1.1"}, ""}, // IPv4 link-local binds without a zone
 		{[]string{"--node-ip", "fe80::1"}, ""},
 		{[]string{"--node-ip", "127.0.0.1"}, "--node-ip 127.0.0.1 is a loopback address"},
 		{[]string{"--node-ip", "::ffff:127.0.0.1"}, "loopback"},
