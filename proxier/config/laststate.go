@@ -595,7 +595,10 @@ func readStateData(path string) ([]byte, error) {
 // annotations (a Service with a bad faults annotation is served without
 // faults from the informers, and so from the file), LoadBalancer ingress
 // IPs (one no portal may have is left out of its Service, which is
-// served) and the node port range (the cluster's may be another).
+// served), the node port range (the cluster's may be another) and what only
+// strict IP validation refuses (IPv4-mapped addresses: an API server before
+// 1.36, or an object older than its strict validation, gives them, and the
+// informers serve them unmapped).
 func validStateObject(obj runtime.Object) error {
 	obj = obj.DeepCopyObject()
 	setDefaults(obj)
@@ -613,7 +616,7 @@ func validStateObject(obj runtime.Object) error {
 	annotations := field.NewPath("metadata", "annotations").String()
 	ingress := field.NewPath("status", "loadBalancer", "ingress").String()
 	fe = slices.DeleteFunc(fe, func(e *fieldError) bool {
-		return strings.HasPrefix(e.Path, annotations) || strings.HasPrefix(e.Path, ingress)
+		return e.strict || strings.HasPrefix(e.Path, annotations) || strings.HasPrefix(e.Path, ingress)
 	})
 	return fe.err()
 }

@@ -133,3 +133,25 @@ func TestStateFileKeepsServiceWithUnusableIngressIP(t *testing.T) {
 		}
 	}
 }
+
+// IPv4-mapped addresses are refused in manifests as the API server's
+// strict IP validation (1.36+) refuses them, but an older API server, or an
+// object from before, gives them and the informers serve them (unmapped):
+// the last known state must keep such objects (the IPv4 slice's address
+// was left out as "not an IPv4 address").
+func TestStateFileKeepsIPv4MappedAddresses(t *testing.T) {
+	svc := stateService("web", "10.96.0.10")
+	svc.Spec.ExternalIPs = []string{"::ffff:192.0.2.10"}
+	path := filepath.Join(t.TempDir(), "state.json")
+	if err := WriteStateFile(path, State{Written: time.Now(), Node: "node-a", Services: []*v1.Service{svc},
+		EndpointSlices: []*discovery.EndpointSlice{stateSlice("web", "web-1", "::ffff:10.1.0.1")}}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := ReadStateFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Services) != 1 || len(st.EndpointSlices) != 1 {
+		t.Errorf("state kept %d Services, %d slices, skipped %v; want both kept, as the informers serve them", len(st.Services), len(st.EndpointSlices), st.Skipped)
+	}
+}

@@ -66,6 +66,10 @@ func (e *ManifestError) Identified() bool { return e.Kind != "" && e.Name != "" 
 type fieldError struct {
 	Path string
 	Msg  string
+	// strict marks what only the API server's strict IP validation (on by
+	// default since Kubernetes 1.36) refuses: an older API server, or an
+	// object created before, still gives it (see validStateObject).
+	strict bool
 }
 
 func (e *fieldError) Error() string {

@@ -73,8 +73,18 @@ func TestDecodeManifests(t *testing.T) {
 			`svc.yaml: Service default/web: spec.externalIPs[0]: "127.0.0.1" must not be in the loopback range (127.0.0.0/8, ::1/128)`},
 		{"loopback external IP, IPv6", svcHead + "  externalIPs: [192.0.2.10, '::1']\n  ports: [{port: 80}]\n", 0,
 			`spec.externalIPs[1]: "::1" must not be in the loopback range`},
+		// The API server refuses an IPv4-mapped address (strict IP
+		// validation, on by default since Kubernetes 1.36) before any other
+		// check: served, it was IPv4 to the proxy and IPv6 to whatever else
+		// reads the object, as a mapped clusterIP.
 		{"loopback external IP, IPv4-mapped", svcHead + "  externalIPs: ['::ffff:127.0.0.2']\n  ports: [{port: 80}]\n", 0,
-			`spec.externalIPs[0]: "::ffff:127.0.0.2" must not be in the loopback range`},
+			`spec.externalIPs[0]: "::ffff:127.0.0.2" is an IPv4-mapped IPv6 address (write 127.0.0.2)`},
+		{"IPv4-mapped external IP", svcHead + "  externalIPs: [192.0.2.10, '::ffff:192.0.2.11']\n  ports: [{port: 80}]\n", 0,
+			`spec.externalIPs[1]: "::ffff:192.0.2.11" is an IPv4-mapped IPv6 address (write 192.0.2.11)`},
+		{"IPv4-mapped LB ingress", svcHead + "  type: LoadBalancer\n  ports: [{port: 80}]\nstatus:\n  loadBalancer:\n    ingress: [{ip: '::ffff:192.0.2.1'}]\n", 0,
+			`status.loadBalancer.ingress[0].ip: "::ffff:192.0.2.1" is an IPv4-mapped IPv6 address (write 192.0.2.1)`},
+		{"IPv4-mapped source range", svcHead + "  type: LoadBalancer\n  loadBalancerSourceRanges: ['::ffff:10.0.0.0/104']\n  ports: [{port: 80}]\n", 0,
+			`spec.loadBalancerSourceRanges[0]: "::ffff:10.0.0.0/104" is an IPv4-mapped IPv6 range (write 10.0.0.0/8)`},
 		{"unspecified external IP", svcHead + "  externalIPs: [0.0.0.0]\n  ports: [{port: 80}]\n", 0,
 			`spec.externalIPs[0]: "0.0.0.0" must not be unspecified`},
 		{"unspecified external IP, IPv6", svcHead + "  externalIPs: ['::']\n  ports: [{port: 80}]\n", 0,
@@ -172,6 +182,15 @@ func TestDecodeManifests(t *testing.T) {
 		{"multi document", svcHead + "  ports: [{port: 80}]\n---\n" + sliceYAML("web-1", "IPv4", "10.1.0.1") + "--- # end\n", 2, ""},
 		{"slice wrong family", sliceYAML("web-1", "IPv4", "fd00::1"), 0, `endpoints[0].addresses[0]: "fd00::1" is not an IPv4 address`},
 		{"slice bad address", sliceYAML("web-1", "IPv6", "zz"), 0, `"zz" is not a valid IP address`},
+		// Refused in slices of either type, as the API server refuses it;
+		// an IPv6 slice's was served as an IPv4 endpoint, an IPv4 slice's
+		// was called "not an IPv4 address".
+		{"slice IPv4-mapped address, IPv6", sliceYAML("web-1", "IPv6", "::ffff:10.1.0.1"), 0,
+			`endpoints[0].addresses[0]: "::ffff:10.1.0.1" is an IPv4-mapped IPv6 address (write 10.1.0.1)`},
+		{"slice IPv4-mapped address, IPv4", sliceYAML("web-1", "IPv4", "::ffff:10.1.0.1"), 0,
+			`endpoints[0].addresses[0]: "::ffff:10.1.0.1" is an IPv4-mapped IPv6 address (write 10.1.0.1)`},
+		{"endpoints IPv4-mapped address", strings.Replace(endpointsYAML, "10.1.0.9", "'::ffff:10.1.0.9'", 1), 0,
+			`Endpoints default/web: subsets[0].notReadyAddresses[0].ip: "::ffff:10.1.0.9" is an IPv4-mapped IPv6 address (write 10.1.0.9)`},
 		{"slice FQDN: valid, ignored by the proxier", sliceYAML("web-1", "FQDN", "example.com"), 1, ""},
 		{"slice nodeName in upper case", strings.Replace(sliceYAML("web-1", "IPv4", "10.1.0.1"), `addresses: ["10.1.0.1"]`, `addresses: ["10.1.0.1"]`+"\n  nodeName: Node-A", 1), 0,
 			`endpoints[0].nodeName: "Node-A": a lowercase RFC 1123 subdomain`},

@@ -35,6 +35,12 @@ func (fe *fieldErrors) add(path *field.Path, format string, args ...any) {
 	*fe = append(*fe, &fieldError{Path: path.String(), Msg: fmt.Sprintf(format, args...)})
 }
 
+// addStrict records a failure only strict IP validation finds (fieldError.strict).
+func (fe *fieldErrors) addStrict(path *field.Path, format string, args ...any) {
+	fe.add(path, format, args...)
+	(*fe)[len(*fe)-1].strict = true
+}
+
 // err joins the failures into one line, or returns nil when there are none.
 func (fe fieldErrors) err() error {
 	if len(fe) == 0 {
@@ -108,6 +114,19 @@ func validateIP(fe *fieldErrors, path *field.Path, s string) (netip.Addr, bool) 
 	a, ok := parseIP(s)
 	if !ok {
 		fe.add(path, "%q is not a valid IP address", s)
+	}
+	return a, ok
+}
+
+// validateUnmappedIP is validateIP that also refuses an IPv4-mapped IPv6
+// address (::ffff:10.0.0.1), as the API server does (strict IP validation,
+// on by default since Kubernetes 1.36): served, it was IPv4 to the proxy
+// and IPv6 to whatever else reads the object.
+func validateUnmappedIP(fe *fieldErrors, path *field.Path, s string) (netip.Addr, bool) {
+	a, ok := validateIP(fe, path, s)
+	if ok && a.Is4In6() {
+		fe.addStrict(path, "%q is an IPv4-mapped IPv6 address (write %s)", s, a.Unmap())
+		return netip.Addr{}, false
 	}
 	return a, ok
 }

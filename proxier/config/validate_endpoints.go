@@ -69,7 +69,7 @@ func validateEndpointSlice(fe *fieldErrors, es *discovery.EndpointSlice) {
 
 // validateFamilyIP checks that addr is an IP of the slice's address type.
 func validateFamilyIP(fe *fieldErrors, path *field.Path, addr string, t discovery.AddressType) {
-	a, ok := validateIP(fe, path, addr)
+	a, ok := validateUnmappedIP(fe, path, addr)
 	if !ok {
 		return
 	}
@@ -106,7 +106,7 @@ func validateEndpoints(fe *fieldErrors, e *v1.Endpoints) {
 // this source always did: refused, the Endpoints lost all its endpoints
 // (the conversion leaves the empty name out).
 func validateEndpointAddress(fe *fieldErrors, path *field.Path, a v1.EndpointAddress) {
-	validateIP(fe, path.Child("ip"), a.IP)
+	validateUnmappedIP(fe, path.Child("ip"), a.IP)
 	if a.NodeName != nil && *a.NodeName != "" {
 		dnsCheck(fe, path.Child("nodeName"), *a.NodeName, validation.IsDNS1123Subdomain)
 	}

@@ -40,14 +40,14 @@ func validateService(fe *fieldErrors, s *v1.Service, nodePorts PortRange) {
 
 	for i, ip := range s.Spec.ExternalIPs {
 		path := spec.Child("externalIPs").Index(i)
-		if a, ok := validateIP(fe, path, ip); ok {
+		if a, ok := validateUnmappedIP(fe, path, ip); ok {
 			validateNonSpecialIP(fe, path, a, ip)
 		}
 	}
 	for i, ing := range s.Status.LoadBalancer.Ingress {
 		path := field.NewPath("status", "loadBalancer", "ingress").Index(i)
 		if ing.IP != "" {
-			if a, ok := validateIP(fe, path.Child("ip"), ing.IP); ok {
+			if a, ok := validateUnmappedIP(fe, path.Child("ip"), ing.IP); ok {
 				validateNonSpecialIP(fe, path.Child("ip"), a, ing.IP)
 			}
 		} else if ing.Hostname == "" {
@@ -118,8 +118,17 @@ func validateSourceRanges(fe *fieldErrors, path *field.Path, s *v1.Service) {
 		return
 	}
 	for i, r := range s.Spec.LoadBalancerSourceRanges {
-		if _, err := netip.ParsePrefix(strings.TrimSpace(r)); err != nil {
+		p, err := netip.ParsePrefix(strings.TrimSpace(r))
+		switch {
+		case err != nil:
 			fe.add(path.Index(i), "%q is not a valid IP range (CIDR, such as 10.240.0.0/24)", r)
+		case p.Addr().Is4In6():
+			// Refused by the API server as a mapped address is.
+			if p.Bits() >= 96 {
+				fe.addStrict(path.Index(i), "%q is an IPv4-mapped IPv6 range (write %s)", r, netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96))
+			} else {
+				fe.addStrict(path.Index(i), "%q is an IPv4-mapped IPv6 range", r)
+			}
 		}
 	}
 }
