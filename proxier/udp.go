@@ -325,7 +325,14 @@ func (s *udpProxySocket) forwardGSO(client netip.AddrPort, b *udpBatch, i, g int
 	if sess == nil || sess.generation != s.sp.Generation() {
 		return i // a new session, or a re-check: forward opens or checks it
 	}
-	if err := b.sendRun(sess.fd, i, g); err != nil {
+	err := b.sendRun(sess.fd, i, g)
+	if errors.Is(err, unix.EMSGSIZE) {
+		// Perhaps the socket's error from an ICMP packet too big (see
+		// writeBackend), which the send took instead of the buffer: once
+		// more, and only then is EMSGSIZE the kernel's refusal of GSO.
+		err = b.sendRun(sess.fd, i, g)
+	}
+	if err != nil {
 		switch {
 		case errors.Is(err, unix.ECONNREFUSED):
 			// As forward: the backend's port is closed, this datagram
@@ -381,7 +388,7 @@ func (s *udpProxySocket) forward(client netip.AddrPort, b, oob []byte) {
 	s.sessions.touch(sess, now)
 	sess.bytesIn += int64(len(b))
 	if plan == nil {
-		_, err := rawio.Write(sess.fd, b)
+		_, err := writeBackend(sess.fd, b)
 		if errors.Is(err, unix.ECONNREFUSED) {
 			// The backend's port is closed (an earlier ICMP error): the
 			// client's next datagram picks again.
@@ -406,6 +413,19 @@ func (s *udpProxySocket) forward(client netip.AddrPort, b, oob []byte) {
 		sess.deferredUntil = max(sess.deferredUntil, mono.Add(now, d))
 		s.mu.Unlock()
 	}
+}
+
+// writeBackend writes one datagram to a session's backend socket. An
+// EMSGSIZE may be the socket's pending error from an ICMP packet too big
+// for the path (the kernel reports it at the next send or read on the
+// connected socket, and this send then sent nothing): the path MTU is
+// known by now, so the datagram goes once more, fragmented if need be.
+func writeBackend(fd int, b []byte) (int, error) {
+	n, err := rawio.Write(fd, b)
+	if errors.Is(err, unix.EMSGSIZE) {
+		n, err = rawio.Write(fd, b)
+	}
+	return n, err
 }
 
 // sessionLocked returns the client's session, opening one (and making room
@@ -524,7 +544,7 @@ func (s *udpProxySocket) upSenderLocked(sess *udpSession) func([]byte) {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			if sess.fd >= 0 {
-				if n, err := rawio.Write(sess.fd, b); err == nil {
+				if n, err := writeBackend(sess.fd, b); err == nil {
 					s.bytesIn.Add(float64(n))
 				}
 				// The session idles from when the datagram left, not
@@ -701,6 +721,13 @@ func (s *udpProxySocket) relayFrom(fd int, b *udpBatch) {
 		switch {
 		case err == unix.ECONNREFUSED:
 			s.refusedLocked(sess, err)
+		case err == unix.EMSGSIZE:
+			// An ICMP packet too big (fragmentation needed) for the path
+			// to the backend, reported once as the socket's error: the
+			// kernel keeps the path MTU and fragments what follows, so
+			// the session is sound (closed, its client moved to another
+			// endpoint mid-flow and the replies on their way were lost).
+			// A reply queued meanwhile is read at the next wake.
 		case err != unix.EAGAIN && err != unix.EINTR:
 			// Broken: end the session; the client's next datagram
 			// picks again.

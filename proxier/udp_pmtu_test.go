@@ -1,0 +1,99 @@
+package proxier
+
+import (
+	"encoding/binary"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// An ICMP "packet too big" (IPv6) or "fragmentation needed" (IPv4) for a
+// session's flow to its backend is no failure: the kernel notes the path
+// MTU and fragments the next datagrams. On a connected socket it also sets
+// the socket error EMSGSIZE, which the next read returned: the session was
+// closed as broken (its client's next datagram opened another, on another
+// endpoint without affinity, and the replies already on their way to the
+// old socket were lost), as a router's first Packet Too Big on a path
+// narrower than the node's link (a tunnel, a 1280-byte link) did.
+func TestUDPSessionSurvivesPacketTooBig(t *testing.T) {
+	backend, err := net.ListenUDP("udp6", &net.UDPAddr{IP: net.IPv6loopback})
+	if err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	t.Cleanup(func() { backend.Close() })
+	// A raw ICMPv6 socket (root) forges the router's error.
+	raw, err := unix.Socket(unix.AF_INET6, unix.SOCK_RAW, unix.IPPROTO_ICMPV6)
+	if err != nil {
+		t.Skipf("no raw ICMPv6 socket (needs CAP_NET_RAW): %v", err)
+	}
+	defer unix.Close(raw)
+	peers := make(chan netip.AddrPort, 16)
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := backend.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			peers <- from
+			_, _ = backend.WriteToUDPAddrPort(buf[:n], from)
+		}
+	}()
+	conn, err := net.ListenUDP("udp6", &net.UDPAddr{IP: net.IPv6loopback})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := startUDPSocket(t, conn, backend.LocalAddr().(*net.UDPAddr).AddrPort())
+	client, err := net.DialUDP("udp6", nil, &net.UDPAddr{IP: net.IPv6loopback, Port: sock.Port()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	ask := func(msg string) netip.AddrPort {
+		t.Helper()
+		if _, err := client.Write([]byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+		_ = client.SetReadDeadline(time.Now().Add(3 * time.Second))
+		buf := make([]byte, 64)
+		if n, err := client.Read(buf); err != nil || string(buf[:n]) != msg {
+			t.Fatalf("%q: reply %q, %v", msg, buf[:n], err)
+		}
+		return <-peers
+	}
+	session := ask("a")
+
+	// Packet Too Big for session → backend, with an MTU no smaller than
+	// the loopback's: the kernel changes no route for it (this test runs
+	// in the host's namespace), yet sets the session socket's error.
+	be := backend.LocalAddr().(*net.UDPAddr).AddrPort()
+	inner := make([]byte, 40+8)
+	binary.BigEndian.PutUint32(inner[0:], 6<<28)
+	binary.BigEndian.PutUint16(inner[4:], 8)
+	inner[6], inner[7] = unix.IPPROTO_UDP, 64
+	src, dst := session.Addr().As16(), be.Addr().As16()
+	copy(inner[8:], src[:])
+	copy(inner[24:], dst[:])
+	binary.BigEndian.PutUint16(inner[40:], session.Port())
+	binary.BigEndian.PutUint16(inner[42:], be.Port())
+	binary.BigEndian.PutUint16(inner[44:], 8)
+	ptb := append([]byte{2, 0, 0, 0, 0, 1, 0, 0}, inner...) // type 2, MTU 65536; the kernel sums it
+	if err := unix.Sendto(raw, ptb, 0, &unix.SockaddrInet6{Addr: [16]byte{15: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // the proxy's poller sees the error
+
+	if got := ask("b"); got != session {
+		t.Errorf("after a Packet Too Big the client's datagram came from %v, want its session's socket %v: the session was closed as broken", got, session)
+	}
+	// And a write that meets the error (not read yet) is sent all the same.
+	if err := unix.Sendto(raw, ptb, 0, &unix.SockaddrInet6{Addr: [16]byte{15: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := ask("c"); got != session {
+		t.Errorf("after a second Packet Too Big the client's datagram came from %v, want %v", got, session)
+	}
+}
