@@ -25,11 +25,14 @@ type explanation struct {
 	nodeIPs []netip.Addr // each family's
 	// redirect names the families whose portals have no node IP to DNAT
 	// to, and REDIRECT instead.
-	redirect    []string
-	portRange   string
-	kernelPorts bool
-	ports       []proxier.DebugServicePort
-	families    []familyRules
+	redirect []string
+	// preroutingRedirect: --prerouting-redirect, pods' and other hosts'
+	// traffic is REDIRECTed whatever the node IP.
+	preroutingRedirect bool
+	portRange          string
+	kernelPorts        bool
+	ports              []proxier.DebugServicePort
+	families           []familyRules
 	// invalid counts the source's problems: objects, documents or files
 	// left out.
 	invalid int
@@ -86,6 +89,13 @@ func (e *explanation) write(out io.Writer) error {
 			fmt.Fprintf(w, "Traffic this node sends to a Service is sent to %s, the node's address\n(--node-ip; by default the address of the interface holding the default route).\n", e.nodeIPs[0])
 		case 2:
 			fmt.Fprintf(w, "Traffic this node sends to a Service is sent to %s (IPv4) or %s (IPv6),\nthe node's addresses (--node-ip; by default those of the interfaces holding the default routes).\n", e.nodeIPs[0], e.nodeIPs[1])
+		}
+		for _, ip := range e.nodeIPs {
+			if iptables.LinkScoped(ip) && !e.preroutingRedirect {
+				// As the proxy logs it at start (iptables.Rules.containerTarget).
+				fmt.Fprintf(w, "The IPv6 node IP %s is link-local: traffic from pods and other hosts is REDIRECTed to\n"+
+					"the address it arrived on (a DNAT to a link-local address reaches its own link only).\n", ip)
+			}
 		}
 		if len(e.redirect) > 0 {
 			// The rules turned into REDIRECT without a word, and the

@@ -828,3 +828,30 @@ endpoints: [{addresses: [10.1.0.4], conditions: {ready: false}}]
 		t.Errorf("a matching slice with no ready endpoint must read \"none ready\", with no warning:\n%s", down)
 	}
 }
+
+// A link-local IPv6 --node-ip: the header says that pods' and other
+// hosts' traffic is REDIRECTed (a DNAT to it reaches its own link only),
+// as the proxy logs at start, and the rules show it.
+func TestExplainLinkLocalNodeIP(t *testing.T) {
+	const v6 = `apiVersion: v1
+kind: Service
+metadata: {name: web6, namespace: default}
+spec:
+  ipFamilies: [IPv6]
+  clusterIP: fd00:96::10
+  ports: [{name: http, port: 80}]
+`
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "web6.yaml"), []byte(v6), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if code := explain(t.Context(), []string{"--manifests", dir, "--node-ip", "fe80::1"}, &out); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	outputHas(t, out.String(),
+		"The IPv6 node IP fe80::1 is link-local: traffic from pods and other hosts is REDIRECTed",
+		"-A KUBE-PORTALS-CONTAINER -d fd00:96::10/128 -p tcp -m comment --comment \"default/web6:http\" -m tcp --dport 80 -j REDIRECT --to-ports ",
+		"-A KUBE-PORTALS-HOST -d fd00:96::10/128 -p tcp -m comment --comment \"default/web6:http\" -m tcp --dport 80 -j DNAT --to-destination [fe80::1]:",
+	)
+}
