@@ -66,9 +66,10 @@ func TestUDPSessionSurvivesPacketTooBig(t *testing.T) {
 	}
 	session := ask("a")
 
-	// Packet Too Big for session → backend, with an MTU no smaller than
-	// the loopback's: the kernel changes no route for it (this test runs
-	// in the host's namespace), yet sets the session socket's error.
+	// Packet Too Big for session → backend, with the largest MTU there is
+	// (no smaller than any loopback's): the kernel changes no route for it
+	// (this test runs in the host's namespace), yet sets the session
+	// socket's error.
 	be := backend.LocalAddr().(*net.UDPAddr).AddrPort()
 	inner := make([]byte, 40+8)
 	binary.BigEndian.PutUint32(inner[0:], 6<<28)
@@ -80,7 +81,7 @@ func TestUDPSessionSurvivesPacketTooBig(t *testing.T) {
 	binary.BigEndian.PutUint16(inner[40:], session.Port())
 	binary.BigEndian.PutUint16(inner[42:], be.Port())
 	binary.BigEndian.PutUint16(inner[44:], 8)
-	ptb := append([]byte{2, 0, 0, 0, 0, 1, 0, 0}, inner...) // type 2, MTU 65536; the kernel sums it
+	ptb := append([]byte{2, 0, 0, 0, 0xff, 0xff, 0xff, 0xff}, inner...) // type 2, MTU 2^32-1; the kernel sums it
 	if err := unix.Sendto(raw, ptb, 0, &unix.SockaddrInet6{Addr: [16]byte{15: 1}}); err != nil {
 		t.Fatal(err)
 	}
