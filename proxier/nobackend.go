@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
@@ -35,6 +36,12 @@ func (l *noBackendLog) report(servicePort string, client netip.AddrPort, err err
 	switch {
 	case errors.Is(err, relay.ErrDescriptorReserve):
 		lines, msg = &reserveRefusals, "Clients refused: connections hold every descriptor not kept back for the proxy's own use; the count is of all service ports"
+	case errors.Is(err, unix.EADDRNOTAVAIL):
+		// connect's EADDRNOTAVAIL: no local port left, or no usable
+		// source address of the endpoint's family (the node's IPv6
+		// disabled, its address still tentative); a leak of descriptors
+		// it is not.
+		msg = "No socket to dial an endpoint (this node is out of local ports, or no source address of the endpoint's IP family is usable: IPv6 disabled, an address still tentative); the client was refused"
 	case relay.LocalShortage(err):
 		msg = "No socket to dial an endpoint (this node is out of descriptors or ports); the client was refused"
 	}

@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 )
 
@@ -33,5 +36,26 @@ func TestNoBackendLogRateLimited(t *testing.T) {
 	}
 	if got := l.suppressed.Load(); got != 4 {
 		t.Fatalf("%d suppressed, want 4", got)
+	}
+}
+
+// connect's EADDRNOTAVAIL is also a node without a usable source address
+// of the endpoint's family (IPv6 disabled, an address still tentative):
+// the line said only "out of descriptors or ports", and sent the operator
+// after a leak that was not there.
+func TestNoBackendLogNamesAMissingSourceAddress(t *testing.T) {
+	var buf bytes.Buffer
+	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(fs)
+	_ = fs.Set("logtostderr", "false")
+	klog.SetOutput(&buf)
+	defer klog.SetOutput(nil)
+	defer klog.LogToStderr(true)
+
+	var l noBackendLog
+	l.report("t/mis4:http", netip.MustParseAddrPort("10.61.1.2:42662"), &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", unix.EADDRNOTAVAIL)})
+	klog.Flush()
+	if want := "or no source address of the endpoint's IP family"; !strings.Contains(buf.String(), want) {
+		t.Fatalf("line lacks %q:\n%s", want, buf.String())
 	}
 }

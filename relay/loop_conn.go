@@ -191,7 +191,8 @@ func (c *LoopConn) dial() {
 }
 
 // LocalShortage reports a dial that failed for want of something on this
-// node (descriptors, local ports, buffers), not because of the endpoint.
+// node (descriptors, local ports, buffers, a usable source address of the
+// endpoint's family: EADDRNOTAVAIL is both), not because of the endpoint.
 func LocalShortage(err error) bool {
 	if errors.Is(err, ErrDescriptorReserve) {
 		return true
