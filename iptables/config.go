@@ -58,8 +58,8 @@ type Config struct {
 	// (PREROUTING). When it is zero, both fall back to REDIRECT: OUTPUT to
 	// the loopback address (no route_localnet needed, such packets never
 	// leave the node), PREROUTING to the incoming interface's address. An
-	// IPv6 link-local NodeIP is local on its own link only: PREROUTING
-	// REDIRECTs then too (see LinkScoped), OUTPUT DNATs to it.
+	// IPv6 link-local NodeIP is local on its own link only: both REDIRECT
+	// then too (see LinkScoped).
 	NodeIP netip.Addr
 	// PreroutingRedirect keeps the legacy REDIRECT in PREROUTING with an
 	// unspecified BindAddress. REDIRECT sends a packet to the primary

@@ -451,11 +451,17 @@ func LinkScoped(addr netip.Addr) bool {
 
 // hostTarget is where traffic the node sends itself (OUTPUT) goes: DNAT to
 // the node IP (not loopback: no route_localnet needed) or the bind address.
+// Without a node IP, or with an IPv6 link-local one, REDIRECT (to the
+// loopback address): a packet DNATed in OUTPUT to a link-local address is
+// rerouted on the device of its first route only, so the node's own
+// connection to its NodePort on another address (or [::1]), or to a
+// Service address routed out of another interface, was sent out of that
+// link and lost.
 func (r *Rules) hostTarget(proxyPort int) string {
 	if !r.cfg.bindsAll() {
 		return dnatTo(r.cfg.BindAddress, proxyPort)
 	}
-	if r.cfg.Family.owns(r.cfg.NodeIP) {
+	if r.cfg.Family.owns(r.cfg.NodeIP) && !LinkScoped(r.cfg.NodeIP) {
 		return dnatTo(r.cfg.NodeIP, proxyPort)
 	}
 	return redirectTo(proxyPort)

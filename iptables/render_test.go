@@ -175,8 +175,12 @@ func TestFamilyCIDRsUnmapsPrefixes(t *testing.T) {
 // TestLinkLocalNodeIPRedirectsPrerouting: an IPv6 link-local node IP is
 // local only on its own link, so a PREROUTING DNAT to it sent the traffic
 // of pods and hosts on every other link out again (forwarded, lost). Those
-// portals REDIRECT to the arrival interface's own address instead; the
-// node's own traffic (OUTPUT) keeps its DNAT, which works.
+// portals REDIRECT to the arrival interface's own address instead. So do
+// the node's own (OUTPUT), to the loopback address: rerouted after a DNAT
+// to a link-local address, a packet is pinned to the device of its first
+// route, so the node's connection to its own NodePort on any other
+// address (or [::1]), and to a Service address routed out of another
+// interface, was sent out of that link and lost.
 func TestLinkLocalNodeIPRedirectsPrerouting(t *testing.T) {
 	cfg := Config{Family: IPv6, BindAddress: netip.IPv6Unspecified(), NodeIP: netip.MustParseAddr("fe80::1")}
 	got := string(New(NewFakeRunner(IPv6), cfg).Render(dualStackPortals()))
@@ -186,8 +190,8 @@ func TestLinkLocalNodeIPRedirectsPrerouting(t *testing.T) {
 		switch {
 		case container && !strings.Contains(line, "-j REDIRECT --to-ports "):
 			t.Errorf("PREROUTING portal to a link-local node IP does not REDIRECT:\n%s", line)
-		case host && !strings.Contains(line, "-j DNAT --to-destination [fe80::1]:"):
-			t.Errorf("OUTPUT portal does not DNAT to the node IP:\n%s", line)
+		case host && !strings.Contains(line, "-j REDIRECT --to-ports "):
+			t.Errorf("OUTPUT portal to a link-local node IP does not REDIRECT:\n%s", line)
 		}
 	}
 	// A global (ULA) node IP keeps the DNAT from PREROUTING.
@@ -195,5 +199,8 @@ func TestLinkLocalNodeIPRedirectsPrerouting(t *testing.T) {
 	got = string(New(NewFakeRunner(IPv6), cfg).Render(dualStackPortals()))
 	if !strings.Contains(got, "-A "+ChainPortalsContainer+" -d fd00:96::10/128 -p tcp -m comment --comment \"default/dual:http\" -m tcp --dport 80 -j DNAT --to-destination [fd00:1::10]:41001") {
 		t.Errorf("PREROUTING portal to a global node IP does not DNAT:\n%s", got)
+	}
+	if !strings.Contains(got, "-A "+ChainPortalsHost+" -d fd00:96::10/128 -p tcp -m comment --comment \"default/dual:http\" -m tcp --dport 80 -j DNAT --to-destination [fd00:1::10]:41001") {
+		t.Errorf("OUTPUT portal to a global node IP does not DNAT:\n%s", got)
 	}
 }

@@ -84,17 +84,20 @@ func (e *explanation) write(out io.Writer) error {
 		}
 	} else {
 		fmt.Fprintf(w, "Proxy sockets listen on every address (--bind-address %s).\n", e.bind)
-		switch len(e.nodeIPs) {
+		// A link-local node IP is no DNAT target (iptables.LinkScoped).
+		dnat := slices.DeleteFunc(slices.Clone(e.nodeIPs), iptables.LinkScoped)
+		switch len(dnat) {
 		case 1:
-			fmt.Fprintf(w, "Traffic this node sends to a Service is sent to %s, the node's address\n(--node-ip; by default the address of the interface holding the default route).\n", e.nodeIPs[0])
+			fmt.Fprintf(w, "Traffic this node sends to a Service is sent to %s, the node's address\n(--node-ip; by default the address of the interface holding the default route).\n", dnat[0])
 		case 2:
-			fmt.Fprintf(w, "Traffic this node sends to a Service is sent to %s (IPv4) or %s (IPv6),\nthe node's addresses (--node-ip; by default those of the interfaces holding the default routes).\n", e.nodeIPs[0], e.nodeIPs[1])
+			fmt.Fprintf(w, "Traffic this node sends to a Service is sent to %s (IPv4) or %s (IPv6),\nthe node's addresses (--node-ip; by default those of the interfaces holding the default routes).\n", dnat[0], dnat[1])
 		}
 		for _, ip := range e.nodeIPs {
-			if iptables.LinkScoped(ip) && !e.preroutingRedirect {
-				// As the proxy logs it at start (iptables.Rules.containerTarget).
+			if iptables.LinkScoped(ip) {
+				// As the proxy logs it at start (iptables.Rules.containerTarget, hostTarget).
 				fmt.Fprintf(w, "The IPv6 node IP %s is link-local: traffic from pods and other hosts is REDIRECTed to\n"+
-					"the address it arrived on (a DNAT to a link-local address reaches its own link only).\n", ip)
+					"the address it arrived on, the node's own to the loopback address (a DNAT to a link-local\n"+
+					"address reaches its own link only).\n", ip)
 			}
 		}
 		if len(e.redirect) > 0 {

@@ -852,6 +852,10 @@ spec:
 	outputHas(t, out.String(),
 		"The IPv6 node IP fe80::1 is link-local: traffic from pods and other hosts is REDIRECTed",
 		"-A KUBE-PORTALS-CONTAINER -d fd00:96::10/128 -p tcp -m comment --comment \"default/web6:http\" -m tcp --dport 80 -j REDIRECT --to-ports ",
-		"-A KUBE-PORTALS-HOST -d fd00:96::10/128 -p tcp -m comment --comment \"default/web6:http\" -m tcp --dport 80 -j DNAT --to-destination [fe80::1]:",
+		"the node's own to the loopback address",
+		"-A KUBE-PORTALS-HOST -d fd00:96::10/128 -p tcp -m comment --comment \"default/web6:http\" -m tcp --dport 80 -j REDIRECT --to-ports ",
 	)
+	if strings.Contains(out.String(), "sent to fe80::1") {
+		t.Errorf("explain says the node's own traffic is sent to the link-local node IP:\n%s", out.String())
+	}
 }

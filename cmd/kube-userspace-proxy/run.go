@@ -429,10 +429,11 @@ func portalSyncers(ctx context.Context, v *validated, newRunner func(iptables.Fa
 	default:
 		klog.InfoS("Portal rules enabled; some families have no node IP (no default route, no --node-ip): their portals REDIRECT, or DNAT to --bind-address when it names an address", "nodeIPs", nodeIPs, "withoutNodeIP", without)
 	}
-	if i := slices.IndexFunc(nodeIPs, iptables.LinkScoped); i >= 0 && !v.preroutingRedirect && (!v.bind.IsValid() || v.bind.IsUnspecified()) {
+	if i := slices.IndexFunc(nodeIPs, iptables.LinkScoped); i >= 0 && (!v.bind.IsValid() || v.bind.IsUnspecified()) {
 		// Local on its own link only: other links' traffic DNATed to it
-		// would be routed out again (iptables.Rules.containerTarget).
-		klog.InfoS("The IPv6 node IP is link-local: traffic from pods and other hosts is REDIRECTed to the address it arrived on, the node's own is DNATed to the node IP", "nodeIP", nodeIPs[i])
+		// would be routed out again (iptables.Rules.containerTarget,
+		// hostTarget).
+		klog.InfoS("The IPv6 node IP is link-local: traffic from pods and other hosts is REDIRECTed to the address it arrived on, the node's own to the loopback address", "nodeIP", nodeIPs[i])
 	}
 	return v4, v6, nil
 }
