@@ -83,6 +83,15 @@ func Cleanup(r Runner) error {
 				buckets = append(buckets, ownedChain{table, chain})
 			}
 		}
+		if _, ok := unprintable(data, table); ok {
+			// Its dump lists none of our buckets: each is asked for by
+			// name (they were all left behind, "errors=0").
+			found, err := findBuckets(r, table)
+			if err != nil {
+				fail(err)
+			}
+			buckets = append(buckets, found...)
+		}
 		for chain, rules := range saved.rules {
 			if isOwned(table, chain) {
 				continue
@@ -135,6 +144,32 @@ func Cleanup(r Runner) error {
 	// cleaned from one that had nothing of ours.
 	klog.InfoS("Cleaned up", "ipFamily", r.Family(), "chainsDeleted", chainsDeleted, "jumpsDeleted", jumpsDeleted, "errors", len(errs))
 	return errors.Join(errs...)
+}
+
+// findBuckets asks for the bucket chains of ours in table by name, for a
+// table iptables-save cannot print: of each of our chains whose first
+// bucket is there (a chain's buckets come and go together), every one.
+func findBuckets(r Runner, table Table) ([]ownedChain, error) {
+	var out []ownedChain
+	for _, c := range ownedChains {
+		if c.table != table {
+			continue
+		}
+		for b := range numBuckets {
+			name := bucketChain(c.name, b)
+			ok, err := r.ChainExists(table, name)
+			if err != nil {
+				return out, err
+			}
+			if !ok && b == 0 {
+				break
+			}
+			if ok {
+				out = append(out, ownedChain{table, name})
+			}
+		}
+	}
+	return out, nil
 }
 
 // cleanupLockTries bounds how often Cleanup asks again while the xtables

@@ -135,6 +135,18 @@ func (r *Rules) syncLocked(portals []Portal) error {
 		return err
 	}
 	stale, drop := r.staleChains(want, saved), unwantedBuckets(want, saved)
+	if len(unprintables) > 0 {
+		// The dump of such a table lists none of our buckets.
+		unseen, err := r.unseenBuckets(prev, unprintables)
+		if err != nil {
+			return err
+		}
+		for _, c := range unseen {
+			if !hasChain(want, c.name) {
+				drop = append(drop, c)
+			}
+		}
+	}
 	// An unprintable table's chains read as missing at every sync and are
 	// rewritten: that is no repair of someone else's change.
 	seen := func(cs []ownedChain) []ownedChain {
@@ -285,6 +297,38 @@ func unwantedBuckets(want chainRules, saved map[Table]savedTable) []ownedChain {
 	}
 	slices.SortFunc(out, func(a, b ownedChain) int { return strings.Compare(a.name, b.name) })
 	return out
+}
+
+// unseenBuckets returns the bucket chains of ours that may be in the
+// tables iptables-save cannot print, whose dump lists none of them: those
+// prev (what the last sync wrote) holds, or without it (a start, a sync
+// after a failure) every bucket of each of our chains whose first bucket
+// is there, asked for by name (a chain's buckets come and go together; a
+// bucket declared and deleted that was not there costs nothing). Taken
+// from the dump alone, the buckets of a layout no longer wanted (a chain
+// back below bucketAbove) stayed for good, and a restart left them too.
+func (r *Rules) unseenBuckets(prev chainRules, unprintables map[Table]string) ([]ownedChain, error) {
+	var out []ownedChain
+	for _, c := range ownedChains {
+		if unprintables[c.table] == "" {
+			continue
+		}
+		if prev == nil {
+			exists, err := r.runner.ChainExists(c.table, bucketChain(c.name, 0))
+			if err != nil {
+				return nil, fmt.Errorf("%v: looking for the buckets of chain %s/%s, as iptables-save cannot print its table (%q): %w", r.cfg.Family, c.table, c.name, unprintables[c.table], err)
+			}
+			if !exists {
+				continue
+			}
+		}
+		for b := range numBuckets {
+			if name := bucketChain(c.name, b); prev == nil || hasChain(prev, name) {
+				out = append(out, ownedChain{c.table, name})
+			}
+		}
+	}
+	return out, nil
 }
 
 // learnPrinting reads back chains just written, checks that the write took

@@ -750,3 +750,73 @@ func TestSyncTaintedTableIsPrinted(t *testing.T) {
 		t.Errorf("after a stop %s holds %q, want nothing", ChainPortalsNonLocal, got)
 	}
 }
+
+// A table iptables-save cannot print lists none of our bucket chains, so
+// the buckets of a layout no longer wanted (a chain back below
+// bucketAbove) were never deleted: not by a full Sync, which took the
+// unwanted ones from the dump, nor by a restarted process, nor by
+// --cleanup, which said "errors=0" and left every bucket (real kernel:
+// 128 KUBE-*-NN chains with the old Services' rules after a restart from
+// 1,100 Services to 5 and a --cleanup). A Sync over such a table now drops
+// the buckets it wrote and no longer wants, and, when it does not know
+// what it wrote (a restart), those it finds by name; Cleanup asks for
+// them by name.
+func TestUnprintableTableBucketsDropped(t *testing.T) {
+	buckets := func(fake *FakeRunner) []string {
+		var out []string
+		for _, table := range []Table{TableNAT, TableFilter} {
+			for _, c := range fake.Chains(table) {
+				if _, ok := bucketParent(table, c); ok {
+					out = append(out, c)
+				}
+			}
+		}
+		return out
+	}
+	setup := func(t *testing.T) (*FakeRunner, *Rules) {
+		fake := NewFakeRunner(IPv4)
+		r := New(fake, testConfig)
+		r.bucketAbove = 4
+		syncOK(t, r, manyPortals(20))
+		if len(buckets(fake)) == 0 {
+			t.Fatal("no bucket chains to begin with")
+		}
+		fake.Unprintable = map[Table]bool{TableNAT: true}
+		return fake, r
+	}
+	t.Run("full sync", func(t *testing.T) {
+		fake, r := setup(t)
+		syncOK(t, r, manyPortals(1))
+		if b := buckets(fake); len(b) > 0 {
+			t.Errorf("a full sync over an unprintable nat table left %d bucket chains no longer wanted (%s, ...)", len(b), b[0])
+		}
+		fake.Unprintable = nil
+		syncOK(t, r, manyPortals(1))
+		assertState(t, fake, r, manyPortals(1))
+	})
+	t.Run("restart", func(t *testing.T) {
+		fake, _ := setup(t)
+		r := New(fake, testConfig)
+		r.bucketAbove = 4
+		syncOK(t, r, manyPortals(1))
+		if b := buckets(fake); len(b) > 0 {
+			t.Errorf("a restart over an unprintable nat table left %d bucket chains no longer wanted (%s, ...)", len(b), b[0])
+		}
+		// And one that wants them keeps them.
+		syncOK(t, r, manyPortals(20))
+		r = New(fake, testConfig)
+		r.bucketAbove = 4
+		syncOK(t, r, manyPortals(20))
+		fake.Unprintable = nil
+		assertState(t, fake, r, manyPortals(20))
+	})
+	t.Run("cleanup", func(t *testing.T) {
+		fake, _ := setup(t)
+		if err := Cleanup(fake); err != nil {
+			t.Fatal(err)
+		}
+		if b := buckets(fake); len(b) > 0 {
+			t.Errorf("--cleanup over an unprintable nat table left %d bucket chains (%s, ...)", len(b), b[0])
+		}
+	})
+}
