@@ -15,7 +15,9 @@ import (
 // 16,384 descriptors and ~7 MiB of Go memory on that port. The total is four
 // such ports, so one flooded Service cannot take every session, and it is
 // further held to half the descriptor limit (udpDescriptorShare) and to
-// half the ephemeral ports (udpPortShare).
+// half the ephemeral ports (udpPortShare), which lower the default per-port
+// cap with it: with the default range, 14,116 and 3,529 (about 14,000
+// queries/s per port before the oldest idle sessions are closed early).
 const (
 	DefaultUDPMaxSessionsPerPort = 16384
 	DefaultUDPMaxSessions        = 65536

@@ -5,6 +5,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/spf13/pflag"
 )
 
 // Every flag --help lists has a row in one of README.md's flag tables,
@@ -54,5 +56,28 @@ func TestEveryFlagInREADME(t *testing.T) {
 	}
 	if n < 20 {
 		t.Fatalf("found %d flags in --help:\n%s", n, help)
+	}
+}
+
+// The default --udp-max-sessions-per-port is lowered with the total (half
+// the descriptors, half the ephemeral ports: 3,529 on a node with the
+// default range, whatever its descriptor limit), which --help and README's
+// row of the flag said nothing of: both named 16384 alone, and only the
+// --udp-max-sessions row told.
+func TestUDPPerPortDefaultSaysItIsLowered(t *testing.T) {
+	o := newOptions()
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	o.addFlags(fs)
+	if usage := fs.Lookup("udp-max-sessions-per-port").Usage; !strings.Contains(usage, "lowered") {
+		t.Errorf("--help of --udp-max-sessions-per-port does not say its default is lowered with the total: %q", usage)
+	}
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(readme), "\n") {
+		if strings.HasPrefix(line, "| `--udp-max-sessions-per-port N`") && !strings.Contains(line, "lowered") {
+			t.Errorf("README's row of --udp-max-sessions-per-port does not say its default is lowered with the total:\n%s", line)
+		}
 	}
 }
