@@ -195,7 +195,7 @@ func (p *Port) metricLabel() string {
 func (p *Port) SetLabel(label string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.label != label {
+	if p.label != label && p.goneLocked() == nil {
 		p.table.metrics.forget(p.metricLabel())
 		p.label = label
 		p.publishLocked()

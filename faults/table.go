@@ -127,12 +127,15 @@ func (t *Table) RemovePort(name string) {
 		return
 	}
 	p.mu.Lock()
-	t.metrics.forget(p.metricLabel())
-	held := p.timeoutsLocked()
-	p.mu.Unlock()
+	// Under mu, with the series forgotten: a change that looked the port
+	// up before it went (an API call racing the sync) finds it removed
+	// and publishes nothing, so it cannot bring the series back (gone).
 	// Before the scan of live connections: one attached after it sees
 	// removed (AttachReset).
 	p.removed.Store(true)
+	t.metrics.forget(p.metricLabel())
+	held := p.timeoutsLocked()
+	p.mu.Unlock()
 	p.endRemovedTimeouts(held)
 	// The datagrams its toxics still delay or hold can never be delivered
 	// (the port's sessions and socket are closed): kept, they held
@@ -152,6 +155,18 @@ func (t *Table) lookup(name string) (*Port, error) {
 		return p, nil
 	}
 	return nil, fmt.Errorf("%w: %s", ErrProxyNotFound, name)
+}
+
+// goneLocked reports whether RemovePort removed the port, with the error
+// an API change then gets (the API answers 404, as when its lookup came
+// after the removal); p.mu is held. A change must not publish then: a
+// snapshot creates the port's series again (publishLocked), for a label
+// no port owns, which nothing would ever delete.
+func (p *Port) goneLocked() error {
+	if p.removed.Load() {
+		return fmt.Errorf("%w: %s", ErrProxyNotFound, p.name)
+	}
+	return nil
 }
 
 // Proxies lists every port, sorted by name.
@@ -376,7 +391,7 @@ func (p *Port) SetUpstreamFunc(upstream func() string) {
 // filtered for this port).
 func (p *Port) SetDeclared(toxics []Toxic) {
 	p.mu.Lock()
-	if toxicsEqual(p.annotation, toxics) {
+	if toxicsEqual(p.annotation, toxics) || p.goneLocked() != nil {
 		p.mu.Unlock()
 		return
 	}
@@ -438,6 +453,11 @@ func (p *Port) Info() ProxyInfo {
 func (p *Port) setEnabled(enabled bool) error {
 	p.watchMu.Lock()
 	p.mu.Lock()
+	if err := p.goneLocked(); err != nil {
+		p.mu.Unlock()
+		p.watchMu.Unlock()
+		return err
+	}
 	changed := p.enabled != enabled
 	p.enabled = enabled
 	if changed {
@@ -476,6 +496,10 @@ func (p *Port) findLocked(name string) (int, bool) {
 
 func (p *Port) addAPI(tx Toxic) error {
 	p.mu.Lock()
+	if err := p.goneLocked(); err != nil {
+		p.mu.Unlock()
+		return err
+	}
 	if _, found := p.findLocked(tx.Name); found {
 		p.mu.Unlock()
 		return fmt.Errorf("%w: %s", ErrToxicExists, tx.Name)
@@ -500,6 +524,10 @@ func downDrawChanged(cur, next Toxic) bool {
 
 func (p *Port) updateAPI(name string, patch []byte) (Toxic, error) {
 	p.mu.Lock()
+	if err := p.goneLocked(); err != nil {
+		p.mu.Unlock()
+		return Toxic{}, err
+	}
 	i, found := p.findLocked(name)
 	if !found {
 		p.mu.Unlock()
@@ -583,6 +611,10 @@ func switchLossModel(wasGilbertElliott bool, patch, merged map[string]float64) e
 
 func (p *Port) removeAPI(name string) error {
 	p.mu.Lock()
+	if err := p.goneLocked(); err != nil {
+		p.mu.Unlock()
+		return err
+	}
 	i, found := p.findLocked(name)
 	if !found {
 		p.mu.Unlock()
@@ -636,6 +668,10 @@ func (p *Port) reset() error {
 	p.watchMu.Lock()
 	defer p.watchMu.Unlock()
 	p.mu.Lock()
+	if p.goneLocked() != nil {
+		p.mu.Unlock()
+		return nil // went since /reset listed it: nothing left to reset
+	}
 	removed := timeoutsOf(nil, p.api, OriginAPI)
 	p.api = nil
 	p.enabled = true
