@@ -213,6 +213,12 @@ type Proxier struct {
 	// Owned by the sync goroutine (syncMu serialises a Sync() called by tests).
 	syncMu sync.Mutex
 	active map[loadbalancer.ServicePortName]*activePort
+	// reopening: service ports closed to reopen (closeForReopen) whose
+	// new socket has not opened yet. They keep their metric series and
+	// lifetime, which are the name's, for the retry; one no longer
+	// wanted (its Service deleted meanwhile) is forgotten as closePort
+	// forgets an active one.
+	reopening map[loadbalancer.ServicePortName]struct{}
 	// openTouched: ports opened or closed since the endpoints tracker was
 	// last told (setOpen, after a sync that wrote its rules).
 	openTouched []loadbalancer.ServicePortName
@@ -304,6 +310,7 @@ func New(opts Options) *Proxier {
 		closedUDP:   map[netip.AddrPort]struct{}{},
 		listen:      newProxySocket,
 		active:      map[loadbalancer.ServicePortName]*activePort{},
+		reopening:   map[loadbalancer.ServicePortName]struct{}{},
 		sockCfg: &socketConfig{
 			dialer:           opts.Dialer,
 			faultDialer:      faultDialer,
@@ -599,6 +606,13 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 			p.closePort(name, ap)
 		}
 	}
+	for name := range p.reopening {
+		if _, ok := want[name]; !ok {
+			// Its socket closed to reopen, and did not: nothing else
+			// is left of it but what the name keeps.
+			p.forgetPort(name)
+		}
+	}
 	// Every port still active is wanted now, so the rest of want opens (a
 	// few more may reopen below: the line count is a threshold, not a tally).
 	opening := len(want) - len(p.active)
@@ -651,6 +665,7 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 			}
 			opened++
 			p.active[name] = ap
+			delete(p.reopening, name)
 			if p.opts.ClaimNodePorts {
 				claimLater = append(claimLater, ap)
 			}
@@ -873,11 +888,18 @@ func (p *Proxier) closePort(name loadbalancer.ServicePortName, ap *activePort) {
 	p.releaseClaims(ap)
 	p.lb.DeleteServicePort(name)
 	p.opts.Faults.RemovePort(ap.info.faultName)
-	p.sockCfg.lifetimes.remove(name)
-	p.metrics.forgetServicePort(name.String())
+	p.forgetPort(name)
 	delete(p.active, name)
 	p.openTouched = append(p.openTouched, name)
 	p.debugTouched = append(p.debugTouched, name)
+}
+
+// forgetPort drops what the service port's name keeps across a reopen:
+// its connection lifetime and its metric series.
+func (p *Proxier) forgetPort(name loadbalancer.ServicePortName) {
+	p.sockCfg.lifetimes.remove(name)
+	p.metrics.forgetServicePort(name.String())
+	delete(p.reopening, name)
 }
 
 // closeForReopen closes ap's sockets so that they reopen for info under
@@ -930,6 +952,7 @@ func (p *Proxier) closeForReopen(kept *keptPorts, name loadbalancer.ServicePortN
 		p.opts.Faults.RemovePort(ap.info.faultName)
 	}
 	delete(p.active, name)
+	p.reopening[name] = struct{}{}
 	p.openTouched = append(p.openTouched, name)
 	p.debugTouched = append(p.debugTouched, name)
 	return kept
