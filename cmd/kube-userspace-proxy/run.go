@@ -122,6 +122,10 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		popts.ClaimNodePorts = true
 		popts.OtherProxyRunning = claim.othersRunning
 		popts.Conntrack = proxier.NetlinkConntrack{}
+	} else if canProgramIptables() {
+		// In the background: reading the rules may wait for the xtables
+		// lock, and the flag promises a start that needs no iptables.
+		go warnLeftoverPortals(iptables.NewRunner)
 	}
 	health.SetFamilies(servedFamilies(ipv4, ipv6)...)
 	var p *proxier.Proxier
