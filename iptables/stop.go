@@ -35,13 +35,9 @@ func (r *Rules) Stop() error {
 			return err
 		}
 		for _, c := range acceptChains {
-			has := saved[TableFilter].chains[c]
-			if !has && saved[TableFilter].unprintable != "" {
-				// The dump cannot show the table (a sync's unprintables):
-				// the chain is asked for.
-				if has, err = r.runner.ChainExists(TableFilter, c); err != nil {
-					return fmt.Errorf("%v: looking for chain filter/%s, as iptables-save cannot print its table (%q): %w", r.cfg.Family, c, saved[TableFilter].unprintable, err)
-				}
+			has, err := r.chainIn(saved, TableFilter, c)
+			if err != nil {
+				return err
 			}
 			if has {
 				flush = append(flush, c)

@@ -105,52 +105,42 @@ func (r *Rules) syncLocked(portals []Portal) error {
 	// repair is said at the default level; it was only V(2) "Rewrote".
 	repairing := prev != nil && maps.EqualFunc(prev, want, slices.Equal)
 	fresh := missingChains(saved)
-	unprintables := map[Table]string{}
-	for _, table := range []Table{TableFilter, TableNAT} {
-		if line := saved[table].unprintable; line != "" {
-			unprintables[table] = line
+	// An unprintable table reads as empty, but our chains may be in it
+	// all the same: each is asked for, so that the jump to one that exists
+	// is checked with iptables -C (which works there) and not inserted
+	// blind once more at every sync.
+	for _, c := range ownedChains {
+		if !fresh[c.name] {
+			continue
+		}
+		exists, err := r.chainIn(saved, c.table, c.name)
+		if err != nil {
+			return err
+		}
+		if exists {
+			delete(fresh, c.name)
 		}
 	}
-	if len(unprintables) > 0 {
-		// Such a table reads as empty, but our chains may be in it all the
-		// same: each is asked for, so that the jump to one that exists is
-		// checked with iptables -C (which works there) and not inserted
-		// blind once more at every sync.
-		for _, c := range ownedChains {
-			if !fresh[c.name] || unprintables[c.table] == "" {
-				continue
-			}
-			exists, err := r.runner.ChainExists(c.table, c.name)
-			if err != nil {
-				return fmt.Errorf("%v: looking for chain %s/%s, as iptables-save cannot print its table (%q): %w", r.cfg.Family, c.table, c.name, unprintables[c.table], err)
-			}
-			if exists {
-				delete(fresh, c.name)
-			}
-		}
-	}
-	r.sayUnprintables(unprintables)
+	r.sayUnprintables(saved)
 	jumpLines, err := r.ensureJumps(saved, fresh, repairing)
 	if err != nil {
 		return err
 	}
 	stale, drop := r.staleChains(want, saved), unwantedBuckets(want, saved)
-	if len(unprintables) > 0 {
-		// The dump of such a table lists none of our buckets.
-		unseen, err := r.unseenBuckets(prev, unprintables)
-		if err != nil {
-			return err
-		}
-		for _, c := range unseen {
-			if !hasChain(want, c.name) {
-				drop = append(drop, c)
-			}
+	// The dump of an unprintable table lists none of our buckets.
+	unseen, err := r.unseenBuckets(prev, saved)
+	if err != nil {
+		return err
+	}
+	for _, c := range unseen {
+		if !hasChain(want, c.name) {
+			drop = append(drop, c)
 		}
 	}
 	// An unprintable table's chains read as missing at every sync and are
 	// rewritten: that is no repair of someone else's change.
 	seen := func(cs []ownedChain) []ownedChain {
-		return slices.DeleteFunc(slices.Clone(cs), func(c ownedChain) bool { return unprintables[c.table] != "" })
+		return slices.DeleteFunc(slices.Clone(cs), func(c ownedChain) bool { return saved[c.table].unprintable != "" })
 	}
 	if visible := seen(stale); repairing && len(visible) > 0 {
 		klog.InfoS("Repairing iptables chains another process changed", "family", r.cfg.Family, "chains", chainNames(visible))
@@ -185,7 +175,7 @@ func (r *Rules) syncLocked(portals []Portal) error {
 		// Recorded per table: a later table's failure leaves this one's
 		// write in force, and known.
 		for _, c := range these {
-			if r.written[c.name] && unprintables[table] == "" {
+			if r.written[c.name] && saved[table].unprintable == "" {
 				check = append(check, c)
 			}
 			r.written[c.name] = true
@@ -212,9 +202,9 @@ func (r *Rules) syncLocked(portals []Portal) error {
 // failed, it was retried without end and /healthz answered 503 on a node
 // whose Services were served, so load balancers took it out. What such a
 // table costs is that every full sync rewrites our chains in it, unchecked.
-func (r *Rules) sayUnprintables(unprintables map[Table]string) {
+func (r *Rules) sayUnprintables(saved map[Table]savedTable) {
 	for _, table := range []Table{TableFilter, TableNAT} {
-		line := unprintables[table]
+		line := saved[table].unprintable
 		switch {
 		case line != "" && !r.unprintableSaid[table]:
 			r.unprintableSaid[table] = true
@@ -225,6 +215,21 @@ func (r *Rules) sayUnprintables(unprintables map[Table]string) {
 			klog.InfoS("iptables-save prints the table again", "family", r.cfg.Family, "table", table)
 		}
 	}
+}
+
+// chainIn reports whether table holds chain: as the dump says, or, for a
+// table iptables-save cannot print (which reads as empty), as iptables
+// answers when asked for the chain by name.
+func (r *Rules) chainIn(saved map[Table]savedTable, table Table, chain string) (bool, error) {
+	t := saved[table]
+	if t.chains[chain] || t.unprintable == "" {
+		return t.chains[chain], nil
+	}
+	ok, err := r.runner.ChainExists(table, chain)
+	if err != nil {
+		return false, fmt.Errorf("%v: looking for chain %s/%s, as iptables-save cannot print its table (%q): %w", r.cfg.Family, table, chain, t.unprintable, err)
+	}
+	return ok, nil
 }
 
 // readBack returns the nat and filter tables as the kernel prints them,
@@ -307,16 +312,16 @@ func unwantedBuckets(want chainRules, saved map[Table]savedTable) []ownedChain {
 // bucket declared and deleted that was not there costs nothing). Taken
 // from the dump alone, the buckets of a layout no longer wanted (a chain
 // back below bucketAbove) stayed for good, and a restart left them too.
-func (r *Rules) unseenBuckets(prev chainRules, unprintables map[Table]string) ([]ownedChain, error) {
+func (r *Rules) unseenBuckets(prev chainRules, saved map[Table]savedTable) ([]ownedChain, error) {
 	var out []ownedChain
 	for _, c := range ownedChains {
-		if unprintables[c.table] == "" {
+		if saved[c.table].unprintable == "" {
 			continue
 		}
 		if prev == nil {
-			exists, err := r.runner.ChainExists(c.table, bucketChain(c.name, 0))
+			exists, err := r.chainIn(saved, c.table, bucketChain(c.name, 0))
 			if err != nil {
-				return nil, fmt.Errorf("%v: looking for the buckets of chain %s/%s, as iptables-save cannot print its table (%q): %w", r.cfg.Family, c.table, c.name, unprintables[c.table], err)
+				return nil, err
 			}
 			if !exists {
 				continue
