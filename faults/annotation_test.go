@@ -203,7 +203,8 @@ func TestParseAnnotationAttributeDefaults(t *testing.T) {
 		{"type":"slicer","stream":"upstream","attributes":{"average_size":64}},
 		{"type":"loss","port":"dns"},
 		{"name":"bursts","type":"loss","port":"dns","attributes":{"p":0.1}},
-		{"type":"connect_delay","port":"http"}
+		{"type":"connect_delay","port":"http"},
+		{"name":"any-case","type":"slicer","port":"http","attributes":{"Average_Size":10,"DELAY":5}}
 	]`, []ServicePort{tcpHTTP, udpDNS})
 	if err != nil {
 		t.Fatal(err)
@@ -214,6 +215,8 @@ func TestParseAnnotationAttributeDefaults(t *testing.T) {
 		"loss_downstream":          {"rate": 1, "p": 0, "r": 1, "loss_bad": 1, "loss_good": 0},
 		"bursts":                   {"p": 0.1, "r": 1, "loss_bad": 1, "loss_good": 0}, // Gilbert-Elliott: no rate
 		"connect_delay_downstream": {"delay": 0, "jitter": 0},
+		// As Toxiproxy reads them (encoding/json into its struct).
+		"any-case": {"average_size": 10, "size_variation": 0, "delay": 5},
 	}
 	seen := 0
 	for _, toxics := range got {
@@ -234,8 +237,8 @@ func TestParseAnnotationAttributeDefaults(t *testing.T) {
 		}
 	}
 	// latency goes to both ports.
-	if seen != 6 {
-		t.Fatalf("saw %d toxics, want 6: %v", seen, got)
+	if seen != 7 {
+		t.Fatalf("saw %d toxics, want 7: %v", seen, got)
 	}
 }
 
@@ -262,6 +265,7 @@ func TestParseAnnotationErrors(t *testing.T) {
 		{"toxicity negative", `[{"type":"latency","toxicity":-0.1}]`, both, "[0].toxicity: must be within [0, 1]"},
 		{"toxicity not a number", `[{"type":"latency","toxicity":"high"}]`, both, "[0].toxicity: must be a JSON number, not a JSON string"},
 		{"attribute unknown", `[{"type":"latency","attributes":{"delay":5}}]`, both, "[0].attributes.delay: not an attribute of latency (known: jitter, latency)"},
+		{"attribute given twice in two cases", `[{"type":"latency","attributes":{"Latency":1,"latency":2}}]`, both, `[0].attributes.latency: given twice, as "Latency" and "latency"`},
 		{"attribute negative", `[{"type":"latency","attributes":{"latency":-5}}]`, both, "[0].attributes.latency: must not be negative"},
 		{"attribute not a number", `[{"type":"latency","attributes":{"latency":"300ms"}}]`, both, `[0].attributes.latency: must be a number, not "300ms"`},
 		{"attributes not an object", `[{"type":"latency","attributes":[300]}]`, both, "[0].attributes: must be a JSON object, not a JSON array"},

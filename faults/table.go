@@ -559,13 +559,20 @@ func (p *Port) updateAPI(name string, patch []byte) (Toxic, error) {
 		p.mu.Unlock()
 		return Toxic{}, &FieldError{"port", "not allowed through the API: the proxy is already one service port"}
 	}
-	// Attributes merge: those not given keep their value.
+	// Attributes merge: those not given keep their value. A name in
+	// another case is the attribute's (as Toxiproxy reads it), so it
+	// replaces the value rather than standing beside it.
+	patchAttrs, err := canonicalAttributes(cur.Type, next.Attributes)
+	if err != nil {
+		p.mu.Unlock()
+		return Toxic{}, err
+	}
 	merged := cur.Attributes
-	for k, val := range next.Attributes {
+	for k, val := range patchAttrs {
 		merged[k] = val
 	}
 	if cur.Type == "loss" {
-		if err := switchLossModel(wasGilbertElliott, next.Attributes, merged); err != nil {
+		if err := switchLossModel(wasGilbertElliott, patchAttrs, merged); err != nil {
 			p.mu.Unlock()
 			return Toxic{}, err
 		}

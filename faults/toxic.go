@@ -263,6 +263,11 @@ func (t *Toxic) Normalize() error {
 	if !(t.Toxicity >= 0 && t.Toxicity <= 1) { // NaN too
 		return &FieldError{"toxicity", fmt.Sprintf("must be within [0, 1], not %v", t.Toxicity)}
 	}
+	canonical, err := canonicalAttributes(t.Type, t.Attributes)
+	if err != nil {
+		return err
+	}
+	t.Attributes = canonical
 	attrs := make(map[string]float64, len(tt.attrs))
 	for k, v := range tt.attrs {
 		attrs[k] = v
@@ -317,6 +322,41 @@ func (t *Toxic) Normalize() error {
 		}
 	}
 	return nil
+}
+
+// canonicalAttributes returns attrs with each attribute named as typ
+// spells it. Toxiproxy decodes attributes into the toxic's Go struct,
+// whose field names encoding/json matches in any case, so its clients may
+// send "Latency" for latency: the .NET ones (rabbitmq/toxiproxy-netcore)
+// serialize PascalCase, and every toxic they added was refused here as
+// an unknown attribute. A name that is not one of typ's is kept as given,
+// for Normalize to refuse; one attribute given under two spellings is
+// refused, since the map does not keep which came last (Toxiproxy takes
+// the last).
+func canonicalAttributes(typ string, attrs map[string]float64) (map[string]float64, error) {
+	tt, ok := toxicTypes[typ]
+	if !ok || len(attrs) == 0 {
+		return attrs, nil
+	}
+	out := make(map[string]float64, len(attrs))
+	spelt := make(map[string]string, len(attrs))
+	for _, k := range slices.Sorted(maps.Keys(attrs)) {
+		name := k
+		if _, known := tt.attrs[k]; !known {
+			for n := range tt.attrs {
+				if strings.EqualFold(n, k) {
+					name = n
+					break
+				}
+			}
+		}
+		if first, dup := spelt[name]; dup {
+			return nil, &FieldError{"attributes." + name, fmt.Sprintf("given twice, as %q and %q", first, k)}
+		}
+		spelt[name] = k
+		out[name] = attrs[k]
+	}
+	return out, nil
 }
 
 // lossModel refuses a loss toxic that mixes its two models: rate is

@@ -326,6 +326,25 @@ func TestHandler(t *testing.T) {
 					t.Errorf("origin = %q", tx.Origin)
 				}
 			}},
+		// Toxiproxy decodes attributes into a Go struct, whose field names
+		// encoding/json matches in any case; the .NET clients
+		// (rabbitmq/toxiproxy-netcore) serialize PascalCase, so this is
+		// the body their AddAsync sends.
+		{name: "toxic create with attribute names in another case (a .NET client)", method: "POST", path: webPath + "/toxics",
+			body:       `{"Attributes":{"Latency":1000,"Jitter":5},"Name":"lat","Stream":"downstream","Toxicity":1.0,"Type":"latency"}`,
+			wantStatus: 200,
+			check: func(t *testing.T, table *faults.Table, rec *httptest.ResponseRecorder) {
+				tx := decode[toxicJSON](t, rec.Body.String())
+				if tx.Name != "lat" || len(tx.Attributes) != 2 || tx.Attributes["latency"] != 1000 || tx.Attributes["jitter"] != 5 {
+					t.Errorf("toxic = %+v", tx)
+				}
+				if got, _ := table.Toxic(webName, "lat"); got.Attributes["latency"] != 1000 {
+					t.Errorf("table toxic = %+v", got)
+				}
+			}},
+		{name: "toxic create with an attribute given twice in two cases", method: "POST", path: webPath + "/toxics",
+			body: `{"type":"latency","attributes":{"latency":1,"LATENCY":2}}`, wantStatus: 400,
+			check: checkError("given twice")},
 		{name: "toxic create UDP loss", method: "POST", path: "/proxies/" + dnsName + "/toxics",
 			body: `{"type":"loss","attributes":{"rate":0.5}}`, wantStatus: 200},
 		{name: "toxic create exists", method: "POST", path: webPath + "/toxics", setup: addAPIToxic,
@@ -405,6 +424,18 @@ func TestHandler(t *testing.T) {
 				tx := decode[toxicJSON](t, rec.Body.String())
 				if tx.Toxicity != 1 || tx.Attributes["latency"] != 300 || tx.Attributes["jitter"] != 20 {
 					t.Errorf("toxic = %+v", tx)
+				}
+			}},
+		{name: "toxic update with attribute names in another case (a .NET client)", method: "POST", path: webPath + "/toxics/slow",
+			setup: addAPIToxic, body: `{"Attributes":{"Latency":500},"Name":null,"Stream":null,"Toxicity":null,"Type":"latency"}`,
+			wantStatus: 200,
+			check: func(t *testing.T, table *faults.Table, rec *httptest.ResponseRecorder) {
+				tx := decode[toxicJSON](t, rec.Body.String())
+				if len(tx.Attributes) != 2 || tx.Attributes["latency"] != 500 || tx.Attributes["jitter"] != 10 || tx.Toxicity != 1 {
+					t.Errorf("toxic = %+v", tx)
+				}
+				if got, _ := table.Toxic(webName, "slow"); got.Attributes["latency"] != 500 {
+					t.Errorf("table toxic = %+v", got)
 				}
 			}},
 		{name: "toxic update missing", method: "POST", path: webPath + "/toxics/nope", body: `{"toxicity":0.5}`,
