@@ -73,6 +73,15 @@ func TestParseAnnotationValid(t *testing.T) {
 			want:  "http:slow/latency/downstream/1",
 		},
 		{
+			// Set live, then declared: a toxic as our fault API lists it
+			// (GET /proxies/{p}/toxics, with its origin), pasted unchanged;
+			// the API itself takes it back so.
+			name:  "fault API listing",
+			value: `[{"name":"slow","type":"latency","stream":"downstream","toxicity":1,"attributes":{"jitter":0,"latency":100},"origin":"api"}]`,
+			ports: []ServicePort{tcpHTTP},
+			want:  "http:slow/latency/downstream/1",
+		},
+		{
 			// Toxiproxy's README: the body its API returns for a latency
 			// toxic, pasted unchanged.
 			name:  "toxiproxy README response",
@@ -275,6 +284,7 @@ func TestParseAnnotationErrors(t *testing.T) {
 		{"name with control characters", `[{"name":"x\u001b[2J\nforged","type":"latency"}]`, both, `[0].name: must be printable, not "x\x1b[2J\nforged" (U+001B at byte 1)`},
 		{"name with a bidi override", `[{"name":"x\u202egp","type":"latency"}]`, both, `[0].name: must be printable, not "x\u202egp" (U+202E at byte 1)`},
 		{"clients not a list", `[{"type":"latency","clients":"10.0.0.0/8"}]`, both, "[0].clients: must be a JSON list, not a JSON string"},
+		{"origin not a string", `[{"type":"latency","origin":5}]`, both, "[0].origin: must be a JSON string, not a JSON number"},
 		{"seed not a number", `[{"type":"latency","seed":"x"}]`, both, "[0].seed: must be a JSON number, not a JSON string"},
 		{"seed a fraction", `[{"type":"latency","seed":1.5}]`, both, "[0].seed: must be a whole number within int64's range, not 1.5"},
 		{"seed too big", `[{"type":"latency","seed":1e30}]`, both, "[0].seed: must be a whole number within int64's range, not 1e30"},

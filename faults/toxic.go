@@ -67,15 +67,22 @@ func (p *PortRef) UnmarshalJSON(b []byte) error {
 }
 
 // UnmarshalJSON applies Toxiproxy's defaults: toxicity 1, stream downstream.
+// It reads and drops "origin", which the fault API adds to every toxic it
+// lists, so that a toxic copied from that list can be declared as it is
+// (set live, then declared); the origin of a declared toxic is the
+// annotation's.
 func (t *Toxic) UnmarshalJSON(b []byte) error {
 	type plain Toxic
-	v := plain{Toxicity: 1, Stream: Downstream}
+	v := struct {
+		plain
+		Origin *string `json:"origin"`
+	}{plain: plain{Toxicity: 1, Stream: Downstream}}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&v); err != nil {
 		return fieldOf(err, b)
 	}
-	*t = Toxic(v)
+	*t = Toxic(v.plain)
 	return nil
 }
 
