@@ -555,6 +555,11 @@ func (p *Port) updateAPI(name string, patch []byte) (Toxic, error) {
 		return Toxic{}, fe
 	}
 	next := Toxic(v)
+	if next.Stream == "" {
+		// No stream, as absent: the toxic stays where it is (on create ""
+		// is the default, downstream; here it moved an upstream toxic).
+		next.Stream = cur.Stream
+	}
 	if next.Port != cur.Port {
 		p.mu.Unlock()
 		return Toxic{}, &FieldError{"port", "not allowed through the API: the proxy is already one service port"}

@@ -438,6 +438,26 @@ func TestHandler(t *testing.T) {
 					t.Errorf("table toxic = %+v", got)
 				}
 			}},
+		// "" is no stream: on create it is the default (downstream), on an
+		// update it leaves the stream as it is, as absent does (Toxiproxy
+		// ignores stream on update); it moved an upstream toxic downstream.
+		{name: "toxic update with an empty stream keeps the stream", method: "POST", path: webPath + "/toxics/up",
+			setup: func(t *testing.T, table *faults.Table) {
+				t.Helper()
+				if _, err := table.AddToxic(webName, faults.Toxic{Name: "up", Type: "latency", Stream: faults.Upstream,
+					Toxicity: 1, Attributes: map[string]float64{"latency": 300}}); err != nil {
+					t.Fatal(err)
+				}
+			},
+			body: `{"stream":"","toxicity":0.5}`, wantStatus: 200,
+			check: func(t *testing.T, table *faults.Table, rec *httptest.ResponseRecorder) {
+				if tx := decode[toxicJSON](t, rec.Body.String()); tx.Stream != "upstream" || tx.Toxicity != 0.5 {
+					t.Errorf("toxic = %+v", tx)
+				}
+				if got, _ := table.Toxic(webName, "up"); got.Stream != faults.Upstream {
+					t.Errorf("table toxic = %+v", got)
+				}
+			}},
 		{name: "toxic update missing", method: "POST", path: webPath + "/toxics/nope", body: `{"toxicity":0.5}`,
 			wantStatus: 404, check: checkError("toxic not found")},
 		{name: "toxic update missing proxy", method: "POST", path: "/proxies/default.nope.http/toxics/slow",
