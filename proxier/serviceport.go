@@ -85,9 +85,11 @@ func servicePorts(svc *v1.Service) []*servicePortInfo {
 	externalIPs := parseIPs(svc.Spec.ExternalIPs)
 	var lbIPs []netip.Addr
 	for _, ing := range svc.Status.LoadBalancer.Ingress {
-		if ing.IPMode != nil && *ing.IPMode == v1.LoadBalancerIPModeProxy {
-			// The load balancer terminates the traffic (PROXY protocol, TLS):
-			// kube-proxy installs no portal for it, so pods reach the real LB.
+		if ing.IPMode != nil && *ing.IPMode != v1.LoadBalancerIPModeVIP {
+			// Proxy: the load balancer terminates the traffic (PROXY
+			// protocol, TLS): kube-proxy installs no portal for it, so pods
+			// reach the real LB. Only VIP (or no ipMode) gets a portal, as
+			// kube-proxy's IsVIPMode: a mode it does not know is not VIP.
 			continue
 		}
 		if a, err := netip.ParseAddr(ing.IP); err == nil && config.UnusableServiceIP(a) == "" {

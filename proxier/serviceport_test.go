@@ -12,8 +12,11 @@ import (
 // TestLoadBalancerIngressIPMode: an ingress IP whose ipMode is Proxy gets no
 // portal (KEP-1860, as kube-proxy): the load balancer terminates that traffic
 // (PROXY protocol, TLS), so pods must reach it instead of being short-cut.
+// Only an unset ipMode or VIP gets one, as kube-proxy's IsVIPMode: a mode
+// this proxy does not know (a later Kubernetes's, or a typo in a manifest)
+// is not taken for VIP.
 func TestLoadBalancerIngressIPMode(t *testing.T) {
-	vip, proxy := v1.LoadBalancerIPModeVIP, v1.LoadBalancerIPModeProxy
+	vip, proxy, other := v1.LoadBalancerIPModeVIP, v1.LoadBalancerIPModeProxy, v1.LoadBalancerIPMode("Tunnel")
 	svc := &v1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web"},
 		Spec: v1.ServiceSpec{
@@ -25,6 +28,7 @@ func TestLoadBalancerIngressIPMode(t *testing.T) {
 			{IP: "198.51.100.1"},
 			{IP: "198.51.100.2", IPMode: &vip},
 			{IP: "198.51.100.3", IPMode: &proxy},
+			{IP: "198.51.100.4", IPMode: &other},
 		}}},
 	}
 	infos := servicePorts(svc)
@@ -33,7 +37,7 @@ func TestLoadBalancerIngressIPMode(t *testing.T) {
 	}
 	want := []netip.Addr{netip.MustParseAddr("198.51.100.1"), netip.MustParseAddr("198.51.100.2")}
 	if got := infos[0].loadBalancerIPs; !slices.Equal(got, want) {
-		t.Errorf("load balancer portals %v, want %v (ipMode Proxy left out)", got, want)
+		t.Errorf("load balancer portals %v, want %v (ipMode Proxy and unknown modes left out)", got, want)
 	}
 }
 
