@@ -595,7 +595,8 @@ func readStateData(path string) ([]byte, error) {
 // annotations (a Service with a bad faults annotation is served without
 // faults from the informers, and so from the file), LoadBalancer ingress
 // IPs (one no portal may have is left out of its Service, which is
-// served), the node port range (the cluster's may be another) and what only
+// served; an ipMode it does not know gets none either), a
+// trafficDistribution it does not know, the node port range (the cluster's may be another) and what only
 // strict IP validation refuses (IPv4-mapped addresses: an API server before
 // 1.36, or an object older than its strict validation, gives them, and the
 // informers serve them unmapped).
@@ -613,10 +614,13 @@ func validStateObject(obj runtime.Object) error {
 	// without faults, and an ingress IP no portal may have (loopback,
 	// link-local; the API server accepts them) gets none while the rest
 	// of its Service is served (servicePorts).
+	// Nor a trafficDistribution of a later API server, which only its
+	// EndpointSlice controller reads.
 	annotations := field.NewPath("metadata", "annotations").String()
 	ingress := field.NewPath("status", "loadBalancer", "ingress").String()
+	distribution := field.NewPath("spec", "trafficDistribution").String()
 	fe = slices.DeleteFunc(fe, func(e *fieldError) bool {
-		return e.strict || strings.HasPrefix(e.Path, annotations) || strings.HasPrefix(e.Path, ingress)
+		return e.strict || strings.HasPrefix(e.Path, annotations) || strings.HasPrefix(e.Path, ingress) || e.Path == distribution
 	})
 	return fe.err()
 }

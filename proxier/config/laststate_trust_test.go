@@ -155,3 +155,28 @@ func TestStateFileKeepsIPv4MappedAddresses(t *testing.T) {
 		t.Errorf("state kept %d Services, %d slices, skipped %v; want both kept, as the informers serve them", len(st.Services), len(st.EndpointSlices), st.Skipped)
 	}
 }
+
+// The manifests refuse an ipMode or trafficDistribution they do not know, as
+// today's API server does, but a later API server may give new values, and
+// the informers serve such a Service (an unknown ipMode's IP without a
+// portal): the last known state must keep it.
+func TestStateFileKeepsUnknownEnumValues(t *testing.T) {
+	svc := stateService("lb", "10.96.0.20")
+	svc.Spec.Type = v1.ServiceTypeLoadBalancer
+	svc.Spec.Ports[0].NodePort = 30080
+	mode := v1.LoadBalancerIPMode("Tunnel")
+	svc.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "192.0.2.1", IPMode: &mode}}
+	dist := "PreferSameRack"
+	svc.Spec.TrafficDistribution = &dist
+	path := filepath.Join(t.TempDir(), "state.json")
+	if err := WriteStateFile(path, State{Written: time.Now(), Node: "node-a", Services: []*v1.Service{svc}}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := ReadStateFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Services) != 1 {
+		t.Errorf("state kept %d Services, skipped %v; want the Service kept, as the informers serve it", len(st.Services), st.Skipped)
+	}
+}

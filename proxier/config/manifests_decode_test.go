@@ -112,6 +112,17 @@ func TestDecodeManifests(t *testing.T) {
 			`spec.clusterIPs[1]: "fe80::1" must not be in the link-local range`},
 		{"bad LB ingress", svcHead + "  type: LoadBalancer\n  ports: [{port: 80}]\nstatus:\n  loadBalancer:\n    ingress: [{ip: 1.2.3}]\n", 0,
 			`status.loadBalancer.ingress[0].ip: "1.2.3" is not a valid IP address`},
+		{"LB ingress ipModes", svcHead + "  type: LoadBalancer\n  ports: [{port: 80}]\nstatus:\n  loadBalancer:\n    ingress: [{ip: 192.0.2.1, ipMode: VIP}, {ip: 192.0.2.2, ipMode: Proxy}, {ip: 192.0.2.3}]\n", 1, ""},
+		// As the API server refuses them: an ipMode the proxy does not know
+		// gets no portal (kube-proxy's IsVIPMode), so a typo lost the LB IP
+		// without a word.
+		{"unknown LB ingress ipMode", svcHead + "  type: LoadBalancer\n  ports: [{port: 80}]\nstatus:\n  loadBalancer:\n    ingress: [{ip: 192.0.2.1, ipMode: Vip}]\n", 0,
+			`status.loadBalancer.ingress[0].ipMode: "Vip" is not valid (VIP or Proxy)`},
+		{"LB ingress ipMode without ip", svcHead + "  type: LoadBalancer\n  ports: [{port: 80}]\nstatus:\n  loadBalancer:\n    ingress: [{hostname: lb.example.com, ipMode: Proxy}]\n", 0,
+			"status.loadBalancer.ingress[0].ipMode: may only be set with an ip"},
+		{"trafficDistribution", svcHead + "  trafficDistribution: PreferClose\n  ports: [{port: 80}]\n", 1, ""},
+		{"unknown trafficDistribution", svcHead + "  trafficDistribution: PreferNear\n  ports: [{port: 80}]\n", 0,
+			`spec.trafficDistribution: "PreferNear" is not valid (PreferClose, PreferSameZone or PreferSameNode)`},
 		{"health check node port", svcHead + "  type: LoadBalancer\n  externalTrafficPolicy: Local\n  healthCheckNodePort: 30999\n  ports: [{port: 80, nodePort: 30080}]\n", 1, ""},
 		{"health check node port is a node port", svcHead + "  type: LoadBalancer\n  externalTrafficPolicy: Local\n  healthCheckNodePort: 30080\n  ports: [{port: 80, nodePort: 30080}]\n", 0,
 			"spec.healthCheckNodePort: 30080 is also spec.ports[0].nodePort"},

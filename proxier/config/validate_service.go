@@ -53,6 +53,16 @@ func validateService(fe *fieldErrors, s *v1.Service, nodePorts PortRange) {
 		} else if ing.Hostname == "" {
 			fe.add(path, "needs an ip or a hostname")
 		}
+		// As the API server: an ipMode is VIP or Proxy, and only with an ip.
+		// The proxier gives a portal to VIP (or no ipMode) alone, so a
+		// misspelt VIP lost the LB IP's portal without a word.
+		switch m := ing.IPMode; {
+		case m == nil:
+		case ing.IP == "":
+			fe.add(path.Child("ipMode"), "may only be set with an ip")
+		case *m != v1.LoadBalancerIPModeVIP && *m != v1.LoadBalancerIPModeProxy:
+			fe.add(path.Child("ipMode"), "%q is not valid (VIP or Proxy)", *m)
+		}
 	}
 	validateHealthCheckNodePort(fe, spec.Child("healthCheckNodePort"), s, nodePorts)
 	validateSourceRanges(fe, spec.Child("loadBalancerSourceRanges"), s)
@@ -73,6 +83,15 @@ func validateService(fe *fieldErrors, s *v1.Service, nodePorts PortRange) {
 	}
 	if p := s.Spec.InternalTrafficPolicy; p != nil && *p != v1.ServiceInternalTrafficPolicyCluster && *p != v1.ServiceInternalTrafficPolicyLocal {
 		fe.add(spec.Child("internalTrafficPolicy"), "%q is not valid (Cluster or Local)", *p)
+	}
+	// As the API server: a misspelt value (the field is only read by the
+	// EndpointSlice controller, which writes the hints the proxy follows)
+	// would otherwise pass as if topology were asked for.
+	switch d := s.Spec.TrafficDistribution; {
+	case d == nil, *d == v1.ServiceTrafficDistributionPreferClose,
+		*d == v1.ServiceTrafficDistributionPreferSameZone, *d == v1.ServiceTrafficDistributionPreferSameNode:
+	default:
+		fe.add(spec.Child("trafficDistribution"), "%q is not valid (PreferClose, PreferSameZone or PreferSameNode)", *d)
 	}
 }
 
