@@ -170,7 +170,12 @@ func (pl *Plan) Warnings() map[string][]string {
 // LocalPolicy says which of a service port's traffic policies are Local:
 // Internal (internalTrafficPolicy, ClusterIP traffic) and External
 // (externalTrafficPolicy, NodePort, externalIP and LB IP traffic).
-type LocalPolicy struct{ Internal, External bool }
+type LocalPolicy struct {
+	Internal, External bool
+	// HealthCheckNodePort is the Service's, served under External (0:
+	// none, as for a NodePort Service).
+	HealthCheckNodePort int
+}
 
 // LocalPolicies reports, per service port (as DebugServicePort.ServicePort
 // names it), which of its traffic policies are Local. A row shows the
@@ -183,7 +188,7 @@ func (pl *Plan) LocalPolicies() map[string]LocalPolicy {
 	out := map[string]LocalPolicy{}
 	for _, svc := range pl.p.services {
 		for _, info := range servicePorts(svc) {
-			out[info.key] = LocalPolicy{Internal: info.policy.internalLocal, External: info.policy.externalLocal}
+			out[info.key] = LocalPolicy{Internal: info.policy.internalLocal, External: info.policy.externalLocal, HealthCheckNodePort: info.healthCheckNodePort}
 		}
 	}
 	return out

@@ -370,9 +370,14 @@ func (e *explanation) writeExternal(w *bufio.Writer, p proxier.DebugServicePort,
 		field(w, "all endpoints", "none ready: "+refusalOf(p.Protocol)+" until one is")
 	case policy.Internal:
 		field(w, "all endpoints", strings.Join(p.ExternalEndpoints, ", ")+" (every node's)")
-	case len(p.ExternalEndpoints) == 0:
+	case len(p.ExternalEndpoints) == 0 && policy.HealthCheckNodePort != 0:
 		field(w, "local endpoints", "none on this node: external clients are refused here (the Service's")
-		field(w, "", "healthCheckNodePort tells a load balancer to send them to nodes that have one)")
+		field(w, "", fmt.Sprintf("healthCheckNodePort %d tells a load balancer to send them to nodes that have one)", policy.HealthCheckNodePort))
+	case len(p.ExternalEndpoints) == 0:
+		// A NodePort Service has no healthCheckNodePort (nor has a
+		// manifests LoadBalancer that names none).
+		field(w, "local endpoints", "none on this node: external clients are refused here (a client must")
+		field(w, "", "pick a node that has one: the Service has no healthCheckNodePort)")
 	default:
 		field(w, "local endpoints", strings.Join(p.ExternalEndpoints, ", ")+" (this node's own)")
 	}

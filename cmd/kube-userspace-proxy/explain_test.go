@@ -297,6 +297,18 @@ endpoints:
 			}
 		}
 	}
+	// A NodePort Service has no healthCheckNodePort (nor has a manifests
+	// LoadBalancer that names none): explain promised one. A LoadBalancer's
+	// is named.
+	got := explainManifests(t, manifests, "--hostname-override", "node-c")
+	if want := "the Service has no healthCheckNodePort"; !strings.Contains(got, want) || strings.Contains(got, "healthCheckNodePort tells") {
+		t.Errorf("NodePort Service: output lacks %q (or promises a health check):\n%s", want, got)
+	}
+	lb := strings.Replace(manifests, "  type: NodePort\n", "  type: LoadBalancer\n  healthCheckNodePort: 31080\n", 1)
+	got = explainManifests(t, lb, "--hostname-override", "node-c")
+	if want := "healthCheckNodePort 31080 tells a load balancer to send them to nodes that have one"; !strings.Contains(got, want) {
+		t.Errorf("LoadBalancer Service: output lacks %q:\n%s", want, got)
+	}
 }
 
 // Each family's portals DNAT to that family's node IP, and explain names
