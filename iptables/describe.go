@@ -76,15 +76,21 @@ func Describe(line string) string {
 		return fmt.Sprintf("%s to the service address %s port %s %s: %s", proto, host, dport, audience, action)
 	case ChainNodePortContainer, ChainNodePortHost:
 		where := "any local address"
-		if dst != "" {
+		switch {
+		case dst != "":
 			where = "a local address in " + dst
+		case a.notDst != "":
+			where = "any local address but " + strings.TrimSuffix(a.notDst, "/128")
 		}
 		return fmt.Sprintf("%s to node port %s on %s, %s: %s", proto, dport, where, audience, action)
 	case ChainNodePortNonLocal:
 		if name, ok := strings.CutSuffix(a.comment, healthCheckComment); ok {
 			where := "any local address"
-			if dst != "" {
+			switch {
+			case dst != "":
 				where = "a local address in " + dst
+			case a.notDst != "":
+				where = "any local address but " + strings.TrimSuffix(a.notDst, "/128")
 			}
 			return fmt.Sprintf("%s to healthCheckNodePort %s on %s, where load balancers check %s (filter INPUT): %s when it opens a connection, even where the node's firewall drops by default", proto, dport, where, name, action)
 		}

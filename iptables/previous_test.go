@@ -36,8 +36,16 @@ func TestProxyPortsInKernel(t *testing.T) {
 		{"default/local:http", TCP, netip.MustParseAddr("10.96.0.11"), 80}:   40003,
 		{"default/local:http", TCP, netip.MustParseAddr("198.51.100.1"), 80}: 40004,
 	}
-	v6 := []Portal{{Name: "default/web6:http", Protocol: TCP, IP: netip.MustParseAddr("fd00::10"), Port: 80, ProxyPort: 40005}}
+	v6 := []Portal{
+		{Name: "default/web6:http", Protocol: TCP, IP: netip.MustParseAddr("fd00::10"), Port: 80, ProxyPort: 40005},
+		{Name: "default/web6:http", Protocol: TCP, Port: 30081, NodePort: true, ProxyPort: 40005},
+	}
 	want6 := map[PortalKey]int{{"default/web6:http", TCP, netip.MustParseAddr("fd00::10"), 80}: 40005}
+	// The IPv6 NodePort rule's "! -d ::1/128" is no service address.
+	wantContainer6 := map[PortalKey]int{
+		{"default/web6:http", TCP, netip.MustParseAddr("fd00::10"), 80}: 40005,
+		{"default/web6:http", TCP, netip.Addr{}, 30081}:                 40005,
+	}
 	withCIDR := testConfig
 	withCIDR.ClusterCIDRs = []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}
 	withCIDR.NodePortAddresses = []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")}
@@ -56,7 +64,7 @@ func TestProxyPortsInKernel(t *testing.T) {
 		{"bucketed", IPv4, testConfig, 1, v4, want, wantContainer},
 		{"no node IP", IPv4, redirect, defaultBucketAbove, v4, want, wantContainer},
 		{"cluster and NodePort CIDRs", IPv4, withCIDR, defaultBucketAbove, v4, want, wantContainer},
-		{"IPv6", IPv6, Config{Family: IPv6, BindAddress: netip.IPv6Unspecified(), NodeIP: netip.MustParseAddr("fd00::1")}, defaultBucketAbove, v6, want6, want6},
+		{"IPv6", IPv6, Config{Family: IPv6, BindAddress: netip.IPv6Unspecified(), NodeIP: netip.MustParseAddr("fd00::1")}, defaultBucketAbove, v6, want6, wantContainer6},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fake := NewFakeRunner(tc.family)

@@ -243,6 +243,9 @@ func (r *Rules) renderPortal(p Portal, podSrcs, nodePortDsts []string) *portalRu
 		// does not listen in must not open the port to another listener).
 		c := chainIndex(ChainNodePortNonLocal)
 		for _, dst := range nodePortDsts {
+			if dst == notIPv6Loopback {
+				dst = "" // the server listens on ::1 too (NodePorts alone leave it out)
+			}
 			pr.chains[c] = append(pr.chains[c], dst+"-p tcp -m comment --comment "+quoteSaveString(p.Name+healthCheckComment)+
 				" -m tcp --dport "+strconv.Itoa(p.Port)+nonLocalConntrack)
 		}
@@ -411,10 +414,16 @@ func boolCompare(a, b bool) int {
 
 // nodePortDestinations returns the destination match that starts NodePort
 // rules: "-d CIDR " per --nodeport-addresses entry, or a single empty match
-// (the addrtype LOCAL on the jump alone) when all local addresses are wanted.
+// (the addrtype LOCAL on the jump alone) when all local addresses are wanted;
+// in IPv6 that match leaves ::1 out, as kube-proxy's jump to KUBE-NODEPORTS
+// does (localhost NodePorts are IPv4 only there): the node's own
+// connections to [::1]:NodePort were the Service's.
 func (r *Rules) nodePortDestinations() []string {
 	cidrs := r.cfg.nodePortCIDRs()
 	if len(cidrs) == 0 {
+		if r.cfg.Family == IPv6 {
+			return []string{notIPv6Loopback}
+		}
 		return []string{""}
 	}
 	out := make([]string, len(cidrs))
@@ -423,6 +432,10 @@ func (r *Rules) nodePortDestinations() []string {
 	}
 	return out
 }
+
+// notIPv6Loopback is the IPv6 NodePort rules' destination match when every
+// local address takes NodePorts (nodePortDestinations).
+const notIPv6Loopback = "! -d ::1/128 "
 
 // containerTarget is where traffic from other hosts and pods (PREROUTING)
 // goes: DNAT to the bind address, or when sockets listen on every address

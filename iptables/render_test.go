@@ -124,6 +124,46 @@ func TestRenderGolden(t *testing.T) {
 	}
 }
 
+// TestIPv6NodePortsLeaveLoopbackOut: with every local address taking
+// NodePorts, the IPv6 NodePort rules leave ::1 out, as kube-proxy's jump
+// to KUBE-NODEPORTS does ("! -d ::1/128": localhost NodePorts never work
+// for IPv6 there), so the node's own connection to [::1]:NodePort is not
+// the Service's. IPv4 keeps 127.0.0.1 (kube-proxy's localhostNodePorts),
+// and --nodeport-addresses CIDRs are as given.
+func TestIPv6NodePortsLeaveLoopbackOut(t *testing.T) {
+	nodePortRules := func(cfg Config) []string {
+		var out []string
+		for _, line := range strings.Split(string(New(NewFakeRunner(cfg.Family), cfg).Render(dualStackPortals())), "\n") {
+			if strings.HasPrefix(line, "-A KUBE-NODEPORT-HOST ") || strings.HasPrefix(line, "-A KUBE-NODEPORT-CONTAINER ") {
+				out = append(out, line)
+			}
+		}
+		if len(out) == 0 {
+			t.Fatalf("%v: no NodePort rules", cfg.Family)
+		}
+		return out
+	}
+	for _, line := range nodePortRules(Config{Family: IPv6, NodeIP: netip.MustParseAddr("fd00:1::10")}) {
+		if !strings.Contains(line, " ! -d ::1/128 -p tcp ") {
+			t.Errorf("IPv6 NodePort rule does not leave ::1 out: %s", line)
+		}
+		if d := Describe(line); !strings.Contains(d, "on any local address but ::1,") {
+			t.Errorf("%s described as %q", line, d)
+		}
+	}
+	for _, line := range nodePortRules(Config{Family: IPv4, NodeIP: netip.MustParseAddr("192.168.1.10")}) {
+		if strings.Contains(line, "! -d") {
+			t.Errorf("IPv4 NodePort rule leaves an address out: %s", line)
+		}
+	}
+	restricted := Config{Family: IPv6, NodeIP: netip.MustParseAddr("fd00:1::10"), NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("fd00:1::/64")}}
+	for _, line := range nodePortRules(restricted) {
+		if !strings.Contains(line, " -d fd00:1::/64 -p tcp ") || strings.Contains(line, "! -d") {
+			t.Errorf("IPv6 NodePort rule under --nodeport-addresses: %s", line)
+		}
+	}
+}
+
 func TestRenderIsIndependentOfPortalOrder(t *testing.T) {
 	r := New(NewFakeRunner(IPv4), Config{Family: IPv4, NodeIP: netip.MustParseAddr("192.168.1.10")})
 	portals := webPortals()

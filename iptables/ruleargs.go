@@ -11,8 +11,11 @@ type ruleArgs struct {
 	// origDst, origDport: --ctorigdst and --ctorigdstport, the service
 	// address a source-range rule matches before the portal's DNAT.
 	origDst, origDport string
-	// notDNAT: "! --ctstate DNAT" (the guard's); negated: any "!".
+	// notDNAT: "! --ctstate DNAT" (the guard's); negated: any "!" but
+	// that of a destination, which notDst holds ("! -d ::1/128", an IPv6
+	// NodePort rule's).
 	notDNAT, negated bool
+	notDst           string
 }
 
 // readRuleArgs reads args, a rule split as splitRule splits it (without
@@ -49,6 +52,11 @@ func readRuleArgs(args []string) ruleArgs {
 		case "--ctorigdstport":
 			a.origDport = next()
 		case "!":
+			if i+2 < len(args) && args[i+1] == "-d" {
+				a.notDst = args[i+2]
+				i += 2
+				continue
+			}
 			a.negated = true
 			if i+2 < len(args) && args[i+1] == "--ctstate" && args[i+2] == "DNAT" {
 				a.notDNAT = true

@@ -202,6 +202,17 @@ func TestIPv6(t *testing.T) {
 		}
 	}
 
+	// [::1]:NodePort is not the Service's, as kube-proxy leaves ::1 out of
+	// its NodePorts ("! -d ::1/128"); 127.0.0.1:NodePort is (kube-proxy's
+	// localhostNodePorts). It was served.
+	loopback := netip.AddrPortFrom(netip.IPv6Loopback(), 30200)
+	if answer, err := node.Ask("tcp", loopback, time.Second); err == nil {
+		t.Errorf("%s from the node: answered by %s, want refused (kube-proxy serves no IPv6 loopback NodePort)", loopback, answer)
+	}
+	if answer, err := node.Ask("tcp", np(netip.MustParseAddr("127.0.0.1"), 30210), harness.AnswerTimeout); err != nil {
+		t.Errorf("127.0.0.1:30210 from the node: %q, %v; want served, as kube-proxy's localhostNodePorts", answer, err)
+	}
+
 	// ClientIP affinity over IPv6: each client sticks to one backend.
 	for i := range 3 {
 		for _, proto := range []string{"tcp", "udp"} {
