@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
 )
 
 // endpointsTracker turns EndpointSlices into per-service-port endpoint lists
@@ -368,12 +369,14 @@ func endpointsByPort(svc types.NamespacedName, sliceMap map[string]*discovery.En
 				if len(ep.Addresses) == 0 {
 					continue
 				}
-				a, err := netip.ParseAddr(ep.Addresses[0])
-				if err != nil || a.Zone() != "" {
+				// Leading zeros an older API server stored are
+				// read as decimal, as kube-proxy reads them.
+				a, ok := config.ParseObjectIP(ep.Addresses[0])
+				if !ok {
 					continue
 				}
 				e := endpointFromSlice(ep)
-				e.Addr = netip.AddrPortFrom(a.Unmap(), uint16(*p.Port))
+				e.Addr = netip.AddrPortFrom(a, uint16(*p.Port))
 				byPort[spn] = append(byPort[spn], e)
 			}
 		}

@@ -3,7 +3,6 @@ package proxier
 import (
 	"net/netip"
 	"slices"
-	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -92,8 +91,8 @@ func servicePorts(svc *v1.Service) []*servicePortInfo {
 			// kube-proxy's IsVIPMode: a mode it does not know is not VIP.
 			continue
 		}
-		if a, err := netip.ParseAddr(ing.IP); err == nil && config.UnusableServiceIP(a) == "" {
-			lbIPs = append(lbIPs, a.Unmap())
+		if a, ok := config.ParseObjectIP(ing.IP); ok && config.UnusableServiceIP(a) == "" {
+			lbIPs = append(lbIPs, a)
 		}
 	}
 	nn := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
@@ -194,24 +193,29 @@ func usable(ips []netip.Addr) []netip.Addr {
 	return slices.DeleteFunc(slices.Clone(ips), unusable)
 }
 
+// parseIPs reads a Service's addresses as kube-proxy does
+// (config.ParseObjectIP: leading zeros an older API server stored are
+// read as decimal). The API server and the manifests source refuse an
+// invalid one, so one here is left out.
 func parseIPs(ss []string) []netip.Addr {
 	var out []netip.Addr
 	for _, s := range ss {
-		if a, err := netip.ParseAddr(s); err == nil {
-			out = append(out, a.Unmap())
+		if a, ok := config.ParseObjectIP(s); ok {
+			out = append(out, a)
 		}
 	}
 	return out
 }
 
 // parseSourceRanges reads loadBalancerSourceRanges as kube-proxy does:
-// spaces around an entry are trimmed. The API server and the manifests
-// source refuse an invalid entry, so one here is left out.
+// spaces around an entry are trimmed, leading zeros read as decimal
+// (config.ParseObjectPrefix). The API server and the manifests source
+// refuse an invalid entry, so one here is left out.
 func parseSourceRanges(ss []string) []netip.Prefix {
 	var out []netip.Prefix
 	for _, s := range ss {
-		if p, err := netip.ParsePrefix(strings.TrimSpace(s)); err == nil {
-			out = append(out, p.Masked())
+		if p, ok := config.ParseObjectPrefix(s); ok {
+			out = append(out, p)
 		}
 	}
 	return out

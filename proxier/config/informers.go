@@ -273,8 +273,8 @@ func nodeInfo(node *v1.Node, deleted bool) NodeInfo {
 			if a.Type != kind {
 				continue
 			}
-			if ip, err := netip.ParseAddr(a.Address); err == nil {
-				info.Addresses = append(info.Addresses, ip.Unmap())
+			if ip, ok := ParseObjectIP(a.Address); ok {
+				info.Addresses = append(info.Addresses, ip)
 			}
 		}
 	}

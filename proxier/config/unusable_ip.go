@@ -41,7 +41,7 @@ func UnusableServiceIP(a netip.Addr) string {
 func unusableServiceIPs(svc *v1.Service) []string {
 	var out []string
 	check := func(field, s string) {
-		if a, err := netip.ParseAddr(s); err == nil {
+		if a, ok := ParseObjectIP(s); ok {
 			if why := UnusableServiceIP(a); why != "" {
 				out = append(out, fmt.Sprintf("%s %s: %s", field, s, why))
 			}

@@ -112,10 +112,18 @@ func parseIP(s string) (netip.Addr, bool) {
 
 func validateIP(fe *fieldErrors, path *field.Path, s string) (netip.Addr, bool) {
 	a, ok := parseIP(s)
-	if !ok {
-		fe.add(path, "%q is not a valid IP address", s)
+	if ok {
+		return a, true
 	}
-	return a, ok
+	if a, ok = ParseObjectIP(s); ok {
+		// Refused only by strict IP validation: an object an older API
+		// server stored keeps it, and the informers serve it (read as
+		// kube-proxy reads it), so a state file keeps it too.
+		fe.addStrict(path, "%q has leading zeros (write %s)", s, a)
+		return a, true
+	}
+	fe.add(path, "%q is not a valid IP address", s)
+	return a, false
 }
 
 // validateUnmappedIP is validateIP that also refuses an IPv4-mapped IPv6

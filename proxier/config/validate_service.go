@@ -138,7 +138,11 @@ func validateSourceRanges(fe *fieldErrors, path *field.Path, s *v1.Service) {
 	}
 	for i, r := range s.Spec.LoadBalancerSourceRanges {
 		p, err := netip.ParsePrefix(strings.TrimSpace(r))
+		sloppy, sloppyOK := ParseObjectPrefix(r)
 		switch {
+		case err != nil && sloppyOK:
+			// As validateIP: an older API server stored it.
+			fe.addStrict(path.Index(i), "%q has leading zeros (write %s)", r, sloppy)
 		case err != nil:
 			fe.add(path.Index(i), "%q is not a valid IP range (CIDR, such as 10.240.0.0/24)", r)
 		case p.Addr().Is4In6():
