@@ -13,6 +13,11 @@ import (
 // and jumps of other shapes (e.g. the legacy proxier's comments), and goes
 // on past errors so one failure does not leave the rest behind.
 func Cleanup(r Runner) error {
+	return cleanupTables(r, TableNAT, TableFilter)
+}
+
+// cleanupTables is Cleanup of our chains and jumps in tables only.
+func cleanupTables(r Runner, tables ...Table) error {
 	var errs []error
 	fail := func(err error) { errs = append(errs, fmt.Errorf("%v: %w", r.Family(), err)) }
 	jumpsDeleted, chainsDeleted := 0, 0
@@ -20,6 +25,9 @@ func Cleanup(r Runner) error {
 	exists := map[string]bool{}
 	lockTries := cleanupLockTries
 	for _, c := range ownedChains {
+		if !slices.Contains(tables, c.table) {
+			continue
+		}
 		ok, err := r.ChainExists(c.table, c.name)
 		// A chain whose check failed was skipped, left behind for a
 		// second run: under a held lock, ask again (each try waits 5 s).
@@ -69,7 +77,7 @@ func Cleanup(r Runner) error {
 	if saveErr != nil {
 		fail(saveErr)
 	}
-	for _, table := range []Table{TableNAT, TableFilter} {
+	for _, table := range tables {
 		if saveErr != nil {
 			break
 		}
@@ -203,8 +211,10 @@ func isOwned(table Table, chain string) bool {
 // families are attempted whatever happens to the first. A node without
 // ip6tables, or whose kernel has no IPv6 nat or filter table (not Present),
 // has no IPv6 rules of ours (running serves IPv4 only there), so that is
-// not an error; an xtables lock held by another process says nothing of
-// that, so the IPv6 cleanup is tried (and fails) then.
+// not an error; but a filter table without nat (ip6table_nat unloaded
+// after a run) can still hold our chains, and is cleaned. An xtables lock
+// held by another process says nothing of that, so the IPv6 cleanup is
+// tried (and fails) then.
 func CleanupAll() error {
 	var errs []error
 	for _, f := range []Family{IPv4, IPv6} {
@@ -213,10 +223,16 @@ func CleanupAll() error {
 			err = Present(r)
 		}
 		if err != nil && f == IPv6 && !IsLockHeld(err) {
-			klog.InfoS("No IPv6 rules to clean up: no iptables support for the family", "reason", err)
-			continue
-		}
-		if err == nil {
+			if r == nil || !filterOnly(r) {
+				klog.InfoS("No IPv6 rules to clean up: no iptables support for the family", "reason", err)
+				continue
+			}
+			// Its nat table went away after a run (its module
+			// unloaded): the filter table's chains of ours are still
+			// there, the reject and guard chains among them.
+			klog.InfoS("No IPv6 nat table: cleaning up the IPv6 filter table only", "reason", err)
+			err = cleanupTables(r, TableFilter)
+		} else if err == nil {
 			err = Cleanup(r)
 			WarnOtherBackend(r)
 		}
@@ -225,6 +241,13 @@ func CleanupAll() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// filterOnly reports whether r's family has a filter table (and so may
+// hold chains of ours) while Present refused it: a nat table missing.
+func filterOnly(r Runner) bool {
+	ok, err := r.ChainExists(TableFilter, "INPUT")
+	return err == nil && ok
 }
 
 // newRunner is NewRunner, replaced in tests.

@@ -136,6 +136,36 @@ func TestCleanupAllWithoutIPv6NAT(t *testing.T) {
 	assertClean(t, v4, nil)
 }
 
+// --cleanup on a node whose IPv6 nat table went away after a run (its
+// module unloaded) still removes our chains from the IPv6 filter table:
+// it skipped the family, leaving the guard, accept and reject chains (and
+// their jumps in INPUT) behind.
+func TestCleanupAllIPv6FilterWithoutNAT(t *testing.T) {
+	v4 := NewFakeRunner(IPv4)
+	v6 := NewFakeRunner(IPv6)
+	syncOK(t, New(v6, Config{Family: IPv6}), dualStackPortals())
+	v6.RemoveTable(TableNAT)
+	saved := newRunner
+	t.Cleanup(func() { newRunner = saved })
+	newRunner = func(f Family) (Runner, error) {
+		if f == IPv6 {
+			return v6, nil
+		}
+		return v4, nil
+	}
+	if err := CleanupAll(); err != nil {
+		t.Fatalf("CleanupAll without an IPv6 nat table: %v", err)
+	}
+	if got := v6.Chains(TableFilter); !slices.Equal(got, builtinChains[TableFilter]) {
+		t.Errorf("IPv6 filter chains = %q, want only built-ins %q", got, builtinChains[TableFilter])
+	}
+	for _, chain := range builtinChains[TableFilter] {
+		if got := v6.Rules(TableFilter, chain); len(got) != 0 {
+			t.Errorf("IPv6 filter/%s = %q, want no rules", chain, got)
+		}
+	}
+}
+
 // Cleanup must remove another tool's jumps into our chains to delete them,
 // and says so, rule by rule: it did it silently (iptables interplay audit).
 func TestCleanupNamesForeignRulesItRemoves(t *testing.T) {
