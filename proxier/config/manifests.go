@@ -575,11 +575,18 @@ func (s *ManifestSource) providedBy(there func(name string) bool) map[objectKey]
 // vanishedGraceLeft is how long until the first file kept by keepVanished
 // is to be looked for again; false when none is kept.
 func (s *ManifestSource) vanishedGraceLeft() (time.Duration, bool) {
-	if len(s.vanished) == 0 {
+	return s.firstGraceLeft(s.vanished, s.vanishedGrace)
+}
+
+// firstGraceLeft is how long until the grace of the first file of kept
+// (since when each is kept) ends, at least minRecheck; false when kept
+// is empty.
+func (s *ManifestSource) firstGraceLeft(kept map[string]time.Time, grace time.Duration) (time.Duration, bool) {
+	if len(kept) == 0 {
 		return 0, false
 	}
-	first := slices.MinFunc(slices.Collect(maps.Values(s.vanished)), time.Time.Compare)
-	return max(minRecheck, first.Add(s.vanishedGrace).Sub(s.clock.Now())), true
+	first := slices.MinFunc(slices.Collect(maps.Values(kept)), time.Time.Compare)
+	return max(minRecheck, first.Add(grace).Sub(s.clock.Now())), true
 }
 
 // minRecheck is the soonest a kept file is looked at again: a grace can be
@@ -604,11 +611,7 @@ func (s *ManifestSource) graceLeft() (time.Duration, bool) {
 // emptiedGraceLeft is how long until the first file kept by keepEmptied is
 // to be read again; false when none is kept.
 func (s *ManifestSource) emptiedGraceLeft() (time.Duration, bool) {
-	if len(s.emptied) == 0 {
-		return 0, false
-	}
-	first := slices.MinFunc(slices.Collect(maps.Values(s.emptied)), time.Time.Compare)
-	return max(minRecheck, first.Add(s.emptiedGrace).Sub(s.clock.Now())), true
+	return s.firstGraceLeft(s.emptied, s.emptiedGrace)
 }
 
 // skippedFile is a directory entry that is not read, and why.
