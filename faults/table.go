@@ -169,6 +169,17 @@ func (p *Port) goneLocked() error {
 	return nil
 }
 
+// lockLive takes p.mu for an API change, unless RemovePort removed the
+// port: then it returns goneLocked's error, p.mu not held.
+func (p *Port) lockLive() error {
+	p.mu.Lock()
+	if err := p.goneLocked(); err != nil {
+		p.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
 // Proxies lists every port, sorted by name.
 func (t *Table) Proxies() []ProxyInfo {
 	t.mu.Lock()
@@ -452,9 +463,7 @@ func (p *Port) Info() ProxyInfo {
 
 func (p *Port) setEnabled(enabled bool) error {
 	p.watchMu.Lock()
-	p.mu.Lock()
-	if err := p.goneLocked(); err != nil {
-		p.mu.Unlock()
+	if err := p.lockLive(); err != nil {
 		p.watchMu.Unlock()
 		return err
 	}
@@ -495,9 +504,7 @@ func (p *Port) findLocked(name string) (int, bool) {
 }
 
 func (p *Port) addAPI(tx Toxic) error {
-	p.mu.Lock()
-	if err := p.goneLocked(); err != nil {
-		p.mu.Unlock()
+	if err := p.lockLive(); err != nil {
 		return err
 	}
 	if _, found := p.findLocked(tx.Name); found {
@@ -523,9 +530,7 @@ func downDrawChanged(cur, next Toxic) bool {
 }
 
 func (p *Port) updateAPI(name string, patch []byte) (Toxic, error) {
-	p.mu.Lock()
-	if err := p.goneLocked(); err != nil {
-		p.mu.Unlock()
+	if err := p.lockLive(); err != nil {
 		return Toxic{}, err
 	}
 	i, found := p.findLocked(name)
@@ -622,9 +627,7 @@ func switchLossModel(wasGilbertElliott bool, patch, merged map[string]float64) e
 }
 
 func (p *Port) removeAPI(name string) error {
-	p.mu.Lock()
-	if err := p.goneLocked(); err != nil {
-		p.mu.Unlock()
+	if err := p.lockLive(); err != nil {
 		return err
 	}
 	i, found := p.findLocked(name)
@@ -679,9 +682,7 @@ func removedTimeouts(before, after []timeoutKey) []timeoutKey {
 func (p *Port) reset() error {
 	p.watchMu.Lock()
 	defer p.watchMu.Unlock()
-	p.mu.Lock()
-	if p.goneLocked() != nil {
-		p.mu.Unlock()
+	if p.lockLive() != nil {
 		return nil // went since /reset listed it: nothing left to reset
 	}
 	removed := timeoutsOf(nil, p.api, OriginAPI)
