@@ -39,6 +39,15 @@ const readyProbeTimeout = 2 * time.Second
 // loaded, and the refusal passes within seconds.
 const refusedRetryEvery = time.Second
 
+// refusedPatience bounds the retries of a refusal (401/403): one that
+// outlasts an API server's restart (a missing RBAC grant) is the
+// reflector's to handle, as it is at once for kube-proxy's. The reflector
+// then lists again (a refused watch-list falls back to a plain list) and
+// backs off, so a ServiceAccount that may list but not watch gets a view
+// that each relist brings up to date, as kube-proxy does, instead of the
+// first list's for good. A var: tests shorten it.
+var refusedPatience = 30 * time.Second
+
 // stillFailingLogEvery spaces the error lines of a wait that goes on (a
 // grant that is missing, a certificate that does not verify).
 const stillFailingLogEvery = 30 * time.Second
@@ -82,8 +91,8 @@ func apiServerReady(client kubernetes.Interface) readyProbe {
 // refusedRetryEvery: after a restart the server refuses until its RBAC is
 // loaded, and a refusal handed to the reflector started a backoff that
 // held the informer back up to a minute after it passed (six restarts in a
-// row: endpoints served 44-60 s late). A refusal that lasts is logged as an
-// error every stillFailingLogEvery, as the reflector would log it.
+// row: endpoints served 44-60 s late). A refusal that lasts refusedPatience
+// (a missing grant) is handed to the reflector, logged as an error.
 type patientListWatch struct {
 	inner cache.ListerWatcherWithContext
 	// unsupported is the inner ListerWatcher's watch-list capability, kept
@@ -93,9 +102,9 @@ type patientListWatch struct {
 	what        string
 	// failed (nil: nothing) is told every failed call.
 	failed func(error)
-	// maxWait is readyMaxWait, refusedEvery refusedRetryEvery and logEvery
-	// stillFailingLogEvery; tests shorten them.
-	maxWait, refusedEvery, logEvery time.Duration
+	// maxWait is readyMaxWait, refusedEvery refusedRetryEvery, refusedFor
+	// refusedPatience and logEvery stillFailingLogEvery; tests shorten them.
+	maxWait, refusedEvery, refusedFor, logEvery time.Duration
 }
 
 func newPatientListWatch(lw cache.ListerWatcher, ready readyProbe, what string) *patientListWatch {
@@ -106,6 +115,7 @@ func newPatientListWatch(lw cache.ListerWatcher, ready readyProbe, what string) 
 		what:         what,
 		maxWait:      readyMaxWait,
 		refusedEvery: refusedRetryEvery,
+		refusedFor:   refusedPatience,
 		logEvery:     stillFailingLogEvery,
 	}
 }
@@ -201,7 +211,8 @@ func patiently[T any](ctx context.Context, p *patientListWatch, call func() (T, 
 }
 
 // untilAllowed retries a refused call every refusedEvery until it is
-// allowed, fails otherwise, or ctx ends.
+// allowed, fails otherwise, ctx ends, or the refusal has lasted
+// refusedFor: then the refusal is the reflector's (see refusedPatience).
 func untilAllowed[T any](ctx context.Context, p *patientListWatch, call func() (T, error), err error) (T, error) {
 	var v T
 	began, logged := time.Now(), time.Now()
@@ -220,6 +231,10 @@ func untilAllowed[T any](ctx context.Context, p *patientListWatch, call func() (
 		}
 		if !refused(err) {
 			return v, err // the reflector's (or the next call's) to handle
+		}
+		if time.Since(began) >= p.refusedFor {
+			klog.ErrorS(err, "API server still refuses the informer: a missing RBAC grant? It lists again and retries, backing off, as kube-proxy's informers do (a watch refused: it is kept up to date by the lists alone)", "informer", p.what, "waited", time.Since(began).Round(time.Second))
+			return v, err
 		}
 		if time.Since(logged) >= p.logEvery {
 			klog.ErrorS(err, "API server still refuses the informer; retrying", "informer", p.what, "waited", time.Since(began).Round(time.Second))

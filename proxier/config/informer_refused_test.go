@@ -1,0 +1,62 @@
+package config
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
+)
+
+var watchForbidden = apierrors.NewForbidden(schema.GroupResource{Group: "discovery.k8s.io", Resource: "endpointslices"}, "",
+	errors.New(`cannot watch resource "endpointslices" in API group "discovery.k8s.io" at the cluster scope`))
+
+// TestPatientListWatchHandsOverLastingRefusal: a refusal that outlasts an
+// API server's restart (a missing RBAC grant) goes to the reflector after
+// refusedFor, as kube-proxy's reflectors get it at once: the reflector then
+// lists again (a refused watch-list falls back to a plain list), so a
+// ServiceAccount that may list but not watch still gets a view kept
+// current by relists. Retried here for good, the informer kept the view
+// of its last list forever.
+func TestPatientListWatchHandsOverLastingRefusal(t *testing.T) {
+	inner := &cache.ListWatch{WatchFuncWithContext: func(context.Context, metav1.ListOptions) (watch.Interface, error) {
+		return nil, watchForbidden
+	}}
+	p := newPatientListWatch(inner, func(context.Context) bool { return true }, "endpointslices")
+	p.refusedEvery = 5 * time.Millisecond
+	p.refusedFor = 50 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	if _, err := p.WatchWithContext(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) || ctx.Err() != nil {
+		t.Fatalf("a lasting refusal: err %v after %v (context: %v), want the refusal handed over after refusedFor", err, time.Since(start), ctx.Err())
+	}
+}
+
+// TestInformerSourceListWithoutWatch: with list allowed and watch
+// refused, changes still arrive, through the reflector's relists (as with
+// kube-proxy); the first refused watch held the informer forever, and a
+// slice added after the first list was never delivered.
+func TestInformerSourceListWithoutWatch(t *testing.T) {
+	saved := refusedPatience
+	refusedPatience = 100 * time.Millisecond
+	t.Cleanup(func() { refusedPatience = saved })
+	client := fake.NewClientset(svcFixture("a"), sliceFixture("a-1", nil))
+	client.PrependWatchReactor("endpointslices", func(k8stesting.Action) (bool, watch.Interface, error) {
+		return true, nil, watchForbidden
+	})
+	r := newInformerRecorder()
+	runInformerSource(t, client, InformerOptions{}, r)
+	r.waitFor(t, "slices synced")
+	if _, err := client.DiscoveryV1().EndpointSlices("ns").Create(context.Background(), sliceFixture("a-2", nil), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r.waitFor(t, "slice add ns/a-2")
+}
