@@ -116,52 +116,39 @@ func TestCleanupAllWithoutIPv6(t *testing.T) {
 
 // --cleanup on a node whose ip6tables runs but whose kernel has no IPv6 nat
 // table (no ip6table_nat, IPv6 disabled at boot) cleans IPv4 and succeeds:
-// no IPv6 rule of ours can be there, and the proxy ran without IPv6.
+// the proxy ran without IPv6 there. One whose IPv6 nat table went away
+// after a run (its module unloaded) still has our chains in the IPv6
+// filter table, which it removes: it skipped the family, leaving the
+// guard, accept and reject chains (and their jumps in INPUT) behind.
 func TestCleanupAllWithoutIPv6NAT(t *testing.T) {
-	v4 := NewFakeRunner(IPv4)
-	syncOK(t, New(v4, testConfig), webPortals())
-	v6 := NewFakeRunner(IPv6)
-	v6.RemoveTable(TableNAT)
-	saved := newRunner
-	t.Cleanup(func() { newRunner = saved })
-	newRunner = func(f Family) (Runner, error) {
-		if f == IPv6 {
-			return v6, nil
+	for _, ranWithIPv6 := range []bool{false, true} {
+		v4 := NewFakeRunner(IPv4)
+		syncOK(t, New(v4, testConfig), webPortals())
+		v6 := NewFakeRunner(IPv6)
+		if ranWithIPv6 {
+			syncOK(t, New(v6, Config{Family: IPv6}), dualStackPortals())
 		}
-		return v4, nil
-	}
-	if err := CleanupAll(); err != nil {
-		t.Fatalf("CleanupAll without an IPv6 nat table: %v", err)
-	}
-	assertClean(t, v4, nil)
-}
-
-// --cleanup on a node whose IPv6 nat table went away after a run (its
-// module unloaded) still removes our chains from the IPv6 filter table:
-// it skipped the family, leaving the guard, accept and reject chains (and
-// their jumps in INPUT) behind.
-func TestCleanupAllIPv6FilterWithoutNAT(t *testing.T) {
-	v4 := NewFakeRunner(IPv4)
-	v6 := NewFakeRunner(IPv6)
-	syncOK(t, New(v6, Config{Family: IPv6}), dualStackPortals())
-	v6.RemoveTable(TableNAT)
-	saved := newRunner
-	t.Cleanup(func() { newRunner = saved })
-	newRunner = func(f Family) (Runner, error) {
-		if f == IPv6 {
-			return v6, nil
+		v6.RemoveTable(TableNAT)
+		saved := newRunner
+		newRunner = func(f Family) (Runner, error) {
+			if f == IPv6 {
+				return v6, nil
+			}
+			return v4, nil
 		}
-		return v4, nil
-	}
-	if err := CleanupAll(); err != nil {
-		t.Fatalf("CleanupAll without an IPv6 nat table: %v", err)
-	}
-	if got := v6.Chains(TableFilter); !slices.Equal(got, builtinChains[TableFilter]) {
-		t.Errorf("IPv6 filter chains = %q, want only built-ins %q", got, builtinChains[TableFilter])
-	}
-	for _, chain := range builtinChains[TableFilter] {
-		if got := v6.Rules(TableFilter, chain); len(got) != 0 {
-			t.Errorf("IPv6 filter/%s = %q, want no rules", chain, got)
+		err := CleanupAll()
+		newRunner = saved
+		if err != nil {
+			t.Fatalf("CleanupAll without an IPv6 nat table (IPv6 rules left by a run: %v): %v", ranWithIPv6, err)
+		}
+		assertClean(t, v4, nil)
+		if got := v6.Chains(TableFilter); !slices.Equal(got, builtinChains[TableFilter]) {
+			t.Errorf("IPv6 filter chains = %q, want only built-ins %q", got, builtinChains[TableFilter])
+		}
+		for _, chain := range builtinChains[TableFilter] {
+			if got := v6.Rules(TableFilter, chain); len(got) != 0 {
+				t.Errorf("IPv6 filter/%s = %q, want no rules", chain, got)
+			}
 		}
 	}
 }

@@ -142,9 +142,16 @@ func TestStateFileKeepsServiceWithUnusableIngressIP(t *testing.T) {
 func TestStateFileKeepsIPv4MappedAddresses(t *testing.T) {
 	svc := stateService("web", "10.96.0.10")
 	svc.Spec.ExternalIPs = []string{"::ffff:192.0.2.10"}
+	stateFileKeeps(t, svc, stateSlice("web", "web-1", "::ffff:10.1.0.1"))
+}
+
+// stateFileKeeps writes svc and es to a state file and checks that
+// reading it keeps both.
+func stateFileKeeps(t *testing.T, svc *v1.Service, es *discovery.EndpointSlice) {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "state.json")
 	if err := WriteStateFile(path, State{Written: time.Now(), Node: "node-a", Services: []*v1.Service{svc},
-		EndpointSlices: []*discovery.EndpointSlice{stateSlice("web", "web-1", "::ffff:10.1.0.1")}}); err != nil {
+		EndpointSlices: []*discovery.EndpointSlice{es}}); err != nil {
 		t.Fatal(err)
 	}
 	st, err := ReadStateFile(path)

@@ -2,12 +2,9 @@ package config
 
 import (
 	"net/netip"
-	"path/filepath"
 	"testing"
-	"time"
 
 	v1 "k8s.io/api/core/v1"
-	discovery "k8s.io/api/discovery/v1"
 )
 
 // TestParseObjectIP: addresses of objects from the cluster are read as
@@ -50,18 +47,7 @@ func TestLeadingZeroObjects(t *testing.T) {
 	svc.Spec.Type = v1.ServiceTypeLoadBalancer
 	svc.Spec.ExternalIPs = []string{"192.000.2.10"}
 	svc.Spec.LoadBalancerSourceRanges = []string{"010.0.0.0/8"}
-	path := filepath.Join(t.TempDir(), "state.json")
-	if err := WriteStateFile(path, State{Written: time.Now(), Node: "node-a", Services: []*v1.Service{svc},
-		EndpointSlices: []*discovery.EndpointSlice{stateSlice("web", "web-1", "10.1.0.01")}}); err != nil {
-		t.Fatal(err)
-	}
-	st, err := ReadStateFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(st.Services) != 1 || len(st.EndpointSlices) != 1 {
-		t.Errorf("state kept %d Services, %d slices, skipped %v; want both kept, as the informers serve them", len(st.Services), len(st.EndpointSlices), st.Skipped)
-	}
+	stateFileKeeps(t, svc, stateSlice("web", "web-1", "10.1.0.01"))
 
 	if err := validStateObject(stateSlice("web", "web-2", "10.1.0.0x1")); err == nil {
 		t.Error("a state slice with address 10.1.0.0x1 is valid")
