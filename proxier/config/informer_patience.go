@@ -233,7 +233,7 @@ func untilAllowed[T any](ctx context.Context, p *patientListWatch, call func() (
 			return v, err // the reflector's (or the next call's) to handle
 		}
 		if time.Since(began) >= p.refusedFor {
-			klog.ErrorS(err, "API server still refuses the informer: a missing RBAC grant? It lists again and retries, backing off, as kube-proxy's informers do (a watch refused: it is kept up to date by the lists alone)", "informer", p.what, "waited", time.Since(began).Round(time.Second))
+			klog.ErrorS(err, "API server still refuses the informer (a missing RBAC grant?): it lists again and retries, backing off, as kube-proxy's informers do; with list allowed but not watch, the lists alone keep it up to date", "informer", p.what, "waited", time.Since(began).Round(time.Second))
 			return v, err
 		}
 		if time.Since(logged) >= p.logEvery {
