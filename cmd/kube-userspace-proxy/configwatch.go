@@ -76,8 +76,10 @@ func configChecker(args []string) func([]byte) error {
 		fs.SetOutput(io.Discard)
 		o.addFlags(fs)
 		// Stand-ins for the flags runMain adds beside addFlags, so that the
-		// same arguments parse.
-		fs.String("v", "0", "")
+		// same arguments parse (klog's own would set its global state). -v
+		// with its shorthand: without it a proxy started with `-v=2` took
+		// every edit for one that would not start, and never restarted.
+		fs.StringP("v", "v", "0", "")
 		fs.String("vmodule", "", "")
 		fs.Bool("version", false, "")
 		if err := fs.Parse(args); err != nil {

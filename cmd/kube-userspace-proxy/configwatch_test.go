@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -158,4 +159,39 @@ func TestConfigChangeEndsTheCommand(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatalf("still running 15 s after --config changed\n%s", stderr.String())
 	}
+}
+
+// The check of new --config content parses the command line the proxy
+// started with: every form runMain accepts must parse there too. `-v=2`
+// (README's `-v N`) did not: the check's stand-in for klog's -v had no
+// shorthand, so every edit was logged as a configuration that "would not
+// start" (unknown shorthand flag: 'v' in -v=2) and the proxy never
+// restarted into it.
+func TestConfigCheckerParsesRunMainArgs(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.conf")
+	if err := os.WriteFile(cfg, []byte(watchedConfig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"--config", cfg, "--iptables=false", "--bind-address", "127.0.0.1", "--manifests", dir}
+	// runMain sets klog's global verbosity: put it back.
+	t.Cleanup(func() { runMainParseOnly(t, append(slices.Clone(base), "-v=0", "--vmodule=")) })
+	for _, extra := range [][]string{{"-v=2"}, {"-v", "2"}, {"-v2"}, {"--v=2"}, {"--vmodule=proxier=4"}, {"--version=false"}} {
+		t.Run(strings.Join(extra, " "), func(t *testing.T) {
+			args := append(slices.Clone(base), extra...)
+			if code := runMainParseOnly(t, args); code != 0 {
+				t.Fatalf("runMain does not take %q (test set-up)", extra)
+			}
+			if err := configChecker(args)([]byte(watchedConfig + "iptables: {syncPeriod: 20s}\n")); err != nil {
+				t.Errorf("a valid change is refused for a proxy started with %q: %v", extra, err)
+			}
+		})
+	}
+}
+
+// runMainParseOnly runs runMain's flag parsing and validation on args
+// (--init-only: nothing else is done) and returns its exit status.
+func runMainParseOnly(t *testing.T, args []string) int {
+	t.Helper()
+	return runMain(append(slices.Clone(args), "--init-only"))
 }
