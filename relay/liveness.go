@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"math"
 	"strings"
 	"sync"
 	"syscall"
@@ -33,6 +34,17 @@ type Liveness struct {
 	// 0 leaves the kernel's retransmission limit (~15 minutes).
 	UserTimeout time.Duration
 }
+
+// The kernel's limits on the options (include/net/tcp.h MAX_TCP_KEEPIDLE,
+// MAX_TCP_KEEPINTVL, MAX_TCP_KEEPCNT; TCP_USER_TIMEOUT is a C int of
+// milliseconds): a larger value fails the setsockopt with EINVAL, and with
+// it every proxy socket. The flags are checked against them at start.
+const (
+	MaxKeepAliveIdle     = 32767 * time.Second
+	MaxKeepAliveInterval = 32767 * time.Second
+	MaxKeepAliveCount    = 127
+	MaxUserTimeout       = math.MaxInt32 * time.Millisecond
+)
 
 // Enabled reports whether Control sets anything.
 func (l Liveness) Enabled() bool { return l.KeepAliveIdle > 0 || l.UserTimeout > 0 }

@@ -350,6 +350,20 @@ func (o *options) validate() (*validated, error) {
 	if o.keepAliveIdle > 0 && o.keepAliveCount <= 0 {
 		add("--tcp-keepalive-count must be greater than 0 with keep-alive on, got %d", o.keepAliveCount)
 	}
+	// Past the kernel's limits the setsockopt fails (EINVAL), and with it
+	// every TCP proxy socket at every sync, in a log line naming no flag.
+	if o.keepAliveIdle > relay.MaxKeepAliveIdle {
+		add("--tcp-keepalive-idle must be at most %v (the kernel's limit), got %v", relay.MaxKeepAliveIdle, o.keepAliveIdle)
+	}
+	if o.keepAliveIdle > 0 && o.keepAliveInterval > relay.MaxKeepAliveInterval {
+		add("--tcp-keepalive-interval must be at most %v (the kernel's limit), got %v", relay.MaxKeepAliveInterval, o.keepAliveInterval)
+	}
+	if o.keepAliveIdle > 0 && o.keepAliveCount > relay.MaxKeepAliveCount {
+		add("--tcp-keepalive-count must be at most %d (the kernel's limit), got %d", relay.MaxKeepAliveCount, o.keepAliveCount)
+	}
+	if o.tcpUserTimeout > relay.MaxUserTimeout {
+		add("--tcp-user-timeout must be at most %v (the kernel's limit), got %v", relay.MaxUserTimeout, o.tcpUserTimeout)
+	}
 	for _, c := range o.nodePortAddresses {
 		c = strings.TrimSpace(c)
 		if c == nodePortAddressesPrimary {

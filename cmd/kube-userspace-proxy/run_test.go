@@ -23,6 +23,7 @@ import (
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/healthcheck"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
 
 func nameServer(t *testing.T, ip, name string) string {
@@ -715,5 +716,46 @@ func TestProxyPortRangeOverNodePortsWarned(t *testing.T) {
 		case tc.want != "" && (len(warned) != 1 || !strings.Contains(warned[0], tc.want)):
 			t.Errorf("%q: warned %q, want one line with %s", tc.args, warned, tc.want)
 		}
+	}
+}
+
+// The kernel refuses TCP_KEEPIDLE and TCP_KEEPINTVL above 32767 s,
+// TCP_KEEPCNT above 127 and a TCP_USER_TIMEOUT that is not a positive C int
+// of milliseconds. Such values were accepted, and then every TCP proxy
+// socket failed to open at every sync ("setsockopt: invalid argument",
+// naming no flag) while /healthz said 200: they are refused at start, and
+// the largest accepted ones work on a real socket.
+func TestLivenessFlagsWithinKernelLimits(t *testing.T) {
+	tests := []struct {
+		args    []string
+		wantErr string // "" = valid
+	}{
+		{[]string{"--tcp-keepalive-idle", "32767s", "--tcp-keepalive-interval", "32767s", "--tcp-keepalive-count", "127", "--tcp-user-timeout", "596h31m23.647s"}, ""},
+		{[]string{"--tcp-keepalive-idle", "32768s"}, "--tcp-keepalive-idle must be at most 9h6m7s (the kernel's limit), got 9h6m8s"},
+		{[]string{"--tcp-keepalive-interval", "32768s"}, "--tcp-keepalive-interval must be at most 9h6m7s"},
+		{[]string{"--tcp-keepalive-count", "128"}, "--tcp-keepalive-count must be at most 127 (the kernel's limit), got 128"},
+		{[]string{"--tcp-user-timeout", "600h"}, "--tcp-user-timeout must be at most 596h31m23.647s"},
+		{[]string{"--tcp-keepalive-idle", "0", "--tcp-keepalive-count", "1000", "--tcp-keepalive-interval", "99999s"}, ""}, // keep-alive off: unused
+	}
+	for _, tt := range tests {
+		args := append([]string{"--manifests", t.TempDir()}, tt.args...)
+		o := parsedOptions(t, args)
+		_, err := o.validate()
+		switch {
+		case tt.wantErr == "" && err != nil:
+			t.Errorf("%q: refused: %v", tt.args, err)
+			continue
+		case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+			t.Errorf("%q: error %v, want one containing %q", tt.args, err, tt.wantErr)
+			continue
+		case tt.wantErr != "":
+			continue
+		}
+		l, err := (&net.ListenConfig{Control: relay.SocketControl(o.liveness())}).Listen(context.Background(), "tcp4", "127.0.0.1:0")
+		if err != nil {
+			t.Errorf("%q: accepted, but a proxy socket cannot listen with it: %v", tt.args, err)
+			continue
+		}
+		l.Close()
 	}
 }
