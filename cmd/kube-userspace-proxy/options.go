@@ -158,7 +158,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.syncPeriod, "iptables-sync-period", o.syncPeriod, "The maximum interval of how often rules are refreshed and repaired (e.g. '5s', '1m'). Must be greater than 0.")
 	fs.DurationVar(&o.minSyncPeriod, "iptables-min-sync-period", o.minSyncPeriod, "The minimum interval between rule syncs as Services change (e.g. '1s'). 0 syncs on every change. With --iptables=false, where no rule is written, the default is 100ms.")
 	fs.StringVar(&o.hostnameOverride, "hostname-override", o.hostnameOverride, "If non-empty, use this string as the node name instead of the hostname.")
-	fs.StringSliceVar(&o.nodePortAddresses, "nodeport-addresses", o.nodePortAddresses, "CIDRs of the node addresses that accept NodePort traffic and serve healthCheckNodePorts (e.g. 10.0.0.0/8,192.168.0.0/16); 'primary' means the node IP of each family (--node-ip, else the Node object's, else the default route's source address), as kube-proxy; empty means all local addresses.")
+	fs.StringSliceVar(&o.nodePortAddresses, "nodeport-addresses", o.nodePortAddresses, "CIDRs of the node addresses that accept NodePort traffic and serve healthCheckNodePorts (e.g. 10.0.0.0/8,192.168.0.0/16); and kube-proxy's keywords, in any combination: 'primary' the node IP of each family (--node-ip, else the Node object's, else the default route's source address), 'localhost' 127.0.0.0/8 and ::1/128, 'all' every address; a family without a CIDR is not restricted; empty means all local addresses.")
 	fs.StringVar(&o.clusterCIDR, "cluster-cidr", o.clusterCIDR, "The CIDR range of the pods in the cluster (for dual-stack, an IPv4 and an IPv6 CIDR, comma-separated), kube-proxy's flag with detect-local-mode ClusterCIDR: traffic from it counts as the cluster's own, so pods reach the LoadBalancer IPs, external IPs and NodePorts of externalTrafficPolicy: Local Services through all endpoints, as the node itself does. Empty: only the node's own traffic is recognised.")
 	fs.StringVar(&o.healthzBindAddress, "healthz-bind-address", o.healthzBindAddress, "HOST:PORT for the health check server (/healthz, /livez); an IP alone gets port 10256; empty disables it.")
 	fs.StringVar(&o.metricsBindAddress, "metrics-bind-address", o.metricsBindAddress, "HOST:PORT for the metrics server (/metrics, /debug/services, /debug/connections, /proxyMode, /configz); an IP alone gets port 10249; empty disables it.")
@@ -364,18 +364,28 @@ func (o *options) validate() (*validated, error) {
 	if o.tcpUserTimeout > relay.MaxUserTimeout {
 		add("--tcp-user-timeout must be at most %v (the kernel's limit), got %v", relay.MaxUserTimeout, o.tcpUserTimeout)
 	}
+	// kube-proxy's list: CIDRs and the keywords primary, localhost and
+	// all, in any combination, a keyword at most once.
+	seenKeyword := map[string]bool{}
 	for _, c := range o.nodePortAddresses {
 		c = strings.TrimSpace(c)
-		if c == nodePortAddressesPrimary {
-			if len(o.nodePortAddresses) > 1 {
-				add("--nodeport-addresses: %q must be the only value, got %q", nodePortAddressesPrimary, strings.Join(o.nodePortAddresses, ","))
+		switch c {
+		case nodePortAddressesPrimary, nodePortAddressesLocalhost, nodePortAddressesAll:
+			if seenKeyword[c] {
+				add("--nodeport-addresses: %q is given twice", c)
+				continue
 			}
-			v.nodePortPrimary = true
+			seenKeyword[c] = true
+			if c == nodePortAddressesPrimary {
+				v.nodePortPrimary = true // resolveNodePortAddresses adds the node IPs
+				continue
+			}
+			v.nodePortAddresses = append(v.nodePortAddresses, nodePortKeywordCIDRs[c]...)
 			continue
 		}
 		p, err := netip.ParsePrefix(c)
 		if err != nil {
-			add("--nodeport-addresses: %q is not a CIDR", c)
+			add("--nodeport-addresses: %q is not a CIDR, nor one of the keywords primary, localhost, all", c)
 			continue
 		}
 		v.nodePortAddresses = append(v.nodePortAddresses, p.Masked())

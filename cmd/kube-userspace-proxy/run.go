@@ -488,48 +488,79 @@ func servedFamilies(ipv4, ipv6 bool) []string {
 	return fams
 }
 
-// nodePortAddressesPrimary is kube-proxy's --nodeport-addresses value for
-// the node's primary IPs.
-const nodePortAddressesPrimary = "primary"
+// kube-proxy's --nodeport-addresses keywords: the node's primary IPs, the
+// loopback CIDRs and every address.
+const (
+	nodePortAddressesPrimary   = "primary"
+	nodePortAddressesLocalhost = "localhost"
+	nodePortAddressesAll       = "all"
+)
 
-// resolveNodePortAddresses turns --nodeport-addresses primary into each
-// family's primary node IP as a single-address CIDR, as kube-proxy does at
-// start (expandNodePortAddressKeywords), for the NodePort portals and the
-// healthCheckNodePort servers alike. The primary IP is
-// --node-ip, else the default-route address: not --bind-address, which is
-// where proxy sockets listen. It was the bind address, so a loopback one
-// (the README's first run) left NodePorts on every address, and an IPv4 one
-// left IPv6 unrestricted. A family with neither is skipped, as kube-proxy
-// skips a family whose node IP it could not find (loopback): a family
-// without CIDRs of its own is not limited, there as here.
+// nodePortKeywordCIDRs are the CIDRs of localhost and all, as kube-proxy's
+// expandNodePortAddressKeywords writes them.
+var nodePortKeywordCIDRs = map[string][]netip.Prefix{
+	nodePortAddressesLocalhost: {netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")},
+	nodePortAddressesAll:       {netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")},
+}
+
+// resolveNodePortAddresses adds for --nodeport-addresses primary each
+// family's primary node IP as a single-address CIDR to the list's other
+// CIDRs, as kube-proxy does at start (expandNodePortAddressKeywords), for
+// the NodePort portals and the healthCheckNodePort servers alike. The
+// primary IP is --node-ip, else the default-route address: not
+// --bind-address, which is where proxy sockets listen. It was the bind
+// address, so a loopback one (the README's first run) left NodePorts on
+// every address, and an IPv4 one left IPv6 unrestricted. A family with
+// neither is skipped, as kube-proxy skips a family whose node IP it could
+// not find (loopback): a family without CIDRs of its own is not limited,
+// there as here.
+//
+// A family with a /0 (all, 0.0.0.0/0, ::/0) takes every address: its
+// CIDRs are dropped, which says the same (a family without CIDRs is not
+// limited) in rules iptables-save prints back as written (it prints no
+// "-d 0.0.0.0/0", so each start's first periodic sync "repaired" them).
 func resolveNodePortAddresses(v *validated) {
-	if !v.nodePortPrimary {
+	primary := v.nodePortPrimary
+	v.nodePortPrimary = false
+	if primary {
+		for _, f := range []struct {
+			six   bool
+			route func() netip.Addr
+		}{{false, defaultRoutes.v4}, {true, defaultRoutes.v6}} {
+			ip := v.nodeIP
+			if !ip.IsValid() || ip.Is4() == f.six {
+				ip = hostIPOf(v, f.six, f.route)
+			}
+			if ip.IsValid() && !ip.IsLoopback() {
+				v.nodePortAddresses = append(v.nodePortAddresses, netip.PrefixFrom(ip, ip.BitLen()))
+			}
+		}
+	}
+	everyAddress := map[bool]bool{}
+	for _, p := range v.nodePortAddresses {
+		if p.Bits() == 0 {
+			everyAddress[p.Addr().Is4()] = true
+		}
+	}
+	v.nodePortAddresses = slices.DeleteFunc(v.nodePortAddresses, func(p netip.Prefix) bool { return everyAddress[p.Addr().Is4()] })
+	if !primary {
 		return
 	}
-	v.nodePortAddresses = nil
 	var unrestricted []string
 	for _, f := range []struct {
-		name  string
-		six   bool
-		route func() netip.Addr
-	}{{"IPv4", false, defaultRoutes.v4}, {"IPv6", true, defaultRoutes.v6}} {
-		ip := v.nodeIP
-		if !ip.IsValid() || ip.Is4() == f.six {
-			ip = hostIPOf(v, f.six, f.route)
-		}
-		if !ip.IsValid() || ip.IsLoopback() {
+		name string
+		four bool
+	}{{"IPv4", true}, {"IPv6", false}} {
+		if !slices.ContainsFunc(v.nodePortAddresses, func(p netip.Prefix) bool { return p.Addr().Is4() == f.four }) {
 			unrestricted = append(unrestricted, f.name)
-			continue
 		}
-		v.nodePortAddresses = append(v.nodePortAddresses, netip.PrefixFrom(ip, ip.BitLen()))
 	}
 	if len(unrestricted) > 0 {
-		klog.InfoS("NodePorts answer on the node's primary IPs (--nodeport-addresses primary); a family without one (no --node-ip, no default route) is not restricted, as in kube-proxy",
+		klog.InfoS("NodePorts answer on the node's primary IPs and the other --nodeport-addresses; a family without any (no --node-ip, no default route, or a /0) is not restricted, as in kube-proxy",
 			"addresses", v.nodePortAddresses, "unrestricted", unrestricted)
 	} else {
-		klog.InfoS("NodePorts answer on the node's primary IPs (--nodeport-addresses primary)", "addresses", v.nodePortAddresses)
+		klog.InfoS("NodePorts answer on the node's primary IPs and the other --nodeport-addresses", "addresses", v.nodePortAddresses)
 	}
-	v.nodePortPrimary = false
 }
 
 // bindFamily is the family of a --bind-address that names one address,

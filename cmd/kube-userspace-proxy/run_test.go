@@ -189,7 +189,7 @@ func TestBadFlagsExitTwo(t *testing.T) {
 		{"--connection-close-deadline", "-1s"},
 		{"--iptables-min-sync-period", "1m", "--iptables-sync-period", "30s"},
 		{"--nodeport-addresses", "10.0.0.0"},
-		{"--nodeport-addresses", "primary,10.0.0.0/8"},
+		{"--nodeport-addresses", "primary,10.0.0.0/8,primary"},
 		{"--manifests", ".", "--cluster-cidr", "10.244.0.0"},
 		{"--manifests", ".", "--cluster-cidr", "10.244.0.0/16,10.245.0.0/16"},
 		{"--no-such-flag"},
@@ -757,5 +757,58 @@ func TestLivenessFlagsWithinKernelLimits(t *testing.T) {
 			continue
 		}
 		l.Close()
+	}
+}
+
+// kube-proxy's --nodeport-addresses takes CIDRs and the keywords primary,
+// localhost and all in any combination (a keyword at most once): all,
+// localhost and primary beside anything were refused, so a kube-proxy 1.37
+// configuration (nodePortAddresses: [primary, localhost]) could not start.
+// A family with a /0 takes every address, written as no CIDR of its own.
+func TestNodePortAddressesKeywords(t *testing.T) {
+	tests := []struct {
+		value   string
+		want    []string // the resolved CIDRs, any order
+		wantErr string
+	}{
+		{value: "all", want: nil},
+		{value: "localhost", want: []string{"127.0.0.0/8", "::1/128"}},
+		{value: "primary,localhost", want: []string{"127.0.0.0/8", "::1/128", "192.0.2.2/32", "fd00::2/128"}},
+		{value: "10.0.0.0/8,primary", want: []string{"10.0.0.0/8", "192.0.2.2/32", "fd00::2/128"}},
+		{value: "all,localhost", want: nil},
+		{value: "0.0.0.0/0", want: nil},
+		{value: "0.0.0.0/0,fd00::/64,10.0.0.0/8", want: []string{"fd00::/64"}},
+		{value: "primary,::/0", want: []string{"192.0.2.2/32"}},
+		{value: "primary,primary", wantErr: `--nodeport-addresses: "primary" is given twice`},
+		{value: "localhost,10.0.0.0/8,localhost", wantErr: `"localhost" is given twice`},
+		{value: "PRIMARY", wantErr: `"PRIMARY" is not a CIDR, nor one of the keywords primary, localhost, all`},
+	}
+	saved := defaultRoutes
+	defaultRoutes.v4 = func() netip.Addr { return netip.MustParseAddr("192.0.2.2") }
+	defaultRoutes.v6 = func() netip.Addr { return netip.MustParseAddr("fd00::2") }
+	t.Cleanup(func() { defaultRoutes = saved })
+	for _, tt := range tests {
+		args := []string{"--manifests", t.TempDir(), "--nodeport-addresses", tt.value}
+		v, err := parsedOptions(t, args).validate()
+		if tt.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("%s: error %v, want one containing %q", tt.value, err, tt.wantErr)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: refused: %v", tt.value, err)
+			continue
+		}
+		resolveNodePortAddresses(v)
+		var got []string
+		for _, p := range v.nodePortAddresses {
+			got = append(got, p.String())
+		}
+		slices.Sort(got)
+		want := slices.Sorted(slices.Values(tt.want))
+		if !slices.Equal(got, want) {
+			t.Errorf("--nodeport-addresses %s: NodePort addresses %v, want %v", tt.value, got, want)
+		}
 	}
 }
