@@ -315,6 +315,10 @@ func (o *options) validate() (*validated, error) {
 	}
 	if o.stateFile != "" && o.manifests != "" && !o.cleanup {
 		add("--state-file keeps what an API server gave, and --manifests reads no API server: the manifests are their own last known state; drop one of the two")
+	} else if o.stateFile != "" && !o.cleanup {
+		if err := config.CheckStateFile(o.stateFile); err != nil {
+			add("--state-file %q: %v", o.stateFile, err)
+		}
 	}
 	if o.halfCloseTimeout < 0 {
 		add("--tcp-half-close-timeout must not be negative, got %v", o.halfCloseTimeout)

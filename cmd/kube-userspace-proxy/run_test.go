@@ -812,3 +812,57 @@ func TestNodePortAddressesKeywords(t *testing.T) {
 		}
 	}
 }
+
+// A --state-file that names a file holding something else (a kubeconfig,
+// the --config file, any file) was replaced by the first write, within
+// 10 s of the first sync, without a word: it is refused at start, before
+// anything is written. A file that is not there, an empty one and one this
+// proxy wrote are taken.
+func TestStateFileNeverReplacesAnotherFile(t *testing.T) {
+	dir := t.TempDir()
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte("apiVersion: v1\nkind: Config\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	precious := filepath.Join(dir, "precious.conf")
+	if err := os.WriteFile(precious, []byte("very important, not a state file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	empty := filepath.Join(dir, "empty.json")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ours := filepath.Join(dir, "state.json")
+	if err := config.WriteStateFile(ours, config.State{Written: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	list := filepath.Join(dir, "list.json") // a List, but not one this proxy wrote
+	if err := os.WriteFile(list, []byte(`{"kind":"List","apiVersion":"v1","items":[]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		state   string
+		wantErr string // "" = valid
+	}{
+		{filepath.Join(dir, "new", "state.json"), ""},
+		{empty, ""},
+		{ours, ""},
+		{kubeconfig, "--state-file \"" + kubeconfig + "\": holds something other than a state file"},
+		{precious, "holds something other than a state file"},
+		{list, "holds something other than a state file"},
+		{dir, "not a regular file"},
+	}
+	for _, tt := range tests {
+		args := []string{"--kubeconfig", kubeconfig, "--state-file", tt.state}
+		_, err := parsedOptions(t, args).validate()
+		switch {
+		case tt.wantErr == "" && err != nil:
+			t.Errorf("%s: refused: %v", tt.state, err)
+		case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+			t.Errorf("%s: error %v, want one containing %q", tt.state, err, tt.wantErr)
+		}
+	}
+	if data, _ := os.ReadFile(precious); string(data) != "very important, not a state file\n" {
+		t.Errorf("precious.conf changed: %q", data)
+	}
+}

@@ -553,6 +553,41 @@ func WriteStateFile(path string, state State) error {
 	return os.Rename(tmp.Name(), path)
 }
 
+// CheckStateFile tells whether path may be a --state-file: WriteStateFile
+// replaces whatever is there, so only a path that is not there, an empty
+// file or a state file (a v1 List annotated kube-userspace-proxy/state-written,
+// as WriteStateFile writes it) is taken. A kubeconfig or --config file
+// named by mistake was replaced within seconds of the first sync.
+func CheckStateFile(path string) error {
+	info, err := os.Stat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	case err != nil:
+		return err
+	case info.Mode().IsRegular() && info.Size() == 0:
+		return nil
+	}
+	data, err := regularfile.Read(path, maxStateFileSize, nil)
+	if err != nil {
+		var pathErr *fs.PathError
+		if errors.As(err, &pathErr) {
+			return pathErr.Err // the caller names the file
+		}
+		return err
+	}
+	var head struct {
+		Kind     string `json:"kind"`
+		Metadata struct {
+			Annotations map[string]string `json:"annotations"`
+		} `json:"metadata"`
+	}
+	if json.Unmarshal(data, &head) != nil || head.Kind != "List" || head.Metadata.Annotations[stateWrittenAnnotation] == "" {
+		return fmt.Errorf("holds something other than a state file (a v1 List annotated %s, as this proxy writes it), which the first write would replace: give the state a path of its own", stateWrittenAnnotation)
+	}
+	return nil
+}
+
 // removeStaleTemps removes the temporary files a process killed while it
 // wrote path left beside it (on tmpfs they would stay until a reboot).
 func removeStaleTemps(path string) {
