@@ -88,6 +88,7 @@ func configChecker(args []string) func([]byte) error {
 		if err := o.applyConfigData(data, fs); err != nil {
 			return err
 		}
+		o.noteGivenFlags(fs)
 		_, err := o.validate()
 		return err
 	}

@@ -76,6 +76,7 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 			return exitUsage
 		}
 	}
+	o.noteGivenFlags(fs)
 	v, err := o.validate()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy explain: invalid flags:\n%v\n", err)

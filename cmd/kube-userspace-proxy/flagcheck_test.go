@@ -99,7 +99,7 @@ func parsedOptions(t *testing.T, args []string) *options {
 			t.Fatalf("%q: %v", args, err)
 		}
 	}
-	o.minSyncPeriodGiven = fs.Changed("iptables-min-sync-period") || o.fileFields["iptables-min-sync-period"] != "" // as runMain
+	o.noteGivenFlags(fs) // as runMain
 	return o
 }
 

@@ -81,8 +81,7 @@ func runMain(args []string) int {
 		o.logVerbosity = uint32(n)
 	}
 	o.logVModule = fs.Lookup("vmodule").Value.String()
-	o.minSyncPeriodGiven = fs.Changed("iptables-min-sync-period") || o.fileFields["iptables-min-sync-period"] != ""
-	o.udpMaxPerPortGiven = fs.Changed("udp-max-sessions-per-port")
+	o.noteGivenFlags(fs)
 	v, err := o.validate()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy: invalid flags:\n%v\n", err)

@@ -238,6 +238,14 @@ func (o *options) effectiveMinSyncPeriod() time.Duration {
 	return o.minSyncPeriod
 }
 
+// noteGivenFlags records which flags were given, by the command line or
+// --config, where a default depends on it: every parse of the flags
+// (runMain, explain, the --config check) calls it before validate.
+func (o *options) noteGivenFlags(fs *pflag.FlagSet) {
+	o.minSyncPeriodGiven = fs.Changed("iptables-min-sync-period") || o.fileFields["iptables-min-sync-period"] != ""
+	o.udpMaxPerPortGiven = fs.Changed("udp-max-sessions-per-port")
+}
+
 // noRulesMinSyncPeriod is --iptables-min-sync-period's default with
 // --iptables=false.
 const noRulesMinSyncPeriod = 100 * time.Millisecond
@@ -299,8 +307,11 @@ func (o *options) validate() (*validated, error) {
 	if o.minSyncPeriod < 0 {
 		add("--iptables-min-sync-period must not be negative, got %v", o.minSyncPeriod)
 	}
-	if o.minSyncPeriod > o.syncPeriod {
-		add("--iptables-min-sync-period (%v) must not exceed --iptables-sync-period (%v)", o.minSyncPeriod, o.syncPeriod)
+	// The minimum in force: with --iptables=false and none given it is
+	// 100ms, and a sync period between that and the 1 s default was
+	// refused by the 1 s that does not apply.
+	if m := o.effectiveMinSyncPeriod(); m > o.syncPeriod {
+		add("--iptables-min-sync-period (%v) must not exceed --iptables-sync-period (%v)", m, o.syncPeriod)
 	}
 	// No check of --kube-api-qps: kube-proxy validates only the burst,
 	// and client-go takes a negative QPS for no client-side rate limit.

@@ -866,3 +866,40 @@ func TestStateFileNeverReplacesAnotherFile(t *testing.T) {
 		t.Errorf("precious.conf changed: %q", data)
 	}
 }
+
+// With --iptables=false the minimum sync period in force is 100 ms unless
+// one is given (README), so a sync period between it and 1 s is valid
+// there: it was refused by the 1 s minimum that is not in force and was
+// not given ("--iptables-min-sync-period (1s) must not exceed
+// --iptables-sync-period (500ms)"). A minimum given, by flag or --config,
+// is still held to the period, as kube-proxy holds it.
+func TestMinSyncPeriodInForceAgainstSyncPeriod(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(cfg, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\niptables: {minSyncPeriod: 2s, syncPeriod: 1s}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		args    []string
+		wantErr string // "" = valid
+	}{
+		{[]string{"--iptables=false", "--iptables-sync-period", "500ms"}, ""},
+		{[]string{"--iptables=false", "--iptables-sync-period", "50ms"}, "--iptables-min-sync-period (100ms) must not exceed --iptables-sync-period (50ms)"},
+		{[]string{"--iptables=false", "--iptables-min-sync-period", "2s", "--iptables-sync-period", "1s"}, "--iptables-min-sync-period (2s) must not exceed"},
+		{[]string{"--iptables=false", "--config", cfg}, "--iptables-min-sync-period (2s) must not exceed --iptables-sync-period (1s)"},
+		{[]string{"--iptables-sync-period", "500ms"}, "--iptables-min-sync-period (1s) must not exceed --iptables-sync-period (500ms)"}, // as kube-proxy
+	}
+	for _, tt := range tests {
+		args := append([]string{"--manifests", t.TempDir()}, tt.args...)
+		_, err := parsedOptions(t, args).validate()
+		switch {
+		case tt.wantErr == "" && err != nil:
+			t.Errorf("%q: refused: %v", tt.args, err)
+		case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+			t.Errorf("%q: error %v, want one containing %q", tt.args, err, tt.wantErr)
+		}
+		// The check of a changed --config agrees with the start.
+		if cerr := configChecker(append(slices.Clone(args), "--config", cfg))([]byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\niptables: {minSyncPeriod: 2s, syncPeriod: 1s}\n")); cerr == nil {
+			t.Errorf("%q: the --config check takes minSyncPeriod 2s over syncPeriod 1s", tt.args)
+		}
+	}
+}
