@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"net"
 	"net/netip"
 	"os"
 	"slices"
@@ -434,13 +435,24 @@ func (o *options) validate() (*validated, error) {
 	// kube-proxy's (AppendPortIfNeeded): --healthz-bind-address=0.0.0.0.
 	o.healthzBindAddress = withDefaultPort(o.healthzBindAddress, defaultHealthzPort)
 	o.metricsBindAddress = withDefaultPort(o.metricsBindAddress, defaultMetricsPort)
+	var listening []listenFlag
 	for _, a := range []struct{ flag, value string }{{"--healthz-bind-address", o.healthzBindAddress}, {"--metrics-bind-address", o.metricsBindAddress}, {"--fault-api-bind-address", o.faultAPIBind}} {
 		if a.value == "" {
 			continue
 		}
 		if err := checkHostPort(a.value); err != nil {
 			add("%s %q: %v", a.flag, a.value, err)
+			continue
 		}
+		// Two of our own servers on one address: the second could never
+		// listen, and was retried every 5 s for good.
+		b := listenFlag{flag: a.flag, value: a.value}
+		for _, other := range listening {
+			if other.clashes(b) {
+				add("%s (%s) and %s (%s) cannot both listen there: give them different ports", other.flag, other.value, b.flag, b.value)
+			}
+		}
+		listening = append(listening, b)
 	}
 	if o.nodeIP != "" {
 		if v.nodeIP, err = netip.ParseAddr(o.nodeIP); err != nil {
@@ -592,4 +604,35 @@ func (v int64Value) Set(s string) error {
 	}
 	*v.p = n
 	return nil
+}
+
+// listenFlag is the HOST:PORT flag of one of the proxy's HTTP servers.
+type listenFlag struct{ flag, value string }
+
+// clashes reports whether a and b cannot both listen: one port (not 0,
+// which picks a free one) on one host, or on a wildcard host (0.0.0.0 and
+// :: take the port on every address of both families, as Go listens on
+// them) beside any other. Host names are compared as written.
+func (a listenFlag) clashes(b listenFlag) bool {
+	ah, ap, err1 := net.SplitHostPort(a.value)
+	bh, bp, err2 := net.SplitHostPort(b.value)
+	if err1 != nil || err2 != nil || ap != bp {
+		return false
+	}
+	if n, err := strconv.Atoi(ap); err != nil || n == 0 {
+		return false
+	}
+	wildcard := func(h string) bool {
+		ip, err := netip.ParseAddr(h)
+		return h == "" || err == nil && ip.IsUnspecified()
+	}
+	if wildcard(ah) || wildcard(bh) {
+		return true
+	}
+	aip, errA := netip.ParseAddr(ah)
+	bip, errB := netip.ParseAddr(bh)
+	if errA == nil && errB == nil {
+		return aip.Unmap() == bip.Unmap()
+	}
+	return ah == bh
 }

@@ -903,3 +903,36 @@ func TestMinSyncPeriodInForceAgainstSyncPeriod(t *testing.T) {
 		}
 	}
 }
+
+// Two of the proxy's own servers on one address can never both listen:
+// `--metrics-bind-address 0.0.0.0:10256` (the health server's default)
+// was accepted, and then the metrics server was retried every 5 s for good
+// (with --bind-address-hard-fail: exit 1 after the start). Refused at start,
+// naming both flags; servers on one port of different specific addresses,
+// port 0 and a disabled server are fine.
+func TestServersOnOneAddressRefused(t *testing.T) {
+	tests := []struct {
+		args    []string
+		wantErr string // "" = valid
+	}{
+		{[]string{"--metrics-bind-address", "0.0.0.0:10256"}, "--healthz-bind-address (0.0.0.0:10256) and --metrics-bind-address (0.0.0.0:10256) cannot both listen there"},
+		{[]string{"--metrics-bind-address", "127.0.0.1:10256"}, "--healthz-bind-address (0.0.0.0:10256) and --metrics-bind-address (127.0.0.1:10256)"},
+		{[]string{"--fault-api-bind-address", "127.0.0.1:10249"}, "--metrics-bind-address (127.0.0.1:10249) and --fault-api-bind-address (127.0.0.1:10249)"},
+		{[]string{"--healthz-bind-address", "[::]:8474", "--fault-api-bind-address", "10.0.0.1:8474"}, "--healthz-bind-address ([::]:8474) and --fault-api-bind-address"},
+		{[]string{"--healthz-bind-address", "127.0.0.1:10256", "--metrics-bind-address", "[::1]:10256"}, ""},
+		{[]string{"--healthz-bind-address", "127.0.0.1:0", "--metrics-bind-address", "127.0.0.1:0"}, ""},
+		{[]string{"--healthz-bind-address", "", "--metrics-bind-address", "0.0.0.0:10256"}, ""},
+		{[]string{"--healthz-port", "0", "--metrics-bind-address", "0.0.0.0:10256"}, ""},
+		{[]string{"--fault-api-bind-address", "127.0.0.1:8474"}, ""},
+	}
+	for _, tt := range tests {
+		args := append([]string{"--manifests", t.TempDir()}, tt.args...)
+		_, err := parsedOptions(t, args).validate()
+		switch {
+		case tt.wantErr == "" && err != nil:
+			t.Errorf("%q: refused: %v", tt.args, err)
+		case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+			t.Errorf("%q: error %v, want one containing %q", tt.args, err, tt.wantErr)
+		}
+	}
+}
