@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -114,4 +116,33 @@ func TestHelpValueNamesAreOneWord(t *testing.T) {
 			t.Errorf("--%s shows its value as %q in --help", f.Name, name)
 		}
 	})
+}
+
+// kube-proxy runs through component-base's cli.Run, whose
+// WordSepNormalizeFunc reads "_" in a flag's name as "-": --hostname_override
+// and --bind_address work there, and older kube-proxy command lines carry
+// them. They were unknown flags here (exit 2). Every parse of the flags
+// (the start, the --config change check, explain) takes them.
+func TestUnderscoreFlagNamesAsKubeProxy(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.conf")
+	if err := os.WriteFile(cfg, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--manifests", dir, "--config", cfg, "--iptables=false", "--bind_address=127.0.0.1", "--hostname_override=Node_1",
+		"--iptables_min_sync_period=2s", "--kube_api_qps=7", "--healthz_bind_address=", "--metrics_bind_address="}
+	o := parsedOptions(t, args)
+	if o.bindAddress != "127.0.0.1" || o.hostnameOverride != "Node_1" || o.kubeAPIQPS != 7 || o.healthzBindAddress != "" || !o.minSyncPeriodGiven {
+		t.Errorf("underscore flags not applied: bind %q hostname %q qps %v healthz %q min sync given %v", o.bindAddress, o.hostnameOverride, o.kubeAPIQPS, o.healthzBindAddress, o.minSyncPeriodGiven)
+	}
+	if code := runMain(append(slices.Clone(args), "--init-only")); code != 0 {
+		t.Errorf("runMain(%q) = %d, want 0", args, code)
+	}
+	if err := configChecker(args)([]byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nudpIdleTimeout: 1s\n")); err != nil {
+		t.Errorf("the --config change check refuses a valid change: %v", err)
+	}
+	var out strings.Builder
+	if code := explain(context.Background(), []string{"--manifests", dir, "--node_ip", "192.0.2.1"}, &out); code != 0 {
+		t.Errorf("explain --node_ip = %d, want 0", code)
+	}
 }

@@ -146,6 +146,9 @@ func newOptions() *options {
 }
 
 func (o *options) addFlags(fs *pflag.FlagSet) {
+	// As kube-proxy (component-base's cli.Run sets WordSepNormalizeFunc):
+	// "_" in a flag's name reads as "-", so --hostname_override works.
+	fs.SetNormalizeFunc(wordSepNormalize)
 	fs.StringVar(&o.manifests, "manifests", o.manifests, "File or directory of YAML/JSON manifests (v1 Service, discovery.k8s.io/v1 EndpointSlice, v1 Endpoints); re-read on change.")
 	fs.StringVar(&o.serviceCIDRs, "service-cluster-ip-range", o.serviceCIDRs, "With --manifests: CIDR (or an IPv4 and an IPv6 CIDR, comma-separated) a Service without clusterIP gets one from, by a hash of its namespace/name: the same on every start with the same files (kube-apiserver's flag). Empty: such a Service is an error.")
 	fs.StringVar(&o.nodePortRange, "service-node-port-range", o.nodePortRange, "The range of node ports (BEGIN-END, BEGIN+N or one port; kube-apiserver's flag): with --manifests a Service's nodePort must be in it; without --proxy-port-range no proxy socket takes a port of it. Empty: the default.")
@@ -635,4 +638,9 @@ func (a listenFlag) clashes(b listenFlag) bool {
 		return aip.Unmap() == bip.Unmap()
 	}
 	return ah == bh
+}
+
+// wordSepNormalize is component-base's cliflag.WordSepNormalizeFunc.
+func wordSepNormalize(_ *pflag.FlagSet, name string) pflag.NormalizedName {
+	return pflag.NormalizedName(strings.ReplaceAll(name, "_", "-"))
 }
