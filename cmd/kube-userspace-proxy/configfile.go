@@ -172,5 +172,13 @@ func ignoredConfigFields(c *kubeproxyconfig.KubeProxyConfiguration) []string {
 	note(c.IPTables.MasqueradeBit != nil, "iptables.masqueradeBit")
 	note(c.IPTables.LocalhostNodePorts != nil && !*c.IPTables.LocalhostNodePorts, "iptables.localhostNodePorts")
 	note(c.ClientConnection.AcceptContentTypes != "", "clientConnection.acceptContentTypes")
+	// component-base's logging options, whose flags (--log-flush-frequency,
+	// --log-text-split-stream, ...) are named when given: set in the file
+	// they were ignored in silence. kubeadm writes a zero flush frequency,
+	// kube-proxy's default is 5s: neither is named.
+	lg := c.Logging
+	note(lg.FlushFrequency.Duration.Duration != 0 && lg.FlushFrequency.Duration.Duration != 5*time.Second, "logging.flushFrequency")
+	note(lg.Options.Text.SplitStream || !lg.Options.Text.InfoBufferSize.IsZero(), "logging.options.text")
+	note(lg.Options.JSON.SplitStream || !lg.Options.JSON.InfoBufferSize.IsZero(), "logging.options.json")
 	return out
 }

@@ -250,6 +250,14 @@ func TestIgnoredConfigFields(t *testing.T) {
 		{"mode: \"\"\nconntrack: {maxPerCore: null, min: null, tcpCloseWaitTimeout: null, tcpEstablishedTimeout: null}\n" +
 			"iptables: {masqueradeAll: false, masqueradeBit: null, localhostNodePorts: null}\noomScoreAdj: null\ndetectLocalMode: \"\"\nenableProfiling: false\n", nil},
 		{"detectLocalMode: ClusterCIDR\nclusterCIDR: 10.244.0.0/16\n", nil},
+		// kubeadm's logging block, and kube-proxy's default flush frequency.
+		{"logging: {flushFrequency: 0, options: {json: {infoBufferSize: \"0\"}, text: {infoBufferSize: \"0\"}}, verbosity: 0}\n", nil},
+		{"logging: {flushFrequency: 5s}\n", nil},
+		// The logging fields whose flags are named when given
+		// (--log-flush-frequency, --log-text-split-stream, ...) were
+		// ignored in silence when set in the file.
+		{"logging: {flushFrequency: 10s, options: {text: {splitStream: true, infoBufferSize: 1Mi}, json: {splitStream: true}}}\n",
+			[]string{"logging.flushFrequency", "logging.options.text", "logging.options.json"}},
 		{"featureGates: {Foo: true}\nenableProfiling: true\noomScoreAdj: -999\n", []string{"featureGates", "enableProfiling", "oomScoreAdj"}},
 		{"detectLocalMode: NodeCIDR\nconntrack: {maxPerCore: 32768}\niptables: {masqueradeAll: true}\n",
 			[]string{"detectLocalMode (only ClusterCIDR, with clusterCIDR)", "conntrack.maxPerCore/min", "iptables.masqueradeAll"}},
