@@ -836,8 +836,12 @@ func TestStateFileNeverReplacesAnotherFile(t *testing.T) {
 	if err := config.WriteStateFile(ours, config.State{Written: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
-	list := filepath.Join(dir, "list.json") // a List, but not one this proxy wrote
+	list := filepath.Join(dir, "list.json") // as kubectl get -o json writes it: read as a state file
 	if err := os.WriteFile(list, []byte(`{"kind":"List","apiVersion":"v1","items":[]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	config := filepath.Join(dir, "config.yaml") // JSON's "kind" in YAML
+	if err := os.WriteFile(config, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	tests := []struct {
@@ -849,7 +853,8 @@ func TestStateFileNeverReplacesAnotherFile(t *testing.T) {
 		{ours, ""},
 		{kubeconfig, "--state-file \"" + kubeconfig + "\": holds something other than a state file"},
 		{precious, "holds something other than a state file"},
-		{list, "holds something other than a state file"},
+		{list, ""},
+		{config, "holds something other than a state file"},
 		{dir, "not a regular file"},
 	}
 	for _, tt := range tests {

@@ -555,9 +555,10 @@ func WriteStateFile(path string, state State) error {
 
 // CheckStateFile tells whether path may be a --state-file: WriteStateFile
 // replaces whatever is there, so only a path that is not there, an empty
-// file or a state file (a v1 List annotated kube-userspace-proxy/state-written,
-// as WriteStateFile writes it) is taken. A kubeconfig or --config file
-// named by mistake was replaced within seconds of the first sync.
+// file or a v1 List (what WriteStateFile writes, and what ReadStateFile
+// reads: `kubectl get services,endpointslices -o json` gives one too) is
+// taken. A kubeconfig or --config file named by mistake was replaced
+// within seconds of the first sync.
 func CheckStateFile(path string) error {
 	info, err := os.Stat(path)
 	switch {
@@ -576,14 +577,9 @@ func CheckStateFile(path string) error {
 		}
 		return err
 	}
-	var head struct {
-		Kind     string `json:"kind"`
-		Metadata struct {
-			Annotations map[string]string `json:"annotations"`
-		} `json:"metadata"`
-	}
-	if json.Unmarshal(data, &head) != nil || head.Kind != "List" || head.Metadata.Annotations[stateWrittenAnnotation] == "" {
-		return fmt.Errorf("holds something other than a state file (a v1 List annotated %s, as this proxy writes it), which the first write would replace: give the state a path of its own", stateWrittenAnnotation)
+	var head metav1.TypeMeta
+	if json.Unmarshal(data, &head) != nil || head.Kind != "List" { // as ReadStateFile reads it
+		return errors.New("holds something other than a state file (a JSON List, as this proxy writes it), which the first write would replace: give the state a path of its own")
 	}
 	return nil
 }
