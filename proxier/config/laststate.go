@@ -1,6 +1,7 @@
 package config
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -553,6 +554,10 @@ func WriteStateFile(path string, state State) error {
 	return os.Rename(tmp.Name(), path)
 }
 
+// stateFileHead is how every file WriteStateFile writes begins
+// (stateList's TypeMeta, marshalled first).
+var stateFileHead = []byte(`{"kind":"List",`)
+
 // CheckStateFile tells whether path may be a --state-file: WriteStateFile
 // replaces whatever is there, so only a path that is not there, an empty
 // file or a v1 List (what WriteStateFile writes, and what ReadStateFile
@@ -578,6 +583,13 @@ func CheckStateFile(path string) error {
 		return err
 	}
 	var head metav1.TypeMeta
+	if bytes.HasPrefix(data, stateFileHead) {
+		// What WriteStateFile begins with, even if the rest no longer
+		// decodes: the proxy's own state, which the next write mends. A
+		// refusal would hold a restarted proxy down until someone
+		// removed it.
+		return nil
+	}
 	if json.Unmarshal(data, &head) != nil || head.Kind != "List" { // as ReadStateFile reads it
 		return errors.New("holds something other than a state file (a JSON List, as this proxy writes it), which the first write would replace: give the state a path of its own")
 	}
