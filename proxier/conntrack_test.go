@@ -604,3 +604,35 @@ func TestRepairedRulesClearFlowsToOtherPorts(t *testing.T) {
 		t.Fatalf("the repair with a change of ours cleared %v, want %v", got, want)
 	}
 }
+
+// A rolling restart overlaps two proxies: the new one's first sync moves
+// every service port to its own proxy ports while the old one runs, and
+// the old one resets its connections when it stops, leaving conntrack
+// entries in CLOSE NATed to its dead ports, through which a client's next
+// connection from the same source port was sent there and refused (for as
+// long as it retried: each refusal refreshes the entry). The sync asked
+// for when the other proxy is gone (RepairSoon) finds the rules its own,
+// rewrites nothing, and cleared nothing: it clears the TCP entries to the
+// service IPs now, as a repair that rewrote rules does. Before, it
+// cleared nothing (the test failed at the first check).
+func TestOtherProxyGoneClearsFlowsItReset(t *testing.T) {
+	p, _ := newPortalProxier(t)
+	ct := &fakeConntrack{}
+	p.opts.Conntrack = ct
+	p.OnServiceAdd(makeService("web"))
+	p.Sync()
+	ct.take()
+	p.RepairSoon() // the overlapped proxy exited; our rules are unchanged
+	p.Sync()
+	if got, want := ct.take(), []string{"tcp 10.96.0.10:80"}; !slices.Equal(got, want) {
+		t.Fatalf("the sync after the other proxy's exit cleared %v, want %v", got, want)
+	}
+	if got, want := ct.sparedTCP["10.96.0.10:80"], []int{p.active[servicePortName("web")].proxyPort}; !slices.Equal(got, want) {
+		t.Errorf("the clearing spared %v, want the live proxy port %v", got, want)
+	}
+	// A periodic full sync of unchanged rules still clears nothing.
+	p.SyncFull()
+	if got := ct.take(); len(got) != 0 {
+		t.Errorf("a periodic full sync cleared %v", got)
+	}
+}

@@ -510,7 +510,9 @@ func (p *Proxier) SyncFull() { p.syncProxyRules(true) }
 // repairs them, as soon as the rate limit allows, rather than at the sync
 // period: when another writer of the rules is known to be gone (a proxy
 // this one overlapped in a rolling update), whose last sync left them
-// naming its ports. Safe from any goroutine.
+// naming its ports, and its reset connections' conntrack entries NATed to
+// them, which the sync clears (to the service IPs) even when the rules are
+// this one's already. Safe from any goroutine.
 func (p *Proxier) RepairSoon() {
 	p.repairAsked.Store(true)
 	p.runner.Run()
@@ -577,7 +579,8 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 		return
 	}
 	start := p.clk.Now()
-	full := p.repairAsked.Swap(false) || periodic || p.lastFull.IsZero() || p.clk.Since(p.lastFull) >= p.opts.SyncPeriod
+	otherGone := p.repairAsked.Swap(false)
+	full := otherGone || periodic || p.lastFull.IsZero() || p.clk.Since(p.lastFull) >= p.opts.SyncPeriod
 	if full {
 		p.lastFull = start
 	}
@@ -732,12 +735,17 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 	if !ok {
 		failed = append(failed, "portals")
 	}
-	if repaired {
+	if repaired || otherGone {
 		// The rules replaced (another proxy's, which named its own ports)
 		// left entries NATed to ports no socket of ours holds: a UDP
 		// client that keeps its source port refreshes its entry with
 		// every datagram and stays on the dead port for as long as it
-		// sends. Every service port's, as for a new socket.
+		// sends. Every service port's, as for a new socket. And so when
+		// the other proxy is gone though the rules were ours already (a
+		// rolling restart: this one wrote last): the connections it
+		// reset as it stopped left entries in CLOSE NATed to its ports,
+		// through which a client's next connection from the same source
+		// port went to the dead port and was refused.
 		for name := range p.active {
 			p.staleFlowsToClear(name)
 		}
