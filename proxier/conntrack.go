@@ -61,6 +61,11 @@ type StaleFlows struct {
 	// their socket, possibly another proxy's beside this one (which
 	// rewrites the same portals, but whose connections go on meanwhile).
 	Live []int
+	// ResetOnly: only those reset entries NATed elsewhere are stale, the
+	// un-NATed ones are not (a TCP NodePort: its destination is any
+	// address, and the node's own connections to that port on other
+	// hosts are un-NATed).
+	ResetOnly bool
 }
 
 // tcpReset is the kernel's TCP conntrack state after a reset.
@@ -95,7 +100,14 @@ func (NetlinkConntrack) ClearStale(flows []StaleFlows) error {
 
 // staleSet matches the stale entries of many destinations with one lookup
 // per entry: the table is walked once, whatever the number of Services.
-type staleSet map[staleKey][]int
+type staleSet map[staleKey]staleDst
+
+// staleDst is what makes an entry to one destination stale: NATed to a
+// port other than live, and, with resetOnly, reset (StaleFlows).
+type staleDst struct {
+	live      []int
+	resetOnly bool
+}
 
 // staleKey is an entry's protocol and original destination; an invalid
 // address for destinations on every address.
@@ -121,7 +133,12 @@ func (s *staleSet) add(f StaleFlows) {
 		live = []int{} // present, and no port is live
 	}
 	dst := netip.AddrPortFrom(f.Dst.Addr().Unmap(), f.Dst.Port())
-	(*s)[staleKey{proto, dst}] = live
+	key := staleKey{proto, dst}
+	resetOnly := f.ResetOnly
+	if had, ok := (*s)[key]; ok {
+		resetOnly = resetOnly && had.resetOnly
+	}
+	(*s)[key] = staleDst{live: live, resetOnly: resetOnly}
 }
 
 func (s staleSet) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
@@ -131,12 +148,12 @@ func (s staleSet) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 	}
 	orig = orig.Unmap()
 	key := staleKey{flow.Forward.Protocol, netip.AddrPortFrom(orig, flow.Forward.DstPort)}
-	live, ok := s[key]
+	d, ok := s[key]
 	if !ok {
 		// A destination on every address (a NodePort) is looked up only
 		// when the entry's own address names no service destination.
 		key.dst = netip.AddrPortFrom(netip.Addr{}, flow.Forward.DstPort)
-		if live, ok = s[key]; !ok {
+		if d, ok = s[key]; !ok {
 			return false
 		}
 	}
@@ -145,14 +162,14 @@ func (s staleSet) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 		return false
 	}
 	if replySrc.Unmap() == orig && flow.Reverse.SrcPort == flow.Forward.DstPort {
-		return true // no NAT rewrote it: tracked before the portal existed
+		return !d.resetOnly // no NAT rewrote it: tracked before the portal existed
 	}
 	if key.protocol == unix.IPPROTO_TCP {
 		if tcp, ok := flow.ProtoInfo.(*netlink.ProtoInfoTCP); !ok || tcp.State != tcpReset {
 			return false
 		}
 	}
-	return !slices.Contains(live, int(flow.Reverse.SrcPort))
+	return !slices.Contains(d.live, int(flow.Reverse.SrcPort))
 }
 
 // staleFlowsToClear remembers a service port whose proxy socket is new, or
@@ -282,10 +299,15 @@ func staleFlowsOf(ap *activePort) []StaleFlows {
 			flows = append(flows, StaleFlows{Protocol: v1.ProtocolUDP, Dst: netip.AddrPortFrom(netip.Addr{}, uint16(info.nodePort)), Live: external})
 		}
 	case v1.ProtocolTCP:
-		// Service IPs only: a NodePort's destination is the node itself, where
-		// an early SYN was answered (by a reset or our claim) and left no
-		// lasting entry, and clearing "any address, that port" would reach
-		// the node's unrelated connections (another NAT's among them).
+		// A NodePort's reset connections only: its destination is the node
+		// itself, where an early SYN was answered (by a reset or our claim)
+		// and left no lasting entry, and clearing every un-NATed entry to
+		// "any address, that port" would reach the node's own connections
+		// to that port elsewhere. A reset one NATed to a port no socket of
+		// ours holds (the proxy it overlapped in a rolling restart reset it
+		// at its exit, or the last one's port was taken) sent a client
+		// reusing its source port to the dead port, refused for as long as
+		// it retried; a reset connection is over, whoever NATed it.
 		// Reset connections are spared on either socket of the port: the
 		// node reaches external addresses through the cluster-wide one.
 		live := []int{ap.proxyPort}
@@ -296,6 +318,9 @@ func staleFlowsOf(ap *activePort) []StaleFlows {
 			for _, ip := range group {
 				flows = append(flows, StaleFlows{Protocol: v1.ProtocolTCP, Dst: netip.AddrPortFrom(ip, uint16(info.port)), Live: live})
 			}
+		}
+		if info.nodePort != 0 {
+			flows = append(flows, StaleFlows{Protocol: v1.ProtocolTCP, Dst: netip.AddrPortFrom(netip.Addr{}, uint16(info.nodePort)), Live: live, ResetOnly: true})
 		}
 	}
 	return flows

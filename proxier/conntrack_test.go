@@ -93,8 +93,8 @@ func TestNewSocketClearsStaleConntrack(t *testing.T) {
 	p.OnServiceAdd(makeService("web", withClusterIP("10.96.0.20"), withNodePort(30080)))
 	p.Sync()
 	// UDP: every entry to the service IPs and the NodePort; TCP: the
-	// un-NATed entries of the service IPs only (no NodePort).
-	want := []string{"tcp 10.96.0.20:80", "udp 10.96.0.10:80", "udp invalid IP:30053"}
+	// un-NATed entries of the service IPs, and the reset ones of both.
+	want := []string{"tcp 10.96.0.20:80", "tcp invalid IP:30080", "udp 10.96.0.10:80", "udp invalid IP:30053"}
 	if got := ct.take(); !slices.Equal(got, want) {
 		t.Fatalf("cleared %v, want %v", got, want)
 	}
@@ -202,11 +202,20 @@ func TestStaleSetMatches(t *testing.T) {
 		{"NodePort on any address, live", nodePort, flow(unix.IPPROTO_UDP, "192.168.1.5:30053", "192.168.1.5:40000"), false},
 		{"un-NATed where the service port is the proxy port", netip.MustParseAddrPort("10.96.0.10:40000"),
 			flow(unix.IPPROTO_UDP, "10.96.0.10:40000", "10.96.0.10:40000"), true},
+		// A TCP NodePort (ResetOnly): the reset connections NATed to a
+		// port gone (the overlapped proxy's) only. Before, none: a
+		// client reusing such a source port was refused.
+		{"TCP NodePort reset, to a port gone", service, tcp("192.168.1.5:30080", "192.168.1.5:41000", nl.TCP_CONNTRACK_CLOSE), true},
+		{"TCP NodePort reset, to the live socket", service, tcp("192.168.1.5:30080", "192.168.1.5:40000", nl.TCP_CONNTRACK_CLOSE), false},
+		{"TCP NodePort established, to a port gone", service, tcp("192.168.1.5:30080", "192.168.1.5:41000", nl.TCP_CONNTRACK_ESTABLISHED), false},
+		{"TCP NodePort, un-NATed (the node's connection to that port elsewhere)", service, tcp("198.51.100.7:30080", "198.51.100.7:30080", nl.TCP_CONNTRACK_SYN_SENT), false},
+		{"TCP NodePort reset, un-NATed", service, tcp("198.51.100.7:30080", "198.51.100.7:30080", nl.TCP_CONNTRACK_CLOSE), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var set staleSet
 			set.add(StaleFlows{Protocol: v1.ProtocolUDP, Dst: tc.target, Live: []int{proxyPort}})
 			set.add(StaleFlows{Protocol: v1.ProtocolTCP, Dst: netip.MustParseAddrPort("10.96.0.20:80"), Live: []int{proxyPort}})
+			set.add(StaleFlows{Protocol: v1.ProtocolTCP, Dst: netip.AddrPortFrom(netip.Addr{}, 30080), Live: []int{proxyPort}, ResetOnly: true})
 			if got := set.MatchConntrackFlow(tc.flow); got != tc.stale {
 				t.Errorf("stale = %v, want %v", got, tc.stale)
 			}
