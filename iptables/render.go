@@ -282,6 +282,14 @@ func (r *Rules) renderPortal(p Portal, podSrcs, nodePortDsts []string) *portalRu
 	}
 	if p.NodePort {
 		for _, dst := range nodePortDsts {
+			if dst == ipv6LoopbackDst {
+				// --nodeport-addresses localhost (or ::1/128): kube-proxy
+				// skips a loopback node IP in IPv6 ("localhost NodePorts
+				// are not supported on IPv6"), so [::1]:NodePort is not
+				// the Service's there; the healthCheckNodePort server
+				// still listens on ::1 (above).
+				continue
+			}
 			portal(ChainNodePortContainer, ChainNodePortHost, dst)
 		}
 		for _, port := range proxyPorts {
@@ -436,6 +444,10 @@ func (r *Rules) nodePortDestinations() []string {
 // notIPv6Loopback is the IPv6 NodePort rules' destination match when every
 // local address takes NodePorts (nodePortDestinations).
 const notIPv6Loopback = "! -d ::1/128 "
+
+// ipv6LoopbackDst is the destination match of an IPv6 --nodeport-addresses
+// CIDR ::1/128 (the localhost keyword's), which takes no NodePort.
+const ipv6LoopbackDst = "-d ::1/128 "
 
 // containerTarget is where traffic from other hosts and pods (PREROUTING)
 // goes: DNAT to the bind address, or when sockets listen on every address

@@ -164,6 +164,48 @@ func TestIPv6NodePortsLeaveLoopbackOut(t *testing.T) {
 	}
 }
 
+// TestIPv6LocalhostNodePortAddressLeftOut: --nodeport-addresses localhost
+// (127.0.0.0/8 and ::1/128, kube-proxy's keyword; primary,localhost is its
+// documented way to keep localhost NodePorts) gives IPv4 its loopback
+// NodePorts, but in IPv6 kube-proxy skips a loopback node IP ("localhost
+// NodePorts are not supported on IPv6"), so [::1]:NodePort is not the
+// Service's there either: the IPv6 rules keep the node's other CIDRs,
+// and with ::1 alone have no NodePort rule (the family stays restricted).
+func TestIPv6LocalhostNodePortAddressLeftOut(t *testing.T) {
+	rules := func(cfg Config) []string {
+		var out []string
+		for _, line := range strings.Split(string(New(NewFakeRunner(cfg.Family), cfg).Render(dualStackPortals())), "\n") {
+			if strings.HasPrefix(line, "-A KUBE-NODEPORT-HOST ") || strings.HasPrefix(line, "-A KUBE-NODEPORT-CONTAINER ") {
+				out = append(out, line)
+			}
+		}
+		return out
+	}
+	localhost := []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
+	primary := append(slices.Clone(localhost), netip.MustParsePrefix("fd00:1::10/128"))
+	got := rules(Config{Family: IPv6, NodeIP: netip.MustParseAddr("fd00:1::10"), NodePortAddresses: primary})
+	if len(got) != 2 {
+		t.Errorf("primary,localhost: IPv6 NodePort rules %q, want the two for fd00:1::10/128 alone", got)
+	}
+	for _, line := range got {
+		if !strings.Contains(line, " -d fd00:1::10/128 ") {
+			t.Errorf("primary,localhost: IPv6 NodePort rule %s, want -d fd00:1::10/128 (no ::1: kube-proxy serves no IPv6 localhost NodePort)", line)
+		}
+	}
+	if got := rules(Config{Family: IPv6, NodeIP: netip.MustParseAddr("fd00:1::10"), NodePortAddresses: localhost}); len(got) != 0 {
+		t.Errorf("localhost: IPv6 NodePort rules %q, want none", got)
+	}
+	got = rules(Config{Family: IPv4, NodeIP: netip.MustParseAddr("192.168.1.10"), NodePortAddresses: localhost})
+	if len(got) == 0 {
+		t.Fatal("localhost: no IPv4 NodePort rule")
+	}
+	for _, line := range got {
+		if !strings.Contains(line, " -d 127.0.0.0/8 ") {
+			t.Errorf("localhost: IPv4 NodePort rule %s, want -d 127.0.0.0/8 (kube-proxy's localhostNodePorts)", line)
+		}
+	}
+}
+
 func TestRenderIsIndependentOfPortalOrder(t *testing.T) {
 	r := New(NewFakeRunner(IPv4), Config{Family: IPv4, NodeIP: netip.MustParseAddr("192.168.1.10")})
 	portals := webPortals()
