@@ -84,7 +84,7 @@ func TestMovedFileBesideAStreamOfWrites(t *testing.T) {
 			case <-stop:
 				return
 			case <-time.After(30 * time.Millisecond):
-				_ = os.WriteFile(busy, []byte(serviceYAML("busy", i)), 0o644)
+				_ = rewriteInPlace(busy, []byte(serviceYAML("busy", i))) // never empty: see rewriteInPlace
 			}
 		}
 	}()
