@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -43,13 +44,7 @@ func TestFlagCheckRefusesAtStart(t *testing.T) {
 	base := []string{"--iptables=false", "--bind-address", "127.0.0.1", "--manifests", dir}
 	for _, tt := range tests {
 		args := append(append([]string(nil), base...), tt.args...)
-		_, err := parsedOptions(t, args).validate()
-		switch {
-		case tt.wantErr == "" && err != nil:
-			t.Errorf("%q: refused: %v", tt.args, err)
-		case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
-			t.Errorf("%q: error %v, want one containing %q", tt.args, err, tt.wantErr)
-		}
+		err := checkValidate(t, fmt.Sprintf("%q", tt.args), args, tt.wantErr)
 		if tt.wantErr != "" && err != nil { // a flag set that validates would run the proxy
 			var code int
 			stderr := capture(t, &os.Stderr, func() { code = runMain(args) })
@@ -88,6 +83,20 @@ func TestBindAddressWithoutPort(t *testing.T) {
 
 // parsedOptions is the options args give, --config applied, not yet
 // validated.
+// checkValidate validates args' options and reports, under label, an
+// error where wantErr is empty, or one that does not contain wantErr.
+func checkValidate(t *testing.T, label string, args []string, wantErr string) error {
+	t.Helper()
+	_, err := parsedOptions(t, args).validate()
+	switch {
+	case wantErr == "" && err != nil:
+		t.Errorf("%s: refused: %v", label, err)
+	case wantErr != "" && (err == nil || !strings.Contains(err.Error(), wantErr)):
+		t.Errorf("%s: error %v, want one containing %q", label, err, wantErr)
+	}
+	return err
+}
+
 func parsedOptions(t *testing.T, args []string) *options {
 	t.Helper()
 	o := newOptions()

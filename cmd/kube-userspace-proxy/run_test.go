@@ -275,13 +275,7 @@ func TestBindAndNodeIPValidation(t *testing.T) {
 	}
 	for _, tt := range tests {
 		args := append([]string{"--manifests", t.TempDir()}, tt.args...)
-		_, err := parsedOptions(t, args).validate()
-		switch {
-		case tt.wantErr == "" && err != nil:
-			t.Errorf("%q: refused: %v", tt.args, err)
-		case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
-			t.Errorf("%q: error %v, want one containing %q", tt.args, err, tt.wantErr)
-		}
+		err := checkValidate(t, fmt.Sprintf("%q", tt.args), args, tt.wantErr)
 		if tt.wantErr != "" && err != nil { // a flag set that validates would run the proxy
 			if code := runMain(args); code != exitUsage {
 				t.Errorf("runMain(%q) = %d, want %d", tt.args, code, exitUsage)
@@ -859,13 +853,7 @@ func TestStateFileNeverReplacesAnotherFile(t *testing.T) {
 	}
 	for _, tt := range tests {
 		args := []string{"--kubeconfig", kubeconfig, "--state-file", tt.state}
-		_, err := parsedOptions(t, args).validate()
-		switch {
-		case tt.wantErr == "" && err != nil:
-			t.Errorf("%s: refused: %v", tt.state, err)
-		case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
-			t.Errorf("%s: error %v, want one containing %q", tt.state, err, tt.wantErr)
-		}
+		checkValidate(t, tt.state, args, tt.wantErr)
 	}
 	if data, _ := os.ReadFile(precious); string(data) != "very important, not a state file\n" {
 		t.Errorf("precious.conf changed: %q", data)
@@ -895,13 +883,7 @@ func TestMinSyncPeriodInForceAgainstSyncPeriod(t *testing.T) {
 	}
 	for _, tt := range tests {
 		args := append([]string{"--manifests", t.TempDir()}, tt.args...)
-		_, err := parsedOptions(t, args).validate()
-		switch {
-		case tt.wantErr == "" && err != nil:
-			t.Errorf("%q: refused: %v", tt.args, err)
-		case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
-			t.Errorf("%q: error %v, want one containing %q", tt.args, err, tt.wantErr)
-		}
+		checkValidate(t, fmt.Sprintf("%q", tt.args), args, tt.wantErr)
 		// The check of a changed --config agrees with the start.
 		if cerr := configChecker(append(slices.Clone(args), "--config", cfg))([]byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\niptables: {minSyncPeriod: 2s, syncPeriod: 1s}\n")); cerr == nil {
 			t.Errorf("%q: the --config check takes minSyncPeriod 2s over syncPeriod 1s", tt.args)
@@ -932,12 +914,6 @@ func TestServersOnOneAddressRefused(t *testing.T) {
 	}
 	for _, tt := range tests {
 		args := append([]string{"--manifests", t.TempDir()}, tt.args...)
-		_, err := parsedOptions(t, args).validate()
-		switch {
-		case tt.wantErr == "" && err != nil:
-			t.Errorf("%q: refused: %v", tt.args, err)
-		case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
-			t.Errorf("%q: error %v, want one containing %q", tt.args, err, tt.wantErr)
-		}
+		checkValidate(t, fmt.Sprintf("%q", tt.args), args, tt.wantErr)
 	}
 }
