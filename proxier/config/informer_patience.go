@@ -124,8 +124,19 @@ func (p *patientListWatch) ListWithContext(ctx context.Context, opts metav1.List
 	return patiently(ctx, p, func() (runtime.Object, error) { return p.inner.ListWithContext(ctx, opts) })
 }
 
+// WatchWithContext's watch goes on across the ends of its streams (see
+// resumableWatch), so that the reflector does not back off at each.
 func (p *patientListWatch) WatchWithContext(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-	return patiently(ctx, p, func() (watch.Interface, error) { return p.inner.WatchWithContext(ctx, opts) })
+	w, err := patiently(ctx, p, func() (watch.Interface, error) { return p.inner.WatchWithContext(ctx, opts) })
+	if err != nil || w == nil {
+		return w, err
+	}
+	resume := func(ctx context.Context, rv string) (watch.Interface, error) {
+		o := opts
+		o.ResourceVersion, o.ResourceVersionMatch, o.SendInitialEvents, o.AllowWatchBookmarks = rv, "", nil, true
+		return patiently(ctx, p, func() (watch.Interface, error) { return p.inner.WatchWithContext(ctx, o) })
+	}
+	return newResumableWatch(ctx, w, opts, p.what, resume), nil
 }
 
 // List and Watch complete cache.ListerWatcher; reflectors call the context forms.
