@@ -103,8 +103,9 @@ type patientListWatch struct {
 	// failed (nil: nothing) is told every failed call.
 	failed func(error)
 	// maxWait is readyMaxWait, refusedEvery refusedRetryEvery, refusedFor
-	// refusedPatience and logEvery stillFailingLogEvery; tests shorten them.
-	maxWait, refusedEvery, refusedFor, logEvery time.Duration
+	// refusedPatience, logEvery stillFailingLogEvery, hungAfter
+	// readyProbeTimeout and pollEvery readyPollEvery; tests shorten them.
+	maxWait, refusedEvery, refusedFor, logEvery, hungAfter, pollEvery time.Duration
 }
 
 func newPatientListWatch(lw cache.ListerWatcher, ready readyProbe, what string) *patientListWatch {
@@ -117,24 +118,48 @@ func newPatientListWatch(lw cache.ListerWatcher, ready readyProbe, what string) 
 		refusedEvery: refusedRetryEvery,
 		refusedFor:   refusedPatience,
 		logEvery:     stillFailingLogEvery,
+		hungAfter:    readyProbeTimeout,
+		pollEvery:    readyPollEvery,
 	}
 }
 
 func (p *patientListWatch) ListWithContext(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-	return patiently(ctx, p, func() (runtime.Object, error) { return p.inner.ListWithContext(ctx, opts) })
+	return patiently(ctx, p, func() (runtime.Object, error) {
+		return raced(ctx, p, func(ctx context.Context) (runtime.Object, error) { return p.inner.ListWithContext(ctx, opts) },
+			func(list runtime.Object, done context.CancelFunc) runtime.Object { done(); return list }, nil)
+	})
+}
+
+// watchRaced is the inner watch, made by raced; the watch's context lives
+// until it is stopped.
+func (p *patientListWatch) watchRaced(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	return raced(ctx, p, func(ctx context.Context) (watch.Interface, error) { return p.inner.WatchWithContext(ctx, opts) },
+		func(w watch.Interface, done context.CancelFunc) watch.Interface { return cancelOnStop{w, done} },
+		func(w watch.Interface) { w.Stop() })
+}
+
+// cancelOnStop ends a watch's context with the watch.
+type cancelOnStop struct {
+	watch.Interface
+	cancel context.CancelFunc
+}
+
+func (w cancelOnStop) Stop() {
+	w.Interface.Stop()
+	w.cancel()
 }
 
 // WatchWithContext's watch goes on across the ends of its streams (see
 // resumableWatch), so that the reflector does not back off at each.
 func (p *patientListWatch) WatchWithContext(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-	w, err := patiently(ctx, p, func() (watch.Interface, error) { return p.inner.WatchWithContext(ctx, opts) })
+	w, err := patiently(ctx, p, func() (watch.Interface, error) { return p.watchRaced(ctx, opts) })
 	if err != nil || w == nil {
 		return w, err
 	}
 	resume := func(ctx context.Context, rv string) (watch.Interface, error) {
 		o := opts
 		o.ResourceVersion, o.ResourceVersionMatch, o.SendInitialEvents, o.AllowWatchBookmarks = rv, "", nil, true
-		return patiently(ctx, p, func() (watch.Interface, error) { return p.inner.WatchWithContext(ctx, o) })
+		return patiently(ctx, p, func() (watch.Interface, error) { return p.watchRaced(ctx, o) })
 	}
 	return newResumableWatch(ctx, w, opts, p.what, resume), nil
 }
@@ -218,6 +243,69 @@ func patiently[T any](ctx context.Context, p *patientListWatch, call func() (T, 
 				logged = time.Now()
 			}
 		}
+	}
+}
+
+// raced makes call with a context of its own. A call not answered within
+// hungAfter is watched: readiness is probed every pollEvery, and when a probe
+// failed and a later one succeeds, the server came back while the call hung
+// (a connection into a path that drops packets, a load balancer without a
+// backend, a firewall's DROP, waits out client-go's 30 s dial timeout), so
+// the call is abandoned and made anew: it waited up to 30 s past the
+// server's return, and the waits of patiently, made between such calls,
+// missed it. A slow call to a server that stays ready is left alone. kept
+// gets a successful call's value and the function that ends its context
+// (at once for a list, when a watch stops); drop gets the value an abandoned
+// call returned anyway.
+func raced[T any](ctx context.Context, p *patientListWatch, call func(context.Context) (T, error),
+	kept func(T, context.CancelFunc) T, drop func(T)) (T, error) {
+	type result struct {
+		v   T
+		err error
+	}
+	for {
+		cctx, cancel := context.WithCancel(ctx)
+		done := make(chan result, 1)
+		go func() {
+			v, err := call(cctx)
+			done <- result{v, err}
+		}()
+		probes := make(chan bool, 1)
+		timer := time.NewTimer(p.hungAfter)
+		down, abandoned := false, false
+		var r result
+	wait:
+		for {
+			select {
+			case r = <-done:
+				break wait
+			case <-timer.C: // one probe at a time: the timer restarts with its answer
+				go func() { probes <- p.ready(cctx) }()
+			case ready := <-probes:
+				if !ready {
+					down = true
+				} else if down {
+					abandoned = true
+					break wait
+				}
+				timer.Reset(p.pollEvery)
+			}
+		}
+		timer.Stop() // a probe still out writes into its buffered channel and ends
+		if !abandoned {
+			if r.err != nil {
+				cancel()
+				return r.v, r.err
+			}
+			return kept(r.v, cancel), nil
+		}
+		klog.InfoS("API server ready again while a call to it hung; making it anew", "informer", p.what)
+		cancel()
+		go func() {
+			if r := <-done; r.err == nil && drop != nil {
+				drop(r.v)
+			}
+		}()
 	}
 }
 

@@ -244,3 +244,83 @@ func TestBadCertificate(t *testing.T) {
 		t.Error("connection refused is a bad certificate")
 	}
 }
+
+// TestPatientListWatchHungCall: a call that hangs (a connection into a path
+// that drops packets waits out client-go's 30 s dial timeout) while the API
+// server is away is made anew once the server is ready again, instead of
+// holding the informer until it times out; the new watch's context lives
+// until the watch stops. A slow call to a server that stays ready is left
+// alone.
+func TestPatientListWatchHungCall(t *testing.T) {
+	for _, what := range []string{"list", "watch"} {
+		t.Run(what, func(t *testing.T) {
+			var calls, probes atomic.Int32
+			ctxs := make(chan context.Context, 4)
+			hangFirst := func(ctx context.Context) error {
+				ctxs <- ctx
+				if calls.Add(1) == 1 {
+					<-ctx.Done() // an unanswered SYN
+					return fmt.Errorf("dial tcp: %w", ctx.Err())
+				}
+				return nil
+			}
+			inner := &cache.ListWatch{
+				ListWithContextFunc: func(ctx context.Context, _ metav1.ListOptions) (runtime.Object, error) {
+					if err := hangFirst(ctx); err != nil {
+						return nil, err
+					}
+					return &v1.ServiceList{}, nil
+				},
+				WatchFuncWithContext: func(ctx context.Context, _ metav1.ListOptions) (watch.Interface, error) {
+					if err := hangFirst(ctx); err != nil {
+						return nil, err
+					}
+					return watch.NewFake(), nil
+				},
+			}
+			// Away for the first two probes, then back.
+			p := newPatientListWatch(inner, func(context.Context) bool { return probes.Add(1) > 2 }, "test")
+			p.hungAfter, p.pollEvery = 20*time.Millisecond, 10*time.Millisecond
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			began := time.Now()
+			var err error
+			var w watch.Interface
+			if what == "list" {
+				_, err = p.ListWithContext(ctx, metav1.ListOptions{})
+			} else {
+				w, err = p.WatchWithContext(ctx, metav1.ListOptions{})
+			}
+			if err != nil || time.Since(began) > 2*time.Second {
+				t.Fatalf("%s returned %v after %v, want the second call's success at the server's return", what, err, time.Since(began).Round(time.Millisecond))
+			}
+			first, second := <-ctxs, <-ctxs
+			if first.Err() == nil {
+				t.Error("the hung call's context was not cancelled")
+			}
+			if what == "watch" {
+				if second.Err() != nil {
+					t.Error("the watch's context ended before the watch")
+				}
+				w.Stop()
+				if second.Err() == nil {
+					t.Error("the watch's context outlived the watch")
+				}
+			} else if second.Err() == nil {
+				t.Error("the list's context outlived the list")
+			}
+		})
+	}
+
+	var calls atomic.Int32
+	slow := &cache.ListWatch{ListWithContextFunc: func(ctx context.Context, _ metav1.ListOptions) (runtime.Object, error) {
+		calls.Add(1)
+		time.Sleep(100 * time.Millisecond)
+		return &v1.ServiceList{}, nil
+	}}
+	p := newPatientListWatch(slow, func(context.Context) bool { return true }, "test")
+	p.hungAfter, p.pollEvery = 10*time.Millisecond, 5*time.Millisecond
+	if _, err := p.ListWithContext(context.Background(), metav1.ListOptions{}); err != nil || calls.Load() != 1 {
+		t.Errorf("a slow list to a ready server: err %v after %d calls, want its success after 1", err, calls.Load())
+	}
+}
