@@ -161,7 +161,17 @@ func (p *patientListWatch) WatchWithContext(ctx context.Context, opts metav1.Lis
 		o.ResourceVersion, o.ResourceVersionMatch, o.SendInitialEvents, o.AllowWatchBookmarks = rv, "", nil, true
 		return patiently(ctx, p, func() (watch.Interface, error) { return p.watchRaced(ctx, o) })
 	}
-	return newResumableWatch(ctx, w, opts, p.what, resume), nil
+	// A resume the server cannot serve (410) streams every object again, as
+	// the watch-list the reflector began with did.
+	var relist func(ctx context.Context, rv string) (watch.Interface, error)
+	if opts.SendInitialEvents != nil && *opts.SendInitialEvents {
+		relist = func(ctx context.Context, rv string) (watch.Interface, error) {
+			o := opts
+			o.ResourceVersion, o.ResourceVersionMatch, o.AllowWatchBookmarks = rv, metav1.ResourceVersionMatchNotOlderThan, true
+			return patiently(ctx, p, func() (watch.Interface, error) { return p.watchRaced(ctx, o) })
+		}
+	}
+	return newResumableWatch(ctx, w, opts, p.what, resume, relist), nil
 }
 
 // List and Watch complete cache.ListerWatcher; reflectors call the context forms.

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 )
 
@@ -35,18 +36,36 @@ var resumeEvery = time.Second
 // backoff doubles with every outage less than two minutes after the last
 // (800 ms up to 30 s, each stretched by up to 2x) and no option of a shared
 // informer sets it: after a few short outages in a row, changes were seen up
-// to a minute after the API server answered again. A resume the server
-// cannot serve (410: its history no longer reaches that resourceVersion),
-// or any other error, is handed to the reflector, which lists again.
+// to a minute after the API server answered again.
+//
+// A resume the server cannot serve (410: its history no longer reaches
+// that resourceVersion, as after its restart) is answered here too when the
+// watch began as a watch-list, so that every object it passed on was seen:
+// every object is streamed again (relist), passed on, and those passed on
+// before that the new stream lacks are passed on as deleted. Otherwise
+// (the first state came from a list this watch did not see), and for any
+// other error, the reflector is handed the error and lists again.
 //
 // A stream opened with sendInitialEvents (client-go's watch-list) is passed
 // on as is until its initial-events-end bookmark: an initial list cut short
 // cannot be resumed, the reflector must start it over.
 type resumableWatch struct {
-	what   string
-	resume func(ctx context.Context, rv string) (watch.Interface, error)
-	ctx    context.Context
-	cancel context.CancelFunc
+	what           string
+	resume, relist func(ctx context.Context, rv string) (watch.Interface, error)
+	ctx            context.Context
+	cancel         context.CancelFunc
+
+	// Owned by run: the last resourceVersion passed on; whether a stream's
+	// initial events are being passed on (initial), ours (relisting, with
+	// the keys they held in seen); the objects passed on (known, nil when
+	// the watch did not begin as a watch-list: then the initial state came
+	// from a list this watch did not see, and a 410 is the reflector's);
+	// the 410 to hand on when no relist can be made.
+	lastRV             string
+	initial, relisting bool
+	seen               map[string]bool
+	known              map[string]runtime.Object
+	expired            runtime.Object
 
 	result   chan watch.Event
 	stop     chan struct{}
@@ -56,11 +75,14 @@ type resumableWatch struct {
 }
 
 func newResumableWatch(ctx context.Context, inner watch.Interface, opts metav1.ListOptions, what string,
-	resume func(ctx context.Context, rv string) (watch.Interface, error)) *resumableWatch {
-	w := &resumableWatch{what: what, resume: resume, inner: inner, result: make(chan watch.Event), stop: make(chan struct{})}
+	resume, relist func(ctx context.Context, rv string) (watch.Interface, error)) *resumableWatch {
+	w := &resumableWatch{what: what, resume: resume, relist: relist, inner: inner, result: make(chan watch.Event), stop: make(chan struct{})}
 	w.ctx, w.cancel = context.WithCancel(ctx)
-	initialEvents := opts.SendInitialEvents != nil && *opts.SendInitialEvents
-	go w.run(inner, !initialEvents)
+	w.initial = opts.SendInitialEvents != nil && *opts.SendInitialEvents
+	if w.initial && relist != nil {
+		w.known = map[string]runtime.Object{}
+	}
+	go w.run(inner)
 	return w
 }
 
@@ -86,78 +108,161 @@ func (w *resumableWatch) send(ev watch.Event) bool {
 	}
 }
 
-func (w *resumableWatch) run(inner watch.Interface, resumable bool) {
+// How a stream ended (pass).
+const (
+	endStopped = "stopped" // by Stop
+	endClosed  = "closed"  // by the server
+	endLost    = "lost"    // broken on our side
+	endExpired = "expired" // 410: the server's history no longer reaches our resourceVersion
+	endHanded  = "handed"  // a server's error, handed to the reflector
+)
+
+func (w *resumableWatch) run(inner watch.Interface) {
 	defer close(w.result)
 	defer w.cancel()
-	lastRV, began := "", time.Now()
+	began := time.Now()
 	for {
-		end := w.pass(inner, &resumable, &lastRV)
+		end, why := w.pass(inner)
 		inner.Stop()
-		if end == "stopped" || !resumable || lastRV == "" {
+		var next func(ctx context.Context, rv string) (watch.Interface, error)
+		switch {
+		case end == endExpired && w.known != nil:
+			next = w.relist // also a relist that expired: start it over
+		case (end == endClosed || end == endLost) && w.relisting:
+			next = w.relist // a relist cut short: start it over
+		case (end == endClosed || end == endLost) && !w.initial && w.lastRV != "":
+			next = w.resume
+		default:
+			if end == endExpired {
+				w.send(watch.Event{Type: watch.Error, Object: w.expired})
+			}
 			return
 		}
-		klog.V(2).InfoS("Watch stream ended; watching again from the last resourceVersion", "informer", w.what, "resourceVersion", lastRV, "why", end)
-		if wait := resumeEvery - time.Since(began); wait > 0 {
+		relisting := next != nil && w.known != nil && (end == endExpired || w.relisting)
+		if relisting {
+			klog.V(2).InfoS("Watch could not be resumed; streaming every object again from the API server", "informer", w.what, "resourceVersion", w.lastRV, "why", why)
+		} else {
+			klog.V(2).InfoS("Watch stream ended; watching again from the last resourceVersion", "informer", w.what, "resourceVersion", w.lastRV, "why", why)
+		}
+		// A 410 is answered at once: the stream that told it was the first
+		// of its resume, and the relist's stream starts at the server's now.
+		if wait := resumeEvery - time.Since(began); wait > 0 && end != endExpired {
 			select {
 			case <-w.stop:
 				return
 			case <-time.After(wait):
 			}
 		}
-		next, err := w.resume(w.ctx, lastRV)
+		n, err := next(w.ctx, w.lastRV)
+		if err != nil && w.known != nil && !relisting && (apierrors.IsResourceExpired(err) || apierrors.IsGone(err)) {
+			relisting = true
+			n, err = w.relist(w.ctx, w.lastRV)
+		}
 		if err != nil {
 			if w.ctx.Err() == nil {
 				w.send(watch.Event{Type: watch.Error, Object: statusOf(err)})
 			}
 			return
 		}
+		if relisting {
+			w.initial, w.relisting, w.seen = true, true, map[string]bool{}
+		}
 		w.mu.Lock()
 		select {
 		case <-w.stop:
 			w.mu.Unlock()
-			next.Stop()
+			n.Stop()
 			return
 		default:
 		}
-		w.inner, inner = next, next
+		w.inner, inner = n, n
 		w.mu.Unlock()
 		began = time.Now()
 	}
 }
 
-// pass passes inner's events on until its stream ends, and says why it
-// ended: "stopped" (by Stop), "closed" (by the server) or "lost" (broken).
-// A server's error is passed on like any event (its close follows).
-func (w *resumableWatch) pass(inner watch.Interface, resumable *bool, lastRV *string) string {
+// pass passes inner's events on until its stream ends, and says how it
+// ended and why. It keeps the last resourceVersion, and (for a watch that
+// began as a watch-list) the objects passed on, so that a relist it makes
+// itself can tell the reflector which are gone.
+func (w *resumableWatch) pass(inner watch.Interface) (string, string) {
 	in := inner.ResultChan()
 	for {
 		var ev watch.Event
 		var ok bool
 		select {
 		case <-w.stop:
-			return "stopped"
+			return endStopped, ""
 		case ev, ok = <-in:
 		}
 		if !ok {
-			return "closed"
+			return endClosed, "closed by the server"
 		}
 		if ev.Type == watch.Error {
-			if *resumable && isClientStreamFailure(ev.Object) {
-				return "lost: " + apierrors.FromObject(ev.Object).Error()
+			switch {
+			case isClientStreamFailure(ev.Object) && (!w.initial || w.relisting):
+				return endLost, apierrors.FromObject(ev.Object).Error()
+			case !w.initial && w.known != nil && isExpired(ev.Object):
+				w.expired = ev.Object
+				return endExpired, apierrors.FromObject(ev.Object).Error()
 			}
-			*resumable = false // the reflector handles the server's error
-		} else if m, err := meta.Accessor(ev.Object); err == nil {
-			if rv := m.GetResourceVersion(); rv != "" {
-				*lastRV = rv
+			w.send(ev)
+			return endHanded, "" // the reflector handles the server's error
+		}
+		m, err := meta.Accessor(ev.Object)
+		if err != nil {
+			if !w.send(ev) {
+				return endStopped, ""
 			}
-			if !*resumable && ev.Type == watch.Bookmark && m.GetAnnotations()[metav1.InitialEventsAnnotationKey] == "true" {
-				*resumable = true
+			continue
+		}
+		if rv := m.GetResourceVersion(); rv != "" {
+			w.lastRV = rv
+		}
+		if w.known != nil && ev.Type != watch.Bookmark {
+			key, kerr := cache.MetaNamespaceKeyFunc(ev.Object)
+			if kerr == nil {
+				if ev.Type == watch.Deleted {
+					delete(w.known, key)
+				} else {
+					w.known[key] = ev.Object
+				}
+				if w.relisting {
+					w.seen[key] = true
+				}
 			}
+		}
+		if w.initial && ev.Type == watch.Bookmark && m.GetAnnotations()[metav1.InitialEventsAnnotationKey] == "true" {
+			if w.relisting && !w.sendGone() {
+				return endStopped, ""
+			}
+			w.initial, w.relisting, w.seen = false, false, nil
 		}
 		if !w.send(ev) {
-			return "stopped"
+			return endStopped, ""
 		}
 	}
+}
+
+// sendGone tells the reflector, at the end of a relist's initial events,
+// of the objects it holds that the relist did not stream: deleted meanwhile.
+func (w *resumableWatch) sendGone() bool {
+	for key, obj := range w.known {
+		if w.seen[key] {
+			continue
+		}
+		delete(w.known, key)
+		if !w.send(watch.Event{Type: watch.Deleted, Object: obj}) {
+			return false
+		}
+	}
+	return true
+}
+
+// isExpired reports a 410 Status.
+func isExpired(obj runtime.Object) bool {
+	err := apierrors.FromObject(obj)
+	return apierrors.IsResourceExpired(err) || apierrors.IsGone(err)
 }
 
 // statusOf is err as the Status object of a watch's Error event.

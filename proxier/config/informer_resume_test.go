@@ -167,7 +167,7 @@ func TestResumableWatch(t *testing.T) {
 				w.Add(svcAt("z", "50"))
 				return w, nil
 			}
-			w := newResumableWatch(context.Background(), inner, tt.opts, "test", resume)
+			w := newResumableWatch(context.Background(), inner, tt.opts, "test", resume, nil)
 			defer w.Stop()
 			var got []watch.EventType
 			timeout := time.After(5 * time.Second)
@@ -200,7 +200,7 @@ func TestResumableWatchStops(t *testing.T) {
 	inner := watch.NewFakeWithChanSize(1, false)
 	inner.Add(svcAt("a", "2"))
 	noResume := func(ctx context.Context, _ string) (watch.Interface, error) { <-ctx.Done(); return nil, ctx.Err() }
-	w := newResumableWatch(context.Background(), inner, metav1.ListOptions{}, "test", noResume)
+	w := newResumableWatch(context.Background(), inner, metav1.ListOptions{}, "test", noResume, nil)
 	time.Sleep(10 * time.Millisecond) // the event waits on the result channel
 	w.Stop()
 	w.Stop() // twice is fine
@@ -218,7 +218,7 @@ func TestResumableWatchStops(t *testing.T) {
 		close(waiting)
 		<-ctx.Done()
 		return nil, ctx.Err()
-	})
+	}, nil)
 	// Without a resourceVersion there is nothing to resume from: ended.
 	drained(t, w)
 	lost = watch.NewFakeWithChanSize(1, false)
@@ -228,7 +228,7 @@ func TestResumableWatchStops(t *testing.T) {
 		close(waiting)
 		<-ctx.Done()
 		return nil, ctx.Err()
-	})
+	}, nil)
 	<-w.ResultChan()
 	select {
 	case <-waiting:
@@ -257,4 +257,89 @@ func drained(t *testing.T, w watch.Interface) {
 func storeHas(s cache.Store, key string) bool {
 	_, ok, _ := s.GetByKey(key)
 	return ok
+}
+
+// TestReflectorRelistsInTheWatchAfterARestart: a resume that a restarted
+// API server cannot serve (410: its history starts after our
+// resourceVersion) streams every object again within the same watch, and
+// the objects the reflector holds that the new stream lacks (deleted while
+// the watch was away) are passed on as deleted: the reflector's store is
+// the server's, with no list and no backoff. Handed the 410, the reflector
+// slept its backoff before listing again, once more per restart, so that a
+// few restarts in a row had changes seen up to a minute late.
+func TestReflectorRelistsInTheWatchAfterARestart(t *testing.T) {
+	defer func(d time.Duration) { resumeEvery = d }(resumeEvery)
+	resumeEvery = 10 * time.Millisecond
+	watchers := make(chan *watch.FakeWatcher, 8)
+	var lists atomic.Int32
+	var mu sync.Mutex
+	var calls []metav1.ListOptions
+	inner := &cache.ListWatch{
+		ListWithContextFunc: func(context.Context, metav1.ListOptions) (runtime.Object, error) {
+			lists.Add(1)
+			return &v1.ServiceList{ListMeta: metav1.ListMeta{ResourceVersion: "1"}}, nil
+		},
+		WatchFuncWithContext: func(_ context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			mu.Lock()
+			calls = append(calls, o)
+			mu.Unlock()
+			w := watch.NewFakeWithChanSize(8, false)
+			watchers <- w
+			return w, nil
+		},
+	}
+	p := newPatientListWatch(inner, func(context.Context) bool { return true }, "test")
+	store := cache.NewStore(cache.MetaNamespaceKeyFunc)
+	r := cache.NewReflectorWithOptions(p, &v1.Service{}, store, cache.ReflectorOptions{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go r.RunWithContext(ctx)
+
+	first := <-watchers // the reflector's watch-list
+	first.Add(svcAt("a", "5"))
+	first.Add(svcAt("b", "6"))
+	first.Action(watch.Bookmark, initialEventsEndAt("7"))
+	first.Stop() // the server restarts
+	began := time.Now()
+	resumed := <-watchers
+	gone := apierrors.NewResourceExpired("too old resource version: 7 (20)")
+	resumed.Action(watch.Error, &gone.ErrStatus)
+	var relist *watch.FakeWatcher
+	select {
+	case relist = <-watchers:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no relist within 5 s of the 410")
+	}
+	relist.Add(svcAt("a", "15")) // b was deleted meanwhile; c created
+	relist.Add(svcAt("c", "16"))
+	relist.Action(watch.Bookmark, initialEventsEndAt("20"))
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) && (storeHas(store, "ns/b") || !storeHas(store, "ns/c")) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if storeHas(store, "ns/b") || !storeHas(store, "ns/c") || !storeHas(store, "ns/a") {
+		t.Fatalf("store holds %v, want ns/a and ns/c (b deleted while the watch was away)", store.ListKeys())
+	}
+	if took := time.Since(began); took > 500*time.Millisecond || lists.Load() != 0 {
+		t.Errorf("store right %v after the restart with %d lists, want at once, no list (no backoff)", took.Round(time.Millisecond), lists.Load())
+	}
+	obj, _, _ := store.GetByKey("ns/a")
+	if rv := obj.(*v1.Service).ResourceVersion; rv != "15" {
+		t.Errorf("ns/a at resourceVersion %s, want the relist's 15", rv)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(calls) != 3 || calls[1].ResourceVersion != "7" || calls[1].SendInitialEvents != nil ||
+		calls[2].SendInitialEvents == nil || !*calls[2].SendInitialEvents || calls[2].ResourceVersionMatch != metav1.ResourceVersionMatchNotOlderThan {
+		t.Errorf("watch calls %+v, want the watch-list, a resume from 7, a watch-list again", calls)
+	}
+	// The relisted watch goes on.
+	relist.Delete(svcAt("a", "21"))
+	deadline = time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) && storeHas(store, "ns/a") {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if storeHas(store, "ns/a") {
+		t.Error("a deletion after the relist was not passed on")
+	}
 }
