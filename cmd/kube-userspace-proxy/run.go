@@ -45,6 +45,7 @@ type started func(p *proxier.Proxier, metricsAddr string)
 
 // run wires source → proxier → sockets + rules and serves until ctx ends.
 func run(ctx context.Context, o *options, v *validated, onStart started) error {
+	began := time.Now() // --state-file-grace counts from here
 	// One client for the Node's read, the events and the informers.
 	var client kubernetes.Interface
 	if o.manifests == "" {
@@ -156,6 +157,7 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 	var lastState *config.LastKnownState
 	if o.stateFile != "" {
 		lastState = config.NewLastKnownState(o.stateFile, p, o.stateFileGrace)
+		lastState.GraceFrom(began)
 		registerLastKnownStateMetrics(metrics.Registry, lastState)
 		h, nodes = lastState, lastState.Nodes(nodeName(o.hostnameOverride), nodes)
 	}

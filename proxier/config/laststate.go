@@ -50,6 +50,8 @@ import (
 type LastKnownState struct {
 	path  string
 	grace time.Duration
+	// began is when the grace starts (GraceFrom); zero: at Run.
+	began time.Time
 	// writeEvery bounds how often changes are written: 10,000 small
 	// Services and their slices are 6 MiB of JSON and 90 ms of CPU
 	// (BenchmarkWriteStateFile10k).
@@ -280,13 +282,23 @@ func NewLastKnownState(path string, next Handler, grace time.Duration) *LastKnow
 	}
 }
 
+// GraceFrom makes the grace count from t, the process's start, instead of
+// from Run: what ran before (the read of the Node, which waits up to 2 s
+// for an API server that does not answer) is part of the wait, not added
+// to it.
+func (s *LastKnownState) GraceFrom(t time.Time) { s.began = t }
+
 // Run serves the file if the source has not synced within the grace, then
 // writes the file after changes (at most every writeEvery) and once more
 // when ctx ends, before it returns. Nothing is written before the source
 // synced: a partial view must not replace the last full one.
 func (s *LastKnownState) Run(ctx context.Context) {
 	removeStaleTemps(s.path)
-	grace := time.NewTimer(s.grace)
+	wait := s.grace
+	if !s.began.IsZero() {
+		wait = max(0, s.grace-time.Since(s.began))
+	}
+	grace := time.NewTimer(wait)
 	defer grace.Stop()
 	for waiting := true; waiting; {
 		select {
