@@ -56,8 +56,9 @@ type endpointsTracker struct {
 // pendingTrigger is a slice change's trigger time that waits for its
 // ports' proxy sockets.
 type pendingTrigger struct {
-	at    time.Time
-	ports []loadbalancer.ServicePortName
+	at     time.Time
+	family string // the slice's, the ip_family it is recorded under
+	ports  []loadbalancer.ServicePortName
 }
 
 // maxPendingTriggers bounds the trigger times kept for a Service not
@@ -149,12 +150,13 @@ func (t *endpointsTracker) observeProgramming(svc types.NamespacedName, es *disc
 			waiting = append(waiting, spn)
 		}
 	}
+	family := sliceFamily(es)
 	if len(waiting) == 0 {
-		t.observeSince(at)
+		t.observeSince(at, family)
 		return
 	}
 	if len(t.pending[svc]) < maxPendingTriggers {
-		t.pending[svc] = append(t.pending[svc], pendingTrigger{at: at, ports: waiting})
+		t.pending[svc] = append(t.pending[svc], pendingTrigger{at: at, family: family, ports: waiting})
 	}
 }
 
@@ -183,11 +185,26 @@ func slicePortName(svc types.NamespacedName, p discovery.EndpointPort) loadbalan
 	return spn
 }
 
-func (t *endpointsTracker) observeSince(at time.Time) {
+func (t *endpointsTracker) observeSince(at time.Time, family string) {
 	if d := t.clk.Since(at); d >= 0 {
-		t.metrics.NetworkProgrammingLatency.Observe(d.Seconds())
+		t.metrics.NetworkProgrammingLatency.WithLabelValues(family).Observe(d.Seconds())
 	}
 }
+
+// sliceFamily is the ip_family label of a slice's addresses: kube-proxy's
+// proxier of that family is the one that records its programming latency.
+func sliceFamily(es *discovery.EndpointSlice) string {
+	if es.AddressType == discovery.AddressTypeIPv6 {
+		return ipv6Family
+	}
+	return ipv4Family
+}
+
+// The ip_family label values, as kube-proxy's (v1.IPFamily).
+const (
+	ipv4Family = "IPv4"
+	ipv6Family = "IPv6"
+)
 
 // setOpen is told, after a sync that wrote its rules, of the service
 // ports opened (true) or closed (false) since the last such sync, and
@@ -209,7 +226,7 @@ func (t *endpointsTracker) setOpen(changed map[loadbalancer.ServicePortName]bool
 				kept = append(kept, tr)
 				continue
 			}
-			t.observeSince(tr.at)
+			t.observeSince(tr.at, tr.family)
 		}
 		if len(kept) == 0 {
 			delete(t.pending, svc)
@@ -308,26 +325,44 @@ func (t *endpointsTracker) apply(svc types.NamespacedName) bool {
 }
 
 // noLocalPorts counts service ports with a Local policy and endpoints, none
-// of them on this node: internal (ClusterIP traffic) and external.
-type noLocalPorts struct{ internal, external int }
+// of them on this node: internal (ClusterIP traffic) and external, per IP
+// family of the endpoints ([0] IPv4, [1] IPv6), as each of kube-proxy's
+// per-family proxiers counts the endpoints of its family.
+type noLocalPorts [2]struct{ internal, external int }
 
-// add counts one service port with endpoints eps under policy, as
-// kube-proxy does: only a port with a servable endpoint somewhere, none on
-// this node.
+// add counts one service port with endpoints eps under policy, for each
+// family of its endpoints.
 func (n noLocalPorts) add(policy trafficPolicy, eps []loadbalancer.Endpoint, node string) noLocalPorts {
+	var v4, v6 []loadbalancer.Endpoint
+	for _, e := range eps {
+		if e.Addr.Addr().Unmap().Is4() {
+			v4 = append(v4, e)
+		} else {
+			v6 = append(v6, e)
+		}
+	}
+	n[0].internal, n[0].external = addNoLocal(n[0].internal, n[0].external, policy, v4, node)
+	n[1].internal, n[1].external = addNoLocal(n[1].internal, n[1].external, policy, v6, node)
+	return n
+}
+
+// addNoLocal counts one service port with endpoints eps (of one family)
+// under policy, as kube-proxy does: only a port with a servable endpoint
+// somewhere, none on this node.
+func addNoLocal(internal, external int, policy trafficPolicy, eps []loadbalancer.Endpoint, node string) (int, int) {
 	if !policy.internalLocal && !policy.externalLocal || !slices.ContainsFunc(eps, loadbalancer.Endpoint.Servable) {
-		return n
+		return internal, external
 	}
 	if node != "" && slices.ContainsFunc(eps, func(e loadbalancer.Endpoint) bool { return e.NodeName == node && e.Servable() }) {
-		return n
+		return internal, external
 	}
 	if policy.internalLocal {
-		n.internal++
+		internal++
 	}
 	if policy.externalLocal {
-		n.external++
+		external++
 	}
-	return n
+	return internal, external
 }
 
 // setNoLocal records svc's count and publishes the totals.
@@ -341,10 +376,15 @@ func (t *endpointsTracker) setNoLocal(svc types.NamespacedName, n noLocalPorts) 
 	} else {
 		t.noLocal[svc] = n
 	}
-	t.noLocalTotal.internal += n.internal - old.internal
-	t.noLocalTotal.external += n.external - old.external
-	t.metrics.NoLocalEndpoints.WithLabelValues("internal").Set(float64(t.noLocalTotal.internal))
-	t.metrics.NoLocalEndpoints.WithLabelValues("external").Set(float64(t.noLocalTotal.external))
+	for i, family := range [2]string{ipv4Family, ipv6Family} {
+		t.noLocalTotal[i].internal += n[i].internal - old[i].internal
+		t.noLocalTotal[i].external += n[i].external - old[i].external
+		if n[i] == old[i] {
+			continue
+		}
+		t.metrics.NoLocalEndpoints.WithLabelValues("internal", family).Set(float64(t.noLocalTotal[i].internal))
+		t.metrics.NoLocalEndpoints.WithLabelValues("external", family).Set(float64(t.noLocalTotal[i].external))
+	}
 }
 
 // endpointsByPort lists, per service port, every address of every slice of

@@ -1,6 +1,8 @@
 package proxier
 
 import (
+	"sync/atomic"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -10,20 +12,30 @@ import (
 type Metrics struct {
 	Registry *prometheus.Registry
 
-	SyncProxyRulesLatency        prometheus.Histogram
-	SyncFullProxyRulesLatency    prometheus.Histogram
-	SyncPartialProxyRulesLatency prometheus.Histogram
-	SyncProxyRulesLastTimestamp  prometheus.Gauge
-	SyncProxyRulesLastQueued     prometheus.Gauge
-	NetworkProgrammingLatency    prometheus.Histogram
-	EndpointChangesTotal         prometheus.Counter
-	EndpointChangesPending       prometheus.Gauge
-	ServiceChangesTotal          prometheus.Counter
-	ServiceChangesPending        prometheus.Gauge
-	IPTablesRestoreFailures      prometheus.Counter
+	// The sync series carry kube-proxy's ip_family label (IPv4, IPv6), as
+	// each of kube-proxy's per-family proxiers exports its own: one sync
+	// here covers every family served, so it is recorded under each
+	// (SetFamilies), as a dual-stack kube-proxy's two proxiers record
+	// theirs.
+	SyncProxyRulesLatency        *prometheus.HistogramVec
+	SyncFullProxyRulesLatency    *prometheus.HistogramVec
+	SyncPartialProxyRulesLatency *prometheus.HistogramVec
+	SyncProxyRulesLastTimestamp  *prometheus.GaugeVec
+	SyncProxyRulesLastQueued     *prometheus.GaugeVec
+	// NetworkProgrammingLatency is recorded under the family of the
+	// EndpointSlice whose trigger time it measures.
+	NetworkProgrammingLatency *prometheus.HistogramVec
+	EndpointChangesTotal      prometheus.Counter
+	EndpointChangesPending    prometheus.Gauge
+	ServiceChangesTotal       prometheus.Counter
+	ServiceChangesPending     prometheus.Gauge
+	// IPTablesRestoreFailures is counted under the family whose write failed.
+	IPTablesRestoreFailures *prometheus.CounterVec
 	// NoLocalEndpoints counts the service ports with a Local traffic
 	// policy whose endpoints are all on other nodes, by traffic_policy
-	// (internal, external): their traffic is refused here.
+	// (internal, external) and ip_family (the endpoints' family, as each
+	// of kube-proxy's per-family proxiers counts): their traffic is
+	// refused here.
 	NoLocalEndpoints  *prometheus.GaugeVec
 	ProxyHealthzTotal *prometheus.CounterVec
 	ProxyLivezTotal   *prometheus.CounterVec
@@ -41,6 +53,8 @@ type Metrics struct {
 	ports    *portSeries
 	affinity *affinityCollector // table sizes and cap evictions, read from the balancer
 	portals  *portalCollector   // rule counts and partial restore failures, read from the syncers
+
+	families atomic.Pointer[[]string] // the ip_family values of the sync series (SetFamilies)
 }
 
 // NewMetrics registers everything on a fresh registry (not the global one, so
@@ -53,19 +67,19 @@ func NewMetrics() *Metrics {
 			"SyncProxyRules latency in seconds for full resyncs (portal rules read back and repaired)"),
 		SyncPartialProxyRulesLatency: syncDuration("sync_partial_proxy_rules_duration_seconds",
 			"SyncProxyRules latency in seconds for partial resyncs (only changed portal rules written)"),
-		SyncProxyRulesLastTimestamp: prometheus.NewGauge(prometheus.GaugeOpts{
+		SyncProxyRulesLastTimestamp: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Subsystem: "kubeproxy", Name: "sync_proxy_rules_last_timestamp_seconds",
 			Help: "The last time proxy rules were successfully synced",
-		}),
-		SyncProxyRulesLastQueued: prometheus.NewGauge(prometheus.GaugeOpts{
+		}, []string{"ip_family"}),
+		SyncProxyRulesLastQueued: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Subsystem: "kubeproxy", Name: "sync_proxy_rules_last_queued_timestamp_seconds",
 			Help: "The last time a sync of proxy rules was queued",
-		}),
-		NetworkProgrammingLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+		}, []string{"ip_family"}),
+		NetworkProgrammingLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Subsystem: "kubeproxy", Name: "network_programming_duration_seconds",
 			Help:    "In Cluster Network Programming Latency in seconds (trigger time of an endpoint change to its being served: the balancer having it when its ports have their proxy sockets, else the sync that opens them and writes their rules)",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 20),
-		}),
+		}, []string{"ip_family"}),
 		EndpointChangesTotal: prometheus.NewCounter(prometheus.CounterOpts{
 			Subsystem: "kubeproxy", Name: "sync_proxy_rules_endpoint_changes_total",
 			Help: "Cumulative proxy rules Endpoint changes",
@@ -82,14 +96,14 @@ func NewMetrics() *Metrics {
 			Subsystem: "kubeproxy", Name: "sync_proxy_rules_service_changes_pending",
 			Help: "Pending proxy rules Service changes",
 		}),
-		IPTablesRestoreFailures: prometheus.NewCounter(prometheus.CounterOpts{
+		IPTablesRestoreFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Subsystem: "kubeproxy", Name: "sync_proxy_rules_iptables_restore_failures_total",
 			Help: "Cumulative proxy iptables restore failures",
-		}),
+		}, []string{"ip_family"}),
 		NoLocalEndpoints: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Subsystem: "kubeproxy", Name: "sync_proxy_rules_no_local_endpoints_total",
 			Help: "Number of services with a Local traffic policy and no endpoints",
-		}, []string{"traffic_policy"}),
+		}, []string{"traffic_policy", "ip_family"}),
 		ProxyHealthzTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Subsystem: "kubeproxy", Name: "proxy_healthz_total",
 			Help: "Cumulative proxy healthz HTTP status",
@@ -111,9 +125,7 @@ func NewMetrics() *Metrics {
 			Help: "Expired ClientIP affinity entries removed by the periodic sweep",
 		}),
 	}
-	// kube-proxy exports both policies from the start, at 0.
-	m.NoLocalEndpoints.WithLabelValues("internal")
-	m.NoLocalEndpoints.WithLabelValues("external")
+	m.SetFamilies("IPv4", "IPv6")
 	m.ports = newPortSeries()
 	m.affinity = newAffinityCollector()
 	m.portals = newPortalCollector()
@@ -131,12 +143,66 @@ func NewMetrics() *Metrics {
 }
 
 // syncDuration is one of kube-proxy's sync duration histograms, with its
-// buckets (1 ms to 16 s).
-func syncDuration(name, help string) prometheus.Histogram {
-	return prometheus.NewHistogram(prometheus.HistogramOpts{
+// buckets (1 ms to 16 s) and its ip_family label.
+func syncDuration(name, help string) *prometheus.HistogramVec {
+	return prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Subsystem: "kubeproxy", Name: name, Help: help,
 		Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
-	})
+	}, []string{"ip_family"})
+}
+
+// SetFamilies names the IP families the proxy serves ("IPv4", "IPv6"; both
+// until told): the ip_family series of the sync metrics, exported from the
+// start at 0 as kube-proxy's proxiers of those families export theirs. Call
+// it before the first sync.
+func (m *Metrics) SetFamilies(families ...string) {
+	fams := append([]string(nil), families...)
+	m.families.Store(&fams)
+	for _, v := range []interface{ Reset() }{
+		m.SyncProxyRulesLatency, m.SyncFullProxyRulesLatency, m.SyncPartialProxyRulesLatency,
+		m.SyncProxyRulesLastTimestamp, m.SyncProxyRulesLastQueued, m.NetworkProgrammingLatency,
+		m.IPTablesRestoreFailures, m.NoLocalEndpoints,
+	} {
+		v.Reset()
+	}
+	for _, f := range fams {
+		m.SyncProxyRulesLatency.WithLabelValues(f)
+		m.SyncFullProxyRulesLatency.WithLabelValues(f)
+		m.SyncPartialProxyRulesLatency.WithLabelValues(f)
+		m.SyncProxyRulesLastTimestamp.WithLabelValues(f)
+		m.SyncProxyRulesLastQueued.WithLabelValues(f)
+		m.NetworkProgrammingLatency.WithLabelValues(f)
+		m.IPTablesRestoreFailures.WithLabelValues(f)
+		// kube-proxy exports both policies from the start, at 0.
+		m.NoLocalEndpoints.WithLabelValues("internal", f)
+		m.NoLocalEndpoints.WithLabelValues("external", f)
+	}
+}
+
+// servedFamilies is SetFamilies' list.
+func (m *Metrics) servedFamilies() []string { return *m.families.Load() }
+
+// observeSync records one sync, which covered every family served, under
+// each of them.
+func (m *Metrics) observeSync(seconds float64, full, ok bool) {
+	for _, f := range m.servedFamilies() {
+		m.SyncProxyRulesLatency.WithLabelValues(f).Observe(seconds)
+		if full {
+			m.SyncFullProxyRulesLatency.WithLabelValues(f).Observe(seconds)
+		} else {
+			m.SyncPartialProxyRulesLatency.WithLabelValues(f).Observe(seconds)
+		}
+		if ok {
+			m.SyncProxyRulesLastTimestamp.WithLabelValues(f).SetToCurrentTime()
+		}
+	}
+}
+
+// syncQueued records that a change queued a sync of every family.
+func (m *Metrics) syncQueued() {
+	for _, f := range m.servedFamilies() {
+		m.SyncProxyRulesLastQueued.WithLabelValues(f).SetToCurrentTime()
+	}
 }
 
 // forgetServicePort drops a removed service port's series so /metrics does

@@ -3,6 +3,7 @@ package proxier
 import (
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 )
 
@@ -14,7 +15,7 @@ type dtoHistogram struct {
 func (h *dtoHistogram) read(t *testing.T, p *Proxier) {
 	t.Helper()
 	var m dto.Metric
-	if err := p.metrics.NetworkProgrammingLatency.Write(&m); err != nil {
+	if err := p.metrics.NetworkProgrammingLatency.WithLabelValues("IPv4").(prometheus.Metric).Write(&m); err != nil {
 		t.Fatal(err)
 	}
 	h.count, h.sum = m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()

@@ -14,32 +14,41 @@ type portalStats interface {
 }
 
 // portalCollector reports kube-proxy's iptables series at scrape time from
-// the syncers of both families, summed as kube-proxy's dual-stack proxiers
-// share them: sync_proxy_rules_iptables_total{table} and
-// sync_proxy_rules_iptables_partial_restore_failures_total. Nothing when
-// the proxy writes no rules (--iptables=false).
+// the syncer of each family, under its ip_family as kube-proxy's
+// per-family proxiers export them: sync_proxy_rules_iptables_total{table,
+// ip_family} and sync_proxy_rules_iptables_partial_restore_failures_total{
+// ip_family}. Nothing when the proxy writes no rules (--iptables=false).
 type portalCollector struct {
-	syncers atomic.Pointer[[]portalStats]
+	syncers atomic.Pointer[[]familyStats]
 	rules   *prometheus.Desc
 	partial *prometheus.Desc
+}
+
+// familyStats is one family's syncer that can tell its rule counts.
+type familyStats struct {
+	family string
+	stats  portalStats
 }
 
 func newPortalCollector() *portalCollector {
 	return &portalCollector{
 		rules: prometheus.NewDesc("kubeproxy_sync_proxy_rules_iptables_total",
-			"Total number of iptables rules owned by kube-proxy", []string{"table"}, nil),
+			"Total number of iptables rules owned by kube-proxy", []string{"table", "ip_family"}, nil),
 		partial: prometheus.NewDesc("kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
-			"Cumulative proxy iptables partial restore failures", nil, nil),
+			"Cumulative proxy iptables partial restore failures", []string{"ip_family"}, nil),
 	}
 }
 
-// observe makes the given syncers the ones reported (those that can tell);
-// the latest proxier built on these Metrics wins.
-func (c *portalCollector) observe(syncers ...PortalSyncer) {
-	var stats []portalStats
-	for _, s := range syncers {
-		if st, ok := s.(portalStats); ok {
-			stats = append(stats, st)
+// observe makes the IPv4 and IPv6 syncers the ones reported (those that
+// can tell); the latest proxier built on these Metrics wins.
+func (c *portalCollector) observe(v4, v6 PortalSyncer) {
+	var stats []familyStats
+	for _, s := range []struct {
+		family string
+		syncer PortalSyncer
+	}{{ipv4Family, v4}, {ipv6Family, v6}} {
+		if st, ok := s.syncer.(portalStats); ok {
+			stats = append(stats, familyStats{s.family, st})
 		}
 	}
 	c.syncers.Store(&stats)
@@ -52,17 +61,13 @@ func (c *portalCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *portalCollector) Collect(ch chan<- prometheus.Metric) {
 	stats := c.syncers.Load()
-	if stats == nil || len(*stats) == 0 {
+	if stats == nil {
 		return
 	}
-	var filter, nat int
-	var partial uint64
 	for _, s := range *stats {
-		f, n := s.RuleCounts()
-		filter, nat = filter+f, nat+n
-		partial += s.PartialRestoreFailures()
+		filter, nat := s.stats.RuleCounts()
+		ch <- prometheus.MustNewConstMetric(c.rules, prometheus.GaugeValue, float64(filter), "filter", s.family)
+		ch <- prometheus.MustNewConstMetric(c.rules, prometheus.GaugeValue, float64(nat), "nat", s.family)
+		ch <- prometheus.MustNewConstMetric(c.partial, prometheus.CounterValue, float64(s.stats.PartialRestoreFailures()), s.family)
 	}
-	ch <- prometheus.MustNewConstMetric(c.rules, prometheus.GaugeValue, float64(filter), "filter")
-	ch <- prometheus.MustNewConstMetric(c.rules, prometheus.GaugeValue, float64(nat), "nat")
-	ch <- prometheus.MustNewConstMetric(c.partial, prometheus.CounterValue, float64(partial))
 }

@@ -430,7 +430,7 @@ func (p *Proxier) queueServiceChange(nn types.NamespacedName) {
 	p.pendingChanges[nn] = struct{}{}
 	p.metrics.ServiceChangesTotal.Inc()
 	p.metrics.ServiceChangesPending.Set(float64(len(p.pendingChanges)))
-	p.metrics.SyncProxyRulesLastQueued.SetToCurrentTime()
+	p.metrics.syncQueued()
 	if p.opts.Health != nil {
 		p.opts.Health.QueuedUpdate()
 	}
@@ -767,14 +767,8 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 		}
 	}
 	elapsed := p.clk.Since(start)
-	p.metrics.SyncProxyRulesLatency.Observe(elapsed.Seconds())
-	if full {
-		p.metrics.SyncFullProxyRulesLatency.Observe(elapsed.Seconds())
-	} else {
-		p.metrics.SyncPartialProxyRulesLatency.Observe(elapsed.Seconds())
-	}
+	p.metrics.observeSync(elapsed.Seconds(), full, ok)
 	if ok {
-		p.metrics.SyncProxyRulesLastTimestamp.SetToCurrentTime()
 		if p.opts.Health != nil {
 			p.opts.Health.Updated()
 		}
@@ -1069,7 +1063,7 @@ func (p *Proxier) syncPortals(full bool) (ok, repaired bool) {
 		}
 		if err := sync(f.portals); err != nil {
 			ok = false
-			p.metrics.IPTablesRestoreFailures.Inc()
+			p.metrics.IPTablesRestoreFailures.WithLabelValues(f.family).Inc()
 			klog.ErrorS(err, "Failed to sync portal rules; will retry", "family", f.family)
 		}
 		if counts && r.Repairs() != before {

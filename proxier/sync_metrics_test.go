@@ -18,11 +18,11 @@ import (
 // the time the last sync was queued.
 func TestSyncDurationsFullAndPartial(t *testing.T) {
 	p := newTestProxier(t, Options{})
-	if got := testutil.ToFloat64(p.metrics.SyncProxyRulesLastQueued); got != 0 {
+	if got := testutil.ToFloat64(p.metrics.SyncProxyRulesLastQueued.WithLabelValues("IPv4")); got != 0 {
 		t.Fatalf("last queued %v before any change, want 0", got)
 	}
 	p.OnServiceAdd(makeService("web"))
-	if got := testutil.ToFloat64(p.metrics.SyncProxyRulesLastQueued); got == 0 {
+	if got := testutil.ToFloat64(p.metrics.SyncProxyRulesLastQueued.WithLabelValues("IPv4")); got == 0 {
 		t.Fatalf("last queued not set by a Service change")
 	}
 	p.Sync() // the first sync is a full one
@@ -60,7 +60,7 @@ func TestNoLocalEndpointsMetric(t *testing.T) {
 	local := v1.ServiceInternalTrafficPolicyLocal
 	p := newTestProxier(t, Options{NodeName: "node1"})
 	gauge := func(policy string) float64 {
-		return testutil.ToFloat64(p.metrics.NoLocalEndpoints.WithLabelValues(policy))
+		return testutil.ToFloat64(p.metrics.NoLocalEndpoints.WithLabelValues(policy, "IPv4"))
 	}
 	check := func(step string, internal, external float64) {
 		t.Helper()
@@ -123,11 +123,11 @@ func TestIPTablesRuleMetrics(t *testing.T) {
 		want := fmt.Sprintf(`
 # HELP kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total Cumulative proxy iptables partial restore failures
 # TYPE kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total counter
-kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total %v
+kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total{ip_family="IPv4"} %v
 # HELP kubeproxy_sync_proxy_rules_iptables_total Total number of iptables rules owned by kube-proxy
 # TYPE kubeproxy_sync_proxy_rules_iptables_total gauge
-kubeproxy_sync_proxy_rules_iptables_total{table="filter"} %d
-kubeproxy_sync_proxy_rules_iptables_total{table="nat"} %d
+kubeproxy_sync_proxy_rules_iptables_total{ip_family="IPv4",table="filter"} %d
+kubeproxy_sync_proxy_rules_iptables_total{ip_family="IPv4",table="nat"} %d
 `, partial, held("filter"), held("nat"))
 		if err := testutil.GatherAndCompare(p.metrics.Registry, strings.NewReader(want),
 			"kubeproxy_sync_proxy_rules_iptables_total", "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total"); err != nil {
@@ -148,4 +148,71 @@ kubeproxy_sync_proxy_rules_iptables_total{table="nat"} %d
 	p.Sync()
 	fake.SetError("Restore", nil)
 	check("a refused partial restore (the counts stay as last written)", 1)
+}
+
+// failSyncer is a PortalSyncer whose every write fails.
+type failSyncer struct{}
+
+func (failSyncer) Sync([]iptables.Portal) error { return errors.New("iptables-restore: exit status 1") }
+
+// kube-proxy (k8s.io/kubernetes pkg/proxy/metrics, v1.37) labels its sync
+// series with ip_family, each of its per-family proxiers exporting its own,
+// so alerts and dashboards select or group by it: one sync here covers both
+// families and is recorded under each; a restore failure under the family
+// whose write failed; the programming latency under the slice's family.
+func TestSyncMetricsCarryIPFamily(t *testing.T) {
+	p := newTestProxier(t, Options{IPv6Portals: failSyncer{}})
+	p.OnServiceAdd(makeService("web"))
+	p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, "10.1.0.1:8080"))
+	p.Sync()
+	mfs, err := p.metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]map[string]float64{} // name -> ip_family -> count or value
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			family := "(none)"
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "ip_family" {
+					family = l.GetValue()
+				}
+			}
+			if got[mf.GetName()] == nil {
+				got[mf.GetName()] = map[string]float64{}
+			}
+			switch {
+			case m.GetHistogram() != nil:
+				got[mf.GetName()][family] += float64(m.GetHistogram().GetSampleCount())
+			case m.GetCounter() != nil:
+				got[mf.GetName()][family] += m.GetCounter().GetValue()
+			default:
+				got[mf.GetName()][family] += m.GetGauge().GetValue()
+			}
+		}
+	}
+	for _, name := range []string{
+		"kubeproxy_sync_proxy_rules_duration_seconds",
+		"kubeproxy_sync_full_proxy_rules_duration_seconds",
+		"kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+	} {
+		if got[name]["IPv4"] == 0 || got[name]["IPv6"] == 0 {
+			t.Errorf("%s: %v, want a sample under ip_family IPv4 and IPv6", name, got[name])
+		}
+	}
+	for _, name := range []string{
+		"kubeproxy_sync_partial_proxy_rules_duration_seconds",
+		"kubeproxy_network_programming_duration_seconds",
+		"kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+	} {
+		if _, ok := got[name]["IPv4"]; !ok {
+			t.Errorf("%s: %v, want series under ip_family IPv4 and IPv6", name, got[name])
+		}
+	}
+	if f := got["kubeproxy_sync_proxy_rules_iptables_restore_failures_total"]; f["IPv6"] != 1 || f["IPv4"] != 0 || len(f) != 2 {
+		t.Errorf("restore failures %v, want 1 under IPv6 and 0 under IPv4", f)
+	}
+	if n := got["kubeproxy_sync_proxy_rules_no_local_endpoints_total"]; len(n) != 2 {
+		t.Errorf("no_local_endpoints families %v, want IPv4 and IPv6", n)
+	}
 }

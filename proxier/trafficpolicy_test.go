@@ -152,8 +152,8 @@ func TestNetworkProgrammingLatency(t *testing.T) {
 	clk.Step(3 * time.Second)
 	p.OnEndpointSliceAdd(fresh)
 	p.OnEndpointSliceDelete(old)
-	if n := testutil.CollectAndCount(p.metrics.NetworkProgrammingLatency); n != 1 {
-		t.Fatalf("histogram series %d", n)
+	if n := testutil.CollectAndCount(p.metrics.NetworkProgrammingLatency); n != 2 {
+		t.Fatalf("histogram series %d, want one per family", n)
 	}
 	m := &dtoHistogram{}
 	m.read(t, p)

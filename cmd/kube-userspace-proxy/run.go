@@ -129,6 +129,7 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		go warnLeftoverPortals(iptables.NewRunner)
 	}
 	health.SetFamilies(servedFamilies(ipv4, ipv6)...)
+	metrics.SetFamilies(servedFamilies(ipv4, ipv6)...)
 	var p *proxier.Proxier
 	// Where NodePorts answer (--nodeport-addresses), as kube-proxy: not on
 	// --bind-address, which is the proxy sockets' address.
