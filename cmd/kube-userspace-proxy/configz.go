@@ -4,7 +4,9 @@ import (
 	"os"
 
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -88,12 +90,51 @@ func configzHandler(cfg configFile) http.Handler {
 }
 
 // pingHandler is the metrics server's /healthz: kube-proxy installs the
-// generic apiserver ping check there, which answers "ok" while the process
-// serves HTTP. (Whether rules are in sync is the health server's /healthz.)
+// generic apiserver health handler there (healthz.InstallHandler, its one
+// check "ping"), which answers "ok" while the process serves HTTP, with
+// ?verbose the checks ("[+]ping ok", "healthz check passed"), and honours
+// ?exclude=. (Whether rules are in sync is the health server's /healthz.)
 func pingHandler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
+		q := r.URL.Query()
+		if _, verbose := q["verbose"]; !verbose {
+			_, _ = w.Write([]byte("ok"))
+			return
+		}
+		var out strings.Builder
+		var unknown []string
+		pingExcluded := false
+		for _, name := range q["exclude"] {
+			if name == "ping" {
+				pingExcluded = true
+			} else if !slices.Contains(unknown, name) {
+				unknown = append(unknown, name)
+			}
+		}
+		if pingExcluded {
+			out.WriteString("[+]ping excluded: ok\n")
+		} else {
+			out.WriteString("[+]ping ok\n")
+		}
+		if len(unknown) > 0 {
+			slices.Sort(unknown)
+			quoted := make([]string, len(unknown))
+			for i, n := range unknown {
+				quoted[i] = strconv.Quote(n)
+			}
+			fmt.Fprintf(&out, "warn: some health checks cannot be excluded: no matches for %s\n", strings.Join(quoted, ","))
+		}
+		out.WriteString("healthz check passed\n")
+		_, _ = w.Write([]byte(out.String()))
+	})
+}
+
+// pingCheckHandler is the metrics server's /healthz/ping, the ping
+// check's own path, as kube-proxy's healthz.InstallHandler serves it.
+func pingCheckHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("ok"))
 	})
 }

@@ -82,6 +82,18 @@ func TestMetricsAddressConventionsAndStopMessage(t *testing.T) {
 	if code, h, body := get(t, base+"/healthz"); code != 200 || body != "ok" || !strings.HasPrefix(h.Get("Content-Type"), "text/plain") {
 		t.Errorf("/healthz: %d %q %q, want 200 \"ok\" text/plain", code, h.Get("Content-Type"), body)
 	}
+	// kube-proxy's healthz.InstallHandler: the ping check at /healthz/ping,
+	// and ?verbose lists the checks (k8s.io/apiserver pkg/server/healthz).
+	for path, want := range map[string]string{
+		"/healthz/ping":                  "ok",
+		"/healthz?verbose":               "[+]ping ok\nhealthz check passed\n",
+		"/healthz?verbose&exclude=ping":  "[+]ping excluded: ok\nhealthz check passed\n",
+		"/healthz?verbose&exclude=other": "[+]ping ok\nwarn: some health checks cannot be excluded: no matches for \"other\"\nhealthz check passed\n",
+	} {
+		if code, _, body := get(t, base+path); code != 200 || body != want {
+			t.Errorf("%s: %d %q, want 200 %q as kube-proxy's", path, code, body, want)
+		}
+	}
 	if code, _, body := get(t, base+"/proxyMode"); code != 200 || body != "userspace" {
 		t.Errorf("/proxyMode: %d %q", code, body)
 	}

@@ -710,6 +710,7 @@ func startServers(ctx context.Context, o *options, p *proxier.Proxier, health *h
 		})
 		mux.Handle("/configz", configzHandler(o.effectiveConfig()))
 		mux.Handle("/healthz", pingHandler())
+		mux.Handle("/healthz/ping", pingCheckHandler())
 		addr, err := serve("--metrics-bind-address", o.metricsBindAddress, mux)
 		if err != nil {
 			return nil, "", err
