@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"sigs.k8s.io/yaml"
 
@@ -56,6 +57,11 @@ func (o *options) effectiveConfig() configFile {
 	// configuration (it showed 0 whatever -v or logging.verbosity said).
 	c.Logging.Verbosity = logsapi.VerbosityLevel(o.logVerbosity)
 	c.Logging.VModule = vmoduleConfig(o.logVModule)
+	// The logging defaults kube-proxy's /configz shows (component-base's
+	// recommended configuration), which are in force here too: text
+	// output, klog's flush every 5 s (it showed 0 and no format).
+	c.Logging.Format = "text"
+	c.Logging.FlushFrequency = logsapi.TimeOrMetaDuration{Duration: metav1.Duration{Duration: 5 * time.Second}, SerializeAsString: true}
 	return configFile{KubeProxyConfiguration: c, UDPIdleTimeout: &metav1.Duration{Duration: o.udpTimeout}}
 }
 

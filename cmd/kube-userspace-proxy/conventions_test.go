@@ -166,6 +166,11 @@ func checkConfigz(t *testing.T, base string) {
 		cfg.ClientConnection.AcceptContentTypes != "application/vnd.kubernetes.protobuf,application/json" {
 		t.Errorf("/configz does not hold the effective configuration: %s", body)
 	}
+	// kube-proxy's logging defaults, in force here too (klog's 5 s flush,
+	// text output), shown as kube-proxy's /configz shows them.
+	if !strings.Contains(body, `"flushFrequency":"5s"`) || !strings.Contains(body, `"format":"text"`) {
+		t.Errorf("/configz logging is not kube-proxy's flushFrequency \"5s\", format \"text\": %s", body)
+	}
 }
 
 // /configz reports the logging verbosity in force, as kube-proxy's shows
