@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -154,7 +155,7 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 			}
 		}
 	}
-	var nodes config.NodeHandler = nodeState{health, p, newNodeIPsWatch(v, isLocalAddress, restart)}
+	var nodes config.NodeHandler = nodeState{health, p, newNodeIPsWatch(v, isLocalAddress, restart), new(atomic.Bool)}
 	var lastState *config.LastKnownState
 	if o.stateFile != "" {
 		lastState = config.NewLastKnownState(o.stateFile, p, o.stateFileGrace)
@@ -304,14 +305,26 @@ type nodeState struct {
 	h   *healthcheck.ProxierHealth
 	p   *proxier.Proxier
 	ips *nodeIPsWatch
+	// present is whether the Node last delivered exists.
+	present *atomic.Bool
 }
 
 func (n nodeState) OnNodeChange(node config.NodeInfo) {
+	n.present.Store(!node.Deleted)
 	n.h.SetNodeDeleted(node.Deleted || node.Terminating)
 	n.p.SetNodeZone(node.Zone)
 	n.ips.check(node)
 }
-func (n nodeState) OnNodeSynced() {}
+
+// OnNodeSynced: a Node the informer's first list did not hold (a
+// --hostname-override that names no Node) is not eligible, as kube-proxy's
+// NodeEligible (no Node: false), so /healthz answers 503 with
+// nodeEligible false until the Node appears; it answered 200.
+func (n nodeState) OnNodeSynced() {
+	if !n.present.Load() {
+		n.h.SetNodeDeleted(true)
+	}
+}
 
 // nodeName is the name this node's endpoints and Node object carry. Node
 // names are lower case; kube-proxy trims and lowercases the hostname, and an

@@ -240,9 +240,10 @@ func (n stateNodes) OnNodeSynced() {
 	s.node.synced = true
 	if s.node.provisional {
 		// The informer listed no Node of this name: the file's zone goes
-		// too (as a Node that never appears means no zone).
+		// too (as a Node that never appears means no zone), and the Node
+		// is gone (Deleted: /healthz's nodeEligible is false).
 		s.node.provisional = false
-		s.node.next.OnNodeChange(NodeInfo{Name: s.node.name})
+		s.node.next.OnNodeChange(NodeInfo{Name: s.node.name, Deleted: true})
 	}
 	s.node.next.OnNodeSynced()
 }
