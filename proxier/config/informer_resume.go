@@ -22,7 +22,9 @@ import (
 const clientStreamFailure = "ClientWatchDecoding"
 
 // resumeEvery spaces the resumes of one watch: a server that ends every
-// stream at once is not asked again in a loop (tests shorten it).
+// stream at once is not asked again in a loop (tests shorten it; each
+// watch reads it once, when it is made, so that a test's restore does not
+// race with the watches of a reflector it stopped, which end on their own).
 var resumeEvery = time.Second
 
 // resumableWatch is the watch patientListWatch gives the reflector. When the
@@ -51,6 +53,7 @@ var resumeEvery = time.Second
 // cannot be resumed, the reflector must start it over.
 type resumableWatch struct {
 	what           string
+	every          time.Duration // resumeEvery
 	resume, relist func(ctx context.Context, rv string) (watch.Interface, error)
 	ctx            context.Context
 	cancel         context.CancelFunc
@@ -76,7 +79,7 @@ type resumableWatch struct {
 
 func newResumableWatch(ctx context.Context, inner watch.Interface, opts metav1.ListOptions, what string,
 	resume, relist func(ctx context.Context, rv string) (watch.Interface, error)) *resumableWatch {
-	w := &resumableWatch{what: what, resume: resume, relist: relist, inner: inner, result: make(chan watch.Event), stop: make(chan struct{})}
+	w := &resumableWatch{what: what, every: resumeEvery, resume: resume, relist: relist, inner: inner, result: make(chan watch.Event), stop: make(chan struct{})}
 	w.ctx, w.cancel = context.WithCancel(ctx)
 	w.initial = opts.SendInitialEvents != nil && *opts.SendInitialEvents
 	if w.initial && relist != nil {
@@ -146,7 +149,7 @@ func (w *resumableWatch) run(inner watch.Interface) {
 		}
 		// A 410 is answered at once: the stream that told it was the first
 		// of its resume, and the relist's stream starts at the server's now.
-		if wait := resumeEvery - time.Since(began); wait > 0 && end != endExpired {
+		if wait := w.every - time.Since(began); wait > 0 && end != endExpired {
 			select {
 			case <-w.stop:
 				return

@@ -82,8 +82,9 @@ func TestReflectorDoesNotBackOffAtAStreamEnd(t *testing.T) {
 			store := cache.NewStore(cache.MetaNamespaceKeyFunc)
 			r := cache.NewReflectorWithOptions(p, &v1.Service{}, store, cache.ReflectorOptions{})
 			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			go r.RunWithContext(ctx)
+			stopped := make(chan struct{})
+			go func() { r.RunWithContext(ctx); close(stopped) }()
+			defer func() { cancel(); <-stopped }()
 
 			first := <-watchers // a watch-list, as against a real API server
 			first.Add(svcAt("a", "9"))
@@ -292,8 +293,9 @@ func TestReflectorRelistsInTheWatchAfterARestart(t *testing.T) {
 	store := cache.NewStore(cache.MetaNamespaceKeyFunc)
 	r := cache.NewReflectorWithOptions(p, &v1.Service{}, store, cache.ReflectorOptions{})
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go r.RunWithContext(ctx)
+	stopped := make(chan struct{})
+	go func() { r.RunWithContext(ctx); close(stopped) }()
+	defer func() { cancel(); <-stopped }()
 
 	first := <-watchers // the reflector's watch-list
 	first.Add(svcAt("a", "5"))
