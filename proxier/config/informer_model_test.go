@@ -39,6 +39,9 @@ type fakeAPI struct {
 	nextCutAt []int // a stream cut (client stream failure) after this many events, -1 none
 	calls     []metav1.ListOptions
 	lists     int
+	// quiet: changes are not streamed (as in an outage, the streams end
+	// before they are told)
+	quiet bool
 }
 
 func newFakeAPI() *fakeAPI {
@@ -71,7 +74,9 @@ func (f *fakeAPI) mutate(kind int, name string) {
 		f.log = append(f.log, watch.Event{Type: watch.Added, Object: s.DeepCopy()})
 	}
 	f.logRV = append(f.logRV, f.rv)
-	f.changed()
+	if !f.quiet {
+		f.changed()
+	}
 }
 
 // restart ends every stream (closed by the server) and forgets the history.
@@ -427,4 +432,57 @@ func modelRun(t *testing.T, mode string, seed int64) {
 	lists := f.lists
 	f.mu.Unlock()
 	t.Errorf("seed %d: store %v, server %v (after %d watch calls, %d lists); ops %v", seed, storeState(store), f.state(), calls, lists, ops)
+}
+
+// TestRelistCutShortThenThrottled: a relist of resumableWatch (after a
+// restarted API server's 410) passes objects on at their own
+// resourceVersions, which the reflector takes as its own; cut after its
+// first object, and its new start answered 429 (API Priority and Fairness
+// throttles the clients that all relist after a restart), the 429 handed to
+// the reflector made it sleep and watch again, without a list, from that
+// object's resourceVersion, older than the deletion the relist was to find:
+// the deleted Service stayed in the store for good.
+func TestRelistCutShortThenThrottled(t *testing.T) {
+	defer func(d time.Duration) { resumeEvery = d }(resumeEvery)
+	resumeEvery = 5 * time.Millisecond
+	f := newFakeAPI()
+	f.mutate(0, "a") // 2
+	f.mutate(0, "b") // 3
+	f.mutate(0, "c") // 4
+	p := newPatientListWatch(&cache.ListWatch{ListWithContextFunc: f.list, WatchFuncWithContext: f.watch}, func(context.Context) bool { return true }, "test")
+	store := cache.NewStore(cache.MetaNamespaceKeyFunc)
+	r := cache.NewReflectorWithOptions(p, &v1.Service{}, store, cache.ReflectorOptions{})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.RunWithContext(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	for !sameState(storeState(store), f.state()) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	f.mu.Lock()
+	f.nextCutAt = []int{-1, 1}                                                  // the resume; the relist, cut after a
+	f.nextErr = []error{nil, nil, apierrors.NewTooManyRequests("slow down", 1)} // the relist's new start
+	f.mu.Unlock()
+	f.mu.Lock()
+	f.quiet = true // away: not streamed
+	f.mu.Unlock()
+	f.mutate(2, "b") // 5: deleted while away
+	f.mutate(1, "a") // 6
+	f.restart()      // history from 6 on
+	f.mu.Lock()
+	f.quiet = false
+	f.mu.Unlock()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) && !sameState(storeState(store), f.state()) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	f.mu.Lock()
+	var calls []string
+	for _, c := range f.calls {
+		calls = append(calls, fmt.Sprintf("rv=%s sie=%v", c.ResourceVersion, c.SendInitialEvents != nil))
+	}
+	f.mu.Unlock()
+	if !sameState(storeState(store), f.state()) {
+		t.Errorf("store %v, server %v; watch calls %q, lists %d", storeState(store), f.state(), calls, f.lists)
+	}
 }

@@ -163,7 +163,8 @@ func (w *resumableWatch) run(inner watch.Interface) {
 		}
 		if err != nil {
 			if w.ctx.Err() == nil {
-				w.send(watch.Event{Type: watch.Error, Object: statusOf(err)})
+				w.relisting = w.relisting || relisting // see handed
+				w.send(w.handed(statusOf(err)))
 			}
 			return
 		}
@@ -209,7 +210,7 @@ func (w *resumableWatch) pass(inner watch.Interface) (string, string) {
 				w.expired = ev.Object
 				return endExpired, apierrors.FromObject(ev.Object).Error()
 			}
-			w.send(ev)
+			w.send(w.handed(ev.Object))
 			return endHanded, "" // the reflector handles the server's error
 		}
 		m, err := meta.Accessor(ev.Object)
@@ -245,6 +246,22 @@ func (w *resumableWatch) pass(inner watch.Interface) (string, string) {
 			return endStopped, ""
 		}
 	}
+}
+
+// handed is the Error event that hands status, a server's error, to the
+// reflector. While a relist of ours is under way the reflector has been
+// given objects at their own resourceVersions, in key order, older than
+// the stream's, and it takes the last one's as its own: an error it answers
+// by watching again from there (a 429: it sleeps its backoff and watches,
+// without a list) missed for good what the relist was to tell it, such as
+// a Service deleted while the watch was away. It is handed a 410 instead,
+// which it answers by listing (a whole state: what is gone goes).
+func (w *resumableWatch) handed(status runtime.Object) watch.Event {
+	if !w.relisting || isExpired(status) {
+		return watch.Event{Type: watch.Error, Object: status}
+	}
+	gone := apierrors.NewResourceExpired("a relist of the watch was cut short: " + apierrors.FromObject(status).Error())
+	return watch.Event{Type: watch.Error, Object: &gone.ErrStatus}
 }
 
 // sendGone tells the reflector, at the end of a relist's initial events,
