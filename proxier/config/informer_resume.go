@@ -82,6 +82,12 @@ func newResumableWatch(ctx context.Context, inner watch.Interface, opts metav1.L
 	w := &resumableWatch{what: what, every: resumeEvery, resume: resume, relist: relist, inner: inner, result: make(chan watch.Event), stop: make(chan struct{})}
 	w.ctx, w.cancel = context.WithCancel(ctx)
 	w.initial = opts.SendInitialEvents != nil && *opts.SendInitialEvents
+	if rv := opts.ResourceVersion; !w.initial && rv != "" && rv != "0" {
+		// A watch from a list's resourceVersion: a stream that ends before
+		// its first event is resumed from there too ("" and "0" begin with
+		// every object, unordered: nothing to resume from).
+		w.lastRV = rv
+	}
 	if w.initial && relist != nil {
 		w.known = map[string]runtime.Object{}
 	}

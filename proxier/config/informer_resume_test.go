@@ -345,3 +345,33 @@ func TestReflectorRelistsInTheWatchAfterARestart(t *testing.T) {
 		t.Error("a deletion after the relist was not passed on")
 	}
 }
+
+// TestResumableWatchResumesBeforeItsFirstEvent: a plain watch (the
+// reflector's after a list: no watch-list on the server or the client)
+// whose stream ends before its first event (a restart or a cut within a
+// minute of the list, in a quiet cluster: no bookmark yet) is resumed from
+// the resourceVersion it began at. It was closed, and the reflector backed
+// off before listing again.
+func TestResumableWatchResumesBeforeItsFirstEvent(t *testing.T) {
+	defer func(d time.Duration) { resumeEvery = d }(resumeEvery)
+	resumeEvery = time.Millisecond
+	inner := watch.NewFakeWithChanSize(1, false)
+	inner.Stop()
+	resumed := make(chan string, 1)
+	w := newResumableWatch(context.Background(), inner, metav1.ListOptions{ResourceVersion: "7", AllowWatchBookmarks: true}, "test",
+		func(_ context.Context, rv string) (watch.Interface, error) {
+			resumed <- rv
+			return watch.NewFakeWithChanSize(1, false), nil
+		}, nil)
+	defer w.Stop()
+	select {
+	case rv := <-resumed:
+		if rv != "7" {
+			t.Errorf("resumed from %q, want 7", rv)
+		}
+	case _, ok := <-w.ResultChan():
+		t.Fatalf("stream ended (open %v) instead of a resume from 7", ok)
+	case <-time.After(5 * time.Second):
+		t.Fatal("no resume")
+	}
+}
