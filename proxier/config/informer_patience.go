@@ -263,7 +263,10 @@ func patiently[T any](ctx context.Context, p *patientListWatch, call func() (T, 
 // backend, a firewall's DROP, waits out client-go's 30 s dial timeout), so
 // the call is abandoned and made anew: it waited up to 30 s past the
 // server's return, and the waits of patiently, made between such calls,
-// missed it. A slow call to a server that stays ready is left alone. kept
+// missed it. A slow call to a server that stays ready is left alone; each
+// abandon doubles the wait before the next call is watched, so that a slow
+// call to a server whose /readyz flaps (a health check timing out under
+// load, when lists are slow too) is let finish after a few. kept
 // gets a successful call's value and the function that ends its context
 // (at once for a list, when a watch stops); drop gets the value an abandoned
 // call returned anyway.
@@ -273,6 +276,7 @@ func raced[T any](ctx context.Context, p *patientListWatch, call func(context.Co
 		v   T
 		err error
 	}
+	hungAfter := p.hungAfter
 	for {
 		cctx, cancel := context.WithCancel(ctx)
 		done := make(chan result, 1)
@@ -281,7 +285,7 @@ func raced[T any](ctx context.Context, p *patientListWatch, call func(context.Co
 			done <- result{v, err}
 		}()
 		probes := make(chan bool, 1)
-		timer := time.NewTimer(p.hungAfter)
+		timer := time.NewTimer(hungAfter)
 		down, abandoned := false, false
 		var r result
 	wait:
@@ -310,6 +314,7 @@ func raced[T any](ctx context.Context, p *patientListWatch, call func(context.Co
 			return kept(r.v, cancel), nil
 		}
 		klog.InfoS("API server ready again while a call to it hung; making it anew", "informer", p.what)
+		hungAfter *= 2
 		cancel()
 		go func() {
 			if r := <-done; r.err == nil && drop != nil {

@@ -324,3 +324,34 @@ func TestPatientListWatchHungCall(t *testing.T) {
 		t.Errorf("a slow list to a ready server: err %v after %d calls, want its success after 1", err, calls.Load())
 	}
 }
+
+// TestPatientListSlowWhileReadinessFlaps: a list slower than hungAfter to
+// a server whose /readyz fails one probe in two (an etcd health check
+// timing out under load, when lists are slow too) completes: raced
+// abandoned and made it anew at every failed-then-passed probe, so it never
+// completed (31 lists in 5 s, each a full list on a loaded server).
+func TestPatientListSlowWhileReadinessFlaps(t *testing.T) {
+	var calls, probes atomic.Int32
+	inner := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, _ metav1.ListOptions) (runtime.Object, error) {
+			calls.Add(1)
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(300 * time.Millisecond):
+			}
+			return &v1.ServiceList{}, nil
+		},
+		WatchFuncWithContext: func(context.Context, metav1.ListOptions) (watch.Interface, error) { return watch.NewFake(), nil },
+	}
+	p := newPatientListWatch(inner, func(context.Context) bool { return probes.Add(1)%2 == 0 }, "test")
+	p.hungAfter, p.pollEvery = 100*time.Millisecond, 50*time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := p.ListWithContext(ctx, metav1.ListOptions{}); err != nil {
+		t.Fatalf("list: %v after %d calls", err, calls.Load())
+	}
+	if n := calls.Load(); n > 4 {
+		t.Errorf("%d lists, want the slow list let finish after a few abandons", n)
+	}
+}
