@@ -2,6 +2,7 @@ package iptables
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -63,7 +64,7 @@ func TestUpdateWritesOnlyTheDelta(t *testing.T) {
 			fake.ResetCalls()
 			updateOK(t, r, tt.portals)
 			assertState(t, fake, r, tt.portals)
-			if got := restoreLineKinds(fake); !mapsEqual(got, tt.want) {
+			if got := restoreLineKinds(fake); !maps.Equal(got, tt.want) {
 				t.Errorf("restore lines %v, want %v:\n%s", got, tt.want, fake.Writes())
 			}
 			if n := len(fake.Writes()); n != tt.writes {
@@ -76,18 +77,6 @@ func TestUpdateWritesOnlyTheDelta(t *testing.T) {
 			}
 		})
 	}
-}
-
-func mapsEqual(a, b map[string]int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
 }
 
 // Update knows nothing before a Sync (nor after a failure): it does the

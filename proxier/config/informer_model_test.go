@@ -3,6 +3,7 @@ package config
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand"
 	"os"
 	goruntime "runtime"
@@ -303,18 +304,6 @@ func storeState(s cache.Store) map[string]string {
 	return m
 }
 
-func sameState(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
-}
-
 // TestInformerModel drives a real client-go reflector over a
 // patientListWatch of fakeAPI through random changes and faults (streams
 // cut or closed, API-server restarts that make every resume a 410, calls
@@ -369,15 +358,8 @@ func modelRun(t *testing.T, mode string, seed int64) {
 		lw = unsupportedLW{lw.(*cache.ListWatch)}
 	}
 	p := newPatientListWatch(lw, func(context.Context) bool { return true }, "test")
-	store := cache.NewStore(cache.MetaNamespaceKeyFunc)
-	r := cache.NewReflectorWithOptions(p, &v1.Service{}, store, cache.ReflectorOptions{})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { r.RunWithContext(ctx); close(done) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
+	store, stop := runReflector(p)
+	defer stop()
 	var ops []string
 	for step := 0; step < 60; step++ {
 		switch x := rnd.Intn(100); {
@@ -422,7 +404,7 @@ func modelRun(t *testing.T, mode string, seed int64) {
 	f.mu.Unlock()
 	deadline := time.Now().Add(40 * time.Second)
 	for time.Now().Before(deadline) {
-		if sameState(storeState(store), f.state()) {
+		if maps.Equal(storeState(store), f.state()) {
 			return
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -450,13 +432,9 @@ func TestRelistCutShortThenThrottled(t *testing.T) {
 	f.mutate(0, "b") // 3
 	f.mutate(0, "c") // 4
 	p := newPatientListWatch(&cache.ListWatch{ListWithContextFunc: f.list, WatchFuncWithContext: f.watch}, func(context.Context) bool { return true }, "test")
-	store := cache.NewStore(cache.MetaNamespaceKeyFunc)
-	r := cache.NewReflectorWithOptions(p, &v1.Service{}, store, cache.ReflectorOptions{})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { r.RunWithContext(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
-	for !sameState(storeState(store), f.state()) {
+	store, stop := runReflector(p)
+	defer stop()
+	for !maps.Equal(storeState(store), f.state()) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	f.mu.Lock()
@@ -473,7 +451,7 @@ func TestRelistCutShortThenThrottled(t *testing.T) {
 	f.quiet = false
 	f.mu.Unlock()
 	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) && !sameState(storeState(store), f.state()) {
+	for time.Now().Before(deadline) && !maps.Equal(storeState(store), f.state()) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	f.mu.Lock()
@@ -482,7 +460,7 @@ func TestRelistCutShortThenThrottled(t *testing.T) {
 		calls = append(calls, fmt.Sprintf("rv=%s sie=%v", c.ResourceVersion, c.SendInitialEvents != nil))
 	}
 	f.mu.Unlock()
-	if !sameState(storeState(store), f.state()) {
+	if !maps.Equal(storeState(store), f.state()) {
 		t.Errorf("store %v, server %v; watch calls %q, lists %d", storeState(store), f.state(), calls, f.lists)
 	}
 }

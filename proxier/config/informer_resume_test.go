@@ -79,12 +79,8 @@ func TestReflectorDoesNotBackOffAtAStreamEnd(t *testing.T) {
 				},
 			}
 			p := newPatientListWatch(inner, func(context.Context) bool { return true }, "test")
-			store := cache.NewStore(cache.MetaNamespaceKeyFunc)
-			r := cache.NewReflectorWithOptions(p, &v1.Service{}, store, cache.ReflectorOptions{})
-			ctx, cancel := context.WithCancel(context.Background())
-			stopped := make(chan struct{})
-			go func() { r.RunWithContext(ctx); close(stopped) }()
-			defer func() { cancel(); <-stopped }()
+			store, stop := runReflector(p)
+			defer stop()
 
 			first := <-watchers // a watch-list, as against a real API server
 			first.Add(svcAt("a", "9"))
@@ -290,12 +286,8 @@ func TestReflectorRelistsInTheWatchAfterARestart(t *testing.T) {
 		},
 	}
 	p := newPatientListWatch(inner, func(context.Context) bool { return true }, "test")
-	store := cache.NewStore(cache.MetaNamespaceKeyFunc)
-	r := cache.NewReflectorWithOptions(p, &v1.Service{}, store, cache.ReflectorOptions{})
-	ctx, cancel := context.WithCancel(context.Background())
-	stopped := make(chan struct{})
-	go func() { r.RunWithContext(ctx); close(stopped) }()
-	defer func() { cancel(); <-stopped }()
+	store, stop := runReflector(p)
+	defer stop()
 
 	first := <-watchers // the reflector's watch-list
 	first.Add(svcAt("a", "5"))
@@ -374,4 +366,16 @@ func TestResumableWatchResumesBeforeItsFirstEvent(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no resume")
 	}
+}
+
+// runReflector runs a reflector of Services over lw into a new store;
+// stop ends it and waits for it (deferred by the test before it restores
+// what its watches read, such as resumeEvery).
+func runReflector(lw cache.ListerWatcher) (cache.Store, func()) {
+	store := cache.NewStore(cache.MetaNamespaceKeyFunc)
+	r := cache.NewReflectorWithOptions(lw, &v1.Service{}, store, cache.ReflectorOptions{})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.RunWithContext(ctx); close(done) }()
+	return store, func() { cancel(); <-done }
 }
