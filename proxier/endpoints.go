@@ -200,12 +200,6 @@ func sliceFamily(es *discovery.EndpointSlice) string {
 	return ipv4Family
 }
 
-// The ip_family label values, as kube-proxy's (v1.IPFamily).
-const (
-	ipv4Family = "IPv4"
-	ipv6Family = "IPv6"
-)
-
 // setOpen is told, after a sync that wrote its rules, of the service
 // ports opened (true) or closed (false) since the last such sync, and
 // observes the trigger times that waited for them.
@@ -331,38 +325,28 @@ func (t *endpointsTracker) apply(svc types.NamespacedName) bool {
 type noLocalPorts [2]struct{ internal, external int }
 
 // add counts one service port with endpoints eps under policy, for each
-// family of its endpoints.
+// family of its endpoints, as kube-proxy does: only a family with a
+// servable endpoint somewhere, none of them on this node.
 func (n noLocalPorts) add(policy trafficPolicy, eps []loadbalancer.Endpoint, node string) noLocalPorts {
-	var v4, v6 []loadbalancer.Endpoint
-	for _, e := range eps {
-		if e.Addr.Addr().Unmap().Is4() {
-			v4 = append(v4, e)
-		} else {
-			v6 = append(v6, e)
+	if !policy.internalLocal && !policy.externalLocal {
+		return n
+	}
+	for fam := range n { // loadbalancer.Family's index
+		servable := func(e loadbalancer.Endpoint) bool { return loadbalancer.Family(e.Addr) == fam && e.Servable() }
+		if !slices.ContainsFunc(eps, servable) {
+			continue
+		}
+		if node != "" && slices.ContainsFunc(eps, func(e loadbalancer.Endpoint) bool { return e.NodeName == node && servable(e) }) {
+			continue
+		}
+		if policy.internalLocal {
+			n[fam].internal++
+		}
+		if policy.externalLocal {
+			n[fam].external++
 		}
 	}
-	n[0].internal, n[0].external = addNoLocal(n[0].internal, n[0].external, policy, v4, node)
-	n[1].internal, n[1].external = addNoLocal(n[1].internal, n[1].external, policy, v6, node)
 	return n
-}
-
-// addNoLocal counts one service port with endpoints eps (of one family)
-// under policy, as kube-proxy does: only a port with a servable endpoint
-// somewhere, none on this node.
-func addNoLocal(internal, external int, policy trafficPolicy, eps []loadbalancer.Endpoint, node string) (int, int) {
-	if !policy.internalLocal && !policy.externalLocal || !slices.ContainsFunc(eps, loadbalancer.Endpoint.Servable) {
-		return internal, external
-	}
-	if node != "" && slices.ContainsFunc(eps, func(e loadbalancer.Endpoint) bool { return e.NodeName == node && e.Servable() }) {
-		return internal, external
-	}
-	if policy.internalLocal {
-		internal++
-	}
-	if policy.externalLocal {
-		external++
-	}
-	return internal, external
 }
 
 // setNoLocal records svc's count and publishes the totals.

@@ -8,6 +8,13 @@ import (
 	"k8s.io/klog/v2"
 )
 
+// The IP family names, as kube-proxy's (v1.IPFamily): its metrics' ip_family
+// label values and its log lines' family.
+const (
+	ipv4Family = "IPv4"
+	ipv6Family = "IPv6"
+)
+
 // unsupportedFamily is the family that has no portal syncer while the
 // other has one: on a node without its netfilter (iptables.Present: no
 // ip6tables nat table, IPv6 disabled at boot) the proxy serves the other
@@ -16,9 +23,9 @@ import (
 func (p *Proxier) unsupportedFamily() string {
 	switch v4, v6 := p.opts.IPv4Portals != nil, p.opts.IPv6Portals != nil; {
 	case v4 && !v6:
-		return "IPv6"
+		return ipv6Family
 	case v6 && !v4:
-		return "IPv4"
+		return ipv4Family
 	}
 	return ""
 }
@@ -57,7 +64,7 @@ func (a *servicePortInfo) nodePortFamilies(hasV4, hasV6 bool) (v4, v6 bool) {
 // than missing.
 func (a *servicePortInfo) hasPortalOutside(missing string) bool {
 	v4, v6 := a.portalFamilies()
-	return missing == "IPv6" && v4 || missing == "IPv4" && v6
+	return missing == ipv6Family && v4 || missing == ipv4Family && v6
 }
 
 // withPortal leaves out the ports whose every portal is of the unsupported
@@ -108,7 +115,7 @@ func (p *Proxier) noteNoPortal(nn types.NamespacedName, infos []*servicePortInfo
 		// address names one address (the command drops the other family's
 		// syncer: sockets there cannot take its traffic), or the node's
 		// netfilter lacks it.
-		if b := p.opts.BindAddress; b.IsValid() && !b.IsUnspecified() && b.Unmap().Is4() != (missing == "IPv4") {
+		if b := p.opts.BindAddress; b.IsValid() && !b.IsUnspecified() && b.Unmap().Is4() != (missing == ipv4Family) {
 			klog.InfoS("Service gets no portal and is not served: the bind address is of the other IP family (proxy sockets on one address cannot take this family's traffic)",
 				"service", nn, "ipFamily", missing, "bindAddress", b)
 			return

@@ -53,7 +53,7 @@ func (p *Proxier) reserveKeptPorts(want map[loadbalancer.ServicePortName]*servic
 	for _, f := range []struct {
 		s      PortalSyncer
 		family string
-	}{{p.opts.IPv4Portals, "IPv4"}, {p.opts.IPv6Portals, "IPv6"}} {
+	}{{p.opts.IPv4Portals, ipv4Family}, {p.opts.IPv6Portals, ipv6Family}} {
 		r, ok := f.s.(proxyPortReader)
 		if !ok {
 			continue

@@ -125,7 +125,7 @@ func NewMetrics() *Metrics {
 			Help: "Expired ClientIP affinity entries removed by the periodic sweep",
 		}),
 	}
-	m.SetFamilies("IPv4", "IPv6")
+	m.SetFamilies(ipv4Family, ipv6Family)
 	m.ports = newPortSeries()
 	m.affinity = newAffinityCollector()
 	m.portals = newPortalCollector()

@@ -394,7 +394,7 @@ func (p *Proxier) stopPortals() (flushed bool) {
 	for _, f := range []struct {
 		s      PortalSyncer
 		family string
-	}{{p.opts.IPv4Portals, "IPv4"}, {p.opts.IPv6Portals, "IPv6"}} {
+	}{{p.opts.IPv4Portals, ipv4Family}, {p.opts.IPv6Portals, ipv6Family}} {
 		st, ok := f.s.(PortalStopper)
 		if !ok {
 			continue
@@ -850,7 +850,7 @@ func logMovedPort(info *servicePortInfo, kept, port int) {
 }
 
 func (p *Proxier) listenHost() string {
-	if b := p.opts.BindAddress; b.IsValid() && !(b.IsUnspecified() && p.unsupportedFamily() == "IPv6") {
+	if b := p.opts.BindAddress; b.IsValid() && !(b.IsUnspecified() && p.unsupportedFamily() == ipv6Family) {
 		// "::" too: sockets then listen on every address of both
 		// families, which "0.0.0.0" (shown for it before) hid.
 		return b.String()
@@ -871,7 +871,7 @@ func (p *Proxier) listenAddrOf(info *servicePortInfo) netip.Addr {
 	switch {
 	case b.IsValid() && !b.IsUnspecified():
 		return b
-	case p.unsupportedFamily() == "IPv6":
+	case p.unsupportedFamily() == ipv6Family:
 		return netip.IPv4Unspecified()
 	case info.hasIPv6() || b.Is6():
 		return netip.IPv6Unspecified()
@@ -1048,7 +1048,7 @@ func (p *Proxier) syncPortals(full bool) (ok, repaired bool) {
 		s       PortalSyncer
 		portals []iptables.Portal
 		family  string
-	}{{p.opts.IPv4Portals, v4, "IPv4"}, {p.opts.IPv6Portals, v6, "IPv6"}} {
+	}{{p.opts.IPv4Portals, v4, ipv4Family}, {p.opts.IPv6Portals, v6, ipv6Family}} {
 		if f.s == nil {
 			continue
 		}

@@ -3,6 +3,7 @@ package proxier
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -11,6 +12,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 )
 
 // kube-proxy's sync series that dashboards and alerts read beside
@@ -214,5 +216,37 @@ func TestSyncMetricsCarryIPFamily(t *testing.T) {
 	}
 	if n := got["kubeproxy_sync_proxy_rules_no_local_endpoints_total"]; len(n) != 2 {
 		t.Errorf("no_local_endpoints families %v, want IPv4 and IPv6", n)
+	}
+}
+
+// noLocalPorts.add counts each family of a port's endpoints on its own,
+// as kube-proxy's per-family proxiers do: a dual-stack port whose IPv4
+// endpoint is here and whose IPv6 endpoint is elsewhere has no local IPv6
+// endpoint only; a family without a servable endpoint is not counted.
+func TestNoLocalPortsPerFamily(t *testing.T) {
+	ep := func(addr, node string, ready bool) loadbalancer.Endpoint {
+		return loadbalancer.Endpoint{Addr: netip.MustParseAddrPort(addr), NodeName: node, Ready: ready}
+	}
+	both := trafficPolicy{internalLocal: true, externalLocal: true}
+	for _, tc := range []struct {
+		name   string
+		policy trafficPolicy
+		eps    []loadbalancer.Endpoint
+		want   noLocalPorts
+	}{
+		{"v4 here, v6 elsewhere", both, []loadbalancer.Endpoint{ep("10.1.0.1:80", "me", true), ep("[fd00::1]:80", "other", true)},
+			noLocalPorts{{0, 0}, {1, 1}}},
+		{"both elsewhere, external only", trafficPolicy{externalLocal: true}, []loadbalancer.Endpoint{ep("10.1.0.1:80", "other", true), ep("[fd00::1]:80", "other", true)},
+			noLocalPorts{{0, 1}, {0, 1}}},
+		{"v6 not servable", both, []loadbalancer.Endpoint{ep("10.1.0.1:80", "other", true), ep("[fd00::1]:80", "other", false)},
+			noLocalPorts{{1, 1}, {0, 0}}},
+		{"mapped v4 counts as v4", both, []loadbalancer.Endpoint{ep("[::ffff:10.1.0.1]:80", "other", true)},
+			noLocalPorts{{1, 1}, {0, 0}}},
+		{"cluster policies", trafficPolicy{}, []loadbalancer.Endpoint{ep("10.1.0.1:80", "other", true)},
+			noLocalPorts{}},
+	} {
+		if got := (noLocalPorts{}).add(tc.policy, tc.eps, "me"); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }
