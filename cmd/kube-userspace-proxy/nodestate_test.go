@@ -22,16 +22,7 @@ import (
 // informer's first list holding no Node is that case; the Node appearing
 // later makes it eligible.
 func TestHealthzNodeMissingIsNotEligible(t *testing.T) {
-	m := proxier.NewMetrics()
-	p := proxier.New(proxier.Options{Metrics: m, Faults: faults.NewTable(0, 0, faults.NewMetrics(m.Registry))})
-	h := healthcheck.NewProxierHealth(clock.RealClock{}, time.Minute)
-	h.Updated()
-	n := nodeState{h, p, nil, new(atomic.Bool)}
-	healthz := func() (int, string) {
-		rec := httptest.NewRecorder()
-		h.Handler(false, nil).ServeHTTP(rec, httptest.NewRequest("GET", "/healthz", nil))
-		return rec.Code, rec.Body.String()
-	}
+	n, healthz := testNodeState()
 	n.OnNodeSynced() // the informer listed no Node of this name
 	if code, body := healthz(); code != http.StatusServiceUnavailable || !strings.Contains(body, `"nodeEligible":false`) {
 		t.Errorf("no Node: /healthz %d %s, want 503 with nodeEligible false, as kube-proxy's", code, body)
@@ -48,16 +39,24 @@ func TestHealthzNodeMissingIsNotEligible(t *testing.T) {
 
 // A Node the informer listed before it synced stays eligible.
 func TestHealthzNodePresentAtSyncIsEligible(t *testing.T) {
+	n, healthz := testNodeState()
+	n.OnNodeChange(config.NodeInfo{Name: "node-a", Zone: "z"})
+	n.OnNodeSynced()
+	if code, body := healthz(); code != http.StatusOK {
+		t.Errorf("/healthz %d %s, want 200", code, body)
+	}
+}
+
+// testNodeState is a nodeState over a synced health server, and a GET of
+// its /healthz.
+func testNodeState() (nodeState, func() (int, string)) {
 	m := proxier.NewMetrics()
 	p := proxier.New(proxier.Options{Metrics: m, Faults: faults.NewTable(0, 0, faults.NewMetrics(m.Registry))})
 	h := healthcheck.NewProxierHealth(clock.RealClock{}, time.Minute)
 	h.Updated()
-	n := nodeState{h, p, nil, new(atomic.Bool)}
-	n.OnNodeChange(config.NodeInfo{Name: "node-a", Zone: "z"})
-	n.OnNodeSynced()
-	rec := httptest.NewRecorder()
-	h.Handler(false, nil).ServeHTTP(rec, httptest.NewRequest("GET", "/healthz", nil))
-	if rec.Code != http.StatusOK {
-		t.Errorf("/healthz %d %s, want 200", rec.Code, rec.Body.String())
+	return nodeState{h, p, nil, new(atomic.Bool)}, func() (int, string) {
+		rec := httptest.NewRecorder()
+		h.Handler(false, nil).ServeHTTP(rec, httptest.NewRequest("GET", "/healthz", nil))
+		return rec.Code, rec.Body.String()
 	}
 }

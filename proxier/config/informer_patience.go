@@ -152,14 +152,14 @@ func (w cancelOnStop) Stop() {
 // WatchWithContext's watch goes on across the ends of its streams (see
 // resumableWatch), so that the reflector does not back off at each.
 func (p *patientListWatch) WatchWithContext(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-	w, err := patiently(ctx, p, func() (watch.Interface, error) { return p.watchRaced(ctx, opts) })
+	w, err := p.patientWatch(ctx, opts)
 	if err != nil || w == nil {
 		return w, err
 	}
 	resume := func(ctx context.Context, rv string) (watch.Interface, error) {
 		o := opts
 		o.ResourceVersion, o.ResourceVersionMatch, o.SendInitialEvents, o.AllowWatchBookmarks = rv, "", nil, true
-		return patiently(ctx, p, func() (watch.Interface, error) { return p.watchRaced(ctx, o) })
+		return p.patientWatch(ctx, o)
 	}
 	// A resume the server cannot serve (410) streams every object again, as
 	// the watch-list the reflector began with did.
@@ -168,10 +168,15 @@ func (p *patientListWatch) WatchWithContext(ctx context.Context, opts metav1.Lis
 		relist = func(ctx context.Context, rv string) (watch.Interface, error) {
 			o := opts
 			o.ResourceVersion, o.ResourceVersionMatch, o.AllowWatchBookmarks = rv, metav1.ResourceVersionMatchNotOlderThan, true
-			return patiently(ctx, p, func() (watch.Interface, error) { return p.watchRaced(ctx, o) })
+			return p.patientWatch(ctx, o)
 		}
 	}
 	return newResumableWatch(ctx, w, opts, p.what, resume, relist), nil
+}
+
+// patientWatch is one inner watch, made patiently and raced.
+func (p *patientListWatch) patientWatch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	return patiently(ctx, p, func() (watch.Interface, error) { return p.watchRaced(ctx, opts) })
 }
 
 // List and Watch complete cache.ListerWatcher; reflectors call the context forms.
