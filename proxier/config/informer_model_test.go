@@ -261,12 +261,7 @@ func (s *fakeStream) run(ctx context.Context, pre []watch.Event, pos int) {
 		}
 		select {
 		case lost := <-s.ended:
-			if lost {
-				select {
-				case s.result <- streamLost():
-				case <-s.stop:
-				}
-			}
+			s.endWith(lost)
 			return
 		case <-s.stop:
 			return
@@ -281,13 +276,19 @@ func (s *fakeStream) run(ctx context.Context, pre []watch.Event, pos int) {
 func (s *fakeStream) drainEnd() {
 	select {
 	case lost := <-s.ended:
-		if lost {
-			select {
-			case s.result <- streamLost():
-			case <-s.stop:
-			}
-		}
+		s.endWith(lost)
 	default:
+	}
+}
+
+// endWith ends the stream as a cut decided: lost, with the lost-stream
+// error; else closed.
+func (s *fakeStream) endWith(lost bool) {
+	if lost {
+		select {
+		case s.result <- streamLost():
+		case <-s.stop:
+		}
 	}
 }
 
