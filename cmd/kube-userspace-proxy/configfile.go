@@ -118,6 +118,9 @@ func (o *options) applyConfig(cfg *configFile, fs *pflag.FlagSet) {
 	set("kube-api-qps", "clientConnection.qps", cc.QPS != 0, func() { o.kubeAPIQPS = cc.QPS })
 	set("kube-api-burst", "clientConnection.burst", cc.Burst != 0, func() { o.kubeAPIBurst = int(cc.Burst) })
 	set("kube-api-content-type", "clientConnection.contentType", cc.ContentType != "", func() { o.kubeAPIContentType = cc.ContentType })
+	// No flag sets it, as in kube-proxy: the file's, as kube-proxy's
+	// createClient applies it (it was named as not acted on).
+	o.kubeAPIAcceptContentTypes = cc.AcceptContentTypes
 	if cfg.UDPIdleTimeout != nil {
 		duration("udp-timeout", "udpIdleTimeout", *cfg.UDPIdleTimeout, &o.udpTimeout)
 	}
@@ -171,7 +174,6 @@ func ignoredConfigFields(c *kubeproxyconfig.KubeProxyConfiguration) []string {
 	note(c.IPTables.MasqueradeAll, "iptables.masqueradeAll")
 	note(c.IPTables.MasqueradeBit != nil, "iptables.masqueradeBit")
 	note(c.IPTables.LocalhostNodePorts != nil && !*c.IPTables.LocalhostNodePorts, "iptables.localhostNodePorts")
-	note(c.ClientConnection.AcceptContentTypes != "", "clientConnection.acceptContentTypes")
 	// component-base's logging options, whose flags (--log-flush-frequency,
 	// --log-text-split-stream, ...) are named when given: set in the file
 	// they were ignored in silence. kubeadm writes a zero flush frequency,

@@ -50,7 +50,11 @@ func (o *options) effectiveConfig() configFile {
 	if c.ClientConnection.ContentType == "" {
 		c.ClientConnection.ContentType = config.ContentType
 	}
-	c.ClientConnection.AcceptContentTypes = config.AcceptContentTypes
+	// What the client asks for (client-go's Accept without one set).
+	c.ClientConnection.AcceptContentTypes = o.acceptContentTypes()
+	if c.ClientConnection.AcceptContentTypes == "" {
+		c.ClientConnection.AcceptContentTypes = c.ClientConnection.ContentType + ", */*"
+	}
 	c.IPTables.SyncPeriod = metav1.Duration{Duration: o.syncPeriod}
 	c.IPTables.MinSyncPeriod = metav1.Duration{Duration: o.effectiveMinSyncPeriod()}
 	// klog's -v in force, as kube-proxy's /configz shows its logging
@@ -150,9 +154,9 @@ func pingCheckHandler() http.Handler {
 // as the same configuration, given the same flags of this proxy's own.
 func (o *options) writeConfig(path string) error {
 	c := o.effectiveConfig()
-	// What this proxy's client accepts is not configurable here: written,
-	// the field read back as one "not implemented".
-	c.ClientConnection.AcceptContentTypes = ""
+	// The value given, not the one in force: read back, one derived from
+	// the content type would outlive a change of the content type.
+	c.ClientConnection.AcceptContentTypes = o.kubeAPIAcceptContentTypes
 	// A disabled server, "" in force, is defaulted when read back, by
 	// kube-proxy as here: it came back on.
 	c.HealthzBindAddress = disabledIfEmpty(c.HealthzBindAddress)

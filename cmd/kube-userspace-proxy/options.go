@@ -106,6 +106,10 @@ type options struct {
 	logVerbosity uint32
 	// logVModule is klog's -vmodule in force (pattern=N,...), likewise.
 	logVModule string
+	// kubeAPIAcceptContentTypes is --config's clientConnection.
+	// acceptContentTypes (kube-proxy has no flag for it); "" follows the
+	// content type (see acceptContentTypes).
+	kubeAPIAcceptContentTypes string
 }
 
 func newOptions() *options {

@@ -291,11 +291,30 @@ func apiClient(o *options) (kubernetes.Interface, error) {
 	if o.kubeAPIContentType != "" {
 		cfg.ContentType = o.kubeAPIContentType
 	}
+	cfg.AcceptContentTypes = o.acceptContentTypes()
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("API server client: %w", err)
 	}
 	return client, nil
+}
+
+// acceptContentTypes is what the API client asks the server for, as
+// kube-proxy's createClient sets it: clientConnection.acceptContentTypes
+// when the file gives it; else protobuf, JSON as its fallback, for the
+// protobuf content type (what client-go asks for by default), and nothing
+// for another, which client-go sends as "TYPE, */*". It was protobuf
+// whatever the content type: --kube-api-content-type application/json
+// changed only the events' bodies, lists and watches still came back
+// protobuf.
+func (o *options) acceptContentTypes() string {
+	switch {
+	case o.kubeAPIAcceptContentTypes != "":
+		return o.kubeAPIAcceptContentTypes
+	case o.kubeAPIContentType == "" || o.kubeAPIContentType == config.ContentType:
+		return config.AcceptContentTypes
+	}
+	return ""
 }
 
 // nodeState follows this node's Node object: its deletion makes /healthz

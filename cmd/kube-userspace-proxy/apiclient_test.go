@@ -1,0 +1,78 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// The API client asks for what --kube-api-content-type (clientConnection.
+// contentType) and clientConnection.acceptContentTypes say, as kube-proxy's
+// createClient sets them: the Accept header was pinned to protobuf, so a
+// content type of application/json changed only the bodies sent (events)
+// and every list and watch still came back protobuf, and acceptContentTypes
+// was ignored.
+func TestAPIClientAcceptFollowsContentTypes(t *testing.T) {
+	var mu sync.Mutex
+	var accept string
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		accept = r.Header.Get("Accept")
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"kind":"ServiceList","apiVersion":"v1","metadata":{},"items":[]}`))
+	}))
+	defer api.Close()
+	file := func(clientConnection string) string {
+		path := filepath.Join(t.TempDir(), "config.yaml")
+		if err := os.WriteFile(path, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"+
+			"clientConnection: "+clientConnection+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		// want is the Accept header's first media type; protobuf whether
+		// protobuf may be answered.
+		want     string
+		protobuf bool
+	}{
+		{"default", nil, "application/vnd.kubernetes.protobuf", true},
+		{"flag json", []string{"--kube-api-content-type", "application/json"}, "application/json", false},
+		{"file json", []string{"--config", file("{contentType: application/json}")}, "application/json", false},
+		{"file accept json", []string{"--config", file("{acceptContentTypes: application/json}")}, "application/json", false},
+		{"flag protobuf over file json", []string{"--config", file("{contentType: application/json}"),
+			"--kube-api-content-type", "application/vnd.kubernetes.protobuf"}, "application/vnd.kubernetes.protobuf", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := parsedOptions(t, append([]string{"--master", api.URL}, tc.args...))
+			client, err := apiClient(o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := client.CoreV1().Services("").List(context.Background(), metav1.ListOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			mu.Lock()
+			got := accept
+			mu.Unlock()
+			first, _, _ := strings.Cut(got, ",")
+			if first != tc.want || strings.Contains(got, "protobuf") != tc.protobuf {
+				t.Errorf("Accept %q: want it to start with %s, protobuf accepted %v", got, tc.want, tc.protobuf)
+			}
+			// /configz shows what is asked for.
+			if shown := o.effectiveConfig().ClientConnection.AcceptContentTypes; shown != got {
+				t.Errorf("/configz acceptContentTypes %q, the client sends %q", shown, got)
+			}
+		})
+	}
+}
