@@ -76,3 +76,53 @@ func TestAPIClientAcceptFollowsContentTypes(t *testing.T) {
 		})
 	}
 }
+
+// --init-only builds the API client, as kube-proxy's does (newProxyServer
+// calls createClient before --init-only returns): an init container whose
+// client cannot be built (a kubeconfig without a usable context or server,
+// the in-cluster token missing) exited 0, and the proxy then exited 1.
+func TestInitOnlyBuildsTheAPIClient(t *testing.T) {
+	dir := t.TempDir()
+	kubeconfig := func(name, currentContext string) string {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte("apiVersion: v1\nkind: Config\n"+
+			"clusters: [{name: c, cluster: {server: \"https://127.0.0.1:1\"}}]\n"+
+			"users: [{name: u, user: {token: t}}]\n"+
+			"contexts: [{name: x, context: {cluster: c, user: u}}]\n"+
+			"current-context: "+currentContext+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  bool // in a "pod": KUBERNETES_SERVICE_HOST/PORT set
+		code int
+		want string // in stderr
+	}{
+		{"usable kubeconfig", []string{"--kubeconfig", kubeconfig("good", "x")}, false, 0, ""},
+		{"no such context", []string{"--kubeconfig", kubeconfig("bad", "missing")}, false, 1, `context was not found for specified context: missing`},
+		{"master alone", []string{"--master", "https://127.0.0.1:1"}, false, 0, ""},
+		{"in-cluster without a token", nil, true, 1, "serviceaccount/token"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			host, port := "", ""
+			if tc.env {
+				if _, err := os.Stat("/var/run/secrets/kubernetes.io/serviceaccount/token"); err == nil {
+					t.Skip("running in a pod: its token is there")
+				}
+				host, port = "127.0.0.1", "6443"
+			}
+			t.Setenv("KUBERNETES_SERVICE_HOST", host)
+			t.Setenv("KUBERNETES_SERVICE_PORT", port)
+			var code int
+			stderr := capture(t, &os.Stderr, func() {
+				code = runMain(append([]string{"--iptables=false", "--init-only"}, tc.args...))
+			})
+			if code != tc.code || !strings.Contains(stderr, tc.want) {
+				t.Errorf("exit %d, stderr %q; want %d and %q", code, stderr, tc.code, tc.want)
+			}
+		})
+	}
+}

@@ -114,6 +114,17 @@ func runMain(args []string) int {
 		return 0
 	}
 	if o.initOnly {
+		// As kube-proxy's, which builds its API client before --init-only
+		// returns (no request is made): a client that cannot be built (a
+		// kubeconfig without a usable context or server, the in-cluster
+		// token or CA missing) fails the init container, not the start
+		// after it.
+		if o.manifests == "" {
+			if _, err := apiClient(o); err != nil {
+				fmt.Fprintf(os.Stderr, "kube-userspace-proxy: %v\n", err)
+				return 1
+			}
+		}
 		klog.InfoS("--init-only: this proxy has no privileged initialisation to do; exiting")
 		return 0
 	}
