@@ -335,7 +335,7 @@ func raced[T any](ctx context.Context, p *patientListWatch, call func(context.Co
 func untilAllowed[T any](ctx context.Context, p *patientListWatch, call func() (T, error), err error) (T, error) {
 	var v T
 	began, logged := time.Now(), time.Now()
-	klog.ErrorS(err, "API server refused the informer; retrying every second (a server that just restarted, or a missing RBAC grant)", "informer", p.what)
+	klog.ErrorS(err, "API server refused the informer; retrying every second (a server that just restarted, or "+refusalCause(err)+")", "informer", p.what)
 	tick := time.NewTicker(p.refusedEvery)
 	defer tick.Stop()
 	for {
@@ -352,7 +352,7 @@ func untilAllowed[T any](ctx context.Context, p *patientListWatch, call func() (
 			return v, err // the reflector's (or the next call's) to handle
 		}
 		if time.Since(began) >= p.refusedFor {
-			klog.ErrorS(err, "API server still refuses the informer (a missing RBAC grant?): it lists again and retries, backing off, as kube-proxy's informers do; with list allowed but not watch, the lists alone keep it up to date", "informer", p.what, "waited", time.Since(began).Round(time.Second))
+			klog.ErrorS(err, "API server still refuses the informer ("+refusalCause(err)+"?): it lists again and retries, backing off, as kube-proxy's informers do; with list allowed but not watch, the lists alone keep it up to date", "informer", p.what, "waited", time.Since(began).Round(time.Second))
 			return v, err
 		}
 		if time.Since(logged) >= p.logEvery {
@@ -360,6 +360,17 @@ func untilAllowed[T any](ctx context.Context, p *patientListWatch, call func() (
 			logged = time.Now()
 		}
 	}
+}
+
+// refusalCause is what a lasting refusal suggests: a 403 a missing RBAC
+// grant; a 401 the credentials, never RBAC (kube-apiserver's 401 says
+// only "Unauthorized"; an expired client certificate or a revoked token
+// was logged as "a missing RBAC grant").
+func refusalCause(err error) string {
+	if apierrors.IsUnauthorized(err) {
+		return "credentials it does not accept: a token expired or revoked, a client certificate expired or not signed by its client CA"
+	}
+	return "a missing RBAC grant"
 }
 
 // refused reports a 401 or 403.

@@ -3,6 +3,7 @@ package config
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +14,9 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/lockedbuf"
 )
 
 var watchForbidden = apierrors.NewForbidden(schema.GroupResource{Group: "discovery.k8s.io", Resource: "endpointslices"}, "",
@@ -59,4 +63,43 @@ func TestInformerSourceListWithoutWatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.waitFor(t, "slice add ns/a-2")
+}
+
+// A 401 is the credentials (a token revoked or expired, a client
+// certificate expired), never RBAC: its log lines said "a missing RBAC
+// grant", and kube-apiserver's 401 says only "Unauthorized", so an expired
+// certificate sent the operator to the ClusterRole. A 403 keeps the RBAC
+// hint.
+func TestRefusalHintByCode(t *testing.T) {
+	captureKlog(t)
+	for _, tc := range []struct {
+		name      string
+		err       error
+		want, not string
+	}{
+		{"401", apierrors.NewUnauthorized("Unauthorized"), "credentials", "RBAC"},
+		{"403", watchForbidden, "RBAC", "credentials"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			logs := &lockedbuf.Buffer{}
+			klog.SetOutput(logs)
+			inner := &cache.ListWatch{WatchFuncWithContext: func(context.Context, metav1.ListOptions) (watch.Interface, error) {
+				return nil, tc.err
+			}}
+			p := newPatientListWatch(inner, func(context.Context) bool { return true }, "services")
+			p.refusedEvery = 5 * time.Millisecond
+			p.refusedFor = 30 * time.Millisecond
+			if _, err := p.WatchWithContext(context.Background(), metav1.ListOptions{}); err == nil {
+				t.Fatal("a lasting refusal was not handed over")
+			}
+			klog.Flush()
+			got := logs.String()
+			if !strings.Contains(got, "refused the informer") || !strings.Contains(got, "still refuses the informer") {
+				t.Fatalf("logs lack the refusal lines:\n%s", got)
+			}
+			if !strings.Contains(got, tc.want) || strings.Contains(got, tc.not) {
+				t.Errorf("a %s: want %q named and not %q:\n%s", tc.name, tc.want, tc.not, got)
+			}
+		})
+	}
 }
