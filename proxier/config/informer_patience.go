@@ -222,7 +222,7 @@ func patiently[T any](ctx context.Context, p *patientListWatch, call func() (T, 
 	began, tried, logged := time.Now(), time.Now(), time.Now()
 	if badCertificate(err) {
 		// Not an outage that passes: the kubeconfig's CA or server name.
-		klog.ErrorS(err, "API server's certificate does not verify: check the kubeconfig's certificate authority and the server name (--master); retrying", "informer", p.what)
+		klog.ErrorS(err, "API server's certificate does not verify: check the certificate authority (the kubeconfig's, or the service account's ca.crt in a pod) and the server name (--master); retrying", "informer", p.what)
 	} else {
 		klog.InfoS("API server not ready; waiting for it before retrying", "informer", p.what, "err", err)
 	}
@@ -254,7 +254,11 @@ func patiently[T any](ctx context.Context, p *patientListWatch, call func() (T, 
 			}
 			tried = time.Now()
 			if time.Since(logged) >= p.logEvery && ctx.Err() == nil {
-				klog.ErrorS(err, "API server still unreachable; retrying", "informer", p.what, "waited", time.Since(began).Round(time.Second))
+				msg := "API server still unreachable; retrying"
+				if badCertificate(err) { // not an outage: said as the first line said it
+					msg = "API server's certificate still does not verify; retrying"
+				}
+				klog.ErrorS(err, msg, "informer", p.what, "waited", time.Since(began).Round(time.Second))
 				logged = time.Now()
 			}
 		}

@@ -2,7 +2,9 @@ package config
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -101,5 +103,29 @@ func TestRefusalHintByCode(t *testing.T) {
 				t.Errorf("a %s: want %q named and not %q:\n%s", tc.name, tc.want, tc.not, got)
 			}
 		})
+	}
+}
+
+// A server certificate that does not verify is said as such for as long
+// as it lasts: the line every 30 s after the first said "API server still
+// unreachable", as if it were an outage.
+func TestBadCertificateStaysNamed(t *testing.T) {
+	captureKlog(t)
+	logs := &lockedbuf.Buffer{}
+	klog.SetOutput(logs)
+	badCert := &url.Error{Op: "Get", URL: "https://127.0.0.1:6443/api/v1/services", Err: x509.UnknownAuthorityError{}}
+	inner := &cache.ListWatch{WatchFuncWithContext: func(context.Context, metav1.ListOptions) (watch.Interface, error) {
+		return nil, badCert
+	}}
+	p := newPatientListWatch(inner, func(context.Context) bool { return false }, "services")
+	p.maxWait, p.logEvery = time.Millisecond, time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+	defer cancel()
+	_, _ = p.WatchWithContext(ctx, metav1.ListOptions{})
+	klog.Flush()
+	got := logs.String()
+	if !strings.Contains(got, "certificate does not verify") || !strings.Contains(got, "certificate still does not verify") ||
+		strings.Contains(got, "unreachable") {
+		t.Errorf("want the certificate named in the first line and the next, not an outage:\n%s", got)
 	}
 }
