@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
@@ -246,6 +247,11 @@ func read(ctx context.Context, o *options, v *validated, timeout time.Duration, 
 		msg := fmt.Sprintf("kube-userspace-proxy explain: %s did not answer within %s (--timeout)", where, timeout)
 		if last := (*config.NotSyncedError)(nil); errors.As(err, &last) && last.Last != nil {
 			msg += "; last error: " + last.Last.Error()
+			// A refusal is an answer: credentials it does not accept
+			// (401) or a grant missing (403) read as an outage.
+			if apierrors.IsUnauthorized(last.Last) || apierrors.IsForbidden(last.Last) {
+				msg = fmt.Sprintf("kube-userspace-proxy explain: %s refused the reads for %s (--timeout): %v", where, timeout, last.Last)
+			}
 		}
 		fmt.Fprintln(os.Stderr, msg)
 		return 1

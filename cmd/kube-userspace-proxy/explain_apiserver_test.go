@@ -74,6 +74,27 @@ func TestExplainUnreachableAPIServerGivesUp(t *testing.T) {
 	}
 }
 
+// An API server that refuses the reads (401, 403) answered: explain says it
+// refused them, not that it "did not answer" (review: an expired client
+// certificate read as an outage).
+func TestExplainRefusedReadsSaidAsRefused(t *testing.T) {
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusUnauthorized)
+		_, _ = w.Write([]byte(`{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"Unauthorized","reason":"Unauthorized","code":401}`))
+	}))
+	defer api.Close()
+	cmd, _, stderr := explainCommand(t, "--master", api.URL, "--timeout", "2s")
+	if code := waitExit(t, cmd, 20*time.Second, stderr); code != 1 {
+		t.Errorf("exit %d, want 1", code)
+	}
+	got := stderr.String()
+	want := "the API server at " + api.URL + " refused the reads for 2s (--timeout): Unauthorized\n"
+	if !strings.Contains(got, want) || strings.Contains(got, "did not answer") {
+		t.Errorf("stderr lacks %q (or says it did not answer):\n%s", want, got)
+	}
+}
+
 // Ctrl-C while waiting for the API server: "interrupted" and a non-zero
 // exit, without client-go's "Unable to sync caches" (UnhandledError) line
 // or "context canceled".
