@@ -126,3 +126,16 @@ func TestInitOnlyBuildsTheAPIClient(t *testing.T) {
 		})
 	}
 }
+
+// KUBECONFIG is not read, as kube-proxy does not read it (--kubeconfig
+// only): with it set and no flag, the no-source error says so, instead of
+// leaving a kubectl user to wonder why the file was not taken.
+func TestNoSourceNamesKUBECONFIG(t *testing.T) {
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	t.Setenv("KUBECONFIG", "/etc/kubernetes/proxy.conf")
+	var code int
+	stderr := capture(t, &os.Stderr, func() { code = runMain([]string{"--iptables=false"}) })
+	if code != exitUsage || !strings.Contains(stderr, "KUBECONFIG is not read") || !strings.Contains(stderr, "--kubeconfig /etc/kubernetes/proxy.conf") {
+		t.Errorf("exit %d, stderr %q; want %d and KUBECONFIG named", code, stderr, exitUsage)
+	}
+}

@@ -512,8 +512,14 @@ func (o *options) validate() (*validated, error) {
 		case sources > 1:
 			add("--manifests cannot be combined with --kubeconfig/--master: choose one source")
 		case sources == 0 && os.Getenv("KUBERNETES_SERVICE_HOST") == "" && o.writeConfigTo == "":
-			add("no source: give --manifests PATH, or --kubeconfig/--master for an API server (or run in a pod); " +
-				"try `kube-userspace-proxy demo` for a self-contained demonstration")
+			msg := "no source: give --manifests PATH, or --kubeconfig/--master for an API server (or run in a pod); " +
+				"try `kube-userspace-proxy demo` for a self-contained demonstration"
+			// As kube-proxy, only --kubeconfig names one: a kubectl
+			// user's KUBECONFIG looked taken.
+			if env := os.Getenv("KUBECONFIG"); env != "" {
+				msg += fmt.Sprintf(" (KUBECONFIG is not read, as by kube-proxy: give --kubeconfig %s)", env)
+			}
+			add("%s", msg)
 		}
 	}
 	if len(errs) > 0 {
