@@ -139,3 +139,29 @@ func TestNoSourceNamesKUBECONFIG(t *testing.T) {
 		t.Errorf("exit %d, stderr %q; want %d and KUBECONFIG named", code, stderr, exitUsage)
 	}
 }
+
+// --kube-api-burst 0 beside a positive QPS cannot make a client (client-go:
+// "burst is required to be greater than 0 when RateLimiter is not set and
+// QPS is set to greater than 0"): a flag error (exit 2), not the exit 1 at
+// the client's start it was, after validation passed. A QPS of 0 (client-
+// go's defaults for both) or a negative one (no limiter) takes it.
+func TestKubeAPIBurstZero(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		ok   bool
+	}{
+		{[]string{"--kube-api-burst", "0"}, false},
+		{[]string{"--kube-api-burst", "0", "--kube-api-qps", "0"}, true},
+		{[]string{"--kube-api-burst", "0", "--kube-api-qps", "-1"}, true},
+	} {
+		o := parsedOptions(t, append([]string{"--master", "https://127.0.0.1:1"}, tc.args...))
+		_, verr := o.validate()
+		_, cerr := apiClient(o)
+		if (verr == nil) != tc.ok || cerr != nil && verr == nil {
+			t.Errorf("%q: validation %v, client %v; want valid %v, and a client whenever valid", tc.args, verr, cerr, tc.ok)
+		}
+		if !tc.ok && (verr == nil || !strings.Contains(verr.Error(), "--kube-api-burst")) {
+			t.Errorf("%q: validation %v, want --kube-api-burst named", tc.args, verr)
+		}
+	}
+}

@@ -326,6 +326,12 @@ func (o *options) validate() (*validated, error) {
 	if o.kubeAPIBurst < 0 {
 		add("--kube-api-burst must not be negative, got %d", o.kubeAPIBurst)
 	}
+	// client-go makes no client of a positive QPS without a burst (a 0
+	// from --config is unset, the default 10): it was exit 1 as the client
+	// started, after --init-only and validation said all was well.
+	if o.kubeAPIBurst == 0 && o.kubeAPIQPS > 0 {
+		add("--kube-api-burst must be greater than 0 when --kube-api-qps is (%v): client-go needs a burst to rate-limit", o.kubeAPIQPS)
+	}
 	if o.configSyncPeriod <= 0 {
 		add("--config-sync-period must be greater than 0, got %v", o.configSyncPeriod)
 	}
