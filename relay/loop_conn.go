@@ -797,6 +797,14 @@ func (c *LoopConn) directionEnded(d *loopDir) {
 // goroutine relay does (whomToReset); a bound that ran out is abort's.
 func (c *LoopConn) failed(d *loopDir, err error) {
 	resetSrc, resetDst := whomToReset(err, false)
+	if resetSrc && !resetDst {
+		// d's peer reset while d wrote to it: what that peer sent before
+		// its reset (an HTTP server's early answer to an upload it will
+		// not read) waits unread on its socket, and a reset of d's
+		// source now would drop it, where without a proxy it reaches
+		// that client ahead of the reset.
+		c.salvage(c.other(d))
+	}
 	if resetSrc {
 		setLinger0(c.fds[d.src])
 	}
@@ -804,6 +812,23 @@ func (c *LoopConn) failed(d *loopDir, err error) {
 		setLinger0(c.fds[d.dst])
 	}
 	c.finish()
+}
+
+// salvage moves what d's source sent before it reset to d's destination,
+// as far as that takes it without waiting (a turn's budget at most); the
+// reset is passed on after it. A read after a reset returns the bytes
+// queued ahead of it first.
+func (c *LoopConn) salvage(d *loopDir) {
+	if d.done || c.fds[d.src] < 0 || c.fds[d.dst] < 0 {
+		return
+	}
+	c.readable[d.src], c.writable[d.dst] = true, true
+	for range turnBudget {
+		moved, err := c.step(d)
+		if err != nil || !moved {
+			return
+		}
+	}
 }
 
 // stop ends the connection as its loop stops: as abort, but a dial still
