@@ -271,6 +271,35 @@ func TestDecodeManifestsDeepListNesting(t *testing.T) {
 	}
 }
 
+// An object with thousands of invalid fields is one error of bounded
+// length: its first failures and how many more. Every one was listed: a
+// Service with 10,000 bad externalIPs (a 70 KB document) was a 588 KB log
+// line at each change, and the 64 MiB a manifest file may hold made one of
+// hundreds of MB.
+func TestDecodeManifestsManyFieldErrorsBounded(t *testing.T) {
+	const n = 10000
+	bad := make([]string, n)
+	for i := range bad {
+		bad[i] = fmt.Sprintf("x%d", i)
+	}
+	data := svcHead + "  clusterIP: 10.96.0.61\n  ports:\n  - port: 80\n  externalIPs: [" + strings.Join(bad, ",") + "]\n"
+	got, errs := DecodeManifests("many.yaml", []byte(data))
+	if len(got) != 0 || len(errs) != 1 {
+		t.Fatalf("got %d objects and errors %d, want one error", len(got), len(errs))
+	}
+	msg := errs[0].Error()
+	for _, want := range []string{`spec.externalIPs[0]: "x0" is not a valid IP address; `,
+		fmt.Sprintf(`spec.externalIPs[%d]: "x%d" is not a valid IP address`, maxFieldErrors-1, maxFieldErrors-1),
+		fmt.Sprintf("; and %d more", n-maxFieldErrors)} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error does not contain %q: %.300s...", want, msg)
+		}
+	}
+	if len(msg) > 2000 {
+		t.Errorf("error of %d bytes for %d invalid fields", len(msg), n)
+	}
+}
+
 func sliceYAML(name, addressType, addr string) string {
 	return `apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice

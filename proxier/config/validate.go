@@ -31,6 +31,12 @@ const maxAffinityTimeoutSeconds = 86400
 // fieldErrors collects validation failures of one object.
 type fieldErrors []*fieldError
 
+// maxFieldErrors is how many of an object's failures its error lists; the
+// rest are counted. Listed whole, 10,000 bad externalIPs were a 588 KB log
+// line at each change of the file (and a 64 MiB file could make one of
+// hundreds of MB).
+const maxFieldErrors = 10
+
 func (fe *fieldErrors) add(path *field.Path, format string, args ...any) {
 	*fe = append(*fe, &fieldError{Path: path.String(), Msg: fmt.Sprintf(format, args...)})
 }
@@ -46,9 +52,12 @@ func (fe fieldErrors) err() error {
 	if len(fe) == 0 {
 		return nil
 	}
-	msgs := make([]string, len(fe))
-	for i, e := range fe {
-		msgs[i] = e.Error()
+	msgs := make([]string, 0, min(len(fe), maxFieldErrors+1))
+	for _, e := range fe[:min(len(fe), maxFieldErrors)] {
+		msgs = append(msgs, e.Error())
+	}
+	if more := len(fe) - maxFieldErrors; more > 0 {
+		msgs = append(msgs, fmt.Sprintf("and %d more", more))
 	}
 	return &fieldError{Msg: strings.Join(msgs, "; ")}
 }
