@@ -291,7 +291,10 @@ const maxPortTries = 16
 // maxPortTries in a segment the next segment is tried (the ports above the
 // ephemeral range may be crowded by other listeners while those below it
 // are free), and after the last the kernel chooses. With an explicit range
-// a failed listen releases the port and fails (the next sync retries).
+// such a port is skipped too, for another free port of the range, up to
+// maxPortTries of them; when none is left the last listen's error is
+// returned (the next sync retries). It failed at once before, and the
+// port, released, was handed to the next service port of the same sync.
 func (a *PortAllocator) Open(listen func(port int) (proxySocket, error)) (proxySocket, error) {
 	// Ports others hold stay marked until Open returns, so one Open does
 	// not try them twice.
@@ -302,9 +305,13 @@ func (a *PortAllocator) Open(listen func(port int) (proxySocket, error)) (proxyS
 		}
 	}()
 	skip, triesInSegment := 0, 0
+	var heldErr error // the last listen on a port another process holds
 	for {
 		port, err := a.allocateFrom(skip)
 		if err != nil {
+			if heldErr != nil && errors.Is(err, ErrPortRangeExhausted) {
+				return nil, heldErr // the free ports are all someone else's
+			}
 			return nil, err
 		}
 		if port == 0 && len(held) > 0 {
@@ -314,8 +321,7 @@ func (a *PortAllocator) Open(listen func(port int) (proxySocket, error)) (proxyS
 		if err == nil {
 			return sock, nil
 		}
-		retry := a.r.Size == 0 && port != 0 &&
-			(errors.Is(err, syscall.EADDRINUSE) || errors.Is(err, syscall.EACCES))
+		retry := port != 0 && (errors.Is(err, syscall.EADDRINUSE) || errors.Is(err, syscall.EACCES))
 		if !retry {
 			a.Release(port)
 			if errors.Is(err, ErrPortRangeExhausted) {
@@ -324,6 +330,13 @@ func (a *PortAllocator) Open(listen func(port int) (proxySocket, error)) (proxyS
 			return nil, fmt.Errorf("listen on port %d: %w", port, err)
 		}
 		held = append(held, port)
+		if a.r.Size != 0 {
+			heldErr = fmt.Errorf("listen on port %d: %w", port, err)
+			if len(held) >= maxPortTries {
+				return nil, heldErr
+			}
+			continue
+		}
 		if triesInSegment++; triesInSegment >= maxPortTries {
 			if skip, triesInSegment = a.segmentAfter(port), 0; skip >= len(a.pool) {
 				break

@@ -217,6 +217,51 @@ func TestPortAllocatorOpen(t *testing.T) {
 	}
 }
 
+// With --proxy-port-range a port another process holds (a daemon, or a
+// TIME_WAIT of the node's own client when the range overlaps the ephemeral
+// range) was handed out, failed, was released and was handed to the next
+// service port of the same sync, and the next: five service ports of one
+// sync failed on port 40112 while the range had free ports (sweep 10). Open
+// now skips a held port for another free one of the range, as the default
+// mode does, and fails only when every port it may try is held.
+func TestExplicitRangeSkipsPortsHeldByOthers(t *testing.T) {
+	inUse := fmt.Errorf("listen: %w", syscall.EADDRINUSE)
+	for i := range 20 {
+		a := NewPortAllocator(PortRange{Base: 5000, Size: 4})
+		b := &fakeBinder{held: map[int]error{5000: inUse, 5001: inUse, 5003: syscall.EACCES}}
+		sock, err := a.Open(b.listen)
+		if err != nil {
+			t.Fatalf("try %d: Open: %v (tried %v), want port 5002, the range's one free port", i, err, b.tried)
+		}
+		if sock.Port() != 5002 || len(b.tried) > 4 {
+			t.Fatalf("try %d: port %d after trying %v, want 5002 with each port tried at most once", i, sock.Port(), b.tried)
+		}
+		for p := range b.held {
+			if a.inUse[p] {
+				t.Errorf("port %d, held by another process, is still marked ours", p)
+			}
+		}
+	}
+	// Every free port held: the error is the last listen's, and nothing stays marked.
+	a := NewPortAllocator(PortRange{Base: 5000, Size: 3})
+	b := &fakeBinder{held: map[int]error{5000: inUse, 5001: inUse, 5002: inUse}}
+	if sock, err := a.Open(b.listen); err == nil || !errors.Is(err, syscall.EADDRINUSE) {
+		t.Fatalf("Open with every port held: %v, %v (tried %v), want EADDRINUSE", sock, err, b.tried)
+	}
+	if len(b.tried) != 3 || len(a.inUse) != 0 {
+		t.Errorf("tried %v, marked %v: want each of the 3 ports once, none left marked", b.tried, a.inUse)
+	}
+	// More held than maxPortTries: Open gives up after that many, as the default mode's segment.
+	a = NewPortAllocator(PortRange{Base: 5000, Size: 100})
+	b = &fakeBinder{held: map[int]error{}}
+	for p := 5000; p < 5100; p++ {
+		b.held[p] = inUse
+	}
+	if _, err := a.Open(b.listen); err == nil || len(b.tried) != maxPortTries {
+		t.Errorf("Open on a range of 100 held ports: %v after %d tries, want a failure after %d", err, len(b.tried), maxPortTries)
+	}
+}
+
 // The default allocator keeps out of the NodePort range given
 // (--service-node-port-range), not the API server's default one: with node
 // ports from 20000-22767 a proxy port could be a Service's NodePort, whose
