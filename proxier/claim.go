@@ -26,6 +26,16 @@ import (
 func (p *Proxier) claim(info *servicePortInfo) (closers []func() error, all bool) {
 	all = true
 	hold := func(ip netip.Addr, port int) {
+		// A held port is a descriptor of the sync's budget, as a proxy
+		// socket is: held past it, they took the descriptors kept for
+		// connections, and every client was reset.
+		if err := p.fds.takeN(1); err != nil {
+			if p.fds.logged(err) {
+				klog.ErrorS(err, "Cannot claim port; no descriptor to spare (retried)", "servicePort", info.name, "address", claimAddress(ip), "port", port)
+			}
+			all = false
+			return
+		}
 		var c func() error
 		var err error
 		if info.name.Protocol == v1.ProtocolUDP {
@@ -34,6 +44,7 @@ func (p *Proxier) claim(info *servicePortInfo) (closers []func() error, all bool
 			c, err = holdTCPPort(ip, port)
 		}
 		if err != nil {
+			p.fds.giveBackN(1)
 			holder := "another process holds it"
 			if p.ports.handedOut(port) {
 				// --proxy-port-range over node ports, with no free port to

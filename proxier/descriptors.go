@@ -83,23 +83,27 @@ func (b *descriptorBudget) logRefusals() {
 // counted again once that estimate runs out: so the budget never lets the
 // sockets overrun it, and a sync of 10,000 counts a few times, not once per
 // socket.
-func (b *descriptorBudget) take() error {
+func (b *descriptorBudget) take() error { return b.takeN(socketDescriptors) }
+
+// takeN is take for something that holds n descriptors: a held NodePort
+// (claim.go) holds one.
+func (b *descriptorBudget) takeN(n int) error {
 	if b.short != nil {
 		return b.short
 	}
-	if !b.counted || b.room < socketDescriptors {
+	if !b.counted || b.room < n {
 		b.counted = true
 		b.room = 1 << 30
 		if inUse, limit, ok := b.count(); ok {
 			b.room = limit - descriptorReserve(limit) - inUse
-			if b.room < socketDescriptors {
+			if b.room < n {
 				b.short = fmt.Errorf("no descriptor to spare for a proxy socket: %d of the open-file limit %d in use, and %d kept for rule writes, servers and connections; raise the limit (ulimit -n, systemd's LimitNOFILE)",
 					inUse, limit, descriptorReserve(limit))
 				return b.short
 			}
 		}
 	}
-	b.room -= socketDescriptors
+	b.room -= n
 	return nil
 }
 
@@ -108,7 +112,10 @@ func (b *descriptorBudget) take() error {
 const socketDescriptors = 4
 
 // giveBack returns what take accounted for a socket that did not open.
-func (b *descriptorBudget) giveBack() { b.room += socketDescriptors }
+func (b *descriptorBudget) giveBack() { b.giveBackN(socketDescriptors) }
+
+// giveBackN returns what takeN accounted.
+func (b *descriptorBudget) giveBackN(n int) { b.room += n }
 
 // descriptorsInUse counts this process's open descriptors and reads its
 // limit. It reads /proc/self/fd's entries without their names: a sync

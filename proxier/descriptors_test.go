@@ -2,6 +2,7 @@ package proxier
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"slices"
 	"strings"
@@ -103,5 +104,60 @@ func TestDescriptorsInUseCounts(t *testing.T) {
 	}
 	if after != before+100 {
 		t.Errorf("counted %d after opening 100 more, want %d", after, before+100)
+	}
+}
+
+// The NodePorts a sync holds (claim.go: a bound socket each) come out of
+// the same budget as its proxy sockets. They were opened after every
+// socket of the sync without it: at 10,000 Services (1,000 of them
+// NodePort) under a limit of 15,000, the listeners stopped at the budget
+// (14,060 in use) and the holds took 824 more of the reserve, past the
+// connections' ceiling (14,063), so every client of every Service was reset
+// (sweep 10). A NodePort not held for want of descriptors is retried as one
+// another process holds.
+func TestNodePortHoldsStayWithinDescriptorBudget(t *testing.T) {
+	p := newTestProxier(t, Options{ClaimNodePorts: true})
+	start, _, ok := descriptorsInUse()
+	if !ok {
+		t.Skip("no /proc/self/fd")
+	}
+	// What this process holds besides the test's sockets counts as base.
+	base, limit := 200, 300 // room for 36 of the 60 NodePort Services' listeners
+	inUse := func() int { n, _, _ := descriptorsInUse(); return base + n - start }
+	p.fds.count = func() (int, int, bool) { return inUse(), limit, true }
+	ceiling := limit - descriptorReserve(limit)
+	var held []net.Listener
+	for i := range 60 {
+		// A free port for each NodePort, held by nobody once the loop ends.
+		ln, err := net.Listen("tcp", ":0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, ln)
+		port := ln.Addr().(*net.TCPAddr).Port
+		p.OnServiceAdd(makeService(fmt.Sprintf("s%d", i), withClusterIP(fmt.Sprintf("10.96.1.%d", i)), withNodePort(int32(port))))
+	}
+	for _, ln := range held {
+		ln.Close()
+	}
+	p.Sync()
+	if n := inUse(); n > ceiling {
+		t.Errorf("%d descriptors in use after the sync, past the %d that sockets may take of the limit %d (%d proxy sockets open)",
+			n, ceiling, limit, len(p.active))
+	}
+	if len(p.active) == 0 {
+		t.Fatal("no proxy socket opened")
+	}
+	// Descriptors freed: the retry opens the other sockets and holds every NodePort.
+	base = 0
+	p.Sync()
+	p.Sync()
+	if got := len(p.active); got != 60 {
+		t.Fatalf("%d proxy sockets open after descriptors were freed, want 60", got)
+	}
+	for name, ap := range p.active {
+		if ap.claimsMissing || len(ap.claims) != 1 {
+			t.Errorf("%s: NodePort not held after descriptors were freed (%d claims)", name, len(ap.claims))
+		}
 	}
 }
