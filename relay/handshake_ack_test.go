@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"sync"
 	"testing"
 	"time"
 )
@@ -187,9 +188,24 @@ func TestHandshakeACKLeavesNoDelayedACKMode(t *testing.T) {
 }
 
 // goroutineRelayBed is the goroutine relay as the proxier wires it: a
-// holding dial, the release, and the relay told the ACK was held.
+// holding dial, the release, and the relay told the ACK was held. The
+// test's end waits for its goroutines: a relay left running read
+// forceBuffered while a later test set it (a data race under -count=2 or
+// -shuffle).
 func goroutineRelayBed(t *testing.T) (front netip.AddrPort, backend *net.TCPListener) {
 	t.Helper()
+	var running sync.WaitGroup
+	// Registered first, so it runs last: after the clients, the backend's
+	// connections and both listeners are closed, which ends every relay.
+	t.Cleanup(func() {
+		ended := make(chan struct{})
+		go func() { running.Wait(); close(ended) }()
+		select {
+		case <-ended:
+		case <-time.After(5 * time.Second):
+			t.Error("a relay still runs 5 s after both of its peers closed")
+		}
+	})
 	backend, err := net.ListenTCP("tcp4", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		t.Fatal(err)
@@ -200,7 +216,7 @@ func goroutineRelayBed(t *testing.T) (front netip.AddrPort, backend *net.TCPList
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	go func() {
+	running.Go(func() {
 		for {
 			c, err := ln.AcceptTCP()
 			if err != nil {
@@ -215,8 +231,8 @@ func goroutineRelayBed(t *testing.T) (front netip.AddrPort, backend *net.TCPList
 			ReleaseHandshakeACK(bc.(*net.TCPConn), c)
 			rc := New(c, bc.(*net.TCPConn), Options{})
 			rc.BackendHoldsACK()
-			go rc.Run()
+			running.Go(rc.Run)
 		}
-	}()
+	})
 	return ln.Addr().(*net.TCPAddr).AddrPort(), backend
 }
