@@ -87,6 +87,10 @@ func ParseAnnotation(value string, ports []ServicePort) (map[string][]Toxic, err
 			if names[p.Name] == nil {
 				names[p.Name] = map[string]bool{}
 			}
+			if len(out[p.Name]) == MaxAnnotationToxicsPerPort {
+				return nil, at(fmt.Errorf("port %q would have %d toxics; the annotation declares at most %d per port",
+					p.Name, MaxAnnotationToxicsPerPort+1, MaxAnnotationToxicsPerPort))
+			}
 			names[p.Name][t.Name] = true
 			out[p.Name] = append(out[p.Name], t.clone())
 		}
@@ -122,3 +126,11 @@ func portsFor(t *Toxic, ports []ServicePort) error {
 	}
 	return &FieldError{"type", fmt.Sprintf("%s acts on %s, and the Service has no such port", t.Type, protocolsOf(t.Type))}
 }
+
+// MaxAnnotationToxicsPerPort bounds the toxics the annotation declares on
+// one port. Each is a series of faults_injected_total for each port it
+// goes to, made when it is declared, and the annotation is whoever may edit
+// the Service: 8,000 toxics (247 KB, which the API server takes) on 50
+// ports were 400,000 series, a 50 MB /metrics and half a GB in the proxy.
+// The fault API (the operator's) adds beyond it.
+const MaxAnnotationToxicsPerPort = 100
