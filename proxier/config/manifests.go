@@ -731,7 +731,13 @@ func (s *ManifestSource) reportOnce(errs []error) {
 }
 
 // maxManifestFileSize is the most a manifest file may hold: twenty times
-// what 10,000 Services and their slices weigh in one file (3 MiB), and a
-// bound on what a file decodes into. A larger one is an error of the file,
-// not an allocation of its size (a sparse 1 TiB file killed the proxy).
+// what 10,000 Services and their slices weigh in one file (3 MiB). A larger
+// one is an error of the file, not an allocation of its size (a sparse
+// 1 TiB file killed the proxy). It bounds what is read, not what a file
+// decodes into: the YAML decoder holds about 100 bytes per node, and a
+// node can be two bytes (`1,`), so a crafted 8 MiB document took 854 MB
+// and a 64 MiB one more than 4 GB (sweep 10). Manifests are the node
+// operator's files, as the --config file is; a per-document bound would
+// refuse `kubectl get -o yaml` Lists of a large cluster (one document of
+// tens of MB), so none is set.
 const maxManifestFileSize = 64 << 20
