@@ -46,10 +46,19 @@ func newDescriptorBudget() *descriptorBudget { return &descriptorBudget{count: d
 // and the connections too (setDescriptorCeiling).
 func descriptorReserve(limit int) int { return max(64, limit/16) }
 
+// listenerRoom is how many of limit the proxy sockets (and NodePort holds)
+// may take: below the connections' ceiling by a further descriptorReserve,
+// which connections keep whatever the listeners want. It ended at the
+// ceiling, so more service ports than the limit allowed (one Service of
+// 3,000 ports under a limit of 2,000) filled it, and every client of every
+// Service was reset there.
+func listenerRoom(limit int) int { return limit - 2*descriptorReserve(limit) }
+
 // setDescriptorCeiling keeps the connections of both data paths (their
 // client and backend sockets, UDP sessions' sockets) out of the top
 // descriptorReserve of RLIMIT_NOFILE (relay.InReserve): listeners are held
-// below it by the budget, connections by the ceiling, and what stays free
+// a further descriptorReserve below it by the budget (listenerRoom),
+// connections by the ceiling, and what stays free
 // is for the rule writes, the health and metrics servers and reading the
 // manifests, which idle clients took before.
 func setDescriptorCeiling() {
@@ -95,10 +104,10 @@ func (b *descriptorBudget) takeN(n int) error {
 		b.counted = true
 		b.room = 1 << 30
 		if inUse, limit, ok := b.count(); ok {
-			b.room = limit - descriptorReserve(limit) - inUse
+			b.room = listenerRoom(limit) - inUse
 			if b.room < n {
 				b.short = fmt.Errorf("no descriptor to spare for a proxy socket: %d of the open-file limit %d in use, and %d kept for rule writes, servers and connections; raise the limit (ulimit -n, systemd's LimitNOFILE)",
-					inUse, limit, descriptorReserve(limit))
+					inUse, limit, limit-listenerRoom(limit))
 				return b.short
 			}
 		}

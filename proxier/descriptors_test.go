@@ -22,8 +22,9 @@ func TestSocketsLeaveDescriptorsForTheRest(t *testing.T) {
 	logs := captureKlog(t)
 	// Each open socket holds one more descriptor; the budget counts
 	// again as its estimate (4 a socket) runs out, and stops once fewer
-	// than 4 are left above the 64 kept: at 133 in use, 33 sockets.
-	base, counts := 100, 0
+	// than 4 are left above the 64 kept and the connections' 64: at 69
+	// in use, 33 sockets.
+	base, counts := 36, 0
 	p.fds.count = func() (int, int, bool) { counts++; return base + len(p.active), 200, true }
 	for i := range 50 {
 		p.OnServiceAdd(makeService(fmt.Sprintf("s%d", i), withClusterIP(fmt.Sprintf("10.96.1.%d", i))))
@@ -122,7 +123,7 @@ func TestNodePortHoldsStayWithinDescriptorBudget(t *testing.T) {
 		t.Skip("no /proc/self/fd")
 	}
 	// What this process holds besides the test's sockets counts as base.
-	base, limit := 200, 300 // room for 36 of the 60 NodePort Services' listeners
+	base, limit := 136, 300 // room for 36 of the 60 NodePort Services' listeners (128 kept)
 	inUse := func() int { n, _, _ := descriptorsInUse(); return base + n - start }
 	p.fds.count = func() (int, int, bool) { return inUse(), limit, true }
 	ceiling := limit - descriptorReserve(limit)
@@ -159,5 +160,34 @@ func TestNodePortHoldsStayWithinDescriptorBudget(t *testing.T) {
 		if ap.claimsMissing || len(ap.claims) != 1 {
 			t.Errorf("%s: NodePort not held after descriptors were freed (%d claims)", name, len(ap.claims))
 		}
+	}
+}
+
+// Proxy sockets leave the connections a share of their own: the
+// listeners' budget ended at the connections' ceiling, so one Service of
+// 3,000 ports under a limit of 2,000 (or a cluster with more service ports
+// than the limit) filled the descriptors up to it, and then every client
+// of every Service, the ones served before included, was reset at the
+// ceiling: 189 of 200 connections to an untouched Service (sweep 10).
+func TestProxySocketsLeaveConnectionsTheirShare(t *testing.T) {
+	p := newTestProxier(t, Options{})
+	start, _, ok := descriptorsInUse()
+	if !ok {
+		t.Skip("no /proc/self/fd")
+	}
+	base, limit := 100, 400
+	inUse := func() int { n, _, _ := descriptorsInUse(); return base + n - start }
+	p.fds.count = func() (int, int, bool) { return inUse(), limit, true }
+	for i := range 300 {
+		p.OnServiceAdd(makeService(fmt.Sprintf("s%d", i), withClusterIP(fmt.Sprintf("10.96.%d.%d", 1+i/250, i%250))))
+	}
+	p.Sync()
+	if len(p.active) == 0 || len(p.active) == 300 {
+		t.Fatalf("%d of 300 proxy sockets open, want the budget to stop them", len(p.active))
+	}
+	ceiling := limit - descriptorReserve(limit)
+	if n, share := inUse(), descriptorReserve(limit); ceiling-n < share {
+		t.Errorf("%d descriptors in use after the sync: %d left below the connections' ceiling %d, want at least %d (%d proxy sockets open)",
+			n, ceiling-n, ceiling, share, len(p.active))
 	}
 }
