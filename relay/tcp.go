@@ -309,6 +309,24 @@ func (c *Conn) copyHalf(dst, src *net.TCPConn, copier Copier, bytes Counter, a *
 			return
 		default:
 			resetSrc, resetDst := whomToReset(err, c.aborted())
+			if resetSrc && !resetDst && c.ended.Load() == 0 && c.ending.Load() == endNone {
+				// dst reset while this direction wrote to it: what dst's
+				// peer sent before its reset (an HTTP server's early
+				// answer to an upload it will not read) is still to be
+				// read by the other direction, which passes it on to src
+				// and then the reset (a read returns the queued bytes,
+				// then the reset or, its error taken by this write, an
+				// end of file that endOf finds a reset). Closing both now
+				// dropped it, where without a proxy it reaches the client
+				// ahead of the reset. A src that takes nothing does not
+				// hold the end past salvageBound.
+				_ = src.SetLinger(0)
+				time.AfterFunc(salvageBound, func() {
+					dst.Close()
+					src.Close()
+				})
+				return
+			}
 			if resetSrc {
 				_ = src.SetLinger(0)
 			}
@@ -467,6 +485,11 @@ func (c *Conn) writeBound() *writeBound {
 	}
 	return &c.bound
 }
+
+// salvageBound is how long the goroutine relay lets a direction pass on
+// what a peer sent before it reset, once the other direction's write met
+// that reset (copyHalf).
+const salvageBound = time.Second
 
 // whomToReset is how a direction's failure err is passed on, for both data
 // paths: a reset from one peer is passed on to the other (the side that
