@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
@@ -62,8 +63,25 @@ func listenerRoom(limit int) int { return limit - 2*descriptorReserve(limit) }
 // is for the rule writes, the health and metrics servers and reading the
 // manifests, which idle clients took before.
 func setDescriptorCeiling() {
-	limit := int(min(nofileLimit(), 1<<30))
+	nofile := nofileLimit()
+	ceilingLimit.Store(nofile)
+	limit := int(min(nofile, 1<<30))
 	relay.SetDescriptorCeiling(limit - descriptorReserve(limit))
+}
+
+// ceilingLimit is the RLIMIT_NOFILE the ceiling was last set from.
+var ceilingLimit atomic.Uint64
+
+// followDescriptorLimit sets the ceiling again, at each sync, when
+// RLIMIT_NOFILE changed since it was set (prlimit --pid on the running
+// proxy): set once at start, a limit lowered from 20,000 to 64 left the
+// ceiling at 18,750, so connections took every descriptor and the metrics
+// server could not accept. One getrlimit per sync; an unchanged limit
+// leaves the ceiling as it is.
+func followDescriptorLimit() {
+	if nofileLimit() != ceilingLimit.Load() {
+		setDescriptorCeiling()
+	}
 }
 
 // begin starts a sync: the next take counts again.

@@ -10,6 +10,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
 
 // A sync opens proxy sockets only while RLIMIT_NOFILE keeps descriptors
@@ -189,5 +191,43 @@ func TestProxySocketsLeaveConnectionsTheirShare(t *testing.T) {
 	if n, share := inUse(), descriptorReserve(limit); ceiling-n < share {
 		t.Errorf("%d descriptors in use after the sync: %d left below the connections' ceiling %d, want at least %d (%d proxy sockets open)",
 			n, ceiling-n, ceiling, share, len(p.active))
+	}
+}
+
+// The descriptor ceiling follows RLIMIT_NOFILE when it changes under a
+// running proxy (prlimit --pid): it was set once, at start, so a limit
+// lowered from 20,000 to 64 left the ceiling at 18,750, connections took
+// every descriptor, and the metrics server could not accept (`accept4: too
+// many open files` each second) while README promises the top
+// max(64, limit/16) stay free for it. A sync sets it again from the new
+// limit; an unchanged limit leaves it alone (tests lower it by hand).
+func TestDescriptorCeilingFollowsTheLimit(t *testing.T) {
+	var r unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Cur < 2048 {
+		t.Skipf("soft open-file limit %d: too low to lower", r.Cur)
+	}
+	setDescriptorCeiling()
+	t.Cleanup(func() {
+		_ = unix.Setrlimit(unix.RLIMIT_NOFILE, &r)
+		setDescriptorCeiling()
+	})
+	if got, want := relay.DescriptorCeiling(), int(r.Cur)-descriptorReserve(int(r.Cur)); got != want {
+		t.Fatalf("ceiling %d at start, want %d", got, want)
+	}
+	relay.SetDescriptorCeiling(100) // a test's own ceiling: kept while the limit stays
+	followDescriptorLimit()
+	if got := relay.DescriptorCeiling(); got != 100 {
+		t.Fatalf("ceiling %d after a sync with the limit unchanged, want 100 kept", got)
+	}
+	lower := unix.Rlimit{Cur: 1024, Max: r.Max}
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lower); err != nil {
+		t.Fatal(err)
+	}
+	followDescriptorLimit()
+	if got, want := relay.DescriptorCeiling(), 1024-64; got != want {
+		t.Fatalf("ceiling %d after the limit fell to 1024, want %d", got, want)
 	}
 }

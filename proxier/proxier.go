@@ -590,6 +590,7 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 	// socket's, whatever --proxy-port-range covers.
 	nodePortsChanged := len(changedServices) > 0 && p.ports.setNodePorts(nodePortsOf(want))
 	p.fds.begin()
+	followDescriptorLimit()
 	var kept *keptPorts
 	if !p.keptPortsRead {
 		p.keptPortsRead = true

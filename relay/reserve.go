@@ -27,6 +27,9 @@ func SetDescriptorCeiling(n int) {
 	pipes.unsqueeze()
 }
 
+// DescriptorCeiling is the ceiling SetDescriptorCeiling set (0: none).
+func DescriptorCeiling() int { return int(descriptorCeiling.Load()) }
+
 // InReserve tells whether fd, a descriptor just opened for a connection,
 // is one of the reserve's: the connection must give it back and be
 // refused.
