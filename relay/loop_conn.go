@@ -822,7 +822,10 @@ func (c *LoopConn) salvage(d *loopDir) {
 	if d.done || c.fds[d.src] < 0 || c.fds[d.dst] < 0 {
 		return
 	}
-	c.readable[d.src], c.writable[d.dst] = true, true
+	// errHup: an end of file read now is the reset (its error taken by
+	// the write that failed), checked as such (received), never passed on
+	// as a FIN.
+	c.readable[d.src], c.writable[d.dst], c.errHup[d.src] = true, true, true
 	for range turnBudget {
 		moved, err := c.step(d)
 		if err != nil || !moved {
