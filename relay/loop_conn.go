@@ -815,7 +815,8 @@ func (c *LoopConn) failed(d *loopDir, err error) {
 }
 
 // salvage moves what d's source sent before it reset to d's destination,
-// as far as that takes it without waiting (a turn's budget at most); the
+// as far as that takes it without waiting (a turn's budget and bytes at
+// most, as pump's turn: the loop's other connections wait meanwhile); the
 // reset is passed on after it. A read after a reset returns the bytes
 // queued ahead of it first.
 func (c *LoopConn) salvage(d *loopDir) {
@@ -826,9 +827,10 @@ func (c *LoopConn) salvage(d *loopDir) {
 	// the write that failed), checked as such (received), never passed on
 	// as a FIN.
 	c.readable[d.src], c.writable[d.dst], c.errHup[d.src] = true, true, true
+	start := d.count.Load()
 	for range turnBudget {
 		moved, err := c.step(d)
-		if err != nil || !moved {
+		if err != nil || !moved || d.count.Load()-start >= turnBytes {
 			return
 		}
 	}
