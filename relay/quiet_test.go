@@ -186,6 +186,12 @@ func TestCloseWhenQuietFINsAtIdle(t *testing.T) {
 		}
 		_ = client.SetReadDeadline(time.Now().Add(2 * time.Second))
 		if _, err := io.ReadFull(client, buf); err != nil {
+			// The premise is exchanges 100 ms apart, never 300 ms quiet;
+			// a machine that held this goroutine past that made it quiet
+			// (seen once at load 20 on 2 cores): no verdict then.
+			if exchanges > 0 && time.Since(idle) >= 300*time.Millisecond {
+				t.Skipf("exchange %d cut after %v without one (the machine stalled the test past the quiet time): %v", exchanges, time.Since(idle), err)
+			}
 			t.Fatalf("exchange %d cut while busy: %v", exchanges, err)
 		}
 		exchanges++
