@@ -1,9 +1,7 @@
 package config
 
 import (
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -20,35 +18,12 @@ func TestSingleFileOfAnyNameIsReadOnceWritten(t *testing.T) {
 		t.Run(base, func(t *testing.T) {
 			dir := t.TempDir()
 			path := filepath.Join(dir, base)
-			var docs, initial []string
-			for i := range 8 {
-				name := "s" + strconv.Itoa(i)
-				docs = append(docs, serviceYAML(name, 80))
-				initial = append(initial, "add Service default/"+name)
-			}
+			docs, initial := eightServices()
 			writeFile(t, path, strings.Join(docs, "---\n"))
-			rec, log := startSource(t, path, initial, WithPollInterval(time.Hour))
+			rec, log := startSource(t, path, initial, WithPollInterval(time.Hour), WithDebounce(saveDebounce))
 
-			if err := os.Rename(path, path+"~"); err != nil {
-				t.Fatal(err)
-			}
-			f, err := os.Create(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for i, doc := range docs {
-				time.Sleep(40 * time.Millisecond)
-				if i > 0 {
-					doc = "---\n" + doc
-				}
-				if _, err := f.WriteString(doc); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := f.Close(); err != nil {
-				t.Fatal(err)
-			}
-			time.Sleep(defaultVanishedGrace + 500*time.Millisecond)
+			saveInPieces(t, path, docs)
+			time.Sleep(saveDebounce + defaultVanishedGrace + 500*time.Millisecond)
 			if got := rec.take(); len(got) != 0 {
 				t.Errorf("events after a save of the same content: %q", got)
 			}
