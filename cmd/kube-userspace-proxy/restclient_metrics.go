@@ -32,13 +32,18 @@ func (l restClientLatency) Observe(_ context.Context, verb string, u url.URL, d 
 	l.h.WithLabelValues(verb, u.Host).Observe(d.Seconds())
 }
 
-var restClientMetricsOnce sync.Once
+var (
+	restClientMetricsOnce sync.Once
+	restClient            restClientMetrics
+)
 
-// registerRESTClientMetrics hooks client-go's request metrics to reg. Only
-// the first call counts: client-go takes one set per process.
+// registerRESTClientMetrics puts client-go's request metrics on reg.
+// client-go takes one set of hooks per process: they are made and handed
+// to it once, and every registry given gets those same collectors (a
+// registry given only after another was first had none).
 func registerRESTClientMetrics(reg prometheus.Registerer) {
 	restClientMetricsOnce.Do(func() {
-		m := restClientMetrics{
+		restClient = restClientMetrics{
 			requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 				Name: "rest_client_requests_total",
 				Help: "Number of HTTP requests, partitioned by status code, method, and host.",
@@ -49,7 +54,7 @@ func registerRESTClientMetrics(reg prometheus.Registerer) {
 				Buckets: []float64{0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0},
 			}, []string{"verb", "host"}),
 		}
-		reg.MustRegister(m.requests, m.latency)
-		clientmetrics.Register(clientmetrics.RegisterOpts{RequestResult: m, RequestLatency: restClientLatency{m.latency}})
+		clientmetrics.Register(clientmetrics.RegisterOpts{RequestResult: restClient, RequestLatency: restClientLatency{restClient.latency}})
 	})
+	reg.MustRegister(restClient.requests, restClient.latency)
 }

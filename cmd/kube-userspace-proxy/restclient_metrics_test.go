@@ -4,18 +4,13 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
-	"sync"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-)
-
-var (
-	restClientTestRegistry     = prometheus.NewRegistry()
-	restClientTestRegistryOnce sync.Once
 )
 
 // The API client's requests show on /metrics under kube-proxy's names:
@@ -26,10 +21,12 @@ func TestRESTClientMetrics(t *testing.T) {
 		_, _ = w.Write([]byte(`{"kind":"ServiceList","apiVersion":"v1","metadata":{},"items":[]}`))
 	}))
 	defer api.Close()
-	// client-go takes its metric hooks once per process: every run of the
-	// test (-count=2) reads the registry the first one registered them in.
-	restClientTestRegistryOnce.Do(func() { registerRESTClientMetrics(restClientTestRegistry) })
-	reg := restClientTestRegistry
+	// client-go takes its metric hooks once per process, maybe already
+	// from another test's run(): a registry registered later must still
+	// get them. This server's own host tells its samples from others'.
+	reg := prometheus.NewRegistry()
+	registerRESTClientMetrics(reg)
+	host := strings.TrimPrefix(api.URL, "http://")
 	client, err := kubernetes.NewForConfig(&rest.Config{Host: api.URL, ContentConfig: rest.ContentConfig{ContentType: "application/json"}})
 	if err != nil {
 		t.Fatal(err)
@@ -50,9 +47,9 @@ func TestRESTClientMetrics(t *testing.T) {
 			}
 			switch mf.GetName() {
 			case "rest_client_requests_total":
-				found[mf.GetName()] = found[mf.GetName()] || labels["code"] == "200" && labels["method"] == "GET" && m.GetCounter().GetValue() >= 1
+				found[mf.GetName()] = found[mf.GetName()] || labels["host"] == host && labels["code"] == "200" && labels["method"] == "GET" && m.GetCounter().GetValue() >= 1
 			case "rest_client_request_duration_seconds":
-				found[mf.GetName()] = found[mf.GetName()] || labels["verb"] == "GET" && m.GetHistogram().GetSampleCount() >= 1
+				found[mf.GetName()] = found[mf.GetName()] || labels["host"] == host && labels["verb"] == "GET" && m.GetHistogram().GetSampleCount() >= 1
 			}
 		}
 	}
