@@ -639,14 +639,12 @@ func TestLoopCloseWhenQuietDeadlineClosesBusy(t *testing.T) {
 	h := newLoopHandler(b.ep)
 	client, backend := b.connect(t, h, true)
 	c := h.loopConn(t)
-	took := busyUntilClosed(t, client, backend, func() { c.CloseWhenQuiet(0) })
+	took, longestGap := busyUntilClosed(t, client, backend, func() { c.CloseWhenQuiet(0) })
 	if took > 1600*time.Millisecond {
 		t.Errorf("closed %v after the request, want about the 1 s deadline", took.Round(time.Millisecond))
 	}
 	h.wait(t)
-	if got := c.QuietEnd(); took >= 900*time.Millisecond && got != ClosedAtDeadline {
-		t.Errorf("QuietEnd = %d after %v, want ClosedAtDeadline", got, took)
-	}
+	wantClosedAtDeadline(t, c.QuietEnd(), took, longestGap, 300*time.Millisecond)
 }
 
 // A later request (drain after max age came due) leaves the earlier one's
@@ -691,7 +689,7 @@ func TestLoopSecondQuietRequestKeepsDeadline(t *testing.T) {
 	h := newLoopHandler(b.ep)
 	client, backend := b.connect(t, h, true)
 	c := h.loopConn(t)
-	took := busyUntilClosed(t, client, backend, func() {
+	took, _ := busyUntilClosed(t, client, backend, func() {
 		c.CloseWhenQuiet(0)
 		time.AfterFunc(900*time.Millisecond, func() { c.CloseWhenQuiet(0) })
 	})
