@@ -648,3 +648,36 @@ func TestTCPAnswerBeforeResetReachesUploadingClient(t *testing.T) {
 		<-done
 	}
 }
+
+// The goroutine relay's TestLoopResetWithoutAnswerReachesUploadingClientAsReset:
+// with the end left to the other direction (the salvage of an answer sent
+// before a reset), a reset without an answer still reaches the client as a
+// reset, never as a FIN (the end of file that direction reads is the reset
+// whose error the failed write took: endOf finds it so).
+func TestTCPResetWithoutAnswerReachesUploadingClientAsReset(t *testing.T) {
+	for i := range 50 {
+		client, backend, done := relayed(t, Options{})
+		wrote := make(chan error, 1)
+		go func() {
+			chunk := make([]byte, 64<<10)
+			for {
+				if _, err := client.Write(chunk); err != nil {
+					wrote <- err
+					return
+				}
+			}
+		}()
+		if _, err := io.ReadFull(backend, make([]byte, 1024)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond) // more of the upload waits unread
+		backend.Close()                   // unread bytes: the backend's host sends a reset
+		_ = client.SetReadDeadline(time.Now().Add(5 * time.Second))
+		got, err := io.ReadAll(client)
+		werr := <-wrote
+		if len(got) != 0 || !errors.Is(err, syscall.ECONNRESET) && !errors.Is(werr, syscall.ECONNRESET) {
+			t.Fatalf("try %d: client read %q, %v, wrote %v; want a reset", i, got, err, werr)
+		}
+		<-done
+	}
+}
