@@ -1,0 +1,230 @@
+package proxier
+
+import (
+	"net/netip"
+	"slices"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
+)
+
+// PortalSyncer programs the portal rules of one IP family. Sync receives the
+// complete desired set every time and must converge the kernel to it,
+// repairing whatever someone else changed.
+type PortalSyncer interface {
+	Sync(portals []iptables.Portal) error
+}
+
+// PortalUpdater is a PortalSyncer with a cheap path for Service changes:
+// Update also receives the complete set but may write only what changed
+// since its last call and skip reading the kernel back. The proxier still
+// calls Sync at least once per sync period, which repairs drift.
+type PortalUpdater interface {
+	PortalSyncer
+	Update(portals []iptables.Portal) error
+}
+
+// PortalRepairer is a PortalSyncer that counts the Syncs that rewrote
+// rules someone else had changed (iptables.Rules.Repairs).
+type PortalRepairer interface {
+	Repairs() uint64
+}
+
+// PortalStopper is a PortalSyncer that can take back, when the proxy
+// stops, its accepts of portal traffic while leaving the portals in place
+// (iptables.Rules.Stop): traffic they send to a proxy port is then refused
+// until a successor's first sync, not handed to whoever binds the port.
+type PortalStopper interface {
+	Stop() error
+}
+
+// portalProtocol is a service port's protocol as a portal's.
+func portalProtocol(p v1.Protocol) iptables.Protocol {
+	if p == v1.ProtocolUDP {
+		return iptables.UDP
+	}
+	return iptables.TCP
+}
+
+// syncPortals hands every family its complete desired portal set: to
+// Update (only what changed is written) unless full is set or the syncer
+// has no such path. repaired: a family's Sync rewrote rules someone else
+// had changed (PortalRepairer).
+func (p *Proxier) syncPortals(full bool) (ok, repaired bool) {
+	if p.opts.IPv4Portals == nil && p.opts.IPv6Portals == nil {
+		return true, false
+	}
+	v4, v6 := make([]iptables.Portal, 0, len(p.active)), []iptables.Portal(nil)
+	for _, ap := range p.portalOrder() {
+		from4, from6 := len(v4), len(v6)
+		v4, v6 = p.appendPortals(ap, v4, v6)
+		v4, v6 = p.appendGuards(ap, v4, v6, from4, from6)
+		v4, v6 = p.appendHealthCheck(ap, v4, v6)
+	}
+	ok = true
+	for _, f := range []struct {
+		s       PortalSyncer
+		portals []iptables.Portal
+		family  string
+	}{{p.opts.IPv4Portals, v4, ipv4Family}, {p.opts.IPv6Portals, v6, ipv6Family}} {
+		if f.s == nil {
+			continue
+		}
+		sync := f.s.Sync
+		if u, ok := f.s.(PortalUpdater); ok && !full {
+			sync = u.Update
+		}
+		r, counts := f.s.(PortalRepairer)
+		var before uint64
+		if counts {
+			before = r.Repairs()
+		}
+		if err := sync(f.portals); err != nil {
+			ok = false
+			p.metrics.IPTablesRestoreFailures.WithLabelValues(f.family).Inc()
+			klog.ErrorS(err, "Failed to sync portal rules; will retry", "family", f.family)
+		}
+		if counts && r.Repairs() != before {
+			repaired = true
+		}
+	}
+	return ok, repaired
+}
+
+// appendPortals appends ap's portals to each family's.
+func (p *Proxier) appendPortals(ap *activePort, v4, v6 []iptables.Portal) ([]iptables.Portal, []iptables.Portal) {
+	proto := portalProtocol(ap.info.name.Protocol)
+	hasV4, hasV6 := false, false
+	clusterPort := 0 // the shortcut of external portals, see below
+	add := func(ip netip.Addr, proxyPort int, sourceRanges ...netip.Prefix) {
+		portal := iptables.Portal{Name: ap.info.key, Protocol: proto, IP: ip, Port: ap.info.port, ProxyPort: proxyPort, SourceRanges: sourceRanges}
+		if proxyPort != ap.proxyPort {
+			portal.ClusterProxyPort = clusterPort
+		}
+		if ip.Is4() {
+			hasV4 = true
+			v4 = append(v4, portal)
+		} else {
+			hasV6 = true
+			v6 = append(v6, portal)
+		}
+	}
+	for _, ip := range ap.info.clusterIPs {
+		add(ip, ap.proxyPort)
+	}
+	externalPort := ap.proxyPort
+	if ap.external != nil {
+		externalPort = ap.externalPort
+		if ap.info.policy.externalLocal {
+			// Local external traffic, cluster-wide internal traffic: the
+			// node and its pods reach external addresses through the
+			// cluster-wide socket (kube-proxy's shortcut). With both
+			// policies Local there is no cluster-wide socket to send
+			// them to.
+			clusterPort = ap.proxyPort
+		}
+	} else if ap.info.policy.splitExternal() {
+		// Its own socket failed to open (retried: retry.go): sending
+		// external traffic to the cluster-wide socket would break the
+		// Local policy, so it gets no portal meanwhile.
+		return v4, v6
+	}
+	for _, ip := range ap.info.externalIPs {
+		add(ip, externalPort)
+	}
+	for _, ip := range ap.info.loadBalancerIPs {
+		// An LB IP that is also an externalIP has its portal above and
+		// no source ranges: kube-proxy captures externalIPs first,
+		// straight to the Service, so its LB firewall never sees them.
+		if !slices.Contains(ap.info.externalIPs, ip) {
+			add(ip, externalPort, ap.info.sourceRanges...)
+		}
+	}
+	if ap.info.nodePort != 0 {
+		np := iptables.Portal{Name: ap.info.key, Protocol: proto, Port: ap.info.nodePort, NodePort: true, ProxyPort: externalPort, ClusterProxyPort: clusterPort}
+		npV4, npV6 := ap.info.nodePortFamilies(hasV4, hasV6)
+		if npV4 {
+			v4 = append(v4, np)
+		}
+		if npV6 {
+			v6 = append(v6, np)
+		}
+	}
+	return v4, v6
+}
+
+// appendGuards guards each of ap's sockets in every family it listens in
+// where no portal of it (appended from from4, from6) names it: a
+// dual-stack socket of a one-family Service, or of any Service with
+// --bind-address ::, and a socket of external traffic that has no
+// external address yet, were reachable straight from other hosts there.
+func (p *Proxier) appendGuards(ap *activePort, v4, v6 []iptables.Portal, from4, from6 int) ([]iptables.Portal, []iptables.Portal) {
+	in4, in6 := p.listensIn(ap.info)
+	proto := portalProtocol(ap.info.name.Protocol)
+	named := func(portals []iptables.Portal, port int) bool {
+		return slices.ContainsFunc(portals, func(pt iptables.Portal) bool { return pt.ProxyPort == port })
+	}
+	guard := func(port int) {
+		g := iptables.Portal{Name: ap.info.key, Protocol: proto, ProxyPort: port, GuardOnly: true}
+		if in4 && !named(v4[from4:], port) {
+			v4 = append(v4, g)
+		}
+		if in6 && !named(v6[from6:], port) {
+			v6 = append(v6, g)
+		}
+	}
+	guard(ap.proxyPort)
+	if ap.external != nil {
+		guard(ap.externalPort)
+	}
+	return v4, v6
+}
+
+// appendHealthCheck appends the accept of ap's healthCheckNodePort
+// (externalTrafficPolicy Local on a LoadBalancer), which the health server
+// serves, in the families of the port's NodePort, as kube-proxy's proxier of
+// each family of the Service writes it; whether or not the node has a local
+// endpoint, as there: a check must reach the server to hear 503. One per
+// Service port, each with its name, as kube-proxy's.
+func (p *Proxier) appendHealthCheck(ap *activePort, v4, v6 []iptables.Portal) ([]iptables.Portal, []iptables.Portal) {
+	if ap.info.healthCheckNodePort == 0 || p.opts.ServiceHealth == nil {
+		return v4, v6
+	}
+	hc := iptables.Portal{Name: ap.info.key, Protocol: iptables.TCP, Port: ap.info.healthCheckNodePort, HealthCheck: true}
+	in4, in6 := ap.info.nodePortFamilies(ap.info.portalFamilies())
+	if in4 {
+		v4 = append(v4, hc)
+	}
+	if in6 {
+		v6 = append(v6, hc)
+	}
+	return v4, v6
+}
+
+// portalOrder is the active service ports in the order of their portals'
+// names (the debug rows' order, published just before), so the portals
+// reach the iptables renderer nearly sorted and its sort has little to do
+// (a sort of 10,000 portals in map order was a tenth of a Service change's
+// sync). Map order, should the rows ever not match the active ports.
+func (p *Proxier) portalOrder() []*activePort {
+	ordered := make([]*activePort, 0, len(p.active))
+	if len(p.debug) == len(p.active) {
+		for _, r := range p.debug {
+			ap := p.active[r.name]
+			if ap == nil {
+				break
+			}
+			ordered = append(ordered, ap)
+		}
+		if len(ordered) == len(p.active) {
+			return ordered
+		}
+	}
+	ordered = ordered[:0]
+	for _, ap := range p.active {
+		ordered = append(ordered, ap)
+	}
+	return ordered
+}
