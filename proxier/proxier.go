@@ -816,38 +816,6 @@ func logMovedPort(info *servicePortInfo, kept, port int) {
 	}
 }
 
-func (p *Proxier) listenHost() string {
-	if b := p.opts.BindAddress; b.IsValid() && !(b.IsUnspecified() && p.unsupportedFamily() == ipv6Family) {
-		// "::" too: sockets then listen on every address of both
-		// families, which "0.0.0.0" (shown for it before) hid.
-		return b.String()
-	}
-	return "0.0.0.0"
-}
-
-// listenAddrOf is where info's sockets listen (newProxySocket): on the
-// wildcard address a port with IPv6 addresses listens in both families,
-// so "::", not the "0.0.0.0" of --bind-address. Without IPv6 portals (no
-// IPv6 netfilter on the node) the wildcard is IPv4's, "::" of the flag
-// too, as kube-proxy serves nothing in a family it has no proxier for:
-// IPv6 has no guard rule then either, and a dual-stack socket let any
-// IPv6 host reach the proxy port straight, past the portals,
-// loadBalancerSourceRanges and the Local policy's split.
-func (p *Proxier) listenAddrOf(info *servicePortInfo) netip.Addr {
-	b := p.opts.BindAddress
-	switch {
-	case b.IsValid() && !b.IsUnspecified():
-		return b
-	case p.unsupportedFamily() == ipv6Family:
-		return netip.IPv4Unspecified()
-	case info.hasIPv6() || b.Is6():
-		return netip.IPv6Unspecified()
-	}
-	return netip.IPv4Unspecified()
-}
-
-func (p *Proxier) listenHostOf(info *servicePortInfo) string { return p.listenAddrOf(info).String() }
-
 func (p *Proxier) closePort(name loadbalancer.ServicePortName, ap *activePort) {
 	if err := ap.socket.Close(); err != nil {
 		klog.ErrorS(err, "Closing proxy socket", "servicePort", name)
@@ -883,31 +851,4 @@ func nodePortsOf(want map[loadbalancer.ServicePortName]*servicePortInfo) map[int
 		}
 	}
 	return ports
-}
-
-// listensIn says in which families info's sockets listen: "::" in both,
-// any other address in its own.
-func (p *Proxier) listensIn(info *servicePortInfo) (v4, v6 bool) {
-	a := p.listenAddrOf(info)
-	if a.IsUnspecified() && a.Is6() {
-		return true, true
-	}
-	return a.Unmap().Is4(), a.Is6() && !a.Is4In6()
-}
-
-// backendDialer is the goroutine relay's dialer. Go's own keep-alive setup
-// is off (it would set the options after connect, one call each); l's
-// options are set before connect, with the handshake's last ACK held for
-// the client's first bytes (relay.DialControl; serve releases it).
-func backendDialer(l relay.Liveness) *net.Dialer {
-	return &net.Dialer{KeepAlive: -1, Control: relay.DialControl(l)}
-}
-
-// faultedBackendDialer is backendDialer for faulted connections, without
-// the held ACK: the faults' copies write the first bytes, and only the
-// built-in copy takes the socket out of the delayed-ACK mode that held it
-// (relay.Conn.BackendHoldsACK), which left a Nagle backend's answer in
-// two writes 40 ms late.
-func faultedBackendDialer(l relay.Liveness) *net.Dialer {
-	return &net.Dialer{KeepAlive: -1, Control: relay.BackendControl(l)}
 }
