@@ -15,8 +15,7 @@ import (
 // service health server (again after a failure, until it succeeds). It
 // reports false when the health server refused them.
 func (p *Proxier) syncPolicies(changed map[types.NamespacedName][]*servicePortInfo) bool {
-	if p.policies == nil {
-		p.policies = map[types.NamespacedName]trafficPolicy{}
+	if p.healthPorts == nil {
 		p.healthPorts = map[types.NamespacedName]int{}
 		p.healthDirty = true
 	}
@@ -36,14 +35,12 @@ func (p *Proxier) syncPolicies(changed map[types.NamespacedName][]*servicePortIn
 			}
 		}
 		if len(infos) == 0 {
-			if _, ok := p.policies[nn]; ok {
-				delete(p.policies, nn)
-				p.endpoints.setPolicy(nn, trafficPolicy{}, false)
-			}
+			// The tracker keeps the policies; forgetting one it does not
+			// hold does nothing.
+			p.endpoints.setPolicy(nn, trafficPolicy{}, false)
 			continue
 		}
-		p.policies[nn] = infos[0].policy // one policy per Service
-		p.endpoints.setPolicy(nn, infos[0].policy, true)
+		p.endpoints.setPolicy(nn, infos[0].policy, true) // one policy per Service
 	}
 	if p.opts.ServiceHealth != nil && p.healthDirty {
 		if err := p.opts.ServiceHealth.SyncServices(maps.Clone(p.healthPorts)); err != nil {

@@ -188,7 +188,6 @@ type Proxier struct {
 	// openTouched: ports opened or closed since the endpoints tracker was
 	// last told (setOpen, after a sync that wrote its rules).
 	openTouched []loadbalancer.ServicePortName
-	policies    map[types.NamespacedName]trafficPolicy
 	// healthPorts are the healthCheckNodePorts in force; healthDirty says
 	// the service health server has not been told yet (external.go).
 	healthPorts map[types.NamespacedName]int
