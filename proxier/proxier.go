@@ -556,150 +556,49 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 	nodePortsChanged := len(changedServices) > 0 && p.ports.setNodePorts(nodePortsOf(want))
 	p.fds.begin()
 	followDescriptorLimit()
-	var kept *keptPorts
+	r := &syncRound{nodePortsChanged: nodePortsChanged}
 	if !p.keptPortsRead {
 		p.keptPortsRead = true
-		kept = p.reserveKeptPorts(want)
+		r.kept = p.reserveKeptPorts(want)
 	}
 
-	var failed []string // what this sync left undone (retry.go)
-	var openFailures []debugFailure
-	unserved := 0 // sockets that did not open, service_ports_unserved
 	if !p.syncPolicies(changedServices) {
-		failed = append(failed, "health check servers")
+		r.failed = append(r.failed, "health check servers")
 	}
-	for name, ap := range p.active {
-		if _, ok := want[name]; !ok {
-			klog.V(1).InfoS("Closing proxy socket of removed service port", "servicePort", name)
-			p.closedFlowsToClear(ap)
-			p.closePort(name, ap)
-		}
-	}
-	for name := range p.reopening {
-		if _, ok := want[name]; !ok {
-			// Its socket closed to reopen, and did not: nothing else
-			// is left of it but what the name keeps.
-			p.forgetPort(name)
-		}
-	}
+	p.closeRemoved(want)
 	// Every port still active is wanted now, so the rest of want opens (a
 	// few more may reopen below: the line count is a threshold, not a tally).
 	opening := len(want) - len(p.active)
-	perPortLines, opened := opening <= servingLinesUpTo, 0
-	// Ports whose held NodePorts and external IP ports change: all are
-	// released in the loop and taken after it, so a port that moves from
-	// one service port to another in one sync (two ports swapping their
-	// NodePorts, a Service taking the NodePort another gave up) is free
-	// whichever of them the loop meets first.
-	var claimLater []*activePort
+	r.perPortLines = opening <= servingLinesUpTo
 	for name, info := range p.movesLast(want, nodePortsChanged) {
-		ap := p.active[name]
-		// A socket on a port that became a node port moves off it, onto
-		// a port the range has free once the sync's new service ports
-		// have theirs; with none, it stays (closed first, it was lost).
-		onNodePort := nodePortsChanged && ap != nil && p.onNodePort(ap) && p.canMove(name, ap)
-		if ap != nil && ap.info == info && !ap.claimsMissing && !onNodePort && (ap.external != nil || !info.policy.splitExternal()) {
-			continue // the same Service object as last sync, and nothing to retry
-		}
-		if ap != nil && ap.info != info {
-			// Before a reopen, which forgets the old info.
-			p.removedFlowsToClear(ap.info, info)
-		}
-		if ap != nil && (ap.info.hasIPv6() != info.hasIPv6() || ap.info.faultName != info.faultName || onNodePort) {
-			// The socket's address family must change, or its fault port
-			// is renamed (an unnamed port's number is in the name, and the
-			// socket holds its fault port): reopen it, as a fresh proxier
-			// would open it. Else the fault API kept the old name and the
-			// port left the fault table only at its next change.
-			// Under the same name the fault port stays: a new family
-			// (an IPv6 address added, even by a cloud controller's
-			// status update) must not end a fault experiment, nor bring
-			// a port the API set down back up. The service port is the
-			// same: it keeps its balancer state and its proxy ports, but
-			// for one that is now a node port (closeForReopen).
-			kept = p.closeForReopen(kept, name, ap, info)
-			ap = nil
-		}
-		if ap == nil {
-			var err error
-			if ap, err = p.openPort(info, kept.claim(info), perPortLines); err != nil {
-				// Tried again by the retry (retry.go); the port was released.
-				if p.fds.logged(err) {
-					klog.ErrorS(err, "Failed to open proxy socket", "servicePort", name)
-				}
-				failed = append(failed, "open "+info.key)
-				unserved++
-				openFailures = append(openFailures, debugFailure{name: name, info: info, err: err.Error()})
-				continue
-			}
-			opened++
-			p.active[name] = ap
-			delete(p.reopening, name)
-			if p.opts.ClaimNodePorts {
-				claimLater = append(claimLater, ap)
-			}
-			p.openTouched = append(p.openTouched, name)
-			p.debugTouched = append(p.debugTouched, name)
-			p.staleFlowsToClear(name)
-		}
-		if ap.info.affinity != info.affinity || ap.info.dualStack != info.dualStack {
-			p.setBalancerPolicy(name, info)
-			if ap.external != nil {
-				p.setBalancerPolicy(externalName(name), info)
-			}
-		}
-		p.syncFaults(ap, info)
-		p.syncLifetime(info)
-		if !p.syncExternalSocket(ap, info, kept, perPortLines) {
-			failed = append(failed, "open external "+info.key)
-			unserved++
-		}
-		if !ap.info.sameRules(info) {
-			// New destinations (a NodePort, an external IP) may hold
-			// entries of datagrams sent before their portal existed, and
-			// a closed external socket leaves entries NATed to its port:
-			// either keeps a client that reuses its source port off the
-			// portal for as long as it keeps sending.
-			p.staleFlowsToClear(name)
-			if p.opts.ClaimNodePorts {
-				p.releaseClaims(ap)
-				claimLater = append(claimLater, ap)
-			}
-		} else if ap.claimsMissing {
-			p.releaseClaims(ap)
-			claimLater = append(claimLater, ap)
-		}
-		if ap.info != info {
-			p.debugTouched = append(p.debugTouched, name)
-			ap.info = info
-		}
+		p.syncPort(r, name, info)
 	}
-	for _, ap := range claimLater {
+	for _, ap := range r.claimLater {
 		if !p.claimPorts(ap) {
-			failed = append(failed, "claim "+ap.info.key)
+			r.failed = append(r.failed, "claim "+ap.info.key)
 		}
 	}
 	// Sockets whose fault port came up but that could not listen again:
 	// unserved, and retried, as sockets that did not open.
 	for _, s := range p.sockCfg.deaf.list() {
 		if s.listenAgainNow() != nil {
-			failed = append(failed, "listen "+s.label)
-			unserved++
+			r.failed = append(r.failed, "listen "+s.label)
+			r.unserved++
 		}
 	}
 	p.fds.logRefusals()
 	p.metrics.ServicePorts.Set(float64(len(p.active)))
-	p.metrics.ServicePortsUnserved.Set(float64(unserved))
-	p.releaseKeptPorts(kept)
-	if !perPortLines {
-		klog.InfoS("Serving service ports", "opened", opened, "servicePorts", len(p.active), "listenAddress", p.listenHost())
+	p.metrics.ServicePortsUnserved.Set(float64(r.unserved))
+	p.releaseKeptPorts(r.kept)
+	if !r.perPortLines {
+		klog.InfoS("Serving service ports", "opened", r.opened, "servicePorts", len(p.active), "listenAddress", p.listenHost())
 	}
 
 	p.publishDebug()
-	p.publishOpenFailures(openFailures)
+	p.publishOpenFailures(r.openFailures)
 	ok, repaired := p.syncPortals(full)
 	if !ok {
-		failed = append(failed, "portals")
+		r.failed = append(r.failed, "portals")
 	}
 	if repaired || otherGone {
 		// The rules replaced (another proxy's, which named its own ports)
@@ -716,7 +615,7 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 			p.staleFlowsToClear(name)
 		}
 	}
-	p.retryFailures(failed)
+	p.retryFailures(r.failed)
 	if ok {
 		// Only now do new flows meet the new rules; old flows still point at
 		// ports that no longer exist, or at no port at all.
@@ -740,6 +639,132 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 		}
 	}
 	klog.V(2).InfoS("Synced", "servicePorts", len(p.active), "serviceChanges", changes, "full", full, "elapsed", elapsed)
+}
+
+// syncRound is what one sync carries from service port to service port
+// and leaves for its end.
+type syncRound struct {
+	// kept are the proxy ports the kernel's portals name, reserved for
+	// their service ports (keptports.go); nil: none.
+	kept             *keptPorts
+	nodePortsChanged bool
+	// perPortLines: each port opened gets a line at the default verbosity
+	// (servingLinesUpTo); opened counts them.
+	perPortLines bool
+	opened       int
+	failed       []string // what this sync left undone (retry.go)
+	unserved     int      // sockets that did not open, service_ports_unserved
+	openFailures []debugFailure
+	// claimLater: ports whose held NodePorts and external IP ports
+	// change: all are released in the loop and taken after it, so a port
+	// that moves from one service port to another in one sync (two ports
+	// swapping their NodePorts, a Service taking the NodePort another
+	// gave up) is free whichever of them the loop meets first.
+	claimLater []*activePort
+}
+
+// closeRemoved closes the sockets of the service ports no longer wanted,
+// and forgets those closed to reopen that are not wanted any more.
+func (p *Proxier) closeRemoved(want map[loadbalancer.ServicePortName]*servicePortInfo) {
+	for name, ap := range p.active {
+		if _, ok := want[name]; !ok {
+			klog.V(1).InfoS("Closing proxy socket of removed service port", "servicePort", name)
+			p.closedFlowsToClear(ap)
+			p.closePort(name, ap)
+		}
+	}
+	for name := range p.reopening {
+		if _, ok := want[name]; !ok {
+			// Its socket closed to reopen, and did not: nothing else
+			// is left of it but what the name keeps.
+			p.forgetPort(name)
+		}
+	}
+}
+
+// syncPort brings the sockets, balancer entries, faults, lifetime and
+// NodePort claims of one wanted service port in line with info.
+func (p *Proxier) syncPort(r *syncRound, name loadbalancer.ServicePortName, info *servicePortInfo) {
+	ap := p.active[name]
+	// A socket on a port that became a node port moves off it, onto
+	// a port the range has free once the sync's new service ports
+	// have theirs; with none, it stays (closed first, it was lost).
+	onNodePort := r.nodePortsChanged && ap != nil && p.onNodePort(ap) && p.canMove(name, ap)
+	if ap != nil && ap.info == info && !ap.claimsMissing && !onNodePort && (ap.external != nil || !info.policy.splitExternal()) {
+		return // the same Service object as last sync, and nothing to retry
+	}
+	if ap != nil && ap.info != info {
+		// Before a reopen, which forgets the old info.
+		p.removedFlowsToClear(ap.info, info)
+	}
+	if ap != nil && (ap.info.hasIPv6() != info.hasIPv6() || ap.info.faultName != info.faultName || onNodePort) {
+		// The socket's address family must change, or its fault port
+		// is renamed (an unnamed port's number is in the name, and the
+		// socket holds its fault port): reopen it, as a fresh proxier
+		// would open it. Else the fault API kept the old name and the
+		// port left the fault table only at its next change.
+		// Under the same name the fault port stays: a new family
+		// (an IPv6 address added, even by a cloud controller's
+		// status update) must not end a fault experiment, nor bring
+		// a port the API set down back up. The service port is the
+		// same: it keeps its balancer state and its proxy ports, but
+		// for one that is now a node port (closeForReopen).
+		r.kept = p.closeForReopen(r.kept, name, ap, info)
+		ap = nil
+	}
+	if ap == nil {
+		var err error
+		if ap, err = p.openPort(info, r.kept.claim(info), r.perPortLines); err != nil {
+			// Tried again by the retry (retry.go); the port was released.
+			if p.fds.logged(err) {
+				klog.ErrorS(err, "Failed to open proxy socket", "servicePort", name)
+			}
+			r.failed = append(r.failed, "open "+info.key)
+			r.unserved++
+			r.openFailures = append(r.openFailures, debugFailure{name: name, info: info, err: err.Error()})
+			return
+		}
+		r.opened++
+		p.active[name] = ap
+		delete(p.reopening, name)
+		if p.opts.ClaimNodePorts {
+			r.claimLater = append(r.claimLater, ap)
+		}
+		p.openTouched = append(p.openTouched, name)
+		p.debugTouched = append(p.debugTouched, name)
+		p.staleFlowsToClear(name)
+	}
+	if ap.info.affinity != info.affinity || ap.info.dualStack != info.dualStack {
+		p.setBalancerPolicy(name, info)
+		if ap.external != nil {
+			p.setBalancerPolicy(externalName(name), info)
+		}
+	}
+	p.syncFaults(ap, info)
+	p.syncLifetime(info)
+	if !p.syncExternalSocket(ap, info, r.kept, r.perPortLines) {
+		r.failed = append(r.failed, "open external "+info.key)
+		r.unserved++
+	}
+	if !ap.info.sameRules(info) {
+		// New destinations (a NodePort, an external IP) may hold
+		// entries of datagrams sent before their portal existed, and
+		// a closed external socket leaves entries NATed to its port:
+		// either keeps a client that reuses its source port off the
+		// portal for as long as it keeps sending.
+		p.staleFlowsToClear(name)
+		if p.opts.ClaimNodePorts {
+			p.releaseClaims(ap)
+			r.claimLater = append(r.claimLater, ap)
+		}
+	} else if ap.claimsMissing {
+		p.releaseClaims(ap)
+		r.claimLater = append(r.claimLater, ap)
+	}
+	if ap.info != info {
+		p.debugTouched = append(p.debugTouched, name)
+		ap.info = info
+	}
 }
 
 // setBalancerPolicy hands the balancer entry name the Service's side of
