@@ -213,18 +213,6 @@ func (p *Proxier) DebugHandler() http.Handler {
 	})
 }
 
-// lbName finds the ServicePortName for its string form (tests and demo).
-func (p *Proxier) lbName(servicePort string) loadbalancer.ServicePortName {
-	p.debugMu.RLock()
-	defer p.debugMu.RUnlock()
-	for _, r := range p.debug {
-		if r.key == servicePort {
-			return r.name
-		}
-	}
-	return loadbalancer.ServicePortName{}
-}
-
 // debugPort is one row of /debug/services.
 type debugPort struct {
 	name      loadbalancer.ServicePortName

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -230,4 +231,16 @@ func serveTCP(t *testing.T, ip string, handle func(c net.Conn)) net.Listener {
 		}
 	}()
 	return ln
+}
+
+// lbName finds the ServicePortName for its string form.
+func (p *Proxier) lbName(servicePort string) loadbalancer.ServicePortName {
+	p.debugMu.RLock()
+	defer p.debugMu.RUnlock()
+	for _, r := range p.debug {
+		if r.key == servicePort {
+			return r.name
+		}
+	}
+	return loadbalancer.ServicePortName{}
 }

@@ -20,3 +20,10 @@ func (h *dtoHistogram) read(t *testing.T, p *Proxier) {
 	}
 	h.count, h.sum = m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
 }
+
+// lookup returns the series of a port.
+func (s *portSeries) lookup(label string) *portMetrics {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.ports[label]
+}

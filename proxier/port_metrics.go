@@ -116,13 +116,6 @@ func (s *portSeries) forget(label string) {
 // observe makes r's connections the ones flushed at each scrape.
 func (s *portSeries) observe(r *connRegistry) { s.conns.Store(r) }
 
-// lookup returns the series of a port, for tests.
-func (s *portSeries) lookup(label string) *portMetrics {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return s.ports[label]
-}
-
 func (s *portSeries) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{s.active, s.failed, s.dialFailures, s.dialRetries, s.acceptErrors, s.lifetimeCloses, s.bytes, s.udpSessions, s.udpLimit} {
 		ch <- d

@@ -176,7 +176,8 @@ type Proxier struct {
 	// having no syncer (family.go).
 	noPortal map[types.NamespacedName]bool
 
-	// Owned by the sync goroutine (syncMu serialises a Sync() called by tests).
+	// Owned by the sync: the runner's goroutine, Sync and SyncFull (tests)
+	// and Run's stop, serialised by syncMu.
 	syncMu sync.Mutex
 	active map[loadbalancer.ServicePortName]*activePort
 	// reopening: service ports closed to reopen (closeForReopen) whose
@@ -309,7 +310,7 @@ func New(opts Options) *Proxier {
 	return p
 }
 
-// LoadBalancer exposes the balancer, for the debug handler and tests.
+// LoadBalancer exposes the balancer (tests read its state).
 func (p *Proxier) LoadBalancer() *loadbalancer.LoadBalancer { return p.lb }
 
 // Run syncs until ctx ends, then closes every proxy socket. The portals
@@ -463,8 +464,8 @@ func (p *Proxier) SetNodeZone(zone string) {
 }
 
 // Sync runs one sync now, as a change would (portal rules updated
-// incrementally unless a full sync is due); for tests and for the demo,
-// which must not wait for the rate limiter.
+// incrementally unless a full sync is due); for tests, which must not
+// wait for the rate limiter.
 func (p *Proxier) Sync() { p.syncProxyRules(false) }
 
 // SyncFull runs the periodic sync now: portal rules are read back and
