@@ -58,33 +58,7 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 	// only then is every connection tracked.
 	faultTable.TrackLive = o.faultAPIBind != ""
 
-	popts := proxier.Options{
-		BindAddress:             v.bind,
-		PortRange:               v.portRange,
-		NodePortRange:           v.nodePorts,
-		UDPIdleTimeout:          o.udpTimeout,
-		MinSyncPeriod:           o.effectiveMinSyncPeriod(),
-		MinSyncPeriodSet:        true, // the flag's 0 means no minimum, not the default
-		SyncPeriod:              o.syncPeriod,
-		HalfCloseTimeout:        o.halfCloseTimeout,
-		MultipathTCP:            o.multipathTCP,
-		DataPath:                o.dataPath,
-		Liveness:                o.liveness(),
-		WriteTimeout:            o.tcpWriteTimeout,
-		MaxConnectionAge:        o.maxConnectionAge,
-		ConnectionCloseQuiet:    o.closeQuiet,
-		ConnectionCloseDeadline: o.closeDeadline,
-		Affinity:                loadbalancer.Limits{MaxAffinityEntries: o.affinityMaxEntries},
-		Health:                  health,
-		Metrics:                 metrics,
-		Clock:                   clk,
-		NodeName:                nodeName(o.hostnameOverride),
-		Faults:                  faultTable,
-	}
-	popts.UDPMaxSessionsPerPort, popts.UDPMaxSessions = o.udpMaxPerPort, o.udpMaxSessions
-	if !o.udpMaxPerPortGiven {
-		popts.UDPMaxSessionsPerPort = 0 // the default, which the descriptor limit scales
-	}
+	popts := proxierOptions(o, v, clk, metrics, health, faultTable)
 	// The families /healthz reports: a specific --bind-address's, else
 	// both; with rules, those the node has syncers for.
 	ipv4, ipv6 := true, true
@@ -238,6 +212,39 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		klog.InfoS("Stopped")
 	}
 	return nil
+}
+
+// proxierOptions are the proxier's settings the flags give; run adds the
+// portal syncers, the NodePort claims and the service health server.
+func proxierOptions(o *options, v *validated, clk clock.WithTicker, metrics *proxier.Metrics, health *healthcheck.ProxierHealth, faultTable *faults.Table) proxier.Options {
+	popts := proxier.Options{
+		BindAddress:             v.bind,
+		PortRange:               v.portRange,
+		NodePortRange:           v.nodePorts,
+		UDPIdleTimeout:          o.udpTimeout,
+		MinSyncPeriod:           o.effectiveMinSyncPeriod(),
+		MinSyncPeriodSet:        true, // the flag's 0 means no minimum, not the default
+		SyncPeriod:              o.syncPeriod,
+		HalfCloseTimeout:        o.halfCloseTimeout,
+		MultipathTCP:            o.multipathTCP,
+		DataPath:                o.dataPath,
+		Liveness:                o.liveness(),
+		WriteTimeout:            o.tcpWriteTimeout,
+		MaxConnectionAge:        o.maxConnectionAge,
+		ConnectionCloseQuiet:    o.closeQuiet,
+		ConnectionCloseDeadline: o.closeDeadline,
+		Affinity:                loadbalancer.Limits{MaxAffinityEntries: o.affinityMaxEntries},
+		Health:                  health,
+		Metrics:                 metrics,
+		Clock:                   clk,
+		NodeName:                nodeName(o.hostnameOverride),
+		Faults:                  faultTable,
+	}
+	popts.UDPMaxSessionsPerPort, popts.UDPMaxSessions = o.udpMaxPerPort, o.udpMaxSessions
+	if !o.udpMaxPerPortGiven {
+		popts.UDPMaxSessionsPerPort = 0 // the default, which the descriptor limit scales
+	}
+	return popts
 }
 
 // manifestOptions are what the flags set in a manifest source, the
