@@ -96,12 +96,21 @@ func portalSyncers(ctx context.Context, v *validated, newRunner func(iptables.Fa
 			}
 		}
 	}
+	logNodeIPs(v, nodeIPs, v4 != nil, v6 != nil)
+	return v4, v6, nil
+}
+
+// logNodeIPs says at start which node IP each served family's portals
+// DNAT to (served4, served6: the families with rules), and what is odd
+// about them: a --node-ip the node does not hold, a family without one,
+// a link-local one.
+func logNodeIPs(v *validated, nodeIPs []netip.Addr, served4, served6 bool) {
 	if v.nodeIP.IsValid() && !isLocalAddress(v.nodeIP) {
 		klog.InfoS("Warning: --node-ip is not an address of this node's interfaces: portal traffic DNATed to it leaves the node instead of reaching the proxy", "nodeIP", v.nodeIP)
 	}
 	// Each family's with rules: the IPv6 portals DNAT to the IPv6 one
 	// (one address was named, whichever family it was).
-	nodeIPs = slices.DeleteFunc(nodeIPs, func(ip netip.Addr) bool { return ip.Is4() && v4 == nil || ip.Is6() && v6 == nil })
+	nodeIPs = slices.DeleteFunc(nodeIPs, func(ip netip.Addr) bool { return ip.Is4() && !served4 || ip.Is6() && !served6 })
 	// A family with rules but no node IP (no default route, no --node-ip,
 	// no Node address) has portals that REDIRECT (to the address a packet
 	// arrived on), or DNAT to --bind-address when it names one, instead of
@@ -112,7 +121,7 @@ func portalSyncers(ctx context.Context, v *validated, newRunner func(iptables.Fa
 		name   string
 		served bool
 		six    bool
-	}{{"IPv4", v4 != nil, false}, {"IPv6", v6 != nil, true}} {
+	}{{"IPv4", served4, false}, {"IPv6", served6, true}} {
 		if f.served && !slices.ContainsFunc(nodeIPs, func(ip netip.Addr) bool { return ip.Is6() == f.six }) {
 			without = append(without, f.name)
 		}
@@ -131,7 +140,6 @@ func portalSyncers(ctx context.Context, v *validated, newRunner func(iptables.Fa
 		// hostTarget).
 		klog.InfoS("The IPv6 node IP is link-local: traffic from pods and other hosts is REDIRECTed to the address it arrived on, the node's own to the loopback address", "nodeIP", nodeIPs[i])
 	}
-	return v4, v6, nil
 }
 
 // lockWait bounds how long start-up waits out an xtables lock another
