@@ -2,6 +2,16 @@
 // a source: a directory of manifests, or an API server through informers. The
 // handler interfaces are kube-proxy's, so the proxier does not know which
 // source feeds it.
+//
+// It also owns what stands between a source and the proxier or feeds the
+// rest of the command: this node's Node object (NodeHandler, ReadNode), the
+// last known state that serves a restart through an API-server outage
+// (LastKnownState and the --state-file format), the API server's
+// validation that manifests and the state file are held to, what else the
+// API server would do for manifests (allocate the clusterIPs they leave
+// out, refuse a second Service on a clusterIP or node port), and the
+// reading of addresses and annotations from objects (ParseObjectIP,
+// ParseConnectionLifetime).
 package config
 
 import (
