@@ -35,15 +35,28 @@ func commandArgs() []string {
 	return os.Args[1:]
 }
 
-// Ctrl-C ends `demo --serve` cleanly: exit 0 and the goodbye line, which
-// is what `make serve` needs to end without "make: *** Error".
-func TestDemoServeCtrlCExitsZero(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs the whole demo (~20 s)")
+// selfCommand is this test binary run as the command on args
+// (runAsCommand), through wrapper (nohup) when one is given.
+func selfCommand(wrapper string, args ...string) *exec.Cmd {
+	argv := append([]string{os.Args[0], "-test.run=^$", "--"}, args...)
+	if wrapper != "" {
+		argv = append([]string{wrapper}, argv...)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^$", "--", "demo", "--serve")
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), runAsCommand+"=1")
-	stdout, err := cmd.StdoutPipe()
+	return cmd
+}
+
+// startLines starts cmd and returns the lines it writes on stdout, or on
+// stderr with fromStderr, as they come; the channel closes with the
+// stream. The process is killed when the test ends.
+func startLines(t *testing.T, cmd *exec.Cmd, fromStderr bool) <-chan string {
+	t.Helper()
+	pipe := cmd.StdoutPipe
+	if fromStderr {
+		pipe = cmd.StderrPipe
+	}
+	r, err := pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,34 +66,53 @@ func TestDemoServeCtrlCExitsZero(t *testing.T) {
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	lines := make(chan string, 1000)
 	go func() {
-		sc := bufio.NewScanner(stdout)
+		sc := bufio.NewScanner(r)
 		for sc.Scan() {
 			lines <- sc.Text()
 		}
 		close(lines)
 	}()
-	var out []string
-	deadline := time.After(2 * time.Minute)
-	for serving := false; !serving; {
+	return lines
+}
+
+// waitServing adds lines to out until one holds serving; the test fails
+// if what (the demo, the proxy) ends first, or within timeout does not.
+func waitServing(t *testing.T, lines <-chan string, out *[]string, serving, what string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.After(timeout)
+	for {
 		select {
 		case l, ok := <-lines:
 			if !ok {
-				t.Fatalf("demo ended before serving:\n%s", strings.Join(out, "\n"))
+				t.Fatalf("%s ended before serving:\n%s", what, strings.Join(*out, "\n"))
 			}
-			out = append(out, l)
-			serving = strings.Contains(l, "The manifests:")
+			*out = append(*out, l)
+			if strings.Contains(l, serving) {
+				return
+			}
 		case <-deadline:
-			t.Fatalf("demo not serving after 2 min:\n%s", strings.Join(out, "\n"))
+			t.Fatalf("%s not serving after %v:\n%s", what, timeout, strings.Join(*out, "\n"))
 		}
 	}
+}
+
+// Ctrl-C ends `demo --serve` cleanly: exit 0 and the goodbye line, which
+// is what `make serve` needs to end without "make: *** Error".
+func TestDemoServeCtrlCExitsZero(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the whole demo (~20 s)")
+	}
+	cmd := selfCommand("", "demo", "--serve")
+	lines := startLines(t, cmd, false)
+	var out []string
+	waitServing(t, lines, &out, "The manifests:", "demo", 2*time.Minute)
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
 	for l := range lines {
 		out = append(out, l)
 	}
-	err = cmd.Wait()
-	if err != nil {
+	if err := cmd.Wait(); err != nil {
 		t.Fatalf("after Ctrl-C: %v, want exit 0\n%s", err, strings.Join(out, "\n"))
 	}
 	if !strings.Contains(strings.Join(out, "\n"), "Stopping: proxy sockets, backends and the manifest directory are removed.") {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -31,39 +30,11 @@ spec:
 			if err := os.WriteFile(filepath.Join(dir, "web.yaml"), []byte(svc), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			cmd := exec.Command(os.Args[0], "-test.run=^$", "--", "--manifests", dir, "--iptables=false",
+			cmd := selfCommand("", "--manifests", dir, "--iptables=false",
 				"--bind-address", "127.0.0.1", "--healthz-bind-address", "", "--metrics-bind-address", "")
-			cmd.Env = append(os.Environ(), runAsCommand+"=1")
-			stderr, err := cmd.StderrPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-			lines := make(chan string, 1000)
-			go func() {
-				sc := bufio.NewScanner(stderr)
-				for sc.Scan() {
-					lines <- sc.Text()
-				}
-				close(lines)
-			}()
+			lines := startLines(t, cmd, true)
 			var out []string
-			deadline := time.After(30 * time.Second)
-			for serving := false; !serving; {
-				select {
-				case l, ok := <-lines:
-					if !ok {
-						t.Fatalf("proxy ended before serving:\n%s", strings.Join(out, "\n"))
-					}
-					out = append(out, l)
-					serving = strings.Contains(l, "Serving service port")
-				case <-deadline:
-					t.Fatalf("proxy not serving after 30 s:\n%s", strings.Join(out, "\n"))
-				}
-			}
+			waitServing(t, lines, &out, "Serving service port", "proxy", 30*time.Second)
 			if err := cmd.Process.Signal(sig); err != nil {
 				t.Fatal(err)
 			}
@@ -100,39 +71,11 @@ spec:
 	if err := os.WriteFile(filepath.Join(dir, "web.yaml"), []byte(svc), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(nohup, os.Args[0], "-test.run=^$", "--", "--manifests", dir, "--iptables=false",
+	cmd := selfCommand(nohup, "--manifests", dir, "--iptables=false",
 		"--bind-address", "127.0.0.1", "--healthz-bind-address", "", "--metrics-bind-address", "")
-	cmd.Env = append(os.Environ(), runAsCommand+"=1")
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	lines := make(chan string, 1000)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-	}()
+	lines := startLines(t, cmd, true)
 	var out []string
-	deadline := time.After(30 * time.Second)
-	for serving := false; !serving; {
-		select {
-		case l, ok := <-lines:
-			if !ok {
-				t.Fatalf("proxy ended before serving:\n%s", strings.Join(out, "\n"))
-			}
-			out = append(out, l)
-			serving = strings.Contains(l, "Serving service port")
-		case <-deadline:
-			t.Fatalf("proxy not serving after 30 s:\n%s", strings.Join(out, "\n"))
-		}
-	}
+	waitServing(t, lines, &out, "Serving service port", "proxy", 30*time.Second)
 	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
