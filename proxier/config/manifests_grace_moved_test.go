@@ -29,11 +29,8 @@ func TestDropGoneKeepsObjectsAnUnreadFileMayProvide(t *testing.T) {
 			a, b, busy := filepath.Join(dir, "a.yaml"), filepath.Join(dir, "b.yaml"), filepath.Join(dir, "busy.yaml")
 			writeFile(t, a, serviceYAML("web", 80))
 			writeFile(t, busy, serviceYAML("busy", 80))
-			rec, log := newManifestRecorder(), &manifestErrors{}
 			clk := testclock.NewFakeClock(time.Now())
-			src := NewManifestSource(dir, rec, WithoutWatcher(), WithClock(clk),
-				WithErrorReporter(log.report), WithSummaryReporter(func(string) {}))
-			src.dirMode = true
+			src, rec, log := manualSource(dir, WithClock(clk))
 			src.reload()
 			rec.take()
 

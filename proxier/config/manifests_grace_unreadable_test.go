@@ -25,11 +25,8 @@ func TestDropGoneBesideAnUnreadableFile(t *testing.T) {
 	if err := syscall.Mkfifo(filepath.Join(dir, "pipe.yaml"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	rec, log := newManifestRecorder(), &manifestErrors{}
 	clk := testclock.NewFakeClock(time.Now())
-	src := NewManifestSource(dir, rec, WithoutWatcher(), WithClock(clk),
-		WithErrorReporter(log.report), WithSummaryReporter(func(string) {}))
-	src.dirMode = true
+	src, rec, log := manualSource(dir, WithClock(clk))
 	src.reload()
 	rec.take()
 	if !strings.Contains(log.String(), "pipe.yaml") {
@@ -63,11 +60,8 @@ func TestDropGoneKeepsRemoveEventsWhenItDefers(t *testing.T) {
 	writeFile(t, first, serviceYAML("first", 80))
 	writeFile(t, second, serviceYAML("second", 80))
 	writeFile(t, busy, serviceYAML("busy", 80))
-	rec, log := newManifestRecorder(), &manifestErrors{}
 	clk := testclock.NewFakeClock(time.Now())
-	src := NewManifestSource(dir, rec, WithoutWatcher(), WithClock(clk),
-		WithErrorReporter(log.report), WithSummaryReporter(func(string) {}))
-	src.dirMode = true
+	src, rec, log := manualSource(dir, WithClock(clk))
 	src.reload()
 	rec.take()
 
@@ -113,12 +107,10 @@ func TestDropGoneKeepsAnUnreadableFilesError(t *testing.T) {
 	if err := syscall.Mkfifo(pipe, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	rec, log := newManifestRecorder(), &manifestErrors{}
 	var summaries []string
 	clk := testclock.NewFakeClock(time.Now())
-	src := NewManifestSource(dir, rec, WithoutWatcher(), WithClock(clk),
-		WithErrorReporter(log.report), WithSummaryReporter(func(s string) { summaries = append(summaries, s) }))
-	src.dirMode = true
+	src, rec, log := manualSource(dir, WithClock(clk),
+		WithSummaryReporter(func(s string) { summaries = append(summaries, s) }))
 	src.reload()
 	rec.take()
 	pipeErrors := func() int {

@@ -34,9 +34,7 @@ func TestManifestSwappedForFIFOAfterListing(t *testing.T) {
 	dir := t.TempDir()
 	name := filepath.Join(dir, "x.yaml")
 	writeFile(t, name, serviceYAML("x", 80))
-	rec, log := newManifestRecorder(), &manifestErrors{}
-	src := NewManifestSource(dir, rec, WithoutWatcher(), WithErrorReporter(log.report), WithSummaryReporter(func(string) {}))
-	src.dirMode = true
+	src, rec, log := manualSource(dir)
 	src.reload()
 	if got := rec.take(); len(got) != 1 || got[0] != "add Service default/x" {
 		t.Fatalf("first reload: %q", got)
@@ -70,9 +68,7 @@ func TestManifestOverSizeCap(t *testing.T) {
 	dir := t.TempDir()
 	name := filepath.Join(dir, "zz.yaml")
 	writeFile(t, name, serviceYAML("zz", 80))
-	rec, log := newManifestRecorder(), &manifestErrors{}
-	src := NewManifestSource(dir, rec, WithoutWatcher(), WithErrorReporter(log.report), WithSummaryReporter(func(string) {}))
-	src.dirMode = true
+	src, rec, log := manualSource(dir)
 	src.reload()
 	rec.take()
 
@@ -138,9 +134,7 @@ func TestManifestReplacedByNonRegularFile(t *testing.T) {
 			dir := t.TempDir()
 			name := filepath.Join(dir, "x.yaml")
 			writeFile(t, name, serviceYAML("x", 80))
-			rec, log := newManifestRecorder(), &manifestErrors{}
-			src := NewManifestSource(dir, rec, WithoutWatcher(), WithErrorReporter(log.report), WithSummaryReporter(func(string) {}))
-			src.dirMode = true
+			src, rec, log := manualSource(dir)
 			src.reload()
 			if got := rec.take(); len(got) != 1 || got[0] != "add Service default/x" {
 				t.Fatalf("first reload: %q", got)
@@ -227,8 +221,7 @@ func TestSingleFileReadErrorReportedOnce(t *testing.T) {
 	dir := t.TempDir()
 	name := filepath.Join(dir, "x.yaml")
 	writeFile(t, name, serviceYAML("x", 80))
-	rec, log := newManifestRecorder(), &manifestErrors{}
-	src := NewManifestSource(name, rec, WithoutWatcher(), WithErrorReporter(log.report), WithSummaryReporter(func(string) {}))
+	src, rec, log := manualSource(name)
 	src.reload()
 	rec.take()
 

@@ -152,11 +152,8 @@ func TestVanishedFileKeepsItsObjectsForAGrace(t *testing.T) {
 			dir := t.TempDir()
 			path := filepath.Join(dir, "all.yaml")
 			writeFile(t, path, content)
-			rec, log := newManifestRecorder(), &manifestErrors{}
 			clk := testclock.NewFakeClock(time.Now())
-			src := NewManifestSource(dir, rec, WithoutWatcher(), WithClock(clk),
-				WithErrorReporter(log.report), WithSummaryReporter(func(string) {}))
-			src.dirMode = true
+			src, rec, log := manualSource(dir, WithClock(clk))
 			src.reload()
 			rec.take()
 
@@ -349,11 +346,8 @@ func TestVanishedGraceFromTheRemoveEventAndDroppedWhileWriting(t *testing.T) {
 	gone, busy := filepath.Join(dir, "gone.yaml"), filepath.Join(dir, "busy.yaml")
 	writeFile(t, gone, serviceYAML("gone", 80))
 	writeFile(t, busy, serviceYAML("busy", 80))
-	rec, log := newManifestRecorder(), &manifestErrors{}
 	clk := testclock.NewFakeClock(time.Now())
-	src := NewManifestSource(dir, rec, WithoutWatcher(), WithClock(clk),
-		WithErrorReporter(log.report), WithSummaryReporter(func(string) {}))
-	src.dirMode = true
+	src, rec, log := manualSource(dir, WithClock(clk))
 	src.reload()
 	rec.take()
 

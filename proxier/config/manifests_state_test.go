@@ -78,9 +78,7 @@ func TestDuplicateServedFromFilesAlone(t *testing.T) {
 			dir := t.TempDir()
 			a, b := filepath.Join(dir, "a.yaml"), filepath.Join(dir, "b.yaml")
 			start := func() (*ManifestSource, *manifestRecorder, *manifestErrors) {
-				rec, log := newManifestRecorder(), &manifestErrors{}
-				src := NewManifestSource(dir, rec, WithoutWatcher(), WithErrorReporter(log.report), WithSummaryReporter(func(string) {}))
-				src.dirMode = true
+				src, rec, log := manualSource(dir)
 				src.reload()
 				return src, rec, log
 			}

@@ -49,6 +49,19 @@ func writeAtomic(t *testing.T, path, data string) {
 	}
 }
 
+// manualSource is a source of path's manifests that runs no loop and
+// watches nothing: the test calls reload and dropGone itself. Its errors
+// go to log and its summaries nowhere; opts come after those and may
+// replace them.
+func manualSource(path string, opts ...Option) (*ManifestSource, *manifestRecorder, *manifestErrors) {
+	rec, log := newManifestRecorder(), &manifestErrors{}
+	src := NewManifestSource(path, rec, append([]Option{WithoutWatcher(), WithErrorReporter(log.report), WithSummaryReporter(func(string) {})}, opts...)...)
+	if info, err := os.Stat(path); err == nil {
+		src.dirMode = info.IsDir() // as Run sets it
+	}
+	return src, rec, log
+}
+
 // start runs a source on path until the test ends and waits for the initial sync.
 func startSource(t *testing.T, path string, initial []string, opts ...Option) (*manifestRecorder, *manifestErrors) {
 	t.Helper()
