@@ -1,9 +1,7 @@
 package proxier
 
 import (
-	"bytes"
 	"errors"
-	"flag"
 	"net"
 	"net/netip"
 	"os"
@@ -17,13 +15,7 @@ import (
 // "No endpoint" is said at -v=0 once per period per service port; the
 // rest are counted into the next line.
 func TestNoBackendLogRateLimited(t *testing.T) {
-	var buf bytes.Buffer
-	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(fs)
-	_ = fs.Set("logtostderr", "false")
-	klog.SetOutput(&buf)
-	defer klog.SetOutput(nil)
-	defer klog.LogToStderr(true)
+	buf := captureKlog(t)
 
 	var l noBackendLog
 	client := netip.MustParseAddrPort("10.0.0.1:1234")
@@ -44,13 +36,7 @@ func TestNoBackendLogRateLimited(t *testing.T) {
 // the line said only "out of descriptors or ports", and sent the operator
 // after a leak that was not there.
 func TestNoBackendLogNamesAMissingSourceAddress(t *testing.T) {
-	var buf bytes.Buffer
-	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(fs)
-	_ = fs.Set("logtostderr", "false")
-	klog.SetOutput(&buf)
-	defer klog.SetOutput(nil)
-	defer klog.LogToStderr(true)
+	buf := captureKlog(t)
 
 	var l noBackendLog
 	l.report("t/mis4:http", netip.MustParseAddrPort("10.61.1.2:42662"), &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", unix.EADDRNOTAVAIL)})
