@@ -18,38 +18,71 @@ func Cleanup(r Runner) error {
 
 // cleanupTables is Cleanup of our chains and jumps in tables only.
 func cleanupTables(r Runner, tables ...Table) error {
-	var errs []error
-	fail := func(err error) { errs = append(errs, fmt.Errorf("%v: %w", r.Family(), err)) }
-	jumpsDeleted, chainsDeleted := 0, 0
+	c := &cleaner{r: r}
+	exists, ok := c.existing(tables)
+	if !ok {
+		c.done()
+		return errors.Join(c.errs...)
+	}
+	c.deleteOurJumps(exists)
+	buckets := c.deleteOtherJumps(tables)
+	c.deleteChains(exists, buckets)
+	// --cleanup printed nothing at all: a user could not tell a node it
+	// cleaned from one that had nothing of ours.
+	c.done()
+	return errors.Join(c.errs...)
+}
 
-	exists := map[string]bool{}
+// cleaner is one family's cleanup: it goes on past errors, collecting
+// them, and counts what it removed.
+type cleaner struct {
+	r                           Runner
+	errs                        []error
+	jumpsDeleted, chainsDeleted int
+}
+
+func (c *cleaner) fail(err error) { c.errs = append(c.errs, fmt.Errorf("%v: %w", c.r.Family(), err)) }
+
+func (c *cleaner) done() {
+	klog.InfoS("Cleaned up", "ipFamily", c.r.Family(), "chainsDeleted", c.chainsDeleted, "jumpsDeleted", c.jumpsDeleted, "errors", len(c.errs))
+}
+
+// existing reports which of our chains in tables exist. Not ok: the
+// xtables lock stayed held, nothing can be removed.
+func (c *cleaner) existing(tables []Table) (exists map[string]bool, ok bool) {
+	r := c.r
+	exists = map[string]bool{}
 	lockTries := cleanupLockTries
-	for _, c := range ownedChains {
-		if !slices.Contains(tables, c.table) {
+	for _, oc := range ownedChains {
+		if !slices.Contains(tables, oc.table) {
 			continue
 		}
-		ok, err := r.ChainExists(c.table, c.name)
+		there, err := r.ChainExists(oc.table, oc.name)
 		// A chain whose check failed was skipped, left behind for a
 		// second run: under a held lock, ask again (each try waits 5 s).
 		for ; IsLockHeld(err) && lockTries > 0; lockTries-- {
 			klog.InfoS("The xtables lock is held by another process: waiting for it", "ipFamily", r.Family(), "triesLeft", lockTries)
-			ok, err = r.ChainExists(c.table, c.name)
+			there, err = r.ChainExists(oc.table, oc.name)
 		}
 		if IsLockHeld(err) {
 			// Nothing removed yet; every later call would wait and fail.
-			fail(fmt.Errorf("nothing removed, the xtables lock stays held by another process (run --cleanup again): %w", err))
-			klog.InfoS("Cleaned up", "ipFamily", r.Family(), "chainsDeleted", 0, "jumpsDeleted", 0, "errors", len(errs))
-			return errors.Join(errs...)
+			c.fail(fmt.Errorf("nothing removed, the xtables lock stays held by another process (run --cleanup again): %w", err))
+			return nil, false
 		}
 		if err != nil {
-			fail(err)
+			c.fail(err)
 		}
-		exists[c.name] = ok
+		exists[oc.name] = there
 	}
+	return exists, true
+}
 
-	// The jumps table first: iptables -C matches semantically, whatever the
-	// printing. A missing chain cannot have jumps (iptables refuses to delete
-	// a referenced chain), and -C on it would fail.
+// deleteOurJumps deletes the jumps table's jumps into the chains that
+// exist. iptables -C matches semantically, whatever the printing. A
+// missing chain cannot have jumps (iptables refuses to delete a
+// referenced chain), and -C on it would fail.
+func (c *cleaner) deleteOurJumps(exists map[string]bool) {
+	r := c.r
 	for _, j := range jumps {
 		if !exists[j.to] {
 			continue
@@ -57,33 +90,33 @@ func cleanupTables(r Runner, tables ...Table) error {
 		for range maxDuplicates {
 			ok, err := r.RuleExists(j.table, j.from, j.spec()...)
 			if err != nil {
-				fail(err)
+				c.fail(err)
 			}
 			if !ok || err != nil {
 				break
 			}
 			if err := r.DeleteRule(j.table, j.from, j.spec()...); err != nil {
-				fail(err)
+				c.fail(err)
 				break
 			}
-			jumpsDeleted++
+			c.jumpsDeleted++
 		}
 	}
+}
 
-	// Then anything else still jumping to our chains; and note our bucket
-	// chains, deleted last.
-	var buckets []ownedChain
-	data, saveErr := r.Save()
-	if saveErr != nil {
-		fail(saveErr)
+// deleteOtherJumps deletes anything else still jumping to our chains, and
+// returns our bucket chains, deleted last.
+func (c *cleaner) deleteOtherJumps(tables []Table) (buckets []ownedChain) {
+	r := c.r
+	data, err := r.Save()
+	if err != nil {
+		c.fail(err)
+		return nil
 	}
 	for _, table := range tables {
-		if saveErr != nil {
-			break
-		}
 		saved, err := parseSave(data, table)
 		if err != nil {
-			fail(err)
+			c.fail(err)
 			continue
 		}
 		for chain := range saved.chains {
@@ -96,7 +129,7 @@ func cleanupTables(r Runner, tables ...Table) error {
 			// name (they were all left behind, "errors=0").
 			found, err := findBuckets(r, table)
 			if err != nil {
-				fail(err)
+				c.fail(err)
 			}
 			buckets = append(buckets, found...)
 		}
@@ -113,10 +146,10 @@ func cleanupTables(r Runner, tables ...Table) error {
 					err = r.DeleteRule(table, chain, args...)
 				}
 				if err != nil {
-					fail(err)
+					c.fail(err)
 					continue
 				}
-				jumpsDeleted++
+				c.jumpsDeleted++
 				if isOurJump(table, chain, rule) {
 					continue // left by the jumps table's pass (its -C failed)
 				}
@@ -129,29 +162,29 @@ func cleanupTables(r Runner, tables ...Table) error {
 			}
 		}
 	}
+	return buckets
+}
 
-	for _, c := range ownedChains {
-		if !exists[c.name] {
+// deleteChains deletes our chains that exist, then the buckets: their
+// parents are gone, so nothing jumps to them any more.
+func (c *cleaner) deleteChains(exists map[string]bool, buckets []ownedChain) {
+	for _, oc := range ownedChains {
+		if !exists[oc.name] {
 			continue
 		}
-		if err := r.DeleteChain(c.table, c.name); err != nil {
-			fail(err)
-		} else {
-			chainsDeleted++
-		}
+		c.deleteChain(oc)
 	}
-	// Their parents are gone, so nothing jumps to the buckets any more.
-	for _, c := range buckets {
-		if err := r.DeleteChain(c.table, c.name); err != nil {
-			fail(err)
-		} else {
-			chainsDeleted++
-		}
+	for _, oc := range buckets {
+		c.deleteChain(oc)
 	}
-	// --cleanup printed nothing at all: a user could not tell a node it
-	// cleaned from one that had nothing of ours.
-	klog.InfoS("Cleaned up", "ipFamily", r.Family(), "chainsDeleted", chainsDeleted, "jumpsDeleted", jumpsDeleted, "errors", len(errs))
-	return errors.Join(errs...)
+}
+
+func (c *cleaner) deleteChain(oc ownedChain) {
+	if err := c.r.DeleteChain(oc.table, oc.name); err != nil {
+		c.fail(err)
+	} else {
+		c.chainsDeleted++
+	}
 }
 
 // findBuckets asks for the bucket chains of ours in table by name, for a
