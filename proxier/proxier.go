@@ -1,8 +1,17 @@
 // Package proxier owns the service-port table: for every Service port it
 // keeps a proxy socket (tcp.go, udp.go) on a local port, tells the load
 // balancer about affinity and endpoints, and hands the portal rules that
-// send service traffic to those sockets to an iptables syncer. Events come
-// from a source in the config sub-package.
+// send service traffic to those sockets to an iptables syncer (portals.go).
+// Events come from a source in the config sub-package.
+//
+// Service changes go through the rate-limited sync (proxier.go), the only
+// path that creates proxy sockets or writes portal rules. EndpointSlice
+// changes go from the endpoints tracker (endpoints.go) straight to the
+// balancer, without a sync and without iptables. Around the sockets it
+// also owns the NodePorts it holds open (claim.go), the stale conntrack
+// entries it clears (conntrack.go), each port's faults and connection
+// lifetime (faults.go, lifetime.go), the registry of live connections
+// (connections.go) and the debug and metrics views of all of these.
 package proxier
 
 import (
