@@ -33,62 +33,9 @@ func runExplain(args []string) int {
 }
 
 func explain(ctx context.Context, args []string, out io.Writer) int {
-	o := newOptions()
-	fs := pflag.NewFlagSet("kube-userspace-proxy explain", pflag.ContinueOnError)
-	fs.SortFlags = false
-	o.addFlags(fs)
-	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(klogFlags)
-	fs.AddGoFlag(klogFlags.Lookup("v"))
-	timeout := fs.Duration("timeout", 30*time.Second, "How long to wait for the API server (--kubeconfig, --master) before giving up with its last error; 0 waits without limit.")
-	explainFlags(fs)
-	fs.Usage = func() {
-		fmt.Fprintf(os.Stdout, "Usage: kube-userspace-proxy %s\n\n"+
-			"Reads the Services and EndpointSlices once and prints, for each service port, the\n"+
-			"iptables rules the proxy would install (one comment line per rule saying what it\n"+
-			"catches), its proxy socket, its endpoints in round-robin order and its session\n"+
-			"affinity; then each family's rules as iptables-restore input, with the jumps into\n"+
-			"our chains as comments (the proxy adds each once). Needs no root: it opens no\n"+
-			"socket and writes no rule. The flags below shape the explanation as they would\n"+
-			"shape the proxy; the proxy's other flags are accepted (paste its command line)\n"+
-			"and change nothing here, except --cleanup, which is refused.\n\n"+
-			"Flags:\n%s", explainUsage, fs.FlagUsages())
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintf(os.Stderr, "kube-userspace-proxy explain: %v\n", flagSuggestion(err, fs))
-		return exitUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "kube-userspace-proxy explain: unexpected arguments %q\n", fs.Args())
-		return exitUsage
-	}
-	if o.cleanup {
-		// An action, not a configuration: explaining the rules a proxy
-		// would install and exiting 0 read as if the rules were removed.
-		fmt.Fprintln(os.Stderr, "kube-userspace-proxy explain: --cleanup is an action, not something to explain: run `kube-userspace-proxy --cleanup` to remove the rules")
-		return exitUsage
-	}
-	if o.configFile != "" {
-		if err := o.applyConfigFile(fs); err != nil {
-			fmt.Fprintf(os.Stderr, "kube-userspace-proxy explain: --config %s: %v\n", o.configFile, err)
-			return exitUsage
-		}
-	}
-	o.noteGivenFlags(fs)
-	v, err := o.validate()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "kube-userspace-proxy explain: invalid flags:\n%v\n", err)
-		return exitUsage
-	}
-	if klogFlags.Lookup("v").Value.String() == "0" {
-		// The explanation is the output; the proxier's info log (each
-		// service port "served") would only confuse it. Errors, such as an
-		// invalid manifest, still reach stderr.
-		klog.LogToStderr(false)
-		klog.SetOutput(io.Discard)
+	o, v, timeout, code, done := explainOptions(args)
+	if done {
+		return code
 	}
 	ctx, stop := signal.NotifyContext(ctx, stopSignals()...)
 	defer stop()
@@ -118,7 +65,7 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 		invalid++ // from the source's goroutine, read after readOnce has waited for it
 		klog.Error("manifests: ", err)
 	}
-	if code := read(ctx, o, v, *timeout, plan.Handler(), report); code != 0 {
+	if code := read(ctx, o, v, timeout, plan.Handler(), report); code != 0 {
 		return code
 	}
 	// After the read, which waited for the API server (--timeout).
@@ -133,23 +80,7 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 	plan.SetNodeZone(v.nodeObjectZone)
 	ports, v4, v6 := plan.Run()
 	cfg4, cfg6, _ := portalConfigs(v)
-	// Named for the families that have rules here; a family with rules
-	// and no node IP falls back to REDIRECT, which the header must say.
-	var nodeIPs []netip.Addr
-	var redirect []string
-	for _, f := range []struct {
-		name    string
-		ip      netip.Addr
-		portals []iptables.Portal
-	}{{"IPv4", cfg4.NodeIP, v4}, {"IPv6", cfg6.NodeIP, v6}} {
-		switch {
-		case len(f.portals) == 0:
-		case f.ip.IsValid():
-			nodeIPs = append(nodeIPs, f.ip)
-		default:
-			redirect = append(redirect, f.name)
-		}
-	}
+	nodeIPs, redirect := explainedNodeIPs(cfg4, cfg6, v4, v6)
 	e := explanation{
 		source: o.manifests, bind: v.bind, nodeIPs: nodeIPs, redirect: redirect, preroutingRedirect: v.preroutingRedirect, portRange: o.proxyPortRange,
 		kernelPorts: plan.KernelChosenPorts(), ports: ports, noRules: !o.iptables, invalid: invalid,
@@ -173,6 +104,90 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// explainOptions parses explain's command line (and --config) as the
+// proxy's and validates it. done: explain ends now with code (0 after
+// --help, exitUsage after a usage error, said on stderr).
+func explainOptions(args []string) (o *options, v *validated, timeout time.Duration, code int, done bool) {
+	o = newOptions()
+	fs := pflag.NewFlagSet("kube-userspace-proxy explain", pflag.ContinueOnError)
+	fs.SortFlags = false
+	o.addFlags(fs)
+	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(klogFlags)
+	fs.AddGoFlag(klogFlags.Lookup("v"))
+	timeoutFlag := fs.Duration("timeout", 30*time.Second, "How long to wait for the API server (--kubeconfig, --master) before giving up with its last error; 0 waits without limit.")
+	explainFlags(fs)
+	fs.Usage = func() {
+		fmt.Fprintf(os.Stdout, "Usage: kube-userspace-proxy %s\n\n"+
+			"Reads the Services and EndpointSlices once and prints, for each service port, the\n"+
+			"iptables rules the proxy would install (one comment line per rule saying what it\n"+
+			"catches), its proxy socket, its endpoints in round-robin order and its session\n"+
+			"affinity; then each family's rules as iptables-restore input, with the jumps into\n"+
+			"our chains as comments (the proxy adds each once). Needs no root: it opens no\n"+
+			"socket and writes no rule. The flags below shape the explanation as they would\n"+
+			"shape the proxy; the proxy's other flags are accepted (paste its command line)\n"+
+			"and change nothing here, except --cleanup, which is refused.\n\n"+
+			"Flags:\n%s", explainUsage, fs.FlagUsages())
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return nil, nil, 0, 0, true
+		}
+		fmt.Fprintf(os.Stderr, "kube-userspace-proxy explain: %v\n", flagSuggestion(err, fs))
+		return nil, nil, 0, exitUsage, true
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "kube-userspace-proxy explain: unexpected arguments %q\n", fs.Args())
+		return nil, nil, 0, exitUsage, true
+	}
+	if o.cleanup {
+		// An action, not a configuration: explaining the rules a proxy
+		// would install and exiting 0 read as if the rules were removed.
+		fmt.Fprintln(os.Stderr, "kube-userspace-proxy explain: --cleanup is an action, not something to explain: run `kube-userspace-proxy --cleanup` to remove the rules")
+		return nil, nil, 0, exitUsage, true
+	}
+	if o.configFile != "" {
+		if err := o.applyConfigFile(fs); err != nil {
+			fmt.Fprintf(os.Stderr, "kube-userspace-proxy explain: --config %s: %v\n", o.configFile, err)
+			return nil, nil, 0, exitUsage, true
+		}
+	}
+	o.noteGivenFlags(fs)
+	v, err := o.validate()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kube-userspace-proxy explain: invalid flags:\n%v\n", err)
+		return nil, nil, 0, exitUsage, true
+	}
+	if klogFlags.Lookup("v").Value.String() == "0" {
+		// The explanation is the output; the proxier's info log (each
+		// service port "served") would only confuse it. Errors, such as an
+		// invalid manifest, still reach stderr.
+		klog.LogToStderr(false)
+		klog.SetOutput(io.Discard)
+	}
+	return o, v, *timeoutFlag, 0, false
+}
+
+// explainedNodeIPs are the node IPs of the families that have rules here,
+// and the families with rules but no node IP, which fall back to REDIRECT
+// (the header must say so).
+func explainedNodeIPs(cfg4, cfg6 iptables.Config, v4, v6 []iptables.Portal) (nodeIPs []netip.Addr, redirect []string) {
+	for _, f := range []struct {
+		name    string
+		ip      netip.Addr
+		portals []iptables.Portal
+	}{{"IPv4", cfg4.NodeIP, v4}, {"IPv6", cfg6.NodeIP, v6}} {
+		switch {
+		case len(f.portals) == 0:
+		case f.ip.IsValid():
+			nodeIPs = append(nodeIPs, f.ip)
+		default:
+			redirect = append(redirect, f.name)
+		}
+	}
+	return nodeIPs, redirect
 }
 
 // explainUsage is explain's synopsis (main's usage names it too).
