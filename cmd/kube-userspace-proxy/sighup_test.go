@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -19,6 +20,12 @@ import (
 func TestSIGHUPStopsAsSIGTERM(t *testing.T) {
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGHUP} {
 		t.Run(sig.String(), func(t *testing.T) {
+			if sig == syscall.SIGHUP && signal.Ignored(syscall.SIGHUP) {
+				// The proxy inherits the ignored SIGHUP and keeps
+				// ignoring it (TestSIGHUPIgnoredUnderNohup): waiting
+				// for its stop hung until the test binary's timeout.
+				t.Skip("SIGHUP is ignored in this test process (go test run under nohup)")
+			}
 			dir := t.TempDir()
 			svc := `apiVersion: v1
 kind: Service
