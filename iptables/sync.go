@@ -157,29 +157,9 @@ func (r *Rules) syncLocked(portals []Portal) error {
 		r.countHave()
 		return nil
 	}
-	// Restores per table, filter first: iptables-restore commits each
-	// table on its own, so with both in one input a failed filter part left
-	// the nat part applied, and new portals sent traffic to proxy ports that
-	// had no guard yet. Now a portal is written only once its guard is in.
-	var check []ownedChain
-	for _, table := range []Table{TableFilter, TableNAT} {
-		these, gone := chainsOf(stale, table), chainsOf(drop, table)
-		if len(these) == 0 && len(gone) == 0 {
-			// Jump lines come only with a fresh chain of their table,
-			// which is stale, so none are left behind here.
-			continue
-		}
-		if err := r.writeTable(table, want, these, gone, jumpLines[table]); err != nil {
-			return fmt.Errorf("%v: writing chains %v: %w", r.cfg.Family, chainNames(these), err)
-		}
-		// Recorded per table: a later table's failure leaves this one's
-		// write in force, and known.
-		for _, c := range these {
-			if r.written[c.name] && saved[table].unprintable == "" {
-				check = append(check, c)
-			}
-			r.written[c.name] = true
-		}
+	check, err := r.writeStale(want, stale, drop, jumpLines, saved)
+	if err != nil {
+		return err
 	}
 	klog.V(2).InfoS("Rewrote iptables chains", "family", r.cfg.Family, "chains", chainNames(stale))
 	if r.drifted {
@@ -194,6 +174,36 @@ func (r *Rules) syncLocked(portals []Portal) error {
 	r.have = want
 	r.countHave()
 	return nil
+}
+
+// writeStale rewrites the stale chains and deletes the dropped ones, a
+// restore per table, filter first: iptables-restore commits each table on
+// its own, so with both in one input a failed filter part left the nat
+// part applied, and new portals sent traffic to proxy ports that had no
+// guard yet. Now a portal is written only once its guard is in. check:
+// the chains of printable tables written again, which learnPrinting
+// reads back.
+func (r *Rules) writeStale(want chainRules, stale, drop []ownedChain, jumpLines map[Table][]string, saved map[Table]savedTable) (check []ownedChain, err error) {
+	for _, table := range []Table{TableFilter, TableNAT} {
+		these, gone := chainsOf(stale, table), chainsOf(drop, table)
+		if len(these) == 0 && len(gone) == 0 {
+			// Jump lines come only with a fresh chain of their table,
+			// which is stale, so none are left behind here.
+			continue
+		}
+		if err := r.writeTable(table, want, these, gone, jumpLines[table]); err != nil {
+			return nil, fmt.Errorf("%v: writing chains %v: %w", r.cfg.Family, chainNames(these), err)
+		}
+		// Recorded per table: a later table's failure leaves this one's
+		// write in force, and known.
+		for _, c := range these {
+			if r.written[c.name] && saved[table].unprintable == "" {
+				check = append(check, c)
+			}
+			r.written[c.name] = true
+		}
+	}
+	return check, nil
 }
 
 // sayUnprintables logs, once each time it starts and ends, that
