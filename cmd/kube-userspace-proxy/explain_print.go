@@ -217,6 +217,35 @@ func (e *explanation) writePort(w *bufio.Writer, p proxier.DebugServicePort) {
 		field(w, "proxy socket", p.ProxyAddress+" (example port)")
 	}
 	policy := e.policies[p.ServicePort]
+	e.writeEndpoints(w, p, policy)
+	if p.ExternalProxyAddress != "" {
+		e.writeExternal(w, p, policy)
+	}
+	if p.Affinity == "ClientIP" {
+		field(w, "session affinity", fmt.Sprintf("ClientIP: a client keeps the endpoint it got until %s pass without a new connection (UDP: session) from it", time.Duration(p.TimeoutSec)*time.Second))
+	} else {
+		field(w, "session affinity", "none")
+	}
+	if len(p.Faults) == 0 {
+		field(w, "faults", "none")
+	} else {
+		var fs []string
+		for _, t := range p.Faults {
+			fs = append(fs, toxicSummary(t.Toxic))
+		}
+		field(w, "faults", strings.Join(fs, "; "))
+	}
+	writeWarnings(w, e.warnings[serviceOf(p.ServicePort)])
+	if e.noRules {
+		field(w, "rules", "none (--iptables=false)")
+		return
+	}
+	e.writeRules(w, p)
+}
+
+// writeEndpoints writes the port's endpoints line: none and why, or the
+// list, its order and how its families serve which clients.
+func (e *explanation) writeEndpoints(w *bufio.Writer, p proxier.DebugServicePort, policy proxier.LocalPolicy) {
 	// The proxy socket's endpoints are this node's own when the policy
 	// its traffic follows is Local: internal, and external too when both
 	// are (with one Local alone, external traffic has a socket of its own).
@@ -274,28 +303,11 @@ func (e *explanation) writePort(w *bufio.Writer, p proxier.DebugServicePort) {
 			}
 		}
 	}
-	if p.ExternalProxyAddress != "" {
-		e.writeExternal(w, p, policy)
-	}
-	if p.Affinity == "ClientIP" {
-		field(w, "session affinity", fmt.Sprintf("ClientIP: a client keeps the endpoint it got until %s pass without a new connection (UDP: session) from it", time.Duration(p.TimeoutSec)*time.Second))
-	} else {
-		field(w, "session affinity", "none")
-	}
-	if len(p.Faults) == 0 {
-		field(w, "faults", "none")
-	} else {
-		var fs []string
-		for _, t := range p.Faults {
-			fs = append(fs, toxicSummary(t.Toxic))
-		}
-		field(w, "faults", strings.Join(fs, "; "))
-	}
-	writeWarnings(w, e.warnings[serviceOf(p.ServicePort)])
-	if e.noRules {
-		field(w, "rules", "none (--iptables=false)")
-		return
-	}
+}
+
+// writeRules writes the port's rules in each family, each after a comment
+// saying what it catches.
+func (e *explanation) writeRules(w *bufio.Writer, p proxier.DebugServicePort) {
 	fmt.Fprintln(w, "rules:")
 	for i := range e.families {
 		f := &e.families[i]
