@@ -185,8 +185,8 @@ type Proxier struct {
 	// having no syncer (family.go).
 	noPortal map[types.NamespacedName]bool
 
-	// Owned by the sync: the runner's goroutine, Sync and SyncFull (tests)
-	// and Run's stop, serialised by syncMu.
+	// Owned by the sync: the runner's goroutine, Sync (tests, explain's
+	// plan) and SyncFull (tests) and Run's stop, serialised by syncMu.
 	syncMu sync.Mutex
 	active map[loadbalancer.ServicePortName]*activePort
 	// reopening: service ports closed to reopen (closeForReopen) whose
@@ -473,8 +473,8 @@ func (p *Proxier) SetNodeZone(zone string) {
 }
 
 // Sync runs one sync now, as a change would (portal rules updated
-// incrementally unless a full sync is due); for tests, which must not
-// wait for the rate limiter.
+// incrementally unless a full sync is due); for tests and for explain's
+// plan (Plan.Run), which must not wait for the rate limiter.
 func (p *Proxier) Sync() { p.syncProxyRules(false) }
 
 // SyncFull runs the periodic sync now: portal rules are read back and
