@@ -1222,32 +1222,11 @@ func TestLoopAnswerBeforeResetReachesUploadingClient(t *testing.T) {
 	for i := range 20 {
 		h := newLoopHandler(b.ep)
 		client, backend := b.connect(t, h, true)
-		wrote := make(chan error, 1)
-		go func() {
-			chunk := make([]byte, 64<<10)
-			for {
-				if _, err := client.Write(chunk); err != nil {
-					wrote <- err
-					return
-				}
-			}
-		}()
-		if _, err := io.ReadFull(backend, make([]byte, 1024)); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(20 * time.Millisecond) // more of the upload waits unread
-		if _, err := backend.Write([]byte("413 too large\n")); err != nil {
-			t.Fatal(err)
-		}
-		backend.Close() // unread bytes: the backend's host sends a reset
-		_ = client.SetReadDeadline(time.Now().Add(5 * time.Second))
-		got, err := io.ReadAll(client)
+		got, err, werr := uploadMetByReset(t, client, backend, []byte("413 too large\n"))
 		if string(got) != "413 too large\n" {
 			t.Fatalf("try %d: client read %q, %v; want the answer, then a reset", i, got, err)
 		}
-		// The reset reaches whichever of the client's reader and writer
-		// asks first (the socket's error is taken once).
-		if werr := <-wrote; !errors.Is(err, syscall.ECONNRESET) && !errors.Is(werr, syscall.ECONNRESET) {
+		if !resetSeen(err, werr) {
 			t.Fatalf("try %d: client read %v, wrote %v; want a reset", i, err, werr)
 		}
 		h.wait(t)
@@ -1268,25 +1247,8 @@ func TestLoopResetWithoutAnswerReachesUploadingClientAsReset(t *testing.T) {
 	for i := range 50 {
 		h := newLoopHandler(b.ep)
 		client, backend := b.connect(t, h, true)
-		wrote := make(chan error, 1)
-		go func() {
-			chunk := make([]byte, 64<<10)
-			for {
-				if _, err := client.Write(chunk); err != nil {
-					wrote <- err
-					return
-				}
-			}
-		}()
-		if _, err := io.ReadFull(backend, make([]byte, 1024)); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(20 * time.Millisecond) // more of the upload waits unread
-		backend.Close()                   // unread bytes: the backend's host sends a reset
-		_ = client.SetReadDeadline(time.Now().Add(5 * time.Second))
-		got, err := io.ReadAll(client)
-		werr := <-wrote
-		if len(got) != 0 || !errors.Is(err, syscall.ECONNRESET) && !errors.Is(werr, syscall.ECONNRESET) {
+		got, err, werr := uploadMetByReset(t, client, backend, nil)
+		if len(got) != 0 || !resetSeen(err, werr) {
 			t.Fatalf("try %d: client read %q, %v, wrote %v; want a reset", i, got, err, werr)
 		}
 		h.wait(t)

@@ -617,32 +617,11 @@ func TestTCPAnswerBeforeResetReachesUploadingClient(t *testing.T) {
 	answer := bytes.Repeat([]byte("413 too large\n"), 1<<12) // 56 KiB: the backend's socket takes it at once
 	for i := range 20 {
 		client, backend, done := relayed(t, Options{})
-		wrote := make(chan error, 1)
-		go func() {
-			chunk := make([]byte, 64<<10)
-			for {
-				if _, err := client.Write(chunk); err != nil {
-					wrote <- err
-					return
-				}
-			}
-		}()
-		if _, err := io.ReadFull(backend, make([]byte, 1024)); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(20 * time.Millisecond) // more of the upload waits unread
-		if _, err := backend.Write(answer); err != nil {
-			t.Fatal(err)
-		}
-		backend.Close() // unread bytes: the backend's host sends a reset
-		_ = client.SetReadDeadline(time.Now().Add(5 * time.Second))
-		got, err := io.ReadAll(client)
+		got, err, werr := uploadMetByReset(t, client, backend, answer)
 		if !bytes.Equal(got, answer) {
 			t.Fatalf("try %d: client read %d bytes of the %d-byte answer, %v; want all, then a reset", i, len(got), len(answer), err)
 		}
-		// The reset reaches whichever of the client's reader and writer
-		// asks first (the socket's error is taken once).
-		if werr := <-wrote; !errors.Is(err, syscall.ECONNRESET) && !errors.Is(werr, syscall.ECONNRESET) {
+		if !resetSeen(err, werr) {
 			t.Fatalf("try %d: client read %v, wrote %v; want a reset", i, err, werr)
 		}
 		<-done
@@ -657,25 +636,8 @@ func TestTCPAnswerBeforeResetReachesUploadingClient(t *testing.T) {
 func TestTCPResetWithoutAnswerReachesUploadingClientAsReset(t *testing.T) {
 	for i := range 50 {
 		client, backend, done := relayed(t, Options{})
-		wrote := make(chan error, 1)
-		go func() {
-			chunk := make([]byte, 64<<10)
-			for {
-				if _, err := client.Write(chunk); err != nil {
-					wrote <- err
-					return
-				}
-			}
-		}()
-		if _, err := io.ReadFull(backend, make([]byte, 1024)); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(20 * time.Millisecond) // more of the upload waits unread
-		backend.Close()                   // unread bytes: the backend's host sends a reset
-		_ = client.SetReadDeadline(time.Now().Add(5 * time.Second))
-		got, err := io.ReadAll(client)
-		werr := <-wrote
-		if len(got) != 0 || !errors.Is(err, syscall.ECONNRESET) && !errors.Is(werr, syscall.ECONNRESET) {
+		got, err, werr := uploadMetByReset(t, client, backend, nil)
+		if len(got) != 0 || !resetSeen(err, werr) {
 			t.Fatalf("try %d: client read %q, %v, wrote %v; want a reset", i, got, err, werr)
 		}
 		<-done
