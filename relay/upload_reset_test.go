@@ -15,18 +15,9 @@ import (
 // nil) and closes, so its host sends a reset. It returns what the client
 // read before its read ended, that read's error, and the error that
 // stopped the upload.
-func uploadMetByReset(t *testing.T, client, backend net.Conn, answer []byte) (got []byte, readErr, writeErr error) {
+func uploadMetByReset(t *testing.T, client, backend *net.TCPConn, answer []byte) (got []byte, readErr, writeErr error) {
 	t.Helper()
-	wrote := make(chan error, 1)
-	go func() {
-		chunk := make([]byte, 64<<10)
-		for {
-			if _, err := client.Write(chunk); err != nil {
-				wrote <- err
-				return
-			}
-		}
-	}()
+	wrote := flood(client)
 	if _, err := io.ReadFull(backend, make([]byte, 1024)); err != nil {
 		t.Fatal(err)
 	}
