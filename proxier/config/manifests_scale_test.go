@@ -139,3 +139,21 @@ func TestEditDecodesOnlyChangedDocuments(t *testing.T) {
 		t.Errorf("Service default/a located at document %d, then %d; want 1, then 2", a.doc, now.doc)
 	}
 }
+
+// BenchmarkDecodeManifests10k decodes one file of 10,000 Services (named
+// clusterIPs) and their slices cold, as a start or a rewrite of every
+// document does.
+func BenchmarkDecodeManifests10k(b *testing.B) {
+	dir := b.TempDir()
+	writeServices(b, dir, 10000, 1, true)
+	data, err := os.ReadFile(filepath.Join(dir, "f000.yaml"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if ms, errs := DecodeManifests("f000.yaml", data); len(errs) > 0 || len(ms) != 20000 {
+			b.Fatalf("%d objects, errors %v", len(ms), errs)
+		}
+	}
+}
