@@ -128,11 +128,15 @@ func checkSliceEndpoints(t *testing.T, es *discovery.EndpointSlice, valid bool) 
 	t.Helper()
 	svc := types.NamespacedName{Namespace: es.Namespace, Name: "web"}
 	byPort := endpointsByPort(svc, map[string]*discovery.EndpointSlice{es.Name: es})
+	// Read as the proxier reads a cluster object's addresses: leading
+	// zeros an older API server stored ("00.0.0.0") are decimal, as
+	// kube-proxy's ParseIPSloppy reads them (netip.ParseAddr refused them,
+	// and the check called the endpoint 0.0.0.0:1 not the slice's).
 	addrs := map[netip.Addr]bool{}
 	for _, ep := range es.Endpoints {
 		for _, a := range ep.Addresses {
-			if ip, err := netip.ParseAddr(a); err == nil {
-				addrs[ip.Unmap()] = true
+			if ip, ok := config.ParseObjectIP(a); ok {
+				addrs[ip] = true
 			}
 		}
 	}
