@@ -179,7 +179,7 @@ func (d decoder) decodeDocument(loc docLocation, body []byte, in listItem) ([]Ma
 			return nil, []error{loc.err(fmt.Errorf("a %s inside a %s is not read: put its items in the outer list",
 				printable(tn.Kind), printable(in.list)))}
 		}
-		return d.decodeList(loc, body, tn.Kind)
+		return d.decodeList(loc, body, j, tn.Kind)
 	}
 	want, known := apiVersions[tn.Kind]
 	if !known {
@@ -416,12 +416,18 @@ func cleanDecodeError(err error) error {
 // decodeList unpacks a v1 List (or a typed list such as ServiceList) and
 // decodes each item as if it were its own document. Items of a plain List
 // must name their own kind.
-func (d decoder) decodeList(loc docLocation, body []byte, kind string) ([]Manifest, []error) {
+func (d decoder) decodeList(loc docLocation, body, j []byte, kind string) ([]Manifest, []error) {
 	var list struct {
 		Items []json.RawMessage `json:"items"`
 	}
-	if err := yaml.Unmarshal(body, &list); err != nil {
-		return nil, []error{loc.err(err)}
+	// j, the document already turned into JSON (nil if not), spares a
+	// second YAML parse of the whole List; one it does not decode into
+	// takes the YAML decoder, whose error is the one users saw.
+	if j == nil || json.Unmarshal(j, &list) != nil {
+		list.Items = nil
+		if err := yaml.Unmarshal(body, &list); err != nil {
+			return nil, []error{loc.err(err)}
+		}
 	}
 	var out []Manifest
 	var errs []error

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"sigs.k8s.io/yaml"
 )
 
 // writeServices writes n Services named svc-NNNNN, with clusterIP or without
@@ -153,6 +155,32 @@ func BenchmarkDecodeManifests10k(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		if ms, errs := DecodeManifests("f000.yaml", data); len(errs) > 0 || len(ms) != 20000 {
+			b.Fatalf("%d objects, errors %v", len(ms), errs)
+		}
+	}
+}
+
+// BenchmarkDecodeList10k decodes the same 10,000 Services and slices as
+// one JSON List document, as `kubectl get -o json` writes them.
+func BenchmarkDecodeList10k(b *testing.B) {
+	dir := b.TempDir()
+	writeServices(b, dir, 10000, 1, true)
+	data, err := os.ReadFile(filepath.Join(dir, "f000.yaml"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var items []string
+	for _, doc := range strings.Split(string(data), "\n---\n") {
+		j, err := yaml.YAMLToJSON([]byte(doc))
+		if err != nil {
+			b.Fatal(err)
+		}
+		items = append(items, string(j))
+	}
+	list := []byte(`{"apiVersion":"v1","kind":"List","items":[` + strings.Join(items, ",") + `]}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if ms, errs := DecodeManifests("list.json", list); len(errs) > 0 || len(ms) != 20000 {
 			b.Fatalf("%d objects, errors %v", len(ms), errs)
 		}
 	}
