@@ -152,6 +152,7 @@ func parseSaveLines(data []byte, table Table, joinQuoted bool) (savedTable, erro
 	in := false
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	sc.Buffer(make([]byte, 64*1024), 16*1024*1024)
+	sc.Split(scanNewlines)
 	n := 0
 	var quote quoteState // of the rule being continued
 	var cont []byte      // that rule so far, when in the table
@@ -221,6 +222,19 @@ func parseSaveLines(data []byte, table Table, joinQuoted bool) (savedTable, erro
 		return t, errUnclosedQuote
 	}
 	return t, nil
+}
+
+// scanNewlines splits at each newline and nothing else: a CR before one
+// is kept (bufio.ScanLines drops it), since inside a quoted value it is
+// the value's, printed as it is; outside one it is trimmed as a blank.
+func scanNewlines(data []byte, atEOF bool) (int, []byte, error) {
+	if i := bytes.IndexByte(data, '\n'); i >= 0 {
+		return i + 1, data[:i], nil
+	}
+	if atEOF && len(data) > 0 {
+		return len(data), data, nil
+	}
+	return 0, nil, nil
 }
 
 // quoteState tells whether a rule line ends inside double quotes, read as

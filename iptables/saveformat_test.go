@@ -232,3 +232,20 @@ func TestParseSaveQuotedValueOfEveryQuotedOption(t *testing.T) {
 		t.Errorf("KUBE-PROXY-PORT-GUARD rules = %q, want 1", got)
 	}
 }
+
+// A quoted value's line breaks are the value's own bytes: iptables-save
+// escapes only quotes and backslashes, so a comment holding "\r\n" is
+// printed with both. bufio.ScanLines drops a CR before each newline, so
+// such a comment read back without its CR (and unlike the comment on a
+// rule rendered from the same text).
+func TestParseSaveQuotedCRBeforeNewline(t *testing.T) {
+	dump := "*nat\n:X - [0:0]\n-A X -m comment --comment \"a\r\r\nb\r\" -j ACCEPT\nCOMMIT\n"
+	got, err := parseSave([]byte(dump), TableNAT)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "-m comment --comment \"a\r\r\nb\r\" -j ACCEPT"
+	if r := got.rules["X"]; len(r) != 1 || r[0] != want {
+		t.Errorf("rules of X = %q, want [%q]", r, want)
+	}
+}
