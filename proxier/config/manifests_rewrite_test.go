@@ -193,10 +193,17 @@ func TestVanishedFileKeepsItsObjectsForAGrace(t *testing.T) {
 // reads once the manifests have been quiet for the debounce.
 func TestSaveByNewFileWithWatcher(t *testing.T) {
 	dir := t.TempDir()
-	path := filepath.Join(dir, "all.yaml")
+	checkSaveInPiecesIsQuiet(t, dir, filepath.Join(dir, "all.yaml"))
+}
+
+// checkSaveInPiecesIsQuiet writes eight Services to path, starts a source
+// on watched (path or its directory), saves path again in pieces with the
+// same content, and checks the source saw no change and logged no error.
+func checkSaveInPiecesIsQuiet(t *testing.T, watched, path string) {
+	t.Helper()
 	docs, initial := eightServices()
 	writeFile(t, path, strings.Join(docs, "---\n"))
-	rec, log := startSource(t, dir, initial, WithPollInterval(time.Hour), WithDebounce(saveDebounce))
+	rec, log := startSource(t, watched, initial, WithPollInterval(time.Hour), WithDebounce(saveDebounce))
 
 	saveInPieces(t, path, docs)
 	time.Sleep(saveDebounce + defaultVanishedGrace + 500*time.Millisecond)
