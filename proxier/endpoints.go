@@ -34,6 +34,10 @@ type endpointsTracker struct {
 	// that disappears from every slice is emptied in the balancer.
 	applied  map[types.NamespacedName]map[loadbalancer.ServicePortName]bool
 	policies map[types.NamespacedName]trafficPolicy
+	// families holds each single-stack Service's IP family (setFamilies):
+	// only its slices of that address type give it endpoints. A Service
+	// not in it takes every slice.
+	families map[types.NamespacedName]ipFamilies
 	// local counts each Service's ready node-local endpoints, for the
 	// healthCheckNodePort server.
 	local map[types.NamespacedName]int
@@ -74,6 +78,7 @@ func newEndpointsTracker(lb *loadbalancer.LoadBalancer, clk clock.PassiveClock, 
 		slices:   map[types.NamespacedName]map[string]*discovery.EndpointSlice{},
 		applied:  map[types.NamespacedName]map[loadbalancer.ServicePortName]bool{},
 		policies: map[types.NamespacedName]trafficPolicy{},
+		families: map[types.NamespacedName]ipFamilies{},
 		local:    map[types.NamespacedName]int{},
 		noLocal:  map[types.NamespacedName]noLocalPorts{},
 		node:     node,
@@ -252,6 +257,40 @@ func (t *endpointsTracker) setPolicy(svc types.NamespacedName, p trafficPolicy, 
 	}
 }
 
+// setFamilies records the IP families of a Service's ClusterIPs (none:
+// the Service is gone, or has no address to say) and re-applies its
+// endpoints when that changes which of its slices count. As kube-proxy,
+// whose proxier of a family takes the EndpointSlices of that address type
+// and the Services with a ClusterIP of that family only, a single-stack
+// Service takes no endpoint of another family's slice: an IPv4 Service
+// whose only slice is IPv6 (a selectorless Service's hand-made slice, or
+// the moment after a dual-stack Service went IPv4-only, before the
+// EndpointSlice controller deletes the slice) has no endpoints, and its
+// healthCheckNodePort no local pod. The other family's endpoints served
+// its clients across families. Called by sync with the current Services.
+func (t *endpointsTracker) setFamilies(svc types.NamespacedName, f ipFamilies) {
+	if f == familyIPv4|familyIPv6 {
+		f = 0 // dual-stack: every slice counts, as for a Service not known
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old := t.families[svc]
+	if old == f {
+		return
+	}
+	if f == 0 {
+		delete(t.families, svc)
+	} else {
+		t.families[svc] = f
+	}
+	for _, es := range t.slices[svc] {
+		if old.takes(es.AddressType) != f.takes(es.AddressType) {
+			t.apply(svc)
+			return
+		}
+	}
+}
+
 // setNode changes the node's zone (learned from its Node object) and
 // re-applies every Service, since topology filtering depends on it.
 func (t *endpointsTracker) setNode(node nodeTopology) {
@@ -276,7 +315,7 @@ func (t *endpointsTracker) localEndpoints(svc types.NamespacedName) int {
 // filters them by the Service's traffic policy and hands them to the
 // balancer. Returns whether any balancer entry changed.
 func (t *endpointsTracker) apply(svc types.NamespacedName) bool {
-	byPort := endpointsByPort(svc, t.slices[svc])
+	byPort := endpointsByPort(svc, t.slicesOfFamilies(svc))
 	policy := t.policies[svc]
 	want := map[loadbalancer.ServicePortName][]loadbalancer.Endpoint{}
 	localIPs := map[netip.Addr]bool{}
@@ -316,6 +355,29 @@ func (t *endpointsTracker) apply(svc types.NamespacedName) bool {
 		t.changed(svc)
 	}
 	return changed
+}
+
+// slicesOfFamilies are svc's slices of the address types its families
+// take (setFamilies); all of them for a Service not known or dual-stack.
+func (t *endpointsTracker) slicesOfFamilies(svc types.NamespacedName) map[string]*discovery.EndpointSlice {
+	all := t.slices[svc]
+	f := t.families[svc]
+	if f == 0 {
+		return all
+	}
+	var kept map[string]*discovery.EndpointSlice
+	for name, es := range all {
+		if !f.takes(es.AddressType) {
+			if kept == nil {
+				kept = maps.Clone(all)
+			}
+			delete(kept, name)
+		}
+	}
+	if kept == nil {
+		return all
+	}
+	return kept
 }
 
 // noLocalPorts counts service ports with a Local policy and endpoints, none

@@ -38,9 +38,11 @@ func (p *Proxier) syncPolicies(changed map[types.NamespacedName][]*servicePortIn
 			// The tracker keeps the policies; forgetting one it does not
 			// hold does nothing.
 			p.endpoints.setPolicy(nn, trafficPolicy{}, false)
+			p.endpoints.setFamilies(nn, 0)
 			continue
 		}
 		p.endpoints.setPolicy(nn, infos[0].policy, true) // one policy per Service
+		p.endpoints.setFamilies(nn, infos[0].serviceFamilies())
 	}
 	if p.opts.ServiceHealth != nil && p.healthDirty {
 		if err := p.opts.ServiceHealth.SyncServices(maps.Clone(p.healthPorts)); err != nil {

@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"slices"
 
+	discovery "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 )
@@ -14,6 +15,44 @@ const (
 	ipv4Family = "IPv4"
 	ipv6Family = "IPv6"
 )
+
+// ipFamilies is a set of IP families; 0 is none known (every one).
+type ipFamilies uint8
+
+const (
+	familyIPv4 ipFamilies = 1 << iota
+	familyIPv6
+)
+
+// takes reports whether an EndpointSlice of address type at gives
+// endpoints to a Service of families f (0: every family).
+func (f ipFamilies) takes(at discovery.AddressType) bool {
+	switch {
+	case f == 0:
+		return true
+	case at == discovery.AddressTypeIPv4:
+		return f&familyIPv4 != 0
+	case at == discovery.AddressTypeIPv6:
+		return f&familyIPv6 != 0
+	}
+	return true
+}
+
+// serviceFamilies is the IP families the port's Service is served in:
+// those of its ClusterIPs (spec.clusterIPs), as kube-proxy's per-family
+// proxiers each hold the Services with a ClusterIP of their family, else
+// those of its other addresses, as for its NodePort (nodePortFamilies).
+func (a *servicePortInfo) serviceFamilies() ipFamilies {
+	var f ipFamilies
+	v4, v6 := a.nodePortFamilies(a.portalFamilies())
+	if v4 {
+		f |= familyIPv4
+	}
+	if v6 {
+		f |= familyIPv6
+	}
+	return f
+}
 
 // unsupportedFamily is the family that has no portal syncer while the
 // other has one: on a node without its netfilter (iptables.Present: no
