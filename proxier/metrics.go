@@ -1,6 +1,7 @@
 package proxier
 
 import (
+	"slices"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -183,8 +184,10 @@ func (m *Metrics) SetFamilies(families ...string) {
 func (m *Metrics) servedFamilies() []string { return *m.families.Load() }
 
 // observeSync records one sync, which covered every family served, under
-// each of them.
-func (m *Metrics) observeSync(seconds float64, full, ok bool) {
+// each of them; its last-sync time only under the families whose rules it
+// wrote (not in failed), as kube-proxy's proxier of each family sets its
+// own.
+func (m *Metrics) observeSync(seconds float64, full bool, failed []string) {
 	for _, f := range m.servedFamilies() {
 		m.SyncProxyRulesLatency.WithLabelValues(f).Observe(seconds)
 		if full {
@@ -192,7 +195,7 @@ func (m *Metrics) observeSync(seconds float64, full, ok bool) {
 		} else {
 			m.SyncPartialProxyRulesLatency.WithLabelValues(f).Observe(seconds)
 		}
-		if ok {
+		if !slices.Contains(failed, f) {
 			m.SyncProxyRulesLastTimestamp.WithLabelValues(f).SetToCurrentTime()
 		}
 	}

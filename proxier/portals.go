@@ -52,9 +52,9 @@ func portalProtocol(p v1.Protocol) iptables.Protocol {
 // Update (only what changed is written) unless full is set or the syncer
 // has no such path. repaired: a family's Sync rewrote rules someone else
 // had changed (PortalRepairer).
-func (p *Proxier) syncPortals(full bool) (ok, repaired bool) {
+func (p *Proxier) syncPortals(full bool) (ok, repaired bool, failed []string) {
 	if p.opts.IPv4Portals == nil && p.opts.IPv6Portals == nil {
-		return true, false
+		return true, false, nil
 	}
 	v4, v6 := make([]iptables.Portal, 0, len(p.active)), []iptables.Portal(nil)
 	for _, ap := range p.portalOrder() {
@@ -83,6 +83,7 @@ func (p *Proxier) syncPortals(full bool) (ok, repaired bool) {
 		}
 		if err := sync(f.portals); err != nil {
 			ok = false
+			failed = append(failed, f.family)
 			p.metrics.IPTablesRestoreFailures.WithLabelValues(f.family).Inc()
 			klog.ErrorS(err, "Failed to sync portal rules; will retry", "family", f.family)
 		}
@@ -90,7 +91,22 @@ func (p *Proxier) syncPortals(full bool) (ok, repaired bool) {
 			repaired = true
 		}
 	}
-	return ok, repaired
+	return ok, repaired, failed
+}
+
+// syncedFamilies are the families with a portal syncer that are not in
+// failed: those a sync wrote the rules of.
+func (p *Proxier) syncedFamilies(failed []string) []string {
+	var out []string
+	for _, f := range []struct {
+		s      PortalSyncer
+		family string
+	}{{p.opts.IPv4Portals, ipv4Family}, {p.opts.IPv6Portals, ipv6Family}} {
+		if f.s != nil && !slices.Contains(failed, f.family) {
+			out = append(out, f.family)
+		}
+	}
+	return out
 }
 
 // appendPortals appends ap's portals to each family's.

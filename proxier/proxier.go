@@ -36,10 +36,11 @@ import (
 )
 
 // HealthUpdater is told when changes are queued and when a sync finished
-// (kube-proxy's ProxierHealthUpdater).
+// (kube-proxy's ProxierHealthUpdater): Updated names the IP families whose
+// rules the sync wrote ("IPv4", "IPv6"; none: every family).
 type HealthUpdater interface {
 	QueuedUpdate()
-	Updated()
+	Updated(families ...string)
 }
 
 // Options configure a Proxier.
@@ -606,7 +607,7 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 
 	p.publishDebug()
 	p.publishOpenFailures(r.openFailures)
-	ok, repaired := p.syncPortals(full)
+	ok, repaired, failedFamilies := p.syncPortals(full)
 	if !ok {
 		r.failed = append(r.failed, "portals")
 	}
@@ -642,10 +643,16 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 		}
 	}
 	elapsed := p.clk.Since(start)
-	p.metrics.observeSync(elapsed.Seconds(), full, ok)
-	if ok {
-		if p.opts.Health != nil {
+	p.metrics.observeSync(elapsed.Seconds(), full, failedFamilies)
+	if p.opts.Health != nil {
+		// Each family whose rules were written is synced, as each of
+		// kube-proxy's per-family proxiers reports its own: a failed
+		// ip6tables-restore held back IPv4's last sync time too.
+		switch synced := p.syncedFamilies(failedFamilies); {
+		case ok:
 			p.opts.Health.Updated()
+		case len(synced) > 0:
+			p.opts.Health.Updated(synced...)
 		}
 	}
 	klog.V(2).InfoS("Synced", "servicePorts", len(p.active), "serviceChanges", changes, "full", full, "elapsed", elapsed)

@@ -15,15 +15,18 @@ import (
 	"k8s.io/utils/clock"
 )
 
-// ProxierHealth tracks the last successful sync and the oldest change that
-// still waits for one.
+// ProxierHealth tracks, per IP family served, the last successful sync
+// and the oldest change that still waits for one, as kube-proxy's
+// ProxyHealthServer tracks each of its per-family proxiers.
 type ProxierHealth struct {
 	clk     clock.PassiveClock
 	timeout time.Duration
 
-	mu            sync.Mutex
-	lastUpdated   time.Time
-	oldestPending time.Time
+	mu sync.Mutex
+	// lastUpdated and oldestPending are by family (families; "" while
+	// none is named).
+	lastUpdated   map[string]time.Time
+	oldestPending map[string]time.Time
 	nodeDeleted   bool
 	// families are the IP families the proxy serves ("IPv4", "IPv6"),
 	// each a key of the body's status once the first sync is in.
@@ -32,7 +35,8 @@ type ProxierHealth struct {
 
 // SetFamilies names the IP families the proxy programs, for the body's
 // per-family status (kube-proxy has a proxier per family; here one sync
-// covers them all, so they share its time and health).
+// covers them all, and says which of them it wrote: Updated). Call it
+// before the first QueuedUpdate.
 func (h *ProxierHealth) SetFamilies(families ...string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -43,24 +47,45 @@ func (h *ProxierHealth) SetFamilies(families ...string) {
 // failed to, so /livez is 200) but not ready: /healthz is 503 until the
 // first Updated.
 func NewProxierHealth(clk clock.PassiveClock, timeout time.Duration) *ProxierHealth {
-	return &ProxierHealth{clk: clk, timeout: timeout}
+	return &ProxierHealth{clk: clk, timeout: timeout, lastUpdated: map[string]time.Time{}, oldestPending: map[string]time.Time{}}
 }
 
-// QueuedUpdate records that a change waits for a sync.
+// keys are the families tracked: those named, else one for all. mu is
+// held.
+func (h *ProxierHealth) keys() []string {
+	if len(h.families) == 0 {
+		return []string{""}
+	}
+	return h.families
+}
+
+// QueuedUpdate records that a change waits for a sync of every family.
 func (h *ProxierHealth) QueuedUpdate() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.oldestPending.IsZero() {
-		h.oldestPending = h.clk.Now()
+	now := h.clk.Now()
+	for _, f := range h.keys() {
+		if h.oldestPending[f].IsZero() {
+			h.oldestPending[f] = now
+		}
 	}
 }
 
-// Updated records a successful sync.
-func (h *ProxierHealth) Updated() {
+// Updated records a sync that wrote the rules of families (none named:
+// every family), as kube-proxy's proxier of each family reports its own:
+// one family whose rules failed (ip6tables-restore refused) no longer
+// holds back the other's last sync time and health.
+func (h *ProxierHealth) Updated(families ...string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.lastUpdated = h.clk.Now()
-	h.oldestPending = time.Time{}
+	if len(families) == 0 || len(h.families) == 0 {
+		families = h.keys()
+	}
+	now := h.clk.Now()
+	for _, f := range families {
+		h.lastUpdated[f] = now
+		delete(h.oldestPending, f)
+	}
 }
 
 // SetNodeDeleted marks the node as being deleted; /healthz then fails (so
@@ -85,6 +110,8 @@ type Status struct {
 	NodeEligible *bool                   `json:"nodeEligible,omitempty"`
 	Healthy      bool                    `json:"healthy"`
 	Status       map[string]FamilyStatus `json:"status,omitempty"`
+	// synced: every family has had a successful sync (readiness).
+	synced bool
 }
 
 // FamilyStatus is one IP family's entry of Status, kube-proxy's
@@ -94,17 +121,30 @@ type FamilyStatus struct {
 	Healthy     bool      `json:"healthy"`
 }
 
-// Healthy reports whether no queued change has waited past the timeout.
+// Healthy reports whether no queued change has waited past the timeout
+// in any family. Its status's lastUpdated is the latest family's, as
+// kube-proxy's; the per-family status is there once a family has synced.
 func (h *ProxierHealth) Healthy() (bool, Status) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	now := h.clk.Now()
-	healthy := h.oldestPending.IsZero() || now.Sub(h.oldestPending) < h.timeout
-	st := Status{LastUpdated: h.lastUpdated, CurrentTime: now}
-	if !h.lastUpdated.IsZero() && len(h.families) > 0 {
+	st := Status{CurrentTime: now, synced: true}
+	healthy := true
+	familyHealthy := make(map[string]bool, len(h.keys()))
+	for _, f := range h.keys() {
+		pending := h.oldestPending[f]
+		familyHealthy[f] = pending.IsZero() || now.Sub(pending) < h.timeout
+		healthy = healthy && familyHealthy[f]
+		last := h.lastUpdated[f]
+		if last.After(st.LastUpdated) {
+			st.LastUpdated = last
+		}
+		st.synced = st.synced && !last.IsZero()
+	}
+	if !st.LastUpdated.IsZero() && len(h.families) > 0 {
 		st.Status = make(map[string]FamilyStatus, len(h.families))
 		for _, f := range h.families {
-			st.Status[f] = FamilyStatus{LastUpdated: h.lastUpdated, Healthy: healthy}
+			st.Status[f] = FamilyStatus{LastUpdated: h.lastUpdated[f], Healthy: familyHealthy[f]}
 		}
 	}
 	return healthy, st
@@ -121,8 +161,10 @@ func (h *ProxierHealth) Handler(livez bool, count func(code int)) http.Handler {
 			eligible := !h.nodeDeleted
 			h.mu.Unlock()
 			st.NodeEligible = &eligible
-			// Readiness: nothing is served before the first sync.
-			healthy = healthy && !st.LastUpdated.IsZero()
+			// Readiness: nothing is served before the first sync (of
+			// every family: one whose rules were never written serves
+			// none of its Services).
+			healthy = healthy && st.synced
 			ok = healthy && eligible
 		}
 		code := http.StatusOK

@@ -124,3 +124,46 @@ func TestProxierHealthUnhealthyKeepsLastSync(t *testing.T) {
 		t.Fatalf("code %d body %s; want 503, healthy false, lastUpdated %v", rec.Code, rec.Body.String(), synced)
 	}
 }
+
+// Each family's sync is its own, as each of kube-proxy's per-family
+// proxiers reports its own: a family whose rules were written is healthy
+// with its own last sync while the other's change waits; the proxy is
+// unhealthy once that wait passes the timeout, and /healthz stays 503
+// until every family has synced once.
+func TestProxierHealthPerFamily(t *testing.T) {
+	const timeout = 60 * time.Second
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	h := NewProxierHealth(clk, timeout)
+	h.SetFamilies("IPv4", "IPv6")
+	get := func(livez bool) (int, healthBody) {
+		t.Helper()
+		rec := httptest.NewRecorder()
+		h.Handler(livez, nil).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+		var st healthBody
+		if err := json.Unmarshal(rec.Body.Bytes(), &st); err != nil {
+			t.Fatalf("body %q: %v", rec.Body.String(), err)
+		}
+		return rec.Code, st
+	}
+	h.QueuedUpdate()
+	h.Updated("IPv4")
+	v4synced := clk.Now()
+	if code, st := get(false); code != http.StatusServiceUnavailable || !st.Status["IPv4"].LastUpdated.Equal(v4synced) || !st.Status["IPv6"].LastUpdated.IsZero() {
+		t.Errorf("IPv4 synced only: healthz %d %+v, want 503 (IPv6 never synced), IPv4 at %v", code, st, v4synced)
+	}
+	if code, _ := get(true); code != http.StatusOK {
+		t.Errorf("IPv4 synced only, IPv6 within the timeout: livez %d, want 200", code)
+	}
+	clk.Step(timeout)
+	code, st := get(true)
+	if code != http.StatusServiceUnavailable || !st.Status["IPv4"].Healthy || st.Status["IPv6"].Healthy {
+		t.Errorf("IPv6 late: livez %d %+v, want 503, IPv4 healthy, IPv6 not", code, st)
+	}
+	if !st.LastUpdated.Equal(v4synced) {
+		t.Errorf("lastUpdated %v, want IPv4's %v (the latest family's, as kube-proxy)", st.LastUpdated, v4synced)
+	}
+	h.Updated("IPv6")
+	if code, st := get(false); code != http.StatusOK || !st.Status["IPv6"].Healthy || !st.Status["IPv4"].LastUpdated.Equal(v4synced) {
+		t.Errorf("both synced: healthz %d %+v, want 200, IPv4 still at %v", code, st, v4synced)
+	}
+}
