@@ -38,9 +38,9 @@ type endpointsTracker struct {
 	// only its slices of that address type give it endpoints. A Service
 	// not in it takes every slice.
 	families map[types.NamespacedName]ipFamilies
-	// local counts each Service's ready node-local endpoints, for the
-	// healthCheckNodePort server.
-	local map[types.NamespacedName]int
+	// local counts each Service's ready node-local pods per family
+	// (loadbalancer.Family's index), for the healthCheckNodePort server.
+	local map[types.NamespacedName][2]int
 	// noLocal counts each Service's ports with a Local policy whose usable
 	// endpoints are all elsewhere (internal, external), and noLocalTotal
 	// their sums: kubeproxy_sync_proxy_rules_no_local_endpoints_total.
@@ -79,7 +79,7 @@ func newEndpointsTracker(lb *loadbalancer.LoadBalancer, clk clock.PassiveClock, 
 		applied:  map[types.NamespacedName]map[loadbalancer.ServicePortName]bool{},
 		policies: map[types.NamespacedName]trafficPolicy{},
 		families: map[types.NamespacedName]ipFamilies{},
-		local:    map[types.NamespacedName]int{},
+		local:    map[types.NamespacedName][2]int{},
 		noLocal:  map[types.NamespacedName]noLocalPorts{},
 		node:     node,
 		open:     map[loadbalancer.ServicePortName]bool{},
@@ -305,10 +305,24 @@ func (t *endpointsTracker) setNode(node nodeTopology) {
 	}
 }
 
-func (t *endpointsTracker) localEndpoints(svc types.NamespacedName) int {
+// localEndpoints is svc's count of ready local pods that its
+// healthCheckNodePort reports to a check that arrived on the node address
+// at: that family's, as kube-proxy's proxier of the family answers (each
+// on its family's --nodeport-addresses), for a dual-stack Service; a
+// single-stack Service's own family's wherever the check arrived (its
+// other family counts none: setFamilies), as its one proxier answers
+// there; the larger family's when at is not known.
+func (t *endpointsTracker) localEndpoints(svc types.NamespacedName, at netip.Addr) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.local[svc]
+	n := t.local[svc]
+	if !at.IsValid() || t.families[svc] != 0 {
+		return max(n[0], n[1])
+	}
+	if at.Unmap().Is4() {
+		return n[0]
+	}
+	return n[1]
 }
 
 // apply merges every slice of svc into endpoint lists per service port,
@@ -329,7 +343,7 @@ func (t *endpointsTracker) apply(svc types.NamespacedName) bool {
 		addReadyLocalIPs(localIPs, eps, t.node.name)
 		noLocal = noLocal.add(policy, eps, t.node.name)
 	}
-	if local := localPodCount(localIPs); local > 0 {
+	if local := localPodCount(localIPs); local != ([2]int{}) {
 		t.local[svc] = local
 	} else {
 		delete(t.local, svc)

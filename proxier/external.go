@@ -3,6 +3,7 @@ package proxier
 import (
 	"maps"
 	"net"
+	"net/netip"
 	"strconv"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -111,8 +112,19 @@ func (p *Proxier) closeExternalSocket(ap *activePort) {
 	p.debugTouched = append(p.debugTouched, ap.info.name)
 }
 
-// LocalEndpoints is the number of ready endpoints of a Service on this node,
-// what its healthCheckNodePort reports.
+// LocalEndpoints is the number of ready endpoints (pods) of a Service on
+// this node, what its healthCheckNodePort reports; the larger family's
+// for a dual-stack Service (LocalEndpointsAt answers a family).
 func (p *Proxier) LocalEndpoints(svc types.NamespacedName) int {
-	return p.endpoints.localEndpoints(svc)
+	return p.endpoints.localEndpoints(svc, netip.Addr{})
+}
+
+// LocalEndpointsAt is what the healthCheckNodePort of svc reports to a
+// check that arrived on the node address at: for a dual-stack Service the
+// local pods of at's family, as kube-proxy's per-family proxiers answer,
+// so a node whose local pods have no IPv4 address fails the check a load
+// balancer makes on its IPv4 address (its IPv4 NodePort resets every
+// client under externalTrafficPolicy Local); else LocalEndpoints.
+func (p *Proxier) LocalEndpointsAt(svc types.NamespacedName, at netip.Addr) int {
+	return p.endpoints.localEndpoints(svc, at)
 }

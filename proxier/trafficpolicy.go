@@ -83,18 +83,18 @@ func addReadyLocalIPs(ips map[netip.Addr]bool, eps []loadbalancer.Endpoint, node
 // endpoints, from the distinct IPs of its ready local endpoints over all
 // the Service's ports: kube-proxy's LocalReadyEndpoints, which counts IPs
 // and not ip:port endpoints (two pods serving one port each are two), in
-// its per-family proxiers, each of its own family (a dual-stack pod is one,
-// not two); the larger family's count here, with one server for both.
-func localPodCount(ips map[netip.Addr]bool) int {
-	v4, v6 := 0, 0
+// its per-family proxiers, each of its own family (a dual-stack pod is one
+// in each): by family, IPv4 then IPv6 (localEndpoints picks one).
+func localPodCount(ips map[netip.Addr]bool) [2]int {
+	var n [2]int
 	for a := range ips {
 		if a.Is4() {
-			v4++
+			n[0]++
 		} else {
-			v6++
+			n[1]++
 		}
 	}
-	return max(v4, v6)
+	return n
 }
 
 // topologyFiltered applies EndpointSlice hints as kube-proxy does, deciding

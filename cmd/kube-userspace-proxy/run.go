@@ -98,7 +98,7 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 	var p *proxier.Proxier
 	// Where NodePorts answer (--nodeport-addresses), as kube-proxy: not on
 	// --bind-address, which is the proxy sockets' address.
-	serviceHealth := healthcheck.NewServiceHealthServer(v.nodePortAddresses, o.httpLimits(), func(nn types.NamespacedName) int { return p.LocalEndpoints(nn) },
+	serviceHealth := healthcheck.NewServiceHealthServer(v.nodePortAddresses, o.httpLimits(), func(nn types.NamespacedName, at netip.Addr) int { return p.LocalEndpointsAt(nn, at) },
 		func() bool { ok, _ := health.Healthy(); return ok })
 	defer serviceHealth.Close()
 	popts.ServiceHealth = serviceHealth

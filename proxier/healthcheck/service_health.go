@@ -26,7 +26,7 @@ type ServiceHealthServer struct {
 	addrs          []ListenAddr
 	listen         func(network, address string) (net.Listener, error)
 	limits         httpserver.Limits
-	localEndpoints func(types.NamespacedName) int
+	localEndpoints func(types.NamespacedName, netip.Addr) int
 	proxyHealthy   func() bool
 
 	// ListenFailed (nil: none) hears of a healthCheckNodePort that could
@@ -51,15 +51,18 @@ type serviceServer struct {
 // addresses it sends NodePort traffic to. That is every address without
 // nodePortAddresses (--nodeport-addresses), else the node's addresses
 // inside them, resolved once here (ListenAddrs). Each server is held to
-// limits; localEndpoints gives the count per Service on each request, and
+// limits; localEndpoints gives the count per Service on each request (for
+// the node address the check arrived on: a dual-stack Service answers
+// each family with that family's local pods, as kube-proxy's per-family
+// health servers; invalid when not known), and
 // proxyHealthy (nil: always) whether this proxy's syncs keep up: as
 // kube-proxy's, a node whose rules lag fails every Service's check, so
 // load balancers stop sending to it.
-func NewServiceHealthServer(nodePortAddresses []netip.Prefix, limits httpserver.Limits, localEndpoints func(types.NamespacedName) int, proxyHealthy func() bool) *ServiceHealthServer {
+func NewServiceHealthServer(nodePortAddresses []netip.Prefix, limits httpserver.Limits, localEndpoints func(types.NamespacedName, netip.Addr) int, proxyHealthy func() bool) *ServiceHealthServer {
 	return newServiceHealthServer(ListenAddrs(nodePortAddresses, net.InterfaceAddrs), net.Listen, limits, localEndpoints, proxyHealthy)
 }
 
-func newServiceHealthServer(addrs []ListenAddr, listen func(network, address string) (net.Listener, error), limits httpserver.Limits, localEndpoints func(types.NamespacedName) int, proxyHealthy func() bool) *ServiceHealthServer {
+func newServiceHealthServer(addrs []ListenAddr, listen func(network, address string) (net.Listener, error), limits httpserver.Limits, localEndpoints func(types.NamespacedName, netip.Addr) int, proxyHealthy func() bool) *ServiceHealthServer {
 	if proxyHealthy == nil {
 		proxyHealthy = func() bool { return true }
 	}
@@ -224,7 +227,7 @@ func (s *ServiceHealthServer) handler(nn types.NamespacedName) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var body serviceHealthBody
 		body.Service.Namespace, body.Service.Name = nn.Namespace, nn.Name
-		body.LocalEndpoints = s.localEndpoints(nn)
+		body.LocalEndpoints = s.localEndpoints(nn, localAddr(r))
 		body.ServiceProxyHealthy = s.proxyHealthy()
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
@@ -234,6 +237,15 @@ func (s *ServiceHealthServer) handler(nn types.NamespacedName) http.Handler {
 		}
 		_ = json.NewEncoder(w).Encode(body)
 	})
+}
+
+// localAddr is the address r arrived on (unmapped), invalid when not
+// known.
+func localAddr(r *http.Request) netip.Addr {
+	if a, ok := r.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr); ok {
+		return a.AddrPort().Addr().Unmap()
+	}
+	return netip.Addr{}
 }
 
 // tellFailed passes a listen failure to ListenFailed, unless this port of

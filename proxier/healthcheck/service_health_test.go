@@ -39,7 +39,7 @@ func TestServiceHealthServer(t *testing.T) {
 	local := map[types.NamespacedName]int{web: 2}
 	var proxyHealthy atomic.Bool
 	proxyHealthy.Store(true)
-	s := newServiceHealthServer(loopback, net.Listen, httpserver.DefaultLimits, func(nn types.NamespacedName) int { return local[nn] }, proxyHealthy.Load)
+	s := newServiceHealthServer(loopback, net.Listen, httpserver.DefaultLimits, func(nn types.NamespacedName, _ netip.Addr) int { return local[nn] }, proxyHealthy.Load)
 	t.Cleanup(s.Close)
 	port := freePort(t)
 	if err := s.SyncServices(map[types.NamespacedName]int{web: port}); err != nil {
@@ -90,7 +90,7 @@ func TestServiceHealthServerClosesIdleConnections(t *testing.T) {
 	limits := httpserver.DefaultLimits
 	limits.IdleTimeout = 300 * time.Millisecond
 	nn := types.NamespacedName{Namespace: "default", Name: "web"}
-	s := newServiceHealthServer(loopback, net.Listen, limits, func(types.NamespacedName) int { return 1 }, nil)
+	s := newServiceHealthServer(loopback, net.Listen, limits, func(types.NamespacedName, netip.Addr) int { return 1 }, nil)
 	t.Cleanup(s.Close)
 	port := freePort(t)
 	if err := s.SyncServices(map[types.NamespacedName]int{nn: port}); err != nil {
@@ -201,7 +201,7 @@ func TestServiceHealthListensOnEachAddress(t *testing.T) {
 		}
 		return err != nil
 	}
-	s := newServiceHealthServer(addrs, listen, httpserver.DefaultLimits, func(types.NamespacedName) int { return 1 }, nil)
+	s := newServiceHealthServer(addrs, listen, httpserver.DefaultLimits, func(types.NamespacedName, netip.Addr) int { return 1 }, nil)
 	t.Cleanup(s.Close)
 
 	if err := s.SyncServices(map[types.NamespacedName]int{web: 30200}); err == nil || !strings.Contains(err.Error(), "healthCheckNodePort 30200 of default/web") {
@@ -258,7 +258,7 @@ func TestServiceHealthListenFailedToldOnce(t *testing.T) {
 		}
 		return net.Listen("tcp", "127.0.0.1:0")
 	}
-	s := newServiceHealthServer([]ListenAddr{{"tcp", "127.0.0.1"}}, listen, httpserver.DefaultLimits, func(types.NamespacedName) int { return 1 }, nil)
+	s := newServiceHealthServer([]ListenAddr{{"tcp", "127.0.0.1"}}, listen, httpserver.DefaultLimits, func(types.NamespacedName, netip.Addr) int { return 1 }, nil)
 	t.Cleanup(s.Close)
 	var told []string
 	s.ListenFailed = func(nn types.NamespacedName, port int, err error) {
