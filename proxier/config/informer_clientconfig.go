@@ -1,6 +1,8 @@
 package config
 
 import (
+	"cmp"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"os"
@@ -41,12 +43,37 @@ func BuildClientConfig(kubeconfig, master string) (*rest.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("API server client configuration: %w", err)
 	}
+	if err := checkClientCertificate(cfg); err != nil {
+		return nil, fmt.Errorf("API server client configuration: %w", err)
+	}
 	cfg.AcceptContentTypes = AcceptContentTypes
 	cfg.ContentType = ContentType
 	if cfg.UserAgent == "" {
 		cfg.UserAgent = "kube-userspace-proxy"
 	}
 	return cfg, nil
+}
+
+// checkClientCertificate refuses a client certificate and key that are
+// not a pair, as kubectl does. client-go loads files given by path only
+// when it first dials, through its certificate rotation, which logs
+// "Loading client cert failed" and dials with no certificate: the proxy
+// then waited for good on an API server that refused it (or, unreachable,
+// was "not ready"). A copy of cfg is loaded, so that cfg keeps reading the
+// files again when they are rotated.
+func checkClientCertificate(cfg *rest.Config) error {
+	c := rest.CopyConfig(cfg)
+	if err := rest.LoadTLSFiles(c); err != nil {
+		return fmt.Errorf("reading its TLS files: %w", err)
+	}
+	if len(c.CertData) == 0 && len(c.KeyData) == 0 {
+		return nil
+	}
+	if _, err := tls.X509KeyPair(c.CertData, c.KeyData); err != nil {
+		cert, key := cmp.Or(cfg.CertFile, "client-certificate-data"), cmp.Or(cfg.KeyFile, "client-key-data")
+		return fmt.Errorf("the client certificate %s and key %s are not a valid pair: %w", cert, key, err)
+	}
+	return nil
 }
 
 // throughKubernetesService reports whether the in-cluster configuration

@@ -1,10 +1,18 @@
 package config
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 const testKubeconfig = `apiVersion: v1
@@ -89,4 +97,64 @@ func TestThroughKubernetesService(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A client key that is not the certificate's: client-go defers loading
+// files to its certificate rotation, which logs "Loading client cert
+// failed" and sends no certificate, so the proxy waited for an API server
+// that refused it (or, unreachable, called it "not ready") for good. As
+// kubectl, the configuration is refused at once, naming the pair.
+func TestBuildClientConfigKeyNotTheCertificates(t *testing.T) {
+	dir := t.TempDir()
+	certPEM, _ := selfSigned(t)
+	_, otherKeyPEM := selfSigned(t)
+	cert, key := filepath.Join(dir, "client.crt"), filepath.Join(dir, "client.key")
+	if err := os.WriteFile(cert, certPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(key, otherKeyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	kc := filepath.Join(dir, "kubeconfig")
+	body := strings.Replace(testKubeconfig, "user: {token: secret}",
+		"user: {client-certificate: "+cert+", client-key: "+key+"}", 1)
+	if err := os.WriteFile(kc, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := BuildClientConfig(kc, "")
+	if err == nil || !strings.Contains(err.Error(), "private key does not match public key") || !strings.Contains(err.Error(), cert) {
+		t.Fatalf("err = %v, want the pair refused, naming %s", err, cert)
+	}
+
+	// The matching pair is taken.
+	certPEM, keyPEM := selfSigned(t)
+	if err := os.WriteFile(cert, certPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(key, keyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := BuildClientConfig(kc, ""); err != nil {
+		t.Fatalf("a matching pair: %v", err)
+	}
+}
+
+// selfSigned makes a certificate and its key, PEM-encoded.
+func selfSigned(t *testing.T) (certPEM, keyPEM []byte) {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "client"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
 }
