@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/clip"
 )
 
 // Annotation declares a Service's toxics: a JSON list in Toxiproxy's shape.
@@ -120,9 +122,9 @@ func portsFor(t *Toxic, ports []ServicePort) error {
 	}
 	switch {
 	case t.Port != "" && wrongProtocol != "":
-		return &FieldError{"type", fmt.Sprintf("%s acts on %s, and port %q is %s", t.Type, protocolsOf(t.Type), t.Port, wrongProtocol)}
+		return &FieldError{"type", fmt.Sprintf("%s acts on %s, and port %s is %s", t.Type, protocolsOf(t.Type), clip.Quote(string(t.Port)), wrongProtocol)}
 	case t.Port != "":
-		return &FieldError{"port", fmt.Sprintf("the Service has no port %q", t.Port)}
+		return &FieldError{"port", fmt.Sprintf("the Service has no port %s", clip.Quote(string(t.Port)))}
 	}
 	return &FieldError{"type", fmt.Sprintf("%s acts on %s, and the Service has no such port", t.Type, protocolsOf(t.Type))}
 }

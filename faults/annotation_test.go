@@ -442,3 +442,36 @@ func TestParseAnnotationToxicsPerPortBounded(t *testing.T) {
 		t.Errorf("a name given twice: %v, want it refused", err)
 	}
 }
+
+// An invalid value is quoted by a bounded prefix and its length, not
+// whole: the annotation takes 256 KiB from the API server, and its error
+// goes to the log and /debug/services (and the fault API's answer).
+func TestParseAnnotationErrorsQuoteBoundedValues(t *testing.T) {
+	big := strings.Repeat("5", 300000)
+	both := []ServicePort{tcpHTTP, udpDNS}
+	for _, tc := range []struct {
+		name, value string
+	}{
+		{"type", `[{"type":"` + big + `"}]`},
+		{"stream", `[{"type":"latency","stream":"` + big + `"}]`},
+		{"unprintable name", `[{"type":"latency","name":"\n` + big + `"}]`},
+		{"port name", `[{"type":"latency","port":"` + big + `"}]`},
+		{"port not a name or number", `[{"type":"latency","port":[` + big + `]}]`},
+		{"attribute name", `[{"type":"latency","attributes":{"` + big + `":1}}]`},
+		{"attribute not a number", `[{"type":"latency","attributes":{"latency":"` + big + `"}}]`},
+		{"attribute given twice", `[{"type":"latency","attributes":{"Latency":1,"latency` + big + `":2}}]`},
+		{"unknown field", `[{"type":"latency","` + big + `":1}]`},
+		{"seed out of range", `[{"type":"latency","seed":` + big + `}]`},
+		{"client", `[{"type":"latency","clients":["` + big + `"]}]`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseAnnotation(tc.value, both)
+			if err == nil {
+				t.Fatal("parsed")
+			}
+			if msg := err.Error(); len(msg) > 1000 || !strings.Contains(msg, " bytes)") {
+				t.Errorf("error of %d bytes, want at most 1000 naming the value's length: %.300s", len(msg), msg)
+			}
+		})
+	}
+}

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 
 	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/clip"
 )
 
 // Origins of a toxic: declared on the Service, or set through the API.
@@ -154,7 +156,7 @@ func (t *Table) lookup(name string) (*Port, error) {
 	if p := t.ports[name]; p != nil {
 		return p, nil
 	}
-	return nil, fmt.Errorf("%w: %s", ErrProxyNotFound, name)
+	return nil, fmt.Errorf("%w: %s", ErrProxyNotFound, clip.String(name))
 }
 
 // goneLocked reports whether RemovePort removed the port, with the error
@@ -271,7 +273,7 @@ func (t *Table) Toxic(name, toxic string) (ActiveToxic, error) {
 			return a, nil
 		}
 	}
-	return ActiveToxic{}, fmt.Errorf("%w: %s", ErrToxicNotFound, toxic)
+	return ActiveToxic{}, fmt.Errorf("%w: %s", ErrToxicNotFound, clip.String(toxic))
 }
 
 // Reset removes every API toxic and enables every port; annotation toxics
@@ -536,11 +538,11 @@ func (p *Port) updateAPI(name string, patch []byte) (Toxic, error) {
 	i, found := p.findLocked(name)
 	if !found {
 		p.mu.Unlock()
-		return Toxic{}, fmt.Errorf("%w: %s", ErrToxicNotFound, name)
+		return Toxic{}, fmt.Errorf("%w: %s", ErrToxicNotFound, clip.String(name))
 	}
 	if i < 0 {
 		p.mu.Unlock()
-		return Toxic{}, fmt.Errorf("%w: %s", ErrDeclared, name)
+		return Toxic{}, fmt.Errorf("%w: %s", ErrDeclared, clip.String(name))
 	}
 	cur := p.api[i].clone()
 	wasGilbertElliott := cur.Type == "loss" && cur.Attributes["p"] > 0
@@ -633,11 +635,11 @@ func (p *Port) removeAPI(name string) error {
 	i, found := p.findLocked(name)
 	if !found {
 		p.mu.Unlock()
-		return fmt.Errorf("%w: %s", ErrToxicNotFound, name)
+		return fmt.Errorf("%w: %s", ErrToxicNotFound, clip.String(name))
 	}
 	if i < 0 {
 		p.mu.Unlock()
-		return fmt.Errorf("%w: %s", ErrDeclared, name)
+		return fmt.Errorf("%w: %s", ErrDeclared, clip.String(name))
 	}
 	removed := p.api[i]
 	p.api = append(append([]Toxic{}, p.api[:i]...), p.api[i+1:]...)

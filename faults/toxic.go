@@ -16,6 +16,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/clip"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/netaddr"
 )
 
@@ -60,7 +61,7 @@ func (p *PortRef) UnmarshalJSON(b []byte) error {
 	}
 	var n int
 	if err := json.Unmarshal(b, &n); err != nil {
-		return &FieldError{"port", fmt.Sprintf("must be a port name or number, not %s", b)}
+		return &FieldError{"port", fmt.Sprintf("must be a port name or number, not %s", clip.String(string(b)))}
 	}
 	*p = PortRef(strconv.Itoa(n))
 	return nil
@@ -118,7 +119,7 @@ func fieldOf(err error, b []byte) error {
 				for _, k := range slices.Sorted(maps.Keys(attrs.Attributes)) {
 					var f float64
 					if json.Unmarshal(attrs.Attributes[k], &f) != nil {
-						return &FieldError{"attributes." + k, fmt.Sprintf("must be a number, not %s", attrs.Attributes[k])}
+						return &FieldError{"attributes." + k, fmt.Sprintf("must be a number, not %s", clip.String(string(attrs.Attributes[k])))}
 					}
 				}
 			}
@@ -126,7 +127,7 @@ func fieldOf(err error, b []byte) error {
 		if v, ok := strings.CutPrefix(te.Value, "number "); ok && isInteger(te.Type.Kind()) {
 			// A number, but a fraction or out of range: "must be a JSON
 			// number, not a JSON number 1.5" said nothing.
-			return &FieldError{field, fmt.Sprintf("must be a whole number within %s's range, not %s", te.Type.Kind(), v)}
+			return &FieldError{field, fmt.Sprintf("must be a whole number within %s's range, not %s", te.Type.Kind(), clip.String(v))}
 		}
 		return &FieldError{field, fmt.Sprintf("must be a JSON %s, not a JSON %s", jsonKind(te.Type.Kind()), te.Value)}
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
@@ -230,7 +231,9 @@ type FieldError struct {
 	Reason string
 }
 
-func (e *FieldError) Error() string { return e.Field + ": " + e.Reason }
+// Error bounds the field's name, which may be one the user gave (an
+// attribute's, an unknown field's): see clip.
+func (e *FieldError) Error() string { return clip.String(e.Field) + ": " + e.Reason }
 
 // Normalize checks t and fills its defaults (name, attribute defaults).
 // It does not know the port's protocol; see AppliesTo.
@@ -240,7 +243,7 @@ func (t *Toxic) Normalize() error {
 		if t.Type == "" {
 			return &FieldError{"type", "required"}
 		}
-		return &FieldError{"type", fmt.Sprintf("unknown toxic type %q (known: %s)", t.Type, strings.Join(Types(), ", "))}
+		return &FieldError{"type", fmt.Sprintf("unknown toxic type %s (known: %s)", clip.Quote(t.Type), strings.Join(Types(), ", "))}
 	}
 	// Toxiproxy reads the direction case-insensitively, and names a
 	// toxic by the stream as given ("latency_UpStream"): a client that
@@ -251,7 +254,7 @@ func (t *Toxic) Normalize() error {
 		t.Stream, given = Downstream, Downstream
 	case Upstream, Downstream:
 	default:
-		return &FieldError{"stream", fmt.Sprintf("must be %q or %q, not %q", Upstream, Downstream, t.Stream)}
+		return &FieldError{"stream", fmt.Sprintf("must be %q or %q, not %s", Upstream, Downstream, clip.Quote(t.Stream))}
 	}
 	if t.Name == "" {
 		t.Name = t.Type + "_" + given
@@ -260,7 +263,7 @@ func (t *Toxic) Normalize() error {
 		// Names are printed for operators (/debug/connections?format=text,
 		// logs): an ESC sequence or a newline there cleared their terminal
 		// or forged a row. Toxiproxy takes any string; no client needs these.
-		return &FieldError{"name", fmt.Sprintf("must be printable, not %q (%U at byte %d)", t.Name, r, i)}
+		return &FieldError{"name", fmt.Sprintf("must be printable, not %s (%U at byte %d)", clip.Quote(t.Name), r, i)}
 	}
 	if len(t.Name) > MaxNameLength {
 		// A name is a label value of faults_injected_total: a name of a
@@ -358,7 +361,7 @@ func canonicalAttributes(typ string, attrs map[string]float64) (map[string]float
 			}
 		}
 		if first, dup := spelt[name]; dup {
-			return nil, &FieldError{"attributes." + name, fmt.Sprintf("given twice, as %q and %q", first, k)}
+			return nil, &FieldError{"attributes." + name, fmt.Sprintf("given twice, as %s and %s", clip.Quote(first), clip.Quote(k))}
 		}
 		spelt[name] = k
 		out[name] = attrs[k]
@@ -398,13 +401,13 @@ func parseClient(s string) (netip.Prefix, error) {
 	if p, err := netip.ParsePrefix(s); err == nil {
 		unmapped, ok := netaddr.UnmapPrefix(p)
 		if !ok {
-			return netip.Prefix{}, fmt.Errorf("%q is an IPv4-mapped CIDR shorter than /96, which spans more than IPv4", s)
+			return netip.Prefix{}, fmt.Errorf("%s is an IPv4-mapped CIDR shorter than /96, which spans more than IPv4", clip.Quote(s))
 		}
 		return unmapped, nil
 	}
 	a, err := netip.ParseAddr(s)
 	if err != nil {
-		return netip.Prefix{}, fmt.Errorf("%q is not a CIDR or an IP", s)
+		return netip.Prefix{}, fmt.Errorf("%s is not a CIDR or an IP", clip.Quote(s))
 	}
 	return netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()), nil
 }

@@ -44,6 +44,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/clip"
 )
 
 // maxBody caps a request body; a toxic or a proxy is a few hundred bytes.
@@ -283,13 +284,13 @@ func (s *server) proxyUpdate(w http.ResponseWriter, r *http.Request) {
 	}
 	if in.Name != nil && *in.Name != "" && *in.Name != info.Name {
 		writeError(w, http.StatusConflict, fmt.Sprintf(
-			"name cannot be changed (%q to %q): %s", info.Name, *in.Name, namingHint))
+			"name cannot be changed (%q to %s): %s", info.Name, clip.Quote(*in.Name), namingHint))
 		return
 	}
 	if in.Listen != nil && *in.Listen != "" && *in.Listen != info.Listen {
 		writeError(w, http.StatusConflict, fmt.Sprintf(
-			"listen cannot be changed (%q to %q): it is the proxy socket of Service port %s; "+
-				"only \"enabled\" can be set through the fault API", info.Listen, *in.Listen, info.Name))
+			"listen cannot be changed (%q to %s): it is the proxy socket of Service port %s; "+
+				"only \"enabled\" can be set through the fault API", info.Listen, clip.Quote(*in.Listen), info.Name))
 		return
 	}
 	// upstream is not compared: it is the Service's endpoints, which change

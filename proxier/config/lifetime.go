@@ -5,6 +5,8 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/clip"
 )
 
 // Connection lifetime annotations of a Service (opt-in, per Service; no
@@ -48,10 +50,10 @@ func ParseConnectionLifetime(svc *v1.Service) (ConnectionLifetime, error) {
 		}
 		d, err := time.ParseDuration(v)
 		if err != nil {
-			return 0, true, &LifetimeError{key, fmt.Sprintf("%q is not a duration (e.g. \"5m\", \"90s\")", v)}
+			return 0, true, &LifetimeError{key, fmt.Sprintf("%s is not a duration (e.g. \"5m\", \"90s\")", clip.Quote(v))}
 		}
 		if d < 0 {
-			return 0, true, &LifetimeError{key, fmt.Sprintf("%q must not be negative", v)}
+			return 0, true, &LifetimeError{key, fmt.Sprintf("%s must not be negative", clip.Quote(v))}
 		}
 		return d, true, nil
 	}

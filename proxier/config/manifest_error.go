@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/clip"
 )
 
 // ManifestError is one problem found in a manifest file. It renders as a
@@ -53,7 +55,9 @@ func (e *ManifestError) Error() string {
 			b.WriteString(": ")
 		}
 	}
-	b.WriteString(oneLine(e.Err.Error()))
+	// The decoders' messages quote what they were given whole ("unknown
+	// field", "parsing time", "key ... already set in map"): see clip.
+	b.WriteString(oneLine(clip.Quoted(e.Err.Error())))
 	return b.String()
 }
 
@@ -87,7 +91,11 @@ func oneLine(s string) string {
 // printable returns s as it is when it is a plain word, and quoted otherwise:
 // an object's kind and name come from the file before validation, so a name
 // holding a newline or a space would otherwise split or blur the report.
+// A long one is quoted by a bounded prefix (clip.Quote).
 func printable(s string) string {
+	if len(s) > clip.Max {
+		return clip.Quote(s)
+	}
 	for _, r := range s {
 		if unicode.IsSpace(r) || !unicode.IsPrint(r) || r == '"' {
 			return strconv.Quote(s)

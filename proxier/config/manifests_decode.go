@@ -28,6 +28,8 @@ import (
 	yamlv3 "go.yaml.in/yaml/v3"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/suggest"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/clip"
 )
 
 // The kinds the manifests source understands.
@@ -204,7 +206,7 @@ func (d decoder) decodeDocument(loc docLocation, body []byte, in listItem) ([]Ma
 		return nil, []error{merr}
 	}
 	if tn.APIVersion != want && !(defaultKind != "" && tn.APIVersion == "") {
-		merr.Err = fmt.Errorf("apiVersion %q is not supported for %s, use %q", tn.APIVersion, tn.Kind, want)
+		merr.Err = fmt.Errorf("apiVersion %s is not supported for %s, use %q", clip.Quote(tn.APIVersion), tn.Kind, want)
 		return nil, []error{merr}
 	}
 	obj, err := decodeStrict(tn.Kind, body, j)
@@ -323,7 +325,7 @@ func typeMismatch(obj any, j []byte, err error) *fieldError {
 	if json.Unmarshal(j, &doc) == nil {
 		if where, value, ok := findOfKind(doc, path, got, ""); ok {
 			v, _ := json.Marshal(value)
-			return &fieldError{Path: where, Msg: fmt.Sprintf("must be %s, not the %s %s", want, jsonNoun(got), v)}
+			return &fieldError{Path: where, Msg: fmt.Sprintf("must be %s, not the %s %s", want, jsonNoun(got), clip.String(string(v)))}
 		}
 	}
 	return &fieldError{Path: m[2], Msg: fmt.Sprintf("must be %s, not %s", want, withArticle(jsonNoun(got)))}

@@ -478,3 +478,39 @@ func TestDecodeManifestsListItemErrors(t *testing.T) {
 		})
 	}
 }
+
+// An invalid value is quoted by a bounded prefix and its length, not
+// whole: a 300 KB value (a lifetime annotation, which the API server takes
+// up to 256 KiB, or a manifest line) was copied whole into the log line,
+// /debug/services and explain's output.
+func TestDecodeManifestsErrorsQuoteBoundedValues(t *testing.T) {
+	big := strings.Repeat("5", 30000)
+	for _, tc := range []struct{ name, data string }{
+		{"lifetime annotation", strings.Replace(svcHead, "  name: web\n", "  name: web\n  annotations:\n    kube-userspace-proxy/max-connection-age: \""+big+"\"\n", 1) + "  ports: [{port: 80}]\n"},
+		{"negative lifetime", strings.Replace(svcHead, "  name: web\n", "  name: web\n  annotations:\n    kube-userspace-proxy/drain-removed: \"-"+big+"s\"\n", 1) + "  ports: [{port: 80}]\n"},
+		{"externalIP", svcHead + "  ports: [{port: 80}]\n  externalIPs: [\"" + big + "\"]\n"},
+		{"type", svcHead + "  type: \"" + big + "\"\n  ports: [{port: 80}]\n"},
+		{"protocol", svcHead + "  ports: [{port: 80, protocol: \"" + big + "\"}]\n"},
+		{"port name", svcHead + "  ports: [{name: \"" + big + "\", port: 80}]\n"},
+		{"targetPort name", svcHead + "  ports: [{port: 80, targetPort: \"" + big + "\"}]\n"},
+		{"object name", strings.Replace(svcHead, "name: web", "name: \""+big+"\"", 1) + "  ports: [{port: 80}]\n"},
+		{"kind", strings.Replace(sliceYAML("web-1", "IPv4", "10.1.0.1"), "kind: EndpointSlice", "kind: \"Slice"+big+"\"", 1)},
+		{"apiVersion", strings.Replace(svcHead, "apiVersion: v1", "apiVersion: \"v"+big+"\"", 1)},
+		// YAML's simple keys stop at 1024 characters; explicit ones do not.
+		{"unknown field", svcHead + "  ports: [{port: 80}]\n  ? \"" + big + "\"\n  : 1\n"},
+		{"a string for a number", svcHead + "  ports: [{port: \"" + big + "\"}]\n"},
+		{"timestamp", strings.Replace(svcHead, "  name: web\n", "  name: web\n  creationTimestamp: \""+big+"\"\n", 1) + "  ports: [{port: 80}]\n"},
+		{"duplicate key", svcHead + "  ports: [{port: 80}]\n  ? \"" + big + "\"\n  : 1\n  ? \"" + big + "\"\n  : 2\n"},
+		{"slice address", strings.Replace(sliceYAML("web-1", "IPv4", "10.1.0.1"), "10.1.0.1", big, 1)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, errs := DecodeManifests("svc.yaml", []byte(tc.data))
+			if len(got) != 0 || len(errs) != 1 {
+				t.Fatalf("got %d objects and errors %v, want one error", len(got), len(errs))
+			}
+			if msg := errs[0].Error(); len(msg) > 1000 || !strings.Contains(msg, " bytes)") {
+				t.Errorf("error of %d bytes, want at most 1000 naming the value's length: %.300s", len(msg), msg)
+			}
+		})
+	}
+}

@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/suggest"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/clip"
 )
 
 // readKinds names the kinds the proxy reads, for messages.
@@ -26,17 +28,17 @@ func unreadKind(apiVersion, kind string, inList bool) error {
 	for _, k := range readKinds {
 		switch {
 		case strings.EqualFold(kind, k):
-			return fmt.Errorf("kind %q: kinds are case-sensitive: did you mean %q?", kind, k)
+			return fmt.Errorf("kind %s: kinds are case-sensitive: did you mean %q?", clip.Quote(kind), k)
 		case suggest.Distance(strings.ToLower(kind), strings.ToLower(k)) <= 1:
-			return fmt.Errorf("kind %q is not one the proxy reads: did you mean %q?", kind, k)
+			return fmt.Errorf("kind %s is not one the proxy reads: did you mean %q?", clip.Quote(kind), k)
 		}
 	}
 	group, _, _ := strings.Cut(apiVersion, "/")
 	if strings.Contains(apiVersion, "/") && group == "discovery.k8s.io" {
-		return fmt.Errorf("kind %q is not in %s: did you mean %q?", kind, apiVersion, KindEndpointSlice)
+		return fmt.Errorf("kind %s is not in %s: did you mean %q?", clip.Quote(kind), clip.String(apiVersion), KindEndpointSlice)
 	}
 	if apiVersion == "" && !inList {
-		return fmt.Errorf("kind %q has no apiVersion", kind)
+		return fmt.Errorf("kind %s has no apiVersion", clip.Quote(kind))
 	}
 	return nil
 }

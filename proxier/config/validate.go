@@ -12,6 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/clip"
 )
 
 // PortRange is an inclusive range of ports.
@@ -37,8 +39,11 @@ type fieldErrors []*fieldError
 // hundreds of MB).
 const maxFieldErrors = 10
 
+// add records a failure. The values it quotes are the object's, so each
+// is quoted by a bounded prefix (clip.Args): a 300 KB externalIP was a
+// 300 KB log line at each change of the file.
 func (fe *fieldErrors) add(path *field.Path, format string, args ...any) {
-	*fe = append(*fe, &fieldError{Path: path.String(), Msg: fmt.Sprintf(format, args...)})
+	*fe = append(*fe, &fieldError{Path: path.String(), Msg: fmt.Sprintf(format, clip.Args(args)...)})
 }
 
 // addStrict records a failure only strict IP validation finds (fieldError.strict).
