@@ -101,7 +101,7 @@ func (b *descriptorBudget) logged(err error) bool {
 // budget refused than the one logged.
 func (b *descriptorBudget) logRefusals() {
 	if b.refused > 1 {
-		klog.ErrorS(b.short, "More proxy sockets not opened for want of descriptors (retried)", "count", b.refused-1)
+		klog.ErrorS(b.short, "More proxy sockets and NodePort holds not opened for want of descriptors (retried)", "count", b.refused-1)
 	}
 }
 
@@ -124,7 +124,7 @@ func (b *descriptorBudget) takeN(n int) error {
 		if inUse, limit, ok := b.count(); ok {
 			b.room = listenerRoom(limit) - inUse
 			if b.room < n {
-				b.short = fmt.Errorf("no descriptor to spare for a proxy socket: %d of the open-file limit %d in use, and %d kept for rule writes, servers and connections; raise the limit (ulimit -n, systemd's LimitNOFILE)",
+				b.short = fmt.Errorf("no descriptor to spare: %d of the open-file limit %d in use, and %d kept for rule writes, servers and connections; raise the limit (ulimit -n, systemd's LimitNOFILE)",
 					inUse, limit, limit-listenerRoom(limit))
 				return b.short
 			}
@@ -143,6 +143,14 @@ func (b *descriptorBudget) giveBack() { b.giveBackN(socketDescriptors) }
 
 // giveBackN returns what takeN accounted.
 func (b *descriptorBudget) giveBackN(n int) { b.room += n }
+
+// healthDescriptors lends the sync's budget to the healthCheckNodePort
+// servers (healthcheck.Descriptors), which the sync opens before its proxy
+// sockets.
+type healthDescriptors struct{ b *descriptorBudget }
+
+func (h healthDescriptors) TakeN(n int) error { return h.b.takeN(n) }
+func (h healthDescriptors) GiveBackN(n int)   { h.b.giveBackN(n) }
 
 // descriptorsInUse counts this process's open descriptors and reads its
 // limit. It reads /proc/self/fd's entries without their names: a sync

@@ -32,6 +32,7 @@ import (
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/healthcheck"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
 
@@ -317,6 +318,12 @@ func New(opts Options) *Proxier {
 	p.endpoints.changed = p.drainRemoved
 	p.runner = newBoundedFrequencyRunner(p.syncProxyRules, opts.MinSyncPeriod, opts.SyncPeriod, opts.Clock)
 	p.sockCfg.deaf = &deafSockets{changed: p.runner.Run}
+	if hs, ok := opts.ServiceHealth.(interface {
+		UseDescriptors(healthcheck.Descriptors)
+	}); ok {
+		// Its listeners come out of the sync's budget (syncPolicies).
+		hs.UseDescriptors(healthDescriptors{p.fds})
+	}
 	return p
 }
 

@@ -36,6 +36,7 @@ type ServiceHealthServer struct {
 	ListenFailed func(nn types.NamespacedName, port int, err error)
 
 	mu      sync.Mutex
+	fds     Descriptors // nil: not accounted
 	servers map[types.NamespacedName]*serviceServer
 	failed  map[types.NamespacedName]int // the port whose failure was told
 }
@@ -157,12 +158,36 @@ func ListenAddrs(cidrs []netip.Prefix, interfaceAddrs func() ([]net.Addr, error)
 	return out
 }
 
+// Descriptors accounts for the descriptors the servers' listeners hold
+// (the proxier's descriptor budget of its sync): TakeN says why n may not
+// be opened, GiveBackN returns what a server that did not open took.
+type Descriptors interface {
+	TakeN(n int) error
+	GiveBackN(n int)
+}
+
+// UseDescriptors makes each server SyncServices opens take a descriptor
+// per listen address from fds first. Without it the servers were opened
+// outside the proxier's budget: Services with externalTrafficPolicy Local
+// (one listener each per address) took the descriptors it keeps for
+// connections, rule writes and the proxy's own servers.
+func (s *ServiceHealthServer) UseDescriptors(fds Descriptors) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fds = fds
+}
+
 // SyncServices opens a server for each wanted Service port and closes the
-// rest. A port that cannot be opened on every listen address is closed on
-// all, reported and retried next sync, as kube-proxy does.
+// rest. A port that cannot be opened on every listen address (or for which
+// no descriptor is to spare) is closed on all, reported and retried next
+// sync, as kube-proxy does.
 func (s *ServiceHealthServer) SyncServices(want map[types.NamespacedName]int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// Refusals for want of descriptors are one error, with a count: an
+	// error per Service was thousands of lines per retry.
+	var short error
+	refused := 0
 	for nn, ss := range s.servers {
 		if want[nn] != ss.port {
 			ss.close()
@@ -174,6 +199,14 @@ func (s *ServiceHealthServer) SyncServices(want map[types.NamespacedName]int) er
 		if _, ok := s.servers[nn]; ok {
 			continue
 		}
+		if s.fds != nil {
+			if err := s.fds.TakeN(len(s.addrs)); err != nil {
+				short = err
+				refused++
+				s.tellFailed(nn, port, err)
+				continue
+			}
+		}
 		ss := &serviceServer{port: port}
 		for _, a := range s.addrs {
 			ln, err := s.listen(a.Network, net.JoinHostPort(a.Host, strconv.Itoa(port)))
@@ -182,6 +215,9 @@ func (s *ServiceHealthServer) SyncServices(want map[types.NamespacedName]int) er
 				s.tellFailed(nn, port, err)
 				ss.close()
 				ss = nil
+				if s.fds != nil {
+					s.fds.GiveBackN(len(s.addrs))
+				}
 				break
 			}
 			srv := httpserver.Serve(ln, s.handler(nn), s.limits)
@@ -196,6 +232,9 @@ func (s *ServiceHealthServer) SyncServices(want map[types.NamespacedName]int) er
 		if _, ok := want[nn]; !ok {
 			delete(s.failed, nn)
 		}
+	}
+	if refused > 0 {
+		errs = append(errs, fmt.Errorf("%d healthCheckNodePort servers not opened: %w", refused, short))
 	}
 	return errors.Join(errs...)
 }
