@@ -736,8 +736,7 @@ func (s *ManifestSource) reportOnce(errs []error) {
 // 1 TiB file killed the proxy). It bounds what is read, not what a file
 // decodes into: the YAML decoder holds about 100 bytes per node, and a
 // node can be two bytes (`1,`), so a crafted 8 MiB document took 854 MB
-// and a 64 MiB one more than 4 GB (sweep 10). Manifests are the node
-// operator's files, as the --config file is; a per-document bound would
-// refuse `kubectl get -o yaml` Lists of a large cluster (one document of
-// tens of MB), so none is set.
+// and a 64 MiB one more than 4 GB (sweep 10). That is bounded per document
+// by maxDocumentValues, counted before decoding, which a `kubectl get -o
+// yaml` List of a large cluster (one document of tens of MB) passes.
 const maxManifestFileSize = 64 << 20

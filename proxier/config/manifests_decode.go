@@ -101,6 +101,10 @@ func (d decoder) decodeKnown(name string, data []byte, known map[docDigest][]Man
 			for j := range ms {
 				ms[j].Doc, ms[j].Line = loc.doc, loc.line // it may have moved
 			}
+		} else if n, over := tooManyValues(doc.body); over {
+			// Not identified: the file keeps its previous objects.
+			errs = append(errs, loc.err(fmt.Errorf("holds more than %d values (counted as its commas, colons, newlines, [ and {), "+
+				"the most a document may hold, as decoding takes a few hundred bytes per value: split it into several documents or files", n-1)))
 		} else {
 			var es []error
 			ms, es = d.decodeDocument(loc, doc.body, listItem{})
@@ -117,6 +121,42 @@ func (d decoder) decodeKnown(name string, data []byte, known map[docDigest][]Man
 		errs = append(errs, &ManifestError{File: name, Doc: len(docs) + 1, Err: streamErr})
 	}
 	return out, errs, good
+}
+
+// maxDocumentValues bounds the values (scalars, lists, maps) one document
+// may hold, estimated before it is decoded (tooManyValues). The file's
+// 64 MiB bound is on the bytes read, not on what they decode into: the YAML
+// decoder holds a node per value, a few hundred bytes, and a value can be
+// two bytes (`1,`), so an 8 MiB document of them took 852 MB, and a 64 MiB
+// one more than 4 GB (the proxy's OOM). A kubectl List of 10,000 Services
+// and their EndpointSlices (13 MB of YAML) counts 1.45 million and took
+// 584 MB; this bound takes Lists of about 25,000 of each and holds a
+// document to about 1.6 GB. An alias bomb and deep nesting are the YAML
+// decoder's to refuse (excessive aliasing, max depth).
+var maxDocumentValues = 4_000_000
+
+// valueEnds marks the bytes that tooManyValues counts: each value of a
+// document is followed by a newline or a comma, or opens with [ or {, or
+// is a key before a colon; so their count is at least the values'.
+var valueEnds = func() (t [256]bool) {
+	for _, c := range []byte(",:\n[{") {
+		t[c] = true
+	}
+	return t
+}()
+
+// tooManyValues counts body's valueEnds up to one past maxDocumentValues,
+// and reports whether that is past it.
+func tooManyValues(body []byte) (int, bool) {
+	n := 0
+	for _, c := range body {
+		if valueEnds[c] {
+			if n++; n > maxDocumentValues {
+				return n, true
+			}
+		}
+	}
+	return n, false
 }
 
 type docLocation struct {

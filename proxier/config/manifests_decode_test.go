@@ -514,3 +514,55 @@ func TestDecodeManifestsErrorsQuoteBoundedValues(t *testing.T) {
 		})
 	}
 }
+
+// A document holding more values than maxDocumentValues is refused before
+// it is decoded, naming the file and the document, and the file keeps its
+// previous objects. The 64 MiB bound is on the bytes read: a document of
+// tiny values (`1,`) decodes into about 100 times its size (8 MiB: 852 MB,
+// 11 s; 64 MiB: more than 4 GB, the proxy's OOM).
+func TestDecodeManifestsDocumentValuesBounded(t *testing.T) {
+	defer func(v int) { maxDocumentValues = v }(maxDocumentValues)
+	maxDocumentValues = 1000
+	web := svcHead + "  clusterIP: 10.96.0.61\n  ports: [{port: 80}]\n"
+	big := strings.Replace(svcHead, "name: web", "name: big", 1) + "  ports: [{port: 80}]\n  x: [" + strings.Repeat("1,", 1000) + "1]\n"
+	got, errs := DecodeManifests("big.yaml", []byte(web+"---\n"+big))
+	if len(got) != 1 || len(errs) != 1 {
+		t.Fatalf("got %d objects and errors %v, want web and one error", len(got), errs)
+	}
+	if want := "big.yaml: document 2 (line 9): holds more than 1000 values"; !strings.HasPrefix(errs[0].Error(), want) {
+		t.Errorf("error %q, want it to start %q", errs[0], want)
+	}
+	// The file's last good objects stay served.
+	d := decoder{nodePorts: DefaultNodePortRange}
+	prev, errs := d.applyFile("f.yaml", []byte(web), nil)
+	if len(errs) != 0 || len(prev.objects) != 1 {
+		t.Fatalf("first version: %d objects, errors %v", len(prev.objects), errs)
+	}
+	next, errs := d.applyFile("f.yaml", []byte(big), prev)
+	if len(errs) != 1 || len(next.objects) != 1 || next.objects[0].key.Name != "web" {
+		t.Errorf("after the document past the bound: objects %v, errors %v; want web kept", next.objects, errs)
+	}
+}
+
+// The bound takes a kubectl List of 20,000 Services and their slices
+// (counted, not decoded).
+func TestDocumentValuesBoundTakesLargeLists(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("apiVersion: v1\nkind: List\nitems:\n")
+	for i := range 20000 {
+		fmt.Fprintf(&b, "- apiVersion: v1\n  kind: Service\n  metadata:\n    name: svc-%d\n    namespace: ns-%d\n    labels: {app: svc-%d}\n  spec:\n"+
+			"    type: ClusterIP\n    clusterIP: 10.100.%d.%d\n    clusterIPs: [10.100.%d.%d]\n    ipFamilies: [IPv4]\n    ipFamilyPolicy: SingleStack\n"+
+			"    sessionAffinity: None\n    internalTrafficPolicy: Cluster\n    selector: {app: svc-%d}\n    ports:\n    - {name: http, port: 80, protocol: TCP, targetPort: 8080}\n",
+			i, i/1000, i, i/250%250, i%250+1, i/250%250, i%250+1, i)
+		fmt.Fprintf(&b, "- apiVersion: discovery.k8s.io/v1\n  kind: EndpointSlice\n  metadata:\n    name: svc-%d-abcde\n    namespace: ns-%d\n"+
+			"    labels: {kubernetes.io/service-name: svc-%d, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io}\n"+
+			"  addressType: IPv4\n  ports:\n  - {name: http, port: 8080, protocol: TCP}\n  endpoints:\n", i, i/1000, i)
+		for j := range 3 {
+			fmt.Fprintf(&b, "  - addresses: [10.200.%d.%d]\n    conditions: {ready: true, serving: true, terminating: false}\n    nodeName: node-%d\n"+
+				"    targetRef: {kind: Pod, name: svc-%d-pod-%d, namespace: ns-%d}\n", (i*3+j)/250%250, (i*3+j)%250+1, j, i, j, i/1000)
+		}
+	}
+	if n, over := tooManyValues([]byte(b.String())); over {
+		t.Errorf("a List of 20,000 Services and slices (%d bytes) counts %d values, past the bound %d", b.Len(), n, maxDocumentValues)
+	}
+}
