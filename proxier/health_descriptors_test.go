@@ -21,7 +21,7 @@ import (
 // opened for want of descriptors is retried as one whose port is taken.
 func TestHealthCheckServersStayWithinDescriptorBudget(t *testing.T) {
 	hs := healthcheck.NewServiceHealthServer([]netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, httpserver.DefaultLimits,
-		func(types.NamespacedName) int { return 0 }, nil)
+		func(types.NamespacedName, netip.Addr) int { return 0 }, nil)
 	t.Cleanup(hs.Close)
 	p := newTestProxier(t, Options{ServiceHealth: hs})
 	start, _, ok := descriptorsInUse()
