@@ -551,8 +551,11 @@ func TestLoopCountsDeliveredBytesOnWriteError(t *testing.T) {
 
 func TestLoopHalfCloseBound(t *testing.T) {
 	// 400 ms against ticks 100 ms apart (1 s in all): with 200 ms a loaded
-	// runner stretched a gap past the bound (1 in 30 runs at load ~14).
-	b := newLoopBed(t, LoopOptions{HalfCloseTimeout: 400 * time.Millisecond})
+	// runner stretched a gap past the bound (1 in 30 runs at load ~14),
+	// and at load ~17 past 400 ms too (504-952 ms): a cut after such a
+	// gap is right, and no verdict (peerGaps).
+	const bound = 400 * time.Millisecond
+	b := newLoopBed(t, LoopOptions{HalfCloseTimeout: bound})
 	h := newLoopHandler(b.ep)
 	client, backend := b.connect(t, h, true)
 	_ = client.CloseWrite()
@@ -560,15 +563,19 @@ func TestLoopHalfCloseBound(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The backend keeps streaming a while: never cut while bytes flow.
+	var gaps peerGaps
 	for range 10 {
+		start := time.Now()
 		if _, err := backend.Write([]byte("tick")); err != nil {
-			t.Fatal(err)
+			cutWhileActive(t, &gaps, bound, "backend", err)
 		}
+		gaps.step(start)
 		time.Sleep(100 * time.Millisecond)
 	}
 	if _, err := io.ReadFull(client, make([]byte, 40)); err != nil {
-		t.Fatalf("client lost the stream: %v", err)
+		cutWhileActive(t, &gaps, bound, "backend", fmt.Errorf("client lost the stream: %w", err))
 	}
+	t.Logf("the backend's longest gap between ticks: %v", gaps.through().Round(time.Millisecond))
 	// Then silence: both get a reset.
 	h.wait(t)
 	_ = client.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -586,7 +593,7 @@ func TestLoopHalfCloseBoundSparesSlowReader(t *testing.T) {
 			b.onAccept.Store(func(fd int) { _ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF, tc.sndbuf) })
 			h := newLoopHandler(b.ep)
 			client, backend := b.connect(t, h, true)
-			downloadSlowlyAfterHalfClose(t, client, backend, tc.size, tc.chunk, tc.holdFIN)
+			downloadSlowlyAfterHalfClose(t, client, backend, time.Second, tc.size, tc.chunk, tc.holdFIN)
 			h.wait(t)
 		})
 	}
