@@ -9,6 +9,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/clip"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
 )
 
@@ -35,7 +36,9 @@ func unknownAnnotations(old, svc *v1.Service) []string {
 				continue
 			}
 		}
-		out = append(out, k)
+		// Named by a bounded prefix (clip): manifests do not hold keys to
+		// the API server's 317 bytes.
+		out = append(out, clip.String(k))
 	}
 	sort.Strings(out)
 	return out

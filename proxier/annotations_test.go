@@ -2,6 +2,7 @@ package proxier
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
@@ -29,6 +30,10 @@ func TestUnknownAnnotations(t *testing.T) {
 		{"already there, same value", withAnnotations("kube-userspace-proxy/fault", "[]"), withAnnotations("kube-userspace-proxy/fault", "[]"), nil},
 		{"already there, new value", withAnnotations("kube-userspace-proxy/fault", "[]"), withAnnotations("kube-userspace-proxy/fault", "[1]"),
 			[]string{"kube-userspace-proxy/fault"}},
+		// Manifests do not check annotation keys (the API server holds them to
+		// 317 bytes): a 300 KB key was a 300 KB log line at each change.
+		{"a key of 300 KB, named by its first 200 bytes", nil, withAnnotations("kube-userspace-proxy/"+strings.Repeat("x", 300000), "1"),
+			[]string{"kube-userspace-proxy/" + strings.Repeat("x", 200-len("kube-userspace-proxy/")) + "... (300021 bytes)"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := unknownAnnotations(tc.old, tc.svc); !slices.Equal(got, tc.want) {
