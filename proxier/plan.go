@@ -148,6 +148,10 @@ func (pl *Plan) Warnings() map[string][]string {
 					port, carried))
 			}
 		}
+		if other, own, ok := pl.p.endpoints.familyMismatch(nn); ok {
+			w = append(w, fmt.Sprintf("no endpoint: the Service's EndpointSlices with endpoints are %s, and an %s-only Service takes only %s ones (as kube-proxy)",
+				other, own, own))
+		}
 		if unknown := unknownAnnotations(nil, svc); len(unknown) > 0 {
 			w = append(w, fmt.Sprintf("annotations this proxy does not know are ignored: %s (known: %s)",
 				strings.Join(unknown, ", "), strings.Join(knownAnnotations, ", ")))
@@ -252,6 +256,35 @@ func (r *portalRecorder) Sync(portals []iptables.Portal) error {
 	return nil
 }
 
+// familyMismatch reports whether the single-stack Service svc gets no
+// endpoint because every EndpointSlice of it with endpoints is of the
+// other address type (setFamilies), and names that family and the
+// Service's own.
+func (t *endpointsTracker) familyMismatch(svc types.NamespacedName) (other, own string, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	f := t.families[svc]
+	if f == 0 {
+		return "", "", false
+	}
+	for _, es := range t.slices[svc] {
+		if len(es.Endpoints) == 0 {
+			continue
+		}
+		if f.takes(es.AddressType) {
+			return "", "", false
+		}
+		ok = true
+	}
+	if !ok {
+		return "", "", false
+	}
+	if f == familyIPv4 {
+		return ipv6Family, ipv4Family, true
+	}
+	return ipv4Family, ipv6Family, true
+}
+
 // portMismatch reports whether spn gets no endpoint because its Service's
 // EndpointSlices carry theirs under other ports (another name, another
 // protocol, or none listed), and says which: "only for an unnamed TCP port
@@ -263,7 +296,7 @@ func (t *endpointsTracker) portMismatch(spn loadbalancer.ServicePortName) (strin
 	defer t.mu.Unlock()
 	var carried []string
 	found := false
-	for _, es := range t.slices[spn.NamespacedName] {
+	for _, es := range t.slicesOfFamilies(spn.NamespacedName) {
 		if len(es.Endpoints) == 0 {
 			continue
 		}

@@ -871,3 +871,52 @@ spec:
 		t.Errorf("explain says the node's own traffic is sent to the link-local node IP:\n%s", out.String())
 	}
 }
+
+// A single-stack Service whose EndpointSlices with endpoints are all of
+// the other family gets no endpoint, as in kube-proxy (its proxier of the
+// Service's family holds none of them): explain said "none ready", which
+// sent the user to the endpoints' conditions; it now says the slices are
+// of the other family. A dual-stack Service with one family's slices only
+// is not warned about (its other family's clients are refused, by design).
+func TestExplainSliceOfTheOtherFamily(t *testing.T) {
+	got := explainManifests(t, `apiVersion: v1
+kind: Service
+metadata: {name: v4, namespace: default}
+spec:
+  clusterIP: 10.96.0.41
+  ports: [{name: http, port: 80, targetPort: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: v4-1, namespace: default, labels: {kubernetes.io/service-name: v4}}
+addressType: IPv6
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: ["fd00:1::1"]}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: dual, namespace: default}
+spec:
+  clusterIP: 10.96.0.42
+  clusterIPs: [10.96.0.42, "fd00:96::42"]
+  ipFamilyPolicy: RequireDualStack
+  ipFamilies: [IPv4, IPv6]
+  ports: [{name: http, port: 80, targetPort: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: dual-1, namespace: default, labels: {kubernetes.io/service-name: dual}}
+addressType: IPv6
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: ["fd00:1::2"]}]
+`, "--node-ip", "192.168.50.10", "--service-cluster-ip-range", "10.96.0.0/12,fd00:96::/108")
+	outputHas(t, got,
+		"== default/v4:http (TCP) ==",
+		`warnings:         no endpoint: the Service's EndpointSlices with endpoints are IPv6, and an IPv4-only Service takes only IPv4 ones (as kube-proxy)`,
+	)
+	dual := got[strings.Index(got, "== default/dual:http (TCP) =="):]
+	dual = dual[:strings.Index(dual, "rules:")]
+	if strings.Contains(dual, "warnings:") {
+		t.Errorf("a dual-stack Service with one family's slices is not warned about:\n%s", dual)
+	}
+}
