@@ -43,7 +43,7 @@ func (p *Proxier) syncPolicies(changed map[types.NamespacedName][]*servicePortIn
 			continue
 		}
 		p.endpoints.setPolicy(nn, infos[0].policy, true) // one policy per Service
-		p.endpoints.setFamilies(nn, infos[0].serviceFamilies())
+		p.endpoints.setFamilies(nn, p.servedFamilies(infos[0]))
 	}
 	if p.opts.ServiceHealth != nil && p.healthDirty {
 		if err := p.opts.ServiceHealth.SyncServices(maps.Clone(p.healthPorts)); err != nil {

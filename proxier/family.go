@@ -54,6 +54,29 @@ func (a *servicePortInfo) serviceFamilies() ipFamilies {
 	return f
 }
 
+// servedFamilies is the families the port's Service is served in on this
+// node: serviceFamilies without the one this node has no portals for
+// (unsupportedFamily), as kube-proxy runs no proxier of that family there.
+// A dual-stack Service on a node without IPv6 netfilter (or with an IPv4
+// --bind-address) is then an IPv4 Service: its IPv6 slices give it
+// nothing, and its healthCheckNodePort counts only its IPv4 local pods,
+// on whichever address the check arrives. Called with p.mu held or from
+// the sync (opts do not change).
+func (p *Proxier) servedFamilies(a *servicePortInfo) ipFamilies {
+	f := a.serviceFamilies()
+	switch p.unsupportedFamily() {
+	case ipv4Family:
+		if f != familyIPv4 {
+			f &^= familyIPv4
+		}
+	case ipv6Family:
+		if f != familyIPv6 {
+			f &^= familyIPv6
+		}
+	}
+	return f
+}
+
 // unsupportedFamily is the family that has no portal syncer while the
 // other has one: on a node without its netfilter (iptables.Present: no
 // ip6tables nat table, IPv6 disabled at boot) the proxy serves the other

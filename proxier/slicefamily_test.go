@@ -64,3 +64,32 @@ func TestSingleStackServiceIgnoresOtherFamilySlices(t *testing.T) {
 		t.Errorf("IPv4-only Service (again) was served by %q, an endpoint of its IPv6 slice", got)
 	}
 }
+
+// On a node that serves one family only (no IPv6 netfilter, or an IPv4
+// --bind-address), a dual-stack Service is served in that family, as by
+// kube-proxy's one proxier there: its other family's slices give it
+// nothing, so its healthCheckNodePort counts only the served family's
+// local pods, on whichever node address the check arrives (kube-proxy's
+// IPv4 proxier's server listens on the wildcard), and an IPv6 check said
+// 200 for a local IPv6 pod that no IPv6 NodePort or portal reaches.
+func TestOneFamilyNodeCountsOnlyItsFamily(t *testing.T) {
+	svc := makeService("web", withNodePort(30080), func(s *v1.Service) {
+		s.Spec.ClusterIPs = []string{"10.96.0.10", "fd00::10"}
+		s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+		s.Spec.HealthCheckNodePort = 30999
+	})
+	p := newTestProxier(t, Options{IPv4Portals: okSyncer{}, BindAddress: netip.MustParseAddr("0.0.0.0"), NodeName: "node1"})
+	p.OnServiceAdd(svc)
+	v6 := makeSlice("web", v1.ProtocolTCP, "[fd00:1::1]:8080")
+	v6.Name, v6.AddressType = "web-v6", discovery.AddressTypeIPv6
+	node := "node1"
+	v6.Endpoints[0].NodeName = &node
+	p.OnEndpointSliceAdd(v6)
+	p.Sync()
+	nn := types.NamespacedName{Namespace: "default", Name: "web"}
+	for _, at := range []string{"10.0.0.1", "fd00:2::1"} {
+		if n := p.LocalEndpointsAt(nn, netip.MustParseAddr(at)); n != 0 {
+			t.Errorf("check on %s: %d local endpoints, want 0: IPv6 is not served on this node, the Service's one local pod is IPv6 only", at, n)
+		}
+	}
+}

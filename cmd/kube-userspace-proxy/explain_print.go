@@ -276,20 +276,20 @@ func (e *explanation) writeEndpoints(w *bufio.Writer, p proxier.DebugServicePort
 		field(w, "", "round robin: each new connection (UDP: each new client address) takes the next one")
 		field(w, "", "in this order; a running proxy shuffles the list once when it changes")
 		if s4, s6 := families(p.ServiceIPs); s4 && s6 && e.unserved != "" {
-			// Dual-stack, one family served: its clients alone.
+			// Dual-stack, one family served: its clients alone, by its
+			// endpoints alone (the other family's slices give the
+			// Service none on such a node, as kube-proxy runs no
+			// proxier of that family there).
 			e4, e6 := families(p.Endpoints)
-			eServed, eUnserved := e4, e6
+			eServed := e4
 			if e.unserved == "IPv4" {
-				eServed, eUnserved = e6, e4
+				eServed = e6
 			}
 			served := "an " + e.served() + " client is refused (no " + e.served() + " endpoint)"
 			if eServed {
 				served = e.served() + " clients take the " + e.served() + " ones"
 			}
-			if eUnserved {
-				served += "; the " + e.unserved + " ones are not used"
-			}
-			field(w, "", served+" ("+e.unserved+" is not served)")
+			field(w, "", served+"; the Service's "+e.unserved+" endpoints are not used ("+e.unserved+" is not served)")
 		} else if s4 && s6 {
 			// Dual-stack: each family's clients are served by its own
 			// endpoints, or refused without one.

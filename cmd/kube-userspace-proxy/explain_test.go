@@ -152,7 +152,7 @@ spec:
 			"ones are served in IPv4 only.\n",
 		"service address:  10.96.0.20:80, port 30100 of the node's IPv4 addresses (NodePort)\n"+
 			"not served:       [fd36:96::20]:80 (IPv6, which --bind-address 10.236.1.1 does not serve: no rule)\n",
-		"IPv4 clients take the IPv4 ones; the IPv6 ones are not used (IPv6 is not served)\n",
+		"IPv4 clients take the IPv4 ones; the Service's IPv6 endpoints are not used (IPv6 is not served)\n",
 		"== default/six (no service port to proxy) ==\n"+
 			"warnings:         not served: its addresses are IPv6, which --bind-address 10.236.1.1 does not serve\n",
 	)
