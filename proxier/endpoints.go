@@ -34,9 +34,10 @@ type endpointsTracker struct {
 	// that disappears from every slice is emptied in the balancer.
 	applied  map[types.NamespacedName]map[loadbalancer.ServicePortName]bool
 	policies map[types.NamespacedName]trafficPolicy
-	// families holds each single-stack Service's IP family (setFamilies):
-	// only its slices of that address type give it endpoints. A Service
-	// not in it takes every slice.
+	// families holds the IP family of each Service served in one family
+	// on this node (setFamilies: a single-stack Service, or a dual-stack
+	// one on a node serving one family): only its slices of that address
+	// type give it endpoints. A Service not in it takes every slice.
 	families map[types.NamespacedName]ipFamilies
 	// local counts each Service's ready node-local pods per family
 	// (loadbalancer.Family's index), for the healthCheckNodePort server.
@@ -257,8 +258,9 @@ func (t *endpointsTracker) setPolicy(svc types.NamespacedName, p trafficPolicy, 
 	}
 }
 
-// setFamilies records the IP families of a Service's ClusterIPs (none:
-// the Service is gone, or has no address to say) and re-applies its
+// setFamilies records the IP families a Service is served in on this node
+// (Proxier.servedFamilies; none: the Service is gone, or has no address
+// to say) and re-applies its
 // endpoints when that changes which of its slices count. As kube-proxy,
 // whose proxier of a family takes the EndpointSlices of that address type
 // and the Services with a ClusterIP of that family only, a single-stack
