@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"os"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -290,15 +291,18 @@ func TestAutoInlineWriteLeavesAFullDestinationToRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	filler, queued := bytes.Repeat([]byte{'.'}, 64<<10), 0
-	_ = raw.Control(func(fd uintptr) {
-		for {
-			n, err := unix.Write(int(fd), filler)
-			if err != nil {
-				return // EAGAIN: dst is full
+	fill := func() {
+		_ = raw.Control(func(fd uintptr) {
+			for {
+				n, err := unix.Write(int(fd), filler)
+				if err != nil {
+					return // EAGAIN: dst is full
+				}
+				queued += n
 			}
-			queued += n
-		}
-	})
+		})
+	}
+	fill()
 	a, err := newAutoCopier(dst, src)
 	if err != nil {
 		t.Fatal(err)
@@ -308,7 +312,17 @@ func TestAutoInlineWriteLeavesAFullDestinationToRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(20 * time.Millisecond) // queued on src
+	// Full again: a loaded machine's late ACKs may have freed room in
+	// dst meanwhile, and then the inline write takes the 5 bytes and
+	// readOnce waits on src for more, which never come (it hung the
+	// package until its timeout once): src's deadline ends such a wait.
+	fill()
+	_ = src.SetReadDeadline(time.Now().Add(2 * time.Second))
 	n, err := a.readOnce()
+	if errors.Is(err, os.ErrDeadlineExceeded) && a.relayed == 5 {
+		t.Skip("no verdict: dst took the 5 bytes inline; room opened in it between its fill and the write")
+	}
+	_ = src.SetReadDeadline(time.Time{})
 	if err != nil || n != 5 || a.relayed != 0 || string((*a.buf)[:n]) != "hello" {
 		t.Fatalf("readOnce: %d %q, relayed %d, %v; want the 5 bytes left to run", n, (*a.buf)[:max(n, 0)], a.relayed, err)
 	}
