@@ -10,6 +10,10 @@ import (
 // timer runs a bound that came due.
 func (c *LoopConn) timer(t *loopTimer) {
 	l := c.l
+	if c.state == stateDraining {
+		c.abort() // the bound of resetWhenSent, the only timer armed
+		return
+	}
 	switch t.kind {
 	case timerDial:
 		c.closeBackend()
@@ -70,7 +74,7 @@ func (c *LoopConn) readerTook(d *loopDir) bool {
 
 // quietAt asks for the end at the first quiet moment from at on.
 func (c *LoopConn) quietAt(at int64) {
-	if c.state == stateClosed || c.down.eof {
+	if c.state == stateClosed || c.state == stateDraining || c.down.eof {
 		return
 	}
 	if c.quietDue && c.quietFrom <= at {

@@ -21,6 +21,10 @@ const (
 const (
 	stateDialing uint8 = iota
 	stateRelaying
+	// stateDraining: a peer reset; what it sent before its reset is still
+	// being passed on to the other peer, who gets the reset once it all
+	// went out (resetWhenSent), within salvageBound.
+	stateDraining
 	stateClosed
 )
 
@@ -46,6 +50,9 @@ type LoopConn struct {
 	readable, writable [2]bool
 	state              uint8
 	queued             bool
+	// resetSide is the side that gets the reset once what is queued to it
+	// went out (stateDraining).
+	resetSide uint8
 	// errHup: an event of the socket said EPOLLERR or EPOLLHUP (a reset,
 	// mostly), which a read may find queued behind bytes (step).
 	errHup [2]bool
@@ -162,6 +169,10 @@ func (c *LoopConn) event(ev uint32, tag int32) {
 		}
 		return
 	}
+	if c.state == stateDraining {
+		c.drain()
+		return
+	}
 	if ev&(unix.EPOLLHUP|unix.EPOLLERR) != 0 && c.resetAfterEnd(side) {
 		return
 	}
@@ -205,6 +216,9 @@ func (c *LoopConn) resetOf(side int32) error {
 // pump moves what both directions can move now, for one turn.
 func (c *LoopConn) pump() {
 	if c.state != stateRelaying {
+		if c.state == stateDraining {
+			c.drain()
+		}
 		return
 	}
 	more := false
@@ -502,45 +516,108 @@ func (c *LoopConn) directionEnded(d *loopDir) {
 }
 
 // failed ends the connection after d failed, passing the end on as the
-// goroutine relay does (whomToReset); a bound that ran out is abort's.
+// goroutine relay does (whomToReset); a bound that ran out is abort's. A
+// peer's reset reaches the other peer after what that peer sent before
+// it (resetWhenSent).
 func (c *LoopConn) failed(d *loopDir, err error) {
 	resetSrc, resetDst := whomToReset(err, false)
-	if resetSrc && !resetDst {
+	switch {
+	case resetSrc && !resetDst:
 		// d's peer reset while d wrote to it: what that peer sent before
 		// its reset (an HTTP server's early answer to an upload it will
 		// not read) waits unread on its socket, and a reset of d's
 		// source now would drop it, where without a proxy it reaches
 		// that client ahead of the reset.
-		c.salvage(c.other(d))
+		c.resetWhenSent(c.other(d))
+		return
+	case resetDst && !resetSrc:
+		// d's source reset: what d read of it may still wait for d's
+		// destination, in d or in that socket's queue.
+		c.resetWhenSent(d)
+		return
 	}
-	if resetSrc {
-		setLinger0(c.fds[d.src])
-	}
-	if resetDst {
-		setLinger0(c.fds[d.dst])
-	}
+	setLinger0(c.fds[d.src])
+	setLinger0(c.fds[d.dst])
 	c.finish()
 }
 
-// salvage moves what d's source sent before it reset to d's destination,
-// as far as that takes it without waiting (a turn's budget and bytes at
-// most, as pump's turn: the loop's other connections wait meanwhile); the
-// reset is passed on after it. A read after a reset returns the bytes
-// queued ahead of it first.
-func (c *LoopConn) salvage(d *loopDir) {
+// resetWhenSent passes the reset of d's source on to d's destination once
+// what the source sent before its reset went out to it: d goes on moving
+// it (a read after a reset returns the bytes queued ahead of it first),
+// then the reset waits until the destination's socket has sent all it
+// holds. A reset at once dropped what was still queued in that socket
+// (SO_LINGER 0 discards it): an answer longer than the client's window
+// was cut, where without a proxy the peer's kernel had sent it before its
+// reset. The other direction stops. A destination that takes nothing is
+// reset when salvageBound runs out (the loop's timer), and both sockets
+// are closed then, as after any bound. A FIN of ours already sent to the
+// destination (d done) ends it at once, as before: it is writable for
+// good then, so nothing would tell when it is sent. Nothing of this runs
+// while no peer resets.
+func (c *LoopConn) resetWhenSent(d *loopDir) {
 	if d.done || c.fds[d.src] < 0 || c.fds[d.dst] < 0 {
+		setLinger0(c.fds[d.src])
+		setLinger0(c.fds[d.dst])
+		c.finish()
 		return
 	}
+	l := c.l
+	c.state, c.resetSide = stateDraining, d.dst
+	for i := range c.timers {
+		l.timers.stop(&c.timers[i])
+	}
+	// The dial's entry, long unused, is the bound's (timer: any timer
+	// of a draining connection is it).
+	l.timers.set(&c.timers[timerDial], mono.Add(l.now, salvageBound))
 	// errHup: an end of file read now is the reset (its error taken by
 	// the write that failed), checked as such (received), never passed on
 	// as a FIN.
 	c.readable[d.src], c.writable[d.dst], c.errHup[d.src] = true, true, true
+	c.drain()
+}
+
+// drain runs one turn of a draining connection (stateDraining): it moves
+// what the reset source still holds to the destination, as pump's turn,
+// and once all is out of the proxy and the destination's socket has sent
+// it, resets the destination and ends.
+func (c *LoopConn) drain() {
+	d := &c.down
+	if c.resetSide == sideBackend {
+		d = &c.up
+	}
 	start := d.count.Load()
 	for range turnBudget {
+		if c.fds[d.src] < 0 && !d.pending() {
+			break
+		}
 		moved, err := c.step(d)
-		if err != nil || !moved || d.count.Load()-start >= turnBytes {
+		if _, ok := err.(*WriteError); ok {
+			c.abort() // the destination failed as well
 			return
 		}
+		if err != nil || d.eof {
+			// The source's reset (or the end of file it leaves once a
+			// read took its error, never a FIN to pass on): all it sent
+			// before it was read.
+			d.eof, d.fin = false, false
+			resetClose(c.fds[d.src])
+			c.fds[d.src] = -1
+			continue
+		}
+		if !moved {
+			break
+		}
+		if d.count.Load()-start >= turnBytes {
+			c.l.queue(c)
+			return
+		}
+	}
+	if c.fds[d.src] >= 0 || d.pending() {
+		return // an event of either socket goes on
+	}
+	if sentAll(c.fds[d.dst]) {
+		setLinger0(c.fds[d.dst])
+		c.finish()
 	}
 }
 
@@ -555,7 +632,8 @@ func (c *LoopConn) stop() {
 	c.abort()
 }
 
-// abort resets both peers (a bound ran out, a fault's reset).
+// abort resets both peers (a bound ran out, a fault's reset, a draining
+// connection's bound).
 func (c *LoopConn) abort() {
 	if c.state == stateClosed {
 		return
@@ -586,8 +664,11 @@ func (c *LoopConn) finish() {
 			d.hasPipe = false
 		}
 	}
-	rawio.Close(c.fds[sideClient])
-	rawio.Close(c.fds[sideBackend])
+	for _, fd := range c.fds {
+		if fd >= 0 {
+			rawio.Close(fd)
+		}
+	}
 	c.fds = [2]int{-1, -1}
 	c.release()
 	c.h.Ended(c.in.Load(), c.out.Load())

@@ -1261,3 +1261,24 @@ func TestLoopResetWithoutAnswerReachesUploadingClientAsReset(t *testing.T) {
 		h.wait(t)
 	}
 }
+
+// The event loop's TestTCPAnswerQueuedAtResetReachesClient: the answer the
+// backend sent whole before its reset reaches a client that reads it late,
+// then the reset; the reset went out with what the client socket still
+// had queued, and SO_LINGER 0 dropped it.
+func TestLoopAnswerQueuedAtResetReachesClient(t *testing.T) {
+	b := newLoopBed(t, LoopOptions{})
+	answer := bytes.Repeat([]byte("413 too large\n"), 512<<10/14)
+	for i := range 5 {
+		h := newLoopHandler(b.ep)
+		client, backend := b.connect(t, h, true)
+		got, err, werr := answerQueuedAtReset(t, client, backend, answer)
+		if !bytes.Equal(got, answer) {
+			t.Fatalf("try %d: client read %d bytes of the %d-byte answer, %v; want all, then a reset", i, len(got), len(answer), err)
+		}
+		if !resetSeen(err, werr) {
+			t.Fatalf("try %d: client read %v, wrote %v; want a reset", i, err, werr)
+		}
+		h.wait(t)
+	}
+}

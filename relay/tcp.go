@@ -327,6 +327,13 @@ func (c *Conn) copyHalf(dst, src *net.TCPConn, copier Copier, bytes Counter, a *
 				})
 				return
 			}
+			if resetDst && !resetSrc {
+				// src reset: passed on to dst once what went before it
+				// left dst's socket.
+				c.resetWhenSent(dst, a)
+				src.Close()
+				return
+			}
 			if resetSrc {
 				_ = src.SetLinger(0)
 			}
@@ -349,8 +356,7 @@ func (c *Conn) copyHalf(dst, src *net.TCPConn, copier Copier, bytes Counter, a *
 		// took the error (a socket reports it once) and this read saw an
 		// end of file. Passed on as a FIN, a reset reached its peer as a
 		// clean end first (13 of 300 uploads to a backend that reset).
-		_ = dst.SetLinger(0)
-		dst.Close()
+		c.resetWhenSent(dst, a)
 		src.Close()
 		return
 	case srcClosed:
@@ -407,6 +413,33 @@ func (c *Conn) awaitReset(src, dst *net.TCPConn, raw syscall.RawConn) {
 		dst.Close()
 		src.Close()
 	}
+}
+
+// resetWhenSent passes a peer's reset on to dst once dst's socket has
+// sent what it holds: what the peer sent before its reset, which this
+// direction has written to dst. A reset at once (SO_LINGER 0) dropped
+// what was still queued in the socket: an answer longer than the
+// client's window was cut, where without a proxy the peer's kernel had
+// sent it before its reset. The wait is the runtime poller's (sentAll
+// arms the wake-up), bounded by salvageBound (a write deadline), and cut
+// short by an abort (its past deadline) or by the other direction's
+// timer after a write that met the reset (it closes both). A socket a FIN
+// of ours went to is reset at once: writable for good, it gives no edge.
+// a is this direction's built-in copy (its raw conn of dst, if it ran).
+func (c *Conn) resetWhenSent(dst *net.TCPConn, a *autoCopier) {
+	_ = dst.SetLinger(0)
+	if !c.finSent[c.sideOf(dst)].Load() {
+		var raw syscall.RawConn
+		if a.splice.dstRaw != nil {
+			raw = a.splice.dstRaw
+		} else if r, err := dst.SyscallConn(); err == nil {
+			raw = r
+		}
+		if raw != nil && dst.SetWriteDeadline(time.Now().Add(salvageBound)) == nil {
+			_ = raw.Write(func(fd uintptr) bool { return sentAll(int(fd)) })
+		}
+	}
+	dst.Close()
 }
 
 func (c *Conn) aborted() bool { return c.ending.Load() == endAbort }

@@ -659,3 +659,25 @@ func TestTCPResetWithoutAnswerReachesUploadingClientAsReset(t *testing.T) {
 		<-done
 	}
 }
+
+// An answer longer than the client's receive buffer, sent whole by the
+// backend before its reset, reaches the client whole although the client
+// reads it only after the backend reset: the reset passed on to the
+// client went out with the rest of the answer still queued in the proxy's
+// socket, and SO_LINGER 0 dropped it (the client got the 128 KiB its
+// receive buffer held). README: 100 KB answers over a veth arrived whole
+// in 5 of 30 tries through the proxy, 28 of 30 straight.
+func TestTCPAnswerQueuedAtResetReachesClient(t *testing.T) {
+	answer := bytes.Repeat([]byte("413 too large\n"), 512<<10/14)
+	for i := range 5 {
+		client, backend, done := relayed(t, Options{})
+		got, err, werr := answerQueuedAtReset(t, client, backend, answer)
+		if !bytes.Equal(got, answer) {
+			t.Fatalf("try %d: client read %d bytes of the %d-byte answer, %v; want all, then a reset", i, len(got), len(answer), err)
+		}
+		if !resetSeen(err, werr) {
+			t.Fatalf("try %d: client read %v, wrote %v; want a reset", i, err, werr)
+		}
+		<-done
+	}
+}

@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // uploadMetByReset plays an upload a backend answers early and will not
@@ -37,4 +39,50 @@ func uploadMetByReset(t *testing.T, client, backend *net.TCPConn, answer []byte)
 // of its reader and writer asks first (the socket's error is taken once).
 func resetSeen(readErr, writeErr error) bool {
 	return errors.Is(readErr, syscall.ECONNRESET) || errors.Is(writeErr, syscall.ECONNRESET)
+}
+
+// answerQueuedAtReset is uploadMetByReset with an answer longer than the
+// client's receive buffer and a client that reads it late: the backend's
+// kernel sent the whole answer (the proxy's socket acknowledged it all)
+// before the backend closed, so the rest of it waits in the proxy, queued
+// to the client, when the reset comes. The client reads only once the
+// reset reached it (its upload failed) or 100 ms passed, well within the
+// relay's salvageBound.
+func answerQueuedAtReset(t *testing.T, client, backend *net.TCPConn, answer []byte) (got []byte, readErr, writeErr error) {
+	t.Helper()
+	wrote := flood(client)
+	if _, err := io.ReadFull(backend, make([]byte, 1024)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond) // more of the upload waits unread
+	if _, err := backend.Write(answer); err != nil {
+		t.Fatal(err)
+	}
+	// Sent, all of it: nothing the backend's own kernel could drop.
+	raw, err := backend.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		queued := -1
+		_ = raw.Control(func(fd uintptr) { queued, _ = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) })
+		if queued == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the proxy took %d bytes of the %d-byte answer in 5 s", len(answer)-queued, len(answer))
+		}
+	}
+	backend.Close() // unread bytes: the backend's host sends a reset
+	select {
+	case writeErr = <-wrote:
+		wrote = nil
+	case <-time.After(100 * time.Millisecond):
+	}
+	_ = client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got, readErr = io.ReadAll(client)
+	if wrote != nil {
+		writeErr = <-wrote
+	}
+	return got, readErr, writeErr
 }
