@@ -1282,3 +1282,15 @@ func TestLoopAnswerQueuedAtResetReachesClient(t *testing.T) {
 		h.wait(t)
 	}
 }
+
+// The event loop's TestTCPResetWaitingForANonReaderIsBounded: the
+// draining connection's bound (salvageBound) ends it.
+func TestLoopResetWaitingForANonReaderIsBounded(t *testing.T) {
+	b := newLoopBed(t, LoopOptions{})
+	answer := bytes.Repeat([]byte("413 too large\n"), 512<<10/14)
+	h := newLoopHandler(b.ep)
+	client, backend := b.connect(t, h, true)
+	wrote := answerSentThenReset(t, client, backend, answer)
+	h.wait(t) // fails after 10 s
+	wantResetAfterAnswerPart(t, client, wrote, answer)
+}

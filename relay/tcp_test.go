@@ -681,3 +681,15 @@ func TestTCPAnswerQueuedAtResetReachesClient(t *testing.T) {
 		<-done
 	}
 }
+
+// A client that reads nothing while the relay holds a backend's reset for
+// the answer still queued to it does not hold the connection past
+// salvageBound (1 s): then it gets the reset, the rest dropped, and both
+// sockets are closed.
+func TestTCPResetWaitingForANonReaderIsBounded(t *testing.T) {
+	answer := bytes.Repeat([]byte("413 too large\n"), 512<<10/14)
+	client, backend, done := relayed(t, Options{})
+	wrote := answerSentThenReset(t, client, backend, answer)
+	waitDone(t, done, 10*time.Second, "a reset held for a client that reads nothing")
+	wantResetAfterAnswerPart(t, client, wrote, answer)
+}

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -50,6 +51,26 @@ func resetSeen(readErr, writeErr error) bool {
 // relay's salvageBound.
 func answerQueuedAtReset(t *testing.T, client, backend *net.TCPConn, answer []byte) (got []byte, readErr, writeErr error) {
 	t.Helper()
+	wrote := answerSentThenReset(t, client, backend, answer)
+	select {
+	case writeErr = <-wrote:
+		wrote = nil
+	case <-time.After(100 * time.Millisecond):
+	}
+	_ = client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got, readErr = io.ReadAll(client)
+	if wrote != nil {
+		writeErr = <-wrote
+	}
+	return got, readErr, writeErr
+}
+
+// answerSentThenReset starts the client's upload, has the backend answer
+// it with answer, waits until the backend's kernel sent all of it (its
+// send queue is empty: the proxy acknowledged it), and closes the backend
+// with the upload unread (a reset). It returns the upload's end.
+func answerSentThenReset(t *testing.T, client, backend *net.TCPConn, answer []byte) <-chan error {
+	t.Helper()
 	wrote := flood(client)
 	if _, err := io.ReadFull(backend, make([]byte, 1024)); err != nil {
 		t.Fatal(err)
@@ -74,15 +95,20 @@ func answerQueuedAtReset(t *testing.T, client, backend *net.TCPConn, answer []by
 		}
 	}
 	backend.Close() // unread bytes: the backend's host sends a reset
-	select {
-	case writeErr = <-wrote:
-		wrote = nil
-	case <-time.After(100 * time.Millisecond):
-	}
+	return wrote
+}
+
+// wantResetAfterAnswerPart reads what the client got of answer (part of
+// it: it read nothing while the relay held the rest) and wants the read
+// or the upload to end with a reset.
+func wantResetAfterAnswerPart(t *testing.T, client *net.TCPConn, wrote <-chan error, answer []byte) {
+	t.Helper()
 	_ = client.SetReadDeadline(time.Now().Add(5 * time.Second))
-	got, readErr = io.ReadAll(client)
-	if wrote != nil {
-		writeErr = <-wrote
+	got, err := io.ReadAll(client)
+	if !bytes.HasPrefix(answer, got) {
+		t.Errorf("client read %d bytes, not the answer's start", len(got))
 	}
-	return got, readErr, writeErr
+	if werr := <-wrote; !resetSeen(err, werr) {
+		t.Errorf("client read %v, wrote %v; want a reset", err, werr)
+	}
 }
