@@ -435,7 +435,9 @@ func (c *Conn) resetWhenSent(dst *net.TCPConn, a *autoCopier) {
 		} else if r, err := dst.SyscallConn(); err == nil {
 			raw = r
 		}
-		if raw != nil && dst.SetWriteDeadline(time.Now().Add(salvageBound)) == nil {
+		// Armed, then checked: an abort's past deadline set meanwhile
+		// would be overwritten (as writeBound.arm does).
+		if raw != nil && dst.SetWriteDeadline(time.Now().Add(salvageBound)) == nil && !c.aborted() {
 			_ = raw.Write(func(fd uintptr) bool { return sentAll(int(fd)) })
 		}
 	}
