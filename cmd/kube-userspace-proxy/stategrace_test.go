@@ -110,7 +110,11 @@ func TestStateFileGraceCountsFromStart(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if took := time.Since(began); took > config.DefaultStateFileGrace+time.Second {
-		t.Errorf("the state file served %v after the start, want within the %v grace (plus a sync)", took.Round(10*time.Millisecond), config.DefaultStateFileGrace)
+	// Timers never fire early, so a grace counted from after the Node's
+	// read comes at its end or later: any time before it is the grace
+	// counted from the start, however late a loaded machine ran it (a
+	// bound of the grace plus 1 s was missed by 10 ms at load 18).
+	if took, late := time.Since(began), config.DefaultStateFileGrace+nodeLookupTimeout; took >= late {
+		t.Errorf("the state file served %v after the start, want within the %v grace (before %v: the grace counted after the Node's read)", took.Round(10*time.Millisecond), config.DefaultStateFileGrace, late)
 	}
 }
