@@ -186,13 +186,7 @@ func (w *nodeIPsWatch) look(node config.NodeInfo) {
 	again := len(differ) > 0 && slices.Equal(differ, w.seen)
 	w.seen = differ
 	if len(differ) > 0 && !again && w.timer == nil && w.recheck > 0 {
-		w.timer = time.AfterFunc(w.recheck, func() {
-			w.mu.Lock()
-			w.timer = nil
-			last := w.last
-			w.mu.Unlock()
-			w.look(last)
-		})
+		w.timer = time.AfterFunc(w.recheck, w.lookAgain)
 	}
 	w.mu.Unlock()
 	if !again || !w.done.CompareAndSwap(false, true) {
@@ -205,6 +199,16 @@ func (w *nodeIPsWatch) look(node config.NodeInfo) {
 	}
 	klog.InfoS("NodeIPs changed for the node; restarting, as kube-proxy does, so that the portals take them (rules and proxy ports are kept)", "node", node.Name, "newNodeIPs", ips, "inUse", inUse)
 	w.restart(fmt.Errorf("the node IPs of Node %s (%v) are not those in use (%v): restart to take them", node.Name, ips, inUse))
+}
+
+// lookAgain is the second look at the last update, recheck after a first
+// one showed a difference.
+func (w *nodeIPsWatch) lookAgain() {
+	w.mu.Lock()
+	w.timer = nil
+	last := w.last
+	w.mu.Unlock()
+	w.look(last)
 }
 
 // stateFileNodeIPs are the addresses of Node name kept in the state file

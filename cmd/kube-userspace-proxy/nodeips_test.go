@@ -218,15 +218,39 @@ func TestNodeIPsWatchLooksAgain(t *testing.T) {
 			var restarted atomic.Int32
 			v := validated{bind: a("0.0.0.0"), nodeObjectRead: true, nodeObjectIPs: []netip.Addr{a("10.1.0.5")}}
 			w := newNodeIPsWatch(&v, func(netip.Addr) bool { return true }, func(error) { restarted.Add(1) })
-			w.recheck = 20 * time.Millisecond
+			// The test looks again itself, once the updates are in: a
+			// 20 ms timer fired between two updates on a loaded machine,
+			// or not within the 100 ms the test waited (restart asked 0
+			// times, want 1). TestNodeIPsWatchRechecksByItself runs the
+			// timer.
+			w.recheck = time.Hour
 			for _, n := range tt.seen {
 				w.check(node(n))
 			}
-			time.Sleep(100 * time.Millisecond)
+			w.mu.Lock()
+			armed := w.timer != nil && w.timer.Stop()
+			w.mu.Unlock()
+			if armed {
+				w.lookAgain()
+			}
 			if got := restarted.Load(); got != tt.restarted {
 				t.Errorf("restart asked %d times, want %d", got, tt.restarted)
 			}
 		})
+	}
+}
+
+// The second look comes by itself, recheck after the update.
+func TestNodeIPsWatchRechecksByItself(t *testing.T) {
+	restarted := make(chan struct{}, 2)
+	v := validated{bind: netip.MustParseAddr("0.0.0.0"), nodeObjectRead: true, nodeObjectIPs: []netip.Addr{netip.MustParseAddr("10.1.0.5")}}
+	w := newNodeIPsWatch(&v, func(netip.Addr) bool { return true }, func(error) { restarted <- struct{}{} })
+	w.recheck = 20 * time.Millisecond
+	w.check(config.NodeInfo{Name: "node-a", Addresses: []netip.Addr{netip.MustParseAddr("10.1.0.9")}})
+	select {
+	case <-restarted:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no restart 10 s after an update the 20 ms recheck should have confirmed")
 	}
 }
 
