@@ -520,12 +520,21 @@ func TestStateFileFlags(t *testing.T) {
 // 1 s minimum and kube-proxy's burst of 2, the third of three changes
 // within a second waited for its token: up to 1.09 s after its write
 // (measured by a sweep), past the manifests' 1 s.
+//
+// Judged by what a 1 s limit does for sure, not by how late a Service may
+// be: once its burst is spent, it serves the Services (each written only
+// once the one before is served) at least 1 s apart, a token bucket never
+// being early; unlimited, they come about 250 ms apart. The check was
+// "each served within 600 ms of its write", which a loaded machine broke
+// (1.08 s and 2.34 s, the manifest reads alone 0.2-2.4 s apart), and
+// which the limit itself broke only by a few hundred ms.
 func TestServiceStreamEachServedAtOnceWithoutIptables(t *testing.T) {
 	dir := t.TempDir()
 	o := loopbackOptions(dir, "127.0.0.1")
 	p := runProxy(t, o)
 	const svc = "apiVersion: v1\nkind: Service\nmetadata: {name: s%d, namespace: default}\nspec:\n  clusterIP: 10.96.1.%d\n  ports: [{name: http, port: 80}]\n"
 	var worst time.Duration
+	var served []time.Time
 	for i := 1; i <= 8; i++ {
 		name := fmt.Sprintf("default/s%d:http", i)
 		written := time.Now()
@@ -542,11 +551,17 @@ func TestServiceStreamEachServedAtOnceWithoutIptables(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 		worst = max(worst, time.Since(written))
+		served = append(served, time.Now())
 		time.Sleep(250*time.Millisecond - time.Since(written)%(250*time.Millisecond))
 	}
-	t.Logf("slowest of 8 Services written 250 ms apart: served %v after its write", worst.Round(time.Millisecond))
-	if worst > 600*time.Millisecond {
-		t.Errorf("a new Service was served %v after its manifest was written; want each at once (the settle time and a sync)", worst.Round(time.Millisecond))
+	// The gaps after the third Service: by then a burst of 2 is spent.
+	var gaps []time.Duration
+	for i := 3; i < len(served); i++ {
+		gaps = append(gaps, served[i].Sub(served[i-1]).Round(time.Millisecond))
+	}
+	t.Logf("slowest of 8 Services written 250 ms apart: served %v after its write; served apart by %v", worst.Round(time.Millisecond), gaps)
+	if slices.Min(gaps) >= 800*time.Millisecond {
+		t.Errorf("Services written 250 ms apart were served %v apart, none less than 800 ms: syncs rate-limited as with rules (1 s apart)", gaps)
 	}
 }
 
