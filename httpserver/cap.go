@@ -7,7 +7,10 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // capListener caps open connections at max. A client accepted at the cap
@@ -68,9 +71,10 @@ func (l *capListener) Accept() (net.Conn, error) {
 			_ = oldest.Close()
 			continue
 		}
-		// Every connection is serving a request, or has only just come:
-		// wait for one to end, to finish its request and go idle, or to
-		// have read for readingGrace.
+		// Every connection is serving a request, has only just come, or
+		// has a request the server has yet to read: wait for one to end,
+		// to finish its request and go idle, or to have read for
+		// readingGrace, and look again.
 		switch l.wait(oldest != nil, ripe) {
 		case waitSlot:
 			return l.opened(c), nil
@@ -132,14 +136,34 @@ const readingGrace = 250 * time.Millisecond
 // oldestReading is the open connection accepted first that is neither
 // serving a request nor idle: one still reading its request (or not yet
 // sent a byte), and in how long it will have read for readingGrace (0:
-// it has). Nil when there is none.
+// it has, and the server waits on its client). Nil when there is none.
+//
+// Past the grace, a connection counts as waiting on its client only while
+// the server is in a read of it that has nothing to read: bytes waiting
+// unread, or no read under way, mean the server is behind, not the
+// client (a loaded machine kept a request that had arrived whole from
+// its handler for over 250 ms, and the cap cut it unanswered); it is
+// looked at again a grace later.
 func (l *capListener) oldestReading(now time.Time) (*cappedConn, time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	var behind *cappedConn
 	for _, c := range l.open {
-		if !c.serving.Load() && !c.idle {
-			return c, max(0, c.accepted.Add(readingGrace).Sub(now))
+		if c.serving.Load() || c.idle {
+			continue
 		}
+		if ripe := c.accepted.Add(readingGrace).Sub(now); ripe > 0 {
+			return c, ripe
+		}
+		if c.waitsOnClient() {
+			return c, 0
+		}
+		if behind == nil {
+			behind = c
+		}
+	}
+	if behind != nil {
+		return behind, readingGrace
 	}
 	return nil, 0
 }
@@ -188,11 +212,40 @@ type cappedConn struct {
 	net.Conn
 	l    *capListener
 	once sync.Once
+	// reads counts the server's reads under way.
+	reads atomic.Int32
 	// serving is set from the start of a request's handler (serveCapped)
 	// until the connection goes idle or closes (track).
 	serving  atomic.Bool
 	accepted time.Time
 	idle     bool // on the idle list; guarded by l.mu
+}
+
+func (c *cappedConn) Read(b []byte) (int, error) {
+	c.reads.Add(1)
+	defer c.reads.Add(-1)
+	return c.Conn.Read(b)
+}
+
+// waitsOnClient reports whether the server is in a read of c with nothing
+// to read: no byte of the client's waits in the kernel (SIOCINQ).
+func (c *cappedConn) waitsOnClient() bool {
+	if c.reads.Load() == 0 {
+		return false
+	}
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return true
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return true
+	}
+	unread := 0
+	if raw.Control(func(fd uintptr) { unread, err = unix.IoctlGetInt(int(fd), unix.SIOCINQ) }) != nil || err != nil {
+		return true // closed, or not a socket: nothing to wait for
+	}
+	return unread == 0
 }
 
 func (c *cappedConn) Close() error {

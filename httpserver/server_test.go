@@ -280,3 +280,54 @@ func TestCapHeaderTricklersGiveWay(t *testing.T) {
 		t.Fatalf("probe not answered while %d clients trickled headers into every slot: %v after %v", slots, err, time.Since(start))
 	}
 }
+
+// A request that arrived whole while the server was too busy to read it
+// is not taken for a slow client's at the cap: the server is behind, not
+// the client. Cut as one that had "read" for readingGrace, such requests
+// went unanswered on a loaded machine (TestHealthServerIdleTimeoutAndCap:
+// "client: unexpected EOF" for 2 of 200).
+func TestCapSparesARequestTheServerHasNotRead(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newCapListener(ln, 1)
+	defer l.Close()
+	a, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if _, err := io.WriteString(a, "GET / HTTP/1.1\r\nHost: test\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	// The server's side of a, which it does not read: a server held up.
+	sa, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(readingGrace + 100*time.Millisecond)
+	b, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		if c, err := l.Accept(); err == nil {
+			accepted <- c
+		}
+	}()
+	_ = a.SetReadDeadline(time.Now().Add(2 * readingGrace))
+	if n, err := a.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the client whose request the server had not read yet: read %d bytes, %v; want it still waiting for its answer", n, err)
+	}
+	// Done with a, the server has b's slot.
+	sa.Close()
+	select {
+	case c := <-accepted:
+		c.Close()
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiting client did not get the slot given back")
+	}
+}
