@@ -4,6 +4,8 @@ import (
 	"math"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/mono"
 )
 
@@ -38,8 +40,11 @@ func (c *LoopConn) timer(t *loopTimer) {
 			d = &c.down
 		}
 		due := mono.Add(d.lastActive, l.o.HalfCloseTimeout)
-		if due <= l.now && c.readerTook(d) {
-			due = mono.Add(d.lastActive, l.o.HalfCloseTimeout)
+		if due <= l.now {
+			// Both looks, each may move lastActive on.
+			if took, gave := c.readerTook(d), c.sourceGave(d); took || gave {
+				due = mono.Add(d.lastActive, l.o.HalfCloseTimeout)
+			}
 		}
 		if due > l.now {
 			l.timers.set(t, due)
@@ -69,6 +74,28 @@ func (c *LoopConn) readerTook(d *loopDir) bool {
 	}
 	d.acked = acked
 	d.lastActive = max(d.lastActive, c.l.now-int64(sent))
+	return true
+}
+
+// sourceGave moves d.lastActive on to when src's kernel last received
+// data, if that is later: bytes that came while the loop was held (a
+// machine that starved it past the bound), which it has not read yet.
+// Timers fire before the loop polls, and such a connection was reset as
+// idle; the goroutine path reads the same kernel time (halfClosed).
+func (c *LoopConn) sourceGave(d *loopDir) bool {
+	fd := c.fds[d.src]
+	if fd < 0 {
+		return false
+	}
+	info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+	if err != nil {
+		return false
+	}
+	at := c.l.now - int64(time.Duration(info.Last_data_recv)*time.Millisecond)
+	if at <= d.lastActive {
+		return false
+	}
+	d.lastActive = at
 	return true
 }
 
