@@ -134,6 +134,10 @@ func TestPipelineBandwidth(t *testing.T) {
 			bytes int
 		}
 		want time.Duration
+		// late is where a wrong outcome that is slow starts (0: half
+		// a second past want): the fastest of the three must come
+		// before it.
+		late time.Duration
 	}{
 		{
 			name:   "narrowest of two",
@@ -143,6 +147,8 @@ func TestPipelineBandwidth(t *testing.T) {
 				bytes int
 			}{{0, 100_000}},
 			want: time.Second,
+			// Paced by one toxic after the other: 0.25 s, then 1 s.
+			late: 1250 * time.Millisecond,
 		},
 		{
 			name:   "idle earns no credit",
@@ -211,8 +217,15 @@ func TestPipelineBandwidth(t *testing.T) {
 			}
 			slices.Sort(took)
 			t.Logf("%d bytes in %v", total, took)
-			if took[0] > tc.want*11/10 {
-				t.Fatalf("%d bytes in %v at the fastest of 3, want %v ± 10 %%", total, took[0], tc.want)
+			// Before where a wrong outcome starts, not within 10 % of
+			// want: a loaded machine (load 18, -race) was 14 % late on
+			// the fastest of three.
+			late := tc.late
+			if late == 0 {
+				late = tc.want + 500*time.Millisecond
+			}
+			if took[0] >= late {
+				t.Fatalf("%d bytes in %v at the fastest of 3, want %v (and before %v)", total, took[0], tc.want, late)
 			}
 		})
 	}
@@ -528,9 +541,13 @@ func TestPipelineTimeoutCountsFromTheLastChunk(t *testing.T) {
 	client, backend, done := proxied(t, p, client1)
 	start := time.Now()
 	var last time.Time
+	var longest time.Duration // between two chunks' writes
 	for range 8 {
 		if _, err := backend.Write([]byte("x")); err != nil {
 			break // the stream was cut: the check below says when
+		}
+		if !last.IsZero() {
+			longest = max(longest, time.Since(last))
 		}
 		last = time.Now()
 		time.Sleep(200 * time.Millisecond)
@@ -541,6 +558,11 @@ func TestPipelineTimeoutCountsFromTheLastChunk(t *testing.T) {
 		t.Fatalf("client read %d bytes, %v; want nothing (timeout drops it) and the FIN", n, err)
 	}
 	if took, idle := time.Since(start), time.Since(last); idle < 400*time.Millisecond || idle > 2*time.Second {
+		if longest >= 500*time.Millisecond {
+			// The machine held the writer past the timeout: the FIN
+			// rightly came before the chunks after that gap.
+			t.Skipf("no verdict: %v between two chunks, past the 500 ms timeout (the FIN came %v after the last chunk)", longest, idle)
+		}
 		t.Errorf("the FIN came %v after the start, %v after the last chunk; want about 500 ms after the last chunk", took, idle)
 	}
 	relayEnds(t, done)
