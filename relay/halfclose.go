@@ -115,12 +115,18 @@ func (h *halfClosed) stop() {
 // sinceLastReceived is how long ago the socket last received data, to the
 // kernel's tick (TCP_INFO's last_data_recv); false once it is closed.
 func sinceLastReceived(raw syscall.RawConn) (idle time.Duration, ok bool) {
-	_ = raw.Control(func(fd uintptr) {
-		if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
-			idle, ok = time.Duration(info.Last_data_recv)*time.Millisecond, true
-		}
-	})
+	_ = raw.Control(func(fd uintptr) { idle, ok = sinceLastReceivedFd(int(fd)) })
 	return idle, ok
+}
+
+// sinceLastReceivedFd is sinceLastReceived of a descriptor (the event
+// loop's sockets).
+func sinceLastReceivedFd(fd int) (time.Duration, bool) {
+	info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+	if err != nil {
+		return 0, false
+	}
+	return time.Duration(info.Last_data_recv) * time.Millisecond, true
 }
 
 // sinceLastSent is how long ago the socket last sent data, and how many

@@ -4,8 +4,6 @@ import (
 	"math"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/mono"
 )
 
@@ -87,11 +85,11 @@ func (c *LoopConn) sourceGave(d *loopDir) bool {
 	if fd < 0 {
 		return false
 	}
-	info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
-	if err != nil {
+	idle, ok := sinceLastReceivedFd(fd)
+	if !ok {
 		return false
 	}
-	at := c.l.now - int64(time.Duration(info.Last_data_recv)*time.Millisecond)
+	at := c.l.now - int64(idle)
 	if at <= d.lastActive {
 		return false
 	}

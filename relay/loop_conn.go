@@ -536,9 +536,7 @@ func (c *LoopConn) failed(d *loopDir, err error) {
 		c.resetWhenSent(d)
 		return
 	}
-	setLinger0(c.fds[d.src])
-	setLinger0(c.fds[d.dst])
-	c.finish()
+	c.resetBoth()
 }
 
 // resetWhenSent passes the reset of d's source on to d's destination once
@@ -556,9 +554,7 @@ func (c *LoopConn) failed(d *loopDir, err error) {
 // while no peer resets.
 func (c *LoopConn) resetWhenSent(d *loopDir) {
 	if d.done || c.fds[d.src] < 0 || c.fds[d.dst] < 0 {
-		setLinger0(c.fds[d.src])
-		setLinger0(c.fds[d.dst])
-		c.finish()
+		c.resetBoth()
 		return
 	}
 	l := c.l
@@ -642,6 +638,11 @@ func (c *LoopConn) abort() {
 		c.fail(ErrDialTimeout)
 		return
 	}
+	c.resetBoth()
+}
+
+// resetBoth closes both sockets with a reset (SO_LINGER 0) and ends.
+func (c *LoopConn) resetBoth() {
 	setLinger0(c.fds[sideClient])
 	setLinger0(c.fds[sideBackend])
 	c.finish()
