@@ -168,6 +168,8 @@ func TestPipelineBandwidth(t *testing.T) {
 				bytes int
 			}{{0, 1}},
 			want: 300 * time.Millisecond,
+			// Each latency applied twice.
+			late: 600 * time.Millisecond,
 		},
 		{
 			name:   "latency then bandwidth",
