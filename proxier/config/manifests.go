@@ -169,76 +169,41 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 
 	ticker := s.clock.NewTicker(s.poll)
 	defer ticker.Stop()
-	var settle clock.Timer
-	var settleC <-chan time.Time
-	// The reload waits until no manifest has had an event for s.settle:
-	// a tool writing a new file (vim, emacs, git) writes it in pieces, and
-	// a reload a fixed time after the first event read one save in 40 of
-	// a 5,000-Service file half written. Events on other names (a ConfigMap
-	// volume's ..data swap, an editor's swap file) do not postpone it, and
-	// nothing postpones it past maxSettle after the first event.
-	var firstEvent, lastManifestEvent time.Time
-	maxSettle := 10 * s.settle
-	noteEvent := func(ev fsnotify.Event) {
-		if ev.Op == fsnotify.Chmod {
-			return
-		}
-		now := s.clock.Now()
-		if settleC == nil {
-			firstEvent = now
-			settle = s.clock.NewTimer(s.settle)
-			settleC = settle.C()
-		}
-		if base := filepath.Base(ev.Name); s.manifestEvent(base) {
-			lastManifestEvent = now
-			if ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename) {
-				s.removedAt[base] = now
-			}
-		}
-	}
+	settle := newSettleWindow(s.clock, s.settle)
+	defer settle.stop()
 	// A file kept while it reads empty or is gone is read again when its
 	// grace ends, whether or not anything else prompts a reload.
-	var recheck clock.Timer
-	var recheckC <-chan time.Time
+	recheck := &oneShot{clock: s.clock}
+	defer recheck.stop()
 	reload := func() {
 		s.reload()
-		if recheck != nil {
-			recheck.Stop()
-			recheck, recheckC = nil, nil
-		}
+		recheck.stop()
 		// With the listing failed (the directory gone) the kept files
 		// wait for it to come back (its events, or the poll): re-checked
 		// at once, over and over, the re-check spun (27,000 listings a
 		// second).
 		if d, ok := s.graceLeft(); ok && !s.listFailed {
-			recheck = s.clock.NewTimer(d)
-			recheckC = recheck.C()
+			recheck.set(d)
 		}
 	}
 	events, watchErrs := w.events(), w.errors()
 	for {
 		select {
 		case <-ctx.Done():
-			if settle != nil {
-				settle.Stop()
-			}
-			if recheck != nil {
-				recheck.Stop()
-			}
 			return ctx.Err()
 		case ev, ok := <-events:
 			if !ok {
 				events = nil // watcher gone; the poll carries on
 				continue
 			}
-			noteEvent(ev)
+			s.noteEvent(settle, ev)
 		case err, ok := <-watchErrs:
 			if !ok {
 				watchErrs = nil
 				continue
 			}
 			s.report(fmt.Errorf("watching %s: %w", s.path, err))
-		case <-settleC:
+		case <-settle.c:
 			// Events already queued count: select picks among ready
 			// channels at random.
 		drain:
@@ -249,22 +214,17 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 						events = nil
 						break drain
 					}
-					noteEvent(ev)
+					s.noteEvent(settle, ev)
 				default:
 					break drain
 				}
 			}
-			now := s.clock.Now()
-			if wait := min(lastManifestEvent.Add(s.settle).Sub(now), firstEvent.Add(maxSettle).Sub(now)); wait > 0 {
-				settle = s.clock.NewTimer(wait)
-				settleC = settle.C()
-				continue
+			if settle.fired() {
+				reload()
 			}
-			settleC = nil
-			reload()
-		case <-recheckC:
-			recheckC = nil
-			if settleC == nil {
+		case <-recheck.c:
+			recheck.stop()
+			if !settle.isOpen() {
 				reload()
 				continue
 			}
@@ -275,15 +235,29 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 			// to a capped settle more: 1.85 s beside a file rewritten
 			// every 30 ms.
 			s.dropGone()
-			recheck = nil
 			if d, ok := s.vanishedGraceLeft(); ok && !s.listFailed {
-				recheck = s.clock.NewTimer(d)
-				recheckC = recheck.C()
+				recheck.set(d)
 			}
 		case <-ticker.C():
-			if settleC == nil { // files are being written: the settle's reload reads them once written
+			if !settle.isOpen() { // files are being written: the settle's reload reads them once written
 				reload()
 			}
+		}
+	}
+}
+
+// noteEvent opens the settle window for an event and extends it for one
+// on a manifest, whose removal or rename starts its grace.
+func (s *ManifestSource) noteEvent(settle *settleWindow, ev fsnotify.Event) {
+	if ev.Op == fsnotify.Chmod {
+		return
+	}
+	now := s.clock.Now()
+	settle.open(now)
+	if base := filepath.Base(ev.Name); s.manifestEvent(base) {
+		settle.manifestEvent(now)
+		if ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename) {
+			s.removedAt[base] = now
 		}
 	}
 }
