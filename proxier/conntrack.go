@@ -49,7 +49,8 @@ type ConntrackCleaner interface {
 type StaleFlows struct {
 	Protocol v1.Protocol
 	// Dst is the original destination; an invalid address stands for that
-	// port on every address (NodePorts).
+	// port on every address (NodePorts), an unspecified one (0.0.0.0, ::)
+	// for that port on every address of its family.
 	Dst netip.AddrPort
 	// Live are the proxy ports serving Dst: entries a portal NATed to one
 	// of them are not stale. Those flows already reach a socket of ours,
@@ -132,8 +133,11 @@ func (s *staleSet) add(f StaleFlows) {
 	if live == nil {
 		live = []int{} // present, and no port is live
 	}
-	dst := netip.AddrPortFrom(f.Dst.Addr().Unmap(), f.Dst.Port())
-	key := staleKey{proto, dst}
+	addr := f.Dst.Addr().Unmap()
+	if addr.IsUnspecified() {
+		addr = netip.Addr{} // the pass is of its family already
+	}
+	key := staleKey{proto, netip.AddrPortFrom(addr, f.Dst.Port())}
 	resetOnly := f.ResetOnly
 	if had, ok := (*s)[key]; ok {
 		resetOnly = resetOnly && had.resetOnly
@@ -174,17 +178,49 @@ func (s staleSet) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 
 // staleFlowsToClear remembers a service port whose proxy socket is new, or
 // whose rules changed, so its stale conntrack entries are cleared once a
-// portal sync has succeeded:
+// portal sync has written the rules, each family's once its own are in:
 // before that new flows would meet the old rules, and a failed sync must not
-// forget the port (the list is kept until a sync succeeds).
+// forget the port (it is kept, for the family whose write failed, until a
+// sync writes that family's rules).
 func (p *Proxier) staleFlowsToClear(name loadbalancer.ServicePortName) {
 	if p.opts.Conntrack == nil {
 		return
 	}
 	if p.pendingConntrack == nil {
-		p.pendingConntrack = map[loadbalancer.ServicePortName]struct{}{}
+		p.pendingConntrack = map[loadbalancer.ServicePortName]ipFamilies{}
 	}
-	p.pendingConntrack[name] = struct{}{}
+	p.pendingConntrack[name] = bothFamilies
+}
+
+// bothFamilies is the IPv4 and IPv6 families together.
+const bothFamilies = familyIPv4 | familyIPv6
+
+// dstFamilies is the families of a stale-flow destination: its address's,
+// or both for an invalid address (a port on every address).
+func dstFamilies(dst netip.AddrPort) ipFamilies {
+	switch a := dst.Addr().Unmap(); {
+	case !a.IsValid():
+		return bothFamilies
+	case a.Is4():
+		return familyIPv4
+	}
+	return familyIPv6
+}
+
+// inFamilies is f restricted to the families fams: ok false when it has
+// none of them. A destination on every address (invalid) is narrowed to
+// every address of the one family given (0.0.0.0 or ::).
+func (f StaleFlows) inFamilies(fams ipFamilies) (StaleFlows, bool) {
+	switch dst, has := f.Dst, dstFamilies(f.Dst)&fams; {
+	case has == 0:
+		return f, false
+	case dst.Addr().IsValid() || has == bothFamilies:
+	case has == familyIPv4:
+		f.Dst = netip.AddrPortFrom(netip.IPv4Unspecified(), dst.Port())
+	default:
+		f.Dst = netip.AddrPortFrom(netip.IPv6Unspecified(), dst.Port())
+	}
+	return f, true
 }
 
 // closedFlowsToClear remembers the destinations of a UDP service port whose
@@ -201,7 +237,7 @@ func (p *Proxier) closedFlowsToClear(ap *activePort) {
 	if p.opts.Conntrack == nil || ap.info.name.Protocol != v1.ProtocolUDP {
 		return
 	}
-	udpDestinations(ap.info, func(dst netip.AddrPort) { p.closedUDP[dst] = struct{}{} })
+	udpDestinations(ap.info, func(dst netip.AddrPort) { p.closedUDP[dst] = dstFamilies(dst) })
 }
 
 // removedFlowsToClear remembers the destinations a UDP service port that
@@ -224,7 +260,7 @@ func (p *Proxier) removedFlowsToClear(old, info *servicePortInfo) {
 		if kept[dst] {
 			return
 		}
-		p.closedUDP[dst] = struct{}{}
+		p.closedUDP[dst] = dstFamilies(dst)
 	})
 }
 
@@ -242,24 +278,44 @@ func udpDestinations(info *servicePortInfo, fn func(dst netip.AddrPort)) {
 	}
 }
 
-// clearStaleFlows clears the entries of every pending service port that is
-// still served and of the destinations UDP ports closed or lost, in one pass
-// over the table, then forgets them all. Called after a successful sync.
-func (p *Proxier) clearStaleFlows() {
-	if len(p.pendingConntrack) == 0 && len(p.closedUDP) == 0 {
+// clearStaleFlows clears, in the families fams, the entries of every
+// pending service port that is still served and of the destinations UDP
+// ports closed or lost, in one pass over the table, then forgets them in
+// those families. Called after a sync that wrote the rules of fams (every
+// family when it wrote them all): as kube-proxy's per-family proxiers each
+// clear their own, a family whose rules keep failing (ip6tables-restore)
+// no longer holds back the other's clearing, whose clients that keep their
+// source port stayed on dead proxy ports meanwhile; its own entries wait
+// for its rules.
+func (p *Proxier) clearStaleFlows(fams ipFamilies) {
+	if len(p.pendingConntrack) == 0 && len(p.closedUDP) == 0 || fams == 0 {
 		return
 	}
 	var flows []StaleFlows
-	for name := range p.pendingConntrack {
-		if ap := p.active[name]; ap != nil {
-			flows = append(flows, staleFlowsOf(ap)...)
+	for name, pending := range p.pendingConntrack {
+		if ap := p.active[name]; ap != nil && pending&fams != 0 {
+			for _, f := range staleFlowsOf(ap) {
+				if f, ok := f.inFamilies(pending & fams); ok {
+					flows = append(flows, f)
+				}
+			}
+		}
+		if rest := pending &^ fams; rest != 0 && p.active[name] != nil {
+			p.pendingConntrack[name] = rest
+		} else {
+			delete(p.pendingConntrack, name)
 		}
 	}
-	clear(p.pendingConntrack)
 	// Last: a destination also named above (a Service re-created on it)
 	// is cleared with the ports of every socket now serving it spared.
-	flows = append(flows, p.closedFlows()...)
-	clear(p.closedUDP)
+	flows = append(flows, p.closedFlows(fams)...)
+	for dst, pending := range p.closedUDP {
+		if rest := pending &^ fams; rest != 0 {
+			p.closedUDP[dst] = rest
+		} else {
+			delete(p.closedUDP, dst)
+		}
+	}
 	if len(flows) == 0 {
 		return
 	}
@@ -326,11 +382,11 @@ func staleFlowsOf(ap *activePort) []StaleFlows {
 	return flows
 }
 
-// closedFlows names the entries to the destinations UDP ports closed or
-// lost: all of them, but those NATed to a socket that serves the
-// destination now (another service port opened on it, or sharing an
-// external IP), which are live flows.
-func (p *Proxier) closedFlows() []StaleFlows {
+// closedFlows names the entries, in the families fams, to the
+// destinations UDP ports closed or lost: all of them, but those NATed to a
+// socket that serves the destination now (another service port opened on
+// it, or sharing an external IP), which are live flows.
+func (p *Proxier) closedFlows(fams ipFamilies) []StaleFlows {
 	if len(p.closedUDP) == 0 {
 		return nil
 	}
@@ -350,9 +406,12 @@ func (p *Proxier) closedFlows() []StaleFlows {
 		})
 	}
 	flows := make([]StaleFlows, 0, len(p.closedUDP))
-	for dst := range p.closedUDP {
+	for dst, pending := range p.closedUDP {
 		// An empty Live: no port is live, every entry to dst is stale.
-		flows = append(flows, StaleFlows{Protocol: v1.ProtocolUDP, Dst: dst, Live: append([]int{}, live[dst]...)})
+		f := StaleFlows{Protocol: v1.ProtocolUDP, Dst: dst, Live: append([]int{}, live[dst]...)}
+		if f, ok := f.inFamilies(pending & fams); ok {
+			flows = append(flows, f)
+		}
 	}
 	return flows
 }

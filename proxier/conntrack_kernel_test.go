@@ -256,7 +256,7 @@ func TestKernelUDPClearingSparesLiveFlows(t *testing.T) {
 	}
 	// The clearing that follows a sync, once more, with the flow in swing.
 	p.staleFlowsToClear(name)
-	if err := ns.Do(func() error { p.clearStaleFlows(); return nil }); err != nil {
+	if err := ns.Do(func() error { p.clearStaleFlows(bothFamilies); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if n := udpEntries(t, ns, live, &ap.proxyPort); n != 1 {

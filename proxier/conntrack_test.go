@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -200,6 +201,11 @@ func TestStaleSetMatches(t *testing.T) {
 		{"IPv6, live", netip.MustParseAddrPort("[fd00::10]:53"), flow(unix.IPPROTO_UDP, "[fd00::10]:53", "[fd00::1]:40000"), false},
 		{"NodePort on any address, un-NATed", nodePort, flow(unix.IPPROTO_UDP, "192.168.1.5:30053", "192.168.1.5:30053"), true},
 		{"NodePort on any address, live", nodePort, flow(unix.IPPROTO_UDP, "192.168.1.5:30053", "192.168.1.5:40000"), false},
+		// A NodePort on one family's addresses (the other's rules not
+		// written yet): each family's pass is of its own addresses.
+		{"NodePort on IPv4 addresses, un-NATed", netip.MustParseAddrPort("0.0.0.0:30053"), flow(unix.IPPROTO_UDP, "192.168.1.5:30053", "192.168.1.5:30053"), true},
+		{"NodePort on IPv6 addresses, live", netip.MustParseAddrPort("[::]:30053"), flow(unix.IPPROTO_UDP, "[fd00::5]:30053", "[fd00::5]:40000"), false},
+		{"NodePort on IPv6 addresses, un-NATed", netip.MustParseAddrPort("[::]:30053"), flow(unix.IPPROTO_UDP, "[fd00::5]:30053", "[fd00::5]:30053"), true},
 		{"un-NATed where the service port is the proxy port", netip.MustParseAddrPort("10.96.0.10:40000"),
 			flow(unix.IPPROTO_UDP, "10.96.0.10:40000", "10.96.0.10:40000"), true},
 		// A TCP NodePort (ResetOnly): the reset connections NATed to a
@@ -508,12 +514,16 @@ func TestLostUDPDestinationClearsItsFlows(t *testing.T) {
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			ct := &fakeConntrack{}
-			p, fake := newPortalProxier(t)
+			p, _ := newPortalProxier(t)
 			p.opts.Conntrack = ct
 			// Both families, so that dropping the IPv6 ClusterIP is a rule
-			// change a failed restore holds back.
+			// change a failed restore holds back; each write fails while
+			// failing is set, also one with nothing to change (a family
+			// whose rules are in is cleared at once: TestStaleFlowsClearedPerFamily).
+			var failing atomic.Bool
+			p.opts.IPv4Portals = failingRules{p.opts.IPv4Portals.(*iptables.Rules), &failing}
 			fake6 := iptables.NewFakeRunner(iptables.IPv6)
-			p.opts.IPv6Portals = iptables.New(fake6, iptables.Config{Family: iptables.IPv6, BindAddress: mustAddr("::1"), NodeIP: mustAddr("::1")})
+			p.opts.IPv6Portals = failingRules{iptables.New(fake6, iptables.Config{Family: iptables.IPv6, BindAddress: mustAddr("::1"), NodeIP: mustAddr("::1")}), &failing}
 			p.OnServiceAdd(tc.before)
 			if tc.also != nil {
 				p.OnServiceAdd(tc.also)
@@ -522,14 +532,13 @@ func TestLostUDPDestinationClearsItsFlows(t *testing.T) {
 			ct.take()
 			clear(ct.spared)
 
-			fake.Errors = map[string]error{"Restore": errors.New("injected restore failure")}
-			fake6.Errors = fake.Errors
+			failing.Store(true)
 			p.OnServiceUpdate(tc.before, tc.after)
 			p.Sync()
 			if got := ct.take(); len(got) != 0 {
 				t.Fatalf("a failed sync cleared %v", got)
 			}
-			fake.Errors, fake6.Errors = nil, nil
+			failing.Store(false)
 			p.Sync()
 			if got := ct.take(); !slices.Equal(got, tc.want) {
 				t.Fatalf("cleared %v, want %v", got, tc.want)

@@ -24,6 +24,20 @@ const (
 	familyIPv6
 )
 
+// familiesOf is the set of the families named (ipv4Family, ipv6Family).
+func familiesOf(names []string) ipFamilies {
+	var f ipFamilies
+	for _, n := range names {
+		switch n {
+		case ipv4Family:
+			f |= familyIPv4
+		case ipv6Family:
+			f |= familyIPv6
+		}
+	}
+	return f
+}
+
 // takes reports whether an EndpointSlice of address type at gives
 // endpoints to a Service of families f (0: every family).
 func (f ipFamilies) takes(at discovery.AddressType) bool {

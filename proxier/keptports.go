@@ -119,7 +119,7 @@ func (p *Proxier) lostFlowsToClear(want map[loadbalancer.ServicePortName]*servic
 		for key := range m {
 			// A NodePort's key has no address, as udpDestinations names it.
 			if dst := netip.AddrPortFrom(key.IP, uint16(key.Port)); key.Protocol == iptables.UDP && !wanted[dst] {
-				p.closedUDP[dst] = struct{}{}
+				p.closedUDP[dst] = dstFamilies(dst)
 			}
 		}
 	}

@@ -205,11 +205,12 @@ type Proxier struct {
 	healthPorts map[types.NamespacedName]int
 	healthDirty bool
 	// pendingConntrack: service ports with a new proxy socket whose stale
-	// conntrack entries wait for a successful portal sync (conntrack.go).
-	pendingConntrack map[loadbalancer.ServicePortName]struct{}
+	// conntrack entries wait for a portal sync that writes the rules, with
+	// the families whose entries still wait (conntrack.go).
+	pendingConntrack map[loadbalancer.ServicePortName]ipFamilies
 	// closedUDP: destinations UDP service ports closed or lost, whose
-	// entries wait for the same sync (conntrack.go).
-	closedUDP map[netip.AddrPort]struct{}
+	// entries wait for the same, likewise per family (conntrack.go).
+	closedUDP map[netip.AddrPort]ipFamilies
 	// lastFull is when the portals last had a full (repairing) sync.
 	lastFull time.Time
 	// repairAsked: RepairSoon asked for the next sync to be a full one.
@@ -284,7 +285,7 @@ func New(opts Options) *Proxier {
 		parsed:      map[types.NamespacedName]parsedService{},
 		validFaults: map[types.NamespacedName]faultsAnnotation{},
 		noPortal:    map[types.NamespacedName]bool{},
-		closedUDP:   map[netip.AddrPort]struct{}{},
+		closedUDP:   map[netip.AddrPort]ipFamilies{},
 		listen:      newProxySocket,
 		active:      map[loadbalancer.ServicePortName]*activePort{},
 		reopening:   map[loadbalancer.ServicePortName]struct{}{},
@@ -351,7 +352,7 @@ func (p *Proxier) Run(ctx context.Context) {
 	// its datagrams reached whoever bound the port, and that process's
 	// answers reached it as the service address. Cleared, its next
 	// datagram is a new flow, which KUBE-PROXY-PORT-REJECT refuses.
-	p.clearStaleFlows()
+	p.clearStaleFlows(bothFamilies)
 	// The live connections end with a reset to both peers: left to the
 	// process's exit they got a FIN, and a peer took a stream cut short
 	// for a complete one (DESIGN: an abnormal end is a reset, never a FIN).
@@ -637,7 +638,12 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 	if ok {
 		// Only now do new flows meet the new rules; old flows still point at
 		// ports that no longer exist, or at no port at all.
-		p.clearStaleFlows()
+		p.clearStaleFlows(bothFamilies)
+	} else {
+		// Those of the families whose rules were written.
+		p.clearStaleFlows(familiesOf(p.syncedFamilies(failedFamilies)))
+	}
+	if ok {
 		if len(p.openTouched) > 0 {
 			// Ports opened or closed since the last sync that wrote its
 			// rules: what the programming latency waits for.

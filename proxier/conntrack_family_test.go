@@ -1,0 +1,87 @@
+package proxier
+
+import (
+	"slices"
+	"sync/atomic"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
+)
+
+// switchSyncer is a PortalSyncer whose writes fail while failing is set.
+type switchSyncer struct{ failing atomic.Bool }
+
+func (s *switchSyncer) Sync(p []iptables.Portal) error {
+	if s.failing.Load() {
+		return failSyncer{}.Sync(p)
+	}
+	return nil
+}
+
+// failingRules are rules whose every write fails while fail is set, with
+// or without a change to write.
+type failingRules struct {
+	*iptables.Rules
+	fail *atomic.Bool
+}
+
+func (r failingRules) Sync(p []iptables.Portal) error {
+	if r.fail.Load() {
+		return failSyncer{}.Sync(p)
+	}
+	return r.Rules.Sync(p)
+}
+
+func (r failingRules) Update(p []iptables.Portal) error {
+	if r.fail.Load() {
+		return failSyncer{}.Sync(p)
+	}
+	return r.Rules.Update(p)
+}
+
+// Each family's stale UDP entries are cleared once that family's rules are
+// written, as kube-proxy's per-family proxiers each clear their own: while
+// ip6tables-restore kept failing, the IPv4 entries of a changed dual-stack
+// UDP Service were not cleared either, so an IPv4 client that keeps its
+// source port (a resolver) stayed on a dead proxy port until IPv6 recovered.
+// The failed family's entries wait for its rules, then are cleared.
+func TestStaleFlowsClearedPerFamily(t *testing.T) {
+	ct := &fakeConntrack{}
+	v6 := &switchSyncer{}
+	v6.failing.Store(true)
+	p := newTestProxier(t, Options{IPv4Portals: okSyncer{}, IPv6Portals: v6, Conntrack: ct})
+	dualStack := func(s *v1.Service) { s.Spec.ClusterIPs = []string{"10.96.0.10", "fd00::10"} }
+	svc := makeService("dns", withProtocol(v1.ProtocolUDP), withNodePort(30053), dualStack)
+	p.OnServiceAdd(svc)
+	p.Sync()
+	// The IPv4 ClusterIP and the NodePort on IPv4 addresses (0.0.0.0):
+	// their rules are in.
+	want := []string{"udp 0.0.0.0:30053", "udp 10.96.0.10:80"}
+	if got := ct.take(); !slices.Equal(got, want) {
+		t.Fatalf("with IPv6's rules failing, cleared %v, want IPv4's %v", got, want)
+	}
+	p.Sync()
+	if got := ct.take(); len(got) != 0 {
+		t.Fatalf("a second sync with IPv6 still failing cleared %v again", got)
+	}
+	// A removed UDP Service: its IPv4 destinations go at once too.
+	p.OnServiceDelete(svc)
+	p.Sync()
+	if got := ct.take(); !slices.Equal(got, want) {
+		t.Fatalf("with IPv6's rules failing, the removed Service's cleared %v, want IPv4's %v", got, want)
+	}
+	v6.failing.Store(false)
+	p.Sync()
+	// IPv6's, kept for its first write: the new socket's and the removed
+	// Service's destinations alike.
+	want = []string{"udp :::30053", "udp fd00::10:80"}
+	if got := ct.take(); !slices.Equal(got, want) {
+		t.Fatalf("once IPv6's rules were written, cleared %v, want IPv6's %v", got, want)
+	}
+	p.Sync()
+	if got := ct.take(); len(got) != 0 {
+		t.Fatalf("a sync after both were cleared cleared %v again", got)
+	}
+}
