@@ -75,9 +75,9 @@ type eventCounter struct{ n atomic.Uint64 }
 
 func (c *eventCounter) Inc() { c.n.Add(1) }
 
-// portSeries is the collector of every port's counters, keyed by the
-// service_port label: a label's series exist from its first use until
-// forget, as vector children would.
+// portSeries is the collector of the ports' counters, keyed by the
+// service_port label: a label's series exist from its first use (a port's
+// first fault: publishLocked) until forget, as vector children would.
 type portSeries struct {
 	mu      sync.RWMutex
 	ports   map[string]*portCounters
@@ -116,7 +116,7 @@ func (s *portSeries) forget(label string) {
 	s.mu.Unlock()
 }
 
-// lookup returns the counters of label, nil when it has none (tests).
+// lookup returns the counters of label, nil when it has none.
 func (s *portSeries) lookup(label string) *portCounters {
 	s.mu.RLock()
 	defer s.mu.RUnlock()

@@ -9,14 +9,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
-// A port's faulted_connections and faults_skipped_max_active_total exist at
-// zero from its creation, follow its label (the proxier's name replaces the
-// API's), count what its connections do and go with the port: what
-// dashboards and the e2e suites read off /metrics.
+// A port's faulted_connections, faults_skipped_max_active_total and
+// faults_delay_queue_dropped_total exist from its first fault (a toxic, or
+// disabled through the API), at zero, follow its label (the proxier's name
+// replaces the API's), count what its connections do, stay once its faults
+// are removed and go with the port. A port that never had a fault has none:
+// every service port had three zero series, 42,000 of the 164,000 on
+// /metrics at 10,000 Services (sweep 12).
 func TestPortSeriesExposition(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	tbl := NewTable(0, 1, NewMetrics(reg))
-	names := []string{"kubeproxy_userspace_faulted_connections", "kubeproxy_userspace_faults_skipped_max_active_total"}
+	names := []string{"kubeproxy_userspace_faulted_connections", "kubeproxy_userspace_faults_skipped_max_active_total", "kubeproxy_userspace_faults_delay_queue_dropped_total"}
 	expect := func(t *testing.T, want string) {
 		t.Helper()
 		if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
@@ -30,29 +33,39 @@ func TestPortSeriesExposition(t *testing.T) {
 	const skippedHead = `# HELP kubeproxy_userspace_faults_skipped_max_active_total Connections left unfaulted because --fault-max-active faulted connections were live
 # TYPE kubeproxy_userspace_faults_skipped_max_active_total counter
 `
+	const droppedHead = `# HELP kubeproxy_userspace_faults_delay_queue_dropped_total UDP datagrams dropped because the service port's queue of delayed datagrams (one per direction, 10,000 datagrams or 16 MiB), or a reorder toxic's held ones (as many), was full, or faults held --fault-max-buffered-bytes
+# TYPE kubeproxy_userspace_faults_delay_queue_dropped_total counter
+`
 	p := tbl.Port("default.web.http", "TCP")
 	idle := tbl.Port("default.dns.dns", "UDP")
-	expect(t, head+`kubeproxy_userspace_faulted_connections{service_port="default.dns.dns"} 0
-kubeproxy_userspace_faulted_connections{service_port="default.web.http"} 0
-`+skippedHead+`kubeproxy_userspace_faults_skipped_max_active_total{service_port="default.dns.dns"} 0
-kubeproxy_userspace_faults_skipped_max_active_total{service_port="default.web.http"} 0
-`)
-
 	p.SetLabel("default/web:http")
+	expect(t, "")
+
 	p.SetDeclared([]Toxic{toxic(t, `{"type":"latency","attributes":{"latency":1}}`)})
+	expect(t, head+`kubeproxy_userspace_faulted_connections{service_port="default/web:http"} 0
+`+skippedHead+`kubeproxy_userspace_faults_skipped_max_active_total{service_port="default/web:http"} 0
+`+droppedHead+`kubeproxy_userspace_faults_delay_queue_dropped_total{service_port="default/web:http"} 0
+`)
 	a := p.Accept(client1)
 	if a == nil || p.Accept(client1) != nil {
 		t.Fatal("want the first connection faulted and the second skipped (--fault-max-active 1)")
+	}
+	if _, err := tbl.SetEnabled(idle.Name(), false); err != nil {
+		t.Fatal(err)
 	}
 	expect(t, head+`kubeproxy_userspace_faulted_connections{service_port="default.dns.dns"} 0
 kubeproxy_userspace_faulted_connections{service_port="default/web:http"} 1
 `+skippedHead+`kubeproxy_userspace_faults_skipped_max_active_total{service_port="default.dns.dns"} 0
 kubeproxy_userspace_faults_skipped_max_active_total{service_port="default/web:http"} 1
+`+droppedHead+`kubeproxy_userspace_faults_delay_queue_dropped_total{service_port="default.dns.dns"} 0
+kubeproxy_userspace_faults_delay_queue_dropped_total{service_port="default/web:http"} 0
 `)
 	a.Done()
+	p.SetDeclared(nil)
 	tbl.RemovePort(idle.Name())
 	expect(t, head+`kubeproxy_userspace_faulted_connections{service_port="default/web:http"} 0
 `+skippedHead+`kubeproxy_userspace_faults_skipped_max_active_total{service_port="default/web:http"} 1
+`+droppedHead+`kubeproxy_userspace_faults_delay_queue_dropped_total{service_port="default/web:http"} 0
 `)
 }
 

@@ -78,7 +78,18 @@ type snapshot struct {
 func (p *Port) publishLocked() *snapshot {
 	m := p.table.metrics
 	label := p.metricLabel()
-	c := m.ports.forLabel(label)
+	// A port's series exist from its first fault (a toxic, or disabled
+	// through the API) until the port goes: at zero before its first
+	// connection counts, and kept, with their counts, once its faults are
+	// removed. A port that never had one has none: nothing can count
+	// there, and at 10,000 Services three zero series per service port
+	// were 42,000 of the 164,000 on /metrics.
+	var c *portCounters
+	if len(p.annotation) > 0 || len(p.api) > 0 || !p.enabled {
+		c = m.ports.forLabel(label)
+	} else if c = m.ports.lookup(label); c == nil {
+		c = &portCounters{} // exported by no one; nothing counts without a fault
+	}
 	s := &snapshot{enabled: p.enabled, faultedLive: &c.faulted, skipped: &c.skipped, delayDropped: &c.delayDropped}
 	add := func(tx Toxic, origin string) {
 		seed := p.table.seed
