@@ -41,13 +41,7 @@ func writeCredentials(dir string) (credentials, error) {
 		tokenFile:         filepath.Join(dir, "tokens.csv"),
 		serviceAccountKey: filepath.Join(dir, "service-account.key"),
 	}
-	rows := []string{
-		// token,user,uid,"group,group"
-		fmt.Sprintf(`%s,%s,%s,"system:masters"`, c.adminToken, AdminUser, AdminUser),
-		fmt.Sprintf(`%s,%s,%s,"system:serviceaccounts,system:serviceaccounts:%s"`,
-			c.proxyToken, ProxyUser, ProxyServiceAccount, ProxyNamespace),
-	}
-	if err := os.WriteFile(c.tokenFile, []byte(strings.Join(rows, "\n")+"\n"), 0o600); err != nil {
+	if err := writeTokenFile(c.tokenFile, c.adminToken, c.proxyToken); err != nil {
 		return c, err
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -60,6 +54,34 @@ func writeCredentials(dir string) (credentials, error) {
 	}
 	pemKey := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})
 	return c, os.WriteFile(c.serviceAccountKey, pemKey, 0o600)
+}
+
+// writeTokenFile writes the --token-auth-file of the two identities.
+func writeTokenFile(path, adminToken, proxyToken string) error {
+	rows := []string{
+		// token,user,uid,"group,group"
+		fmt.Sprintf(`%s,%s,%s,"system:masters"`, adminToken, AdminUser, AdminUser),
+		fmt.Sprintf(`%s,%s,%s,"system:serviceaccounts,system:serviceaccounts:%s"`,
+			proxyToken, ProxyUser, ProxyServiceAccount, ProxyNamespace),
+	}
+	return os.WriteFile(path, []byte(strings.Join(rows, "\n")+"\n"), 0o600)
+}
+
+// RotateProxyToken gives ProxyUser a new token in place of its current one
+// and returns it. kube-apiserver reads its token file at start: the new
+// token is accepted, and the old one refused, from the next StartAPIServer
+// on. ProxyToken, ProxyConfig and ProxyKubeconfig keep the first token
+// (the exported fields do not change): a test that rotates hands the new
+// one to its clients itself.
+func (cp *ControlPlane) RotateProxyToken() (string, error) {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	token := randomToken()
+	if err := writeTokenFile(cp.creds.tokenFile, cp.creds.adminToken, token); err != nil {
+		return "", err
+	}
+	cp.creds.proxyToken = token
+	return token, nil
 }
 
 func randomToken() string {
