@@ -1,0 +1,70 @@
+package main
+
+import (
+	"context"
+	"net"
+	"net/url"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	eventsv1 "k8s.io/api/events/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+)
+
+// The Starting event recorded while the API server is unreachable (a
+// start during an outage, a node that reaches it late) is posted once it
+// answers. client-go's broadcaster tries an event 12 times, 10 s apart,
+// then drops it ("retry limit exceeded"): an outage longer than about two
+// minutes at start lost it, and each try meanwhile waited its 10 s. The
+// unreachable server is a create refused at the transport the first
+// several times.
+func TestStartingEventPostedOnceTheAPIServerAnswers(t *testing.T) {
+	saved := eventRetryInterval
+	eventRetryInterval = 10 * time.Millisecond
+	t.Cleanup(func() { eventRetryInterval = saved })
+
+	client := fake.NewClientset()
+	var mu sync.Mutex
+	refused, created := 0, []*eventsv1.Event(nil)
+	const unreachable = 13 // past client-go's 12 tries
+	client.PrependReactor("create", "events", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if refused < unreachable {
+			refused++
+			return true, nil, &url.Error{Op: "Post", URL: "https://10.0.0.1:6443/apis/events.k8s.io/v1/namespaces/default/events",
+				Err: &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}}
+		}
+		ev := a.(k8stesting.CreateAction).GetObject().(*eventsv1.Event)
+		created = append(created, ev)
+		return true, ev, nil
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	startNodeEvents(ctx, client, "node-1").started()
+
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		mu.Lock()
+		n, tries := len(created), refused
+		var ev *eventsv1.Event
+		if n > 0 {
+			ev = created[0]
+		}
+		mu.Unlock()
+		if n > 0 {
+			if ev.Reason != "Starting" || ev.Regarding.Kind != "Node" || ev.Regarding.Name != "node-1" {
+				t.Errorf("posted %s on %s %s, want Starting on Node node-1", ev.Reason, ev.Regarding.Kind, ev.Regarding.Name)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no Starting event posted within 10 s: %d creates refused at the transport (the API server answers from the %dth)", tries, unreachable+1)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
