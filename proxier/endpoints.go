@@ -52,9 +52,10 @@ type endpointsTracker struct {
 	// endpoints changed: connections to removed ones may drain.
 	changed func(types.NamespacedName)
 	// open holds the service ports with a proxy socket whose rules a
-	// sync wrote (setOpen); a change to a port not open yet waits in
-	// pending (observeProgramming).
-	open    map[loadbalancer.ServicePortName]bool
+	// sync wrote (setOpen), with the families it wrote them in; a change
+	// to a port not open yet in its slice's family waits in pending
+	// (observeProgramming).
+	open    map[loadbalancer.ServicePortName]ipFamilies
 	pending map[types.NamespacedName][]pendingTrigger
 }
 
@@ -83,7 +84,7 @@ func newEndpointsTracker(lb *loadbalancer.LoadBalancer, clk clock.PassiveClock, 
 		local:    map[types.NamespacedName][2]int{},
 		noLocal:  map[types.NamespacedName]noLocalPorts{},
 		node:     node,
-		open:     map[loadbalancer.ServicePortName]bool{},
+		open:     map[loadbalancer.ServicePortName]ipFamilies{},
 		pending:  map[types.NamespacedName][]pendingTrigger{},
 	}
 }
@@ -150,13 +151,13 @@ func (t *endpointsTracker) observeProgramming(svc types.NamespacedName, es *disc
 	if err != nil || at.Before(t.started) {
 		return
 	}
+	family := sliceFamily(es)
 	var waiting []loadbalancer.ServicePortName
 	for _, spn := range slicePorts(svc, es) {
-		if !t.open[spn] {
+		if !t.isOpen(spn, family) {
 			waiting = append(waiting, spn)
 		}
 	}
-	family := sliceFamily(es)
 	if len(waiting) == 0 {
 		t.observeSince(at, family)
 		return
@@ -206,23 +207,32 @@ func sliceFamily(es *discovery.EndpointSlice) string {
 	return ipv4Family
 }
 
-// setOpen is told, after a sync that wrote its rules, of the service
-// ports opened (true) or closed (false) since the last such sync, and
-// observes the trigger times that waited for them.
-func (t *endpointsTracker) setOpen(changed map[loadbalancer.ServicePortName]bool) {
+// isOpen reports whether spn's rules are written in family (an ip_family
+// label). Called with mu held.
+func (t *endpointsTracker) isOpen(spn loadbalancer.ServicePortName, family string) bool {
+	return t.open[spn]&familiesOf([]string{family}) != 0
+}
+
+// setOpen is told, after a sync that wrote the rules of the families fams,
+// of the service ports opened (true) or closed (false) since the last sync
+// that wrote them all, and observes the trigger times that waited for them
+// in those families: as kube-proxy's per-family proxiers each record their
+// own, an IPv6 rule write that keeps failing holds back only IPv6's.
+func (t *endpointsTracker) setOpen(changed map[loadbalancer.ServicePortName]bool, fams ipFamilies) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for spn, open := range changed {
 		if open {
-			t.open[spn] = true
+			t.open[spn] |= fams
 		} else {
+			// Closed: served in no family, whichever rules are left.
 			delete(t.open, spn)
 		}
 	}
 	for svc, triggers := range t.pending {
 		kept := triggers[:0]
 		for _, tr := range triggers {
-			if slices.ContainsFunc(tr.ports, func(spn loadbalancer.ServicePortName) bool { return !t.open[spn] }) {
+			if slices.ContainsFunc(tr.ports, func(spn loadbalancer.ServicePortName) bool { return !t.isOpen(spn, tr.family) }) {
 				kept = append(kept, tr)
 				continue
 			}

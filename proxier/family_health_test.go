@@ -4,7 +4,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
@@ -69,5 +72,53 @@ func TestFailedFamilyDoesNotHoldBackTheOther(t *testing.T) {
 	}
 	if v := last(ipv6Family); v != 0 {
 		t.Errorf("IPv6 last sync timestamp %v, want 0: no IPv6 sync succeeded", v)
+	}
+}
+
+// A new Service's slice change is programmed, in its slice's family, once
+// that family's rules are written: an IPv6 rule write that keeps failing
+// held back the IPv4 network programming latency too (observed only when
+// every family's write succeeded), as it held back IPv4's last sync time
+// (TestFailedFamilyDoesNotHoldBackTheOther). kube-proxy's IPv4 proxier
+// records its own. The IPv6 slice's change waits for IPv6's rules.
+func TestFailedFamilyDoesNotHoldBackTheOthersProgrammingLatency(t *testing.T) {
+	start := time.Unix(1_000_000, 0)
+	clk := clocktesting.NewFakeClock(start)
+	v6 := &switchSyncer{}
+	v6.failing.Store(true)
+	p := newTestProxier(t, Options{Clock: clk, IPv4Portals: okSyncer{}, IPv6Portals: v6})
+	stamped := func(es *discovery.EndpointSlice, at time.Time) *discovery.EndpointSlice {
+		es.Annotations = map[string]string{endpointsTriggerTimeAnnotation: at.Format(time.RFC3339Nano)}
+		return es
+	}
+	clk.Step(2 * time.Second)
+	p.OnEndpointSliceAdd(stamped(makeSlice("web", v1.ProtocolTCP, "10.1.0.1:8080"), start.Add(time.Second)))
+	v6slice := makeSlice("web", v1.ProtocolTCP, "[fd00:1::1]:8080")
+	v6slice.Name, v6slice.AddressType = "web-v6", discovery.AddressTypeIPv6
+	p.OnEndpointSliceAdd(stamped(v6slice, start.Add(time.Second)))
+	p.OnServiceAdd(makeService("web", func(s *v1.Service) { s.Spec.ClusterIPs = []string{"10.96.0.10", "fd00::10"} }))
+	clk.Step(time.Second)
+	p.Sync()
+	samples := func(family string) (uint64, float64) {
+		var m dto.Metric
+		if err := p.metrics.NetworkProgrammingLatency.WithLabelValues(family).(prometheus.Metric).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+	}
+	if n, sum := samples(ipv4Family); n != 1 || sum != 2 {
+		t.Errorf("IPv4 programming latency count %d sum %.2fs, want one 2 s sample: its rules were written", n, sum)
+	}
+	if n, _ := samples(ipv6Family); n != 0 {
+		t.Errorf("IPv6 programming latency count %d, want 0: its rules were not written", n)
+	}
+	v6.failing.Store(false)
+	clk.Step(time.Second)
+	p.Sync()
+	if n, sum := samples(ipv6Family); n != 1 || sum != 3 {
+		t.Errorf("IPv6 programming latency count %d sum %.2fs, want one 3 s sample once its rules were written", n, sum)
+	}
+	if n, _ := samples(ipv4Family); n != 1 {
+		t.Errorf("IPv4 programming latency count %d, want still 1", n)
 	}
 }

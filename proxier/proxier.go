@@ -635,23 +635,26 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 		}
 	}
 	p.retryFailures(r.failed)
-	if ok {
-		// Only now do new flows meet the new rules; old flows still point at
-		// ports that no longer exist, or at no port at all.
-		p.clearStaleFlows(bothFamilies)
-	} else {
-		// Those of the families whose rules were written.
-		p.clearStaleFlows(familiesOf(p.syncedFamilies(failedFamilies)))
+	// The families whose rules were written: all of them, or (a family's
+	// write failed) those of the others, each going on as kube-proxy's
+	// per-family proxiers do.
+	written := bothFamilies
+	if !ok {
+		written = familiesOf(p.syncedFamilies(failedFamilies))
 	}
-	if ok {
-		if len(p.openTouched) > 0 {
-			// Ports opened or closed since the last sync that wrote its
-			// rules: what the programming latency waits for.
-			changed := make(map[loadbalancer.ServicePortName]bool, len(p.openTouched))
-			for _, name := range p.openTouched {
-				changed[name] = p.active[name] != nil
-			}
-			p.endpoints.setOpen(changed)
+	// Only now do new flows meet the new rules; old flows still point at
+	// ports that no longer exist, or at no port at all.
+	p.clearStaleFlows(written)
+	if len(p.openTouched) > 0 && written != 0 {
+		// Ports opened or closed since the last sync that wrote every
+		// family's rules: what the programming latency waits for. Kept
+		// for the family whose write failed.
+		changed := make(map[loadbalancer.ServicePortName]bool, len(p.openTouched))
+		for _, name := range p.openTouched {
+			changed[name] = p.active[name] != nil
+		}
+		p.endpoints.setOpen(changed, written)
+		if ok {
 			p.openTouched = nil
 		}
 	}
