@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"errors"
 	"os"
 	"os/exec"
 	"strings"
@@ -117,5 +118,35 @@ func TestDemoServeCtrlCExitsZero(t *testing.T) {
 	}
 	if !strings.Contains(strings.Join(out, "\n"), "Stopping: proxy sockets, backends and the manifest directory are removed.") {
 		t.Errorf("no goodbye line:\n%s", strings.Join(out, "\n"))
+	}
+}
+
+// Ctrl-C during the experiments (before `demo --serve` serves, or in a
+// plain `demo`): an interruption, said as one, with the shell's 130 as
+// explain's, not "demo: context canceled" and exit 1, which `make serve`
+// and `make demo` reported as the demo failing.
+func TestDemoCtrlCDuringExperimentsIsAnInterruption(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the demo's start (~5 s)")
+	}
+	cmd := selfCommand("", "demo", "--serve")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	lines := startLines(t, cmd, false)
+	var out []string
+	waitServing(t, lines, &out, "Running 9 experiments", "demo", 2*time.Minute)
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	for l := range lines {
+		out = append(out, l)
+	}
+	err := cmd.Wait()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != exitInterrupted {
+		t.Errorf("after Ctrl-C: %v, want exit %d\n%s", err, exitInterrupted, stderr.String())
+	}
+	if got := stderr.String(); !strings.Contains(got, "kube-userspace-proxy demo: interrupted") || strings.Contains(got, "context canceled") {
+		t.Errorf("stderr does not say it was interrupted (or says context canceled):\n%s", got)
 	}
 }

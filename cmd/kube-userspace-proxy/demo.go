@@ -19,7 +19,7 @@ import (
 
 // runDemo is the demo subcommand (package demo says what it shows). Exit
 // status: 0 when every outcome matched, 1 otherwise, 2 for bad
-// flags.
+// flags, 130 when interrupted (Ctrl-C) before the experiments were done.
 func runDemo(args []string) int {
 	fs := pflag.NewFlagSet("kube-userspace-proxy demo", pflag.ContinueOnError)
 	serve := fs.Bool("serve", false, "After the experiments, keep serving the example Services on loopback until Ctrl-C.")
@@ -66,6 +66,13 @@ func runDemo(args []string) int {
 		}
 	} else {
 		matched, err = demo.Run(ctx, os.Stdout, opt, startForDemo)
+	}
+	if err != nil && ctx.Err() != nil {
+		// Ctrl-C (SIGTERM, SIGHUP) before the experiments were done: an
+		// interruption, as explain says one, not the demo failing with
+		// "context canceled" (`make demo`/`make serve` then said Error 1).
+		fmt.Fprintln(os.Stderr, "kube-userspace-proxy demo: interrupted before the experiments were done")
+		return exitInterrupted
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy demo: %v\n", err)
