@@ -11,12 +11,14 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
 
 	"github.com/spf13/pflag"
+	apiversion "k8s.io/apimachinery/pkg/version"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/suggest"
@@ -46,7 +48,9 @@ func runMain(args []string) int {
 	klog.InitFlags(klogFlags)
 	fs.AddGoFlag(klogFlags.Lookup("v"))
 	fs.AddGoFlag(klogFlags.Lookup("vmodule"))
-	showVersion := fs.Bool("version", false, "Print the version and exit.")
+	var showVersion versionFlag
+	fs.Var(&showVersion, "version", "--version, --version=raw prints version information and quits (raw: as a Go value, as kube-proxy's).")
+	fs.Lookup("version").NoOptDefVal = "true"
 	// Help asked for is output (stdout, exit 0), as kube-proxy does; pflag
 	// calls Usage only for -h/--help.
 	fs.Usage = func() {
@@ -59,8 +63,12 @@ func runMain(args []string) int {
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy: %v\n", flagSuggestion(err, fs))
 		return exitUsage
 	}
-	if *showVersion {
+	switch showVersion {
+	case versionLine:
 		fmt.Fprintln(os.Stdout, "kube-userspace-proxy", buildVersion())
+		return 0
+	case versionRaw:
+		fmt.Fprintf(os.Stdout, "%#v\n", rawVersion())
 		return 0
 	}
 	if fs.NArg() > 0 {
@@ -180,6 +188,67 @@ func flagSuggestion(err error, fs *pflag.FlagSet) error {
 		return fmt.Errorf("%w (did you mean --%s?)", err, s)
 	}
 	return err
+}
+
+// versionFlag is --version as kube-proxy's (component-base's verflag): a
+// boolean flag that also takes "raw".
+type versionFlag string
+
+const (
+	versionLine versionFlag = "true"
+	versionRaw  versionFlag = "raw"
+)
+
+func (v *versionFlag) String() string {
+	if *v == "" {
+		return "false"
+	}
+	return string(*v)
+}
+
+func (v *versionFlag) Set(s string) error {
+	if s == string(versionRaw) {
+		*v = versionRaw
+		return nil
+	}
+	b, err := strconv.ParseBool(s)
+	if err != nil {
+		return errors.New("must be true, false or raw")
+	}
+	*v = ""
+	if b {
+		*v = versionLine
+	}
+	return nil
+}
+
+func (v *versionFlag) Type() string { return "version" }
+
+// rawVersion is what --version=raw prints, kube-proxy's version.Info: the
+// version and Go version of buildVersion, the commit and tree state the
+// build recorded, the compiler and platform.
+func rawVersion() apiversion.Info {
+	bi, _ := debug.ReadBuildInfo()
+	info := apiversion.Info{GitVersion: "(devel)", Compiler: runtime.Compiler, Platform: runtime.GOOS + "/" + runtime.GOARCH, GoVersion: runtime.Version()}
+	if bi != nil {
+		if bi.Main.Version != "" {
+			info.GitVersion = bi.Main.Version
+		}
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				info.GitCommit = s.Value
+			case "vcs.modified":
+				info.GitTreeState = map[string]string{"true": "dirty", "false": "clean"}[s.Value]
+			case "vcs.time":
+				info.BuildDate = s.Value
+			}
+		}
+	}
+	if version != "" {
+		info.GitVersion = version
+	}
+	return info
 }
 
 // buildVersion is the version given at link time, else the module version

@@ -3,6 +3,7 @@ package main
 import (
 	"io"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -57,6 +58,25 @@ func TestHelpAndVersionOnStdout(t *testing.T) {
 		if code != 0 || !strings.Contains(out, "Usage: kube-userspace-proxy "+sub) {
 			t.Errorf("%s --help: exit %d, stdout %q", sub, code, out)
 		}
+	}
+}
+
+// kube-proxy's --version is component-base's verflag: `--version` and
+// `--version=true` print the version line, `--version=raw` the version
+// information as a Go value (version.Info), both on stdout with exit 0;
+// `--version=raw` was refused here as not a boolean (exit 2).
+func TestVersionRawAsKubeProxy(t *testing.T) {
+	var code int
+	out := captureStdout(t, func() { code = runMain([]string{"--version=raw"}) })
+	if code != 0 || !strings.HasPrefix(out, "version.Info{") || !strings.Contains(out, `GoVersion:"go`) || !strings.Contains(out, `Platform:"`+runtime.GOOS+"/"+runtime.GOARCH+`"`) {
+		t.Errorf("--version=raw: exit %d, stdout %q, want exit 0 and a version.Info", code, out)
+	}
+	out = captureStdout(t, func() { code = runMain([]string{"--version=true"}) })
+	if code != 0 || !strings.HasPrefix(out, "kube-userspace-proxy ") {
+		t.Errorf("--version=true: exit %d, stdout %q", code, out)
+	}
+	if code := runMain([]string{"--version=maybe"}); code != exitUsage {
+		t.Errorf("--version=maybe: exit %d, want %d", code, exitUsage)
 	}
 }
 
