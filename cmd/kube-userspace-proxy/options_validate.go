@@ -76,7 +76,10 @@ func (o *options) validateProxySockets(v *validated, add func(string, ...any)) {
 		// interface (bind: EINVAL at every sync, nothing served), whose
 		// zone id is refused above; and other links' traffic could not be
 		// DNATed to it.
-		add("--bind-address %s is an IPv6 link-local address, on which a proxy socket cannot listen without its interface: bind :: (with --node-ip %s if it must be the node IP) or a global address", v.bind, v.bind)
+		// Without the zone, which is refused above: the advice must not
+		// give back a value refused in turn.
+		ll := v.bind.WithZone("")
+		add("--bind-address %s is an IPv6 link-local address, on which a proxy socket cannot listen without its interface: bind :: (with --node-ip %s if it must be the node IP) or a global address", ll, ll)
 	}
 	if v.portRange, err = proxier.ParsePortRange(o.proxyPortRange); err != nil {
 		add("--proxy-port-range: %v", err)

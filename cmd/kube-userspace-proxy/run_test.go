@@ -225,6 +225,16 @@ func TestNodeName(t *testing.T) {
 	}
 }
 
+// A zoned link-local --bind-address is refused for its zone, and the
+// link-local advice beside it does not hand the zone back: it said
+// "bind :: (with --node-ip fe80::1%eth0 ...)", a value refused in turn.
+func TestZonedLinkLocalBindAddressAdviceHasNoZone(t *testing.T) {
+	err := checkValidate(t, "zoned link-local", []string{"--bind-address", "fe80::1%eth0"}, "IPv6 zone ids are not supported")
+	if err != nil && strings.Contains(err.Error(), "--node-ip fe80::1%eth0") {
+		t.Errorf("the advice gives back the refused zone:\n%v", err)
+	}
+}
+
 // Flags that could never work are refused at start with a message naming
 // the flag; their working neighbours stay accepted.
 func TestBindAndNodeIPValidation(t *testing.T) {
