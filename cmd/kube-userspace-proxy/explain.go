@@ -94,7 +94,7 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 		}
 	}
 	if e.source == "" {
-		e.source = "the API server"
+		e.source, e.fromAPIServer = "the API server", true
 	}
 	if err := e.write(out); err != nil {
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy explain: %v\n", err)

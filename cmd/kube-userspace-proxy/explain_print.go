@@ -51,6 +51,9 @@ type explanation struct {
 	// decide the endpoints; "" when there is none (manifests, no Node, no
 	// zone label).
 	zone, node string
+	// fromAPIServer: the Services come from an API server, where the node
+	// IP's default is the Node object's address (nodeips.go).
+	fromAPIServer bool
 }
 
 type familyRules struct {
@@ -86,11 +89,17 @@ func (e *explanation) write(out io.Writer) error {
 		fmt.Fprintf(w, "Proxy sockets listen on every address (--bind-address %s).\n", e.bind)
 		// A link-local node IP is no DNAT target (iptables.LinkScoped).
 		dnat := slices.DeleteFunc(slices.Clone(e.nodeIPs), iptables.LinkScoped)
+		// Where the proxy takes the node IP from when --node-ip is not
+		// given (nodeips.go): the Node object's with an API server.
+		one, both := "the address of the interface holding the default route", "those of the interfaces holding the default routes"
+		if e.fromAPIServer {
+			one, both = "its Node object's address, else the address of the interface\nholding the default route", "its Node object's, else those of the interfaces\nholding the default routes"
+		}
 		switch len(dnat) {
 		case 1:
-			fmt.Fprintf(w, "Traffic this node sends to a Service is sent to %s, the node's address\n(--node-ip; by default the address of the interface holding the default route).\n", dnat[0])
+			fmt.Fprintf(w, "Traffic this node sends to a Service is sent to %s, the node's address\n(--node-ip; by default %s).\n", dnat[0], one)
 		case 2:
-			fmt.Fprintf(w, "Traffic this node sends to a Service is sent to %s (IPv4) or %s (IPv6),\nthe node's addresses (--node-ip; by default those of the interfaces holding the default routes).\n", dnat[0], dnat[1])
+			fmt.Fprintf(w, "Traffic this node sends to a Service is sent to %s (IPv4) or %s (IPv6),\nthe node's addresses (--node-ip; by default %s).\n", dnat[0], dnat[1], both)
 		}
 		for _, ip := range e.nodeIPs {
 			if iptables.LinkScoped(ip) {

@@ -325,6 +325,30 @@ func TestExplainNamesEachFamilysNodeIP(t *testing.T) {
 	}
 }
 
+// With an API server the node IP's default is the Node object's address
+// (the default route's only without one), as the proxy resolves it; the
+// header said "by default the address of the interface holding the
+// default route" there too, naming the wrong place to look.
+func TestExplainSaysWhereTheNodeIPComesFrom(t *testing.T) {
+	for _, tt := range []struct {
+		api  bool
+		want string
+	}{
+		{false, "(--node-ip; by default the address of the interface holding the default route)"},
+		{true, "(--node-ip; by default its Node object's address, else the address of the interface\nholding the default route)"},
+	} {
+		e := explanation{source: "m", fromAPIServer: tt.api, bind: netip.MustParseAddr("0.0.0.0"), kernelPorts: true,
+			nodeIPs: []netip.Addr{netip.MustParseAddr("192.168.50.10")}}
+		var out bytes.Buffer
+		if err := e.write(&out); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(out.String(), tt.want) {
+			t.Errorf("API server %v: output lacks %q:\n%s", tt.api, tt.want, out.String())
+		}
+	}
+}
+
 // A dual-stack port's endpoints are balanced per family, and its IPv6
 // rules are ip6tables-restore input: explain says both (it presented one
 // list in one order, and "iptables-restore" for IPv6).
