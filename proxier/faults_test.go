@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"sort"
 	"syscall"
 	"testing"
@@ -76,7 +77,7 @@ const samples = 5
 
 // measured checks a delay a toxic adds from several samples. A sample can
 // come late when a loaded 2-core runner stalls a goroutine, never early:
-// each must be at least want - tol, and their median want - tol + 2 tol.
+// each must be at least want - tol, and two of them at most want + 2 tol.
 func measured(t *testing.T, what string, got []time.Duration, want, tol time.Duration) {
 	t.Helper()
 	for i, d := range got {
@@ -89,13 +90,18 @@ func measured(t *testing.T, what string, got []time.Duration, want, tol time.Dur
 		rounded[i] = d.Round(time.Millisecond)
 	}
 	t.Logf("%s: samples %v", what, rounded)
-	// The median may run late by twice the tolerance (233.7 ms for 200 ±
-	// 30 in 1 of 20 runs at load 5-9), still well short of a toxic applied
-	// twice; early it may not be.
-	m := median(got)
-	t.Logf("%s (median): %v (want %v - %v + %v)", what, m.Round(time.Millisecond), want, tol, 2*tol)
-	if m < want-tol || m > want+2*tol {
-		t.Errorf("%s (median): %v, want %v - %v + %v", what, m, want, tol, 2*tol)
+	// Late is judged by the second fastest sample: a loaded runner delays
+	// any request, and the median ran late by over twice the tolerance
+	// (233.7 ms for 200 ± 30 in 1 of 20 runs at load 5-9; 312 ms at load
+	// 25, the package's tests side by side under -race), while a toxic
+	// applied twice (or not at all, for the lower bound above) makes every
+	// sample wrong. Two on time rule out one lucky sample.
+	s := append([]time.Duration(nil), got...)
+	slices.Sort(s)
+	second := s[min(1, len(s)-1)]
+	t.Logf("%s (median): %v, second fastest %v (want %v - %v + %v)", what, median(got).Round(time.Millisecond), second.Round(time.Millisecond), want, tol, 2*tol)
+	if second > want+2*tol {
+		t.Errorf("%s: the second fastest sample is %v, want %v - %v + %v", what, second, want, tol, 2*tol)
 	}
 }
 
