@@ -40,7 +40,11 @@ func runDemo(args []string) int {
 		return exitUsage
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "kube-userspace-proxy demo: unexpected arguments %q\n", fs.Args())
+		if hint := boolValueHint(args, fs); hint != "" {
+			fmt.Fprintf(os.Stderr, "kube-userspace-proxy demo: unexpected arguments %q: %s\n", fs.Args(), hint)
+		} else {
+			fmt.Fprintf(os.Stderr, "kube-userspace-proxy demo: unexpected arguments %q\n", fs.Args())
+		}
 		return exitUsage
 	}
 	if *netns && *serve {

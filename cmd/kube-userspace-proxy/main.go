@@ -72,6 +72,10 @@ func runMain(args []string) int {
 		return 0
 	}
 	if fs.NArg() > 0 {
+		if hint := boolValueHint(args, fs); hint != "" {
+			fmt.Fprintf(os.Stderr, "kube-userspace-proxy: unexpected arguments %q: %s\n", fs.Args(), hint)
+			return exitUsage
+		}
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy: unexpected arguments %q (flags only; the subcommands are 'demo' and 'explain')\n", fs.Args())
 		return exitUsage
 	}
@@ -249,6 +253,41 @@ func rawVersion() apiversion.Info {
 		info.GitVersion = version
 	}
 	return info
+}
+
+// boolValueHint says how to give a boolean flag's value when args gave it
+// after a space (`--iptables false`): pflag never takes the next argument
+// as a boolean flag's value, so it is left over as a positional argument,
+// and "unexpected arguments" alone did not say why. It walks args as pflag
+// does, so a value of another flag (`--hostname-override false`) is not
+// taken for one; "" when no positional argument is such a value.
+func boolValueHint(args []string, fs *pflag.FlagSet) string {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			return "" // the rest is positional
+		}
+		if !strings.HasPrefix(a, "-") || strings.Contains(a, "=") {
+			continue
+		}
+		var f *pflag.Flag
+		if name, long := strings.CutPrefix(a, "--"); long {
+			f = fs.Lookup(name)
+		} else if len(a) == 2 {
+			f = fs.ShorthandLookup(a[1:])
+		}
+		if f == nil || i+1 == len(args) {
+			continue
+		}
+		if f.NoOptDefVal == "" {
+			i++ // the next argument is this flag's value
+			continue
+		}
+		if _, err := strconv.ParseBool(args[i+1]); err == nil && f.Value.Type() == "bool" {
+			return fmt.Sprintf("--%s takes its value after \"=\": --%s=%s", f.Name, f.Name, args[i+1])
+		}
+	}
+	return ""
 }
 
 // buildVersion is the version given at link time, else the module version

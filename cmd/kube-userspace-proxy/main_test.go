@@ -221,3 +221,34 @@ func TestCleanupBeforeInitOnly(t *testing.T) {
 		t.Errorf("exit %d, cleanup ran %v; want 0 and a cleanup", code, ran)
 	}
 }
+
+// A boolean flag's value given after a space (`--iptables false`) is a
+// positional argument to pflag: the error says how to give it, instead of
+// only that the command takes flags and names the subcommands.
+func TestBoolFlagValueAfterSpaceExplained(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--manifests", "m", "--iptables", "false"}, `--iptables takes its value after "=": --iptables=false`},
+		{[]string{"--cleanup", "true"}, `--cleanup takes its value after "=": --cleanup=true`},
+		{[]string{"--hostname-override", "false", "x"}, `unexpected arguments ["x"] (flags only`},
+	} {
+		var code int
+		out := capture(t, &os.Stderr, func() { code = runMain(tc.args) })
+		if code != exitUsage || !strings.Contains(out, tc.want) {
+			t.Errorf("%q: exit %d, stderr %q; want %d and %q", tc.args, code, out, exitUsage, tc.want)
+		}
+	}
+	var code int
+	out := capture(t, &os.Stderr, func() {
+		code = explain(t.Context(), []string{"--manifests", "m", "--iptables", "false"}, io.Discard)
+	})
+	if want := `--iptables takes its value after "=": --iptables=false`; code != exitUsage || !strings.Contains(out, want) {
+		t.Errorf("explain: exit %d, stderr %q; want %d and %q", code, out, exitUsage, want)
+	}
+	out = capture(t, &os.Stderr, func() { code = runDemo([]string{"--serve", "true"}) })
+	if want := `--serve takes its value after "=": --serve=true`; code != exitUsage || !strings.Contains(out, want) {
+		t.Errorf("demo: exit %d, stderr %q; want %d and %q", code, out, exitUsage, want)
+	}
+}
