@@ -44,6 +44,12 @@ func ParseAnnotation(value string, ports []ServicePort) (map[string][]Toxic, err
 			}
 			return nil, fmt.Errorf("not a JSON list of toxics: a JSON %s%s", te.Value, hint)
 		}
+		if t := strings.TrimLeft(value, " \t\r\n"); len(t) > 1 && t[0] == '-' && strings.ContainsRune(" \t\r\n", rune(t[1])) {
+			// "- name: slow": YAML, what the rest of the manifest is
+			// written in; encoding/json read it as a number and said
+			// "invalid character ' ' in numeric literal".
+			return nil, errors.New(`not a JSON list of toxics: it reads as a YAML list ("- ..."); write it in JSON, as Toxiproxy's: [{"name":"slow","type":"latency","attributes":{"latency":300}}]`)
+		}
 		return nil, fmt.Errorf("not a JSON list of toxics: %v", err)
 	}
 	out := map[string][]Toxic{}

@@ -266,6 +266,13 @@ func TestParseAnnotationErrors(t *testing.T) {
 		// value of type []json.RawMessage").
 		{"an object, not a list", `{"type":"latency"}`, both, "not a JSON list of toxics: a JSON object; put a single toxic in a list, [{...}]"},
 		{"a number, not a list", `5`, both, "not a JSON list of toxics: a JSON number"},
+		{"a negative number, not a list", `-5`, both, "not a JSON list of toxics: a JSON number"},
+		// YAML is what the rest of a manifest is written in: encoding/json
+		// read "- name: slow" as a number and said "invalid character ' '
+		// in numeric literal".
+		{"a YAML list", "- name: slow\n  type: latency\n  attributes: {latency: 300}\n", both,
+			`not a JSON list of toxics: it reads as a YAML list ("- ..."); write it in JSON, as Toxiproxy's: [{"name":"slow","type":"latency","attributes":{"latency":300}}]`},
+		{"a YAML list after a newline", "\n  -\ttype: latency", both, `it reads as a YAML list ("- ...")`},
 		{"down given an attribute", `[{"type":"down","attributes":{"delay":5}}]`, both, "[0].attributes.delay: down takes no attributes"},
 		{"name past 253 bytes", `[{"type":"latency","name":"` + strings.Repeat("n", 254) + `"}]`, both, "[0].name: at most 253 bytes, not 254 (a name is a metric label)"},
 		{"type missing", `[{"name":"x"}]`, both, "[0].type: required"},
