@@ -72,6 +72,21 @@ func (e *events) waitFor(t *testing.T, line string, timeout time.Duration) {
 	}
 }
 
+// runInformerSource runs the informer source of client into rec until
+// the test ends, and fails the test if Run then returns an error.
+func runInformerSource(t *testing.T, ctx context.Context, client kubernetes.Interface, rec *events, opts config.InformerOptions) {
+	t.Helper()
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- config.NewInformerSource(client, rec, opts).Run(runCtx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+}
+
 func check(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
@@ -151,17 +166,7 @@ func TestInformerSourceWithProxyRole(t *testing.T) {
 	}
 
 	rec := &events{}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- config.NewInformerSource(proxy, rec, config.InformerOptions{NodeName: "node-1", NodeHandler: rec}).Run(runCtx)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	runInformerSource(t, ctx, proxy, rec, config.InformerOptions{NodeName: "node-1", NodeHandler: rec})
 
 	rec.waitFor(t, "slices synced", 30*time.Second)
 	rec.waitFor(t, "node synced", 30*time.Second)

@@ -49,15 +49,7 @@ func TestInformerSourceListWithoutWatch(t *testing.T) {
 	check(t, err)
 
 	rec := &events{}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- config.NewInformerSource(proxy, rec, config.InformerOptions{}).Run(runCtx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	runInformerSource(t, ctx, proxy, rec, config.InformerOptions{})
 	began := time.Now()
 	rec.waitFor(t, "slices synced", 90*time.Second)
 	t.Logf("synced after %v", time.Since(began).Round(time.Millisecond))

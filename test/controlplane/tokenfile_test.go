@@ -65,17 +65,7 @@ func TestTokenFileRotation(t *testing.T) {
 	_, err = admin.CoreV1().Services(ns).Create(ctx, clusterIPService(ns, "before"), metav1.CreateOptions{})
 	check(t, err)
 	rec := &events{}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- config.NewInformerSource(proxy, rec, config.InformerOptions{NodeName: "node-1", NodeHandler: rec}).Run(runCtx)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	runInformerSource(t, ctx, proxy, rec, config.InformerOptions{NodeName: "node-1", NodeHandler: rec})
 	rec.waitFor(t, "slices synced", 30*time.Second)
 	rec.waitFor(t, "svc add before", 30*time.Second)
 
