@@ -113,8 +113,19 @@ func TestPipelineTimersFireOnTime(t *testing.T) {
 			slices.Sort(took)
 			slices.Sort(onTime)
 			t.Logf("ended after %v (reset %v); less a plain timer's lateness, from set-up %v", took, tc.reset, onTime)
-			if m := onTime[1]; m > tc.after+30*time.Millisecond {
-				t.Fatalf("ended %v (median) after set-up, less a plain timer's lateness; want %v ± 30 ms (raw %v)", m, tc.after, took)
+			// The upper bound is half way from the right time to the
+			// nearest slow wrong outcome: a close slow_close holds
+			// twice, 300 ms later (800 ms for timeout then slow_close,
+			// 600 ms for limit_data then slow_close); the others are
+			// further (the other timer at 500 ms, which reset or FIN
+			// tells too; a timer held behind its chunk, 2-10 s). 30 ms
+			// was too little: the plain timer takes out one timer's
+			// lateness, not that of a second one armed when the first
+			// fires (timeout then slow_close) nor the client's wake-up,
+			// and a loaded runner made those 31 ms (median 530.9 ms
+			// against 500 ms, -race, load 10).
+			if m := onTime[1]; m > tc.after+150*time.Millisecond {
+				t.Fatalf("ended %v (median) after set-up, less a plain timer's lateness; want %v (+150 ms) (raw %v)", m, tc.after, took)
 			}
 		})
 	}
