@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -137,7 +138,7 @@ func TestNagleBackendAnsweredAtOnce(t *testing.T) {
 			p.Sync()
 			for _, svc := range []string{"plain", "faulted"} {
 				addr := proxyAddr(t, p, "default/"+svc+":p")
-				var slowest time.Duration
+				var took []time.Duration
 				for range 5 {
 					c := dialTCP(t, addr)
 					start := time.Now()
@@ -154,12 +155,16 @@ func TestNagleBackendAnsweredAtOnce(t *testing.T) {
 					if line, err := r.ReadString('\n'); err != nil || line != "body\n" {
 						t.Fatalf("%s: %q, %v", svc, line, err)
 					}
-					slowest = max(slowest, time.Since(start))
+					took = append(took, time.Since(start))
 					c.Close()
 				}
-				t.Logf("%s: slowest of 5 answers %v", svc, slowest)
-				if slowest > 25*time.Millisecond {
-					t.Errorf("%s: the slowest of 5 answers took %v: the proxy delayed the ACK of the answer's first write", svc, slowest)
+				// The delayed ACK held every connection's answer 40 ms; a
+				// loaded runner holds one of them now and then, so the
+				// median judges.
+				slices.Sort(took)
+				t.Logf("%s: answers took %v", svc, took)
+				if took[2] > 25*time.Millisecond {
+					t.Errorf("%s: answers took %v, the median over 25 ms: the proxy delayed the ACK of the answer's first write", svc, took)
 				}
 			}
 		})

@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -158,7 +159,7 @@ func TestHandshakeACKLeavesNoDelayedACKMode(t *testing.T) {
 				next = func() {}
 			}
 			const want = len("HTTP/1.0 200 OK\r\n\r\nbody")
-			var slowest time.Duration
+			var took []time.Duration
 			for range 5 {
 				next()
 				client, err := net.DialTCP("tcp4", nil, net.TCPAddrFromAddrPort(front))
@@ -177,11 +178,16 @@ func TestHandshakeACKLeavesNoDelayedACKMode(t *testing.T) {
 				if _, err := io.ReadFull(client, make([]byte, want)); err != nil {
 					t.Fatal(err)
 				}
-				slowest = max(slowest, time.Since(start))
+				took = append(took, time.Since(start))
 				client.Close()
 			}
-			if slowest > 25*time.Millisecond {
-				t.Fatalf("the slowest of 5 answers took %v: the proxy delayed the ACK of the answer's first write", slowest)
+			// The delayed ACK held every connection's answer 40-48 ms;
+			// a loaded runner holds one now and then (one answer of
+			// five took 25-150 ms in 18 of about 400 runs at load 8-10,
+			// the others 0.1-0.4 ms). So the median judges.
+			slices.Sort(took)
+			if took[2] > 25*time.Millisecond {
+				t.Fatalf("answers took %v, the median over 25 ms: the proxy delayed the ACK of the answer's first write", took)
 			}
 		})
 	}
