@@ -4,6 +4,8 @@ import (
 	"math"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/mono"
 )
 
@@ -16,6 +18,16 @@ func (c *LoopConn) timer(t *loopTimer) {
 	}
 	switch t.kind {
 	case timerDial:
+		if connectEnded(c.fds[sideBackend]) {
+			// The backend answered in time; the loop, held past the
+			// attempt's deadline (GC, a starved machine), fires its
+			// timers before it polls for the connect's event. Ended by
+			// that event, it is no dial failure, nor a reason to dial
+			// another endpoint (and move a ClientIP client off this
+			// one); connected tells a refusal by SO_ERROR.
+			c.connected(true)
+			return
+		}
 		c.closeBackend()
 		c.dialFailed(ErrDialTimeout)
 		c.dial()
@@ -164,4 +176,16 @@ func (c *LoopConn) checkQuiet() {
 		return
 	}
 	c.endQuietly(false)
+}
+
+// connectEnded reports whether the non-blocking connect on fd has ended,
+// with a connection or an error (the socket is writable or failed), though
+// the loop has not polled for its event yet.
+func connectEnded(fd int) bool {
+	if fd < 0 {
+		return false
+	}
+	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
+	n, err := unix.Poll(pfd, 0)
+	return err == nil && n > 0 && pfd[0].Revents&(unix.POLLOUT|unix.POLLERR|unix.POLLHUP) != 0
 }
