@@ -8,7 +8,7 @@ import (
 
 // checkFaultsLive rewrites a Service's faults annotation in its manifest while a pod
 // asks through the ClusterIP: latency 300 ms delays every answer, TCP and UDP (the
-// toxic names no port), by at least 300 ms and less than 600 ms; reset_peer then
+// toxic names no port), by at least 300 ms and the fastest by less than 600 ms; reset_peer then
 // resets every TCP connection and leaves UDP alone; without the annotation the Service
 // answers as fast as before. Each change must be live within faultBudget.
 func checkFaultsLive(t *testing.T, e *env) {
