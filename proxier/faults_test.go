@@ -77,7 +77,7 @@ const samples = 5
 
 // measured checks a delay a toxic adds from several samples. A sample can
 // come late when a loaded 2-core runner stalls a goroutine, never early:
-// each must be at least want - tol, and their median want - tol + 2 tol.
+// each must be at least want - tol, and the fastest at most want + 2 tol.
 func measured(t *testing.T, what string, got []time.Duration, want, tol time.Duration) {
 	t.Helper()
 	for i, d := range got {
