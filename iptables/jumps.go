@@ -141,10 +141,12 @@ func (e *jumpEditor) insert(j jump, prev string) error {
 		if err := e.r.runner.AppendRule(j.table, j.from, j.spec()...); err != nil {
 			return fmt.Errorf("%v: adding jump %s -> %s: %w", e.r.cfg.Family, j.from, j.to, err)
 		}
+		e.r.wrote.add(j.table, 1)
 	default:
 		if err := e.r.runner.InsertRule(j.table, j.from, pos, j.spec()...); err != nil {
 			return fmt.Errorf("%v: adding jump %s -> %s: %w", e.r.cfg.Family, j.from, j.to, err)
 		}
+		e.r.wrote.add(j.table, 1)
 	}
 	if pos == 0 {
 		e.model[key] = append(e.model[key], line)

@@ -35,9 +35,19 @@ func (r *Rules) writeTable(table Table, want chainRules, chains, gone []ownedCha
 	for _, c := range chains {
 		rules += len(want[c.name])
 	}
+	written := rules
+	for _, line := range jumps {
+		if strings.HasPrefix(line, "-A ") || strings.HasPrefix(line, "-I ") {
+			written++
+		}
+	}
 	cr, ok := r.runner.(concurrentRestorer)
 	if table != TableNAT || !ok || rules <= r.splitRestoreAbove || !cr.CanRestoreConcurrently() {
-		return r.runner.Restore(restoreInput(want, chains, gone, jumps))
+		if err := r.runner.Restore(restoreInput(want, chains, gone, jumps)); err != nil {
+			return err
+		}
+		r.wrote.add(table, written)
+		return nil
 	}
 	var sideChains, sideGone [2][]ownedChain
 	var sideJumps [2][]string
@@ -61,5 +71,11 @@ func (r *Rules) writeTable(table Table, want chainRules, chains, gone []ownedCha
 			inputs = append(inputs, restoreInput(want, sideChains[s], sideGone[s], sideJumps[s]))
 		}
 	}
-	return cr.RestoreConcurrently(inputs)
+	// A half that went through while the other failed is not counted:
+	// the sync failed, and the next one writes it again.
+	if err := cr.RestoreConcurrently(inputs); err != nil {
+		return err
+	}
+	r.wrote.add(table, written)
+	return nil
 }

@@ -54,7 +54,9 @@ type Rules struct {
 	// not rewritten them yet (its write failed): the next one that does
 	// counts the repair, though its own read-back no longer shows it.
 	drifted bool
-	stats   ruleStats
+	// wrote counts the rules the current Sync or Update writes.
+	wrote writeCount
+	stats ruleStats
 }
 
 type printedAs struct {
@@ -77,6 +79,7 @@ func New(r Runner, cfg Config) *Rules {
 func (r *Rules) Sync(portals []Portal) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	defer r.startCount()()
 	return r.syncLocked(portals)
 }
 

@@ -19,6 +19,7 @@ import (
 func (r *Rules) Update(portals []Portal) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	defer r.startCount()()
 	if r.have == nil {
 		return r.syncLocked(portals)
 	}
@@ -55,6 +56,12 @@ func (r *Rules) Update(portals []Portal) error {
 		return r.syncLocked(portals)
 	}
 	for _, d := range deltas {
+		switch {
+		case d.rewrite:
+			r.wrote.add(d.chain.table, len(want[d.chain.name]))
+		case !d.drop:
+			r.wrote.add(d.chain.table, len(d.ins))
+		}
 		if d.drop {
 			delete(r.have, d.chain.name)
 		} else {

@@ -102,9 +102,11 @@ func TestNoLocalEndpointsMetric(t *testing.T) {
 	check("lb deleted", 0, 0)
 }
 
-// kube-proxy's iptables series: the rules our chains hold per table, and
-// the incremental (partial) restores iptables refused, each of which fell
-// back to a full rewrite.
+// kube-proxy's iptables series: the rules our chains hold per table, the
+// rules the last sync wrote per table (a partial sync writes only the
+// changed ones, a sync with nothing to change none), and the incremental
+// (partial) restores iptables refused, each of which fell back to a full
+// rewrite.
 func TestIPTablesRuleMetrics(t *testing.T) {
 	fake := iptables.NewFakeRunner(iptables.IPv4)
 	rules := iptables.New(fake, iptables.Config{Family: iptables.IPv4, BindAddress: mustAddr("127.0.0.1"), NodeIP: mustAddr("127.0.0.1")})
@@ -120,9 +122,37 @@ func TestIPTablesRuleMetrics(t *testing.T) {
 		}
 		return n
 	}
-	check := func(step string, partial float64) {
+	// written counts the rules the restores and iptables -I/-A calls
+	// since the last check added, per table: what kube-proxy's
+	// sync_proxy_rules_iptables_last counts in its restore input.
+	written := func(table string) int {
+		n := 0
+		for _, w := range fake.Writes() {
+			in := ""
+			for line := range strings.Lines(string(w)) {
+				switch {
+				case strings.HasPrefix(line, "*"):
+					in = strings.TrimSpace(line[1:])
+				case in == table && (strings.HasPrefix(line, "-A ") || strings.HasPrefix(line, "-I ")):
+					n++
+				}
+			}
+		}
+		for _, c := range fake.Calls() {
+			if f := strings.Fields(c); len(f) > 1 && (f[0] == "InsertRule" || f[0] == "AppendRule") && f[1] == table {
+				n++
+			}
+		}
+		return n
+	}
+	check := func(step string, partial float64) (lastFilter, lastNat int) {
 		t.Helper()
+		lastFilter, lastNat = written("filter"), written("nat")
 		want := fmt.Sprintf(`
+# HELP kubeproxy_sync_proxy_rules_iptables_last Number of iptables rules written by kube-proxy in last sync
+# TYPE kubeproxy_sync_proxy_rules_iptables_last gauge
+kubeproxy_sync_proxy_rules_iptables_last{ip_family="IPv4",table="filter"} %d
+kubeproxy_sync_proxy_rules_iptables_last{ip_family="IPv4",table="nat"} %d
 # HELP kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total Cumulative proxy iptables partial restore failures
 # TYPE kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total counter
 kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total{ip_family="IPv4"} %v
@@ -130,26 +160,38 @@ kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total{ip_family="IP
 # TYPE kubeproxy_sync_proxy_rules_iptables_total gauge
 kubeproxy_sync_proxy_rules_iptables_total{ip_family="IPv4",table="filter"} %d
 kubeproxy_sync_proxy_rules_iptables_total{ip_family="IPv4",table="nat"} %d
-`, partial, held("filter"), held("nat"))
+`, lastFilter, lastNat, partial, held("filter"), held("nat"))
 		if err := testutil.GatherAndCompare(p.metrics.Registry, strings.NewReader(want),
-			"kubeproxy_sync_proxy_rules_iptables_total", "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total"); err != nil {
+			"kubeproxy_sync_proxy_rules_iptables_total", "kubeproxy_sync_proxy_rules_iptables_last",
+			"kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total"); err != nil {
 			t.Errorf("%s: %v", step, err)
 		}
+		fake.ResetCalls()
+		return lastFilter, lastNat
 	}
 	if held("nat") == 0 || held("filter") == 0 {
 		t.Fatalf("the fake holds no rules: nat %d, filter %d", held("nat"), held("filter"))
 	}
-	check("first sync", 0)
+	if filter, nat := check("first sync", 0); filter < held("filter") || nat < held("nat") {
+		t.Errorf("the first sync wrote filter %d, nat %d rules: fewer than our chains hold (%d, %d)", filter, nat, held("filter"), held("nat"))
+	}
 
 	p.OnServiceAdd(makeService("db", withClusterIP("10.96.0.20")))
 	p.Sync()
-	check("a Service added (partial sync)", 0)
+	if filter, nat := check("a Service added (partial sync)", 0); nat == 0 || nat >= held("nat") || filter >= held("filter") {
+		t.Errorf("a partial sync wrote filter %d, nat %d rules: want only the new Service's (our chains hold %d, %d)", filter, nat, held("filter"), held("nat"))
+	}
+
+	p.Sync()
+	if filter, nat := check("a sync with nothing to change", 0); filter != 0 || nat != 0 {
+		t.Errorf("a sync with nothing to change wrote filter %d, nat %d rules", filter, nat)
+	}
 
 	fake.SetError("Restore", errors.New("iptables-restore: line 3 failed"))
 	p.OnServiceDelete(makeService("db", withClusterIP("10.96.0.20")))
 	p.Sync()
 	fake.SetError("Restore", nil)
-	check("a refused partial restore (the counts stay as last written)", 1)
+	check("a refused partial restore (the counts stay as last written; the sync wrote nothing)", 1)
 }
 
 // failSyncer is a PortalSyncer whose every write fails.
