@@ -3,6 +3,7 @@ package proxier
 import (
 	"maps"
 	"net/netip"
+	"reflect"
 	"slices"
 	"sync"
 	"time"
@@ -26,6 +27,11 @@ type endpointsTracker struct {
 	// started is when the tracker began: a change triggered before it is
 	// not this process's programming latency (observeProgramming).
 	started time.Time
+	// nodeFamilies are the IP families this node serves (0: both): the
+	// slices of another address type are no endpoint change of its, as
+	// kube-proxy runs no proxier of that family there. Set before the
+	// first event.
+	nodeFamilies ipFamilies
 
 	mu sync.Mutex
 	// slices of each Service, by slice name.
@@ -98,15 +104,40 @@ func serviceOf(es *discovery.EndpointSlice) (types.NamespacedName, bool) {
 }
 
 // update records es (or its removal when deleted) and re-applies the
-// endpoints of its Service.
+// endpoints of its Service. As kube-proxy's EndpointsChangeTracker
+// (EndpointSliceUpdate), every add, update and delete of a slice of an
+// address type this node serves that names its Service is an endpoint
+// change (kubeproxy_sync_proxy_rules_endpoint_changes_total), whatever it
+// does to the endpoints served, and the trigger time of a slice added or
+// updated is observed when its content changed (esDataChanged: the same
+// object again is no new trigger). Counted only where the balancer
+// changed, an update that added a not-ready endpoint, or turned a
+// serving-terminating fallback endpoint ready, counted nothing and
+// observed nothing.
 func (t *endpointsTracker) update(es *discovery.EndpointSlice, deleted bool) {
+	t.change(es, deleted, true)
+}
+
+// forget takes es away from the Service it names without counting an
+// event: the slice was relabelled to another Service, and that update is
+// counted as the new Service's.
+func (t *endpointsTracker) forget(es *discovery.EndpointSlice) {
+	t.change(es, true, false)
+}
+
+func (t *endpointsTracker) change(es *discovery.EndpointSlice, deleted, event bool) {
 	svc, ok := serviceOf(es)
 	if !ok || es.AddressType == discovery.AddressTypeFQDN {
 		return
 	}
+	event = event && t.nodeFamilies.served(es.AddressType)
+	if event {
+		t.metrics.EndpointChangesTotal.Inc()
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	bySlice := t.slices[svc]
+	var old *discovery.EndpointSlice
 	if deleted {
 		delete(bySlice, es.Name)
 		if len(bySlice) == 0 {
@@ -118,14 +149,28 @@ func (t *endpointsTracker) update(es *discovery.EndpointSlice, deleted bool) {
 			bySlice = map[string]*discovery.EndpointSlice{}
 			t.slices[svc] = bySlice
 		}
+		old = bySlice[es.Name]
 		bySlice[es.Name] = es
 	}
-	if t.apply(svc) {
-		t.metrics.EndpointChangesTotal.Inc()
-		if !deleted {
-			t.observeProgramming(svc, es)
-		}
+	t.apply(svc)
+	if event && !deleted {
+		t.observeProgramming(svc, es, old)
 	}
+}
+
+// sliceChanged reports whether es differs from old, the version of the
+// slice last seen (nil: none), as kube-proxy's esDataChanged compares them
+// (reflect.DeepEqual, which a new resourceVersion ends at once).
+func sliceChanged(old, es *discovery.EndpointSlice) bool {
+	switch {
+	case old == nil:
+		return true
+	case old == es:
+		return false
+	case old.ResourceVersion != "" && es.ResourceVersion != "" && old.ResourceVersion != es.ResourceVersion:
+		return true
+	}
+	return !reflect.DeepEqual(old, es)
 }
 
 // observeProgramming records how long the change took from its trigger
@@ -141,14 +186,18 @@ func (t *endpointsTracker) update(es *discovery.EndpointSlice, deleted bool) {
 // kube-proxy, only for a slice added or updated (a deleted slice's
 // trigger time is its last change, not the deletion) and only for a
 // trigger after this process started: at a restart every existing slice
-// was observed with its age (3.75 days in one audit). Called with mu held.
-func (t *endpointsTracker) observeProgramming(svc types.NamespacedName, es *discovery.EndpointSlice) {
+// was observed with its age (3.75 days in one audit); and only when es
+// differs from old, the slice's previous version (nil: none), as
+// kube-proxy records a trigger time only for a slice whose data changed.
+// Called with mu held.
+func (t *endpointsTracker) observeProgramming(svc types.NamespacedName, es, old *discovery.EndpointSlice) {
 	v, ok := es.Annotations[endpointsTriggerTimeAnnotation]
 	if !ok {
 		return
 	}
 	at, err := time.Parse(time.RFC3339Nano, v)
-	if err != nil || at.Before(t.started) {
+	// Compared last: a slice without a trigger time costs nothing more.
+	if err != nil || !at.After(t.started) || !sliceChanged(old, es) {
 		return
 	}
 	family := sliceFamily(es)

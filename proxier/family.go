@@ -52,6 +52,19 @@ func (f ipFamilies) takes(at discovery.AddressType) bool {
 	return true
 }
 
+// served reports whether an EndpointSlice of address type at is one a
+// node serving the families f has a kube-proxy proxier for (f 0: both).
+// Unlike takes, a slice of neither family (FQDN, an unknown type) is not.
+func (f ipFamilies) served(at discovery.AddressType) bool {
+	switch at {
+	case discovery.AddressTypeIPv4:
+		return f == 0 || f&familyIPv4 != 0
+	case discovery.AddressTypeIPv6:
+		return f == 0 || f&familyIPv6 != 0
+	}
+	return false
+}
+
 // serviceFamilies is the IP families the port's Service is served in:
 // those of its ClusterIPs (spec.clusterIPs), as kube-proxy's per-family
 // proxiers each hold the Services with a ClusterIP of their family, else

@@ -317,6 +317,12 @@ func New(opts Options) *Proxier {
 	opts.Metrics.portals.observe(opts.IPv4Portals, opts.IPv6Portals)
 	p.endpoints = newEndpointsTracker(p.lb, opts.Clock, opts.Metrics, nodeTopology{name: opts.NodeName})
 	p.endpoints.changed = p.drainRemoved
+	switch p.unsupportedFamily() {
+	case ipv4Family:
+		p.endpoints.nodeFamilies = familyIPv6
+	case ipv6Family:
+		p.endpoints.nodeFamilies = familyIPv4
+	}
 	p.runner = newBoundedFrequencyRunner(p.syncProxyRules, opts.MinSyncPeriod, opts.SyncPeriod, opts.Clock)
 	p.sockCfg.deaf = &deafSockets{changed: p.runner.Run}
 	if hs, ok := opts.ServiceHealth.(interface {
@@ -460,7 +466,7 @@ func (p *Proxier) OnEndpointSliceUpdate(old, es *discovery.EndpointSlice) {
 		// Relabelled to another Service: its endpoints leave the old one,
 		// which the new slice no longer names (they stayed there until
 		// the slice was deleted or a relist).
-		p.endpoints.update(old, true)
+		p.endpoints.forget(old)
 	}
 	p.endpoints.update(es, false)
 }
