@@ -24,6 +24,26 @@ func allClients() []client {
 	return cs
 }
 
+// CleanupError is RunNetNS's failure to remove the namespaces it made:
+// they are left on the machine, and the message says how to remove them.
+// Err is what ended the run before (nil: nothing did); a caller that says
+// an interruption its own way (Ctrl-C) still has to say this part.
+type CleanupError struct{ Err, Cleanup error }
+
+func (e *CleanupError) Error() string {
+	if e.Err == nil {
+		return e.CleanupMessage()
+	}
+	return fmt.Sprintf("%v; %s", e.Err, e.CleanupMessage())
+}
+
+// CleanupMessage is the part of the error about the namespaces left.
+func (e *CleanupError) CleanupMessage() string {
+	return fmt.Sprintf("removing the namespaces: %v (remove them with: ip netns del NAME)", e.Cleanup)
+}
+
+func (e *CleanupError) Unwrap() error { return e.Err }
+
 // RunNetNS runs the demonstration as Run does, but through real iptables
 // portals: the proxy runs as a process (c) with iptables in a throw-away
 // node namespace, the backends have pod addresses there, and the clients
@@ -50,7 +70,7 @@ func RunNetNS(ctx context.Context, out io.Writer, opt Options, c Command) (match
 	names := nw.node.name + " and " + nw.client.name
 	defer func() {
 		if rerr := nw.remove(); rerr != nil {
-			err = fmt.Errorf("%w; removing the namespaces: %v (remove them with: ip netns del NAME)", err, rerr)
+			err = &CleanupError{Err: err, Cleanup: rerr}
 			return
 		}
 		fmt.Fprintln(out)

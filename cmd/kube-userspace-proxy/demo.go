@@ -17,6 +17,9 @@ import (
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
 )
 
+// demoRunNetNS is demo --netns (a test's stand-in replaces it).
+var demoRunNetNS = demo.RunNetNS
+
 // runDemo is the demo subcommand (package demo says what it shows). Exit
 // status: 0 when every outcome matched, 1 otherwise, 2 for bad
 // flags, 130 when interrupted (Ctrl-C) before the experiments were done.
@@ -66,7 +69,7 @@ func runDemo(args []string) int {
 		// The proxy runs as this same binary, in the node namespace.
 		var exe string
 		if exe, err = os.Executable(); err == nil {
-			matched, err = demo.RunNetNS(ctx, os.Stdout, opt, demo.Command{Path: exe})
+			matched, err = demoRunNetNS(ctx, os.Stdout, opt, demo.Command{Path: exe})
 		}
 	} else {
 		matched, err = demo.Run(ctx, os.Stdout, opt, startForDemo)
@@ -76,6 +79,11 @@ func runDemo(args []string) int {
 		// interruption, as explain says one, not the demo failing with
 		// "context canceled" (`make demo`/`make serve` then said Error 1).
 		fmt.Fprintln(os.Stderr, "kube-userspace-proxy demo: interrupted before the experiments were done")
+		// Namespaces it could not remove are left on the machine: said,
+		// with how to remove them (the interruption's line alone hid it).
+		if ce := (*demo.CleanupError)(nil); errors.As(err, &ce) {
+			fmt.Fprintf(os.Stderr, "kube-userspace-proxy demo: %s\n", ce.CleanupMessage())
+		}
 		return exitInterrupted
 	}
 	if err != nil {
