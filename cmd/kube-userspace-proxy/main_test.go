@@ -233,6 +233,12 @@ func TestBoolFlagValueAfterSpaceExplained(t *testing.T) {
 		{[]string{"--manifests", "m", "--iptables", "false"}, `--iptables takes its value after "=": --iptables=false`},
 		{[]string{"--cleanup", "true"}, `--cleanup takes its value after "=": --cleanup=true`},
 		{[]string{"--hostname-override", "false", "x"}, `unexpected arguments ["x"] (flags only`},
+		// pflag takes the argument after a flag with a value as that
+		// value, whatever it looks like: "--iptables" is the node name
+		// here, and "false" no boolean flag's value.
+		{[]string{"--hostname-override", "--iptables", "false"}, `unexpected arguments ["false"] (flags only`},
+		// After "--" every argument is positional, flags' names included.
+		{[]string{"--manifests", "m", "--", "--iptables", "false"}, `unexpected arguments ["--iptables" "false"] (flags only`},
 	} {
 		var code int
 		out := capture(t, &os.Stderr, func() { code = runMain(tc.args) })
