@@ -85,3 +85,33 @@ func TestStaleFlowsClearedPerFamily(t *testing.T) {
 		t.Fatalf("a sync after both were cleared cleared %v again", got)
 	}
 }
+
+// A served port's entries of the family whose write failed wait for that
+// family's write, and are cleared then: the Service is not removed in
+// between (whose closed destinations would be cleared anyway), so only the
+// pending port's own families carry them.
+func TestStaleFlowsOfAServedPortWaitForTheirFamily(t *testing.T) {
+	ct := &fakeConntrack{}
+	v6 := &switchSyncer{}
+	v6.failing.Store(true)
+	p := newTestProxier(t, Options{IPv4Portals: okSyncer{}, IPv6Portals: v6, Conntrack: ct})
+	dualStack := func(s *v1.Service) { s.Spec.ClusterIPs = []string{"10.96.0.10", "fd00::10"} }
+	p.OnServiceAdd(makeService("dns", withProtocol(v1.ProtocolUDP), withNodePort(30053), dualStack))
+	p.Sync()
+	if got, want := ct.take(), []string{"udp 0.0.0.0:30053", "udp 10.96.0.10:80"}; !slices.Equal(got, want) {
+		t.Fatalf("with IPv6's rules failing, cleared %v, want IPv4's %v", got, want)
+	}
+	p.Sync()
+	if got := ct.take(); len(got) != 0 {
+		t.Fatalf("a second sync with IPv6 still failing cleared %v", got)
+	}
+	v6.failing.Store(false)
+	p.Sync()
+	if got, want := ct.take(), []string{"udp :::30053", "udp fd00::10:80"}; !slices.Equal(got, want) {
+		t.Fatalf("once IPv6's rules were written, cleared %v, want IPv6's %v (kept for its write)", got, want)
+	}
+	p.Sync()
+	if got := ct.take(); len(got) != 0 {
+		t.Fatalf("a sync after both were cleared cleared %v again", got)
+	}
+}
