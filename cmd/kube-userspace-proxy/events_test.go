@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/url"
 	"sync"
@@ -10,7 +11,9 @@ import (
 	"time"
 
 	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 )
@@ -66,5 +69,45 @@ func TestStartingEventPostedOnceTheAPIServerAnswers(t *testing.T) {
 			t.Fatalf("no Starting event posted within 10 s: %d creates refused at the transport (the API server answers from the %dth)", tries, unreachable+1)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// An answer ends the write, a refusal included: an API server that forbids
+// the proxy to create events (a ClusterRole without events create) is not
+// asked again and again. patientSink waits only for an API server that
+// does not answer; client-go's broadcaster drops a refused event, as
+// kube-proxy's does.
+func TestRefusedEventIsNotTriedAgain(t *testing.T) {
+	saved := eventRetryInterval
+	eventRetryInterval = 10 * time.Millisecond
+	t.Cleanup(func() { eventRetryInterval = saved })
+
+	client := fake.NewClientset()
+	var mu sync.Mutex
+	creates := 0
+	client.PrependReactor("create", "events", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		creates++
+		return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "events.k8s.io", Resource: "events"}, "", errors.New("RBAC: no create"))
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	startNodeEvents(ctx, client, "node-1").started()
+	tried := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return creates
+	}
+	for deadline := time.Now().Add(10 * time.Second); tried() == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the Starting event was not posted within 10 s")
+		}
+	}
+	// 30 retry intervals: a write tried again on a refusal asks again
+	// within them (the right code never asks twice, whatever the load).
+	time.Sleep(30 * eventRetryInterval)
+	if n := tried(); n != 1 {
+		t.Errorf("a forbidden event was created %d times, want 1: a refusal is an answer", n)
 	}
 }
