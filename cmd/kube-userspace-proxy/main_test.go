@@ -78,6 +78,12 @@ func TestVersionRawAsKubeProxy(t *testing.T) {
 	if code := runMain([]string{"--version=maybe"}); code != exitUsage {
 		t.Errorf("--version=maybe: exit %d, want %d", code, exitUsage)
 	}
+	// --version=false prints nothing and goes on, as kube-proxy's: here to
+	// the stray argument's exit 2.
+	out = captureStdout(t, func() { code = runMain([]string{"--version=false", "x"}) })
+	if code != exitUsage || out != "" {
+		t.Errorf("--version=false x: exit %d, stdout %q; want exit %d and nothing printed", code, out, exitUsage)
+	}
 }
 
 func TestBadFaultFlagsExitTwo(t *testing.T) {
