@@ -18,6 +18,7 @@ import (
 	"syscall"
 
 	"github.com/spf13/pflag"
+	utilversion "k8s.io/apimachinery/pkg/util/version"
 	apiversion "k8s.io/apimachinery/pkg/version"
 	"k8s.io/klog/v2"
 
@@ -251,6 +252,11 @@ func rawVersion() apiversion.Info {
 	}
 	if version != "" {
 		info.GitVersion = version
+	}
+	// Major and Minor as kube-proxy's carry them ("1", "37"); a build
+	// without a semantic version ("(devel)") has none.
+	if v, err := utilversion.ParseGeneric(info.GitVersion); err == nil {
+		info.Major, info.Minor = strconv.FormatUint(uint64(v.Major()), 10), strconv.FormatUint(uint64(v.Minor()), 10)
 	}
 	return info
 }

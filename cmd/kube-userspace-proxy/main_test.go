@@ -71,6 +71,16 @@ func TestVersionRawAsKubeProxy(t *testing.T) {
 	if code != 0 || !strings.HasPrefix(out, "version.Info{") || !strings.Contains(out, `GoVersion:"go`) || !strings.Contains(out, `Platform:"`+runtime.GOOS+"/"+runtime.GOARCH+`"`) {
 		t.Errorf("--version=raw: exit %d, stdout %q, want exit 0 and a version.Info", code, out)
 	}
+	// Major and Minor from a semantic version, as kube-proxy's.
+	defer func(v string) { version = v }(version)
+	version = "v1.37.2"
+	if info := rawVersion(); info.Major != "1" || info.Minor != "37" || info.GitVersion != "v1.37.2" {
+		t.Errorf("--version=raw of v1.37.2: %#v, want Major 1 and Minor 37", info)
+	}
+	version = "(devel)"
+	if info := rawVersion(); info.Major != "" || info.Minor != "" {
+		t.Errorf("--version=raw of (devel): %#v, want no Major or Minor", info)
+	}
 	out = captureStdout(t, func() { code = runMain([]string{"--version=true"}) })
 	if code != 0 || !strings.HasPrefix(out, "kube-userspace-proxy ") {
 		t.Errorf("--version=true: exit %d, stdout %q", code, out)
