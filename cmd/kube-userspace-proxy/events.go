@@ -76,8 +76,13 @@ func (s patientSink) Create(ctx context.Context, ev *eventsv1.Event) (*eventsv1.
 	return untilAnswered(ctx, func() (*eventsv1.Event, error) { return s.EventSink.Create(ctx, ev) })
 }
 
+// Patch is the wrapped sink's, not patient: client-go patches an event
+// series from its periodic refresh with its broadcaster's lock held, so a
+// patch waiting out an outage would hold every later event's goroutine
+// behind it. A series patch is only a count; the event it counts was
+// created already.
 func (s patientSink) Patch(ctx context.Context, old *eventsv1.Event, data []byte) (*eventsv1.Event, error) {
-	return untilAnswered(ctx, func() (*eventsv1.Event, error) { return s.EventSink.Patch(ctx, old, data) })
+	return s.EventSink.Patch(ctx, old, data)
 }
 
 // untilAnswered calls write until the API server answers it, or ctx ends:

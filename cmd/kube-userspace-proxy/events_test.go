@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -109,5 +110,46 @@ func TestRefusedEventIsNotTriedAgain(t *testing.T) {
 	time.Sleep(30 * eventRetryInterval)
 	if n := tried(); n != 1 {
 		t.Errorf("a forbidden event was created %d times, want 1: a refusal is an answer", n)
+	}
+}
+
+// countingSink is an events.EventSink whose every write fails as an
+// unreachable API server's do, counting them.
+type countingSink struct{ creates, patches atomic.Int32 }
+
+func (s *countingSink) Create(context.Context, *eventsv1.Event) (*eventsv1.Event, error) {
+	s.creates.Add(1)
+	return nil, errors.New("dial tcp 10.96.0.1:443: connect: connection refused")
+}
+
+func (s *countingSink) Update(context.Context, *eventsv1.Event) (*eventsv1.Event, error) {
+	return nil, errors.New("not used")
+}
+
+func (s *countingSink) Patch(context.Context, *eventsv1.Event, []byte) (*eventsv1.Event, error) {
+	s.patches.Add(1)
+	return nil, errors.New("dial tcp 10.96.0.1:443: connect: connection refused")
+}
+
+// A series patch is not waited out: client-go patches series from its
+// periodic refresh holding its broadcaster's lock, and a patch patient
+// through an outage held every later event's goroutine behind it.
+func TestSeriesPatchIsNotPatient(t *testing.T) {
+	saved := eventRetryInterval
+	eventRetryInterval = 10 * time.Millisecond
+	t.Cleanup(func() { eventRetryInterval = saved })
+	sink := &countingSink{}
+	done := make(chan error, 1)
+	go func() {
+		_, err := patientSink{sink}.Patch(context.Background(), &eventsv1.Event{}, []byte("{}"))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil || sink.patches.Load() != 1 {
+			t.Errorf("Patch: %v after %d tries, want the transport's error after 1", err, sink.patches.Load())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("Patch still waiting after 10 s (%d tries): it holds client-go's broadcaster lock", sink.patches.Load())
 	}
 }
