@@ -61,7 +61,7 @@ func (e *nodeEvents) healthCheckFailed(nn types.NamespacedName, port int, err er
 // server did not answer (client-go's broadcaster waits 10 s too).
 var eventRetryInterval = 10 * time.Second
 
-// patientSink writes events as the sink it wraps, but a write that did
+// patientSink writes events as the sink it wraps, but a create that did
 // not reach the API server (refused, timed out: no answer of its own) is
 // tried again every eventRetryInterval until it does, or the proxy stops.
 // client-go's broadcaster drops an event after 12 tries 10 s apart
