@@ -34,6 +34,11 @@ func (s *summaries) all() []string {
 func (s *summaries) waitLine(t *testing.T, parts ...string) string {
 	t.Helper()
 	var found string
+	defer func() {
+		if found == "" {
+			t.Logf("no summary holding %q among %q", parts, s.all())
+		}
+	}()
 	eventually(t, func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
