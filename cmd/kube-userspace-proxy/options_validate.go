@@ -26,7 +26,7 @@ func (o *options) validate() (*validated, error) {
 	add := func(format string, args ...any) { errs = append(errs, o.blameConfigFile(fmt.Sprintf(format, args...))) }
 	o.validateDataPath(add)
 	o.validateProxySockets(v, add)
-	o.validateNode(v, add)
+	o.validateNodeName(add)
 	o.validateUDP(add)
 	o.validateSyncPeriods(add)
 	o.validateAPIClient(add)
@@ -37,6 +37,7 @@ func (o *options) validate() (*validated, error) {
 	o.validateLimits(add)
 	o.validateKubeProxyFlags(add)
 	o.validateListeners(add)
+	o.validateNodeIP(v, add)
 	o.validateSource(add)
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("%s", strings.Join(errs, "\n"))
@@ -294,12 +295,16 @@ func (o *options) validateListeners(add func(string, ...any)) {
 	}
 }
 
-// validateNode checks how the node is named and addressed.
-func (o *options) validateNode(v *validated, add func(string, ...any)) {
-	var err error
+// validateNodeName checks how the node is named.
+func (o *options) validateNodeName(add func(string, ...any)) {
 	if o.hostnameOverride != "" && strings.TrimSpace(o.hostnameOverride) == "" {
 		add("--hostname-override %q is blank: give a node name, or leave it out to use the hostname", o.hostnameOverride)
 	}
+}
+
+// validateNodeIP checks the node's address the flag gives.
+func (o *options) validateNodeIP(v *validated, add func(string, ...any)) {
+	var err error
 	if o.nodeIP != "" {
 		if v.nodeIP, err = netip.ParseAddr(o.nodeIP); err != nil {
 			add("--node-ip %q is not an IP address", o.nodeIP)

@@ -942,3 +942,22 @@ func TestServersOnOneAddressRefused(t *testing.T) {
 		checkValidate(t, fmt.Sprintf("%q", tt.args), args, tt.wantErr)
 	}
 }
+
+// Every mistake is reported at once, one line each, in the order the
+// checks have always run (the validators' split into options_validate.go
+// moved --node-ip's ahead of the others for a while).
+func TestValidateReportsEveryMistakeInOrder(t *testing.T) {
+	_, err := parsedOptions(t, []string{"--manifests", t.TempDir(), "--data-path", "x", "--hostname-override", " ",
+		"--udp-timeout", "0", "--http-idle-timeout", "0", "--node-ip", "y"}).validate()
+	if err == nil {
+		t.Fatal("validate accepted five mistakes")
+	}
+	var got []string
+	for line := range strings.Lines(err.Error()) {
+		got = append(got, strings.Fields(line)[0])
+	}
+	want := []string{"--data-path", "--hostname-override", "--udp-timeout", "--http-idle-timeout", "--node-ip"}
+	if !slices.Equal(got, want) {
+		t.Errorf("validate reported %q, want one line per mistake in the order %q:\n%v", got, want, err)
+	}
+}
