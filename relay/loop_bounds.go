@@ -7,6 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/mono"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 )
 
 // timer runs a bound that came due.
@@ -185,7 +186,6 @@ func connectEnded(fd int) bool {
 	if fd < 0 {
 		return false
 	}
-	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
-	n, err := unix.Poll(pfd, 0)
-	return err == nil && n > 0 && pfd[0].Revents&(unix.POLLOUT|unix.POLLERR|unix.POLLHUP) != 0
+	revents, err := rawio.PollOut(fd)
+	return err == nil && revents&(unix.POLLOUT|unix.POLLERR|unix.POLLHUP) != 0
 }

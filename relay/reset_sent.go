@@ -1,6 +1,10 @@
 package relay
 
-import "golang.org/x/sys/unix"
+import (
+	"golang.org/x/sys/unix"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
+)
 
 // sentAll tells whether the socket fd has sent all it holds (nothing is
 // queued unsent, and the peer acknowledged most of what is in flight), so
@@ -15,12 +19,6 @@ import "golang.org/x/sys/unix"
 // a FIN of ours went (writable for good then: no edge would come).
 func sentAll(fd int) bool {
 	_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NOTSENT_LOWAT, 1)
-	fds := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
-	for {
-		n, err := unix.Poll(fds[:], 0)
-		if err == unix.EINTR {
-			continue
-		}
-		return err != nil || (n > 0 && fds[0].Revents != 0)
-	}
+	revents, err := rawio.PollOut(fd)
+	return err != nil || revents != 0
 }

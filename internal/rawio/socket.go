@@ -144,3 +144,21 @@ func TCPState(fd int) int {
 	}
 	return int(state)
 }
+
+// PollOut asks poll(2), without waiting, whether fd is writable now: the
+// events it reports (POLLOUT, POLLERR, POLLHUP; 0 when none), EINTR tried
+// again. A poll that finds a socket not writable also asks the kernel to
+// signal it once it is (SOCK_NOSPACE), which an epoll set then sees.
+func PollOut(fd int) (int16, error) {
+	fds := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
+	for {
+		n, err := unix.Poll(fds[:], 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || n == 0 {
+			return 0, err
+		}
+		return fds[0].Revents, nil
+	}
+}
