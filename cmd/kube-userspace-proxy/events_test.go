@@ -27,9 +27,7 @@ import (
 // unreachable server is a create refused at the transport the first
 // several times.
 func TestStartingEventPostedOnceTheAPIServerAnswers(t *testing.T) {
-	saved := eventRetryInterval
-	eventRetryInterval = 10 * time.Millisecond
-	t.Cleanup(func() { eventRetryInterval = saved })
+	fastEventRetries(t)
 
 	client := fake.NewClientset()
 	var mu sync.Mutex
@@ -79,9 +77,7 @@ func TestStartingEventPostedOnceTheAPIServerAnswers(t *testing.T) {
 // does not answer; client-go's broadcaster drops a refused event, as
 // kube-proxy's does.
 func TestRefusedEventIsNotTriedAgain(t *testing.T) {
-	saved := eventRetryInterval
-	eventRetryInterval = 10 * time.Millisecond
-	t.Cleanup(func() { eventRetryInterval = saved })
+	fastEventRetries(t)
 
 	client := fake.NewClientset()
 	var mu sync.Mutex
@@ -135,9 +131,7 @@ func (s *countingSink) Patch(context.Context, *eventsv1.Event, []byte) (*eventsv
 // periodic refresh holding its broadcaster's lock, and a patch patient
 // through an outage held every later event's goroutine behind it.
 func TestSeriesPatchIsNotPatient(t *testing.T) {
-	saved := eventRetryInterval
-	eventRetryInterval = 10 * time.Millisecond
-	t.Cleanup(func() { eventRetryInterval = saved })
+	fastEventRetries(t)
 	sink := &countingSink{}
 	done := make(chan error, 1)
 	go func() {
@@ -152,4 +146,12 @@ func TestSeriesPatchIsNotPatient(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatalf("Patch still waiting after 10 s (%d tries): it holds client-go's broadcaster lock", sink.patches.Load())
 	}
+}
+
+// fastEventRetries makes patientSink try again every 10 ms until the test
+// ends.
+func fastEventRetries(t *testing.T) {
+	saved := eventRetryInterval
+	eventRetryInterval = 10 * time.Millisecond
+	t.Cleanup(func() { eventRetryInterval = saved })
 }
