@@ -56,13 +56,7 @@ func (f ipFamilies) takes(at discovery.AddressType) bool {
 // node serving the families f has a kube-proxy proxier for (f 0: both).
 // Unlike takes, a slice of neither family (FQDN, an unknown type) is not.
 func (f ipFamilies) served(at discovery.AddressType) bool {
-	switch at {
-	case discovery.AddressTypeIPv4:
-		return f == 0 || f&familyIPv4 != 0
-	case discovery.AddressTypeIPv6:
-		return f == 0 || f&familyIPv6 != 0
-	}
-	return false
+	return (at == discovery.AddressTypeIPv4 || at == discovery.AddressTypeIPv6) && f.takes(at)
 }
 
 // serviceFamilies is the IP families the port's Service is served in:
