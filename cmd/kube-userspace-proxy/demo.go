@@ -43,11 +43,7 @@ func runDemo(args []string) int {
 		return exitUsage
 	}
 	if fs.NArg() > 0 {
-		if hint := boolValueHint(args, fs); hint != "" {
-			fmt.Fprintf(os.Stderr, "kube-userspace-proxy demo: unexpected arguments %q: %s\n", fs.Args(), hint)
-		} else {
-			fmt.Fprintf(os.Stderr, "kube-userspace-proxy demo: unexpected arguments %q\n", fs.Args())
-		}
+		fmt.Fprintln(os.Stderr, unexpectedArguments("kube-userspace-proxy demo", args, fs, ""))
 		return exitUsage
 	}
 	if *netns && *serve {

@@ -139,11 +139,7 @@ func explainOptions(args []string) (o *options, v *validated, timeout time.Durat
 		return nil, nil, 0, exitUsage, true
 	}
 	if fs.NArg() > 0 {
-		if hint := boolValueHint(args, fs); hint != "" {
-			fmt.Fprintf(os.Stderr, "kube-userspace-proxy explain: unexpected arguments %q: %s\n", fs.Args(), hint)
-		} else {
-			fmt.Fprintf(os.Stderr, "kube-userspace-proxy explain: unexpected arguments %q\n", fs.Args())
-		}
+		fmt.Fprintln(os.Stderr, unexpectedArguments("kube-userspace-proxy explain", args, fs, ""))
 		return nil, nil, 0, exitUsage, true
 	}
 	if o.cleanup {

@@ -73,11 +73,7 @@ func runMain(args []string) int {
 		return 0
 	}
 	if fs.NArg() > 0 {
-		if hint := boolValueHint(args, fs); hint != "" {
-			fmt.Fprintf(os.Stderr, "kube-userspace-proxy: unexpected arguments %q: %s\n", fs.Args(), hint)
-			return exitUsage
-		}
-		fmt.Fprintf(os.Stderr, "kube-userspace-proxy: unexpected arguments %q (flags only; the subcommands are 'demo' and 'explain')\n", fs.Args())
+		fmt.Fprintln(os.Stderr, unexpectedArguments("kube-userspace-proxy", args, fs, " (flags only; the subcommands are 'demo' and 'explain')"))
 		return exitUsage
 	}
 	if o.configFile != "" {
@@ -259,6 +255,17 @@ func rawVersion() apiversion.Info {
 		info.Major, info.Minor = strconv.FormatUint(uint64(v.Major()), 10), strconv.FormatUint(uint64(v.Minor()), 10)
 	}
 	return info
+}
+
+// unexpectedArguments is cmd's error for the positional arguments fs left
+// over from args: with how to give a boolean flag's value when one is
+// such a value (boolValueHint), else with otherwise.
+func unexpectedArguments(cmd string, args []string, fs *pflag.FlagSet, otherwise string) string {
+	msg := fmt.Sprintf("%s: unexpected arguments %q", cmd, fs.Args())
+	if hint := boolValueHint(args, fs); hint != "" {
+		return msg + ": " + hint
+	}
+	return msg + otherwise
 }
 
 // boolValueHint says how to give a boolean flag's value when args gave it
