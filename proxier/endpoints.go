@@ -295,6 +295,15 @@ func (t *endpointsTracker) setOpen(changed map[loadbalancer.ServicePortName]bool
 	}
 }
 
+// moved is told that spn's proxy socket moved to another port: the rules
+// written for it name the old one, so it is open in no family until a
+// sync writes them again (setOpen).
+func (t *endpointsTracker) moved(spn loadbalancer.ServicePortName) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.open, spn)
+}
+
 const endpointsTriggerTimeAnnotation = "endpoints.kubernetes.io/last-change-trigger-time"
 
 // setPolicy records a Service's traffic policy and re-applies its endpoints

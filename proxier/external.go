@@ -79,7 +79,7 @@ func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo, kept
 			return false
 		}
 		sock.Start()
-		logMovedPort(info, keptPort, sock.Port())
+		p.movedOffKept(info, keptPort, sock.Port())
 		ap.external, ap.externalPort = sock, sock.Port()
 		p.debugTouched = append(p.debugTouched, info.name)
 		if logLine || klog.V(2).Enabled() {

@@ -122,3 +122,59 @@ func TestFailedFamilyDoesNotHoldBackTheOthersProgrammingLatency(t *testing.T) {
 		t.Errorf("IPv4 programming latency count %d, want still 1", n)
 	}
 }
+
+// A service port that moves to another proxy port while one family's
+// rule write fails is no longer served in that family: its rules there
+// still name the old port. An IPv6 slice change waiting for it is
+// programmed once IPv6's rules are written, not at the sync that moved
+// it (the reopen kept the families the old port was open in, so the
+// IPv6 sample was taken while IPv6 still sent to a closed port).
+func TestMovedPortWaitsForTheFailedFamilysRules(t *testing.T) {
+	start := time.Unix(1_000_000, 0)
+	clk := clocktesting.NewFakeClock(start)
+	v6 := &switchSyncer{}
+	base := freeTCPPorts(t, 3)
+	p := newTestProxier(t, Options{Clock: clk, IPv4Portals: okSyncer{}, IPv6Portals: v6,
+		ClaimNodePorts: true, PortRange: PortRange{Base: base, Size: 3}})
+	dual := func(s *v1.Service) { s.Spec.ClusterIPs = []string{"10.96.0.10", "fd00::10"} }
+	p.OnServiceAdd(makeService("web", dual))
+	v6slice := makeSlice("web", v1.ProtocolTCP, "[fd00:1::1]:8080")
+	v6slice.Name, v6slice.AddressType = "web-v6", discovery.AddressTypeIPv6
+	p.OnEndpointSliceAdd(v6slice)
+	p.Sync()
+	taken, ok := p.ProxyPort("default/web:p")
+	if !ok {
+		t.Fatalf("web has no proxy socket (left undone: %q)", p.lastFailed)
+	}
+
+	// IPv6 fails from now on; web moves off its port, now b's NodePort.
+	v6.failing.Store(true)
+	p.OnServiceAdd(makeService("b", withClusterIP("10.96.0.11"), withNodePort(int32(taken))))
+	p.Sync()
+	if moved, _ := p.ProxyPort("default/web:p"); moved == taken {
+		t.Fatalf("web still on %d, b's NodePort", taken)
+	}
+	clk.Step(time.Second)
+	changed := v6slice.DeepCopy()
+	changed.Endpoints[0].Addresses = []string{"fd00:1::2"}
+	changed.Annotations = map[string]string{endpointsTriggerTimeAnnotation: clk.Now().Format(time.RFC3339Nano)}
+	p.OnEndpointSliceUpdate(v6slice, changed)
+	clk.Step(time.Second)
+	p.Sync()
+	samples := func() uint64 {
+		var m dto.Metric
+		if err := p.metrics.NetworkProgrammingLatency.WithLabelValues(ipv6Family).(prometheus.Metric).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetHistogram().GetSampleCount()
+	}
+	if n := samples(); n != 0 {
+		t.Errorf("IPv6 programming latency count %d, want 0: IPv6's rules still name web's old proxy port %d", n, taken)
+	}
+	v6.failing.Store(false)
+	clk.Step(time.Second)
+	p.Sync()
+	if n := samples(); n != 1 {
+		t.Errorf("IPv6 programming latency count %d, want 1 once IPv6's rules were written", n)
+	}
+}

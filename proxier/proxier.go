@@ -842,7 +842,7 @@ func (p *Proxier) openPort(info *servicePortInfo, kept int, logLine bool) (*acti
 		return nil, err
 	}
 	sock.Start()
-	logMovedPort(info, kept, sock.Port())
+	p.movedOffKept(info, kept, sock.Port())
 	ap := &activePort{info: info, socket: sock, proxyPort: sock.Port(), faults: fp}
 	fp.SetLabel(info.key) // a port the fault API created first has the API name
 	proxyAddr := net.JoinHostPort(p.listenHostOf(info), strconv.Itoa(ap.proxyPort))
@@ -868,12 +868,14 @@ func (p *Proxier) openSocket(kept int, listen func(port int) (proxySocket, error
 	return sock, err
 }
 
-// logMovedPort says when a port the kernel's rules name for a service
+// movedOffKept says when a port the kernel's rules name for a service
 // port (kept) could not be opened again, another process holding it: its
-// clients are refused or reach that process until the sync rewrites the
-// rules for the new one.
-func logMovedPort(info *servicePortInfo, kept, port int) {
+// clients are refused or reach that process until a sync rewrites the
+// rules for the new one, in each family (so the endpoints tracker, for the
+// programming latency, counts it open in none until then).
+func (p *Proxier) movedOffKept(info *servicePortInfo, kept, port int) {
 	if kept > 0 && port != kept {
+		p.endpoints.moved(info.name)
 		klog.InfoS("Proxy port taken by another process; the service port moves to a new one and its rules are rewritten",
 			"servicePort", info.name, "protocol", info.name.Protocol, "keptPort", kept, "proxyPort", port)
 	}

@@ -38,6 +38,7 @@ func (p *Proxier) closeForReopen(kept *keptPorts, name loadbalancer.ServicePortN
 			klog.InfoS("Proxy port is now a Service's node port; the service port moves to another proxy port",
 				"servicePort", name, "protocol", name.Protocol, "proxyPort", port)
 			p.ports.Release(port)
+			p.endpoints.moved(name)
 			return
 		}
 		ports[name] = port
