@@ -38,8 +38,9 @@ type PortalKey struct {
 // out of either map.
 type KernelPortals struct {
 	// Host is the proxy port each ClusterIP, externalIP and LB-IP portal
-	// sends the node's own traffic to (KUBE-PORTALS-HOST): the cluster-wide
-	// socket, also under externalTrafficPolicy: Local.
+	// sends the node's own traffic to (KUBE-PORTALS-HOST; KUBE-NODEPORT-HOST,
+	// a NodePort keyed as in Container): the cluster IP's socket, and that
+	// of the shortcut of externalTrafficPolicy: Local for the others.
 	Host map[PortalKey]int
 	// Container is the proxy port each portal sends traffic from pods and
 	// other hosts to (KUBE-PORTALS-CONTAINER; KUBE-NODEPORT-CONTAINER, a
@@ -86,7 +87,10 @@ func (r *Rules) ProxyPortsInKernel() (KernelPortals, error) {
 			case parent == ChainNodePortContainer:
 				rule.key.IP = netip.Addr{} // all node addresses, or --nodeport-addresses
 				container.add(rule.key, rule.port)
-			case parent == ChainNodePortHost || rule.dstCIDR || !rule.key.IP.IsValid():
+			case parent == ChainNodePortHost:
+				rule.key.IP = netip.Addr{}
+				host.add(rule.key, rule.port)
+			case rule.dstCIDR || !rule.key.IP.IsValid():
 			case parent == ChainPortalsHost:
 				host.add(rule.key, rule.port)
 			case parent == ChainPortalsContainer:

@@ -20,6 +20,12 @@ func TestProxyPortsInKernel(t *testing.T) {
 		{Name: "kube-system/dns:dns", Protocol: UDP, IP: netip.MustParseAddr("10.96.0.53"), Port: 53, ProxyPort: 40002},
 		{Name: "default/local:http", Protocol: TCP, IP: netip.MustParseAddr("10.96.0.11"), Port: 80, ProxyPort: 40003},
 		{Name: "default/local:http", Protocol: TCP, IP: netip.MustParseAddr("198.51.100.1"), Port: 80, ProxyPort: 40004, ClusterProxyPort: 40003},
+		{Name: "default/local:http", Protocol: TCP, Port: 30083, NodePort: true, ProxyPort: 40004, ClusterProxyPort: 40003},
+		// Both traffic policies Local: external clients share the cluster
+		// IP's socket, the node and pods meet the cluster-wide one.
+		{Name: "default/both:http", Protocol: TCP, IP: netip.MustParseAddr("10.96.0.12"), Port: 80, ProxyPort: 40006},
+		{Name: "default/both:http", Protocol: TCP, IP: netip.MustParseAddr("198.51.100.2"), Port: 80, ProxyPort: 40006, ClusterProxyPort: 40007},
+		{Name: "default/both:http", Protocol: TCP, Port: 30082, NodePort: true, ProxyPort: 40006, ClusterProxyPort: 40007},
 	}
 	want := map[PortalKey]int{
 		{"default/web:http", TCP, netip.MustParseAddr("10.96.0.10"), 80}:     40001,
@@ -27,6 +33,11 @@ func TestProxyPortsInKernel(t *testing.T) {
 		{"kube-system/dns:dns", UDP, netip.MustParseAddr("10.96.0.53"), 53}:  40002,
 		{"default/local:http", TCP, netip.MustParseAddr("10.96.0.11"), 80}:   40003,
 		{"default/local:http", TCP, netip.MustParseAddr("198.51.100.1"), 80}: 40003,
+		{"default/local:http", TCP, netip.Addr{}, 30083}:                     40003,
+		{"default/web:http", TCP, netip.Addr{}, 30080}:                       40001,
+		{"default/both:http", TCP, netip.MustParseAddr("10.96.0.12"), 80}:    40006,
+		{"default/both:http", TCP, netip.MustParseAddr("198.51.100.2"), 80}:  40007,
+		{"default/both:http", TCP, netip.Addr{}, 30082}:                      40007,
 	}
 	wantContainer := map[PortalKey]int{
 		{"default/web:http", TCP, netip.MustParseAddr("10.96.0.10"), 80}:     40001,
@@ -35,12 +46,19 @@ func TestProxyPortsInKernel(t *testing.T) {
 		{"kube-system/dns:dns", UDP, netip.MustParseAddr("10.96.0.53"), 53}:  40002,
 		{"default/local:http", TCP, netip.MustParseAddr("10.96.0.11"), 80}:   40003,
 		{"default/local:http", TCP, netip.MustParseAddr("198.51.100.1"), 80}: 40004,
+		{"default/local:http", TCP, netip.Addr{}, 30083}:                     40004,
+		{"default/both:http", TCP, netip.MustParseAddr("10.96.0.12"), 80}:    40006,
+		{"default/both:http", TCP, netip.MustParseAddr("198.51.100.2"), 80}:  40006,
+		{"default/both:http", TCP, netip.Addr{}, 30082}:                      40006,
 	}
 	v6 := []Portal{
 		{Name: "default/web6:http", Protocol: TCP, IP: netip.MustParseAddr("fd00::10"), Port: 80, ProxyPort: 40005},
 		{Name: "default/web6:http", Protocol: TCP, Port: 30081, NodePort: true, ProxyPort: 40005},
 	}
-	want6 := map[PortalKey]int{{"default/web6:http", TCP, netip.MustParseAddr("fd00::10"), 80}: 40005}
+	want6 := map[PortalKey]int{
+		{"default/web6:http", TCP, netip.MustParseAddr("fd00::10"), 80}: 40005,
+		{"default/web6:http", TCP, netip.Addr{}, 30081}:                 40005,
+	}
 	// The IPv6 NodePort rule's "! -d ::1/128" is no service address.
 	wantContainer6 := map[PortalKey]int{
 		{"default/web6:http", TCP, netip.MustParseAddr("fd00::10"), 80}: 40005,

@@ -338,9 +338,13 @@ func staleFlowsOf(ap *activePort) []StaleFlows {
 		// resolver, a syslog sender) would stay on cluster-wide endpoints
 		// for as long as it sends. Pod and node flows that the shortcut
 		// sends to the cluster-wide socket are NATed there again at their
-		// next datagram: a one-off new session.
+		// next datagram: a one-off new session. Under both policies Local
+		// external clients meet the cluster IP's node-local socket, and
+		// the external one is the shortcut's: an entry NATed there from
+		// outside (the policy was Local, Cluster inside, before) would
+		// keep an external client on other nodes' endpoints.
 		live, external := []int{ap.proxyPort}, []int{ap.proxyPort}
-		if ap.external != nil {
+		if ap.external != nil && !info.policy.bothLocal() {
 			external = []int{ap.externalPort}
 		}
 		for _, ip := range info.clusterIPs {

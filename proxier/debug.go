@@ -31,10 +31,13 @@ type DebugServicePort struct {
 	AffinityEvicted uint64 `json:"affinityEvicted,omitempty"`
 	// FaultProxy is the port's name in the fault API; FaultsEnabled is
 	// false while the API holds it down; Faults are its toxics in force.
-	// ExternalProxyAddress is the second socket a port has under
-	// externalTrafficPolicy: Local, where its external traffic (LB IPs,
-	// external IPs, NodePorts from other hosts) goes; ExternalEndpoints
-	// are that socket's endpoints, this node's own.
+	// ExternalProxyAddress is the second socket a port with external
+	// addresses has under a Local traffic policy (splitExternal), where
+	// its external traffic (LB IPs, external IPs, NodePorts from other
+	// hosts) goes, or with both policies Local the node's and pods'
+	// traffic to them; ExternalEndpoints are that socket's endpoints:
+	// this node's own under externalTrafficPolicy Local alone, else every
+	// node's.
 	ExternalProxyAddress string       `json:"externalProxyAddress,omitempty"`
 	ExternalEndpoints    []string     `json:"externalEndpoints,omitempty"`
 	FaultProxy           string       `json:"faultProxy"`

@@ -408,7 +408,7 @@ func (t *endpointsTracker) apply(svc types.NamespacedName) bool {
 		eps = dedupe(eps)
 		want[spn] = policy.internalEndpoints(eps, t.node)
 		if policy.splitExternal() {
-			want[externalName(spn)] = policy.externalEndpoints(eps, t.node)
+			want[externalName(spn)] = policy.splitEndpoints(eps, t.node)
 		}
 		addReadyLocalIPs(localIPs, eps, t.node.name)
 		noLocal = noLocal.add(policy, eps, t.node.name)

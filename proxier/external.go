@@ -83,10 +83,15 @@ func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo, kept
 		ap.external, ap.externalPort = sock, sock.Port()
 		p.debugTouched = append(p.debugTouched, info.name)
 		if logLine || klog.V(2).Enabled() {
-			// The split is either policy's Local: only externalTrafficPolicy's
-			// makes this socket's endpoints node-local.
-			msg := "Serving external traffic of service port on node-local endpoints (externalTrafficPolicy: Local)"
-			if !info.policy.externalLocal {
+			// Only externalTrafficPolicy Local alone makes this socket's
+			// endpoints node-local.
+			var msg string
+			switch {
+			case info.policy.bothLocal():
+				msg = "Serving the node's and pods' traffic to external addresses of service port on every node's endpoints (both traffic policies Local: external clients and the cluster IP keep this node's)"
+			case info.policy.externalLocal:
+				msg = "Serving external traffic of service port on node-local endpoints (externalTrafficPolicy: Local)"
+			default:
 				msg = "Serving external traffic of service port on every node's endpoints (externalTrafficPolicy: Cluster; internalTrafficPolicy: Local keeps the cluster IP's on this node)"
 			}
 			klog.InfoS(msg, "servicePort", info.name, "protocol", info.name.Protocol,

@@ -42,10 +42,11 @@ type keptPorts struct {
 }
 
 // reserveKeptPorts reads both families' portals and reserves, for each
-// service port of want, the proxy port they name for its cluster-wide
-// socket (a host portal of a cluster IP) and, under externalTrafficPolicy:
-// Local, for its node-local one (a container portal of an external
-// address, or its NodePort); a failure to read only costs the reuse. Ports
+// service port of want, the proxy port they name for its cluster IP's
+// socket (a host portal of a cluster IP) and for its second one (split
+// policies): a container portal of an external address, or of its
+// NodePort, and with both policies Local a host one (the shortcut's); a
+// failure to read only costs the reuse. Ports
 // of Services deleted meanwhile are not reserved: with an explicit range
 // nearly full, a Service created meanwhile needs one.
 func (p *Proxier) reserveKeptPorts(want map[loadbalancer.ServicePortName]*servicePortInfo) *keptPorts {
@@ -84,10 +85,19 @@ func (p *Proxier) reserveKeptPorts(want map[loadbalancer.ServicePortName]*servic
 		for _, ip := range slices.Concat(info.externalIPs, info.loadBalancerIPs) {
 			keys = append(keys, iptables.PortalKey{Name: info.key, Protocol: proto, IP: ip, Port: info.port})
 		}
+		// Under both policies Local external clients meet the cluster
+		// IP's socket and the second one is the shortcut's, which the
+		// node's own traffic meets (host portals).
+		of := container
+		if info.policy.bothLocal() {
+			of = host
+		}
 		for _, key := range keys {
-			if port := container[key]; port > 0 {
-				k.external[name] = port
-				ports = append(ports, port)
+			if port := of[key]; port > 0 {
+				if port != k.cluster[name] { // the rules of another policy
+					k.external[name] = port
+					ports = append(ports, port)
+				}
 				break
 			}
 		}

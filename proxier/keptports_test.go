@@ -331,3 +331,59 @@ func TestRestartClearsFlowsOfLostDestinations(t *testing.T) {
 		})
 	}
 }
+
+// Both traffic policies Local: a restart keeps both sockets' ports, the
+// second (the node's and pods' shortcut to external addresses, named only
+// by host rules and source-matched ones) too, for a NodePort-only Service
+// as for one with an LB IP, and writes no portal. Before the host rule of
+// a NodePort was not read, and the second port was looked for in the
+// rules external clients meet, which name the cluster IP's socket there.
+func TestRestartKeepsBothLocalProxyPorts(t *testing.T) {
+	fake := iptables.NewFakeRunner(iptables.IPv4)
+	cfg := iptables.Config{Family: iptables.IPv4, BindAddress: mustAddr("127.0.0.1"), ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
+	local := v1.ServiceInternalTrafficPolicyLocal
+	bothLocal := func(s *v1.Service) {
+		s.Spec.InternalTrafficPolicy = &local
+		s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+	}
+	lb := func(s *v1.Service) {
+		s.Spec.Type = v1.ServiceTypeLoadBalancer
+		s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "198.51.100.20"}}
+	}
+	services := []*v1.Service{
+		makeService("np", withClusterIP("10.96.0.1"), withNodePort(30001), bothLocal),
+		makeService("lb", withClusterIP("10.96.0.2"), withNodePort(30002), lb, bothLocal),
+	}
+	start := func() *Proxier {
+		return syncedProxier(Options{BindAddress: mustAddr("127.0.0.1"), IPv4Portals: iptables.New(fake, cfg), NodeName: "node1"}, false, services...)
+	}
+	stop := func(p *Proxier) {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		p.Run(ctx)
+	}
+	ports := func(p *Proxier) [][2]int {
+		var out [][2]int
+		for _, n := range []string{"default/np:p", "default/lb:p"} {
+			ap := p.active[p.lbName(n)]
+			if ap == nil || ap.external == nil {
+				t.Fatalf("%s: no second socket", n)
+			}
+			out = append(out, [2]int{ap.proxyPort, ap.externalPort})
+		}
+		return out
+	}
+	first := start()
+	before := ports(first)
+	stop(first)
+
+	fake.ResetCalls()
+	second := start()
+	defer stop(second)
+	if got := ports(second); fmt.Sprint(got) != fmt.Sprint(before) {
+		t.Errorf("proxy ports (cluster IP's, second) after a restart %v, want the rules' %v", got, before)
+	}
+	if w := fake.Writes(); len(w) != 1 || strings.Contains(string(w[0]), "*nat") {
+		t.Errorf("a restart over right rules wrote %d times, want once, the accepts only:\n%s", len(w), w)
+	}
+}

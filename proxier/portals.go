@@ -113,12 +113,9 @@ func (p *Proxier) syncedFamilies(failed []string) []string {
 func (p *Proxier) appendPortals(ap *activePort, v4, v6 []iptables.Portal) ([]iptables.Portal, []iptables.Portal) {
 	proto := portalProtocol(ap.info.name.Protocol)
 	hasV4, hasV6 := false, false
-	clusterPort := 0 // the shortcut of external portals, see below
-	add := func(ip netip.Addr, proxyPort int, sourceRanges ...netip.Prefix) {
-		portal := iptables.Portal{Name: ap.info.key, Protocol: proto, IP: ip, Port: ap.info.port, ProxyPort: proxyPort, SourceRanges: sourceRanges}
-		if proxyPort != ap.proxyPort {
-			portal.ClusterProxyPort = clusterPort
-		}
+	add := func(ip netip.Addr, proxyPort, clusterPort int, sourceRanges ...netip.Prefix) {
+		portal := iptables.Portal{Name: ap.info.key, Protocol: proto, IP: ip, Port: ap.info.port, ProxyPort: proxyPort,
+			ClusterProxyPort: clusterPort, SourceRanges: sourceRanges}
 		if ip.Is4() {
 			hasV4 = true
 			v4 = append(v4, portal)
@@ -128,34 +125,44 @@ func (p *Proxier) appendPortals(ap *activePort, v4, v6 []iptables.Portal) ([]ipt
 		}
 	}
 	for _, ip := range ap.info.clusterIPs {
-		add(ip, ap.proxyPort)
+		add(ip, ap.proxyPort, 0)
 	}
-	externalPort := ap.proxyPort
-	if ap.external != nil {
-		externalPort = ap.externalPort
-		if ap.info.policy.externalLocal {
-			// Local external traffic, cluster-wide internal traffic: the
-			// node and its pods reach external addresses through the
-			// cluster-wide socket (kube-proxy's shortcut). With both
-			// policies Local there is no cluster-wide socket to send
-			// them to.
-			clusterPort = ap.proxyPort
-		}
-	} else if ap.info.policy.splitExternal() {
+	// externalPort is where external addresses send external clients;
+	// clusterPort, when set, where they send the node and pods instead
+	// (kube-proxy's shortcut under externalTrafficPolicy Local).
+	externalPort, clusterPort := ap.proxyPort, 0
+	policy := ap.info.policy
+	switch {
+	case ap.external == nil && policy.splitExternal() && !policy.bothLocal():
 		// Its own socket failed to open (retried: retry.go): sending
-		// external traffic to the cluster-wide socket would break the
-		// Local policy, so it gets no portal meanwhile.
+		// external traffic to the cluster IP's socket would break the
+		// policy, so it gets no portal meanwhile.
 		return v4, v6
+	case ap.external == nil:
+		// One endpoint set for all (or, under both policies Local, the
+		// shortcut's socket not open yet: the node and pods get the
+		// node-local set meanwhile, as external clients do).
+	case policy.bothLocal():
+		// External clients share the cluster IP's node-local socket;
+		// the node and its pods reach the cluster-wide one.
+		clusterPort = ap.externalPort
+	case policy.externalLocal:
+		// Local external traffic, cluster-wide internal traffic: the
+		// node and its pods reach external addresses through the
+		// cluster IP's socket.
+		externalPort, clusterPort = ap.externalPort, ap.proxyPort
+	default:
+		externalPort = ap.externalPort
 	}
 	for _, ip := range ap.info.externalIPs {
-		add(ip, externalPort)
+		add(ip, externalPort, clusterPort)
 	}
 	for _, ip := range ap.info.loadBalancerIPs {
 		// An LB IP that is also an externalIP has its portal above and
 		// no source ranges: kube-proxy captures externalIPs first,
 		// straight to the Service, so its LB firewall never sees them.
 		if !slices.Contains(ap.info.externalIPs, ip) {
-			add(ip, externalPort, ap.info.sourceRanges...)
+			add(ip, externalPort, clusterPort, ap.info.sourceRanges...)
 		}
 	}
 	if ap.info.nodePort != 0 {
@@ -180,7 +187,7 @@ func (p *Proxier) appendGuards(ap *activePort, v4, v6 []iptables.Portal, from4, 
 	in4, in6 := p.listensIn(ap.info)
 	proto := portalProtocol(ap.info.name.Protocol)
 	named := func(portals []iptables.Portal, port int) bool {
-		return slices.ContainsFunc(portals, func(pt iptables.Portal) bool { return pt.ProxyPort == port })
+		return slices.ContainsFunc(portals, func(pt iptables.Portal) bool { return pt.ProxyPort == port || pt.ClusterProxyPort == port })
 	}
 	guard := func(port int) {
 		g := iptables.Portal{Name: ap.info.key, Protocol: proto, ProxyPort: port, GuardOnly: true}

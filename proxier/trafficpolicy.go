@@ -34,15 +34,27 @@ func policyOf(svc *v1.Service) trafficPolicy {
 	return p
 }
 
-// splitExternal reports whether external traffic needs its own endpoint
-// set, and so its own proxy socket: a socket cannot tell which portal a
-// connection came through, so each distinct endpoint set gets a socket.
+// splitExternal reports whether the service port needs a second proxy
+// socket, a socket not being able to tell which portal a connection came
+// through, so each distinct endpoint set gets one: external traffic's
+// own set when the policies differ, and with both Local the cluster-wide
+// set that the node and pods meet at external addresses (kube-proxy's
+// shortcut: UsesClusterEndpoints holds for every externally accessible
+// port, whatever internalTrafficPolicy says), while external clients and
+// the cluster IP share the node-local one.
 func (p trafficPolicy) splitExternal() bool {
-	return p.hasExternal && p.internalLocal != p.externalLocal
+	return p.hasExternal && (p.internalLocal || p.externalLocal)
 }
 
-// internalEndpoints are those for ClusterIP traffic (and for all traffic
-// when the policies agree).
+// bothLocal: both policies Local, the second socket is the shortcut's
+// cluster-wide one (splitExternal).
+func (p trafficPolicy) bothLocal() bool {
+	return p.hasExternal && p.internalLocal && p.externalLocal
+}
+
+// internalEndpoints are those for ClusterIP traffic, and for external
+// traffic too when the policies agree (under both Local, for external
+// clients only).
 func (p trafficPolicy) internalEndpoints(eps []loadbalancer.Endpoint, node nodeTopology) []loadbalancer.Endpoint {
 	if p.internalLocal {
 		return onNode(eps, node.name)
@@ -50,14 +62,18 @@ func (p trafficPolicy) internalEndpoints(eps []loadbalancer.Endpoint, node nodeT
 	return topologyFiltered(eps, node)
 }
 
-// externalEndpoints are those for NodePort, externalIP and LB IP traffic.
-// Local means node-local only: external traffic to a node without a local
-// endpoint is refused, never sent elsewhere (which would lose the client IP).
-func (p trafficPolicy) externalEndpoints(eps []loadbalancer.Endpoint, node nodeTopology) []loadbalancer.Endpoint {
-	if p.externalLocal {
-		return onNode(eps, node.name)
+// splitEndpoints are those of the second socket (splitExternal): the
+// cluster-wide set when the cluster IP's is node-local
+// (internalTrafficPolicy Local: external traffic's under
+// externalTrafficPolicy Cluster, the node's and pods' shortcut under
+// Local), else external traffic's node-local set (externalTrafficPolicy
+// Local): external traffic to a node without a local endpoint is refused,
+// never sent elsewhere (which would lose the client IP).
+func (p trafficPolicy) splitEndpoints(eps []loadbalancer.Endpoint, node nodeTopology) []loadbalancer.Endpoint {
+	if p.internalLocal {
+		return topologyFiltered(eps, node)
 	}
-	return topologyFiltered(eps, node)
+	return onNode(eps, node.name)
 }
 
 func onNode(eps []loadbalancer.Endpoint, node string) []loadbalancer.Endpoint {

@@ -65,6 +65,23 @@ func TestTrafficPolicies(t *testing.T) {
 			withNodePort(30080)(s)
 			s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
 		}, false, "", []string{"10.1.0.1", "10.1.0.2", "10.1.0.3"}, []string{"10.1.0.1"}},
+		{"internalTrafficPolicy Local splits external traffic", func(s *v1.Service) {
+			withNodePort(30080)(s)
+			s.Spec.InternalTrafficPolicy = &local
+		}, false, "", []string{"10.1.0.1"}, []string{"10.1.0.1", "10.1.0.2", "10.1.0.3"}},
+		// kube-proxy's UsesClusterEndpoints: an externally accessible port
+		// has the cluster-wide set whatever internalTrafficPolicy says (the
+		// node's and pods' shortcut to its external addresses).
+		{"both policies Local: the second socket has every endpoint", func(s *v1.Service) {
+			withNodePort(30080)(s)
+			s.Spec.InternalTrafficPolicy = &local
+			s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+		}, false, "", []string{"10.1.0.1"}, []string{"10.1.0.1", "10.1.0.2", "10.1.0.3"}},
+		{"both policies Local, zone hints", func(s *v1.Service) {
+			withNodePort(30080)(s)
+			s.Spec.InternalTrafficPolicy = &local
+			s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+		}, true, "a", []string{"10.1.0.1"}, []string{"10.1.0.1", "10.1.0.2"}},
 		{"zone hints for this node's zone", withNodePort(30080), true, "a", []string{"10.1.0.1", "10.1.0.2"}, nil},
 		{"zone hints ignored without a zone", withNodePort(30080), true, "", []string{"10.1.0.1", "10.1.0.2", "10.1.0.3"}, nil},
 		{"partial hints ignored", withNodePort(30080), false, "a", []string{"10.1.0.1", "10.1.0.2", "10.1.0.3"}, nil},
@@ -270,25 +287,34 @@ func TestExternalLocalShortcutPortals(t *testing.T) {
 		s.Spec.ExternalIPs = []string{"203.0.113.7"}
 		s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "198.51.100.20"}}
 	}
+	const (
+		none    = iota
+		cluster // the cluster IP's socket
+		second  // the second one
+	)
 	tests := []struct {
-		name         string
-		svc          svcOpt
-		wantShortcut bool
+		name string
+		svc  svcOpt
+		// where external addresses send external clients, and the
+		// node and pods (none: no shortcut, they meet the same)
+		wantPort, wantShortcut int
 	}{
 		{"externalTrafficPolicy Local", func(s *v1.Service) {
 			external(s)
 			s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
-		}, true},
-		{"both policies Local: no cluster-wide socket", func(s *v1.Service) {
+		}, second, cluster},
+		// The cluster IP's socket is node-local, as external clients'
+		// must be; the node and pods meet the cluster-wide one.
+		{"both policies Local", func(s *v1.Service) {
 			external(s)
 			s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
 			s.Spec.InternalTrafficPolicy = &local
-		}, false},
+		}, cluster, second},
 		{"internalTrafficPolicy Local only", func(s *v1.Service) {
 			external(s)
 			s.Spec.InternalTrafficPolicy = &local
-		}, false},
-		{"cluster policies", external, false},
+		}, second, none},
+		{"cluster policies", external, cluster, none},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -300,17 +326,18 @@ func TestExternalLocalShortcutPortals(t *testing.T) {
 			if len(rec.portals) != 4 {
 				t.Fatalf("%d portals, want 4 (ClusterIP, externalIP, LB IP, NodePort): %+v", len(rec.portals), rec.portals)
 			}
+			port := map[int]int{none: 0, cluster: ap.proxyPort, second: ap.externalPort}
+			if (tt.wantPort == second || tt.wantShortcut == second) && ap.externalPort == 0 {
+				t.Fatalf("no second socket")
+			}
 			for _, pt := range rec.portals {
-				isClusterIP := pt.IP == mustAddr("10.96.0.10")
-				want := 0
-				if tt.wantShortcut && !isClusterIP {
-					want = ap.proxyPort
+				wantPort, wantShortcut := port[tt.wantPort], port[tt.wantShortcut]
+				if pt.IP == mustAddr("10.96.0.10") {
+					wantPort, wantShortcut = ap.proxyPort, 0
 				}
-				if pt.ClusterProxyPort != want {
-					t.Errorf("%v:%d (proxy port %d): shortcut to %d, want %d", pt.IP, pt.Port, pt.ProxyPort, pt.ClusterProxyPort, want)
-				}
-				if tt.wantShortcut && !isClusterIP && pt.ProxyPort != ap.externalPort {
-					t.Errorf("%v:%d goes to %d, want the Local socket %d", pt.IP, pt.Port, pt.ProxyPort, ap.externalPort)
+				if pt.ProxyPort != wantPort || pt.ClusterProxyPort != wantShortcut {
+					t.Errorf("%v:%d goes to %d, shortcut to %d; want %d, %d (cluster IP's socket %d, second %d)",
+						pt.IP, pt.Port, pt.ProxyPort, pt.ClusterProxyPort, wantPort, wantShortcut, ap.proxyPort, ap.externalPort)
 				}
 			}
 		})
@@ -471,6 +498,11 @@ func TestExternalSocketLineNamesItsPolicy(t *testing.T) {
 			withNodePort(30080)(s)
 			s.Spec.InternalTrafficPolicy = &local
 		}, `"Serving external traffic of service port on every node's endpoints (externalTrafficPolicy: Cluster; internalTrafficPolicy: Local keeps the cluster IP's on this node)"`},
+		{"both Local", func(s *v1.Service) {
+			withNodePort(30080)(s)
+			s.Spec.InternalTrafficPolicy = &local
+			s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+		}, `"Serving the node's and pods' traffic to external addresses of service port on every node's endpoints (both traffic policies Local: external clients and the cluster IP keep this node's)"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			buf := captureKlog(t)
@@ -483,5 +515,63 @@ func TestExternalSocketLineNamesItsPolicy(t *testing.T) {
 				t.Errorf("log lacks %s:\n%s", tc.want, buf.String())
 			}
 		})
+	}
+}
+
+// A traffic policy changed on a live Service between the split policies
+// (either Local, or both) keeps both sockets open, on their ports: the
+// connections they serve go on, and only the rules and the endpoint sets
+// move. With both Local the second socket has every endpoint (the node's
+// and pods' shortcut to external addresses), the cluster IP's this node's.
+func TestPolicyChangesBetweenSplitPoliciesKeepSockets(t *testing.T) {
+	local := v1.ServiceInternalTrafficPolicyLocal
+	policies := func(itp, etp bool) svcOpt {
+		return func(s *v1.Service) {
+			withNodePort(30080)(s)
+			if itp {
+				s.Spec.InternalTrafficPolicy = &local
+			}
+			if etp {
+				s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+			}
+		}
+	}
+	p := newTestProxier(t, Options{NodeName: "node1"})
+	old := makeService("web", policies(false, true))
+	p.OnServiceAdd(old)
+	p.OnEndpointSliceAdd(topologySlice(false))
+	p.Sync()
+	spn := p.lbName("default/web:p")
+	ap := p.active[spn]
+	if ap == nil || ap.external == nil {
+		t.Fatal("no second socket under externalTrafficPolicy Local")
+	}
+	sock, ext, port, extPort := ap.socket, ap.external, ap.proxyPort, ap.externalPort
+	all := []string{"10.1.0.1", "10.1.0.2", "10.1.0.3"}
+	mine := []string{"10.1.0.1"}
+	for _, step := range []struct {
+		name           string
+		itp, etp       bool
+		internal, next []string
+	}{
+		{"both Local", true, true, mine, all},
+		{"internalTrafficPolicy Local only", true, false, mine, all},
+		{"both Local again", true, true, mine, all},
+		{"externalTrafficPolicy Local only", false, true, all, mine},
+	} {
+		svc := makeService("web", policies(step.itp, step.etp))
+		p.OnServiceUpdate(old, svc)
+		old = svc
+		p.Sync()
+		ap := p.active[spn]
+		if ap.socket != sock || ap.external != ext || ap.proxyPort != port || ap.externalPort != extPort {
+			t.Fatalf("%s: sockets %d, %d, want the same ones on %d, %d", step.name, ap.proxyPort, ap.externalPort, port, extPort)
+		}
+		if got := endpointsOf(t, p, spn); !slices.Equal(got, step.internal) {
+			t.Errorf("%s: cluster IP's endpoints %v, want %v", step.name, got, step.internal)
+		}
+		if got := endpointsOf(t, p, externalName(spn)); !slices.Equal(got, step.next) {
+			t.Errorf("%s: second socket's endpoints %v, want %v", step.name, got, step.next)
+		}
 	}
 }

@@ -256,12 +256,14 @@ func (e *explanation) writePort(w *bufio.Writer, p proxier.DebugServicePort) {
 // list, its order and how its families serve which clients.
 func (e *explanation) writeEndpoints(w *bufio.Writer, p proxier.DebugServicePort, policy proxier.LocalPolicy) {
 	// The proxy socket's endpoints are this node's own when the policy
-	// its traffic follows is Local: internal, and external too when both
-	// are (with one Local alone, external traffic has a socket of its own).
+	// its traffic follows is Local: internal, and external clients' too
+	// when both are (with one Local alone, external traffic has a socket
+	// of its own; with both, the node's and pods' traffic to external
+	// addresses has).
 	localOnly := ""
 	switch {
 	case policy.Internal && policy.External:
-		localOnly = "internalTrafficPolicy and externalTrafficPolicy Local send all its traffic"
+		localOnly = "internalTrafficPolicy and externalTrafficPolicy Local send cluster IP traffic and other hosts' NodePort, external and LoadBalancer IP traffic"
 	case policy.Internal:
 		localOnly = "internalTrafficPolicy Local sends cluster IP traffic"
 	}
@@ -368,12 +370,20 @@ func (e *explanation) served() string {
 }
 
 // writeExternal prints a port's external socket, which either traffic
-// policy being Local alone gives it: under externalTrafficPolicy Local it
+// policy being Local gives it: under externalTrafficPolicy Local alone it
 // holds this node's endpoints, under internalTrafficPolicy Local (the
-// proxy socket's being this node's) every node's.
+// proxy socket's being this node's) every node's, for external traffic
+// under externalTrafficPolicy Cluster, for the node's and pods' traffic to
+// external addresses under Local (kube-proxy's shortcut).
 func (e *explanation) writeExternal(w *bufio.Writer, p proxier.DebugServicePort, policy proxier.LocalPolicy) {
 	socket := p.ExternalProxyAddress + " (example port): "
 	switch {
+	case e.noRules && policy.Internal && policy.External:
+		fieldWrapped(w, "external socket", socket+"both traffic policies Local; no rule leads here")
+	case policy.Internal && policy.External:
+		fieldWrapped(w, "external socket", socket+"this node's own traffic to NodePorts, external and LoadBalancer IPs "+
+			"(and its pods', with --cluster-cidr) comes here, to every node's endpoints, as kube-proxy's "+
+			"(both traffic policies Local: other hosts' stays on this node's, with cluster IP traffic)")
 	case e.noRules && policy.Internal:
 		fieldWrapped(w, "external socket", socket+"internalTrafficPolicy Local, externalTrafficPolicy Cluster; no rule leads here")
 	case e.noRules:

@@ -642,11 +642,22 @@ endpoints: [{addresses: [10.60.0.12], conditions: {ready: true}, nodeName: node2
 			}
 		}
 	}
-	// Both Local: one socket, this node's endpoints for all its traffic.
+	// Both Local: this node's endpoints for cluster IP traffic and other
+	// hosts', every node's for the node's own (and its pods') to the
+	// external addresses, as kube-proxy's shortcut.
 	both := strings.Replace(manifests, "internalTrafficPolicy: Local", "internalTrafficPolicy: Local\n  externalTrafficPolicy: Local", 1)
 	got := explainManifests(t, both, "--hostname-override", "node1", "--node-ip", "192.168.50.10")
-	outputHas(t, got, "endpoints:        none on this node: internalTrafficPolicy and externalTrafficPolicy Local send\n                  all its traffic to this node's endpoints only")
-	if strings.Contains(got, "none ready") || strings.Contains(got, "external socket") {
+	outputHas(t, got,
+		"endpoints:        none on this node: internalTrafficPolicy and externalTrafficPolicy Local send\n"+
+			"                  cluster IP traffic and other hosts' NodePort, external and LoadBalancer IP\n"+
+			"                  traffic to this node's endpoints only",
+		"external socket:  0.0.0.0:61002 (example port): this node's own traffic to NodePorts, external and\n"+
+			"                  LoadBalancer IPs (and its pods', with --cluster-cidr) comes here, to every\n"+
+			"                  node's endpoints, as kube-proxy's (both traffic policies Local: other hosts'\n"+
+			"                  stays on this node's, with cluster IP traffic)\n",
+		"all endpoints:    10.60.0.12:8080 (every node's)\n",
+		"-A KUBE-NODEPORT-HOST -p tcp -m comment --comment \"t/itp\" -m tcp --dport 30055 -j DNAT --to-destination 192.168.50.10:61002\n")
+	if strings.Contains(got, "none ready") {
 		t.Errorf("both Local:\n%s", got)
 	}
 }

@@ -40,6 +40,8 @@ type svc struct {
 	// endpoints are on the proxy's node (nodeName), the others nowhere.
 	etpLocal       bool
 	localEndpoints int
+	// itpLocal sets internalTrafficPolicy: Local.
+	itpLocal bool
 	// healthCheckNodePort is the Service's (externalTrafficPolicy: Local
 	// on a LoadBalancer); 0: none.
 	healthCheckNodePort int32
@@ -93,6 +95,10 @@ func (s svc) service() *v1.Service {
 	if s.etpLocal {
 		o.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
 		o.Spec.HealthCheckNodePort = s.healthCheckNodePort
+	}
+	if s.itpLocal {
+		local := v1.ServiceInternalTrafficPolicyLocal
+		o.Spec.InternalTrafficPolicy = &local
 	}
 	if s.affinity {
 		o.Spec.SessionAffinity = v1.ServiceAffinityClientIP

@@ -15,7 +15,12 @@ import (
 // --cluster-cidr) through every endpoint (kube-proxy's shortcut) and
 // refused to the external host. With one endpoint on this node the external
 // host reaches exactly that one, while the node and pods keep every
-// endpoint.
+// endpoint. Then back to Cluster, and then both traffic policies Local:
+// the cluster IP serves this node's endpoints only (none: refused, from the
+// node and pods too) and so do the external addresses to the external
+// host, while the node and pods still reach every endpoint through the
+// external addresses, as kube-proxy's (UsesClusterEndpoints holds for
+// every externally accessible port). The Service stays so for the restart.
 func checkExternalTrafficPolicyLocal(t *testing.T, e *env) {
 	s := e.svcs["local"]
 	extIP := netip.AddrPortFrom(netip.MustParseAddr(s.externalIPs[0]), httpPort)
@@ -47,11 +52,12 @@ func checkExternalTrafficPolicyLocal(t *testing.T, e *env) {
 		{"externalIP from outside", extIP},
 		{"NodePort from outside", np(e.c.NodeExternalIP)},
 	}
+	policy := "ETP Local"
 	wantAll := func(phase string) {
 		t.Helper()
 		for _, tc := range inside {
 			got, err := distribution(tc.cl, tc.proto, tc.dst, 3)
-			figure(t, "ETP Local, %s: %s %s %s from %s: %s", phase, tc.what, tc.proto, tc.dst, tc.cl.Label, got)
+			figure(t, "%s, %s: %s %s %s from %s: %s", policy, phase, tc.what, tc.proto, tc.dst, tc.cl.Label, got)
 			if err != nil || len(got) != 3 {
 				t.Errorf("%s, %s: %v, want each of b1 b2 b3 once (round robin over every endpoint): %v", phase, tc.what, got, err)
 			}
@@ -59,13 +65,16 @@ func checkExternalTrafficPolicyLocal(t *testing.T, e *env) {
 	}
 
 	// The rules as the kernel holds them (the README quotes them).
-	if save, err := e.c.Node.IPTablesSave(false); err == nil {
-		for _, line := range strings.Split(save, "\n") {
-			if strings.Contains(line, `"`+s.portName("http")+`"`) && strings.HasPrefix(line, "-A KUBE-") {
-				figure(t, "ETP Local rule: %s", line)
+	printRules := func() {
+		if save, err := e.c.Node.IPTablesSave(false); err == nil {
+			for _, line := range strings.Split(save, "\n") {
+				if strings.Contains(line, `"`+s.portName("http")+`"`) && strings.HasPrefix(line, "-A KUBE-") {
+					figure(t, "%s rule: %s", policy, line)
+				}
 			}
 		}
 	}
+	printRules()
 	wantAll("no local endpoint")
 	for _, tc := range outside {
 		got, err := distribution(e.external(), "tcp", tc.dst, 2)
@@ -110,6 +119,67 @@ func checkExternalTrafficPolicyLocal(t *testing.T, e *env) {
 		t.Errorf("policy back to Cluster: UDP %s from outside, same source port %s: no answer in %d tries: %v; its conntrack "+
 			"entry still points at the closed external socket's port:\n%s", lbUDP, fixed, attempts, err, conntrackFor(e.c.Node, fixed))
 	}
+
+	// Both policies Local, no local endpoint.
+	policy = "ETP+ITP Local"
+	s.etpLocal, s.itpLocal, s.localEndpoints = true, true, 0
+	writeSvc(t, e.p.dir, s)
+	e.external().WaitUnserved(t, "tcp", lbIP, time.Now(), startBudget)
+	waitUntil(t, "both policies Local: LB IP from the node served by all three", func() bool {
+		got, err := distribution(e.node(), "tcp", lbIP, 3)
+		return err == nil && len(got) == 3
+	})
+	printRules()
+	wantAll("no local endpoint")
+	for _, tc := range outside {
+		got, err := distribution(e.external(), "tcp", tc.dst, 2)
+		figure(t, "%s, no local endpoint: %s %s: %s", policy, tc.what, tc.dst, got)
+		if err == nil {
+			t.Errorf("both Local, no local endpoint, %s: served %v, want refused", tc.what, got)
+		}
+	}
+	clusterIP := []struct {
+		what  string
+		cl    harness.Client
+		proto string
+	}{
+		{"cluster IP from the node", e.node(), "tcp"},
+		{"cluster IP from a pod", pod, "tcp"},
+		{"cluster IP UDP from a pod", pod, "udp"},
+	}
+	wantLocal := func(phase string, want string) {
+		t.Helper()
+		for _, tc := range clusterIP {
+			dst := s.tcp()
+			if tc.proto == "udp" {
+				dst = s.udp()
+			}
+			got, err := distribution(tc.cl, tc.proto, dst, 2)
+			figure(t, "%s, %s: %s %s %s: %s", policy, phase, tc.what, tc.proto, dst, got)
+			if want == "" && err == nil {
+				t.Errorf("both Local, %s, %s: served %v, want refused (internalTrafficPolicy Local: this node's endpoints only)", phase, tc.what, got)
+			}
+			if want != "" && (err != nil || got[want] != 2) {
+				t.Errorf("both Local, %s, %s: %v, want %s only: %v", phase, tc.what, got, want, err)
+			}
+		}
+	}
+	wantLocal("no local endpoint", "")
+
+	// b1 on this node: the cluster IP and external clients reach only it,
+	// the node and pods every endpoint through the external addresses.
+	s.localEndpoints = 1
+	writeSvc(t, e.p.dir, s)
+	e.external().WaitServed(t, "tcp", lbIP, time.Now(), startBudget)
+	for _, tc := range outside {
+		got, err := distribution(e.external(), "tcp", tc.dst, 3)
+		figure(t, "%s, b1 local: %s %s: %s", policy, tc.what, tc.dst, got)
+		if err != nil || got["b1"] != 3 {
+			t.Errorf("both Local, b1 local, %s: %v, want b1 only: %v", tc.what, got, err)
+		}
+	}
+	wantLocal("b1 local", "b1")
+	wantAll("b1 local")
 }
 
 // checkNodePortAdded: a UDP client outside keeps sending, from one source
