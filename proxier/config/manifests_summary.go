@@ -15,6 +15,7 @@ var defaultServiceClusterIPRange, _ = ParseServiceClusterIPRange(DefaultServiceC
 //
 //	examples/manifests: 3 Services, 3 EndpointSlices from 4 files; skipped README.md (not .yaml, .yml or .json)
 //	examples/manifests: 2 Services, 2 EndpointSlices from 3 files; removed Service default/web, EndpointSlice default/web-1
+//	legacy.yaml: 1 Service, 1 Endpoints from 1 file
 func (s *ManifestSource) summarize(files int, skipped []skippedFile, events []event, recovered []string) {
 	var bad []string
 	for name, isBad := range s.badFiles {
@@ -42,27 +43,53 @@ func (s *ManifestSource) summarize(files int, skipped []skippedFile, events []ev
 	first := !s.summarized
 	s.summarized, s.lastShape = true, shape
 
+	// What the user wrote: a v1 Endpoints is counted and named as such,
+	// not as the slices it is converted to (one per subset and family).
 	services, slices := 0, 0
-	for k := range s.served {
-		if k.Kind == KindService {
+	endpoints := map[objectKey]bool{}
+	for k, o := range s.served {
+		switch {
+		case k.Kind == KindService:
 			services++
-		} else {
+		case o.source.Kind == KindEndpoints:
+			endpoints[o.source] = true
+		default:
 			slices++
 		}
 	}
-	parts := []string{fmt.Sprintf("%s, %s from %s", count(services, "Service"), count(slices, "EndpointSlice"), count(files, "file"))}
+	counts := []string{count(services, "Service")}
+	if slices > 0 || len(endpoints) == 0 {
+		counts = append(counts, count(slices, "EndpointSlice"))
+	}
+	if len(endpoints) > 0 {
+		counts = append(counts, fmt.Sprintf("%d Endpoints", len(endpoints))) // the kind's plural too
+	}
+	parts := []string{fmt.Sprintf("%s from %s", strings.Join(counts, ", "), count(files, "file"))}
 	if files == 0 && s.dirMode {
 		parts[0] += " (no .yaml, .yml or .json file in the directory)"
 	}
 	var added, updated, removed []string
+	named := map[string]bool{}
 	for _, e := range events {
+		o := e.cur
+		if o == nil {
+			o = e.old
+		}
+		name := e.key().String()
+		if o.source.Kind == KindEndpoints {
+			name = o.source.String()
+		}
+		if named[name] { // another slice of the same Endpoints
+			continue
+		}
+		named[name] = true
 		switch {
 		case e.old == nil:
-			added = append(added, e.key().String())
+			added = append(added, name)
 		case e.cur == nil:
-			removed = append(removed, e.key().String())
+			removed = append(removed, name)
 		default:
-			updated = append(updated, e.key().String())
+			updated = append(updated, name)
 		}
 	}
 	list := func(verb string, names []string) {

@@ -183,3 +183,29 @@ func TestSummaryNamesFilesThatCannotBeRead(t *testing.T) {
 		t.Errorf("summary %q: pipe.yaml, now a readable file, is still named with errors", got)
 	}
 }
+
+// A v1 Endpoints is counted and named as the user wrote it, not as the
+// EndpointSlices it is converted to: "1 Service, 2 EndpointSlices from 1
+// file" was said of a Service and a dual-stack Endpoints (two slices), and
+// its changes named the slices "default/web-subset0-ipv4" and "-ipv6".
+func TestManifestSummaryNamesEndpoints(t *testing.T) {
+	dir := t.TempDir()
+	sum := &summaries{}
+	writeFile(t, filepath.Join(dir, "web.yaml"), serviceYAML("web", 80)+"---\n"+endpointsYAML)
+	startSource(t, dir, []string{"add Service default/web", "add EndpointSlice default/web-subset0-ipv4", "add EndpointSlice default/web-subset0-ipv6"},
+		WithSummaryReporter(sum.report))
+	sum.waitLine(t, dir+": 1 Service, 1 Endpoints from 1 file")
+
+	writeFile(t, filepath.Join(dir, "web.yaml"), serviceYAML("web", 80)+"---\n"+strings.ReplaceAll(endpointsYAML, "10.1.0.1", "10.1.0.2"))
+	writeFile(t, filepath.Join(dir, "api.yaml"), sliceYAML("api-1", "IPv4", "10.1.0.3"))
+	got := sum.waitLine(t, ": 1 Service, 1 EndpointSlice, 1 Endpoints from 2 files", "added EndpointSlice default/api-1", "updated Endpoints default/web")
+	if strings.Contains(got, "subset") {
+		t.Errorf("summary names the converted slices: %q", got)
+	}
+
+	writeFile(t, filepath.Join(dir, "web.yaml"), serviceYAML("web", 80))
+	got = sum.waitLine(t, ": 1 Service, 1 EndpointSlice from 2 files", "removed Endpoints default/web")
+	if strings.Contains(got, "subset") || strings.Count(got, "Endpoints default/web") != 1 {
+		t.Errorf("summary %q, want Endpoints default/web removed once", got)
+	}
+}
