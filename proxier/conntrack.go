@@ -294,7 +294,11 @@ func (p *Proxier) clearStaleFlows(fams ipFamilies) {
 	var flows []StaleFlows
 	for name, pending := range p.pendingConntrack {
 		if ap := p.active[name]; ap != nil && pending&fams != 0 {
-			for _, f := range staleFlowsOf(ap) {
+			var moved *movedFrom
+			if m, ok := p.policyMoved[name]; ok {
+				moved = &m
+			}
+			for _, f := range staleFlowsOf(ap, moved) {
 				if f, ok := f.inFamilies(pending & fams); ok {
 					flows = append(flows, f)
 				}
@@ -304,6 +308,7 @@ func (p *Proxier) clearStaleFlows(fams ipFamilies) {
 			p.pendingConntrack[name] = rest
 		} else {
 			delete(p.pendingConntrack, name)
+			delete(p.policyMoved, name)
 		}
 	}
 	// Last: a destination also named above (a Service re-created on it)
@@ -324,9 +329,32 @@ func (p *Proxier) clearStaleFlows(fams ipFamilies) {
 	}
 }
 
+// movedFrom is where a service port's external addresses sent clients
+// from other hosts and from the node and pods before its traffic policy
+// changed (externalTargets).
+type movedFrom struct{ outside, inside int }
+
+// policyChanged remembers, for the next clearing of ap's stale flows
+// (staleFlowsToClear), where its external addresses sent each kind of
+// client before its traffic policy changed; called before the change.
+func (p *Proxier) policyChanged(ap *activePort) {
+	if p.opts.Conntrack == nil || ap.info.name.Protocol != v1.ProtocolUDP {
+		return
+	}
+	if p.policyMoved == nil {
+		p.policyMoved = map[loadbalancer.ServicePortName]movedFrom{}
+	}
+	if _, had := p.policyMoved[ap.info.name]; had {
+		return // changed again before the first was cleared: the first rules are the old ones
+	}
+	outside, inside := ap.externalTargets()
+	p.policyMoved[ap.info.name] = movedFrom{outside, inside}
+}
+
 // staleFlowsOf names the entries that would keep clients away from a new
-// proxy socket of ap.
-func staleFlowsOf(ap *activePort) []StaleFlows {
+// proxy socket of ap, or from the right one after its traffic policy
+// changed (moved; nil: it did not).
+func staleFlowsOf(ap *activePort, moved *movedFrom) []StaleFlows {
 	info := ap.info
 	var flows []StaleFlows
 	switch info.name.Protocol {
@@ -339,13 +367,24 @@ func staleFlowsOf(ap *activePort) []StaleFlows {
 		// for as long as it sends. Pod and node flows that the shortcut
 		// sends to the cluster-wide socket are NATed there again at their
 		// next datagram: a one-off new session. Under both policies Local
-		// external clients meet the cluster IP's node-local socket, and
-		// the external one is the shortcut's: an entry NATed there from
-		// outside (the policy was Local, Cluster inside, before) would
-		// keep an external client on other nodes' endpoints.
-		live, external := []int{ap.proxyPort}, []int{ap.proxyPort}
-		if ap.external != nil && !info.policy.bothLocal() {
-			external = []int{ap.externalPort}
+		// external clients meet the cluster IP's node-local socket.
+		// After a traffic-policy change (moved: where the external
+		// addresses sent each kind of client before), a socket is spared
+		// only where every client the old rules sent there is still sent
+		// there: an ITP flip under ETP Local swaps the two sockets'
+		// endpoint sets, and a pod's entry on the socket the shortcut
+		// used before would keep it on the wrong set (with no local
+		// endpoint, refused) for as long as it kept its source port.
+		live := []int{ap.proxyPort}
+		outside, inside := ap.externalTargets()
+		external := []int{outside}
+		if moved != nil {
+			external = nil
+			for _, port := range []int{ap.proxyPort, ap.externalPort} {
+				if port != 0 && (moved.outside != port || outside == port) && (moved.inside != port || inside == port) {
+					external = append(external, port)
+				}
+			}
 		}
 		for _, ip := range info.clusterIPs {
 			flows = append(flows, StaleFlows{Protocol: v1.ProtocolUDP, Dst: netip.AddrPortFrom(ip, uint16(info.port)), Live: live})

@@ -282,6 +282,68 @@ func TestOpenedExternalSocketClearsClusterFlows(t *testing.T) {
 	}
 }
 
+// A traffic-policy change spares, at the NodePort, only the sockets every
+// client the old rules sent there still meets. An internalTrafficPolicy
+// flip under externalTrafficPolicy Local swaps the two sockets' endpoint
+// sets without reopening them: external clients move from the external
+// socket to the cluster IP's and the node and pods the other way, so
+// nothing is spared (a pod keeping its source port stayed on the socket the
+// shortcut used before, now node-local: refused on a node without a local
+// endpoint). Back from both Local to internalTrafficPolicy Local alone, the
+// node and pods stay on the external socket, which is spared; a socket no
+// client was sent to before is spared too (nothing of the old rules there).
+func TestPolicyChangeClearsFlowsOfMovedClients(t *testing.T) {
+	local := v1.ServiceInternalTrafficPolicyLocal
+	policy := func(itp, etp bool) *v1.Service {
+		return makeService("dns", withProtocol(v1.ProtocolUDP), withNodePort(30053), func(s *v1.Service) {
+			if itp {
+				s.Spec.InternalTrafficPolicy = &local
+			}
+			if etp {
+				s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+			}
+		})
+	}
+	p, ct := newConntrackProxier(t)
+	old := policy(false, true)
+	p.OnServiceAdd(old)
+	p.Sync()
+	ap := udpDNSWithExternalSocket(t, p)
+	cluster, external := ap.proxyPort, ap.externalPort
+	for _, step := range []struct {
+		name     string
+		itp, etp bool
+		spared   []int
+	}{
+		{"ETP Local to both Local", true, true, nil},
+		{"both Local to ETP Local", false, true, nil},
+		{"ETP Local to both Local again", true, true, nil},
+		{"both Local to ITP Local", true, false, []int{external}},
+		// No entry of the NodePort was NATed to the cluster IP's socket.
+		{"ITP Local to both Local", true, true, []int{cluster}},
+		{"both Local to both Cluster", false, false, []int{cluster}},
+	} {
+		ct.take()
+		svc := policy(step.itp, step.etp)
+		p.OnServiceUpdate(old, svc)
+		old = svc
+		p.Sync()
+		if got := ct.take(); !slices.Contains(got, "udp invalid IP:30053") {
+			t.Fatalf("%s: cleared %v, want the NodePort's entries", step.name, got)
+		}
+		if spared := ct.spared["invalid IP:30053"]; !slices.Equal(spared, step.spared) {
+			t.Errorf("%s: the NodePort's clearing spared %v, want %v (cluster IP's socket %d, external %d)",
+				step.name, spared, step.spared, cluster, external)
+		}
+		if spared := ct.spared["10.96.0.10:80"]; !slices.Equal(spared, []int{cluster}) {
+			t.Errorf("%s: the ClusterIP's clearing spared %v, want its socket %d", step.name, spared, cluster)
+		}
+	}
+	if len(p.policyMoved) != 0 {
+		t.Errorf("moves kept after their clearing: %v", p.policyMoved)
+	}
+}
+
 // A service port whose rules change (a NodePort added, here) has its
 // stale entries cleared too: a client that sent to the NodePort before
 // its portal existed holds an un-NATed entry, refreshed by each datagram.

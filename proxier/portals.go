@@ -109,6 +109,30 @@ func (p *Proxier) syncedFamilies(failed []string) []string {
 	return out
 }
 
+// externalTargets are the sockets ap's external addresses (NodePort,
+// externalIPs, LB IPs) send traffic to: outside's from other hosts,
+// inside's from the node and pods (--cluster-cidr).
+func (ap *activePort) externalTargets() (outside, inside int) {
+	policy := ap.info.policy
+	switch {
+	case ap.external == nil:
+		// One endpoint set for all (or, under both policies Local, the
+		// shortcut's socket not open yet: the node and pods get the
+		// node-local set meanwhile, as external clients do).
+		return ap.proxyPort, ap.proxyPort
+	case policy.bothLocal():
+		// External clients share the cluster IP's node-local socket;
+		// the node and its pods reach the cluster-wide one.
+		return ap.proxyPort, ap.externalPort
+	case policy.externalLocal:
+		// Local external traffic, cluster-wide internal traffic: the
+		// node and its pods reach external addresses through the
+		// cluster IP's socket.
+		return ap.externalPort, ap.proxyPort
+	}
+	return ap.externalPort, ap.externalPort
+}
+
 // appendPortals appends ap's portals to each family's.
 func (p *Proxier) appendPortals(ap *activePort, v4, v6 []iptables.Portal) ([]iptables.Portal, []iptables.Portal) {
 	proto := portalProtocol(ap.info.name.Protocol)
@@ -127,32 +151,17 @@ func (p *Proxier) appendPortals(ap *activePort, v4, v6 []iptables.Portal) ([]ipt
 	for _, ip := range ap.info.clusterIPs {
 		add(ip, ap.proxyPort, 0)
 	}
-	// externalPort is where external addresses send external clients;
-	// clusterPort, when set, where they send the node and pods instead
-	// (kube-proxy's shortcut under externalTrafficPolicy Local).
-	externalPort, clusterPort := ap.proxyPort, 0
-	policy := ap.info.policy
-	switch {
-	case ap.external == nil && policy.splitExternal() && !policy.bothLocal():
+	if ap.external == nil && ap.info.policy.splitExternal() && !ap.info.policy.bothLocal() {
 		// Its own socket failed to open (retried: retry.go): sending
 		// external traffic to the cluster IP's socket would break the
 		// policy, so it gets no portal meanwhile.
 		return v4, v6
-	case ap.external == nil:
-		// One endpoint set for all (or, under both policies Local, the
-		// shortcut's socket not open yet: the node and pods get the
-		// node-local set meanwhile, as external clients do).
-	case policy.bothLocal():
-		// External clients share the cluster IP's node-local socket;
-		// the node and its pods reach the cluster-wide one.
-		clusterPort = ap.externalPort
-	case policy.externalLocal:
-		// Local external traffic, cluster-wide internal traffic: the
-		// node and its pods reach external addresses through the
-		// cluster IP's socket.
-		externalPort, clusterPort = ap.externalPort, ap.proxyPort
-	default:
-		externalPort = ap.externalPort
+	}
+	// The node and pods meet clusterPort instead of externalPort when it
+	// differs (kube-proxy's shortcut under externalTrafficPolicy Local).
+	externalPort, clusterPort := ap.externalTargets()
+	if clusterPort == externalPort {
+		clusterPort = 0
 	}
 	for _, ip := range ap.info.externalIPs {
 		add(ip, externalPort, clusterPort)

@@ -211,6 +211,10 @@ type Proxier struct {
 	// closedUDP: destinations UDP service ports closed or lost, whose
 	// entries wait for the same, likewise per family (conntrack.go).
 	closedUDP map[netip.AddrPort]ipFamilies
+	// policyMoved: UDP service ports of pendingConntrack whose traffic
+	// policy changed, with where their external addresses sent clients
+	// before (conntrack.go).
+	policyMoved map[loadbalancer.ServicePortName]movedFrom
 	// lastFull is when the portals last had a full (repairing) sync.
 	lastFull time.Time
 	// repairAsked: RepairSoon asked for the next sync to be a full one.
@@ -778,6 +782,9 @@ func (p *Proxier) syncPort(r *syncRound, name loadbalancer.ServicePortName, info
 		if ap.external != nil {
 			p.setBalancerPolicy(externalName(name), info)
 		}
+	}
+	if ap.info.policy != info.policy {
+		p.policyChanged(ap) // before its external socket opens or closes
 	}
 	p.syncFaults(ap, info)
 	p.syncLifetime(info)
