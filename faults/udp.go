@@ -262,11 +262,14 @@ func (dp *DatagramPlan) Send(stream int, client netip.AddrPort, b []byte, send f
 	out := send
 	if delay > 0 {
 		b = append([]byte(nil), b...)
-		due := time.Now().Add(delay)
 		line := &d.delays[stream]
 		id := datagramID{seq, client}
 		out = func(b []byte) {
-			if !line.add(due, id, b, send) {
+			// Due from when it leaves reorder (now, unless reorder held
+			// it): due from its arrival, a held datagram was sorted back
+			// before the one that overtook it, and latency undid every
+			// reorder.
+			if !line.add(time.Now().Add(delay), id, b, send) {
 				d.delayDropped.Inc()
 			}
 		}

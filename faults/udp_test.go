@@ -301,6 +301,31 @@ func TestDatagramReorderPerClient(t *testing.T) {
 	}
 }
 
+// reorder still reorders when a latency toxic delays the same stream, in
+// either order, as netem's "delay 20ms reorder 100%" does: the held
+// datagram's latency counts from its release, after the one that overtook
+// it. Due when it arrived, the delay line sorted it back before its
+// overtaker, and the stream came out in order.
+func TestDatagramReorderWithLatency(t *testing.T) {
+	lat := `{"name":"l","type":"latency","stream":"upstream","attributes":{"latency":20}}`
+	ro := `{"name":"ro","type":"reorder","stream":"upstream","attributes":{"rate":1,"delay":3600000}}`
+	for name, toxics := range map[string][]string{"latency first": {lat, ro}, "reorder first": {ro, lat}} {
+		t.Run(name, func(t *testing.T) {
+			_, p := declared(t, 0, 0, "UDP", toxics...)
+			r := &recorder{}
+			if d := sendAll(p, 6, r); d != 3600020*time.Millisecond {
+				t.Errorf("delivery deferred by at most %v, want 1h0m0.02s (latency after reorder's delay)", d)
+			}
+			for deadline := time.Now().Add(10 * time.Second); len(r.seqs()) < 6 && time.Now().Before(deadline); {
+				time.Sleep(5 * time.Millisecond)
+			}
+			if got, want := r.seqs(), []uint32{1, 0, 3, 2, 5, 4}; !slices.Equal(got, want) {
+				t.Errorf("got %v, want %v", got, want)
+			}
+		})
+	}
+}
+
 // A toxic added midway changes nothing another toxic decides: a
 // Gilbert-Elliott loss toxic keeps its good/bad state, so the same
 // datagrams are lost with and without an unrelated toxic added. Each
