@@ -399,7 +399,11 @@ func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
 			return total, err
 		}
 		data = data[n:]
-		if len(data) > 0 {
+		// After every slice, a chunk's last (or only) one too, as
+		// Toxiproxy's slicer delays each packet: the next chunk waits.
+		// Only between slices, a chunk no larger than average_size
+		// was never delayed. Not after the slice limit_data ends on.
+		if len(data) > 0 || !cut {
 			if err := p.sleep(sliceDelay); err != nil {
 				return total, err
 			}

@@ -270,6 +270,40 @@ func TestLimitDataZeroCutsAtFirstChunk(t *testing.T) {
 	relayEnds(t, done)
 }
 
+// slicer waits its delay after every slice it writes, the last (or only)
+// one of a chunk too, as Toxiproxy's "delay each packet" (toxics/slicer.go
+// sleeps after each): so a chunk no larger than average_size is delayed
+// too, and the next one waits. Waiting only between the slices of one
+// chunk, a chatty protocol's small messages passed the slicer untouched.
+func TestSlicerDelaysEverySlice(t *testing.T) {
+	t.Parallel()
+	const delay = 300 * time.Millisecond
+	_, p := declared(t, 0, 0, "TCP", fmt.Sprintf(`{"type":"slicer","attributes":{"average_size":100,"delay":%d}}`, delay.Microseconds()))
+	client, backend, done := proxied(t, p, client1)
+	client.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got := make([]byte, 50)
+	var at [2]time.Time
+	for i := range at {
+		if _, err := backend.Write(make([]byte, 50)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(client, got); err != nil {
+			t.Fatalf("message %d: %v", i, err)
+		}
+		at[i] = time.Now()
+	}
+	// The second message was written after the first was read, and the
+	// slicer's wait (a deadline, never early) began before that read:
+	// it arrives at least the delay after the first was written, less
+	// the time the first took to be read.
+	if gap := at[1].Sub(at[0]); gap < delay-100*time.Millisecond {
+		t.Errorf("the second 50-byte message came %v after the first; want the slicer's delay, %v, after it", gap, delay)
+	}
+	client.Close()
+	backend.Close()
+	relayEnds(t, done)
+}
+
 // A connection whose held chunk (latency) or FIN (slow_close) has no one
 // to go to, its destination reset, or which the API cuts, ends at once
 // even while its toxics hold it for an hour: it frees its goroutines,
