@@ -39,7 +39,8 @@ func draw(seed, key, seq, salt uint64) float64 {
 	return float64(x>>11) * (1.0 / (1 << 53))
 }
 
-// streamRand is a connection's generator for per-chunk choices.
+// streamRand is one toxic's generator on one connection, for its per-chunk
+// choices (latency's jitter, slicer's sizes).
 func streamRand(seed, key, seq uint64) *rand.Rand {
 	s := splitmix64(seed ^ splitmix64(key^splitmix64(seq^splitmix64(saltStream))))
 	return rand.New(rand.NewPCG(s, key))

@@ -20,7 +20,13 @@ import (
 // latency delays each chunk without serialising the stream behind it.
 type pipeline struct {
 	toxics []*compiled
-	rng    *rand.Rand
+	// rngs[i] is toxics[i]'s own generator for its per-chunk draws
+	// (latency's jitter, slicer's sizes), seeded by that toxic's seed
+	// and key and the connection's number; nil for a toxic that draws
+	// nothing. One generator per stream, seeded by its first toxic, let
+	// another toxic decide a toxic's draws: its own seed changed nothing
+	// behind a slow_close, and adding a slicer re-drew a latency's jitter.
+	rngs []*rand.Rand
 	// per-direction state
 	limitLeft int64 // limit_data: bytes still allowed; <0 = no limit
 	blackhole bool  // timeout: drop everything
@@ -108,11 +114,17 @@ type pipeline struct {
 }
 
 func newPipeline(toxics []*compiled, seq uint64) *pipeline {
-	first := toxics[0]
-	p := &pipeline{toxics: toxics, rng: streamRand(first.seed, first.key, seq), limitLeft: -1, resetAfter: -1}
-	for _, t := range toxics {
-		if t.Type == "timeout" {
+	p := &pipeline{toxics: toxics, limitLeft: -1, resetAfter: -1}
+	for i, t := range toxics {
+		switch {
+		case t.Type == "timeout":
 			p.timeoutGone = make(chan struct{})
+		case t.Type == "latency" && t.Attributes["jitter"] > 0,
+			t.Type == "slicer" && t.Attributes["size_variation"] > 0:
+			if p.rngs == nil {
+				p.rngs = make([]*rand.Rand, len(toxics))
+			}
+			p.rngs[i] = streamRand(t.seed, t.key, seq)
 		}
 	}
 	return p
@@ -336,6 +348,7 @@ func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
 	}
 	var sliceSize, sliceVar int
 	var sliceDelay time.Duration
+	var sliceRand *rand.Rand
 	// ready is when the chunk was due at the bandwidth stage: read, plus
 	// its latency. Pacing from it, not from when this goroutine got to
 	// run, keeps scheduling delays from adding up over a long transfer.
@@ -343,12 +356,12 @@ func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
 	// Chained latency toxics add up, as in Toxiproxy: each is a stage the
 	// chunk passes after the one before (jitter never takes it back).
 	var latency time.Duration
-	for _, t := range p.toxics {
+	for i, t := range p.toxics {
 		switch t.Type {
 		case "latency":
 			d := t.ms("latency")
 			if j := t.ms("jitter"); j > 0 {
-				d += time.Duration((2*p.rng.Float64() - 1) * float64(j))
+				d += time.Duration((2*p.rngs[i].Float64() - 1) * float64(j))
 			}
 			latency = addDelay(latency, d)
 			due := c.at.Add(latency)
@@ -362,6 +375,9 @@ func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
 			sliceSize = int(t.Attributes["average_size"])
 			sliceVar = int(t.Attributes["size_variation"])
 			sliceDelay = time.Duration(t.Attributes["delay"] * float64(time.Microsecond))
+			if sliceVar > 0 {
+				sliceRand = p.rngs[i]
+			}
 		}
 	}
 	if sliceSize == 0 && p.rate > 0 {
@@ -379,7 +395,7 @@ func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
 		if sliceSize > 0 {
 			n = sliceSize
 			if sliceVar > 0 {
-				n += p.rng.IntN(2*sliceVar+1) - sliceVar
+				n += sliceRand.IntN(2*sliceVar+1) - sliceVar
 			}
 			n = min(max(n, 1), len(data))
 		}

@@ -270,6 +270,42 @@ func TestLimitDataZeroCutsAtFirstChunk(t *testing.T) {
 	relayEnds(t, done)
 }
 
+// A latency toxic's jitter is its own draw, from its own seed (--fault-seed
+// or the toxic's seed), whatever other toxics its stream has: one
+// generator per stream, seeded by the stream's first toxic, made a
+// slow_close listed first decide the latency's jitter (and a slicer's
+// sizes take draws from it), so the latency's own seed changed nothing
+// there and adding another toxic re-drew its jitter.
+func TestJitterIsTheToxicsOwnDraw(t *testing.T) {
+	t.Parallel()
+	const port = "default.web.http"
+	// seq 0 (the port's first connection) with seed 1 draws 942.6 ms for
+	// latency 500 ± 500; the slow_close's seed 4 would have drawn 33 ms.
+	want := time.Duration(500+(2*streamRand(1, keyOf("j", port), 0).Float64()-1)*500) * time.Millisecond
+	if want < 900*time.Millisecond {
+		t.Fatalf("the draw for seed 1 is %v, not the 942 ms this test was written for", want)
+	}
+	_, p := declared(t, 0, 0, "TCP",
+		`{"name":"sc","type":"slow_close","seed":4,"attributes":{"delay":1}}`,
+		`{"name":"j","type":"latency","seed":1,"attributes":{"latency":500,"jitter":500}}`)
+	client, backend, done := proxied(t, p, client1)
+	start := time.Now()
+	if _, err := backend.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	client.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(client, make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	// Never early: a delay is a deadline.
+	if took := time.Since(start); took < want-50*time.Millisecond {
+		t.Errorf("the chunk was delayed %v; its latency toxic's own draw is %v", took, want)
+	}
+	client.Close()
+	backend.Close()
+	relayEnds(t, done)
+}
+
 // slicer waits its delay after every slice it writes, the last (or only)
 // one of a chunk too, as Toxiproxy's "delay each packet" (toxics/slicer.go
 // sleeps after each): so a chunk no larger than average_size is delayed
