@@ -152,13 +152,18 @@ func (s *tcpProxySocket) acceptLoop() {
 			continue
 		}
 		backoff = 0
-		// Numbered here, in the kernel's accept order: the goroutines
-		// start in the scheduler's.
-		var seq uint64
+		// Decided here, in the kernel's accept order: the goroutines
+		// start in the scheduler's. Numbered here but decided there, the
+		// numbers were right, but --fault-max-active's slots went to the
+		// connections whose goroutines ran first (6 connections under a
+		// cap of 2 faulted the 1st and the 6th), where the event loops,
+		// which decide as they accept, faulted the first ones.
+		from := clientAddr(conn.RemoteAddr())
+		var fc *faults.Conn
 		if s.faults != nil {
-			seq = s.faults.NextConn()
+			fc = s.faults.Accept(from.Addr())
 		}
-		go s.handle(conn, seq)
+		go s.serve(conn, from, fc)
 	}
 }
 
@@ -173,18 +178,6 @@ func nextBackoff(cur, base time.Duration) time.Duration {
 		cur = time.Second
 	}
 	return cur
-}
-
-// handle decides the faults of connection seq (faults.Port.NextConn),
-// picks a backend, retrying on the next endpoint when a dial fails, then
-// copies both ways.
-func (s *tcpProxySocket) handle(client *net.TCPConn, seq uint64) {
-	from := clientAddr(client.RemoteAddr())
-	var fc *faults.Conn
-	if s.faults != nil {
-		fc = s.faults.AcceptNumbered(from.Addr(), seq)
-	}
-	s.serve(client, from, fc)
 }
 
 // serve relays one accepted client with the goroutine relay; fc are its
