@@ -290,7 +290,7 @@ func TestUnparsableKubeconfigExitsTwo(t *testing.T) {
 	stderr = capture(t, &os.Stderr, func() {
 		code = explain(t.Context(), []string{"--kubeconfig", kubeconfig}, io.Discard)
 	})
-	if code != 1 || !strings.Contains(stderr, "no configuration has been provided") || strings.Contains(stderr, "waiting") {
+	if code != 1 || !strings.Contains(stderr, "names no API server: it defines no context") || strings.Contains(stderr, "waiting") {
 		t.Errorf("explain, no server: exit %d, stderr %q; want 1 with the client's error, and no waiting line", code, stderr)
 	}
 }

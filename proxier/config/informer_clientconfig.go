@@ -5,7 +5,11 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
+	"strconv"
+	"strings"
 
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -39,6 +43,9 @@ func BuildClientConfig(kubeconfig, master string) (*rest.Config, error) {
 		}
 	} else {
 		cfg, err = clientcmd.BuildConfigFromFlags(master, kubeconfig)
+		if clientcmd.IsEmptyConfig(err) && kubeconfig != "" {
+			err = namesNoCluster(kubeconfig)
+		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("API server client configuration: %w", err)
@@ -52,6 +59,36 @@ func BuildClientConfig(kubeconfig, master string) (*rest.Config, error) {
 		cfg.UserAgent = "kube-userspace-proxy"
 	}
 	return cfg, nil
+}
+
+// namesNoCluster says why the kubeconfig at path gives client-go no
+// cluster to use (its ErrEmptyConfig: no current-context, a
+// current-context whose cluster is not defined, no context at all) and
+// what to do. client-go's own words, "no configuration has been provided,
+// try setting KUBERNETES_MASTER environment variable", were wrong twice:
+// the file was provided, and the variable is not read here
+// (BuildConfigFromFlags gives client-go no cluster defaults, its only
+// reader).
+func namesNoCluster(path string) error {
+	why, fix := "it names no cluster to use", "set its current-context to a context whose cluster has a server"
+	if c, err := clientcmd.LoadFromFile(path); err == nil {
+		ctx, ok := c.Contexts[c.CurrentContext]
+		switch {
+		case len(c.Contexts) == 0:
+			why, fix = "it defines no context", "add a cluster with its server, a user and a context naming both, and set current-context"
+		case c.CurrentContext == "":
+			names := slices.Sorted(maps.Keys(c.Contexts))
+			for i, n := range names {
+				names[i] = strconv.Quote(n)
+			}
+			why = "it sets no current-context (its contexts: " + strings.Join(names, ", ") + ")"
+			fix = "set one: kubectl config use-context NAME --kubeconfig " + path
+		case ok && c.Clusters[ctx.Cluster] == nil:
+			why = fmt.Sprintf("its current-context %q names cluster %q, which it does not define", c.CurrentContext, ctx.Cluster)
+			fix = "define that cluster, or point the context at one that is defined"
+		}
+	}
+	return fmt.Errorf("--kubeconfig %q names no API server: %s; %s, or give --master URL", path, why, fix)
 }
 
 // checkClientCertificate refuses a client certificate and key that are

@@ -158,3 +158,57 @@ func selfSigned(t *testing.T) (certPEM, keyPEM []byte) {
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
 }
+
+// A kubeconfig that parses but names no cluster to use (no
+// current-context, the commonest slip; a current-context whose cluster is
+// not defined; an empty Config) is refused saying what is missing and what
+// to do. It said client-go's "no configuration has been provided, try
+// setting KUBERNETES_MASTER environment variable", of a file that was
+// provided, and that variable is never read here (BuildConfigFromFlags
+// gives client-go no cluster defaults, the one reader of it).
+func TestBuildClientConfigNamesNoCluster(t *testing.T) {
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	t.Setenv("KUBERNETES_SERVICE_PORT", "")
+	t.Setenv("KUBERNETES_MASTER", "https://127.0.0.1:6443")
+	const clusters = `apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {server: "https://127.0.0.1:6443"}
+users:
+- name: u
+  user: {token: secret}
+contexts:
+- name: x
+  context: {cluster: c, user: u}
+- name: old
+  context: {cluster: gone, user: u}
+`
+	for _, tt := range []struct {
+		name, content string
+		want          []string
+	}{
+		{"no current-context", clusters, []string{"sets no current-context", `its contexts: "old", "x"`, "kubectl config use-context", "--master"}},
+		{"a context whose cluster is not defined", clusters + "current-context: old\n", []string{`current-context "old" names cluster "gone", which it does not define`, "--master"}},
+		{"empty", "apiVersion: v1\nkind: Config\n", []string{"defines no context", "--master"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "kubeconfig")
+			if err := os.WriteFile(path, []byte(tt.content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, err := BuildClientConfig(path, "")
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, w := range append(tt.want, path) {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error lacks %q: %v", w, err)
+				}
+			}
+			if strings.Contains(err.Error(), "KUBERNETES_MASTER") {
+				t.Errorf("error advises KUBERNETES_MASTER, which is not read: %v", err)
+			}
+		})
+	}
+}
