@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
@@ -127,7 +128,10 @@ func (pl *Plan) Run() (ports []DebugServicePort, v4, v6 []iptables.Portal) {
 // does not serve for want of portals in their family (OnlyFamily); and a
 // service port left without endpoints because its slices carry theirs
 // under another port name or protocol (an unnamed slice port beside a
-// named Service port: explain said "none ready" of ready endpoints). The
+// named Service port: explain said "none ready" of ready endpoints), and a
+// served Service that no EndpointSlice names at all (a Service written
+// with a selector and no slice, a misspelt service-name label; "none
+// ready" too), naming its namespace's slices of a Service not known. The
 // proxier logs them at info level, which explain's output does not carry,
 // so without this a typo'd annotation read as "faults: none" and an SCTP
 // port, or an IPv6 Service beside an IPv4 --bind-address, simply went
@@ -164,12 +168,73 @@ func (pl *Plan) Warnings() map[string][]string {
 			w = append(w, fmt.Sprintf("not served: its addresses are %s, which --bind-address %s does not serve",
 				pl.p.unsupportedFamily(), pl.p.opts.BindAddress))
 		}
+		if orphans, ok := pl.p.endpoints.sliceless(nn, pl.p.hasService); ok && !pl.p.noPortal[nn] && len(servicePorts(svc)) > 0 {
+			msg := fmt.Sprintf("no EndpointSlice names this Service (label %s: %s in namespace %s): endpoints come only from EndpointSlices (or v1 Endpoints) labelled so, never from the selector (in a cluster the EndpointSlice controller writes them; with --manifests, write them)",
+				discovery.LabelServiceName, nn.Name, nn.Namespace)
+			if len(orphans) > 0 {
+				msg += fmt.Sprintf("; EndpointSlices in namespace %s name no Service that exists: %s", nn.Namespace, strings.Join(orphans, ", "))
+			}
+			w = append(w, msg)
+		}
 		if len(w) > 0 {
 			out[nn.String()] = w
 		}
 	}
 	return out
 }
+
+// Sliceless lists the Services ("namespace/name") that no EndpointSlice
+// names, so that explain says why they have no endpoint rather than "none
+// ready" (Warnings says what must name them).
+func (pl *Plan) Sliceless() map[string]bool {
+	pl.p.mu.Lock()
+	defer pl.p.mu.Unlock()
+	out := map[string]bool{}
+	for nn := range pl.p.services {
+		if _, ok := pl.p.endpoints.sliceless(nn, pl.p.hasService); ok {
+			out[nn.String()] = true
+		}
+	}
+	return out
+}
+
+// hasService reports whether the Service nn is known. The caller holds
+// p.mu.
+func (p *Proxier) hasService(nn types.NamespacedName) bool {
+	_, ok := p.services[nn]
+	return ok
+}
+
+// sliceless reports whether no EndpointSlice names the Service svc (its
+// kubernetes.io/service-name label, in its namespace), and lists the
+// slices of that namespace whose label names a Service that exists does
+// not know ("webb-1 (kubernetes.io/service-name: webb)"): a misspelt
+// label, the commonest reason; at most maxOrphansNamed of them, then how
+// many more.
+func (t *endpointsTracker) sliceless(svc types.NamespacedName, exists func(types.NamespacedName) bool) ([]string, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.slices[svc]) > 0 {
+		return nil, false
+	}
+	var orphans []string
+	for other, bySlice := range t.slices {
+		if other.Namespace != svc.Namespace || exists(other) {
+			continue
+		}
+		for name := range bySlice {
+			orphans = append(orphans, fmt.Sprintf("%s (%s: %s)", name, discovery.LabelServiceName, other.Name))
+		}
+	}
+	slices.Sort(orphans)
+	if n := len(orphans); n > maxOrphansNamed {
+		orphans = append(orphans[:maxOrphansNamed], fmt.Sprintf("and %d more", n-maxOrphansNamed))
+	}
+	return orphans, true
+}
+
+// maxOrphansNamed bounds the slices a sliceless Service's warning names.
+const maxOrphansNamed = 5
 
 // LocalPolicy says which of a service port's traffic policies are Local:
 // Internal (internalTrafficPolicy, ClusterIP traffic) and External

@@ -84,7 +84,7 @@ func explain(ctx context.Context, args []string, out io.Writer) int {
 	e := explanation{
 		source: o.manifests, bind: v.bind, nodeIPs: nodeIPs, redirect: redirect, preroutingRedirect: v.preroutingRedirect, portRange: o.proxyPortRange,
 		kernelPorts: plan.KernelChosenPorts(), ports: ports, noRules: !o.iptables, invalid: invalid,
-		warnings: plan.Warnings(), policies: plan.LocalPolicies(), unserved: unserved,
+		warnings: plan.Warnings(), sliceless: plan.Sliceless(), policies: plan.LocalPolicies(), unserved: unserved,
 		zone: v.nodeObjectZone, node: nodeName(o.hostnameOverride),
 	}
 	if o.iptables {

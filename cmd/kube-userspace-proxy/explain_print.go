@@ -38,6 +38,8 @@ type explanation struct {
 	invalid int
 	// warnings are the plan's, per Service (namespace/name).
 	warnings map[string][]string
+	// sliceless are the Services (namespace/name) no EndpointSlice names.
+	sliceless map[string]bool
 	// policies are the plan's, per service port: which traffic policies
 	// are Local.
 	policies map[string]proxier.LocalPolicy
@@ -274,6 +276,10 @@ func (e *explanation) writeEndpoints(w *bufio.Writer, p proxier.DebugServicePort
 		// Not "none ready": other nodes may have ready ones, which this
 		// node's clients do not get.
 		fieldWrapped(w, "endpoints", "none on this node: "+localOnly+" to this node's endpoints only, so "+refusal+" (other nodes' are not used for it)")
+	} else if len(p.Endpoints) == 0 && e.sliceless[serviceOf(p.ServicePort)] {
+		// Not "none ready": no slice names the Service (its warning says
+		// what must), so there is no endpoint to be ready.
+		field(w, "endpoints", "none: no EndpointSlice names the Service; "+refusal+" until one does")
 	} else if len(p.Endpoints) == 0 {
 		field(w, "endpoints", "none ready: "+refusal+" until one is")
 	} else {

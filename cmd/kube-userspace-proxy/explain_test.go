@@ -259,8 +259,8 @@ spec:
   ports: [{name: dns, port: 53, protocol: UDP}, {name: tcp, port: 53}]
 `)
 	outputHas(t, got,
-		"none ready: a UDP client's datagram is answered with ICMP port unreachable until one is",
-		"none ready: a TCP client's connection is reset until one is",
+		"none: no EndpointSlice names the Service; a UDP client's datagram is answered with ICMP port unreachable until one does",
+		"none: no EndpointSlice names the Service; a TCP client's connection is reset until one does",
 	)
 }
 
@@ -873,6 +873,48 @@ endpoints: [{addresses: [10.1.0.4], conditions: {ready: false}}]
 	down = down[:strings.Index(down, "rules:")]
 	if !strings.Contains(down, "none ready") || strings.Contains(down, "warnings:") {
 		t.Errorf("a matching slice with no ready endpoint must read \"none ready\", with no warning:\n%s", down)
+	}
+}
+
+// A Service that no EndpointSlice names (a Service with a selector and no
+// slice, as one is written for a cluster; a slice whose service-name label
+// is misspelt, or in another namespace) has no endpoint, as in kube-proxy,
+// which takes endpoints from slices only, never from the selector. explain
+// said "none ready", which sent the user to the endpoints' conditions; it
+// now says no slice names the Service, what must, and which slices of its
+// namespace name a Service that does not exist.
+func TestExplainServiceNoSliceNames(t *testing.T) {
+	got := explainManifests(t, `apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  clusterIP: 10.96.0.40
+  selector: {app: web}
+  ports: [{name: http, port: 80, targetPort: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: webb-1, namespace: default, labels: {kubernetes.io/service-name: webb}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: [10.1.0.1]}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: other, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: [10.1.0.2]}]
+`, "--node-ip", "192.168.50.10")
+	web := got[strings.Index(got, "== default/web:http (TCP) =="):]
+	web = web[:strings.Index(web, "rules:")]
+	outputHas(t, web,
+		"endpoints:        none: no EndpointSlice names the Service; a TCP client's connection is reset until one does",
+		`warnings:         no EndpointSlice names this Service (label kubernetes.io/service-name: web in namespace default): endpoints come only from EndpointSlices (or v1 Endpoints) labelled so, never from the selector (in a cluster the EndpointSlice controller writes them; with --manifests, write them)`,
+		`EndpointSlices in namespace default name no Service that exists: webb-1 (kubernetes.io/service-name: webb)`,
+	)
+	if strings.Contains(web, "none ready") {
+		t.Errorf("a Service no slice names must not read \"none ready\":\n%s", web)
 	}
 }
 
