@@ -38,8 +38,10 @@ test: deps lint
 	KUP_TEST_DATA_PATH=eventloop $(GO) test -race -count=1 -timeout 20m ./proxier
 	KUP_TEST_DATA_PATH=goroutines $(GO) test -race -count=1 -timeout 20m ./test/e2e
 
-# Unit tests only (fast, no root).
+# Unit tests only (fast, no root). The race detector needs a C compiler:
+# hack/race-cc.sh says what to install when there is none.
 unit: lint
+	@GO=$(GO) hack/race-cc.sh
 	$(GO) test -race -count=1 -short ./...
 
 deps:

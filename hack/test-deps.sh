@@ -11,6 +11,13 @@ cd "$(dirname "$0")/.."
 go mod download
 
 if [ "$(id -u)" != 0 ]; then
+	# Nothing is installed without root, and go test -race cannot build
+	# without a C compiler: say what to install, not Go's "-race requires
+	# cgo; enable cgo by setting CGO_ENABLED=1".
+	if ! GO=go hack/race-cc.sh; then
+		echo "test-deps: not root, so nothing is installed" >&2
+		exit 1
+	fi
 	echo "test-deps: not root; namespace and control-plane suites will skip" >&2
 	exit 0
 fi
