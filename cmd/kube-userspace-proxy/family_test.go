@@ -128,3 +128,24 @@ func syncedDualStack(t *testing.T, opts proxier.Options, name string, clusterIPs
 	p.Sync()
 	return p
 }
+
+// iptables missing from PATH (privileges are checked before, with their
+// own message) says what to install, once: it said "iptables: iptables:
+// exec: ... not found in $PATH (run as root with iptables installed, or use
+// --iptables=false)" to a root user.
+func TestIptablesNotInstalled(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	_, _, err := portalSyncers(context.Background(), &validated{bind: netip.MustParseAddr("0.0.0.0")}, iptables.NewRunner)
+	if err == nil {
+		t.Fatal("no error without iptables on PATH")
+	}
+	msg := err.Error()
+	for _, want := range []string{`"iptables": executable file not found`, "install iptables", "--iptables=false"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error lacks %q: %s", want, msg)
+		}
+	}
+	if strings.Contains(msg, "iptables: iptables:") || strings.Contains(msg, "run as root") {
+		t.Errorf("error repeats its prefix or blames privileges: %s", msg)
+	}
+}

@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
+	"os/exec"
 	"slices"
 	"strings"
 	"time"
@@ -34,6 +36,12 @@ func portalSyncers(ctx context.Context, v *validated, newRunner func(iptables.Fa
 		// Not a node without iptables, nor a lack of privileges: another
 		// process (a CNI, a firewall) keeps the lock; a restart retries.
 		return nil, nil, fmt.Errorf("iptables: the xtables lock is held by another process (waited %v for it): %s", waited.Round(time.Second), strings.TrimSpace(err.Error()))
+	}
+	if errors.Is(err, exec.ErrNotFound) {
+		// A binary missing from PATH (privileges were checked before
+		// this, with their own message): the error names it, and was
+		// prefixed "iptables: " a second time and blamed on root.
+		return nil, nil, fmt.Errorf("%w: install iptables (Debian/Ubuntu: apt-get install iptables; iptables, iptables-save and iptables-restore are run), or use --iptables=false for sockets only", err)
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("iptables: %w (run as root with iptables installed, or use --iptables=false)", err)
