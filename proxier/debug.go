@@ -136,7 +136,15 @@ func (p *Proxier) DebugServices() []DebugServicePort {
 	}
 	if len(failed) > 0 {
 		for _, f := range failed {
-			out = append(out, f.row())
+			d := f.row()
+			// Not held down by the fault API unless it says so: the port
+			// is not in its table while no socket opened (zero, false,
+			// read as "disabled").
+			d.FaultsEnabled = true
+			if info, err := p.opts.Faults.Proxy(f.info.faultName); err == nil {
+				d.FaultsEnabled = info.Enabled
+			}
+			out = append(out, d)
 		}
 		slices.SortStableFunc(out, func(a, b DebugServicePort) int { return strings.Compare(a.ServicePort, b.ServicePort) })
 	}

@@ -262,6 +262,11 @@ func TestOpenFailureIsListed(t *testing.T) {
 	if len(rows) != 1 || rows[0].ProxyAddress != "" || rows[0].Error == "" || rows[0].ServicePort != "default/web:p" {
 		t.Fatalf("rows while the port is taken: %+v, want default/web:p with an error and no proxy address", rows)
 	}
+	// faultsEnabled is false only while the fault API holds a port down,
+	// which nothing did here: it read false, the field's zero value.
+	if !rows[0].FaultsEnabled {
+		t.Errorf("faultsEnabled false on a port the fault API never disabled: %+v", rows[0])
+	}
 	// The metric an alert can watch: the sync timestamp and /healthz
 	// follow the rules, which a port that cannot open does not stop.
 	if got := testutil.ToFloat64(p.metrics.ServicePortsUnserved); got != 1 {
