@@ -102,7 +102,7 @@ type Options struct {
 	Clock             clock.WithTicker
 	Dialer            Dialer
 	// DialTimeouts are a connection's dial attempts (at most
-	// maxDialAttempts are used; nil: defaultDialTimeouts).
+	// maxDialAttempts are used; nil or empty: defaultDialTimeouts).
 	DialTimeouts []time.Duration
 	// NodeName is this node, for node-local traffic policies and topology
 	// hints; its zone arrives later through SetNodeZone.
@@ -263,7 +263,9 @@ func New(opts Options) *Proxier {
 	if len(opts.DialTimeouts) > maxDialAttempts {
 		opts.DialTimeouts = opts.DialTimeouts[:maxDialAttempts]
 	}
-	if opts.DialTimeouts == nil {
+	if len(opts.DialTimeouts) == 0 {
+		// Empty as nil: no attempt at all left every dial "succeeded"
+		// with no backend (TestEmptyDialTimeoutsAreTheDefaults).
 		opts.DialTimeouts = defaultDialTimeouts
 	}
 	if opts.UDPIdleTimeout <= 0 {

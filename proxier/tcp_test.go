@@ -217,6 +217,49 @@ func TestTCPRetriesPastUnansweredEndpoint(t *testing.T) {
 	}
 }
 
+// An empty DialTimeouts is no dial attempt at all; New takes it for the
+// defaults, as it takes nil. Only nil was replaced, and the first UDP
+// datagram (a session opened with no attempt: nil) and the first TCP
+// connection on the goroutine relay (no backend, no error) crashed the
+// process with a nil dereference.
+func TestEmptyDialTimeoutsAreTheDefaults(t *testing.T) {
+	for _, dp := range DataPaths {
+		t.Run(dp, func(t *testing.T) {
+			backends := startBackends(t, "127.0.0.2")
+			echo := startUDPEcho(t, "127.0.0.2:0", "a:")
+			p := newTestProxier(t, Options{DataPath: dp, DialTimeouts: []time.Duration{}})
+			p.OnServiceAdd(makeService("web"))
+			p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, backends[0].ln.Addr().String()))
+			p.OnServiceAdd(makeService("dns", withProtocol(v1.ProtocolUDP)))
+			p.OnEndpointSliceAdd(makeSlice("dns", v1.ProtocolUDP, echo.LocalAddr().String()))
+			p.Sync()
+			if name, err := askName(t, "127.0.0.1", proxyAddr(t, p, "default/web:p")); err != nil || name != backends[0].name {
+				t.Fatalf("TCP: got %q, %v; want %s", name, err, backends[0].name)
+			}
+			c, err := net.Dial("udp4", proxyAddr(t, p, "default/dns:p"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			reply := make([]byte, 16)
+			for range 3 { // a datagram may be lost; the crash came at the first
+				if _, err := c.Write([]byte("x")); err != nil {
+					t.Fatal(err)
+				}
+				_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+				var n int
+				if n, err = c.Read(reply); err == nil {
+					if string(reply[:n]) != "a:x" {
+						t.Fatalf("UDP: reply %q, want %q", reply[:n], "a:x")
+					}
+					return
+				}
+			}
+			t.Fatalf("UDP: no reply: %v", err)
+		})
+	}
+}
+
 // silentListener listens on ip:port with an accept queue of one that it
 // fills and never accepts: the kernel drops every further SYN, so a dial
 // there gets no answer at all (not a refusal).
