@@ -21,8 +21,9 @@ import (
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
 
-// errSessionLimit: the total cap is reached and this port has no session of
-// its own to give up.
+// errSessionLimit: the port's cap or the total cap is reached and this port
+// has no session of its own to give up (none, or none idle: a fault still
+// delays a datagram of each it looked at).
 var errSessionLimit = errors.New("UDP session limit reached")
 
 // udpProxySocket relays datagrams for one service port. Each client ip:port
@@ -254,7 +255,7 @@ func (s *udpProxySocket) sessionLocked(client netip.AddrPort, oob []byte, now in
 	if s.shut {
 		return nil, net.ErrClosed
 	}
-	if err := s.makeRoomLocked(); err != nil {
+	if err := s.makeRoomLocked(now); err != nil {
 		return nil, err
 	}
 	var lastErr error
@@ -294,22 +295,55 @@ func (s *udpProxySocket) sessionLocked(client netip.AddrPort, oob []byte, now in
 }
 
 // makeRoomLocked takes a slot for one more session: at the port's cap, or
-// at the total cap, the port's oldest idle session gives up its own.
-func (s *udpProxySocket) makeRoomLocked() error {
-	if s.sessions.len() >= s.cfg.udpMaxSessionsPerPort && s.sessions.oldest != nil {
-		s.closeSessionLocked(s.sessions.oldest)
+// at the total cap, the port's oldest idle session gives up its own. A
+// session whose datagram a fault still delays is not idle (expireIdle
+// keeps it too): closed, the datagram found no socket when the delay line
+// let it out and was lost, counted nowhere. With none to give up among the
+// oldest, the new client's datagram is dropped (errSessionLimit, counted).
+func (s *udpProxySocket) makeRoomLocked(now int64) error {
+	if s.sessions.len() >= s.cfg.udpMaxSessionsPerPort && s.sessions.len() > 0 {
+		old := s.evictableLocked(now)
+		if old == nil {
+			return errSessionLimit
+		}
+		s.closeSessionLocked(old)
 		s.evicted.Inc()
 	}
 	if s.cfg.udpBudget.acquire() {
 		return nil
 	}
-	if s.sessions.oldest == nil {
+	old := s.evictableLocked(now)
+	if old == nil {
 		return errSessionLimit
 	}
-	s.closeSessionLocked(s.sessions.oldest)
+	s.closeSessionLocked(old)
 	s.evicted.Inc()
 	if !s.cfg.udpBudget.acquire() { // another port took the slot meanwhile
 		return errSessionLimit
+	}
+	return nil
+}
+
+// udpEvictScan bounds how many of a port's oldest sessions makeRoomLocked
+// looks at for one that no fault holds a datagram of: under a latency
+// toxic those are the newest, so the oldest is nearly always one, and a
+// port whose every session holds one (more new clients within the delay
+// than the cap) costs each new client a bounded walk, not the table's.
+const udpEvictScan = 256
+
+// evictableLocked returns the port's oldest session that no fault holds a
+// datagram of (its deferredUntil passed), nil when none of the
+// udpEvictScan oldest is.
+func (s *udpProxySocket) evictableLocked(now int64) *udpSession {
+	sess := s.sessions.oldest
+	for range udpEvictScan {
+		if sess == nil {
+			return nil
+		}
+		if sess.deferredUntil <= now {
+			return sess
+		}
+		sess = sess.newer
 	}
 	return nil
 }
