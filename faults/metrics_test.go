@@ -212,6 +212,21 @@ func TestInjectedCountsOnlyWhatActed(t *testing.T) {
 			t.Errorf("loss counted %d, want %d", got, n-delivered)
 		}
 	})
+	t.Run("UDP latency past a full delay line", func(t *testing.T) {
+		// A datagram the full delay line dropped was not delayed: counted
+		// in delay_queue_dropped, not as latency injected (it was both:
+		// 10,005 latency for 10,000 delayed).
+		m := NewMetrics(nil)
+		tbl := NewTable(4, 0, m)
+		p := tbl.Port("default.dns.dns", "UDP")
+		p.SetDeclared([]Toxic{toxic(t, `{"name":"lat","type":"latency","stream":"upstream","attributes":{"latency":60000}}`)})
+		defer tbl.SetEnabled(p.Name(), false) // ends the delay line's wait
+		r := &recorder{}
+		sendAll(p, delayLineMaxDatagrams+5, r)
+		if got, dropped := count(m, "default.dns.dns", "lat", "latency", Upstream), p.snap.Load().delayDropped.n.Load(); got != delayLineMaxDatagrams || dropped != 5 {
+			t.Errorf("latency counted %d, %d dropped by the delay line; want %d and 5", got, dropped, delayLineMaxDatagrams)
+		}
+	})
 	t.Run("TCP latency on refused connections", func(t *testing.T) {
 		m := NewMetrics(nil)
 		p := NewTable(4, 0, m).Port("default.web.http", "TCP")

@@ -254,16 +254,21 @@ func (dp *DatagramPlan) Send(stream int, client netip.AddrPort, b []byte, send f
 			}
 		}
 	}
-	if shaped {
-		// Counted once the datagram passed every toxic: one that a
-		// later loss or down dropped was neither delayed nor sent twice.
-		d.countShaping(stream, client.Addr(), seq)
-	}
+	// The latency and duplicate toxics that acted are counted once the
+	// datagram passed every toxic and was taken: one that a later loss or
+	// down dropped, or that a full delay line or reorder toxic dropped
+	// (counted in delay_queue_dropped), was neither delayed nor sent
+	// twice. A delayed one is counted as its delay line takes it (its
+	// first copy), which may be after reorder let it go.
+	countNow := shaped && delay <= 0
 	out := send
 	if delay > 0 {
 		b = append([]byte(nil), b...)
 		line := &d.delays[stream]
 		id := datagramID{seq, client}
+		// One goroutine calls out for all of a datagram's copies (Send's,
+		// or whoever releases reorder's hold), in turn.
+		counted := !shaped
 		out = func(b []byte) {
 			// Due from when it leaves reorder (now, unless reorder held
 			// it): due from its arrival, a held datagram was sorted back
@@ -271,6 +276,11 @@ func (dp *DatagramPlan) Send(stream int, client netip.AddrPort, b []byte, send f
 			// reorder.
 			if !line.add(time.Now().Add(delay), id, b, send) {
 				d.delayDropped.Inc()
+				return
+			}
+			if !counted {
+				counted = true
+				d.countShaping(stream, client.Addr(), seq)
 			}
 		}
 	}
@@ -288,7 +298,13 @@ func (dp *DatagramPlan) Send(stream int, client netip.AddrPort, b []byte, send f
 			return 0
 		}
 		reorder.injected.Inc()
+		if countNow {
+			d.countShaping(stream, client.Addr(), seq)
+		}
 		return max(delay, 0) + reorder.ms("delay")
+	}
+	if countNow {
+		d.countShaping(stream, client.Addr(), seq)
 	}
 	for range copies {
 		out(b)
