@@ -296,10 +296,10 @@ func (s *udpProxySocket) sessionLocked(client netip.AddrPort, oob []byte, now in
 
 // makeRoomLocked takes a slot for one more session: at the port's cap, or
 // at the total cap, the port's oldest idle session gives up its own. A
-// session whose datagram a fault still delays is not idle (expireIdle
-// keeps it too): closed, the datagram found no socket when the delay line
-// let it out and was lost, counted nowhere. With none to give up among the
-// oldest, the new client's datagram is dropped (errSessionLimit, counted).
+// session whose client's datagram a fault still delays is not idle:
+// closed, the datagram found no socket when the delay line let it out and
+// was lost, counted nowhere. With none to give up among the oldest, the
+// new client's datagram is dropped (errSessionLimit, counted).
 func (s *udpProxySocket) makeRoomLocked(now int64) error {
 	if s.sessions.len() >= s.cfg.udpMaxSessionsPerPort && s.sessions.len() > 0 {
 		old := s.evictableLocked(now)
@@ -332,7 +332,7 @@ func (s *udpProxySocket) makeRoomLocked(now int64) error {
 const udpEvictScan = 256
 
 // evictableLocked returns the port's oldest session that no fault holds a
-// datagram of (its deferredUntil passed), nil when none of the
+// client datagram of (its upDeferredUntil passed), nil when none of the
 // udpEvictScan oldest is.
 func (s *udpProxySocket) evictableLocked(now int64) *udpSession {
 	sess := s.sessions.oldest
@@ -340,7 +340,7 @@ func (s *udpProxySocket) evictableLocked(now int64) *udpSession {
 		if sess == nil {
 			return nil
 		}
-		if sess.deferredUntil <= now {
+		if sess.upDeferredUntil <= now {
 			return sess
 		}
 		sess = sess.newer

@@ -187,6 +187,7 @@ func (s *udpProxySocket) forward(client netip.AddrPort, b, oob []byte) {
 		// its send (which touches the session) is never before this.
 		s.mu.Lock()
 		sess.deferredUntil = max(sess.deferredUntil, mono.Add(now, d))
+		sess.upDeferredUntil = max(sess.upDeferredUntil, mono.Add(now, d))
 		s.mu.Unlock()
 	}
 }

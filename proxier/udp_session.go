@@ -37,6 +37,11 @@ type udpSession struct {
 	// deferredUntil is when the last datagram a fault delayed goes out
 	// (mono.Now): the session must outlive it even past the idle timeout.
 	deferredUntil int64
+	// upDeferredUntil is when the last client datagram a fault delayed
+	// goes out to the backend (mono.Now): until then the session is not
+	// one to evict at a cap, as that datagram needs its socket (a delayed
+	// reply goes out through the service socket and needs none).
+	upDeferredUntil int64
 	// replyControl is the control message that makes replies leave from
 	// the address the client sent to (IP_PKTINFO); nil when the socket is
 	// bound to one address.
