@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"os"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -16,7 +15,6 @@ import (
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/mono"
-	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
@@ -265,7 +263,7 @@ func (s *udpProxySocket) sessionLocked(client netip.AddrPort, oob []byte, now in
 			lastErr = err
 			break
 		}
-		fd, port, err := openFreshUDPBackend(ep, now)
+		fd, err := dialUDPBackend(ep)
 		if err == nil {
 			if err = s.poller.add(fd); err != nil {
 				unix.Close(fd)
@@ -279,7 +277,7 @@ func (s *udpProxySocket) sessionLocked(client netip.AddrPort, oob []byte, now in
 			s.dialFailures.Inc()
 			continue
 		}
-		sess := &udpSession{client: client, backend: ep, local: datagramDestination(oob, s.bound), fd: fd, port: port, generation: generation, started: time.Now().UnixNano()}
+		sess := &udpSession{client: client, backend: ep, local: datagramDestination(oob, s.bound), fd: fd, generation: generation, started: time.Now().UnixNano()}
 		if s.replyFromDestination {
 			sess.replyControl = replyControl(oob)
 		}
@@ -370,7 +368,6 @@ func (s *udpProxySocket) refusedLocked(sess *udpSession, err error) {
 func (s *udpProxySocket) closeSessionLocked(sess *udpSession) {
 	s.sessions.remove(sess)
 	logUDPSessionEnd(s, sess)
-	quarantinePort(sess.port) // before the close frees the port
 	unix.Close(sess.fd)
 	sess.fd = -1
 	s.cfg.udpBudget.release()
@@ -516,98 +513,6 @@ func (s *udpProxySocket) expireIdle() {
 // wrapped into the past, and every session closed as it opened.
 func (s *udpProxySocket) idleAt(lastActive int64) int64 {
 	return mono.Add(lastActive, s.cfg.udpIdleTimeout)
-}
-
-// openUDPBackend opens a session's backend socket (a variable: tests
-// choose the port it lands on).
-var openUDPBackend = dialUDPBackend
-
-// A backend's reply that comes after its session ended (an answer slower
-// than --udp-timeout) goes to the local port the session's socket had.
-// The kernel gives a closed UDP port out again at once, at random: a new
-// session to the same backend, any client's, could get it and relay that
-// reply to its own client (17 of 4,000 answers 300 ms late reached
-// another client with the default ephemeral range). kube-proxy's
-// conntrack entry keeps such a reply for the client that asked, or for
-// nobody. So a session's socket does not take a port a session socket
-// closed less than portQuarantine ago: one that lands there is held open,
-// so the kernel cannot give that port again, while another is opened, up
-// to quarantineTries sockets; the last is taken anyway (a node short of
-// ports still relays). The late reply then reaches nobody, as after its
-// session's end. It costs a getsockname per new session, and a socket
-// more for the few that land on a quarantined port; nothing per datagram.
-// Sessions opened faster than the ephemeral ports can stay quarantined
-// (every try quarantined) are not checked for a second: the tries could
-// not find a port, and cost 12 % more per new client at such a rate.
-const (
-	portQuarantine  = 5 * time.Second
-	quarantineTries = 4
-	quarantineRest  = time.Second
-)
-
-var (
-	// closedPorts is when (mono.Now) a session socket on each local
-	// port was last closed; 0: never. Shared by every service port:
-	// they share the kernel's ports.
-	closedPorts [1 << 16]atomic.Int64
-	// quarantineFull is until when (mono.Now) ports are not checked:
-	// an open found every try quarantined.
-	quarantineFull atomic.Int64
-)
-
-// quarantinePort notes that a session socket on port (0: unknown) closes now.
-func quarantinePort(port uint16) {
-	if port != 0 {
-		closedPorts[port].Store(max(mono.Now(), 1))
-	}
-}
-
-// quarantined reports whether a session socket on port closed less than
-// portQuarantine before now (mono.Now).
-func quarantined(port uint16, now int64) bool {
-	at := closedPorts[port].Load()
-	return at != 0 && now-at < int64(portQuarantine)
-}
-
-// openFreshUDPBackend opens a session's socket connected to ep on a local
-// port out of quarantine (see portQuarantine), and returns that port.
-func openFreshUDPBackend(ep netip.AddrPort, now int64) (int, uint16, error) {
-	var aside [quarantineTries - 1]struct {
-		fd   int
-		port uint16
-	}
-	n := 0
-	var fd int
-	var port uint16
-	var err error
-	for {
-		if fd, err = openUDPBackend(ep); err != nil {
-			if n > 0 {
-				// No other socket to be had: a quarantined port is
-				// better than no session.
-				n--
-				fd, port, err = aside[n].fd, aside[n].port, nil
-			}
-			break
-		}
-		port = 0
-		if local, err := rawio.LocalAddr(fd); err == nil {
-			port = local.Port()
-		}
-		if port == 0 || !quarantined(port, now) || now < quarantineFull.Load() {
-			break
-		}
-		if n == len(aside) {
-			quarantineFull.Store(mono.Add(now, quarantineRest))
-			break
-		}
-		aside[n].fd, aside[n].port = fd, port
-		n++
-	}
-	for _, h := range aside[:n] {
-		unix.Close(h.fd)
-	}
-	return fd, port, err
 }
 
 // dialUDPBackend opens a non-blocking socket connected to ep. A raw

@@ -19,9 +19,6 @@ type udpSession struct {
 	// under the socket's mutex, so a closed (and perhaps reused) descriptor
 	// is never written.
 	fd int
-	// port is fd's local port (0: unknown): quarantined when it closes
-	// (portQuarantine).
-	port uint16
 	// generation is the service port's endpoint generation when backend was
 	// last known to be eligible.
 	generation uint64
