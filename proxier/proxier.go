@@ -314,6 +314,7 @@ func New(opts Options) *Proxier {
 	}
 	setDescriptorCeiling()
 	p.sockCfg.udpMaxSessionsPerPort, p.sockCfg.udpBudget = udpLimits(opts)
+	p.sockCfg.udpRecentPorts = newRecentPorts(ephemeralPorts())
 	p.sockCfg.unreachable = newUnreachableSender()
 	if opts.DataPath == DataPathEventLoop {
 		p.sockCfg.loops = newLoopGroup(opts)

@@ -263,7 +263,7 @@ func (s *udpProxySocket) sessionLocked(client netip.AddrPort, oob []byte, now in
 			lastErr = err
 			break
 		}
-		fd, err := dialUDPBackend(ep)
+		fd, port, err := dialUDPSession(ep, s.cfg.udpRecentPorts)
 		if err == nil {
 			if err = s.poller.add(fd); err != nil {
 				unix.Close(fd)
@@ -277,7 +277,7 @@ func (s *udpProxySocket) sessionLocked(client netip.AddrPort, oob []byte, now in
 			s.dialFailures.Inc()
 			continue
 		}
-		sess := &udpSession{client: client, backend: ep, local: datagramDestination(oob, s.bound), fd: fd, generation: generation, started: time.Now().UnixNano()}
+		sess := &udpSession{client: client, backend: ep, local: datagramDestination(oob, s.bound), fd: fd, port: port, generation: generation, started: time.Now().UnixNano()}
 		if s.replyFromDestination {
 			sess.replyControl = replyControl(oob)
 		}
@@ -370,6 +370,7 @@ func (s *udpProxySocket) closeSessionLocked(sess *udpSession) {
 	logUDPSessionEnd(s, sess)
 	unix.Close(sess.fd)
 	sess.fd = -1
+	s.cfg.udpRecentPorts.noteFreed(sess.port)
 	s.cfg.udpBudget.release()
 	s.sessionsGauge.Dec()
 }

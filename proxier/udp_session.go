@@ -19,6 +19,9 @@ type udpSession struct {
 	// under the socket's mutex, so a closed (and perhaps reused) descriptor
 	// is never written.
 	fd int
+	// port is fd's local port (0: unknown), remembered when the session
+	// closes so that new sessions pass over it for a while (recentPorts).
+	port uint16
 	// generation is the service port's endpoint generation when backend was
 	// last known to be eligible.
 	generation uint64
