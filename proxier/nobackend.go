@@ -31,9 +31,15 @@ type noBackendLog struct {
 // thousands of ports each saying so every 10 s would flood the log.
 var reserveRefusals noBackendLog
 
+// sessionLimitDrops is the log of UDP datagrams dropped at the total
+// session cap: one for every service port, as the cap is the process's.
+var sessionLimitDrops noBackendLog
+
 func (l *noBackendLog) report(servicePort string, client netip.AddrPort, err error) {
 	lines, msg := l, "No endpoint could be reached; the client was refused"
 	switch {
+	case errors.Is(err, errSessionLimit):
+		lines, msg = &sessionLimitDrops, "UDP datagrams of new clients dropped: the proxy holds every UDP session it may (--udp-max-sessions, held to half the open-file limit and half the ephemeral ports), and this service port has none of its own to close for them; the count is of all service ports"
 	case errors.Is(err, relay.ErrDescriptorReserve):
 		lines, msg = &reserveRefusals, "Clients refused: connections hold every descriptor not kept back for the proxy's own use; the count is of all service ports"
 	case errors.Is(err, unix.EADDRNOTAVAIL):

@@ -7,8 +7,10 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
+	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 )
 
@@ -43,5 +45,55 @@ func TestNoBackendLogNamesAMissingSourceAddress(t *testing.T) {
 	klog.Flush()
 	if want := "or no source address of the endpoint's IP family"; !strings.Contains(buf.String(), want) {
 		t.Fatalf("line lacks %q:\n%s", want, buf.String())
+	}
+}
+
+// A new UDP client whose datagram is dropped at the total session cap (the
+// port has no session of its own to close) is said at -v=0, as a TCP
+// client refused for want of descriptors is: it was counted in
+// udp_session_limit_total{action="dropped"} and logged nowhere, at any
+// verbosity, while the client (another Service's, kube-dns) waited out its
+// timeouts.
+func TestUDPSessionCapDropLogged(t *testing.T) {
+	buf := captureKlog(t)
+	sessionLimitDrops.last.Store(0) // another test's line must not hold this one back
+
+	a := startUDPEcho(t, "127.0.0.2:0", "a:")
+	p := newTestProxier(t, Options{UDPMaxSessions: 1, UDPIdleTimeout: time.Hour})
+	for _, name := range []string{"one", "two"} {
+		p.OnServiceAdd(makeService(name, withProtocol(v1.ProtocolUDP)))
+		p.OnEndpointSliceAdd(makeSlice(name, v1.ProtocolUDP, a.LocalAddr().String()))
+	}
+	p.Sync()
+	ask := func(svc string) error {
+		c, err := net.Dial("udp", proxyAddr(t, p, "default/"+svc+":p"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if _, err := c.Write([]byte("q")); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(time.Second))
+		_, err = c.Read(make([]byte, 64))
+		return err
+	}
+	if err := ask("one"); err != nil {
+		t.Fatalf("first client: %v", err)
+	}
+	if err := ask("two"); err == nil {
+		t.Fatal("the second Service's client was answered past a total cap of 1")
+	}
+	// Counted after it is logged: once counted, the line is written.
+	dropped := p.active[p.lbName("default/two:p")].socket.(*udpProxySocket).refused
+	for deadline := time.Now().Add(20 * time.Second); dropped.value() == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the second Service's datagram was never dropped at the cap")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	klog.Flush()
+	if want := "UDP datagrams of new clients dropped"; !strings.Contains(buf.String(), want) {
+		t.Fatalf("no line %q for the datagram dropped at the cap:\n%s", want, buf.String())
 	}
 }

@@ -151,6 +151,7 @@ func (s *udpProxySocket) forward(client netip.AddrPort, b, oob []byte) {
 	if err != nil {
 		s.mu.Unlock()
 		if errors.Is(err, errSessionLimit) {
+			s.noBackend.report(s.label, client, err)
 			s.refused.Inc()
 			return
 		}
