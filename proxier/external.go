@@ -8,6 +8,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 )
 
 // syncPolicies hands the traffic policy of every changed Service (its new
@@ -101,9 +103,45 @@ func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo, kept
 		// failed open is retried with the rules unchanged) are stale.
 		p.staleFlowsToClear(info.name)
 	case !need && ap.external != nil:
-		p.closeExternalSocket(ap)
+		p.retireExternalSocket(ap)
 	}
 	return true
+}
+
+// retiredSocket is an external socket a sync no longer needs, closed at
+// its end (closeRetired).
+type retiredSocket struct {
+	sock proxySocket
+	port int
+	name loadbalancer.ServicePortName
+}
+
+// retireExternalSocket takes the external socket out of the service port
+// (the rules this sync writes no longer send anything to it) but leaves it
+// open until they are written and the stale flows cleared: closed first, a
+// UDP client of the NodePort (external IPs, LB IPs) was refused with ICMP
+// port unreachable until then (a TCP client reset), where kube-proxy
+// serves it across the policy change. Meanwhile a UDP socket picks from
+// the service port's own endpoints, as the new rules will: its own
+// balancer lost them when the policy changed (the endpoints tracker, at
+// the sync's start), and its clients were refused by it instead.
+func (p *Proxier) retireExternalSocket(ap *activePort) {
+	if u, ok := ap.external.(*udpProxySocket); ok {
+		u.useBalancer(p.lb.ServicePort(ap.info.name))
+	}
+	p.retired = append(p.retired, retiredSocket{sock: ap.external, port: ap.externalPort, name: externalName(ap.info.name)})
+	ap.external, ap.externalPort = nil, 0
+	p.debugTouched = append(p.debugTouched, ap.info.name)
+}
+
+// closeRetired closes the sockets retireExternalSocket set aside.
+func (p *Proxier) closeRetired() {
+	for _, r := range p.retired {
+		_ = r.sock.Close()
+		p.ports.Release(r.port)
+		p.lb.DeleteServicePort(r.name)
+	}
+	p.retired = nil
 }
 
 func (p *Proxier) closeExternalSocket(ap *activePort) {

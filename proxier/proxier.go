@@ -211,6 +211,9 @@ type Proxier struct {
 	// closedUDP: destinations UDP service ports closed or lost, whose
 	// entries wait for the same, likewise per family (conntrack.go).
 	closedUDP map[netip.AddrPort]ipFamilies
+	// retired: external sockets this sync no longer needs, closed once
+	// its rules are written (external.go retireExternalSocket).
+	retired []retiredSocket
 	// policyMoved: UDP service ports of pendingConntrack whose traffic
 	// policy changed, with where their external addresses sent clients
 	// before (conntrack.go).
@@ -658,6 +661,7 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 	// Only now do new flows meet the new rules; old flows still point at
 	// ports that no longer exist, or at no port at all.
 	p.clearStaleFlows(written)
+	p.closeRetired()
 	if len(p.openTouched) > 0 && written != 0 {
 		// Ports opened or closed since the last sync that wrote every
 		// family's rules: what the programming latency waits for. Kept

@@ -142,6 +142,14 @@ func newUDPProxySocket(name loadbalancer.ServicePortName, conn *net.UDPConn, sp 
 	return s, nil
 }
 
+// useBalancer makes the socket pick its sessions' endpoints from sp from
+// now on; its sessions keep theirs while sp serves them.
+func (s *udpProxySocket) useBalancer(sp *loadbalancer.ServicePort) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sp = sp
+}
+
 func (s *udpProxySocket) Port() int { return s.conn.LocalAddr().(*net.UDPAddr).Port }
 
 // Close closes the service socket and every session at once.
