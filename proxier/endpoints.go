@@ -295,9 +295,10 @@ func (t *endpointsTracker) setOpen(changed map[loadbalancer.ServicePortName]bool
 	}
 }
 
-// moved is told that spn's proxy socket moved to another port: the rules
-// written for it name the old one, so it is open in no family until a
-// sync writes them again (setOpen).
+// moved is told that spn's proxy socket moved to another port (the rules
+// written for it name the old one), or that spn is served in a family it
+// was not (no rule of that family names it yet): it is open in no family
+// until a sync writes them again (setOpen).
 func (t *endpointsTracker) moved(spn loadbalancer.ServicePortName) {
 	t.mu.Lock()
 	defer t.mu.Unlock()

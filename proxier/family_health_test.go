@@ -178,3 +178,77 @@ func TestMovedPortWaitsForTheFailedFamilysRules(t *testing.T) {
 		t.Errorf("IPv6 programming latency count %d, want 1 once IPv6's rules were written", n)
 	}
 }
+
+// A service port that comes to be served in a family it was not (a
+// single-stack Service made dual-stack) while that family's rule write
+// fails is not served there yet: no rule of that family names its socket.
+// A slice change of that family is programmed once its rules are written,
+// not at once: the port had counted as open in that family since a sync
+// that wrote both families' rules, when it had none there to write. Made
+// dual-stack from IPv4 the socket reopens (on its port) as a dual-stack
+// one; from IPv6 it stays.
+func TestAddedFamilyWaitsForItsRules(t *testing.T) {
+	for _, tc := range []struct {
+		name                 string
+		from, to             []string
+		addressType          discovery.AddressType
+		addr, changedAddr    string
+		family               string
+		failingV4, failingV6 bool
+	}{
+		{"IPv4 to dual-stack", []string{"10.96.0.10"}, []string{"10.96.0.10", "fd00::10"},
+			discovery.AddressTypeIPv6, "[fd00:1::1]:8080", "fd00:1::2", ipv6Family, false, true},
+		{"IPv6 to dual-stack", []string{"fd00::10"}, []string{"fd00::10", "10.96.0.10"},
+			discovery.AddressTypeIPv4, "10.1.0.1:8080", "10.1.0.2", ipv4Family, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clocktesting.NewFakeClock(time.Unix(1_000_000, 0))
+			v4, v6 := &switchSyncer{}, &switchSyncer{}
+			p := newTestProxier(t, Options{Clock: clk, IPv4Portals: v4, IPv6Portals: v6})
+			ips := func(ips []string) svcOpt {
+				return func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = ips[0], ips }
+			}
+			single := makeService("web", ips(tc.from))
+			p.OnServiceAdd(single)
+			slice := makeSlice("web", v1.ProtocolTCP, tc.addr)
+			slice.Name, slice.AddressType = "web-other", tc.addressType
+			p.OnEndpointSliceAdd(slice)
+			p.Sync()
+			if _, ok := p.ProxyPort("default/web:p"); !ok {
+				t.Fatalf("web has no proxy socket (left undone: %q)", p.lastFailed)
+			}
+
+			v4.failing.Store(tc.failingV4)
+			v6.failing.Store(tc.failingV6)
+			p.OnServiceUpdate(single, makeService("web", ips(tc.to)))
+			p.Sync()
+			if _, ok := p.ProxyPort("default/web:p"); !ok {
+				t.Fatalf("web has no proxy socket after the change (left undone: %q)", p.lastFailed)
+			}
+			clk.Step(time.Second)
+			changed := slice.DeepCopy()
+			changed.Endpoints[0].Addresses = []string{tc.changedAddr}
+			changed.Annotations = map[string]string{endpointsTriggerTimeAnnotation: clk.Now().Format(time.RFC3339Nano)}
+			p.OnEndpointSliceUpdate(slice, changed)
+			clk.Step(time.Second)
+			p.Sync()
+			samples := func() uint64 {
+				var m dto.Metric
+				if err := p.metrics.NetworkProgrammingLatency.WithLabelValues(tc.family).(prometheus.Metric).Write(&m); err != nil {
+					t.Fatal(err)
+				}
+				return m.GetHistogram().GetSampleCount()
+			}
+			if n := samples(); n != 0 {
+				t.Errorf("%s programming latency count %d, want 0: no %s rule names web yet", tc.family, n, tc.family)
+			}
+			v4.failing.Store(false)
+			v6.failing.Store(false)
+			clk.Step(time.Second)
+			p.Sync()
+			if n := samples(); n != 1 {
+				t.Errorf("%s programming latency count %d, want 1 once its rules were written", tc.family, n)
+			}
+		})
+	}
+}

@@ -746,6 +746,15 @@ func (p *Proxier) syncPort(r *syncRound, name loadbalancer.ServicePortName, info
 	if ap != nil && ap.info != info {
 		// Before a reopen, which forgets the old info.
 		p.removedFlowsToClear(ap.info, info)
+		if gained := info.serviceFamilies() &^ ap.info.serviceFamilies(); gained != 0 {
+			// Served in a family it was not (an IPv6 address added):
+			// no rule of that family names its socket until a sync
+			// writes them, so its programming latency there waits
+			// for them (setOpen); the open flag of that family, set
+			// while it had nothing to write there, said it was in.
+			p.endpoints.moved(name)
+			p.openTouched = append(p.openTouched, name)
+		}
 	}
 	if ap != nil && (ap.info.hasIPv6() != info.hasIPv6() || ap.info.faultName != info.faultName || onNodePort) {
 		// The socket's address family must change, or its fault port
