@@ -46,7 +46,9 @@ type DebugServicePort struct {
 	// Error says why the port has no proxy socket (its proxyAddress is
 	// empty): the last sync could not open one, and retries; or why its
 	// socket does not serve: the fault API enabled the port, and the
-	// socket cannot listen again (retried).
+	// socket cannot listen again (retried); or why the second socket a
+	// Local traffic policy needs is missing (no ExternalProxyAddress):
+	// the last sync could not open it, and retries.
 	Error string `json:"error,omitempty"`
 }
 
@@ -104,6 +106,10 @@ func (p *Proxier) DebugServices() []DebugServicePort {
 		if deaf != nil {
 			d.Error = cmp.Or(deaf[r.name], deaf[externalName(r.name)])
 		}
+		// Its second socket did not open: its external addresses have no
+		// portal (externalTrafficPolicy Local alone) or send the node and
+		// pods to this socket's endpoints meanwhile.
+		d.Error = cmp.Or(d.Error, r.externalErr)
 		if info, err := p.opts.Faults.Proxy(r.info.faultName); err == nil {
 			d.FaultsEnabled = info.Enabled
 			for _, t := range info.Toxics {
@@ -232,7 +238,10 @@ type debugPort struct {
 	// externalPort is the socket of external traffic under
 	// externalTrafficPolicy: Local (0: none).
 	externalPort int
-	info         *servicePortInfo
+	// externalErr is why the second socket a split policy needs did not
+	// open (activePort.externalErr).
+	externalErr string
+	info        *servicePortInfo
 }
 
 func (p *Proxier) publishDebug() {
@@ -251,7 +260,7 @@ func (p *Proxier) publishDebug() {
 }
 
 func debugRow(name loadbalancer.ServicePortName, ap *activePort) debugPort {
-	return debugPort{name: name, key: ap.info.key, proxyPort: ap.proxyPort, externalPort: ap.externalPort, info: ap.info}
+	return debugPort{name: name, key: ap.info.key, proxyPort: ap.proxyPort, externalPort: ap.externalPort, externalErr: ap.externalErr, info: ap.info}
 }
 
 func compareDebugRows(a, b debugPort) int { return strings.Compare(a.key, b.key) }

@@ -78,9 +78,14 @@ func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo, kept
 			if p.fds.logged(err) {
 				klog.ErrorS(err, "Failed to open external proxy socket", "servicePort", info.name)
 			}
+			if msg := "second proxy socket (external addresses): " + err.Error(); ap.externalErr != msg {
+				ap.externalErr = msg
+				p.debugTouched = append(p.debugTouched, info.name)
+			}
 			return false
 		}
 		sock.Start()
+		ap.externalErr = ""
 		p.movedOffKept(info, keptPort, sock.Port())
 		ap.external, ap.externalPort = sock, sock.Port()
 		p.debugTouched = append(p.debugTouched, info.name)
@@ -104,6 +109,10 @@ func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo, kept
 		p.staleFlowsToClear(info.name)
 	case !need && ap.external != nil:
 		p.retireExternalSocket(ap)
+	case !need && ap.externalErr != "":
+		// No longer needed (the policy changed) before it could open.
+		ap.externalErr = ""
+		p.debugTouched = append(p.debugTouched, info.name)
 	}
 	return true
 }

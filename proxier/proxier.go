@@ -147,7 +147,10 @@ type activePort struct {
 	// differs from ClusterIP traffic's (a Local traffic policy); else nil.
 	external     proxySocket
 	externalPort int
-	claims       []func() error // close functions of held NodePort/external IP sockets
+	// externalErr is why the second socket a split policy needs did not
+	// open (the last try's error, retried), for /debug/services; "" else.
+	externalErr string
+	claims      []func() error // close functions of held NodePort/external IP sockets
 	// claimsMissing: a port of claims could not be held (claimPorts);
 	// each sync tries again.
 	claimsMissing bool

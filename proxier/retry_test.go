@@ -288,6 +288,71 @@ func TestOpenFailureIsListed(t *testing.T) {
 	}
 }
 
+// A service port whose second socket (a Local traffic policy's) cannot
+// open is listed with its proxy address and the reason in error, until it
+// opens or is no longer needed: listed with no error and no
+// externalProxyAddress, it read as served while its external addresses
+// had no portal (externalTrafficPolicy Local alone), the reason only in a
+// log line.
+func TestExternalOpenFailureIsListed(t *testing.T) {
+	base := freeTCPPorts(t, 2)
+	p := newTestProxier(t, Options{PortRange: PortRange{Base: base, Size: 2}})
+	policy := func(local bool) *v1.Service {
+		return makeService("web", withNodePort(30080), func(s *v1.Service) {
+			if local {
+				s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+			}
+		})
+	}
+	old := policy(false)
+	p.OnServiceAdd(old)
+	p.Sync()
+	port, ok := p.ProxyPort("default/web:p")
+	if !ok {
+		t.Fatalf("web has no proxy socket (left undone: %q)", p.lastFailed)
+	}
+	// The range's other port is held by another process.
+	other := base
+	if port == base {
+		other = base + 1
+	}
+	holder, err := net.Listen("tcp4", "127.0.0.1:"+strconv.Itoa(other))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	row := func(what string) DebugServicePort {
+		t.Helper()
+		rows := p.DebugServices()
+		if len(rows) != 1 || !strings.HasSuffix(rows[0].ProxyAddress, ":"+strconv.Itoa(port)) {
+			t.Fatalf("%s: rows %+v, want default/web:p on %d", what, rows, port)
+		}
+		return rows[0]
+	}
+	change := func(svc *v1.Service) {
+		p.OnServiceUpdate(old, svc)
+		old = svc
+		p.Sync()
+	}
+	change(policy(true))
+	if r := row("second socket's port taken"); r.ExternalProxyAddress != "" || !strings.Contains(r.Error, "second proxy socket") {
+		t.Errorf("second socket's port taken: externalProxyAddress %q, error %q; want none, and why", r.ExternalProxyAddress, r.Error)
+	}
+	change(policy(false))
+	if r := row("policy back to Cluster"); r.Error != "" {
+		t.Errorf("policy back to Cluster (no second socket needed): error %q", r.Error)
+	}
+	change(policy(true))
+	if r := row("Local again"); !strings.Contains(r.Error, "second proxy socket") {
+		t.Errorf("Local again, its port still taken: error %q, want why", r.Error)
+	}
+	holder.Close()
+	p.Sync() // the retry
+	if r := row("port free"); r.Error != "" || !strings.HasSuffix(r.ExternalProxyAddress, ":"+strconv.Itoa(other)) {
+		t.Errorf("once the port is free: externalProxyAddress %q, error %q; want :%d and none", r.ExternalProxyAddress, r.Error, other)
+	}
+}
+
 // shortDialer fails every dial as a node out of descriptors does.
 type shortDialer struct{ dials atomic.Int32 }
 
