@@ -1,6 +1,8 @@
 package proxier
 
 import (
+	"fmt"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -9,8 +11,11 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/healthcheck"
 )
 
@@ -250,5 +255,71 @@ func TestAddedFamilyWaitsForItsRules(t *testing.T) {
 				t.Errorf("%s programming latency count %d, want 1 once its rules were written", tc.family, n)
 			}
 		})
+	}
+}
+
+// A service port reopened on another proxy port because another process
+// took its own between the close and the reopen (its fault name changed:
+// an unnamed port's number is in it) is, like one moved off a new node
+// port, served in no family whose rules still name the old port: an IPv6
+// slice change waits for IPv6's rules while ip6tables-restore fails.
+func TestReopenedOffATakenPortWaitsForTheFailedFamilysRules(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1_000_000, 0))
+	v6 := &switchSyncer{}
+	p := newTestProxier(t, Options{Clock: clk, IPv4Portals: okSyncer{}, IPv6Portals: v6})
+	web := func(port int32) *v1.Service {
+		return makeService("web", func(s *v1.Service) {
+			s.Spec.ClusterIPs = []string{"10.96.0.10", "fd00::10"}
+			s.Spec.Ports[0].Name, s.Spec.Ports[0].Port = "", port
+		})
+	}
+	old := web(80)
+	p.OnServiceAdd(old)
+	v6slice := makeSlice("web", v1.ProtocolTCP, "[fd00:1::1]:8080")
+	v6slice.Name, v6slice.AddressType = "web-v6", discovery.AddressTypeIPv6
+	v6slice.Ports[0].Name = ptr.To("")
+	p.OnEndpointSliceAdd(v6slice)
+	p.Sync()
+	taken, ok := p.ProxyPort("default/web")
+	if !ok {
+		t.Fatalf("web has no proxy socket (left undone: %q)", p.lastFailed)
+	}
+
+	// IPv6 fails from now on; web reopens, and its port is taken meanwhile.
+	v6.failing.Store(true)
+	listen := p.listen
+	p.listen = func(name loadbalancer.ServicePortName, bind netip.Addr, port int, needIPv6 bool, sp *loadbalancer.ServicePort, fp *faults.Port, cfg *socketConfig) (proxySocket, error) {
+		if port == taken {
+			return nil, fmt.Errorf("listen on port %d: address already in use", port)
+		}
+		return listen(name, bind, port, needIPv6, sp, fp, cfg)
+	}
+	p.OnServiceUpdate(old, web(81))
+	p.Sync()
+	if moved, _ := p.ProxyPort("default/web"); moved == taken || moved == 0 {
+		t.Fatalf("web on %d, want another port than %d", moved, taken)
+	}
+	clk.Step(time.Second)
+	changed := v6slice.DeepCopy()
+	changed.Endpoints[0].Addresses = []string{"fd00:1::2"}
+	changed.Annotations = map[string]string{endpointsTriggerTimeAnnotation: clk.Now().Format(time.RFC3339Nano)}
+	p.OnEndpointSliceUpdate(v6slice, changed)
+	clk.Step(time.Second)
+	p.Sync()
+	samples := func() uint64 {
+		var m dto.Metric
+		if err := p.metrics.NetworkProgrammingLatency.WithLabelValues(ipv6Family).(prometheus.Metric).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetHistogram().GetSampleCount()
+	}
+	if n := samples(); n != 0 {
+		t.Errorf("IPv6 programming latency count %d, want 0: IPv6's rules still name web's old proxy port %d", n, taken)
+	}
+	v6.failing.Store(false)
+	clk.Step(time.Second)
+	p.Sync()
+	if n := samples(); n != 1 {
+		t.Errorf("IPv6 programming latency count %d, want 1 once IPv6's rules were written", n)
 	}
 }
