@@ -293,19 +293,27 @@ func (p *Proxier) clearStaleFlows(fams ipFamilies) {
 	}
 	var flows []StaleFlows
 	for name, pending := range p.pendingConntrack {
+		moves := p.policyMoved[name]
 		if ap := p.active[name]; ap != nil && pending&fams != 0 {
-			var moved *movedFrom
-			if m, ok := p.policyMoved[name]; ok {
-				moved = &m
-			}
-			for _, f := range staleFlowsOf(ap, moved) {
-				if f, ok := f.inFamilies(pending & fams); ok {
-					flows = append(flows, f)
+			clearing := pending & fams
+			if clearing == bothFamilies && moves[0] != moves[1] {
+				// The families' rules moved from different ones (the
+				// policy changed again while one family's stayed
+				// pending): each is judged against its own.
+				for i, fam := range []ipFamilies{familyIPv4, familyIPv6} {
+					flows = appendStaleFlows(flows, staleFlowsOf(ap, moves[i]), fam)
 				}
+			} else {
+				flows = appendStaleFlows(flows, staleFlowsOf(ap, moves.of(clearing)), clearing)
 			}
 		}
 		if rest := pending &^ fams; rest != 0 && p.active[name] != nil {
 			p.pendingConntrack[name] = rest
+			if moves.forget(fams) {
+				delete(p.policyMoved, name)
+			} else if _, ok := p.policyMoved[name]; ok {
+				p.policyMoved[name] = moves
+			}
 		} else {
 			delete(p.pendingConntrack, name)
 			delete(p.policyMoved, name)
@@ -334,6 +342,44 @@ func (p *Proxier) clearStaleFlows(fams ipFamilies) {
 // changed (externalTargets).
 type movedFrom struct{ outside, inside int }
 
+// familyMoves are, per family (IPv4, IPv6), where the rules in the kernel
+// moved clients from: the rules of the policy before the first change
+// since that family's entries were last cleared (nil: none since). A
+// family whose rules keep failing keeps its own while the other's are
+// cleared, and the policy changes again.
+type familyMoves [2]*movedFrom
+
+// of is the record of the families fams, one of them or both alike.
+func (m familyMoves) of(fams ipFamilies) *movedFrom {
+	if fams&familyIPv4 != 0 {
+		return m[0]
+	}
+	return m[1]
+}
+
+// forget drops the records of the families fams (cleared), and reports
+// whether none is left.
+func (m *familyMoves) forget(fams ipFamilies) bool {
+	if fams&familyIPv4 != 0 {
+		m[0] = nil
+	}
+	if fams&familyIPv6 != 0 {
+		m[1] = nil
+	}
+	return m[0] == nil && m[1] == nil
+}
+
+// appendStaleFlows appends those of flows that have destinations in fams,
+// restricted to them.
+func appendStaleFlows(out, flows []StaleFlows, fams ipFamilies) []StaleFlows {
+	for _, f := range flows {
+		if f, ok := f.inFamilies(fams); ok {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
 // policyChanged remembers, for the next clearing of ap's stale flows
 // (staleFlowsToClear), where its external addresses sent each kind of
 // client before its traffic policy changed; called before the change.
@@ -342,13 +388,20 @@ func (p *Proxier) policyChanged(ap *activePort) {
 		return
 	}
 	if p.policyMoved == nil {
-		p.policyMoved = map[loadbalancer.ServicePortName]movedFrom{}
+		p.policyMoved = map[loadbalancer.ServicePortName]familyMoves{}
 	}
-	if _, had := p.policyMoved[ap.info.name]; had {
-		return // changed again before the first was cleared: the first rules are the old ones
-	}
+	moves := p.policyMoved[ap.info.name]
 	outside, inside := ap.externalTargets()
-	p.policyMoved[ap.info.name] = movedFrom{outside, inside}
+	before := &movedFrom{outside, inside}
+	for i := range moves {
+		// A family changed again before its entries were cleared (its
+		// rule write failing meanwhile) still has the first rules: its
+		// record stays. The other's rules are this change's old ones.
+		if moves[i] == nil {
+			moves[i] = before
+		}
+	}
+	p.policyMoved[ap.info.name] = moves
 }
 
 // staleFlowsOf names the entries that would keep clients away from a new

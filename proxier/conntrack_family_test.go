@@ -115,3 +115,66 @@ func TestStaleFlowsOfAServedPortWaitForTheirFamily(t *testing.T) {
 		t.Fatalf("a sync after both were cleared cleared %v again", got)
 	}
 }
+
+// A traffic policy changed twice while one family's rule write fails is
+// cleared in the other family against the rules that family had before
+// the second change, not the first: IPv4's rules moved clients at each
+// change. ETP Local to both Local and back moves every client between the
+// two sockets each time; judged against the first rules (those of ETP
+// Local again), IPv4's second clearing spared both sockets at the
+// NodePort, so an IPv4 client keeping its source port that both Local had
+// NATed to the cluster IP's socket (then node-local) stayed there, now
+// every node's endpoints under ETP Local, and a pod on the other socket,
+// now node-local. IPv6's entries, whose rules never left the first
+// policy's, are judged against those.
+func TestPolicyChangedTwiceWhileAFamilyFails(t *testing.T) {
+	ct := &fakeConntrack{}
+	v6 := &switchSyncer{}
+	p := newTestProxier(t, Options{IPv4Portals: okSyncer{}, IPv6Portals: v6, Conntrack: ct})
+	local := v1.ServiceInternalTrafficPolicyLocal
+	policy := func(itp bool) *v1.Service {
+		return makeService("dns", withProtocol(v1.ProtocolUDP), withNodePort(30053), func(s *v1.Service) {
+			s.Spec.ClusterIPs = []string{"10.96.0.10", "fd00::10"}
+			s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+			if itp {
+				s.Spec.InternalTrafficPolicy = &local
+			}
+		})
+	}
+	old := policy(false)
+	p.OnServiceAdd(old)
+	p.Sync()
+	ap := udpDNSWithExternalSocket(t, p)
+	cluster, external := ap.proxyPort, ap.externalPort
+	v6.failing.Store(true)
+	for _, step := range []struct {
+		name string
+		itp  bool
+	}{{"ETP Local to both Local", true}, {"both Local to ETP Local", false}} {
+		ct.take()
+		svc := policy(step.itp)
+		p.OnServiceUpdate(old, svc)
+		old = svc
+		p.Sync()
+		if got := ct.take(); !slices.Contains(got, "udp 0.0.0.0:30053") {
+			t.Fatalf("%s: cleared %v, want the IPv4 NodePort's entries", step.name, got)
+		}
+		if spared := ct.spared["0.0.0.0:30053"]; len(spared) != 0 {
+			t.Errorf("%s: the IPv4 NodePort's clearing spared %v, want none: every client moved (cluster IP's socket %d, external %d)",
+				step.name, spared, cluster, external)
+		}
+	}
+	// IPv6's rules are written at last, still ETP Local's first ones: the
+	// policy is that again, so no client of the IPv6 rules moved.
+	v6.failing.Store(false)
+	p.Sync()
+	if got := ct.take(); !slices.Contains(got, "udp :::30053") {
+		t.Fatalf("once IPv6's rules were written, cleared %v, want the IPv6 NodePort's entries", got)
+	}
+	if spared := ct.spared[":::30053"]; !slices.Equal(spared, []int{cluster, external}) {
+		t.Errorf("the IPv6 NodePort's clearing spared %v, want both sockets %v: its rules never left ETP Local's", spared, []int{cluster, external})
+	}
+	if len(p.policyMoved) != 0 {
+		t.Errorf("moves kept after both families' clearing: %v", p.policyMoved)
+	}
+}

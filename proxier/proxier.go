@@ -219,8 +219,8 @@ type Proxier struct {
 	retired []retiredSocket
 	// policyMoved: UDP service ports of pendingConntrack whose traffic
 	// policy changed, with where their external addresses sent clients
-	// before (conntrack.go).
-	policyMoved map[loadbalancer.ServicePortName]movedFrom
+	// before, per family (conntrack.go).
+	policyMoved map[loadbalancer.ServicePortName]familyMoves
 	// lastFull is when the portals last had a full (repairing) sync.
 	lastFull time.Time
 	// repairAsked: RepairSoon asked for the next sync to be a full one.
