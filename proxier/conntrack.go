@@ -402,6 +402,9 @@ func (p *Proxier) policyChanged(ap *activePort) {
 		}
 	}
 	p.policyMoved[ap.info.name] = moves
+	// Cleared with the port's entries, which forgets the record (a reopen
+	// that fails does not get to ask for it).
+	p.staleFlowsToClear(ap.info.name)
 }
 
 // staleFlowsOf names the entries that would keep clients away from a new

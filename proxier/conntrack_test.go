@@ -716,3 +716,51 @@ func TestOtherProxyGoneClearsFlowsItReset(t *testing.T) {
 		t.Errorf("a periodic full sync cleared %v", got)
 	}
 }
+
+// A traffic-policy change that comes with a reopen of the socket (on its
+// ports: an unnamed port's number changed, so its fault name; or an IPv6
+// address added) clears as one without: the reopen forgot the old policy
+// before the change was recorded, so ETP Local to both Local spared the
+// cluster IP's socket at the NodePort, where pods' entries NATed to it
+// while it had every endpoint kept them on it, node-local now (refused
+// without a local endpoint) for as long as they kept their source port.
+func TestPolicyChangeWithAReopenClearsFlowsOfMovedClients(t *testing.T) {
+	local := v1.ServiceInternalTrafficPolicyLocal
+	p, ct := newConntrackProxier(t)
+	dns := func(port int32, itp bool) *v1.Service {
+		return makeService("dns", withProtocol(v1.ProtocolUDP), withNodePort(30053), func(s *v1.Service) {
+			s.Spec.Ports[0].Name, s.Spec.Ports[0].Port = "", port
+			s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+			if itp {
+				s.Spec.InternalTrafficPolicy = &local
+			}
+		})
+	}
+	old := dns(53, false)
+	p.OnServiceAdd(old)
+	p.Sync()
+	spn := p.lbName("default/dns")
+	before := p.active[spn]
+	if before == nil || before.external == nil {
+		t.Fatal("no external socket for the Local policy")
+	}
+	cluster, external := before.proxyPort, before.externalPort
+	ct.take()
+	svc := dns(54, true)
+	p.OnServiceUpdate(old, svc)
+	p.Sync()
+	ap := p.active[spn]
+	if ap == nil || ap == before || ap.proxyPort != cluster || ap.externalPort != external {
+		t.Fatalf("want the port reopened on its ports %d, %d", cluster, external)
+	}
+	if got := ct.take(); !slices.Contains(got, "udp invalid IP:30053") {
+		t.Fatalf("cleared %v, want the NodePort's entries", got)
+	}
+	if spared := ct.spared["invalid IP:30053"]; len(spared) != 0 {
+		t.Errorf("ETP Local to both Local with a reopen: the NodePort's clearing spared %v, want none: every client moved (cluster IP's socket %d, external %d)",
+			spared, cluster, external)
+	}
+	if len(p.policyMoved) != 0 {
+		t.Errorf("moves kept after their clearing: %v", p.policyMoved)
+	}
+}

@@ -749,6 +749,11 @@ func (p *Proxier) syncPort(r *syncRound, name loadbalancer.ServicePortName, info
 	if ap != nil && ap.info != info {
 		// Before a reopen, which forgets the old info.
 		p.removedFlowsToClear(ap.info, info)
+		if ap.info.policy != info.policy {
+			// Before a reopen too (which keeps the ports), and before
+			// its external socket opens or closes.
+			p.policyChanged(ap)
+		}
 		if gained := info.serviceFamilies() &^ ap.info.serviceFamilies(); gained != 0 {
 			// Served in a family it was not (an IPv6 address added):
 			// no rule of that family names its socket until a sync
@@ -801,9 +806,6 @@ func (p *Proxier) syncPort(r *syncRound, name loadbalancer.ServicePortName, info
 		if ap.external != nil {
 			p.setBalancerPolicy(externalName(name), info)
 		}
-	}
-	if ap.info.policy != info.policy {
-		p.policyChanged(ap) // before its external socket opens or closes
 	}
 	p.syncFaults(ap, info)
 	p.syncLifetime(info)
