@@ -433,9 +433,17 @@ func staleFlowsOf(ap *activePort, moved *movedFrom) []StaleFlows {
 		// endpoint, refused) for as long as it kept its source port.
 		live := []int{ap.proxyPort}
 		outside, inside := ap.externalTargets()
-		external := []int{outside}
-		if moved != nil {
-			external = nil
+		var external []int
+		switch {
+		case outside == 0:
+			// No portal there while a Local policy's second socket is
+			// missing: no entry to them is live (the cluster IP's
+			// socket was spared, and an external client NATed to it
+			// before the policy became Local stayed on every node's
+			// endpoints).
+		case moved == nil:
+			external = []int{outside}
+		default:
 			for _, port := range []int{ap.proxyPort, ap.externalPort} {
 				if port != 0 && (moved.outside != port || outside == port) && (moved.inside != port || inside == port) {
 					external = append(external, port)

@@ -764,3 +764,49 @@ func TestPolicyChangeWithAReopenClearsFlowsOfMovedClients(t *testing.T) {
 		t.Errorf("moves kept after their clearing: %v", p.policyMoved)
 	}
 }
+
+// A UDP port whose Local policy's second socket cannot open has no portal
+// at its external addresses meanwhile (appendPortals), so the clearing
+// spares no socket there: the cluster IP's was spared, as if the external
+// addresses still sent clients to it, and an external client keeping its
+// source port, NATed to it under externalTrafficPolicy Cluster, kept
+// reaching every node's endpoints through its entry after the change to
+// Local, which the missing portal was meant to prevent.
+func TestPolicyChangeToAnUnopenedSecondSocketSparesNothing(t *testing.T) {
+	p, ct := newConntrackProxier(t)
+	dns := func(etpLocal bool) *v1.Service {
+		return makeService("dns", withProtocol(v1.ProtocolUDP), withNodePort(30053), func(s *v1.Service) {
+			if etpLocal {
+				s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+			}
+		})
+	}
+	old := dns(false)
+	p.OnServiceAdd(old)
+	p.Sync()
+	dnsName := servicePortName("dns")
+	dnsName.Protocol = v1.ProtocolUDP
+	ap := p.active[dnsName]
+	if ap == nil {
+		t.Fatal("no dns socket")
+	}
+	cluster := ap.proxyPort
+	p.listen = func(_ loadbalancer.ServicePortName, _ netip.Addr, port int, _ bool, _ *loadbalancer.ServicePort, _ *faults.Port, _ *socketConfig) (proxySocket, error) {
+		return nil, fmt.Errorf("listen on port %d: address already in use", port)
+	}
+	ct.take()
+	p.OnServiceUpdate(old, dns(true))
+	p.Sync()
+	if ap := p.active[dnsName]; ap == nil || ap.external != nil || ap.proxyPort != cluster {
+		t.Fatalf("want the cluster IP's socket on %d and no second one", cluster)
+	}
+	if got := ct.take(); !slices.Contains(got, "udp invalid IP:30053") {
+		t.Fatalf("cleared %v, want the NodePort's entries", got)
+	}
+	if spared := ct.spared["invalid IP:30053"]; len(spared) != 0 {
+		t.Errorf("the NodePort (no portal while the second socket is missing): clearing spared %v, want none", spared)
+	}
+	if spared := ct.spared["10.96.0.10:80"]; !slices.Equal(spared, []int{cluster}) {
+		t.Errorf("the ClusterIP's clearing spared %v, want its socket %d", spared, cluster)
+	}
+}

@@ -111,10 +111,16 @@ func (p *Proxier) syncedFamilies(failed []string) []string {
 
 // externalTargets are the sockets ap's external addresses (NodePort,
 // externalIPs, LB IPs) send traffic to: outside's from other hosts,
-// inside's from the node and pods (--cluster-cidr).
+// inside's from the node and pods (--cluster-cidr); 0, 0 while they have
+// no portal.
 func (ap *activePort) externalTargets() (outside, inside int) {
 	policy := ap.info.policy
 	switch {
+	case ap.external == nil && policy.splitExternal() && !policy.bothLocal():
+		// Its own socket failed to open (retried: retry.go): sending
+		// external traffic to the cluster IP's socket would break the
+		// policy, so it gets no portal meanwhile.
+		return 0, 0
 	case ap.external == nil:
 		// One endpoint set for all (or, under both policies Local, the
 		// shortcut's socket not open yet: the node and pods get the
@@ -151,15 +157,12 @@ func (p *Proxier) appendPortals(ap *activePort, v4, v6 []iptables.Portal) ([]ipt
 	for _, ip := range ap.info.clusterIPs {
 		add(ip, ap.proxyPort, 0)
 	}
-	if ap.external == nil && ap.info.policy.splitExternal() && !ap.info.policy.bothLocal() {
-		// Its own socket failed to open (retried: retry.go): sending
-		// external traffic to the cluster IP's socket would break the
-		// policy, so it gets no portal meanwhile.
-		return v4, v6
-	}
 	// The node and pods meet clusterPort instead of externalPort when it
 	// differs (kube-proxy's shortcut under externalTrafficPolicy Local).
 	externalPort, clusterPort := ap.externalTargets()
+	if externalPort == 0 {
+		return v4, v6 // no portal while its second socket is missing
+	}
 	if clusterPort == externalPort {
 		clusterPort = 0
 	}
