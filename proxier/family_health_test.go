@@ -159,20 +159,8 @@ func TestMovedPortWaitsForTheFailedFamilysRules(t *testing.T) {
 	if moved, _ := p.ProxyPort("default/web:p"); moved == taken {
 		t.Fatalf("web still on %d, b's NodePort", taken)
 	}
-	clk.Step(time.Second)
-	changed := v6slice.DeepCopy()
-	changed.Endpoints[0].Addresses = []string{"fd00:1::2"}
-	changed.Annotations = map[string]string{endpointsTriggerTimeAnnotation: clk.Now().Format(time.RFC3339Nano)}
-	p.OnEndpointSliceUpdate(v6slice, changed)
-	clk.Step(time.Second)
-	p.Sync()
-	samples := func() uint64 {
-		var m dto.Metric
-		if err := p.metrics.NetworkProgrammingLatency.WithLabelValues(ipv6Family).(prometheus.Metric).Write(&m); err != nil {
-			t.Fatal(err)
-		}
-		return m.GetHistogram().GetSampleCount()
-	}
+	changeStamped(p, clk, v6slice, "fd00:1::2")
+	samples := func() uint64 { return latencySamples(t, p, ipv6Family) }
 	if n := samples(); n != 0 {
 		t.Errorf("IPv6 programming latency count %d, want 0: IPv6's rules still name web's old proxy port %d", n, taken)
 	}
@@ -230,20 +218,8 @@ func TestAddedFamilyWaitsForItsRules(t *testing.T) {
 			if _, ok := p.ProxyPort("default/web:p"); !ok {
 				t.Fatalf("web has no proxy socket after the change (left undone: %q)", p.lastFailed)
 			}
-			clk.Step(time.Second)
-			changed := slice.DeepCopy()
-			changed.Endpoints[0].Addresses = []string{tc.changedAddr}
-			changed.Annotations = map[string]string{endpointsTriggerTimeAnnotation: clk.Now().Format(time.RFC3339Nano)}
-			p.OnEndpointSliceUpdate(slice, changed)
-			clk.Step(time.Second)
-			p.Sync()
-			samples := func() uint64 {
-				var m dto.Metric
-				if err := p.metrics.NetworkProgrammingLatency.WithLabelValues(tc.family).(prometheus.Metric).Write(&m); err != nil {
-					t.Fatal(err)
-				}
-				return m.GetHistogram().GetSampleCount()
-			}
+			changeStamped(p, clk, slice, tc.changedAddr)
+			samples := func() uint64 { return latencySamples(t, p, tc.family) }
 			if n := samples(); n != 0 {
 				t.Errorf("%s programming latency count %d, want 0: no %s rule names web yet", tc.family, n, tc.family)
 			}
@@ -299,20 +275,8 @@ func TestReopenedOffATakenPortWaitsForTheFailedFamilysRules(t *testing.T) {
 	if moved, _ := p.ProxyPort("default/web"); moved == taken || moved == 0 {
 		t.Fatalf("web on %d, want another port than %d", moved, taken)
 	}
-	clk.Step(time.Second)
-	changed := v6slice.DeepCopy()
-	changed.Endpoints[0].Addresses = []string{"fd00:1::2"}
-	changed.Annotations = map[string]string{endpointsTriggerTimeAnnotation: clk.Now().Format(time.RFC3339Nano)}
-	p.OnEndpointSliceUpdate(v6slice, changed)
-	clk.Step(time.Second)
-	p.Sync()
-	samples := func() uint64 {
-		var m dto.Metric
-		if err := p.metrics.NetworkProgrammingLatency.WithLabelValues(ipv6Family).(prometheus.Metric).Write(&m); err != nil {
-			t.Fatal(err)
-		}
-		return m.GetHistogram().GetSampleCount()
-	}
+	changeStamped(p, clk, v6slice, "fd00:1::2")
+	samples := func() uint64 { return latencySamples(t, p, ipv6Family) }
 	if n := samples(); n != 0 {
 		t.Errorf("IPv6 programming latency count %d, want 0: IPv6's rules still name web's old proxy port %d", n, taken)
 	}
@@ -322,4 +286,27 @@ func TestReopenedOffATakenPortWaitsForTheFailedFamilysRules(t *testing.T) {
 	if n := samples(); n != 1 {
 		t.Errorf("IPv6 programming latency count %d, want 1 once IPv6's rules were written", n)
 	}
+}
+
+// changeStamped moves slice's first endpoint to addr with a trigger time a
+// second on, and syncs a second later.
+func changeStamped(p *Proxier, clk *clocktesting.FakeClock, slice *discovery.EndpointSlice, addr string) {
+	clk.Step(time.Second)
+	changed := slice.DeepCopy()
+	changed.Endpoints[0].Addresses = []string{addr}
+	changed.Annotations = map[string]string{endpointsTriggerTimeAnnotation: clk.Now().Format(time.RFC3339Nano)}
+	p.OnEndpointSliceUpdate(slice, changed)
+	clk.Step(time.Second)
+	p.Sync()
+}
+
+// latencySamples is how many network programming latencies p observed in
+// family.
+func latencySamples(t *testing.T, p *Proxier, family string) uint64 {
+	t.Helper()
+	var m dto.Metric
+	if err := p.metrics.NetworkProgrammingLatency.WithLabelValues(family).(prometheus.Metric).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetHistogram().GetSampleCount()
 }
