@@ -109,6 +109,12 @@ type gatedDialer struct {
 
 func (g gatedDialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
 	<-g.gate
+	// The attempt's bound (250 ms for the first) is the dial's, not the
+	// gate's: a loaded runner let the test's token come after it, the
+	// attempt failed at once, and the next waited for a token that never
+	// came (and took the next connection's): every connection hung.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
 	return g.d.DialContext(ctx, network, address)
 }
 
