@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 )
 
 // udpDialTries is how many backend sockets a new session opens at most to
@@ -81,12 +83,10 @@ func dialUDPSession(ep netip.AddrPort, recent *recentPorts) (int, uint16, error)
 	if !recent.recent(port) {
 		return fd, port, nil
 	}
-	var held []int
-	defer func() {
-		for _, h := range held {
-			unix.Close(h)
-		}
-	}()
+	// Held in an array, closed at the end: a slice and a deferred closure
+	// cost a new session two allocations more.
+	var held [udpDialTries - 1]int
+	n := 0
 	bestAge := recent.age(port)
 	for range udpDialTries - 1 {
 		next, err := dialUDPBackend(ep)
@@ -95,30 +95,29 @@ func dialUDPSession(ep netip.AddrPort, recent *recentPorts) (int, uint16, error)
 		}
 		p := localPort(next)
 		if !recent.recent(p) {
-			held = append(held, fd)
-			return next, p, nil
+			held[n], n = fd, n+1
+			fd, port = next, p
+			break
 		}
 		if a := recent.age(p); a > bestAge {
-			held = append(held, fd)
+			held[n], n = fd, n+1
 			fd, port, bestAge = next, p, a
 		} else {
-			held = append(held, next)
+			held[n], n = next, n+1
 		}
+	}
+	for _, h := range held[:n] {
+		unix.Close(h)
 	}
 	return fd, port, nil
 }
 
-// localPort is the port a socket is bound to, 0 if unknown.
+// localPort is the port a socket is bound to, 0 if unknown (read without
+// allocating: unix.Getsockname's sockaddrs cost a session two).
 func localPort(fd int) uint16 {
-	sa, err := unix.Getsockname(fd)
+	local, err := rawio.LocalAddr(fd)
 	if err != nil {
 		return 0
 	}
-	switch sa := sa.(type) {
-	case *unix.SockaddrInet4:
-		return uint16(sa.Port)
-	case *unix.SockaddrInet6:
-		return uint16(sa.Port)
-	}
-	return 0
+	return local.Port()
 }
