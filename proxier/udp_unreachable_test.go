@@ -67,11 +67,16 @@ func TestUDPEndpointRefusalReachesTheClient(t *testing.T) {
 			endpoint := closed.LocalAddr().String()
 			closed.Close() // nothing listens there now
 			p := newTestProxier(t, Options{BindAddress: netip.MustParseAddr(tt.bind)})
-			p.OnServiceAdd(makeService("dns", withProtocol(v1.ProtocolUDP)))
+			svc := makeService("dns", withProtocol(v1.ProtocolUDP))
 			slice := makeSlice("dns", v1.ProtocolUDP, endpoint)
 			if tt.client == "udp6" {
+				// An IPv6 Service: with the IPv4 cluster IP the port
+				// had no endpoint of the client's family, and the
+				// refusal came from the no-endpoints path.
+				withClusterIP("fd00::10")(svc)
 				slice.AddressType = discovery.AddressTypeIPv6
 			}
+			p.OnServiceAdd(svc)
 			p.OnEndpointSliceAdd(slice)
 			p.Sync()
 			port, ok := p.ProxyPort("default/dns:p")
