@@ -75,7 +75,7 @@ kubeproxy_userspace_bytes_total{direction="out",service_port="default/web:p"} 5
 # TYPE kubeproxy_userspace_connections_failed_total counter
 kubeproxy_userspace_connections_failed_total{service_port="default/dns:p"} 1
 kubeproxy_userspace_connections_failed_total{service_port="default/web:p"} 0
-# HELP kubeproxy_userspace_dial_failures_total Failed attempts to connect to an endpoint (UDP: an endpoint that refused a session's datagrams)
+# HELP kubeproxy_userspace_dial_failures_total Failed attempts to connect to an endpoint (UDP: an endpoint that refused a session's datagrams or could not be reached)
 # TYPE kubeproxy_userspace_dial_failures_total counter
 kubeproxy_userspace_dial_failures_total{service_port="default/dns:p"} 0
 kubeproxy_userspace_dial_failures_total{service_port="default/web:p"} 0

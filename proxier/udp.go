@@ -449,6 +449,11 @@ func (s *udpProxySocket) relayReady(n int) {
 			_ = s.serviceRaw.Control(s.drainFn)
 			continue
 		}
+		if ev.Events&unix.EPOLLERR != 0 {
+			// An ICMP error about the session's datagrams (read only
+			// now: the datagrams that err nothing pay nothing).
+			s.sessionErrors(int(ev.Fd))
+		}
 		s.relayFrom(int(ev.Fd), b)
 		if b.used == udpBatchLen {
 			s.flushReplies()
@@ -542,6 +547,7 @@ func dialUDPBackend(ep netip.AddrPort) (int, error) {
 		unix.Close(fd)
 		return -1, relay.ErrDescriptorReserve
 	}
+	enableRecvErr(fd, family) // an unreachable endpoint is told (udp_recverr.go)
 	if err := unix.Connect(fd, sa); err != nil {
 		unix.Close(fd)
 		return -1, &net.OpError{Op: "dial", Net: "udp", Addr: net.UDPAddrFromAddrPort(ep), Err: os.NewSyscallError("connect", err)}

@@ -122,9 +122,13 @@ func (s *udpProxySocket) relayFrom(fd int, b *udpBatch) {
 			// endpoint mid-flow and the replies on their way were lost).
 			// A reply queued meanwhile is read at the next wake.
 		case err != unix.EAGAIN && err != unix.EINTR:
-			// Broken: end the session; the client's next datagram
-			// picks again.
-			s.closeSessionLocked(sess)
+			// An ICMP error that came after the poller looked (the
+			// socket's pending error, which a receive reports first):
+			// the client is told as on EPOLLERR. Else broken: end the
+			// session; the client's next datagram picks again.
+			if !s.sessionErrorsLocked(sess) {
+				s.closeSessionLocked(sess)
+			}
 		}
 		s.mu.Unlock()
 		return

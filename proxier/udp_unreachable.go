@@ -63,7 +63,7 @@ func (u *unreachableSender) send(client netip.AddrPort, oob []byte, bound netip.
 	if u == nil || !u.limit.Allow() {
 		return
 	}
-	u.sendTo(client, datagramDestination(oob, bound), len(payload))
+	u.sendTo(client, datagramDestination(oob, bound), len(payload), nil)
 }
 
 // endpointRefused answers a session's client whose endpoint refused its datagrams
@@ -76,12 +76,25 @@ func (u *unreachableSender) endpointRefused(client, local netip.AddrPort) {
 	if u == nil || !u.limit.Allow() {
 		return
 	}
-	u.sendTo(client, local, 0)
+	u.sendTo(client, local, 0, nil)
+}
+
+// endpointUnreachable answers a session's client whose endpoint the node
+// could not reach (the session's socket took e, an ICMP destination
+// unreachable other than port unreachable: no ARP/ND answer, no route, a
+// firewall) with a destination unreachable of e's code, as kube-proxy's
+// DNAT lets the node's error reach it.
+func (u *unreachableSender) endpointUnreachable(client, local netip.AddrPort, e icmpError) {
+	if u == nil || !u.limit.Allow() {
+		return
+	}
+	u.sendTo(client, local, 0, &e)
 }
 
 // sendTo sends the error about a datagram of payloadLen bytes from client
-// to local, the rate already allowed.
-func (u *unreachableSender) sendTo(client, local netip.AddrPort, payloadLen int) {
+// to local, the rate already allowed: port unreachable, or with unreach
+// the destination unreachable of its code.
+func (u *unreachableSender) sendTo(client, local netip.AddrPort, payloadLen int, unreach *icmpError) {
 	if !local.IsValid() || local.Addr().IsUnspecified() {
 		return
 	}
@@ -97,9 +110,17 @@ func (u *unreachableSender) sendTo(client, local netip.AddrPort, payloadLen int)
 	var to unix.Sockaddr
 	if family == 0 {
 		msg = portUnreachable4(client, local, payloadLen)
+		if unreach != nil {
+			msg[1] = unreach.codeFor(false)
+			msg[2], msg[3] = 0, 0
+			binary.BigEndian.PutUint16(msg[2:], checksum(msg))
+		}
 		to = &unix.SockaddrInet4{Addr: client.Addr().As4()}
 	} else {
 		msg = portUnreachable6(client, local, payloadLen)
+		if unreach != nil {
+			msg[1] = unreach.codeFor(true) // the kernel sets the checksum
+		}
 		to = &unix.SockaddrInet6{Addr: client.Addr().As16()}
 	}
 	u.mu.Lock()
