@@ -122,7 +122,9 @@ func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo, kept
 type retiredSocket struct {
 	sock proxySocket
 	port int
-	name loadbalancer.ServicePortName
+	// svc is the service port's name, name its second socket's balancer
+	// entry's.
+	svc, name loadbalancer.ServicePortName
 }
 
 // retireExternalSocket takes the external socket out of the service port
@@ -138,17 +140,23 @@ func (p *Proxier) retireExternalSocket(ap *activePort) {
 	if u, ok := ap.external.(*udpProxySocket); ok {
 		u.useBalancer(p.lb.ServicePort(ap.info.name))
 	}
-	p.retired = append(p.retired, retiredSocket{sock: ap.external, port: ap.externalPort, name: externalName(ap.info.name)})
+	p.retired = append(p.retired, retiredSocket{sock: ap.external, port: ap.externalPort, svc: ap.info.name, name: externalName(ap.info.name)})
 	ap.external, ap.externalPort = nil, 0
 	p.debugTouched = append(p.debugTouched, ap.info.name)
 }
 
-// closeRetired closes the sockets retireExternalSocket set aside.
+// closeRetired closes the sockets retireExternalSocket set aside; called
+// once a sync wrote every family's rules (a failed write left the kernel's
+// sending their addresses to them), and at the proxy's exit. A service
+// port that has a second socket again (its policy flipped back meanwhile)
+// keeps the balancer entry, which that socket uses now.
 func (p *Proxier) closeRetired() {
 	for _, r := range p.retired {
 		_ = r.sock.Close()
 		p.ports.Release(r.port)
-		p.lb.DeleteServicePort(r.name)
+		if ap := p.active[r.svc]; ap == nil || ap.external == nil {
+			p.lb.DeleteServicePort(r.name)
+		}
 	}
 	p.retired = nil
 }

@@ -95,3 +95,71 @@ func TestExternalSocketServesUntilTheRulesMove(t *testing.T) {
 		t.Errorf("the second socket (port %d) after the sync: %v, want it closed (ECONNREFUSED)", extPort, err)
 	}
 }
+
+// A rule write that fails leaves the kernel's rules sending the NodePort
+// (external IPs, LB IPs) to the retired second socket: it serves on until
+// a sync writes them, as README says ("closes it only once the rules send
+// its addresses to the service port's socket"). It was closed at the end
+// of the failed sync all the same, and its UDP clients were refused until
+// the retry wrote the rules. The policy flipped back to Local meanwhile
+// opens a second socket of its own, whose balancer the retired one's close
+// must not take with it.
+func TestRetiredExternalSocketWaitsForAFailedRuleWrite(t *testing.T) {
+	startUDPEcho(t, "127.0.0.2:20055", "local:")
+	startUDPEcho(t, "127.0.0.3:20055", "remote:")
+	fake := iptables.NewFakeRunner(iptables.IPv4)
+	rules := iptables.New(fake, iptables.Config{Family: iptables.IPv4, NodeIP: mustAddr("192.0.2.2")})
+	p := newTestProxier(t, Options{NodeName: "node1", IPv4Portals: rules})
+	local := makeService("web", withProtocol(v1.ProtocolUDP), withNodePort(30055), withClientIPAffinity(60), func(s *v1.Service) {
+		s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+	})
+	es := makeSlice("web", v1.ProtocolUDP, "127.0.0.2:20055", "127.0.0.3:20055")
+	es.Endpoints[0].NodeName, es.Endpoints[1].NodeName = ptr.To("node1"), ptr.To("node2")
+	p.OnServiceAdd(local)
+	p.OnEndpointSliceAdd(es)
+	p.Sync()
+	name := p.lbName("default/web:p")
+	ap := p.active[name]
+	if ap == nil || ap.external == nil {
+		t.Fatal("no second socket under externalTrafficPolicy Local")
+	}
+	extPort := ap.externalPort
+	ask := func(port int) error {
+		c, err := net.Dial("udp4", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_, _ = c.Write([]byte("q"))
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err = c.Read(make([]byte, 64))
+		return err
+	}
+
+	fake.SetError("Restore", errors.New("iptables-restore: line 3 failed"))
+	cluster := makeService("web", withProtocol(v1.ProtocolUDP), withNodePort(30055), withClientIPAffinity(60))
+	p.OnServiceUpdate(local, cluster)
+	p.Sync()
+	if err := ask(extPort); err != nil {
+		t.Fatalf("the retired second socket (port %d) after a sync whose rule write failed: %v, want an answer (the kernel's rules still send the NodePort there)", extPort, err)
+	}
+
+	// Back to Local before any write succeeded: a new second socket.
+	p.OnServiceUpdate(cluster, local)
+	p.Sync()
+	ap = p.active[name]
+	if ap.external == nil || ap.externalPort == extPort {
+		t.Fatalf("second socket after the flip back: %v on port %d, want a new one (the retired one holds %d)", ap.external, ap.externalPort, extPort)
+	}
+	fake.SetError("Restore", nil)
+	p.Sync()
+	if err := ask(extPort); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("the retired second socket (port %d) once the rules were written: %v, want it closed (ECONNREFUSED)", extPort, err)
+	}
+	if err := ask(ap.externalPort); err != nil {
+		t.Errorf("the new second socket (port %d): %v, want an answer from its node-local endpoint", ap.externalPort, err)
+	}
+	if snap, ok := p.lb.Snapshot(externalName(name)); !ok || !snap.Affinity.ClientIP {
+		t.Errorf("the new second socket's balancer entry after the retired one closed: %+v (found %v), want it kept, with ClientIP affinity", snap.Affinity, ok)
+	}
+}
