@@ -38,6 +38,8 @@ var sessionLimitDrops noBackendLog
 func (l *noBackendLog) report(servicePort string, client netip.AddrPort, err error) {
 	lines, msg := l, "No endpoint could be reached; the client was refused"
 	switch {
+	case errors.Is(err, errPortSessionLimit):
+		msg = "UDP datagrams of new clients dropped: the service port holds --udp-max-sessions-per-port sessions, and a fault (latency, reorder) still delays a client datagram of each of its oldest, which would be lost with its session"
 	case errors.Is(err, errSessionLimit):
 		lines, msg = &sessionLimitDrops, "UDP datagrams of new clients dropped: the proxy holds every UDP session it may (--udp-max-sessions, held to half the open-file limit and half the ephemeral ports), and this service port has none of its own to close for them; the count is of all service ports"
 	case errors.Is(err, relay.ErrDescriptorReserve):

@@ -12,6 +12,8 @@ import (
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/mono"
 )
 
 // "No endpoint" is said at -v=0 once per period per service port; the
@@ -95,5 +97,30 @@ func TestUDPSessionCapDropLogged(t *testing.T) {
 	klog.Flush()
 	if want := "UDP datagrams of new clients dropped"; !strings.Contains(buf.String(), want) {
 		t.Fatalf("no line %q for the datagram dropped at the cap:\n%s", want, buf.String())
+	}
+}
+
+// A datagram dropped at the port's own cap (--udp-max-sessions-per-port:
+// every one of its oldest sessions holds a client datagram a fault still
+// delays) is not blamed on the total cap: its line said "the proxy holds
+// every UDP session it may (--udp-max-sessions ...)", which sends an
+// operator to raise a cap that was nowhere near, while the port's own was
+// the one reached.
+func TestUDPPortCapDropNotBlamedOnTheTotalCap(t *testing.T) {
+	s := &udpProxySocket{cfg: &socketConfig{udpMaxSessionsPerPort: 1, udpBudget: newUDPBudget(100)}, sessions: newUDPSessionTable()}
+	now := mono.Now()
+	s.sessions.add(&udpSession{client: netip.MustParseAddrPort("10.0.0.1:5353"), fd: -1, upDeferredUntil: now + int64(time.Hour)}, now)
+	err := s.makeRoomLocked(now)
+	if !errors.Is(err, errSessionLimit) {
+		t.Fatalf("makeRoomLocked at the port's cap with its only session's datagram delayed: %v, want a session limit", err)
+	}
+	buf := captureKlog(t)
+	sessionLimitDrops.last.Store(0)
+	var l noBackendLog
+	l.report("default/dns:p", netip.MustParseAddrPort("10.0.0.2:5353"), err)
+	klog.Flush()
+	line := buf.String()
+	if !strings.Contains(line, "--udp-max-sessions-per-port") || strings.Contains(line, "holds every UDP session it may") {
+		t.Fatalf("the line for a datagram dropped at the port's own cap does not name it (or blames the total cap):\n%s", line)
 	}
 }

@@ -24,6 +24,11 @@ import (
 // delays a datagram of each it looked at).
 var errSessionLimit = errors.New("UDP session limit reached")
 
+// errPortSessionLimit: the port's own cap is reached and a fault still
+// delays a client datagram of each session it looked at (an
+// errSessionLimit, said as the port's own).
+var errPortSessionLimit = fmt.Errorf("%w (the service port's own, --udp-max-sessions-per-port)", errSessionLimit)
+
 // udpProxySocket relays datagrams for one service port. Each client ip:port
 // gets a session: a connected socket to the chosen backend. One goroutine
 // serves the port whatever the number of sessions: it waits on the service
@@ -310,7 +315,7 @@ func (s *udpProxySocket) makeRoomLocked(now int64) error {
 	if s.sessions.len() >= s.cfg.udpMaxSessionsPerPort && s.sessions.len() > 0 {
 		old := s.evictableLocked(now)
 		if old == nil {
-			return errSessionLimit
+			return errPortSessionLimit
 		}
 		s.closeSessionLocked(old)
 		s.evicted.Inc()
