@@ -125,6 +125,9 @@ type retiredSocket struct {
 	// svc is the service port's name, name its second socket's balancer
 	// entry's.
 	svc, name loadbalancer.ServicePortName
+	// waiting: the families whose rules may still name it, until a sync
+	// writes them.
+	waiting ipFamilies
 }
 
 // retireExternalSocket takes the external socket out of the service port
@@ -140,25 +143,32 @@ func (p *Proxier) retireExternalSocket(ap *activePort) {
 	if u, ok := ap.external.(*udpProxySocket); ok {
 		u.useBalancer(p.lb.ServicePort(ap.info.name))
 	}
-	p.retired = append(p.retired, retiredSocket{sock: ap.external, port: ap.externalPort, svc: ap.info.name, name: externalName(ap.info.name)})
+	p.retired = append(p.retired, retiredSocket{sock: ap.external, port: ap.externalPort, svc: ap.info.name, name: externalName(ap.info.name), waiting: ap.info.serviceFamilies()})
 	ap.external, ap.externalPort = nil, 0
 	p.debugTouched = append(p.debugTouched, ap.info.name)
 }
 
-// closeRetired closes the sockets retireExternalSocket set aside; called
-// once a sync wrote every family's rules (a failed write left the kernel's
-// sending their addresses to them), and at the proxy's exit. A service
-// port that has a second socket again (its policy flipped back meanwhile)
-// keeps the balancer entry, which that socket uses now.
-func (p *Proxier) closeRetired() {
+// closeRetired closes the sockets retireExternalSocket set aside once the
+// rules of each of their families are written (written: those this sync
+// wrote; a failed write left the kernel's sending their addresses to
+// them), all of them at the proxy's exit. A service port that has a second
+// socket again (its policy flipped back meanwhile) keeps the balancer
+// entry, which that socket uses now.
+func (p *Proxier) closeRetired(written ipFamilies) {
+	kept := p.retired[:0]
 	for _, r := range p.retired {
+		if r.waiting &^= written; r.waiting != 0 {
+			kept = append(kept, r)
+			continue
+		}
 		_ = r.sock.Close()
 		p.ports.Release(r.port)
 		if ap := p.active[r.svc]; ap == nil || ap.external == nil {
 			p.lb.DeleteServicePort(r.name)
 		}
 	}
-	p.retired = nil
+	clear(p.retired[len(kept):])
+	p.retired = kept
 }
 
 func (p *Proxier) closeExternalSocket(ap *activePort) {

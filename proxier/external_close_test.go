@@ -163,3 +163,51 @@ func TestRetiredExternalSocketWaitsForAFailedRuleWrite(t *testing.T) {
 		t.Errorf("the new second socket's balancer entry after the retired one closed: %+v (found %v), want it kept, with ClientIP affinity", snap.Affinity, ok)
 	}
 }
+
+// A family whose rule write keeps failing (ip6tables-restore) does not
+// hold back the close of a retired socket whose rules are all in the
+// other: an IPv4 Service's retired second socket closes once IPv4's rules
+// are written, or every flip of its policy left one open for as long as
+// IPv6's writes failed.
+func TestRetiredExternalSocketClosesOnceItsFamilysRulesAreWritten(t *testing.T) {
+	startUDPEcho(t, "127.0.0.2:20056", "local:")
+	fake4, fake6 := iptables.NewFakeRunner(iptables.IPv4), iptables.NewFakeRunner(iptables.IPv6)
+	p := newTestProxier(t, Options{NodeName: "node1",
+		IPv4Portals: iptables.New(fake4, iptables.Config{Family: iptables.IPv4, NodeIP: mustAddr("192.0.2.2")}),
+		IPv6Portals: iptables.New(fake6, iptables.Config{Family: iptables.IPv6, NodeIP: mustAddr("2001:db8::2")}),
+	})
+	local := makeService("web", withProtocol(v1.ProtocolUDP), withNodePort(30056), func(s *v1.Service) {
+		s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+	})
+	es := makeSlice("web", v1.ProtocolUDP, "127.0.0.2:20056")
+	es.Endpoints[0].NodeName = ptr.To("node1")
+	p.OnServiceAdd(local)
+	p.OnEndpointSliceAdd(es)
+	p.Sync()
+	ap := p.active[p.lbName("default/web:p")]
+	if ap == nil || ap.external == nil {
+		t.Fatal("no second socket under externalTrafficPolicy Local")
+	}
+	extPort := ap.externalPort
+	fake6.SetError("Restore", errors.New("ip6tables-restore: line 3 failed"))
+	p.OnServiceUpdate(local, makeService("web", withProtocol(v1.ProtocolUDP), withNodePort(30056)))
+	// An IPv6 Service, whose rules keep failing.
+	p.OnServiceAdd(makeService("six", withProtocol(v1.ProtocolUDP), withClusterIP("fd00::10")))
+	p.Sync()
+	if ok, _, failed := p.syncPortals(false); ok || len(failed) != 1 {
+		t.Fatalf("IPv6's rule write: ok %v, failed %v; want it failing, alone", ok, failed)
+	}
+	if len(p.retired) != 0 {
+		t.Fatalf("%d retired sockets after a sync that wrote IPv4's rules, want none (the Service is IPv4 only; IPv6's write failed)", len(p.retired))
+	}
+	c, err := net.Dial("udp4", net.JoinHostPort("127.0.0.1", strconv.Itoa(extPort)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _ = c.Write([]byte("q"))
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 64)); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("the retired second socket (port %d) once IPv4's rules were written: %v, want it closed (ECONNREFUSED)", extPort, err)
+	}
+}

@@ -366,7 +366,7 @@ func (p *Proxier) Run(ctx context.Context) {
 		}
 		p.closePort(name, ap)
 	}
-	p.closeRetired()
+	p.closeRetired(bothFamilies)
 	// A UDP client that keeps its source port keeps its entry, NATed to a
 	// proxy port no socket of ours holds now and that no accept guards:
 	// its datagrams reached whoever bound the port, and that process's
@@ -665,12 +665,10 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 	// Only now do new flows meet the new rules; old flows still point at
 	// ports that no longer exist, or at no port at all.
 	p.clearStaleFlows(written)
-	if ok {
-		// Not before every family's rules are written: those of a family
-		// whose write failed still send the retired sockets' addresses
-		// to them, whose clients were refused until a retry wrote them.
-		p.closeRetired()
-	}
+	// Not before their families' rules are written: those of a family
+	// whose write failed still send the retired sockets' addresses to
+	// them, whose clients were refused until a retry wrote them.
+	p.closeRetired(written)
 	if len(p.openTouched) > 0 && written != 0 {
 		// Ports opened or closed since the last sync that wrote every
 		// family's rules: what the programming latency waits for. Kept
