@@ -124,7 +124,16 @@ func checkExternalTrafficPolicyLocal(t *testing.T, e *env) {
 	policy = "ETP+ITP Local"
 	s.etpLocal, s.itpLocal, s.localEndpoints = true, true, 0
 	writeSvc(t, e.p.dir, s)
-	e.external().WaitUnserved(t, "tcp", lbIP, time.Now(), startBudget)
+	// In once the LB IP from outside and the cluster IP from the node are
+	// both refused, twice each: one refused probe of the LB IP (what this
+	// waited for) can be a loaded node's failure under the Cluster policy
+	// before, and the checks below then met that policy (outside and
+	// cluster IP clients served by remote endpoints).
+	waitUntil(t, "both policies Local: the LB IP from outside and the cluster IP from the node refused", func() bool {
+		out, _ := distribution(e.external(), "tcp", lbIP, 2)
+		in, _ := distribution(e.node(), "tcp", s.tcp(), 2)
+		return out["ERR"] == 2 && in["ERR"] == 2
+	})
 	waitUntil(t, "both policies Local: LB IP from the node served by all three", func() bool {
 		got, err := distribution(e.node(), "tcp", lbIP, 3)
 		return err == nil && len(got) == 3
