@@ -368,13 +368,24 @@ func (s *udpProxySocket) evictableLocked(now int64) *udpSession {
 // its timeout); its next datagram picks again, past this endpoint (the
 // balancer's Failed).
 func (s *udpProxySocket) refusedLocked(sess *udpSession, err error) {
+	s.endpointFailedLocked(sess, nil, err)
+}
+
+// endpointFailedLocked ends a session whose endpoint refused its datagrams
+// (unreach nil) or could not be reached (unreach, an ICMP destination
+// unreachable of another code: udp_recverr.go), telling the client with an
+// error of the same code, and counts and logs it likewise.
+func (s *udpProxySocket) endpointFailedLocked(sess *udpSession, unreach *icmpError, err error) {
 	s.dialFailures.Inc()
-	s.cfg.unreachable.endpointRefused(sess.client, sess.local)
+	s.cfg.unreachable.endpointFailed(sess.client, sess.local, unreach)
 	// With ClientIP affinity the client is pinned to the endpoint that
-	// refused: its next datagram must not find the pin again.
+	// failed: its next datagram must not find the pin again.
 	s.sp.Failed(sess.client.Addr(), sess.backend)
-	klog.V(2).InfoS("UDP endpoint refused the session's datagrams; the client's next datagram picks again",
-		"servicePort", s.label, "client", sess.client, "endpoint", sess.backend, "err", err)
+	msg := "UDP endpoint refused the session's datagrams; the client's next datagram picks again"
+	if unreach != nil {
+		msg = "UDP endpoint could not be reached (ICMP destination unreachable); the client's next datagram picks again"
+	}
+	klog.V(2).InfoS(msg, "servicePort", s.label, "client", sess.client, "endpoint", sess.backend, "err", err)
 	s.closeSessionLocked(sess)
 }
 

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 
 	"golang.org/x/sys/unix"
-	"k8s.io/klog/v2"
 )
 
 // An endpoint the node cannot reach (a deleted pod's address that answers
@@ -142,13 +141,8 @@ func (s *udpProxySocket) sessionErrorsLocked(sess *udpSession) bool {
 	}
 	if e.portUnreachable() {
 		s.refusedLocked(sess, unix.ECONNREFUSED)
-		return true
+	} else {
+		s.endpointFailedLocked(sess, &e, e.errno)
 	}
-	s.dialFailures.Inc()
-	s.cfg.unreachable.endpointUnreachable(sess.client, sess.local, e)
-	s.sp.Failed(sess.client.Addr(), sess.backend)
-	klog.V(2).InfoS("UDP endpoint could not be reached (ICMP destination unreachable); the client's next datagram picks again",
-		"servicePort", s.label, "client", sess.client, "endpoint", sess.backend, "err", e.errno, "code", e.code)
-	s.closeSessionLocked(sess)
 	return true
 }

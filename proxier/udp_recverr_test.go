@@ -1,7 +1,6 @@
 package proxier
 
 import (
-	"encoding/binary"
 	"errors"
 	"net"
 	"net/netip"
@@ -139,15 +138,11 @@ func injectHostUnreachable(t *testing.T, session, endpoint netip.AddrPort) {
 	var msg []byte
 	var to unix.Sockaddr
 	if session.Addr().Is4() {
-		msg = portUnreachable4(session, endpoint, 5)
-		msg[1] = 1 // host unreachable
-		msg[2], msg[3] = 0, 0
-		binary.BigEndian.PutUint16(msg[2:], checksum(msg))
+		msg = destUnreachable4(1, session, endpoint, 5) // host unreachable
 		to = &unix.SockaddrInet4{Addr: session.Addr().As4()}
 		fd, err = unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_ICMP)
 	} else {
-		msg = portUnreachable6(session, endpoint, 5)
-		msg[1] = 3 // address unreachable (the kernel sets the checksum)
+		msg = destUnreachable6(3, session, endpoint, 5) // address unreachable
 		to = &unix.SockaddrInet6{Addr: session.Addr().As16()}
 		fd, err = unix.Socket(unix.AF_INET6, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_ICMPV6)
 	}

@@ -13,7 +13,7 @@ type udpSession struct {
 	backend netip.AddrPort
 	// local is where the client's first datagram arrived (the service
 	// port's address after the portal's DNAT): what an error to the
-	// client quotes (unreachableSender.endpointRefused).
+	// client quotes (unreachableSender.endpointFailed).
 	local netip.AddrPort
 	// fd is the connected backend socket, -1 once closed: writers check it
 	// under the socket's mutex, so a closed (and perhaps reused) descriptor

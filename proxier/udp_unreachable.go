@@ -66,29 +66,20 @@ func (u *unreachableSender) send(client netip.AddrPort, oob []byte, bound netip.
 	u.sendTo(client, datagramDestination(oob, bound), len(payload), nil)
 }
 
-// endpointRefused answers a session's client whose endpoint refused its datagrams
-// (the endpoint's own port unreachable, which the proxy's backend socket
-// took): kube-proxy's DNAT lets the endpoint's error reach the client, and
-// without it the client waited out its timeouts, as for a Service without
-// endpoints. local is where the session's first datagram arrived; the
-// datagram itself is gone, so the quote carries its header alone.
-func (u *unreachableSender) endpointRefused(client, local netip.AddrPort) {
+// endpointFailed answers a session's client whose endpoint refused its
+// datagrams (the endpoint's own port unreachable, which the proxy's backend
+// socket took; unreach nil) or could not be reached (unreach: a destination
+// unreachable of another code, the node's or a router's: no ARP/ND answer,
+// no route, a firewall), with an error of the same code: kube-proxy's DNAT
+// lets it reach the client, and without it the client waited out its
+// timeouts, as for a Service without endpoints. local is where the
+// session's first datagram arrived; the datagram itself is gone, so the
+// quote carries its header alone.
+func (u *unreachableSender) endpointFailed(client, local netip.AddrPort, unreach *icmpError) {
 	if u == nil || !u.limit.Allow() {
 		return
 	}
-	u.sendTo(client, local, 0, nil)
-}
-
-// endpointUnreachable answers a session's client whose endpoint the node
-// could not reach (the session's socket took e, an ICMP destination
-// unreachable other than port unreachable: no ARP/ND answer, no route, a
-// firewall) with a destination unreachable of e's code, as kube-proxy's
-// DNAT lets the node's error reach it.
-func (u *unreachableSender) endpointUnreachable(client, local netip.AddrPort, e icmpError) {
-	if u == nil || !u.limit.Allow() {
-		return
-	}
-	u.sendTo(client, local, 0, &e)
+	u.sendTo(client, local, 0, unreach)
 }
 
 // sendTo sends the error about a datagram of payloadLen bytes from client
@@ -109,18 +100,18 @@ func (u *unreachableSender) sendTo(client, local netip.AddrPort, payloadLen int,
 	var msg []byte
 	var to unix.Sockaddr
 	if family == 0 {
-		msg = portUnreachable4(client, local, payloadLen)
+		code := uint8(3) // port unreachable
 		if unreach != nil {
-			msg[1] = unreach.codeFor(false)
-			msg[2], msg[3] = 0, 0
-			binary.BigEndian.PutUint16(msg[2:], checksum(msg))
+			code = unreach.codeFor(false)
 		}
+		msg = destUnreachable4(code, client, local, payloadLen)
 		to = &unix.SockaddrInet4{Addr: client.Addr().As4()}
 	} else {
-		msg = portUnreachable6(client, local, payloadLen)
+		code := uint8(4) // port unreachable
 		if unreach != nil {
-			msg[1] = unreach.codeFor(true) // the kernel sets the checksum
+			code = unreach.codeFor(true)
 		}
+		msg = destUnreachable6(code, client, local, payloadLen)
 		to = &unix.SockaddrInet6{Addr: client.Addr().As16()}
 	}
 	u.mu.Lock()
@@ -199,11 +190,12 @@ const icmpFilter = 1
 // header, which is all a receiver matches on.
 const quotedUDPHeaderLen = 8
 
-// portUnreachable4 is the ICMP message (type 3, code 3) about a datagram of
+// destUnreachable4 is the ICMP destination unreachable (type 3) of code
+// (3: port unreachable) about a datagram of
 // payloadLen bytes from client to local.
-func portUnreachable4(client, local netip.AddrPort, payloadLen int) []byte {
+func destUnreachable4(code uint8, client, local netip.AddrPort, payloadLen int) []byte {
 	b := make([]byte, 8+ipv4.HeaderLen+quotedUDPHeaderLen)
-	b[0], b[1] = 3, 3 // destination unreachable, port unreachable
+	b[0], b[1] = 3, code // destination unreachable
 	ip := b[8 : 8+ipv4.HeaderLen]
 	ip[0] = 0x45 // version 4, 5 words
 	binary.BigEndian.PutUint16(ip[2:], uint16(min(ipv4.HeaderLen+quotedUDPHeaderLen+payloadLen, 0xffff)))
@@ -218,11 +210,12 @@ func portUnreachable4(client, local netip.AddrPort, payloadLen int) []byte {
 	return b
 }
 
-// portUnreachable6 is the ICMPv6 message (type 1, code 4) about a datagram
+// destUnreachable6 is the ICMPv6 destination unreachable (type 1) of
+// code (4: port unreachable) about a datagram
 // of payloadLen bytes from client to local; the kernel sets the checksum.
-func portUnreachable6(client, local netip.AddrPort, payloadLen int) []byte {
+func destUnreachable6(code uint8, client, local netip.AddrPort, payloadLen int) []byte {
 	b := make([]byte, 8+ipv6.HeaderLen+quotedUDPHeaderLen)
-	b[0], b[1] = 1, 4 // destination unreachable, port unreachable
+	b[0], b[1] = 1, code // destination unreachable
 	ip := b[8 : 8+ipv6.HeaderLen]
 	ip[0] = 0x60 // version 6
 	binary.BigEndian.PutUint16(ip[4:], uint16(min(quotedUDPHeaderLen+payloadLen, 0xffff)))

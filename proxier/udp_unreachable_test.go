@@ -112,7 +112,7 @@ func queryRefused(t *testing.T, network, addr string) {
 // (addresses, protocol UDP, a valid IPv4 checksum) and the UDP ports.
 func TestPortUnreachableMessages(t *testing.T) {
 	client, local := netip.MustParseAddrPort("10.244.1.5:40000"), netip.MustParseAddrPort("10.0.0.1:31000")
-	m := portUnreachable4(client, local, 100)
+	m := destUnreachable4(3, client, local, 100)
 	if m[0] != 3 || m[1] != 3 || checksum(m) != 0 {
 		t.Fatalf("ICMP type %d code %d, checksum over the message %#x (want 3, 3, 0)", m[0], m[1], checksum(m))
 	}
@@ -123,7 +123,7 @@ func TestPortUnreachableMessages(t *testing.T) {
 	if udp := m[28:36]; binary.BigEndian.Uint16(udp[0:]) != 40000 || binary.BigEndian.Uint16(udp[2:]) != 31000 || binary.BigEndian.Uint16(udp[4:]) != 108 {
 		t.Fatalf("quoted UDP header % x", udp)
 	}
-	m6 := portUnreachable6(netip.MustParseAddrPort("[fd00::5]:40000"), netip.MustParseAddrPort("[fd00::1]:31000"), 10)
+	m6 := destUnreachable6(4, netip.MustParseAddrPort("[fd00::5]:40000"), netip.MustParseAddrPort("[fd00::1]:31000"), 10)
 	if m6[0] != 1 || m6[1] != 4 || m6[8]>>4 != 6 || m6[8+6] != 17 || len(m6) != 8+40+8 {
 		t.Fatalf("ICMPv6 message % x", m6)
 	}
