@@ -117,14 +117,14 @@ func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo, kept
 	return true
 }
 
-// retiredSocket is an external socket a sync no longer needs, closed at
-// its end (closeRetired).
+// retiredSocket is an external socket a sync no longer needs, closed once
+// the rules that may name it are rewritten (closeRetired).
 type retiredSocket struct {
 	sock proxySocket
 	port int
-	// svc is the service port's name, name its second socket's balancer
-	// entry's.
-	svc, name loadbalancer.ServicePortName
+	// svc is the service port's name (its balancer entry is svc's
+	// externalName).
+	svc loadbalancer.ServicePortName
 	// waiting: the families whose rules may still name it, until a sync
 	// writes them.
 	waiting ipFamilies
@@ -143,7 +143,7 @@ func (p *Proxier) retireExternalSocket(ap *activePort) {
 	if u, ok := ap.external.(*udpProxySocket); ok {
 		u.useBalancer(p.lb.ServicePort(ap.info.name))
 	}
-	p.retired = append(p.retired, retiredSocket{sock: ap.external, port: ap.externalPort, svc: ap.info.name, name: externalName(ap.info.name), waiting: ap.info.serviceFamilies()})
+	p.retired = append(p.retired, retiredSocket{sock: ap.external, port: ap.externalPort, svc: ap.info.name, waiting: ap.info.serviceFamilies()})
 	ap.external, ap.externalPort = nil, 0
 	p.debugTouched = append(p.debugTouched, ap.info.name)
 }
@@ -164,7 +164,7 @@ func (p *Proxier) closeRetired(written ipFamilies) {
 		_ = r.sock.Close()
 		p.ports.Release(r.port)
 		if ap := p.active[r.svc]; ap == nil || ap.external == nil {
-			p.lb.DeleteServicePort(r.name)
+			p.lb.DeleteServicePort(externalName(r.svc))
 		}
 	}
 	clear(p.retired[len(kept):])
