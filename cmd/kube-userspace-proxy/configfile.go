@@ -1,9 +1,7 @@
 package main
 
 import (
-	"errors"
 	"fmt"
-	"io/fs"
 	"net"
 	"net/netip"
 	"strconv"
@@ -48,14 +46,12 @@ const maxConfigFileSize = 1 << 20
 // readConfigFile reads --config, at start and when polled, through
 // regularfile.Read: a FIFO renamed over it blocked the poll for good (no
 // change seen again), and a sparse 1 TiB file was allocated whole, which
-// killed the proxy.
+// killed the proxy. Its error says why, not which file: each caller names
+// it ("--config PATH: ...", the poll's log its "config" key), and a
+// PathError's path made the start's message say it twice.
 func readConfigFile(path string) ([]byte, error) {
 	data, err := regularfile.Read(path, maxConfigFileSize, nil)
-	var pathErr *fs.PathError
-	if err != nil && !errors.As(err, &pathErr) { // a PathError names the file
-		err = fmt.Errorf("%s: %w", path, err)
-	}
-	return data, err
+	return data, statReason(err)
 }
 
 // applyConfigData is applyConfigFile on the file's content data.

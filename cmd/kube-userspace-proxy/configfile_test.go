@@ -364,3 +364,33 @@ func validatedOptions(t *testing.T, args []string) *options {
 	}
 	return o
 }
+
+// A --config that cannot be read is named once, by the flag's words, as
+// --manifests is: "--config /x: /x: not a regular file (a directory)" and
+// "--config missing: open missing: no such file or directory" said the
+// path twice. The proxy and explain alike; the file's content errors
+// were named once already.
+func TestConfigFileReadErrorNamesThePathOnce(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "missing.yaml")
+	bad := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(bad, []byte("kind: Foo\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct{ path, want string }{
+		{dir, "--config " + dir + ": not a regular file (a directory)\n"},
+		{missing, "--config " + missing + ": no such file or directory\n"},
+		{bad, "--config " + bad + ": apiVersion/kind: want kubeproxy.config.k8s.io/v1alpha1, KubeProxyConfiguration"},
+	}
+	for _, tt := range tests {
+		var code int
+		stderr := capture(t, &os.Stderr, func() { code = runMain([]string{"--config", tt.path, "--iptables=false"}) })
+		if code != exitUsage || !strings.Contains(stderr, "kube-userspace-proxy: "+tt.want) || strings.Count(stderr, tt.path) != 1 {
+			t.Errorf("proxy: exit %d, stderr %q; want %d and %q, the path once", code, stderr, exitUsage, tt.want)
+		}
+		stderr = capture(t, &os.Stderr, func() { code = runExplain([]string{"--config", tt.path}) })
+		if code != exitUsage || !strings.Contains(stderr, "kube-userspace-proxy explain: "+tt.want) || strings.Count(stderr, tt.path) != 1 {
+			t.Errorf("explain: exit %d, stderr %q; want %d and %q, the path once", code, stderr, exitUsage, tt.want)
+		}
+	}
+}
