@@ -100,3 +100,29 @@ func TestEndpointChangesCountedAsKubeProxy(t *testing.T) {
 	p.OnEndpointSliceDelete(relabelled)
 	check("a slice deleted", 7, 0, 0)
 }
+
+// An EndpointSlice whose addressType turns FQDN (a manifest edited; the API
+// server keeps the field immutable) gives its Service no endpoint any
+// more, as a new FQDN slice gives none: the update was ignored whole, so
+// the slice's IPv4 endpoints of before were served until it was deleted.
+func TestSliceTurnedFQDNGivesNoEndpoint(t *testing.T) {
+	p := newTestProxier(t, Options{})
+	p.OnServiceAdd(makeService("web"))
+	p.Sync()
+	v4 := makeSlice("web", v1.ProtocolTCP, "10.1.0.1:8080")
+	p.OnEndpointSliceAdd(v4)
+	name := servicePortName("web")
+	if snap, _ := p.lb.Snapshot(name); len(snap.Endpoints) != 1 {
+		t.Fatalf("endpoints %v, want the IPv4 slice's (test set-up)", snap.Endpoints)
+	}
+	fqdn := v4.DeepCopy()
+	fqdn.AddressType, fqdn.Endpoints[0].Addresses = discovery.AddressTypeFQDN, []string{"db.example.com"}
+	p.OnEndpointSliceUpdate(v4, fqdn)
+	if snap, _ := p.lb.Snapshot(name); len(snap.Endpoints) != 0 {
+		t.Errorf("endpoints %v after the slice turned FQDN, want none", snap.Endpoints)
+	}
+	p.OnEndpointSliceUpdate(fqdn, v4)
+	if snap, _ := p.lb.Snapshot(name); len(snap.Endpoints) != 1 {
+		t.Errorf("endpoints %v after the slice turned IPv4 again, want its one", snap.Endpoints)
+	}
+}

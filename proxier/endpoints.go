@@ -127,8 +127,21 @@ func (t *endpointsTracker) forget(es *discovery.EndpointSlice) {
 
 func (t *endpointsTracker) change(es *discovery.EndpointSlice, deleted, event bool) {
 	svc, ok := serviceOf(es)
-	if !ok || es.AddressType == discovery.AddressTypeFQDN {
+	if !ok {
 		return
+	}
+	if es.AddressType == discovery.AddressTypeFQDN {
+		// No endpoint of ours, and no event (kube-proxy's trackers take
+		// IP slices only). A slice of that name that was an IP one (a
+		// manifest edited: the API server keeps addressType immutable)
+		// gives none any more: it is taken away, as deleted.
+		t.mu.Lock()
+		_, had := t.slices[svc][es.Name]
+		t.mu.Unlock()
+		if !had {
+			return
+		}
+		deleted, event = true, false
 	}
 	event = event && t.nodeFamilies.served(es.AddressType)
 	if event {
