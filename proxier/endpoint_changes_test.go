@@ -1,6 +1,7 @@
 package proxier
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -125,4 +126,35 @@ func TestSliceTurnedFQDNGivesNoEndpoint(t *testing.T) {
 	if snap, _ := p.lb.Snapshot(name); len(snap.Endpoints) != 1 {
 		t.Errorf("endpoints %v after the slice turned IPv4 again, want its one", snap.Endpoints)
 	}
+}
+
+// The FQDN slices naming a Service are remembered for explain's words
+// while they name it: until deleted, relabelled, or turned IPv4.
+func TestFQDNSlicesNamingAServiceAreKnown(t *testing.T) {
+	p := newTestProxier(t, Options{})
+	p.OnServiceAdd(makeService("web"))
+	web := servicePortName("web").NamespacedName
+	check := func(step string, want []string, wantSliceless bool) {
+		t.Helper()
+		_, fqdn, ok := p.endpoints.sliceless(web, p.hasService)
+		if ok != wantSliceless || !slices.Equal(fqdn, want) {
+			t.Errorf("%s: sliceless %v, FQDN slices %v; want %v, %v", step, ok, fqdn, wantSliceless, want)
+		}
+	}
+	fqdn := makeSlice("web", v1.ProtocolTCP, "10.1.0.1:8080")
+	fqdn.AddressType, fqdn.Endpoints[0].Addresses = discovery.AddressTypeFQDN, []string{"db.example.com"}
+	p.OnEndpointSliceAdd(fqdn)
+	check("an FQDN slice", []string{"web-abc"}, true)
+	v4 := makeSlice("web", v1.ProtocolTCP, "10.1.0.1:8080")
+	p.OnEndpointSliceUpdate(fqdn, v4)
+	check("turned IPv4", nil, false)
+	p.OnEndpointSliceUpdate(v4, fqdn)
+	check("FQDN again", []string{"web-abc"}, true)
+	relabelled := fqdn.DeepCopy()
+	relabelled.Labels[discovery.LabelServiceName] = "db"
+	p.OnEndpointSliceUpdate(fqdn, relabelled)
+	check("relabelled", nil, true)
+	p.OnEndpointSliceUpdate(relabelled, fqdn)
+	p.OnEndpointSliceDelete(fqdn)
+	check("deleted", nil, true)
 }

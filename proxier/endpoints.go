@@ -36,6 +36,9 @@ type endpointsTracker struct {
 	mu sync.Mutex
 	// slices of each Service, by slice name.
 	slices map[types.NamespacedName]map[string]*discovery.EndpointSlice
+	// fqdn names each Service's FQDN slices, which give no endpoint (as
+	// kube-proxy's): kept only for explain to say that they name it.
+	fqdn map[types.NamespacedName]map[string]bool
 	// applied remembers which balancer entries got endpoints, so that a port
 	// that disappears from every slice is emptied in the balancer.
 	applied  map[types.NamespacedName]map[loadbalancer.ServicePortName]bool
@@ -136,6 +139,7 @@ func (t *endpointsTracker) change(es *discovery.EndpointSlice, deleted, event bo
 		// manifest edited: the API server keeps addressType immutable)
 		// gives none any more: it is taken away, as deleted.
 		t.mu.Lock()
+		t.noteFQDN(svc, es.Name, deleted)
 		_, had := t.slices[svc][es.Name]
 		t.mu.Unlock()
 		if !had {
@@ -149,6 +153,9 @@ func (t *endpointsTracker) change(es *discovery.EndpointSlice, deleted, event bo
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if es.AddressType != discovery.AddressTypeFQDN {
+		t.noteFQDN(svc, es.Name, true) // an IP slice (again) under that name
+	}
 	bySlice := t.slices[svc]
 	var old *discovery.EndpointSlice
 	if deleted {
@@ -169,6 +176,27 @@ func (t *endpointsTracker) change(es *discovery.EndpointSlice, deleted, event bo
 	if event && !deleted {
 		t.observeProgramming(svc, es, old)
 	}
+}
+
+// noteFQDN records that the FQDN slice name names svc, or no longer does
+// (gone). Called with mu held.
+func (t *endpointsTracker) noteFQDN(svc types.NamespacedName, name string, gone bool) {
+	names := t.fqdn[svc]
+	if gone {
+		delete(names, name)
+		if len(names) == 0 {
+			delete(t.fqdn, svc)
+		}
+		return
+	}
+	if names == nil {
+		if t.fqdn == nil {
+			t.fqdn = map[types.NamespacedName]map[string]bool{}
+		}
+		names = map[string]bool{}
+		t.fqdn[svc] = names
+	}
+	names[name] = true
 }
 
 // sliceChanged reports whether es differs from old, the version of the

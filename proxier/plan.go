@@ -2,6 +2,7 @@ package proxier
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -168,9 +169,13 @@ func (pl *Plan) Warnings() map[string][]string {
 			w = append(w, fmt.Sprintf("not served: its addresses are %s, which --bind-address %s does not serve",
 				pl.p.unsupportedFamily(), pl.p.opts.BindAddress))
 		}
-		if orphans, ok := pl.p.endpoints.sliceless(nn, pl.p.hasService); ok && !pl.p.noPortal[nn] && len(servicePorts(svc)) > 0 {
+		if orphans, fqdn, ok := pl.p.endpoints.sliceless(nn, pl.p.hasService); ok && !pl.p.noPortal[nn] && len(servicePorts(svc)) > 0 {
 			msg := fmt.Sprintf("no EndpointSlice names this Service (label %s: %s in namespace %s): endpoints come only from EndpointSlices (or v1 Endpoints) labelled so, never from the selector (in a cluster the EndpointSlice controller writes them; with --manifests, write them)",
 				discovery.LabelServiceName, nn.Name, nn.Namespace)
+			if len(fqdn) > 0 {
+				msg = fmt.Sprintf("only EndpointSlices of addressType FQDN name this Service (%s): they give no endpoint, as in kube-proxy, which takes endpoints only from IPv4 and IPv6 EndpointSlices (or v1 Endpoints) labelled %s: %s in namespace %s",
+					strings.Join(fqdn, ", "), discovery.LabelServiceName, nn.Name, nn.Namespace)
+			}
 			if len(orphans) > 0 {
 				msg += fmt.Sprintf("; EndpointSlices in namespace %s name no Service that exists: %s", nn.Namespace, strings.Join(orphans, ", "))
 			}
@@ -183,16 +188,17 @@ func (pl *Plan) Warnings() map[string][]string {
 	return out
 }
 
-// Sliceless lists the Services ("namespace/name") that no EndpointSlice
-// names, so that explain says why they have no endpoint rather than "none
-// ready" (Warnings says what must name them).
-func (pl *Plan) Sliceless() map[string]bool {
+// Sliceless lists the Services ("namespace/name") that no IPv4 or IPv6
+// EndpointSlice names, so that explain says why they have no endpoint
+// rather than "none ready" (Warnings says what must name them), each with
+// the FQDN slices that do name it (none: no slice at all).
+func (pl *Plan) Sliceless() map[string][]string {
 	pl.p.mu.Lock()
 	defer pl.p.mu.Unlock()
-	out := map[string]bool{}
+	out := map[string][]string{}
 	for nn := range pl.p.services {
-		if _, ok := pl.p.endpoints.sliceless(nn, pl.p.hasService); ok {
-			out[nn.String()] = true
+		if _, fqdn, ok := pl.p.endpoints.sliceless(nn, pl.p.hasService); ok {
+			out[nn.String()] = fqdn
 		}
 	}
 	return out
@@ -205,19 +211,20 @@ func (p *Proxier) hasService(nn types.NamespacedName) bool {
 	return ok
 }
 
-// sliceless reports whether no EndpointSlice names the Service svc (its
-// kubernetes.io/service-name label, in its namespace), and lists the
-// slices of that namespace whose label names a Service that exists does
-// not know ("webb-1 (kubernetes.io/service-name: webb)"): a misspelt
-// label, the commonest reason; at most maxOrphansNamed of them, then how
-// many more.
-func (t *endpointsTracker) sliceless(svc types.NamespacedName, exists func(types.NamespacedName) bool) ([]string, bool) {
+// sliceless reports whether no IPv4 or IPv6 EndpointSlice names the
+// Service svc (its kubernetes.io/service-name label, in its namespace),
+// and lists the slices of that namespace whose label names a Service that
+// exists does not know ("webb-1 (kubernetes.io/service-name: webb)"): a
+// misspelt label, the commonest reason; at most maxOrphansNamed of them,
+// then how many more; and the FQDN slices that name svc (ignored, as by
+// kube-proxy), likewise bounded.
+func (t *endpointsTracker) sliceless(svc types.NamespacedName, exists func(types.NamespacedName) bool) (orphans, fqdn []string, ok bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if len(t.slices[svc]) > 0 {
-		return nil, false
+		return nil, nil, false
 	}
-	var orphans []string
+	fqdn = bounded(slices.Sorted(maps.Keys(t.fqdn[svc])))
 	for other, bySlice := range t.slices {
 		if other.Namespace != svc.Namespace || exists(other) {
 			continue
@@ -227,10 +234,15 @@ func (t *endpointsTracker) sliceless(svc types.NamespacedName, exists func(types
 		}
 	}
 	slices.Sort(orphans)
-	if n := len(orphans); n > maxOrphansNamed {
-		orphans = append(orphans[:maxOrphansNamed], fmt.Sprintf("and %d more", n-maxOrphansNamed))
+	return bounded(orphans), fqdn, true
+}
+
+// bounded keeps the first maxOrphansNamed of names, then says how many more.
+func bounded(names []string) []string {
+	if n := len(names); n > maxOrphansNamed {
+		return append(names[:maxOrphansNamed], fmt.Sprintf("and %d more", n-maxOrphansNamed))
 	}
-	return orphans, true
+	return names
 }
 
 // maxOrphansNamed bounds the slices a sliceless Service's warning names.

@@ -38,8 +38,9 @@ type explanation struct {
 	invalid int
 	// warnings are the plan's, per Service (namespace/name).
 	warnings map[string][]string
-	// sliceless are the Services (namespace/name) no EndpointSlice names.
-	sliceless map[string]bool
+	// sliceless are the Services (namespace/name) no IPv4 or IPv6
+	// EndpointSlice names, with the FQDN slices that do.
+	sliceless map[string][]string
 	// policies are the plan's, per service port: which traffic policies
 	// are Local.
 	policies map[string]proxier.LocalPolicy
@@ -276,10 +277,14 @@ func (e *explanation) writeEndpoints(w *bufio.Writer, p proxier.DebugServicePort
 		// Not "none ready": other nodes may have ready ones, which this
 		// node's clients do not get.
 		fieldWrapped(w, "endpoints", "none on this node: "+localOnly+" to this node's endpoints only, so "+refusal+" (other nodes' are not used for it)")
-	} else if len(p.Endpoints) == 0 && e.sliceless[serviceOf(p.ServicePort)] {
+	} else if fqdn, ok := e.sliceless[serviceOf(p.ServicePort)]; len(p.Endpoints) == 0 && ok {
 		// Not "none ready": no slice names the Service (its warning says
 		// what must), so there is no endpoint to be ready.
-		field(w, "endpoints", "none: no EndpointSlice names the Service; "+refusal+" until one does")
+		if len(fqdn) > 0 {
+			fieldWrapped(w, "endpoints", "none: only FQDN EndpointSlices name the Service, which give no endpoint; "+refusal+" until an IPv4 or IPv6 one does")
+		} else {
+			field(w, "endpoints", "none: no EndpointSlice names the Service; "+refusal+" until one does")
+		}
 	} else if len(p.Endpoints) == 0 {
 		field(w, "endpoints", "none ready: "+refusal+" until one is")
 	} else {

@@ -918,6 +918,39 @@ endpoints: [{addresses: [10.1.0.2]}]
 	}
 }
 
+// A Service that only FQDN EndpointSlices name has no endpoint (kube-proxy
+// ignores them, as the proxier does), and explain says so: it said "no
+// EndpointSlice names the Service" and that endpoints come only from
+// slices labelled so, where one is labelled so.
+func TestExplainServiceOnlyFQDNSlicesName(t *testing.T) {
+	got := explainManifests(t, `apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  clusterIP: 10.96.0.40
+  ports: [{name: http, port: 80, targetPort: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-fqdn, namespace: default, labels: {kubernetes.io/service-name: web}}
+addressType: FQDN
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: [db.example.com]}]
+`, "--node-ip", "192.168.50.10")
+	web := got[strings.Index(got, "== default/web:http (TCP) =="):]
+	web = web[:strings.Index(web, "rules:")]
+	outputHas(t, web,
+		"endpoints:        none: only FQDN EndpointSlices name the Service, which give no endpoint; a TCP\n"+
+			"                  client's connection is reset until an IPv4 or IPv6 one does",
+		`warnings:         only EndpointSlices of addressType FQDN name this Service (web-fqdn): they give no endpoint, as in kube-proxy, which takes endpoints only from IPv4 and IPv6 EndpointSlices (or v1 Endpoints) labelled kubernetes.io/service-name: web in namespace default`,
+	)
+	for _, bad := range []string{"no EndpointSlice names", "none ready"} {
+		if strings.Contains(web, bad) {
+			t.Errorf("a Service an FQDN slice names must not read %q:\n%s", bad, web)
+		}
+	}
+}
+
 // A link-local IPv6 --node-ip: the header says that pods' and other
 // hosts' traffic is REDIRECTed (a DNAT to it reaches its own link only),
 // as the proxy logs at start, and the rules show it.
