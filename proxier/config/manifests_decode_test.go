@@ -130,6 +130,16 @@ func TestDecodeManifests(t *testing.T) {
 		// drop-policy node's firewall for any host.
 		{"health check node port out of the node port range", svcHead + "  type: LoadBalancer\n  externalTrafficPolicy: Local\n  healthCheckNodePort: 22\n  ports: [{port: 80, nodePort: 30080}]\n", 0,
 			"spec.healthCheckNodePort: 22 is out of the node port range 30000-32767"},
+		// As the API server refuses it (validateServiceExternalTrafficPolicy):
+		// a ClusterIP Service without externalIPs has no external traffic,
+		// and the policy, accepted, did nothing, where its author may have
+		// meant internalTrafficPolicy.
+		{"externalTrafficPolicy Local on a ClusterIP", svcHead + "  externalTrafficPolicy: Local\n  ports: [{port: 80}]\n", 0,
+			`svc.yaml: Service default/web: spec.externalTrafficPolicy: "Local" may only be set for externally-accessible Services (type NodePort or LoadBalancer, or with externalIPs), as the API server refuses it (internalTrafficPolicy: Local keeps cluster IP traffic on the node)`},
+		{"externalTrafficPolicy Cluster on a ClusterIP", svcHead + "  externalTrafficPolicy: Cluster\n  ports: [{port: 80}]\n", 0,
+			`spec.externalTrafficPolicy: "Cluster" may only be set for externally-accessible Services`},
+		{"externalTrafficPolicy Local on a ClusterIP with externalIPs", svcHead + "  externalTrafficPolicy: Local\n  externalIPs: [192.0.2.7]\n  ports: [{port: 80}]\n", 1, ""},
+		{"externalTrafficPolicy Local on a NodePort", svcHead + "  type: NodePort\n  externalTrafficPolicy: Local\n  ports: [{port: 80, nodePort: 30080}]\n", 1, ""},
 		{"source ranges", svcHead + "  type: LoadBalancer\n  loadBalancerSourceRanges: [10.0.0.0/8, ' fd00::/64 ']\n  ports: [{port: 80}]\n", 1, ""},
 		{"bad source range", svcHead + "  type: LoadBalancer\n  loadBalancerSourceRanges: [10.0.0.0/8, 10.1.2.3]\n  ports: [{port: 80}]\n", 0,
 			`spec.loadBalancerSourceRanges[1]: "10.1.2.3" is not a valid IP range`},

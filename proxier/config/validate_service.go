@@ -76,10 +76,19 @@ func validateService(fe *fieldErrors, s *v1.Service, nodePorts PortRange) {
 			fe.add(field.NewPath("metadata", "annotations").Key(le.Key), "%s", le.Msg)
 		}
 	}
-	switch s.Spec.ExternalTrafficPolicy {
-	case "", v1.ServiceExternalTrafficPolicyCluster, v1.ServiceExternalTrafficPolicyLocal:
-	default:
-		fe.add(spec.Child("externalTrafficPolicy"), "%q is not valid (Cluster or Local)", s.Spec.ExternalTrafficPolicy)
+	switch etp := s.Spec.ExternalTrafficPolicy; {
+	case etp != "" && etp != v1.ServiceExternalTrafficPolicyCluster && etp != v1.ServiceExternalTrafficPolicyLocal:
+		fe.add(spec.Child("externalTrafficPolicy"), "%q is not valid (Cluster or Local)", etp)
+	case etp != "" && !externallyAccessible(s):
+		// As the API server (validateServiceExternalTrafficPolicy): such
+		// a Service has no external traffic, and the policy did nothing
+		// (kube-proxy's ExternalPolicyLocal is false there), where its
+		// author may have meant internalTrafficPolicy.
+		hint := ""
+		if etp == v1.ServiceExternalTrafficPolicyLocal {
+			hint = " (internalTrafficPolicy: Local keeps cluster IP traffic on the node)"
+		}
+		fe.add(spec.Child("externalTrafficPolicy"), "%q may only be set for externally-accessible Services (type NodePort or LoadBalancer, or with externalIPs), as the API server refuses it%s", etp, hint)
 	}
 	if p := s.Spec.InternalTrafficPolicy; p != nil && *p != v1.ServiceInternalTrafficPolicyCluster && *p != v1.ServiceInternalTrafficPolicyLocal {
 		fe.add(spec.Child("internalTrafficPolicy"), "%q is not valid (Cluster or Local)", *p)
@@ -93,6 +102,18 @@ func validateService(fe *fieldErrors, s *v1.Service, nodePorts PortRange) {
 	default:
 		fe.add(spec.Child("trafficDistribution"), "%q is not valid (PreferClose, PreferSameZone or PreferSameNode)", *d)
 	}
+}
+
+// externallyAccessible is the API server's ExternallyAccessible: a Service
+// with traffic from outside (a NodePort, a LoadBalancer, or externalIPs).
+func externallyAccessible(s *v1.Service) bool {
+	switch s.Spec.Type {
+	case v1.ServiceTypeNodePort, v1.ServiceTypeLoadBalancer:
+		return true
+	case v1.ServiceTypeClusterIP:
+		return len(s.Spec.ExternalIPs) > 0
+	}
+	return false
 }
 
 // validateNonSpecialIP refuses the addresses UnusableServiceIP names: the
