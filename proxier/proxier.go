@@ -728,6 +728,7 @@ func (p *Proxier) closeRemoved(want map[loadbalancer.ServicePortName]*servicePor
 			klog.V(1).InfoS("Closing proxy socket of removed service port", "servicePort", name)
 			p.closedFlowsToClear(ap)
 			p.closePort(name, ap)
+			p.forgetRemoved(name)
 		}
 	}
 	for name := range p.reopening {
@@ -735,8 +736,20 @@ func (p *Proxier) closeRemoved(want map[loadbalancer.ServicePortName]*servicePor
 			// Its socket closed to reopen, and did not: nothing else
 			// is left of it but what the name keeps.
 			p.forgetPort(name)
+			p.forgetRemoved(name)
 		}
 	}
+}
+
+// forgetRemoved drops what a removed service port left waiting for a rule
+// write: its pending clearing and traffic-policy move record (its
+// destinations are cleared as a closed port's, closedFlowsToClear). Kept
+// while every family's write failed, they reached a service port
+// re-created under the same name, whose first clearing was judged against
+// the removed one's ports.
+func (p *Proxier) forgetRemoved(name loadbalancer.ServicePortName) {
+	delete(p.pendingConntrack, name)
+	delete(p.policyMoved, name)
 }
 
 // syncPort brings the sockets, balancer entries, faults, lifetime and
