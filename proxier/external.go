@@ -118,7 +118,8 @@ func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo, kept
 }
 
 // retiredSocket is an external socket a sync no longer needs, closed once
-// the rules that may name it are rewritten (closeRetired).
+// the rules that may name it are rewritten (closeRetired), or with its
+// service port when that is removed (forgetRemoved).
 type retiredSocket struct {
 	sock proxySocket
 	port int

@@ -742,12 +742,27 @@ func (p *Proxier) closeRemoved(want map[loadbalancer.ServicePortName]*servicePor
 }
 
 // forgetRemoved drops what a removed service port left waiting for a rule
-// write: its pending clearing and traffic-policy move record (its
-// destinations are cleared as a closed port's, closedFlowsToClear). Kept
-// while every family's write failed, they reached a service port
-// re-created under the same name, whose first clearing was judged against
-// the removed one's ports.
+// write. Its retired second socket closes with its own socket: it served
+// the removed port's clients of the kernel's old rules (its NodePort,
+// external and LB IPs) for as long as the writes failed, where its own
+// socket refused the cluster IP's. Its pending clearing and traffic-policy
+// move record go (its destinations are cleared as a closed port's,
+// closedFlowsToClear): kept while every family's write failed, they
+// reached a service port re-created under the same name, whose first
+// clearing was judged against the removed one's ports.
 func (p *Proxier) forgetRemoved(name loadbalancer.ServicePortName) {
+	kept := p.retired[:0]
+	for _, r := range p.retired {
+		if r.svc != name {
+			kept = append(kept, r)
+			continue
+		}
+		_ = r.sock.Close()
+		p.ports.Release(r.port)
+		p.lb.DeleteServicePort(externalName(name))
+	}
+	clear(p.retired[len(kept):])
+	p.retired = kept
 	delete(p.pendingConntrack, name)
 	delete(p.policyMoved, name)
 }
