@@ -407,9 +407,11 @@ func (s *udpProxySocket) upSenderLocked(sess *udpSession) func([]byte) {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			if sess.fd >= 0 {
-				if n, err := writeBackend(sess.fd, b); err == nil {
+				if n, err := s.writeSessionLocked(sess, b); err == nil {
 					s.bytesIn.Add(float64(n))
 				}
+			}
+			if sess.fd >= 0 {
 				// The session idles from when the datagram left, not
 				// from when it came in: the backend's answer must find it.
 				s.sessions.touch(sess, mono.Now())

@@ -165,7 +165,7 @@ func (s *udpProxySocket) forward(client netip.AddrPort, b, oob []byte) {
 	s.sessions.touch(sess, now)
 	sess.bytesIn += int64(len(b))
 	if plan == nil {
-		_, err := writeBackend(sess.fd, b)
+		_, err := s.writeSessionLocked(sess, b)
 		if errors.Is(err, unix.ECONNREFUSED) {
 			// The backend's port is closed (an earlier ICMP error): the
 			// client's next datagram picks again.
@@ -191,6 +191,27 @@ func (s *udpProxySocket) forward(client netip.AddrPort, b, oob []byte) {
 		sess.upDeferredUntil = max(sess.upDeferredUntil, mono.Add(now, d))
 		s.mu.Unlock()
 	}
+}
+
+// writeSessionLocked writes one datagram to the session's backend (see
+// writeBackend). A send that took the socket's pending error from another
+// ICMP error (icmpErrno: IP_RECVERR makes every one the socket's error, a
+// time exceeded too) sent nothing: the error queue is read as on
+// EPOLLERR, and an unreachable endpoint ends the session there, while
+// after one passed over the datagram goes once more. It was lost, and
+// with it the client's answer (its session idled out while the client
+// waited). A refusal (ECONNREFUSED) is the caller's.
+func (s *udpProxySocket) writeSessionLocked(sess *udpSession, b []byte) (int, error) {
+	n, err := writeBackend(sess.fd, b)
+	// A few times: another error can come between the look and the send
+	// (a flood of them, forged).
+	for range 3 {
+		if !icmpErrno(err) || s.sessionErrorsLocked(sess) {
+			break
+		}
+		n, err = writeBackend(sess.fd, b)
+	}
+	return n, err
 }
 
 // writeBackend writes one datagram to a session's backend socket. An

@@ -121,6 +121,24 @@ func parseExtendedErr(oob []byte) icmpError {
 	return icmpError{}
 }
 
+// icmpErrno tells the errors an ICMP error about a session's datagrams
+// makes its socket's pending error, which a receive or a send reports
+// first (and so sends or receives nothing): with IP_RECVERR the kernel
+// sets it for every ICMP error, soft ones too (a time exceeded:
+// EHOSTUNREACH), and queues the error, which sessionErrorsLocked acts on
+// or passes over (it may have read it already: the kernel queues the error
+// before it sets the socket's, so a look at the queue can come between).
+// Port unreachable (ECONNREFUSED) and fragmentation needed (EMSGSIZE) have
+// their own handling.
+func icmpErrno(err error) bool {
+	switch err {
+	case unix.EHOSTUNREACH, unix.ENETUNREACH, unix.EHOSTDOWN, unix.ENONET, unix.EACCES,
+		unix.EPROTO, unix.ENOPROTOOPT, unix.EOPNOTSUPP:
+		return true
+	}
+	return false
+}
+
 // sessionErrors acts on the errors queued on backend socket fd, which the
 // poller reported in error.
 func (s *udpProxySocket) sessionErrors(fd int) {

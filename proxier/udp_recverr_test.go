@@ -1,6 +1,7 @@
 package proxier
 
 import (
+	"encoding/binary"
 	"errors"
 	"net"
 	"net/netip"
@@ -152,5 +153,117 @@ func injectHostUnreachable(t *testing.T, session, endpoint netip.AddrPort) {
 	defer unix.Close(fd)
 	if err := unix.Sendto(fd, msg, 0, to); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// An ICMP error the session passes over (time exceeded: a routing loop on
+// the way to the endpoint, or forged by anyone who can name the session's
+// ports) must not end the session however it comes. On EPOLLERR it was
+// read off the error queue and ignored, but one that arrived after the
+// poller looked, while a reply was waiting (the poller said readable
+// only), was first reported by the receive as the socket's pending error
+// (EHOSTUNREACH, set for every ICMP error with IP_RECVERR): the session
+// was closed as broken, silently, and the reply waiting on it was lost.
+// A flood of forged time exceeded errors closed busy sessions at will on
+// the real binary. The test places the error exactly: the reply is queued,
+// the error arrives, then the reply loop reads the socket as the poller
+// had reported it readable. Needs CAP_NET_RAW.
+func TestUDPSessionSurvivesIgnoredICMPErrorBeforeReceive(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs CAP_NET_RAW (root) for raw ICMP sockets")
+	}
+	a := startUDPEcho(t, "127.0.0.1:0", "a:")
+	endpoint := a.LocalAddr().(*net.UDPAddr).AddrPort()
+	ip := newInflightPort(t, time.Minute, endpoint)
+	ip.send("q")
+	sess := ip.session()
+	if sess == nil {
+		t.Fatal("no session after the first datagram")
+	}
+	ip.waitReplyQueued(t, sess)
+	ip.sock.mu.Lock()
+	fd, port := sess.fd, sess.port
+	ip.sock.mu.Unlock()
+
+	injectTimeExceeded(t, fd, netip.AddrPortFrom(endpoint.Addr(), port), endpoint)
+
+	// The poller looked before the error came: it said readable only.
+	b := getUDPBatch()
+	ip.sock.batch = b
+	ip.sock.relayFrom(fd, b)
+	ip.sock.flushReplies()
+	ip.sock.batch = nil
+	putUDPBatch(b)
+	if ip.session() == nil {
+		t.Fatal("a time exceeded error that came between the poller's look and the receive closed the session (and lost its waiting reply); on EPOLLERR it is ignored")
+	}
+	ip.relayWhenQueued(t) // the reply is still there: read at the next wake
+	if got := ip.reply(time.Second); got != "a:q" {
+		t.Fatalf("client got %q, want the waiting reply a:q", got)
+	}
+	if got := ip.sock.dialFailures.value(); got != 0 {
+		t.Errorf("dial_failures_total %v, want 0 (a time exceeded is not the endpoint's failure)", got)
+	}
+}
+
+// A client datagram sent while such an error is the socket's pending one
+// goes to the endpoint: the send that took the error sent nothing, and
+// the datagram was lost (its client waited out its timeout, and the
+// session idled out meanwhile). Needs CAP_NET_RAW.
+func TestUDPDatagramSentAfterIgnoredICMPErrorReachesEndpoint(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs CAP_NET_RAW (root) for raw ICMP sockets")
+	}
+	a := startUDPEcho(t, "127.0.0.1:0", "a:")
+	endpoint := a.LocalAddr().(*net.UDPAddr).AddrPort()
+	ip := newInflightPort(t, time.Minute, endpoint)
+	ip.send("q1")
+	ip.relayWhenQueued(t)
+	if got := ip.reply(time.Second); got != "a:q1" {
+		t.Fatalf("client got %q, want a:q1", got)
+	}
+	sess := ip.session()
+	ip.sock.mu.Lock()
+	fd, port := sess.fd, sess.port
+	ip.sock.mu.Unlock()
+	injectTimeExceeded(t, fd, netip.AddrPortFrom(endpoint.Addr(), port), endpoint)
+
+	// The client's next datagram comes before the poller looks.
+	ip.send("q2")
+	if ip.session() == nil {
+		t.Fatal("a time exceeded error ended the session")
+	}
+	ip.relayWhenQueued(t)
+	if got := ip.reply(time.Second); got != "a:q2" {
+		t.Fatalf("client got %q, want a:q2: the datagram sent after a time exceeded error was lost", got)
+	}
+}
+
+// injectTimeExceeded sends an ICMP time exceeded (type 11, code 0) about a
+// datagram from session to endpoint, and waits until the session's socket
+// fd holds it.
+func injectTimeExceeded(t *testing.T, fd int, session, endpoint netip.AddrPort) {
+	t.Helper()
+	msg := destUnreachable4(0, session, endpoint, 1)
+	msg[0], msg[2], msg[3] = 11, 0, 0
+	binary.BigEndian.PutUint16(msg[2:], checksum(msg))
+	raw, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_ICMP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(raw)
+	if err := unix.Sendto(raw, msg, 0, &unix.SockaddrInet4{Addr: session.Addr().As4()}); err != nil {
+		t.Fatal(err)
+	}
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	deadline := time.Now().Add(5 * time.Second)
+	for fds[0].Revents&unix.POLLERR == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the time exceeded error did not reach the session's socket within 5 s")
+		}
+		fds[0].Revents = 0
+		if _, err := unix.Poll(fds, 100); err != nil && err != unix.EINTR {
+			t.Fatal(err)
+		}
 	}
 }

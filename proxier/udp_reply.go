@@ -124,9 +124,13 @@ func (s *udpProxySocket) relayFrom(fd int, b *udpBatch) {
 		case err != unix.EAGAIN && err != unix.EINTR:
 			// An ICMP error that came after the poller looked (the
 			// socket's pending error, which a receive reports first):
-			// the client is told as on EPOLLERR. Else broken: end the
+			// the client is told as on EPOLLERR, and one passed over
+			// there (a time exceeded) keeps the session here too; a
+			// reply waiting is read at the next wake. It closed the
+			// session, silently, with the reply on it, so forged time
+			// exceeded errors closed busy sessions. Else broken: end the
 			// session; the client's next datagram picks again.
-			if !s.sessionErrorsLocked(sess) {
+			if !s.sessionErrorsLocked(sess) && !icmpErrno(err) {
 				s.closeSessionLocked(sess)
 			}
 		}
