@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
@@ -264,6 +265,82 @@ func injectTimeExceeded(t *testing.T, fd int, session, endpoint netip.AddrPort) 
 		fds[0].Revents = 0
 		if _, err := unix.Poll(fds, 100); err != nil && err != unix.EINTR {
 			t.Fatal(err)
+		}
+	}
+}
+
+// extendedErr is the control message an error queue read returns: a
+// struct sock_extended_err (and room for the offender's address) under
+// level and typ.
+func extendedErr(level, typ int32, origin, icmpType, code uint8, errno unix.Errno) []byte {
+	b := make([]byte, unix.CmsgSpace(sizeofSockExtendedErr+unix.SizeofSockaddrInet6))
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
+	h.Level, h.Type = level, typ
+	h.SetLen(unix.CmsgLen(sizeofSockExtendedErr + unix.SizeofSockaddrInet6))
+	d := b[unix.CmsgLen(0):]
+	binary.NativeEndian.PutUint32(d[0:], uint32(errno))
+	d[4], d[5], d[6] = origin, icmpType, code
+	return b
+}
+
+// parseExtendedErr tells a destination unreachable (which ends the session
+// and is passed on to the client) from the ICMP errors the kernel handles
+// itself and the proxy passes over. A fragmentation needed or Packet Too
+// Big taken as unreachable would end every session whose path narrows and
+// send its client a forged "fragmentation needed" with a next-hop MTU of 0.
+func TestParseExtendedErr(t *testing.T) {
+	const (
+		v4, v6 = false, true
+	)
+	for _, tc := range []struct {
+		name           string
+		v6             bool
+		origin, typ, c uint8
+		errno          unix.Errno
+		unreach, port  bool
+	}{
+		{"IPv4 port unreachable", v4, unix.SO_EE_ORIGIN_ICMP, 3, 3, unix.ECONNREFUSED, true, true},
+		{"IPv4 host unreachable", v4, unix.SO_EE_ORIGIN_ICMP, 3, 1, unix.EHOSTUNREACH, true, false},
+		{"IPv4 admin prohibited", v4, unix.SO_EE_ORIGIN_ICMP, 3, 13, unix.EHOSTUNREACH, true, false},
+		{"IPv4 fragmentation needed", v4, unix.SO_EE_ORIGIN_ICMP, 3, 4, unix.EMSGSIZE, false, false},
+		{"IPv4 time exceeded", v4, unix.SO_EE_ORIGIN_ICMP, 11, 0, unix.EHOSTUNREACH, false, false},
+		{"IPv4 parameter problem", v4, unix.SO_EE_ORIGIN_ICMP, 12, 0, unix.EPROTO, false, false},
+		{"IPv4 local", v4, unix.SO_EE_ORIGIN_LOCAL, 0, 0, unix.EMSGSIZE, false, false},
+		{"IPv6 port unreachable", v6, unix.SO_EE_ORIGIN_ICMP6, 1, 4, unix.ECONNREFUSED, true, true},
+		{"IPv6 address unreachable", v6, unix.SO_EE_ORIGIN_ICMP6, 1, 3, unix.EHOSTUNREACH, true, false},
+		{"IPv6 no route", v6, unix.SO_EE_ORIGIN_ICMP6, 1, 0, unix.ENETUNREACH, true, false},
+		{"IPv6 packet too big", v6, unix.SO_EE_ORIGIN_ICMP6, 2, 0, unix.EMSGSIZE, false, false},
+		{"IPv6 time exceeded", v6, unix.SO_EE_ORIGIN_ICMP6, 3, 0, unix.EHOSTUNREACH, false, false},
+		{"IPv6 local", v6, unix.SO_EE_ORIGIN_LOCAL, 0, 0, unix.EMSGSIZE, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			level, typ := int32(unix.IPPROTO_IP), int32(unix.IP_RECVERR)
+			if tc.v6 {
+				level, typ = unix.IPPROTO_IPV6, unix.IPV6_RECVERR
+			}
+			e := parseExtendedErr(extendedErr(level, typ, tc.origin, tc.typ, tc.c, tc.errno))
+			if e.unreachErr != tc.unreach || e.v6 != tc.v6 || e.code != tc.c || e.errno != tc.errno {
+				t.Fatalf("parsed %+v, want a destination unreachable: %v (IPv6 %v, code %d, errno %v)", e, tc.unreach, tc.v6, tc.c, tc.errno)
+			}
+			if tc.unreach && e.portUnreachable() != tc.port {
+				t.Fatalf("port unreachable: %v, want %v", e.portUnreachable(), tc.port)
+			}
+		})
+	}
+	// The client of the other family gets host (IPv4) or address (IPv6)
+	// unreachable; of the same family the endpoint's own code.
+	for _, tc := range []struct {
+		e    icmpError
+		v6   bool
+		want uint8
+	}{
+		{icmpError{v6: false, code: 13}, false, 13},
+		{icmpError{v6: false, code: 13}, true, 3},
+		{icmpError{v6: true, code: 0}, true, 0},
+		{icmpError{v6: true, code: 0}, false, 1},
+	} {
+		if got := tc.e.codeFor(tc.v6); got != tc.want {
+			t.Errorf("code for an IPv6 (%v) client of %+v: %d, want %d", tc.v6, tc.e, got, tc.want)
 		}
 	}
 }
