@@ -71,6 +71,24 @@ func TestUDPSessionSurvivesPacketTooBig(t *testing.T) {
 	// (this test runs in the host's namespace), yet sets the session
 	// socket's error.
 	be := backend.LocalAddr().(*net.UDPAddr).AddrPort()
+	injectPacketTooBig(t, raw, session, be)
+	time.Sleep(200 * time.Millisecond) // the proxy's poller sees the error
+
+	if got := ask("b"); got != session {
+		t.Errorf("after a Packet Too Big the client's datagram came from %v, want its session's socket %v: the session was closed as broken", got, session)
+	}
+	// And a write that meets the error (not read yet) is sent all the same.
+	injectPacketTooBig(t, raw, session, be)
+	if got := ask("c"); got != session {
+		t.Errorf("after a second Packet Too Big the client's datagram came from %v, want %v", got, session)
+	}
+}
+
+// injectPacketTooBig sends the raw ICMPv6 socket's forged Packet Too Big
+// for a datagram from session to be on IPv6 loopback, with the largest MTU
+// there is (2^32-1), so that no route's MTU changes.
+func injectPacketTooBig(t *testing.T, raw int, session, be netip.AddrPort) {
+	t.Helper()
 	inner := make([]byte, 40+8)
 	binary.BigEndian.PutUint32(inner[0:], 6<<28)
 	binary.BigEndian.PutUint16(inner[4:], 8)
@@ -85,16 +103,66 @@ func TestUDPSessionSurvivesPacketTooBig(t *testing.T) {
 	if err := unix.Sendto(raw, ptb, 0, &unix.SockaddrInet6{Addr: [16]byte{15: 1}}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond) // the proxy's poller sees the error
+}
 
-	if got := ask("b"); got != session {
-		t.Errorf("after a Packet Too Big the client's datagram came from %v, want its session's socket %v: the session was closed as broken", got, session)
+// ptbSession is a UDP service port whose relay loop the test drives
+// (inflightPort), with one session to an IPv6 loopback backend that does
+// not answer, and a raw ICMPv6 socket to forge the path's errors.
+type ptbSession struct {
+	*inflightPort
+	backend *net.UDPConn
+	be      netip.AddrPort
+	raw     int
+	sess    *udpSession
+	local   netip.AddrPort // the session socket's address
+}
+
+func newPTBSession(t *testing.T) *ptbSession {
+	t.Helper()
+	backend, err := net.ListenUDP("udp6", &net.UDPAddr{IP: net.IPv6loopback})
+	if err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
 	}
-	// And a write that meets the error (not read yet) is sent all the same.
-	if err := unix.Sendto(raw, ptb, 0, &unix.SockaddrInet6{Addr: [16]byte{15: 1}}); err != nil {
-		t.Fatal(err)
+	t.Cleanup(func() { backend.Close() })
+	raw, err := unix.Socket(unix.AF_INET6, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_ICMPV6)
+	if err != nil {
+		t.Skipf("no raw ICMPv6 socket (needs CAP_NET_RAW): %v", err)
 	}
-	if got := ask("c"); got != session {
-		t.Errorf("after a second Packet Too Big the client's datagram came from %v, want %v", got, session)
+	t.Cleanup(func() { unix.Close(raw) })
+	ps := &ptbSession{backend: backend, be: backend.LocalAddr().(*net.UDPAddr).AddrPort(), raw: raw}
+	ps.inflightPort = newInflightPort(t, time.Minute, ps.be)
+	ps.send("a")
+	ps.local = readFrom(t, backend, "a")
+	if ps.sess = ps.session(); ps.sess == nil {
+		t.Fatal("no session after the first datagram")
+	}
+	return ps
+}
+
+// packetTooBig forges a Packet Too Big for the session's flow and waits
+// until its socket is in error.
+func (ps *ptbSession) packetTooBig(t *testing.T) {
+	t.Helper()
+	injectPacketTooBig(t, ps.raw, ps.local, ps.be)
+	fds := []unix.PollFd{{Fd: int32(ps.sess.fd), Events: unix.POLLIN}}
+	if n, err := unix.Poll(fds, 3000); n != 1 || err != nil || fds[0].Revents&unix.POLLERR == 0 {
+		t.Fatalf("the session's socket is not in error after a Packet Too Big (poll %d, %v, revents %#x)", n, err, fds[0].Revents)
+	}
+}
+
+// An ICMP error the proxy passes over (a Packet Too Big: the kernel keeps
+// the path MTU) is read off the session socket's error queue. Left there,
+// the socket stays in error and the level-triggered poller reports it at
+// every wait: the port's relay loop would spin for the session's life
+// (relayFrom's receive takes the socket's error once, not the queue).
+func TestUDPPassedOverICMPErrorIsDrained(t *testing.T) {
+	ps := newPTBSession(t)
+	ps.packetTooBig(t)
+	ps.relay()
+	if n := ps.sock.poller.ready(); n != 0 {
+		t.Fatalf("after a Packet Too Big and one relay turn %d socket(s) still ready: the loop would spin", n)
+	}
+	if ps.session() != ps.sess {
+		t.Fatal("the session was closed by a Packet Too Big")
 	}
 }
