@@ -77,7 +77,8 @@ func TestUDPSessionSurvivesPacketTooBig(t *testing.T) {
 	if got := ask("b"); got != session {
 		t.Errorf("after a Packet Too Big the client's datagram came from %v, want its session's socket %v: the session was closed as broken", got, session)
 	}
-	// And a write that meets the error (not read yet) is sent all the same.
+	// And a write that meets the error (if the relay loop has not read
+	// it: TestUDPSendMeetingPacketTooBigIsMadeAgain places it there).
 	injectPacketTooBig(t, raw, session, be)
 	if got := ask("c"); got != session {
 		t.Errorf("after a second Packet Too Big the client's datagram came from %v, want %v", got, session)
@@ -165,4 +166,33 @@ func TestUDPPassedOverICMPErrorIsDrained(t *testing.T) {
 	if ps.session() != ps.sess {
 		t.Fatal("the session was closed by a Packet Too Big")
 	}
+}
+
+// A client datagram whose send meets the socket's pending EMSGSIZE (a
+// Packet Too Big the relay loop has not read yet: the send took the error
+// and sent nothing) is sent again, alone and as a GSO run. Without the
+// second send the datagram was lost, and a GSO run's EMSGSIZE, taken as
+// the kernel refusing GSO, turned GSO to backends off for the socket.
+func TestUDPSendMeetingPacketTooBigIsMadeAgain(t *testing.T) {
+	t.Run("datagram", func(t *testing.T) {
+		ps := newPTBSession(t)
+		ps.packetTooBig(t)
+		ps.send("b")
+		readFrom(t, ps.backend, "b")
+	})
+	t.Run("GSO run", func(t *testing.T) {
+		ps := newPTBSession(t)
+		ps.packetTooBig(t)
+		b := getUDPBatch()
+		defer putUDPBatch(b)
+		for i := range 2 {
+			b.size[i], b.seg[i] = copy(b.data[i][:], "gs"), 0
+		}
+		client := ps.client.LocalAddr().(*net.UDPAddr).AddrPort()
+		if next := ps.sock.forwardGSO(client, b, 0, 2); next != 2 || ps.sock.noGSOUp {
+			t.Fatalf("forwardGSO sent up to slot %d of 2, GSO to backends off: %v", next, ps.sock.noGSOUp)
+		}
+		readFrom(t, ps.backend, "gs")
+		readFrom(t, ps.backend, "gs")
+	})
 }
