@@ -65,3 +65,24 @@ func TestUDPSessionLeavesRemovedEndpoint(t *testing.T) {
 		}
 	}
 }
+
+// A session keeps its endpoint when the endpoints change without removing
+// it (another pod added, or its readiness changed): only a removed
+// endpoint's flows move, as kube-proxy deletes only their conntrack
+// entries. Re-balanced at every change, each scale-up moved every live
+// UDP flow (a QUIC connection) to another endpoint at its next datagram.
+func TestUDPSessionKeepsItsEndpointAcrossAnUnrelatedChange(t *testing.T) {
+	a := startUDPEcho(t, "127.0.0.2:0", "a:")
+	b := startUDPEcho(t, "127.0.0.3:"+portOf(a.LocalAddr()), "b:")
+	ip := newInflightPort(t, time.Minute, a.LocalAddr().(*net.UDPAddr).AddrPort())
+	ip.send("q")
+	sess := ip.session()
+	if sess == nil {
+		t.Fatal("no session after the first datagram")
+	}
+	ip.setEndpoints(a.LocalAddr().(*net.UDPAddr).AddrPort(), b.LocalAddr().(*net.UDPAddr).AddrPort())
+	ip.send("q")
+	if got := ip.session(); got != sess || sess.fd < 0 {
+		t.Fatalf("after endpoint b was added, the client's session is %p (was %p, its socket %d): re-balanced although endpoint a stays", got, sess, sess.fd)
+	}
+}
