@@ -55,9 +55,14 @@ func TestUDPEndpointRefusalReachesTheClient(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs CAP_NET_RAW (root) for the raw ICMP socket")
 	}
-	for _, tt := range []struct{ name, bind, endpoint, client string }{
-		{"IPv4", "127.0.0.1", "127.0.0.2", "udp4"},
-		{"IPv6", "::1", "::1", "udp6"},
+	for _, tt := range []struct{ name, bind, dial, endpoint, client string }{
+		{"IPv4", "127.0.0.1", "127.0.0.1", "127.0.0.2", "udp4"},
+		{"IPv6", "::1", "::1", "::1", "udp6"},
+		// The default bind address: the error's source is where the
+		// client's datagram arrived (IP_PKTINFO), not the socket's
+		// unspecified address, from which nothing can be sent.
+		{"IPv4 wildcard", "0.0.0.0", "127.0.0.1", "127.0.0.2", "udp4"},
+		{"IPv6 wildcard", "::", "::1", "::1", "udp6"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			closed, err := net.ListenPacket(tt.client, net.JoinHostPort(tt.endpoint, "0"))
@@ -83,7 +88,7 @@ func TestUDPEndpointRefusalReachesTheClient(t *testing.T) {
 			if !ok {
 				t.Fatal("no proxy socket")
 			}
-			queryRefused(t, tt.client, net.JoinHostPort(tt.bind, strconv.Itoa(port)))
+			queryRefused(t, tt.client, net.JoinHostPort(tt.dial, strconv.Itoa(port)))
 		})
 	}
 }
