@@ -124,3 +124,21 @@ func TestUDPPortCapDropNotBlamedOnTheTotalCap(t *testing.T) {
 		t.Fatalf("the line for a datagram dropped at the port's own cap does not name it (or blames the total cap):\n%s", line)
 	}
 }
+
+// A datagram the relay loop read just before its port closed (a Service
+// deleted, a socket reopened, the proxy stopping) is dropped quietly: it
+// was counted in connections_failed_total and logged at -v=0 as a refused
+// client ("No endpoint could be reached; the client was refused ... use of
+// closed network connection"), though no client was refused and no
+// endpoint failed.
+func TestUDPDatagramAtCloseIsNoFailure(t *testing.T) {
+	buf := captureKlog(t)
+	a := startUDPEcho(t, "127.0.0.1:0", "a:")
+	ip := newInflightPort(t, time.Minute, a.LocalAddr().(*net.UDPAddr).AddrPort())
+	ip.sock.Close()
+	ip.send("q")
+	klog.Flush()
+	if got := ip.sock.droppedNoBackend.value(); got != 0 || strings.Contains(buf.String(), "No endpoint could be reached") {
+		t.Fatalf("a datagram forwarded as the port closed: connections_failed_total %v, log:\n%s", got, buf.String())
+	}
+}

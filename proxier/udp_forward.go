@@ -2,6 +2,7 @@ package proxier
 
 import (
 	"errors"
+	"net"
 	"net/netip"
 
 	"golang.org/x/sys/unix"
@@ -150,6 +151,12 @@ func (s *udpProxySocket) forward(client netip.AddrPort, b, oob []byte) {
 	sess, err := s.sessionLocked(client, oob, now)
 	if err != nil {
 		s.mu.Unlock()
+		if errors.Is(err, net.ErrClosed) {
+			// Read as the port closed: no endpoint failed and no
+			// client is refused (a datagram a moment later finds no
+			// socket at all).
+			return
+		}
 		if errors.Is(err, errSessionLimit) {
 			s.noBackend.report(s.label, client, err)
 			s.refused.Inc()
