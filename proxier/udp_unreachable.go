@@ -3,6 +3,7 @@ package proxier
 import (
 	"encoding/binary"
 	"net/netip"
+	"strconv"
 	"sync"
 
 	"golang.org/x/net/ipv4"
@@ -98,22 +99,20 @@ func (u *unreachableSender) sendTo(client, local netip.AddrPort, payloadLen int,
 		family = 1
 	}
 	var msg []byte
-	var to unix.Sockaddr
 	if family == 0 {
 		code := uint8(3) // port unreachable
 		if unreach != nil {
 			code = unreach.codeFor(false)
 		}
 		msg = destUnreachable4(code, client, local, payloadLen)
-		to = &unix.SockaddrInet4{Addr: client.Addr().As4()}
 	} else {
 		code := uint8(4) // port unreachable
 		if unreach != nil {
 			code = unreach.codeFor(true)
 		}
 		msg = destUnreachable6(code, client, local, payloadLen)
-		to = &unix.SockaddrInet6{Addr: client.Addr().As16()}
 	}
+	to := icmpDestination(client.Addr())
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	fd := u.socketLocked(family)
@@ -123,6 +122,23 @@ func (u *unreachableSender) sendTo(client, local netip.AddrPort, payloadLen int,
 	if err := unix.Sendto(fd, msg, unix.MSG_DONTWAIT, to); err != nil {
 		klog.V(4).InfoS("ICMP port unreachable not sent", "client", client, "err", err)
 	}
+}
+
+// icmpDestination is the address an error to client is sent to: an IPv6
+// link-local client's with its zone, the interface its datagram came in on
+// (numeric, as rawio.AddrPortOf names it). Without it the kernel routed the
+// error by the first link-local route, out of another link.
+func icmpDestination(client netip.Addr) unix.Sockaddr {
+	if client.Is4() {
+		return &unix.SockaddrInet4{Addr: client.As4()}
+	}
+	sa := &unix.SockaddrInet6{Addr: client.As16()}
+	if zone := client.Zone(); zone != "" {
+		if id, err := strconv.ParseUint(zone, 10, 32); err == nil {
+			sa.ZoneId = uint32(id)
+		}
+	}
+	return sa
 }
 
 // socketLocked returns the raw socket of family (0: IPv4, 1: IPv6),

@@ -236,3 +236,32 @@ func TestUnreachableRateLimited(t *testing.T) {
 		t.Fatalf("%d ICMP errors for %d datagrams, want 1 to %d", errs, flood, unreachableBurst)
 	}
 }
+
+// An error to an IPv6 link-local client (a peer on the node's link sending
+// to a NodePort on the node's link-local address) names the client's link,
+// the zone its datagram came in with: without it the kernel routed the
+// error by the first fe80::/64 route, and a client on any other link never
+// got it (a node with two links: the error left by the first, its
+// neighbour solicitation unanswered there).
+func TestUnreachableToALinkLocalClientNamesItsLink(t *testing.T) {
+	for _, tc := range []struct {
+		client string
+		zone   uint32
+	}{
+		{"fe80::1%7", 7},
+		{"fd00::1", 0},
+		{"10.0.0.1", 0},
+	} {
+		sa := icmpDestination(netip.MustParseAddr(tc.client))
+		switch sa := sa.(type) {
+		case *unix.SockaddrInet6:
+			if sa.ZoneId != tc.zone || netip.AddrFrom16(sa.Addr) != netip.MustParseAddr(tc.client).WithZone("") {
+				t.Errorf("error to %s sent to %v zone %d, want zone %d", tc.client, netip.AddrFrom16(sa.Addr), sa.ZoneId, tc.zone)
+			}
+		case *unix.SockaddrInet4:
+			if netip.AddrFrom4(sa.Addr) != netip.MustParseAddr(tc.client) {
+				t.Errorf("error to %s sent to %v", tc.client, netip.AddrFrom4(sa.Addr))
+			}
+		}
+	}
+}
