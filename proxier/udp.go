@@ -3,6 +3,7 @@ package proxier
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"os"
@@ -148,12 +149,21 @@ func newUDPProxySocket(name loadbalancer.ServicePortName, conn *net.UDPConn, sp 
 }
 
 // useBalancer makes the socket pick its sessions' endpoints from sp from
-// now on; its sessions keep theirs while sp serves them.
+// now on; its sessions keep theirs while sp serves them. Their generations
+// are the old balancer's, a count of its own that may equal sp's: each is
+// checked against sp at its next datagram (and by expireIdle).
 func (s *udpProxySocket) useBalancer(sp *loadbalancer.ServicePort) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.sp = sp
+	s.sessions.each(func(sess *udpSession) { sess.generation = recheckGeneration })
+	s.checkedGeneration = recheckGeneration
 }
+
+// recheckGeneration is a generation no balancer reaches (it counts from 0,
+// one per endpoint change): a session that has it is checked against its
+// socket's balancer at its next datagram.
+const recheckGeneration = math.MaxUint64
 
 func (s *udpProxySocket) Port() int { return s.conn.LocalAddr().(*net.UDPAddr).Port }
 

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 )
 
 // A client that keeps sending while its endpoint is replaced moves to the
@@ -84,5 +86,33 @@ func TestUDPSessionKeepsItsEndpointAcrossAnUnrelatedChange(t *testing.T) {
 	ip.send("q")
 	if got := ip.session(); got != sess || sess.fd < 0 {
 		t.Fatalf("after endpoint b was added, the client's session is %p (was %p, its socket %d): re-balanced although endpoint a stays", got, sess, sess.fd)
+	}
+}
+
+// A socket switched to another balancer (a retired external socket, which
+// serves from the service port's own until its rules move) checks its
+// sessions' endpoints against the new one: their generations were the old
+// balancer's, a count of its own, and where the numbers happened to agree a
+// session to an endpoint the new balancer does not hold went on to it.
+func TestUDPSocketOnANewBalancerRechecksItsSessions(t *testing.T) {
+	a := startUDPEcho(t, "127.0.0.2:0", "a:")
+	b := startUDPEcho(t, "127.0.0.3:"+portOf(a.LocalAddr()), "b:")
+	ip := newInflightPort(t, time.Minute, a.LocalAddr().(*net.UDPAddr).AddrPort())
+	other := ip.name
+	other.Name = "dns-other"
+	ip.lb.SetEndpoints(other, []loadbalancer.Endpoint{{Addr: b.LocalAddr().(*net.UDPAddr).AddrPort(), Ready: true, Serving: true}})
+	next := ip.lb.ServicePort(other)
+	if ip.sock.sp.Generation() != next.Generation() {
+		t.Fatalf("generations %d and %d: the test needs them equal", ip.sock.sp.Generation(), next.Generation())
+	}
+	ip.send("q")
+	ip.sock.useBalancer(next)
+	ip.send("q")
+	var got netip.AddrPort // none: no session
+	if sess := ip.session(); sess != nil {
+		got = sess.backend
+	}
+	if got != b.LocalAddr().(*net.UDPAddr).AddrPort() {
+		t.Fatalf("after the switch to a balancer holding only b, the client's session goes to %v", got)
 	}
 }
