@@ -391,11 +391,15 @@ func (s *udpProxySocket) endpointFailedLocked(sess *udpSession, unreach *icmpErr
 	// With ClientIP affinity the client is pinned to the endpoint that
 	// failed: its next datagram must not find the pin again.
 	s.sp.Failed(sess.client.Addr(), sess.backend)
-	msg := "UDP endpoint refused the session's datagrams; the client's next datagram picks again"
 	if unreach != nil {
-		msg = "UDP endpoint could not be reached (ICMP destination unreachable); the client's next datagram picks again"
+		// The code tells a deleted pod (host unreachable: no ARP/ND
+		// answer) from a router's or a firewall's error.
+		klog.V(2).InfoS("UDP endpoint could not be reached (ICMP destination unreachable); the client's next datagram picks again",
+			"servicePort", s.label, "client", sess.client, "endpoint", sess.backend, "err", err, "code", unreach.code)
+	} else {
+		klog.V(2).InfoS("UDP endpoint refused the session's datagrams; the client's next datagram picks again",
+			"servicePort", s.label, "client", sess.client, "endpoint", sess.backend, "err", err)
 	}
-	klog.V(2).InfoS(msg, "servicePort", s.label, "client", sess.client, "endpoint", sess.backend, "err", err)
 	s.closeSessionLocked(sess)
 }
 

@@ -3,10 +3,12 @@ package proxier
 import (
 	"encoding/binary"
 	"errors"
+	"flag"
 	"net"
 	"net/netip"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -15,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/klog/v2"
 )
 
 // TestUDPEndpointUnreachableReachesTheClient: an endpoint the node cannot
@@ -342,5 +345,95 @@ func TestParseExtendedErr(t *testing.T) {
 		if got := tc.e.codeFor(tc.v6); got != tc.want {
 			t.Errorf("code for an IPv6 (%v) client of %+v: %d, want %d", tc.v6, tc.e, got, tc.want)
 		}
+	}
+}
+
+// An ICMP error the proxy passes over (here a time exceeded) keeps the
+// session whether the poller reports it (EPOLLERR: the error queue is
+// read first) or a receive meets it first, as when it comes after the
+// poller looked: with IP_RECVERR the kernel sets the socket's error for
+// it too (EHOSTUNREACH), and the receive's error closed the session as
+// broken, its client moved to another endpoint mid-flow and the replies
+// on their way lost, where the same error seen by the poller left it.
+// Needs CAP_NET_RAW.
+func TestUDPPassedOverICMPErrorMetByAReceiveKeepsTheSession(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs CAP_NET_RAW (root) for raw ICMP sockets")
+	}
+	for _, viaPoller := range []bool{true, false} {
+		t.Run(map[bool]string{true: "poller", false: "receive"}[viaPoller], func(t *testing.T) {
+			pc, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { pc.Close() })
+			endpoint := pc.LocalAddr().(*net.UDPAddr).AddrPort()
+			ip := newInflightPort(t, time.Minute, endpoint)
+			ip.send("q")
+			session := readFrom(t, pc, "q")
+			sess := ip.session()
+			if sess == nil {
+				t.Fatal("no session after the first datagram")
+			}
+			// Time exceeded (type 11) about the session's datagram: the
+			// quote is a destination unreachable's.
+			msg := destUnreachable4(0, session, endpoint, 1)
+			msg[0], msg[2], msg[3] = 11, 0, 0
+			binary.BigEndian.PutUint16(msg[2:], checksum(msg))
+			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_ICMP)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unix.Close(fd)
+			if err := unix.Sendto(fd, msg, 0, &unix.SockaddrInet4{Addr: session.Addr().As4()}); err != nil {
+				t.Fatal(err)
+			}
+			fds := []unix.PollFd{{Fd: int32(sess.fd), Events: unix.POLLIN}}
+			if n, err := unix.Poll(fds, 3000); n != 1 || err != nil || fds[0].Revents&unix.POLLERR == 0 {
+				t.Fatalf("the session's socket is not in error after a time exceeded (poll %d, %v, revents %#x)", n, err, fds[0].Revents)
+			}
+			if viaPoller {
+				ip.relay()
+			} else {
+				b := getUDPBatch()
+				ip.sock.relayFrom(sess.fd, b)
+				putUDPBatch(b)
+			}
+			if got := ip.session(); got != sess {
+				t.Fatal("a time exceeded closed the session")
+			}
+			if n := ip.sock.poller.ready(); n != 0 {
+				t.Fatalf("%d socket(s) still ready after the error was acted on", n)
+			}
+		})
+	}
+}
+
+// The line of an unreachable endpoint names the ICMP code, as be682e2
+// wrote it (code=1: no ARP/ND answer; 0: a router's net unreachable; 13: a
+// firewall), which the errno alone does not tell apart.
+func TestUDPUnreachableEndpointLineNamesTheCode(t *testing.T) {
+	buf := captureKlog(t)
+	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(fs)
+	_ = fs.Set("v", "2")
+	t.Cleanup(func() { _ = fs.Set("v", "0") })
+	pc, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	ip := newInflightPort(t, time.Minute, pc.LocalAddr().(*net.UDPAddr).AddrPort())
+	ip.send("q")
+	sess := ip.session()
+	if sess == nil {
+		t.Fatal("no session after the first datagram")
+	}
+	ip.sock.mu.Lock()
+	ip.sock.endpointFailedLocked(sess, &icmpError{code: 13, errno: unix.EHOSTUNREACH, unreachErr: true}, unix.EHOSTUNREACH)
+	ip.sock.mu.Unlock()
+	klog.Flush()
+	if line := buf.String(); !strings.Contains(line, "could not be reached") || !strings.Contains(line, "code=13") {
+		t.Fatalf("no code=13 in the unreachable endpoint's line:\n%s", line)
 	}
 }
