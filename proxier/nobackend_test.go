@@ -87,7 +87,7 @@ func TestUDPSessionCapDropLogged(t *testing.T) {
 		t.Fatal("the second Service's client was answered past a total cap of 1")
 	}
 	// Counted after it is logged: once counted, the line is written.
-	dropped := p.active[p.lbName("default/two:p")].socket.(*udpProxySocket).refused
+	dropped := p.active[p.lbName("default/two:p")].socket.(*udpProxySocket).capDropped
 	for deadline := time.Now().Add(20 * time.Second); dropped.value() == 0; {
 		if time.Now().After(deadline) {
 			t.Fatal("the second Service's datagram was never dropped at the cap")
@@ -138,7 +138,7 @@ func TestUDPDatagramAtCloseIsNoFailure(t *testing.T) {
 	ip.sock.Close()
 	ip.send("q")
 	klog.Flush()
-	if got := ip.sock.droppedNoBackend.value(); got != 0 || strings.Contains(buf.String(), "No endpoint could be reached") {
+	if got := ip.sock.failed.value(); got != 0 || strings.Contains(buf.String(), "No endpoint could be reached") {
 		t.Fatalf("a datagram forwarded as the port closed: connections_failed_total %v, log:\n%s", got, buf.String())
 	}
 }

@@ -86,8 +86,12 @@ type udpProxySocket struct {
 
 	sessionsGauge                   *gauge
 	dialFailures, bytesIn, bytesOut *counter
-	droppedNoBackend                *counter
-	evicted, refused                *counter
+	// failed counts the datagrams no endpoint took
+	// (connections_failed_total); evicted and capDropped the sessions
+	// closed and the datagrams dropped at the session caps
+	// (udp_session_limit_total{action}).
+	failed              *counter
+	evicted, capDropped *counter
 
 	// mu guards sessions and every system call on a backend descriptor, so
 	// that none is used after close. Per socket, never global.
@@ -135,9 +139,9 @@ func newUDPProxySocket(name loadbalancer.ServicePortName, conn *net.UDPConn, sp 
 		dialFailures:         &m.dialFailures,
 		bytesIn:              &m.bytesIn,
 		bytesOut:             &m.bytesOut,
-		droppedNoBackend:     &m.failed,
+		failed:               &m.failed,
 		evicted:              &m.udpEvicted,
-		refused:              &m.udpDropped,
+		capDropped:           &m.udpDropped,
 	}
 	if withDst {
 		s.oobLen = pktinfoSpace

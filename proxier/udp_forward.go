@@ -159,10 +159,10 @@ func (s *udpProxySocket) forward(client netip.AddrPort, b, oob []byte) {
 		}
 		if errors.Is(err, errSessionLimit) {
 			s.noBackend.report(s.label, client, err)
-			s.refused.Inc()
+			s.capDropped.Inc()
 			return
 		}
-		s.droppedNoBackend.Inc()
+		s.failed.Inc()
 		s.noBackend.report(s.label, client, err)
 		if errors.Is(err, loadbalancer.ErrNoEndpoints) {
 			s.cfg.unreachable.send(client, oob, s.bound, b)
