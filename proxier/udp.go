@@ -16,6 +16,7 @@ import (
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/mono"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
@@ -293,7 +294,7 @@ func (s *udpProxySocket) sessionLocked(client netip.AddrPort, oob []byte, now in
 		fd, port, err := dialUDPSession(ep, s.cfg.udpRecentPorts)
 		if err == nil {
 			if err = s.poller.add(fd); err != nil {
-				unix.Close(fd)
+				rawio.Close(fd)
 			}
 		}
 		if err != nil {
@@ -410,7 +411,7 @@ func (s *udpProxySocket) endpointFailedLocked(sess *udpSession, unreach *icmpErr
 func (s *udpProxySocket) closeSessionLocked(sess *udpSession) {
 	s.sessions.remove(sess)
 	logUDPSessionEnd(s, sess)
-	unix.Close(sess.fd)
+	rawio.Close(sess.fd)
 	sess.fd = -1
 	s.cfg.udpRecentPorts.noteFreed(sess.port)
 	s.cfg.udpBudget.release()
@@ -567,25 +568,25 @@ func (s *udpProxySocket) idleAt(lastActive int64) int64 {
 
 // dialUDPBackend opens a non-blocking socket connected to ep. A raw
 // descriptor, not a net.UDPConn: the reply loop polls it itself, and it
-// costs no Go memory beyond the session.
+// costs no Go memory beyond the session. Its system calls are raw ones
+// (none blocks) and its address is encoded on the stack: a new session's
+// sockaddrs were two allocations.
 func dialUDPBackend(ep netip.AddrPort) (int, error) {
 	family := unix.AF_INET6
-	var sa unix.Sockaddr = &unix.SockaddrInet6{Port: int(ep.Port()), Addr: ep.Addr().As16()}
-	if a := ep.Addr().Unmap(); a.Is4() {
+	if ep.Addr().Unmap().Is4() {
 		family = unix.AF_INET
-		sa = &unix.SockaddrInet4{Port: int(ep.Port()), Addr: a.As4()}
 	}
-	fd, err := unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	fd, err := rawio.DatagramSocket(family)
 	if err != nil {
 		return -1, os.NewSyscallError("socket", err)
 	}
 	if relay.InReserve(fd) {
-		unix.Close(fd)
+		rawio.Close(fd)
 		return -1, relay.ErrDescriptorReserve
 	}
 	enableRecvErr(fd, family) // an unreachable endpoint is told (udp_recverr.go)
-	if err := unix.Connect(fd, sa); err != nil {
-		unix.Close(fd)
+	if err := rawio.Connect(fd, ep); err != nil {
+		rawio.Close(fd)
 		return -1, &net.OpError{Op: "dial", Net: "udp", Addr: net.UDPAddrFromAddrPort(ep), Err: os.NewSyscallError("connect", err)}
 	}
 	return fd, nil

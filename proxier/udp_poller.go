@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 )
 
 // udpPoller lets one goroutine wait on every backend socket of a service
@@ -53,7 +55,7 @@ func newUDPPoller() (*udpPoller, error) {
 // Callers serialise add with close.
 func (p *udpPoller) add(fd int) error {
 	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}
-	return unix.EpollCtl(p.epfd, unix.EPOLL_CTL_ADD, fd, &ev)
+	return rawio.EpollAdd(p.epfd, fd, &ev)
 }
 
 // wait blocks until some sockets are readable (or in error) and returns

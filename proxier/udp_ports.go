@@ -5,8 +5,6 @@ import (
 	"net/netip"
 	"sync/atomic"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 )
 
@@ -107,7 +105,7 @@ func dialUDPSession(ep netip.AddrPort, recent *recentPorts) (int, uint16, error)
 		}
 	}
 	for _, h := range held[:n] {
-		unix.Close(h)
+		rawio.Close(h)
 	}
 	return fd, port, nil
 }

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 )
 
 // An endpoint the node cannot reach (a deleted pod's address that answers
@@ -25,9 +27,9 @@ import (
 // it the socket is told of hard errors (port unreachable) alone.
 func enableRecvErr(fd, family int) {
 	if family == unix.AF_INET {
-		_ = unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_RECVERR, 1)
+		_ = rawio.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_RECVERR, 1)
 	} else {
-		_ = unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_RECVERR, 1)
+		_ = rawio.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_RECVERR, 1)
 	}
 }
 

@@ -148,6 +148,37 @@ func TestDialUDPBackendFamilies(t *testing.T) {
 	}
 }
 
+// A new session's backend socket costs no allocation: its address is
+// encoded on the stack (the sockaddrs of unix.Connect were two per session,
+// one of them an IPv6 one made for every endpoint and dropped for IPv4).
+func TestDialUDPBackendAllocatesNothing(t *testing.T) {
+	for _, host := range []string{"127.0.0.1", "::1"} {
+		t.Run(host, func(t *testing.T) {
+			pc, err := net.ListenPacket("udp", net.JoinHostPort(host, "0"))
+			if err != nil {
+				t.Skipf("no %s: %v", host, err)
+			}
+			defer pc.Close()
+			ep := pc.LocalAddr().(*net.UDPAddr).AddrPort()
+			var dialErr error
+			n := testing.AllocsPerRun(100, func() {
+				fd, err := dialUDPBackend(ep)
+				if err != nil {
+					dialErr = err
+					return
+				}
+				unix.Close(fd)
+			})
+			if dialErr != nil {
+				t.Fatal(dialErr)
+			}
+			if n != 0 {
+				t.Fatalf("dialUDPBackend: %v allocations, want 0", n)
+			}
+		})
+	}
+}
+
 // Empty datagrams pass both ways, as a session's first and later on
 // (keep-alives and probes of some protocols are empty).
 func TestUDPRelaysEmptyDatagrams(t *testing.T) {

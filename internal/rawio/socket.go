@@ -42,6 +42,15 @@ func Socket(family int) (int, error) {
 	return int(r), nil
 }
 
+// DatagramSocket opens a non-blocking, close-on-exec UDP socket of family.
+func DatagramSocket(family int) (int, error) {
+	r, _, e := unix.RawSyscall(unix.SYS_SOCKET, uintptr(family), unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if e != 0 {
+		return -1, e
+	}
+	return int(r), nil
+}
+
 // SetsockoptInt is setsockopt(2) with an int value.
 func SetsockoptInt(fd, level, opt, value int) error {
 	v := int32(value)
