@@ -56,14 +56,21 @@ func readKernelPorts(read func(string) ([]byte, error)) (kernelPorts, error) {
 func (kp kernelPorts) ephemeralFree() int {
 	free := kp.Ephemeral.Size
 	for port := kp.Ephemeral.Base; port < kp.Ephemeral.Base+kp.Ephemeral.Size; port++ {
-		for _, r := range kp.Reserved {
-			if port >= r.Base && port < r.Base+r.Size {
-				free--
-				break
-			}
+		if kp.reserved(port) {
+			free--
 		}
 	}
 	return free
+}
+
+// reserved tells whether port is one of the reserved ports.
+func (kp kernelPorts) reserved(port int) bool {
+	for _, r := range kp.Reserved {
+		if port >= r.Base && port < r.Base+r.Size {
+			return true
+		}
+	}
+	return false
 }
 
 // parseReservedPorts reads the kernel's "1,3-5,8080" list; bad items are

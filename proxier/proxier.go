@@ -30,6 +30,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/mono"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/healthcheck"
@@ -320,7 +321,7 @@ func New(opts Options) *Proxier {
 	}
 	setDescriptorCeiling()
 	p.sockCfg.udpMaxSessionsPerPort, p.sockCfg.udpBudget = udpLimits(opts)
-	p.sockCfg.udpRecentPorts = newRecentPorts(ephemeralPorts())
+	p.sockCfg.udpPorts = newSessionPorts(readKernelPortsFromProc, mono.Now())
 	p.sockCfg.unreachable = newUnreachableSender()
 	if opts.DataPath == DataPathEventLoop {
 		p.sockCfg.loops = newLoopGroup(opts)

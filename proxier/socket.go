@@ -52,9 +52,10 @@ type socketConfig struct {
 	// UDP session caps: per service port, and in total (shared budget).
 	udpMaxSessionsPerPort int
 	udpBudget             *udpBudget
-	// udpRecentPorts: the local ports sessions freed last, which new
-	// sessions pass over (udp_ports.go); nil: none remembered.
-	udpRecentPorts *recentPorts
+	// udpPorts hands out sessions' local ports, passing over those
+	// freed last (udp_ports.go); nil: the kernel picks, nothing
+	// remembered.
+	udpPorts *sessionPorts
 	// conns lists live connections for /debug/connections.
 	conns *connRegistry
 	// lifetimes: each TCP port's max age and drain time (lifetime.go);

@@ -284,6 +284,7 @@ func (s *udpProxySocket) sessionLocked(client netip.AddrPort, oob []byte, now in
 	if err := s.makeRoomLocked(now); err != nil {
 		return nil, err
 	}
+	s.cfg.udpPorts.maybeReread(now)
 	var lastErr error
 	for i := range s.cfg.dialTimeouts {
 		ep, err := s.sp.Next(client.Addr(), i > 0)
@@ -291,7 +292,7 @@ func (s *udpProxySocket) sessionLocked(client netip.AddrPort, oob []byte, now in
 			lastErr = err
 			break
 		}
-		fd, port, err := dialUDPSession(ep, s.cfg.udpRecentPorts)
+		fd, port, err := dialUDPSession(ep, s.cfg.udpPorts)
 		if err == nil {
 			if err = s.poller.add(fd); err != nil {
 				rawio.Close(fd)
@@ -413,7 +414,7 @@ func (s *udpProxySocket) closeSessionLocked(sess *udpSession) {
 	logUDPSessionEnd(s, sess)
 	rawio.Close(sess.fd)
 	sess.fd = -1
-	s.cfg.udpRecentPorts.noteFreed(sess.port)
+	s.cfg.udpPorts.freed(sess.port)
 	s.cfg.udpBudget.release()
 	s.sessionsGauge.Dec()
 }
@@ -572,22 +573,30 @@ func (s *udpProxySocket) idleAt(lastActive int64) int64 {
 // (none blocks) and its address is encoded on the stack: a new session's
 // sockaddrs were two allocations.
 func dialUDPBackend(ep netip.AddrPort) (int, error) {
+	fd, _, err := dialUDPBackendFrom(ep, nil)
+	return fd, err
+}
+
+// dialUDPBackendFrom is dialUDPBackend from a port ports chose, which it
+// returns (0: the kernel picked one at connect).
+func dialUDPBackendFrom(ep netip.AddrPort, ports *sessionPorts) (int, uint16, error) {
 	family := unix.AF_INET6
 	if ep.Addr().Unmap().Is4() {
 		family = unix.AF_INET
 	}
 	fd, err := rawio.DatagramSocket(family)
 	if err != nil {
-		return -1, os.NewSyscallError("socket", err)
+		return -1, 0, os.NewSyscallError("socket", err)
 	}
 	if relay.InReserve(fd) {
 		rawio.Close(fd)
-		return -1, relay.ErrDescriptorReserve
+		return -1, 0, relay.ErrDescriptorReserve
 	}
 	enableRecvErr(fd, family) // an unreachable endpoint is told (udp_recverr.go)
+	port := ports.bind(fd, family)
 	if err := rawio.Connect(fd, ep); err != nil {
 		rawio.Close(fd)
-		return -1, &net.OpError{Op: "dial", Net: "udp", Addr: net.UDPAddrFromAddrPort(ep), Err: os.NewSyscallError("connect", err)}
+		return -1, 0, &net.OpError{Op: "dial", Net: "udp", Addr: net.UDPAddrFromAddrPort(ep), Err: os.NewSyscallError("connect", err)}
 	}
-	return fd, nil
+	return fd, port, nil
 }

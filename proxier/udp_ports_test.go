@@ -1,0 +1,231 @@
+package proxier
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// fakeKernelPorts is a namespace's port sysctls as sessionPorts reads them.
+type fakeKernelPorts struct {
+	kp  kernelPorts
+	err error
+}
+
+func (f *fakeKernelPorts) read() (kernelPorts, error) { return f.kp, f.err }
+
+// fakeBinds stands in for bind(2): the ports bound, in order; held ports
+// are refused with EADDRINUSE, and refuse (when set) refuses every port.
+type fakeBinds struct {
+	bound  []uint16
+	held   map[uint16]bool
+	refuse error
+}
+
+func (b *fakeBinds) bind(_ int, ep netip.AddrPort, _ int) error {
+	if b.refuse != nil {
+		return b.refuse
+	}
+	if !ep.Addr().IsUnspecified() {
+		return errors.New("not the wildcard address")
+	}
+	if b.held[ep.Port()] {
+		return unix.EADDRINUSE
+	}
+	b.bound = append(b.bound, ep.Port())
+	return nil
+}
+
+func testSessionPorts(t *testing.T, k *fakeKernelPorts) (*sessionPorts, *fakeBinds) {
+	t.Helper()
+	sp := newSessionPorts(k.read, 0)
+	b := &fakeBinds{held: map[uint16]bool{}}
+	sp.bindTo = b.bind
+	return sp, b
+}
+
+// allowedPorts is the range less its reserved ports and those held.
+func allowedPorts(kp kernelPorts, held map[uint16]bool) []uint16 {
+	var out []uint16
+	for p := kp.Ephemeral.Base; p < kp.Ephemeral.Base+kp.Ephemeral.Size; p++ {
+		if !kp.reserved(p) && !held[uint16(p)] {
+			out = append(out, uint16(p))
+		}
+	}
+	return out
+}
+
+// A session's socket is bound to the ports of the ephemeral range in turn
+// (none of the reserved ones, none another socket holds), so a port comes
+// back only after the whole range was handed out, and never while it is
+// among the window ports freed last: the late answer to a closed session
+// (sessionPorts) finds no other session on its port.
+func TestSessionPortsHandOutTheRangeInTurn(t *testing.T) {
+	k := &fakeKernelPorts{kp: kernelPorts{
+		Ephemeral: PortRange{Base: 40000, Size: 100},
+		Reserved:  []PortRange{{Base: 40010, Size: 10}, {Base: 40050, Size: 1}},
+	}}
+	sp, b := testSessionPorts(t, k)
+	if w := sp.window.Load(); w != 89/4 {
+		t.Fatalf("window %d, want a quarter of the 89 ports not reserved (%d)", w, 89/4)
+	}
+	b.held[40030] = true
+	allowed := allowedPorts(k.kp, b.held)
+	next := func(p uint16) uint16 {
+		i := slices.Index(allowed, p)
+		return allowed[(i+1)%len(allowed)]
+	}
+	for range 3 * len(allowed) {
+		if sp.bind(-1, unix.AF_INET) == 0 {
+			t.Fatalf("no port bound; bound so far %v", b.bound)
+		}
+	}
+	for i, p := range b.bound {
+		if !slices.Contains(allowed, p) {
+			t.Fatalf("port %d bound: reserved, held or outside the range (all: %v)", p, b.bound)
+		}
+		if i > 0 && p != next(b.bound[i-1]) {
+			t.Fatalf("port %d bound after %d, want %d: the range is handed out in turn (all: %v)", p, b.bound[i-1], next(b.bound[i-1]), b.bound)
+		}
+	}
+
+	// The port next in turn was freed just now (a session that held it
+	// since the last round closed): it is passed over.
+	last := b.bound[len(b.bound)-1]
+	freed := next(last)
+	sp.noteFreed(freed)
+	if p := sp.bind(-1, unix.AF_INET); p != next(freed) {
+		t.Fatalf("port %d bound after %d was freed just now, want %d (the one after it)", p, freed, next(freed))
+	}
+	// Once window other ports were freed it is not recent any more.
+	for range sp.window.Load() - 1 {
+		sp.noteFreed(allowed[0])
+	}
+	if !sp.recent(freed) {
+		t.Fatalf("port %d not recent after %d frees, window %d", freed, sp.window.Load()-1, sp.window.Load())
+	}
+	sp.noteFreed(allowed[0])
+	if sp.recent(freed) {
+		t.Fatalf("port %d still recent after %d frees, window %d", freed, sp.window.Load(), sp.window.Load())
+	}
+}
+
+// With no port to give (the range unknown, every port offered held, bind
+// refused) the socket is left unbound and the kernel picks at connect.
+func TestSessionPortsLeaveTheKernelToPick(t *testing.T) {
+	t.Run("range unknown", func(t *testing.T) {
+		sp, b := testSessionPorts(t, &fakeKernelPorts{err: errors.New("no /proc")})
+		if p := sp.bind(-1, unix.AF_INET); p != 0 || len(b.bound) != 0 {
+			t.Fatalf("bound %d (%v) without a range", p, b.bound)
+		}
+		if sp.window.Load() != 0 {
+			t.Fatalf("window %d without a range", sp.window.Load())
+		}
+	})
+	t.Run("all held", func(t *testing.T) {
+		k := &fakeKernelPorts{kp: kernelPorts{Ephemeral: PortRange{Base: 40000, Size: 100}}}
+		sp, b := testSessionPorts(t, k)
+		for p := range 100 {
+			b.held[uint16(40000+p)] = true
+		}
+		if p := sp.bind(-1, unix.AF_INET); p != 0 {
+			t.Fatalf("bound %d, every port is held", p)
+		}
+	})
+	t.Run("refused", func(t *testing.T) {
+		k := &fakeKernelPorts{kp: kernelPorts{Ephemeral: PortRange{Base: 40000, Size: 100}}}
+		sp, b := testSessionPorts(t, k)
+		b.refuse = unix.EACCES
+		if p := sp.bind(-1, unix.AF_INET6); p != 0 {
+			t.Fatalf("bound %d, bind refused", p)
+		}
+	})
+	t.Run("nil", func(t *testing.T) {
+		var sp *sessionPorts
+		if p := sp.bind(-1, unix.AF_INET); p != 0 || sp.recentOK(1) {
+			t.Fatal("a nil sessionPorts gave a port or remembers one")
+		}
+		sp.freed(1)
+		sp.maybeReread(int64(time.Hour))
+	})
+}
+
+// A change of the range or of its reserved ports reaches new sessions
+// within udpPortsReread, the window with it (the window was sized once at
+// start: shrunk, every port was recent and each new session opened 8
+// sockets).
+func TestSessionPortsFollowTheRange(t *testing.T) {
+	k := &fakeKernelPorts{kp: kernelPorts{Ephemeral: PortRange{Base: 40000, Size: 100}}}
+	sp, b := testSessionPorts(t, k)
+	k.kp = kernelPorts{Ephemeral: PortRange{Base: 50000, Size: 10}, Reserved: []PortRange{{Base: 50004, Size: 1}}}
+	sp.maybeReread(int64(udpPortsReread) - 1)
+	if p := sp.bind(-1, unix.AF_INET); p < 40000 || p >= 40100 {
+		t.Fatalf("port %d before the range is read again, want one of 40000-40099", p)
+	}
+	sp.maybeReread(int64(udpPortsReread))
+	if w := sp.window.Load(); w != 9/4 {
+		t.Fatalf("window %d after the range changed, want %d", w, 9/4)
+	}
+	b.bound = nil
+	for range 20 {
+		sp.bind(-1, unix.AF_INET)
+	}
+	for _, p := range b.bound {
+		if p < 50000 || p >= 50010 || p == 50004 {
+			t.Fatalf("port %d bound after the range became 50000-50009 less 50004 (all: %v)", p, b.bound)
+		}
+	}
+	// Read again unchanged: the cursor goes on where it was.
+	last := b.bound[len(b.bound)-1]
+	sp.maybeReread(2 * int64(udpPortsReread))
+	b.bound = nil
+	sp.bind(-1, unix.AF_INET)
+	if want := allowedPorts(k.kp, nil); b.bound[0] != want[(slices.Index(want, last)+1)%len(want)] {
+		t.Fatalf("port %d after %d and an unchanged read, want the next in turn", b.bound[0], last)
+	}
+}
+
+// A session's socket is bound, for real, to the port sessionPorts chose:
+// the port dialUDPSession returns is the socket's, and the socket reaches
+// its endpoint, in both families.
+func TestDialUDPSessionBindsThePortChosen(t *testing.T) {
+	for _, host := range []string{"127.0.0.1", "::1"} {
+		t.Run(host, func(t *testing.T) {
+			pc, err := net.ListenPacket("udp", net.JoinHostPort(host, "0"))
+			if err != nil {
+				t.Skipf("no %s: %v", host, err)
+			}
+			defer pc.Close()
+			k := &fakeKernelPorts{kp: kernelPorts{Ephemeral: PortRange{Base: 45000, Size: 1000}}}
+			sp := newSessionPorts(k.read, 0)
+			fd, port, err := dialUDPSession(pc.LocalAddr().(*net.UDPAddr).AddrPort(), sp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unix.Close(fd)
+			if port < 45000 || port >= 46000 {
+				t.Fatalf("port %d, want one of the range 45000-45999", port)
+			}
+			if got := localPort(fd); got != port {
+				t.Fatalf("socket bound to %d, dialUDPSession says %d", got, port)
+			}
+			if _, err := unix.Write(fd, []byte("hi")); err != nil {
+				t.Fatal(err)
+			}
+			_ = pc.SetReadDeadline(time.Now().Add(5 * time.Second))
+			buf := make([]byte, 8)
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil || string(buf[:n]) != "hi" {
+				t.Fatalf("endpoint read %q, %v", buf[:n], err)
+			}
+			if got := from.(*net.UDPAddr).Port; got != int(port) {
+				t.Fatalf("datagram from port %d, want %d", got, port)
+			}
+		})
+	}
+}
