@@ -308,7 +308,7 @@ func (s *udpProxySocket) sessionLocked(client netip.AddrPort, oob []byte, now in
 		}
 		sess := &udpSession{client: client, backend: ep, local: datagramDestination(oob, s.bound), fd: fd, port: port, generation: generation, started: time.Now().UnixNano()}
 		if s.replyFromDestination {
-			sess.replyControl = replyControl(oob)
+			sess.replyControlLen = uint8(len(putReplyControl(&sess.replyControlBuf, oob)))
 		}
 		s.sessions.add(sess, now)
 		s.sessionsGauge.Inc()
@@ -445,7 +445,7 @@ func (s *udpProxySocket) upSenderLocked(sess *udpSession) func([]byte) {
 // service socket outlives the session, so a delayed reply needs no session.
 func (s *udpProxySocket) downSenderLocked(sess *udpSession) func([]byte) {
 	if sess.sendDown == nil {
-		client, control := sess.client, sess.replyControl
+		client, control := sess.client, sess.replyControl()
 		sess.sendDown = func(b []byte) {
 			if m, _, err := s.conn.WriteMsgUDPAddrPort(b, control, client); err == nil {
 				s.bytesOut.Add(float64(m))

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"net"
 	"net/netip"
+	"unsafe"
 
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
@@ -39,30 +40,45 @@ func enableDestinationInfo(conn *net.UDPConn) (bool, error) {
 	return true, nil
 }
 
-// replyControl returns the control message that sends a reply from the
-// destination reported in oob (datagramDestination reads it), nil when oob
-// reports none. Called once per session, so its allocations do not recur
-// per datagram.
-func replyControl(oob []byte) []byte {
-	dst := datagramDestination(oob, netip.AddrPort{})
-	switch {
-	case !dst.IsValid():
+// replyControlWords is room for the one control message of a reply, an
+// IP_PKTINFO (32 bytes) or an IPV6_PKTINFO (40), in 64-bit words: the
+// session keeps it in an array of them, so its header is aligned.
+const replyControlWords = 5
+
+// putReplyControl writes into dst, and returns, the control message that
+// sends a reply from the destination reported in oob (datagramDestination
+// reads it), nil when oob reports none. It is what x/net's ipv4 and ipv6
+// ControlMessage.Marshal write, without their three allocations per new
+// session (a socket bound to the wildcard address, the default).
+func putReplyControl(dst *[replyControlWords]uint64, oob []byte) []byte {
+	d := datagramDestination(oob, netip.AddrPort{})
+	if !d.IsValid() {
 		return nil
-	case dst.Addr().Is4():
-		a := dst.Addr().As4()
-		return (&ipv4.ControlMessage{Src: net.IP(a[:])}).Marshal()
 	}
-	a := dst.Addr().As16()
-	cm := &ipv6.ControlMessage{Src: net.IP(a[:])}
-	if dst.Addr().IsLinkLocalUnicast() {
+	*dst = [replyControlWords]uint64{}
+	b := unsafe.Slice((*byte)(unsafe.Pointer(&dst[0])), 8*replyControlWords)
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
+	addr := d.Addr()
+	if addr.Is4() {
+		h.Level, h.Type = unix.IPPROTO_IP, unix.IP_PKTINFO
+		h.SetLen(unix.CmsgLen(unix.SizeofInet4Pktinfo))
+		info := (*unix.Inet4Pktinfo)(unsafe.Pointer(&b[unix.CmsgLen(0)]))
+		info.Spec_dst = addr.As4()
+		return b[:unix.CmsgSpace(unix.SizeofInet4Pktinfo)]
+	}
+	h.Level, h.Type = unix.IPPROTO_IPV6, unix.IPV6_PKTINFO
+	h.SetLen(unix.CmsgLen(unix.SizeofInet6Pktinfo))
+	info := (*unix.Inet6Pktinfo)(unsafe.Pointer(&b[unix.CmsgLen(0)]))
+	info.Addr = addr.As16()
+	if addr.IsLinkLocalUnicast() {
 		// A link-local source means nothing without its link: the
 		// kernel refuses it (EINVAL) unless the reply names the
 		// interface, the one the datagram came in on. A global source
 		// leaves the interface to the route, as kube-proxy's replies
 		// do: the arrival one is wrong under asymmetric routing.
-		cm.IfIndex = arrivalInterface(oob)
+		info.Ifindex = uint32(arrivalInterface(oob))
 	}
-	return cm.Marshal()
+	return b[:unix.CmsgSpace(unix.SizeofInet6Pktinfo)]
 }
 
 // arrivalInterface is the index of the interface an IPv6 datagram came in

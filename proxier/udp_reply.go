@@ -150,7 +150,7 @@ func (s *udpProxySocket) relayFrom(fd int, b *udpBatch) {
 		growSessionReceiveBuffer(fd) // a burst may outgrow the default queue
 		sess.gro = true              // asked once, taken or not
 	}
-	client, control := sess.client, sess.replyControl
+	client, control := sess.client, sess.replyControl()
 	plan := s.datagramFaults()
 	var send func([]byte)
 	if plan != nil {

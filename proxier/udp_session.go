@@ -2,6 +2,7 @@ package proxier
 
 import (
 	"net/netip"
+	"unsafe"
 )
 
 // udpSession is one client ip:port's connected backend socket. It is a few
@@ -22,9 +23,6 @@ type udpSession struct {
 	// port is fd's local port (0: unknown), remembered when the session
 	// closes so that new sessions pass over it for a while (recentPorts).
 	port uint16
-	// generation is the service port's endpoint generation when backend was
-	// last known to be eligible.
-	generation uint64
 	// removed: backend stopped being an endpoint while the session lived.
 	// No datagram goes to it any more (the client's next one re-balances),
 	// but what it still sends back reaches the client until the session
@@ -32,6 +30,12 @@ type udpSession struct {
 	removed bool
 	// gro: UDP_GRO is on for fd (asked once its replies came in a burst).
 	gro bool
+	// replyControlLen is the length of the reply control message held in
+	// replyControlBuf (replyControl).
+	replyControlLen uint8
+	// generation is the service port's endpoint generation when backend was
+	// last known to be eligible.
+	generation uint64
 	// lastActive is when a datagram last passed either way (mono.Now).
 	lastActive int64
 	// deferredUntil is when the last datagram a fault delayed goes out
@@ -42,10 +46,7 @@ type udpSession struct {
 	// one to evict at a cap, as that datagram needs its socket (a delayed
 	// reply goes out through the service socket and needs none).
 	upDeferredUntil int64
-	// replyControl is the control message that makes replies leave from
-	// the address the client sent to (IP_PKTINFO); nil when the socket is
-	// bound to one address.
-	replyControl []byte
+	replyControlBuf [replyControlWords]uint64
 	// sendUp and sendDown deliver datagrams a fault let through, perhaps
 	// later from a timer goroutine; built on the first faulted datagram.
 	sendUp, sendDown func([]byte)
@@ -56,6 +57,17 @@ type udpSession struct {
 
 	// newer and older link the table's recency list.
 	newer, older *udpSession
+}
+
+// replyControl is the control message that makes replies leave from the
+// address the client sent to (IP_PKTINFO, putReplyControl); nil when the
+// socket is bound to one address. It is the session's own memory (a slice
+// field and a buffer of its own were 24 bytes and three allocations more).
+func (s *udpSession) replyControl() []byte {
+	if s.replyControlLen == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&s.replyControlBuf[0])), s.replyControlLen)
 }
 
 // udpSessionTable indexes one service port's sessions by client and by
