@@ -21,9 +21,11 @@ type udpPoller struct {
 	raw    syscall.RawConn
 	events []unix.EpollEvent // owned by the waiting goroutine
 	// n and waitFn are wait's result and poller callback, built once: a
-	// closure made per wait was an allocation per wake-up.
-	n      int
-	waitFn func(fd uintptr) bool
+	// closure made per wait was an allocation per wake-up. readyFn is
+	// ready's, likewise (one per passed deadline).
+	n       int
+	waitFn  func(fd uintptr) bool
+	readyFn func(fd uintptr)
 }
 
 // pollerBatch is how many ready sockets one wake-up reports.
@@ -47,6 +49,7 @@ func newUDPPoller() (*udpPoller, error) {
 	}
 	p := &udpPoller{epfd: epfd, file: f, raw: raw, events: make([]unix.EpollEvent, pollerBatch)}
 	p.waitFn = p.poll
+	p.readyFn = p.pollNow
 	return p, nil
 }
 
@@ -80,14 +83,16 @@ func (p *udpPoller) poll(fd uintptr) bool {
 // ready is wait without blocking and without the deadline: the sockets
 // readable now (n may be 0).
 func (p *udpPoller) ready() int {
-	var n int
-	_ = p.raw.Control(func(fd uintptr) {
-		var err error
-		if n, err = unix.EpollWait(int(fd), p.events, 0); err != nil {
-			n = 0
-		}
-	})
-	return n
+	p.n = 0
+	_ = p.raw.Control(p.readyFn)
+	return p.n
+}
+
+func (p *udpPoller) pollNow(fd uintptr) {
+	var err error
+	if p.n, err = unix.EpollWait(int(fd), p.events, 0); err != nil {
+		p.n = 0
+	}
 }
 
 // setDeadline makes wait return at t; the zero time means never.

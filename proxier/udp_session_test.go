@@ -225,3 +225,16 @@ func TestUDPCapsScaleWithTheEphemeralPorts(t *testing.T) {
 		t.Errorf("ephemeral ports less reserved: %d, want %d", got, want)
 	}
 }
+
+// Looking for ready sockets when the idle deadline passes allocates
+// nothing (a closure made per look was an allocation per deadline).
+func TestUDPPollerReadyAllocatesNothing(t *testing.T) {
+	p, err := newUDPPoller()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	if n := testing.AllocsPerRun(100, func() { p.ready() }); n != 0 {
+		t.Fatalf("ready: %v allocations, want 0", n)
+	}
+}
