@@ -31,27 +31,27 @@ const udpPortsReread = 10 * time.Second
 // A closed session's port is free at once, and a reply its endpoint sent
 // late (a DNS answer slower than --udp-timeout, or any answer to a session
 // evicted at the cap) arrives on whatever socket holds the port next: were
-// it the next session's to that endpoint, another client received it. The
-// kernel picks connect()'s port at random, so the proxier picks it itself:
-// it walks the ephemeral range less its reserved ports in turn, from a
-// random start, binding each session's socket to the next port that no
-// socket holds (bind fails on those) and that was not freed within the
-// last window frees (a quarter of the range: seconds of sessions at the
-// caps' rate, minutes at a node's usual one, recentPorts). A port is so
-// handed out again about a whole range of sessions after it was, never
-// before window others were freed. That costs a session a bind, and saves
-// connect's own port search, the getsockname that read the kernel's pick,
-// and the second socket a quarter of the sessions opened when that pick
-// was a recent port. When no port is found (the range held by others, bind refused)
-// the kernel picks, and a socket on a recent port is held while another
-// is opened, up to udpDialTries. Shared by every UDP service port;
-// lock-free.
+// it the next session's to that endpoint, another client received it. So
+// the proxier picks the port itself: at random from the ephemeral range
+// less its reserved ports, as the kernel would (RFC 6056: a port an
+// off-path sender cannot guess, so that it cannot forge an endpoint's
+// answer; ports handed out in turn could be foretold by anyone who sees
+// one of them), passing over the ports freed within the last window frees
+// (a quarter of the range: seconds of sessions at the caps' rate, minutes
+// at a node's usual one, recentPorts) and binding the socket to one no
+// socket holds (bind fails on those). A freed port is so handed out again
+// only once window others were freed. That costs a session a bind, and
+// saves connect's own port search, the getsockname that read the kernel's
+// pick, and the second socket a quarter of the sessions opened when that
+// pick was a recent port. When no port is found within udpBindTries (the
+// range held by others, bind refused) the kernel picks, and a socket on a
+// recent port is held while another is opened, up to udpDialTries. Shared
+// by every UDP service port; lock-free.
 type sessionPorts struct {
 	recentPorts
 	// ports is the ephemeral range less its reserved ports (nil: unknown,
-	// the kernel picks), next the cursor into it.
+	// the kernel picks).
 	ports atomic.Pointer[[]uint16]
-	next  atomic.Uint32
 	// read is the range as the kernel tells it; readAt (mono.Now) is when
 	// it is read again, kernel what it said last.
 	read   func() (kernelPorts, error)
@@ -105,9 +105,6 @@ func (sp *sessionPorts) reread(now int64) {
 	} else {
 		sp.window.Store(0)
 	}
-	if len(ports) > 0 {
-		sp.next.Store(rand.Uint32N(uint32(len(ports))))
-	}
 	sp.ports.Store(&ports)
 }
 
@@ -148,9 +145,11 @@ func (r *recentPorts) recent(port uint16) bool {
 	return port != 0 && r.age(port) < r.window.Load()
 }
 
-// bind binds fd, a socket of family not bound yet, to the next port of
-// the range that is not recent and that no socket holds, and returns it;
-// 0 when it found none within udpBindTries (or knows no range).
+// bind binds fd, a socket of family not bound yet, to a port of the range
+// picked at random that is not recent and that no socket holds, and
+// returns it; 0 when it found none within udpBindTries (or knows no
+// range). math/rand/v2's generator is per thread and seeded by the
+// runtime from the system's randomness: no lock, and not foretold.
 func (sp *sessionPorts) bind(fd, family int) uint16 {
 	if sp == nil {
 		return 0
@@ -165,7 +164,7 @@ func (sp *sessionPorts) bind(fd, family int) uint16 {
 		unspec = netip.IPv4Unspecified()
 	}
 	for range udpBindTries {
-		port := ports[sp.next.Add(1)%uint32(len(ports))]
+		port := ports[rand.Uint32N(uint32(len(ports)))]
 		if sp.recent(port) {
 			continue
 		}
