@@ -69,12 +69,14 @@ func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo, kept
 		sp := p.lb.ServicePort(ext)
 		p.setBalancerPolicy(ext, info)
 		keptPort := kept.claimExternal(info)
+		handed := kept.claimExternalSessions(info)
 		bind := p.listenAddrOf(info)
 		sock, err := p.openSocket(keptPort, func(port int) (proxySocket, error) {
 			return p.listen(info.name, bind, port, bind.Is6(), sp, ap.faults, p.sockCfg)
 		})
 		if err != nil {
 			p.lb.DeleteServicePort(ext)
+			closeHanded(handed...)
 			if p.fds.logged(err) {
 				klog.ErrorS(err, "Failed to open external proxy socket", "servicePort", info.name)
 			}
@@ -84,6 +86,7 @@ func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo, kept
 			}
 			return false
 		}
+		adopt(sock, handed...)
 		sock.Start()
 		ap.externalErr = ""
 		p.movedOffKept(info, keptPort, sock.Port())
@@ -162,8 +165,19 @@ func (p *Proxier) closeRetired(written ipFamilies) {
 			kept = append(kept, r)
 			continue
 		}
-		_ = r.sock.Close()
+		// Its sessions go to the socket its clients reach now that
+		// their entries NATed to it are cleared (clearStaleFlows ran
+		// first): the service port's own, or its second socket again.
+		h, _ := handOver(r.sock)
 		p.ports.Release(r.port)
+		switch ap := p.active[r.svc]; {
+		case ap == nil:
+			closeHanded(h)
+		case ap.external != nil:
+			adopt(ap.external, h)
+		default:
+			adopt(ap.socket, h)
+		}
 		if ap := p.active[r.svc]; ap == nil || ap.external == nil {
 			p.lb.DeleteServicePort(externalName(r.svc))
 		}

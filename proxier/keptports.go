@@ -39,6 +39,11 @@ type keptPorts struct {
 	cluster, external map[loadbalancer.ServicePortName]int
 	reserved          map[int]bool
 	claimed           int
+	// sessions and externalSessions are the UDP sessions of the sockets
+	// closeForReopen closed, for the new sockets to adopt
+	// (udp_handover.go); those no socket took are closed with the sync's
+	// unclaimed ports.
+	sessions, externalSessions map[loadbalancer.ServicePortName][]*handedSessions
 }
 
 // reserveKeptPorts reads both families' portals and reserves, for each
@@ -152,6 +157,27 @@ func (k *keptPorts) claimExternal(info *servicePortInfo) int {
 	return k.take(k.external[info.name])
 }
 
+// claimSessions is the UDP sessions the socket that info's
+// cluster-wide socket replaces handed over, now the caller's.
+func (k *keptPorts) claimSessions(info *servicePortInfo) []*handedSessions {
+	if k == nil {
+		return nil
+	}
+	hs := k.sessions[info.name]
+	delete(k.sessions, info.name)
+	return hs
+}
+
+// claimExternalSessions is claimSessions for info's second socket.
+func (k *keptPorts) claimExternalSessions(info *servicePortInfo) []*handedSessions {
+	if k == nil {
+		return nil
+	}
+	hs := k.externalSessions[info.name]
+	delete(k.externalSessions, info.name)
+	return hs
+}
+
 func (k *keptPorts) take(port int) int {
 	if !k.reserved[port] {
 		return 0
@@ -169,6 +195,12 @@ func (p *Proxier) releaseKeptPorts(k *keptPorts) {
 	}
 	for port := range k.reserved {
 		p.ports.Release(port)
+	}
+	for _, m := range []map[loadbalancer.ServicePortName][]*handedSessions{k.sessions, k.externalSessions} {
+		for name, hs := range m {
+			closeHanded(hs...)
+			delete(m, name)
+		}
 	}
 	if k.claimed > 0 || len(k.reserved) > 0 {
 		klog.V(1).InfoS("Proxy ports kept from the portals in the kernel or reopened sockets", "claimed", k.claimed, "released", len(k.reserved))

@@ -20,14 +20,24 @@ import (
 // another port). Closing the port and opening a new one dropped the
 // pins and moved every portal to a new proxy port.
 func (p *Proxier) closeForReopen(kept *keptPorts, name loadbalancer.ServicePortName, ap *activePort, info *servicePortInfo) *keptPorts {
-	if err := ap.socket.Close(); err != nil {
-		klog.ErrorS(err, "Closing proxy socket", "servicePort", name)
-	}
 	if kept == nil {
 		kept = &keptPorts{cluster: map[loadbalancer.ServicePortName]int{}, external: map[loadbalancer.ServicePortName]int{}}
 	}
 	if kept.reserved == nil {
 		kept.reserved = map[int]bool{}
+	}
+	if kept.sessions == nil {
+		kept.sessions = map[loadbalancer.ServicePortName][]*handedSessions{}
+		kept.externalSessions = map[loadbalancer.ServicePortName][]*handedSessions{}
+	}
+	// A UDP socket's live sessions go to the socket that replaces it
+	// (udp_handover.go): closed with it, every ongoing flow re-balanced.
+	h, err := handOver(ap.socket)
+	if err != nil {
+		klog.ErrorS(err, "Closing proxy socket", "servicePort", name)
+	}
+	if h != nil {
+		kept.sessions[name] = append(kept.sessions[name], h)
 	}
 	keep := func(ports map[loadbalancer.ServicePortName]int, port int) {
 		if p.ports.isNodePort(port) {
@@ -46,12 +56,18 @@ func (p *Proxier) closeForReopen(kept *keptPorts, name loadbalancer.ServicePortN
 	}
 	keep(kept.cluster, ap.proxyPort)
 	if ap.external != nil {
-		_ = ap.external.Close()
+		h, _ := handOver(ap.external)
 		keep(kept.external, ap.externalPort)
+		handed := kept.externalSessions
 		if !info.policy.splitExternal() {
 			// No external socket will reopen (its port is released with
-			// the kept ports no socket claimed).
+			// the kept ports no socket claimed): its sessions go to the
+			// cluster-wide one, as a retired socket's do.
 			p.lb.DeleteServicePort(externalName(name))
+			handed = kept.sessions
+		}
+		if h != nil {
+			handed[name] = append(handed[name], h)
 		}
 	}
 	p.releaseClaims(ap)

@@ -411,12 +411,7 @@ func (s *udpProxySocket) endpointFailedLocked(sess *udpSession, unreach *icmpErr
 
 func (s *udpProxySocket) closeSessionLocked(sess *udpSession) {
 	s.sessions.remove(sess)
-	logUDPSessionEnd(s, sess)
-	rawio.Close(sess.fd)
-	sess.fd = -1
-	s.cfg.udpPorts.freed(sess.port)
-	s.cfg.udpBudget.release()
-	s.sessionsGauge.Dec()
+	s.endSessionLocked(sess)
 }
 
 // upSenderLocked returns the function that delivers a faulted datagram to
@@ -426,12 +421,15 @@ func (s *udpProxySocket) upSenderLocked(sess *udpSession) func([]byte) {
 		sess.sendUp = func(b []byte) {
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			if sess.fd >= 0 {
+			// Shut: the session may be another socket's now (handed
+			// over), its fields guarded by that socket's mutex.
+			if !s.shut && sess.fd >= 0 {
 				if n, err := s.writeSessionLocked(sess, b); err == nil {
 					s.bytesIn.Add(float64(n))
 				}
 			}
-			if sess.fd >= 0 {
+			// Not ended by the write (an unreachable endpoint).
+			if !s.shut && sess.fd >= 0 {
 				// The session idles from when the datagram left, not
 				// from when it came in: the backend's answer must find it.
 				s.sessions.touch(sess, mono.Now())

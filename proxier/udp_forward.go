@@ -194,8 +194,10 @@ func (s *udpProxySocket) forward(client netip.AddrPort, b, oob []byte) {
 		// From now, taken before Send: the datagram is due no earlier, so
 		// its send (which touches the session) is never before this.
 		s.mu.Lock()
-		sess.deferredUntil = max(sess.deferredUntil, mono.Add(now, d))
-		sess.upDeferredUntil = max(sess.upDeferredUntil, mono.Add(now, d))
+		if !s.shut { // else perhaps another socket's session now (handed over)
+			sess.deferredUntil = max(sess.deferredUntil, mono.Add(now, d))
+			sess.upDeferredUntil = max(sess.upDeferredUntil, mono.Add(now, d))
+		}
 		s.mu.Unlock()
 	}
 }

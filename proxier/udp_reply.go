@@ -182,7 +182,7 @@ func (s *udpProxySocket) relayFrom(fd int, b *udpBatch) {
 		// (the client's next datagram finds its backend), unless replies
 		// no longer keep it (removed).
 		s.mu.Lock()
-		if sess.fd >= 0 && !sess.removed {
+		if !s.shut && sess.fd >= 0 && !sess.removed {
 			sess.deferredUntil = max(sess.deferredUntil, mono.Add(now, deferred))
 		}
 		s.mu.Unlock()

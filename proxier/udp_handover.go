@@ -1,0 +1,143 @@
+package proxier
+
+import (
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/mono"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
+)
+
+// A UDP proxy socket that closes for another socket of its service port to
+// take its place (a reopen: the Service became dual-stack, an unnamed
+// port's number changed, its port is now a node port; a retired external
+// socket: the traffic policy no longer splits the port) hands its live
+// sessions to that socket, so a client that keeps its source port (a QUIC
+// connection, a game, a resolver) stays on its endpoint, as kube-proxy's
+// conntrack entry keeps it across any rule change. Closed with the old
+// socket, they were lost: the client's next datagram picked again, and an
+// ongoing flow moved to another endpoint mid-stream.
+//
+// The table moves whole: the old socket, under its own mutex, is shut and
+// gives it up before its service socket and epoll set close (the backend
+// sockets stay open, in no epoll set); the new one, under its own, adds
+// each session and its descriptor to its own set. A client datagram is
+// read from one service socket or the other, a backend socket is in one
+// epoll set and one table at a time, so nothing is relayed twice, and a
+// session keeps its backend while the new socket's balancer entry still
+// serves it (its next datagram checks). No lock is shared and the
+// per-datagram path is unchanged.
+
+// handedSessions is the session table a UDP proxy socket gave up as it
+// closed (closeHandingOver), for a socket of the same service port to
+// adopt, or to close (closeHanded).
+type handedSessions struct {
+	from  *udpProxySocket
+	table udpSessionTable
+}
+
+// closeHandingOver closes the socket as Close does, but for its sessions:
+// their backend sockets stay open and are returned, nil when it was closed
+// already. The socket's relay loop finds no session afterwards; a datagram a
+// fault still holds for it is dropped (the socket is shut).
+func (s *udpProxySocket) closeHandingOver() (*handedSessions, error) {
+	var h *handedSessions
+	err := s.closeWith(func() error {
+		err := s.conn.Close()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.shut = true
+		h = &handedSessions{from: s, table: s.sessions}
+		s.sessions = newUDPSessionTable()
+		s.cfg.conns.removeUDPSocket(s)
+		_ = s.poller.close() // the backend sockets leave its set
+		return err
+	})
+	return h, err
+}
+
+// handOver closes sock, handing its sessions over when it is a UDP socket.
+func handOver(sock proxySocket) (*handedSessions, error) {
+	if u, ok := sock.(*udpProxySocket); ok {
+		return u.closeHandingOver()
+	}
+	return nil, sock.Close()
+}
+
+// list is h's sessions, oldest first.
+func (h *handedSessions) list() []*udpSession {
+	if h == nil {
+		return nil
+	}
+	var out []*udpSession
+	h.table.each(func(sess *udpSession) { out = append(out, sess) })
+	h.table = newUDPSessionTable()
+	return out
+}
+
+// closeHanded closes the sessions of hs no socket adopted.
+func closeHanded(hs ...*handedSessions) {
+	for _, h := range hs {
+		for _, sess := range h.list() {
+			h.from.endHandedSession(sess)
+		}
+	}
+}
+
+// endHandedSession closes a handed session no socket took.
+func (s *udpProxySocket) endHandedSession(sess *udpSession) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.endSessionLocked(sess)
+}
+
+// adopt takes the sessions of hs as its own (sock: the adopting socket; a
+// socket of another protocol closes them). Called before Start for a
+// reopened socket, when nothing else can have opened a session yet, or
+// on a running one (a retired socket's sessions): a client that has a
+// session here already keeps it, the handed one closes. A session whose
+// client this socket cannot address (an IPv6 client of a socket reopened
+// in IPv4 only) closes too. Each starts a new idle period.
+func adopt(sock proxySocket, hs ...*handedSessions) {
+	s, ok := sock.(*udpProxySocket)
+	if !ok {
+		closeHanded(hs...)
+		return
+	}
+	var refused []*udpSession
+	var from []*udpProxySocket
+	s.mu.Lock()
+	now := mono.Now()
+	wasEmpty := s.sessions.len() == 0
+	for _, h := range hs {
+		for _, sess := range h.list() {
+			if s.shut || s.sessions.get(sess.client) != nil || s.bound.Addr().Unmap().Is4() && !sess.client.Addr().Is4() ||
+				s.poller.add(sess.fd) != nil {
+				refused = append(refused, sess)
+				from = append(from, h.from)
+				continue
+			}
+			sess.generation = recheckGeneration // the old socket's count is not this entry's
+			// Built anew by this socket: the old ones write through the
+			// old one (and check its shut).
+			sess.sendUp, sess.sendDown = nil, nil
+			s.sessions.add(sess, now)
+		}
+	}
+	if wasEmpty && s.sessions.len() > 0 {
+		s.poller.setDeadline(mono.Time(s.idleAt(now)))
+	}
+	s.mu.Unlock()
+	for i, sess := range refused {
+		from[i].endHandedSession(sess)
+	}
+}
+
+// endSessionLocked releases what a session holds, once out of the table:
+// its backend socket (its local port noted as freed), its slot in the
+// session budget, its count in the gauge.
+func (s *udpProxySocket) endSessionLocked(sess *udpSession) {
+	logUDPSessionEnd(s, sess)
+	rawio.Close(sess.fd)
+	sess.fd = -1
+	s.cfg.udpPorts.freed(sess.port)
+	s.cfg.udpBudget.release()
+	s.sessionsGauge.Dec()
+}

@@ -1,0 +1,173 @@
+package proxier
+
+import (
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
+)
+
+// udpFlow is one client ip:port that keeps its source port, as a QUIC
+// connection or a game does; ask sends one datagram to a service port and
+// returns which endpoint answered ("" when none did within 5 s).
+type udpFlow struct {
+	t    *testing.T
+	conn *net.UDPConn
+	seq  int
+}
+
+func newUDPFlow(t *testing.T) *udpFlow {
+	t.Helper()
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &udpFlow{t: t, conn: c}
+}
+
+func (f *udpFlow) ask(to netip.AddrPort) string {
+	f.t.Helper()
+	f.seq++
+	q := "q" + strconv.Itoa(f.seq)
+	if _, err := f.conn.WriteToUDPAddrPort([]byte(q), to); err != nil {
+		f.t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	for {
+		_ = f.conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, err := f.conn.Read(buf)
+		if err != nil {
+			return ""
+		}
+		if got, ok := strings.CutSuffix(string(buf[:n]), q); ok {
+			return got
+		}
+		// A late answer to an earlier datagram: not this one's.
+	}
+}
+
+func proxyAddrPort(t *testing.T, port int) netip.AddrPort {
+	t.Helper()
+	return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(port))
+}
+
+// TestUDPReopenKeepsSessions: a UDP service port's socket reopened (its
+// Service made dual-stack: the socket must listen in both families) hands
+// its live sessions to the new socket, so a client that keeps its source
+// port stays on its endpoint, as kube-proxy's conntrack entry keeps it.
+// Before, the sessions closed with the old socket and the client's next
+// datagram picked again: the flow moved to the other endpoint.
+func TestUDPReopenKeepsSessions(t *testing.T) {
+	a := startUDPEcho(t, "127.0.0.2:0", "a:")
+	port := portOf(a.LocalAddr())
+	startUDPEcho(t, "127.0.0.3:"+port, "b:")
+	p := newTestProxier(t, Options{UDPIdleTimeout: time.Minute})
+	before := makeService("dns", withProtocol(v1.ProtocolUDP))
+	p.OnServiceAdd(before)
+	p.OnEndpointSliceAdd(makeSlice("dns", v1.ProtocolUDP, "127.0.0.2:"+port, "127.0.0.3:"+port))
+	p.Sync()
+	name := p.lbName("default/dns:p")
+	old := p.active[name]
+	to := proxyAddrPort(t, old.proxyPort)
+
+	// Two flows on one endpoint (a third, between them, takes the other):
+	// however the round robin turns, new picks for both would not both
+	// be theirs.
+	flows := sameEndpointFlows(t, to)
+	after := makeService("dns", withProtocol(v1.ProtocolUDP), func(s *v1.Service) { s.Spec.ClusterIPs = append(s.Spec.ClusterIPs, "fd00::10") })
+	p.OnServiceUpdate(before, after)
+	p.Sync()
+	ap := p.active[name]
+	if ap == nil || ap.socket == old.socket {
+		t.Fatal("the Service made dual-stack did not reopen its socket; the test no longer covers the reopen")
+	}
+	if ap.proxyPort != old.proxyPort {
+		t.Fatalf("the socket reopened on port %d, not on %d", ap.proxyPort, old.proxyPort)
+	}
+	flows.stay(t, to, "the reopen")
+	// Three sessions, each counted once: moved, not opened anew.
+	if got := p.metrics.ports.lookup("default/dns:p").udpSessions.value(); got != 3 {
+		t.Errorf("udp_sessions %v after the reopen, want 3", got)
+	}
+	if got := p.sockCfg.udpBudget.used.Load(); got != 3 {
+		t.Errorf("%d sessions counted against --udp-max-sessions, want 3", got)
+	}
+}
+
+// twoFlows are two client ip:ports whose sessions have one endpoint.
+type twoFlows struct {
+	flows    [2]*udpFlow
+	endpoint string
+}
+
+func sameEndpointFlows(t *testing.T, to netip.AddrPort) *twoFlows {
+	t.Helper()
+	f := &twoFlows{flows: [2]*udpFlow{newUDPFlow(t), newUDPFlow(t)}}
+	f.endpoint = f.flows[0].ask(to)
+	if other := newUDPFlow(t).ask(to); other == "" || other == f.endpoint {
+		t.Fatalf("two new flows answered by %q and %q, want one per endpoint", f.endpoint, other)
+	}
+	if got := f.flows[1].ask(to); got != f.endpoint {
+		t.Fatalf("the third new flow answered by %q, want %q (round robin)", got, f.endpoint)
+	}
+	return f
+}
+
+// stay asks three times from each flow, now at to, and fails unless its
+// session's endpoint answers each time.
+func (f *twoFlows) stay(t *testing.T, to netip.AddrPort, after string) {
+	t.Helper()
+	for round := range 3 {
+		for i, flow := range f.flows {
+			if got := flow.ask(to); got != f.endpoint {
+				t.Fatalf("flow %d, datagram %d after %s answered by %q, want %q (the session's endpoint)", i, round, after, got, f.endpoint)
+			}
+		}
+	}
+}
+
+// TestUDPRetiredSocketHandsOverSessions: externalTrafficPolicy Local ->
+// Cluster retires the external socket; its sessions go to the service
+// port's socket, which its clients reach once their conntrack entries
+// (NATed to the retired port) are cleared, so a client that keeps its
+// source port stays on its endpoint (the Local set is part of the
+// cluster-wide one). Before, they closed with the retired socket and the
+// flow re-balanced.
+func TestUDPRetiredSocketHandsOverSessions(t *testing.T) {
+	const node = "node1"
+	a := startUDPEcho(t, "127.0.0.2:0", "a:")
+	port := portOf(a.LocalAddr())
+	startUDPEcho(t, "127.0.0.3:"+port, "b:")
+	p := newTestProxier(t, Options{UDPIdleTimeout: time.Minute, NodeName: node})
+	svc := func(etp v1.ServiceExternalTrafficPolicy) *v1.Service {
+		return makeService("dns", withProtocol(v1.ProtocolUDP), withNodePort(30053), func(s *v1.Service) { s.Spec.ExternalTrafficPolicy = etp })
+	}
+	before := svc(v1.ServiceExternalTrafficPolicyLocal)
+	p.OnServiceAdd(before)
+	es := makeSlice("dns", v1.ProtocolUDP, "127.0.0.2:"+port, "127.0.0.3:"+port)
+	for i := range es.Endpoints {
+		es.Endpoints[i].NodeName = ptr.To(node)
+	}
+	p.OnEndpointSliceAdd(es)
+	p.Sync()
+	name := p.lbName("default/dns:p")
+	ap := p.active[name]
+	if ap == nil || ap.external == nil {
+		t.Fatal("no external socket under externalTrafficPolicy Local")
+	}
+	ext, cluster := proxyAddrPort(t, ap.externalPort), proxyAddrPort(t, ap.proxyPort)
+	flows := sameEndpointFlows(t, ext)
+	p.OnServiceUpdate(before, svc(v1.ServiceExternalTrafficPolicyCluster))
+	p.Sync()
+	if ap := p.active[name]; ap == nil || ap.external != nil {
+		t.Fatal("the external socket was not retired; the test no longer covers the retirement")
+	}
+	// The conntrack clearing sends the clients to the cluster socket.
+	flows.stay(t, cluster, "the retirement")
+}
