@@ -69,14 +69,15 @@ func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo, kept
 		sp := p.lb.ServicePort(ext)
 		p.setBalancerPolicy(ext, info)
 		keptPort := kept.claimExternal(info)
-		handed := kept.claimExternalSessions(info)
+		succ := kept.claimExternalSuccession(info)
 		bind := p.listenAddrOf(info)
 		sock, err := p.openSocket(keptPort, func(port int) (proxySocket, error) {
+			succ.closeOld()
 			return p.listen(info.name, bind, port, bind.Is6(), sp, ap.faults, p.sockCfg)
 		})
 		if err != nil {
 			p.lb.DeleteServicePort(ext)
-			closeHanded(handed...)
+			succ.abandon()
 			if p.fds.logged(err) {
 				klog.ErrorS(err, "Failed to open external proxy socket", "servicePort", info.name)
 			}
@@ -86,7 +87,7 @@ func (p *Proxier) syncExternalSocket(ap *activePort, info *servicePortInfo, kept
 			}
 			return false
 		}
-		adopt(sock, handed...)
+		succ.adoptBy(sock)
 		sock.Start()
 		ap.externalErr = ""
 		p.movedOffKept(info, keptPort, sock.Port())

@@ -39,11 +39,10 @@ type keptPorts struct {
 	cluster, external map[loadbalancer.ServicePortName]int
 	reserved          map[int]bool
 	claimed           int
-	// sessions and externalSessions are the UDP sessions of the sockets
-	// closeForReopen closed, for the new sockets to adopt
-	// (udp_handover.go); those no socket took are closed with the sync's
-	// unclaimed ports.
-	sessions, externalSessions map[loadbalancer.ServicePortName][]*handedSessions
+	// successions and externalSuccessions are the sockets closeForReopen
+	// set aside for the sockets that replace them (udp_handover.go);
+	// those no socket took are closed with the sync's unclaimed ports.
+	successions, externalSuccessions map[loadbalancer.ServicePortName]*succession
 }
 
 // reserveKeptPorts reads both families' portals and reserves, for each
@@ -157,25 +156,25 @@ func (k *keptPorts) claimExternal(info *servicePortInfo) int {
 	return k.take(k.external[info.name])
 }
 
-// claimSessions is the UDP sessions the socket that info's
-// cluster-wide socket replaces handed over, now the caller's.
-func (k *keptPorts) claimSessions(info *servicePortInfo) []*handedSessions {
+// claimSuccession is what the socket info's cluster-wide socket replaces
+// leaves it (nil: nothing), now the caller's.
+func (k *keptPorts) claimSuccession(info *servicePortInfo) *succession {
 	if k == nil {
 		return nil
 	}
-	hs := k.sessions[info.name]
-	delete(k.sessions, info.name)
-	return hs
+	s := k.successions[info.name]
+	delete(k.successions, info.name)
+	return s
 }
 
-// claimExternalSessions is claimSessions for info's second socket.
-func (k *keptPorts) claimExternalSessions(info *servicePortInfo) []*handedSessions {
+// claimExternalSuccession is claimSuccession for info's second socket.
+func (k *keptPorts) claimExternalSuccession(info *servicePortInfo) *succession {
 	if k == nil {
 		return nil
 	}
-	hs := k.externalSessions[info.name]
-	delete(k.externalSessions, info.name)
-	return hs
+	s := k.externalSuccessions[info.name]
+	delete(k.externalSuccessions, info.name)
+	return s
 }
 
 func (k *keptPorts) take(port int) int {
@@ -196,9 +195,9 @@ func (p *Proxier) releaseKeptPorts(k *keptPorts) {
 	for port := range k.reserved {
 		p.ports.Release(port)
 	}
-	for _, m := range []map[loadbalancer.ServicePortName][]*handedSessions{k.sessions, k.externalSessions} {
-		for name, hs := range m {
-			closeHanded(hs...)
+	for _, m := range []map[loadbalancer.ServicePortName]*succession{k.successions, k.externalSuccessions} {
+		for name, s := range m {
+			s.abandon()
 			delete(m, name)
 		}
 	}

@@ -814,7 +814,7 @@ func (p *Proxier) syncPort(r *syncRound, name loadbalancer.ServicePortName, info
 	}
 	if ap == nil {
 		var err error
-		if ap, err = p.openPort(info, r.kept.claim(info), r.kept.claimSessions(info), r.perPortLines); err != nil {
+		if ap, err = p.openPort(info, r.kept.claim(info), r.kept.claimSuccession(info), r.perPortLines); err != nil {
 			// Tried again by the retry (retry.go); the port was released.
 			if p.fds.logged(err) {
 				klog.ErrorS(err, "Failed to open proxy socket", "servicePort", name)
@@ -881,15 +881,17 @@ func (p *Proxier) setBalancerPolicy(name loadbalancer.ServicePortName, info *ser
 const servingLinesUpTo = 100
 
 // openPort opens info's proxy socket, on port kept when it can (a port
-// reserved for it, keptports.go; 0: any), with the sessions the socket it
-// replaces handed over (closed if it does not open); logLine: say so at the
-// default verbosity (else at -v=2).
-func (p *Proxier) openPort(info *servicePortInfo, kept int, sessions []*handedSessions, logLine bool) (*activePort, error) {
+// reserved for it, keptports.go; 0: any), succeeding the socket a reopen
+// set aside (succ, nil for none: closed as the new one binds, its UDP
+// sessions adopted); logLine: say so at the default verbosity (else at
+// -v=2).
+func (p *Proxier) openPort(info *servicePortInfo, kept int, succ *succession, logLine bool) (*activePort, error) {
 	sp := p.lb.ServicePort(info.name)
 	p.setBalancerPolicy(info.name, info)
 	fp := p.opts.Faults.PortLabeled(info.faultName, string(info.name.Protocol), info.key)
 	bind := p.listenAddrOf(info)
 	listen := func(port int) (proxySocket, error) {
+		succ.closeOld()
 		return p.listen(info.name, bind, port, bind.Is6(), sp, fp, p.sockCfg)
 	}
 	sock, err := p.openSocket(kept, listen)
@@ -901,10 +903,10 @@ func (p *Proxier) openPort(info *servicePortInfo, kept int, sessions []*handedSe
 		p.lb.DeleteServicePort(info.name)
 		// A socket that was reopening kept its external entry too.
 		p.lb.DeleteServicePort(externalName(info.name))
-		closeHanded(sessions...)
+		succ.abandon()
 		return nil, err
 	}
-	adopt(sock, sessions...) // before Start: no session of its own yet
+	succ.adoptBy(sock) // before Start: no session of its own yet
 	sock.Start()
 	p.movedOffKept(info, kept, sock.Port())
 	ap := &activePort{info: info, socket: sock, proxyPort: sock.Port(), faults: fp}

@@ -26,19 +26,14 @@ func (p *Proxier) closeForReopen(kept *keptPorts, name loadbalancer.ServicePortN
 	if kept.reserved == nil {
 		kept.reserved = map[int]bool{}
 	}
-	if kept.sessions == nil {
-		kept.sessions = map[loadbalancer.ServicePortName][]*handedSessions{}
-		kept.externalSessions = map[loadbalancer.ServicePortName][]*handedSessions{}
+	if kept.successions == nil {
+		kept.successions = map[loadbalancer.ServicePortName]*succession{}
+		kept.externalSuccessions = map[loadbalancer.ServicePortName]*succession{}
 	}
-	// A UDP socket's live sessions go to the socket that replaces it
-	// (udp_handover.go): closed with it, every ongoing flow re-balanced.
-	h, err := handOver(ap.socket)
-	if err != nil {
-		klog.ErrorS(err, "Closing proxy socket", "servicePort", name)
-	}
-	if h != nil {
-		kept.sessions[name] = append(kept.sessions[name], h)
-	}
+	// A UDP socket serves on until the socket that replaces it binds, and
+	// hands it its live sessions (udp_handover.go).
+	succ := setAside(name, ap.socket)
+	kept.successions[name] = succ
 	keep := func(ports map[loadbalancer.ServicePortName]int, port int) {
 		if p.ports.isNodePort(port) {
 			// A Service's node port now: the port is held for it (as
@@ -56,18 +51,16 @@ func (p *Proxier) closeForReopen(kept *keptPorts, name loadbalancer.ServicePortN
 	}
 	keep(kept.cluster, ap.proxyPort)
 	if ap.external != nil {
-		h, _ := handOver(ap.external)
 		keep(kept.external, ap.externalPort)
-		handed := kept.externalSessions
-		if !info.policy.splitExternal() {
+		if info.policy.splitExternal() {
+			kept.externalSuccessions[name] = setAside(name, ap.external)
+		} else {
 			// No external socket will reopen (its port is released with
-			// the kept ports no socket claimed): its sessions go to the
-			// cluster-wide one, as a retired socket's do.
+			// the kept ports no socket claimed): it closes now, its
+			// sessions going to the cluster-wide one, as a retired
+			// socket's do.
+			succ.closeWith(ap.external)
 			p.lb.DeleteServicePort(externalName(name))
-			handed = kept.sessions
-		}
-		if h != nil {
-			handed[name] = append(handed[name], h)
 		}
 	}
 	p.releaseClaims(ap)
