@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -230,5 +231,105 @@ func TestUDPReopenedSocketServesUntilItsSuccessorBinds(t *testing.T) {
 	}
 	if got := flow.ask(ext); got != "a:" {
 		t.Fatalf("the reopened external socket answered %q, want a:", got)
+	}
+}
+
+// TestUDPHandoverUnderFaultsKeepsAccounts: flows sending without pause
+// through latency toxics both ways while their Service is made dual-stack
+// and back and its external traffic policy flips (each a reopen, an
+// external socket opening, or one retired), as a race-detector check of
+// the handovers: a delayed datagram of a socket that gave its sessions up
+// must not touch them (a data race, then a corrupted session table), and
+// every session stays counted once: the session budget and udp_sessions
+// agree, and both come back to zero when the Service goes. No timing is
+// asserted.
+func TestUDPHandoverUnderFaultsKeepsAccounts(t *testing.T) {
+	const node = "node1"
+	a := startUDPEcho(t, "127.0.0.2:0", "a:")
+	port := portOf(a.LocalAddr())
+	startUDPEcho(t, "127.0.0.3:"+port, "b:")
+	p := newTestProxier(t, Options{UDPIdleTimeout: time.Minute, NodeName: node, Faults: faults.NewTable(0, 0, nil)})
+	svc := func(dualStack, local bool) *v1.Service {
+		return makeService("dns", withProtocol(v1.ProtocolUDP), withNodePort(30053),
+			withFaults(`[{"name":"up","type":"latency","stream":"upstream","attributes":{"latency":5,"jitter":5}},`+
+				`{"name":"down","type":"latency","stream":"downstream","attributes":{"latency":5,"jitter":5}}]`),
+			func(s *v1.Service) {
+				if dualStack {
+					s.Spec.ClusterIPs = append(s.Spec.ClusterIPs, "fd00::10")
+				}
+				if local {
+					s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+				}
+			})
+	}
+	cur := svc(false, false)
+	p.OnServiceAdd(cur)
+	es := makeSlice("dns", v1.ProtocolUDP, "127.0.0.2:"+port, "127.0.0.3:"+port)
+	for i := range es.Endpoints {
+		es.Endpoints[i].NodeName = ptr.To(node)
+	}
+	p.OnEndpointSliceAdd(es)
+	p.Sync()
+	name := p.lbName("default/dns:p")
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer c.Close()
+			buf := make([]byte, 64)
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				p.syncMu.Lock()
+				to := 0
+				if ap := p.active[name]; ap != nil {
+					to = ap.proxyPort
+					if ap.external != nil && i%2 == 0 {
+						to = ap.externalPort
+					}
+				}
+				p.syncMu.Unlock()
+				if to == 0 {
+					time.Sleep(time.Millisecond)
+					continue
+				}
+				_, _ = c.WriteToUDPAddrPort([]byte("q"), proxyAddrPort(t, to))
+				_ = c.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+				_, _ = c.Read(buf)
+			}
+		}()
+	}
+	for i := range 24 {
+		time.Sleep(40 * time.Millisecond)
+		next := svc(i%2 == 0, i%4 < 2)
+		p.OnServiceUpdate(cur, next)
+		p.Sync()
+		cur = next
+	}
+	close(stop)
+	wg.Wait()
+	gauge := func() float64 {
+		if m := p.metrics.ports.lookup("default/dns:p"); m != nil {
+			return m.udpSessions.value()
+		}
+		return 0
+	}
+	if budget := p.sockCfg.udpBudget.used.Load(); float64(budget) != gauge() {
+		t.Errorf("%d sessions counted against --udp-max-sessions, udp_sessions %v: want them equal", budget, gauge())
+	}
+	p.OnServiceDelete(cur)
+	p.Sync()
+	if budget := p.sockCfg.udpBudget.used.Load(); budget != 0 {
+		t.Errorf("%d sessions still counted against --udp-max-sessions after the Service went", budget)
 	}
 }
