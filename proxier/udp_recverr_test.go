@@ -375,23 +375,7 @@ func TestUDPPassedOverICMPErrorMetByAReceiveKeepsTheSession(t *testing.T) {
 			if sess == nil {
 				t.Fatal("no session after the first datagram")
 			}
-			// Time exceeded (type 11) about the session's datagram: the
-			// quote is a destination unreachable's.
-			msg := destUnreachable4(0, session, endpoint, 1)
-			msg[0], msg[2], msg[3] = 11, 0, 0
-			binary.BigEndian.PutUint16(msg[2:], checksum(msg))
-			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_ICMP)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer unix.Close(fd)
-			if err := unix.Sendto(fd, msg, 0, &unix.SockaddrInet4{Addr: session.Addr().As4()}); err != nil {
-				t.Fatal(err)
-			}
-			fds := []unix.PollFd{{Fd: int32(sess.fd), Events: unix.POLLIN}}
-			if n, err := unix.Poll(fds, 3000); n != 1 || err != nil || fds[0].Revents&unix.POLLERR == 0 {
-				t.Fatalf("the session's socket is not in error after a time exceeded (poll %d, %v, revents %#x)", n, err, fds[0].Revents)
-			}
+			injectTimeExceeded(t, sess.fd, session, endpoint)
 			if viaPoller {
 				ip.relay()
 			} else {
