@@ -118,6 +118,10 @@ func adopt(sock proxySocket, hs ...*handedSessions) {
 				continue
 			}
 			sess.generation = recheckGeneration // the old socket's count is not this entry's
+			// And expireIdle checks it, as useBalancer's: else only the
+			// client's next datagram did, and its endpoint's replies kept
+			// a session this socket's balancer does not serve open.
+			s.checkedGeneration = recheckGeneration
 			// Built anew by this socket: the old ones write through the
 			// old one (and check its shut).
 			sess.sendUp, sess.sendDown = nil, nil

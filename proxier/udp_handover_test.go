@@ -333,3 +333,38 @@ func TestUDPHandoverUnderFaultsKeepsAccounts(t *testing.T) {
 		t.Errorf("%d sessions still counted against --udp-max-sessions after the Service went", budget)
 	}
 }
+
+// TestUDPAdoptedSessionsAreCheckedAtTheNextExpiry: sessions a running
+// socket adopts (a retired external socket's, handed to the service
+// port's socket or to its second socket again) carry another balancer's
+// endpoints, and are checked against the adopting socket's at its next
+// expiry, as a socket switched to another balancer checks its own
+// (useBalancer): a session whose endpoint that balancer does not hold
+// is marked removed there, so that the endpoint's replies no longer keep
+// it open for a client that stopped sending.
+func TestUDPAdoptedSessionsAreCheckedAtTheNextExpiry(t *testing.T) {
+	a := startUDPEcho(t, "127.0.0.2:0", "a:")
+	b := startUDPEcho(t, "127.0.0.3:"+portOf(a.LocalAddr()), "b:")
+	from := newInflightPort(t, time.Minute, b.LocalAddr().(*net.UDPAddr).AddrPort())
+	to := newInflightPort(t, time.Minute, a.LocalAddr().(*net.UDPAddr).AddrPort())
+	from.send("q")
+	if from.session() == nil {
+		t.Fatal("no session to hand over")
+	}
+	to.sock.expireIdle() // the adopting socket has checked its own sessions
+	h, err := from.sock.closeHandingOver()
+	if err != nil {
+		t.Fatal(err)
+	}
+	adopt(to.sock, h)
+	to.sock.expireIdle()
+	to.sock.mu.Lock()
+	defer to.sock.mu.Unlock()
+	sess := to.sock.sessions.get(from.client.LocalAddr().(*net.UDPAddr).AddrPort())
+	if sess == nil {
+		t.Fatal("the handed session was not adopted")
+	}
+	if !sess.removed {
+		t.Fatalf("the adopted session to %v, an endpoint the adopting socket's balancer does not hold, is not marked removed at its next expiry", sess.backend)
+	}
+}
