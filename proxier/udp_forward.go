@@ -109,6 +109,23 @@ func (s *udpProxySocket) forwardGSO(client netip.AddrPort, b *udpBatch, i, g int
 		// more, and only then is EMSGSIZE the kernel's refusal of GSO.
 		err = b.sendRun(sess.fd, i, g)
 	}
+	if icmpErrno(err) {
+		// The socket's error from another ICMP error, which the send
+		// took instead of the buffer (see writeSessionLocked): the error
+		// queue is read, an unreachable endpoint ending the session
+		// there (this datagram is lost and the next ones pick again, as
+		// after a refusal), else once more. A protocol unreachable
+		// (ENOPROTOOPT) or a source route failed (EOPNOTSUPP) is also
+		// an errno of the kernel's refusals of GSO, and was taken for
+		// one: GSO to backends went off for the socket for good.
+		if s.sessionErrorsLocked(sess) {
+			if b.seg[i] == 0 {
+				return i + 1
+			}
+			return i
+		}
+		err = b.sendRun(sess.fd, i, g)
+	}
 	if err != nil {
 		switch {
 		case errors.Is(err, unix.ECONNREFUSED):
