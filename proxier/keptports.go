@@ -43,6 +43,9 @@ type keptPorts struct {
 	// set aside for the sockets that replace them (udp_handover.go);
 	// those no socket took are closed with the sync's unclaimed ports.
 	successions, externalSuccessions map[loadbalancer.ServicePortName]*succession
+	// removedFaults are the fault ports of reopened sockets that were
+	// renamed, removed once the sockets set aside are closed.
+	removedFaults []string
 }
 
 // reserveKeptPorts reads both families' portals and reserves, for each
@@ -201,6 +204,11 @@ func (p *Proxier) releaseKeptPorts(k *keptPorts) {
 			delete(m, name)
 		}
 	}
+	// Every socket set aside is closed now.
+	for _, name := range k.removedFaults {
+		p.opts.Faults.RemovePort(name)
+	}
+	k.removedFaults = nil
 	if k.claimed > 0 || len(k.reserved) > 0 {
 		klog.V(1).InfoS("Proxy ports kept from the portals in the kernel or reopened sockets", "claimed", k.claimed, "released", len(k.reserved))
 	}

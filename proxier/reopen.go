@@ -65,7 +65,12 @@ func (p *Proxier) closeForReopen(kept *keptPorts, name loadbalancer.ServicePortN
 	}
 	p.releaseClaims(ap)
 	if ap.info.faultName != info.faultName {
-		p.opts.Faults.RemovePort(ap.info.faultName)
+		// Removed once the sockets set aside, which serve with it until
+		// their successors bind, are closed (releaseKeptPorts): removed
+		// now, the datagrams they read meanwhile went into its emptied
+		// delay lines and held --fault-max-buffered-bytes for the whole
+		// delay, never to be delivered.
+		kept.removedFaults = append(kept.removedFaults, ap.info.faultName)
 	}
 	delete(p.active, name)
 	p.reopening[name] = struct{}{}

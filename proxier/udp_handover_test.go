@@ -368,3 +368,74 @@ func TestUDPAdoptedSessionsAreCheckedAtTheNextExpiry(t *testing.T) {
 		t.Fatalf("the adopted session to %v, an endpoint the adopting socket's balancer does not hold, is not marked removed at its next expiry", sess.backend)
 	}
 }
+
+// TestUDPReopenRemovesTheOldFaultPortOnceItsSocketsClosed: a reopen that
+// renames the fault port (an unnamed port's new number) removes the old
+// one only once the sockets that use it have closed. The UDP sockets a
+// reopen replaces serve until their successors bind (a Local Service's
+// external socket: the whole cluster-wide reopen), so removed at the
+// reopen's start, the datagrams they read meanwhile went through a
+// removed port's toxics: into delay lines the removal had already
+// emptied, holding --fault-max-buffered-bytes for the toxic's whole delay
+// (here 60 s) for a datagram no socket could deliver any more.
+func TestUDPReopenRemovesTheOldFaultPortOnceItsSocketsClosed(t *testing.T) {
+	const node = "node1"
+	a := startUDPEcho(t, "127.0.0.2:0", "a:")
+	port := portOf(a.LocalAddr())
+	table := faults.NewTable(0, 0, nil)
+	p := newTestProxier(t, Options{UDPIdleTimeout: time.Minute, NodeName: node, Faults: table})
+	svc := func(number int32) *v1.Service {
+		return makeService("dns", withProtocol(v1.ProtocolUDP), withNodePort(30053),
+			withFaults(`[{"name":"slow","type":"latency","stream":"upstream","attributes":{"latency":60000}}]`),
+			func(s *v1.Service) {
+				s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+				s.Spec.Ports[0].Name, s.Spec.Ports[0].Port = "", number
+			})
+	}
+	before := svc(53)
+	p.OnServiceAdd(before)
+	es := makeSlice("dns", v1.ProtocolUDP, "127.0.0.2:"+port)
+	es.Ports[0].Name = ptr.To("")
+	es.Endpoints[0].NodeName = ptr.To(node)
+	p.OnEndpointSliceAdd(es)
+	p.Sync()
+	name := p.lbName("default/dns")
+	ap := p.active[name]
+	if ap == nil || ap.external == nil {
+		t.Fatalf("no external socket under externalTrafficPolicy Local: %+v", p.DebugServices())
+	}
+	ext := proxyAddrPort(t, ap.externalPort)
+	client := newUDPFlow(t)
+	asked := false
+	p.listen = func(name loadbalancer.ServicePortName, bind netip.Addr, port int, needIPv6 bool, sp *loadbalancer.ServicePort, fp *faults.Port, cfg *socketConfig) (proxySocket, error) {
+		if !asked {
+			// The old external socket still serves while the cluster-wide
+			// one reopens: its client's datagram meets the latency toxic.
+			asked = true
+			if _, err := client.conn.WriteToUDPAddrPort([]byte("q"), ext); err != nil {
+				t.Error(err)
+			}
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+				if held, _ := table.BufferedBytes(); held > 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Error("the old external socket's datagram did not reach the latency toxic within 5 s")
+					break
+				}
+			}
+		}
+		return newProxySocket(name, bind, port, needIPv6, sp, fp, cfg)
+	}
+	p.OnServiceUpdate(before, svc(54))
+	p.Sync()
+	if ap := p.active[name]; ap == nil || ap.external == nil {
+		t.Fatalf("the service port did not reopen with its external socket: %+v", p.DebugServices())
+	}
+	if !asked {
+		t.Fatal("no socket reopened; the test no longer covers the reopen")
+	}
+	if held, _ := table.BufferedBytes(); held != 0 {
+		t.Fatalf("%d bytes still held by the removed fault port's latency toxic after the reopen (its sockets are closed: the datagram can never be delivered)", held)
+	}
+}
