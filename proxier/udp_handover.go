@@ -1,6 +1,9 @@
 package proxier
 
 import (
+	"cmp"
+	"slices"
+
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/mono"
@@ -97,44 +100,66 @@ func (s *udpProxySocket) endHandedSession(sess *udpSession) {
 // on a running one (a retired socket's sessions): a client that has a
 // session here already keeps it, the handed one closes. A session whose
 // client this socket cannot address (an IPv6 client of a socket reopened
-// in IPv4 only) closes too. Each starts a new idle period.
+// in IPv4 only) closes too. Each starts a new idle period. The socket
+// keeps its --udp-max-sessions-per-port: the oldest handed sessions beyond
+// it close, counted as evicted, as a new client's first datagram at the
+// cap closes the port's oldest (none holds a datagram a fault delays for
+// this socket: the old socket, shut, drops those).
 func adopt(sock proxySocket, hs ...*handedSessions) {
 	s, ok := sock.(*udpProxySocket)
 	if !ok {
 		closeHanded(hs...)
 		return
 	}
-	var refused []*udpSession
-	var from []*udpProxySocket
+	var handed []handedSession
+	for _, h := range hs {
+		for _, sess := range h.list() {
+			handed = append(handed, handedSession{sess, h.from})
+		}
+	}
+	// Oldest first across the tables, so that the newest are kept.
+	slices.SortStableFunc(handed, func(a, b handedSession) int { return cmp.Compare(a.sess.lastActive, b.sess.lastActive) })
+	var refused []handedSession
+	var adopted []*udpSession
 	s.mu.Lock()
 	now := mono.Now()
 	wasEmpty := s.sessions.len() == 0
-	for _, h := range hs {
-		for _, sess := range h.list() {
-			if s.shut || s.sessions.get(sess.client) != nil || s.bound.Addr().Unmap().Is4() && !sess.client.Addr().Is4() ||
-				s.poller.add(sess.fd) != nil {
-				refused = append(refused, sess)
-				from = append(from, h.from)
-				continue
-			}
-			sess.generation = recheckGeneration // the old socket's count is not this entry's
-			// And expireIdle checks it, as useBalancer's: else only the
-			// client's next datagram did, and its endpoint's replies kept
-			// a session this socket's balancer does not serve open.
-			s.checkedGeneration = recheckGeneration
-			// Built anew by this socket: the old ones write through the
-			// old one (and check its shut).
-			sess.sendUp, sess.sendDown = nil, nil
-			s.sessions.add(sess, now)
+	for _, hd := range handed {
+		sess := hd.sess
+		if s.shut || s.sessions.get(sess.client) != nil || s.bound.Addr().Unmap().Is4() && !sess.client.Addr().Is4() ||
+			s.poller.add(sess.fd) != nil {
+			refused = append(refused, hd)
+			continue
 		}
+		sess.generation = recheckGeneration // the old socket's count is not this entry's
+		// And expireIdle checks it, as useBalancer's: else only the
+		// client's next datagram did, and its endpoint's replies kept
+		// a session this socket's balancer does not serve open.
+		s.checkedGeneration = recheckGeneration
+		// Built anew by this socket: the old ones write through the
+		// old one (and check its shut).
+		sess.sendUp, sess.sendDown = nil, nil
+		s.sessions.add(sess, now)
+		adopted = append(adopted, sess)
+	}
+	over := min(s.sessions.len()-s.cfg.udpMaxSessionsPerPort, len(adopted))
+	for _, sess := range adopted[:max(over, 0)] {
+		s.closeSessionLocked(sess)
+		s.evicted.Inc()
 	}
 	if wasEmpty && s.sessions.len() > 0 {
 		s.poller.setDeadline(mono.Time(s.idleAt(now)))
 	}
 	s.mu.Unlock()
-	for i, sess := range refused {
-		from[i].endHandedSession(sess)
+	for _, hd := range refused {
+		hd.from.endHandedSession(hd.sess)
 	}
+}
+
+// handedSession is a session adopt takes, and the socket that gave it up.
+type handedSession struct {
+	sess *udpSession
+	from *udpProxySocket
 }
 
 // endSessionLocked releases what a session holds, once out of the table:

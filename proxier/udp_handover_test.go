@@ -454,3 +454,48 @@ func TestUDPReopenRemovesTheOldFaultPortOnceItsSocketsClosed(t *testing.T) {
 		t.Fatalf("%d bytes still held by the removed fault port's latency toxic after the reopen (its sockets are closed: the datagram can never be delivered)", held)
 	}
 }
+
+// TestUDPAdoptHoldsThePortsSessionCap: a socket that adopts more sessions
+// than its --udp-max-sessions-per-port leaves room for keeps it: the
+// oldest handed sessions beyond the cap close, counted as evicted, as a
+// new client's first datagram at the cap would close the port's oldest.
+// Kept, a retired socket's sessions folded into the cluster socket left it
+// with up to twice the cap, and each new client then evicted only one, so
+// the table stayed over its cap for as long as new clients came.
+func TestUDPAdoptHoldsThePortsSessionCap(t *testing.T) {
+	echo := startUDPEcho(t, "127.0.0.1:0", "e:")
+	backend := echo.LocalAddr().(*net.UDPAddr).AddrPort()
+	cfg := &socketConfig{
+		dialTimeouts: defaultDialTimeouts, udpIdleTimeout: time.Minute, metrics: NewMetrics(),
+		udpMaxSessionsPerPort: 2, udpBudget: newUDPBudget(16),
+	}
+	from := newInflightPortWith(t, cfg, backend)
+	to := newInflightPortWith(t, cfg, backend)
+	second := newUDPFlow(t)
+	newer := second.conn.LocalAddr().(*net.UDPAddr).AddrPort()
+	older := from.client.LocalAddr().(*net.UDPAddr).AddrPort()
+	own := to.client.LocalAddr().(*net.UDPAddr).AddrPort()
+	from.send("q")
+	from.sock.forward(newer, []byte("q"), nil)
+	to.send("q")
+	h, err := from.sock.closeHandingOver()
+	if err != nil {
+		t.Fatal(err)
+	}
+	adopt(to.sock, h)
+	to.sock.mu.Lock()
+	n := to.sock.sessions.len()
+	kept := map[netip.AddrPort]bool{}
+	to.sock.sessions.each(func(sess *udpSession) { kept[sess.client] = true })
+	to.sock.mu.Unlock()
+	if n != 2 || !kept[own] || !kept[newer] || kept[older] {
+		t.Fatalf("after adopting 2 sessions into a socket holding 1, at a cap of 2: it holds %d (%v); want its own %v and the newer handed %v, the older handed %v closed", n, kept, own, newer, older)
+	}
+	m := cfg.metrics.ports.forPort(to.sock.label, true)
+	if got := m.udpEvicted.value(); got != 1 {
+		t.Errorf("udp_session_limit_total{action=\"evicted\"} = %v, want 1 (the handed session closed at the cap)", got)
+	}
+	if budget, g := cfg.udpBudget.used.Load(), m.udpSessions.value(); budget != 2 || g != 2 {
+		t.Errorf("%d sessions counted against --udp-max-sessions, udp_sessions %v: want 2 and 2", budget, g)
+	}
+}

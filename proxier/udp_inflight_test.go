@@ -27,6 +27,16 @@ type inflightPort struct {
 
 func newInflightPort(t *testing.T, idle time.Duration, backends ...netip.AddrPort) *inflightPort {
 	t.Helper()
+	return newInflightPortWith(t, &socketConfig{
+		dialTimeouts: defaultDialTimeouts, udpIdleTimeout: idle, metrics: NewMetrics(),
+		udpMaxSessionsPerPort: 16, udpBudget: newUDPBudget(16),
+	}, backends...)
+}
+
+// newInflightPortWith is newInflightPort with cfg, which several ports may
+// share (as a proxier's sockets share its budget and metrics).
+func newInflightPortWith(t *testing.T, cfg *socketConfig, backends ...netip.AddrPort) *inflightPort {
+	t.Helper()
 	ip := &inflightPort{
 		lb:   loadbalancer.New(clock.RealClock{}, loadbalancer.Limits{}),
 		name: loadbalancer.ServicePortName{NamespacedName: types.NamespacedName{Namespace: "default", Name: "dns"}, Port: "p", Protocol: v1.ProtocolUDP},
@@ -36,10 +46,6 @@ func newInflightPort(t *testing.T, idle time.Duration, backends ...netip.AddrPor
 	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		t.Fatal(err)
-	}
-	cfg := &socketConfig{
-		dialTimeouts: defaultDialTimeouts, udpIdleTimeout: idle, metrics: NewMetrics(),
-		udpMaxSessionsPerPort: 16, udpBudget: newUDPBudget(16),
 	}
 	if ip.sock, err = newUDPProxySocket(ip.name, conn, sp, nil, cfg); err != nil {
 		conn.Close()
