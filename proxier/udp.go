@@ -267,11 +267,7 @@ func (s *udpProxySocket) joinPoller(raw syscall.RawConn) bool {
 func (s *udpProxySocket) sessionLocked(client netip.AddrPort, oob []byte, now int64) (*udpSession, error) {
 	generation := s.sp.Generation()
 	if sess := s.sessions.get(client); sess != nil {
-		if sess.generation == generation {
-			return sess, nil
-		}
-		if s.sp.Serves(sess.backend) {
-			sess.generation, sess.removed = generation, false
+		if s.servedLocked(sess, generation) {
 			return sess, nil
 		}
 		// The endpoint is gone: re-balance now, as kube-proxy deletes the
@@ -319,6 +315,20 @@ func (s *udpProxySocket) sessionLocked(client netip.AddrPort, oob []byte, now in
 	}
 	s.cfg.udpBudget.release()
 	return nil, lastErr
+}
+
+// servedLocked reports whether the socket's balancer, at its endpoint
+// generation, still serves sess's backend; if so, sess is checked against
+// that generation (and no longer removed).
+func (s *udpProxySocket) servedLocked(sess *udpSession, generation uint64) bool {
+	if sess.generation == generation {
+		return true
+	}
+	if s.sp.Serves(sess.backend) {
+		sess.generation, sess.removed = generation, false
+		return true
+	}
+	return false
 }
 
 // makeRoomLocked takes a slot for one more session: at the port's cap, or
@@ -541,14 +551,9 @@ func (s *udpProxySocket) expireIdle() {
 	if generation := s.sp.Generation(); generation != s.checkedGeneration {
 		s.checkedGeneration = generation
 		s.sessions.each(func(sess *udpSession) {
-			if sess.generation == generation {
-				return
+			if !s.servedLocked(sess, generation) {
+				sess.removed = true
 			}
-			if s.sp.Serves(sess.backend) {
-				sess.generation, sess.removed = generation, false
-				return
-			}
-			sess.removed = true
 		})
 	}
 	if old := s.sessions.oldest; old != nil {
