@@ -454,11 +454,7 @@ func (s *udpProxySocket) upSenderLocked(sess *udpSession) func([]byte) {
 func (s *udpProxySocket) downSenderLocked(sess *udpSession) func([]byte) {
 	if sess.sendDown == nil {
 		client, control := sess.client, sess.replyControl()
-		sess.sendDown = func(b []byte) {
-			if m, _, err := s.conn.WriteMsgUDPAddrPort(b, control, client); err == nil {
-				s.bytesOut.Add(float64(m))
-			}
-		}
+		sess.sendDown = func(b []byte) { s.writeToClient(b, control, client) }
 	}
 	return sess.sendDown
 }

@@ -1,6 +1,7 @@
 package proxier
 
 import (
+	"net/netip"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -49,7 +50,7 @@ func (s *udpProxySocket) sendReplies(fd uintptr) {
 			continue
 		case err == unix.EAGAIN:
 			for ; k < b.queued; k++ {
-				sent += s.writeEach(b, k)
+				s.writeEach(b, k)
 			}
 		case b.isGSO(k) && gsoRefused(err):
 			if b.beyondOwnRuns(b.first[k]) {
@@ -59,7 +60,7 @@ func (s *udpProxySocket) sendReplies(fd uintptr) {
 				klog.V(2).InfoS("UDP GSO refused: replies leave one datagram per message", "servicePort", s.label, "err", err)
 				s.noGSO = true
 			}
-			sent += s.writeEach(b, k)
+			s.writeEach(b, k)
 			k++
 		default:
 			klog.V(3).InfoS("UDP write to client failed", "servicePort", s.label, "client", b.to[k], "err", err)
@@ -70,22 +71,27 @@ func (s *udpProxySocket) sendReplies(fd uintptr) {
 	s.bytesOut.Add(float64(sent))
 }
 
-// writeEach writes the datagrams of queued message k one by one through
-// the net package (waiting for room) and returns the bytes written.
-func (s *udpProxySocket) writeEach(b *udpBatch, k int) int64 {
-	var sent int64
+// writeEach writes the datagrams of queued message k one by one
+// (writeToClient).
+func (s *udpProxySocket) writeEach(b *udpBatch, k int) {
 	for i := b.first[k]; i < b.first[k]+b.count[k]; i++ {
 		for off := 0; off >= 0; {
 			var d []byte
 			d, off = b.datagramAt(i, off)
-			if m, _, err := s.conn.WriteMsgUDPAddrPort(d, b.replyControl[k], b.to[k]); err == nil {
-				sent += int64(m)
-			} else {
-				klog.V(3).InfoS("UDP write to client failed", "servicePort", s.label, "client", b.to[k], "err", err)
-			}
+			s.writeToClient(d, b.replyControl[k], b.to[k])
 		}
 	}
-	return sent
+}
+
+// writeToClient writes one datagram to client through the service socket
+// with the net package (waiting for room), counts its bytes, and logs a
+// failure at -v=3 (the datagram is dropped).
+func (s *udpProxySocket) writeToClient(d, control []byte, client netip.AddrPort) {
+	if m, _, err := s.conn.WriteMsgUDPAddrPort(d, control, client); err == nil {
+		s.bytesOut.Add(float64(m))
+	} else {
+		klog.V(3).InfoS("UDP write to client failed", "servicePort", s.label, "client", client, "err", err)
+	}
 }
 
 // gsoRefused tells the errors of a GSO send the kernel cannot make on
@@ -170,10 +176,8 @@ func (s *udpProxySocket) relayFrom(fd int, b *udpBatch) {
 			d, off = b.datagramAt(i, off)
 			if plan != nil {
 				deferred = max(deferred, plan.Send(faults.StreamDown, client, d, send)) // send counts bytes_total
-			} else if m, _, err := s.conn.WriteMsgUDPAddrPort(d, control, client); err != nil {
-				klog.V(3).InfoS("UDP write to client failed", "servicePort", s.label, "client", client, "err", err)
 			} else {
-				s.bytesOut.Add(float64(m))
+				s.writeToClient(d, control, client)
 			}
 		}
 	}
