@@ -16,20 +16,8 @@ import (
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/mono"
-	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
-	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
-
-// errSessionLimit: the port's cap or the total cap is reached and this port
-// has no session of its own to give up (none, or none idle: a fault still
-// delays a datagram of each it looked at).
-var errSessionLimit = errors.New("UDP session limit reached")
-
-// errPortSessionLimit: the port's own cap is reached and a fault still
-// delays a client datagram of each session it looked at (an
-// errSessionLimit, said as the port's own).
-var errPortSessionLimit = fmt.Errorf("%w (the service port's own, --udp-max-sessions-per-port)", errSessionLimit)
 
 // udpProxySocket relays datagrams for one service port. Each client ip:port
 // gets a session: a connected socket to the chosen backend. One goroutine
@@ -261,130 +249,6 @@ func (s *udpProxySocket) joinPoller(raw syscall.RawConn) bool {
 	}
 }
 
-// sessionLocked returns the client's session, opening one (and making room
-// for it) on the client's first datagram or when its backend is no longer
-// an endpoint.
-func (s *udpProxySocket) sessionLocked(client netip.AddrPort, oob []byte, now int64) (*udpSession, error) {
-	generation := s.sp.Generation()
-	if sess := s.sessions.get(client); sess != nil {
-		if s.servedLocked(sess, generation) {
-			return sess, nil
-		}
-		// The endpoint is gone: re-balance now, as kube-proxy deletes the
-		// conntrack entries of a removed UDP endpoint.
-		s.closeSessionLocked(sess)
-	}
-	if s.shut {
-		return nil, net.ErrClosed
-	}
-	if err := s.makeRoomLocked(now); err != nil {
-		return nil, err
-	}
-	s.cfg.udpPorts.maybeReread(now)
-	var lastErr error
-	for i := range s.cfg.dialTimeouts {
-		ep, err := s.sp.Next(client.Addr(), i > 0)
-		if err != nil {
-			lastErr = err
-			break
-		}
-		fd, port, err := dialUDPSession(ep, s.cfg.udpPorts)
-		if err == nil {
-			if err = s.poller.add(fd); err != nil {
-				rawio.Close(fd)
-			}
-		}
-		if err != nil {
-			lastErr = err
-			if relay.LocalShortage(err) {
-				break // no endpoint's fault, and the next would fail alike
-			}
-			s.dialFailures.Inc()
-			continue
-		}
-		sess := &udpSession{client: client, backend: ep, local: datagramDestination(oob, s.bound), fd: fd, port: port, generation: generation, started: time.Now().UnixNano()}
-		if s.replyFromDestination {
-			sess.replyControlLen = uint8(len(putReplyControl(&sess.replyControlBuf, oob)))
-		}
-		s.sessions.add(sess, now)
-		s.sessionsGauge.Inc()
-		if s.sessions.len() == 1 {
-			s.poller.setDeadline(mono.Time(s.idleAt(now)))
-		}
-		return sess, nil
-	}
-	s.cfg.udpBudget.release()
-	return nil, lastErr
-}
-
-// servedLocked reports whether the socket's balancer, at its endpoint
-// generation, still serves sess's backend; if so, sess is checked against
-// that generation (and no longer removed).
-func (s *udpProxySocket) servedLocked(sess *udpSession, generation uint64) bool {
-	if sess.generation == generation {
-		return true
-	}
-	if s.sp.Serves(sess.backend) {
-		sess.generation, sess.removed = generation, false
-		return true
-	}
-	return false
-}
-
-// makeRoomLocked takes a slot for one more session: at the port's cap, or
-// at the total cap, the port's oldest idle session gives up its own. A
-// session whose client's datagram a fault still delays is not idle:
-// closed, the datagram found no socket when the delay line let it out and
-// was lost, counted nowhere. With none to give up among the oldest, the
-// new client's datagram is dropped (errSessionLimit, counted).
-func (s *udpProxySocket) makeRoomLocked(now int64) error {
-	if s.sessions.len() >= s.cfg.udpMaxSessionsPerPort && s.sessions.len() > 0 {
-		old := s.evictableLocked(now)
-		if old == nil {
-			return errPortSessionLimit
-		}
-		s.closeSessionLocked(old)
-		s.evicted.Inc()
-	}
-	if s.cfg.udpBudget.acquire() {
-		return nil
-	}
-	old := s.evictableLocked(now)
-	if old == nil {
-		return errSessionLimit
-	}
-	s.closeSessionLocked(old)
-	s.evicted.Inc()
-	if !s.cfg.udpBudget.acquire() { // another port took the slot meanwhile
-		return errSessionLimit
-	}
-	return nil
-}
-
-// udpEvictScan bounds how many of a port's oldest sessions makeRoomLocked
-// looks at for one that no fault holds a datagram of: under a latency
-// toxic those are the newest, so the oldest is nearly always one, and a
-// port whose every session holds one (more new clients within the delay
-// than the cap) costs each new client a bounded walk, not the table's.
-const udpEvictScan = 256
-
-// evictableLocked returns the port's oldest session that no fault holds a
-// client datagram of (its upDeferredUntil passed), nil when none of the
-// udpEvictScan oldest is.
-func (s *udpProxySocket) evictableLocked(now int64) *udpSession {
-	sess := s.sessions.oldest
-	for range udpEvictScan {
-		if sess == nil {
-			return nil
-		}
-		if sess.upDeferredUntil <= now {
-			return sess
-		}
-		sess = sess.newer
-	}
-	return nil
-}
-
 // refusedLocked ends a session whose endpoint refused its datagrams (an
 // ICMP port unreachable): counted as the endpoint's failure, as a refused
 // TCP dial is, and logged at -v=2. It ended in no counter and no line, so
@@ -417,11 +281,6 @@ func (s *udpProxySocket) endpointFailedLocked(sess *udpSession, unreach *icmpErr
 			"servicePort", s.label, "client", sess.client, "endpoint", sess.backend, "err", err)
 	}
 	s.closeSessionLocked(sess)
-}
-
-func (s *udpProxySocket) closeSessionLocked(sess *udpSession) {
-	s.sessions.remove(sess)
-	s.endSessionLocked(sess)
 }
 
 // upSenderLocked returns the function that delivers a faulted datagram to
@@ -514,88 +373,4 @@ func (s *udpProxySocket) relayReady(n int) {
 func (s *udpProxySocket) deadlinePassed() {
 	s.relayReady(s.poller.ready())
 	s.expireIdle()
-}
-
-// expireIdle closes the sessions idle for udpIdleTimeout (no datagram
-// either way and no delayed one pending) and marks those whose backend is
-// no longer an endpoint as removed, then sets the next deadline. A removed
-// session is not closed at once: a reply to a datagram sent just before
-// the endpoint went away would be lost although its backend answered (the
-// endpoint's process usually lives on while it terminates, or only left
-// the Service). It idles out from the client's last datagram, replies do
-// not extend it, and the client's next datagram re-balances.
-func (s *udpProxySocket) expireIdle() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.shut {
-		return
-	}
-	now := mono.Now()
-	for old := s.sessions.oldest; old != nil && s.idleAt(old.lastActive) <= now; old = s.sessions.oldest {
-		if s.idleAt(old.deferredUntil) > now {
-			// A datagram a fault delayed is still to go out, or left less
-			// than the idle timeout ago: its answer must find the session.
-			// Re-touched only while the delay was ahead, the session lived
-			// 0 to --udp-timeout after the datagram left, and a check
-			// between its due time and the delay line's send closed the
-			// session before the datagram could go out.
-			s.sessions.touch(old, now)
-			continue
-		}
-		s.closeSessionLocked(old)
-	}
-	if generation := s.sp.Generation(); generation != s.checkedGeneration {
-		s.checkedGeneration = generation
-		s.sessions.each(func(sess *udpSession) {
-			if !s.servedLocked(sess, generation) {
-				sess.removed = true
-			}
-		})
-	}
-	if old := s.sessions.oldest; old != nil {
-		s.poller.setDeadline(mono.Time(s.idleAt(old.lastActive)))
-	} else {
-		s.poller.setDeadline(time.Time{})
-	}
-}
-
-// idleAt is when a session last active at lastActive idles out (mono.Now
-// time). It saturates: a --udp-timeout near the largest duration ("never")
-// wrapped into the past, and every session closed as it opened.
-func (s *udpProxySocket) idleAt(lastActive int64) int64 {
-	return mono.Add(lastActive, s.cfg.udpIdleTimeout)
-}
-
-// dialUDPBackend opens a non-blocking socket connected to ep. A raw
-// descriptor, not a net.UDPConn: the reply loop polls it itself, and it
-// costs no Go memory beyond the session. Its system calls are raw ones
-// (none blocks) and its address is encoded on the stack: a new session's
-// sockaddrs were two allocations.
-func dialUDPBackend(ep netip.AddrPort) (int, error) {
-	fd, _, err := dialUDPBackendFrom(ep, nil)
-	return fd, err
-}
-
-// dialUDPBackendFrom is dialUDPBackend from a port ports chose, which it
-// returns (0: the kernel picked one at connect).
-func dialUDPBackendFrom(ep netip.AddrPort, ports *sessionPorts) (int, uint16, error) {
-	family := unix.AF_INET6
-	if ep.Addr().Unmap().Is4() {
-		family = unix.AF_INET
-	}
-	fd, err := rawio.DatagramSocket(family)
-	if err != nil {
-		return -1, 0, os.NewSyscallError("socket", err)
-	}
-	if relay.InReserve(fd) {
-		rawio.Close(fd)
-		return -1, 0, relay.ErrDescriptorReserve
-	}
-	enableRecvErr(fd, family) // an unreachable endpoint is told (udp_recverr.go)
-	port := ports.bind(fd, family)
-	if err := rawio.Connect(fd, ep); err != nil {
-		rawio.Close(fd)
-		return -1, 0, &net.OpError{Op: "dial", Net: "udp", Addr: net.UDPAddrFromAddrPort(ep), Err: os.NewSyscallError("connect", err)}
-	}
-	return fd, port, nil
 }

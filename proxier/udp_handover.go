@@ -7,7 +7,6 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/mono"
-	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 )
 
@@ -160,18 +159,6 @@ func adopt(sock proxySocket, hs ...*handedSessions) {
 type handedSession struct {
 	sess *udpSession
 	from *udpProxySocket
-}
-
-// endSessionLocked releases what a session holds, once out of the table:
-// its backend socket (its local port noted as freed), its slot in the
-// session budget, its count in the gauge.
-func (s *udpProxySocket) endSessionLocked(sess *udpSession) {
-	logUDPSessionEnd(s, sess)
-	rawio.Close(sess.fd)
-	sess.fd = -1
-	s.cfg.udpPorts.freed(sess.port)
-	s.cfg.udpBudget.release()
-	s.sessionsGauge.Dec()
 }
 
 // succession is what a socket closed to reopen (closeForReopen) leaves the

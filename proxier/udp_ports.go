@@ -3,7 +3,9 @@ package proxier
 import (
 	"math"
 	"math/rand/v2"
+	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
 
 // udpDialTries is how many backend sockets a new session opens at most to
@@ -243,4 +246,38 @@ func localPort(fd int) uint16 {
 		return 0
 	}
 	return local.Port()
+}
+
+// dialUDPBackend opens a non-blocking socket connected to ep. A raw
+// descriptor, not a net.UDPConn: the reply loop polls it itself, and it
+// costs no Go memory beyond the session. Its system calls are raw ones
+// (none blocks) and its address is encoded on the stack: a new session's
+// sockaddrs were two allocations.
+func dialUDPBackend(ep netip.AddrPort) (int, error) {
+	fd, _, err := dialUDPBackendFrom(ep, nil)
+	return fd, err
+}
+
+// dialUDPBackendFrom is dialUDPBackend from a port ports chose, which it
+// returns (0: the kernel picked one at connect).
+func dialUDPBackendFrom(ep netip.AddrPort, ports *sessionPorts) (int, uint16, error) {
+	family := unix.AF_INET6
+	if ep.Addr().Unmap().Is4() {
+		family = unix.AF_INET
+	}
+	fd, err := rawio.DatagramSocket(family)
+	if err != nil {
+		return -1, 0, os.NewSyscallError("socket", err)
+	}
+	if relay.InReserve(fd) {
+		rawio.Close(fd)
+		return -1, 0, relay.ErrDescriptorReserve
+	}
+	enableRecvErr(fd, family) // an unreachable endpoint is told (udp_recverr.go)
+	port := ports.bind(fd, family)
+	if err := rawio.Connect(fd, ep); err != nil {
+		rawio.Close(fd)
+		return -1, 0, &net.OpError{Op: "dial", Net: "udp", Addr: net.UDPAddrFromAddrPort(ep), Err: os.NewSyscallError("connect", err)}
+	}
+	return fd, port, nil
 }
