@@ -104,6 +104,37 @@ func gsoRefused(err error) bool {
 	return false
 }
 
+// receiveFailedLocked handles a failed receive on sess's backend socket:
+// the endpoint refused (the session ends as refusedLocked's), a packet too
+// big (kept), an ICMP error that came after the poller looked (handled as
+// on EPOLLERR), or a broken socket (the session ends); nothing for a
+// receive that found nothing to read (EAGAIN, EINTR).
+func (s *udpProxySocket) receiveFailedLocked(sess *udpSession, err error) {
+	switch {
+	case err == unix.ECONNREFUSED:
+		s.refusedLocked(sess, err)
+	case err == unix.EMSGSIZE:
+		// An ICMP packet too big (fragmentation needed) for the path
+		// to the backend, reported once as the socket's error: the
+		// kernel keeps the path MTU and fragments what follows, so
+		// the session is sound (closed, its client moved to another
+		// endpoint mid-flow and the replies on their way were lost).
+		// A reply queued meanwhile is read at the next wake.
+	case err != unix.EAGAIN && err != unix.EINTR:
+		// An ICMP error that came after the poller looked (the
+		// socket's pending error, which a receive reports first):
+		// the client is told as on EPOLLERR, and one passed over
+		// there (a time exceeded) keeps the session here too; a
+		// reply waiting is read at the next wake. It closed the
+		// session, silently, with the reply on it, so forged time
+		// exceeded errors closed busy sessions. Else broken: end the
+		// session; the client's next datagram picks again.
+		if !s.sessionErrorsLocked(sess) && !icmpErrno(err) {
+			s.closeSessionLocked(sess)
+		}
+	}
+}
+
 // relayFrom reads up to repliesPerWake datagrams waiting on one backend
 // socket (as many as the batch has room for) with one recvmmsg and queues
 // them for the client; faulted replies go through their plan at once.
@@ -117,29 +148,7 @@ func (s *udpProxySocket) relayFrom(fd int, b *udpBatch) {
 	first := b.used
 	n, err := b.recv(fd, first, min(repliesPerWake, udpBatchLen-first), false, groSpace)
 	if err != nil {
-		switch {
-		case err == unix.ECONNREFUSED:
-			s.refusedLocked(sess, err)
-		case err == unix.EMSGSIZE:
-			// An ICMP packet too big (fragmentation needed) for the path
-			// to the backend, reported once as the socket's error: the
-			// kernel keeps the path MTU and fragments what follows, so
-			// the session is sound (closed, its client moved to another
-			// endpoint mid-flow and the replies on their way were lost).
-			// A reply queued meanwhile is read at the next wake.
-		case err != unix.EAGAIN && err != unix.EINTR:
-			// An ICMP error that came after the poller looked (the
-			// socket's pending error, which a receive reports first):
-			// the client is told as on EPOLLERR, and one passed over
-			// there (a time exceeded) keeps the session here too; a
-			// reply waiting is read at the next wake. It closed the
-			// session, silently, with the reply on it, so forged time
-			// exceeded errors closed busy sessions. Else broken: end the
-			// session; the client's next datagram picks again.
-			if !s.sessionErrorsLocked(sess) && !icmpErrno(err) {
-				s.closeSessionLocked(sess)
-			}
-		}
+		s.receiveFailedLocked(sess, err)
 		s.mu.Unlock()
 		return
 	}
