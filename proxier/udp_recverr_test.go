@@ -248,28 +248,7 @@ func TestUDPDatagramSentAfterIgnoredICMPErrorReachesEndpoint(t *testing.T) {
 // fd holds it.
 func injectTimeExceeded(t *testing.T, fd int, session, endpoint netip.AddrPort) {
 	t.Helper()
-	msg := destUnreachable4(0, session, endpoint, 1)
-	msg[0], msg[2], msg[3] = 11, 0, 0
-	binary.BigEndian.PutUint16(msg[2:], checksum(msg))
-	raw, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_ICMP)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(raw)
-	if err := unix.Sendto(raw, msg, 0, &unix.SockaddrInet4{Addr: session.Addr().As4()}); err != nil {
-		t.Fatal(err)
-	}
-	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-	deadline := time.Now().Add(5 * time.Second)
-	for fds[0].Revents&unix.POLLERR == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the time exceeded error did not reach the session's socket within 5 s")
-		}
-		fds[0].Revents = 0
-		if _, err := unix.Poll(fds, 100); err != nil && err != unix.EINTR {
-			t.Fatal(err)
-		}
-	}
+	injectICMP4(t, fd, session, endpoint, 11, 0) // time exceeded in transit
 }
 
 // extendedErr is the control message an error queue read returns: a
