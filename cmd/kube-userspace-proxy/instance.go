@@ -15,9 +15,9 @@ import (
 )
 
 // instanceSocket is the abstract unix socket a proxy that programs rules
-// listens on for its life, so that a second one on the same node can say
-// that the two will rewrite each other's chains (neither knows the
-// other's ports). An abstract name belongs to the network namespace, as
+// listens on for its life, so that a second one on the same node finds it
+// and waits for its exit before it writes a rule: the two would rewrite
+// each other's chains (neither knows the other's ports). An abstract name belongs to the network namespace, as
 // the rules do: proxies in other namespaces (tests, the demo) never meet
 // it; and it goes with the process, so a crash leaves nothing stale.
 var instanceSocket = "@kube-userspace-proxy.rules"
@@ -50,6 +50,12 @@ type instanceClaim struct {
 	// another user (logged once), which is no proxy: its going asks for
 	// no repair.
 	otherUser, otherUserLogged bool
+	// noProxyHolds is closed once no other proxy holds the name: this
+	// process took it, or the holder is no proxy (another user's, or
+	// none that answers). Until then this process writes no rule and
+	// opens no proxy socket (NoProxyHolds).
+	noProxyHolds  chan struct{}
+	noProxyClosed bool
 	// peers are the proxies that found this one and said so, while they
 	// run (at most maxInstancePeers).
 	peers map[*net.UnixConn]bool
@@ -82,13 +88,17 @@ var instanceRetryEvery = 5 * time.Second
 // it. release ends the hold or the wait.
 func claimInstance() (claim *instanceClaim, held bool, pid int) {
 	c := &instanceClaim{name: instanceSocket, retryEvery: instanceRetryEvery, newLimiter: newInstanceLogLimiter,
-		done: make(chan struct{}), holderGone: make(chan struct{}, 1), peers: map[*net.UnixConn]bool{}}
+		done: make(chan struct{}), holderGone: make(chan struct{}, 1), peers: map[*net.UnixConn]bool{},
+		noProxyHolds: make(chan struct{})}
 	err := c.listen()
 	if err == nil {
 		return c, false, 0
 	}
 	if !errors.Is(err, syscall.EADDRINUSE) {
 		klog.V(2).InfoS("Cannot watch for a second proxy on this node", "err", err)
+		c.mu.Lock()
+		c.noProxyHoldsLocked()
+		c.mu.Unlock()
 		return c, false, 0
 	}
 	held, pid = c.connect()
@@ -102,6 +112,12 @@ func claimInstance() (claim *instanceClaim, held bool, pid int) {
 func (c *instanceClaim) connect() (held bool, pid int) {
 	conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: c.name, Net: "unix"})
 	if err != nil {
+		// Gone between the two (takeOverWhenFree takes the name at its
+		// next try), or a name this process cannot connect to: no proxy
+		// answers on it.
+		c.mu.Lock()
+		c.noProxyHoldsLocked()
+		c.mu.Unlock()
 		return false, 0
 	}
 	pid, uid, trusted := peerCred(conn)
@@ -109,6 +125,9 @@ func (c *instanceClaim) connect() (held bool, pid int) {
 	defer c.mu.Unlock()
 	c.otherUser = !trusted
 	if !trusted {
+		// Any local user can take an abstract name: waiting for such a
+		// process would let it keep the proxy from serving.
+		c.noProxyHoldsLocked()
 		conn.Close()
 		if !c.otherUserLogged {
 			c.otherUserLogged = true
@@ -155,6 +174,7 @@ func (c *instanceClaim) listen() error {
 		return err
 	}
 	c.ln = ln
+	c.noProxyHoldsLocked()
 	if c.toHolder != nil {
 		c.toHolder.Close()
 		c.toHolder = nil
@@ -196,6 +216,23 @@ func (c *instanceClaim) takeOverWhenFree() {
 			// tick, so that one closing at once costs no busy loop.
 			c.connect()
 		}
+	}
+}
+
+// NoProxyHolds is closed once no other kube-userspace-proxy holds the
+// name: at once when none did at the claim, else when the holder exits
+// (this process takes the name) or is found to be no proxy. A proxy that
+// found another waits for it before it writes a rule or opens a proxy
+// socket: the two rewrote each other's portals with their own ports, and
+// one with other Services (a second DaemonSet, an operator's test run)
+// removed the first's, refused by turns between their full syncs. Once the
+// holder is gone, this one's first sync is a restart over its rules.
+func (c *instanceClaim) NoProxyHolds() <-chan struct{} { return c.noProxyHolds }
+
+func (c *instanceClaim) noProxyHoldsLocked() {
+	if !c.noProxyClosed {
+		c.noProxyClosed = true
+		close(c.noProxyHolds)
 	}
 }
 
@@ -302,7 +339,7 @@ func (c *instanceClaim) announceOthers(ln *net.UnixListener, limit flowcontrol.R
 		}
 		if (pid != lastPID || time.Since(lastAt) > time.Minute) && limit.TryAccept() {
 			lastPID, lastAt = pid, time.Now()
-			klog.ErrorS(nil, "Another kube-userspace-proxy process in this network namespace found this one (a second proxy rewrites this one's rules, --cleanup removes them until the next sync)", "pid", pidValue(pid))
+			klog.ErrorS(nil, "Another kube-userspace-proxy process in this network namespace found this one (a second proxy waits for this one to exit; --cleanup removes its rules until the next sync)", "pid", pidValue(pid))
 		}
 		c.mu.Lock()
 		keep := !c.released && len(c.peers) < maxInstancePeers

@@ -84,6 +84,18 @@ func TestSecondInstanceTakesOverTheName(t *testing.T) {
 	if !held || replacement.holding() {
 		t.Fatalf("second claim: held %v, holding %v; want true, false", held, replacement.holding())
 	}
+	// The first one's claim saw no other proxy; the second waits (its
+	// run writes no rule until then).
+	select {
+	case <-old.NoProxyHolds():
+	default:
+		t.Fatal("the first claim waits for another proxy")
+	}
+	select {
+	case <-replacement.NoProxyHolds():
+		t.Fatal("the second claim does not wait for the first")
+	default:
+	}
 	// It repairs the rules the other left naming its ports at once (the
 	// run wires this to Proxier.RepairSoon), not at its next full sync.
 	tookOver := make(chan struct{}, 1)
@@ -98,6 +110,11 @@ func TestSecondInstanceTakesOverTheName(t *testing.T) {
 	case <-tookOver:
 	case <-time.After(5 * time.Second):
 		t.Fatal("the takeover did not call OnOtherGone's function")
+	}
+	select {
+	case <-replacement.NoProxyHolds():
+	default:
+		t.Fatal("the second claim still waits after it took the name")
 	}
 	third, held, pid := claimInstance()
 	defer third.release()
@@ -461,6 +478,13 @@ func TestInstanceNameHeldByOtherUser(t *testing.T) {
 	defer claim.release()
 	if held {
 		t.Errorf("a starting proxy found pid %d holding the name, want no proxy found", pid)
+	}
+	// Another user's process is no proxy: waiting for it would let any
+	// local user keep the proxy from serving.
+	select {
+	case <-claim.NoProxyHolds():
+	default:
+		t.Error("a starting proxy waits for another user's process")
 	}
 	if !strings.Contains(logs.String(), "held by a process of another user") {
 		t.Errorf("the squatter was not said to be another user's:\n%s", logs)

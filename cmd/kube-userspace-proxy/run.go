@@ -66,6 +66,11 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		ipv4, ipv6 = family == iptables.IPv4, family == iptables.IPv6
 	}
 	otherGone := func(func()) {} // claim.OnOtherGone with rules to repair
+	// Closed once no other proxy programs this network namespace's rules:
+	// until then the proxier does not run (no rule, no proxy socket).
+	alone := make(chan struct{})
+	close(alone)
+	var noOtherProxy <-chan struct{} = alone
 	if o.iptables {
 		if !canProgramIptables() {
 			return errNoNetAdmin
@@ -73,8 +78,9 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		claim, held, other := claimInstance()
 		defer claim.release()
 		otherGone = claim.OnOtherGone
+		noOtherProxy = claim.NoProxyHolds()
 		if held {
-			klog.ErrorS(nil, "Another kube-userspace-proxy is running in this network namespace: the two rewrite each other's portal rules, so Services fail by turns; stop one, or run this one with --iptables=false", "pid", pidValue(other))
+			klog.ErrorS(nil, "Another kube-userspace-proxy is running in this network namespace: this one writes no rule and opens no proxy socket until it exits (the two would rewrite each other's portal rules, and Services fail by turns); stop one, or run this one with --iptables=false", "pid", pidValue(other))
 		}
 		v4, v6, err := portalSyncers(ctx, v, iptables.NewRunner)
 		if ctx.Err() != nil {
@@ -158,6 +164,14 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 	// when ctx ends.
 	proxierDone := make(chan struct{})
 	go func() {
+		select {
+		case <-noOtherProxy:
+		case <-ctx.Done():
+			// Stopped while another proxy ran: nothing of this one's to
+			// stop (the other's rules and accepts stay as they are).
+			close(proxierDone)
+			return
+		}
 		var wg sync.WaitGroup
 		if lastState != nil {
 			wg.Go(func() { lastState.Run(ctx) })
