@@ -52,15 +52,24 @@ func OtherBackendChains(r Runner) (backend string, chains []string) {
 }
 
 func otherBackendChains(f Family, nftables bool) (string, []string) {
-	backend := "nf_tables"
+	backend, chains, _ := otherBackendRules(f, nftables)
+	return backend, chains
+}
+
+// otherBackendRules reads the other backend once: the chains of ours it
+// holds, and kube-proxy's jumps in its nat table (kubeProxyJumps).
+func otherBackendRules(f Family, nftables bool) (backend string, chains, kubeProxy []string) {
+	backend = "nf_tables"
 	if nftables {
 		backend = "legacy"
 	}
 	out, ok := otherBackendSave(f, nftables)
 	if !ok {
-		return backend, nil
+		return backend, nil, nil
 	}
-	var chains []string
+	if nat, err := parseSave(out, TableNAT); err == nil {
+		kubeProxy = kubeProxyJumps(nat)
+	}
 	table := ""
 	for _, line := range bytes.Split(out, []byte("\n")) {
 		l := string(line)
@@ -74,16 +83,19 @@ func otherBackendChains(f Family, nftables bool) (string, []string) {
 			}
 		}
 	}
-	return backend, chains
+	return backend, chains, kubeProxy
 }
 
 // WarnOtherBackend logs an error when the backend r does not use holds
-// chains of ours, with the command that removes them.
+// chains of ours, with the command that removes them, and one when it
+// holds kube-proxy's jumps (kubeProxyServices), with the commands that
+// remove them.
 func WarnOtherBackend(r Runner) {
-	backend, chains := OtherBackendChains(r)
-	if len(chains) == 0 {
+	er, ok := r.(*execRunner)
+	if !ok {
 		return
 	}
+	backend, chains, kubeProxy := otherBackendRules(er.family, er.nftables)
 	cmd := "iptables"
 	if r.Family() == IPv6 {
 		cmd = "ip6tables"
@@ -92,6 +104,12 @@ func WarnOtherBackend(r Runner) {
 		cmd += "-legacy"
 	} else {
 		cmd += "-nft"
+	}
+	if len(kubeProxy) > 0 {
+		warnKubeProxyJumps(r.Family(), backend, cmd, kubeProxy)
+	}
+	if len(chains) == 0 {
+		return
 	}
 	klog.ErrorS(nil, "The other iptables backend holds chains of this proxy (a run with an image built for that backend left them): their portals still send Service traffic to old proxy ports, and this proxy neither syncs nor cleans that backend; remove them with "+cmd+" (its -save shows them), or with --cleanup from an image of that backend",
 		"family", r.Family(), "backend", backend, "chains", chains)

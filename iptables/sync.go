@@ -50,6 +50,9 @@ type Rules struct {
 	// unprintableSaid holds the tables sayUnprintables has said
 	// iptables-save cannot print, until it prints them again.
 	unprintableSaid map[Table]bool
+	// kubeProxyJumps are kube-proxy's jumps the last read-back found
+	// (noteKubeProxy), said once per change.
+	kubeProxyJumps []string
 	// drifted: a Sync found our chains changed by someone else and has
 	// not rewritten them yet (its write failed): the next one that does
 	// counts the repair, though its own read-back no longer shows it.
@@ -266,6 +269,7 @@ func (r *Rules) readBack() (map[Table]savedTable, error) {
 			klog.V(2).InfoS("Skipped lines of iptables-save output not understood (another tool's)", "family", r.cfg.Family, "table", table, "lines", n)
 		}
 	}
+	r.noteKubeProxy(out[TableNAT])
 	return out, nil
 }
 
