@@ -496,3 +496,35 @@ func TestInstanceNameHeldByOtherUser(t *testing.T) {
 		}
 	}
 }
+
+// A --cleanup that found the holder keeps its connection while it removes
+// the rules; the holder puts them back once it ends, not at its next full
+// sync, and not while it runs.
+func TestInstanceRepairsWhenCleanupEnds(t *testing.T) {
+	useOwnInstanceName(t)
+	logs := captureKlog(t)
+
+	first, _, _ := claimInstance()
+	defer first.release()
+	repaired := make(chan struct{}, 4)
+	first.OnOtherGone(func() { repaired <- struct{}{} })
+	held, pid, done := holderDuringCleanup()
+	if !held || pid != os.Getpid() {
+		t.Fatalf("--cleanup's look: held %v, pid %d; want true, %d", held, pid, os.Getpid())
+	}
+	waitFor(t, "the holder to log the cleanup", func() bool { return strings.Contains(logs.String(), "found this one") })
+	select {
+	case <-repaired:
+		t.Fatal("the holder repaired while the cleanup runs")
+	default:
+	}
+	done()
+	select {
+	case <-repaired:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("the holder did not repair when the cleanup ended:\n%s", logs)
+	}
+	if first.othersRunning() {
+		t.Error("a cleanup was counted as a proxy running")
+	}
+}

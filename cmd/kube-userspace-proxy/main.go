@@ -113,10 +113,13 @@ func runMain(args []string) int {
 			fmt.Fprintf(os.Stderr, "kube-userspace-proxy: cleanup: %v\n", errNoNetAdminCleanup)
 			return 1
 		}
-		if held, pid := holder(); held {
-			klog.InfoS("Warning: a kube-userspace-proxy is running in this network namespace; it puts its rules back at its next sync (within --iptables-sync-period): stop it first", "pid", pidValue(pid))
+		held, pid, done := holderDuringCleanup()
+		if held {
+			klog.InfoS("Warning: a kube-userspace-proxy is running in this network namespace; it puts its rules back as soon as this cleanup ends: stop it first", "pid", pidValue(pid))
 		}
-		if err := cleanupRules(); err != nil {
+		err := cleanupRules()
+		done()
+		if err != nil {
 			fmt.Fprintf(os.Stderr, "kube-userspace-proxy: cleanup: %v\n", err)
 			return 1
 		}
