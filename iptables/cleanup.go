@@ -266,8 +266,7 @@ func CleanupAll() error {
 			klog.InfoS("No IPv6 nat table: cleaning up the IPv6 filter table only", "reason", err)
 			err = cleanupTables(r, TableFilter)
 		} else if err == nil {
-			err = Cleanup(r)
-			WarnOtherBackend(r)
+			err = errors.Join(Cleanup(r), cleanupOtherBackend(r))
 		}
 		if err != nil {
 			errs = append(errs, err)

@@ -2,6 +2,7 @@ package iptables
 
 import (
 	"bytes"
+	"fmt"
 	"os/exec"
 	"strings"
 
@@ -96,21 +97,63 @@ func WarnOtherBackend(r Runner) {
 		return
 	}
 	backend, chains, kubeProxy := otherBackendRules(er.family, er.nftables)
-	cmd := "iptables"
-	if r.Family() == IPv6 {
-		cmd = "ip6tables"
-	}
-	if backend == "legacy" {
-		cmd += "-legacy"
-	} else {
-		cmd += "-nft"
-	}
+	warnOtherBackend(r.Family(), backend, chains, kubeProxy)
+}
+
+func warnOtherBackend(f Family, backend string, chains, kubeProxy []string) {
 	if len(kubeProxy) > 0 {
-		warnKubeProxyJumps(r.Family(), backend, cmd, kubeProxy)
+		warnKubeProxyJumps(f, backend, otherBackendCommand(f, backend), kubeProxy)
 	}
 	if len(chains) == 0 {
 		return
 	}
-	klog.ErrorS(nil, "The other iptables backend holds chains of this proxy (a run with an image built for that backend left them): their portals still send Service traffic to old proxy ports, and this proxy neither syncs nor cleans that backend; remove them with "+cmd+" (its -save shows them), or with --cleanup from an image of that backend",
-		"family", r.Family(), "backend", backend, "chains", chains)
+	klog.ErrorS(nil, "The other iptables backend holds chains of this proxy (a run with an image built for that backend left them): their portals still send Service traffic to old proxy ports, and this proxy does not sync that backend; remove them with --cleanup (it cleans both backends; a proxy running meanwhile puts its own rules back as soon as it ends), or by hand with "+otherBackendCommand(f, backend)+" (its -save shows them)",
+		"family", f, "backend", backend, "chains", chains)
+}
+
+// otherBackendCommand is the command of backend ("legacy", "nf_tables")
+// for family f: iptables-legacy, ip6tables-nft, ...
+func otherBackendCommand(f Family, backend string) string {
+	cmd := "iptables"
+	if f == IPv6 {
+		cmd = "ip6tables"
+	}
+	if backend == "legacy" {
+		return cmd + "-legacy"
+	}
+	return cmd + "-nft"
+}
+
+// cleanupOtherBackend removes the chains of ours (and our jumps to them)
+// that the backend r does not use holds, through that backend's commands
+// (the image ships both): --cleanup reached only its own backend, and
+// their portals went on sending Service traffic to old proxy ports until
+// someone removed them by hand. kube-proxy's jumps there are only said
+// (kube-proxy's --cleanup is theirs). Without the other backend's
+// commands, they are said as at start.
+func cleanupOtherBackend(r Runner) error {
+	er, ok := r.(*execRunner)
+	if !ok {
+		return nil
+	}
+	backend, chains, kubeProxy := otherBackendRules(er.family, er.nftables)
+	if len(chains) == 0 {
+		warnOtherBackend(er.family, backend, nil, kubeProxy)
+		return nil
+	}
+	command := "nft"
+	if backend == "legacy" {
+		command = "legacy"
+	}
+	other, err := newExecRunner(er.family, command)
+	if err != nil {
+		warnOtherBackend(er.family, backend, chains, kubeProxy)
+		return nil
+	}
+	warnOtherBackend(er.family, backend, nil, kubeProxy)
+	klog.InfoS("Cleaning up the chains of this proxy in the other iptables backend", "family", er.family, "backend", backend, "chains", chains)
+	if err := Cleanup(other); err != nil {
+		return fmt.Errorf("%s backend: %w", backend, err)
+	}
+	return nil
 }

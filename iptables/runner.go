@@ -78,11 +78,27 @@ func restoreWaitArgs(v iptablesVersion) []string {
 // iptables binaries are missing. Commands run in the network namespace of
 // the calling OS thread (tests lock a thread into their own namespace).
 func NewRunner(f Family) (Runner, error) {
+	r, err := newExecRunner(f, "")
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// newExecRunner is NewRunner for one backend: backend "" runs iptables
+// (whichever the node's alternatives name), "legacy" or "nft" the
+// iptables-legacy or iptables-nft commands.
+func newExecRunner(f Family, backend string) (*execRunner, error) {
 	proto, prefix := goipt.ProtocolIPv4, "iptables"
 	if f == IPv6 {
 		proto, prefix = goipt.ProtocolIPv6, "ip6tables"
 	}
-	ipt, err := goipt.New(goipt.IPFamily(proto), goipt.Timeout(5))
+	command := "" // go-iptables finds iptables or ip6tables
+	if backend != "" {
+		prefix += "-" + backend
+		command = prefix
+	}
+	ipt, err := goipt.New(goipt.IPFamily(proto), goipt.Timeout(5), goipt.Path(command))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", prefix, err)
 	}
