@@ -136,7 +136,13 @@ func (b *loopBed) Refused(_ netip.AddrPort, err error) { b.refused <- err }
 
 func newLoopBed(t *testing.T, o LoopOptions) *loopBed {
 	t.Helper()
-	g, err := NewGroup(2, o)
+	return newLoopBedOf(t, 2, o)
+}
+
+// newLoopBedOf is newLoopBed with n loops.
+func newLoopBedOf(t *testing.T, n int, o LoopOptions) *loopBed {
+	t.Helper()
+	g, err := NewGroup(n, o)
 	if err != nil {
 		t.Fatal(err)
 	}
