@@ -241,9 +241,11 @@ func (p *Proxier) listensIn(info *servicePortInfo) (v4, v6 bool) {
 // backendDialer is the goroutine relay's dialer. Go's own keep-alive setup
 // is off (it would set the options after connect, one call each); l's
 // options are set before connect, with the handshake's last ACK held for
-// the client's first bytes (relay.DialControl; serve releases it).
+// the client's first bytes (relay.DialControl; serve releases it). Each
+// attempt's relay.Attempt gets its socket, to ask whether the backend
+// answered before it ends the attempt.
 func backendDialer(l relay.Liveness) *net.Dialer {
-	return &net.Dialer{KeepAlive: -1, Control: relay.DialControl(l)}
+	return &net.Dialer{KeepAlive: -1, ControlContext: relay.AttemptControl(relay.DialControl(l))}
 }
 
 // faultedBackendDialer is backendDialer for faulted connections, without
@@ -252,5 +254,5 @@ func backendDialer(l relay.Liveness) *net.Dialer {
 // (relay.Conn.BackendHoldsACK), which left a Nagle backend's answer in
 // two writes 40 ms late.
 func faultedBackendDialer(l relay.Liveness) *net.Dialer {
-	return &net.Dialer{KeepAlive: -1, Control: relay.BackendControl(l)}
+	return &net.Dialer{KeepAlive: -1, ControlContext: relay.AttemptControl(relay.BackendControl(l))}
 }

@@ -300,7 +300,9 @@ func (s *tcpProxySocket) dial(client netip.AddrPort, faulted bool) (*net.TCPConn
 		if err != nil {
 			return nil, err
 		}
-		conn, err := dialer.DialContext(dialDeadline(time.Now().Add(timeout)), "tcp", ep.String())
+		attempt := relay.NewAttempt(timeout)
+		conn, err := dialer.DialContext(attempt, "tcp", ep.String())
+		attempt.Stop()
 		if err == nil {
 			if tc, ok := conn.(*net.TCPConn); ok {
 				return tc, nil

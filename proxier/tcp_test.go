@@ -188,8 +188,7 @@ func TestTCPResetPropagates(t *testing.T) {
 	}
 }
 
-// A dial that gets no answer ends at its attempt's deadline (the poller's
-// write deadline on the connecting socket: dialDeadline starts no timer)
+// A dial that gets no answer ends at its attempt's time (relay.Attempt)
 // and the connection is retried on the next endpoint.
 func TestTCPRetriesPastUnansweredEndpoint(t *testing.T) {
 	backends := startBackends(t, "127.0.0.2")

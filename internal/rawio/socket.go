@@ -134,6 +134,7 @@ func LocalAddr(fd int) (netip.AddrPort, error) {
 
 // TCP states (linux/tcp_states.h) that TCPState reports.
 const (
+	TCPSynSent   = 2  // connecting: the SYN sent, no answer yet
 	TCPClose     = 7  // closed: reset, or both FINs through (the socket then lives on as a time-wait one)
 	TCPCloseWait = 8  // the peer's FIN received, ours not sent
 	TCPLastAck   = 9  // both FINs sent, ours not acknowledged
