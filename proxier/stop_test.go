@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -218,5 +219,70 @@ func TestStopResetsConnectionsNotYetRelayed(t *testing.T) {
 			case <-time.After(time.Second):
 			}
 		})
+	}
+}
+
+// failingDialer counts its dials; each waits until released, then fails
+// as a refused connect.
+type failingDialer struct {
+	entered, release chan struct{}
+	dials            *atomic.Int32
+}
+
+func (d failingDialer) DialContext(context.Context, string, string) (net.Conn, error) {
+	d.dials.Add(1)
+	select {
+	case d.entered <- struct{}{}:
+	default:
+	}
+	<-d.release
+	return nil, syscall.ECONNREFUSED
+}
+
+// A goroutine-relayed client whose dial is pending when the proxy stops is
+// reset by the stop, and its dial ends there: no attempt on the next
+// endpoint, and the failure of the pending one is no endpoint's (not
+// counted, not reported), as the event loops fail such a dial with
+// relay.ErrLoopStopped. Its goroutine went on through every attempt
+// (up to 3.75 s, dialling endpoints for a client gone) and counted a
+// failed connection.
+func TestStopEndsPendingDialsWithoutFailure(t *testing.T) {
+	d := failingDialer{entered: make(chan struct{}, 1), release: make(chan struct{}), dials: new(atomic.Int32)}
+	p := New(Options{BindAddress: mustAddr("127.0.0.1"), DataPath: DataPathGoroutines, Dialer: d})
+	p.OnServiceSynced()
+	p.OnEndpointSlicesSynced()
+	p.OnServiceAdd(makeService("web"))
+	p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, "127.0.0.2:80", "127.0.0.3:80"))
+	p.Sync()
+	m := p.metrics.ports.lookup("default/web:p")
+	c, err := net.Dial("tcp", proxyAddr(t, p, "default/web:p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	<-d.entered
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	p.Run(ctx)
+	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("client read after the proxy's stop: %v; want a reset", err)
+	}
+	close(d.release)
+	// The client's goroutine is done once it left the pending set.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		pending := 0
+		p.sockCfg.conns.pending.each(func(*net.TCPConn) { pending++ })
+		if pending == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the client's goroutine never ended")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if n, failed, dialFailures := d.dials.Load(), m.failed.value(), m.dialFailures.value(); n != 1 || failed != 0 || dialFailures != 0 {
+		t.Fatalf("%d dials, %v failed connections, %v dial failures after the stop; want the one pending dial, nothing counted", n, failed, dialFailures)
 	}
 }

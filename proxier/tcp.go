@@ -215,8 +215,10 @@ func (s *tcpProxySocket) serve(client *net.TCPConn, from netip.AddrPort, fc *fau
 	if !inReserve {
 		backend, err = s.dial(from, fc != nil)
 	}
-	if err == nil && conns.isStopped() {
-		// The stop reset the client while it dialled: nothing to relay.
+	if conns.isStopped() {
+		// The stop reset the client while it dialled: nothing to relay,
+		// and a dial that failed since is no endpoint's failure (the
+		// event loops fail such a dial with relay.ErrLoopStopped).
 		conns.removePending(client, from)
 		resetTCP(client)
 		resetTCP(backend)
@@ -314,6 +316,11 @@ func (s *tcpProxySocket) dial(client netip.AddrPort, faulted bool) (*net.TCPConn
 			// Out of descriptors or ports here: the endpoint is not at
 			// fault and the next would fail alike (nor may the client's
 			// affinity move for it).
+			return nil, err
+		}
+		if s.cfg.conns.isStopped() {
+			// The stop reset the client during this attempt: no next
+			// one, and no failure to count (serve).
 			return nil, err
 		}
 		lastErr = err
