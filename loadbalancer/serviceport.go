@@ -112,8 +112,9 @@ func (sp *ServicePort) Next(clientIP netip.Addr, resetAffinity bool) (netip.Addr
 }
 
 // Retry picks the endpoint of clientIP's next dial attempt after its
-// earlier attempts failed on tried: round robin in the client's family
-// past every tried endpoint while another remains, the client re-pinned
+// earlier attempts failed on tried: the next endpoint in the client's
+// family from the round-robin cursor on that was not tried while another
+// remains (the cursor stays: pickPast), the client re-pinned
 // there under ClientIP affinity. A retry through Next moved past the
 // pinned endpoint only, and the round-robin cursor is shared: with other
 // connections picking in between, a retry fell on the dead endpoint again
@@ -132,15 +133,22 @@ func (sp *ServicePort) Retry(clientIP netip.Addr, tried []netip.AddrPort) (netip
 	return ep, nil
 }
 
-// pickPast is the round-robin pick in clientIP's family past every
-// endpoint of skip while another remains (n picks in a row visit each of
-// the family's n endpoints once). mu is held; the family has endpoints.
+// pickPast is the first endpoint of clientIP's family from the cursor on
+// that is not in skip (the one at the cursor when every one is). It leaves
+// the cursor where it is: a pick after a failure is no turn of its own.
+// Moving the cursor put it back on the endpoint that had just failed
+// whenever the pick was the one at the cursor, so with one dead endpoint
+// beside one live one every new connection tried the dead one first.
+// mu is held; the family has endpoints.
 func (sp *ServicePort) pickPast(clientIP netip.Addr, skip []netip.AddrPort) netip.AddrPort {
-	ep := sp.roundRobin(clientIP)
-	for i, n := 1, sp.choices(clientIP); i < n && slices.Contains(skip, ep); i++ {
-		ep = sp.roundRobin(clientIP)
+	lo, hi, cur := sp.familyRange(clientIP)
+	for i, n := 0, hi-lo; i < n; i++ {
+		ep := sp.endpoints[lo+(*cur-lo+i)%n]
+		if !slices.Contains(skip, ep) {
+			return ep
+		}
 	}
-	return ep
+	return sp.endpoints[*cur]
 }
 
 // pinLocked pins clientIP (unmapped) to ep as of now, first expiring a few

@@ -441,3 +441,33 @@ func TestRetryPastTried(t *testing.T) {
 		t.Fatalf("after the retry the client went to %v, want re-pinned to %v", again, ep)
 	}
 }
+
+// A retry does not move the round-robin cursor: a dead endpoint beside
+// live ones is the first pick of one connection in n, as without the
+// failure. When the retry's pick moved the cursor, with one dead and one
+// live endpoint the retry put the cursor back on the dead one and every
+// new connection tried it first (a 250 ms wait each when it drops SYNs).
+func TestRetryLeavesTheCursor(t *testing.T) {
+	for _, n := range []int{2, 3, 5} {
+		lb, _ := newTestBalancer(t)
+		name := svcName("retry-cursor")
+		lb.SetEndpoints(name, readyEndpoints(n))
+		sp := lb.ServicePort(name)
+		dead := backend(1)
+		const conns = 60
+		firstOnDead := 0
+		for range conns {
+			ep := mustNext(t, sp, clientA, false)
+			if ep != dead {
+				continue
+			}
+			firstOnDead++
+			if ep, err := sp.Retry(clientA, []netip.AddrPort{dead}); err != nil || ep == dead {
+				t.Fatalf("%d endpoints: retry got %v, %v; want another than %v", n, ep, err, dead)
+			}
+		}
+		if want := conns / n; firstOnDead != want {
+			t.Errorf("%d endpoints: %d of %d connections tried the dead endpoint first, want %d (1 in %d)", n, firstOnDead, conns, want, n)
+		}
+	}
+}
