@@ -194,3 +194,28 @@ func TestBandwidthZeroHoldPastItsBudgetSeesItsSourceReset(t *testing.T) {
 		t.Errorf("%d --fault-max-active slots still held", n)
 	}
 }
+
+// rate is in KB/s of 1,000 bytes, as Toxiproxy's (len * ms / rate): 100,000
+// bytes at 100 KB/s take a second, never less (paced from when the proxy
+// read them, after the write began). Found by mutation: 1 KB = 1,024 bytes
+// (977 ms) passed every test, whose lower bounds allowed 20 % early.
+func TestBandwidthKilobyteIs1000Bytes(t *testing.T) {
+	t.Parallel()
+	_, p := declared(t, 0, 0, "TCP", `{"type":"bandwidth","attributes":{"rate":100}}`)
+	client, backend, done := proxied(t, p, client1)
+	const size, want = 100_000, time.Second
+	start := time.Now()
+	go backend.Write(make([]byte, size))
+	client.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(client, make([]byte, size)); err != nil {
+		t.Fatal(err)
+	}
+	// A millisecond for the float arithmetic of the pacing; a late
+	// runner only adds.
+	if took := time.Since(start); took < want-time.Millisecond || took > want+time.Second {
+		t.Fatalf("%d bytes at 100 KB/s took %v; want %v", size, took, want)
+	}
+	client.Close()
+	backend.Close()
+	relayEnds(t, done)
+}

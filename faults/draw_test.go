@@ -4,6 +4,7 @@ import (
 	"math"
 	"slices"
 	"testing"
+	"time"
 )
 
 // A draw is a pure function of its inputs: the same (seed, toxic, port,
@@ -260,5 +261,40 @@ func TestNumbersStartAsDocumented(t *testing.T) {
 	sendAll(u, 100, got)
 	if !slices.Equal(got.seqs(), want.seqs()) {
 		t.Error("UDP: a toxic added to a port that had none does not draw as on a fresh port")
+	}
+}
+
+// UDP datagrams are numbered per direction (README: "datagram number per
+// direction"): the replies a port carries do not move the draws of its
+// requests. Found by mutation: one number for both directions passed every
+// test.
+func TestDatagramNumbersPerDirection(t *testing.T) {
+	const loss = `{"name":"l","type":"loss","stream":"upstream","attributes":{"rate":0.5}}`
+	_, fresh := declared(t, 7, 0, "UDP", loss)
+	want := &recorder{}
+	sendAll(fresh, 100, want)
+	_, p := declared(t, 7, 0, "UDP", loss)
+	for range 50 { // replies first, which the toxic does not act on
+		p.Datagrams().Send(StreamDown, session1, []byte{0, 0, 0, 0}, func([]byte) {})
+	}
+	got := &recorder{}
+	sendAll(p, 100, got)
+	if !slices.Equal(got.seqs(), want.seqs()) {
+		t.Errorf("requests after 50 replies lost other datagrams than on a fresh port:\n got %v\nwant %v", got.seqs(), want.seqs())
+	}
+}
+
+// connect_delay waits delay ± jitter, drawn per connection: below the delay
+// as well as above. Found by mutation: a jitter ignored passed every test.
+func TestConnectDelayJitterBothWays(t *testing.T) {
+	_, p := declared(t, 1, 0, "TCP", `{"type":"connect_delay","attributes":{"delay":100,"jitter":50}}`)
+	lo, hi := time.Hour, time.Duration(0)
+	for range 200 {
+		c := p.Accept(client1)
+		lo, hi = min(lo, c.ConnectDelay), max(hi, c.ConnectDelay)
+		c.Done()
+	}
+	if lo < 50*time.Millisecond || hi > 150*time.Millisecond || lo > 60*time.Millisecond || hi < 140*time.Millisecond {
+		t.Fatalf("200 connections under connect_delay 100 ± 50 ms waited from %v to %v; want the whole of 50 to 150 ms", lo, hi)
 	}
 }

@@ -949,3 +949,80 @@ func TestCutReachesTheOtherStreamsClose(t *testing.T) {
 		})
 	}
 }
+
+// limit_data counts what it passed over the whole stream, chunk after
+// chunk, and cuts the moment its budget is spent, as Toxiproxy's
+// (bytesRemaining <= 0 closes): a chunk that spends it exactly ends the
+// stream then, not at a next chunk that may never come (a request of
+// exactly the limit, then a wait for the answer).
+func TestLimitDataCountsTheStreamAndCutsWhenSpent(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		writes []string // the client's, each once the backend read the one before
+		want   string
+	}{
+		{"spent exactly by one chunk", []string{"hello"}, "hello"},
+		{"spent over two chunks", []string{"hel", "lo world"}, "hello"},
+		{"spent exactly by the second chunk", []string{"hel", "lo"}, "hello"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			_, p := declared(t, 0, 0, "TCP", `{"type":"limit_data","stream":"upstream","attributes":{"bytes":5}}`)
+			client, backend, done := proxied(t, p, client1)
+			backend.SetReadDeadline(time.Now().Add(5 * time.Second))
+			var got []byte
+			for i, w := range tc.writes {
+				if _, err := client.Write([]byte(w)); err != nil {
+					t.Fatal(err)
+				}
+				if i == len(tc.writes)-1 {
+					break
+				}
+				// Read before the next write, so that each write is a
+				// chunk of its own.
+				b := make([]byte, len(w))
+				if _, err := io.ReadFull(backend, b); err != nil {
+					t.Fatalf("write %d: backend read %q, %v", i, b, err)
+				}
+				got = append(got, b...)
+			}
+			rest, err := io.ReadAll(backend)
+			got = append(got, rest...)
+			if err != nil || string(got) != tc.want {
+				t.Fatalf("backend read %q, ended with %v; want %q and a FIN", got, err, tc.want)
+			}
+			relayEnds(t, done)
+		})
+	}
+}
+
+// A latency's jitter takes time away as well as adding it: latency ± jitter,
+// as Toxiproxy's rand.Int63n(2*jitter) - jitter. Found by mutation: a
+// jitter that only added (latency to latency + jitter) passed every test.
+func TestJitterCanShortenTheLatency(t *testing.T) {
+	t.Parallel()
+	const port = "default.web.http"
+	// A seed whose first draw takes at least 800 of latency 1000 ± 1000.
+	var seed int64
+	for seed = 1; streamRand(uint64(seed), keyOf("j", port), 0).Float64() >= 0.1; seed++ {
+	}
+	want := time.Duration(2000*streamRand(uint64(seed), keyOf("j", port), 0).Float64()) * time.Millisecond
+	_, p := declared(t, seed, 0, "TCP", `{"name":"j","type":"latency","attributes":{"latency":1000,"jitter":1000}}`)
+	client, backend, done := proxied(t, p, client1)
+	start := time.Now()
+	if _, err := backend.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	client.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(client, make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	// The draw is below 200 ms; a jitter that only adds is 1 s at least.
+	if took := time.Since(start); took >= 800*time.Millisecond {
+		t.Fatalf("latency 1000 ± 1000 ms with seed %d took %v; its draw is %v", seed, took, want)
+	}
+	client.Close()
+	backend.Close()
+	relayEnds(t, done)
+}

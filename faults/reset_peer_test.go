@@ -94,3 +94,27 @@ func TestResetPeerWaitsForItsStream(t *testing.T) {
 func isResetOrEOF(err error) bool {
 	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF)
 }
+
+// Of two reset_peer toxics on a stream the shorter timeout resets (README:
+// "of two reset_peer the shorter timeout"), whichever is listed first.
+// Found by mutation: keeping the longer passed every test.
+func TestResetPeerShorterOfTwo(t *testing.T) {
+	t.Parallel()
+	for _, order := range [][2]string{{"0", "60000"}, {"60000", "0"}} {
+		t.Run(order[0]+" then "+order[1], func(t *testing.T) {
+			t.Parallel()
+			_, p := declared(t, 0, 0, "TCP",
+				`{"name":"a","type":"reset_peer","stream":"upstream","attributes":{"timeout":`+order[0]+`}}`,
+				`{"name":"b","type":"reset_peer","stream":"upstream","attributes":{"timeout":`+order[1]+`}}`)
+			client, _, done := proxied(t, p, client1)
+			if _, err := client.Write([]byte("x")); err != nil {
+				t.Fatal(err)
+			}
+			client.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if _, err := client.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
+				t.Fatalf("client read ended with %v; want the reset of the 0 ms toxic, at once", err)
+			}
+			relayEnds(t, done)
+		})
+	}
+}
