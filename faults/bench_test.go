@@ -122,6 +122,7 @@ func BenchmarkFaultPipelineStream(b *testing.B) {
 	}{
 		{"splice", nil},
 		{"latency0", []string{`{"type":"latency","attributes":{"latency":0}}`}},
+		{"slicer", []string{`{"type":"slicer","attributes":{"average_size":1024,"size_variation":256}}`}},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			const perOp = 4 << 20

@@ -1026,3 +1026,74 @@ func TestJitterCanShortenTheLatency(t *testing.T) {
 	backend.Close()
 	relayEnds(t, done)
 }
+
+// toxiproxySlices is Toxiproxy's SlicerToxic.chunk (toxics/slicer.go),
+// transcribed: the ends of the slices it cuts a chunk of n bytes into, its
+// draws taken from r (nil: no size_variation).
+func toxiproxySlices(start, end, size, variation int, r interface{ IntN(int) int }) []int {
+	if (end-start)-size <= variation {
+		return []int{end}
+	}
+	mid := start + (end-start)/2
+	if variation > 0 {
+		mid += r.IntN(variation*2) - variation
+	}
+	return append(toxiproxySlices(start, mid, size, variation, r), toxiproxySlices(mid, end, size, variation, r)...)
+}
+
+// slicer cuts a chunk as Toxiproxy's does: a piece longer than
+// average_size + size_variation is halved, its middle moved by a draw
+// within ± size_variation, and each half cut alike, so 100 bytes at
+// average_size 10 go as 16 writes of 6 or 7 bytes (not 10 of 10), and 15
+// bytes as 7 and 8. With size_variation the draws are the toxic's own
+// generator's (seeded as its other draws are), taken in Toxiproxy's order.
+// Every read the client makes must end where a slice ends (a loaded
+// runner may join slices in one read, never split one); the slicer's
+// delay between slices keeps them apart.
+func TestSlicerCutsAsToxiproxy(t *testing.T) {
+	t.Parallel()
+	const port = "default.web.http"
+	for _, tc := range []struct {
+		bytes, size, variation int
+	}{
+		{100, 10, 0},
+		{15, 10, 0},
+		{400, 40, 15},
+	} {
+		t.Run(fmt.Sprintf("%d bytes at %d ± %d", tc.bytes, tc.size, tc.variation), func(t *testing.T) {
+			t.Parallel()
+			var r interface{ IntN(int) int }
+			if tc.variation > 0 {
+				r = streamRand(1, keyOf("s", port), 0)
+			}
+			want := toxiproxySlices(0, tc.bytes, tc.size, tc.variation, r)
+			_, p := declared(t, 1, 0, "TCP", fmt.Sprintf(`{"name":"s","type":"slicer","attributes":{"average_size":%d,"size_variation":%d,"delay":100000}}`, tc.size, tc.variation))
+			client, backend, done := proxied(t, p, client1)
+			if _, err := backend.Write(make([]byte, tc.bytes)); err != nil {
+				t.Fatal(err)
+			}
+			client.SetReadDeadline(time.Now().Add(20 * time.Second))
+			var reads []int // where each read ended
+			buf := make([]byte, tc.bytes)
+			for at := 0; at < tc.bytes; {
+				n, err := client.Read(buf)
+				if err != nil {
+					t.Fatalf("after %d bytes: %v", at, err)
+				}
+				at += n
+				reads = append(reads, at)
+			}
+			for _, end := range reads {
+				if !slices.Contains(want, end) {
+					t.Fatalf("reads ended at %v; want them on Toxiproxy's slice ends %v", reads, want)
+				}
+			}
+			if len(reads) == 1 {
+				t.Fatalf("one read for %d slices %v", len(want), want)
+			}
+			client.Close()
+			backend.Close()
+			relayEnds(t, done)
+		})
+	}
+}
