@@ -716,3 +716,37 @@ func exchange(src, addr string) (string, error) {
 	}
 	return bufio.NewReader(c).ReadString('\n')
 }
+
+// A faulted connection gets the relay's bounds (--tcp-half-close-timeout,
+// --tcp-write-timeout), which the relay cannot apply inside a toxic: a
+// bandwidth 0 hold whose client closed resets both peers the half-close
+// bound later, as README says. Found by mutation: the proxier leaving the
+// bounds out (the hold kept for ever, as with no bound) passed every
+// proxier test; faults/ tests set the bounds themselves.
+func TestFaultHoldEndsAtTheHalfCloseBound(t *testing.T) {
+	t.Parallel()
+	ended := make(chan error, 1)
+	ln := serveTCP(t, "127.0.0.2", func(c net.Conn) {
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, err := io.ReadAll(c)
+		ended <- err
+	})
+	p := newTestProxier(t, Options{Faults: faults.NewTable(0, 0, nil), HalfCloseTimeout: 200 * time.Millisecond})
+	p.OnServiceAdd(makeService("svc0", withProtocol(v1.ProtocolTCP), withClusterIP("10.96.0.10"),
+		withFaults(`[{"type":"bandwidth","stream":"upstream","attributes":{"rate":0}}]`)))
+	p.OnEndpointSliceAdd(makeSlice("svc0", v1.ProtocolTCP, ln.Addr().String()))
+	p.Sync()
+	c := dialTCP(t, proxyAddr(t, p, "default/svc0:p"))
+	if _, err := c.Write([]byte("request")); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	select {
+	case err := <-ended:
+		if !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("the backend's read of a held stream whose client closed ended with %v; want a reset", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a bandwidth 0 hold whose client closed still holds the backend 5 s later (half-close bound 200 ms)")
+	}
+}
