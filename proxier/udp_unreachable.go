@@ -11,6 +11,8 @@ import (
 	"golang.org/x/sys/unix"
 	"golang.org/x/time/rate"
 	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/mono"
 )
 
 // A UDP datagram that no endpoint can take (the service port has none,
@@ -29,9 +31,8 @@ import (
 // unreachableRate bounds the errors sent per second (and their burst), for
 // the whole proxier, as the kernel bounds all its ICMP
 // (net.ipv4.icmp_msgs_per_sec, 1000): a flood to a Service without
-// endpoints must not make the node a reflector. The kernel also limits
-// them per destination (icmp_ratelimit); this bound is global only, so one
-// flooding client can spend it for all.
+// endpoints must not make the node a reflector. Each destination is held
+// to far less first (destinationLimiter, udp_unreachable_limit.go).
 const (
 	unreachableRate  = 1000
 	unreachableBurst = 50
@@ -41,6 +42,10 @@ const (
 // one raw socket per family, opened on first use.
 type unreachableSender struct {
 	limit *rate.Limiter
+	// perDestination holds each client address to the kernel's own rate
+	// for it, checked before limit (so a flood aimed at one address does
+	// not spend every other client's errors).
+	perDestination *destinationLimiter
 
 	// mu guards the sockets and is held across a send, so that close
 	// never closes a descriptor a send is about to use (a port's Serve
@@ -52,19 +57,30 @@ type unreachableSender struct {
 }
 
 func newUnreachableSender() *unreachableSender {
-	return &unreachableSender{limit: rate.NewLimiter(unreachableRate, unreachableBurst), fd: [2]int{-1, -1}}
+	return &unreachableSender{limit: rate.NewLimiter(unreachableRate, unreachableBurst), perDestination: newDestinationLimiter(), fd: [2]int{-1, -1}}
+}
+
+// allow reports whether an error may go to client about a datagram that
+// arrived at local: within client's own rate, then within the global one.
+func (u *unreachableSender) allow(client netip.Addr, local netip.AddrPort) bool {
+	return u.perDestination.allow(client, local.Addr(), mono.Now()) && u.limit.Allow()
 }
 
 // send answers the datagram payload that client sent to the proxy socket
 // bound at bound (oob: the datagram's control messages, which say where
 // it arrived when bound is the wildcard) with port unreachable. It does
-// nothing when the rate is spent (checked first: a flood costs no more per
-// datagram), the destination is unknown, or no raw socket can be had.
+// nothing when the client's rate or the global one is spent (checked
+// before the message is built: a flood costs no more per datagram), the
+// destination is unknown, or no raw socket can be had.
 func (u *unreachableSender) send(client netip.AddrPort, oob []byte, bound netip.AddrPort, payload []byte) {
-	if u == nil || !u.limit.Allow() {
+	if u == nil {
 		return
 	}
-	u.sendTo(client, datagramDestination(oob, bound), len(payload), nil)
+	local := datagramDestination(oob, bound)
+	if !u.allow(client.Addr(), local) {
+		return
+	}
+	u.sendTo(client, local, len(payload), nil)
 }
 
 // endpointFailed answers a session's client whose endpoint refused its
@@ -77,7 +93,7 @@ func (u *unreachableSender) send(client netip.AddrPort, oob []byte, bound netip.
 // session's first datagram arrived; the datagram itself is gone, so the
 // quote carries its header alone.
 func (u *unreachableSender) endpointFailed(client, local netip.AddrPort, unreach *icmpError) {
-	if u == nil || !u.limit.Allow() {
+	if u == nil || !u.allow(client.Addr(), local) {
 		return
 	}
 	u.sendTo(client, local, 0, unreach)
