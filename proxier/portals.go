@@ -63,6 +63,7 @@ func (p *Proxier) syncPortals(full bool) (ok, repaired bool, failed []string) {
 		v4, v6 = p.appendGuards(ap, v4, v6, from4, from6)
 		v4, v6 = p.appendHealthCheck(ap, v4, v6)
 	}
+	p.sockCfg.ownPortals.update(v4, v6)
 	ok = true
 	for _, f := range []struct {
 		s       PortalSyncer

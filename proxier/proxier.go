@@ -323,6 +323,7 @@ func New(opts Options) *Proxier {
 	p.sockCfg.udpMaxSessionsPerPort, p.sockCfg.udpBudget = udpLimits(opts)
 	p.sockCfg.udpPorts = newSessionPorts(readKernelPortsFromProc, mono.Now())
 	p.sockCfg.unreachable = newUnreachableSender()
+	p.sockCfg.ownPortals = &ownPortals{}
 	if opts.DataPath == DataPathEventLoop {
 		p.sockCfg.loops = newLoopGroup(opts)
 	}

@@ -76,6 +76,9 @@ type socketConfig struct {
 	// unreachable answers UDP datagrams of ports without endpoints
 	// (udp_unreachable.go).
 	unreachable *unreachableSender
+	// ownPortals are the destinations the proxy's rules capture, which
+	// no dial to an endpoint may go to (ownportals.go); nil: none.
+	ownPortals *ownPortals
 	// deaf lists the TCP sockets that cannot listen again although their
 	// fault port is up (tcp_refuse.go).
 	deaf *deafSockets

@@ -10,6 +10,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
@@ -336,8 +337,17 @@ func (s *tcpProxySocket) dial(client netip.AddrPort, faulted bool) (*net.TCPConn
 const maxDialAttempts = 8
 
 // pick is a dial attempt's endpoint: the balancer's next, and after
-// failures on failed, its retry past them.
+// failures on failed, its retry past them; never one of the proxy's own
+// portals (errOwnPortal ends the attempts).
 func (s *tcpProxySocket) pick(client netip.Addr, failed []netip.AddrPort) (netip.AddrPort, error) {
+	ep, err := s.next(client, failed)
+	if err == nil && s.cfg.ownPortals.captures(iptables.TCP, ep) {
+		return netip.AddrPort{}, errOwnPortal
+	}
+	return ep, err
+}
+
+func (s *tcpProxySocket) next(client netip.Addr, failed []netip.AddrPort) (netip.AddrPort, error) {
 	if len(failed) == 0 {
 		return s.sp.Next(client, false)
 	}

@@ -11,6 +11,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
 
@@ -154,6 +155,14 @@ type loopClient struct {
 }
 
 func (h *loopClient) Backend(attempt int) (netip.AddrPort, error) {
+	ep, err := h.pick(attempt)
+	if err == nil && h.s.cfg.ownPortals.captures(iptables.TCP, ep) {
+		return netip.AddrPort{}, errOwnPortal
+	}
+	return ep, err
+}
+
+func (h *loopClient) pick(attempt int) (netip.AddrPort, error) {
 	if attempt == 0 {
 		return h.s.sp.Next(h.from.Addr(), false)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/mono"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
 
@@ -49,6 +50,9 @@ func (s *udpProxySocket) sessionLocked(client netip.AddrPort, oob []byte, now in
 	var lastErr error
 	for i := range s.cfg.dialTimeouts {
 		ep, err := s.sp.Next(client.Addr(), i > 0)
+		if err == nil && s.cfg.ownPortals.captures(iptables.UDP, ep) {
+			err = errOwnPortal
+		}
 		if err != nil {
 			lastErr = err
 			break

@@ -1,0 +1,106 @@
+package proxier
+
+import (
+	"net"
+	"net/netip"
+	"strconv"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
+)
+
+// TestEndpointAtOwnPortalNotDialled: an endpoint that is one of the
+// proxy's own portals (here the Service's own external IP and port) is
+// never dialled: on a node the proxy's OUTPUT rules send that dial back to
+// its own socket as a new client, which dials it again, for ever (one UDP
+// datagram, a session per hop; one TCP connect, two descriptors per hop
+// until every Service was refused). The client is refused instead. The
+// test's "portal" is a plain server at that address (no rules here): the
+// proxy reached it before.
+func TestEndpointAtOwnPortalNotDialled(t *testing.T) {
+	for _, path := range []string{DataPathGoroutines, DataPathEventLoop} {
+		t.Run("TCP "+path, func(t *testing.T) {
+			b := startBackends(t, "127.0.0.53")[0]
+			port, _ := strconv.Atoi(portOf(b.ln.Addr()))
+			p := newTestProxier(t, Options{IPv4Portals: okSyncer{}, DataPath: path})
+			p.OnServiceAdd(makeService("loop", withExternalIPPort("127.0.0.53", int32(port))))
+			p.OnEndpointSliceAdd(makeSlice("loop", v1.ProtocolTCP, net.JoinHostPort("127.0.0.53", strconv.Itoa(port))))
+			p.Sync()
+			if name, err := askName(t, "127.0.0.1", proxyAddr(t, p, "default/loop:p")); err == nil {
+				t.Fatalf("the client was served by %q, the Service's own portal address: want it refused, the endpoint not dialled", name)
+			}
+		})
+	}
+	t.Run("UDP", func(t *testing.T) {
+		echo := startUDPEcho(t, "127.0.0.53:0", "")
+		port := echo.LocalAddr().(*net.UDPAddr).Port
+		p := newTestProxier(t, Options{IPv4Portals: okSyncer{}})
+		p.OnServiceAdd(makeService("loop", withProtocol(v1.ProtocolUDP), withExternalIPPort("127.0.0.53", int32(port))))
+		p.OnEndpointSliceAdd(makeSlice("loop", v1.ProtocolUDP, net.JoinHostPort("127.0.0.53", strconv.Itoa(port))))
+		p.Sync()
+		c, err := net.Dial("udp4", proxyAddr(t, p, "default/loop:p"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := c.Write([]byte("q")); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if n, err := c.Read(make([]byte, 16)); err == nil {
+			t.Fatalf("the client got a %d-byte answer from the Service's own portal address: want its datagram dropped, the endpoint not dialled", n)
+		}
+	})
+}
+
+// The set holds IP portals exactly, NodePorts at the node's own addresses
+// only (a pod may listen on a NodePort's number), and nothing of the other
+// protocol.
+func TestOwnPortalsCaptures(t *testing.T) {
+	var o ownPortals
+	ap := netip.MustParseAddrPort
+	if o.captures(iptables.TCP, ap("10.96.0.10:80")) {
+		t.Fatal("captured before any sync")
+	}
+	o.update([]iptables.Portal{
+		{Protocol: iptables.TCP, IP: netip.MustParseAddr("10.96.0.10"), Port: 80, ProxyPort: 40000},
+		{Protocol: iptables.UDP, NodePort: true, Port: 30053, ProxyPort: 40001},
+		{Protocol: iptables.TCP, GuardOnly: true, ProxyPort: 40002},
+	}, []iptables.Portal{{Protocol: iptables.TCP, IP: netip.MustParseAddr("fd00::10"), Port: 443, ProxyPort: 40003}})
+	for _, c := range []struct {
+		proto iptables.Protocol
+		ep    string
+		want  bool
+	}{
+		{iptables.TCP, "10.96.0.10:80", true},
+		{iptables.TCP, "[::ffff:10.96.0.10]:80", true},
+		{iptables.UDP, "10.96.0.10:80", false},
+		{iptables.TCP, "10.96.0.10:81", false},
+		{iptables.TCP, "[fd00::10]:443", true},
+		{iptables.UDP, "127.0.0.1:30053", true},
+		{iptables.UDP, "192.0.2.77:30053", false}, // not this node's
+		{iptables.TCP, "127.0.0.1:30053", false},
+		{iptables.TCP, "0.0.0.0:40002", false},
+	} {
+		if got := o.captures(c.proto, ap(c.ep)); got != c.want {
+			t.Errorf("%s %s: captured %v, want %v", c.proto, c.ep, got, c.want)
+		}
+	}
+	// The same portals again keep the set; a portal gone leaves it.
+	before := o.set.Load()
+	o.update([]iptables.Portal{
+		{Protocol: iptables.TCP, IP: netip.MustParseAddr("10.96.0.10"), Port: 80, ProxyPort: 40000},
+		{Protocol: iptables.UDP, NodePort: true, Port: 30053, ProxyPort: 40001},
+		{Protocol: iptables.TCP, GuardOnly: true, ProxyPort: 40002},
+	}, []iptables.Portal{{Protocol: iptables.TCP, IP: netip.MustParseAddr("fd00::10"), Port: 443, ProxyPort: 40003}})
+	if o.set.Load() != before {
+		t.Error("the same portals built the set again")
+	}
+	o.update([]iptables.Portal{{Protocol: iptables.UDP, NodePort: true, Port: 30053, ProxyPort: 40001}}, nil)
+	if o.captures(iptables.TCP, ap("10.96.0.10:80")) || !o.captures(iptables.UDP, ap("127.0.0.1:30053")) {
+		t.Error("after the ClusterIP portal went: the set did not follow")
+	}
+}
