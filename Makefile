@@ -6,7 +6,10 @@ BIN := bin/kube-userspace-proxy
 
 all: build
 
+# Go prints nothing while it compiles, and a first build (no module or
+# build cache) takes minutes: say so, or `make demo` looks hung.
 build:
+	@[ -x $(BIN) ] || echo "Compiling $(BIN): the first build takes a few minutes and prints nothing until it is done."
 	$(GO) build -o $(BIN) ./cmd/kube-userspace-proxy
 
 # A static binary for container images (the Dockerfile builds the same way):
@@ -20,11 +23,12 @@ static:
 
 # No cluster and no root: three local backends, the real proxier, the path
 # of one request, the session-affinity and fault experiments as tables.
-demo:
-	$(GO) run ./cmd/kube-userspace-proxy demo
+# The built binary, not `go run`: go run exits 1 on Ctrl-C whatever the
+# program it ran said (demo: 130, interrupted; demo --serve: 0, stopped
+# cleanly), and make then reports "Error 1".
+demo: build
+	$(BIN) demo
 
-# The built binary, not `go run`: go run exits 1 on Ctrl-C even when the
-# program it ran stopped cleanly, and make then reports an error.
 serve: build
 	$(BIN) demo --serve
 
