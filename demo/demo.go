@@ -93,6 +93,7 @@ the second column, what this proxy does in the third.
 	t := newTable(out, width, "experiment", "real cluster (kube-proxy)", "this proxy", "same?")
 	t.start("Running 9 experiments (about 15 s)")
 	if err := l.experiments(ctx, t); err != nil {
+		t.interrupted()
 		return false, err
 	}
 	matched := t.footer()

@@ -229,6 +229,39 @@ func TestDemoServe(t *testing.T) {
 	}
 }
 
+// Ctrl-C during the experiments: the line of progress dots is ended, so
+// that what the command prints next (its "interrupted" line) starts a line
+// of its own; it was glued to the dots.
+func TestDemoInterruptedEndsTheProgressLine(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the demo (~5 s)")
+	}
+	t.Parallel()
+	out := &syncBuffer{seen: make(chan struct{}), want: "Running 9 experiments"}
+	ready := out.seen
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := Run(ctx, out, Options{Width: wide}, startInProcess)
+		done <- err
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("demo returned before the experiments: %v\n%s", err, out.String())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("experiments not started after 60 s:\n%s", out.String())
+	}
+	cancel()
+	if err := <-done; err == nil {
+		t.Fatalf("demo interrupted returned no error\n%s", out.String())
+	}
+	if text := out.String(); !strings.HasSuffix(text, "\n") {
+		t.Errorf("interrupted demo's output ends mid-line: %q", text[max(0, len(text)-80):])
+	}
+}
+
 func TestTally(t *testing.T) {
 	for _, tc := range []struct {
 		names []string

@@ -210,6 +210,7 @@ func (l *lab) faultSection(ctx context.Context, w io.Writer, width int) (bool, e
 		t.add(r)
 		t.note(notes...)
 		if err := ctx.Err(); err != nil {
+			t.interrupted()
 			return false, err
 		}
 	}

@@ -55,6 +55,12 @@ func (t *table) matched() (bool, int) {
 	return n == len(t.rows), n
 }
 
+// interrupted ends the line of dots when the section stops early (Ctrl-C),
+// so that what is printed next starts a line of its own.
+func (t *table) interrupted() {
+	fmt.Fprintln(t.w)
+}
+
 // print ends the dots and prints the table.
 func (t *table) print() {
 	fmt.Fprint(t.w, " done\n\n")
