@@ -67,7 +67,12 @@ func Run(ctx context.Context, out io.Writer, opt Options, start Starter) (bool, 
 		if err := l.serve(ctx, out, opt.Width, px.metricsAddr); err != nil && ctx.Err() == nil {
 			return matched, err
 		}
+		return matched, nil
 	}
+	// Everything goes when Run returns: say where Services stay up to be
+	// tried, and where the proxy on one's own manifests is described.
+	fmt.Fprintln(out)
+	paragraph(out, opt.Width, `Next: kube-userspace-proxy demo --serve (make serve) runs the demo again and keeps its Services up, with the commands to reach them; as root, demo --netns runs it through real iptables rules. To run the proxy on manifests of your own, see README.md, "Running it".`)
 	return matched, nil
 }
 

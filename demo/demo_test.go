@@ -59,6 +59,12 @@ func TestDemoMatchesRealCluster(t *testing.T) {
 		}
 	}
 	checkPathPicture(t, text)
+	// The demo ends with where to go next: it took everything down, so a
+	// newcomer is told how to get Services to curl (demo --serve) and
+	// where the proxy on their own manifests is described.
+	if i := strings.LastIndex(text, "Every fault behaved as expected"); i < 0 || !strings.Contains(text[i:], "demo --serve") || !strings.Contains(text[i:], `"Running it"`) {
+		t.Errorf("the demo does not end saying what to do next (demo --serve, README \"Running it\")")
+	}
 	// No word of the project's own history reaches a learner.
 	for _, jargon := range []string{"seed", "cli1", "cli2", "44wps", "wgtmr", "qzvtf", "--seconds", "p50"} {
 		if strings.Contains(strings.ReplaceAll(text, "--fault-seed", ""), jargon) {
