@@ -39,7 +39,7 @@ func runDemo(args []string) int {
 		if errors.Is(err, pflag.ErrHelp) {
 			return 0
 		}
-		fmt.Fprintf(os.Stderr, "kube-userspace-proxy demo: %v\n", err)
+		fmt.Fprintf(os.Stderr, "kube-userspace-proxy demo: %v\n", flagSuggestion(err, fs))
 		return exitUsage
 	}
 	if fs.NArg() > 0 {

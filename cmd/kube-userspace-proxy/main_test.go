@@ -225,6 +225,16 @@ func TestExplainMisspeltFlagSuggested(t *testing.T) {
 	}
 }
 
+// demo suggests among its flags too: `demo --serv` said only "unknown
+// flag: --serv".
+func TestDemoMisspeltFlagSuggested(t *testing.T) {
+	var code int
+	out := capture(t, &os.Stderr, func() { code = runDemo([]string{"--serv"}) })
+	if want := "unknown flag: --serv (did you mean --serve?)"; code != exitUsage || !strings.Contains(out, want) {
+		t.Errorf("exit %d, stderr %q; want %d and %q", code, out, exitUsage, want)
+	}
+}
+
 // --cleanup given with --init-only still cleans up, as kube-proxy's Run
 // does cleanup first (review: --init-only exited 0 without it).
 func TestCleanupBeforeInitOnly(t *testing.T) {
