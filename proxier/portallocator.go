@@ -49,6 +49,8 @@ func ParsePortRange(s string) (PortRange, error) {
 	}
 	var lo, hi int
 	var err error
+	// What the bounds are called in the error: the user's own form.
+	loName, hiName := "BEGIN", "END"
 	// BEGIN+N first: a "-" after the "+" is N's sign, not a range.
 	if a, b, ok := strings.Cut(s, "+"); ok {
 		var n int
@@ -56,6 +58,7 @@ func ParsePortRange(s string) (PortRange, error) {
 			n, err = number("N", b)
 			hi = lo + n
 		}
+		hiName = "BEGIN+N"
 	} else if a, b, ok := strings.Cut(s, "-"); ok {
 		if lo, err = number("BEGIN", a); err == nil {
 			hi, err = number("END", b)
@@ -64,12 +67,20 @@ func ParsePortRange(s string) (PortRange, error) {
 		// A single port, as kube-proxy accepts it.
 		lo, err = number("the port", s)
 		hi = lo
+		loName, hiName = "the port", "the port"
 	}
 	if err != nil {
 		return PortRange{}, err
 	}
-	if lo < 1 || hi > 65535 || lo > hi {
-		return PortRange{}, fmt.Errorf("invalid port range %q: ports must satisfy 1 <= BEGIN <= END <= 65535", s)
+	// Which bound is wrong, named: "ports must satisfy 1 <= BEGIN <= END
+	// <= 65535" left a reversed range to be worked out.
+	switch {
+	case lo < 1:
+		return PortRange{}, bad("%s %d is below 1", loName, lo)
+	case hi > 65535:
+		return PortRange{}, bad("%s %d is above 65535", hiName, hi)
+	case lo > hi:
+		return PortRange{}, bad("BEGIN %d is above END %d", lo, hi)
 	}
 	return PortRange{Base: lo, Size: hi - lo + 1}, nil
 }
@@ -186,10 +197,18 @@ func (a *PortAllocator) allocateFrom(skip int) (int, error) {
 			return p, nil
 		}
 	}
+	return 0, a.exhausted()
+}
+
+// exhausted is ErrPortRangeExhausted with what to act on: the range,
+// what holds its ports, and that the flag is to widen. Its bare words,
+// logged for each service port at each sync, named neither.
+func (a *PortAllocator) exhausted() error {
+	held := fmt.Sprintf("each of its %d ports holds a proxy socket", a.r.Size)
 	if n := a.nodePortsInRange(); n > 0 {
-		return 0, fmt.Errorf("%w (%d of its %d ports are node ports of Services, which no proxy socket takes)", ErrPortRangeExhausted, n, a.r.Size)
+		held = fmt.Sprintf("%d of its %d ports are node ports of Services, which no proxy socket takes, and each other holds one", n, a.r.Size)
 	}
-	return 0, ErrPortRangeExhausted
+	return fmt.Errorf("%w: --proxy-port-range %s: %s; widen it (each service port takes one)", ErrPortRangeExhausted, a.r, held)
 }
 
 // nodePortsInRange counts the node ports in the explicit range.

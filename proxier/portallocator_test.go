@@ -49,6 +49,13 @@ func TestParsePortRangeSaysWhatIsWrong(t *testing.T) {
 		"x+5":      `BEGIN "x" is not a number`,
 		"abc":      `the port "abc" is not a number`,
 		"1-2-3":    `END "2-3" is not a number`,
+		// Out of order or out of bounds: which bound, not only the rule
+		// "ports must satisfy 1 <= BEGIN <= END <= 65535".
+		"40010-40000": "BEGIN 40010 is above END 40000",
+		"0-10":        "BEGIN 0 is below 1",
+		"1-70000":     "END 70000 is above 65535",
+		"65000+1000":  "BEGIN+N 66000 is above 65535",
+		"70000":       "the port 70000 is above 65535",
 	} {
 		_, err := ParsePortRange(in)
 		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "strconv") {
@@ -67,8 +74,10 @@ func TestPortAllocator(t *testing.T) {
 		}
 		seen[p] = true
 	}
-	if _, err := a.AllocateNext(); err != ErrPortRangeExhausted {
-		t.Fatalf("full range: err %v, want ErrPortRangeExhausted", err)
+	// The error names the flag and its range and says what to do: it
+	// said only "proxy port range exhausted", for every port at every sync.
+	if _, err := a.AllocateNext(); !errors.Is(err, ErrPortRangeExhausted) || !strings.Contains(err.Error(), "--proxy-port-range 40000-40002") || !strings.Contains(err.Error(), "widen it") {
+		t.Fatalf("full range: err %v, want ErrPortRangeExhausted naming --proxy-port-range 40000-40002 and saying to widen it", err)
 	}
 	a.Release(40001)
 	if p, err := a.AllocateNext(); err != nil || p != 40001 {
