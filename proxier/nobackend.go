@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
 
@@ -38,6 +39,11 @@ var sessionLimitDrops noBackendLog
 func (l *noBackendLog) report(servicePort string, client netip.AddrPort, err error) {
 	lines, msg := l, "No endpoint could be reached; the client was refused"
 	switch {
+	case errors.Is(err, loadbalancer.ErrNoEndpoints):
+		// The usual cause is the manifests' (an EndpointSlice not
+		// labelled for the Service, no endpoint ready): name it, and the
+		// command that tells which.
+		msg = "No endpoint to send the client to (no EndpointSlice labelled kubernetes.io/service-name for the Service, none ready under this port's name and protocol, or none on this node for a Local traffic policy: kube-userspace-proxy explain says which); the client was refused"
 	case errors.Is(err, errPortSessionLimit):
 		msg = "UDP datagrams of new clients dropped: the service port holds --udp-max-sessions-per-port sessions, and a fault (latency, reorder) still delays a client datagram of each of its oldest, which would be lost with its session"
 	case errors.Is(err, errSessionLimit):

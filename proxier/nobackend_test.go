@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/mono"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 )
 
 // "No endpoint" is said at -v=0 once per period per service port; the
@@ -32,6 +33,23 @@ func TestNoBackendLogRateLimited(t *testing.T) {
 	}
 	if got := l.suppressed.Load(); got != 4 {
 		t.Fatalf("%d suppressed, want 4", got)
+	}
+}
+
+// A service port with no endpoint says where a newcomer's mistake usually
+// is (an EndpointSlice not labelled for the Service, none ready) and which
+// command names it; the line said only "No endpoint could be reached"
+// with err="no endpoints available".
+func TestNoBackendLogSaysWhyThereIsNoEndpoint(t *testing.T) {
+	buf := captureKlog(t)
+
+	var l noBackendLog
+	l.report("default/app:http", netip.MustParseAddrPort("10.0.0.1:1234"), loadbalancer.ErrNoEndpoints)
+	klog.Flush()
+	for _, want := range []string{"kubernetes.io/service-name", "kube-userspace-proxy explain"} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("line lacks %q:\n%s", want, buf.String())
+		}
 	}
 }
 
