@@ -77,6 +77,23 @@ func TestAPIClientAcceptFollowsContentTypes(t *testing.T) {
 	}
 }
 
+// The API client's HTTP/2 health check pings a silent connection after
+// 5 s, not client-go's 30 s (see apiHealthCheck); a value the environment
+// gives is kept.
+func TestAPIClientShortensHTTP2HealthCheck(t *testing.T) {
+	t.Setenv("HTTP2_READ_IDLE_TIMEOUT_SECONDS", "")
+	t.Setenv("HTTP2_PING_TIMEOUT_SECONDS", "60")
+	if _, err := apiClient(parsedOptions(t, []string{"--master", "https://127.0.0.1:1"})); err != nil {
+		t.Fatal(err)
+	}
+	if got := os.Getenv("HTTP2_READ_IDLE_TIMEOUT_SECONDS"); got != "5" {
+		t.Errorf("HTTP2_READ_IDLE_TIMEOUT_SECONDS %q, want 5", got)
+	}
+	if got := os.Getenv("HTTP2_PING_TIMEOUT_SECONDS"); got != "60" {
+		t.Errorf("HTTP2_PING_TIMEOUT_SECONDS %q, want the environment's 60", got)
+	}
+}
+
 // --init-only builds the API client, as kube-proxy's does (newProxyServer
 // calls createClient before --init-only returns): an init container whose
 // client cannot be built (a kubeconfig without a usable context or server,

@@ -303,11 +303,38 @@ func apiClient(o *options) (kubernetes.Interface, error) {
 		cfg.ContentType = o.kubeAPIContentType
 	}
 	cfg.AcceptContentTypes = o.acceptContentTypes()
+	shortenAPIHealthCheck()
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("API server client: %w", err)
 	}
 	return client, nil
+}
+
+// apiHealthCheck is client-go's HTTP/2 health check of the API server
+// connection as this proxy sets it (its environment variables, read when
+// the client is made): a ping after 5 s without a frame, the connection
+// given up when its answer takes 5 s more. client-go's 30 s and 15 s left
+// a connection that died silently (the API server's host or load balancer
+// failed over, a NAT entry on the way was lost: the watches, which send
+// nothing, are not told) in use for up to 45 s, and the Services on stale
+// endpoints meanwhile; a change made while it was down was served 30 s late
+// (test/e2ecp TestWatchConnectionLost). A ping is 17 bytes both ways on an
+// idle connection only; a value the environment gives is kept (empty is
+// unset, as client-go reads it).
+var apiHealthCheck = [...]struct{ env, seconds string }{
+	{"HTTP2_READ_IDLE_TIMEOUT_SECONDS", "5"},
+	{"HTTP2_PING_TIMEOUT_SECONDS", "5"},
+}
+
+// shortenAPIHealthCheck sets apiHealthCheck's variables the environment
+// does not set.
+func shortenAPIHealthCheck() {
+	for _, v := range apiHealthCheck {
+		if os.Getenv(v.env) == "" {
+			_ = os.Setenv(v.env, v.seconds)
+		}
+	}
 }
 
 // acceptContentTypes is what the API client asks the server for, as

@@ -76,6 +76,18 @@ const (
 // test: its goroutine is pinned to its thread (see harness.PinThread).
 func setUp(t *testing.T) *env {
 	t.Helper()
+	e, bin := setUpWithoutProxy(t)
+	// --state-file: checkRestartDuringOutage restarts the proxy while kube-apiserver is down.
+	e.proxy = harness.NewProxy(e.lab.Node, bin, nodeName, "--kubeconfig", e.cp.ProxyKubeconfig,
+		"--state-file", filepath.Join(t.TempDir(), "state.json"))
+	e.proxy.Start(t, 20*time.Second)
+	return e
+}
+
+// setUpWithoutProxy is setUp up to the proxy's start, for a test that starts it its own
+// way; it returns the proxy binary.
+func setUpWithoutProxy(t *testing.T) (*env, string) {
+	t.Helper()
 	netns.Require(t, "iptables", "iptables-save")
 	controlplane.FindBinaries(t) // skips, before anything is created, when not built
 	bin := harness.ProxyBinary(t)
@@ -96,11 +108,7 @@ func setUp(t *testing.T) *env {
 	applyRBAC(t, e.admin, proxyClient)
 	lab.Node.MustIP("addr", "add", netip.PrefixFrom(nodeObjectIP, 32).String(), "dev", "lo")
 	registerNode(t, e.admin, nodeObjectIP)
-	// --state-file: checkRestartDuringOutage restarts the proxy while kube-apiserver is down.
-	e.proxy = harness.NewProxy(lab.Node, bin, nodeName, "--kubeconfig", e.cp.ProxyKubeconfig,
-		"--state-file", filepath.Join(t.TempDir(), "state.json"))
-	e.proxy.Start(t, 20*time.Second)
-	return e
+	return e, bin
 }
 
 // registerNode creates the proxy's Node object, as the kubelet would have.
