@@ -211,7 +211,7 @@ func (w *resumableWatch) pass(inner watch.Interface) (string, string) {
 		if ev.Type == watch.Error {
 			switch {
 			case isClientStreamFailure(ev.Object) && (!w.initial || w.relisting):
-				return endLost, apierrors.FromObject(ev.Object).Error()
+				return endLost, "connection to the API server lost: " + clientStreamCause(ev.Object)
 			case !w.initial && w.known != nil && isExpired(ev.Object):
 				w.expired = ev.Object
 				return endExpired, apierrors.FromObject(ev.Object).Error()
@@ -299,6 +299,20 @@ func statusOf(err error) runtime.Object {
 		return &s
 	}
 	return &apierrors.NewInternalError(err).ErrStatus
+}
+
+// clientStreamCause is what broke the stream of a client stream failure's
+// Status (isClientStreamFailure), "unable to decode an event from the watch
+// stream: http2: client connection lost": the Status's own message wraps it
+// in "an error on the server (...)", which blamed the server for a
+// connection the client gave up (its HTTP/2 health check).
+func clientStreamCause(obj runtime.Object) string {
+	for _, cause := range obj.(*metav1.Status).Details.Causes {
+		if cause.Type == clientStreamFailure {
+			return cause.Message
+		}
+	}
+	return ""
 }
 
 // isClientStreamFailure reports an Error event's Status made by client-go of

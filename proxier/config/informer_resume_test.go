@@ -3,6 +3,8 @@ package config
 import (
 	"context"
 	"errors"
+	"flag"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 )
 
@@ -378,4 +381,36 @@ func runReflector(lw cache.ListerWatcher) (cache.Store, func()) {
 	done := make(chan struct{})
 	go func() { r.RunWithContext(ctx); close(done) }()
 	return store, func() { cancel(); <-done }
+}
+
+// TestLostStreamIsNotBlamedOnTheServer: a watch whose connection the client
+// gave up (client-go's HTTP/2 health check) is resumed with a log line that
+// says so; it said "an error on the server (...)", client-go's wrapping of
+// the cause in its Status.
+func TestLostStreamIsNotBlamedOnTheServer(t *testing.T) {
+	logs := captureKlog(t)
+	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(fs)
+	_ = fs.Set("v", "2")
+	t.Cleanup(func() { _ = fs.Set("v", "0") })
+	defer func(d time.Duration) { resumeEvery = d }(resumeEvery)
+	resumeEvery = time.Millisecond
+
+	first, second := watch.NewFake(), watch.NewFake()
+	resume := func(context.Context, string) (watch.Interface, error) { return second, nil }
+	w := newResumableWatch(context.Background(), first, metav1.ListOptions{ResourceVersion: "10"}, "services", resume, nil)
+	defer w.Stop()
+	lost := apierrors.NewClientErrorReporter(500, "GET", clientStreamFailure).
+		AsObject(errors.New("unable to decode an event from the watch stream: http2: client connection lost"))
+	go first.Action(watch.Error, lost)
+	go second.Add(svcAt("a", "11"))
+	if ev := <-w.ResultChan(); ev.Type != watch.Added {
+		t.Fatalf("event %v after the resume, want the resumed stream's Added", ev.Type)
+	}
+	klog.Flush()
+	got := logs.String()
+	if !strings.Contains(got, `why="connection to the API server lost: unable to decode an event from the watch stream: http2: client connection lost"`) ||
+		strings.Contains(got, "an error on the server") {
+		t.Errorf("the resume's log line does not say the connection was lost:\n%s", got)
+	}
 }
