@@ -52,6 +52,7 @@ type ControlPlane struct {
 	dir       string
 	creds     credentials
 	apiArgs   []string
+	etcdArgs  []string
 	dial      func(ctx context.Context, network, addr string) (net.Conn, error)
 	probe     *http.Client         // /readyz client, made once the certificate exists
 	admin     kubernetes.Interface // for the authorizer probe
@@ -154,15 +155,39 @@ func (cp *ControlPlane) startEtcd(clientPort, peerPort int) error {
 		"--unsafe-no-fsync",
 		"--log-level=warn",
 	}
-	p, err := startProcess("etcd", cp.bins.Etcd, args, filepath.Join(cp.dir, "etcd.log"), cp.opts.NetNS)
+	cp.etcdArgs = args
+	return cp.StartEtcd()
+}
+
+// StartEtcd starts etcd (again, after StopEtcd: same ports and data) and waits for its
+// /health.
+func (cp *ControlPlane) StartEtcd() error {
+	cp.mu.Lock()
+	if cp.etcd != nil && cp.etcd.running() {
+		cp.mu.Unlock()
+		return fmt.Errorf("etcd is already running")
+	}
+	p, err := startProcess("etcd", cp.bins.Etcd, cp.etcdArgs, filepath.Join(cp.dir, "etcd.log"), cp.opts.NetNS)
+	if err == nil {
+		cp.etcd = p
+	}
+	cp.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	cp.mu.Lock()
-	cp.etcd = p
-	cp.mu.Unlock()
 	client := &http.Client{Transport: &http.Transport{DialContext: cp.dial}, Timeout: 2 * time.Second}
 	return waitUntil(p, cp.opts.ReadyTimeout, func() bool { return httpOK(client, cp.EtcdURL+"/health") })
+}
+
+// StopEtcd stops etcd (SIGTERM, then SIGKILL after 5 s) and leaves kube-apiserver
+// running: a storage outage, which the API server's clients see as errors and timeouts.
+func (cp *ControlPlane) StopEtcd() {
+	cp.mu.Lock()
+	p := cp.etcd
+	cp.mu.Unlock()
+	if p != nil {
+		p.stop(5 * time.Second)
+	}
 }
 
 func (cp *ControlPlane) apiServerArgs(port int) []string {

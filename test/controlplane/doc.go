@@ -19,4 +19,6 @@
 //	// run the proxy with --kubeconfig=cp.ProxyKubeconfig (after applying the RBAC)
 //	cp.StopAPIServer()  // an outage: etcd keeps running
 //	err := cp.StartAPIServer()
+//	cp.StopEtcd()       // a storage outage: kube-apiserver keeps running
+//	err = cp.StartEtcd()
 package controlplane

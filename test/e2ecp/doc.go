@@ -9,9 +9,10 @@
 // changes (port, affinity timeout, externalIPs) and deletions reach the rules, that a
 // Service's faults annotation (issue 8) reaches its traffic live and an invalid one is
 // logged while the last valid faults keep applying, that a rolling update of 20
-// endpoints fails no connection, that an API-server outage neither interrupts
-// existing Services nor fails /healthz, and that a connection to the API server that
-// died unnoticed is replaced within seconds (TestWatchConnectionLost).
+// endpoints fails no connection, that an API-server outage and an etcd outage
+// (TestEtcdOutage) neither interrupt existing Services nor fail /healthz, and that a
+// connection to the API server that died unnoticed is replaced within seconds
+// (TestWatchConnectionLost).
 //
 // Backends are in-process servers listening inside the lab's backends namespace, so a
 // test can close one gracefully, as a terminating pod would. The suite needs root and
