@@ -49,7 +49,10 @@ const replyControlWords = 5
 // sends a reply from the destination reported in oob (datagramDestination
 // reads it), nil when oob reports none. It is what x/net's ipv4 and ipv6
 // ControlMessage.Marshal write, without their three allocations per new
-// session (a socket bound to the wildcard address, the default).
+// session (a socket bound to the wildcard address, the default), and what
+// x/sys's unix.PktInfo4 and PktInfo6 write: those make and return their
+// buffer and are not inlined, so even copied into dst each costs an
+// allocation.
 func putReplyControl(dst *[replyControlWords]uint64, oob []byte) []byte {
 	d := datagramDestination(oob, netip.AddrPort{})
 	if !d.IsValid() {

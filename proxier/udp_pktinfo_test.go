@@ -170,10 +170,11 @@ func TestReplyControlCarriesTheLinkOfALinkLocalSource(t *testing.T) {
 	}
 }
 
-// A session's reply control message is what x/net's Marshal wrote, for
-// both families (a link-local IPv6 source with its arrival interface), and
-// costs no allocation: replyControl cost every new session of a socket on
-// the wildcard address (the default) three, 32 or 40 bytes.
+// A session's reply control message is what x/net's Marshal wrote, and
+// x/sys's PktInfo4 and PktInfo6 write, for both families (a link-local IPv6
+// source with its arrival interface), and costs no allocation:
+// replyControl cost every new session of a socket on the wildcard address
+// (the default) three, 32 or 40 bytes.
 func TestPutReplyControlMatchesMarshalWithoutAllocating(t *testing.T) {
 	oob4 := ipv4.NewControlMessage(ipv4.FlagDst)
 	h := (*unix.Cmsghdr)(unsafe.Pointer(&oob4[0]))
@@ -181,21 +182,27 @@ func TestPutReplyControlMatchesMarshalWithoutAllocating(t *testing.T) {
 	h.SetLen(unix.CmsgLen(unix.SizeofInet4Pktinfo))
 	(*unix.Inet4Pktinfo)(unsafe.Pointer(&oob4[unix.CmsgLen(0)])).Addr = [4]byte{10, 0, 0, 1}
 	for _, tc := range []struct {
-		name string
-		oob  []byte
-		want []byte
+		name          string
+		oob           []byte
+		want, wantSys []byte
 	}{
-		{"IPv4", oob4, (&ipv4.ControlMessage{Src: net.IPv4(10, 0, 0, 1)}).Marshal()},
+		{"IPv4", oob4, (&ipv4.ControlMessage{Src: net.IPv4(10, 0, 0, 1)}).Marshal(),
+			unix.PktInfo4(&unix.Inet4Pktinfo{Spec_dst: [4]byte{10, 0, 0, 1}})},
 		{"IPv6 global", (&ipv6.ControlMessage{Src: net.ParseIP("fd00::1"), IfIndex: 7}).Marshal(),
-			(&ipv6.ControlMessage{Src: net.ParseIP("fd00::1")}).Marshal()},
+			(&ipv6.ControlMessage{Src: net.ParseIP("fd00::1")}).Marshal(),
+			unix.PktInfo6(&unix.Inet6Pktinfo{Addr: netip.MustParseAddr("fd00::1").As16()})},
 		{"IPv6 link-local", (&ipv6.ControlMessage{Src: net.ParseIP("fe80::1"), IfIndex: 7}).Marshal(),
-			(&ipv6.ControlMessage{Src: net.ParseIP("fe80::1"), IfIndex: 7}).Marshal()},
-		{"none", nil, nil},
+			(&ipv6.ControlMessage{Src: net.ParseIP("fe80::1"), IfIndex: 7}).Marshal(),
+			unix.PktInfo6(&unix.Inet6Pktinfo{Addr: netip.MustParseAddr("fe80::1").As16(), Ifindex: 7})},
+		{"none", nil, nil, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var buf [replyControlWords]uint64
 			if got := putReplyControl(&buf, tc.oob); !bytes.Equal(got, tc.want) || (got == nil) != (tc.want == nil) {
 				t.Fatalf("control message\n%x, want\n%x", got, tc.want)
+			}
+			if got := putReplyControl(&buf, tc.oob); !bytes.Equal(got, tc.wantSys) {
+				t.Fatalf("control message\n%x, x/sys's PktInfo\n%x", got, tc.wantSys)
 			}
 			if n := testing.AllocsPerRun(100, func() { putReplyControl(&buf, tc.oob) }); n != 0 {
 				t.Fatalf("%v allocations", n)
