@@ -188,6 +188,14 @@ func (sp *sessionPorts) bind(fd, family int) uint16 {
 // none the kernel picks (dialUDPBackend), and a socket whose port was
 // freed recently is held while another is opened, up to udpDialTries; then
 // the one whose port was freed longest ago is kept, and the rest closed.
+// That fallback is what keeps a late reply from another client (see
+// sessionPorts) when bind gives no port and ports are remembered: bind
+// refused (a cgroup bind hook, seccomp, an LSM: then the kernel picks every
+// port, a recent one a quarter of the time), or udpBindTries picks all
+// recent or held, as at the session cap (half the range held, a quarter
+// recent: about one new session in a hundred, and the kernel's pick among
+// the free half is recent half the time). With the range unknown or below
+// 4 ports nothing is remembered and it never runs.
 func dialUDPSession(ep netip.AddrPort, ports *sessionPorts) (int, uint16, error) {
 	fd, port, err := dialUDPBackendFrom(ep, ports)
 	if err != nil || port != 0 {

@@ -2,13 +2,17 @@ package proxier
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/netns"
 )
 
 // fakeKernelPorts is a namespace's port sysctls as sessionPorts reads them.
@@ -242,6 +246,62 @@ func TestDialUDPSessionBindsThePortChosen(t *testing.T) {
 			}
 			if got := from.(*net.UDPAddr).Port; got != int(port) {
 				t.Fatalf("datagram from port %d, want %d", got, port)
+			}
+		})
+	}
+}
+
+// When sessionPorts gives no port (bind refused; every try recent or held,
+// as at the session cap) the kernel picks at connect, and a pick among the
+// ports freed recently is not kept while another can be had: the socket on
+// it is held while the next is opened, and the one freed longest ago is
+// kept. Without that, the late reply to a closed session (sessionPorts)
+// reached the client of the next session on its port. In a namespace whose
+// range is two ports the kernel's picks are known: the second socket gets
+// the port the first does not hold, and a third finds none.
+func TestDialUDPSessionPassesOverTheKernelsRecentPick(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a network namespace")
+	}
+	netns.Require(t, "ip")
+	ns := netns.New(t).NS("pick")
+	ns.Sysctl("net.ipv4.ip_local_port_range", "40000 40001")
+	endpoint := netip.MustParseAddrPort("127.0.0.1:9")
+	for _, tc := range []struct {
+		name  string
+		freed []uint16 // in order: the last is the most recent
+		want  uint16
+	}{
+		{"one recent", []uint16{40000}, 40001},
+		{"the other recent", []uint16{40001}, 40000},
+		{"both recent", []uint16{40000, 40001}, 40000},
+		{"both recent, the other first", []uint16{40001, 40000}, 40001},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			k := &fakeKernelPorts{kp: kernelPorts{Ephemeral: PortRange{Base: 40000, Size: 100}}}
+			sp, b := testSessionPorts(t, k)
+			b.refuse = unix.EPERM // the kernel picks
+			for _, p := range tc.freed {
+				sp.noteFreed(p)
+			}
+			// The kernel's first pick is either port: enough tries to
+			// meet both.
+			err := ns.Do(func() error {
+				for range 20 {
+					fd, port, err := dialUDPSession(endpoint, sp)
+					if err != nil {
+						return err
+					}
+					got := localPort(fd)
+					unix.Close(fd)
+					if port != tc.want || got != tc.want {
+						return fmt.Errorf("session socket on port %d (said %d), want %d: ports freed %v, the last most recently", got, port, tc.want, tc.freed)
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
 			}
 		})
 	}
