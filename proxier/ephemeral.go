@@ -51,18 +51,6 @@ func readKernelPorts(read func(string) ([]byte, error)) (kernelPorts, error) {
 	return kp, nil
 }
 
-// ephemeralFree is how many ports of the ephemeral range are not reserved:
-// those bind(0) and connect() hand out.
-func (kp kernelPorts) ephemeralFree() int {
-	free := kp.Ephemeral.Size
-	for port := kp.Ephemeral.Base; port < kp.Ephemeral.Base+kp.Ephemeral.Size; port++ {
-		if kp.reserved(port) {
-			free--
-		}
-	}
-	return free
-}
-
 // reserved tells whether port is one of the reserved ports.
 func (kp kernelPorts) reserved(port int) bool {
 	for _, r := range kp.Reserved {

@@ -320,8 +320,8 @@ func New(opts Options) *Proxier {
 		},
 	}
 	setDescriptorCeiling()
-	p.sockCfg.udpMaxSessionsPerPort, p.sockCfg.udpBudget = udpLimits(opts)
 	p.sockCfg.udpPorts = newSessionPorts(readKernelPortsFromProc, mono.Now())
+	p.sockCfg.udpMaxSessionsPerPort, p.sockCfg.udpBudget = udpLimits(opts, p.sockCfg.udpPorts.count())
 	p.sockCfg.unreachable = newUnreachableSender()
 	p.sockCfg.ownPortals = &ownPortals{}
 	if opts.DataPath == DataPathEventLoop {

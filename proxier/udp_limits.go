@@ -23,13 +23,18 @@ const (
 	DefaultUDPMaxSessions        = 65536
 )
 
-// udpLimits turns the options into the per-port cap and the total budget.
-func udpLimits(o Options) (int, *udpBudget) {
+// udpLimits turns the options into the per-port cap and the total budget,
+// held to the descriptor limit and to the ephemeral ports, how many ports
+// connect() can give a session's backend socket (the range less its
+// reserved ports, as sessionPorts read them at start; 0: unknown). Set at
+// start: a change of the range reaches the ports sessions bind
+// (sessionPorts' re-read), not the caps.
+func udpLimits(o Options, ephemeral int) (int, *udpBudget) {
 	perPort, limit := o.UDPMaxSessionsPerPort, o.UDPMaxSessions
 	if limit <= 0 {
 		limit = DefaultUDPMaxSessions
 	}
-	nofile, ports := nofileLimit(), ephemeralPorts()
+	nofile, ports := nofileLimit(), ephemeral
 	capped, total := udpCaps(perPort, limit, nofile, ports)
 	if total < limit {
 		given := any(perPort)
@@ -40,17 +45,6 @@ func udpLimits(o Options) (int, *udpBudget) {
 			"ephemeralPorts", ports, "maxSessions", total, "maxSessionsPerPort", capped, "given", []any{limit, given})
 	}
 	return capped, newUDPBudget(total)
-}
-
-// ephemeralPorts is how many ports of this namespace's ephemeral range
-// connect() can give a session's backend socket (the range less its
-// reserved ports); 0 when the range cannot be read.
-func ephemeralPorts() int {
-	kp, err := readKernelPortsFromProc()
-	if err != nil {
-		return 0
-	}
-	return kp.ephemeralFree()
 }
 
 // udpCaps holds the total to the descriptor share of nofile and the port

@@ -111,6 +111,15 @@ func (sp *sessionPorts) reread(now int64) {
 	sp.ports.Store(&ports)
 }
 
+// count is how many ports sp hands out, the ephemeral range less its
+// reserved ports: those bind(0) and connect() hand out too (0: unknown).
+func (sp *sessionPorts) count() int {
+	if p := sp.ports.Load(); p != nil {
+		return len(*p)
+	}
+	return 0
+}
+
 // maybeReread reads the range again when udpPortsReread has passed; one
 // caller does it (its swap keeps the others out until reread is done), the
 // others go on with the ports as they were.

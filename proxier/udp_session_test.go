@@ -1,11 +1,15 @@
 package proxier
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"net/netip"
+	"os"
 	"slices"
 	"testing"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/test/harness/netns"
 )
 
 // The table keeps sessions newest first; oldest is what expiry and the cap
@@ -119,8 +123,8 @@ func TestUDPDescriptorShare(t *testing.T) {
 	}
 	p := newTestProxier(t, Options{UDPMaxSessions: 1 << 30})
 	want := udpDescriptorShare(nofileLimit())
-	if ports := ephemeralPorts(); ports > 0 {
-		want = min(want, udpPortShare(ports)) // TestUDPCapsWithinTheEphemeralPorts
+	if kp, err := readKernelPortsFromProc(); err == nil && len(allowedPorts(kp, nil)) > 0 {
+		want = min(want, udpPortShare(len(allowedPorts(kp, nil)))) // TestUDPCapsWithinTheEphemeralPorts
 	}
 	if got := p.sockCfg.udpBudget.limit; got != int64(want) {
 		t.Fatalf("total UDP session cap %d with a huge --udp-max-sessions, want half the descriptor limit (or of the ephemeral ports), %d", got, want)
@@ -194,6 +198,30 @@ func TestUDPCapsWithinTheEphemeralPorts(t *testing.T) {
 	}
 }
 
+// The caps are held to the ports the sessions' sockets bind, read once
+// (sessionPorts) in the namespace the proxier is made in: a range of 100
+// ports less 10 reserved gives sessions 90 ports and a total cap of 45,
+// far below the descriptors' share.
+func TestUDPCapsHeldToTheSessionPorts(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a network namespace")
+	}
+	netns.Require(t, "ip")
+	ns := netns.New(t).NS("caps")
+	ns.Sysctl("net.ipv4.ip_local_port_range", "40000 40099")
+	ns.Sysctl("net.ipv4.ip_local_reserved_ports", "40010-40019")
+	var p *Proxier
+	if err := ns.Do(func() error { p = newTestProxier(t, Options{}); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if got := p.sockCfg.udpPorts.count(); got != 90 {
+		t.Errorf("session ports: %d, want the 90 of 40000-40099 less 40010-40019", got)
+	}
+	if got, want := p.sockCfg.udpBudget.limit, int64(udpPortShare(90)); got != want {
+		t.Errorf("total UDP session cap %d, want half the 90 session ports, %d", got, want)
+	}
+}
+
 // The ephemeral ports' share holds the total as the descriptors' does, and
 // lowers the default per-port cap with it.
 func TestUDPCapsScaleWithTheEphemeralPorts(t *testing.T) {
@@ -220,9 +248,14 @@ func TestUDPCapsScaleWithTheEphemeralPorts(t *testing.T) {
 				tc.perPort, tc.limit, tc.nofile, tc.ephemeral, perPort, total, tc.wantPerPort, tc.wantTotal)
 		}
 	}
-	kp := kernelPorts{Ephemeral: PortRange{Base: 32768, Size: 28232}, Reserved: []PortRange{{Base: 10249, Size: 2}, {Base: 40000, Size: 100}, {Base: 60990, Size: 20}}}
-	if got, want := kp.ephemeralFree(), 28232-100-10; got != want {
+	// The count is the session ports' (one reading of the range for both).
+	k := &fakeKernelPorts{kp: kernelPorts{Ephemeral: PortRange{Base: 32768, Size: 28232}, Reserved: []PortRange{{Base: 10249, Size: 2}, {Base: 40000, Size: 100}, {Base: 60990, Size: 20}}}}
+	if got, want := newSessionPorts(k.read, 0).count(), 28232-100-10; got != want {
 		t.Errorf("ephemeral ports less reserved: %d, want %d", got, want)
+	}
+	k.err = errors.New("no /proc")
+	if got := newSessionPorts(k.read, 0).count(); got != 0 {
+		t.Errorf("ephemeral ports of a range that cannot be read: %d, want 0 (unknown: no bound)", got)
 	}
 }
 
