@@ -102,29 +102,20 @@ func (s *udpProxySocket) forwardGSO(client netip.AddrPort, b *udpBatch, i, g int
 	if sess == nil || sess.generation != s.sp.Generation() {
 		return i // a new session, or a re-check: forward opens or checks it
 	}
-	err := b.sendRun(sess.fd, i, g)
-	if errors.Is(err, unix.EMSGSIZE) {
-		// Perhaps the socket's error from an ICMP packet too big (see
-		// writeBackend), which the send took instead of the buffer: once
-		// more, and only then is EMSGSIZE the kernel's refusal of GSO.
-		err = b.sendRun(sess.fd, i, g)
-	}
-	if icmpErrno(err) {
-		// The socket's error from another ICMP error, which the send
-		// took instead of the buffer (see writeSessionLocked): the error
-		// queue is read, an unreachable endpoint ending the session
-		// there (this datagram is lost and the next ones pick again, as
-		// after a refusal), else once more. A protocol unreachable
-		// (ENOPROTOOPT) or a source route failed (EOPNOTSUPP) is also
-		// an errno of the kernel's refusals of GSO, and was taken for
-		// one: GSO to backends went off for the socket for good.
-		if s.sessionErrorsLocked(sess) {
-			if b.seg[i] == 0 {
-				return i + 1
-			}
-			return i
+	// An EMSGSIZE that a send after a packet too big's does not clear is
+	// the kernel's refusal of GSO. A protocol unreachable (ENOPROTOOPT)
+	// or a source route failed (EOPNOTSUPP) is also an errno of its
+	// refusals, and was taken for one when the send took it as the
+	// socket's pending error: GSO to backends went off for the socket
+	// for good.
+	_, ended, err := s.sendSessionLocked(sess, func(fd int) (int, error) { return 0, b.sendRun(fd, i, g) })
+	if ended {
+		// The endpoint is unreachable: this datagram is lost and the
+		// next ones pick again, as after a refusal.
+		if b.seg[i] == 0 {
+			return i + 1
 		}
-		err = b.sendRun(sess.fd, i, g)
+		return i
 	}
 	if err != nil {
 		switch {
@@ -219,36 +210,50 @@ func (s *udpProxySocket) forward(client netip.AddrPort, b, oob []byte) {
 	}
 }
 
-// writeSessionLocked writes one datagram to the session's backend (see
-// writeBackend). A send that took the socket's pending error from another
-// ICMP error (icmpErrno: IP_RECVERR makes every one the socket's error, a
-// time exceeded too) sent nothing: the error queue is read as on
-// EPOLLERR, and an unreachable endpoint ends the session there, while
-// after one passed over the datagram goes once more. It was lost, and
-// with it the client's answer (its session idled out while the client
-// waited). A refusal (ECONNREFUSED) is the caller's.
+// writeSessionLocked writes one datagram to the session's backend
+// (sendSessionLocked).
 func (s *udpProxySocket) writeSessionLocked(sess *udpSession, b []byte) (int, error) {
-	n, err := writeBackend(sess.fd, b)
-	// A few times: another error can come between the look and the send
-	// (a flood of them, forged).
-	for range 3 {
-		if !icmpErrno(err) || s.sessionErrorsLocked(sess) {
-			break
-		}
-		n, err = writeBackend(sess.fd, b)
-	}
+	n, _, err := s.sendSessionLocked(sess, func(fd int) (int, error) { return rawio.Write(fd, b) })
 	return n, err
 }
 
-// writeBackend writes one datagram to a session's backend socket. An
-// EMSGSIZE may be the socket's pending error from an ICMP packet too big
-// for the path (the kernel reports it at the next send or read on the
-// connected socket, and this send then sent nothing): the path MTU is
-// known by now, so the datagram goes once more, fragmented if need be.
-func writeBackend(fd int, b []byte) (int, error) {
-	n, err := rawio.Write(fd, b)
+// sendSessionLocked sends on the session's backend socket with send, one
+// datagram or a GSO buffer, and tells whether an error it took ended the
+// session. A send may take the socket's pending error from an ICMP error
+// about the session's datagrams (the kernel reports it at the next send or
+// read on the connected socket) and then sent nothing:
+//   - EMSGSIZE, from a packet too big for the path: the path MTU is known by
+//     now, so the data goes once more, fragmented if need be;
+//   - another ICMP error's (icmpErrno: IP_RECVERR makes every one the
+//     socket's error, a time exceeded too): the error queue is read as on
+//     EPOLLERR, and an unreachable endpoint ends the session there, while
+//     after one passed over the data goes once more, a few times (another
+//     error can come between the look and the send: a flood of them,
+//     forged). It was lost, and with it the client's answer (its session
+//     idled out while the client waited).
+//
+// A refusal (ECONNREFUSED) is the caller's. send is called here only, so
+// a caller's closure stays on its stack: no allocation per datagram.
+func (s *udpProxySocket) sendSessionLocked(sess *udpSession, send func(fd int) (int, error)) (n int, ended bool, err error) {
+	n, err = sendPastPacketTooBig(sess.fd, send)
+	for range 3 {
+		if !icmpErrno(err) {
+			break
+		}
+		if s.sessionErrorsLocked(sess) {
+			return n, true, err
+		}
+		n, err = sendPastPacketTooBig(sess.fd, send)
+	}
+	return n, false, err
+}
+
+// sendPastPacketTooBig sends with send on fd, once more after an EMSGSIZE
+// (sendSessionLocked).
+func sendPastPacketTooBig(fd int, send func(fd int) (int, error)) (int, error) {
+	n, err := send(fd)
 	if errors.Is(err, unix.EMSGSIZE) {
-		n, err = rawio.Write(fd, b)
+		n, err = send(fd)
 	}
 	return n, err
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -51,6 +52,74 @@ func TestUDPGSORunMeetingAnICMPErrorKeepsGSO(t *testing.T) {
 	if ip.session() != nil || next != 1 {
 		t.Fatalf("after a protocol unreachable: session kept %v, forwardGSO returned %d, want the session ended and 1", ip.session() != nil, next)
 	}
+}
+
+// More ICMP errors about a session's datagrams than one look at its error
+// queue reads (errQueueDrain; a flood of forged time exceeded errors, which
+// are passed over) leave the socket's error set after the look, and the
+// send after it takes that too. A GSO run's send tried once more after one
+// look only, and then went one by one (no GSO buffer) where a datagram sent
+// alone tries after each of a few looks: one mechanism (sendSessionLocked)
+// serves both now, and the run goes as one buffer. Needs CAP_NET_RAW.
+func TestUDPGSORunGoesPastMoreICMPErrorsThanOneLookReads(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs CAP_NET_RAW (root) for raw ICMP sockets")
+	}
+	a := startUDPEcho(t, "127.0.0.1:0", "a:")
+	endpoint := a.LocalAddr().(*net.UDPAddr).AddrPort()
+	ip := newInflightPort(t, time.Minute, endpoint)
+	ip.send("q1")
+	ip.relayWhenQueued(t)
+	if got := ip.reply(time.Second); got != "a:q1" {
+		t.Fatalf("client got %q, want a:q1", got)
+	}
+	sess := ip.session()
+	ip.sock.mu.Lock()
+	fd, port := sess.fd, sess.port
+	ip.sock.mu.Unlock()
+	// Room for every error: each is charged to the receive buffer.
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 4<<20); err != nil {
+		t.Fatal(err)
+	}
+	session := netip.AddrPortFrom(endpoint.Addr(), port)
+	base := receiveMemory(t, fd)
+	injectTimeExceeded(t, fd, session, endpoint)
+	one := receiveMemory(t, fd) - base
+	const errs = errQueueDrain + 8
+	for range errs - 1 {
+		injectTimeExceeded(t, fd, session, endpoint)
+	}
+	for deadline := time.Now().Add(5 * time.Second); receiveMemory(t, fd) < base+errs*one; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d ICMP errors queued on the session's socket within 5 s", (receiveMemory(t, fd)-base)/one, errs)
+		}
+		time.Sleep(time.Millisecond)
+	}
+
+	b := getUDPBatch()
+	defer putUDPBatch(b)
+	for i := range 2 {
+		b.size[i], b.seg[i] = copy(b.data[i][:], "gs"), 0
+	}
+	if next := ip.sock.forwardGSO(ip.client.LocalAddr().(*net.UDPAddr).AddrPort(), b, 0, 2); next != 2 {
+		t.Fatalf("forwardGSO returned %d after %d ICMP errors were queued, want 2: the run sent as one GSO buffer past them", next, errs)
+	}
+	if ip.session() == nil || ip.sock.noGSOUp || ip.sock.gsoSendsUp != 1 {
+		t.Fatalf("session kept %v, GSO to backends off %v, GSO sends %d; want the session kept and one GSO send", ip.session() != nil, ip.sock.noGSOUp, ip.sock.gsoSendsUp)
+	}
+}
+
+// receiveMemory is the memory charged to socket fd's receive buffer, its
+// error queue's too (SO_MEMINFO's rmem_alloc).
+func receiveMemory(t *testing.T, fd int) int {
+	t.Helper()
+	var info [unix.SK_MEMINFO_VARS]uint32
+	size := uint32(unsafe.Sizeof(info))
+	if _, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_SOCKET, unix.SO_MEMINFO,
+		uintptr(unsafe.Pointer(&info[0])), uintptr(unsafe.Pointer(&size)), 0); errno != 0 {
+		t.Fatalf("SO_MEMINFO: %v", errno)
+	}
+	return int(info[unix.SK_MEMINFO_RMEM_ALLOC])
 }
 
 // injectICMP4 sends an ICMP error of typ and code about a datagram from
