@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"net"
 	"net/netip"
-	"os"
 	"testing"
 	"time"
 	"unsafe"
@@ -18,32 +17,14 @@ import (
 // unreachable (ENOPROTOOPT) or a source route failed (EOPNOTSUPP) is
 // also an errno gsoRefused names, and was taken for one, turning GSO to
 // backends off for the whole service socket for good. The error queue is
-// read as writeSessionLocked reads it, and GSO stays on. Needs
+// read as for a datagram sent alone (sendSessionLocked), and GSO stays on. Needs
 // CAP_NET_RAW.
 func TestUDPGSORunMeetingAnICMPErrorKeepsGSO(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs CAP_NET_RAW (root) for raw ICMP sockets")
-	}
-	a := startUDPEcho(t, "127.0.0.1:0", "a:")
-	endpoint := a.LocalAddr().(*net.UDPAddr).AddrPort()
-	ip := newInflightPort(t, time.Minute, endpoint)
-	ip.send("q1")
-	sess := ip.session()
-	if sess == nil {
-		t.Fatal("no session after the first datagram")
-	}
-	ip.sock.mu.Lock()
-	fd, port := sess.fd, sess.port
-	ip.sock.mu.Unlock()
+	ip := newICMPSession(t)
 	// Destination unreachable, code 2: protocol unreachable (ENOPROTOOPT).
-	injectICMP4(t, fd, netip.AddrPortFrom(endpoint.Addr(), port), endpoint, 3, 2)
+	injectICMP4(t, ip.fd, ip.local, ip.endpoint, 3, 2)
 
-	b := getUDPBatch()
-	defer putUDPBatch(b)
-	for i := range 2 {
-		b.size[i], b.seg[i] = copy(b.data[i][:], "gs"), 0
-	}
-	next := ip.sock.forwardGSO(ip.client.LocalAddr().(*net.UDPAddr).AddrPort(), b, 0, 2)
+	next := ip.forwardRunOfTwo()
 	if ip.sock.noGSOUp {
 		t.Fatal("a GSO run that met the pending error of an ICMP protocol unreachable turned GSO to backends off for the socket")
 	}
@@ -62,51 +43,46 @@ func TestUDPGSORunMeetingAnICMPErrorKeepsGSO(t *testing.T) {
 // alone tries after each of a few looks: one mechanism (sendSessionLocked)
 // serves both now, and the run goes as one buffer. Needs CAP_NET_RAW.
 func TestUDPGSORunGoesPastMoreICMPErrorsThanOneLookReads(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs CAP_NET_RAW (root) for raw ICMP sockets")
-	}
-	a := startUDPEcho(t, "127.0.0.1:0", "a:")
-	endpoint := a.LocalAddr().(*net.UDPAddr).AddrPort()
-	ip := newInflightPort(t, time.Minute, endpoint)
-	ip.send("q1")
+	ip := newICMPSession(t)
 	ip.relayWhenQueued(t)
 	if got := ip.reply(time.Second); got != "a:q1" {
 		t.Fatalf("client got %q, want a:q1", got)
 	}
-	sess := ip.session()
-	ip.sock.mu.Lock()
-	fd, port := sess.fd, sess.port
-	ip.sock.mu.Unlock()
 	// Room for every error: each is charged to the receive buffer.
-	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 4<<20); err != nil {
+	if err := unix.SetsockoptInt(ip.fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 4<<20); err != nil {
 		t.Fatal(err)
 	}
-	session := netip.AddrPortFrom(endpoint.Addr(), port)
-	base := receiveMemory(t, fd)
-	injectTimeExceeded(t, fd, session, endpoint)
-	one := receiveMemory(t, fd) - base
+	base := receiveMemory(t, ip.fd)
+	injectTimeExceeded(t, ip.fd, ip.local, ip.endpoint)
+	one := receiveMemory(t, ip.fd) - base
 	const errs = errQueueDrain + 8
 	for range errs - 1 {
-		injectTimeExceeded(t, fd, session, endpoint)
+		injectTimeExceeded(t, ip.fd, ip.local, ip.endpoint)
 	}
-	for deadline := time.Now().Add(5 * time.Second); receiveMemory(t, fd) < base+errs*one; {
+	for deadline := time.Now().Add(5 * time.Second); receiveMemory(t, ip.fd) < base+errs*one; {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d ICMP errors queued on the session's socket within 5 s", (receiveMemory(t, fd)-base)/one, errs)
+			t.Fatalf("%d of %d ICMP errors queued on the session's socket within 5 s", (receiveMemory(t, ip.fd)-base)/one, errs)
 		}
 		time.Sleep(time.Millisecond)
 	}
 
-	b := getUDPBatch()
-	defer putUDPBatch(b)
-	for i := range 2 {
-		b.size[i], b.seg[i] = copy(b.data[i][:], "gs"), 0
-	}
-	if next := ip.sock.forwardGSO(ip.client.LocalAddr().(*net.UDPAddr).AddrPort(), b, 0, 2); next != 2 {
+	if next := ip.forwardRunOfTwo(); next != 2 {
 		t.Fatalf("forwardGSO returned %d after %d ICMP errors were queued, want 2: the run sent as one GSO buffer past them", next, errs)
 	}
 	if ip.session() == nil || ip.sock.noGSOUp || ip.sock.gsoSendsUp != 1 {
 		t.Fatalf("session kept %v, GSO to backends off %v, GSO sends %d; want the session kept and one GSO send", ip.session() != nil, ip.sock.noGSOUp, ip.sock.gsoSendsUp)
 	}
+}
+
+// forwardRunOfTwo has forwardGSO send a run of two datagrams from the
+// session's client, and returns what it returned (the first slot not sent).
+func (ip icmpSession) forwardRunOfTwo() int {
+	b := getUDPBatch()
+	defer putUDPBatch(b)
+	for i := range 2 {
+		b.size[i], b.seg[i] = copy(b.data[i][:], "gs"), 0
+	}
+	return ip.sock.forwardGSO(ip.client.LocalAddr().(*net.UDPAddr).AddrPort(), b, 0, 2)
 }
 
 // receiveMemory is the memory charged to socket fd's receive buffer, its

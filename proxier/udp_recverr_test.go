@@ -173,28 +173,14 @@ func injectHostUnreachable(t *testing.T, session, endpoint netip.AddrPort) {
 // the error arrives, then the reply loop reads the socket as the poller
 // had reported it readable. Needs CAP_NET_RAW.
 func TestUDPSessionSurvivesIgnoredICMPErrorBeforeReceive(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs CAP_NET_RAW (root) for raw ICMP sockets")
-	}
-	a := startUDPEcho(t, "127.0.0.1:0", "a:")
-	endpoint := a.LocalAddr().(*net.UDPAddr).AddrPort()
-	ip := newInflightPort(t, time.Minute, endpoint)
-	ip.send("q")
-	sess := ip.session()
-	if sess == nil {
-		t.Fatal("no session after the first datagram")
-	}
-	ip.waitReplyQueued(t, sess)
-	ip.sock.mu.Lock()
-	fd, port := sess.fd, sess.port
-	ip.sock.mu.Unlock()
-
-	injectTimeExceeded(t, fd, netip.AddrPortFrom(endpoint.Addr(), port), endpoint)
+	ip := newICMPSession(t)
+	ip.waitReplyQueued(t, ip.sess)
+	injectTimeExceeded(t, ip.fd, ip.local, ip.endpoint)
 
 	// The poller looked before the error came: it said readable only.
 	b := getUDPBatch()
 	ip.sock.batch = b
-	ip.sock.relayFrom(fd, b)
+	ip.sock.relayFrom(ip.fd, b)
 	ip.sock.flushReplies()
 	ip.sock.batch = nil
 	putUDPBatch(b)
@@ -202,8 +188,8 @@ func TestUDPSessionSurvivesIgnoredICMPErrorBeforeReceive(t *testing.T) {
 		t.Fatal("a time exceeded error that came between the poller's look and the receive closed the session (and lost its waiting reply); on EPOLLERR it is ignored")
 	}
 	ip.relayWhenQueued(t) // the reply is still there: read at the next wake
-	if got := ip.reply(time.Second); got != "a:q" {
-		t.Fatalf("client got %q, want the waiting reply a:q", got)
+	if got := ip.reply(time.Second); got != "a:q1" {
+		t.Fatalf("client got %q, want the waiting reply a:q1", got)
 	}
 	if got := ip.sock.dialFailures.value(); got != 0 {
 		t.Errorf("dial_failures_total %v, want 0 (a time exceeded is not the endpoint's failure)", got)
@@ -215,22 +201,12 @@ func TestUDPSessionSurvivesIgnoredICMPErrorBeforeReceive(t *testing.T) {
 // the datagram was lost (its client waited out its timeout, and the
 // session idled out meanwhile). Needs CAP_NET_RAW.
 func TestUDPDatagramSentAfterIgnoredICMPErrorReachesEndpoint(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs CAP_NET_RAW (root) for raw ICMP sockets")
-	}
-	a := startUDPEcho(t, "127.0.0.1:0", "a:")
-	endpoint := a.LocalAddr().(*net.UDPAddr).AddrPort()
-	ip := newInflightPort(t, time.Minute, endpoint)
-	ip.send("q1")
+	ip := newICMPSession(t)
 	ip.relayWhenQueued(t)
 	if got := ip.reply(time.Second); got != "a:q1" {
 		t.Fatalf("client got %q, want a:q1", got)
 	}
-	sess := ip.session()
-	ip.sock.mu.Lock()
-	fd, port := sess.fd, sess.port
-	ip.sock.mu.Unlock()
-	injectTimeExceeded(t, fd, netip.AddrPortFrom(endpoint.Addr(), port), endpoint)
+	injectTimeExceeded(t, ip.fd, ip.local, ip.endpoint)
 
 	// The client's next datagram comes before the poller looks.
 	ip.send("q2")
@@ -241,6 +217,37 @@ func TestUDPDatagramSentAfterIgnoredICMPErrorReachesEndpoint(t *testing.T) {
 	if got := ip.reply(time.Second); got != "a:q2" {
 		t.Fatalf("client got %q, want a:q2: the datagram sent after a time exceeded error was lost", got)
 	}
+}
+
+// icmpSession is a UDP port (the test relays) whose client sent q1 to an
+// echo endpoint (it answers "a:" and the datagram), for the tests that
+// send ICMP errors about the session's datagrams; it skips them without
+// CAP_NET_RAW.
+type icmpSession struct {
+	*inflightPort
+	sess *udpSession
+	fd   int
+	// local is the session socket's address, which the endpoint sees and
+	// the errors name; endpoint is the endpoint's.
+	local, endpoint netip.AddrPort
+}
+
+func newICMPSession(t *testing.T) icmpSession {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs CAP_NET_RAW (root) for raw ICMP sockets")
+	}
+	a := startUDPEcho(t, "127.0.0.1:0", "a:")
+	is := icmpSession{endpoint: a.LocalAddr().(*net.UDPAddr).AddrPort()}
+	is.inflightPort = newInflightPort(t, time.Minute, is.endpoint)
+	is.send("q1")
+	if is.sess = is.session(); is.sess == nil {
+		t.Fatal("no session after the first datagram")
+	}
+	is.sock.mu.Lock()
+	is.fd, is.local = is.sess.fd, netip.AddrPortFrom(is.endpoint.Addr(), is.sess.port)
+	is.sock.mu.Unlock()
+	return is
 }
 
 // injectTimeExceeded sends an ICMP time exceeded (type 11, code 0) about a
