@@ -34,60 +34,142 @@ type source interface {
 // the demo uses it, main passes nil.
 type started func(p *proxier.Proxier, metricsAddr string)
 
+// proxyServer is what run builds from the flags before anything serves,
+// as kube-proxy's ProxyServer (newProxyServer), and serves until its
+// context ends (its run, kube-proxy's Run).
+type proxyServer struct {
+	o *options
+	v *validated
+	// client is the API server's (nil with --manifests): one for the
+	// Node's read, the events and the informers.
+	client        kubernetes.Interface
+	metrics       *proxier.Metrics
+	health        *healthcheck.ProxierHealth
+	faultTable    *faults.Table
+	serviceHealth *healthcheck.ServiceHealthServer
+	proxier       *proxier.Proxier
+	src           source
+	// lastState keeps the last known state (nil without --state-file).
+	lastState *config.LastKnownState
+	// restart (nil without rules) is how a node IP watch asks for a
+	// restart: the first to ask is told on nodeIPsErr.
+	restart    func(error)
+	nodeIPsErr chan error
+	// noOtherProxy is closed once no other proxy programs this network
+	// namespace's rules (instanceClaim.NoProxyHolds; closed at once
+	// without rules): run starts the proxier only then.
+	noOtherProxy <-chan struct{}
+	// closers release what newProxyServer took, the last taken first.
+	closers []func()
+}
+
+// errStoppedEarly: the context ended while newProxyServer waited (the
+// iptables probe waiting out a held lock); nothing is set up, and run
+// returns nil.
+var errStoppedEarly = errors.New("stopped before serving")
+
 // run wires source → proxier → sockets + rules and serves until ctx ends.
 func run(ctx context.Context, o *options, v *validated, onStart started) error {
-	began := time.Now() // --state-file-grace counts from here
-	// One client for the Node's read, the events and the informers.
-	var client kubernetes.Interface
-	if o.manifests == "" {
-		var err error
-		if client, err = apiClient(o); err != nil {
-			return err
+	s, err := newProxyServer(ctx, o, v, time.Now())
+	if errors.Is(err, errStoppedEarly) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	return s.run(ctx, onStart)
+}
+
+// newProxyServer builds the proxier and its source from the flags: the
+// API client and the Node's IPs, the metrics, health and faults, the
+// portal rules (when programmed), the proxier, and the source that feeds
+// it. began is when --state-file-grace counts from. On an error what it
+// took is released.
+func newProxyServer(ctx context.Context, o *options, v *validated, began time.Time) (_ *proxyServer, err error) {
+	s := &proxyServer{o: o, v: v}
+	defer func() {
+		if err != nil {
+			s.close()
 		}
-		readNodeObjectIPs(ctx, client, o, v, isLocalAddress)
+	}()
+	if o.manifests == "" {
+		if s.client, err = apiClient(o); err != nil {
+			return nil, err
+		}
+		readNodeObjectIPs(ctx, s.client, o, v, isLocalAddress)
 	}
 	resolveNodePortAddresses(v)
 	warnBindAddressNotLocal(v.bind, isLocalAddress)
 	warnProxyPortsOverNodePorts(v.portRange, v.nodePorts)
 	clk := clock.RealClock{}
-	metrics := proxier.NewMetrics()
-	health := healthcheck.NewProxierHealth(clk, healthTimeout(o.syncPeriod))
-	faultTable := faults.NewTable(o.faultSeed, o.faultMaxActive, faults.NewMetrics(metrics.Registry))
-	faultTable.SetMaxBufferedBytes(o.faultMaxBuffered)
+	s.metrics = proxier.NewMetrics()
+	s.health = healthcheck.NewProxierHealth(clk, healthTimeout(o.syncPeriod))
+	s.faultTable = faults.NewTable(o.faultSeed, o.faultMaxActive, faults.NewMetrics(s.metrics.Registry))
+	s.faultTable.SetMaxBufferedBytes(o.faultMaxBuffered)
 	// Only the API can take a port down and cut its live connections, so
 	// only then is every connection tracked.
-	faultTable.TrackLive = o.faultAPIBind != ""
+	s.faultTable.TrackLive = o.faultAPIBind != ""
 
-	popts := proxierOptions(o, v, clk, metrics, health, faultTable)
-	// The families /healthz reports: a specific --bind-address's, else
-	// both; with rules, those the node has syncers for.
+	popts := proxierOptions(o, v, clk, s.metrics, s.health, s.faultTable)
+	claim, err := s.portals(ctx, &popts)
+	if err != nil {
+		return nil, err
+	}
+	// Where NodePorts answer (--nodeport-addresses), as kube-proxy: not on
+	// --bind-address, which is the proxy sockets' address.
+	s.serviceHealth = healthcheck.NewServiceHealthServer(v.nodePortAddresses, o.httpLimits(), func(nn types.NamespacedName, at netip.Addr) int { return s.proxier.LocalEndpointsAt(nn, at) },
+		func() bool { ok, _ := s.health.Healthy(); return ok })
+	s.closers = append(s.closers, s.serviceHealth.Close)
+	popts.ServiceHealth = s.serviceHealth
+	s.proxier = proxier.New(popts)
+	if claim != nil {
+		claim.OnOtherGone(s.proxier.RepairSoon) // rules to repair
+	}
+	if o.manifests == "" {
+		registerRESTClientMetrics(s.metrics.Registry)
+	}
+	if err := s.newSource(began); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// portals sets popts up for the portal rules when the proxy programs them
+// (the instance claim, which it returns, the syncers per family, the
+// NodePort claims), and the families /healthz and the metrics report: a
+// specific --bind-address's, else both; with rules, those the node has
+// syncers for. Without rules, leftover rules of an earlier run are looked
+// for in the background.
+func (s *proxyServer) portals(ctx context.Context, popts *proxier.Options) (*instanceClaim, error) {
 	ipv4, ipv6 := true, true
-	if family, ok := bindFamily(v); ok {
+	if family, ok := bindFamily(s.v); ok {
 		ipv4, ipv6 = family == iptables.IPv4, family == iptables.IPv6
 	}
-	otherGone := func(func()) {} // claim.OnOtherGone with rules to repair
 	// Closed once no other proxy programs this network namespace's rules:
 	// until then the proxier does not run (no rule, no proxy socket).
 	alone := make(chan struct{})
 	close(alone)
-	var noOtherProxy <-chan struct{} = alone
-	if o.iptables {
+	s.noOtherProxy = alone
+	var claim *instanceClaim
+	if s.o.iptables {
 		if !canProgramIptables() {
-			return errNoNetAdmin
+			return nil, errNoNetAdmin
 		}
-		claim, held, other := claimInstance()
-		defer claim.release()
-		otherGone = claim.OnOtherGone
-		noOtherProxy = claim.NoProxyHolds()
+		var held bool
+		var other int
+		claim, held, other = claimInstance()
+		s.closers = append(s.closers, claim.release)
+		s.noOtherProxy = claim.NoProxyHolds()
 		if held {
 			klog.ErrorS(nil, "Another kube-userspace-proxy is running in this network namespace: this one writes no rule and opens no proxy socket until it exits (the two would rewrite each other's portal rules, and Services fail by turns); stop one, or run this one with --iptables=false", "pid", pidValue(other))
 		}
-		v4, v6, err := portalSyncers(ctx, v, iptables.NewRunner)
+		v4, v6, err := portalSyncers(ctx, s.v, iptables.NewRunner)
 		if ctx.Err() != nil {
-			return nil // stopped while the probe waited out a held lock: nothing set up yet
+			return nil, errStoppedEarly // while the probe waited out a held lock
 		}
 		if err != nil {
-			return err
+			return nil, err
 		}
 		popts.IPv4Portals, popts.IPv6Portals = v4, v6
 		ipv4, ipv6 = v4 != nil, v6 != nil
@@ -99,73 +181,79 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		// lock, and the flag promises a start that needs no iptables.
 		go warnLeftoverPortals(iptables.NewRunner)
 	}
-	health.SetFamilies(servedFamilies(ipv4, ipv6)...)
-	metrics.SetFamilies(servedFamilies(ipv4, ipv6)...)
-	var p *proxier.Proxier
-	// Where NodePorts answer (--nodeport-addresses), as kube-proxy: not on
-	// --bind-address, which is the proxy sockets' address.
-	serviceHealth := healthcheck.NewServiceHealthServer(v.nodePortAddresses, o.httpLimits(), func(nn types.NamespacedName, at netip.Addr) int { return p.LocalEndpointsAt(nn, at) },
-		func() bool { ok, _ := health.Healthy(); return ok })
-	defer serviceHealth.Close()
-	popts.ServiceHealth = serviceHealth
-	p = proxier.New(popts)
-	otherGone(p.RepairSoon)
+	s.health.SetFamilies(servedFamilies(ipv4, ipv6)...)
+	s.metrics.SetFamilies(servedFamilies(ipv4, ipv6)...)
+	return claim, nil
+}
 
-	if o.manifests == "" {
-		registerRESTClientMetrics(metrics.Registry)
-	}
-	var h config.Handler = p
-	nodeIPsErr := make(chan error, 1)
-	var restart func(error)
-	if o.iptables {
-		restart = func(err error) { // the first of the watches to ask is told
+// newSource builds what feeds the proxier: the source the flags name,
+// through the last known state when --state-file keeps one, and the
+// handler of this node's Node object (with rules, its IPs are watched and
+// a change asks for a restart).
+func (s *proxyServer) newSource(began time.Time) error {
+	var h config.Handler = s.proxier
+	s.nodeIPsErr = make(chan error, 1)
+	if s.o.iptables {
+		s.restart = func(err error) { // the first of the watches to ask is told
 			select {
-			case nodeIPsErr <- err:
+			case s.nodeIPsErr <- err:
 			default:
 			}
 		}
 	}
-	var nodes config.NodeHandler = nodeState{health, p, newNodeIPsWatch(v, isLocalAddress, restart), new(atomic.Bool)}
-	var lastState *config.LastKnownState
-	if o.stateFile != "" {
-		lastState = config.NewLastKnownState(o.stateFile, p, o.stateFileGrace)
-		lastState.GraceFrom(began)
-		registerLastKnownStateMetrics(metrics.Registry, lastState)
-		h, nodes = lastState, lastState.Nodes(nodeName(o.hostnameOverride), nodes)
+	var nodes config.NodeHandler = nodeState{s.health, s.proxier, newNodeIPsWatch(s.v, isLocalAddress, s.restart), new(atomic.Bool)}
+	if s.o.stateFile != "" {
+		s.lastState = config.NewLastKnownState(s.o.stateFile, s.proxier, s.o.stateFileGrace)
+		s.lastState.GraceFrom(began)
+		registerLastKnownStateMetrics(s.metrics.Registry, s.lastState)
+		h, nodes = s.lastState, s.lastState.Nodes(nodeName(s.o.hostnameOverride), nodes)
 	}
-	src, err := newSource(o, v, client, h, nodes)
-	if err != nil {
-		return err
-	}
+	var err error
+	s.src, err = newSource(s.o, s.v, s.client, h, nodes)
+	return err
+}
 
+// close releases what newProxyServer took, the last taken first.
+func (s *proxyServer) close() {
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		s.closers[i]()
+	}
+	s.closers = nil
+}
+
+// run starts the servers, the watches, the source and the proxier, tells
+// onStart (nil: no one), and serves until ctx ends or the source, a node
+// IP watch or the --config file's watch ends it with an error.
+func (s *proxyServer) run(ctx context.Context, onStart started) error {
+	o := s.o
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var events *nodeEvents
-	if client != nil {
-		events = startNodeEvents(ctx, client, nodeName(o.hostnameOverride))
-		serviceHealth.ListenFailed = events.healthCheckFailed
+	if s.client != nil {
+		events = startNodeEvents(ctx, s.client, nodeName(o.hostnameOverride))
+		s.serviceHealth.ListenFailed = events.healthCheckFailed
 	}
-	servers, metricsAddr, err := startServers(ctx, o, p, health, metrics, faultTable)
+	servers, metricsAddr, err := startServers(ctx, o, s.proxier, s.health, s.metrics, s.faultTable)
 	if err != nil {
 		return err
 	}
 	defer func() {
-		for _, s := range servers {
-			_ = s.Close()
+		for _, srv := range servers {
+			_ = srv.Close()
 		}
 	}()
 
 	if o.iptables {
-		go newRouteIPsWatch(v, isLocalAddress, restart).run(ctx, routeIPsInterval)
+		go newRouteIPsWatch(s.v, isLocalAddress, s.restart).run(ctx, routeIPsInterval)
 	}
 	srcErr := make(chan error, 1)
-	go func() { srcErr <- src.Run(ctx) }()
+	go func() { srcErr <- s.src.Run(ctx) }()
 	// proxierDone also waits for the last known state's last write, made
 	// when ctx ends.
 	proxierDone := make(chan struct{})
 	go func() {
 		select {
-		case <-noOtherProxy:
+		case <-s.noOtherProxy:
 		case <-ctx.Done():
 			// Stopped while another proxy ran: nothing of this one's to
 			// stop (the other's rules and accepts stay as they are).
@@ -173,22 +261,22 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 			return
 		}
 		var wg sync.WaitGroup
-		if lastState != nil {
-			wg.Go(func() { lastState.Run(ctx) })
+		if s.lastState != nil {
+			wg.Go(func() { s.lastState.Run(ctx) })
 		}
-		p.Run(ctx)
+		s.proxier.Run(ctx)
 		wg.Wait()
 		close(proxierDone)
 	}()
 	if onStart != nil {
-		onStart(p, metricsAddr)
+		onStart(s.proxier, metricsAddr)
 	}
 	shownMetrics := metricsAddr
 	if shownMetrics == "" && o.metricsBindAddress != "" {
 		// Its port is taken and retried (startServers): "" read as none.
 		shownMetrics = o.metricsBindAddress + " (not bound yet; retrying)"
 	}
-	klog.InfoS("kube-userspace-proxy running", "mode", "userspace", "iptables", o.iptables, "bindAddress", v.bind, "metrics", shownMetrics)
+	klog.InfoS("kube-userspace-proxy running", "mode", "userspace", "iptables", o.iptables, "bindAddress", s.v.bind, "metrics", shownMetrics)
 	if events != nil {
 		events.started()
 	}
@@ -200,7 +288,7 @@ func run(ctx context.Context, o *options, v *validated, onStart started) error {
 		}()
 	}
 	select {
-	case err = <-nodeIPsErr:
+	case err = <-s.nodeIPsErr:
 		cancel()
 		<-proxierDone
 		return err
