@@ -56,6 +56,61 @@ func TestEndpointAtOwnPortalNotDialled(t *testing.T) {
 	})
 }
 
+// TestOwnPortalBesideEndpoints: an endpoint at one of the proxy's own
+// portals is passed over, not dialled, and the Service's other endpoints
+// serve every client, those whose round-robin turn or affinity falls on it
+// too (each such client was refused).
+func TestOwnPortalBesideEndpoints(t *testing.T) {
+	for _, path := range []string{DataPathGoroutines, DataPathEventLoop} {
+		for _, affinity := range []int32{0, 600} {
+			t.Run("TCP "+path+" affinity "+strconv.Itoa(int(affinity)), func(t *testing.T) {
+				bs := startBackends(t, "127.0.0.53", "127.0.0.54")
+				port, _ := strconv.Atoi(portOf(bs[0].ln.Addr()))
+				p := newTestProxier(t, Options{IPv4Portals: okSyncer{}, DataPath: path})
+				opts := []svcOpt{withExternalIPPort("127.0.0.53", int32(port))}
+				if affinity > 0 {
+					opts = append(opts, withClientIPAffinity(affinity))
+				}
+				p.OnServiceAdd(makeService("loop", opts...))
+				p.OnEndpointSliceAdd(makeSlice("loop", v1.ProtocolTCP,
+					net.JoinHostPort("127.0.0.53", strconv.Itoa(port)), net.JoinHostPort("127.0.0.54", strconv.Itoa(port))))
+				p.Sync()
+				for i := range 4 {
+					if name, err := askName(t, "127.0.0.1", proxyAddr(t, p, "default/loop:p")); err != nil || name != "backend-b" {
+						t.Fatalf("client %d: served by %q (%v); want backend-b, the endpoint that is no portal", i, name, err)
+					}
+				}
+			})
+		}
+	}
+	t.Run("UDP", func(t *testing.T) {
+		own := startUDPEcho(t, "127.0.0.53:0", "own:")
+		port := own.LocalAddr().(*net.UDPAddr).Port
+		startUDPEcho(t, net.JoinHostPort("127.0.0.54", strconv.Itoa(port)), "real:")
+		p := newTestProxier(t, Options{IPv4Portals: okSyncer{}})
+		p.OnServiceAdd(makeService("loop", withProtocol(v1.ProtocolUDP), withExternalIPPort("127.0.0.53", int32(port))))
+		p.OnEndpointSliceAdd(makeSlice("loop", v1.ProtocolUDP,
+			net.JoinHostPort("127.0.0.53", strconv.Itoa(port)), net.JoinHostPort("127.0.0.54", strconv.Itoa(port))))
+		p.Sync()
+		for i := range 4 {
+			c, err := net.Dial("udp4", proxyAddr(t, p, "default/loop:p"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if _, err := c.Write([]byte("q")); err != nil {
+				t.Fatal(err)
+			}
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			buf := make([]byte, 16)
+			n, err := c.Read(buf)
+			if err != nil || string(buf[:n]) != "real:q" {
+				t.Fatalf("client %d: answer %q (%v); want \"real:q\", from the endpoint that is no portal", i, buf[:n], err)
+			}
+		}
+	})
+}
+
 // The set holds IP portals exactly, NodePorts at the node's own addresses
 // only (a pod may listen on a NodePort's number), and nothing of the other
 // protocol.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -295,11 +296,15 @@ func (s *tcpProxySocket) dial(client netip.AddrPort, faulted bool) (*net.TCPConn
 		dialer = s.cfg.faultDialer
 	}
 	var lastErr error
-	var failed [maxDialAttempts]netip.AddrPort
-	for i, timeout := range s.cfg.dialTimeouts {
+	var tried [maxDialAttempts]netip.AddrPort
+	failed := tried[:0]
+	for _, timeout := range s.cfg.dialTimeouts {
 		// After a failure, past the endpoints that failed (affinity
 		// moves the client on: its pinned endpoint was the first).
-		ep, err := s.pick(client.Addr(), failed[:i])
+		ep, err := s.next(client.Addr(), failed)
+		if err == nil {
+			ep, failed, err = s.pastOwnPortals(client.Addr(), ep, failed)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -325,7 +330,7 @@ func (s *tcpProxySocket) dial(client netip.AddrPort, faulted bool) (*net.TCPConn
 			return nil, err
 		}
 		lastErr = err
-		failed[i] = ep
+		failed = append(failed, ep)
 		s.dialFailures.Inc()
 		klog.V(3).InfoS("Dial failed, trying next endpoint", "servicePort", s.label, "endpoint", ep, "err", err)
 	}
@@ -336,21 +341,37 @@ func (s *tcpProxySocket) dial(client netip.AddrPort, faulted bool) (*net.TCPConn
 // dialTimeouts, at most this many).
 const maxDialAttempts = 8
 
-// pick is a dial attempt's endpoint: the balancer's next, and after
-// failures on failed, its retry past them; never one of the proxy's own
-// portals (errOwnPortal ends the attempts).
-func (s *tcpProxySocket) pick(client netip.Addr, failed []netip.AddrPort) (netip.AddrPort, error) {
-	ep, err := s.next(client, failed)
-	if err == nil && s.cfg.ownPortals.captures(iptables.TCP, ep) {
-		return netip.AddrPort{}, errOwnPortal
-	}
-	return ep, err
-}
-
+// next is a dial attempt's endpoint: the balancer's next, and after
+// failures on failed, its retry past them.
 func (s *tcpProxySocket) next(client netip.Addr, failed []netip.AddrPort) (netip.AddrPort, error) {
 	if len(failed) == 0 {
 		return s.sp.Next(client, false)
 	}
 	s.retries.Inc()
 	return s.sp.Retry(client, failed)
+}
+
+// pastOwnPortals is ep, or when ep is one of the proxy's own portals the
+// balancer's retry past it, as past an endpoint whose dial failed (failed
+// gains it): such an endpoint is never dialled (its dial would come back
+// to the proxy, errOwnPortal), but the Service's other endpoints still
+// serve the client, whose round-robin turn or affinity fell on it. It
+// takes no dial attempt; errOwnPortal when no other endpoint is left, or
+// after maxDialAttempts such endpoints.
+func (s *tcpProxySocket) pastOwnPortals(client netip.Addr, ep netip.AddrPort, failed []netip.AddrPort) (netip.AddrPort, []netip.AddrPort, error) {
+	for range maxDialAttempts {
+		if !s.cfg.ownPortals.captures(iptables.TCP, ep) {
+			return ep, failed, nil
+		}
+		if slices.Contains(failed, ep) {
+			break // the retry found every endpoint tried
+		}
+		failed = append(failed, ep)
+		klog.V(3).InfoS("Endpoint passed over: it is one of this proxy's own portals", "servicePort", s.label, "endpoint", ep)
+		var err error
+		if ep, err = s.sp.Retry(client, failed); err != nil {
+			return netip.AddrPort{}, failed, err
+		}
+	}
+	return netip.AddrPort{}, failed, errOwnPortal
 }

@@ -11,7 +11,6 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
-	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
 
@@ -156,9 +155,10 @@ type loopClient struct {
 
 func (h *loopClient) Backend(attempt int) (netip.AddrPort, error) {
 	ep, err := h.pick(attempt)
-	if err == nil && h.s.cfg.ownPortals.captures(iptables.TCP, ep) {
-		return netip.AddrPort{}, errOwnPortal
+	if err != nil {
+		return ep, err
 	}
+	ep, h.failed, err = h.s.pastOwnPortals(h.from.Addr(), ep, h.failed)
 	return ep, err
 }
 

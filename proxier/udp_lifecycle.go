@@ -50,12 +50,16 @@ func (s *udpProxySocket) sessionLocked(client netip.AddrPort, oob []byte, now in
 	var lastErr error
 	for i := range s.cfg.dialTimeouts {
 		ep, err := s.sp.Next(client.Addr(), i > 0)
-		if err == nil && s.cfg.ownPortals.captures(iptables.UDP, ep) {
-			err = errOwnPortal
-		}
 		if err != nil {
 			lastErr = err
 			break
+		}
+		if s.cfg.ownPortals.captures(iptables.UDP, ep) {
+			// Never dialled (its datagrams would come back to the
+			// proxy), but passed over as a failed endpoint is: the
+			// next attempt picks another (past the pinned one).
+			lastErr = errOwnPortal
+			continue
 		}
 		fd, port, err := dialUDPSession(ep, s.cfg.udpPorts)
 		if err == nil {
