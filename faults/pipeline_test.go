@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"runtime"
 	"slices"
@@ -1095,5 +1096,27 @@ func TestSlicerCutsAsToxiproxy(t *testing.T) {
 			backend.Close()
 			relayEnds(t, done)
 		})
+	}
+}
+
+// A size_variation larger than half a piece cannot move its middle out of
+// it (Toxiproxy's server crashes there): every slice holds a byte at
+// least, and the slices are the whole chunk. An unclamped middle cut a
+// slice of no or negative length.
+func TestSlicerVariationWiderThanAPiece(t *testing.T) {
+	s := slicing{size: 1, variation: 40, rand: rand.New(rand.NewPCG(1, 2))}
+	for _, n := range []int{1, 2, 42, 43, 100, 1000} {
+		s.begin(n)
+		total := 0
+		for total < n {
+			k := s.next()
+			if k < 1 {
+				t.Fatalf("%d bytes: a slice of %d after %d", n, k, total)
+			}
+			total += k
+		}
+		if total != n || len(s.pending) != 0 {
+			t.Fatalf("%d bytes: slices of %d in all, %d pieces left", n, total, len(s.pending))
+		}
 	}
 }

@@ -427,13 +427,15 @@ func TestRetryPastTried(t *testing.T) {
 			t.Fatalf("round %d: retry got %v, %v; want another than %v", round, ep, err, dead)
 		}
 	}
-	if ep, _ := sp.Retry(clientA, []netip.AddrPort{backend(1), backend(2), backend(3)}); ep == (netip.AddrPort{}) {
-		t.Fatal("every endpoint tried: a retry still picks one")
+	mustNext(t, sp, clientB, false)
+	ep, err := sp.Retry(clientA, []netip.AddrPort{backend(1), backend(2), backend(3)})
+	if next := mustNext(t, sp, clientB, false); err != nil || ep != next {
+		t.Fatalf("every endpoint tried: a retry picked %v, want the one at the cursor, %v", ep, next)
 	}
 
 	lb.SetAffinity(name, clientIPPolicy(time.Hour))
 	pinned := mustNext(t, sp, clientA, false)
-	ep, err := sp.Retry(clientA, []netip.AddrPort{pinned})
+	ep, err = sp.Retry(clientA, []netip.AddrPort{pinned})
 	if err != nil || ep == pinned {
 		t.Fatalf("retry under affinity: %v, %v", ep, err)
 	}

@@ -137,6 +137,7 @@ func TestOwnPortalsCaptures(t *testing.T) {
 		{iptables.TCP, "10.96.0.10:81", false},
 		{iptables.TCP, "[fd00::10]:443", true},
 		{iptables.UDP, "127.0.0.1:30053", true},
+		{iptables.UDP, "127.0.0.2:30053", true},   // loopback: local, though on no interface
 		{iptables.UDP, "192.0.2.77:30053", false}, // not this node's
 		{iptables.TCP, "127.0.0.1:30053", false},
 		{iptables.TCP, "0.0.0.0:40002", false},
@@ -154,6 +155,13 @@ func TestOwnPortalsCaptures(t *testing.T) {
 	}, []iptables.Portal{{Protocol: iptables.TCP, IP: netip.MustParseAddr("fd00::10"), Port: 443, ProxyPort: 40003}})
 	if o.set.Load() != before {
 		t.Error("the same portals built the set again")
+	}
+	o.update([]iptables.Portal{
+		{Protocol: iptables.TCP, IP: netip.MustParseAddr("10.96.0.10"), Port: 80, ProxyPort: 40000},
+		{Protocol: iptables.UDP, NodePort: true, Port: 30053, ProxyPort: 40001},
+	}, nil)
+	if o.captures(iptables.TCP, ap("[fd00::10]:443")) || !o.captures(iptables.TCP, ap("10.96.0.10:80")) {
+		t.Error("after the last portal went: the set did not follow")
 	}
 	o.update([]iptables.Portal{{Protocol: iptables.UDP, NodePort: true, Port: 30053, ProxyPort: 40001}}, nil)
 	if o.captures(iptables.TCP, ap("10.96.0.10:80")) || !o.captures(iptables.UDP, ap("127.0.0.1:30053")) {

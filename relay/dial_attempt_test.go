@@ -276,3 +276,23 @@ func BenchmarkDialAttempt(b *testing.B) {
 		})
 	}
 }
+
+// An AfterFunc registered once the attempt is over runs at once: net's
+// connect registers its wake-up when it starts waiting, which may be just
+// after the time ran out (expire had found no wake-up to call); without
+// it the dial waited for the kernel's own timeout, minutes.
+func TestAttemptAfterFuncOnceOver(t *testing.T) {
+	a := NewAttempt(0)
+	defer a.Stop()
+	<-a.Done()
+	called := make(chan struct{})
+	a.AfterFunc(func() { close(called) })
+	select {
+	case <-called:
+	case <-time.After(10 * time.Second):
+		t.Fatal("an AfterFunc registered after the attempt ended was never called")
+	}
+	if a.Err() == nil {
+		t.Error("an ended attempt has no Err")
+	}
+}
