@@ -59,6 +59,9 @@ type proxyServer struct {
 	// namespace's rules (instanceClaim.NoProxyHolds; closed at once
 	// without rules): run starts the proxier only then.
 	noOtherProxy <-chan struct{}
+	// waitHealth is the proxier's health updater: changes that come
+	// while noOtherProxy is open do not age into a failed /livez.
+	waitHealth *healthWhileWaiting
 	// closers release what newProxyServer took, the last taken first.
 	closers []func()
 }
@@ -122,6 +125,8 @@ func newProxyServer(ctx context.Context, o *options, v *validated, began time.Ti
 		func() bool { ok, _ := s.health.Healthy(); return ok })
 	s.closers = append(s.closers, s.serviceHealth.Close)
 	popts.ServiceHealth = s.serviceHealth
+	s.waitHealth = &healthWhileWaiting{inner: s.health, waitOver: s.noOtherProxy}
+	popts.Health = s.waitHealth
 	s.proxier = proxier.New(popts)
 	if claim != nil {
 		claim.OnOtherGone(s.proxier.RepairSoon) // rules to repair
@@ -254,6 +259,7 @@ func (s *proxyServer) run(ctx context.Context, onStart started) error {
 	go func() {
 		select {
 		case <-s.noOtherProxy:
+			s.waitHealth.takeOver()
 		case <-ctx.Done():
 			// Stopped while another proxy ran: nothing of this one's to
 			// stop (the other's rules and accepts stay as they are).

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"syscall"
@@ -26,7 +27,10 @@ func TestSecondProxyWaitsForTheFirst(t *testing.T) {
 	// Its own HTTP ports: the first's held would not stop it either
 	// (retried in the background, as kube-proxy's without
 	// --bind-address-hard-fail).
-	second.Args = append(second.Args, "--healthz-bind-address", "127.0.0.1:10356", "--metrics-bind-address", "127.0.0.1:10349")
+	// A sync period of 1 s puts its health timeout at 2 s, inside the
+	// 3 s watched below.
+	second.Args = append(second.Args, "--healthz-bind-address", "127.0.0.1:10356", "--metrics-bind-address", "127.0.0.1:10349",
+		"--iptables-sync-period", "1s")
 	writeSvc(t, second.dir, other)
 	before := rulesOf(save(t, c.Node))
 
@@ -57,6 +61,16 @@ func TestSecondProxyWaitsForTheFirst(t *testing.T) {
 	if proc.Exited() {
 		t.Fatalf("the second proxy exited while the first ran:\n%s", proc.Output())
 	}
+	// Waiting is what it should do: its changes are not its to sync yet,
+	// so they do not age into a failed /livez (a liveness probe on its own
+	// port restarted it, over and over), while /healthz says it serves
+	// nothing.
+	if code := httpStatus(t, c.Node.HTTPClient(time.Second), "http://127.0.0.1:10356/livez"); code != 200 {
+		t.Errorf("the waiting second proxy's /livez answered %d after its health timeout, want 200", code)
+	}
+	if code := httpStatus(t, c.Node.HTTPClient(time.Second), "http://127.0.0.1:10356/healthz"); code != 503 {
+		t.Errorf("the waiting second proxy's /healthz answered %d, want 503 (it serves nothing)", code)
+	}
 
 	// The first stops: the second serves its own Services, the first's
 	// rules go.
@@ -67,4 +81,16 @@ func TestSecondProxyWaitsForTheFirst(t *testing.T) {
 	took := e.pod1(0).WaitServed(t, "tcp", other.tcp(), time.Now(), startBudget)
 	e.pod1(0).WaitUnserved(t, "tcp", web.tcp(), time.Now(), startBudget)
 	figure(t, "second proxy beside a running one: rules unchanged for 3 s; serving its own Service %d ms after the first's exit", took.Milliseconds())
+}
+
+// httpStatus is the status code of a GET of url (0 when it fails).
+func httpStatus(t *testing.T, client *http.Client, url string) int {
+	t.Helper()
+	resp, err := client.Get(url)
+	if err != nil {
+		t.Logf("GET %s: %v", url, err)
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }
