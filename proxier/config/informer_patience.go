@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"math"
 	"net/http"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -21,9 +23,23 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// readyPollEvery spaces the /readyz probes while the API server is away: a
-// resync is at most this much (plus one list) behind the server's return.
+// readyPollEvery is the first wait between /readyz probes while the API
+// server is away; each wait doubles up to readyPollCap and is stretched by
+// up to readyPollJitter (k8s.io/apimachinery's wait.Backoff). A short outage
+// is seen to end within about 0.4 s, a long one within 3 s, plus one list.
+// At a fixed 250 ms every node probed about 12 times a second (three
+// informers), held to the client's QPS limit (5/s) for the whole outage, and
+// all nodes, which lost the server together, relisted within the same
+// 250 ms when it returned; kube-proxy's reflectors back off to 30 s instead,
+// which is what the wait is for (see patientListWatch).
 const readyPollEvery = 250 * time.Millisecond
+
+// readyPollCap bounds the wait between probes (before its jitter).
+const readyPollCap = 2 * time.Second
+
+// readyPollJitter stretches each wait by up to this fraction, so that nodes
+// that lost the server together spread their probes and their relists.
+const readyPollJitter = 0.5
 
 // readyMaxWait spaces the calls made while waiting for readiness: /readyz is
 // only a hint. A server can serve lists while one of its readiness checks
@@ -104,8 +120,9 @@ type patientListWatch struct {
 	failed func(error)
 	// maxWait is readyMaxWait, refusedEvery refusedRetryEvery, refusedFor
 	// refusedPatience, logEvery stillFailingLogEvery, hungAfter
-	// readyProbeTimeout and pollEvery readyPollEvery; tests shorten them.
-	maxWait, refusedEvery, refusedFor, logEvery, hungAfter, pollEvery time.Duration
+	// readyProbeTimeout, pollEvery readyPollEvery and pollCap readyPollCap;
+	// tests shorten them.
+	maxWait, refusedEvery, refusedFor, logEvery, hungAfter, pollEvery, pollCap time.Duration
 }
 
 func newPatientListWatch(lw cache.ListerWatcher, ready readyProbe, what string) *patientListWatch {
@@ -120,7 +137,14 @@ func newPatientListWatch(lw cache.ListerWatcher, ready readyProbe, what string) 
 		logEvery:     stillFailingLogEvery,
 		hungAfter:    readyProbeTimeout,
 		pollEvery:    readyPollEvery,
+		pollCap:      readyPollCap,
 	}
+}
+
+// probeDelays spaces the /readyz probes of one wait: pollEvery doubling to
+// pollCap, each stretched by up to readyPollJitter.
+func (p *patientListWatch) probeDelays() wait.DelayFunc {
+	return wait.Backoff{Duration: p.pollEvery, Factor: 2, Jitter: readyPollJitter, Steps: math.MaxInt32, Cap: p.pollCap}.DelayFunc()
 }
 
 func (p *patientListWatch) ListWithContext(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
@@ -226,43 +250,44 @@ func patiently[T any](ctx context.Context, p *patientListWatch, call func() (T, 
 	} else {
 		klog.InfoS("API server not ready; waiting for it before retrying", "informer", p.what, "err", err)
 	}
-	tick := time.NewTicker(readyPollEvery)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return v, err
-		case <-tick.C:
-		}
+	// Until ends with ctx (the last error is returned then) or when the
+	// condition says done, having set v and err. Not sliding: each wait is
+	// counted from the last probe's start, so a probe that hangs (a path
+	// that drops packets) until its timeout is not followed by a full wait.
+	_ = p.probeDelays().Until(ctx, false, false, func(ctx context.Context) (bool, error) {
 		if p.ready(ctx) {
 			klog.InfoS("API server ready again; retrying at once", "informer", p.what, "waited", time.Since(began).Round(time.Millisecond))
 			// A server back from a restart is ready before its
 			// authorizer has loaded: refusals then are passing too,
 			// and the reflector's backoff made changes 1-14 s late.
 			if v, err = call(); err != nil && refused(err) && ctx.Err() == nil {
-				return untilAllowed(ctx, p, call, err)
+				v, err = untilAllowed(ctx, p, call, err)
 			}
-			return v, err
+			return true, nil
 		}
-		if time.Since(tried) >= p.maxWait {
-			if v, err = call(); err == nil {
-				klog.InfoS("API server answered while its readiness probe did not", "informer", p.what, "waited", time.Since(began).Round(time.Millisecond))
-				return v, nil
-			}
-			if refused(err) && ctx.Err() == nil {
-				return untilAllowed(ctx, p, call, err)
-			}
-			tried = time.Now()
-			if time.Since(logged) >= p.logEvery && ctx.Err() == nil {
-				msg := "API server still unreachable; retrying"
-				if badCertificate(err) { // not an outage: said as the first line said it
-					msg = "API server's certificate still does not verify; retrying"
-				}
-				klog.ErrorS(err, msg, "informer", p.what, "waited", time.Since(began).Round(time.Second))
-				logged = time.Now()
-			}
+		if time.Since(tried) < p.maxWait {
+			return false, nil
 		}
-	}
+		if v, err = call(); err == nil {
+			klog.InfoS("API server answered while its readiness probe did not", "informer", p.what, "waited", time.Since(began).Round(time.Millisecond))
+			return true, nil
+		}
+		if refused(err) && ctx.Err() == nil {
+			v, err = untilAllowed(ctx, p, call, err)
+			return true, nil
+		}
+		tried = time.Now()
+		if time.Since(logged) >= p.logEvery && ctx.Err() == nil {
+			msg := "API server still unreachable; retrying"
+			if badCertificate(err) { // not an outage: said as the first line said it
+				msg = "API server's certificate still does not verify; retrying"
+			}
+			klog.ErrorS(err, msg, "informer", p.what, "waited", time.Since(began).Round(time.Second))
+			logged = time.Now()
+		}
+		return false, nil
+	})
+	return v, err
 }
 
 // raced makes call with a context of its own. A call not answered within

@@ -59,6 +59,7 @@ func TestPatientListWatch(t *testing.T) {
 			}
 			ready := func(context.Context) bool { return probes.Add(1) > tt.notReady }
 			p := newPatientListWatch(inner, ready, "test")
+			p.pollCap = p.pollEvery // the count of probes is the point, not their spacing
 			for _, call := range []struct {
 				what string
 				do   func() error
@@ -167,7 +168,8 @@ func TestPatientListWatchLongOutage(t *testing.T) {
 		return &v1.ServiceList{}, nil
 	}}
 	p := newPatientListWatch(inner, func(context.Context) bool { return probes.Add(1) > 8 }, "test")
-	p.maxWait = 2 * readyPollEvery
+	p.pollEvery, p.pollCap = 50*time.Millisecond, 100*time.Millisecond
+	p.maxWait = 4 * p.pollEvery
 	done := make(chan error, 1)
 	go func() { _, err := p.ListWithContext(context.Background(), metav1.ListOptions{}); done <- err }()
 	select {
@@ -353,5 +355,55 @@ func TestPatientListSlowWhileReadinessFlaps(t *testing.T) {
 	}
 	if n := calls.Load(); n > 4 {
 		t.Errorf("%d lists, want the slow list let finish after a few abandons", n)
+	}
+}
+
+// TestPatientListWatchProbesBackOff: while the API server is away a waiting
+// list probes its /readyz at growing, jittered intervals, counted here at an
+// API server that answers 503 to everything. At a fixed 250 ms each informer
+// probed 4 times a second for the whole outage (three informers: held only
+// by the client's QPS limit, 5/s, on every node at once).
+func TestPatientListWatchProbesBackOff(t *testing.T) {
+	var readyz atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/readyz" {
+			readyz.Add(1)
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+	client, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner := &cache.ListWatch{ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+		return client.CoreV1().Services(metav1.NamespaceAll).List(ctx, o)
+	}}
+	p := newPatientListWatch(inner, apiServerReady(client), "test")
+	const outage = 4 * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), outage)
+	defer cancel()
+	if _, err := p.ListWithContext(ctx, metav1.ListOptions{}); err == nil {
+		t.Fatal("list succeeded against a server that answers 503")
+	}
+	// 250 ms, 500 ms, 1 s, 2 s, each stretched by up to half: 4 or 5 waits
+	// end within 4 s, each followed by a probe, after the first probe.
+	if n := readyz.Load(); n > 6 {
+		t.Errorf("%d /readyz requests in %v of outage, want at most 6 (backing off from 250 ms to 2 s)", n, outage)
+	}
+}
+
+// TestProbeDelays: the waits between probes start at pollEvery, double to
+// pollCap and are stretched by up to half, so that a long outage is seen to
+// end within 1.5 × pollCap of the server's return.
+func TestProbeDelays(t *testing.T) {
+	p := newPatientListWatch(&cache.ListWatch{}, func(context.Context) bool { return false }, "test")
+	for range 20 { // the jitter is random: its bounds hold for every draw
+		delays := p.probeDelays()
+		for i, base := range []time.Duration{250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second, 2 * time.Second, 2 * time.Second} {
+			if d := delays(); d < base || d > base*3/2 {
+				t.Fatalf("wait %d: %v, want within [%v, %v]", i+1, d, base, base*3/2)
+			}
+		}
 	}
 }

@@ -23,8 +23,9 @@ const (
 	// resyncBudget bounds how soon after kube-apiserver is ready again the proxy serves
 	// what changed. client-go's reflectors alone (v0.37.2, backoff 800 ms doubling to a
 	// 30 s cap, each delay stretched by up to 2x) took 45-56 s here; the proxy's informers
-	// wait for /readyz instead of backing off (proxier/config.patientListWatch), so a
-	// change is served within a second or two. The figure is logged.
+	// wait for /readyz instead (proxier/config.patientListWatch), probed at jittered
+	// waits that double from 250 ms to 2-3 s, so a change is served within about 3 s
+	// after a long outage (0.4 s after a short one). The figure is logged.
 	resyncBudget = 5 * time.Second
 	// healthzEvery spaces the /healthz probes across the outage.
 	healthzEvery = 500 * time.Millisecond
