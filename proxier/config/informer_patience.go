@@ -291,7 +291,9 @@ func patiently[T any](ctx context.Context, p *patientListWatch, call func() (T, 
 }
 
 // raced makes call with a context of its own. A call not answered within
-// hungAfter is watched: readiness is probed every pollEvery, and when a probe
+// hungAfter is watched: readiness is probed from then on, pollEvery apart
+// and backing off as patiently's waits do (a server that is up while its
+// lists hang, etcd away, answers every probe), and when a probe
 // failed and a later one succeeds, the server came back while the call hung
 // (a connection into a path that drops packets, a load balancer without a
 // backend, a firewall's DROP, waits out client-go's 30 s dial timeout), so
@@ -319,8 +321,10 @@ func raced[T any](ctx context.Context, p *patientListWatch, call func(context.Co
 			done <- result{v, err}
 		}()
 		probes := make(chan bool, 1)
+		delays := p.probeDelays()
 		timer := time.NewTimer(hungAfter)
 		down, abandoned := false, false
+		var probed time.Time
 		var r result
 	wait:
 		for {
@@ -328,6 +332,7 @@ func raced[T any](ctx context.Context, p *patientListWatch, call func(context.Co
 			case r = <-done:
 				break wait
 			case <-timer.C: // one probe at a time: the timer restarts with its answer
+				probed = time.Now()
 				go func() { probes <- p.ready(cctx) }()
 			case ready := <-probes:
 				if !ready {
@@ -336,7 +341,9 @@ func raced[T any](ctx context.Context, p *patientListWatch, call func(context.Co
 					abandoned = true
 					break wait
 				}
-				timer.Reset(p.pollEvery)
+				// Counted from the probe's start, as patiently's waits:
+				// a probe that timed out is not followed by a full wait.
+				timer.Reset(delays() - time.Since(probed))
 			}
 		}
 		timer.Stop() // a probe still out writes into its buffered channel and ends

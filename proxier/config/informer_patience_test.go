@@ -407,3 +407,28 @@ func TestProbeDelays(t *testing.T) {
 		}
 	}
 }
+
+// TestRacedProbesBackOff: while a call hangs and /readyz answers "not ready"
+// at once (kube-apiserver up, etcd away: lists hang, every probe is served),
+// the probes back off as patiently's waits do. At a fixed pollEvery each
+// informer probed such a server 4 times a second for as long as it hung.
+func TestRacedProbesBackOff(t *testing.T) {
+	var probes atomic.Int32
+	inner := &cache.ListWatch{ListWithContextFunc: func(ctx context.Context, _ metav1.ListOptions) (runtime.Object, error) {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(2 * time.Second):
+		}
+		return &v1.ServiceList{}, nil
+	}}
+	p := newPatientListWatch(inner, func(context.Context) bool { probes.Add(1); return false }, "test")
+	p.hungAfter, p.pollEvery, p.pollCap = 10*time.Millisecond, 10*time.Millisecond, 80*time.Millisecond
+	if _, err := p.ListWithContext(context.Background(), metav1.ListOptions{}); err != nil {
+		t.Fatalf("list: %v", err)
+	}
+	// 10, 20, 40 ms, then 80-120 ms apart: about 20 probes in 2 s (200 at a fixed 10 ms).
+	if n := probes.Load(); n > 40 {
+		t.Errorf("%d probes while a list hung 2 s, want at most 40 (backing off from 10 ms to 80 ms)", n)
+	}
+}
