@@ -2,13 +2,13 @@ package proxier
 
 import (
 	"errors"
-	"net"
 	"net/netip"
 	"slices"
 	"sync/atomic"
 	"time"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/mono"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/netaddr"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
 )
 
@@ -152,20 +152,9 @@ func (o *ownPortals) isLocal(ip netip.Addr) bool {
 	return slices.Contains(l.addrs, ip)
 }
 
-// interfaceAddrs are the addresses of the node's interfaces, unmapped
-// (none when they cannot be listed).
+// interfaceAddrs are the node's addresses (none when they cannot be
+// listed).
 func interfaceAddrs() []netip.Addr {
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return nil
-	}
-	out := make([]netip.Addr, 0, len(addrs))
-	for _, a := range addrs {
-		if n, ok := a.(*net.IPNet); ok {
-			if ip, ok := netip.AddrFromSlice(n.IP); ok {
-				out = append(out, ip.Unmap())
-			}
-		}
-	}
-	return out
+	addrs, _ := netaddr.LocalAddrs()
+	return addrs
 }

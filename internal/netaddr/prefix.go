@@ -7,6 +7,7 @@ package netaddr
 import (
 	"net"
 	"net/netip"
+	"slices"
 )
 
 // UnmapPrefix returns p with an IPv4-mapped prefix (::ffff:10.0.0.0/104)
@@ -29,17 +30,24 @@ func UnmapPrefix(p netip.Prefix) (netip.Prefix, bool) {
 // IsLocal reports whether ip is an address of one of this host's
 // interfaces; err when they cannot be listed.
 func IsLocal(ip netip.Addr) (bool, error) {
+	addrs, err := LocalAddrs()
+	return slices.Contains(addrs, ip.Unmap()), err
+}
+
+// LocalAddrs are the addresses of this host's interfaces, unmapped; err
+// when they cannot be listed.
+func LocalAddrs() ([]netip.Addr, error) {
 	addrs, err := net.InterfaceAddrs()
 	if err != nil {
-		return false, err
+		return nil, err
 	}
-	ip = ip.Unmap()
+	out := make([]netip.Addr, 0, len(addrs))
 	for _, a := range addrs {
 		if n, ok := a.(*net.IPNet); ok {
-			if local, ok := netip.AddrFromSlice(n.IP); ok && local.Unmap() == ip {
-				return true, nil
+			if ip, ok := netip.AddrFromSlice(n.IP); ok {
+				out = append(out, ip.Unmap())
 			}
 		}
 	}
-	return false, nil
+	return out, nil
 }
