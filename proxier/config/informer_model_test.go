@@ -358,7 +358,7 @@ func modelRun(t *testing.T, mode string, seed int64) {
 	if mode == "list" {
 		lw = unsupportedLW{lw.(*cache.ListWatch)}
 	}
-	p := newPatientListWatch(lw, func(context.Context) bool { return true }, "test")
+	p := newPatientListWatch(lw, newReadiness(func(context.Context) bool { return true }), "test")
 	store, stop := runReflector(p)
 	defer stop()
 	var ops []string
@@ -432,7 +432,7 @@ func TestRelistCutShortThenThrottled(t *testing.T) {
 	f.mutate(0, "a") // 2
 	f.mutate(0, "b") // 3
 	f.mutate(0, "c") // 4
-	p := newPatientListWatch(&cache.ListWatch{ListWithContextFunc: f.list, WatchFuncWithContext: f.watch}, func(context.Context) bool { return true }, "test")
+	p := newPatientListWatch(&cache.ListWatch{ListWithContextFunc: f.list, WatchFuncWithContext: f.watch}, newReadiness(func(context.Context) bool { return true }), "test")
 	store, stop := runReflector(p)
 	defer stop()
 	for !maps.Equal(storeState(store), f.state()) {

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"math"
 	"net/http"
 	"time"
 
@@ -14,7 +13,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -114,37 +112,30 @@ type patientListWatch struct {
 	// unsupported is the inner ListerWatcher's watch-list capability, kept
 	// so that wrapping does not change which list protocol the reflector uses.
 	unsupported bool
-	ready       readyProbe
-	what        string
+	// probes tells whether the API server is ready: the source's one
+	// stream of /readyz probes, shared by its informers.
+	probes *readiness
+	what   string
 	// failed (nil: nothing) is told every failed call.
 	failed func(error)
 	// maxWait is readyMaxWait, refusedEvery refusedRetryEvery, refusedFor
-	// refusedPatience, logEvery stillFailingLogEvery, hungAfter
-	// readyProbeTimeout, pollEvery readyPollEvery and pollCap readyPollCap;
-	// tests shorten them.
-	maxWait, refusedEvery, refusedFor, logEvery, hungAfter, pollEvery, pollCap time.Duration
+	// refusedPatience, logEvery stillFailingLogEvery and hungAfter
+	// readyProbeTimeout; tests shorten them.
+	maxWait, refusedEvery, refusedFor, logEvery, hungAfter time.Duration
 }
 
-func newPatientListWatch(lw cache.ListerWatcher, ready readyProbe, what string) *patientListWatch {
+func newPatientListWatch(lw cache.ListerWatcher, probes *readiness, what string) *patientListWatch {
 	return &patientListWatch{
 		inner:        cache.ToListerWatcherWithContext(lw),
 		unsupported:  watchlist.DoesClientNotSupportWatchListSemantics(lw),
-		ready:        ready,
+		probes:       probes,
 		what:         what,
 		maxWait:      readyMaxWait,
 		refusedEvery: refusedRetryEvery,
 		refusedFor:   refusedPatience,
 		logEvery:     stillFailingLogEvery,
 		hungAfter:    readyProbeTimeout,
-		pollEvery:    readyPollEvery,
-		pollCap:      readyPollCap,
 	}
-}
-
-// probeDelays spaces the /readyz probes of one wait: pollEvery doubling to
-// pollCap, each stretched by up to readyPollJitter.
-func (p *patientListWatch) probeDelays() wait.DelayFunc {
-	return wait.Backoff{Duration: p.pollEvery, Factor: 2, Jitter: readyPollJitter, Steps: math.MaxInt32, Cap: p.pollCap}.DelayFunc()
 }
 
 func (p *patientListWatch) ListWithContext(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
@@ -240,22 +231,28 @@ func patiently[T any](ctx context.Context, p *patientListWatch, call func() (T, 
 	if refused(err) {
 		return untilAllowed(ctx, p, call, err)
 	}
-	if p.ready(ctx) {
+	if p.probes.now(ctx) {
 		return v, err
 	}
-	began, tried, logged := time.Now(), time.Now(), time.Now()
+	began, logged := time.Now(), time.Now()
 	if badCertificate(err) {
 		// Not an outage that passes: the kubeconfig's CA or server name.
 		klog.ErrorS(err, "API server's certificate does not verify: check the certificate authority (the kubeconfig's, or the service account's ca.crt in a pod) and the server name (--master); retrying", "informer", p.what)
 	} else {
 		klog.InfoS("API server not ready; waiting for it before retrying", "informer", p.what, "err", err)
 	}
-	// Until ends with ctx (the last error is returned then) or when the
-	// condition says done, having set v and err. Not sliding: each wait is
-	// counted from the last probe's start, so a probe that hangs (a path
-	// that drops packets) until its timeout is not followed by a full wait.
-	_ = p.probeDelays().Until(ctx, false, false, func(ctx context.Context) (bool, error) {
-		if p.ready(ctx) {
+	answers, done := p.probes.wait()
+	defer done()
+	retry := time.NewTimer(p.maxWait)
+	defer retry.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return v, err
+		case ready := <-answers:
+			if !ready {
+				continue
+			}
 			klog.InfoS("API server ready again; retrying at once", "informer", p.what, "waited", time.Since(began).Round(time.Millisecond))
 			// A server back from a restart is ready before its
 			// authorizer has loaded: refusals then are passing too,
@@ -263,20 +260,17 @@ func patiently[T any](ctx context.Context, p *patientListWatch, call func() (T, 
 			if v, err = call(); err != nil && refused(err) && ctx.Err() == nil {
 				v, err = untilAllowed(ctx, p, call, err)
 			}
-			return true, nil
-		}
-		if time.Since(tried) < p.maxWait {
-			return false, nil
+			return v, err
+		case <-retry.C:
 		}
 		if v, err = call(); err == nil {
 			klog.InfoS("API server answered while its readiness probe did not", "informer", p.what, "waited", time.Since(began).Round(time.Millisecond))
-			return true, nil
+			return v, nil
 		}
 		if refused(err) && ctx.Err() == nil {
-			v, err = untilAllowed(ctx, p, call, err)
-			return true, nil
+			return untilAllowed(ctx, p, call, err)
 		}
-		tried = time.Now()
+		retry.Reset(p.maxWait)
 		if time.Since(logged) >= p.logEvery && ctx.Err() == nil {
 			msg := "API server still unreachable; retrying"
 			if badCertificate(err) { // not an outage: said as the first line said it
@@ -285,15 +279,13 @@ func patiently[T any](ctx context.Context, p *patientListWatch, call func() (T, 
 			klog.ErrorS(err, msg, "informer", p.what, "waited", time.Since(began).Round(time.Second))
 			logged = time.Now()
 		}
-		return false, nil
-	})
-	return v, err
+	}
 }
 
 // raced makes call with a context of its own. A call not answered within
-// hungAfter is watched: readiness is probed from then on, pollEvery apart
-// and backing off as patiently's waits do (a server that is up while its
-// lists hang, etcd away, answers every probe), and when a probe
+// hungAfter is watched: readiness is checked then, and followed from then on
+// through the source's one stream of probes (readiness; a server that is up
+// while its lists hang, etcd away, answers every probe), and when a probe
 // failed and a later one succeeds, the server came back while the call hung
 // (a connection into a path that drops packets, a load balancer without a
 // backend, a firewall's DROP, waits out client-go's 30 s dial timeout), so
@@ -320,33 +312,38 @@ func raced[T any](ctx context.Context, p *patientListWatch, call func(context.Co
 			v, err := call(cctx)
 			done <- result{v, err}
 		}()
-		probes := make(chan bool, 1)
-		delays := p.probeDelays()
+		// Once the call is hung: one probe at once (checked), then the
+		// source's stream (answers); both nil until then.
+		var checked, answers <-chan bool
+		stopWaiting := func() {}
 		timer := time.NewTimer(hungAfter)
 		down, abandoned := false, false
-		var probed time.Time
 		var r result
 	wait:
 		for {
+			var ready bool
 			select {
 			case r = <-done:
 				break wait
-			case <-timer.C: // one probe at a time: the timer restarts with its answer
-				probed = time.Now()
-				go func() { probes <- p.ready(cctx) }()
-			case ready := <-probes:
-				if !ready {
-					down = true
-				} else if down {
-					abandoned = true
-					break wait
-				}
-				// Counted from the probe's start, as patiently's waits:
-				// a probe that timed out is not followed by a full wait.
-				timer.Reset(delays() - time.Since(probed))
+			case <-timer.C:
+				check := make(chan bool, 1)
+				go func() { check <- p.probes.now(cctx) }()
+				checked = check
+				answers, stopWaiting = p.probes.wait()
+				continue
+			case ready = <-checked:
+				checked = nil
+			case ready = <-answers:
+			}
+			if !ready {
+				down = true
+			} else if down {
+				abandoned = true
+				break wait
 			}
 		}
-		timer.Stop() // a probe still out writes into its buffered channel and ends
+		timer.Stop() // a check still out writes into its buffered channel and ends
+		stopWaiting()
 		if !abandoned {
 			if r.err != nil {
 				cancel()
@@ -425,7 +422,7 @@ func badCertificate(err error) bool {
 
 // patientInformer returns the factory's informer for obj built over a
 // patientListWatch of list and watch (options tweaked as the factory's are).
-func patientInformer(factory informers.SharedInformerFactory, client kubernetes.Interface, ready readyProbe, failed func(error),
+func patientInformer(factory informers.SharedInformerFactory, client kubernetes.Interface, probes *readiness, failed func(error),
 	obj runtime.Object, what string, tweak func(*metav1.ListOptions),
 	list func(context.Context, metav1.ListOptions) (runtime.Object, error),
 	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) cache.SharedIndexInformer {
@@ -440,7 +437,7 @@ func patientInformer(factory informers.SharedInformerFactory, client kubernetes.
 				return watchFn(ctx, o)
 			},
 		}, client)
-		plw := newPatientListWatch(lw, ready, what)
+		plw := newPatientListWatch(lw, probes, what)
 		plw.failed = failed
 		return cache.NewSharedIndexInformerWithOptions(plw, obj,
 			cache.SharedIndexInformerOptions{
@@ -450,8 +447,8 @@ func patientInformer(factory informers.SharedInformerFactory, client kubernetes.
 	})
 }
 
-func serviceInformer(f informers.SharedInformerFactory, c kubernetes.Interface, ready readyProbe, failed func(error), tweak func(*metav1.ListOptions)) cache.SharedIndexInformer {
-	return patientInformer(f, c, ready, failed, &v1.Service{}, "services", tweak,
+func serviceInformer(f informers.SharedInformerFactory, c kubernetes.Interface, probes *readiness, failed func(error), tweak func(*metav1.ListOptions)) cache.SharedIndexInformer {
+	return patientInformer(f, c, probes, failed, &v1.Service{}, "services", tweak,
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			return c.CoreV1().Services(metav1.NamespaceAll).List(ctx, o)
 		},
@@ -460,8 +457,8 @@ func serviceInformer(f informers.SharedInformerFactory, c kubernetes.Interface, 
 		})
 }
 
-func sliceInformer(f informers.SharedInformerFactory, c kubernetes.Interface, ready readyProbe, failed func(error), tweak func(*metav1.ListOptions)) cache.SharedIndexInformer {
-	return patientInformer(f, c, ready, failed, &discoveryv1.EndpointSlice{}, "endpointslices", tweak,
+func sliceInformer(f informers.SharedInformerFactory, c kubernetes.Interface, probes *readiness, failed func(error), tweak func(*metav1.ListOptions)) cache.SharedIndexInformer {
+	return patientInformer(f, c, probes, failed, &discoveryv1.EndpointSlice{}, "endpointslices", tweak,
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			return c.DiscoveryV1().EndpointSlices(metav1.NamespaceAll).List(ctx, o)
 		},
@@ -470,8 +467,8 @@ func sliceInformer(f informers.SharedInformerFactory, c kubernetes.Interface, re
 		})
 }
 
-func nodeInformer(f informers.SharedInformerFactory, c kubernetes.Interface, ready readyProbe, failed func(error), tweak func(*metav1.ListOptions)) cache.SharedIndexInformer {
-	return patientInformer(f, c, ready, failed, &v1.Node{}, "node", tweak,
+func nodeInformer(f informers.SharedInformerFactory, c kubernetes.Interface, probes *readiness, failed func(error), tweak func(*metav1.ListOptions)) cache.SharedIndexInformer {
+	return patientInformer(f, c, probes, failed, &v1.Node{}, "node", tweak,
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			return c.CoreV1().Nodes().List(ctx, o)
 		},

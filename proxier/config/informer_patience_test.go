@@ -58,8 +58,8 @@ func TestPatientListWatch(t *testing.T) {
 				},
 			}
 			ready := func(context.Context) bool { return probes.Add(1) > tt.notReady }
-			p := newPatientListWatch(inner, ready, "test")
-			p.pollCap = p.pollEvery // the count of probes is the point, not their spacing
+			p := newPatientListWatch(inner, newReadiness(ready), "test")
+			p.probes.cap = p.probes.every // the count of probes is the point, not their spacing
 			for _, call := range []struct {
 				what string
 				do   func() error
@@ -86,7 +86,7 @@ func TestPatientListWatchStops(t *testing.T) {
 	inner := &cache.ListWatch{ListWithContextFunc: func(context.Context, metav1.ListOptions) (runtime.Object, error) {
 		return nil, errors.New("connection refused")
 	}}
-	p := newPatientListWatch(inner, func(context.Context) bool { return false }, "test")
+	p := newPatientListWatch(inner, newReadiness(func(context.Context) bool { return false }), "test")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*readyPollEvery)
 	defer cancel()
 	done := make(chan error, 1)
@@ -112,7 +112,7 @@ func TestPatientListWatchWaitIsBounded(t *testing.T) {
 		}
 		return &v1.ServiceList{}, nil
 	}}
-	p := newPatientListWatch(inner, func(context.Context) bool { return false }, "test")
+	p := newPatientListWatch(inner, newReadiness(func(context.Context) bool { return false }), "test")
 	p.maxWait = 2 * readyPollEvery
 	done := make(chan error, 1)
 	go func() { _, err := p.ListWithContext(context.Background(), metav1.ListOptions{}); done <- err }()
@@ -167,9 +167,9 @@ func TestPatientListWatchLongOutage(t *testing.T) {
 		}
 		return &v1.ServiceList{}, nil
 	}}
-	p := newPatientListWatch(inner, func(context.Context) bool { return probes.Add(1) > 8 }, "test")
-	p.pollEvery, p.pollCap = 50*time.Millisecond, 100*time.Millisecond
-	p.maxWait = 4 * p.pollEvery
+	p := newPatientListWatch(inner, newReadiness(func(context.Context) bool { return probes.Add(1) > 8 }), "test")
+	p.probes.every, p.probes.cap = 50*time.Millisecond, 100*time.Millisecond
+	p.maxWait = 4 * p.probes.every
 	done := make(chan error, 1)
 	go func() { _, err := p.ListWithContext(context.Background(), metav1.ListOptions{}); done <- err }()
 	select {
@@ -214,7 +214,7 @@ func TestPatientListWatchRetriesRefusals(t *testing.T) {
 			}}
 			// Not ready at the first probe: the connection-refused case
 			// waits for readiness.
-			p := newPatientListWatch(inner, func(context.Context) bool { return probes.Add(1) > 1 }, "test")
+			p := newPatientListWatch(inner, newReadiness(func(context.Context) bool { return probes.Add(1) > 1 }), "test")
 			p.refusedEvery = 5 * time.Millisecond
 			_, err := p.ListWithContext(context.Background(), metav1.ListOptions{})
 			if (err != nil) != tt.wantErr || calls.Load() != tt.wantCalls {
@@ -225,7 +225,7 @@ func TestPatientListWatchRetriesRefusals(t *testing.T) {
 	inner := &cache.ListWatch{ListWithContextFunc: func(context.Context, metav1.ListOptions) (runtime.Object, error) {
 		return nil, forbidden
 	}}
-	p := newPatientListWatch(inner, func(context.Context) bool { return true }, "test")
+	p := newPatientListWatch(inner, newReadiness(func(context.Context) bool { return true }), "test")
 	p.refusedEvery = 5 * time.Millisecond
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
@@ -281,8 +281,8 @@ func TestPatientListWatchHungCall(t *testing.T) {
 				},
 			}
 			// Away for the first two probes, then back.
-			p := newPatientListWatch(inner, func(context.Context) bool { return probes.Add(1) > 2 }, "test")
-			p.hungAfter, p.pollEvery = 20*time.Millisecond, 10*time.Millisecond
+			p := newPatientListWatch(inner, newReadiness(func(context.Context) bool { return probes.Add(1) > 2 }), "test")
+			p.hungAfter, p.probes.every = 20*time.Millisecond, 10*time.Millisecond
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			began := time.Now()
@@ -320,8 +320,8 @@ func TestPatientListWatchHungCall(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 		return &v1.ServiceList{}, nil
 	}}
-	p := newPatientListWatch(slow, func(context.Context) bool { return true }, "test")
-	p.hungAfter, p.pollEvery = 10*time.Millisecond, 5*time.Millisecond
+	p := newPatientListWatch(slow, newReadiness(func(context.Context) bool { return true }), "test")
+	p.hungAfter, p.probes.every = 10*time.Millisecond, 5*time.Millisecond
 	if _, err := p.ListWithContext(context.Background(), metav1.ListOptions{}); err != nil || calls.Load() != 1 {
 		t.Errorf("a slow list to a ready server: err %v after %d calls, want its success after 1", err, calls.Load())
 	}
@@ -346,8 +346,8 @@ func TestPatientListSlowWhileReadinessFlaps(t *testing.T) {
 		},
 		WatchFuncWithContext: func(context.Context, metav1.ListOptions) (watch.Interface, error) { return watch.NewFake(), nil },
 	}
-	p := newPatientListWatch(inner, func(context.Context) bool { return probes.Add(1)%2 == 0 }, "test")
-	p.hungAfter, p.pollEvery = 100*time.Millisecond, 50*time.Millisecond
+	p := newPatientListWatch(inner, newReadiness(func(context.Context) bool { return probes.Add(1)%2 == 0 }), "test")
+	p.hungAfter, p.probes.every = 100*time.Millisecond, 50*time.Millisecond
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := p.ListWithContext(ctx, metav1.ListOptions{}); err != nil {
@@ -379,7 +379,7 @@ func TestPatientListWatchProbesBackOff(t *testing.T) {
 	inner := &cache.ListWatch{ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 		return client.CoreV1().Services(metav1.NamespaceAll).List(ctx, o)
 	}}
-	p := newPatientListWatch(inner, apiServerReady(client), "test")
+	p := newPatientListWatch(inner, newReadiness(apiServerReady(client)), "test")
 	const outage = 4 * time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), outage)
 	defer cancel()
@@ -397,9 +397,9 @@ func TestPatientListWatchProbesBackOff(t *testing.T) {
 // pollCap and are stretched by up to half, so that a long outage is seen to
 // end within 1.5 × pollCap of the server's return.
 func TestProbeDelays(t *testing.T) {
-	p := newPatientListWatch(&cache.ListWatch{}, func(context.Context) bool { return false }, "test")
+	p := newPatientListWatch(&cache.ListWatch{}, newReadiness(func(context.Context) bool { return false }), "test")
 	for range 20 { // the jitter is random: its bounds hold for every draw
-		delays := p.probeDelays()
+		delays := p.probes.delays()
 		for i, base := range []time.Duration{250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second, 2 * time.Second, 2 * time.Second} {
 			if d := delays(); d < base || d > base*3/2 {
 				t.Fatalf("wait %d: %v, want within [%v, %v]", i+1, d, base, base*3/2)
@@ -422,13 +422,46 @@ func TestRacedProbesBackOff(t *testing.T) {
 		}
 		return &v1.ServiceList{}, nil
 	}}
-	p := newPatientListWatch(inner, func(context.Context) bool { probes.Add(1); return false }, "test")
-	p.hungAfter, p.pollEvery, p.pollCap = 10*time.Millisecond, 10*time.Millisecond, 80*time.Millisecond
+	p := newPatientListWatch(inner, newReadiness(func(context.Context) bool { probes.Add(1); return false }), "test")
+	p.hungAfter, p.probes.every, p.probes.cap = 10*time.Millisecond, 10*time.Millisecond, 80*time.Millisecond
 	if _, err := p.ListWithContext(context.Background(), metav1.ListOptions{}); err != nil {
 		t.Fatalf("list: %v", err)
 	}
 	// 10, 20, 40 ms, then 80-120 ms apart: about 20 probes in 2 s (200 at a fixed 10 ms).
 	if n := probes.Load(); n > 40 {
 		t.Errorf("%d probes while a list hung 2 s, want at most 40 (backing off from 10 ms to 80 ms)", n)
+	}
+}
+
+// TestInformerSourceSharesReadinessProbes: while the API server is away, the
+// source's three informers (Services, EndpointSlices, the Node) wait on one
+// stream of /readyz probes, not one each: three streams tripled what each
+// node sent a server that was struggling to come back.
+func TestInformerSourceSharesReadinessProbes(t *testing.T) {
+	var readyz atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/readyz" {
+			readyz.Add(1)
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+	client, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL, QPS: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newInformerRecorder()
+	const outage = 4 * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), outage)
+	defer cancel()
+	if err := NewInformerSource(client, r, InformerOptions{NodeName: "n1", NodeHandler: r}).Run(ctx); err == nil {
+		t.Fatal("Run synced against a server that answers 503")
+	}
+	// One stream: the informers' first probes, made together, and 4 or 5
+	// waits of 250 ms doubling to 2 s (each stretched by up to half), each
+	// followed by a probe. Three streams made 15 or more.
+	n := readyz.Load()
+	if n > 8 {
+		t.Errorf("%d /readyz requests in %v of outage from one source's three informers, want at most 8 (one stream of probes)", n, outage)
 	}
 }

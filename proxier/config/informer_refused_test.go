@@ -35,7 +35,7 @@ func TestPatientListWatchHandsOverLastingRefusal(t *testing.T) {
 	inner := &cache.ListWatch{WatchFuncWithContext: func(context.Context, metav1.ListOptions) (watch.Interface, error) {
 		return nil, watchForbidden
 	}}
-	p := newPatientListWatch(inner, func(context.Context) bool { return true }, "endpointslices")
+	p := newPatientListWatch(inner, newReadiness(func(context.Context) bool { return true }), "endpointslices")
 	p.refusedEvery = 5 * time.Millisecond
 	p.refusedFor = 50 * time.Millisecond
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -88,7 +88,7 @@ func TestRefusalHintByCode(t *testing.T) {
 			inner := &cache.ListWatch{WatchFuncWithContext: func(context.Context, metav1.ListOptions) (watch.Interface, error) {
 				return nil, tc.err
 			}}
-			p := newPatientListWatch(inner, func(context.Context) bool { return true }, "services")
+			p := newPatientListWatch(inner, newReadiness(func(context.Context) bool { return true }), "services")
 			p.refusedEvery = 5 * time.Millisecond
 			p.refusedFor = 30 * time.Millisecond
 			if _, err := p.WatchWithContext(context.Background(), metav1.ListOptions{}); err == nil {
@@ -117,7 +117,7 @@ func TestBadCertificateStaysNamed(t *testing.T) {
 	inner := &cache.ListWatch{WatchFuncWithContext: func(context.Context, metav1.ListOptions) (watch.Interface, error) {
 		return nil, badCert
 	}}
-	p := newPatientListWatch(inner, func(context.Context) bool { return false }, "services")
+	p := newPatientListWatch(inner, newReadiness(func(context.Context) bool { return false }), "services")
 	p.maxWait, p.logEvery = time.Millisecond, time.Millisecond
 	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
 	defer cancel()

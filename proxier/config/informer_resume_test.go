@@ -81,7 +81,7 @@ func TestReflectorDoesNotBackOffAtAStreamEnd(t *testing.T) {
 					return w, nil
 				},
 			}
-			p := newPatientListWatch(inner, func(context.Context) bool { return true }, "test")
+			p := newPatientListWatch(inner, newReadiness(func(context.Context) bool { return true }), "test")
 			store, stop := runReflector(p)
 			defer stop()
 
@@ -288,7 +288,7 @@ func TestReflectorRelistsInTheWatchAfterARestart(t *testing.T) {
 			return w, nil
 		},
 	}
-	p := newPatientListWatch(inner, func(context.Context) bool { return true }, "test")
+	p := newPatientListWatch(inner, newReadiness(func(context.Context) bool { return true }), "test")
 	store, stop := runReflector(p)
 	defer stop()
 

@@ -74,9 +74,10 @@ type InformerOptions struct {
 // ExternalName and headless Services left out, and the synced callbacks delivered only
 // after both caches have synced, so that no rule is written from a partial view.
 // While the API server is away, lists and watches wait for its /readyz, probed 250 ms
-// after a failure and then at jittered waits doubling to 2-3 s, instead of the
-// reflectors' backoff to 30-60 s (patientListWatch), so changes are served within about
-// 0.4 s of a short outage's end and 3 s of a long one's.
+// after a failure and then at jittered waits doubling to 2-3 s (one stream of probes for
+// the informers: readiness), instead of the reflectors' backoff to 30-60 s
+// (patientListWatch), so changes are served within about 0.4 s of a short outage's end
+// and 3 s of a long one's.
 //
 // Objects passed to the handlers belong to the informer caches: handlers must not modify
 // them.
@@ -139,11 +140,13 @@ func (s *InformerSource) Run(ctx context.Context) error {
 	if ready == nil {
 		ready = apiServerReady(s.client)
 	}
+	// One stream of probes for every informer (see readiness).
+	probes := newReadiness(ready)
 	proxyObjects := func(o *metav1.ListOptions) { o.LabelSelector = ProxyLabelSelector }
 	factory := informers.NewSharedInformerFactory(s.client, s.opts.ConfigSyncPeriod)
 	var last lastError
-	services := serviceInformer(factory, s.client, ready, last.note, proxyObjects)
-	slices := sliceInformer(factory, s.client, ready, last.note, proxyObjects)
+	services := serviceInformer(factory, s.client, probes, last.note, proxyObjects)
+	slices := sliceInformer(factory, s.client, probes, last.note, proxyObjects)
 
 	svcReg, err := services.AddEventHandlerWithResyncPeriod(serviceEvents{s}, s.opts.ConfigSyncPeriod)
 	if err != nil {
@@ -166,7 +169,7 @@ func (s *InformerSource) Run(ctx context.Context) error {
 		thisNode := func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.opts.NodeName).String()
 		}
-		reg, err := nodeInformer(nodeFactory, s.client, ready, last.note, thisNode).
+		reg, err := nodeInformer(nodeFactory, s.client, probes, last.note, thisNode).
 			AddEventHandlerWithResyncPeriod(nodeEvents{s}, s.opts.ConfigSyncPeriod)
 		if err != nil {
 			return fmt.Errorf("node informer: %w", err)
