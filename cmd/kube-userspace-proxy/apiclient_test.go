@@ -4,12 +4,15 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 
+	"golang.org/x/sys/unix"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -181,4 +184,70 @@ func TestKubeAPIBurstZero(t *testing.T) {
 			t.Errorf("%q: validation %v, want --kube-api-burst named", tc.args, verr)
 		}
 	}
+}
+
+// The API client's connections carry apiLiveness (keep-alive after 5 s
+// idle, TCP_USER_TIMEOUT 11 s), so that one without an HTTP/2 health check
+// (HTTP/1.1) that goes nowhere is given up within seconds: with client-go's
+// dialer (keep-alive after 30 s, then 15 s × 9) a watch on it hung 165 s.
+func TestAPIClientConnectionsFindADeadPeer(t *testing.T) {
+	var mu sync.Mutex
+	var client string // the client's address, as the server sees it
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		client = r.RemoteAddr
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"kind":"ServiceList","apiVersion":"v1","metadata":{},"items":[]}`))
+	}))
+	defer api.Close()
+	c, err := apiClient(parsedOptions(t, []string{"--master", api.URL}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CoreV1().Services("").List(context.Background(), metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	addr := netip.MustParseAddrPort(client)
+	mu.Unlock()
+	fd := socketBoundTo(t, addr)
+	for _, o := range []struct {
+		name       string
+		level, opt int
+		want       int
+	}{
+		{"SO_KEEPALIVE", unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1},
+		{"TCP_KEEPIDLE", unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, 5},
+		{"TCP_KEEPINTVL", unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, 2},
+		{"TCP_USER_TIMEOUT", unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, 11000},
+	} {
+		if got, err := unix.GetsockoptInt(fd, o.level, o.opt); err != nil || got != o.want {
+			t.Errorf("the API connection's %s: %d (%v), want %d", o.name, got, err, o.want)
+		}
+	}
+}
+
+// socketBoundTo is this process's socket whose local address is addr.
+func socketBoundTo(t *testing.T, addr netip.AddrPort) int {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range fds {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		sa, err := unix.Getsockname(fd)
+		if err != nil {
+			continue
+		}
+		if in4, ok := sa.(*unix.SockaddrInet4); ok && netip.AddrPortFrom(netip.AddrFrom4(in4.Addr), uint16(in4.Port)) == addr {
+			return fd
+		}
+	}
+	t.Fatalf("no socket of this process bound to %v", addr)
+	return -1
 }

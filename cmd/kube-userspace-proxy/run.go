@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"strings"
@@ -23,6 +24,7 @@ import (
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/healthcheck"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
 
 // source is what feeds the proxier: manifests or an API server.
@@ -397,6 +399,7 @@ func apiClient(o *options) (kubernetes.Interface, error) {
 		cfg.ContentType = o.kubeAPIContentType
 	}
 	cfg.AcceptContentTypes = o.acceptContentTypes()
+	cfg.Dial = apiDialer.DialContext
 	shortenAPIHealthCheck()
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
@@ -420,6 +423,24 @@ var apiHealthCheck = [...]struct{ env, seconds string }{
 	{"HTTP2_READ_IDLE_TIMEOUT_SECONDS", "5"},
 	{"HTTP2_PING_TIMEOUT_SECONDS", "5"},
 }
+
+// apiLiveness is how the kernel finds a dead API server connection that
+// carries no HTTP/2 health check (an API server, or a proxy in front of it,
+// that speaks HTTP/1.1; DISABLE_HTTP2): keep-alive probes after 5 s idle,
+// 2 s apart, and the connection ends when probes, or data sent, went
+// unacknowledged for 11 s, about when the HTTP/2 check gives up
+// (apiHealthCheck). client-go's dialer (keep-alive 30 s idle, then Go's
+// 15 s x 9) left a watch whose connection went nowhere (a NAT or load
+// balancer entry lost on the way) hung for 165 s, and every change
+// meanwhile unserved (measured against kube-apiserver, HTTP/1.1). The
+// kernel answers probes for a process that is stopped or starved: a busy
+// API server's connections are not dropped by it.
+var apiLiveness = relay.Liveness{KeepAliveIdle: 5 * time.Second, KeepAliveInterval: 2 * time.Second, KeepAliveCount: 3, UserTimeout: 11 * time.Second}
+
+// apiDialer dials the API server: client-go's 30 s dial timeout, and
+// apiLiveness on the socket (Go's own keep-alive settings, applied after
+// the connect, would override it: off).
+var apiDialer = &net.Dialer{Timeout: 30 * time.Second, KeepAlive: -1, Control: apiLiveness.Control}
 
 // shortenAPIHealthCheck sets apiHealthCheck's variables the environment
 // does not set.

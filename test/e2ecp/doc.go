@@ -12,7 +12,7 @@
 // endpoints fails no connection, that an API-server outage and an etcd outage
 // (TestEtcdOutage) neither interrupt existing Services nor fail /healthz, and that a
 // connection to the API server that died unnoticed is replaced within seconds
-// (TestWatchConnectionLost).
+// (TestWatchConnectionLost; TestWatchConnectionLostHTTP1 without HTTP/2's health check).
 //
 // Backends are in-process servers listening inside the lab's backends namespace, so a
 // test can close one gracefully, as a terminating pod would. The suite needs root and

@@ -102,3 +102,49 @@ func newProxyVia(t *testing.T, e *env, bin, server string) *harness.Proxy {
 	}
 	return harness.NewProxy(e.lab.Node, bin, nodeName, "--kubeconfig", path)
 }
+
+// watchLostHTTP1Budget bounds how soon a change made while an HTTP/1.1 connection of the
+// proxy went nowhere is served: the kernel gives the connection up after 11 s of
+// unanswered keep-alive probes (apiLiveness), then the watch is made anew. With
+// client-go's dialer alone (keep-alive after 30 s idle, then 15 s × 9) it took 166 s.
+const watchLostHTTP1Budget = 25 * time.Second
+
+// TestWatchConnectionLostHTTP1: as TestWatchConnectionLost, for an API client that speaks
+// HTTP/1.1 (an API server, or a proxy in front of it, without h2; here DISABLE_HTTP2), so
+// without client-go's HTTP/2 health check: the packets of the proxy's connections are
+// dropped for good (a NAT or load balancer entry lost on the way) while new connections
+// pass. An endpoint change made then must be served within seconds.
+func TestWatchConnectionLostHTTP1(t *testing.T) {
+	e, bin := setUpWithoutProxy(t)
+	t.Setenv("DISABLE_HTTP2", "1") // the proxy's environment, not the test's clients (made already)
+	node := e.lab.Node
+	port := e.cp.Server[strings.LastIndexByte(e.cp.Server, ':')+1:]
+	node.MustExec("iptables", "-t", "nat", "-A", "OUTPUT", "-d", proxyAPIAddr, "-p", "tcp", "--dport", port,
+		"-j", "DNAT", "--to-destination", "127.0.0.1:"+port)
+	e.proxy = newProxyVia(t, e, bin, "https://"+proxyAPIAddr+":"+port)
+	e.proxy.Start(t, 20*time.Second)
+	if len(e.proxy.LogLines("HTTP2 has been explicitly disabled")) == 0 {
+		t.Fatal("the proxy did not say HTTP/2 was disabled")
+	}
+
+	ns := e.cp.Namespace(t)
+	svc, slice := createService(t, e.admin, newService(ns, "lost1", 80, 53), readyEndpoints(e.backendIPs(0)...))
+	dst := servicePort(t, svc, tcpPortName)
+	pod := e.pod(ipServed)
+	pod.WaitServed(t, "tcp", dst, time.Now(), changePatience)
+
+	// Both directions of the connections the proxy has now; new ones pass.
+	locals := strings.Join(proxyLocalPorts(t, e, port), ",")
+	node.MustExec("iptables", "-I", "OUTPUT", "-p", "tcp", "--dport", port, "-m", "multiport", "--sports", locals, "-j", "DROP")
+	node.MustExec("iptables", "-I", "OUTPUT", "-p", "tcp", "--sport", port, "-m", "multiport", "--dports", locals, "-j", "DROP")
+	cut := time.Now()
+	setEndpoints(slice, readyEndpoints(e.backendIPs(1)...))
+	if _, err := e.admin.DiscoveryV1().EndpointSlices(ns).Update(context.Background(), slice, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("update %s: %v", slice.Name, err)
+	}
+
+	s2 := e.backends[1].Name
+	took := pod.WaitFor(t, "tcp", dst, cut, watchLostHTTP1Budget, "answered by "+s2,
+		func(name string, err error) bool { return err == nil && name == s2 })
+	t.Logf("FIGURE watch lost (HTTP/1.1): the change was served %d ms after the connections were cut", took.Milliseconds())
+}
