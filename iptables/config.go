@@ -95,10 +95,7 @@ func (c Config) familyCIDRs(cidrs []netip.Prefix) []netip.Prefix {
 	var out []netip.Prefix
 	seen := map[netip.Prefix]bool{}
 	for _, p := range cidrs {
-		if !p.IsValid() || !c.Family.owns(p.Addr()) {
-			continue
-		}
-		p, ok := netaddr.UnmapPrefix(p)
+		p, ok := c.familyCIDR(p)
 		if !ok {
 			continue
 		}
@@ -110,6 +107,43 @@ func (c Config) familyCIDRs(cidrs []netip.Prefix) []netip.Prefix {
 	slices.SortFunc(out, comparePrefixes)
 	return out
 }
+
+// familyCIDR is p masked and unmapped, false when it is not of this family.
+func (c Config) familyCIDR(p netip.Prefix) (netip.Prefix, bool) {
+	if !p.IsValid() || !c.Family.owns(p.Addr()) {
+		return p, false
+	}
+	return netaddr.UnmapPrefix(p)
+}
+
+// NodePortCaptures reports whether this family's NodePort rules take a
+// connection to ip, given that ip is one of the node's own addresses (the
+// rules' addrtype LOCAL): as nodePortDestinations renders them, every such
+// address but IPv6's ::1, or with --nodeport-addresses of this family
+// those inside its CIDRs (::1/128 takes none). The proxy's own-portal
+// check asks it for an endpoint on a NodePort's number; it allocates
+// nothing, being on the dial's path.
+func (c Config) NodePortCaptures(ip netip.Addr) bool {
+	if !c.Family.owns(ip) {
+		return false
+	}
+	ip = ip.Unmap()
+	restricted := false
+	for _, p := range c.NodePortAddresses {
+		p, ok := c.familyCIDR(p)
+		if !ok {
+			continue
+		}
+		restricted = true
+		if p != ipv6Loopback && p.Contains(ip) {
+			return true
+		}
+	}
+	return !restricted && !(c.Family == IPv6 && ip.IsLoopback())
+}
+
+// ipv6Loopback is ::1/128, the CIDR of ipv6LoopbackDst.
+var ipv6Loopback = netip.PrefixFrom(netip.IPv6Loopback(), 128)
 
 // validate reports configurations that would render rules of the wrong family.
 func (c Config) validate() error {

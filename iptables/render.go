@@ -441,6 +441,10 @@ func (r *Rules) nodePortDestinations() []string {
 	return out
 }
 
+// NodePortCaptures reports whether the NodePort rules take a connection
+// to ip, one of the node's own addresses (Config.NodePortCaptures).
+func (r *Rules) NodePortCaptures(ip netip.Addr) bool { return r.cfg.NodePortCaptures(ip) }
+
 // notIPv6Loopback is the IPv6 NodePort rules' destination match when every
 // local address takes NodePorts (nodePortDestinations).
 const notIPv6Loopback = "! -d ::1/128 "

@@ -286,3 +286,49 @@ func TestLinkLocalNodeIPRedirectsPrerouting(t *testing.T) {
 		t.Errorf("OUTPUT portal to a global node IP does not DNAT:\n%s", got)
 	}
 }
+
+// TestNodePortCapturesAsRendered: Config.NodePortCaptures, which the
+// proxy's own-portal check asks, says of each local address what the
+// rendered KUBE-NODEPORT-HOST rules (the node's own connections) do with
+// it: IPv6's ::1 left out, --nodeport-addresses CIDRs of the family alone,
+// ::1/128 taking none, the other family's CIDRs ignored.
+func TestNodePortCapturesAsRendered(t *testing.T) {
+	p := netip.MustParsePrefix
+	addrs := []string{"127.0.0.1", "127.0.0.2", "192.168.1.10", "10.0.0.1", "::1", "fd00:1::10", "fd00:2::10", "::ffff:192.168.1.10"}
+	for _, cfg := range []Config{
+		{Family: IPv4},
+		{Family: IPv6},
+		{Family: IPv4, NodePortAddresses: []netip.Prefix{p("192.168.1.0/24"), p("fd00:1::/64")}},
+		{Family: IPv6, NodePortAddresses: []netip.Prefix{p("192.168.1.0/24"), p("fd00:1::/64")}},
+		{Family: IPv4, NodePortAddresses: []netip.Prefix{p("127.0.0.0/8"), p("::1/128")}},
+		{Family: IPv6, NodePortAddresses: []netip.Prefix{p("127.0.0.0/8"), p("::1/128")}},
+		{Family: IPv6, NodePortAddresses: []netip.Prefix{p("::1/128"), p("fd00:1::10/128")}},
+		{Family: IPv6, NodePortAddresses: []netip.Prefix{p("::/1")}},
+		{Family: IPv4, NodePortAddresses: []netip.Prefix{p("fd00:1::/64")}}, // none of IPv4: every address
+	} {
+		var dsts []string
+		for _, line := range strings.Split(string(New(NewFakeRunner(cfg.Family), cfg).Render(dualStackPortals())), "\n") {
+			if rule, ok := strings.CutPrefix(line, "-A KUBE-NODEPORT-HOST "); ok && strings.Contains(rule, "--dport 30081 ") {
+				dst, _, _ := strings.Cut(rule, "-p tcp ")
+				dsts = append(dsts, dst)
+			}
+		}
+		for _, a := range addrs {
+			ip := netip.MustParseAddr(a)
+			rendered := false
+			for _, dst := range dsts {
+				switch {
+				case dst == "":
+					rendered = rendered || cfg.Family.owns(ip)
+				case strings.HasPrefix(dst, "! -d "):
+					rendered = rendered || cfg.Family.owns(ip) && !p(strings.TrimSpace(dst[len("! -d "):])).Contains(ip.Unmap())
+				default:
+					rendered = rendered || p(strings.TrimSpace(dst[len("-d "):])).Contains(ip.Unmap())
+				}
+			}
+			if got := cfg.NodePortCaptures(ip); got != rendered {
+				t.Errorf("%v %v: NodePortCaptures(%s) = %v; the rules %q take it: %v", cfg.Family, cfg.NodePortAddresses, a, got, dsts, rendered)
+			}
+		}
+	}
+}

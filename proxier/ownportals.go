@@ -28,16 +28,39 @@ var errOwnPortal = errors.New("the endpoint is one of this proxy's own portals (
 // the proxy's were spent and every Service refused its clients. The
 // kernel's DNAT, as kube-proxy's iptables mode does it, applies once per
 // flow: such an endpoint is sent on out of the node there, not looped.
-// Read on every dial (one atomic load, one map look-up); replaced at each
-// sync that writes rules.
+// Read on every dial (one atomic load, one map look-up); each family's
+// replaced once the sync wrote its rules.
 type ownPortals struct {
+	// families are the IPv4 and the IPv6 rules' portals: an endpoint is
+	// captured by its own family's rules alone.
+	families [2]familyPortals
+	// local is the node's addresses as last listed, for the NodePorts.
+	local atomic.Pointer[localAddrs]
+}
+
+// familyPortals are the portals one family's rules hold.
+type familyPortals struct {
 	set atomic.Pointer[portalSet]
 	// keys are the portals set was built from, in the sync's order (the
 	// sync's alone).
 	keys []ownPortal
-	// local is the node's addresses as last listed, for the NodePorts.
-	local atomic.Pointer[localAddrs]
+	// nodePorts says which of the node's addresses the family's NodePort
+	// rules take (--nodeport-addresses); nil: the rules' default, every
+	// local address but IPv6's ::1. Set before the first sync.
+	nodePorts NodePortCapturer
 }
+
+// familyIndex is the index in ownPortals.families of ip's family.
+func familyIndex(ip netip.Addr) int {
+	if ip.Unmap().Is4() {
+		return 0
+	}
+	return 1
+}
+
+// defaultNodePorts are the NodePort rules of each family without
+// --nodeport-addresses.
+var defaultNodePorts = [2]NodePortCapturer{iptables.Config{Family: iptables.IPv4}, iptables.Config{Family: iptables.IPv6}}
 
 // localAddrs are the node's addresses as listed at a time (mono.Now). A
 // listing (net.InterfaceAddrs, a netlink dump) cost every dial of an
@@ -55,7 +78,8 @@ const localAddrsFor = time.Second
 
 type portalSet struct {
 	// ips holds the IP portals (proto, address, service port); nodePorts
-	// the NodePorts (proto, port), which capture any local address.
+	// the NodePorts (proto, port), which capture the node's addresses the
+	// family's NodePort rules take.
 	ips       map[ownPortal]struct{}
 	nodePorts map[ownPortal]struct{}
 }
@@ -63,81 +87,137 @@ type portalSet struct {
 type ownPortal struct {
 	proto iptables.Protocol
 	addr  netip.AddrPort
+	// nodePort: a NodePort's key (nodePortKey), its address the
+	// family's unspecified one.
+	nodePort bool
 }
 
-// update takes the portals a sync wrote (both families'). The set is
-// built again only when they changed: built at every sync, 10,000
-// Services' set cost an incremental sync 1 MB more (BenchmarkServiceChange10k).
-// Only the sync calls it.
-func (o *ownPortals) update(families ...[]iptables.Portal) {
+// written takes the portals a sync wrote to one family's rules (f:
+// familyIndex) once the write is done: the set follows the kernel. When
+// the write failed, the kernel holds the last written portals, these, or
+// part of each (the tables are restored one by one, a large nat table in
+// two parts), so the set holds both until a write goes through: a portal
+// the failed write was to remove still loops a dial to it. Before, the
+// set took the sync's portals before the write, so a failed one left
+// removed portals in the kernel unguarded, and refused endpoints at new
+// ones no rule captured yet. While a write runs, a portal it adds is not
+// refused yet: a loop through it lasts until the set takes it, a few
+// milliseconds, as each hop then refuses the next.
+//
+// The set is built again only when the portals changed: built at every
+// sync, 10,000 Services' set cost an incremental sync 1 MB more
+// (BenchmarkServiceChange10k). Only the sync calls it.
+func (o *ownPortals) written(f int, portals []iptables.Portal, failed bool) {
+	fp := &o.families[f]
 	n, same := 0, true
-	for _, portals := range families {
-		for _, p := range portals {
-			if k, ok := ownPortalOf(p); ok {
-				same = same && n < len(o.keys) && o.keys[n] == k
-				n++
-			}
+	for _, p := range portals {
+		if k, ok := ownPortalOf(f, p); ok {
+			same = same && n < len(fp.keys) && fp.keys[n] == k
+			n++
 		}
 	}
-	if same && n == len(o.keys) && o.set.Load() != nil {
+	if same && n == len(fp.keys) && fp.set.Load() != nil {
 		return
 	}
-	keys := make([]ownPortal, 0, n)
-	s := &portalSet{ips: make(map[ownPortal]struct{}, n), nodePorts: map[ownPortal]struct{}{}}
-	for _, portals := range families {
+	var keys []ownPortal
+	if failed {
+		if keys = grownBy(fp.keys, f, portals); keys == nil && fp.set.Load() != nil {
+			return // the set holds them all already
+		}
+	} else {
+		keys = make([]ownPortal, 0, n)
 		for _, p := range portals {
-			k, ok := ownPortalOf(p)
-			if !ok {
-				continue
-			}
-			keys = append(keys, k)
-			if p.NodePort {
-				s.nodePorts[k] = struct{}{}
-			} else {
-				s.ips[k] = struct{}{}
+			if k, ok := ownPortalOf(f, p); ok {
+				keys = append(keys, k)
 			}
 		}
 	}
-	o.keys = keys
-	o.set.Store(s)
+	s := &portalSet{ips: make(map[ownPortal]struct{}, len(keys)), nodePorts: map[ownPortal]struct{}{}}
+	for _, k := range keys {
+		if k.nodePort {
+			s.nodePorts[k] = struct{}{}
+		} else {
+			s.ips[k] = struct{}{}
+		}
+	}
+	fp.keys = keys
+	fp.set.Store(s)
 }
 
-// ownPortalOf is the destination portal p captures (a NodePort's with no
-// address); false for a rule that captures none.
-func ownPortalOf(p iptables.Portal) (ownPortal, bool) {
+// grownBy is have with the portals of portals it lacks appended, nil when
+// it lacks none.
+func grownBy(have []ownPortal, f int, portals []iptables.Portal) []ownPortal {
+	in := make(map[ownPortal]bool, len(have))
+	for _, k := range have {
+		in[k] = true
+	}
+	var grown []ownPortal
+	for _, p := range portals {
+		if k, ok := ownPortalOf(f, p); ok && !in[k] {
+			in[k] = true
+			grown = append(grown, k)
+		}
+	}
+	if grown == nil {
+		return nil
+	}
+	return append(slices.Clone(have), grown...)
+}
+
+// ownPortalOf is the destination portal p of family f captures (a
+// NodePort's with the family's unspecified address); false for a rule
+// that captures none.
+func ownPortalOf(f int, p iptables.Portal) (ownPortal, bool) {
 	switch {
 	case p.GuardOnly || p.HealthCheck || p.Port < 1 || p.Port > 65535:
 		return ownPortal{}, false
 	case p.NodePort:
-		return ownPortal{p.Protocol, netip.AddrPortFrom(netip.Addr{}, uint16(p.Port))}, true
+		return nodePortKey(f, p.Protocol, uint16(p.Port)), true
 	}
-	return ownPortal{p.Protocol, netip.AddrPortFrom(p.IP.Unmap(), uint16(p.Port))}, true
+	return ownPortal{proto: p.Protocol, addr: netip.AddrPortFrom(p.IP.Unmap(), uint16(p.Port))}, true
+}
+
+// nodePortKey is the set's key of family f's NodePort port.
+func nodePortKey(f int, proto iptables.Protocol, port uint16) ownPortal {
+	unspecified := netip.IPv4Unspecified()
+	if f == 1 {
+		unspecified = netip.IPv6Unspecified()
+	}
+	return ownPortal{proto, netip.AddrPortFrom(unspecified, port), true}
 }
 
 // captures reports whether the proxy's rules would send a dial from the
-// node to ep back to a proxy socket. A NodePort's number at an address
-// that is not the node's (a pod listening on that port) is no portal; the
-// node's addresses are looked at only for an endpoint on a NodePort's
-// number.
+// node to ep back to a proxy socket: a portal of ep's family, or one of
+// its NodePorts at one of the node's addresses that the NodePort rules
+// take (a NodePort's number at an address that is not the node's is a pod
+// listening on that port; [::1] and, with --nodeport-addresses, addresses
+// outside them are not NodePorts). The node's addresses are looked at
+// only for an endpoint on a NodePort's number.
 func (o *ownPortals) captures(proto iptables.Protocol, ep netip.AddrPort) bool {
 	if o == nil {
 		return false
 	}
-	s := o.set.Load()
+	ip := ep.Addr().Unmap()
+	f := familyIndex(ip)
+	fp := &o.families[f]
+	s := fp.set.Load()
 	if s == nil {
 		return false
 	}
-	ep = netip.AddrPortFrom(ep.Addr().Unmap(), ep.Port())
-	if _, ok := s.ips[ownPortal{proto, ep}]; ok {
+	if _, ok := s.ips[ownPortal{proto: proto, addr: netip.AddrPortFrom(ip, ep.Port())}]; ok {
 		return true
 	}
 	if len(s.nodePorts) == 0 {
 		return false
 	}
-	if _, ok := s.nodePorts[ownPortal{proto, netip.AddrPortFrom(netip.Addr{}, ep.Port())}]; !ok {
+	if _, ok := s.nodePorts[nodePortKey(f, proto, ep.Port())]; !ok {
 		return false
 	}
-	return ep.Addr().IsLoopback() || o.isLocal(ep.Addr())
+	rules := fp.nodePorts
+	if rules == nil {
+		rules = defaultNodePorts[f]
+	}
+	return rules.NodePortCaptures(ip) && (ip.IsLoopback() || o.isLocal(ip))
 }
 
 // isLocal reports whether ip (unmapped) is one of the node's addresses, as

@@ -32,6 +32,16 @@ type PortalRepairer interface {
 	Repairs() uint64
 }
 
+// NodePortCapturer is a PortalSyncer that says which of the node's
+// addresses its NodePort rules take (iptables.Rules.NodePortCaptures:
+// --nodeport-addresses, and never IPv6's ::1), so that an endpoint on a
+// NodePort's number is refused as one of the proxy's own portals only
+// where the rules would send its dial back to the proxy. A syncer without
+// it is taken to write the default rules (every local address but ::1).
+type NodePortCapturer interface {
+	NodePortCaptures(ip netip.Addr) bool
+}
+
 // PortalStopper is a PortalSyncer that can take back, when the proxy
 // stops, its accepts of portal traffic while leaving the portals in place
 // (iptables.Rules.Stop): traffic they send to a proxy port is then refused
@@ -63,15 +73,14 @@ func (p *Proxier) syncPortals(full bool) (ok, repaired bool, failed []string) {
 		v4, v6 = p.appendGuards(ap, v4, v6, from4, from6)
 		v4, v6 = p.appendHealthCheck(ap, v4, v6)
 	}
-	p.sockCfg.ownPortals.update(v4, v6)
 	ok = true
-	for _, f := range []struct {
+	for i, f := range []struct {
 		s       PortalSyncer
 		portals []iptables.Portal
 		family  string
 	}{{p.opts.IPv4Portals, v4, ipv4Family}, {p.opts.IPv6Portals, v6, ipv6Family}} {
 		if f.s == nil {
-			continue
+			continue // no rules: none of its portals captures
 		}
 		sync := f.s.Sync
 		if u, ok := f.s.(PortalUpdater); ok && !full {
@@ -82,7 +91,9 @@ func (p *Proxier) syncPortals(full bool) (ok, repaired bool, failed []string) {
 		if counts {
 			before = r.Repairs()
 		}
-		if err := sync(f.portals); err != nil {
+		err := sync(f.portals)
+		p.sockCfg.ownPortals.written(i, f.portals, err != nil)
+		if err != nil {
 			ok = false
 			failed = append(failed, f.family)
 			p.metrics.IPTablesRestoreFailures.WithLabelValues(f.family).Inc()

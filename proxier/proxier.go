@@ -324,6 +324,11 @@ func New(opts Options) *Proxier {
 	p.sockCfg.udpMaxSessionsPerPort, p.sockCfg.udpBudget = udpLimits(opts, p.sockCfg.udpPorts.count())
 	p.sockCfg.unreachable = newUnreachableSender()
 	p.sockCfg.ownPortals = &ownPortals{}
+	for i, s := range []PortalSyncer{opts.IPv4Portals, opts.IPv6Portals} {
+		if c, ok := s.(NodePortCapturer); ok {
+			p.sockCfg.ownPortals.families[i].nodePorts = c
+		}
+	}
 	if opts.DataPath == DataPathEventLoop {
 		p.sockCfg.loops = newLoopGroup(opts)
 	}
