@@ -26,9 +26,11 @@ var instanceSocket = "@kube-userspace-proxy.rules"
 // it: a process that found another holding it takes the name once that
 // one is gone, so that a third still finds a proxy (a rolling restart
 // overlaps the old and the new one; the new one stays). Meanwhile it
-// stays connected to the holder and says it is a proxy (instanceHello),
-// so that the holder learns of its exit too: either one repairs the rules
-// at once when the other goes, whichever outlives the other.
+// stays connected to the holder and says it is a proxy that waits
+// (instanceHello, instanceWaiting), so that the holder learns of its exit
+// too. The waiter repairs the rules at once when the holder goes; the
+// holder, when an older proxy that wrote rules beside it goes (one that
+// only waited wrote none).
 type instanceClaim struct {
 	// instanceSocket, instanceRetryEvery and newInstanceLogLimiter as
 	// they were at the claim (its wait runs on).
@@ -70,6 +72,13 @@ type instanceClaim struct {
 // looks or an older proxy writes nothing and is not waited on; --cleanup
 // writes instanceCleanup.
 const instanceHello = "kube-userspace-proxy rules\n"
+
+// instanceWaiting follows instanceHello from a proxy that waits for the
+// holder, writing no rule while its connection lasts: its exit leaves the
+// holder nothing to repair. A proxy that says instanceHello alone (one
+// older than this) may have written rules naming its ports. An older
+// holder reads instanceHello's length and discards what follows.
+const instanceWaiting = "waiting\n"
 
 // instanceCleanup is what --cleanup writes to the holder (as long as
 // instanceHello: the holder reads that many bytes), keeping its connection
@@ -146,7 +155,7 @@ func (c *instanceClaim) connect() (held bool, pid int) {
 		conn.Close()
 		return true, pid
 	}
-	if _, err := conn.Write([]byte(instanceHello)); err != nil {
+	if _, err := conn.Write([]byte(instanceHello + instanceWaiting)); err != nil {
 		conn.Close()
 		return true, pid
 	}
@@ -393,8 +402,10 @@ func (c *instanceClaim) announceOthers(ln *net.UnixListener, limit flowcontrol.R
 
 // watchPeer waits for a process that found this one to say it is a proxy
 // (instanceHello) and then for its exit, which the end of its connection
-// tells: its last sync left the rules naming its ports, so this one
-// repairs them at once. Anything else is closed.
+// tells. One that waited for this one (instanceWaiting) wrote no rule, so
+// its going leaves nothing to repair (the holder ran a full repair sync
+// for each); an older proxy's last sync may have left the rules naming
+// its ports, so this one repairs them at once. Anything else is closed.
 func (c *instanceClaim) watchPeer(conn *net.UnixConn, pid int, limit flowcontrol.RateLimiter) {
 	defer func() {
 		c.mu.Lock()
@@ -428,6 +439,11 @@ func (c *instanceClaim) watchPeer(conn *net.UnixConn, pid int, limit flowcontrol
 	c.mu.Lock()
 	c.proxies++
 	c.mu.Unlock()
+	// Sent with the hello; an older proxy sends nothing more, so the read
+	// ends with its connection.
+	waiting := make([]byte, len(instanceWaiting))
+	_, err := io.ReadFull(conn, waiting)
+	waited := err == nil && string(waiting) == instanceWaiting
 	_, _ = io.Copy(io.Discard, conn)
 	c.mu.Lock()
 	c.proxies--
@@ -435,6 +451,12 @@ func (c *instanceClaim) watchPeer(conn *net.UnixConn, pid int, limit flowcontrol
 	c.mu.Unlock()
 	if released {
 		return // this one is stopping: its own close ended the connection
+	}
+	if waited {
+		if limit.TryAccept() {
+			klog.InfoS("The other kube-userspace-proxy in this network namespace, which waited for this one, exited; it wrote no rule", "pid", pidValue(pid))
+		}
+		return
 	}
 	if limit.TryAccept() {
 		klog.InfoS("The other kube-userspace-proxy in this network namespace exited; repairing the portal rules it left naming its ports", "pid", pidValue(pid))

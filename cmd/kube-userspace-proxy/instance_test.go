@@ -130,13 +130,14 @@ func TestSecondInstanceTakesOverTheName(t *testing.T) {
 	}
 }
 
-// The proxy that held the name repairs the rules at once when the one
-// that found it exits (a rolled-back surge pod, or "stop one"): that one's
-// last sync left them naming its ports, and every Service was refused
-// until this one's next full sync (23 s in the upgrade sweep). A process
-// that only looks (--cleanup) and goes asks for no repair. Before, the
-// holder closed the other's connection at once and never learned of its
-// exit (the test failed at "did not repair").
+// The proxy that held the name repairs the rules at once when an older
+// proxy that found it exits (a rolled-back surge pod, or "stop one"; one
+// that says instanceHello alone, and did not wait): that one's last sync
+// left them naming its ports, and every Service was refused until this
+// one's next full sync (23 s in the upgrade sweep). A process that only
+// looks (--cleanup) and goes asks for no repair. Before, the holder closed
+// the other's connection at once and never learned of its exit (the test
+// failed at "did not repair").
 func TestFirstInstanceRepairsWhenTheSecondExits(t *testing.T) {
 	useOwnInstanceName(t)
 	logs := captureKlog(t)
@@ -148,17 +149,14 @@ func TestFirstInstanceRepairsWhenTheSecondExits(t *testing.T) {
 	if held, _ := holder(); !held { // --cleanup's look
 		t.Fatal("holder() found no holder")
 	}
-	second, held, _ := claimInstance()
-	if !held || second.holding() {
-		t.Fatalf("second claim: held %v, holding %v; want true, false", held, second.holding())
-	}
+	second := dialOlderProxy(t)
 	time.Sleep(200 * time.Millisecond)
 	select {
 	case <-repaired:
 		t.Fatal("the holder repaired while the other still runs, or after a process that only looked")
 	default:
 	}
-	second.release() // the second process exits
+	second.Close() // the second process exits
 	select {
 	case <-repaired:
 	case <-time.After(5 * time.Second):
@@ -169,8 +167,61 @@ func TestFirstInstanceRepairsWhenTheSecondExits(t *testing.T) {
 	}
 }
 
+// A proxy that only waited for the holder (it wrote no rule and opened no
+// proxy socket) and exits leaves nothing to repair: the holder runs no
+// repair sync. It logged "The other kube-userspace-proxy in this network
+// namespace exited; repairing the portal rules it left naming its ports"
+// and ran a full sync for nothing (the test failed at "repaired"). An
+// older proxy, which says instanceHello alone and may have written rules
+// beside the holder's, is still repaired after
+// (TestFirstInstanceRepairsWhenTheSecondExits).
+func TestHolderRepairsNothingWhenAWaiterExits(t *testing.T) {
+	useOwnInstanceName(t)
+	logs := captureKlog(t)
+
+	first, _, _ := claimInstance()
+	defer first.release()
+	repaired := make(chan struct{}, 4)
+	first.OnOtherGone(func() { repaired <- struct{}{} })
+	waiter, held, _ := claimInstance()
+	if !held || waiter.holding() {
+		t.Fatalf("second claim: held %v, holding %v; want a waiter", held, waiter.holding())
+	}
+	waitFor(t, "the holder to know the waiter runs", first.othersRunning)
+	waiter.release()
+	waitFor(t, "the holder to be done with the waiter", func() bool {
+		first.mu.Lock()
+		defer first.mu.Unlock()
+		return len(first.peers) == 0
+	})
+	select {
+	case <-repaired:
+		t.Fatalf("the holder repaired the rules when a proxy that only waited exited:\n%s", logs.String())
+	default:
+	}
+	if strings.Contains(logs.String(), "repairing") {
+		t.Errorf("the holder says it repairs after a waiter:\n%s", logs.String())
+	}
+}
+
+// dialOlderProxy is a proxy older than instanceWaiting finding the holder:
+// it says instanceHello alone (and wrote rules beside the holder's).
+func dialOlderProxy(t *testing.T) *net.UnixConn {
+	t.Helper()
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: instanceSocket, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write([]byte(instanceHello)); err != nil {
+		c.Close()
+		t.Fatal(err)
+	}
+	return c
+}
+
 // With three proxies, the one still waiting when another took the name
-// over connects to the new holder, which then learns of its exit too.
+// over connects to the new holder, which then learns of its exit too (and
+// repairs nothing: it only waited).
 func TestWaitingInstanceFollowsTheNewHolder(t *testing.T) {
 	saved, savedEvery := instanceSocket, instanceRetryEvery
 	instanceSocket = fmt.Sprintf("@kube-userspace-proxy.test.%d.%d", os.Getpid(), time.Now().UnixNano())
@@ -199,13 +250,14 @@ func TestWaitingInstanceFollowsTheNewHolder(t *testing.T) {
 			t.Fatal("neither waiting claim took the name over")
 		}
 	}
-	<-repaired[holder]                 // its takeover's repair
-	time.Sleep(100 * time.Millisecond) // the waiter's ticks: it connects to the new holder
+	<-repaired[holder] // its takeover's repair
+	waitFor(t, "the waiter to connect to the new holder", holder.othersRunning)
 	waiter.release()
+	waitFor(t, "the new holder to learn the waiter exited", func() bool { return !holder.othersRunning() })
 	select {
 	case <-repaired[holder]:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the new holder did not repair when the proxy still waiting exited")
+		t.Fatal("the new holder repaired when the proxy still waiting exited, which wrote no rule")
+	default:
 	}
 }
 
@@ -438,12 +490,9 @@ func TestInstanceIgnoresOtherUsers(t *testing.T) {
 	first.OnOtherGone(func() { repaired <- struct{}{} })
 	stop := startOtherUser(t, "hello")
 	time.Sleep(100 * time.Millisecond)
-	second, held, _ := claimInstance()
-	if !held {
-		t.Fatal("the second claim did not find the first")
-	}
+	second := dialOlderProxy(t) // one that may have written rules: repaired at its exit
 	time.Sleep(100 * time.Millisecond)
-	second.release()
+	second.Close()
 	select {
 	case <-repaired:
 	case <-time.After(5 * time.Second):
