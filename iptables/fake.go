@@ -39,6 +39,10 @@ type FakeRunner struct {
 	// `POSTROUTING' in table `nat' is incompatible, use 'nft' tool."),
 	// which ChainExists reads as no such chain.
 	Incompatible map[string]bool
+	// NftTables are the names of the nftables tables of the runner's
+	// family (ip, ip6) that ListNftTables lists: kube-proxy's nftables
+	// mode leaves "kube-proxy".
+	NftTables []string
 }
 
 type fakeTable struct {
@@ -313,4 +317,15 @@ func (f *FakeRunner) DeleteRule(table Table, chain string, args ...string) error
 	}
 	t.rules[chain] = slices.Delete(t.rules[chain], i, i+1)
 	return nil
+}
+
+// ListNftTables returns NftTables, or Errors["ListNftTables"]. It is not
+// recorded as a call: it reads no iptables table.
+func (f *FakeRunner) ListNftTables() ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.Errors["ListNftTables"]; err != nil {
+		return nil, err
+	}
+	return slices.Clone(f.NftTables), nil
 }

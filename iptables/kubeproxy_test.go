@@ -74,3 +74,47 @@ func TestOtherBackendKubeProxyJumps(t *testing.T) {
 		t.Errorf("other backend %s: ours %v, kube-proxy's jumps %q; want legacy, none, %q", backend, chains, kubeProxy, want)
 	}
 }
+
+// kube-proxy's nftables mode keeps its rules in its own table, `table ip
+// kube-proxy` (ip6 for IPv6), which a node migrated without `kube-proxy
+// --cleanup` keeps: its pre-DNAT filter chains reject the Services that
+// had no endpoints at its last sync, and its nat chains, when registered
+// after ours, DNAT Service traffic to the pod IPs it last knew (a node by
+// hand: 10 of 10 connections refused, or timed out), and the proxy said
+// nothing. A read-back now says so, with the command that removes the
+// table, once per change, and says when it is gone.
+func TestKubeProxyNftTableIsSaid(t *testing.T) {
+	for _, cfg := range []Config{testConfig, {Family: IPv6}} {
+		f := cfg.Family
+		t.Run(f.String(), func(t *testing.T) {
+			logs := captureKlog(t)
+			fake := NewFakeRunner(f)
+			fake.NftTables = []string{"filter", "kube-proxy"}
+			rules := New(fake, cfg)
+			if err := rules.Sync(nil); err != nil {
+				t.Fatal(err)
+			}
+			want := "nft delete table ip kube-proxy"
+			if f == IPv6 {
+				want = "nft delete table ip6 kube-proxy"
+			}
+			if !strings.Contains(logs.String(), "kube-proxy's nftables table is in place") || !strings.Contains(logs.String(), want) {
+				t.Fatalf("kube-proxy's nftables table was not said, with %s:\n%s", want, logs)
+			}
+			said := logs.Len()
+			if err := rules.Sync(nil); err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(logs.String()[said:], "kube-proxy's nftables table") {
+				t.Errorf("the same table was said again:\n%s", logs.String()[said:])
+			}
+			fake.NftTables = []string{"filter"}
+			if err := rules.Sync(nil); err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(logs.String()[said:], "kube-proxy's nftables table is gone") {
+				t.Errorf("the table's removal was not said:\n%s", logs.String()[said:])
+			}
+		})
+	}
+}

@@ -164,3 +164,8 @@ func (r *nsRunner) Restore(data []byte) (err error) {
 	r.th.do(func() { err = r.real.Restore(data) })
 	return
 }
+
+func (r *nsRunner) ListNftTables() (names []string, err error) {
+	r.th.do(func() { names, err = r.real.(nftTableLister).ListNftTables() })
+	return
+}

@@ -53,6 +53,9 @@ type Rules struct {
 	// kubeProxyJumps are kube-proxy's jumps the last read-back found
 	// (noteKubeProxy), said once per change.
 	kubeProxyJumps []string
+	// kubeProxyNftTable: the last read-back found kube-proxy's nftables
+	// table of this family (noteKubeProxyNft), said once per change.
+	kubeProxyNftTable bool
 	// drifted: a Sync found our chains changed by someone else and has
 	// not rewritten them yet (its write failed): the next one that does
 	// counts the repair, though its own read-back no longer shows it.
@@ -270,6 +273,7 @@ func (r *Rules) readBack() (map[Table]savedTable, error) {
 		}
 	}
 	r.noteKubeProxy(out[TableNAT])
+	r.noteKubeProxyNft()
 	return out, nil
 }
 
