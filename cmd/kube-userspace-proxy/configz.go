@@ -15,6 +15,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	logsapi "k8s.io/component-base/logs/api/v1"
+	"k8s.io/component-base/metrics/prometheus/slis"
 	kubeproxyconfig "k8s.io/kube-proxy/config/v1alpha1"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
@@ -103,23 +104,26 @@ func configzHandler(cfg configFile) http.Handler {
 // generic apiserver health handler there (healthz.InstallHandler, its one
 // check "ping"), which answers "ok" while the process serves HTTP, with
 // ?verbose the checks ("[+]ping ok", "healthz check passed"), and honours
-// ?exclude=. (Whether rules are in sync is the health server's /healthz.)
+// ?exclude=; each ping it runs (not excluded) is counted in the SLI
+// metrics (/metrics/slis), as there. (Whether rules are in sync is the
+// health server's /healthz.)
 func pingHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		q := r.URL.Query()
+		pingExcluded := slices.Contains(q["exclude"], "ping")
+		if !pingExcluded {
+			_ = slis.ObserveHealthcheck(r.Context(), "ping", "healthz", slis.Success)
+		}
 		if _, verbose := q["verbose"]; !verbose {
 			_, _ = w.Write([]byte("ok"))
 			return
 		}
 		var out strings.Builder
 		var unknown []string
-		pingExcluded := false
 		for _, name := range q["exclude"] {
-			if name == "ping" {
-				pingExcluded = true
-			} else if !slices.Contains(unknown, name) {
+			if name != "ping" && !slices.Contains(unknown, name) {
 				unknown = append(unknown, name)
 			}
 		}

@@ -94,6 +94,34 @@ func TestMetricsAddressConventionsAndStopMessage(t *testing.T) {
 			t.Errorf("%s: %d %q, want 200 %q as kube-proxy's", path, code, body, want)
 		}
 	}
+	// kube-proxy's SLI metrics (slis.SLIMetricsWithReset): the ping
+	// check's results of the /healthz requests above, and the start time;
+	// DELETE resets them.
+	code, _, body := get(t, base+"/metrics/slis")
+	for _, want := range []string{
+		`kubernetes_healthcheck{name="ping",type="healthz"} 1`,
+		`kubernetes_healthchecks_total{name="ping",status="success",type="healthz"}`,
+		"process_start_time_seconds",
+	} {
+		if code != 200 || !strings.Contains(body, want) {
+			t.Errorf("/metrics/slis: %d, no %s in:\n%s", code, want, body)
+		}
+	}
+	reset, err := http.NewRequest(http.MethodDelete, base+"/metrics/slis", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(reset)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("DELETE /metrics/slis: %s, want 200 (kube-proxy's reset)", resp.Status)
+	}
+	if _, _, body := get(t, base+"/metrics/slis"); strings.Contains(body, "kubernetes_healthcheck{") {
+		t.Errorf("/metrics/slis after DELETE still holds the checks:\n%s", body)
+	}
 	if code, _, body := get(t, base+"/proxyMode"); code != 200 || body != "userspace" {
 		t.Errorf("/proxyMode: %d %q", code, body)
 	}

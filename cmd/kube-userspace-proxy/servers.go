@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/component-base/metrics/prometheus/slis"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
@@ -73,6 +74,9 @@ func startServers(ctx context.Context, o *options, p *proxier.Proxier, health *h
 		mux.Handle("/configz", configzHandler(o.effectiveConfig()))
 		mux.Handle("/healthz", pingHandler())
 		mux.Handle("/healthz/ping", pingCheckHandler())
+		// kube-proxy's SLI metrics: the results of /healthz's ping check
+		// (pingHandler) and the start time; DELETE resets them.
+		slis.SLIMetricsWithReset{}.Install(mux)
 		addr, err := serve("--metrics-bind-address", o.metricsBindAddress, mux)
 		if err != nil {
 			return nil, "", err
