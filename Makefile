@@ -49,7 +49,7 @@ unit: lint
 	$(GO) test -race -count=1 -short ./...
 
 deps:
-	@hack/test-deps.sh
+	@GO=$(GO) hack/test-deps.sh
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -57,9 +57,10 @@ lint:
 	$(GO) vet ./...
 	@GO=$(GO) hack/staticcheck.sh
 	@hack/fuzz_test.sh
+	@hack/gocmd_test.sh
 
 bench:
-	test/bench/run.sh
+	GO=$(GO) test/bench/run.sh
 
 # 30 minutes of mixed traffic, endpoint churn and vanishing clients through
 # the real binary (root); results in test/soak/results. `make test` runs its

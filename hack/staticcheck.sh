@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 version=v0.8.2 # honnef.co/go/tools; 0.8 builds with Go 1.26
 go=${GO:-go}
-bin="$($go env GOPATH)/bin/staticcheck"
+bin="$("$go" env GOPATH)/bin/staticcheck"
 if ! "$bin" -version 2>/dev/null | grep -q "(${version#v})"; then
 	"$go" install "honnef.co/go/tools/cmd/staticcheck@${version}"
 fi

@@ -9,14 +9,16 @@
 # Usage: build.sh            build when missing, print the binary directory on the last line
 #        build.sh --print-dir print the directory the binaries belong in, build nothing
 #        build.sh --check     exit 0 when both binaries are present, 1 otherwise
+# GO names the go command (the Makefile's $(GO)); default: go on PATH.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 export GOWORK=off GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false"
 cache_root="${KUP_CACHE:-/var/cache/kube-userspace-proxy}/controlplane"
+go=${GO:-go}
 
 key="$( {
-	go version
+	"$go" version
 	for f in apiserver/go.mod apiserver/go.sum apiserver/tools.go etcd/go.mod etcd/go.sum etcd/main.go; do
 		echo "== $f"
 		cat "$here/$f"
@@ -50,7 +52,7 @@ trap 'rm -rf "$tmp"' EXIT
 build() { # build <wrapper dir> <package> <output name>
 	local start=$SECONDS
 	echo "control plane: building $3 ..." >&2
-	(cd "$here/$1" && nice -n 19 go build -trimpath -ldflags='-s -w' -o "$tmp/$3" "$2")
+	(cd "$here/$1" && nice -n 19 "$go" build -trimpath -ldflags='-s -w' -o "$tmp/$3" "$2")
 	echo "control plane: built $3 in $((SECONDS - start))s" >&2
 }
 
