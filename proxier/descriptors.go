@@ -65,9 +65,11 @@ func listenerRoom(limit int) int { return limit - 2*descriptorReserve(limit) }
 func setDescriptorCeiling() {
 	nofile := nofileLimit()
 	ceilingLimit.Store(nofile)
-	limit := int(min(nofile, 1<<30))
-	relay.SetDescriptorCeiling(limit - descriptorReserve(limit))
+	relay.SetDescriptorCeiling(connectionCeiling(int(min(nofile, 1<<30))))
 }
+
+// connectionCeiling is how many of limit the connections may number up to.
+func connectionCeiling(limit int) int { return limit - descriptorReserve(limit) }
 
 // ceilingLimit is the RLIMIT_NOFILE the ceiling was last set from.
 var ceilingLimit atomic.Uint64

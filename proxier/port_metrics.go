@@ -31,6 +31,10 @@ type portMetrics struct {
 	udpSessions      gauge
 	udpEvicted       counter
 	udpDropped       counter
+	// TCP clients refused at the socket's share and at the descriptor
+	// ceiling (tcp_share.go).
+	tcpAtShare   counter
+	tcpAtCeiling counter
 }
 
 type counter struct{ n atomic.Uint64 }
@@ -61,7 +65,7 @@ type portSeries struct {
 	// far (byteCount); the latest proxier built on these Metrics wins.
 	conns atomic.Pointer[connRegistry]
 
-	active, failed, dialFailures, dialRetries, acceptErrors, lifetimeCloses, bytes, udpSessions, udpLimit *prometheus.Desc
+	active, failed, dialFailures, dialRetries, acceptErrors, lifetimeCloses, bytes, udpSessions, udpLimit, tcpLimit *prometheus.Desc
 }
 
 func newPortSeries() *portSeries {
@@ -82,6 +86,8 @@ func newPortSeries() *portSeries {
 		udpSessions: desc("udp_sessions", "UDP client sessions with a backend socket"),
 		udpLimit: desc("udp_session_limit_total", "UDP sessions at a session cap: action evicted = the port's oldest idle session closed to make room, dropped = a new client's datagram dropped (total cap reached, the port had no session to give up)",
 			"action"),
+		tcpLimit: desc("tcp_connection_limit_total", "TCP clients refused at a limit (reset before anything is relayed; also counted in connections_failed_total): per_port = the proxy socket held --tcp-max-connections-per-port connections, descriptors = the connections of all ports held every descriptor below the open-file limit's reserve",
+			"limit"),
 	}
 }
 
@@ -117,7 +123,7 @@ func (s *portSeries) forget(label string) {
 func (s *portSeries) observe(r *connRegistry) { s.conns.Store(r) }
 
 func (s *portSeries) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{s.active, s.failed, s.dialFailures, s.dialRetries, s.acceptErrors, s.lifetimeCloses, s.bytes, s.udpSessions, s.udpLimit} {
+	for _, d := range []*prometheus.Desc{s.active, s.failed, s.dialFailures, s.dialRetries, s.acceptErrors, s.lifetimeCloses, s.bytes, s.udpSessions, s.udpLimit, s.tcpLimit} {
 		ch <- d
 	}
 }
@@ -151,6 +157,8 @@ func (s *portSeries) Collect(ch chan<- prometheus.Metric) {
 			emit(s.acceptErrors, prometheus.CounterValue, m.acceptErrors.value(), l)
 			emit(s.lifetimeCloses, prometheus.CounterValue, m.closedQuiet.value(), l, "quiet")
 			emit(s.lifetimeCloses, prometheus.CounterValue, m.closedAtDeadline.value(), l, "deadline")
+			emit(s.tcpLimit, prometheus.CounterValue, m.tcpAtShare.value(), l, "per_port")
+			emit(s.tcpLimit, prometheus.CounterValue, m.tcpAtCeiling.value(), l, "descriptors")
 		}
 		if p.udp {
 			emit(s.udpSessions, prometheus.GaugeValue, m.udpSessions.value(), l)

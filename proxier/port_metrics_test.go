@@ -22,6 +22,7 @@ var portSeriesNames = []string{
 	"kubeproxy_userspace_bytes_total",
 	"kubeproxy_userspace_udp_sessions",
 	"kubeproxy_userspace_udp_session_limit_total",
+	"kubeproxy_userspace_tcp_connection_limit_total",
 }
 
 // A service port's series exist, at zero, from the moment its socket
@@ -86,6 +87,10 @@ kubeproxy_userspace_dial_retries_total{service_port="default/web:p"} 0
 # TYPE kubeproxy_userspace_lifetime_closes_total counter
 kubeproxy_userspace_lifetime_closes_total{service_port="default/web:p",when="deadline"} 0
 kubeproxy_userspace_lifetime_closes_total{service_port="default/web:p",when="quiet"} 0
+# HELP kubeproxy_userspace_tcp_connection_limit_total TCP clients refused at a limit (reset before anything is relayed; also counted in connections_failed_total): per_port = the proxy socket held --tcp-max-connections-per-port connections, descriptors = the connections of all ports held every descriptor below the open-file limit's reserve
+# TYPE kubeproxy_userspace_tcp_connection_limit_total counter
+kubeproxy_userspace_tcp_connection_limit_total{limit="descriptors",service_port="default/web:p"} 0
+kubeproxy_userspace_tcp_connection_limit_total{limit="per_port",service_port="default/web:p"} 0
 # HELP kubeproxy_userspace_udp_session_limit_total UDP sessions at a session cap: action evicted = the port's oldest idle session closed to make room, dropped = a new client's datagram dropped (total cap reached, the port had no session to give up)
 # TYPE kubeproxy_userspace_udp_session_limit_total counter
 kubeproxy_userspace_udp_session_limit_total{action="dropped",service_port="default/dns:p"} 0

@@ -124,6 +124,10 @@ type Options struct {
 	// per-port cap to the total; the default per-port cap is lowered with
 	// the total by the same factor (udpCaps).
 	UDPMaxSessionsPerPort, UDPMaxSessions int
+	// TCPMaxConnectionsPerPort caps each TCP proxy socket's connections
+	// (tcp_share.go); 0: a quarter of the connections' descriptor ceiling,
+	// following the open-file limit; negative: no cap.
+	TCPMaxConnectionsPerPort int
 
 	// DataPath is how TCP connections are relayed: DataPathGoroutines
 	// (also ""), or DataPathEventLoop.
@@ -320,6 +324,7 @@ func New(opts Options) *Proxier {
 		},
 	}
 	setDescriptorCeiling()
+	p.sockCfg.tcpShares = newTCPShares(opts.TCPMaxConnectionsPerPort)
 	p.sockCfg.udpPorts = newSessionPorts(readKernelPortsFromProc, mono.Now())
 	p.sockCfg.udpMaxSessionsPerPort, p.sockCfg.udpBudget = udpLimits(opts, p.sockCfg.udpPorts.count())
 	p.sockCfg.unreachable = newUnreachableSender()
@@ -602,6 +607,7 @@ func (p *Proxier) syncProxyRules(periodic bool) {
 	nodePortsChanged := len(changedServices) > 0 && p.ports.setNodePorts(nodePortsOf(want))
 	p.fds.begin()
 	followDescriptorLimit()
+	p.sockCfg.tcpShares.follow(ceilingLimit.Load())
 	r := &syncRound{nodePortsChanged: nodePortsChanged}
 	if !p.keptPortsRead {
 		p.keptPortsRead = true

@@ -258,7 +258,8 @@ func TestReserveChild(t *testing.T) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
 	go func() { _ = http.Serve(hl, mux) }()
-	p := newTestProxier(t, Options{DataPath: path})
+	// No per-port share (tcp_share.go): the ceiling is what refuses.
+	p := newTestProxier(t, Options{DataPath: path, TCPMaxConnectionsPerPort: -1})
 	p.OnServiceAdd(makeService("web"))
 	p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, backend))
 	p.Sync()

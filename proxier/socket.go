@@ -52,6 +52,8 @@ type socketConfig struct {
 	// UDP session caps: per service port, and in total (shared budget).
 	udpMaxSessionsPerPort int
 	udpBudget             *udpBudget
+	// tcpShares caps each TCP proxy socket's connections (tcp_share.go).
+	tcpShares *tcpShares
 	// udpPorts hands out sessions' local ports, passing over those
 	// freed last (udp_ports.go); nil: the kernel picks, nothing
 	// remembered.

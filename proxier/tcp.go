@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -49,10 +50,17 @@ type tcpProxySocket struct {
 	retrying  bool // a retryListening is scheduled
 	refusing  bool // the port went down and the socket has not listened since
 
+	// held counts the socket's connections, from accept to end, against
+	// its share (cfg.tcpShares; tcp_share.go).
+	held atomic.Int64
+
 	// The port's series (port_metrics.go), resolved once, not per connection.
 	active                                                         *gauge
 	failed, retries, dialFailures, acceptErrors, bytesIn, bytesOut *counter
 	closedQuiet, closedAtDeadline                                  *counter
+	// atShare and atCeiling count clients refused at the socket's share
+	// and at the descriptor ceiling.
+	atShare, atCeiling *counter
 
 	closer
 }
@@ -88,6 +96,7 @@ func newTCPSocketState(name loadbalancer.ServicePortName, addr *net.TCPAddr, sp 
 		active:   &m.active, failed: &m.failed, retries: &m.dialRetries, dialFailures: &m.dialFailures,
 		acceptErrors: &m.acceptErrors, bytesIn: &m.bytesIn, bytesOut: &m.bytesOut,
 		closedQuiet: &m.closedQuiet, closedAtDeadline: &m.closedAtDeadline,
+		atShare: &m.tcpAtShare, atCeiling: &m.tcpAtCeiling,
 	}
 }
 
@@ -154,13 +163,18 @@ func (s *tcpProxySocket) acceptLoop() {
 			continue
 		}
 		backoff = 0
+		from := clientAddr(conn.RemoteAddr())
+		if !s.cfg.tcpShares.admit(&s.held) {
+			s.clientFailed(from, errPortConnectionLimit) // before the client can see it
+			resetTCP(conn)
+			continue
+		}
 		// Decided here, in the kernel's accept order: the goroutines
 		// start in the scheduler's. Numbered here but decided there, the
 		// numbers were right, but --fault-max-active's slots went to the
 		// connections whose goroutines ran first (6 connections under a
 		// cap of 2 faulted the 1st and the 6th), where the event loops,
 		// which decide as they accept, faulted the first ones.
-		from := clientAddr(conn.RemoteAddr())
 		var fc *faults.Conn
 		if s.faults != nil {
 			fc = s.faults.Accept(from.Addr())
@@ -183,8 +197,15 @@ func nextBackoff(cur, base time.Duration) time.Duration {
 }
 
 // serve relays one accepted client with the goroutine relay; fc are its
-// faults (nil: none).
+// faults (nil: none). The client was admitted to the socket's share: a
+// client that is not relayed leaves it here, a relayed one when relay ends.
 func (s *tcpProxySocket) serve(client *net.TCPConn, from netip.AddrPort, fc *faults.Conn) {
+	relaying := false
+	defer func() {
+		if !relaying {
+			s.held.Add(-1)
+		}
+	}()
 	conns := s.cfg.conns
 	// Registered before the connect_delay and the dial: the stop resets
 	// the client then too, which the process's exit ended with a FIN.
@@ -233,8 +254,7 @@ func (s *tcpProxySocket) serve(client *net.TCPConn, from netip.AddrPort, fc *fau
 		conns.removePending(client, from)
 		// Counted before the reset, so that a client (or a test) that
 		// saw it finds it counted.
-		s.failed.Inc()
-		s.noBackend.report(s.label, from, err)
+		s.clientFailed(from, err)
 		// A reset, not a FIN: the client must not mistake "no backend" for an
 		// empty answer.
 		_ = client.SetLinger(0)
@@ -250,6 +270,7 @@ func (s *tcpProxySocket) serve(client *net.TCPConn, from netip.AddrPort, fc *fau
 		// is a no-op).
 		relay.ReleaseHandshakeACK(backend, client)
 	}
+	relaying = true
 	go s.relay(s.start(client, backend, from, fc))
 }
 
@@ -288,6 +309,7 @@ func (s *tcpProxySocket) relay(rc *relay.Conn, live *liveConn, fc *faults.Conn) 
 	s.lifetimeEnded(rc.QuietEnd(), live)
 	live.end()
 	s.active.Dec()
+	s.held.Add(-1)
 }
 
 func (s *tcpProxySocket) dial(client netip.AddrPort, faulted bool) (*net.TCPConn, error) {

@@ -86,8 +86,16 @@ func (s *tcpProxySocket) InOrder() bool {
 // with goroutines when its connection draws a fault (relay.Acceptor). A
 // connection only tracked for the fault API stays on the loops: the API's
 // cut resets it there. The loops call it in the kernel's accept order
-// while InOrder says so, which Accept's numbering relies on.
+// while InOrder says so, which Accept's numbering relies on. A client past
+// the socket's share is reset here, before it draws a fault, as the loops
+// reset one in the descriptor reserve; one admitted leaves the share at its
+// Failed or Ended, or when serve is done with it.
 func (s *tcpProxySocket) Accepted(fd int, from netip.AddrPort) relay.Handler {
+	if !s.cfg.tcpShares.admit(&s.held) {
+		s.clientFailed(from, errPortConnectionLimit) // before the client can see it
+		relay.ResetClose(fd)
+		return nil
+	}
 	h := &loopClient{s: s, from: from}
 	if s.faults != nil {
 		if fc := s.faults.Accept(from.Addr()); fc != nil {
@@ -98,6 +106,7 @@ func (s *tcpProxySocket) Accepted(fd int, from netip.AddrPort) relay.Handler {
 			conn, err := fdConn(fd)
 			if err != nil {
 				klog.ErrorS(err, "Cannot relay a faulted connection", "servicePort", s.label)
+				s.held.Add(-1)
 				fc.Done()
 				return nil
 			}
@@ -111,8 +120,7 @@ func (s *tcpProxySocket) Accepted(fd int, from netip.AddrPort) relay.Handler {
 // Refused counts a client the event loops refused as they accepted it (its
 // descriptor fell in the reserve), as a dial's local shortage is counted.
 func (s *tcpProxySocket) Refused(from netip.AddrPort, err error) {
-	s.failed.Inc()
-	s.noBackend.report(s.label, from, err)
+	s.clientFailed(from, err)
 }
 
 // AcceptFailed counts an accept error of the event loops.
@@ -183,9 +191,9 @@ func (h *loopClient) Failed(err error) {
 	// is no endpoint's failure: not one to count or to report as "no
 	// endpoint".
 	if !errors.Is(err, relay.ErrLoopStopped) {
-		h.s.failed.Inc()
-		h.s.noBackend.report(h.s.label, h.from, err)
+		h.s.clientFailed(h.from, err)
 	}
+	h.s.held.Add(-1)
 	if h.fc != nil {
 		h.fc.Done()
 	}
@@ -210,6 +218,7 @@ func (h *loopClient) Ended(in, out int64) {
 	h.s.lifetimeEnded(h.live.loop.QuietEnd(), h.live)
 	h.live.end()
 	h.s.active.Dec()
+	h.s.held.Add(-1)
 	if h.fc != nil {
 		h.fc.Done()
 	}

@@ -26,6 +26,11 @@ type Acceptor interface {
 	AcceptFailed(err error)
 }
 
+// ResetClose refuses a client whose socket an Acceptor took (Accepted
+// returning nil) as the loops refuse one in the reserve: closed with a
+// reset.
+func ResetClose(fd int) { resetClose(fd) }
+
 // OrderedAcceptor is an Acceptor whose clients may have to reach Accepted
 // in the order the kernel queued them (the fault draws number them there).
 // The loops share the socket, so two of them race between accept4 and

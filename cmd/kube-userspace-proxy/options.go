@@ -57,6 +57,9 @@ type options struct {
 	nodeIP             string
 	preroutingRedirect bool
 	halfCloseTimeout   time.Duration
+	// tcpMaxPerPort: --tcp-max-connections-per-port (0: the default
+	// share, negative: none).
+	tcpMaxPerPort      int
 	maxConnectionAge   time.Duration
 	closeQuiet         time.Duration
 	closeDeadline      time.Duration
@@ -160,6 +163,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.udpTimeout, "udp-timeout", o.udpTimeout, "How long an idle UDP session is kept open (e.g. '250ms', '2s'). Must be greater than 0.")
 	fs.IntVar(&o.udpMaxPerPort, "udp-max-sessions-per-port", o.udpMaxPerPort, "At most this many UDP client sessions (one backend socket each) per service port; at the cap the oldest idle session is closed for the new one. The default is lowered with --udp-max-sessions when half the open-file limit or half the ephemeral ports hold that lower (3529 with the default ephemeral range; logged at start). Must be greater than 0.")
 	fs.IntVar(&o.udpMaxSessions, "udp-max-sessions", o.udpMaxSessions, "At most this many UDP client sessions in total, and never more than half of the open-file limit (the rest stays for TCP) nor half of the ephemeral ports (each session holds a local port; the rest stays for the node's own UDP clients); at the cap a service port closes its own oldest idle session, or drops the datagram if it has none. Must be greater than 0.")
+	fs.IntVar(&o.tcpMaxPerPort, "tcp-max-connections-per-port", o.tcpMaxPerPort, "At most this many TCP connections (two descriptors each) per service port; a new client past it is reset at once, and the port's connections go on. 0 means the default: a quarter of the connections' descriptor ceiling (RLIMIT_NOFILE less max(64, limit/16)), half its descriptors, so one Service's clients leave the rest to the others (245760 under a limit of 1048576; logged at start). -1 means no cap.")
 	fs.DurationVar(&o.syncPeriod, "iptables-sync-period", o.syncPeriod, "The maximum interval of how often rules are refreshed and repaired (e.g. '5s', '1m'). Must be greater than 0.")
 	fs.DurationVar(&o.minSyncPeriod, "iptables-min-sync-period", o.minSyncPeriod, "The minimum interval between rule syncs as Services change (e.g. '1s'). 0 syncs on every change. With --iptables=false, where no rule is written, the default is 100ms.")
 	fs.StringVar(&o.hostnameOverride, "hostname-override", o.hostnameOverride, "If non-empty, use this string as the node name instead of the hostname.")

@@ -247,8 +247,8 @@ func (o *options) validateRanges(v *validated, add func(string, ...any)) {
 	}
 }
 
-// validateLimits checks the bounds on faults, affinity entries and the HTTP
-// servers' connections.
+// validateLimits checks the bounds on faults, affinity entries, each
+// service port's TCP connections and the HTTP servers' connections.
 func (o *options) validateLimits(add func(string, ...any)) {
 	if o.faultMaxActive < 0 {
 		add("--fault-max-active must not be negative, got %d", o.faultMaxActive)
@@ -258,6 +258,9 @@ func (o *options) validateLimits(add func(string, ...any)) {
 	}
 	if o.affinityMaxEntries < 0 {
 		add("--affinity-max-entries-per-port must not be negative, got %d", o.affinityMaxEntries)
+	}
+	if o.tcpMaxPerPort < -1 {
+		add("--tcp-max-connections-per-port must be -1 (no cap), 0 (the default) or greater, got %d", o.tcpMaxPerPort)
 	}
 	if o.httpMaxConns < 0 {
 		add("--http-max-connections must not be negative, got %d", o.httpMaxConns)

@@ -351,6 +351,7 @@ func proxierOptions(o *options, v *validated, clk clock.WithTicker, metrics *pro
 		Faults:                  faultTable,
 	}
 	popts.UDPMaxSessionsPerPort, popts.UDPMaxSessions = o.udpMaxPerPort, o.udpMaxSessions
+	popts.TCPMaxConnectionsPerPort = o.tcpMaxPerPort
 	if !o.udpMaxPerPortGiven {
 		popts.UDPMaxSessionsPerPort = 0 // the default, which the descriptor limit scales
 	}

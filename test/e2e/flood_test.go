@@ -69,8 +69,11 @@ func TestFlood(t *testing.T) {
 	needNofile(t, 16384)
 	c := netns.NewCluster(t, netns.ClusterOptions{ClientIPsEach: floodIPs})
 	c.StartBackends(t, backendBin, backendPort)
+	// Every half-open client is held (TestTCPShare tests the TCP share: its
+	// default, a quarter of the ceiling, is 4,687 under a limit of 20,000).
 	p := newProxy(t, c, "--udp-timeout=2s",
-		"--udp-max-sessions-per-port="+strconv.Itoa(floodPerPort), "--udp-max-sessions="+strconv.Itoa(floodTotal))
+		"--udp-max-sessions-per-port="+strconv.Itoa(floodPerPort), "--udp-max-sessions="+strconv.Itoa(floodTotal),
+		"--tcp-max-connections-per-port="+strconv.Itoa(floodHalfOpen))
 	flood := svc{name: "flood", clusterIP: "10.96.1.10", endpoints: ips(c, 0, 1)}
 	calm := svc{name: "calm", clusterIP: "10.96.1.20", endpoints: ips(c, 2, 3)}
 	writeSvc(t, p.dir, flood)
