@@ -21,6 +21,8 @@ type portMetrics struct {
 	failed       counter
 	dialFailures counter
 	dialRetries  counter
+	// TCP clients that reset while their endpoint was being dialled.
+	abandoned    counter
 	acceptErrors counter
 	// TCP connections max age or drain-removed closed: quiet, or busy at
 	// the close deadline.
@@ -65,7 +67,7 @@ type portSeries struct {
 	// far (byteCount); the latest proxier built on these Metrics wins.
 	conns atomic.Pointer[connRegistry]
 
-	active, failed, dialFailures, dialRetries, acceptErrors, lifetimeCloses, bytes, udpSessions, udpLimit, tcpLimit *prometheus.Desc
+	active, failed, dialFailures, dialRetries, abandoned, acceptErrors, lifetimeCloses, bytes, udpSessions, udpLimit, tcpLimit *prometheus.Desc
 }
 
 func newPortSeries() *portSeries {
@@ -79,6 +81,7 @@ func newPortSeries() *portSeries {
 		failed:       desc("connections_failed_total", "Client connections (TCP) or datagrams (UDP) that found no reachable endpoint"),
 		dialFailures: desc("dial_failures_total", "Failed attempts to connect to an endpoint (UDP: an endpoint that refused a session's datagrams or could not be reached)"),
 		dialRetries:  desc("dial_retries_total", "Dial attempts made on another endpoint after a failure"),
+		abandoned:    desc("connections_abandoned_total", "TCP clients that reset while their endpoint was being dialled: the dial abandoned, no endpoint blamed, not counted failed"),
 		acceptErrors: desc("accept_errors_total", "Errors from accept(), such as EMFILE, each followed by a back-off"),
 		lifetimeCloses: desc("lifetime_closes_total", "TCP connections closed for their max connection age or drain-removed: when quiet = at a quiet moment, deadline = still busy at --connection-close-deadline",
 			"when"),
@@ -123,7 +126,7 @@ func (s *portSeries) forget(label string) {
 func (s *portSeries) observe(r *connRegistry) { s.conns.Store(r) }
 
 func (s *portSeries) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{s.active, s.failed, s.dialFailures, s.dialRetries, s.acceptErrors, s.lifetimeCloses, s.bytes, s.udpSessions, s.udpLimit, s.tcpLimit} {
+	for _, d := range []*prometheus.Desc{s.active, s.failed, s.dialFailures, s.dialRetries, s.abandoned, s.acceptErrors, s.lifetimeCloses, s.bytes, s.udpSessions, s.udpLimit, s.tcpLimit} {
 		ch <- d
 	}
 }
@@ -154,6 +157,7 @@ func (s *portSeries) Collect(ch chan<- prometheus.Metric) {
 		if p.tcp {
 			emit(s.active, prometheus.GaugeValue, m.active.value(), l)
 			emit(s.dialRetries, prometheus.CounterValue, m.dialRetries.value(), l)
+			emit(s.abandoned, prometheus.CounterValue, m.abandoned.value(), l)
 			emit(s.acceptErrors, prometheus.CounterValue, m.acceptErrors.value(), l)
 			emit(s.lifetimeCloses, prometheus.CounterValue, m.closedQuiet.value(), l, "quiet")
 			emit(s.lifetimeCloses, prometheus.CounterValue, m.closedAtDeadline.value(), l, "deadline")

@@ -15,6 +15,7 @@ import (
 var portSeriesNames = []string{
 	"kubeproxy_userspace_active_connections",
 	"kubeproxy_userspace_connections_failed_total",
+	"kubeproxy_userspace_connections_abandoned_total",
 	"kubeproxy_userspace_dial_failures_total",
 	"kubeproxy_userspace_dial_retries_total",
 	"kubeproxy_userspace_accept_errors_total",
@@ -72,6 +73,9 @@ kubeproxy_userspace_bytes_total{direction="in",service_port="default/dns:p"} 0
 kubeproxy_userspace_bytes_total{direction="in",service_port="default/web:p"} 5
 kubeproxy_userspace_bytes_total{direction="out",service_port="default/dns:p"} 0
 kubeproxy_userspace_bytes_total{direction="out",service_port="default/web:p"} 5
+# HELP kubeproxy_userspace_connections_abandoned_total TCP clients that reset while their endpoint was being dialled: the dial abandoned, no endpoint blamed, not counted failed
+# TYPE kubeproxy_userspace_connections_abandoned_total counter
+kubeproxy_userspace_connections_abandoned_total{service_port="default/web:p"} 0
 # HELP kubeproxy_userspace_connections_failed_total Client connections (TCP) or datagrams (UDP) that found no reachable endpoint
 # TYPE kubeproxy_userspace_connections_failed_total counter
 kubeproxy_userspace_connections_failed_total{service_port="default/dns:p"} 1

@@ -57,7 +57,7 @@ type tcpProxySocket struct {
 	// The port's series (port_metrics.go), resolved once, not per connection.
 	active                                                         *gauge
 	failed, retries, dialFailures, acceptErrors, bytesIn, bytesOut *counter
-	closedQuiet, closedAtDeadline                                  *counter
+	closedQuiet, closedAtDeadline, abandoned                       *counter
 	// atShare and atCeiling count clients refused at the socket's share
 	// and at the descriptor ceiling.
 	atShare, atCeiling *counter
@@ -95,7 +95,7 @@ func newTCPSocketState(name loadbalancer.ServicePortName, addr *net.TCPAddr, sp 
 		lifetime: cfg.lifetimes.port(name),
 		active:   &m.active, failed: &m.failed, retries: &m.dialRetries, dialFailures: &m.dialFailures,
 		acceptErrors: &m.acceptErrors, bytesIn: &m.bytesIn, bytesOut: &m.bytesOut,
-		closedQuiet: &m.closedQuiet, closedAtDeadline: &m.closedAtDeadline,
+		closedQuiet: &m.closedQuiet, closedAtDeadline: &m.closedAtDeadline, abandoned: &m.abandoned,
 		atShare: &m.tcpAtShare, atCeiling: &m.tcpAtCeiling,
 	}
 }
@@ -236,7 +236,7 @@ func (s *tcpProxySocket) serve(client *net.TCPConn, from netip.AddrPort, fc *fau
 	var backend *net.TCPConn
 	err := relay.ErrDescriptorReserve
 	if !inReserve {
-		backend, err = s.dial(from, fc != nil)
+		backend, err = s.dial(client, from, fc != nil)
 	}
 	if conns.isStopped() {
 		// The stop reset the client while it dialled: nothing to relay,
@@ -245,6 +245,17 @@ func (s *tcpProxySocket) serve(client *net.TCPConn, from netip.AddrPort, fc *fau
 		conns.removePending(client, from)
 		resetTCP(client)
 		resetTCP(backend)
+		if fc != nil {
+			fc.Done()
+		}
+		return
+	}
+	if errors.Is(err, relay.ErrClientGone) {
+		// The client reset while its backend was dialled: the dial is
+		// abandoned, no endpoint failed and nobody is left to tell.
+		conns.removePending(client, from)
+		s.abandoned.Inc()
+		resetTCP(client)
 		if fc != nil {
 			fc.Done()
 		}
@@ -312,7 +323,9 @@ func (s *tcpProxySocket) relay(rc *relay.Conn, live *liveConn, fc *faults.Conn) 
 	s.held.Add(-1)
 }
 
-func (s *tcpProxySocket) dial(client netip.AddrPort, faulted bool) (*net.TCPConn, error) {
+// dial dials a backend for client (from from): attempts past the
+// endpoints that failed, ended with relay.ErrClientGone once client reset.
+func (s *tcpProxySocket) dial(client *net.TCPConn, from netip.AddrPort, faulted bool) (*net.TCPConn, error) {
 	dialer := s.cfg.dialer
 	if faulted {
 		dialer = s.cfg.faultDialer
@@ -323,21 +336,31 @@ func (s *tcpProxySocket) dial(client netip.AddrPort, faulted bool) (*net.TCPConn
 	for _, timeout := range s.cfg.dialTimeouts {
 		// After a failure, past the endpoints that failed (affinity
 		// moves the client on: its pinned endpoint was the first).
-		ep, err := s.next(client.Addr(), failed)
+		ep, err := s.next(from.Addr(), failed)
 		if err == nil {
-			ep, failed, err = s.pastOwnPortals(client.Addr(), ep, failed)
+			ep, failed, err = s.pastOwnPortals(from.Addr(), ep, failed)
 		}
 		if err != nil {
 			return nil, err
 		}
-		attempt := relay.NewAttempt(timeout)
-		conn, err := dialer.DialContext(attempt, "tcp", ep.String())
+		attempt := relay.NewClientAttempt(timeout, client)
+		backend, err := dialer.DialContext(attempt, "tcp", ep.String())
 		attempt.Stop()
+		if attempt.ClientGone() {
+			// Neither the endpoint's failure nor, if it answered as the
+			// client left, a connection to relay.
+			if tc, ok := backend.(*net.TCPConn); ok {
+				resetTCP(tc)
+			} else if backend != nil {
+				backend.Close()
+			}
+			return nil, relay.ErrClientGone
+		}
 		if err == nil {
-			if tc, ok := conn.(*net.TCPConn); ok {
+			if tc, ok := backend.(*net.TCPConn); ok {
 				return tc, nil
 			}
-			conn.Close()
+			backend.Close()
 			return nil, errors.New("dialer returned a non-TCP connection")
 		}
 		if relay.LocalShortage(err) {

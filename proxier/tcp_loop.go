@@ -187,10 +187,14 @@ func (h *loopClient) DialFailed(ep netip.AddrPort, err error) {
 }
 
 func (h *loopClient) Failed(err error) {
-	// A client the loops still held at shutdown, handed over or dialing,
-	// is no endpoint's failure: not one to count or to report as "no
-	// endpoint".
-	if !errors.Is(err, relay.ErrLoopStopped) {
+	switch {
+	case errors.Is(err, relay.ErrClientGone):
+		h.s.abandoned.Inc()
+	case errors.Is(err, relay.ErrLoopStopped):
+		// A client the loops still held at shutdown, handed over or
+		// dialing, is no endpoint's failure: not one to count or to
+		// report as "no endpoint".
+	default:
 		h.s.clientFailed(h.from, err)
 	}
 	h.s.held.Add(-1)

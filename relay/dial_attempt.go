@@ -2,6 +2,8 @@ package relay
 
 import (
 	"context"
+	"errors"
+	"net"
 	"sync"
 	"syscall"
 	"time"
@@ -12,7 +14,8 @@ import (
 // Attempt is the context of one dial attempt through a net.Dialer whose
 // ControlContext is AttemptControl's (the goroutine relay's backend
 // dialers): it ends when its time is up, unless by then the backend has
-// answered the connect.
+// answered the connect, and one for a client (NewClientAttempt) when
+// that client resets.
 //
 // net's connect waits for the connecting socket to become writable in the
 // runtime's poller, with the poller's write deadline when the context has
@@ -32,6 +35,10 @@ import (
 type Attempt struct {
 	timer *time.Timer
 	done  chan struct{}
+	// client is the connection the dial is for (nil: none watched), and
+	// end when the attempt's time is up (set with client).
+	client *net.TCPConn
+	end    time.Time
 
 	mu sync.Mutex
 	// socket is the attempt's socket, from AttemptControl (nil: not yet,
@@ -39,9 +46,20 @@ type Attempt struct {
 	socket  syscall.RawConn
 	wake    func()
 	expired bool
+	// gone: the client reset, which ended the attempt (expired too).
+	gone    bool
+	stopped bool
+	// watched is closed once the watch of the client ended (nil: none
+	// started).
+	watched chan struct{}
 }
 
 var _ context.Context = (*Attempt)(nil)
+
+// ErrClientGone ends a dial whose client reset (or whose socket failed)
+// before an endpoint answered: nobody is left to relay for, and no
+// endpoint is at fault.
+var ErrClientGone = errors.New("relay: the client left while its backend was dialled")
 
 // NewAttempt starts an attempt of timeout; Stop it once the dial returned.
 func NewAttempt(timeout time.Duration) *Attempt {
@@ -50,12 +68,111 @@ func NewAttempt(timeout time.Duration) *Attempt {
 	return a
 }
 
-// Stop releases the attempt's timer and socket once the dial returned.
+// clientWatchAfter is how long an attempt for a client dials before it
+// watches the client too: a backend answers most dials well within it,
+// and those cost no more than an Attempt without a client.
+const clientWatchAfter = 10 * time.Millisecond
+
+// NewClientAttempt is NewAttempt for a dial made for client, which also
+// ends, with ClientGone, when client resets: a client that left is not
+// dialled for on until the attempt's time is up (its descriptor and the
+// backend socket held, the attempt counted as the endpoint's failure).
+// Its FIN alone does not end it: a client may send its request and
+// half-close before the backend answers, and is served. The watch starts
+// once the attempt has dialled for clientWatchAfter: in the attempt's
+// timer (one timer still), parked on the client's read side in the
+// runtime's poller, which wakes it at the client's data, FIN or reset.
+// Nobody else reads the client while it dials; Stop ends the watch.
+func NewClientAttempt(timeout time.Duration, client *net.TCPConn) *Attempt {
+	if timeout <= clientWatchAfter {
+		return NewAttempt(timeout)
+	}
+	a := &Attempt{done: make(chan struct{}), client: client, end: time.Now().Add(timeout)}
+	a.timer = time.AfterFunc(clientWatchAfter, a.fire)
+	return a
+}
+
+// Stop releases the attempt's timer and socket once the dial returned,
+// and ends the watch of its client, whose read deadline it then leaves
+// cleared.
 func (a *Attempt) Stop() {
-	a.timer.Stop()
 	a.mu.Lock()
+	a.stopped = true
 	a.socket, a.wake = nil, nil
+	watched := a.watched
 	a.mu.Unlock()
+	// After stopped is set: fire re-arms the timer only before.
+	a.timer.Stop()
+	if watched != nil {
+		_ = a.client.SetReadDeadline(aLongTimeAgo) // wakes the watch
+		<-watched
+		_ = a.client.SetReadDeadline(time.Time{})
+	}
+}
+
+// aLongTimeAgo is a deadline that has passed.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// ClientGone tells whether the client's reset ended the attempt: the dial
+// failed for that, or its answer came as the client left (the caller
+// closes it).
+func (a *Attempt) ClientGone() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.gone
+}
+
+// fire is the timer of an attempt for a client: at clientWatchAfter it
+// re-arms for the attempt's end and watches the client; at the end it
+// expires.
+func (a *Attempt) fire() {
+	a.mu.Lock()
+	if a.stopped {
+		a.mu.Unlock()
+		return
+	}
+	if a.watched != nil {
+		a.mu.Unlock()
+		a.expire()
+		return
+	}
+	watched := make(chan struct{})
+	a.watched = watched
+	a.timer.Reset(time.Until(a.end))
+	a.mu.Unlock()
+	a.watchClient(watched)
+}
+
+// watchClient waits in the poller for the client's reset, until Stop's
+// deadline wakes it (or the client is closed); then it closes watched.
+func (a *Attempt) watchClient(watched chan struct{}) {
+	defer close(watched)
+	raw, err := a.client.SyscallConn()
+	if err == nil && raw.Read(clientReset) == nil {
+		a.leave()
+	}
+}
+
+// clientReset keeps the watch parked. The poller calls it first, then at
+// every event of the client's socket: only a reset (or an error the
+// kernel ended the connection with), which leaves it closed, ends the
+// watch; the client's data and FIN do not.
+func clientReset(fd uintptr) bool { return rawio.TCPState(int(fd)) == rawio.TCPClose }
+
+// leave ends the attempt for its client's reset.
+func (a *Attempt) leave() {
+	a.mu.Lock()
+	if a.expired {
+		a.mu.Unlock()
+		return
+	}
+	a.expired, a.gone = true, true
+	wake := a.wake
+	a.mu.Unlock()
+	close(a.done)
+	if wake != nil {
+		wake() // not under mu: it asks Err
+	}
 }
 
 // AttemptControl is control (DialControl, BackendControl) as a
@@ -75,7 +192,7 @@ func AttemptControl(control func(network, address string, c syscall.RawConn) err
 // answered: the poller will wake net's wait for that answer.
 func (a *Attempt) expire() {
 	a.mu.Lock()
-	if a.socket != nil && answered(a.socket) {
+	if a.expired || a.socket != nil && answered(a.socket) {
 		a.mu.Unlock()
 		return
 	}
@@ -107,7 +224,10 @@ func (a *Attempt) Done() <-chan struct{} { return a.done }
 func (a *Attempt) Err() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.expired {
+	switch {
+	case a.gone:
+		return context.Canceled
+	case a.expired:
 		return context.DeadlineExceeded
 	}
 	return nil

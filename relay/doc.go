@@ -14,6 +14,10 @@
 // to the next endpoint the Handler names when one fails, and the bytes
 // moved on readiness by loops of one goroutine each.
 //
+// On both, a client that resets while its backend is dialled ends the
+// dial (ErrClientGone; the goroutine relay's NewClientAttempt): nobody is
+// left to relay for, and no endpoint is at fault. Its FIN alone does not.
+//
 // Both own half-close propagation with its inactivity bound, the write
 // bound, closing at a quiet moment (CloseWhenQuiet: max connection age,
 // drain), the keep-alive and TCP_USER_TIMEOUT options of both sockets

@@ -50,8 +50,9 @@ type Handler interface {
 	Backend(attempt int) (netip.AddrPort, error)
 	// DialFailed reports an attempt's failure; the next attempt follows.
 	DialFailed(ep netip.AddrPort, err error)
-	// Failed: no backend answered (err: the last failure); the client got
-	// a reset, both sockets are closed.
+	// Failed: no backend answered (err: the last failure), the loop
+	// stopped (ErrLoopStopped) or the client reset first (ErrClientGone);
+	// the client got a reset, both sockets are closed.
 	Failed(err error)
 	// Connected: ep answered and c relays from now on.
 	Connected(c *LoopConn, ep netip.AddrPort)

@@ -164,8 +164,16 @@ func (c *LoopConn) event(ev uint32, tag int32) {
 		c.writable[side] = true
 	}
 	if c.state == stateDialing {
-		if side == sideBackend && ev&(unix.EPOLLOUT|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		switch {
+		case side == sideBackend && ev&(unix.EPOLLOUT|unix.EPOLLHUP|unix.EPOLLERR) != 0:
 			c.connected(ev&(unix.EPOLLHUP|unix.EPOLLERR) != 0)
+		case side == sideClient && ev&(unix.EPOLLHUP|unix.EPOLLERR) != 0 &&
+			rawio.TCPState(c.fds[sideClient]) == rawio.TCPClose:
+			// The client reset (or the kernel ended its connection with
+			// an error): nobody to dial for, no endpoint at fault. Its
+			// FIN alone (EPOLLRDHUP) is no end: a client may send its
+			// request and half-close before the backend answers.
+			c.fail(ErrClientGone)
 		}
 		return
 	}

@@ -1193,33 +1193,86 @@ func TestLoopEndQueuedBeforeReadIsPassedOn(t *testing.T) {
 	}
 }
 
-// The same from the client while the loop dials a silent endpoint first:
-// the bytes' and the reset's events come during the dial.
-func TestLoopEndQueuedWhileDialingIsPassedOn(t *testing.T) {
-	for _, tc := range endsBeforeRead {
+// A client that resets while the loop dials a silent endpoint is gone:
+// the dial is abandoned at once, Failed with ErrClientGone, no attempt
+// counted failed (the silent endpoint did nothing wrong yet) and no next
+// endpoint dialled, whether the client sent bytes, and a FIN, before its
+// reset or not. The loop went on to the next endpoint after the silent
+// one's time and delivered the bytes, then the reset, to a backend nobody
+// was left to answer for.
+func TestLoopClientResetWhileDialingAbandonsTheDial(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		bytes, fin bool
+	}{{"reset", false, false}, {"bytes, reset", true, false}, {"bytes, FIN, reset", true, true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := newLoopBed(t, LoopOptions{DialTimeouts: []time.Duration{300 * time.Millisecond, 2 * time.Second},
-				HalfCloseTimeout: time.Hour})
+			b := newLoopBed(t, LoopOptions{DialTimeouts: []time.Duration{time.Minute, time.Minute}})
 			accepted := make(chan int, 1)
 			b.onAccept.Store(func(fd int) { accepted <- fd })
 			h := newLoopHandler(silentBackend(t), b.ep)
 			client, _ := b.connect(t, h, false)
 			fd := <-accepted
-			endBeforeRead(t, client, tc.fin, func(look func(fd int)) { look(fd) })
-			_ = b.backend.SetDeadline(time.Now().Add(5 * time.Second))
-			backend, err := b.backend.AcceptTCP()
-			if err != nil {
-				t.Fatal(err)
+			if tc.bytes {
+				if _, err := client.Write([]byte("request")); err != nil {
+					t.Fatal(err)
+				}
 			}
-			defer backend.Close()
-			if h.mu.Lock(); len(h.dialFails) != 1 {
-				t.Errorf("dial failures %v; want the silent endpoint's timeout", h.dialFails)
+			if tc.fin {
+				_ = client.CloseWrite()
 			}
-			h.mu.Unlock()
-			wantRequestThenReset(t, backend)
+			// The loop holds fd for the minute of the silent attempt (it
+			// did before, and must while the client only sent).
+			waitProxySide(t, func(look func(fd int)) { look(fd) }, func(fd int) bool {
+				n, err := unix.IoctlGetInt(fd, unix.SIOCINQ)
+				return err == nil && (!tc.bytes || n == len("request")) && (!tc.fin || rawio.TCPState(fd) == rawio.TCPCloseWait)
+			})
+			_ = client.SetLinger(0)
+			client.Close()
 			h.wait(t)
+			h.mu.Lock()
+			failed, conn, dialFails := h.failed, h.conn, h.dialFails
+			h.mu.Unlock()
+			if conn != nil || len(dialFails) != 0 || !errors.Is(failed, ErrClientGone) {
+				t.Fatalf("connected %v, dial failures %v, failed %v; want the dial abandoned with ErrClientGone",
+					conn != nil, dialFails, failed)
+			}
 		})
 	}
+}
+
+// A client that sends its request and half-closes while the loop dials
+// is not gone (an HTTP/1.0 style client, reading still): past a silent
+// endpoint, the next one gets the request and the FIN, the client the
+// answer.
+func TestLoopClientHalfCloseWhileDialingIsServed(t *testing.T) {
+	b := newLoopBed(t, LoopOptions{DialTimeouts: []time.Duration{300 * time.Millisecond, 5 * time.Second}})
+	h := newLoopHandler(silentBackend(t), b.ep)
+	client, _ := b.connect(t, h, false)
+	if _, err := client.Write([]byte("request")); err != nil {
+		t.Fatal(err)
+	}
+	_ = client.CloseWrite()
+	_ = b.backend.SetDeadline(time.Now().Add(5 * time.Second))
+	backend, err := b.backend.AcceptTCP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer backend.Close()
+	_ = backend.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if got, err := io.ReadAll(backend); string(got) != "request" || err != nil {
+		t.Fatalf("backend read %q, %v; want %q, then a FIN", got, err, "request")
+	}
+	_, _ = backend.Write([]byte("answer"))
+	backend.Close()
+	_ = client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if got, err := io.ReadAll(client); string(got) != "answer" || err != nil {
+		t.Fatalf("client read %q, %v; want %q, then a FIN", got, err, "answer")
+	}
+	h.wait(t)
+	if h.mu.Lock(); len(h.dialFails) != 1 || h.failed != nil {
+		t.Errorf("dial failures %v, failed %v; want the silent endpoint's timeout, then served", h.dialFails, h.failed)
+	}
+	h.mu.Unlock()
 }
 
 // A backend that answers a client still uploading and closes without

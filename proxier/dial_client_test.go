@@ -1,0 +1,120 @@
+package proxier
+
+import (
+	"io"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+)
+
+// A client that resets while its backend is being dialled is gone: the
+// dial is abandoned at once, both descriptors freed, no endpoint blamed
+// (no dial failure, no retry, so no affinity moved) and no failed
+// connection counted, only an abandoned one. Both data paths kept both
+// sockets until the attempt's end (here 10 s), then counted the
+// connection failed and the attempt a dial failure.
+func TestClientResetWhileDialingAbandonsTheDial(t *testing.T) {
+	for _, dp := range DataPaths {
+		t.Run(dp, func(t *testing.T) {
+			port := portOf(serveTCP(t, "127.0.0.2", func(net.Conn) {}).Addr())
+			silentListener(t, "127.0.0.6", port)
+			p := newTestProxier(t, Options{DataPath: dp, DialTimeouts: []time.Duration{10 * time.Second, 10 * time.Second}})
+			p.OnServiceAdd(makeService("web", withClientIPAffinity(60)))
+			p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, "127.0.0.6:"+port))
+			p.Sync()
+			addr := proxyAddr(t, p, "default/web:p")
+			before := inUse(t)
+			const clients = 5
+			var conns []*net.TCPConn
+			for range clients {
+				c, err := net.Dial("tcp", addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				conns = append(conns, c.(*net.TCPConn))
+			}
+			// Ours, and the proxy's client and backend socket of each:
+			// every dial is pending.
+			waitInUse(t, func(n int) bool { return n >= before+3*clients }, "every client's dial pending: "+strconv.Itoa(before+3*clients))
+			for _, c := range conns {
+				_ = c.SetLinger(0)
+				c.Close()
+			}
+			waitInUse(t, func(n int) bool { return n <= before }, "the proxy's sockets of clients that reset closed: "+strconv.Itoa(before))
+			m := p.metrics.ports.lookup("default/web:p")
+			waitFor(t, strconv.Itoa(clients)+" connections counted abandoned", func() bool { return m.abandoned.value() == clients })
+			if f, d, r := m.failed.value(), m.dialFailures.value(), m.dialRetries.value(); f != 0 || d != 0 || r != 0 {
+				t.Fatalf("failed %v, dial failures %v, retries %v; want none: the clients left, no endpoint failed", f, d, r)
+			}
+		})
+	}
+}
+
+// A client that sends its request and half-closes (FIN, still reading:
+// an HTTP/1.0 style client) while its dial is pending is not gone: the
+// dial goes on, to the next endpoint past a silent one, and the request
+// and the FIN are delivered, the answer read back.
+func TestClientHalfCloseWhileDialingIsServed(t *testing.T) {
+	for _, dp := range DataPaths {
+		t.Run(dp, func(t *testing.T) {
+			live := serveTCP(t, "127.0.0.2", func(c net.Conn) {
+				got, _ := io.ReadAll(c)
+				_, _ = io.WriteString(c, "got "+string(got))
+			})
+			port := portOf(live.Addr())
+			silentListener(t, "127.0.0.6", port)
+			p := newTestProxier(t, Options{DataPath: dp, DialTimeouts: []time.Duration{300 * time.Millisecond, 5 * time.Second}})
+			p.OnServiceAdd(makeService("web"))
+			p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, "127.0.0.6:"+port, "127.0.0.2:"+port))
+			p.Sync()
+			addr := proxyAddr(t, p, "default/web:p")
+			// Round robin: half of them dial the silent endpoint first.
+			for i := range 4 {
+				c, err := net.Dial("tcp", addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				tc := c.(*net.TCPConn)
+				if _, err := io.WriteString(tc, "request"); err != nil {
+					t.Fatal(err)
+				}
+				_ = tc.CloseWrite()
+				_ = tc.SetReadDeadline(time.Now().Add(10 * time.Second))
+				got, err := io.ReadAll(tc)
+				tc.Close()
+				if string(got) != "got request" || err != nil {
+					t.Fatalf("client %d read %q, %v; want %q, then a FIN", i, got, err, "got request")
+				}
+			}
+			m := p.metrics.ports.lookup("default/web:p")
+			if d, a := m.dialFailures.value(), m.abandoned.value(); d < 1 || a != 0 {
+				t.Fatalf("dial failures %v, abandoned %v; want the silent endpoint's timeouts and nothing abandoned", d, a)
+			}
+		})
+	}
+}
+
+func inUse(t *testing.T) int {
+	t.Helper()
+	n, _, ok := descriptorsInUse()
+	if !ok {
+		t.Skip("no /proc/self/fd")
+	}
+	return n
+}
+
+// waitInUse polls the process's descriptors in use until ok says yes
+// (within 3 s).
+func waitInUse(t *testing.T, ok func(n int) bool, what string) {
+	t.Helper()
+	n := inUse(t)
+	for end := time.Now().Add(3 * time.Second); !ok(n); n = inUse(t) {
+		if time.Now().After(end) {
+			t.Fatalf("%d descriptors in use after 3 s; want %s", n, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
