@@ -298,3 +298,41 @@ func TestConnectDelayJitterBothWays(t *testing.T) {
 		t.Fatalf("200 connections under connect_delay 100 ± 50 ms waited from %v to %v; want the whole of 50 to 150 ms", lo, hi)
 	}
 }
+
+// POST /reset numbers from 0 again, as a restart does: a suite that resets
+// between its tests gets the same faults for a test whatever the tests
+// before it did. Before, the numbers went on, so on a proxy that keeps
+// running (a DaemonSet) the same test drew other faults each time.
+func TestResetNumbersFromZero(t *testing.T) {
+	const refuse = `{"name":"flaky","type":"refuse","toxicity":0.3}`
+	tbl, p := declared(t, 1, 0, "TCP")
+	var runs [][]bool
+	for range 2 {
+		if _, err := tbl.AddToxic(p.Name(), toxic(t, refuse)); err != nil {
+			t.Fatal(err)
+		}
+		runs = append(runs, faultedSet(p, 50, client1))
+		if err := tbl.Reset(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !slices.Equal(runs[0], runs[1]) {
+		t.Errorf("TCP: the same toxic added after POST /reset drew other connections:\n%v\n%v", runs[0], runs[1])
+	}
+
+	// A declared toxic stays through the reset and draws from 0 again,
+	// also a Gilbert-Elliott loss, whose state restarts with the numbers.
+	const bursts = `{"name":"bursts","type":"loss","stream":"upstream","attributes":{"p":0.2,"r":0.3}}`
+	tbl, u := declared(t, 1, 0, "UDP", bursts)
+	var got [2]*recorder
+	for i := range got {
+		got[i] = &recorder{}
+		sendAll(u, 200, got[i])
+		if err := tbl.Reset(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !slices.Equal(got[0].seqs(), got[1].seqs()) {
+		t.Errorf("UDP: after POST /reset a declared loss toxic lost other datagrams:\n%v\n%v", got[0].seqs(), got[1].seqs())
+	}
+}

@@ -277,7 +277,8 @@ func (t *Table) Toxic(name, toxic string) (ActiveToxic, error) {
 }
 
 // Reset removes every API toxic and enables every port; annotation toxics
-// stay, since they are declared. Its error wraps ErrNotServing, for the
+// stay, since they are declared. Connections and datagrams are numbered
+// from 0 again, as after a restart. Its error wraps ErrNotServing, for the
 // ports whose sockets could not listen again.
 func (t *Table) Reset() error {
 	t.mu.Lock()
@@ -690,7 +691,15 @@ func (p *Port) reset() error {
 	removed := timeoutsOf(nil, p.api, OriginAPI)
 	p.api = nil
 	p.enabled = true
-	p.publishLocked()
+	// Numbered from 0 again, as after a restart: a suite that resets
+	// between its tests gets a test's faults from the seed and that
+	// test's arrival order. The numbers went on, so on a proxy that keeps
+	// running the same test drew other faults every time.
+	p.connSeq.Store(0)
+	for i := range p.udpSeq {
+		p.udpSeq[i].Store(0)
+	}
+	p.publishLocked().datagram.restart()
 	p.mu.Unlock()
 	p.endRemovedTimeouts(removed)
 	return p.notifyEnabled(true) // up already: as a repeated enable (setEnabled)

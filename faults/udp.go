@@ -179,6 +179,23 @@ func (s *toxicState) dropHeld(drops func(datagramID) bool) {
 	}
 }
 
+// restart puts the toxics' state where a fresh port's is (a
+// Gilbert-Elliott loss in its good state), for POST /reset, which numbers
+// datagrams from 0 again. What reorder holds is in flight and stays. nil:
+// no plan.
+func (d *datagramPlan) restart() {
+	if d == nil {
+		return
+	}
+	for _, ts := range d.streams {
+		for _, t := range ts {
+			t.mu.Lock()
+			t.bad = false
+			t.mu.Unlock()
+		}
+	}
+}
+
 // sameDraws reports whether a and b decide every datagram alike: the same
 // toxic, unchanged.
 func sameDraws(a, b *compiled) bool {
