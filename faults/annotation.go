@@ -50,6 +50,10 @@ func ParseAnnotation(value string, ports []ServicePort) (map[string][]Toxic, err
 			// "invalid character ' ' in numeric literal".
 			return nil, errors.New(`not a JSON list of toxics: it reads as a YAML list ("- ..."); write it in JSON, as Toxiproxy's: [{"name":"slow","type":"latency","attributes":{"latency":300}}]`)
 		}
+		var se *json.SyntaxError
+		if errors.As(err, &se) {
+			return nil, fmt.Errorf("not a JSON list of toxics: %s: %v", syntaxErrorAt(value, se.Offset), err)
+		}
 		return nil, fmt.Errorf("not a JSON list of toxics: %v", err)
 	}
 	out := map[string][]Toxic{}
@@ -104,6 +108,33 @@ func ParseAnnotation(value string, ports []ServicePort) (map[string][]Toxic, err
 		}
 	}
 	return out, nil
+}
+
+// syntaxErrorNear is how much of the line before a JSON syntax error
+// syntaxErrorAt shows.
+const syntaxErrorNear = 24
+
+// syntaxErrorAt says where a JSON syntax error is in value, offset being
+// encoding/json's (the position of the byte it stopped at, from 1): its
+// line and column, and the text of that line up to and including that
+// byte. encoding/json's text alone ("invalid character '"' after object
+// key:value pair") left the user to search a block of toxics for it.
+func syntaxErrorAt(value string, offset int64) string {
+	bad := int(min(max(offset, 1), int64(len(value)))) - 1
+	lineStart := strings.LastIndexByte(value[:bad], '\n') + 1
+	line := 1 + strings.Count(value[:lineStart], "\n")
+	from := max(lineStart, bad-syntaxErrorNear)
+	near := value[from:min(bad+1, len(value))]
+	if i := strings.IndexAny(near, ",{[ "); from > lineStart && i >= 0 && i < len(near)-1 {
+		near = near[i+1:] // from a token's start, not the middle of one
+	}
+	quoted := "`" + near + "`"
+	if !strconv.CanBackquote(near) {
+		// A control character or a backquote: escaped, so that the log
+		// line shows what is there and nothing else.
+		quoted = strconv.Quote(near)
+	}
+	return fmt.Sprintf("line %d, column %d, at the end of %s", line, bad-lineStart+1, quoted)
 }
 
 // selects reports whether t's port field (absent: every port) names p.

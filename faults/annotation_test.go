@@ -264,6 +264,17 @@ func TestParseAnnotationErrors(t *testing.T) {
 		{"not JSON", `latency please`, both, "not a JSON list of toxics"},
 		// In the user's terms, not Go's ("cannot unmarshal object into Go
 		// value of type []json.RawMessage").
+		// Where, as every other error says which toxic and field: the
+		// README's annotation is a block of one toxic per line, and
+		// encoding/json's text alone ("invalid character '"' after object
+		// key:value pair") left the user to search all of it.
+		{"a comma missing, line 2", "[{\"name\":\"a\",\"type\":\"latency\"},\n {\"name\":\"b\",\"type\":\"latency\" \"attributes\":{}}]", both,
+			"not a JSON list of toxics: line 2, column 31, at the end of `\"type\":\"latency\" \"`: invalid character '\"' after object key:value pair"},
+		{"a trailing comma", `[{"type":"latency"},]`, both, "not a JSON list of toxics: line 1, column 21, at the end of `[{\"type\":\"latency\"},]`: invalid character ']'"},
+		{"a key unquoted, far along one line", `[{"type":"latency","attributes":{"latency":300,"jitter":10}},{"type":"latency",name:"b"}]`, both,
+			"line 1, column 80, at the end of `{\"type\":\"latency\",n`: invalid character 'n' looking for beginning of object key string"},
+		{"a control character before the error", "[{\"type\":\"latency\"}\x1b]", both, `line 1, column 20, at the end of "[{\"type\":\"latency\"}\x1b"`},
+		{"cut short", `[{"type":"latency"}`, both, "not a JSON list of toxics: line 1, column 19, at the end of `[{\"type\":\"latency\"}`: unexpected end of JSON input"},
 		{"an object, not a list", `{"type":"latency"}`, both, "not a JSON list of toxics: a JSON object; put a single toxic in a list, [{...}]"},
 		{"a number, not a list", `5`, both, "not a JSON list of toxics: a JSON number"},
 		{"a negative number, not a list", `-5`, both, "not a JSON list of toxics: a JSON number"},
