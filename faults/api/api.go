@@ -33,6 +33,7 @@
 package faultapi
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -549,17 +550,29 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	data, err := json.Marshal(v)
+	data, err := marshal(v)
 	if err != nil {
 		klog.ErrorS(err, "Fault API could not encode its reply")
 		status = http.StatusInternalServerError
-		data, _ = json.Marshal(apiError{Message: err.Error(), Status: status})
+		data, _ = marshal(apiError{Message: err.Error(), Status: status})
 	}
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(status)
-	_, _ = w.Write(append(data, '\n'))
+	_, _ = w.Write(data)
+}
+
+// marshal encodes v as one line of JSON without encoding/json's HTML
+// escaping: replies are JSON (nosniff) and browsers are refused, while the
+// texts are read raw (curl), where "named \u003cnamespace\u003e..." hid how
+// proxies are named.
+func marshal(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	err := enc.Encode(v) // ends with a newline
+	return b.Bytes(), err
 }
 
 // proxy looks up the request's proxy; when there is none it has answered

@@ -602,3 +602,18 @@ func TestToxicsListedUpstreamFirst(t *testing.T) {
 		}
 	}
 }
+
+// Error texts are read raw, by curl users above all: the one that tells
+// how proxies are named came back as "named \u003cnamespace\u003e...",
+// encoding/json's HTML escaping, which a JSON reply (nosniff) does not need.
+func TestErrorBodyReadsAsWritten(t *testing.T) {
+	h := New(newTestTable(t), "test")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/proxies/default.nope.http", nil))
+	if body := rec.Body.String(); !strings.Contains(body, "<namespace>.<service>.<port name, or number when unnamed>") {
+		t.Errorf("404 body %s: want the proxy names' shape as written", body)
+	}
+	if !strings.HasSuffix(rec.Body.String(), "}\n") || strings.HasSuffix(rec.Body.String(), "\n\n") {
+		t.Errorf("body %q: want one JSON value and one newline", rec.Body.String())
+	}
+}
