@@ -107,6 +107,7 @@ func newProxyServer(ctx context.Context, o *options, v *validated, began time.Ti
 	resolveNodePortAddresses(v)
 	warnBindAddressNotLocal(v.bind, isLocalAddress)
 	warnProxyPortsOverNodePorts(v.portRange, v.nodePorts)
+	warnFaultAPIBeyondLoopback(o.faultAPIBind)
 	clk := clock.RealClock{}
 	s.metrics = proxier.NewMetrics()
 	s.health = healthcheck.NewProxierHealth(clk, healthTimeout(o.syncPeriod))
@@ -548,6 +549,24 @@ func warnProxyPortsOverNodePorts(r proxier.PortRange, nodePorts config.PortRange
 	}
 	klog.InfoS("Warning: --proxy-port-range overlaps --service-node-port-range: a port of it that is a Service's node port is no proxy socket's (a socket on a port that becomes one moves to another)",
 		"proxyPortRange", r.String(), "serviceNodePortRange", nodePorts.String())
+}
+
+// warnFaultAPIBeyondLoopback warns when the fault API listens on more than
+// loopback: it has no authentication, and anyone who reaches it can take
+// every Service down or hold its traffic (README: "Bind it to loopback").
+// Not an error: a node's own firewall, or a test cluster, may make it safe.
+func warnFaultAPIBeyondLoopback(addr string) {
+	if addr == "" {
+		return
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil || host == "localhost" {
+		return // validated before; localhost is loopback
+	}
+	if ip, err := netip.ParseAddr(host); err == nil && ip.IsLoopback() {
+		return
+	}
+	klog.InfoS("Warning: --fault-api-bind-address listens beyond loopback, without authentication: anyone who reaches it can take every Service down", "address", addr)
 }
 
 // isLocalAddress reports whether ip is an address of one of the node's

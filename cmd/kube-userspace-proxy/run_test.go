@@ -961,3 +961,26 @@ func TestValidateReportsEveryMistakeInOrder(t *testing.T) {
 		t.Errorf("validate reported %q, want one line per mistake in the order %q:\n%v", got, want, err)
 	}
 }
+
+// A fault API that listens beyond loopback is warned about at start: anyone
+// who reaches it can take every Service down (README: "Bind it to
+// loopback"), and on a hostNetwork DaemonSet 0.0.0.0 is every node's
+// address; it started with an info line alone.
+func TestFaultAPIBeyondLoopbackWarned(t *testing.T) {
+	logs := captureKlog(t)
+	for addr, want := range map[string]bool{
+		"0.0.0.0:8474": true, ":8474": true, "[::]:8474": true, "192.0.2.10:8474": true, "[2001:db8::1]:8474": true,
+		"127.0.0.1:8474": false, "127.0.0.2:8474": false, "[::1]:8474": false, "localhost:8474": false, "": false,
+	} {
+		before := len(logs.String())
+		warnFaultAPIBeyondLoopback(addr)
+		klog.Flush()
+		l := logs.String()[before:]
+		if warned := strings.Contains(l, "Warning: --fault-api-bind-address"); warned != want {
+			t.Errorf("--fault-api-bind-address %q: warned %v, want %v: %s", addr, warned, want, l)
+		}
+		if want && !strings.Contains(l, "anyone who reaches it") {
+			t.Errorf("--fault-api-bind-address %q: the warning does not say why: %s", addr, l)
+		}
+	}
+}
