@@ -43,6 +43,12 @@ type DebugServicePort struct {
 	FaultProxy           string       `json:"faultProxy"`
 	FaultsEnabled        bool         `json:"faultsEnabled"`
 	Faults               []DebugToxic `json:"faults,omitempty"`
+	// FaultsError says why the Service's faults annotation is not in
+	// force: from an API server, which stores any annotation, Faults are
+	// then the last valid annotation's toxics (none for a Service that
+	// never had one), and only a log line said so. (From --manifests an
+	// invalid Service is not taken at all: its last good version serves.)
+	FaultsError string `json:"faultsError,omitempty"`
 	// Error says why the port has no proxy socket (its proxyAddress is
 	// empty): the last sync could not open one, and retries; or why its
 	// socket does not serve: the fault API enabled the port, and the
@@ -187,6 +193,9 @@ func infoRow(name loadbalancer.ServicePortName, info *servicePortInfo) DebugServ
 		Affinity:    "None",
 		Endpoints:   []string{},
 		FaultProxy:  info.faultName,
+	}
+	if info.faultsErr != nil {
+		d.FaultsError = "metadata.annotations[" + faults.Annotation + "]: " + info.faultsErr.Error()
 	}
 	for _, group := range [][]netip.Addr{info.clusterIPs, info.externalIPs, info.loadBalancerIPs} {
 		d.ServiceIPs = append(d.ServiceIPs, addrStrings(group)...)

@@ -1,8 +1,11 @@
 package proxier
 
 import (
+	"encoding/json"
+	"net/http/httptest"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
@@ -198,5 +201,45 @@ func TestFaultAnnotationKeepsLastValidDuringSync(t *testing.T) {
 	p.Sync()
 	if got, want := declaredToxics(t, p, "default.web.p"), []string{"b/annotation"}; !slices.Equal(got, want) {
 		t.Errorf("toxics after the next sync: %v, want %v", got, want)
+	}
+}
+
+// /debug/services says when a Service's faults annotation is not in force
+// (from an API server, which stores any annotation): its row listed the
+// last valid toxics, or none for a new Service, with nothing telling a
+// test why its latency did not apply; only a log line did. A valid
+// annotation clears it.
+func TestDebugServicesShowInvalidFaults(t *testing.T) {
+	faultsError := func(p *Proxier) string {
+		t.Helper()
+		rec := httptest.NewRecorder()
+		p.DebugHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/debug/services", nil))
+		var rows []map[string]any
+		if err := json.Unmarshal(rec.Body.Bytes(), &rows); err != nil || len(rows) != 1 {
+			t.Fatalf("/debug/services %s: %v", rec.Body, err)
+		}
+		s, _ := rows[0]["faultsError"].(string)
+		return s
+	}
+	p := newTestProxier(t, Options{})
+	bad := makeService("web", annotated(`[{"name":"slow","type":"latncy"}]`))
+	p.OnServiceAdd(bad)
+	p.Sync()
+	if got := faultsError(p); !strings.Contains(got, `[0].type: unknown toxic type "latncy"`) {
+		t.Errorf("a new Service with an invalid annotation: faultsError %q, want the annotation's error", got)
+	}
+	good := makeService("web", annotated(`[{"name":"slow","type":"latency","attributes":{"latency":300}}]`))
+	p.OnServiceUpdate(bad, good)
+	p.Sync()
+	if got := faultsError(p); got != "" {
+		t.Errorf("after a valid annotation: faultsError %q, want none", got)
+	}
+	p.OnServiceUpdate(good, makeService("web", annotated(`[{"name":"slow","type":"latency","attributes":{"latency":"300ms"}}]`)))
+	p.Sync()
+	if got := faultsError(p); !strings.Contains(got, `[0].attributes.latency: must be a number, not "300ms"`) {
+		t.Errorf("an annotation turned invalid: faultsError %q, want the annotation's error", got)
+	}
+	if got := declaredToxics(t, p, "default.web.p"); !slices.Equal(got, []string{"slow/annotation"}) {
+		t.Errorf("toxics %v, want the last valid ones", got)
 	}
 }
