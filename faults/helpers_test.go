@@ -2,6 +2,7 @@ package faults
 
 import (
 	"encoding/json"
+	"io"
 	"net"
 	"net/netip"
 	"testing"
@@ -127,4 +128,19 @@ func relayEnds(t testing.TB, done <-chan struct{}) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the relay did not end")
 	}
+}
+
+// oneByteDelay has backend send one byte and returns how long the client
+// took to get it: the delay the toxics downstream gave it.
+func oneByteDelay(t testing.TB, client, backend *net.TCPConn) time.Duration {
+	t.Helper()
+	start := time.Now()
+	if _, err := backend.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	_ = client.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(client, make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	return time.Since(start)
 }

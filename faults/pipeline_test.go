@@ -290,16 +290,8 @@ func TestJitterIsTheToxicsOwnDraw(t *testing.T) {
 		`{"name":"sc","type":"slow_close","seed":4,"attributes":{"delay":1}}`,
 		`{"name":"j","type":"latency","seed":1,"attributes":{"latency":500,"jitter":500}}`)
 	client, backend, done := proxied(t, p, client1)
-	start := time.Now()
-	if _, err := backend.Write([]byte("x")); err != nil {
-		t.Fatal(err)
-	}
-	client.SetReadDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.ReadFull(client, make([]byte, 1)); err != nil {
-		t.Fatal(err)
-	}
 	// Never early: a delay is a deadline.
-	if took := time.Since(start); took < want-50*time.Millisecond {
+	if took := oneByteDelay(t, client, backend); took < want-50*time.Millisecond {
 		t.Errorf("the chunk was delayed %v; its latency toxic's own draw is %v", took, want)
 	}
 	client.Close()
@@ -1011,16 +1003,8 @@ func TestJitterCanShortenTheLatency(t *testing.T) {
 	want := time.Duration(2000*streamRand(uint64(seed), keyOf("j", port), 0).Float64()) * time.Millisecond
 	_, p := declared(t, seed, 0, "TCP", `{"name":"j","type":"latency","attributes":{"latency":1000,"jitter":1000}}`)
 	client, backend, done := proxied(t, p, client1)
-	start := time.Now()
-	if _, err := backend.Write([]byte("x")); err != nil {
-		t.Fatal(err)
-	}
-	client.SetReadDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.ReadFull(client, make([]byte, 1)); err != nil {
-		t.Fatal(err)
-	}
 	// The draw is below 200 ms; a jitter that only adds is 1 s at least.
-	if took := time.Since(start); took >= 800*time.Millisecond {
+	if took := oneByteDelay(t, client, backend); took >= 800*time.Millisecond {
 		t.Fatalf("latency 1000 ± 1000 ms with seed %d took %v; its draw is %v", seed, took, want)
 	}
 	client.Close()

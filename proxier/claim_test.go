@@ -1,7 +1,6 @@
 package proxier
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"net/netip"
@@ -225,9 +224,7 @@ func TestClaimsMoveBetweenServicePorts(t *testing.T) {
 			p.OnServiceAdd(makeService("taker", withClusterIP("10.96.0.11"), withNodePort(int32(a))))
 			p.Sync()
 			held(t, a, b)
-			ctx, cancel := context.WithCancel(context.Background())
-			cancel()
-			p.Run(ctx) // closes its sockets for the next round
+			stopNow(p) // closes its sockets for the next round
 		}
 	})
 }

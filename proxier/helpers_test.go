@@ -144,6 +144,32 @@ func askName(t *testing.T, srcIP, addr string) (string, error) {
 	return strings.TrimSpace(line), nil
 }
 
+// askUDP sends q in one datagram to addr from a socket of its own and
+// returns the answer, or the read's error (a refusal, or none in wait).
+func askUDP(t *testing.T, addr, q string, wait time.Duration) (string, error) {
+	t.Helper()
+	c, err := net.Dial("udp4", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte(q)); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(wait))
+	buf := make([]byte, 64)
+	n, err := c.Read(buf)
+	return string(buf[:n]), err
+}
+
+// stopNow runs p with a context already cancelled: the proxy's stop, as
+// at SIGTERM, with nothing served in between. It closes every socket.
+func stopNow(p *Proxier) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	p.Run(ctx)
+}
+
 func newTestProxier(t *testing.T, opts Options) *Proxier {
 	t.Helper()
 	if !opts.BindAddress.IsValid() {
@@ -156,12 +182,7 @@ func newTestProxier(t *testing.T, opts Options) *Proxier {
 	p := New(opts)
 	p.OnServiceSynced()
 	p.OnEndpointSlicesSynced()
-	t.Cleanup(func() {
-		// Run with a cancelled context closes every socket.
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel()
-		p.Run(ctx)
-	})
+	t.Cleanup(func() { stopNow(p) })
 	return p
 }
 

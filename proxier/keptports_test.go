@@ -1,7 +1,6 @@
 package proxier
 
 import (
-	"context"
 	"fmt"
 	"maps"
 	"net"
@@ -99,11 +98,6 @@ func TestRestartKeepsProxyPorts(t *testing.T) {
 	start := func() *Proxier {
 		return syncedProxier(Options{BindAddress: mustAddr("127.0.0.1"), IPv4Portals: iptables.New(fake, cfg)}, false, services...)
 	}
-	stop := func(p *Proxier) {
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel()
-		p.Run(ctx)
-	}
 	ports := func(p *Proxier) []int {
 		var out []int
 		for _, n := range names {
@@ -118,7 +112,7 @@ func TestRestartKeepsProxyPorts(t *testing.T) {
 
 	first := start()
 	before := ports(first)
-	stop(first)
+	stopNow(first)
 
 	fake.ResetCalls()
 	second := start()
@@ -130,7 +124,7 @@ func TestRestartKeepsProxyPorts(t *testing.T) {
 	if w := fake.Writes(); len(w) != 1 || strings.Contains(string(w[0]), "*nat") || !strings.Contains(string(w[0]), ":"+iptables.ChainPortalsNonLocal+" ") {
 		t.Errorf("a restart over right rules wrote %d times, want once, the accepts only:\n%s", len(w), w)
 	}
-	stop(second)
+	stopNow(second)
 
 	// Another process holds b's port now.
 	other, err := net.Listen("tcp4", "127.0.0.1:"+strconv.Itoa(before[1]))
@@ -141,7 +135,7 @@ func TestRestartKeepsProxyPorts(t *testing.T) {
 	fake.ResetCalls()
 	logs := captureKlog(t)
 	third := start()
-	defer stop(third)
+	defer stopNow(third)
 	got := ports(third)
 	if got[0] != before[0] || got[2] != before[2] || got[1] == before[1] {
 		t.Errorf("proxy ports %v with %d held by another process, want %d and %d kept and another for b", got, before[1], before[0], before[2])
@@ -357,11 +351,6 @@ func TestRestartKeepsBothLocalProxyPorts(t *testing.T) {
 	start := func() *Proxier {
 		return syncedProxier(Options{BindAddress: mustAddr("127.0.0.1"), IPv4Portals: iptables.New(fake, cfg), NodeName: "node1"}, false, services...)
 	}
-	stop := func(p *Proxier) {
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel()
-		p.Run(ctx)
-	}
 	ports := func(p *Proxier) [][2]int {
 		var out [][2]int
 		for _, n := range []string{"default/np:p", "default/lb:p"} {
@@ -375,11 +364,11 @@ func TestRestartKeepsBothLocalProxyPorts(t *testing.T) {
 	}
 	first := start()
 	before := ports(first)
-	stop(first)
+	stopNow(first)
 
 	fake.ResetCalls()
 	second := start()
-	defer stop(second)
+	defer stopNow(second)
 	if got := ports(second); fmt.Sprint(got) != fmt.Sprint(before) {
 		t.Errorf("proxy ports (cluster IP's, second) after a restart %v, want the rules' %v", got, before)
 	}

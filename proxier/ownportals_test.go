@@ -42,17 +42,8 @@ func TestEndpointAtOwnPortalNotDialled(t *testing.T) {
 		p.OnServiceAdd(makeService("loop", withProtocol(v1.ProtocolUDP), withExternalIPPort("127.0.0.53", int32(port))))
 		p.OnEndpointSliceAdd(makeSlice("loop", v1.ProtocolUDP, net.JoinHostPort("127.0.0.53", strconv.Itoa(port))))
 		p.Sync()
-		c, err := net.Dial("udp4", proxyAddr(t, p, "default/loop:p"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		if _, err := c.Write([]byte("q")); err != nil {
-			t.Fatal(err)
-		}
-		_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
-		if n, err := c.Read(make([]byte, 16)); err == nil {
-			t.Fatalf("the client got a %d-byte answer from the Service's own portal address: want its datagram dropped, the endpoint not dialled", n)
+		if answer, err := askUDP(t, proxyAddr(t, p, "default/loop:p"), "q", 2*time.Second); err == nil {
+			t.Fatalf("the client got the answer %q from the Service's own portal address: want its datagram dropped, the endpoint not dialled", answer)
 		}
 	})
 }
@@ -94,19 +85,8 @@ func TestOwnPortalBesideEndpoints(t *testing.T) {
 			net.JoinHostPort("127.0.0.53", strconv.Itoa(port)), net.JoinHostPort("127.0.0.54", strconv.Itoa(port))))
 		p.Sync()
 		for i := range 4 {
-			c, err := net.Dial("udp4", proxyAddr(t, p, "default/loop:p"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			if _, err := c.Write([]byte("q")); err != nil {
-				t.Fatal(err)
-			}
-			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-			buf := make([]byte, 16)
-			n, err := c.Read(buf)
-			if err != nil || string(buf[:n]) != "real:q" {
-				t.Fatalf("client %d: answer %q (%v); want \"real:q\", from the endpoint that is no portal", i, buf[:n], err)
+			if answer, err := askUDP(t, proxyAddr(t, p, "default/loop:p"), "q", 5*time.Second); err != nil || answer != "real:q" {
+				t.Fatalf("client %d: answer %q (%v); want \"real:q\", from the endpoint that is no portal", i, answer, err)
 			}
 		}
 	})

@@ -1,7 +1,6 @@
 package proxier
 
 import (
-	"context"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -32,11 +31,7 @@ func newPortalProxierUnsynced(t *testing.T) (*Proxier, *iptables.FakeRunner) {
 	fake := iptables.NewFakeRunner(iptables.IPv4)
 	rules := iptables.New(fake, iptables.Config{Family: iptables.IPv4, BindAddress: mustAddr("127.0.0.1"), NodeIP: mustAddr("127.0.0.1")})
 	p := New(Options{IPv4Portals: rules, BindAddress: mustAddr("127.0.0.1")})
-	t.Cleanup(func() {
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel()
-		p.Run(ctx)
-	})
+	t.Cleanup(func() { stopNow(p) })
 	return p, fake
 }
 
@@ -128,11 +123,7 @@ func newFakeClockProxier(t *testing.T) (*Proxier, *iptables.FakeRunner, *clockte
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	rules := iptables.New(fake, iptables.Config{Family: iptables.IPv4, BindAddress: mustAddr("127.0.0.1")})
 	p := New(Options{IPv4Portals: rules, BindAddress: mustAddr("127.0.0.1"), Clock: clk, SyncPeriod: 30 * time.Second})
-	t.Cleanup(func() {
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel()
-		p.Run(ctx)
-	})
+	t.Cleanup(func() { stopNow(p) })
 	p.OnServiceSynced()
 	p.OnEndpointSlicesSynced()
 	return p, fake, clk
@@ -470,11 +461,7 @@ func TestServiceOfAnUnsupportedFamilyNotServed(t *testing.T) {
 				opts.IPv6Portals = v6
 			}
 			p := New(opts)
-			t.Cleanup(func() {
-				ctx, cancel := context.WithCancel(context.Background())
-				cancel()
-				p.Run(ctx)
-			})
+			t.Cleanup(func() { stopNow(p) })
 			listened := 0
 			p.listen = func(_ loadbalancer.ServicePortName, _ netip.Addr, port int, _ bool, _ *loadbalancer.ServicePort, _ *faults.Port, _ *socketConfig) (proxySocket, error) {
 				listened++
@@ -524,11 +511,7 @@ func TestServiceOfAnUnsupportedFamilyNotServed(t *testing.T) {
 func newSyncedPlanProxier(t *testing.T, opts Options) *Proxier {
 	t.Helper()
 	p := New(opts)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel()
-		p.Run(ctx)
-	})
+	t.Cleanup(func() { stopNow(p) })
 	p.listen = func(_ loadbalancer.ServicePortName, _ netip.Addr, port int, _ bool, _ *loadbalancer.ServicePort, _ *faults.Port, _ *socketConfig) (proxySocket, error) {
 		return planSocket(40000), nil
 	}

@@ -45,16 +45,7 @@ func TestRetiredExternalSocketGoesWithItsDeletedService(t *testing.T) {
 	}
 	extPort := ap.externalPort
 	ask := func(port int) (string, error) {
-		c, err := net.Dial("udp4", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		_, _ = c.Write([]byte("q"))
-		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		buf := make([]byte, 64)
-		n, err := c.Read(buf)
-		return string(buf[:n]), err
+		return askUDP(t, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), "q", 5*time.Second)
 	}
 
 	fake.SetError("Restore", errors.New("iptables-restore: line 3 failed"))

@@ -203,7 +203,5 @@ func TestServiceChangesPendingCountsServices(t *testing.T) {
 	if got := testutil.ToFloat64(p.metrics.ServiceChangesPending); got != 0 {
 		t.Errorf("pending after the sync %v, want 0", got)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	p.Run(ctx)
+	stopNow(p)
 }

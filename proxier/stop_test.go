@@ -57,9 +57,7 @@ func TestRunFlushesTheAcceptsBeforeClosingSockets(t *testing.T) {
 		t.Fatalf("no accept of portal traffic after the sync")
 	}
 	nat := natRules(fake)
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	p.Run(ctx)
+	stopNow(p)
 	if !w.stopped || !w.listening {
 		t.Errorf("Stop called: %v; the proxy socket still listened then: %v (want both): %v", w.stopped, w.listening, w.dialErr)
 	}
@@ -88,9 +86,7 @@ func TestStopLeavesTheAcceptsToAnotherProxy(t *testing.T) {
 	p.Sync()
 	w.addr = proxyAddr(t, p, "default/web:p")
 	before := fake.Rules(iptables.TableFilter, iptables.ChainPortalsNonLocal)
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	p.Run(ctx)
+	stopNow(p)
 	if w.stopped {
 		t.Errorf("Stop called while another proxy runs")
 	}
@@ -118,9 +114,7 @@ func TestStopClearsUDPFlows(t *testing.T) {
 		p.OnServiceAdd(makeService("web", withClusterIP("10.96.0.11")))
 		p.Sync()
 		ct.take()
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel()
-		p.Run(ctx)
+		stopNow(p)
 		got := ct.take()
 		switch want := "udp 10.96.0.10:80"; {
 		case !other && !slices.Contains(got, want):
@@ -198,9 +192,7 @@ func TestStopResetsConnectionsNotYetRelayed(t *testing.T) {
 			} else {
 				time.Sleep(200 * time.Millisecond) // in the delay
 			}
-			ctx, cancel := context.WithCancel(context.Background())
-			cancel()
-			p.Run(ctx)
+			stopNow(p)
 			_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
 			if _, err := c.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
 				t.Errorf("client read after the proxy's stop: %v; want a reset", err)
@@ -261,9 +253,7 @@ func TestStopEndsPendingDialsWithoutFailure(t *testing.T) {
 	}
 	defer c.Close()
 	<-d.entered
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	p.Run(ctx)
+	stopNow(p)
 	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
 	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
 		t.Errorf("client read after the proxy's stop: %v; want a reset", err)

@@ -97,15 +97,26 @@ func relayedBuffered(t *testing.T, o Options, buffered bool) (client, backend *n
 // pause overran a 300 ms bound.
 func TestWriteTimeoutSpareSlowReader(t *testing.T) {
 	client, backend, done := relayed(t, Options{WriteTimeout: time.Second})
-	const total = 24 << 20
+	// 1 MiB every 100 ms: the copy waits up to 100 ms at a time, a tenth
+	// of the bound, for seconds.
+	readSlowly(t, client, backend, 24<<20, 1<<20, 100*time.Millisecond)
+	client.Close()
+	<-done
+}
+
+// readSlowly has backend send total bytes and its FIN, lets every buffer
+// between them fill, then reads client to its end chunk bytes at a time
+// with pause after each: a reader slow but steady, which a write bound on
+// time without progress must spare. It fails t unless the client gets
+// every byte and the end, and returns how long the reading took.
+func readSlowly(t *testing.T, client, backend *net.TCPConn, total, chunk int, pause time.Duration) time.Duration {
+	t.Helper()
 	go func() {
-		backend.Write(make([]byte, total))
-		backend.CloseWrite()
+		_, _ = backend.Write(make([]byte, total))
+		_ = backend.CloseWrite()
 	}()
-	// Let every buffer fill, then read 1 MiB every 100 ms: the copy waits
-	// up to 100 ms at a time, a tenth of the bound, for seconds.
-	time.Sleep(150 * time.Millisecond)
-	buf := make([]byte, 1<<20)
+	time.Sleep(150 * time.Millisecond) // every buffer fills
+	buf := make([]byte, chunk)
 	got := 0
 	start := time.Now()
 	_ = client.SetReadDeadline(time.Now().Add(20 * time.Second))
@@ -118,13 +129,12 @@ func TestWriteTimeoutSpareSlowReader(t *testing.T) {
 			}
 			break
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(pause)
 	}
 	if got != total {
 		t.Fatalf("client got %d bytes, want %d", got, total)
 	}
-	client.Close()
-	<-done
+	return time.Since(start)
 }
 
 // A half-closed connection whose remaining direction is stuck writing to a

@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"io"
 	"testing"
 	"time"
 
@@ -24,28 +23,6 @@ func TestLoopWriteBoundSparesSlowReader(t *testing.T) {
 	client, backend := b.connect(t, h, true)
 	_ = client.SetReadBuffer(64 << 10)
 	const total = 3 << 20
-	go func() {
-		_, _ = backend.Write(make([]byte, total))
-		_ = backend.CloseWrite()
-	}()
-	time.Sleep(150 * time.Millisecond) // every buffer fills
-	buf := make([]byte, 32<<10)
-	got := 0
-	start := time.Now()
-	_ = client.SetReadDeadline(time.Now().Add(20 * time.Second))
-	for {
-		n, err := io.ReadFull(client, buf)
-		got += n
-		if err != nil {
-			if err != io.EOF && err != io.ErrUnexpectedEOF {
-				t.Fatalf("client read after %d bytes (%v): %v", got, time.Since(start), err)
-			}
-			break
-		}
-		time.Sleep(40 * time.Millisecond)
-	}
-	if got != total {
-		t.Fatalf("client got %d bytes, want %d", got, total)
-	}
-	t.Logf("read %d bytes in %v", got, time.Since(start).Round(time.Millisecond))
+	took := readSlowly(t, client, backend, total, 32<<10, 40*time.Millisecond)
+	t.Logf("read %d bytes in %v", total, took.Round(time.Millisecond))
 }

@@ -142,10 +142,7 @@ func TestFirstInstanceRepairsWhenTheSecondExits(t *testing.T) {
 	useOwnInstanceName(t)
 	logs := captureKlog(t)
 
-	first, _, _ := claimInstance()
-	defer first.release()
-	repaired := make(chan struct{}, 4)
-	first.OnOtherGone(func() { repaired <- struct{}{} })
+	_, repaired := holderCountingRepairs(t)
 	if held, _ := holder(); !held { // --cleanup's look
 		t.Fatal("holder() found no holder")
 	}
@@ -359,6 +356,17 @@ func useOwnInstanceName(t *testing.T) {
 	t.Cleanup(func() { instanceSocket = saved })
 }
 
+// holderCountingRepairs claims the instance name, first, and returns the
+// claim, released when t ends, and a channel that gets a value each time
+// the claim is asked to repair the rules (OnOtherGone).
+func holderCountingRepairs(t *testing.T) (*instanceClaim, chan struct{}) {
+	first, _, _ := claimInstance()
+	t.Cleanup(first.release)
+	repaired := make(chan struct{}, 64)
+	first.OnOtherGone(func() { repaired <- struct{}{} })
+	return first, repaired
+}
+
 // holding reports whether the claim holds instanceSocket now.
 func (c *instanceClaim) holding() bool {
 	c.mu.Lock()
@@ -484,10 +492,7 @@ func TestInstanceIgnoresOtherUsers(t *testing.T) {
 	useOwnInstanceName(t)
 	logs := captureKlog(t)
 
-	first, _, _ := claimInstance()
-	defer first.release()
-	repaired := make(chan struct{}, 64)
-	first.OnOtherGone(func() { repaired <- struct{}{} })
+	_, repaired := holderCountingRepairs(t)
 	stop := startOtherUser(t, "hello")
 	time.Sleep(100 * time.Millisecond)
 	second := dialOlderProxy(t) // one that may have written rules: repaired at its exit
@@ -553,10 +558,7 @@ func TestInstanceRepairsWhenCleanupEnds(t *testing.T) {
 	useOwnInstanceName(t)
 	logs := captureKlog(t)
 
-	first, _, _ := claimInstance()
-	defer first.release()
-	repaired := make(chan struct{}, 4)
-	first.OnOtherGone(func() { repaired <- struct{}{} })
+	first, repaired := holderCountingRepairs(t)
 	held, pid, done := holderDuringCleanup()
 	if !held || pid != os.Getpid() {
 		t.Fatalf("--cleanup's look: held %v, pid %d; want true, %d", held, pid, os.Getpid())
