@@ -53,35 +53,40 @@ func (r *readiness) delays() wait.DelayFunc {
 // of its own.
 func (r *readiness) now(ctx context.Context) bool {
 	r.mu.Lock()
-	if c := r.inFlight; c != nil {
-		r.mu.Unlock()
-		select {
-		case <-c.done:
-			return c.ready
-		case <-ctx.Done():
+	c := r.inFlight
+	if c == nil {
+		if !r.notReadyAt.IsZero() && time.Since(r.notReadyAt) < r.every {
+			r.mu.Unlock()
 			return false
 		}
+		c = &probeCall{done: make(chan struct{})}
+		r.inFlight = c
+		go r.run(ctx, c)
 	}
-	if !r.notReadyAt.IsZero() && time.Since(r.notReadyAt) < r.every {
-		r.mu.Unlock()
+	r.mu.Unlock()
+	select {
+	case <-c.done:
+		return c.ready
+	case <-ctx.Done(): // a stop does not wait for a probe into a dead path
 		return false
 	}
-	c := &probeCall{done: make(chan struct{})}
-	r.inFlight = c
-	r.mu.Unlock()
-	// A probe others joined runs to its end (its own timeout bounds it):
-	// the caller's context ending must not read as "not ready" to them.
-	c.ready = r.probe(context.WithoutCancel(ctx))
+}
+
+// run makes probe c. It runs to its end (the probe's own timeout bounds
+// it) whoever started it: that caller's context ending must not read as
+// "not ready" to the others that joined.
+func (r *readiness) run(ctx context.Context, c *probeCall) {
+	ready := r.probe(context.WithoutCancel(ctx))
 	r.mu.Lock()
+	c.ready = ready
 	r.inFlight = nil
-	if c.ready {
+	if ready {
 		r.notReadyAt = time.Time{}
 	} else {
 		r.notReadyAt = time.Now()
 	}
 	r.mu.Unlock()
 	close(c.done)
-	return c.ready
 }
 
 // wait returns a channel told the answer of each probe of the stream from
