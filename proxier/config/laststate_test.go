@@ -479,3 +479,55 @@ func TestLastKnownStateKeepsTheNodeAddresses(t *testing.T) {
 		t.Fatalf("ReadStateNode: %q %v (%v), want node-a with %v", node, ips, err, addrs)
 	}
 }
+
+// A proxy that waited behind another (cmd: a second proxy in the network
+// namespace waits for the first to exit) runs Run long after its grace
+// began (GraceFrom: the process's start), its source running all along.
+// Synced meanwhile: the file is never served, though the grace used up and
+// the sync are both ready when Run starts. Not synced (the API server away
+// the whole wait): the file, the other proxy's last write, is served at
+// once, not after a grace counted anew.
+func TestLastKnownStateGraceUsedUpWhileWaiting(t *testing.T) {
+	t.Run("synced meanwhile", func(t *testing.T) {
+		for range 20 { // Run's select takes either of the two ready cases
+			path := filepath.Join(t.TempDir(), "state.json")
+			writeState(t, path, []*v1.Service{stateService("old", "10.96.0.1")}, nil)
+			rec := newManifestRecorder()
+			s := NewLastKnownState(path, rec, time.Second)
+			s.writeEvery = time.Hour
+			s.GraceFrom(time.Now().Add(-time.Hour))
+			s.OnServiceAdd(stateService("new", "10.96.0.2"))
+			s.OnServiceSynced()
+			s.OnEndpointSlicesSynced()
+			stop := runState(t, s)
+			deadline := time.Now().Add(5 * time.Second)
+			for { // the sync's write: Run is past its wait
+				if svcs, _ := readState(t, path); fmtList(svcs) == "[new=10.96.0.2]" {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the file not rewritten from the source within 5 s")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			stop()
+			for _, ev := range rec.take() {
+				if strings.Contains(ev, "default/old") {
+					t.Fatalf("the file's Service served after the source synced: %s", ev)
+				}
+			}
+			if s.Status().Serving {
+				t.Fatal("status says serving the file after the source synced")
+			}
+		}
+	})
+	t.Run("not synced", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "state.json")
+		writeState(t, path, []*v1.Service{stateService("old", "10.96.0.1")}, nil)
+		rec := newManifestRecorder()
+		s := NewLastKnownState(path, rec, time.Hour)
+		s.GraceFrom(time.Now().Add(-2 * time.Hour))
+		runState(t, s)
+		rec.waitFor(t, 5*time.Second, "add Service default/old", "synced Service", "synced EndpointSlice")
+	})
+}
