@@ -88,7 +88,12 @@ func NewClientAttempt(timeout time.Duration, client *net.TCPConn) *Attempt {
 		return NewAttempt(timeout)
 	}
 	a := &Attempt{done: make(chan struct{}), client: client, end: time.Now().Add(timeout)}
+	// Set under mu, which fire takes before it reads (Resets) the timer:
+	// a dial goroutine descheduled past clientWatchAfter between
+	// AfterFunc's return and this store left fire a nil timer.
+	a.mu.Lock()
 	a.timer = time.AfterFunc(clientWatchAfter, a.fire)
+	a.mu.Unlock()
 	return a
 }
 
