@@ -190,3 +190,26 @@ func TestExplainAPIServerZoneHints(t *testing.T) {
 		}
 	}
 }
+
+// explain against an API server says when a Service's faults annotation is
+// invalid (the API server stores any): "faults: none" read as a Service
+// declaring none, where the proxy logs the error and keeps the last valid
+// toxics (a new Service gets none).
+func TestExplainAPIServerInvalidFaults(t *testing.T) {
+	srv := fakeAPIServer(t, map[string]string{
+		"/api/v1/services": `{"kind":"ServiceList","apiVersion":"v1","metadata":{"resourceVersion":"1"},"items":[
+			{"metadata":{"namespace":"default","name":"web","resourceVersion":"1",
+			  "annotations":{"kube-userspace-proxy/faults":"[{\"name\":\"slow\",\"type\":\"latncy\"}]"}},
+			 "spec":{"type":"ClusterIP","clusterIP":"10.96.0.10","clusterIPs":["10.96.0.10"],"ipFamilies":["IPv4"],
+			  "ports":[{"name":"http","protocol":"TCP","port":80,"targetPort":8080}]}}]}`,
+		"/apis/discovery.k8s.io/v1/endpointslices": `{"kind":"EndpointSliceList","apiVersion":"discovery.k8s.io/v1","metadata":{"resourceVersion":"1"},"items":[]}`,
+	}, nil)
+	var out bytes.Buffer
+	if code := explain(t.Context(), []string{"--master", srv.URL, "--node-ip", "192.168.50.10", "--timeout", "10s"}, &out); code != 0 {
+		t.Fatalf("exit %d\n%s", code, &out)
+	}
+	want := `faults:           none: the annotation is invalid (metadata.annotations[kube-userspace-proxy/faults]: [0].type: unknown toxic type "latncy"`
+	if !strings.Contains(out.String(), want) {
+		t.Errorf("explain does not show %q:\n%s", want, &out)
+	}
+}

@@ -238,9 +238,14 @@ func (e *explanation) writePort(w *bufio.Writer, p proxier.DebugServicePort) {
 	} else {
 		field(w, "session affinity", "none")
 	}
-	if len(p.Faults) == 0 {
+	switch {
+	case p.FaultsError != "" && len(p.Faults) == 0:
+		// From an API server, which stores any annotation: "none" alone
+		// read as a Service that declares none.
+		field(w, "faults", "none: the annotation is invalid ("+p.FaultsError+"); a running proxy keeps the Service's last valid faults, and a new Service gets none")
+	case len(p.Faults) == 0:
 		field(w, "faults", "none")
-	} else {
+	default:
 		var fs []string
 		for _, t := range p.Faults {
 			fs = append(fs, toxicSummary(t.Toxic))
