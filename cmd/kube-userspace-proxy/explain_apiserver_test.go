@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -11,15 +12,18 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/lockedbuf"
 )
 
 // explainCommand starts this test binary as `kube-userspace-proxy explain
 // args...`, its stdout and stderr in the buffers.
-func explainCommand(t *testing.T, args ...string) (cmd *exec.Cmd, stdout, stderr *bytes.Buffer) {
+// stderr may be read while it runs.
+func explainCommand(t *testing.T, args ...string) (cmd *exec.Cmd, stdout *bytes.Buffer, stderr *lockedbuf.Buffer) {
 	t.Helper()
 	cmd = exec.Command(os.Args[0], append([]string{"-test.run=^$", "--", "explain"}, args...)...)
 	cmd.Env = append(os.Environ(), runAsCommand+"=1")
-	stdout, stderr = new(bytes.Buffer), new(bytes.Buffer)
+	stdout, stderr = new(bytes.Buffer), new(lockedbuf.Buffer)
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -29,7 +33,7 @@ func explainCommand(t *testing.T, args ...string) (cmd *exec.Cmd, stdout, stderr
 }
 
 // waitExit waits at most limit for cmd and returns its exit status.
-func waitExit(t *testing.T, cmd *exec.Cmd, limit time.Duration, stderr *bytes.Buffer) int {
+func waitExit(t *testing.T, cmd *exec.Cmd, limit time.Duration, stderr fmt.Stringer) int {
 	t.Helper()
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
@@ -100,7 +104,15 @@ func TestExplainRefusedReadsSaidAsRefused(t *testing.T) {
 // or "context canceled".
 func TestExplainInterruptedWhileWaiting(t *testing.T) {
 	cmd, _, stderr := explainCommand(t, "--master", "http://127.0.0.1:1")
-	time.Sleep(time.Second)
+	// Once it says what it waits for, its signal handler is in place: a
+	// second's sleep instead was too short for a race-built child on a
+	// loaded machine, which SIGINT then killed (exit -1).
+	for deadline := time.Now().Add(20 * time.Second); !strings.Contains(stderr.String(), "waiting for the API server at"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("explain never said it waits for the API server:\n%s", stderr)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
