@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
+	"syscall"
 
 	goipt "github.com/coreos/go-iptables/iptables"
 	"k8s.io/klog/v2"
@@ -150,7 +151,7 @@ func (r *execRunner) DeleteRule(table Table, chain string, args ...string) error
 
 func (r *execRunner) Save(tables ...Table) ([]byte, error) {
 	var out, stderr bytes.Buffer
-	cmd := exec.Command(r.save)
+	cmd := ownGroup(exec.Command(r.save))
 	if len(tables) == 1 {
 		cmd.Args = append(cmd.Args, "-t", string(tables[0]))
 	}
@@ -172,8 +173,22 @@ func (r *execRunner) Restore(data []byte) error {
 
 // restoreCmd is iptables-restore --noflush reading data.
 func (r *execRunner) restoreCmd(data []byte, stderr *bytes.Buffer) *exec.Cmd {
-	cmd := exec.Command(r.restore, append([]string{"--noflush"}, r.restoreWait...)...)
+	cmd := ownGroup(exec.Command(r.restore, append([]string{"--noflush"}, r.restoreWait...)...))
 	cmd.Stdin, cmd.Stderr = bytes.NewReader(data), stderr
+	return cmd
+}
+
+// ownGroup starts cmd in a process group of its own. A signal sent to the
+// proxy's group (timeout(1) signals the proxy, then its group; a second
+// Ctrl-C; kill -- -PGID) is meant for the proxy, whose stop then writes
+// rules (the accepts of portal traffic flushed): in the proxy's group, the
+// stop's own iptables-save and iptables-restore were killed by it, and the
+// accepts stayed. Each write still ends on its own (-w 5 bounds its wait
+// for the xtables lock), and its standard streams are pipes or /dev/null,
+// never a terminal, which a process outside the foreground group could not
+// use.
+func ownGroup(cmd *exec.Cmd) *exec.Cmd {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	return cmd
 }
 

@@ -69,10 +69,17 @@ func TestDropPolicyNode(t *testing.T) {
 // answering pod1: for tests that change the node under it.
 func servedWeb(t *testing.T) (*netns.Cluster, *proxy, *env, svc) {
 	t.Helper()
+	return servedWebWith(t, func(*proxy) {})
+}
+
+// servedWebWith is servedWeb with a change to the proxy before it starts.
+func servedWebWith(t *testing.T, prepare func(*proxy)) (*netns.Cluster, *proxy, *env, svc) {
+	t.Helper()
 	requireSuite(t)
 	c := netns.NewCluster(t, netns.ClusterOptions{Backends: 2, ClientIPsEach: 1})
 	c.StartBackends(t, backendBin, backendPort)
 	p := newProxy(t, c)
+	prepare(p)
 	s := svc{name: "web", clusterIP: "10.96.0.10", endpoints: ips(c, 0, 1)}
 	writeSvc(t, p.dir, s)
 	p.Start(t, startWithin)
