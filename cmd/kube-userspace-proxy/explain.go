@@ -156,6 +156,11 @@ func explainOptions(args []string) (o *options, v *validated, timeout time.Durat
 	}
 	o.noteGivenFlags(fs)
 	v, err := o.validate()
+	if *timeoutFlag < 0 {
+		// Bad input, as for the proxy's duration flags; it read as 0,
+		// waiting without limit for an API server that may never answer.
+		err = errors.Join(err, fmt.Errorf("--timeout must not be negative, got %v", *timeoutFlag))
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy explain: invalid flags:\n%v\n", err)
 		return nil, nil, 0, exitUsage, true

@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"flag"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -13,6 +15,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
 )
@@ -189,6 +192,21 @@ func TestExplainBadInput(t *testing.T) {
 		if code := explain(t.Context(), tc.args, &out); code != tc.code {
 			t.Errorf("explain %q: exit %d, want %d", tc.args, code, tc.code)
 		}
+	}
+}
+
+// A negative --timeout is bad input, as every other negative duration
+// flag is (exit 2, the flag named). It read as "without limit (--timeout
+// 0)": explain then waited for an absent API server until interrupted.
+func TestExplainNegativeTimeout(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	var code int
+	stderr := capture(t, &os.Stderr, func() {
+		code = explain(ctx, []string{"--master", "http://127.0.0.1:1", "--timeout", "-1s"}, io.Discard)
+	})
+	if code != exitUsage || !strings.Contains(stderr, "--timeout must not be negative, got -1s") {
+		t.Errorf("explain --timeout -1s: exit %d, stderr:\n%s\nwant exit %d naming --timeout", code, stderr, exitUsage)
 	}
 }
 
