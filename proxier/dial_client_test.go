@@ -3,7 +3,9 @@ package proxier
 import (
 	"io"
 	"net"
+	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,7 +28,7 @@ func TestClientResetWhileDialingAbandonsTheDial(t *testing.T) {
 			p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, "127.0.0.6:"+port))
 			p.Sync()
 			addr := proxyAddr(t, p, "default/web:p")
-			before := inUse(t)
+			before := socketsNow(t)
 			const clients = 5
 			var conns []*net.TCPConn
 			for range clients {
@@ -38,12 +40,12 @@ func TestClientResetWhileDialingAbandonsTheDial(t *testing.T) {
 			}
 			// Ours, and the proxy's client and backend socket of each:
 			// every dial is pending.
-			waitInUse(t, func(n int) bool { return n >= before+3*clients }, "every client's dial pending: "+strconv.Itoa(before+3*clients))
+			waitNewSockets(t, before, func(n int) bool { return n >= 3*clients }, strconv.Itoa(3*clients)+": every client's dial pending")
 			for _, c := range conns {
 				_ = c.SetLinger(0)
 				c.Close()
 			}
-			waitInUse(t, func(n int) bool { return n <= before }, "the proxy's sockets of clients that reset closed: "+strconv.Itoa(before))
+			waitNewSockets(t, before, func(n int) bool { return n == 0 }, "none: the proxy's sockets of clients that reset closed")
 			m := p.metrics.ports.lookup("default/web:p")
 			waitFor(t, strconv.Itoa(clients)+" connections counted abandoned", func() bool { return m.abandoned.value() == clients })
 			if f, d, r := m.failed.value(), m.dialFailures.value(), m.dialRetries.value(); f != 0 || d != 0 || r != 0 {
@@ -97,24 +99,41 @@ func TestClientHalfCloseWhileDialingIsServed(t *testing.T) {
 	}
 }
 
-func inUse(t *testing.T) int {
+// socketsNow are the sockets the process holds (their /proc/self/fd
+// links, "socket:[inode]").
+func socketsNow(t *testing.T) map[string]bool {
 	t.Helper()
-	n, _, ok := descriptorsInUse()
-	if !ok {
-		t.Skip("no /proc/self/fd")
+	dir := "/proc/self/fd/"
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Skip("no /proc/self/fd:", err)
 	}
-	return n
+	sockets := map[string]bool{}
+	for _, e := range entries {
+		if link, err := os.Readlink(dir + e.Name()); err == nil && strings.HasPrefix(link, "socket:") {
+			sockets[link] = true
+		}
+	}
+	return sockets
 }
 
-// waitInUse polls the process's descriptors in use until ok says yes
-// (within 3 s).
-func waitInUse(t *testing.T, ok func(n int) bool, what string) {
+// waitNewSockets polls the sockets opened since before (other tests'
+// sockets that close meanwhile do not count) until ok says yes (within
+// 3 s).
+func waitNewSockets(t *testing.T, before map[string]bool, ok func(n int) bool, what string) {
 	t.Helper()
-	n := inUse(t)
-	for end := time.Now().Add(3 * time.Second); !ok(n); n = inUse(t) {
-		if time.Now().After(end) {
-			t.Fatalf("%d descriptors in use after 3 s; want %s", n, what)
+	for end := time.Now().Add(3 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		n := 0
+		for s := range socketsNow(t) {
+			if !before[s] {
+				n++
+			}
 		}
-		time.Sleep(5 * time.Millisecond)
+		if ok(n) {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("%d sockets opened since the start still open after 3 s; want %s", n, what)
+		}
 	}
 }
