@@ -1,6 +1,7 @@
 package proxier
 
 import (
+	"context"
 	"io"
 	"net"
 	"os"
@@ -135,5 +136,37 @@ func waitNewSockets(t *testing.T, before map[string]bool, ok func(n int) bool, w
 		if time.Now().After(end) {
 			t.Fatalf("%d sockets opened since the start still open after 3 s; want %s", n, what)
 		}
+	}
+}
+
+// A goroutine-relayed client whose dial is pending when the proxy stops is
+// reset by the stop, and the pending attempt ends with it: its backend
+// socket is closed at once and nothing is counted (TestStopEndsPendingDialsWithoutFailure
+// has the rest). The attempt went on to its time (here 10 s), holding
+// the backend socket past the stop.
+func TestStopEndsThePendingAttempt(t *testing.T) {
+	port := portOf(serveTCP(t, "127.0.0.2", func(net.Conn) {}).Addr())
+	silentListener(t, "127.0.0.6", port)
+	before := socketsNow(t)
+	p := New(Options{BindAddress: mustAddr("127.0.0.1"), DataPath: DataPathGoroutines, DialTimeouts: []time.Duration{10 * time.Second}})
+	p.OnServiceSynced()
+	p.OnEndpointSlicesSynced()
+	p.OnServiceAdd(makeService("web"))
+	p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, "127.0.0.6:"+port))
+	p.Sync()
+	m := p.metrics.ports.lookup("default/web:p")
+	c, err := net.Dial("tcp", proxyAddr(t, p, "default/web:p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Ours, and the proxy's listener, client and backend socket.
+	waitNewSockets(t, before, func(n int) bool { return n >= 4 }, "4: the dial pending")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	p.Run(ctx)
+	waitNewSockets(t, before, func(n int) bool { return n == 1 }, "1: only ours left after the stop")
+	if f, d, a := m.failed.value(), m.dialFailures.value(), m.abandoned.value(); f != 0 || d != 0 || a != 0 {
+		t.Fatalf("failed %v, dial failures %v, abandoned %v after the stop; want nothing counted", f, d, a)
 	}
 }

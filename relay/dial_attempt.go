@@ -74,7 +74,7 @@ func NewAttempt(timeout time.Duration) *Attempt {
 const clientWatchAfter = 10 * time.Millisecond
 
 // NewClientAttempt is NewAttempt for a dial made for client, which also
-// ends, with ClientGone, when client resets: a client that left is not
+// ends, with ClientGone, when client resets (or is closed): a client that left is not
 // dialled for on until the attempt's time is up (its descriptor and the
 // backend socket held, the attempt counted as the endpoint's failure).
 // Its FIN alone does not end it: a client may send its request and
@@ -149,11 +149,16 @@ func (a *Attempt) fire() {
 }
 
 // watchClient waits in the poller for the client's reset, until Stop's
-// deadline wakes it (or the client is closed); then it closes watched.
+// deadline wakes it; then it closes watched. A client closed meanwhile
+// (the proxy's stop resets its pending clients) ends the attempt as its
+// reset does: its backend socket is not kept for the attempt's time.
 func (a *Attempt) watchClient(watched chan struct{}) {
 	defer close(watched)
 	raw, err := a.client.SyscallConn()
-	if err == nil && raw.Read(clientReset) == nil {
+	if err == nil {
+		err = raw.Read(clientReset)
+	}
+	if err == nil || errors.Is(err, net.ErrClosed) {
 		a.leave()
 	}
 }

@@ -54,21 +54,32 @@ func waitClosed(t *testing.T, conn *net.TCPConn) {
 // An attempt for a client whose connect gets no answer ends when the
 // client resets, not at its time: before its watch of the client started
 // (a reset that came with the accept or during the first moment) or while
-// the watch waits. The dial fails as cancelled and ClientGone says why. It
-// went on for the attempt's whole time (here a minute).
+// the watch waits; and when the proxy closes the client (its stop resets
+// its pending clients). The dial fails as cancelled and ClientGone says
+// why. It went on for the attempt's whole time (here a minute).
 func TestClientAttemptEndsWhenTheClientResets(t *testing.T) {
 	d := net.Dialer{KeepAlive: -1, ControlContext: AttemptControl(DialControl(Liveness{}))}
 	silent := silentBackend(t).String()
+	reset := func(peer, conn *net.TCPConn) {
+		_ = peer.SetLinger(0)
+		peer.Close()
+		waitClosed(t, conn)
+	}
+	closeHere := func(_, conn *net.TCPConn) { conn.Close() }
 	for _, tc := range []struct {
 		name    string
-		watched bool // reset once the watch started
-	}{{"before the watch", false}, {"while watched", true}} {
+		end     func(peer, conn *net.TCPConn)
+		watched bool // ended once the watch started
+	}{
+		{"reset before the watch", reset, false},
+		{"reset while watched", reset, true},
+		{"closed here before the watch", closeHere, false},
+		{"closed here while watched", closeHere, true},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			peer, conn := clientPair(t)
 			if !tc.watched {
-				_ = peer.SetLinger(0)
-				peer.Close()
-				waitClosed(t, conn)
+				tc.end(peer, conn)
 			}
 			a := NewClientAttempt(time.Minute, conn)
 			type result struct {
@@ -91,17 +102,16 @@ func TestClientAttemptEndsWhenTheClientResets(t *testing.T) {
 						t.Fatal("the attempt never watched its client")
 					}
 				}
-				_ = peer.SetLinger(0)
-				peer.Close()
+				tc.end(peer, conn)
 			}
 			var r result
 			select {
 			case r = <-done:
 			case <-time.After(10 * time.Second):
-				t.Fatal("the dial went on 10 s after its client reset")
+				t.Fatal("the dial went on 10 s after its client ended")
 			}
 			if !errors.Is(r.err, context.Canceled) || !a.ClientGone() {
-				t.Fatalf("dial ended after %v with %v, client gone %v; want it cancelled for the client's reset",
+				t.Fatalf("dial ended after %v with %v, client gone %v; want it cancelled for the client's end",
 					r.took, r.err, a.ClientGone())
 			}
 		})
