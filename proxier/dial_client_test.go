@@ -11,6 +11,8 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 )
 
 // A client that resets while its backend is being dialled is gone: the
@@ -168,5 +170,28 @@ func TestStopEndsThePendingAttempt(t *testing.T) {
 	waitNewSockets(t, before, func(n int) bool { return n == 1 }, "1: only ours left after the stop")
 	if f, d, a := m.failed.value(), m.dialFailures.value(), m.abandoned.value(); f != 0 || d != 0 || a != 0 {
 		t.Fatalf("failed %v, dial failures %v, abandoned %v after the stop; want nothing counted", f, d, a)
+	}
+}
+
+// A client that resets during its connect_delay fault, the injected
+// stand-in for a slow connect, left before its backend was reached as
+// one that resets during a real dial does: counted abandoned, not failed.
+// It was counted nowhere.
+func TestClientResetDuringConnectDelayIsAbandoned(t *testing.T) {
+	backend := serveTCP(t, "127.0.0.2", func(net.Conn) {})
+	p := newTestProxier(t, Options{Faults: faults.NewTable(0, 0, nil)})
+	p.OnServiceAdd(makeService("web", withFaults(`[{"type":"connect_delay","attributes":{"delay":60000}}]`)))
+	p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, backend.Addr().String()))
+	p.Sync()
+	c, err := net.Dial("tcp", proxyAddr(t, p, "default/web:p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.(*net.TCPConn).SetLinger(0)
+	c.Close()
+	m := p.metrics.ports.lookup("default/web:p")
+	waitFor(t, "the client counted abandoned", func() bool { return m.abandoned.value() == 1 })
+	if f, d := m.failed.value(), m.dialFailures.value(); f != 0 || d != 0 {
+		t.Fatalf("failed %v, dial failures %v; want none", f, d)
 	}
 }

@@ -81,7 +81,7 @@ func newPortSeries() *portSeries {
 		failed:       desc("connections_failed_total", "Client connections (TCP) or datagrams (UDP) that found no reachable endpoint"),
 		dialFailures: desc("dial_failures_total", "Failed attempts to connect to an endpoint (UDP: an endpoint that refused a session's datagrams or could not be reached)"),
 		dialRetries:  desc("dial_retries_total", "Dial attempts made on another endpoint after a failure"),
-		abandoned:    desc("connections_abandoned_total", "TCP clients that reset while their endpoint was being dialled: the dial abandoned, no endpoint blamed, not counted failed"),
+		abandoned:    desc("connections_abandoned_total", "TCP clients that reset while their endpoint was being dialled (or a connect_delay fault held them): the dial abandoned, no endpoint blamed, not counted failed"),
 		acceptErrors: desc("accept_errors_total", "Errors from accept(), such as EMFILE, each followed by a back-off"),
 		lifetimeCloses: desc("lifetime_closes_total", "TCP connections closed for their max connection age or drain-removed: when quiet = at a quiet moment, deadline = still busy at --connection-close-deadline",
 			"when"),

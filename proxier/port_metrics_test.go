@@ -73,7 +73,7 @@ kubeproxy_userspace_bytes_total{direction="in",service_port="default/dns:p"} 0
 kubeproxy_userspace_bytes_total{direction="in",service_port="default/web:p"} 5
 kubeproxy_userspace_bytes_total{direction="out",service_port="default/dns:p"} 0
 kubeproxy_userspace_bytes_total{direction="out",service_port="default/web:p"} 5
-# HELP kubeproxy_userspace_connections_abandoned_total TCP clients that reset while their endpoint was being dialled: the dial abandoned, no endpoint blamed, not counted failed
+# HELP kubeproxy_userspace_connections_abandoned_total TCP clients that reset while their endpoint was being dialled (or a connect_delay fault held them): the dial abandoned, no endpoint blamed, not counted failed
 # TYPE kubeproxy_userspace_connections_abandoned_total counter
 kubeproxy_userspace_connections_abandoned_total{service_port="default/web:p"} 0
 # HELP kubeproxy_userspace_connections_failed_total Client connections (TCP) or datagrams (UDP) that found no reachable endpoint

@@ -227,7 +227,13 @@ func (s *tcpProxySocket) serve(client *net.TCPConn, from netip.AddrPort, fc *fau
 			return
 		}
 		if !fc.WaitConnectDelay(client) {
+			// The client reset during the delay, which stands in for a
+			// slow connect: it left as during a dial (unless the stop
+			// closed it).
 			conns.removePending(client, from)
+			if !conns.isStopped() {
+				s.abandoned.Inc()
+			}
 			_ = client.Close()
 			fc.Done()
 			return
