@@ -31,6 +31,10 @@ type ServicePort struct {
 	// the IPv4 part and cursor6 over the IPv6 part.
 	split   int
 	cursor6 int
+	// retryCursor and retryCursor6 are where a pick past failed
+	// endpoints starts (pickPast), one per family as the cursors: such
+	// picks take turns of their own, apart from the round robin's.
+	retryCursor, retryCursor6 int
 	// familiesApart: the Service is dual-stack, so a client is served only
 	// by endpoints of its own family, none or not, as kube-proxy's
 	// per-family proxiers each hold only their family's EndpointSlices.
@@ -113,8 +117,8 @@ func (sp *ServicePort) Next(clientIP netip.Addr, resetAffinity bool) (netip.Addr
 
 // Retry picks the endpoint of clientIP's next dial attempt after its
 // earlier attempts failed on tried: the next endpoint in the client's
-// family from the round-robin cursor on that was not tried while another
-// remains (the cursor stays: pickPast), the client re-pinned
+// family that was not tried while another remains, in turns of its own
+// (the round-robin cursor stays: pickPast), the client re-pinned
 // there under ClientIP affinity. A retry through Next moved past the
 // pinned endpoint only, and the round-robin cursor is shared: with other
 // connections picking in between, a retry fell on the dead endpoint again
@@ -133,18 +137,27 @@ func (sp *ServicePort) Retry(clientIP netip.Addr, tried []netip.AddrPort) (netip
 	return ep, nil
 }
 
-// pickPast is the first endpoint of clientIP's family from the cursor on
-// that is not in skip (the one at the cursor when every one is). It leaves
-// the cursor where it is: a pick after a failure is no turn of its own.
-// Moving the cursor put it back on the endpoint that had just failed
-// whenever the pick was the one at the cursor, so with one dead endpoint
-// beside one live one every new connection tried the dead one first.
-// mu is held; the family has endpoints.
+// pickPast is the first endpoint of clientIP's family from the retry
+// cursor on that is not in skip, and moves the retry cursor past it (the
+// one at the round-robin cursor when every one is in skip). It leaves the
+// round-robin cursor where it is: moved, it went back on the endpoint that
+// had just failed whenever the pick was the one at the cursor, so with one
+// dead endpoint beside one live one every new connection tried the dead
+// one first. Nor does it start from that cursor: a pinned client's Next
+// takes no turn, so under ClientIP affinity every client of an endpoint
+// that died was re-pinned to the same one (all 100 of a dead endpoint's
+// clients, of 4 endpoints), for the affinity timeout; the retry cursor
+// spreads them over the others. mu is held; the family has endpoints.
 func (sp *ServicePort) pickPast(clientIP netip.Addr, skip []netip.AddrPort) netip.AddrPort {
 	lo, hi, cur := sp.familyRange(clientIP)
+	retry := &sp.retryCursor
+	if lo > 0 {
+		retry = &sp.retryCursor6
+	}
 	for i, n := 0, hi-lo; i < n; i++ {
-		ep := sp.endpoints[lo+(*cur-lo+i)%n]
-		if !slices.Contains(skip, ep) {
+		at := lo + (*retry-lo+i)%n
+		if ep := sp.endpoints[at]; !slices.Contains(skip, ep) {
+			*retry = lo + (at-lo+1)%n
 			return ep
 		}
 	}
@@ -241,6 +254,7 @@ func (sp *ServicePort) setEndpoints(eligible []netip.AddrPort) bool {
 	}
 	sp.endpoints = eligible
 	sp.cursor, sp.cursor6 = 0, sp.split
+	sp.retryCursor, sp.retryCursor6 = 0, sp.split
 	sp.generation.Add(1)
 	if sp.clients != nil {
 		sp.clients.dropUnless(next)

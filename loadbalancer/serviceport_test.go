@@ -444,6 +444,51 @@ func TestRetryPastTried(t *testing.T) {
 	}
 }
 
+// Under ClientIP affinity the clients pinned to an endpoint that died are
+// spread over the others as they fail on it, through Retry (a TCP dial)
+// and through Failed and Next (a UDP refusal) alike: a pinned client's Next
+// takes no round-robin turn, so a pick from the cursor that leaves it in
+// place re-pinned every one of them to the same endpoint, for the affinity
+// timeout (100 clients of a dead endpoint of 4: all 100 on one).
+func TestRepinAfterFailureSpreads(t *testing.T) {
+	lb, _ := newTestBalancer(t)
+	name := svcName("repin-spread")
+	lb.SetAffinity(name, clientIPPolicy(time.Hour))
+	lb.SetEndpoints(name, readyEndpoints(4))
+	sp := lb.ServicePort(name)
+	dead := backend(1)
+	var onDead []netip.Addr
+	for i := range 400 {
+		client := netip.AddrFrom4([4]byte{192, 0, byte(2 + i/250), byte(i % 250)})
+		if mustNext(t, sp, client, false) == dead {
+			onDead = append(onDead, client)
+		}
+	}
+	got := map[netip.AddrPort]int{}
+	for i, client := range onDead {
+		ep := netip.AddrPort{}
+		if i%2 == 0 {
+			var err error
+			if ep, err = sp.Retry(client, []netip.AddrPort{dead}); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			sp.Failed(client, dead)
+			ep = mustNext(t, sp, client, false)
+		}
+		if ep == dead {
+			t.Fatalf("client %v re-pinned to the dead endpoint", client)
+		}
+		got[ep]++
+	}
+	for _, ep := range []netip.AddrPort{backend(2), backend(3), backend(4)} {
+		if n, fair := got[ep], len(onDead)/3; n < fair-1 || n > fair+1 {
+			t.Errorf("the dead endpoint's %d clients were re-pinned as %v; want about %d on each other endpoint", len(onDead), got, fair)
+			break
+		}
+	}
+}
+
 // A retry does not move the round-robin cursor: a dead endpoint beside
 // live ones is the first pick of one connection in n, as without the
 // failure. When the retry's pick moved the cursor, with one dead and one
