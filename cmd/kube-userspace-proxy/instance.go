@@ -94,6 +94,10 @@ const (
 	maxInstancePeers    = 16
 )
 
+// nameFoundTaken, when set (tests), runs between the claim's listen that
+// found the name taken and its dial to the holder.
+var nameFoundTaken func()
+
 // instanceRetryEvery is how often a process waiting for instanceSocket
 // tries to take it (a variable: tests shorten it).
 var instanceRetryEvery = 5 * time.Second
@@ -117,24 +121,55 @@ func claimInstance() (claim *instanceClaim, held bool, pid int) {
 		c.mu.Unlock()
 		return c, false, 0
 	}
-	held, pid = c.connect()
-	go c.takeOverWhenFree()
+	if nameFoundTaken != nil {
+		nameFoundTaken()
+	}
+	held, pid, took := c.connectOrTake()
+	if !took {
+		go c.takeOverWhenFree()
+	}
 	return c, held, pid
+}
+
+// connectOrTake connects to the holder (connect). A refused dial finds no
+// listener: the holder exited since the name was found taken, so the name
+// is taken at once (took), and only then does this process stop waiting: a
+// proxy starting meanwhile may take it first. Said free at the refusal, the
+// two ran and rewrote each other's rules for good, as this one never waited
+// again. Refused again once the name is found taken again, it is held by a
+// socket that does not listen (any local user can bind an abstract name):
+// no proxy.
+func (c *instanceClaim) connectOrTake() (held bool, pid int, took bool) {
+	for range 2 {
+		held, pid, refused := c.connect()
+		if !refused {
+			return held, pid, false
+		}
+		if c.listen() == nil {
+			return false, 0, true
+		}
+	}
+	c.mu.Lock()
+	c.noProxyHoldsLocked()
+	c.mu.Unlock()
+	return false, 0, false
 }
 
 // connect connects to the holder and says this is a proxy (instanceHello),
 // keeping the connection until release or the holder's exit, which tells
-// holderGone. It reports whether a process holds the name, and its PID.
-func (c *instanceClaim) connect() (held bool, pid int) {
+// holderGone. It reports whether a process holds the name, and its PID;
+// refused: no socket listens on the name (connectOrTake).
+func (c *instanceClaim) connect() (held bool, pid int, refused bool) {
 	conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: c.name, Net: "unix"})
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return false, 0, true
+	}
 	if err != nil {
-		// Gone between the two (takeOverWhenFree takes the name at its
-		// next try), or a name this process cannot connect to: no proxy
-		// answers on it.
+		// A name this process cannot connect to: no proxy answers on it.
 		c.mu.Lock()
 		c.noProxyHoldsLocked()
 		c.mu.Unlock()
-		return false, 0
+		return false, 0, false
 	}
 	pid, uid, trusted := peerCred(conn)
 	c.mu.Lock()
@@ -149,15 +184,15 @@ func (c *instanceClaim) connect() (held bool, pid int) {
 			c.otherUserLogged = true
 			logOtherUserHolder(pid, uid)
 		}
-		return false, 0
+		return false, 0, false
 	}
 	if c.released {
 		conn.Close()
-		return true, pid
+		return true, pid, false
 	}
 	if _, err := conn.Write([]byte(instanceHello + instanceWaiting)); err != nil {
 		conn.Close()
-		return true, pid
+		return true, pid, false
 	}
 	c.toHolder = conn
 	go func() {
@@ -175,7 +210,7 @@ func (c *instanceClaim) connect() (held bool, pid int) {
 		default:
 		}
 	}()
-	return true, pid
+	return true, pid, false
 }
 
 // listen takes the name, unless the claim was released.
@@ -211,7 +246,20 @@ func (c *instanceClaim) takeOverWhenFree() {
 		case <-tick.C:
 			reconnect = true
 		}
-		if c.listen() == nil {
+		took := c.listen() == nil
+		if !took {
+			c.mu.Lock()
+			lost := c.toHolder == nil
+			c.mu.Unlock()
+			if reconnect && lost {
+				// Another process took the name first (a third proxy),
+				// or an older holder closed the connection: at most once
+				// per tick, so that one closing at once costs no busy
+				// loop.
+				_, _, took = c.connectOrTake()
+			}
+		}
+		if took {
 			c.mu.Lock()
 			otherUser := c.otherUser
 			c.mu.Unlock()
@@ -222,15 +270,6 @@ func (c *instanceClaim) takeOverWhenFree() {
 			klog.InfoS("The other kube-userspace-proxy in this network namespace is gone; this one now answers a process that looks for one, and repairs the portal rules it left")
 			c.otherGone()
 			return
-		}
-		c.mu.Lock()
-		lost := c.toHolder == nil
-		c.mu.Unlock()
-		if reconnect && lost {
-			// Another process took the name first (a third proxy), or
-			// an older holder closed the connection: at most once per
-			// tick, so that one closing at once costs no busy loop.
-			c.connect()
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"k8s.io/client-go/util/flowcontrol"
 	testingclock "k8s.io/utils/clock/testing"
 )
@@ -577,5 +578,69 @@ func TestInstanceRepairsWhenCleanupEnds(t *testing.T) {
 	}
 	if first.othersRunning() {
 		t.Error("a cleanup was counted as a proxy running")
+	}
+}
+
+// A holder that exits between the claim's listen, which found the name
+// taken, and its dial leaves the name free: the claim takes it at once,
+// and does not stop waiting before it holds it. It said at once that no
+// proxy held the name while not holding it, so a third proxy starting in
+// the next 5 s took the name and ran too: two proxies rewrote each other's
+// rules, for good (the second never waited again).
+func TestClaimTakesTheNameItsHolderLeftBeforeTheDial(t *testing.T) {
+	useOwnInstanceName(t)
+	savedEvery := instanceRetryEvery
+	instanceRetryEvery = time.Hour // only an immediate take passes
+	t.Cleanup(func() { instanceRetryEvery, nameFoundTaken = savedEvery, nil })
+	captureKlog(t)
+
+	holder, err := net.ListenUnix("unix", &net.UnixAddr{Name: instanceSocket, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nameFoundTaken = func() { holder.Close() } // the holder exits now
+	second, _, _ := claimInstance()
+	defer second.release()
+	nameFoundTaken = nil
+	waitFor(t, "the second claim to take the name its holder left", func() bool {
+		select {
+		case <-second.NoProxyHolds():
+			return true
+		default:
+			return false
+		}
+	})
+	if !second.holding() {
+		t.Fatal("the second claim stopped waiting without holding the name")
+	}
+	third, held, _ := claimInstance()
+	defer third.release()
+	select {
+	case <-third.NoProxyHolds():
+		t.Fatalf("a third claim (held %v) does not wait for the second: both would program the rules", held)
+	default:
+	}
+}
+
+// A socket bound to the name that does not listen (any local user can bind
+// an abstract name) refuses every dial as an exited holder does, but holds
+// the name: it is no proxy, and the claim does not wait for it.
+func TestClaimDoesNotWaitForABoundSocketThatDoesNotListen(t *testing.T) {
+	useOwnInstanceName(t)
+	captureKlog(t)
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: instanceSocket}); err != nil {
+		t.Fatal(err)
+	}
+	claim, held, _ := claimInstance()
+	defer claim.release()
+	select {
+	case <-claim.NoProxyHolds():
+	default:
+		t.Fatalf("the claim (held %v, holding %v) waits for a socket that only binds the name", held, claim.holding())
 	}
 }
