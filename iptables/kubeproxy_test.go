@@ -118,3 +118,37 @@ func TestKubeProxyNftTableIsSaid(t *testing.T) {
 		})
 	}
 }
+
+// A nat table iptables-save cannot print for a while (another tool's nft
+// expression in it) shows none of kube-proxy's jumps, which are still
+// there: nothing is said of them then, neither gone nor found again.
+func TestKubeProxyJumpsNotSaidGoneWhileNatUnprintable(t *testing.T) {
+	logs := captureKlog(t)
+	fake := NewFakeRunner(IPv4)
+	if err := fake.NewChain(TableNAT, "KUBE-SERVICES"); err != nil {
+		t.Fatal(err)
+	}
+	jump := []string{"-m", "comment", "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES"}
+	if err := fake.InsertRule(TableNAT, "PREROUTING", 1, jump...); err != nil {
+		t.Fatal(err)
+	}
+	rules := New(fake, testConfig)
+	if err := rules.Sync(nil); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), "kube-proxy's rules are in place") {
+		t.Fatalf("kube-proxy's jump was not said:\n%s", logs)
+	}
+	said := logs.Len()
+	fake.Unprintable = map[Table]bool{TableNAT: true}
+	if err := rules.Sync(nil); err != nil {
+		t.Fatal(err)
+	}
+	fake.Unprintable = nil
+	if err := rules.Sync(nil); err != nil {
+		t.Fatal(err)
+	}
+	if later := logs.String()[said:]; strings.Contains(later, "are gone") || strings.Contains(later, "kube-proxy's rules are in place") {
+		t.Errorf("a nat table iptables-save could not print for one sync made the jumps said again:\n%s", later)
+	}
+}

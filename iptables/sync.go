@@ -272,7 +272,11 @@ func (r *Rules) readBack() (map[Table]savedTable, error) {
 			klog.V(2).InfoS("Skipped lines of iptables-save output not understood (another tool's)", "family", r.cfg.Family, "table", table, "lines", n)
 		}
 	}
-	r.noteKubeProxy(out[TableNAT])
+	if out[TableNAT].unprintable == "" {
+		// Unprintable, nat reads as empty: kube-proxy's jumps were said
+		// gone, and found again at the next dump that printed it.
+		r.noteKubeProxy(out[TableNAT])
+	}
 	r.noteKubeProxyNft()
 	return out, nil
 }
