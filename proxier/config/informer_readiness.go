@@ -51,11 +51,18 @@ func (r *readiness) delays() wait.DelayFunc {
 // one, "not ready" if a probe said so less than every ago (informers whose
 // calls failed together, at an outage's start, ask together), else a probe
 // of its own.
-func (r *readiness) now(ctx context.Context) bool {
+func (r *readiness) now(ctx context.Context) bool { return r.check(ctx, true) }
+
+// check is now; recent says whether a "not ready" of less than every ago
+// answers. The stream's probes are spaced by its own waits and take none:
+// a probe that outlasted the next wait (a /readyz that times out on a path
+// that drops packets) left one just said, so the tick due at its end was
+// answered with it, unprobed, and the next probe came a whole wait later.
+func (r *readiness) check(ctx context.Context, recent bool) bool {
 	r.mu.Lock()
 	c := r.inFlight
 	if c == nil {
-		if !r.notReadyAt.IsZero() && time.Since(r.notReadyAt) < r.every {
+		if recent && !r.notReadyAt.IsZero() && time.Since(r.notReadyAt) < r.every {
 			r.mu.Unlock()
 			return false
 		}
@@ -126,7 +133,7 @@ func (r *readiness) stream(ctx context.Context, delays wait.DelayFunc) {
 		case <-timer.C:
 		}
 		probed := time.Now()
-		ready := r.now(ctx)
+		ready := r.check(ctx, false)
 		if ctx.Err() != nil {
 			return
 		}

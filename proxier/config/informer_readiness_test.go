@@ -11,8 +11,9 @@ import (
 // that drops packets times out (2 s): a stop during an outage waited for it.
 // The probe still ends for those that joined it, with its own answer.
 func TestReadinessCheckEndsWithItsContext(t *testing.T) {
+	// Closed, not sent on: a joining check that comes only after the
+	// probe ended makes a probe of its own, which must not hang.
 	release := make(chan struct{})
-	defer close(release)
 	var probes atomic.Int32
 	r := newReadiness(func(context.Context) bool {
 		probes.Add(1)
@@ -41,7 +42,7 @@ func TestReadinessCheckEndsWithItsContext(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("a check whose context ended still waits for its probe after 5 s")
 	}
-	release <- struct{}{}
+	close(release)
 	select {
 	case ready := <-joined:
 		if !ready {
@@ -50,7 +51,59 @@ func TestReadinessCheckEndsWithItsContext(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the check that joined the probe not answered")
 	}
-	if n := probes.Load(); n != 1 {
-		t.Errorf("%d probes for two checks made while one was under way, want 1", n)
+	// 2 when the joining check came after the probe's end (a busy
+	// machine): it then probed again.
+	if n := probes.Load(); n > 2 {
+		t.Errorf("%d probes for two checks, want at most 2", n)
+	}
+}
+
+// TestReadinessProbesAgainAfterASlowProbe: a probe that outlasts the
+// stream's next wait (a /readyz that times out on a path that drops
+// packets) is followed by the next probe at once, the wait being counted
+// from the probe's start. The stream's tick was answered instead from the
+// "not ready" the slow probe had just given (now's cache for informers
+// that fail together), so the next probe came a whole wait later (up to
+// 3 s) and the waiters were told an answer no probe gave.
+func TestReadinessProbesAgainAfterASlowProbe(t *testing.T) {
+	started := make(chan time.Time, 8)
+	release := make(chan struct{})
+	r := newReadiness(func(ctx context.Context) bool {
+		started <- time.Now()
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return false
+	})
+	r.every, r.cap = 500*time.Millisecond, 500*time.Millisecond // waits of 500-750 ms
+	answers, done := r.wait()
+	defer func() {
+		done()
+		close(release) // a probe still out ends
+	}()
+	select {
+	case <-started:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the stream made no probe")
+	}
+	// Longer than any wait of the stream: its timer is due when the probe
+	// ends.
+	time.Sleep(800 * time.Millisecond)
+	ended := time.Now()
+	release <- struct{}{}
+	select {
+	case next := <-started:
+		if gap := next.Sub(ended); gap > 300*time.Millisecond {
+			t.Fatalf("the next probe came %v after a probe that outlasted the wait; want it at once", gap.Round(time.Millisecond))
+		}
+	case <-answers:
+		select {
+		case <-started:
+		case <-time.After(300 * time.Millisecond):
+			t.Fatal("the stream told its waiter an answer without probing again after a probe that outlasted its wait")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no probe after the slow one")
 	}
 }
