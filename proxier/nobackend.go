@@ -44,6 +44,8 @@ func (l *noBackendLog) report(servicePort string, client netip.AddrPort, err err
 		// labelled for the Service, no endpoint ready): name it, and the
 		// command that tells which.
 		msg = "No endpoint to send the client to (no EndpointSlice labelled kubernetes.io/service-name for the Service, none ready under this port's name and protocol, or none on this node for a Local traffic policy: kube-userspace-proxy explain says which); the client was refused"
+	case errors.Is(err, errHopLimitExceeded):
+		msg = "UDP datagram dropped: its TTL ran out here"
 	case err == errPortConnectionLimit:
 		msg = "Clients refused: the service port holds --tcp-max-connections-per-port connections, its share of the open-file limit, which keeps the rest for other Services"
 	case errors.Is(err, errPortSessionLimit):

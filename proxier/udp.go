@@ -195,6 +195,9 @@ func (s *udpProxySocket) Serve() {
 		if enableGRO(int(fd)) {
 			s.oobLen += groSpace
 		}
+		if famErr == nil && enableHopLimits(int(fd), s.serviceFamily) {
+			s.oobLen += hopLimitSpace // udp_hoplimit.go
+		}
 	})
 	if err = errors.Join(err, famErr); err != nil {
 		s.logUnusable(err)

@@ -13,8 +13,8 @@ import (
 // maxDatagram fits any UDP payload; the legacy 4 KiB buffer truncated.
 const maxDatagram = 64 * 1024
 
-// oobSpace is the room for a datagram's control messages; pktinfoSpace
-// must fit (checked in init).
+// oobSpace is the room for a datagram's control messages; pktinfoSpace,
+// groSpace and hopLimitSpace must fit (checked in init).
 const oobSpace = 128
 
 // udpBatchLen is how many datagrams one recvmmsg or sendmmsg moves. Under
@@ -77,8 +77,8 @@ const (
 var udpBatches = sync.Pool{New: func() any { return newUDPBatch() }}
 
 func init() {
-	if pktinfoSpace+groSpace > oobSpace {
-		panic("proxier: oobSpace is smaller than pktinfoSpace+groSpace")
+	if pktinfoSpace+groSpace+hopLimitSpace > oobSpace {
+		panic("proxier: oobSpace is smaller than pktinfoSpace+groSpace+hopLimitSpace")
 	}
 }
 

@@ -43,6 +43,12 @@ func (s *udpProxySocket) sessionLocked(client netip.AddrPort, oob []byte, now in
 	if s.shut {
 		return nil, net.ErrClosed
 	}
+	// The backend socket sends one hop less than the datagram had left
+	// (udp_hoplimit.go); 0: not reported.
+	hops := hopLimit(oob)
+	if hops == 1 {
+		return nil, errHopLimitExceeded
+	}
 	if err := s.makeRoomLocked(now); err != nil {
 		return nil, err
 	}
@@ -63,7 +69,13 @@ func (s *udpProxySocket) sessionLocked(client netip.AddrPort, oob []byte, now in
 		}
 		fd, port, err := dialUDPSession(ep, s.cfg.udpPorts)
 		if err == nil {
-			if err = s.poller.add(fd); err != nil {
+			if hops > 0 {
+				err = setHopLimit(fd, ep.Addr().Unmap().Is4(), hops-1)
+			}
+			if err == nil {
+				err = s.poller.add(fd)
+			}
+			if err != nil {
 				rawio.Close(fd)
 			}
 		}
