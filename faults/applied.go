@@ -19,7 +19,7 @@ func (p *Port) DatagramToxics(client netip.Addr) []string {
 	s := p.snap.Load()
 	var out []string
 	for _, t := range s.toxics {
-		if (t.kind == kindDatagram || t.kind == kindBoth || t.kind == kindDown) && t.matches(client) {
+		if t.actsOnDatagrams() && t.matches(client) {
 			out = append(out, t.Name)
 		}
 	}

@@ -91,9 +91,10 @@ func (p *Port) AcceptNumbered(client netip.Addr, seq uint64) *Conn {
 	// unfaulted at the cap it kept a down port up.
 	refuse := s.refusals && s.refuses(seq, client)
 	for _, t := range s.toxics {
-		if t.kind == kindDatagram || (refuse && !t.refuses()) || !t.draws(client, seq) {
+		if t.kind == kindDatagram || t.kind == kindNoop || (refuse && !t.refuses()) || !t.draws(client, seq) {
 			// A refused connection ends at accept: only what refuses
-			// it acts (and counts in faults_injected_total).
+			// it acts (and counts in faults_injected_total). A noop
+			// acts on nothing, so the connection stays fault-free.
 			continue
 		}
 		// The slot is taken at the first toxic that applies, so two

@@ -169,6 +169,7 @@ const (
 	kindDatagram             // UDP, per datagram
 	kindBoth                 // TCP stream and UDP datagram (latency)
 	kindDown                 // the port refuses and cuts (TCP) or drops (UDP)
+	kindNoop                 // acts on nothing (TCP and UDP)
 )
 
 // toxicType describes one type: where it acts, its attributes with their
@@ -179,14 +180,17 @@ type toxicType struct {
 }
 
 var toxicTypes = map[string]toxicType{
-	"latency":       {kindBoth, map[string]float64{"latency": 0, "jitter": 0}},
-	"bandwidth":     {kindStream, map[string]float64{"rate": 0}},
-	"slow_close":    {kindStream, map[string]float64{"delay": 0}},
-	"timeout":       {kindStream, map[string]float64{"timeout": 0}},
-	"reset_peer":    {kindStream, map[string]float64{"timeout": 0}},
-	"slicer":        {kindStream, map[string]float64{"average_size": 0, "size_variation": 0, "delay": 0}},
-	"limit_data":    {kindStream, map[string]float64{"bytes": 0}},
-	"down":          {kindDown, map[string]float64{}},
+	"latency":    {kindBoth, map[string]float64{"latency": 0, "jitter": 0}},
+	"bandwidth":  {kindStream, map[string]float64{"rate": 0}},
+	"slow_close": {kindStream, map[string]float64{"delay": 0}},
+	"timeout":    {kindStream, map[string]float64{"timeout": 0}},
+	"reset_peer": {kindStream, map[string]float64{"timeout": 0}},
+	"slicer":     {kindStream, map[string]float64{"average_size": 0, "size_variation": 0, "delay": 0}},
+	"limit_data": {kindStream, map[string]float64{"bytes": 0}},
+	"down":       {kindDown, map[string]float64{}},
+	// noop is Toxiproxy's toxic that passes everything through: suites and
+	// clients add it as a placeholder, and refused it failed them.
+	"noop":          {kindNoop, map[string]float64{}},
 	"refuse":        {kindConnect, map[string]float64{}},
 	"connect_delay": {kindConnect, map[string]float64{"delay": 0, "jitter": 0}},
 	// loss: rate, or a Gilbert-Elliott burst model (p: good→bad, r:

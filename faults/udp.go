@@ -98,8 +98,8 @@ type toxicSlot struct {
 // port's plan until now, nil if none) that s keeps unchanged keep their
 // state.
 func newDatagramPlan(p *Port, s *snapshot, old *datagramPlan) *datagramPlan {
-	if s.enabled && len(s.toxics) == 0 {
-		return nil
+	if s.enabled && !slices.ContainsFunc(s.toxics, (*compiled).actsOnDatagrams) {
+		return nil // no toxic, or only noop
 	}
 	var kept map[toxicSlot]*datagramToxic
 	if old != nil {
@@ -125,7 +125,7 @@ func newDatagramPlan(p *Port, s *snapshot, old *datagramPlan) *datagramPlan {
 		d.streams[i] = append(d.streams[i], dt)
 	}
 	for _, t := range s.toxics {
-		if t.kind == kindDatagram || t.kind == kindBoth || t.kind == kindDown {
+		if t.actsOnDatagrams() {
 			i := StreamDown
 			if t.Stream == Upstream {
 				i = StreamUp
@@ -140,6 +140,11 @@ func newDatagramPlan(p *Port, s *snapshot, old *datagramPlan) *datagramPlan {
 		}
 	}
 	return d
+}
+
+// actsOnDatagrams tells a toxic that can act on a UDP port's datagrams.
+func (c *compiled) actsOnDatagrams() bool {
+	return c.kind == kindDatagram || c.kind == kindBoth || c.kind == kindDown
 }
 
 // dropDelayedDatagrams drops the datagrams the port's delay lines and

@@ -173,3 +173,28 @@ func toxicNames(toxics toxiproxy.Toxics) string {
 	}
 	return strings.Join(names, ",")
 }
+
+// Toxiproxy's noop toxic, as its suites add it with the client: accepted,
+// named by Toxiproxy's default, listed and removed like any.
+func TestToxiproxyClientNoop(t *testing.T) {
+	table := newTestTable(t)
+	srv := httptest.NewServer(New(table, "test"))
+	defer srv.Close()
+	proxy, err := toxiproxy.NewClient(srv.URL).Proxy(webName)
+	if err != nil {
+		t.Fatalf("Proxy: %v", err)
+	}
+	added, err := proxy.AddToxic("", "noop", "", 1, nil)
+	if err != nil {
+		t.Fatalf("AddToxic(noop): %v", err)
+	}
+	if added.Name != "noop_downstream" || added.Type != "noop" || added.Stream != "downstream" || len(added.Attributes) != 0 {
+		t.Errorf("AddToxic(noop) = %+v, want Toxiproxy's noop_downstream", added)
+	}
+	if toxics, err := proxy.Toxics(); err != nil || toxicNames(toxics) != "declared,noop_downstream" {
+		t.Errorf("Toxics = %s, %v", toxicNames(toxics), err)
+	}
+	if err := proxy.RemoveToxic("noop_downstream"); err != nil {
+		t.Errorf("RemoveToxic(noop): %v", err)
+	}
+}
