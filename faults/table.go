@@ -548,8 +548,10 @@ func (p *Port) updateAPI(name string, patch []byte) (Toxic, error) {
 	cur := p.api[i].clone()
 	wasGilbertElliott := cur.Type == "loss" && cur.Attributes["p"] > 0
 	type plain Toxic
-	v := plain(cur)
-	v.Attributes = nil
+	v := struct {
+		plain
+		Attributes map[string]*float64 `json:"attributes"` // shadows plain's
+	}{plain: plain(cur)}
 	dec := json.NewDecoder(bytes.NewReader(patch))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&v); err != nil {
@@ -562,7 +564,7 @@ func (p *Port) updateAPI(name string, patch []byte) (Toxic, error) {
 		}
 		return Toxic{}, fe
 	}
-	next := Toxic(v)
+	next := Toxic(v.plain)
 	if next.Stream == "" {
 		// No stream, as absent: the toxic stays where it is (on create ""
 		// is the default, downstream; here it moved an upstream toxic).
@@ -572,10 +574,10 @@ func (p *Port) updateAPI(name string, patch []byte) (Toxic, error) {
 		p.mu.Unlock()
 		return Toxic{}, &FieldError{"port", "not allowed through the API: the proxy is already one service port"}
 	}
-	// Attributes merge: those not given keep their value. A name in
-	// another case is the attribute's (as Toxiproxy reads it), so it
-	// replaces the value rather than standing beside it.
-	patchAttrs, err := canonicalAttributes(cur.Type, next.Attributes)
+	// Attributes merge: those not given (or given as null) keep their
+	// value. A name in another case is the attribute's (as Toxiproxy
+	// reads it), so it replaces the value rather than standing beside it.
+	patchAttrs, err := canonicalAttributes(cur.Type, givenAttributes(cur.Type, v.Attributes))
 	if err != nil {
 		p.mu.Unlock()
 		return Toxic{}, err

@@ -71,12 +71,13 @@ func (p *PortRef) UnmarshalJSON(b []byte) error {
 // It reads and drops "origin", which the fault API adds to every toxic it
 // lists, so that a toxic copied from that list can be declared as it is
 // (set live, then declared); the origin of a declared toxic is the
-// annotation's.
+// annotation's. An attribute given as null is not given (givenAttributes).
 func (t *Toxic) UnmarshalJSON(b []byte) error {
 	type plain Toxic
 	v := struct {
 		plain
-		Origin *string `json:"origin"`
+		Attributes map[string]*float64 `json:"attributes"` // shadows plain's
+		Origin     *string             `json:"origin"`
 	}{plain: plain{Toxicity: 1, Stream: Downstream}}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
@@ -84,7 +85,41 @@ func (t *Toxic) UnmarshalJSON(b []byte) error {
 		return fieldOf(err, b)
 	}
 	*t = Toxic(v.plain)
+	t.Attributes = givenAttributes(t.Type, v.Attributes)
 	return nil
+}
+
+// givenAttributes drops the attributes given as JSON null: null is not
+// given, as in Toxiproxy, whose decode into the toxic's struct leaves a
+// field as it is on null, so a new toxic takes the type's default and an
+// update keeps the value (its Go client sends a nil attribute as null;
+// read as 0 here, it set a jitter of 10 to 0, and a loss toxic's rate to
+// 0 where its default is 1). A null one that is not an attribute of typ
+// is kept, as 0, for Normalize to refuse: a misspelt name stays an error.
+func givenAttributes(typ string, attrs map[string]*float64) map[string]float64 {
+	if attrs == nil {
+		return nil
+	}
+	out := make(map[string]float64, len(attrs))
+	for k, v := range attrs {
+		switch {
+		case v != nil:
+			out[k] = *v
+		case !isAttributeOf(typ, k):
+			out[k] = 0
+		}
+	}
+	return out
+}
+
+// isAttributeOf tells an attribute of typ, in any case (canonicalAttributes).
+func isAttributeOf(typ, name string) bool {
+	for n := range toxicTypes[typ].attrs {
+		if strings.EqualFold(n, name) {
+			return true
+		}
+	}
+	return false
 }
 
 // MaxNameLength is the longest toxic name, in bytes: a Kubernetes object

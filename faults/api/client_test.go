@@ -198,3 +198,23 @@ func TestToxiproxyClientNoop(t *testing.T) {
 		t.Errorf("RemoveToxic(noop): %v", err)
 	}
 }
+
+// The client sends a nil attribute as JSON null; Toxiproxy's update then
+// leaves it as it is (its decode into the toxic's struct skips null).
+func TestToxiproxyClientNullAttributeKept(t *testing.T) {
+	table := newTestTable(t)
+	addAPIToxic(t, table) // slow: latency 300, jitter 10
+	srv := httptest.NewServer(New(table, "test"))
+	defer srv.Close()
+	proxy, err := toxiproxy.NewClient(srv.URL).Proxy(webName)
+	if err != nil {
+		t.Fatalf("Proxy: %v", err)
+	}
+	updated, err := proxy.UpdateToxic("slow", -1, toxiproxy.Attributes{"jitter": nil, "latency": 500})
+	if err != nil {
+		t.Fatalf("UpdateToxic: %v", err)
+	}
+	if updated.Attributes["latency"] != 500.0 || updated.Attributes["jitter"] != 10.0 {
+		t.Errorf("UpdateToxic(jitter null) = %v, want latency 500 and jitter kept at 10", updated.Attributes)
+	}
+}
