@@ -7,9 +7,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"k8s.io/klog/v2"
+
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/mono"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/netaddr"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 )
 
 // errOwnPortal: the endpoint picked is one of this proxy's own portals (a
@@ -237,4 +240,31 @@ func (o *ownPortals) isLocal(ip netip.Addr) bool {
 func interfaceAddrs() []netip.Addr {
 	addrs, _ := netaddr.LocalAddrs()
 	return addrs
+}
+
+// pass is ep, or when ep is one of the proxy's own portals (proto's) the
+// balancer's retry past it, as past an endpoint whose dial failed (failed
+// gains it): such an endpoint is never dialled (its dial would come back
+// to the proxy, errOwnPortal), but the Service's other endpoints still
+// serve the client, whose round-robin turn or affinity fell on it. It
+// takes no dial attempt (UDP spent one on each, re-picking past the last
+// alone: 4 such endpoints beside a live one dropped a client whose turn
+// fell on the first); errOwnPortal when no other endpoint is left, or
+// after maxDialAttempts such endpoints. label names the service port.
+func (o *ownPortals) pass(proto iptables.Protocol, sp *loadbalancer.ServicePort, label string, client netip.Addr, ep netip.AddrPort, failed []netip.AddrPort) (netip.AddrPort, []netip.AddrPort, error) {
+	for range maxDialAttempts {
+		if !o.captures(proto, ep) {
+			return ep, failed, nil
+		}
+		if slices.Contains(failed, ep) {
+			break // the retry found every endpoint tried
+		}
+		failed = append(failed, ep)
+		klog.V(3).InfoS("Endpoint passed over: it is one of this proxy's own portals", "servicePort", label, "endpoint", ep)
+		var err error
+		if ep, err = sp.Retry(client, failed); err != nil {
+			return netip.AddrPort{}, failed, err
+		}
+	}
+	return netip.AddrPort{}, failed, errOwnPortal
 }

@@ -92,6 +92,51 @@ func TestOwnPortalBesideEndpoints(t *testing.T) {
 	})
 }
 
+// TestManyOwnPortalsBesideAnEndpoint: endpoints at the proxy's own
+// portals take no dial attempt, however many: 4 of them beside one live
+// endpoint (more than the 4 attempts) still serve every client there. UDP
+// spent an attempt on each and re-picked past the last one only, so a
+// client whose turn fell on the first of the 4 was dropped.
+func TestManyOwnPortalsBesideAnEndpoint(t *testing.T) {
+	own := []string{"127.0.0.53", "127.0.0.54", "127.0.0.55", "127.0.0.56"}
+	for _, proto := range []v1.Protocol{v1.ProtocolUDP, v1.ProtocolTCP} {
+		for _, affinity := range []int32{0, 600} {
+			t.Run(string(proto)+" affinity "+strconv.Itoa(int(affinity)), func(t *testing.T) {
+				var port int
+				var ask func() (string, error)
+				p := newTestProxier(t, Options{IPv4Portals: okSyncer{}})
+				if proto == v1.ProtocolUDP {
+					port = startUDPEcho(t, "127.0.0.57:0", "real:").LocalAddr().(*net.UDPAddr).Port
+					ask = func() (string, error) { return askUDP(t, proxyAddr(t, p, "default/loop:p"), "q", 5*time.Second) }
+				} else {
+					port, _ = strconv.Atoi(portOf(startBackends(t, "127.0.0.57")[0].ln.Addr()))
+					ask = func() (string, error) { return askName(t, "127.0.0.1", proxyAddr(t, p, "default/loop:p")) }
+				}
+				endpoints := []string{net.JoinHostPort("127.0.0.57", strconv.Itoa(port))}
+				for _, ip := range own {
+					endpoints = append(endpoints, net.JoinHostPort(ip, strconv.Itoa(port)))
+				}
+				opts := []svcOpt{withProtocol(proto), withExternalIPPort(own[0], int32(port)), func(s *v1.Service) { s.Spec.ExternalIPs = own }}
+				if affinity > 0 {
+					opts = append(opts, withClientIPAffinity(affinity))
+				}
+				p.OnServiceAdd(makeService("loop", opts...))
+				p.OnEndpointSliceAdd(makeSlice("loop", proto, endpoints...))
+				p.Sync()
+				want := "real:q"
+				if proto == v1.ProtocolTCP {
+					want = "backend-a"
+				}
+				for i := range 2 * len(endpoints) {
+					if answer, err := ask(); err != nil || answer != want {
+						t.Fatalf("client %d: answer %q (%v); want %q, from the one endpoint that is no portal", i, answer, err, want)
+					}
+				}
+			})
+		}
+	}
+}
+
 // The set holds IP portals exactly, NodePorts at the node's own addresses
 // only (a pod may listen on a NodePort's number), and nothing of the other
 // protocol.

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"net"
 	"net/netip"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -402,27 +401,7 @@ func (s *tcpProxySocket) next(client netip.Addr, failed []netip.AddrPort) (netip
 	return s.sp.Retry(client, failed)
 }
 
-// pastOwnPortals is ep, or when ep is one of the proxy's own portals the
-// balancer's retry past it, as past an endpoint whose dial failed (failed
-// gains it): such an endpoint is never dialled (its dial would come back
-// to the proxy, errOwnPortal), but the Service's other endpoints still
-// serve the client, whose round-robin turn or affinity fell on it. It
-// takes no dial attempt; errOwnPortal when no other endpoint is left, or
-// after maxDialAttempts such endpoints.
+// pastOwnPortals is ep, or past the proxy's own portals (ownPortals.pass).
 func (s *tcpProxySocket) pastOwnPortals(client netip.Addr, ep netip.AddrPort, failed []netip.AddrPort) (netip.AddrPort, []netip.AddrPort, error) {
-	for range maxDialAttempts {
-		if !s.cfg.ownPortals.captures(iptables.TCP, ep) {
-			return ep, failed, nil
-		}
-		if slices.Contains(failed, ep) {
-			break // the retry found every endpoint tried
-		}
-		failed = append(failed, ep)
-		klog.V(3).InfoS("Endpoint passed over: it is one of this proxy's own portals", "servicePort", s.label, "endpoint", ep)
-		var err error
-		if ep, err = s.sp.Retry(client, failed); err != nil {
-			return netip.AddrPort{}, failed, err
-		}
-	}
-	return netip.AddrPort{}, failed, errOwnPortal
+	return s.cfg.ownPortals.pass(iptables.TCP, s.sp, s.label, client, ep, failed)
 }

@@ -54,18 +54,25 @@ func (s *udpProxySocket) sessionLocked(client netip.AddrPort, oob []byte, now in
 	}
 	s.cfg.udpPorts.maybeReread(now)
 	var lastErr error
-	for i := range s.cfg.dialTimeouts {
-		ep, err := s.sp.Next(client.Addr(), i > 0)
+	var tried [maxDialAttempts]netip.AddrPort
+	failed := tried[:0]
+	for range s.cfg.dialTimeouts {
+		// After a failure, past the endpoints that failed (affinity
+		// moves the client on: its pinned endpoint was the first), as
+		// TCP's dial does.
+		var ep netip.AddrPort
+		var err error
+		if len(failed) == 0 {
+			ep, err = s.sp.Next(client.Addr(), false)
+		} else {
+			ep, err = s.sp.Retry(client.Addr(), failed)
+		}
+		if err == nil {
+			ep, failed, err = s.cfg.ownPortals.pass(iptables.UDP, s.sp, s.label, client.Addr(), ep, failed)
+		}
 		if err != nil {
 			lastErr = err
 			break
-		}
-		if s.cfg.ownPortals.captures(iptables.UDP, ep) {
-			// Never dialled (its datagrams would come back to the
-			// proxy), but passed over as a failed endpoint is: the
-			// next attempt picks another (past the pinned one).
-			lastErr = errOwnPortal
-			continue
 		}
 		fd, port, err := dialUDPSession(ep, s.cfg.udpPorts)
 		if err == nil {
@@ -85,6 +92,7 @@ func (s *udpProxySocket) sessionLocked(client netip.AddrPort, oob []byte, now in
 				break // no endpoint's fault, and the next would fail alike
 			}
 			s.dialFailures.Inc()
+			failed = append(failed, ep)
 			continue
 		}
 		sess := &udpSession{client: client, backend: ep, local: datagramDestination(oob, s.bound), fd: fd, port: port, generation: generation, started: time.Now().UnixNano()}
