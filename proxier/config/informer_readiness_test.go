@@ -2,6 +2,7 @@ package config
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -105,5 +106,51 @@ func TestReadinessProbesAgainAfterASlowProbe(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("no probe after the slow one")
+	}
+}
+
+// The waits between a stream's probes count from each probe's start: after
+// a probe that took longer than the wait (a path that drops packets, the
+// probe timing out), the next one follows at once, not a whole wait later.
+func TestReadinessWaitsCountFromEachProbesStart(t *testing.T) {
+	const every = time.Second
+	// slow outlasts the longest wait (every, stretched by the jitter).
+	const slow = every + every*(readyPollJitter*10+2)/10
+	var mu sync.Mutex
+	var starts, ends []time.Time
+	r := newReadiness(func(context.Context) bool {
+		mu.Lock()
+		first := len(starts) == 0
+		starts = append(starts, time.Now())
+		mu.Unlock()
+		if first {
+			time.Sleep(slow) // the probe timing out
+		}
+		mu.Lock()
+		ends = append(ends, time.Now())
+		mu.Unlock()
+		return false
+	})
+	r.every, r.cap = every, every
+	answers, done := r.wait()
+	defer done()
+	deadline := time.After(10 * time.Second)
+	for {
+		mu.Lock()
+		n := len(starts)
+		mu.Unlock()
+		if n >= 2 {
+			break
+		}
+		select {
+		case <-answers:
+		case <-deadline:
+			t.Fatalf("%d probes in 10 s; want 2", n)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if gap := starts[1].Sub(ends[0]); gap > every/2 {
+		t.Fatalf("the probe after one that took %v started %v after it ended; want at once: the wait (%v, up to %v with jitter) counts from the probe's start", slow, gap.Round(time.Millisecond), every, time.Duration(float64(every)*(1+readyPollJitter)))
 	}
 }
