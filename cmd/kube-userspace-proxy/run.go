@@ -260,10 +260,7 @@ func (s *proxyServer) run(ctx context.Context, onStart started) error {
 	// when ctx ends.
 	proxierDone := make(chan struct{})
 	go func() {
-		select {
-		case <-s.noOtherProxy:
-			s.waitHealth.takeOver()
-		case <-ctx.Done():
+		if !s.awaitTurn(ctx) {
 			// Stopped while another proxy ran: nothing of this one's to
 			// stop (the other's rules and accepts stay as they are).
 			close(proxierDone)
@@ -323,6 +320,19 @@ func (s *proxyServer) run(ctx context.Context, onStart started) error {
 		klog.InfoS("Stopped")
 	}
 	return nil
+}
+
+// awaitTurn waits until no other proxy programs this network namespace's
+// rules, then owes the changes held back meanwhile (takeOver), and reports
+// true; false when ctx ends first.
+func (s *proxyServer) awaitTurn(ctx context.Context) bool {
+	select {
+	case <-s.noOtherProxy:
+		s.waitHealth.takeOver()
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // proxierOptions are the proxier's settings the flags give; run adds the
