@@ -52,11 +52,12 @@ func (p *Port) NextConn() uint64 { return p.connSeq.Add(1) - 1 }
 
 // InOrder reports whether the numbers of the port's connections decide
 // anything, so that connections accepted side by side (the event loops)
-// must be numbered in their accept order: the port has toxics, or live
-// connections are tracked, which a down toxic added later cuts by number.
-// A port without either numbers its connections in any order at no cost.
+// must be numbered in their accept order: the port has toxics (noop, which
+// draws nothing, aside), or live connections are tracked, which a down
+// toxic added later cuts by number. A port without either numbers its
+// connections in any order at no cost.
 func (p *Port) InOrder() bool {
-	return p.table.TrackLive || len(p.snap.Load().toxics) > 0
+	return p.table.TrackLive || p.snap.Load().acting
 }
 
 // Accept numbers the next connection from client and decides its faults
@@ -72,7 +73,7 @@ func (p *Port) Accept(client netip.Addr) *Conn {
 func (p *Port) AcceptNumbered(client netip.Addr, seq uint64) *Conn {
 	s := p.snap.Load()
 	track := p.table.TrackLive
-	if s.enabled && len(s.toxics) == 0 && !track {
+	if s.enabled && !s.acting && !track {
 		return nil
 	}
 	if !s.enabled {

@@ -23,6 +23,11 @@ func TestNoopDoesNothing(t *testing.T) {
 	if c := tcp.Accept(client1); c != nil {
 		t.Errorf("a connection that drew noop is faulted: %v", c.Applied())
 	}
+	// Nor do its connections' numbers decide anything: the event loops
+	// need not accept the port's clients one at a time for it.
+	if tcp.InOrder() {
+		t.Error("a port whose only toxic is noop asks for accept order")
+	}
 	if n := len(tcp.Info().Toxics); n != 1 {
 		t.Errorf("noop listed %d times, want once", n)
 	}

@@ -63,6 +63,10 @@ func (c *compiled) ms(attr string) time.Duration {
 type snapshot struct {
 	enabled bool
 	toxics  []*compiled // annotation toxics first, then API ones, in order
+	// acting: a toxic other than noop is among toxics. Without one a
+	// connection's number decides nothing (InOrder) and Accept has
+	// nothing to apply.
+	acting bool
 	// datagram is the UDP plan, nil when no toxic acts on datagrams.
 	datagram *datagramPlan
 	// refusals: a down or refuse toxic is among toxics, so Accept looks
@@ -108,6 +112,7 @@ func (p *Port) publishLocked() *snapshot {
 		}
 		s.toxics = append(s.toxics, c)
 		s.refusals = s.refusals || c.refuses()
+		s.acting = s.acting || c.kind != kindNoop
 	}
 	for _, tx := range p.annotation {
 		add(tx, OriginAnnotation)
