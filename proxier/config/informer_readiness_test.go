@@ -16,10 +16,14 @@ func TestReadinessCheckEndsWithItsContext(t *testing.T) {
 	// probe ended makes a probe of its own, which must not hang.
 	release := make(chan struct{})
 	var probes atomic.Int32
-	r := newReadiness(func(context.Context) bool {
+	r := newReadiness(func(ctx context.Context) bool {
 		probes.Add(1)
-		<-release
-		return true
+		select {
+		case <-release:
+			return true
+		case <-ctx.Done(): // as the real probe's request ends with its context
+			return false
+		}
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	first := make(chan bool, 1)
