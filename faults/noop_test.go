@@ -31,6 +31,12 @@ func TestNoopDoesNothing(t *testing.T) {
 	if n := len(tcp.Info().Toxics); n != 1 {
 		t.Errorf("noop listed %d times, want once", n)
 	}
+	// Beside a toxic that acts (here one never drawn), noop still
+	// applies nothing.
+	_, beside := declared(t, 0, 0, "TCP", `{"type":"noop"}`, `{"type":"latency","toxicity":0,"attributes":{"latency":1}}`)
+	if c := beside.Accept(client1); c != nil {
+		t.Errorf("a connection that drew noop beside an undrawn latency is faulted: %v", c.Applied())
+	}
 	_, udp := declared(t, 0, 0, "UDP", `{"type":"noop"}`)
 	if udp.Datagrams() != nil {
 		t.Error("a UDP port with only noop has a datagram plan")
