@@ -195,3 +195,32 @@ func TestClientResetDuringConnectDelayIsAbandoned(t *testing.T) {
 		t.Fatalf("failed %v, dial failures %v; want none", f, d)
 	}
 }
+
+// A client whose connect_delay the proxy's stop ends (the stop resets the
+// pending clients) did not leave on its own: nothing is counted, as for a
+// dial the stop ends (TestStopEndsThePendingAttempt).
+func TestStopDuringConnectDelayCountsNothing(t *testing.T) {
+	backend := serveTCP(t, "127.0.0.2", func(net.Conn) {})
+	p := newTestProxier(t, Options{Faults: faults.NewTable(0, 0, nil)})
+	p.OnServiceAdd(makeService("web", withFaults(`[{"type":"connect_delay","attributes":{"delay":60000}}]`)))
+	p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, backend.Addr().String()))
+	p.Sync()
+	m := p.metrics.ports.lookup("default/web:p")
+	c, err := net.Dial("tcp", proxyAddr(t, p, "default/web:p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	pending := func() int {
+		n := 0
+		p.sockCfg.conns.pending.each(func(*net.TCPConn) { n++ })
+		return n
+	}
+	waitFor(t, "the client pending in its connect_delay", func() bool { return pending() == 1 })
+	stopNow(p)
+	// Its goroutine is done once it left the pending set.
+	waitFor(t, "the client's goroutine ended by the stop", func() bool { return pending() == 0 })
+	if f, d, a := m.failed.value(), m.dialFailures.value(), m.abandoned.value(); f != 0 || d != 0 || a != 0 {
+		t.Fatalf("failed %v, dial failures %v, abandoned %v after the stop; want nothing counted", f, d, a)
+	}
+}
