@@ -354,3 +354,39 @@ func TestUDPPortClosedBeforeServeLogsNoError(t *testing.T) {
 		t.Errorf("a port closed before its loop started was logged unusable:\n%s", out)
 	}
 }
+
+// A UDP session whose endpoint cannot be dialled (here the broadcast
+// address, which connect refuses without SO_BROADCAST) is opened on
+// another endpoint, past the one that failed: under ClientIP affinity the
+// client's pin moves with it. Counted as the endpoint's dial failure.
+func TestUDPDialFailureMovesTheClientOn(t *testing.T) {
+	live := startUDPEcho(t, "127.0.0.2:0", "live:")
+	port := portOf(live.LocalAddr())
+	p := newTestProxier(t, Options{})
+	p.lb.KeepOrder() // the endpoint that cannot be dialled first: the client's first pin
+	p.OnServiceAdd(makeService("dns", withProtocol(v1.ProtocolUDP), func(s *v1.Service) {
+		s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
+	}))
+	p.OnEndpointSliceAdd(makeSlice("dns", v1.ProtocolUDP, "255.255.255.255:"+port, "127.0.0.2:"+port))
+	p.Sync()
+	c, err := net.Dial("udp", proxyAddr(t, p, "default/dns:p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("q")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	n, err := c.Read(buf)
+	if err != nil {
+		t.Fatalf("the client's first datagram was not answered (%v): its session was not opened on the live endpoint", err)
+	}
+	if got := string(buf[:n]); got != "live:q" {
+		t.Fatalf("answer %q, want live:q", got)
+	}
+	if got := p.metrics.ports.lookup("default/dns:p").dialFailures.value(); got != 1 {
+		t.Errorf("dial failures %v, want 1", got)
+	}
+}
