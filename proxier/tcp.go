@@ -220,21 +220,17 @@ func (s *tcpProxySocket) serve(client *net.TCPConn, from netip.AddrPort, fc *fau
 	inReserve := relay.ConnInReserve(client)
 	if fc != nil && !inReserve {
 		if fc.Refuse {
-			conns.removePending(client, from)
-			resetTCP(client)
-			fc.Done()
+			s.drop(client, from, fc)
 			return
 		}
 		if !fc.WaitConnectDelay(client) {
 			// The client reset during the delay, which stands in for a
 			// slow connect: it left as during a dial (unless the stop
 			// closed it).
-			conns.removePending(client, from)
 			if !conns.isStopped() {
 				s.abandoned.Inc()
 			}
-			_ = client.Close()
-			fc.Done()
+			s.drop(client, from, fc)
 			return
 		}
 	}
@@ -247,37 +243,23 @@ func (s *tcpProxySocket) serve(client *net.TCPConn, from netip.AddrPort, fc *fau
 		// The stop reset the client while it dialled: nothing to relay,
 		// and a dial that failed since is no endpoint's failure (the
 		// event loops fail such a dial with relay.ErrLoopStopped).
-		conns.removePending(client, from)
-		resetTCP(client)
 		resetTCP(backend)
-		if fc != nil {
-			fc.Done()
-		}
+		s.drop(client, from, fc)
 		return
 	}
 	if errors.Is(err, relay.ErrClientGone) {
 		// The client reset while its backend was dialled: the dial is
 		// abandoned, no endpoint failed and nobody is left to tell.
-		conns.removePending(client, from)
 		s.abandoned.Inc()
-		resetTCP(client)
-		if fc != nil {
-			fc.Done()
-		}
+		s.drop(client, from, fc)
 		return
 	}
 	if err != nil {
-		conns.removePending(client, from)
 		// Counted before the reset, so that a client (or a test) that
-		// saw it finds it counted.
+		// saw it finds it counted; a reset, not a FIN: the client must
+		// not mistake "no backend" for an empty answer.
 		s.clientFailed(from, err)
-		// A reset, not a FIN: the client must not mistake "no backend" for an
-		// empty answer.
-		_ = client.SetLinger(0)
-		_ = client.Close()
-		if fc != nil {
-			fc.Done()
-		}
+		s.drop(client, from, fc)
 		return
 	}
 	if fc == nil {
@@ -288,6 +270,17 @@ func (s *tcpProxySocket) serve(client *net.TCPConn, from netip.AddrPort, fc *fau
 	}
 	relaying = true
 	go s.relay(s.start(client, backend, from, fc))
+}
+
+// drop ends a client serve will not relay: out of the pending set,
+// reset, its faults' slot given back (its share's, serve's deferred
+// release).
+func (s *tcpProxySocket) drop(client *net.TCPConn, from netip.AddrPort, fc *faults.Conn) {
+	s.cfg.conns.removePending(client, from)
+	resetTCP(client)
+	if fc != nil {
+		fc.Done()
+	}
 }
 
 // start registers a connection whose backend answered and prepares its

@@ -42,7 +42,7 @@ func tcpShare(given int, nofile uint64) int64 {
 }
 
 // tcpShares holds the cap the TCP proxy sockets read at each accept: the
-// default follows the limit as the ceiling does (followTCPShare).
+// default follows the limit as the ceiling does (follow, at each sync).
 type tcpShares struct {
 	given int
 	cap   atomic.Int64
