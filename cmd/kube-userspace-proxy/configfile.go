@@ -30,7 +30,8 @@ const configAPIVersion = "kubeproxy.config.k8s.io/v1alpha1"
 // wins over the file: this project's choice, which the README states.
 // kube-proxy does the opposite: with --config its other flags are ignored
 // (the file wins), save the logging flags and --hostname-override. Unknown
-// fields are an error.
+// fields are an error, and so is a value kube-proxy's validation refuses
+// (validateConfigFields).
 func (o *options) applyConfigFile(fs *pflag.FlagSet) error {
 	data, err := readConfigFile(o.configFile)
 	if err != nil {
@@ -58,6 +59,9 @@ func readConfigFile(path string) ([]byte, error) {
 func (o *options) applyConfigData(data []byte, fs *pflag.FlagSet) error {
 	cfg, err := decodeConfigFile(data)
 	if err != nil {
+		return err
+	}
+	if err := validateConfigFields(&cfg.KubeProxyConfiguration); err != nil {
 		return err
 	}
 	o.configLoaded = data

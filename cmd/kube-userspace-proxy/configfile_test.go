@@ -394,3 +394,83 @@ func TestConfigFileReadErrorNamesThePathOnce(t *testing.T) {
 		}
 	}
 }
+
+// The fields this proxy does not act on are checked as kube-proxy checks
+// them (pkg/proxy/apis/config/validation), every error at once: a file
+// kube-proxy refuses (iptables.masqueradeBit: 99) started here.
+func TestConfigFileValidatedAsKubeProxy(t *testing.T) {
+	const kubeadm = `apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+bindAddress: 0.0.0.0
+clientConnection: {acceptContentTypes: "", burst: 0, contentType: "", kubeconfig: "", qps: 0}
+clusterCIDR: ""
+configSyncPeriod: 0s
+conntrack: {maxPerCore: null, min: null, tcpBeLiberal: false, tcpCloseWaitTimeout: null, tcpEstablishedTimeout: null, udpStreamTimeout: 0s, udpTimeout: 0s}
+detectLocal: {bridgeInterface: "", interfaceNamePrefix: ""}
+detectLocalMode: ""
+iptables: {localhostNodePorts: null, masqueradeAll: false, masqueradeBit: null, minSyncPeriod: 0s, syncPeriod: 0s}
+ipvs: {excludeCIDRs: null, minSyncPeriod: 0s, scheduler: "", strictARP: false, syncPeriod: 0s, tcpFinTimeout: 0s, tcpTimeout: 0s, udpTimeout: 0s}
+logging: {flushFrequency: 0, options: {json: {infoBufferSize: "0"}, text: {infoBufferSize: "0"}}, verbosity: 0}
+mode: ""
+nftables: {masqueradeAll: false, masqueradeBit: null, minSyncPeriod: 0s, syncPeriod: 0s}
+oomScoreAdj: null
+`
+	for _, tc := range []struct {
+		name, yaml string
+		want       []string // each in the one error; none: taken
+	}{
+		{name: "kubeadm's default file", yaml: kubeadm},
+		{name: "kube-proxy's defaults spelt out", yaml: configHead +
+			"iptables: {masqueradeBit: 14}\noomScoreAdj: -999\nconntrack: {maxPerCore: 32768, min: 131072, tcpEstablishedTimeout: 24h, tcpCloseWaitTimeout: 1h}\n" +
+			"detectLocalMode: BridgeInterface\ndetectLocal: {bridgeInterface: cbr0}\nlogging: {format: json, flushFrequency: 5s}\n"},
+		{name: "the alpha logging options with their gate", yaml: configHead +
+			"featureGates: {LoggingAlphaOptions: true, SomeKubeProxyGate: true}\nlogging: {options: {text: {splitStream: true}}}\n"},
+		{name: "every field wrong", yaml: configHead +
+			"iptables: {masqueradeBit: 99}\noomScoreAdj: 5000\nconntrack: {maxPerCore: -1, min: -1, tcpCloseWaitTimeout: -1s, udpTimeout: -2s}\n" +
+			"detectLocalMode: Foo\nlogging: {format: xml, flushFrequency: -1s, options: {text: {splitStream: true}}}\n",
+			want: []string{
+				"iptables.masqueradeBit: Invalid value: 99: must be within the range [0, 31]",
+				"oomScoreAdj: Invalid value: 5000: must be within the range [-1000, 1000]",
+				"conntrack.maxPerCore: Invalid value: -1: must be greater than or equal to 0",
+				"conntrack.min: Invalid value: -1: must be greater than or equal to 0",
+				`conntrack.tcpCloseWaitTimeout: Invalid value: "-1s": must be greater than or equal to 0`,
+				`conntrack.udpTimeout: Invalid value: "-2s": must be greater than or equal to 0`,
+				`detectLocalMode: Unsupported value: "Foo"`,
+				"logging.flushFrequency: Invalid value",
+				`logging.format: Invalid value: "xml": Unsupported log format`,
+				"logging.options.text.splitStream: Forbidden: Feature LoggingAlphaOptions is disabled",
+			}},
+		{name: "a detect-local mode without its interface", yaml: configHead + "detectLocalMode: InterfaceNamePrefix\n",
+			want: []string{`detectLocal.interfaceNamePrefix: Invalid value: "": must not be empty`}},
+		{name: "vmodule in the json format", yaml: configHead + "logging: {format: json, vmodule: [{filePattern: proxier, verbosity: 4}]}\n",
+			want: []string{"logging.vmodule: Forbidden: Only supported for text log format"}},
+		{name: "the ipvs block in ipvs mode", yaml: configHead + "mode: ipvs\nipvs: {tcpTimeout: -1s, excludeCIDRs: [10.0.0.0/8, x]}\n",
+			want: []string{`ipvs.tcpTimeout: Invalid value: "-1s"`, `ipvs.excludeCIDRs[1]: Invalid value: "x": must be a valid CIDR`}},
+		{name: "the nftables block in nftables mode", yaml: configHead + "mode: nftables\nnftables: {masqueradeBit: 32}\n",
+			want: []string{"nftables.masqueradeBit: Invalid value: 32"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := newOptions()
+			fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+			o.addFlags(fs)
+			err := o.applyConfigData([]byte(tc.yaml), fs)
+			if len(tc.want) == 0 {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("taken; want %q", tc.want)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q\nlacks %q", err, w)
+				}
+			}
+			if strings.ContainsAny(err.Error(), "\n\r") {
+				t.Errorf("error %q: want one line", err)
+			}
+		})
+	}
+}
