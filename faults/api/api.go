@@ -497,7 +497,10 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 }
 
 // withoutOrigin drops "origin" from a toxic body, so a toxic this API
-// showed can be sent back as it is. The body must be a JSON object.
+// showed can be sent back as it is. The body must be a JSON object, or
+// null, which is one without fields as in Toxiproxy (its decoder leaves
+// the toxic as it is on null): an update changes nothing, a create has no
+// type. null was refused, where Toxiproxy answers an update with the toxic.
 func withoutOrigin(body []byte) ([]byte, error) {
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(body, &fields); err != nil {
@@ -507,7 +510,7 @@ func withoutOrigin(body []byte) ([]byte, error) {
 		return nil, errors.New(bodyError(err, "a JSON object (a toxic)"))
 	}
 	if fields == nil {
-		return nil, errors.New("null body, want a JSON object")
+		return []byte("{}"), nil
 	}
 	if _, ok := fields["origin"]; !ok {
 		return body, nil

@@ -458,6 +458,22 @@ func TestHandler(t *testing.T) {
 					t.Errorf("table toxic = %+v", got)
 				}
 			}},
+		// null is no change, as Toxiproxy's decoder reads it into the
+		// toxic's current values; it was 400 "null body".
+		{name: "toxic update with a null body changes nothing", method: "POST", path: webPath + "/toxics/slow",
+			setup: addAPIToxic, body: "null", wantStatus: 200,
+			check: func(t *testing.T, table *faults.Table, rec *httptest.ResponseRecorder) {
+				tx := decode[toxicJSON](t, rec.Body.String())
+				if tx.Name != "slow" || tx.Toxicity != 1 || tx.Attributes["latency"] != 300 || tx.Attributes["jitter"] != 10 {
+					t.Errorf("toxic = %+v", tx)
+				}
+				if got, _ := table.Toxic(webName, "slow"); got.Toxicity != 1 || got.Attributes["latency"] != 300 {
+					t.Errorf("table toxic = %+v", got)
+				}
+			}},
+		// A create with null has no type, as in Toxiproxy.
+		{name: "toxic create with a null body", method: "POST", path: webPath + "/toxics",
+			body: "null", wantStatus: 400, check: checkError("invalid toxic type")},
 		{name: "toxic update missing", method: "POST", path: webPath + "/toxics/nope", body: `{"toxicity":0.5}`,
 			wantStatus: 404, check: checkError("toxic not found")},
 		{name: "toxic update missing proxy", method: "POST", path: "/proxies/default.nope.http/toxics/slow",
