@@ -249,12 +249,16 @@ func (d decoder) decodeDocument(loc docLocation, body []byte, in listItem) ([]Ma
 		merr.Err = fmt.Errorf("apiVersion %s is not supported for %s, use %q", clip.Quote(tn.APIVersion), tn.Kind, want)
 		return nil, []error{merr}
 	}
-	obj, err := decodeStrict(tn.Kind, body, j)
+	obj, unknown, err := decodeStrict(tn.Kind, body, j)
 	if err != nil {
 		err = atFileLine(err, loc.line)
 	} else {
+		// An unknown or duplicate field leaves the rest of the object
+		// decoded: it is validated too, so that one report names all of
+		// the object's errors (a misspelt field hid a port out of range
+		// until it was fixed and the file saved again).
 		setDefaults(obj)
-		err = validate(obj, d.nodePorts)
+		err = joinErrors(unknown, validate(obj, d.nodePorts))
 	}
 	if err != nil {
 		merr.Err = err
@@ -266,9 +270,11 @@ func (d decoder) decodeDocument(loc docLocation, body []byte, in listItem) ([]Ma
 // decodeStrict decodes body into the typed object for kind, rejecting unknown
 // and duplicate fields (sigs.k8s.io/yaml turns YAML into JSON, rejecting
 // duplicate keys; sigs.k8s.io/json decodes it strictly). j is body already
-// turned into JSON strictly, or nil.
-func decodeStrict(kind string, body, j []byte) (runtime.Object, error) {
-	var obj runtime.Object
+// turned into JSON strictly, or nil. unknown names every unknown or
+// duplicate field of an object that otherwise decoded (obj is that
+// object); err is a document that did not decode (a value of the wrong
+// type: the decoder stops at the first, and says nothing of the fields).
+func decodeStrict(kind string, body, j []byte) (obj runtime.Object, unknown, err error) {
 	switch kind {
 	case KindService:
 		obj = &v1.Service{}
@@ -277,12 +283,11 @@ func decodeStrict(kind string, body, j []byte) (runtime.Object, error) {
 	case KindEndpoints:
 		obj = &v1.Endpoints{}
 	default:
-		return nil, fmt.Errorf("kind %q is not supported", kind)
+		return nil, nil, fmt.Errorf("kind %q is not supported", kind)
 	}
 	if j == nil {
-		var err error
 		if j, err = yaml.YAMLToJSONStrict(body); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	// sigs.k8s.io/json is the API server's strict decoder: field names are
@@ -291,18 +296,29 @@ func decodeStrict(kind string, body, j []byte) (runtime.Object, error) {
 	strictErrs, err := sigsjson.UnmarshalStrict(j, obj)
 	if err != nil {
 		if fe := typeMismatch(obj, j, err); fe != nil {
-			return nil, fe
+			return nil, nil, fe
 		}
-		return nil, cleanDecodeError(err)
+		return nil, nil, cleanDecodeError(err)
 	}
 	if len(strictErrs) > 0 {
 		msgs := make([]string, len(strictErrs))
 		for i, e := range strictErrs {
 			msgs[i] = cleanDecodeError(e).Error()
 		}
-		return nil, errors.New(strings.Join(msgs, "; "))
+		unknown = errors.New(strings.Join(msgs, "; "))
 	}
-	return obj, nil
+	return obj, unknown, nil
+}
+
+// joinErrors is a and b in one line, or the one that is not nil.
+func joinErrors(a, b error) error {
+	switch {
+	case a == nil:
+		return b
+	case b == nil:
+		return a
+	}
+	return fmt.Errorf("%v; %v", a, b)
 }
 
 // yamlLine is the YAML parser's line number, counted from its document's

@@ -28,6 +28,12 @@ func TestDecodeManifests(t *testing.T) {
 			"svc.yaml: Service default/web: spec.ports[0].port: 70000 is out of range 1-65535"},
 		{"unknown field is strict", svcHead + "  ports: [{port: 80, prot: TCP}]\n", 0,
 			`svc.yaml: Service default/web: unknown field "spec.ports[0].prot"`},
+		// A misspelt field hid the object's other errors until it was
+		// fixed: all are in the one report.
+		{"unknown field and invalid values", svcHead + "  ports: [{name: a, port: 70000, prot: TCP}, {name: b, port: 80, protocol: HTTP}]\n  sessionAffinity: Sticky\n", 0,
+			`svc.yaml: Service default/web: unknown field "spec.ports[0].prot"; spec.ports[0].port: 70000 is out of range 1-65535; ` +
+				`spec.ports[0].targetPort: 70000 is out of range 1-65535; spec.ports[1].protocol: "HTTP" is not a valid protocol (TCP, UDP or SCTP); ` +
+				`spec.sessionAffinity: "Sticky" is not valid (None or ClientIP)`},
 		{"sctp port accepted, to be skipped", svcHead + "  ports: [{name: a, port: 80}, {name: b, port: 80, protocol: SCTP}]\n", 1, ""},
 		{"slice with an sctp port accepted", strings.Replace(sliceYAML("web-1", "IPv4", "10.1.0.1"), "port: 8080", "port: 8080\n  protocol: SCTP", 1), 1, ""},
 		{"bad protocol", svcHead + "  ports: [{port: 80, protocol: HTTP}]\n", 0, `"HTTP" is not a valid protocol`},
