@@ -29,6 +29,21 @@ import (
 // the logging gates are known here) and showHiddenMetricsForVersion
 // (valid only against kube-proxy's own version).
 func validateConfigFields(c *kubeproxyconfig.KubeProxyConfiguration) error {
+	errs := kubeProxyFieldErrors(c)
+	if len(errs) == 0 {
+		return nil
+	}
+	msgs := make([]string, len(errs))
+	for i, e := range errs {
+		msgs[i] = oneLine(clip.Quoted(e.Error()))
+	}
+	return errors.New(strings.Join(msgs, "; "))
+}
+
+// kubeProxyFieldErrors is kube-proxy's validation of the fields of c that
+// this proxy does not act on (validateConfigFields), the errors naming the
+// fields by their path in a file.
+func kubeProxyFieldErrors(c *kubeproxyconfig.KubeProxyConfiguration) fieldpath.ErrorList {
 	var errs fieldpath.ErrorList
 	add := func(err *fieldpath.Error) { errs = append(errs, err) }
 	bit := func(path *fieldpath.Path, v *int32) {
@@ -90,16 +105,7 @@ func validateConfigFields(c *kubeproxyconfig.KubeProxyConfiguration) error {
 		}
 	}
 
-	errs = append(errs, validateLogging(c)...)
-
-	if len(errs) == 0 {
-		return nil
-	}
-	msgs := make([]string, len(errs))
-	for i, e := range errs {
-		msgs[i] = oneLine(clip.Quoted(e.Error()))
-	}
-	return errors.New(strings.Join(msgs, "; "))
+	return append(errs, validateLogging(c)...)
 }
 
 // validateLogging is component-base's check of logging, which kube-proxy

@@ -9,8 +9,12 @@ import (
 
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	cliflag "k8s.io/component-base/cli/flag"
 	"k8s.io/klog/v2"
+	kubeproxyconfig "k8s.io/kube-proxy/config/v1alpha1"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/clip"
 )
 
 // kubeProxyFlags holds kube-proxy's flags that this proxy accepts without
@@ -108,6 +112,20 @@ func (o *options) validateKubeProxyFlags(add func(string, ...any)) {
 	if !slices.Contains(detectLocalModes, o.kubeProxy.detectLocalMode) {
 		add("--detect-local-mode %q is not one of %s", o.kubeProxy.detectLocalMode, strings.Join(detectLocalModes[1:], ", "))
 	}
+	// The rest of kube-proxy's validation of these flags' values, which
+	// it runs on the configuration its flags write: as for --config's
+	// fields (--iptables-masquerade-bit=99 started here).
+	for _, e := range kubeProxyFieldErrors(o.kubeProxyFlagsConfig()) {
+		flag, ok := kubeProxyFieldFlags[e.Field]
+		if !ok {
+			flag = kubeProxyFieldFlags[strings.TrimRight(e.Field, "[0123456789]")]
+		}
+		if flag == "" {
+			continue // checked above, in this proxy's words
+		}
+		e.Field = flag
+		add("%s", oneLine(clip.Quoted(e.Error())))
+	}
 	for _, p := range []struct {
 		flag string
 		port int32
@@ -165,4 +183,58 @@ func flagUsages(fs *pflag.FlagSet) string {
 		}
 	})
 	return fmt.Sprintf("%s\nkube-proxy flags accepted and not acted on (each given is named in a log line at start):\n%s", own.FlagUsages(), ignored.FlagUsages())
+}
+
+// kubeProxyFlagsConfig is the configuration kube-proxy's flags above
+// write, for kubeProxyFieldErrors.
+func (o *options) kubeProxyFlagsConfig() *kubeproxyconfig.KubeProxyConfiguration {
+	k := &o.kubeProxy
+	duration := func(d time.Duration) *metav1.Duration { return &metav1.Duration{Duration: d} }
+	c := &kubeproxyconfig.KubeProxyConfiguration{
+		FeatureGates:    k.featureGates,
+		Mode:            kubeproxyconfig.ProxyMode(o.proxyMode),
+		OOMScoreAdj:     &k.oomScoreAdj,
+		DetectLocalMode: kubeproxyconfig.LocalMode(k.detectLocalMode),
+		DetectLocal:     kubeproxyconfig.DetectLocalConfiguration{BridgeInterface: k.podBridgeInterface, InterfaceNamePrefix: k.podInterfaceNamePrefix},
+		IPTables:        kubeproxyconfig.KubeProxyIPTablesConfiguration{MasqueradeBit: &k.masqueradeBit},
+		IPVS: kubeproxyconfig.KubeProxyIPVSConfiguration{ExcludeCIDRs: k.ipvsExcludeCIDRs,
+			TCPTimeout: *duration(k.ipvsTCP), TCPFinTimeout: *duration(k.ipvsTCPFin), UDPTimeout: *duration(k.ipvsUDP)},
+		Conntrack: kubeproxyconfig.KubeProxyConntrackConfiguration{MaxPerCore: &k.conntrackMaxPerCore, Min: &k.conntrackMin,
+			TCPEstablishedTimeout: duration(k.conntrackTCPEstablished), TCPCloseWaitTimeout: duration(k.conntrackTCPCloseWait),
+			UDPTimeout: *duration(k.conntrackUDP), UDPStreamTimeout: *duration(k.conntrackUDPStream)},
+	}
+	c.Logging.Format = k.loggingFormat
+	c.Logging.FlushFrequency.Duration.Duration = k.logFlushFrequency
+	c.Logging.FlushFrequency.SerializeAsString = true // "-1s" in a message, not -1000000000
+	c.Logging.Options.Text.SplitStream, c.Logging.Options.Text.InfoBufferSize = k.logTextSplitStream, k.logTextInfoBuffer
+	c.Logging.Options.JSON.SplitStream, c.Logging.Options.JSON.InfoBufferSize = k.logJSONSplitStream, k.logJSONInfoBuffer
+	return c
+}
+
+// kubeProxyFieldFlags names the flag of each field kubeProxyFlagsConfig
+// sets ("": one validateKubeProxyFlags checks in its own words); a list
+// item's field is its list's.
+var kubeProxyFieldFlags = map[string]string{
+	"featureGates":                        "--feature-gates",
+	"oomScoreAdj":                         "--oom-score-adj",
+	"detectLocalMode":                     "",
+	"detectLocal.bridgeInterface":         "--pod-bridge-interface",
+	"detectLocal.interfaceNamePrefix":     "--pod-interface-name-prefix",
+	"iptables.masqueradeBit":              "--iptables-masquerade-bit",
+	"ipvs.excludeCIDRs":                   "--ipvs-exclude-cidrs",
+	"ipvs.tcpTimeout":                     "--ipvs-tcp-timeout",
+	"ipvs.tcpFinTimeout":                  "--ipvs-tcpfin-timeout",
+	"ipvs.udpTimeout":                     "--ipvs-udp-timeout",
+	"conntrack.maxPerCore":                "--conntrack-max-per-core",
+	"conntrack.min":                       "--conntrack-min",
+	"conntrack.tcpEstablishedTimeout":     "--conntrack-tcp-timeout-established",
+	"conntrack.tcpCloseWaitTimeout":       "--conntrack-tcp-timeout-close-wait",
+	"conntrack.udpTimeout":                "--conntrack-udp-timeout",
+	"conntrack.udpStreamTimeout":          "--conntrack-udp-timeout-stream",
+	"logging.format":                      "",
+	"logging.flushFrequency":              "--log-flush-frequency",
+	"logging.options.text.splitStream":    "--log-text-split-stream",
+	"logging.options.text.infoBufferSize": "--log-text-info-buffer-size",
+	"logging.options.json.splitStream":    "--log-json-split-stream",
+	"logging.options.json.infoBufferSize": "--log-json-info-buffer-size",
 }

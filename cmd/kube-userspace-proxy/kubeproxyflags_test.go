@@ -17,13 +17,15 @@ func TestKubeProxyFlagsAccepted(t *testing.T) {
 		"--masquerade-all", "--conntrack-max-per-core=0", "--conntrack-min=131072",
 		"--conntrack-tcp-timeout-established=24h", "--conntrack-tcp-timeout-close-wait=1h",
 		"--conntrack-tcp-be-liberal", "--conntrack-udp-timeout=30s", "--conntrack-udp-timeout-stream=2m",
-		"--oom-score-adj=-999", "--feature-gates=AllAlpha=false,SomeGate=true", "--profiling=false",
+		"--oom-score-adj=-999", "--feature-gates=AllAlpha=false,SomeGate=true,LoggingAlphaOptions=true", "--profiling=false",
 		"--detect-local-mode=NodeCIDR", "--pod-bridge-interface=cbr0", "--pod-interface-name-prefix=veth",
 		"--show-hidden-metrics-for-version=1.36", "--iptables-masquerade-bit=14", "--iptables-localhost-nodeports=false",
 		"--ipvs-scheduler=rr", "--ipvs-sync-period=30s", "--ipvs-min-sync-period=1s", "--ipvs-exclude-cidrs=10.0.0.0/8",
 		"--ipvs-strict-arp", "--ipvs-tcp-timeout=0s", "--ipvs-tcpfin-timeout=0s", "--ipvs-udp-timeout=0s",
 		// component-base's logging flags, which kube-proxy registers: a
 		// sweep pasting a DaemonSet's --logging-format=json got exit 2.
+		// The split streams and buffer sizes need the LoggingAlphaOptions
+		// gate, in kube-proxy's validation and here.
 		"--logging-format=json", "--log-flush-frequency=5s", "--log-text-info-buffer-size=64Ki",
 		"--log-text-split-stream", "--log-json-info-buffer-size=1M", "--log-json-split-stream",
 	}
@@ -151,6 +153,53 @@ func TestLoggingFormatValues(t *testing.T) {
 		}
 		if got := strings.Contains(logs.String(), `"--logging-format"`); got != tc.ignored {
 			t.Errorf("--logging-format=%s: named as ignored %v, want %v", tc.format, got, tc.ignored)
+		}
+	}
+}
+
+// The values of kube-proxy's flags are checked as kube-proxy checks the
+// configuration they write (pkg/proxy/apis/config/validation), every
+// error at once, each naming its flag: --iptables-masquerade-bit=99
+// started.
+func TestKubeProxyFlagValuesValidated(t *testing.T) {
+	args := []string{"--manifests", t.TempDir(), "--iptables=false", "--init-only",
+		"--iptables-masquerade-bit=99", "--oom-score-adj=-1001", "--conntrack-max-per-core=-1", "--conntrack-min=-1",
+		"--conntrack-tcp-timeout-established=-1s", "--conntrack-tcp-timeout-close-wait=-1s",
+		"--conntrack-udp-timeout=-1s", "--conntrack-udp-timeout-stream=-1s",
+		"--detect-local-mode=BridgeInterface", "--log-flush-frequency=-1s", "--log-json-split-stream"}
+	var code int
+	stderr := capture(t, &os.Stderr, func() { code = runMain(args) })
+	if code != exitUsage {
+		t.Fatalf("runMain(%q) = %d, want %d; stderr %s", args, code, exitUsage, stderr)
+	}
+	for _, want := range []string{
+		"--iptables-masquerade-bit: Invalid value: 99: must be within the range [0, 31]",
+		"--oom-score-adj: Invalid value: -1001: must be within the range [-1000, 1000]",
+		"--conntrack-max-per-core: Invalid value: -1: must be greater than or equal to 0",
+		"--conntrack-min: Invalid value: -1: must be greater than or equal to 0",
+		`--conntrack-tcp-timeout-established: Invalid value: "-1s": must be greater than or equal to 0`,
+		`--conntrack-tcp-timeout-close-wait: Invalid value: "-1s"`,
+		`--conntrack-udp-timeout: Invalid value: "-1s"`,
+		`--conntrack-udp-timeout-stream: Invalid value: "-1s"`,
+		`--pod-bridge-interface: Invalid value: "": must not be empty`,
+		`--log-flush-frequency: Invalid value: "-1s": Must be greater than zero`,
+		"--log-json-split-stream: Forbidden: Feature LoggingAlphaOptions is disabled",
+	} {
+		if !strings.Contains(stderr, "\n"+want) {
+			t.Errorf("stderr lacks the line %q:\n%s", want, stderr)
+		}
+	}
+
+	// The ipvs flags only in ipvs mode, as kube-proxy, which this proxy
+	// refuses in the same message.
+	args = []string{"--manifests", t.TempDir(), "--iptables=false", "--init-only", "--ipvs-exclude-cidrs=10.0.0.0/8,x", "--ipvs-tcp-timeout=-1s"}
+	if code := runMain(args); code != 0 {
+		t.Errorf("runMain(%q) = %d, want 0: the ipvs flags are not checked outside ipvs mode", args, code)
+	}
+	stderr = capture(t, &os.Stderr, func() { code = runMain(append(args, "--proxy-mode=ipvs")) })
+	for _, want := range []string{`--proxy-mode "ipvs" is not supported`, `--ipvs-exclude-cidrs: Invalid value: "x": must be a valid CIDR`, `--ipvs-tcp-timeout: Invalid value: "-1s"`} {
+		if code != exitUsage || !strings.Contains(stderr, want) {
+			t.Errorf("--proxy-mode=ipvs: exit %d, stderr lacks %q:\n%s", code, want, stderr)
 		}
 	}
 }
