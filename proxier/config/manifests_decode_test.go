@@ -136,6 +136,13 @@ func TestDecodeManifests(t *testing.T) {
 		// drop-policy node's firewall for any host.
 		{"health check node port out of the node port range", svcHead + "  type: LoadBalancer\n  externalTrafficPolicy: Local\n  healthCheckNodePort: 22\n  ports: [{port: 80, nodePort: 30080}]\n", 0,
 			"spec.healthCheckNodePort: 22 is out of the node port range 30000-32767"},
+		// As the API server refuses them (validateServiceExternalTrafficPolicy):
+		// only a LoadBalancer with externalTrafficPolicy Local has a health
+		// check; served, the port was claimed and nothing answered on it.
+		{"health check node port on a NodePort", svcHead + "  type: NodePort\n  externalTrafficPolicy: Local\n  healthCheckNodePort: 30999\n  ports: [{port: 80, nodePort: 30080}]\n", 0,
+			"spec.healthCheckNodePort: may only be set when type is LoadBalancer and externalTrafficPolicy is Local"},
+		{"health check node port under externalTrafficPolicy Cluster", svcHead + "  type: LoadBalancer\n  healthCheckNodePort: 30999\n  ports: [{port: 80, nodePort: 30080}]\n", 0,
+			"spec.healthCheckNodePort: may only be set when type is LoadBalancer and externalTrafficPolicy is Local"},
 		// As the API server refuses it (validateServiceExternalTrafficPolicy):
 		// a ClusterIP Service without externalIPs has no external traffic,
 		// and the policy, accepted, did nothing, where its author may have

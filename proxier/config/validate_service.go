@@ -129,10 +129,18 @@ func validateNonSpecialIP(fe *fieldErrors, path *field.Path, a netip.Addr, s str
 // node port range, or one of the Service's own node ports, as the API
 // server's allocator would: the proxy opens it in a drop-policy node's
 // firewall to every host (port 22 as well), and the health server and the
-// node port's claim cannot both hold it.
+// node port's claim cannot both hold it. As the API server
+// (validateServiceExternalTrafficPolicy), only a LoadBalancer with
+// externalTrafficPolicy Local may have one: on any other Service nothing
+// serves it (kube-proxy's NeedsHealthCheck), and it was taken without a
+// word while its port was held from every other Service.
 func validateHealthCheckNodePort(fe *fieldErrors, path *field.Path, s *v1.Service, r PortRange) {
 	port := s.Spec.HealthCheckNodePort
 	if port == 0 {
+		return
+	}
+	if s.Spec.Type != v1.ServiceTypeLoadBalancer || s.Spec.ExternalTrafficPolicy != v1.ServiceExternalTrafficPolicyLocal {
+		fe.add(path, "may only be set when type is LoadBalancer and externalTrafficPolicy is Local, as the API server refuses it (no health check is served for any other Service)")
 		return
 	}
 	if !r.contains(port) {
