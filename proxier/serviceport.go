@@ -112,7 +112,11 @@ func servicePorts(svc *v1.Service) []*servicePortInfo {
 			affinity.Timeout = time.Duration(*c.ClientIP.TimeoutSeconds) * time.Second
 		}
 	}
-	policy := policyOf(svc)
+	reachable := len(externalIPs) > 0 || len(lbIPs) > 0
+	if svc.Spec.Type == v1.ServiceTypeNodePort || svc.Spec.Type == v1.ServiceTypeLoadBalancer {
+		reachable = reachable || slices.ContainsFunc(svc.Spec.Ports, func(p v1.ServicePort) bool { return p.NodePort != 0 })
+	}
+	policy := policyOf(svc, reachable)
 	toxics, faultsErr := faults.ForService(svc)
 	lifetime, lifetimeErr := config.ParseConnectionLifetime(svc)
 	var out []*servicePortInfo

@@ -21,17 +21,27 @@ type nodeTopology struct {
 type trafficPolicy struct {
 	internalLocal bool // internalTrafficPolicy: Local (ClusterIP traffic)
 	externalLocal bool // externalTrafficPolicy: Local (NodePort, externalIP, LB IP traffic)
-	hasExternal   bool // the Service has NodePorts, externalIPs or LB IPs
+	// hasExternal: the Service has an address outside traffic arrives
+	// at on this node (a NodePort, an externalIP or a VIP LB IP of its
+	// families), kube-proxy's ExternallyAccessible of its ports.
+	hasExternal bool
 }
 
-func policyOf(svc *v1.Service) trafficPolicy {
-	p := trafficPolicy{
+// policyOf is svc's policy; reachable tells whether it has an external
+// address on this node (hasExternal). externalLocal follows the type, as
+// kube-proxy's ExternalPolicyLocal does (its healthCheckNodePort and
+// no-local-endpoints count are there before an LB IP is), but a second
+// socket is only for a Service that has somewhere to receive external
+// traffic: a LoadBalancer with allocateLoadBalancerNodePorts false whose
+// ingress is pending, or ipMode Proxy only, had one no rule led to.
+func policyOf(svc *v1.Service, reachable bool) trafficPolicy {
+	accessible := svc.Spec.Type == v1.ServiceTypeNodePort || svc.Spec.Type == v1.ServiceTypeLoadBalancer ||
+		len(svc.Spec.ExternalIPs) > 0
+	return trafficPolicy{
 		internalLocal: svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal,
-		hasExternal: svc.Spec.Type == v1.ServiceTypeNodePort || svc.Spec.Type == v1.ServiceTypeLoadBalancer ||
-			len(svc.Spec.ExternalIPs) > 0,
+		externalLocal: accessible && svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal,
+		hasExternal:   reachable,
 	}
-	p.externalLocal = p.hasExternal && svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
-	return p
 }
 
 // splitExternal reports whether the service port needs a second proxy

@@ -575,3 +575,65 @@ func TestPolicyChangesBetweenSplitPoliciesKeepSockets(t *testing.T) {
 		}
 	}
 }
+
+// A LoadBalancer without node ports (allocateLoadBalancerNodePorts
+// false) has no external address until its load balancer's VIP comes
+// (ipMode Proxy never gives one): as kube-proxy's ExternallyAccessible, it
+// has no external traffic, so no second socket, which no rule led to; its
+// cluster IP keeps its endpoints and its healthCheckNodePort is still
+// served (kube-proxy's NeedsHealthCheck goes by type). The VIP opens it,
+// and the VIP's portal leads there.
+func TestExternalSocketOnlyWithAnExternalAddress(t *testing.T) {
+	fake := iptables.NewFakeRunner(iptables.IPv4)
+	rules := iptables.New(fake, iptables.Config{Family: iptables.IPv4, BindAddress: mustAddr("127.0.0.1"), NodeIP: mustAddr("127.0.0.1")})
+	h := &healthRecorder{}
+	p := newTestProxier(t, Options{IPv4Portals: rules, NodeName: "node1", ServiceHealth: h})
+	pending := makeService("web")
+	pending.Spec.Type = v1.ServiceTypeLoadBalancer
+	pending.Spec.AllocateLoadBalancerNodePorts = ptr.To(false)
+	pending.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+	pending.Spec.HealthCheckNodePort = 31000
+	proxyMode := pending.DeepCopy()
+	proxyMode.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "192.0.2.10", IPMode: ptr.To(v1.LoadBalancerIPModeProxy)}}
+	vip := pending.DeepCopy()
+	vip.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "192.0.2.10"}}
+	p.OnServiceAdd(pending)
+	p.OnEndpointSliceAdd(topologySlice(false))
+	p.Sync()
+	name := p.lbName("default/web:p")
+	for _, step := range []struct {
+		what string
+		svc  *v1.Service
+	}{{"ingress pending", pending}, {"ipMode Proxy", proxyMode}} {
+		if step.svc != pending {
+			p.OnServiceUpdate(pending, step.svc)
+			p.Sync()
+		}
+		ap := p.active[name]
+		if ap == nil {
+			t.Fatalf("%s: service port not served", step.what)
+		}
+		if ap.external != nil || ap.externalPort != 0 {
+			t.Fatalf("%s: an external socket no rule leads to (port %d)", step.what, ap.externalPort)
+		}
+		if got := endpointsOf(t, p, name); len(got) != 3 {
+			t.Errorf("%s: cluster IP endpoints %v, want all three", step.what, got)
+		}
+		if got := h.calls[len(h.calls)-1]; got[types.NamespacedName{Namespace: "default", Name: "web"}] != 31000 {
+			t.Errorf("%s: health ports %v, want web on 31000", step.what, got)
+		}
+		pending = step.svc
+	}
+	p.OnServiceUpdate(pending, vip)
+	p.Sync()
+	ap := p.active[name]
+	if ap.external == nil || ap.externalPort == 0 {
+		t.Fatal("no external socket once the VIP came")
+	}
+	if nat := natRules(fake); !strings.Contains(nat, "-d 192.0.2.10/32") || !strings.Contains(nat, "127.0.0.1:"+strconv.Itoa(ap.externalPort)) {
+		t.Fatalf("VIP not sent to the external socket %d:\n%s", ap.externalPort, nat)
+	}
+	if got := endpointsOf(t, p, externalName(name)); len(got) != 1 || got[0] != "10.1.0.1" {
+		t.Errorf("external endpoints %v, want this node's 10.1.0.1", got)
+	}
+}
