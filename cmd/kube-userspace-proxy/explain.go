@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -237,7 +238,7 @@ const exitInterrupted = 130
 // then retrying forever. It returns the exit status (0: read).
 func read(ctx context.Context, o *options, v *validated, timeout time.Duration, h config.Handler, report func(error)) int {
 	readCtx := ctx
-	where := ""
+	where, host := "", ""
 	if o.manifests == "" {
 		// A client configuration that cannot be built fails at once: not
 		// something to say we wait for.
@@ -246,7 +247,7 @@ func read(ctx context.Context, o *options, v *validated, timeout time.Duration, 
 			fmt.Fprintf(os.Stderr, "kube-userspace-proxy explain: %v\n", err)
 			return 1
 		}
-		where = "the API server at " + cfg.Host
+		where, host = "the API server at "+cfg.Host, cfg.Host
 		limit := "without limit (--timeout 0)"
 		if timeout > 0 {
 			var cancel context.CancelFunc
@@ -269,8 +270,13 @@ func read(ctx context.Context, o *options, v *validated, timeout time.Duration, 
 			msg += "; last error: " + last.Last.Error()
 			// A refusal is an answer: credentials it does not accept
 			// (401) or a grant missing (403) read as an outage.
-			if apierrors.IsUnauthorized(last.Last) || apierrors.IsForbidden(last.Last) {
+			switch {
+			case apierrors.IsUnauthorized(last.Last) || apierrors.IsForbidden(last.Last):
 				msg = fmt.Sprintf("kube-userspace-proxy explain: %s refused the reads for %s (--timeout): %v", where, timeout, last.Last)
+			case config.SentPlainHTTP(last.Last):
+				// So is a 400 to plain HTTP: the address wants https://.
+				msg = fmt.Sprintf("kube-userspace-proxy explain: %s speaks HTTPS and was sent plain HTTP for %s (--timeout): write --master https://%s, or the kubeconfig's server so",
+					where, timeout, strings.TrimPrefix(host, "http://"))
 			}
 		}
 		fmt.Fprintln(os.Stderr, msg)

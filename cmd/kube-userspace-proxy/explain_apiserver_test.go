@@ -99,6 +99,25 @@ func TestExplainRefusedReadsSaidAsRefused(t *testing.T) {
 	}
 }
 
+// --master HOST:PORT without a scheme is plain HTTP (client-go's reading);
+// an HTTPS API server answers it with 400, which explain reported as
+// "did not answer within 2s; last error: the server rejected our request
+// for an unknown reason". It answered: explain says what to write.
+func TestExplainPlainHTTPToHTTPSSaidSo(t *testing.T) {
+	api := httptest.NewTLSServer(http.NotFoundHandler())
+	defer api.Close()
+	hostPort := api.Listener.Addr().String()
+	cmd, _, stderr := explainCommand(t, "--master", hostPort, "--timeout", "2s")
+	if code := waitExit(t, cmd, 20*time.Second, stderr); code != 1 {
+		t.Errorf("exit %d, want 1", code)
+	}
+	got := stderr.String()
+	want := "the API server at " + hostPort + " speaks HTTPS and was sent plain HTTP for 2s (--timeout): write --master https://" + hostPort
+	if !strings.Contains(got, want) || strings.Contains(got, "did not answer") {
+		t.Errorf("stderr lacks %q (or says it did not answer):\n%s", want, got)
+	}
+}
+
 // Ctrl-C while waiting for the API server: "interrupted" and a non-zero
 // exit, without client-go's "Unable to sync caches" (UnhandledError) line
 // or "context canceled".

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"net/http"
+	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -235,10 +236,14 @@ func patiently[T any](ctx context.Context, p *patientListWatch, call func() (T, 
 		return v, err
 	}
 	began, logged := time.Now(), time.Now()
-	if badCertificate(err) {
+	switch {
+	case badCertificate(err):
 		// Not an outage that passes: the kubeconfig's CA or server name.
 		klog.ErrorS(err, "API server's certificate does not verify: check the certificate authority (the kubeconfig's, or the service account's ca.crt in a pod) and the server name (--master); retrying", "informer", p.what)
-	} else {
+	case SentPlainHTTP(err):
+		// Nor this: the address, which /readyz, refused the same way, cannot pass.
+		klog.ErrorS(err, "API server speaks HTTPS and was sent plain HTTP: its address has no https:// (--master HOST:PORT without a scheme is taken as http://, as by client-go); write --master https://HOST:PORT, or the kubeconfig's server so; retrying", "informer", p.what)
+	default:
 		klog.InfoS("API server not ready; waiting for it before retrying", "informer", p.what, "err", err)
 	}
 	answers, done := p.probes.wait()
@@ -273,8 +278,11 @@ func patiently[T any](ctx context.Context, p *patientListWatch, call func() (T, 
 		retry.Reset(p.maxWait)
 		if time.Since(logged) >= p.logEvery && ctx.Err() == nil {
 			msg := "API server still unreachable; retrying"
-			if badCertificate(err) { // not an outage: said as the first line said it
+			switch { // not an outage: said as the first line said it
+			case badCertificate(err):
 				msg = "API server's certificate still does not verify; retrying"
+			case SentPlainHTTP(err):
+				msg = "API server still sent plain HTTP: its address wants https://; retrying"
 			}
 			klog.ErrorS(err, msg, "informer", p.what, "waited", time.Since(began).Round(time.Second))
 			logged = time.Now()
@@ -418,6 +426,25 @@ func badCertificate(err error) bool {
 	var host x509.HostnameError
 	var invalid x509.CertificateInvalidError
 	return errors.As(err, &verify) || errors.As(err, &unknown) || errors.As(err, &host) || errors.As(err, &invalid)
+}
+
+// SentPlainHTTP reports an HTTPS server's answer to plain HTTP: Go's
+// servers, kube-apiserver's included, answer 400 "Client sent an HTTP
+// request to an HTTPS server.", which client-go words as "the server
+// rejected our request for an unknown reason" and keeps the body as the
+// cause. Plain HTTP is right for some servers (kubectl proxy), so only
+// the answer tells.
+func SentPlainHTTP(err error) bool {
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) || status.Status().Code != http.StatusBadRequest || status.Status().Details == nil {
+		return false
+	}
+	for _, c := range status.Status().Details.Causes {
+		if strings.Contains(c.Message, "HTTP request to an HTTPS server") {
+			return true
+		}
+	}
+	return false
 }
 
 // patientInformer returns the factory's informer for obj built over a

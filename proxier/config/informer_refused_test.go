@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/x509"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
@@ -11,8 +13,10 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
@@ -127,5 +131,44 @@ func TestBadCertificateStaysNamed(t *testing.T) {
 	if !strings.Contains(got, "certificate does not verify") || !strings.Contains(got, "certificate still does not verify") ||
 		strings.Contains(got, "unreachable") {
 		t.Errorf("want the certificate named in the first line and the next, not an outage:\n%s", got)
+	}
+}
+
+// TestPlainHTTPToHTTPSIsNamed: --master HOST:PORT without a scheme is
+// taken by client-go as http://, and kube-apiserver (Go's TLS server)
+// answers plain HTTP with 400 "Client sent an HTTP request to an HTTPS
+// server.". That was logged as an outage, "API server not ready" and then
+// "still unreachable" every 30 s, for a server that answers: the line
+// says that the address wants https://, the first time and after.
+func TestPlainHTTPToHTTPSIsNamed(t *testing.T) {
+	captureKlog(t)
+	logs := &lockedbuf.Buffer{}
+	klog.SetOutput(logs)
+	srv := httptest.NewTLSServer(http.NotFoundHandler())
+	defer srv.Close()
+	cfg, err := BuildClientConfig("", srv.Listener.Addr().String()) // --master 127.0.0.1:PORT
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.QPS = -1 // no client-side rate limit: the calls below come every few ms
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner := &cache.ListWatch{ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+		return client.CoreV1().Services("").List(ctx, o)
+	}}
+	p := newPatientListWatch(inner, newReadiness(apiServerReady(client)), "services")
+	p.maxWait, p.logEvery = 10*time.Millisecond, 10*time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+	defer cancel()
+	if _, err := p.ListWithContext(ctx, metav1.ListOptions{}); err == nil {
+		t.Fatal("a list over plain HTTP to a TLS server succeeded")
+	}
+	klog.Flush()
+	got := logs.String()
+	if !strings.Contains(got, "sent plain HTTP") || !strings.Contains(got, "https://") || !strings.Contains(got, "still") ||
+		strings.Contains(got, "unreachable") || strings.Contains(got, "not ready") {
+		t.Errorf("want plain HTTP to an HTTPS server named in the first line and the next, not an outage:\n%s", got)
 	}
 }
