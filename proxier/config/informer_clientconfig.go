@@ -22,6 +22,10 @@ const (
 	AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 )
 
+// deployPlaceholderHost is the KUBERNETES_SERVICE_HOST examples/deploy's
+// DaemonSet carries until it is set to the control plane's address.
+const deployPlaceholderHost = "CONTROL_PLANE_HOST"
+
 // BuildClientConfig returns the API-server client configuration for --kubeconfig and
 // --master, as kube-proxy builds it: with both empty, the in-cluster configuration of
 // the pod's service account; otherwise the kubeconfig file, with master overriding its
@@ -30,6 +34,12 @@ func BuildClientConfig(kubeconfig, master string) (*rest.Config, error) {
 	var cfg *rest.Config
 	var err error
 	if kubeconfig == "" && master == "" {
+		if host := os.Getenv("KUBERNETES_SERVICE_HOST"); host == deployPlaceholderHost {
+			// The pod would wait for good on a name that never resolves,
+			// logged as an outage.
+			return nil, fmt.Errorf("KUBERNETES_SERVICE_HOST is %s, the placeholder of examples/deploy/daemonset.yaml: set it, "+
+				"and KUBERNETES_SERVICE_PORT, to the control plane's own address before applying it (examples/deploy/README.md, Deploy)", host)
+		}
 		cfg, err = rest.InClusterConfig()
 		if errors.Is(err, rest.ErrNotInCluster) {
 			return nil, errors.New("no --kubeconfig or --master given and not running in a pod (" + err.Error() + ")")

@@ -212,3 +212,25 @@ contexts:
 		})
 	}
 }
+
+// TestInClusterPlaceholderHost: examples/deploy/daemonset.yaml applied as it
+// is, its KUBERNETES_SERVICE_HOST placeholder not replaced, ran a pod that
+// logged "API server not ready ... lookup CONTROL_PLANE_HOST ... no such
+// host" and "still unreachable" every 30 s, unready for good. The client
+// configuration is refused instead, saying what to set.
+func TestInClusterPlaceholderHost(t *testing.T) {
+	ds, err := os.ReadFile("../../examples/deploy/daemonset.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(ds), "value: CONTROL_PLANE_HOST\n") {
+		t.Fatal("examples/deploy/daemonset.yaml no longer holds the placeholder CONTROL_PLANE_HOST: update this test and BuildClientConfig")
+	}
+	t.Setenv("KUBERNETES_SERVICE_HOST", "CONTROL_PLANE_HOST")
+	t.Setenv("KUBERNETES_SERVICE_PORT", "6443")
+	_, err = BuildClientConfig("", "")
+	want := "KUBERNETES_SERVICE_HOST is CONTROL_PLANE_HOST, the placeholder of examples/deploy/daemonset.yaml: set it"
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("err = %v, want one containing %q", err, want)
+	}
+}
