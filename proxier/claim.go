@@ -21,8 +21,8 @@ import (
 // to our portal rules. A held TCP port is bound but not listening, so a
 // connection the portals do not catch (a NodePort on an address outside
 // --nodeport-addresses) is refused with a reset instead of completing its
-// handshake into a backlog nobody accepts from. A held UDP port is a bound
-// socket nobody reads (datagrams there are dropped; see holdUDPPort).
+// handshake into a backlog nobody accepts from. A held UDP port answers
+// what reaches it with port unreachable (see holdUDPPort).
 func (p *Proxier) claim(info *servicePortInfo) (closers []func() error, all bool) {
 	all = true
 	hold := func(ip netip.Addr, port int) {
@@ -39,7 +39,7 @@ func (p *Proxier) claim(info *servicePortInfo) (closers []func() error, all bool
 		var c func() error
 		var err error
 		if info.name.Protocol == v1.ProtocolUDP {
-			c, err = holdUDPPort(ip, port)
+			c, err = holdUDPPort(ip, port, p.sockCfg.unreachable)
 		} else {
 			c, err = holdTCPPort(ip, port)
 		}
@@ -145,8 +145,13 @@ func boundTCPSocket(family int, sa unix.Sockaddr, v6only bool) (int, error) {
 }
 
 // holdUDPPort binds ip:port (every address, both families, when ip is
-// invalid; an unspecified address takes its own family only).
-func holdUDPPort(ip netip.Addr, port int) (func() error, error) {
+// invalid; an unspecified address takes its own family only). What reaches
+// it no portal caught (an address outside --nodeport-addresses, or ::1,
+// which no NodePort rule takes): refuse answers it with port unreachable,
+// as the kernel answers a port nobody holds and a held TCP port refuses a
+// connect. It was taken and dropped, and the client waited out its
+// timeouts.
+func holdUDPPort(ip netip.Addr, port int, refuse *unreachableSender) (func() error, error) {
 	network, addr := "udp", fmt.Sprintf(":%d", port)
 	if ip.IsValid() {
 		network, addr = "udp6", netip.AddrPortFrom(ip, uint16(port)).String()
@@ -158,12 +163,65 @@ func holdUDPPort(ip netip.Addr, port int) (func() error, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Not connected: a connected socket's bound address narrows to the
-	// route's source (loopback, for a loopback peer), and every other
-	// address would be free to take. So a datagram to an address outside
-	// --nodeport-addresses is taken here and dropped, not refused with a
-	// port unreachable as a TCP connect is.
-	return pc.Close, nil
+	// Not connected, which would have made the kernel refuse for us: a
+	// connected socket's bound address narrows to the route's source
+	// (loopback, for a loopback peer), and every other address would be
+	// free to take.
+	conn := pc.(*net.UDPConn)
+	if refuse != nil {
+		if _, err := enableDestinationInfo(conn); err != nil {
+			conn.Close()
+			return nil, err
+		}
+		go refuseHeldDatagrams(conn, refuse)
+	}
+	return conn.Close, nil
+}
+
+// refuseHeldDatagrams answers each datagram that reaches the held conn
+// with port unreachable (within the sender's rates), until conn is closed.
+// It reads only a datagram's length and destination (MSG_TRUNC into one
+// byte): a held port keeps no buffer.
+func refuseHeldDatagrams(conn *net.UDPConn, refuse *unreachableSender) {
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		return
+	}
+	bound := conn.LocalAddr().(*net.UDPAddr).AddrPort()
+	var one [1]byte
+	oob := make([]byte, pktinfoSpace)
+	for {
+		var n, oobn int
+		var from unix.Sockaddr
+		var rerr error
+		err := raw.Read(func(fd uintptr) bool {
+			n, oobn, _, from, rerr = unix.Recvmsg(int(fd), one[:], oob, unix.MSG_TRUNC)
+			return rerr != unix.EAGAIN
+		})
+		if err != nil {
+			return // closed
+		}
+		if rerr == unix.EINTR {
+			continue
+		}
+		if rerr != nil {
+			return // the port stays held, its datagrams dropped
+		}
+		var client netip.AddrPort
+		switch sa := from.(type) {
+		case *unix.SockaddrInet4:
+			client = netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
+		case *unix.SockaddrInet6:
+			client = netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), uint16(sa.Port))
+		default:
+			continue
+		}
+		// send's steps, with the datagram's length where send takes the
+		// datagram itself (only its length goes into the error).
+		if local := datagramDestination(oob[:oobn], bound); refuse.allow(client.Addr(), local) {
+			refuse.sendTo(client, local, n, nil)
+		}
+	}
 }
 
 func (p *Proxier) releaseClaims(ap *activePort) {

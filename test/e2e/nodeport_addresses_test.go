@@ -17,7 +17,8 @@ import (
 // external link's) has no portal. The proxy still holds the port there, so
 // no other process takes it, but a connection is refused at once; the
 // listening claim used to complete the handshake and leave the client
-// hanging. The NodePort on the node IP is served as usual.
+// hanging; a UDP datagram is refused likewise. The NodePort on the node IP
+// is served as usual.
 func TestNodePortOutsideAddressesRefused(t *testing.T) {
 	requireSuite(t)
 	c := netns.NewCluster(t, netns.ClusterOptions{ClientIPsEach: 1})
@@ -45,10 +46,32 @@ func TestNodePortOutsideAddressesRefused(t *testing.T) {
 	}
 
 	// The UDP NodePort stays held on that address too: no other process
-	// can bind it there. (A datagram there is taken by the held socket and
-	// dropped; a held socket connected to make the kernel answer it with
-	// a port unreachable no longer held any address but loopback.)
+	// can bind it there, and a datagram there is refused (port
+	// unreachable), as where no socket holds the port; the held socket
+	// took it and dropped it, and the client waited out its timeout.
 	outsideUDP := netip.AddrPortFrom(c.NodeExternalIP, 30053)
+	var udpErr error
+	began = time.Now()
+	err = c.External.Do(func() error {
+		conn, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(outsideUDP))
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		if _, err := conn.Write([]byte("query")); err != nil {
+			return err
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+		_, udpErr = conn.Read(make([]byte, 64))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	figure(t, "UDP NodePort %s outside --nodeport-addresses: %v after %v", outsideUDP, udpErr, time.Since(began).Round(time.Millisecond))
+	if !errors.Is(udpErr, syscall.ECONNREFUSED) {
+		t.Fatalf("UDP to %s (outside --nodeport-addresses): %v, want connection refused", outsideUDP, udpErr)
+	}
 	err = c.Node.Do(func() error {
 		pc, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(outsideUDP))
 		if err == nil {
