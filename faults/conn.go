@@ -3,6 +3,7 @@ package faults
 import (
 	"net"
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -41,6 +42,9 @@ type liveConn struct {
 	clientAddr netip.Addr
 	reset      func()
 	conn       *Conn // its pipelines, for a removed timeout toxic
+	// wasCut: a down (or the port's) cut it already, so one that races
+	// it (Attach, a second down) neither counts it again nor resets twice.
+	wasCut atomic.Bool
 }
 
 // NextConn numbers the port's next TCP connection, for AcceptNumbered.
@@ -202,9 +206,17 @@ func (c *Conn) AttachReset(reset func()) {
 	s := c.port.snap.Load()
 	// A port set down, or given a down toxic, between accept and now
 	// must not keep it: the cut of live connections did not see it yet.
-	if !s.enabled || (s != c.snap && s.downDraws(c.seq, c.client)) {
+	if !s.enabled {
 		c.live.cut()
 		return
+	}
+	if s != c.snap {
+		if t := s.downDrawing(c.seq, c.client); t != nil {
+			if c.live.cut() {
+				t.injected.Inc()
+			}
+			return
+		}
 	}
 	// Nor a timeout toxic removed since, or with its port: its removal
 	// did not see it yet.
@@ -257,12 +269,18 @@ func (c *compiled) refuses() bool { return c.kind == kindDown || c.Type == "refu
 // downDraws reports whether a down toxic of s applies to the connection
 // with this sequence number: the draw Accept would have made.
 func (s *snapshot) downDraws(seq uint64, client netip.Addr) bool {
+	return s.downDrawing(seq, client) != nil
+}
+
+// downDrawing is the first down toxic of s that applies to the connection
+// with this sequence number, or nil.
+func (s *snapshot) downDrawing(seq uint64, client netip.Addr) *compiled {
 	for _, t := range s.toxics {
 		if t.kind == kindDown && t.draws(client, seq) {
-			return true
+			return t
 		}
 	}
-	return false
+	return nil
 }
 
 // Done releases what Accept and Attach took.
@@ -278,10 +296,18 @@ func (c *Conn) Done() {
 	}
 }
 
-func (l *liveConn) cut() { l.reset() }
+// cut resets the connection; false: it was cut already.
+func (l *liveConn) cut() bool {
+	if l.wasCut.Swap(true) {
+		return false
+	}
+	l.reset()
+	return true
+}
 
-// cutLive resets the live connections for which which is true.
-func (p *Port) cutLive(which func(*liveConn) bool) {
+// cutLive resets the live connections for which which is true, and returns
+// how many it cut (not those cut already).
+func (p *Port) cutLive(which func(*liveConn) bool) int {
 	p.liveMu.Lock()
 	var cut []*liveConn
 	for l := range p.live {
@@ -290,9 +316,13 @@ func (p *Port) cutLive(which func(*liveConn) bool) {
 		}
 	}
 	p.liveMu.Unlock()
+	n := 0
 	for _, l := range cut {
-		l.cut()
+		if l.cut() {
+			n++
+		}
 	}
+	return n
 }
 
 // endRemovedTimeouts ends the streams of live connections that the removed
@@ -329,9 +359,10 @@ func (p *Port) cutDown(s *snapshot, tx Toxic) {
 	if t == nil {
 		return
 	}
-	p.cutLive(func(l *liveConn) bool {
+	// Each connection it cuts counts, as one it refuses at accept does.
+	t.injected.Add(float64(p.cutLive(func(l *liveConn) bool {
 		return t.draws(l.clientAddr, l.seq)
-	})
+	})))
 	if s.datagram != nil {
 		// UDP: the delayed datagrams it draws, as Send draws a new one,
 		// each counted under the stream it was dropped on, as Send

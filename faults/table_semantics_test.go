@@ -294,6 +294,50 @@ func TestTableDownToxicCutsItsShare(t *testing.T) {
 	}
 }
 
+// A down toxic counts in faults_injected_total each live connection it
+// cuts, when added and when an update widens its draw, as it counts each
+// connection it refuses at accept (and as a UDP down counts each delayed
+// datagram it drops): live ones it cut went uncounted.
+func TestDownCountsTheLiveConnectionsItCuts(t *testing.T) {
+	const n = 20
+	tbl, p, dones := liveConnections(t, n)
+	injected := func() int {
+		return int(testutil.ToFloat64(tbl.metrics.Injected.WithLabelValues(p.metricLabel(), "d", "down", Downstream)))
+	}
+	if _, err := tbl.AddToxic(p.Name(), toxic(t, `{"name":"d","type":"down","toxicity":0.5}`)); err != nil {
+		t.Fatal(err)
+	}
+	s := p.snap.Load()
+	drawn := 0
+	for seq := range dones {
+		if s.downDraws(uint64(seq), client1) {
+			drawn++
+		}
+	}
+	if got := injected(); got != drawn {
+		t.Errorf("down at toxicity 0.5 cut %d live connections and counted %d", drawn, got)
+	}
+	if _, err := tbl.UpdateToxic(p.Name(), "d", []byte(`{"toxicity":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	for seq, done := range dones {
+		select {
+		case <-done:
+		case <-time.After(2 * time.Second):
+			t.Fatalf("connection %d still relayed under down at toxicity 1", seq)
+		}
+	}
+	if got := injected(); got != n {
+		t.Errorf("down raised to toxicity 1 has cut all %d live connections and counted %d", n, got)
+	}
+	if c, _, _ := proxied(t, p, client1); c != nil {
+		t.Fatal("a new connection was relayed under down")
+	}
+	if got := injected(); got != n+1 {
+		t.Errorf("a refused new connection: counted %d, want %d", got, n+1)
+	}
+}
+
 // --fault-max-active caps faulted live connections per port: beyond it a
 // connection goes unfaulted (and is counted as skipped); a slot comes back
 // when a faulted connection ends. Refused connections hold no slot.
