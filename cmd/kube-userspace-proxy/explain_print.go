@@ -490,14 +490,18 @@ func families(addrs []string) (v4, v6 bool) {
 }
 
 // toxicSummary is one toxic as explain shows it: what it does (its
-// attributes) and to whom (clients), which the name and type alone hid (a
-// toxic for 10.0.0.0/8 read as one for every client).
+// attributes) and to whom (clients, and its own seed, which replaces
+// --fault-seed in its draws), which the name and type alone hid (a toxic
+// for 10.0.0.0/8 read as one for every client).
 func toxicSummary(t faults.Toxic) string {
 	var attrs []string
 	for _, k := range slices.Sorted(maps.Keys(t.Attributes)) {
 		attrs = append(attrs, fmt.Sprintf("%s=%g", k, t.Attributes[k]))
 	}
 	out := fmt.Sprintf("%s (%s, %s, toxicity %g", t.Name, t.Type, t.Stream, t.Toxicity)
+	if t.Seed != nil {
+		out += fmt.Sprintf(", seed %d", *t.Seed)
+	}
 	if len(attrs) > 0 {
 		out += ", " + strings.Join(attrs, " ")
 	}

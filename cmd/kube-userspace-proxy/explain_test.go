@@ -611,6 +611,24 @@ spec:
 	outputHas(t, got, "faults:           slow (latency, downstream, toxicity 1, jitter=0 latency=300, clients 10.0.0.0/8)\n")
 }
 
+// A toxic's own seed decides which connections it draws (it replaces
+// --fault-seed), so explain shows it beside the toxicity; it showed the
+// toxicity alone, as if the flag's seed drew.
+func TestExplainShowsAToxicsSeed(t *testing.T) {
+	got := explainManifests(t, `apiVersion: v1
+kind: Service
+metadata:
+  name: web
+  namespace: default
+  annotations:
+    kube-userspace-proxy/faults: '[{"name":"flaky","type":"reset_peer","toxicity":0.1,"seed":7}]'
+spec:
+  clusterIP: 10.96.0.40
+  ports: [{name: http, port: 80}]
+`)
+	outputHas(t, got, "faults:           flaky (reset_peer, downstream, toxicity 0.1, seed 7, timeout=0)\n")
+}
+
 // An internalTrafficPolicy: Local Service (externalTrafficPolicy left at
 // Cluster) keeps cluster IP traffic on this node's endpoints, and has an
 // external socket because of that policy, holding every node's endpoints.
