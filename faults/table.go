@@ -410,6 +410,7 @@ func (p *Port) SetDeclared(toxics []Toxic) {
 		return
 	}
 	before := p.timeoutsLocked()
+	cutting := p.newDownsLocked(toxics)
 	p.annotation = toxics
 	// A name is one toxic: an API toxic whose name the annotation now
 	// declares gives way to it (the Service is the declared state), else
@@ -428,13 +429,43 @@ func (p *Port) SetDeclared(toxics []Toxic) {
 		}
 		p.api = kept
 	}
-	p.publishLocked()
+	s := p.publishLocked()
 	gone := removedTimeouts(before, p.timeoutsLocked())
 	p.mu.Unlock()
 	// As at the API's removal: a timeout the Service no longer declares
 	// (or an API one that gave way) must not hold its connections for
 	// ever.
 	p.endRemovedTimeouts(gone)
+	// A down the Service now declares cuts its share of the live
+	// connections, as one added through the API does (its purpose).
+	for _, tx := range cutting {
+		p.cutDown(s, tx)
+	}
+}
+
+// newDownsLocked lists the down toxics of declared that cut live
+// connections when declared: those new on the port, or whose draw
+// (toxicity, clients, seed) differs from the down of that name already
+// there (annotation or API), which cut or refused its share already.
+func (p *Port) newDownsLocked(declared []Toxic) []Toxic {
+	var downs []Toxic
+	for _, tx := range declared {
+		if tx.Type != "down" {
+			continue
+		}
+		i := slices.IndexFunc(p.annotation, func(c Toxic) bool { return c.Name == tx.Name })
+		cur, had := Toxic{}, i >= 0
+		if had {
+			cur = p.annotation[i]
+		} else if i = slices.IndexFunc(p.api, func(c Toxic) bool { return c.Name == tx.Name }); i >= 0 {
+			cur, had = p.api[i], true
+		}
+		if had && cur.Type == "down" && !downDrawChanged(cur, tx) {
+			continue
+		}
+		downs = append(downs, tx)
+	}
+	return downs
 }
 
 // Name is the port's API name.

@@ -197,6 +197,15 @@ func TestTableDownCutsLiveConnections(t *testing.T) {
 			_, err := tbl.UpdateToxic(p.Name(), "d", []byte(`{"toxicity":1}`))
 			return err
 		}},
+		{"down declared in the annotation", func(tbl *Table, p *Port) error {
+			p.SetDeclared([]Toxic{toxic(t, `{"type":"down"}`)})
+			return nil
+		}},
+		{"declared down raised from toxicity 0", func(tbl *Table, p *Port) error {
+			p.SetDeclared([]Toxic{toxic(t, `{"name":"d","type":"down","toxicity":0}`)})
+			p.SetDeclared([]Toxic{toxic(t, `{"name":"d","type":"down","toxicity":1}`)})
+			return nil
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tbl, p := declared(t, 0, 0, "TCP")
@@ -335,6 +344,57 @@ func TestDownCountsTheLiveConnectionsItCuts(t *testing.T) {
 	}
 	if got := injected(); got != n+1 {
 		t.Errorf("a refused new connection: counted %d, want %d", got, n+1)
+	}
+}
+
+// A down the annotation declares cuts its share of the live connections
+// once, as one added through the API: declared again unchanged beside
+// another toxic (a sync, an edit of another toxic) it cuts none of those
+// it left, and the count of what it cut is the share it drew.
+func TestDeclaredDownCutsItsShareOnce(t *testing.T) {
+	const n = 20
+	tbl, p := declared(t, 3, 0, "TCP")
+	tbl.TrackLive = true
+	type conn struct {
+		client, backend *net.TCPConn
+		done            chan struct{}
+	}
+	var conns []conn
+	for range n {
+		c, b, done := proxied(t, p, client1)
+		conns = append(conns, conn{c, b, done})
+	}
+	half := `{"name":"half","type":"down","toxicity":0.5}`
+	p.SetDeclared([]Toxic{toxic(t, half)})
+	s := p.snap.Load()
+	drawn := 0
+	for seq, c := range conns {
+		if !s.downDraws(uint64(seq), client1) {
+			continue
+		}
+		drawn++
+		select {
+		case <-c.done:
+		case <-time.After(2 * time.Second):
+			t.Fatalf("connection %d drew the declared down but was not cut", seq)
+		}
+	}
+	p.SetDeclared([]Toxic{toxic(t, half), toxic(t, `{"name":"slow","type":"latency","attributes":{"latency":1}}`)})
+	// Those it did not draw still relay.
+	for seq, c := range conns {
+		if s.downDraws(uint64(seq), client1) {
+			continue
+		}
+		if _, err := c.client.Write([]byte("ping")); err != nil {
+			t.Fatalf("connection %d: %v", seq, err)
+		}
+		c.backend.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if _, err := io.ReadFull(c.backend, make([]byte, 4)); err != nil {
+			t.Errorf("connection %d did not draw the declared down but relays no more: %v", seq, err)
+		}
+	}
+	if got := int(testutil.ToFloat64(tbl.metrics.Injected.WithLabelValues(p.metricLabel(), "half", "down", Downstream))); got != drawn || drawn == 0 || drawn == n {
+		t.Errorf("the declared down drew %d of %d live connections and counted %d", drawn, n, got)
 	}
 }
 
