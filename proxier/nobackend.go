@@ -3,6 +3,8 @@ package proxier
 import (
 	"errors"
 	"net/netip"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -69,6 +71,48 @@ func (l *noBackendLog) report(servicePort string, client netip.AddrPort, err err
 		return
 	}
 	klog.InfoS(msg, "servicePort", servicePort, "client", client, "err", err, "alsoSinceLastReport", suppressed)
+}
+
+// endpointsTriedError is the last dial error of a client refused after its
+// attempts failed, with the endpoints those attempts went to. The event
+// loops' error is a bare errno and the goroutines' names the last endpoint
+// only, so a Service whose backends were not up (a newcomer's first run)
+// was logged as `err="connection refused"`, with no address to check.
+type endpointsTriedError struct {
+	err   error
+	tried []netip.AddrPort // distinct, in the order tried
+}
+
+func (e *endpointsTriedError) Error() string {
+	var b strings.Builder
+	b.WriteString(e.err.Error())
+	b.WriteString(" (endpoints tried: ")
+	for i, ep := range e.tried {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(ep.String())
+	}
+	b.WriteString(")")
+	return b.String()
+}
+
+func (e *endpointsTriedError) Unwrap() error { return e.err }
+
+// withEndpointsTried is err with the distinct endpoints of tried (which it
+// copies: a dial's attempts live in a reused array), or err itself when no
+// endpoint was tried. Only on a refusal, off the path of a served client.
+func withEndpointsTried(err error, tried []netip.AddrPort) error {
+	if err == nil || len(tried) == 0 {
+		return err
+	}
+	distinct := make([]netip.AddrPort, 0, len(tried))
+	for _, ep := range tried {
+		if !slices.Contains(distinct, ep) {
+			distinct = append(distinct, ep)
+		}
+	}
+	return &endpointsTriedError{err: err, tried: distinct}
 }
 
 // due takes the next -v=0 line if noBackendLogEvery has passed since the

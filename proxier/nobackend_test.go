@@ -1,11 +1,14 @@
 package proxier
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -158,5 +161,74 @@ func TestUDPDatagramAtCloseIsNoFailure(t *testing.T) {
 	klog.Flush()
 	if got := ip.sock.failed.value(); got != 0 || strings.Contains(buf.String(), "No endpoint could be reached") {
 		t.Fatalf("a datagram forwarded as the port closed: connections_failed_total %v, log:\n%s", got, buf.String())
+	}
+}
+
+// lockedBuffer is a klog output a test may read while the proxier's
+// goroutines still write to it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// A client refused because every endpoint refused its dial is logged with
+// the endpoints dialled, on both data paths: a newcomer whose backends are
+// not up yet must see which addresses the proxy went to. The event loop's
+// line said only `err="connection refused"`, the goroutines' named the
+// last endpoint only.
+func TestNoBackendLogNamesTheEndpointsTried(t *testing.T) {
+	for _, path := range []string{DataPathGoroutines, DataPathEventLoop} {
+		t.Run(path, func(t *testing.T) {
+			captureKlog(t)
+			var logs lockedBuffer
+			klog.SetOutput(&logs)
+			// Two endpoints nothing listens on (a slice's endpoints share
+			// its port): a port just released, on two loopback addresses.
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			port := ln.Addr().(*net.TCPAddr).Port
+			ln.Close()
+			dead := []string{fmt.Sprintf("127.0.0.1:%d", port), fmt.Sprintf("127.0.0.2:%d", port)}
+			p := newTestProxier(t, Options{DataPath: path})
+			p.OnServiceAdd(makeService("web"))
+			p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, dead...))
+			p.Sync()
+			// The reset may come before the client's connect returns.
+			if c, err := net.Dial("tcp", proxyAddr(t, p, "default/web:p")); err == nil {
+				defer c.Close()
+				_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+				if _, err := c.Read(make([]byte, 1)); err == nil {
+					t.Fatal("a client of a Service whose endpoints all refuse was answered")
+				}
+			}
+			var line string
+			for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				if line = logs.String(); strings.Contains(line, "No endpoint could be reached") {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("no line for the refused client:\n%s", line)
+				}
+			}
+			for _, ep := range dead {
+				if !strings.Contains(line, ep) {
+					t.Errorf("the refused client's line does not name endpoint %s:\n%s", ep, line)
+				}
+			}
+		})
 	}
 }

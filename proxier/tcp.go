@@ -339,7 +339,7 @@ func (s *tcpProxySocket) dial(client *net.TCPConn, from netip.AddrPort, faulted 
 			ep, failed, err = s.pastOwnPortals(from.Addr(), ep, failed)
 		}
 		if err != nil {
-			return nil, err
+			return nil, withEndpointsTried(err, failed)
 		}
 		attempt := relay.NewClientAttempt(timeout, client)
 		backend, err := dialer.DialContext(attempt, "tcp", ep.String())
@@ -377,7 +377,7 @@ func (s *tcpProxySocket) dial(client *net.TCPConn, from netip.AddrPort, faulted 
 		s.dialFailures.Inc()
 		klog.V(3).InfoS("Dial failed, trying next endpoint", "servicePort", s.label, "endpoint", ep, "err", err)
 	}
-	return nil, lastErr
+	return nil, withEndpointsTried(lastErr, failed)
 }
 
 // maxDialAttempts bounds a connection's dial attempts (socketConfig's

@@ -195,7 +195,7 @@ func (h *loopClient) Failed(err error) {
 		// dialing, is no endpoint's failure: not one to count or to
 		// report as "no endpoint".
 	default:
-		h.s.clientFailed(h.from, err)
+		h.s.clientFailed(h.from, withEndpointsTried(err, h.failed))
 	}
 	h.s.held.Add(-1)
 	if h.fc != nil {
