@@ -123,8 +123,9 @@ func (pl *Plan) Run() (ports []DebugServicePort, v4, v6 []iptables.Portal) {
 	return pl.p.DebugServices(), pl.v4.portals, pl.v6.portals
 }
 
-// Warnings lists, per Service ("namespace/name"), what a proxier fed the
-// same Services warns about: annotations under our prefix it does not know
+// Warnings lists, per Service ("namespace/name"), that it is not proxied
+// (headless, ExternalName: as kube-proxy, for cluster DNS answers for
+// them) and what a proxier fed the same Services warns about: annotations under our prefix it does not know
 // (a misspelt fault annotation), SCTP ports it skips, and Services it
 // does not serve for want of portals in their family (OnlyFamily); and a
 // service port left without endpoints because its slices carry theirs
@@ -143,6 +144,15 @@ func (pl *Plan) Warnings() map[string][]string {
 	out := map[string][]string{}
 	for nn, svc := range pl.p.services {
 		var w []string
+		// The Services servicePorts gives no port, as kube-proxy proxies
+		// nothing for them: named, or a reader never saw them at all.
+		switch {
+		case svc.Spec.Type == v1.ServiceTypeExternalName:
+			w = append(w, fmt.Sprintf("not proxied: type ExternalName is a name in cluster DNS only, an alias (CNAME) of %s; no address, rule or proxy socket is involved (as kube-proxy)",
+				svc.Spec.ExternalName))
+		case svc.Spec.ClusterIP == v1.ClusterIPNone:
+			w = append(w, "not proxied: a headless Service (clusterIP None) has no service address; cluster DNS answers its name with its endpoints' addresses, which clients reach directly (as kube-proxy, which installs nothing for it)")
+		}
 		for _, info := range servicePorts(svc) {
 			if carried, ok := pl.p.endpoints.portMismatch(info.name); ok {
 				port := fmt.Sprintf("port %q (%s)", info.name.Port, info.name.Protocol)

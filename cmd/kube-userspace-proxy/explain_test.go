@@ -520,6 +520,32 @@ spec:
 	)
 }
 
+// A headless and an ExternalName Service, which kube-proxy does not proxy
+// (cluster DNS answers for them), are named with why: explain left them
+// out without a word, while the proxy's summary counted them among its
+// Services, so a learner could not tell "not proxied, as in kube-proxy"
+// from "lost".
+func TestExplainNamesTheServicesItDoesNotProxy(t *testing.T) {
+	got := explainManifests(t, `apiVersion: v1
+kind: Service
+metadata: {name: db, namespace: default}
+spec:
+  clusterIP: None
+  ports: [{port: 5432}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: search, namespace: default}
+spec:
+  type: ExternalName
+  externalName: search.example.com
+`)
+	outputHas(t, got,
+		"== default/db (no service port to proxy) ==\nwarnings:         not proxied: a headless Service (clusterIP None) has no service address; cluster DNS answers its name with its endpoints' addresses, which clients reach directly (as kube-proxy, which installs nothing for it)\n",
+		"== default/search (no service port to proxy) ==\nwarnings:         not proxied: type ExternalName is a name in cluster DNS only, an alias (CNAME) of search.example.com; no address, rule or proxy socket is involved (as kube-proxy)\n",
+	)
+}
+
 // explain's help lists the flags that change its output, words
 // --manifests as explain reads it (once), and gives the synopsis main's
 // help gives; the proxy's other flags are accepted unlisted, so that a
