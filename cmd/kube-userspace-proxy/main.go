@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -182,6 +183,9 @@ func flagSuggestion(err error, fs *pflag.FlagSet) error {
 	if !errors.As(err, &unknown) || unknown.GetSpecifiedShortnames() != "" {
 		return err
 	}
+	if slices.Contains(removedKlogFlags, strings.ReplaceAll(unknown.GetSpecifiedName(), "_", "-")) {
+		return fmt.Errorf("%w (klog's flag, which Kubernetes 1.26 removed from kube-proxy and its other components: the log goes to stderr; drop the flag, and redirect stderr to keep a file)", err)
+	}
 	var names []string
 	fs.VisitAll(func(f *pflag.Flag) {
 		if f.Deprecated == "" {
@@ -193,6 +197,13 @@ func flagSuggestion(err error, fs *pflag.FlagSet) error {
 	}
 	return err
 }
+
+// removedKlogFlags are klog's flags that Kubernetes 1.26 took out of its
+// components, kube-proxy's included (kubernetes#112120: only -v and
+// --vmodule stayed). A command line of the legacy userspace kube-proxy
+// (1.25 and before), the one this proxy replaces, may well carry them.
+var removedKlogFlags = []string{"add-dir-header", "alsologtostderr", "log-backtrace-at", "log-dir", "log-file",
+	"log-file-max-size", "logtostderr", "one-output", "skip-headers", "skip-log-headers", "stderrthreshold"}
 
 // versionFlag is --version as kube-proxy's (component-base's verflag): a
 // boolean flag that also takes "raw".

@@ -201,6 +201,12 @@ func TestMisspeltFlagSuggested(t *testing.T) {
 		{"--bind-adress=1.2.3.4", "unknown flag: --bind-adress (did you mean --bind-address?)"},
 		{"--nodeport-adresses", "(did you mean --nodeport-addresses?)"},
 		{"--no-such-flag", "unknown flag: --no-such-flag\n"},
+		// klog's flags of a kube-proxy command line from before 1.26,
+		// when the userspace mode still was kube-proxy's: "unknown flag:
+		// --logtostderr" alone sent the user to look up why.
+		{"--logtostderr", "unknown flag: --logtostderr (klog's flag, which Kubernetes 1.26 removed from kube-proxy and its other components: the log goes to stderr; drop the flag, and redirect stderr to keep a file)"},
+		{"--log_file=/var/log/kube-proxy.log", "unknown flag: --log_file (klog's flag, which Kubernetes 1.26 removed"},
+		{"--alsologtostderr=true", "(klog's flag, which Kubernetes 1.26 removed"},
 	} {
 		var code int
 		out := capture(t, &os.Stderr, func() { code = runMain([]string{tc.arg}) })
