@@ -136,7 +136,7 @@ func TestFQDNSlicesNamingAServiceAreKnown(t *testing.T) {
 	web := servicePortName("web").NamespacedName
 	check := func(step string, want []string, wantSliceless bool) {
 		t.Helper()
-		_, fqdn, ok := p.endpoints.sliceless(web, p.hasService)
+		_, _, fqdn, ok := p.endpoints.sliceless(web, p.hasService)
 		if ok != wantSliceless || !slices.Equal(fqdn, want) {
 			t.Errorf("%s: sliceless %v, FQDN slices %v; want %v, %v", step, ok, fqdn, wantSliceless, want)
 		}

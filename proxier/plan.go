@@ -179,7 +179,7 @@ func (pl *Plan) Warnings() map[string][]string {
 			w = append(w, fmt.Sprintf("not served: its addresses are %s, which --bind-address %s does not serve",
 				pl.p.unsupportedFamily(), pl.p.opts.BindAddress))
 		}
-		if orphans, fqdn, ok := pl.p.endpoints.sliceless(nn, pl.p.hasService); ok && !pl.p.noPortal[nn] && len(servicePorts(svc)) > 0 {
+		if orphans, elsewhere, fqdn, ok := pl.p.endpoints.sliceless(nn, pl.p.hasService); ok && !pl.p.noPortal[nn] && len(servicePorts(svc)) > 0 {
 			msg := fmt.Sprintf("no EndpointSlice names this Service (label %s: %s in namespace %s): endpoints come only from EndpointSlices (or v1 Endpoints) labelled so, never from the selector (in a cluster the EndpointSlice controller writes them; with --manifests, write them)",
 				discovery.LabelServiceName, nn.Name, nn.Namespace)
 			if len(fqdn) > 0 {
@@ -188,6 +188,10 @@ func (pl *Plan) Warnings() map[string][]string {
 			}
 			if len(orphans) > 0 {
 				msg += fmt.Sprintf("; EndpointSlices in namespace %s name no Service that exists: %s", nn.Namespace, strings.Join(orphans, ", "))
+			}
+			if len(elsewhere) > 0 {
+				msg += fmt.Sprintf("; EndpointSlices labelled %s: %s in another namespace, which has no Service of that name: %s (a slice must be in its Service's namespace; one written without metadata.namespace is in default)",
+					discovery.LabelServiceName, nn.Name, strings.Join(elsewhere, ", "))
 			}
 			w = append(w, msg)
 		}
@@ -207,7 +211,7 @@ func (pl *Plan) Sliceless() map[string][]string {
 	defer pl.p.mu.Unlock()
 	out := map[string][]string{}
 	for nn := range pl.p.services {
-		if _, fqdn, ok := pl.p.endpoints.sliceless(nn, pl.p.hasService); ok {
+		if _, _, fqdn, ok := pl.p.endpoints.sliceless(nn, pl.p.hasService); ok {
 			out[nn.String()] = fqdn
 		}
 	}
@@ -224,27 +228,35 @@ func (p *Proxier) hasService(nn types.NamespacedName) bool {
 // sliceless reports whether no IPv4 or IPv6 EndpointSlice names the
 // Service svc (its kubernetes.io/service-name label, in its namespace),
 // and lists the slices of that namespace whose label names a Service that
-// exists does not know ("webb-1 (kubernetes.io/service-name: webb)"): a
-// misspelt label, the commonest reason; at most maxOrphansNamed of them,
-// then how many more; and the FQDN slices that name svc (ignored, as by
-// kube-proxy), likewise bounded.
-func (t *endpointsTracker) sliceless(svc types.NamespacedName, exists func(types.NamespacedName) bool) (orphans, fqdn []string, ok bool) {
+// does not exist ("webb-1 (kubernetes.io/service-name: webb)"): a
+// misspelt label, the commonest reason; the slices of another namespace
+// labelled with svc's name where no Service has it ("other/web-1"): a
+// slice written without metadata.namespace, which puts it in default; at
+// most maxOrphansNamed of each, then how many more; and the FQDN slices
+// that name svc (ignored, as by kube-proxy), likewise bounded.
+func (t *endpointsTracker) sliceless(svc types.NamespacedName, exists func(types.NamespacedName) bool) (orphans, elsewhere, fqdn []string, ok bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if len(t.slices[svc]) > 0 {
-		return nil, nil, false
+		return nil, nil, nil, false
 	}
 	fqdn = bounded(slices.Sorted(maps.Keys(t.fqdn[svc])))
 	for other, bySlice := range t.slices {
-		if other.Namespace != svc.Namespace || exists(other) {
-			continue
-		}
-		for name := range bySlice {
-			orphans = append(orphans, fmt.Sprintf("%s (%s: %s)", name, discovery.LabelServiceName, other.Name))
+		switch {
+		case exists(other):
+		case other.Namespace == svc.Namespace:
+			for name := range bySlice {
+				orphans = append(orphans, fmt.Sprintf("%s (%s: %s)", name, discovery.LabelServiceName, other.Name))
+			}
+		case other.Name == svc.Name:
+			for name := range bySlice {
+				elsewhere = append(elsewhere, other.Namespace+"/"+name)
+			}
 		}
 	}
 	slices.Sort(orphans)
-	return bounded(orphans), fqdn, true
+	slices.Sort(elsewhere)
+	return bounded(orphans), bounded(elsewhere), fqdn, true
 }
 
 // bounded keeps the first maxOrphansNamed of names, then says how many more.

@@ -943,8 +943,9 @@ endpoints: [{addresses: [10.1.0.4], conditions: {ready: false}}]
 // is misspelt, or in another namespace) has no endpoint, as in kube-proxy,
 // which takes endpoints from slices only, never from the selector. explain
 // said "none ready", which sent the user to the endpoints' conditions; it
-// now says no slice names the Service, what must, and which slices of its
-// namespace name a Service that does not exist.
+// now says no slice names the Service, what must, which slices of its
+// namespace name a Service that does not exist, and which slices of
+// another namespace carry its name where no Service has it.
 func TestExplainServiceNoSliceNames(t *testing.T) {
 	got := explainManifests(t, `apiVersion: v1
 kind: Service
@@ -974,6 +975,10 @@ endpoints: [{addresses: [10.1.0.2]}]
 		"endpoints:        none: no EndpointSlice names the Service; a TCP client's connection is reset until one does",
 		`warnings:         no EndpointSlice names this Service (label kubernetes.io/service-name: web in namespace default): endpoints come only from EndpointSlices (or v1 Endpoints) labelled so, never from the selector (in a cluster the EndpointSlice controller writes them; with --manifests, write them)`,
 		`EndpointSlices in namespace default name no Service that exists: webb-1 (kubernetes.io/service-name: webb)`,
+		// The slice labelled for it in another namespace: a manifest
+		// without metadata.namespace, the commonest way there, was
+		// not named (the search stayed in the Service's namespace).
+		`; EndpointSlices labelled kubernetes.io/service-name: web in another namespace, which has no Service of that name: other/web-1 (a slice must be in its Service's namespace; one written without metadata.namespace is in default)`,
 	)
 	if strings.Contains(web, "none ready") {
 		t.Errorf("a Service no slice names must not read \"none ready\":\n%s", web)
