@@ -273,13 +273,32 @@ func rawVersion() apiversion.Info {
 
 // unexpectedArguments is cmd's error for the positional arguments fs left
 // over from args: with how to give a boolean flag's value when one is
-// such a value (boolValueHint), else with otherwise.
+// such a value (boolValueHint), or the flag a path of manifests goes after
+// (manifestsPathHint), else with otherwise.
 func unexpectedArguments(cmd string, args []string, fs *pflag.FlagSet, otherwise string) string {
 	msg := fmt.Sprintf("%s: unexpected arguments %q", cmd, fs.Args())
 	if hint := boolValueHint(args, fs); hint != "" {
 		return msg + ": " + hint
 	}
+	if hint := manifestsPathHint(fs); hint != "" {
+		return msg + ": " + hint
+	}
 	return msg + otherwise
+}
+
+// manifestsPathHint names --manifests when the one positional argument is
+// a file or directory there and --manifests was not given: `explain
+// examples/manifests`, as kubectl and most tools take a path, which
+// "unexpected arguments" alone left to guess. "" otherwise.
+func manifestsPathHint(fs *pflag.FlagSet) string {
+	f := fs.Lookup("manifests")
+	if f == nil || f.Changed || fs.NArg() != 1 {
+		return ""
+	}
+	if _, err := os.Stat(fs.Arg(0)); err != nil {
+		return ""
+	}
+	return "a path of manifests goes after --manifests: --manifests " + fs.Arg(0)
 }
 
 // boolValueHint says how to give a boolean flag's value when args gave it

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"os"
 	"runtime"
@@ -251,6 +252,28 @@ func TestCleanupBeforeInitOnly(t *testing.T) {
 	cleanupRules = func() error { ran = true; return nil }
 	if code := runMain([]string{"--cleanup", "--init-only"}); code != 0 || !ran {
 		t.Errorf("exit %d, cleanup ran %v; want 0 and a cleanup", code, ran)
+	}
+}
+
+// A manifests path given without its flag (`explain examples/manifests`,
+// as `kubectl apply -f` and most tools read a path) is named with the flag
+// it wants: "unexpected arguments" alone left the newcomer to guess.
+func TestManifestsPathWithoutFlagExplained(t *testing.T) {
+	dir := t.TempDir()
+	want := fmt.Sprintf(`unexpected arguments [%q]: a path of manifests goes after --manifests: --manifests %s`, dir, dir)
+	var code int
+	out := capture(t, &os.Stderr, func() { code = runMain([]string{"--iptables=false", dir}) })
+	if code != exitUsage || !strings.Contains(out, want) {
+		t.Errorf("proxy: exit %d, stderr %q; want %d and %q", code, out, exitUsage, want)
+	}
+	out = capture(t, &os.Stderr, func() { code = explain(t.Context(), []string{dir}, io.Discard) })
+	if code != exitUsage || !strings.Contains(out, want) {
+		t.Errorf("explain: exit %d, stderr %q; want %d and %q", code, out, exitUsage, want)
+	}
+	// Not a path there, or --manifests given: no such hint.
+	out = capture(t, &os.Stderr, func() { code = explain(t.Context(), []string{"--manifests", dir, dir}, io.Discard) })
+	if code != exitUsage || strings.Contains(out, "goes after --manifests") {
+		t.Errorf("explain with --manifests given: exit %d, stderr %q", code, out)
 	}
 }
 
