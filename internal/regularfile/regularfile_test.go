@@ -7,6 +7,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 func TestRead(t *testing.T) {
@@ -62,5 +63,35 @@ func TestReadCheck(t *testing.T) {
 	refused := errors.New("refused")
 	if _, err := Read(p, 10, func(os.FileInfo) error { return refused }); err != refused {
 		t.Errorf("error %v, want the check's", err)
+	}
+}
+
+// TestReadNeverWaits: a file that stats as regular can still have nothing
+// to read yet (/proc/kmsg once its messages were taken, a FUSE file); the
+// read must say so at once, not wait for data that may never come (the
+// manifests source took no change again). A pipe stands in for such a
+// file here: reading /proc/kmsg would take the host's kernel messages.
+func TestReadNeverWaits(t *testing.T) {
+	r, w, err := os.Pipe() // pollable, in the runtime's poller, as an opened /proc/kmsg
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	if _, err := w.WriteString("partial"); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := readAll(r, 0, 1024)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrWouldWait) {
+			t.Errorf("error %v, want %v", err, ErrWouldWait)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the read of a file with nothing more to read did not return within 5 s: it waits for data")
 	}
 }
