@@ -17,6 +17,9 @@ type Limits struct {
 	WriteTimeout time.Duration
 	// IdleTimeout closes a keep-alive connection that sends no next request.
 	IdleTimeout time.Duration
+	// MaxHeaderBytes bounds a request's headers (net/http adds 4 KiB of
+	// slack); past it the client gets 431. 0 is net/http's 1 MiB.
+	MaxHeaderBytes int
 	// MaxConns caps open connections; 0 means no cap. At the cap a new
 	// client takes the place of the longest-idle keep-alive connection,
 	// else of the longest-reading one (headers unfinished), or waits while
@@ -33,7 +36,13 @@ var DefaultLimits = Limits{
 	ReadTimeout:       10 * time.Second,
 	WriteTimeout:      30 * time.Second,
 	IdleTimeout:       30 * time.Second,
-	MaxConns:          100,
+	// Probes, scrapers (a bearer token included) and Toxiproxy's client
+	// send well under 1 KiB. net/http's 1 MiB let each connection hold
+	// that much while its headers came: 100 clients that each sent an
+	// unfinished 1 MB header line took the proxy from 33 MB to 237 MB,
+	// and every healthCheckNodePort is a server with its own cap.
+	MaxHeaderBytes: 16 << 10,
+	MaxConns:       100,
 }
 
 // New returns an http.Server for h with l's timeouts; Serve and Start
@@ -45,6 +54,7 @@ func New(h http.Handler, l Limits) *http.Server {
 		ReadTimeout:       l.ReadTimeout,
 		WriteTimeout:      l.WriteTimeout,
 		IdleTimeout:       l.IdleTimeout,
+		MaxHeaderBytes:    l.MaxHeaderBytes,
 	}
 }
 

@@ -197,9 +197,9 @@ func TestEveryHTTPServerHasLimits(t *testing.T) {
 		t.Fatalf("%d servers, want 3 (health, metrics, fault API)", len(servers))
 	}
 	for i, s := range servers {
-		if s.ReadHeaderTimeout <= 0 || s.ReadTimeout <= 0 || s.WriteTimeout <= 0 || s.IdleTimeout != o.httpIdleTimeout {
-			t.Errorf("server %d: header %v, read %v, write %v, idle %v; want all set, idle %v",
-				i, s.ReadHeaderTimeout, s.ReadTimeout, s.WriteTimeout, s.IdleTimeout, o.httpIdleTimeout)
+		if s.ReadHeaderTimeout <= 0 || s.ReadTimeout <= 0 || s.WriteTimeout <= 0 || s.IdleTimeout != o.httpIdleTimeout || s.MaxHeaderBytes <= 0 {
+			t.Errorf("server %d: header %v, read %v, write %v, idle %v, header bytes %d; want all set, idle %v",
+				i, s.ReadHeaderTimeout, s.ReadTimeout, s.WriteTimeout, s.IdleTimeout, s.MaxHeaderBytes, o.httpIdleTimeout)
 		}
 	}
 }
