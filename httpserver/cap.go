@@ -2,6 +2,7 @@ package httpserver
 
 import (
 	"context"
+	"io"
 	"net"
 	"net/http"
 	"slices"
@@ -266,15 +267,56 @@ type connKey struct{}
 
 // serveCapped marks a capped connection as serving while h runs one of
 // its requests: the cap closes a connection that is only reading.
+//
+// Reading a request's body is reading, not serving: while h waits on the
+// body, the connection is a reader the cap may close, as one whose
+// headers are unfinished. A body h leaves unread is not read at all:
+// net/http reads up to 256 KiB of it after h, to keep the connection,
+// until ReadTimeout, while the connection counted as serving, so clients
+// that trickled bodies our handlers never read held every slot (/livez
+// answered after 37 s under 400 of them). The read deadline, set past,
+// makes that read fail at once: the answer goes out and the connection
+// closes (a body that came whole with its headers is already read).
 func serveCapped(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if c, ok := r.Context().Value(connKey{}).(*cappedConn); ok {
-			// Until the connection goes idle (track), not until h returns:
-			// the response is still being flushed then.
-			c.serving.Store(true)
+		c, ok := r.Context().Value(connKey{}).(*cappedConn)
+		if !ok {
+			h.ServeHTTP(w, r)
+			return
 		}
+		// Until the connection goes idle (track), not until h returns:
+		// the response is still being flushed then.
+		c.serving.Store(true)
+		if r.Body == nil || r.Body == http.NoBody {
+			h.ServeHTTP(w, r)
+			return
+		}
+		body := &cappedBody{ReadCloser: r.Body, c: c}
+		r.Body = body
 		h.ServeHTTP(w, r)
+		r.Body = body.ReadCloser // net/http looks at its own body type after h
+		if !body.ended {
+			_ = c.SetReadDeadline(time.Now())
+		}
 	})
+}
+
+// cappedBody is a request body that marks its connection as reading, not
+// serving, while a read of it waits, and notes its end.
+type cappedBody struct {
+	io.ReadCloser
+	c     *cappedConn
+	ended bool
+}
+
+func (b *cappedBody) Read(p []byte) (int, error) {
+	b.c.serving.Store(false)
+	n, err := b.ReadCloser.Read(p)
+	b.c.serving.Store(true)
+	if err == io.EOF {
+		b.ended = true
+	}
+	return n, err
 }
 
 // withConn is the server's ConnContext: it puts the connection in each of

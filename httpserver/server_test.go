@@ -364,3 +364,54 @@ func TestHeadersBounded(t *testing.T) {
 		t.Errorf("a request with 64 KiB of headers: %d, want 431", code)
 	}
 }
+
+// TestCapBodyTricklersGiveWay: clients that fill every slot with whole
+// requests whose declared body comes a byte at a time do not lock a probe
+// out, whether the handler leaves the body (net/http then reads it after
+// the handler, up to ReadTimeout, while the connection counts as serving:
+// /livez answered after 37 s under 400 of them) or reads it (the fault
+// API's bodies).
+func TestCapBodyTricklersGiveWay(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		handler http.HandlerFunc
+	}{
+		{"body left", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }},
+		{"body read", func(w http.ResponseWriter, r *http.Request) {
+			if _, err := io.ReadAll(r.Body); err != nil {
+				return
+			}
+			_, _ = io.WriteString(w, "ok")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const slots = 3
+			l := DefaultLimits
+			l.MaxConns = slots
+			srv, bound, err := Start("127.0.0.1:0", tc.handler, l)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer srv.Close()
+			addr := bound.String()
+			for range slots {
+				c, err := net.Dial("tcp", addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: test\r\nContent-Length: 100000\r\n\r\na"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			time.Sleep(100 * time.Millisecond) // every slot taken, bodies unfinished
+			probe := dialGet(t, addr)
+			defer probe.Close()
+			start := time.Now()
+			_ = probe.SetReadDeadline(time.Now().Add(3 * time.Second))
+			if _, err := http.ReadResponse(bufio.NewReader(probe), nil); err != nil {
+				t.Fatalf("probe not answered while %d clients trickled request bodies into every slot: %v after %v", slots, err, time.Since(start))
+			}
+		})
+	}
+}
