@@ -313,6 +313,11 @@ func TestCapSparesARequestTheServerHasNotRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
+	// Its request sent, as a client's is at once: one silent for
+	// readingGrace at the cap is closed (TestCapSilentQueueGivesWay).
+	if _, err := io.WriteString(b, "GET / HTTP/1.1\r\nHost: test\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
 	accepted := make(chan net.Conn, 1)
 	go func() {
 		if c, err := l.Accept(); err == nil {
@@ -414,4 +419,34 @@ func TestCapBodyTricklersGiveWay(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCapSilentQueueGivesWay: connections that never send a byte, queued
+// in the listen backlog ahead of a probe, do not hold it back: at the cap
+// the server could take only as many new clients per readingGrace as it
+// had slots, one after another in the kernel's order, so the probe waited
+// behind every one (/healthz took 10 s under 5,000 of them, kept up by
+// reconnecting). One that has been silent for readingGrace when it is
+// accepted at the cap is closed at once.
+func TestCapSilentQueueGivesWay(t *testing.T) {
+	const slots, queued = 2, 40
+	l := DefaultLimits
+	l.MaxConns = slots
+	addr := startTest(t, l)
+	for range slots + queued {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	probe := dialGet(t, addr)
+	defer probe.Close()
+	start := time.Now()
+	// 40 queued at 2 per 250 ms took 5 s.
+	_ = probe.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := http.ReadResponse(bufio.NewReader(probe), nil); err != nil {
+		t.Fatalf("probe not answered behind %d silent connections queued at the cap: %v after %v", queued, err, time.Since(start))
+	}
+	t.Logf("probe answered after %v", time.Since(start))
 }
