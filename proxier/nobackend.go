@@ -53,7 +53,7 @@ func (l *noBackendLog) report(servicePort string, client netip.AddrPort, err err
 	case errors.Is(err, errPortSessionLimit):
 		msg = "UDP datagrams of new clients dropped: the service port holds --udp-max-sessions-per-port sessions, and a fault (latency, reorder) still delays a client datagram of each of its oldest, which would be lost with its session"
 	case errors.Is(err, errSessionLimit):
-		lines, msg = &sessionLimitDrops, "UDP datagrams of new clients dropped: the proxy holds every UDP session it may (--udp-max-sessions, held to half the open-file limit and half the ephemeral ports), and this service port has none of its own to close for them; the count is of all service ports"
+		lines, msg = &sessionLimitDrops, "UDP datagrams of new clients dropped: the proxy holds every UDP session it may (--udp-max-sessions, held to half the open-file limit and half the ephemeral ports), and neither this service port nor those holding the most has an idle one to close for them (a fault still delays a client datagram of each of their oldest); the count is of all service ports"
 	case errors.Is(err, relay.ErrDescriptorReserve):
 		lines, msg = &reserveRefusals, "Clients refused: connections hold every descriptor not kept back for the proxy's own use; the count is of all service ports"
 	case errors.Is(err, unix.EADDRNOTAVAIL):

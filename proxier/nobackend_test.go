@@ -16,6 +16,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/mono"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
 )
@@ -71,9 +72,10 @@ func TestNoBackendLogNamesAMissingSourceAddress(t *testing.T) {
 	}
 }
 
-// A new UDP client whose datagram is dropped at the total session cap (the
-// port has no session of its own to close) is said at -v=0, as a TCP
-// client refused for want of descriptors is: it was counted in
+// A new UDP client whose datagram is dropped at the total session cap (no
+// port has an idle session to close: here the only one holds a client
+// datagram a fault delays) is said at -v=0, as a TCP client refused for
+// want of descriptors is: it was counted in
 // udp_session_limit_total{action="dropped"} and logged nowhere, at any
 // verbosity, while the client (another Service's, kube-dns) waited out its
 // timeouts.
@@ -82,9 +84,13 @@ func TestUDPSessionCapDropLogged(t *testing.T) {
 	sessionLimitDrops.last.Store(0) // another test's line must not hold this one back
 
 	a := startUDPEcho(t, "127.0.0.2:0", "a:")
-	p := newTestProxier(t, Options{UDPMaxSessions: 1, UDPIdleTimeout: time.Hour})
+	p := newTestProxier(t, Options{Faults: faults.NewTable(0, 0, nil), UDPMaxSessions: 1, UDPIdleTimeout: time.Hour})
+	// Service one's first datagram waits 5 s in a latency toxic: until it
+	// is sent, its session is not one to give up.
+	p.OnServiceAdd(makeService("one", withProtocol(v1.ProtocolUDP),
+		withFaults(`[{"name":"lat","type":"latency","stream":"upstream","attributes":{"latency":5000}}]`)))
+	p.OnServiceAdd(makeService("two", withProtocol(v1.ProtocolUDP)))
 	for _, name := range []string{"one", "two"} {
-		p.OnServiceAdd(makeService(name, withProtocol(v1.ProtocolUDP)))
 		p.OnEndpointSliceAdd(makeSlice(name, v1.ProtocolUDP, a.LocalAddr().String()))
 	}
 	p.Sync()
@@ -101,8 +107,26 @@ func TestUDPSessionCapDropLogged(t *testing.T) {
 		_, err = c.Read(make([]byte, 64))
 		return err
 	}
-	if err := ask("one"); err != nil {
-		t.Fatalf("first client: %v", err)
+	one, err := net.Dial("udp", proxyAddr(t, p, "default/one:p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { one.Close() })
+	if _, err := one.Write([]byte("q")); err != nil {
+		t.Fatal(err)
+	}
+	oneSock := p.active[p.lbName("default/one:p")].socket.(*udpProxySocket)
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		oneSock.mu.Lock()
+		delayed := oneSock.sessions.oldest != nil && oneSock.sessions.oldest.upDeferredUntil > mono.Now()
+		oneSock.mu.Unlock()
+		if delayed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("Service one's first datagram never held in its latency toxic")
+		}
+		time.Sleep(time.Millisecond)
 	}
 	if err := ask("two"); err == nil {
 		t.Fatal("the second Service's client was answered past a total cap of 1")

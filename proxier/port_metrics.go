@@ -87,7 +87,7 @@ func newPortSeries() *portSeries {
 			"when"),
 		bytes:       desc("bytes_total", "Bytes proxied; direction in = client to endpoint, out = endpoint to client", "direction"),
 		udpSessions: desc("udp_sessions", "UDP client sessions with a backend socket"),
-		udpLimit: desc("udp_session_limit_total", "UDP sessions at a session cap: action evicted = the port's oldest idle session closed to make room, dropped = a new client's datagram dropped (total cap reached, the port had no session to give up)",
+		udpLimit: desc("udp_session_limit_total", "UDP sessions at a session cap: action evicted = the port's oldest idle session closed to make room (for a new client of its own or, at the total cap, of another port), dropped = a new client's datagram dropped (no session idle to give up)",
 			"action"),
 		tcpLimit: desc("tcp_connection_limit_total", "TCP clients refused at a limit (reset before anything is relayed; also counted in connections_failed_total): per_port = the proxy socket held --tcp-max-connections-per-port connections, descriptors = the connections of all ports held every descriptor below the open-file limit's reserve",
 			"limit"),

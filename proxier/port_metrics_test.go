@@ -95,7 +95,7 @@ kubeproxy_userspace_lifetime_closes_total{service_port="default/web:p",when="qui
 # TYPE kubeproxy_userspace_tcp_connection_limit_total counter
 kubeproxy_userspace_tcp_connection_limit_total{limit="descriptors",service_port="default/web:p"} 0
 kubeproxy_userspace_tcp_connection_limit_total{limit="per_port",service_port="default/web:p"} 0
-# HELP kubeproxy_userspace_udp_session_limit_total UDP sessions at a session cap: action evicted = the port's oldest idle session closed to make room, dropped = a new client's datagram dropped (total cap reached, the port had no session to give up)
+# HELP kubeproxy_userspace_udp_session_limit_total UDP sessions at a session cap: action evicted = the port's oldest idle session closed to make room (for a new client of its own or, at the total cap, of another port), dropped = a new client's datagram dropped (no session idle to give up)
 # TYPE kubeproxy_userspace_udp_session_limit_total counter
 kubeproxy_userspace_udp_session_limit_total{action="dropped",service_port="default/dns:p"} 0
 kubeproxy_userspace_udp_session_limit_total{action="evicted",service_port="default/dns:p"} 0

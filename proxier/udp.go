@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -83,11 +84,21 @@ type udpProxySocket struct {
 	evicted, capDropped *counter
 
 	// mu guards sessions and every system call on a backend descriptor, so
-	// that none is used after close. Per socket, never global.
+	// that none is used after close. Per socket, never global, and never
+	// held while another socket's is taken (roomFromOtherPorts).
 	mu       sync.Mutex
 	sessions udpSessionTable
 	poller   *udpPoller
 	shut     bool // closed: no new session
+	// givenSlot: another port closed an idle session of its own for
+	// this port's new client and left it the session's slot in the
+	// budget (roomFromOtherPorts); the next session opened takes it, and
+	// Close gives it back. Set by the serving goroutine's forward only.
+	givenSlot bool
+	// held is len(sessions), kept beside it for the other ports' scan
+	// for the biggest holder at the total cap (udpHolders), which reads
+	// it without this mutex.
+	held atomic.Int64
 	// checkedGeneration is the endpoint generation every session's
 	// backend was last checked against by expireIdle.
 	checkedGeneration uint64
@@ -168,6 +179,7 @@ func (s *udpProxySocket) Close() error {
 		defer s.mu.Unlock()
 		s.shut = true
 		s.sessions.each(s.closeSessionLocked)
+		s.returnGivenSlotLocked()
 		s.cfg.conns.removeUDPSocket(s)
 		_ = s.poller.close()
 		return err

@@ -170,8 +170,8 @@ func sessionSources(p *Proxier, servicePort string) map[netip.Addr]bool {
 }
 
 // At a port's cap the oldest idle session makes room; at the total cap a
-// port gives up its own oldest, and a port with none drops the datagram.
-// Every eviction and drop is counted.
+// port gives up its own oldest, and for a port with none the port holding
+// the most gives up its oldest. Every eviction is counted.
 func TestUDPSessionCaps(t *testing.T) {
 	echo := startUDPEcho(t, "127.0.0.2:0", "")
 	p := newTestProxier(t, Options{UDPIdleTimeout: time.Minute, UDPMaxSessionsPerPort: 50, UDPMaxSessions: 70})
@@ -219,15 +219,52 @@ func TestUDPSessionCaps(t *testing.T) {
 		t.Fatalf("port b's sessions took port a's: a has %d, want 50", n)
 	}
 
-	// Port c has nothing to give up: its client is dropped, and counted.
+	// Port c has nothing to give up: the port holding the most, a, gives
+	// up its oldest idle session for c's client.
 	c := newUDPClients(t, addrs["c"])
-	if c.ask(200) {
-		t.Fatal("a client of port c got a reply with the total cap reached")
+	if !c.ask(200) {
+		t.Fatal("a client of port c got no reply at the total cap: no other port gave up a session")
 	}
-	if limit("c", "dropped") != 1 {
-		t.Fatalf("port c: %d drops counted, want 1", limit("c", "dropped"))
+	if n := len(sessionSources(p, "default/a:p")); n != 49 || limit("a", "evicted") != 3 || limit("c", "dropped") != 0 || live("a") != 49 {
+		t.Fatalf("port a: %d sessions, %d evictions, gauge %d; port c: %d drops; want 49, 3, 49, 0",
+			n, limit("a", "evicted"), live("a"), limit("c", "dropped"))
 	}
 	if used := p.sockCfg.udpBudget.used.Load(); used != 70 {
 		t.Fatalf("budget used %d, want 70", used)
 	}
+}
+
+// At the total cap a port with no session of its own to give up takes one
+// from the port holding the most: with --udp-max-sessions=4, four clients
+// of one Service held every session and the other Service's first client
+// was dropped until they idled out.
+func TestUDPSessionCapsEvictAcrossPorts(t *testing.T) {
+	echo := startUDPEcho(t, "127.0.0.2:0", "")
+	p := newTestProxier(t, Options{UDPIdleTimeout: time.Minute, UDPMaxSessions: 4})
+	for i, name := range []string{"a", "b"} {
+		p.OnServiceAdd(makeService(name, withProtocol(v1.ProtocolUDP), withClusterIP(fmt.Sprintf("10.96.0.%d", 10+i))))
+		p.OnEndpointSliceAdd(makeSlice(name, v1.ProtocolUDP, echo.LocalAddr().String()))
+	}
+	p.Sync()
+	a := newUDPClients(t, netip.MustParseAddrPort(proxyAddr(t, p, "default/a:p")))
+	b := newUDPClients(t, netip.MustParseAddrPort(proxyAddr(t, p, "default/b:p")))
+	a.askAll(0, 4) // every session of the proxy
+	a.ask(0)       // 0 is active again: 1 is now a's oldest idle
+	if !b.ask(10) {
+		t.Fatal("port b's first client got no reply: port a holds every session and gave up none")
+	}
+	m := func(port string) *portMetrics { return p.metrics.ports.lookup("default/" + port + ":p") }
+	got := sessionSources(p, "default/a:p")
+	if len(got) != 3 || got[loopbackSource(1)] || !got[loopbackSource(0)] {
+		t.Fatalf("port a: %d sessions (0: %v, 1: %v); want 3, its oldest idle (1) given up", len(got), got[loopbackSource(0)], got[loopbackSource(1)])
+	}
+	if ev, dr := m("a").udpEvicted.value(), m("b").udpDropped.value(); ev != 1 || dr != 0 {
+		t.Fatalf("port a evicted %v, port b dropped %v; want 1 and 0", ev, dr)
+	}
+	if used := p.sockCfg.udpBudget.used.Load(); used != 4 {
+		t.Fatalf("budget used %d, want 4", used)
+	}
+	// Both Services keep serving their clients.
+	a.askAll(0, 1)
+	b.askAll(10, 11)
 }

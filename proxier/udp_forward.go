@@ -157,6 +157,18 @@ func (s *udpProxySocket) forward(client netip.AddrPort, b, oob []byte) {
 	plan := s.datagramFaults()
 	s.mu.Lock()
 	sess, err := s.sessionLocked(client, oob, now)
+	if err == errSessionLimit {
+		// The total cap, and no idle session of this port's own to
+		// give up: another port's, taken without this port's mutex
+		// (roomFromOtherPorts).
+		s.mu.Unlock()
+		given := s.roomFromOtherPorts(now)
+		s.mu.Lock()
+		if given {
+			s.takeGivenSlotLocked()
+			sess, err = s.sessionLocked(client, oob, now)
+		}
+	}
 	if err != nil {
 		s.mu.Unlock()
 		if errors.Is(err, net.ErrClosed) {

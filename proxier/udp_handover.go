@@ -51,6 +51,8 @@ func (s *udpProxySocket) closeHandingOver() (*handedSessions, error) {
 		s.shut = true
 		h = &handedSessions{from: s, table: s.sessions}
 		s.sessions = newUDPSessionTable()
+		s.held.Store(0)
+		s.returnGivenSlotLocked()
 		s.cfg.conns.removeUDPSocket(s)
 		_ = s.poller.close() // the backend sockets leave its set
 		return err
@@ -146,6 +148,7 @@ func adopt(sock proxySocket, hs ...*handedSessions) {
 		s.closeSessionLocked(sess)
 		s.evicted.Inc()
 	}
+	s.held.Store(int64(s.sessions.len()))
 	if wasEmpty && s.sessions.len() > 0 {
 		s.poller.setDeadline(mono.Time(s.idleAt(now)))
 	}

@@ -14,12 +14,15 @@ import (
 )
 
 // A UDP proxy socket's sessions: opened at a client's first datagram
-// (sessionLocked), room made at the caps (makeRoomLocked), closed
-// (closeSessionLocked, endSessionLocked) and expired (expireIdle).
+// (sessionLocked), room made at the caps (makeRoomLocked, and at the total
+// cap roomFromOtherPorts), closed (closeSessionLocked, endSessionLocked)
+// and expired (expireIdle).
 
 // errSessionLimit: the port's cap or the total cap is reached and this port
 // has no session of its own to give up (none, or none idle: a fault still
-// delays a datagram of each it looked at).
+// delays a datagram of each it looked at); at the total cap forward then
+// asks the ports holding the most (roomFromOtherPorts), and drops the
+// datagram only when none of them has one either.
 var errSessionLimit = errors.New("UDP session limit reached")
 
 // errPortSessionLimit: the port's own cap is reached and a fault still
@@ -100,6 +103,7 @@ func (s *udpProxySocket) sessionLocked(client netip.AddrPort, oob []byte, now in
 			sess.replyControlLen = uint8(len(putReplyControl(&sess.replyControlBuf, oob)))
 		}
 		s.sessions.add(sess, now)
+		s.held.Store(int64(s.sessions.len()))
 		s.sessionsGauge.Inc()
 		if s.sessions.len() == 1 {
 			s.poller.setDeadline(mono.Time(s.idleAt(now)))
@@ -128,8 +132,11 @@ func (s *udpProxySocket) servedLocked(sess *udpSession, generation uint64) bool 
 // at the total cap, the port's oldest idle session gives up its own. A
 // session whose client's datagram a fault still delays is not idle:
 // closed, the datagram found no socket when the delay line let it out and
-// was lost, counted nowhere. With none to give up among the oldest, the
-// new client's datagram is dropped (errSessionLimit, counted).
+// was lost, counted nowhere. With none to give up among the oldest, it
+// returns errPortSessionLimit at the port's cap (the datagram is dropped,
+// counted) and errSessionLimit at the total cap (forward asks the other
+// ports: roomFromOtherPorts). A slot another port gave (givenSlot) is
+// taken first.
 func (s *udpProxySocket) makeRoomLocked(now int64) error {
 	if s.sessions.len() >= s.cfg.udpMaxSessionsPerPort && s.sessions.len() > 0 {
 		old := s.evictableLocked(now)
@@ -138,6 +145,10 @@ func (s *udpProxySocket) makeRoomLocked(now int64) error {
 		}
 		s.closeSessionLocked(old)
 		s.evicted.Inc()
+	}
+	if s.givenSlot {
+		s.givenSlot = false
+		return nil
 	}
 	if s.cfg.udpBudget.acquire() {
 		return nil
@@ -180,6 +191,7 @@ func (s *udpProxySocket) evictableLocked(now int64) *udpSession {
 
 func (s *udpProxySocket) closeSessionLocked(sess *udpSession) {
 	s.sessions.remove(sess)
+	s.held.Store(int64(s.sessions.len()))
 	s.endSessionLocked(sess)
 }
 
@@ -187,12 +199,77 @@ func (s *udpProxySocket) closeSessionLocked(sess *udpSession) {
 // its backend socket (its local port noted as freed), its slot in the
 // session budget, its count in the gauge.
 func (s *udpProxySocket) endSessionLocked(sess *udpSession) {
+	s.freeSessionLocked(sess)
+	s.cfg.udpBudget.release()
+}
+
+// freeSessionLocked is endSessionLocked but for the budget slot, which the
+// caller passes on.
+func (s *udpProxySocket) freeSessionLocked(sess *udpSession) {
 	logUDPSessionEnd(s, sess)
 	rawio.Close(sess.fd)
 	sess.fd = -1
 	s.cfg.udpPorts.freed(sess.port)
-	s.cfg.udpBudget.release()
 	s.sessionsGauge.Dec()
+}
+
+// roomFromOtherPorts makes room for a new client of s at the total cap
+// when s has no idle session of its own to give up (errSessionLimit from
+// makeRoomLocked): the port holding the most sessions gives up its oldest
+// idle one, or the next biggest when none of its oldest is idle (a fault
+// delays a datagram of each). It reports whether one did; the closed
+// session's slot in the budget is then s's (givenSlot), not released for
+// any port's new client to take first. Not the oldest idle session of all
+// ports: under a flood of forged sources those are the long-lived clients
+// of quiet Services, and the flooded port is the one that pays.
+//
+// Called without s.mu, and takes one port's mutex at a time: two ports
+// each making room from the other at once never wait on each other.
+func (s *udpProxySocket) roomFromOtherPorts(now int64) bool {
+	for _, other := range s.cfg.udpBudget.holders.biggest(s.cfg.conns, now) {
+		if other != nil && other != s && other.giveUpIdle(now) {
+			return true
+		}
+	}
+	return false
+}
+
+// giveUpIdle closes the port's oldest idle session for another port's new
+// client, counted as evicted, and keeps its slot in the budget for that
+// client (roomFromOtherPorts); false when it has none idle or is closed.
+func (s *udpProxySocket) giveUpIdle(now int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.shut {
+		return false
+	}
+	old := s.evictableLocked(now)
+	if old == nil {
+		return false
+	}
+	s.sessions.remove(old)
+	s.held.Store(int64(s.sessions.len()))
+	s.freeSessionLocked(old)
+	s.evicted.Inc()
+	return true
+}
+
+// takeGivenSlotLocked holds the slot roomFromOtherPorts gave s for its
+// next session, or gives it back when s closed meanwhile.
+func (s *udpProxySocket) takeGivenSlotLocked() {
+	if s.shut {
+		s.cfg.udpBudget.release()
+		return
+	}
+	s.givenSlot = true
+}
+
+// returnGivenSlotLocked gives back a slot no session of s took (s closes).
+func (s *udpProxySocket) returnGivenSlotLocked() {
+	if s.givenSlot {
+		s.givenSlot = false
+		s.cfg.udpBudget.release()
+	}
 }
 
 // expireIdle closes the sessions idle for udpIdleTimeout (no datagram
