@@ -65,6 +65,7 @@ func (o *options) applyConfigData(data []byte, fs *pflag.FlagSet) error {
 		return err
 	}
 	o.configLoaded = data
+	o.configFeatureGates = cfg.FeatureGates
 	o.applyConfig(cfg, fs)
 	return nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -114,8 +115,21 @@ func (o *options) validateKubeProxyFlags(add func(string, ...any)) {
 	}
 	// The rest of kube-proxy's validation of these flags' values, which
 	// it runs on the configuration its flags write: as for --config's
-	// fields (--iptables-masquerade-bit=99 started here).
-	for _, e := range kubeProxyFieldErrors(o.kubeProxyFlagsConfig()) {
+	// fields (--iptables-masquerade-bit=99 started here). Beside
+	// --config, kube-proxy discards them but the logging ones (Complete
+	// replaces their configuration with the file's), and checks those
+	// with the file's featureGates: a stale --iptables-masquerade-bit or
+	// --log-text-split-stream allowed by the file's LoggingAlphaOptions
+	// start kube-proxy, and were refused here.
+	flagsConfig := o.kubeProxyFlagsConfig()
+	besideConfig := o.configFile != ""
+	if besideConfig {
+		flagsConfig.FeatureGates = gatesOn(o.configFeatureGates, o.kubeProxy.featureGates)
+	}
+	for _, e := range kubeProxyFieldErrors(flagsConfig) {
+		if besideConfig && !strings.HasPrefix(e.Field, "logging.") {
+			continue
+		}
 		flag, ok := kubeProxyFieldFlags[e.Field]
 		if !ok {
 			flag = kubeProxyFieldFlags[strings.TrimRight(e.Field, "[0123456789]")]
@@ -209,6 +223,23 @@ func (o *options) kubeProxyFlagsConfig() *kubeproxyconfig.KubeProxyConfiguration
 	c.Logging.Options.Text.SplitStream, c.Logging.Options.Text.InfoBufferSize = k.logTextSplitStream, k.logTextInfoBuffer
 	c.Logging.Options.JSON.SplitStream, c.Logging.Options.JSON.InfoBufferSize = k.logJSONSplitStream, k.logJSONInfoBuffer
 	return c
+}
+
+// gatesOn is file's feature gates with those flag turns on: kube-proxy
+// takes the file's beside --config, and this proxy's flags win, so a
+// gate either turns on is on (no command line either would start with is
+// refused).
+func gatesOn(file, flag map[string]bool) map[string]bool {
+	gates := maps.Clone(file)
+	for name, on := range flag {
+		if _, set := gates[name]; !set || on {
+			if gates == nil {
+				gates = map[string]bool{}
+			}
+			gates[name] = on
+		}
+	}
+	return gates
 }
 
 // kubeProxyFieldFlags names the flag of each field kubeProxyFlagsConfig

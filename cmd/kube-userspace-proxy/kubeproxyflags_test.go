@@ -203,3 +203,50 @@ func TestKubeProxyFlagValuesValidated(t *testing.T) {
 		}
 	}
 }
+
+// Beside --config, kube-proxy discards its flags but the logging ones and
+// takes the file's featureGates (cmd/kube-proxy/app Complete replaces the
+// flags' configuration with the file's), so it never checks a stale
+// --iptables-masquerade-bit, and --log-text-split-stream is allowed by the
+// file's LoggingAlphaOptions: both command lines start kube-proxy, and
+// were refused here (exit 2).
+func TestKubeProxyFlagValuesBesideConfig(t *testing.T) {
+	dir := t.TempDir()
+	file := func(name, body string) string {
+		path := dir + "/" + name
+		if err := os.WriteFile(path, []byte(configHead+body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	gated := file("gated.yaml", "featureGates: {LoggingAlphaOptions: true}\n")
+	plain := file("plain.yaml", "")
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string // in stderr, exit 2; "": starts
+	}{
+		{"stale flags kube-proxy discards", []string{"--config", plain, "--iptables-masquerade-bit=32", "--conntrack-min=-1", "--oom-score-adj=5000"}, ""},
+		{"an alpha logging flag the file's gate allows", []string{"--config", gated, "--log-text-split-stream"}, ""},
+		// This proxy's rule, flags win: the flag's gate allows it too
+		// (kube-proxy would take the file's gates and refuse it).
+		{"an alpha logging flag the flag's gate allows", []string{"--config", plain, "--feature-gates=LoggingAlphaOptions=true", "--log-text-split-stream"}, ""},
+		// The logging flags are kept beside --config: checked still.
+		{"an alpha logging flag no gate allows", []string{"--config", plain, "--log-text-split-stream"},
+			"--log-text-split-stream: Forbidden: Feature LoggingAlphaOptions is disabled"},
+		{"a logging flag's bad value", []string{"--config", plain, "--log-flush-frequency=-1s"},
+			`--log-flush-frequency: Invalid value: "-1s": Must be greater than zero`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"--manifests", t.TempDir(), "--iptables=false", "--init-only"}, tc.args...)
+			var code int
+			stderr := capture(t, &os.Stderr, func() { code = runMain(args) })
+			switch {
+			case tc.want == "" && code != 0:
+				t.Errorf("runMain(%q) = %d, want 0; stderr %s", args, code, stderr)
+			case tc.want != "" && (code != exitUsage || !strings.Contains(stderr, tc.want)):
+				t.Errorf("runMain(%q) = %d, want %d and %q; stderr %s", args, code, exitUsage, tc.want, stderr)
+			}
+		})
+	}
+}

@@ -101,6 +101,9 @@ type options struct {
 	// see configwatch.go.
 	configLoaded []byte
 	configCheck  func([]byte) error
+	// configFeatureGates is --config's featureGates, the gates kube-proxy
+	// checks its logging flags with beside --config (validateKubeProxyFlags).
+	configFeatureGates map[string]bool
 	// logVerbosity is klog's -v in force (the flag when given, else
 	// --config's logging.verbosity), which /configz reports.
 	logVerbosity uint32
