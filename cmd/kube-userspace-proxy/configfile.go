@@ -30,8 +30,9 @@ const configAPIVersion = "kubeproxy.config.k8s.io/v1alpha1"
 // wins over the file: this project's choice, which the README states.
 // kube-proxy does the opposite: with --config its other flags are ignored
 // (the file wins), save the logging flags and --hostname-override. Unknown
-// fields are an error, and so is a value kube-proxy's validation refuses
-// (validateConfigFields).
+// fields are an error; a value kube-proxy's validation refuses
+// (validateConfigFields) is one too, which validate reports with the
+// others.
 func (o *options) applyConfigFile(fs *pflag.FlagSet) error {
 	data, err := readConfigFile(o.configFile)
 	if err != nil {
@@ -61,9 +62,7 @@ func (o *options) applyConfigData(data []byte, fs *pflag.FlagSet) error {
 	if err != nil {
 		return err
 	}
-	if err := validateConfigFields(&cfg.KubeProxyConfiguration); err != nil {
-		return err
-	}
+	o.configFieldErrors = validateConfigFields(&cfg.KubeProxyConfiguration)
 	o.configLoaded = data
 	o.configFeatureGates = cfg.FeatureGates
 	o.applyConfig(cfg, fs)

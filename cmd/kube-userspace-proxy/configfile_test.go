@@ -453,24 +453,63 @@ oomScoreAdj: null
 			o := newOptions()
 			fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
 			o.addFlags(fs)
-			err := o.applyConfigData([]byte(tc.yaml), fs)
+			if err := o.applyConfigData([]byte(tc.yaml), fs); err != nil {
+				t.Fatalf("not read: %v", err)
+			}
+			// validate reports them (TestConfigFileFieldErrorsWithTheOthers).
+			errs := o.configFieldErrors
 			if len(tc.want) == 0 {
-				if err != nil {
-					t.Fatalf("refused: %v", err)
+				if len(errs) > 0 {
+					t.Fatalf("refused: %q", errs)
 				}
 				return
 			}
-			if err == nil {
+			if len(errs) == 0 {
 				t.Fatalf("taken; want %q", tc.want)
 			}
 			for _, w := range tc.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error %q\nlacks %q", err, w)
+				if !slices.ContainsFunc(errs, func(e string) bool { return strings.Contains(e, w) }) {
+					t.Errorf("errors %q\nlack %q", errs, w)
 				}
 			}
-			if strings.ContainsAny(err.Error(), "\n\r") {
-				t.Errorf("error %q: want one line", err)
+			for _, e := range errs {
+				if strings.ContainsAny(e, "\n\r") {
+					t.Errorf("error %q: want one line", e)
+				}
 			}
 		})
+	}
+}
+
+// A --config field kube-proxy's validation refuses is reported with every
+// other error, of the file and of the command line: it was reported
+// alone, the rest only once it was fixed and the proxy started again.
+func TestConfigFileFieldErrorsWithTheOthers(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte(configHead+"bindAddress: foo\niptables: {masqueradeBit: 99}\nconntrack: {min: -1}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--manifests", t.TempDir(), "--iptables=false", "--init-only", "--config", path, "--log-flush-frequency=-1s"}
+	var code int
+	stderr := capture(t, &os.Stderr, func() { code = runMain(args) })
+	if code != exitUsage {
+		t.Fatalf("runMain(%q) = %d, want %d; stderr %s", args, code, exitUsage, stderr)
+	}
+	for _, want := range []string{
+		"--config " + path + ": iptables.masqueradeBit: Invalid value: 99: must be within the range [0, 31]",
+		"--config " + path + ": conntrack.min: Invalid value: -1: must be greater than or equal to 0",
+		`--bind-address "foo" is not an IP address (bindAddress in --config ` + path + ")",
+		`--log-flush-frequency: Invalid value: "-1s": Must be greater than zero`,
+	} {
+		if !strings.Contains(stderr, "\n"+want+"\n") {
+			t.Errorf("stderr lacks the line %q:\n%s", want, stderr)
+		}
+	}
+
+	// The same content written while the proxy runs would not start: the
+	// running configuration is kept (configwatch.go).
+	err := configChecker(args[:len(args)-1])([]byte(configHead + "iptables: {masqueradeBit: 99}\n"))
+	if err == nil || !strings.Contains(err.Error(), "iptables.masqueradeBit: Invalid value: 99") {
+		t.Errorf("configChecker: %v, want the masqueradeBit refused", err)
 	}
 }

@@ -1,9 +1,7 @@
 package main
 
 import (
-	"errors"
 	"slices"
-	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -21,23 +19,20 @@ import (
 // (k8s.io/kubernetes pkg/proxy/apis/config/validation): the fields this
 // proxy does not act on, which were taken whatever they held, so a file
 // kube-proxy refuses (iptables.masqueradeBit: 99) started here. Every
-// error is returned, each naming its field as the file spells it. The
-// fields applied to options (bindAddress, the sync periods...) are the
-// options' to check, with the flag and the field named.
+// error is returned, one line each naming its field as the file spells
+// it, for validate to report with the others. The fields applied to
+// options (bindAddress, the sync periods...) are the options' to check,
+// with the flag and the field named.
 //
 // Not checked: featureGates (kube-proxy's gates are kube-proxy's; only
 // the logging gates are known here) and showHiddenMetricsForVersion
 // (valid only against kube-proxy's own version).
-func validateConfigFields(c *kubeproxyconfig.KubeProxyConfiguration) error {
-	errs := kubeProxyFieldErrors(c)
-	if len(errs) == 0 {
-		return nil
+func validateConfigFields(c *kubeproxyconfig.KubeProxyConfiguration) []string {
+	var msgs []string
+	for _, e := range kubeProxyFieldErrors(c) {
+		msgs = append(msgs, oneLine(clip.Quoted(e.Error())))
 	}
-	msgs := make([]string, len(errs))
-	for i, e := range errs {
-		msgs[i] = oneLine(clip.Quoted(e.Error()))
-	}
-	return errors.New(strings.Join(msgs, "; "))
+	return msgs
 }
 
 // kubeProxyFieldErrors is kube-proxy's validation of the fields of c that

@@ -104,6 +104,10 @@ type options struct {
 	// configFeatureGates is --config's featureGates, the gates kube-proxy
 	// checks its logging flags with beside --config (validateKubeProxyFlags).
 	configFeatureGates map[string]bool
+	// configFieldErrors are kube-proxy's refusals of --config's fields
+	// this proxy does not act on, which validate reports with the other
+	// errors: returned at once, they hid them until fixed.
+	configFieldErrors []string
 	// logVerbosity is klog's -v in force (the flag when given, else
 	// --config's logging.verbosity), which /configz reports.
 	logVerbosity uint32

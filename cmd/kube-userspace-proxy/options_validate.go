@@ -24,6 +24,9 @@ func (o *options) validate() (*validated, error) {
 	v := &validated{preroutingRedirect: o.preroutingRedirect}
 	var errs []string
 	add := func(format string, args ...any) { errs = append(errs, o.blameConfigFile(fmt.Sprintf(format, args...))) }
+	for _, e := range o.configFieldErrors {
+		add("--config %s: %s", o.configFile, e)
+	}
 	o.validateDataPath(add)
 	o.validateProxySockets(v, add)
 	o.validateNodeName(add)
