@@ -430,17 +430,18 @@ func badCertificate(err error) bool {
 
 // SentPlainHTTP reports an HTTPS server's answer to plain HTTP: Go's
 // servers, kube-apiserver's included, answer 400 "Client sent an HTTP
-// request to an HTTPS server.", which client-go words as "the server
-// rejected our request for an unknown reason" and keeps the body as the
-// cause. Plain HTTP is right for some servers (kubectl proxy), so only
-// the answer tells.
+// request to an HTTPS server.", and an nginx terminating TLS in front of
+// one 400 "The plain HTTP request was sent to HTTPS port", which client-go
+// words as "the server rejected our request for an unknown reason",
+// keeping the body (a text one) as the cause. Plain HTTP is right for
+// some servers (kubectl proxy), so only the answer tells.
 func SentPlainHTTP(err error) bool {
 	var status apierrors.APIStatus
 	if !errors.As(err, &status) || status.Status().Code != http.StatusBadRequest || status.Status().Details == nil {
 		return false
 	}
 	for _, c := range status.Status().Details.Causes {
-		if strings.Contains(c.Message, "HTTP request to an HTTPS server") {
+		if strings.Contains(c.Message, "HTTP request to an HTTPS server") || strings.Contains(c.Message, "plain HTTP request was sent to HTTPS port") {
 			return true
 		}
 	}

@@ -172,3 +172,41 @@ func TestPlainHTTPToHTTPSIsNamed(t *testing.T) {
 		t.Errorf("want plain HTTP to an HTTPS server named in the first line and the next, not an outage:\n%s", got)
 	}
 }
+
+// TestSentPlainHTTPBehindNginx: an nginx terminating TLS in front of the
+// API server answers plain HTTP with its own 400 page, "The plain HTTP
+// request was sent to HTTPS port", which was taken for an outage as any
+// other 400 is; Go's answer (kube-apiserver's) is the other wording.
+func TestSentPlainHTTPBehindNginx(t *testing.T) {
+	const nginxPage = "<html>\r\n<head><title>400 The plain HTTP request was sent to HTTPS port</title></head>\r\n<body>\r\n" +
+		"<center><h1>400 Bad Request</h1></center>\r\n<center>The plain HTTP request was sent to HTTPS port</center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n"
+	for _, tc := range []struct {
+		name, contentType, body string
+		want                    bool
+	}{
+		{"nginx", "text/html", nginxPage, true},
+		{"Go's TLS server", "text/plain; charset=utf-8", "Client sent an HTTP request to an HTTPS server.\n", true},
+		{"another 400", "text/plain", "bad request: no such thing\n", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", tc.contentType)
+				w.WriteHeader(http.StatusBadRequest)
+				_, _ = w.Write([]byte(tc.body))
+			}))
+			defer srv.Close()
+			cfg, err := BuildClientConfig("", srv.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			client, err := kubernetes.NewForConfig(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = client.CoreV1().Services("").List(context.Background(), metav1.ListOptions{})
+			if err == nil || SentPlainHTTP(err) != tc.want {
+				t.Errorf("SentPlainHTTP(%v) = %v, want %v", err, !tc.want, tc.want)
+			}
+		})
+	}
+}
