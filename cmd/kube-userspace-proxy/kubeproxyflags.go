@@ -107,22 +107,23 @@ var detectLocalModes = []string{"", "ClusterCIDR", "NodeCIDR", "BridgeInterface"
 // validateKubeProxyFlags checks what kube-proxy's validation would refuse
 // of the flags above beyond their types, and applies the ports.
 func (o *options) validateKubeProxyFlags(add func(string, ...any)) {
+	// Beside --config, kube-proxy discards these flags but the logging
+	// ones (Complete replaces their configuration with the file's), and
+	// checks those with the file's featureGates: a stale
+	// --iptables-masquerade-bit or --detect-local-mode, or a
+	// --log-text-split-stream the file's LoggingAlphaOptions allows,
+	// start kube-proxy, and were refused here.
+	besideConfig := o.configFile != ""
 	if f := o.kubeProxy.loggingFormat; f != "" && f != "text" && f != "json" {
 		add("--logging-format %q is not one of text, json", f)
 	}
-	if !slices.Contains(detectLocalModes, o.kubeProxy.detectLocalMode) {
+	if !besideConfig && !slices.Contains(detectLocalModes, o.kubeProxy.detectLocalMode) {
 		add("--detect-local-mode %q is not one of %s", o.kubeProxy.detectLocalMode, strings.Join(detectLocalModes[1:], ", "))
 	}
 	// The rest of kube-proxy's validation of these flags' values, which
 	// it runs on the configuration its flags write: as for --config's
-	// fields (--iptables-masquerade-bit=99 started here). Beside
-	// --config, kube-proxy discards them but the logging ones (Complete
-	// replaces their configuration with the file's), and checks those
-	// with the file's featureGates: a stale --iptables-masquerade-bit or
-	// --log-text-split-stream allowed by the file's LoggingAlphaOptions
-	// start kube-proxy, and were refused here.
+	// fields (--iptables-masquerade-bit=99 started here).
 	flagsConfig := o.kubeProxyFlagsConfig()
-	besideConfig := o.configFile != ""
 	if besideConfig {
 		flagsConfig.FeatureGates = gatesOn(o.configFeatureGates, o.kubeProxy.featureGates)
 	}

@@ -226,7 +226,7 @@ func TestKubeProxyFlagValuesBesideConfig(t *testing.T) {
 		args []string
 		want string // in stderr, exit 2; "": starts
 	}{
-		{"stale flags kube-proxy discards", []string{"--config", plain, "--iptables-masquerade-bit=32", "--conntrack-min=-1", "--oom-score-adj=5000"}, ""},
+		{"stale flags kube-proxy discards", []string{"--config", plain, "--iptables-masquerade-bit=32", "--conntrack-min=-1", "--oom-score-adj=5000", "--detect-local-mode=Foo"}, ""},
 		{"an alpha logging flag the file's gate allows", []string{"--config", gated, "--log-text-split-stream"}, ""},
 		// This proxy's rule, flags win: the flag's gate allows it too
 		// (kube-proxy would take the file's gates and refuse it).
