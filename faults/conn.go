@@ -59,7 +59,10 @@ func (p *Port) NextConn() uint64 { return p.connSeq.Add(1) - 1 }
 // must be numbered in their accept order: the port has toxics (noop, which
 // draws nothing, aside), or live connections are tracked, which a down
 // toxic added later cuts by number. A port without either numbers its
-// connections in any order at no cost.
+// connections in any order at no cost: a down the annotation declares
+// later cuts them by those numbers too (Down), so a partial toxicity
+// takes its share of them, but of two connections accepted at the same
+// moment on two loops either may hold the lower number.
 func (p *Port) InOrder() bool {
 	return p.table.TrackLive || p.snap.Load().acting
 }
@@ -194,11 +197,11 @@ func (c *Conn) Faulted() bool { return c.faulted }
 // loops): reset resets both of its sockets, from any goroutine; it may be
 // called more than once.
 func (c *Conn) AttachReset(reset func()) {
-	// One that holds a timeout toxic is tracked without the fault API
-	// too: the annotation's removal of the toxic must reach it.
-	if !c.port.table.TrackLive && !c.holdsTimeout() {
-		return
-	}
+	// Every connection with a Conn is tracked, a faulted one without the
+	// fault API too: a down toxic the annotation declares later must cut
+	// it, and the annotation's removal of a timeout toxic must reach it.
+	// (A connection that drew no fault has no Conn without the fault API:
+	// the proxier cuts it for a declared down, see Down.)
 	c.live = &liveConn{seq: c.seq, clientAddr: c.client, reset: reset, conn: c}
 	c.port.liveMu.Lock()
 	c.port.live[c.live] = struct{}{}
@@ -283,6 +286,42 @@ func (s *snapshot) downDrawing(seq uint64, client netip.Addr) *compiled {
 	return nil
 }
 
+// Down is a down toxic newly in force on a TCP port whose live
+// connections the port does not all track: without the fault API
+// (Table.TrackLive) a connection that drew no fault has no Conn, so that it
+// costs nothing, and the proxier, whose registry holds every live
+// connection, cuts those the toxic draws (Port.SetDeclared returns them).
+type Down struct {
+	port *Port
+	t    *compiled
+}
+
+// Draws reports whether the down takes the connection numbered seq
+// (NextConn) on port from client: the draw Accept makes.
+func (d Down) Draws(port *Port, seq uint64, client netip.Addr) bool {
+	return port == d.port && d.t.draws(client, seq)
+}
+
+// Cut counts one live connection the down cut, in faults_injected_total,
+// as one it refuses at accept counts.
+func (d Down) Cut() { d.t.injected.Inc() }
+
+// DownDrawing is the down toxic in force that draws connection seq from
+// client, if any. A connection that drew no fault at accept (nil from
+// AcceptNumbered) asks once it is where Down's cut reaches it (the
+// proxier's registry): a down that draws it now came after its accept,
+// and its cut may have run before. One load when the port has no down.
+func (p *Port) DownDrawing(seq uint64, client netip.Addr) (Down, bool) {
+	s := p.snap.Load()
+	if !s.refusals {
+		return Down{}, false
+	}
+	if t := s.downDrawing(seq, client); t != nil {
+		return Down{p, t}, true
+	}
+	return Down{}, false
+}
+
 // Done releases what Accept and Attach took.
 func (c *Conn) Done() {
 	if c.live != nil {
@@ -348,8 +387,9 @@ func (p *Port) endRemovedTimeouts(removed []timeoutKey) {
 
 // cutDown applies a newly added down toxic to live connections (UDP: to
 // the datagrams still delayed): the same draw a new connection (datagram)
-// with that sequence number would have made.
-func (p *Port) cutDown(s *snapshot, tx Toxic) {
+// with that sequence number would have made. It returns the toxic as s
+// compiled it (nil: s has none of that name).
+func (p *Port) cutDown(s *snapshot, tx Toxic) *compiled {
 	var t *compiled
 	for _, c := range s.toxics {
 		if c.Name == tx.Name {
@@ -357,7 +397,7 @@ func (p *Port) cutDown(s *snapshot, tx Toxic) {
 		}
 	}
 	if t == nil {
-		return
+		return nil
 	}
 	// Each connection it cuts counts, as one it refuses at accept does.
 	t.injected.Add(float64(p.cutLive(func(l *liveConn) bool {
@@ -385,6 +425,7 @@ func (p *Port) cutDown(s *snapshot, tx Toxic) {
 			return true
 		}, s.datagram)
 	}
+	return t
 }
 
 // SetBounds gives the faulted directions the relay's bounds, which cannot

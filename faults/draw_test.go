@@ -241,7 +241,7 @@ func TestNumbersStartAsDocumented(t *testing.T) {
 	first := faultedSet(fresh, 400, client1)
 	tbl, p := declared(t, 7, 0, "TCP")
 	faultedSet(p, 300, client1) // unfaulted
-	if ok := tbl.Declare(p.Name(), []Toxic{toxic(t, refuse)}); !ok {
+	if _, ok := tbl.Declare(p.Name(), []Toxic{toxic(t, refuse)}); !ok {
 		t.Fatal("no port")
 	}
 	if got := faultedSet(p, 100, client1); !slices.Equal(got, first[300:]) {

@@ -59,7 +59,9 @@ type Table struct {
 	metrics   *Metrics
 	// TrackLive registers every live TCP connection so that a port set
 	// down (API, down toxic) cuts them; set it before any Accept when the
-	// fault API is served. Off, connections without faults cost nothing.
+	// fault API is served. Off, connections without faults cost nothing:
+	// no Conn, so the port cannot cut them, and SetDeclared hands the
+	// caller, whose registry holds them, the downs that must (Down).
 	TrackLive bool
 	// buffers bounds what faulted directions hold in flight
 	// (SetMaxBufferedBytes).
@@ -104,16 +106,16 @@ func (t *Table) PortLabeled(name, protocol, label string) *Port {
 }
 
 // Declare sets the annotation toxics of an existing port and reports
-// whether it exists; a port not yet open gets them when it opens.
-func (t *Table) Declare(name string, toxics []Toxic) bool {
+// whether it exists; a port not yet open gets them when it opens. cut is
+// SetDeclared's.
+func (t *Table) Declare(name string, toxics []Toxic) (cut []Down, ok bool) {
 	t.mu.Lock()
 	p := t.ports[name]
 	t.mu.Unlock()
 	if p == nil {
-		return false
+		return nil, false
 	}
-	p.SetDeclared(toxics)
-	return true
+	return p.SetDeclared(toxics), true
 }
 
 // RemovePort forgets a service port that is gone, API toxics included.
@@ -402,12 +404,15 @@ func (p *Port) SetUpstreamFunc(upstream func() string) {
 }
 
 // SetDeclared replaces the annotation toxics (already normalized and
-// filtered for this port).
-func (p *Port) SetDeclared(toxics []Toxic) {
+// filtered for this port). A down toxic it brings (or whose draw it
+// changes) cuts the live connections it draws; those the port does not
+// track (a TCP port without Table.TrackLive: the connections that drew no
+// fault) are the caller's to cut: cut lists the downs that must.
+func (p *Port) SetDeclared(toxics []Toxic) (cut []Down) {
 	p.mu.Lock()
 	if toxicsEqual(p.annotation, toxics) || p.goneLocked() != nil {
 		p.mu.Unlock()
-		return
+		return nil
 	}
 	before := p.timeoutsLocked()
 	cutting := p.newDownsLocked(toxics)
@@ -438,9 +443,13 @@ func (p *Port) SetDeclared(toxics []Toxic) {
 	p.endRemovedTimeouts(gone)
 	// A down the Service now declares cuts its share of the live
 	// connections, as one added through the API does (its purpose).
+	untracked := p.protocol == "TCP" && !p.table.TrackLive
 	for _, tx := range cutting {
-		p.cutDown(s, tx)
+		if t := p.cutDown(s, tx); t != nil && untracked {
+			cut = append(cut, Down{p, t})
+		}
 	}
+	return cut
 }
 
 // newDownsLocked lists the down toxics of declared that cut live

@@ -398,6 +398,43 @@ func TestDeclaredDownCutsItsShareOnce(t *testing.T) {
 	}
 }
 
+// Without the fault API (TrackLive off) a down the annotation declares
+// cuts the faulted live connections it draws, which the port tracks, and
+// returns itself for the caller to cut those that drew no fault, which
+// only the proxier's registry holds; with the API the port tracks and cuts
+// them all, and returns nothing to cut. Before, a faulted connection was
+// not tracked without the API, and the declared down left it relaying.
+func TestDeclaredDownWithoutTheFaultAPI(t *testing.T) {
+	slow := `{"name":"slow","type":"latency","attributes":{"latency":1}}`
+	down := `{"name":"d","type":"down"}`
+	tbl, p := declared(t, 0, 0, "TCP", slow)
+	c, _, done := proxied(t, p, client1)
+	cut := p.SetDeclared([]Toxic{toxic(t, slow), toxic(t, down)})
+	select {
+	case <-done:
+	case <-time.After(2 * time.Second):
+		t.Fatal("a faulted connection still relayed after the declared down")
+	}
+	c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("client read %v, want ECONNRESET", err)
+	}
+	if got := testutil.ToFloat64(tbl.metrics.Injected.WithLabelValues(p.metricLabel(), "d", "down", Downstream)); got != 1 {
+		t.Errorf("the down counted %v cut connections, want 1", got)
+	}
+	if len(cut) != 1 || !cut[0].Draws(p, 7, client1) {
+		t.Errorf("SetDeclared returned %v to cut, want the down", cut)
+	}
+	if again := p.SetDeclared([]Toxic{toxic(t, down)}); again != nil {
+		t.Errorf("the down declared again unchanged returned %v to cut again", again)
+	}
+	api, q := declared(t, 0, 0, "TCP")
+	api.TrackLive = true
+	if cut := q.SetDeclared([]Toxic{toxic(t, down)}); cut != nil {
+		t.Errorf("with the fault API SetDeclared returned %v to cut; the port cuts them all", cut)
+	}
+}
+
 // --fault-max-active caps faulted live connections per port: beyond it a
 // connection goes unfaulted (and is counted as skipped); a slot comes back
 // when a faulted connection ends. Refused connections hold no slot.

@@ -111,6 +111,15 @@ type liveConn struct {
 	sp       *loadbalancer.ServicePort
 	lifetime *portLifetime
 	draining atomic.Bool
+	// untracked is the fault port of a connection that drew no fault,
+	// which faults does not track without the fault API (nil: it does, or
+	// the socket has no faults), and seq its number there: a down the
+	// annotation declares later is cut here (cutDowns). downCut: one cut
+	// it already (counted once); beside draining, so that the two share
+	// a word (a larger size class cost every connection 32 bytes).
+	downCut   atomic.Bool
+	untracked *faults.Port
+	seq       uint64
 }
 
 // byteCount counts one direction of one connection for its service port's
@@ -161,12 +170,17 @@ func (b *byteCount) flush(live int64) {
 func (b *byteCount) ended() bool { return b.flushed.Load() == flushEnded }
 
 // addTCP registers a TCP connection once its backend answered. in and out
-// are the port's byte counters; the relay counts through the entry's.
-func (r *connRegistry) addTCP(servicePort string, client netip.AddrPort, clientConn, backendConn *net.TCPConn, fc *faults.Conn, in, out relay.Counter) *liveConn {
+// are the port's byte counters; the relay counts through the entry's. num
+// is its number on its fault port, which keeps it when faults does not
+// track it (fc nil).
+func (r *connRegistry) addTCP(servicePort string, client netip.AddrPort, clientConn, backendConn *net.TCPConn, fc *faults.Conn, num faultNumber, in, out relay.Counter) *liveConn {
 	c := &liveConn{reg: r, servicePort: servicePort, client: client,
 		backend: clientAddr(backendConn.RemoteAddr()), started: time.Now(), faults: fc.Applied(), toxics: fc,
 		clientConn: clientConn, backendConn: backendConn}
 	c.in.port, c.out.port = in, out
+	if fc == nil {
+		c.untracked, c.seq = num.port, num.seq
+	}
 	if r != nil { // nil: a socket built without a proxier (tests)
 		r.tcp.Store(c, struct{}{})
 		r.pending.remove(clientConn, client)
@@ -208,9 +222,10 @@ func (r *connRegistry) removePending(client *net.TCPConn, from netip.AddrPort) {
 func (r *connRegistry) isStopped() bool { return r != nil && r.stopped.Load() }
 
 // addLoop registers a connection on the event loops once its backend
-// answered.
-func (r *connRegistry) addLoop(servicePort string, client, backend netip.AddrPort, lc *relay.LoopConn, in, out relay.Counter) *liveConn {
-	c := &liveConn{reg: r, servicePort: servicePort, client: client, backend: backend, started: time.Now(), loop: lc}
+// answered; num as addTCP's, its port nil when faults tracks it.
+func (r *connRegistry) addLoop(servicePort string, client, backend netip.AddrPort, lc *relay.LoopConn, num faultNumber, in, out relay.Counter) *liveConn {
+	c := &liveConn{reg: r, servicePort: servicePort, client: client, backend: backend, started: time.Now(), loop: lc,
+		untracked: num.port, seq: num.seq}
 	c.in.port, c.out.port = in, out
 	if r != nil {
 		r.tcp.Store(c, struct{}{})
@@ -234,6 +249,69 @@ func (r *connRegistry) resetAll() {
 		resetTCP(c.backendConn)
 		return true
 	})
+}
+
+// faultNumber is a connection's number on its fault port (faults.Port
+// NextConn); port nil: the socket has no faults.
+type faultNumber struct {
+	port *faults.Port
+	seq  uint64
+}
+
+// cutDowns cuts the live connections of the node that faults does not
+// track and that one of downs (a fault port's newly declared down toxics,
+// faults.Port.SetDeclared) draws, as faults cuts those it tracks, and
+// counts each in faults_injected_total. One walk of the node's
+// connections per change that declares a down (the registry is not kept
+// per port, so that accepts share no lock).
+func (r *connRegistry) cutDowns(downs []faults.Down) {
+	if len(downs) == 0 {
+		return
+	}
+	r.tcp.Range(func(k, _ any) bool {
+		c := k.(*liveConn)
+		if c.untracked == nil {
+			return true
+		}
+		for _, d := range downs {
+			if d.Draws(c.untracked, c.seq, c.client.Addr()) {
+				c.cutByDown(d)
+				break
+			}
+		}
+		return true
+	})
+}
+
+// cutIfDownSinceAccept cuts a connection that drew no fault if a down in
+// force now draws it; call it once the connection is registered. Such a
+// down came after its accept (one there then refused it), and its cut
+// (cutDowns) may have walked the registry before the connection was in
+// it: dialling its backend, it was nowhere to be found. One load of the
+// port's faults when it has no down.
+func (c *liveConn) cutIfDownSinceAccept() {
+	if c.untracked == nil {
+		return
+	}
+	if d, ok := c.untracked.DownDrawing(c.seq, c.client.Addr()); ok {
+		c.cutByDown(d)
+	}
+}
+
+// cutByDown resets both peers of the connection for the down d, unless a
+// down did already, and counts it: before the reset, so that a client (or
+// a test) that saw it finds it counted.
+func (c *liveConn) cutByDown(d faults.Down) {
+	if c.downCut.Swap(true) {
+		return
+	}
+	d.Cut()
+	if c.loop != nil {
+		c.loop.Reset()
+	} else {
+		resetTCP(c.clientConn)
+		resetTCP(c.backendConn)
+	}
 }
 
 // resetTCP closes conn (nil: none) with a reset to its peer.

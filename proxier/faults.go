@@ -36,7 +36,7 @@ func (p *Proxier) syncFaults(ap *activePort, info *servicePortInfo) {
 		}
 	}
 	if err == nil {
-		ap.faults.SetDeclared(toxics)
+		p.sockCfg.conns.cutDowns(ap.faults.SetDeclared(toxics))
 	}
 }
 
@@ -61,7 +61,10 @@ func (p *Proxier) applyFaultsNow(old, svc *v1.Service) {
 				"service", klog.KObj(svc), "field", "metadata.annotations[kube-userspace-proxy/faults]")
 			return
 		}
-		p.opts.Faults.Declare(info.faultName, info.toxics)
+		cut, _ := p.opts.Faults.Declare(info.faultName, info.toxics)
+		// A down it declares cuts the live connections it draws; those
+		// faults does not track (no fault API) are cut here.
+		p.sockCfg.conns.cutDowns(cut)
 	}
 	if len(infos) > 0 {
 		p.validFaults[types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}] = faultsAnnotation{value, has}

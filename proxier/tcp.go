@@ -175,10 +175,12 @@ func (s *tcpProxySocket) acceptLoop() {
 		// cap of 2 faulted the 1st and the 6th), where the event loops,
 		// which decide as they accept, faulted the first ones.
 		var fc *faults.Conn
+		var num faultNumber
 		if s.faults != nil {
-			fc = s.faults.Accept(from.Addr())
+			num = faultNumber{s.faults, s.faults.NextConn()}
+			fc = s.faults.AcceptNumbered(from.Addr(), num.seq)
 		}
-		go s.serve(conn, from, fc)
+		go s.serve(conn, from, fc, num)
 	}
 }
 
@@ -196,9 +198,10 @@ func nextBackoff(cur, base time.Duration) time.Duration {
 }
 
 // serve relays one accepted client with the goroutine relay; fc are its
-// faults (nil: none). The client was admitted to the socket's share: a
-// client that is not relayed leaves it here, a relayed one when relay ends.
-func (s *tcpProxySocket) serve(client *net.TCPConn, from netip.AddrPort, fc *faults.Conn) {
+// faults (nil: none), num its number on the fault port. The client was
+// admitted to the socket's share: a client that is not relayed leaves it
+// here, a relayed one when relay ends.
+func (s *tcpProxySocket) serve(client *net.TCPConn, from netip.AddrPort, fc *faults.Conn, num faultNumber) {
 	relaying := false
 	defer func() {
 		if !relaying {
@@ -269,7 +272,7 @@ func (s *tcpProxySocket) serve(client *net.TCPConn, from netip.AddrPort, fc *fau
 		relay.ReleaseHandshakeACK(backend, client)
 	}
 	relaying = true
-	go s.relay(s.start(client, backend, from, fc))
+	go s.relay(s.start(client, backend, from, fc, num))
 }
 
 // drop ends a client serve will not relay: out of the pending set,
@@ -285,9 +288,9 @@ func (s *tcpProxySocket) drop(client *net.TCPConn, from netip.AddrPort, fc *faul
 
 // start registers a connection whose backend answered and prepares its
 // relay.
-func (s *tcpProxySocket) start(client, backend *net.TCPConn, from netip.AddrPort, fc *faults.Conn) (*relay.Conn, *liveConn, *faults.Conn) {
+func (s *tcpProxySocket) start(client, backend *net.TCPConn, from netip.AddrPort, fc *faults.Conn, num faultNumber) (*relay.Conn, *liveConn, *faults.Conn) {
 	s.active.Inc()
-	live := s.cfg.conns.addTCP(s.label, from, client, backend, fc, s.bytesIn, s.bytesOut)
+	live := s.cfg.conns.addTCP(s.label, from, client, backend, fc, num, s.bytesIn, s.bytesOut)
 	opts := relay.Options{HalfCloseTimeout: s.cfg.halfCloseTimeout, WriteTimeout: s.cfg.writeTimeout,
 		Quiet: s.cfg.closeQuiet, CloseDeadline: s.cfg.closeDeadline, In: &live.in, Out: &live.out}
 	if fc != nil {
@@ -303,6 +306,7 @@ func (s *tcpProxySocket) start(client, backend *net.TCPConn, from netip.AddrPort
 	live.sp, live.lifetime = s.sp, s.lifetime
 	live.relay.Store(quietCloser(rc))
 	startLifetime(rc, s.lifetime.load())
+	live.cutIfDownSinceAccept()
 	return rc, live, fc
 }
 

@@ -98,7 +98,8 @@ func (s *tcpProxySocket) Accepted(fd int, from netip.AddrPort) relay.Handler {
 	}
 	h := &loopClient{s: s, from: from}
 	if s.faults != nil {
-		if fc := s.faults.Accept(from.Addr()); fc != nil {
+		h.num = faultNumber{s.faults, s.faults.NextConn()}
+		if fc := s.faults.AcceptNumbered(from.Addr(), h.num.seq); fc != nil {
 			if !fc.Faulted() && !fc.Refuse {
 				h.fc = fc
 				return h
@@ -110,7 +111,7 @@ func (s *tcpProxySocket) Accepted(fd int, from netip.AddrPort) relay.Handler {
 				fc.Done()
 				return nil
 			}
-			go s.serve(conn, from, fc)
+			go s.serve(conn, from, fc, h.num)
 			return nil
 		}
 	}
@@ -156,6 +157,9 @@ type loopClient struct {
 	live *liveConn
 	// fc tracks the connection for the fault API (nil: not tracked).
 	fc *faults.Conn
+	// num is its number on the fault port, for a declared down's cut when
+	// faults does not track it (connections.go cutDowns).
+	num faultNumber
 	// failed are the endpoints this connection's dial attempts failed on,
 	// which a retry moves past (in the order tried).
 	failed []netip.AddrPort
@@ -207,12 +211,18 @@ func (h *loopClient) Connected(c *relay.LoopConn, ep netip.AddrPort) {
 	h.failed = nil
 	s := h.s
 	s.active.Inc()
-	h.live = s.cfg.conns.addLoop(s.label, h.from, ep, c, s.bytesIn, s.bytesOut)
+	untracked := h.num
+	if h.fc != nil {
+		untracked = faultNumber{} // faults cuts it
+	}
+	h.live = s.cfg.conns.addLoop(s.label, h.from, ep, c, untracked, s.bytesIn, s.bytesOut)
 	h.live.sp, h.live.lifetime = s.sp, s.lifetime
 	h.live.relay.Store(quietCloser(c))
 	startLifetime(c, s.lifetime.load())
 	if h.fc != nil {
 		h.fc.AttachReset(c.Reset)
+	} else {
+		h.live.cutIfDownSinceAccept()
 	}
 }
 

@@ -113,8 +113,9 @@ func newProxyServer(ctx context.Context, o *options, v *validated, began time.Ti
 	s.health = healthcheck.NewProxierHealth(clk, healthTimeout(o.syncPeriod))
 	s.faultTable = faults.NewTable(o.faultSeed, o.faultMaxActive, faults.NewMetrics(s.metrics.Registry))
 	s.faultTable.SetMaxBufferedBytes(o.faultMaxBuffered)
-	// Only the API can take a port down and cut its live connections, so
-	// only then is every connection tracked.
+	// Only the API can take a port down at any moment, so only then does
+	// faults track every connection; without it a declared down toxic's
+	// cut of those that drew no fault walks the proxier's registry.
 	s.faultTable.TrackLive = o.faultAPIBind != ""
 
 	popts := proxierOptions(o, v, clk, s.metrics, s.health, s.faultTable)
