@@ -204,11 +204,29 @@ func (a *PortAllocator) allocateFrom(skip int) (int, error) {
 // what holds its ports, and that the flag is to widen. Its bare words,
 // logged for each service port at each sync, named neither.
 func (a *PortAllocator) exhausted() error {
-	held := fmt.Sprintf("each of its %d ports holds a proxy socket", a.r.Size)
-	if n := a.nodePortsInRange(); n > 0 {
-		held = fmt.Sprintf("%d of its %d ports are node ports of Services, which no proxy socket takes, and each other holds one", n, a.r.Size)
+	return fmt.Errorf("%w: --proxy-port-range %s: %s; widen it (each service port takes one)", ErrPortRangeExhausted, a.r, a.heldBy())
+}
+
+// heldBy says what holds the explicit range's ports, in words that agree
+// with their count: a one-port range is common in tests and examples.
+func (a *PortAllocator) heldBy() string {
+	const nodePort = "a node port of a Service, which no proxy socket takes"
+	const nodePorts = "node ports of Services, which no proxy socket takes"
+	n, size := a.nodePortsInRange(), a.r.Size
+	switch {
+	case size == 1 && n == 0:
+		return "its one port holds a proxy socket"
+	case size == 1:
+		return "its one port is " + nodePort
+	case n == 0:
+		return fmt.Sprintf("each of its %d ports holds a proxy socket", size)
+	case n == size:
+		return fmt.Sprintf("each of its %d ports is %s", size, nodePort)
+	case n == 1:
+		return fmt.Sprintf("1 of its %d ports is %s, and each other holds a proxy socket", size, nodePort)
+	default:
+		return fmt.Sprintf("%d of its %d ports are %s, and each other holds a proxy socket", n, size, nodePorts)
 	}
-	return fmt.Errorf("%w: --proxy-port-range %s: %s; widen it (each service port takes one)", ErrPortRangeExhausted, a.r, held)
 }
 
 // nodePortsInRange counts the node ports in the explicit range.

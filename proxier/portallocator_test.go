@@ -88,6 +88,39 @@ func TestPortAllocator(t *testing.T) {
 	}
 }
 
+// The exhausted range's message agrees in number with its ports: a
+// one-port range said "each of its 1 ports holds a proxy socket".
+func TestPortRangeExhaustedWording(t *testing.T) {
+	for _, tc := range []struct {
+		size      int
+		nodePorts []int
+		want      string
+	}{
+		{1, nil, "--proxy-port-range 40100-40100: its one port holds a proxy socket; widen it"},
+		{1, []int{40100}, "--proxy-port-range 40100-40100: its one port is a node port of a Service, which no proxy socket takes; widen it"},
+		{3, nil, "--proxy-port-range 40100-40102: each of its 3 ports holds a proxy socket; widen it"},
+		{3, []int{40101}, "--proxy-port-range 40100-40102: 1 of its 3 ports is a node port of a Service, which no proxy socket takes, and each other holds a proxy socket; widen it"},
+		{3, []int{40100, 40101}, "--proxy-port-range 40100-40102: 2 of its 3 ports are node ports of Services, which no proxy socket takes, and each other holds a proxy socket; widen it"},
+		{2, []int{40100, 40101}, "--proxy-port-range 40100-40101: each of its 2 ports is a node port of a Service, which no proxy socket takes; widen it"},
+	} {
+		a := NewPortAllocator(PortRange{Base: 40100, Size: tc.size})
+		nodePorts := map[int]bool{}
+		for _, p := range tc.nodePorts {
+			nodePorts[p] = true
+		}
+		a.setNodePorts(nodePorts)
+		var err error
+		for range tc.size + 1 {
+			if _, err = a.AllocateNext(); err != nil {
+				break
+			}
+		}
+		if !errors.Is(err, ErrPortRangeExhausted) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("size %d, node ports %v: err %v, want it to say %q", tc.size, tc.nodePorts, err, tc.want)
+		}
+	}
+}
+
 // A range port whose listen fails is released and the service port is
 // retried on the next sync.
 func TestFailedListenReleasesRangePort(t *testing.T) {
@@ -125,8 +158,8 @@ func TestPortAllocatorSkipsNodePorts(t *testing.T) {
 	if slices.Contains(got, 30080) {
 		t.Errorf("explicit range handed out NodePort 30080: %v", got)
 	}
-	if _, err := a.AllocateNext(); !errors.Is(err, ErrPortRangeExhausted) || !strings.Contains(err.Error(), "1 of its 5 ports are node ports") {
-		t.Errorf("the range's other ports all taken: err %v, want ErrPortRangeExhausted saying 1 of 5 ports are node ports", err)
+	if _, err := a.AllocateNext(); !errors.Is(err, ErrPortRangeExhausted) || !strings.Contains(err.Error(), "1 of its 5 ports is a node port") {
+		t.Errorf("the range's other ports all taken: err %v, want ErrPortRangeExhausted saying 1 of its 5 ports is a node port", err)
 	}
 	if r := NewPortAllocator(PortRange{Base: 30078, Size: 5}); len(r.Reserve([]int{30079, 30080})) != 2 {
 		t.Fatal("Reserve refused free ports of the range")
