@@ -75,7 +75,7 @@ type decoder struct {
 }
 
 func (d decoder) decode(name string, data []byte) ([]Manifest, []error) {
-	out, errs, _ := d.decodeKnown(name, data, nil)
+	out, errs, _, _ := d.decodeKnown(name, data, nil)
 	return out, errs
 }
 
@@ -86,12 +86,12 @@ type docDigest [sha256.Size]byte
 // documents of the file's last version that decoded without error) from
 // there rather than decoding it again, and returns this version's such
 // documents. An edit of one document of a file of 20,000 decoded all of
-// them again, a second or two before the change went live.
-func (d decoder) decodeKnown(name string, data []byte, known map[docDigest][]Manifest) ([]Manifest, []error, map[docDigest][]Manifest) {
-	var out []Manifest
-	var errs []error
+// them again, a second or two before the change went live. otherKinds is
+// the kind of each object skipped as one the proxy does not use, for the
+// summary.
+func (d decoder) decodeKnown(name string, data []byte, known map[docDigest][]Manifest) (out []Manifest, errs []error, good map[docDigest][]Manifest, otherKinds []string) {
 	docs, streamErr := splitDocuments(data)
-	good := make(map[docDigest][]Manifest, len(docs))
+	good = make(map[docDigest][]Manifest, len(docs))
 	for i, doc := range docs {
 		loc := docLocation{file: name, doc: i + 1, line: doc.line}
 		sum := docDigest(sha256.Sum256(doc.body))
@@ -114,13 +114,19 @@ func (d decoder) decodeKnown(name string, data []byte, known map[docDigest][]Man
 		if ok {
 			good[sum] = ms
 		}
-		out = append(out, ms...)
+		for _, m := range ms {
+			if m.Object == nil {
+				otherKinds = append(otherKinds, m.Kind)
+			} else {
+				out = append(out, m)
+			}
+		}
 	}
 	if streamErr != nil {
 		// Not identified: the file keeps its previous objects.
 		errs = append(errs, &ManifestError{File: name, Doc: len(docs) + 1, Err: streamErr})
 	}
-	return out, errs, good
+	return out, errs, good, otherKinds
 }
 
 // maxDocumentValues bounds the values (scalars, lists, maps) one document
@@ -234,7 +240,10 @@ func (d decoder) decodeDocument(loc docLocation, body []byte, in listItem) ([]Ma
 		}
 		klog.V(2).InfoS("manifests: skipping object of a kind the proxy does not use",
 			"file", loc.file, "doc", loc.doc, "apiVersion", tn.APIVersion, "kind", tn.Kind, "name", tn.Metadata.Name)
-		return nil, nil
+		// Without an Object: decodeKnown counts it for the summary (a
+		// Deployment beside the Services was said at -v=2 only) and
+		// hands it to no one.
+		return []Manifest{{File: loc.file, Doc: loc.doc, Line: loc.line, Kind: printable(tn.Kind)}}, nil
 	}
 	ns := tn.Metadata.Namespace
 	if ns == "" {

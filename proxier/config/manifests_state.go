@@ -39,9 +39,10 @@ type servedObject struct {
 
 // fileState is the last good contribution of one manifest file.
 type fileState struct {
-	digest  [sha256.Size]byte
-	objects []servedObject
-	docs    map[docDigest][]Manifest // its documents that decoded without error, for the next version
+	digest     [sha256.Size]byte
+	objects    []servedObject
+	docs       map[docDigest][]Manifest // its documents that decoded without error, for the next version
+	otherKinds []string                 // the kind of each object of a kind the proxy does not use
 }
 
 // applyFile decodes new content for a file and returns its new state. Only
@@ -54,8 +55,8 @@ func (d decoder) applyFile(file string, data []byte, prev *fileState) (*fileStat
 	if prev != nil {
 		known = prev.docs
 	}
-	manifests, errs, docs := d.decodeKnown(file, data, known)
-	next := &fileState{digest: sha256.Sum256(data), docs: docs}
+	manifests, errs, docs, otherKinds := d.decodeKnown(file, data, known)
+	next := &fileState{digest: sha256.Sum256(data), docs: docs, otherKinds: otherKinds}
 	provided := map[objectKey]bool{}
 	for _, m := range manifests {
 		src := objectKey{m.Kind, m.Namespace, m.Name}

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -14,6 +15,7 @@ var defaultServiceClusterIPRange, _ = ParseServiceClusterIPRange(DefaultServiceC
 // nothing the source does is silent:
 //
 //	examples/manifests: 3 Services, 3 EndpointSlices from 4 files; skipped README.md (not .yaml, .yml or .json)
+//	app: 1 Service, 0 EndpointSlices from 1 file; 2 objects of other kinds skipped (ConfigMap, Deployment): see -v=2
 //	examples/manifests: 2 Services, 2 EndpointSlices from 3 files; removed Service default/web, EndpointSlice default/web-1
 //	legacy.yaml: 1 Service, 1 Endpoints from 1 file
 func (s *ManifestSource) summarize(files int, skipped []skippedFile, events []event, recovered []string) {
@@ -36,7 +38,8 @@ func (s *ManifestSource) summarize(files int, skipped []skippedFile, events []ev
 	for _, f := range skipped {
 		skips = append(skips, fmt.Sprintf("%s (%s)", f.name, f.why))
 	}
-	shape := fmt.Sprint(files, skips, bad)
+	others := s.otherKinds()
+	shape := fmt.Sprint(files, skips, bad, others)
 	if s.summarized && len(events) == 0 && len(recovered) == 0 && shape == s.lastShape {
 		return
 	}
@@ -67,6 +70,9 @@ func (s *ManifestSource) summarize(files int, skipped []skippedFile, events []ev
 	parts := []string{fmt.Sprintf("%s from %s", strings.Join(counts, ", "), count(files, "file"))}
 	if files == 0 && s.dirMode {
 		parts[0] += " (no .yaml, .yml or .json file in the directory)"
+	}
+	if others != "" {
+		parts = append(parts, others)
 	}
 	var added, updated, removed []string
 	named := map[string]bool{}
@@ -114,6 +120,37 @@ func (s *ManifestSource) summarize(files int, skipped []skippedFile, events []ev
 	list("errors in", bad)
 	list("skipped", skips)
 	s.summary(s.path + ": " + strings.Join(parts, "; "))
+}
+
+// otherKinds says how many objects of kinds the proxy does not use the
+// files hold, and of which kinds, or "": a directory of an app's manifests
+// (a Deployment, a ConfigMap beside the Service) said nothing of them below
+// -v=2, so a newcomer could not tell them skipped from lost.
+func (s *ManifestSource) otherKinds() string {
+	n := 0
+	kinds := map[string]bool{}
+	for name, f := range s.files {
+		if _, gone := s.vanished[name]; gone {
+			continue
+		}
+		n += len(f.otherKinds)
+		for _, k := range f.otherKinds {
+			kinds[k] = true
+		}
+	}
+	if n == 0 {
+		return ""
+	}
+	names := slices.Sorted(maps.Keys(kinds))
+	const shown = 4
+	if len(names) > shown {
+		names = append(names[:shown:shown], fmt.Sprintf("and %d more", len(names)-shown))
+	}
+	noun := "objects of other kinds"
+	if n == 1 {
+		noun = "object of another kind"
+	}
+	return fmt.Sprintf("%d %s skipped (%s): see -v=2", n, noun, strings.Join(names, ", "))
 }
 
 // display names a file as the user knows it: relative to the directory.

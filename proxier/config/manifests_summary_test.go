@@ -209,3 +209,28 @@ func TestManifestSummaryNamesEndpoints(t *testing.T) {
 		t.Errorf("summary %q, want Endpoints default/web removed once", got)
 	}
 }
+
+// Objects of kinds the proxy does not use are counted in the summary, by
+// kind: a directory of an app's manifests (a Deployment, a ConfigMap, a
+// List holding a Secret beside the Service) summarized as "1 Service, 0
+// EndpointSlices from 1 file", the rest said at -v=2 only. A document kept
+// from the file's last version (not decoded again) still counts.
+func TestManifestSummaryCountsOtherKinds(t *testing.T) {
+	dir := t.TempDir()
+	sum := &summaries{}
+	const deployment = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\n"
+	const configMap = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: web}\n"
+	const secretList = "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Secret, metadata: {name: web}}\n"
+	writeFile(t, filepath.Join(dir, "app.yaml"), serviceYAML("web", 80)+"---\n"+deployment+"---\n"+configMap+"---\n"+secretList)
+	startSource(t, dir, []string{"add Service default/web"}, WithSummaryReporter(sum.report))
+	sum.waitLine(t, dir+": 1 Service, 0 EndpointSlices from 1 file; 3 objects of other kinds skipped (ConfigMap, Deployment, Secret): see -v=2")
+
+	writeFile(t, filepath.Join(dir, "app.yaml"), serviceYAML("web", 81)+"---\n"+configMap)
+	sum.waitLine(t, ": 1 Service, 0 EndpointSlices from 1 file; 1 object of another kind skipped (ConfigMap): see -v=2; updated Service default/web")
+
+	writeFile(t, filepath.Join(dir, "app.yaml"), serviceYAML("web", 81))
+	got := sum.waitLine(t, ": 1 Service, 0 EndpointSlices from 1 file")
+	if strings.Contains(got, "kind") {
+		t.Errorf("summary %q still counts an object of another kind, none left", got)
+	}
+}
