@@ -278,7 +278,10 @@ func (s *proxyServer) run(ctx context.Context, onStart started) error {
 	if onStart != nil {
 		onStart(s.proxier, metricsAddr)
 	}
-	shownMetrics := metricsAddr
+	shownMetrics, dual := shownAddress(o.metricsBindAddress, metricsAddr)
+	if dual {
+		shownMetrics += " (" + bothFamilies + ")"
+	}
 	if shownMetrics == "" && o.metricsBindAddress != "" {
 		// Its port is taken and retried (startServers): "" read as none.
 		shownMetrics = o.metricsBindAddress + " (not bound yet; retrying)"

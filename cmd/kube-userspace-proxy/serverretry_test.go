@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -159,5 +161,41 @@ func TestHardFailCoversTheFaultAPI(t *testing.T) {
 	defer cancel()
 	if err := run(ctx, o, v, nil); err == nil || !strings.Contains(err.Error(), "--fault-api-bind-address") {
 		t.Fatalf("run: %v; want the taken --fault-api-bind-address as an error", err)
+	}
+}
+
+// A server on a wildcard address is logged with the address as given and
+// the families it takes: Go listens there with one dual-stack IPv6 socket,
+// and the default --healthz-bind-address 0.0.0.0:10256 was logged as
+// address="[::]:10256", read as IPv6 only. A server on one address is
+// logged as before.
+func TestWildcardServersLoggedAsGivenWithBothFamilies(t *testing.T) {
+	o := newOptions()
+	o.manifests = t.TempDir()
+	o.iptables = false
+	o.bindAddress = "127.0.0.1"
+	o.healthzBindAddress = "0.0.0.0:0"
+	o.metricsBindAddress = ":0"
+	o.faultAPIBind = "127.0.0.1:0"
+	v, err := o.validate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := captureKlog(t)
+	t.Cleanup(runStarted(t, o, v, "want it to serve on wildcard addresses"))
+	wants := []*regexp.Regexp{
+		regexp.MustCompile(`"Health server listening" address="0\.0\.0\.0:[1-9][0-9]*" families="IPv4 and IPv6"`),
+		regexp.MustCompile(`"kube-userspace-proxy running" .* metrics=":[1-9][0-9]* \(IPv4 and IPv6\)"`),
+		regexp.MustCompile(`"Fault API \(Toxiproxy's REST API\) listening" address="127\.0\.0\.1:[1-9][0-9]*"\n`),
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		klog.Flush()
+		missing := slices.DeleteFunc(slices.Clone(wants), func(re *regexp.Regexp) bool { return re.MatchString(logs.String()) })
+		if len(missing) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the log lacks %q; log:\n%s", missing, logs)
+		}
 	}
 }

@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"time"
 
@@ -57,7 +59,7 @@ func startServers(ctx context.Context, o *options, p *proxier.Proxier, health *h
 			return nil, "", err
 		}
 		if addr != "" {
-			klog.InfoS("Health server listening", "address", addr)
+			klog.InfoS("Health server listening", listeningAt(o.healthzBindAddress, addr)...)
 		}
 	}
 	metricsAddr := ""
@@ -91,10 +93,40 @@ func startServers(ctx context.Context, o *options, p *proxier.Proxier, health *h
 			return nil, "", err
 		}
 		if addr != "" {
-			klog.InfoS("Fault API (Toxiproxy's REST API) listening", "address", addr)
+			klog.InfoS("Fault API (Toxiproxy's REST API) listening", listeningAt(o.faultAPIBind, addr)...)
 		}
 	}
 	return servers, metricsAddr, nil
+}
+
+// bothFamilies is what a server on a wildcard address listens on.
+const bothFamilies = "IPv4 and IPv6"
+
+// shownAddress is the address a server listens on as the user gave it
+// (with the port bound, for port 0), and whether it takes both families:
+// Go listens on a wildcard address (0.0.0.0, "", ::) with one dual-stack
+// IPv6 socket, whose address [::]:10256 read as IPv6 only beside the
+// default --healthz-bind-address 0.0.0.0:10256.
+func shownAddress(given, bound string) (string, bool) {
+	b, err := netip.ParseAddrPort(bound)
+	if err != nil || b.Addr() != netip.IPv6Unspecified() {
+		return bound, false
+	}
+	host, _, err := net.SplitHostPort(given)
+	if err != nil {
+		return bound, true
+	}
+	return net.JoinHostPort(host, strconv.Itoa(int(b.Port()))), true
+}
+
+// listeningAt is the key/value pairs of a server's listening line: its
+// address as given and, on a wildcard address, the families it takes.
+func listeningAt(given, bound string) []any {
+	shown, dual := shownAddress(given, bound)
+	if dual {
+		return []any{"address", shown, "families", bothFamilies}
+	}
+	return []any{"address", shown}
 }
 
 // serverRetryInterval is kube-proxy's wait between tries of a server that
@@ -117,7 +149,7 @@ func retryServer(ctx context.Context, flag, addr string, h http.Handler, limits 
 			klog.ErrorS(err, "Server failed to start; retrying", "flag", flag, "address", addr)
 			continue
 		}
-		klog.InfoS("Server listening after retrying", "flag", flag, "address", bound)
+		klog.InfoS("Server listening after retrying", append([]any{"flag", flag}, listeningAt(addr, bound.String())...)...)
 		<-ctx.Done()
 		_ = s.Close()
 		return
