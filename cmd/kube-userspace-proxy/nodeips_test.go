@@ -7,9 +7,12 @@ import (
 	"net/netip"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
 )
@@ -278,5 +281,29 @@ func TestReadNodeObjectIPsFromTheStateFile(t *testing.T) {
 		if !slices.Equal(v.nodeObjectIPs, tc.want) || v.nodeObjectRead != (tc.want != nil) {
 			t.Errorf("%s: node IPs %v (read %v), want %v", tc.node, v.nodeObjectIPs, v.nodeObjectRead, tc.want)
 		}
+	}
+}
+
+// The start line of a family without a node IP says that the node's own
+// connections to ClusterIPs need a route: without a default route (a
+// namespace with lo only) they fail as network unreachable before the
+// OUTPUT portal sees them, and the line said only that portals REDIRECT.
+func TestNoNodeIPLineSaysClusterIPsNeedARoute(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		nodeIPs []netip.Addr
+		want    string
+	}{
+		{"no family", nil, `"Portal rules enabled; no node IP (no default route, no --node-ip): portals REDIRECT, or DNAT to --bind-address when it names an address; the node's own connections to ClusterIPs need a route to them (a default route, or one covering the service range; with lo only, one with a source: ip route add 10.96.0.0/12 dev lo src 127.0.0.1), or fail as network unreachable`},
+		{"IPv6 without", []netip.Addr{netip.MustParseAddr("192.0.2.10")}, `their portals REDIRECT, or DNAT to --bind-address when it names an address; the node's own connections to their ClusterIPs need a route to them`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			logs := captureKlog(t)
+			logNodeIPs(&validated{}, tc.nodeIPs, true, true)
+			klog.Flush()
+			if !strings.Contains(logs.String(), tc.want) {
+				t.Errorf("log lacks %q:\n%s", tc.want, logs)
+			}
+		})
 	}
 }

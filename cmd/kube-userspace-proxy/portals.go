@@ -134,13 +134,23 @@ func logNodeIPs(v *validated, nodeIPs []netip.Addr, served4, served6 bool) {
 			without = append(without, f.name)
 		}
 	}
+	// Without a default route the node's own connections to a ClusterIP
+	// fail (network unreachable) before the OUTPUT portal sees them: the
+	// kernel routes a local connection first. A namespace with lo only
+	// (a learner's node) served NodePorts and said nothing of why its
+	// ClusterIPs failed. There a route needs a source too: "dev lo"
+	// alone gave the client 0.0.0.0, and curl timed out.
+	needRoute := func(whose string) string {
+		return "; the node's own connections to " + whose + " need a route to them (a default route, or one covering the service range; " +
+			"with lo only, one with a source: ip route add 10.96.0.0/12 dev lo src 127.0.0.1), or fail as network unreachable before any portal sees them"
+	}
 	switch {
 	case len(without) == 0:
 		klog.InfoS("Portal rules enabled", "nodeIPs", nodeIPs)
 	case len(nodeIPs) == 0:
-		klog.InfoS("Portal rules enabled; no node IP (no default route, no --node-ip): portals REDIRECT, or DNAT to --bind-address when it names an address")
+		klog.InfoS("Portal rules enabled; no node IP (no default route, no --node-ip): portals REDIRECT, or DNAT to --bind-address when it names an address" + needRoute("ClusterIPs"))
 	default:
-		klog.InfoS("Portal rules enabled; some families have no node IP (no default route, no --node-ip): their portals REDIRECT, or DNAT to --bind-address when it names an address", "nodeIPs", nodeIPs, "withoutNodeIP", without)
+		klog.InfoS("Portal rules enabled; some families have no node IP (no default route, no --node-ip): their portals REDIRECT, or DNAT to --bind-address when it names an address"+needRoute("their ClusterIPs"), "nodeIPs", nodeIPs, "withoutNodeIP", without)
 	}
 	if i := slices.IndexFunc(nodeIPs, iptables.LinkScoped); i >= 0 && (!v.bind.IsValid() || v.bind.IsUnspecified()) {
 		// Local on its own link only: other links' traffic DNATed to it
