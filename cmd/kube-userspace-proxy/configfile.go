@@ -62,11 +62,42 @@ func (o *options) applyConfigData(data []byte, fs *pflag.FlagSet) error {
 	if err != nil {
 		return err
 	}
-	o.configFieldErrors = validateConfigFields(&cfg.KubeProxyConfiguration)
+	merged, overlaid := o.withLoggingFlags(&cfg.KubeProxyConfiguration, fs)
+	o.configFieldErrors = validateConfigFields(merged, overlaid)
 	o.configLoaded = data
 	o.configFeatureGates = cfg.FeatureGates
 	o.applyConfig(cfg, fs)
 	return nil
+}
+
+// withLoggingFlags is c with the logging flags given on the command line
+// over its logging, which kube-proxy validates so (copyLogsFromFlags, then
+// its file's validation), and the fields they set: a file's logging
+// {format: json, vmodule: [...]} with --logging-format=text starts
+// kube-proxy, and was refused here ("logging.vmodule: Forbidden"). The
+// flags' own values are validateKubeProxyFlags' to check, naming the flag.
+// Before applyConfig, which sets --vmodule from the file.
+func (o *options) withLoggingFlags(c *kubeproxyconfig.KubeProxyConfiguration, fs *pflag.FlagSet) (*kubeproxyconfig.KubeProxyConfiguration, map[string]bool) {
+	merged := c.DeepCopy()
+	flags := o.kubeProxyFlagsConfig().Logging
+	overlaid := map[string]bool{}
+	over := func(flag, field string, apply func()) {
+		if fs.Changed(flag) {
+			apply()
+			overlaid[field] = true
+		}
+	}
+	lg := &merged.Logging
+	over("logging-format", "logging.format", func() { lg.Format = flags.Format })
+	over("log-flush-frequency", "logging.flushFrequency", func() { lg.FlushFrequency = flags.FlushFrequency })
+	over("log-text-split-stream", "logging.options.text.splitStream", func() { lg.Options.Text.SplitStream = flags.Options.Text.SplitStream })
+	over("log-text-info-buffer-size", "logging.options.text.infoBufferSize", func() { lg.Options.Text.InfoBufferSize = flags.Options.Text.InfoBufferSize })
+	over("log-json-split-stream", "logging.options.json.splitStream", func() { lg.Options.JSON.SplitStream = flags.Options.JSON.SplitStream })
+	over("log-json-info-buffer-size", "logging.options.json.infoBufferSize", func() { lg.Options.JSON.InfoBufferSize = flags.Options.JSON.InfoBufferSize })
+	if f := fs.Lookup("vmodule"); f != nil {
+		over("vmodule", "logging.vmodule", func() { lg.VModule = vmoduleConfig(f.Value.String()) })
+	}
+	return merged, overlaid
 }
 
 // applyConfig sets the options the file gives and no flag overrides, and

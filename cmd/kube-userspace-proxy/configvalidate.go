@@ -26,10 +26,15 @@ import (
 //
 // Not checked: featureGates (kube-proxy's gates are kube-proxy's; only
 // the logging gates are known here) and showHiddenMetricsForVersion
-// (valid only against kube-proxy's own version).
-func validateConfigFields(c *kubeproxyconfig.KubeProxyConfiguration) []string {
+// (valid only against kube-proxy's own version). Nor the fields of
+// flagFields, which hold a flag's value (withLoggingFlags): the flag's
+// check names it.
+func validateConfigFields(c *kubeproxyconfig.KubeProxyConfiguration, flagFields map[string]bool) []string {
 	var msgs []string
 	for _, e := range kubeProxyFieldErrors(c) {
+		if flagFields[e.Field] {
+			continue
+		}
 		msgs = append(msgs, oneLine(clip.Quoted(e.Error())))
 	}
 	return msgs

@@ -221,6 +221,8 @@ func TestKubeProxyFlagValuesBesideConfig(t *testing.T) {
 	}
 	gated := file("gated.yaml", "featureGates: {LoggingAlphaOptions: true}\n")
 	plain := file("plain.yaml", "")
+	jsonVModule := file("json-vmodule.yaml", "logging: {format: json, vmodule: [{filePattern: proxier, verbosity: 4}]}\n")
+	badFlush := file("bad-flush.yaml", "logging: {flushFrequency: -1s}\n")
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -236,6 +238,13 @@ func TestKubeProxyFlagValuesBesideConfig(t *testing.T) {
 			"--log-text-split-stream: Forbidden: Feature LoggingAlphaOptions is disabled"},
 		{"a logging flag's bad value", []string{"--config", plain, "--log-flush-frequency=-1s"},
 			`--log-flush-frequency: Invalid value: "-1s": Must be greater than zero`},
+		// kube-proxy validates the file's logging with the logging flags
+		// given over it (copyLogsFromFlags): text beside the file's
+		// vmodule, and a flush frequency the flag replaces, start it.
+		{"the file's json and vmodule, --logging-format=text", []string{"--config", jsonVModule, "--logging-format=text"}, ""},
+		{"the file's bad flush frequency, a flag's good one", []string{"--config", badFlush, "--log-flush-frequency=2s"}, ""},
+		{"the file's json and vmodule alone", []string{"--config", jsonVModule}, "logging.vmodule: Forbidden: Only supported for text log format"},
+		{"the file's bad flush frequency alone", []string{"--config", badFlush}, "logging.flushFrequency: Invalid value"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"--manifests", t.TempDir(), "--iptables=false", "--init-only"}, tc.args...)
