@@ -173,6 +173,8 @@ type Proxier struct {
 	runner    *boundedFrequencyRunner
 	metrics   *Metrics
 	clk       clock.WithTicker
+	// limitLines are the descriptor caps New set, for LogLimits.
+	limitLines []logLine
 
 	// Change tracker: the latest Service objects, written by the source,
 	// read by sync.
@@ -326,7 +328,13 @@ func New(opts Options) *Proxier {
 	setDescriptorCeiling()
 	p.sockCfg.tcpShares = newTCPShares(opts.TCPMaxConnectionsPerPort)
 	p.sockCfg.udpPorts = newSessionPorts(readKernelPortsFromProc, mono.Now())
-	p.sockCfg.udpMaxSessionsPerPort, p.sockCfg.udpBudget = udpLimits(opts, p.sockCfg.udpPorts.count())
+	var udpLine *logLine
+	p.sockCfg.udpMaxSessionsPerPort, p.sockCfg.udpBudget, udpLine = udpLimits(opts, p.sockCfg.udpPorts.count())
+	for _, l := range []*logLine{p.sockCfg.tcpShares.startLine(), udpLine} {
+		if l != nil {
+			p.limitLines = append(p.limitLines, *l)
+		}
+	}
 	p.sockCfg.unreachable = newUnreachableSender()
 	p.sockCfg.ownPortals = &ownPortals{}
 	for i, s := range []PortalSyncer{opts.IPv4Portals, opts.IPv6Portals} {
@@ -521,6 +529,23 @@ func (p *Proxier) Sync() { p.syncProxyRules(false) }
 // SyncFull runs the periodic sync now: portal rules are read back and
 // repaired.
 func (p *Proxier) SyncFull() { p.syncProxyRules(true) }
+
+// logLine is a line to log later: its message and key/value pairs.
+type logLine struct {
+	msg string
+	kv  []any
+}
+
+// LogLimits logs the descriptor caps New set (the TCP connections per
+// service port, the UDP sessions held to the open-file limit and the
+// ephemeral ports), once, at start. The command calls it after its line
+// saying the proxy runs: logged by New, they were the first lines of every
+// start, on any machine, before anything said what runs.
+func (p *Proxier) LogLimits() {
+	for _, l := range p.limitLines {
+		klog.InfoS(l.msg, l.kv...)
+	}
+}
 
 // RepairSoon asks for a full sync, which reads the portal rules back and
 // repairs them, as soon as the rate limit allows, rather than at the sync

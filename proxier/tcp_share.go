@@ -5,8 +5,6 @@ import (
 	"net/netip"
 	"sync/atomic"
 
-	"k8s.io/klog/v2"
-
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/relay"
 )
 
@@ -51,14 +49,19 @@ type tcpShares struct {
 func newTCPShares(given int) *tcpShares {
 	s := &tcpShares{given: given}
 	s.follow(ceilingLimit.Load())
+	return s
+}
+
+// startLine says the cap as set, for LogLimits, or nil for one given.
+func (s *tcpShares) startLine() *logLine {
 	switch cap := s.cap.Load(); {
 	case cap == 0:
-		klog.InfoS("TCP connections per service port not capped (--tcp-max-connections-per-port=-1): only the open-file limit holds them")
-	case given == 0:
-		klog.InfoS("TCP connections per service port capped at a quarter of the connections' descriptors (--tcp-max-connections-per-port): one Service's clients cannot take the others' descriptors",
-			"nofile", ceilingLimit.Load(), "maxConnectionsPerPort", cap)
+		return &logLine{msg: "TCP connections per service port not capped (--tcp-max-connections-per-port=-1): only the open-file limit holds them"}
+	case s.given == 0:
+		return &logLine{msg: "TCP connections per service port capped at a quarter of the connections' descriptors (--tcp-max-connections-per-port): one Service's clients cannot take the others' descriptors",
+			kv: []any{"nofile", ceilingLimit.Load(), "maxConnectionsPerPort", cap}}
 	}
-	return s
+	return nil
 }
 
 // follow sets the cap for an open-file limit of nofile.

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-	"k8s.io/klog/v2"
 )
 
 // Default UDP session caps. Sessions alive at once ≈ new client ip:ports
@@ -29,23 +28,25 @@ const (
 // connect() can give a session's backend socket (the range less its
 // reserved ports, as sessionPorts read them at start; 0: unknown). Set at
 // start: a change of the range reaches the ports sessions bind
-// (sessionPorts' re-read), not the caps.
-func udpLimits(o Options, ephemeral int) (int, *udpBudget) {
+// (sessionPorts' re-read), not the caps. The line says caps held lower
+// than given, for LogLimits (nil: none).
+func udpLimits(o Options, ephemeral int) (int, *udpBudget, *logLine) {
 	perPort, limit := o.UDPMaxSessionsPerPort, o.UDPMaxSessions
 	if limit <= 0 {
 		limit = DefaultUDPMaxSessions
 	}
 	nofile, ports := nofileLimit(), ephemeral
 	capped, total := udpCaps(perPort, limit, nofile, ports)
+	var line *logLine
 	if total < limit {
 		given := any(perPort)
 		if perPort <= 0 {
 			given = "default"
 		}
-		klog.InfoS("UDP session caps held to half the open-file limit and half the ephemeral ports", "nofile", nofile,
-			"ephemeralPorts", ports, "maxSessions", total, "maxSessionsPerPort", capped, "given", []any{limit, given})
+		line = &logLine{msg: "UDP session caps held to half the open-file limit and half the ephemeral ports", kv: []any{"nofile", nofile,
+			"ephemeralPorts", ports, "maxSessions", total, "maxSessionsPerPort", capped, "given", []any{limit, given}}}
 	}
-	return capped, newUDPBudget(total)
+	return capped, newUDPBudget(total), line
 }
 
 // udpCaps holds the total to the descriptor share of nofile and the port

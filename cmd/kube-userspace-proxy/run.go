@@ -287,6 +287,7 @@ func (s *proxyServer) run(ctx context.Context, onStart started) error {
 		shownMetrics = o.metricsBindAddress + " (not bound yet; retrying)"
 	}
 	klog.InfoS("kube-userspace-proxy running", "mode", "userspace", "iptables", o.iptables, "bindAddress", s.v.bind, "metrics", shownMetrics)
+	s.proxier.LogLimits()
 	if events != nil {
 		events.started()
 	}

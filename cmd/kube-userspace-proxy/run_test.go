@@ -984,3 +984,38 @@ func TestFaultAPIBeyondLoopbackWarned(t *testing.T) {
 		}
 	}
 }
+
+// The descriptor caps are logged at start after the line saying the proxy
+// runs: logged by proxier.New, they were the first lines of every start,
+// on any machine, before anything said what runs.
+func TestLimitsLoggedAfterTheRunningLine(t *testing.T) {
+	o := newOptions()
+	o.manifests = t.TempDir()
+	o.iptables = false
+	o.bindAddress = "127.0.0.1"
+	o.healthzBindAddress = ""
+	o.metricsBindAddress = ""
+	v, err := o.validate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := captureKlog(t)
+	t.Cleanup(runStarted(t, o, v, "want it to start"))
+	const running, tcpCap = `"kube-userspace-proxy running"`, `"TCP connections per service port capped at a quarter`
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		klog.Flush()
+		out := logs.String()
+		if strings.Contains(out, running) && strings.Contains(out, tcpCap) {
+			at := strings.Index(out, running)
+			for _, line := range []string{tcpCap, `"UDP session caps held`} {
+				if i := strings.Index(out, line); i >= 0 && i < at {
+					t.Errorf("%s logged before %s:\n%s", line, running, out)
+				}
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the log lacks %s or %s:\n%s", running, tcpCap, out)
+		}
+	}
+}
