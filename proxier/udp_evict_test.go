@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -197,5 +198,58 @@ func TestUDPHolderRanking(t *testing.T) {
 	few.udpSockets.Store(socks[2], struct{}{})
 	if r := rankUDPHolders(few, 0); r.ports[0] != socks[2] || r.ports[1] != nil {
 		t.Fatalf("one port holding none: ranking %v, want it alone", r.ports)
+	}
+}
+
+// A port at a cap that closes its own oldest idle session for a new client
+// hands that session's slot in the budget to the new one: no other port can
+// take it between the two. Released and taken again, another port's new
+// client could slip in, and the port then closed a second session for one
+// client (its own, or another port's: a quiet Service's long-lived client,
+// for a flooded port that had idle sessions of its own).
+func TestUDPOwnEvictionKeepsItsSlot(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		perPort, total int
+	}{{"the total cap", 16, 4}, {"the port's cap", 4, 4}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := evictPorts(t, 1, tc.perPort, tc.total)[0]
+			b := s.cfg.udpBudget
+			for i := range 4 {
+				s.forward(evictClient(0, i), []byte("q"), nil)
+			}
+			// Another port's new client, trying all along: at the cap it
+			// gets a slot only if one is free.
+			stop := make(chan struct{})
+			var stolen atomic.Int64
+			var wg sync.WaitGroup
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if b.acquire() {
+						stolen.Add(1)
+						b.release()
+					}
+				}
+			}()
+			const clients = 3000
+			for i := range clients {
+				s.forward(evictClient(0, 4+i%250), []byte("q"), nil)
+			}
+			close(stop)
+			wg.Wait()
+			if n := stolen.Load(); n != 0 {
+				t.Errorf("another port took a slot %d times while the port evicted its own sessions for %d new clients", n, clients)
+			}
+			if used, held := b.used.Load(), s.held.Load(); used != 4 || held != 4 || s.capDropped.value() != 0 {
+				t.Errorf("budget used %d, sessions %d, %v dropped; want 4, 4, 0", used, held, s.capDropped.value())
+			}
+		})
 	}
 }

@@ -129,40 +129,50 @@ func (s *udpProxySocket) servedLocked(sess *udpSession, generation uint64) bool 
 }
 
 // makeRoomLocked takes a slot for one more session: at the port's cap, or
-// at the total cap, the port's oldest idle session gives up its own. A
-// session whose client's datagram a fault still delays is not idle:
-// closed, the datagram found no socket when the delay line let it out and
-// was lost, counted nowhere. With none to give up among the oldest, it
-// returns errPortSessionLimit at the port's cap (the datagram is dropped,
-// counted) and errSessionLimit at the total cap (forward asks the other
-// ports: roomFromOtherPorts). A slot another port gave (givenSlot) is
-// taken first.
+// at the total cap, the port's oldest idle session gives up its own
+// (giveUpOwnLocked). A session whose client's datagram a fault still
+// delays is not idle: closed, the datagram found no socket when the delay
+// line let it out and was lost, counted nowhere. With none to give up
+// among the oldest, it returns errPortSessionLimit at the port's cap (the
+// datagram is dropped, counted) and errSessionLimit at the total cap
+// (forward asks the other ports: roomFromOtherPorts). A slot another port
+// gave (givenSlot) is taken first.
 func (s *udpProxySocket) makeRoomLocked(now int64) error {
 	if s.sessions.len() >= s.cfg.udpMaxSessionsPerPort && s.sessions.len() > 0 {
-		old := s.evictableLocked(now)
-		if old == nil {
+		if !s.giveUpOwnLocked(now) {
 			return errPortSessionLimit
 		}
-		s.closeSessionLocked(old)
-		s.evicted.Inc()
+		// Its own freed slot is the new session's: one another port
+		// gave meanwhile (adopted sessions filled the port) goes back.
+		s.returnGivenSlotLocked()
+		return nil
 	}
 	if s.givenSlot {
 		s.givenSlot = false
 		return nil
 	}
-	if s.cfg.udpBudget.acquire() {
+	if s.cfg.udpBudget.acquire() || s.giveUpOwnLocked(now) {
 		return nil
 	}
+	return errSessionLimit
+}
+
+// giveUpOwnLocked closes the port's oldest idle session, counted as
+// evicted, and keeps its slot in the budget for the session that replaces
+// it (false: none of the oldest is idle). Released and taken again, the
+// slot could go to another port's new client in between: the port then
+// closed a second session for one client, or dropped the client although
+// it had closed one for it.
+func (s *udpProxySocket) giveUpOwnLocked(now int64) bool {
 	old := s.evictableLocked(now)
 	if old == nil {
-		return errSessionLimit
+		return false
 	}
-	s.closeSessionLocked(old)
+	s.sessions.remove(old)
+	s.held.Store(int64(s.sessions.len()))
+	s.freeSessionLocked(old)
 	s.evicted.Inc()
-	if !s.cfg.udpBudget.acquire() { // another port took the slot meanwhile
-		return errSessionLimit
-	}
-	return nil
+	return true
 }
 
 // udpEvictScan bounds how many of a port's oldest sessions makeRoomLocked
@@ -240,18 +250,7 @@ func (s *udpProxySocket) roomFromOtherPorts(now int64) bool {
 func (s *udpProxySocket) giveUpIdle(now int64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.shut {
-		return false
-	}
-	old := s.evictableLocked(now)
-	if old == nil {
-		return false
-	}
-	s.sessions.remove(old)
-	s.held.Store(int64(s.sessions.len()))
-	s.freeSessionLocked(old)
-	s.evicted.Inc()
-	return true
+	return !s.shut && s.giveUpOwnLocked(now)
 }
 
 // takeGivenSlotLocked holds the slot roomFromOtherPorts gave s for its
