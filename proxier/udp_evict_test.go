@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -249,6 +250,117 @@ func TestUDPOwnEvictionKeepsItsSlot(t *testing.T) {
 			}
 			if used, held := b.used.Load(), s.held.Load(); used != 4 || held != 4 || s.capDropped.value() != 0 {
 				t.Errorf("budget used %d, sessions %d, %v dropped; want 4, 4, 0", used, held, s.capDropped.value())
+			}
+		})
+	}
+}
+
+// Under churn (new clients on every port at once, sessions idling out,
+// ports closing, or handing their sessions over to a new socket as a
+// reopen does, or to another port's running one) the budget counts exactly
+// the sessions held, never more than the cap: whenever no client's
+// datagram is half forwarded, used is the sessions held (and the slots
+// given for the next), at most the limit.
+func TestUDPBudgetExactUnderChurn(t *testing.T) {
+	for _, tc := range []struct{ perPort, total int }{{16, 1}, {16, 2}, {1, 2}, {2, 3}} {
+		t.Run(fmt.Sprintf("per-port %d, total %d", tc.perPort, tc.total), func(t *testing.T) {
+			const nports = 3
+			backend := startUDPEcho(t, "127.0.0.1:0", "").LocalAddr().(*net.UDPAddr).AddrPort()
+			cfg := &socketConfig{
+				dialTimeouts: defaultDialTimeouts, udpIdleTimeout: 5 * time.Millisecond, metrics: NewMetrics(),
+				udpMaxSessionsPerPort: tc.perPort, udpBudget: newUDPBudget(tc.total), conns: &connRegistry{},
+			}
+			b := cfg.udpBudget
+			var slots [nports]atomic.Pointer[udpProxySocket]
+			for p := range slots {
+				slots[p].Store(newInflightPortWith(t, cfg, backend).sock)
+			}
+			// between holds the clients between two datagrams (write
+			// locked) while check looks.
+			var between sync.RWMutex
+			check := func() {
+				t.Helper()
+				between.Lock()
+				defer between.Unlock()
+				held := int64(0)
+				for p := range slots {
+					s := slots[p].Load()
+					s.mu.Lock()
+					held += int64(s.sessions.len())
+					if s.givenSlot {
+						held++
+					}
+					if s.held.Load() != int64(s.sessions.len()) {
+						t.Errorf("a port counts %d sessions held, its table %d", s.held.Load(), s.sessions.len())
+					}
+					s.mu.Unlock()
+				}
+				if used := b.used.Load(); used != held || used > b.limit {
+					t.Fatalf("budget used %d of %d, sessions held (and slots given) %d; want them equal, at most the limit",
+						used, b.limit, held)
+				}
+			}
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			halt := sync.OnceFunc(func() { close(stop); wg.Wait() })
+			t.Cleanup(halt) // also when check fails
+			var forwarded atomic.Int64
+			for p := range slots {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := 0; ; i++ {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						between.RLock()
+						s := slots[p].Load()
+						// Few clients, the same on every port: a session
+						// handed to another port may meet its client's own.
+						s.forward(evictClient(0, i%4), []byte("q"), nil)
+						if i%16 == 0 {
+							s.expireIdle()
+						}
+						between.RUnlock()
+						forwarded.Add(1)
+					}
+				}()
+			}
+			for round := range 150 {
+				// Some churn between looks: the clients' datagrams
+				// since the last one.
+				for next := forwarded.Load() + 10; forwarded.Load() < next; {
+					runtime.Gosched()
+				}
+				check()
+				if round%5 == 4 {
+					// The port's socket closes (its Service deleted), or
+					// hands its sessions over: to the one that replaces
+					// it (a reopen), or to another port's running socket
+					// (a retired external socket's), which closes those
+					// beyond its cap and those of clients it has a
+					// session of already. Clients keep sending meanwhile.
+					p := round / 5 % nports
+					old, next := slots[p].Load(), newInflightPortWith(t, cfg, backend).sock
+					switch round / 15 % 3 {
+					case 0:
+						old.Close()
+					case 1:
+						h, _ := old.closeHandingOver()
+						adopt(next, h)
+					case 2:
+						h, _ := old.closeHandingOver()
+						adopt(slots[(p+1)%nports].Load(), h)
+					}
+					slots[p].Store(next)
+				}
+			}
+			halt()
+			check()
+			if slots[0].Load().evicted.value() == 0 { // one series: every socket has the same name
+				t.Fatal("no session was evicted: the churn never reached a cap")
 			}
 		})
 	}
