@@ -207,11 +207,20 @@ func silent(c net.Conn) bool {
 			quiet = true // nothing sent
 		case err != nil:
 		default:
-			// A head longer than the peek is not a slow client's.
-			quiet = n < len(head) && !bytes.Contains(head[:n], []byte("\r\n\r\n"))
+			// A head longer than the peek is not a slow client's. Its
+			// blank line may follow a bare LF, and be one: net/http
+			// reads lines ending in LF as in CRLF ("GET / HTTP/1.0\n\n"
+			// from printf and nc was closed unanswered).
+			quiet = n < len(head) && !wholeHead(head[:n])
 		}
 	})
 	return quiet
+}
+
+// wholeHead reports whether b holds a request head's end: a blank line
+// after a line's LF, the blank line CRLF or a bare LF.
+func wholeHead(b []byte) bool {
+	return bytes.Contains(b, []byte("\n\r\n")) || bytes.Contains(b, []byte("\n\n"))
 }
 
 // oldestIdle takes the longest-idle connection off the idle list.

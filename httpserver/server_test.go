@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func startTest(t *testing.T, l Limits) string {
@@ -449,4 +451,66 @@ func TestCapSilentQueueGivesWay(t *testing.T) {
 		t.Fatalf("probe not answered behind %d silent connections queued at the cap: %v after %v", queued, err, time.Since(start))
 	}
 	t.Logf("probe answered after %v", time.Since(start))
+}
+
+// silent closes a client accepted at the cap whose request head has not
+// come whole in readingGrace, and only such a client: a head whose lines
+// end in a bare LF, which net/http reads as it reads CRLF (a probe written
+// with printf and nc), came whole too, and was closed unanswered when it
+// had waited in the backlog for the grace.
+func TestSilentSeesEveryWholeHead(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	for _, tc := range []struct {
+		name, sent string
+		silent     bool
+	}{
+		{"CRLF", "GET /healthz HTTP/1.1\r\nHost: node\r\n\r\n", false},
+		{"bare LF", "GET /healthz HTTP/1.0\n\n", false},
+		{"LF lines, CRLF blank line", "GET /healthz HTTP/1.0\nHost: node\n\r\n", false},
+		{"head unfinished", "GET /healthz HTTP/1.1\r\nHost: node\r\n", true},
+		{"nothing sent", "", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer client.Close()
+			if _, err := io.WriteString(client, tc.sent); err != nil {
+				t.Fatal(err)
+			}
+			c, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			// Until the kernel says nothing came for the grace: what the
+			// cap sees of a client queued that long.
+			raw, err := c.(*net.TCPConn).SyscallConn()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				var quiet time.Duration
+				_ = raw.Control(func(fd uintptr) {
+					if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
+						quiet = time.Duration(info.Last_data_recv) * time.Millisecond
+					}
+				})
+				if quiet >= readingGrace {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("TCP_INFO's last_data_recv still %v after 10 s", quiet)
+				}
+			}
+			if got := silent(c); got != tc.silent {
+				t.Fatalf("sent %q, quiet for the grace: silent %v, want %v", tc.sent, got, tc.silent)
+			}
+		})
+	}
 }
