@@ -605,19 +605,47 @@ func TestDownAddedCountsDelayedDatagramsItDrops(t *testing.T) {
 			if _, err := tbl.AddToxic(p.Name(), toxic(t, `{"name":"d","type":"down","toxicity":0.5}`)); err != nil {
 				t.Fatal(err)
 			}
-			want := 0
-			for seq := range uint64(n) {
-				if draw(0, keyOf("d", p.Name()), seq, saltToxicity) < 0.5 {
-					want++
-				}
-			}
-			for stream, w := range map[string]int{Downstream: want, Upstream: 0} {
-				got := testutil.ToFloat64(tbl.metrics.Injected.WithLabelValues(p.metricLabel(), "d", "down", stream))
-				if got != float64(w) {
-					t.Errorf("faults_injected_total{toxic=d,stream=%s} = %v, want %d (the delayed datagrams down dropped)", stream, got, w)
-				}
-			}
+			checkDownCountedDelayed(t, tbl, p, n)
 		})
+	}
+}
+
+// A down declared in the annotation does the same (SetDeclared cuts as
+// AddToxic does; the README said "when added through the API").
+func TestDownDeclaredCountsDelayedDatagramsItDrops(t *testing.T) {
+	for _, tc := range []struct{ name, toxic string }{
+		{"latency", `{"name":"lat","type":"latency","stream":"downstream","attributes":{"latency":3600000}}`},
+		{"reorder", `{"name":"ro","type":"reorder","stream":"downstream","attributes":{"rate":1,"delay":3600000}}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tbl, p := declared(t, 0, 0, "UDP", tc.toxic)
+			const n = 40
+			buf := make([]byte, 4)
+			for i := range n { // one datagram to each of n clients: reorder holds each
+				binary.BigEndian.PutUint32(buf, uint32(i))
+				p.Datagrams().Send(StreamDown, netip.AddrPortFrom(client1, uint16(40000+i)), buf, func([]byte) {})
+			}
+			p.SetDeclared([]Toxic{toxic(t, tc.toxic), toxic(t, `{"name":"d","type":"down","toxicity":0.5}`)})
+			checkDownCountedDelayed(t, tbl, p, n)
+		})
+	}
+}
+
+// checkDownCountedDelayed checks that the down toxic d counted, under the
+// downstream series, each of the n delayed downstream datagrams it draws.
+func checkDownCountedDelayed(t *testing.T, tbl *Table, p *Port, n int) {
+	t.Helper()
+	want := 0
+	for seq := range uint64(n) {
+		if draw(0, keyOf("d", p.Name()), seq, saltToxicity) < 0.5 {
+			want++
+		}
+	}
+	for stream, w := range map[string]int{Downstream: want, Upstream: 0} {
+		got := testutil.ToFloat64(tbl.metrics.Injected.WithLabelValues(p.metricLabel(), "d", "down", stream))
+		if got != float64(w) {
+			t.Errorf("faults_injected_total{toxic=d,stream=%s} = %v, want %d (the delayed datagrams down dropped)", stream, got, w)
+		}
 	}
 }
 
