@@ -169,9 +169,9 @@ func sessionSources(p *Proxier, servicePort string) map[netip.Addr]bool {
 	return out
 }
 
-// At a port's cap the oldest idle session makes room; at the total cap a
-// port gives up its own oldest, and for a port with none the port holding
-// the most gives up its oldest. Every eviction is counted.
+// At a port's cap the oldest idle session makes room; at the total cap the
+// port holding the most sessions gives up its oldest idle one, a port its
+// own only when no other holds more. Every eviction is counted.
 func TestUDPSessionCaps(t *testing.T) {
 	echo := startUDPEcho(t, "127.0.0.2:0", "")
 	p := newTestProxier(t, Options{UDPIdleTimeout: time.Minute, UDPMaxSessionsPerPort: 50, UDPMaxSessions: 70})
@@ -208,26 +208,34 @@ func TestUDPSessionCaps(t *testing.T) {
 		t.Fatalf("port a: %d evictions counted, gauge %d; want 2 and 50", limit("a", "evicted"), live("a"))
 	}
 
-	// Port b meets the total cap (70) after 20 sessions and then recycles
-	// its own.
+	// Port b meets the total cap (70) after 20 sessions; a, holding more,
+	// gives up its oldest idle sessions for b's clients until the two
+	// hold as many, and b then recycles its own. (b's own first, as
+	// before, closed its few clients' sessions, replies on the way, for
+	// each other while a kept 50.)
 	b := newUDPClients(t, addrs["b"])
 	b.askAll(100, 130)
-	if n := len(sessionSources(p, "default/b:p")); n != 20 || limit("b", "evicted") != 10 || live("b") != 20 {
-		t.Fatalf("port b: %d sessions, %d evictions, gauge %d; want 20, 10, 20", n, limit("b", "evicted"), live("b"))
+	if n := len(sessionSources(p, "default/b:p")); n != 30 || limit("b", "evicted") != 0 || live("b") != 30 {
+		t.Fatalf("port b: %d sessions, %d evictions, gauge %d; want 30, 0, 30: a, holding more, gives up its own", n, limit("b", "evicted"), live("b"))
 	}
-	if n := len(sessionSources(p, "default/a:p")); n != 50 {
-		t.Fatalf("port b's sessions took port a's: a has %d, want 50", n)
+	if n := len(sessionSources(p, "default/a:p")); n != 40 || limit("a", "evicted") != 12 || live("a") != 40 {
+		t.Fatalf("port a: %d sessions, %d evictions, gauge %d; want 40, 12, 40", n, limit("a", "evicted"), live("a"))
+	}
+	b.askAll(130, 140)
+	if na, nb := len(sessionSources(p, "default/a:p")), len(sessionSources(p, "default/b:p")); na != 35 || nb != 35 || limit("b", "evicted") != 5 {
+		t.Fatalf("ports a and b: %d and %d sessions, b evicted %d of its own; want 35, 35, 5", na, nb, limit("b", "evicted"))
 	}
 
-	// Port c has nothing to give up: the port holding the most, a, gives
-	// up its oldest idle session for c's client.
+	// Port c has nothing to give up: a port holding the most gives up its
+	// oldest idle session for c's client.
 	c := newUDPClients(t, addrs["c"])
 	if !c.ask(200) {
 		t.Fatal("a client of port c got no reply at the total cap: no other port gave up a session")
 	}
-	if n := len(sessionSources(p, "default/a:p")); n != 49 || limit("a", "evicted") != 3 || limit("c", "dropped") != 0 || live("a") != 49 {
-		t.Fatalf("port a: %d sessions, %d evictions, gauge %d; port c: %d drops; want 49, 3, 49, 0",
-			n, limit("a", "evicted"), live("a"), limit("c", "dropped"))
+	na, nb := len(sessionSources(p, "default/a:p")), len(sessionSources(p, "default/b:p"))
+	if na+nb != 69 || limit("c", "dropped") != 0 || live("c") != 1 {
+		t.Fatalf("ports a and b: %d and %d sessions; port c: %d drops, gauge %d; want 69 together, 0, 1",
+			na, nb, limit("c", "dropped"), live("c"))
 	}
 	if used := p.sockCfg.udpBudget.used.Load(); used != 70 {
 		t.Fatalf("budget used %d, want 70", used)

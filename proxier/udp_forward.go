@@ -158,14 +158,20 @@ func (s *udpProxySocket) forward(client netip.AddrPort, b, oob []byte) {
 	s.mu.Lock()
 	sess, err := s.sessionLocked(client, oob, now)
 	if err == errSessionLimit {
-		// The total cap, and no idle session of this port's own to
-		// give up: another port's, taken without this port's mutex
-		// (roomFromOtherPorts).
+		// The total cap, and another port holds more sessions, or this
+		// one has none idle: another port's, taken without this port's
+		// mutex (roomFromOtherPorts); else, when none of them had one
+		// idle, this port's own after all (its slot kept for the new
+		// session).
 		s.mu.Unlock()
 		given := s.roomFromOtherPorts(now)
 		s.mu.Lock()
 		if given {
 			s.takeGivenSlotLocked()
+		} else if !s.shut && s.giveUpOwnLocked(now) {
+			s.givenSlot = true
+		}
+		if s.givenSlot {
 			sess, err = s.sessionLocked(client, oob, now)
 		}
 	}

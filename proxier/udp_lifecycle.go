@@ -135,8 +135,9 @@ func (s *udpProxySocket) servedLocked(sess *udpSession, generation uint64) bool 
 // line let it out and was lost, counted nowhere. With none to give up
 // among the oldest, it returns errPortSessionLimit at the port's cap (the
 // datagram is dropped, counted) and errSessionLimit at the total cap
-// (forward asks the other ports: roomFromOtherPorts). A slot another port
-// gave (givenSlot) is taken first.
+// (forward asks the other ports: roomFromOtherPorts), as it does there
+// when another port holds more sessions than this one. A slot another
+// port gave (givenSlot) is taken first.
 func (s *udpProxySocket) makeRoomLocked(now int64) error {
 	if s.sessions.len() >= s.cfg.udpMaxSessionsPerPort && s.sessions.len() > 0 {
 		if !s.giveUpOwnLocked(now) {
@@ -151,7 +152,15 @@ func (s *udpProxySocket) makeRoomLocked(now int64) error {
 		s.givenSlot = false
 		return nil
 	}
-	if s.cfg.udpBudget.acquire() || s.giveUpOwnLocked(now) {
+	if s.cfg.udpBudget.acquire() {
+		return nil
+	}
+	// The total cap: the port holding the most sessions pays
+	// (roomFromOtherPorts), this one first only when no other holds
+	// more. Its own first whatever the others held, a port with a few
+	// clients closed their sessions, replies still on the way, for each
+	// other while a flooded port kept the rest.
+	if !s.cfg.udpBudget.holders.anyHoldsMore(s.cfg.conns, s, now) && s.giveUpOwnLocked(now) {
 		return nil
 	}
 	return errSessionLimit

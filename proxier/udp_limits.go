@@ -184,6 +184,20 @@ func (h *udpHolders) biggest(reg *connRegistry, now int64) []*udpProxySocket {
 	return r.ports[:]
 }
 
+// anyHoldsMore reports whether a port of the last ranking (biggest's)
+// other than s holds more sessions than s now does: at the total cap that
+// port gives up a session rather than s (makeRoomLocked). No port's mutex
+// is taken, so s's may be held.
+func (h *udpHolders) anyHoldsMore(reg *connRegistry, s *udpProxySocket, now int64) bool {
+	mine := s.held.Load()
+	for _, other := range h.biggest(reg, now) {
+		if other != nil && other != s && other.held.Load() > mine {
+			return true
+		}
+	}
+	return false
+}
+
 // rankUDPHolders ranks reg's UDP proxy sockets by the sessions they hold.
 func rankUDPHolders(reg *connRegistry, now int64) *udpHolderRanking {
 	r := &udpHolderRanking{at: now}
