@@ -160,18 +160,12 @@ func (s *udpProxySocket) forward(client netip.AddrPort, b, oob []byte) {
 	if err == errSessionLimit {
 		// The total cap, and another port holds more sessions, or this
 		// one has none idle: another port's, taken without this port's
-		// mutex (roomFromOtherPorts); else, when none of them had one
-		// idle, this port's own after all (its slot kept for the new
-		// session).
+		// mutex (roomFromOtherPorts).
 		s.mu.Unlock()
 		given := s.roomFromOtherPorts(now)
 		s.mu.Lock()
 		if given {
 			s.takeGivenSlotLocked()
-		} else if !s.shut && s.giveUpOwnLocked(now) {
-			s.givenSlot = true
-		}
-		if s.givenSlot {
 			sess, err = s.sessionLocked(client, oob, now)
 		}
 	}

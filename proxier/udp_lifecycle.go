@@ -233,10 +233,11 @@ func (s *udpProxySocket) freeSessionLocked(sess *udpSession) {
 }
 
 // roomFromOtherPorts makes room for a new client of s at the total cap
-// when s has no idle session of its own to give up (errSessionLimit from
-// makeRoomLocked): the port holding the most sessions gives up its oldest
-// idle one, or the next biggest when none of its oldest is idle (a fault
-// delays a datagram of each). It reports whether one did; the closed
+// when another port holds more sessions than s, or s has none idle
+// (errSessionLimit from makeRoomLocked): the port holding the most
+// sessions gives up its oldest idle one, or the next biggest when none of
+// its oldest is idle (a fault delays a datagram of each), and s its own
+// after all when none of them has one. It reports whether one did; the closed
 // session's slot in the budget is then s's (givenSlot), not released for
 // any port's new client to take first. Not the oldest idle session of all
 // ports: under a flood of forged sources those are the long-lived clients
@@ -250,12 +251,13 @@ func (s *udpProxySocket) roomFromOtherPorts(now int64) bool {
 			return true
 		}
 	}
-	return false
+	return s.giveUpIdle(now)
 }
 
-// giveUpIdle closes the port's oldest idle session for another port's new
-// client, counted as evicted, and keeps its slot in the budget for that
-// client (roomFromOtherPorts); false when it has none idle or is closed.
+// giveUpIdle closes the port's oldest idle session for a new client (of
+// another port, or its own: roomFromOtherPorts), counted as evicted, and
+// keeps its slot in the budget for that client; false when it has none
+// idle or is closed.
 func (s *udpProxySocket) giveUpIdle(now int64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
