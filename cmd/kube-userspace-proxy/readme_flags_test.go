@@ -98,3 +98,46 @@ func TestREADMEHasNoProjectJargon(t *testing.T) {
 		}
 	}
 }
+
+// README's pointers resolve: each link to an anchor names a heading (as
+// GitHub derives its anchor), each relative link a file of the repository,
+// and each "see Name" in the prose a heading called Name. The
+// --tcp-max-connections-per-port row said "(see Limits)", a section that
+// does not exist (its table is under Reliability).
+func TestREADMEPointersResolve(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Code blocks hold shell comments ("# manifests, ...") that are no
+	// headings, and commands that are no links.
+	prose := regexp.MustCompile("(?s)```.*?```").ReplaceAllString(string(readme), "")
+	headings := map[string]bool{}
+	anchors := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^#+ (.+)$`).FindAllStringSubmatch(prose, -1) {
+		headings[m[1]] = true
+		anchor := strings.ToLower(m[1])
+		anchor = regexp.MustCompile(`[^\w\- ]`).ReplaceAllString(anchor, "")
+		anchors[strings.ReplaceAll(anchor, " ", "-")] = true
+	}
+	for _, m := range regexp.MustCompile(`\]\(([^)\s]+)\)`).FindAllStringSubmatch(prose, -1) {
+		target := m[1]
+		switch {
+		case strings.HasPrefix(target, "http://"), strings.HasPrefix(target, "https://"):
+		case strings.HasPrefix(target, "#"):
+			if !anchors[target[1:]] {
+				t.Errorf("README.md links to %s, which no heading makes", target)
+			}
+		default:
+			path, _, _ := strings.Cut(target, "#")
+			if _, err := os.Stat("../../" + path); err != nil {
+				t.Errorf("README.md links to %s: %v", target, err)
+			}
+		}
+	}
+	for _, m := range regexp.MustCompile(`\bsee ([A-Z][a-z]+)\b`).FindAllStringSubmatch(prose, -1) {
+		if !headings[m[1]] {
+			t.Errorf("README.md says %q, and no heading is called %s", m[0], m[1])
+		}
+	}
+}
