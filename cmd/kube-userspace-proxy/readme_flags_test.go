@@ -141,3 +141,63 @@ func TestREADMEPointersResolve(t *testing.T) {
 		}
 	}
 }
+
+// DESIGN.md: "The added flags are marked "(added)" in the README's flag
+// table": the flags that are neither kube-proxy's nor the design card's.
+// --state-file and --fault-max-active were not marked.
+func TestREADMEMarksAddedFlags(t *testing.T) {
+	// kube-proxy's flags this proxy acts on (the ones it does not act on
+	// have a section of --help and a row of their own), and the card's.
+	notAdded := map[string]bool{}
+	for _, name := range strings.Fields(`bind-address bind-address-hard-fail cleanup cluster-cidr config
+		config-sync-period healthz-bind-address hostname-override init-only iptables-min-sync-period
+		iptables-sync-period kube-api-burst kube-api-content-type kube-api-qps kubeconfig master
+		metrics-bind-address nodeport-addresses proxy-mode proxy-port-range udp-timeout write-config-to
+		v vmodule version help
+		manifests iptables fault-api-bind-address fault-seed`) {
+		notAdded[name] = true
+	}
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// rowOf returns the row whose first cell names --name.
+	rowOf := func(name string) string {
+		for _, line := range strings.Split(string(readme), "\n") {
+			if !strings.HasPrefix(line, "| `-") {
+				continue
+			}
+			first, _, _ := strings.Cut(line[1:], "|")
+			if strings.Contains(first, "`--"+name+" ") || strings.Contains(first, "`--"+name+"`") {
+				return line
+			}
+		}
+		return ""
+	}
+	help := captureStdout(t, func() { runMain([]string{"--help"}) })
+	// Up to the section of kube-proxy's flags this proxy does not act on.
+	help, _, _ = strings.Cut(help, "\nkube-proxy flags accepted and not acted on")
+	flagName := regexp.MustCompile(`^\s+(?:-\w, )?--([\w-]+)`)
+	n := 0
+	for _, line := range strings.Split(help, "\n") {
+		m := flagName.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		n++
+		row := rowOf(m[1])
+		if row == "" {
+			continue // TestEveryFlagInREADME's to report
+		}
+		if marked := strings.Contains(row, "(added)"); marked == notAdded[m[1]] {
+			if marked {
+				t.Errorf("README.md's row of --%s says \"(added)\", but the flag is kube-proxy's or the design card's", m[1])
+			} else {
+				t.Errorf("README.md's row of --%s does not say \"(added)\": the flag is neither kube-proxy's nor the design card's", m[1])
+			}
+		}
+	}
+	if n < 20 {
+		t.Fatalf("found %d flags in --help:\n%s", n, help)
+	}
+}
