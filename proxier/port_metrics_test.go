@@ -3,6 +3,9 @@ package proxier
 import (
 	"io"
 	"net"
+	"os"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -120,5 +123,42 @@ kubeproxy_userspace_udp_sessions{service_port="default/dns:p"} 0
 	p.Sync()
 	if n, err := testutil.GatherAndCount(p.metrics.Registry, portSeriesNames...); err != nil || n != 7 {
 		t.Errorf("after the TCP Service went: %d per-port series (err %v), want the UDP port's 7", n, err)
+	}
+}
+
+// README's cost of the per-port families ("about N series per TCP service
+// port and M per UDP one") is what a port exports: it said 11 for TCP
+// after connections_abandoned_total made it 12.
+func TestREADMEPerPortSeriesCount(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`about (\d+) series per TCP service port and (\d+) per UDP one`).FindSubmatch(readme)
+	if m == nil {
+		t.Fatal("README.md no longer says how many series a TCP and a UDP service port export; update this test")
+	}
+	p := newTestProxier(t, Options{})
+	p.OnServiceAdd(makeService("web"))
+	p.OnServiceAdd(makeService("dns", withProtocol(v1.ProtocolUDP), withClusterIP("10.96.0.53")))
+	p.Sync()
+	mfs, err := p.metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	series := map[string]int{}
+	for _, mf := range mfs {
+		for _, metric := range mf.GetMetric() {
+			for _, l := range metric.GetLabel() {
+				if l.GetName() == "service_port" {
+					series[l.GetValue()]++
+				}
+			}
+		}
+	}
+	for _, c := range []struct{ proto, port, said string }{{"TCP", "default/web:p", string(m[1])}, {"UDP", "default/dns:p", string(m[2])}} {
+		if got := strconv.Itoa(series[c.port]); got != c.said {
+			t.Errorf("README.md says a %s service port exports about %s series; %s exports %s", c.proto, c.said, c.port, got)
+		}
 	}
 }
