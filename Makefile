@@ -64,7 +64,7 @@ bench:
 
 # 30 minutes of mixed traffic, endpoint churn and vanishing clients through
 # the real binary (root); results in test/soak/results. `make test` runs its
-# 2-minute variant.
+# 90-second variant (-soak.duration defaults to 90s).
 soak:
 	$(GO) test -count=1 -timeout 40m -run TestSoak ./test/soak -soak.duration=30m -soak.results=results -soak.strict -v
 

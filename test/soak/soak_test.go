@@ -63,7 +63,7 @@ var resources = []series{
 
 // TestSoak drives the real binary with mixed traffic while endpoints churn
 // and clients vanish, then judges connections, bytes and resource growth.
-// The default is the 2-minute variant `go test ./...` runs; make soak runs
+// The default is the 90-second variant `go test ./...` runs; make soak runs
 // 30 minutes and keeps the results in test/soak/results.
 func TestSoak(t *testing.T) {
 	netns.Require(t, "iptables", "iptables-save", "ss")
