@@ -247,6 +247,7 @@ func (c *LoopConn) pump() {
 			return
 		}
 		if !up && !down {
+			c.resetBehindStall()
 			return
 		}
 		more = true
@@ -256,6 +257,30 @@ func (c *LoopConn) pump() {
 	}
 	if more {
 		c.l.queue(c)
+	}
+}
+
+// resetBehindStall passes on a reset of a socket its direction does not
+// read because it is stalled: what it read waits for a destination that
+// takes nothing (a backend that stopped reading an upload), and step
+// reads a source only once its destination is writable. The reset would
+// wait behind that write until the write bound ran out (a minute by
+// default), holding both sockets, their buffers and the other peer's
+// connection, where a reset the relay reads reaches the other peer within
+// salvageBound (resetWhenSent). Asked only when neither direction moved
+// and a hang-up or error event of the source came (errHup): nothing per
+// byte. A socket a FIN of ours went to (the other direction ended) is
+// left to the half-close bound: it reaches CLOSE without a reset too
+// (resetOf).
+func (c *LoopConn) resetBehindStall() {
+	for _, d := range [...]*loopDir{&c.up, &c.down} {
+		if d.done || c.writable[d.dst] || !c.errHup[d.src] || c.other(d).done {
+			continue
+		}
+		if err := c.resetOf(int32(d.src)); err != nil {
+			c.failed(d, err)
+			return
+		}
 	}
 }
 
