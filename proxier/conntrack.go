@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync/atomic"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
@@ -32,15 +33,17 @@ import (
 //     again rather than through the portal, refused when the new proxy
 //     listens elsewhere (an overlap, a taken port, a port range changed).
 //
-// Each clearing is a dump of the whole conntrack table (the kernel walks
-// every bucket of the hash shared by all namespaces: 10 ms on an idle
-// 2-CPU machine, about 0.3 s in make bench's node after its TCP runs), so
-// a sync clears the entries of all its new sockets in one pass per address
-// family: one pass per destination made the first sync of 10,000 Services
-// take 104 s (BenchmarkKernelSync10k/first).
+// Each clearing walks the whole conntrack table (the kernel walks every
+// bucket of the hash shared by all namespaces: 10 ms on an idle 2-CPU
+// machine, about 0.3 s in make bench's node after its TCP runs), so a sync
+// clears the entries of all its new sockets together: one pass per
+// destination made the first sync of 10,000 Services take 104 s
+// (BenchmarkKernelSync10k/first). The entries of a few destinations are
+// dumped with a filter each, which spares Go the parsing of all the
+// others; those of many in one dump of the whole table per address family
+// (clearFamily).
 type ConntrackCleaner interface {
-	// ClearStale deletes, in one pass over the table, the entries that any
-	// of flows names.
+	// ClearStale deletes the entries that any of flows names.
 	ClearStale(flows []StaleFlows) error
 }
 
@@ -76,6 +79,12 @@ const tcpReset = nl.TCP_CONNTRACK_CLOSE
 type NetlinkConntrack struct{}
 
 func (NetlinkConntrack) ClearStale(flows []StaleFlows) error {
+	return clearStale(kernelConntrack{}, flows, &kernelIgnoresFilter)
+}
+
+// clearStale deletes from t, in each family, the entries that any of flows
+// names (clearFamily).
+func clearStale(t conntrackTable, flows []StaleFlows, ignoresFilter *atomic.Bool) error {
 	var v4, v6 staleSet
 	for _, f := range flows {
 		if !f.Dst.Addr().Is6() {
@@ -92,7 +101,7 @@ func (NetlinkConntrack) ClearStale(flows []StaleFlows) error {
 		if len(pass.set) == 0 {
 			continue
 		}
-		if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, pass.family, pass.set); err != nil {
+		if err := clearFamily(t, pass.family, pass.set, ignoresFilter); err != nil {
 			return fmt.Errorf("conntrack delete stale entries (family %d, %d destinations): %w", pass.family, len(pass.set), err)
 		}
 	}
@@ -100,7 +109,7 @@ func (NetlinkConntrack) ClearStale(flows []StaleFlows) error {
 }
 
 // staleSet matches the stale entries of many destinations with one lookup
-// per entry: the table is walked once, whatever the number of Services.
+// per entry: a dump of the whole table serves every Service.
 type staleSet map[staleKey]staleDst
 
 // staleDst is what makes an entry to one destination stale: NATed to a
@@ -280,7 +289,7 @@ func udpDestinations(info *servicePortInfo, fn func(dst netip.AddrPort)) {
 
 // clearStaleFlows clears, in the families fams, the entries of every
 // pending service port that is still served and of the destinations UDP
-// ports closed or lost, in one pass over the table, then forgets them in
+// ports closed or lost, in one clearing, then forgets them in
 // those families. Called after a sync that wrote the rules of fams (every
 // family when it wrote them all): as kube-proxy's per-family proxiers each
 // clear their own, a family whose rules keep failing (ip6tables-restore)
