@@ -293,9 +293,20 @@ func read(ctx context.Context, o *options, v *validated, timeout time.Duration, 
 func readOnce(ctx context.Context, o *options, v *validated, h config.Handler, report func(error)) error {
 	synced := &syncedHandler{Handler: h, done: make(chan struct{})}
 	var src source
-	if o.manifests != "" && report != nil {
+	switch {
+	case o.manifests != "" && report != nil:
 		src = config.NewManifestSource(o.manifests, synced, manifestOptions(v, config.WithErrorReporter(report), config.WithoutWatcher())...)
-	} else {
+	case o.manifests == "":
+		client, err := apiClient(o)
+		if err != nil {
+			return err
+		}
+		// With the headless and ExternalName Services, which the plan
+		// names as not proxied, as from manifests: the proxy's informers
+		// leave them out, and explain did not mention them at all. No
+		// Node informer: the Node is read once after (readNodeObjectIPs).
+		src = config.NewInformerSource(client, synced, config.InformerOptions{Unproxied: true})
+	default:
 		var err error
 		if src, err = newSource(o, v, nil, synced, nil); err != nil {
 			return err

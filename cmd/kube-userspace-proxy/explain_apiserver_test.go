@@ -244,3 +244,27 @@ func TestExplainAPIServerInvalidFaults(t *testing.T) {
 		t.Errorf("explain does not show %q:\n%s", want, &out)
 	}
 }
+
+// explain against an API server names the headless and ExternalName
+// Services with why they are not proxied, as it does from manifests
+// (TestExplainNamesTheServicesItDoesNotProxy): the informers left them out
+// before the plan saw them, so they were not mentioned at all.
+func TestExplainAPIServerNamesTheServicesItDoesNotProxy(t *testing.T) {
+	srv := fakeAPIServer(t, map[string]string{
+		"/api/v1/services": `{"kind":"ServiceList","apiVersion":"v1","metadata":{"resourceVersion":"1"},"items":[
+			{"metadata":{"namespace":"default","name":"db","resourceVersion":"1"},
+			 "spec":{"type":"ClusterIP","clusterIP":"None","clusterIPs":["None"],"ipFamilies":["IPv4"],
+			  "ports":[{"protocol":"TCP","port":5432,"targetPort":5432}]}},
+			{"metadata":{"namespace":"default","name":"search","resourceVersion":"1"},
+			 "spec":{"type":"ExternalName","externalName":"search.example.com"}}]}`,
+		"/apis/discovery.k8s.io/v1/endpointslices": `{"kind":"EndpointSliceList","apiVersion":"discovery.k8s.io/v1","metadata":{"resourceVersion":"1"},"items":[]}`,
+	}, nil)
+	var out bytes.Buffer
+	if code := explain(t.Context(), []string{"--master", srv.URL, "--node-ip", "192.168.50.10", "--timeout", "10s"}, &out); code != 0 {
+		t.Fatalf("exit %d\n%s", code, &out)
+	}
+	outputHas(t, out.String(),
+		"== default/db (no service port to proxy) ==\nwarnings:         not proxied: a headless Service (clusterIP None) has no service address;",
+		"== default/search (no service port to proxy) ==\nwarnings:         not proxied: type ExternalName is a name in cluster DNS only, an alias (CNAME) of search.example.com;",
+	)
+}

@@ -17,6 +17,12 @@ func informerSkipsService(svc *v1.Service) bool {
 		svc.Spec.ClusterIP == "" || svc.Spec.ClusterIP == v1.ClusterIPNone
 }
 
+// skips reports whether svc is left out: a Service kube-proxy ignores,
+// unless the handler asked for those too (Unproxied).
+func (s *InformerSource) skips(svc *v1.Service) bool {
+	return !s.opts.Unproxied && informerSkipsService(svc)
+}
+
 // fromInformer returns obj as a *T, unwrapping the tombstone an informer hands to
 // OnDelete when it missed the final state of a deleted object.
 func fromInformer[T any](obj any) (*T, bool) {
@@ -34,12 +40,13 @@ func typeName(obj any) string { return fmt.Sprintf("%T", obj) }
 
 // serviceEvents adapts the Service informer to the ServiceHandler. A Service that turns
 // into a skipped one (ExternalName, headless) is delivered as a delete, and one that
-// stops being skipped as an add, so the handler only ever sees Services it proxies.
+// stops being skipped as an add, so the handler only ever sees Services it proxies
+// (all of them with Unproxied).
 type serviceEvents struct{ s *InformerSource }
 
 func (e serviceEvents) OnAdd(obj any, _ bool) {
 	svc, ok := fromInformer[v1.Service](obj)
-	if !ok || informerSkipsService(svc) {
+	if !ok || e.s.skips(svc) {
 		return
 	}
 	logSCTPPorts(nil, svc)
@@ -53,7 +60,7 @@ func (e serviceEvents) OnUpdate(oldObj, newObj any) {
 	if !ok1 || !ok2 || resync(old.ResourceVersion, svc.ResourceVersion) {
 		return
 	}
-	switch skipOld, skipNew := informerSkipsService(old), informerSkipsService(svc); {
+	switch skipOld, skipNew := e.s.skips(old), e.s.skips(svc); {
 	case skipOld && skipNew:
 	case skipNew:
 		e.s.deliver(func() { e.s.handler.OnServiceDelete(old) })
@@ -70,7 +77,7 @@ func (e serviceEvents) OnUpdate(oldObj, newObj any) {
 
 func (e serviceEvents) OnDelete(obj any) {
 	svc, ok := fromInformer[v1.Service](obj)
-	if !ok || informerSkipsService(svc) {
+	if !ok || e.s.skips(svc) {
 		return
 	}
 	e.s.deliver(func() { e.s.handler.OnServiceDelete(svc) })

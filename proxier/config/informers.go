@@ -67,12 +67,16 @@ type InformerOptions struct {
 	// empty, or NodeHandler is nil, no Node informer runs.
 	NodeName    string
 	NodeHandler NodeHandler
+	// Unproxied delivers the ExternalName and headless Services too, as
+	// the manifest source does, for a handler that says they are not
+	// proxied (explain's plan); the proxy's handler has no use for them.
+	Unproxied bool
 }
 
 // InformerSource feeds a Handler from an API server through shared informers, as
 // kube-proxy does: Services and EndpointSlices filtered by ProxyLabelSelector, with
-// ExternalName and headless Services left out, and the synced callbacks delivered only
-// after both caches have synced, so that no rule is written from a partial view.
+// ExternalName and headless Services left out (unless Unproxied), and the synced
+// callbacks delivered only after both caches have synced, so that no rule is written from a partial view.
 // While the API server is away, lists and watches wait for its /readyz, probed 250 ms
 // after a failure and then at jittered waits doubling to 2-3 s (one stream of probes for
 // the informers: readiness), instead of the reflectors' backoff to 30-60 s
