@@ -66,6 +66,7 @@ func (o *options) applyConfigData(data []byte, fs *pflag.FlagSet) error {
 	o.configFieldErrors = validateConfigFields(merged, overlaid)
 	o.configLoaded = data
 	o.configFeatureGates = cfg.FeatureGates
+	o.configLoggingFormat = merged.Logging.Format
 	o.applyConfig(cfg, fs)
 	return nil
 }

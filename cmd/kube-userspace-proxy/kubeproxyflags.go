@@ -126,6 +126,10 @@ func (o *options) validateKubeProxyFlags(add func(string, ...any)) {
 	flagsConfig := o.kubeProxyFlagsConfig()
 	if besideConfig {
 		flagsConfig.FeatureGates = gatesOn(o.configFeatureGates, o.kubeProxy.featureGates)
+		// --vmodule is checked with the format in force, the file's
+		// unless --logging-format is given: the file's json refuses it,
+		// as kube-proxy does (it started here).
+		flagsConfig.Logging.Format = o.configLoggingFormat
 	}
 	for _, e := range kubeProxyFieldErrors(flagsConfig) {
 		if besideConfig && !strings.HasPrefix(e.Field, "logging.") {
@@ -219,6 +223,7 @@ func (o *options) kubeProxyFlagsConfig() *kubeproxyconfig.KubeProxyConfiguration
 			UDPTimeout: *duration(k.conntrackUDP), UDPStreamTimeout: *duration(k.conntrackUDPStream)},
 	}
 	c.Logging.Format = k.loggingFormat
+	c.Logging.VModule = vmoduleConfig(o.vmoduleFlag)
 	c.Logging.FlushFrequency.Duration.Duration = k.logFlushFrequency
 	c.Logging.FlushFrequency.SerializeAsString = true // "-1s" in a message, not -1000000000
 	c.Logging.Options.Text.SplitStream, c.Logging.Options.Text.InfoBufferSize = k.logTextSplitStream, k.logTextInfoBuffer
@@ -264,6 +269,7 @@ var kubeProxyFieldFlags = map[string]string{
 	"conntrack.udpTimeout":                "--conntrack-udp-timeout",
 	"conntrack.udpStreamTimeout":          "--conntrack-udp-timeout-stream",
 	"logging.format":                      "",
+	"logging.vmodule":                     "--vmodule",
 	"logging.flushFrequency":              "--log-flush-frequency",
 	"logging.options.text.splitStream":    "--log-text-split-stream",
 	"logging.options.text.infoBufferSize": "--log-text-info-buffer-size",

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"os"
 	"strings"
 	"testing"
@@ -255,6 +256,54 @@ func TestKubeProxyFlagValuesBesideConfig(t *testing.T) {
 				t.Errorf("runMain(%q) = %d, want 0; stderr %s", args, code, stderr)
 			case tc.want != "" && (code != exitUsage || !strings.Contains(stderr, tc.want)):
 				t.Errorf("runMain(%q) = %d, want %d and %q; stderr %s", args, code, exitUsage, tc.want, stderr)
+			}
+		})
+	}
+}
+
+// --vmodule is for the text format only, as kube-proxy checks it with the
+// logging flags over its file's logging (copyLogsFromFlags): beside
+// logging.format json in --config, or --logging-format=json, kube-proxy
+// refuses it, and this proxy started.
+func TestVModuleFlagOnlyWithText(t *testing.T) {
+	jsonOnly := t.TempDir() + "/json.yaml"
+	if err := os.WriteFile(jsonOnly, []byte(configHead+"logging: {format: json}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { // klog's -vmodule is global: runMain's parse set it
+		fs := flag.NewFlagSet("klog", flag.ContinueOnError)
+		klog.InitFlags(fs)
+		_ = fs.Set("vmodule", "")
+	})
+	jsonVModule := t.TempDir() + "/json-vmodule.yaml"
+	if err := os.WriteFile(jsonVModule, []byte(configHead+"logging: {format: json, vmodule: [{filePattern: proxier, verbosity: 4}]}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const refused = "--vmodule: Forbidden: Only supported for text log format"
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string // in stderr, exit 2; "": starts
+	}{
+		{"the file's json", []string{"--config", jsonOnly, "--vmodule=proxier=4"}, refused},
+		{"--logging-format=json", []string{"--logging-format=json", "--vmodule=proxier=4"}, refused},
+		{"the file's json, --logging-format=text", []string{"--config", jsonOnly, "--logging-format=text", "--vmodule=proxier=4"}, ""},
+		{"text", []string{"--vmodule=proxier=4"}, ""},
+		// The file's own vmodule is the file's error, said once: the
+		// --vmodule it sets is not one given.
+		{"the file's json and vmodule", []string{"--config", jsonVModule}, "logging.vmodule: Forbidden: Only supported for text log format\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"--manifests", t.TempDir(), "--iptables=false", "--init-only"}, tc.args...)
+			var code int
+			stderr := capture(t, &os.Stderr, func() { code = runMain(args) })
+			switch {
+			case tc.want == "" && code != 0:
+				t.Errorf("runMain(%q) = %d, want 0; stderr %s", args, code, stderr)
+			case tc.want != "" && (code != exitUsage || !strings.Contains(stderr, tc.want)):
+				t.Errorf("runMain(%q) = %d, want %d and %q; stderr %s", args, code, exitUsage, tc.want, stderr)
+			case strings.Count(stderr, "Only supported for text log format") > 1:
+				t.Errorf("runMain(%q): said more than once; stderr %s", args, stderr)
 			}
 		})
 	}

@@ -104,6 +104,13 @@ type options struct {
 	// configFeatureGates is --config's featureGates, the gates kube-proxy
 	// checks its logging flags with beside --config (validateKubeProxyFlags).
 	configFeatureGates map[string]bool
+	// configLoggingFormat is the logging format beside --config: the
+	// file's logging.format, or --logging-format's when given, which
+	// kube-proxy checks --vmodule with (validateKubeProxyFlags).
+	configLoggingFormat string
+	// vmoduleFlag is --vmodule as given on the command line ("": not
+	// given), which kube-proxy checks as its logging.vmodule.
+	vmoduleFlag string
 	// configFieldErrors are kube-proxy's refusals of --config's fields
 	// this proxy does not act on, which validate reports with the other
 	// errors: returned at once, they hid them until fixed.
@@ -260,6 +267,11 @@ func (o *options) effectiveMinSyncPeriod() time.Duration {
 func (o *options) noteGivenFlags(fs *pflag.FlagSet) {
 	o.minSyncPeriodGiven = fs.Changed("iptables-min-sync-period") || o.fileFields["iptables-min-sync-period"] != ""
 	o.udpMaxPerPortGiven = fs.Changed("udp-max-sessions-per-port")
+	// Not one --config's logging.vmodule set (applyConfig): that is the
+	// file's to check.
+	if f := fs.Lookup("vmodule"); f != nil && fs.Changed("vmodule") && o.fileFields["vmodule"] == "" {
+		o.vmoduleFlag = f.Value.String()
+	}
 }
 
 // noRulesMinSyncPeriod is --iptables-min-sync-period's default with
