@@ -172,15 +172,13 @@ func (b *byteCount) ended() bool { return b.flushed.Load() == flushEnded }
 // addTCP registers a TCP connection once its backend answered. in and out
 // are the port's byte counters; the relay counts through the entry's. num
 // is its number on its fault port, which keeps it when faults does not
-// track it (fc nil).
+// track it (fc nil: keepUntracked).
 func (r *connRegistry) addTCP(servicePort string, client netip.AddrPort, clientConn, backendConn *net.TCPConn, fc *faults.Conn, num faultNumber, in, out relay.Counter) *liveConn {
 	c := &liveConn{reg: r, servicePort: servicePort, client: client,
 		backend: clientAddr(backendConn.RemoteAddr()), started: time.Now(), faults: fc.Applied(), toxics: fc,
 		clientConn: clientConn, backendConn: backendConn}
 	c.in.port, c.out.port = in, out
-	if fc == nil {
-		c.untracked, c.seq = num.port, num.seq
-	}
+	c.keepUntracked(fc, num)
 	if r != nil { // nil: a socket built without a proxier (tests)
 		r.tcp.Store(c, struct{}{})
 		r.pending.remove(clientConn, client)
@@ -222,15 +220,24 @@ func (r *connRegistry) removePending(client *net.TCPConn, from netip.AddrPort) {
 func (r *connRegistry) isStopped() bool { return r != nil && r.stopped.Load() }
 
 // addLoop registers a connection on the event loops once its backend
-// answered; num as addTCP's, its port nil when faults tracks it.
-func (r *connRegistry) addLoop(servicePort string, client, backend netip.AddrPort, lc *relay.LoopConn, num faultNumber, in, out relay.Counter) *liveConn {
-	c := &liveConn{reg: r, servicePort: servicePort, client: client, backend: backend, started: time.Now(), loop: lc,
-		untracked: num.port, seq: num.seq}
+// answered; fc and num as addTCP's.
+func (r *connRegistry) addLoop(servicePort string, client, backend netip.AddrPort, lc *relay.LoopConn, fc *faults.Conn, num faultNumber, in, out relay.Counter) *liveConn {
+	c := &liveConn{reg: r, servicePort: servicePort, client: client, backend: backend, started: time.Now(), loop: lc}
 	c.in.port, c.out.port = in, out
+	c.keepUntracked(fc, num)
 	if r != nil {
 		r.tcp.Store(c, struct{}{})
 	}
 	return c
+}
+
+// keepUntracked keeps num, c's number on its fault port, for cutDowns when
+// faults does not track c (fc nil); one faults tracks (fc) is cut by it.
+// The one rule for both data paths.
+func (c *liveConn) keepUntracked(fc *faults.Conn, num faultNumber) {
+	if fc == nil {
+		c.untracked, c.seq = num.port, num.seq
+	}
 }
 
 // resetAll ends every live goroutine-relayed TCP connection with a reset to

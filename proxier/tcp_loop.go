@@ -211,11 +211,7 @@ func (h *loopClient) Connected(c *relay.LoopConn, ep netip.AddrPort) {
 	h.failed = nil
 	s := h.s
 	s.active.Inc()
-	untracked := h.num
-	if h.fc != nil {
-		untracked = faultNumber{} // faults cuts it
-	}
-	h.live = s.cfg.conns.addLoop(s.label, h.from, ep, c, untracked, s.bytesIn, s.bytesOut)
+	h.live = s.cfg.conns.addLoop(s.label, h.from, ep, c, h.fc, h.num, s.bytesIn, s.bytesOut)
 	h.live.sp, h.live.lifetime = s.sp, s.lifetime
 	h.live.relay.Store(quietCloser(c))
 	startLifetime(c, s.lifetime.load())
