@@ -22,9 +22,6 @@ import (
 type socketWait struct {
 	conn *net.TCPConn
 	raw  syscall.RawConn
-	// fn is check as a value made once: a method value passed to
-	// RawConn.Write escapes, an allocation per wait.
-	fn func(fd uintptr) bool
 }
 
 // errWaitedOut: the wait reached its end (and it is cleared).
@@ -35,7 +32,7 @@ func (w *socketWait) init(c *net.TCPConn) error {
 	if err != nil {
 		return err
 	}
-	w.conn, w.raw, w.fn = c, raw, w.check
+	w.conn, w.raw = c, raw
 	return nil
 }
 
@@ -44,10 +41,14 @@ func (w *socketWait) init(c *net.TCPConn) error {
 // writes that follow. Otherwise why it ended early: ECONNRESET (the peer
 // reset the socket), net.ErrClosed, or os.ErrDeadlineExceeded (someone
 // else's deadline).
+//
+// Parked by rawio.TCPClosed: only a reset, which leaves the socket closed,
+// ends the wait early; the peer's data or FIN do not, and a reset before
+// the wait (right after accept, or while the writer wrote) is seen too.
 func (w *socketWait) wait(until time.Time) error {
-	err := w.raw.Write(w.fn)
+	err := w.raw.Write(rawio.TCPClosed)
 	switch {
-	case err == nil: // check ends the wait only on a reset
+	case err == nil: // TCPClosed ends the wait only on a reset
 		return syscall.ECONNRESET
 	case errors.Is(err, os.ErrDeadlineExceeded) && !time.Now().Before(until):
 		if err := w.conn.SetWriteDeadline(time.Time{}); err != nil {
@@ -56,16 +57,6 @@ func (w *socketWait) wait(until time.Time) error {
 		return errWaitedOut
 	}
 	return err
-}
-
-// check keeps the wait parked. The poller calls it first, then on every
-// event on the socket (the peer's data or FIN wake a writer as well as a
-// reader); only a reset, which leaves the socket closed, ends the wait.
-// The first call looks too: an event the socket had before the wait (a
-// reset right after accept, or while the writer wrote) is not signalled
-// again.
-func (w *socketWait) check(fd uintptr) bool {
-	return rawio.TCPState(int(fd)) == rawio.TCPClose
 }
 
 // WaitConnectDelay waits out ConnectDelay before the first dial, parked

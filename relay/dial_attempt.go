@@ -156,18 +156,12 @@ func (a *Attempt) watchClient(watched chan struct{}) {
 	defer close(watched)
 	raw, err := a.client.SyscallConn()
 	if err == nil {
-		err = raw.Read(clientReset)
+		err = raw.Read(rawio.TCPClosed) // the client's data and FIN do not end it
 	}
 	if err == nil || errors.Is(err, net.ErrClosed) {
 		a.leave()
 	}
 }
-
-// clientReset keeps the watch parked. The poller calls it first, then at
-// every event of the client's socket: only a reset (or an error the
-// kernel ended the connection with), which leaves it closed, ends the
-// watch; the client's data and FIN do not.
-func clientReset(fd uintptr) bool { return rawio.TCPState(int(fd)) == rawio.TCPClose }
 
 // leave ends the attempt for its client's reset.
 func (a *Attempt) leave() {

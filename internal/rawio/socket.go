@@ -155,6 +155,16 @@ func TCPState(fd int) int {
 	return int(state)
 }
 
+// TCPClosed reports whether fd's TCP connection is closed (TCPClose): its
+// peer reset it, or the kernel ended it with an error. As a RawConn Read or
+// Write callback it keeps the caller parked in the runtime's poller until
+// then: the poller calls it first (an event that came before the wait is
+// not signalled again), then at every event on the socket, and the peer's
+// data or FIN, which wake a writer as well as a reader, do not end the
+// wait. A function, not a closure or method value: passing it allocates
+// nothing.
+func TCPClosed(fd uintptr) bool { return TCPState(int(fd)) == TCPClose }
+
 // PollOut asks poll(2), without waiting, whether fd is writable now: the
 // events it reports (POLLOUT, POLLERR, POLLHUP; 0 when none), EINTR tried
 // again. A poll that finds a socket not writable also asks the kernel to
