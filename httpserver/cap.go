@@ -50,45 +50,48 @@ func newCapListener(ln net.Listener, max int) *capListener {
 }
 
 func (l *capListener) Accept() (net.Conn, error) {
-next:
-	// The client first, then its slot: a slot taken ahead closed an idle
-	// connection at the cap with no one waiting (the cap was one less,
-	// and keep-alive clients at the cap pushed each other out in turn).
-	// Waiting, this holds one accepted client beyond the cap.
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
+accept:
 	for {
-		select {
-		case l.slots <- struct{}{}:
-			return l.opened(c), nil
-		default:
+		// The client first, then its slot: a slot taken ahead closed an
+		// idle connection at the cap with no one waiting (the cap was one
+		// less, and keep-alive clients at the cap pushed each other out in
+		// turn). Waiting, this holds one accepted client beyond the cap.
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
 		}
-		if oldest := l.oldestIdle(); oldest != nil {
-			_ = oldest.Close() // gives its slot back
-			continue
-		}
-		oldest, ripe := l.oldestReading(time.Now())
-		if oldest != nil && ripe == 0 {
-			_ = oldest.Close()
-			continue
-		}
-		if silent(c) {
-			// Not worth a wait: it would take a slot to read nothing.
-			_ = c.Close()
-			goto next
-		}
-		// Every connection is serving a request, has only just come, or
-		// has a request the server has yet to read: wait for one to end,
-		// to finish its request and go idle, or to have read for
-		// readingGrace, and look again.
-		switch l.wait(oldest != nil, ripe) {
-		case waitSlot:
-			return l.opened(c), nil
-		case waitClosed:
-			c.Close()
-			return nil, net.ErrClosed
+		for {
+			select {
+			case l.slots <- struct{}{}:
+				return l.opened(c), nil
+			default:
+			}
+			if oldest := l.oldestIdle(); oldest != nil {
+				_ = oldest.Close() // gives its slot back
+				continue
+			}
+			oldest, ripe := l.oldestReading(time.Now())
+			if oldest != nil && ripe == 0 {
+				_ = oldest.Close()
+				continue
+			}
+			if silent(c) {
+				// Not worth a wait: it would take a slot to read
+				// nothing. The next client instead.
+				_ = c.Close()
+				continue accept
+			}
+			// Every connection is serving a request, has only just
+			// come, or has a request the server has yet to read: wait
+			// for one to end, to finish its request and go idle, or to
+			// have read for readingGrace, and look again.
+			switch l.wait(oldest != nil, ripe) {
+			case waitSlot:
+				return l.opened(c), nil
+			case waitClosed:
+				c.Close()
+				return nil, net.ErrClosed
+			}
 		}
 	}
 }
