@@ -96,7 +96,7 @@ func (o *options) withLoggingFlags(c *kubeproxyconfig.KubeProxyConfiguration, fs
 	over("log-json-split-stream", "logging.options.json.splitStream", func() { lg.Options.JSON.SplitStream = flags.Options.JSON.SplitStream })
 	over("log-json-info-buffer-size", "logging.options.json.infoBufferSize", func() { lg.Options.JSON.InfoBufferSize = flags.Options.JSON.InfoBufferSize })
 	if f := fs.Lookup("vmodule"); f != nil {
-		over("vmodule", "logging.vmodule", func() { lg.VModule = vmoduleConfig(f.Value.String()) })
+		over("vmodule", "logging.vmodule", func() { lg.VModule = append(vmoduleConfig(f.Value.String()), lg.VModule...) })
 	}
 	return merged, overlaid
 }
@@ -162,14 +162,26 @@ func (o *options) applyConfig(cfg *configFile, fs *pflag.FlagSet) {
 	set("v", "logging.verbosity", c.Logging.Verbosity != 0 && fs.Lookup("v") != nil, func() {
 		_ = fs.Set("v", strconv.FormatUint(uint64(c.Logging.Verbosity), 10))
 	})
-	// logging.vmodule likewise sets klog's -vmodule (per-file verbosity).
-	set("vmodule", "logging.vmodule", len(c.Logging.VModule) > 0 && fs.Lookup("vmodule") != nil, func() {
-		items := make([]string, 0, len(c.Logging.VModule))
+	// logging.vmodule likewise sets klog's -vmodule (per-file verbosity);
+	// after a --vmodule given, as kube-proxy joins them (copyLogsFromFlags):
+	// klog takes a file's first match, so the flag's win where both name
+	// one, and the file's others still apply (they were dropped).
+	if f := fs.Lookup("vmodule"); f != nil && len(c.Logging.VModule) > 0 {
+		items := make([]string, 0, 1+len(c.Logging.VModule))
 		for _, it := range c.Logging.VModule {
 			items = append(items, fmt.Sprintf("%s=%d", it.FilePattern, it.Verbosity))
 		}
-		_ = fs.Set("vmodule", strings.Join(items, ","))
-	})
+		given := fs.Changed("vmodule")
+		if v := f.Value.String(); given && v != "" {
+			items = append([]string{v}, items...)
+		}
+		joined := strings.Join(items, ",")
+		if given {
+			_ = fs.Set("vmodule", joined)
+		} else {
+			set("vmodule", "logging.vmodule", true, func() { _ = fs.Set("vmodule", joined) })
+		}
+	}
 	// kube-proxy can also log JSON; this proxy logs klog's text only, and
 	// says so instead of starting as if the file had been followed.
 	if f := c.Logging.Format; f != "" && f != "text" {

@@ -151,7 +151,10 @@ func TestConfigFileVerbosity(t *testing.T) {
 		{"the flag wins", "logging: {verbosity: 4}\n", []string{"-v=2"}, "2"},
 		{"not in the file", "logging: {format: text}\n", nil, "0"},
 		{"vmodule from the file", "logging: {vmodule: [{filePattern: proxier, verbosity: 5}, {filePattern: relay*, verbosity: 3}]}\n", nil, "0"},
-		{"the vmodule flag wins", "logging: {vmodule: [{filePattern: proxier, verbosity: 5}]}\n", []string{"--vmodule=faults=2"}, "0"},
+		// kube-proxy joins them (copyLogsFromFlags), the flag's first: klog
+		// takes a file's first match, so the flag's win where both name
+		// one. The file's were dropped.
+		{"the vmodule flag first", "logging: {vmodule: [{filePattern: proxier, verbosity: 5}]}\n", []string{"--vmodule=faults=2"}, "0"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			if err := os.WriteFile(path, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"+tt.file), 0o644); err != nil {
@@ -172,7 +175,7 @@ func TestConfigFileVerbosity(t *testing.T) {
 				t.Fatal(err)
 			}
 			wantVModule := map[string]string{
-				"vmodule from the file": "proxier=5,relay*=3", "the vmodule flag wins": "faults=2",
+				"vmodule from the file": "proxier=5,relay*=3", "the vmodule flag first": "faults=2,proxier=5",
 			}[tt.name]
 			if got := klogFlags.Lookup("vmodule").Value.String(); got != wantVModule {
 				t.Errorf("-vmodule %q, want %q", got, wantVModule)

@@ -222,7 +222,8 @@ func TestConfigzReportsVerbosity(t *testing.T) {
 		{"neither", nil, 0, ""},
 		{"-v given", []string{"-v=3", "--vmodule=relay*=3,faults=2"}, 3, "relay*=3,faults=2"},
 		{"from --config", []string{"--config", cfg}, 4, "proxier=5"},
-		{"-v wins over --config", []string{"--config", cfg, "-v=2", "--vmodule=relay=1"}, 2, "relay=1"},
+		// --vmodule's patterns first, then the file's, as kube-proxy joins them.
+		{"-v wins over --config", []string{"--config", cfg, "-v=2", "--vmodule=relay=1"}, 2, "relay=1,proxier=5"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			args := append([]string{"-test.run=^$", "--", "--manifests", t.TempDir(), "--iptables=false",
