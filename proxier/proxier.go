@@ -506,6 +506,12 @@ func (p *Proxier) OnEndpointSliceUpdate(old, es *discovery.EndpointSlice) {
 }
 func (p *Proxier) OnEndpointSliceDelete(es *discovery.EndpointSlice) { p.endpoints.update(es, true) }
 
+// BeginBatch and EndBatch bracket a burst of events (config.Batcher): the
+// slices delivered between them are served, each of their Services merged
+// once, when the last batch open ends.
+func (p *Proxier) BeginBatch() { p.endpoints.beginBatch() }
+func (p *Proxier) EndBatch()   { p.endpoints.endBatch() }
+
 func (p *Proxier) OnEndpointSlicesSynced() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
