@@ -344,6 +344,19 @@ type syncedHandler struct {
 	done             chan struct{}
 }
 
+// BeginBatch and EndBatch pass the source's batches on (config.Batcher).
+func (s *syncedHandler) BeginBatch() {
+	if b, ok := s.Handler.(config.Batcher); ok {
+		b.BeginBatch()
+	}
+}
+
+func (s *syncedHandler) EndBatch() {
+	if b, ok := s.Handler.(config.Batcher); ok {
+		b.EndBatch()
+	}
+}
+
 func (s *syncedHandler) OnServiceSynced() {
 	s.Handler.OnServiceSynced()
 	s.services = true

@@ -57,3 +57,16 @@ type Batcher interface {
 	EndBatch()
 }
 
+// beginBatch opens a batch of h's events when h takes them (Batcher).
+func beginBatch(h any) {
+	if b, ok := h.(Batcher); ok {
+		b.BeginBatch()
+	}
+}
+
+// endBatch ends a batch beginBatch opened.
+func endBatch(h any) {
+	if b, ok := h.(Batcher); ok {
+		b.EndBatch()
+	}
+}

@@ -86,9 +86,14 @@ func (e serviceEvents) OnDelete(obj any) {
 // sliceEvents adapts the EndpointSlice informer to the EndpointSliceHandler.
 type sliceEvents struct{ s *InformerSource }
 
-func (e sliceEvents) OnAdd(obj any, _ bool) {
+func (e sliceEvents) OnAdd(obj any, initial bool) {
 	if es, ok := fromInformer[discovery.EndpointSlice](obj); ok {
-		e.s.deliver(func() { e.s.handler.OnEndpointSliceAdd(es) })
+		e.s.deliver(func() {
+			if initial {
+				e.s.initialSlice()
+			}
+			e.s.handler.OnEndpointSliceAdd(es)
+		})
 	}
 }
 

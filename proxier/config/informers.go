@@ -93,6 +93,10 @@ type InformerSource struct {
 	ready readyProbe
 	// mu serialises every handler call: each informer delivers on its own goroutine.
 	mu sync.Mutex
+	// listBatch: a batch of events (Batcher) is open for the slices of the
+	// initial list; listed: that list was delivered (or Run ended), and no
+	// initial list comes any more. Under mu.
+	listBatch, listed bool
 	// nodeSeen: the Node informer delivered our Node at least once.
 	nodeSeen atomic.Bool
 	// nodeMissingAfter is how long after the Node informer's sync a Node
@@ -166,6 +170,7 @@ func (s *InformerSource) Run(ctx context.Context) error {
 			f.Shutdown()
 		}
 	}()
+	defer s.deliver(s.endListBatch) // Run failed before the sync: none stays open
 
 	var nodeSynced cache.InformerSynced
 	if s.opts.NodeName != "" && s.opts.NodeHandler != nil {
@@ -187,7 +192,18 @@ func (s *InformerSource) Run(ctx context.Context) error {
 	}
 	// The registrations' HasSynced turn true only once our handlers have been given
 	// every object of the initial lists, not merely once the stores are filled.
-	if !waitSynced(ctx, "kube-userspace-proxy service config", svcReg.HasSynced, sliceReg.HasSynced) {
+	// The slices' list ends its batch as soon as it was all delivered,
+	// not at the sync, which waits for the Services' list too: the last
+	// known state's Services, served meanwhile, take the slices listed.
+	// First: WaitForCacheSync stops at the first that is not synced.
+	slicesListed := func() bool {
+		if !sliceReg.HasSynced() {
+			return false
+		}
+		s.deliver(s.endListBatch)
+		return true
+	}
+	if !waitSynced(ctx, "kube-userspace-proxy service config", slicesListed, svcReg.HasSynced) {
 		return &NotSyncedError{Cause: context.Cause(ctx), Last: last.get()}
 	}
 	s.deliver(func() {
@@ -253,6 +269,27 @@ func (l *lastError) get() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.err
+}
+
+// initialSlice is called, under mu, before a slice of the initial list
+// is delivered: the first opens the list's batch. Until the sync nothing
+// is served but the last known state's objects, which keep being served
+// until the batch ends.
+func (s *InformerSource) initialSlice() {
+	if !s.listBatch && !s.listed {
+		s.listBatch = true
+		beginBatch(s.handler)
+	}
+}
+
+// endListBatch ends the initial list's batch, under mu, once the list was
+// delivered: the slices listed are served, each Service merged once.
+func (s *InformerSource) endListBatch() {
+	s.listed = true
+	if s.listBatch {
+		s.listBatch = false
+		endBatch(s.handler)
+	}
 }
 
 // deliver runs one handler call under the source's lock.

@@ -45,6 +45,10 @@ type LastKnownState struct {
 	// Services and their slices are 6 MiB of JSON and 90 ms of CPU
 	// (BenchmarkWriteStateFile10k).
 	writeEvery time.Duration
+	// next is the handler wrapped, to which batches of events go on
+	// (Batcher); the file's objects and what the source's sync drops of
+	// them go to it as batches of their own.
+	next Handler
 
 	mu           sync.Mutex
 	services     kindState[*v1.Service]
@@ -263,7 +267,7 @@ func NewLastKnownState(path string, next Handler, grace time.Duration) *LastKnow
 		grace = DefaultStateFileGrace
 	}
 	return &LastKnownState{
-		path: path, grace: grace, writeEvery: stateWriteEvery,
+		path: path, grace: grace, writeEvery: stateWriteEvery, next: next,
 		services: newKindState(kindHandler[*v1.Service]{
 			next.OnServiceAdd, next.OnServiceUpdate, next.OnServiceDelete, next.OnServiceSynced}),
 		slices: newKindState(kindHandler[*discovery.EndpointSlice]{
@@ -354,8 +358,10 @@ func (s *LastKnownState) bootstrap() {
 	// The zone first, so that the first sync routes by it; then every
 	// object, then the synced calls, as a source delivers them.
 	zone := s.node.serve(state)
+	beginBatch(s.next)
 	s.services.serve(state.Services)
 	s.slices.serve(state.EndpointSlices)
+	endBatch(s.next)
 	s.services.next.markSynced()
 	s.slices.next.markSynced()
 	klog.InfoS("The API server has not answered yet: serving the last known state until it does", "stateFile", s.path,
@@ -411,6 +417,11 @@ func (s *LastKnownState) OnEndpointSliceDelete(es *discovery.EndpointSlice) {
 	s.noteChange()
 }
 
+// BeginBatch and EndBatch pass a source's batch of events on to next
+// (Batcher).
+func (s *LastKnownState) BeginBatch() { beginBatch(s.next) }
+func (s *LastKnownState) EndBatch()   { endBatch(s.next) }
+
 func (s *LastKnownState) OnEndpointSlicesSynced() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -426,8 +437,10 @@ func (s *LastKnownState) sourceSynced() {
 		return
 	}
 	if s.bootstrapped {
+		beginBatch(s.next)
 		slicesGone := s.slices.dropProvisional()
 		servicesGone := s.services.dropProvisional()
+		endBatch(s.next)
 		s.serving.Store(false)
 		klog.InfoS("The API server answered: its state replaced the last known state", "servicesGone", servicesGone, "endpointSlicesGone", slicesGone)
 	}

@@ -413,9 +413,11 @@ func (s *ManifestSource) load(read bool) {
 		s.summary(a.String())
 	}
 	events := diff(s.served, desired)
+	beginBatch(s.h)
 	for _, e := range events {
 		deliver(s.h, e)
 	}
+	endBatch(s.h)
 	s.served = desired
 	s.summarize(len(present), skipped, events, recovered)
 }
