@@ -1041,3 +1041,27 @@ func TestAPITimeoutMovedToTheOtherStreamEndsTheConnectionsItHolds(t *testing.T) 
 		})
 	}
 }
+
+// A connection accepted before a down came and attached after the down's
+// cut walked the live ones (its backend was being dialled) is cut as it
+// attaches, and counted, as the cut counts those it finds.
+func TestDownSinceAcceptCutsAtAttach(t *testing.T) {
+	tbl, p := declared(t, 0, 0, "TCP")
+	tbl.TrackLive = true
+	c := p.Accept(client1)
+	if c == nil || c.Faulted() || c.Refuse {
+		t.Fatalf("accepted with no toxic: %+v, want a tracked fault-free connection", c)
+	}
+	if _, err := tbl.AddToxic(p.Name(), toxic(t, `{"name":"d","type":"down"}`)); err != nil {
+		t.Fatal(err)
+	}
+	resets := 0
+	c.AttachReset(func() { resets++ })
+	if resets != 1 {
+		t.Errorf("attached after the down came: reset %d times, want 1", resets)
+	}
+	if got := testutil.ToFloat64(tbl.metrics.Injected.WithLabelValues(p.metricLabel(), "d", "down", Downstream)); got != 1 {
+		t.Errorf("the down counted %v connections cut, want 1", got)
+	}
+	c.Done()
+}

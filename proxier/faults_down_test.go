@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
@@ -151,4 +153,57 @@ func (h *heldDialer) DialContext(ctx context.Context, network, address string) (
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	return h.d.DialContext(ctx, network, address)
+}
+
+// The event loops' twin of TestFaultDeclaredDownCutsAConnectionStillDialling,
+// whose held Dialer the loops do not use: the endpoint's accept queue is
+// full, so the loop's SYN goes unanswered until the down is declared and a
+// place is made; the connection reaches the registry only then, after the
+// down's cut walked it, and is cut (and counted once) as it connects.
+func TestFaultDeclaredDownCutsALoopConnectionStillDialling(t *testing.T) {
+	t.Parallel()
+	port := portOf(serveTCP(t, "127.0.0.2", lineEcho).Addr()) // a free port
+	// Its accept queue full, the endpoint drops SYNs (sent again at 1 s,
+	// 3 s...) until the one connection queued is taken.
+	full := silentListener(t, "127.0.0.9", port)
+	m := faults.NewMetrics(nil)
+	p := newTestProxier(t, Options{Faults: faults.NewTable(0, 0, m), DataPath: DataPathEventLoop,
+		DialTimeouts: []time.Duration{30 * time.Second}})
+	p.OnServiceAdd(makeService("web"))
+	p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, "127.0.0.9:"+port))
+	p.Sync()
+	sock := p.active[p.lbName("default/web:p")].socket.(*tcpProxySocket)
+	c := dialTCP(t, proxyAddr(t, p, "default/web:p"))
+	waitHeld(t, sock.held.Load, 1) // accepted: its dial is under way
+	p.OnServiceUpdate(makeService("web"), makeService("web", withFaults(`[{"name":"down","type":"down"}]`)))
+	nfd, _, err := unix.Accept(full) // the loop's next SYN is answered
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(nfd)
+	wantCut(t, "the loop connection dialling as the down came", c)
+	if got := testutil.ToFloat64(m.Injected.WithLabelValues("default/web:p", "down", "down", faults.Downstream)); got != 1 {
+		t.Errorf("faults_injected_total of the down is %v, want 1", got)
+	}
+}
+
+// A connection a declared down cut stays in the registry until its relay
+// ends; a second down declared meanwhile that draws it too neither resets
+// it again nor counts it: each down's count is of the connections it cut.
+func TestDeclaredDownsCountAConnectionOnce(t *testing.T) {
+	m := faults.NewMetrics(nil)
+	port := faults.NewTable(0, 0, m).PortLabeled("default.web.p", "TCP", "default/web:p")
+	reg := &connRegistry{}
+	c := &liveConn{reg: reg, client: netip.MustParseAddrPort("10.0.0.1:40000"), untracked: port, seq: 0}
+	reg.tcp.Store(c, struct{}{})
+	down := func(name string) faults.Toxic {
+		return faults.Toxic{Name: name, Type: "down", Stream: faults.Downstream, Toxicity: 1}
+	}
+	reg.cutDowns(port.SetDeclared([]faults.Toxic{down("first")}))
+	reg.cutDowns(port.SetDeclared([]faults.Toxic{down("first"), down("second")}))
+	for name, want := range map[string]float64{"first": 1, "second": 0} {
+		if got := testutil.ToFloat64(m.Injected.WithLabelValues("default/web:p", name, "down", faults.Downstream)); got != want {
+			t.Errorf("faults_injected_total of the down %s is %v, want %v", name, got, want)
+		}
+	}
 }

@@ -261,8 +261,9 @@ func TestEmptyDialTimeoutsAreTheDefaults(t *testing.T) {
 
 // silentListener listens on ip:port with an accept queue of one that it
 // fills and never accepts: the kernel drops every further SYN, so a dial
-// there gets no answer at all (not a refusal).
-func silentListener(t *testing.T, ip, port string) {
+// there gets no answer at all (not a refusal). It returns the listener's
+// descriptor: accepting the queued connection lets the next SYN in.
+func silentListener(t *testing.T, ip, port string) int {
 	t.Helper()
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -284,6 +285,7 @@ func silentListener(t *testing.T, ip, port string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
+	return fd
 }
 
 // With a dead endpoint beside a live one, concurrent connections all reach
