@@ -44,7 +44,7 @@ func (p *Proxier) syncPolicies(changed map[types.NamespacedName][]*servicePortIn
 			p.endpoints.setFamilies(nn, 0)
 			continue
 		}
-		p.endpoints.setPolicy(nn, infos[0].policy, true) // one policy per Service
+		p.endpoints.setPolicy(nn, servicePolicy(infos), true) // one policy per Service
 		p.endpoints.setFamilies(nn, p.servedFamilies(infos[0]))
 	}
 	if p.opts.ServiceHealth != nil && p.healthDirty {

@@ -112,11 +112,14 @@ func servicePorts(svc *v1.Service) []*servicePortInfo {
 			affinity.Timeout = time.Duration(*c.ClientIP.TimeoutSeconds) * time.Second
 		}
 	}
-	reachable := len(externalIPs) > 0 || len(lbIPs) > 0
-	if svc.Spec.Type == v1.ServiceTypeNodePort || svc.Spec.Type == v1.ServiceTypeLoadBalancer {
-		reachable = reachable || slices.ContainsFunc(svc.Spec.Ports, func(p v1.ServicePort) bool { return p.NodePort != 0 })
-	}
-	policy := policyOf(svc, reachable)
+	// Whether a port is reachable from outside is its own, as kube-proxy's
+	// ExternallyAccessible: a nodePort of its own, or the Service's
+	// externalIPs or VIP LB IPs. Decided per Service, a LoadBalancer
+	// without allocated NodePorts whose ingress was pending gave a port
+	// without a nodePort an external socket no rule led to, because
+	// another of its ports named one.
+	external := len(externalIPs) > 0 || len(lbIPs) > 0
+	hasNodePorts := svc.Spec.Type == v1.ServiceTypeNodePort || svc.Spec.Type == v1.ServiceTypeLoadBalancer
 	toxics, faultsErr := faults.ForService(svc)
 	lifetime, lifetimeErr := config.ParseConnectionLifetime(svc)
 	var out []*servicePortInfo
@@ -129,6 +132,11 @@ func servicePorts(svc *v1.Service) []*servicePortInfo {
 			continue // SCTP: no userspace socket for it; sources report it
 		}
 		name := loadbalancer.ServicePortName{NamespacedName: nn, Port: p.Name, Protocol: proto}
+		nodePort := 0
+		if hasNodePorts {
+			nodePort = int(p.NodePort)
+		}
+		policy := policyOf(svc, external || nodePort != 0)
 		info := &servicePortInfo{
 			name:             name,
 			key:              name.String(),
@@ -140,6 +148,7 @@ func servicePorts(svc *v1.Service) []*servicePortInfo {
 			affinity:         affinity,
 			dualStack:        slices.ContainsFunc(clusterIPs, netip.Addr.Is4) && slices.ContainsFunc(clusterIPs, netip.Addr.Is6),
 			policy:           policy,
+			nodePort:         nodePort,
 			faultName:        faults.ProxyName(svc.Namespace, svc.Name, p.Name, int(p.Port)),
 			toxics:           toxics[p.Name],
 			faultsErr:        faultsErr,
@@ -149,9 +158,6 @@ func servicePorts(svc *v1.Service) []*servicePortInfo {
 		}
 		if policy.externalLocal && svc.Spec.Type == v1.ServiceTypeLoadBalancer {
 			info.healthCheckNodePort = int(svc.Spec.HealthCheckNodePort)
-		}
-		if svc.Spec.Type == v1.ServiceTypeNodePort || svc.Spec.Type == v1.ServiceTypeLoadBalancer {
-			info.nodePort = int(p.NodePort)
 		}
 		out = append(out, info)
 	}

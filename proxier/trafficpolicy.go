@@ -21,19 +21,20 @@ type nodeTopology struct {
 type trafficPolicy struct {
 	internalLocal bool // internalTrafficPolicy: Local (ClusterIP traffic)
 	externalLocal bool // externalTrafficPolicy: Local (NodePort, externalIP, LB IP traffic)
-	// hasExternal: the Service has an address outside traffic arrives
-	// at on this node (a NodePort, an externalIP or a VIP LB IP of its
-	// families), kube-proxy's ExternallyAccessible of its ports.
+	// hasExternal: the service port has an address outside traffic
+	// arrives at on this node (its NodePort, or an externalIP or a VIP LB
+	// IP of the Service's families), kube-proxy's ExternallyAccessible.
 	hasExternal bool
 }
 
-// policyOf is svc's policy; reachable tells whether it has an external
-// address on this node (hasExternal). externalLocal follows the type, as
-// kube-proxy's ExternalPolicyLocal does (its healthCheckNodePort and
-// no-local-endpoints count are there before an LB IP is), but a second
-// socket is only for a Service that has somewhere to receive external
-// traffic: a LoadBalancer with allocateLoadBalancerNodePorts false whose
-// ingress is pending, or ipMode Proxy only, had one no rule led to.
+// policyOf is the policy of a port of svc; reachable tells whether that
+// port has an external address on this node (hasExternal). externalLocal
+// follows the type, as kube-proxy's ExternalPolicyLocal does (its
+// healthCheckNodePort and no-local-endpoints count are there before an LB
+// IP is), but a second socket is only for a port that has somewhere to
+// receive external traffic: a LoadBalancer with
+// allocateLoadBalancerNodePorts false whose ingress is pending, or ipMode
+// Proxy only, had one no rule led to.
 func policyOf(svc *v1.Service, reachable bool) trafficPolicy {
 	accessible := svc.Spec.Type == v1.ServiceTypeNodePort || svc.Spec.Type == v1.ServiceTypeLoadBalancer ||
 		len(svc.Spec.ExternalIPs) > 0
@@ -42,6 +43,19 @@ func policyOf(svc *v1.Service, reachable bool) trafficPolicy {
 		externalLocal: accessible && svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal,
 		hasExternal:   reachable,
 	}
+}
+
+// servicePolicy is the one policy the endpoints tracker keeps for a
+// Service (infos are its ports): theirs, with hasExternal when any port
+// has an external address, so that each port that has one gets its
+// second socket's endpoints (a port without one has an entry no socket
+// reads).
+func servicePolicy(infos []*servicePortInfo) trafficPolicy {
+	policy := infos[0].policy
+	for _, info := range infos[1:] {
+		policy.hasExternal = policy.hasExternal || info.policy.hasExternal
+	}
+	return policy
 }
 
 // splitExternal reports whether the service port needs a second proxy

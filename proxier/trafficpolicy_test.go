@@ -637,3 +637,38 @@ func TestExternalSocketOnlyWithAnExternalAddress(t *testing.T) {
 		t.Errorf("external endpoints %v, want this node's 10.1.0.1", got)
 	}
 }
+
+// The second (external) socket is per port, as kube-proxy's
+// ExternallyAccessible is: a LoadBalancer without allocated NodePorts whose
+// ingress is pending has no external address for a port without a
+// nodePort of its own, though another of its ports names one. Decided per
+// Service, that port got an external socket no rule led to.
+func TestExternalSocketOnlyForAPortWithAnExternalAddress(t *testing.T) {
+	fake := iptables.NewFakeRunner(iptables.IPv4)
+	rules := iptables.New(fake, iptables.Config{Family: iptables.IPv4, BindAddress: mustAddr("127.0.0.1"), NodeIP: mustAddr("127.0.0.1")})
+	p := newTestProxier(t, Options{IPv4Portals: rules, NodeName: "node1"})
+	svc := makeService("web")
+	svc.Spec.Type = v1.ServiceTypeLoadBalancer
+	svc.Spec.AllocateLoadBalancerNodePorts = ptr.To(false)
+	svc.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+	svc.Spec.HealthCheckNodePort = 31000
+	svc.Spec.Ports = append(svc.Spec.Ports, v1.ServicePort{Name: "q", Port: 81, Protocol: v1.ProtocolTCP, NodePort: 30081})
+	es := topologySlice(false)
+	es.Ports = append(es.Ports, discovery.EndpointPort{Name: ptr.To("q"), Port: ptr.To(int32(8081)), Protocol: ptr.To(v1.ProtocolTCP)})
+	p.OnServiceAdd(svc)
+	p.OnEndpointSliceAdd(es)
+	p.Sync()
+	for port, want := range map[string]bool{"p": false, "q": true} {
+		ap := p.active[p.lbName("default/web:"+port)]
+		if ap == nil {
+			t.Fatalf("port %s not served", port)
+		}
+		if got := ap.external != nil; got != want {
+			t.Errorf("port %s (nodePort %v): external socket %v (port %d), want %v", port, want, got, ap.externalPort, want)
+		}
+	}
+	// The port's external socket serves this node's endpoint (Local).
+	if got := endpointsOf(t, p, externalName(p.lbName("default/web:q"))); len(got) != 1 || got[0] != "10.1.0.1" {
+		t.Errorf("port q's external endpoints %v, want this node's 10.1.0.1", got)
+	}
+}
