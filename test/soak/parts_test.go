@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/xml"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"math/rand/v2"
@@ -13,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
 )
 
 // The pieces TestSoak judges with, proven without namespaces.
@@ -207,5 +210,71 @@ func TestPlotIsWellFormedSVG(t *testing.T) {
 	}
 	if polylines != len(resources) {
 		t.Errorf("%d polylines, want one per series (%d)", polylines, len(resources))
+	}
+}
+
+// The Service-churn group keeps its shape, never reuses a name, writes
+// manifests the proxy takes, and leaves nothing once deleteAll ran.
+func TestSvcChurnKeepsShapeAndFreshNames(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "m")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	backends := []netip.Addr{netip.MustParseAddr("10.77.1.11"), netip.MustParseAddr("10.77.1.12")}
+	s := newSvcChurn(dir, backends, 3)
+	names := map[string]bool{}
+	for range 300 {
+		if err := s.step(); err != nil {
+			t.Fatal(err)
+		}
+		nodePorts := map[int32]bool{}
+		for _, c := range s.live {
+			names[c.name] = true
+			if len(c.ports) != churnedPorts {
+				t.Fatalf("%s has %d ports, want %d", c.name, len(c.ports), churnedPorts)
+			}
+			for _, p := range c.ports {
+				if (p.nodePort != 0) != c.nodePort || (p.nodePort != 0 && nodePorts[p.nodePort]) {
+					t.Fatalf("%s port %s: node port %d (NodePort Service %v, taken %v)", c.name, p.name, p.nodePort, c.nodePort, nodePorts[p.nodePort])
+				}
+				nodePorts[p.nodePort] = true
+			}
+			data, err := os.ReadFile(filepath.Join(dir, c.name+".yaml"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, errs := config.DecodeManifests(c.name+".yaml", data); len(errs) > 0 {
+				t.Fatalf("%s: %v\n%s", c.name, errs, data)
+			}
+		}
+		if len(s.live) > churnedLive {
+			t.Fatalf("%d Services live, want at most %d", len(s.live), churnedLive)
+		}
+		if len(s.live) == churnedLive { // the shape the slopes rely on
+			kinds := map[string]int{}
+			for _, c := range s.live {
+				kinds[fmt.Sprint("NodePort ", c.nodePort)]++
+				for _, p := range c.ports {
+					kinds[string(p.protocol)]++
+				}
+			}
+			if want := churnedLive * churnedPorts / 2; kinds["TCP"] != want || kinds["UDP"] != want || kinds["NodePort true"] != churnedLive/2 {
+				t.Fatalf("the group's shape changed: %v", kinds)
+			}
+		}
+	}
+	if len(names) != s.created || s.ops["deleted"] != s.created-churnedLive {
+		t.Errorf("%d names seen, %d created, %d deleted", len(names), s.created, s.ops["deleted"])
+	}
+	for _, op := range []string{"deleted", "port replaced", "protocol flipped", "node ports toggled", "affinity toggled", "faults changed"} {
+		if s.ops[op] == 0 {
+			t.Errorf("no %q in 300 steps: %s", op, s.opCounts())
+		}
+	}
+	if err := s.deleteAll(); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := os.ReadDir(dir); len(left) != 0 || len(s.usedNodes) != 0 || len(s.usedIPs) != 0 {
+		t.Errorf("after deleteAll: %d files, %d node ports, %d IPs held", len(left), len(s.usedNodes), len(s.usedIPs))
 	}
 }

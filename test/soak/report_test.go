@@ -60,6 +60,12 @@ type run struct {
 	IdleOK       bool // everything back to the start
 	IdleOtherOK  bool // back to the start but for vanished clients' connections
 	ProxyVersion string
+
+	SvcChurnOps                     string // the Service-churn group's changes by kind
+	SvcChurnCreated                 int
+	SvcChurnAsked, SvcChurnAnswered int64
+	FootBefore, FootAfter           footprint
+	FootDiff                        string // "" when the footprint is back to the start
 }
 
 func (r run) markdown() string {
@@ -98,6 +104,10 @@ func (r run) markdown() string {
 		r.IdleBefore.FDs, r.IdleBefore.Goroutines, r.IdleBefore.RSSKiB/1024, idleSettle,
 		r.IdleAfter.FDs, r.IdleAfter.Goroutines, r.IdleAfter.RSSKiB/1024, idle(r.IdleOK),
 		r.IdleAfter.Vanished, r.IdleAfter.FDs-2*r.IdleAfter.Vanished, r.IdleAfter.Goroutines-2*r.IdleAfter.Vanished, idle(r.IdleOtherOK))
+	fmt.Fprintf(&b, "\n## Service churn\n\n%d Services created under fresh names and changed every %v (%s); %d of %d probe questions to their ports answered (not judged: ports vanish under them). "+
+		"All deleted when the traffic stopped; %v later: %d rules, %d metric series (before the run %d, %d): %s.\n",
+		r.SvcChurnCreated, churnEvery, r.SvcChurnOps, r.SvcChurnAnswered, r.SvcChurnAsked, idleSettle,
+		len(r.FootAfter.Rules), r.FootAfter.series(), len(r.FootBefore.Rules), r.FootBefore.series(), idle(r.FootDiff == ""))
 	if f := r.Stats.failures(); len(f) > 0 {
 		b.WriteString("\n## First failures\n\n")
 		for _, l := range f {

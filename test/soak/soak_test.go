@@ -105,6 +105,11 @@ func TestSoak(t *testing.T) {
 	if err != nil {
 		t.Fatalf("sample: %v", err)
 	}
+	iptablesSave := func() (string, error) { return c.Node.IPTablesSave(false) }
+	footBefore, err := pr.takeFootprint(iptablesSave)
+	if err != nil {
+		t.Fatalf("footprint: %v", err)
+	}
 
 	t.Logf("set up: proxy serving %d Services; traffic for %v", nServices, duration)
 	stats := newTallies()
@@ -115,8 +120,24 @@ func TestSoak(t *testing.T) {
 	defer stop()
 
 	var wg sync.WaitGroup
-	var churnErrs, sampleErrs []error
+	var churnErrs, svcChurnErrs, sampleErrs []error
 	var mu sync.Mutex
+	sc := newSvcChurn(dir, c.BackendIPs, 3)
+	wg.Add(2)
+	go func() { // the Service-churn group
+		defer wg.Done()
+		for sleepCtx(ctx, churnEvery) {
+			if err := sc.step(); err != nil {
+				mu.Lock()
+				svcChurnErrs = append(svcChurnErrs, err)
+				mu.Unlock()
+			}
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		sc.probe(ctx, l)
+	}()
 	wg.Add(1)
 	go func() { // churn
 		defer wg.Done()
@@ -155,10 +176,19 @@ func TestSoak(t *testing.T) {
 	t.Logf("traffic ended %v after it started", time.Since(start).Round(time.Second))
 	stopSampling()
 	wg.Wait()
+	if err := sc.deleteAll(); err != nil {
+		svcChurnErrs = append(svcChurnErrs, err)
+	}
 	time.Sleep(idleSettle)
 	idleAfter, err := pr.take(time.Since(start))
 	if err != nil {
 		t.Errorf("sample after the run: %v", err)
+	}
+	// The churned Services were deleted idleSettle ago, many manifest
+	// reads and syncs: their rules and series are gone or leaked.
+	footAfter, err := pr.takeFootprint(iptablesSave)
+	if err != nil {
+		t.Errorf("footprint after the run: %v", err)
 	}
 	p.RequireRunning(t)
 
@@ -171,6 +201,8 @@ func TestSoak(t *testing.T) {
 		IdleOtherOK: idleAfter.FDs-2*idleAfter.Vanished <= idleBefore.FDs+idleFDSlack &&
 			idleAfter.Goroutines-2*idleAfter.Vanished <= idleBefore.Goroutines+idleGoroSlack,
 		ProxyVersion: version,
+		SvcChurnOps:  sc.opCounts(), SvcChurnCreated: sc.created, SvcChurnAsked: sc.asked.Load(), SvcChurnAnswered: sc.answered.Load(),
+		FootBefore: footBefore, FootAfter: footAfter, FootDiff: footBefore.diff(footAfter),
 	}
 	out := *soakResults
 	if out == "" {
@@ -189,6 +221,13 @@ func TestSoak(t *testing.T) {
 
 	if len(churnErrs) > 0 {
 		t.Errorf("%d manifest rewrites failed, first: %v", len(churnErrs), churnErrs[0])
+	}
+	if len(svcChurnErrs) > 0 {
+		t.Errorf("%d Service-churn writes failed, first: %v", len(svcChurnErrs), svcChurnErrs[0])
+	}
+	if r.FootDiff != "" {
+		t.Errorf("rules or series of the churned Services left after their deletion (%d rules, %d series; before the run %d, %d):\n%s",
+			len(footAfter.Rules), footAfter.series(), len(footBefore.Rules), footBefore.series(), r.FootDiff)
 	}
 	if len(sampleErrs) > len(samples)/10 {
 		t.Errorf("%d of %d samples failed, first: %v", len(sampleErrs), len(samples)+len(sampleErrs), sampleErrs[0])
