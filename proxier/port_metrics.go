@@ -59,10 +59,18 @@ func (g *gauge) value() float64 {
 }
 
 // portSeries owns the per-port series: a port's exist from its first
-// socket's open until forget, as prometheus vectors' children would.
+// socket's open until forget, as prometheus vectors' children would, or,
+// for a port forgotten while connections of its live on (a Service
+// deleted does not cut them), until the last of those ends.
 type portSeries struct {
 	mu    sync.RWMutex
 	ports map[string]*portMetrics
+	// draining are the ports of ports forgotten while their TCP
+	// connections or UDP sessions lived: so that a sum of
+	// active_connections is every connection the proxy holds and their
+	// bytes are seen, their series stay until sweepLocked finds them idle
+	// (at the next forget or scrape).
+	draining map[string]*portMetrics
 	// conns are the live TCP connections whose bytes a scrape counts so
 	// far (byteCount); the latest proxier built on these Metrics wins.
 	conns atomic.Pointer[connRegistry]
@@ -77,6 +85,7 @@ func newPortSeries() *portSeries {
 	}
 	return &portSeries{
 		ports:        map[string]*portMetrics{},
+		draining:     map[string]*portMetrics{},
 		active:       desc("active_connections", "TCP connections being proxied"),
 		failed:       desc("connections_failed_total", "Client connections (TCP) or datagrams (UDP) that found no reachable endpoint"),
 		dialFailures: desc("dial_failures_total", "Failed attempts to connect to an endpoint (UDP: an endpoint that refused a session's datagrams or could not be reached)"),
@@ -105,6 +114,14 @@ func (s *portSeries) forPort(label string, udp bool) *portMetrics {
 		m = &portMetrics{label: label}
 		s.ports[label] = m
 	}
+	if s.draining[label] != nil {
+		// The label's port is back (re-created, or its protocol changed)
+		// while its old connections live: they count on together, and
+		// the families are the new port's (active_connections aside, while
+		// old TCP connections are in it).
+		delete(s.draining, label)
+		m.tcp, m.udp = false, false
+	}
 	if udp {
 		m.udp = true
 	} else {
@@ -114,12 +131,28 @@ func (s *portSeries) forPort(label string, udp bool) *portMetrics {
 }
 
 // forget drops a removed service port's series, so /metrics does not grow
-// with every Service ever seen. Sockets still draining count on into the
-// dropped struct, unexported, as they would into a deleted child.
+// with every Service ever seen: at once when no connection or session of
+// it lives, else when the last one ends (draining).
 func (s *portSeries) forget(label string) {
 	s.mu.Lock()
-	delete(s.ports, label)
-	s.mu.Unlock()
+	defer s.mu.Unlock()
+	if m := s.ports[label]; m != nil {
+		s.draining[label] = m
+	}
+	s.sweepLocked()
+}
+
+// sweepLocked drops the series of draining ports whose connections and
+// sessions have all ended; s.mu is held. A count that moves after (a
+// connection accepted as its socket closed) goes into the dropped struct,
+// unexported, as it would into a deleted child.
+func (s *portSeries) sweepLocked() {
+	for label, m := range s.draining {
+		if m.active.n.Load() == 0 && m.udpSessions.n.Load() == 0 {
+			delete(s.ports, label)
+			delete(s.draining, label)
+		}
+	}
 }
 
 // observe makes r's connections the ones flushed at each scrape.
@@ -140,6 +173,14 @@ func (s *portSeries) Collect(ch chan<- prometheus.Metric) {
 		r.flush() // before the counters are read: they include it
 	}
 	s.mu.RLock()
+	sweep := len(s.draining) > 0
+	s.mu.RUnlock()
+	if sweep {
+		s.mu.Lock()
+		s.sweepLocked()
+		s.mu.Unlock()
+	}
+	s.mu.RLock()
 	ports := make([]port, 0, len(s.ports))
 	for _, m := range s.ports {
 		ports = append(ports, port{m, m.tcp, m.udp})
@@ -154,8 +195,10 @@ func (s *portSeries) Collect(ch chan<- prometheus.Metric) {
 		emit(s.dialFailures, prometheus.CounterValue, m.dialFailures.value(), l)
 		emit(s.bytes, prometheus.CounterValue, m.bytesIn.value(), l, "in")
 		emit(s.bytes, prometheus.CounterValue, m.bytesOut.value(), l, "out")
+		if active := m.active.value(); p.tcp || active != 0 {
+			emit(s.active, prometheus.GaugeValue, active, l)
+		}
 		if p.tcp {
-			emit(s.active, prometheus.GaugeValue, m.active.value(), l)
 			emit(s.dialRetries, prometheus.CounterValue, m.dialRetries.value(), l)
 			emit(s.abandoned, prometheus.CounterValue, m.abandoned.value(), l)
 			emit(s.acceptErrors, prometheus.CounterValue, m.acceptErrors.value(), l)

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -123,6 +124,118 @@ kubeproxy_userspace_udp_sessions{service_port="default/dns:p"} 0
 	p.Sync()
 	if n, err := testutil.GatherAndCount(p.metrics.Registry, portSeriesNames...); err != nil || n != 7 {
 		t.Errorf("after the TCP Service went: %d per-port series (err %v), want the UDP port's 7", n, err)
+	}
+}
+
+// A Service deleted while a connection of its lives on (kube-proxy does
+// not cut it) keeps its port's series until that connection ends, so that a
+// sum of active_connections is every connection the proxy holds; then they
+// go, as at once for a port with none.
+func TestPortSeriesStayWhileADeletedServicesConnectionLives(t *testing.T) {
+	backend := serveTCP(t, "127.0.0.1", func(c net.Conn) {
+		io.Copy(c, c)
+		c.Close()
+	})
+	p := newTestProxier(t, Options{})
+	p.OnServiceAdd(makeService("web"))
+	p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, backend.Addr().String()))
+	p.Sync()
+	c, err := net.DialTimeout("tcp", proxyAddr(t, p, "default/web:p"), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	echo := func() {
+		t.Helper()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		buf := make([]byte, 5)
+		if _, err := c.Write([]byte("hello")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	echo()
+
+	p.OnServiceDelete(makeService("web"))
+	p.Sync()
+	echo() // still proxied
+	want := `
+# HELP kubeproxy_userspace_active_connections TCP connections being proxied
+# TYPE kubeproxy_userspace_active_connections gauge
+kubeproxy_userspace_active_connections{service_port="default/web:p"} 1
+`
+	if err := testutil.GatherAndCompare(p.metrics.Registry, strings.NewReader(want), "kubeproxy_userspace_active_connections"); err != nil {
+		t.Errorf("the deleted Service's live connection: %v", err)
+	}
+
+	c.Close()
+	var n int
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if n, err = testutil.GatherAndCount(p.metrics.Registry, portSeriesNames...); err == nil && n == 0 {
+			return
+		}
+	}
+	t.Errorf("after its last connection ended: %d per-port series of the deleted Service (err %v), want none", n, err)
+}
+
+// A port whose protocol changes (TCP to UDP, the same name: the same
+// service_port label) while a TCP connection of the old one lives shows
+// the UDP port's families, plus active_connections until that connection
+// ends.
+func TestPortSeriesOfAFlippedPortWhileItsOldConnectionLives(t *testing.T) {
+	backend := serveTCP(t, "127.0.0.1", func(c net.Conn) {
+		io.Copy(c, c)
+		c.Close()
+	})
+	p := newTestProxier(t, Options{})
+	tcpSvc, udpSvc := makeService("web"), makeService("web", withProtocol(v1.ProtocolUDP))
+	p.OnServiceAdd(tcpSvc)
+	p.OnEndpointSliceAdd(makeSlice("web", v1.ProtocolTCP, backend.Addr().String()))
+	p.Sync()
+	c, err := net.DialTimeout("tcp", proxyAddr(t, p, "default/web:p"), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 5)
+	if _, err := c.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(c, buf); err != nil {
+		t.Fatal(err)
+	}
+
+	p.OnServiceUpdate(tcpSvc, udpSvc)
+	p.Sync()
+	families := func() map[string]bool {
+		t.Helper()
+		got := map[string]bool{}
+		mfs, err := p.metrics.Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if slices.Contains(portSeriesNames, mf.GetName()) && len(mf.GetMetric()) > 0 {
+				got[strings.TrimPrefix(mf.GetName(), "kubeproxy_userspace_")] = true
+			}
+		}
+		return got
+	}
+	if f := families(); !f["active_connections"] || !f["udp_sessions"] || f["dial_retries_total"] {
+		t.Errorf("flipped to UDP with a TCP connection live: families %v, want active_connections and the UDP ones, no dial_retries_total", f)
+	}
+	c.Close()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		f := families()
+		if !f["active_connections"] && f["udp_sessions"] {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the old connection ended: families %v, want the UDP port's only", f)
+		}
 	}
 }
 
