@@ -77,18 +77,26 @@ func (c *eventCounter) Inc() { c.n.Add(1) }
 
 // portSeries is the collector of the ports' counters, keyed by the
 // service_port label: a label's series exist from its first use (a port's
-// first fault: publishLocked) until forget, as vector children would.
+// first fault: publishLocked) until forget, as vector children would, or,
+// for a port forgotten while faulted connections of its live on (a Service
+// deleted does not cut them), until the last of those ends.
 type portSeries struct {
-	mu      sync.RWMutex
-	ports   map[string]*portCounters
-	faulted *prometheus.Desc
-	skipped *prometheus.Desc
-	dropped *prometheus.Desc
+	mu    sync.RWMutex
+	ports map[string]*portCounters
+	// draining are the ports forgotten while faulted connections of theirs
+	// lived: their series stay, so that a sum of faulted_connections is
+	// every faulted connection the proxy holds, until sweepLocked finds
+	// them idle (at the next forget or scrape).
+	draining map[string]*portCounters
+	faulted  *prometheus.Desc
+	skipped  *prometheus.Desc
+	dropped  *prometheus.Desc
 }
 
 func newPortSeries() *portSeries {
 	return &portSeries{
-		ports: map[string]*portCounters{},
+		ports:    map[string]*portCounters{},
+		draining: map[string]*portCounters{},
 		faulted: prometheus.NewDesc("kubeproxy_userspace_faulted_connections",
 			"Live TCP connections with at least one toxic applied", []string{"service_port"}, nil),
 		skipped: prometheus.NewDesc("kubeproxy_userspace_faults_skipped_max_active_total",
@@ -107,13 +115,31 @@ func (s *portSeries) forLabel(label string) *portCounters {
 		c = &portCounters{}
 		s.ports[label] = c
 	}
+	delete(s.draining, label) // the label's port is back: old and new connections count together
 	return c
 }
 
+// forget drops label's series: at once when no faulted connection of it
+// lives, else when the last one ends (draining).
 func (s *portSeries) forget(label string) {
 	s.mu.Lock()
-	delete(s.ports, label)
-	s.mu.Unlock()
+	defer s.mu.Unlock()
+	if c := s.ports[label]; c != nil {
+		s.draining[label] = c
+	}
+	s.sweepLocked()
+}
+
+// sweepLocked drops the series of draining ports whose faulted connections
+// have all ended; s.mu is held. A count that moves after goes into the
+// dropped struct, unexported, as it would into a deleted child.
+func (s *portSeries) sweepLocked() {
+	for label, c := range s.draining {
+		if c.faulted.n.Load() == 0 {
+			delete(s.ports, label)
+			delete(s.draining, label)
+		}
+	}
 }
 
 // lookup returns the counters of label, nil when it has none.
@@ -135,6 +161,14 @@ func (s *portSeries) Collect(ch chan<- prometheus.Metric) {
 	type port struct {
 		label string
 		c     *portCounters
+	}
+	s.mu.RLock()
+	sweep := len(s.draining) > 0
+	s.mu.RUnlock()
+	if sweep {
+		s.mu.Lock()
+		s.sweepLocked()
+		s.mu.Unlock()
 	}
 	s.mu.RLock()
 	ports := make([]port, 0, len(s.ports))

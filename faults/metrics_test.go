@@ -271,3 +271,32 @@ func TestInjectedCountsOnlyWhatActed(t *testing.T) {
 		}
 	})
 }
+
+// A port removed (its Service deleted) while a faulted connection of its
+// lives on keeps faulted_connections until that connection ends, so that a
+// sum of it is every faulted connection the proxy holds; then its series
+// go, as at once for a port with none.
+func TestRemovedPortSeriesStayWhileAFaultedConnectionLives(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	tbl := NewTable(0, 0, NewMetrics(reg))
+	p := tbl.PortLabeled("default.web.http", "TCP", "default/web:http")
+	p.SetDeclared([]Toxic{toxic(t, `{"type":"latency","attributes":{"latency":1}}`)})
+	a := p.Accept(client1)
+	if a == nil {
+		t.Fatal("connection not faulted")
+	}
+	tbl.RemovePort(p.Name())
+	want := `
+# HELP kubeproxy_userspace_faulted_connections Live TCP connections with at least one toxic applied
+# TYPE kubeproxy_userspace_faulted_connections gauge
+kubeproxy_userspace_faulted_connections{service_port="default/web:http"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "kubeproxy_userspace_faulted_connections"); err != nil {
+		t.Errorf("the removed port's live faulted connection: %v", err)
+	}
+	a.Done()
+	names := []string{"kubeproxy_userspace_faulted_connections", "kubeproxy_userspace_faults_skipped_max_active_total", "kubeproxy_userspace_faults_delay_queue_dropped_total"}
+	if n, err := testutil.GatherAndCount(reg, names...); err != nil || n != 0 {
+		t.Errorf("after its last connection ended: %d per-port series (err %v), want none", n, err)
+	}
+}
