@@ -152,7 +152,7 @@ func (a *autoCopier) run() (int64, error) {
 		written, err := a.writeAll()
 		total += int64(written)
 		if err != nil {
-			return total, &WriteError{err}
+			return total, writeFailed(err)
 		}
 		if n == autoBufSize && !a.noPipe {
 			a.release()

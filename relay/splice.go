@@ -320,7 +320,7 @@ func (s *splicer) cycle() (read, written int64, err error) {
 	written, werr := s.drain.run(s.dstRaw, s.call, s.pp, s.n)
 	pipes.put(s.pp, werr == nil)
 	if werr != nil {
-		return s.n, written, &WriteError{werr}
+		return s.n, written, writeFailed(werr)
 	}
 	return s.n, written, nil
 }

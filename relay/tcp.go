@@ -11,6 +11,7 @@ import (
 
 	"k8s.io/utils/clock"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/mono"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 )
 
@@ -281,7 +282,7 @@ func (c *Conn) copyHalf(dst, src *net.TCPConn, copier Copier, bytes Counter, a *
 	switch {
 	case copier == nil:
 		if err = c.rawErr; err == nil {
-			a.bind(c.writeBound())
+			a.bind(&c.bound)
 			a.noPipe = forceBuffered
 			n, err = a.run()
 		}
@@ -513,18 +514,67 @@ func (c *Conn) sideOf(conn *net.TCPConn) int {
 	return 1
 }
 
-// writeBound is the built-in copies' write bound; nil = none.
-func (c *Conn) writeBound() *writeBound {
-	if c.o.WriteTimeout <= 0 {
+// resetBehindStall is the reset of the source of the direction writing
+// to dst, found while that write waits (stall): nobody reads the source
+// then (the direction's own goroutine is its only reader), so its reset
+// waited behind the write, for the write bound or, with none, for ever
+// (a client giving up on an upload its backend stopped reading). Its
+// error is that socket's (SO_ERROR, which takes it), ECONNRESET if it
+// was taken already; nil while the source is not in CLOSE, or a FIN of
+// ours went to it (it reaches CLOSE without a reset too: endOf).
+func (c *Conn) resetBehindStall(dst *net.TCPConn) error {
+	src, srcRaw := c.client, c.up.splice.srcRaw
+	if dst == c.client {
+		src, srcRaw = c.backend, c.down.splice.srcRaw
+	}
+	side := c.sideOf(src)
+	if c.finSent[side].Load() || srcRaw == nil {
 		return nil
 	}
-	return &c.bound
+	var err error
+	_ = srcRaw.Control(func(fd uintptr) {
+		if rawio.TCPState(int(fd)) != rawio.TCPClose {
+			return
+		}
+		if err = rawio.SocketError(int(fd)); err == nil {
+			err = syscall.ECONNRESET
+		}
+	})
+	if err == nil || c.finSent[side].Load() { // our FIN is recorded before it is sent
+		return nil
+	}
+	return &sourceError{err}
+}
+
+// sourceError is a failure of a direction's source that its write found
+// (resetBehindStall): the direction ends as when a read of the source
+// fails, not with a *WriteError (writeFailed).
+type sourceError struct{ err error }
+
+func (e *sourceError) Error() string { return e.err.Error() }
+func (e *sourceError) Unwrap() error { return e.err }
+
+// writeFailed is how a built-in copy's failed write ends its direction:
+// a *WriteError, or the source's own failure the write found.
+func writeFailed(err error) error {
+	if se, ok := err.(*sourceError); ok {
+		return se
+	}
+	return &WriteError{err}
 }
 
 // salvageBound is how long the goroutine relay lets a direction pass on
 // what a peer sent before it reset, once the other direction's write met
 // that reset (copyHalf).
 const salvageBound = time.Second
+
+// resetPoll is how often a built-in copy whose write makes no progress
+// looks whether its source was reset meanwhile (resetBehindStall): a
+// timer wake-up and a getsockopt per direction and look, only while the
+// destination takes nothing (a flowing write re-arms its deadline before
+// it fires, as the write bound always did). So such a reset reaches the
+// other peer within resetPoll + salvageBound.
+const resetPoll = salvageBound / 4
 
 // whomToReset is how a direction's failure err is passed on, for both data
 // paths: a reset from one peer is passed on to the other (the side that
@@ -548,17 +598,23 @@ func isReset(err error) bool {
 	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
-// writeBound bounds how long a write may make no progress.
+// writeBound bounds how long a write may make no progress, and has a
+// write that makes none look at its source every resetPoll.
 type writeBound struct {
-	timeout time.Duration
+	timeout time.Duration // 0: no bound, only the looks
 	// conn tells whether the relay is ending the connection: a copy must
 	// not re-arm (or clear) a deadline over the one abort set.
 	conn *Conn
 }
 
-// arm (re)starts the bound from now on dst.
-func (b *writeBound) arm(dst *net.TCPConn) error {
-	_ = dst.SetWriteDeadline(time.Now().Add(b.timeout))
+// arm sets dst's deadline to the next look at the source, or to the
+// bound's end, left from now, if that comes first (left 0: none).
+func (b *writeBound) arm(dst *net.TCPConn, left time.Duration) error {
+	wait := resetPoll
+	if left > 0 {
+		wait = min(wait, left)
+	}
+	_ = dst.SetWriteDeadline(time.Now().Add(wait))
 	if b.conn.aborted() {
 		return os.ErrDeadlineExceeded
 	}
@@ -577,13 +633,40 @@ func (b *writeBound) disarm(dst *net.TCPConn) error {
 // stall applies a write bound to one write path: the deadline is set only
 // when the socket is full, and again each time bytes went in since, so it
 // measures time without progress; a write that never waits pays nothing.
+// Its deadline also wakes the write every resetPoll to look at the
+// source (resetBehindStall).
 type stall struct {
-	bound *writeBound // nil: no bound
+	bound *writeBound // nil: no bound, no looks (Auto, Splice)
 	dst   *net.TCPConn
 	// armed: the deadline is set, counting from when the write had put
-	// armedAt bytes in; full: the callback left raw.Write to (re)arm it.
+	// armedAt bytes in, at armedMs (mono.Now in ms, wrapping: uint32
+	// fits beside the flags, and Conn holds two stalls, TestConnSize);
+	// full: the callback left raw.Write to (re)arm it.
 	armed, full bool
+	armedMs     uint32
 	armedAt     int64
+}
+
+func monoMs() uint32 { return uint32(mono.Now() / int64(time.Millisecond)) }
+
+// look is the wake-up of a write that made no progress since it was
+// armed: the source's reset, if one came (a *sourceError); the deadline
+// error err once the bound ran out; nil after arming the next look.
+func (s *stall) look(err error) error {
+	c := s.bound.conn
+	if c.aborted() {
+		return err
+	}
+	if reset := c.resetBehindStall(s.dst); reset != nil {
+		return reset
+	}
+	var left time.Duration
+	if s.bound.timeout > 0 {
+		if left = s.bound.timeout - time.Duration(monoMs()-s.armedMs)*time.Millisecond; left <= 0 {
+			return err
+		}
+	}
+	return s.bound.arm(s.dst, left)
 }
 
 // leave is a write callback's answer to EAGAIN with written bytes in so
@@ -608,8 +691,13 @@ func (s *stall) write(raw syscall.RawConn, fn func(fd uintptr) bool, written *in
 			err = *cbErr
 		}
 		if err == nil && s.full {
-			s.armed, s.armedAt = true, *written
-			if err = s.bound.arm(s.dst); err == nil {
+			s.armed, s.armedAt, s.armedMs = true, *written, monoMs()
+			if err = s.bound.arm(s.dst, s.bound.timeout); err == nil {
+				continue
+			}
+		}
+		if s.armed && errors.Is(err, os.ErrDeadlineExceeded) {
+			if err = s.look(err); err == nil {
 				continue
 			}
 		}

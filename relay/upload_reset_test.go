@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 )
 
 // uploadMetByReset plays an upload a backend answers early and will not
@@ -111,4 +113,98 @@ func wantResetAfterAnswerPart(t *testing.T, client *net.TCPConn, wrote <-chan er
 	if werr := <-wrote; !resetSeen(err, werr) {
 		t.Errorf("client read %v, wrote %v; want a reset", err, werr)
 	}
+}
+
+// A client that resets while its upload waits on a backend that reads
+// nothing is passed on to the backend as a reset within about a second,
+// as on the event loop (TestLoopResetBehindAStalledUploadIsPassedOn), not
+// when the write bound runs out: the direction's goroutine waits on the
+// backend's writability, and nobody read the client, so its reset waited
+// that long (with no bound, for ever), holding both sockets, their
+// buffers, a pipe and the backend's connection. Both write paths (splice
+// and buffered), with the write bound and without one, and the download's
+// twin: a backend that resets while its answer waits on a client that
+// reads nothing.
+func TestTCPResetBehindAStalledUploadIsPassedOn(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		buffered bool
+		bound    time.Duration
+		download bool
+	}{
+		{"splice", false, time.Minute, false},
+		{"buffered", true, time.Minute, false},
+		{"unbounded", false, 0, false},
+		{"download", false, time.Minute, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.buffered {
+				old := forceBuffered
+				forceBuffered = true
+				t.Cleanup(func() { forceBuffered = old })
+			}
+			client, proxyClient := pair(t)
+			proxyBackend, backend := pair(t)
+			done := make(chan struct{})
+			go func() {
+				TCP(proxyClient, proxyBackend, Options{WriteTimeout: tc.bound})
+				close(done)
+			}()
+			if tc.download {
+				flood(backend)
+				resetBehindStall(t, backend, proxyClient, client)
+			} else {
+				flood(client)
+				resetBehindStall(t, client, proxyBackend, backend)
+			}
+			waitDone(t, done, 5*time.Second, "a relay whose peer reset behind a stalled direction")
+		})
+	}
+}
+
+// resetBehindStall waits until what from sends no longer reaches to (the
+// proxy's proxySide, towards to, is full; to reads nothing), resets from,
+// and wants to's connection reset within 5 s.
+func resetBehindStall(t *testing.T, from, proxySide, to *net.TCPConn) {
+	t.Helper()
+	raw, err := to.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxyRaw, err := proxySide.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	delivered := func() int {
+		var queued, unsent int
+		_ = raw.Control(func(fd uintptr) { queued, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+		_ = proxyRaw.Control(func(fd uintptr) { unsent, _ = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) })
+		return queued + unsent
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for last := -1; ; {
+		time.Sleep(50 * time.Millisecond)
+		n := delivered()
+		if n > 0 && n == last {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the upload never stalled")
+		}
+		last = n
+	}
+	_ = from.SetLinger(0)
+	from.Close()
+	reset := time.Now()
+	state := func() (s int) {
+		_ = raw.Control(func(fd uintptr) { s = rawio.TCPState(int(fd)) })
+		return s
+	}
+	for state() != rawio.TCPClose {
+		if time.Since(reset) > 5*time.Second {
+			t.Fatalf("the other peer's connection still in TCP state %d, not reset, 5 s after its peer reset behind a stalled direction", state())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("reset passed on in %v", time.Since(reset).Round(time.Millisecond))
 }
