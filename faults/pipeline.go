@@ -449,7 +449,9 @@ func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
 //
 // A write that makes no progress for writeTimeout ends the connection with
 // a reset to both peers, as the built-in copies' --tcp-write-timeout does;
-// each byte written restarts it.
+// each byte written restarts it. One that makes none for stallLook looks
+// whether the source was reset (srcResetBehind): its reader may read it
+// no more (the queue is full), and the reset then waited for that bound.
 func (p *pipeline) write(dst *net.TCPConn, b []byte) (int, error) {
 	p.writing.Store(true)
 	defer p.writing.Store(false)
@@ -466,26 +468,28 @@ func (p *pipeline) write(dst *net.TCPConn, b []byte) (int, error) {
 			n, err := p.writeNow(b)
 			return total + n, err
 		}
+		step := stallLook
 		if p.writeTimeout > 0 {
-			due := time.Now().Add(max(p.writeTimeout/4, time.Millisecond))
-			if end := progress.Add(p.writeTimeout); end.Before(due) {
-				due = end
-			}
-			p.wakeMu.Lock()
-			err := dst.SetWriteDeadline(due)
-			// After the deadline is set: an abort, or the reader's
-			// wake-up, from now on sets its own over it; one that came
-			// before is seen here.
-			aborted, reset := p.aborted.Load(), p.srcReset.Load()
-			p.wakeMu.Unlock()
-			switch {
-			case err != nil:
-				return total, &relay.WriteError{Err: err}
-			case aborted:
-				return total, errAborted
-			case reset:
-				continue
-			}
+			step = min(step, max(p.writeTimeout/4, time.Millisecond))
+		}
+		due := time.Now().Add(step)
+		if end := progress.Add(p.writeTimeout); p.writeTimeout > 0 && end.Before(due) {
+			due = end
+		}
+		p.wakeMu.Lock()
+		err := dst.SetWriteDeadline(due)
+		// After the deadline is set: an abort, or the reader's wake-up,
+		// from now on sets its own over it; one that came before is seen
+		// here.
+		aborted, reset := p.aborted.Load(), p.srcReset.Load()
+		p.wakeMu.Unlock()
+		switch {
+		case err != nil:
+			return total, &relay.WriteError{Err: err}
+		case aborted:
+			return total, errAborted
+		case reset:
+			continue
 		}
 		n, err := dst.Write(b)
 		total += n
@@ -497,14 +501,40 @@ func (p *pipeline) write(dst *net.TCPConn, b []byte) (int, error) {
 		case !errors.Is(err, os.ErrDeadlineExceeded) || p.aborted.Load():
 		case p.srcReset.Load():
 			return total, p.srcResetErr
-		case p.writeTimeout > 0 && n > 0:
+		case n > 0:
 			b, progress = b[n:], time.Now() // the bound starts again
 			continue
-		case p.writeTimeout > 0 && time.Since(progress) < p.writeTimeout:
-			continue // a step of the bound, not its end
+		case p.writeTimeout <= 0 || time.Since(progress) < p.writeTimeout:
+			// A step of the bound, not its end: a look at the source.
+			if err := p.srcResetBehind(); err != nil {
+				return total, err
+			}
+			continue
 		}
 		return total, &relay.WriteError{Err: err}
 	}
+}
+
+// stallLook is how often a write that makes no progress looks at its
+// source (srcResetBehind), as the built-in copy's does: a timer wake-up
+// and a getsockopt per look, only while the destination takes nothing.
+const stallLook = 250 * time.Millisecond
+
+// srcResetBehind is the source's reset, if one came: a socket in CLOSE
+// with its error still pending (SO_ERROR, which takes it). A source that
+// reached CLOSE after a FIN each way has none; one whose error the other
+// direction's write took ends through that write.
+func (p *pipeline) srcResetBehind() error {
+	if p.srcRaw == nil {
+		return nil
+	}
+	var err error
+	_ = p.srcRaw.Control(func(fd uintptr) {
+		if rawio.TCPState(int(fd)) == rawio.TCPClose {
+			err = rawio.SocketError(int(fd))
+		}
+	})
+	return err
 }
 
 // writeNow writes what dst takes without waiting (write, after the

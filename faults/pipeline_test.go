@@ -695,8 +695,8 @@ func TestPipelineBlockedWriteEndsAtSourceReset(t *testing.T) {
 	_, p := declared(t, 0, 0, "TCP", `{"type":"latency","attributes":{"latency":1}}`)
 	// Small buffers towards the client, so that its window fills while
 	// the pipeline still reads (its 4 MiB in flight not reached): a
-	// reader waiting for room sees no reset, as a full pipe's splice
-	// does not (--tcp-write-timeout bounds that).
+	// reader waiting for room sees no reset (the writer's look at its
+	// source finds that one: TestPipelineStalledWriteEndsAtSourceResetBehindAFullQueue).
 	client, backend, done := proxiedWith(t, p, client1, relay.Options{}, func(proxyClient, _ *net.TCPConn) {
 		proxyClient.SetWriteBuffer(4096)
 	})
@@ -1102,5 +1102,64 @@ func TestSlicerVariationWiderThanAPiece(t *testing.T) {
 		if total != n || len(s.pending) != 0 {
 			t.Fatalf("%d bytes: slices of %d in all, %d pieces left", n, total, len(s.pending))
 		}
+	}
+}
+
+// A faulted direction whose destination reads nothing, and whose queue is
+// full (its reader reads its source no more), still ends soon after its
+// source resets, and the reset reaches the destination: nobody read the
+// source, so its reset waited for --tcp-write-timeout (a minute; with no
+// bound, for ever), holding both sockets, the queued chunks and the other
+// peer's connection, where the built-in copy passes it on within about a
+// second (relay's TestTCPResetBehindAStalledUploadIsPassedOn).
+func TestPipelineStalledWriteEndsAtSourceResetBehindAFullQueue(t *testing.T) {
+	t.Parallel()
+	for _, bound := range []time.Duration{time.Minute, 0} {
+		t.Run(bound.String(), func(t *testing.T) {
+			t.Parallel()
+			_, p := declared(t, 0, 0, "TCP", `{"type":"latency","attributes":{"latency":1}}`)
+			client, backend, done := proxiedWith(t, p, client1, relay.Options{WriteTimeout: bound})
+			go func() {
+				buf := make([]byte, 64<<10)
+				for {
+					if _, err := backend.Write(buf); err != nil {
+						return
+					}
+				}
+			}()
+			// Stalled: the backend's socket holds what the proxy no longer
+			// reads (its queue is full, the client reads nothing).
+			raw, err := backend.SyscallConn()
+			if err != nil {
+				t.Fatal(err)
+			}
+			unsent := func() (n int) {
+				_ = raw.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) })
+				return n
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for last := -1; ; last = unsent() {
+				time.Sleep(100 * time.Millisecond)
+				if n := unsent(); n > 0 && n == last {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the download never stalled")
+				}
+			}
+			backend.SetLinger(0)
+			backend.Close()
+			start := time.Now()
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the backend reset behind a full queue; the relay still runs 5 s later, its writer blocked on a client that reads nothing")
+			}
+			t.Logf("the relay ended %v after the backend's reset", time.Since(start).Round(time.Millisecond))
+			client.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if _, err := io.Copy(io.Discard, client); !errors.Is(err, syscall.ECONNRESET) {
+				t.Fatalf("client read ended with %v; want the backend's reset", err)
+			}
+		})
 	}
 }
