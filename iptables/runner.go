@@ -151,24 +151,67 @@ func (r *execRunner) DeleteRule(table Table, chain string, args ...string) error
 
 func (r *execRunner) Save(tables ...Table) ([]byte, error) {
 	var out, stderr bytes.Buffer
-	cmd := ownGroup(exec.Command(r.save))
-	if len(tables) == 1 {
-		cmd.Args = append(cmd.Args, "-t", string(tables[0]))
-	}
-	cmd.Stdout, cmd.Stderr = &out, &stderr
-	if err := cmd.Run(); err != nil {
-		return nil, commandError(cmd, err, &stderr)
+	err := runAgainIfSignalled(func() error {
+		out.Reset()
+		stderr.Reset()
+		cmd := ownGroup(exec.Command(r.save))
+		if len(tables) == 1 {
+			cmd.Args = append(cmd.Args, "-t", string(tables[0]))
+		}
+		cmd.Stdout, cmd.Stderr = &out, &stderr
+		if err := cmd.Run(); err != nil {
+			return commandError(cmd, err, &stderr)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out.Bytes(), nil
 }
 
 func (r *execRunner) Restore(data []byte) error {
-	var stderr bytes.Buffer
-	cmd := r.restoreCmd(data, &stderr)
-	if err := cmd.Run(); err != nil {
-		return commandError(cmd, err, &stderr)
+	return runAgainIfSignalled(func() error {
+		var stderr bytes.Buffer
+		cmd := r.restoreCmd(data, &stderr)
+		if err := cmd.Run(); err != nil {
+			return commandError(cmd, err, &stderr)
+		}
+		return nil
+	})
+}
+
+// signalledRuns is how many times a rule command killed by a signal is
+// run in all (runAgainIfSignalled).
+const signalledRuns = 3
+
+// runAgainIfSignalled runs a rule command (run) again when a signal killed
+// it, up to signalledRuns times. Such a command did none of its work or
+// all of it: iptables-save only reads, and iptables-restore commits at
+// COMMIT, with inputs that rewrite whole chains, so a second run writes
+// the same. The signal was rarely meant for it: one sent to the proxy's
+// process group (timeout(1), a second Ctrl-C, kill -- -PGID) also reaches
+// a command forked in the instant before it leaves that group (ownGroup's
+// setpgid runs in the child, after the fork), and the stop's flush of the
+// accepts of portal traffic failed with "signal: terminated".
+func runAgainIfSignalled(run func() error) error {
+	var err error
+	for range signalledRuns {
+		if err = run(); !killedBySignal(err) {
+			return err
+		}
 	}
-	return nil
+	return err
+}
+
+// killedBySignal reports whether err is a command's death by a signal.
+func killedBySignal(err error) bool {
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) {
+		return false
+	}
+	status, ok := exit.Sys().(syscall.WaitStatus)
+	return ok && status.Signaled()
 }
 
 // restoreCmd is iptables-restore --noflush reading data.
@@ -226,8 +269,15 @@ func (r *execRunner) RestoreConcurrently(inputs [][]byte) error {
 		cmds = append(cmds, cmd)
 	}
 	for i, cmd := range cmds {
-		if err := cmd.Wait(); err != nil {
-			errs = append(errs, commandError(cmd, err, &stderrs[i]))
+		err := cmd.Wait()
+		if killedBySignal(err) {
+			// Once more alone (runAgainIfSignalled), from this goroutine.
+			err = r.Restore(inputs[i])
+		} else if err != nil {
+			err = commandError(cmd, err, &stderrs[i])
+		}
+		if err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)

@@ -66,3 +66,62 @@ cat > /dev/null`, refuse, argsFile),
 		})
 	}
 }
+
+// A rule command killed by a signal did none of its work or all of it
+// (iptables-restore commits at COMMIT; the inputs rewrite whole chains):
+// it is run again. A signal meant for the proxy's process group (timeout(1),
+// kill -- -PGID) reaches a command forked in the instant before it leaves
+// that group (Setpgid runs in the child), and the stop's flush of the
+// accepts of portal traffic failed with "signal: terminated" under a test
+// that signals the group every millisecond (TestStopSignalledWithItsGroup-
+// FlushesTheAccepts, once in a loaded run).
+func TestRuleCommandKilledBySignalRunsAgain(t *testing.T) {
+	dir := t.TempDir()
+	runs := filepath.Join(dir, "runs")
+	// Killed by SIGTERM on its first two runs, done on the third.
+	killedTwice := fmt.Sprintf(`echo run >> %[1]s
+if [ "$(wc -l < %[1]s)" -le 2 ]; then kill -TERM $$; sleep 5; fi`, runs)
+	scripts := map[string]string{
+		"iptables":         "echo 'iptables v1.8.10 (nf_tables)'",
+		"iptables-save":    "case \"$1\" in --version) echo 'iptables-save v1.8.10 (nf_tables)'; exit 0;; esac\n" + killedTwice + "\necho '*filter'; echo COMMIT",
+		"iptables-restore": killedTwice + "\ncat > /dev/null",
+	}
+	for name, body := range scripts {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte("#!/bin/sh\n"+body+"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	r, err := NewRunner(IPv4)
+	if err != nil {
+		t.Fatalf("NewRunner: %v", err)
+	}
+	count := func() int {
+		b, _ := os.ReadFile(runs)
+		_ = os.Remove(runs)
+		return strings.Count(string(b), "run")
+	}
+	err = r.Restore([]byte("*filter\nCOMMIT\n"))
+	if n := count(); err != nil || n != 3 {
+		t.Errorf("Restore: %v after %d runs; want it run again after the signals (3 runs)", err, n)
+	}
+	out, err := r.Save(TableFilter)
+	if n := count(); err != nil || !strings.Contains(string(out), "*filter") || n != 3 {
+		t.Errorf("Save: %q, %v after %d runs; want it run again after the signals (3 runs)", out, err, n)
+	}
+	cr, ok := r.(concurrentRestorer)
+	if !ok {
+		t.Fatal("the runner restores no inputs concurrently")
+	}
+	err = cr.RestoreConcurrently([][]byte{[]byte("*filter\nCOMMIT\n")})
+	if n := count(); err != nil || n != 3 {
+		t.Errorf("RestoreConcurrently: %v after %d runs; want it run again after the signals (3 runs)", err, n)
+	}
+	// One killed every time fails, saying so.
+	if err := os.WriteFile(filepath.Join(dir, "iptables-restore"), []byte("#!/bin/sh\nkill -TERM $$\nsleep 5\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Restore([]byte("*filter\nCOMMIT\n")); err == nil || !strings.Contains(err.Error(), "signal: terminated") {
+		t.Errorf("Restore killed every time: %v; want its signal named", err)
+	}
+}
