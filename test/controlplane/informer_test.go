@@ -187,6 +187,27 @@ func TestInformerSourceWithProxyRole(t *testing.T) {
 		t.Errorf("node = %+v, want zone-a with 192.168.50.2", node)
 	}
 
+	// explain's source (Unproxied) is given the headless and ExternalName
+	// Services too, through the same label selector and role: the API
+	// server leaves out only another proxy's Service and the headless
+	// slices (that label is the EndpointSlice controller's, on slices, not
+	// on the Service).
+	explainCtx, stopExplain := context.WithCancel(ctx)
+	all := &events{}
+	runInformerSource(t, explainCtx, proxy, all, config.InformerOptions{Unproxied: true})
+	all.waitFor(t, "slices synced", 30*time.Second)
+	for _, want := range []string{"svc add web", "svc add headless", "svc add external", "slice add web-1"} {
+		if !all.has(want) {
+			t.Errorf("Unproxied: no %q", want)
+		}
+	}
+	for _, unwanted := range []string{"svc add other-proxy", "slice add headless-1"} {
+		if all.has(unwanted) {
+			t.Errorf("Unproxied: unexpected %q", unwanted)
+		}
+	}
+	stopExplain()
+
 	// A short outage: the source must survive it and resync.
 	cp.StopAPIServer()
 	time.Sleep(2 * time.Second) // let the watches notice
