@@ -420,3 +420,119 @@ func sameFieldsAsNetlink(flows []StaleFlows) error {
 	}
 	return nil
 }
+
+// The filtered dumps ask for no zone and no mark: an entry to a stale
+// destination in another conntrack zone (a CNI's, a directional one),
+// with a mark, or both, is listed and deleted as one in the default zone
+// is; the live and unrelated ones stay, zoned too.
+func TestKernelFilteredClearingZonesAndMarks(t *testing.T) {
+	netns.Require(t, "ip")
+	type entry struct {
+		src, dst, replySrc string
+		zone               uint16
+		origZone           bool // the zone applies to the original direction only
+		mark               uint32
+		stale              bool
+	}
+	entries := []entry{
+		{"10.244.0.3:5000", "10.96.0.10:53", "10.96.0.10:53", 5, false, 7, true},
+		{"10.244.0.4:5000", "10.96.0.10:53", "10.96.0.10:53", 0, false, 9, true},
+		{"10.244.0.5:5000", "10.96.0.10:53", "10.200.0.1:41000", 3, true, 0, true},
+		{"10.244.0.6:5000", "10.96.0.10:53", "10.200.0.1:40000", 5, false, 0, false},
+		{"10.244.0.7:5000", "10.96.0.11:53", "10.96.0.11:53", 5, false, 7, false},
+		{"198.51.100.7:6000", "10.200.0.1:30053", "10.200.0.1:30053", 4, false, 1, true},
+		{"[fd00::3]:5000", "[fd00::10]:53", "[fd00::10]:53", 6, false, 2, true},
+		{"[fd00::4]:5000", "[fd00::11]:53", "[fd00::11]:53", 6, false, 0, false},
+	}
+	flows := []StaleFlows{
+		{Protocol: v1.ProtocolUDP, Dst: netip.MustParseAddrPort("10.96.0.10:53"), Live: []int{40000}},
+		{Protocol: v1.ProtocolUDP, Dst: netip.AddrPortFrom(netip.Addr{}, 30053), Live: []int{40000}},
+		{Protocol: v1.ProtocolUDP, Dst: netip.MustParseAddrPort("[fd00::10]:53"), Live: []int{40000}},
+	}
+	var want []string
+	for _, e := range entries {
+		if !e.stale {
+			want = append(want, fmt.Sprintf("%s %s", e.src, e.dst))
+		}
+	}
+	slices.Sort(want)
+	var left []string
+	err := netns.New(t).NS("ctzones").Do(func() error {
+		for _, e := range entries {
+			f := udpConntrackEntry(netip.MustParseAddrPort(e.src), netip.MustParseAddrPort(e.dst), netip.MustParseAddrPort(e.replySrc))
+			f.Mark = e.mark
+			if err := createInZone(f, e.zone, e.origZone); err != nil {
+				return fmt.Errorf("create %v: %w", e, err)
+			}
+		}
+		// One destination at a time: a filtered dump each.
+		var ignores atomic.Bool
+		for _, f := range flows {
+			if err := clearStale(kernelConntrack{}, []StaleFlows{f}, &ignores); err != nil {
+				return err
+			}
+		}
+		if ignores.Load() {
+			return errors.New("the kernel was taken not to filter dumps")
+		}
+		for _, family := range []netlink.InetFamily{unix.AF_INET, unix.AF_INET6} {
+			list, err := netlink.ConntrackTableList(netlink.ConntrackTable, family)
+			if err != nil {
+				return err
+			}
+			for _, f := range list {
+				src, _ := netip.AddrFromSlice(f.Forward.SrcIP)
+				dst, _ := netip.AddrFromSlice(f.Forward.DstIP)
+				left = append(left, fmt.Sprintf("%v %v", netip.AddrPortFrom(src, f.Forward.SrcPort), netip.AddrPortFrom(dst, f.Forward.DstPort)))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(left)
+	if !slices.Equal(left, want) {
+		t.Errorf("left:\n%s\nwant:\n%s", strings.Join(left, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// createInZone makes the UDP entry f in conntrack zone (in both directions,
+// or with origOnly the original one), which netlink.ConntrackCreate cannot
+// (it sends no zone).
+func createInZone(f *netlink.ConntrackFlow, zone uint16, origOnly bool) error {
+	req := nl.NewNetlinkRequest(netlink.ConntrackTable<<8|nl.IPCTNL_MSG_CT_NEW, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK)
+	req.AddData(&nl.Nfgenmsg{NfgenFamily: f.FamilyType, Version: nl.NFNETLINK_V0})
+	tuple := func(typ int, t netlink.IPTuple, zoned bool) *nl.RtAttr {
+		a := nl.NewRtAttr(unix.NLA_F_NESTED|typ, nil)
+		ip := a.AddRtAttr(unix.NLA_F_NESTED|nl.CTA_TUPLE_IP, nil)
+		if f.FamilyType == unix.AF_INET6 {
+			ip.AddRtAttr(nl.CTA_IP_V6_SRC, t.SrcIP)
+			ip.AddRtAttr(nl.CTA_IP_V6_DST, t.DstIP)
+		} else {
+			ip.AddRtAttr(nl.CTA_IP_V4_SRC, t.SrcIP)
+			ip.AddRtAttr(nl.CTA_IP_V4_DST, t.DstIP)
+		}
+		proto := a.AddRtAttr(unix.NLA_F_NESTED|nl.CTA_TUPLE_PROTO, nil)
+		proto.AddRtAttr(nl.CTA_PROTO_NUM, nl.Uint8Attr(t.Protocol))
+		proto.AddRtAttr(nl.CTA_PROTO_SRC_PORT, nl.BEUint16Attr(t.SrcPort))
+		proto.AddRtAttr(nl.CTA_PROTO_DST_PORT, nl.BEUint16Attr(t.DstPort))
+		if zoned {
+			a.AddRtAttr(ctaTupleZone, nl.BEUint16Attr(zone))
+		}
+		return a
+	}
+	req.AddData(tuple(nl.CTA_TUPLE_ORIG, f.Forward, origOnly && zone != 0))
+	req.AddData(tuple(nl.CTA_TUPLE_REPLY, f.Reverse, false))
+	if !origOnly && zone != 0 {
+		req.AddData(nl.NewRtAttr(nl.CTA_ZONE, nl.BEUint16Attr(zone)))
+	}
+	req.AddData(nl.NewRtAttr(nl.CTA_TIMEOUT, nl.BEUint32Attr(f.TimeOut)))
+	req.AddData(nl.NewRtAttr(nl.CTA_MARK, nl.BEUint32Attr(f.Mark)))
+	_, err := req.Execute(unix.NETLINK_NETFILTER, 0)
+	return err
+}
+
+// ctaTupleZone is CTA_TUPLE_ZONE, the zone of one direction of a tuple
+// (linux/netfilter/nfnetlink_conntrack.h).
+const ctaTupleZone = 3
