@@ -21,7 +21,7 @@ import (
 // Go (netlink.ConntrackDeleteFilters): ≈5.5 µs of CPU an entry, so a sync
 // that clears the stale entries of one UDP Service took ≈1 s of CPU on a
 // node with 250,000 entries, on every sync where a UDP port lost a
-// destination. Since Linux 5.10 the kernel filters a dump by fields of the
+// destination. Since Linux 5.8 the kernel filters a dump by fields of the
 // entries' original tuple (CTA_FILTER) and sends only the entries to the
 // destination asked for; netlink has no such dump, the request is built
 // here from its parts. Every dump, filtered or not, still costs a walk of
@@ -54,7 +54,7 @@ const (
 )
 
 // kernelIgnoresFilter is set once the kernel refused a filtered dump, or
-// answered it with entries outside the filter (a kernel before 5.10
+// answered it with entries outside the filter (a kernel before 5.8
 // ignores CTA_FILTER): every clearing then dumps the whole table.
 var kernelIgnoresFilter atomic.Bool
 
@@ -106,7 +106,7 @@ func clearFamily(t conntrackTable, family netlink.InetFamily, set staleSet, igno
 			// The kernel refused the filter: the entries of every
 			// destination, in one dump, from now on.
 			if ignoresFilter.CompareAndSwap(false, true) {
-				klog.InfoS("The kernel does not filter conntrack dumps (before Linux 5.10?): stale entries are cleared with dumps of the whole table", "err", err)
+				klog.InfoS("The kernel does not filter conntrack dumps (before Linux 5.8?): stale entries are cleared with dumps of the whole table", "err", err)
 			}
 			return t.clearAll(family, set)
 		case errors.Is(err, netlink.ErrDumpInterrupted):
@@ -132,7 +132,7 @@ func clearFamily(t conntrackTable, family netlink.InetFamily, set staleSet, igno
 			// That was the whole table, matched against every
 			// destination: done, and the whole table from now on.
 			if ignoresFilter.CompareAndSwap(false, true) {
-				klog.InfoS("The kernel ignores the filter of conntrack dumps (before Linux 5.10?): stale entries are cleared with dumps of the whole table")
+				klog.InfoS("The kernel ignores the filter of conntrack dumps (before Linux 5.8?): stale entries are cleared with dumps of the whole table")
 			}
 			break
 		}
@@ -160,7 +160,7 @@ func filteredDumps(t conntrackTable, n int) bool {
 }
 
 // filterKey is what a dump for key's entries asks the kernel: IPv6
-// destinations by port only, as kernels from 5.10 on compare IPv6
+// destinations by port only, as kernels from 5.8 on compare IPv6
 // addresses of the filter the wrong way round (!ipv6_addr_cmp: only the
 // entries to other addresses pass); their address is matched here.
 func filterKey(family netlink.InetFamily, key staleKey) staleKey {

@@ -18,7 +18,7 @@ import (
 )
 
 // fakeTable is a conntrack table whose kernel filters dumps (filters) or
-// ignores their filter (a kernel before 5.10), or refuses them (refuse).
+// ignores their filter (a kernel before 5.8), or refuses them (refuse).
 type fakeTable struct {
 	entries  []conntrackEntry
 	filters  bool
@@ -205,7 +205,7 @@ func TestClearStaleReportsOtherDumpErrors(t *testing.T) {
 	}
 }
 
-// A kernel that ignores the filter (before Linux 5.10) answers the first
+// A kernel that ignores the filter (before Linux 5.8) answers the first
 // dump with the whole table: it is matched against every destination,
 // and no more filtered dumps are asked for.
 func TestClearStaleWhenTheKernelIgnoresTheFilter(t *testing.T) {
