@@ -53,9 +53,19 @@ func (m *Metrics) buffered() (held, max int64) {
 	return 0, 0
 }
 
-func (m *Metrics) forget(label string) {
-	m.Injected.DeletePartialMatch(prometheus.Labels{"service_port": label})
-	m.ports.forget(label)
+// hold notes a port labelled label: its series stay until the last port
+// of that label is released.
+func (m *Metrics) hold(label string) { m.ports.hold(label) }
+
+// release notes that a port labelled label went (RemovePort) or took
+// another label (SetLabel); the label's series go with the last port of
+// it. An unnamed port whose number changes is a new port of the same
+// label, opened before the old one is removed: forgotten at that removal,
+// the new port's series were gone while it served its toxics.
+func (m *Metrics) release(label string) {
+	if m.ports.release(label) {
+		m.Injected.DeletePartialMatch(prometheus.Labels{"service_port": label})
+	}
 }
 
 // portCounters are one port's series.
@@ -77,26 +87,30 @@ func (c *eventCounter) Inc() { c.n.Add(1) }
 
 // portSeries is the collector of the ports' counters, keyed by the
 // service_port label: a label's series exist from its first use (a port's
-// first fault: publishLocked) until forget, as vector children would, or,
-// for a port forgotten while faulted connections of its live on (a Service
-// deleted does not cut them), until the last of those ends.
+// first fault: publishLocked) until the last port of that label goes
+// (release), as vector children would, or, for a label released while
+// faulted connections of its live on (a Service deleted does not cut
+// them), until the last of those ends.
 type portSeries struct {
 	mu    sync.RWMutex
 	ports map[string]*portCounters
 	// draining are the ports forgotten while faulted connections of theirs
 	// lived: their series stay, so that a sum of faulted_connections is
 	// every faulted connection the proxy holds, until sweepLocked finds
-	// them idle (at the next forget or scrape).
+	// them idle (at the next release or scrape).
 	draining map[string]*portCounters
-	faulted  *prometheus.Desc
-	skipped  *prometheus.Desc
-	dropped  *prometheus.Desc
+	// holders counts the ports labelled each label (hold, release).
+	holders map[string]int
+	faulted *prometheus.Desc
+	skipped *prometheus.Desc
+	dropped *prometheus.Desc
 }
 
 func newPortSeries() *portSeries {
 	return &portSeries{
 		ports:    map[string]*portCounters{},
 		draining: map[string]*portCounters{},
+		holders:  map[string]int{},
 		faulted: prometheus.NewDesc("kubeproxy_userspace_faulted_connections",
 			"Live TCP connections with at least one toxic applied", []string{"service_port"}, nil),
 		skipped: prometheus.NewDesc("kubeproxy_userspace_faults_skipped_max_active_total",
@@ -119,15 +133,27 @@ func (s *portSeries) forLabel(label string) *portCounters {
 	return c
 }
 
-// forget drops label's series: at once when no faulted connection of it
-// lives, else when the last one ends (draining).
-func (s *portSeries) forget(label string) {
+func (s *portSeries) hold(label string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.holders[label]++
+}
+
+// release takes a port off label and reports whether it was the last:
+// then label's series go, at once when no faulted connection of it lives,
+// else when the last one ends (draining).
+func (s *portSeries) release(label string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.holders[label]--; s.holders[label] > 0 {
+		return false
+	}
+	delete(s.holders, label)
 	if c := s.ports[label]; c != nil {
 		s.draining[label] = c
 	}
 	s.sweepLocked()
+	return true
 }
 
 // sweepLocked drops the series of draining ports whose faulted connections

@@ -300,3 +300,35 @@ kubeproxy_userspace_faulted_connections{service_port="default/web:http"} 1
 		t.Errorf("after its last connection ended: %d per-port series (err %v), want none", n, err)
 	}
 }
+
+// Two ports of one label (an unnamed service port whose number changed: the
+// new fault port opens before the old one is removed) share its series,
+// which stay while either is there: removing the old one forgot them, and
+// the new port's latency went on acting with its faulted_connections and
+// faults_injected_total series gone from /metrics.
+func TestPortSeriesStayWhileAnotherPortOfTheLabelLives(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	tbl := NewTable(0, 0, NewMetrics(reg))
+	names := []string{"kubeproxy_userspace_faulted_connections", "kubeproxy_userspace_faults_skipped_max_active_total",
+		"kubeproxy_userspace_faults_delay_queue_dropped_total", "kubeproxy_userspace_faults_injected_total"}
+	lat := []Toxic{toxic(t, `{"name":"lat","type":"latency","attributes":{"latency":1}}`)}
+	old := tbl.PortLabeled("default.web.80", "TCP", "default/web")
+	old.SetDeclared(lat)
+	renamed := tbl.PortLabeled("default.web.81", "TCP", "default/web")
+	renamed.SetDeclared(lat)
+	tbl.RemovePort(old.Name())
+	if n, err := testutil.GatherAndCount(reg, names...); err != nil || n != 4 {
+		t.Errorf("the old port removed, the new one of its label serving: %d series (err %v), want 4", n, err)
+	}
+	// A label taken by another port through SetLabel stays too.
+	api := tbl.Port("default.web.api", "TCP")
+	api.SetLabel("default/web")
+	api.SetLabel("default/other")
+	if n, err := testutil.GatherAndCount(reg, names...); err != nil || n != 4 {
+		t.Errorf("another port relabelled away from the label: %d series (err %v), want 4", n, err)
+	}
+	tbl.RemovePort(renamed.Name())
+	if n, err := testutil.GatherAndCount(reg, names...); err != nil || n != 0 {
+		t.Errorf("the label's last port removed: %d series (err %v), want none", n, err)
+	}
+}

@@ -212,8 +212,9 @@ func (p *Port) SetLabel(label string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.label != label && p.goneLocked() == nil {
-		p.table.metrics.forget(p.metricLabel())
+		p.table.metrics.release(p.metricLabel())
 		p.label = label
+		p.table.metrics.hold(p.metricLabel())
 		p.publishLocked()
 	}
 }

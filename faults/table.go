@@ -137,7 +137,7 @@ func (t *Table) RemovePort(name string) {
 	// Before the scan of live connections: one attached after it sees
 	// removed (AttachReset).
 	p.removed.Store(true)
-	t.metrics.forget(p.metricLabel())
+	t.metrics.release(p.metricLabel())
 	held := p.timeoutsLocked()
 	p.mu.Unlock()
 	p.endRemovedTimeouts(held)
@@ -384,6 +384,7 @@ func (p *Port) notifyEnabled(enabled bool) error {
 func newPort(t *Table, name, protocol, label string) *Port {
 	p := &Port{table: t, name: name, protocol: protocol, label: label, enabled: true, live: map[*liveConn]struct{}{}}
 	p.udpDelays[0].budget, p.udpDelays[1].budget = &t.buffers, &t.buffers
+	t.metrics.hold(p.metricLabel())
 	p.publishLocked()
 	return p
 }

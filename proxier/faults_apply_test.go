@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/faults"
@@ -135,6 +137,43 @@ func TestUnnamedPortNumberChangeRenamesFaultPort(t *testing.T) {
 	p.Sync()
 	if got := proxies(); len(got) != 0 {
 		t.Fatalf("fault ports after the Service is gone: %v", got)
+	}
+}
+
+// The renamed fault port keeps the service port's fault series: it opens
+// before the old name is removed, under the same service_port label, and
+// that removal forgot the label's series while the latency went on acting.
+func TestUnnamedPortNumberChangeKeepsFaultSeries(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	p := newTestProxier(t, Options{Faults: faults.NewTable(0, 0, faults.NewMetrics(reg))})
+	unnamed := func(port int32) svcOpt {
+		return func(s *v1.Service) { s.Spec.Ports[0].Name, s.Spec.Ports[0].Port = "", port }
+	}
+	const slow = `[{"name":"slow","type":"latency","attributes":{"latency":300}}]`
+	count := func() int {
+		t.Helper()
+		n, err := testutil.GatherAndCount(reg, "kubeproxy_userspace_faulted_connections", "kubeproxy_userspace_faults_injected_total")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	old := makeService("web", unnamed(80), annotated(slow))
+	p.OnServiceAdd(old)
+	p.Sync()
+	if n := count(); n != 2 {
+		t.Fatalf("port 80 with a latency: %d series of faulted_connections and faults_injected_total, want 2", n)
+	}
+	svc := makeService("web", unnamed(81), annotated(slow))
+	p.OnServiceUpdate(old, svc)
+	p.Sync()
+	if n := count(); n != 2 {
+		t.Errorf("after 80 -> 81: %d series, want 2 (the port still has its latency)", n)
+	}
+	p.OnServiceDelete(svc)
+	p.Sync()
+	if n := count(); n != 0 {
+		t.Errorf("after the Service is gone: %d series, want none", n)
 	}
 }
 
