@@ -332,3 +332,30 @@ func TestPortSeriesStayWhileAnotherPortOfTheLabelLives(t *testing.T) {
 		t.Errorf("the label's last port removed: %d series (err %v), want none", n, err)
 	}
 }
+
+// A faulted port of a label whose old port drains (removed, a faulted
+// connection of its live) takes the label's series back: they stay when
+// the old connection ends, the new port being there.
+func TestPortSeriesOfALabelBackWhileItDrains(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	tbl := NewTable(0, 0, NewMetrics(reg))
+	lat := []Toxic{toxic(t, `{"type":"latency","attributes":{"latency":1}}`)}
+	old := tbl.PortLabeled("default.web.http", "TCP", "default/web:http")
+	old.SetDeclared(lat)
+	a := old.Accept(client1)
+	if a == nil {
+		t.Fatal("connection not faulted")
+	}
+	tbl.RemovePort(old.Name())
+	back := tbl.PortLabeled("default.web.http", "TCP", "default/web:http")
+	back.SetDeclared(lat)
+	a.Done()
+	want := `
+# HELP kubeproxy_userspace_faulted_connections Live TCP connections with at least one toxic applied
+# TYPE kubeproxy_userspace_faulted_connections gauge
+kubeproxy_userspace_faulted_connections{service_port="default/web:http"} 0
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "kubeproxy_userspace_faulted_connections"); err != nil {
+		t.Errorf("the re-created port's series after the old connection ended: %v", err)
+	}
+}

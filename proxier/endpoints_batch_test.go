@@ -218,3 +218,43 @@ func TestBatchObservesTriggersWhenServed(t *testing.T) {
 		t.Fatalf("a slice out of any batch: %v served, want 4 endpoints at once", got)
 	}
 }
+
+// TestBatchDropsTriggersOfAServiceLeftWithoutSlices: a slice added and
+// deleted in one batch, the Service's only one, leaves no trigger time to
+// observe, as deleting a Service's last slice drops its pending ones one by
+// one; and a batch's dirty Services are not applied again by later batches.
+func TestBatchDropsTriggersOfAServiceLeftWithoutSlices(t *testing.T) {
+	start := time.Unix(1_000_000, 0)
+	clk := clocktesting.NewFakeClock(start)
+	p := newTestProxier(t, Options{Clock: clk})
+	p.OnServiceAdd(makeService("web"))
+	p.OnServiceAdd(makeService("db"))
+	p.Sync()
+	clk.Step(time.Second)
+	es := makeSlice("web", v1.ProtocolTCP, "10.1.0.1:8080")
+	es.Annotations = map[string]string{endpointsTriggerTimeAnnotation: clk.Now().Format(time.RFC3339Nano)}
+	p.BeginBatch()
+	p.OnEndpointSliceAdd(es)
+	p.OnEndpointSliceDelete(es)
+	p.EndBatch()
+	var m dtoHistogram
+	m.read(t, p)
+	if m.count != 0 {
+		t.Errorf("%d programming latencies observed for a Service left without slices, want 0", m.count)
+	}
+	p.endpoints.mu.Lock()
+	pending, dirty := len(p.endpoints.pending), len(p.endpoints.dirty)
+	p.endpoints.mu.Unlock()
+	if pending != 0 || dirty != 0 {
+		t.Errorf("after the batch: %d Services with pending trigger times, %d dirty; want none", pending, dirty)
+	}
+	p.BeginBatch()
+	p.OnEndpointSliceAdd(makeSlice("db", v1.ProtocolTCP, "10.2.0.1:5432"))
+	p.endpoints.mu.Lock()
+	dirty = len(p.endpoints.dirty)
+	p.endpoints.mu.Unlock()
+	p.EndBatch()
+	if dirty != 1 {
+		t.Errorf("the next batch holds %d dirty Services, want only its own", dirty)
+	}
+}
