@@ -74,6 +74,23 @@ func TestJudgeWindowAndTolerance(t *testing.T) {
 	if short[1].judged || !short[1].ok {
 		t.Errorf("RSS over a 90 s window: judged=%v ok=%v, want shown but not judged", short[1].judged, short[1].ok)
 	}
+	// The 90 s run judges no slope of the proxy's own descriptors and
+	// goroutines (noise over its minute; the idle check judges them), the
+	// 30 min run every one.
+	for _, tc := range []struct {
+		duration   time.Duration
+		wantJudged bool
+	}{{90 * time.Second, false}, {30 * time.Minute, true}} {
+		warmup := min(max(tc.duration/6, 30*time.Second), 5*time.Minute)
+		for _, v := range judge(samples[:int(tc.duration/(6*time.Second))], resources, warmup, tc.duration) {
+			if v.DeadPeers || v.Name == "RSS" {
+				continue
+			}
+			if v.judged != tc.wantJudged {
+				t.Errorf("%s over a %v run: judged %v, want %v", v.Name, tc.duration, v.judged, tc.wantJudged)
+			}
+		}
+	}
 }
 
 func TestReadPatternCatchesLossAndCorruption(t *testing.T) {
