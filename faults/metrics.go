@@ -188,14 +188,9 @@ func (s *portSeries) Collect(ch chan<- prometheus.Metric) {
 		label string
 		c     *portCounters
 	}
-	s.mu.RLock()
-	sweep := len(s.draining) > 0
-	s.mu.RUnlock()
-	if sweep {
-		s.mu.Lock()
-		s.sweepLocked()
-		s.mu.Unlock()
-	}
+	s.mu.Lock()
+	s.sweepLocked() // the draining ports whose last connection ended since
+	s.mu.Unlock()
 	s.mu.RLock()
 	ports := make([]port, 0, len(s.ports))
 	for label, c := range s.ports {

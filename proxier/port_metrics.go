@@ -172,14 +172,9 @@ func (s *portSeries) Collect(ch chan<- prometheus.Metric) {
 	if r := s.conns.Load(); r != nil {
 		r.flush() // before the counters are read: they include it
 	}
-	s.mu.RLock()
-	sweep := len(s.draining) > 0
-	s.mu.RUnlock()
-	if sweep {
-		s.mu.Lock()
-		s.sweepLocked()
-		s.mu.Unlock()
-	}
+	s.mu.Lock()
+	s.sweepLocked() // the draining ports whose last connection ended since
+	s.mu.Unlock()
 	s.mu.RLock()
 	ports := make([]port, 0, len(s.ports))
 	for _, m := range s.ports {
