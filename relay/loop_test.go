@@ -1365,41 +1365,9 @@ func TestLoopResetBehindAStalledUploadIsPassedOn(t *testing.T) {
 	client, backend := b.connect(t, h, true)
 	flood(client)
 	proxySide := h.connected(t).backendFD
-	raw, err := backend.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	delivered := func() int {
-		var queued int
-		_ = raw.Control(func(fd uintptr) { queued, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
-		unsent, _ := unix.IoctlGetInt(proxySide, unix.SIOCOUTQ)
-		return queued + unsent
-	}
-	// Stalled: nothing more reaches the backend's side.
-	deadline := time.Now().Add(10 * time.Second)
-	for last := -1; ; {
-		time.Sleep(50 * time.Millisecond)
-		n := delivered()
-		if n > 0 && n == last {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the upload never stalled")
-		}
-		last = n
-	}
-	_ = client.SetLinger(0)
-	client.Close()
-	reset := time.Now()
-	state := func() (s int) {
-		_ = raw.Control(func(fd uintptr) { s = rawio.TCPState(int(fd)) })
-		return s
-	}
-	for state() != rawio.TCPClose {
-		if time.Since(reset) > 5*time.Second {
-			t.Fatalf("the backend's connection still in TCP state %d, not reset, 5 s after its client reset behind a stalled upload", state())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	resetBehindStall(t, client, backend, func() int {
+		n, _ := unix.IoctlGetInt(proxySide, unix.SIOCOUTQ)
+		return n
+	})
 	h.wait(t)
 }

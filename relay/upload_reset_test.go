@@ -152,10 +152,10 @@ func TestTCPResetBehindAStalledUploadIsPassedOn(t *testing.T) {
 			}()
 			if tc.download {
 				flood(backend)
-				resetBehindStall(t, backend, proxyClient, client)
+				resetBehindStall(t, backend, client, unsentOf(t, proxyClient))
 			} else {
 				flood(client)
-				resetBehindStall(t, client, proxyBackend, backend)
+				resetBehindStall(t, client, backend, unsentOf(t, proxyBackend))
 			}
 			waitDone(t, done, 5*time.Second, "a relay whose peer reset behind a stalled direction")
 		})
@@ -163,23 +163,19 @@ func TestTCPResetBehindAStalledUploadIsPassedOn(t *testing.T) {
 }
 
 // resetBehindStall waits until what from sends no longer reaches to (the
-// proxy's proxySide, towards to, is full; to reads nothing), resets from,
-// and wants to's connection reset within 5 s.
-func resetBehindStall(t *testing.T, from, proxySide, to *net.TCPConn) {
+// proxy's socket towards to is full, its unsent bytes counted by unsent;
+// to reads nothing), resets from, and wants to's connection reset within
+// 5 s. Both data paths' tests use it.
+func resetBehindStall(t *testing.T, from, to *net.TCPConn, unsent func() int) {
 	t.Helper()
 	raw, err := to.SyscallConn()
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxyRaw, err := proxySide.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
 	delivered := func() int {
-		var queued, unsent int
+		var queued int
 		_ = raw.Control(func(fd uintptr) { queued, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
-		_ = proxyRaw.Control(func(fd uintptr) { unsent, _ = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) })
-		return queued + unsent
+		return queued + unsent()
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for last := -1; ; {
@@ -207,4 +203,16 @@ func resetBehindStall(t *testing.T, from, proxySide, to *net.TCPConn) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	t.Logf("reset passed on in %v", time.Since(reset).Round(time.Millisecond))
+}
+
+// unsentOf counts what the proxy's socket c holds unsent (SIOCOUTQ).
+func unsentOf(t *testing.T, c *net.TCPConn) func() int {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func() (n int) {
+		_ = raw.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) })
+		return n
+	}
 }
