@@ -41,7 +41,7 @@ type liveConn struct {
 	seq        uint64
 	clientAddr netip.Addr
 	reset      func()
-	conn       *Conn // its pipelines, for a removed timeout toxic
+	conn       *Conn // its pipelines, for a removed timeout or bandwidth 0 toxic
 	// wasCut: a down (or the port's) cut it already, so one that races
 	// it (Attach, a second down) neither counts it again nor resets twice.
 	wasCut atomic.Bool
@@ -221,34 +221,36 @@ func (c *Conn) AttachReset(reset func()) {
 			return
 		}
 	}
-	// Nor a timeout toxic removed since, or with its port: its removal
-	// did not see it yet.
-	if c.port.removed.Load() && c.holdsTimeout() {
-		for _, k := range c.snap.timeouts() {
-			c.up.timeoutRemoved(k)
-			c.down.timeoutRemoved(k)
+	// Nor a timeout or bandwidth 0 toxic removed since, or with its
+	// port: its removal did not see it yet.
+	if c.port.removed.Load() && c.held() {
+		for _, k := range c.snap.holds() {
+			c.up.holdRemoved(k)
+			c.down.holdRemoved(k)
 		}
 		return
 	}
-	if s != c.snap && c.holdsTimeout() {
-		for _, k := range removedTimeouts(c.snap.timeouts(), s.timeouts()) {
-			c.up.timeoutRemoved(k)
-			c.down.timeoutRemoved(k)
+	if s != c.snap && c.held() {
+		for _, k := range removedHolds(c.snap.holds(), s.holds()) {
+			c.up.holdRemoved(k)
+			c.down.holdRemoved(k)
 		}
 	}
 }
 
-// holdsTimeout tells whether a timeout toxic applies to the connection.
-func (c *Conn) holdsTimeout() bool {
-	return (c.up != nil && c.up.timeoutGone != nil) || (c.down != nil && c.down.timeoutGone != nil)
+// held tells whether a toxic that holds it until removed (a timeout, a
+// bandwidth 0) applies to the connection.
+func (c *Conn) held() bool {
+	return c.up.holdsUntilRemoved() || c.down.holdsUntilRemoved()
 }
 
-// timeouts are the keys of s's timeout toxics.
-func (s *snapshot) timeouts() []timeoutKey {
-	var keys []timeoutKey
+// holds are the keys of s's toxics that hold connections until removed
+// (holdsUntilRemoved).
+func (s *snapshot) holds() []holdKey {
+	var keys []holdKey
 	for _, t := range s.toxics {
-		if t.Type == "timeout" {
-			keys = append(keys, timeoutKey{t.Name, t.origin, t.Stream})
+		if holdsUntilRemoved(t.Type) {
+			keys = append(keys, holdKey{t.Name, t.origin, t.Stream})
 		}
 	}
 	return keys
@@ -364,10 +366,11 @@ func (p *Port) cutLive(which func(*liveConn) bool) int {
 	return n
 }
 
-// endRemovedTimeouts ends the streams of live connections that the removed
-// timeout toxics (removed through the API or /reset, or gone from the
-// annotation) hold, as Toxiproxy's removal closes them.
-func (p *Port) endRemovedTimeouts(removed []timeoutKey) {
+// releaseRemovedHolds releases the streams of live connections that the
+// removed toxics (removed through the API or /reset, or gone from the
+// annotation) hold, as Toxiproxy's removal does: a timeout's end, a
+// bandwidth 0's flow on (holdRemoved).
+func (p *Port) releaseRemovedHolds(removed []holdKey) {
 	if len(removed) == 0 {
 		return
 	}
@@ -379,8 +382,8 @@ func (p *Port) endRemovedTimeouts(removed []timeoutKey) {
 	p.liveMu.Unlock()
 	for _, c := range conns {
 		for _, k := range removed {
-			c.up.timeoutRemoved(k)
-			c.down.timeoutRemoved(k)
+			c.up.holdRemoved(k)
+			c.down.holdRemoved(k)
 		}
 	}
 }

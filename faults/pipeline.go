@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -36,6 +37,14 @@ type pipeline struct {
 	rate       float64
 	bwNextFree time.Time
 	hold       bool
+	// holding are the bandwidth 0 toxics holding the stream that were not
+	// removed since (releaseHold; under holdMu). Once the last one is,
+	// released is set and the stream flows on, as Toxiproxy's removal
+	// lets the held chunk through. inHold: the writer waits in the hold
+	// (holdStream), which the release wakes (under wakeMu).
+	holdMu           sync.Mutex
+	holding          []*compiled
+	released, inHold atomic.Bool
 	// holdBound is how long a hold lasts once its source ended (the
 	// relay's half-close bound; 0: for ever, as Toxiproxy); srcRaw is the
 	// source, whose state the hold looks at (srcEnded).
@@ -65,7 +74,7 @@ type pipeline struct {
 	idleTimeout time.Duration
 	// timeoutGone is closed when a timeout toxic of this stream is removed
 	// (through the fault API or /reset, or from the Service's annotation:
-	// timeoutRemoved): the stream then ends as when the
+	// holdRemoved): the stream then ends as when the
 	// timeout runs out, as Toxiproxy's TimeoutToxic.Cleanup closes its
 	// stub. Kept instead, a timeout 0 held the connection for ever, and
 	// Toxiproxy's pattern "hang it, remove the toxic, the client sees EOF
@@ -121,6 +130,8 @@ func newPipeline(toxics []*compiled, seq uint64) *pipeline {
 		switch {
 		case t.Type == "timeout":
 			p.timeoutGone = make(chan struct{})
+		case t.Type == "bandwidth" && t.Attributes["rate"] == 0:
+			p.holding = append(p.holding, t)
 		case t.Type == "latency" && t.Attributes["jitter"] > 0,
 			t.Type == "slicer" && t.Attributes["size_variation"] > 0:
 			if p.rngs == nil {
@@ -132,17 +143,58 @@ func newPipeline(toxics []*compiled, seq uint64) *pipeline {
 	return p
 }
 
-// timeoutRemoved ends the stream if it holds the removed timeout toxic k;
-// nil: no pipeline.
-func (p *pipeline) timeoutRemoved(k timeoutKey) {
-	if p == nil || p.timeoutGone == nil {
+// holdRemoved applies the removal of toxic k to the stream if k holds it:
+// a timeout ends the stream, a bandwidth 0 lets it flow on once no other
+// holds it (releaseHold); nil: no pipeline.
+func (p *pipeline) holdRemoved(k holdKey) {
+	if p == nil {
 		return
 	}
 	for _, t := range p.toxics {
-		if t.Type == "timeout" && t.Name == k.name && t.origin == k.origin && t.Stream == k.stream {
+		if t.Name != k.name || t.origin != k.origin || t.Stream != k.stream {
+			continue
+		}
+		switch t.Type {
+		case "timeout":
 			p.goneOnce.Do(func() { close(p.timeoutGone) })
+		case "bandwidth":
+			p.releaseHold(t)
 		}
 	}
+}
+
+// holdsUntilRemoved tells whether a toxic whose removal reaches the
+// stream (a timeout, a bandwidth 0) applies to it; false for nil.
+func (p *pipeline) holdsUntilRemoved() bool {
+	if p == nil {
+		return false
+	}
+	p.holdMu.Lock()
+	defer p.holdMu.Unlock()
+	return p.timeoutGone != nil || len(p.holding) > 0
+}
+
+// releaseHold takes the removed bandwidth toxic t off the stream's hold,
+// if it holds it: once none is left the stream flows on, and a writer
+// waiting in the hold is woken (a past deadline, as the reader's wake-up
+// sets one; sleep tells it from a bound's by released).
+func (p *pipeline) releaseHold(t *compiled) {
+	p.holdMu.Lock()
+	i := slices.Index(p.holding, t)
+	if i >= 0 {
+		p.holding = slices.Delete(p.holding, i, i+1)
+	}
+	last := i >= 0 && len(p.holding) == 0
+	p.holdMu.Unlock()
+	if !last {
+		return
+	}
+	p.wakeMu.Lock()
+	p.released.Store(true)
+	if p.inHold.Load() {
+		_ = p.dst.SetWriteDeadline(time.Unix(1, 0))
+	}
+	p.wakeMu.Unlock()
 }
 
 type chunk struct {
@@ -332,20 +384,9 @@ func (p *pipeline) deliver(dst *net.TCPConn, c chunk) (int64, error) {
 	if p.blackhole {
 		return 0, nil
 	}
-	if p.hold {
-		// Until the connection ends; its reader stops at the queue's
-		// bound, so the source meets back-pressure, not loss.
-		poll := time.Hour
-		if p.holdBound > 0 {
-			poll = min(p.holdBound, holdPoll)
-		}
-		for {
-			if err := p.sleep(poll); err != nil {
-				return 0, err
-			}
-			if p.srcEnded() {
-				return 0, p.holdEnded()
-			}
+	if p.hold && !p.released.Load() {
+		if err := p.holdStream(); err != nil {
+			return 0, err
 		}
 	}
 	var sliceDelay time.Duration
@@ -575,6 +616,37 @@ func (p *pipeline) writeNow(b []byte) (int, error) {
 	return n, nil
 }
 
+// holdStream holds the stream's data (bandwidth 0) until the connection
+// ends, or until the toxics that hold it are removed (releaseHold): nil
+// then, and the chunk goes on through the stream's other toxics, as
+// Toxiproxy's removal lets the held chunk through (Testcontainers' cut
+// connection restored). Meanwhile its reader stops at the queue's bound,
+// so the source meets back-pressure, not loss.
+func (p *pipeline) holdStream() error {
+	p.inHold.Store(true)
+	defer p.inHold.Store(false)
+	poll := time.Hour
+	if p.holdBound > 0 {
+		poll = min(p.holdBound, holdPoll)
+	}
+	for {
+		err := p.sleep(poll)
+		if err == nil && p.srcEnded() {
+			err = p.holdEnded()
+		}
+		if errors.Is(err, errReleased) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// errReleased ends a wait in the hold (holdStream): the toxics holding
+// the stream were removed.
+var errReleased = errors.New("faults: hold released")
+
 // holdPoll is how often a hold looks at its source's state (srcEnded).
 const holdPoll = time.Second
 
@@ -595,8 +667,9 @@ func (p *pipeline) srcEnded() bool {
 	return ended
 }
 
-// holdEnded ends a held stream whose source ended: what it holds can never
-// be delivered, nor the end after it, and no direction of the relay ended,
+// holdEnded ends a held stream whose source ended: unless the toxics
+// holding it are removed meanwhile (errReleased), what it holds is never
+// delivered, nor the end after it, and no direction of the relay ended,
 // so its half-close bound never ran (a client that gave up and closed left
 // the connection, its goroutines and its slot until the backend closed an
 // idle connection: with a database, never). After holdBound both peers are
@@ -649,10 +722,12 @@ func (p *pipeline) sleep(d time.Duration) error {
 	}
 	p.wakeMu.Lock()
 	err := p.dst.SetWriteDeadline(until)
-	// After the deadline is set: a reader failing, or the relay aborting,
-	// from now on sets its own over it, which wakes the wait below; one
-	// that came before is seen here (the deadline just set went over it).
+	// After the deadline is set: a reader failing, the relay aborting, or
+	// a hold's release, from now on sets its own over it, which wakes the
+	// wait below; one that came before is seen here (the deadline just
+	// set went over it).
 	aborted, failed := p.aborted.Load(), p.srcFailed.Load()
+	released := p.inHold.Load() && p.released.Load()
 	p.wakeMu.Unlock()
 	switch {
 	case err != nil:
@@ -661,6 +736,8 @@ func (p *pipeline) sleep(d time.Duration) error {
 		return errAborted
 	case failed:
 		return p.srcErr
+	case released:
+		return errReleased
 	}
 	err = p.at.wait(until)
 	switch {
@@ -674,6 +751,8 @@ func (p *pipeline) sleep(d time.Duration) error {
 		return p.onTimer
 	case errors.Is(err, errWaitedOut):
 		return nil
+	case errors.Is(err, os.ErrDeadlineExceeded) && p.inHold.Load() && p.released.Load():
+		return errReleased // the next wait or write sets its own deadline
 	}
 	return &relay.WriteError{Err: err}
 }

@@ -119,9 +119,10 @@ func (t *Table) Declare(name string, toxics []Toxic) (cut []Down, ok bool) {
 }
 
 // RemovePort forgets a service port that is gone, API toxics included.
-// The connections its timeout toxics hold end, as at the toxics' removal:
-// forgotten with the port, they were held until the client closed, out of
-// reach of the API (404) and of /reset.
+// The connections its timeout toxics hold end, and those its bandwidth 0
+// toxics hold flow on, as at the toxics' removal: forgotten with the port,
+// they were held until the client closed, out of reach of the API (404)
+// and of /reset.
 func (t *Table) RemovePort(name string) {
 	t.mu.Lock()
 	p := t.ports[name]
@@ -138,9 +139,9 @@ func (t *Table) RemovePort(name string) {
 	// removed (AttachReset).
 	p.removed.Store(true)
 	t.metrics.release(p.metricLabel())
-	held := p.timeoutsLocked()
+	held := p.holdsLocked()
 	p.mu.Unlock()
-	p.endRemovedTimeouts(held)
+	p.releaseRemovedHolds(held)
 	// The datagrams its toxics still delay or hold can never be delivered
 	// (the port's sessions and socket are closed): kept, they held
 	// --fault-max-buffered-bytes for the rest of their delay, so another
@@ -415,7 +416,7 @@ func (p *Port) SetDeclared(toxics []Toxic) (cut []Down) {
 		p.mu.Unlock()
 		return nil
 	}
-	before := p.timeoutsLocked()
+	before := p.holdsLocked()
 	cutting := p.newDownsLocked(toxics)
 	p.annotation = toxics
 	// A name is one toxic: an API toxic whose name the annotation now
@@ -436,12 +437,12 @@ func (p *Port) SetDeclared(toxics []Toxic) (cut []Down) {
 		p.api = kept
 	}
 	s := p.publishLocked()
-	gone := removedTimeouts(before, p.timeoutsLocked())
+	gone := removedHolds(before, p.holdsLocked())
 	p.mu.Unlock()
-	// As at the API's removal: a timeout the Service no longer declares
-	// (or an API one that gave way) must not hold its connections for
-	// ever.
-	p.endRemovedTimeouts(gone)
+	// As at the API's removal: a timeout or bandwidth 0 the Service no
+	// longer declares (or an API one that gave way) must not hold its
+	// connections for ever.
+	p.releaseRemovedHolds(gone)
 	// A down the Service now declares cuts its share of the live
 	// connections, as one added through the API does (its purpose).
 	untracked := p.protocol == "TCP" && !p.table.TrackLive
@@ -646,9 +647,10 @@ func (p *Port) updateAPI(name string, patch []byte) (Toxic, error) {
 		p.cutDown(s, next) // as when added: its share of live connections goes
 	}
 	if next.Stream != cur.Stream {
-		// Moved to the other stream, a timeout leaves the one whose
-		// connections it holds, as if removed there (as in SetDeclared).
-		p.endRemovedTimeouts(timeoutsOf(nil, []Toxic{cur}, OriginAPI))
+		// Moved to the other stream, a timeout or bandwidth 0 leaves the
+		// one whose connections it holds, as if removed there (as in
+		// SetDeclared).
+		p.releaseRemovedHolds(holdsOf(nil, []Toxic{cur}, OriginAPI))
 	}
 	return next, nil
 }
@@ -689,34 +691,45 @@ func (p *Port) removeAPI(name string) error {
 	p.api = append(append([]Toxic{}, p.api[:i]...), p.api[i+1:]...)
 	p.publishLocked()
 	p.mu.Unlock()
-	p.endRemovedTimeouts(timeoutsOf(nil, []Toxic{removed}, OriginAPI))
+	p.releaseRemovedHolds(holdsOf(nil, []Toxic{removed}, OriginAPI))
 	return nil
 }
 
-// timeoutKey is what makes a timeout toxic the one a connection holds:
-// its name, origin and stream. A change that keeps them is an update,
-// which reaches new connections only; one that takes the key away
-// (removed, another type or stream, an API toxic giving way) removes it.
-type timeoutKey struct{ name, origin, stream string }
+// holdKey is what makes a toxic that holds live connections until it is
+// removed (a timeout, a bandwidth 0) the one a connection holds: its name,
+// origin and stream. A change that keeps them is an update, which reaches
+// new connections only; one that takes the key away (removed, another
+// type or stream, an API toxic giving way) removes it.
+type holdKey struct{ name, origin, stream string }
 
-// timeoutsOf appends the keys of the timeout toxics among toxics.
-func timeoutsOf(keys []timeoutKey, toxics []Toxic, origin string) []timeoutKey {
+// holdsOf appends the keys of the toxics among toxics whose removal
+// reaches the live connections they hold (holdsUntilRemoved).
+func holdsOf(keys []holdKey, toxics []Toxic, origin string) []holdKey {
 	for _, t := range toxics {
-		if t.Type == "timeout" {
-			keys = append(keys, timeoutKey{t.Name, origin, t.Stream})
+		if holdsUntilRemoved(t.Type) {
+			keys = append(keys, holdKey{t.Name, origin, t.Stream})
 		}
 	}
 	return keys
 }
 
-// timeoutsLocked are the keys of the port's timeout toxics; p.mu is held.
-func (p *Port) timeoutsLocked() []timeoutKey {
-	return timeoutsOf(timeoutsOf(nil, p.annotation, OriginAnnotation), p.api, OriginAPI)
+// holdsUntilRemoved tells whether a toxic of type typ holds the live
+// connections it applies to until it is removed, which reaches them, as
+// Toxiproxy's removal does: a timeout ends them with a FIN (its Cleanup
+// closes the stub), a bandwidth 0 lets what it holds flow on (its toxic,
+// interrupted, writes the held chunk on). A bandwidth of another rate keys
+// too: an update to or from 0 keeps the key and reaches new connections
+// only, as an update does.
+func holdsUntilRemoved(typ string) bool { return typ == "timeout" || typ == "bandwidth" }
+
+// holdsLocked are the keys of the port's holding toxics; p.mu is held.
+func (p *Port) holdsLocked() []holdKey {
+	return holdsOf(holdsOf(nil, p.annotation, OriginAnnotation), p.api, OriginAPI)
 }
 
-// removedTimeouts are the keys in before that after lacks.
-func removedTimeouts(before, after []timeoutKey) []timeoutKey {
-	var gone []timeoutKey
+// removedHolds are the keys in before that after lacks.
+func removedHolds(before, after []holdKey) []holdKey {
+	var gone []holdKey
 	for _, k := range before {
 		if !slices.Contains(after, k) {
 			gone = append(gone, k)
@@ -731,7 +744,7 @@ func (p *Port) reset() error {
 	if p.lockLive() != nil {
 		return nil // went since /reset listed it: nothing left to reset
 	}
-	removed := timeoutsOf(nil, p.api, OriginAPI)
+	removed := holdsOf(nil, p.api, OriginAPI)
 	p.api = nil
 	p.enabled = true
 	// Numbered from 0 again, as after a restart: a suite that resets
@@ -744,7 +757,7 @@ func (p *Port) reset() error {
 	}
 	p.publishLocked().datagram.restart()
 	p.mu.Unlock()
-	p.endRemovedTimeouts(removed)
+	p.releaseRemovedHolds(removed)
 	return p.notifyEnabled(true) // up already: as a repeated enable (setEnabled)
 }
 
