@@ -3,6 +3,9 @@ package iptables
 import (
 	"fmt"
 	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -305,4 +308,52 @@ func TestKernelSyncRemovesLegacyJumps(t *testing.T) {
 			t.Errorf("nat %s:\n got %q\nwant %q", chain, got, want)
 		}
 	}
+}
+
+// An Update whose iptables-restore is killed by a signal after its COMMIT
+// (systemd's stop signals every process of the unit; an OOM kill) is not
+// run again: its -I lines, which flush no chain, inserted every new rule a
+// second time, and Update said nothing. The copy left when the Service
+// went kept its portal (a DNAT to a proxy port another Service may take)
+// until the next full Sync. Failed, the delta is rewritten in full.
+func TestKernelUpdateSignalledAfterCommitIsNotRunAgain(t *testing.T) {
+	requireRealIptables(t)
+	// iptables-restore that does its work, then is killed while armed.
+	real, err := exec.LookPath("iptables-restore")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	armed := filepath.Join(dir, "armed")
+	wrapper := fmt.Sprintf("#!/bin/sh\n%s \"$@\"\nrc=$?\nif [ -e %s ]; then rm -f %[2]s; kill -TERM $$; sleep 5; fi\nexit $rc\n", real, armed)
+	if err := os.WriteFile(filepath.Join(dir, "iptables-restore"), []byte(wrapper), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	ns := newNetns(t)
+	runner := newNSRunner(t, ns, IPv4)
+	cfg := Config{Family: IPv4, BindAddress: netip.IPv4Unspecified(), NodeIP: netip.MustParseAddr("192.168.1.10"),
+		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
+	r := New(runner, cfg)
+	portals := manyPortals(10)
+	syncOK(t, r, portals)
+	assertKernelState(t, ns, r, portals)
+
+	if err := os.WriteFile(armed, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	added := append(slices.Clone(portals), Portal{Name: "bench/new:http", Protocol: TCP,
+		IP: netip.MustParseAddr("10.97.0.1"), Port: 80, ProxyPort: 19999})
+	if err := r.Update(added); err != nil {
+		t.Fatalf("Update: %v", err)
+	}
+	if _, err := os.Stat(armed); !os.IsNotExist(err) {
+		t.Fatalf("the restore was not signalled: %v", err)
+	}
+	assertKernelState(t, ns, r, added)
+	// The Service goes: no rule of it is left.
+	if err := r.Update(portals); err != nil {
+		t.Fatalf("Update: %v", err)
+	}
+	assertKernelState(t, ns, r, portals)
 }

@@ -171,14 +171,28 @@ func (r *execRunner) Save(tables ...Table) ([]byte, error) {
 }
 
 func (r *execRunner) Restore(data []byte) error {
-	return runAgainIfSignalled(func() error {
-		var stderr bytes.Buffer
-		cmd := r.restoreCmd(data, &stderr)
-		if err := cmd.Run(); err != nil {
-			return commandError(cmd, err, &stderr)
-		}
-		return nil
-	})
+	return runAgainIfSignalled(func() error { return r.RestoreOnce(data) })
+}
+
+// RestoreOnce is Restore without the run again of a command killed by a
+// signal (onceRestorer), for an input that does not rewrite whole chains.
+func (r *execRunner) RestoreOnce(data []byte) error {
+	var stderr bytes.Buffer
+	cmd := r.restoreCmd(data, &stderr)
+	if err := cmd.Run(); err != nil {
+		return commandError(cmd, err, &stderr)
+	}
+	return nil
+}
+
+// onceRestorer is a Runner whose Restore runs a command killed by a
+// signal again (runAgainIfSignalled), and which can restore without that.
+// A signal can come after the last COMMIT: an input of -I and -D lines,
+// which flushes no chain (Update's), run again inserted each of its rules
+// a second time, and the copy left when the rule was deleted kept a
+// deleted Service's portal until the next full Sync.
+type onceRestorer interface {
+	RestoreOnce(data []byte) error
 }
 
 // signalledRuns is how many times a rule command killed by a signal is
@@ -188,8 +202,9 @@ const signalledRuns = 3
 // runAgainIfSignalled runs a rule command (run) again when a signal killed
 // it, up to signalledRuns times. Such a command did none of its work or
 // all of it: iptables-save only reads, and iptables-restore commits at
-// COMMIT, with inputs that rewrite whole chains, so a second run writes
-// the same. The signal was rarely meant for it: one sent to the proxy's
+// COMMIT, with inputs that rewrite whole chains (Sync's, Stop's), so a
+// second run writes the same; Update's, which do not, are run once
+// (onceRestorer). The signal was rarely meant for it: one sent to the proxy's
 // process group (timeout(1), a second Ctrl-C, kill -- -PGID) also reaches
 // a command forked in the instant before it leaves that group (ownGroup's
 // setpgid runs in the child, after the fork), and the stop's flush of the

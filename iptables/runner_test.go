@@ -117,6 +117,16 @@ if [ "$(wc -l < %[1]s)" -le 2 ]; then kill -TERM $$; sleep 5; fi`, runs)
 	if n := count(); err != nil || n != 3 {
 		t.Errorf("RestoreConcurrently: %v after %d runs; want it run again after the signals (3 runs)", err, n)
 	}
+	// RestoreOnce, for Update's deltas (which no second run writes the
+	// same), is run once and says the signal.
+	once, ok := r.(onceRestorer)
+	if !ok {
+		t.Fatal("the runner cannot restore without running again")
+	}
+	err = once.RestoreOnce([]byte("*filter\nCOMMIT\n"))
+	if n := count(); err == nil || !strings.Contains(err.Error(), "signal: terminated") || n != 1 {
+		t.Errorf("RestoreOnce: %v after %d runs; want its signal named after 1 run", err, n)
+	}
 	// One killed every time fails, saying so.
 	if err := os.WriteFile(filepath.Join(dir, "iptables-restore"), []byte("#!/bin/sh\nkill -TERM $$\nsleep 5\n"), 0o755); err != nil {
 		t.Fatal(err)
