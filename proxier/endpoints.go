@@ -68,8 +68,8 @@ type endpointsTracker struct {
 	pending map[types.NamespacedName][]pendingTrigger
 	// batches counts the batches of events open (beginBatch). While one
 	// is, a slice event records the slice and marks its Service dirty;
-	// the last endBatch applies each dirty Service once and then observes
-	// the batch's trigger times (batched). Applied at each event, a
+	// endBatch applies each dirty Service once and then observes the
+	// batches' trigger times (batched). Applied at each event, a
 	// Service given its endpoints in N slices merged them all N times:
 	// 5,000 one-endpoint slices of one Service took 19 s of CPU to load.
 	batches int
@@ -212,11 +212,16 @@ func (t *endpointsTracker) beginBatch() {
 	t.batches++
 }
 
-// endBatch ends a batch; the last one open applies each Service its
-// events changed, once, and then observes their trigger times, as each
+// endBatch ends a batch and applies each Service the events of the
+// batches open changed, once, then observes their trigger times, as each
 // event would have after its own apply: the endpoints are served now.
-// A trigger of a Service left without slices is not observed (as the
-// deletion of its last slice dropped the trigger times waiting for it).
+// At every end, not only the last one open's: two sources' batches
+// overlap (the last known state's, served as its grace ran out, inside
+// the informer's initial list), and the file's slices waited for the end
+// of the list, its Services served with no endpoint meanwhile; a batch
+// still open records on. A trigger of a Service left without slices is
+// not observed (as the deletion of its last slice dropped the trigger
+// times waiting for it).
 func (t *endpointsTracker) endBatch() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -224,9 +229,6 @@ func (t *endpointsTracker) endBatch() {
 		return
 	}
 	t.batches--
-	if t.batches > 0 {
-		return
-	}
 	for svc := range t.dirty {
 		t.apply(svc)
 	}

@@ -1,8 +1,10 @@
 package proxier
 
 import (
+	"context"
 	"fmt"
 	"maps"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -12,6 +14,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/loadbalancer"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxier/config"
 )
 
 // sliceEvent is one EndpointSlice handler call: an add (old nil), an
@@ -256,5 +261,43 @@ func TestBatchDropsTriggersOfAServiceLeftWithoutSlices(t *testing.T) {
 	p.EndBatch()
 	if dirty != 1 {
 		t.Errorf("the next batch holds %d dirty Services, want only its own", dirty)
+	}
+}
+
+// TestBatchEndServesWhileAnotherIsOpen: a batch that ends serves its
+// slices though another source's batch is still open. The last known
+// state is served (its own batch) when the API server has not synced
+// within the grace, which can be while the informer delivers its initial
+// list (that batch open until the list is all delivered): the file's
+// Services were then synced and served with no endpoint, their clients
+// refused, until the informer's list ended.
+func TestBatchEndServesWhileAnotherIsOpen(t *testing.T) {
+	p := newTestProxier(t, Options{})
+	path := filepath.Join(t.TempDir(), "state.json")
+	file := config.State{Written: time.Now(), Services: []*v1.Service{makeService("web")},
+		EndpointSlices: []*discovery.EndpointSlice{makeSlice("web", v1.ProtocolTCP, "10.1.0.1:8080")}}
+	if err := config.WriteStateFile(path, file); err != nil {
+		t.Fatal(err)
+	}
+	s := config.NewLastKnownState(path, p, time.Millisecond)
+	s.OnServiceAdd(makeService("db", withClusterIP("10.96.0.22")))
+	s.BeginBatch() // the informer's initial list, being delivered
+	s.OnEndpointSliceAdd(makeSlice("db", v1.ProtocolTCP, "10.2.0.1:5432"))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); s.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	spn := func(svc string) loadbalancer.ServicePortName {
+		return loadbalancer.ServicePortName{NamespacedName: types.NamespacedName{Namespace: "default", Name: svc}, Port: "p", Protocol: v1.ProtocolTCP}
+	}
+	for deadline := time.Now().Add(3 * time.Second); len(endpointsOf(t, p, spn("web"))) == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the last known state served (%v) with no endpoint for its Service while the source's batch is open",
+				s.Status().Serving)
+		}
+	}
+	s.EndBatch()
+	if got := endpointsOf(t, p, spn("db")); len(got) != 1 {
+		t.Fatalf("after the source's batch: db serves %v, want its endpoint", got)
 	}
 }

@@ -508,7 +508,7 @@ func (p *Proxier) OnEndpointSliceDelete(es *discovery.EndpointSlice) { p.endpoin
 
 // BeginBatch and EndBatch bracket a burst of events (config.Batcher): the
 // slices delivered between them are served, each of their Services merged
-// once, when the last batch open ends.
+// once, when a batch ends.
 func (p *Proxier) BeginBatch() { p.endpoints.beginBatch() }
 func (p *Proxier) EndBatch()   { p.endpoints.endBatch() }
 

@@ -49,9 +49,11 @@ type Handler interface {
 // between the two the handler may defer what each EndpointSlice event
 // changes until EndBatch, which returns once it is all served. Delivered
 // one by one, the N slices of one Service were each merged with all the
-// others (N=5,000 one-endpoint slices: 19 s of CPU). Batches nest: only
-// the last EndBatch of those open serves them. Calls are serialised with
-// the events as the source serialises those.
+// others (N=5,000 one-endpoint slices: 19 s of CPU). Batches nest, and
+// two sources' overlap (the last known state's inside an informer's
+// initial list): each EndBatch serves what the batches open deferred so
+// far, and those still open defer on. Calls are serialised with the
+// events as the source serialises those.
 type Batcher interface {
 	BeginBatch()
 	EndBatch()
