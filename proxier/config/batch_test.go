@@ -121,6 +121,92 @@ func TestInformerInitialListIsOneBatch(t *testing.T) {
 	}
 }
 
+// heldRecorder is a batchingInformerRecorder whose update of one slice
+// waits until released: the events that come meanwhile pile up.
+type heldRecorder struct {
+	batchingInformerRecorder
+	slice    string
+	held     chan struct{} // closed once the update is being delivered
+	released chan struct{}
+}
+
+func (r heldRecorder) OnEndpointSliceUpdate(old, es *discovery.EndpointSlice) {
+	r.batchingInformerRecorder.OnEndpointSliceUpdate(old, es)
+	if es.Name == r.slice {
+		close(r.held)
+		<-r.released
+	}
+}
+
+// TestInformerBurstIsOneBatch: the slice events that come while the ones
+// before are delivered (a resumed watch or a relist after an outage hands
+// every slice changed meanwhile at once) reach a Batcher as one batch;
+// delivered one by one, each merged every slice of its Service (5,000
+// one-endpoint slices of one Service changed during an outage: 63 s of
+// CPU). The event that came alone was delivered alone, at once.
+func TestInformerBurstIsOneBatch(t *testing.T) {
+	client := fake.NewClientset(svcFixture("a"), sliceFixture("a-1", nil), sliceFixture("a-2", nil), sliceFixture("a-3", nil))
+	r := heldRecorder{batchingInformerRecorder{newInformerRecorder()}, "a-1", make(chan struct{}), make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	src := NewInformerSource(client, r, InformerOptions{})
+	go func() { done <- src.Run(ctx) }()
+	released := false
+	defer func() {
+		if !released {
+			close(r.released)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	listed := len(r.waitFor(t, "slices synced"))
+	update := func(name, addr string) {
+		es := sliceFixture(name, nil)
+		es.Endpoints[0].Addresses = []string{addr}
+		if _, err := client.DiscoveryV1().EndpointSlices("ns").Update(ctx, es, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	update("a-1", "10.1.0.9")
+	select {
+	case <-r.held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the update of ns/a-1 was not delivered")
+	}
+	update("a-2", "10.1.0.9")
+	update("a-3", "10.1.0.9")
+	if _, err := client.DiscoveryV1().EndpointSlices("ns").Create(ctx, sliceFixture("a-4", nil), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); handedOver(src) < 3; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of the 3 events handed over while ns/a-1's update was delivered", handedOver(src))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(r.released)
+	released = true
+	want := []string{"slice update ns/a-1", "batch begin", "slice update ns/a-2", "slice update ns/a-3", "slice add ns/a-4", "batch end"}
+	got := r.waitFor(t, "slice add ns/a-4")[listed:]
+	for deadline := time.Now().Add(10 * time.Second); len(got) < len(want) && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+		got = r.snapshot()[listed:]
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("after the sync: %q, want %q", got, want)
+	}
+}
+
+// handedOver is how many calls the source's informers handed over and it
+// has not delivered yet.
+func handedOver(s *InformerSource) int {
+	s.calls.mu.Lock()
+	defer s.calls.mu.Unlock()
+	return len(s.calls.pending)
+}
+
 // TestLastKnownStateBatches: the last known state passes a source's
 // batches on, and hands the file's objects, and the deletes of those the
 // source does not hold, each as a batch of their own.

@@ -51,7 +51,7 @@ func (e serviceEvents) OnAdd(obj any, _ bool) {
 	}
 	logSCTPPorts(nil, svc)
 	logUnusableServiceIPs(nil, svc)
-	e.s.deliver(func() { e.s.handler.OnServiceAdd(svc) })
+	e.s.queue(serviceCall, func() { e.s.handler.OnServiceAdd(svc) })
 }
 
 func (e serviceEvents) OnUpdate(oldObj, newObj any) {
@@ -63,15 +63,15 @@ func (e serviceEvents) OnUpdate(oldObj, newObj any) {
 	switch skipOld, skipNew := e.s.skips(old), e.s.skips(svc); {
 	case skipOld && skipNew:
 	case skipNew:
-		e.s.deliver(func() { e.s.handler.OnServiceDelete(old) })
+		e.s.queue(serviceCall, func() { e.s.handler.OnServiceDelete(old) })
 	case skipOld:
 		logSCTPPorts(nil, svc)
 		logUnusableServiceIPs(nil, svc)
-		e.s.deliver(func() { e.s.handler.OnServiceAdd(svc) })
+		e.s.queue(serviceCall, func() { e.s.handler.OnServiceAdd(svc) })
 	default:
 		logSCTPPorts(old, svc)
 		logUnusableServiceIPs(old, svc)
-		e.s.deliver(func() { e.s.handler.OnServiceUpdate(old, svc) })
+		e.s.queue(serviceCall, func() { e.s.handler.OnServiceUpdate(old, svc) })
 	}
 }
 
@@ -80,7 +80,7 @@ func (e serviceEvents) OnDelete(obj any) {
 	if !ok || e.s.skips(svc) {
 		return
 	}
-	e.s.deliver(func() { e.s.handler.OnServiceDelete(svc) })
+	e.s.queue(serviceCall, func() { e.s.handler.OnServiceDelete(svc) })
 }
 
 // sliceEvents adapts the EndpointSlice informer to the EndpointSliceHandler.
@@ -88,7 +88,7 @@ type sliceEvents struct{ s *InformerSource }
 
 func (e sliceEvents) OnAdd(obj any, initial bool) {
 	if es, ok := fromInformer[discovery.EndpointSlice](obj); ok {
-		e.s.deliver(func() {
+		e.s.queue(sliceCall, func() {
 			if initial {
 				e.s.initialSlice()
 			}
@@ -103,7 +103,7 @@ func (e sliceEvents) OnUpdate(oldObj, newObj any) {
 	if !ok1 || !ok2 || resync(old.ResourceVersion, es.ResourceVersion) {
 		return
 	}
-	e.s.deliver(func() { e.s.handler.OnEndpointSliceUpdate(old, es) })
+	e.s.queue(sliceCall, func() { e.s.handler.OnEndpointSliceUpdate(old, es) })
 }
 
 // resync reports an informer's periodic resync: the same object again
@@ -115,7 +115,7 @@ func resync(oldVersion, newVersion string) bool {
 
 func (e sliceEvents) OnDelete(obj any) {
 	if es, ok := fromInformer[discovery.EndpointSlice](obj); ok {
-		e.s.deliver(func() { e.s.handler.OnEndpointSliceDelete(es) })
+		e.s.queue(sliceCall, func() { e.s.handler.OnEndpointSliceDelete(es) })
 	}
 }
 
