@@ -207,7 +207,8 @@ type renderCache struct {
 func (r *Rules) renderAll(usable []Portal) []*portalRules {
 	out := make([]*portalRules, len(usable))
 	old := r.cache
-	var podSrcs, nodePortDsts []string
+	var podSrcs []string
+	var nodePortDsts []nodePortDst
 	i := 0
 	for j, p := range usable {
 		for i < len(old.portals) && comparePortals(old.portals[i], p) < 0 {
@@ -231,7 +232,7 @@ func (r *Rules) renderAll(usable []Portal) []*portalRules {
 }
 
 // renderPortal renders one portal's rules.
-func (r *Rules) renderPortal(p Portal, podSrcs, nodePortDsts []string) *portalRules {
+func (r *Rules) renderPortal(p Portal, podSrcs []string, nodePortDsts []nodePortDst) *portalRules {
 	pr := &portalRules{chains: make([][]string, len(ownedChains))}
 	if p.GuardOnly {
 		pr.guards = []guardKey{{p.Protocol, p.ProxyPort}}
@@ -242,7 +243,8 @@ func (r *Rules) renderPortal(p Portal, podSrcs, nodePortDsts []string) *portalRu
 		// the node's addresses in --nodeport-addresses (a range the server
 		// does not listen in must not open the port to another listener).
 		c := chainIndex(ChainNodePortNonLocal)
-		for _, dst := range nodePortDsts {
+		for _, d := range nodePortDsts {
+			dst := d.match
 			if dst == notIPv6Loopback {
 				dst = "" // the server listens on ::1 too (NodePorts alone leave it out)
 			}
@@ -266,23 +268,29 @@ func (r *Rules) renderPortal(p Portal, podSrcs, nodePortDsts []string) *portalRu
 	// PREROUTING; in OUTPUT every packet is the node's own, the
 	// kernel's --src-type LOCAL, so there it simply replaces the
 	// Local target), then the rule every other client meets.
-	portal := func(container, host, dst string) {
+	// A hostOnly destination (nodePortDst) gets no PREROUTING rule.
+	portal := func(container, host, dst string, hostOnly bool) {
 		toHost := r.hostTarget(p.ProxyPort)
+		if p.ClusterProxyPort != 0 {
+			toHost = r.hostTarget(p.ClusterProxyPort)
+		}
+		add(host, dst+protoComment+dport+toHost)
+		if hostOnly {
+			return
+		}
 		if p.ClusterProxyPort != 0 {
 			for _, src := range podSrcs {
 				add(container, src+dst+protoComment+dport+r.containerTarget(p.ClusterProxyPort))
 			}
-			toHost = r.hostTarget(p.ClusterProxyPort)
 		}
 		add(container, dst+protoComment+dport+r.containerTarget(p.ProxyPort))
-		add(host, dst+protoComment+dport+toHost)
 	}
 	if p.ClusterProxyPort != 0 {
 		proxyPorts = append(proxyPorts, p.ClusterProxyPort)
 	}
 	if p.NodePort {
-		for _, dst := range nodePortDsts {
-			if dst == ipv6LoopbackDst {
+		for _, d := range nodePortDsts {
+			if d.match == ipv6LoopbackDst {
 				// --nodeport-addresses localhost (or ::1/128): kube-proxy
 				// skips a loopback node IP in IPv6 ("localhost NodePorts
 				// are not supported on IPv6"), so [::1]:NodePort is not
@@ -290,7 +298,7 @@ func (r *Rules) renderPortal(p Portal, podSrcs, nodePortDsts []string) *portalRu
 				// still listens on ::1 (above).
 				continue
 			}
-			portal(ChainNodePortContainer, ChainNodePortHost, dst)
+			portal(ChainNodePortContainer, ChainNodePortHost, d.match, d.hostOnly)
 		}
 		for _, port := range proxyPorts {
 			// NEW connections only, as the legacy proxier's rule (-m state
@@ -299,7 +307,7 @@ func (r *Rules) renderPortal(p Portal, podSrcs, nodePortDsts []string) *portalRu
 			add(ChainNodePortNonLocal, protoComment+" -m "+proto+" --dport "+strconv.Itoa(port)+nonLocalConntrack)
 		}
 	} else {
-		portal(ChainPortalsContainer, ChainPortalsHost, "-d "+netip.PrefixFrom(p.IP.Unmap(), r.cfg.Family.hostBits()).String()+" ")
+		portal(ChainPortalsContainer, ChainPortalsHost, "-d "+netip.PrefixFrom(p.IP.Unmap(), r.cfg.Family.hostBits()).String()+" ", false)
 		for _, rule := range r.sourceRangeRules(p, protoComment) {
 			add(ChainLBSourceRanges, rule)
 		}
@@ -420,25 +428,48 @@ func boolCompare(a, b bool) int {
 	return -1
 }
 
-// nodePortDestinations returns the destination match that starts NodePort
-// rules: "-d CIDR " per --nodeport-addresses entry, or a single empty match
+// nodePortDst is one destination NodePort rules are written for.
+type nodePortDst struct {
+	match string // starts the rules: "-d CIDR ", or "" / notIPv6Loopback
+	// hostOnly: the CIDR holds loopback addresses only (--nodeport-addresses
+	// localhost), which only the node's own connections (OUTPUT) reach. A
+	// packet from another host or a pod with such a destination is a martian
+	// the node drops (route_localnet is never set), unless a PREROUTING rule
+	// DNATs it to the node IP first, before routing looks: with one, every
+	// neighbour (and a pod with CAP_NET_RAW) reached these NodePorts by
+	// sending to 127.0.0.1.
+	hostOnly bool
+}
+
+// nodePortDestinations returns the destinations that start NodePort rules:
+// "-d CIDR " per --nodeport-addresses entry, or a single empty match
 // (the addrtype LOCAL on the jump alone) when all local addresses are wanted;
 // in IPv6 that match leaves ::1 out, as kube-proxy's jump to KUBE-NODEPORTS
 // does (localhost NodePorts are IPv4 only there): the node's own
 // connections to [::1]:NodePort were the Service's.
-func (r *Rules) nodePortDestinations() []string {
+func (r *Rules) nodePortDestinations() []nodePortDst {
 	cidrs := r.cfg.nodePortCIDRs()
 	if len(cidrs) == 0 {
 		if r.cfg.Family == IPv6 {
-			return []string{notIPv6Loopback}
+			return []nodePortDst{{match: notIPv6Loopback}}
 		}
-		return []string{""}
+		return []nodePortDst{{match: ""}}
 	}
-	out := make([]string, len(cidrs))
+	out := make([]nodePortDst, len(cidrs))
 	for i, c := range cidrs {
-		out[i] = "-d " + c.String() + " "
+		out[i] = nodePortDst{match: "-d " + c.String() + " ", hostOnly: c.Addr().IsLoopback() && c.Bits() >= loopbackBits(c.Addr())}
 	}
 	return out
+}
+
+// loopbackBits is the length of the family's loopback prefix (127.0.0.0/8,
+// ::1/128): a CIDR at least this long around a loopback address holds
+// nothing else.
+func loopbackBits(a netip.Addr) int {
+	if a.Is4() {
+		return 8
+	}
+	return 128
 }
 
 // NodePortCaptures reports whether the NodePort rules take a connection

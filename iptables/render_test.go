@@ -287,6 +287,58 @@ func TestLinkLocalNodeIPRedirectsPrerouting(t *testing.T) {
 	}
 }
 
+// TestLoopbackNodePortAddressesTakeOnlyTheNodesOwn: a --nodeport-addresses
+// CIDR of loopback addresses only (the localhost keyword's 127.0.0.0/8, a
+// 127.0.0.1/32) gets its NodePort rules in KUBE-NODEPORT-HOST (OUTPUT) alone:
+// only the node's own connections have such a destination, and a
+// PREROUTING rule DNATed a neighbour's packet to 127.0.0.1:NodePort to the
+// node IP before routing could drop the martian, so every host on the
+// node's links reached NodePorts meant for the node. Other CIDRs keep both
+// chains, an externalTrafficPolicy: Local portal's pod shortcut included.
+func TestLoopbackNodePortAddressesTakeOnlyTheNodesOwn(t *testing.T) {
+	p := netip.MustParsePrefix
+	for _, tc := range []struct {
+		cidrs       []netip.Prefix
+		host, other string // -d of the rules in HOST alone, and in both chains ("": none)
+	}{
+		{[]netip.Prefix{p("127.0.0.0/8"), p("::1/128")}, "127.0.0.0/8", ""},
+		{[]netip.Prefix{p("127.0.0.1/32")}, "127.0.0.1/32", ""},
+		{[]netip.Prefix{p("127.0.0.0/8"), p("192.168.1.0/24")}, "127.0.0.0/8", "192.168.1.0/24"},
+	} {
+		cfg := Config{Family: IPv4, NodeIP: netip.MustParseAddr("192.168.1.10"), NodePortAddresses: tc.cidrs,
+			ClusterCIDRs: []netip.Prefix{p("10.244.0.0/16")}}
+		chains := map[string][]string{}
+		for _, line := range strings.Split(string(New(NewFakeRunner(cfg.Family), cfg).Render(localPolicyPortals())), "\n") {
+			for _, chain := range []string{ChainNodePortContainer, ChainNodePortHost} {
+				if rule, ok := strings.CutPrefix(line, "-A "+chain+" "); ok {
+					chains[chain] = append(chains[chain], rule)
+				}
+			}
+		}
+		if !slices.ContainsFunc(chains[ChainNodePortHost], func(r string) bool { return strings.Contains(r, "-d "+tc.host+" ") }) {
+			t.Errorf("%v: no KUBE-NODEPORT-HOST rule for %s (the node's own clients): %q", tc.cidrs, tc.host, chains[ChainNodePortHost])
+		}
+		for _, rule := range chains[ChainNodePortContainer] {
+			if strings.Contains(rule, "-d 127.") {
+				t.Errorf("%v: KUBE-NODEPORT-CONTAINER (PREROUTING) rule for a loopback destination, which DNATs a neighbour's packet to 127.0.0.1: %s", tc.cidrs, rule)
+			}
+		}
+		if tc.other == "" {
+			continue
+		}
+		for _, chain := range []string{ChainNodePortContainer, ChainNodePortHost} {
+			if !slices.ContainsFunc(chains[chain], func(r string) bool { return strings.Contains(r, "-d "+tc.other+" ") }) {
+				t.Errorf("%v: no %s rule for %s: %q", tc.cidrs, chain, tc.other, chains[chain])
+			}
+		}
+		if !slices.ContainsFunc(chains[ChainNodePortContainer], func(r string) bool {
+			return strings.HasPrefix(r, "-s 10.244.0.0/16 -d "+tc.other+" ")
+		}) {
+			t.Errorf("%v: the Local portal's pod shortcut for %s is gone: %q", tc.cidrs, tc.other, chains[ChainNodePortContainer])
+		}
+	}
+}
+
 // TestNodePortCapturesAsRendered: Config.NodePortCaptures, which the
 // proxy's own-portal check asks, says of each local address what the
 // rendered KUBE-NODEPORT-HOST rules (the node's own connections) do with
