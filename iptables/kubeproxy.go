@@ -14,8 +14,11 @@ import (
 // with the image of the other backend) DNATs Service traffic to the pod
 // IPs it last knew before this proxy's portals see it: in the other
 // backend always (its nat hook decides first, and nat is decided once per
-// connection), in this one when it sorts before our jumps. The proxy's
-// /healthz is 200 all the same: only a log line can say it.
+// connection); in this one the NodePorts its KUBE-NODEPORTS lists wherever
+// the jump is (KUBE-SERVICES ends in a jump there, and our NodePort jumps
+// come last in the chain), the rest when it sorts before our portals'
+// jump. The proxy's /healthz is 200 all the same: only a log line can say
+// it.
 const kubeProxyServices = "KUBE-SERVICES"
 
 // kubeProxyJumps returns the rules of nat's PREROUTING and OUTPUT that
@@ -41,7 +44,7 @@ func warnKubeProxyJumps(f Family, backend, command string, jumps []string) {
 	for i, j := range jumps {
 		remove[i] = command + " -t nat -D " + strings.TrimPrefix(j, "-A ")
 	}
-	klog.ErrorS(nil, "kube-proxy's rules are in place: its KUBE-SERVICES chain sends Service traffic to the endpoints it last knew before this proxy's portals see it (always from the other backend; from this one when its jump comes first) (kube-proxy still running, or stopped without `kube-proxy --cleanup`); stop kube-proxy and run `kube-proxy --cleanup` with the image of that backend, or delete the jumps",
+	klog.ErrorS(nil, "kube-proxy's rules are in place: its KUBE-SERVICES chain sends Service traffic to the endpoints it last knew before this proxy's portals see it (from the other backend all of it; from this one the NodePorts it still lists wherever its jump is, as this proxy's NodePort jumps come last, and ClusterIPs, external and LoadBalancer IPs when its jump comes first) (kube-proxy still running, or stopped without `kube-proxy --cleanup`); stop kube-proxy and run `kube-proxy --cleanup` with the image of that backend, or delete the jumps",
 		"family", f, "backend", backend, "jumps", jumps, "remove", remove)
 }
 

@@ -54,6 +54,39 @@ func TestKubeProxyJumpsAreSaid(t *testing.T) {
 	}
 }
 
+// TestKubeProxyJumpAfterOursStillTakesNodePorts: kube-proxy's jump
+// appended after this proxy's portals jump (it ran again after our start,
+// or was left from before a --cleanup of ours) leaves the ClusterIPs to
+// us, but its KUBE-SERVICES still ends in KUBE-NODEPORTS, which comes
+// before our NodePort jumps (last in the chain): every NodePort it still
+// lists went to its dead pods (lab: 3 of 3 connections to NODEIP:30080
+// timed out, the ClusterIP served). The error said only "from this one
+// when its jump comes first", which reads as harmless there; it names the
+// NodePorts now.
+func TestKubeProxyJumpAfterOursStillTakesNodePorts(t *testing.T) {
+	logs := captureKlog(t)
+	fake := NewFakeRunner(IPv4)
+	rules := New(fake, testConfig)
+	if err := rules.Sync(nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := fake.NewChain(TableNAT, "KUBE-SERVICES"); err != nil {
+		t.Fatal(err)
+	}
+	if err := fake.AppendRule(TableNAT, "PREROUTING", "-m", "comment", "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES"); err != nil {
+		t.Fatal(err)
+	}
+	if err := rules.Sync(nil); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), "kube-proxy's rules are in place") {
+		t.Fatalf("kube-proxy's jump was not said:\n%s", logs)
+	}
+	if !strings.Contains(logs.String(), "the NodePorts it still lists wherever its jump is") {
+		t.Errorf("the error does not say that a jump after ours still takes the NodePorts:\n%s", logs)
+	}
+}
+
 // The other backend's kube-proxy jumps are found in the same dump as our
 // chains there (kube-proxy's image picked legacy, this one nf_tables).
 func TestOtherBackendKubeProxyJumps(t *testing.T) {
