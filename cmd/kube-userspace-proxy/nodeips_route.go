@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -21,7 +22,14 @@ var routeIPsInterval = 5 * time.Second
 // looks in a row while the default route now has another source, it
 // restarts the proxy (as a Node whose addresses moved does, nodeIPsWatch)
 // so that the portals take the new one; gone with nothing to take instead
-// (the link down), it is logged once and waited for.
+// (the link down), it is logged once and waited for. IPv4, when the
+// default route decides it and had none at start (its portals REDIRECT: a
+// DHCP lease late at boot, a start during a link flap), restarts the proxy
+// likewise once a default route is seen in two looks: IPv4 REDIRECT loses
+// pods on veths without an address (Calico, the AWS VPC CNI), and kept
+// doing so until some other restart. IPv6 is left on REDIRECT: every IPv6
+// interface has a link-local address, which REDIRECT takes (lab: such a
+// pod served either way), so a restart there would only cut connections.
 type routeIPsWatch struct {
 	inUse   [2]netip.Addr // by family (0: IPv4, 1: IPv6); invalid: not watched
 	routes  [2]func() netip.Addr
@@ -29,6 +37,10 @@ type routeIPsWatch struct {
 	restart func(error)
 	gone    [2]int  // looks in a row that found inUse gone
 	told    [2]bool // the loss was logged
+	// ipv4Unfound: the default route decides IPv4 and had no address at
+	// start; ipv4Found counts the looks in a row that found one since.
+	ipv4Unfound bool
+	ipv4Found   int
 }
 
 // newRouteIPsWatch watches the families whose node IP hostIPOf took from
@@ -38,12 +50,23 @@ func newRouteIPsWatch(v *validated, isLocal func(netip.Addr) bool, restart func(
 	for _, ip := range v.nodeObjectIPs {
 		w.inUse[familyIndex(ip)] = netip.Addr{} // the Node's: nodeIPsWatch looks after it
 	}
+	w.ipv4Unfound = routeDecidesIPv4(v) && !w.inUse[0].IsValid()
 	return w
+}
+
+// routeDecidesIPv4 is whether the IPv4 node IP is the default route's: no
+// --bind-address naming an address, no IPv4 --node-ip, no IPv4 address on
+// the Node (hostIPsInUse's rule).
+func routeDecidesIPv4(v *validated) bool {
+	if v.bind.IsValid() && !v.bind.IsUnspecified() || v.nodeIP.IsValid() && familyIndex(v.nodeIP) == 0 {
+		return false
+	}
+	return !slices.ContainsFunc(v.nodeObjectIPs, func(ip netip.Addr) bool { return familyIndex(ip) == 0 })
 }
 
 // run looks every interval until ctx ends or it has asked for a restart.
 func (w *routeIPsWatch) run(ctx context.Context, interval time.Duration) {
-	if !w.inUse[0].IsValid() && !w.inUse[1].IsValid() {
+	if !w.inUse[0].IsValid() && !w.inUse[1].IsValid() && !w.ipv4Unfound {
 		return
 	}
 	tick := time.NewTicker(interval)
@@ -62,6 +85,15 @@ func (w *routeIPsWatch) run(ctx context.Context, interval time.Duration) {
 
 // look checks each watched node IP once; true: a restart was asked for.
 func (w *routeIPsWatch) look() bool {
+	if w.ipv4Unfound {
+		if now := w.routes[0](); !now.IsValid() {
+			w.ipv4Found = 0
+		} else if w.ipv4Found++; w.ipv4Found >= 2 && w.restart != nil {
+			klog.InfoS("The default route now has an IPv4 address, and the IPv4 portals had no node IP (they REDIRECT); restarting so that they DNAT to it (rules and proxy ports are kept)", "newNodeIP", now)
+			w.restart(fmt.Errorf("the default route's %v is an IPv4 node IP, where there was none: restart to take it", now))
+			return true
+		}
+	}
 	for i, ip := range w.inUse {
 		if !ip.IsValid() {
 			continue

@@ -53,3 +53,55 @@ func TestRouteIPsWatch(t *testing.T) {
 		})
 	}
 }
+
+// TestRouteIPsWatchTakesAnIPv4NodeIPThatCameLater: an IPv4 default route
+// that came only after the start (a DHCP lease late at boot, a start during
+// a link flap) left the IPv4 portals on REDIRECT, which loses pods on
+// address-less veths, until some other restart (lab: a Calico-shaped pod
+// timed out 3 of 3 to a ClusterIP while the proxy ran on). Two looks that
+// find one restart the proxy; a flag or the Node deciding IPv4, a route
+// seen once, or IPv6 (REDIRECT takes a link-local address there, which
+// every IPv6 interface has), do not.
+func TestRouteIPsWatchTakesAnIPv4NodeIPThatCameLater(t *testing.T) {
+	a := netip.MustParseAddr
+	saved := defaultRoutes
+	defer func() { defaultRoutes = saved }()
+	for _, tc := range []struct {
+		name   string
+		v      validated
+		six    bool     // the family that has no default route at start
+		routes []string // its default route's source at start, then at each look ("" none)
+		want   bool     // restart at the last look
+	}{
+		{"appeared", validated{}, false, []string{"", "", "192.168.77.10", "192.168.77.10"}, true},
+		{"seen once", validated{}, false, []string{"", "192.168.77.10", "", "192.168.77.10"}, false},
+		{"--node-ip decides it", validated{nodeIP: a("192.168.77.20")}, false, []string{"", "192.168.77.10", "192.168.77.10"}, false},
+		{"--bind-address decides it", validated{bind: a("fd00::20")}, false, []string{"", "192.168.77.10", "192.168.77.10"}, false},
+		{"the Node decides it", validated{nodeObjectIPs: []netip.Addr{a("192.168.77.20")}}, false, []string{"", "192.168.77.10", "192.168.77.10"}, false},
+		{"IPv6", validated{}, true, []string{"", "fd00::10", "fd00::10", "fd00::10"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			route := tc.routes[0]
+			late := func() netip.Addr {
+				if route == "" {
+					return netip.Addr{}
+				}
+				return a(route)
+			}
+			defaultRoutes.v4, defaultRoutes.v6 = late, func() netip.Addr { return a("fd00::10") }
+			if tc.six {
+				defaultRoutes.v4, defaultRoutes.v6 = func() netip.Addr { return a("192.168.77.10") }, late
+			}
+			var restarts []error
+			w := newRouteIPsWatch(&tc.v, func(netip.Addr) bool { return true }, func(err error) { restarts = append(restarts, err) })
+			for i, r := range tc.routes[1:] {
+				route = r
+				got := w.look()
+				last := i == len(tc.routes)-2
+				if want := last && tc.want; got != want || (len(restarts) == 1) != want {
+					t.Fatalf("look %d (route %q): restart %v (%v), want %v", i, r, got, restarts, want)
+				}
+			}
+		})
+	}
+}
