@@ -50,7 +50,9 @@ func newRouteIPsWatch(v *validated, isLocal func(netip.Addr) bool, restart func(
 	for _, ip := range v.nodeObjectIPs {
 		w.inUse[familyIndex(ip)] = netip.Addr{} // the Node's: nodeIPsWatch looks after it
 	}
-	w.ipv4Unfound = routeDecidesIPv4(v) && !w.inUse[0].IsValid()
+	// With --prerouting-redirect the portals REDIRECT pods' traffic
+	// whatever the node IP: a restart would only cut connections.
+	w.ipv4Unfound = routeDecidesIPv4(v) && !v.preroutingRedirect && !w.inUse[0].IsValid()
 	return w
 }
 

@@ -78,6 +78,7 @@ func TestRouteIPsWatchTakesAnIPv4NodeIPThatCameLater(t *testing.T) {
 		{"--node-ip decides it", validated{nodeIP: a("192.168.77.20")}, false, []string{"", "192.168.77.10", "192.168.77.10"}, false},
 		{"--bind-address decides it", validated{bind: a("fd00::20")}, false, []string{"", "192.168.77.10", "192.168.77.10"}, false},
 		{"the Node decides it", validated{nodeObjectIPs: []netip.Addr{a("192.168.77.20")}}, false, []string{"", "192.168.77.10", "192.168.77.10"}, false},
+		{"--prerouting-redirect keeps REDIRECT", validated{preroutingRedirect: true}, false, []string{"", "192.168.77.10", "192.168.77.10"}, false},
 		{"IPv6", validated{}, true, []string{"", "fd00::10", "fd00::10", "fd00::10"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
