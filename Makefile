@@ -78,7 +78,8 @@ FUZZ_TARGETS := \
 	FuzzEndpointsConversion:./proxier \
 	FuzzConfigFile:./cmd/kube-userspace-proxy \
 	FuzzParseSave:./iptables \
-	FuzzParseAnnotation:./faults
+	FuzzParseAnnotation:./faults \
+	FuzzRequest:./faults/api
 
 fuzz:
 	@missing=$$(grep -rhoE '^func Fuzz[A-Za-z0-9_]+' --include='*_test.go' . | sed 's/^func //' | sort -u | \
