@@ -200,7 +200,7 @@ func (s *server) populate(w http.ResponseWriter, r *http.Request) {
 		Upstream string `json:"upstream"`
 	}
 	if err := json.Unmarshal(body, &in); err != nil {
-		writePopulated(w, http.StatusBadRequest, "bad request body: "+bodyError(err, "a JSON list of proxies"), nil)
+		writePopulated(w, http.StatusBadRequest, "bad request body: "+bodyError(r, body, err, "a JSON list of proxies"), nil)
 		return
 	}
 	infos := make([]faults.ProxyInfo, len(in))
@@ -280,7 +280,7 @@ func (s *server) proxyUpdate(w http.ResponseWriter, r *http.Request) {
 		Enabled  *bool   `json:"enabled"`
 	}
 	if err := json.Unmarshal(body, &in); err != nil {
-		writeError(w, http.StatusBadRequest, "bad request body: "+bodyError(err, `a JSON object (a proxy: {"enabled": ...})`))
+		writeError(w, http.StatusBadRequest, "bad request body: "+bodyError(r, body, err, `a JSON object (a proxy: {"enabled": ...})`))
 		return
 	}
 	if in.Name != nil && *in.Name != "" && *in.Name != info.Name {
@@ -338,7 +338,7 @@ func (s *server) toxicBody(w http.ResponseWriter, r *http.Request) ([]byte, bool
 	if !ok {
 		return nil, false
 	}
-	body, err := withoutOrigin(body)
+	body, err := withoutOrigin(r, body)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "bad request body: "+err.Error())
 		return nil, false
@@ -501,13 +501,10 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 // null, which is one without fields as in Toxiproxy (its decoder leaves
 // the toxic as it is on null): an update changes nothing, a create has no
 // type. null was refused, where Toxiproxy answers an update with the toxic.
-func withoutOrigin(body []byte) ([]byte, error) {
+func withoutOrigin(r *http.Request, body []byte) ([]byte, error) {
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(body, &fields); err != nil {
-		if len(strings.TrimSpace(string(body))) == 0 {
-			return nil, errors.New("empty body, want a JSON object")
-		}
-		return nil, errors.New(bodyError(err, "a JSON object (a toxic)"))
+		return nil, errors.New(bodyError(r, body, err, "a JSON object (a toxic)"))
 	}
 	if fields == nil {
 		return []byte("{}"), nil
@@ -521,9 +518,30 @@ func withoutOrigin(body []byte) ([]byte, error) {
 
 // bodyError words a request body's JSON error in the client's terms:
 // encoding/json's named the Go type it decodes into ("cannot unmarshal
-// array into Go value of type map[string]json.RawMessage"). want is what
-// the body must be.
-func bodyError(err error, want string) string {
+// array into Go value of type map[string]json.RawMessage"), and a body
+// that is not JSON at all got only its scanner's view of the first bad
+// byte ("invalid character 'a' in literal null (expecting 'u')" for curl
+// -d name=slow, a form). want is what the body must be.
+func bodyError(r *http.Request, body []byte, err error, want string) string {
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		if len(bytes.TrimSpace(body)) == 0 {
+			return "empty, want " + want
+		}
+		var msg string
+		if se.Offset >= int64(len(body)) {
+			msg = fmt.Sprintf("not JSON: cut short after %d bytes (%v); want %s", len(body), err, want)
+		} else {
+			msg = fmt.Sprintf("not JSON at byte %d (%v); want %s", se.Offset, err, want)
+		}
+		// The label is not checked (Toxiproxy reads any body as JSON, and
+		// curl -d labels JSON as a form), but when it says the body is
+		// something else, it tells why this one is not JSON.
+		if ct := r.Header.Get("Content-Type"); ct != "" && !isJSONLabel(ct) {
+			msg += fmt.Sprintf("; it was sent as %s; the body is read as JSON whatever its Content-Type", clip.Quote(ct))
+		}
+		return msg
+	}
 	var te *json.UnmarshalTypeError
 	if !errors.As(err, &te) {
 		return err.Error()
@@ -546,6 +564,14 @@ func bodyError(err error, want string) string {
 		kind = "number"
 	}
 	return fmt.Sprintf("%s: must be a JSON %s, not a JSON %s", te.Field, kind, te.Value)
+}
+
+// isJSONLabel tells a Content-Type that says JSON: application/json, or a
+// +json type, with any parameters.
+func isJSONLabel(contentType string) bool {
+	mt, _, _ := strings.Cut(contentType, ";")
+	mt = strings.ToLower(strings.TrimSpace(mt))
+	return mt == "application/json" || strings.HasSuffix(mt, "+json")
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {

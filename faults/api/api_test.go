@@ -633,3 +633,58 @@ func TestErrorBodyReadsAsWritten(t *testing.T) {
 		t.Errorf("body %q: want one JSON value and one newline", rec.Body.String())
 	}
 }
+
+// A body that is not JSON is told so, with where it stops being JSON and,
+// when it came labelled as something else, the label: `curl -d
+// name=slow` (a form, which curl -d labels as one) was answered
+// "invalid character 'a' in literal null (expecting 'u')", which said
+// neither. The label alone refuses nothing: curl -d '{"enabled":false}'
+// sends JSON labelled as a form, as Toxiproxy's users do.
+func TestBodyNotJSON(t *testing.T) {
+	const form = "application/x-www-form-urlencoded"
+	webPath := "/proxies/" + webName
+	for _, tc := range []struct {
+		path, contentType, body string
+		want                    []string
+	}{
+		{webPath + "/toxics", form, "name=slow&type=latency", []string{
+			"bad request body: not JSON at byte 2", "want a JSON object (a toxic)",
+			`sent as "` + form + `"; the body is read as JSON whatever its Content-Type`}},
+		{webPath + "/toxics", "", "<toxic/>", []string{"bad request body: not JSON at byte 1", "want a JSON object (a toxic)"}},
+		{webPath + "/toxics/slow", "text/plain; charset=utf-8", "toxicity=0.5", []string{
+			"not JSON at byte 2", `sent as "text/plain; charset=utf-8"`}},
+		{webPath, form, "enabled=false", []string{
+			"bad request body: not JSON at byte 1", `want a JSON object (a proxy: {"enabled": ...})`, `sent as "` + form + `"`}},
+		{webPath, "", "", []string{`bad request body: empty, want a JSON object (a proxy: {"enabled": ...})`}},
+		{webPath, "", `{"enabled":`, []string{"bad request body: not JSON: cut short after 11 bytes", `want a JSON object (a proxy: {"enabled": ...})`}},
+		{"/populate", form, "name=web", []string{"bad request body: not JSON at byte 2", "want a JSON list of proxies"}},
+	} {
+		table := newTestTable(t)
+		addAPIToxic(t, table)
+		req := httptest.NewRequest("POST", tc.path, strings.NewReader(tc.body))
+		if tc.contentType != "" {
+			req.Header.Set("Content-Type", tc.contentType)
+		}
+		rec := httptest.NewRecorder()
+		New(table, "test").ServeHTTP(rec, req)
+		if rec.Code != 400 {
+			t.Errorf("POST %s %q (%s) = %d, want 400; body %s", tc.path, tc.body, tc.contentType, rec.Code, rec.Body)
+			continue
+		}
+		msg := decode[apiError](t, rec.Body.String()).Message
+		for _, w := range tc.want {
+			if !strings.Contains(msg, w) {
+				t.Errorf("POST %s %q (%s): error %q, want it to contain %q", tc.path, tc.body, tc.contentType, msg, w)
+			}
+		}
+	}
+	// JSON labelled as a form is read as JSON.
+	table := newTestTable(t)
+	req := httptest.NewRequest("POST", webPath, strings.NewReader(`{"enabled":false}`))
+	req.Header.Set("Content-Type", form)
+	rec := httptest.NewRecorder()
+	New(table, "test").ServeHTTP(rec, req)
+	if info, _ := table.Proxy(webName); rec.Code != 200 || info.Enabled {
+		t.Errorf("JSON labelled as a form: %d %s, enabled %v; want 200 and the proxy down", rec.Code, rec.Body, info.Enabled)
+	}
+}
