@@ -292,6 +292,9 @@ func TestParseAnnotationErrors(t *testing.T) {
 		{"toxicity above 1", `[{"type":"latency","toxicity":1.5}]`, both, "[0].toxicity: must be within [0, 1]"},
 		{"toxicity negative", `[{"type":"latency","toxicity":-0.1}]`, both, "[0].toxicity: must be within [0, 1]"},
 		{"toxicity not a number", `[{"type":"latency","toxicity":"high"}]`, both, "[0].toxicity: must be a JSON number, not a JSON string"},
+		// Beyond float32's range: encoding/json's overflow was worded "must be
+		// a JSON number, not a JSON number 1e40".
+		{"toxicity beyond float32", `[{"type":"latency","toxicity":1e40}]`, both, "[0].toxicity: must be within [0, 1], not 1e40"},
 		{"attribute unknown", `[{"type":"latency","attributes":{"delay":5}}]`, both, "[0].attributes.delay: not an attribute of latency (known: jitter, latency)"},
 		{"attribute given twice in two cases", `[{"type":"latency","attributes":{"Latency":1,"latency":2}}]`, both, `[0].attributes.latency: given twice, as "Latency" and "latency"`},
 		{"attribute negative", `[{"type":"latency","attributes":{"latency":-5}}]`, both, "[0].attributes.latency: must not be negative"},

@@ -159,6 +159,12 @@ func fieldOf(err error, b []byte) error {
 				}
 			}
 		}
+		if v, ok := strings.CutPrefix(te.Value, "number "); ok && te.Type.Kind() == reflect.Float32 {
+			// Beyond float32's range, so beyond toxicity's [0, 1] (the one
+			// float32 field): worded as Normalize words 1.5, where "must be
+			// a JSON number, not a JSON number 1e40" contradicted itself.
+			return &FieldError{field, fmt.Sprintf("must be within [0, 1], not %s", clip.String(v))}
+		}
 		if v, ok := strings.CutPrefix(te.Value, "number "); ok && isInteger(te.Type.Kind()) {
 			// A number, but a fraction or out of range: "must be a JSON
 			// number, not a JSON number 1.5" said nothing.

@@ -486,6 +486,8 @@ func TestHandler(t *testing.T) {
 			body: `{"attributes":{"rate":2}}`, wantStatus: 400, check: checkError("attributes.rate")},
 		{name: "toxic update wrong value type", method: "POST", path: webPath + "/toxics/slow", setup: addAPIToxic,
 			body: `{"toxicity":"1"}`, wantStatus: 400, check: checkError("invalid toxic: toxicity: must be a JSON number, not a JSON string")},
+		{name: "toxic update toxicity beyond float32", method: "POST", path: webPath + "/toxics/slow", setup: addAPIToxic,
+			body: `{"toxicity":-3.5e38}`, wantStatus: 400, check: checkError("invalid toxic: toxicity: must be within [0, 1], not -3.5e38")},
 		{name: "toxic update wrong attribute type", method: "POST", path: webPath + "/toxics/slow", setup: addAPIToxic,
 			body: `{"attributes":{"latency":"500"}}`, wantStatus: 400, check: checkError(`invalid toxic: attributes.latency: must be a number, not "500"`)},
 		{name: "toxic update unknown field", method: "POST", path: webPath + "/toxics/slow", setup: addAPIToxic,
