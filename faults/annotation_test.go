@@ -1,6 +1,7 @@
 package faults
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strconv"
@@ -494,5 +495,22 @@ func TestParseAnnotationErrorsQuoteBoundedValues(t *testing.T) {
 				t.Errorf("error of %d bytes, want at most 1000 naming the value's length: %.300s", len(msg), msg)
 			}
 		})
+	}
+}
+
+// A negative zero is zero: "toxicity":-0 and "timeout":-0.0 were kept and
+// listed back (API, /debug/services) as -0.
+func TestNegativeZeroReadsAsZero(t *testing.T) {
+	byPort, err := ParseAnnotation(`[{"name":"cut","type":"reset_peer","toxicity":-0,"attributes":{"timeout":-0.0}}]`,
+		[]ServicePort{{Name: "http", Number: 80, Protocol: "TCP"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := json.Marshal(byPort["http"][0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := string(out); strings.Contains(s, "-0") {
+		t.Errorf("toxic reads %s, want 0 where -0 was given", s)
 	}
 }

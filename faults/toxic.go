@@ -318,6 +318,11 @@ func (t *Toxic) Normalize() error {
 	if !(t.Toxicity >= 0 && t.Toxicity <= 1) { // NaN too
 		return &FieldError{"toxicity", fmt.Sprintf("must be within [0, 1], not %v", t.Toxicity)}
 	}
+	if t.Toxicity == 0 {
+		// -0 (JSON's "-0", "-0.0") is 0: shown back as "-0" it read as
+		// something other than what any client means.
+		t.Toxicity = 0
+	}
 	canonical, err := canonicalAttributes(t.Type, t.Attributes)
 	if err != nil {
 		return err
@@ -344,6 +349,9 @@ func (t *Toxic) Normalize() error {
 		}
 		if !(v <= maxAttribute) { // NaN too
 			return &FieldError{"attributes." + k, fmt.Sprintf("must be at most %g, not %v", float64(maxAttribute), v)}
+		}
+		if v == 0 {
+			v = 0 // -0 is 0, as toxicity's
 		}
 		attrs[k] = v
 	}
