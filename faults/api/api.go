@@ -38,8 +38,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"reflect"
+	"slices"
 	"strings"
 
 	"k8s.io/klog/v2"
@@ -283,6 +285,19 @@ func (s *server) proxyUpdate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "bad request body: "+bodyError(r, body, err, `a JSON object (a proxy: {"enabled": ...})`))
 		return
 	}
+	if in.Enabled == nil {
+		if field, ok := unknownProxyField(body); ok {
+			// Without enabled the body sets nothing, so a field a proxy does
+			// not have is a misspelt enabled ("enabeld"), which Toxiproxy
+			// ignores, answering 200 with the proxy as it was: the caller
+			// believed the Service down. Beside enabled, unknown fields pass
+			// as in Toxiproxy: other clients' proxies carry their own
+			// (noxious-client's rand_seed).
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("unknown field %s: a proxy has name, listen, upstream, "+
+				"enabled and toxics, and only enabled can be set through the fault API", clip.Quote(field)))
+			return
+		}
+	}
 	if in.Name != nil && *in.Name != "" && *in.Name != info.Name {
 		writeError(w, http.StatusConflict, fmt.Sprintf(
 			"name cannot be changed (%q to %s): %s", info.Name, clip.Quote(*in.Name), namingHint))
@@ -307,6 +322,26 @@ func (s *server) proxyUpdate(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	writeJSON(w, http.StatusOK, proxyOut(info))
+}
+
+// unknownProxyField returns a field of a proxy body (a JSON object) that
+// Toxiproxy's proxy does not have, in any case as encoding/json matches
+// them; the first in sorted order, so the answer does not vary.
+func unknownProxyField(body []byte) (string, bool) {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(body, &fields) != nil {
+		return "", false
+	}
+	for _, k := range slices.Sorted(maps.Keys(fields)) {
+		known := false
+		for _, f := range []string{"name", "listen", "upstream", "enabled", "toxics"} {
+			known = known || strings.EqualFold(k, f)
+		}
+		if !known {
+			return k, true
+		}
+	}
+	return "", false
 }
 
 func (s *server) proxyDelete(w http.ResponseWriter, r *http.Request) {

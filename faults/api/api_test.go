@@ -266,6 +266,21 @@ func TestHandler(t *testing.T) {
 			}},
 		{name: "name cannot change", method: "POST", path: webPath, body: `{"name":"default.other.http"}`,
 			wantStatus: 409, check: checkError("name cannot be changed")},
+		// A misspelt enabled left the proxy as it was, answered 200: the
+		// caller believed the Service down.
+		{name: "update misspelt enabled", method: "POST", path: webPath, body: `{"enabeld":false}`, wantStatus: 400,
+			check: checkError(`unknown field "enabeld": a proxy has name, listen, upstream, enabled and toxics`)},
+		{name: "update unknown field beside name", method: "POST", path: webPath, body: `{"name":"` + webName + `","Enable":false}`,
+			wantStatus: 400, check: checkError(`unknown field "Enable"`)},
+		// Beside enabled, fields of other clients' proxies pass (noxious-client
+		// sends its rand_seed), as Toxiproxy ignores them.
+		{name: "update enabled with a field of its own", method: "POST", path: webPath,
+			body: `{"Enabled":false,"rand_seed":5}`, wantStatus: 200,
+			check: func(t *testing.T, table *faults.Table, _ *httptest.ResponseRecorder) {
+				if info, _ := table.Proxy(webName); info.Enabled {
+					t.Error("proxy still enabled")
+				}
+			}},
 		{name: "update bad json", method: "POST", path: webPath, body: `{"enabled":`, wantStatus: 400,
 			check: checkError("bad request body")},
 		{name: "update wrong type", method: "POST", path: webPath, body: `{"enabled":"no"}`, wantStatus: 400,
