@@ -210,6 +210,15 @@ func (t *Table) Proxy(name string) (ProxyInfo, error) {
 	return p.Info(), nil
 }
 
+// Exists returns Proxy's error for a port that does not exist, nil for
+// one that does, without Proxy's copy of every toxic: the API checks the
+// proxy before it reads a request's body, and with that copy an add to a
+// port of 3,000 toxics spent half its time there.
+func (t *Table) Exists(name string) error {
+	_, err := t.lookup(name)
+	return err
+}
+
 // SetEnabled turns a port up or down. Down refuses new connections with a
 // reset (UDP: drops datagrams) and cuts live ones. An error that wraps
 // ErrNotServing comes with the info: the port is set, but its socket does

@@ -366,7 +366,8 @@ func (s *server) toxicIndex(w http.ResponseWriter, r *http.Request) {
 // "origin" (a toxic the API showed can be posted back as it is); when it
 // returns false it has answered.
 func (s *server) toxicBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
-	if _, ok := s.proxy(w, r); !ok {
+	if err := s.table.Exists(r.PathValue("proxy")); err != nil {
+		s.fail(w, r, err, false)
 		return nil, false
 	}
 	body, ok := readBody(w, r)
