@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -107,7 +108,10 @@ func apiServerReady(client kubernetes.Interface) readyProbe {
 // loaded, and a refusal handed to the reflector started a backoff that
 // held the informer back up to a minute after it passed (six restarts in a
 // row: endpoints served 44-60 s late). A refusal that lasts refusedPatience
-// (a missing grant) is handed to the reflector, logged as an error.
+// (a missing grant) is handed to the reflector, logged as an error, and so
+// is every refusal after it until a call is allowed: the reflector's backoff
+// spaces them then, as kube-proxy's. Each call that began a new window of
+// retries kept a node refused for good at a call a second.
 type patientListWatch struct {
 	inner cache.ListerWatcherWithContext
 	// unsupported is the inner ListerWatcher's watch-list capability, kept
@@ -119,6 +123,9 @@ type patientListWatch struct {
 	what   string
 	// failed (nil: nothing) is told every failed call.
 	failed func(error)
+	// refusalHandedOver is set when a refusal outlasted refusedFor and went
+	// to the reflector, and cleared by the next call allowed.
+	refusalHandedOver atomic.Bool
 	// maxWait is readyMaxWait, refusedEvery refusedRetryEvery, refusedFor
 	// refusedPatience, logEvery stillFailingLogEvery and hungAfter
 	// readyProbeTimeout; tests shorten them.
@@ -215,15 +222,16 @@ func (p *patientListWatch) IsWatchListSemanticsUnSupported() bool { return p.uns
 // informer, and a long outage never reaches the reflector's backoff.
 // It returns the last error when ctx ends.
 func patiently[T any](ctx context.Context, p *patientListWatch, call func() (T, error)) (T, error) {
-	if p.failed != nil {
-		inner := call
-		call = func() (T, error) {
-			v, err := inner()
-			if err != nil && ctx.Err() == nil {
-				p.failed(err)
-			}
-			return v, err
+	inner := call
+	call = func() (T, error) {
+		v, err := inner()
+		switch {
+		case err == nil:
+			p.refusalHandedOver.Store(false) // a lasting refusal has passed
+		case p.failed != nil && ctx.Err() == nil:
+			p.failed(err)
 		}
+		return v, err
 	}
 	v, err := call()
 	if err == nil || ctx.Err() != nil {
@@ -375,6 +383,9 @@ func raced[T any](ctx context.Context, p *patientListWatch, call func(context.Co
 // refusedFor: then the refusal is the reflector's (see refusedPatience).
 func untilAllowed[T any](ctx context.Context, p *patientListWatch, call func() (T, error), err error) (T, error) {
 	var v T
+	if p.refusalHandedOver.Load() {
+		return v, err // the same refusal, the reflector's since it lasted
+	}
 	began, logged := time.Now(), time.Now()
 	klog.ErrorS(err, "API server refused the informer; retrying every second (a server that just restarted, or "+refusalCause(err)+")", "informer", p.what)
 	tick := time.NewTicker(p.refusedEvery)
@@ -394,6 +405,7 @@ func untilAllowed[T any](ctx context.Context, p *patientListWatch, call func() (
 		}
 		if time.Since(began) >= p.refusedFor {
 			klog.ErrorS(err, "API server still refuses the informer ("+refusalCause(err)+"?): it lists again and retries, backing off, as kube-proxy's informers do; with list allowed but not watch, the lists alone keep it up to date", "informer", p.what, "waited", time.Since(began).Round(time.Second))
+			p.refusalHandedOver.Store(true)
 			return v, err
 		}
 		if time.Since(logged) >= p.logEvery {

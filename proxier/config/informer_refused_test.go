@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -47,6 +48,53 @@ func TestPatientListWatchHandsOverLastingRefusal(t *testing.T) {
 	start := time.Now()
 	if _, err := p.WatchWithContext(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) || ctx.Err() != nil {
 		t.Fatalf("a lasting refusal: err %v after %v (context: %v), want the refusal handed over after refusedFor", err, time.Since(start), ctx.Err())
+	}
+}
+
+// A refusal handed to the reflector stays the reflector's until a call is
+// allowed: the reflector's next calls, refused the same, return at once and
+// its backoff spaces them, as kube-proxy's. Each began 30 s more of retries
+// every second, so a node without its RBAC grant sent 3 refused requests a
+// second for good while its log said it backed off. Once a call is allowed,
+// a later refusal (an API server restarting) is retried again.
+func TestPatientListWatchLastingRefusalStaysHandedOver(t *testing.T) {
+	var calls atomic.Int32
+	var allow atomic.Bool
+	inner := &cache.ListWatch{WatchFuncWithContext: func(context.Context, metav1.ListOptions) (watch.Interface, error) {
+		calls.Add(1)
+		if allow.Load() {
+			return watch.NewEmptyWatch(), nil
+		}
+		return nil, watchForbidden
+	}}
+	p := newPatientListWatch(inner, newReadiness(func(context.Context) bool { return true }), "endpointslices")
+	p.refusedEvery = 5 * time.Millisecond
+	p.refusedFor = 50 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	watchOnce := func() (int32, error) {
+		calls.Store(0)
+		w, err := p.patientWatch(ctx, metav1.ListOptions{})
+		if w != nil {
+			w.Stop()
+		}
+		return calls.Load(), err
+	}
+	if n, err := watchOnce(); !apierrors.IsForbidden(err) || n < 2 {
+		t.Fatalf("first refusal: %d calls, err %v; want it retried, then handed over", n, err)
+	}
+	for i := range 3 {
+		if n, err := watchOnce(); !apierrors.IsForbidden(err) || n != 1 {
+			t.Fatalf("the reflector's call %d after the handover: %d calls to the API server, err %v; want 1, refused at once", i+1, n, err)
+		}
+	}
+	allow.Store(true)
+	if n, err := watchOnce(); err != nil || n != 1 {
+		t.Fatalf("allowed: %d calls, err %v", n, err)
+	}
+	allow.Store(false)
+	if n, err := watchOnce(); !apierrors.IsForbidden(err) || n < 2 {
+		t.Fatalf("a refusal after an allowed call: %d calls, err %v; want it retried again", n, err)
 	}
 }
 
