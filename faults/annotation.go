@@ -159,11 +159,11 @@ func portsFor(t *Toxic, ports []ServicePort) error {
 	}
 	switch {
 	case t.Port != "" && wrongProtocol != "":
-		return &FieldError{"type", fmt.Sprintf("%s acts on %s, and port %s is %s", t.Type, protocolsOf(t.Type), clip.Quote(string(t.Port)), wrongProtocol)}
+		return &FieldError{"type", fmt.Sprintf("%s acts on %s, and port %s is %s%s", t.Type, protocolsOf(t.Type), clip.Quote(string(t.Port)), wrongProtocol, othersFor(wrongProtocol))}
 	case t.Port != "":
 		return &FieldError{"port", fmt.Sprintf("the Service has no port %s", clip.Quote(string(t.Port)))}
 	}
-	return &FieldError{"type", fmt.Sprintf("%s acts on %s, and the Service has no such port", t.Type, protocolsOf(t.Type))}
+	return &FieldError{"type", fmt.Sprintf("%s acts on %s, and the Service has no such port%s", t.Type, protocolsOf(t.Type), othersFor(wrongProtocol))}
 }
 
 // MaxAnnotationToxicsPerPort bounds the toxics the annotation declares on

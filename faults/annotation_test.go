@@ -341,13 +341,13 @@ func TestParseAnnotationErrors(t *testing.T) {
 		{"port not on the Service, by number", `[{"type":"latency","port":443}]`, both, `[0].port: the Service has no port "443"`},
 		{"port neither name nor number", `[{"type":"latency","port":[80]}]`, both, "[0].port: must be a port name or number, not [80]"},
 		{"port a fraction", `[{"type":"latency","port":80.5}]`, both, "[0].port: must be a port name or number, not 80.5"},
-		{"TCP-only toxic on a UDP port", `[{"type":"reset_peer","port":"dns"}]`, both, `[0].type: reset_peer acts on TCP, and port "dns" is UDP`},
+		{"TCP-only toxic on a UDP port", `[{"type":"reset_peer","port":"dns"}]`, both, `[0].type: reset_peer acts on TCP, and port "dns" is UDP (a UDP port takes down, duplicate, latency, loss, noop, reorder)`},
 		{"connect-time toxic on a UDP port", `[{"type":"refuse","port":53}]`, both, `[0].type: refuse acts on TCP, and port "53" is UDP`},
-		{"UDP toxic on a TCP port", `[{"type":"loss","port":"http"}]`, both, `[0].type: loss acts on UDP, and port "http" is TCP`},
+		{"UDP toxic on a TCP port", `[{"type":"loss","port":"http"}]`, both, `[0].type: loss acts on UDP, and port "http" is TCP (a TCP port takes bandwidth, connect_delay, down, latency, limit_data, noop, refuse, reset_peer, slicer, slow_close, timeout)`},
 		{"UDP toxic on a TCP port, by number", `[{"type":"duplicate","port":80}]`, both, `[0].type: duplicate acts on UDP, and port "80" is TCP`},
 		{"any toxic on an SCTP port", `[{"type":"latency","port":"sig"}]`, []ServicePort{tcpHTTP, {Name: "sig", Number: 3868, Protocol: "SCTP"}}, `[0].type: latency acts on TCP and UDP, and port "sig" is SCTP`},
 		{"UDP toxic, no UDP port", `[{"type":"reorder"}]`, []ServicePort{tcpHTTP}, "[0].type: reorder acts on UDP, and the Service has no such port"},
-		{"TCP toxic, no TCP port", `[{"type":"slow_close"}]`, []ServicePort{udpDNS}, "[0].type: slow_close acts on TCP, and the Service has no such port"},
+		{"TCP toxic, no TCP port", `[{"type":"slow_close"}]`, []ServicePort{udpDNS}, "[0].type: slow_close acts on TCP, and the Service has no such port (a UDP port takes down, duplicate, latency, loss, noop, reorder)"},
 		// The protocol is checked before the attributes: a slicer without
 		// its average_size on a UDP port was told of the attribute first,
 		// and of the protocol only once that was fixed.

@@ -241,7 +241,7 @@ func (t *Table) AddToxic(name string, tx Toxic) (Toxic, error) {
 	// The protocol before the attributes, as in the annotation (a type
 	// unknown is Normalize's error).
 	if _, known := toxicTypes[tx.Type]; known && !tx.AppliesTo(p.protocol) {
-		return Toxic{}, &FieldError{"type", fmt.Sprintf("%s acts on %s, and %s is %s", tx.Type, protocolsOf(tx.Type), name, p.protocol)}
+		return Toxic{}, &FieldError{"type", fmt.Sprintf("%s acts on %s, and %s is %s%s", tx.Type, protocolsOf(tx.Type), name, p.protocol, othersFor(p.protocol))}
 	}
 	if err := tx.Normalize(); err != nil {
 		return Toxic{}, err

@@ -478,6 +478,23 @@ func (t *Toxic) AppliesTo(protocol string) bool {
 	return protocol == "TCP" || protocol == "UDP"
 }
 
+// othersFor is said after a type refused on a port of the protocol: the
+// types that act there, so that a test's author who asked for reset_peer
+// on a UDP port learns what UDP has ("" for a protocol no toxic acts on).
+func othersFor(protocol string) string {
+	var names []string
+	for name := range toxicTypes {
+		if t := (Toxic{Type: name}); t.AppliesTo(protocol) {
+			names = append(names, name)
+		}
+	}
+	if len(names) == 0 {
+		return ""
+	}
+	slices.Sort(names)
+	return fmt.Sprintf(" (a %s port takes %s)", protocol, strings.Join(names, ", "))
+}
+
 // protocolsOf says which protocols a type acts on, for error messages.
 func protocolsOf(typ string) string {
 	switch toxicTypes[typ].kind {

@@ -429,7 +429,7 @@ func TestAddToxicProtocolFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := tbl.AddToxic(p.Name(), tx)
-	if want := "type: slicer acts on TCP, and default.web.http is UDP"; err == nil || err.Error() != want {
+	if want := "type: slicer acts on TCP, and default.web.http is UDP (a UDP port takes down, duplicate, latency, loss, noop, reorder)"; err == nil || err.Error() != want {
 		t.Fatalf("AddToxic: %v, want %q", err, want)
 	}
 }
