@@ -561,8 +561,11 @@ func (p *Port) addAPI(tx Toxic) error {
 	if err := p.lockLive(); err != nil {
 		return err
 	}
-	if _, found := p.findLocked(tx.Name); found {
+	if i, found := p.findLocked(tx.Name); found {
 		p.mu.Unlock()
+		if i < 0 { // the annotation's: the tester may not know it is there
+			return fmt.Errorf("%w: %s, declared in the Service's %s annotation (change it there, or give this toxic another name)", ErrToxicExists, tx.Name, Annotation)
+		}
 		return fmt.Errorf("%w: %s", ErrToxicExists, tx.Name)
 	}
 	p.api = append(p.api, tx)
