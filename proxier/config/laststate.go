@@ -336,10 +336,10 @@ func (s *LastKnownState) bootstrap() {
 	state, err := ReadStateFile(s.path)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
-		klog.InfoS("The API server has not answered yet and there is no last known state to serve meanwhile", "stateFile", s.path, "waited", s.grace)
+		klog.InfoS("No Services and EndpointSlices from the API server yet (it is away, slow, or refuses the reads: see its lines) and no last known state to serve meanwhile", "stateFile", s.path, "waited", s.grace)
 		return
 	case err != nil:
-		klog.ErrorS(err, "The API server has not answered yet and the last known state cannot be read: nothing is served until the API server answers", "stateFile", s.path)
+		klog.ErrorS(err, "No Services and EndpointSlices from the API server yet, and the last known state cannot be read: nothing is served until the API server gives them", "stateFile", s.path)
 		return
 	}
 	for _, err := range state.Skipped {
@@ -364,7 +364,7 @@ func (s *LastKnownState) bootstrap() {
 	endBatch(s.next)
 	s.services.next.markSynced()
 	s.slices.next.markSynced()
-	klog.InfoS("The API server has not answered yet: serving the last known state until it does", "stateFile", s.path,
+	klog.InfoS("No Services and EndpointSlices from the API server yet: serving the last known state until it gives them", "stateFile", s.path,
 		"written", state.Written.Format(time.RFC3339), "age", time.Since(state.Written).Round(time.Second),
 		"services", len(state.Services), "endpointSlices", len(state.EndpointSlices), "zone", zone)
 }

@@ -14,6 +14,9 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/lockedbuf"
 )
 
 func stateService(name, clusterIP string) *v1.Service {
@@ -265,6 +268,21 @@ func TestLastKnownStateNoFile(t *testing.T) {
 				t.Errorf("file after the stop: %v", svcs)
 			}
 		})
+	}
+}
+
+// The line at the grace's end, nothing from the source and no file, says
+// what may keep the source, a refusal included: "The API server has not
+// answered yet" was read below the API server's 403s (a missing RBAC grant).
+func TestLastKnownStateGraceLineNamesARefusal(t *testing.T) {
+	captureKlog(t)
+	logs := &lockedbuf.Buffer{}
+	klog.SetOutput(logs)
+	s := NewLastKnownState(filepath.Join(t.TempDir(), "state.json"), newManifestRecorder(), time.Millisecond)
+	s.bootstrap()
+	klog.Flush()
+	if got := logs.String(); !strings.Contains(got, "refuses the reads") || strings.Contains(got, "has not answered") {
+		t.Errorf("the grace's line, no state file: %q; want it to name a refusal, not to say the API server has not answered", got)
 	}
 }
 
