@@ -241,8 +241,10 @@ func (s *InformerSource) Run(ctx context.Context) error {
 
 // logNodeMissing says once, nodeMissingAfter after the Node informer's
 // sync, that the proxy's Node has never been seen: a wrong
-// --hostname-override silently turned zone hints off and left the node
-// eligible, where kube-proxy says it timed out waiting for its Node.
+// --hostname-override silently turned zone hints off and /healthz to 503
+// (nodeEligible false, as kube-proxy's), where kube-proxy says it timed out
+// waiting for its Node. The line said the node counted as eligible, which
+// was true before /healthz followed kube-proxy's.
 func (s *InformerSource) logNodeMissing(ctx context.Context) {
 	t := time.NewTimer(s.nodeMissingAfter)
 	defer t.Stop()
@@ -252,7 +254,7 @@ func (s *InformerSource) logNodeMissing(ctx context.Context) {
 	case <-t.C:
 	}
 	if !s.nodeSeen.Load() {
-		klog.ErrorS(nil, "Timed out waiting for this proxy's Node object to exist: zone topology hints are not used, and the node counts as eligible in /healthz, until it appears (check --hostname-override)",
+		klog.ErrorS(nil, "Timed out waiting for this proxy's Node object to exist: /healthz answers 503 (nodeEligible false) and zone topology hints are not used until it appears; check --hostname-override (else the host name is taken): it must be the Node's name (kubectl get nodes)",
 			"node", s.opts.NodeName, "waited", s.nodeMissingAfter)
 	}
 }

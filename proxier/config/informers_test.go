@@ -471,6 +471,11 @@ func TestInformerSourceLogsMissingNode(t *testing.T) {
 			if got := strings.Contains(logs.String(), "Timed out waiting for this proxy's Node object") && strings.Contains(logs.String(), `node="n1"`); got != tc.want {
 				t.Errorf("logged %v, want %v; log:\n%s", got, tc.want, logs.String())
 			}
+			// It says what /healthz answers meanwhile: 503, nodeEligible
+			// false (it said the node counted as eligible).
+			if tc.want && (!strings.Contains(logs.String(), "/healthz answers 503 (nodeEligible false)") || strings.Contains(logs.String(), "counts as eligible")) {
+				t.Errorf("the line does not say /healthz answers 503 meanwhile:\n%s", logs.String())
+			}
 		})
 	}
 }
