@@ -333,7 +333,7 @@ func raced[T any](ctx context.Context, p *patientListWatch, call func(context.Co
 		var checked, answers <-chan bool
 		stopWaiting := func() {}
 		timer := time.NewTimer(hungAfter)
-		down, abandoned := false, false
+		began, down, abandoned := time.Now(), false, false
 		var r result
 	wait:
 		for {
@@ -352,6 +352,13 @@ func raced[T any](ctx context.Context, p *patientListWatch, call func(context.Co
 			case ready = <-answers:
 			}
 			if !ready {
+				if !down {
+					// Said once: an API server that takes connections and
+					// answers nothing (stopped, a load balancer without a
+					// backend) left "Waiting for caches to sync" the last
+					// line for as long as it lasted.
+					klog.InfoS("API server does not answer: a call has hung and its readiness probe fails; waiting for it", "informer", p.what, "waited", time.Since(began).Round(time.Millisecond))
+				}
 				down = true
 			} else if down {
 				abandoned = true

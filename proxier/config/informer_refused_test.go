@@ -98,6 +98,36 @@ func TestPatientListWatchLastingRefusalStaysHandedOver(t *testing.T) {
 	}
 }
 
+// An API server that takes connections and answers nothing (stopped, a load
+// balancer without a backend) is said once a call has hung and the readiness
+// probe fails too: "Waiting for caches to sync" stayed the last line (50 s of
+// a stopped kube-apiserver, /healthz 503, nothing said).
+func TestHungCallToAnAbsentServerIsSaid(t *testing.T) {
+	captureKlog(t)
+	logs := &lockedbuf.Buffer{}
+	klog.SetOutput(logs)
+	inner := &cache.ListWatch{ListWithContextFunc: func(ctx context.Context, _ metav1.ListOptions) (runtime.Object, error) {
+		<-ctx.Done() // taken, never answered
+		return nil, ctx.Err()
+	}}
+	p := newPatientListWatch(inner, newReadiness(func(context.Context) bool { return false }), "services")
+	p.hungAfter, p.probes.every = 10*time.Millisecond, 5*time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = p.ListWithContext(ctx, metav1.ListOptions{})
+	}()
+	defer func() { cancel(); <-done }()
+	deadline := time.Now().Add(5 * time.Second)
+	for klog.Flush(); !strings.Contains(logs.String(), `"API server does not answer: a call has hung and its readiness probe fails; waiting for it" informer="services"`); klog.Flush() {
+		if time.Now().After(deadline) {
+			t.Fatalf("a hung list to a server whose probe fails: nothing said after 5 s:\n%s", logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // TestInformerSourceListWithoutWatch: with list allowed and watch
 // refused, changes still arrive, through the reflector's relists (as with
 // kube-proxy); the first refused watch held the informer forever, and a
