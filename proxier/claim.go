@@ -7,14 +7,18 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/mono"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/netaddr"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 )
 
 // claim holds the NodePort (in the families it is served in), and the port
@@ -180,63 +184,120 @@ func holdUDPPort(ip netip.Addr, port int, refuse *unreachableSender) (func() err
 	return conn.Close, nil
 }
 
-// heldRefusePause is how long a held UDP port stops reading after a
-// datagram it may not answer (the sender's rates are spent): a flood then
-// fills the socket's buffer and the kernel drops the rest, as it did
-// before held ports answered, where reading every datagram to find it
-// could not be answered cost half a core at 160,000 datagrams a second.
-// A datagram in between is answered late or, under a flood, not at all.
+// heldRefusePause is how long a held UDP port stops reading once the
+// errors the whole proxier may send are spent (unreachableRate): a flood
+// from many sources then fills the socket's buffer and the kernel drops
+// the rest, as it did before held ports answered, where reading every
+// datagram only to find nobody could be answered cost half a core at
+// 160,000 datagrams a second. A datagram in between is answered late or,
+// under such a flood, not at all. A flood from one source, whose own
+// errors are spent, is read on (in batches: heldReadBatch): stopping for
+// it filled the buffer with its datagrams, and every other client's was
+// dropped unanswered while one source sent more than 50 a second.
 // In ns (tests lengthen it; other tests' held ports may read it meanwhile).
 var heldRefusePause atomic.Int64
 
 func init() { heldRefusePause.Store(int64(20 * time.Millisecond)) }
 
+// heldReadBatch is how many datagrams a held UDP port reads in one
+// recvmmsg: a flood it reads on costs a system call per batch, not per
+// datagram.
+const heldReadBatch = 32
+
+// heldReads are the headers of a held port's batch read. Each datagram is
+// read into the same single byte with MSG_TRUNC (its length is all the
+// error needs); pooled, taken while datagrams are queued, so an idle held
+// port keeps no buffer.
+type heldReads struct {
+	msgs [heldReadBatch]rawio.Mmsghdr
+	iov  unix.Iovec
+	name [heldReadBatch]unix.RawSockaddrInet6
+	oob  []byte // heldReadBatch slots of pktinfoSpace
+	one  [1]byte
+}
+
+var heldReadsPool = sync.Pool{New: func() any {
+	r := &heldReads{oob: make([]byte, heldReadBatch*pktinfoSpace)}
+	r.iov.Base = &r.one[0]
+	r.iov.SetLen(1)
+	return r
+}}
+
+// recv reads up to heldReadBatch datagrams from the non-blocking fd.
+func (r *heldReads) recv(fd int) (int, error) {
+	for i := range r.msgs {
+		h := &r.msgs[i].Hdr
+		h.Iov = &r.iov
+		h.SetIovlen(1)
+		h.Name, h.Namelen = (*byte)(unsafe.Pointer(&r.name[i])), unix.SizeofSockaddrInet6
+		h.Control = &r.oob[i*pktinfoSpace]
+		h.SetControllen(pktinfoSpace)
+		h.Flags = 0
+	}
+	return rawio.RecvmmsgFlags(fd, r.msgs[:], unix.MSG_TRUNC)
+}
+
 // refuseHeldDatagrams answers each datagram that reaches the held conn
 // with port unreachable (within the sender's rates), until conn is closed.
-// It reads only a datagram's length and destination (MSG_TRUNC into one
-// byte): a held port keeps no buffer.
+// It reads only a datagram's length, source and destination.
 func refuseHeldDatagrams(conn *net.UDPConn, refuse *unreachableSender) {
 	raw, err := conn.SyscallConn()
 	if err != nil {
 		return
 	}
 	bound := conn.LocalAddr().(*net.UDPAddr).AddrPort()
-	var one [1]byte
-	oob := make([]byte, pktinfoSpace)
 	for {
-		var n, oobn int
-		var from unix.Sockaddr
+		var r *heldReads
+		var n int
 		var rerr error
 		err := raw.Read(func(fd uintptr) bool {
-			n, oobn, _, from, rerr = unix.Recvmsg(int(fd), one[:], oob, unix.MSG_TRUNC)
-			return rerr != unix.EAGAIN
+			if r == nil {
+				r = heldReadsPool.Get().(*heldReads)
+			}
+			if n, rerr = r.recv(int(fd)); rerr == unix.EAGAIN {
+				heldReadsPool.Put(r)
+				r = nil
+				return false
+			}
+			return true
 		})
 		if err != nil {
+			if r != nil {
+				heldReadsPool.Put(r)
+			}
 			return // closed
 		}
 		if rerr == unix.EINTR {
+			heldReadsPool.Put(r)
 			continue
 		}
 		if rerr != nil {
+			heldReadsPool.Put(r)
 			return // the port stays held, its datagrams dropped
 		}
-		var client netip.AddrPort
-		switch sa := from.(type) {
-		case *unix.SockaddrInet4:
-			client = netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
-		case *unix.SockaddrInet6:
-			client = netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), uint16(sa.Port))
-		default:
-			continue
+		spent := false
+		for i := range n {
+			client := rawio.AddrPortOf(&r.name[i])
+			if !client.IsValid() {
+				continue
+			}
+			// send's steps, with the datagram's length where send takes
+			// the datagram itself (only its length goes into the error).
+			oob := r.oob[i*pktinfoSpace:][:r.msgs[i].Hdr.Controllen]
+			local := datagramDestination(oob, bound)
+			if !refuse.perDestination.allow(client.Addr(), local.Addr(), mono.Now()) {
+				continue // this source's errors are spent; others' are not
+			}
+			if !refuse.limit.Allow() {
+				spent = true
+				break
+			}
+			refuse.sendTo(client, local, int(r.msgs[i].Len), nil)
 		}
-		// send's steps, with the datagram's length where send takes the
-		// datagram itself (only its length goes into the error).
-		local := datagramDestination(oob[:oobn], bound)
-		if !refuse.allow(client.Addr(), local) {
+		heldReadsPool.Put(r)
+		if spent {
 			time.Sleep(time.Duration(heldRefusePause.Load()))
-			continue
 		}
-		refuse.sendTo(client, local, n, nil)
 	}
 }
 
