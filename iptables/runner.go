@@ -122,8 +122,22 @@ func newExecRunner(f Family, backend string) (*execRunner, error) {
 
 func (r *execRunner) Family() Family { return r.family }
 
+// The single commands go through go-iptables, which starts them in the
+// proxy's process group (it sets no SysProcAttr, and has no hook for one),
+// so a signal sent to the group (a Ctrl-C at the terminal, timeout(1))
+// kills one running then, and the sync it belonged to failed, logged. The
+// reads (ChainExists, RuleExists: -S, -C) are run again when a signal
+// killed them, as Save and Restore are (runAgainIfSignalled); the writes
+// are not: one killed after its commit would be doubled (-I, -A) or fail
+// (-D) when run again, and the next sync repairs what it did not do.
+
 func (r *execRunner) ChainExists(table Table, chain string) (bool, error) {
-	return r.ipt.ChainExists(string(table), chain)
+	var exists bool
+	err := runAgainIfSignalled(func() (err error) {
+		exists, err = r.ipt.ChainExists(string(table), chain)
+		return err
+	})
+	return exists, err
 }
 
 func (r *execRunner) DeleteChain(table Table, chain string) error {
@@ -134,7 +148,12 @@ func (r *execRunner) DeleteChain(table Table, chain string) error {
 }
 
 func (r *execRunner) RuleExists(table Table, chain string, args ...string) (bool, error) {
-	return r.ipt.Exists(string(table), chain, args...)
+	var exists bool
+	err := runAgainIfSignalled(func() (err error) {
+		exists, err = r.ipt.Exists(string(table), chain, args...)
+		return err
+	})
+	return exists, err
 }
 
 func (r *execRunner) InsertRule(table Table, chain string, pos int, args ...string) error {
@@ -219,14 +238,22 @@ func runAgainIfSignalled(run func() error) error {
 	return err
 }
 
-// killedBySignal reports whether err is a command's death by a signal.
+// killedBySignal reports whether err is a command's death by a signal:
+// an exec.ExitError, or go-iptables' Error, which holds one by value.
 func killedBySignal(err error) bool {
 	var exit *exec.ExitError
-	if !errors.As(err, &exit) {
+	var ipt *goipt.Error
+	var status any
+	switch {
+	case errors.As(err, &exit):
+		status = exit.Sys()
+	case errors.As(err, &ipt):
+		status = ipt.Sys()
+	default:
 		return false
 	}
-	status, ok := exit.Sys().(syscall.WaitStatus)
-	return ok && status.Signaled()
+	ws, ok := status.(syscall.WaitStatus)
+	return ok && ws.Signaled()
 }
 
 // restoreCmd is iptables-restore --noflush reading data.

@@ -135,3 +135,49 @@ if [ "$(wc -l < %[1]s)" -le 2 ]; then kill -TERM $$; sleep 5; fi`, runs)
 		t.Errorf("Restore killed every time: %v; want its signal named", err)
 	}
 }
+
+// The reads go-iptables runs (-C, -S) are run again when a signal killed
+// them, as Save and Restore are: go-iptables starts them in the proxy's
+// process group, so a signal sent to the group (a Ctrl-C, timeout(1))
+// killed a jump repair's -C, and its sync failed with "signal:
+// terminated" (go-iptables' error holds the exec.ExitError by value, so
+// it was not even recognised as a signal's). A write is not run again: one
+// killed after its commit would be doubled.
+func TestSingleReadKilledBySignalRunsAgain(t *testing.T) {
+	dir := t.TempDir()
+	runs := filepath.Join(dir, "runs")
+	scripts := map[string]string{
+		"iptables": fmt.Sprintf(`case "$1" in --version) echo 'iptables v1.8.10 (nf_tables)'; exit 0;; esac
+echo run >> %[1]s
+if [ "$(wc -l < %[1]s)" -le 2 ]; then kill -TERM $$; sleep 5; fi`, runs),
+		"iptables-save":    "echo 'iptables-save v1.8.10 (nf_tables)'",
+		"iptables-restore": "cat > /dev/null",
+	}
+	for name, body := range scripts {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte("#!/bin/sh\n"+body+"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	r, err := NewRunner(IPv4)
+	if err != nil {
+		t.Fatalf("NewRunner: %v", err)
+	}
+	count := func() int {
+		b, _ := os.ReadFile(runs)
+		_ = os.Remove(runs)
+		return strings.Count(string(b), "run")
+	}
+	exists, err := r.RuleExists(TableNAT, "PREROUTING", "-j", ChainPortalsContainer)
+	if n := count(); err != nil || !exists || n != 3 {
+		t.Errorf("RuleExists: %v, %v after %d runs; want it run again after the signals (true after 3 runs)", exists, err, n)
+	}
+	exists, err = r.ChainExists(TableNAT, ChainPortalsContainer)
+	if n := count(); err != nil || !exists || n != 3 {
+		t.Errorf("ChainExists: %v, %v after %d runs; want it run again after the signals (true after 3 runs)", exists, err, n)
+	}
+	err = r.InsertRule(TableNAT, "PREROUTING", 1, "-j", ChainPortalsContainer)
+	if n := count(); err == nil || n != 1 {
+		t.Errorf("InsertRule killed by a signal: %v after %d runs; want its error after 1 run (a write is not run again)", err, n)
+	}
+}
