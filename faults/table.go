@@ -37,7 +37,7 @@ var (
 type ProxyInfo struct {
 	Name     string // <namespace>.<service>.<port name or number>
 	Protocol string // TCP or UDP
-	Listen   string // the proxy socket's address
+	Listen   string // where a test dials the proxy (the proxier says: its Service's ClusterIP, or its proxy socket)
 	Upstream string // endpoints, comma-separated
 	Enabled  bool
 	Toxics   []ActiveToxic

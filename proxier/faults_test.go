@@ -758,3 +758,39 @@ func TestFaultHoldEndsAtTheHalfCloseBound(t *testing.T) {
 		t.Fatal("a bandwidth 0 hold whose client closed still holds the backend 5 s later (half-close bound 200 ms)")
 	}
 }
+
+// The fault API's listen is where a Toxiproxy test dials the proxy: with
+// portals, the Service's ClusterIP, as its clients dial it (a connection
+// straight to the proxy socket is dropped by the port guard, from the node
+// too: a test that dialled listen hung until its dial timeout); of the
+// first family that has portals. Without portals it is the proxy socket.
+func TestFaultListenIsDialable(t *testing.T) {
+	t.Parallel()
+	dual := func(s *v1.Service) {
+		s.Spec.ClusterIPs = []string{"10.96.0.10", "fd00::10"}
+		s.Spec.IPFamilies = []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol}
+	}
+	for _, tc := range []struct {
+		name   string
+		v4, v6 PortalSyncer
+		want   func(p *Proxier) string
+	}{
+		{"portals", okSyncer{}, okSyncer{}, func(*Proxier) string { return "10.96.0.10:80" }},
+		{"IPv6 portals only", nil, okSyncer{}, func(*Proxier) string { return "[fd00::10]:80" }},
+		{"no portals", nil, nil, func(p *Proxier) string { return proxyAddr(t, p, "default/web:p") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			table := faults.NewTable(0, 0, nil)
+			p := newTestProxier(t, Options{Faults: table, IPv4Portals: tc.v4, IPv6Portals: tc.v6, BindAddress: mustAddr("127.0.0.1")})
+			p.OnServiceAdd(makeService("web", dual))
+			p.Sync()
+			info, err := table.Proxy("default.web.p")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := tc.want(p); info.Listen != want {
+				t.Errorf("listen %q, want %q", info.Listen, want)
+			}
+		})
+	}
+}

@@ -923,6 +923,22 @@ func (p *Proxier) setBalancerPolicy(name loadbalancer.ServicePortName, info *ser
 // cost a first sync 41 ms of CPU in formatting alone, and bury the rest.
 const servingLinesUpTo = 100
 
+// faultListen is what the fault API shows as the listen address of the
+// port info, whose proxy socket is at proxyAddr: where a Toxiproxy test
+// dials the proxy. With portals, the Service's first ClusterIP of a family
+// that has them: a connection straight to a proxy socket is dropped by the
+// port guard (KUBE-PROXY-PORT-GUARD), from the node too, and a test that
+// dialled the socket's address hung until its dial timeout; the ClusterIP
+// reaches the same socket through its portal. Without portals, the socket.
+func (p *Proxier) faultListen(info *servicePortInfo, proxyAddr string) string {
+	for _, ip := range info.clusterIPs {
+		if ip.Is4() && p.opts.IPv4Portals != nil || ip.Is6() && p.opts.IPv6Portals != nil {
+			return netip.AddrPortFrom(ip, uint16(info.port)).String()
+		}
+	}
+	return proxyAddr
+}
+
 // openPort opens info's proxy socket, on port kept when it can (a port
 // reserved for it, keptports.go; 0: any), succeeding the socket a reopen
 // set aside (succ, nil for none: closed as the new one binds, its UDP
@@ -955,7 +971,7 @@ func (p *Proxier) openPort(info *servicePortInfo, kept int, succ *succession, lo
 	ap := &activePort{info: info, socket: sock, proxyPort: sock.Port(), faults: fp}
 	fp.SetLabel(info.key) // a port the fault API created first has the API name
 	proxyAddr := net.JoinHostPort(p.listenHostOf(info), strconv.Itoa(ap.proxyPort))
-	fp.SetAddresses(proxyAddr, "")
+	fp.SetAddresses(p.faultListen(info, proxyAddr), "")
 	fp.SetUpstreamFunc(func() string { return p.upstreamOf(info.name) })
 	if logLine || klog.V(2).Enabled() {
 		klog.InfoS("Serving service port", "servicePort", info.name, "protocol", info.name.Protocol,

@@ -225,7 +225,7 @@ func (s *server) populate(w http.ResponseWriter, r *http.Request) {
 		}
 		if p.Listen != "" && p.Listen != info.Listen {
 			writePopulated(w, http.StatusConflict, fmt.Sprintf("proxy %s listens on %s, not %s: it is a Service "+
-				"port's proxy socket and cannot be moved", p.Name, info.Listen, p.Listen), nil)
+				"port's address and cannot be moved", p.Name, info.Listen, p.Listen), nil)
 			return
 		}
 		infos[i] = info
@@ -305,7 +305,7 @@ func (s *server) proxyUpdate(w http.ResponseWriter, r *http.Request) {
 	}
 	if in.Listen != nil && *in.Listen != "" && *in.Listen != info.Listen {
 		writeError(w, http.StatusConflict, fmt.Sprintf(
-			"listen cannot be changed (%q to %s): it is the proxy socket of Service port %s; "+
+			"listen cannot be changed (%q to %s): it is the address of Service port %s; "+
 				"only \"enabled\" can be set through the fault API", info.Listen, clip.Quote(*in.Listen), info.Name))
 		return
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/netip"
 	"strings"
 	"syscall"
 	"testing"
@@ -55,6 +56,15 @@ func checkFaultsAPIDown(t *testing.T, e *env) {
 	if after := proxyAddressOf(t, e, s.portName("http")); after != before {
 		t.Errorf("the proxy address of %s moved from %s to %s across the down and up", s.portName("http"), before, after)
 	}
+	// The listen the API shows is where a Toxiproxy test dials the proxy:
+	// from the node and from a pod it answers (it was the proxy socket,
+	// whose connections the port guard drops).
+	listen := faultListenOf(t, e, proxy)
+	for _, from := range []harness.Client{e.node(), cl} {
+		if name, err := from.Ask("tcp", listen, harness.AnswerTimeout); err != nil || name != "b1" {
+			t.Errorf("tcp to the fault API's listen %s from %s: %q, %v; want b1's answer", listen, from, name, err)
+		}
+	}
 	figure(t, "fault API enabled:false: connects refused (ECONNREFUSED) %d ms after the call; enabled:true: answered again %d ms after",
 		took.Milliseconds(), back.Milliseconds())
 }
@@ -77,4 +87,25 @@ func proxyAddressOf(t *testing.T, e *env, servicePort string) string {
 	}
 	t.Fatalf("/debug/services has no %s:\n%s", servicePort, body)
 	return ""
+}
+
+// faultListenOf is the listen address the fault API shows for proxy.
+func faultListenOf(t *testing.T, e *env, proxy string) netip.AddrPort {
+	t.Helper()
+	resp, err := e.c.Node.HTTPClient(2 * time.Second).Get("http://" + faultAPIAddr + "/proxies/" + proxy)
+	if err != nil {
+		t.Fatalf("GET /proxies/%s: %v", proxy, err)
+	}
+	defer resp.Body.Close()
+	var p struct {
+		Listen string `json:"listen"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&p); err != nil {
+		t.Fatalf("GET /proxies/%s: %v", proxy, err)
+	}
+	listen, err := netip.ParseAddrPort(p.Listen)
+	if err != nil {
+		t.Fatalf("GET /proxies/%s: listen %q: %v", proxy, p.Listen, err)
+	}
+	return listen
 }
