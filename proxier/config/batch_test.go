@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -205,6 +207,86 @@ func handedOver(s *InformerSource) int {
 	s.calls.mu.Lock()
 	defer s.calls.mu.Unlock()
 	return len(s.calls.pending)
+}
+
+// heldListRecorder records batches and events, and holds its first slice
+// add until release is closed.
+type heldListRecorder struct {
+	batchingInformerRecorder
+	held, release chan struct{}
+	first         sync.Once
+}
+
+func (r *heldListRecorder) OnEndpointSliceAdd(es *discovery.EndpointSlice) {
+	r.batchingInformerRecorder.OnEndpointSliceAdd(es)
+	r.first.Do(func() {
+		close(r.held)
+		<-r.release
+	})
+}
+
+// TestInformerRunEndingMidListEndsItsBatch: Run stopped while the slices'
+// initial list is being delivered (its first slice opened the batch, the
+// rest not yet given) ends that batch on its way out, so the handler is
+// not left holding the slices it was given unserved. The first slice's
+// delivery is held until Run has given up waiting for the sync (its stack
+// is past its wait for the sync: in the informers' shutdown, or waiting
+// for the delivery loop, which holds the first slice): no timing decides which path ends
+// the batch.
+func TestInformerRunEndingMidListEndsItsBatch(t *testing.T) {
+	client := fake.NewClientset(svcFixture("a"), sliceFixture("a-1", nil), sliceFixture("a-2", nil))
+	r := &heldListRecorder{batchingInformerRecorder: batchingInformerRecorder{newInformerRecorder()},
+		held: make(chan struct{}), release: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- NewInformerSource(client, r, InformerOptions{}).Run(ctx) }()
+	released := false
+	defer func() {
+		if !released {
+			close(r.release)
+		}
+	}()
+	select {
+	case <-r.held:
+	case <-time.After(liveWait):
+		t.Fatal("no slice delivered")
+	}
+	cancel()
+	pastTheWait := func() bool {
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		for _, g := range strings.Split(string(buf), "\n\n") {
+			// Run's own goroutine, past its wait: in the informers'
+			// shutdown, or waiting in its deferred end for the delivery
+			// loop, which holds the first slice.
+			if strings.Contains(g, "(*InformerSource).Run") && !strings.Contains(g, "waitSynced") {
+				return true
+			}
+		}
+		return false
+	}
+	for deadline := time.Now().Add(liveWait); !pastTheWait(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("Run did not stop waiting for the sync after its context was cancelled")
+		}
+	}
+	close(r.release)
+	released = true
+	select {
+	case <-done:
+	case <-time.After(liveWait):
+		t.Fatal("Run did not return")
+	}
+	var batches []string
+	for _, e := range r.snapshot() {
+		if strings.HasPrefix(e, "batch") {
+			batches = append(batches, e)
+		}
+	}
+	if want := []string{"batch begin", "batch end"}; !slices.Equal(batches, want) {
+		t.Errorf("Run stopped mid-list: batches %q, want %q (the list's batch ended)", batches, want)
+	}
 }
 
 // TestLastKnownStateBatches: the last known state passes a source's
