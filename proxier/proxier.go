@@ -907,6 +907,7 @@ func (p *Proxier) syncPort(r *syncRound, name loadbalancer.ServicePortName, info
 	if ap.info != info {
 		p.debugTouched = append(p.debugTouched, name)
 		ap.info = info
+		p.setFaultListen(ap, info) // a ClusterIP or port changed in place
 	}
 }
 
@@ -922,6 +923,13 @@ func (p *Proxier) setBalancerPolicy(name loadbalancer.ServicePortName, info *ser
 // namespace created) logs one line for all and each at -v=2: 10,000 lines
 // cost a first sync 41 ms of CPU in formatting alone, and bury the rest.
 const servingLinesUpTo = 100
+
+// setFaultListen shows the fault API the address of ap's Service port
+// info (faultListen).
+func (p *Proxier) setFaultListen(ap *activePort, info *servicePortInfo) {
+	proxyAddr := net.JoinHostPort(p.listenHostOf(info), strconv.Itoa(ap.proxyPort))
+	ap.faults.SetAddresses(p.faultListen(info, proxyAddr), "")
+}
 
 // faultListen is what the fault API shows as the listen address of the
 // port info, whose proxy socket is at proxyAddr: where a Toxiproxy test
@@ -970,12 +978,11 @@ func (p *Proxier) openPort(info *servicePortInfo, kept int, succ *succession, lo
 	p.movedOffKept(info, kept, sock.Port())
 	ap := &activePort{info: info, socket: sock, proxyPort: sock.Port(), faults: fp}
 	fp.SetLabel(info.key) // a port the fault API created first has the API name
-	proxyAddr := net.JoinHostPort(p.listenHostOf(info), strconv.Itoa(ap.proxyPort))
-	fp.SetAddresses(p.faultListen(info, proxyAddr), "")
+	p.setFaultListen(ap, info)
 	fp.SetUpstreamFunc(func() string { return p.upstreamOf(info.name) })
 	if logLine || klog.V(2).Enabled() {
 		klog.InfoS("Serving service port", "servicePort", info.name, "protocol", info.name.Protocol,
-			"proxyAddress", proxyAddr)
+			"proxyAddress", net.JoinHostPort(p.listenHostOf(info), strconv.Itoa(ap.proxyPort)))
 	}
 	return ap, nil
 }
