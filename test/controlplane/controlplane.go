@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -47,14 +48,17 @@ type ControlPlane struct {
 	// EtcdURL is etcd's client URL.
 	EtcdURL string
 
-	opts      Options
-	bins      Binaries
-	dir       string
-	creds     credentials
-	apiArgs   []string
-	etcdArgs  []string
-	dial      func(ctx context.Context, network, addr string) (net.Conn, error)
-	probe     *http.Client         // /readyz client, made once the certificate exists
+	opts     Options
+	bins     Binaries
+	dir      string
+	creds    credentials
+	apiArgs  []string
+	etcdArgs []string
+	dial     func(ctx context.Context, network, addr string) (net.Conn, error)
+	probe    *http.Client // /readyz client, made once the certificate exists
+	// notReady is the last /readyz?verbose answer that was not ok (or the
+	// probe's error), said when the wait for it times out.
+	notReady  string
 	admin     kubernetes.Interface // for the authorizer probe
 	mu        sync.Mutex           // guards the processes across Stop/Start from different goroutines
 	etcd, api *process
@@ -229,11 +233,14 @@ func (cp *ControlPlane) StartAPIServer() error {
 		return err
 	}
 	if err := waitUntil(p, cp.opts.ReadyTimeout, cp.ready); err != nil {
-		return err
+		return fmt.Errorf("%w\nits last /readyz?verbose: %s", err, cp.notReady)
 	}
 	// /readyz turns ok before the RBAC authorizer has loaded the roles; until then every
 	// request that is not from system:masters is forbidden. Return once it authorizes.
-	return waitUntil(p, cp.opts.ReadyTimeout, cp.authorizes)
+	if err := waitUntil(p, cp.opts.ReadyTimeout, cp.authorizes); err != nil {
+		return fmt.Errorf("%w\n(/readyz was ok: its RBAC authorizer did not grant system:basic-user's rules)", err)
+	}
+	return nil
 }
 
 // authorizes reports whether RBAC grants every authenticated user what the bootstrap
@@ -329,5 +336,23 @@ func (cp *ControlPlane) ready() bool {
 		}
 		cp.probe = &http.Client{Transport: rt, Timeout: 2 * time.Second}
 	}
-	return httpOK(cp.probe, cp.Server+"/readyz")
+	resp, err := cp.probe.Get(cp.Server + "/readyz?verbose")
+	if err != nil {
+		cp.notReady = err.Error()
+		return false
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 16<<10))
+	if resp.StatusCode == http.StatusOK {
+		return true
+	}
+	// The failed checks: which post-start hook or storage kept it from ready.
+	var failed []string
+	for _, line := range strings.Split(string(body), "\n") {
+		if !strings.HasPrefix(line, "[+]") {
+			failed = append(failed, line)
+		}
+	}
+	cp.notReady = resp.Status + "\n" + strings.Join(failed, "\n")
+	return false
 }
