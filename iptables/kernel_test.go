@@ -310,6 +310,49 @@ func TestKernelSyncRemovesLegacyJumps(t *testing.T) {
 	}
 }
 
+// A first Sync's restore killed by a signal after its COMMIT (systemd's
+// stop signals every process of the unit; an OOM kill) is not run again:
+// its jump lines into the built-in chains (-I INPUT 1 ...), which no
+// restore flushes, put a second copy of every jump in, and Sync returned
+// nil. Failed, the next Sync reads the kernel back and writes the rest.
+func TestKernelFirstSyncSignalledAfterCommitIsNotRunAgain(t *testing.T) {
+	requireRealIptables(t)
+	real, err := exec.LookPath("iptables-restore")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	armed := filepath.Join(dir, "armed")
+	wrapper := fmt.Sprintf("#!/bin/sh\n%s \"$@\"\nrc=$?\nif [ -e %s ]; then rm -f %[2]s; kill -TERM $$; sleep 5; fi\nexit $rc\n", real, armed)
+	if err := os.WriteFile(filepath.Join(dir, "iptables-restore"), []byte(wrapper), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	ns := newNetns(t)
+	r := New(newNSRunner(t, ns, IPv4), Config{Family: IPv4, BindAddress: netip.IPv4Unspecified(),
+		NodeIP: netip.MustParseAddr("192.168.1.10"), ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}})
+	portals := manyPortals(10)
+	if err := os.WriteFile(armed, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err = r.Sync(portals)
+	if _, serr := os.Stat(armed); !os.IsNotExist(serr) {
+		t.Fatalf("the restore was not signalled: %v", serr)
+	}
+	t.Logf("the signalled Sync: %v", err)
+	for table, saved := range kernelTables(t, ns, IPv4) {
+		for chain := range wantBuiltins[table] {
+			for _, rule := range saved.rules[chain] {
+				if n := countRule(saved.rules[chain], rule); n > 1 {
+					t.Fatalf("built-in %s/%s holds %d copies of %q after the signalled Sync (%v)", table, chain, n, rule, err)
+				}
+			}
+		}
+	}
+	syncOK(t, r, portals)
+	assertKernelState(t, ns, r, portals)
+}
+
 // An Update whose iptables-restore is killed by a signal after its COMMIT
 // (systemd's stop signals every process of the unit; an OOM kill) is not
 // run again: its -I lines, which flush no chain, inserted every new rule a

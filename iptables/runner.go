@@ -190,7 +190,45 @@ func (r *execRunner) Save(tables ...Table) ([]byte, error) {
 }
 
 func (r *execRunner) Restore(data []byte) error {
+	if !rewritesWholeChains(data) {
+		// Run again after a signal that came past its COMMIT, it would
+		// put in a second copy of what it inserts: Sync's jumps into the
+		// built-in chains, on a first start or a repair. Failed, Sync
+		// fails, and its retry reads the kernel back.
+		return r.RestoreOnce(data)
+	}
 	return runAgainIfSignalled(func() error { return r.RestoreOnce(data) })
+}
+
+// rewritesWholeChains reports whether a second run of restore input data
+// writes what the first did: each rule it adds goes to a chain it declares
+// (":CHAIN - [0:0]", which flushes it, --noflush or not), and it inserts
+// and deletes none. Sync's jump lines (-I INPUT 1 ..., -A PREROUTING ...,
+// -D), in built-in chains that no restore of ours flushes, are not: run
+// again, every jump was there twice, and Sync said nothing failed.
+func rewritesWholeChains(data []byte) bool {
+	declared := map[string]bool{}
+	for line := range bytes.Lines(data) {
+		line = bytes.TrimRight(line, "\n")
+		switch {
+		case len(line) == 0, line[0] == '#', string(line) == "COMMIT":
+		case line[0] == '*':
+			clear(declared)
+		case line[0] == ':':
+			name, _, _ := bytes.Cut(line[1:], []byte(" "))
+			declared[string(name)] = true
+		case bytes.HasPrefix(line, []byte("-A ")):
+			name, _, _ := bytes.Cut(line[3:], []byte(" "))
+			if !declared[string(name)] {
+				return false
+			}
+		case bytes.HasPrefix(line, []byte("-X ")):
+			// Run again, it fails (the chain is gone): an error, no change.
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // RestoreOnce is Restore without the run again of a command killed by a
@@ -221,13 +259,15 @@ const signalledRuns = 3
 // runAgainIfSignalled runs a rule command (run) again when a signal killed
 // it, up to signalledRuns times. Such a command did none of its work or
 // all of it: iptables-save only reads, and iptables-restore commits at
-// COMMIT, with inputs that rewrite whole chains (Sync's, Stop's), so a
-// second run writes the same; Update's, which do not, are run once
-// (onceRestorer). The signal was rarely meant for it: one sent to the proxy's
-// process group (timeout(1), a second Ctrl-C, kill -- -PGID) also reaches
-// a command forked in the instant before it leaves that group (ownGroup's
-// setpgid runs in the child, after the fork), and the stop's flush of the
-// accepts of portal traffic failed with "signal: terminated".
+// COMMIT, with inputs that rewrite whole chains (Stop's, Sync's in the
+// steady state), so a second run writes the same; those that do not
+// (Update's deltas: onceRestorer; Sync's with jump lines:
+// rewritesWholeChains) are run once. The signal was rarely meant for it:
+// one sent to the proxy's process group (timeout(1), a second Ctrl-C,
+// kill -- -PGID) also reaches a command forked in the instant before it
+// leaves that group (ownGroup's setpgid runs in the child, after the
+// fork), and the stop's flush of the accepts of portal traffic failed
+// with "signal: terminated".
 func runAgainIfSignalled(run func() error) error {
 	var err error
 	for range signalledRuns {
@@ -312,8 +352,9 @@ func (r *execRunner) RestoreConcurrently(inputs [][]byte) error {
 	}
 	for i, cmd := range cmds {
 		err := cmd.Wait()
-		if killedBySignal(err) {
-			// Once more alone (runAgainIfSignalled), from this goroutine.
+		if killedBySignal(err) && rewritesWholeChains(inputs[i]) {
+			// Once more alone (runAgainIfSignalled), from this goroutine,
+			// when a second run writes the same (rewritesWholeChains).
 			err = r.Restore(inputs[i])
 		} else if err != nil {
 			err = commandError(cmd, err, &stderrs[i])

@@ -127,6 +127,16 @@ if [ "$(wc -l < %[1]s)" -le 2 ]; then kill -TERM $$; sleep 5; fi`, runs)
 	if n := count(); err == nil || !strings.Contains(err.Error(), "signal: terminated") || n != 1 {
 		t.Errorf("RestoreOnce: %v after %d runs; want its signal named after 1 run", err, n)
 	}
+	// So is Restore of an input that inserts (Sync's jump lines): run
+	// again past its COMMIT, each jump was there twice.
+	err = r.Restore([]byte("*filter\n:KUBE-PROXY-PORT-GUARD - [0:0]\n-I INPUT 1 -j KUBE-PROXY-PORT-GUARD\nCOMMIT\n"))
+	if n := count(); err == nil || !strings.Contains(err.Error(), "signal: terminated") || n != 1 {
+		t.Errorf("Restore of jump lines: %v after %d runs; want its signal named after 1 run", err, n)
+	}
+	err = cr.RestoreConcurrently([][]byte{[]byte("*nat\n:KUBE-PORTALS-HOST - [0:0]\n-A OUTPUT -j KUBE-PORTALS-HOST\nCOMMIT\n")})
+	if n := count(); err == nil || !strings.Contains(err.Error(), "signal: terminated") || n != 1 {
+		t.Errorf("RestoreConcurrently of jump lines: %v after %d runs; want its signal named after 1 run", err, n)
+	}
 	// One killed every time fails, saying so.
 	if err := os.WriteFile(filepath.Join(dir, "iptables-restore"), []byte("#!/bin/sh\nkill -TERM $$\nsleep 5\n"), 0o755); err != nil {
 		t.Fatal(err)
@@ -179,5 +189,29 @@ if [ "$(wc -l < %[1]s)" -le 2 ]; then kill -TERM $$; sleep 5; fi`, runs),
 	err = r.InsertRule(TableNAT, "PREROUTING", 1, "-j", ChainPortalsContainer)
 	if n := count(); err == nil || n != 1 {
 		t.Errorf("InsertRule killed by a signal: %v after %d runs; want its error after 1 run (a write is not run again)", err, n)
+	}
+}
+
+// Only an input whose rules all go to chains it declares (which the
+// restore flushes) writes the same when run again: Stop's, Sync's in the
+// steady state. Sync's jump lines on a first start or a repair, and
+// Update's deltas, insert or delete.
+func TestRewritesWholeChains(t *testing.T) {
+	for _, tc := range []struct {
+		name, input string
+		want        bool
+	}{
+		{"stop's flush", "*filter\n:KUBE-NODEPORT-NON-LOCAL - [0:0]\n:KUBE-PORTALS-NON-LOCAL - [0:0]\nCOMMIT\n", true},
+		{"chains rewritten, a bucket dropped", "*nat\n:KUBE-PORTALS-HOST - [0:0]\n:KUBE-PORTALS-HOST-1 - [0:0]\n" +
+			"-A KUBE-PORTALS-HOST -d 10.0.0.1/32 -p tcp -j DNAT --to-destination 192.168.1.10:40000\n-X KUBE-PORTALS-HOST-1\nCOMMIT\n", true},
+		{"a chain declared in the other table's section", "*nat\n:KUBE-PORTALS-HOST - [0:0]\nCOMMIT\n*filter\n-A KUBE-PORTALS-HOST -j ACCEPT\nCOMMIT\n", false},
+		{"a first start's jump inserted", "*filter\n:KUBE-PROXY-PORT-GUARD - [0:0]\n-I INPUT 1 -j KUBE-PROXY-PORT-GUARD\nCOMMIT\n", false},
+		{"a first start's jump appended", "*nat\n:KUBE-NODEPORT-HOST - [0:0]\n-A OUTPUT -m addrtype --dst-type LOCAL -j KUBE-NODEPORT-HOST\nCOMMIT\n", false},
+		{"a duplicate jump deleted", "*nat\n-D PREROUTING -j KUBE-PORTALS-CONTAINER\nCOMMIT\n", false},
+		{"an update's delta", "*nat\n-D KUBE-PORTALS-HOST -d 10.0.0.1/32 -j DNAT\n-I KUBE-PORTALS-HOST 1 -d 10.0.0.2/32 -j DNAT\nCOMMIT\n", false},
+	} {
+		if got := rewritesWholeChains([]byte(tc.input)); got != tc.want {
+			t.Errorf("%s: rewritesWholeChains = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }
