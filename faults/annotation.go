@@ -155,7 +155,12 @@ func portsFor(t *Toxic, ports []ServicePort) error {
 		if t.AppliesTo(p.Protocol) {
 			return nil
 		}
-		wrongProtocol = p.Protocol
+		// One whose types the error can list (othersFor), whatever the
+		// order of the ports: an SCTP port, which takes none, after a UDP
+		// one hid what the UDP port takes.
+		if wrongProtocol == "" || othersFor(wrongProtocol) == "" {
+			wrongProtocol = p.Protocol
+		}
 	}
 	switch {
 	case t.Port != "" && wrongProtocol != "":

@@ -348,6 +348,10 @@ func TestParseAnnotationErrors(t *testing.T) {
 		{"any toxic on an SCTP port", `[{"type":"latency","port":"sig"}]`, []ServicePort{tcpHTTP, {Name: "sig", Number: 3868, Protocol: "SCTP"}}, `[0].type: latency acts on TCP and UDP, and port "sig" is SCTP`},
 		{"UDP toxic, no UDP port", `[{"type":"reorder"}]`, []ServicePort{tcpHTTP}, "[0].type: reorder acts on UDP, and the Service has no such port"},
 		{"TCP toxic, no TCP port", `[{"type":"slow_close"}]`, []ServicePort{udpDNS}, "[0].type: slow_close acts on TCP, and the Service has no such port (a UDP port takes down, duplicate, latency, loss, noop, reorder)"},
+		// What the UDP port takes, whatever the order of the ports: an SCTP
+		// port listed after it, which takes nothing, hid the hint.
+		{"TCP toxic, a UDP port then an SCTP one", `[{"type":"slow_close"}]`, []ServicePort{udpDNS, {Name: "sig", Number: 3868, Protocol: "SCTP"}},
+			"[0].type: slow_close acts on TCP, and the Service has no such port (a UDP port takes down, duplicate, latency, loss, noop, reorder)"},
 		// The protocol is checked before the attributes: a slicer without
 		// its average_size on a UDP port was told of the attribute first,
 		// and of the protocol only once that was fixed.
