@@ -144,6 +144,11 @@ func familyIndex(ip netip.Addr) int {
 // hostIPsInUse is, by family (0: IPv4, 1: IPv6), the node IP the portals
 // took from the Node object or the default route (hostIPOf); invalid for
 // a family a flag decides (--bind-address naming an address, --node-ip).
+// Once the portals were built it is theirs (portalNodeIPs): the default
+// route read again could be another, or one where the portals had none,
+// as it changed while start-up waited out the xtables lock (up to
+// lockWait, while a CNI holds it at boot), and the watches then took the
+// new address as the one in use and never restarted the proxy.
 func hostIPsInUse(v *validated) (inUse [2]netip.Addr) {
 	if v.bind.IsValid() && !v.bind.IsUnspecified() {
 		return inUse // the bind address is the node IP
@@ -153,6 +158,10 @@ func hostIPsInUse(v *validated) (inUse [2]netip.Addr) {
 		route func() netip.Addr
 	}{{false, defaultRoutes.v4}, {true, defaultRoutes.v6}} {
 		if v.nodeIP.IsValid() && v.nodeIP.Is4() != f.six {
+			continue
+		}
+		if v.portalNodeIPsSet {
+			inUse[i] = v.portalNodeIPs[i]
 			continue
 		}
 		inUse[i] = hostIPOf(v, f.six, f.route)

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"context"
 	"net/netip"
 	"testing"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/iptables"
 )
 
 // A node IP taken from the default route that leaves the node (a DHCP
@@ -104,5 +107,34 @@ func TestRouteIPsWatchTakesAnIPv4NodeIPThatCameLater(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRouteIPsWatchTakesThePortalsNodeIP: the watch compares with the node
+// IPs the portals were built with, not with the default route read again
+// when it starts. The portals take theirs before start-up waits out an
+// xtables lock another process holds (up to lockWait, 20 s: a CNI at
+// boot), and an IPv4 lease that came meanwhile (late DHCP at boot, the
+// case the watch is for) was taken by the watch as the node IP in use:
+// the portals stayed on REDIRECT and nothing restarted them.
+func TestRouteIPsWatchTakesThePortalsNodeIP(t *testing.T) {
+	saved := defaultRoutes
+	defer func() { defaultRoutes = saved }()
+	var route netip.Addr // no IPv4 default route at start
+	defaultRoutes.v4 = func() netip.Addr { return route }
+	defaultRoutes.v6 = func() netip.Addr { return netip.Addr{} }
+	runners := map[iptables.Family]iptables.Runner{iptables.IPv4: iptables.NewFakeRunner(iptables.IPv4), iptables.IPv6: iptables.NewFakeRunner(iptables.IPv6)}
+	v := &validated{}
+	if _, _, err := portalSyncers(context.Background(), v, func(f iptables.Family) (iptables.Runner, error) {
+		route = netip.MustParseAddr("192.168.77.10") // the lease, while the lock was waited for
+		return runners[f], nil
+	}); err != nil {
+		t.Fatalf("portalSyncers: %v", err)
+	}
+	var restarts []error
+	w := newRouteIPsWatch(v, func(netip.Addr) bool { return true }, func(err error) { restarts = append(restarts, err) })
+	w.look()
+	if got := w.look(); !got || len(restarts) != 1 {
+		t.Fatalf("portals built without an IPv4 node IP, the route's %v there since: restart %v (%v) after two looks, want true", route, got, restarts)
 	}
 }

@@ -235,6 +235,12 @@ type validated struct {
 	// the families no flag names an address of.
 	nodeObjectIPs  []netip.Addr
 	nodeObjectRead bool // the Node object was read at start (readNodeObjectIPs)
+	// portalNodeIPs are, by family (0: IPv4, 1: IPv6), the node IPs the
+	// portals were built with (portalSyncers; invalid: none, REDIRECT),
+	// when portalNodeIPsSet: the node IP watches compare with these, not
+	// with the default route read again later (hostIPsInUse).
+	portalNodeIPs    [2]netip.Addr
+	portalNodeIPsSet bool
 	// nodeObjectZone is that Node's topology.kubernetes.io/zone label, ""
 	// when it has none or was not read: explain's plan applies the zone
 	// hints of this zone, as the proxy does with its Node informer's.

@@ -25,6 +25,7 @@ import (
 // xtables lock another process holds says nothing of either (probeFamily).
 func portalSyncers(ctx context.Context, v *validated, newRunner func(iptables.Family) (iptables.Runner, error)) (proxier.PortalSyncer, proxier.PortalSyncer, error) {
 	cfg, cfg6, nodeIPs := portalConfigs(v)
+	v.portalNodeIPs, v.portalNodeIPsSet = [2]netip.Addr{cfg.NodeIP, cfg6.NodeIP}, true
 	// One wait for both families: two full waits outlived the liveness
 	// probe.
 	deadline := time.Now().Add(lockWait)
