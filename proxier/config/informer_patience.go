@@ -109,9 +109,10 @@ func apiServerReady(client kubernetes.Interface) readyProbe {
 // held the informer back up to a minute after it passed (six restarts in a
 // row: endpoints served 44-60 s late). A refusal that lasts refusedPatience
 // (a missing grant) is handed to the reflector, logged as an error, and so
-// is every refusal after it until a call is allowed: the reflector's backoff
-// spaces them then, as kube-proxy's. Each call that began a new window of
-// retries kept a node refused for good at a call a second.
+// is every refusal after it until a call of the same verb (list, watch) is
+// allowed: the reflector's backoff spaces them then, as kube-proxy's. Each
+// call that began a new window of retries kept a node refused for good at
+// a call a second.
 type patientListWatch struct {
 	inner cache.ListerWatcherWithContext
 	// unsupported is the inner ListerWatcher's watch-list capability, kept
@@ -123,9 +124,13 @@ type patientListWatch struct {
 	what   string
 	// failed (nil: nothing) is told every failed call.
 	failed func(error)
-	// refusalHandedOver is set when a refusal outlasted refusedFor and went
-	// to the reflector, and cleared by the next call allowed.
-	refusalHandedOver atomic.Bool
+	// listHandedOver and watchHandedOver are set when a refusal outlasted
+	// refusedFor and went to the reflector, and each is cleared by the next
+	// call of its verb allowed: a grant of list without watch has each
+	// reflector cycle list (allowed) then watch, and an allowed list that
+	// cleared the watch's began 30 s more of watch retries every second
+	// at each cycle.
+	listHandedOver, watchHandedOver atomic.Bool
 	// maxWait is readyMaxWait, refusedEvery refusedRetryEvery, refusedFor
 	// refusedPatience, logEvery stillFailingLogEvery and hungAfter
 	// readyProbeTimeout; tests shorten them.
@@ -147,7 +152,7 @@ func newPatientListWatch(lw cache.ListerWatcher, probes *readiness, what string)
 }
 
 func (p *patientListWatch) ListWithContext(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-	return patiently(ctx, p, func() (runtime.Object, error) {
+	return patiently(ctx, p, &p.listHandedOver, func() (runtime.Object, error) {
 		return raced(ctx, p, func(ctx context.Context) (runtime.Object, error) { return p.inner.ListWithContext(ctx, opts) },
 			func(list runtime.Object, done context.CancelFunc) runtime.Object { done(); return list }, nil)
 	})
@@ -199,7 +204,7 @@ func (p *patientListWatch) WatchWithContext(ctx context.Context, opts metav1.Lis
 
 // patientWatch is one inner watch, made patiently and raced.
 func (p *patientListWatch) patientWatch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-	return patiently(ctx, p, func() (watch.Interface, error) { return p.watchRaced(ctx, opts) })
+	return patiently(ctx, p, &p.watchHandedOver, func() (watch.Interface, error) { return p.watchRaced(ctx, opts) })
 }
 
 // List and Watch complete cache.ListerWatcher; reflectors call the context forms.
@@ -221,13 +226,14 @@ func (p *patientListWatch) IsWatchListSemanticsUnSupported() bool { return p.uns
 // again, and its success ends the wait, so no probe answer can stall an
 // informer, and a long outage never reaches the reflector's backoff.
 // It returns the last error when ctx ends.
-func patiently[T any](ctx context.Context, p *patientListWatch, call func() (T, error)) (T, error) {
+// handedOver is the call's verb's refusal hand-over (untilAllowed).
+func patiently[T any](ctx context.Context, p *patientListWatch, handedOver *atomic.Bool, call func() (T, error)) (T, error) {
 	inner := call
 	call = func() (T, error) {
 		v, err := inner()
 		switch {
 		case err == nil:
-			p.refusalHandedOver.Store(false) // a lasting refusal has passed
+			handedOver.Store(false) // a lasting refusal has passed
 		case p.failed != nil && ctx.Err() == nil:
 			p.failed(err)
 		}
@@ -238,7 +244,7 @@ func patiently[T any](ctx context.Context, p *patientListWatch, call func() (T, 
 		return v, err // a stop is not an outage
 	}
 	if refused(err) {
-		return untilAllowed(ctx, p, call, err)
+		return untilAllowed(ctx, p, handedOver, call, err)
 	}
 	if p.probes.now(ctx) {
 		return v, err
@@ -271,7 +277,7 @@ func patiently[T any](ctx context.Context, p *patientListWatch, call func() (T, 
 			// authorizer has loaded: refusals then are passing too,
 			// and the reflector's backoff made changes 1-14 s late.
 			if v, err = call(); err != nil && refused(err) && ctx.Err() == nil {
-				v, err = untilAllowed(ctx, p, call, err)
+				v, err = untilAllowed(ctx, p, handedOver, call, err)
 			}
 			return v, err
 		case <-retry.C:
@@ -281,7 +287,7 @@ func patiently[T any](ctx context.Context, p *patientListWatch, call func() (T, 
 			return v, nil
 		}
 		if refused(err) && ctx.Err() == nil {
-			return untilAllowed(ctx, p, call, err)
+			return untilAllowed(ctx, p, handedOver, call, err)
 		}
 		retry.Reset(p.maxWait)
 		if time.Since(logged) >= p.logEvery && ctx.Err() == nil {
@@ -387,10 +393,12 @@ func raced[T any](ctx context.Context, p *patientListWatch, call func(context.Co
 
 // untilAllowed retries a refused call every refusedEvery until it is
 // allowed, fails otherwise, ctx ends, or the refusal has lasted
-// refusedFor: then the refusal is the reflector's (see refusedPatience).
-func untilAllowed[T any](ctx context.Context, p *patientListWatch, call func() (T, error), err error) (T, error) {
+// refusedFor: then the refusal is the reflector's (see refusedPatience),
+// and so are the next refusals of either verb, each until a call of its
+// verb (handedOver) is allowed.
+func untilAllowed[T any](ctx context.Context, p *patientListWatch, handedOver *atomic.Bool, call func() (T, error), err error) (T, error) {
 	var v T
-	if p.refusalHandedOver.Load() {
+	if handedOver.Load() {
 		return v, err // the same refusal, the reflector's since it lasted
 	}
 	began, logged := time.Now(), time.Now()
@@ -412,7 +420,11 @@ func untilAllowed[T any](ctx context.Context, p *patientListWatch, call func() (
 		}
 		if time.Since(began) >= p.refusedFor {
 			klog.ErrorS(err, "API server still refuses the informer ("+refusalCause(err)+"?): it lists again and retries, backing off, as kube-proxy's informers do; with list allowed but not watch, the lists alone keep it up to date", "informer", p.what, "waited", time.Since(began).Round(time.Second))
-			p.refusalHandedOver.Store(true)
+			// Both verbs: the reflector's next call after a refused
+			// watch-list is its fallback list, refused too when nothing
+			// is granted; only a call allowed clears its own verb's.
+			p.listHandedOver.Store(true)
+			p.watchHandedOver.Store(true)
 			return v, err
 		}
 		if time.Since(logged) >= p.logEvery {

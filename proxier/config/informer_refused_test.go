@@ -98,6 +98,59 @@ func TestPatientListWatchLastingRefusalStaysHandedOver(t *testing.T) {
 	}
 }
 
+// TestPatientListWatchWatchRefusalStaysHandedOverAcrossLists: a grant of
+// list without watch. The reflector's cycle is a refused watch-list, a
+// plain list (allowed), a refused watch, its backoff: the allowed list
+// cleared the watch's hand-over, so each watch began 30 s more of
+// retries every second (about 60 refused requests per cycle and informer,
+// where kube-proxy's reflectors send 2). A refusal stays handed over
+// until a call of its own verb is allowed.
+func TestPatientListWatchWatchRefusalStaysHandedOverAcrossLists(t *testing.T) {
+	var watches atomic.Int32
+	inner := &cache.ListWatch{
+		ListWithContextFunc: func(context.Context, metav1.ListOptions) (runtime.Object, error) { return &metav1.List{}, nil },
+		WatchFuncWithContext: func(context.Context, metav1.ListOptions) (watch.Interface, error) {
+			watches.Add(1)
+			return nil, watchForbidden
+		},
+	}
+	p := newPatientListWatch(inner, newReadiness(func(context.Context) bool { return true }), "endpointslices")
+	p.refusedEvery = 5 * time.Millisecond
+	p.refusedFor = 50 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := p.patientWatch(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) || watches.Load() < 2 {
+		t.Fatalf("first refusal: %d watches, err %v; want it retried, then handed over", watches.Load(), err)
+	}
+	for i := range 3 {
+		if _, err := p.ListWithContext(ctx, metav1.ListOptions{}); err != nil {
+			t.Fatalf("list %d: %v", i+1, err)
+		}
+		watches.Store(0)
+		if _, err := p.patientWatch(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) || watches.Load() != 1 {
+			t.Fatalf("the reflector's watch %d after an allowed list: %d watches to the API server, err %v; want 1, refused at once", i+1, watches.Load(), err)
+		}
+	}
+	// Neither granted: the watch-list's lasting refusal hands the list
+	// over too (the reflector's fallback list), not 30 s more of retries.
+	var lists atomic.Int32
+	inner.ListWithContextFunc = func(context.Context, metav1.ListOptions) (runtime.Object, error) {
+		lists.Add(1)
+		return nil, listForbidden
+	}
+	q := newPatientListWatch(inner, newReadiness(func(context.Context) bool { return true }), "endpointslices")
+	q.refusedEvery, q.refusedFor = 5*time.Millisecond, 50*time.Millisecond
+	if _, err := q.patientWatch(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("nothing granted, the watch-list: err %v, want the refusal handed over", err)
+	}
+	if _, err := q.ListWithContext(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) || lists.Load() != 1 {
+		t.Fatalf("nothing granted, the fallback list after the watch-list was handed over: %d lists, err %v; want 1, refused at once", lists.Load(), err)
+	}
+}
+
+var listForbidden = apierrors.NewForbidden(schema.GroupResource{Group: "discovery.k8s.io", Resource: "endpointslices"}, "",
+	errors.New(`cannot list resource "endpointslices" in API group "discovery.k8s.io" at the cluster scope`))
+
 // An API server that takes connections and answers nothing (stopped, a load
 // balancer without a backend) is said once a call has hung and the readiness
 // probe fails too: "Waiting for caches to sync" stayed the last line (50 s of
