@@ -131,6 +131,10 @@ type patientListWatch struct {
 	// cleared the watch's began 30 s more of watch retries every second
 	// at each cycle.
 	listHandedOver, watchHandedOver atomic.Bool
+	// hungSaid: a hung call to a server whose probe fails was said
+	// (raced), and no call succeeded since: through a long outage each
+	// retry's call hangs again, and it was said at each.
+	hungSaid atomic.Bool
 	// maxWait is readyMaxWait, refusedEvery refusedRetryEvery, refusedFor
 	// refusedPatience, logEvery stillFailingLogEvery and hungAfter
 	// readyProbeTimeout; tests shorten them.
@@ -234,6 +238,7 @@ func patiently[T any](ctx context.Context, p *patientListWatch, handedOver *atom
 		switch {
 		case err == nil:
 			handedOver.Store(false) // a lasting refusal has passed
+			p.hungSaid.Store(false) // an outage has passed
 		case p.failed != nil && ctx.Err() == nil:
 			p.failed(err)
 		}
@@ -358,11 +363,11 @@ func raced[T any](ctx context.Context, p *patientListWatch, call func(context.Co
 			case ready = <-answers:
 			}
 			if !ready {
-				if !down {
-					// Said once: an API server that takes connections and
-					// answers nothing (stopped, a load balancer without a
-					// backend) left "Waiting for caches to sync" the last
-					// line for as long as it lasted.
+				if !down && !p.hungSaid.Swap(true) {
+					// Said once an outage: an API server that takes
+					// connections and answers nothing (stopped, a load
+					// balancer without a backend) left "Waiting for caches
+					// to sync" the last line for as long as it lasted.
 					klog.InfoS("API server does not answer: a call has hung and its readiness probe fails; waiting for it", "informer", p.what, "waited", time.Since(began).Round(time.Millisecond))
 				}
 				down = true

@@ -181,6 +181,48 @@ func TestHungCallToAnAbsentServerIsSaid(t *testing.T) {
 	}
 }
 
+// TestHungCallsOfOneOutageSaidOnce: through a long outage of an API server
+// that takes connections and answers nothing, each retry's call hangs
+// again (a TLS handshake that times out after 10 s, made anew every
+// readyMaxWait): "does not answer" was said at each, about every 20 s per
+// informer for as long as the outage lasted, where the other lines of an
+// outage are said every stillFailingLogEvery. Said once until a call
+// succeeds.
+func TestHungCallsOfOneOutageSaidOnce(t *testing.T) {
+	captureKlog(t)
+	logs := &lockedbuf.Buffer{}
+	klog.SetOutput(logs)
+	var calls atomic.Int32
+	inner := &cache.ListWatch{ListWithContextFunc: func(ctx context.Context, _ metav1.ListOptions) (runtime.Object, error) {
+		calls.Add(1)
+		select { // hangs past hungAfter, then times out
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(30 * time.Millisecond):
+			return nil, errors.New("net/http: TLS handshake timeout")
+		}
+	}}
+	p := newPatientListWatch(inner, newReadiness(func(context.Context) bool { return false }), "services")
+	p.hungAfter, p.probes.every, p.maxWait, p.logEvery = 5*time.Millisecond, 2*time.Millisecond, 5*time.Millisecond, time.Hour
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = p.ListWithContext(ctx, metav1.ListOptions{})
+	}()
+	for deadline := time.Now().Add(10 * time.Second); calls.Load() < 5; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls after 10 s, want 5 retries", calls.Load())
+		}
+	}
+	cancel()
+	<-done
+	klog.Flush()
+	if n := strings.Count(logs.String(), "API server does not answer"); n != 1 {
+		t.Fatalf("%d calls of one outage hung: said %d times, want once:\n%s", calls.Load(), n, logs.String())
+	}
+}
+
 // TestInformerSourceListWithoutWatch: with list allowed and watch
 // refused, changes still arrive, through the reflector's relists (as with
 // kube-proxy); the first refused watch held the informer forever, and a
