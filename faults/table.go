@@ -41,6 +41,15 @@ type ProxyInfo struct {
 	Upstream string // endpoints, comma-separated
 	Enabled  bool
 	Toxics   []ActiveToxic
+
+	formerListens []string // Port.formerListens
+}
+
+// ListensOn reports whether addr, a listen a client sent, names this
+// proxy: its listen, or one it showed before (a client that fetched the
+// proxy then sends it back with Enable and Disable).
+func (i ProxyInfo) ListensOn(addr string) bool {
+	return addr == i.Listen || slices.Contains(i.formerListens, addr)
 }
 
 // ActiveToxic is a toxic in force on a port, with where it came from.
@@ -323,6 +332,10 @@ type Port struct {
 	enabled    bool
 	annotation []Toxic
 	api        []Toxic
+	// formerListens are the listens the port showed before its current
+	// one, oldest first, at most keptFormerListens (ProxyInfo.ListensOn);
+	// under mu, replaced and never written in place.
+	formerListens []string
 
 	snap atomic.Pointer[snapshot]
 	// retired: faults_injected_total series of removed toxics, kept a
@@ -399,9 +412,24 @@ func newPort(t *Table, name, protocol, label string) *Port {
 	return p
 }
 
-// SetAddresses records what the API shows as listen and upstream.
+// keptFormerListens bounds the listens a port keeps accepting after it
+// moved (a Service's port edited in place, again and again).
+const keptFormerListens = 8
+
+// SetAddresses records what the API shows as listen and upstream. A listen
+// it replaces stays one the API accepts back (ProxyInfo.ListensOn), as a
+// stale upstream is: Toxiproxy's client sends the whole proxy with Enable
+// and Disable, and one that fetched it before the move was refused, the
+// proxy left down.
 func (p *Port) SetAddresses(listen, upstream string) {
 	p.mu.Lock()
+	if p.listen != "" && p.listen != listen {
+		former := slices.DeleteFunc(slices.Clone(p.formerListens), func(a string) bool { return a == p.listen || a == listen })
+		if len(former) >= keptFormerListens {
+			former = former[1:]
+		}
+		p.formerListens = append(former, p.listen)
+	}
 	p.listen, p.upstream = listen, upstream
 	p.mu.Unlock()
 }
@@ -505,7 +533,8 @@ func (p *Port) Info() ProxyInfo {
 	if fn != nil {
 		p.upstream = upstream
 	}
-	info := ProxyInfo{Name: p.name, Protocol: p.protocol, Listen: p.listen, Upstream: p.upstream, Enabled: p.enabled, Toxics: []ActiveToxic{}}
+	info := ProxyInfo{Name: p.name, Protocol: p.protocol, Listen: p.listen, Upstream: p.upstream, Enabled: p.enabled,
+		Toxics: []ActiveToxic{}, formerListens: p.formerListens}
 	for _, tx := range p.annotation {
 		info.Toxics = append(info.Toxics, ActiveToxic{tx.clone(), OriginAnnotation})
 	}

@@ -223,7 +223,7 @@ func (s *server) populate(w http.ResponseWriter, r *http.Request) {
 				"through the fault API: %s; create a Service to get it", p.Name, namingHint), nil)
 			return
 		}
-		if p.Listen != "" && p.Listen != info.Listen {
+		if p.Listen != "" && !info.ListensOn(p.Listen) {
 			writePopulated(w, http.StatusConflict, fmt.Sprintf("proxy %s listens on %s, not %s: it is a Service "+
 				"port's address and cannot be moved", p.Name, info.Listen, p.Listen), nil)
 			return
@@ -303,7 +303,7 @@ func (s *server) proxyUpdate(w http.ResponseWriter, r *http.Request) {
 			"name cannot be changed (%q to %s): %s", info.Name, clip.Quote(*in.Name), namingHint))
 		return
 	}
-	if in.Listen != nil && *in.Listen != "" && *in.Listen != info.Listen {
+	if in.Listen != nil && *in.Listen != "" && !info.ListensOn(*in.Listen) {
 		writeError(w, http.StatusConflict, fmt.Sprintf(
 			"listen cannot be changed (%q to %s): it is the address of Service port %s; "+
 				"only \"enabled\" can be set through the fault API", info.Listen, clip.Quote(*in.Listen), info.Name))

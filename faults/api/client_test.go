@@ -218,3 +218,47 @@ func TestToxiproxyClientNullAttributeKept(t *testing.T) {
 		t.Errorf("UpdateToxic(jitter null) = %v, want latency 500 and jitter kept at 10", updated.Attributes)
 	}
 }
+
+// A proxy's listen moves when its Service's port or ClusterIP is changed in
+// place; the client sends the whole proxy back with Enable and Disable, so
+// a suite that fetched it before then sends the old listen. That copy is
+// taken (the reply shows the new listen), as a stale upstream is: refused,
+// the proxy stayed down. A listen the port never had is still refused, in
+// POST and in /populate.
+func TestToxiproxyClientStaleListen(t *testing.T) {
+	table := newTestTable(t)
+	srv := httptest.NewServer(New(table, "test"))
+	defer srv.Close()
+	client := toxiproxy.NewClient(srv.URL)
+	proxy, err := client.Proxy(webName)
+	if err != nil {
+		t.Fatalf("Proxy: %v", err)
+	}
+	old := proxy.Listen
+	const moved = "10.96.0.10:8080"
+	table.Port(webName, "TCP").SetAddresses(moved, webUpstream)
+	if err := proxy.Disable(); err != nil {
+		t.Fatalf("Disable with the listen fetched before it moved (%s, now %s): %v", old, moved, err)
+	}
+	if proxy.Listen != moved || proxy.Enabled {
+		t.Errorf("Disable answered listen %s, enabled %v; want %s, false", proxy.Listen, proxy.Enabled, moved)
+	}
+	proxy.Listen = old
+	if err := proxy.Enable(); err != nil {
+		t.Fatalf("Enable with the old listen: %v", err)
+	}
+	if _, err := client.Populate([]toxiproxy.Proxy{{Name: webName, Listen: old, Upstream: webUpstream}}); err != nil {
+		t.Errorf("Populate with the old listen: %v", err)
+	}
+	proxy.Listen = "127.0.0.1:1"
+	if err := proxy.Disable(); err == nil || !strings.Contains(err.Error(), "HTTP 409") {
+		t.Errorf("Disable with a listen the port never had = %v, want HTTP 409", err)
+	}
+	if _, err := client.Populate([]toxiproxy.Proxy{{Name: webName, Listen: "127.0.0.1:1", Upstream: webUpstream}}); err == nil ||
+		!strings.Contains(err.Error(), "HTTP 409") {
+		t.Errorf("Populate with a listen the port never had = %v, want HTTP 409", err)
+	}
+	if info, _ := table.Proxy(webName); !info.Enabled {
+		t.Error("a refused listen turned the proxy down")
+	}
+}
