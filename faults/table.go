@@ -43,13 +43,14 @@ type ProxyInfo struct {
 	Toxics   []ActiveToxic
 
 	formerListens []string // Port.formerListens
+	socket        string   // Port.socket
 }
 
 // ListensOn reports whether addr, a listen a client sent, names this
-// proxy: its listen, or one it showed before (a client that fetched the
-// proxy then sends it back with Enable and Disable).
+// proxy: its listen, one it showed before (a client that fetched the
+// proxy then sends it back with Enable and Disable), or its proxy socket.
 func (i ProxyInfo) ListensOn(addr string) bool {
-	return addr == i.Listen || slices.Contains(i.formerListens, addr)
+	return addr == i.Listen || addr != "" && addr == i.socket || slices.Contains(i.formerListens, addr)
 }
 
 // ActiveToxic is a toxic in force on a port, with where it came from.
@@ -336,6 +337,9 @@ type Port struct {
 	// one, oldest first, at most keptFormerListens (ProxyInfo.ListensOn);
 	// under mu, replaced and never written in place.
 	formerListens []string
+	// socket is the proxy socket's address where listen is another one
+	// (SetSocket); under mu.
+	socket string
 
 	snap atomic.Pointer[snapshot]
 	// retired: faults_injected_total series of removed toxics, kept a
@@ -431,6 +435,17 @@ func (p *Port) SetAddresses(listen, upstream string) {
 		p.formerListens = append(former, p.listen)
 	}
 	p.listen, p.upstream = listen, upstream
+	p.mu.Unlock()
+}
+
+// SetSocket records the port's proxy socket, where listen names another
+// address (its Service's ClusterIP): the API takes it back as listen
+// (ProxyInfo.ListensOn), as it was what listen showed in earlier releases
+// and is what /debug/services shows, so a client's copy holding it is not
+// refused as a move.
+func (p *Port) SetSocket(addr string) {
+	p.mu.Lock()
+	p.socket = addr
 	p.mu.Unlock()
 }
 
@@ -534,7 +549,7 @@ func (p *Port) Info() ProxyInfo {
 		p.upstream = upstream
 	}
 	info := ProxyInfo{Name: p.name, Protocol: p.protocol, Listen: p.listen, Upstream: p.upstream, Enabled: p.enabled,
-		Toxics: []ActiveToxic{}, formerListens: p.formerListens}
+		Toxics: []ActiveToxic{}, formerListens: p.formerListens, socket: p.socket}
 	for _, tx := range p.annotation {
 		info.Toxics = append(info.Toxics, ActiveToxic{tx.clone(), OriginAnnotation})
 	}

@@ -794,3 +794,22 @@ func TestFaultListenIsDialable(t *testing.T) {
 		})
 	}
 }
+
+// With portals the fault API shows the ClusterIP as listen, and still takes
+// the proxy socket back as one (ProxyInfo.ListensOn): it is what listen was
+// before, and what /debug/services shows, so a client's copy that holds it
+// is not refused as a move (409) on Enable and Disable.
+func TestFaultListenTakesTheProxySocketBack(t *testing.T) {
+	t.Parallel()
+	table := faults.NewTable(0, 0, nil)
+	p := newTestProxier(t, Options{Faults: table, IPv4Portals: okSyncer{}, BindAddress: mustAddr("127.0.0.1")})
+	p.OnServiceAdd(makeService("web"))
+	p.Sync()
+	info, err := table.Proxy("default.web.p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if socket := proxyAddr(t, p, "default/web:p"); info.Listen == socket || !info.ListensOn(socket) {
+		t.Errorf("listen %q; the proxy socket %s taken back: %v, want a ClusterIP listen that takes it", info.Listen, socket, info.ListensOn(socket))
+	}
+}

@@ -925,10 +925,12 @@ func (p *Proxier) setBalancerPolicy(name loadbalancer.ServicePortName, info *ser
 const servingLinesUpTo = 100
 
 // setFaultListen shows the fault API the address of ap's Service port
-// info (faultListen).
+// info (faultListen), and tells it the proxy socket, which it takes back
+// as listen too.
 func (p *Proxier) setFaultListen(ap *activePort, info *servicePortInfo) {
 	proxyAddr := net.JoinHostPort(p.listenHostOf(info), strconv.Itoa(ap.proxyPort))
 	ap.faults.SetAddresses(p.faultListen(info, proxyAddr), "")
+	ap.faults.SetSocket(proxyAddr)
 }
 
 // faultListen is what the fault API shows as the listen address of the
