@@ -70,6 +70,10 @@ func FuzzRequest(f *testing.F) {
 			return
 		case rec.Code >= 500:
 			t.Fatalf("%s %s %q: %d %s", method, path, body, rec.Code, rec.Body)
+		case rec.Code >= 300 && rec.Code < 400:
+			// The mux's redirect of a path it cleans (a toxic named "."
+			// or ".."): nothing was accepted.
+			return
 		case rec.Code >= 400:
 			var e struct {
 				Error  string
