@@ -165,12 +165,6 @@ func (r *nsRunner) Restore(data []byte) (err error) {
 	return
 }
 
-func (r *nsRunner) RestoreOnce(data []byte) (err error) {
-	r.restores.Add(1)
-	r.th.do(func() { err = r.real.(onceRestorer).RestoreOnce(data) })
-	return
-}
-
 func (r *nsRunner) ListNftTables() (names []string, err error) {
 	r.th.do(func() { names, err = r.real.(nftTableLister).ListNftTables() })
 	return

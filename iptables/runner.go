@@ -192,12 +192,13 @@ func (r *execRunner) Save(tables ...Table) ([]byte, error) {
 func (r *execRunner) Restore(data []byte) error {
 	if !rewritesWholeChains(data) {
 		// Run again after a signal that came past its COMMIT, it would
-		// put in a second copy of what it inserts: Sync's jumps into the
-		// built-in chains, on a first start or a repair. Failed, Sync
-		// fails, and its retry reads the kernel back.
-		return r.RestoreOnce(data)
+		// put in a second copy of what it inserts: Update's deltas, Sync's
+		// jumps into the built-in chains on a first start or a repair.
+		// Failed, Update rewrites in full, and Sync's retry reads the
+		// kernel back.
+		return r.restoreOnce(data)
 	}
-	return runAgainIfSignalled(func() error { return r.RestoreOnce(data) })
+	return runAgainIfSignalled(func() error { return r.restoreOnce(data) })
 }
 
 // rewritesWholeChains reports whether a second run of restore input data
@@ -231,25 +232,14 @@ func rewritesWholeChains(data []byte) bool {
 	return true
 }
 
-// RestoreOnce is Restore without the run again of a command killed by a
-// signal (onceRestorer), for an input that does not rewrite whole chains.
-func (r *execRunner) RestoreOnce(data []byte) error {
+// restoreOnce runs iptables-restore with data once.
+func (r *execRunner) restoreOnce(data []byte) error {
 	var stderr bytes.Buffer
 	cmd := r.restoreCmd(data, &stderr)
 	if err := cmd.Run(); err != nil {
 		return commandError(cmd, err, &stderr)
 	}
 	return nil
-}
-
-// onceRestorer is a Runner whose Restore runs a command killed by a
-// signal again (runAgainIfSignalled), and which can restore without that.
-// A signal can come after the last COMMIT: an input of -I and -D lines,
-// which flushes no chain (Update's), run again inserted each of its rules
-// a second time, and the copy left when the rule was deleted kept a
-// deleted Service's portal until the next full Sync.
-type onceRestorer interface {
-	RestoreOnce(data []byte) error
 }
 
 // signalledRuns is how many times a rule command killed by a signal is
@@ -261,8 +251,8 @@ const signalledRuns = 3
 // all of it: iptables-save only reads, and iptables-restore commits at
 // COMMIT, with inputs that rewrite whole chains (Stop's, Sync's in the
 // steady state), so a second run writes the same; those that do not
-// (Update's deltas: onceRestorer; Sync's with jump lines:
-// rewritesWholeChains) are run once. The signal was rarely meant for it:
+// (Update's deltas, Sync's with jump lines: rewritesWholeChains) are run
+// once. The signal was rarely meant for it:
 // one sent to the proxy's process group (timeout(1), a second Ctrl-C,
 // kill -- -PGID) also reaches a command forked in the instant before it
 // leaves that group (ownGroup's setpgid runs in the child, after the

@@ -117,15 +117,11 @@ if [ "$(wc -l < %[1]s)" -le 2 ]; then kill -TERM $$; sleep 5; fi`, runs)
 	if n := count(); err != nil || n != 3 {
 		t.Errorf("RestoreConcurrently: %v after %d runs; want it run again after the signals (3 runs)", err, n)
 	}
-	// RestoreOnce, for Update's deltas (which no second run writes the
-	// same), is run once and says the signal.
-	once, ok := r.(onceRestorer)
-	if !ok {
-		t.Fatal("the runner cannot restore without running again")
-	}
-	err = once.RestoreOnce([]byte("*filter\nCOMMIT\n"))
+	// Restore of Update's deltas (-D and -I lines, which no second run
+	// writes the same) is run once and says the signal.
+	err = r.Restore([]byte("*nat\n-D KUBE-PORTALS-HOST -d 10.0.0.1/32 -j DNAT\n-I KUBE-PORTALS-HOST 1 -d 10.0.0.2/32 -j DNAT\nCOMMIT\n"))
 	if n := count(); err == nil || !strings.Contains(err.Error(), "signal: terminated") || n != 1 {
-		t.Errorf("RestoreOnce: %v after %d runs; want its signal named after 1 run", err, n)
+		t.Errorf("Restore of an update's delta: %v after %d runs; want its signal named after 1 run", err, n)
 	}
 	// So is Restore of an input that inserts (Sync's jump lines): run
 	// again past its COMMIT, each jump was there twice.

@@ -49,14 +49,10 @@ func (r *Rules) Update(portals []Portal) error {
 	// a 10,000-rule one of the same table), which is why large chains are
 	// split into buckets (chains.go).
 	data := append(deltaInput(TableFilter, deltas, want), deltaInput(TableNAT, deltas, want)...)
-	// Run once: a delta killed by a signal after its COMMIT and run again
-	// inserted its rules twice (onceRestorer); failed, it is rewritten in
-	// full below, with inputs a second run writes the same.
-	restore := r.runner.Restore
-	if once, ok := r.runner.(onceRestorer); ok {
-		restore = once.RestoreOnce
-	}
-	if err := restore(data); err != nil {
+	// Its -D and -I lines make Restore run it once (rewritesWholeChains):
+	// killed by a signal after its COMMIT and run again, it inserted its
+	// rules twice; failed, it is rewritten in full below.
+	if err := r.runner.Restore(data); err != nil {
 		klog.ErrorS(err, "Incremental iptables update failed; rewriting our chains in full", "family", r.cfg.Family)
 		r.stats.partialFailures.Add(1)
 		r.have = nil
