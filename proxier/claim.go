@@ -16,7 +16,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 
-	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/mono"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/netaddr"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/rawio"
 )
@@ -285,12 +284,13 @@ func refuseHeldDatagrams(conn *net.UDPConn, refuse *unreachableSender) {
 			// the datagram itself (only its length goes into the error).
 			oob := r.oob[i*pktinfoSpace:][:r.msgs[i].Hdr.Controllen]
 			local := datagramDestination(oob, bound)
-			if !refuse.perDestination.allow(client.Addr(), local.Addr(), mono.Now()) {
-				continue // this source's errors are spent; others' are not
-			}
-			if !refuse.limit.Allow() {
+			ok, globalSpent := refuse.allowOrSpent(client.Addr(), local)
+			if globalSpent {
 				spent = true
 				break
+			}
+			if !ok {
+				continue // this source's errors are spent; others' are not
 			}
 			refuse.sendTo(client, local, int(r.msgs[i].Len), nil)
 		}

@@ -63,7 +63,21 @@ func newUnreachableSender() *unreachableSender {
 // allow reports whether an error may go to client about a datagram that
 // arrived at local: within client's own rate, then within the global one.
 func (u *unreachableSender) allow(client netip.Addr, local netip.AddrPort) bool {
-	return u.perDestination.allow(client, local.Addr(), mono.Now()) && u.limit.Allow()
+	ok, _ := u.allowOrSpent(client, local)
+	return ok
+}
+
+// allowOrSpent is allow, and also says whether it was the global rate,
+// every client's, that was spent (a held port then stops reading a while;
+// one client's spent rate is that client's alone).
+func (u *unreachableSender) allowOrSpent(client netip.Addr, local netip.AddrPort) (ok, globalSpent bool) {
+	if !u.perDestination.allow(client, local.Addr(), mono.Now()) {
+		return false, false
+	}
+	if !u.limit.Allow() {
+		return false, true
+	}
+	return true, false
 }
 
 // send answers the datagram payload that client sent to the proxy socket
